@@ -1,0 +1,442 @@
+"""Load and validate `conf/setl.yaml` and `conf/pipelines/NAME.yaml` into frozen attrs classes.
+
+Every error names the file and the key path (``pipelines/p1.yaml: pipeline.batch.max_rows:
+expected an integer, got 'ten'``) and exits the CLI with code 2.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import attrs
+import yaml
+
+from setl.errors import ConfigError
+
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _key(name: str):
+    """A field whose YAML key differs from its Python name."""
+    return {"key": name}
+
+
+# --- node -----------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class NodeConfig:
+    id: str = "node-1"
+
+
+@attrs.frozen
+class MetaConfig:
+    store: Literal["sqlite", "zookeeper"] = "sqlite"
+    path: str = "var/setl-meta.db"
+
+
+@attrs.frozen
+class HaConfig:
+    zookeeper: str | None = None
+    chroot: str = "/setl"
+    session_timeout_ms: int = 10000
+    standby_delay_ms: int = 3000
+
+
+@attrs.frozen
+class SparkConfig:
+    master: str = "local[*]"
+    app_name: str = "setl"
+    conf: dict[str, Any] = attrs.Factory(dict)
+
+
+@attrs.frozen
+class PluginsConfig:
+    dirs: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class LogConfig:
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+@attrs.frozen
+class NodeSettings:
+    """`conf/setl.yaml`: one node's identity and shared services."""
+
+    node: NodeConfig = attrs.Factory(NodeConfig)
+    meta: MetaConfig = attrs.Factory(MetaConfig)
+    ha: HaConfig = attrs.Factory(HaConfig)
+    spark: SparkConfig = attrs.Factory(SparkConfig)
+    plugins: PluginsConfig = attrs.Factory(PluginsConfig)
+    log: LogConfig = attrs.Factory(LogConfig)
+    conf_dir: str = attrs.field(default=".", metadata={"internal": True})
+
+    def resolve(self, path: str) -> Path:
+        """A path from the config, relative to the config directory."""
+        p = Path(path)
+        return p if p.is_absolute() else Path(self.conf_dir) / p
+
+
+# --- sources --------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class FileSourceConfig:
+    """A JSON-lines file of transactions (the demo and test source)."""
+
+    type: Literal["file"]
+    path: str
+    start: str = "earliest"
+    follow: bool = True
+
+
+@attrs.frozen
+class MysqlSourceConfig:
+    """A MySQL or MariaDB server's binary log."""
+
+    type: Literal["mysql"]
+    host: str = "127.0.0.1"
+    port: int = 3306
+    user: str = "root"
+    password: str = attrs.field(default="", repr=False)
+    server_id: int = 1001
+    flavor: Literal["auto", "mariadb", "mysql"] = "auto"
+    start: Any = "earliest"
+
+
+SourceConfig = Union[FileSourceConfig, MysqlSourceConfig]
+
+# --- targets --------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class SqliteTargetConfig:
+    """An SQLite database file (the embedded demo target)."""
+
+    type: Literal["sqlite"]
+    path: str
+
+
+@attrs.frozen
+class MysqlTargetConfig:
+    type: Literal["mysql"]
+    host: str = "127.0.0.1"
+    port: int = 3306
+    user: str = "root"
+    password: str = attrs.field(default="", repr=False)
+    database: str | None = None
+
+
+@attrs.frozen
+class PostgresqlTargetConfig:
+    type: Literal["postgresql"]
+    host: str = "127.0.0.1"
+    port: int = 5432
+    user: str = "postgres"
+    password: str = attrs.field(default="", repr=False)
+    database: str = "postgres"
+
+
+@attrs.frozen
+class ParquetTargetConfig:
+    type: Literal["parquet"]
+    path: str
+    partition_by: tuple[str, ...] = ()
+
+
+TargetConfig = Union[SqliteTargetConfig, MysqlTargetConfig, PostgresqlTargetConfig, ParquetTargetConfig]
+
+# --- tables and pipeline --------------------------------------------------------------------
+
+
+@attrs.frozen
+class ColumnsConfig:
+    include: tuple[str, ...] | None = None
+    exclude: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class TransformStep:
+    """One `{use: NAME, ...params}` entry; params are validated by the plugin."""
+
+    use: str
+    params: dict[str, Any] = attrs.Factory(dict)
+
+
+@attrs.frozen
+class TableRule:
+    """Which source tables a rule takes (`source` regex on ``schema.table``) and how."""
+
+    source: str
+    target: str = "{schema}.{table}"
+    exclude: bool = False
+    columns: ColumnsConfig = attrs.Factory(ColumnsConfig)
+    rename: dict[str, str] = attrs.Factory(dict)
+    filter: str | None = None
+    transforms: tuple[TransformStep, ...] = ()
+
+
+@attrs.frozen
+class BatchSettings:
+    max_rows: int = 5000
+    max_bytes: int = 16 * 1024 * 1024
+    max_wait_ms: int = 200
+
+
+@attrs.frozen
+class LoadSettings:
+    mode: Literal["ordered", "per_table"] = "ordered"
+
+
+@attrs.frozen
+class RetrySettings:
+    max_attempts: int = 5
+    initial_backoff_ms: int = 200
+    max_backoff_ms: int = 30000
+
+
+@attrs.frozen
+class PipelineSettings:
+    parallelism: int = 3
+    batch: BatchSettings = attrs.Factory(BatchSettings)
+    load: LoadSettings = attrs.Factory(LoadSettings)
+    retry: RetrySettings = attrs.Factory(RetrySettings)
+    ddl: Literal["apply", "skip", "fail"] = "apply"
+    drain_timeout_ms: int = 30000
+
+
+@attrs.frozen
+class PipelineConfig:
+    """`conf/pipelines/NAME.yaml`: one pipeline from a source to a target."""
+
+    name: str = attrs.field(metadata={"internal": True})
+    source: SourceConfig
+    target: TargetConfig
+    tables: tuple[TableRule, ...] = (TableRule(source=r".*"),)
+    pipeline: PipelineSettings = attrs.Factory(PipelineSettings)
+    file: str = attrs.field(default="", metadata={"internal": True})
+
+
+# --- loading --------------------------------------------------------------------------------
+
+
+def expand_env(value: str, where: str) -> str:
+    """Expand ``${VAR}`` and ``${VAR:-default}``; an unset VAR without default is an error."""
+
+    def sub(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in os.environ:
+            return os.environ[name]
+        if default is not None:
+            return default
+        raise ConfigError(f"environment variable {name} is not set", file=where)
+
+    return _ENV.sub(sub, value)
+
+
+def _type_name(tp: Any) -> str:
+    names = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
+    if tp in names:
+        return names[tp]
+    origin = typing.get_origin(tp)
+    if origin in (list, tuple):
+        return "a list"
+    if origin is dict or tp is dict:
+        return "a mapping"
+    if attrs.has(tp):
+        return "a mapping"
+    return str(tp)
+
+
+class _Builder:
+    def __init__(self, file: str) -> None:
+        self.file = file
+
+    def fail(self, path: str, message: str) -> ConfigError:
+        return ConfigError(f"{path or '(top level)'}: {message}", file=self.file)
+
+    def build(self, tp: Any, value: Any, path: str) -> Any:
+        if isinstance(value, str):
+            value = expand_env(value, f"{self.file}: {path}")
+        origin = typing.get_origin(tp)
+        if tp is Any:
+            return value
+        if origin is Literal:
+            choices = typing.get_args(tp)
+            if value not in choices:
+                raise self.fail(path, f"expected one of {', '.join(map(str, choices))}, got {value!r}")
+            return value
+        if origin in (Union, types.UnionType):
+            options = typing.get_args(tp)
+            if value is None and type(None) in options:
+                return None
+            options = [o for o in options if o is not type(None)]
+            tagged = [o for o in options if attrs.has(o) and "type" in attrs.fields_dict(o)]
+            if tagged:
+                return self.build_tagged(tagged, value, path)
+            return self.build(options[0], value, path) if len(options) == 1 else value
+        if origin in (tuple, list):
+            if not isinstance(value, list):
+                raise self.fail(path, f"expected a list, got {value!r}")
+            item_tp = typing.get_args(tp)[0]
+            items = [self.build(item_tp, v, f"{path}[{i}]") for i, v in enumerate(value)]
+            return tuple(items) if origin is tuple else items
+        if origin is dict or tp is dict:
+            if not isinstance(value, dict):
+                raise self.fail(path, f"expected a mapping, got {value!r}")
+            args = typing.get_args(tp)
+            val_tp = args[1] if args else Any
+            return {str(k): self.build(val_tp, v, f"{path}.{k}") for k, v in value.items()}
+        if attrs.has(tp):
+            return self.build_attrs(tp, value, path)
+        if tp is bool:
+            if isinstance(value, bool):
+                return value
+        elif tp is int:
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+            if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+                return int(value)
+        elif tp is float:
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+        elif tp is str:
+            if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+                return str(value)
+        raise self.fail(path, f"expected {_type_name(tp)}, got {value!r}")
+
+    def build_tagged(self, options: list[Any], value: Any, path: str) -> Any:
+        if not isinstance(value, dict):
+            raise self.fail(path, f"expected a mapping, got {value!r}")
+        kinds = {typing.get_args(attrs.fields_dict(o)["type"].type)[0]: o for o in options}
+        kind = value.get("type")
+        if kind not in kinds:
+            raise self.fail(f"{path}.type", f"expected one of {', '.join(kinds)}, got {kind!r}")
+        return self.build_attrs(kinds[kind], value, path)
+
+    def build_attrs(self, cls: Any, value: Any, path: str, **extra: Any) -> Any:
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            raise self.fail(path, f"expected a mapping, got {value!r}")
+        fields = {f.name: f for f in attrs.fields(cls) if not f.metadata.get("internal")}
+        params_field = "params" if cls is TransformStep else None
+        kwargs: dict[str, Any] = dict(extra)
+        params: dict[str, Any] = {}
+        for key, raw in value.items():
+            sub = f"{path}.{key}" if path else str(key)
+            if key not in fields or key == params_field:
+                if params_field:
+                    params[key] = self.build(Any, raw, sub)
+                    continue
+                known = ", ".join(sorted(fields))
+                raise self.fail(sub, f"unknown key (known keys: {known})")
+            kwargs[key] = self.build(fields[key].type, raw, sub)
+        if params_field:
+            kwargs["params"] = params
+        missing = [
+            name for name, f in fields.items()
+            if f.default is attrs.NOTHING and name not in kwargs
+        ]
+        if missing:
+            raise self.fail(f"{path}.{missing[0]}" if path else missing[0], "required key is missing")
+        try:
+            return cls(**kwargs)
+        except (TypeError, ValueError) as exc:
+            raise self.fail(path, str(exc)) from exc
+
+
+for _cls in list(globals().values()):
+    if isinstance(_cls, type) and attrs.has(_cls) and _cls.__module__ == __name__:
+        attrs.resolve_types(_cls, globals())
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("file not found", file=str(path)) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from exc
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"invalid YAML{where}: {problem}", file=str(path)) from exc
+
+
+def default_conf_dir() -> Path:
+    return Path(os.environ.get("SETL_CONF") or "conf")
+
+
+def load_node(conf_dir: str | Path) -> NodeSettings:
+    """Read `setl.yaml` from `conf_dir`; a missing file means all defaults."""
+    conf_dir = Path(conf_dir)
+    path = conf_dir / "setl.yaml"
+    data = _read_yaml(path) if path.exists() else {}
+    node = _Builder(str(path)).build_attrs(NodeSettings, data, "", conf_dir=str(conf_dir))
+    if node.meta.store == "zookeeper" and not node.ha.zookeeper:
+        raise ConfigError("ha.zookeeper: required when meta.store is zookeeper", file=str(path))
+    return node
+
+
+def pipeline_names(conf_dir: str | Path) -> list[str]:
+    folder = Path(conf_dir) / "pipelines"
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def load_pipeline(conf_dir: str | Path, name: str) -> PipelineConfig:
+    """Read and validate `pipelines/NAME.yaml` under `conf_dir`."""
+    if not _NAME.match(name):
+        raise ConfigError(f"pipeline name {name!r} must be letters, digits, '_', '.' or '-'")
+    path = Path(conf_dir) / "pipelines" / f"{name}.yaml"
+    if not path.exists():
+        known = ", ".join(pipeline_names(conf_dir)) or "none"
+        raise ConfigError(f"no such pipeline (configured: {known})", file=str(path), pipeline=name)
+    data = _read_yaml(path)
+    config = _Builder(str(path)).build_attrs(PipelineConfig, data, "", name=name, file=str(path))
+    _check_pipeline(config, str(path))
+    return config
+
+
+def _check_pipeline(config: PipelineConfig, path: str) -> None:
+    def fail(key: str, message: str) -> ConfigError:
+        return ConfigError(f"{key}: {message}", file=path)
+
+    settings = config.pipeline
+    if not 1 <= settings.parallelism <= 64:
+        raise fail("pipeline.parallelism", f"must be between 1 and 64, got {settings.parallelism}")
+    if settings.batch.max_rows < 1:
+        raise fail("pipeline.batch.max_rows", "must be at least 1")
+    if settings.batch.max_wait_ms < 0:
+        raise fail("pipeline.batch.max_wait_ms", "must not be negative")
+    if settings.retry.max_attempts < 1:
+        raise fail("pipeline.retry.max_attempts", "must be at least 1")
+    for i, rule in enumerate(config.tables):
+        try:
+            re.compile(rule.source)
+        except re.error as exc:
+            raise fail(f"tables[{i}].source", f"invalid regex {rule.source!r}: {exc}") from exc
+        if rule.columns.include is not None and rule.columns.exclude:
+            raise fail(f"tables[{i}].columns", "give include or exclude, not both")
+        if rule.filter is not None:
+            try:
+                compile(rule.filter, f"tables[{i}].filter", "eval")
+            except SyntaxError as exc:
+                raise fail(f"tables[{i}].filter", f"invalid expression: {exc.msg}") from exc
+        try:
+            rule.target.format(schema="s", table="t")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise fail(f"tables[{i}].target", f"bad name template {rule.target!r}: {exc}") from exc

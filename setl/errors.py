@@ -1,0 +1,85 @@
+"""The one exception tree of setl: every error a user can see derives from `SetlError`."""
+
+from __future__ import annotations
+
+
+class SetlError(Exception):
+    """Root of setl's errors.
+
+    `context` names where the error happened (pipeline, stage, table, batch,
+    position); `str()` renders it as one line an operator can act on.
+    """
+
+    exit_code = 1
+
+    def __init__(self, message: str, **context: object) -> None:
+        super().__init__(message)
+        self.message = message
+        self.context = {k: v for k, v in context.items() if v is not None}
+
+    def with_context(self, **context: object) -> "SetlError":
+        """Fill in context keys that are not set yet, and return self."""
+        for key, value in context.items():
+            if value is not None and key not in self.context:
+                self.context[key] = value
+        return self
+
+    def __str__(self) -> str:
+        if not self.context:
+            return self.message
+        where = " ".join(f"{key}={value}" for key, value in self.context.items())
+        return f"{where}: {self.message}"
+
+
+class ConfigError(SetlError, ValueError):
+    """A configuration file or value is wrong; names the file and key path."""
+
+    exit_code = 2
+
+
+class UsageError(SetlError, ValueError):
+    """The command line asked for something that cannot be done."""
+
+    exit_code = 2
+
+
+class PluginError(SetlError):
+    """A plugin cannot be found, loaded or configured."""
+
+    exit_code = 2
+
+
+class MetaStoreError(SetlError):
+    """The meta store could not read or write positions or state."""
+
+
+class SourceError(SetlError):
+    """The source (binlog or test source) failed or refused to start."""
+
+
+class PositionPurged(SourceError):
+    """The position asked for is no longer available at the source."""
+
+
+class ExtractError(SetlError):
+    """A row could not be extracted (filter or mapping failed)."""
+
+
+class TransformError(SetlError):
+    """A transform raised or returned an unusable result."""
+
+
+class LoadError(SetlError):
+    """The target refused or failed to apply a batch."""
+
+
+class TransientLoadError(LoadError):
+    """A load failure worth retrying at once (deadlock, lost connection)."""
+
+
+class LeadershipLost(SetlError):
+    """This node no longer holds the mainstem; it must stop writing."""
+
+
+class PipelinePaused(SetlError):
+    """The pipeline is paused, by an operator or after its retries ran out."""

@@ -1,0 +1,180 @@
+"""Frozen values passed between stages and threads: positions, row changes, transactions, batches."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Any, Union
+
+import attrs
+
+
+@attrs.frozen(order=True)
+class Position:
+    """A point in a source's log, *after* the last change it covers.
+
+    Resuming from a position re-reads nothing it covers and skips nothing after
+    it. `log` is a binlog file name (ordered by its zero-padded sequence number)
+    or a test source's name; `offset` is the byte or record offset within it;
+    `gtid` is the GTID set executed up to here, when the source has one.
+    """
+
+    log: str
+    offset: int
+    gtid: str | None = attrs.field(default=None, order=False)
+
+    def __str__(self) -> str:
+        text = f"{self.log}:{self.offset}"
+        return f"{text} (gtid {self.gtid})" if self.gtid else text
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"log": self.log, "offset": self.offset}
+        if self.gtid:
+            data["gtid"] = self.gtid
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Position":
+        return cls(log=str(data["log"]), offset=int(data["offset"]), gtid=data.get("gtid"))
+
+    @classmethod
+    def parse(cls, text: str) -> "Position":
+        """Parse ``LOG:OFFSET`` as typed by an operator."""
+        log, sep, offset = text.rpartition(":")
+        if not sep or not log or not offset.isdigit():
+            raise ValueError(f"position {text!r} is not LOG:OFFSET")
+        return cls(log=log, offset=int(offset))
+
+
+class Op(str, enum.Enum):
+    INSERT = "insert"
+    UPDATE = "update"
+    DELETE = "delete"
+
+
+@attrs.frozen
+class RowChange:
+    """One row changed by one statement, with full before and after images.
+
+    `before` is None for inserts and `after` is None for deletes. `primary_key`
+    names the key columns (empty when the table has none). `position` is the
+    position after the transaction that holds the change.
+    """
+
+    op: Op
+    schema: str
+    table: str
+    primary_key: tuple[str, ...]
+    before: Mapping[str, Any] | None
+    after: Mapping[str, Any] | None
+    position: Position | None = None
+    commit_time: float | None = None
+
+    @property
+    def image(self) -> Mapping[str, Any]:
+        """The image that identifies the row now: after, or before for deletes."""
+        return self.after if self.after is not None else self.before  # type: ignore[return-value]
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """Primary-key values of the current image (the whole row if no key)."""
+        image = self.image
+        if self.primary_key:
+            return tuple(image[c] for c in self.primary_key)
+        return tuple(sorted(image.items()))
+
+    @property
+    def old_key(self) -> tuple[Any, ...] | None:
+        """Primary-key values of the before image, when there is one."""
+        if self.before is None:
+            return None
+        if self.primary_key:
+            return tuple(self.before[c] for c in self.primary_key)
+        return tuple(sorted(self.before.items()))
+
+    @property
+    def qualified_table(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+
+@attrs.frozen
+class DdlChange:
+    """A DDL statement. A DDL is always its own batch, ordered with the rows around it."""
+
+    schema: str
+    table: str | None
+    statement: str
+    position: Position | None = None
+
+    @property
+    def qualified_table(self) -> str:
+        return f"{self.schema}.{self.table}" if self.table else self.schema
+
+
+Change = Union[RowChange, DdlChange]
+
+
+@attrs.frozen
+class Transaction:
+    """What a source hands to Select: the changes of one transaction and where it ends.
+
+    `complete` is False for a piece of a transaction too large to hold at once;
+    its `end` is then only a read cursor, never a position to acknowledge.
+    """
+
+    changes: tuple[Change, ...]
+    end: Position
+    complete: bool = True
+
+    @property
+    def is_ddl(self) -> bool:
+        return any(isinstance(c, DdlChange) for c in self.changes)
+
+
+@attrs.frozen
+class Batch:
+    """A run of whole transactions that moves through Extract, Transform and Load together.
+
+    `id` counts acknowledged batches of the pipeline: after a rollback the batch
+    that replaces a failed one gets the same id and a higher `epoch`. `start` is
+    the acknowledged position the batch was read from; `end` is the position to
+    acknowledge once the batch is applied (the end of its last complete
+    transaction); `cursor` is where Select continues reading (equal to `end`
+    unless the batch ends inside a split transaction).
+    """
+
+    pipeline: str
+    id: int
+    epoch: int
+    start: Position
+    end: Position
+    changes: tuple[Change, ...]
+    cursor: Position | None = None
+
+    def __len__(self) -> int:
+        return len(self.changes)
+
+    def replace(self, changes: tuple[Change, ...]) -> "Batch":
+        """The same batch with other changes (what Extract and Transform return)."""
+        return attrs.evolve(self, changes=tuple(changes))
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        seen: dict[str, None] = {}
+        for change in self.changes:
+            seen.setdefault(change.qualified_table, None)
+        return tuple(seen)
+
+    def describe(self) -> str:
+        return f"batch {self.id} (epoch {self.epoch}, {len(self.changes)} changes, {self.start} -> {self.end})"
+
+
+@attrs.frozen
+class Ack:
+    """A persisted acknowledgement: the pipeline has applied everything before `position`."""
+
+    pipeline: str
+    batch_id: int
+    epoch: int
+    position: Position
+    time: float

@@ -1,0 +1,1 @@
+"""Targets: each module implements the Load contract for one kind of target."""

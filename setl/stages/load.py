@@ -1,0 +1,39 @@
+"""The Load contract: apply a batch to the target, idempotently and in batch order."""
+
+from __future__ import annotations
+
+from setl.model import Batch, Position
+
+
+class Load:
+    """Applies batches to a target.
+
+    Contract for implementations:
+
+    * `load` is called by one thread at a time, in strictly ascending batch-id
+      order within an epoch. After a rollback the same id may come again with
+      a higher epoch and different contents.
+    * It may block (network writes). When it returns, the batch is durably in
+      the target; when it raises, the target holds none of it, or holds a part
+      that replaying the batch will overwrite.
+    * Loads are idempotent: the same changes applied twice leave the target as
+      applied once, because replays after a crash are normal (at-least-once).
+      Changes carry full row images, so an upsert of the last image is enough.
+    * A target that can store the batch's end position in the same transaction
+      as its rows returns it from `committed()`; the scheduler then never
+      resumes from before it. Others return None.
+    * `close()` may never be called if the process is killed.
+    """
+
+    def open(self) -> None:
+        """Connect to the target. May block."""
+
+    def load(self, batch: Batch) -> None:
+        raise NotImplementedError
+
+    def committed(self) -> Position | None:
+        """The end position of the last batch the target itself recorded, if it can."""
+        return None
+
+    def close(self) -> None:
+        """Release resources. Idempotent."""

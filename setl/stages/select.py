@@ -1,0 +1,49 @@
+"""The Select contract: a source that hands the scheduler whole transactions in log order."""
+
+from __future__ import annotations
+
+import abc
+
+from setl.model import Position, Transaction
+
+
+class Select(abc.ABC):
+    """A source of transactions, read by exactly one thread of one pipeline.
+
+    Contract for implementations:
+
+    * `open` and `poll` may block (network reads); `poll` returns within about
+      `timeout` seconds, with None when nothing arrived.
+    * Transactions come out in source log order, each once per `open`/`seek`.
+      A transaction's `end` is the position *after* it: resuming from it
+      re-reads nothing the transaction covers and skips nothing after it.
+    * A source never cuts a checkpoint inside a transaction. A transaction too
+      large to hold may come in pieces with `complete=False`; only the last
+      piece is complete and only its `end` may be acknowledged.
+    * `seek(p)` rewinds (or advances) so that the next `poll` returns the first
+      transaction after `p`. The scheduler calls it after every rollback.
+    * `head()` is the end of the source log as it stands now, or None if the
+      source cannot tell; `setl start --until-caught-up` stops there.
+    * `close()` releases connections. It may never be called if the process
+      is killed, so nothing may depend on it for correctness.
+    """
+
+    @abc.abstractmethod
+    def open(self, start: Position | None) -> None:
+        """Connect and position the reader after `start` (None: the configured start)."""
+
+    @abc.abstractmethod
+    def poll(self, timeout: float) -> Transaction | None:
+        """The next transaction, or None if none arrived within `timeout` seconds."""
+
+    def seek(self, position: Position | None) -> None:
+        """Continue reading after `position`; by default reopen there."""
+        self.close()
+        self.open(position)
+
+    def head(self) -> Position | None:
+        """The end of the source log now, if the source can tell."""
+        return None
+
+    def close(self) -> None:
+        """Release resources. Idempotent."""

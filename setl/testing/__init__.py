@@ -1,0 +1,1 @@
+"""Public test harness for setl and its plugin authors: scripted sources, recording sinks, faults."""

@@ -1,0 +1,1 @@
+"""Pytest fixtures that start real servers (MariaDB, PostgreSQL, ZooKeeper) in temp dirs."""
