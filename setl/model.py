@@ -120,11 +120,13 @@ class Transaction:
 
     `complete` is False for a piece of a transaction too large to hold at once;
     its `end` is then only a read cursor, never a position to acknowledge.
+    `nbytes` is the size the source read for it, for the batch byte limit.
     """
 
     changes: tuple[Change, ...]
     end: Position
     complete: bool = True
+    nbytes: int = 0
 
     @property
     def is_ddl(self) -> bool:

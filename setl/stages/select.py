@@ -41,6 +41,10 @@ class Select(abc.ABC):
         self.close()
         self.open(position)
 
+    def tell(self) -> Position | None:
+        """Where reading continues now (after `open` or `seek`), if the source can tell."""
+        return None
+
     def head(self) -> Position | None:
         """The end of the source log now, if the source can tell."""
         return None

@@ -1,0 +1,15 @@
+"""Meta stores hold positions, pipeline state and task state; SQLite embedded, ZooKeeper for HA."""
+
+from setl.meta.base import MetaStore, PipelineState, Status
+from setl.meta.sqlite import SqliteMetaStore
+
+__all__ = ["MetaStore", "PipelineState", "Status", "SqliteMetaStore", "open_meta_store"]
+
+
+def open_meta_store(settings) -> MetaStore:
+    """The meta store a node's settings ask for."""
+    from setl.errors import ConfigError
+
+    if settings.meta.store == "sqlite":
+        return SqliteMetaStore(settings.resolve(settings.meta.path))
+    raise ConfigError(f"meta.store {settings.meta.store!r} is not available in this build")

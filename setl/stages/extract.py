@@ -1,0 +1,170 @@
+"""The Extract contract, and the table-rule extract every pipeline uses: select, map and filter rows."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from setl.config import TableRule
+from setl.errors import ExtractError
+from setl.model import Batch, Change, DdlChange, Op, RowChange
+
+
+class Extract:
+    """Chooses and reshapes a batch's changes before Transform.
+
+    Contract for implementations:
+
+    * `extract` may be called concurrently for different batches, so it keeps
+      no per-batch state on `self`. It should not block on I/O.
+    * It keeps the order of the changes it returns, and the batch's id,
+      epoch and positions.
+    * Dropping a change is allowed only where the configuration says so
+      (an excluded table or a filter); an exception fails the batch.
+
+    The base class passes everything through.
+    """
+
+    def extract(self, batch: Batch) -> Batch:
+        return batch
+
+
+@attrs.frozen
+class _Plan:
+    """How one source table is extracted, resolved once from the first matching rule."""
+
+    rule_index: int
+    target_schema: str
+    target_table: str
+    include: frozenset[str] | None
+    exclude: frozenset[str]
+    rename: Mapping[str, str]
+    filter: Any
+
+
+class TableExtract(Extract):
+    """Applies a pipeline's `tables` rules, first match wins.
+
+    * A table no rule matches, or whose rule says `exclude: true`, is skipped.
+    * `columns.include`/`exclude` pick columns; primary-key columns may not be
+      dropped, because the target could no longer apply the row idempotently.
+    * `rename` maps column names; `target` is a ``{schema}.{table}`` template.
+    * `filter` is a Python expression over the row's columns. An update whose
+      row leaves the filter becomes a delete, and one that enters it an insert,
+      so the target holds exactly the rows that match.
+    """
+
+    def __init__(self, rules: Sequence[TableRule], pipeline: str = "") -> None:
+        self.rules = tuple(rules)
+        self.pipeline = pipeline
+        self._patterns = [re.compile(rule.source) for rule in self.rules]
+        self._plans: dict[tuple[str, str], _Plan | None] = {}
+
+    def plan_for(self, schema: str, table: str) -> _Plan | None:
+        key = (schema, table)
+        if key not in self._plans:
+            self._plans[key] = self._resolve(schema, table)
+        return self._plans[key]
+
+    def _resolve(self, schema: str, table: str) -> _Plan | None:
+        name = f"{schema}.{table}"
+        for index, (rule, pattern) in enumerate(zip(self.rules, self._patterns)):
+            if not pattern.fullmatch(name):
+                continue
+            if rule.exclude:
+                return None
+            target = rule.target.format(schema=schema, table=table)
+            target_schema, dot, target_table = target.rpartition(".")
+            if not dot:
+                target_schema, target_table = schema, target
+            code = compile(rule.filter, f"tables[{index}].filter", "eval") if rule.filter else None
+            return _Plan(
+                rule_index=index,
+                target_schema=target_schema,
+                target_table=target_table,
+                include=frozenset(rule.columns.include) if rule.columns.include is not None else None,
+                exclude=frozenset(rule.columns.exclude),
+                rename=dict(rule.rename),
+                filter=code,
+            )
+        return None
+
+    def extract(self, batch: Batch) -> Batch:
+        out: list[Change] = []
+        for change in batch.changes:
+            plan = self.plan_for(change.schema, change.table or "")
+            if plan is None:
+                continue
+            if isinstance(change, DdlChange):
+                out.append(attrs.evolve(change, schema=plan.target_schema, table=plan.target_table))
+                continue
+            try:
+                mapped = self._map(change, plan)
+            except ExtractError as exc:
+                raise exc.with_context(
+                    pipeline=self.pipeline, stage="extract", table=change.qualified_table,
+                    batch=batch.id, position=change.position or batch.end,
+                )
+            if mapped is not None:
+                out.append(mapped)
+        return batch.replace(tuple(out))
+
+    def _map(self, change: RowChange, plan: _Plan) -> RowChange | None:
+        op, before, after = change.op, change.before, change.after
+        if plan.filter is not None:
+            keep_before = before is not None and self._matches(plan, before)
+            keep_after = after is not None and self._matches(plan, after)
+            if op is Op.UPDATE:
+                if keep_before and not keep_after:
+                    op, after = Op.DELETE, None
+                elif keep_after and not keep_before:
+                    op, before = Op.INSERT, None
+                elif not keep_before and not keep_after:
+                    return None
+            elif not (keep_before or keep_after):
+                return None
+        for column in change.primary_key:
+            if (plan.include is not None and column not in plan.include) or column in plan.exclude:
+                raise ExtractError(
+                    f"column filter drops primary-key column {column!r} (rule tables[{plan.rule_index}])"
+                )
+        return RowChange(
+            op=op,
+            schema=plan.target_schema,
+            table=plan.target_table,
+            primary_key=tuple(plan.rename.get(c, c) for c in change.primary_key),
+            before=self._columns(plan, before),
+            after=self._columns(plan, after),
+            position=change.position,
+            commit_time=change.commit_time,
+        )
+
+    @staticmethod
+    def _columns(plan: _Plan, image: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+        if image is None:
+            return None
+        if plan.include is None and not plan.exclude and not plan.rename:
+            return image
+        return {
+            plan.rename.get(column, column): value
+            for column, value in image.items()
+            if (plan.include is None or column in plan.include) and column not in plan.exclude
+        }
+
+    @staticmethod
+    def _matches(plan: _Plan, image: Mapping[str, Any]) -> bool:
+        try:
+            return bool(eval(plan.filter, {"__builtins__": _FILTER_BUILTINS}, dict(image)))
+        except Exception as exc:  # the expression is user input: any error is theirs to see
+            raise ExtractError(
+                f"filter of rule tables[{plan.rule_index}] failed: {type(exc).__name__}: {exc}"
+            ) from exc
+
+
+_FILTER_BUILTINS = {
+    name: __builtins__[name] if isinstance(__builtins__, dict) else getattr(__builtins__, name)
+    for name in ("abs", "len", "min", "max", "round", "str", "int", "float", "bool", "any", "all")
+}
