@@ -242,7 +242,10 @@ class SerialExecutorService:
         """Refuse new tasks; queued tasks still run. With `wait`, join the workers.
 
         Returns whether the executor has terminated (always True after an unbounded wait).
+        A task may shut down its own executor only with ``wait=False``.
         """
+        if wait:
+            self._check_not_worker()
         with self._cond:
             self._shutdown = True
             self._cond.notify_all()
@@ -295,6 +298,7 @@ class SerialExecutorService:
         Returns False if that did not happen within `timeout` seconds. Waiting before
         `shutdown` is allowed: it returns when some other thread's shutdown completes.
         """
+        self._check_not_worker()
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             done = self._cond.wait_for(
@@ -305,12 +309,17 @@ class SerialExecutorService:
         if not done:
             return False
         for thread in workers:
-            if thread is threading.current_thread():
-                continue  # a task may shut down its own executor; it cannot join itself
             thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
             if thread.is_alive():
                 return False
         return True
+
+    def _check_not_worker(self) -> None:
+        # A task waiting for its own executor to terminate would wait for itself forever.
+        with self._cond:
+            workers = list(self._workers)
+        if threading.current_thread() in workers:
+            raise RuntimeError(f"{self.name}: a task cannot wait for its own executor to terminate")
 
     # -- introspection ----------------------------------------------------------------------
 

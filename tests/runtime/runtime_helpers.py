@@ -1,0 +1,37 @@
+"""Polling, a fake clock and thread lookups shared by the runtime tests."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+
+def wait_until(cond: Callable[[], object], timeout: float = 10.0, interval: float = 0.002) -> None:
+    """Poll `cond` until it is truthy; fail the test if `timeout` seconds pass first."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s: {getattr(cond, '__name__', cond)}")
+        time.sleep(interval)
+
+
+class FakeClock:
+    """A monotonic clock that moves only when a test says so; safe to read from any thread."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self._now = start
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            return self._now
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self._now += seconds
+
+
+def live_threads(prefix: str) -> list[str]:
+    """Names of live threads whose name starts with `prefix`."""
+    return [t.name for t in threading.enumerate() if t.name.startswith(prefix)]
