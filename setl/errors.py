@@ -25,10 +25,12 @@ class SetlError(Exception):
         return self
 
     def __str__(self) -> str:
-        if not self.context:
+        parts = [f"{self.context['file']}:"] if "file" in self.context else []
+        parts += [f"{key}={value}" for key, value in self.context.items() if key != "file"]
+        if not parts:
             return self.message
-        where = " ".join(f"{key}={value}" for key, value in self.context.items())
-        return f"{where}: {self.message}"
+        head = " ".join(parts)
+        return f"{head} {self.message}" if head.endswith(":") else f"{head}: {self.message}"
 
 
 class ConfigError(SetlError, ValueError):

@@ -202,7 +202,10 @@ class Scheduler:
             pool.shutdown(wait=False, cancel_futures=True)
             self.select.close()
         outcome = self._outcome or Outcome.STOPPED
-        if outcome in (Outcome.STOPPED, Outcome.CAUGHT_UP):
+        # An operator's pause, written while we drained, must survive the stop.
+        if outcome in (Outcome.STOPPED, Outcome.CAUGHT_UP) and (
+            self.meta.state(self.name).status is Status.RUNNING
+        ):
             self.meta.set_state(self.name, Status.STOPPED, node=self.node_id)
         self._event("termin", None, f"finished: {outcome.value}")
         return outcome

@@ -1,0 +1,289 @@
+"""The `setl` command: start pipelines, and inspect or steer them through the meta store.
+
+Exit codes: 0 ok, 2 bad usage or configuration, 1 runtime failure. Errors are
+one line on stderr; `--debug` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from setl.config import default_conf_dir, load_node, load_pipeline, pipeline_names
+from setl.errors import SetlError, UsageError
+from setl.meta import open_meta_store
+from setl.meta.base import Status
+from setl.model import Position
+from setl.scheduler import Outcome
+
+log = logging.getLogger("setl")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="setl", description="Change data capture from MySQL/MariaDB binlogs.")
+    parser.add_argument("--conf", type=Path, default=None,
+                        help="configuration directory (default: $SETL_CONF or ./conf)")
+    parser.add_argument("--debug", action="store_true", help="debug logs and tracebacks")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    start = commands.add_parser("start", help="run pipelines until stopped")
+    start.add_argument("--pipeline", action="append", default=[], metavar="NAME",
+                       help="a pipeline to run (repeatable)")
+    start.add_argument("--all", action="store_true", help="run every configured pipeline")
+    start.add_argument("--until-caught-up", action="store_true",
+                       help="exit 0 once the source's log end, as it stood at start, is acked")
+
+    status = commands.add_parser("status", help="show pipelines, positions and errors")
+    status.add_argument("--pipeline", action="append", default=[], metavar="NAME")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+
+    for verb, text in (("pause", "pause a pipeline (a running node stops it gracefully)"),
+                       ("resume", "resume a paused pipeline")):
+        sub = commands.add_parser(verb, help=text)
+        sub.add_argument("--pipeline", required=True, metavar="NAME")
+
+    position = commands.add_parser("position", help="show or reset a pipeline's position")
+    actions = position.add_subparsers(dest="action", metavar="ACTION", required=True)
+    show = actions.add_parser("show", help="the acked position and recent acks")
+    show.add_argument("--pipeline", required=True, metavar="NAME")
+    show.add_argument("--history", type=int, default=5, metavar="N", help="acks to list (default 5)")
+    show.add_argument("--json", action="store_true")
+    reset = actions.add_parser("reset", help="restart a stopped pipeline from another position")
+    reset.add_argument("--pipeline", required=True, metavar="NAME")
+    where = reset.add_mutually_exclusive_group(required=True)
+    where.add_argument("--to", metavar="LOG:OFFSET", help="the position to restart after")
+    where.add_argument("--start", action="store_true",
+                       help="forget the position: restart from the source's configured start")
+    reset.add_argument("--force", action="store_true", help="even if the pipeline looks running")
+
+    plugins = commands.add_parser("plugins", help="installed transform plugins")
+    plugins.add_argument("action", choices=["list"])
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.debug)
+    try:
+        conf = args.conf or default_conf_dir()
+        handler = {
+            "start": cmd_start, "status": cmd_status, "pause": cmd_pause, "resume": cmd_resume,
+            "position": cmd_position, "plugins": cmd_plugins,
+        }[args.command]
+        return handler(args, Path(conf))
+    except SetlError as exc:
+        if args.debug:
+            log.exception("failed")
+        print(f"setl: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # a bug: still one line unless --debug
+        if args.debug:
+            log.exception("internal error")
+        print(f"setl: internal error: {type(exc).__name__}: {exc} (run with --debug for a traceback)",
+              file=sys.stderr)
+        return 1
+
+
+def _setup_logging(debug: bool) -> None:
+    level = logging.DEBUG if debug else getattr(logging, os.environ.get("SETL_LOG_LEVEL", "INFO"), logging.INFO)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    for noisy in ("py4j", "kazoo", "pymysqlreplication"):
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+
+
+def _meta(conf: Path):
+    settings = load_node(conf)
+    return settings, open_meta_store(settings)
+
+
+def cmd_start(args: argparse.Namespace, conf: Path) -> int:
+    from setl.node import Node
+
+    settings = load_node(conf)
+    names = pipeline_names(conf) if args.all else list(dict.fromkeys(args.pipeline))
+    if not names:
+        raise UsageError("give --pipeline NAME (repeatable) or --all")
+    configs = [load_pipeline(conf, name) for name in names]
+    meta = open_meta_store(settings)
+    node = Node(settings, configs, meta)
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if node_stopping[0]:
+            log.warning("second %s: exiting now; unacked batches will be replayed", signal.Signals(signum).name)
+            os._exit(1)
+        node_stopping[0] = True
+        log.info("%s received: stopping gracefully (again to force)", signal.Signals(signum).name)
+        node.stop()
+
+    node_stopping = [False]
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        results = node.run(until_caught_up=args.until_caught_up)
+    finally:
+        meta.close()
+    code = 0
+    for result in results:
+        if result.error is not None:
+            print(f"setl: error: {result.error}", file=sys.stderr)
+            code = max(code, getattr(result.error, "exit_code", 1))
+        elif args.until_caught_up and result.outcome is not Outcome.CAUGHT_UP and not node_stopping[0]:
+            print(f"setl: error: pipeline={result.name}: ended {result.outcome}", file=sys.stderr)
+            code = max(code, 1)
+        elif result.outcome is Outcome.CAUGHT_UP:
+            log.info("pipeline=%s caught up", result.name)
+    return code
+
+
+def _status_rows(conf: Path, names: list[str]) -> list[dict[str, Any]]:
+    settings, meta = _meta(conf)
+    try:
+        known = names or sorted(set(pipeline_names(conf)) | set(meta.pipelines()))
+        rows = []
+        for name in known:
+            state = meta.state(name)
+            ack = meta.position(name)
+            rows.append({
+                "pipeline": name,
+                "status": state.status.value,
+                "position": str(ack.position) if ack else None,
+                "batch": ack.batch_id if ack else None,
+                "acked_at": ack.time if ack else None,
+                "epoch": state.epoch,
+                "node": state.node,
+                "error": state.error,
+            })
+        return rows
+    finally:
+        meta.close()
+
+
+def cmd_status(args: argparse.Namespace, conf: Path) -> int:
+    rows = _status_rows(conf, args.pipeline)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False)
+    for column in ("pipeline", "status", "position", "batch", "acked", "epoch", "node", "error"):
+        table.add_column(column, overflow="fold")
+    now = time.time()
+    for row in rows:
+        acked = f"{now - row['acked_at']:.0f}s ago" if row["acked_at"] else "-"
+        style = {"paused": "bold red", "running": "green"}.get(row["status"])
+        table.add_row(row["pipeline"], f"[{style}]{row['status']}[/]" if style else row["status"],
+                      row["position"] or "-", str(row["batch"] or "-"), acked, str(row["epoch"]),
+                      row["node"] or "-", row["error"] or "")
+    if not rows:
+        print("no pipelines configured or known")
+        return 0
+    Console(soft_wrap=False).print(table)
+    return 0
+
+
+def _known_pipeline(conf: Path, meta, name: str) -> None:
+    if name not in pipeline_names(conf) and name not in meta.pipelines():
+        known = ", ".join(sorted(set(pipeline_names(conf)) | set(meta.pipelines()))) or "none"
+        raise UsageError(f"unknown pipeline {name!r} (known: {known})")
+
+
+def cmd_pause(args: argparse.Namespace, conf: Path) -> int:
+    settings, meta = _meta(conf)
+    try:
+        _known_pipeline(conf, meta, args.pipeline)
+        state = meta.state(args.pipeline)
+        if state.status is Status.PAUSED:
+            print(f"{args.pipeline} is already paused")
+            return 0
+        meta.set_state(args.pipeline, Status.PAUSED, error=None, node=state.node)
+        print(f"{args.pipeline} paused" + (" (its node stops it within a second)" if state.status is Status.RUNNING else ""))
+        return 0
+    finally:
+        meta.close()
+
+
+def cmd_resume(args: argparse.Namespace, conf: Path) -> int:
+    settings, meta = _meta(conf)
+    try:
+        _known_pipeline(conf, meta, args.pipeline)
+        state = meta.state(args.pipeline)
+        if state.status is not Status.PAUSED:
+            print(f"{args.pipeline} is not paused ({state.status.value})")
+            return 0
+        meta.set_state(args.pipeline, Status.STOPPED, error=None, node=state.node)
+        print(f"{args.pipeline} resumed" + (f" (was paused: {state.error})" if state.error else ""))
+        return 0
+    finally:
+        meta.close()
+
+
+def cmd_position(args: argparse.Namespace, conf: Path) -> int:
+    settings, meta = _meta(conf)
+    try:
+        _known_pipeline(conf, meta, args.pipeline)
+        if args.action == "show":
+            ack = meta.position(args.pipeline)
+            history = meta.history(args.pipeline, args.history)
+            if args.json:
+                print(json.dumps({
+                    "pipeline": args.pipeline,
+                    "position": ack.position.to_dict() if ack else None,
+                    "batch": ack.batch_id if ack else None,
+                    "reset": meta.position_was_reset(args.pipeline),
+                    "history": [{"batch": a.batch_id, "epoch": a.epoch, "position": a.position.to_dict(),
+                                 "time": a.time} for a in history],
+                }, indent=2))
+                return 0
+            if ack is None:
+                print(f"{args.pipeline}: no position yet (starts at the source's configured start)")
+                return 0
+            origin = " (set by reset)" if meta.position_was_reset(args.pipeline) else ""
+            print(f"{args.pipeline}: {ack.position}{origin}, batch {ack.batch_id}, epoch {ack.epoch}")
+            for a in history:
+                when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a.time))
+                print(f"  {when}  batch {a.batch_id:>8}  epoch {a.epoch:>4}  {a.position}")
+            return 0
+        state = meta.state(args.pipeline)
+        if state.status is Status.RUNNING and not args.force:
+            raise UsageError(f"{args.pipeline} looks running (node {state.node}); stop or pause it first, "
+                             "or pass --force")
+        if args.start:
+            meta.reset_position(args.pipeline, None)
+            print(f"{args.pipeline}: position forgotten; it restarts from the source's configured start")
+            return 0
+        try:
+            position = Position.parse(args.to)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+        meta.reset_position(args.pipeline, position)
+        print(f"{args.pipeline}: position reset to {position}")
+        return 0
+    finally:
+        meta.close()
+
+
+def cmd_plugins(args: argparse.Namespace, conf: Path) -> int:
+    try:
+        from setl.plugins import format_plugin_table
+    except ImportError:
+        raise SetlError("the plugin registry is not available in this build") from None
+    settings = load_node(conf)
+    print(format_plugin_table([str(settings.resolve(d)) for d in settings.plugins.dirs]))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

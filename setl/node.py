@@ -1,0 +1,221 @@
+"""A node: builds each configured pipeline's stages and supervises their schedulers.
+
+It restarts nothing silently: a pipeline that paused waits for `setl resume`
+(watched in the meta store), and an operator's `setl pause` stops it gracefully.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+import attrs
+
+from setl.config import NodeSettings, PipelineConfig
+from setl.errors import ConfigError, PluginError, SetlError
+from setl.meta.base import MetaStore, Status
+from setl.model import Ack, Batch
+from setl.scheduler import Listener, Outcome, Scheduler
+from setl.stages import Extract, Load, Select, TableExtract, Transform
+
+log = logging.getLogger("setl.node")
+
+#: Fault markers for tests, as JSON (see `setl.testing.harness.FaultPlan.from_json`).
+FAULTS_ENV = "SETL_FAULTS"
+
+
+@attrs.frozen
+class Stages:
+    select: Select
+    extract: Extract
+    transform: Transform
+    load: Load
+
+
+def build_select(node: NodeSettings, config: PipelineConfig) -> Select:
+    source = config.source
+    if source.type == "file":
+        from setl.sources.file import FileSource
+
+        return FileSource(node.resolve(source.path), start=source.start, follow=source.follow,
+                          pipeline=config.name)
+    if source.type == "mysql":
+        try:
+            from setl.sources.mysql_binlog import MysqlBinlogSource
+        except ImportError as exc:
+            raise ConfigError("the mysql source is not available in this build",
+                              file=config.file, pipeline=config.name) from exc
+        return MysqlBinlogSource.from_config(source, pipeline=config.name)
+    raise ConfigError(f"source.type {source.type!r} is not supported", file=config.file)
+
+
+def build_load(node: NodeSettings, config: PipelineConfig) -> Load:
+    target = config.target
+    if target.type == "sqlite":
+        from setl.sinks.sqlite import SqliteLoad
+
+        return SqliteLoad(node.resolve(target.path), pipeline=config.name)
+    module, cls = {
+        "mysql": ("setl.sinks.mysql", "MySQLLoad"),
+        "postgresql": ("setl.sinks.postgresql", "PostgresLoad"),
+        "parquet": ("setl.sinks.parquet", "ParquetLoad"),
+    }[target.type]
+    try:
+        factory = getattr(__import__(module, fromlist=[cls]), cls)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"target.type {target.type} is not available in this build",
+                          file=config.file, pipeline=config.name) from exc
+    return factory.from_config(target, pipeline=config.name)
+
+
+def build_transform(node: NodeSettings, config: PipelineConfig) -> Transform:
+    if not any(rule.transforms for rule in config.tables):
+        return Transform()
+    try:
+        from setl.transforms.stage import build_transform as build_spark_transform
+    except ImportError as exc:
+        raise PluginError("transforms are configured but the Spark transform stage is not available",
+                          file=config.file, pipeline=config.name) from exc
+    return build_spark_transform(node, config)
+
+
+def build_stages(node: NodeSettings, config: PipelineConfig) -> Stages:
+    """Every stage of a pipeline, validated, before anything connects anywhere."""
+    stages = Stages(
+        select=build_select(node, config),
+        extract=TableExtract(config.tables, pipeline=config.name),
+        transform=build_transform(node, config),
+        load=build_load(node, config),
+    )
+    faults = os.environ.get(FAULTS_ENV)
+    if faults:
+        from setl.testing.harness import FaultPlan, FaultyExtract, FaultyLoad, FaultyTransform
+
+        plan = FaultPlan.from_json(faults)
+        log.warning("pipeline=%s fault injection is on: %s", config.name, faults)
+        stages = Stages(stages.select, FaultyExtract(plan, stages.extract),
+                        FaultyTransform(plan, stages.transform), FaultyLoad(plan, stages.load))
+    return stages
+
+
+class ProgressLog(Listener):
+    """Logs a pipeline's progress every `every` seconds of acks."""
+
+    def __init__(self, pipeline: str, every: float = 10.0, clock=time.monotonic) -> None:
+        self.pipeline, self.every, self.clock = pipeline, every, clock
+        self._since = clock()
+        self._rows = 0
+        self._batches = 0
+
+    def on_ack(self, ack: Ack, batch: Batch) -> None:
+        self._rows += len(batch)
+        self._batches += 1
+        now = self.clock()
+        if now - self._since >= self.every:
+            rate = self._rows / (now - self._since)
+            log.info("pipeline=%s stage=termin batch=%d acked %d batches, %d changes (%.0f/s), at %s",
+                     self.pipeline, ack.batch_id, self._batches, self._rows, rate, ack.position)
+            self._since, self._rows, self._batches = now, 0, 0
+
+
+@attrs.define
+class PipelineResult:
+    name: str
+    outcome: Outcome | None = None
+    error: BaseException | None = None
+
+
+class Node:
+    """Runs pipelines until they stop; `stop()` (from a signal handler) drains them gracefully."""
+
+    def __init__(self, settings: NodeSettings, pipelines: list[PipelineConfig], meta: MetaStore,
+                 *, poll_interval: float = 1.0) -> None:
+        self.settings = settings
+        self.pipelines = pipelines
+        self.meta = meta
+        self.poll_interval = poll_interval
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._running: dict[str, Scheduler] = {}
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            schedulers = list(self._running.values())
+        for scheduler in schedulers:
+            scheduler.stop()
+
+    def run(self, *, until_caught_up: bool = False) -> list[PipelineResult]:
+        """Run every pipeline to its end; returns how each ended."""
+        stages = {config.name: build_stages(self.settings, config) for config in self.pipelines}
+        results = [PipelineResult(config.name) for config in self.pipelines]
+        threads = [
+            threading.Thread(target=self._supervise, args=(config, stages[config.name], result,
+                                                           until_caught_up),
+                             name=f"setl-{config.name}-supervisor")
+            for config, result in zip(self.pipelines, results)
+        ]
+        for thread in threads:
+            thread.start()
+        while any(t.is_alive() for t in threads):
+            self._watch_operator_pauses()
+            for thread in threads:
+                thread.join(timeout=self.poll_interval / max(1, len(threads)))
+        return results
+
+    def _watch_operator_pauses(self) -> None:
+        with self._lock:
+            running = dict(self._running)
+        for name, scheduler in running.items():
+            if self.meta.state(name).status is Status.PAUSED:
+                log.info("pipeline=%s paused by an operator; stopping gracefully", name)
+                scheduler.stop()
+
+    def _supervise(self, config: PipelineConfig, stages: Stages, result: PipelineResult,
+                   until_caught_up: bool) -> None:
+        name = config.name
+        announced = False
+        try:
+            while not self._stop.is_set():
+                state = self.meta.state(name)
+                if state.status is Status.PAUSED:
+                    reason = f": {state.error}" if state.error else " by an operator"
+                    if until_caught_up:
+                        result.outcome = Outcome.PAUSED
+                        result.error = SetlError(f"pipeline is paused{reason}; run `setl resume --pipeline {name}`",
+                                                 pipeline=name)
+                        return
+                    if not announced:
+                        log.warning("pipeline=%s is paused%s; waiting for `setl resume --pipeline %s`",
+                                    name, reason, name)
+                        announced = True
+                    self._stop.wait(self.poll_interval)
+                    continue
+                announced = False
+                stages.load.open()
+                scheduler = Scheduler(name, config.pipeline, stages.select, stages.extract,
+                                      stages.transform, stages.load, self.meta,
+                                      node_id=self.settings.node.id, listener=ProgressLog(name))
+                with self._lock:
+                    self._running[name] = scheduler
+                if self._stop.is_set():
+                    return
+                try:
+                    outcome = scheduler.run(until_caught_up=until_caught_up)
+                finally:
+                    with self._lock:
+                        self._running.pop(name, None)
+                result.outcome, result.error = outcome, scheduler.error
+                if outcome is Outcome.CAUGHT_UP:
+                    return
+                if outcome is Outcome.PAUSED and until_caught_up:
+                    return
+                if outcome is Outcome.STOPPED and scheduler.error is not None:
+                    return
+        except BaseException as exc:
+            log.debug("pipeline=%s supervisor failed", name, exc_info=True)
+            result.outcome, result.error = None, exc
+        finally:
+            stages.load.close()

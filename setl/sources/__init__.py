@@ -1,0 +1,1 @@
+"""Sources: each module implements the Select contract for one kind of log."""
