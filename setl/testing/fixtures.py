@@ -1,1 +1,161 @@
-"""Pytest fixtures that start real servers (MariaDB, PostgreSQL, ZooKeeper) in temp dirs."""
+"""Pytest fixtures that start real servers (MariaDB, PostgreSQL, ZooKeeper) in temp dirs.
+
+Loaded as a plugin (``pytest_plugins = ["setl.testing.fixtures"]``). Importing it starts
+nothing: each session-scoped server starts the first time a test asks for it and stops at the
+end of the session. Function-scoped helpers give every test a fresh database. When a test
+fails, the log tails of the servers it used are added to its report.
+
+* ``mariadb_source``: MariaDB with a ROW binlog, for the binlog source (server_id 1).
+* ``mariadb_target``: a second MariaDB, for the MySQL sink (server_id 2).
+* ``postgres_server``: PostgreSQL 15; ``postgres_server.connect()`` gives an autocommit client.
+* ``zookeeper_server``: standalone ZooKeeper; ``zookeeper_server.hosts`` is kazoo's hosts string.
+* ``mysql_db``: a fresh database on ``mariadb_target`` (its name), dropped after the test.
+* ``source_db``: the same on ``mariadb_source``.
+* ``postgres_db``: a fresh database on ``postgres_server`` (its name), dropped after the test.
+* ``mariadb_factory``: ``mariadb_factory(**kwargs)`` starts an extra `MariaDBServer` (for
+  example ``options={"binlog_format": "STATEMENT"}``) that is removed after the test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from setl.testing.servers import MariaDBServer, PostgresServer, Server, ZooKeeperServer
+
+
+def _unique_name(request: pytest.FixtureRequest, prefix: str) -> str:
+    """A database name that says which test made it, unique within the server."""
+    stem = re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:40]
+    return f"{prefix}_{stem}_{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture(scope="session")
+def mariadb_source() -> Iterator[MariaDBServer]:
+    """A MariaDB server with a ROW-format binlog, for reading changes from."""
+    server = MariaDBServer(server_id=1)
+    try:
+        yield server.start()
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def mariadb_target() -> Iterator[MariaDBServer]:
+    """A MariaDB server to load into (separate from the source)."""
+    server = MariaDBServer(server_id=2)
+    try:
+        yield server.start()
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A PostgreSQL server (superuser postgres, trust auth on loopback)."""
+    server = PostgresServer()
+    try:
+        yield server.start()
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def zookeeper_server() -> Iterator[ZooKeeperServer]:
+    """A standalone ZooKeeper server (tickTime 500 ms)."""
+    server = ZooKeeperServer()
+    try:
+        yield server.start()
+    finally:
+        server.cleanup()
+
+
+def _mysql_database(server: MariaDBServer, name: str) -> Iterator[str]:
+    server.query(f"CREATE DATABASE `{name}`")
+    try:
+        yield name
+    finally:
+        if server.running:
+            with contextlib.suppress(Exception):
+                server.query(f"DROP DATABASE IF EXISTS `{name}`")
+
+
+@pytest.fixture
+def mysql_db(request: pytest.FixtureRequest, mariadb_target: MariaDBServer) -> Iterator[str]:
+    """A fresh database on `mariadb_target`; yields its name."""
+    yield from _mysql_database(mariadb_target, _unique_name(request, "t"))
+
+
+@pytest.fixture
+def source_db(request: pytest.FixtureRequest, mariadb_source: MariaDBServer) -> Iterator[str]:
+    """A fresh database on `mariadb_source`; yields its name."""
+    yield from _mysql_database(mariadb_source, _unique_name(request, "s"))
+
+
+@pytest.fixture
+def postgres_db(request: pytest.FixtureRequest, postgres_server: PostgresServer) -> Iterator[str]:
+    """A fresh database on `postgres_server`; yields its name."""
+    name = _unique_name(request, "t")
+    postgres_server.query(f'CREATE DATABASE "{name}"')
+    try:
+        yield name
+    finally:
+        if postgres_server.running:
+            with contextlib.suppress(Exception):
+                postgres_server.query(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+class ServerFactory:
+    """Starts extra servers for one test and cleans them all up afterwards."""
+
+    def __init__(self, cls: type[Server]) -> None:
+        self.cls = cls
+        self.servers: list[Server] = []
+
+    def __call__(self, **kwargs: Any) -> Any:
+        server = self.cls(**kwargs)
+        self.servers.append(server)
+        return server.start()
+
+    def cleanup(self) -> None:
+        for server in self.servers:
+            with contextlib.suppress(Exception):
+                server.cleanup()
+
+
+@pytest.fixture
+def mariadb_factory() -> Iterator[Callable[..., MariaDBServer]]:
+    """``mariadb_factory(**kwargs)`` starts an extra MariaDBServer, removed after the test."""
+    factory = ServerFactory(MariaDBServer)
+    try:
+        yield factory
+    finally:
+        factory.cleanup()
+
+
+def _servers_used(item: pytest.Item) -> list[Server]:
+    found: list[Server] = []
+    for value in getattr(item, "funcargs", {}).values():
+        candidates = [value, *getattr(value, "servers", ())] if not isinstance(value, str) else []
+        for candidate in candidates:
+            if isinstance(candidate, Server) and candidate not in found:
+                found.append(candidate)
+    return found
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    """On a failure, attach the log tails of the servers the test used to its report."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed or call.when == "teardown":
+        return
+    for server in _servers_used(item):
+        tail = server.tail_log(40)
+        if tail:
+            report.sections.append((f"{server.kind} log tail ({server.log_path})", tail))
