@@ -13,7 +13,9 @@ import logging
 import threading
 import time
 import zlib
-from typing import Any, Callable, Hashable, Iterable
+from typing import Any, Callable, Hashable, Iterable, Iterator
+
+import attrs
 
 from setl.errors import SetlError
 
@@ -85,46 +87,49 @@ class _Slot:
         self.scheduled = False
 
 
+@attrs.define(eq=False)
 class SerialExecutorService:
     """Runs tasks on at most `max_workers` threads; tasks given the same slot run serially.
 
     Contract:
-    - Tasks submitted with the same `slot` run one at a time, in the order `submit` returned
-      for them, even when several threads submit concurrently. Which worker thread runs a
+    - Tasks submitted with the same `slot` run one at a time, in the order the executor
+      accepted them (`handle.seq`), even when several threads submit concurrently. Which worker thread runs a
       slot's task is not fixed: a slot's queue is drained by whichever worker is free, one
       task per turn, so busy slots take turns fairly.
     - Tasks without a slot run as soon as a worker is free; no order among them is promised.
     - Worker threads are started lazily, never more than `max_workers`, and live until
       shutdown. Nothing bounds the queues: `submit` never blocks.
     - A task that raises sets the exception on its handle and calls its callback; the slot
-      goes on with its next task. The callback runs on the worker, after the task and before
-      the slot's next task; its exceptions are logged and swallowed.
+      goes on with its next task. The callback runs on the worker after the handle is
+      resolved and before the slot's next task; its exceptions are logged and swallowed.
     - A task cancelled before it starts (`handle.cancel()` or `shutdown_now`) never runs and
       its callback is not called; done-callbacks added to the handle are.
     - A running task is never interrupted, not even by `shutdown_now`.
     """
 
-    def __init__(self, num_slots: int, max_workers: int | None = None, *, name: str = "setl-serial") -> None:
-        if num_slots < 1:
-            raise ValueError(f"num_slots must be >= 1, got {num_slots}")
-        max_workers = num_slots if max_workers is None else max_workers
-        if max_workers < 1:
-            raise ValueError(f"max_workers must be >= 1, got {max_workers}")
-        self.num_slots = num_slots
-        self.max_workers = max_workers
-        self.name = name
-        self._cond = threading.Condition()
-        self._slots = [_Slot() for _ in range(num_slots)]
-        # Items are a SerialTask (free task) or an int (a slot with a pending task).
-        self._ready: collections.deque[SerialTask | int] = collections.deque()
-        self._workers: list[threading.Thread] = []
-        self._idle = 0
-        self._outstanding = 0  # accepted and neither finished nor dropped
-        self._shutdown = False
-        self._seq = itertools.count()
-        self._worker_ids = itertools.count(1)
-        self._key_slots: dict[Hashable, int] = {}
-        self._next_slot = 0
+    num_slots: int = attrs.field(validator=attrs.validators.ge(1))
+    max_workers: int | None = attrs.field(default=None)  # None: one per slot
+    name: str = attrs.field(default="setl-serial", kw_only=True)
+
+    _cond: threading.Condition = attrs.field(init=False, repr=False, factory=threading.Condition)
+    _slots: list[_Slot] = attrs.field(init=False, repr=False, factory=list)
+    # Items are a SerialTask (free task) or an int (a slot with a pending task).
+    _ready: collections.deque[SerialTask | int] = attrs.field(init=False, repr=False, factory=collections.deque)
+    _workers: list[threading.Thread] = attrs.field(init=False, repr=False, factory=list)
+    _idle: int = attrs.field(init=False, repr=False, default=0)
+    _outstanding: int = attrs.field(init=False, repr=False, default=0)  # accepted, not finished nor dropped
+    _shutdown: bool = attrs.field(init=False, repr=False, default=False)
+    _seq: Iterator[int] = attrs.field(init=False, repr=False, factory=itertools.count)
+    _worker_ids: Iterator[int] = attrs.field(init=False, repr=False, factory=lambda: itertools.count(1))
+    _key_slots: dict[Hashable, int] = attrs.field(init=False, repr=False, factory=dict)
+    _next_slot: int = attrs.field(init=False, repr=False, default=0)
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_workers is None:
+            self.max_workers = self.num_slots
+        if self.max_workers < 1:
+            raise ValueError(f"max_workers must be >= 1, got {self.max_workers}")
+        self._slots = [_Slot() for _ in range(self.num_slots)]
 
     # -- slot assignment --------------------------------------------------------------------
 
@@ -154,7 +159,7 @@ class SerialExecutorService:
         """Queue ``fn(*args)``; with `slot`, behind every task already queued for that slot.
 
         `callback(handle)` is called once the task has run, whether it returned or raised.
-        Raises `RejectedTask` after shutdown, `ValueError` for a slot out of range.
+        Keyword arguments for `fn` go through `functools.partial`. Raises `RejectedTask` after shutdown, `ValueError` for a slot out of range.
         """
         if slot is not None and not (0 <= slot < self.num_slots):
             raise ValueError(f"slot must be in [0, {self.num_slots}), got {slot}")

@@ -13,7 +13,7 @@ import itertools
 import logging
 import threading
 import time
-from typing import Callable, Mapping, Protocol, runtime_checkable
+from typing import Callable, Iterator, Mapping, Protocol, runtime_checkable
 
 import attrs
 
@@ -79,7 +79,9 @@ class TaskHandle:
     threshold; `dedicated` tells whether it now runs on a thread of its own.
     """
 
-    def __init__(self, service: "TaskExecutionService", task: Task, name: str, on_error: ErrorCallback | None) -> None:
+    def __init__(
+        self, service: "TaskExecutionService", task: Task, name: str, on_error: ErrorCallback | None
+    ) -> None:
         self.task = task
         self.name = name
         self.overruns = 0
@@ -146,6 +148,7 @@ class _Worker:
     idle_since: float = 0.0
 
 
+@attrs.define(eq=False)
 class TaskExecutionService:
     """Drives `Task`s on `core_workers` shared threads, growing to `max_workers` when calls overrun.
 
@@ -167,51 +170,38 @@ class TaskExecutionService:
       so a fake clock is noticed within about 50 ms.
     """
 
-    def __init__(
-        self,
-        core_workers: int = 2,
-        max_workers: int = 8,
-        *,
-        overrun_threshold: float = 0.1,
-        max_overruns: int = 3,
-        idle_timeout: float = 5.0,
-        idle_backoff: float = 0.01,
-        monitor_interval: float | None = None,
-        on_error: ErrorCallback | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        name: str = "setl-task",
-    ) -> None:
-        if core_workers < 1:
-            raise ValueError(f"core_workers must be >= 1, got {core_workers}")
-        if max_workers < core_workers:
-            raise ValueError(f"max_workers ({max_workers}) must be >= core_workers ({core_workers})")
-        if overrun_threshold <= 0 or idle_backoff < 0 or idle_timeout < 0 or max_overruns < 0:
-            raise ValueError("overrun_threshold must be > 0; idle_backoff, idle_timeout, max_overruns >= 0")
-        self.core_workers = core_workers
-        self.max_workers = max_workers
-        self.overrun_threshold = overrun_threshold
-        self.max_overruns = max_overruns
-        self.idle_timeout = idle_timeout
-        self.idle_backoff = idle_backoff
-        self.monitor_interval = monitor_interval if monitor_interval is not None else max(0.005, overrun_threshold / 4)
-        self.name = name
-        self._on_error = on_error
-        self._clock = clock
-        self._cond = threading.Condition()
-        self._queue: collections.deque[TaskHandle] = collections.deque()
-        self._parked: list[tuple[float, int, TaskHandle]] = []
-        self._live: dict[TaskHandle, None] = {}  # unfinished handles, in submission order
-        self._workers: list[_Worker] = []
-        self._dedicated: dict[TaskHandle, threading.Thread] = {}
-        self._threads: list[threading.Thread] = []  # every thread started, for shutdown to join
-        self._overrunning = 0
-        self._started = False
-        self._stopping = False
-        self._stop = threading.Event()
-        self._seq = itertools.count()
-        self._task_ids = itertools.count(1)
-        self._worker_ids = itertools.count(1)
-        self._dedicated_ids = itertools.count(1)
+    core_workers: int = attrs.field(default=2, validator=attrs.validators.ge(1))
+    max_workers: int = attrs.field(default=8)
+    overrun_threshold: float = attrs.field(default=0.1, kw_only=True, validator=attrs.validators.gt(0))
+    max_overruns: int = attrs.field(default=3, kw_only=True, validator=attrs.validators.ge(0))
+    idle_timeout: float = attrs.field(default=5.0, kw_only=True, validator=attrs.validators.ge(0))
+    idle_backoff: float = attrs.field(default=0.01, kw_only=True, validator=attrs.validators.ge(0))
+    monitor_interval: float | None = attrs.field(default=None, kw_only=True)  # None: threshold / 4
+    _on_error: ErrorCallback | None = attrs.field(default=None, kw_only=True, repr=False)
+    _clock: Callable[[], float] = attrs.field(default=time.monotonic, kw_only=True, repr=False)
+    name: str = attrs.field(default="setl-task", kw_only=True)
+
+    _cond: threading.Condition = attrs.field(init=False, repr=False, factory=threading.Condition)
+    _queue: collections.deque[TaskHandle] = attrs.field(init=False, repr=False, factory=collections.deque)
+    _parked: list[tuple[float, int, TaskHandle]] = attrs.field(init=False, repr=False, factory=list)
+    _live: dict[TaskHandle, None] = attrs.field(init=False, repr=False, factory=dict)  # unfinished, in order
+    _workers: list[_Worker] = attrs.field(init=False, repr=False, factory=list)
+    _dedicated: dict[TaskHandle, threading.Thread] = attrs.field(init=False, repr=False, factory=dict)
+    _threads: list[threading.Thread] = attrs.field(init=False, repr=False, factory=list)  # for shutdown to join
+    _overrunning: int = attrs.field(init=False, repr=False, default=0)
+    _started: bool = attrs.field(init=False, repr=False, default=False)
+    _stopping: bool = attrs.field(init=False, repr=False, default=False)
+    _stop: threading.Event = attrs.field(init=False, repr=False, factory=threading.Event)
+    _seq: Iterator[int] = attrs.field(init=False, repr=False, factory=itertools.count)
+    _task_ids: Iterator[int] = attrs.field(init=False, repr=False, factory=lambda: itertools.count(1))
+    _worker_ids: Iterator[int] = attrs.field(init=False, repr=False, factory=lambda: itertools.count(1))
+    _dedicated_ids: Iterator[int] = attrs.field(init=False, repr=False, factory=lambda: itertools.count(1))
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_workers < self.core_workers:
+            raise ValueError(f"max_workers ({self.max_workers}) must be >= core_workers ({self.core_workers})")
+        if self.monitor_interval is None:
+            self.monitor_interval = max(0.005, self.overrun_threshold / 4)
 
     # -- submission and control -------------------------------------------------------------
 
@@ -396,13 +386,17 @@ class TaskExecutionService:
                     return
                 now = self._clock()
                 for worker in self._workers:
-                    if worker.handle is not None and not worker.overrunning and now - worker.started > self.overrun_threshold:
+                    if worker.handle is None or worker.overrunning:
+                        continue
+                    if now - worker.started > self.overrun_threshold:
                         worker.overrunning = True
                         self._overrunning += 1
-                        log.debug("%s: call of %s overran %.3fs", self.name, worker.handle.name, self.overrun_threshold)
+                        log.debug("%s: a call of %s passed %.3fs", self.name, worker.handle.name, self.overrun_threshold)
                 # Keep core_workers threads free for the queue while others are stuck in calls.
-                while len(self._workers) - self._overrunning < self.core_workers and len(self._workers) < self.max_workers:
+                free = len(self._workers) - self._overrunning
+                while free < self.core_workers and len(self._workers) < self.max_workers:
                     self._start_worker()
+                    free += 1
 
     # -- one call and its outcome -----------------------------------------------------------
 
