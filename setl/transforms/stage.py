@@ -1,0 +1,385 @@
+"""The Spark Transform stage: per table, a batch's rows go through Arrow into a DataFrame,
+through the table's transform chain, and back into row changes.
+
+What a transform sees. One row per row image, with the table's columns and:
+
+* ``_setl_op``: insert, update or delete (of the change the image belongs to);
+* ``_setl_image``: ``after`` for inserts and updates, ``before`` for deletes and
+  for the old image of updates (so renames, casts and hashes apply to the keys
+  a delete or a key change must find in the target);
+* ``_setl_seq``: the change's index in the batch (its order);
+* ``_setl_commit_time`` (UTC timestamp) and ``_setl_position`` (text).
+
+A transform must keep ``_setl_seq`` and ``_setl_image``; other ``_setl_*``
+columns are informational and are never written to the target.
+
+How rows come back. Rows are matched to their change by ``_setl_seq``:
+
+* an insert becomes one insert per surviving after-image;
+* an update whose old and new images both survive stays an update; if only
+  the new one survives it becomes an insert, if only the old one a delete (the
+  row left a filter), if neither it is dropped;
+* a delete whose image was removed is an error, unless some step of the chain
+  is declared ``may_drop_deletes`` (a delete of a row the target never had is
+  harmless, a delete lost is not).
+
+Primary keys. The result must still hold every primary-key column. A step may
+rename key columns only when its plugin declares the renames (the built-in
+`rename` does); the changes then carry the renamed key. Any other loss of a
+key column fails the batch with a `TransformError`.
+
+Tables without transforms never reach Spark: no session is even created.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import re
+import string
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import pyarrow as pa
+
+from setl.config import NodeSettings, PipelineConfig, SparkConfig, TableRule
+from setl.errors import PluginError, SetlError, TransformError
+from setl.model import Batch, Change, Op, RowChange
+from setl.plugins import BoundStep, Registry, TransformContext, load_registry
+from setl.stages.transform import Transform
+from setl.transforms.frames import rows_to_table, table_to_rows
+
+log = logging.getLogger(__name__)
+
+META_PREFIX = "_setl_"
+OP, IMAGE, SEQ, COMMIT_TIME, POSITION = "_setl_op", "_setl_image", "_setl_seq", "_setl_commit_time", "_setl_position"
+BEFORE, AFTER = "before", "after"
+REQUIRED_META = (SEQ, IMAGE)
+
+
+@attrs.frozen
+class TablePlan:
+    """The validated transform chain of one target table."""
+
+    target: str
+    steps: tuple[BoundStep, ...]
+    source: str | None = None
+
+    @property
+    def may_drop_deletes(self) -> bool:
+        return any(step.may_drop_deletes for step in self.steps)
+
+    @property
+    def names(self) -> str:
+        return ",".join(step.name for step in self.steps)
+
+
+@attrs.frozen
+class _RulePlan:
+    """A table rule, with its target template as a regex that recovers the source name."""
+
+    rule_index: int
+    source: re.Pattern[str]
+    target: re.Pattern[str]
+    steps: tuple[BoundStep, ...]
+    exclude: bool = False
+
+
+def _template_pattern(template: str) -> re.Pattern[str]:
+    """A regex that recovers ``schema`` and ``table`` from a name made by `template`."""
+    parts, seen = [], set()
+    for literal, field, _spec, _conv in string.Formatter().parse(template):
+        parts.append(re.escape(literal))
+        if field is None:
+            continue
+        if field in seen:
+            parts.append(f"(?P={field})")
+        else:
+            seen.add(field)
+            parts.append(f"(?P<{field}>[^.]+?)" if field == "schema" else f"(?P<{field}>.+?)")
+    return re.compile("".join(parts))
+
+
+class SparkTransform(Transform):
+    """Runs each table's validated transform chain on Spark.
+
+    `tables` maps a target table's qualified name (``schema.table``, as Extract
+    produced it) to its steps. `session` returns the SparkSession and is only
+    called for a batch that has rows of a table with transforms; by default it
+    is `setl.spark.get_session(spark)`. Safe to call from several threads at
+    once: it keeps no per-batch state.
+    """
+
+    def __init__(
+        self,
+        tables: Mapping[str, Sequence[BoundStep]] | None = None,
+        *,
+        pipeline: str = "",
+        spark: SparkConfig | None = None,
+        session: Callable[[], Any] | None = None,
+        sources: Mapping[str, str] | None = None,
+        rules: Sequence[_RulePlan] = (),
+    ) -> None:
+        self.pipeline = pipeline
+        self._spark_settings = spark
+        self._session_factory = session
+        self._plans: dict[str, TablePlan | None] = {
+            name: TablePlan(name, tuple(steps), (sources or {}).get(name))
+            for name, steps in (tables or {}).items()
+            if steps
+        }
+        self._rules = tuple(rules)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_rules(
+        cls,
+        rules: Sequence[TableRule],
+        registry: Registry,
+        *,
+        pipeline: str = "",
+        spark: SparkConfig | None = None,
+        session: Callable[[], Any] | None = None,
+        file: str | None = None,
+    ) -> "SparkTransform":
+        """Validate every rule's steps against `registry` (raising `PluginError`) and build the stage.
+
+        A rule with a fixed target name applies to that name; a templated
+        target (``dw.{table}``) applies to every name the template can produce
+        from a source table its `source` regex matches. Excluded rules are
+        skipped; the first matching rule wins, as in Extract.
+        """
+        plans: list[_RulePlan] = []
+        for i, rule in enumerate(rules):
+            steps = []
+            for j, step in enumerate(() if rule.exclude else rule.transforms):
+                try:
+                    steps.append(registry.validate(step, index=j))
+                except PluginError as exc:
+                    raise exc.with_context(file=file, pipeline=pipeline or None,
+                                           key=f"tables[{i}].transforms[{j}]")
+            # Extract puts a target without a schema into the source's schema.
+            template = rule.target if "." in rule.target else "{schema}." + rule.target
+            plans.append(_RulePlan(i, re.compile(rule.source), _template_pattern(template), tuple(steps),
+                                   rule.exclude))
+        return cls(pipeline=pipeline, spark=spark, session=session, rules=plans)
+
+    # --- planning -------------------------------------------------------------------------
+
+    def plan_for(self, table: str) -> TablePlan | None:
+        """The chain for a target table, or None when it has no transforms."""
+        try:
+            return self._plans[table]
+        except KeyError:
+            pass
+        plan = self._resolve(table)
+        with self._lock:
+            self._plans.setdefault(table, plan)
+        return plan
+
+    def _resolve(self, table: str) -> TablePlan | None:
+        # Invert Extract's first-match: find the rule whose target template makes this
+        # name from a source table that no earlier rule claims.
+        for rule in self._rules:
+            if rule.exclude:
+                continue
+            match = rule.target.fullmatch(table)
+            if not match:
+                continue
+            fields = match.groupdict()
+            source = None
+            if "schema" in fields and "table" in fields:
+                source = f"{fields['schema']}.{fields['table']}"
+                first = next((r for r in self._rules if r.source.fullmatch(source)), None)
+                if first is not rule:
+                    continue
+            if not rule.steps:
+                return None
+            return TablePlan(table, rule.steps, source or rule.source.pattern)
+        return None
+
+    def session(self) -> Any:
+        if self._session_factory is not None:
+            return self._session_factory()
+        from setl.spark import get_session
+
+        return get_session(self._spark_settings)
+
+    # --- running --------------------------------------------------------------------------
+
+    def transform(self, batch: Batch) -> Batch:
+        groups: dict[str, list[int]] = {}
+        for index, change in enumerate(batch.changes):
+            if isinstance(change, RowChange) and self.plan_for(change.qualified_table) is not None:
+                groups.setdefault(change.qualified_table, []).append(index)
+        if not groups:
+            return batch
+        spark = self.session()
+        replaced: dict[int, list[RowChange]] = {}
+        for table, indices in groups.items():
+            plan = self.plan_for(table)
+            assert plan is not None
+            replaced.update(self._run_table(spark, batch, plan, indices))
+        out: list[Change] = []
+        for index, change in enumerate(batch.changes):
+            if index in replaced:
+                out.extend(replaced[index])
+            else:
+                out.append(change)
+        return batch.replace(tuple(out))
+
+    def _error(self, batch: Batch, plan: TablePlan, message: str, plugin: str | None = None) -> TransformError:
+        return TransformError(message, pipeline=self.pipeline or batch.pipeline, stage="transform",
+                              table=plan.target, batch=batch.id, plugin=plugin or plan.names,
+                              position=batch.start)
+
+    def _run_table(self, spark: Any, batch: Batch, plan: TablePlan, indices: list[int]) -> dict[int, list[RowChange]]:
+        from setl.spark import from_arrow, to_arrow
+
+        changes = [batch.changes[i] for i in indices]
+        table, codecs = _to_arrow(batch, indices, changes)  # type: ignore[arg-type]
+        primary_key = list(changes[0].primary_key)  # type: ignore[union-attr]
+        try:
+            df = from_arrow(spark, table)
+        except Exception as exc:
+            raise self._error(batch, plan, f"rows cannot become a Spark DataFrame: {_brief(exc)}") from exc
+        frames = []
+        for step in plan.steps:
+            context = TransformContext(
+                pipeline=self.pipeline or batch.pipeline, source_table=plan.source, target_table=plan.target,
+                batch_id=batch.id, epoch=batch.epoch, params=step.params, spark=spark,
+                step=step.name, may_drop_deletes=step.may_drop_deletes,
+            )
+            try:
+                result = step.plugin.func(df, step.params, context)
+                columns = result.columns
+            except SetlError as exc:
+                raise exc.with_context(pipeline=self.pipeline or batch.pipeline, stage="transform",
+                                       table=plan.target, batch=batch.id, plugin=step.name)
+            except Exception as exc:
+                raise self._error(batch, plan, f"step {step.index + 1} ({step.name}) failed: {_brief(exc)}",
+                                  step.name) from exc
+            renames = step.renames()
+            primary_key = [renames.get(c, c) for c in primary_key]
+            missing = [c for c in primary_key if c not in columns]
+            if missing:
+                raise self._error(batch, plan, f"step {step.index + 1} ({step.name}) returned no primary-key "
+                                  f"column {', '.join(missing)} (columns: {', '.join(columns)})", step.name)
+            lost = [c for c in REQUIRED_META if c not in columns]
+            if lost:
+                raise self._error(batch, plan, f"step {step.index + 1} ({step.name}) dropped setl's column "
+                                  f"{', '.join(lost)}", step.name)
+            df = result
+            frames.append(df)
+        try:
+            result_table = to_arrow(df)
+        except Exception as exc:
+            culprit = self._culprit(frames, plan)
+            raise self._error(batch, plan, f"step {culprit.index + 1} ({culprit.name}) failed: {_brief(exc)}",
+                              culprit.name) from exc
+        return self._changes(batch, plan, indices, changes, result_table, codecs, tuple(primary_key))  # type: ignore[arg-type]
+
+    @staticmethod
+    def _culprit(frames: list[Any], plan: TablePlan) -> BoundStep:
+        """The first step whose result cannot be computed (only run after the chain failed)."""
+        from setl.spark import to_arrow
+
+        for frame, step in zip(frames[:-1], plan.steps):
+            try:
+                to_arrow(frame)
+            except Exception:
+                return step
+        return plan.steps[len(frames) - 1]
+
+    def _changes(
+        self,
+        batch: Batch,
+        plan: TablePlan,
+        indices: list[int],
+        changes: list[RowChange],
+        result: pa.Table,
+        codecs: Mapping[str, str],
+        primary_key: tuple[str, ...],
+    ) -> dict[int, list[RowChange]]:
+        seqs = result.column(SEQ).to_pylist()
+        kinds = result.column(IMAGE).to_pylist()
+        images = table_to_rows(result.drop_columns([c for c in result.column_names if c.startswith(META_PREFIX)]),
+                               codecs)
+        order = sorted(range(len(seqs)), key=lambda k: (seqs[k] is None, seqs[k] or 0))
+        by_seq: dict[int, tuple[list[dict], list[dict]]] = {}
+        for k in order:
+            seq = seqs[k]
+            if seq is None:
+                raise self._error(batch, plan, "the transforms returned a row without _setl_seq")
+            before, after = by_seq.setdefault(seq, ([], []))
+            (before if kinds[k] == BEFORE else after).append(images[k])
+        out: dict[int, list[RowChange]] = {}
+        lost_deletes = []
+        for index, change in zip(indices, changes):
+            before, after = by_seq.pop(index, ([], []))
+            made = lambda op, b, a: attrs.evolve(change, op=op, before=b, after=a, primary_key=primary_key)  # noqa: E731
+            if change.op is Op.INSERT:
+                out[index] = [made(Op.INSERT, None, a) for a in after]
+            elif change.op is Op.DELETE:
+                if not before and not plan.may_drop_deletes:
+                    lost_deletes.append(change)
+                out[index] = [made(Op.DELETE, b, None) for b in before]
+            elif len(before) == len(after):
+                out[index] = [made(Op.UPDATE, b, a) for b, a in zip(before, after)]
+            else:
+                out[index] = [made(Op.DELETE, b, None) for b in before] + [made(Op.INSERT, None, a) for a in after]
+        if by_seq:
+            raise self._error(batch, plan, f"the transforms returned rows for unknown _setl_seq {sorted(by_seq)[:5]}")
+        if lost_deletes:
+            raise self._error(
+                batch, plan,
+                f"the transforms removed {len(lost_deletes)} delete(s) (first key {lost_deletes[0].key}); "
+                "a step that may drop deletes must say may_drop_deletes: true",
+            )
+        return out
+
+
+def _to_arrow(batch: Batch, indices: list[int], changes: list[RowChange]) -> tuple[pa.Table, dict[str, str]]:
+    """The Arrow table of a table's changes: one row per image, plus setl's metadata columns."""
+    images, ops, kinds, seqs, times, positions = [], [], [], [], [], []
+
+    def add(change: RowChange, index: int, image: Mapping[str, Any], kind: str) -> None:
+        images.append(image)
+        ops.append(change.op.value)
+        kinds.append(kind)
+        seqs.append(index)
+        times.append(None if change.commit_time is None
+                     else dt.datetime.fromtimestamp(change.commit_time, dt.timezone.utc))
+        positions.append(str(change.position) if change.position is not None else None)
+
+    for index, change in zip(indices, changes):
+        if change.before is not None and change.op is not Op.INSERT:
+            add(change, index, change.before, BEFORE)
+        if change.after is not None and change.op is not Op.DELETE:
+            add(change, index, change.after, AFTER)
+    extra = {
+        OP: pa.array(ops, pa.string()),
+        IMAGE: pa.array(kinds, pa.string()),
+        SEQ: pa.array(seqs, pa.int64()),
+        COMMIT_TIME: pa.array(times, pa.timestamp("us", tz="UTC")),
+        POSITION: pa.array(positions, pa.string()),
+    }
+    return rows_to_table(images, extra=extra)
+
+
+def _brief(exc: BaseException) -> str:
+    """One line for an exception, without a JVM stack trace."""
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(exc).__name__}: {first}"[:500]
+
+
+def build_transform(node: NodeSettings, config: PipelineConfig) -> Transform:
+    """The Transform stage of a pipeline: plugins discovered and every step validated now, at startup."""
+    if not any(rule.transforms for rule in config.tables):
+        return Transform()
+    registry = load_registry(node.plugins.dirs, base=node.conf_dir)
+    return SparkTransform.from_rules(config.tables, registry, pipeline=config.name, spark=node.spark,
+                                     file=config.file or None)
