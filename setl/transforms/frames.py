@@ -45,8 +45,15 @@ def _decimal_shape(values: Iterable[Any]) -> tuple[int, int] | None:
     return int_digits, scale
 
 
-def infer_type(values: Sequence[Any], *, max_precision: int = SPARK_MAX_PRECISION) -> tuple[pa.DataType, str | None]:
-    """The Arrow type for a column's values and the codec (None when stored natively)."""
+def infer_type(
+    values: Sequence[Any], *, max_precision: int = SPARK_MAX_PRECISION, widen_decimals: bool = False,
+) -> tuple[pa.DataType, str | None]:
+    """The Arrow type for a column's values and the codec (None when stored natively).
+
+    Decimal precision comes from the values; `widen_decimals` makes it the
+    widest that holds them (38, or `max_precision`), so that files written
+    from different batches share one type.
+    """
     kinds = {type(v) for v in values if v is not None}
     if not kinds:
         return pa.null(), None
@@ -69,6 +76,8 @@ def infer_type(values: Sequence[Any], *, max_precision: int = SPARK_MAX_PRECISIO
             int_digits, scale = shape
             precision = max(int_digits + scale, 1)
             if precision <= max_precision:
+                if widen_decimals:
+                    precision = 38 if precision <= 38 else max_precision
                 return _decimal_type(precision, scale), None
         return pa.string(), DECIMAL_TEXT
     if kinds == {str}:
@@ -130,9 +139,11 @@ def _decode(value: Any, codec: str) -> Any:
     return value
 
 
-def column_array(values: Sequence[Any], *, max_precision: int = SPARK_MAX_PRECISION) -> tuple[pa.Array, str | None]:
+def column_array(
+    values: Sequence[Any], *, max_precision: int = SPARK_MAX_PRECISION, widen_decimals: bool = False,
+) -> tuple[pa.Array, str | None]:
     """An Arrow array of one column's values, and its codec."""
-    tp, codec = infer_type(values, max_precision=max_precision)
+    tp, codec = infer_type(values, max_precision=max_precision, widen_decimals=widen_decimals)
     if codec == INT_TEXT:
         as_decimal = pa.types.is_decimal(tp)
         values = [None if v is None else (decimal.Decimal(v) if as_decimal else str(v)) for v in values]
@@ -156,6 +167,7 @@ def rows_to_table(
     columns: Sequence[str] | None = None,
     extra: Mapping[str, pa.Array] | None = None,
     max_precision: int = SPARK_MAX_PRECISION,
+    widen_decimals: bool = False,
 ) -> tuple[pa.Table, dict[str, str]]:
     """An Arrow table of row images (columns in first-seen order) plus `extra` columns.
 
@@ -169,7 +181,8 @@ def rows_to_table(
         columns = list(seen)
     arrays, names, codecs = [], [], {}
     for name in columns:
-        array, codec = column_array([row.get(name) for row in rows], max_precision=max_precision)
+        array, codec = column_array([row.get(name) for row in rows], max_precision=max_precision,
+                                    widen_decimals=widen_decimals)
         arrays.append(array)
         names.append(name)
         if codec:

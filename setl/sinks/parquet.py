@@ -1,0 +1,268 @@
+"""A directory of Parquet files as the target: the change log of every table, one file per batch.
+
+Layout: ``PATH/SCHEMA.TABLE/[COL=VALUE/...]part-LOG-OFFSET.parquet``, where
+``LOG-OFFSET`` is the batch's *start* position. A replayed batch starts at the
+same position, so it overwrites its own files instead of adding duplicates,
+whatever id it has now; files an earlier, differently cut run of the same
+range left behind (starting inside the range, or at its start for a table the
+batch no longer touches) are removed after the new files are in place.
+
+Each row is one change: its after image (the before image for a delete) plus
+``_setl_op``, ``_setl_batch``, ``_setl_position`` and ``_setl_seq`` (order in the
+batch). Files are written with pyarrow (no Spark), to a hidden temp file that
+is fsynced and renamed into place, so readers never see half a file. One
+directory belongs to one pipeline (recorded in ``PATH/.setl-pipeline``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import urllib.parse
+import uuid
+from bisect import bisect_left, insort
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from setl.config import ParquetTargetConfig
+from setl.errors import LoadError
+from setl.model import Batch, DdlChange, Op, Position, RowChange
+from setl.stages.load import Load
+from setl.transforms.frames import PARQUET_MAX_PRECISION, rows_to_table
+
+log = logging.getLogger(__name__)
+
+NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+OWNER_FILE = ".setl-pipeline"
+_FILE = re.compile(r"^part-(?P<log>.+)-(?P<offset>\d{20})\.parquet$")
+
+
+def file_name(start: Position) -> str:
+    """The file name of a batch's output: its start position, sortable by offset."""
+    return f"part-{urllib.parse.quote(start.log, safe='.-_')}-{start.offset:020d}.parquet"
+
+
+def _start_of(name: str) -> tuple[str, int] | None:
+    match = _FILE.match(name)
+    if match is None:
+        return None
+    return urllib.parse.unquote(match.group("log")), int(match.group("offset"))
+
+
+def _partition_segment(column: str, value: Any) -> str:
+    text = NULL_PARTITION if value is None else (value.isoformat() if hasattr(value, "isoformat") else str(value))
+    return f"{column}={urllib.parse.quote(text, safe='')}"
+
+
+class ParquetLoad(Load):
+    """Writes each batch's row changes per target table as Parquet files (see the module docstring)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        partition_by: Sequence[str] = (),
+        pipeline: str = "",
+        fsync: bool = True,
+    ) -> None:
+        self.root = Path(path)
+        self.partition_by = tuple(partition_by)
+        self.pipeline = pipeline
+        self.fsync = fsync
+        self._opened = False
+        # start (log, offset) of every file under root, sorted, and the files per start
+        self._starts: list[tuple[str, int]] = []
+        self._files: dict[tuple[str, int], set[Path]] = {}
+        self._schemas: dict[str, dict[str, pa.DataType]] = {}
+
+    @classmethod
+    def from_config(cls, config: ParquetTargetConfig, *, pipeline: str = "") -> "ParquetLoad":
+        return cls(config.path, partition_by=config.partition_by, pipeline=pipeline)
+
+    def open(self) -> None:
+        """Create the root and index the files already there (one directory walk)."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LoadError(f"cannot create {self.root}: {exc.strerror}", pipeline=self.pipeline or None) from exc
+        self._claim()
+        self._starts, self._files = [], {}
+        for folder, _dirs, names in os.walk(self.root):
+            for name in names:
+                start = _start_of(name)
+                if start is not None:
+                    self._remember(start, Path(folder) / name)
+        self._opened = True
+
+    def _claim(self) -> None:
+        # Replays delete files by position, so two pipelines must never share a directory.
+        if not self.pipeline:
+            return
+        marker = self.root / OWNER_FILE
+        try:
+            owner = marker.read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            marker.write_text(self.pipeline + "\n", encoding="utf-8")
+            return
+        if owner != self.pipeline:
+            raise LoadError(f"{self.root} holds the output of pipeline {owner!r}; give each pipeline its own path",
+                            pipeline=self.pipeline, stage="load")
+
+    def committed(self) -> Position | None:
+        return None
+
+    def close(self) -> None:
+        self._opened = False
+
+    def load(self, batch: Batch) -> None:
+        if not self._opened:
+            self.open()
+        tables: dict[tuple[str, str], list[tuple[int, RowChange]]] = {}
+        for seq, change in enumerate(batch.changes):
+            if isinstance(change, DdlChange):
+                log.info("pipeline=%s stage=load batch=%d parquet target skips DDL on %s: %s",
+                         self.pipeline, batch.id, change.qualified_table, change.statement)
+                continue
+            tables.setdefault((change.schema, change.table), []).append((seq, change))
+        written: set[Path] = set()
+        for (schema, table), changes in tables.items():
+            name = f"{schema}.{table}"
+            try:
+                written.update(self._write_table(batch, name, changes))
+            except LoadError as exc:
+                raise exc.with_context(pipeline=self.pipeline or batch.pipeline, stage="load", table=name,
+                                       batch=batch.id, position=batch.start)
+            except (OSError, pa.ArrowException) as exc:
+                raise LoadError(f"writing Parquet failed: {type(exc).__name__}: {exc}",
+                                pipeline=self.pipeline or batch.pipeline, stage="load", table=name,
+                                batch=batch.id, position=batch.start) from exc
+        self._remove_stale(batch, written)
+
+    # --- writing ----------------------------------------------------------------------------
+
+    def _write_table(self, batch: Batch, name: str, changes: list[tuple[int, RowChange]]) -> list[Path]:
+        images = [change.after if change.op is not Op.DELETE else change.before for _, change in changes]
+        missing = [c for c in self.partition_by if not c.startswith("_setl_")
+                   and any(c not in image for image in images)]  # type: ignore[operator]
+        if missing:
+            raise LoadError(f"partition column {', '.join(missing)} is not in the table's rows")
+        meta = {
+            "_setl_op": pa.array([change.op.value for _, change in changes], pa.string()),
+            "_setl_batch": pa.array([batch.id] * len(changes), pa.int64()),
+            "_setl_position": pa.array([str(change.position) if change.position else None for _, change in changes],
+                                       pa.string()),
+            "_setl_seq": pa.array([seq for seq, _ in changes], pa.int64()),
+        }
+        table, _codecs = rows_to_table(images, extra=meta, max_precision=PARQUET_MAX_PRECISION,  # type: ignore[arg-type]
+                                       widen_decimals=True)
+        table = self._conform(name, table)
+        directory = self.root / name
+        if not self.partition_by:
+            return [self._write_file(directory, table, batch.start)]
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        columns = [table.column(c).to_pylist() for c in self.partition_by]
+        for row in range(table.num_rows):
+            groups.setdefault(tuple(col[row] for col in columns), []).append(row)
+        data = table.drop_columns(list(self.partition_by))
+        paths = []
+        for values, rows in groups.items():
+            folder = directory.joinpath(*(_partition_segment(c, v) for c, v in zip(self.partition_by, values)))
+            paths.append(self._write_file(folder, data.take(pa.array(rows, pa.int64())), batch.start))
+        return paths
+
+    def _conform(self, name: str, table: pa.Table) -> pa.Table:
+        """Keep column types stable across the table's files, so the directory reads as one dataset."""
+        known = self._schemas.get(name)
+        if known is None:
+            known = self._schemas[name] = self._schema_on_disk(name)
+        columns = []
+        for field, column in zip(table.schema, table.columns):
+            want = known.get(field.name)
+            if want is not None and want != field.type:
+                try:
+                    column = column.cast(want)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    log.warning("pipeline=%s table=%s column %s changes type from %s to %s",
+                                self.pipeline, name, field.name, want, field.type)
+                    known[field.name] = field.type
+            elif want is None and not pa.types.is_null(field.type):
+                known[field.name] = field.type
+            columns.append(column)
+        return pa.Table.from_arrays(columns, names=table.column_names)
+
+    def _schema_on_disk(self, name: str) -> dict[str, pa.DataType]:
+        directory = self.root / name
+        newest = [(start, path) for start in reversed(self._starts) for path in self._files[start]
+                  if directory in path.parents]
+        if not newest:
+            return {}
+        try:
+            schema = pq.read_schema(newest[0][1])
+        except (OSError, pa.ArrowException):
+            return {}
+        return {f.name: f.type for f in schema if not pa.types.is_null(f.type)}
+
+    def _write_file(self, folder: Path, table: pa.Table, start: Position) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        final = folder / file_name(start)
+        temp = folder / f".{final.name}.{uuid.uuid4().hex}.tmp"
+        try:
+            with open(temp, "wb") as fh:
+                pq.write_table(table, fh, compression="snappy")
+                if self.fsync:
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            os.replace(temp, final)
+        except BaseException:
+            temp.unlink(missing_ok=True)
+            raise
+        if self.fsync:
+            _fsync_dir(folder)
+        self._remember((start.log, start.offset), final)
+        return final
+
+    # --- replays ----------------------------------------------------------------------------
+
+    def _remember(self, start: tuple[str, int], path: Path) -> None:
+        files = self._files.get(start)
+        if files is None:
+            files = self._files[start] = set()
+            insort(self._starts, start)
+        files.add(path)
+
+    def _remove_stale(self, batch: Batch, written: Iterable[Path]) -> None:
+        """Delete files an earlier cut of this batch's range left: started in [start, end), not rewritten."""
+        keep = set(written)
+        low, high = (batch.start.log, batch.start.offset), (batch.end.log, batch.end.offset)
+        i = bisect_left(self._starts, low)
+        while i < len(self._starts) and self._starts[i] < high:
+            start = self._starts[i]
+            files = self._files[start]
+            for path in [p for p in files if p not in keep]:
+                log.info("pipeline=%s stage=load batch=%d removing %s, left by an earlier run of the same range",
+                         self.pipeline, batch.id, path)
+                path.unlink(missing_ok=True)
+                files.discard(path)
+            if not files:
+                del self._files[start]
+                del self._starts[i]
+            else:
+                i += 1
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_table(root: str | Path, table: str) -> pa.Table:
+    """Read one target table's files back as one Arrow table (hive partitions included)."""
+    return pq.read_table(Path(root) / table, partitioning="hive")

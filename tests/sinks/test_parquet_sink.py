@@ -1,0 +1,181 @@
+"""The Parquet target: per-table files named by start position, replays overwrite, hive partitions."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import os
+
+import pyarrow.parquet as pq
+import pytest
+
+from setl.config import ParquetTargetConfig
+from setl.errors import LoadError
+from setl.model import Batch, DdlChange, Op, Position, RowChange
+from setl.sinks.parquet import ParquetLoad, file_name, read_table
+
+
+def change(op, table, image, offset, key=("id",), schema="shop"):
+    before = image if op is not Op.INSERT else None
+    after = image if op is not Op.DELETE else None
+    return RowChange(op, schema, table, key, before, after, Position("bin.000001", offset))
+
+
+def batch(changes, start, end, batch_id=1, epoch=1):
+    return Batch("p1", batch_id, epoch, Position("bin.000001", start), Position("bin.000001", end), tuple(changes))
+
+
+def files(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*.parquet"))
+
+
+def rows(root, table="shop.orders"):
+    return sorted(read_table(root, table).to_pylist(), key=lambda r: (r["_setl_batch"], r["_setl_seq"]))
+
+
+@pytest.fixture
+def sink(tmp_path):
+    """A ParquetLoad on a fresh directory."""
+    load = ParquetLoad(tmp_path / "out", pipeline="p1")
+    load.open()
+    yield load
+    load.close()
+
+
+def test_writes_changes_with_metadata_readable_by_pyarrow(sink, tmp_path):
+    """Each change is a row with its image and _setl_op/_batch/_position/_seq, readable with plain pyarrow."""
+    b = batch([
+        change(Op.INSERT, "orders", {"id": 1, "total": decimal.Decimal("9.99")}, 10),
+        change(Op.INSERT, "customers", {"id": 7, "name": "ann"}, 10),
+        change(Op.DELETE, "orders", {"id": 0, "total": decimal.Decimal("1.00")}, 20),
+    ], 0, 20, batch_id=3)
+    sink.load(b)
+    root = tmp_path / "out"
+    assert files(root) == [f"shop.customers/{file_name(b.start)}", f"shop.orders/{file_name(b.start)}"]
+    table = pq.read_table(root / "shop.orders" / file_name(b.start))
+    assert table.to_pylist() == [
+        {"id": 1, "total": decimal.Decimal("9.99"), "_setl_op": "insert", "_setl_batch": 3,
+         "_setl_position": "bin.000001:10", "_setl_seq": 0},
+        {"id": 0, "total": decimal.Decimal("1.00"), "_setl_op": "delete", "_setl_batch": 3,
+         "_setl_position": "bin.000001:20", "_setl_seq": 2},
+    ]
+    assert sink.committed() is None
+
+
+def test_types_are_kept(sink, tmp_path):
+    """Decimals, microsecond datetimes, bytes and JSON are stored with their types."""
+    image = {"id": 1, "at": dt.datetime(2024, 1, 2, 3, 4, 5, 678901), "blob": b"\x00\xff",
+             "wide": decimal.Decimal("1" * 50 + ".25"), "doc": {"a": [1]}}
+    sink.load(batch([change(Op.INSERT, "orders", image, 5)], 0, 5))
+    (row,) = rows(tmp_path / "out")
+    assert row["at"] == image["at"] and row["blob"] == image["blob"] and row["wide"] == image["wide"]
+    assert row["doc"] == '{"a": [1]}'
+
+
+def test_replayed_batch_overwrites_its_own_output(sink, tmp_path):
+    """A batch replayed from the same start position (even with another id) replaces its files, no duplicates."""
+    first = batch([change(Op.INSERT, "orders", {"id": 1, "v": "old"}, 10)], 0, 10, batch_id=1)
+    sink.load(first)
+    replay = batch([change(Op.INSERT, "orders", {"id": 1, "v": "new"}, 10)], 0, 10, batch_id=5, epoch=2)
+    sink.load(replay)
+    assert [(r["id"], r["v"], r["_setl_batch"]) for r in rows(tmp_path / "out")] == [(1, "new", 5)]
+
+
+def test_replay_with_a_different_cut_leaves_no_stale_files(sink, tmp_path):
+    """Files from an earlier cut of the replayed range (later starts, or tables no longer touched) are removed."""
+    root = tmp_path / "out"
+    sink.load(batch([change(Op.INSERT, "orders", {"id": 1}, 10), change(Op.INSERT, "items", {"id": 9}, 10)], 0, 10))
+    sink.load(batch([change(Op.INSERT, "orders", {"id": 2}, 20)], 10, 20, batch_id=2))
+    # after a rollback the same range comes back as one bigger batch without `items`
+    sink.load(batch([change(Op.INSERT, "orders", {"id": 1}, 10), change(Op.INSERT, "orders", {"id": 2}, 20)],
+                    0, 20, batch_id=1, epoch=2))
+    assert files(root) == [f"shop.orders/{file_name(Position('bin.000001', 0))}"]
+    assert [r["id"] for r in rows(root)] == [1, 2]
+
+
+def test_a_reopened_sink_still_cleans_up_replays(tmp_path):
+    """A new ParquetLoad (after a restart) finds existing files and cleans a replayed range."""
+    root = tmp_path / "out"
+    load = ParquetLoad(root, pipeline="p1")
+    load.load(batch([change(Op.INSERT, "orders", {"id": 1}, 10)], 0, 10))
+    load.load(batch([change(Op.INSERT, "orders", {"id": 2}, 20)], 10, 20, batch_id=2))
+    restarted = ParquetLoad(root, pipeline="p1")
+    restarted.open()
+    restarted.load(batch([change(Op.INSERT, "orders", {"id": 1}, 10), change(Op.INSERT, "orders", {"id": 2}, 20)],
+                         0, 20))
+    assert len(files(root)) == 1 and [r["id"] for r in rows(root)] == [1, 2]
+
+
+def test_partition_columns_become_hive_directories(tmp_path):
+    """partition_by columns become col=value directories and come back when reading the dataset."""
+    root = tmp_path / "out"
+    load = ParquetLoad.from_config(ParquetTargetConfig(type="parquet", path=str(root), partition_by=("country",)),
+                                   pipeline="p1")
+    load.open()
+    load.load(batch([
+        change(Op.INSERT, "orders", {"id": 1, "country": "FR"}, 10),
+        change(Op.INSERT, "orders", {"id": 2, "country": "DE"}, 10),
+        change(Op.INSERT, "orders", {"id": 3, "country": None}, 10),
+        change(Op.INSERT, "orders", {"id": 4, "country": "a/b c"}, 10),
+    ], 0, 10))
+    name = file_name(Position("bin.000001", 0))
+    assert files(root) == sorted([
+        f"shop.orders/country=DE/{name}", f"shop.orders/country=FR/{name}",
+        f"shop.orders/country=__HIVE_DEFAULT_PARTITION__/{name}", f"shop.orders/country=a%2Fb%20c/{name}",
+    ])
+    back = {r["id"]: r["country"] for r in read_table(root, "shop.orders").to_pylist()}
+    assert back == {1: "FR", 2: "DE", 3: None, 4: "a/b c"}
+    assert "country" not in pq.read_table(root / "shop.orders" / "country=FR" / name).column_names
+
+
+def test_missing_partition_column_is_a_load_error(tmp_path):
+    """A table without the partition column fails the load, naming the table and batch."""
+    load = ParquetLoad(tmp_path / "out", partition_by=("country",), pipeline="p1")
+    with pytest.raises(LoadError, match="partition column country") as info:
+        load.load(batch([change(Op.INSERT, "orders", {"id": 1}, 10)], 0, 10, batch_id=4))
+    assert info.value.context["table"] == "shop.orders" and info.value.context["batch"] == 4
+
+
+def test_writes_are_atomic_no_temp_files_remain(sink, tmp_path, monkeypatch):
+    """A failed write leaves neither a partial file nor a temp file."""
+    import setl.sinks.parquet as module
+
+    def broken(table, where, **kwargs):
+        where.write(b"PAR1 partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(module.pq, "write_table", broken)
+    with pytest.raises(LoadError, match="No space left"):
+        sink.load(batch([change(Op.INSERT, "orders", {"id": 1}, 10)], 0, 10))
+    assert [p for p in (tmp_path / "out").rglob("*") if p.is_file() and p.name != ".setl-pipeline"] == []
+
+
+def test_column_types_stay_stable_across_batches(sink, tmp_path):
+    """Later batches are written with the earlier files' column types (all-NULL or narrower), so the dataset reads."""
+    sink.load(batch([change(Op.INSERT, "orders", {"id": 1, "qty": 5, "price": decimal.Decimal("1.50")}, 10)], 0, 10))
+    sink.load(batch([change(Op.INSERT, "orders", {"id": 2, "qty": None, "price": decimal.Decimal("3")}, 20)],
+                    10, 20, batch_id=2))
+    assert [(r["qty"], r["price"]) for r in rows(tmp_path / "out")] == [
+        (5, decimal.Decimal("1.50")), (None, decimal.Decimal("3.00"))]
+
+
+def test_ddl_is_skipped(sink, tmp_path):
+    """A DDL batch writes nothing."""
+    sink.load(Batch("p1", 1, 1, Position("b", 0), Position("b", 1), (DdlChange("shop", "orders", "ALTER ..."),)))
+    assert files(tmp_path / "out") == []
+
+
+def test_a_directory_belongs_to_one_pipeline(tmp_path):
+    """Another pipeline cannot write into a directory already used by one."""
+    ParquetLoad(tmp_path / "out", pipeline="p1").open()
+    with pytest.raises(LoadError, match="pipeline 'p1'"):
+        ParquetLoad(tmp_path / "out", pipeline="p2").open()
+
+
+def test_unwritable_root_is_a_load_error(tmp_path):
+    """A root that cannot be created is a LoadError, not an OSError."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(LoadError):
+        ParquetLoad(blocker / "out", pipeline="p1").open()
+    assert os.path.isfile(blocker)
