@@ -1,0 +1,252 @@
+"""A PostgreSQL database as the target, through psycopg 3.
+
+Each batch is one transaction: ``DELETE ... WHERE (key) IN (...)`` for the merged deletes, then
+multi-row ``INSERT ... ON CONFLICT (key) DO UPDATE`` of the full after-images, then the batch's
+end position, batch id and epoch in ``setl.setl_position`` (see `SqlLoad` for the guarantees).
+Target tables must exist: a change's ``schema`` is the PostgreSQL schema, its ``table`` the table
+(in the configured database); only setl's own position table is created. Values go through
+psycopg's adapters (bytes as bytea, Decimal as numeric, timedelta as interval); dicts and lists
+are sent as jsonb. The session time zone is UTC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import psycopg
+import psycopg.errors
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from setl.config import PostgresqlTargetConfig
+from setl.errors import LoadError, TransientLoadError
+from setl.model import Batch
+from setl.sinks.merge import TableChanges
+from setl.sinks.sql_common import SqlLoad, TargetTableMissing, chunks, group_by_columns
+
+MAX_PARAMS = 65535  # the protocol's limit on bind parameters per statement
+
+# SQLSTATE classes and codes worth a reconnect and replay.
+TRANSIENT_STATES = ("08", "40", "57P01", "57P02", "57P03", "53300", "55P03")
+MISSING_TABLE_STATES = ("42P01", "3F000")  # undefined table, invalid schema name
+
+
+def to_db(value: Any) -> Any:
+    """A row value as psycopg should send it: dicts and lists as jsonb, SET members joined."""
+    if isinstance(value, (dict, list)):
+        return Jsonb(value)
+    if isinstance(value, (set, frozenset)):
+        return ",".join(sorted(map(str, value)))
+    return value
+
+
+def _marks(count: int) -> str:
+    return "(" + ", ".join(["%s"] * count) + ")"
+
+
+class PostgresLoad(SqlLoad[psycopg.Connection]):
+    """Loads batches into PostgreSQL (see the module docstring and `SqlLoad`)."""
+
+    dialect = "postgresql"
+
+    def __init__(
+        self,
+        config: PostgresqlTargetConfig,
+        *,
+        pipeline: str,
+        position_schema: str = "setl",
+        position_table: str = "setl_position",
+        chunk_rows: int = 500,
+        max_attempts: int = 5,
+        initial_backoff: float = 0.1,
+        max_backoff: float = 5.0,
+        connect_timeout: int = 10,
+        sleep: Callable[[float], None] | None = None,
+    ) -> None:
+        extra = {"sleep": sleep} if sleep is not None else {}
+        super().__init__(pipeline=pipeline, position_schema=position_schema,
+                         position_table=position_table, chunk_rows=chunk_rows,
+                         max_attempts=max_attempts, initial_backoff=initial_backoff,
+                         max_backoff=max_backoff, **extra)
+        self.config = config
+        self.connect_timeout = connect_timeout
+        self._position = sql.Identifier(position_schema, position_table)
+        self._statements: dict[tuple[Any, ...], str] = {}
+
+    @classmethod
+    def from_config(cls, config: PostgresqlTargetConfig, *, pipeline: str, **options: Any) -> "PostgresLoad":
+        return cls(config, pipeline=pipeline, **options)
+
+    def __repr__(self) -> str:
+        return f"<PostgresLoad {self.pipeline} -> {self.config.host}:{self.config.port}/{self.config.database}>"
+
+    # -- connection
+
+    def _connect(self) -> psycopg.Connection:
+        return psycopg.connect(
+            host=self.config.host,
+            port=self.config.port,
+            user=self.config.user,
+            password=self.config.password or None,
+            dbname=self.config.database,
+            connect_timeout=self.connect_timeout,
+            autocommit=False,
+            application_name=f"setl:{self.pipeline}"[:63],
+            options="-c TimeZone=UTC",
+        )
+
+    def _disconnect(self, conn: psycopg.Connection) -> None:
+        conn.close()
+
+    def _commit(self, conn: psycopg.Connection) -> None:
+        conn.commit()
+
+    def _rollback(self, conn: psycopg.Connection) -> None:
+        if not conn.closed:
+            conn.rollback()
+
+    def _text(self, conn: psycopg.Connection, key: tuple[Any, ...], build: Callable[[], sql.Composable]) -> str:
+        """A statement rendered once per shape and cached (composing is slow for wide rows)."""
+        text = self._statements.get(key)
+        if text is None:
+            text = build().as_string(conn)
+            if len(self._statements) > 1000:
+                self._statements.clear()
+            self._statements[key] = text
+        return text
+
+    # -- position and epoch
+
+    def _create_position_table(self, conn: psycopg.Connection) -> None:
+        exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                              (self._position.as_string(conn),)).fetchone()
+        if not (exists and exists[0]):
+            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
+                sql.Identifier(self.position_schema)))
+            conn.execute(sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} ("
+                " pipeline text PRIMARY KEY,"
+                " log text NOT NULL,"
+                " \"offset\" bigint NOT NULL,"
+                " gtid text,"
+                " batch_id bigint NOT NULL,"
+                " epoch bigint NOT NULL,"
+                " updated_at timestamptz NOT NULL DEFAULT now())"
+            ).format(self._position))
+        conn.commit()
+
+    def _locked_epoch(self, conn: psycopg.Connection) -> int | None:
+        row = conn.execute(
+            sql.SQL("SELECT epoch FROM {} WHERE pipeline = %s FOR UPDATE").format(self._position),
+            (self.pipeline,),
+        ).fetchone()
+        return int(row[0]) if row else None
+
+    def _read_position(self, conn: psycopg.Connection) -> tuple[str, int, str | None] | None:
+        row = conn.execute(
+            sql.SQL('SELECT log, "offset", gtid FROM {} WHERE pipeline = %s').format(self._position),
+            (self.pipeline,),
+        ).fetchone()
+        conn.commit()
+        return (row[0], int(row[1]), row[2]) if row else None
+
+    def _write_position(self, conn: psycopg.Connection, batch: Batch) -> None:
+        end = batch.end
+        conn.execute(
+            sql.SQL(
+                'INSERT INTO {} (pipeline, log, "offset", gtid, batch_id, epoch)'
+                " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (pipeline) DO UPDATE SET"
+                ' log = EXCLUDED.log, "offset" = EXCLUDED."offset", gtid = EXCLUDED.gtid,'
+                " batch_id = EXCLUDED.batch_id, epoch = EXCLUDED.epoch, updated_at = now()"
+            ).format(self._position),
+            (self.pipeline, end.log, end.offset, end.gtid, batch.id, batch.epoch),
+        )
+
+    # -- rows
+
+    def _apply_keyed(self, conn: psycopg.Connection, table: TableChanges) -> None:
+        name = sql.Identifier(table.schema, table.table)
+        key = table.primary_key
+        size = max(1, min(self.chunk_rows, MAX_PARAMS // len(key)))
+        with conn.cursor() as cur:
+            for part in chunks(table.deletes, size):
+                text = self._text(conn, ("delete", table.schema, table.table, key, len(part)),
+                                  lambda: self._delete_sql(name, key, len(part)))
+                cur.execute(text, [to_db(image[c]) for image in part for c in key])
+            for columns, images in group_by_columns(table.upserts).items():
+                size = max(1, min(self.chunk_rows, MAX_PARAMS // len(columns)))
+                for part in chunks(images, size):
+                    text = self._text(conn, ("upsert", table.schema, table.table, columns, len(part)),
+                                      lambda: self._upsert_sql(name, key, columns, len(part)))
+                    cur.execute(text, [to_db(image[c]) for image in part for c in columns])
+
+    @staticmethod
+    def _delete_sql(name: sql.Identifier, key: Sequence[str], rows: int) -> sql.Composable:
+        if len(key) == 1:
+            marks = ", ".join(["%s"] * rows)
+            return sql.SQL("DELETE FROM {} WHERE {} IN (" + marks + ")").format(name, sql.Identifier(key[0]))
+        columns = sql.SQL(", ").join(map(sql.Identifier, key))
+        values = ", ".join([_marks(len(key))] * rows)
+        return sql.SQL("DELETE FROM {} WHERE ({}) IN (" + values + ")").format(name, columns)
+
+    @staticmethod
+    def _upsert_sql(name: sql.Identifier, key: Sequence[str], columns: Sequence[str], rows: int) -> sql.Composable:
+        others = [c for c in columns if c not in key]
+        if others:
+            action = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
+                sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in others))
+        else:
+            action = sql.SQL("DO NOTHING")
+        values = ", ".join([_marks(len(columns))] * rows)
+        return sql.SQL("INSERT INTO {} ({}) VALUES " + values + " ON CONFLICT ({}) {}").format(
+            name,
+            sql.SQL(", ").join(map(sql.Identifier, columns)),
+            sql.SQL(", ").join(map(sql.Identifier, key)),
+            action,
+        )
+
+    def _apply_sequence(self, conn: psycopg.Connection, table: TableChanges) -> None:
+        name = sql.Identifier(table.schema, table.table)
+        with conn.cursor() as cur:
+            for change in table.sequence:
+                if change.before is not None:
+                    where = sql.SQL(" AND ").join(
+                        sql.SQL("{} IS NOT DISTINCT FROM %s").format(sql.Identifier(c))
+                        for c in change.before)
+                    cur.execute(sql.SQL("DELETE FROM {0} WHERE ctid = (SELECT ctid FROM {0} WHERE {1}"
+                                        " LIMIT 1)").format(name, where),
+                                [to_db(v) for v in change.before.values()])
+                if change.after is not None:
+                    self._insert(cur, name, change.after)
+
+    @staticmethod
+    def _insert(cur: psycopg.Cursor, name: sql.Identifier, image: Mapping[str, Any]) -> None:
+        cur.execute(sql.SQL("INSERT INTO {} ({}) VALUES " + _marks(len(image))).format(
+            name, sql.SQL(", ").join(map(sql.Identifier, image))),
+            [to_db(v) for v in image.values()])
+
+    # -- errors
+
+    def _classify(self, exc: BaseException) -> type[LoadError] | type[TargetTableMissing] | None:
+        if isinstance(exc, psycopg.Error):
+            state = exc.sqlstate or ""
+            if state in MISSING_TABLE_STATES:
+                return TargetTableMissing
+            if state and state.startswith(TRANSIENT_STATES):
+                return TransientLoadError
+            if not state and isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+                return TransientLoadError  # the connection broke before the server answered
+            return LoadError
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            return TransientLoadError
+        return LoadError
+
+    def _describe(self, exc: BaseException) -> str:
+        if isinstance(exc, psycopg.Error):
+            text = " ".join(str(exc).split())
+            return f"{text} (SQLSTATE {exc.sqlstate})" if exc.sqlstate else text
+        return super()._describe(exc)
+
+
+__all__ = ["PostgresLoad", "to_db"]

@@ -1,0 +1,307 @@
+"""The behaviour every SQL sink shares, as a test class each dialect's test module subclasses.
+
+A subclass provides a `target` fixture returning a `Target` for a fresh schema.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from setl.errors import LoadError, TransientLoadError
+from setl.model import Batch, DdlChange, Op, Position, RowChange
+from setl.stages.load import Load
+
+ITEMS_DDL = "CREATE TABLE {table} (id INT PRIMARY KEY, name VARCHAR(64) NOT NULL, qty INT, note TEXT)"
+PAIRS_DDL = "CREATE TABLE {table} (a INT NOT NULL, b VARCHAR(16) NOT NULL, v INT, PRIMARY KEY (a, b))"
+LOOSE_DDL = "CREATE TABLE {table} (name VARCHAR(64), qty INT)"
+
+
+class Target:
+    """One dialect's test access to a fresh target schema."""
+
+    schema: str
+
+    def execute(self, statement: str) -> None:
+        raise NotImplementedError
+
+    def qualified(self, table: str) -> str:
+        raise NotImplementedError
+
+    def rows(self, table: str, order: str = "1") -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def make_load(self, pipeline: str = "p", **options: Any) -> Load:
+        raise NotImplementedError
+
+    def kill_session(self, load: Load) -> None:
+        """Kill the load's server session from another connection."""
+        raise NotImplementedError
+
+    def position_table(self) -> str:
+        """The qualified name of the sinks' position table."""
+        raise NotImplementedError
+
+    def create(self, ddl: str, table: str) -> None:
+        self.execute(ddl.format(table=self.qualified(table)))
+
+
+class Changes:
+    """Builds row changes for one table of the target schema."""
+
+    def __init__(self, schema: str, table: str = "items", key: Sequence[str] = ("id",)) -> None:
+        self.schema, self.table, self.key = schema, table, tuple(key)
+
+    def insert(self, **after: Any) -> RowChange:
+        return RowChange(Op.INSERT, self.schema, self.table, self.key, None, after)
+
+    def update(self, before: dict[str, Any], **after: Any) -> RowChange:
+        return RowChange(Op.UPDATE, self.schema, self.table, self.key, before, {**before, **after})
+
+    def delete(self, **before: Any) -> RowChange:
+        return RowChange(Op.DELETE, self.schema, self.table, self.key, before, None)
+
+
+def make_batch(changes: Sequence[Any], id: int = 1, epoch: int = 1, pipeline: str = "p") -> Batch:
+    return Batch(pipeline=pipeline, id=id, epoch=epoch,
+                 start=Position("mysql-bin.000001", 4 + (id - 1) * 100),
+                 end=Position("mysql-bin.000001", 4 + id * 100, gtid=f"0-1-{id}"),
+                 changes=tuple(changes))
+
+
+def item(id: int, name: str = "n", qty: int | None = 1, note: str | None = None) -> dict[str, Any]:
+    return {"id": id, "name": name, "qty": qty, "note": note}
+
+
+#: Hypothesis settings for the model check: examples reuse the test's fresh schema.
+model_settings = settings(max_examples=25, deadline=None,
+                          suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+class SinkContract:
+    """Tests every SQL sink must pass. Subclasses provide the `target` fixture."""
+
+    @pytest.fixture
+    def items(self, target: Target) -> Changes:
+        target.create(ITEMS_DDL, "items")
+        return Changes(target.schema)
+
+    @pytest.fixture
+    def load(self, target: Target):
+        load = target.make_load()
+        load.open()
+        yield load
+        load.close()
+
+    # -- merge semantics
+
+    def test_insert_then_update_leaves_last_image(self, target, items, load):
+        """An insert and an update of one key in a batch leave the update's after-image."""
+        load.load(make_batch([items.insert(**item(1, "a")), items.update(item(1, "a"), name="b", qty=7)]))
+        assert target.rows("items") == [(1, "b", 7, None)]
+
+    def test_update_then_update_leaves_last_image(self, target, items, load):
+        """Two updates of a key leave the second after-image."""
+        load.load(make_batch([items.insert(**item(1, "a"))], id=1))
+        load.load(make_batch([items.update(item(1, "a"), name="b"),
+                              items.update(item(1, "b"), name="c", note="x")], id=2))
+        assert target.rows("items") == [(1, "c", 1, "x")]
+
+    def test_insert_then_delete_leaves_nothing(self, target, items, load):
+        """A key inserted and deleted in one batch is absent afterwards."""
+        load.load(make_batch([items.insert(**item(1)), items.insert(**item(2)), items.delete(**item(1))]))
+        assert target.rows("items") == [(2, "n", 1, None)]
+
+    def test_delete_then_insert_leaves_row(self, target, items, load):
+        """A key deleted and inserted again in one batch holds the new row."""
+        load.load(make_batch([items.insert(**item(1, "old"))], id=1))
+        load.load(make_batch([items.delete(**item(1, "old")), items.insert(**item(1, "new"))], id=2))
+        assert target.rows("items") == [(1, "new", 1, None)]
+
+    def test_primary_key_update_moves_row(self, target, items, load):
+        """An update of the primary key deletes the old key and upserts the new one."""
+        load.load(make_batch([items.insert(**item(1, "a")), items.insert(**item(2, "b"))], id=1))
+        load.load(make_batch([items.update(item(1, "a"), id=3)], id=2))
+        assert target.rows("items") == [(2, "b", 1, None), (3, "a", 1, None)]
+
+    def test_composite_key(self, target, load):
+        """Deletes and upserts address rows by every column of a composite key."""
+        target.create(PAIRS_DDL, "pairs")
+        pairs = Changes(target.schema, "pairs", ("a", "b"))
+        load.load(make_batch([pairs.insert(a=1, b="x", v=1), pairs.insert(a=1, b="y", v=2),
+                              pairs.insert(a=2, b="x", v=3)], id=1))
+        load.load(make_batch([pairs.delete(a=1, b="x", v=1), pairs.update({"a": 2, "b": "x", "v": 3}, v=4)],
+                             id=2))
+        assert target.rows("pairs", order="a, b") == [(1, "y", 2), (2, "x", 4)]
+
+    def test_many_rows_in_chunks(self, target, items):
+        """A batch larger than the chunk size is applied completely, deletes and upserts alike."""
+        load = target.make_load(chunk_rows=7)
+        rows = [item(i, f"n{i}", i) for i in range(1, 101)]
+        load.load(make_batch([items.insert(**r) for r in rows], id=1))
+        load.load(make_batch([items.delete(**r) for r in rows[:50]]
+                             + [items.update(r, qty=-r["id"]) for r in rows[50:]], id=2))
+        assert target.rows("items") == [(i, f"n{i}", -i, None) for i in range(51, 101)]
+        load.close()
+
+    # -- idempotency, position, atomicity
+
+    def test_same_batch_twice_is_idempotent(self, target, items, load):
+        """Loading a batch a second time leaves the table as loading it once."""
+        batch = make_batch([items.insert(**item(1)), items.insert(**item(2)),
+                            items.update(item(1), name="z"), items.delete(**item(2))])
+        load.load(batch)
+        once = target.rows("items")
+        load.load(batch)
+        assert target.rows("items") == once == [(1, "z", 1, None)]
+
+    def test_position_is_committed_with_the_batch(self, target, items, load):
+        """committed() returns the end of the last loaded batch, also to a new sink instance."""
+        assert load.committed() is None
+        batch = make_batch([items.insert(**item(1))], id=1)
+        load.load(batch)
+        assert load.committed() == batch.end
+        second = make_batch([items.insert(**item(2))], id=2)
+        load.load(second)
+        other = target.make_load()
+        assert other.committed() == second.end and other.committed().gtid == "0-1-2"
+        other.close()
+
+    def test_failing_batch_leaves_nothing(self, target, items, load):
+        """A batch with one bad row applies none of its rows and does not move the position."""
+        first = make_batch([items.insert(**item(1))], id=1)
+        load.load(first)
+        bad = make_batch([items.insert(**item(2)), items.update(item(1), qty=5),
+                          items.insert(**item(3, name=None))], id=2)
+        with pytest.raises(LoadError) as info:
+            load.load(bad)
+        assert not isinstance(info.value, TransientLoadError)
+        text = str(info.value)
+        assert "pipeline=p" in text and "batch=2" in text and "items" in text
+        assert info.value.context["position"] == bad.end
+        assert target.rows("items") == [(1, "n", 1, None)]
+        assert load.committed() == first.end
+        load.load(make_batch([items.insert(**item(2))], id=2))  # the sink is still usable
+        assert len(target.rows("items")) == 2
+
+    def test_older_epoch_is_refused(self, target, items, load):
+        """A batch with an epoch older than the one the target holds is refused and not applied."""
+        load.load(make_batch([items.insert(**item(1))], id=1, epoch=3))
+        load.load(make_batch([items.insert(**item(2))], id=2, epoch=3))  # same epoch: fine
+        stale = target.make_load()
+        with pytest.raises(LoadError, match="epoch 2 is older than epoch 3"):
+            stale.load(make_batch([items.insert(**item(9))], id=3, epoch=2))
+        stale.close()
+        assert [r[0] for r in target.rows("items")] == [1, 2]
+        load.load(make_batch([items.insert(**item(3))], id=3, epoch=4))  # newer: fine
+        assert [r[0] for r in target.rows("items")] == [1, 2, 3]
+
+    def test_pipelines_keep_separate_positions(self, target, items):
+        """Two pipelines loading one target keep their own positions and epochs."""
+        one, two = target.make_load("one"), target.make_load("two")
+        one.load(make_batch([items.insert(**item(1))], id=5, epoch=9, pipeline="one"))
+        two.load(make_batch([items.insert(**item(2))], id=1, epoch=1, pipeline="two"))
+        assert one.committed().offset == 504 and two.committed().offset == 104
+        one.close()
+        two.close()
+
+    # -- tables without a key, errors
+
+    def test_table_without_primary_key(self, target, load):
+        """Keyless rows are applied in order: a delete removes one matching row, nulls included."""
+        target.create(LOOSE_DDL, "loose")
+        loose = Changes(target.schema, "loose", ())
+        load.load(make_batch([loose.insert(name="a", qty=1), loose.insert(name="a", qty=1),
+                              loose.insert(name=None, qty=2)], id=1))
+        load.load(make_batch([loose.delete(name="a", qty=1),
+                              loose.update({"name": None, "qty": 2}, qty=3)], id=2))
+        assert sorted(target.rows("loose"), key=repr) == sorted([("a", 1), (None, 3)], key=repr)
+
+    def test_missing_table_is_named(self, target, load):
+        """Loading into a table that does not exist fails with an error naming the table."""
+        ghosts = Changes(target.schema, "ghosts")
+        with pytest.raises(LoadError) as info:
+            load.load(make_batch([ghosts.insert(id=1)], id=7))
+        assert f"{target.schema}.ghosts" in str(info.value)
+        assert info.value.context["table"] == f"{target.schema}.ghosts"
+        assert info.value.context["batch"] == 7
+
+    def test_ddl_is_refused(self, target, load):
+        """A batch holding a DDL change is refused with an error naming its table."""
+        ddl = DdlChange(target.schema, "items", "ALTER TABLE items ADD COLUMN x INT")
+        with pytest.raises(LoadError, match="DDL") as info:
+            load.load(make_batch([ddl]))
+        assert info.value.context["table"] == f"{target.schema}.items"
+
+    # -- transient errors
+
+    def test_reconnects_after_its_session_is_killed(self, target, items):
+        """After the server kills the sink's session, the next load reconnects and replays."""
+        sleeps: list[float] = []
+        load = target.make_load(sleep=sleeps.append)
+        load.load(make_batch([items.insert(**item(1))], id=1))
+        target.kill_session(load)
+        load.load(make_batch([items.insert(**item(2))], id=2))
+        assert [r[0] for r in target.rows("items")] == [1, 2]
+        assert load.committed().offset == 204
+        assert len(sleeps) == 1  # exactly one failed attempt, then a replay
+        load.close()
+
+    def test_gives_up_after_bounded_attempts(self, target, items):
+        """A target that stays unreachable fails with a TransientLoadError after max_attempts."""
+        sleeps: list[float] = []
+        load = target.make_load(max_attempts=3, sleep=sleeps.append, unreachable=True)
+        with pytest.raises(TransientLoadError, match="gave up after 3 attempts") as info:
+            load.load(make_batch([items.insert(**item(1))], id=4))
+        assert info.value.context["batch"] == 4 and info.value.context["pipeline"] == "p"
+        assert len(sleeps) == 2
+
+    # -- the model check
+
+    def check_random_sequences(self, target: Target, items: Changes, load: Load, data: st.DataObject) -> None:
+        """Random inserts, updates (key changes included) and deletes over a few keys, cut into
+        random batches, must leave the table equal to applying them one by one to a dict.
+
+        Each dialect's module wraps this in its own hypothesis test (one test function per
+        class keeps hypothesis' example database apart)."""
+        target.execute(f"DELETE FROM {target.qualified('items')}")
+        target.execute(f"DELETE FROM {target.position_table()}")
+        model: dict[int, dict[str, Any]] = {}
+        changes: list[RowChange] = []
+        keys = st.integers(0, 5)
+        for _ in range(data.draw(st.integers(1, 40), label="length")):
+            key = data.draw(keys, label="key")
+            if key not in model:
+                row = item(key, data.draw(st.sampled_from("abc")), data.draw(st.none() | st.integers(-5, 5)))
+                model[key] = row
+                changes.append(items.insert(**row))
+                continue
+            action = data.draw(st.sampled_from(["update", "rekey", "delete"]), label="action")
+            before = model[key]
+            if action == "delete":
+                del model[key]
+                changes.append(items.delete(**before))
+            elif action == "rekey":
+                free = [k for k in range(6) if k not in model]
+                new = data.draw(st.sampled_from(free), label="new key") if free else key
+                after = {**before, "id": new}
+                del model[key]
+                model[new] = after
+                changes.append(items.update(before, **after))
+            else:
+                after = {**before, "qty": data.draw(st.integers(-5, 5)),
+                         "note": data.draw(st.none() | st.text("xy", max_size=3))}
+                model[key] = after
+                changes.append(items.update(before, **after))
+        cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(changes) - 1)), max_size=5), label="cuts"))
+        bounds = [0, *[c for c in cuts if c < len(changes)], len(changes)]
+        epoch = data.draw(st.integers(1, 3), label="epoch")
+        for number, (lo, hi) in enumerate(zip(bounds, bounds[1:]), start=1):
+            load.load(make_batch(changes[lo:hi], id=number, epoch=epoch, pipeline="p"))
+        expected = sorted((r["id"], r["name"], r["qty"], r["note"]) for r in model.values())
+        assert target.rows("items") == expected
+
