@@ -33,7 +33,6 @@ Tables without transforms never reach Spark: no session is even created.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import re
 import string
@@ -307,29 +306,31 @@ class SparkTransform(Transform):
         kinds = result.column(IMAGE).to_pylist()
         images = table_to_rows(result.drop_columns([c for c in result.column_names if c.startswith(META_PREFIX)]),
                                codecs)
-        order = sorted(range(len(seqs)), key=lambda k: (seqs[k] is None, seqs[k] or 0))
         by_seq: dict[int, tuple[list[dict], list[dict]]] = {}
-        for k in order:
-            seq = seqs[k]
+        for seq, kind, image in zip(seqs, kinds, images):
             if seq is None:
                 raise self._error(batch, plan, "the transforms returned a row without _setl_seq")
             before, after = by_seq.setdefault(seq, ([], []))
-            (before if kinds[k] == BEFORE else after).append(images[k])
+            (before if kind == BEFORE else after).append(image)
         out: dict[int, list[RowChange]] = {}
         lost_deletes = []
+        schema, table = changes[0].schema, changes[0].table
+        insert, update, delete = Op.INSERT, Op.UPDATE, Op.DELETE
         for index, change in zip(indices, changes):
-            before, after = by_seq.pop(index, ([], []))
-            made = lambda op, b, a: attrs.evolve(change, op=op, before=b, after=a, primary_key=primary_key)  # noqa: E731
-            if change.op is Op.INSERT:
-                out[index] = [made(Op.INSERT, None, a) for a in after]
-            elif change.op is Op.DELETE:
+            before, after = by_seq.pop(index, ((), ()))
+            pos, ts = change.position, change.commit_time
+            if change.op is insert:
+                out[index] = [RowChange(insert, schema, table, primary_key, None, a, pos, ts) for a in after]
+            elif change.op is delete:
                 if not before and not plan.may_drop_deletes:
                     lost_deletes.append(change)
-                out[index] = [made(Op.DELETE, b, None) for b in before]
+                out[index] = [RowChange(delete, schema, table, primary_key, b, None, pos, ts) for b in before]
             elif len(before) == len(after):
-                out[index] = [made(Op.UPDATE, b, a) for b, a in zip(before, after)]
-            else:
-                out[index] = [made(Op.DELETE, b, None) for b in before] + [made(Op.INSERT, None, a) for a in after]
+                out[index] = [RowChange(update, schema, table, primary_key, b, a, pos, ts)
+                              for b, a in zip(before, after)]
+            else:  # rows left or entered a filter, or a transform multiplied them
+                out[index] = ([RowChange(delete, schema, table, primary_key, b, None, pos, ts) for b in before]
+                              + [RowChange(insert, schema, table, primary_key, None, a, pos, ts) for a in after])
         if by_seq:
             raise self._error(batch, plan, f"the transforms returned rows for unknown _setl_seq {sorted(by_seq)[:5]}")
         if lost_deletes:
@@ -344,15 +345,19 @@ class SparkTransform(Transform):
 def _to_arrow(batch: Batch, indices: list[int], changes: list[RowChange]) -> tuple[pa.Table, dict[str, str]]:
     """The Arrow table of a table's changes: one row per image, plus setl's metadata columns."""
     images, ops, kinds, seqs, times, positions = [], [], [], [], [], []
+    texts: dict[Any, str | None] = {None: None}  # a transaction's changes share one position
 
     def add(change: RowChange, index: int, image: Mapping[str, Any], kind: str) -> None:
         images.append(image)
         ops.append(change.op.value)
         kinds.append(kind)
         seqs.append(index)
-        times.append(None if change.commit_time is None
-                     else dt.datetime.fromtimestamp(change.commit_time, dt.timezone.utc))
-        positions.append(str(change.position) if change.position is not None else None)
+        times.append(None if change.commit_time is None else int(change.commit_time * 1_000_000))
+        position = change.position
+        text = texts.get(position)
+        if text is None and position is not None:
+            text = texts[position] = str(position)
+        positions.append(text)
 
     for index, change in zip(indices, changes):
         if change.before is not None and change.op is not Op.INSERT:
