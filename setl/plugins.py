@@ -479,7 +479,7 @@ class Registry:
             value = given[name]
             if not check_type(value, spec.type):
                 raise fail(f"parameter {name!r}: expected {type_label(spec.type)}, got {value!r}", name)
-            if isinstance(value, float) and spec.type is float:
+            if spec.type is float and isinstance(value, int):
                 value = float(value)
             params[name] = value
         if plugin.check is not None:

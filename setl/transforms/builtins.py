@@ -212,7 +212,7 @@ def sql(df: Any, params: Mapping[str, Any], context: TransformContext) -> Any:
         "keep_last": Param(int, default=4, help="how many trailing characters stay visible"),
         "char": Param(str, default="*", help="the masking character"),
     },
-    check=lambda params: (_non_empty("columns")(params), _check_mask(params)),
+    check=lambda params: _check_mask(params),
 )
 def mask(df: Any, params: Mapping[str, Any], context: TransformContext) -> Any:
     """Replace all but the last N characters of columns with a mask character."""
@@ -238,6 +238,7 @@ def _sql_quote(text: str) -> str:
 
 
 def _check_mask(params: Mapping[str, Any]) -> None:
+    _non_empty("columns")(params)
     if params["keep_last"] < 0:
         raise ParamError("keep_last", "keep_last must not be negative")
     if len(params["char"]) != 1:

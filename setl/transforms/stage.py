@@ -44,7 +44,7 @@ import attrs
 import pyarrow as pa
 
 from setl.config import NodeSettings, PipelineConfig, SparkConfig, TableRule
-from setl.errors import PluginError, SetlError, TransformError
+from setl.errors import PluginError, TransformError
 from setl.model import Batch, Change, Op, RowChange
 from setl.plugins import BoundStep, Registry, TransformContext, load_registry
 from setl.stages.transform import Transform
@@ -254,7 +254,7 @@ class SparkTransform(Transform):
             try:
                 result = step.plugin.func(df, step.params, context)
                 columns = result.columns
-            except SetlError as exc:
+            except TransformError as exc:
                 raise exc.with_context(pipeline=self.pipeline or batch.pipeline, stage="transform",
                                        table=plan.target, batch=batch.id, plugin=step.name)
             except Exception as exc:
