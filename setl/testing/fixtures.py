@@ -148,14 +148,13 @@ def _servers_used(item: pytest.Item) -> list[Server]:
     return found
 
 
-@pytest.hookimpl(hookwrapper=True)
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
     """On a failure, attach the log tails of the servers the test used to its report."""
-    outcome = yield
-    report = outcome.get_result()
-    if not report.failed or call.when == "teardown":
-        return
-    for server in _servers_used(item):
-        tail = server.tail_log(40)
-        if tail:
-            report.sections.append((f"{server.kind} log tail ({server.log_path})", tail))
+    report = yield
+    if report.failed and call.when != "teardown":
+        for server in _servers_used(item):
+            tail = server.tail_log(40)
+            if tail:
+                report.sections.append((f"{server.kind} log tail ({server.log_path})", tail))
+    return report

@@ -12,6 +12,9 @@ signal), so a crashed test run leaves no JVM or mariadbd behind.
 
 Conventions:
 
+A handle made for a base dir holding a server started elsewhere (`open_server`) does not stop
+it at exit.
+
 * MariaDB: root user, empty password unless ``password=`` is given; binlog on, ROW format, full
   row images and full metadata, as setl's binlog source requires. ``options={...}`` overrides or
   adds ``[mysqld]`` settings (``{"binlog_format": "STATEMENT"}``); a value of None removes one.
@@ -130,9 +133,22 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
+_libc: Any = None
+
+
+def _load_libc() -> Any:
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        except OSError:
+            _libc = False
+    return _libc
+
+
 def _set_parent_death_signal() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if _libc:  # loaded by the parent: no dlopen between fork and exec
+        _libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 _subreaper = False
@@ -146,8 +162,9 @@ def _become_subreaper() -> None:
     """
     global _subreaper
     if not _subreaper:
-        with contextlib.suppress(Exception):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+        libc = _load_libc()
+        if libc:
+            libc.prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
         _subreaper = True
 
 
@@ -204,10 +221,16 @@ class Server:
         self.port: int = int(port or state.get("port") or free_port())
         self.startup_timeout = startup_timeout
         self._proc: subprocess.Popen[bytes] | None = None
+        self._detached = False
         self._log_offset = 0
         self._lock = threading.RLock()
+        if self._own_dir:  # remove the temp dir at exit even if never started
+            self._register()
+
+    def _register(self) -> None:
         with _registry_lock:
-            _registry.append(self)
+            if self not in _registry and not self._detached:
+                _registry.append(self)
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
@@ -289,6 +312,7 @@ class Server:
             if self.running:
                 self._wait_ready()
                 return self
+            self._register()  # started here: stopped at exit unless detached
             self.base_dir.mkdir(parents=True, exist_ok=True)
             self._log_offset = self._log_size()
             fresh = self._prepare_fresh()
@@ -354,15 +378,20 @@ class Server:
                 self.stop(timeout)
             except Exception:
                 self.kill()
-            self.detach()
+            with _registry_lock:
+                if self in _registry:
+                    _registry.remove(self)
             if self._own_dir:
                 shutil.rmtree(self.base_dir, ignore_errors=True)
 
-    def detach(self) -> None:
-        """Let the server outlive this process (no stop at exit). Stop it later by base dir."""
+    def detach(self):
+        """Let the server outlive this process: no stop at exit, and (called before `start`) no
+        death with it. Find and stop it later through its base dir (`open_server`)."""
+        self._detached = True
         with _registry_lock:
             if self in _registry:
                 _registry.remove(self)
+        return self
 
     def tail_log(self, lines: int = 50) -> str:
         """The last `lines` lines of the server's log ('' when there is none yet)."""
@@ -435,7 +464,11 @@ class Server:
 
     def _popen(self, argv: list[str], env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
         """Launch `argv` in its own session, output appended to the log; record its pid."""
-        main_thread = threading.current_thread() is threading.main_thread()
+        # The parent-death signal fires when the *thread* that forked exits, so only use it
+        # from the main thread, and never for a server meant to outlive us.
+        die_with_us = not self._detached and threading.current_thread() is threading.main_thread()
+        if die_with_us:
+            _load_libc()
         with open(self.log_path, "ab") as log:
             proc = subprocess.Popen(
                 argv,
@@ -445,7 +478,7 @@ class Server:
                 cwd=self.base_dir,
                 env=dict(env) if env is not None else None,
                 start_new_session=True,
-                preexec_fn=_set_parent_death_signal if main_thread else None,
+                preexec_fn=_set_parent_death_signal if die_with_us else None,
             )
         self._proc = proc
         self._write_state(pid=proc.pid)

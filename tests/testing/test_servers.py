@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -163,3 +165,44 @@ def test_port_in_use_is_reported(tmp_path):
             server.start()
         server.cleanup()
     assert free_port() > 0
+
+
+def _run_python(*args: str, **kwargs) -> subprocess.CompletedProcess[str]:
+    root = Path(__file__).resolve().parents[2]
+    return subprocess.run([sys.executable, *args], cwd=root, capture_output=True, text=True,
+                          timeout=120, **kwargs)
+
+
+def test_failed_test_report_carries_server_log_and_session_leaves_nothing(tmp_path):
+    """A failing test's report shows the log tail of the server it used; the session stops it."""
+    pid_file = tmp_path / "pid"
+    test_file = tmp_path / "test_fails.py"
+    test_file.write_text(
+        "def test_fails(zookeeper_server):\n"
+        f"    open({str(pid_file)!r}, 'w').write(str(zookeeper_server.pid))\n"
+        "    assert False, 'on purpose'\n"
+    )
+    done = _run_python("-m", "pytest", "-p", "setl.testing.fixtures", "-p", "no:cacheprovider",
+                       "-q", str(test_file), "--rootdir", str(tmp_path), "-c", "/dev/null")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "zookeeper log tail" in done.stdout
+    assert "binding to port" in done.stdout
+    assert not pid_alive(int(pid_file.read_text()))
+
+
+def test_servers_die_with_a_killed_parent(tmp_path):
+    """A server started by a process that is SIGKILLed does not outlive it."""
+    script = ("import sys, time\n"
+              "from setl.testing.servers import ZooKeeperServer\n"
+              f"server = ZooKeeperServer({str(tmp_path / 'zk')!r}).start()\n"
+              "print(server.pid, flush=True)\n"
+              "time.sleep(600)\n")
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=root, stdout=subprocess.PIPE, text=True)
+    try:
+        server_pid = int(proc.stdout.readline())
+        assert pid_alive(server_pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    wait_until(lambda: not pid_alive(server_pid), timeout=10, message="the orphaned server to die")
