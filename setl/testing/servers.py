@@ -615,6 +615,7 @@ class MariaDBServer(Server):
 
     def _after_first_start(self) -> None:
         with contextlib.closing(self.connect(password="")) as conn, conn.cursor() as cur:
+            cur.execute("SET SESSION sql_log_bin = 0")  # a binlog reader sees none of this
             # anonymous users, and host-name accounts that skip-name-resolve ignores
             local = "('localhost', '127.0.0.1', '::1')"
             cur.execute(f"DELETE FROM mysql.global_priv WHERE User = '' OR Host NOT IN {local}")

@@ -34,6 +34,15 @@ def test_mariadb_source_has_row_binlog(mariadb_source):
     assert mariadb_source.dsn().startswith(f"mysql://root@127.0.0.1:{mariadb_source.port}/")
 
 
+def test_mariadb_binlog_starts_clean(mariadb_factory):
+    """A fresh server's binlog holds no row or query events from its own setup."""
+    server = mariadb_factory(password="pw")
+    (log_name, *_), = server.query("SHOW BINARY LOGS")
+    events = server.query(f"SHOW BINLOG EVENTS IN '{log_name}'")
+    kinds = {row[2] for row in events}
+    assert kinds <= {"Format_desc", "Gtid_list", "Binlog_checkpoint"}, events
+
+
 def test_mariadb_keeps_committed_data_after_kill_9(mariadb_factory):
     """A MariaDB server killed with SIGKILL restarts on the same port with its committed rows."""
     server = mariadb_factory(password="secret")
