@@ -11,11 +11,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from setl.config import MysqlTargetConfig
+from setl.errors import LoadError
 from setl.sinks.mysql import MySQLLoad
 from setl.stages.load import Load
-from setl.testing.servers import MariaDBServer, free_port
-from tests.helpers.wait import wait_until
-from tests.sinks.contract import Changes, SinkContract, Target, make_batch, model_settings
+from setl.testing.servers import MariaDBServer, free_port, wait_until
+
+from .contract import Changes, SinkContract, Target, make_batch, model_settings
 
 
 class MySQLTarget(Target):
@@ -89,8 +90,6 @@ class TestMySQLSink(SinkContract):
 
     def test_strict_mode_refuses_truncation(self, target, items, load):
         """A value too long for its column fails the batch instead of being truncated."""
-        from setl.errors import LoadError
-
         with pytest.raises(LoadError, match="(?i)too long"):
             load.load(make_batch([items.insert(id=1, name="x" * 65, qty=1, note=None)]))
         assert target.rows("items") == []

@@ -14,9 +14,9 @@ from setl.config import PostgresqlTargetConfig
 from setl.errors import LoadError
 from setl.sinks.postgresql import PostgresLoad
 from setl.stages.load import Load
-from setl.testing.servers import PostgresServer, free_port
-from tests.helpers.wait import wait_until
-from tests.sinks.contract import Changes, SinkContract, Target, make_batch, model_settings
+from setl.testing.servers import PostgresServer, free_port, wait_until
+
+from .contract import Changes, SinkContract, Target, make_batch, model_settings
 
 
 class PostgresTarget(Target):
