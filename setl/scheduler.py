@@ -277,9 +277,10 @@ class Scheduler:
                 self._permits.release()
                 continue
             with self._cond:
-                if epoch != self._epoch or self._stopping.is_set():
+                if epoch != self._epoch or self._rewind is not None or self._stopping.is_set():
                     self._permits.release()
                     continue
+                assert batch.id not in self._inflight, f"batch {batch.id} is already in flight"
                 slot = _Slot(batch)
                 self._inflight[batch.id] = slot
                 self._live += 1
@@ -474,6 +475,10 @@ class Scheduler:
             self._load_blocked = False
             self._attempt += 1
             attempt = self._attempt
+            delay = self.backoff.delay(attempt)
+            # Set in the same critical section as the new epoch: otherwise Select could
+            # hand on a batch cut from its old cursor under the new epoch.
+            self._rewind = (self._acked, failed_id, self.clock() + delay)
             self._cond.notify_all()
         self.listener.on_rollback(failed_id, epoch, error, attempt)
         if attempt >= self.backoff.max_attempts:
@@ -483,14 +488,10 @@ class Scheduler:
             self.meta.set_state(self.name, Status.PAUSED, error=str(error), node=self.node_id)
             self._finish(Outcome.PAUSED)
             return
-        delay = self.backoff.delay(attempt)
         log.warning(
             "pipeline=%s stage=termin batch=%d rolled back (attempt %d of %d, retry in %.1fs): %s",
             self.name, failed_id, attempt, self.backoff.max_attempts, delay, error,
         )
-        with self._cond:
-            self._rewind = (self._acked, failed_id, self.clock() + delay)
-            self._cond.notify_all()
 
     def _retire(self, slot: _Slot) -> None:
         """Give a batch's permit back, exactly once. Called with the lock held."""

@@ -163,7 +163,10 @@ class FaultyTransform(Transform):
 
 
 class FaultyLoad(Load):
-    """Wraps a Load and fires the plan's "load" markers first."""
+    """Wraps a Load: fires "load" markers before it and "termin" markers after it.
+
+    A "termin" marker therefore strikes between a batch's load and its ack.
+    """
 
     def __init__(self, plan: FaultPlan, inner: Load) -> None:
         self.plan, self.inner = plan, inner
@@ -174,6 +177,7 @@ class FaultyLoad(Load):
     def load(self, batch: Batch) -> None:
         self.plan.check("load", batch.id)
         self.inner.load(batch)
+        self.plan.check("termin", batch.id)
 
     def committed(self) -> Position | None:
         return self.inner.committed()
