@@ -135,7 +135,11 @@ def cmd_start(args: argparse.Namespace, conf: Path) -> int:
         meta.close()
     code = 0
     for result in results:
-        if result.error is not None:
+        if result.outcome is Outcome.PAUSED and result.error is not None and "setl resume" not in str(result.error):
+            print(f"setl: error: pipeline {result.name} paused, retries exhausted: {result.error}; "
+                  f"fix the cause, then `setl resume --pipeline {result.name}`", file=sys.stderr)
+            code = max(code, 1)
+        elif result.error is not None:
             print(f"setl: error: {result.error}", file=sys.stderr)
             code = max(code, getattr(result.error, "exit_code", 1))
         elif args.until_caught_up and result.outcome is not Outcome.CAUGHT_UP and not node_stopping[0]:

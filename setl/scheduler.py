@@ -134,6 +134,7 @@ class Scheduler:
         self._attempt = 0
         self._rewind: tuple[Position | None, int, float] | None = None
         self._select_error: BaseException | None = None
+        self._deferred_error: BaseException | None = None
         self._until: Position | None = None
         self._stopping = threading.Event()
         self._halt = False
@@ -258,11 +259,16 @@ class Scheduler:
                     break
                 cursor = end = position
                 pending.clear()
+                self._deferred_error = None
                 try:
                     self.select.seek(position)
                 except BaseException as exc:
                     self._source_failed(exc)
                     continue
+            if self._deferred_error is not None:
+                error, self._deferred_error = self._deferred_error, None
+                self._source_failed(error)
+                continue
             if not self._permits.acquire(timeout=0.1):
                 continue
             with self._cond:
@@ -310,7 +316,14 @@ class Scheduler:
                 if deadline is not None and now >= deadline and changes and end == cursor:
                     break
                 timeout = 0.1 if deadline is None else min(0.1, max(0.0, deadline - now))
-                tx = self.select.poll(timeout)
+                try:
+                    tx = self.select.poll(timeout)
+                except BaseException as exc:
+                    if not (changes and end == cursor):
+                        raise
+                    # Hand on the whole transactions read so far; report the error next.
+                    self._deferred_error = exc
+                    break
                 if tx is None:
                     if not changes:
                         return None
@@ -414,7 +427,9 @@ class Scheduler:
                 while True:
                     if self._halt:
                         return
-                    if self._select_error is not None and self._rewind is None:
+                    # A source failure leaves the batches handed on before it intact:
+                    # let them be acked first, then rewind from the newest ack.
+                    if self._select_error is not None and self._rewind is None and not self._inflight:
                         slot, error = None, self._select_error
                         break
                     slot = self._inflight.get(self._next_ack)

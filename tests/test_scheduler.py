@@ -162,15 +162,16 @@ def test_failure_of_batch_k_discards_later_in_flight_batches_and_replays_them():
     """When batch k fails while k+1..k+P-1 are in flight, those are discarded and processed again after k."""
     k, parallelism = 3, 4
     sink = FailOnceWhenOthersInFlight(k, parallelism)
-    transform = GatedTransform()
 
-    class Watch(InvariantListener):
-        def on_handoff(self, batch, in_flight):
-            super().on_handoff(batch, in_flight)
-            if batch.id == k + parallelism - 1:
+    class SignalWhenLaterBatchesTransformed(GatedTransform):
+        def transform(self, batch):
+            result = super().transform(batch)
+            if all(self.calls.get(i) for i in range(k + 1, k + parallelism)):
                 sink.others_in_flight.set()
+            return result
 
-    listener = Watch(parallelism, sink, Position("scripted", 0))
+    transform = SignalWhenLaterBatchesTransformed()
+    listener = InvariantListener(parallelism, sink, Position("scripted", 0))
     txs = single_row_stream(12)
     result = run_pipeline(ScriptedSource(txs), sink,
                           settings=fast_settings(parallelism=parallelism, max_rows=1, wait_ms=0),

@@ -1,0 +1,296 @@
+"""`setl` as operators run it: subprocesses on a file-backed source and an SQLite target."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from setl.meta import SqliteMetaStore
+from setl.model import Position
+from setl.sources.file import encode_transaction
+from setl.testing.harness import delete, insert, reference_state, update
+from tests.helpers.wait import wait_until
+
+
+def make_stream(n: int) -> list[list]:
+    """n transactions over 200 keys: inserts, then updates and deletes of earlier rows."""
+    rows: dict[int, dict] = {}
+    txs = []
+    for i in range(n):
+        key = (i * 7919) % 200
+        row = {"id": key, "v": i, "note": f"row {i} ✓"}
+        if key not in rows:
+            txs.append([insert("items", row)])
+            rows[key] = row
+        elif i % 5 == 0:
+            txs.append([delete("items", rows.pop(key))])
+        else:
+            txs.append([update("items", rows[key], row)])
+            rows[key] = row
+    return txs
+
+
+class Setup:
+    def __init__(self, root: Path, txs: list[list], *, max_rows: int = 20, attempts: int = 3, follow: bool = False):
+        self.root = root
+        self.conf = root / "conf"
+        (self.conf / "pipelines").mkdir(parents=True)
+        self.stream = root / "stream.jsonl"
+        self.target = root / "target.db"
+        self.meta_path = root / "meta.db"
+        self.txs = txs
+        self.stream.write_text("".join(encode_transaction(tx) for tx in txs), encoding="utf-8")
+        (self.conf / "setl.yaml").write_text(f"meta:\n  store: sqlite\n  path: {self.meta_path}\n")
+        (self.conf / "pipelines" / "p.yaml").write_text(textwrap.dedent(f"""\
+            source: {{type: file, path: {self.stream}, follow: {str(follow).lower()}}}
+            target: {{type: sqlite, path: {self.target}}}
+            pipeline:
+              parallelism: 3
+              batch: {{max_rows: {max_rows}, max_wait_ms: 5}}
+              retry: {{max_attempts: {attempts}, initial_backoff_ms: 10, max_backoff_ms: 50}}
+            """))
+
+    def env(self, faults: list[dict] | None = None) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("SETL_FAULTS", None)
+        if faults:
+            env["SETL_FAULTS"] = json.dumps(faults)
+        return env
+
+    def run(self, *args: str, faults=None, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "setl.cli", "--conf", str(self.conf), *args],
+                              env=self.env(faults), capture_output=True, text=True, timeout=timeout)
+
+    def spawn(self, *args: str, faults=None) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "setl.cli", "--conf", str(self.conf), *args],
+                                env=self.env(faults), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def acked(self):
+        meta = SqliteMetaStore(self.meta_path)
+        try:
+            return meta.position("p")
+        finally:
+            meta.close()
+
+    def target_rows(self) -> dict:
+        db = sqlite3.connect(self.target)
+        try:
+            return {(r[0],): {"id": r[0], "v": r[1], "note": r[2]}
+                    for r in db.execute('SELECT id, v, note FROM "demo.items"')}
+        finally:
+            db.close()
+
+    def target_position(self) -> Position:
+        db = sqlite3.connect(self.target)
+        try:
+            log, offset = db.execute("SELECT log, offset FROM setl_position WHERE pipeline = 'p'").fetchone()
+            return Position(log, offset)
+        finally:
+            db.close()
+
+    def end(self) -> Position:
+        return Position(self.stream.name, self.stream.stat().st_size)
+
+    def assert_target_equals_stream(self) -> None:
+        assert self.target_rows() == reference_state(self.txs)["demo.items"]
+
+
+SLOW_LOADS = [{"stage": "load", "action": "slow", "seconds": 0.03, "times": None}]
+
+
+def test_start_until_caught_up_replicates_the_stream(tmp_path):
+    """`setl start --until-caught-up` exits 0 with the target equal to the stream and the ack at its end."""
+    setup = Setup(tmp_path, make_stream(500))
+    result = setup.run("start", "--pipeline", "p", "--until-caught-up")
+    assert result.returncode == 0, result.stderr
+    setup.assert_target_equals_stream()
+    assert setup.acked().position == setup.end()
+
+
+def test_sigkill_mid_stream_then_restart_ends_equal_to_the_stream(tmp_path):
+    """A node killed with SIGKILL mid-stream resumes from its ack and ends with the target equal to the stream."""
+    setup = Setup(tmp_path, make_stream(3000))
+    proc = setup.spawn("start", "--pipeline", "p", "--until-caught-up", faults=SLOW_LOADS)
+    try:
+        wait_until(lambda: (a := setup.acked()) is not None and a.batch_id >= 10, timeout=60, message="10 acks")
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(10) == -signal.SIGKILL
+    finally:
+        proc.kill()
+        proc.communicate()
+    killed_at = setup.acked()
+    assert killed_at.position < setup.end(), "the kill came too late to test anything"
+    result = setup.run("start", "--pipeline", "p", "--until-caught-up")
+    assert result.returncode == 0, result.stderr
+    setup.assert_target_equals_stream()
+    meta = SqliteMetaStore(setup.meta_path)
+    first_new = [a for a in reversed(meta.history("p", 10_000)) if a.epoch > killed_at.epoch][0]
+    meta.close()
+    assert first_new.batch_id == killed_at.batch_id + 1
+
+
+def test_crash_between_load_and_ack_replays_nothing_lost(tmp_path):
+    """A crash after a batch is loaded but before its ack resumes from the position the target holds."""
+    setup = Setup(tmp_path, make_stream(400))
+    result = setup.run("start", "--pipeline", "p", "--until-caught-up",
+                       faults=[{"stage": "termin", "action": "crash", "batch": 5}])
+    assert result.returncode == -signal.SIGKILL
+    assert setup.acked().batch_id == 4
+    assert setup.target_position() > setup.acked().position  # batch 5 is in the target, not acked
+    result = setup.run("start", "--pipeline", "p", "--until-caught-up")
+    assert result.returncode == 0, result.stderr
+    assert "target already holds" in result.stderr
+    setup.assert_target_equals_stream()
+
+
+def test_failing_load_pauses_and_the_pause_survives_until_resume(tmp_path):
+    """Retries running out pause the pipeline with its error; a restart waits; `setl resume` continues."""
+    setup = Setup(tmp_path, make_stream(300), attempts=2)
+    result = setup.run("start", "--pipeline", "p", "--until-caught-up",
+                       faults=[{"stage": "load", "batch": 3, "times": None}])
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("setl: error:") and "paused" in last
+
+    status = json.loads(setup.run("status", "--json").stdout)
+    assert status[0]["status"] == "paused"
+    assert "injected load failure at batch 3" in status[0]["error"]
+    assert "stage=load" in status[0]["error"]
+
+    again = setup.run("start", "--pipeline", "p", "--until-caught-up")
+    assert again.returncode == 1 and "setl resume --pipeline p" in again.stderr
+
+    resumed = setup.run("resume", "--pipeline", "p")
+    assert resumed.returncode == 0 and "resumed" in resumed.stdout
+    final = setup.run("start", "--pipeline", "p", "--until-caught-up")
+    assert final.returncode == 0, final.stderr
+    setup.assert_target_equals_stream()
+
+
+def test_sigterm_drains_in_flight_batches_and_exits_zero(tmp_path):
+    """SIGTERM stops gracefully: exit 0, and the ack equals what the target holds (no half-acked batch)."""
+    setup = Setup(tmp_path, make_stream(3000), follow=True)
+    proc = setup.spawn("start", "--pipeline", "p", faults=SLOW_LOADS)
+    try:
+        wait_until(lambda: (a := setup.acked()) is not None and a.batch_id >= 5, timeout=60, message="5 acks")
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr
+    assert setup.acked().position == setup.target_position()
+    assert json.loads(setup.run("status", "--json").stdout)[0]["status"] == "stopped"
+
+
+def test_operator_pause_stops_a_running_pipeline_and_resume_restarts_it(tmp_path):
+    """`setl pause` stops a running pipeline within seconds; `setl resume` makes the same node go on."""
+    setup = Setup(tmp_path, make_stream(2000), follow=True)
+    proc = setup.spawn("start", "--pipeline", "p", faults=SLOW_LOADS)
+    try:
+        wait_until(lambda: (a := setup.acked()) is not None and a.batch_id >= 3, timeout=60, message="3 acks")
+        assert setup.run("pause", "--pipeline", "p").returncode == 0
+        wait_until(lambda: setup.acked() == setup.acked() and
+                   json.loads(setup.run("status", "--json").stdout)[0]["node"] is not None, timeout=5)
+        paused_at = wait_until(lambda: _stable_ack(setup), timeout=20, message="acks to stop")
+        assert json.loads(setup.run("status", "--json").stdout)[0]["status"] == "paused"
+        assert setup.run("resume", "--pipeline", "p").returncode == 0
+        wait_until(lambda: setup.acked().batch_id > paused_at.batch_id, timeout=30, message="acks after resume")
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0
+
+
+def _stable_ack(setup: Setup):
+    """The ack, if it has not moved for 1.5 s (the node stopped acking)."""
+    import time
+
+    before = setup.acked()
+    time.sleep(1.5)
+    after = setup.acked()
+    return after if after == before else None
+
+
+def test_position_reset_replays_from_the_given_position(tmp_path):
+    """`setl position reset --to` makes the next start read from there; `show` reports it."""
+    setup = Setup(tmp_path, make_stream(200))
+    assert setup.run("start", "--pipeline", "p", "--until-caught-up").returncode == 0
+    assert setup.run("position", "reset", "--pipeline", "p", "--to", f"{setup.stream.name}:0").returncode == 0
+    shown = json.loads(setup.run("position", "show", "--pipeline", "p", "--json").stdout)
+    assert shown["position"]["offset"] == 0 and shown["reset"] is True
+    db = sqlite3.connect(setup.target)
+    db.execute('DELETE FROM "demo.items"')
+    db.commit()
+    db.close()
+    result = setup.run("start", "--pipeline", "p", "--until-caught-up")
+    assert result.returncode == 0, result.stderr
+    setup.assert_target_equals_stream()
+
+
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ("pipline: {parallelism: 2}\n", "pipline: unknown key"),
+        ("pipeline: {batch: {max_rows: ten}}\n", "pipeline.batch.max_rows: expected an integer, got 'ten'"),
+        ("pipeline: {parallelism: 0}\n", "pipeline.parallelism: must be between 1 and 64"),
+        ("tables: [{source: '(unclosed'}]\n", "tables[0].source: invalid regex"),
+        ("pipeline: {load: {mode: sideways}}\n", "pipeline.load.mode: expected one of ordered, per_table"),
+    ],
+)
+def test_bad_config_is_one_line_with_file_and_key_path_and_exit_2(tmp_path, body, expected):
+    """A bad pipeline file exits 2 with one line naming the file and key path, and no traceback."""
+    setup = Setup(tmp_path, make_stream(5))
+    path = setup.conf / "pipelines" / "p.yaml"
+    path.write_text(path.read_text() + body)
+    result = setup.run("start", "--pipeline", "p", "--until-caught-up")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert str(path) in lines[0] and expected in lines[0]
+
+
+def test_env_expansion_and_missing_variable(tmp_path, monkeypatch):
+    """`${VAR}` expands from the environment; an unset variable is a config error naming it."""
+    setup = Setup(tmp_path, make_stream(5))
+    path = setup.conf / "pipelines" / "p.yaml"
+    path.write_text(path.read_text().replace(str(setup.target), '"${SETL_TEST_TARGET}"'))
+    monkeypatch.delenv("SETL_TEST_TARGET", raising=False)
+    result = setup.run("start", "--pipeline", "p", "--until-caught-up")
+    assert result.returncode == 2 and "SETL_TEST_TARGET is not set" in result.stderr
+    monkeypatch.setenv("SETL_TEST_TARGET", str(setup.target))
+    result = setup.run("start", "--pipeline", "p", "--until-caught-up")
+    assert result.returncode == 0, result.stderr
+    setup.assert_target_equals_stream()
+
+
+def test_unknown_pipeline_and_debug_traceback(tmp_path):
+    """An unknown pipeline exits 2 listing the known ones; --debug adds the traceback."""
+    setup = Setup(tmp_path, make_stream(5))
+    result = setup.run("start", "--pipeline", "nope")
+    assert result.returncode == 2
+    assert "no such pipeline (configured: p)" in result.stderr and "Traceback" not in result.stderr
+    debug = setup.run("--debug", "start", "--pipeline", "nope")
+    assert debug.returncode == 2 and "Traceback" in debug.stderr
+
+
+def test_bad_transaction_line_pauses_with_its_position(tmp_path):
+    """A malformed source record fails with the pipeline, stage and position named, and nothing after it is acked."""
+    setup = Setup(tmp_path, make_stream(50), attempts=2)
+    good = setup.stream.stat().st_size
+    with open(setup.stream, "a", encoding="utf-8") as out:
+        out.write('{"changes": [{"op": "upsert", "schema": "demo", "table": "items"}]}\n')
+    result = setup.run("start", "--pipeline", "p", "--until-caught-up")
+    assert result.returncode == 1
+    assert f"position={setup.stream.name}:{good}" in result.stderr
+    assert "stage=select" in result.stderr and "pipeline=p" in result.stderr
+    assert setup.acked().position == Position(setup.stream.name, good)
