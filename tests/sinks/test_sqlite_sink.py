@@ -1,0 +1,50 @@
+"""The SQLite target: merged idempotent loads with the position in the same transaction."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from setl.errors import LoadError
+from setl.model import Batch, DdlChange, Position
+from setl.sinks.sqlite import SqliteLoad
+from setl.testing.harness import delete, insert, update
+
+
+def batch(n, *changes):
+    return Batch("p", n, 1, Position("f", n - 1), Position("f", n), tuple(changes))
+
+
+def rows(path, table="demo.t"):
+    return sorted(sqlite3.connect(path).execute(f'SELECT * FROM "{table}"').fetchall())
+
+
+def test_loads_merge_per_key_are_idempotent_and_record_the_position(tmp_path):
+    """Insert+update, key change and delete apply as their net effect, twice the same, with the position."""
+    sink = SqliteLoad(tmp_path / "t.db", pipeline="p")
+    b1 = batch(1, insert("t", {"id": 1, "v": "a"}), update("t", {"id": 1, "v": "a"}, {"id": 1, "v": "b"}),
+               insert("t", {"id": 2, "v": "c"}), update("t", {"id": 2, "v": "c"}, {"id": 3, "v": "c"}))
+    sink.load(b1)
+    sink.load(b1)
+    assert rows(tmp_path / "t.db") == [(1, "b"), (3, "c")]
+    sink.load(batch(2, delete("t", {"id": 1, "v": "b"}), insert("t", {"id": 4, "v": "d", "extra": 1})))
+    assert rows(tmp_path / "t.db") == [(3, "c", None), (4, "d", 1)]
+    assert sink.committed() == Position("f", 2)
+
+
+def test_a_failing_batch_leaves_nothing_behind(tmp_path):
+    """A batch that fails half-way (a DDL it cannot apply) rolls back its rows and its position."""
+    sink = SqliteLoad(tmp_path / "t.db", pipeline="p")
+    sink.load(batch(1, insert("t", {"id": 1})))
+    with pytest.raises(LoadError, match="does not apply DDL"):
+        sink.load(batch(2, insert("t", {"id": 2}), DdlChange("demo", "t", "DROP TABLE t")))
+    assert rows(tmp_path / "t.db") == [(1,)]
+    assert sink.committed() == Position("f", 1)
+
+
+def test_table_without_key_applies_changes_in_order(tmp_path):
+    """Without a primary key, deletes remove one matching row and inserts append, in order."""
+    sink = SqliteLoad(tmp_path / "t.db", pipeline="p")
+    sink.load(batch(1, insert("n", {"a": 1}, key=()), insert("n", {"a": 1}, key=()), delete("n", {"a": 1}, key=())))
+    assert rows(tmp_path / "t.db", "demo.n") == [(1,)]

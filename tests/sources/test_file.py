@@ -1,0 +1,59 @@
+"""The JSON-lines file source: positions, resume, follow, and bad records."""
+
+from __future__ import annotations
+
+import pytest
+
+from setl.errors import SourceError
+from setl.model import Position
+from setl.sources.file import FileSource, encode_transaction
+from setl.testing.harness import delete, insert, update
+
+
+def write(path, txs):
+    path.write_text("".join(encode_transaction(tx) for tx in txs), encoding="utf-8")
+
+
+def test_positions_are_byte_offsets_after_each_line_and_resume_skips_nothing(tmp_path):
+    """Each transaction ends at the byte after its line; reopening there yields exactly the rest."""
+    path = tmp_path / "s.jsonl"
+    txs = [[insert("t", {"id": i})] for i in range(5)] + [[update("t", {"id": 1}, {"id": 9})], [delete("t", {"id": 2})]]
+    write(path, txs)
+    source = FileSource(path, follow=False)
+    source.open(None)
+    read = []
+    while (tx := source.poll(0)) is not None:
+        read.append(tx)
+    assert len(read) == len(txs) and read[-1].end == Position("s.jsonl", path.stat().st_size)
+    assert source.head() == read[-1].end
+    source.seek(read[2].end)
+    rest = []
+    while (tx := source.poll(0)) is not None:
+        rest.append(tx)
+    assert [t.end for t in rest] == [t.end for t in read[3:]]
+    assert rest[0].changes[0].key == (3,)
+
+
+def test_follow_waits_for_a_complete_line(tmp_path):
+    """A half-written line is not read until its newline arrives."""
+    path = tmp_path / "s.jsonl"
+    line = encode_transaction([insert("t", {"id": 1})])
+    path.write_text(line[:10])
+    source = FileSource(path, follow=True)
+    source.open(None)
+    assert source.poll(0.05) is None
+    with open(path, "a") as out:
+        out.write(line[10:])
+    assert source.poll(1.0).changes[0].key == (1,)
+
+
+def test_bad_record_and_foreign_position_are_source_errors_with_positions(tmp_path):
+    """A malformed line names its byte offset; a position of another log is refused."""
+    path = tmp_path / "s.jsonl"
+    path.write_text('{"changes": [{"op": "insert", "schema": "d", "table": "t"}]}\n')
+    source = FileSource(path, follow=False, pipeline="p")
+    source.open(None)
+    with pytest.raises(SourceError, match=r"position=s.jsonl:0.*without the images it needs"):
+        source.poll(0)
+    with pytest.raises(SourceError, match="belongs to another log"):
+        FileSource(path, pipeline="p").open(Position("other.jsonl", 0))

@@ -1,0 +1,74 @@
+"""The table-rule Extract: table selection, columns, names and row filters."""
+
+from __future__ import annotations
+
+import pytest
+
+from setl.config import ColumnsConfig, TableRule
+from setl.errors import ExtractError
+from setl.model import Batch, Op, Position
+from setl.stages import TableExtract
+from setl.testing.harness import delete, insert, update
+
+
+def batch(*changes) -> Batch:
+    return Batch("p", 7, 1, Position("log", 0), Position("log", 10), tuple(changes))
+
+
+def test_first_matching_rule_wins_and_unmatched_or_excluded_tables_are_skipped():
+    """Rules are tried in order; an excluded or unmatched table's changes are dropped."""
+    extract = TableExtract([TableRule(source=r"shop\.audit", exclude=True), TableRule(source=r"shop\..*")])
+    out = extract.extract(batch(insert("audit", {"id": 1}, schema="shop"), insert("orders", {"id": 1}, schema="shop"),
+                                insert("orders", {"id": 2}, schema="other")))
+    assert [(c.schema, c.table) for c in out.changes] == [("shop", "orders")]
+
+
+def test_target_template_columns_and_rename_are_applied_to_both_images():
+    """Target names come from the template; include and rename reshape before and after images."""
+    rule = TableRule(source=r"shop\.orders", target="replica.o_{table}",
+                     columns=ColumnsConfig(include=("id", "amount")), rename={"amount": "amount_eur"})
+    out = TableExtract([rule]).extract(batch(update("orders", {"id": 1, "amount": 1, "secret": "x"},
+                                                    {"id": 1, "amount": 2, "secret": "y"}, schema="shop")))
+    change = out.changes[0]
+    assert (change.schema, change.table) == ("replica", "o_orders")
+    assert change.before == {"id": 1, "amount_eur": 1} and change.after == {"id": 1, "amount_eur": 2}
+
+
+def test_dropping_a_primary_key_column_is_an_error_naming_the_table_and_batch():
+    """Excluding a key column fails the batch with pipeline, table, batch and position named."""
+    rule = TableRule(source=r".*", columns=ColumnsConfig(exclude=("id",)))
+    with pytest.raises(ExtractError) as info:
+        TableExtract([rule], pipeline="p").extract(batch(insert("orders", {"id": 1, "v": 2}, schema="shop")))
+    text = str(info.value)
+    assert "pipeline=p" in text and "table=shop.orders" in text and "batch=7" in text and "'id'" in text
+
+
+@pytest.mark.parametrize(
+    "before, after, expected",
+    [
+        ({"id": 1, "s": "ok"}, {"id": 1, "s": "ok2"}, Op.UPDATE),
+        ({"id": 1, "s": "ok"}, {"id": 1, "s": "test"}, Op.DELETE),
+        ({"id": 1, "s": "test"}, {"id": 1, "s": "ok"}, Op.INSERT),
+        ({"id": 1, "s": "test"}, {"id": 1, "s": "test"}, None),
+    ],
+)
+def test_an_update_crossing_the_filter_becomes_a_delete_or_an_insert(before, after, expected):
+    """With a row filter, the target holds exactly the matching rows: updates across it change op."""
+    extract = TableExtract([TableRule(source=r".*", filter="s != 'test'")])
+    out = extract.extract(batch(update("t", before, after)))
+    assert [c.op for c in out.changes] == ([expected] if expected else [])
+
+
+def test_filter_applies_to_inserts_and_deletes():
+    """Inserts and deletes of rows outside the filter are dropped; others kept."""
+    extract = TableExtract([TableRule(source=r".*", filter="v > 1")])
+    out = extract.extract(batch(insert("t", {"id": 1, "v": 1}), insert("t", {"id": 2, "v": 2}),
+                                delete("t", {"id": 3, "v": 0}), delete("t", {"id": 4, "v": 5})))
+    assert [(c.op, c.key) for c in out.changes] == [(Op.INSERT, (2,)), (Op.DELETE, (4,))]
+
+
+def test_a_failing_filter_names_the_rule_and_the_error():
+    """A filter that raises on a row is an ExtractError naming the rule, not a silent drop."""
+    extract = TableExtract([TableRule(source=r".*", filter="v > 1")], pipeline="p")
+    with pytest.raises(ExtractError, match=r"filter of rule tables\[0\] failed: NameError"):
+        extract.extract(batch(insert("t", {"id": 1})))
