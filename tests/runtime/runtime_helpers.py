@@ -6,14 +6,12 @@ import threading
 import time
 from typing import Callable
 
+from setl.testing.servers import wait_until as _wait_until
 
-def wait_until(cond: Callable[[], object], timeout: float = 10.0, interval: float = 0.002) -> None:
+
+def wait_until(cond: Callable[[], object], timeout: float = 10.0, interval: float = 0.002) -> object:
     """Poll `cond` until it is truthy; fail the test if `timeout` seconds pass first."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s: {getattr(cond, '__name__', cond)}")
-        time.sleep(interval)
+    return _wait_until(cond, timeout, interval, message=getattr(cond, "__name__", "condition"))
 
 
 class FakeClock:
