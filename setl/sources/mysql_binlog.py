@@ -37,6 +37,15 @@ from setl.stages.select import Select
 
 log = logging.getLogger("setl.sources.mysql_binlog")
 
+
+def _drop_reconnect_notice(record: logging.LogRecord) -> bool:
+    # The library logs this on every lost stream, ours included when close() cuts it; a real
+    # loss surfaces as a SourceError from poll() instead.
+    return "Re-request the connection" not in record.getMessage()
+
+
+logging.getLogger("pymysqlreplication").addFilter(_drop_reconnect_notice)
+
 # What a server must run with, and why: column names and primary keys come from the table map.
 REQUIRED_SETTINGS: Mapping[str, str] = {
     "log_bin": "ON",
