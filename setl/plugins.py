@@ -318,6 +318,7 @@ class Registry:
 
     def __init__(self) -> None:
         self._plugins: dict[str, Plugin] = {}
+        self._broken: dict[str, PluginError] = {}
 
     # registration
 
@@ -367,19 +368,27 @@ class Registry:
             dist = getattr(ep, "dist", None)
             dist_label = f"{dist.name} {dist.version}" if dist is not None else "unknown distribution"
             origin = f"{dist_label} (entry point {ep.value})"
+            # A broken third-party plugin must not stop pipelines that do not use it:
+            # remember its error and raise it only when the plugin is asked for.
             try:
                 obj = ep.load()
             except Exception as exc:
-                raise PluginError(
+                error = PluginError(
                     f"cannot load entry point {ep.value!r} from {dist_label}: {type(exc).__name__}: {exc}",
                     plugin=ep.name,
-                ) from exc
+                )
+                error.__cause__ = exc
+                self._broken[ep.name] = error
+                log.warning("%s", error)
+                continue
             if as_plugin(obj) is None:
-                raise PluginError(
+                self._broken[ep.name] = PluginError(
                     f"entry point {ep.value!r} from {dist_label} is not declared with @setl.plugins.transform "
                     "or a TransformPlugin subclass",
                     plugin=ep.name,
                 )
+                log.warning("%s", self._broken[ep.name])
+                continue
             self.register(obj, origin, name=ep.name)
         self._ensure_builtins()
 
@@ -433,6 +442,8 @@ class Registry:
     # lookup and validation
 
     def get(self, name: str) -> Plugin:
+        if name not in self._plugins and name in self._broken:
+            raise self._broken[name]
         try:
             return self._plugins[name]
         except KeyError:
