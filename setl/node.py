@@ -178,6 +178,7 @@ class Node:
         name = config.name
         announced = False
         try:
+            stages.load.open()
             while not self._stop.is_set():
                 state = self.meta.state(name)
                 if state.status is Status.PAUSED:
@@ -194,7 +195,6 @@ class Node:
                     self._stop.wait(self.poll_interval)
                     continue
                 announced = False
-                stages.load.open()
                 scheduler = Scheduler(name, config.pipeline, stages.select, stages.extract,
                                       stages.transform, stages.load, self.meta,
                                       node_id=self.settings.node.id, listener=ProgressLog(name))
