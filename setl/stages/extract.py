@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 
 from setl.config import TableRule
+from setl.ddl import rewrite
 from setl.errors import ExtractError
 from setl.model import Batch, Change, DdlChange, Op, RowChange
 
@@ -99,7 +100,9 @@ class TableExtract(Extract):
             if plan is None:
                 continue
             if isinstance(change, DdlChange):
-                out.append(attrs.evolve(change, schema=plan.target_schema, table=plan.target_table))
+                mapped_ddl = self._map_ddl(change, plan)
+                if mapped_ddl is not None:
+                    out.append(mapped_ddl)
                 continue
             try:
                 mapped = self._map(change, plan)
@@ -111,6 +114,20 @@ class TableExtract(Extract):
             if mapped is not None:
                 out.append(mapped)
         return batch.replace(tuple(out))
+
+    def _map_ddl(self, change: DdlChange, plan: _Plan) -> DdlChange | None:
+        """The DDL with every table name mapped and qualified, and the rule's column renames
+        (see `setl.ddl.rewrite`); None when it only drops tables no rule replicates."""
+
+        def target(schema: str, table: str) -> tuple[str, str] | None:
+            found = self.plan_for(schema, table)
+            return (found.target_schema, found.target_table) if found is not None else None
+
+        statement = rewrite(change.statement, change.schema, target, plan.rename)
+        if statement is None:
+            return None
+        return attrs.evolve(change, schema=plan.target_schema, table=plan.target_table or None,
+                            statement=statement)
 
     def _map(self, change: RowChange, plan: _Plan) -> RowChange | None:
         op, before, after = change.op, change.before, change.after
