@@ -1,9 +1,10 @@
-"""The meta store interface: acknowledged positions, pipeline state and ack history."""
+"""The meta store interface: acknowledged positions, pipeline state, ack history and batch DDL tasks."""
 
 from __future__ import annotations
 
 import abc
 import enum
+import hashlib
 
 import attrs
 
@@ -30,6 +31,73 @@ class PipelineState:
     epoch: int = 0
     node: str | None = None
     updated: float = 0.0
+
+
+class DdlTaskStatus(str, enum.Enum):
+    """Where a batch DDL task is in its life (see docs/batch-ddl-tasks.md for the state machine)."""
+
+    DECLARED = "declared"  # its signal row was read; its pre-write action has not run
+    RUNNING = "running"  # claimed by `owner`, which is running (or died running) the action
+    SUCCEEDED = "succeeded"  # the action ran; the task's data is loaded
+    DEPRECATED = "deprecated"  # overwritten, or its action failed; the task's data is dropped
+
+
+def ddl_op_id(op_system: str, op_type: str, op_db: str, op_table: str, op_partition: str) -> str:
+    """The id of an operation on a target slice: equal ops of different tasks share it."""
+    text = "\x1f".join((op_system, op_type, op_db, op_table, op_partition))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
+@attrs.frozen
+class DdlTask:
+    """One batch DDL task of a pipeline, as the meta store holds it.
+
+    `task_id` is the upstream job's batch id, unique within the pipeline. `op_db` and `op_table`
+    name the *target* table the pre-write action acts on (the source table of the signal row,
+    mapped through the pipeline's table rules); `op_system` names the target system.
+    `position` is the source position of the transaction that declared the task (the position of
+    its first piece for a split transaction): tasks of one op are ordered by it, and a change of
+    the task's table at or after it belongs to the task until the next declaration for that table.
+    `owner` is the claimant of a RUNNING task (None otherwise); `reason` says why a task was
+    deprecated. Times are seconds since the epoch.
+    """
+
+    pipeline: str
+    task_id: str
+    op_type: str
+    op_db: str
+    op_table: str
+    position: Position
+    op_partition: str = ""
+    op_system: str = ""
+    overwrite: bool = False
+    op_id: str = attrs.field()
+    status: DdlTaskStatus = DdlTaskStatus.DECLARED
+    owner: str | None = None
+    reason: str | None = None
+    create_time: float = 0.0
+    update_time: float = 0.0
+
+    @op_id.default
+    def _op_id(self) -> str:
+        return ddl_op_id(self.op_system, self.op_type, self.op_db, self.op_table, self.op_partition)
+
+    @property
+    def target(self) -> str:
+        return f"{self.op_db}.{self.op_table}"
+
+    def describe(self) -> str:
+        """``task T (op on target[/partition])``, for messages."""
+        part = f" partition {self.op_partition}" if self.op_partition else ""
+        return f"task {self.task_id} ({self.op_type} on {self.target}{part})"
+
+
+@attrs.frozen
+class DdlClaim:
+    """What `MetaStore.claim_ddl_task` decided: `won` says the caller now owns the task's action."""
+
+    won: bool
+    task: DdlTask
 
 
 class MetaStore(abc.ABC):
@@ -77,6 +145,69 @@ class MetaStore(abc.ABC):
     @abc.abstractmethod
     def pipelines(self) -> list[str]:
         """Every pipeline the store knows about."""
+
+    # --- batch DDL tasks (docs/batch-ddl-tasks.md) ------------------------------------------
+    #
+    # The store is the only source of truth for a task's status: many load threads of one
+    # process, and the two nodes of an HA pair, decide through these calls alone. Each call is
+    # one atomic step (one transaction, or one conditional multi-op); none blocks waiting for
+    # another caller. Tasks are scoped by pipeline: the same task id in two pipelines is two
+    # tasks (each pipeline clears its own target).
+
+    @abc.abstractmethod
+    def declare_ddl_task(self, task: DdlTask) -> DdlTask:
+        """Record `task` as DECLARED if `(task.pipeline, task.task_id)` is unknown; return the stored task.
+
+        Idempotent: declaring a known task id changes nothing and returns the stored task,
+        whatever its status (a replayed signal row never revives or resets a task). The caller
+        compares the returned op with its own to detect a reused task id. `create_time` and
+        `update_time` are set by the store; `status`, `owner` and `reason` of `task` are ignored.
+        """
+
+    @abc.abstractmethod
+    def ddl_task(self, pipeline: str, task_id: str) -> DdlTask | None:
+        """The stored task, or None if it was never declared."""
+
+    @abc.abstractmethod
+    def ddl_tasks(self, pipeline: str, op_id: str | None = None) -> list[DdlTask]:
+        """The pipeline's tasks (only those of `op_id` if given), ordered by `position`, then task id."""
+
+    @abc.abstractmethod
+    def claim_ddl_task(
+        self, pipeline: str, task_id: str, owner: str, *, expected_owner: str | None = None
+    ) -> DdlClaim:
+        """Atomically take a task's pre-write action for `owner` (a token unique to this claim attempt).
+
+        Compare-and-set, in one atomic step:
+
+        * `expected_owner` None and the task DECLARED: it becomes RUNNING with `owner`; won.
+          This is the "first arrival": of any number of concurrent claims (threads, processes,
+          nodes), exactly one wins.
+        * `expected_owner` given and the task RUNNING with exactly that owner: the owner becomes
+          `owner`; won. This takes over a claim whose owner is known to be dead (a previous
+          process, a deposed leader, or an attempt of this process that failed before recording
+          its result). Of concurrent take-overs from the same owner, exactly one wins.
+        * Otherwise nothing changes and the claim is lost; `task` is the stored task.
+
+        When a claim is won by a task with `overwrite`, the same step sets DEPRECATED (with a
+        reason naming the winner) on every other task of the pipeline with the same `op_id`, a
+        lower `position`, and a status other than DEPRECATED. Tasks at a higher position are
+        never touched, and `overwrite` false deprecates nothing.
+
+        Raises KeyError if the task was never declared.
+        """
+
+    @abc.abstractmethod
+    def finish_ddl_task(
+        self, pipeline: str, task_id: str, owner: str, status: DdlTaskStatus, reason: str | None = None
+    ) -> DdlTask:
+        """Record the outcome of `owner`'s action: `status` is SUCCEEDED or DEPRECATED.
+
+        Compare-and-set: it applies only if the task is RUNNING with `owner`; it clears `owner`.
+        Otherwise (taken over, or deprecated by an overwrite meanwhile) nothing changes. Either
+        way the stored task is returned, and the caller acts on *its* status, never on the one
+        it asked for. Raises KeyError if the task was never declared.
+        """
 
     def close(self) -> None:
         """Release connections. Idempotent."""
