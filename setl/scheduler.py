@@ -305,6 +305,7 @@ class Scheduler:
         changes: list[Change] = []
         start = end
         rows = size = 0
+        taken = False  # a transaction was read, maybe one with no changes that only moves the position
         deadline: float | None = None
         while True:
             if pending:
@@ -313,24 +314,25 @@ class Scheduler:
                 if self._stopping.is_set() or self._rewind is not None:
                     return None
                 now = self.clock()
-                if deadline is not None and now >= deadline and changes and end == cursor:
+                if deadline is not None and now >= deadline and taken and end == cursor:
                     break
                 timeout = 0.1 if deadline is None else min(0.1, max(0.0, deadline - now))
                 try:
                     tx = self.select.poll(timeout)
                 except BaseException as exc:
-                    if not (changes and end == cursor):
+                    if not (taken and end == cursor):
                         raise
                     # Hand on the whole transactions read so far; report the error next.
                     self._deferred_error = exc
                     break
                 if tx is None:
-                    if not changes:
+                    if not taken:
                         return None
                     continue
             if tx.is_ddl and changes:
                 pending.append(tx)
                 break
+            taken = True
             changes.extend(tx.changes)
             rows += len(tx.changes)
             size += tx.nbytes
