@@ -203,12 +203,22 @@ class RetrySettings:
 
 
 @attrs.frozen
+class DdlTaskSettings:
+    """Batch DDL tasks (docs/batch-ddl-tasks.md): off unless `signal_table` (``schema.table`` in
+    the source) is set. `task_column`, when a loaded row has it, names the row's task."""
+
+    signal_table: str | None = None
+    task_column: str | None = None
+
+
+@attrs.frozen
 class PipelineSettings:
     parallelism: int = 3
     batch: BatchSettings = attrs.Factory(BatchSettings)
     load: LoadSettings = attrs.Factory(LoadSettings)
     retry: RetrySettings = attrs.Factory(RetrySettings)
     ddl: Literal["apply", "skip", "fail"] = "apply"
+    ddl_tasks: DdlTaskSettings = attrs.Factory(DdlTaskSettings)
     drain_timeout_ms: int = 30000
 
 
