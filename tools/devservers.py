@@ -5,7 +5,7 @@
     python tools/devservers.py start postgres --port 5433
     python tools/devservers.py status
     python tools/devservers.py stop --dir var/dev/mariadb-src
-    python tools/devservers.py stop            # every server under var/dev
+    python tools/devservers.py stop            # every server under var/dev (p1's demo servers too)
 
 Servers run detached: they outlive this command and are found again through the ``server.json``
 in their directory (kind, port, pid). Data is kept across stop and start; delete the directory to
@@ -31,7 +31,7 @@ from setl.testing.servers import (  # noqa: E402  (after the path tweak above)
     open_server,
 )
 
-DEFAULT_ROOT = Path("var/dev")
+DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "var" / "dev"  # the demo's p1 servers live here too
 
 
 def _options(pairs: list[str]) -> dict[str, str]:
