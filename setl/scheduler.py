@@ -1,5 +1,9 @@
-"""One pipeline's scheduler, after otter's SETL: a permit-bounded Select loop, concurrent
-Extract and Transform, Load in batch order, and a Termin thread that acks in order or rolls back.
+"""One pipeline's scheduler, after otter's SETL: a permit-bounded Select, concurrent Extract and
+Transform, Load in batch order (whole batches, or per target table), and Termin, which acks in
+order or rolls back.
+
+Its work runs as tasks on a `TaskExecutionService` that many pipelines of a node share; per-table
+loads run on a shared `SerialExecutorService`, one slot per (pipeline, target table).
 """
 
 from __future__ import annotations
@@ -9,12 +13,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 import attrs
 
 from setl.config import PipelineSettings
 from setl.errors import (
+    ConfigError,
     ExtractError,
     LeadershipLost,
     LoadError,
@@ -24,8 +28,18 @@ from setl.errors import (
     TransformError,
 )
 from setl.meta.base import MetaStore, Status
-from setl.model import Ack, Batch, Change, Position
+from setl.model import Ack, Batch, Change, DdlChange, Position
 from setl.retry import Backoff
+from setl.runtime import (
+    BatchLatch,
+    Progress,
+    RejectedTask,
+    SerialExecutorService,
+    SerialTask,
+    TaskExecutionService,
+    TaskHandle,
+    hash_slot,
+)
 from setl.stages import Extract, Load, Select, Transform
 
 log = logging.getLogger("setl.scheduler")
@@ -37,6 +51,11 @@ _STAGE_ERRORS: dict[str, type[SetlError]] = {
     "load": LoadError,
     "termin": MetaStoreError,
 }
+
+#: Longest one Select call reads from a source before it gives the thread back (real time).
+SELECT_SLICE = 0.02
+#: Extract and Transform of one batch run in one call when Extract took less than this.
+ETL_SLICE = 0.005
 
 
 class Outcome(str, enum.Enum):
@@ -85,15 +104,57 @@ class _Slot:
     retired: bool = False
 
 
+@attrs.define(eq=False)
+class _Cut:
+    """The batch Select is reading; it lives across Select calls."""
+
+    batch_id: int
+    epoch: int
+    start: Position | None
+    end: Position | None
+    cursor: Position | None
+    changes: list[Change] = attrs.Factory(list)
+    rows: int = 0
+    size: int = 0
+    deadline: float | None = None
+
+
+class _Discarded(Exception):
+    """A per-table part that was not run: its batch failed or was discarded before it started."""
+
+
+@attrs.define(eq=False)
+class _Step:
+    """A scheduler activity as a `Task`: each `call()` is one bounded slice of it."""
+
+    step: Callable[[], Progress]
+    blocking: bool = False
+
+    def call(self) -> Progress:
+        return self.step()
+
+
+def supports_per_table(load: Load) -> bool:
+    """Whether `load` implements `load_part`, which `load.mode: per_table` needs."""
+    return type(load).load_part is not Load.load_part
+
+
 class Scheduler:
     """Runs one pipeline until it is stopped, catches up, pauses, or loses leadership.
 
-    Threads: one Select thread (the only one touching the source), a pool of
-    `parallelism` Extract/Transform workers, one Load thread (batch-id order),
-    and one Termin thread (acks in batch-id order, or rolls back). A permit is
-    taken before Select cuts a batch and given back only when the batch is
-    acked, or discarded and its worker has finished, so at most `parallelism`
-    batches exist between Select and Termin at any time.
+    Work runs as tasks on `tasks` (a `TaskExecutionService`): Select (the only one touching
+    the source; a source whose `blocking` is true gets a thread of its own), one
+    Extract/Transform task per batch, Load (batch-id order), Termin (acks in batch-id order,
+    or rolls back), and a closer that drains and tears down after a stop. In
+    ``load.mode: per_table`` a batch's changes are split by target table and loaded on
+    `serial` (a `SerialExecutorService`): each (pipeline, table) channel maps to a slot by
+    hash, its part is followed by an EOF task, and a `BatchLatch` tells Termin when every
+    channel is in or which one failed. Without `tasks` or `serial` the scheduler makes
+    private ones, sized so that every activity has a thread (the thread-per-task layout).
+
+    A permit is taken before Select cuts a batch and given back only when the batch is
+    acked, or discarded and its work has finished, so at most `parallelism` batches exist
+    between Select and Termin at any time.
     """
 
     def __init__(
@@ -109,6 +170,8 @@ class Scheduler:
         node_id: str | None = None,
         listener: Listener | None = None,
         clock: Callable[[], float] = time.monotonic,
+        tasks: TaskExecutionService | None = None,
+        serial: SerialExecutorService | None = None,
     ) -> None:
         self.name = name
         self.settings = settings
@@ -121,6 +184,16 @@ class Scheduler:
         self.listener = listener or Listener()
         self.clock = clock
         self.backoff = Backoff.from_settings(settings.retry)
+        self.per_table = settings.load.mode == "per_table"
+        if self.per_table and not supports_per_table(load):
+            raise ConfigError(f"target {type(load).__name__} cannot load per table; use pipeline.load.mode: ordered",
+                              pipeline=name, stage="load")
+        self._own_tasks = tasks is None
+        self._own_serial = serial is None and self.per_table
+        self.tasks = tasks if tasks is not None else TaskExecutionService(
+            settings.parallelism + 4, settings.parallelism + 8, idle_backoff=0.002, name=f"setl-{name}")
+        self.serial = serial if serial is not None or not self.per_table else SerialExecutorService(
+            8, 4, name=f"setl-{name}-load")
 
         self._cond = threading.Condition()
         self._permits = threading.Semaphore(settings.parallelism)
@@ -130,16 +203,33 @@ class Scheduler:
         self._next_load = 1
         self._next_ack = 1
         self._load_blocked = False
+        self._load_barrier: int | None = None  # per_table: parts of this batch id and later must not run
+        self._load_tasks = 0  # per_table: part and EOF tasks submitted and not finished
         self._acked: Position | None = None
         self._attempt = 0
         self._rewind: tuple[Position | None, int, float] | None = None
+        self._rolling: tuple[int, BaseException, int] | None = None  # (failed id, error, new epoch)
         self._select_error: BaseException | None = None
         self._deferred_error: BaseException | None = None
         self._until: Position | None = None
         self._stopping = threading.Event()
         self._halt = False
         self._outcome: Outcome | None = None
-        self._done = threading.Event()
+        self._finished = threading.Event()
+        self._result: Outcome | None = None
+        self._handles: dict[str, TaskHandle] = {}
+        self._workers: set[TaskHandle] = set()
+        self._closer: TaskHandle | None = None
+        self._drain_deadline: float | None = None
+        self._halt_deadline: float | None = None
+        # Select's own state, touched only by the Select task.
+        self._sel_next_id = 1
+        self._sel_cursor: Position | None = None
+        self._sel_end: Position | None = None
+        self._sel_pending: list = []
+        self._sel_rewind: tuple[Position | None, int, float] | None = None
+        self._sel_cut: _Cut | None = None
+        self._sel_permit = False
         self.error: BaseException | None = None
         self.acked_batches = 0
         self.acked_rows = 0
@@ -157,6 +247,14 @@ class Scheduler:
 
     def run(self, *, until_caught_up: bool = False) -> Outcome:
         """Run until stopped, caught up (if asked), paused or deposed. Blocks."""
+        self.start(until_caught_up=until_caught_up)
+        return self.wait()
+
+    def start(self, *, until_caught_up: bool = False) -> None:
+        """Open the source and start the pipeline's tasks; returns without waiting for them.
+
+        Raises what opening the source raises. Call `wait` for the outcome.
+        """
         start, next_id = self._starting_point()
         self._epoch = self.meta.next_epoch(self.name)
         self._acked = start
@@ -166,12 +264,20 @@ class Scheduler:
         try:
             self.select.open(start)
         except BaseException as exc:
+            self._close_private()
             raise self._wrap(exc, "select", None) from exc
         if start is None:
             start = self._acked = self.select.tell()
         if until_caught_up:
-            self._until = self.select.head()
+            try:
+                self._until = self.select.head()
+            except BaseException:
+                self.select.close()
+                self._close_private()
+                raise
             if self._until is None:
+                self.select.close()
+                self._close_private()
                 raise SourceError(
                     "the source cannot tell where its log ends; --until-caught-up needs it",
                     pipeline=self.name, stage="select",
@@ -179,39 +285,33 @@ class Scheduler:
             if start is not None and start >= self._until:
                 self._event("termin", None, f"already caught up at {start}")
                 self.meta.set_state(self.name, Status.STOPPED, node=self.node_id)
-                return Outcome.CAUGHT_UP
+                self.select.close()
+                self._result = Outcome.CAUGHT_UP
+                self._finished.set()
+                return
+        self._sel_next_id = next_id
+        self._sel_cursor = self._sel_end = self._acked
+        blocking = getattr(self.select, "blocking", False)
+        steps = {
+            "select": _Step(self._guard(self._select_step), blocking=bool(blocking)),
+            "load": _Step(self._guard(self._load_step)),
+            "termin": _Step(self._guard(self._termin_step)),
+        }
+        with self._cond:
+            for role, step in steps.items():
+                self._handles[role] = self.tasks.submit(step, name=f"{self.name}-{role}")
+            stopped_early = self._stopping.is_set()
+        if stopped_early:  # stop() came before the tasks existed: start the drain now
+            self._finish(self._outcome or Outcome.STOPPED)
 
-        pool = ThreadPoolExecutor(self.settings.parallelism, thread_name_prefix=f"setl-{self.name}-etl")
-        threads = [
-            threading.Thread(target=self._guard(self._select_loop, pool), name=f"setl-{self.name}-select"),
-            threading.Thread(target=self._guard(self._load_loop), name=f"setl-{self.name}-load"),
-            threading.Thread(target=self._guard(self._termin_loop), name=f"setl-{self.name}-termin"),
-        ]
-        for thread in threads:
-            thread.start()
-        try:
-            self._done.wait()
-            self._drain()
-        finally:
-            with self._cond:
-                self._halt = True
-                self._cond.notify_all()
-            for thread in threads:
-                thread.join(timeout=self.settings.drain_timeout_ms / 1000.0)
-                if thread.is_alive():
-                    log.warning("pipeline=%s thread %s did not stop in time", self.name, thread.name)
-            pool.shutdown(wait=False, cancel_futures=True)
-            self.select.close()
-        outcome = self._outcome or Outcome.STOPPED
-        # An operator's pause, written while we drained, must survive the stop.
-        if outcome in (Outcome.STOPPED, Outcome.CAUGHT_UP) and (
-            self.meta.state(self.name).status is Status.RUNNING
-        ):
-            self.meta.set_state(self.name, Status.STOPPED, node=self.node_id)
-        self._event("termin", None, f"finished: {outcome.value}")
-        return outcome
+    def wait(self, timeout: float | None = None) -> Outcome | None:
+        """Block until the pipeline has ended and been torn down; its outcome, or None on timeout."""
+        if not self._finished.wait(timeout):
+            return None
+        self._close_private()
+        return self._result
 
-    # --- threads -----------------------------------------------------------------------------
+    # --- setup and guards --------------------------------------------------------------------
 
     def _starting_point(self) -> tuple[Position | None, int]:
         ack = self.meta.position(self.name)
@@ -224,139 +324,162 @@ class Scheduler:
                 start = committed
         return start, next_id
 
-    def _guard(self, loop: Callable[..., None], *args: object) -> Callable[[], None]:
-        def run() -> None:
+    def _guard(self, step: Callable[[], Progress]) -> Callable[[], Progress]:
+        def call() -> Progress:
             try:
-                loop(*args)
+                return step()
             except LeadershipLost as exc:
                 self.error = exc
                 self._finish(Outcome.LOST)
             except BaseException as exc:  # a bug in the scheduler itself: stop, never hang
-                log.exception("pipeline=%s thread %s crashed", self.name, threading.current_thread().name)
+                log.exception("pipeline=%s task %s crashed", self.name, threading.current_thread().name)
                 self.error = exc
                 self._finish(Outcome.STOPPED)
+            return Progress.DONE
 
-        return run
+        return call
 
-    def _select_loop(self, pool: ThreadPoolExecutor) -> None:
-        next_id = self._next_ack
-        cursor = self._acked
-        end = self._acked
-        pending: list = []
-        while not self._stopping.is_set():
-            with self._cond:
-                rewind, self._rewind = self._rewind, None
-                if rewind is not None:
-                    self._select_error = None
-                elif self._select_error is not None:
-                    self._cond.wait(0.1)
-                    continue
+    def _wake(self, *roles: str) -> None:
+        for role in roles:
+            handle = self._handles.get(role)
+            if handle is not None:
+                handle.wake()
+
+    # --- select ------------------------------------------------------------------------------
+
+    def _select_step(self) -> Progress:
+        """One slice of Select: rewind if asked, take a permit, read, hand a batch on."""
+        if self._stopping.is_set():
+            self._drop_cut()
+            return Progress.DONE
+        with self._cond:
+            rewind, self._rewind = self._rewind, None
             if rewind is not None:
-                position, next_id, resume_at = rewind
-                while not self._stopping.is_set() and self.clock() < resume_at:
-                    self._stopping.wait(min(0.1, max(0.0, resume_at - self.clock())))
-                if self._stopping.is_set():
-                    break
-                cursor = end = position
-                pending.clear()
-                self._deferred_error = None
-                try:
-                    self.select.seek(position)
-                except BaseException as exc:
-                    self._source_failed(exc)
-                    continue
-            if self._deferred_error is not None:
-                error, self._deferred_error = self._deferred_error, None
-                self._source_failed(error)
-                continue
-            if not self._permits.acquire(timeout=0.1):
-                continue
+                self._select_error = None
+            elif self._select_error is not None and self._sel_rewind is None:
+                return Progress.BLOCKED  # Termin rolls back, then wakes us
+        if rewind is not None:
+            self._drop_cut()
+            self._sel_rewind = rewind
+        if self._sel_rewind is not None:
+            position, next_id, resume_at = self._sel_rewind
+            if self.clock() < resume_at:
+                return Progress.NO_PROGRESS
+            self._sel_rewind = None
+            self._sel_next_id = next_id
+            self._sel_cursor = self._sel_end = position
+            self._sel_pending.clear()
+            self._deferred_error = None
+            try:
+                self.select.seek(position)
+            except BaseException as exc:
+                self._source_failed(exc)
+                return Progress.PROGRESS
+        if self._deferred_error is not None:
+            error, self._deferred_error = self._deferred_error, None
+            self._source_failed(error)
+            return Progress.PROGRESS
+        if not self._sel_permit:
+            if not self._permits.acquire(blocking=False):
+                return Progress.BLOCKED  # a retiring batch wakes us
+            self._sel_permit = True
             with self._cond:
                 epoch = self._epoch
-            try:
-                batch = self._cut(next_id, epoch, end, cursor, pending)
-            except BaseException as exc:
+            self._sel_cut = _Cut(self._sel_next_id, epoch, self._sel_end, self._sel_end, self._sel_cursor)
+        try:
+            batch, progressed = self._read()
+        except BaseException as exc:
+            self._drop_cut()
+            self._source_failed(exc)
+            return Progress.PROGRESS
+        if batch is None:
+            return Progress.PROGRESS if progressed else Progress.NO_PROGRESS
+        self._sel_cut, self._sel_permit = None, False
+        with self._cond:
+            if batch.epoch != self._epoch or self._rewind is not None or self._stopping.is_set():
                 self._permits.release()
-                self._source_failed(exc)
-                continue
-            if batch is None:
-                self._permits.release()
-                continue
-            with self._cond:
-                if epoch != self._epoch or self._rewind is not None or self._stopping.is_set():
-                    self._permits.release()
-                    continue
-                assert batch.id not in self._inflight, f"batch {batch.id} is already in flight"
-                slot = _Slot(batch)
-                self._inflight[batch.id] = slot
-                self._live += 1
-                live = self._live
-            self.listener.on_handoff(batch, live)
-            pool.submit(self._work, slot)
-            next_id += 1
-            end = batch.end
-            cursor = batch.cursor or batch.end
+                return Progress.PROGRESS
+            assert batch.id not in self._inflight, f"batch {batch.id} is already in flight"
+            slot = _Slot(batch)
+            self._inflight[batch.id] = slot
+            self._live += 1
+            live = self._live
+        self.listener.on_handoff(batch, live)
+        work = self.tasks.submit(_Step(self._guard(self._etl(slot))), name=f"{self.name}-etl-{batch.id}")
+        with self._cond:
+            self._workers = {h for h in self._workers if not h.done()}
+            self._workers.add(work)
+        self._sel_next_id += 1
+        self._sel_end = batch.end
+        self._sel_cursor = batch.cursor or batch.end
+        return Progress.PROGRESS
 
-    def _cut(
-        self, batch_id: int, epoch: int, end: Position | None, cursor: Position | None, pending: list
-    ) -> Batch | None:
-        """Read whole transactions into one batch; None if nothing arrived before a stop check."""
+    def _drop_cut(self) -> None:
+        """Abandon the batch being read (a stop or a rewind) and give its permit back."""
+        self._sel_cut = None
+        if self._sel_permit:
+            self._sel_permit = False
+            self._permits.release()
+
+    def _read(self) -> tuple[Batch | None, bool]:
+        """Read whole transactions into the current cut; (the batch if it is complete, whether anything was read)."""
+        cut = self._sel_cut
+        assert cut is not None
         limits = self.settings.batch
-        changes: list[Change] = []
-        start = end
-        rows = size = 0
-        taken = False  # a transaction was read, maybe one with no changes that only moves the position
-        deadline: float | None = None
+        pending = self._sel_pending
+        blocking = getattr(self.select, "blocking", False)
+        slice_end = time.perf_counter() + SELECT_SLICE
+        progressed = False
         while True:
             if pending:
                 tx = pending.pop()
             else:
-                if self._stopping.is_set() or self._rewind is not None:
-                    return None
                 now = self.clock()
-                if deadline is not None and now >= deadline and taken and end == cursor:
+                if cut.deadline is not None and now >= cut.deadline and cut.changes and cut.end == cut.cursor:
                     break
-                timeout = 0.1 if deadline is None else min(0.1, max(0.0, deadline - now))
+                if time.perf_counter() >= slice_end:
+                    return None, progressed
+                timeout = 0.0
+                if blocking:
+                    timeout = 0.1 if cut.deadline is None else min(0.1, max(0.0, cut.deadline - now))
                 try:
                     tx = self.select.poll(timeout)
                 except BaseException as exc:
-                    if not (taken and end == cursor):
+                    if not (cut.changes and cut.end == cut.cursor):
                         raise
                     # Hand on the whole transactions read so far; report the error next.
                     self._deferred_error = exc
                     break
                 if tx is None:
-                    if not taken:
-                        return None
-                    continue
-            if tx.is_ddl and changes:
+                    return None, progressed
+            progressed = True
+            if tx.is_ddl and cut.changes:
                 pending.append(tx)
                 break
-            taken = True
-            changes.extend(tx.changes)
-            rows += len(tx.changes)
-            size += tx.nbytes
-            cursor = tx.end
+            cut.changes.extend(tx.changes)
+            cut.rows += len(tx.changes)
+            cut.size += tx.nbytes
+            cut.cursor = tx.end
             if tx.complete:
-                end = tx.end
-            if deadline is None:
-                deadline = self.clock() + limits.max_wait_ms / 1000.0
+                cut.end = tx.end
+            if cut.deadline is None:
+                cut.deadline = self.clock() + limits.max_wait_ms / 1000.0
             if tx.is_ddl:
                 break
-            if rows >= limits.max_rows or size >= limits.max_bytes:
+            if cut.rows >= limits.max_rows or cut.size >= limits.max_bytes:
                 break
-            if tx.complete and self.clock() >= deadline:
+            if tx.complete and self.clock() >= cut.deadline:
                 break
-        assert end is not None and cursor is not None
+        assert cut.end is not None and cut.cursor is not None
         return Batch(
             pipeline=self.name,
-            id=batch_id,
-            epoch=epoch,
-            start=start if start is not None else end,
-            end=end,
-            changes=tuple(changes),
-            cursor=cursor if cursor != end else None,
-        )
+            id=cut.batch_id,
+            epoch=cut.epoch,
+            start=cut.start if cut.start is not None else cut.end,
+            end=cut.end,
+            changes=tuple(cut.changes),
+            cursor=cut.cursor if cut.cursor != cut.end else None,
+        ), True
 
     def _source_failed(self, exc: BaseException) -> None:
         if isinstance(exc, LeadershipLost):
@@ -365,123 +488,244 @@ class Scheduler:
         with self._cond:
             self._select_error = error
             self._cond.notify_all()
+        self._wake("termin")
 
-    def _work(self, slot: _Slot) -> None:
-        batch, stage, error = slot.batch, "extract", None
-        try:
-            if not slot.discarded:
-                batch = self.extract.extract(batch)
-            stage = "transform"
-            if not slot.discarded:
-                batch = self.transform.transform(batch)
-        except BaseException as exc:
-            error = exc
-        with self._cond:
-            slot.worker_done = True
-            if slot.discarded:
-                self._retire(slot)
-                return
-            if error is not None:
-                slot.state, slot.error = _State.FAILED, self._wrap(error, stage, slot.batch)
-            else:
-                slot.state, slot.batch = _State.READY, batch
-            self._cond.notify_all()
+    # --- extract and transform ---------------------------------------------------------------
 
-    def _load_loop(self) -> None:
-        while True:
-            with self._cond:
-                while True:
-                    if self._halt:
-                        return
-                    slot = self._inflight.get(self._next_load)
-                    if slot is not None and not self._load_blocked and slot.state in (
-                        _State.READY,
-                        _State.FAILED,
-                    ):
-                        break
-                    self._cond.wait(0.5)
-                if slot.state is _State.FAILED:
-                    self._load_blocked = True
-                    self._cond.notify_all()
-                    continue
-                slot.state = _State.LOADING
-            error = None
+    def _etl(self, slot: _Slot) -> Callable[[], Progress]:
+        """Extract then Transform one batch, as one or two calls."""
+        progress = {"stage": "extract", "batch": slot.batch}
+
+        def step() -> Progress:
+            stage, batch, error = progress["stage"], progress["batch"], None
             try:
-                self.load.load(slot.batch)
-            except LeadershipLost:
-                raise
+                if stage == "extract":
+                    began = time.perf_counter()
+                    if not slot.discarded and not self._halt:
+                        batch = self.extract.extract(batch)
+                    progress["stage"], progress["batch"], stage = "transform", batch, "transform"
+                    if time.perf_counter() - began > ETL_SLICE:
+                        return Progress.PROGRESS
+                if not slot.discarded and not self._halt:
+                    batch = self.transform.transform(batch)
             except BaseException as exc:
-                error = self._wrap(exc, "load", slot.batch)
+                error = exc
             with self._cond:
-                if error is not None:
-                    slot.state, slot.error = _State.FAILED, error
-                    self._load_blocked = True
-                else:
-                    slot.state = _State.LOADED
-                    self._next_load += 1
+                slot.worker_done = True
                 if slot.discarded:
                     self._retire(slot)
+                    return Progress.DONE
+                if error is not None:
+                    slot.state, slot.error = _State.FAILED, self._wrap(error, stage, slot.batch)
+                else:
+                    slot.state, slot.batch = _State.READY, batch
                 self._cond.notify_all()
+            self._wake("load")
+            return Progress.DONE
 
-    def _termin_loop(self) -> None:
-        while True:
-            with self._cond:
-                while True:
-                    if self._halt:
-                        return
-                    # A source failure leaves the batches handed on before it intact:
-                    # let them be acked first, then rewind from the newest ack.
-                    if self._select_error is not None and self._rewind is None and not self._inflight:
-                        slot, error = None, self._select_error
-                        break
-                    slot = self._inflight.get(self._next_ack)
-                    if slot is not None and slot.state in (_State.LOADED, _State.FAILED):
-                        error = slot.error
-                        break
-                    self._cond.wait(0.5)
-            if slot is None:
-                self._rollback(self._next_ack, error)
-                continue
-            batch = slot.batch
-            self.listener.on_termin(batch, slot.state is _State.LOADED)
+        return step
+
+    # --- load --------------------------------------------------------------------------------
+
+    def _load_step(self) -> Progress:
+        """Load the next batch in id order: in this call (ordered), or hand its parts to the slots (per_table)."""
+        with self._cond:
+            if self._halt:
+                return Progress.DONE
+            slot = self._inflight.get(self._next_load)
+            if slot is None or self._load_blocked or slot.state not in (_State.READY, _State.FAILED):
+                return Progress.BLOCKED
             if slot.state is _State.FAILED:
-                self._rollback(batch.id, error)
-                continue
-            try:
-                ack = self.meta.ack(self.name, batch.id, batch.epoch, batch.end, rows=len(batch))
-            except LeadershipLost:
-                raise
-            except BaseException as exc:
-                self._rollback(batch.id, self._wrap(exc, "termin", batch))
-                continue
-            with self._cond:
-                del self._inflight[batch.id]
-                self._next_ack += 1
-                self._acked = batch.end
-                self._attempt = 0
-                self._retire(slot)
+                self._load_blocked = True
                 self._cond.notify_all()
-            self.acked_batches += 1
-            self.acked_rows += len(batch)
-            self.listener.on_ack(ack, batch)
-            if log.isEnabledFor(logging.DEBUG):
-                self._event("termin", batch, f"acked {len(batch)} changes up to {batch.end}", logging.DEBUG)
-            if self._until is not None and batch.end >= self._until:
-                self._finish(Outcome.CAUGHT_UP)
+                self._wake("termin")
+                return Progress.PROGRESS
+            has_ddl = any(isinstance(c, DdlChange) for c in slot.batch.changes)
+            if self.per_table and not has_ddl:
+                slot.state = _State.LOADING
+                self._next_load += 1
+                self._dispatch_parts(slot)
+                return Progress.PROGRESS
+            if self.per_table and self._load_tasks:
+                return Progress.BLOCKED  # a DDL batch waits for every earlier part
+            slot.state = _State.LOADING
+        error = None
+        try:
+            self.load.load(slot.batch)
+        except LeadershipLost:
+            raise
+        except BaseException as exc:
+            error = self._wrap(exc, "load", slot.batch)
+        with self._cond:
+            if error is not None:
+                slot.state, slot.error = _State.FAILED, error
+                self._load_blocked = True
+            else:
+                slot.state = _State.LOADED
+                self._next_load += 1
+            if slot.discarded:
+                self._retire(slot)
+            self._cond.notify_all()
+        self._wake("termin")
+        return Progress.PROGRESS
+
+    def _dispatch_parts(self, slot: _Slot) -> None:
+        """Under the lock: submit each target table's part, then its EOF, to the table's slot."""
+        batch = slot.batch
+        parts: dict[str, list[Change]] = {}
+        for change in batch.changes:
+            parts.setdefault(change.qualified_table, []).append(change)
+        if not parts:
+            slot.state = _State.LOADED
+            self._cond.notify_all()
+            self._wake("termin")
+            return
+        latch = BatchLatch(parts)
+        assert self.serial is not None
+        for table, changes in parts.items():
+            index = hash_slot((self.name, table), self.serial.num_slots)
+            part = batch.replace(tuple(changes))
+            self._load_tasks += 2
+            self.serial.submit(self._run_part, slot, part, slot=index,
+                               callback=self._part_done(slot, latch, table, eof=False))
+            self.serial.submit(self._run_eof, slot, part, slot=index,
+                               callback=self._part_done(slot, latch, table, eof=True))
+
+    def _runnable(self, slot: _Slot, part: Batch) -> bool:
+        """Under the lock: whether a part may still be written (its batch not failed nor discarded)."""
+        if self._halt or slot.discarded or part.epoch != self._epoch:
+            return False
+        return self._load_barrier is None or part.id < self._load_barrier
+
+    def _run_part(self, slot: _Slot, part: Batch) -> None:
+        with self._cond:
+            if not self._runnable(slot, part):
+                raise _Discarded()
+        try:
+            self.load.load_part(part)
+        except BaseException as exc:
+            with self._cond:
+                # Before the slot's next task, and before any other slot's next part starts.
+                if self._load_barrier is None or part.id < self._load_barrier:
+                    self._load_barrier = part.id
+            if isinstance(exc, LeadershipLost):
+                self.error = exc
+                self._finish(Outcome.LOST)
+            raise
+
+    def _run_eof(self, slot: _Slot, part: Batch) -> None:
+        with self._cond:
+            if not self._runnable(slot, part):
+                raise _Discarded()
+
+    def _part_done(self, slot: _Slot, latch: BatchLatch, table: str, *, eof: bool) -> Callable[[SerialTask], None]:
+        def callback(handle: SerialTask) -> None:
+            error = None if handle.cancelled() else handle.exception()
+            if error is None:
+                if eof:
+                    latch.count_down(table)
+            else:
+                latch.fail(table, error)
+            with self._cond:
+                self._load_tasks -= 1
+                if slot.state is _State.LOADING and latch.is_open:
+                    if latch.error is None:
+                        slot.state = _State.LOADED
+                    else:
+                        failure = latch.error
+                        if isinstance(failure, _Discarded):
+                            failure = LoadError("discarded: an earlier part of this batch or an earlier batch failed")
+                        slot.state = _State.FAILED
+                        slot.error = self._wrap(failure, "load", slot.batch)
+                        if isinstance(slot.error, SetlError):
+                            slot.error.with_context(table=latch.failed_channel)
+                self._cond.notify_all()
+            self._wake("termin", "load")
+
+        return callback
+
+    # --- termin ------------------------------------------------------------------------------
+
+    def _termin_step(self) -> Progress:
+        """Ack the next batch in id order, or take one step of a rollback."""
+        with self._cond:
+            if self._halt:
+                return Progress.DONE
+            if self._rolling is not None:
+                slot, error = None, None
+            # A source failure leaves the batches handed on before it intact:
+            # let them be acked first, then rewind from the newest ack.
+            elif self._select_error is not None and self._rewind is None and not self._inflight:
+                slot, error = None, self._select_error
+            else:
+                slot = self._inflight.get(self._next_ack)
+                if slot is None or slot.state not in (_State.LOADED, _State.FAILED):
+                    return Progress.BLOCKED
+                error = slot.error
+        if self._rolling is not None:
+            return self._continue_rollback()
+        if slot is None:
+            return self._begin_rollback(self._next_ack, error)
+        batch = slot.batch
+        self.listener.on_termin(batch, slot.state is _State.LOADED)
+        if slot.state is _State.FAILED:
+            return self._begin_rollback(batch.id, error)
+        try:
+            if self.per_table:
+                self.load.mark_loaded(batch)
+        except LeadershipLost:
+            raise
+        except BaseException as exc:
+            return self._begin_rollback(batch.id, self._wrap(exc, "load", batch))
+        try:
+            ack = self.meta.ack(self.name, batch.id, batch.epoch, batch.end, rows=len(batch))
+        except LeadershipLost:
+            raise
+        except BaseException as exc:
+            return self._begin_rollback(batch.id, self._wrap(exc, "termin", batch))
+        with self._cond:
+            del self._inflight[batch.id]
+            self._next_ack += 1
+            self._acked = batch.end
+            self._attempt = 0
+            self._retire(slot)
+            self._cond.notify_all()
+        self.acked_batches += 1
+        self.acked_rows += len(batch)
+        self.listener.on_ack(ack, batch)
+        if log.isEnabledFor(logging.DEBUG):
+            self._event("termin", batch, f"acked {len(batch)} changes up to {batch.end}", logging.DEBUG)
+        if self._until is not None and batch.end >= self._until:
+            self._finish(Outcome.CAUGHT_UP)
+        return Progress.PROGRESS
 
     # --- rollback, retire, finish ------------------------------------------------------------
 
-    def _rollback(self, failed_id: int, error: BaseException | None) -> None:
-        """Discard batch `failed_id` and every later one, then rewind Select to the ack."""
+    def _begin_rollback(self, failed_id: int, error: BaseException | None) -> Progress:
+        """Discard batch `failed_id` and every later one, then rewind Select to the ack.
+
+        No load starts after this; the rollback completes once running loads have finished.
+        """
         assert error is not None
         if isinstance(error, LeadershipLost):
             raise error
         epoch = self.meta.next_epoch(self.name)
         with self._cond:
+            self._rolling = (failed_id, error, epoch)
+            self._load_blocked = True
+            if self._load_barrier is None or failed_id < self._load_barrier:
+                self._load_barrier = failed_id
+        return self._continue_rollback()
+
+    def _continue_rollback(self) -> Progress:
+        with self._cond:
+            assert self._rolling is not None
             # A batch still being loaded must finish first, or its late write could
             # land after the replay of an earlier batch touching the same keys.
-            while any(s.state is _State.LOADING for s in self._inflight.values()):
-                self._cond.wait(0.5)
+            if self._load_tasks or any(s.state is _State.LOADING for s in self._inflight.values()):
+                return Progress.BLOCKED
+            failed_id, error, epoch = self._rolling
+            self._rolling = None
             for batch_id in [b for b in self._inflight if b >= failed_id]:
                 slot = self._inflight.pop(batch_id)
                 slot.discarded = True
@@ -490,6 +734,7 @@ class Scheduler:
             self._epoch = epoch
             self._next_load = self._next_ack = failed_id
             self._load_blocked = False
+            self._load_barrier = None
             self._attempt += 1
             attempt = self._attempt
             delay = self.backoff.delay(attempt)
@@ -497,6 +742,7 @@ class Scheduler:
             # hand on a batch cut from its old cursor under the new epoch.
             self._rewind = (self._acked, failed_id, self.clock() + delay)
             self._cond.notify_all()
+        self._wake("select", "load")
         self.listener.on_rollback(failed_id, epoch, error, attempt)
         if attempt >= self.backoff.max_attempts:
             self.error = error
@@ -504,11 +750,12 @@ class Scheduler:
             log.error("pipeline=%s stage=termin batch=%d %s", self.name, failed_id, message)
             self.meta.set_state(self.name, Status.PAUSED, error=str(error), node=self.node_id)
             self._finish(Outcome.PAUSED)
-            return
+            return Progress.PROGRESS
         log.warning(
             "pipeline=%s stage=termin batch=%d rolled back (attempt %d of %d, retry in %.1fs): %s",
             self.name, failed_id, attempt, self.backoff.max_attempts, delay, error,
         )
+        return Progress.PROGRESS
 
     def _retire(self, slot: _Slot) -> None:
         """Give a batch's permit back, exactly once. Called with the lock held."""
@@ -518,6 +765,7 @@ class Scheduler:
         self._live -= 1
         self._permits.release()
         self.listener.on_retire(slot.batch, self._live)
+        self._wake("select")
 
     def _finish(self, outcome: Outcome) -> None:
         with self._cond:
@@ -526,23 +774,81 @@ class Scheduler:
                 self._outcome = outcome
             self._stopping.set()
             self._cond.notify_all()
-        self._done.set()
+            start_closer = self._closer is None and bool(self._handles)
+            if start_closer:
+                self._drain_deadline = self.clock() + self.settings.drain_timeout_ms / 1000.0
+                try:
+                    self._closer = self.tasks.submit(_Step(self._close_step), name=f"{self.name}-closer")
+                except RejectedTask:
+                    self._closer = None
+        if start_closer and self._closer is None:
+            log.warning("pipeline=%s the task service is shut down; tearing down at once", self.name)
+            self._halt_now()
+            self._teardown()
+        self._wake("select", "load", "termin")
 
-    def _drain(self) -> None:
-        """Let in-flight batches be acked (or fail) after a stop, within the drain timeout."""
-        if self._outcome in (Outcome.PAUSED, Outcome.LOST):
-            return
-        deadline = self.clock() + self.settings.drain_timeout_ms / 1000.0
+    # --- drain and teardown ------------------------------------------------------------------
+
+    def _close_step(self) -> Progress:
+        """After a stop: let in-flight batches be acked, within the drain timeout; then tear down."""
         with self._cond:
-            while self._inflight and self.clock() < deadline and self._outcome is not Outcome.PAUSED:
-                if self._rewind is not None:
-                    break  # a batch failed while draining: nothing after the ack survives
-                self._cond.wait(0.1)
-            if self._inflight:
-                log.warning(
-                    "pipeline=%s stopped with %d batches not acked; they will be replayed",
-                    self.name, len(self._inflight),
-                )
+            if not self._halt:
+                if self._draining():
+                    return Progress.NO_PROGRESS
+                if self._inflight:
+                    log.warning("pipeline=%s stopped with %d batches not acked; they will be replayed",
+                                self.name, len(self._inflight))
+        if not self._halt:
+            self._halt_now()
+        with self._cond:
+            busy = self._load_tasks or any(not h.done() for h in [*self._handles.values(), *self._workers])
+        if busy and self.clock() < (self._halt_deadline or 0.0):
+            return Progress.NO_PROGRESS
+        if busy:
+            log.warning("pipeline=%s some tasks did not stop in time", self.name)
+        self._teardown()
+        return Progress.DONE
+
+    def _draining(self) -> bool:
+        """Under the lock: whether a stop should keep waiting for in-flight batches."""
+        if self._outcome in (Outcome.PAUSED, Outcome.LOST) or not self._inflight:
+            return False
+        if self._rewind is not None or self._rolling is not None:
+            return False  # a batch failed while draining: nothing after the ack survives
+        return self.clock() < (self._drain_deadline or 0.0)
+
+    def _halt_now(self) -> None:
+        with self._cond:
+            self._halt = True
+            self._halt_deadline = self.clock() + self.settings.drain_timeout_ms / 1000.0
+            self._cond.notify_all()
+        self._wake("select", "load", "termin")
+
+    def _teardown(self) -> None:
+        try:
+            self.select.close()
+        except Exception:
+            log.exception("pipeline=%s closing the source failed", self.name)
+        outcome = self._outcome or Outcome.STOPPED
+        try:
+            # An operator's pause, written while we drained, must survive the stop.
+            if outcome in (Outcome.STOPPED, Outcome.CAUGHT_UP) and (
+                self.meta.state(self.name).status is Status.RUNNING
+            ):
+                self.meta.set_state(self.name, Status.STOPPED, node=self.node_id)
+        except Exception as exc:
+            log.error("pipeline=%s cannot record the stop: %s", self.name, exc)
+        self._event("termin", None, f"finished: {outcome.value}")
+        self._result = outcome
+        self._finished.set()
+
+    def _close_private(self) -> None:
+        """Shut down the services this scheduler made for itself (never from one of their threads)."""
+        if self._own_tasks:
+            self.tasks.shutdown(timeout=self.settings.drain_timeout_ms / 1000.0)
+        if self._own_serial and self.serial is not None:
+            self.serial.shutdown_now()
+            self.serial.await_termination(self.settings.drain_timeout_ms / 1000.0)
 
     # --- helpers -----------------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ class Progress(enum.Enum):
 
     PROGRESS = "progress"  # did work: call again soon
     NO_PROGRESS = "no_progress"  # nothing to do: call again after a back-off, or when woken
+    BLOCKED = "blocked"  # waiting for another task: call again only when woken
     DONE = "done"  # finished: never call again
 
 
@@ -155,7 +156,9 @@ class TaskExecutionService:
     Contract:
     - Shared workers take tasks from one FIFO queue and put a task back at the tail after
       each call, so tasks take turns. A task returning NO_PROGRESS is parked for
-      `idle_backoff` seconds, or until `wake()`, instead of being called in a tight loop.
+      `idle_backoff` seconds, or until `wake()`, instead of being called in a tight loop;
+      one returning BLOCKED is parked until `wake()` only (a wake that arrives during the
+      call is not lost: the task is called again).
     - A monitor thread checks every `monitor_interval`; when calls have been running longer
       than `overrun_threshold`, it starts extra shared workers so that `core_workers` threads
       are still free to serve the queue, never more than `max_workers` shared threads in all.
@@ -375,6 +378,8 @@ class TaskExecutionService:
                     return
                 if progress is Progress.NO_PROGRESS:
                     handle._wake_event.wait(self.idle_backoff)
+                elif progress is Progress.BLOCKED:
+                    handle._wake_event.wait()
         finally:
             with self._cond:
                 self._dedicated.pop(handle, None)
@@ -422,10 +427,14 @@ class TaskExecutionService:
         elif handle._cancel_requested or self._stopping:
             self._finish(handle, _State.CANCELLED)
         elif handle.dedicated:
-            handle._state = _State.PARKED if outcome is Progress.NO_PROGRESS else _State.RUNNING
+            idle = outcome in (Progress.NO_PROGRESS, Progress.BLOCKED)
+            handle._state = _State.PARKED if idle else _State.RUNNING
         elif handle.overruns > self.max_overruns:
             log.info("%s: %s overran %d times; giving it its own thread", self.name, handle.name, handle.overruns)
             self._start_dedicated(handle)
+        elif outcome is Progress.BLOCKED and not woken:
+            handle._state = _State.PARKED  # no deadline: only wake() queues it again
+            handle._park_seq = next(self._seq)
         elif outcome is Progress.NO_PROGRESS and not woken and self.idle_backoff > 0:
             handle._state = _State.PARKED
             handle._park_seq = next(self._seq)

@@ -31,6 +31,25 @@ class Load:
     def load(self, batch: Batch) -> None:
         raise NotImplementedError
 
+    def load_part(self, batch: Batch) -> None:
+        """Apply one target table's share of a batch, without recording the batch's position.
+
+        Used by ``pipeline.load.mode: per_table``. `batch` keeps its id, epoch and positions
+        but holds only the changes of one target table, in log order. Parts of one table
+        come in batch order; parts of different tables may be loaded concurrently, so an
+        implementation serialises internally what cannot be shared. Once every part of a
+        batch is in, the scheduler calls `mark_loaded`, in batch order. Targets that do not
+        override this cannot run per_table (the scheduler refuses at start).
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot load per table")
+
+    def mark_loaded(self, batch: Batch) -> None:
+        """Every part of `batch` is in (per_table): record its end position, if the target keeps one.
+
+        Until then `committed()` must not report the batch, or a restart would skip the
+        tables whose parts had not landed.
+        """
+
     def committed(self) -> Position | None:
         """The end position of the last batch the target itself recorded, if it can."""
         return None
