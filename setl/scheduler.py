@@ -117,6 +117,7 @@ class _Cut:
     rows: int = 0
     size: int = 0
     deadline: float | None = None
+    taken: bool = False  # a transaction was read, maybe one with no changes that only moves the position
 
 
 class _Discarded(Exception):
@@ -435,7 +436,7 @@ class Scheduler:
                 tx = pending.pop()
             else:
                 now = self.clock()
-                if cut.deadline is not None and now >= cut.deadline and cut.changes and cut.end == cut.cursor:
+                if cut.deadline is not None and now >= cut.deadline and cut.taken and cut.end == cut.cursor:
                     break
                 if time.perf_counter() >= slice_end:
                     return None, progressed
@@ -445,7 +446,7 @@ class Scheduler:
                 try:
                     tx = self.select.poll(timeout)
                 except BaseException as exc:
-                    if not (cut.changes and cut.end == cut.cursor):
+                    if not (cut.taken and cut.end == cut.cursor):
                         raise
                     # Hand on the whole transactions read so far; report the error next.
                     self._deferred_error = exc
@@ -456,6 +457,7 @@ class Scheduler:
             if tx.is_ddl and cut.changes:
                 pending.append(tx)
                 break
+            cut.taken = True
             cut.changes.extend(tx.changes)
             cut.rows += len(tx.changes)
             cut.size += tx.nbytes
