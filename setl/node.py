@@ -67,6 +67,8 @@ def build_load(node: NodeSettings, config: PipelineConfig) -> Load:
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"target.type {target.type} is not available in this build",
                           file=config.file, pipeline=config.name) from exc
+    if target.type in ("mysql", "postgresql"):
+        return factory.from_config(target, pipeline=config.name, ddl=config.pipeline.ddl)
     return factory.from_config(target, pipeline=config.name)
 
 
@@ -139,6 +141,7 @@ class Node:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._running: dict[str, Scheduler] = {}
+        self.elections = None  # setl.ha.Elections when the meta store is ZooKeeper
 
     def stop(self) -> None:
         self._stop.set()
@@ -150,6 +153,10 @@ class Node:
     def run(self, *, until_caught_up: bool = False) -> list[PipelineResult]:
         """Run every pipeline to its end; returns how each ended."""
         stages = {config.name: build_stages(self.settings, config) for config in self.pipelines}
+        if self.settings.meta.store == "zookeeper":  # HA: run only what this node holds
+            from setl.ha import Elections
+
+            self.elections = Elections.for_node(self.settings, self.meta)
         results = [PipelineResult(config.name) for config in self.pipelines]
         threads = [
             threading.Thread(target=self._supervise, args=(config, stages[config.name], result,
@@ -203,7 +210,10 @@ class Node:
                 if self._stop.is_set():
                     return
                 try:
-                    outcome = scheduler.run(until_caught_up=until_caught_up)
+                    if self.elections is not None:
+                        outcome = self.elections.run(scheduler, stop=self._stop, until_caught_up=until_caught_up)
+                    else:
+                        outcome = scheduler.run(until_caught_up=until_caught_up)
                 finally:
                     with self._lock:
                         self._running.pop(name, None)

@@ -12,4 +12,8 @@ def open_meta_store(settings) -> MetaStore:
 
     if settings.meta.store == "sqlite":
         return SqliteMetaStore(settings.resolve(settings.meta.path))
+    if settings.meta.store == "zookeeper":
+        from setl.meta.zookeeper import ZooKeeperMetaStore  # imports kazoo: only when asked for
+
+        return ZooKeeperMetaStore.from_settings(settings)
     raise ConfigError(f"meta.store {settings.meta.store!r} is not available in this build")

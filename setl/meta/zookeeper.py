@@ -1,0 +1,357 @@
+"""The meta store for HA deployments: positions, ack history, pipeline state and epochs in
+ZooKeeper, shared by every node, with the holder's writes fenced by its mainstem term.
+
+Path layout, under the configured root (``ha.chroot``, default ``/setl``); the election's own
+nodes (``mainstem``, ``term``, ``standbys``, ``switch``, ``/nodes``) are described in `setl.ha`:
+
+``/pipelines/NAME/position``
+    the last acked (or operator-reset) position:
+    ``{"batch", "epoch", "log", "offset", "gtid", "origin": "ack"|"reset", "time"}``; empty
+    until the first ack.
+``/pipelines/NAME/acks/ack-NNNNNNNNNN``
+    ack history, one sequential node per ack (the newest `HISTORY_KEEP` are kept):
+    ``{"batch", "epoch", "log", "offset", "gtid", "rows", "time"}``.
+``/pipelines/NAME/state``
+    ``{"status", "error", "node", "updated"}``.
+``/pipelines/NAME/epoch``
+    the pipeline's epoch, a decimal number. It only grows: every bump is a versioned set, so two
+    nodes can never take the same epoch, and a new leader's epoch is higher than any before it.
+``/pipelines/NAME/ddl_tasks/t-ID``
+    one batch DDL task (ID percent-encoded): the `DdlTask` fields as JSON. Claims and finishes
+    are versioned sets; an overwrite's deprecations go in the claim's transaction.
+
+Fencing: `ack` and `next_epoch` need this process to hold the pipeline's mainstem; they are one
+ZooKeeper transaction with a check on the term version the holder wrote (and, for an ack, on the
+epoch version of its own last bump), so a deposed holder's write fails with `LeadershipLost`
+however late it arrives. `set_state` is fenced the same way while this process holds the
+pipeline; operators' writes from the CLI (pause, resume, position reset) are not.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.parse
+from typing import Any
+
+import attrs
+
+from setl.errors import LeadershipLost, MetaStoreError
+from setl.ha import Check, Conflict, Coordinator, Create, Lease, SetData, dumps
+from setl.meta.base import OVERWRITTEN_BY, DdlClaim, DdlTask, DdlTaskStatus, MetaStore, PipelineState, Status
+from setl.model import Ack, Position
+
+#: How many ack history nodes to keep per pipeline; pruned every `PRUNE_EVERY` acks.
+HISTORY_KEEP = 1000
+PRUNE_EVERY = 100
+
+
+class ZooKeeperMetaStore(MetaStore):
+    """Meta store on a `Coordinator` session; safe for many threads, nodes and CLI processes."""
+
+    def __init__(self, coordinator: Coordinator, *, clock=time.time, owns_session: bool = True) -> None:
+        self.coordinator = coordinator
+        self._clock = clock
+        self._owns = owns_session
+        self._lock = threading.Lock()
+        self._prepared: set[str] = set()
+        self._epochs: dict[str, tuple[int, int]] = {}  # pipeline -> (epoch, its node's version)
+        self._acks = 0
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> "ZooKeeperMetaStore":
+        ha = settings.ha
+        coordinator = Coordinator(ha.zookeeper, root=ha.chroot, session_timeout=ha.session_timeout_ms / 1000.0)
+        return cls(coordinator.start())
+
+    # -- paths and helpers
+
+    @staticmethod
+    def _base(pipeline: str) -> str:
+        return f"/pipelines/{pipeline}"
+
+    def _prepare(self, pipeline: str) -> None:
+        """Create the pipeline's persistent nodes if missing (idempotent, race-free)."""
+        if pipeline in self._prepared:
+            return
+        base = self._base(pipeline)
+        self.coordinator.ensure(f"{base}/acks")
+        for name, data in (("position", b""), ("state", b""), ("epoch", b"0"), ("term", dumps({}))):
+            try:
+                self.coordinator.create(f"{base}/{name}", data)
+            except Conflict:
+                pass
+        with self._lock:
+            self._prepared.add(pipeline)
+
+    def _read(self, path: str) -> dict[str, Any]:
+        node = self.coordinator.get(path)
+        return node.json() if node is not None else {}
+
+    def _lease(self, pipeline: str, what: str) -> Lease:
+        lease = self.coordinator.lease(pipeline)
+        if lease is None:
+            raise LeadershipLost(f"cannot {what}: this node does not hold the mainstem", pipeline=pipeline)
+        lease.check()
+        return lease
+
+    def _fenced(self, lease: Lease, ops: list, what: str) -> list[Any]:
+        """Commit `ops` after a check on the holder's term; a failed check means deposed."""
+        try:
+            return self.coordinator.commit([Check(f"{self._base(lease.pipeline)}/term", lease.term), *ops])
+        except Conflict as exc:
+            if exc.index == 0:
+                lease.lose("another node took the mainstem")
+                raise LeadershipLost(f"cannot {what}: another node took the mainstem",
+                                     pipeline=lease.pipeline) from exc
+            raise
+
+    # -- positions
+
+    def position(self, pipeline: str) -> Ack | None:
+        data = self._read(f"{self._base(pipeline)}/position")
+        if not data:
+            return None
+        return Ack(pipeline, int(data["batch"]), int(data["epoch"]), Position.from_dict(data), float(data["time"]))
+
+    def ack(self, pipeline: str, batch_id: int, epoch: int, position: Position, rows: int = 0) -> Ack:
+        lease = self._lease(pipeline, "ack")
+        with self._lock:
+            current = self._epochs.get(pipeline)
+        if current is None or current[0] != epoch:
+            raise LeadershipLost(f"cannot ack batch {batch_id}: epoch {epoch} is not this holder's "
+                                 f"current epoch", pipeline=pipeline, batch=batch_id)
+        now = self._clock()
+        record = {"batch": batch_id, "epoch": epoch, **position.to_dict(), "time": now}
+        base = self._base(pipeline)
+        try:
+            self._fenced(lease, [
+                Check(f"{base}/epoch", current[1]),
+                SetData(f"{base}/position", dumps({**record, "origin": "ack"})),
+                Create(f"{base}/acks/ack-", dumps({**record, "rows": rows}), sequence=True),
+            ], f"ack batch {batch_id}")
+        except Conflict as exc:
+            if exc.index == 1:
+                raise LeadershipLost(f"cannot ack batch {batch_id}: the epoch moved past {epoch}",
+                                     pipeline=pipeline, batch=batch_id) from exc
+            raise MetaStoreError(f"cannot ack batch {batch_id}: {exc}", pipeline=pipeline) from exc
+        with self._lock:
+            self._acks += 1
+            prune = self._acks % PRUNE_EVERY == 0
+        if prune:
+            self._prune(pipeline)
+        return Ack(pipeline, batch_id, epoch, position, now)
+
+    def _prune(self, pipeline: str) -> None:
+        path = f"{self._base(pipeline)}/acks"
+        for name in self.coordinator.children(path)[:-HISTORY_KEEP]:
+            try:
+                self.coordinator.delete(f"{path}/{name}")
+            except Conflict:
+                pass  # another pruner was first
+
+    def reset_position(self, pipeline: str, position: Position | None) -> None:
+        self._prepare(pipeline)
+        path = f"{self._base(pipeline)}/position"
+        if position is None:
+            self.coordinator.set(path, b"")
+            return
+        current = self.position(pipeline)
+        self.coordinator.set(path, dumps({
+            "batch": current.batch_id if current else 0,
+            "epoch": current.epoch if current else 0,
+            **position.to_dict(), "origin": "reset", "time": self._clock(),
+        }))
+
+    def position_was_reset(self, pipeline: str) -> bool:
+        return self._read(f"{self._base(pipeline)}/position").get("origin") == "reset"
+
+    def history(self, pipeline: str, limit: int = 20) -> list[Ack]:
+        path = f"{self._base(pipeline)}/acks"
+        acks = []
+        for name in reversed(self.coordinator.children(path)):
+            if len(acks) >= limit:
+                break
+            data = self._read(f"{path}/{name}")
+            if data:
+                acks.append(Ack(pipeline, int(data["batch"]), int(data["epoch"]), Position.from_dict(data),
+                                float(data["time"])))
+        return acks
+
+    # -- state and epochs
+
+    def state(self, pipeline: str) -> PipelineState:
+        base = self._base(pipeline)
+        data = self._read(f"{base}/state")
+        epoch_node = self.coordinator.get(f"{base}/epoch")
+        epoch = int(epoch_node.data or b"0") if epoch_node is not None else 0
+        if not data:
+            return PipelineState(pipeline, epoch=epoch)
+        return PipelineState(pipeline, Status(data["status"]), data.get("error"), epoch, data.get("node"),
+                             float(data.get("updated", 0.0)))
+
+    def set_state(
+        self, pipeline: str, status: Status, error: str | None = None, node: str | None = None
+    ) -> PipelineState:
+        self._prepare(pipeline)
+        op = SetData(f"{self._base(pipeline)}/state", dumps({
+            "status": Status(status).value, "error": error, "node": node, "updated": self._clock()}))
+        lease = self.coordinator.lease(pipeline)
+        if lease is not None:
+            lease.check()
+            self._fenced(lease, [op], f"set the state to {Status(status).value}")
+        else:
+            self.coordinator.commit([op])
+        return self.state(pipeline)
+
+    def next_epoch(self, pipeline: str) -> int:
+        lease = self._lease(pipeline, "take a new epoch")
+        self._prepare(pipeline)
+        path = f"{self._base(pipeline)}/epoch"
+        for _ in range(100):
+            node = self.coordinator.get(path)
+            if node is None:
+                raise MetaStoreError(f"{path} is missing", pipeline=pipeline)
+            epoch = int(node.data or b"0") + 1
+            try:
+                results = self._fenced(lease, [SetData(path, str(epoch).encode(), node.version)],
+                                       "take a new epoch")
+            except Conflict:
+                continue  # another writer bumped it first: read again
+            with self._lock:
+                self._epochs[pipeline] = (epoch, results[1].version)
+            return epoch
+        raise MetaStoreError(f"could not take a new epoch: {path} keeps changing", pipeline=pipeline)
+
+    def pipelines(self) -> list[str]:
+        return self.coordinator.children("/pipelines")
+
+    # -- batch DDL tasks
+
+    def _task_path(self, pipeline: str, task_id: str) -> str:
+        return f"{self._base(pipeline)}/ddl_tasks/t-{urllib.parse.quote(task_id, safe='')}"
+
+    @staticmethod
+    def _task_data(task: DdlTask) -> bytes:
+        data = attrs.asdict(task, recurse=False)
+        data.update(position=task.position.to_dict(), status=task.status.value)
+        return dumps(data)
+
+    def _task(self, path: str) -> tuple[DdlTask, int] | None:
+        node = self.coordinator.get(path)
+        if node is None:
+            return None
+        data = node.json()
+        data.update(position=Position.from_dict(data["position"]), status=DdlTaskStatus(data["status"]))
+        return DdlTask(**data), node.version
+
+    def declare_ddl_task(self, task: DdlTask) -> DdlTask:
+        self._prepare(task.pipeline)
+        now = self._clock()
+        fresh = attrs.evolve(task, status=DdlTaskStatus.DECLARED, owner=None, reason=None,
+                             create_time=now, update_time=now)
+        path = self._task_path(task.pipeline, task.task_id)
+        try:
+            self.coordinator.create(path, self._task_data(fresh), makepath=True)
+        except Conflict:
+            pass  # declared before: the stored task wins
+        stored = self._task(path)
+        assert stored is not None
+        return stored[0]
+
+    def ddl_task(self, pipeline: str, task_id: str) -> DdlTask | None:
+        found = self._task(self._task_path(pipeline, task_id))
+        return found[0] if found else None
+
+    def _all_tasks(self, pipeline: str) -> list[tuple[DdlTask, int]]:
+        folder = f"{self._base(pipeline)}/ddl_tasks"
+        found = [self._task(f"{folder}/{name}") for name in self.coordinator.children(folder)]
+        return [f for f in found if f is not None]
+
+    def ddl_tasks(self, pipeline: str, op_id: str | None = None) -> list[DdlTask]:
+        tasks = [t for t, _ in self._all_tasks(pipeline) if op_id is None or t.op_id == op_id]
+        return sorted(tasks, key=lambda t: (t.position, t.task_id))
+
+    def claim_ddl_task(
+        self, pipeline: str, task_id: str, owner: str, *, expected_owner: str | None = None
+    ) -> DdlClaim:
+        path = self._task_path(pipeline, task_id)
+        while True:
+            found = self._task(path)
+            if found is None:
+                raise KeyError(f"ddl task {task_id!r} of pipeline {pipeline!r} was never declared")
+            task, version = found
+            if expected_owner is None:
+                won = task.status is DdlTaskStatus.DECLARED
+            else:
+                won = task.status is DdlTaskStatus.RUNNING and task.owner == expected_owner
+            if not won:
+                return DdlClaim(False, task)
+            now = self._clock()
+            claimed = attrs.evolve(task, status=DdlTaskStatus.RUNNING, owner=owner, update_time=now)
+            ops: list[Any] = [SetData(path, self._task_data(claimed), version)]
+            if task.overwrite:
+                for other, other_version in self._all_tasks(pipeline):
+                    if (other.op_id == task.op_id and other.task_id != task_id and other.position < task.position
+                            and other.status is not DdlTaskStatus.DEPRECATED):
+                        gone = attrs.evolve(other, status=DdlTaskStatus.DEPRECATED, owner=None,
+                                            reason=OVERWRITTEN_BY + task_id, update_time=now)
+                        ops.append(SetData(self._task_path(pipeline, other.task_id), self._task_data(gone),
+                                           other_version))
+            try:
+                self.coordinator.commit(ops)
+            except Conflict:
+                continue  # a task changed under us: decide again on what is stored now
+            return DdlClaim(True, claimed)
+
+    def finish_ddl_task(
+        self, pipeline: str, task_id: str, owner: str, status: DdlTaskStatus, reason: str | None = None
+    ) -> DdlTask:
+        status = DdlTaskStatus(status)
+        if status not in (DdlTaskStatus.SUCCEEDED, DdlTaskStatus.DEPRECATED):
+            raise ValueError(f"a ddl task finishes as succeeded or deprecated, not {status.value}")
+        path = self._task_path(pipeline, task_id)
+        while True:
+            found = self._task(path)
+            if found is None:
+                raise KeyError(f"ddl task {task_id!r} of pipeline {pipeline!r} was never declared")
+            task, version = found
+            if task.status is not DdlTaskStatus.RUNNING or task.owner != owner:
+                return task
+            done = attrs.evolve(task, status=status, owner=None, reason=reason, update_time=self._clock())
+            try:
+                self.coordinator.set(path, self._task_data(done), version)
+            except Conflict:
+                continue
+            return done
+
+    # -- HA views for the CLI
+
+    def members(self, pipeline: str) -> tuple[str | None, list[str]]:
+        """The node holding the pipeline's mainstem (or None) and the nodes standing by."""
+        base = self._base(pipeline)
+        holder = self._read(f"{base}/mainstem").get("node")
+        return holder, self.coordinator.children(f"{base}/standbys")
+
+    def request_switch(self, pipeline: str, to: str | None = None) -> str:
+        """Ask the holder to hand the pipeline over (to `to`, or any standby); returns the holder."""
+        holder, standbys = self.members(pipeline)
+        if holder is None:
+            raise MetaStoreError("nobody holds the mainstem; nothing to switch", pipeline=pipeline)
+        if not standbys:
+            raise MetaStoreError(f"no node stands by for it (holder {holder}); nothing to switch to",
+                                 pipeline=pipeline)
+        if to is not None and to not in standbys:
+            raise MetaStoreError(f"node {to!r} is not standing by (standbys: {', '.join(standbys)})",
+                                 pipeline=pipeline)
+        request = dumps({"from": holder, "to": to, "time": self._clock()})
+        path = f"{self._base(pipeline)}/switch"
+        try:
+            self.coordinator.create(path, request)
+        except Conflict:
+            self.coordinator.set(path, request)
+        return holder
+
+    def close(self) -> None:
+        if self._owns:
+            self.coordinator.stop()
