@@ -67,8 +67,6 @@ def build_load(node: NodeSettings, config: PipelineConfig) -> Load:
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"target.type {target.type} is not available in this build",
                           file=config.file, pipeline=config.name) from exc
-    if target.type in ("mysql", "postgresql"):
-        return factory.from_config(target, pipeline=config.name, ddl=config.pipeline.ddl)
     return factory.from_config(target, pipeline=config.name)
 
 
