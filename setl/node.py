@@ -67,6 +67,8 @@ def build_load(node: NodeSettings, config: PipelineConfig) -> Load:
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"target.type {target.type} is not available in this build",
                           file=config.file, pipeline=config.name) from exc
+    if target.type in ("mysql", "postgresql"):
+        return factory.from_config(target, pipeline=config.name, ddl=config.pipeline.ddl)
     return factory.from_config(target, pipeline=config.name)
 
 
@@ -81,14 +83,24 @@ def build_transform(node: NodeSettings, config: PipelineConfig) -> Transform:
     return build_spark_transform(node, config)
 
 
-def build_stages(node: NodeSettings, config: PipelineConfig) -> Stages:
-    """Every stage of a pipeline, validated, before anything connects anywhere."""
+def build_stages(node: NodeSettings, config: PipelineConfig, meta: MetaStore | None = None) -> Stages:
+    """Every stage of a pipeline, validated, before anything connects anywhere.
+
+    `meta` is needed by batch DDL tasks (`pipeline.ddl_tasks`); without it they open their own.
+    """
     stages = Stages(
         select=build_select(node, config),
         extract=TableExtract(config.tables, pipeline=config.name),
         transform=build_transform(node, config),
         load=build_load(node, config),
     )
+    if config.pipeline.ddl_tasks.signal_table:
+        from setl.ddltask import with_ddl_tasks
+        from setl.meta import open_meta_store
+
+        select, load = with_ddl_tasks(node, config, stages.select, stages.load,
+                                      meta if meta is not None else open_meta_store(node))
+        stages = Stages(select, stages.extract, stages.transform, load)
     faults = os.environ.get(FAULTS_ENV)
     if faults:
         from setl.testing.harness import FaultPlan, FaultyExtract, FaultyLoad, FaultyTransform
@@ -150,7 +162,7 @@ class Node:
 
     def run(self, *, until_caught_up: bool = False) -> list[PipelineResult]:
         """Run every pipeline to its end; returns how each ended."""
-        stages = {config.name: build_stages(self.settings, config) for config in self.pipelines}
+        stages = {config.name: build_stages(self.settings, config, self.meta) for config in self.pipelines}
         if self.settings.meta.store == "zookeeper":  # HA: run only what this node holds
             from setl.ha import Elections
 

@@ -17,7 +17,9 @@ unique key).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+import logging
+import re
+from collections.abc import Mapping
 from typing import Any
 
 import pymysql
@@ -27,7 +29,7 @@ from setl.config import MysqlTargetConfig
 from setl.errors import LoadError, TransientLoadError
 from setl.model import Batch
 from setl.sinks.merge import TableChanges
-from setl.sinks.sql_common import SqlLoad, TargetTableMissing, chunks, group_by_columns
+from setl.sinks.sql_common import DdlStep, SqlLoad, TargetTableMissing, chunks, group_by_columns
 
 # Server errors worth a reconnect and replay: lock wait timeout, deadlock, connection killed,
 # server shutting down, and the client-side lost-connection family.
@@ -45,6 +47,18 @@ TRANSIENT_ERRORS = frozenset({
     4031,  # disconnected by the server for inactivity (MySQL 8)
 })
 MISSING_TABLE_ERRORS = frozenset({1146, 1049})  # no such table, unknown database
+# What a DDL that already ran says when it runs again.
+ALREADY_DONE_ERRORS = frozenset({
+    1050,  # table already exists
+    1051,  # unknown table
+    1054,  # unknown column
+    1060,  # duplicate column name
+    1061,  # duplicate key name
+    1091,  # can't drop: check that it exists
+    1146,  # table doesn't exist
+})
+
+log = logging.getLogger(__name__)
 
 SQL_MODE = "STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION,NO_AUTO_VALUE_ON_ZERO,ERROR_FOR_DIVISION_BY_ZERO"
 
@@ -71,35 +85,16 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
     """Loads batches into MySQL or MariaDB (see the module docstring and `SqlLoad`)."""
 
     dialect = "mysql"
+    config: MysqlTargetConfig
 
-    def __init__(
-        self,
-        config: MysqlTargetConfig,
-        *,
-        pipeline: str,
-        position_schema: str = "setl",
-        position_table: str = "setl_position",
-        chunk_rows: int = 500,
-        max_attempts: int = 5,
-        initial_backoff: float = 0.1,
-        max_backoff: float = 5.0,
-        connect_timeout: float = 10.0,
-        read_timeout: float | None = 300.0,
-        sleep: Callable[[float], None] | None = None,
-    ) -> None:
-        extra = {"sleep": sleep} if sleep is not None else {}
-        super().__init__(pipeline=pipeline, position_schema=position_schema,
-                         position_table=position_table, chunk_rows=chunk_rows,
-                         max_attempts=max_attempts, initial_backoff=initial_backoff,
-                         max_backoff=max_backoff, **extra)
-        self.config = config
+    def __init__(self, config: MysqlTargetConfig, *, connect_timeout: float = 10.0,
+                 read_timeout: float | None = 300.0, **options: Any) -> None:
+        """`options` are `SqlLoad`'s (pipeline, ddl, position table, chunking, retries)."""
+        super().__init__(config, **options)
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
-        self._position = table_name(position_schema, position_table)
-
-    @classmethod
-    def from_config(cls, config: MysqlTargetConfig, *, pipeline: str, **options: Any) -> "MySQLLoad":
-        return cls(config, pipeline=pipeline, **options)
+        self._position = table_name(self.position_schema, self.position_table)
+        self._ddl_marks = table_name(self.position_schema, self.position_table + "_ddl")
 
     def __repr__(self) -> str:
         return f"<MySQLLoad {self.pipeline} -> {self.config.host}:{self.config.port}>"
@@ -150,6 +145,13 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
                 " `epoch` BIGINT NOT NULL,"
                 " `updated_at` TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)"
                 "   ON UPDATE CURRENT_TIMESTAMP(6)"
+                ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
+                (),
+            )
+            cur.execute(
+                f"CREATE TABLE IF NOT EXISTS {self._ddl_marks} ("
+                " `pipeline` VARCHAR(191) NOT NULL PRIMARY KEY,"
+                " `mark` VARCHAR(700) NOT NULL"
                 ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
                 (),
             )
@@ -224,6 +226,71 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         cur.execute(f"INSERT INTO {name} ({', '.join(map(quote, image))})"
                     f" VALUES ({', '.join(['%s'] * len(image))})",
                     [to_db(v) for v in image.values()])
+
+    # -- DDL
+
+    def _apply_ddl(self, conn: pymysql.connections.Connection, batch: Batch, step: DdlStep) -> None:
+        """MySQL commits around every DDL, so the rows before it commit with a mark naming this DDL
+        (batch end and index), then the DDL runs and the rest of the batch gets a new transaction.
+
+        A replay is recognised by the mark: after a crash between the DDL and the batch's
+        position, an error saying it is already done (table exists, unknown table or column,
+        duplicate column or key) counts as applied. Without the mark, a CREATE TABLE of an
+        existing table is accepted only if the existing table has the same shape.
+        """
+        end = batch.end
+        ref = step.statement.tables[0]
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT `mark` FROM {self._ddl_marks} WHERE `pipeline` = %s", (self.pipeline,))
+            row = cur.fetchone()
+            # The mark is the batch's end and the index of the last DDL of it that was started.
+            stored_end, _, stored_index = (row[0] if row else "").rpartition("#")
+            replay = stored_end == f"{end.log}:{end.offset}" and int(stored_index) >= step.index
+            if not replay:
+                cur.execute(f"INSERT INTO {self._ddl_marks} (`pipeline`, `mark`) VALUES (%s, %s)"
+                            " ON DUPLICATE KEY UPDATE `mark` = VALUES(`mark`)",
+                            (self.pipeline, f"{end.log}:{end.offset}#{step.index}"))
+            conn.commit()
+            if step.statement.kind == "create_table":
+                cur.execute(f"CREATE DATABASE IF NOT EXISTS {quote(ref.schema or step.change.schema)}", ())
+            try:
+                cur.execute(step.change.statement)
+            except pymysql.err.MySQLError as exc:
+                code = exc.args[0] if exc.args else None
+                if replay and code in ALREADY_DONE_ERRORS:
+                    log.info("pipeline=%s stage=load table=%s position=%s: replayed DDL was applied "
+                             "before (%s): %s", self.pipeline, step.change.qualified_table, end,
+                             self._describe(exc), step.change.statement)
+                elif not (code == 1050 and step.statement.kind == "create_table"
+                          and self._same_shape(cur, step)):
+                    raise
+        self._fence(conn, batch)
+
+    def _same_shape(self, cur: Any, step: DdlStep) -> bool:
+        """Whether the table a CREATE TABLE names exists with the shape the statement gives it,
+        checked by creating the statement's table as a scratch TEMPORARY table."""
+        tokens = step.statement.tokens
+        ref = step.statement.tables[0]
+        schema = ref.schema or step.change.schema
+        head = [t.text for t in tokens[:ref.start]]
+        table_word = max(i for i, t in enumerate(tokens[:ref.start]) if t.upper == "TABLE")
+        head[table_word] = "TEMPORARY TABLE"
+        scratch = "setl_shape_check"
+        cur.execute("".join(head) + table_name(schema, scratch).replace("%%", "%")
+                    + "".join(t.text for t in tokens[ref.end:]))
+        try:
+            shapes = []
+            for table in (ref.table, scratch):
+                cur.execute(f"SHOW CREATE TABLE {table_name(schema, table)}", ())
+                lines = cur.fetchone()[1].splitlines()[1:]
+                shapes.append([re.sub(r" AUTO_INCREMENT=\d+", "", line) for line in lines])
+        finally:
+            cur.execute(f"DROP TEMPORARY TABLE IF EXISTS {table_name(schema, scratch)}", ())
+        if shapes[0] != shapes[1]:
+            return False
+        log.info("pipeline=%s stage=load table=%s: table exists with the same shape; CREATE TABLE "
+                 "counts as applied", self.pipeline, step.change.qualified_table)
+        return True
 
     # -- errors
 

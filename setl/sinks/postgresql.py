@@ -11,6 +11,7 @@ are sent as jsonb. The session time zone is UTC.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -23,7 +24,10 @@ from setl.config import PostgresqlTargetConfig
 from setl.errors import LoadError, TransientLoadError
 from setl.model import Batch
 from setl.sinks.merge import TableChanges
-from setl.sinks.sql_common import SqlLoad, TargetTableMissing, chunks, group_by_columns
+from setl.sinks.postgresql_ddl import Translator, UnsupportedDdl
+from setl.sinks.sql_common import DdlStep, SqlLoad, TargetTableMissing, chunks, group_by_columns
+
+log = logging.getLogger(__name__)
 
 MAX_PARAMS = 65535  # the protocol's limit on bind parameters per statement
 
@@ -49,34 +53,14 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
     """Loads batches into PostgreSQL (see the module docstring and `SqlLoad`)."""
 
     dialect = "postgresql"
+    config: PostgresqlTargetConfig
 
-    def __init__(
-        self,
-        config: PostgresqlTargetConfig,
-        *,
-        pipeline: str,
-        position_schema: str = "setl",
-        position_table: str = "setl_position",
-        chunk_rows: int = 500,
-        max_attempts: int = 5,
-        initial_backoff: float = 0.1,
-        max_backoff: float = 5.0,
-        connect_timeout: int = 10,
-        sleep: Callable[[float], None] | None = None,
-    ) -> None:
-        extra = {"sleep": sleep} if sleep is not None else {}
-        super().__init__(pipeline=pipeline, position_schema=position_schema,
-                         position_table=position_table, chunk_rows=chunk_rows,
-                         max_attempts=max_attempts, initial_backoff=initial_backoff,
-                         max_backoff=max_backoff, **extra)
-        self.config = config
+    def __init__(self, config: PostgresqlTargetConfig, *, connect_timeout: int = 10, **options: Any) -> None:
+        """`options` are `SqlLoad`'s (pipeline, ddl, position table, chunking, retries)."""
+        super().__init__(config, **options)
         self.connect_timeout = connect_timeout
-        self._position = sql.Identifier(position_schema, position_table)
+        self._position = sql.Identifier(self.position_schema, self.position_table)
         self._statements: dict[tuple[Any, ...], str] = {}
-
-    @classmethod
-    def from_config(cls, config: PostgresqlTargetConfig, *, pipeline: str, **options: Any) -> "PostgresLoad":
-        return cls(config, pipeline=pipeline, **options)
 
     def __repr__(self) -> str:
         return f"<PostgresLoad {self.pipeline} -> {self.config.host}:{self.config.port}/{self.config.database}>"
@@ -225,6 +209,29 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
         cur.execute(sql.SQL("INSERT INTO {} ({}) VALUES " + _marks(len(image))).format(
             name, sql.SQL(", ").join(map(sql.Identifier, image))),
             [to_db(v) for v in image.values()])
+
+    # -- DDL
+
+    def _apply_ddl(self, conn: psycopg.Connection, batch: Batch, step: DdlStep) -> None:
+        """Translate the MySQL DDL (see `setl.sinks.postgresql_ddl`) and run it in the batch's
+        transaction: PostgreSQL DDL is transactional, so a replay finds it undone or committed
+        with the batch's position. A statement it cannot translate fails the batch."""
+        change = step.change
+        try:
+            statements = Translator(change.schema).translate(step.statement)
+        except (UnsupportedDdl, ValueError) as exc:
+            raise LoadError(f"cannot translate this DDL for PostgreSQL ({exc}): {change.statement}",
+                            **{**self._context(batch, table=change.qualified_table),
+                               "position": change.position or batch.end}) from exc
+        if not statements:
+            log.warning("pipeline=%s stage=load table=%s position=%s: index DDL is not applied to "
+                        "PostgreSQL: %s", self.pipeline, change.qualified_table, change.position or batch.end,
+                        change.statement)
+        if step.statement.kind == "create_table":
+            schema = step.statement.tables[0].schema or change.schema
+            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+        for statement in statements:
+            conn.execute(statement)
 
     # -- errors
 

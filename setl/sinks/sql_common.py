@@ -1,8 +1,8 @@
 """What the SQL targets (MySQL/MariaDB and PostgreSQL) share: one transaction per batch, position
 and epoch kept in the target, in-place retries of transient errors, and error context.
 
-A dialect subclass says how to connect, how to write rows and which driver errors are transient;
-`SqlLoad.load` does the rest.
+A dialect subclass says how to connect, how to write rows and DDL, and which driver errors are
+transient; `SqlLoad.load` does the rest.
 """
 
 from __future__ import annotations
@@ -11,11 +11,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, Union
+
+import attrs
 
 from setl.errors import LoadError, SetlError, TransientLoadError
-from setl.model import Batch, DdlChange, Position
+from setl.model import Batch, DdlChange, Position, RowChange
 from setl.retry import call_with_retries
+from setl.ddl import Statement, parse
 from setl.sinks.merge import TableChanges, merge
 from setl.stages.load import Load
 
@@ -39,6 +42,19 @@ def group_by_columns(images: Iterable[Mapping[str, Any]]) -> dict[tuple[str, ...
     return groups
 
 
+@attrs.frozen
+class DdlStep:
+    """A DDL to apply: the `index`-th change of its batch, and its parse."""
+
+    index: int
+    change: DdlChange
+    statement: Statement
+
+
+#: What `SqlLoad` applies in order: the merged row changes between DDLs, or one DDL.
+Segment = Union[list[TableChanges], DdlStep]
+
+
 class TargetTableMissing(Exception):
     """Raised by a dialect's error classifier: the statement named a table that does not exist."""
 
@@ -59,18 +75,25 @@ class SqlLoad(Load, Generic[C]):
       which is safe because the transaction either committed or did not, and replays are
       idempotent. When the attempts run out a `TransientLoadError` is raised; any other failure
       is a `LoadError`. Both name the pipeline, table, batch id and position.
-    * Tables without a primary key cannot be merged: each change is applied as it comes (delete
-      one row matching the before-image, insert the after-image). A replay may then duplicate
-      rows; a warning is logged once per table.
-    * DDL changes are refused with a `LoadError`.
+    * Tables without a primary key cannot be merged: each change is applied as it comes (an
+      update or delete removes one row equal to the before-image in every column, NULLs equal to
+      NULLs; an insert or update then inserts the after-image). A batch replayed after it
+      committed (its ack was lost) inserts those rows again; a warning is logged once per table.
+    * DDL (`ddl`, the pipeline's ``pipeline.ddl``): ``apply`` runs each DDL in batch order with
+      the rows around it (see the dialect for how, and how a replay is recognised); ``skip``
+      logs it and applies the rest of the batch; ``fail`` refuses the batch with a `LoadError`
+      naming the table, position and statement, so the pipeline pauses before it. Statements
+      that are not table DDL (CREATE DATABASE, GRANT, views, ...) are logged and not applied.
     """
 
     dialect = "sql"
 
     def __init__(
         self,
+        config: Any,
         *,
         pipeline: str,
+        ddl: str = "apply",
         position_schema: str = "setl",
         position_table: str = "setl_position",
         chunk_rows: int = 500,
@@ -81,7 +104,11 @@ class SqlLoad(Load, Generic[C]):
     ) -> None:
         if chunk_rows < 1:
             raise ValueError("chunk_rows must be at least 1")
+        if ddl not in ("apply", "skip", "fail"):
+            raise ValueError(f"ddl must be apply, skip or fail, not {ddl!r}")
+        self.config = config
         self.pipeline = pipeline
+        self.ddl = ddl
         self.position_schema = position_schema
         self.position_table = position_table
         self.chunk_rows = chunk_rows
@@ -94,6 +121,10 @@ class SqlLoad(Load, Generic[C]):
         self._position_table_ready = False
         self._warned_unkeyed: set[tuple[str, str]] = set()
         self._table: str | None = None  # the table being written, for error messages
+
+    @classmethod
+    def from_config(cls, config: Any, *, pipeline: str, **options: Any) -> "SqlLoad[C]":
+        return cls(config, pipeline=pipeline, **options)
 
     # -- what a dialect provides
 
@@ -130,6 +161,10 @@ class SqlLoad(Load, Generic[C]):
     def _apply_sequence(self, conn: C, table: TableChanges) -> None:
         raise NotImplementedError
 
+    def _apply_ddl(self, conn: C, batch: Batch, step: DdlStep) -> None:
+        """Run one table DDL of `batch` in its place among the batch's rows."""
+        raise NotImplementedError
+
     def _classify(self, exc: BaseException) -> type[LoadError] | type[TargetTableMissing] | None:
         """TransientLoadError for errors worth a replay, TargetTableMissing for a missing table,
         LoadError for other driver errors, None for errors that are not the driver's."""
@@ -148,21 +183,48 @@ class SqlLoad(Load, Generic[C]):
 
     def load(self, batch: Batch) -> None:
         """Apply `batch` in one transaction with its position (see the class docstring)."""
-        for change in batch.changes:
-            if isinstance(change, DdlChange):
-                raise LoadError(
-                    f"the {self.dialect} target does not apply DDL yet: {change.statement[:200]!r}",
-                    **self._context(batch, table=change.qualified_table),
-                )
-        tables = merge(batch.changes)
-        for table in tables:
-            ident = (table.schema, table.table)
-            if not table.primary_key and ident not in self._warned_unkeyed:
-                self._warned_unkeyed.add(ident)
-                log.warning("pipeline %s: table %s.%s has no primary key; its changes are applied "
-                            "one by one and a replay may duplicate rows", self.pipeline, *ident)
+        segments = self._segments(batch)
         with self._lock:
-            self._retrying(lambda: self._apply_batch(batch, tables), batch)
+            self._retrying(lambda: self._apply_batch(batch, segments), batch)
+
+    def _segments(self, batch: Batch) -> list[Segment]:
+        """The merged row changes of each run between DDLs, and the DDLs to apply, in batch order."""
+        segments: list[Segment] = []
+        run: list[RowChange] = []
+        for index, change in enumerate(batch.changes):
+            if not isinstance(change, DdlChange):
+                run.append(change)
+                continue
+            position = change.position or batch.end
+            statement = parse(change.statement)
+            if self.ddl == "fail":
+                raise LoadError(f"DDL refused (pipeline.ddl is fail): {change.statement}",
+                                **{**self._context(batch, table=change.qualified_table), "position": position})
+            if self.ddl == "skip" or statement.kind == "other":
+                log.warning("pipeline=%s stage=load table=%s position=%s DDL not applied (%s): %s",
+                            self.pipeline, change.qualified_table, position,
+                            "pipeline.ddl is skip" if self.ddl == "skip" else "not a table DDL",
+                            change.statement)
+                continue
+            if run:
+                segments.append(merge(run))
+                run = []
+            segments.append(DdlStep(index, change, statement))
+        if run:
+            segments.append(merge(run))
+        for segment in segments:
+            if isinstance(segment, list):
+                for table in segment:
+                    self._warn_unkeyed(table)
+        return segments
+
+    def _warn_unkeyed(self, table: TableChanges) -> None:
+        ident = (table.schema, table.table)
+        if not table.primary_key and ident not in self._warned_unkeyed:
+            self._warned_unkeyed.add(ident)
+            log.warning("pipeline %s: table %s.%s has no primary key; a change is applied to one row "
+                        "equal to its before-image in every column, and a batch replayed after it "
+                        "committed inserts its rows again", self.pipeline, *ident)
 
     def committed(self) -> Position | None:
         """The end position of the last batch this pipeline committed in the target."""
@@ -205,28 +267,37 @@ class SqlLoad(Load, Generic[C]):
         conn = self._ensure_ready()
         return self._guarded(conn, lambda: self._read_position(conn), None)
 
-    def _apply_batch(self, batch: Batch, tables: list[TableChanges]) -> None:
+    def _apply_batch(self, batch: Batch, segments: list[Segment]) -> None:
         conn = self._ensure_ready(batch)
 
         def transaction() -> None:
-            stored = self._locked_epoch(conn)
-            if stored is not None and batch.epoch < stored:
-                raise LoadError(
-                    f"refused: batch epoch {batch.epoch} is older than epoch {stored} the target "
-                    f"holds for this pipeline (a newer writer owns it)",
-                    **self._context(batch),
-                )
-            for table in tables:
-                self._table = f"{table.schema}.{table.table}"
-                if table.primary_key:
-                    self._apply_keyed(conn, table)
+            self._fence(conn, batch)
+            for segment in segments:
+                if isinstance(segment, list):
+                    for table in segment:
+                        self._table = f"{table.schema}.{table.table}"
+                        if table.primary_key:
+                            self._apply_keyed(conn, table)
+                        else:
+                            self._apply_sequence(conn, table)
                 else:
-                    self._apply_sequence(conn, table)
+                    self._table = segment.change.qualified_table
+                    self._apply_ddl(conn, batch, segment)
             self._table = None
             self._write_position(conn, batch)
             self._commit(conn)
 
         self._guarded(conn, transaction, batch)
+
+    def _fence(self, conn: C, batch: Batch) -> None:
+        """In the open transaction: lock the position row and refuse a batch of an older epoch."""
+        stored = self._locked_epoch(conn)
+        if stored is not None and batch.epoch < stored:
+            raise LoadError(
+                f"refused: batch epoch {batch.epoch} is older than epoch {stored} the target "
+                f"holds for this pipeline (a newer writer owns it)",
+                **self._context(batch),
+            )
 
     def _guarded(self, conn: C, work: Callable[[], T], batch: Batch | None) -> T:
         """Run `work` on `conn`; on any failure roll back and raise it as a setl error."""
@@ -283,4 +354,4 @@ class SqlLoad(Load, Generic[C]):
                                      **exc.context) from exc
 
 
-__all__ = ["SqlLoad", "TargetTableMissing", "chunks", "group_by_columns"]
+__all__ = ["DdlStep", "SqlLoad", "TargetTableMissing", "chunks", "group_by_columns"]

@@ -8,13 +8,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from setl.errors import LoadError, TransientLoadError
 from setl.model import Batch, DdlChange, Op, Position, RowChange
+from setl.sinks.sql_common import SqlLoad
 from setl.stages.load import Load
+from setl.testing.servers import wait_until
 
 ITEMS_DDL = "CREATE TABLE {table} (id INT PRIMARY KEY, name VARCHAR(64) NOT NULL, qty INT, note TEXT)"
 PAIRS_DDL = "CREATE TABLE {table} (a INT NOT NULL, b VARCHAR(16) NOT NULL, v INT, PRIMARY KEY (a, b))"
@@ -25,6 +28,7 @@ class Target:
     """One dialect's test access to a fresh target schema."""
 
     schema: str
+    load_class: type[SqlLoad]
 
     def execute(self, statement: str) -> None:
         raise NotImplementedError
@@ -35,12 +39,36 @@ class Target:
     def rows(self, table: str, order: str = "1") -> list[tuple[Any, ...]]:
         raise NotImplementedError
 
-    def make_load(self, pipeline: str = "p", **options: Any) -> Load:
+    def columns(self, table: str) -> list[str]:
+        """The table's column names in order."""
         raise NotImplementedError
 
-    def kill_session(self, load: Load) -> None:
-        """Kill the load's server session from another connection."""
+    def config(self, unreachable: bool = False) -> Any:
+        """The sink's target config; `unreachable` points it at a port nobody listens on."""
         raise NotImplementedError
+
+    def load_options(self) -> dict[str, Any]:
+        return {}
+
+    def make_load(self, pipeline: str = "p", unreachable: bool = False, **options: Any) -> SqlLoad:
+        options.setdefault("sleep", lambda seconds: None)
+        return self.load_class(self.config(unreachable), pipeline=pipeline, **self.load_options(), **options)
+
+    def session_id(self, load: SqlLoad) -> int:
+        raise NotImplementedError
+
+    def kill(self, session: int) -> None:
+        """Kill a server session from another connection."""
+        raise NotImplementedError
+
+    def session_alive(self, session: int) -> bool:
+        raise NotImplementedError
+
+    def kill_session(self, load: SqlLoad) -> None:
+        """Kill the load's server session from another connection and wait until it is gone."""
+        session = self.session_id(load)
+        self.kill(session)
+        wait_until(lambda: not self.session_alive(session), message="the killed session to disappear")
 
     def position_table(self) -> str:
         """The qualified name of the sinks' position table."""
@@ -221,21 +249,92 @@ class SinkContract:
                               loose.update({"name": None, "qty": 2}, qty=3)], id=2))
         assert sorted(target.rows("loose"), key=repr) == sorted([("a", 1), (None, 3)], key=repr)
 
-    def test_missing_table_is_named(self, target, load):
-        """Loading into a table that does not exist fails with an error naming the table."""
+    def test_missing_table_is_named_and_nothing_applied(self, target, items, load):
+        """A batch touching a table the target lacks fails naming pipeline, stage, table and
+        position, and rolls back: its rows for other tables are not applied either."""
         ghosts = Changes(target.schema, "ghosts")
+        batch = make_batch([items.insert(**item(1)), ghosts.insert(id=1)], id=7)
         with pytest.raises(LoadError) as info:
-            load.load(make_batch([ghosts.insert(id=1)], id=7))
+            load.load(batch)
         assert f"{target.schema}.ghosts" in str(info.value)
-        assert info.value.context["table"] == f"{target.schema}.ghosts"
-        assert info.value.context["batch"] == 7
+        assert info.value.context == {"pipeline": "p", "stage": "load", "table": f"{target.schema}.ghosts",
+                                      "batch": 7, "position": batch.end}
+        assert target.rows("items") == [] and load.committed() is None
 
-    def test_ddl_is_refused(self, target, load):
-        """A batch holding a DDL change is refused with an error naming its table."""
-        ddl = DdlChange(target.schema, "items", "ALTER TABLE items ADD COLUMN x INT")
-        with pytest.raises(LoadError, match="DDL") as info:
-            load.load(make_batch([ddl]))
+    # -- DDL
+
+    def ddl(self, target: Target, statement: str, table: str = "gadgets") -> DdlChange:
+        return DdlChange(target.schema, table, statement.format(t=f"`{target.schema}`.`{table}`",
+                                                                s=f"`{target.schema}`"))
+
+    def test_ddl_sequence_in_batch_order(self, target, load):
+        """CREATE, ALTER (add, rename, modify, drop column), RENAME, TRUNCATE and DROP TABLE are
+        applied in batch order with the rows around them, each DDL batch moving the position."""
+        gadgets = Changes(target.schema, "gadgets")
+        batches = iter(range(1, 100))
+
+        def run(*changes: Any) -> None:
+            batch = make_batch(changes, id=next(batches))
+            load.load(batch)
+            assert load.committed() == batch.end
+
+        run(self.ddl(target, "CREATE TABLE {t} (id INT NOT NULL PRIMARY KEY, name VARCHAR(20))"))
+        run(gadgets.insert(id=1, name="a"), gadgets.insert(id=2, name="b"))
+        run(self.ddl(target, "ALTER TABLE {t} ADD COLUMN qty INT NULL AFTER name"))
+        run(gadgets.insert(id=3, name="c", qty=5))
+        run(self.ddl(target, "ALTER TABLE {t} CHANGE name label VARCHAR(40) NOT NULL, MODIFY qty BIGINT"))
+        run(gadgets.update({"id": 3, "label": "c", "qty": 5}, label="x" * 40, qty=2**40))
+        assert target.columns("gadgets") == ["id", "label", "qty"]
+        assert target.rows("gadgets") == [(1, "a", None), (2, "b", None), (3, "x" * 40, 2**40)]
+        run(self.ddl(target, "ALTER TABLE {t} DROP COLUMN qty, RENAME COLUMN label TO name"))
+        run(gadgets.delete(id=1, name="a"))
+        assert target.rows("gadgets") == [(2, "b"), (3, "x" * 40)]
+        run(self.ddl(target, "RENAME TABLE {t} TO {s}.`gizmos`"))
+        gizmos = Changes(target.schema, "gizmos")
+        run(gizmos.insert(id=4, name="d"))
+        assert target.rows("gizmos") == [(2, "b"), (3, "x" * 40), (4, "d")]
+        run(self.ddl(target, "TRUNCATE TABLE {s}.`gizmos`", "gizmos"))
+        assert target.rows("gizmos") == []
+        run(self.ddl(target, "DROP TABLE {s}.`gizmos`", "gizmos"))
+        assert target.columns("gizmos") == []
+
+    def test_ddl_inside_a_batch_keeps_its_place(self, target, items, load):
+        """Rows before a DDL in the same batch are applied before it, rows after it after it."""
+        batch = make_batch([items.insert(**item(1)),
+                            self.ddl(target, "ALTER TABLE {t} ADD COLUMN extra INT", "items"),
+                            items.insert(**item(2), extra=7), items.update(item(1), extra=8)])
+        load.load(batch)
+        assert target.rows("items") == [(1, "n", 1, None, 8), (2, "n", 1, None, 7)]
+        assert load.committed() == batch.end
+
+    def test_ddl_skip_applies_the_rows_and_moves_on(self, target, items):
+        """Under ddl=skip a DDL is logged and not applied; the batch's rows and position are."""
+        load = target.make_load(ddl="skip")
+        batch = make_batch([items.insert(**item(1)), self.ddl(target, "DROP TABLE {t}", "items")])
+        load.load(batch)
+        assert target.rows("items") == [(1, "n", 1, None)] and load.committed() == batch.end
+        load.close()
+
+    def test_ddl_fail_refuses_the_batch(self, target, items):
+        """Under ddl=fail a DDL fails its batch with an error naming pipeline, table, position and
+        statement, and nothing of the batch is applied."""
+        load = target.make_load(ddl="fail")
+        ddl = attrs.evolve(self.ddl(target, "ALTER TABLE {t} ADD COLUMN extra INT", "items"),
+                           position=Position("mysql-bin.000001", 150))
+        with pytest.raises(LoadError) as info:
+            load.load(make_batch([items.insert(**item(1)), ddl], id=3))
+        text = str(info.value)
+        assert "pipeline=p" in text and "stage=load" in text and "ADD COLUMN extra INT" in text
         assert info.value.context["table"] == f"{target.schema}.items"
+        assert info.value.context["position"] == Position("mysql-bin.000001", 150)
+        assert target.rows("items") == [] and load.committed() is None
+        load.close()
+
+    def test_non_table_ddl_is_not_applied(self, target, items, load):
+        """A statement that is not table DDL (here CREATE DATABASE) is logged and passed over."""
+        batch = make_batch([DdlChange(target.schema, None, "CREATE DATABASE IF NOT EXISTS elsewhere")])
+        load.load(batch)
+        assert load.committed() == batch.end
 
     # -- transient errors
 

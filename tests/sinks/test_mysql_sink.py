@@ -12,14 +12,16 @@ from hypothesis import strategies as st
 
 from setl.config import MysqlTargetConfig
 from setl.errors import LoadError
+from setl.model import DdlChange
 from setl.sinks.mysql import MySQLLoad
-from setl.stages.load import Load
-from setl.testing.servers import MariaDBServer, free_port, wait_until
+from setl.testing.servers import MariaDBServer, free_port
 
-from .contract import Changes, SinkContract, Target, make_batch, model_settings
+from .contract import Changes, SinkContract, Target, item, make_batch, model_settings
 
 
 class MySQLTarget(Target):
+    load_class = MySQLLoad
+
     def __init__(self, server: MariaDBServer, database: str) -> None:
         self.server = server
         self.schema = database
@@ -36,19 +38,27 @@ class MySQLTarget(Target):
     def position_table(self) -> str:
         return self.qualified("setl_position")
 
-    def make_load(self, pipeline: str = "p", unreachable: bool = False, **options: Any) -> MySQLLoad:
-        config = self.server.target_config()
-        if unreachable:
-            config = MysqlTargetConfig(type="mysql", host="127.0.0.1", port=free_port())
-        options.setdefault("sleep", lambda seconds: None)
-        return MySQLLoad(config, pipeline=pipeline, position_schema=self.schema, **options)
+    def columns(self, table: str) -> list[str]:
+        return [r[0] for r in self.server.query(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = %s AND table_name = %s"
+            " ORDER BY ordinal_position", (self.schema, table))]
 
-    def kill_session(self, load: Load) -> None:
-        thread_id = load._conn.thread_id()
-        self.server.query(f"KILL CONNECTION {thread_id}")
-        wait_until(lambda: not self.server.query(
-            "SELECT 1 FROM information_schema.processlist WHERE id = %s", (thread_id,)),
-            message="the killed session to disappear")
+    def config(self, unreachable: bool = False) -> MysqlTargetConfig:
+        if unreachable:
+            return MysqlTargetConfig(type="mysql", host="127.0.0.1", port=free_port())
+        return self.server.target_config()
+
+    def load_options(self) -> dict[str, Any]:
+        return {"position_schema": self.schema}
+
+    def session_id(self, load: MySQLLoad) -> int:
+        return load._conn.thread_id()
+
+    def kill(self, session: int) -> None:
+        self.server.query(f"KILL CONNECTION {session}")
+
+    def session_alive(self, session: int) -> bool:
+        return bool(self.server.query("SELECT 1 FROM information_schema.processlist WHERE id = %s", (session,)))
 
 
 class TestMySQLSink(SinkContract):
@@ -100,3 +110,44 @@ class TestMySQLSink(SinkContract):
         auto = Changes(target.schema, "auto")
         load.load(make_batch([auto.insert(id=0, v=1)]))
         assert target.rows("auto") == [(0, 1)]
+
+    # -- DDL on MySQL, where every DDL commits
+
+    def test_ddl_replay_after_a_crash_between_ddl_and_position(self, target, items, load):
+        """A batch whose DDL committed but whose position did not is replayed: the DDL's
+        'already done' error is recognised by the mark written before it, and the rows land."""
+        ghosts = Changes(target.schema, "ghosts")
+        add = DdlChange(target.schema, "items", f"ALTER TABLE `{target.schema}`.`items` ADD COLUMN extra INT")
+        drop = DdlChange(target.schema, "old", f"DROP TABLE `{target.schema}`.`old`")
+        target.execute(f"CREATE TABLE {target.qualified('old')} (id INT PRIMARY KEY)")
+        batch = make_batch([add, drop, ghosts.insert(id=1), items.insert(**item(1), extra=2)], id=1)
+        with pytest.raises(LoadError, match="ghosts"):
+            load.load(batch)  # both DDLs committed, then the rows failed: a crash in effect
+        assert target.columns("items")[-1] == "extra" and target.columns("old") == []
+        assert load.committed() is None
+        target.execute(f"CREATE TABLE {target.qualified('ghosts')} (id INT PRIMARY KEY)")
+        load.load(batch)
+        assert target.rows("items") == [(1, "n", 1, None, 2)] and target.rows("ghosts") == [(1,)]
+        assert load.committed() == batch.end
+
+    def test_ddl_that_fails_without_a_replay_is_an_error(self, target, items, load):
+        """Outside a replay, a DDL that cannot run (a column already there) fails its batch."""
+        target.execute(f"ALTER TABLE {target.qualified('items')} ADD COLUMN extra INT")
+        add = DdlChange(target.schema, "items", f"ALTER TABLE `{target.schema}`.`items` ADD COLUMN extra INT")
+        with pytest.raises(LoadError, match="(?i)duplicate column") as info:
+            load.load(make_batch([add], id=1))
+        assert info.value.context["table"] == f"{target.schema}.items"
+
+    def test_create_table_of_an_existing_table(self, target, load):
+        """CREATE TABLE of a table that exists with the same shape counts as applied; with another
+        shape it fails naming the table."""
+        create = "CREATE TABLE `{s}`.`{t}` (id INT NOT NULL AUTO_INCREMENT PRIMARY KEY, v VARCHAR(8))"
+        target.execute(create.format(s=target.schema, t="same"))
+        target.execute(f"INSERT INTO {target.qualified('same')} (v) VALUES ('a')")
+        load.load(make_batch([DdlChange(target.schema, "same", create.format(s=target.schema, t="same"))], id=1))
+        target.execute(create.format(s=target.schema, t="other").replace("VARCHAR(8)", "VARCHAR(9)"))
+        with pytest.raises(LoadError, match="already exists") as info:
+            load.load(make_batch([DdlChange(target.schema, "other", create.format(s=target.schema, t="other"))],
+                                 id=2))
+        assert info.value.context["table"] == f"{target.schema}.other"
+        assert load.committed().offset == 104

@@ -12,14 +12,16 @@ from hypothesis import strategies as st
 
 from setl.config import PostgresqlTargetConfig
 from setl.errors import LoadError
+from setl.model import DdlChange
 from setl.sinks.postgresql import PostgresLoad
-from setl.stages.load import Load
-from setl.testing.servers import PostgresServer, free_port, wait_until
+from setl.testing.servers import PostgresServer, free_port
 
-from .contract import Changes, SinkContract, Target, make_batch, model_settings
+from .contract import Changes, SinkContract, Target, item, make_batch, model_settings
 
 
 class PostgresTarget(Target):
+    load_class = PostgresLoad
+
     def __init__(self, server: PostgresServer, database: str, schema: str = "app") -> None:
         self.server = server
         self.database = database
@@ -39,18 +41,24 @@ class PostgresTarget(Target):
     def position_table(self) -> str:
         return "setl.setl_position"
 
-    def make_load(self, pipeline: str = "p", unreachable: bool = False, **options: Any) -> PostgresLoad:
-        config = self.server.target_config(self.database)
-        if unreachable:
-            config = PostgresqlTargetConfig(type="postgresql", port=free_port(), database=self.database)
-        options.setdefault("sleep", lambda seconds: None)
-        return PostgresLoad(config, pipeline=pipeline, **options)
+    def columns(self, table: str) -> list[str]:
+        return [r[0] for r in self.server.query(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = %s AND table_name = %s"
+            " ORDER BY ordinal_position", (self.schema, table), dbname=self.database)]
 
-    def kill_session(self, load: Load) -> None:
-        pid = load._conn.info.backend_pid
-        assert self.server.query("SELECT pg_terminate_backend(%s)", (pid,)) == [(True,)]
-        wait_until(lambda: not self.server.query("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)),
-                   message="the killed backend to exit")
+    def config(self, unreachable: bool = False) -> PostgresqlTargetConfig:
+        if unreachable:
+            return PostgresqlTargetConfig(type="postgresql", port=free_port(), database=self.database)
+        return self.server.target_config(self.database)
+
+    def session_id(self, load: PostgresLoad) -> int:
+        return load._conn.info.backend_pid
+
+    def kill(self, session: int) -> None:
+        assert self.server.query("SELECT pg_terminate_backend(%s)", (session,)) == [(True,)]
+
+    def session_alive(self, session: int) -> bool:
+        return bool(self.server.query("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (session,)))
 
 
 class TestPostgresSink(SinkContract):
@@ -102,3 +110,39 @@ class TestPostgresSink(SinkContract):
         nowhere = Changes("nowhere", "t")
         with pytest.raises(LoadError, match="nowhere.t"):
             load.load(make_batch([nowhere.insert(id=1)]))
+
+    # -- DDL on PostgreSQL, translated and transactional
+
+    def test_ddl_rolls_back_with_its_batch(self, target, items, load):
+        """A DDL runs inside its batch's transaction: when a later row fails, the DDL is undone."""
+        add = DdlChange(target.schema, "items", f"ALTER TABLE `{target.schema}`.`items` ADD COLUMN extra INT")
+        bad = items.insert(**item(2, name=None))
+        with pytest.raises(LoadError):
+            load.load(make_batch([items.insert(**item(1)), add, bad], id=1))
+        assert target.columns("items") == ["id", "name", "qty", "note"] and target.rows("items") == []
+
+    def test_create_table_maps_mysql_types(self, target, load):
+        """CREATE TABLE arrives with each MySQL type mapped to its PostgreSQL counterpart."""
+        load.load(make_batch([DdlChange(target.schema, "typed", (
+            f"CREATE TABLE `{target.schema}`.`typed` (id BIGINT UNSIGNED NOT NULL, i INT UNSIGNED, "
+            "t TINYINT, d DECIMAL(65,30), f FLOAT, x DOUBLE, day DATE, tm TIME(3), dt DATETIME(6), "
+            "ts TIMESTAMP(6) NULL, y YEAR, c CHAR(3), b VARBINARY(9), e ENUM('a','b'), s SET('a','b'), "
+            "bits BIT(5), j JSON, txt MEDIUMTEXT, PRIMARY KEY (id)) ENGINE=InnoDB"))]))
+        types = dict(target.server.query(
+            "SELECT column_name, format_type(atttypid, atttypmod) FROM information_schema.columns c"
+            " JOIN pg_attribute a ON a.attrelid = %s::regclass AND a.attname = c.column_name"
+            " WHERE table_schema = %s AND table_name = 'typed'",
+            (f'"{target.schema}"."typed"', target.schema), dbname=target.database))
+        assert types == {
+            "id": "numeric(20,0)", "i": "bigint", "t": "smallint", "d": "numeric(65,30)", "f": "real",
+            "x": "double precision", "day": "date", "tm": "interval", "dt": "timestamp(6) without time zone",
+            "ts": "timestamp(6) with time zone", "y": "smallint", "c": "character varying(3)", "b": "bytea",
+            "e": "text", "s": "text", "bits": "bigint", "j": "jsonb", "txt": "text"}
+
+    def test_untranslatable_ddl_is_refused(self, target, items, load):
+        """A DDL the translation does not handle fails naming the statement; nothing is applied."""
+        ddl = DdlChange(target.schema, "items", f"ALTER TABLE `{target.schema}`.`items` ADD COLUMN g POINT")
+        with pytest.raises(LoadError, match="cannot translate .*POINT") as info:
+            load.load(make_batch([items.insert(**item(1)), ddl]))
+        assert info.value.context["table"] == f"{target.schema}.items"
+        assert target.rows("items") == []

@@ -1,0 +1,407 @@
+"""MySQL table DDL translated for PostgreSQL, for `PostgresLoad` under ``pipeline.ddl: apply``.
+
+Translated: CREATE TABLE (columns with the type mapping below, NULL/NOT NULL, simple DEFAULTs,
+PRIMARY KEY and UNIQUE), CREATE TABLE ... LIKE, ALTER TABLE ADD/DROP/MODIFY/CHANGE/ALTER/RENAME
+COLUMN, ADD/DROP PRIMARY KEY, RENAME TO, RENAME TABLE (across schemas too), TRUNCATE and DROP TABLE.
+Left out on purpose, since rows carry full images and do not need them: secondary (non-unique)
+indexes, FOREIGN KEY and CHECK constraints, column COMMENTs, charsets and collations, AUTO_INCREMENT,
+ON UPDATE CURRENT_TIMESTAMP, defaults that are not a number, a plain string, NULL or
+CURRENT_TIMESTAMP, FIRST/AFTER, table options. CREATE/DROP INDEX statements are not applied.
+Anything else (generated columns, partitioning, spatial types, ...) raises `UnsupportedDdl`.
+
+Type mapping (MySQL -> PostgreSQL): TINYINT, SMALLINT -> smallint (SMALLINT UNSIGNED -> integer);
+MEDIUMINT, INT -> integer (INT UNSIGNED -> bigint); BIGINT -> bigint (UNSIGNED -> numeric(20,0));
+BOOL -> smallint; DECIMAL(p,s) -> numeric(p,s); FLOAT -> real; DOUBLE -> double precision;
+DATE -> date; TIME -> interval (MySQL TIME spans -838..838 hours); DATETIME(n) -> timestamp(n);
+TIMESTAMP(n) -> timestamptz(n); YEAR -> smallint; CHAR(n), VARCHAR(n) -> varchar(n) (no padding);
+TEXT types -> text; BINARY, VARBINARY, BLOB types -> bytea; ENUM, SET -> text (a SET as its
+members sorted and comma-joined); BIT(n) -> bigint (numeric(20,0) for BIT(64)); JSON -> jsonb.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from setl.ddl import Statement, TableRef, Token
+
+
+class UnsupportedDdl(ValueError):
+    """The statement has a part this translation does not handle."""
+
+
+def ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+_INTS = {  # signed, unsigned
+    "TINYINT": ("smallint", "smallint"),
+    "SMALLINT": ("smallint", "integer"),
+    "MEDIUMINT": ("integer", "integer"),
+    "INT": ("integer", "bigint"),
+    "INTEGER": ("integer", "bigint"),
+    "BIGINT": ("bigint", "numeric(20,0)"),
+}
+_SIMPLE = {
+    "BOOL": "smallint", "BOOLEAN": "smallint", "REAL": "double precision", "DOUBLE": "double precision",
+    "DATE": "date", "TIME": "interval", "YEAR": "smallint", "TINYTEXT": "text", "TEXT": "text",
+    "MEDIUMTEXT": "text", "LONGTEXT": "text", "BINARY": "bytea", "VARBINARY": "bytea",
+    "TINYBLOB": "bytea", "BLOB": "bytea", "MEDIUMBLOB": "bytea", "LONGBLOB": "bytea", "ENUM": "text",
+    "SET": "text", "JSON": "jsonb",
+}
+
+
+def pg_type(base: str, args: Sequence[str], unsigned: bool) -> str:
+    """The PostgreSQL type for a MySQL type name, its numeric arguments and UNSIGNED."""
+    if base in _INTS:
+        return _INTS[base][unsigned]
+    if base in ("DECIMAL", "NUMERIC", "DEC", "FIXED"):
+        precision, scale = (list(args) + ["10", "0"][len(args):])[:2]
+        return f"numeric({int(precision)},{int(scale)})"
+    if base == "FLOAT":
+        return "double precision" if args and int(args[0]) > 24 else "real"
+    if base in ("DATETIME", "TIMESTAMP"):
+        kind = "timestamp" if base == "DATETIME" else "timestamptz"
+        return f"{kind}({int(args[0])})" if args else kind
+    if base in ("CHAR", "VARCHAR", "NCHAR", "NVARCHAR"):
+        return f"varchar({int(args[0]) if args else 1})"
+    if base == "BIT":
+        return "numeric(20,0)" if args and int(args[0]) == 64 else "bigint"
+    if base in _SIMPLE:
+        return _SIMPLE[base]
+    raise UnsupportedDdl(f"MySQL type {base} has no PostgreSQL mapping")
+
+
+class _Tokens:
+    """Significant tokens of one element or clause, read left to right."""
+
+    def __init__(self, tokens: Sequence[Token]) -> None:
+        self.tokens = list(tokens)
+        self.at = 0
+
+    def peek(self, ahead: int = 0) -> Token | None:
+        k = self.at + ahead
+        return self.tokens[k] if k < len(self.tokens) else None
+
+    def next(self) -> Token:
+        token = self.peek()
+        if token is None:
+            raise UnsupportedDdl("the statement ends too early")
+        self.at += 1
+        return token
+
+    def word(self, *words: str) -> bool:
+        token = self.peek()
+        if token is not None and token.upper in words:
+            self.at += 1
+            return True
+        return False
+
+    def group(self) -> list[Token]:
+        """Consume a parenthesised group; its tokens without the outer parentheses."""
+        if self.next().text != "(":
+            raise UnsupportedDdl("expected '('")
+        depth, inner = 1, []
+        while True:
+            token = self.next()
+            depth += {"(": 1, ")": -1}.get(token.text, 0)
+            if depth == 0:
+                return inner
+            inner.append(token)
+
+    def done(self) -> bool:
+        return self.at >= len(self.tokens)
+
+
+def split(tokens: Sequence[Token]) -> list[list[Token]]:
+    """`tokens` cut at commas outside parentheses."""
+    parts: list[list[Token]] = [[]]
+    depth = 0
+    for token in tokens:
+        if token.text == "," and depth == 0:
+            parts.append([])
+            continue
+        depth += {"(": 1, ")": -1}.get(token.text, 0)
+        parts[-1].append(token)
+    return [p for p in parts if p]
+
+
+def _names(tokens: Sequence[Token]) -> str:
+    """A key's column list (prefix lengths and ASC/DESC dropped)."""
+    return ", ".join(ident(part[0].name) for part in split(tokens))
+
+
+def _default(t: _Tokens) -> str | None:
+    """A DEFAULT's value in PostgreSQL, or None to leave the default out."""
+    token = t.next()
+    if token.upper == "NULL":
+        return "NULL"
+    if token.upper in ("CURRENT_TIMESTAMP", "NOW", "LOCALTIMESTAMP"):
+        if t.peek() is not None and t.peek().text == "(":  # type: ignore[union-attr]
+            t.group()
+        return "CURRENT_TIMESTAMP"
+    sign = ""
+    if token.text in ("-", "+"):
+        sign, token = token.text, t.next()
+    if token.kind == "word" and token.text[0].isdigit():
+        if t.peek() is not None and t.peek().text == ".":  # type: ignore[union-attr]
+            t.next()
+            return f"{sign}{token.text}.{t.next().text}"
+        return sign + token.text
+    if token.kind == "string" and token.text[0] == "'" and "\\" not in token.text:
+        return None if token.text.startswith("'0000-00-00") else token.text
+    if token.text == "(":
+        t.at -= 1
+        t.group()
+    elif token.kind == "word" and t.peek() is not None and t.peek().kind == "string":  # type: ignore[union-attr]
+        t.next()  # b'0101', x'ff', _utf8mb4'...'
+    return None
+
+
+def column(tokens: Sequence[Token]) -> tuple[str, str, bool, str | None, str]:
+    """A MySQL column definition as (name, type, not null, default, inline key), in PostgreSQL."""
+    t = _Tokens(tokens)
+    name = t.next().name
+    base = t.next().upper
+    if base == "DOUBLE":
+        t.word("PRECISION")
+    if base in ("CHARACTER", "CHAR") and t.word("VARYING"):
+        base = "VARCHAR"
+    args: list[str] = []
+    if t.peek() is not None and t.peek().text == "(":  # type: ignore[union-attr]
+        args = [part[0].text for part in split(t.group())]
+    if base in ("ENUM", "SET"):
+        args = []
+    unsigned = False
+    while (token := t.peek()) is not None and token.upper in ("UNSIGNED", "SIGNED", "ZEROFILL"):
+        unsigned = unsigned or token.upper != "SIGNED"
+        t.next()
+    kind = pg_type(base, args, unsigned)
+    not_null, default, extra = False, None, ""
+    while not t.done():
+        if t.word("NOT"):
+            if not t.word("NULL"):
+                raise UnsupportedDdl(f"column {name}: NOT without NULL")
+            not_null = True
+        elif t.word("NULL", "AUTO_INCREMENT", "INVISIBLE", "VISIBLE", "FIRST", "SIGNED", "UNSIGNED"):
+            pass
+        elif t.word("DEFAULT"):
+            default = _default(t)
+        elif t.word("PRIMARY"):
+            t.word("KEY")
+            extra += " PRIMARY KEY"
+        elif t.word("KEY"):
+            extra += " PRIMARY KEY"
+        elif t.word("UNIQUE"):
+            t.word("KEY")
+            extra += " UNIQUE"
+        elif t.word("COMMENT", "COLLATE", "CHARSET", "AFTER"):
+            t.next()
+        elif t.word("CHARACTER"):
+            t.word("SET")
+            t.next()
+        elif t.word("ON"):
+            t.word("UPDATE")
+            _default(t)
+        elif t.word("CHECK"):
+            t.group()
+        elif t.word("REFERENCES"):
+            t.at = len(t.tokens)
+        else:
+            raise UnsupportedDdl(f"column {name}: {t.next().text} is not translated")
+    return name, kind, not_null, default, extra
+
+
+def _column_text(tokens: Sequence[Token]) -> str:
+    name, kind, not_null, default, extra = column(tokens)
+    text = f"{ident(name)} {kind}{extra}"
+    if not_null:
+        text += " NOT NULL"
+    if default is not None:
+        text += f" DEFAULT {default}"
+    return text
+
+
+def _constraint(tokens: Sequence[Token]) -> str | None:
+    """A table element that is not a column: PRIMARY KEY or UNIQUE translated, others None."""
+    t = _Tokens(tokens)
+    if t.word("CONSTRAINT"):
+        if t.peek() is not None and t.peek().upper not in ("PRIMARY", "UNIQUE", "FOREIGN", "CHECK"):  # type: ignore[union-attr]
+            t.next()
+    if t.word("PRIMARY"):
+        t.word("KEY")
+        kind = "PRIMARY KEY"
+    elif t.word("UNIQUE"):
+        t.word("KEY", "INDEX")
+        kind = "UNIQUE"
+    else:
+        return None
+    while t.peek() is not None and t.peek().text != "(":  # type: ignore[union-attr]
+        t.next()  # index name, USING BTREE
+    return f"{kind} ({_names(t.group())})"
+
+
+_ELEMENT_KEYWORDS = {"PRIMARY", "UNIQUE", "CONSTRAINT", "KEY", "INDEX", "FULLTEXT", "SPATIAL", "FOREIGN",
+                     "CHECK", "PERIOD"}
+
+
+class Translator:
+    """Translates parsed MySQL DDL; unqualified names are taken to be in `default_schema`."""
+
+    def __init__(self, default_schema: str) -> None:
+        self.default_schema = default_schema
+
+    def table(self, ref: TableRef) -> str:
+        return f"{ident(ref.schema or self.default_schema)}.{ident(ref.table)}"
+
+    def translate(self, statement: Statement) -> list[str]:
+        """The PostgreSQL statements that do what `statement` does (empty: nothing to do)."""
+        tokens = [t for t in statement.tokens if t.kind != "ws"]
+        refs = statement.tables
+        after = [t for t in statement.tokens[refs[0].end:] if t.kind != "ws"]
+        kind = statement.kind
+        if kind == "create_table":
+            return self._create(tokens, refs, after)
+        if kind == "alter_table":
+            return self._alter(refs[0], after)
+        if kind == "rename_table":
+            return [s for old, new in zip(refs[::2], refs[1::2]) for s in self._rename(old, new)]
+        if kind == "truncate_table":
+            return [f"TRUNCATE TABLE {self.table(refs[0])}"]
+        if kind == "drop_table":
+            exists = " IF EXISTS" if [t.upper for t in tokens[2:4]] == ["IF", "EXISTS"] else ""
+            return [f"DROP TABLE{exists} {', '.join(self.table(r) for r in refs)}"]
+        if kind in ("create_index", "drop_index"):
+            return []
+        raise UnsupportedDdl(f"{kind} statements are not translated")
+
+    def _create(self, tokens: Sequence[Token], refs: Sequence[TableRef], after: list[Token]) -> list[str]:
+        words = [t.upper for t in tokens[:refs[0].start]]
+        name = self.table(refs[0])
+        head = ["CREATE TABLE"]
+        out = []
+        if "REPLACE" in words:
+            out.append(f"DROP TABLE IF EXISTS {name}")
+        elif "EXISTS" in words:
+            head.append("IF NOT EXISTS")
+        t = _Tokens(after)
+        if t.word("LIKE") or (t.peek() is not None and t.peek().text == "(" and t.peek(1) is not None  # type: ignore[union-attr]
+                              and t.peek(1).upper == "LIKE"):  # type: ignore[union-attr]
+            return out + [f"{' '.join(head)} {name} (LIKE {self.table(refs[1])} INCLUDING ALL)"]
+        elements = []
+        for part in split(t.group()):
+            if part[0].kind != "ident" and part[0].upper in _ELEMENT_KEYWORDS:
+                constraint = _constraint(part)
+                if constraint is not None:
+                    elements.append(constraint)
+            else:
+                elements.append(_column_text(part))
+        rest = _Tokens(t.tokens[t.at:])
+        while not rest.done():  # table options: ENGINE=..., DEFAULT CHARSET=..., COMMENT='...'
+            token = rest.next()
+            if token.upper in ("AS", "SELECT", "PARTITION", "IGNORE", "REPLACE"):
+                raise UnsupportedDdl(f"CREATE TABLE ... {token.text} is not translated")
+        return out + [f"{' '.join(head)} {name} ({', '.join(elements)})"]
+
+    def _rename(self, old: TableRef, new: TableRef) -> list[str]:
+        out = []
+        old_schema, new_schema = old.schema or self.default_schema, new.schema or self.default_schema
+        if old_schema != new_schema:
+            out.append(f"ALTER TABLE {self.table(old)} SET SCHEMA {ident(new_schema)}")
+        if old.table != new.table:
+            out.append(f"ALTER TABLE {ident(new_schema)}.{ident(old.table)} RENAME TO {ident(new.table)}")
+        return out
+
+    def _alter(self, ref: TableRef, after: list[Token]) -> list[str]:
+        name = self.table(ref)
+        actions: list[str] = []
+        later: list[str] = []  # renames, in order: PostgreSQL runs them as statements of their own
+        current = ref
+        for clause in split(after):
+            t = _Tokens(clause)
+            verb = t.next().upper
+            if verb == "ADD":
+                self._add(t, actions)
+            elif verb == "DROP":
+                t.word("COLUMN")
+                if t.word("PRIMARY"):
+                    actions.append(f"DROP CONSTRAINT IF EXISTS {ident((ref.table + '_pkey')[:63])}")
+                elif t.peek() is not None and t.peek().kind != "ident" and t.peek().upper in (  # type: ignore[union-attr]
+                        "INDEX", "KEY", "FOREIGN", "CHECK", "CONSTRAINT", "PARTITION"):
+                    continue
+                else:
+                    exists = " IF EXISTS" if t.word("IF") and t.word("EXISTS") else ""
+                    actions.append(f"DROP COLUMN{exists} {ident(t.next().name)}")
+            elif verb in ("MODIFY", "CHANGE"):
+                t.word("COLUMN")
+                if t.word("IF"):
+                    t.word("EXISTS")
+                old = t.next().name if verb == "CHANGE" else None
+                new, kind, not_null, default, _ = column(t.tokens[t.at:])
+                target = old or new
+                actions.append(f"ALTER COLUMN {ident(target)} TYPE {kind} USING {ident(target)}::{kind}")
+                actions.append(f"ALTER COLUMN {ident(target)} {'SET' if not_null else 'DROP'} NOT NULL")
+                actions.append(f"ALTER COLUMN {ident(target)} "
+                               + (f"SET DEFAULT {default}" if default is not None else "DROP DEFAULT"))
+                if old is not None and old != new:
+                    later.append(f"ALTER TABLE {self.table(current)} RENAME COLUMN {ident(old)} TO {ident(new)}")
+            elif verb == "ALTER":
+                t.word("COLUMN")
+                target = ident(t.next().name)
+                if t.word("SET"):
+                    t.word("DEFAULT")
+                    default = _default(t)
+                    if default is not None:
+                        actions.append(f"ALTER COLUMN {target} SET DEFAULT {default}")
+                elif t.word("DROP"):
+                    t.word("DEFAULT")
+                    actions.append(f"ALTER COLUMN {target} DROP DEFAULT")
+                else:
+                    raise UnsupportedDdl(f"ALTER COLUMN {target} {t.next().text} is not translated")
+            elif verb == "RENAME":
+                if t.word("COLUMN"):
+                    old = t.next().name
+                    t.word("TO")
+                    later.append(f"ALTER TABLE {self.table(current)} RENAME COLUMN {ident(old)} "
+                                 f"TO {ident(t.next().name)}")
+                elif t.word("INDEX", "KEY"):
+                    continue
+                else:
+                    t.word("TO", "AS")
+                    target_ref = _table_ref(t)
+                    later.extend(self._rename(current, target_ref))
+                    current = target_ref
+            elif verb in ("ENGINE", "ROW_FORMAT", "CHARSET", "CHARACTER", "COLLATE", "COMMENT",
+                          "AUTO_INCREMENT", "ALGORITHM", "LOCK", "FORCE", "CONVERT", "DEFAULT",
+                          "KEY_BLOCK_SIZE", "STATS_PERSISTENT", "PACK_KEYS", "CHECKSUM"):
+                continue
+            else:
+                raise UnsupportedDdl(f"ALTER TABLE ... {verb} is not translated")
+        out = [f"ALTER TABLE {name} {', '.join(actions)}"] if actions else []
+        return out + later
+
+    def _add(self, t: _Tokens, actions: list[str]) -> None:
+        t.word("COLUMN")
+        exists = " IF NOT EXISTS" if t.word("IF") and t.word("NOT") and t.word("EXISTS") else ""
+        token = t.peek()
+        if token is None:
+            raise UnsupportedDdl("ADD without a column")
+        if token.text == "(":
+            for part in split(t.group()):
+                actions.append(f"ADD COLUMN{exists} {_column_text(part)}")
+        elif token.kind != "ident" and token.upper in _ELEMENT_KEYWORDS | {"PARTITION"}:
+            constraint = _constraint(t.tokens[t.at:])
+            if constraint is not None:
+                actions.append(f"ADD {constraint}")
+        else:
+            actions.append(f"ADD COLUMN{exists} {_column_text(t.tokens[t.at:])}")
+
+
+def _table_ref(t: _Tokens) -> TableRef:
+    first = t.next()
+    if t.peek() is not None and t.peek().text == ".":  # type: ignore[union-attr]
+        t.next()
+        return TableRef(0, 0, first.name, t.next().name)
+    return TableRef(0, 0, None, first.name)
+
+
+__all__ = ["Translator", "UnsupportedDdl", "pg_type"]
