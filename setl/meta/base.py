@@ -42,6 +42,10 @@ class DdlTaskStatus(str, enum.Enum):
     DEPRECATED = "deprecated"  # overwritten, or its action failed; the task's data is dropped
 
 
+#: The reason a task deprecated by an overwrite carries, followed by the overwriting task's id.
+OVERWRITTEN_BY = "overwritten by task "
+
+
 def ddl_op_id(op_system: str, op_type: str, op_db: str, op_table: str, op_partition: str) -> str:
     """The id of an operation on a target slice: equal ops of different tasks share it."""
     text = "\x1f".join((op_system, op_type, op_db, op_table, op_partition))
@@ -189,10 +193,10 @@ class MetaStore(abc.ABC):
           its result). Of concurrent take-overs from the same owner, exactly one wins.
         * Otherwise nothing changes and the claim is lost; `task` is the stored task.
 
-        When a claim is won by a task with `overwrite`, the same step sets DEPRECATED (with a
-        reason naming the winner) on every other task of the pipeline with the same `op_id`, a
-        lower `position`, and a status other than DEPRECATED. Tasks at a higher position are
-        never touched, and `overwrite` false deprecates nothing.
+        When a claim is won by a task with `overwrite`, the same step sets DEPRECATED, with
+        reason ``OVERWRITTEN_BY + <winner's task id>`` and no owner, on every other task of the
+        pipeline with the same `op_id`, a lower `position`, and a status other than DEPRECATED.
+        Tasks at a higher position are never touched, and `overwrite` false deprecates nothing.
 
         Raises KeyError if the task was never declared.
         """

@@ -10,7 +10,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from setl.errors import MetaStoreError
-from setl.meta.base import DdlClaim, DdlTask, DdlTaskStatus, MetaStore, PipelineState, Status
+from setl.meta.base import (
+    OVERWRITTEN_BY,
+    DdlClaim,
+    DdlTask,
+    DdlTaskStatus,
+    MetaStore,
+    PipelineState,
+    Status,
+)
 from setl.model import Ack, Position
 
 _SCHEMA = """
@@ -317,7 +325,7 @@ class SqliteMetaStore(MetaStore):
                     db.execute(
                         "UPDATE ddl_task SET task_status = ?, owner = NULL, reason = ?, update_time = ?"
                         " WHERE pipeline = ? AND task_id = ?",
-                        (DdlTaskStatus.DEPRECATED.value, f"overwritten by task {task_id}", now,
+                        (DdlTaskStatus.DEPRECATED.value, OVERWRITTEN_BY + task_id, now,
                          pipeline, other.task_id),
                     )
             claimed = self._get_ddl_task(db, pipeline, task_id)
