@@ -63,6 +63,12 @@ def _parser() -> argparse.ArgumentParser:
                        help="forget the position: restart from the source's configured start")
     reset.add_argument("--force", action="store_true", help="even if the pipeline looks running")
 
+    switch = commands.add_parser("switch", help="hand a pipeline's mainstem to a standby node (HA)")
+    switch.add_argument("--pipeline", required=True, metavar="NAME")
+    switch.add_argument("--to", metavar="NODE", help="the standby to hand over to (default: any)")
+    switch.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                        help="seconds to wait for the new holder (default 60; 0: do not wait)")
+
     plugins = commands.add_parser("plugins", help="installed transform plugins")
     plugins.add_argument("action", choices=["list"])
     return parser
@@ -76,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         conf = args.conf or default_conf_dir()
         handler = {
             "start": cmd_start, "status": cmd_status, "pause": cmd_pause, "resume": cmd_resume,
-            "position": cmd_position, "plugins": cmd_plugins,
+            "position": cmd_position, "plugins": cmd_plugins, "switch": cmd_switch,
         }[args.command]
         return handler(args, Path(conf))
     except SetlError as exc:
@@ -155,9 +161,11 @@ def _status_rows(conf: Path, names: list[str]) -> list[dict[str, Any]]:
     try:
         known = names or sorted(set(pipeline_names(conf)) | set(meta.pipelines()))
         rows = []
+        members = getattr(meta, "members", None)  # HA meta stores know the holder and standbys
         for name in known:
             state = meta.state(name)
             ack = meta.position(name)
+            holder, standbys = members(name) if members else (None, [])
             rows.append({
                 "pipeline": name,
                 "status": state.status.value,
@@ -167,6 +175,7 @@ def _status_rows(conf: Path, names: list[str]) -> list[dict[str, Any]]:
                 "epoch": state.epoch,
                 "node": state.node,
                 "error": state.error,
+                **({"holder": holder, "standbys": standbys} if members else {}),
             })
         return rows
     finally:
@@ -182,7 +191,9 @@ def cmd_status(args: argparse.Namespace, conf: Path) -> int:
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False)
-    for column in ("pipeline", "status", "position", "batch", "acked", "epoch", "node", "error"):
+    ha = bool(rows) and "holder" in rows[0]
+    for column in ("pipeline", "status", "position", "batch", "acked", "epoch", "node",
+                   *(("holder", "standbys") if ha else ()), "error"):
         table.add_column(column, overflow="fold")
     now = time.time()
     for row in rows:
@@ -190,7 +201,9 @@ def cmd_status(args: argparse.Namespace, conf: Path) -> int:
         style = {"paused": "bold red", "running": "green"}.get(row["status"])
         table.add_row(row["pipeline"], f"[{style}]{row['status']}[/]" if style else row["status"],
                       row["position"] or "-", str(row["batch"] or "-"), acked, str(row["epoch"]),
-                      row["node"] or "-", row["error"] or "")
+                      row["node"] or "-",
+                      *((row["holder"] or "-", ", ".join(row["standbys"]) or "-") if ha else ()),
+                      row["error"] or "")
     if not rows:
         print("no pipelines configured or known")
         return 0
@@ -274,6 +287,30 @@ def cmd_position(args: argparse.Namespace, conf: Path) -> int:
             raise UsageError(str(exc)) from exc
         meta.reset_position(args.pipeline, position)
         print(f"{args.pipeline}: position reset to {position}")
+        return 0
+    finally:
+        meta.close()
+
+
+def cmd_switch(args: argparse.Namespace, conf: Path) -> int:
+    settings = load_node(conf)
+    if settings.meta.store != "zookeeper":
+        raise UsageError("setl switch needs HA: meta.store: zookeeper in setl.yaml")
+    meta = open_meta_store(settings)
+    try:
+        _known_pipeline(conf, meta, args.pipeline)
+        holder = meta.request_switch(args.pipeline, args.to)
+        print(f"{args.pipeline}: asked {holder} to hand over" + (f" to {args.to}" if args.to else ""))
+        deadline = time.monotonic() + args.timeout
+        while args.timeout > 0:
+            now_holder, _ = meta.members(args.pipeline)
+            if now_holder is not None and now_holder != holder:
+                print(f"{args.pipeline}: {now_holder} holds the mainstem now")
+                return 0
+            if time.monotonic() >= deadline:
+                raise SetlError(f"{holder} still holds the mainstem after {args.timeout:.0f}s "
+                                "(it finishes in-flight batches first)", pipeline=args.pipeline)
+            time.sleep(0.1)
         return 0
     finally:
         meta.close()

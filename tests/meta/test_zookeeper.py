@@ -1,0 +1,128 @@
+"""The ZooKeeper meta store on a real ZooKeeper: records, epochs across nodes, fenced writes, DDL tasks."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from setl.errors import LeadershipLost
+from setl.meta.base import DdlTask, DdlTaskStatus, Status
+from setl.model import Position
+from setl.testing.servers import wait_until
+from tests.ha.zk import expire, hold, stores, unique_root
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_acks_history_state_and_reset_round_trip(zookeeper_server):
+    """Acks, history (newest first), state, pipelines and resets read back as written, from another session."""
+    with stores(zookeeper_server.hosts, 2) as (node, cli):
+        assert cli.position("p") is None and cli.state("p").epoch == 0
+        hold(node, "p", "n1")
+        epoch = node.next_epoch("p")
+        node.set_state("p", Status.RUNNING, node="n1")
+        for i in range(1, 6):
+            node.ack("p", i, epoch, Position("bin.000001", 100 * i), rows=i)
+        ack = cli.position("p")
+        assert (ack.batch_id, ack.epoch, ack.position) == (5, epoch, Position("bin.000001", 500))
+        assert [a.batch_id for a in cli.history("p", 3)] == [5, 4, 3]
+        state = cli.state("p")
+        assert (state.status, state.node, state.epoch) == (Status.RUNNING, "n1", epoch)
+        assert cli.pipelines() == ["p"]
+        cli.set_state("p", Status.PAUSED)  # an operator's write needs no mainstem
+        assert node.state("p").status is Status.PAUSED
+        cli.reset_position("p", Position("bin.000002", 4))
+        assert cli.position_was_reset("p") and node.position("p").position == Position("bin.000002", 4)
+        node.ack("p", 6, epoch, Position("bin.000002", 50))
+        assert not cli.position_was_reset("p")
+        cli.reset_position("p", None)
+        assert node.position("p") is None
+
+
+def test_documented_paths_hold_the_records(zookeeper_server):
+    """The records live at the paths the module docstring documents, under the configured root."""
+    root = unique_root()
+    with stores(zookeeper_server.hosts, 1, root=root) as (node,):
+        hold(node, "p", "n1")
+        node.ack("p", 1, node.next_epoch("p"), Position("bin.000001", 10))
+        co = node.coordinator
+        assert co.root == root
+        for path in ("/pipelines/p/mainstem", "/pipelines/p/term", "/pipelines/p/position",
+                     "/pipelines/p/state", "/pipelines/p/epoch"):
+            assert co.get(path) is not None, path
+        assert co.get("/pipelines/p/mainstem").json()["node"] == "n1"
+        assert co.get("/pipelines/p/epoch").data == b"1"
+        assert len(co.children("/pipelines/p/acks")) == 1
+
+
+def test_epochs_grow_across_nodes(zookeeper_server):
+    """Each new holder's epoch is higher than every epoch any node took before."""
+    with stores(zookeeper_server.hosts, 2) as (a, b):
+        seen = []
+        for store, name in ((a, "a"), (b, "b"), (a, "a"), (b, "b")):
+            mainstem, lease = hold(store, "p", name, delay=0)
+            seen += [store.next_epoch("p"), store.next_epoch("p")]
+            store.coordinator.drop(lease)
+            mainstem.release(lease)
+        assert seen == sorted(seen) and len(set(seen)) == len(seen)
+
+
+def test_writes_without_the_mainstem_are_refused(zookeeper_server):
+    """Acks and epoch bumps need the mainstem; a stale epoch's ack is refused too."""
+    with stores(zookeeper_server.hosts, 1) as (node,):
+        with pytest.raises(LeadershipLost):
+            node.next_epoch("p")
+        hold(node, "p", "n1")
+        old = node.next_epoch("p")
+        node.next_epoch("p")
+        with pytest.raises(LeadershipLost, match="not this holder's current epoch"):
+            node.ack("p", 1, old, Position("bin.000001", 10))
+        assert node.position("p") is None
+
+
+def test_deposed_holder_cannot_ack_after_its_session_expired(zookeeper_server):
+    """A holder whose session expired and whose mainstem another node took fails its late ack and epoch bump."""
+    with stores(zookeeper_server.hosts, 2) as (a, b):
+        _, lease_a = hold(a, "p", "a")
+        epoch_a = a.next_epoch("p")
+        a.ack("p", 1, epoch_a, Position("bin.000001", 10))
+        expire(a.coordinator)
+        _, lease_b = hold(b, "p", "b", delay=0)
+        epoch_b = b.next_epoch("p")
+        assert epoch_b > epoch_a
+        wait_until(lambda: lease_a.lost, timeout=10, message="the old holder to notice")
+        # Even a holder that does not know it lost (the lease check skipped) is fenced by ZooKeeper.
+        lease_a._lost.clear()
+        lease_a.session_id = a.coordinator.session_id
+        with pytest.raises(LeadershipLost, match="another node took the mainstem"):
+            a.ack("p", 2, epoch_a, Position("bin.000001", 20))
+        assert b.position("p").batch_id == 1
+        b.ack("p", 2, epoch_b, Position("bin.000001", 30))
+        assert [x.epoch for x in b.history("p")] == [epoch_b, epoch_a]
+
+
+def test_ddl_task_claims_are_won_once_and_overwrites_deprecate_earlier_tasks(zookeeper_server):
+    """Of concurrent first claims exactly one wins; an overwrite claim deprecates the op's earlier tasks."""
+    with stores(zookeeper_server.hosts, 2) as (a, b):
+        first = DdlTask("p", "t/1", "truncate", "db", "t", Position("bin.000001", 10))
+        second = DdlTask("p", "t2", "truncate", "db", "t", Position("bin.000001", 20), overwrite=True)
+        assert a.declare_ddl_task(first).status is DdlTaskStatus.DECLARED
+        b.declare_ddl_task(second)
+        assert b.declare_ddl_task(first).create_time == a.ddl_task("p", "t/1").create_time
+        results = []
+        threads = [threading.Thread(target=lambda s=s, o=o: results.append(s.claim_ddl_task("p", "t/1", o)))
+                   for s, o in ((a, "x"), (b, "y"), (a, "z"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(r.won for r in results) == [False, False, True]
+        claim = b.claim_ddl_task("p", "t2", "w")
+        assert claim.won
+        stored = a.ddl_task("p", "t/1")
+        assert stored.status is DdlTaskStatus.DEPRECATED and stored.reason.endswith("t2")
+        assert a.finish_ddl_task("p", "t2", "w", DdlTaskStatus.SUCCEEDED).status is DdlTaskStatus.SUCCEEDED
+        assert [t.task_id for t in a.ddl_tasks("p", first.op_id)] == ["t/1", "t2"]
+        with pytest.raises(KeyError):
+            a.claim_ddl_task("p", "nope", "x")
