@@ -1,8 +1,9 @@
 """A MySQL or MariaDB binary log as a Select: whole transactions of full-image row changes and DDL.
 
 This is the only module that imports pymysqlreplication; nothing it returns holds a library object.
-A background thread reads the binlog with a blocking stream and hands assembled transactions to
-`poll` through a bounded queue, so `poll` honours its timeout and `close` interrupts the read.
+A background thread reads the binlog with a blocking stream, reconnects when the server goes away,
+and hands assembled transactions to `poll` through a bounded queue, so `poll` honours its timeout
+and `close` interrupts the read.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import queue
 import re
 import socket
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,7 +24,21 @@ import attrs
 import pymysql
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.constants import FIELD_TYPE, NONE_SOURCE
-from pymysqlreplication.event import MariadbGtidEvent, QueryEvent, RotateEvent, XidEvent
+from pymysqlreplication.event import (
+    BinLogEvent,
+    FormatDescriptionEvent,
+    GtidEvent,
+    HeartbeatLogEvent,
+    MariadbBinLogCheckPointEvent,
+    MariadbGtidEvent,
+    MariadbGtidListEvent,
+    PreviousGtidsEvent,
+    QueryEvent,
+    RotateEvent,
+    StopEvent,
+    XidEvent,
+)
+from pymysqlreplication.gtid import Gtid, GtidSet
 from pymysqlreplication.row_event import (
     DeleteRowsEvent,
     RowsEvent,
@@ -33,6 +50,7 @@ from pymysqlreplication.row_event import (
 from setl.config import MysqlSourceConfig
 from setl.errors import ConfigError, PositionPurged, SourceError
 from setl.model import Change, DdlChange, Op, Position, RowChange, Transaction
+from setl.retry import Backoff
 from setl.stages.select import Select
 
 log = logging.getLogger("setl.sources.mysql_binlog")
@@ -54,7 +72,10 @@ REQUIRED_SETTINGS: Mapping[str, str] = {
     "binlog_row_metadata": "FULL",
 }
 
-_EVENTS = [RotateEvent, MariadbGtidEvent, QueryEvent, XidEvent, TableMapEvent,
+# Events that only move the read position: outside a transaction they become position marks.
+_POSITION_EVENTS = (RotateEvent, FormatDescriptionEvent, MariadbGtidListEvent, MariadbBinLogCheckPointEvent,
+                    PreviousGtidsEvent, HeartbeatLogEvent, StopEvent)
+_EVENTS = [*_POSITION_EVENTS, MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, TableMapEvent,
            WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent]
 _GTID_STANDALONE = 0x01  # MariaDB GTID flag: one statement, no BEGIN/COMMIT follows
 _IGNORED_IN_TX = re.compile(r"^\s*(SAVEPOINT|ROLLBACK\s+TO|RELEASE\s+SAVEPOINT|XA\s)", re.I)
@@ -119,6 +140,66 @@ def _read_time2(self: RowsEvent, column: Any) -> datetime.timedelta:
 RowsEvent._RowsEvent__read_time2 = _read_time2  # type: ignore[attr-defined]  # only this module reads rows
 
 
+class _TableMapCache:
+    """Decoded table maps of one reader, by the raw bytes of their event body (which start with
+    the table id): the library re-decodes the full column metadata of every table-map event,
+    one of which precedes every rows event, and that is most of its parse time."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._entries: OrderedDict[bytes, dict[str, Any]] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def get(self, body: bytes) -> dict[str, Any] | None:
+        state = self._entries.get(body)
+        if state is not None:
+            self._entries.move_to_end(body)
+            self.hits += 1
+        return state
+
+    def put(self, body: bytes, state: dict[str, Any]) -> None:
+        self.misses += 1
+        self._entries[body] = state
+        if len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+
+
+_decode_table_map = TableMapEvent.__init__
+_FILTERS = ("only_tables", "ignored_tables", "only_schemas", "ignored_schemas", "freeze_schema")
+
+
+def _table_map_init(self: TableMapEvent, from_packet: Any, event_size: int, table_map: dict, ctl_connection: Any,
+                    **kwargs: Any) -> None:
+    """`TableMapEvent.__init__`, answered from the reader's `_TableMapCache` when it has one.
+
+    Only readers whose control connection carries a cache (this module's) use it, and only with
+    full row metadata (column names come from the event, not from a query) and no filters.
+    """
+    cache: _TableMapCache | None = getattr(ctl_connection, "setl_table_maps", None)
+    if cache is None or not kwargs.get("optional_meta_data") or any(kwargs.get(f) for f in _FILTERS):
+        _decode_table_map(self, from_packet, event_size, table_map, ctl_connection, **kwargs)
+        return
+    # The packet is the OK byte, the 19-byte event header, the body and maybe a checksum.
+    body = bytes(from_packet.packet.get_all_data()[20:20 + event_size])
+    state = cache.get(body)
+    if state is None:
+        _decode_table_map(self, from_packet, event_size, table_map, ctl_connection, **kwargs)
+        if self._processed:
+            cache.put(body, {k: v for k, v in vars(self).items() if k not in _PER_EVENT})
+        return
+    BinLogEvent.__init__(self, from_packet, event_size, table_map, ctl_connection, **kwargs)
+    for name, value in state.items():  # the decoded table: shared, and read-only once decoded
+        setattr(self, name, value)
+    table_map[self.table_id] = self.table_obj
+
+
+# What BinLogEvent.__init__ sets for each event; everything else a table map decodes is cacheable.
+_PER_EVENT = frozenset({"packet", "table_map", "event_type", "timestamp", "event_size", "_post_header_lengths",
+                        "_ctl_connection", "mysql_version", "_ignore_decode_errors", "_verify_checksum",
+                        "_is_event_valid", "_processed", "complete", "dbms"})
+TableMapEvent.__init__ = _table_map_init  # type: ignore[method-assign]
+
+
 @attrs.frozen
 class _TableInfo:
     """What a rows event needs from its table map: names, key, and per-column value fixes."""
@@ -174,30 +255,105 @@ class _TableInfo:
         return values
 
 
-class _Assembler:
-    """Turns a stream of binlog events into transactions (runs on the reader thread)."""
+_MARIADB_GTID = re.compile(r"^\s*\d+-\d+-\d+\s*(?:,\s*\d+-\d+-\d+\s*)*$")
+_MYSQL_GTID = re.compile(r"^\s*[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}(?::\d+(?:-\d+)?)+\s*"
+                         r"(?:,\s*[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}(?::\d+(?:-\d+)?)+\s*)*$", re.I)
 
-    def __init__(self, log_file: str, max_rows: int) -> None:
-        self.log_file = log_file
+
+def gtid_flavor(text: str) -> str | None:
+    """``"mariadb"`` for a ``domain-server-seq`` list, ``"mysql"`` for a ``uuid:interval`` set, else None."""
+    if _MARIADB_GTID.match(text):
+        return "mariadb"
+    if _MYSQL_GTID.match(text):
+        return "mysql"
+    return None
+
+
+class _GtidState:
+    """The GTID set executed up to a point of the binlog, in the server's flavour.
+
+    MariaDB: the last GTID of each replication domain (``0-1-42,1-2-7``); MySQL: a ``uuid:intervals``
+    set. `add` records a committed transaction's GTID.
+    """
+
+    def __init__(self, flavor: str, text: str) -> None:
+        self.flavor = flavor
+        self._domains: dict[int, str] = {}
+        self._set: GtidSet | None = None
+        if flavor == "mariadb":
+            for gtid in filter(None, (g.strip() for g in text.split(","))):
+                self._domains[int(gtid.split("-", 1)[0])] = gtid
+        else:
+            self._set = GtidSet(text.replace("\n", ""))
+        self.text = self._render()
+
+    def _render(self) -> str:
+        if self._set is not None:
+            return str(self._set)
+        return ",".join(self._domains[d] for d in sorted(self._domains))
+
+    def add(self, gtid: str) -> None:
+        if self._set is not None:
+            self._set = self._set + Gtid(gtid)
+        else:
+            self._domains[int(gtid.split("-", 1)[0])] = gtid
+        self.text = self._render()
+
+    def covers(self, other: "_GtidState") -> bool:
+        """Whether every transaction of `other` is in this set."""
+        if self._set is not None and other._set is not None:
+            return all(gtid in self._set for gtid in other._set.gtids)
+        mine = {d: int(g.rsplit("-", 1)[1]) for d, g in self._domains.items()}
+        return all(mine.get(d, -1) >= int(g.rsplit("-", 1)[1]) for d, g in other._domains.items())
+
+
+class _Assembler:
+    """Turns a stream of binlog events into transactions (runs on the reader thread).
+
+    Outside a transaction, events that only move the read position (rotation, checkpoints, GTID
+    lists, heartbeats) yield a position mark: a Transaction with no changes whose `end` is where
+    reading continues. After a reconnect in the middle of a transaction handed on in pieces,
+    `skip` row changes already handed on are dropped from its replay.
+    """
+
+    def __init__(self, start: Position, max_rows: int, gtids: _GtidState | None) -> None:
+        self.log_file = start.log
         self.max_rows = max_rows
+        self.gtids = gtids
         self.tables: dict[int, _TableInfo] = {}
-        self.rows: list[tuple[Op, _TableInfo, dict | None, dict | None]] = []
+        self.rows: list[tuple[Op | None, Any, Any, Any]] = []
         self.nbytes = 0
         self.in_tx = False
         self.standalone = False
+        self.pending_gtid: str | None = None
+        self.handed_in_tx = 0  # row changes of the open transaction already handed on in pieces
+        self.skip = 0
+        self.mark = start  # the last end handed on; a position mark must be past it
+
+    def restart(self, at: Position) -> None:
+        """Forget the open transaction: reading restarts at `at`, the last complete end handed on."""
+        self.skip, self.handed_in_tx = self.handed_in_tx, 0
+        if self.skip:
+            log.info("re-reading a transaction split across a reconnect from %s: skipping the %d changes "
+                     "already handed on", at, self.skip)
+        self.log_file = at.log
+        self.rows, self.nbytes, self.in_tx, self.standalone, self.pending_gtid = [], 0, False, False, None
+
+    def _position(self, log: str, offset: int) -> Position:
+        return Position(log, offset, self.gtids.text or None if self.gtids is not None else None)
 
     def feed(self, event: Any) -> list[Transaction]:
-        size = event.packet.event_size
-        if isinstance(event, RotateEvent):
-            self.log_file = event.next_binlog
-            if event.timestamp:  # a real rotation: table ids may be reused in the next file
-                self.tables.clear()
-            return []
-        end = Position(self.log_file, event.packet.log_pos)
-        self.nbytes += size
+        if isinstance(event, _POSITION_EVENTS):
+            return self._moved(event)
+        end = self._position(self.log_file, event.packet.log_pos)
+        self.nbytes += event.packet.event_size
         if isinstance(event, MariadbGtidEvent):
             self.standalone = bool(event.flags & _GTID_STANDALONE)
             self.in_tx = not self.standalone
+            self.pending_gtid = event.gtid
+            return []
+        if isinstance(event, GtidEvent):
+            self.pending_gtid = event.gtid
             return []
         if isinstance(event, TableMapEvent):
             self.tables[event.table_id] = _TableInfo.from_table_map(event)
@@ -208,10 +364,39 @@ class _Assembler:
                 return self._pieces(end)
             return []
         if isinstance(event, XidEvent):
-            return [self._commit(end, event.timestamp)]
+            return [self._commit(event.packet.log_pos, event.timestamp)]
         if isinstance(event, QueryEvent):
-            return self._query(event, end)
+            return self._query(event, event.packet.log_pos)
         return []
+
+    def _moved(self, event: Any) -> list[Transaction]:
+        if isinstance(event, RotateEvent):
+            self.log_file = event.next_binlog
+            if event.timestamp:  # a real rotation: table ids may be reused in the next file
+                self.tables.clear()
+            end = self._position(event.next_binlog, event.position)
+        elif isinstance(event, HeartbeatLogEvent):
+            log_file = event.ident.rstrip("\0")
+            if log_file != self.log_file or not event.packet.log_pos:
+                return []
+            end = self._position(log_file, event.packet.log_pos)
+        else:
+            if isinstance(event, PreviousGtidsEvent) and self.gtids is None:
+                with contextlib.suppress(Exception):  # the library renders this set oddly
+                    self.gtids = _GtidState("mysql", event._previous_gtids)
+            if not event.packet.log_pos:
+                return []
+            end = self._position(self.log_file, event.packet.log_pos)
+        if self.in_tx or self.rows or self.handed_in_tx or end <= self.mark:
+            return []
+        self.mark = end
+        return [Transaction((), end)]
+
+    def _append(self, item: tuple[Op | None, Any, Any, Any]) -> None:
+        if self.skip:
+            self.skip -= 1
+        else:
+            self.rows.append(item)
 
     def _add_rows(self, event: RowsEvent) -> None:
         info = self.tables.get(event.table_id)
@@ -220,17 +405,17 @@ class _Assembler:
                               "without its table map")
         for row in event.rows:
             if isinstance(event, WriteRowsEvent):
-                self.rows.append((Op.INSERT, info, None, info.image(row["values"], row["none_sources"])))
+                self._append((Op.INSERT, info, None, info.image(row["values"], row["none_sources"])))
             elif isinstance(event, DeleteRowsEvent):
-                self.rows.append((Op.DELETE, info, info.image(row["values"], row["none_sources"]), None))
+                self._append((Op.DELETE, info, info.image(row["values"], row["none_sources"]), None))
             else:
-                self.rows.append((Op.UPDATE, info,
-                                  info.image(row["before_values"], row["before_none_sources"]),
-                                  info.image(row["after_values"], row["after_none_sources"])))
+                self._append((Op.UPDATE, info,
+                              info.image(row["before_values"], row["before_none_sources"]),
+                              info.image(row["after_values"], row["after_none_sources"])))
 
     def _changes(self, rows: list, position: Position, commit_time: float | None) -> tuple[Change, ...]:
         return tuple(
-            DdlChange(*after, before, position) if op is None  # type: ignore[misc]
+            DdlChange(*after, before, position) if op is None
             else RowChange(op, info.schema, info.table, info.primary_key, before, after, position, commit_time)
             for op, info, before, after in rows
         )
@@ -242,40 +427,48 @@ class _Assembler:
             chunk, self.rows = self.rows[: self.max_rows], self.rows[self.max_rows:]
             pieces.append(Transaction(self._changes(chunk, cursor, None), cursor, complete=False,
                                       nbytes=self.nbytes))
+            self.handed_in_tx += len(chunk)
             self.nbytes = 0
         return pieces
 
-    def _commit(self, end: Position, timestamp: float | None) -> Transaction:
-        tx = Transaction(self._changes(self.rows, end, float(timestamp) if timestamp else None), end,
-                         nbytes=self.nbytes)
-        self.rows, self.nbytes, self.in_tx, self.standalone = [], 0, False, False
-        return tx
+    def _close_tx(self) -> None:
+        if self.pending_gtid is not None and self.gtids is not None:
+            self.gtids.add(self.pending_gtid)
+        self.rows, self.nbytes, self.in_tx, self.standalone, self.pending_gtid = [], 0, False, False, None
+        self.handed_in_tx = self.skip = 0
 
-    def _query(self, event: QueryEvent, end: Position) -> list[Transaction]:
+    def _commit(self, offset: int, timestamp: float | None) -> Transaction:
+        rows, nbytes = self.rows, self.nbytes
+        self._close_tx()
+        end = self.mark = self._position(self.log_file, offset)
+        return Transaction(self._changes(rows, end, float(timestamp) if timestamp else None), end, nbytes=nbytes)
+
+    def _query(self, event: QueryEvent, offset: int) -> list[Transaction]:
         statement = event.query.strip()
         verb = statement.rstrip(";").strip().upper()
         if verb == "BEGIN":
             self.in_tx = True
             return []
         if verb == "COMMIT":  # non-transactional tables, or a server that sends BEGIN/COMMIT
-            return [self._commit(end, event.timestamp)]
+            return [self._commit(offset, event.timestamp)]
         if verb == "ROLLBACK":
             if self.rows:
                 # Only a mix with non-transactional tables is logged this way; their rows stay.
-                log.warning("transaction ending at %s was rolled back; passing on its %d row "
-                            "changes to non-transactional tables", end, len(self.rows))
-            return [self._commit(end, event.timestamp)]
+                log.warning("transaction ending at %s:%d was rolled back; passing on its %d row "
+                            "changes to non-transactional tables", self.log_file, offset, len(self.rows))
+            return [self._commit(offset, event.timestamp)]
         if self.in_tx and not self.standalone and _IGNORED_IN_TX.match(statement):
             return []
         schema = event.schema.decode("utf-8", "replace") if isinstance(event.schema, bytes) else event.schema
         ddl_schema, table = ddl_target(statement, schema or "")
-        if self.in_tx and self.rows:
+        if self.in_tx and (self.rows or self.handed_in_tx):
             # A statement logged inside a transaction: keep it ordered with the rows around it.
-            self.rows.append((None, None, statement, (ddl_schema, table)))  # type: ignore[arg-type]
+            self._append((None, None, statement, (ddl_schema, table)))
             return []
-        tx = Transaction((DdlChange(ddl_schema, table, statement, end),), end, nbytes=self.nbytes)
-        self.nbytes, self.in_tx, self.standalone = 0, False, False
-        return [tx]
+        nbytes = self.nbytes
+        self._close_tx()
+        end = self.mark = self._position(self.log_file, offset)
+        return [Transaction((DdlChange(ddl_schema, table, statement, end),), end, nbytes=nbytes)]
 
 
 class _Stopped(Exception):
@@ -287,12 +480,16 @@ class _Lost(Exception):
 
 
 class _Connector:
-    """The `pymysql_wrapper` handed to the library: one stream connection, and a way to cut it."""
+    """The `pymysql_wrapper` handed to the library: one stream connection, and a way to cut it.
 
-    def __init__(self) -> None:
+    Control connections carry the reader's table-map cache (`setl_table_maps`) when it has one.
+    """
+
+    def __init__(self, table_maps: _TableMapCache | None) -> None:
         self._lock = threading.Lock()
         self._connections: list[pymysql.connections.Connection] = []
         self._stream_opened = False
+        self.table_maps = table_maps
         self.closed = False
 
     def __call__(self, **kwargs: Any) -> pymysql.connections.Connection:
@@ -309,12 +506,20 @@ class _Connector:
                     raise _Lost()
                 self._stream_opened = True
         conn = pymysql.connect(**kwargs)
+        if control:
+            conn.setl_table_maps = self.table_maps
         with self._lock:
             self._connections.append(conn)
             if self.closed:
                 self._cut(conn)
                 raise _Stopped()
         return conn
+
+    def reset(self) -> None:
+        """Allow one new stream connection (a reconnect made by us, from a transaction end)."""
+        with self._lock:
+            self._stream_opened = False
+            self._connections = [c for c in self._connections if c.open]
 
     @staticmethod
     def _cut(conn: pymysql.connections.Connection) -> None:
@@ -335,20 +540,51 @@ class _Connector:
 @attrs.frozen
 class _Failure:
     error: BaseException
-    position: Position
+    position: Position | None
+
+
+@attrs.frozen
+class _GtidStart:
+    """A configured start by GTID set: the server positions the stream (auto_position)."""
+
+    gtid: str
+    flavor: str
+
+
+# Server errors that mean "gone for now": can't connect, gone away, lost, shutting down, killed.
+_DISCONNECTS = frozenset({1053, 1152, 1927, 2003, 2006, 2013, 2055})
+_ER_MASTER_FATAL_READING_BINLOG = 1236
+
+
+def _disconnected(exc: BaseException) -> bool:
+    if isinstance(exc, (_Lost, ConnectionError, TimeoutError, socket.timeout)):
+        return True
+    if isinstance(exc, pymysql.err.OperationalError) and exc.args:
+        return exc.args[0] in _DISCONNECTS
+    return isinstance(exc, (pymysql.err.InterfaceError, OSError, EOFError))
 
 
 class MysqlBinlogSource(Select):
-    """Reads a MySQL or MariaDB binlog from a file and position (see the module docstring).
+    """Reads a MySQL or MariaDB binlog from a file and position, or from a GTID set.
 
-    * Positions are ``Position(binlog file, offset after the commit event)``. A position from
-      `open` or `seek` wins over the configured `start` ("earliest", "latest", or a mapping
-      ``{file: ..., pos: ...}``).
+    * Positions are ``Position(binlog file, offset after the commit event, gtid)``; `gtid` is the
+      GTID set executed up to there when the server logs GTIDs (MariaDB ``domain-server-seq``
+      list, MySQL ``uuid:intervals`` set) and the state at the start is known.
+    * A position from `open` or `seek` wins over the configured `start`: "earliest", "latest",
+      ``{file: ..., pos: ...}`` or ``{gtid: ...}``. A GTID start is handed to the server
+      (MariaDB ``slave_connect_state``, MySQL ``COM_BINLOG_DUMP_GTID``); `tell` is None until
+      the first transaction after it arrives, and every later open or seek is by file and
+      position. A GTID set the server has fully executed starts at the head.
     * `open` refuses a server whose binlog settings lose data (`REQUIRED_SETTINGS`) and a
       position whose file was purged (`PositionPurged`).
-    * `poll` blocks at most `timeout` seconds. A lost connection raises `SourceError`; the next
-      `seek` or `open` reconnects. Transactions of more than `max_rows_in_memory` rows come in
-      pieces with ``complete=False``.
+    * `poll` blocks at most `timeout` seconds. When the binlog ends in events that are not
+      transactions (rotation, checkpoints, heartbeats), `poll` returns a position mark: a
+      Transaction with no changes whose `end` has moved past them, so an ack can reach the head.
+    * A lost connection is re-established with backoff from the end of the last complete
+      transaction handed on (dropping the part of a split transaction already handed on), for
+      up to `reconnect_timeout` seconds; after that `poll` raises `SourceError`.
+    * Transactions of more than `max_rows_in_memory` rows come in pieces with ``complete=False``;
+      at most `queue_size` transactions or pieces wait in the queue (`peak_buffered_rows`).
     * Values are pymysqlreplication's, except: an empty SET is ``set()``, BIT is an int, BINARY(n)
       keeps its trailing zero bytes, YEAR 0 is 0. MariaDB's JSON is text and stays a str.
     * `server_id` must be unique among the server's replicas and readers.
@@ -369,6 +605,8 @@ class MysqlBinlogSource(Select):
         queue_size: int = 16,
         connect_timeout: float = 5.0,
         heartbeat: float = 5.0,
+        reconnect_timeout: float = 60.0,
+        table_map_cache: bool = True,
     ) -> None:
         if flavor not in ("auto", "mariadb", "mysql"):
             raise ConfigError(f"source.flavor {flavor!r} is not auto, mariadb or mysql", pipeline=pipeline)
@@ -384,13 +622,21 @@ class MysqlBinlogSource(Select):
         self.queue_size = queue_size
         self.connect_timeout = connect_timeout
         self.heartbeat = heartbeat
+        self.reconnect_timeout = reconnect_timeout
+        self.table_map_cache = table_map_cache
+        self.backoff = Backoff(initial=0.1, maximum=2.0, max_attempts=0)
         self._queue: queue.Queue[Transaction | _Failure] | None = None
         self._thread: threading.Thread | None = None
         self._connector: _Connector | None = None
-        self._reader: BinLogStreamReader | None = None
         self._stop = threading.Event()
         self._cursor: Position | None = None
+        self._mark: Transaction | None = None
+        self._buffer_lock = threading.Lock()
+        self._queued_rows = 0
+        self.peak_buffered_rows = 0
+        self.reconnects = 0
         self.detected_flavor: str | None = None
+        self.table_maps: _TableMapCache | None = None
 
     @classmethod
     def from_config(cls, cfg: MysqlSourceConfig, *, pipeline: str, **kwargs: Any) -> "MysqlBinlogSource":
@@ -402,12 +648,19 @@ class MysqlBinlogSource(Select):
         return f"<MysqlBinlogSource {self.host}:{self.port} server_id={self.server_id} at {self._cursor}>"
 
     @staticmethod
-    def _parse_start(start: Any, pipeline: str) -> str | Position:
+    def _parse_start(start: Any, pipeline: str) -> str | Position | _GtidStart:
         if start is None or start in ("earliest", "latest"):
             return start or "earliest"
         if isinstance(start, Position):
             return start
-        if isinstance(start, Mapping):
+        if isinstance(start, Mapping) and set(start) == {"gtid"} and isinstance(start["gtid"], str):
+            flavor = gtid_flavor(start["gtid"])
+            if flavor is not None:
+                return _GtidStart(start["gtid"].strip(), flavor)
+            raise ConfigError(f"source.start.gtid {start['gtid']!r} is neither a MariaDB GTID list "
+                              "(DOMAIN-SERVER-SEQ[,...]) nor a MySQL GTID set (UUID:N[-M][,...])",
+                              pipeline=pipeline)
+        if isinstance(start, Mapping) and set(start) <= {"file", "log", "pos", "offset"}:
             file = start.get("file", start.get("log"))
             pos = start.get("pos", start.get("offset", 4))
             if isinstance(file, str) and isinstance(pos, int) and not isinstance(pos, bool) and pos >= 4:
@@ -415,8 +668,8 @@ class MysqlBinlogSource(Select):
         if isinstance(start, str):
             with contextlib.suppress(ValueError):
                 return Position.parse(start)
-        raise ConfigError(f"source.start {start!r} is not earliest, latest or {{file: NAME, pos: OFFSET}} "
-                          "(OFFSET at least 4)", pipeline=pipeline)
+        raise ConfigError(f"source.start {start!r} is not earliest, latest, {{file: NAME, pos: OFFSET}} "
+                          "(OFFSET at least 4) or {gtid: GTID_SET}", pipeline=pipeline)
 
     # --- control connection ------------------------------------------------------------------
 
@@ -431,17 +684,21 @@ class MysqlBinlogSource(Select):
         except pymysql.MySQLError as exc:
             raise self._error(f"cannot connect to {self.host}:{self.port} as {self.user}: {exc}") from exc
 
-    def _query(self, conn: pymysql.connections.Connection, sql: str) -> list[tuple[Any, ...]]:
+    def _query(self, conn: pymysql.connections.Connection, sql: str, args: Any = None) -> list[tuple[Any, ...]]:
         with conn.cursor() as cur:
-            cur.execute(sql)
+            cur.execute(sql, args)
             return list(cur.fetchall())
 
-    def _status(self, conn: pymysql.connections.Connection) -> Position | None:
+    def _status(self, conn: pymysql.connections.Connection) -> tuple[Position, str | None] | None:
+        """The binlog head, and (MySQL) the GTID set executed up to it."""
         try:
             rows = self._query(conn, "SHOW MASTER STATUS")
         except pymysql.err.ProgrammingError:  # MySQL 8.4 renamed it
             rows = self._query(conn, "SHOW BINARY LOG STATUS")
-        return Position(rows[0][0], int(rows[0][1])) if rows else None
+        if not rows:
+            return None
+        executed = rows[0][4] if len(rows[0]) > 4 else None
+        return Position(rows[0][0], int(rows[0][1])), (executed or None)
 
     def _check_settings(self, conn: pymysql.connections.Connection) -> str:
         """Refuse a server that cannot give full row images with names; return its flavor."""
@@ -462,18 +719,33 @@ class MysqlBinlogSource(Select):
                               f"{name}={wanted} to read full row images: {fix}")
         return flavor
 
-    def _resolve(self, conn: pymysql.connections.Connection, start: Position | None) -> Position:
+    def _gtids_at(self, conn: pymysql.connections.Connection, position: Position,
+                  executed: str | None = None) -> _GtidState | None:
+        """The GTID set executed up to `position`, when the server can tell."""
+        if self.detected_flavor == "mariadb":
+            rows = self._query(conn, "SELECT BINLOG_GTID_POS(%s, %s)", (position.log, position.offset))
+            text = rows[0][0] if rows else None
+            return _GtidState("mariadb", text) if text is not None else None
+        return _GtidState("mysql", executed) if executed else None
+
+    def _resolve(self, conn: pymysql.connections.Connection, start: Position | None
+                 ) -> tuple[Position | None, _GtidState | None]:
+        """Where to read from: a checked file+pos (or None for a GTID start), and the GTIDs there."""
         logs = [(row[0], int(row[1])) for row in self._query(conn, "SHOW BINARY LOGS")]
         if not logs:
             raise self._error(f"server {self.host}:{self.port} lists no binary logs")
         target = start if start is not None else self.start
         if target == "earliest":
-            return Position(logs[0][0], 4)
-        if target == "latest":
+            target = Position(logs[0][0], 4)
+        elif target == "latest" or isinstance(target, _GtidStart):
             status = self._status(conn)
             if status is None:
                 raise self._error(f"server {self.host}:{self.port} shows no binlog status")
-            return status
+            head, executed = status
+            if target == "latest":
+                gtids = self._gtids_at(conn, head, executed)
+                return attrs.evolve(head, gtid=gtids.text or None if gtids else None), gtids
+            return self._resolve_gtid(conn, target, head, executed)
         assert isinstance(target, Position)
         sizes = dict(logs)
         if target.log not in sizes:
@@ -487,7 +759,24 @@ class MysqlBinlogSource(Select):
         if target.offset > sizes[target.log]:
             raise self._error(f"position {target} is past the end of {target.log} "
                               f"({sizes[target.log]} bytes)", target)
-        return Position(target.log, max(4, target.offset))
+        position = Position(target.log, max(4, target.offset))
+        gtids = self._gtids_at(conn, position)
+        if gtids is None and target.gtid and gtid_flavor(target.gtid) == self.detected_flavor:
+            gtids = _GtidState(self.detected_flavor, target.gtid)
+        return attrs.evolve(position, gtid=gtids.text or None if gtids else None), gtids
+
+    def _resolve_gtid(self, conn: pymysql.connections.Connection, target: _GtidStart, head: Position,
+                      executed: str | None) -> tuple[Position | None, _GtidState]:
+        if target.flavor != self.detected_flavor:
+            raise self._error(f"source.start.gtid {target.gtid!r} is a {target.flavor} GTID but "
+                              f"{self.host}:{self.port} is {self.detected_flavor}")
+        wanted = _GtidState(target.flavor, target.gtid)
+        if target.flavor == "mariadb":
+            executed = self._query(conn, "SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
+        if executed is not None and wanted.covers(_GtidState(target.flavor, executed)):
+            # Nothing after it yet: start at the head by position, so caught-up is known at once.
+            return attrs.evolve(head, gtid=wanted.text), wanted
+        return None, wanted
 
     # --- Select ------------------------------------------------------------------------------
 
@@ -496,36 +785,53 @@ class MysqlBinlogSource(Select):
         conn = self._connect()
         try:
             self.detected_flavor = self._check_settings(conn)
-            position = self._resolve(conn, start)
+            position, gtids = self._resolve(conn, start)
         except pymysql.MySQLError as exc:
             raise self._error(f"cannot read the binlog settings of {self.host}:{self.port}: {exc}") from exc
         finally:
             conn.close()
         self._cursor = position
+        self._mark = None
         self._stop = threading.Event()
         self._queue = queue.Queue(self.queue_size)
-        self._connector = _Connector()
-        settings = {"host": self.host, "port": self.port, "user": self.user, "password": self._password,
-                    "connect_timeout": self.connect_timeout, "read_timeout": max(30.0, 4 * self.heartbeat)}
-        # is_mariadb=False on purpose: the library's MariaDB handshake ignores log_file/log_pos
-        # unless given a GTID, while the classic COM_BINLOG_DUMP serves both flavors by file+pos.
-        self._reader = BinLogStreamReader(
-            connection_settings=settings, server_id=self.server_id, resume_stream=True, blocking=True,
-            log_file=position.log, log_pos=position.offset, only_events=_EVENTS, is_mariadb=False,
-            slave_heartbeat=self.heartbeat, pymysql_wrapper=self._connector, enable_logging=False,
-        )
-        self._thread = threading.Thread(target=self._read, args=(self._reader, self._queue, self._stop, position),
-                                        name=f"setl-{self.pipeline or 'mysql'}-binlog", daemon=True)
+        self._queued_rows = 0
+        self.table_maps = _TableMapCache() if self.table_map_cache else None
+        self._connector = _Connector(self.table_maps)
+        assembler = _Assembler(position or Position("", 0), self.max_rows_in_memory, gtids)
+        gtid_start = gtids.text if position is None and gtids is not None else None
+        self._thread = threading.Thread(
+            target=self._read, args=(self._connector, assembler, self._queue, self._stop, position, gtid_start),
+            name=f"setl-{self.pipeline or 'mysql'}-binlog", daemon=True)
         self._thread.start()
         log.info("pipeline=%s reading the %s binlog of %s:%s from %s (server_id %d)", self.pipeline,
-                 self.detected_flavor, self.host, self.port, position, self.server_id)
+                 self.detected_flavor, self.host, self.port, position or f"after GTID {gtid_start}",
+                 self.server_id)
 
-    def _read(self, reader: BinLogStreamReader, out: queue.Queue, stop: threading.Event,
-              start: Position) -> None:
-        assembler = _Assembler(start.log, self.max_rows_in_memory)
-        last = start
+    def _stream(self, connector: _Connector, at: Position | None, gtid: str | None) -> BinLogStreamReader:
+        settings = {"host": self.host, "port": self.port, "user": self.user, "password": self._password,
+                    "connect_timeout": self.connect_timeout, "read_timeout": max(30.0, 4 * self.heartbeat)}
+        common: dict[str, Any] = dict(
+            connection_settings=settings, server_id=self.server_id, blocking=True, only_events=_EVENTS,
+            slave_heartbeat=self.heartbeat, pymysql_wrapper=connector, enable_logging=False)
+        if at is not None:
+            # is_mariadb=False on purpose: with is_mariadb=True the library sends an empty file
+            # name (the server's first binlog) unless given a GTID; the classic COM_BINLOG_DUMP
+            # serves both flavors by file+pos, and resume_stream=True makes it send log_pos.
+            return BinLogStreamReader(resume_stream=True, log_file=at.log, log_pos=at.offset, is_mariadb=False,
+                                      **common)
+        return BinLogStreamReader(auto_position=gtid, is_mariadb=self.detected_flavor == "mariadb", **common)
+
+    def _read(self, connector: _Connector, assembler: _Assembler, out: queue.Queue, stop: threading.Event,
+              start: Position | None, gtid_start: str | None) -> None:
+        """The reader thread: events → transactions → `out`, reconnecting from the last end handed on."""
+        handed = start  # end of the last complete transaction handed on (None: still the GTID start)
+        down_since: float | None = None
+        attempt = 0
 
         def put(item: Transaction | _Failure) -> None:
+            rows = len(item.changes) if isinstance(item, Transaction) else 0
+            with self._buffer_lock:
+                self._queued_rows += rows
             while not stop.is_set():
                 with contextlib.suppress(queue.Full):
                     out.put(item, timeout=0.1)
@@ -534,46 +840,98 @@ class MysqlBinlogSource(Select):
 
         try:
             while not stop.is_set():
-                event = reader.fetchone()
-                if event is None:
-                    raise _Lost()
-                for tx in assembler.feed(event):
-                    if tx.complete:
-                        last = tx.end
-                    put(tx)
+                reader = self._stream(connector, handed, gtid_start)
+                try:
+                    while not stop.is_set():
+                        event = reader.fetchone()
+                        if event is None:
+                            raise _Lost()
+                        down_since, attempt = None, 0
+                        for tx in assembler.feed(event):
+                            put(tx)
+                            if tx.complete:
+                                handed = tx.end
+                        with self._buffer_lock:
+                            buffered = self._queued_rows + len(assembler.rows)
+                        self.peak_buffered_rows = max(self.peak_buffered_rows, buffered)
+                except _Stopped:
+                    raise
+                except BaseException as exc:
+                    if stop.is_set() or not _disconnected(exc):
+                        raise
+                    now = time.monotonic()
+                    down_since = down_since if down_since is not None else now
+                    if now - down_since >= self.reconnect_timeout:
+                        raise self._error(f"the binlog server {self.host}:{self.port} stayed unreachable for "
+                                          f"{now - down_since:.0f}s (reconnect_timeout); last error: {exc}",
+                                          handed) from exc
+                    attempt += 1
+                    delay = self.backoff.delay(attempt)
+                    log.warning("pipeline=%s lost the binlog stream of %s:%s (%s); reconnecting from %s in "
+                                "%.1fs", self.pipeline, self.host, self.port, exc,
+                                handed or f"GTID {gtid_start}", delay)
+                    if stop.wait(delay):
+                        raise _Stopped() from None
+                    self.reconnects += 1
+                    connector.reset()
+                    if handed is not None:
+                        assembler.restart(handed)
+                    else:
+                        assembler.restart(Position(assembler.log_file, 0))
+                finally:
+                    with contextlib.suppress(Exception):
+                        reader.close()
         except _Stopped:
             pass
         except BaseException as exc:  # every failure reaches poll(); none kills the thread silently
             if not stop.is_set():
                 with contextlib.suppress(_Stopped):
-                    put(_Failure(exc, last))
+                    put(_Failure(exc, handed))
 
     def poll(self, timeout: float) -> Transaction | None:
+        """The next transaction; a position mark only when nothing else is ready (see the class)."""
         if self._queue is None:
             raise RuntimeError("poll() before open()")
-        try:
-            item = self._queue.get(timeout=max(0.0, timeout))
-        except queue.Empty:
-            return None
-        if isinstance(item, _Failure):
-            self._queue = None  # this stream is dead; seek or open starts a new one
-            raise self._failure(item) from item.error
-        self._cursor = item.end
-        return item
+        deadline = time.monotonic() + max(0.0, timeout)
+        while True:
+            try:
+                if self._mark is not None:
+                    item = self._queue.get_nowait()
+                else:
+                    item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                mark, self._mark = self._mark, None
+                if mark is not None:
+                    self._cursor = mark.end
+                return mark
+            if isinstance(item, _Failure):
+                self._queue = None  # this stream is dead; seek or open starts a new one
+                raise self._failure(item) from item.error
+            if not item.changes and item.complete:
+                self._mark = item  # a later mark or transaction supersedes it
+                continue
+            with self._buffer_lock:
+                self._queued_rows -= len(item.changes)
+            self._mark = None
+            self._cursor = item.end
+            return item
 
     def _failure(self, failure: _Failure) -> SourceError:
-        exc = failure.error
+        exc, where = failure.error, failure.position
+        after = where or "the configured start"
         if isinstance(exc, _Lost):
-            return self._error(f"lost the binlog connection to {self.host}:{self.port} after {failure.position}",
-                               failure.position)
+            return self._error(f"lost the binlog connection to {self.host}:{self.port} after {after}", where)
         if isinstance(exc, SourceError):
             return exc.with_context(pipeline=self.pipeline or None, stage="select",
-                                    position=failure.position)  # type: ignore[return-value]
+                                    position=where)  # type: ignore[return-value]
         if isinstance(exc, pymysql.MySQLError):
-            return self._error(f"binlog read from {self.host}:{self.port} failed after {failure.position}: "
-                               f"{exc}", failure.position)
-        return self._error(f"cannot decode the binlog of {self.host}:{self.port} after {failure.position}: "
-                           f"{type(exc).__name__}: {exc}", failure.position)
+            if exc.args and exc.args[0] == _ER_MASTER_FATAL_READING_BINLOG:
+                return self._error(f"the server {self.host}:{self.port} cannot send its binlog after {after} "
+                                   f"(purged, or a GTID it does not have?): {exc.args[-1]}", where,
+                                   cls=PositionPurged)
+            return self._error(f"binlog read from {self.host}:{self.port} failed after {after}: {exc}", where)
+        return self._error(f"cannot decode the binlog of {self.host}:{self.port} after {after}: "
+                           f"{type(exc).__name__}: {exc}", where)
 
     def tell(self) -> Position | None:
         return self._cursor
@@ -581,7 +939,8 @@ class MysqlBinlogSource(Select):
     def head(self) -> Position | None:
         conn = self._connect()
         try:
-            return self._status(conn)
+            status = self._status(conn)
+            return status[0] if status else None
         except pymysql.MySQLError as exc:
             raise self._error(f"cannot read the binlog status of {self.host}:{self.port}: {exc}") from exc
         finally:
@@ -595,10 +954,8 @@ class MysqlBinlogSource(Select):
             self._thread.join(timeout)
             if self._thread.is_alive():
                 log.warning("pipeline=%s binlog reader thread did not stop within %.0fs", self.pipeline, timeout)
-        if self._reader is not None:
-            with contextlib.suppress(Exception):
-                self._reader.close()
-        self._thread = self._reader = self._connector = self._queue = None
+        self._thread = self._connector = self._queue = None
+        self._mark = None
 
 
 def _log_number(name: str) -> int:

@@ -7,6 +7,7 @@ import itertools
 import time
 from decimal import Decimal
 
+import attrs
 import pytest
 
 from setl.errors import PositionPurged, SourceError
@@ -45,6 +46,11 @@ def sources():
 def head(server) -> Position:
     file, pos = server.query("SHOW MASTER STATUS")[0][:2]
     return Position(file, int(pos))
+
+
+def bare(position: Position | None) -> Position | None:
+    """The file and offset of a position, without its GTID set (what SHOW MASTER STATUS shows)."""
+    return None if position is None else attrs.evolve(position, gtid=None)
 
 
 def read(src: MysqlBinlogSource, count: int, schema: str | None = None, timeout: float = 15) -> list[Transaction]:
@@ -89,7 +95,7 @@ def test_insert_update_delete_have_full_images_keys_and_positions(mariadb_source
     assert upd.changes[0].before == {"id": 1, "name": "a", "n": 10}
     assert upd.changes[0].after == {"id": 1, "name": "a", "n": 11}
     assert dele.changes[0].before == {"id": 1, "name": "a", "n": 11} and dele.changes[0].after is None
-    assert start < ins.end < upd.end < dele.end == head(mariadb_source) == src.tell()
+    assert start < ins.end < upd.end < dele.end and bare(dele.end) == head(mariadb_source) == bare(src.tell())
     assert all(tx.complete and tx.nbytes > 0 and tx.changes[0].position == tx.end for tx in (ins, upd, dele))
 
 
@@ -137,7 +143,7 @@ def test_earliest_and_latest_starts(mariadb_source, source_db, sources):
     assert sources(mariadb_source, start="earliest").tell() == Position(first, 4)
     execute(mariadb_source, source_db, "CREATE TABLE t (id INT PRIMARY KEY)", "INSERT INTO t VALUES (1)")
     latest = sources(mariadb_source, start="latest")
-    assert latest.tell() == head(mariadb_source) == latest.head()
+    assert bare(latest.tell()) == head(mariadb_source) == latest.head()
     execute(mariadb_source, source_db, "INSERT INTO t VALUES (2)")
     (tx,) = read(latest, 1, source_db)
     assert tx.changes[0].after == {"id": 2}
@@ -205,34 +211,6 @@ def test_poll_honours_timeout_and_close_is_prompt(mariadb_source, sources):
     src.close()  # idempotent
 
 
-def test_lost_connection_raises_and_seek_reconnects(mariadb_factory):
-    """A source restart makes poll raise SourceError; seek to the acked position reads on."""
-    server = mariadb_factory()
-    server.query("CREATE DATABASE d")
-    server.query("CREATE TABLE d.t (id INT PRIMARY KEY)")
-    src = make_source(server)
-    src.open(None)
-    try:
-        server.query("INSERT INTO d.t VALUES (1)")
-        (first,) = read(src, 1, "d")
-        server.restart()
-
-        def raised() -> bool:
-            try:
-                src.poll(0.2)
-            except SourceError:
-                return True
-            return False
-
-        wait_until(raised, timeout=20, message="poll to raise SourceError")
-        server.query("INSERT INTO d.t VALUES (2)")
-        src.seek(first.end)
-        (second,) = read(src, 1, "d")
-        assert second.changes[0].after == {"id": 2}
-    finally:
-        src.close()
-
-
 def test_large_transaction_comes_in_pieces(mariadb_source, source_db, sources):
     """A transaction over max_rows_in_memory arrives in pieces; only the last one is complete."""
     execute(mariadb_source, source_db, "CREATE TABLE t (id INT PRIMARY KEY)")
@@ -241,7 +219,7 @@ def test_large_transaction_comes_in_pieces(mariadb_source, source_db, sources):
     pieces = read(sources(mariadb_source, start, max_rows_in_memory=3), 3, source_db)
     assert [(len(p.changes), p.complete) for p in pieces] == [(3, False), (3, False), (1, True)]
     assert [c.after["id"] for p in pieces for c in p.changes] == list(range(7))
-    assert pieces[0].end <= pieces[1].end < pieces[2].end == head(mariadb_source)
+    assert pieces[0].end <= pieces[1].end < pieces[2].end and bare(pieces[2].end) == head(mariadb_source)
 
 
 TYPES_TABLE = """CREATE TABLE types (
