@@ -1,0 +1,50 @@
+"""Batch DDL tasks (after XDT): an upstream job declares, through a signal row in the source, a
+pre-write action on its target slice that runs exactly once, with overwrite and deprecation.
+
+See docs/batch-ddl-tasks.md. `with_ddl_tasks` wraps a pipeline's Select and Load when
+``pipeline.ddl_tasks.signal_table`` is set.
+"""
+
+from __future__ import annotations
+
+from setl.config import NodeSettings, PipelineConfig
+from setl.ddltask.actions import Actions, MysqlActions
+from setl.ddltask.load import ACTION_FAILED, CRASH_ENV, DdlTaskLoad
+from setl.ddltask.signal import OP_TYPES, DdlTaskSelect, Signal
+from setl.ddltask.tasks import DdlTasks
+from setl.errors import ConfigError
+from setl.meta.base import MetaStore
+from setl.stages import Load, Select, TableExtract
+
+__all__ = ["ACTION_FAILED", "CRASH_ENV", "OP_TYPES", "Actions", "DdlTaskLoad", "DdlTaskSelect",
+           "DdlTasks", "MysqlActions", "Signal", "build_actions", "with_ddl_tasks"]
+
+
+def build_actions(config: PipelineConfig) -> Actions:
+    """The pre-write actions for the pipeline's target; a ConfigError if it has none."""
+    if config.target.type == "mysql":
+        return MysqlActions(config.target, pipeline=config.name)  # type: ignore[arg-type]
+    raise ConfigError(f"pipeline.ddl_tasks: target.type {config.target.type} has no pre-write "
+                      "actions (supported: mysql)", file=config.file, pipeline=config.name)
+
+
+def with_ddl_tasks(node: NodeSettings, config: PipelineConfig, select: Select, load: Load,
+                   meta: MetaStore) -> tuple[Select, Load]:
+    """`select` and `load` wrapped for the pipeline's batch DDL tasks (they must be enabled)."""
+    settings = config.pipeline.ddl_tasks
+    assert settings.signal_table is not None
+    schema, dot, table = settings.signal_table.rpartition(".")
+    if not dot or not schema or not table:
+        raise ConfigError(f"pipeline.ddl_tasks.signal_table: expected schema.table, got "
+                          f"{settings.signal_table!r}", file=config.file, pipeline=config.name)
+    extract = TableExtract(config.tables, pipeline=config.name)
+
+    def target_of(source_schema: str, source_table: str) -> tuple[str, str] | None:
+        plan = extract.plan_for(source_schema, source_table)
+        return None if plan is None else (plan.target_schema, plan.target_table)
+
+    actions = build_actions(config)
+    tasks = DdlTasks(meta, config.name, op_system=actions.system, target_of=target_of,
+                     task_column=settings.task_column)
+    return (DdlTaskSelect(select, tasks, settings.signal_table, pipeline=config.name),
+            DdlTaskLoad(load, tasks, actions, node_id=node.node.id))

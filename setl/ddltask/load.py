@@ -1,0 +1,217 @@
+"""The Load wrapper of batch DDL tasks: run each task's pre-write action once, then load only the
+data of tasks that survive (docs/batch-ddl-tasks.md has the state machine)."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import signal
+import threading
+import uuid
+from collections.abc import Iterator
+
+from setl.ddltask.actions import Actions
+from setl.ddltask.tasks import DdlTasks, latest_clearing
+from setl.errors import LoadError, MetaStoreError, SetlError, TransientLoadError
+from setl.meta.base import DdlTask, DdlTaskStatus
+from setl.model import Batch, Change, Position, RowChange
+from setl.stages.load import Load
+
+log = logging.getLogger("setl.ddltask")
+
+#: Test hook: a task id; the process SIGKILLs itself after that task's action, before its record.
+CRASH_ENV = "SETL_DDLTASK_CRASH_AFTER_ACTION"
+
+#: The reason a task whose action failed carries, followed by the error.
+ACTION_FAILED = "action failed: "
+
+
+class DdlTaskLoad(Load):
+    """Wraps the pipeline's Load (see the module docstring).
+
+    For each call, which may come from any thread and concurrently with other calls:
+
+    1. The batch's tasks are its changes' tasks plus the tasks declared inside its position
+       range (a task without data still clears its slice). Calls touching a table that has tasks
+       are serialised per target table in this process (locks taken in sorted order), so an
+       action never runs while rows of its table are being loaded here.
+    2. Each task, in position order, is settled through the meta store: DECLARED → claim; the
+       winner runs the action, then records SUCCEEDED. A RUNNING task seen while holding its
+       table's lock has no live owner in this process (and the mainstem says no other node
+       writes), so it is taken over and its action redone. A task whose slice a later task
+       already cleared is deprecated without running its action.
+    3. Changes are kept unless their task is DEPRECATED, or a later task's action already
+       cleared their slice (a replay, or out-of-order loads); dropped changes are counted in
+       `dropped` and logged.
+    4. The filtered batch goes to the wrapped Load, with the same id, epoch and positions.
+
+    A failed action deprecates its task and raises `LoadError` naming the task, the op and the
+    target, which fails the batch through Termin; the replay then drops the task's data.
+    """
+
+    def __init__(self, inner: Load, tasks: DdlTasks, actions: Actions, *, node_id: str = "node") -> None:
+        self.inner = inner
+        self.tasks = tasks
+        self.actions = actions
+        self.pipeline = tasks.pipeline
+        self._owner_prefix = f"{node_id}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
+        self._locks: dict[tuple[str, str], threading.RLock] = collections.defaultdict(threading.RLock)
+        self._locks_guard = threading.Lock()
+        self._count_lock = threading.Lock()
+        self._crash_after = os.environ.get(CRASH_ENV)
+        #: Changes dropped per task id (None: changes of no task cleared by a later truncate).
+        self.dropped: collections.Counter[str | None] = collections.Counter()
+        #: Actions this process ran, per task id.
+        self.actions_run: collections.Counter[str] = collections.Counter()
+
+    # -- the Load contract
+
+    def open(self) -> None:
+        self.inner.open()
+
+    def committed(self) -> Position | None:
+        return self.inner.committed()
+
+    def close(self) -> None:
+        try:
+            self.actions.close()
+        finally:
+            self.inner.close()
+
+    def load(self, batch: Batch) -> None:
+        declared_here = self.tasks.declared_between(batch.start, batch.end)
+        tables = {(c.schema, c.table) for c in batch.changes if isinstance(c, RowChange)}
+        tables = {t for t in tables if self.tasks.watches(t)}
+        for task_id in declared_here:
+            task = self.tasks.declared(task_id)
+            assert task is not None
+            tables.add((task.op_db, task.op_table))
+        if not tables:
+            self.inner.load(batch)
+            return
+        with self._table_locks(sorted(tables)):
+            self.inner.load(self._settle(batch, declared_here))
+
+    # -- settling tasks and filtering data
+
+    def _settle(self, batch: Batch, declared_here: list[str]) -> Batch:
+        bound: list[str | None] = [
+            self.tasks.bound_task(c) if isinstance(c, RowChange) else None for c in batch.changes
+        ]
+        wanted = dict.fromkeys(declared_here)
+        wanted.update(dict.fromkeys(t for t in bound if t is not None))
+        for task_id in wanted:
+            if self.tasks.declared(task_id) is None and self._stored(task_id) is None:
+                raise LoadError(f"rows name task {task_id}, which no signal row declared",
+                                **self._context(batch))
+        order = sorted(wanted, key=lambda t: (self._declared(t).position, t))
+        for task_id in order:
+            self._settle_task(task_id, batch)
+        stored = {t.task_id: t for t in self.tasks.meta.ddl_tasks(self.pipeline)}
+        keep: list[Change] = []
+        dropped: collections.Counter[tuple[str | None, str]] = collections.Counter()
+        clearing: dict[tuple[str, str, str | None], DdlTask | None] = {}
+        for change, task_id in zip(batch.changes, bound):
+            table = (change.schema, change.table)
+            if not isinstance(change, RowChange) or not self.tasks.watches(table):
+                keep.append(change)
+                continue
+            task = stored.get(task_id) if task_id is not None else None
+            if task is not None and task.status is DdlTaskStatus.DEPRECATED:
+                dropped[(task_id, f"deprecated: {task.reason}")] += 1
+                continue
+            key = (*table, task_id)
+            if key not in clearing:
+                clearing[key] = latest_clearing(stored.values(), table, task)
+            later = clearing[key]
+            if later is not None and change.position is not None and later.position > change.position:
+                dropped[(task_id, f"cleared by the later {later.describe()}")] += 1
+                continue
+            keep.append(change)
+        for (task_id, why), count in dropped.items():
+            log.warning("pipeline=%s stage=load batch=%d dropped %d changes of %s (%s)", self.pipeline,
+                        batch.id, count, f"task {task_id}" if task_id else "no task", why)
+            with self._count_lock:
+                self.dropped[task_id] += count
+        return batch.replace(tuple(keep)) if len(keep) != len(batch.changes) else batch
+
+    def _settle_task(self, task_id: str, batch: Batch) -> None:
+        """Bring a task to SUCCEEDED or DEPRECATED, running its action if this call wins it."""
+        meta = self.tasks.meta
+        for _ in range(10):  # each round is lost only to a concurrent change of the task
+            task = self._stored(task_id)
+            assert task is not None
+            if task.status in (DdlTaskStatus.SUCCEEDED, DdlTaskStatus.DEPRECATED):
+                return
+            owner = f"{self._owner_prefix}/{uuid.uuid4().hex[:8]}"
+            if task.status is DdlTaskStatus.RUNNING:
+                log.warning("pipeline=%s stage=load batch=%d %s was claimed by %s, which did not record "
+                            "its outcome; taking it over and redoing its action", self.pipeline,
+                            batch.id, task.describe(), task.owner)
+                claim = meta.claim_ddl_task(self.pipeline, task_id, owner, expected_owner=task.owner)
+            else:
+                claim = meta.claim_ddl_task(self.pipeline, task_id, owner)
+            if not claim.won:
+                continue
+            self._run(claim.task, owner, batch)
+            return
+        raise MetaStoreError(f"task {task_id} kept changing while being settled", **self._context(batch))
+
+    def _run(self, task: DdlTask, owner: str, batch: Batch) -> None:
+        meta = self.tasks.meta
+        later = latest_clearing(meta.ddl_tasks(self.pipeline), (task.op_db, task.op_table), task)
+        if later is not None and later.position > task.position:
+            reason = f"superseded by the later {later.describe()}, whose action already ran"
+            meta.finish_ddl_task(self.pipeline, task.task_id, owner, DdlTaskStatus.DEPRECATED, reason)
+            log.warning("pipeline=%s stage=load batch=%d %s: %s; its action is skipped and its data "
+                        "dropped", self.pipeline, batch.id, task.describe(), reason)
+            return
+        try:
+            self.actions.run(task)
+        except Exception as exc:
+            detail = exc.message if isinstance(exc, SetlError) else f"{type(exc).__name__}: {exc}"
+            meta.finish_ddl_task(self.pipeline, task.task_id, owner, DdlTaskStatus.DEPRECATED,
+                                 ACTION_FAILED + detail)
+            kind = TransientLoadError if isinstance(exc, TransientLoadError) else LoadError
+            raise kind(f"{task.describe()}: pre-write action failed on target {task.target}: {detail}; "
+                       f"the task is deprecated and its data will be dropped",
+                       **self._context(batch, task.target)) from exc
+        with self._count_lock:
+            self.actions_run[task.task_id] += 1
+        if self._crash_after == task.task_id:
+            os.kill(os.getpid(), signal.SIGKILL)
+        final = meta.finish_ddl_task(self.pipeline, task.task_id, owner, DdlTaskStatus.SUCCEEDED)
+        if final.status is DdlTaskStatus.SUCCEEDED:
+            log.info("pipeline=%s stage=load batch=%d %s: action done", self.pipeline, batch.id,
+                     task.describe())
+        else:
+            log.warning("pipeline=%s stage=load batch=%d %s: action done, but the task is now %s (%s)",
+                        self.pipeline, batch.id, task.describe(), final.status.value, final.reason)
+
+    # -- helpers
+
+    def _stored(self, task_id: str) -> DdlTask | None:
+        return self.tasks.meta.ddl_task(self.pipeline, task_id)
+
+    def _declared(self, task_id: str) -> DdlTask:
+        task = self.tasks.declared(task_id) or self._stored(task_id)
+        assert task is not None
+        return task
+
+    @contextlib.contextmanager
+    def _table_locks(self, tables: list[tuple[str, str]]) -> Iterator[None]:
+        with self._locks_guard:
+            locks = [self._locks[t] for t in tables]
+        with contextlib.ExitStack() as stack:
+            for lock in locks:
+                stack.enter_context(lock)
+            yield
+
+    def _context(self, batch: Batch, table: str | None = None) -> dict[str, object]:
+        return {"pipeline": self.pipeline, "stage": "load", "table": table, "batch": batch.id,
+                "position": batch.start}
+
+
+__all__ = ["DdlTaskLoad", "CRASH_ENV", "ACTION_FAILED"]

@@ -1,0 +1,165 @@
+"""A pipeline's batch DDL tasks: declaring them, tying changes to them, and which data survives.
+
+The meta store is the only record of a task's *status*. This module keeps in memory only what
+never changes once written: which tasks were declared, for which target table, at which source
+position. That index is rebuilt from the store whenever the Select opens.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import re
+import threading
+from collections.abc import Callable, Iterable
+
+from setl.meta.base import OVERWRITTEN_BY, DdlTask, DdlTaskStatus, MetaStore
+from setl.model import Position, RowChange
+
+log = logging.getLogger("setl.ddltask")
+
+#: Ops whose action removes rows from their slice of the target table.
+CLEARING = frozenset({"truncate_table", "drop_partition", "truncate_partition", "delete_where"})
+
+TargetOf = Callable[[str, str], "tuple[str, str] | None"]
+
+
+def slice_of(task: DdlTask) -> str | None:
+    """The slice of its table a task's data lies in: None for the whole table, else a normalised
+    partition name (partition ops) or ``column=value`` (delete_where, none)."""
+    if task.op_type == "truncate_table":
+        return None
+    if task.op_type in ("drop_partition", "truncate_partition", "add_range_partition"):
+        return "partition " + task.op_partition.partition(":")[0].strip().lower()
+    return re.sub(r"\s*=\s*", "=", task.op_partition.strip())
+
+
+def covers(later: DdlTask, earlier: DdlTask | None) -> bool:
+    """True if `later`'s action clears the rows of `earlier` (None: rows bound to no task)."""
+    if later.op_type not in CLEARING:
+        return False
+    if later.op_type == "truncate_table":
+        return True
+    return earlier is not None and slice_of(earlier) == slice_of(later)
+
+
+def action_ran(task: DdlTask) -> bool:
+    """True if `task`'s action has (or may have) run on the target."""
+    if task.status in (DdlTaskStatus.RUNNING, DdlTaskStatus.SUCCEEDED):
+        return True
+    return task.status is DdlTaskStatus.DEPRECATED and (task.reason or "").startswith(OVERWRITTEN_BY)
+
+
+class DdlTasks:
+    """The batch DDL tasks of one pipeline, shared by its `DdlTaskSelect` and `DdlTaskLoad`.
+
+    * `target_of(schema, table)` maps a source table to its target table, or None if the
+      pipeline does not replicate it (the pipeline's table rules).
+    * A change of a target table belongs to the task named by its `task_column` value when the
+      row has that column; otherwise to the task declared last for that table at or before the
+      change's position (the signal's own transaction, then every later one, until the next
+      declaration for the table). Changes before the first declaration belong to no task.
+    * Thread-safe: the Select thread declares while load threads look up.
+    """
+
+    def __init__(self, meta: MetaStore, pipeline: str, *, op_system: str, target_of: TargetOf,
+                 task_column: str | None = None) -> None:
+        self.meta = meta
+        self.pipeline = pipeline
+        self.op_system = op_system
+        self.target_of = target_of
+        self.task_column = task_column
+        self._lock = threading.Lock()
+        self._by_table: dict[tuple[str, str], list[tuple[Position, str]]] = {}
+        self._by_id: dict[str, DdlTask] = {}
+
+    def refresh(self) -> None:
+        """Rebuild the declaration index from the meta store."""
+        tasks = self.meta.ddl_tasks(self.pipeline)
+        with self._lock:
+            self._by_table.clear()
+            self._by_id.clear()
+            for task in tasks:
+                self._add(task)
+
+    def _add(self, task: DdlTask) -> None:
+        if task.task_id in self._by_id:
+            return
+        self._by_id[task.task_id] = task
+        entries = self._by_table.setdefault((task.op_db, task.op_table), [])
+        bisect.insort(entries, (task.position, task.task_id))
+
+    def declare(self, signal) -> DdlTask | None:
+        """Declare the task of a `Signal`; None if its table is not replicated or its id is reused."""
+        target = self.target_of(signal.op_db, signal.op_table)
+        if target is None:
+            log.warning("pipeline=%s stage=select position=%s signal for task %s names %s.%s, which "
+                        "this pipeline does not replicate; ignored", self.pipeline, signal.position,
+                        signal.task_id, signal.op_db, signal.op_table)
+            return None
+        position = Position(signal.position.log, signal.position.offset)  # GTIDs are not compared
+        task = DdlTask(pipeline=self.pipeline, task_id=signal.task_id, op_type=signal.op_type,
+                       op_db=target[0], op_table=target[1], position=position,
+                       op_partition=signal.op_partition, op_system=self.op_system,
+                       overwrite=signal.overwrite)
+        stored = self.meta.declare_ddl_task(task)
+        if stored.op_id != task.op_id or stored.position != task.position:
+            log.warning("pipeline=%s stage=select position=%s task id %s was already declared at %s "
+                        "as %s; this signal is ignored (use a new task id per run)", self.pipeline,
+                        signal.position, signal.task_id, stored.position, stored.describe())
+            with self._lock:
+                self._add(stored)
+            return None
+        with self._lock:
+            self._add(stored)
+        return stored
+
+    def watches(self, table: tuple[str, str]) -> bool:
+        """True if any task was ever declared for target table `table`."""
+        with self._lock:
+            return table in self._by_table
+
+    def declared(self, task_id: str) -> DdlTask | None:
+        """The task as declared (its status here is stale: ask the store)."""
+        with self._lock:
+            return self._by_id.get(task_id)
+
+    def declared_between(self, start: Position, end: Position) -> list[str]:
+        """Ids of tasks declared after `start` and at or before `end`, in position order."""
+        with self._lock:
+            found = [t for t in self._by_id.values() if start < t.position <= end]
+        return [t.task_id for t in sorted(found, key=lambda t: t.position)]
+
+    def bound_task(self, change: RowChange) -> str | None:
+        """The id of the task `change` belongs to (see the class docstring), or None."""
+        if self.task_column is not None:
+            image = change.image
+            if self.task_column in image:
+                value = image[self.task_column]
+                return None if value is None else str(value)
+        if change.position is None:
+            return None
+        with self._lock:
+            entries = self._by_table.get((change.schema, change.table))
+            if not entries:
+                return None
+            index = bisect.bisect_right(entries, (change.position, "\U0010ffff")) - 1
+            return entries[index][1] if index >= 0 else None
+
+
+def latest_clearing(tasks: Iterable[DdlTask], table: tuple[str, str],
+                    owner: DdlTask | None) -> DdlTask | None:
+    """The latest task on `table`, other than `owner`, whose action ran and clears the rows of
+    `owner` (None: rows of no task). A row of `owner` at a position before that task's must not
+    be loaded: in source order that action came after the row and removed it."""
+    latest = None
+    for task in tasks:
+        if ((task.op_db, task.op_table) == table
+                and (owner is None or task.task_id != owner.task_id)
+                and action_ran(task) and covers(task, owner)
+                and (latest is None or task.position > latest.position)):
+            latest = task
+    return latest
+
+
+__all__ = ["CLEARING", "DdlTasks", "action_ran", "covers", "latest_clearing", "slice_of"]

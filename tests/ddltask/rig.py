@@ -1,0 +1,134 @@
+"""A batch-DDL-task pipeline between the real MariaDB source and target, for the tests here."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pymysql
+import yaml
+
+from setl.config import load_node, load_pipeline
+from setl.ddltask import DdlTaskLoad
+from setl.meta.base import DdlTaskStatus
+from setl.meta.sqlite import SqliteMetaStore
+from setl.node import build_stages
+from setl.scheduler import Outcome, Scheduler
+
+_server_ids = itertools.count(8101)
+
+SIGNAL_DDL = (
+    "CREATE TABLE setl_signal (task_id VARCHAR(191) NOT NULL PRIMARY KEY, op_type VARCHAR(32) NOT NULL,"
+    " op_db VARCHAR(64) NOT NULL, op_table VARCHAR(64) NOT NULL,"
+    " op_partition VARCHAR(255) NOT NULL DEFAULT '', overwrite BOOLEAN NOT NULL DEFAULT FALSE)"
+)
+
+log = logging.getLogger("tests.ddltask")
+
+
+class Rig:
+    """A conf dir with one pipeline `source_db.* -> target_db.*` with batch DDL tasks on.
+
+    Source tables are created with `source_ddl` and target tables with `target_ddl` before the
+    pipeline's start position is taken, so the binlog it reads holds only rows.
+    """
+
+    def __init__(self, tmp_path: Path, source, target, source_db: str, target_db: str, *,
+                 source_ddl: list[str], target_ddl: list[str], max_rows: int = 4,
+                 parallelism: int = 3, task_column: str | None = None, retry_attempts: int = 3,
+                 load_mode: str = "ordered") -> None:
+        self.source, self.target = source, target
+        self.source_db, self.target_db = source_db, target_db
+        self.name = "ddl" + target_db[-6:]
+        self.conf = tmp_path / "conf"
+        (self.conf / "pipelines").mkdir(parents=True)
+        self.execute_source(SIGNAL_DDL, *source_ddl)
+        self.execute_target(*target_ddl)
+        file, pos = source.query("SHOW MASTER STATUS")[0][:2]
+        (self.conf / "setl.yaml").write_text(yaml.safe_dump({
+            "node": {"id": "n1"}, "meta": {"store": "sqlite", "path": str(tmp_path / "meta.db")}}))
+        settings: dict[str, Any] = {"signal_table": f"{source_db}.setl_signal"}
+        if task_column:
+            settings["task_column"] = task_column
+        (self.conf / "pipelines" / f"{self.name}.yaml").write_text(yaml.safe_dump({
+            "source": {"type": "mysql", "host": source.host, "port": source.port, "user": "root",
+                       "server_id": next(_server_ids), "flavor": "mariadb",
+                       "start": {"file": file, "pos": int(pos)}},
+            "target": {"type": "mysql", "host": target.host, "port": target.port, "user": "root"},
+            "tables": [{"source": rf"{source_db}\..*", "target": target_db + ".{table}"}],
+            "pipeline": {"parallelism": parallelism, "batch": {"max_rows": max_rows, "max_wait_ms": 50},
+                         "load": {"mode": load_mode},
+                         "retry": {"max_attempts": retry_attempts, "initial_backoff_ms": 10,
+                                   "max_backoff_ms": 50},
+                         "ddl_tasks": settings}}))
+        self.meta = SqliteMetaStore(tmp_path / "meta.db")
+        self.load: DdlTaskLoad | None = None
+
+    # -- the source job
+
+    def execute_source(self, *statements: str | tuple) -> None:
+        """Run `statements` in one source transaction."""
+        args = self.source.connect_args(database=self.source_db, autocommit=False)
+        with contextlib.closing(pymysql.connect(**args)) as conn:
+            with conn.cursor() as cur:
+                for statement in statements:
+                    if isinstance(statement, tuple):
+                        cur.execute(*statement)
+                    else:
+                        cur.execute(statement)
+            conn.commit()
+
+    def execute_target(self, *statements: str) -> None:
+        with contextlib.closing(self.target.connect(database=self.target_db)) as conn, conn.cursor() as cur:
+            for statement in statements:
+                cur.execute(statement)
+
+    def signal(self, task_id: str, op_type: str, table: str, partition: str = "", overwrite: bool = False):
+        """The INSERT of one signal row, for `execute_source`."""
+        return ("INSERT INTO setl_signal VALUES (%s, %s, %s, %s, %s, %s)",
+                (task_id, op_type, self.source_db, table, partition, overwrite))
+
+    # -- running setl
+
+    def run(self, expect: Outcome = Outcome.CAUGHT_UP) -> Scheduler:
+        """Run the pipeline in this process until it has caught up with the source."""
+        node = load_node(self.conf)
+        config = load_pipeline(self.conf, self.name)
+        stages = build_stages(node, config, self.meta)
+        assert isinstance(stages.load, DdlTaskLoad)
+        self.load = stages.load
+        scheduler = Scheduler(self.name, config.pipeline, stages.select, stages.extract,
+                              stages.transform, stages.load, self.meta, node_id="n1")
+        stages.load.open()
+        try:
+            outcome = scheduler.run(until_caught_up=True)
+        finally:
+            stages.load.close()
+        assert outcome is expect, f"pipeline ended {outcome}: {scheduler.error}"
+        return scheduler
+
+    def start_process(self, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """`setl start --until-caught-up` as a subprocess."""
+        full = {**os.environ, **(env or {})}
+        full.pop("SETL_FAULTS", None)
+        return subprocess.Popen([sys.executable, "-m", "setl.cli", "--conf", str(self.conf), "start",
+                                 "--pipeline", self.name, "--until-caught-up"], env=full,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    # -- what happened
+
+    def rows(self, table: str, columns: str = "*") -> list[tuple]:
+        return sorted(self.target.query(f"SELECT {columns} FROM `{self.target_db}`.`{table}`"))
+
+    def statuses(self) -> dict[str, DdlTaskStatus]:
+        return {t.task_id: t.status for t in self.meta.ddl_tasks(self.name)}
+
+    def dump(self) -> str:
+        return json.dumps([[t.task_id, t.status.value, t.reason] for t in self.meta.ddl_tasks(self.name)])
