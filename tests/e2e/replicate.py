@@ -1,0 +1,54 @@
+"""Run a real pipeline in-process for end-to-end tests: the MariaDB binlog source, the table
+rules' Extract and a SQL sink under the scheduler, from a given binlog position until caught up."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+from typing import Any
+
+from setl.config import BatchSettings, PipelineSettings, RetrySettings, TableRule
+from setl.meta.sqlite import SqliteMetaStore
+from setl.model import Position
+from setl.scheduler import Outcome, Scheduler
+from setl.sources.mysql_binlog import MysqlBinlogSource
+from setl.stages import TableExtract, Transform
+from setl.stages.load import Load
+from setl.testing.servers import MariaDBServer
+
+_server_ids = itertools.count(7000 + os.getpid() % 1000 * 10)
+
+SETTINGS = PipelineSettings(
+    parallelism=2,
+    batch=BatchSettings(max_rows=50, max_wait_ms=20),
+    retry=RetrySettings(max_attempts=3, initial_backoff_ms=10, max_backoff_ms=50),
+    drain_timeout_ms=10000,
+)
+
+
+def binlog_head(server: MariaDBServer) -> Position:
+    """Where the server's binlog ends now."""
+    log, offset = server.query("SHOW MASTER STATUS")[0][:2]
+    return Position(log, int(offset))
+
+
+def table_rule(source: str, target: str, **options: Any) -> TableRule:
+    return TableRule(source=source, target=target, **options)
+
+
+def replicate(source: MariaDBServer, start: Position, rules: list[TableRule], load: Load, meta_dir: Path,
+              name: str = "e2e", settings: PipelineSettings = SETTINGS) -> Scheduler:
+    """Run the pipeline from `start` until it has acked the binlog's end as it stands now; return the
+    scheduler (its `acked_batches`, `error`). Fails the test if it ends any other way."""
+    select = MysqlBinlogSource(host=source.host, port=source.port, user=source.user, password=source.password,
+                               server_id=next(_server_ids), flavor="mariadb", start=start, pipeline=name)
+    meta = SqliteMetaStore(meta_dir / f"{name}.db")
+    scheduler = Scheduler(name, settings, select, TableExtract(rules, pipeline=name), Transform(), load, meta)
+    try:
+        outcome = scheduler.run(until_caught_up=True)
+    finally:
+        load.close()
+        meta.close()
+    assert outcome is Outcome.CAUGHT_UP, f"pipeline ended {outcome}: {scheduler.error}"
+    return scheduler

@@ -1,0 +1,139 @@
+"""Type fidelity end to end: a table of every MySQL type with edge values, written on a real MariaDB,
+read from its binlog and replicated by the scheduler into MariaDB and PostgreSQL, compared value by
+value. The target tables are made by the replicated CREATE TABLE itself (``pipeline.ddl: apply``)."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import decimal
+import json
+import struct
+from typing import Any
+
+import pytest
+
+from setl.sinks.mysql import MySQLLoad
+from setl.sinks.postgresql import PostgresLoad
+
+from .replicate import binlog_head, replicate, table_rule
+
+pytestmark = pytest.mark.timeout(120)
+
+COLUMNS = """
+    id INT NOT NULL PRIMARY KEY,
+    ti TINYINT, tiu TINYINT UNSIGNED, si SMALLINT, siu SMALLINT UNSIGNED,
+    mi MEDIUMINT, miu MEDIUMINT UNSIGNED, i INT, iu INT UNSIGNED, bi BIGINT, biu BIGINT UNSIGNED,
+    dec65 DECIMAL(65,30), dec5 DECIMAL(5,2) UNSIGNED, f FLOAT, d DOUBLE,
+    day DATE, t0 TIME, t6 TIME(6), dt DATETIME(6), ts TIMESTAMP(6) NULL DEFAULT NULL, y YEAR,
+    c CHAR(10), vc VARCHAR(255), txt TEXT, ltxt LONGTEXT,
+    bin BINARY(8), vbin VARBINARY(16), blb BLOB,
+    e ENUM('a','b','ç'), s SET('x','y','z'), b1 BIT(1), b5 BIT(5), b64 BIT(64), j JSON
+"""
+
+EMOJI = "héllo 😀🚀 ünï ✓"
+ALL_BYTES = bytes(range(256))
+ROWS = [
+    # minimums
+    (1, -128, 0, -32768, 0, -8388608, 0, -2147483648, 0, -9223372036854775808, 0,
+     "-99999999999999999999999999999999999.999999999999999999999999999999", "0.00", -3.40282e38,
+     -1.7976931348623157e308, "1000-01-01", "-838:59:59", "-838:59:59.000000", "1000-01-01 00:00:00.000000",
+     "1970-01-01 00:00:01.000000", 1901, "", "", "", "", b"\x00", b"", b"", "a", "", 0, 0, 0, "{}"),
+    # maximums
+    (2, 127, 255, 32767, 65535, 8388607, 16777215, 2147483647, 4294967295, 9223372036854775807,
+     18446744073709551615, "99999999999999999999999999999999999.999999999999999999999999999999", "999.99",
+     3.40282e38, 1.7976931348623157e308, "9999-12-31", "838:59:59", "838:59:59.000000",
+     "9999-12-31 23:59:59.999999", "2038-01-19 03:14:07.999999", 2155, "z" * 10, EMOJI * 10,
+     EMOJI * 1000, "x" * 70000, b"\xff" * 8, b"\xff" * 16, ALL_BYTES * 40, "ç", "x,y,z", 1, 31,
+     18446744073709551615, '{"a": [1, 2.5, "😀", null], "b": {"c": true, "d": "q\\"uote"}}'),
+    # fractions, signs, zeros in bytes, small magnitudes
+    (3, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, "0.000000000000000000000000000001", "0.01", 1.17549e-38,
+     2.2250738585072014e-308, "2024-02-29", "-00:00:01", "-00:00:01.500000", "2024-02-29 12:34:56.000001",
+     "2024-02-29 12:34:56.123456", 0, "a b", "tab\there 'q' \\ back", "line\nbreak", EMOJI,
+     b"\x00\x01\x00", b"\x00\xff\x00\x00", b"\x00" * 10 + b"\x01\x00\x00", "b", "x,z", 0, 5, 1 << 63,
+     "[1, 2, 3]"),
+]
+
+
+def mysql_rows(server: Any, schema: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Column names and rows of `schema`.types, TIMESTAMPs read in UTC."""
+    with contextlib.closing(server.connect(database=schema, init_command="SET time_zone = '+00:00'")) as conn:
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT * FROM `{schema}`.`types` ORDER BY id")
+            return [d[0] for d in cur.description], list(cur.fetchall())
+
+
+def write_source(server: Any, schema: str) -> None:
+    """The CREATE TABLE, the rows above, an update of every column, a delete and an all-NULL row."""
+    with contextlib.closing(server.connect(database=schema, init_command="SET time_zone = '+00:00'")) as conn:
+        conn.autocommit(False)
+        with conn.cursor() as cur:
+            cur.execute(f"CREATE TABLE types ({COLUMNS}) DEFAULT CHARSET=utf8mb4")
+            marks = ", ".join(["%s"] * len(ROWS[0]))
+            cur.executemany(f"INSERT INTO types VALUES ({marks})", ROWS)
+            cur.execute(f"INSERT INTO types VALUES ({marks})", (4, *ROWS[2][1:]))
+            conn.commit()
+            cur.execute("INSERT INTO types (id) VALUES (5)")
+            cur.execute("UPDATE types SET ti = -2, vc = CONCAT(vc, '🙂'), blb = CONCAT(blb, x'0000'),"
+                        " t6 = '-00:00:00.000001', s = '', j = '{\"k\": []}', b64 = 2 WHERE id = 3")
+            cur.execute("DELETE FROM types WHERE id = 4")
+            conn.commit()
+
+
+def float32(value: float) -> float:
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
+def same_in_postgres(name: str, source: Any, target: Any) -> bool:
+    """Whether a PostgreSQL value stands for the MariaDB one, by the documented type mapping."""
+    if source is None or target is None:
+        return source is None and target is None
+    if name == "f":
+        return float32(source) == pytest.approx(float32(target), rel=1e-6)
+    if name == "ts":
+        return target.astimezone(datetime.timezone.utc).replace(tzinfo=None) == source
+    if name == "s":
+        return set(filter(None, source.split(","))) == set(filter(None, target.split(",")))
+    if name.startswith("b") and name[1:].isdigit():
+        return int.from_bytes(source, "big") == target
+    if name == "j":
+        return json.loads(source) == target
+    if isinstance(source, decimal.Decimal) or isinstance(target, decimal.Decimal):
+        return decimal.Decimal(source) == decimal.Decimal(target)
+    return source == target and type(source) is type(target)
+
+
+def mismatches(names: list[str], expected: list[tuple], got: list[tuple], same) -> list[str]:
+    assert [r[0] for r in got] == [r[0] for r in expected], "the targets holds other rows"
+    return [f"id={want[0]} {name}: source {want[k]!r} target {have[k]!r}"
+            for want, have in zip(expected, got) for k, name in enumerate(names)
+            if not same(name, want[k], have[k])]
+
+
+def test_every_type_round_trips_to_mariadb(mariadb_source, source_db, mariadb_target, mysql_db, tmp_path):
+    """Every MySQL type, with its edge values and NULLs, arrives in a MariaDB target equal to the
+    source, through the binlog, the scheduler and a replicated CREATE TABLE."""
+    start = binlog_head(mariadb_source)
+    write_source(mariadb_source, source_db)
+    load = MySQLLoad(mariadb_target.target_config(), pipeline="types", position_schema=mysql_db)
+    replicate(mariadb_source, start, [table_rule(rf"{source_db}\.types", f"{mysql_db}.types")], load, tmp_path)
+    names, expected = mysql_rows(mariadb_source, source_db)
+    target_names, got = mysql_rows(mariadb_target, mysql_db)
+    assert target_names == names and [r[0] for r in expected] == [1, 2, 3, 5]
+    assert mismatches(names, expected, got, lambda name, a, b: a == b and type(a) is type(b)) == []
+    checksum = "CHECKSUM TABLE `{}`.`types`"
+    assert mariadb_target.query(checksum.format(mysql_db))[0][1] == \
+        mariadb_source.query(checksum.format(source_db))[0][1]
+
+
+def test_every_type_round_trips_to_postgresql(mariadb_source, source_db, postgres_server, postgres_db, tmp_path):
+    """Every MySQL type, with its edge values and NULLs, arrives in PostgreSQL as the type mapping
+    says: the replicated CREATE TABLE is translated and each value compares equal."""
+    start = binlog_head(mariadb_source)
+    write_source(mariadb_source, source_db)
+    load = PostgresLoad(postgres_server.target_config(postgres_db), pipeline="types")
+    replicate(mariadb_source, start, [table_rule(rf"{source_db}\.types", "app.types")], load, tmp_path)
+    names, expected = mysql_rows(mariadb_source, source_db)
+    got = postgres_server.query("SELECT * FROM app.types ORDER BY id", dbname=postgres_db)
+    assert [r[0] for r in expected] == [1, 2, 3, 5]
+    assert mismatches(names, expected, got, same_in_postgres) == []
