@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from setl.config import NodeSettings, PipelineConfig
 from setl.ddltask.actions import Actions, MysqlActions
-from setl.ddltask.load import ACTION_FAILED, CRASH_ENV, DdlTaskLoad
+from setl.ddltask.load import ACTION_FAILED, CRASH_ENV, DdlTaskLoad, DdlTaskPartLoad
 from setl.ddltask.signal import OP_TYPES, DdlTaskSelect, Signal
 from setl.ddltask.tasks import DdlTasks
 from setl.errors import ConfigError
 from setl.meta.base import MetaStore
 from setl.stages import Load, Select, TableExtract
 
-__all__ = ["ACTION_FAILED", "CRASH_ENV", "OP_TYPES", "Actions", "DdlTaskLoad", "DdlTaskSelect",
+__all__ = ["ACTION_FAILED", "CRASH_ENV", "OP_TYPES", "Actions", "DdlTaskLoad", "DdlTaskPartLoad", "DdlTaskSelect",
            "DdlTasks", "MysqlActions", "Signal", "build_actions", "with_ddl_tasks"]
 
 
@@ -46,5 +46,7 @@ def with_ddl_tasks(node: NodeSettings, config: PipelineConfig, select: Select, l
     actions = build_actions(config)
     tasks = DdlTasks(meta, config.name, op_system=actions.system, target_of=target_of,
                      task_column=settings.task_column)
+    # Per-table loading is offered only when the wrapped Load offers it.
+    wrapper = DdlTaskPartLoad if type(load).load_part is not Load.load_part else DdlTaskLoad
     return (DdlTaskSelect(select, tasks, settings.signal_table, pipeline=config.name),
-            DdlTaskLoad(load, tasks, actions, node_id=node.node.id))
+            wrapper(load, tasks, actions, node_id=node.node.id))

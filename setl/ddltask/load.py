@@ -10,7 +10,7 @@ import os
 import signal
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from setl.ddltask.actions import Actions
 from setl.ddltask.tasks import DdlTasks, latest_clearing
@@ -81,6 +81,15 @@ class DdlTaskLoad(Load):
             self.inner.close()
 
     def load(self, batch: Batch) -> None:
+        self._apply(batch, self.inner.load)
+
+    def mark_loaded(self, batch: Batch) -> None:
+        """Per_table: settle the batch's tasks that no part touched (tasks without data), then
+        let the wrapped Load record the batch."""
+        self._apply(batch.replace(()), lambda _: None)
+        self.inner.mark_loaded(batch)
+
+    def _apply(self, batch: Batch, write: Callable[[Batch], None]) -> None:
         declared_here = self.tasks.declared_between(batch.start, batch.end)
         tables = {(c.schema, c.table) for c in batch.changes if isinstance(c, RowChange)}
         tables = {t for t in tables if self.tasks.watches(t)}
@@ -89,10 +98,10 @@ class DdlTaskLoad(Load):
             assert task is not None
             tables.add((task.op_db, task.op_table))
         if not tables:
-            self.inner.load(batch)
+            write(batch)
             return
         with self._table_locks(sorted(tables)):
-            self.inner.load(self._settle(batch, declared_here))
+            write(self._settle(batch, declared_here))
 
     # -- settling tasks and filtering data
 
@@ -109,6 +118,8 @@ class DdlTaskLoad(Load):
         order = sorted(wanted, key=lambda t: (self._declared(t).position, t))
         for task_id in order:
             self._settle_task(task_id, batch)
+        if not batch.changes:
+            return batch
         stored = {t.task_id: t for t in self.tasks.meta.ddl_tasks(self.pipeline)}
         keep: list[Change] = []
         dropped: collections.Counter[tuple[str | None, str]] = collections.Counter()
@@ -214,4 +225,15 @@ class DdlTaskLoad(Load):
                 "position": batch.start}
 
 
-__all__ = ["DdlTaskLoad", "CRASH_ENV", "ACTION_FAILED"]
+class DdlTaskPartLoad(DdlTaskLoad):
+    """A `DdlTaskLoad` over a Load that can load per table (`pipeline.load.mode: per_table`).
+
+    A part is settled like a batch: its table's tasks, and every task declared inside the
+    batch's positions, whatever its table (parts of other tables wait on those tables' locks).
+    """
+
+    def load_part(self, batch: Batch) -> None:
+        self._apply(batch, self.inner.load_part)
+
+
+__all__ = ["DdlTaskLoad", "DdlTaskPartLoad", "CRASH_ENV", "ACTION_FAILED"]
