@@ -1,0 +1,208 @@
+"""Two (or more) `setl start` nodes as subprocesses sharing one ZooKeeper root, replicating a
+sysbench-loaded MariaDB source into a MariaDB target: the rig of the HA fault-injection tests."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from setl.ha import Coordinator
+from setl.meta.zookeeper import ZooKeeperMetaStore
+from setl.model import Ack, Position
+from setl.testing.servers import wait_until
+from tests.e2e.setl_process import binlog_head, mysql_source, mysql_target
+from tests.ha.zk import expire_session, unique_root
+from tools import sysbench
+
+TABLES = 2
+TABLE_SIZE = 300
+SESSION_TIMEOUT_MS = 2000
+STANDBY_DELAY_MS = 500
+
+
+class Cluster:
+    """Nodes named `names`, each with its own conf dir under `root`, one pipeline ``p``."""
+
+    def __init__(self, root: Path, zk_hosts: str, source, source_db: str, target, target_db: str, *,
+                 names: tuple[str, ...] = ("node-a", "node-b"), standby_delay_ms: int = STANDBY_DELAY_MS) -> None:
+        self.root = root
+        self.source, self.source_db = source, source_db
+        self.target, self.target_db = target, target_db
+        self.chroot = unique_root()
+        self.zk_hosts = zk_hosts
+        start = binlog_head(source)
+        sysbench.prepare(self.source_conn, tables=TABLES, table_size=TABLE_SIZE, ddl_in_binlog=False)
+        sysbench.create_tables(self.target_conn, tables=TABLES)
+        pipeline = {
+            "source": mysql_source(source, start={"file": start.log, "pos": start.offset}),
+            "target": mysql_target(target),
+            "tables": [{"source": rf"{re.escape(source_db)}\..*", "target": f"{target_db}.{{table}}"}],
+            "pipeline": {"parallelism": 3, "batch": {"max_rows": 2000, "max_wait_ms": 50},
+                         "retry": {"max_attempts": 10, "initial_backoff_ms": 50, "max_backoff_ms": 500}},
+        }
+        self.names = names
+        for name in names:
+            conf = self.conf(name)
+            (conf / "pipelines").mkdir(parents=True)
+            (conf / "setl.yaml").write_text(yaml.safe_dump({
+                "node": {"id": name},
+                "meta": {"store": "zookeeper"},
+                "ha": {"zookeeper": zk_hosts, "chroot": self.chroot, "session_timeout_ms": SESSION_TIMEOUT_MS,
+                       "standby_delay_ms": standby_delay_ms},
+            }))
+            (conf / "pipelines" / "p.yaml").write_text(yaml.safe_dump(pipeline, sort_keys=False))
+        self.procs: dict[str, subprocess.Popen] = {}
+        self._spawned = 0
+        self._store: ZooKeeperMetaStore | None = None
+
+    @property
+    def source_conn(self) -> sysbench.Conn:
+        return sysbench.Conn.from_server(self.source, self.source_db)
+
+    @property
+    def target_conn(self) -> sysbench.Conn:
+        return sysbench.Conn.from_server(self.target, self.target_db)
+
+    def conf(self, name: str) -> Path:
+        return self.root / name / "conf"
+
+    @property
+    def store(self) -> ZooKeeperMetaStore:
+        """A meta store on its own session, for reading what the nodes wrote."""
+        if self._store is None:
+            self._store = ZooKeeperMetaStore(
+                Coordinator(self.zk_hosts, root=self.chroot, session_timeout=5, op_timeout=30).start())
+        return self._store
+
+    # -- processes
+
+    def spawn(self, name: str) -> subprocess.Popen:
+        self._spawned += 1
+        env = dict(os.environ, SETL_TEST_ZK_SESSION_FILE=str(self.root / name / "session"))
+        env.pop("SETL_FAULTS", None)
+        with open(self.root / f"setl-{self._spawned:02d}-{name}.log", "w") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "setl.cli", "--conf", str(self.conf(name)), "start",
+                                     "--pipeline", "p"], env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+        self.procs[name] = proc
+        return proc
+
+    def cli(self, name: str, *args: str, timeout: float = 90) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "setl.cli", "--conf", str(self.conf(name)), *args],
+                              capture_output=True, text=True, timeout=timeout)
+
+    def signal(self, name: str, sig: int) -> None:
+        self.procs[name].send_signal(sig)
+        if sig == signal.SIGKILL:
+            self.procs[name].wait(10)
+
+    def expire(self, name: str) -> None:
+        """Expire node `name`'s ZooKeeper session as kazoo's test harness does."""
+        session_id, password = (self.root / name / "session").read_text().split()
+        expire_session(self.zk_hosts, int(session_id, 16), bytes.fromhex(password))
+
+    def stop_all(self) -> dict[str, int]:
+        codes = {}
+        for name, proc in self.procs.items():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(40)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(10)
+            codes[name] = proc.returncode
+        return codes
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+                proc.wait(10)
+        if self._store is not None:
+            self._store.close()
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n" + p.read_text(errors="replace")[-4000:]
+                         for p in sorted(self.root.glob("setl-*.log")))
+
+    # -- observations
+
+    def members(self) -> tuple[str | None, list[str]]:
+        return self.store.members("p")
+
+    def acked(self) -> Ack | None:
+        return self.store.position("p")
+
+    def _alive(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() not in (None, -signal.SIGKILL):
+                raise AssertionError(f"{name} exited with {proc.returncode}:\n{self.logs()}")
+
+    def wait_holder(self, name: str, timeout: float = 30) -> None:
+        def held() -> bool:
+            self._alive()
+            return self.members()[0] == name
+
+        wait_until(held, timeout=timeout, interval=0.05, message=lambda: f"{name} to hold p ({self.members()})")
+
+    def wait_standby(self, name: str, timeout: float = 30) -> None:
+        def standing() -> bool:
+            self._alive()
+            return name in self.members()[1]
+
+        wait_until(standing, timeout=timeout, interval=0.05, message=lambda: f"{name} to stand by ({self.members()})")
+
+    def wait_ack(self, after_batch: int = 0, min_epoch: int = 0, timeout: float = 30) -> Ack:
+        def acked() -> Ack | None:
+            self._alive()
+            ack = self.acked()
+            return ack if ack is not None and ack.batch_id > after_batch and ack.epoch >= min_epoch else None
+
+        return wait_until(acked, timeout=timeout, interval=0.02,
+                          message=lambda: f"an ack after batch {after_batch} at epoch >= {min_epoch} ({self.acked()})")
+
+    def wait_caught_up(self, timeout: float = 60) -> None:
+        head: Position = binlog_head(self.source)
+
+        def caught_up() -> bool:
+            self._alive()
+            ack = self.acked()
+            return ack is not None and ack.position >= head
+
+        wait_until(caught_up, timeout=timeout, interval=0.1, message=lambda: f"an ack at {head} ({self.acked()})")
+
+    def load(self, seconds: float, rate: int = 150) -> sysbench.Running:
+        return sysbench.start(self.source_conn, seconds=seconds, threads=2, rate=rate, tables=TABLES,
+                              table_size=TABLE_SIZE)
+
+    def assert_equal(self) -> None:
+        """Every sysbench table has the same CHECKSUM in the source and the target."""
+        mine = sysbench.checksums(self.source_conn)
+        assert len(mine) == TABLES and all(mine.values()), mine
+        assert sysbench.checksums(self.target_conn) == mine
+
+    def assert_epochs_never_go_back(self) -> None:
+        """Ack history, oldest first: epochs never decrease and batch ids only grow within an epoch
+        (so no deposed leader acked after a newer one)."""
+        history = list(reversed(self.store.history("p", 10_000)))
+        assert history
+        epochs = [a.epoch for a in history]
+        assert epochs == sorted(epochs), epochs
+        for before, after in zip(history, history[1:]):
+            if before.epoch == after.epoch:
+                assert after.batch_id == before.batch_id + 1
+
+
+def timed(fn) -> float:
+    start = time.monotonic()
+    fn()
+    return time.monotonic() - start
