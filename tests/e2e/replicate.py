@@ -38,17 +38,18 @@ def table_rule(source: str, target: str, **options: Any) -> TableRule:
 
 
 def replicate(source: MariaDBServer, start: Position, rules: list[TableRule], load: Load, meta_dir: Path,
-              name: str = "e2e", settings: PipelineSettings = SETTINGS) -> Scheduler:
+              name: str = "e2e", settings: PipelineSettings = SETTINGS,
+              outcome: Outcome = Outcome.CAUGHT_UP) -> Scheduler:
     """Run the pipeline from `start` until it has acked the binlog's end as it stands now; return the
-    scheduler (its `acked_batches`, `error`). Fails the test if it ends any other way."""
+    scheduler (its `acked_batches`, `error`). Fails the test if it ends other than `outcome`."""
     select = MysqlBinlogSource(host=source.host, port=source.port, user=source.user, password=source.password,
                                server_id=next(_server_ids), flavor="mariadb", start=start, pipeline=name)
     meta = SqliteMetaStore(meta_dir / f"{name}.db")
     scheduler = Scheduler(name, settings, select, TableExtract(rules, pipeline=name), Transform(), load, meta)
     try:
-        outcome = scheduler.run(until_caught_up=True)
+        ended = scheduler.run(until_caught_up=True)
     finally:
         load.close()
         meta.close()
-    assert outcome is Outcome.CAUGHT_UP, f"pipeline ended {outcome}: {scheduler.error}"
+    assert ended is outcome, f"pipeline ended {ended}: {scheduler.error}"
     return scheduler

@@ -1,0 +1,97 @@
+"""DDL end to end: CREATE, ALTER (add, modify, rename, drop column), RENAME, TRUNCATE and DROP TABLE
+interleaved with row changes on a real MariaDB, replicated under ``pipeline.ddl: apply`` with the
+table rules' schema, table and column renames into MariaDB and PostgreSQL."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import pytest
+
+from setl.sinks.mysql import MySQLLoad
+from setl.sinks.postgresql import PostgresLoad
+
+from .replicate import binlog_head, replicate, table_rule
+
+pytestmark = pytest.mark.timeout(120)
+
+SEQUENCE = [
+    "CREATE TABLE orders (id INT NOT NULL PRIMARY KEY, note VARCHAR(20), qty INT) DEFAULT CHARSET=utf8mb4",
+    "INSERT INTO orders VALUES (1, 'one', 1), (2, 'two', 2), (3, 'three', 3)",
+    "ALTER TABLE orders ADD COLUMN price DECIMAL(10,2) NULL AFTER note",
+    "UPDATE orders SET price = qty * 1.25",
+    "INSERT INTO orders VALUES (4, 'four', 4.5, 4)",
+    "ALTER TABLE orders MODIFY note VARCHAR(40) NOT NULL",
+    "ALTER TABLE orders RENAME COLUMN qty TO quantity",
+    "INSERT INTO orders (id, note, price, quantity) VALUES (5, 'a note longer than twenty', 9.99, 50)",
+    "CREATE TABLE secret (id INT PRIMARY KEY, pin INT)",
+    "INSERT INTO secret VALUES (1, 1234)",
+    "CREATE TABLE items (id INT PRIMARY KEY, v INT)",
+    "INSERT INTO items VALUES (1, 10), (2, 20)",
+    "RENAME TABLE items TO items_old",
+    "INSERT INTO items_old VALUES (3, 30)",
+    "TRUNCATE TABLE items_old",
+    "INSERT INTO items_old VALUES (4, 40)",
+    "CREATE TABLE leftovers (id INT PRIMARY KEY)",
+    "DROP TABLE leftovers",
+    "DROP TABLE secret",
+    "ALTER TABLE orders DROP COLUMN price",
+    "DELETE FROM orders WHERE id = 2",
+    "UPDATE orders SET note = CONCAT(note, '!') WHERE id = 3",
+]
+EXPECTED_ORDERS = [(1, "one", 1), (3, "three!", 3), (4, "four", 4), (5, "a note longer than twenty", 50)]
+
+
+def run_sequence(server: Any, schema: str) -> None:
+    with contextlib.closing(server.connect(database=schema)) as conn, conn.cursor() as cur:
+        for statement in SEQUENCE:
+            cur.execute(statement)
+
+
+def rules(source_db: str, target_schema: str) -> list:
+    """orders -> purchases with note -> remark; secret not replicated; every other table kept."""
+    return [
+        table_rule(rf"{source_db}\.orders", f"{target_schema}.purchases", rename={"note": "remark"}),
+        table_rule(rf"{source_db}\.secret", "", exclude=True),
+        table_rule(rf"{source_db}\..*", f"{target_schema}.{{table}}"),
+    ]
+
+
+def test_ddl_sequence_reaches_mariadb_with_names_mapped(mariadb_source, source_db, mariadb_target, mysql_db,
+                                                        tmp_path):
+    """The DDL sequence with rows between reaches MariaDB renamed by the table rules, in order."""
+    start = binlog_head(mariadb_source)
+    run_sequence(mariadb_source, source_db)
+    load = MySQLLoad(mariadb_target.target_config(), pipeline="ddl", position_schema=mysql_db)
+    replicate(mariadb_source, start, rules(source_db, mysql_db), load, tmp_path)
+    tables = {r[0] for r in mariadb_target.query(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (mysql_db,))}
+    assert tables == {"purchases", "items_old", "setl_position", "setl_position_ddl"}
+    columns = mariadb_target.query(
+        "SELECT column_name, column_type, is_nullable FROM information_schema.columns"
+        " WHERE table_schema = %s AND table_name = 'purchases' ORDER BY ordinal_position", (mysql_db,))
+    assert columns == [("id", "int(11)", "NO"), ("remark", "varchar(40)", "NO"), ("quantity", "int(11)", "YES")]
+    assert mariadb_target.query(f"SELECT * FROM `{mysql_db}`.purchases ORDER BY id") == EXPECTED_ORDERS
+    assert mariadb_target.query(f"SELECT * FROM `{mysql_db}`.items_old") == [(4, 40)]
+
+
+def test_ddl_sequence_reaches_postgresql_translated(mariadb_source, source_db, postgres_server, postgres_db,
+                                                    tmp_path):
+    """The same sequence reaches PostgreSQL translated, renamed by the table rules, in order."""
+    start = binlog_head(mariadb_source)
+    run_sequence(mariadb_source, source_db)
+    load = PostgresLoad(postgres_server.target_config(postgres_db), pipeline="ddl")
+    replicate(mariadb_source, start, rules(source_db, "shop"), load, tmp_path)
+
+    def query(sql: str) -> list[tuple[Any, ...]]:
+        return postgres_server.query(sql, dbname=postgres_db)
+
+    assert {r[0] for r in query("SELECT tablename FROM pg_tables WHERE schemaname = 'shop'")} == {
+        "purchases", "items_old"}
+    columns = query("SELECT column_name, data_type, is_nullable FROM information_schema.columns"
+                    " WHERE table_schema = 'shop' AND table_name = 'purchases' ORDER BY ordinal_position")
+    assert columns == [("id", "integer", "NO"), ("remark", "character varying", "NO"),
+                       ("quantity", "integer", "YES")]
+    assert query("SELECT * FROM shop.purchases ORDER BY id") == EXPECTED_ORDERS
+    assert query("SELECT * FROM shop.items_old") == [(4, 40)]
