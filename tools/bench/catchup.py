@@ -1,0 +1,320 @@
+"""Catch-up and lag: setl end to end against a raw python-mysql-replication parse of the same binlog.
+
+Starts a MariaDB source and target (setl.testing.servers), records a sysbench `oltp_write_only`
+backlog on 4 tables, then, on that same binlog range and each in its own process:
+
+* ``raw``: a bare pymysqlreplication loop that only parses the rows (the baseline);
+* ``source``: setl's binlog source alone, with and without its table-map cache;
+* ``setl``: ``setl start --pipeline ... --until-caught-up`` into the MariaDB target (a generated
+  conf dir), checked afterwards with CHECKSUM TABLE against the source.
+
+It prints rows/s, peak RSS and the ratio to the raw parse (medians over `--repeat` runs), then
+runs setl against a steady `--rate` sysbench load and prints replication lag p50/p99: the time
+from a source commit (a marker row written every 20 ms, its client-side commit time) to that row
+being visible in the target, where it lands in the same transaction as the acked position.
+
+    python3 tools/bench/catchup.py [--seconds 30] [--repeat 3] [--lag-seconds 20] [--rate 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# --- children: each measures one reader over [start, end) and prints one JSON line -------------
+
+
+def child_raw(args: argparse.Namespace) -> dict:
+    """The baseline: pymysqlreplication alone, parsing every row of the range (no setl import)."""
+    from pymysqlreplication import BinLogStreamReader
+    from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
+
+    settings = {"host": "127.0.0.1", "port": args.port, "user": "root", "password": ""}
+    began = time.perf_counter()
+    stream = BinLogStreamReader(connection_settings=settings, server_id=args.server_id, resume_stream=True,
+                                log_file=args.start_file, log_pos=args.start_pos, blocking=False,
+                                only_events=[WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent])
+    rows = 0
+    end = (args.end_file, args.end_pos)
+    for event in stream:
+        rows += len(event.rows)
+        if (stream.log_file, event.packet.log_pos) >= end:
+            break
+    stream.close()
+    return {"rows": rows, "seconds": time.perf_counter() - began}
+
+
+def child_source(args: argparse.Namespace) -> dict:
+    """setl's binlog source alone: every transaction of the range, as the scheduler would poll it."""
+    sys.path.insert(0, str(ROOT))
+    from setl.model import Position
+    from setl.sources.mysql_binlog import MysqlBinlogSource
+
+    src = MysqlBinlogSource(port=args.port, server_id=args.server_id, start="earliest",
+                            table_map_cache=not args.no_cache)
+    end = Position(args.end_file, args.end_pos)
+    began = time.perf_counter()
+    src.open(Position(args.start_file, args.start_pos))
+    rows = 0
+    deadline = time.monotonic() + 3600
+    while time.monotonic() < deadline:
+        tx = src.poll(1.0)
+        if tx is None:
+            continue
+        rows += len(tx.changes)
+        if tx.complete and tx.end >= end:
+            break
+    seconds = time.perf_counter() - began
+    hits = src.table_maps.hits if src.table_maps else 0
+    src.close()
+    return {"rows": rows, "seconds": seconds, "table_map_hits": hits}
+
+
+# --- driver -----------------------------------------------------------------------------------
+
+
+def run_child(argv: list[str], timeout: float = 3600) -> tuple[dict | None, float, float, str]:
+    """Run a child process; (its JSON line if any, wall seconds, peak RSS in MiB, its output tail)."""
+    began = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    output: list[str] = []
+    reader = threading.Thread(target=lambda: output.extend(proc.stdout), name="bench-child-output")
+    reader.start()
+    deadline = time.monotonic() + timeout
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.monotonic() > deadline:
+            proc.kill()
+        time.sleep(0.01)
+    wall = time.perf_counter() - began
+    reader.join()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    text = "".join(output)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}):\n{text[-3000:]}")
+    result = None
+    for line in reversed(output):
+        if line.startswith("{"):
+            result = json.loads(line)
+            break
+    return result, wall, usage.ru_maxrss / 1024, text
+
+
+def write_conf(folder: Path, name: str, source, target, start, *, max_wait_ms: int) -> Path:
+    conf = folder / "conf"
+    (conf / "pipelines").mkdir(parents=True, exist_ok=True)
+    (conf / "setl.yaml").write_text(f"node:\n  id: bench\nmeta:\n  store: sqlite\n  path: {folder / 'meta.db'}\n")
+    (conf / "pipelines" / f"{name}.yaml").write_text(f"""\
+source:
+  type: mysql
+  host: {source.host}
+  port: {source.port}
+  user: root
+  server_id: {5000 + len(list((conf / 'pipelines').iterdir()))}
+  start: {{file: {start[0]}, pos: {start[1]}}}
+target:
+  type: mysql
+  host: {target.host}
+  port: {target.port}
+  user: root
+tables:
+  - source: 'sbtest\\..*'
+  - source: 'bench\\..*'
+pipeline:
+  parallelism: 3
+  batch:
+    max_rows: 5000
+    max_wait_ms: {max_wait_ms}
+""")
+    return conf
+
+
+def head(server) -> tuple[str, int]:
+    file, pos = server.query("SHOW MASTER STATUS")[0][:2]
+    return file, int(pos)
+
+
+def copy_tables(source, target, database: str, tables: list[str]) -> None:
+    """Copy the prepared rows (not in the backlog) to the target, outside any binlog reader's range."""
+    src = source.connect(database=database)
+    dst = target.connect(database=database)
+    try:
+        with src.cursor() as read, dst.cursor() as write:
+            for table in tables:
+                read.execute(f"SELECT * FROM `{table}`")
+                rows = read.fetchall()
+                marks = ", ".join(["%s"] * len(rows[0]))
+                write.executemany(f"INSERT INTO `{table}` VALUES ({marks})", rows)
+    finally:
+        src.close()
+        dst.close()
+
+
+def measure_lag(source, target, conf: Path, name: str, seconds: float, rate: int) -> tuple[list[float], dict]:
+    """Run setl and a steady sysbench load; return the commit-to-target lags of the marker rows."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import sysbench
+
+    proc = subprocess.Popen([sys.executable, "-m", "setl.cli", "--conf", str(conf), "start", "--pipeline", name],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    committed: dict[int, float] = {}
+    lags: list[float] = []
+    stop = threading.Event()
+
+    def write_marks() -> None:
+        conn = source.connect(database="bench")
+        n = 0
+        with conn.cursor() as cur:
+            while not stop.is_set():
+                n += 1
+                cur.execute("INSERT INTO lag (id) VALUES (%s)", (n,))
+                committed[n] = time.time()
+                stop.wait(0.02)
+        conn.close()
+
+    def watch_target() -> None:
+        conn = target.connect(database="bench")
+        seen = 0
+        with conn.cursor() as cur:
+            while not stop.is_set() or seen < len(committed):
+                cur.execute("SELECT COALESCE(MAX(id), 0) FROM lag")
+                newest = cur.fetchone()[0]
+                now = time.time()
+                for n in range(seen + 1, newest + 1):
+                    lags.append(max(0.0, now - committed.get(n, now)))
+                seen = max(seen, newest)
+                if stop.is_set() and time.time() > stopped_at + 30:
+                    break
+                time.sleep(0.005)
+        conn.close()
+
+    stopped_at = float("inf")
+    time.sleep(2.0)  # let setl start and catch up before the load
+    load = sysbench.start(sysbench.Conn.from_server(source), seconds=seconds, threads=4, rate=rate)
+    threads = [threading.Thread(target=write_marks, name="bench-marks"),
+               threading.Thread(target=watch_target, name="bench-watch")]
+    for thread in threads:
+        thread.start()
+    result = load.wait()
+    stopped_at = time.time()
+    stop.set()
+    for thread in threads:
+        thread.join()
+    proc.terminate()
+    _, err = proc.communicate(timeout=60)
+    if proc.returncode not in (0, -15):
+        raise SystemExit(f"setl start failed ({proc.returncode}):\n{err[-3000:]}")
+    return lags, {"tps": result.tps, "marks": len(committed)}
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=30, help="sysbench backlog duration")
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--table-size", type=int, default=10_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--lag-seconds", type=float, default=20)
+    parser.add_argument("--rate", type=int, default=1000, help="sysbench transactions/s for the lag phase")
+    parser.add_argument("--max-wait-ms", type=int, default=100, help="pipeline batch.max_wait_ms")
+    parser.add_argument("--child", choices=["raw", "source"], help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--server-id", type=int, default=4001, help=argparse.SUPPRESS)
+    parser.add_argument("--start-file", help=argparse.SUPPRESS)
+    parser.add_argument("--start-pos", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--end-file", help=argparse.SUPPRESS)
+    parser.add_argument("--end-pos", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--no-cache", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps((child_raw if args.child == "raw" else child_source)(args)))
+        return 0
+
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "tools"))
+    import sysbench
+
+    from setl.testing.servers import MariaDBServer
+
+    with tempfile.TemporaryDirectory(prefix="setl-bench-") as tmp, \
+            MariaDBServer(Path(tmp) / "source", server_id=1) as source, \
+            MariaDBServer(Path(tmp) / "target", server_id=2) as target:
+        print(f"MariaDB source :{source.port}, target :{target.port}; preparing sysbench tables", flush=True)
+        tables = [f"sbtest{n}" for n in range(1, 5)]
+        sysbench.prepare(sysbench.Conn.from_server(source), tables=4, table_size=args.table_size)
+        sysbench.create_tables(sysbench.Conn.from_server(target), tables=4)
+        copy_tables(source, target, "sbtest", tables)
+        for server in (source, target):
+            server.query("CREATE DATABASE bench")
+            server.query("CREATE TABLE bench.lag (id INT PRIMARY KEY, at TIMESTAMP(6) DEFAULT CURRENT_TIMESTAMP(6))")
+        start = head(source)
+        print(f"recording a {args.seconds:.0f}s oltp_write_only backlog ({args.threads} threads, 4 tables)", flush=True)
+        backlog = sysbench.run(sysbench.Conn.from_server(source), seconds=args.seconds, threads=args.threads,
+                               table_size=args.table_size)
+        end = head(source)
+        print(f"backlog: {backlog.transactions} transactions ({backlog.tps:.0f}/s), binlog {start[0]}:{start[1]}"
+              f" -> {end[0]}:{end[1]}", flush=True)
+        span = ["--port", str(source.port), "--start-file", start[0], "--start-pos", str(start[1]),
+                "--end-file", end[0], "--end-pos", str(end[1])]
+        me = [sys.executable, str(Path(__file__).resolve())]
+        runs: dict[str, list[tuple[float, float]]] = {}  # name -> [(rows/s, rss MiB)]
+        rows = 0
+        for n in range(args.repeat):
+            result, wall, rss, _ = run_child([*me, "--child", "raw", *span, "--server-id", str(4100 + n)])
+            rows = result["rows"]
+            runs.setdefault("raw parse (pymysqlreplication)", []).append((rows / wall, rss))
+            for cache in (True, False):
+                extra = [] if cache else ["--no-cache"]
+                result, wall, rss, _ = run_child([*me, "--child", "source", *span, "--server-id",
+                                                  str(4200 + 2 * n + cache), *extra])
+                label = f"setl source only, table-map cache {'on' if cache else 'off'}"
+                runs.setdefault(label, []).append((result["rows"] / wall, rss))
+            folder = Path(tmp) / f"run{n}"
+            conf = write_conf(folder, f"bench{n}", source, target, start, max_wait_ms=args.max_wait_ms)
+            _, wall, rss, _ = run_child([sys.executable, "-m", "setl.cli", "--conf", str(conf), "start",
+                                         "--pipeline", f"bench{n}", "--until-caught-up"])
+            runs.setdefault("setl start --until-caught-up (MariaDB target)", []).append((rows / wall, rss))
+            if n == 0:
+                same = sysbench.checksums(sysbench.Conn.from_server(source), tables) == \
+                    sysbench.checksums(sysbench.Conn.from_server(target), tables)
+                print(f"target equals source after catch-up (CHECKSUM TABLE): {same}", flush=True)
+            print(f"repeat {n + 1}/{args.repeat} done", flush=True)
+
+        baseline = statistics.median(r for r, _ in runs["raw parse (pymysqlreplication)"])
+        print(f"\n{rows} row changes; medians of {args.repeat} runs (wall time of each process, start-up included)")
+        print(f"{'reader':<48} {'rows/s':>9} {'ratio':>6} {'peak RSS':>9}")
+        for label, values in runs.items():
+            rate = statistics.median(r for r, _ in values)
+            rss = statistics.median(m for _, m in values)
+            print(f"{label:<48} {rate:>9.0f} {rate / baseline:>6.2f} {rss:>7.0f}MB")
+
+        print(f"\nlag under a steady {args.rate} transactions/s for {args.lag_seconds:.0f}s", flush=True)
+        lags, info = measure_lag(source, target, Path(tmp) / "run0" / "conf", "bench0", args.lag_seconds, args.rate)
+        if not lags:
+            print("no marker row reached the target")
+            return 1
+        print(f"sysbench {info['tps']:.0f} tx/s; {len(lags)} of {info['marks']} marker rows seen in the target; "
+              f"lag p50 {percentile(lags, 50) * 1000:.0f} ms, p99 {percentile(lags, 99) * 1000:.0f} ms, "
+              f"max {max(lags) * 1000:.0f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
