@@ -109,7 +109,8 @@ class DdlTaskSelect(Select):
       the same rows and change nothing.
     * The signal table's own changes (rows and DDL) are removed from the transaction, which is
       still returned (possibly empty) so that its position is acknowledged.
-    * A bad signal row, or two signals for one table in one transaction, raises `SourceError`
+    * A bad signal row, or two signals for one table in one transaction (unless rows name their
+      task in `task_column`), raises `SourceError`
       naming the pipeline, table and position: the scheduler retries and then pauses, since
       loading the job's data without its task would be wrong.
     * Updates and deletes of signal rows are ignored (a job may clean its signal table).
@@ -154,7 +155,8 @@ class DdlTaskSelect(Select):
         except ValueError as exc:
             raise SourceError(f"bad signal row {dict(change.after or {})!r}: {exc}", **where) from exc
         table = (signal.op_db, signal.op_table)
-        if table in declared:
+        # Without a task column, changes are bound by position, which one transaction shares.
+        if table in declared and self.tasks.task_column is None:
             raise SourceError(f"two signal rows for {signal.op_db}.{signal.op_table} in one transaction "
                               f"(task {signal.task_id}); a transaction declares at most one task per table",
                               **where)

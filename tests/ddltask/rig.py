@@ -19,8 +19,9 @@ from setl.config import load_node, load_pipeline
 from setl.ddltask import DdlTaskLoad
 from setl.meta.base import DdlTaskStatus
 from setl.meta.sqlite import SqliteMetaStore
-from setl.node import build_stages
-from setl.scheduler import Outcome, Scheduler
+from setl.model import Position
+from setl.node import Stages, build_stages
+from setl.scheduler import Listener, Outcome, Scheduler
 
 _server_ids = itertools.count(8101)
 
@@ -97,15 +98,20 @@ class Rig:
 
     # -- running setl
 
-    def run(self, expect: Outcome = Outcome.CAUGHT_UP) -> Scheduler:
-        """Run the pipeline in this process until it has caught up with the source."""
-        node = load_node(self.conf)
-        config = load_pipeline(self.conf, self.name)
-        stages = build_stages(node, config, self.meta)
+    def stages(self) -> Stages:
+        """The pipeline's stages as `setl start` builds them."""
+        stages = build_stages(load_node(self.conf), load_pipeline(self.conf, self.name), self.meta)
         assert isinstance(stages.load, DdlTaskLoad)
         self.load = stages.load
+        return stages
+
+    def run(self, expect: Outcome = Outcome.CAUGHT_UP, listener: Listener | None = None) -> Scheduler:
+        """Run the pipeline in this process until it has caught up with the source."""
+        config = load_pipeline(self.conf, self.name)
+        stages = self.stages()
         scheduler = Scheduler(self.name, config.pipeline, stages.select, stages.extract,
-                              stages.transform, stages.load, self.meta, node_id="n1")
+                              stages.transform, stages.load, self.meta, node_id="n1",
+                              listener=listener)
         stages.load.open()
         try:
             outcome = scheduler.run(until_caught_up=True)
@@ -132,3 +138,7 @@ class Rig:
 
     def dump(self) -> str:
         return json.dumps([[t.task_id, t.status.value, t.reason] for t in self.meta.ddl_tasks(self.name)])
+
+    def source_head(self):
+        file, pos = self.source.query("SHOW MASTER STATUS")[0][:2]
+        return Position(file, int(pos))

@@ -1,4 +1,5 @@
-"""Batch DDL tasks end to end: real MariaDB source and target, the binlog source, the scheduler."""
+"""Batch DDL tasks end to end: real MariaDB source and target, the binlog source, the scheduler
+(ordered loads: the MySQL target has no per-table loading), and `setl start` killed with -9."""
 
 from __future__ import annotations
 
@@ -6,44 +7,164 @@ import datetime
 
 import pytest
 
-from setl.meta.base import DdlTaskStatus
+from setl.ddltask import ACTION_FAILED, CRASH_ENV
+from setl.meta.base import OVERWRITTEN_BY, DdlTaskStatus
+from setl.scheduler import Listener
+from setl.testing.servers import wait_until
 from tests.ddltask.rig import Rig
 
 pytestmark = pytest.mark.timeout(120)
 
 D19, D20, D21 = (datetime.date(2026, 11, d) for d in (19, 20, 21))
-FACT_SOURCE = "CREATE TABLE fact (id INT NOT NULL, day DATE NOT NULL, v INT, PRIMARY KEY (id, day))"
+FACT_COLUMNS = "id INT NOT NULL, day DATE NOT NULL, v INT, job VARCHAR(32), PRIMARY KEY (id, day)"
+FACT_SOURCE = f"CREATE TABLE fact ({FACT_COLUMNS})"
 FACT_TARGET = (
-    "CREATE TABLE fact (id INT NOT NULL, day DATE NOT NULL, v INT, PRIMARY KEY (id, day))"
-    " PARTITION BY RANGE COLUMNS (day) ("
+    f"CREATE TABLE fact ({FACT_COLUMNS}) PARTITION BY RANGE COLUMNS (day) ("
     " PARTITION p20261119 VALUES LESS THAN ('2026-11-20'),"
     " PARTITION p20261120 VALUES LESS THAN ('2026-11-21'),"
     " PARTITION p20261121 VALUES LESS THAN ('2026-11-22'))"
 )
 
 
-def insert_day(day: str, ids, v: int) -> list[tuple]:
-    return [("INSERT INTO fact VALUES (%s, %s, %s) ON DUPLICATE KEY UPDATE v = VALUES(v)", (i, day, v))
-            for i in ids]
+def rows(day: datetime.date, ids, v: int, job: str | None = None) -> list[tuple]:
+    """Upserts of fact rows (one statement each), for one source transaction."""
+    return [("INSERT INTO fact VALUES (%s, %s, %s, %s) ON DUPLICATE KEY UPDATE v = VALUES(v), job = VALUES(job)",
+             (i, day, v, job)) for i in ids]
+
+
+def expected(day: datetime.date, ids, v: int, job: str | None = None) -> list[tuple]:
+    return [(i, day, v, job) for i in ids]
 
 
 @pytest.fixture
-def rig(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db):
-    return Rig(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db,
-               source_ddl=[FACT_SOURCE], target_ddl=[FACT_TARGET])
+def make_rig(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db):
+    def make(**options) -> Rig:
+        return Rig(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db,
+                   source_ddl=[FACT_SOURCE], target_ddl=[FACT_TARGET], **options)
+
+    return make
 
 
-def test_rerun_with_overwrite_replaces_the_partition(rig):
-    """A daily reload re-run with overwrite: the target holds only the second run's rows."""
-    rig.execute_target("INSERT INTO fact VALUES (99, '2026-11-20', 0), (1, '2026-11-19', 7)")
+class Rollbacks(Listener):
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+
+    def on_rollback(self, batch_id: int, epoch: int, error: BaseException, attempt: int) -> None:
+        self.errors.append(str(error))
+
+
+def test_rerun_with_overwrite_replaces_the_partition(make_rig):
+    """A daily reload re-run with overwrite (signal-bound): only the re-run's rows are left in its
+    partition; other partitions keep theirs; each action ran once."""
+    rig = make_rig()
+    rig.execute_target("INSERT INTO fact VALUES (99, '2026-11-20', 0, 'old'), (1, '2026-11-19', 7, 'keep')")
     rig.execute_source(rig.signal("run1", "truncate_partition", "fact", "p20261120", True))
-    for chunk in (range(1, 6), range(6, 11)):
-        rig.execute_source(*insert_day("2026-11-20", chunk, 1))
+    rig.execute_source(*rows(D20, range(1, 6), 1))
+    rig.execute_source(*rows(D20, range(6, 11), 1))
     rig.execute_source(rig.signal("run2", "truncate_partition", "fact", "p20261120", True),
-                       *insert_day("2026-11-20", range(1, 4), 2))
-    rig.execute_source(*insert_day("2026-11-20", range(4, 8), 2))
+                       *rows(D20, range(1, 4), 2))
+    rig.execute_source(*rows(D20, range(4, 8), 2))
     rig.run()
-    assert rig.rows("fact", "id, day, v") == sorted(
-        [(1, D19, 7)] + [(i, D20, 2) for i in range(1, 8)])
+    assert rig.rows("fact") == sorted([(1, D19, 7, "keep")] + expected(D20, range(1, 8), 2))
     assert rig.statuses() == {"run1": DdlTaskStatus.DEPRECATED, "run2": DdlTaskStatus.SUCCEEDED}
+    assert rig.meta.ddl_task(rig.name, "run1").reason == OVERWRITTEN_BY + "run2"
     assert rig.load.actions_run == {"run1": 1, "run2": 1}
+
+
+def test_rerun_with_overwrite_drops_the_first_run_s_rows_still_in_flight(make_rig):
+    """Rows of a run still arriving after its overwriting re-run was declared (task column
+    binding) are dropped and counted, never loaded; the partition holds the re-run's rows only."""
+    rig = make_rig(task_column="job")
+    rig.execute_source(rig.signal("run1", "truncate_partition", "fact", "p20261120", True),
+                       *rows(D20, range(1, 6), 1, "run1"))
+    rig.execute_source(rig.signal("run2", "truncate_partition", "fact", "p20261120", True))
+    for late, new in ((range(6, 9), range(1, 3)), (range(9, 11), range(3, 5)), (range(11, 13), range(5, 6))):
+        rig.execute_source(*rows(D20, late, 1, "run1"))
+        rig.execute_source(*rows(D20, new, 2, "run2"))
+    rig.run()
+    assert rig.rows("fact") == expected(D20, range(1, 6), 2, "run2")
+    assert rig.statuses() == {"run1": DdlTaskStatus.DEPRECATED, "run2": DdlTaskStatus.SUCCEEDED}
+    assert rig.load.dropped["run1"] >= 7  # rows 6..12 at least; 1..5 too if they shared run2's batch
+    assert rig.load.actions_run == {"run1": 1, "run2": 1}
+
+
+def test_runs_without_overwrite_of_one_table(make_rig):
+    """overwrite=false never deprecates: appends both load; a non-overwrite reload's action still
+    clears its partition; a reload without rows empties its partition."""
+    rig = make_rig()
+    rig.execute_target("INSERT INTO fact VALUES (50, '2026-11-21', 0, 'old'), (51, '2026-11-21', 0, 'old')")
+    rig.execute_source(rig.signal("app1", "none", "fact", "p20261120"), *rows(D20, range(1, 4), 1))
+    rig.execute_source(rig.signal("app2", "none", "fact", "p20261120"), *rows(D20, range(4, 7), 1))
+    rig.execute_source(rig.signal("reload1", "truncate_partition", "fact", "p20261119"),
+                       *rows(D19, range(10, 13), 3))
+    rig.execute_source(rig.signal("reload2", "truncate_partition", "fact", "p20261119"))
+    rig.execute_source(*rows(D19, range(10, 12), 4))
+    rig.execute_source(rig.signal("empty", "truncate_partition", "fact", "p20261121"))
+    rig.run()
+    assert rig.rows("fact") == sorted(expected(D20, range(1, 7), 1) + expected(D19, range(10, 12), 4))
+    assert set(rig.statuses().values()) == {DdlTaskStatus.SUCCEEDED}
+    assert rig.load.actions_run == {t: 1 for t in ("app1", "app2", "reload1", "reload2", "empty")}
+
+
+def test_different_partitions_interleaved(make_rig):
+    """Jobs on three partitions of one table write interleaved, and one is re-run with overwrite
+    meanwhile: each partition ends with its own surviving run's rows."""
+    rig = make_rig(task_column="job", max_rows=3)
+    rig.execute_source(rig.signal("d19", "truncate_partition", "fact", "p20261119", True),
+                       rig.signal("d21", "delete_where", "fact", "day=2026-11-21", True))
+    rig.execute_source(rig.signal("d20a", "truncate_partition", "fact", "p20261120", True))
+    for i in range(6):
+        rig.execute_source(*rows(D19, [i], 19, "d19"), *rows(D21, [i], 21, "d21"))
+        rig.execute_source(*rows(D20, [i, i + 10], 1, "d20a"))
+        if i == 2:
+            rig.execute_source(rig.signal("d20b", "truncate_partition", "fact", "p20261120", True))
+        if i >= 2:
+            rig.execute_source(*rows(D20, [i + 100], 2, "d20b"))
+    rig.run()
+    assert rig.rows("fact") == sorted(expected(D19, range(6), 19, "d19") + expected(D21, range(6), 21, "d21")
+                                      + expected(D20, range(102, 106), 2, "d20b"))
+    assert rig.statuses() == {"d19": DdlTaskStatus.SUCCEEDED, "d21": DdlTaskStatus.SUCCEEDED,
+                              "d20a": DdlTaskStatus.DEPRECATED, "d20b": DdlTaskStatus.SUCCEEDED}
+    assert rig.load.actions_run == {"d19": 1, "d21": 1, "d20a": 1, "d20b": 1}
+
+
+def test_a_failing_action_deprecates_its_task_and_rolls_the_batch_back(make_rig):
+    """An action the target refuses deprecates the task and fails the batch through Termin with a
+    message naming task, op and target; the replay drops the task's rows; later tasks load."""
+    rig = make_rig(retry_attempts=3)
+    rig.execute_source(rig.signal("bad", "truncate_partition", "fact", "p_missing"), *rows(D20, range(1, 4), 1))
+    rig.execute_source(*rows(D20, range(4, 6), 1))
+    rig.execute_source(rig.signal("good", "truncate_partition", "fact", "p20261121"), *rows(D21, range(1, 3), 5))
+    listener = Rollbacks()
+    rig.run(listener=listener)
+    assert len(listener.errors) == 1
+    message = listener.errors[0]
+    assert "task bad (truncate_partition on" in message and f"{rig.target_db}.fact" in message
+    assert "pre-write action failed" in message and "stage=load" in message
+    task = rig.meta.ddl_task(rig.name, "bad")
+    assert task.status is DdlTaskStatus.DEPRECATED and task.reason.startswith(ACTION_FAILED)
+    assert rig.rows("fact") == expected(D21, range(1, 3), 5)
+    assert rig.load.dropped["bad"] == 5
+
+
+def test_kill_9_between_action_and_record_redoes_the_action_once(make_rig):
+    """`setl start` killed between a re-run's action and its record: the task stays claimed and
+    none of its rows are loaded; the restart takes it over, redoes the action and loads it."""
+    rig = make_rig()
+    rig.execute_source(rig.signal("run1", "truncate_partition", "fact", "p20261120", True),
+                       *rows(D20, range(1, 6), 1))
+    rig.execute_source(rig.signal("run2", "truncate_partition", "fact", "p20261120", True))
+    rig.execute_source(*rows(D20, range(1, 4), 2))
+    proc = rig.start_process({CRASH_ENV: "run2"})
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == -9, err
+    task = rig.meta.ddl_task(rig.name, "run2")
+    assert task.status is DdlTaskStatus.RUNNING and task.owner
+    assert rig.statuses()["run1"] is DdlTaskStatus.DEPRECATED
+    assert rig.rows("fact") == []  # the action ran (run1's rows are gone); run2's rows wait for the record
+    proc = rig.start_process()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "taking it over and redoing its action" in err
+    assert rig.rows("fact") == expected(D20, range(1, 4), 2)
+    assert rig.statuses() == {"run1": DdlTaskStatus.DEPRECATED, "run2": DdlTaskStatus.SUCCEEDED}
