@@ -576,6 +576,9 @@ class MariaDBServer(Server):
             "pid_file": str(self.base_dir / "mariadbd.pid"),
             "log_error": str(self.log_path),
             "server_id": self.server_id,
+            # Its own tmpdir: a starting mariadbd deletes every #sql* file in its tmpdir, which
+            # breaks another server's mariadb-install-db running at the same time in a shared /tmp.
+            "tmpdir": str(self.base_dir / "tmp"),
         }
         if _is_root():
             merged["user"] = "root"
@@ -585,6 +588,7 @@ class MariaDBServer(Server):
         return {k: v for k, v in merged.items() if v is not None and v is not False}
 
     def _write_defaults_file(self) -> None:
+        (self.base_dir / "tmp").mkdir(exist_ok=True)
         lines = ["[mysqld]"]
         for key, value in self.settings().items():
             lines.append(key if value is True else f"{key}={value}")
