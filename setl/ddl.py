@@ -98,7 +98,7 @@ _NOT_COLUMNS = frozenset({
 _COLUMN_CLAUSES = frozenset({"ADD", "DROP", "MODIFY", "CHANGE", "ALTER", "AFTER"})
 
 
-class _Reader:
+class Reader:
     """Walks the significant tokens (not whitespace or plain comments) of a token list."""
 
     def __init__(self, tokens: Sequence[Token]) -> None:
@@ -109,6 +109,25 @@ class _Reader:
     def peek(self, ahead: int = 0) -> Token | None:
         k = self.at + ahead
         return self.tokens[self.sig[k]] if k < len(self.sig) else None
+
+    def next(self) -> Token:
+        token = self.peek()
+        if token is None:
+            raise ValueError("the statement ends too early")
+        self.at += 1
+        return token
+
+    def done(self) -> bool:
+        return self.at >= len(self.sig)
+
+    def sees(self, text: str, ahead: int = 0) -> bool:
+        """Whether the token `ahead` is `text` (a word compared without case)."""
+        token = self.peek(ahead)
+        return token is not None and (token.text == text or token.upper == text)
+
+    def rest(self) -> list[Token]:
+        """The significant tokens not read yet."""
+        return [self.tokens[i] for i in self.sig[self.at:]]
 
     def word(self, *words: str) -> bool:
         """Consume the next token if it is one of `words`."""
@@ -127,6 +146,18 @@ class _Reader:
         self.at += len(sequence)
         return True
 
+    def group(self) -> list[Token]:
+        """Consume a parenthesised group; its significant tokens without the outer parentheses."""
+        if self.next().text != "(":
+            raise ValueError("expected '('")
+        depth, inner = 1, []
+        while True:
+            token = self.next()
+            depth += {"(": 1, ")": -1}.get(token.text, 0)
+            if depth == 0:
+                return inner
+            inner.append(token)
+
     def table(self) -> TableRef | None:
         """Consume a [schema.]table name."""
         first = self.peek()
@@ -144,7 +175,7 @@ class _Reader:
 def parse(statement: str) -> Statement:
     """Find the kind, table names and column names of a MySQL DDL statement."""
     tokens = tuple(tokenize(statement))
-    r = _Reader(tokens)
+    r = Reader(tokens)
     tables: list[TableRef] = []
 
     def table() -> None:
@@ -213,7 +244,7 @@ def parse(statement: str) -> Statement:
     return Statement(kind, tokens, tuple(tables), tuple(columns))
 
 
-def _scan_rest(r: _Reader, tables: list[TableRef], in_create: bool) -> list[int]:
+def _scan_rest(r: Reader, tables: list[TableRef], in_create: bool) -> list[int]:
     """After the statement's table: more table names (LIKE, REFERENCES, RENAME TO) and columns."""
     columns: list[int] = []
     depth = 0
@@ -272,7 +303,7 @@ def _scan_rest(r: _Reader, tables: list[TableRef], in_create: bool) -> list[int]
     return columns
 
 
-def _element_start(r: _Reader, columns: list[int]) -> None:
+def _element_start(r: Reader, columns: list[int]) -> None:
     """The first token of a parenthesised list element names a column unless it is a keyword."""
     token = r.peek()
     if token is not None and token.is_name and token.upper not in _NOT_COLUMNS:
@@ -341,4 +372,4 @@ def _drop_statement(tokens: list[Token], refs: Sequence[TableRef], kept: Sequenc
     return head + ", ".join(replaced[ref.start][1] for ref in kept) + tail
 
 
-__all__ = ["Statement", "TableRef", "Token", "parse", "quote", "rewrite", "tokenize"]
+__all__ = ["Reader", "Statement", "TableRef", "Token", "parse", "quote", "rewrite", "tokenize"]

@@ -3,7 +3,12 @@
 Each batch is one transaction: ``DELETE ... WHERE (key) IN (...)`` for the merged deletes, then
 multi-row ``INSERT ... ON DUPLICATE KEY UPDATE`` of the full after-images, then the batch's end
 position, batch id and epoch in ```setl`.`setl_position``` (see `SqlLoad` for the guarantees).
-Target tables must exist, named by the batch's schema and table. The session runs with strict
+Target tables must exist, named by the batch's schema and table, or be made by replicated DDL:
+under ``pipeline.ddl: apply`` each table DDL runs as Extract rewrote it (names mapped and
+qualified), with a replay mark kept in ```setl`.`setl_position_ddl``` because MySQL commits
+around DDL (see `MySQLLoad._apply_ddl`); a CREATE TABLE first creates its database if missing.
+Tables without a primary key are matched on every column with ``<=>`` (one row per change).
+The session runs with strict
 SQL mode (a bad value fails the batch instead of being truncated), ``NO_AUTO_VALUE_ON_ZERO`` (an
 id of 0 stays 0), ``time_zone='+00:00'`` (naive datetimes for TIMESTAMP columns are UTC),
 ``foreign_key_checks=0`` (the merged order of a batch is not the order of its parents and

@@ -3,8 +3,11 @@
 Each batch is one transaction: ``DELETE ... WHERE (key) IN (...)`` for the merged deletes, then
 multi-row ``INSERT ... ON CONFLICT (key) DO UPDATE`` of the full after-images, then the batch's
 end position, batch id and epoch in ``setl.setl_position`` (see `SqlLoad` for the guarantees).
-Target tables must exist: a change's ``schema`` is the PostgreSQL schema, its ``table`` the table
-(in the configured database); only setl's own position table is created. Values go through
+Target tables must exist, or be made by replicated DDL: a change's ``schema`` is the PostgreSQL
+schema, its ``table`` the table (in the configured database). Under ``pipeline.ddl: apply`` MySQL
+table DDL is translated (`setl.sinks.postgresql_ddl` lists what is and what is refused with a
+`LoadError`) and runs inside the batch's transaction. Tables without a primary key are matched on
+every column with ``IS NOT DISTINCT FROM`` (one row per change, by ctid). Values go through
 psycopg's adapters (bytes as bytea, Decimal as numeric, timedelta as interval); dicts and lists
 are sent as jsonb. The session time zone is UTC.
 """

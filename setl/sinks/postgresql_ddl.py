@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from setl.ddl import Statement, TableRef, Token
+from setl.ddl import Reader, Statement, TableRef, Token
 
 
 class UnsupportedDdl(ValueError):
@@ -71,47 +71,6 @@ def pg_type(base: str, args: Sequence[str], unsigned: bool) -> str:
     raise UnsupportedDdl(f"MySQL type {base} has no PostgreSQL mapping")
 
 
-class _Tokens:
-    """Significant tokens of one element or clause, read left to right."""
-
-    def __init__(self, tokens: Sequence[Token]) -> None:
-        self.tokens = list(tokens)
-        self.at = 0
-
-    def peek(self, ahead: int = 0) -> Token | None:
-        k = self.at + ahead
-        return self.tokens[k] if k < len(self.tokens) else None
-
-    def next(self) -> Token:
-        token = self.peek()
-        if token is None:
-            raise UnsupportedDdl("the statement ends too early")
-        self.at += 1
-        return token
-
-    def word(self, *words: str) -> bool:
-        token = self.peek()
-        if token is not None and token.upper in words:
-            self.at += 1
-            return True
-        return False
-
-    def group(self) -> list[Token]:
-        """Consume a parenthesised group; its tokens without the outer parentheses."""
-        if self.next().text != "(":
-            raise UnsupportedDdl("expected '('")
-        depth, inner = 1, []
-        while True:
-            token = self.next()
-            depth += {"(": 1, ")": -1}.get(token.text, 0)
-            if depth == 0:
-                return inner
-            inner.append(token)
-
-    def done(self) -> bool:
-        return self.at >= len(self.tokens)
-
-
 def split(tokens: Sequence[Token]) -> list[list[Token]]:
     """`tokens` cut at commas outside parentheses."""
     parts: list[list[Token]] = [[]]
@@ -130,20 +89,20 @@ def _names(tokens: Sequence[Token]) -> str:
     return ", ".join(ident(part[0].name) for part in split(tokens))
 
 
-def _default(t: _Tokens) -> str | None:
+def _default(t: Reader) -> str | None:
     """A DEFAULT's value in PostgreSQL, or None to leave the default out."""
     token = t.next()
     if token.upper == "NULL":
         return "NULL"
     if token.upper in ("CURRENT_TIMESTAMP", "NOW", "LOCALTIMESTAMP"):
-        if t.peek() is not None and t.peek().text == "(":  # type: ignore[union-attr]
+        if t.sees("("):
             t.group()
         return "CURRENT_TIMESTAMP"
     sign = ""
     if token.text in ("-", "+"):
         sign, token = token.text, t.next()
     if token.kind == "word" and token.text[0].isdigit():
-        if t.peek() is not None and t.peek().text == ".":  # type: ignore[union-attr]
+        if t.sees("."):
             t.next()
             return f"{sign}{token.text}.{t.next().text}"
         return sign + token.text
@@ -152,14 +111,14 @@ def _default(t: _Tokens) -> str | None:
     if token.text == "(":
         t.at -= 1
         t.group()
-    elif token.kind == "word" and t.peek() is not None and t.peek().kind == "string":  # type: ignore[union-attr]
+    elif token.kind == "word" and (value := t.peek()) is not None and value.kind == "string":
         t.next()  # b'0101', x'ff', _utf8mb4'...'
     return None
 
 
 def column(tokens: Sequence[Token]) -> tuple[str, str, bool, str | None, str]:
     """A MySQL column definition as (name, type, not null, default, inline key), in PostgreSQL."""
-    t = _Tokens(tokens)
+    t = Reader(tokens)
     name = t.next().name
     base = t.next().upper
     if base == "DOUBLE":
@@ -167,7 +126,7 @@ def column(tokens: Sequence[Token]) -> tuple[str, str, bool, str | None, str]:
     if base in ("CHARACTER", "CHAR") and t.word("VARYING"):
         base = "VARCHAR"
     args: list[str] = []
-    if t.peek() is not None and t.peek().text == "(":  # type: ignore[union-attr]
+    if t.sees("("):
         args = [part[0].text for part in split(t.group())]
     if base in ("ENUM", "SET"):
         args = []
@@ -205,7 +164,7 @@ def column(tokens: Sequence[Token]) -> tuple[str, str, bool, str | None, str]:
         elif t.word("CHECK"):
             t.group()
         elif t.word("REFERENCES"):
-            t.at = len(t.tokens)
+            t.at = len(t.sig)
         else:
             raise UnsupportedDdl(f"column {name}: {t.next().text} is not translated")
     return name, kind, not_null, default, extra
@@ -223,9 +182,9 @@ def _column_text(tokens: Sequence[Token]) -> str:
 
 def _constraint(tokens: Sequence[Token]) -> str | None:
     """A table element that is not a column: PRIMARY KEY or UNIQUE translated, others None."""
-    t = _Tokens(tokens)
+    t = Reader(tokens)
     if t.word("CONSTRAINT"):
-        if t.peek() is not None and t.peek().upper not in ("PRIMARY", "UNIQUE", "FOREIGN", "CHECK"):  # type: ignore[union-attr]
+        if not any(t.sees(word) for word in ("PRIMARY", "UNIQUE", "FOREIGN", "CHECK")):
             t.next()
     if t.word("PRIMARY"):
         t.word("KEY")
@@ -235,7 +194,7 @@ def _constraint(tokens: Sequence[Token]) -> str | None:
         kind = "UNIQUE"
     else:
         return None
-    while t.peek() is not None and t.peek().text != "(":  # type: ignore[union-attr]
+    while not t.done() and not t.sees("("):
         t.next()  # index name, USING BTREE
     return f"{kind} ({_names(t.group())})"
 
@@ -283,9 +242,8 @@ class Translator:
             out.append(f"DROP TABLE IF EXISTS {name}")
         elif "EXISTS" in words:
             head.append("IF NOT EXISTS")
-        t = _Tokens(after)
-        if t.word("LIKE") or (t.peek() is not None and t.peek().text == "(" and t.peek(1) is not None  # type: ignore[union-attr]
-                              and t.peek(1).upper == "LIKE"):  # type: ignore[union-attr]
+        t = Reader(after)
+        if t.word("LIKE") or (t.sees("(") and t.sees("LIKE", 1)):
             return out + [f"{' '.join(head)} {name} (LIKE {self.table(refs[1])} INCLUDING ALL)"]
         elements = []
         for part in split(t.group()):
@@ -295,7 +253,7 @@ class Translator:
                     elements.append(constraint)
             else:
                 elements.append(_column_text(part))
-        rest = _Tokens(t.tokens[t.at:])
+        rest = Reader(t.rest())
         while not rest.done():  # table options: ENGINE=..., DEFAULT CHARSET=..., COMMENT='...'
             token = rest.next()
             if token.upper in ("AS", "SELECT", "PARTITION", "IGNORE", "REPLACE"):
@@ -317,7 +275,7 @@ class Translator:
         later: list[str] = []  # renames, in order: PostgreSQL runs them as statements of their own
         current = ref
         for clause in split(after):
-            t = _Tokens(clause)
+            t = Reader(clause)
             verb = t.next().upper
             if verb == "ADD":
                 self._add(t, actions)
@@ -325,7 +283,7 @@ class Translator:
                 t.word("COLUMN")
                 if t.word("PRIMARY"):
                     actions.append(f"DROP CONSTRAINT IF EXISTS {ident((ref.table + '_pkey')[:63])}")
-                elif t.peek() is not None and t.peek().kind != "ident" and t.peek().upper in (  # type: ignore[union-attr]
+                elif (token := t.peek()) is not None and token.kind != "ident" and token.upper in (
                         "INDEX", "KEY", "FOREIGN", "CHECK", "CONSTRAINT", "PARTITION"):
                     continue
                 else:
@@ -336,7 +294,7 @@ class Translator:
                 if t.word("IF"):
                     t.word("EXISTS")
                 old = t.next().name if verb == "CHANGE" else None
-                new, kind, not_null, default, _ = column(t.tokens[t.at:])
+                new, kind, not_null, default, _ = column(t.rest())
                 target = old or new
                 actions.append(f"ALTER COLUMN {ident(target)} TYPE {kind} USING {ident(target)}::{kind}")
                 actions.append(f"ALTER COLUMN {ident(target)} {'SET' if not_null else 'DROP'} NOT NULL")
@@ -379,7 +337,7 @@ class Translator:
         out = [f"ALTER TABLE {name} {', '.join(actions)}"] if actions else []
         return out + later
 
-    def _add(self, t: _Tokens, actions: list[str]) -> None:
+    def _add(self, t: Reader, actions: list[str]) -> None:
         t.word("COLUMN")
         exists = " IF NOT EXISTS" if t.word("IF") and t.word("NOT") and t.word("EXISTS") else ""
         token = t.peek()
@@ -389,16 +347,16 @@ class Translator:
             for part in split(t.group()):
                 actions.append(f"ADD COLUMN{exists} {_column_text(part)}")
         elif token.kind != "ident" and token.upper in _ELEMENT_KEYWORDS | {"PARTITION"}:
-            constraint = _constraint(t.tokens[t.at:])
+            constraint = _constraint(t.rest())
             if constraint is not None:
                 actions.append(f"ADD {constraint}")
         else:
-            actions.append(f"ADD COLUMN{exists} {_column_text(t.tokens[t.at:])}")
+            actions.append(f"ADD COLUMN{exists} {_column_text(t.rest())}")
 
 
-def _table_ref(t: _Tokens) -> TableRef:
+def _table_ref(t: Reader) -> TableRef:
     first = t.next()
-    if t.peek() is not None and t.peek().text == ".":  # type: ignore[union-attr]
+    if t.sees("."):
         t.next()
         return TableRef(0, 0, first.name, t.next().name)
     return TableRef(0, 0, None, first.name)

@@ -239,8 +239,9 @@ class SinkContract:
 
     # -- tables without a key, errors
 
-    def test_table_without_primary_key(self, target, load):
-        """Keyless rows are applied in order: a delete removes one matching row, nulls included."""
+    def test_table_without_primary_key(self, target, load, caplog):
+        """Keyless rows are applied in order: an update or delete changes one row equal in every
+        column, NULLs included; one warning names the table, however many batches touch it."""
         target.create(LOOSE_DDL, "loose")
         loose = Changes(target.schema, "loose", ())
         load.load(make_batch([loose.insert(name="a", qty=1), loose.insert(name="a", qty=1),
@@ -248,6 +249,8 @@ class SinkContract:
         load.load(make_batch([loose.delete(name="a", qty=1),
                               loose.update({"name": None, "qty": 2}, qty=3)], id=2))
         assert sorted(target.rows("loose"), key=repr) == sorted([("a", 1), (None, 3)], key=repr)
+        warnings = [r.getMessage() for r in caplog.records if "no primary key" in r.getMessage()]
+        assert len(warnings) == 1 and f"{target.schema}.loose" in warnings[0]
 
     def test_missing_table_is_named_and_nothing_applied(self, target, items, load):
         """A batch touching a table the target lacks fails naming pipeline, stage, table and
