@@ -37,6 +37,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -178,7 +179,8 @@ class Coordinator:
         self._closing = threading.Event()
         self._session_id = 0
         self._suspended_at: float | None = None
-        self._leases: dict[str, Lease] = {}
+        self._leases: dict[str, Lease] = {}  # the leases the meta store fences writes with
+        self._taken: weakref.WeakSet[Lease] = weakref.WeakSet()  # every live lease: lost with the session
         self._kept: dict[str, bytes] = {}
         self._keeper: threading.Thread | None = None
 
@@ -260,7 +262,7 @@ class Coordinator:
             else:
                 log.warning("ha: ZooKeeper session 0x%x expired", self._session_id)
             with self._lock:
-                leases = list(self._leases.values())
+                leases = list(self._taken)
             for lease in leases:
                 lease.lose("the ZooKeeper session expired")
 
@@ -330,6 +332,11 @@ class Coordinator:
 
     # -- leases (the meta store fences its writes with them)
 
+    def track(self, lease: "Lease") -> None:
+        """Lose `lease` when this session expires."""
+        with self._lock:
+            self._taken.add(lease)
+
     def hold(self, lease: "Lease") -> None:
         with self._lock:
             self._leases[lease.pipeline] = lease
@@ -348,10 +355,14 @@ class Coordinator:
     def path(self, relative: str) -> str:
         return self.root + relative
 
-    def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+    def _call(self, what: str, fn: Callable[[], Any], guard: Callable[[], None] | None = None) -> Any:
+        """Run `fn`, again after a lost connection comes back; `guard` runs before every attempt
+        (a lease check, so a retry never writes for a holder that lost its lease meanwhile)."""
         deadline = time.monotonic() + self.op_timeout
         while True:
             try:
+                if guard is not None:
+                    guard()
                 return fn()
             except _DISCONNECTED as exc:
                 remaining = deadline - time.monotonic()
@@ -423,11 +434,11 @@ class Coordinator:
 
         self._call(f"delete {full}", delete)
 
-    def commit(self, ops: Sequence[Op]) -> list[Any]:
+    def commit(self, ops: Sequence[Op], guard: Callable[[], None] | None = None) -> list[Any]:
         """Apply `ops` atomically. Results: a created path, a stat (`.version`) or True.
 
         Raises `Conflict` (with the failing op's index) if a check, version, create or delete
-        does not hold; then nothing was applied.
+        does not hold; then nothing was applied. `guard` runs before every attempt.
         """
 
         def commit() -> list[Any]:
@@ -450,7 +461,7 @@ class Coordinator:
                     raise Conflict(f"{type(result).__name__} on {ops[index]}", index=index)
             return [r[len(self.root):] if isinstance(r, str) else r for r in results]
 
-        return self._call(f"transaction on {ops[0].path if ops else '-'}", commit)
+        return self._call(f"transaction on {ops[0].path if ops else '-'}", commit, guard)
 
     def watch(self, path: str, callback: Callable[[ZNode | None], None]) -> Callable[[], None]:
         """Call `callback` with the node (or None) now and on every change, on kazoo's thread,
@@ -517,8 +528,9 @@ class Lease:
     def check(self) -> None:
         """Raise `LeadershipLost` unless the lease still holds."""
         coordinator = self.coordinator
-        if not self.lost and (coordinator.session_id != self.session_id or (
-                coordinator.disconnected_for() > coordinator.session_timeout)):
+        if not self.lost and coordinator.session_id != self.session_id:
+            self.lose("the ZooKeeper session it was taken on is gone")
+        if not self.lost and coordinator.disconnected_for() > coordinator.session_timeout:
             self.lose(f"no ZooKeeper connection for over {coordinator.session_timeout:.1f}s")
         if self.lost:
             raise LeadershipLost(f"this node no longer holds the mainstem: {self.reason}",
@@ -711,6 +723,7 @@ class Mainstem:
         except Conflict:
             return None  # another node was quicker
         lease = Lease(self.pipeline, self.node_id, results[1].version, session, co)
+        co.track(lease)
         self._released_at = None
         log.info("pipeline=%s ha: took the mainstem (term %d)", self.pipeline, lease.term)
         return lease

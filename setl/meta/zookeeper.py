@@ -98,7 +98,8 @@ class ZooKeeperMetaStore(MetaStore):
     def _fenced(self, lease: Lease, ops: list, what: str) -> list[Any]:
         """Commit `ops` after a check on the holder's term; a failed check means deposed."""
         try:
-            return self.coordinator.commit([Check(f"{self._base(lease.pipeline)}/term", lease.term), *ops])
+            return self.coordinator.commit([Check(f"{self._base(lease.pipeline)}/term", lease.term), *ops],
+                                           guard=lease.check)
         except Conflict as exc:
             if exc.index == 0:
                 lease.lose("another node took the mainstem")

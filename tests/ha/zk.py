@@ -35,10 +35,11 @@ def expire(coordinator: Coordinator) -> None:
 
 
 @contextlib.contextmanager
-def stores(hosts: str, count: int, root: str | None = None) -> Iterator[list[ZooKeeperMetaStore]]:
+def stores(hosts: str, count: int, root: str | None = None, session_timeout: float = SESSION_TIMEOUT
+           ) -> Iterator[list[ZooKeeperMetaStore]]:
     """`count` meta stores, each on its own session, all under one fresh root."""
     root = root or unique_root()
-    made = [ZooKeeperMetaStore(Coordinator(hosts, root=root, session_timeout=SESSION_TIMEOUT).start())
+    made = [ZooKeeperMetaStore(Coordinator(hosts, root=root, session_timeout=session_timeout).start())
             for _ in range(count)]
     try:
         yield made

@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from setl.errors import LeadershipLost
+from setl.ha import Lease
 from setl.meta.base import DdlTask, DdlTaskStatus, Status
 from setl.model import Position
 from setl.testing.servers import wait_until
@@ -92,9 +93,12 @@ def test_deposed_holder_cannot_ack_after_its_session_expired(zookeeper_server):
         epoch_b = b.next_epoch("p")
         assert epoch_b > epoch_a
         wait_until(lambda: lease_a.lost, timeout=10, message="the old holder to notice")
-        # Even a holder that does not know it lost (the lease check skipped) is fenced by ZooKeeper.
-        lease_a._lost.clear()
-        lease_a.session_id = a.coordinator.session_id
+        with pytest.raises(LeadershipLost, match="no longer holds"):
+            a.ack("p", 2, epoch_a, Position("bin.000001", 20))
+        # Even a holder that does not know it lost (a lease on its new session) is fenced by ZooKeeper.
+        wait_until(lambda: a.coordinator.connected and a.coordinator.session_id != lease_a.session_id,
+                   timeout=10, message="a new session")
+        a.coordinator.hold(Lease("p", "a", lease_a.term, a.coordinator.session_id, a.coordinator))
         with pytest.raises(LeadershipLost, match="another node took the mainstem"):
             a.ack("p", 2, epoch_a, Position("bin.000001", 20))
         assert b.position("p").batch_id == 1

@@ -1,0 +1,195 @@
+"""The mainstem election, its leases and fences, and `Elections.run` around a real scheduler, on a
+real ZooKeeper (in-process: deterministic timing, no binlog)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from setl.config import BatchSettings, PipelineSettings
+from setl.errors import LeadershipLost
+from setl.ha import Elections, FencedLoad, FencedSelect, Mainstem
+from setl.model import Batch, Position
+from setl.scheduler import Outcome, Scheduler
+from setl.stages import Extract, Load, Transform
+from setl.testing.harness import MemorySink, ScriptedSource, insert, reference_state, update
+from setl.testing.servers import ZooKeeperServer, wait_until
+from tests.ha.zk import expire, stores
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Acquirer:
+    """`mainstem.acquire` on its own thread, timed."""
+
+    def __init__(self, mainstem: Mainstem) -> None:
+        self.stop = threading.Event()
+        self.lease = None
+        self.took_at: float | None = None
+        self.thread = threading.Thread(target=self._run, args=(mainstem,), name="test-acquirer")
+        self.thread.start()
+
+    def _run(self, mainstem: Mainstem) -> None:
+        self.lease = mainstem.acquire(self.stop)
+        self.took_at = time.monotonic()
+
+    def join(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+
+def test_standby_takes_over_only_after_the_delay(zookeeper_server):
+    """When the holder's session ends, the standby contends no sooner than its standby delay."""
+    with stores(zookeeper_server.hosts, 2) as (a, b):
+        assert Mainstem(a.coordinator, "p", "a").acquire(threading.Event()) is not None
+        standby = Acquirer(Mainstem(b.coordinator, "p", "b", standby_delay=0.8))
+        try:
+            wait_until(lambda: b.members("p") == ("a", ["b"]), timeout=5, message="b standing by")
+            gone = time.monotonic()
+            a.coordinator.stop()
+            wait_until(lambda: standby.lease is not None, timeout=10, message="b to take over")
+            assert standby.took_at - gone >= 0.8
+            assert b.members("p") == ("b", [])
+        finally:
+            standby.join()
+
+
+def test_holder_that_lost_it_takes_it_back_at_once(zookeeper_server):
+    """A holder whose session expired re-takes the free mainstem at once, while the standby still waits."""
+    with stores(zookeeper_server.hosts, 2) as (a, b):
+        mine = Mainstem(a.coordinator, "p", "a", standby_delay=5)
+        lease = mine.acquire(threading.Event())
+        standby = Acquirer(Mainstem(b.coordinator, "p", "b", standby_delay=5))
+        try:
+            wait_until(lambda: "b" in b.members("p")[1], timeout=5, message="b standing by")
+            expire(a.coordinator)
+            wait_until(lambda: lease.lost, timeout=10, message="a to notice")
+            started = time.monotonic()
+            again = mine.acquire(threading.Event())
+            assert again is not None and again.term > lease.term
+            assert time.monotonic() - started < 2.5
+            assert standby.lease is None and b.members("p")[0] == "a"
+        finally:
+            standby.join()
+
+
+def test_switch_hands_over_to_the_standby_at_once(zookeeper_server):
+    """A switch request reaches the holder; its release lets the named standby take over without delay."""
+    with stores(zookeeper_server.hosts, 3) as (a, b, cli):
+        mine = Mainstem(a.coordinator, "p", "a", standby_delay=5, handover_timeout=30)
+        lease = mine.acquire(threading.Event())
+        cancel = mine.watch(lease)
+        asked = threading.Event()
+        lease.on_switch(asked.set)
+        standby = Acquirer(Mainstem(b.coordinator, "p", "b", standby_delay=5))
+        try:
+            wait_until(lambda: "b" in cli.members("p")[1], timeout=5, message="b standing by")
+            assert cli.request_switch("p", "b") == "a"
+            wait_until(asked.is_set, timeout=5, message="the holder to hear the switch request")
+            assert lease.switch_to == "b"
+            released = time.monotonic()
+            cancel()
+            mine.release(lease, to=lease.switch_to)
+            wait_until(lambda: standby.lease is not None, timeout=3, message="b to take over")
+            assert standby.took_at - released < 1.5
+            mine_again = Acquirer(mine)  # the releaser waits out the handover instead of re-taking it
+            wait_until(lambda: "a" in cli.members("p")[1], timeout=5, message="a standing by")
+            assert cli.members("p")[0] == "b" and mine_again.lease is None
+            mine_again.join()
+        finally:
+            standby.join()
+
+
+def test_fenced_stages_refuse_once_the_lease_is_lost(zookeeper_server):
+    """After the session expires, the fenced Select and Load raise LeadershipLost without touching the inner stage."""
+    with stores(zookeeper_server.hosts, 1) as (a,):
+        lease = Mainstem(a.coordinator, "p", "a").acquire(threading.Event())
+        source, sink = ScriptedSource([[insert("t", {"id": 1})]]), MemorySink()
+        select, load = FencedSelect(lease, source), FencedLoad(lease, sink)
+        select.open(None)
+        assert select.poll(0.1) is not None
+        expire(a.coordinator)
+        wait_until(lambda: lease.lost, timeout=10, message="the lease to be lost")
+        source.append([insert("t", {"id": 2})])
+        with pytest.raises(LeadershipLost):
+            select.poll(0.1)
+        batch = Batch("p", 1, 1, Position("scripted", 0), Position("scripted", 1), ())
+        with pytest.raises(LeadershipLost):
+            load.load(batch)
+        assert source.tell() == Position("scripted", 1) and sink.loads == []
+
+
+def test_suspended_connection_pauses_selecting_until_it_is_back():
+    """While ZooKeeper is unreachable (shorter than the session timeout) the fenced Select returns nothing; then it reads on."""
+    with ZooKeeperServer() as zk, stores(zk.hosts, 1, session_timeout=9) as (a,):
+        lease = Mainstem(a.coordinator, "p", "a").acquire(threading.Event())
+        source = ScriptedSource([[insert("t", {"id": i})] for i in range(3)])
+        select = FencedSelect(lease, source)
+        select.open(None)
+        zk.stop()
+        wait_until(lambda: not a.coordinator.connected, timeout=10, message="the connection to drop")
+        assert select.poll(0.2) is None and source.tell() == Position("scripted", 0)
+        zk.start()
+        wait_until(lambda: select.poll(0.2) is not None, timeout=20, message="polling to resume")
+        assert not lease.lost and source.tell() == Position("scripted", 1)
+
+
+def test_elections_run_hands_a_pipeline_over_without_losing_or_reordering(zookeeper_server):
+    """Two nodes' `Elections.run` on one source and sink: after the holder's session expires mid-stream, the
+    other finishes it; the sink equals the reference and the ack history's epochs never go back."""
+    transactions = [[insert("t", {"id": i % 20, "v": i})] if i < 20 else
+                    [update("t", {"id": i % 20, "v": i - 20}, {"id": i % 20, "v": i})] for i in range(400)]
+    source, sink = ScriptedSource(transactions), MemorySink(holds_position=True)
+    settings = PipelineSettings(parallelism=2, batch=BatchSettings(max_rows=5, max_wait_ms=5))
+    with stores(zookeeper_server.hosts, 2) as (a, b):
+        outcomes: dict[str, list[Outcome]] = {"a": [], "b": []}
+        running: dict[str, Scheduler] = {}
+        stop = threading.Event()
+
+        def node(store, name: str, slow: float) -> None:
+            elections = Elections(store.coordinator, name, standby_delay=0)
+            while not stop.is_set():
+                scheduler = Scheduler("p", settings, source, Extract(), Transform(), SlowLoad(sink, slow), store,
+                                      node_id=name)
+                running[name] = scheduler
+                outcome = elections.run(scheduler, stop=stop, until_caught_up=False)
+                outcomes[name].append(outcome)
+
+        threads = [threading.Thread(target=node, args=(a, "a", 0.01), name="test-node-a")]
+        threads[0].start()
+        wait_until(lambda: a.position("p") is not None and a.position("p").batch_id >= 5, timeout=20,
+                   message="a few acks by a")
+        threads.append(threading.Thread(target=node, args=(b, "b", 0.0), name="test-node-b"))
+        threads[1].start()
+        wait_until(lambda: "b" in a.members("p")[1], timeout=10, message="b standing by")
+        expire(a.coordinator)
+        wait_until(lambda: a.members("p")[0] == "b" or b.members("p")[0] == "b", timeout=10,
+                   message="b to take over")
+        wait_until(lambda: (ack := b.position("p")) is not None and ack.position == source.head(), timeout=30,
+                   message="the stream to be acked")
+        stop.set()
+        for scheduler in running.values():  # as Node.stop does
+            scheduler.stop()
+        for thread in threads:
+            thread.join(30)
+            assert not thread.is_alive()
+        assert Outcome.LOST in outcomes["a"]
+        assert sink.tables == reference_state(transactions)
+        epochs = [ack.epoch for ack in reversed(b.history("p", 10_000))]
+        assert epochs == sorted(epochs)
+
+
+class SlowLoad(Load):
+    """A MemorySink load that takes `delay` seconds, so the handover happens mid-stream."""
+
+    def __init__(self, sink: MemorySink, delay: float) -> None:
+        self.sink, self.delay = sink, delay
+
+    def load(self, batch: Batch) -> None:
+        time.sleep(self.delay)
+        self.sink.load(batch)
+
+    def committed(self):
+        return self.sink.committed()
