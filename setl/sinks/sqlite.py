@@ -9,6 +9,7 @@ Each batch is one transaction that also records the batch's end position in
 from __future__ import annotations
 
 import sqlite3
+import threading
 from pathlib import Path
 
 from setl.errors import LoadError, TransientLoadError
@@ -29,6 +30,7 @@ class SqliteLoad(Load):
         self.pipeline = pipeline
         self._db: sqlite3.Connection | None = None
         self._columns: dict[str, set[str]] = {}
+        self._lock = threading.Lock()  # per_table parts of different tables share the connection
 
     def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -71,6 +73,19 @@ class SqliteLoad(Load):
                     known.add(column)
 
     def load(self, batch: Batch) -> None:
+        with self._lock:
+            self._load(batch, record=True)
+
+    def load_part(self, batch: Batch) -> None:
+        """One table's share of a batch (load.mode per_table): its rows, without the position."""
+        with self._lock:
+            self._load(batch, record=False)
+
+    def mark_loaded(self, batch: Batch) -> None:
+        """Every part of `batch` is in: record its position (a batch with no rows)."""
+        self.load(batch.replace(()))
+
+    def _load(self, batch: Batch, *, record: bool) -> None:
         table_name = None
         try:
             self.db.execute("BEGIN IMMEDIATE")
@@ -84,12 +99,13 @@ class SqliteLoad(Load):
                     self._ensure_table(table_name, table.primary_key,
                                        [*table.upserts, *(c.after for c in table.sequence if c.after)])
                     self._apply(table_name, table)
-                self.db.execute(
-                    "INSERT INTO setl_position VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (pipeline) DO UPDATE"
-                    " SET log = excluded.log, offset = excluded.offset, gtid = excluded.gtid,"
-                    " batch_id = excluded.batch_id, epoch = excluded.epoch",
-                    (self.pipeline, batch.end.log, batch.end.offset, batch.end.gtid, batch.id, batch.epoch),
-                )
+                if record:
+                    self.db.execute(
+                        "INSERT INTO setl_position VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (pipeline) DO UPDATE"
+                        " SET log = excluded.log, offset = excluded.offset, gtid = excluded.gtid,"
+                        " batch_id = excluded.batch_id, epoch = excluded.epoch",
+                        (self.pipeline, batch.end.log, batch.end.offset, batch.end.gtid, batch.id, batch.epoch),
+                    )
             except BaseException:
                 self.db.execute("ROLLBACK")
                 self._columns.clear()

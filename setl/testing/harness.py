@@ -179,6 +179,14 @@ class FaultyLoad(Load):
         self.inner.load(batch)
         self.plan.check("termin", batch.id)
 
+    def load_part(self, batch: Batch) -> None:
+        self.plan.check("load", batch.id)
+        self.inner.load_part(batch)
+
+    def mark_loaded(self, batch: Batch) -> None:
+        self.inner.mark_loaded(batch)
+        self.plan.check("termin", batch.id)
+
     def committed(self) -> Position | None:
         return self.inner.committed()
 
@@ -270,6 +278,8 @@ class MemorySink(Load):
     `reference_state`. With `holds_position=True` it also keeps the last
     batch's end position, like a database target, and reports it from
     `committed()`. A "load" marker of `faults` fires before anything is applied.
+    In per_table mode `load_part` applies rows only; `mark_loaded` records the
+    load and the position.
     """
 
     def __init__(self, faults: FaultPlan | None = None, *, holds_position: bool = False) -> None:
@@ -283,6 +293,18 @@ class MemorySink(Load):
         self.max_concurrent_loads = 0
 
     def load(self, batch: Batch) -> None:
+        self._apply(batch, record=True)
+
+    def load_part(self, batch: Batch) -> None:
+        self._apply(batch, record=False)
+
+    def mark_loaded(self, batch: Batch) -> None:
+        with self._lock:
+            self.loads.append(LoadRecord(batch.id, batch.epoch, batch.start, batch.end, len(batch)))
+            if self.holds_position:
+                self.position = batch.end
+
+    def _apply(self, batch: Batch, *, record: bool) -> None:
         with self._lock:
             self._loading += 1
             self.max_concurrent_loads = max(self.max_concurrent_loads, self._loading)
@@ -301,9 +323,10 @@ class MemorySink(Load):
                             state.pop(change.old_key, None)
                         if change.after is not None:
                             state[change.key] = dict(change.after)
-                self.loads.append(LoadRecord(batch.id, batch.epoch, batch.start, batch.end, len(batch)))
-                if self.holds_position:
-                    self.position = batch.end
+                if record:
+                    self.loads.append(LoadRecord(batch.id, batch.epoch, batch.start, batch.end, len(batch)))
+                    if self.holds_position:
+                        self.position = batch.end
         finally:
             with self._lock:
                 self._loading -= 1
