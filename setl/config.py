@@ -67,6 +67,23 @@ class LogConfig:
 
 
 @attrs.frozen
+class RuntimeConfig:
+    """The threads a node's pipelines share (`setl.runtime`)."""
+
+    workers: int = attrs.field(default=4, validator=attrs.validators.ge(1))  # shared task threads
+    max_workers: int = attrs.field(default=12, validator=attrs.validators.ge(1))  # with those added on overruns
+    overrun_threshold_ms: int = attrs.field(default=100, validator=attrs.validators.ge(1))
+    max_overruns: int = attrs.field(default=3, validator=attrs.validators.ge(0))  # then a thread of its own
+    idle_backoff_ms: int = attrs.field(default=10, validator=attrs.validators.ge(0))  # idle Select polls
+    load_slots: int = attrs.field(default=16, validator=attrs.validators.ge(1))  # per_table channels map here
+    load_workers: int = attrs.field(default=4, validator=attrs.validators.ge(1))
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_workers < self.workers:
+            raise ValueError(f"max_workers ({self.max_workers}) must be >= workers ({self.workers})")
+
+
+@attrs.frozen
 class NodeSettings:
     """`conf/setl.yaml`: one node's identity and shared services."""
 
@@ -76,6 +93,7 @@ class NodeSettings:
     spark: SparkConfig = attrs.Factory(SparkConfig)
     plugins: PluginsConfig = attrs.Factory(PluginsConfig)
     log: LogConfig = attrs.Factory(LogConfig)
+    runtime: RuntimeConfig = attrs.Factory(RuntimeConfig)
     conf_dir: str = attrs.field(default=".", metadata={"internal": True})
 
     def resolve(self, path: str) -> Path:
