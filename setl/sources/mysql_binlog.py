@@ -188,8 +188,7 @@ def _table_map_init(self: TableMapEvent, from_packet: Any, event_size: int, tabl
             cache.put(body, {k: v for k, v in vars(self).items() if k not in _PER_EVENT})
         return
     BinLogEvent.__init__(self, from_packet, event_size, table_map, ctl_connection, **kwargs)
-    for name, value in state.items():  # the decoded table: shared, and read-only once decoded
-        setattr(self, name, value)
+    vars(self).update(state)  # the decoded table: shared, and read-only once decoded
     table_map[self.table_id] = self.table_obj
 
 
@@ -321,6 +320,7 @@ class _Assembler:
         self.max_rows = max_rows
         self.gtids = gtids
         self.tables: dict[int, _TableInfo] = {}
+        self._infos: dict[int, tuple[Any, _TableInfo]] = {}
         self.rows: list[tuple[Op | None, Any, Any, Any]] = []
         self.nbytes = 0
         self.in_tx = False
@@ -345,7 +345,6 @@ class _Assembler:
     def feed(self, event: Any) -> list[Transaction]:
         if isinstance(event, _POSITION_EVENTS):
             return self._moved(event)
-        end = self._position(self.log_file, event.packet.log_pos)
         self.nbytes += event.packet.event_size
         if isinstance(event, MariadbGtidEvent):
             self.standalone = bool(event.flags & _GTID_STANDALONE)
@@ -356,12 +355,16 @@ class _Assembler:
             self.pending_gtid = event.gtid
             return []
         if isinstance(event, TableMapEvent):
-            self.tables[event.table_id] = _TableInfo.from_table_map(event)
+            # A cached table map shares its Table object: decode our view of it once too.
+            known = self._infos.get(event.table_id)
+            if known is None or known[0] is not event.table_obj:
+                known = self._infos[event.table_id] = (event.table_obj, _TableInfo.from_table_map(event))
+            self.tables[event.table_id] = known[1]
             return []
         if isinstance(event, RowsEvent):
             self._add_rows(event)
             if len(self.rows) >= self.max_rows:
-                return self._pieces(end)
+                return self._pieces(self._position(self.log_file, event.packet.log_pos))
             return []
         if isinstance(event, XidEvent):
             return [self._commit(event.packet.log_pos, event.timestamp)]
