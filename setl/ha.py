@@ -264,7 +264,7 @@ class Coordinator:
             with self._lock:
                 leases = list(self._taken)
             for lease in leases:
-                lease.lose("the ZooKeeper session expired")
+                lease.lose("the ZooKeeper session expired", quiet=self._closing.is_set())
 
     def _write_session_file(self, client_id: tuple[int, bytes] | None) -> None:
         path = os.environ.get(SESSION_FILE_ENV)
