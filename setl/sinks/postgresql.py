@@ -24,6 +24,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from setl.config import PostgresqlTargetConfig
+from setl.ddl import parse
 from setl.errors import LoadError, TransientLoadError
 from setl.model import Batch
 from setl.sinks.merge import TableChanges
@@ -231,10 +232,42 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
                         "PostgreSQL: %s", self.pipeline, change.qualified_table, change.position or batch.end,
                         change.statement)
         if step.statement.kind == "create_table":
-            schema = step.statement.tables[0].schema or change.schema
+            ref = step.statement.tables[0]
+            schema = ref.schema or change.schema
             conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+            name = sql.Identifier(schema, ref.table).as_string(conn)
+            plain = not {"REPLACE", "EXISTS"} & {t.upper for t in step.statement.tokens[:ref.start]}
+            exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name,)).fetchone()
+            if plain and exists and exists[0]:
+                if not self._same_shape(conn, step, name):
+                    raise LoadError(f"table {schema}.{ref.table} already exists with another shape: "
+                                    f"{change.statement}",
+                                    **{**self._context(batch, table=change.qualified_table),
+                                       "position": change.position or batch.end})
+                log.info("pipeline=%s stage=load table=%s: table exists with the same shape; CREATE "
+                         "TABLE counts as applied", self.pipeline, change.qualified_table)
+                return
         for statement in statements:
             conn.execute(statement)
+
+    def _same_shape(self, conn: psycopg.Connection, step: DdlStep, name: str) -> bool:
+        """Whether table `name` has the columns (names, types, NOT NULL, primary key) the CREATE
+        TABLE gives, checked against a scratch temporary table inside a savepoint."""
+        tokens, ref = step.statement.tokens, step.statement.tables[0]
+        scratch = ("".join(t.text for t in tokens[:ref.start]) + "`pg_temp`.`setl_shape_check`"
+                   + "".join(t.text for t in tokens[ref.end:]))
+        shape = ("SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, i.indrelid IS NOT NULL"
+                 " FROM pg_attribute a LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary"
+                 " AND a.attnum = ANY(i.indkey)"
+                 " WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum")
+        conn.execute("SAVEPOINT setl_shape_check")
+        try:
+            for statement in Translator(step.change.schema).translate(parse(scratch)):
+                conn.execute(statement)
+            return (conn.execute(shape, (name,)).fetchall()
+                    == conn.execute(shape, ("pg_temp.setl_shape_check",)).fetchall())
+        finally:
+            conn.execute("ROLLBACK TO SAVEPOINT setl_shape_check")
 
     # -- errors
 

@@ -301,6 +301,19 @@ class SinkContract:
         run(self.ddl(target, "DROP TABLE {s}.`gizmos`", "gizmos"))
         assert target.columns("gizmos") == []
 
+    def test_create_table_of_an_existing_table(self, target, load):
+        """CREATE TABLE of a table that exists with the same shape counts as applied; with another
+        shape it fails naming the table."""
+        create = "CREATE TABLE {t} (id INT NOT NULL AUTO_INCREMENT PRIMARY KEY, v VARCHAR(8))"
+        load.load(make_batch([self.ddl(target, create, "same")], id=1))
+        load.load(make_batch([Changes(target.schema, "same").insert(id=1, v="a")], id=2))
+        load.load(make_batch([self.ddl(target, create, "same")], id=3))
+        load.load(make_batch([self.ddl(target, create.replace("(8)", "(9)"), "other")], id=4))
+        with pytest.raises(LoadError, match="already exists") as info:
+            load.load(make_batch([self.ddl(target, create, "other")], id=5))
+        assert info.value.context["table"] == f"{target.schema}.other"
+        assert target.rows("same") == [(1, "a")] and load.committed().offset == 404
+
     def test_ddl_inside_a_batch_keeps_its_place(self, target, items, load):
         """Rows before a DDL in the same batch are applied before it, rows after it after it."""
         batch = make_batch([items.insert(**item(1)),

@@ -137,17 +137,3 @@ class TestMySQLSink(SinkContract):
         with pytest.raises(LoadError, match="(?i)duplicate column") as info:
             load.load(make_batch([add], id=1))
         assert info.value.context["table"] == f"{target.schema}.items"
-
-    def test_create_table_of_an_existing_table(self, target, load):
-        """CREATE TABLE of a table that exists with the same shape counts as applied; with another
-        shape it fails naming the table."""
-        create = "CREATE TABLE `{s}`.`{t}` (id INT NOT NULL AUTO_INCREMENT PRIMARY KEY, v VARCHAR(8))"
-        target.execute(create.format(s=target.schema, t="same"))
-        target.execute(f"INSERT INTO {target.qualified('same')} (v) VALUES ('a')")
-        load.load(make_batch([DdlChange(target.schema, "same", create.format(s=target.schema, t="same"))], id=1))
-        target.execute(create.format(s=target.schema, t="other").replace("VARCHAR(8)", "VARCHAR(9)"))
-        with pytest.raises(LoadError, match="already exists") as info:
-            load.load(make_batch([DdlChange(target.schema, "other", create.format(s=target.schema, t="other"))],
-                                 id=2))
-        assert info.value.context["table"] == f"{target.schema}.other"
-        assert load.committed().offset == 104
