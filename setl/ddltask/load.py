@@ -41,7 +41,7 @@ class DdlTaskLoad(Load):
        winner runs the action, then records SUCCEEDED. A RUNNING task seen while holding its
        table's lock has no live owner in this process (and the mainstem says no other node
        writes), so it is taken over and its action redone. A task whose slice a later task
-       already cleared is deprecated without running its action.
+       already cleared (loads out of source order) succeeds without running its action.
     3. Changes are kept unless their task is DEPRECATED, or a later task's action already
        cleared their slice (a replay, or out-of-order loads); dropped changes are counted in
        `dropped` and logged.
@@ -109,18 +109,34 @@ class DdlTaskLoad(Load):
         bound: list[str | None] = [
             self.tasks.bound_task(c) if isinstance(c, RowChange) else None for c in batch.changes
         ]
+        stored = {t.task_id: t for t in self.tasks.meta.ddl_tasks(self.pipeline)}
         wanted = dict.fromkeys(declared_here)
         wanted.update(dict.fromkeys(t for t in bound if t is not None))
         for task_id in wanted:
-            if self.tasks.declared(task_id) is None and self._stored(task_id) is None:
+            if task_id not in stored:
                 raise LoadError(f"rows name task {task_id}, which no signal row declared",
                                 **self._context(batch))
-        order = sorted(wanted, key=lambda t: (self._declared(t).position, t))
+        # Every unsettled task declared on a table before a row of it comes first in source
+        # order: its action must precede the row even when batches load out of order.
+        last: dict[tuple[str, str], Position] = {}
+        for change in batch.changes:
+            if isinstance(change, RowChange) and change.position is not None:
+                table = (change.schema, change.table)
+                if table not in last or change.position > last[table]:
+                    last[table] = change.position
+        for task in stored.values():
+            table = (task.op_db, task.op_table)
+            if (task.status in (DdlTaskStatus.DECLARED, DdlTaskStatus.RUNNING) and table in last
+                    and task.position <= last[table]):
+                wanted[task.task_id] = None
+        order = sorted(wanted, key=lambda t: (stored[t].position, t))
         for task_id in order:
-            self._settle_task(task_id, batch)
+            if stored[task_id].status in (DdlTaskStatus.DECLARED, DdlTaskStatus.RUNNING):
+                self._settle_task(task_id, batch)
         if not batch.changes:
             return batch
-        stored = {t.task_id: t for t in self.tasks.meta.ddl_tasks(self.pipeline)}
+        if order:
+            stored = {t.task_id: t for t in self.tasks.meta.ddl_tasks(self.pipeline)}
         keep: list[Change] = []
         dropped: collections.Counter[tuple[str | None, str]] = collections.Counter()
         clearing: dict[tuple[str, str, str | None], DdlTask | None] = {}
@@ -174,10 +190,12 @@ class DdlTaskLoad(Load):
         meta = self.tasks.meta
         later = latest_clearing(meta.ddl_tasks(self.pipeline), (task.op_db, task.op_table), task)
         if later is not None and later.position > task.position:
-            reason = f"superseded by the later {later.describe()}, whose action already ran"
-            meta.finish_ddl_task(self.pipeline, task.task_id, owner, DdlTaskStatus.DEPRECATED, reason)
-            log.warning("pipeline=%s stage=load batch=%d %s: %s; its action is skipped and its data "
-                        "dropped", self.pipeline, batch.id, task.describe(), reason)
+            # In source order this action came first and the later one cleared the slice again:
+            # skipping it is the same, and running it now would clear the later task's rows.
+            final = meta.finish_ddl_task(self.pipeline, task.task_id, owner, DdlTaskStatus.SUCCEEDED)
+            log.warning("pipeline=%s stage=load batch=%d %s arrived after the later %s had cleared its "
+                        "slice; its action is skipped (task now %s)", self.pipeline, batch.id,
+                        task.describe(), later.describe(), final.status.value)
             return
         try:
             self.actions.run(task)
@@ -205,11 +223,6 @@ class DdlTaskLoad(Load):
 
     def _stored(self, task_id: str) -> DdlTask | None:
         return self.tasks.meta.ddl_task(self.pipeline, task_id)
-
-    def _declared(self, task_id: str) -> DdlTask:
-        task = self.tasks.declared(task_id) or self._stored(task_id)
-        assert task is not None
-        return task
 
     @contextlib.contextmanager
     def _table_locks(self, tables: list[tuple[str, str]]) -> Iterator[None]:
