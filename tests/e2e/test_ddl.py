@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from setl.errors import LoadError
+from setl.scheduler import Outcome
 from setl.sinks.mysql import MySQLLoad
 from setl.sinks.postgresql import PostgresLoad
 
@@ -95,3 +97,21 @@ def test_ddl_sequence_reaches_postgresql_translated(mariadb_source, source_db, p
                        ("quantity", "integer", "YES")]
     assert query("SELECT * FROM shop.purchases ORDER BY id") == EXPECTED_ORDERS
     assert query("SELECT * FROM shop.items_old") == [(4, 40)]
+
+
+def test_ddl_fail_pauses_the_pipeline_naming_the_statement(mariadb_source, source_db, mariadb_target, mysql_db,
+                                                           tmp_path):
+    """Under ``ddl: fail`` the first DDL pauses the pipeline with an error naming pipeline, stage,
+    table, position and the statement as it would have been applied; nothing from it on is applied."""
+    start = binlog_head(mariadb_source)
+    run_sequence(mariadb_source, source_db)
+    load = MySQLLoad(mariadb_target.target_config(), pipeline="strict", position_schema=mysql_db, ddl="fail")
+    scheduler = replicate(mariadb_source, start, rules(source_db, mysql_db), load, tmp_path, name="strict",
+                          outcome=Outcome.PAUSED)
+    error = scheduler.error
+    assert isinstance(error, LoadError)
+    assert f"CREATE TABLE `{mysql_db}`.`purchases` (id INT NOT NULL PRIMARY KEY, `remark` VARCHAR(20)" in str(error)
+    assert error.context["pipeline"] == "strict" and error.context["stage"] == "load"
+    assert error.context["table"] == f"{mysql_db}.purchases" and error.context["position"] > start
+    assert mariadb_target.query("SELECT table_name FROM information_schema.tables WHERE table_schema = %s"
+                                " AND table_name NOT LIKE 'setl%%'", (mysql_db,)) == []
