@@ -414,6 +414,14 @@ def load_node(conf_dir: str | Path) -> NodeSettings:
     node = _Builder(str(path)).build_attrs(NodeSettings, data, "", conf_dir=str(conf_dir))
     if node.meta.store == "zookeeper" and not node.ha.zookeeper:
         raise ConfigError("ha.zookeeper: required when meta.store is zookeeper", file=str(path))
+    ha = node.ha
+    if not 1000 <= ha.session_timeout_ms <= 600_000:
+        raise ConfigError(f"ha.session_timeout_ms: must be between 1000 and 600000, got {ha.session_timeout_ms}",
+                          file=str(path))
+    if ha.standby_delay_ms < 0:
+        raise ConfigError("ha.standby_delay_ms: must not be negative", file=str(path))
+    if not ha.chroot.startswith("/") or (len(ha.chroot) > 1 and ha.chroot.endswith("/")):
+        raise ConfigError(f"ha.chroot: {ha.chroot!r} must start with '/' and not end with one", file=str(path))
     return node
 
 

@@ -167,10 +167,15 @@ class Coordinator:
         self.session_timeout = session_timeout
         self.op_timeout = op_timeout if op_timeout is not None else 2 * session_timeout
         self.connect_timeout = connect_timeout
+        # kazoo logs every failed reconnect attempt; setl.ha logs each state change once instead.
+        kazoo_log = log.getChild("kazoo")
+        if not kazoo_log.isEnabledFor(logging.DEBUG):
+            kazoo_log.setLevel(logging.ERROR)
         self._client = KazooClient(
             hosts=hosts,
             timeout=session_timeout,
             connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=0.5),
+            logger=kazoo_log,
         )
         self._client.add_listener(self._on_state)
         self._lock = threading.Lock()

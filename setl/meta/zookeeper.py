@@ -61,7 +61,9 @@ class ZooKeeperMetaStore(MetaStore):
     @classmethod
     def from_settings(cls, settings: Any) -> "ZooKeeperMetaStore":
         ha = settings.ha
-        coordinator = Coordinator(ha.zookeeper, root=ha.chroot, session_timeout=ha.session_timeout_ms / 1000.0)
+        session = ha.session_timeout_ms / 1000.0
+        coordinator = Coordinator(ha.zookeeper, root=ha.chroot, session_timeout=session,
+                                  connect_timeout=max(2.0, 2 * session))
         return cls(coordinator.start())
 
     # -- paths and helpers

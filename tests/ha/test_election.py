@@ -3,10 +3,13 @@ real ZooKeeper (in-process: deterministic timing, no binlog)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
+import yaml
 
 from setl.config import BatchSettings, PipelineSettings
 from setl.errors import LeadershipLost
@@ -15,7 +18,7 @@ from setl.model import Batch, Position
 from setl.scheduler import Outcome, Scheduler
 from setl.stages import Extract, Load, Transform
 from setl.testing.harness import MemorySink, ScriptedSource, insert, reference_state, update
-from setl.testing.servers import ZooKeeperServer, wait_until
+from setl.testing.servers import ZooKeeperServer, free_port, wait_until
 from tests.ha.zk import expire, stores
 
 pytestmark = pytest.mark.timeout(60)
@@ -193,3 +196,30 @@ class SlowLoad(Load):
 
     def committed(self):
         return self.sink.committed()
+
+
+@pytest.mark.parametrize(("ha", "message"), [
+    ({"session_timeout_ms": 50}, "ha.session_timeout_ms: must be between"),
+    ({"standby_delay_ms": -1}, "ha.standby_delay_ms: must not be negative"),
+    ({"chroot": "setl/"}, "ha.chroot: 'setl/' must start with '/'"),
+    ({"zookeeper": None}, "ha.zookeeper: required when meta.store is zookeeper"),
+])
+def test_bad_ha_settings_are_one_line_config_errors(tmp_path, ha, message):
+    """Wrong HA settings fail `setl start` with exit code 2 and one line naming the key."""
+    (tmp_path / "setl.yaml").write_text(yaml.safe_dump(
+        {"meta": {"store": "zookeeper"}, "ha": {"zookeeper": "127.0.0.1:1", **ha}}))
+    done = subprocess.run([sys.executable, "-m", "setl.cli", "--conf", str(tmp_path), "status"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_unreachable_zookeeper_is_a_one_line_error(tmp_path):
+    """A node whose ZooKeeper cannot be reached exits 1 with one line naming the hosts."""
+    hosts = f"127.0.0.1:{free_port()}"
+    (tmp_path / "setl.yaml").write_text(yaml.safe_dump(
+        {"meta": {"store": "zookeeper"}, "ha": {"zookeeper": hosts, "session_timeout_ms": 1000}}))
+    done = subprocess.run([sys.executable, "-m", "setl.cli", "--conf", str(tmp_path), "status"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert f"setl: error: cannot reach ZooKeeper at {hosts}" in done.stderr and len(done.stderr.strip().splitlines()) == 1
