@@ -143,7 +143,8 @@ class DdlTasks:
             entries = self._by_table.get((change.schema, change.table))
             if not entries:
                 return None
-            index = bisect.bisect_right(entries, (change.position, "\U0010ffff")) - 1
+            at = Position(change.position.log, change.position.offset)  # GTIDs are not compared
+            index = bisect.bisect_right(entries, (at, "\U0010ffff")) - 1
             return entries[index][1] if index >= 0 else None
 
 

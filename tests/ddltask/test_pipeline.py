@@ -168,3 +168,26 @@ def test_kill_9_between_action_and_record_redoes_the_action_once(make_rig):
     assert "taking it over and redoing its action" in err
     assert rig.rows("fact") == expected(D20, range(1, 4), 2)
     assert rig.statuses() == {"run1": DdlTaskStatus.DEPRECATED, "run2": DdlTaskStatus.SUCCEEDED}
+
+
+def test_the_worked_example_of_the_docs(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db):
+    """docs/batch-ddl-tasks.md's daily reload: after the re-run the partition holds run 2's rows."""
+    columns = "order_id BIGINT NOT NULL, day DATE NOT NULL, amount DECIMAL(12,2), PRIMARY KEY (order_id, day)"
+    rig = Rig(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db,
+              source_ddl=[f"CREATE TABLE orders_daily ({columns})"],
+              target_ddl=[f"CREATE TABLE orders_daily ({columns}) PARTITION BY RANGE COLUMNS (day) ("
+                          " PARTITION p20261119 VALUES LESS THAN ('2026-11-20'),"
+                          " PARTITION p20261120 VALUES LESS THAN ('2026-11-21'),"
+                          " PARTITION p20261121 VALUES LESS THAN ('2026-11-22'))"])
+    rig.execute_target("INSERT INTO orders_daily VALUES (9, '2026-11-19', 90.00)")
+    run1, run2 = "orders_daily/2026-11-20/run1", "orders_daily/2026-11-20/run2"
+    rig.execute_source(rig.signal(run1, "truncate_partition", "orders_daily", "p20261120", True),
+                       "INSERT INTO orders_daily VALUES (1, '2026-11-20', 10.00), (2, '2026-11-20', 20.00),"
+                       " (3, '2026-11-20', 30.00)")
+    rig.execute_source(rig.signal(run2, "truncate_partition", "orders_daily", "p20261120", True),
+                       "DELETE FROM orders_daily WHERE day = '2026-11-20'",
+                       "INSERT INTO orders_daily VALUES (1, '2026-11-20', 11.00), (4, '2026-11-20', 40.00)")
+    rig.run()
+    assert [(o, d, str(a)) for o, d, a in rig.rows("orders_daily")] == [
+        (1, D20, "11.00"), (4, D20, "40.00"), (9, D19, "90.00")]
+    assert rig.statuses() == {run1: DdlTaskStatus.DEPRECATED, run2: DdlTaskStatus.SUCCEEDED}
