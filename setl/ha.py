@@ -571,6 +571,11 @@ class FencedSelect(Select):
         self.lease = lease
         self.inner = inner
 
+    @property
+    def blocking(self) -> bool:
+        """The inner source's scheduling hint (whether its poll may block)."""
+        return bool(getattr(self.inner, "blocking", False))
+
     def open(self, start: Position | None) -> None:
         self.lease.check()
         self.inner.open(start)
@@ -604,10 +609,21 @@ class FencedLoad(Load):
     def open(self) -> None:
         self.inner.open()
 
-    def load(self, batch: Batch) -> None:
+    def _wait_usable(self) -> None:
         while not self.lease.usable(0.5):
             pass
+
+    def load(self, batch: Batch) -> None:
+        self._wait_usable()
         self.inner.load(batch)
+
+    def load_part(self, batch: Batch) -> None:
+        self._wait_usable()
+        self.inner.load_part(batch)
+
+    def mark_loaded(self, batch: Batch) -> None:
+        self._wait_usable()
+        self.inner.mark_loaded(batch)
 
     def committed(self) -> Position | None:
         return self.inner.committed()

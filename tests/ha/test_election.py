@@ -11,7 +11,7 @@ import time
 import pytest
 import yaml
 
-from setl.config import BatchSettings, PipelineSettings
+from setl.config import BatchSettings, LoadSettings, PipelineSettings
 from setl.errors import LeadershipLost
 from setl.ha import Elections, FencedLoad, FencedSelect, Mainstem
 from setl.model import Batch, Position
@@ -139,13 +139,15 @@ def test_suspended_connection_pauses_selecting_until_it_is_back():
         assert not lease.lost and source.tell() == Position("scripted", 1)
 
 
-def test_elections_run_hands_a_pipeline_over_without_losing_or_reordering(zookeeper_server):
+@pytest.mark.parametrize("mode", ["ordered", "per_table"])
+def test_elections_run_hands_a_pipeline_over_without_losing_or_reordering(zookeeper_server, mode):
     """Two nodes' `Elections.run` on one source and sink: after the holder's session expires mid-stream, the
     other finishes it; the sink equals the reference and the ack history's epochs never go back."""
     transactions = [[insert("t", {"id": i % 20, "v": i})] if i < 20 else
                     [update("t", {"id": i % 20, "v": i - 20}, {"id": i % 20, "v": i})] for i in range(400)]
     source, sink = ScriptedSource(transactions), MemorySink(holds_position=True)
-    settings = PipelineSettings(parallelism=2, batch=BatchSettings(max_rows=5, max_wait_ms=5))
+    settings = PipelineSettings(parallelism=2, batch=BatchSettings(max_rows=5, max_wait_ms=5),
+                                load=LoadSettings(mode=mode))
     with stores(zookeeper_server.hosts, 2) as (a, b):
         outcomes: dict[str, list[Outcome]] = {"a": [], "b": []}
         running: dict[str, Scheduler] = {}
@@ -193,6 +195,13 @@ class SlowLoad(Load):
     def load(self, batch: Batch) -> None:
         time.sleep(self.delay)
         self.sink.load(batch)
+
+    def load_part(self, batch: Batch) -> None:
+        time.sleep(self.delay)
+        self.sink.load_part(batch)
+
+    def mark_loaded(self, batch: Batch) -> None:
+        self.sink.mark_loaded(batch)
 
     def committed(self):
         return self.sink.committed()
