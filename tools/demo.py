@@ -8,7 +8,7 @@ changes on the source, and a check that the target equals the source.
     python3 tools/demo.py down                     # stop both servers (data kept)
 
 The servers live in ``var/dev/p1-source`` and ``var/dev/p1-target`` (so ``tools/devservers.py
-status|stop`` sees them), on ``$SETL_P1_SOURCE_PORT`` (default 13306) and
+status|stop`` sees them; ``--servers DIR`` puts them elsewhere), on ``$SETL_P1_SOURCE_PORT`` (default 13306) and
 ``$SETL_P1_TARGET_PORT`` (default 13307), the ports ``conf/pipelines/p1.yaml`` reads. `up` reuses
 running servers. When the source holds no ``demo`` schema yet it creates the schema on both
 servers (on the source with the DDL kept out of the binlog, so p1 replicates rows only), a
@@ -88,10 +88,10 @@ def repl_password() -> str:
     return os.environ.get("SETL_P1_REPL_PASSWORD", "setl-demo")
 
 
-def servers() -> tuple[MariaDBServer, MariaDBServer]:
-    """Handles on the demo's two servers (not started; they outlive this process)."""
-    source = MariaDBServer(SERVERS / "p1-source", port=source_port(), server_id=1).detach()
-    target = MariaDBServer(SERVERS / "p1-target", port=target_port(), server_id=2).detach()
+def servers(root: Path = SERVERS) -> tuple[MariaDBServer, MariaDBServer]:
+    """Handles on the demo's two servers under `root` (not started; they outlive this process)."""
+    source = MariaDBServer(root / "p1-source", port=source_port(), server_id=1).detach()
+    target = MariaDBServer(root / "p1-target", port=target_port(), server_id=2).detach()
     return source, target
 
 
@@ -183,12 +183,12 @@ def _forget_position(conf: Path, target: MariaDBServer) -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    source, target = servers()
+    source, target = servers(args.servers)
     for role, server in (("source", source), ("target", target)):
         was_running = server.running
         server.start()
         print(f"{role}: MariaDB on {server.host}:{server.port} ({'reused' if was_running else 'started'},"
-              f" data in {server.base_dir.relative_to(ROOT)})")
+              f" data in {server.base_dir})")
     if not source.query("SHOW DATABASES LIKE %s", (SCHEMA,)):
         _create_schema(args.conf, source, target)
         print(f"created the {SCHEMA} schema on both servers and the {REPL_USER} account on the source")
@@ -221,7 +221,7 @@ def _create_schema(conf: Path, source: MariaDBServer, target: MariaDBServer) -> 
 
 
 def cmd_load(args: argparse.Namespace) -> int:
-    source, _ = servers()
+    source, _ = servers(args.servers)
     if not source.running:
         print("demo: the source server is not running; run `python3 tools/demo.py up`", file=sys.stderr)
         return 1
@@ -308,10 +308,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    for server in servers():
+    for server in servers(args.servers):
         if server.running:
             server.stop()
-            print(f"stopped: MariaDB on port {server.port} ({server.base_dir.relative_to(ROOT)})")
+            print(f"stopped: MariaDB on port {server.port} ({server.base_dir})")
     return 0
 
 
@@ -319,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--conf", type=Path, default=Path(os.environ.get("SETL_CONF") or ROOT / "conf"),
                         help="setl's configuration directory (default: $SETL_CONF or conf/)")
+    parser.add_argument("--servers", type=Path, default=SERVERS,
+                        help="where the two servers live (default: var/dev, as for tools/devservers.py)")
     commands = parser.add_subparsers(dest="command", required=True)
     up = commands.add_parser("up", help="start the servers, create the schema and initial data")
     up.add_argument("--transactions", type=int, default=3000, help="initial transactions (default 3000)")
