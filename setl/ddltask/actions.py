@@ -46,10 +46,9 @@ class Actions:
         """Release connections. Idempotent."""
 
 
-_ALREADY_DONE = {
-    "drop_partition": {1507},  # ER_DROP_PARTITION_NON_EXISTENT: dropped by an earlier run
-    "add_range_partition": {1517},  # ER_SAME_NAME_PARTITION: added by an earlier run
-}
+# Errors a redo of an action may meet, if the partition is (drop) or is not (add) already gone.
+_DROP_REFUSED = {1507, 1508}  # wrong partition list; "cannot remove all partitions" (MariaDB)
+_SAME_NAME_PARTITION = 1517
 
 
 class MysqlActions(Actions):
@@ -62,7 +61,7 @@ class MysqlActions(Actions):
     * delete_where ``COLUMN=VALUE``: ``DELETE FROM t WHERE COLUMN = 'VALUE'``
     * none: nothing
 
-    Dropping a partition that is gone, or adding one that exists, counts as done (a redo).
+    Dropping a partition that is gone, or adding one whose name exists, counts as done (a redo).
     Transient errors (lost connection, lock wait timeout) are retried in place.
     """
 
@@ -116,7 +115,7 @@ class MysqlActions(Actions):
                 cur.execute(sql, args)
         except pymysql.err.MySQLError as exc:
             code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
-            if code in _ALREADY_DONE.get(task.op_type, ()):
+            if self._already_done(task, code):
                 log.info("pipeline=%s stage=load %s was already done in the target (%s)",
                          self.pipeline, task.describe(), exc.args[1] if len(exc.args) > 1 else exc)
                 return
@@ -126,6 +125,18 @@ class MysqlActions(Actions):
             kind = TransientLoadError if transient else LoadError
             message = f"{exc.args[1]} (MySQL error {code})" if len(exc.args) > 1 else str(exc)
             raise kind(message, pipeline=self.pipeline, stage="load", table=task.target) from exc
+
+    def _already_done(self, task: DdlTask, code: int | None) -> bool:
+        """Whether an error only says an earlier run already did what `task` asks."""
+        if task.op_type == "add_range_partition":
+            return code == _SAME_NAME_PARTITION
+        if task.op_type != "drop_partition" or code not in _DROP_REFUSED:
+            return False
+        with self._connection().cursor() as cur:
+            cur.execute("SELECT 1 FROM information_schema.partitions WHERE table_schema = %s"
+                        " AND table_name = %s AND partition_name = %s",
+                        (task.op_db, task.op_table, task.op_partition))
+            return cur.fetchone() is None
 
     def _connection(self) -> pymysql.connections.Connection:
         if self._conn is None:
