@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 
 import pytest
 
@@ -191,3 +192,21 @@ def test_the_worked_example_of_the_docs(tmp_path, mariadb_source, mariadb_target
     assert [(o, d, str(a)) for o, d, a in rig.rows("orders_daily")] == [
         (1, D20, "11.00"), (4, D20, "40.00"), (9, D19, "90.00")]
     assert rig.statuses() == {run1: DdlTaskStatus.DEPRECATED, run2: DdlTaskStatus.SUCCEEDED}
+
+
+def test_rollbacks_after_loads_never_rerun_actions_nor_revive_deprecated_rows(make_rig, monkeypatch):
+    """Batches failing right after their load (before the ack) are rolled back and replayed: no
+    action runs twice and the overwritten run's replayed rows stay out."""
+    monkeypatch.setenv("SETL_FAULTS", json.dumps([{"stage": "termin", "times": 6}]))
+    rig = make_rig(retry_attempts=10)
+    rig.execute_source(rig.signal("run1", "truncate_partition", "fact", "p20261120", True))
+    rig.execute_source(*rows(D20, range(1, 6), 1))
+    rig.execute_source(rig.signal("run2", "truncate_partition", "fact", "p20261120", True))
+    rig.execute_source(*rows(D20, range(1, 4), 2))
+    rig.execute_source(*rows(D20, range(4, 6), 2))
+    listener = Rollbacks()
+    rig.run(listener=listener)
+    assert len(listener.errors) == 6 and all("injected termin failure" in e for e in listener.errors)
+    assert rig.rows("fact") == expected(D20, range(1, 6), 2)
+    assert rig.load.actions_run == {"run1": 1, "run2": 1}
+    assert rig.statuses() == {"run1": DdlTaskStatus.DEPRECATED, "run2": DdlTaskStatus.SUCCEEDED}
