@@ -5,6 +5,7 @@ A subclass provides a `target` fixture returning a `Target` for a fresh schema.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,6 +59,14 @@ class Target:
         return self.load_class(self.config(unreachable), pipeline=pipeline, **self.load_options(), **options)
 
     def session_id(self, load: SqlLoad) -> int:
+        raise NotImplementedError
+
+    def short_lock_waits(self) -> contextlib.AbstractContextManager[None]:
+        """While open, new sink sessions give up waiting for a row lock after about a second."""
+        raise NotImplementedError
+
+    def lock_row(self, table: str, key: int) -> Any:
+        """A connection whose open transaction holds row `key` of `table` (call .rollback())."""
         raise NotImplementedError
 
     def kill(self, session: int) -> None:
@@ -374,6 +383,26 @@ class SinkContract:
         assert load.committed().offset == 204
         assert len(sleeps) == 1  # exactly one failed attempt, then a replay
         load.close()
+
+    def test_lock_wait_timeout_is_retried_in_place(self, target, items):
+        """A batch that times out waiting for a row lock is replayed by the sink itself, after a
+        backoff during which the lock goes away."""
+        target.execute(f"INSERT INTO {target.qualified('items')} VALUES (1, 'n', 1, NULL)")
+        blocker = target.lock_row("items", 1)
+        sleeps: list[float] = []
+
+        def sleep(seconds: float) -> None:
+            sleeps.append(seconds)
+            blocker.rollback()
+
+        with target.short_lock_waits():
+            load = target.make_load(sleep=sleep)
+            try:
+                load.load(make_batch([items.update(item(1), qty=2)], id=1))
+            finally:
+                load.close()
+                blocker.close()
+        assert target.rows("items") == [(1, "n", 2, None)] and len(sleeps) == 1
 
     def test_gives_up_after_bounded_attempts(self, target, items):
         """A target that stays unreachable fails with a TransientLoadError after max_attempts."""

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import decimal
+from collections.abc import Iterator
 from typing import Any
 
+import pymysql.err
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from setl.config import MysqlTargetConfig
-from setl.errors import LoadError
+from setl.errors import LoadError, TransientLoadError
 from setl.model import DdlChange
+from setl.sinks.sql_common import TargetTableMissing
 from setl.sinks.mysql import MySQLLoad
 from setl.testing.servers import MariaDBServer, free_port
 
@@ -59,6 +63,22 @@ class MySQLTarget(Target):
 
     def kill(self, session: int) -> None:
         self.server.query(f"KILL CONNECTION {session}")
+
+    @contextlib.contextmanager
+    def short_lock_waits(self) -> Iterator[None]:
+        (before,) = self.server.query("SELECT @@GLOBAL.innodb_lock_wait_timeout")[0]
+        self.server.query("SET GLOBAL innodb_lock_wait_timeout = 1")
+        try:
+            yield
+        finally:
+            self.server.query(f"SET GLOBAL innodb_lock_wait_timeout = {int(before)}")
+
+    def lock_row(self, table: str, key: int) -> Any:
+        conn = self.server.connect()
+        conn.autocommit(False)
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT * FROM {self.qualified(table)} WHERE id = %s FOR UPDATE", (key,))
+        return conn
 
     def session_alive(self, session: int) -> bool:
         return bool(self.server.query("SELECT 1 FROM information_schema.processlist WHERE id = %s", (session,)))
@@ -133,3 +153,14 @@ class TestMySQLSink(SinkContract):
         with pytest.raises(LoadError, match="(?i)duplicate column") as info:
             load.load(make_batch([add], id=1))
         assert info.value.context["table"] == f"{target.schema}.items"
+
+
+@pytest.mark.parametrize("code, kind", [
+    (1213, TransientLoadError), (1205, TransientLoadError), (2013, TransientLoadError), (2006, TransientLoadError),
+    (1927, TransientLoadError), (1146, TargetTableMissing), (1062, LoadError), (1406, LoadError),
+])
+def test_driver_errors_are_classified(code, kind):
+    """Deadlocks, lock wait timeouts and lost connections are transient; a missing table is named;
+    anything else fails the batch."""
+    load = MySQLLoad(MysqlTargetConfig(type="mysql"), pipeline="p")
+    assert load._classify(pymysql.err.OperationalError(code, "message")) is kind

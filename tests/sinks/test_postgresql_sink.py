@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import decimal
+from collections.abc import Iterator
 from typing import Any
 
+import psycopg.errors
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from setl.config import PostgresqlTargetConfig
-from setl.errors import LoadError
+from setl.errors import LoadError, TransientLoadError
 from setl.model import DdlChange
+from setl.sinks.sql_common import TargetTableMissing
 from setl.sinks.postgresql import PostgresLoad
 from setl.testing.servers import PostgresServer, free_port
 
@@ -59,6 +63,20 @@ class PostgresTarget(Target):
 
     def kill(self, session: int) -> None:
         assert self.server.query("SELECT pg_terminate_backend(%s)", (session,)) == [(True,)]
+
+    @contextlib.contextmanager
+    def short_lock_waits(self) -> Iterator[None]:
+        self.server.query(f'ALTER DATABASE "{self.database}" SET lock_timeout = \'1s\'')
+        try:
+            yield
+        finally:
+            self.server.query(f'ALTER DATABASE "{self.database}" RESET lock_timeout')
+
+    def lock_row(self, table: str, key: int) -> Any:
+        conn = self.server.connect(dbname=self.database)
+        conn.autocommit = False
+        conn.execute(f"SELECT * FROM {self.qualified(table)} WHERE id = %s FOR UPDATE", (key,))
+        return conn
 
     def session_alive(self, session: int) -> bool:
         return bool(self.server.query("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (session,)))
@@ -142,3 +160,15 @@ class TestPostgresSink(SinkContract):
             load.load(make_batch([items.insert(**item(1)), ddl]))
         assert info.value.context["table"] == f"{target.schema}.items"
         assert target.rows("items") == []
+
+
+@pytest.mark.parametrize("error, kind", [
+    (psycopg.errors.DeadlockDetected, TransientLoadError), (psycopg.errors.SerializationFailure, TransientLoadError),
+    (psycopg.errors.LockNotAvailable, TransientLoadError), (psycopg.errors.AdminShutdown, TransientLoadError),
+    (psycopg.errors.UndefinedTable, TargetTableMissing), (psycopg.errors.UniqueViolation, LoadError),
+])
+def test_driver_errors_are_classified(error, kind):
+    """Deadlocks, serialization failures, lock timeouts and a server shutdown are transient; a
+    missing table is named; anything else fails the batch."""
+    load = PostgresLoad(PostgresqlTargetConfig(type="postgresql"), pipeline="p")
+    assert load._classify(error("message")) is kind
