@@ -117,7 +117,9 @@ class TableExtract(Extract):
 
     def _map_ddl(self, change: DdlChange, plan: _Plan) -> DdlChange | None:
         """The DDL with every table name mapped and qualified, and the rule's column renames
-        (see `setl.ddl.rewrite`); None when it only drops tables no rule replicates."""
+        (see `setl.ddl.rewrite`); None when it only drops tables no rule replicates. Column
+        include/exclude lists are not applied to DDL: an excluded column is still created in
+        the target, where it stays NULL or at its default."""
 
         def target(schema: str, table: str) -> tuple[str, str] | None:
             found = self.plan_for(schema, table)

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from setl.config import MysqlTargetConfig
 from setl.errors import LoadError, TransientLoadError
 from setl.model import DdlChange
-from setl.sinks.sql_common import TargetTableMissing
 from setl.sinks.mysql import MySQLLoad
+from setl.sinks.sql_common import TargetTableMissing
 from setl.testing.servers import MariaDBServer, free_port
 
 from .contract import Changes, SinkContract, Target, item, make_batch, model_settings

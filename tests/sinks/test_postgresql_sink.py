@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from setl.config import PostgresqlTargetConfig
 from setl.errors import LoadError, TransientLoadError
 from setl.model import DdlChange
-from setl.sinks.sql_common import TargetTableMissing
 from setl.sinks.postgresql import PostgresLoad
+from setl.sinks.sql_common import TargetTableMissing
 from setl.testing.servers import PostgresServer, free_port
 
 from .contract import Changes, SinkContract, Target, item, make_batch, model_settings
