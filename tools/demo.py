@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import os
 import random
+import socket
 import sys
 import time
 from pathlib import Path
@@ -182,10 +183,24 @@ def _forget_position(conf: Path, target: MariaDBServer) -> None:
             cur.execute("DELETE FROM setl.setl_position WHERE pipeline = %s", (PIPELINE,))
 
 
+def _port_taken(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     source, target = servers(args.servers)
     for role, server in (("source", source), ("target", target)):
         was_running = server.running
+        if not was_running and _port_taken(server.port):
+            print(f"demo: port {server.port} for the {role} is taken by another process; stop it or set "
+                  f"SETL_P1_{role.upper()}_PORT to a free port", file=sys.stderr)
+            return 1
         server.start()
         print(f"{role}: MariaDB on {server.host}:{server.port} ({'reused' if was_running else 'started'},"
               f" data in {server.base_dir})")
