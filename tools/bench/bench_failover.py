@@ -9,8 +9,10 @@ Starts a MariaDB source and target and a ZooKeeper (setl.testing.servers), then:
   goal: session timeout + standby delay + 2 s.
 * **ack cost**: the same recorded sysbench backlog replicated by ``setl start --until-caught-up``
   into a fresh target, `--repeat` times with ``meta.store: sqlite`` (the baseline) and as many
-  with ``meta.store: zookeeper``, with the default batch settings. Prints rows/s medians, the
-  ratio, ack latency p50 of each store measured in-process, and the nodes' peak RSS.
+  with ``meta.store: zookeeper``, with the default batch settings. Rows/s count from the
+  scheduler's start (its first log line) to the last ack, so process start-up is left out.
+  Prints rows/s medians, the ratio, ack latency p50 of each store measured in-process, and the
+  nodes' peak RSS.
 
     python3 tools/bench/bench_failover.py [--runs 10] [--repeat 3] [--session-timeout-ms 3000]
         [--standby-delay-ms 1000] [--rate 300] [--backlog-seconds 10]
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import os
 import resource
 import shutil
@@ -65,7 +68,7 @@ class Rig:
     def write_conf(self, name: str, target_db: str, *, store: str, chroot: str) -> Path:
         conf = self.folder / name / "conf"
         (conf / "pipelines").mkdir(parents=True, exist_ok=True)
-        node = {"node": {"id": name}, "log": {"level": "WARNING"}}
+        node = {"node": {"id": name}}
         if store == "zookeeper":
             node |= {"meta": {"store": "zookeeper"},
                      "ha": {"zookeeper": self.zk.hosts, "chroot": chroot,
@@ -84,12 +87,13 @@ class Rig:
         (conf / "pipelines" / "p.yaml").write_text(yaml.safe_dump(pipeline, sort_keys=False))
         return conf
 
-    def spawn(self, name: str, conf: Path, *extra: str) -> subprocess.Popen:
-        log = open(self.folder / f"{name}-{len(self.procs)}.log", "a")
-        env = dict(os.environ, SETL_LOG_LEVEL="WARNING")
+    def spawn(self, name: str, conf: Path, *extra: str, level: str = "WARNING") -> subprocess.Popen:
+        log = open(self.folder / f"{name}.log.tmp", "w")
+        env = dict(os.environ, SETL_LOG_LEVEL=level)
         proc = subprocess.Popen([sys.executable, "-m", "setl.cli", "--conf", str(conf), "start", "--pipeline", "p",
                                  *extra], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
         log.close()
+        (self.folder / f"{name}.log.tmp").rename(self.folder / f"{name}-{proc.pid}.log")
         self.procs[name] = proc
         return proc
 
@@ -142,19 +146,33 @@ def measure_failover(rig: Rig, runs: int, rate: int) -> list[float]:
 
 
 def replicate_backlog(rig: Rig, store: str) -> tuple[float, int]:
-    """Seconds for `setl start --until-caught-up` over the whole backlog, and the rows it holds."""
+    """`setl start --until-caught-up` over the whole backlog: the seconds from the scheduler's
+    start (its first log line; process start-up left out) to its last ack, and the batches."""
     target_db = rig.fresh_target(store)
-    conf = rig.write_conf(f"{store}-{uuid.uuid4().hex[:4]}", target_db, store=store,
-                          chroot=f"/bench-{uuid.uuid4().hex[:8]}")
-    began = time.perf_counter()
-    proc = rig.spawn(store, conf, "--until-caught-up")
+    name, chroot = f"{store}-{uuid.uuid4().hex[:4]}", f"/bench-{uuid.uuid4().hex[:8]}"
+    conf = rig.write_conf(name, target_db, store=store, chroot=chroot)
+    proc = rig.spawn(store, conf, "--until-caught-up", level="INFO")
     if proc.wait(900) != 0:
         raise SystemExit(f"setl failed with {store} acks; see {rig.folder}")
-    seconds = time.perf_counter() - began
     mine = sysbench.checksums(sysbench.Conn.from_server(rig.source, rig.source_db))
     if sysbench.checksums(sysbench.Conn.from_server(rig.target, target_db)) != mine:
         raise SystemExit(f"target differs from the source after the {store} run")
-    return seconds, 0
+    if store == "zookeeper":
+        meta = ZooKeeperMetaStore(Coordinator(rig.zk.hosts, root=chroot).start())
+    else:
+        meta = SqliteMetaStore(rig.folder / name / "meta.db")
+    try:
+        last, batches = meta.position("p"), meta.position("p").batch_id
+    finally:
+        meta.close()
+    started = None
+    for line in (rig.folder / f"{store}-{proc.pid}.log").read_text().splitlines():
+        if "stage=select starting at" in line:
+            started = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            break
+    if started is None:
+        raise SystemExit(f"no scheduler start in the {store} run's log ({rig.folder})")
+    return last.time - started, batches
 
 
 def ack_latency(zk: ZooKeeperServer, folder: Path, n: int = 500) -> tuple[float, float]:
@@ -204,9 +222,10 @@ def main() -> None:
         timings = {"sqlite": [], "zookeeper": []}
         for _ in range(args.repeat):
             for store in timings:
-                seconds, _ = replicate_backlog(rig, store)
+                seconds, batches = replicate_backlog(rig, store)
                 timings[store].append(seconds)
-                print(f"  {store:9}: {rows / seconds:9,.0f} rows/s ({seconds:.2f}s)", flush=True)
+                print(f"  {store:9}: {rows / seconds:9,.0f} rows/s ({seconds:.2f}s, {batches} batches, "
+                      f"{rows / batches:,.0f} rows/batch)", flush=True)
         sqlite_ack, zk_ack = ack_latency(zk, folder)
         rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
