@@ -17,7 +17,8 @@ from setl.config import NodeSettings, PipelineConfig
 from setl.errors import ConfigError, PluginError, SetlError
 from setl.meta.base import MetaStore, Status
 from setl.model import Ack, Batch
-from setl.scheduler import Listener, Outcome, Scheduler
+from setl.runtime import SerialExecutorService, TaskExecutionService
+from setl.scheduler import Listener, Outcome, Scheduler, supports_per_table
 from setl.stages import Extract, Load, Select, TableExtract, Transform
 
 log = logging.getLogger("setl.node")
@@ -139,8 +140,24 @@ class PipelineResult:
     error: BaseException | None = None
 
 
+def shared_services(settings: NodeSettings) -> tuple[TaskExecutionService, SerialExecutorService]:
+    """The task service and the per-table load executor every pipeline of a node runs on."""
+    runtime = settings.runtime
+    tasks = TaskExecutionService(
+        runtime.workers, runtime.max_workers,
+        overrun_threshold=runtime.overrun_threshold_ms / 1000.0, max_overruns=runtime.max_overruns,
+        idle_backoff=runtime.idle_backoff_ms / 1000.0, name="setl-task",
+    )
+    return tasks, SerialExecutorService(runtime.load_slots, runtime.load_workers, name="setl-load")
+
+
 class Node:
-    """Runs pipelines until they stop; `stop()` (from a signal handler) drains them gracefully."""
+    """Runs pipelines until they stop; `stop()` (from a signal handler) drains them gracefully.
+
+    Every pipeline's work runs on the node's shared services (`shared_services`); a
+    supervisor thread per pipeline only waits for its scheduler and decides what comes next,
+    so one pipeline pausing or failing leaves the others running.
+    """
 
     def __init__(self, settings: NodeSettings, pipelines: list[PipelineConfig], meta: MetaStore,
                  *, poll_interval: float = 1.0) -> None:
@@ -152,6 +169,8 @@ class Node:
         self._lock = threading.Lock()
         self._running: dict[str, Scheduler] = {}
         self.elections = None  # setl.ha.Elections when the meta store is ZooKeeper
+        self.tasks: TaskExecutionService | None = None
+        self.serial: SerialExecutorService | None = None
 
     def stop(self) -> None:
         self._stop.set()
@@ -163,6 +182,10 @@ class Node:
     def run(self, *, until_caught_up: bool = False) -> list[PipelineResult]:
         """Run every pipeline to its end; returns how each ended."""
         stages = {config.name: build_stages(self.settings, config, self.meta) for config in self.pipelines}
+        for config in self.pipelines:
+            if config.pipeline.load.mode == "per_table" and not supports_per_table(stages[config.name].load):
+                raise ConfigError(f"pipeline.load.mode: target.type {config.target.type} cannot load per table "
+                                  f"(use ordered)", file=config.file, pipeline=config.name)
         if self.settings.meta.store == "zookeeper":  # HA: run only what this node holds
             from setl.ha import Elections
 
@@ -174,12 +197,18 @@ class Node:
                              name=f"setl-{config.name}-supervisor")
             for config, result in zip(self.pipelines, results)
         ]
-        for thread in threads:
-            thread.start()
-        while any(t.is_alive() for t in threads):
-            self._watch_operator_pauses()
+        self.tasks, self.serial = shared_services(self.settings)
+        try:
             for thread in threads:
-                thread.join(timeout=self.poll_interval / max(1, len(threads)))
+                thread.start()
+            while any(t.is_alive() for t in threads):
+                self._watch_operator_pauses()
+                for thread in threads:
+                    thread.join(timeout=self.poll_interval / max(1, len(threads)))
+        finally:
+            self.tasks.shutdown(timeout=10.0)
+            self.serial.shutdown_now()
+            self.serial.await_termination(10.0)
         return results
 
     def _watch_operator_pauses(self) -> None:
@@ -214,7 +243,8 @@ class Node:
                 announced = False
                 scheduler = Scheduler(name, config.pipeline, stages.select, stages.extract,
                                       stages.transform, stages.load, self.meta,
-                                      node_id=self.settings.node.id, listener=ProgressLog(name))
+                                      node_id=self.settings.node.id, listener=ProgressLog(name),
+                                      tasks=self.tasks, serial=self.serial)
                 with self._lock:
                     self._running[name] = scheduler
                 if self._stop.is_set():

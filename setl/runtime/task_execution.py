@@ -158,7 +158,8 @@ class TaskExecutionService:
       each call, so tasks take turns. A task returning NO_PROGRESS is parked for
       `idle_backoff` seconds, or until `wake()`, instead of being called in a tight loop;
       one returning BLOCKED is parked until `wake()` only (a wake that arrives during the
-      call is not lost: the task is called again).
+      call is not lost: the task is called again). `wake()` puts a parked task at the head
+      of the queue, since the event it waited for is usually what the waker waits on next.
     - A monitor thread checks every `monitor_interval`; when calls have been running longer
       than `overrun_threshold`, it starts extra shared workers so that `core_workers` threads
       are still free to serve the queue, never more than `max_workers` shared threads in all.
@@ -235,8 +236,9 @@ class TaskExecutionService:
             if handle.dedicated:
                 handle._wake_event.set()
             elif handle._state is _State.PARKED:
+                # To the head: it was waiting for this event, and whoever sent it waits on it in turn.
                 handle._state = _State.QUEUED
-                self._queue.append(handle)
+                self._queue.appendleft(handle)
                 self._cond.notify()
             else:
                 # Queued or in a call: remember it, so a NO_PROGRESS answer does not park it.
@@ -442,7 +444,10 @@ class TaskExecutionService:
             self._cond.notify()  # a waiting worker must shorten its wait to the new deadline
         else:
             handle._state = _State.QUEUED
-            self._queue.append(handle)
+            if woken and outcome is not Progress.PROGRESS:
+                self._queue.appendleft(handle)  # as in wake(): the event came while it was in a call
+            else:
+                self._queue.append(handle)
             self._cond.notify()
         return outcome
 
