@@ -414,3 +414,68 @@ def test_invalid_configuration_is_refused():
     for kwargs in ({"core_workers": 0}, {"core_workers": 3, "max_workers": 2}, {"overrun_threshold": 0}, {"max_overruns": -1}):
         with pytest.raises(ValueError):
             TaskExecutionService(**kwargs)
+
+
+class Blocked:
+    """Returns BLOCKED until `ready` is set, then DONE; counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.ready = threading.Event()
+
+    def call(self) -> Progress:
+        self.calls += 1
+        return Progress.DONE if self.ready.is_set() else Progress.BLOCKED
+
+
+@pytest.mark.parametrize("blocking", [False, True])
+def test_blocked_task_waits_for_a_wake_however_far_the_clock_moves(make_service, blocking):
+    """A BLOCKED task (shared or on its own thread) is called again only when woken, never by its back-off."""
+    clock = FakeClock()
+    svc = make_service(core_workers=1, max_workers=1, overrun_threshold=5.0, idle_backoff=0.01, clock=clock)
+    task = Blocked()
+    task.blocking = blocking
+    handle = svc.submit(task)
+    wait_until(lambda: task.calls == 1)
+    clock.advance(3600)
+    assert svc.submit(Steps(50)).wait(10)  # the shared worker cycles meanwhile
+    assert task.calls == 1 and not handle.done()
+    handle.wake()
+    wait_until(lambda: task.calls == 2)
+    task.ready.set()
+    handle.wake()
+    assert handle.wait(10)
+
+
+def test_a_woken_task_runs_before_tasks_already_queued(make_service):
+    """wake() puts a parked task at the head of the queue, ahead of tasks queued before it."""
+    svc = make_service(core_workers=1, max_workers=1, overrun_threshold=5.0)
+    order: list[str] = []
+    gate = Gate()
+
+    class NotedBlocked(Blocked):
+        def call(self):
+            if self.calls:
+                order.append("woken")
+            return super().call()
+
+    blocked = NotedBlocked()
+    blocked_handle = svc.submit(blocked, name="blocked")
+    wait_until(lambda: blocked.calls == 1)
+    svc.submit(gate, name="gate")  # holds the only worker while the queue fills
+    gate.started.wait(10)
+
+    class Note:
+        def __init__(self, tag):
+            self.tag = tag
+
+        def call(self):
+            order.append(self.tag)
+            return Progress.DONE
+
+    queued = [svc.submit(Note(f"queued-{i}")) for i in range(3)]
+    blocked.ready.set()
+    blocked_handle.wake()
+    gate.release.set()
+    assert blocked_handle.wait(10) and all(h.wait(10) for h in queued)
+    assert order == ["woken", "queued-0", "queued-1", "queued-2"]
