@@ -8,6 +8,9 @@ indexes, FOREIGN KEY and CHECK constraints, column COMMENTs, charsets and collat
 ON UPDATE CURRENT_TIMESTAMP, defaults that are not a number, a plain string, NULL or
 CURRENT_TIMESTAMP, FIRST/AFTER, table options. CREATE/DROP INDEX statements are not applied.
 Anything else (generated columns, partitioning, spatial types, ...) raises `UnsupportedDdl`.
+ADD COLUMN ... NOT NULL without a DEFAULT fills existing rows with MySQL's implicit default (0,
+'', the first ENUM member, zero bytes); for dates MySQL's zero date has no PostgreSQL value, so
+such an ADD fails on a non-empty table.
 
 Type mapping (MySQL -> PostgreSQL): TINYINT, SMALLINT -> smallint (SMALLINT UNSIGNED -> integer);
 MEDIUMINT, INT -> integer (INT UNSIGNED -> bigint); BIGINT -> bigint (UNSIGNED -> numeric(20,0));
@@ -21,6 +24,8 @@ members sorted and comma-joined); BIT(n) -> bigint (numeric(20,0) for BIT(64)); 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import attrs
 
 from setl.ddl import Reader, Statement, TableRef, Token
 
@@ -116,8 +121,48 @@ def _default(t: Reader) -> str | None:
     return None
 
 
-def column(tokens: Sequence[Token]) -> tuple[str, str, bool, str | None, str]:
-    """A MySQL column definition as (name, type, not null, default, inline key), in PostgreSQL."""
+@attrs.frozen
+class Column:
+    """A MySQL column definition in PostgreSQL terms. `default` is the translated DEFAULT, or
+    None; `implicit` is what MySQL fills existing rows with when the column is added NOT NULL
+    without a DEFAULT (None where PostgreSQL has no such value, as for zero dates); `key` is an
+    inline `` PRIMARY KEY`` or `` UNIQUE``."""
+
+    name: str
+    kind: str
+    not_null: bool
+    default: str | None
+    implicit: str | None
+    key: str
+
+    def text(self, default: str | None = None) -> str:
+        text = f"{ident(self.name)} {self.kind}{self.key}"
+        if self.not_null:
+            text += " NOT NULL"
+        default = default if default is not None else self.default
+        return text + (f" DEFAULT {default}" if default is not None else "")
+
+
+def _implicit(base: str, args: Sequence[Token]) -> str | None:
+    """MySQL's implicit default of a NOT NULL column of type `base`(`args`), in PostgreSQL."""
+    if base in _INTS or base in ("DECIMAL", "NUMERIC", "DEC", "FIXED", "FLOAT", "DOUBLE", "REAL", "BIT",
+                                 "YEAR", "BOOL", "BOOLEAN"):
+        return "0"
+    if base == "ENUM":
+        return args[0].text if args and args[0].kind == "string" else None
+    if base == "BINARY":
+        width = int(args[0].text) if args else 1
+        return f"'\\x{'00' * width}'::bytea"
+    if base in ("CHAR", "VARCHAR", "NCHAR", "NVARCHAR", "TINYTEXT", "TEXT", "MEDIUMTEXT", "LONGTEXT",
+                "VARBINARY", "TINYBLOB", "BLOB", "MEDIUMBLOB", "LONGBLOB", "SET"):
+        return "''"
+    if base == "TIME":
+        return "'0'"
+    return None
+
+
+def column(tokens: Sequence[Token]) -> Column:
+    """A MySQL column definition, translated."""
     t = Reader(tokens)
     name = t.next().name
     base = t.next().upper
@@ -125,11 +170,11 @@ def column(tokens: Sequence[Token]) -> tuple[str, str, bool, str | None, str]:
         t.word("PRECISION")
     if base in ("CHARACTER", "CHAR") and t.word("VARYING"):
         base = "VARCHAR"
-    args: list[str] = []
+    raw: list[Token] = []
     if t.sees("("):
-        args = [part[0].text for part in split(t.group())]
-    if base in ("ENUM", "SET"):
-        args = []
+        raw = [part[0] for part in split(t.group())]
+    implicit = _implicit(base, raw)
+    args = [] if base in ("ENUM", "SET") else [token.text for token in raw]
     unsigned = False
     while (token := t.peek()) is not None and token.upper in ("UNSIGNED", "SIGNED", "ZEROFILL"):
         unsigned = unsigned or token.upper != "SIGNED"
@@ -167,17 +212,7 @@ def column(tokens: Sequence[Token]) -> tuple[str, str, bool, str | None, str]:
             t.at = len(t.sig)
         else:
             raise UnsupportedDdl(f"column {name}: {t.next().text} is not translated")
-    return name, kind, not_null, default, extra
-
-
-def _column_text(tokens: Sequence[Token]) -> str:
-    name, kind, not_null, default, extra = column(tokens)
-    text = f"{ident(name)} {kind}{extra}"
-    if not_null:
-        text += " NOT NULL"
-    if default is not None:
-        text += f" DEFAULT {default}"
-    return text
+    return Column(name, kind, not_null, default, implicit, extra)
 
 
 def _constraint(tokens: Sequence[Token]) -> str | None:
@@ -252,7 +287,7 @@ class Translator:
                 if constraint is not None:
                     elements.append(constraint)
             else:
-                elements.append(_column_text(part))
+                elements.append(column(part).text())
         rest = Reader(t.rest())
         while not rest.done():  # table options: ENGINE=..., DEFAULT CHARSET=..., COMMENT='...'
             token = rest.next()
@@ -278,7 +313,7 @@ class Translator:
             t = Reader(clause)
             verb = t.next().upper
             if verb == "ADD":
-                self._add(t, actions)
+                self._add(t, actions, later, name)
             elif verb == "DROP":
                 t.word("COLUMN")
                 if t.word("PRIMARY"):
@@ -294,14 +329,16 @@ class Translator:
                 if t.word("IF"):
                     t.word("EXISTS")
                 old = t.next().name if verb == "CHANGE" else None
-                new, kind, not_null, default, _ = column(t.rest())
-                target = old or new
-                actions.append(f"ALTER COLUMN {ident(target)} TYPE {kind} USING {ident(target)}::{kind}")
-                actions.append(f"ALTER COLUMN {ident(target)} {'SET' if not_null else 'DROP'} NOT NULL")
-                actions.append(f"ALTER COLUMN {ident(target)} "
-                               + (f"SET DEFAULT {default}" if default is not None else "DROP DEFAULT"))
-                if old is not None and old != new:
-                    later.append(f"ALTER TABLE {self.table(current)} RENAME COLUMN {ident(old)} TO {ident(new)}")
+                definition = column(t.rest())
+                target = ident(old or definition.name)
+                kind = definition.kind
+                actions.append(f"ALTER COLUMN {target} TYPE {kind} USING {target}::{kind}")
+                actions.append(f"ALTER COLUMN {target} {'SET' if definition.not_null else 'DROP'} NOT NULL")
+                actions.append(f"ALTER COLUMN {target} " + (f"SET DEFAULT {definition.default}"
+                                                             if definition.default is not None else "DROP DEFAULT"))
+                if old is not None and old != definition.name:
+                    later.append(f"ALTER TABLE {self.table(current)} RENAME COLUMN {target} "
+                                 f"TO {ident(definition.name)}")
             elif verb == "ALTER":
                 t.word("COLUMN")
                 target = ident(t.next().name)
@@ -337,21 +374,28 @@ class Translator:
         out = [f"ALTER TABLE {name} {', '.join(actions)}"] if actions else []
         return out + later
 
-    def _add(self, t: Reader, actions: list[str]) -> None:
+    def _add(self, t: Reader, actions: list[str], later: list[str], table: str) -> None:
+        """ADD COLUMN (MySQL fills existing rows of a NOT NULL column without DEFAULT with its
+        implicit default: so does the translation, dropping that default afterwards), or ADD
+        PRIMARY KEY / UNIQUE; other ADDs (indexes, foreign keys) are left out."""
         t.word("COLUMN")
         exists = " IF NOT EXISTS" if t.word("IF") and t.word("NOT") and t.word("EXISTS") else ""
         token = t.peek()
         if token is None:
             raise UnsupportedDdl("ADD without a column")
-        if token.text == "(":
-            for part in split(t.group()):
-                actions.append(f"ADD COLUMN{exists} {_column_text(part)}")
-        elif token.kind != "ident" and token.upper in _ELEMENT_KEYWORDS | {"PARTITION"}:
+        if token.kind != "ident" and token.upper in _ELEMENT_KEYWORDS | {"PARTITION"}:
             constraint = _constraint(t.rest())
             if constraint is not None:
                 actions.append(f"ADD {constraint}")
-        else:
-            actions.append(f"ADD COLUMN{exists} {_column_text(t.rest())}")
+            return
+        for part in split(t.group()) if token.text == "(" else [t.rest()]:
+            definition = column(part)
+            fill = None
+            if definition.not_null and definition.default is None and not definition.key:
+                fill = definition.implicit
+            actions.append(f"ADD COLUMN{exists} {definition.text(default=fill)}")
+            if fill is not None:
+                later.insert(0, f"ALTER TABLE {table} ALTER COLUMN {ident(definition.name)} DROP DEFAULT")
 
 
 def _table_ref(t: Reader) -> TableRef:

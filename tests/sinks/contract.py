@@ -341,6 +341,15 @@ class SinkContract:
         assert target.rows("items") == [(1, "n", 1, None, 8), (2, "n", 1, None, 7)]
         assert load.committed() == batch.end
 
+    def test_added_not_null_column_fills_existing_rows(self, target, items, load):
+        """ADD COLUMN ... NOT NULL without DEFAULT fills the rows already there with MySQL's
+        implicit default (0, empty string), as the source did without logging a row."""
+        load.load(make_batch([items.insert(**item(1))], id=1))
+        load.load(make_batch([self.ddl(target, "ALTER TABLE {t} ADD COLUMN n INT NOT NULL, "
+                                               "ADD COLUMN s VARCHAR(3) NOT NULL", "items")], id=2))
+        load.load(make_batch([items.insert(**item(2), n=5, s="x")], id=3))
+        assert target.rows("items") == [(1, "n", 1, None, 0, ""), (2, "n", 1, None, 5, "x")]
+
     def test_ddl_skip_applies_the_rows_and_moves_on(self, target, items):
         """Under ddl=skip a DDL is logged and not applied; the batch's rows and position are."""
         load = target.make_load(ddl="skip")

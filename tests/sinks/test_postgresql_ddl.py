@@ -34,6 +34,11 @@ def translate(statement: str) -> list[str]:
     ("TRUNCATE t", ['TRUNCATE TABLE "app"."t"']),
     ("DROP TABLE IF EXISTS `a`, b", ['DROP TABLE IF EXISTS "app"."a", "app"."b"']),
     ("CREATE INDEX i ON t (a)", []),
+    ("ALTER TABLE t ADD COLUMN n INT NOT NULL, ADD (e ENUM('p','q') NOT NULL, b BINARY(2) NOT NULL, d DATE NOT NULL)",
+     ['ALTER TABLE "app"."t" ADD COLUMN "n" integer NOT NULL DEFAULT 0, ADD COLUMN "e" text NOT NULL DEFAULT \'p\', '
+      'ADD COLUMN "b" bytea NOT NULL DEFAULT \'\\x0000\'::bytea, ADD COLUMN "d" date NOT NULL',
+      'ALTER TABLE "app"."t" ALTER COLUMN "b" DROP DEFAULT', 'ALTER TABLE "app"."t" ALTER COLUMN "e" DROP DEFAULT',
+      'ALTER TABLE "app"."t" ALTER COLUMN "n" DROP DEFAULT']),
 ])
 def test_translation(statement, expected):
     """Each supported MySQL statement becomes the PostgreSQL statements that do the same."""
