@@ -116,7 +116,7 @@ def test_sigkill_during_load_then_restart_ends_equal(tmp_path, mariadb_source, s
     create_target_tables(mariadb_target, mysql_db)
     setl = make_setl(tmp_path, mariadb_source, source_db, start, mysql_target(mariadb_target),
                      f"{mysql_db}.{{table}}")
-    running = load(mariadb_source, source_db, seconds=8)
+    running = load(mariadb_source, source_db, seconds=10)
     try:
         last = 0
         for _ in range(3):
@@ -129,7 +129,7 @@ def test_sigkill_during_load_then_restart_ends_equal(tmp_path, mariadb_source, s
         result = running.wait()
     finally:
         running.stop()
-    assert result.transactions > 8 * RATE / 2
+    assert result.transactions > 10 * RATE / 2
     final = setl.start_until_caught_up()
     assert final.returncode == 0, final.stderr[-3000:]
     assert setl.acked().position >= binlog_head(mariadb_source)
@@ -196,3 +196,33 @@ def test_sysbench_load_replicates_to_postgresql(tmp_path, mariadb_source, source
                                        dbname=postgres_db)
         assert len(mine) > TABLE_SIZE / 2
         assert [tuple(r) for r in theirs] == [tuple(r) for r in mine], name
+
+
+def test_target_outage_past_the_retries_pauses_until_resume(tmp_path, mariadb_source, source_db, mariadb_factory):
+    """An outage longer than the retries pauses the pipeline with the error in `setl status`; after the target
+    is back it stays paused until `setl resume`, then ends with every table equal."""
+    target = mariadb_factory(port=free_port(), server_id=4)
+    target.query("CREATE DATABASE sb")
+    create_target_tables(target, "sb")
+    start = prepare_source(mariadb_source, source_db)
+    setl = make_setl(tmp_path, mariadb_source, source_db, start, mysql_target(target), "sb.{table}",
+                     retry={"max_attempts": 2, "initial_backoff_ms": 50, "max_backoff_ms": 100})
+    with spawned(setl) as proc:
+        running = load(mariadb_source, source_db)
+        try:
+            wait_acked_past(setl, proc, 0)
+            target.stop()
+            paused = wait_until(lambda: (s := setl.status())["status"] == "paused" and s, timeout=60,
+                                interval=0.2, message="the pipeline to pause")
+            assert f"pipeline={setl.name} stage=load" in paused["error"] and "Can't connect" in paused["error"]
+            target.start()
+            assert setl.status()["status"] == "paused"  # nothing restarts silently
+            assert proc.poll() is None, setl.logs()[-3000:]
+            resumed = setl.run("resume", "--pipeline", setl.name)
+            assert resumed.returncode == 0 and "resumed" in resumed.stdout
+            running.wait()
+        finally:
+            running.stop()
+        wait_caught_up(setl, mariadb_source, proc)
+        assert setl.stop(proc) == 0, setl.logs()[-3000:]
+    assert_mariadb_equal(mariadb_source, source_db, target, "sb")
