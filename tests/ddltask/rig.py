@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import yaml
 from setl.config import load_node, load_pipeline
 from setl.ddltask import DdlTaskLoad
 from setl.meta.base import DdlTaskStatus
-from setl.meta.sqlite import SqliteMetaStore
+from setl.meta import open_meta_store
 from setl.model import Position
 from setl.node import Stages, build_stages
 from setl.scheduler import Listener, Outcome, Scheduler
@@ -31,9 +30,6 @@ SIGNAL_DDL = (
     " op_partition VARCHAR(255) NOT NULL DEFAULT '', overwrite BOOLEAN NOT NULL DEFAULT FALSE)"
 )
 
-log = logging.getLogger("tests.ddltask")
-
-
 class Rig:
     """A conf dir with one pipeline `source_db.* -> target_db.*` with batch DDL tasks on.
 
@@ -44,7 +40,7 @@ class Rig:
     def __init__(self, tmp_path: Path, source, target, source_db: str, target_db: str, *,
                  source_ddl: list[str], target_ddl: list[str], max_rows: int = 4,
                  parallelism: int = 3, task_column: str | None = None, retry_attempts: int = 3,
-                 load_mode: str = "ordered") -> None:
+                 load_mode: str = "ordered", zookeeper: str | None = None) -> None:
         self.source, self.target = source, target
         self.source_db, self.target_db = source_db, target_db
         self.name = "ddl" + target_db[-6:]
@@ -53,8 +49,13 @@ class Rig:
         self.execute_source(SIGNAL_DDL, *source_ddl)
         self.execute_target(*target_ddl)
         file, pos = source.query("SHOW MASTER STATUS")[0][:2]
-        (self.conf / "setl.yaml").write_text(yaml.safe_dump({
-            "node": {"id": "n1"}, "meta": {"store": "sqlite", "path": str(tmp_path / "meta.db")}}))
+        if zookeeper:  # an HA pair's shared store, under a root of its own
+            self.node_settings = {"meta": {"store": "zookeeper"},
+                                  "ha": {"zookeeper": zookeeper, "chroot": f"/{self.name}",
+                                         "session_timeout_ms": 1500, "standby_delay_ms": 0}}
+        else:
+            self.node_settings = {"meta": {"store": "sqlite", "path": str(tmp_path / "meta.db")}}
+        (self.conf / "setl.yaml").write_text(yaml.safe_dump({"node": {"id": "n1"}, **self.node_settings}))
         settings: dict[str, Any] = {"signal_table": f"{source_db}.setl_signal"}
         if task_column:
             settings["task_column"] = task_column
@@ -69,7 +70,7 @@ class Rig:
                          "retry": {"max_attempts": retry_attempts, "initial_backoff_ms": 10,
                                    "max_backoff_ms": 50},
                          "ddl_tasks": settings}}))
-        self.meta = SqliteMetaStore(tmp_path / "meta.db")
+        self.meta = open_meta_store(load_node(self.conf))
         self.load: DdlTaskLoad | None = None
 
     # -- the source job
@@ -121,11 +122,18 @@ class Rig:
         assert outcome is expect, f"pipeline ended {outcome}: {scheduler.error}"
         return scheduler
 
-    def start_process(self, env: dict[str, str] | None = None) -> subprocess.Popen:
-        """`setl start --until-caught-up` as a subprocess."""
+    def start_process(self, env: dict[str, str] | None = None, node: str = "n1") -> subprocess.Popen:
+        """`setl start --until-caught-up` as a subprocess of node `node` (its own conf dir)."""
+        conf = self.conf
+        if node != "n1":
+            conf = self.conf.with_name(f"conf-{node}")
+            if not conf.exists():
+                conf.mkdir()
+                (conf / "pipelines").symlink_to(self.conf / "pipelines")
+                (conf / "setl.yaml").write_text(yaml.safe_dump({"node": {"id": node}, **self.node_settings}))
         full = {**os.environ, **(env or {})}
         full.pop("SETL_FAULTS", None)
-        return subprocess.Popen([sys.executable, "-m", "setl.cli", "--conf", str(self.conf), "start",
+        return subprocess.Popen([sys.executable, "-m", "setl.cli", "--conf", str(conf), "start",
                                  "--pipeline", self.name, "--until-caught-up"], env=full,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -139,6 +147,9 @@ class Rig:
 
     def dump(self) -> str:
         return json.dumps([[t.task_id, t.status.value, t.reason] for t in self.meta.ddl_tasks(self.name)])
+
+    def close(self) -> None:
+        self.meta.close()
 
     def source_head(self):
         file, pos = self.source.query("SHOW MASTER STATUS")[0][:2]

@@ -39,11 +39,16 @@ def expected(day: datetime.date, ids, v: int, job: str | None = None) -> list[tu
 
 @pytest.fixture
 def make_rig(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db):
-    def make(**options) -> Rig:
-        return Rig(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db,
-                   source_ddl=[FACT_SOURCE], target_ddl=[FACT_TARGET], **options)
+    made: list[Rig] = []
 
-    return make
+    def make(**options) -> Rig:
+        made.append(Rig(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db,
+                        source_ddl=[FACT_SOURCE], target_ddl=[FACT_TARGET], **options))
+        return made[-1]
+
+    yield make
+    for rig in made:
+        rig.close()
 
 
 class Rollbacks(Listener):
@@ -209,4 +214,25 @@ def test_rollbacks_after_loads_never_rerun_actions_nor_revive_deprecated_rows(ma
     assert len(listener.errors) == 6 and all("injected termin failure" in e for e in listener.errors)
     assert rig.rows("fact") == expected(D20, range(1, 6), 2)
     assert rig.load.actions_run == {"run1": 1, "run2": 1}
+    assert rig.statuses() == {"run1": DdlTaskStatus.DEPRECATED, "run2": DdlTaskStatus.SUCCEEDED}
+
+
+def test_failover_after_a_kill_9_between_action_and_record(make_rig, zookeeper_server):
+    """HA on ZooKeeper: node a is killed between a re-run's action and its record; node b takes the
+    pipeline over, takes the claim over, redoes the action once and loads only the re-run's rows."""
+    rig = make_rig(zookeeper=zookeeper_server.hosts)
+    rig.execute_source(rig.signal("run1", "truncate_partition", "fact", "p20261120", True),
+                       *rows(D20, range(1, 6), 1))
+    rig.execute_source(rig.signal("run2", "truncate_partition", "fact", "p20261120", True),
+                       *rows(D20, range(1, 4), 2))
+    node_a = rig.start_process({CRASH_ENV: "run2"}, node="a")
+    out, err = node_a.communicate(timeout=60)
+    assert node_a.returncode == -9, err
+    claimed = rig.meta.ddl_task(rig.name, "run2")
+    assert claimed.status is DdlTaskStatus.RUNNING and claimed.owner.startswith("a/")
+    node_b = rig.start_process(node="b")
+    out, err = node_b.communicate(timeout=60)
+    assert node_b.returncode == 0, err
+    assert "taking it over and redoing its action" in err
+    assert rig.rows("fact") == expected(D20, range(1, 4), 2)
     assert rig.statuses() == {"run1": DdlTaskStatus.DEPRECATED, "run2": DdlTaskStatus.SUCCEEDED}
