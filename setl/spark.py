@@ -27,11 +27,20 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: Settings every setl session gets unless `spark.conf` overrides them.
+#:
+#: The two Arrow settings make a batch's rows cheap to get in: with a local-relation
+#: threshold of 0, `createDataFrame` ships the Arrow batches to the tasks as bytes
+#: instead of turning them into a driver-side LocalRelation (whose transforms Spark
+#: then evaluates row by row, interpreted, on the driver, and whose rows it
+#: Java-serializes into every collect); and up to 100k rows make one Arrow batch,
+#: so a typical batch is one partition, one task.
 DEFAULT_CONF: Mapping[str, str] = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.execution.arrow.pyspark.fallback.enabled": "false",
+    "spark.sql.execution.arrow.localRelationThreshold": "0",
+    "spark.sql.execution.arrow.maxRecordsPerBatch": "100000",
     "spark.sql.session.timeZone": "UTC",
     "spark.log.level": "WARN",
 }

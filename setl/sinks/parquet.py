@@ -1,17 +1,40 @@
 """A directory of Parquet files as the target: the change log of every table, one file per batch.
 
 Layout: ``PATH/SCHEMA.TABLE/[COL=VALUE/...]part-LOG-OFFSET.parquet``, where
-``LOG-OFFSET`` is the batch's *start* position. A replayed batch starts at the
-same position, so it overwrites its own files instead of adding duplicates,
-whatever id it has now; files an earlier, differently cut run of the same
-range left behind (starting inside the range, or at its start for a table the
-batch no longer touches) are removed after the new files are in place.
+``LOG-OFFSET`` is the batch's *start* position (the log name URL-quoted, the
+offset zero-padded to 20 digits) and ``COL=VALUE`` are hive partitions of the
+``partition_by`` columns (``__HIVE_DEFAULT_PARTITION__`` for NULL). One directory
+belongs to one pipeline (recorded in ``PATH/.setl-pipeline``).
 
-Each row is one change: its after image (the before image for a delete) plus
-``_setl_op``, ``_setl_batch``, ``_setl_position`` and ``_setl_seq`` (order in the
-batch). Files are written with pyarrow (no Spark), to a hidden temp file that
-is fsynced and renamed into place, so readers never see half a file. One
-directory belongs to one pipeline (recorded in ``PATH/.setl-pipeline``).
+Each row is one change, in these columns:
+
+* the table's columns: the after image, or the before image for a delete;
+* ``_setl_op`` (string): ``insert``, ``update`` or ``delete``;
+* ``_setl_batch`` (int64): the id of the batch that wrote the row;
+* ``_setl_position`` (string): the source position after the change's
+  transaction, ``LOG:OFFSET`` (the order of transactions);
+* ``_setl_seq`` (int64): the change's index in its batch (the order within it);
+* ``_setl_before_<column>`` for each primary-key column (for every column when
+  the table has no primary key): on ``update`` rows the before image's value,
+  NULL on other rows, so an update that changes the key says which row it replaces.
+
+Applying the log: read every file (``pyarrow.parquet.read_table(PATH/SCHEMA.TABLE,
+partitioning="hive")``), order rows by (position, ``_setl_seq``), and for each
+row: ``insert``: put the image under its key; ``update``: remove the row under the
+``_setl_before_*`` key, then put the image under its key; ``delete``: remove the
+row under its key.
+
+Replays: a replayed batch starts at the same position, so it overwrites its own
+files instead of adding duplicates, whatever id it has now; files an earlier,
+differently cut run of the same range left behind (starting inside the range,
+or at its start for a table the batch no longer touches) are removed after the
+new files are in place. Files are written with pyarrow (no Spark), each to a
+hidden temp file that is fsynced and renamed into place, so a reader never
+sees half a file. A batch's files are replaced one by one, not together: after
+a crash in the middle of a batch, some of its files may be the new attempt's
+and some the old's until the replay has run; the batch's position is acked
+only after all of them are written, so everything up to the acked position is
+exact.
 """
 
 from __future__ import annotations
@@ -33,11 +56,12 @@ from setl.config import ParquetTargetConfig
 from setl.errors import LoadError
 from setl.model import Batch, DdlChange, Op, Position, RowChange
 from setl.stages.load import Load
-from setl.transforms.frames import PARQUET_MAX_PRECISION, rows_to_table
+from setl.transforms.frames import PARQUET_MAX_PRECISION, TableTypes, column_array
 
 log = logging.getLogger(__name__)
 
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+BEFORE_PREFIX = "_setl_before_"
 OWNER_FILE = ".setl-pipeline"
 _FILE = re.compile(r"^part-(?P<log>.+)-(?P<offset>\d{20})\.parquet$")
 
@@ -158,8 +182,10 @@ class ParquetLoad(Load):
                                        pa.string()),
             "_setl_seq": pa.array([seq for seq, _ in changes], pa.int64()),
         }
-        table, _codecs = rows_to_table(images, extra=meta, max_precision=PARQUET_MAX_PRECISION,  # type: ignore[arg-type]
-                                       widen_decimals=True)
+        types = TableTypes(max_precision=PARQUET_MAX_PRECISION, widen_decimals=True)
+        table, _codecs = types.table(images, extra=meta)  # type: ignore[arg-type]
+        for column, array in _before_key(changes, types):
+            table = table.append_column(column, array)
         table = self._conform(name, table)
         directory = self.root / name
         if not self.partition_by:
@@ -253,6 +279,24 @@ class ParquetLoad(Load):
                 del self._starts[i]
             else:
                 i += 1
+
+
+def _before_key(changes: list[tuple[int, RowChange]], types: TableTypes) -> list[tuple[str, pa.Array]]:
+    """The ``_setl_before_*`` columns: the before image's key on update rows, typed like the key columns."""
+    first = changes[0][1]
+    if first.primary_key:
+        columns: Iterable[str] = first.primary_key
+    else:
+        columns = dict.fromkeys(c for _, change in changes for c in (change.before or change.after or {}))
+    update = Op.UPDATE
+    out = []
+    for column in columns:
+        values = [change.before.get(column) if change.op is update and change.before is not None else None
+                  for _, change in changes]
+        array, _kind = column_array(values, known=types.get(column), max_precision=PARQUET_MAX_PRECISION,
+                                    widen_decimals=True)
+        out.append((BEFORE_PREFIX + column, array))
+    return out
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -1,20 +1,30 @@
-"""Row images to Arrow tables and back, keeping the values' types.
+"""Row images to Arrow tables and back, column by column, keeping the values' types.
 
 Arrow types are derived from the Python values of each column: Decimals keep
 their precision and scale, datetimes their microseconds (naive stays naive),
-bytes become binary. What Arrow (or Spark) cannot hold natively is carried as
-text with a *codec* and turned back on the way out: JSON documents (dict,
+bytes become binary, integers beyond BIGINT (unsigned BIGINT) a DECIMAL(20,0)
+that comes back as int. What Arrow (or Spark) cannot hold natively is carried
+as text with a *codec* and turned back on the way out: JSON documents (dict,
 list), SET values, TIME values, and decimals wider than the target allows.
+
+Deriving a type scans a column's values, so a `TableTypes` remembers each
+column's type per table and reuses it while a batch's values fit it (same
+Python types, no overflow, same time zone awareness); a column that no longer
+fits is derived again. Decimals then come back at the scale of the column's
+type, which may be larger than the value's own (``1.5`` as ``1.50``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import decimal
+import itertools
 import json
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import attrs
 import pyarrow as pa
 
 #: Widest decimal Spark holds; Parquet takes up to 76 digits (decimal256).
@@ -28,6 +38,9 @@ SET = "set"
 TIME = "time"
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_NONE = type(None)
+#: What a value that does not fit a remembered column type raises while converting.
+_MISFIT = (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError, decimal.InvalidOperation)
 
 
 def _decimal_shape(values: Iterable[Any]) -> tuple[int, int] | None:
@@ -46,15 +59,21 @@ def _decimal_shape(values: Iterable[Any]) -> tuple[int, int] | None:
 
 
 def infer_type(
-    values: Sequence[Any], *, max_precision: int = SPARK_MAX_PRECISION, widen_decimals: bool = False,
+    values: Sequence[Any],
+    *,
+    max_precision: int = SPARK_MAX_PRECISION,
+    widen_decimals: bool = False,
+    kinds: set[type] | None = None,
 ) -> tuple[pa.DataType, str | None]:
     """The Arrow type for a column's values and the codec (None when stored natively).
 
     Decimal precision comes from the values; `widen_decimals` makes it the
     widest that holds them (38, or `max_precision`), so that files written
-    from different batches share one type.
+    from different batches share one type. `kinds` is the set of the values'
+    Python types (without NoneType) when the caller has it already.
     """
-    kinds = {type(v) for v in values if v is not None}
+    if kinds is None:
+        kinds = _kinds(values)
     if not kinds:
         return pa.null(), None
     if kinds == {bool}:
@@ -85,7 +104,7 @@ def infer_type(
     if kinds <= {bytes, bytearray, memoryview}:
         return pa.binary(), None
     if kinds == {dt.datetime}:
-        aware = {v.tzinfo is not None and v.utcoffset() is not None for v in values if v is not None}
+        aware = _aware(values)
         if aware == {False}:
             return pa.timestamp("us"), None
         if aware == {True}:
@@ -139,26 +158,146 @@ def _decode(value: Any, codec: str) -> Any:
     return value
 
 
-def column_array(
-    values: Sequence[Any], *, max_precision: int = SPARK_MAX_PRECISION, widen_decimals: bool = False,
-) -> tuple[pa.Array, str | None]:
-    """An Arrow array of one column's values, and its codec."""
-    tp, codec = infer_type(values, max_precision=max_precision, widen_decimals=widen_decimals)
+def _kinds(values: Sequence[Any]) -> set[type]:
+    kinds = set(map(type, values))
+    kinds.discard(_NONE)
+    return kinds
+
+
+def _aware(values: Sequence[Any]) -> set[bool]:
+    return {v.tzinfo is not None and v.utcoffset() is not None for v in values if v is not None}
+
+
+@attrs.frozen
+class ColumnType:
+    """How one column is stored in Arrow: its type, its codec, and the Python kinds it was derived from."""
+
+    type: pa.DataType
+    codec: str | None
+    kinds: frozenset[type]
+
+    def fits(self, kinds: set[type], values: Sequence[Any]) -> bool:
+        """Whether values of these kinds may be converted with this type (a failed conversion still may not)."""
+        if kinds != self.kinds:
+            return False
+        if pa.types.is_timestamp(self.type):
+            return _aware(values) <= {self.type.tz is not None}
+        return True
+
+
+def _convert(values: Sequence[Any], tp: pa.DataType, codec: str | None, kinds: set[type]) -> pa.Array:
+    """The Arrow array of `values` as `tp`; raises one of `_MISFIT` when a value does not fit."""
     if codec == INT_TEXT:
-        as_decimal = pa.types.is_decimal(tp)
-        values = [None if v is None else (decimal.Decimal(v) if as_decimal else str(v)) for v in values]
+        if pa.types.is_decimal(tp):
+            values = [None if v is None else decimal.Decimal(v) for v in values]
+        else:
+            values = [None if v is None else str(v) for v in values]
+    elif codec == JSON:
+        dumps = json.dumps
+        values = [None if v is None else dumps(v, ensure_ascii=False, default=str) for v in values]
     elif codec is not None:
         values = [_encode(v, codec) for v in values]
-    elif tp == pa.binary():
-        values = [_encode(v, None) for v in values]
+    elif pa.types.is_binary(tp):
+        if not kinds <= {bytes}:
+            values = [None if v is None else bytes(v) for v in values]
     elif pa.types.is_timestamp(tp) and tp.tz is not None:
         values = [None if v is None else v.astimezone(dt.timezone.utc) for v in values]
-    elif tp == pa.string():
+    elif pa.types.is_string(tp) and not kinds <= {str}:  # mixed kinds: keep their text
+        values = [v if v is None or isinstance(v, str) else str(v) for v in values]
+    return pa.array(values, type=tp)
+
+
+def column_array(
+    values: Sequence[Any],
+    *,
+    known: ColumnType | None = None,
+    max_precision: int = SPARK_MAX_PRECISION,
+    widen_decimals: bool = False,
+) -> tuple[pa.Array, ColumnType | None]:
+    """An Arrow array of one column's values, and the column type it used.
+
+    `known` is the type remembered for the column: used when the values fit
+    it (an all-NULL column takes it too), derived again from the values when
+    they do not. The returned type is None only for an all-NULL column
+    without a known type (stored as Arrow null).
+    """
+    kinds = _kinds(values)
+    if not kinds:
+        if known is not None:
+            return pa.nulls(len(values), known.type), known
+        return pa.nulls(len(values)), None
+    if known is not None and known.fits(kinds, values):
         try:
-            return pa.array(values, type=tp), None
-        except (pa.ArrowTypeError, pa.ArrowInvalid):  # mixed kinds: keep their text
-            values = [v if v is None or isinstance(v, str) else str(v) for v in values]
-    return pa.array(values, type=tp), codec
+            return _convert(values, known.type, known.codec, kinds), known
+        except _MISFIT:
+            pass
+    tp, codec = infer_type(values, max_precision=max_precision, widen_decimals=widen_decimals, kinds=kinds)
+    return _convert(values, tp, codec, kinds), ColumnType(tp, codec, frozenset(kinds))
+
+
+class TableTypes:
+    """The remembered column types of one table, shared by every batch of it.
+
+    Safe to use from several threads: two batches deriving a column at once
+    both store a type that is valid for their own values, and the next batch
+    checks whichever it finds.
+    """
+
+    def __init__(self, *, max_precision: int = SPARK_MAX_PRECISION, widen_decimals: bool = False) -> None:
+        self.max_precision = max_precision
+        self.widen_decimals = widen_decimals
+        self._columns: dict[str, ColumnType] = {}
+
+    def get(self, column: str) -> ColumnType | None:
+        return self._columns.get(column)
+
+    def table(
+        self,
+        images: Sequence[Mapping[str, Any]],
+        *,
+        columns: Sequence[str] | None = None,
+        extra: Mapping[str, pa.Array] | None = None,
+    ) -> tuple[pa.Table, dict[str, str]]:
+        """An Arrow table of row images (columns in first-seen order) plus `extra` columns.
+
+        Returns the table and the codecs of the columns stored as text.
+        """
+        if columns is None:
+            columns = list(dict.fromkeys(itertools.chain.from_iterable(images)))
+        arrays, codecs = [], {}
+        for name in columns:
+            array, kind = column_array([image.get(name) for image in images], known=self._columns.get(name),
+                                       max_precision=self.max_precision, widen_decimals=self.widen_decimals)
+            if kind is not None:
+                self._columns[name] = kind
+                if kind.codec:
+                    codecs[name] = kind.codec
+            arrays.append(array)
+        names = list(columns)
+        for name, array in (extra or {}).items():
+            arrays.append(array)
+            names.append(name)
+        if not names:
+            return pa.table({"__empty": pa.nulls(len(images))}).drop(["__empty"]), codecs
+        return pa.Table.from_arrays(arrays, names=names), codecs
+
+
+class SchemaCache:
+    """`TableTypes` per table name, created on first use."""
+
+    def __init__(self, *, max_precision: int = SPARK_MAX_PRECISION, widen_decimals: bool = False) -> None:
+        self.max_precision = max_precision
+        self.widen_decimals = widen_decimals
+        self._tables: dict[str, TableTypes] = {}
+        self._lock = threading.Lock()
+
+    def __getitem__(self, table: str) -> TableTypes:
+        types = self._tables.get(table)
+        if types is None:
+            with self._lock:
+                types = self._tables.setdefault(
+                    table, TableTypes(max_precision=self.max_precision, widen_decimals=self.widen_decimals))
+        return types
 
 
 def rows_to_table(
@@ -169,45 +308,66 @@ def rows_to_table(
     max_precision: int = SPARK_MAX_PRECISION,
     widen_decimals: bool = False,
 ) -> tuple[pa.Table, dict[str, str]]:
-    """An Arrow table of row images (columns in first-seen order) plus `extra` columns.
+    """An Arrow table of row images with every type derived from these rows alone (see `TableTypes.table`)."""
+    types = TableTypes(max_precision=max_precision, widen_decimals=widen_decimals)
+    return types.table(rows, columns=columns, extra=extra)
 
-    Returns the table and the codecs of the columns stored as text.
+
+def _decoded(values: list[Any], codec: str) -> list[Any]:
+    if codec == JSON:
+        loads = json.loads
+        return [loads(v) if isinstance(v, str) else v for v in values]
+    if codec == INT_TEXT:
+        return [int(v) if isinstance(v, (str, decimal.Decimal)) else v for v in values]
+    return [_decode(v, codec) for v in values]
+
+
+def _still_encoded(field: pa.Field, codec: str) -> bool:
+    """Whether a codec column still holds its stored form (a transform may have cast it to something else)."""
+    tp = field.type
+    return pa.types.is_string(tp) or pa.types.is_large_string(tp) or (codec == INT_TEXT and pa.types.is_decimal(tp))
+
+
+def pylist(column: pa.Array | pa.ChunkedArray) -> list[Any]:
+    """A column's Python values, as `to_pylist` gives them, but faster for timestamps, dates and decimals.
+
+    pyarrow builds those objects one by one in Python; numpy builds datetimes
+    and dates in C, and Decimal parses Arrow's own decimal text faster than
+    pyarrow assembles it.
     """
-    if columns is None:
-        seen: dict[str, None] = {}
-        for row in rows:
-            for name in row:
-                seen.setdefault(name, None)
-        columns = list(seen)
-    arrays, names, codecs = [], [], {}
-    for name in columns:
-        array, codec = column_array([row.get(name) for row in rows], max_precision=max_precision,
-                                    widen_decimals=widen_decimals)
-        arrays.append(array)
-        names.append(name)
-        if codec:
-            codecs[name] = codec
-    for name, array in (extra or {}).items():
-        arrays.append(array)
-        names.append(name)
-    if not names:
-        return pa.table({"__empty": pa.nulls(len(rows))}).drop(["__empty"]), codecs
-    return pa.Table.from_arrays(arrays, names=names), codecs
+    tp = column.type
+    if pa.types.is_timestamp(tp) and tp.unit in ("s", "ms", "us") and tp.tz in (None, "UTC", "+00:00"):
+        values = column.to_numpy(zero_copy_only=False).tolist()
+        if tp.tz is None:
+            return values
+        utc = dt.timezone.utc
+        return [None if v is None else v.replace(tzinfo=utc) for v in values]
+    if pa.types.is_date32(tp):
+        return column.to_numpy(zero_copy_only=False).tolist()
+    if pa.types.is_decimal(tp):
+        texts = column.cast(pa.string()).to_pylist()
+        if column.null_count == 0:
+            return list(map(decimal.Decimal, texts))
+        return [None if t is None else decimal.Decimal(t) for t in texts]
+    return column.to_pylist()
+
+
+def table_columns(table: pa.Table, codecs: Mapping[str, str] | None = None) -> list[list[Any]]:
+    """The Python values of each column of an Arrow table, codec columns turned back into values."""
+    codecs = codecs or {}
+    out = []
+    for field, column in zip(table.schema, table.columns):
+        values = pylist(column)
+        codec = codecs.get(field.name)
+        if codec is not None and _still_encoded(field, codec):
+            values = _decoded(values, codec)
+        out.append(values)
+    return out
 
 
 def table_to_rows(table: pa.Table, codecs: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
-    """Python rows of an Arrow table, turning codec columns that are still text back into values."""
-    rows = table.to_pylist()
-    active = {
-        name: codec for name, codec in (codecs or {}).items()
-        if name in table.column_names and (
-            pa.types.is_string(table.schema.field(name).type)
-            or pa.types.is_large_string(table.schema.field(name).type)
-            or codec == INT_TEXT and pa.types.is_decimal(table.schema.field(name).type)
-        )
-    }
-    if active:
-        for row in rows:
-            for name, codec in active.items():
-                row[name] = _decode(row[name], codec)
-    return rows
+    """Python rows of an Arrow table, built column by column (see `table_columns`)."""
+    names = table.column_names
+    if not names:
+        return [{} for _ in range(table.num_rows)]
+    return [dict(zip(names, values)) for values in zip(*table_columns(table, codecs))]

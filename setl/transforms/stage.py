@@ -42,13 +42,14 @@ from typing import Any
 
 import attrs
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from setl.config import NodeSettings, PipelineConfig, SparkConfig, TableRule
 from setl.errors import PluginError, TransformError
 from setl.model import Batch, Change, Op, RowChange
 from setl.plugins import BoundStep, Registry, TransformContext, load_registry
 from setl.stages.transform import Transform
-from setl.transforms.frames import rows_to_table, table_to_rows
+from setl.transforms.frames import SchemaCache, TableTypes, table_columns
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,8 @@ class SparkTransform(Transform):
     produced it) to its steps. `session` returns the SparkSession and is only
     called for a batch that has rows of a table with transforms; by default it
     is `setl.spark.get_session(spark)`. Safe to call from several threads at
-    once: it keeps no per-batch state.
+    once: it keeps no per-batch state, only each table's column types
+    (`setl.transforms.frames.SchemaCache`), derived from its first batch.
     """
 
     def __init__(
@@ -131,6 +133,7 @@ class SparkTransform(Transform):
         }
         self._rules = tuple(rules)
         self._lock = threading.Lock()
+        self._types = SchemaCache()
 
     @classmethod
     def from_rules(
@@ -237,9 +240,10 @@ class SparkTransform(Transform):
     def _run_table(self, spark: Any, batch: Batch, plan: TablePlan, indices: list[int]) -> dict[int, list[RowChange]]:
         from setl.spark import from_arrow, to_arrow
 
-        changes = [batch.changes[i] for i in indices]
-        table, codecs = _to_arrow(batch, indices, changes)  # type: ignore[arg-type]
-        primary_key = list(changes[0].primary_key)  # type: ignore[union-attr]
+        changes: list[RowChange] = [batch.changes[i] for i in indices]  # type: ignore[misc]
+        rows = _Rows.of(indices, changes)
+        table, codecs = rows.table(self._types[plan.target])
+        primary_key = list(changes[0].primary_key)
         try:
             df = from_arrow(spark, table)
         except Exception as exc:
@@ -303,21 +307,26 @@ class SparkTransform(Transform):
         primary_key: tuple[str, ...],
     ) -> dict[int, list[RowChange]]:
         seqs = result.column(SEQ).to_pylist()
-        kinds = result.column(IMAGE).to_pylist()
-        images = table_to_rows(result.drop_columns([c for c in result.column_names if c.startswith(META_PREFIX)]),
-                               codecs)
+        befores = pc.equal(result.column(IMAGE), BEFORE).to_pylist()
+        data = result.drop_columns([c for c in result.column_names if c.startswith(META_PREFIX)])
+        names = data.column_names
+        images = ([dict(zip(names, values)) for values in zip(*table_columns(data, codecs))] if names
+                  else [{} for _ in range(data.num_rows)])
         by_seq: dict[int, tuple[list[dict], list[dict]]] = {}
-        for seq, kind, image in zip(seqs, kinds, images):
+        for seq, before, image in zip(seqs, befores, images):
             if seq is None:
                 raise self._error(batch, plan, "the transforms returned a row without _setl_seq")
-            before, after = by_seq.setdefault(seq, ([], []))
-            (before if kind == BEFORE else after).append(image)
+            pair = by_seq.get(seq)
+            if pair is None:
+                pair = by_seq[seq] = ([], [])
+            pair[0 if before else 1].append(image)
         out: dict[int, list[RowChange]] = {}
         lost_deletes = []
         schema, table = changes[0].schema, changes[0].table
         insert, update, delete = Op.INSERT, Op.UPDATE, Op.DELETE
+        nothing: tuple[list[dict], list[dict]] = ([], [])
         for index, change in zip(indices, changes):
-            before, after = by_seq.pop(index, ((), ()))
+            before, after = by_seq.pop(index, nothing)
             pos, ts = change.position, change.commit_time
             if change.op is insert:
                 out[index] = [RowChange(insert, schema, table, primary_key, None, a, pos, ts) for a in after]
@@ -342,36 +351,54 @@ class SparkTransform(Transform):
         return out
 
 
-def _to_arrow(batch: Batch, indices: list[int], changes: list[RowChange]) -> tuple[pa.Table, dict[str, str]]:
-    """The Arrow table of a table's changes: one row per image, plus setl's metadata columns."""
-    images, ops, kinds, seqs, times, positions = [], [], [], [], [], []
-    texts: dict[Any, str | None] = {None: None}  # a transaction's changes share one position
+@attrs.frozen
+class _Rows:
+    """A table's changes as the rows a transform sees: one per image, with setl's metadata, column-wise."""
 
-    def add(change: RowChange, index: int, image: Mapping[str, Any], kind: str) -> None:
-        images.append(image)
-        ops.append(change.op.value)
-        kinds.append(kind)
-        seqs.append(index)
-        times.append(None if change.commit_time is None else int(change.commit_time * 1_000_000))
-        position = change.position
-        text = texts.get(position)
-        if text is None and position is not None:
-            text = texts[position] = str(position)
-        positions.append(text)
+    images: list[Mapping[str, Any]]
+    sources: list[RowChange]  # the change each row's image comes from
+    seqs: list[int]
+    kinds: list[str]
 
-    for index, change in zip(indices, changes):
-        if change.before is not None and change.op is not Op.INSERT:
-            add(change, index, change.before, BEFORE)
-        if change.after is not None and change.op is not Op.DELETE:
-            add(change, index, change.after, AFTER)
-    extra = {
-        OP: pa.array(ops, pa.string()),
-        IMAGE: pa.array(kinds, pa.string()),
-        SEQ: pa.array(seqs, pa.int64()),
-        COMMIT_TIME: pa.array(times, pa.timestamp("us", tz="UTC")),
-        POSITION: pa.array(positions, pa.string()),
-    }
-    return rows_to_table(images, extra=extra)
+    @classmethod
+    def of(cls, indices: Sequence[int], changes: Sequence[RowChange]) -> "_Rows":
+        images, sources, seqs, kinds = [], [], [], []
+        insert, delete = Op.INSERT, Op.DELETE
+        for index, change in zip(indices, changes):
+            op = change.op
+            if op is not insert and change.before is not None:
+                images.append(change.before)
+                sources.append(change)
+                seqs.append(index)
+                kinds.append(BEFORE)
+            if op is not delete and change.after is not None:
+                images.append(change.after)
+                sources.append(change)
+                seqs.append(index)
+                kinds.append(AFTER)
+        return cls(images, sources, seqs, kinds)
+
+    def table(self, types: TableTypes) -> tuple[pa.Table, dict[str, str]]:
+        """The Arrow table of the rows (column types from `types`), and the codecs of its text columns."""
+        # A transaction's changes share one Position object: format it once (by identity, hashing is slower).
+        texts: dict[int, str | None] = {id(None): None}
+        positions = []
+        for change in self.sources:
+            position = change.position
+            text = texts.get(id(position))
+            if text is None and position is not None:
+                text = texts[id(position)] = str(position)
+            positions.append(text)
+        seconds = pa.array([c.commit_time for c in self.sources], pa.float64())
+        micros = pc.cast(pc.trunc(pc.multiply(seconds, 1_000_000)), pa.int64())
+        extra = {
+            OP: pa.array([c.op.value for c in self.sources], pa.string()),
+            IMAGE: pa.array(self.kinds, pa.string()),
+            SEQ: pa.array(self.seqs, pa.int64()),
+            COMMIT_TIME: micros.cast(pa.timestamp("us", tz="UTC")),
+            POSITION: pa.array(positions, pa.string()),
+        }
+        return types.table(self.images, extra=extra)
 
 
 def _brief(exc: BaseException) -> str:
