@@ -10,7 +10,7 @@ import pytest
 
 from setl.ddltask import ACTION_FAILED, CRASH_ENV
 from setl.meta.base import OVERWRITTEN_BY, DdlTaskStatus
-from setl.scheduler import Listener
+from setl.scheduler import Listener, Outcome
 from setl.testing.servers import wait_until
 from tests.ddltask.rig import Rig
 
@@ -77,9 +77,10 @@ def test_rerun_with_overwrite_replaces_the_partition(make_rig):
     assert rig.load.actions_run == {"run1": 1, "run2": 1}
 
 
-def test_rerun_with_overwrite_drops_the_first_run_s_rows_still_in_flight(make_rig):
+def test_rerun_with_overwrite_drops_the_first_run_s_rows_still_in_flight(make_rig, caplog):
     """Rows of a run still arriving after its overwriting re-run was declared (task column
-    binding) are dropped and counted, never loaded; the partition holds the re-run's rows only."""
+    binding) are dropped, counted and logged, never loaded; the partition holds the re-run's rows only."""
+    caplog.set_level("WARNING", logger="setl.ddltask")
     rig = make_rig(task_column="job")
     rig.execute_source(rig.signal("run1", "truncate_partition", "fact", "p20261120", True),
                        *rows(D20, range(1, 6), 1, "run1"))
@@ -91,6 +92,9 @@ def test_rerun_with_overwrite_drops_the_first_run_s_rows_still_in_flight(make_ri
     assert rig.rows("fact") == expected(D20, range(1, 6), 2, "run2")
     assert rig.statuses() == {"run1": DdlTaskStatus.DEPRECATED, "run2": DdlTaskStatus.SUCCEEDED}
     assert rig.load.dropped["run1"] >= 7  # rows 6..12 at least; 1..5 too if they shared run2's batch
+    logged = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert logged and all("changes of task run1 (deprecated: overwritten by task run2)" in m for m in logged)
+    assert sum(int(m.split(" dropped ")[1].split()[0]) for m in logged) == rig.load.dropped["run1"]
     assert rig.load.actions_run == {"run1": 1, "run2": 1}
 
 
@@ -236,3 +240,14 @@ def test_failover_after_a_kill_9_between_action_and_record(make_rig, zookeeper_s
     assert "taking it over and redoing its action" in err
     assert rig.rows("fact") == expected(D20, range(1, 4), 2)
     assert rig.statuses() == {"run1": DdlTaskStatus.DEPRECATED, "run2": DdlTaskStatus.SUCCEEDED}
+
+
+def test_a_row_naming_an_undeclared_task_pauses_the_pipeline(make_rig):
+    """With a task column, a row naming a task no signal declared fails its batch, then pauses."""
+    rig = make_rig(task_column="job", retry_attempts=2, max_rows=1)
+    rig.execute_source(rig.signal("run1", "none", "fact", "p20261120"), *rows(D20, [1], 1, "run1"))
+    rig.execute_source(*rows(D20, [2], 1, "ghost"))
+    scheduler = rig.run(expect=Outcome.PAUSED)
+    assert "rows name task ghost, which no signal row declared" in str(scheduler.error)
+    assert "stage=load" in str(scheduler.error)
+    assert rig.rows("fact") == expected(D20, [1], 1, "run1")
