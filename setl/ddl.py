@@ -319,13 +319,17 @@ def rewrite(
     default_schema: str,
     map_table: TableMap,
     columns: Mapping[str, str] | None = None,
+    keep_column: Callable[[str], bool] | None = None,
 ) -> str | None:
     """`statement` with every table name qualified and mapped, and column names renamed.
 
     `map_table(schema, table)` gives the target (schema, table), or None for a table setl does not
     replicate: a DROP TABLE leaves such tables out, any other statement keeps their source name.
     `columns` maps the statement's (first) table's column names, compared without case as MySQL
-    does. Returns None when nothing is left to apply (a DROP of only unreplicated tables).
+    does. A column `keep_column` refuses (one the table rule leaves out) is cut from the statement:
+    its definition or ALTER clause, its place in a key's column list (the key goes when no column
+    is left), its AFTER. Returns None when nothing is left to apply (a DROP of only unreplicated
+    tables, an ALTER of only left-out columns).
     """
     parsed = parse(statement)
     tokens = list(parsed.tokens)
@@ -351,10 +355,20 @@ def rewrite(
         new = renames.get(tokens[index].name.lower())
         if new is not None:
             replaced[index] = (index + 1, quote(new))
+    cut: set[int] = set()
+    if keep_column is not None:
+        left_out = [i for i in parsed.columns if not keep_column(tokens[i].name)]
+        if left_out:
+            cut = _cut_columns(parsed, left_out)
+            if parsed.kind == "alter_table" and not any(
+                    t.kind != "ws" for i, t in enumerate(tokens) if i >= parsed.tables[0].end and i not in cut):
+                return None
     out = []
     i = 0
     while i < len(tokens):
-        if i in replaced:
+        if i in cut:
+            i += 1
+        elif i in replaced:
             end, text = replaced[i]
             out.append(text)
             i = end
@@ -362,6 +376,76 @@ def rewrite(
             out.append(tokens[i].text)
             i += 1
     return "".join(out)
+
+
+@attrs.define
+class _List:
+    """A comma-separated list: the statement's ALTER clauses, or the inside of parentheses."""
+
+    parent: "_List | None"
+    items: list[list[int]] = attrs.Factory(lambda: [[]])  # token indexes of each item
+    commas: list[int] = attrs.Factory(list)
+
+
+def _cut_columns(parsed: Statement, left_out: Sequence[int]) -> set[int]:
+    """The token indexes to cut so the columns at `left_out` are gone (see `rewrite`)."""
+    tokens = parsed.tokens
+    start = parsed.tables[0].end
+    top = current = _List(None)
+    lists = [top]
+    where: dict[int, _List] = {}  # token index -> the innermost list holding it
+    for i in range(start, len(tokens)):
+        text = tokens[i].text
+        if text == ")" and current.parent is not None:
+            current = current.parent
+        if text == "," and (current is not top or parsed.kind == "alter_table"):
+            current.commas.append(i)
+            current.items.append([])
+            continue
+        for owner in _owners(current):
+            owner.items[-1].append(i)
+        where[i] = current
+        if text == "(":
+            current = _List(current)
+            lists.append(current)
+    cut: set[int] = set()
+    removed: dict[int, set[int]] = {}  # id(list) -> removed item numbers
+
+    def remove(lst: _List, item: int) -> None:
+        removed.setdefault(id(lst), set()).add(item)
+        if lst.parent is not None and len(removed[id(lst)]) == len(lst.items):
+            opening = min(lst.items[0]) - 1 if lst.items[0] else None
+            parent = lst.parent
+            for number, members in enumerate(parent.items):
+                if opening in members:
+                    remove(parent, number)
+
+    sig = [i for i in range(len(tokens)) if tokens[i].kind != "ws"]
+    for index in left_out:
+        before = max((k for k in sig if k < index), default=None)
+        if before is not None and tokens[before].upper == "AFTER":
+            cut.update(range(before, index + 1))
+            continue
+        lst = where[index]
+        remove(lst, next(n for n, members in enumerate(lst.items) if index in members))
+    for lst in lists:
+        gone = removed.get(id(lst), set())
+        for number in gone:
+            cut.update(lst.items[number])
+        for number, comma in enumerate(lst.commas):  # the comma between items number and number + 1
+            if number + 1 in gone or all(k in gone for k in range(number + 1)):
+                cut.add(comma)
+    return cut
+
+
+def _owners(lst: _List) -> list[_List]:
+    """`lst` and every list around it: a token belongs to the current item of each."""
+    owners = []
+    node: _List | None = lst
+    while node is not None:
+        owners.append(node)
+        node = node.parent
+    return owners
 
 
 def _drop_statement(tokens: list[Token], refs: Sequence[TableRef], kept: Sequence[TableRef],

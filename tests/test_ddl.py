@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from setl.config import TableRule
+from setl.config import ColumnsConfig, TableRule
 from setl.ddl import parse, rewrite, tokenize
 from setl.model import Batch, DdlChange, Position
 from setl.stages.extract import TableExtract
@@ -76,3 +76,29 @@ def test_extract_maps_ddl_by_the_table_rules():
     (ddl,) = extract.extract(batch).changes
     assert (ddl.schema, ddl.table) == ("copy", "purchases")
     assert ddl.statement == "ALTER TABLE `copy`.`purchases` ADD COLUMN `remark` TEXT"
+
+
+@pytest.mark.parametrize("statement, expected", [
+    ("CREATE TABLE t (id INT PRIMARY KEY, pin INT NOT NULL, v INT, KEY k (pin), KEY k2 (v, pin))",
+     "CREATE TABLE `dst`.`t_t` (id INT PRIMARY KEY, v INT, KEY k2 (v))"),
+    ("ALTER TABLE t ADD COLUMN pin INT AFTER v, ADD COLUMN w INT AFTER pin, DROP COLUMN `PIN`",
+     "ALTER TABLE `dst`.`t_t` ADD COLUMN w INT "),
+    ("ALTER TABLE t ADD (a INT, pin INT, b INT), CHANGE pin p2 INT", "ALTER TABLE `dst`.`t_t` ADD (a INT, b INT)"),
+    ("ALTER TABLE t MODIFY pin BIGINT", None),
+])
+def test_left_out_columns_are_cut(statement, expected):
+    """A column the rule leaves out loses its definition, clauses, key entries and AFTER; an
+    ALTER of nothing else is dropped."""
+    assert rewrite(statement, "src", mapped, keep_column=lambda c: c.lower() != "pin") == expected
+
+
+def test_extract_cuts_excluded_columns_from_ddl():
+    """Extract applies the rule's column include list to DDL as to rows."""
+    extract = TableExtract([TableRule(source=r"shop\..*", columns=ColumnsConfig(include=("id", "Name")))])
+    end = Position("mysql-bin.000001", 500)
+    batch = Batch("p", 1, 1, end, end, (
+        DdlChange("shop", "t", "CREATE TABLE t (id INT PRIMARY KEY, name TEXT, secret TEXT NOT NULL)", end),
+        DdlChange("shop", "t", "ALTER TABLE t ADD COLUMN other INT", end),
+    ))
+    (ddl,) = extract.extract(batch).changes
+    assert ddl.statement == "CREATE TABLE `shop`.`t` (id INT PRIMARY KEY, name TEXT)"

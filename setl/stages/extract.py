@@ -116,16 +116,23 @@ class TableExtract(Extract):
         return batch.replace(tuple(out))
 
     def _map_ddl(self, change: DdlChange, plan: _Plan) -> DdlChange | None:
-        """The DDL with every table name mapped and qualified, and the rule's column renames
-        (see `setl.ddl.rewrite`); None when it only drops tables no rule replicates. Column
-        include/exclude lists are not applied to DDL: an excluded column is still created in
-        the target, where it stays NULL or at its default."""
+        """The DDL with every table name mapped and qualified, the rule's column renames, and
+        the columns its include/exclude lists leave out cut (see `setl.ddl.rewrite`); None when
+        nothing is left (a DROP of tables no rule replicates, an ALTER of left-out columns)."""
 
         def target(schema: str, table: str) -> tuple[str, str] | None:
             found = self.plan_for(schema, table)
             return (found.target_schema, found.target_table) if found is not None else None
 
-        statement = rewrite(change.statement, change.schema, target, plan.rename)
+        include = {c.lower() for c in plan.include} if plan.include is not None else None
+        exclude = {c.lower() for c in plan.exclude}
+
+        def keep(column: str) -> bool:
+            name = column.lower()
+            return (include is None or name in include) and name not in exclude
+
+        statement = rewrite(change.statement, change.schema, target, plan.rename,
+                            keep if include is not None or exclude else None)
         if statement is None:
             return None
         return attrs.evolve(change, schema=plan.target_schema, table=plan.target_table or None,

@@ -1,6 +1,6 @@
 """DDL end to end: CREATE, ALTER (add, modify, rename, drop column), RENAME, TRUNCATE and DROP TABLE
 interleaved with row changes on a real MariaDB, replicated under ``pipeline.ddl: apply`` with the
-table rules' schema, table and column renames into MariaDB and PostgreSQL."""
+table rules' schema, table and column renames and a left-out column into MariaDB and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from setl.config import ColumnsConfig
 from setl.errors import LoadError
 from setl.scheduler import Outcome
 from setl.sinks.mysql import MySQLLoad
@@ -21,12 +22,13 @@ pytestmark = pytest.mark.timeout(120)
 SEQUENCE = [
     "CREATE TABLE orders (id INT NOT NULL PRIMARY KEY, note VARCHAR(20), qty INT) DEFAULT CHARSET=utf8mb4",
     "INSERT INTO orders VALUES (1, 'one', 1), (2, 'two', 2), (3, 'three', 3)",
+    "ALTER TABLE orders ADD COLUMN code VARCHAR(8) NOT NULL AFTER id, ADD INDEX by_code (code, qty)",
     "ALTER TABLE orders ADD COLUMN price DECIMAL(10,2) NULL AFTER note",
     "UPDATE orders SET price = qty * 1.25",
-    "INSERT INTO orders VALUES (4, 'four', 4.5, 4)",
+    "INSERT INTO orders VALUES (4, 'c4', 'four', 4.5, 4)",
     "ALTER TABLE orders MODIFY note VARCHAR(40) NOT NULL",
     "ALTER TABLE orders RENAME COLUMN qty TO quantity",
-    "INSERT INTO orders (id, note, price, quantity) VALUES (5, 'a note longer than twenty', 9.99, 50)",
+    "INSERT INTO orders (id, code, note, price, quantity) VALUES (5, 'c5', 'a note longer than twenty', 9.99, 50)",
     "CREATE TABLE secret (id INT PRIMARY KEY, pin INT)",
     "INSERT INTO secret VALUES (1, 1234)",
     "CREATE TABLE items (id INT PRIMARY KEY, v INT)",
@@ -52,9 +54,11 @@ def run_sequence(server: Any, schema: str) -> None:
 
 
 def rules(source_db: str, target_schema: str) -> list:
-    """orders -> purchases with note -> remark; secret not replicated; every other table kept."""
+    """orders -> purchases with note -> remark and without code; secret not replicated; every other
+    table kept."""
     return [
-        table_rule(rf"{source_db}\.orders", f"{target_schema}.purchases", rename={"note": "remark"}),
+        table_rule(rf"{source_db}\.orders", f"{target_schema}.purchases", rename={"note": "remark"},
+                   columns=ColumnsConfig(exclude=("code",))),
         table_rule(rf"{source_db}\.secret", "", exclude=True),
         table_rule(rf"{source_db}\..*", f"{target_schema}.{{table}}"),
     ]
