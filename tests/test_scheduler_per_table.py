@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from setl.config import LoadSettings, PipelineSettings
 from setl.errors import ConfigError
-from setl.meta import SqliteMetaStore
+from setl.meta import SqliteMetaStore, Status
 from setl.model import Batch, Position, RowChange
 from setl.runtime import hash_slot
 from setl.scheduler import Outcome, Scheduler
@@ -25,6 +25,7 @@ from setl.testing.harness import (
     insert,
     reference_state,
     run_pipeline,
+    update,
 )
 from tests.test_scheduler import fast_settings, streams
 
@@ -185,3 +186,54 @@ def test_per_table_is_refused_for_a_target_that_cannot_load_parts():
         Scheduler("p9", per_table(fast_settings()), ScriptedSource(), Extract(), Transform(), WholeBatchesOnly(),
                   SqliteMetaStore(":memory:"))
     assert "pipeline=p9" in str(info.value)
+
+
+def test_per_table_into_postgresql_marks_the_position_only_when_every_table_is_in(postgres_server, postgres_db):
+    """On a real PostgreSQL target: when one table's part of a batch keeps failing, the table part that landed does
+    not move the target's position past the ack; after a resume the tables equal the stream."""
+    from setl.sinks.postgresql import PostgresLoad
+
+    postgres_server.query("CREATE SCHEMA demo", dbname=postgres_db)
+    for table in ("a", "b"):
+        postgres_server.query(f"CREATE TABLE demo.{table} (id INT PRIMARY KEY, v INT)", dbname=postgres_db)
+    txs = [[insert("a", {"id": i, "v": i}) if i < 7 else update("a", {"id": i % 7, "v": i - 7}, {"id": i % 7, "v": i}),
+            insert("b", {"id": i, "v": i})] for i in range(20)]
+
+    class TableBFailsAtBatch3(Load):
+        def __init__(self, inner):
+            self.inner = inner
+
+        def load_part(self, batch):
+            if batch.id == 3 and batch.tables == ("demo.b",):
+                raise RuntimeError("table b is down")
+            self.inner.load_part(batch)
+
+        def mark_loaded(self, batch):
+            self.inner.mark_loaded(batch)
+
+        def committed(self):
+            return self.inner.committed()
+
+    sink = PostgresLoad.from_config(postgres_server.target_config(postgres_db), pipeline="test")
+    sink.open()
+    try:
+        meta = SqliteMetaStore(":memory:")
+        settings = per_table(fast_settings(2, max_rows=4, attempts=2))
+        source = ScriptedSource(txs)
+        result = run_pipeline(source, TableBFailsAtBatch3(sink), settings=settings, meta=meta)
+        assert result.outcome is Outcome.PAUSED
+        acked = meta.position("test").position
+        assert acked == Position("scripted", 4)  # batches 1 and 2, two transactions each
+        assert postgres_server.query("SELECT count(*) FROM demo.a WHERE v IN (4, 5)", dbname=postgres_db) == [(2,)]
+        assert sink.committed() == acked, "a batch was marked while its table b part had not landed"
+
+        meta.set_state("test", Status.STOPPED)  # what `setl resume` does
+        result = run_pipeline(ScriptedSource(txs), sink, settings=settings, meta=meta)
+        assert result.outcome is Outcome.CAUGHT_UP
+        assert sink.committed() == source.head()
+        expected = reference_state(txs)
+        for table in ("a", "b"):
+            rows = postgres_server.query(f"SELECT id, v FROM demo.{table}", dbname=postgres_db)
+            assert {(r[0],): {"id": r[0], "v": r[1]} for r in rows} == expected[f"demo.{table}"]
+    finally:
+        sink.close()

@@ -187,6 +187,16 @@ class SqlLoad(Load, Generic[C]):
         with self._lock:
             self._retrying(lambda: self._apply_batch(batch, segments), batch)
 
+    def load_part(self, batch: Batch) -> None:
+        """One target table's share of a batch (load.mode per_table): fenced, without the position."""
+        segments = self._segments(batch)
+        with self._lock:
+            self._retrying(lambda: self._apply_batch(batch, segments, record=False), batch)
+
+    def mark_loaded(self, batch: Batch) -> None:
+        """Every part of `batch` is in: record its position, fenced (a transaction with no rows)."""
+        self.load(batch.replace(()))
+
     def _segments(self, batch: Batch) -> list[Segment]:
         """The merged row changes of each run between DDLs, and the DDLs to apply, in batch order."""
         segments: list[Segment] = []
@@ -267,7 +277,7 @@ class SqlLoad(Load, Generic[C]):
         conn = self._ensure_ready()
         return self._guarded(conn, lambda: self._read_position(conn), None)
 
-    def _apply_batch(self, batch: Batch, segments: list[Segment]) -> None:
+    def _apply_batch(self, batch: Batch, segments: list[Segment], record: bool = True) -> None:
         conn = self._ensure_ready(batch)
 
         def transaction() -> None:
@@ -284,7 +294,8 @@ class SqlLoad(Load, Generic[C]):
                     self._table = segment.change.qualified_table
                     self._apply_ddl(conn, batch, segment)
             self._table = None
-            self._write_position(conn, batch)
+            if record:
+                self._write_position(conn, batch)
             self._commit(conn)
 
         self._guarded(conn, transaction, batch)
