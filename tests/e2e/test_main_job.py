@@ -7,6 +7,7 @@ temp dir, and a temp meta store, so it touches nothing in the checkout's `var/`.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -24,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def main_job(tmp_path):
     """A copy of conf/ with a temp meta store, and the env that points p1 and the demo at free ports."""
     conf = tmp_path / "conf"
-    shutil.copytree(ROOT / "conf" / "pipelines", conf / "pipelines")
+    (conf / "pipelines").mkdir(parents=True)
+    shutil.copy(ROOT / "conf" / "pipelines" / "p1.yaml", conf / "pipelines")
     (conf / "setl.yaml").write_text(f"meta: {{store: sqlite, path: {tmp_path / 'meta.db'}}}\n")
     env = dict(os.environ, SETL_P1_SOURCE_PORT=str(free_port()), SETL_P1_TARGET_PORT=str(free_port()))
     env.pop("SETL_FAULTS", None)
@@ -67,5 +69,6 @@ def test_p1_replicates_the_demo_schema_and_setup_is_rerunnable(main_job):
     start = setl("start", "--pipeline", "p1", "--until-caught-up")
     assert start.returncode == 0, start.stderr[-3000:]
     assert demo("verify").returncode == 0
-    status = setl("status", "--json")
-    assert '"status": "stopped"' in status.stdout and '"error": null' in status.stdout
+    status = json.loads(setl("status", "--json").stdout)
+    assert [(s["pipeline"], s["status"], s["error"]) for s in status] == [("p1", "stopped", None)]
+    assert status[0]["position"].startswith("mysql-bin.")
