@@ -63,7 +63,9 @@ def target_rows(target, database: str, table: str = "items") -> list[tuple]:
 
 
 def target_position_rows(target, pipeline: str) -> list[tuple]:
-    if not target.query("SHOW DATABASES LIKE 'setl'") or not target.query("SHOW TABLES FROM setl LIKE 'setl_position'"):
+    if not target.query("SHOW DATABASES LIKE 'setl'"):
+        return []
+    if not target.query("SHOW TABLES FROM setl LIKE 'setl_position'"):
         return []
     return target.query("SELECT `log`, `offset` FROM setl.setl_position WHERE pipeline = %s", (pipeline,))
 

@@ -48,7 +48,8 @@ def main_job(tmp_path):
 
 
 def test_p1_replicates_the_demo_schema_and_setup_is_rerunnable(main_job):
-    """`demo.py up` + `setl start --pipeline p1 --until-caught-up` leave every demo table equal; re-running adds nothing."""
+    """`demo.py up` then `setl start --pipeline p1 --until-caught-up` leave every demo table equal;
+    re-running adds nothing."""
     demo, setl = main_job
     up = demo("up", "--transactions", "500")
     assert up.returncode == 0, up.stderr

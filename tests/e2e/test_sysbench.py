@@ -9,12 +9,9 @@ before the tables are filled, so the initial rows travel through setl as well.
 
 from __future__ import annotations
 
-import contextlib
 import re
 import signal
 import time
-
-import pytest
 
 from setl.model import Position
 from setl.testing.servers import free_port, wait_until
