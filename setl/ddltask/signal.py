@@ -107,8 +107,10 @@ class DdlTaskSelect(Select):
       `poll` returns its transaction, so the declaration exists before any change after it can
       reach a Load. Declaring is idempotent: replays after a rollback, crash or failover re-read
       the same rows and change nothing.
-    * The signal table's own changes (rows and DDL) are removed from the transaction, which is
-      still returned (possibly empty) so that its position is acknowledged.
+    * The signal table's own changes (rows and DDL) are removed from the transaction. A
+      transaction left empty is held back and dropped if another one follows at once (whose
+      end covers it), or returned empty by the next `poll` that finds nothing, so its position
+      is still acknowledged.
     * A bad signal row, or two signals for one table in one transaction (unless rows name their
       task in `task_column`), raises `SourceError`
       naming the pipeline, table and position: the scheduler retries and then pauses, since
@@ -124,15 +126,28 @@ class DdlTaskSelect(Select):
         self.tasks = tasks
         self.signal = (schema, table)
         self.pipeline = pipeline
+        self._held: Transaction | None = None
 
     def open(self, start: Position | None) -> None:
+        self._held = None
         self.tasks.refresh()
         self.inner.open(start)
 
     def poll(self, timeout: float) -> Transaction | None:
         tx = self.inner.poll(timeout)
         if tx is None:
-            return None
+            held, self._held = self._held, None
+            return held
+        stripped = self._strip(tx)
+        if stripped.changes or not tx.changes or not tx.complete:
+            self._held = None  # `stripped` ends after it: acknowledging it covers the held one
+            return stripped
+        # A transaction of signal rows only: an empty transaction would end the batch being
+        # cut, so hand it on only if nothing follows it at once.
+        self._held = stripped
+        return None
+
+    def _strip(self, tx: Transaction) -> Transaction:
         kept: list[Change] = []
         declared: set[tuple[str, str]] = set()
         for change in tx.changes:
@@ -167,6 +182,7 @@ class DdlTaskSelect(Select):
                      task.describe(), " (overwrite)" if task.overwrite else "")
 
     def seek(self, position: Position | None) -> None:
+        self._held = None
         self.inner.seek(position)
 
     def tell(self) -> Position | None:

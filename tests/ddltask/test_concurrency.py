@@ -94,7 +94,7 @@ def test_interleaved_batches_of_one_table_on_many_threads(tmp_path, mariadb_sour
         rig.execute_source(*rows(a_day, range(10 * i, 10 * i + 3), 1, "a"))
         rig.execute_source(*rows(D20, range(100 + 10 * i, 100 + 10 * i + 3), 2, "b"))
     batches, stages = read_batches(rig)
-    assert len(batches) == 2 + 2 * ROUNDS
+    assert 2 * ROUNDS <= len(batches) <= 2 + 2 * ROUNDS  # signal-only transactions may be merged
     load_concurrently(stages, batches, seed)
 
     b_rows = expected(D20, [100 + 10 * i + k for i in range(ROUNDS) for k in range(3)], 2, "b")
