@@ -329,6 +329,9 @@ class _Assembler:
         self.handed_in_tx = 0  # row changes of the open transaction already handed on in pieces
         self.skip = 0
         self.mark = start  # the last end handed on; a position mark must be past it
+        # After a GTID start the server skips to it from the start of a file: positions read
+        # before the first transaction are behind the start, so none is handed on as a mark.
+        self.positioned = bool(start.log)
 
     def restart(self, at: Position) -> None:
         """Forget the open transaction: reading restarts at `at`, the last complete end handed on."""
@@ -390,7 +393,7 @@ class _Assembler:
             if not event.packet.log_pos:
                 return []
             end = self._position(self.log_file, event.packet.log_pos)
-        if self.in_tx or self.rows or self.handed_in_tx or end <= self.mark:
+        if not self.positioned or self.in_tx or self.rows or self.handed_in_tx or end <= self.mark:
             return []
         self.mark = end
         return [Transaction((), end)]
@@ -439,6 +442,7 @@ class _Assembler:
             self.gtids.add(self.pending_gtid)
         self.rows, self.nbytes, self.in_tx, self.standalone, self.pending_gtid = [], 0, False, False, None
         self.handed_in_tx = self.skip = 0
+        self.positioned = True
 
     def _commit(self, offset: int, timestamp: float | None) -> Transaction:
         rows, nbytes = self.rows, self.nbytes

@@ -84,16 +84,30 @@ def child_source(args: argparse.Namespace) -> dict:
 # --- driver -----------------------------------------------------------------------------------
 
 
+def peak_rss_mib(pid: int) -> float:
+    """The process's peak resident set (VmHWM). Not ru_maxrss: Linux carries that over from the
+    forked copy of this (bigger) driver process across exec."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def run_child(argv: list[str], timeout: float = 3600) -> tuple[dict | None, float, float, str]:
-    """Run a child process; (its JSON line if any, wall seconds, peak RSS in MiB, its output tail)."""
+    """Run a child process; (its JSON line if any, wall seconds, peak RSS in MiB, its output)."""
     began = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     output: list[str] = []
     reader = threading.Thread(target=lambda: output.extend(proc.stdout), name="bench-child-output")
     reader.start()
     deadline = time.monotonic() + timeout
+    rss = 0.0
     while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        rss = max(rss, peak_rss_mib(proc.pid))  # sampled until the child exits (a zombie has none)
+        pid, status, _ = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             break
         if time.monotonic() > deadline:
@@ -110,7 +124,7 @@ def run_child(argv: list[str], timeout: float = 3600) -> tuple[dict | None, floa
         if line.startswith("{"):
             result = json.loads(line)
             break
-    return result, wall, usage.ru_maxrss / 1024, text
+    return result, wall, rss, text
 
 
 def write_conf(folder: Path, name: str, source, target, start, *, max_wait_ms: int) -> Path:
