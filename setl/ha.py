@@ -30,7 +30,6 @@ lost and they raise `LeadershipLost`, which the scheduler turns into `Outcome.LO
 
 from __future__ import annotations
 
-import enum
 import json
 import logging
 import os
@@ -69,12 +68,6 @@ log = logging.getLogger("setl.ha")
 SESSION_FILE_ENV = "SETL_TEST_ZK_SESSION_FILE"
 
 _DISCONNECTED = (ConnectionLoss, OperationTimeoutError, SessionExpiredError, KazooTimeoutError)
-
-
-class Session(str, enum.Enum):
-    CONNECTED = "connected"
-    SUSPENDED = "suspended"  # connection lost; the session may still be alive
-    LOST = "lost"  # the session expired: ephemeral nodes are gone
 
 
 @attrs.frozen
@@ -660,8 +653,7 @@ class Mainstem:
         self._released_at: float | None = None
 
     def _prepare(self) -> None:
-        for path in (f"/pipelines/{self.pipeline}/standbys",):
-            self.coordinator.ensure(path)
+        self.coordinator.ensure(f"/pipelines/{self.pipeline}/standbys")
         try:
             self.coordinator.create(self.term_path, dumps({}))
         except Conflict:
@@ -691,7 +683,7 @@ class Mainstem:
                         changed.wait(0.5)
                         continue
                     if holder is None:
-                        delay = self._delay(co.get(self.term_path), last_holder)
+                        delay = self._delay(co.get(self.term_path))
                         if delay is None:
                             changed.wait(0.2)
                             continue
@@ -711,7 +703,7 @@ class Mainstem:
         finally:
             co.unkeep(self.standby_path)
 
-    def _delay(self, term: ZNode | None, last_holder: str | None) -> float | None:
+    def _delay(self, term: ZNode | None) -> float | None:
         """How long to wait before contending for a free mainstem; None: not yet."""
         info = term.json() if term is not None else {}
         if not info:

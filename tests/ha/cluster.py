@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
@@ -200,9 +199,3 @@ class Cluster:
         for before, after in zip(history, history[1:]):
             if before.epoch == after.epoch:
                 assert after.batch_id == before.batch_id + 1
-
-
-def timed(fn) -> float:
-    start = time.monotonic()
-    fn()
-    return time.monotonic() - start
