@@ -10,7 +10,7 @@ import os
 import signal
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from setl.ddltask.actions import Actions
 from setl.ddltask.tasks import DdlTasks, latest_clearing
@@ -109,21 +109,24 @@ class DdlTaskLoad(Load):
         bound: list[str | None] = [
             self.tasks.bound_task(c) if isinstance(c, RowChange) else None for c in batch.changes
         ]
-        stored = {t.task_id: t for t in self.tasks.meta.ddl_tasks(self.pipeline)}
+        first: dict[tuple[str, str], Position] = {}
+        last: dict[tuple[str, str], Position] = {}
+        for change in batch.changes:
+            if isinstance(change, RowChange) and change.position is not None:
+                table = (change.schema, change.table)
+                if table not in first or change.position < first[table]:
+                    first[table] = change.position
+                if table not in last or change.position > last[table]:
+                    last[table] = change.position
         wanted = dict.fromkeys(declared_here)
         wanted.update(dict.fromkeys(t for t in bound if t is not None))
+        stored = self._read(self._relevant(wanted, first, last))
         for task_id in wanted:
             if task_id not in stored:
                 raise LoadError(f"rows name task {task_id}, which no signal row declared",
                                 **self._context(batch))
         # Every unsettled task declared on a table before a row of it comes first in source
         # order: its action must precede the row even when batches load out of order.
-        last: dict[tuple[str, str], Position] = {}
-        for change in batch.changes:
-            if isinstance(change, RowChange) and change.position is not None:
-                table = (change.schema, change.table)
-                if table not in last or change.position > last[table]:
-                    last[table] = change.position
         for task in stored.values():
             table = (task.op_db, task.op_table)
             if (task.status in (DdlTaskStatus.DECLARED, DdlTaskStatus.RUNNING) and table in last
@@ -136,7 +139,7 @@ class DdlTaskLoad(Load):
         if not batch.changes:
             return batch
         if order:
-            stored = {t.task_id: t for t in self.tasks.meta.ddl_tasks(self.pipeline)}
+            stored = self._read(stored)
         keep: list[Change] = []
         dropped: collections.Counter[tuple[str | None, str]] = collections.Counter()
         clearing: dict[tuple[str, str, str | None], DdlTask | None] = {}
@@ -188,7 +191,9 @@ class DdlTaskLoad(Load):
 
     def _run(self, task: DdlTask, owner: str, batch: Batch) -> None:
         meta = self.tasks.meta
-        later = latest_clearing(meta.ddl_tasks(self.pipeline), (task.op_db, task.op_table), task)
+        table = (task.op_db, task.op_table)
+        after = [t for position, t in self.tasks.declared_on(table) if position > task.position]
+        later = latest_clearing(self._read(after).values(), table, task)
         if later is not None and later.position > task.position:
             # In source order this action came first and the later one cleared the slice again:
             # skipping it is the same, and running it now would clear the later task's rows.
@@ -222,7 +227,27 @@ class DdlTaskLoad(Load):
     # -- helpers
 
     def _stored(self, task_id: str) -> DdlTask | None:
-        return self.tasks.meta.ddl_task(self.pipeline, task_id)
+        task = self.tasks.meta.ddl_task(self.pipeline, task_id)
+        if task is not None and task.status in (DdlTaskStatus.SUCCEEDED, DdlTaskStatus.DEPRECATED):
+            self.tasks.settled(task_id)
+        return task
+
+    def _read(self, task_ids: Iterable[str]) -> dict[str, DdlTask]:
+        """The stored tasks of `task_ids` (unknown ids left out), read now."""
+        found = {task_id: self._stored(task_id) for task_id in task_ids}
+        return {task_id: task for task_id, task in found.items() if task is not None}
+
+    def _relevant(self, wanted: Iterable[str], first: dict[tuple[str, str], Position],
+                  last: dict[tuple[str, str], Position]) -> list[str]:
+        """Ids of the tasks whose status decides a batch: `wanted`, and per table with rows from
+        `first` to `last`, every task declared after `first` (it may clear rows) and every
+        earlier task not yet seen settled (its action may have to come first)."""
+        ids = dict.fromkeys(wanted)
+        for table, start in first.items():
+            for position, task_id in self.tasks.declared_on(table):
+                if position > start or (position <= last[table] and not self.tasks.is_settled(task_id)):
+                    ids[task_id] = None
+        return list(ids)
 
     @contextlib.contextmanager
     def _table_locks(self, tables: list[tuple[str, str]]) -> Iterator[None]:

@@ -60,6 +60,9 @@ class DdlTasks:
       change's position (the signal's own transaction, then every later one, until the next
       declaration for the table). Changes before the first declaration belong to no task.
     * Thread-safe: the Select thread declares while load threads look up.
+
+    Besides declarations it remembers one monotone fact: which tasks the store has shown
+    settled (SUCCEEDED or DEPRECATED), so a batch need not re-read every old task of its table.
     """
 
     def __init__(self, meta: MetaStore, pipeline: str, *, op_system: str, target_of: TargetOf,
@@ -72,6 +75,7 @@ class DdlTasks:
         self._lock = threading.Lock()
         self._by_table: dict[tuple[str, str], list[tuple[Position, str]]] = {}
         self._by_id: dict[str, DdlTask] = {}
+        self._settled: set[str] = set()  # never DECLARED or RUNNING again (the states only advance)
 
     def refresh(self) -> None:
         """Rebuild the declaration index from the meta store."""
@@ -81,6 +85,8 @@ class DdlTasks:
             self._by_id.clear()
             for task in tasks:
                 self._add(task)
+                if task.status in (DdlTaskStatus.SUCCEEDED, DdlTaskStatus.DEPRECATED):
+                    self._settled.add(task.task_id)
 
     def _add(self, task: DdlTask) -> None:
         if task.task_id in self._by_id:
@@ -113,6 +119,20 @@ class DdlTasks:
         with self._lock:
             self._add(stored)
         return stored
+
+    def declared_on(self, table: tuple[str, str]) -> list[tuple[Position, str]]:
+        """(position, task id) of every task declared on target table `table`, in position order."""
+        with self._lock:
+            return list(self._by_table.get(table, ()))
+
+    def settled(self, task_id: str) -> None:
+        """Note that the store showed `task_id` SUCCEEDED or DEPRECATED: it is never claimed again."""
+        with self._lock:
+            self._settled.add(task_id)
+
+    def is_settled(self, task_id: str) -> bool:
+        with self._lock:
+            return task_id in self._settled
 
     def watches(self, table: tuple[str, str]) -> bool:
         """True if any task was ever declared for target table `table`."""
