@@ -104,7 +104,7 @@ def same_in_postgres(name: str, source: Any, target: Any) -> bool:
 
 
 def mismatches(names: list[str], expected: list[tuple], got: list[tuple], same) -> list[str]:
-    assert [r[0] for r in got] == [r[0] for r in expected], "the targets holds other rows"
+    assert [r[0] for r in got] == [r[0] for r in expected], "the target holds other rows"
     return [f"id={want[0]} {name}: source {want[k]!r} target {have[k]!r}"
             for want, have in zip(expected, got) for k, name in enumerate(names)
             if not same(name, want[k], have[k])]
