@@ -724,6 +724,10 @@ class MysqlBinlogSource(Select):
                         "and restart the pipeline")
             raise self._error(f"server {self.host}:{self.port} ({version}) has {name}={shown}; setl needs "
                               f"{name}={wanted} to read full row images: {fix}")
+        compressed = self._query(conn, "SHOW GLOBAL VARIABLES LIKE 'binlog_transaction_compression'")
+        if compressed and str(compressed[0][1]).upper() == "ON":  # MySQL 8.0.20+: payload events we cannot read
+            raise self._error(f"server {self.host}:{self.port} ({version}) has binlog_transaction_compression=ON; "
+                              "setl cannot read compressed transactions: set it OFF and restart the pipeline")
         return flavor
 
     def _gtids_at(self, conn: pymysql.connections.Connection, position: Position,

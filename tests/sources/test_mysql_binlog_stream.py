@@ -239,3 +239,41 @@ def test_connection_cut_inside_a_split_transaction_resumes_it_without_repeats(ma
     rest = drain(src, lambda got: bool(got) and got[-1].complete and got[-1].end > first[-1].end, timeout=60)
     assert ids(first + rest, "d") == list(range(1, rows + 1))
     assert src.reconnects == 1 and "skipping the" in caplog.text
+
+
+def test_gtid_sets_of_both_flavours_advance_and_compare():
+    """GTID states: MariaDB keeps the last GTID per domain, MySQL a uuid:interval set; both tell coverage."""
+    from setl.sources.mysql_binlog import _GtidState, gtid_flavor
+
+    uuid_a, uuid_b = "3e11fa47-71ca-11e1-9e33-c80aa9429562", "4c9e3dfc-9d25-11e9-8d2e-0242ac1cfd7e"
+    mysql = _GtidState("mysql", f"{uuid_a}:1-5,\n{uuid_b}:1-3")  # SHOW MASTER STATUS wraps long sets
+    mysql.add(f"{uuid_a}:6")
+    assert mysql.text == f"{uuid_a}:1-6,{uuid_b}:1-3"
+    assert mysql.covers(_GtidState("mysql", f"{uuid_a}:2-6")) and not mysql.covers(_GtidState("mysql", f"{uuid_a}:7"))
+    mariadb = _GtidState("mariadb", "1-2-7,0-1-42")
+    mariadb.add("0-1-43")
+    assert mariadb.text == "0-1-43,1-2-7"
+    assert mariadb.covers(_GtidState("mariadb", "0-1-40")) and not mariadb.covers(_GtidState("mariadb", "2-1-1"))
+    assert [gtid_flavor(t) for t in ("0-1-42, 1-2-7", f"{uuid_a}:1-5:7-9,{uuid_b}:1", "0-1", "latest")] == \
+        ["mariadb", "mysql", None, None]
+
+
+@pytest.mark.parametrize(("start", "parsed"), [
+    ("earliest", "earliest"),
+    ({"file": "mysql-bin.000003", "pos": 120}, Position("mysql-bin.000003", 120)),
+    ("mysql-bin.000003:120", Position("mysql-bin.000003", 120)),
+    ({"gtid": "0-1-42"}, ("0-1-42", "mariadb")),
+    ({"gtid": "3e11fa47-71ca-11e1-9e33-c80aa9429562:1-9"}, ("3e11fa47-71ca-11e1-9e33-c80aa9429562:1-9", "mysql")),
+])
+def test_configured_starts_are_parsed(start, parsed):
+    """Every documented form of source.start parses to a position, a keyword or a GTID start."""
+    got = MysqlBinlogSource(start=start).start
+    assert (got.gtid, got.flavor) == parsed if isinstance(parsed, tuple) else got == parsed
+
+
+@pytest.mark.parametrize("start", [{"file": "mysql-bin.000001", "pos": 2}, {"file": "x", "pos": 4, "gtid": "0-1-1"},
+                                   {"gtid": 42}, "sometime"])
+def test_bad_configured_starts_are_config_errors(start):
+    """A start that is none of the documented forms is a ConfigError naming the pipeline."""
+    with pytest.raises(ConfigError, match="pipeline=p"):
+        MysqlBinlogSource(start=start, pipeline="p")
