@@ -113,7 +113,9 @@ def test_sigkill_during_load_then_restart_ends_equal(tmp_path, mariadb_source, s
     create_target_tables(mariadb_target, mysql_db)
     setl = make_setl(tmp_path, mariadb_source, source_db, start, mysql_target(mariadb_target),
                      f"{mysql_db}.{{table}}")
-    running = load(mariadb_source, source_db, seconds=10)
+    prepared = sysbench.checksums(sysbench.Conn.from_server(mariadb_source, source_db))
+    # Long enough for three kill cycles on a loaded machine; cut short once they are done.
+    running = load(mariadb_source, source_db, seconds=60)
     try:
         last = 0
         for _ in range(3):
@@ -123,10 +125,9 @@ def test_sigkill_during_load_then_restart_ends_equal(tmp_path, mariadb_source, s
                 assert proc.wait(10) == -signal.SIGKILL
             assert not running.done, "the load ended before the kill: nothing was tested under load"
             last = setl.acked().batch_id
-        result = running.wait()
     finally:
-        running.stop()
-    assert result.transactions > 10 * RATE / 2
+        running.stop()  # a client killed mid-transaction: the server rolls it back
+    assert sysbench.checksums(sysbench.Conn.from_server(mariadb_source, source_db)) != prepared
     final = setl.start_until_caught_up()
     assert final.returncode == 0, final.stderr[-3000:]
     assert setl.acked().position >= binlog_head(mariadb_source)
@@ -144,9 +145,10 @@ def test_target_outage_during_load_is_ridden_out(tmp_path, mariadb_source, sourc
     setl = make_setl(tmp_path, mariadb_source, source_db, start, mysql_target(target), "sb.{table}",
                      retry={"max_attempts": 30, "initial_backoff_ms": 100, "max_backoff_ms": 500})
     with spawned(setl) as proc:
+        wait_acked_past(setl, proc, 0)  # the prepared rows are in
         running = load(mariadb_source, source_db, seconds=8)
         try:
-            wait_acked_past(setl, proc, 0)
+            wait_acked_past(setl, proc, setl.acked().batch_id)  # and the load flows
             target.stop()
             stopped_at = setl.acked()
             time.sleep(3)  # the outage itself (a fault held for a fixed time, not a wait)
@@ -205,9 +207,10 @@ def test_target_outage_past_the_retries_pauses_until_resume(tmp_path, mariadb_so
     setl = make_setl(tmp_path, mariadb_source, source_db, start, mysql_target(target), "sb.{table}",
                      retry={"max_attempts": 2, "initial_backoff_ms": 50, "max_backoff_ms": 100})
     with spawned(setl) as proc:
+        wait_acked_past(setl, proc, 0)
         running = load(mariadb_source, source_db)
         try:
-            wait_acked_past(setl, proc, 0)
+            wait_acked_past(setl, proc, setl.acked().batch_id)
             target.stop()
             paused = wait_until(lambda: (s := setl.status())["status"] == "paused" and s, timeout=60,
                                 interval=0.2, message="the pipeline to pause")
