@@ -19,6 +19,7 @@ DATE -> date; TIME -> interval (MySQL TIME spans -838..838 hours); DATETIME(n) -
 TIMESTAMP(n) -> timestamptz(n); YEAR -> smallint; CHAR(n), VARCHAR(n) -> varchar(n) (no padding);
 TEXT types -> text; BINARY, VARBINARY, BLOB types -> bytea; ENUM, SET -> text (a SET as its
 members sorted and comma-joined); BIT(n) -> bigint (numeric(20,0) for BIT(64)); JSON -> jsonb.
+MariaDB's UUID, INET4 and INET6 are refused: the binlog carries their storage bytes, not text.
 """
 
 from __future__ import annotations

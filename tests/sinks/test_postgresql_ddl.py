@@ -47,6 +47,7 @@ def test_translation(statement, expected):
 
 @pytest.mark.parametrize("statement", [
     "CREATE TABLE t (g GEOMETRY)",
+    "CREATE TABLE t (u UUID)",
     "CREATE TABLE t (a INT, b INT AS (a + 1))",
     "CREATE TABLE t (a INT) AS SELECT 1 AS a",
     "ALTER TABLE t PARTITION BY HASH (a)",
