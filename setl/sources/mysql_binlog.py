@@ -483,7 +483,8 @@ class _Stopped(Exception):
 
 
 class _Lost(Exception):
-    """The stream connection dropped; the library would reconnect mid-transaction, so we refuse."""
+    """The stream connection dropped. The library would reconnect by itself from the middle of a
+    transaction (or from its first GTID), so the connector refuses and the reader reconnects."""
 
 
 class _Connector:
@@ -857,9 +858,9 @@ class MysqlBinlogSource(Select):
                         event = reader.fetchone()
                         if event is None:
                             raise _Lost()
-                        down_since, attempt = None, 0
                         for tx in assembler.feed(event):
                             put(tx)
+                            down_since, attempt = None, 0  # progress: the retry budget starts afresh
                             if tx.complete:
                                 handed = tx.end
                         with self._buffer_lock:
@@ -930,8 +931,6 @@ class MysqlBinlogSource(Select):
     def _failure(self, failure: _Failure) -> SourceError:
         exc, where = failure.error, failure.position
         after = where or "the configured start"
-        if isinstance(exc, _Lost):
-            return self._error(f"lost the binlog connection to {self.host}:{self.port} after {after}", where)
         if isinstance(exc, SourceError):
             return exc.with_context(pipeline=self.pipeline or None, stage="select",
                                     position=where)  # type: ignore[return-value]
