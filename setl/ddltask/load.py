@@ -91,24 +91,27 @@ class DdlTaskLoad(Load):
 
     def _apply(self, batch: Batch, write: Callable[[Batch], None]) -> None:
         declared_here = self.tasks.declared_between(batch.start, batch.end)
-        tables = {(c.schema, c.table) for c in batch.changes if isinstance(c, RowChange)}
-        tables = {t for t in tables if self.tasks.watches(t)}
-        for task_id in declared_here:
+        bound: list[str | None] = [
+            self.tasks.bound_task(c)
+            if isinstance(c, RowChange) and self.tasks.watches((c.schema, c.table)) else None
+            for c in batch.changes
+        ]
+        tables = {(c.schema, c.table) for c, t in zip(batch.changes, bound) if t is not None}
+        for task_id in {*declared_here, *(t for t in bound if t is not None)}:
             task = self.tasks.declared(task_id)
-            assert task is not None
-            tables.add((task.op_db, task.op_table))
+            if task is not None:  # else `_settle` refuses the batch
+                tables.add((task.op_db, task.op_table))
+        tables |= {(c.schema, c.table) for c in batch.changes
+                   if isinstance(c, RowChange) and self.tasks.watches((c.schema, c.table))}
         if not tables:
             write(batch)
             return
         with self._table_locks(sorted(tables)):
-            write(self._settle(batch, declared_here))
+            write(self._settle(batch, declared_here, bound))
 
     # -- settling tasks and filtering data
 
-    def _settle(self, batch: Batch, declared_here: list[str]) -> Batch:
-        bound: list[str | None] = [
-            self.tasks.bound_task(c) if isinstance(c, RowChange) else None for c in batch.changes
-        ]
+    def _settle(self, batch: Batch, declared_here: list[str], bound: list[str | None]) -> Batch:
         first: dict[tuple[str, str], Position] = {}
         last: dict[tuple[str, str], Position] = {}
         for change in batch.changes:
