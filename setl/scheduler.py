@@ -231,6 +231,7 @@ class Scheduler:
         self._sel_rewind: tuple[Position | None, int, float] | None = None
         self._sel_cut: _Cut | None = None
         self._sel_permit = False
+        self._blocking_select = False
         self.error: BaseException | None = None
         self.acked_batches = 0
         self.acked_rows = 0
@@ -292,9 +293,10 @@ class Scheduler:
                 return
         self._sel_next_id = next_id
         self._sel_cursor = self._sel_end = self._acked
-        blocking = getattr(self.select, "blocking", False)
+        # With private services every activity has a thread: Select's waits in the source's poll.
+        self._blocking_select = self._own_tasks or bool(getattr(self.select, "blocking", False))
         steps = {
-            "select": _Step(self._guard(self._select_step), blocking=bool(blocking)),
+            "select": _Step(self._guard(self._select_step), blocking=self._blocking_select),
             "load": _Step(self._guard(self._load_step)),
             "termin": _Step(self._guard(self._termin_step)),
         }
@@ -428,7 +430,7 @@ class Scheduler:
         assert cut is not None
         limits = self.settings.batch
         pending = self._sel_pending
-        blocking = getattr(self.select, "blocking", False)
+        blocking = self._blocking_select
         slice_end = time.perf_counter() + SELECT_SLICE
         progressed = False
         while True:
