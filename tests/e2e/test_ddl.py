@@ -1,4 +1,4 @@
-"""DDL end to end: CREATE, ALTER (add, modify, rename, drop column), RENAME, TRUNCATE and DROP TABLE
+"""DDL end to end: CREATE (also CREATE ... SELECT), ALTER (add, modify, rename, drop column), RENAME, TRUNCATE and DROP TABLE
 interleaved with row changes on a real MariaDB, replicated under ``pipeline.ddl: apply`` with the
 table rules' schema, table and column renames and a left-out column into MariaDB and PostgreSQL."""
 
@@ -37,6 +37,7 @@ SEQUENCE = [
     "INSERT INTO items_old VALUES (3, 30)",
     "TRUNCATE TABLE items_old",
     "INSERT INTO items_old VALUES (4, 40)",
+    "CREATE TABLE items_copy SELECT id, v * 2 AS v FROM items_old",
     "CREATE TABLE leftovers (id INT PRIMARY KEY)",
     "DROP TABLE leftovers",
     "DROP TABLE secret",
@@ -73,13 +74,14 @@ def test_ddl_sequence_reaches_mariadb_with_names_mapped(mariadb_source, source_d
     replicate(mariadb_source, start, rules(source_db, mysql_db), load, tmp_path)
     tables = {r[0] for r in mariadb_target.query(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (mysql_db,))}
-    assert tables == {"purchases", "items_old", "setl_position", "setl_position_ddl"}
+    assert tables == {"purchases", "items_old", "items_copy", "setl_position", "setl_position_ddl"}
     columns = mariadb_target.query(
         "SELECT column_name, column_type, is_nullable FROM information_schema.columns"
         " WHERE table_schema = %s AND table_name = 'purchases' ORDER BY ordinal_position", (mysql_db,))
     assert columns == [("id", "int(11)", "NO"), ("remark", "varchar(40)", "NO"), ("quantity", "int(11)", "YES")]
     assert mariadb_target.query(f"SELECT * FROM `{mysql_db}`.purchases ORDER BY id") == EXPECTED_ORDERS
     assert mariadb_target.query(f"SELECT * FROM `{mysql_db}`.items_old") == [(4, 40)]
+    assert mariadb_target.query(f"SELECT * FROM `{mysql_db}`.items_copy") == [(4, 80)]
 
 
 def test_ddl_sequence_reaches_postgresql_translated(mariadb_source, source_db, postgres_server, postgres_db,
@@ -94,13 +96,14 @@ def test_ddl_sequence_reaches_postgresql_translated(mariadb_source, source_db, p
         return postgres_server.query(sql, dbname=postgres_db)
 
     assert {r[0] for r in query("SELECT tablename FROM pg_tables WHERE schemaname = 'shop'")} == {
-        "purchases", "items_old"}
+        "purchases", "items_old", "items_copy"}
     columns = query("SELECT column_name, data_type, is_nullable FROM information_schema.columns"
                     " WHERE table_schema = 'shop' AND table_name = 'purchases' ORDER BY ordinal_position")
     assert columns == [("id", "integer", "NO"), ("remark", "character varying", "NO"),
                        ("quantity", "integer", "YES")]
     assert query("SELECT * FROM shop.purchases ORDER BY id") == EXPECTED_ORDERS
     assert query("SELECT * FROM shop.items_old") == [(4, 40)]
+    assert query("SELECT * FROM shop.items_copy") == [(4, 80)]
 
 
 def test_ddl_fail_pauses_the_pipeline_naming_the_statement(mariadb_source, source_db, mariadb_target, mysql_db,
