@@ -1,6 +1,7 @@
-"""DDL end to end: CREATE (also CREATE ... SELECT), ALTER (add, modify, rename, drop column), RENAME, TRUNCATE and DROP TABLE
-interleaved with row changes on a real MariaDB, replicated under ``pipeline.ddl: apply`` with the
-table rules' schema, table and column renames and a left-out column into MariaDB and PostgreSQL."""
+"""DDL end to end: CREATE (also CREATE ... SELECT), ALTER (add, modify, rename, drop column), RENAME,
+TRUNCATE and DROP TABLE interleaved with row changes on a real MariaDB, replicated under
+``pipeline.ddl: apply`` with the table rules' schema, table and column renames and a left-out column
+into MariaDB and PostgreSQL."""
 
 from __future__ import annotations
 
