@@ -137,3 +137,29 @@ def test_every_type_round_trips_to_postgresql(mariadb_source, source_db, postgre
     got = postgres_server.query("SELECT * FROM app.types ORDER BY id", dbname=postgres_db)
     assert [r[0] for r in expected] == [1, 2, 3, 5]
     assert mismatches(names, expected, got, same_in_postgres) == []
+
+
+def test_table_without_primary_key_reaches_both_targets(mariadb_source, source_db, mariadb_target, mysql_db,
+                                                        postgres_server, postgres_db, tmp_path):
+    """A keyless table with duplicate rows and NULLs ends equal to the source in MariaDB and
+    PostgreSQL: each update or delete hits one row equal in every column."""
+    start = binlog_head(mariadb_source)
+    with contextlib.closing(mariadb_source.connect(database=source_db)) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE loose (name VARCHAR(8), qty INT, note TEXT)")
+        cur.execute("INSERT INTO loose VALUES ('a', 1, NULL), ('a', 1, NULL), ('a', 1, NULL), (NULL, 2, 'x'),"
+                    " (NULL, NULL, NULL), (NULL, NULL, NULL)")
+        cur.execute("DELETE FROM loose WHERE name = 'a' LIMIT 1")
+        cur.execute("UPDATE loose SET qty = 5 WHERE name IS NULL AND qty IS NULL LIMIT 1")
+        cur.execute("UPDATE loose SET note = 'y' WHERE name = 'a' LIMIT 1")
+        cur.execute("DELETE FROM loose WHERE note = 'x'")
+    rule = rf"{source_db}\.loose"
+    replicate(mariadb_source, start, [table_rule(rule, f"{mysql_db}.loose")],
+              MySQLLoad(mariadb_target.target_config(), pipeline="loose", position_schema=mysql_db), tmp_path,
+              name="loose_mysql")
+    replicate(mariadb_source, start, [table_rule(rule, "app.loose")],
+              PostgresLoad(postgres_server.target_config(postgres_db), pipeline="loose"), tmp_path,
+              name="loose_pg")
+    expected = sorted(mariadb_source.query(f"SELECT * FROM `{source_db}`.loose"), key=repr)
+    assert expected == sorted([("a", 1, None), ("a", 1, "y"), (None, None, None), (None, 5, None)], key=repr)
+    assert sorted(mariadb_target.query(f"SELECT * FROM `{mysql_db}`.loose"), key=repr) == expected
+    assert sorted(postgres_server.query("SELECT * FROM app.loose", dbname=postgres_db), key=repr) == expected
