@@ -137,11 +137,12 @@ def dumps(value: dict[str, Any]) -> bytes:
 class Coordinator:
     """One ZooKeeper session per process, shared by the meta store and the elections.
 
-    All paths are relative to `root`. Operations that meet a lost connection wait for it to come
-    back, for at most `op_timeout` seconds, then raise `MetaStoreError`; writes are safe to
-    repeat because they are conditional or idempotent. Listeners run on kazoo's thread and only
-    set events. Ephemeral nodes registered with `keep` are re-created on every new session by
-    one owned thread.
+    All paths are relative to `root`. An operation that meets a lost connection is tried again
+    once it is back, each attempt bounded by the session timeout; after `give_up_after` seconds
+    without a connection it raises `MetaStoreError` (None: never, as a node that rides out a
+    ZooKeeper outage does). Writes are safe to repeat because they are conditional or
+    idempotent. Listeners run on kazoo's thread and only set events. Ephemeral nodes registered
+    with `keep` are re-created on every new session by one owned thread.
     """
 
     def __init__(
@@ -150,7 +151,7 @@ class Coordinator:
         *,
         root: str = "/setl",
         session_timeout: float = 10.0,
-        op_timeout: float | None = None,
+        give_up_after: float | None = -1.0,
         connect_timeout: float = 15.0,
     ) -> None:
         if not root.startswith("/") or (len(root) > 1 and root.endswith("/")):
@@ -158,7 +159,7 @@ class Coordinator:
         self.hosts = hosts
         self.root = "" if root == "/" else root
         self.session_timeout = session_timeout
-        self.op_timeout = op_timeout if op_timeout is not None else 2 * session_timeout
+        self.give_up_after = 2 * session_timeout if give_up_after == -1.0 else give_up_after
         self.connect_timeout = connect_timeout
         # kazoo logs every failed reconnect attempt; setl.ha logs each state change once instead.
         kazoo_log = log.getChild("kazoo")
@@ -356,21 +357,26 @@ class Coordinator:
     def _call(self, what: str, fn: Callable[[], Any], guard: Callable[[], None] | None = None) -> Any:
         """Run `fn`, again after a lost connection comes back; `guard` runs before every attempt
         (a lease check, so a retry never writes for a holder that lost its lease meanwhile)."""
-        deadline = time.monotonic() + self.op_timeout
+        deadline = None if self.give_up_after is None else time.monotonic() + self.give_up_after
         while True:
             try:
                 if guard is not None:
                     guard()
                 return fn()
             except _DISCONNECTED as exc:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or self._closing.is_set():
+                if self._closing.is_set() or (deadline is not None and time.monotonic() >= deadline):
                     raise MetaStoreError(
-                        f"ZooKeeper at {self.hosts}: {what}: no connection for {self.op_timeout:.0f}s"
+                        f"ZooKeeper at {self.hosts}: {what}: no connection for {self.give_up_after or 0:.0f}s"
                     ) from exc
-                self._connected.wait(min(0.2, remaining))
+                self._connected.wait(0.2)
             except KazooException as exc:
                 raise MetaStoreError(f"ZooKeeper at {self.hosts}: {what}: {type(exc).__name__}") from exc
+
+    def _wait(self, result: Any) -> Any:
+        # kazoo queues requests while it reconnects: bound each attempt, so that `_call` can run
+        # its guard and give up in time (a write that timed out may still apply: all are
+        # conditional or idempotent).
+        return result.get(timeout=self.session_timeout)
 
     def get(self, path: str, watch: Callable[[Any], None] | None = None) -> ZNode | None:
         """The node at `path`, or None. `watch` fires once on its next change (or creation)."""
@@ -378,9 +384,9 @@ class Coordinator:
 
         def read() -> ZNode | None:
             try:
-                data, stat = self._client.get(full, watch=watch)
+                data, stat = self._wait(self._client.get_async(full, watch=watch))
             except NoNodeError:
-                if watch is not None and self._client.exists(full, watch=watch) is not None:
+                if watch is not None and self._wait(self._client.exists_async(full, watch=watch)) is not None:
                     return read()
                 return None
             return ZNode(data or b"", stat.version, stat.ephemeralOwner)
@@ -392,7 +398,7 @@ class Coordinator:
 
         def read() -> list[str]:
             try:
-                return sorted(self._client.get_children(full))
+                return sorted(self._wait(self._client.get_children_async(full)))
             except NoNodeError:
                 return []
 
@@ -400,7 +406,7 @@ class Coordinator:
 
     def ensure(self, path: str) -> None:
         full = self.path(path) or "/"
-        self._call(f"create {full}", lambda: self._client.ensure_path(full))
+        self._call(f"create {full}", lambda: self._wait(self._client.ensure_path_async(full)))
 
     def create(self, path: str, data: bytes = b"", *, ephemeral: bool = False,
                sequence: bool = False, makepath: bool = False) -> str:
@@ -409,8 +415,8 @@ class Coordinator:
 
         def create() -> str:
             try:
-                made = self._client.create(full, data, ephemeral=ephemeral, sequence=sequence,
-                                           makepath=makepath)
+                made = self._wait(self._client.create_async(full, data, ephemeral=ephemeral, sequence=sequence,
+                                                            makepath=makepath))
             except NodeExistsError as exc:
                 raise Conflict(f"{full} exists") from exc
             return made[len(self.root):]
@@ -426,7 +432,7 @@ class Coordinator:
 
         def delete() -> None:
             try:
-                self._client.delete(full, version=version)
+                self._wait(self._client.delete_async(full, version=version))
             except (NoNodeError, NotEmptyError, BadVersionError) as exc:
                 raise Conflict(f"cannot delete {full}: {type(exc).__name__}") from exc
 
@@ -451,7 +457,7 @@ class Coordinator:
                     tx.set_data(full, op.data, op.version)
                 else:
                     tx.delete(full, op.version)
-            results = tx.commit()
+            results = self._wait(tx.commit_async())
             for index, result in enumerate(results):
                 if isinstance(result, Exception) and not isinstance(result, RolledBackError):
                     if isinstance(result, _DISCONNECTED):
@@ -805,6 +811,7 @@ class Elections:
         coordinator = getattr(meta, "coordinator", None)
         if coordinator is None:
             return None
+        coordinator.give_up_after = None  # a node rides out a ZooKeeper outage; its holders stop meanwhile
         elections = cls(coordinator, settings.node.id, standby_delay=settings.ha.standby_delay_ms / 1000.0)
         elections.register()
         return elections

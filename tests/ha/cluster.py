@@ -77,7 +77,7 @@ class Cluster:
         """A meta store on its own session, for reading what the nodes wrote."""
         if self._store is None:
             self._store = ZooKeeperMetaStore(
-                Coordinator(self.zk_hosts, root=self.chroot, session_timeout=5, op_timeout=30).start())
+                Coordinator(self.zk_hosts, root=self.chroot, session_timeout=5, give_up_after=30).start())
         return self._store
 
     # -- processes
