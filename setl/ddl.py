@@ -75,8 +75,8 @@ class Statement:
 
     `kind` is one of create_table, alter_table, rename_table, truncate_table, drop_table,
     create_index, drop_index, or other (anything else: not a table DDL setl applies).
-    `tables` lists every table name in order of appearance; the first is the statement's table.
-    `renames` pairs old and new table names of a RENAME TABLE (or ALTER TABLE ... RENAME TO).
+    `tables` lists every table name in order of appearance; the first is the statement's table
+    (a RENAME TABLE lists old and new names in pairs).
     `columns` holds the token indexes of column names.
     """
 
