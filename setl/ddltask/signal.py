@@ -22,6 +22,7 @@ from typing import Any
 
 import attrs
 
+from setl.ddltask.tasks import DdlTasks
 from setl.errors import SourceError
 from setl.meta.base import DdlTask
 from setl.model import Change, DdlChange, Op, Position, RowChange, Transaction
@@ -112,13 +113,13 @@ class DdlTaskSelect(Select):
       end covers it), or returned empty by the next `poll` that finds nothing, so its position
       is still acknowledged.
     * A bad signal row, or two signals for one table in one transaction (unless rows name their
-      task in `task_column`), raises `SourceError`
-      naming the pipeline, table and position: the scheduler retries and then pauses, since
-      loading the job's data without its task would be wrong.
+      task in `task_column`), raises `SourceError` naming the pipeline, table and position: the
+      scheduler retries and then pauses, since loading the job's data without its task would be
+      wrong.
     * Updates and deletes of signal rows are ignored (a job may clean its signal table).
     """
 
-    def __init__(self, inner: Select, tasks: Any, signal_table: str, *, pipeline: str = "") -> None:
+    def __init__(self, inner: Select, tasks: DdlTasks, signal_table: str, *, pipeline: str = "") -> None:
         schema, dot, table = signal_table.rpartition(".")
         if not dot or not schema or not table:
             raise ValueError(f"signal table {signal_table!r} is not schema.table")

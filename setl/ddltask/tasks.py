@@ -12,9 +12,13 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from setl.meta.base import OVERWRITTEN_BY, DdlTask, DdlTaskStatus, MetaStore
 from setl.model import Position, RowChange
+
+if TYPE_CHECKING:
+    from setl.ddltask.signal import Signal
 
 log = logging.getLogger("setl.ddltask")
 
@@ -95,7 +99,7 @@ class DdlTasks:
         entries = self._by_table.setdefault((task.op_db, task.op_table), [])
         bisect.insort(entries, (task.position, task.task_id))
 
-    def declare(self, signal) -> DdlTask | None:
+    def declare(self, signal: Signal) -> DdlTask | None:
         """Declare the task of a `Signal`; None if its table is not replicated or its id is reused."""
         target = self.target_of(signal.op_db, signal.op_table)
         if target is None:

@@ -11,7 +11,6 @@ import pytest
 from setl.ddltask import ACTION_FAILED, CRASH_ENV
 from setl.meta.base import OVERWRITTEN_BY, DdlTaskStatus
 from setl.scheduler import Listener, Outcome
-from setl.testing.servers import wait_until
 from tests.ddltask.rig import Rig
 
 pytestmark = pytest.mark.timeout(120)

@@ -70,7 +70,8 @@ def test_declare_is_idempotent_and_never_resets_a_task(pair):
     assert a.claim_ddl_task("p", "t1", "o1").won
     a.finish_ddl_task("p", "t1", "o1", DdlTaskStatus.SUCCEEDED)
     again = b.declare_ddl_task(task("t1", 99, partition="other"))
-    assert (again.status, again.position, again.op_partition) == (DdlTaskStatus.SUCCEEDED, Position("bin.000001", 10), "p1")
+    assert (again.status, again.position, again.op_partition) == (
+        DdlTaskStatus.SUCCEEDED, Position("bin.000001", 10), "p1")
     assert again.create_time == first.create_time
     assert b.ddl_task("p", "nope") is None
     with pytest.raises(KeyError):
