@@ -57,6 +57,7 @@ META_PREFIX = "_setl_"
 OP, IMAGE, SEQ, COMMIT_TIME, POSITION = "_setl_op", "_setl_image", "_setl_seq", "_setl_commit_time", "_setl_position"
 BEFORE, AFTER = "before", "after"
 REQUIRED_META = (SEQ, IMAGE)
+_UNKNOWN: Any = object()
 
 
 @attrs.frozen
@@ -212,24 +213,37 @@ class SparkTransform(Transform):
     # --- running --------------------------------------------------------------------------
 
     def transform(self, batch: Batch) -> Batch:
-        groups: dict[str, list[int]] = {}
+        plans: dict[tuple[str, str], TablePlan | None] = {}
+        groups: dict[tuple[str, str], list[int]] = {}
         for index, change in enumerate(batch.changes):
-            if isinstance(change, RowChange) and self.plan_for(change.qualified_table) is not None:
-                groups.setdefault(change.qualified_table, []).append(index)
+            if type(change) is not RowChange:
+                continue
+            key = (change.schema, change.table)
+            plan = plans.get(key, _UNKNOWN)
+            if plan is _UNKNOWN:
+                plan = plans[key] = self.plan_for(change.qualified_table)
+            if plan is not None:
+                indices = groups.get(key)
+                if indices is None:
+                    indices = groups[key] = []
+                indices.append(index)
         if not groups:
             return batch
         spark = self.session()
-        replaced: dict[int, list[RowChange]] = {}
-        for table, indices in groups.items():
-            plan = self.plan_for(table)
+        # Each slot holds the change, or what replaced it: one RowChange (the usual case) or a list of 0 or 2+.
+        slots: list[Any] = list(batch.changes)
+        for key, indices in groups.items():
+            plan = plans[key]
             assert plan is not None
-            replaced.update(self._run_table(spark, batch, plan, indices))
+            for index, replacement in zip(indices, self._run_table(spark, batch, plan, indices)):
+                slots[index] = replacement
         out: list[Change] = []
-        for index, change in enumerate(batch.changes):
-            if index in replaced:
-                out.extend(replaced[index])
+        append, extend = out.append, out.extend
+        for slot in slots:
+            if type(slot) is list:
+                extend(slot)
             else:
-                out.append(change)
+                append(slot)
         return batch.replace(tuple(out))
 
     def _error(self, batch: Batch, plan: TablePlan, message: str, plugin: str | None = None) -> TransformError:
@@ -237,7 +251,10 @@ class SparkTransform(Transform):
                               table=plan.target, batch=batch.id, plugin=plugin or plan.names,
                               position=batch.start)
 
-    def _run_table(self, spark: Any, batch: Batch, plan: TablePlan, indices: list[int]) -> dict[int, list[RowChange]]:
+    def _run_table(
+        self, spark: Any, batch: Batch, plan: TablePlan, indices: list[int],
+    ) -> list[RowChange | list[RowChange]]:
+        """What replaces each of the changes at `indices`: one change, or a list of 0 or more."""
         from setl.spark import from_arrow, to_arrow
 
         changes: list[RowChange] = [batch.changes[i] for i in indices]  # type: ignore[misc]
@@ -282,7 +299,7 @@ class SparkTransform(Transform):
             culprit = self._culprit(frames, plan)
             raise self._error(batch, plan, f"step {culprit.index + 1} ({culprit.name}) failed: {_brief(exc)}",
                               culprit.name) from exc
-        return self._changes(batch, plan, indices, changes, result_table, codecs, tuple(primary_key))  # type: ignore[arg-type]
+        return self._changes(batch, plan, rows, result_table, codecs, tuple(primary_key))
 
     @staticmethod
     def _culprit(frames: list[Any], plan: TablePlan) -> BoundStep:
@@ -300,46 +317,62 @@ class SparkTransform(Transform):
         self,
         batch: Batch,
         plan: TablePlan,
-        indices: list[int],
-        changes: list[RowChange],
+        rows: "_Rows",
         result: pa.Table,
         codecs: Mapping[str, str],
         primary_key: tuple[str, ...],
-    ) -> dict[int, list[RowChange]]:
+    ) -> list[RowChange | list[RowChange]]:
         seqs = result.column(SEQ).to_pylist()
-        befores = pc.equal(result.column(IMAGE), BEFORE).to_pylist()
+        kinds = result.column(IMAGE).to_pylist()
         data = result.drop_columns([c for c in result.column_names if c.startswith(META_PREFIX)])
         names = data.column_names
         images = ([dict(zip(names, values)) for values in zip(*table_columns(data, codecs))] if names
                   else [{} for _ in range(data.num_rows)])
+        changes = rows.changes
+        schema, table = changes[0].schema, changes[0].table
+        insert, update, delete = Op.INSERT, Op.UPDATE, Op.DELETE
+        out: list[RowChange | list[RowChange]] = []
+        if rows.complete and seqs == rows.seqs and kinds == rows.kinds:
+            # Every row came back, in order (no filter, join or reordering): pair them up directly.
+            image = iter(images).__next__
+            for change in changes:
+                op = change.op
+                if op is update:
+                    before = image()
+                    out.append(RowChange(update, schema, table, primary_key, before, image(), change.position,
+                                         change.commit_time))
+                elif op is insert:
+                    out.append(RowChange(insert, schema, table, primary_key, None, image(), change.position,
+                                         change.commit_time))
+                else:
+                    out.append(RowChange(delete, schema, table, primary_key, image(), None, change.position,
+                                         change.commit_time))
+            return out
         by_seq: dict[int, tuple[list[dict], list[dict]]] = {}
-        for seq, before, image in zip(seqs, befores, images):
+        for seq, kind, image in zip(seqs, kinds, images):
             if seq is None:
                 raise self._error(batch, plan, "the transforms returned a row without _setl_seq")
             pair = by_seq.get(seq)
             if pair is None:
                 pair = by_seq[seq] = ([], [])
-            pair[0 if before else 1].append(image)
-        out: dict[int, list[RowChange]] = {}
+            pair[0 if kind == BEFORE else 1].append(image)
         lost_deletes = []
-        schema, table = changes[0].schema, changes[0].table
-        insert, update, delete = Op.INSERT, Op.UPDATE, Op.DELETE
         nothing: tuple[list[dict], list[dict]] = ([], [])
-        for index, change in zip(indices, changes):
+        for index, change in zip(rows.indices, changes):
             before, after = by_seq.pop(index, nothing)
             pos, ts = change.position, change.commit_time
             if change.op is insert:
-                out[index] = [RowChange(insert, schema, table, primary_key, None, a, pos, ts) for a in after]
+                out.append([RowChange(insert, schema, table, primary_key, None, a, pos, ts) for a in after])
             elif change.op is delete:
                 if not before and not plan.may_drop_deletes:
                     lost_deletes.append(change)
-                out[index] = [RowChange(delete, schema, table, primary_key, b, None, pos, ts) for b in before]
+                out.append([RowChange(delete, schema, table, primary_key, b, None, pos, ts) for b in before])
             elif len(before) == len(after):
-                out[index] = [RowChange(update, schema, table, primary_key, b, a, pos, ts)
-                              for b, a in zip(before, after)]
+                out.append([RowChange(update, schema, table, primary_key, b, a, pos, ts)
+                            for b, a in zip(before, after)])
             else:  # rows left or entered a filter, or a transform multiplied them
-                out[index] = ([RowChange(delete, schema, table, primary_key, b, None, pos, ts) for b in before]
-                              + [RowChange(insert, schema, table, primary_key, None, a, pos, ts) for a in after])
+                out.append([RowChange(delete, schema, table, primary_key, b, None, pos, ts) for b in before]
+                           + [RowChange(insert, schema, table, primary_key, None, a, pos, ts) for a in after])
         if by_seq:
             raise self._error(batch, plan, f"the transforms returned rows for unknown _setl_seq {sorted(by_seq)[:5]}")
         if lost_deletes:
@@ -355,28 +388,37 @@ class SparkTransform(Transform):
 class _Rows:
     """A table's changes as the rows a transform sees: one per image, with setl's metadata, column-wise."""
 
+    indices: Sequence[int]  # the changes' indices in the batch
+    changes: Sequence[RowChange]
     images: list[Mapping[str, Any]]
     sources: list[RowChange]  # the change each row's image comes from
     seqs: list[int]
     kinds: list[str]
+    complete: bool  # every insert has its after image, every delete its before, every update both
 
     @classmethod
     def of(cls, indices: Sequence[int], changes: Sequence[RowChange]) -> "_Rows":
-        images, sources, seqs, kinds = [], [], [], []
+        images: list[Mapping[str, Any]] = []
+        sources: list[RowChange] = []
+        seqs: list[int] = []
+        kinds: list[str] = []
+        # Four appends per row, no tuple per row: fewer objects for the garbage collector to track.
+        image, source, seq, kind = images.append, sources.append, seqs.append, kinds.append
         insert, delete = Op.INSERT, Op.DELETE
         for index, change in zip(indices, changes):
             op = change.op
             if op is not insert and change.before is not None:
-                images.append(change.before)
-                sources.append(change)
-                seqs.append(index)
-                kinds.append(BEFORE)
+                image(change.before)
+                source(change)
+                seq(index)
+                kind(BEFORE)
             if op is not delete and change.after is not None:
-                images.append(change.after)
-                sources.append(change)
-                seqs.append(index)
-                kinds.append(AFTER)
-        return cls(images, sources, seqs, kinds)
+                image(change.after)
+                source(change)
+                seq(index)
+                kind(AFTER)
+        updates = sum(1 for c in changes if c.op is Op.UPDATE)
+        return cls(indices, changes, images, sources, seqs, kinds, len(images) == len(changes) + updates)
 
     def table(self, types: TableTypes) -> tuple[pa.Table, dict[str, str]]:
         """The Arrow table of the rows (column types from `types`), and the codecs of its text columns."""
@@ -392,7 +434,7 @@ class _Rows:
         seconds = pa.array([c.commit_time for c in self.sources], pa.float64())
         micros = pc.cast(pc.trunc(pc.multiply(seconds, 1_000_000)), pa.int64())
         extra = {
-            OP: pa.array([c.op.value for c in self.sources], pa.string()),
+            OP: pa.array([c.op for c in self.sources], pa.string()),  # Op is a str enum
             IMAGE: pa.array(self.kinds, pa.string()),
             SEQ: pa.array(self.seqs, pa.int64()),
             COMMIT_TIME: micros.cast(pa.timestamp("us", tz="UTC")),

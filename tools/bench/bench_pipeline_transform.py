@@ -2,27 +2,32 @@
 
 ScriptedSource (transactions of 100 row changes, 90% inserts, 10% updates) -> scheduler
 (parallelism 3, batches of --rows rows) -> default Extract -> Transform -> a no-op sink that
-only counts rows, run twice over the same script:
+only counts rows, run over the same script:
 
 * ``baseline``: no transform (the base Transform passes batches through);
-* ``spark``: a one-step `SparkTransform` (``add_column``) on the table;
+* ``spark``: a one-step `SparkTransform` (``add_column``) on the table.
 
-and the ratio spark / baseline (goal >= 0.7), plus the process's peak RSS (Python side;
-the Spark JVM is a separate process). Spark is warmed up before timing.
+The two alternate --repeat times after a warm-up (JVM JIT, code generation); the script
+prints the median rows/s of each, their ratio (goal >= 0.7), the median batch latency
+(hand-off by Select to ack), the CPU spent per 10k rows in this Python process and in
+the Spark JVM (where the time goes), and peak memory.
 
-    python tools/bench/bench_pipeline_transform.py [--batches 30] [--rows 10000] [--parallelism 3]
+    python tools/bench/bench_pipeline_transform.py [--batches 30] [--rows 10000] [--parallelism 3] [--repeat 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
+import statistics
+import subprocess
 import time
 
 from setl.config import BatchSettings, PipelineSettings, TableRule, TransformStep
-from setl.model import Batch, RowChange
+from setl.model import Ack, Batch, RowChange
 from setl.plugins import Registry
-from setl.scheduler import Outcome
+from setl.scheduler import Listener, Outcome
 from setl.stages import Transform
 from setl.testing.harness import MemorySink, ScriptedSource, insert, run_pipeline, update
 from setl.testing.spark import local_spark
@@ -42,6 +47,49 @@ class CountingSink(MemorySink):
         self.rows += sum(1 for c in batch.changes if isinstance(c, RowChange))
 
 
+class LatencyListener(Listener):
+    """Seconds from each batch's hand-off by Select to its ack."""
+
+    def __init__(self) -> None:
+        self.started: dict[int, float] = {}
+        self.latencies: list[float] = []
+
+    def on_handoff(self, batch: Batch, in_flight: int) -> None:
+        self.started[batch.id] = time.perf_counter()
+
+    def on_ack(self, ack: Ack, batch: Batch) -> None:
+        self.latencies.append(time.perf_counter() - self.started[batch.id])
+
+
+class JvmClock:
+    """CPU seconds used so far by the Spark JVM (a child process of this one), from /proc; 0 if unknown."""
+
+    def __init__(self) -> None:
+        self.stat = None
+        try:
+            out = subprocess.run(["pgrep", "-P", str(os.getpid()), "java"], capture_output=True, text=True).stdout
+            if out.split():
+                self.stat = f"/proc/{out.split()[0]}/stat"
+        except OSError:
+            pass
+
+    def __call__(self) -> float:
+        if self.stat is None:
+            return 0.0
+        with open(self.stat) as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def rss_mib(self) -> float:
+        if self.stat is None:
+            return 0.0
+        with open(self.stat.replace("/stat", "/status")) as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+        return 0.0
+
+
 def make_script(batches: int, rows: int) -> list[list[RowChange]]:
     txs, n = [], 0
     for _ in range(batches * rows // TX_ROWS):
@@ -58,13 +106,22 @@ def make_script(batches: int, rows: int) -> list[list[RowChange]]:
     return txs
 
 
-def run(txs, transform: Transform, settings: PipelineSettings) -> tuple[float, int]:
-    sink = CountingSink()
-    t0 = time.perf_counter()
-    result = run_pipeline(ScriptedSource(txs), sink, transform=transform, settings=settings, name="bench")
+def run(txs, transform: Transform, settings: PipelineSettings, jvm: JvmClock) -> dict[str, float]:
+    sink, listener = CountingSink(), LatencyListener()
+    cpu0, jvm0, t0 = time.process_time(), jvm(), time.perf_counter()
+    result = run_pipeline(ScriptedSource(txs), sink, transform=transform, settings=settings, name="bench",
+                          listener=listener)
     elapsed = time.perf_counter() - t0
     assert result.outcome is Outcome.CAUGHT_UP, result.outcome
-    return elapsed, sink.rows
+    assert sink.rows == sum(len(tx) for tx in txs), (sink.rows, sum(len(tx) for tx in txs))
+    per_10k = 10_000 / sink.rows
+    return {
+        "rate": sink.rows / elapsed,
+        "seconds": elapsed,
+        "latency": statistics.median(listener.latencies),
+        "py_cpu": (time.process_time() - cpu0) * per_10k,
+        "jvm_cpu": (jvm() - jvm0) * per_10k,
+    }
 
 
 def main() -> None:
@@ -72,9 +129,12 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=30)
     parser.add_argument("--rows", type=int, default=10_000)
     parser.add_argument("--parallelism", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--warmup-batches", type=int, default=40, help="batches through Spark before timing")
     args = parser.parse_args()
 
     spark = local_spark()
+    jvm = JvmClock()
     registry = Registry().discover()
     rules = [TableRule(source=r"shop\.orders",
                        transforms=(TransformStep("add_column", {"name": "total", "expr": "qty * price"}),))]
@@ -84,19 +144,26 @@ def main() -> None:
     txs = make_script(args.batches, args.rows)
     total = sum(len(tx) for tx in txs)
 
-    run(make_script(2, args.rows), stage, settings)  # warm-up: JVM, code generation, Arrow
-    base_s, base_rows = run(txs, Transform(), settings)
-    spark_s, spark_rows = run(txs, stage, settings)
-    assert base_rows == spark_rows == total, (base_rows, spark_rows, total)
+    run(make_script(args.warmup_batches, args.rows), stage, settings, jvm)  # JIT, code generation, caches
+    runs: dict[str, list[dict[str, float]]] = {"baseline": [], "spark": []}
+    for _ in range(args.repeat):
+        runs["baseline"].append(run(txs, Transform(), settings, jvm))
+        runs["spark"].append(run(txs, stage, settings, jvm))
 
-    base_rate, spark_rate = total / base_s, total / spark_s
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    def median(name: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[name])
+
     print(f"rows: {total} in {args.batches} batches of {args.rows}, parallelism {args.parallelism}, "
-          f"spark master {spark.sparkContext.master}")
-    print(f"baseline (no transform): {base_rate:12,.0f} rows/s  ({base_s:.2f} s)")
-    print(f"spark (add_column):      {spark_rate:12,.0f} rows/s  ({spark_s:.2f} s)")
-    print(f"ratio spark/baseline:    {spark_rate / base_rate:.3f}  (goal >= 0.7)")
-    print(f"peak RSS (python):       {peak_mib:.0f} MiB")
+          f"spark master {spark.sparkContext.master}, {os.cpu_count()} cpus, medians of {args.repeat} runs")
+    print(f"{'':24}{'rows/s':>10}  {'batch latency':>13}  {'py cpu/10k rows':>15}  {'jvm cpu/10k rows':>16}")
+    for name, label in (("baseline", "baseline (no transform)"), ("spark", "spark (add_column)")):
+        print(f"{label:24}{median(name, 'rate'):>10,.0f}  {median(name, 'latency') * 1000:>10.0f} ms"
+              f"  {median(name, 'py_cpu') * 1000:>12.0f} ms  {median(name, 'jvm_cpu') * 1000:>13.0f} ms")
+    ratios = [s["rate"] / b["rate"] for b, s in zip(runs["baseline"], runs["spark"])]
+    print(f"ratio spark/baseline:   {median('spark', 'rate') / median('baseline', 'rate'):.3f} "
+          f"(per pair: {', '.join(f'{r:.3f}' for r in ratios)}; goal >= 0.7)")
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS: python {peak_mib:.0f} MiB, spark JVM {jvm.rss_mib():.0f} MiB")
 
 
 if __name__ == "__main__":
