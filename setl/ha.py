@@ -243,7 +243,9 @@ class Coordinator:
             self._suspended_at = None
             self._connected.set()
             if new:
-                log.info("ha: ZooKeeper session 0x%x at %s", session, self.hosts)
+                # The first session is routine (the CLI opens one per command); a later one is news.
+                log.log(logging.INFO if was_suspended else logging.DEBUG,
+                        "ha: ZooKeeper session 0x%x at %s", session, self.hosts)
                 self._write_session_file(client_id)
                 self._new_session.set()
             elif was_suspended:

@@ -232,3 +232,22 @@ def test_unreachable_zookeeper_is_a_one_line_error(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert f"setl: error: cannot reach ZooKeeper at {hosts}" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_switch_without_a_standby_is_a_one_line_error(tmp_path, zookeeper_server):
+    """`setl switch` with nobody standing by fails with one line naming the pipeline and the holder; `setl status` shows the holder."""
+    with stores(zookeeper_server.hosts, 1) as (a,):
+        Mainstem(a.coordinator, "p", "node-a").acquire(threading.Event())
+        (tmp_path / "setl.yaml").write_text(yaml.safe_dump(
+            {"meta": {"store": "zookeeper"}, "ha": {"zookeeper": zookeeper_server.hosts, "chroot": a.coordinator.root}}))
+
+        def cli(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "setl.cli", "--conf", str(tmp_path), *args],
+                                  capture_output=True, text=True, timeout=60)
+
+        done = cli("switch", "--pipeline", "p")
+        assert done.returncode == 1
+        assert done.stderr.strip() == ("setl: error: pipeline=p: no node stands by for it (holder node-a); "
+                                       "nothing to switch to")
+        status = cli("status")
+        assert status.returncode == 0 and "holder" in status.stdout and "node-a" in status.stdout
