@@ -37,7 +37,7 @@ from typing import Any
 import attrs
 
 from setl.errors import LeadershipLost, MetaStoreError
-from setl.ha import Check, Conflict, Coordinator, Create, Lease, SetData, dumps
+from setl.ha import Check, Conflict, Coordinator, Create, Delete, Lease, SetData, dumps
 from setl.meta.base import OVERWRITTEN_BY, DdlClaim, DdlTask, DdlTaskStatus, MetaStore, PipelineState, Status
 from setl.model import Ack, Position
 
@@ -147,11 +147,12 @@ class ZooKeeperMetaStore(MetaStore):
 
     def _prune(self, pipeline: str) -> None:
         path = f"{self._base(pipeline)}/acks"
-        for name in self.coordinator.children(path)[:-HISTORY_KEEP]:
-            try:
-                self.coordinator.delete(f"{path}/{name}")
+        old = self.coordinator.children(path)[:-HISTORY_KEEP]
+        if old:
+            try:  # one round trip for the lot
+                self.coordinator.commit([Delete(f"{path}/{name}") for name in old])
             except Conflict:
-                pass  # another pruner was first
+                pass  # another pruner was first; the next prune catches up
 
     def reset_position(self, pipeline: str, position: Position | None) -> None:
         self._prepare(pipeline)

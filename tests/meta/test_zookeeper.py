@@ -130,3 +130,18 @@ def test_ddl_task_claims_are_won_once_and_overwrites_deprecate_earlier_tasks(zoo
         assert [t.task_id for t in a.ddl_tasks("p", first.op_id)] == ["t/1", "t2"]
         with pytest.raises(KeyError):
             a.claim_ddl_task("p", "nope", "x")
+
+
+def test_ack_history_is_pruned_to_the_newest(zookeeper_server, monkeypatch):
+    """Only the newest HISTORY_KEEP acks stay in ZooKeeper."""
+    import setl.meta.zookeeper as zookeeper
+
+    monkeypatch.setattr(zookeeper, "HISTORY_KEEP", 30)
+    monkeypatch.setattr(zookeeper, "PRUNE_EVERY", 20)
+    with stores(zookeeper_server.hosts, 1) as (node,):
+        hold(node, "p", "n1")
+        epoch = node.next_epoch("p")
+        for i in range(1, 101):
+            node.ack("p", i, epoch, Position("bin.000001", i))
+        assert len(node.coordinator.children("/pipelines/p/acks")) == 30
+        assert [a.batch_id for a in node.history("p", 100)] == list(range(100, 70, -1))
