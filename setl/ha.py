@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -139,8 +140,8 @@ class Coordinator:
 
     All paths are relative to `root`. An operation that meets a lost connection is tried again
     once it is back, each attempt bounded by the session timeout; after `give_up_after` seconds
-    without a connection it raises `MetaStoreError` (None: never, as a node that rides out a
-    ZooKeeper outage does). Writes are safe to repeat because they are conditional or
+    (default twice the session timeout; ``math.inf`` for a node, which rides out a ZooKeeper
+    outage) without a connection it raises `MetaStoreError`. Writes are safe to repeat because they are conditional or
     idempotent. Listeners run on kazoo's thread and only set events. Ephemeral nodes registered
     with `keep` are re-created on every new session by one owned thread.
     """
@@ -151,7 +152,7 @@ class Coordinator:
         *,
         root: str = "/setl",
         session_timeout: float = 10.0,
-        give_up_after: float | None = -1.0,
+        give_up_after: float | None = None,
         connect_timeout: float = 15.0,
     ) -> None:
         if not root.startswith("/") or (len(root) > 1 and root.endswith("/")):
@@ -159,7 +160,7 @@ class Coordinator:
         self.hosts = hosts
         self.root = "" if root == "/" else root
         self.session_timeout = session_timeout
-        self.give_up_after = 2 * session_timeout if give_up_after == -1.0 else give_up_after
+        self.give_up_after = 2 * session_timeout if give_up_after is None else give_up_after
         self.connect_timeout = connect_timeout
         # kazoo logs every failed reconnect attempt; setl.ha logs each state change once instead.
         kazoo_log = log.getChild("kazoo")
@@ -359,16 +360,16 @@ class Coordinator:
     def _call(self, what: str, fn: Callable[[], Any], guard: Callable[[], None] | None = None) -> Any:
         """Run `fn`, again after a lost connection comes back; `guard` runs before every attempt
         (a lease check, so a retry never writes for a holder that lost its lease meanwhile)."""
-        deadline = None if self.give_up_after is None else time.monotonic() + self.give_up_after
+        deadline = time.monotonic() + self.give_up_after
         while True:
             try:
                 if guard is not None:
                     guard()
                 return fn()
             except _DISCONNECTED as exc:
-                if self._closing.is_set() or (deadline is not None and time.monotonic() >= deadline):
+                if self._closing.is_set() or time.monotonic() >= deadline:
                     raise MetaStoreError(
-                        f"ZooKeeper at {self.hosts}: {what}: no connection for {self.give_up_after or 0:.0f}s"
+                        f"ZooKeeper at {self.hosts}: {what}: no connection for {self.give_up_after:.0f}s"
                     ) from exc
                 self._connected.wait(0.2)
             except KazooException as exc:
@@ -813,7 +814,7 @@ class Elections:
         coordinator = getattr(meta, "coordinator", None)
         if coordinator is None:
             return None
-        coordinator.give_up_after = None  # a node rides out a ZooKeeper outage; its holders stop meanwhile
+        coordinator.give_up_after = math.inf  # a node rides out a ZooKeeper outage; its holders stop meanwhile
         elections = cls(coordinator, settings.node.id, standby_delay=settings.ha.standby_delay_ms / 1000.0)
         elections.register()
         return elections
