@@ -766,7 +766,12 @@ class Mainstem:
 
         cancels = [self.coordinator.watch(self.mainstem_path, mainstem_changed),
                    self.coordinator.watch(self.switch_path, switch_changed)]
-        return lambda: [cancel() for cancel in cancels] and None
+
+        def cancel() -> None:
+            for one in cancels:
+                one()
+
+        return cancel
 
     def release(self, lease: Lease, *, to: str | None = None) -> None:
         """Give the mainstem up deliberately (a stop, a pause or a switch)."""
