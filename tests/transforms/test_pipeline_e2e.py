@@ -8,12 +8,14 @@ applied in Python.
 from __future__ import annotations
 
 import random
+import threading
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
 from setl.config import BatchSettings, PipelineSettings, RetrySettings, TableRule, TransformStep
 from setl.meta.base import Status
+from setl.plugins import Registry, transform
 from setl.meta.sqlite import SqliteMetaStore
 from setl.scheduler import Outcome
 from setl.sinks.parquet import ParquetLoad
@@ -179,3 +181,49 @@ def test_a_step_failing_in_spark_every_time_pauses_naming_plugin_table_and_batch
     assert f"batch={batch_id} " in error and "plugin=add_column" in error
     assert "step 3 (add_column) failed" in error and "poison order" in error
     assert str(result.scheduler.error) == error
+
+
+def test_a_plugin_raising_once_rolls_back_and_retries_to_the_right_state(spark, registry, tmp_path):
+    """A plugin that raises on its first call for batch 3 fails the batch through Termin; the rollback and
+    retry run it again and the Parquet output is exact."""
+    calls: dict[int, int] = {}
+    lock = threading.Lock()
+
+    @transform("flaky_once", params={})
+    def flaky_once(df, params, context):
+        with lock:
+            calls[context.batch_id] = calls.get(context.batch_id, 0) + 1
+            first = calls[context.batch_id] == 1
+        if context.batch_id == 3 and first:
+            raise ConnectionError("lookup service unavailable")
+        return df
+
+    flaky = Registry()
+    flaky.register(flaky_once)
+    steps = [registry.validate(step, index=i) for i, step in enumerate(CHAIN)]
+    steps.append(flaky.validate(TransformStep("flaky_once"), index=len(steps)))
+    stage = SparkTransform({ORDERS: steps}, pipeline="e2e", session=lambda: spark)
+    txs = script(seed=19)
+    listener = InvariantListener(3)
+    result = run_pipeline(ScriptedSource(txs), ParquetLoad(tmp_path, pipeline="e2e"), name="e2e",
+                          transform=stage, settings=settings(), listener=listener)
+    assert result.outcome is Outcome.CAUGHT_UP
+    assert listener.violations == []
+    assert [batch for batch, _attempt in listener.rollbacks] == [3] and calls[3] == 2
+    assert replay(tmp_path, ORDERS, ("order_id",)) == expected_orders(reference_state(txs))
+
+
+def test_a_step_dropping_the_primary_key_pauses_naming_plugin_table_and_batch(spark, registry, tmp_path):
+    """A chain whose result lacks the primary key fails its first batch on every attempt; the pipeline pauses
+    with an error that names the plugin, the table and the batch, and nothing is acked."""
+    meta = SqliteMetaStore(":memory:")
+    listener = InvariantListener(3)
+    stage = spark_stage(spark, registry, TransformStep("drop_columns", {"columns": ["order_id"]}))
+    result = run_pipeline(ScriptedSource(script(n=60)), ParquetLoad(tmp_path, pipeline="e2e"), name="e2e",
+                          meta=meta, transform=stage, settings=settings(max_attempts=2), listener=listener)
+    assert result.outcome is Outcome.PAUSED
+    assert [batch for batch, _attempt in listener.rollbacks] == [1, 1] and listener.acks == []
+    error = meta.state("e2e").error
+    assert "stage=transform" in error and "table=demo.orders" in error and "batch=1 " in error
+    assert "plugin=drop_columns" in error and "returned no primary-key column order_id" in error
+    assert not list(tmp_path.rglob("*.parquet"))

@@ -327,3 +327,56 @@ def test_tables_without_key_are_transformed(spark, registry):
     out = stage.transform(batch)
     assert [dict(c.after) for c in out.changes] == [{"msg": "a", "n": 1}, {"msg": "b", "n": 1}]
     assert all(isinstance(c, RowChange) and c.primary_key == () for c in out.changes)
+
+
+def spy_stage(spark, seen):
+    """A stage whose one step returns its frame untouched and records the frame's Spark schema."""
+    @transform("identity_spy", params={})
+    def identity_spy(df, params, context):
+        seen.append({f.name: f.dataType.simpleString() for f in df.schema.fields})
+        return df
+
+    registry = Registry()
+    registry.register(identity_spy)
+    return SparkTransform({"demo.t": [registry.validate(TransformStep("identity_spy"))]}, pipeline="p1",
+                          session=lambda: spark)
+
+
+def test_an_identity_transform_returns_every_type_unchanged_and_spark_sees_sql_types(spark):
+    """Decimals, microsecond datetimes, binary, JSON, unsigned BIGINT max and NULLs pass an identity step
+    unchanged, and Spark sees them as DECIMAL, TIMESTAMP_NTZ, BINARY, STRING and DECIMAL(20,0)."""
+    rows = [
+        {"id": 1, "price": decimal.Decimal("-12.345"), "at": dt.datetime(1999, 12, 31, 23, 59, 59, 1),
+         "blob": b"\x00\xff\x00", "doc": {"k": ["v", 1, None]}, "unsigned": 2**64 - 1, "nothing": None},
+        {"id": 2, "price": None, "at": None, "blob": None, "doc": None, "unsigned": 0, "nothing": None},
+    ]
+    seen: list[dict] = []
+    out = spy_stage(spark, seen).transform(make_batch("demo.t", rows, primary_key=["id"], op=["insert", "delete"]))
+    assert [c.op for c in out.changes] == [Op.INSERT, Op.DELETE]
+    assert [dict(c.image) for c in out.changes] == rows
+    assert [{k: type(v) for k, v in c.image.items()} for c in out.changes] == [
+        {k: type(v) for k, v in r.items()} for r in rows]
+    (types,) = seen
+    assert {k: types[k] for k in rows[0]} == {
+        "id": "bigint", "price": "decimal(5,3)", "at": "timestamp_ntz", "blob": "binary", "doc": "string",
+        "unsigned": "decimal(20,0)", "nothing": "void"}
+
+
+def test_column_types_are_remembered_per_table_and_derived_again_when_values_do_not_fit(spark):
+    """A later batch reuses a table's column types (an all-NULL column keeps its type) and a value that
+    does not fit (wider decimal, BIGINT overflow, an aware datetime) makes the column's type be derived again."""
+    seen: list[dict] = []
+    stage = spy_stage(spark, seen)
+    first = [{"id": 1, "amount": decimal.Decimal("1.25"), "name": "a", "at": dt.datetime(2024, 1, 1, 0, 0, 0, 5)}]
+    second = [{"id": 2**63, "amount": decimal.Decimal("123456.125"), "name": None,
+               "at": dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)}]
+    third = [{"id": 3, "amount": decimal.Decimal("2.5"), "name": "c", "at": None}]
+    outs = [[dict(c.after) for c in stage.transform(make_batch("demo.t", rows, primary_key=["id"])).changes]
+            for rows in (first, second, third)]
+    assert outs == [first, second, third]
+    assert outs[2][0]["id"] == 3 and type(outs[2][0]["id"]) is int
+    assert [(t["id"], t["amount"], t["name"], t["at"]) for t in seen] == [
+        ("bigint", "decimal(3,2)", "string", "timestamp_ntz"),
+        ("decimal(19,0)", "decimal(9,3)", "string", "timestamp"),
+        ("decimal(19,0)", "decimal(9,3)", "string", "timestamp"),
+    ]
