@@ -54,6 +54,8 @@ _STAGE_ERRORS: dict[str, type[SetlError]] = {
 
 #: Longest one Select call reads from a source before it gives the thread back (real time).
 SELECT_SLICE = 0.02
+#: Longest a blocking Select waits in one poll: bounds how long a stop waits for it.
+BLOCKING_POLL = 0.02
 #: Extract and Transform of one batch run in one call when Extract took less than this.
 ETL_SLICE = 0.005
 
@@ -444,7 +446,8 @@ class Scheduler:
                     return None, progressed
                 timeout = 0.0
                 if blocking:
-                    timeout = 0.1 if cut.deadline is None else min(0.1, max(0.0, cut.deadline - now))
+                    timeout = BLOCKING_POLL if cut.deadline is None else min(
+                        BLOCKING_POLL, max(0.0, cut.deadline - now))
                 try:
                     tx = self.select.poll(timeout)
                 except BaseException as exc:
