@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 
 from setl.ddltask.actions import Actions
-from setl.ddltask.tasks import DdlTasks, latest_clearing
+from setl.ddltask.tasks import Binding, DdlTasks, latest_clearing
 from setl.errors import LoadError, MetaStoreError, SetlError, TransientLoadError
 from setl.meta.base import DdlTask, DdlTaskStatus
 from setl.model import Batch, Change, Position, RowChange
@@ -91,36 +91,22 @@ class DdlTaskLoad(Load):
 
     def _apply(self, batch: Batch, write: Callable[[Batch], None]) -> None:
         declared_here = self.tasks.declared_between(batch.start, batch.end)
-        bound: list[str | None] = [
-            self.tasks.bound_task(c)
-            if isinstance(c, RowChange) and self.tasks.watches((c.schema, c.table)) else None
-            for c in batch.changes
-        ]
-        tables = {(c.schema, c.table) for c, t in zip(batch.changes, bound) if t is not None}
-        for task_id in {*declared_here, *(t for t in bound if t is not None)}:
+        binding = self.tasks.bind(batch.changes)
+        tables = set(binding.tables)
+        for task_id in {*declared_here, *(t for t in binding.tasks if t is not None)}:
             task = self.tasks.declared(task_id)
             if task is not None:  # else `_settle` refuses the batch
                 tables.add((task.op_db, task.op_table))
-        tables |= {(c.schema, c.table) for c in batch.changes
-                   if isinstance(c, RowChange) and self.tasks.watches((c.schema, c.table))}
         if not tables:
             write(batch)
             return
         with self._table_locks(sorted(tables)):
-            write(self._settle(batch, declared_here, bound))
+            write(self._settle(batch, declared_here, binding))
 
     # -- settling tasks and filtering data
 
-    def _settle(self, batch: Batch, declared_here: list[str], bound: list[str | None]) -> Batch:
-        first: dict[tuple[str, str], Position] = {}
-        last: dict[tuple[str, str], Position] = {}
-        for change in batch.changes:
-            if isinstance(change, RowChange) and change.position is not None:
-                table = (change.schema, change.table)
-                if table not in first or change.position < first[table]:
-                    first[table] = change.position
-                if table not in last or change.position > last[table]:
-                    last[table] = change.position
+    def _settle(self, batch: Batch, declared_here: list[str], binding: Binding) -> Batch:
+        bound, first, last = binding.tasks, binding.first, binding.last
         wanted = dict.fromkeys(declared_here)
         wanted.update(dict.fromkeys(t for t in bound if t is not None))
         stored = self._read(self._relevant(wanted, first, last))
@@ -146,29 +132,43 @@ class DdlTaskLoad(Load):
         keep: list[Change] = []
         dropped: collections.Counter[tuple[str | None, str]] = collections.Counter()
         clearing: dict[tuple[str, str, str | None], DdlTask | None] = {}
-        for change, task_id in zip(batch.changes, bound):
-            table = (change.schema, change.table)
-            if not isinstance(change, RowChange) or not self.tasks.watches(table):
+        previous: tuple[tuple[str, str], str | None, Position | None, str | None] | None = None
+        for change, task_id, watched in zip(batch.changes, bound, binding.watched):
+            if not watched:
                 keep.append(change)
                 continue
-            task = stored.get(task_id) if task_id is not None else None
-            if task is not None and task.status is DdlTaskStatus.DEPRECATED:
-                dropped[(task_id, f"deprecated: {task.reason}")] += 1
-                continue
-            key = (*table, task_id)
-            if key not in clearing:
-                clearing[key] = latest_clearing(stored.values(), table, task)
-            later = clearing[key]
-            if later is not None and change.position is not None and later.position > change.position:
-                dropped[(task_id, f"cleared by the later {later.describe()}")] += 1
-                continue
-            keep.append(change)
+            table = (change.schema, change.table)
+            # The rows of a transaction share its position object: decide once for them.
+            if (previous is None or previous[0] != table or previous[1] != task_id
+                    or previous[2] is not change.position):
+                previous = (table, task_id, change.position,
+                            self._why_dropped(stored, clearing, table, task_id, change.position))
+            why = previous[3]
+            if why is None:
+                keep.append(change)
+            else:
+                dropped[(task_id, why)] += 1
         for (task_id, why), count in dropped.items():
             log.warning("pipeline=%s stage=load batch=%d dropped %d changes of %s (%s)", self.pipeline,
                         batch.id, count, f"task {task_id}" if task_id else "no task", why)
             with self._count_lock:
                 self.dropped[task_id] += count
         return batch.replace(tuple(keep)) if len(keep) != len(batch.changes) else batch
+
+    @staticmethod
+    def _why_dropped(stored: dict[str, DdlTask], clearing: dict[tuple[str, str, str | None], DdlTask | None],
+                     table: tuple[str, str], task_id: str | None, position: Position | None) -> str | None:
+        """Why a change of `table` bound to `task_id` at `position` must not be loaded, or None."""
+        task = stored.get(task_id) if task_id is not None else None
+        if task is not None and task.status is DdlTaskStatus.DEPRECATED:
+            return f"deprecated: {task.reason}"
+        key = (*table, task_id)
+        if key not in clearing:
+            clearing[key] = latest_clearing(stored.values(), table, task)
+        later = clearing[key]
+        if later is not None and position is not None and later.position > position:
+            return f"cleared by the later {later.describe()}"
+        return None
 
     def _settle_task(self, task_id: str, batch: Batch) -> None:
         """Bring a task to SUCCEEDED or DEPRECATED, running its action if this call wins it."""

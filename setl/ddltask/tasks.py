@@ -11,11 +11,13 @@ import bisect
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+import attrs
+
 from setl.meta.base import OVERWRITTEN_BY, DdlTask, DdlTaskStatus, MetaStore
-from setl.model import Position, RowChange
+from setl.model import Change, Position, RowChange
 
 if TYPE_CHECKING:
     from setl.ddltask.signal import Signal
@@ -138,11 +140,6 @@ class DdlTasks:
         with self._lock:
             return task_id in self._settled
 
-    def watches(self, table: tuple[str, str]) -> bool:
-        """True if any task was ever declared for target table `table`."""
-        with self._lock:
-            return table in self._by_table
-
     def declared(self, task_id: str) -> DdlTask | None:
         """The task as declared (its status here is stale: ask the store)."""
         with self._lock:
@@ -154,22 +151,57 @@ class DdlTasks:
             found = [t for t in self._by_id.values() if start < t.position <= end]
         return [t.task_id for t in sorted(found, key=lambda t: t.position)]
 
-    def bound_task(self, change: RowChange) -> str | None:
-        """The id of the task `change` belongs to (see the class docstring), or None."""
-        if self.task_column is not None:
-            image = change.image
-            if self.task_column in image:
-                value = image[self.task_column]
-                return None if value is None else str(value)
-        if change.position is None:
-            return None
+    def bind(self, changes: Sequence[Change]) -> Binding:
+        """Which task each of `changes` belongs to (see the class docstring)."""
         with self._lock:
-            entries = self._by_table.get((change.schema, change.table))
-            if not entries:
-                return None
-            at = Position(change.position.log, change.position.offset)  # GTIDs are not compared
-            index = bisect.bisect_right(entries, (at, "\U0010ffff")) - 1
-            return entries[index][1] if index >= 0 else None
+            index = {table: list(entries) for table, entries in self._by_table.items()}
+        tasks: list[str | None] = []
+        watched: list[bool] = []
+        tables: set[tuple[str, str]] = set()
+        first: dict[tuple[str, str], Position] = {}
+        last: dict[tuple[str, str], Position] = {}
+        column = self.task_column
+        previous: tuple[tuple[str, str], Position | None, str | None] | None = None
+        for change in changes:
+            table = (change.schema, change.table or "")
+            entries = index.get(table) if isinstance(change, RowChange) else None
+            watched.append(entries is not None)
+            if entries is None:
+                tasks.append(None)
+                continue
+            assert isinstance(change, RowChange)
+            position = change.position
+            # The rows of a transaction share its position object: look each one up once.
+            if previous is None or previous[0] != table or previous[1] is not position:
+                tables.add(table)
+                task_id = None
+                if position is not None:
+                    if table not in first or position < first[table]:
+                        first[table] = position
+                    if table not in last or position > last[table]:
+                        last[table] = position
+                    at = Position(position.log, position.offset)  # GTIDs are not compared
+                    i = bisect.bisect_right(entries, (at, "\U0010ffff")) - 1
+                    task_id = entries[i][1] if i >= 0 else None
+                previous = (table, position, task_id)
+            if column is not None and column in change.image:
+                value = change.image[column]
+                tasks.append(None if value is None else str(value))
+            else:
+                tasks.append(previous[2])
+        return Binding(tuple(tasks), tuple(watched), frozenset(tables), first, last)
+
+
+@attrs.frozen
+class Binding:
+    """How the changes of one batch map to tasks: per change its task id (or None) and whether
+    its table has tasks at all; per such table the first and last change positions."""
+
+    tasks: tuple[str | None, ...]
+    watched: tuple[bool, ...]
+    tables: frozenset[tuple[str, str]]
+    first: Mapping[tuple[str, str], Position]
+    last: Mapping[tuple[str, str], Position]
 
 
 def latest_clearing(tasks: Iterable[DdlTask], table: tuple[str, str],
@@ -187,4 +219,4 @@ def latest_clearing(tasks: Iterable[DdlTask], table: tuple[str, str],
     return latest
 
 
-__all__ = ["CLEARING", "DdlTasks", "action_ran", "covers", "latest_clearing", "slice_of"]
+__all__ = ["CLEARING", "Binding", "DdlTasks", "action_ran", "covers", "latest_clearing", "slice_of"]
