@@ -143,8 +143,10 @@ def test_crash_between_load_and_ack_replays_nothing_lost(tmp_path):
     result = setup.run("start", "--pipeline", "p", "--until-caught-up",
                        faults=[{"stage": "termin", "action": "crash", "batch": 5}])
     assert result.returncode == -signal.SIGKILL
-    assert setup.acked().batch_id == 4
-    assert setup.target_position() > setup.acked().position  # batch 5 is in the target, not acked
+    # Batch 5 is in the target, not acked; the ack of batch 4 may still have been on its way,
+    # since Load and Termin run as separate tasks.
+    assert setup.acked().batch_id in (3, 4)
+    assert setup.target_position() > setup.acked().position
     result = setup.run("start", "--pipeline", "p", "--until-caught-up")
     assert result.returncode == 0, result.stderr
     assert "target already holds" in result.stderr
