@@ -12,14 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from setl.config import load_node, load_pipeline
+from setl.config import PipelineSettings, load_node, load_pipeline
 from setl.meta import SqliteMetaStore, Status
 from setl.node import Node
-from setl.scheduler import Outcome
+from setl.runtime import TaskExecutionService
+from setl.scheduler import Outcome, Scheduler
 from setl.sources.file import encode_transaction
-from setl.testing.harness import insert, reference_state
+from setl.stages import Extract, Transform
+from setl.testing.harness import MemorySink, ScriptedSource, insert, reference_state
 from tests.helpers.wait import wait_until
 from tests.test_cli import make_stream
+from tests.test_scheduler import fast_settings, single_row_stream
 
 BAD_LINE = '{"changes": [{"op": "upsert", "schema": "demo", "table": "items"}]}\n'
 
@@ -146,3 +149,43 @@ def test_start_all_runs_every_pipeline_and_status_lists_them(tmp_path):
     for name, row in rows.items():
         size = (tmp_path / f"{name}.jsonl").stat().st_size
         assert row["status"] == "stopped" and row["position"] == f"{name}.jsonl:{size}"
+
+
+@pytest.mark.timeout(60)
+def test_a_stuck_transform_in_one_pipeline_does_not_stall_another_on_one_shared_worker():
+    """With one core worker, a pipeline whose transform call hangs gets its call overrun-detected, and another
+    pipeline on the same service still runs to the end; a blocking source gets a thread of its own."""
+    release = threading.Event()
+    entered = threading.Event()
+
+    class Hangs(Transform):
+        def transform(self, batch):
+            entered.set()
+            assert release.wait(30)
+            return batch
+
+    class BlockingSource(ScriptedSource):
+        blocking = True
+
+    tasks = TaskExecutionService(1, 3, overrun_threshold=0.05, name="shared-test")
+    meta = SqliteMetaStore(":memory:")
+    settings: PipelineSettings = fast_settings(2, max_rows=2)
+    stuck = Scheduler("stuck", settings, ScriptedSource(single_row_stream(10)), Extract(), Hangs(), MemorySink(),
+                      meta, tasks=tasks)
+    txs = single_row_stream(40)
+    sink = MemorySink()
+    healthy = Scheduler("healthy", settings, BlockingSource(txs), Extract(), Transform(), sink, meta, tasks=tasks)
+    try:
+        stuck.start(until_caught_up=True)
+        assert entered.wait(10)
+        healthy.start(until_caught_up=True)
+        assert tasks.stats().dedicated == 1  # healthy's Select
+        assert healthy.wait(30) is Outcome.CAUGHT_UP
+        assert sink.tables == reference_state(txs)
+        assert not release.is_set() and stuck.wait(0) is None  # the stuck call was never interrupted
+    finally:
+        release.set()
+        stuck.wait(30)
+        healthy.wait(30)
+        tasks.shutdown(timeout=10)
+    assert stuck.wait(0) is Outcome.CAUGHT_UP
