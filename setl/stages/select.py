@@ -26,7 +26,13 @@ class Select(abc.ABC):
       source cannot tell; `setl start --until-caught-up` stops there.
     * `close()` releases connections. It may never be called if the process
       is killed, so nothing may depend on it for correctness.
+    * `poll(0)` should return at once: Select then runs as a task on the node's
+      shared threads. A source that can only wait in `poll` (it reads a socket
+      itself, with no reader thread) sets `blocking = True` and gets a thread of
+      its own, where `poll` is called with a short timeout.
     """
+
+    blocking: bool = False
 
     @abc.abstractmethod
     def open(self, start: Position | None) -> None:
