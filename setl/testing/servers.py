@@ -650,11 +650,10 @@ class MariaDBServer(Server):
         return f"mysql://{auth}@{self.host}:{self.port}/{database}"
 
     def connect(self, **overrides: Any):
-        """A new PyMySQL connection in autocommit mode."""
+        """A new PyMySQL connection, in autocommit mode unless `autocommit=False` is given."""
         import pymysql
 
-        args = self.connect_args(autocommit=True, **overrides)
-        return pymysql.connect(**args)
+        return pymysql.connect(**self.connect_args(**{"autocommit": True, **overrides}))
 
     def query(self, sql: str, args: Any = None) -> list[tuple[Any, ...]]:
         """Run one statement on a fresh connection and return its rows."""
@@ -797,10 +796,10 @@ class PostgresServer(Server):
         return f"host={self.host} port={self.port} user={self.user} dbname={database}"
 
     def connect(self, **overrides: Any):
-        """A new psycopg connection in autocommit mode."""
+        """A new psycopg connection, in autocommit mode unless `autocommit=False` is given."""
         import psycopg
 
-        return psycopg.connect(**self.connect_args(autocommit=True, **overrides))
+        return psycopg.connect(**self.connect_args(**{"autocommit": True, **overrides}))
 
     def query(self, sql: str, args: Any = None, dbname: str = "postgres") -> list[tuple[Any, ...]]:
         """Run one statement on a fresh connection and return its rows (if any)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -77,6 +78,20 @@ def test_mariadb_failed_start_reports_log_tail(tmp_path):
         server.start()
     assert not server.running
     server.cleanup()
+
+
+def test_connect_defaults_to_autocommit_and_takes_overrides(mariadb_source, postgres_server):
+    """`connect()` autocommits by default; `autocommit=False` (an override) gives a transaction."""
+    with contextlib.closing(mariadb_source.connect()) as conn, conn.cursor() as cur:
+        cur.execute("SELECT @@autocommit")
+        assert cur.fetchone() == (1,)
+    with contextlib.closing(mariadb_source.connect(autocommit=False)) as conn, conn.cursor() as cur:
+        cur.execute("SELECT @@autocommit")
+        assert cur.fetchone() == (0,)
+    with postgres_server.connect() as conn:
+        assert conn.autocommit
+    with postgres_server.connect(autocommit=False) as conn:
+        assert not conn.autocommit
 
 
 def test_postgres_restart_and_kill_keep_data(postgres_server):
