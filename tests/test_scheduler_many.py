@@ -86,8 +86,7 @@ def more_rows(start: int, n: int) -> list:
 
 @pytest.mark.timeout(120)
 def test_a_paused_and_a_failing_pipeline_do_not_disturb_the_others(tmp_path):
-    """In one node on shared threads: one pipeline's source fails until it pauses, an operator pauses another,
-    and the remaining one keeps replicating new changes throughout."""
+    """On shared threads, a pipeline pausing on errors and one paused by an operator leave the third running."""
     conf = Conf(tmp_path)
     conf.add("steady", make_stream(120), follow=True)
     conf.add("paused", make_stream(80), follow=True, mode="per_table")
@@ -128,8 +127,7 @@ def test_a_paused_and_a_failing_pipeline_do_not_disturb_the_others(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_start_all_runs_every_pipeline_and_status_lists_them(tmp_path):
-    """`setl start --all --until-caught-up` replicates every configured pipeline in one process; `setl status`
-    lists each with its position."""
+    """`setl start --all --until-caught-up` replicates every pipeline in one process; `setl status` lists each."""
     conf = Conf(tmp_path)
     for i in range(3):
         conf.add(f"p{i}", make_stream(50 + 10 * i), follow=False, mode="per_table" if i == 1 else "ordered")
@@ -153,8 +151,7 @@ def test_start_all_runs_every_pipeline_and_status_lists_them(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_a_stuck_transform_in_one_pipeline_does_not_stall_another_on_one_shared_worker():
-    """With one core worker, a pipeline whose transform call hangs gets its call overrun-detected, and another
-    pipeline on the same service still runs to the end; a blocking source gets a thread of its own."""
+    """A hung transform call on a one-worker shared service does not stop another pipeline finishing."""
     release = threading.Event()
     entered = threading.Event()
 

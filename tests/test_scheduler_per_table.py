@@ -80,8 +80,7 @@ load_faults = st.lists(
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(txs=streams(), parallelism=st.integers(1, 6), max_rows=st.integers(1, 8), faults=load_faults)
 def test_per_table_keeps_per_key_order_under_random_load_failures(txs, parallelism, max_rows, faults):
-    """Per-table loads under random failures keep each key's changes in binlog order within an epoch, never run a
-    stale part after a rollback, mark a batch only once all its tables are in, and end equal to the stream."""
+    """Under random failures per_table keeps per-key order, runs no stale part, marks only whole batches, ends right."""
     from setl.testing.harness import FaultyTransform
 
     plan = FaultPlan()
@@ -189,8 +188,7 @@ def test_per_table_is_refused_for_a_target_that_cannot_load_parts():
 
 
 def test_per_table_into_postgresql_marks_the_position_only_when_every_table_is_in(postgres_server, postgres_db):
-    """On a real PostgreSQL target: when one table's part of a batch keeps failing, the table part that landed does
-    not move the target's position past the ack; after a resume the tables equal the stream."""
+    """On PostgreSQL, a batch whose table b part keeps failing never moves the target's position."""
     from setl.sinks.postgresql import PostgresLoad
 
     postgres_server.query("CREATE SCHEMA demo", dbname=postgres_db)
