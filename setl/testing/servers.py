@@ -611,8 +611,13 @@ class MariaDBServer(Server):
         self._popen([MARIADBD, f"--defaults-file={self.defaults_file}"])
 
     def _probe(self) -> None:
-        conn = self.connect(connect_timeout=2, password=self._probe_password())
-        conn.close()
+        with contextlib.closing(self.connect(connect_timeout=2, password=self._probe_password())) as conn, \
+                conn.cursor() as cur:
+            cur.execute("SELECT @@datadir")
+            (datadir,) = cur.fetchone()
+        if Path(datadir).resolve() != self.datadir.resolve():
+            # another server holds the port; ours will fail to bind and exit with that in its log
+            raise ServerError(f"{self.host}:{self.port} is answered by another server (datadir {datadir})")
 
     def _probe_password(self) -> str:
         return self.password if self._read_state().get("password_set") else ""

@@ -180,6 +180,17 @@ def test_open_server_finds_a_server_by_its_dir():
         shutil.rmtree(base, ignore_errors=True)
 
 
+def test_mariadb_on_a_port_another_mariadb_answers_fails(mariadb_source, tmp_path):
+    """A second MariaDB given a port an existing server answers on is not taken for started."""
+    second = MariaDBServer(tmp_path / "second", port=mariadb_source.port, startup_timeout=30)
+    try:
+        with pytest.raises(ServerError, match="mariadb"):
+            second.start()
+    finally:
+        second.cleanup()
+    assert mariadb_source.query("SELECT 1") == [(1,)]
+
+
 def test_port_in_use_is_reported(tmp_path):
     """A server asked for a port that is taken fails with a clear error instead of hanging."""
     with socket.socket() as holder:
