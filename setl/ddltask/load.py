@@ -47,8 +47,10 @@ class DdlTaskLoad(Load):
        `dropped` and logged.
     4. The filtered batch goes to the wrapped Load, with the same id, epoch and positions.
 
-    A failed action deprecates its task and raises `LoadError` naming the task, the op and the
-    target, which fails the batch through Termin; the replay then drops the task's data.
+    An action the target refuses deprecates its task and raises `LoadError` naming the task, the
+    op and the target, which fails the batch through Termin; the replay then drops the task's
+    data. An action that cannot reach the target (`TransientLoadError` after in-place retries)
+    leaves the task claimed: the replay takes it over and redoes the action.
     """
 
     def __init__(self, inner: Load, tasks: DdlTasks, actions: Actions, *, node_id: str = "node") -> None:
@@ -207,14 +209,19 @@ class DdlTaskLoad(Load):
             return
         try:
             self.actions.run(task)
+        except TransientLoadError as exc:
+            # The target could not be reached: the task stays claimed, and the retry of the
+            # batch takes the claim over and redoes the action, as after a crash.
+            raise TransientLoadError(f"{task.describe()}: pre-write action could not complete on target "
+                                     f"{task.target}: {exc.message}; the retry redoes it",
+                                     **self._context(batch, task.target)) from exc
         except Exception as exc:
             detail = exc.message if isinstance(exc, SetlError) else f"{type(exc).__name__}: {exc}"
             meta.finish_ddl_task(self.pipeline, task.task_id, owner, DdlTaskStatus.DEPRECATED,
                                  ACTION_FAILED + detail)
-            kind = TransientLoadError if isinstance(exc, TransientLoadError) else LoadError
-            raise kind(f"{task.describe()}: pre-write action failed on target {task.target}: {detail}; "
-                       f"the task is deprecated and its data will be dropped",
-                       **self._context(batch, task.target)) from exc
+            raise LoadError(f"{task.describe()}: pre-write action failed on target {task.target}: {detail}; "
+                            f"the task is deprecated and its data will be dropped",
+                            **self._context(batch, task.target)) from exc
         with self._count_lock:
             self.actions_run[task.task_id] += 1
         if self._crash_after == task.task_id:

@@ -250,3 +250,36 @@ def test_a_row_naming_an_undeclared_task_pauses_the_pipeline(make_rig):
     assert "rows name task ghost, which no signal row declared" in str(scheduler.error)
     assert "stage=load" in str(scheduler.error)
     assert rig.rows("fact") == expected(D20, [1], 1, "run1")
+
+
+def test_an_unreachable_target_leaves_the_task_claimed_for_the_retry(make_rig):
+    """An action that cannot reach the target does not deprecate its task: the next load of the
+    batch takes the claim over, runs the action and loads the rows."""
+    from setl.config import MysqlTargetConfig
+    from setl.ddltask import MysqlActions
+    from setl.errors import TransientLoadError
+    from setl.model import Batch
+    from setl.testing.servers import free_port
+    from tests.ddltask.test_concurrency import read_batches
+
+    rig = make_rig()
+    rig.execute_target("INSERT INTO fact VALUES (99, '2026-11-20', 0, 'old')")
+    rig.execute_source(rig.signal("run1", "truncate_partition", "fact", "p20261120"), *rows(D20, [1, 2], 1))
+    batches, stages = read_batches(rig)
+    batch = Batch(rig.name, 1, 1, batches[0].start, batches[-1].end,
+                  tuple(c for b in batches for c in b.changes))
+    real = stages.load.actions
+    stages.load.actions = MysqlActions(MysqlTargetConfig("mysql", port=free_port()), pipeline=rig.name,
+                                       attempts=2, sleep=lambda _: None)
+    stages.load.open()
+    try:
+        with pytest.raises(TransientLoadError, match="task run1 .*could not complete.*the retry redoes it"):
+            stages.load.load(batch)
+        assert rig.statuses() == {"run1": DdlTaskStatus.RUNNING}
+        assert rig.rows("fact") == [(99, D20, 0, "old")]
+        stages.load.actions = real
+        stages.load.load(batch)
+    finally:
+        stages.load.close()
+    assert rig.statuses() == {"run1": DdlTaskStatus.SUCCEEDED}
+    assert rig.rows("fact") == expected(D20, [1, 2], 1)
