@@ -410,7 +410,9 @@ class Scheduler:
             self._live += 1
             live = self._live
         self.listener.on_handoff(batch, live)
-        work = self.tasks.submit(_Step(self._guard(self._etl(slot))), name=f"{self.name}-etl-{batch.id}")
+        # First in the queue: finishing batches in flight comes before reading new ones.
+        work = self.tasks.submit(_Step(self._guard(self._etl(slot))), name=f"{self.name}-etl-{batch.id}",
+                                 first=True)
         with self._cond:
             self._workers = {h for h in self._workers if not h.done()}
             self._workers.add(work)

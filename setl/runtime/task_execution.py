@@ -158,8 +158,9 @@ class TaskExecutionService:
       each call, so tasks take turns. A task returning NO_PROGRESS is parked for
       `idle_backoff` seconds, or until `wake()`, instead of being called in a tight loop;
       one returning BLOCKED is parked until `wake()` only (a wake that arrives during the
-      call is not lost: the task is called again). `wake()` puts a parked task at the head
-      of the queue, since the event it waited for is usually what the waker waits on next.
+      call is not lost: the task is called again). A woken task, and one submitted with
+      ``first=True``, is served before the tasks in the queue (in FIFO order among such
+      tasks): what finishes work already started goes before what starts new work.
     - A monitor thread checks every `monitor_interval`; when calls have been running longer
       than `overrun_threshold`, it starts extra shared workers so that `core_workers` threads
       are still free to serve the queue, never more than `max_workers` shared threads in all.
@@ -187,6 +188,8 @@ class TaskExecutionService:
 
     _cond: threading.Condition = attrs.field(init=False, repr=False, factory=threading.Condition)
     _queue: collections.deque[TaskHandle] = attrs.field(init=False, repr=False, factory=collections.deque)
+    # Woken tasks and those submitted `first`: served before `_queue`, in their own FIFO order.
+    _urgent: collections.deque[TaskHandle] = attrs.field(init=False, repr=False, factory=collections.deque)
     _parked: list[tuple[float, int, TaskHandle]] = attrs.field(init=False, repr=False, factory=list)
     _live: dict[TaskHandle, None] = attrs.field(init=False, repr=False, factory=dict)  # unfinished, in order
     _workers: list[_Worker] = attrs.field(init=False, repr=False, factory=list)
@@ -209,8 +212,14 @@ class TaskExecutionService:
 
     # -- submission and control -------------------------------------------------------------
 
-    def submit(self, task: Task, *, name: str | None = None, on_error: ErrorCallback | None = None) -> TaskHandle:
-        """Start driving `task`; raises `RejectedTask` after shutdown."""
+    def submit(
+        self, task: Task, *, name: str | None = None, on_error: ErrorCallback | None = None, first: bool = False
+    ) -> TaskHandle:
+        """Start driving `task`; raises `RejectedTask` after shutdown.
+
+        With `first`, its first call goes ahead of the tasks already queued: for work that
+        finishes something already started, so that it is not queued behind new work.
+        """
         blocking = getattr(task, "blocking", False)
         if callable(blocking):
             blocking = blocking()
@@ -223,6 +232,9 @@ class TaskExecutionService:
                 self._start()
             if blocking:
                 self._start_dedicated(handle)
+            elif first:
+                self._urgent.append(handle)
+                self._cond.notify()
             else:
                 self._queue.append(handle)
                 self._cond.notify()
@@ -236,9 +248,9 @@ class TaskExecutionService:
             if handle.dedicated:
                 handle._wake_event.set()
             elif handle._state is _State.PARKED:
-                # To the head: it was waiting for this event, and whoever sent it waits on it in turn.
+                # Ahead of the rest: it waited for this event, and whoever sent it waits on it in turn.
                 handle._state = _State.QUEUED
-                self._queue.appendleft(handle)
+                self._urgent.append(handle)
                 self._cond.notify()
             else:
                 # Queued or in a call: remember it, so a NO_PROGRESS answer does not park it.
@@ -252,7 +264,7 @@ class TaskExecutionService:
             if handle.dedicated:
                 handle._wake_event.set()
             elif handle._state is _State.QUEUED:
-                self._queue.remove(handle)
+                (self._urgent if handle in self._urgent else self._queue).remove(handle)
                 self._finish(handle, _State.CANCELLED)
             elif handle._state is _State.PARKED:
                 self._finish(handle, _State.CANCELLED)  # its heap entry is skipped later
@@ -283,7 +295,7 @@ class TaskExecutionService:
             return ExecutionStats(
                 workers=len(self._workers),
                 dedicated=len(self._dedicated),
-                queued=len(self._queue),
+                queued=len(self._queue) + len(self._urgent),
                 parked=sum(1 for h in self._live if h._state is _State.PARKED and not h.dedicated),
                 overrunning=self._overrunning,
                 overruns={h.name: h.overruns for h in self._live},
@@ -348,6 +360,8 @@ class TaskExecutionService:
                 if handle._state is _State.PARKED and handle._park_seq == seq:
                     handle._state = _State.QUEUED
                     self._queue.append(handle)
+            if self._urgent:
+                return self._urgent.popleft()
             if self._queue:
                 return self._queue.popleft()
             timeout = None
@@ -445,7 +459,7 @@ class TaskExecutionService:
         else:
             handle._state = _State.QUEUED
             if woken and outcome is not Progress.PROGRESS:
-                self._queue.appendleft(handle)  # as in wake(): the event came while it was in a call
+                self._urgent.append(handle)  # as in wake(): the event came while it was in a call
             else:
                 self._queue.append(handle)
             self._cond.notify()
@@ -483,6 +497,7 @@ class TaskExecutionService:
         with self._cond:
             self._stopping = True
             self._queue.clear()
+            self._urgent.clear()
             self._parked.clear()
             for handle in list(self._live):
                 if handle.dedicated:

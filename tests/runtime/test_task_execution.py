@@ -479,3 +479,26 @@ def test_a_woken_task_runs_before_tasks_already_queued(make_service):
     gate.release.set()
     assert blocked_handle.wait(10) and all(h.wait(10) for h in queued)
     assert order == ["woken", "queued-0", "queued-1", "queued-2"]
+
+
+def test_tasks_submitted_first_run_ahead_of_the_queue_in_their_own_order(make_service):
+    """submit(first=True) tasks run before tasks queued earlier, and in the order they were submitted."""
+    svc = make_service(core_workers=1, max_workers=1, overrun_threshold=5.0)
+    order: list[str] = []
+    gate = Gate()
+    svc.submit(gate, name="gate")  # holds the only worker while the queue fills
+    gate.started.wait(10)
+
+    class Note:
+        def __init__(self, tag):
+            self.tag = tag
+
+        def call(self):
+            order.append(self.tag)
+            return Progress.DONE
+
+    handles = [svc.submit(Note("queued-0")), svc.submit(Note("first-0"), first=True),
+               svc.submit(Note("queued-1")), svc.submit(Note("first-1"), first=True)]
+    gate.release.set()
+    assert all(h.wait(10) for h in handles)
+    assert order == ["first-0", "first-1", "queued-0", "queued-1"]
