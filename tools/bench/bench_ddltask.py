@@ -2,8 +2,8 @@
 
 Starts a MariaDB source and target (setl.testing.servers) and writes one backlog: `--rows` rows
 of a fact table in transactions of `--tx-rows`, split into `--tasks` batch DDL tasks (one signal
-row each, op `delete_where` on the task's own day, so the actions are cheap and the bookkeeping
-shows). Then, `--repeat` times each and alternating, a child process replicates the whole backlog
+row each; `--op delete_where` deletes the task's own day before its rows, a full scan of the
+target table since `day` has no index of its own; `--op none` leaves only the bookkeeping). Then, `--repeat` times each and alternating, a child process replicates the whole backlog
 into an emptied target with the scheduler (ordered loads, default batch settings):
 
 * **baseline**: no `pipeline.ddl_tasks` (the signal table is excluded by a table rule);
@@ -13,6 +13,7 @@ Prints, for each, the median rows/s (from the scheduler's start to its last ack)
 the per-batch load latency p50, the child's peak RSS, and the ratio tasks/baseline.
 
     python3 tools/bench/bench_ddltask.py [--rows 60000] [--tx-rows 200] [--tasks 30] [--repeat 3]
+        [--op delete_where|none]
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ SIGNAL = ("CREATE TABLE setl_signal (task_id VARCHAR(191) PRIMARY KEY, op_type V
           " op_partition VARCHAR(255) NOT NULL DEFAULT '', overwrite BOOLEAN NOT NULL DEFAULT FALSE)")
 
 
-def write_backlog(source: MariaDBServer, rows: int, tx_rows: int, tasks: int) -> dict:
+def write_backlog(source: MariaDBServer, rows: int, tx_rows: int, tasks: int, op: str) -> dict:
     """Create the source tables and the backlog; return where it starts and ends."""
     source.query("CREATE DATABASE bsrc")
     source.query(f"CREATE TABLE bsrc.fact ({COLUMNS})")
@@ -59,8 +60,8 @@ def write_backlog(source: MariaDBServer, rows: int, tx_rows: int, tasks: int) ->
         while written < rows:
             task = written // per_task
             if written % per_task == 0:
-                cur.execute("INSERT INTO setl_signal VALUES (%s, 'delete_where', 'bsrc', 'fact', %s, 0)",
-                            (f"t{task}", f"day={task}"))
+                cur.execute("INSERT INTO setl_signal VALUES (%s, %s, 'bsrc', 'fact', %s, 0)",
+                            (f"t{task}", op, f"day={task}"))
             count = min(tx_rows, rows - written, per_task - written % per_task)
             cur.executemany("INSERT INTO fact VALUES (%s, %s, %s, %s)",
                             [(written + i, task, i, "x" * 40) for i in range(count)])
@@ -122,6 +123,7 @@ def main() -> None:
     parser.add_argument("--tx-rows", type=int, default=200)
     parser.add_argument("--tasks", type=int, default=30)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--op", choices=["delete_where", "none"], default="delete_where")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -133,7 +135,7 @@ def main() -> None:
         try:
             source.start()
             target.start()
-            start = write_backlog(source, args.rows, args.tx_rows, args.tasks)
+            start = write_backlog(source, args.rows, args.tx_rows, args.tasks, args.op)
             confs = {mode: write_conf(root, source, target, start, mode == "tasks")
                      for mode in ("baseline", "tasks")}
             results: dict[str, list[dict]] = {"baseline": [], "tasks": []}
@@ -153,7 +155,8 @@ def main() -> None:
         finally:
             source.cleanup()
             target.cleanup()
-    print(f"{args.rows} rows in transactions of {args.tx_rows}, {args.tasks} tasks, {args.repeat} runs each (medians)")
+    print(f"{args.rows} rows in transactions of {args.tx_rows}, {args.tasks} tasks ({args.op}), "
+          f"{args.repeat} runs each (medians)")
     medians = {}
     for mode, runs in results.items():
         medians[mode] = {key: statistics.median(r[key] for r in runs) for key in runs[0] if key != "rows"}
