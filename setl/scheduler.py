@@ -155,6 +155,12 @@ class Scheduler:
     channel is in or which one failed. Without `tasks` or `serial` the scheduler makes
     private ones, sized so that every activity has a thread (the thread-per-task layout).
 
+    per_table keeps each key's changes in binlog order: a table's parts go to its slot (FIFO)
+    in batch order; once a part fails, no part of that batch or a later one starts; a
+    rollback waits for every submitted part to run or be skipped, and a part of an old epoch
+    is skipped when its turn comes. Termin calls `Load.mark_loaded` (the target records the
+    position) only when every channel of the batch is in, in batch order, before the ack.
+
     A permit is taken before Select cuts a batch and given back only when the batch is
     acked, or discarded and its work has finished, so at most `parallelism` batches exist
     between Select and Termin at any time.
