@@ -15,7 +15,7 @@ import pymysql
 import yaml
 
 from setl.config import load_node, load_pipeline
-from setl.ddltask import DdlTaskLoad
+from setl.ddltask import DdlTaskLoad, DdlTaskPartLoad
 from setl.meta.base import DdlTaskStatus
 from setl.meta import open_meta_store
 from setl.model import Position
@@ -70,6 +70,7 @@ class Rig:
                          "retry": {"max_attempts": retry_attempts, "initial_backoff_ms": 10,
                                    "max_backoff_ms": 50},
                          "ddl_tasks": settings}}))
+        self.load_mode = load_mode
         self.meta = open_meta_store(load_node(self.conf))
         self.load: DdlTaskLoad | None = None
 
@@ -104,6 +105,7 @@ class Rig:
         stages = build_stages(load_node(self.conf), load_pipeline(self.conf, self.name), self.meta)
         load = getattr(stages.load, "inner", None) if os.environ.get("SETL_FAULTS") else stages.load
         assert isinstance(load, DdlTaskLoad)  # under SETL_FAULTS a FaultyLoad wraps it
+        assert isinstance(load, DdlTaskPartLoad) or self.load_mode == "ordered"
         self.load = load
         return stages
 

@@ -1,5 +1,5 @@
 """Batch DDL tasks end to end: real MariaDB source and target, the binlog source, the scheduler
-(ordered loads: the MySQL target has no per-table loading), and `setl start` killed with -9."""
+(in both load modes, ordered and per_table), and `setl start` killed with -9."""
 
 from __future__ import annotations
 
@@ -36,6 +36,12 @@ def expected(day: datetime.date, ids, v: int, job: str | None = None) -> list[tu
     return [(i, day, v, job) for i in ids]
 
 
+@pytest.fixture(params=["ordered", "per_table"])
+def load_mode(request) -> str:
+    """`pipeline.load.mode`, for the tests that run the scheduler in-process."""
+    return request.param
+
+
 @pytest.fixture
 def make_rig(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db):
     made: list[Rig] = []
@@ -58,10 +64,10 @@ class Rollbacks(Listener):
         self.errors.append(str(error))
 
 
-def test_rerun_with_overwrite_replaces_the_partition(make_rig):
+def test_rerun_with_overwrite_replaces_the_partition(make_rig, load_mode):
     """A daily reload re-run with overwrite (signal-bound): only the re-run's rows are left in its
     partition; other partitions keep theirs; each action ran once."""
-    rig = make_rig()
+    rig = make_rig(load_mode=load_mode)
     rig.execute_target("INSERT INTO fact VALUES (99, '2026-11-20', 0, 'old'), (1, '2026-11-19', 7, 'keep')")
     rig.execute_source(rig.signal("run1", "truncate_partition", "fact", "p20261120", True))
     rig.execute_source(*rows(D20, range(1, 6), 1))
@@ -76,11 +82,11 @@ def test_rerun_with_overwrite_replaces_the_partition(make_rig):
     assert rig.load.actions_run == {"run1": 1, "run2": 1}
 
 
-def test_rerun_with_overwrite_drops_the_first_run_s_rows_still_in_flight(make_rig, caplog):
+def test_rerun_with_overwrite_drops_the_first_run_s_rows_still_in_flight(make_rig, caplog, load_mode):
     """Rows of a run still arriving after its overwriting re-run was declared (task column
     binding) are dropped, counted and logged, never loaded; the partition holds the re-run's rows only."""
     caplog.set_level("WARNING", logger="setl.ddltask")
-    rig = make_rig(task_column="job")
+    rig = make_rig(task_column="job", load_mode=load_mode)
     rig.execute_source(rig.signal("run1", "truncate_partition", "fact", "p20261120", True),
                        *rows(D20, range(1, 6), 1, "run1"))
     rig.execute_source(rig.signal("run2", "truncate_partition", "fact", "p20261120", True))
@@ -97,10 +103,10 @@ def test_rerun_with_overwrite_drops_the_first_run_s_rows_still_in_flight(make_ri
     assert rig.load.actions_run == {"run1": 1, "run2": 1}
 
 
-def test_runs_without_overwrite_of_one_table(make_rig):
+def test_runs_without_overwrite_of_one_table(make_rig, load_mode):
     """overwrite=false never deprecates: appends both load; a non-overwrite reload's action still
     clears its partition; a reload without rows empties its partition."""
-    rig = make_rig()
+    rig = make_rig(load_mode=load_mode)
     rig.execute_target("INSERT INTO fact VALUES (50, '2026-11-21', 0, 'old'), (51, '2026-11-21', 0, 'old')")
     rig.execute_source(rig.signal("app1", "none", "fact", "p20261120"), *rows(D20, range(1, 4), 1))
     rig.execute_source(rig.signal("app2", "none", "fact", "p20261120"), *rows(D20, range(4, 7), 1))
@@ -115,10 +121,10 @@ def test_runs_without_overwrite_of_one_table(make_rig):
     assert rig.load.actions_run == {t: 1 for t in ("app1", "app2", "reload1", "reload2", "empty")}
 
 
-def test_different_partitions_interleaved(make_rig):
+def test_different_partitions_interleaved(make_rig, load_mode):
     """Jobs on three partitions of one table write interleaved, and one is re-run with overwrite
     meanwhile: each partition ends with its own surviving run's rows."""
-    rig = make_rig(task_column="job", max_rows=3)
+    rig = make_rig(task_column="job", max_rows=3, load_mode=load_mode)
     rig.execute_source(rig.signal("d19", "truncate_partition", "fact", "p20261119", True),
                        rig.signal("d21", "delete_where", "fact", "day=2026-11-21", True))
     rig.execute_source(rig.signal("d20a", "truncate_partition", "fact", "p20261120", True))
@@ -137,10 +143,10 @@ def test_different_partitions_interleaved(make_rig):
     assert rig.load.actions_run == {"d19": 1, "d21": 1, "d20a": 1, "d20b": 1}
 
 
-def test_a_failing_action_deprecates_its_task_and_rolls_the_batch_back(make_rig):
+def test_a_failing_action_deprecates_its_task_and_rolls_the_batch_back(make_rig, load_mode):
     """An action the target refuses deprecates the task and fails the batch through Termin with a
     message naming task, op and target; the replay drops the task's rows; later tasks load."""
-    rig = make_rig(retry_attempts=3)
+    rig = make_rig(retry_attempts=3, load_mode=load_mode)
     rig.execute_source(rig.signal("bad", "truncate_partition", "fact", "p_missing"), *rows(D20, range(1, 4), 1))
     rig.execute_source(*rows(D20, range(4, 6), 1))
     rig.execute_source(rig.signal("good", "truncate_partition", "fact", "p20261121"), *rows(D21, range(1, 3), 5))
@@ -202,11 +208,11 @@ def test_the_worked_example_of_the_docs(tmp_path, mariadb_source, mariadb_target
     assert rig.statuses() == {run1: DdlTaskStatus.DEPRECATED, run2: DdlTaskStatus.SUCCEEDED}
 
 
-def test_rollbacks_after_loads_never_rerun_actions_nor_revive_deprecated_rows(make_rig, monkeypatch):
+def test_rollbacks_after_loads_never_rerun_actions_nor_revive_deprecated_rows(make_rig, monkeypatch, load_mode):
     """Batches failing right after their load (before the ack) are rolled back and replayed: no
     action runs twice and the overwritten run's replayed rows stay out."""
     monkeypatch.setenv("SETL_FAULTS", json.dumps([{"stage": "termin", "times": 6}]))
-    rig = make_rig(retry_attempts=10)
+    rig = make_rig(retry_attempts=10, load_mode=load_mode)
     rig.execute_source(rig.signal("run1", "truncate_partition", "fact", "p20261120", True))
     rig.execute_source(*rows(D20, range(1, 6), 1))
     rig.execute_source(rig.signal("run2", "truncate_partition", "fact", "p20261120", True))
@@ -283,3 +289,31 @@ def test_an_unreachable_target_leaves_the_task_claimed_for_the_retry(make_rig):
         stages.load.close()
     assert rig.statuses() == {"run1": DdlTaskStatus.SUCCEEDED}
     assert rig.rows("fact") == expected(D20, [1, 2], 1)
+
+
+def test_two_tables_of_one_batch(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db, load_mode):
+    """Tasks on two tables written in the same transactions (per_table loads their parts on
+    different threads): a dimension table re-run with overwrite midway ends with the re-run's
+    rows only, and the fact partition with all of its task's rows."""
+    dim = "CREATE TABLE dim (id INT PRIMARY KEY, job VARCHAR(32))"
+    rig = Rig(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db, source_ddl=[FACT_SOURCE, dim],
+              target_ddl=[FACT_TARGET, dim], task_column="job", max_rows=5, load_mode=load_mode)
+    try:
+        rig.execute_target("INSERT INTO dim VALUES (500, 'old')")
+        rig.execute_source(rig.signal("f", "truncate_partition", "fact", "p20261120", True),
+                           rig.signal("d1", "truncate_table", "dim", "", True))
+        for i in range(8):
+            if i == 3:
+                rig.execute_source(rig.signal("d2", "truncate_table", "dim", "", True))
+            dim_rows = [("INSERT INTO dim VALUES (%s, %s)", (i, "d1"))]
+            if i >= 3:
+                dim_rows.append(("INSERT INTO dim VALUES (%s, %s)", (100 + i, "d2")))
+            rig.execute_source(*rows(D20, [i, 10 + i], 1, "f"), *dim_rows)
+        rig.run()
+        assert rig.rows("fact") == expected(D20, [*range(8), *range(10, 18)], 1, "f")
+        assert rig.rows("dim") == [(100 + i, "d2") for i in range(3, 8)]
+        assert rig.statuses() == {"f": DdlTaskStatus.SUCCEEDED, "d1": DdlTaskStatus.DEPRECATED,
+                                  "d2": DdlTaskStatus.SUCCEEDED}
+        assert rig.load.actions_run == {"f": 1, "d1": 1, "d2": 1}
+    finally:
+        rig.close()
