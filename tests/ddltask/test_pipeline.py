@@ -65,8 +65,7 @@ class Rollbacks(Listener):
 
 
 def test_rerun_with_overwrite_replaces_the_partition(make_rig, load_mode):
-    """A daily reload re-run with overwrite (signal-bound): only the re-run's rows are left in its
-    partition; other partitions keep theirs; each action ran once."""
+    """A reload re-run with overwrite leaves only the re-run's rows in its partition; each action ran once."""
     rig = make_rig(load_mode=load_mode)
     rig.execute_target("INSERT INTO fact VALUES (99, '2026-11-20', 0, 'old'), (1, '2026-11-19', 7, 'keep')")
     rig.execute_source(rig.signal("run1", "truncate_partition", "fact", "p20261120", True))
@@ -83,8 +82,7 @@ def test_rerun_with_overwrite_replaces_the_partition(make_rig, load_mode):
 
 
 def test_rerun_with_overwrite_drops_the_first_run_s_rows_still_in_flight(make_rig, caplog, load_mode):
-    """Rows of a run still arriving after its overwriting re-run was declared (task column
-    binding) are dropped, counted and logged, never loaded; the partition holds the re-run's rows only."""
+    """An overwritten run's rows still arriving are dropped, counted and logged; only the re-run's rows load."""
     caplog.set_level("WARNING", logger="setl.ddltask")
     rig = make_rig(task_column="job", load_mode=load_mode)
     rig.execute_source(rig.signal("run1", "truncate_partition", "fact", "p20261120", True),
@@ -104,8 +102,7 @@ def test_rerun_with_overwrite_drops_the_first_run_s_rows_still_in_flight(make_ri
 
 
 def test_runs_without_overwrite_of_one_table(make_rig, load_mode):
-    """overwrite=false never deprecates: appends both load; a non-overwrite reload's action still
-    clears its partition; a reload without rows empties its partition."""
+    """overwrite=false deprecates nothing; each run's action still clears its slice, even with no rows."""
     rig = make_rig(load_mode=load_mode)
     rig.execute_target("INSERT INTO fact VALUES (50, '2026-11-21', 0, 'old'), (51, '2026-11-21', 0, 'old')")
     rig.execute_source(rig.signal("app1", "none", "fact", "p20261120"), *rows(D20, range(1, 4), 1))
@@ -122,8 +119,7 @@ def test_runs_without_overwrite_of_one_table(make_rig, load_mode):
 
 
 def test_different_partitions_interleaved(make_rig, load_mode):
-    """Jobs on three partitions of one table write interleaved, and one is re-run with overwrite
-    meanwhile: each partition ends with its own surviving run's rows."""
+    """Interleaved jobs on three partitions, one re-run meanwhile: each keeps its surviving run's rows."""
     rig = make_rig(task_column="job", max_rows=3, load_mode=load_mode)
     rig.execute_source(rig.signal("d19", "truncate_partition", "fact", "p20261119", True),
                        rig.signal("d21", "delete_where", "fact", "day=2026-11-21", True))
@@ -144,8 +140,7 @@ def test_different_partitions_interleaved(make_rig, load_mode):
 
 
 def test_a_failing_action_deprecates_its_task_and_rolls_the_batch_back(make_rig, load_mode):
-    """An action the target refuses deprecates the task and fails the batch through Termin with a
-    message naming task, op and target; the replay drops the task's rows; later tasks load."""
+    """A refused action deprecates its task and rolls back naming task, op and target; its rows are dropped."""
     rig = make_rig(retry_attempts=3, load_mode=load_mode)
     rig.execute_source(rig.signal("bad", "truncate_partition", "fact", "p_missing"), *rows(D20, range(1, 4), 1))
     rig.execute_source(*rows(D20, range(4, 6), 1))
@@ -163,8 +158,7 @@ def test_a_failing_action_deprecates_its_task_and_rolls_the_batch_back(make_rig,
 
 
 def test_kill_9_between_action_and_record_redoes_the_action_once(make_rig):
-    """`setl start` killed between a re-run's action and its record: the task stays claimed and
-    none of its rows are loaded; the restart takes it over, redoes the action and loads it."""
+    """`setl start` killed between action and record: the restart takes the claim over, redoes it, loads."""
     rig = make_rig()
     rig.execute_source(rig.signal("run1", "truncate_partition", "fact", "p20261120", True),
                        *rows(D20, range(1, 6), 1))
@@ -209,8 +203,7 @@ def test_the_worked_example_of_the_docs(tmp_path, mariadb_source, mariadb_target
 
 
 def test_rollbacks_after_loads_never_rerun_actions_nor_revive_deprecated_rows(make_rig, monkeypatch, load_mode):
-    """Batches failing right after their load (before the ack) are rolled back and replayed: no
-    action runs twice and the overwritten run's replayed rows stay out."""
+    """Replays after failures between load and ack run no action twice and revive no overwritten rows."""
     monkeypatch.setenv("SETL_FAULTS", json.dumps([{"stage": "termin", "times": 6}]))
     rig = make_rig(retry_attempts=10, load_mode=load_mode)
     rig.execute_source(rig.signal("run1", "truncate_partition", "fact", "p20261120", True))
@@ -227,8 +220,7 @@ def test_rollbacks_after_loads_never_rerun_actions_nor_revive_deprecated_rows(ma
 
 
 def test_failover_after_a_kill_9_between_action_and_record(make_rig, zookeeper_server):
-    """HA on ZooKeeper: node a is killed between a re-run's action and its record; node b takes the
-    pipeline over, takes the claim over, redoes the action once and loads only the re-run's rows."""
+    """HA: node a killed between action and record; node b takes the pipeline and the claim over."""
     rig = make_rig(zookeeper=zookeeper_server.hosts)
     rig.execute_source(rig.signal("run1", "truncate_partition", "fact", "p20261120", True),
                        *rows(D20, range(1, 6), 1))
@@ -259,8 +251,7 @@ def test_a_row_naming_an_undeclared_task_pauses_the_pipeline(make_rig):
 
 
 def test_an_unreachable_target_leaves_the_task_claimed_for_the_retry(make_rig):
-    """An action that cannot reach the target does not deprecate its task: the next load of the
-    batch takes the claim over, runs the action and loads the rows."""
+    """An unreachable target leaves the task claimed; the next load takes it over and loads the rows."""
     from setl.config import MysqlTargetConfig
     from setl.ddltask import MysqlActions
     from setl.errors import TransientLoadError
@@ -292,9 +283,7 @@ def test_an_unreachable_target_leaves_the_task_claimed_for_the_retry(make_rig):
 
 
 def test_two_tables_of_one_batch(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db, load_mode):
-    """Tasks on two tables written in the same transactions (per_table loads their parts on
-    different threads): a dimension table re-run with overwrite midway ends with the re-run's
-    rows only, and the fact partition with all of its task's rows."""
+    """Tasks on two tables written in the same transactions (parts on different threads) each end right."""
     dim = "CREATE TABLE dim (id INT PRIMARY KEY, job VARCHAR(32))"
     rig = Rig(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db, source_ddl=[FACT_SOURCE, dim],
               target_ddl=[FACT_TARGET, dim], task_column="job", max_rows=5, load_mode=load_mode)

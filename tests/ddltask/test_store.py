@@ -115,8 +115,7 @@ def test_take_over_of_a_dead_claim_is_won_once_and_fences_the_dead_owner(pair):
 
 
 def test_overwrites_claimed_in_any_order_leave_only_the_latest_task(pair):
-    """Overwrite runs of one op claimed and recorded concurrently in shuffled order: only the
-    latest declared task ends SUCCEEDED; every earlier one is DEPRECATED naming an overwriter."""
+    """Overwrites of one op claimed concurrently in any order leave only the latest task SUCCEEDED."""
     a, b = pair
     ids = [f"run{i}" for i in range(8)]
     for i, task_id in enumerate(ids):
@@ -159,7 +158,7 @@ def test_without_overwrite_nothing_is_deprecated(pair):
 
 
 def test_a_running_task_deprecated_by_an_overwrite_refuses_its_owner_s_success(pair):
-    """An overwrite claimed while an earlier task is RUNNING deprecates it; the record then reports DEPRECATED."""
+    """An overwrite deprecates an earlier RUNNING task, whose late record then reports DEPRECATED."""
     a, b = pair
     a.declare_ddl_task(task("old", 10))
     a.declare_ddl_task(task("new", 20, overwrite=True))
