@@ -176,7 +176,7 @@ def _table_map_init(self: TableMapEvent, from_packet: Any, event_size: int, tabl
     full row metadata (column names come from the event, not from a query) and no filters.
     """
     cache: _TableMapCache | None = getattr(ctl_connection, "setl_table_maps", None)
-    if cache is None or not kwargs.get("optional_meta_data") or any(kwargs.get(f) for f in _FILTERS):
+    if cache is None or not kwargs.get("optional_meta_data") or any(map(kwargs.get, _FILTERS)):
         _decode_table_map(self, from_packet, event_size, table_map, ctl_connection, **kwargs)
         return
     # The packet is the OK byte, the 19-byte event header, the body and maybe a checksum.
@@ -380,6 +380,7 @@ class _Assembler:
             self.log_file = event.next_binlog
             if event.timestamp:  # a real rotation: table ids may be reused in the next file
                 self.tables.clear()
+                self._infos.clear()
             end = self._position(event.next_binlog, event.position)
         elif isinstance(event, HeartbeatLogEvent):
             log_file = event.ident.rstrip("\0")
@@ -387,9 +388,6 @@ class _Assembler:
                 return []
             end = self._position(log_file, event.packet.log_pos)
         else:
-            if isinstance(event, PreviousGtidsEvent) and self.gtids is None:
-                with contextlib.suppress(Exception):  # the library renders this set oddly
-                    self.gtids = _GtidState("mysql", event._previous_gtids)
             if not event.packet.log_pos:
                 return []
             end = self._position(self.log_file, event.packet.log_pos)
