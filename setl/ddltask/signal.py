@@ -109,9 +109,9 @@ class DdlTaskSelect(Select):
       reach a Load. Declaring is idempotent: replays after a rollback, crash or failover re-read
       the same rows and change nothing.
     * The signal table's own changes (rows and DDL) are removed from the transaction. A
-      transaction left empty is held back and dropped if another one follows at once (whose
-      end covers it), or returned empty by the next `poll` that finds nothing, so its position
-      is still acknowledged.
+      transaction left empty is dropped if another one is already there to follow it (whose
+      end covers it), and returned empty otherwise, so its position is still acknowledged.
+    * `blocking` is the wrapped source's.
     * A bad signal row, or two signals for one table in one transaction (unless rows name their
       task in `task_column`), raises `SourceError` naming the pipeline, table and position: the
       scheduler retries and then pauses, since loading the job's data without its task would be
@@ -127,26 +127,27 @@ class DdlTaskSelect(Select):
         self.tasks = tasks
         self.signal = (schema, table)
         self.pipeline = pipeline
-        self._held: Transaction | None = None
 
     def open(self, start: Position | None) -> None:
-        self._held = None
         self.tasks.refresh()
         self.inner.open(start)
 
+    @property
+    def blocking(self) -> bool:  # type: ignore[override]
+        return bool(getattr(self.inner, "blocking", False))
+
     def poll(self, timeout: float) -> Transaction | None:
         tx = self.inner.poll(timeout)
-        if tx is None:
-            held, self._held = self._held, None
-            return held
-        stripped = self._strip(tx)
-        if stripped.changes or not tx.changes or not tx.complete:
-            self._held = None  # `stripped` ends after it: acknowledging it covers the held one
-            return stripped
-        # A transaction of signal rows only: an empty transaction would end the batch being
-        # cut, so hand it on only if nothing follows it at once.
-        self._held = stripped
-        return None
+        held = None
+        while tx is not None:
+            stripped = self._strip(tx)
+            if stripped.changes or not tx.changes or not tx.complete:
+                return stripped  # it ends after `held`: acknowledging it covers that one too
+            # Signal rows only: an empty transaction would end the batch being cut, so hand it
+            # on only if no transaction follows it at once.
+            held = stripped
+            tx = self.inner.poll(0)
+        return held
 
     def _strip(self, tx: Transaction) -> Transaction:
         kept: list[Change] = []
@@ -183,7 +184,6 @@ class DdlTaskSelect(Select):
                      task.describe(), " (overwrite)" if task.overwrite else "")
 
     def seek(self, position: Position | None) -> None:
-        self._held = None
         self.inner.seek(position)
 
     def tell(self) -> Position | None:
