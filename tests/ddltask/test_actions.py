@@ -3,7 +3,11 @@ checks on signal rows and settings."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
+import yaml
 
 from setl.config import ParquetTargetConfig, PipelineConfig, SqliteTargetConfig
 from setl.ddltask import MysqlActions, Signal, build_actions
@@ -115,3 +119,21 @@ def test_a_bad_signal_row_pauses_the_pipeline_naming_table_and_position(tmp_path
     assert "position=mysql-bin." in message and "op_type 'drop_table'" in message
     assert rig.rows("f") == []
     assert rig.meta.state(rig.name).error == message
+
+
+@pytest.mark.parametrize("settings, problem", [
+    ({"signal_table": "nodot"}, "pipeline.ddl_tasks.signal_table: expected schema.table, got 'nodot'"),
+    ({"signal_table": "a.b", "nope": 1}, "pipeline.ddl_tasks.nope: unknown key"),
+])
+def test_bad_ddl_task_settings_exit_2_with_one_line(tmp_path, settings, problem):
+    """A bad pipeline.ddl_tasks setting stops `setl start` with exit code 2 and one line naming it."""
+    conf = tmp_path / "conf"
+    (conf / "pipelines").mkdir(parents=True)
+    (conf / "setl.yaml").write_text(yaml.safe_dump({"meta": {"path": str(tmp_path / "meta.db")}}))
+    (conf / "pipelines" / "p.yaml").write_text(yaml.safe_dump({
+        "source": {"type": "mysql", "port": 1}, "target": {"type": "mysql", "port": 1},
+        "pipeline": {"ddl_tasks": settings}}))
+    done = subprocess.run([sys.executable, "-m", "setl.cli", "--conf", str(conf), "start", "--pipeline", "p"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert problem in done.stderr and len(done.stderr.strip().splitlines()) == 1
