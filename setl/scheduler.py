@@ -275,23 +275,24 @@ class Scheduler:
             self.select.open(start)
         except BaseException as exc:
             self._close_private()
-            raise self._wrap(exc, "select", None) from exc
+            error = self._wrap(exc, "select", None)
+            self._record_failed_start(error)
+            raise error from exc
         if start is None:
             start = self._acked = self.select.tell()
         if until_caught_up:
             try:
                 self._until = self.select.head()
-            except BaseException:
+                if self._until is None:
+                    raise SourceError(
+                        "the source cannot tell where its log ends; --until-caught-up needs it",
+                        pipeline=self.name, stage="select",
+                    )
+            except BaseException as exc:
                 self.select.close()
                 self._close_private()
+                self._record_failed_start(exc)
                 raise
-            if self._until is None:
-                self.select.close()
-                self._close_private()
-                raise SourceError(
-                    "the source cannot tell where its log ends; --until-caught-up needs it",
-                    pipeline=self.name, stage="select",
-                )
             if start is not None and start >= self._until:
                 self._event("termin", None, f"already caught up at {start}")
                 self.meta.set_state(self.name, Status.STOPPED, node=self.node_id)
@@ -856,6 +857,13 @@ class Scheduler:
         self._event("termin", None, f"finished: {outcome.value}")
         self._result = outcome
         self._finished.set()
+
+    def _record_failed_start(self, error: BaseException) -> None:
+        """A start that failed leaves the pipeline STOPPED with the error, not RUNNING with no process."""
+        try:
+            self.meta.set_state(self.name, Status.STOPPED, error=str(error), node=self.node_id)
+        except Exception as exc:
+            log.error("pipeline=%s cannot record the failed start: %s", self.name, exc)
 
     def _close_private(self) -> None:
         """Shut down the services this scheduler made for itself (never from one of their threads)."""

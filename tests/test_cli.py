@@ -296,3 +296,15 @@ def test_bad_transaction_line_pauses_with_its_position(tmp_path):
     assert f"position={setup.stream.name}:{good}" in result.stderr
     assert "stage=select" in result.stderr and "pipeline=p" in result.stderr
     assert setup.acked().position == Position(setup.stream.name, good)
+
+
+def test_a_start_that_cannot_open_its_source_is_stopped_with_the_error_in_status(tmp_path):
+    """A failed start exits 1 and leaves status STOPPED with the error, not RUNNING with no process."""
+    setup = Setup(tmp_path, make_stream(5))
+    setup.stream.unlink()
+    result = setup.run("start", "--pipeline", "p", "--until-caught-up")
+    assert result.returncode == 1, result.stderr
+    assert "stage=select" in result.stderr and "Traceback" not in result.stderr
+    (status,) = json.loads(setup.run("status", "--json").stdout)
+    assert status["status"] == "stopped"
+    assert setup.stream.name in status["error"] and "stage=select" in status["error"]
