@@ -11,6 +11,9 @@ class SetlError(Exception):
     """
 
     exit_code = 1
+    #: False for a failure that retrying cannot change: the scheduler pauses at the first one
+    #: instead of spending `retry.max_attempts` on it.
+    retryable = True
 
     def __init__(self, message: str, **context: object) -> None:
         super().__init__(message)
@@ -77,6 +80,12 @@ class LoadError(SetlError):
 
 class TransientLoadError(LoadError):
     """A load failure worth retrying at once (deadlock, lost connection)."""
+
+
+class RefusedLoadError(LoadError):
+    """The target refuses a batch by configuration (`pipeline.ddl: fail`): pause, don't retry."""
+
+    retryable = False
 
 
 class LeadershipLost(SetlError):

@@ -760,9 +760,11 @@ class Scheduler:
             self._cond.notify_all()
         self._wake("select", "load")
         self.listener.on_rollback(failed_id, epoch, error, attempt)
-        if attempt >= self.backoff.max_attempts:
+        permanent = not getattr(error, "retryable", True)
+        if attempt >= self.backoff.max_attempts or permanent:
             self.error = error
-            message = f"paused after {attempt} failed attempts: {error}"
+            message = (f"paused, retrying cannot help: {error}" if permanent
+                       else f"paused after {attempt} failed attempts: {error}")
             log.error("pipeline=%s stage=termin batch=%d %s", self.name, failed_id, message)
             self.meta.set_state(self.name, Status.PAUSED, error=str(error), node=self.node_id)
             self._finish(Outcome.PAUSED)

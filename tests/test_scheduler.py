@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from setl.config import BatchSettings, PipelineSettings, RetrySettings
+from setl.errors import RefusedLoadError
 from setl.meta import SqliteMetaStore, Status
 from setl.model import Batch, Position
 from setl.scheduler import Outcome, Scheduler
@@ -215,6 +216,29 @@ def test_retries_run_out_and_the_pipeline_pauses_with_its_error_persisted(tmp_pa
     assert result.outcome is Outcome.CAUGHT_UP
     assert healthy.tables == reference_state(txs)
     assert reopened.state("test").status is Status.STOPPED
+
+
+def test_a_refusal_retrying_cannot_change_pauses_at_the_first_attempt(tmp_path):
+    """An error marked not retryable (``pipeline.ddl: fail``) pauses at once instead of spending the retries."""
+    txs = single_row_stream(10)
+
+    class Refusing(MemorySink):
+        def load(self, batch):
+            if batch.id == 3:
+                raise RefusedLoadError("DDL refused (pipeline.ddl is fail): DROP TABLE t", table="demo.t")
+            super().load(batch)
+
+    sink = Refusing()
+    listener = InvariantListener(2, sink)
+    result = run_pipeline(ScriptedSource(txs), sink, settings=fast_settings(2, max_rows=2, attempts=5),
+                          meta=SqliteMetaStore(tmp_path / "meta.db"), listener=listener)
+    assert result.outcome is Outcome.PAUSED
+    assert [attempt for _, attempt in listener.rollbacks] == [1]
+    state = result.meta.state("test")
+    assert state.status is Status.PAUSED
+    assert "DDL refused" in state.error and "table=demo.t" in state.error and "stage=load" in state.error
+    assert result.meta.position("test").position == Position("scripted", 4)  # batches 1 and 2 acked
+    result.meta.close()
 
 
 def test_a_failing_source_rewinds_to_the_ack_and_loses_nothing():

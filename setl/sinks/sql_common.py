@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar, Union
 
 import attrs
 
-from setl.errors import LoadError, SetlError, TransientLoadError
+from setl.errors import LoadError, RefusedLoadError, SetlError, TransientLoadError
 from setl.model import Batch, DdlChange, Position, RowChange
 from setl.retry import call_with_retries
 from setl.ddl import Statement, parse
@@ -208,7 +208,7 @@ class SqlLoad(Load, Generic[C]):
             position = change.position or batch.end
             statement = parse(change.statement)
             if self.ddl == "fail":
-                raise LoadError(f"DDL refused (pipeline.ddl is fail): {change.statement}",
+                raise RefusedLoadError(f"DDL refused (pipeline.ddl is fail): {change.statement}",
                                 **{**self._context(batch, table=change.qualified_table), "position": position})
             if self.ddl == "skip" or statement.kind == "other":
                 log.warning("pipeline=%s stage=load table=%s position=%s DDL not applied (%s): %s",
