@@ -16,8 +16,8 @@ from setl.errors import ConfigError
 from setl.meta.base import MetaStore
 from setl.stages import Load, Select, TableExtract
 
-__all__ = ["ACTION_FAILED", "CRASH_ENV", "OP_TYPES", "Actions", "DdlTaskLoad", "DdlTaskPartLoad", "DdlTaskSelect",
-           "DdlTasks", "MysqlActions", "Signal", "build_actions", "with_ddl_tasks"]
+__all__ = ["ACTION_FAILED", "CRASH_ENV", "OP_TYPES", "Actions", "DdlTaskLoad", "DdlTaskPartLoad",
+           "DdlTaskSelect", "DdlTasks", "MysqlActions", "Signal", "build_actions", "with_ddl_tasks"]
 
 
 def build_actions(config: PipelineConfig) -> Actions:

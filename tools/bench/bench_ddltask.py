@@ -3,8 +3,9 @@
 Starts a MariaDB source and target (setl.testing.servers) and writes one backlog: `--rows` rows
 of a fact table in transactions of `--tx-rows`, split into `--tasks` batch DDL tasks (one signal
 row each; `--op delete_where` deletes the task's own day before its rows, a full scan of the
-target table since `day` has no index of its own; `--op none` leaves only the bookkeeping). Then, `--repeat` times each and alternating, a child process replicates the whole backlog
-into an emptied target with the scheduler (ordered loads, default batch settings):
+target table since `day` has no index of its own; `--op none` leaves only the bookkeeping).
+Then, `--repeat` times each and alternating, a child process replicates the whole backlog into
+an emptied target with the scheduler (ordered loads, default batch settings):
 
 * **baseline**: no `pipeline.ddl_tasks` (the signal table is excluded by a table rule);
 * **tasks**: `pipeline.ddl_tasks.signal_table` set.
@@ -73,7 +74,8 @@ def write_backlog(source: MariaDBServer, rows: int, tx_rows: int, tasks: int, op
 def write_conf(root: Path, source: MariaDBServer, target: MariaDBServer, start: dict, tasks: bool) -> Path:
     conf = root / ("conf-tasks" if tasks else "conf-baseline")
     (conf / "pipelines").mkdir(parents=True)
-    (conf / "setl.yaml").write_text(yaml.safe_dump({"meta": {"store": "sqlite", "path": str(conf / "meta.db")}}))
+    node = {"meta": {"store": "sqlite", "path": str(conf / "meta.db")}}
+    (conf / "setl.yaml").write_text(yaml.safe_dump(node))
     pipeline: dict = {"parallelism": 3}
     if tasks:
         pipeline["ddl_tasks"] = {"signal_table": "bsrc.setl_signal"}
@@ -118,7 +120,8 @@ def run_once(conf: Path) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=60_000)
     parser.add_argument("--tx-rows", type=int, default=200)
     parser.add_argument("--tasks", type=int, default=30)
