@@ -215,17 +215,19 @@ class SparkTransform(Transform):
     def transform(self, batch: Batch) -> Batch:
         plans: dict[tuple[str, str], TablePlan | None] = {}
         groups: dict[tuple[str, str], list[int]] = {}
+        last_schema = last_table = None
+        indices: list[int] | None = None
         for index, change in enumerate(batch.changes):
             if type(change) is not RowChange:
                 continue
-            key = (change.schema, change.table)
-            plan = plans.get(key, _UNKNOWN)
-            if plan is _UNKNOWN:
-                plan = plans[key] = self.plan_for(change.qualified_table)
-            if plan is not None:
-                indices = groups.get(key)
-                if indices is None:
-                    indices = groups[key] = []
+            if change.table != last_table or change.schema != last_schema:  # runs of one table are common
+                last_schema, last_table = change.schema, change.table
+                key = (last_schema, last_table)
+                plan = plans.get(key, _UNKNOWN)
+                if plan is _UNKNOWN:
+                    plan = plans[key] = self.plan_for(change.qualified_table)
+                indices = None if plan is None else groups.setdefault(key, [])
+            if indices is not None:
                 indices.append(index)
         if not groups:
             return batch
