@@ -151,13 +151,32 @@ def shared_services(settings: NodeSettings) -> tuple[TaskExecutionService, Seria
     return tasks, SerialExecutorService(runtime.load_slots, runtime.load_workers, name="setl-load")
 
 
+@attrs.define(eq=False)
+class _Supervised:
+    """One pipeline's life in a node: its current scheduler, and whether it has ended for good."""
+
+    config: PipelineConfig
+    stages: Stages
+    result: PipelineResult
+    scheduler: Scheduler | None = None
+    opened: bool = False
+    done: bool = False
+    announced: bool = False
+    recheck_at: float = 0.0
+
+
 class Node:
     """Runs pipelines until they stop; `stop()` (from a signal handler) drains them gracefully.
 
-    Every pipeline's work runs on the node's shared services (`shared_services`); a
-    supervisor thread per pipeline only waits for its scheduler and decides what comes next,
-    so one pipeline pausing or failing leaves the others running.
+    Every pipeline's work runs on the node's shared services (`shared_services`). In single-node
+    mode the thread that calls `run` supervises every pipeline (starts its scheduler, notices its
+    end, decides what comes next), so a node's thread count does not grow with its pipelines.
+    Under HA each pipeline has a supervisor thread, which waits as a standby in its election.
+    One pipeline pausing or failing leaves the others running.
     """
+
+    #: How often the supervising loop looks for schedulers that ended.
+    tick = 0.05
 
     def __init__(self, settings: NodeSettings, pipelines: list[PipelineConfig], meta: MetaStore,
                  *, poll_interval: float = 1.0) -> None:
@@ -190,26 +209,134 @@ class Node:
             from setl.ha import Elections
 
             self.elections = Elections.for_node(self.settings, self.meta)
-        results = [PipelineResult(config.name) for config in self.pipelines]
-        threads = [
-            threading.Thread(target=self._supervise, args=(config, stages[config.name], result,
-                                                           until_caught_up),
-                             name=f"setl-{config.name}-supervisor")
-            for config, result in zip(self.pipelines, results)
-        ]
+        runs = [_Supervised(config, stages[config.name], PipelineResult(config.name)) for config in self.pipelines]
         self.tasks, self.serial = shared_services(self.settings)
         try:
-            for thread in threads:
-                thread.start()
-            while any(t.is_alive() for t in threads):
-                self._watch_operator_pauses()
-                for thread in threads:
-                    thread.join(timeout=self.poll_interval / max(1, len(threads)))
+            if self.elections is None:
+                self._supervise_all(runs, until_caught_up)
+            else:
+                self._supervise_elected(runs, until_caught_up)
         finally:
             self.tasks.shutdown(timeout=10.0)
             self.serial.shutdown_now()
             self.serial.await_termination(10.0)
-        return results
+        return [run.result for run in runs]
+
+    def _supervise_all(self, runs: list[_Supervised], until_caught_up: bool) -> None:
+        """Single-node mode: this thread starts, watches and restarts every pipeline."""
+        next_watch = 0.0
+        while not all(run.done for run in runs):
+            now = time.monotonic()
+            for run in runs:
+                if run.done or (run.scheduler is None and now < run.recheck_at):
+                    continue
+                try:
+                    if run.scheduler is not None:
+                        outcome = run.scheduler.wait(0)
+                        if outcome is None:
+                            continue
+                        self._ended(run, outcome, until_caught_up)
+                        if run.done:
+                            continue
+                    scheduler = self._next_scheduler(run, until_caught_up)
+                    if scheduler is None:
+                        run.recheck_at = now + self.poll_interval
+                        continue
+                    scheduler.start(until_caught_up=until_caught_up)
+                except BaseException as exc:
+                    self._failed(run, exc)
+            if now >= next_watch:
+                self._watch_operator_pauses()
+                next_watch = now + self.poll_interval
+            self._stop.wait(self.tick) if not self._stop.is_set() else time.sleep(self.tick)
+
+    def _supervise_elected(self, runs: list[_Supervised], until_caught_up: bool) -> None:
+        """HA mode: a supervisor thread per pipeline, each waiting in its election while a standby."""
+        threads = [threading.Thread(target=self._supervise, args=(run, until_caught_up),
+                                    name=f"setl-{run.config.name}-supervisor") for run in runs]
+        for thread in threads:
+            thread.start()
+        while any(t.is_alive() for t in threads):
+            self._watch_operator_pauses()
+            for thread in threads:
+                thread.join(timeout=self.poll_interval / max(1, len(threads)))
+
+    def _supervise(self, run: _Supervised, until_caught_up: bool) -> None:
+        try:
+            while not run.done:
+                scheduler = self._next_scheduler(run, until_caught_up)
+                if scheduler is None:
+                    if not run.done:
+                        self._stop.wait(self.poll_interval)
+                    continue
+                outcome = self.elections.run(scheduler, stop=self._stop, until_caught_up=until_caught_up)
+                self._ended(run, outcome, until_caught_up)
+        except BaseException as exc:
+            self._failed(run, exc)
+
+    def _next_scheduler(self, run: _Supervised, until_caught_up: bool) -> Scheduler | None:
+        """The pipeline's next scheduler, registered for `stop()`; None while paused or when it has ended."""
+        name = run.config.name
+        if self._stop.is_set():
+            self._close(run)
+            return None
+        if not run.opened:
+            run.stages.load.open()
+            run.opened = True
+        state = self.meta.state(name)
+        if state.status is Status.PAUSED:
+            reason = f": {state.error}" if state.error else " by an operator"
+            if until_caught_up:
+                run.result.outcome = Outcome.PAUSED
+                run.result.error = SetlError(f"pipeline is paused{reason}; run `setl resume --pipeline {name}`",
+                                             pipeline=name)
+                self._close(run)
+            elif not run.announced:
+                log.warning("pipeline=%s is paused%s; waiting for `setl resume --pipeline %s`", name, reason, name)
+                run.announced = True
+            return None
+        run.announced = False
+        stages = run.stages
+        scheduler = Scheduler(name, run.config.pipeline, stages.select, stages.extract, stages.transform,
+                              stages.load, self.meta, node_id=self.settings.node.id, listener=ProgressLog(name),
+                              tasks=self.tasks, serial=self.serial)
+        with self._lock:
+            self._running[name] = scheduler
+        if self._stop.is_set():  # stop() may have missed it
+            self._close(run)
+            return None
+        run.scheduler = scheduler
+        return scheduler
+
+    def _ended(self, run: _Supervised, outcome: Outcome, until_caught_up: bool) -> None:
+        """Record how the pipeline's scheduler ended; close the pipeline if it is not to run again."""
+        scheduler = run.scheduler
+        assert scheduler is not None
+        with self._lock:
+            self._running.pop(run.config.name, None)
+        run.scheduler = None
+        run.result.outcome, run.result.error = outcome, scheduler.error
+        if (outcome is Outcome.CAUGHT_UP
+                or (outcome is Outcome.PAUSED and until_caught_up)
+                or (outcome is Outcome.STOPPED and scheduler.error is not None)):
+            self._close(run)
+
+    def _failed(self, run: _Supervised, exc: BaseException) -> None:
+        log.debug("pipeline=%s supervisor failed", run.config.name, exc_info=True)
+        run.result.outcome, run.result.error = None, exc
+        self._close(run)
+
+    def _close(self, run: _Supervised) -> None:
+        with self._lock:
+            self._running.pop(run.config.name, None)
+        run.scheduler = None
+        run.done = True
+        if run.opened:
+            run.opened = False
+            try:
+                run.stages.load.close()
+            except Exception as exc:
+                log.error("pipeline=%s closing the target failed: %s", run.config.name, exc)
 
     def _watch_operator_pauses(self) -> None:
         with self._lock:
@@ -218,54 +345,3 @@ class Node:
             if self.meta.state(name).status is Status.PAUSED:
                 log.info("pipeline=%s paused by an operator; stopping gracefully", name)
                 scheduler.stop()
-
-    def _supervise(self, config: PipelineConfig, stages: Stages, result: PipelineResult,
-                   until_caught_up: bool) -> None:
-        name = config.name
-        announced = False
-        try:
-            stages.load.open()
-            while not self._stop.is_set():
-                state = self.meta.state(name)
-                if state.status is Status.PAUSED:
-                    reason = f": {state.error}" if state.error else " by an operator"
-                    if until_caught_up:
-                        result.outcome = Outcome.PAUSED
-                        result.error = SetlError(f"pipeline is paused{reason}; run `setl resume --pipeline {name}`",
-                                                 pipeline=name)
-                        return
-                    if not announced:
-                        log.warning("pipeline=%s is paused%s; waiting for `setl resume --pipeline %s`",
-                                    name, reason, name)
-                        announced = True
-                    self._stop.wait(self.poll_interval)
-                    continue
-                announced = False
-                scheduler = Scheduler(name, config.pipeline, stages.select, stages.extract,
-                                      stages.transform, stages.load, self.meta,
-                                      node_id=self.settings.node.id, listener=ProgressLog(name),
-                                      tasks=self.tasks, serial=self.serial)
-                with self._lock:
-                    self._running[name] = scheduler
-                if self._stop.is_set():
-                    return
-                try:
-                    if self.elections is not None:
-                        outcome = self.elections.run(scheduler, stop=self._stop, until_caught_up=until_caught_up)
-                    else:
-                        outcome = scheduler.run(until_caught_up=until_caught_up)
-                finally:
-                    with self._lock:
-                        self._running.pop(name, None)
-                result.outcome, result.error = outcome, scheduler.error
-                if outcome is Outcome.CAUGHT_UP:
-                    return
-                if outcome is Outcome.PAUSED and until_caught_up:
-                    return
-                if outcome is Outcome.STOPPED and scheduler.error is not None:
-                    return
-        except BaseException as exc:
-            log.debug("pipeline=%s supervisor failed", name, exc_info=True)
-            result.outcome, result.error = None, exc
-        finally:
-            stages.load.close()

@@ -126,6 +126,39 @@ def test_a_paused_and_a_failing_pipeline_do_not_disturb_the_others(tmp_path):
 
 
 @pytest.mark.timeout(120)
+def test_forty_pipelines_in_one_node_run_on_a_bounded_number_of_threads(tmp_path):
+    """A node's threads do not grow with its pipelines: 40 following pipelines stay within 16 threads."""
+    conf = Conf(tmp_path)
+    names = [f"q{i}" for i in range(40)]
+    for name in names:
+        conf.add(name, make_stream(30), follow=True, mode="per_table" if name.endswith("7") else "ordered")
+    before = threading.active_count()
+    node, meta = conf.node(names)
+    results: list = []
+    runner = threading.Thread(target=lambda: results.extend(node.run()), name="test-node")
+    runner.start()
+    peak = 0
+    try:
+        def all_caught_up() -> bool:
+            nonlocal peak
+            peak = max(peak, threading.active_count() - before)
+            return all(conf.caught_up(name) for name in names)
+
+        wait_until(all_caught_up, timeout=90, interval=0.05, message="40 pipelines caught up")
+        for name in names[:5]:
+            conf.append(name, more_rows(0, 10))
+        wait_until(all_caught_up, timeout=60, interval=0.05, message="new rows replicated")
+        assert set(node._running) == set(names), "every pipeline is still running"
+    finally:
+        node.stop()
+        runner.join(60)
+    assert not runner.is_alive()
+    assert 0 < peak <= 16, f"{peak} threads for 40 pipelines"
+    assert {r.outcome for r in results} == {Outcome.STOPPED}
+    meta.close()
+
+
+@pytest.mark.timeout(120)
 def test_start_all_runs_every_pipeline_and_status_lists_them(tmp_path):
     """`setl start --all --until-caught-up` replicates every pipeline in one process; `setl status` lists each."""
     conf = Conf(tmp_path)
