@@ -57,6 +57,7 @@ META_PREFIX = "_setl_"
 OP, IMAGE, SEQ, COMMIT_TIME, POSITION = "_setl_op", "_setl_image", "_setl_seq", "_setl_commit_time", "_setl_position"
 BEFORE, AFTER = "before", "after"
 REQUIRED_META = (SEQ, IMAGE)
+INFORMATIONAL_META = (OP, COMMIT_TIME, POSITION)
 _UNKNOWN: Any = object()
 
 
@@ -296,7 +297,8 @@ class SparkTransform(Transform):
             df = result
             frames.append(df)
         try:
-            result_table = to_arrow(df)
+            # The informational columns are not needed back; leaving them in Spark saves converting them.
+            result_table = to_arrow(df.drop(*INFORMATIONAL_META))
         except Exception as exc:
             culprit = self._culprit(frames, plan)
             raise self._error(batch, plan, f"step {culprit.index + 1} ({culprit.name}) failed: {_brief(exc)}",
