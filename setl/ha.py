@@ -630,6 +630,9 @@ class FencedLoad(Load):
     def committed(self) -> Position | None:
         return self.inner.committed()
 
+    def committed_epoch(self) -> int | None:
+        return self.inner.committed_epoch()
+
     def close(self) -> None:
         self.inner.close()
 

@@ -266,7 +266,9 @@ class Scheduler:
         Raises what opening the source raises. Call `wait` for the outcome.
         """
         start, next_id = self._starting_point()
-        self._epoch = self.meta.next_epoch(self.name)
+        # Above any epoch the target already accepted: a rebuilt meta store starts again at 1.
+        committed_epoch = getattr(self.load, "committed_epoch", lambda: None)()
+        self._epoch = self.meta.next_epoch(self.name, at_least=(committed_epoch or 0) + 1)
         self._acked = start
         self._next_load = self._next_ack = next_id
         self.meta.set_state(self.name, Status.RUNNING, node=self.node_id)

@@ -241,6 +241,28 @@ def test_a_refusal_retrying_cannot_change_pauses_at_the_first_attempt(tmp_path):
     result.meta.close()
 
 
+def test_epochs_start_above_the_one_the_target_holds():
+    """A fresh meta store (epochs from 1) against a target that accepted epoch 7 starts at 8, not refused."""
+
+    class Fencing(MemorySink):
+        held = 7
+
+        def load(self, batch):
+            assert batch.epoch >= self.held, f"epoch {batch.epoch} would be refused"
+            self.held = batch.epoch
+            super().load(batch)
+
+        def committed_epoch(self):
+            return self.held
+
+    txs = single_row_stream(12)
+    sink = Fencing()
+    result = run_pipeline(ScriptedSource(txs), sink, settings=fast_settings(2, max_rows=3))
+    assert result.outcome is Outcome.CAUGHT_UP
+    assert sink.tables == reference_state(txs)
+    assert {load.epoch for load in sink.loads} == {8}
+
+
 def test_a_failing_source_rewinds_to_the_ack_and_loses_nothing():
     """A source that raises mid-stream is reopened at the acked position; the sink ends equal to the stream."""
     txs = single_row_stream(30)

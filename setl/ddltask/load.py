@@ -76,6 +76,9 @@ class DdlTaskLoad(Load):
     def committed(self) -> Position | None:
         return self.inner.committed()
 
+    def committed_epoch(self) -> int | None:
+        return self.inner.committed_epoch()
+
     def close(self) -> None:
         try:
             self.actions.close()

@@ -143,8 +143,8 @@ class MetaStore(abc.ABC):
         """Persist a status (and its error, or none) without touching the epoch."""
 
     @abc.abstractmethod
-    def next_epoch(self, pipeline: str) -> int:
-        """Take and persist a new epoch, higher than any taken before."""
+    def next_epoch(self, pipeline: str, at_least: int = 1) -> int:
+        """Take and persist a new epoch, higher than any taken before and at least `at_least`."""
 
     @abc.abstractmethod
     def pipelines(self) -> list[str]:

@@ -225,12 +225,12 @@ class SqliteMetaStore(MetaStore):
             )
         return self.state(pipeline)
 
-    def next_epoch(self, pipeline: str) -> int:
+    def next_epoch(self, pipeline: str, at_least: int = 1) -> int:
         with self._tx() as db:
             db.execute(
-                "INSERT INTO pipeline_state (pipeline, status, epoch, updated) VALUES (?, ?, 1, ?)"
-                " ON CONFLICT (pipeline) DO UPDATE SET epoch = epoch + 1",
-                (pipeline, Status.STOPPED.value, self._clock()),
+                "INSERT INTO pipeline_state (pipeline, status, epoch, updated) VALUES (?, ?, MAX(1, ?), ?)"
+                " ON CONFLICT (pipeline) DO UPDATE SET epoch = MAX(epoch + 1, ?)",
+                (pipeline, Status.STOPPED.value, at_least, self._clock(), at_least),
             )
             (epoch,) = db.execute(
                 "SELECT epoch FROM pipeline_state WHERE pipeline = ?", (pipeline,)

@@ -208,7 +208,7 @@ class ZooKeeperMetaStore(MetaStore):
             self.coordinator.commit([op])
         return self.state(pipeline)
 
-    def next_epoch(self, pipeline: str) -> int:
+    def next_epoch(self, pipeline: str, at_least: int = 1) -> int:
         lease = self._lease(pipeline, "take a new epoch")
         self._prepare(pipeline)
         path = f"{self._base(pipeline)}/epoch"
@@ -216,7 +216,7 @@ class ZooKeeperMetaStore(MetaStore):
             node = self.coordinator.get(path)
             if node is None:
                 raise MetaStoreError(f"{path} is missing", pipeline=pipeline)
-            epoch = int(node.data or b"0") + 1
+            epoch = max(int(node.data or b"0") + 1, at_least)
             try:
                 results = self._fenced(lease, [SetData(path, str(epoch).encode(), node.version)],
                                        "take a new epoch")

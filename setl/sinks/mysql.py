@@ -169,13 +169,13 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
             row = cur.fetchone()
         return int(row[0]) if row else None
 
-    def _read_position(self, conn: pymysql.connections.Connection) -> tuple[str, int, str | None] | None:
+    def _read_position(self, conn: pymysql.connections.Connection) -> tuple[str, int, str | None, int] | None:
         with conn.cursor() as cur:
-            cur.execute(f"SELECT `log`, `offset`, `gtid` FROM {self._position} WHERE `pipeline` = %s",
+            cur.execute(f"SELECT `log`, `offset`, `gtid`, `epoch` FROM {self._position} WHERE `pipeline` = %s",
                         (self.pipeline,))
             row = cur.fetchone()
         conn.commit()  # end the read's snapshot, so the next read sees newer commits
-        return (row[0], int(row[1]), row[2]) if row else None
+        return (row[0], int(row[1]), row[2], int(row[3])) if row else None
 
     def _write_position(self, conn: pymysql.connections.Connection, batch: Batch) -> None:
         end = batch.end

@@ -131,13 +131,13 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
         ).fetchone()
         return int(row[0]) if row else None
 
-    def _read_position(self, conn: psycopg.Connection) -> tuple[str, int, str | None] | None:
+    def _read_position(self, conn: psycopg.Connection) -> tuple[str, int, str | None, int] | None:
         row = conn.execute(
-            sql.SQL('SELECT log, "offset", gtid FROM {} WHERE pipeline = %s').format(self._position),
+            sql.SQL('SELECT log, "offset", gtid, epoch FROM {} WHERE pipeline = %s').format(self._position),
             (self.pipeline,),
         ).fetchone()
         conn.commit()
-        return (row[0], int(row[1]), row[2]) if row else None
+        return (row[0], int(row[1]), row[2], int(row[3])) if row else None
 
     def _write_position(self, conn: psycopg.Connection, batch: Batch) -> None:
         end = batch.end

@@ -148,8 +148,8 @@ class SqlLoad(Load, Generic[C]):
         """In the open transaction: lock the pipeline's position row; return its epoch."""
         raise NotImplementedError
 
-    def _read_position(self, conn: C) -> tuple[str, int, str | None] | None:
-        """The stored (log, offset, gtid) of the pipeline, outside any batch transaction."""
+    def _read_position(self, conn: C) -> tuple[str, int, str | None, int] | None:
+        """The stored (log, offset, gtid, epoch) of the pipeline, outside any batch transaction."""
         raise NotImplementedError
 
     def _write_position(self, conn: C, batch: Batch) -> None:
@@ -242,6 +242,12 @@ class SqlLoad(Load, Generic[C]):
             row = self._retrying(self._committed_row, None)
         return Position(log=row[0], offset=int(row[1]), gtid=row[2]) if row else None
 
+    def committed_epoch(self) -> int | None:
+        """The epoch of the last batch this pipeline committed in the target (older ones are refused)."""
+        with self._lock:
+            row = self._retrying(self._committed_row, None)
+        return row[3] if row else None
+
     def close(self) -> None:
         with self._lock:
             self._drop_connection()
@@ -273,7 +279,7 @@ class SqlLoad(Load, Generic[C]):
             self._position_table_ready = True
         return conn
 
-    def _committed_row(self) -> tuple[str, int, str | None] | None:
+    def _committed_row(self) -> tuple[str, int, str | None, int] | None:
         conn = self._ensure_ready()
         return self._guarded(conn, lambda: self._read_position(conn), None)
 

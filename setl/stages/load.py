@@ -54,5 +54,13 @@ class Load:
         """The end position of the last batch the target itself recorded, if it can."""
         return None
 
+    def committed_epoch(self) -> int | None:
+        """The epoch of that batch, if the target keeps one and refuses older epochs.
+
+        The scheduler takes its epochs above it, so a rebuilt or switched meta store (whose
+        epochs start again at 1) does not leave every batch refused as stale.
+        """
+        return None
+
     def close(self) -> None:
         """Release resources. Idempotent."""

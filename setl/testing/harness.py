@@ -190,6 +190,9 @@ class FaultyLoad(Load):
     def committed(self) -> Position | None:
         return self.inner.committed()
 
+    def committed_epoch(self) -> int | None:
+        return self.inner.committed_epoch()
+
     def close(self) -> None:
         self.inner.close()
 

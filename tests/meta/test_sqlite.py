@@ -23,6 +23,8 @@ def test_ack_history_state_and_epochs(tmp_path):
     assert again.state("p").status is Status.PAUSED and again.state("p").error == "boom"
     assert again.state("p").epoch == 3 and again.next_epoch("p") == 4
     assert again.pipelines() == ["p"]
+    assert again.next_epoch("p", at_least=10) == 10 and again.next_epoch("p", at_least=3) == 11
+    assert again.next_epoch("q", at_least=5) == 5
 
 
 def test_reset_marks_the_position_until_the_next_ack(tmp_path):

@@ -67,6 +67,9 @@ def test_epochs_grow_across_nodes(zookeeper_server):
             store.coordinator.drop(lease)
             mainstem.release(lease)
         assert seen == sorted(seen) and len(set(seen)) == len(seen)
+        mainstem, lease = hold(a, "p", "a", delay=0)
+        jumped = a.next_epoch("p", at_least=seen[-1] + 10)
+        assert jumped == seen[-1] + 10 and a.next_epoch("p", at_least=1) == jumped + 1
 
 
 def test_writes_without_the_mainstem_are_refused(zookeeper_server):

@@ -240,6 +240,14 @@ class SinkContract:
         load.load(make_batch([items.insert(**item(3))], id=3, epoch=4))  # newer: fine
         assert [r[0] for r in target.rows("items")] == [1, 2, 3]
 
+    def test_committed_epoch_is_the_last_batch_epoch(self, target, items, load):
+        """`committed_epoch` reads the epoch the target holds, so a scheduler can start above it."""
+        assert load.committed_epoch() is None
+        load.load(make_batch([items.insert(**item(1))], id=1, epoch=7))
+        assert load.committed_epoch() == 7
+        load.load(make_batch([items.insert(**item(2))], id=2, epoch=9))
+        assert target.make_load().committed_epoch() == 9
+
     def test_position_table_lives_in_the_target(self, target, items, load):
         """The position row holds the batch's end, id and epoch, written by the batch itself."""
         load.load(make_batch([items.insert(id=1, name="a", qty=None, note=None)], id=3, epoch=2))
