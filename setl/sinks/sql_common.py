@@ -68,8 +68,9 @@ class SqlLoad(Load, Generic[C]):
       lost is never re-read from before it.
     * Fencing: a batch whose epoch is lower than the epoch the target holds for the pipeline is
       refused with a `LoadError` (the position row is locked while it is checked, so a deposed
-      writer cannot slip in between). A newer or equal epoch is accepted and stored. If the meta
-      store is ever rebuilt with fresh epochs, delete the pipeline's row from the position table.
+      writer cannot slip in between). A newer or equal epoch is accepted and stored.
+      `committed_epoch()` reads it back: a scheduler takes its first epoch above it, so a meta
+      store rebuilt with fresh epochs (or a switch from SQLite to ZooKeeper) is not refused.
     * Transient errors (deadlock, lock wait timeout, lost connection) are retried in place up to
       `max_attempts` times: the connection is dropped and the whole batch transaction replayed,
       which is safe because the transaction either committed or did not, and replays are
