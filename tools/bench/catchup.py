@@ -8,12 +8,16 @@ backlog on 4 tables, then, on that same binlog range and each in its own process
 * ``setl``: ``setl start --pipeline ... --until-caught-up`` into the MariaDB target (a generated
   conf dir), checked afterwards with CHECKSUM TABLE against the source.
 
+With ``--big-transaction ROWS`` the source alone also reads one transaction of ROWS rows and
+reports the most row changes it held at once (its queue plus the piece being assembled).
+
 It prints rows/s, peak RSS and the ratio to the raw parse (medians over `--repeat` runs), then
 runs setl against a steady `--rate` sysbench load and prints replication lag p50/p99: the time
 from a source commit (a marker row written every 20 ms, its client-side commit time) to that row
 being visible in the target, where it lands in the same transaction as the acked position.
 
     python3 tools/bench/catchup.py [--seconds 30] [--repeat 3] [--lag-seconds 20] [--rate 1000]
+                                   [--big-transaction 1000000]
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ def child_source(args: argparse.Namespace) -> dict:
     from setl.sources.mysql_binlog import MysqlBinlogSource
 
     src = MysqlBinlogSource(port=args.port, server_id=args.server_id, start="earliest",
-                            table_map_cache=not args.no_cache)
+                            table_map_cache=not args.no_cache, max_rows_in_memory=args.max_rows)
     end = Position(args.end_file, args.end_pos)
     began = time.perf_counter()
     src.open(Position(args.start_file, args.start_pos))
@@ -78,7 +82,7 @@ def child_source(args: argparse.Namespace) -> dict:
     seconds = time.perf_counter() - began
     hits = src.table_maps.hits if src.table_maps else 0
     src.close()
-    return {"rows": rows, "seconds": seconds, "table_map_hits": hits}
+    return {"rows": rows, "seconds": seconds, "table_map_hits": hits, "peak_buffered_rows": src.peak_buffered_rows}
 
 
 # --- driver -----------------------------------------------------------------------------------
@@ -234,6 +238,20 @@ def measure_lag(source, target, conf: Path, name: str, seconds: float, rate: int
     return lags, {"tps": result.tps, "marks": len(committed)}
 
 
+def big_transaction(source, rows: int, max_rows: int, me: list[str]) -> None:
+    """One INSERT ... SELECT of `rows` rows, read by the source alone: rate, peak buffered rows, peak RSS."""
+    source.query("CREATE TABLE bench.big (id INT PRIMARY KEY, pad CHAR(100) NOT NULL)")
+    start = head(source)
+    source.query(f"INSERT INTO bench.big SELECT seq, REPEAT('x', 100) FROM bench.seq_1_to_{rows}")
+    end = head(source)
+    result, wall, rss, _ = run_child([*me, "--child", "source", "--port", str(source.port), "--server-id", "4300",
+                                      "--start-file", start[0], "--start-pos", str(start[1]), "--end-file", end[0],
+                                      "--end-pos", str(end[1]), "--max-rows", str(max_rows)])
+    print(f"\none transaction of {result['rows']} rows ({(end[1] - start[1]) / 2**20:.0f} MB of binlog) read by the "
+          f"source alone in pieces of {max_rows}: {result['rows'] / wall:.0f} rows/s, peak buffered rows "
+          f"{result['peak_buffered_rows']}, peak RSS {rss:.0f}MB", flush=True)
+
+
 def percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
@@ -256,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--end-file", help=argparse.SUPPRESS)
     parser.add_argument("--end-pos", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--no-cache", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--max-rows", type=int, default=5000,
+                        help="the source's max_rows_in_memory (pieces of a larger transaction)")
+    parser.add_argument("--big-transaction", type=int, default=0, metavar="ROWS",
+                        help="also read one transaction of ROWS rows with the source alone (e.g. 1000000)")
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps((child_raw if args.child == "raw" else child_source)(args)))
@@ -319,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
             rss = statistics.median(m for _, m in values)
             print(f"{label:<48} {rate:>9.0f} {rate / baseline:>6.2f} {rss:>7.0f}MB")
 
+
         print(f"\nlag under a steady {args.rate} transactions/s for {args.lag_seconds:.0f}s", flush=True)
         lags, info = measure_lag(source, target, Path(tmp) / "run0" / "conf", "bench0", args.lag_seconds, args.rate)
         if not lags:
@@ -327,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sysbench {info['tps']:.0f} tx/s; {len(lags)} of {info['marks']} marker rows seen in the target; "
               f"lag p50 {percentile(lags, 50) * 1000:.0f} ms, p99 {percentile(lags, 99) * 1000:.0f} ms, "
               f"max {max(lags) * 1000:.0f} ms")
+        if args.big_transaction:  # after the lag phase: setl's pipeline there would replicate it too
+            big_transaction(source, args.big_transaction, args.max_rows, me)
     return 0
 
 
