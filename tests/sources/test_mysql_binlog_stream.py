@@ -99,6 +99,24 @@ def test_until_caught_up_returns_when_the_binlog_ends_without_a_transaction(mari
     assert sink.tables == {f"{source_db}.t": {(1,): {"id": 1}, (2,): {"id": 2}}}
 
 
+def test_cli_until_caught_up_exits_when_the_binlog_ends_without_a_transaction(mariadb_source, source_db, tmp_path):
+    """`setl start --until-caught-up` exits 0 with the ack in the new binlog after an excluded write and a rotation."""
+    from tests.e2e.setl_process import SetlProcess, mysql_source
+
+    execute(mariadb_source, source_db, "CREATE TABLE t (id INT PRIMARY KEY)", "CREATE TABLE skipped (id INT PRIMARY KEY)")
+    start = head(mariadb_source)
+    execute(mariadb_source, source_db, "INSERT INTO t VALUES (1)", "INSERT INTO skipped VALUES (9)", "FLUSH BINARY LOGS")
+    end = head(mariadb_source)
+    setl = SetlProcess(tmp_path, source=mysql_source(mariadb_source, server_id=next(_server_ids),
+                                                     start={"file": start.log, "pos": start.offset}),
+                       target={"type": "sqlite", "path": str(tmp_path / "target.db")},
+                       tables=[{"source": rf"{source_db}\.skipped", "exclude": True}, {"source": rf"{source_db}\..*"}])
+    done = setl.start_until_caught_up(timeout=60)
+    assert done.returncode == 0, done.stderr
+    acked = setl.acked().position
+    assert acked.log == end.log and acked >= end
+
+
 def test_gtid_start_yields_only_later_transactions(mariadb_source, source_db, sources):
     """A MariaDB GTID start reads the transactions after it, records GTIDs, and resumes by file+pos."""
     execute(mariadb_source, source_db, "CREATE TABLE t (id INT PRIMARY KEY)", "INSERT INTO t VALUES (1)")
