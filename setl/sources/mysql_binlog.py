@@ -591,6 +591,8 @@ class MysqlBinlogSource(Select):
       up to `reconnect_timeout` seconds; after that `poll` raises `SourceError`.
     * Transactions of more than `max_rows_in_memory` rows come in pieces with ``complete=False``;
       at most `queue_size` transactions or pieces wait in the queue (`peak_buffered_rows`).
+    * With `table_map_cache` (the default) a table-map event whose bytes were seen before reuses
+      the decoded table instead of decoding its column metadata again (`table_maps` counts hits).
     * Values are pymysqlreplication's, except: an empty SET is ``set()``, BIT is an int, BINARY(n)
       keeps its trailing zero bytes, YEAR 0 is 0. MariaDB's JSON is text and stays a str.
     * `server_id` must be unique among the server's replicas and readers.
