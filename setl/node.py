@@ -48,7 +48,9 @@ def build_select(node: NodeSettings, config: PipelineConfig) -> Select:
         except ImportError as exc:
             raise ConfigError("the mysql source is not available in this build",
                               file=config.file, pipeline=config.name) from exc
-        return MysqlBinlogSource.from_config(source, pipeline=config.name)
+        # A transaction larger than a batch comes in batch-sized pieces (acked only at its end).
+        return MysqlBinlogSource.from_config(source, pipeline=config.name,
+                                             max_rows_in_memory=config.pipeline.batch.max_rows)
     raise ConfigError(f"source.type {source.type!r} is not supported", file=config.file)
 
 

@@ -139,6 +139,19 @@ def _read_time2(self: RowsEvent, column: Any) -> datetime.timedelta:
 
 RowsEvent._RowsEvent__read_time2 = _read_time2  # type: ignore[attr-defined]  # only this module reads rows
 
+#: The UTF-16/32 family, which PyMySQL does not map: utf16, utf32 and ucs2 are big-endian in
+#: MySQL (Python's "utf16"/"utf32" would look for a byte-order mark), utf16le is little-endian.
+#: Unmapped, the library hands such a column on as raw bytes, or fails to decode it.
+_WIDE_CHARSETS = {"utf16": "utf-16-be", "utf32": "utf-32-be", "ucs2": "utf-16-be", "utf16le": "utf-16-le"}
+_library_encoding = RowsEvent.charset_to_encoding
+
+
+def _charset_to_encoding(name: str) -> str:
+    return _WIDE_CHARSETS.get(name) or _library_encoding(name)
+
+
+RowsEvent.charset_to_encoding = staticmethod(_charset_to_encoding)  # type: ignore[method-assign]
+
 
 class _TableMapCache:
     """Decoded table maps of one reader, by the raw bytes of their event body (which start with

@@ -99,6 +99,19 @@ def test_insert_update_delete_have_full_images_keys_and_positions(mariadb_source
     assert all(tx.complete and tx.nbytes > 0 and tx.changes[0].position == tx.end for tx in (ins, upd, dele))
 
 
+def test_text_in_every_unicode_charset_arrives_equal(mariadb_source, source_db, sources):
+    """utf16 and utf32 (big-endian in MySQL) decode like utf8mb4, ucs2 and utf16le do, emoji included."""
+    charsets = ["utf8mb4", "utf16", "utf16le", "utf32", "ucs2"]
+    columns = ", ".join(f"c_{cs} VARCHAR(20) CHARACTER SET {cs}" for cs in charsets)
+    execute(mariadb_source, source_db, f"CREATE TABLE u (id INT PRIMARY KEY, {columns})")
+    start = head(mariadb_source)
+    texts = {cs: ("Grüße ✓ 😀" if cs != "ucs2" else "Grüße ✓ ß") for cs in charsets}  # ucs2 has no emoji
+    execute(mariadb_source, source_db,
+            (f"INSERT INTO u VALUES (1, {', '.join(['%s'] * len(charsets))})", [texts[cs] for cs in charsets]))
+    (tx,) = read(sources(mariadb_source, start), 1, source_db)
+    assert tx.changes[0].after == {"id": 1, **{f"c_{cs}": texts[cs] for cs in charsets}}
+
+
 def test_multi_statement_transaction_comes_whole(mariadb_source, source_db, sources):
     """A transaction over two tables arrives as one Transaction, ordered, with one end position."""
     execute(mariadb_source, source_db, "CREATE TABLE a (id INT PRIMARY KEY)",
