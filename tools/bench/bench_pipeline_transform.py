@@ -1,8 +1,10 @@
 """End-to-end rows/s of a pipeline with and without a Spark Transform, measured in the same run.
 
 ScriptedSource (transactions of 100 row changes, 90% inserts, 10% updates) -> scheduler
-(parallelism 3, batches of --rows rows) -> default Extract -> Transform -> a no-op sink that
-only counts rows, run over the same script:
+(parallelism 3, batches of --rows rows) -> default Extract -> Transform -> a sink, run over
+the same script. The sink is a no-op that only counts rows (``--sink count``, the strictest
+comparison: the pipeline does nothing else) or the Parquet target in a temp dir
+(``--sink parquet``, a real target):
 
 * ``baseline``: no transform (the base Transform passes batches through);
 * ``spark``: a one-step `SparkTransform` (``add_column``) on the table.
@@ -21,14 +23,17 @@ import argparse
 import gc
 import os
 import resource
+import shutil
 import statistics
 import subprocess
+import tempfile
 import time
 
 from setl.config import BatchSettings, PipelineSettings, TableRule, TransformStep
 from setl.model import Ack, Batch, RowChange
 from setl.plugins import Registry
 from setl.scheduler import Listener, Outcome
+from setl.sinks.parquet import ParquetLoad
 from setl.stages import Transform
 from setl.testing.harness import MemorySink, ScriptedSource, insert, run_pipeline, update
 from setl.testing.spark import local_spark
@@ -107,12 +112,31 @@ def make_script(batches: int, rows: int) -> list[list[RowChange]]:
     return txs
 
 
-def run(txs, transform: Transform, settings: PipelineSettings, jvm: JvmClock) -> dict[str, float]:
-    sink, listener = CountingSink(), LatencyListener()
+class CountingParquet(ParquetLoad):
+    """The Parquet target, counting the rows it writes."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, pipeline="bench")
+        self.rows = 0
+
+    def load(self, batch: Batch) -> None:
+        super().load(batch)
+        self.rows += sum(1 for c in batch.changes if isinstance(c, RowChange))
+
+
+def run(txs, transform: Transform, settings: PipelineSettings, jvm: JvmClock, sink_kind: str) -> dict[str, float]:
+    sink: CountingSink | CountingParquet
+    if sink_kind == "parquet":
+        sink = CountingParquet(tempfile.mkdtemp(prefix="setl-bench-parquet-"))
+    else:
+        sink = CountingSink()
+    listener = LatencyListener()
     cpu0, jvm0, t0 = time.process_time(), jvm(), time.perf_counter()
     result = run_pipeline(ScriptedSource(txs), sink, transform=transform, settings=settings, name="bench",
                           listener=listener)
     elapsed = time.perf_counter() - t0
+    if isinstance(sink, CountingParquet):
+        shutil.rmtree(sink.root, ignore_errors=True)
     assert result.outcome is Outcome.CAUGHT_UP, result.outcome
     assert sink.rows == sum(len(tx) for tx in txs), (sink.rows, sum(len(tx) for tx in txs))
     per_10k = 10_000 / sink.rows
@@ -132,6 +156,7 @@ def main() -> None:
     parser.add_argument("--parallelism", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--warmup-batches", type=int, default=40, help="batches through Spark before timing")
+    parser.add_argument("--sink", choices=("count", "parquet"), default="count")
     parser.add_argument("--gc-script", action="store_true",
                         help="leave the scripted input in the garbage collector's full collections")
     args = parser.parse_args()
@@ -152,16 +177,16 @@ def main() -> None:
         gc.collect()
         gc.freeze()
 
-    run(make_script(args.warmup_batches, args.rows), stage, settings, jvm)  # JIT, code generation, caches
+    run(make_script(args.warmup_batches, args.rows), stage, settings, jvm, args.sink)  # JIT, codegen, caches
     runs: dict[str, list[dict[str, float]]] = {"baseline": [], "spark": []}
     for _ in range(args.repeat):
-        runs["baseline"].append(run(txs, Transform(), settings, jvm))
-        runs["spark"].append(run(txs, stage, settings, jvm))
+        runs["baseline"].append(run(txs, Transform(), settings, jvm, args.sink))
+        runs["spark"].append(run(txs, stage, settings, jvm, args.sink))
 
     def median(name: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[name])
 
-    print(f"rows: {total} in {args.batches} batches of {args.rows}, parallelism {args.parallelism}, "
+    print(f"rows: {total} in {args.batches} batches of {args.rows}, parallelism {args.parallelism}, sink {args.sink}, "
           f"spark master {spark.sparkContext.master}, {os.cpu_count()} cpus, medians of {args.repeat} runs")
     print(f"{'':24}{'rows/s':>10}  {'batch latency':>13}  {'py cpu/10k rows':>15}  {'jvm cpu/10k rows':>16}")
     for name, label in (("baseline", "baseline (no transform)"), ("spark", "spark (add_column)")):
