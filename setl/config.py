@@ -77,10 +77,19 @@ class RuntimeConfig:
     idle_backoff_ms: int = attrs.field(default=10, validator=attrs.validators.ge(0))  # idle Select polls
     load_slots: int = attrs.field(default=16, validator=attrs.validators.ge(1))  # per_table channels map here
     load_workers: int = attrs.field(default=4, validator=attrs.validators.ge(1))
+    # Batches cut and not yet acked, across all the node's pipelines; null or 0: no cap.
+    max_batches_in_flight: int | None = attrs.field(
+        default=attrs.Factory(lambda self: 4 * self.max_workers, takes_self=True),
+        validator=attrs.validators.optional(attrs.validators.ge(0)))
 
     def __attrs_post_init__(self) -> None:
         if self.max_workers < self.workers:
             raise ValueError(f"max_workers ({self.max_workers}) must be >= workers ({self.workers})")
+
+    @property
+    def batch_cap(self) -> int | None:
+        """The node-wide cap on batches in flight, or None when there is none."""
+        return self.max_batches_in_flight or None
 
 
 @attrs.frozen

@@ -18,7 +18,7 @@ from setl.errors import ConfigError, PluginError, SetlError
 from setl.meta.base import MetaStore, Status
 from setl.model import Ack, Batch
 from setl.runtime import SerialExecutorService, TaskExecutionService
-from setl.scheduler import Listener, Outcome, Scheduler, supports_per_table
+from setl.scheduler import BatchCap, Listener, Outcome, Scheduler, supports_per_table
 from setl.stages import Extract, Load, Select, TableExtract, Transform
 
 log = logging.getLogger("setl.node")
@@ -153,6 +153,12 @@ def shared_services(settings: NodeSettings) -> tuple[TaskExecutionService, Seria
     return tasks, SerialExecutorService(runtime.load_slots, runtime.load_workers, name="setl-load")
 
 
+def node_batch_cap(settings: NodeSettings) -> BatchCap | None:
+    """The cap on batches in flight that every pipeline of a node shares (`runtime.max_batches_in_flight`)."""
+    limit = settings.runtime.batch_cap
+    return BatchCap(limit) if limit else None
+
+
 @attrs.define(eq=False)
 class _Supervised:
     """One pipeline's life in a node: its current scheduler, and whether it has ended for good."""
@@ -170,9 +176,10 @@ class _Supervised:
 class Node:
     """Runs pipelines until they stop; `stop()` (from a signal handler) drains them gracefully.
 
-    Every pipeline's work runs on the node's shared services (`shared_services`). In single-node
-    mode the thread that calls `run` supervises every pipeline (starts its scheduler, notices its
-    end, decides what comes next), so a node's thread count does not grow with its pipelines.
+    Every pipeline's work runs on the node's shared services (`shared_services`), its batches under
+    the node's cap on batches in flight (`node_batch_cap`). In single-node mode the thread that
+    calls `run` supervises every pipeline (starts its scheduler, notices its end, decides what
+    comes next), so a node's thread count does not grow with its pipelines.
     Under HA each pipeline has a supervisor thread, which waits as a standby in its election.
     One pipeline pausing or failing leaves the others running.
     """
@@ -192,6 +199,7 @@ class Node:
         self.elections = None  # setl.ha.Elections when the meta store is ZooKeeper
         self.tasks: TaskExecutionService | None = None
         self.serial: SerialExecutorService | None = None
+        self.batch_cap: BatchCap | None = None
 
     def stop(self) -> None:
         self._stop.set()
@@ -213,6 +221,7 @@ class Node:
             self.elections = Elections.for_node(self.settings, self.meta)
         runs = [_Supervised(config, stages[config.name], PipelineResult(config.name)) for config in self.pipelines]
         self.tasks, self.serial = shared_services(self.settings)
+        self.batch_cap = node_batch_cap(self.settings)
         try:
             if self.elections is None:
                 self._supervise_all(runs, until_caught_up)
@@ -301,7 +310,7 @@ class Node:
         stages = run.stages
         scheduler = Scheduler(name, run.config.pipeline, stages.select, stages.extract, stages.transform,
                               stages.load, self.meta, node_id=self.settings.node.id, listener=ProgressLog(name),
-                              tasks=self.tasks, serial=self.serial)
+                              tasks=self.tasks, serial=self.serial, batch_cap=self.batch_cap)
         with self._lock:
             self._running[name] = scheduler
         if self._stop.is_set():  # stop() may have missed it

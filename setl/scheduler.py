@@ -8,11 +8,12 @@ loads run on a shared `SerialExecutorService`, one slot per (pipeline, target ta
 
 from __future__ import annotations
 
+import collections
 import enum
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 import attrs
 
@@ -137,6 +138,66 @@ class _Step:
         return self.step()
 
 
+class BatchCap:
+    """A node-wide cap on batches in flight, shared by the schedulers of a node's pipelines.
+
+    Contract: at most `limit` permits are out at any time. `try_acquire` never blocks: when
+    no permit is free it queues the caller (once, however often it asks) and returns False;
+    `release` then hands the permit straight to the first caller in the queue and calls the
+    `wake` it gave, so waiters are served in FIFO order and a newcomer never overtakes one.
+    A granted permit is the waiter's until it takes it with `try_acquire`, or `cancel`s.
+    `wake` is called without this object's lock held and must not block.
+    """
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"a batch cap must be at least 1, got {limit}")
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._free = limit
+        self._waiting: collections.OrderedDict[Hashable, Callable[[], None]] = collections.OrderedDict()
+        self._granted: set[Hashable] = set()
+
+    @property
+    def available(self) -> int:
+        """Permits neither held nor granted to a waiter."""
+        with self._lock:
+            return self._free
+
+    def try_acquire(self, waiter: Hashable, wake: Callable[[], None]) -> bool:
+        """Take a permit for `waiter`, or queue it to be woken with `wake` when one is handed to it."""
+        with self._lock:
+            if waiter in self._granted:
+                self._granted.discard(waiter)
+                return True
+            if self._free and not self._waiting:
+                self._free -= 1
+                return True
+            self._waiting.setdefault(waiter, wake)
+            return False
+
+    def release(self) -> None:
+        """Give a permit back: to the first waiter if there is one."""
+        with self._lock:
+            if not self._waiting:
+                if self._free >= self.limit:
+                    raise RuntimeError("a batch cap permit was released more often than taken")
+                self._free += 1
+                return
+            waiter, wake = self._waiting.popitem(last=False)
+            self._granted.add(waiter)
+        wake()
+
+    def cancel(self, waiter: Hashable) -> None:
+        """`waiter` no longer wants a permit: leave the queue, and pass on one granted and not taken."""
+        with self._lock:
+            self._waiting.pop(waiter, None)
+            if waiter not in self._granted:
+                return
+            self._granted.discard(waiter)
+        self.release()
+
+
 def supports_per_table(load: Load) -> bool:
     """Whether `load` implements `load_part`, which `load.mode: per_table` needs."""
     return type(load).load_part is not Load.load_part
@@ -163,7 +224,13 @@ class Scheduler:
 
     A permit is taken before Select cuts a batch and given back only when the batch is
     acked, or discarded and its work has finished, so at most `parallelism` batches exist
-    between Select and Termin at any time.
+    between Select and Termin at any time. With a `batch_cap` (a `BatchCap` the node's
+    pipelines share) a cut also needs one of the node's permits before it takes its first
+    transaction (so an idle pipeline holds none): Select waits for one parked (BLOCKED,
+    holding no thread), in FIFO order with the other pipelines, and the batch gives it back
+    together with its own. When the pipeline ends, every permit its
+    batches still hold is given back (their batches are abandoned, to be replayed), as is
+    the one Select held or was waiting for.
     """
 
     def __init__(
@@ -181,6 +248,7 @@ class Scheduler:
         clock: Callable[[], float] = time.monotonic,
         tasks: TaskExecutionService | None = None,
         serial: SerialExecutorService | None = None,
+        batch_cap: BatchCap | None = None,
     ) -> None:
         self.name = name
         self.settings = settings
@@ -206,6 +274,10 @@ class Scheduler:
 
         self._cond = threading.Condition()
         self._permits = threading.Semaphore(settings.parallelism)
+        self.batch_cap = batch_cap
+        self._holding: set[_Slot] = set()  # batches not retired yet: each holds a permit (and a node permit)
+        self._cap_cut = False  # Select's cut holds a node permit
+        self._cap_closed = False  # the pipeline ended and gave its node permits back
         self._inflight: dict[int, _Slot] = {}
         self._live = 0
         self._epoch = 0
@@ -401,21 +473,25 @@ class Scheduler:
                 epoch = self._epoch
             self._sel_cut = _Cut(self._sel_next_id, epoch, self._sel_end, self._sel_end, self._sel_cursor)
         try:
-            batch, progressed = self._read()
+            batch = self._read()
         except BaseException as exc:
             self._drop_cut()
             self._source_failed(exc)
             return Progress.PROGRESS
-        if batch is None:
-            return Progress.PROGRESS if progressed else Progress.NO_PROGRESS
+        if isinstance(batch, Progress):
+            return batch
         self._sel_cut, self._sel_permit = None, False
         with self._cond:
+            cap_cut, self._cap_cut = self._cap_cut, False
             if batch.epoch != self._epoch or self._rewind is not None or self._stopping.is_set():
                 self._permits.release()
+                if cap_cut:
+                    self._release_node_permit()
                 return Progress.PROGRESS
             assert batch.id not in self._inflight, f"batch {batch.id} is already in flight"
             slot = _Slot(batch)
             self._inflight[batch.id] = slot
+            self._holding.add(slot)
             self._live += 1
             live = self._live
         self.listener.on_handoff(batch, live)
@@ -431,14 +507,46 @@ class Scheduler:
         return Progress.PROGRESS
 
     def _drop_cut(self) -> None:
-        """Abandon the batch being read (a stop or a rewind) and give its permit back."""
+        """Abandon the batch being read (a stop or a rewind) and give its permits back, or stop waiting for one."""
         self._sel_cut = None
         if self._sel_permit:
             self._sel_permit = False
             self._permits.release()
+        if self.batch_cap is not None:
+            with self._cond:
+                if self._cap_cut:
+                    self._cap_cut = False
+                    self._release_node_permit()
+                else:
+                    self.batch_cap.cancel(self)
 
-    def _read(self) -> tuple[Batch | None, bool]:
-        """Read whole transactions into the current cut; (the batch if it is complete, whether anything was read)."""
+    def _take_node_permit(self) -> bool:
+        """Whether Select now holds a node permit for its next cut (always, without a cap).
+
+        Without one, Select is queued on the cap, which wakes it when it hands it one.
+        """
+        if self.batch_cap is None:
+            return True
+        with self._cond:
+            if self._cap_closed or not self.batch_cap.try_acquire(self, self._wake_select):
+                return False
+            self._cap_cut = True
+            return True
+
+    def _release_node_permit(self) -> None:
+        """Under the lock: give one node permit back, unless the ended pipeline already gave them all back."""
+        if self.batch_cap is not None and not self._cap_closed:
+            self.batch_cap.release()
+
+    def _wake_select(self) -> None:
+        self._wake("select")
+
+    def _read(self) -> Batch | Progress:
+        """Read whole transactions into the current cut: the batch if it is complete, else how the call went.
+
+        The cut takes a node permit with its first transaction (BLOCKED until the cap hands
+        one over, the transaction kept for then): an idle pipeline's empty cut holds none.
+        """
         cut = self._sel_cut
         assert cut is not None
         limits = self.settings.batch
@@ -454,7 +562,7 @@ class Scheduler:
                 if cut.deadline is not None and now >= cut.deadline and cut.taken and cut.end == cut.cursor:
                     break
                 if time.perf_counter() >= slice_end:
-                    return None, progressed
+                    return Progress.PROGRESS if progressed else Progress.NO_PROGRESS
                 timeout = 0.0
                 if blocking:
                     timeout = BLOCKING_POLL if cut.deadline is None else min(
@@ -468,7 +576,10 @@ class Scheduler:
                     self._deferred_error = exc
                     break
                 if tx is None:
-                    return None, progressed
+                    return Progress.PROGRESS if progressed else Progress.NO_PROGRESS
+            if not cut.taken and not self._cap_cut and not self._take_node_permit():
+                pending.append(tx)
+                return Progress.BLOCKED  # the node cap hands us a permit, in turn, and wakes us
             progressed = True
             if tx.is_ddl and cut.changes:
                 pending.append(tx)
@@ -497,7 +608,7 @@ class Scheduler:
             end=cut.end,
             changes=tuple(cut.changes),
             cursor=cut.cursor if cut.cursor != cut.end else None,
-        ), True
+        )
 
     def _source_failed(self, exc: BaseException) -> None:
         if isinstance(exc, LeadershipLost):
@@ -782,9 +893,12 @@ class Scheduler:
         if slot.retired:
             return
         slot.retired = True
+        self._holding.discard(slot)
         self._live -= 1
         self._permits.release()
         self.listener.on_retire(slot.batch, self._live)
+        # After the listener: a listener counting batches across pipelines never sees the cap exceeded.
+        self._release_node_permit()
         self._wake("select")
 
     def _finish(self, outcome: Outcome) -> None:
@@ -849,6 +963,7 @@ class Scheduler:
             self.select.close()
         except Exception:
             log.exception("pipeline=%s closing the source failed", self.name)
+        self._give_back_permits()
         outcome = self._outcome or Outcome.STOPPED
         try:
             # An operator's pause, written while we drained, must survive the stop.
@@ -861,6 +976,18 @@ class Scheduler:
         self._event("termin", None, f"finished: {outcome.value}")
         self._result = outcome
         self._finished.set()
+
+    def _give_back_permits(self) -> None:
+        """The pipeline is over: retire the batches it abandoned, and give back Select's node permit."""
+        with self._cond:
+            for slot in list(self._holding):
+                self._retire(slot)
+            if self.batch_cap is not None:
+                if self._cap_cut:
+                    self._cap_cut = False
+                    self.batch_cap.release()
+                self.batch_cap.cancel(self)
+                self._cap_closed = True
 
     def _record_failed_start(self, error: BaseException) -> None:
         """A start that failed leaves the pipeline STOPPED with the error, not RUNNING with no process."""
