@@ -4,7 +4,9 @@ Runs `--pipelines` pipelines on the in-memory harness (a scripted source per pip
 MemorySink, one SQLite meta store for the node) in one process, in two layouts:
 
 * shared: every scheduler runs on one node-wide TaskExecutionService (and one
-  SerialExecutorService for per_table loads), as `setl start --all` does;
+  SerialExecutorService for per_table loads) under the node's cap on batches in flight
+  (`runtime.max_batches_in_flight`, by default 4x max_workers; 0 for none), as
+  `setl start --all` does;
 * baseline: every scheduler makes private services sized so that each of its activities
   (Select, Load, Termin, the drain and `parallelism` Extract/Transform tasks) has a thread
   of its own: the thread-per-task layout.
@@ -16,11 +18,13 @@ and two workloads:
   batch latency from Select's hand-off to the ack (p50/p99), at the same offered load.
 
 Each (layout, workload) runs in its own subprocess (so peak RSS is its own), `--repeat` times;
-medians are printed, with the peak thread count (the bench's own sampler and feeder not counted).
+medians are printed, with the peak thread count (the bench's own sampler and feeder not counted),
+and the issue's goal checked: at most 16 threads, p99 no worse than 2x the baseline's (both
+workloads), backlog rows/s not lower.
 
     PYTHONPATH=. python tools/bench/bench_many_pipelines.py [--pipelines 100] [--transactions 60]
         [--rows 10] [--rate 5] [--seconds 5] [--parallelism 3] [--mode ordered|per_table]
-        [--workers 4] [--repeat 3]
+        [--workers 4] [--max-batches-in-flight N] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -36,11 +40,11 @@ import threading
 import time
 from pathlib import Path
 
-from setl.config import BatchSettings, LoadSettings, PipelineSettings, RetrySettings
+from setl.config import BatchSettings, LoadSettings, PipelineSettings, RetrySettings, RuntimeConfig
 from setl.meta import SqliteMetaStore
 from setl.model import Ack, Batch
 from setl.runtime import SerialExecutorService, TaskExecutionService
-from setl.scheduler import Listener, Outcome, Scheduler
+from setl.scheduler import BatchCap, Listener, Outcome, Scheduler
 from setl.stages import Extract, Transform
 from setl.testing.harness import MemorySink, ScriptedSource, insert
 
@@ -94,8 +98,10 @@ def run_layout(args: argparse.Namespace, shared: bool, workload: str, folder: Pa
         retry=RetrySettings(max_attempts=3, initial_backoff_ms=10, max_backoff_ms=50),
     )
     meta = SqliteMetaStore(folder / "meta.db")
-    tasks = serial = None
+    tasks = serial = cap = None
     if shared:
+        limit = runtime_config(args).batch_cap
+        cap = BatchCap(limit) if limit else None
         tasks = TaskExecutionService(args.workers, args.max_workers, idle_backoff=args.idle_ms / 1000.0,
                                      name="node-task")
         serial = SerialExecutorService(16, args.workers, name="node-load")
@@ -106,7 +112,7 @@ def run_layout(args: argparse.Namespace, shared: bool, workload: str, folder: Pa
     listeners = [Latency() for _ in range(args.pipelines)]
     schedulers = [
         Scheduler(f"p{i}", settings, sources[i], Extract(), Transform(), MemorySink(),
-                  meta, listener=listeners[i], tasks=tasks, serial=serial)
+                  meta, listener=listeners[i], tasks=tasks, serial=serial, batch_cap=cap)
         for i in range(args.pipelines)
     ]
     with ThreadSampler(own=2 if steady else 1) as sampler:
@@ -143,6 +149,14 @@ def run_layout(args: argparse.Namespace, shared: bool, workload: str, folder: Pa
     }
 
 
+def runtime_config(args: argparse.Namespace) -> RuntimeConfig:
+    """The shared layout's `runtime:` section, as setl.yaml would give it."""
+    if args.max_batches_in_flight is None:
+        return RuntimeConfig(workers=args.workers, max_workers=args.max_workers)
+    return RuntimeConfig(workers=args.workers, max_workers=args.max_workers,
+                         max_batches_in_flight=args.max_batches_in_flight)
+
+
 def feed(sources: list[ScriptedSource], args: argparse.Namespace) -> int:
     """Append one transaction to every source `args.rate` times a second for `args.seconds`; returns how many."""
     result: list[int] = []
@@ -176,6 +190,8 @@ def main() -> None:
     parser.add_argument("--mode", choices=["ordered", "per_table"], default="ordered")
     parser.add_argument("--workers", type=int, default=4, help="shared task workers (and per_table load workers)")
     parser.add_argument("--max-workers", type=int, default=12)
+    parser.add_argument("--max-batches-in-flight", type=int,
+                        help="shared: the node's cap (default 4x max-workers, as in setl.yaml; 0: none)")
     parser.add_argument("--idle-ms", type=int, default=10, help="shared service's idle back-off")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--layout", choices=["shared", "baseline"], help=argparse.SUPPRESS)
@@ -202,10 +218,13 @@ def main() -> None:
           f"medians of {args.repeat} runs")
     print(f"backlog {args.transactions} transactions per pipeline; steady {args.rate} transactions/s per pipeline "
           f"for {args.seconds} s ({args.pipelines * args.rate * args.rows:,} rows/s offered)")
-    labels = {"shared": f"shared {args.workers}..{args.max_workers} workers", "baseline": "thread per task"}
+    cap = runtime_config(args).batch_cap
+    labels = {"shared": f"shared {args.workers}..{args.max_workers} workers, cap {cap or 'none'}",
+              "baseline": "thread per task"}
     for layout, label in labels.items():
-        print(f"{label:27s}: backlog {med(layout, 'backlog', 'rows_per_s'):8,.0f} rows/s, "
-              f"{med(layout, 'backlog', 'threads'):4.0f} threads, p99 {med(layout, 'backlog', 'p99_ms'):6.1f} ms | "
+        print(f"{label:32s}: backlog {med(layout, 'backlog', 'rows_per_s'):8,.0f} rows/s, "
+              f"{med(layout, 'backlog', 'threads'):4.0f} threads, p50 {med(layout, 'backlog', 'p50_ms'):6.1f} ms "
+              f"p99 {med(layout, 'backlog', 'p99_ms'):6.1f} ms | "
               f"steady p50 {med(layout, 'steady', 'p50_ms'):5.1f} ms p99 {med(layout, 'steady', 'p99_ms'):6.1f} ms, "
               f"{med(layout, 'steady', 'threads'):4.0f} threads | peak RSS "
               f"{max(med(layout, w, 'peak_rss_mib') for w in ('backlog', 'steady')):.0f} MiB")
@@ -213,8 +232,17 @@ def main() -> None:
     def ratio(workload: str, key: str) -> float:
         return med("shared", workload, key) / med("baseline", workload, key)
 
-    print(f"shared/baseline: threads {ratio('steady', 'threads'):.3f}, steady p99 {ratio('steady', 'p99_ms'):.2f}, "
-          f"steady p50 {ratio('steady', 'p50_ms'):.2f}, backlog rows/s {ratio('backlog', 'rows_per_s'):.2f}")
+    print(f"shared/baseline: threads {ratio('steady', 'threads'):.3f}, backlog p99 {ratio('backlog', 'p99_ms'):.2f}, "
+          f"steady p99 {ratio('steady', 'p99_ms'):.2f}, steady p50 {ratio('steady', 'p50_ms'):.2f}, "
+          f"backlog rows/s {ratio('backlog', 'rows_per_s'):.2f}")
+    threads = max(med("shared", w, "threads") for w in ("backlog", "steady"))
+    checks = {
+        f"<= 16 threads ({threads:.0f})": threads <= 16,
+        f"backlog p99 <= 2x ({ratio('backlog', 'p99_ms'):.2f}x)": ratio("backlog", "p99_ms") <= 2,
+        f"steady p99 <= 2x ({ratio('steady', 'p99_ms'):.2f}x)": ratio("steady", "p99_ms") <= 2,
+        f"backlog rows/s >= 1x ({ratio('backlog', 'rows_per_s'):.2f}x)": ratio("backlog", "rows_per_s") >= 1,
+    }
+    print("goal: " + "; ".join(f"{name} {'met' if ok else 'NOT MET'}" for name, ok in checks.items()))
 
 
 if __name__ == "__main__":
