@@ -107,7 +107,20 @@ def _build(settings: SparkConfig) -> "SparkSession":
             stage="transform",
         ) from exc
     session.sparkContext.setLogLevel(conf.get("spark.log.level", "WARN"))
+    _quiet_task_size_warning(session)
     return session
+
+
+def _quiet_task_size_warning(session: Any) -> None:
+    """Batches reach Spark as Arrow data inside their tasks, so most batches are "a task of very
+    large size" to Spark's scheduler, which would log a warning per batch. Only that logger is
+    raised to ERROR; best effort (a Spark Connect session has no JVM to reach)."""
+    try:
+        jvm = session._jvm
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+            "org.apache.spark.scheduler.TaskSetManager", jvm.org.apache.logging.log4j.Level.ERROR)
+    except Exception as exc:
+        log.debug("cannot quiet Spark's task size warning: %s", exc)
 
 
 class SessionHolder:

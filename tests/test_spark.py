@@ -105,3 +105,14 @@ def test_real_session_is_shared_and_configured():
     assert spark.conf.get("spark.ui.enabled") == "false"
     assert spark.conf.get("spark.sql.shuffle.partitions") == "2"
     assert spark.sparkContext.uiWebUrl is None
+
+
+def test_a_large_batch_does_not_log_spark_task_size_warnings(capfd):
+    """Batches travel inside Spark tasks; Spark's "task of very large size" warning is not logged per batch."""
+    from setl.testing.spark import run_transform
+
+    local_spark()
+    rows = [{"id": i, "note": "x" * 100} for i in range(20_000)]  # well over Spark's 1000 KiB task warning
+    out = run_transform("add_column", rows, {"name": "n2", "expr": "id * 2"}, primary_key=["id"])
+    assert len(out) == len(rows) and out[-1]["n2"] == 2 * rows[-1]["id"]
+    assert "very large size" not in capfd.readouterr().err
