@@ -170,7 +170,7 @@ class BatchCap:
             if waiter in self._granted:
                 self._granted.discard(waiter)
                 return True
-            if self._free and not self._waiting:
+            if self._free:  # none is free while anyone waits: release hands it over
                 self._free -= 1
                 return True
             self._waiting.setdefault(waiter, wake)
