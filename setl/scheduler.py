@@ -228,9 +228,9 @@ class Scheduler:
     pipelines share) a cut also needs one of the node's permits before it takes its first
     transaction (so an idle pipeline holds none): Select waits for one parked (BLOCKED,
     holding no thread), in FIFO order with the other pipelines, and the batch gives it back
-    together with its own. When the pipeline ends, every permit its
-    batches still hold is given back (their batches are abandoned, to be replayed), as is
-    the one Select held or was waiting for.
+    together with its own. When the pipeline ends, every permit its batches still hold is
+    given back (the batches are abandoned, to be replayed; a worker still busy with one after
+    the drain and halt timeouts no longer counts), as is the one Select held or waited for.
     """
 
     def __init__(
