@@ -60,7 +60,7 @@ from kazoo.retry import KazooRetry
 
 from setl.errors import ConfigError, LeadershipLost, MetaStoreError
 from setl.model import Batch, Position, Transaction
-from setl.stages import Load, Select
+from setl.stages import Load, LoadWrapper, Select, SelectWrapper
 
 log = logging.getLogger("setl.ha")
 
@@ -565,18 +565,13 @@ class Lease:
             self._on_switch()
 
 
-class FencedSelect(Select):
+class FencedSelect(SelectWrapper):
     """Select that only reads while its lease holds: a poll during a lost connection returns
     nothing, and any call after the lease is lost raises `LeadershipLost`."""
 
     def __init__(self, lease: Lease, inner: Select) -> None:
+        super().__init__(inner)
         self.lease = lease
-        self.inner = inner
-
-    @property
-    def blocking(self) -> bool:
-        """The inner source's scheduling hint (whether its poll may block)."""
-        return bool(getattr(self.inner, "blocking", False))
 
     def open(self, start: Position | None) -> None:
         self.lease.check()
@@ -591,25 +586,13 @@ class FencedSelect(Select):
         self.lease.check()
         self.inner.seek(position)
 
-    def tell(self) -> Position | None:
-        return self.inner.tell()
 
-    def head(self) -> Position | None:
-        return self.inner.head()
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-class FencedLoad(Load):
+class FencedLoad(LoadWrapper):
     """Load that waits while the connection is lost and refuses once the lease is lost."""
 
     def __init__(self, lease: Lease, inner: Load) -> None:
+        super().__init__(inner)
         self.lease = lease
-        self.inner = inner
-
-    def open(self) -> None:
-        self.inner.open()
 
     def _wait_usable(self) -> None:
         while not self.lease.usable(0.5):
@@ -626,15 +609,6 @@ class FencedLoad(Load):
     def mark_loaded(self, batch: Batch) -> None:
         self._wait_usable()
         self.inner.mark_loaded(batch)
-
-    def committed(self) -> Position | None:
-        return self.inner.committed()
-
-    def committed_epoch(self) -> int | None:
-        return self.inner.committed_epoch()
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 # --- the election ------------------------------------------------------------------------------

@@ -16,8 +16,8 @@ from setl.ddltask.actions import Actions
 from setl.ddltask.tasks import Binding, DdlTasks, latest_clearing
 from setl.errors import LoadError, MetaStoreError, SetlError, TransientLoadError
 from setl.meta.base import DdlTask, DdlTaskStatus
-from setl.model import Batch, Change, Position, RowChange
-from setl.stages.load import Load
+from setl.model import Batch, Change, Position
+from setl.stages.load import Load, LoadWrapper
 
 log = logging.getLogger("setl.ddltask")
 
@@ -28,7 +28,7 @@ CRASH_ENV = "SETL_DDLTASK_CRASH_AFTER_ACTION"
 ACTION_FAILED = "action failed: "
 
 
-class DdlTaskLoad(Load):
+class DdlTaskLoad(LoadWrapper):
     """Wraps the pipeline's Load (see the module docstring).
 
     For each call, which may come from any thread and concurrently with other calls:
@@ -54,7 +54,7 @@ class DdlTaskLoad(Load):
     """
 
     def __init__(self, inner: Load, tasks: DdlTasks, actions: Actions, *, node_id: str = "node") -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.tasks = tasks
         self.actions = actions
         self.pipeline = tasks.pipeline
@@ -69,15 +69,6 @@ class DdlTaskLoad(Load):
         self.actions_run: collections.Counter[str] = collections.Counter()
 
     # -- the Load contract
-
-    def open(self) -> None:
-        self.inner.open()
-
-    def committed(self) -> Position | None:
-        return self.inner.committed()
-
-    def committed_epoch(self) -> int | None:
-        return self.inner.committed_epoch()
 
     def close(self) -> None:
         try:

@@ -26,7 +26,7 @@ from setl.ddltask.tasks import DdlTasks
 from setl.errors import SourceError
 from setl.meta.base import DdlTask
 from setl.model import Change, DdlChange, Op, Position, RowChange, Transaction
-from setl.stages.select import Select
+from setl.stages.select import Select, SelectWrapper
 
 log = logging.getLogger("setl.ddltask")
 
@@ -101,7 +101,7 @@ def split_where(partition: str) -> tuple[str, str]:
     return match.group(1), match.group(2)
 
 
-class DdlTaskSelect(Select):
+class DdlTaskSelect(SelectWrapper):
     """Wraps a pipeline's Select: declares the task of every signal row and hides the signal table.
 
     * An inserted signal row declares its task in the meta store (through `tasks.declare`) before
@@ -123,7 +123,7 @@ class DdlTaskSelect(Select):
         schema, dot, table = signal_table.rpartition(".")
         if not dot or not schema or not table:
             raise ValueError(f"signal table {signal_table!r} is not schema.table")
-        self.inner = inner
+        super().__init__(inner)
         self.tasks = tasks
         self.signal = (schema, table)
         self.pipeline = pipeline
@@ -131,10 +131,6 @@ class DdlTaskSelect(Select):
     def open(self, start: Position | None) -> None:
         self.tasks.refresh()
         self.inner.open(start)
-
-    @property
-    def blocking(self) -> bool:  # type: ignore[override]
-        return bool(getattr(self.inner, "blocking", False))
 
     def poll(self, timeout: float) -> Transaction | None:
         tx = self.inner.poll(timeout)
@@ -183,17 +179,6 @@ class DdlTaskSelect(Select):
             log.info("pipeline=%s stage=select position=%s declared %s%s", self.pipeline, position,
                      task.describe(), " (overwrite)" if task.overwrite else "")
 
-    def seek(self, position: Position | None) -> None:
-        self.inner.seek(position)
-
-    def tell(self) -> Position | None:
-        return self.inner.tell()
-
-    def head(self) -> Position | None:
-        return self.inner.head()
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 __all__ = ["OP_TYPES", "Signal", "DdlTaskSelect", "check_partition", "split_where"]

@@ -64,3 +64,30 @@ class Load:
 
     def close(self) -> None:
         """Release resources. Idempotent."""
+
+
+class LoadWrapper(Load):
+    """A Load around another (`inner`) that forwards every call; subclasses override what they
+    change (fencing, batch DDL tasks, fault injection).
+
+    `load_part` and `mark_loaded` are not forwarded: a wrapper that can load per table says so
+    by overriding them, since the scheduler offers ``per_table`` only to a Load that does.
+    """
+
+    def __init__(self, inner: Load) -> None:
+        self.inner = inner
+
+    def open(self) -> None:
+        self.inner.open()
+
+    def load(self, batch: Batch) -> None:
+        self.inner.load(batch)
+
+    def committed(self) -> Position | None:
+        return self.inner.committed()
+
+    def committed_epoch(self) -> int | None:
+        return self.inner.committed_epoch()
+
+    def close(self) -> None:
+        self.inner.close()

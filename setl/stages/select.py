@@ -57,3 +57,33 @@ class Select(abc.ABC):
 
     def close(self) -> None:
         """Release resources. Idempotent."""
+
+
+class SelectWrapper(Select):
+    """A Select around another (`inner`) that forwards every call and the inner's `blocking`
+    hint; subclasses override what they change (fencing, signal rows)."""
+
+    def __init__(self, inner: Select) -> None:
+        self.inner = inner
+
+    @property
+    def blocking(self) -> bool:  # type: ignore[override]
+        return bool(getattr(self.inner, "blocking", False))
+
+    def open(self, start: Position | None) -> None:
+        self.inner.open(start)
+
+    def poll(self, timeout: float) -> Transaction | None:
+        return self.inner.poll(timeout)
+
+    def seek(self, position: Position | None) -> None:
+        self.inner.seek(position)
+
+    def tell(self) -> Position | None:
+        return self.inner.tell()
+
+    def head(self) -> Position | None:
+        return self.inner.head()
+
+    def close(self) -> None:
+        self.inner.close()

@@ -25,7 +25,7 @@ from setl.meta.sqlite import SqliteMetaStore
 from setl.model import Ack, Batch, Change, DdlChange, Op, Position, RowChange, Transaction
 from setl.scheduler import Listener, Outcome, Scheduler
 from setl.sinks.merge import merge
-from setl.stages import Extract, Load, Select, Transform
+from setl.stages import Extract, Load, LoadWrapper, Select, Transform
 
 # --- building changes -----------------------------------------------------------------------
 
@@ -162,17 +162,15 @@ class FaultyTransform(Transform):
         return self.inner.transform(batch)
 
 
-class FaultyLoad(Load):
+class FaultyLoad(LoadWrapper):
     """Wraps a Load: fires "load" markers before it and "termin" markers after it.
 
     A "termin" marker therefore strikes between a batch's load and its ack.
     """
 
     def __init__(self, plan: FaultPlan, inner: Load) -> None:
-        self.plan, self.inner = plan, inner
-
-    def open(self) -> None:
-        self.inner.open()
+        super().__init__(inner)
+        self.plan = plan
 
     def load(self, batch: Batch) -> None:
         self.plan.check("load", batch.id)
@@ -186,15 +184,6 @@ class FaultyLoad(Load):
     def mark_loaded(self, batch: Batch) -> None:
         self.inner.mark_loaded(batch)
         self.plan.check("termin", batch.id)
-
-    def committed(self) -> Position | None:
-        return self.inner.committed()
-
-    def committed_epoch(self) -> int | None:
-        return self.inner.committed_epoch()
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 # --- source and sink ------------------------------------------------------------------------
