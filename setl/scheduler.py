@@ -59,6 +59,8 @@ SELECT_SLICE = 0.02
 BLOCKING_POLL = 0.02
 #: Extract and Transform of one batch run in one call when Extract took less than this.
 ETL_SLICE = 0.005
+#: Load and Termin go on to the next batch in the same call while they are within this (real time).
+STEP_SLICE = 0.01
 
 
 class Outcome(str, enum.Enum):
@@ -380,8 +382,8 @@ class Scheduler:
         self._blocking_select = self._own_tasks or bool(getattr(self.select, "blocking", False))
         steps = {
             "select": _Step(self._guard(self._select_step), blocking=self._blocking_select),
-            "load": _Step(self._guard(self._load_step)),
-            "termin": _Step(self._guard(self._termin_step)),
+            "load": _Step(self._guard(self._repeat(self._load_step))),
+            "termin": _Step(self._guard(self._repeat(self._termin_step))),
         }
         with self._cond:
             for role, step in steps.items():
@@ -422,6 +424,24 @@ class Scheduler:
                 self.error = exc
                 self._finish(Outcome.STOPPED)
             return Progress.DONE
+
+        return call
+
+    @staticmethod
+    def _repeat(step: Callable[[], Progress]) -> Callable[[], Progress]:
+        """`step` again while it makes progress, within `STEP_SLICE`.
+
+        So Load and Termin end a call with nothing left to do, parked (BLOCKED) until woken,
+        and a wake serves them ahead of the queue; a call ending in PROGRESS would put them
+        at its back, behind every other pipeline's tasks, with a batch ready for them.
+        """
+
+        def call() -> Progress:
+            deadline = time.perf_counter() + STEP_SLICE
+            while True:
+                progress = step()
+                if progress is not Progress.PROGRESS or time.perf_counter() >= deadline:
+                    return progress
 
         return call
 
