@@ -79,7 +79,7 @@ class RuntimeConfig:
     load_workers: int = attrs.field(default=4, validator=attrs.validators.ge(1))
     # Batches cut and not yet acked, across all the node's pipelines; null or 0: no cap.
     max_batches_in_flight: int | None = attrs.field(
-        default=attrs.Factory(lambda self: 4 * self.max_workers, takes_self=True),
+        default=attrs.Factory(lambda self: 4 * self.workers, takes_self=True),
         validator=attrs.validators.optional(attrs.validators.ge(0)))
 
     def __attrs_post_init__(self) -> None:

@@ -76,8 +76,8 @@ def shared_tasks(name: str) -> TaskExecutionService:
 
 
 def test_the_runtime_setting_makes_the_node_cap():
-    """`runtime.max_batches_in_flight` defaults to 4x max_workers; 0 or null means no cap."""
-    assert node_batch_cap(NodeSettings(runtime=RuntimeConfig(workers=2, max_workers=5))).limit == 20
+    """`runtime.max_batches_in_flight` defaults to 4x workers; 0 or null means no cap."""
+    assert node_batch_cap(NodeSettings(runtime=RuntimeConfig(workers=3, max_workers=5))).limit == 12
     assert node_batch_cap(NodeSettings(runtime=RuntimeConfig(max_batches_in_flight=7))).limit == 7
     assert node_batch_cap(NodeSettings(runtime=RuntimeConfig(max_batches_in_flight=0))) is None
     assert node_batch_cap(NodeSettings(runtime=RuntimeConfig(max_batches_in_flight=None))) is None

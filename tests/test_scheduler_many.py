@@ -122,7 +122,7 @@ def test_a_paused_and_a_failing_pipeline_do_not_disturb_the_others(tmp_path):
     assert outcomes["steady"] is Outcome.STOPPED and outcomes["paused"] is Outcome.STOPPED
     assert outcomes["broken"] is Outcome.PAUSED
     assert meta.state("paused").status is Status.PAUSED
-    assert node.batch_cap is not None and node.batch_cap.limit == 16  # 4x runtime.max_workers
+    assert node.batch_cap is not None and node.batch_cap.limit == 8  # 4x runtime.workers
     assert node.batch_cap.available == node.batch_cap.limit, "a paused or stopped pipeline kept a node permit"
     meta.close()
 

@@ -5,7 +5,7 @@ MemorySink, one SQLite meta store for the node) in one process, in two layouts:
 
 * shared: every scheduler runs on one node-wide TaskExecutionService (and one
   SerialExecutorService for per_table loads) under the node's cap on batches in flight
-  (`runtime.max_batches_in_flight`, by default 4x max_workers; 0 for none), as
+  (`runtime.max_batches_in_flight`, by default 4x workers; 0 for none), as
   `setl start --all` does;
 * baseline: every scheduler makes private services sized so that each of its activities
   (Select, Load, Termin, the drain and `parallelism` Extract/Transform tasks) has a thread
@@ -191,7 +191,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4, help="shared task workers (and per_table load workers)")
     parser.add_argument("--max-workers", type=int, default=12)
     parser.add_argument("--max-batches-in-flight", type=int,
-                        help="shared: the node's cap (default 4x max-workers, as in setl.yaml; 0: none)")
+                        help="shared: the node's cap (default 4x workers, as in setl.yaml; 0: none)")
     parser.add_argument("--idle-ms", type=int, default=10, help="shared service's idle back-off")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--layout", choices=["shared", "baseline"], help=argparse.SUPPRESS)
