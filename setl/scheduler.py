@@ -290,6 +290,9 @@ class Scheduler:
         self._load_tasks = 0  # per_table: part and EOF tasks submitted and not finished
         self._acked: Position | None = None
         self._attempt = 0
+        # Where the last rollback rewound to: attempts start again only once an ack passes it
+        # (pieces of a split transaction acked before its failing piece do not move the ack).
+        self._retry_from: Position | None = None
         self._rewind: tuple[Position | None, int, float] | None = None
         self._rolling: tuple[int, BaseException, int] | None = None  # (failed id, error, new epoch)
         self._select_error: BaseException | None = None
@@ -836,7 +839,8 @@ class Scheduler:
             del self._inflight[batch.id]
             self._next_ack += 1
             self._acked = batch.end
-            self._attempt = 0
+            if self._retry_from is None or batch.end > self._retry_from:
+                self._attempt, self._retry_from = 0, None
             self._retire(slot)
             self._cond.notify_all()
         self.acked_batches += 1
@@ -890,6 +894,7 @@ class Scheduler:
             # Set in the same critical section as the new epoch: otherwise Select could
             # hand on a batch cut from its old cursor under the new epoch.
             self._rewind = (self._acked, failed_id, self.clock() + delay)
+            self._retry_from = self._acked
             self._cond.notify_all()
         self._wake("select", "load")
         self.listener.on_rollback(failed_id, epoch, error, attempt)
