@@ -198,7 +198,8 @@ class BrokenSource(ScriptedSource):
 
 @pytest.mark.timeout(120)
 def test_pause_stop_rollback_lost_and_a_failed_start_give_every_node_permit_back():
-    """After pipelines roll back, pause, stop with batches abandoned, lose leadership or fail to start, the cap is full."""
+    """After pipelines roll back, pause, stop with batches abandoned, lose leadership or fail to start,
+    the cap is full."""
     cap = BatchCap(5)
     tasks = shared_tasks("cap-leaks")
     meta = SqliteMetaStore(":memory:")
