@@ -259,7 +259,8 @@ class Node:
             if now >= next_watch:
                 self._watch_operator_pauses()
                 next_watch = now + self.poll_interval
-            self._stop.wait(self.tick) if not self._stop.is_set() else time.sleep(self.tick)
+            if self._stop.wait(self.tick):  # stopping: the schedulers drain; keep the same pace
+                time.sleep(self.tick)
 
     def _supervise_elected(self, runs: list[_Supervised], until_caught_up: bool) -> None:
         """HA mode: a supervisor thread per pipeline, each waiting in its election while a standby."""
