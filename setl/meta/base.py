@@ -95,6 +95,27 @@ class DdlTask:
         part = f" partition {self.op_partition}" if self.op_partition else ""
         return f"task {self.task_id} ({self.op_type} on {self.target}{part})"
 
+    def claimable(self, expected_owner: str | None) -> bool:
+        """Whether `claim_ddl_task` wins this task: a first claim needs it DECLARED, a take-over
+        needs it RUNNING under `expected_owner`."""
+        if expected_owner is None:
+            return self.status is DdlTaskStatus.DECLARED
+        return self.status is DdlTaskStatus.RUNNING and self.owner == expected_owner
+
+    def overwrites(self, other: "DdlTask") -> bool:
+        """Whether claiming this (overwrite) task deprecates `other`: a live task of the same op
+        declared before it."""
+        return (other.op_id == self.op_id and other.task_id != self.task_id
+                and other.position < self.position and other.status is not DdlTaskStatus.DEPRECATED)
+
+
+def finishing_status(status: DdlTaskStatus | str) -> DdlTaskStatus:
+    """`status` as `finish_ddl_task` accepts it: SUCCEEDED or DEPRECATED, else ValueError."""
+    status = DdlTaskStatus(status)
+    if status not in (DdlTaskStatus.SUCCEEDED, DdlTaskStatus.DEPRECATED):
+        raise ValueError(f"a ddl task finishes as succeeded or deprecated, not {status.value}")
+    return status
+
 
 @attrs.frozen
 class DdlClaim:

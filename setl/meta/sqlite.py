@@ -18,6 +18,7 @@ from setl.meta.base import (
     MetaStore,
     PipelineState,
     Status,
+    finishing_status,
 )
 from setl.model import Ack, Position
 
@@ -311,11 +312,7 @@ class SqliteMetaStore(MetaStore):
             task = self._get_ddl_task(db, pipeline, task_id)
             if task is None:
                 raise KeyError(f"ddl task {task_id!r} of pipeline {pipeline!r} was never declared")
-            if expected_owner is None:
-                won = task.status is DdlTaskStatus.DECLARED
-            else:
-                won = task.status is DdlTaskStatus.RUNNING and task.owner == expected_owner
-            if not won:
+            if not task.claimable(expected_owner):
                 return DdlClaim(False, task)
             db.execute("UPDATE ddl_task SET task_status = ?, owner = ?, update_time = ?"
                        " WHERE pipeline = ? AND task_id = ?",
@@ -338,14 +335,12 @@ class SqliteMetaStore(MetaStore):
             " AND task_status != ? AND task_id != ?",
             (task.pipeline, task.op_id, DdlTaskStatus.DEPRECATED.value, task.task_id),
         ).fetchall()
-        return [t for t in map(self._ddl_task, rows) if t.position < task.position]
+        return [t for t in map(self._ddl_task, rows) if task.overwrites(t)]
 
     def finish_ddl_task(
         self, pipeline: str, task_id: str, owner: str, status: DdlTaskStatus, reason: str | None = None
     ) -> DdlTask:
-        status = DdlTaskStatus(status)
-        if status not in (DdlTaskStatus.SUCCEEDED, DdlTaskStatus.DEPRECATED):
-            raise ValueError(f"a ddl task finishes as succeeded or deprecated, not {status.value}")
+        status = finishing_status(status)
         with self._tx() as db:
             db.execute(
                 "UPDATE ddl_task SET task_status = ?, owner = NULL, reason = ?, update_time = ?"

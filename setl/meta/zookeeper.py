@@ -38,7 +38,16 @@ import attrs
 
 from setl.errors import LeadershipLost, MetaStoreError
 from setl.ha import Check, Conflict, Coordinator, Create, Delete, Lease, SetData, dumps
-from setl.meta.base import OVERWRITTEN_BY, DdlClaim, DdlTask, DdlTaskStatus, MetaStore, PipelineState, Status
+from setl.meta.base import (
+    OVERWRITTEN_BY,
+    DdlClaim,
+    DdlTask,
+    DdlTaskStatus,
+    MetaStore,
+    PipelineState,
+    Status,
+    finishing_status,
+)
 from setl.model import Ack, Position
 
 #: How many ack history nodes to keep per pipeline; pruned every `PRUNE_EVERY` acks.
@@ -285,19 +294,14 @@ class ZooKeeperMetaStore(MetaStore):
             if found is None:
                 raise KeyError(f"ddl task {task_id!r} of pipeline {pipeline!r} was never declared")
             task, version = found
-            if expected_owner is None:
-                won = task.status is DdlTaskStatus.DECLARED
-            else:
-                won = task.status is DdlTaskStatus.RUNNING and task.owner == expected_owner
-            if not won:
+            if not task.claimable(expected_owner):
                 return DdlClaim(False, task)
             now = self._clock()
             claimed = attrs.evolve(task, status=DdlTaskStatus.RUNNING, owner=owner, update_time=now)
             ops: list[Any] = [SetData(path, self._task_data(claimed), version)]
             if task.overwrite:
                 for other, other_version in self._all_tasks(pipeline):
-                    if (other.op_id == task.op_id and other.task_id != task_id and other.position < task.position
-                            and other.status is not DdlTaskStatus.DEPRECATED):
+                    if task.overwrites(other):
                         gone = attrs.evolve(other, status=DdlTaskStatus.DEPRECATED, owner=None,
                                             reason=OVERWRITTEN_BY + task_id, update_time=now)
                         ops.append(SetData(self._task_path(pipeline, other.task_id), self._task_data(gone),
@@ -311,9 +315,7 @@ class ZooKeeperMetaStore(MetaStore):
     def finish_ddl_task(
         self, pipeline: str, task_id: str, owner: str, status: DdlTaskStatus, reason: str | None = None
     ) -> DdlTask:
-        status = DdlTaskStatus(status)
-        if status not in (DdlTaskStatus.SUCCEEDED, DdlTaskStatus.DEPRECATED):
-            raise ValueError(f"a ddl task finishes as succeeded or deprecated, not {status.value}")
+        status = finishing_status(status)
         path = self._task_path(pipeline, task_id)
         while True:
             found = self._task(path)
