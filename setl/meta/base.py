@@ -109,6 +109,11 @@ class DdlTask:
                 and other.position < self.position and other.status is not DdlTaskStatus.DEPRECATED)
 
 
+def never_declared(pipeline: str, task_id: str) -> KeyError:
+    """The error of a store asked to claim or finish a task it does not hold."""
+    return KeyError(f"ddl task {task_id!r} of pipeline {pipeline!r} was never declared")
+
+
 def finishing_status(status: DdlTaskStatus | str) -> DdlTaskStatus:
     """`status` as `finish_ddl_task` accepts it: SUCCEEDED or DEPRECATED, else ValueError."""
     status = DdlTaskStatus(status)

@@ -19,6 +19,7 @@ from setl.meta.base import (
     PipelineState,
     Status,
     finishing_status,
+    never_declared,
 )
 from setl.model import Ack, Position
 
@@ -311,7 +312,7 @@ class SqliteMetaStore(MetaStore):
         with self._tx() as db:
             task = self._get_ddl_task(db, pipeline, task_id)
             if task is None:
-                raise KeyError(f"ddl task {task_id!r} of pipeline {pipeline!r} was never declared")
+                raise never_declared(pipeline, task_id)
             if not task.claimable(expected_owner):
                 return DdlClaim(False, task)
             db.execute("UPDATE ddl_task SET task_status = ?, owner = ?, update_time = ?"
@@ -350,7 +351,7 @@ class SqliteMetaStore(MetaStore):
             )
             task = self._get_ddl_task(db, pipeline, task_id)
         if task is None:
-            raise KeyError(f"ddl task {task_id!r} of pipeline {pipeline!r} was never declared")
+            raise never_declared(pipeline, task_id)
         return task
 
     def close(self) -> None:

@@ -47,6 +47,7 @@ from setl.meta.base import (
     PipelineState,
     Status,
     finishing_status,
+    never_declared,
 )
 from setl.model import Ack, Position
 
@@ -292,7 +293,7 @@ class ZooKeeperMetaStore(MetaStore):
         while True:
             found = self._task(path)
             if found is None:
-                raise KeyError(f"ddl task {task_id!r} of pipeline {pipeline!r} was never declared")
+                raise never_declared(pipeline, task_id)
             task, version = found
             if not task.claimable(expected_owner):
                 return DdlClaim(False, task)
@@ -320,7 +321,7 @@ class ZooKeeperMetaStore(MetaStore):
         while True:
             found = self._task(path)
             if found is None:
-                raise KeyError(f"ddl task {task_id!r} of pipeline {pipeline!r} was never declared")
+                raise never_declared(pipeline, task_id)
             task, version = found
             if task.status is not DdlTaskStatus.RUNNING or task.owner != owner:
                 return task
