@@ -7,19 +7,21 @@ one line on stderr; `--debug` adds the traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from setl.config import default_conf_dir, load_node, load_pipeline, pipeline_names
+from setl.config import NodeSettings, default_conf_dir, load_node, load_pipeline, pipeline_names
 from setl.errors import SetlError, UsageError
 from setl.meta import open_meta_store
-from setl.meta.base import Status
+from setl.meta.base import MetaStore, Status
 from setl.model import Position
 from setl.scheduler import Outcome
 
@@ -108,9 +110,15 @@ def _setup_logging(debug: bool) -> None:
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
 
 
-def _meta(conf: Path):
-    settings = load_node(conf)
-    return settings, open_meta_store(settings)
+@contextlib.contextmanager
+def _pipeline_meta(conf: Path, name: str, settings: NodeSettings | None = None) -> Iterator[MetaStore]:
+    """The node's meta store, once `name` is known to be a pipeline; closed afterwards."""
+    meta = open_meta_store(settings or load_node(conf))
+    try:
+        _known_pipeline(conf, meta, name)
+        yield meta
+    finally:
+        meta.close()
 
 
 def cmd_start(args: argparse.Namespace, conf: Path) -> int:
@@ -157,7 +165,7 @@ def cmd_start(args: argparse.Namespace, conf: Path) -> int:
 
 
 def _status_rows(conf: Path, names: list[str]) -> list[dict[str, Any]]:
-    settings, meta = _meta(conf)
+    meta = open_meta_store(load_node(conf))
     try:
         known = names or sorted(set(pipeline_names(conf)) | set(meta.pipelines()))
         rows = []
@@ -218,9 +226,7 @@ def _known_pipeline(conf: Path, meta, name: str) -> None:
 
 
 def cmd_pause(args: argparse.Namespace, conf: Path) -> int:
-    settings, meta = _meta(conf)
-    try:
-        _known_pipeline(conf, meta, args.pipeline)
+    with _pipeline_meta(conf, args.pipeline) as meta:
         state = meta.state(args.pipeline)
         if state.status is Status.PAUSED:
             print(f"{args.pipeline} is already paused")
@@ -228,14 +234,10 @@ def cmd_pause(args: argparse.Namespace, conf: Path) -> int:
         meta.set_state(args.pipeline, Status.PAUSED, error=None, node=state.node)
         print(f"{args.pipeline} paused" + (" (its node stops it within a second)" if state.status is Status.RUNNING else ""))
         return 0
-    finally:
-        meta.close()
 
 
 def cmd_resume(args: argparse.Namespace, conf: Path) -> int:
-    settings, meta = _meta(conf)
-    try:
-        _known_pipeline(conf, meta, args.pipeline)
+    with _pipeline_meta(conf, args.pipeline) as meta:
         state = meta.state(args.pipeline)
         if state.status is not Status.PAUSED:
             print(f"{args.pipeline} is not paused ({state.status.value})")
@@ -243,14 +245,10 @@ def cmd_resume(args: argparse.Namespace, conf: Path) -> int:
         meta.set_state(args.pipeline, Status.STOPPED, error=None, node=state.node)
         print(f"{args.pipeline} resumed" + (f" (was paused: {state.error})" if state.error else ""))
         return 0
-    finally:
-        meta.close()
 
 
 def cmd_position(args: argparse.Namespace, conf: Path) -> int:
-    settings, meta = _meta(conf)
-    try:
-        _known_pipeline(conf, meta, args.pipeline)
+    with _pipeline_meta(conf, args.pipeline) as meta:
         if args.action == "show":
             ack = meta.position(args.pipeline)
             history = meta.history(args.pipeline, args.history)
@@ -288,17 +286,13 @@ def cmd_position(args: argparse.Namespace, conf: Path) -> int:
         meta.reset_position(args.pipeline, position)
         print(f"{args.pipeline}: position reset to {position}")
         return 0
-    finally:
-        meta.close()
 
 
 def cmd_switch(args: argparse.Namespace, conf: Path) -> int:
     settings = load_node(conf)
     if settings.meta.store != "zookeeper":
         raise UsageError("setl switch needs HA: meta.store: zookeeper in setl.yaml")
-    meta = open_meta_store(settings)
-    try:
-        _known_pipeline(conf, meta, args.pipeline)
+    with _pipeline_meta(conf, args.pipeline, settings) as meta:
         holder = meta.request_switch(args.pipeline, args.to)
         print(f"{args.pipeline}: asked {holder} to hand over" + (f" to {args.to}" if args.to else ""))
         deadline = time.monotonic() + args.timeout
@@ -312,8 +306,6 @@ def cmd_switch(args: argparse.Namespace, conf: Path) -> int:
                                 "(it finishes in-flight batches first)", pipeline=args.pipeline)
             time.sleep(0.1)
         return 0
-    finally:
-        meta.close()
 
 
 def cmd_plugins(args: argparse.Namespace, conf: Path) -> int:
