@@ -198,19 +198,22 @@ class Server:
     `stop()` shuts it down cleanly, `kill()` sends SIGKILL (a crash: data survives as it would
     on a real server), `restart()` is stop then start on the same port. `cleanup()` stops it and
     removes the base directory if it was a temp dir made here. As a context manager it starts on
-    entry and cleans up on exit.
+    entry and cleans up on exit. `options` are server settings written over `DEFAULT_OPTIONS`.
     """
 
     kind = "server"
     host = HOST
+    DEFAULT_OPTIONS: Mapping[str, Any] = {}
 
     def __init__(
         self,
         base_dir: str | os.PathLike[str] | None = None,
         port: int | None = None,
         *,
+        options: Mapping[str, Any] | None = None,
         startup_timeout: float = 60.0,
     ) -> None:
+        self.options = dict(options or {})
         self._own_dir = base_dir is None
         if base_dir is None:
             self.base_dir = Path(tempfile.mkdtemp(prefix=f"setl-{self.kind}-"))
@@ -543,10 +546,9 @@ class MariaDBServer(Server):
         options: Mapping[str, Any] | None = None,
         startup_timeout: float = 60.0,
     ) -> None:
-        super().__init__(base_dir, port, startup_timeout=startup_timeout)
+        super().__init__(base_dir, port, options=options, startup_timeout=startup_timeout)
         self.server_id = server_id
         self.password = password
-        self.options = dict(options or {})
 
     @property
     def datadir(self) -> Path:
@@ -703,17 +705,6 @@ class PostgresServer(Server):
         "log_min_messages": "warning",
         "log_line_prefix": "'%m [%p] %q%u@%d '",
     }
-
-    def __init__(
-        self,
-        base_dir: str | os.PathLike[str] | None = None,
-        port: int | None = None,
-        *,
-        options: Mapping[str, Any] | None = None,
-        startup_timeout: float = 60.0,
-    ) -> None:
-        super().__init__(base_dir, port, startup_timeout=startup_timeout)
-        self.options = dict(options or {})
 
     @property
     def datadir(self) -> Path:
@@ -876,17 +867,6 @@ class ZooKeeperServer(Server):
         "admin.enableServer": "false",
         "4lw.commands.whitelist": "*",
     }
-
-    def __init__(
-        self,
-        base_dir: str | os.PathLike[str] | None = None,
-        port: int | None = None,
-        *,
-        options: Mapping[str, Any] | None = None,
-        startup_timeout: float = 60.0,
-    ) -> None:
-        super().__init__(base_dir, port, startup_timeout=startup_timeout)
-        self.options = dict(options or {})
 
     @property
     def config_path(self) -> Path:
