@@ -51,15 +51,17 @@ class Steps:
 
 
 class Idle:
-    """Has nothing to do until `ready` is set; counts its calls."""
+    """Has nothing to do until `ready` is set, and says so with `waiting` (NO_PROGRESS, or BLOCKED
+    to be parked until woken); then DONE. Counts its calls."""
 
-    def __init__(self) -> None:
+    def __init__(self, waiting: Progress = Progress.NO_PROGRESS) -> None:
         self.calls = 0
         self.ready = threading.Event()
+        self.waiting = waiting
 
     def call(self) -> Progress:
         self.calls += 1
-        return Progress.DONE if self.ready.is_set() else Progress.NO_PROGRESS
+        return Progress.DONE if self.ready.is_set() else self.waiting
 
 
 class Gate:
@@ -416,24 +418,12 @@ def test_invalid_configuration_is_refused():
             TaskExecutionService(**kwargs)
 
 
-class Blocked:
-    """Returns BLOCKED until `ready` is set, then DONE; counts its calls."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.ready = threading.Event()
-
-    def call(self) -> Progress:
-        self.calls += 1
-        return Progress.DONE if self.ready.is_set() else Progress.BLOCKED
-
-
 @pytest.mark.parametrize("blocking", [False, True])
 def test_blocked_task_waits_for_a_wake_however_far_the_clock_moves(make_service, blocking):
     """A BLOCKED task (shared or on its own thread) is called again only when woken, never by its back-off."""
     clock = FakeClock()
     svc = make_service(core_workers=1, max_workers=1, overrun_threshold=5.0, idle_backoff=0.01, clock=clock)
-    task = Blocked()
+    task = Idle(Progress.BLOCKED)
     task.blocking = blocking
     handle = svc.submit(task)
     wait_until(lambda: task.calls == 1)
@@ -453,13 +443,13 @@ def test_a_woken_task_runs_before_tasks_already_queued(make_service):
     order: list[str] = []
     gate = Gate()
 
-    class NotedBlocked(Blocked):
+    class NotedBlocked(Idle):
         def call(self):
             if self.calls:
                 order.append("woken")
             return super().call()
 
-    blocked = NotedBlocked()
+    blocked = NotedBlocked(Progress.BLOCKED)
     blocked_handle = svc.submit(blocked, name="blocked")
     wait_until(lambda: blocked.calls == 1)
     svc.submit(gate, name="gate")  # holds the only worker while the queue fills
