@@ -91,6 +91,14 @@ def create_target_tables(server, database: str) -> None:
     sysbench.create_tables(sysbench.Conn.from_server(server, database), tables=TABLES)
 
 
+def stoppable_target(mariadb_factory, server_id: int):
+    """A target of its own (the test stops it), on a fixed port, with the sysbench tables in `sb`."""
+    target = mariadb_factory(port=free_port(), server_id=server_id)
+    target.query("CREATE DATABASE sb")
+    create_target_tables(target, "sb")
+    return target
+
+
 def test_sysbench_prepare_and_load_replicate_to_mariadb(tmp_path, mariadb_source, source_db, mariadb_target,
                                                        mysql_db):
     """sysbench prepare (DDL and rows) then oltp_write_only from several threads, replicated by a running
@@ -136,9 +144,7 @@ def test_sigkill_during_load_then_restart_ends_equal(tmp_path, mariadb_source, s
 
 def test_target_outage_during_load_is_ridden_out(tmp_path, mariadb_source, source_db, mariadb_factory):
     """The target stopped for 3 s during the load: setl retries, never pauses, and ends with every table equal."""
-    target = mariadb_factory(port=free_port(), server_id=3)
-    target.query("CREATE DATABASE sb")
-    create_target_tables(target, "sb")
+    target = stoppable_target(mariadb_factory, server_id=3)
     start = prepare_source(mariadb_source, source_db)
     # Enough attempts for the outage: 30 rollbacks with backoff capped at 0.5 s, on top of the
     # sink's own in-place retries of each lost connection.
@@ -200,9 +206,7 @@ def test_sysbench_load_replicates_to_postgresql(tmp_path, mariadb_source, source
 def test_target_outage_past_the_retries_pauses_until_resume(tmp_path, mariadb_source, source_db, mariadb_factory):
     """An outage longer than the retries pauses the pipeline with the error in `setl status`; after the target
     is back it stays paused until `setl resume`, then ends with every table equal."""
-    target = mariadb_factory(port=free_port(), server_id=4)
-    target.query("CREATE DATABASE sb")
-    create_target_tables(target, "sb")
+    target = stoppable_target(mariadb_factory, server_id=4)
     start = prepare_source(mariadb_source, source_db)
     setl = make_setl(tmp_path, mariadb_source, source_db, start, mysql_target(target), "sb.{table}",
                      retry={"max_attempts": 2, "initial_backoff_ms": 50, "max_backoff_ms": 100})
