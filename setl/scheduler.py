@@ -344,8 +344,7 @@ class Scheduler:
         """
         start, next_id = self._starting_point()
         # Above any epoch the target already accepted: a rebuilt meta store starts again at 1.
-        committed_epoch = getattr(self.load, "committed_epoch", lambda: None)()
-        self._epoch = self.meta.next_epoch(self.name, at_least=(committed_epoch or 0) + 1)
+        self._epoch = self.meta.next_epoch(self.name, at_least=(self.load.committed_epoch() or 0) + 1)
         self._acked = start
         self._next_load = self._next_ack = next_id
         self.meta.set_state(self.name, Status.RUNNING, node=self.node_id)
