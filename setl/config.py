@@ -176,6 +176,7 @@ class ParquetTargetConfig:
     type: Literal["parquet"]
     path: str
     partition_by: tuple[str, ...] = ()
+    writer: Literal["arrow", "spark"] = "arrow"
 
 
 TargetConfig = Union[SqliteTargetConfig, MysqlTargetConfig, PostgresqlTargetConfig, ParquetTargetConfig]

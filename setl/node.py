@@ -72,7 +72,7 @@ def build_load(node: NodeSettings, config: PipelineConfig) -> Load:
                           file=config.file, pipeline=config.name) from exc
     if target.type in ("mysql", "postgresql"):
         return factory.from_config(target, pipeline=config.name, ddl=config.pipeline.ddl)
-    return factory.from_config(target, pipeline=config.name)
+    return factory.from_config(target, pipeline=config.name, spark=node.spark)
 
 
 def build_transform(node: NodeSettings, config: PipelineConfig) -> Transform:

@@ -28,13 +28,24 @@ Replays: a replayed batch starts at the same position, so it overwrites its own
 files instead of adding duplicates, whatever id it has now; files an earlier,
 differently cut run of the same range left behind (starting inside the range,
 or at its start for a table the batch no longer touches) are removed after the
-new files are in place. Files are written with pyarrow (no Spark), each to a
-hidden temp file that is fsynced and renamed into place, so a reader never
-sees half a file. A batch's files are replaced one by one, not together: after
-a crash in the middle of a batch, some of its files may be the new attempt's
-and some the old's until the replay has run; the batch's position is acked
-only after all of them are written, so everything up to the acked position is
-exact.
+new files are in place. Each file is written to a hidden temp file that is
+fsynced and renamed into place, so a reader never sees half a file. A batch's
+files are replaced one by one, not together: after a crash in the middle of a
+batch, some of its files may be the new attempt's and some the old's until the
+replay has run; the batch's position is acked only after all of them are
+written, so everything up to the acked position is exact.
+
+Writers (``writer:`` in the target config): ``arrow`` (the default) writes each
+file with pyarrow in the node's process; ``spark`` gives the same Arrow table
+to Spark's Parquet writer on the node's SparkSession (started on the first
+write), ``coalesce(1)`` into a hidden directory beside the file, and renames
+its one part file into place. Layout, names, partitions (still split by setl),
+replays and columns are the same, and the files stay readable with plain
+pyarrow. What Spark cannot hold differs: decimals wider than 38 digits are
+written as text, durations (MySQL ``TIME``) as int64 microseconds. Timestamps
+are INT64 microseconds (never INT96); naive ones stay naive. The Spark writer
+needs the target path at the same place on the driver and the executors
+(``local[*]``, or a shared mount).
 """
 
 from __future__ import annotations
@@ -42,27 +53,33 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
+import threading
 import urllib.parse
 import uuid
 from bisect import bisect_left, insort
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from setl.config import ParquetTargetConfig
+from setl.config import ParquetTargetConfig, SparkConfig
 from setl.errors import LoadError
 from setl.model import Batch, DdlChange, Op, Position, RowChange
+from setl.spark import from_arrow, get_session
 from setl.stages.load import Load
-from setl.transforms.frames import PARQUET_MAX_PRECISION, TableTypes, column_array
+from setl.transforms.frames import PARQUET_MAX_PRECISION, SPARK_MAX_PRECISION, TableTypes, column_array
 
 log = logging.getLogger(__name__)
 
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 BEFORE_PREFIX = "_setl_before_"
 OWNER_FILE = ".setl-pipeline"
+WRITERS = ("arrow", "spark")
+#: Spark SQL settings of the writer's own session: timestamps as INT64 micros, as pyarrow writes them.
+SPARK_WRITER_CONF = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"}
 _FILE = re.compile(r"^part-(?P<log>.+)-(?P<offset>\d{20})\.parquet$")
 
 
@@ -84,7 +101,14 @@ def _partition_segment(column: str, value: Any) -> str:
 
 
 class ParquetLoad(Load):
-    """Writes each batch's row changes per target table as Parquet files (see the module docstring)."""
+    """Writes each batch's row changes per target table as Parquet files (see the module docstring).
+
+    `writer` is ``arrow`` or ``spark``. For ``spark``, `session` returns the
+    SparkSession (by default `setl.spark.get_session(spark)`); it is called on
+    the first write, and the writer uses a child session of it
+    (``newSession()``, same JVM) carrying `SPARK_WRITER_CONF`, so the shared
+    session's settings stay as they are.
+    """
 
     def __init__(
         self,
@@ -93,11 +117,23 @@ class ParquetLoad(Load):
         partition_by: Sequence[str] = (),
         pipeline: str = "",
         fsync: bool = True,
+        writer: str = "arrow",
+        spark: SparkConfig | None = None,
+        session: Callable[[], Any] | None = None,
     ) -> None:
+        if writer not in WRITERS:
+            raise ValueError(f"writer must be one of {', '.join(WRITERS)}, got {writer!r}")
         self.root = Path(path)
         self.partition_by = tuple(partition_by)
         self.pipeline = pipeline
         self.fsync = fsync
+        self.writer = writer
+        self._spark_settings = spark
+        self._session_factory = session
+        self._spark_session: Any = None
+        self._spark_lock = threading.Lock()
+        # Spark holds decimals of up to 38 digits; wider ones go as text (the codec of frames.py)
+        self._max_precision = SPARK_MAX_PRECISION if writer == "spark" else PARQUET_MAX_PRECISION
         self._opened = False
         # start (log, offset) of every file under root, sorted, and the files per start
         self._starts: list[tuple[str, int]] = []
@@ -105,8 +141,10 @@ class ParquetLoad(Load):
         self._schemas: dict[str, dict[str, pa.DataType]] = {}
 
     @classmethod
-    def from_config(cls, config: ParquetTargetConfig, *, pipeline: str = "") -> "ParquetLoad":
-        return cls(config.path, partition_by=config.partition_by, pipeline=pipeline)
+    def from_config(cls, config: ParquetTargetConfig, *, pipeline: str = "",
+                    spark: SparkConfig | None = None) -> "ParquetLoad":
+        return cls(config.path, partition_by=config.partition_by, pipeline=pipeline, writer=config.writer,
+                   spark=spark)
 
     def open(self) -> None:
         """Create the root and index the files already there (one directory walk)."""
@@ -182,7 +220,7 @@ class ParquetLoad(Load):
                                        pa.string()),
             "_setl_seq": pa.array([seq for seq, _ in changes], pa.int64()),
         }
-        types = TableTypes(max_precision=PARQUET_MAX_PRECISION, widen_decimals=True)
+        types = TableTypes(max_precision=self._max_precision, widen_decimals=True)
         table, _codecs = types.table(images, extra=meta)  # type: ignore[arg-type]
         for column, array in _before_key(changes, types):
             table = table.append_column(column, array)
@@ -238,19 +276,59 @@ class ParquetLoad(Load):
         final = folder / file_name(start)
         temp = folder / f".{final.name}.{uuid.uuid4().hex}.tmp"
         try:
-            with open(temp, "wb") as fh:
-                pq.write_table(table, fh, compression="snappy")
-                if self.fsync:
-                    fh.flush()
-                    os.fsync(fh.fileno())
+            if self.writer == "spark":
+                self._write_spark(table, temp)
+            else:
+                self._write_arrow(table, temp)
             os.replace(temp, final)
         except BaseException:
             temp.unlink(missing_ok=True)
             raise
         if self.fsync:
-            _fsync_dir(folder)
+            _fsync(folder)
         self._remember((start.log, start.offset), final)
         return final
+
+    def _write_arrow(self, table: pa.Table, temp: Path) -> None:
+        with open(temp, "wb") as fh:
+            pq.write_table(table, fh, compression="snappy")
+            if self.fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+
+    def _write_spark(self, table: pa.Table, temp: Path) -> None:
+        """Spark writes one part file into a hidden directory beside `temp`; it becomes `temp`."""
+        session = self._spark()  # a Spark that cannot start raises its own SparkStartError
+        staging = temp.with_suffix(".spark")
+        try:
+            try:
+                frame = from_arrow(session, table)
+                frame.coalesce(1).write.mode("overwrite").option("compression", "snappy").parquet(str(staging))
+            except Exception as exc:  # py4j and pyspark errors share no base class
+                from setl.transforms.stage import _brief
+
+                raise LoadError(f"Spark could not write Parquet: {_brief(exc)}") from exc
+            parts = sorted(staging.glob("part-*.parquet"))
+            if len(parts) != 1:
+                raise LoadError(f"Spark wrote {len(parts)} part files instead of one into {staging}")
+            os.replace(parts[0], temp)
+            if self.fsync:
+                _fsync(temp)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _spark(self) -> Any:
+        with self._spark_lock:
+            if self._spark_session is None:
+                if self._session_factory is not None:
+                    parent = self._session_factory()
+                else:
+                    parent = get_session(self._spark_settings)
+                session = parent.newSession()
+                for key, value in SPARK_WRITER_CONF.items():
+                    session.conf.set(key, value)
+                self._spark_session = session
+            return self._spark_session
 
     # --- replays ----------------------------------------------------------------------------
 
@@ -293,14 +371,15 @@ def _before_key(changes: list[tuple[int, RowChange]], types: TableTypes) -> list
     for column in columns:
         values = [change.before.get(column) if change.op is update and change.before is not None else None
                   for _, change in changes]
-        array, _kind = column_array(values, known=types.get(column), max_precision=PARQUET_MAX_PRECISION,
+        array, _kind = column_array(values, known=types.get(column), max_precision=types.max_precision,
                                     widen_decimals=True)
         out.append((BEFORE_PREFIX + column, array))
     return out
 
 
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
+def _fsync(path: Path) -> None:
+    """fsync a file or a directory (a directory's entries: a rename in it)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

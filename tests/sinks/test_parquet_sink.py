@@ -1,19 +1,25 @@
-"""The Parquet target: per-table files named by start position, replays overwrite, hive partitions."""
+"""The Parquet target: per-table files named by start position, replays overwrite, hive partitions.
+
+The contract tests run with both writers (pyarrow and Spark, on the shared local session).
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 import decimal
 import os
+import textwrap
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-from setl.config import ParquetTargetConfig
-from setl.errors import LoadError
+from setl.config import ParquetTargetConfig, load_node, load_pipeline
+from setl.errors import ConfigError, LoadError
 from setl.model import Batch, DdlChange, Op, Position, RowChange
-from setl.sinks.parquet import BEFORE_PREFIX, ParquetLoad, file_name, read_table
+from setl.node import build_load
+from setl.sinks.parquet import BEFORE_PREFIX, SPARK_WRITER_CONF, ParquetLoad, file_name, read_table
+from setl.testing.spark import LOCAL_SETTINGS, local_spark
 
 
 def change(op, table, image, offset, key=("id",), schema="shop"):
@@ -34,9 +40,40 @@ def rows(root, table="shop.orders"):
     return sorted(read_table(root, table).to_pylist(), key=lambda r: (r["_setl_batch"], r["_setl_seq"]))
 
 
+@pytest.fixture(scope="session")
+def spark():
+    """The process's shared local SparkSession (the one the transform tests use)."""
+    return local_spark()
+
+
+@pytest.fixture(params=["arrow", "spark"])
+def writer(request):
+    """Each writer in turn; Spark's session is started (once) before a spark-writer test."""
+    if request.param == "spark":
+        request.getfixturevalue("spark")
+    return request.param
+
+
 @pytest.fixture
-def sink(tmp_path):
+def make(writer):
+    """Builds a ParquetLoad with the test's writer."""
+    def build(path, **kwargs):
+        return ParquetLoad(path, writer=writer, spark=LOCAL_SETTINGS, **kwargs)
+    return build
+
+
+@pytest.fixture
+def sink(tmp_path, make):
     """A ParquetLoad on a fresh directory."""
+    load = make(tmp_path / "out", pipeline="p1")
+    load.open()
+    yield load
+    load.close()
+
+
+@pytest.fixture
+def arrow_sink(tmp_path):
+    """A ParquetLoad with the pyarrow writer, for tests of what only it does."""
     load = ParquetLoad(tmp_path / "out", pipeline="p1")
     load.open()
     yield load
@@ -64,11 +101,11 @@ def test_writes_changes_with_metadata_readable_by_pyarrow(sink, tmp_path):
     assert sink.committed() is None
 
 
-def test_types_are_kept(sink, tmp_path):
+def test_types_are_kept(arrow_sink, tmp_path):
     """Decimals, microsecond datetimes, bytes and JSON are stored with their types."""
     image = {"id": 1, "at": dt.datetime(2024, 1, 2, 3, 4, 5, 678901), "blob": b"\x00\xff",
              "wide": decimal.Decimal("1" * 50 + ".25"), "doc": {"a": [1]}}
-    sink.load(batch([change(Op.INSERT, "orders", image, 5)], 0, 5))
+    arrow_sink.load(batch([change(Op.INSERT, "orders", image, 5)], 0, 5))
     (row,) = rows(tmp_path / "out")
     assert row["at"] == image["at"] and row["blob"] == image["blob"] and row["wide"] == image["wide"]
     assert row["doc"] == '{"a": [1]}'
@@ -95,24 +132,24 @@ def test_replay_with_a_different_cut_leaves_no_stale_files(sink, tmp_path):
     assert [r["id"] for r in rows(root)] == [1, 2]
 
 
-def test_a_reopened_sink_still_cleans_up_replays(tmp_path):
+def test_a_reopened_sink_still_cleans_up_replays(tmp_path, make):
     """A new ParquetLoad (after a restart) finds existing files and cleans a replayed range."""
     root = tmp_path / "out"
-    load = ParquetLoad(root, pipeline="p1")
+    load = make(root, pipeline="p1")
     load.load(batch([change(Op.INSERT, "orders", {"id": 1}, 10)], 0, 10))
     load.load(batch([change(Op.INSERT, "orders", {"id": 2}, 20)], 10, 20, batch_id=2))
-    restarted = ParquetLoad(root, pipeline="p1")
+    restarted = make(root, pipeline="p1")
     restarted.open()
     restarted.load(batch([change(Op.INSERT, "orders", {"id": 1}, 10), change(Op.INSERT, "orders", {"id": 2}, 20)],
                          0, 20))
     assert len(files(root)) == 1 and [r["id"] for r in rows(root)] == [1, 2]
 
 
-def test_partition_columns_become_hive_directories(tmp_path):
+def test_partition_columns_become_hive_directories(tmp_path, writer):
     """partition_by columns become col=value directories and come back when reading the dataset."""
     root = tmp_path / "out"
-    load = ParquetLoad.from_config(ParquetTargetConfig(type="parquet", path=str(root), partition_by=("country",)),
-                                   pipeline="p1")
+    config = ParquetTargetConfig(type="parquet", path=str(root), partition_by=("country",), writer=writer)
+    load = ParquetLoad.from_config(config, pipeline="p1", spark=LOCAL_SETTINGS)
     load.open()
     load.load(batch([
         change(Op.INSERT, "orders", {"id": 1, "country": "FR"}, 10),
@@ -130,15 +167,15 @@ def test_partition_columns_become_hive_directories(tmp_path):
     assert "country" not in pq.read_table(root / "shop.orders" / "country=FR" / name).column_names
 
 
-def test_missing_partition_column_is_a_load_error(tmp_path):
+def test_missing_partition_column_is_a_load_error(tmp_path, make):
     """A table without the partition column fails the load, naming the table and batch."""
-    load = ParquetLoad(tmp_path / "out", partition_by=("country",), pipeline="p1")
+    load = make(tmp_path / "out", partition_by=("country",), pipeline="p1")
     with pytest.raises(LoadError, match="partition column country") as info:
         load.load(batch([change(Op.INSERT, "orders", {"id": 1}, 10)], 0, 10, batch_id=4))
     assert info.value.context["table"] == "shop.orders" and info.value.context["batch"] == 4
 
 
-def test_writes_are_atomic_no_temp_files_remain(sink, tmp_path, monkeypatch):
+def test_writes_are_atomic_no_temp_files_remain(arrow_sink, tmp_path, monkeypatch):
     """A failed write leaves neither a partial file nor a temp file."""
     import setl.sinks.parquet as module
 
@@ -148,7 +185,7 @@ def test_writes_are_atomic_no_temp_files_remain(sink, tmp_path, monkeypatch):
 
     monkeypatch.setattr(module.pq, "write_table", broken)
     with pytest.raises(LoadError, match="No space left"):
-        sink.load(batch([change(Op.INSERT, "orders", {"id": 1}, 10)], 0, 10))
+        arrow_sink.load(batch([change(Op.INSERT, "orders", {"id": 1}, 10)], 0, 10))
     assert [p for p in (tmp_path / "out").rglob("*") if p.is_file() and p.name != ".setl-pipeline"] == []
 
 
@@ -161,9 +198,9 @@ def test_column_types_stay_stable_across_batches(sink, tmp_path):
         (5, decimal.Decimal("1.50")), (None, decimal.Decimal("3.00"))]
 
 
-def test_ddl_is_skipped(sink, tmp_path):
+def test_ddl_is_skipped(arrow_sink, tmp_path):
     """A DDL batch writes nothing."""
-    sink.load(Batch("p1", 1, 1, Position("b", 0), Position("b", 1), (DdlChange("shop", "orders", "ALTER ..."),)))
+    arrow_sink.load(Batch("p1", 1, 1, Position("b", 0), Position("b", 1), (DdlChange("shop", "orders", "ALTER ..."),)))
     assert files(tmp_path / "out") == []
 
 
@@ -201,10 +238,10 @@ def apply_log(root: Path, table: str = "shop.orders") -> dict:
     return state
 
 
-def test_key_changing_updates_carry_the_old_key(tmp_path):
+def test_key_changing_updates_carry_the_old_key(tmp_path, make):
     """An update that changes the key (and its partition) records the old key; replaying the log is exact."""
     root = tmp_path / "out"
-    load = ParquetLoad(root, partition_by=("country",), pipeline="p1")
+    load = make(root, partition_by=("country",), pipeline="p1")
     load.load(batch([
         change(Op.INSERT, "orders", {"id": 1, "country": "FR", "v": "a"}, 10),
         change(Op.INSERT, "orders", {"id": 2, "country": "DE", "v": "b"}, 10),
@@ -233,13 +270,13 @@ def test_tables_without_a_key_carry_the_whole_before_image(sink, tmp_path):
     assert apply_log(tmp_path / "out", "shop.log") == {("a", 2): new}
 
 
-def test_a_batch_interrupted_between_files_is_exact_after_its_replay(sink, tmp_path, monkeypatch):
+def test_a_batch_interrupted_between_files_is_exact_after_its_replay(arrow_sink, tmp_path, monkeypatch):
     """A crash after one table's file of a batch is replaced but before the next: the replay leaves no duplicates."""
     import setl.sinks.parquet as module
 
     root = tmp_path / "out"
     first = [change(Op.INSERT, "orders", {"id": 1}, 10), change(Op.INSERT, "items", {"id": 5}, 10)]
-    sink.load(batch(first, 0, 10))
+    arrow_sink.load(batch(first, 0, 10))
     real = module.pq.write_table
     calls = []
 
@@ -253,9 +290,101 @@ def test_a_batch_interrupted_between_files_is_exact_after_its_replay(sink, tmp_p
     replay = [change(Op.INSERT, "orders", {"id": 1}, 10), change(Op.UPDATE, "orders", {"id": 1}, 10),
               change(Op.INSERT, "items", {"id": 5}, 10)]
     with pytest.raises(LoadError, match="Input/output error"):
-        sink.load(batch(replay, 0, 10, epoch=2))
+        arrow_sink.load(batch(replay, 0, 10, epoch=2))
     monkeypatch.setattr(module.pq, "write_table", real)
-    sink.load(batch(replay, 0, 10, epoch=3))
+    arrow_sink.load(batch(replay, 0, 10, epoch=3))
     assert files(root) == [f"shop.{t}/{file_name(Position('bin.000001', 0))}" for t in ("items", "orders")]
     assert [(r["id"], r["_setl_op"]) for r in rows(root)] == [(1, "insert"), (1, "update")]
     assert [r["id"] for r in rows(root, "shop.items")] == [5]
+
+
+# --- the Spark writer ---------------------------------------------------------------------------
+
+
+def test_spark_writes_what_arrow_writes(tmp_path, spark):
+    """Same batch, both writers: identical layout, and a plain pyarrow read gives equal types and values
+    (naive and UTC timestamps, decimals, binary, unsigned BIGINT, dates, JSON, NULLs, all-NULL columns)."""
+    images = [
+        {"id": 1, "day": dt.date(2024, 1, 2), "at": dt.datetime(2024, 1, 2, 3, 4, 5, 678901),
+         "at_utc": dt.datetime(2024, 1, 2, 3, 4, 5, 678901, tzinfo=dt.timezone.utc),
+         "price": decimal.Decimal("12345.6789"), "blob": b"\x00\xff", "big": 2**64 - 1, "ok": True,
+         "ratio": 0.5, "name": "é", "doc": {"a": [1]}, "nothing": None},
+        {"id": 2, "day": dt.date(1970, 1, 1), "at": None, "at_utc": None, "price": None, "blob": None,
+         "big": None, "ok": None, "ratio": None, "name": None, "doc": None, "nothing": None},
+    ]
+    changes = [change(Op.INSERT, "orders", images[0], 10), change(Op.UPDATE, "orders", images[1], 20)]
+    out = {}
+    for writer in ("arrow", "spark"):
+        load = ParquetLoad(tmp_path / writer, pipeline="p1", writer=writer, partition_by=("day",),
+                           session=lambda: spark)
+        load.load(batch(changes, 0, 20))
+        paths = files(tmp_path / writer)
+        makers = {pq.ParquetFile(tmp_path / writer / path).metadata.created_by.split()[0] for path in paths}
+        assert makers == {"parquet-cpp-arrow" if writer == "arrow" else "parquet-mr"}
+        hidden = [p for p in (tmp_path / writer).rglob(".*") if p.name != ".setl-pipeline"]
+        assert hidden == []
+        out[writer] = [(path, [(f.name, f.type) for f in t.schema], t.to_pylist())
+                       for path, t in ((path, pq.read_table(tmp_path / writer / path)) for path in paths)]
+    assert [path for path, _, _ in out["spark"]] == [path for path, _, _ in out["arrow"]]
+    assert out["spark"] == out["arrow"]
+    assert len(out["arrow"]) == 2 and out["arrow"][1][2][0]["big"] == 2**64 - 1
+
+
+def test_spark_writer_differences_are_the_documented_ones(tmp_path, spark):
+    """Through Spark, decimals wider than 38 digits are text and durations int64 microseconds; values are kept."""
+    wide = decimal.Decimal("1" * 50 + ".25")
+    load = ParquetLoad(tmp_path / "out", pipeline="p1", writer="spark", session=lambda: spark)
+    load.load(batch([change(Op.INSERT, "orders", {"id": 1, "wide": wide, "took": dt.timedelta(seconds=3)}, 5)],
+                    0, 5))
+    (row,) = rows(tmp_path / "out")
+    assert decimal.Decimal(row["wide"]) == wide and row["took"] == 3_000_000
+
+
+def test_spark_failure_is_a_one_line_load_error_and_leaves_nothing(tmp_path, spark):
+    """A write Spark rejects (columns equal but for case) is a one-line LoadError with full context, no files left."""
+    load = ParquetLoad(tmp_path / "out", pipeline="p1", writer="spark", session=lambda: spark)
+    with pytest.raises(LoadError, match="COLUMN_ALREADY_EXISTS") as info:
+        load.load(batch([change(Op.INSERT, "orders", {"id": 1, "ID": 2}, 10)], 0, 10, batch_id=6))
+    assert "\n" not in str(info.value)
+    assert {k: info.value.context.get(k) for k in ("pipeline", "stage", "table", "batch", "position")} == {
+        "pipeline": "p1", "stage": "load", "table": "shop.orders", "batch": 6, "position": Position("bin.000001", 0)}
+    assert [p.name for p in (tmp_path / "out").rglob("*") if p.name != ".setl-pipeline"] == ["shop.orders"]
+
+
+def test_spark_writer_leaves_the_shared_session_settings_alone(tmp_path, spark):
+    """The writer's Parquet settings live in its own child session, not in the node's shared one."""
+    before = {key: spark.conf.get(key) for key in SPARK_WRITER_CONF}
+    load = ParquetLoad(tmp_path / "out", pipeline="p1", writer="spark", session=lambda: spark)
+    load.load(batch([change(Op.INSERT, "orders", {"id": 1}, 10)], 0, 10))
+    assert {key: spark.conf.get(key) for key in SPARK_WRITER_CONF} == before != SPARK_WRITER_CONF
+    assert [r["id"] for r in rows(tmp_path / "out")] == [1]
+
+
+def write_conf(tmp_path, target):
+    conf = tmp_path / "conf"
+    (conf / "pipelines").mkdir(parents=True)
+    (conf / "setl.yaml").write_text(f"meta: {{store: sqlite, path: {tmp_path / 'meta.db'}}}\n"
+                                    "spark: {master: 'local[1]'}\n")
+    (conf / "pipelines" / "p.yaml").write_text(textwrap.dedent(f"""\
+        source: {{type: file, path: in.jsonl}}
+        target: {target}
+        """))
+    return conf
+
+
+def test_writer_comes_from_the_target_config_with_the_node_spark_settings(tmp_path):
+    """`target.writer: spark` builds a Spark-writing ParquetLoad that starts the node's Spark settings."""
+    conf = write_conf(tmp_path, "{type: parquet, path: out, writer: spark}")
+    load = build_load(load_node(conf), load_pipeline(conf, "p"))
+    assert isinstance(load, ParquetLoad) and load.writer == "spark"
+    assert load._spark_settings.master == "local[1]"
+    default = write_conf(tmp_path / "d", "{type: parquet, path: out}")
+    assert build_load(load_node(default), load_pipeline(default, "p")).writer == "arrow"
+
+
+def test_an_unknown_writer_is_a_one_line_config_error(tmp_path):
+    """`target.writer: duckdb` is a ConfigError naming the key and the choices."""
+    conf = write_conf(tmp_path, "{type: parquet, path: out, writer: duckdb}")
+    with pytest.raises(ConfigError, match=r"target\.writer: expected one of arrow, spark, got 'duckdb'") as info:
+        load_pipeline(conf, "p")
+    assert "\n" not in str(info.value)
