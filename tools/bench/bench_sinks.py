@@ -1,4 +1,4 @@
-"""SQL sink cost: `MySQLLoad` and `PostgresLoad` against a bare driver loop on throwaway servers.
+"""Sink cost: `MySQLLoad` and `PostgresLoad` against a bare driver loop; `ParquetLoad`'s Spark writer against pyarrow.
 
 Each run loads the same batches into a fresh table: inserts of every key, then updates of each
 key in a later batch, then deletes of half of them (sysbench-like rows: int key, int, two
@@ -7,23 +7,35 @@ same run, sends the same rows with the driver's ``executemany`` (INSERT, UPDATE 
 key) in one transaction per batch, with no merge, position or retry. Prints median rows/s, median
 per-batch latency, peak RSS and the sink/baseline ratio for each target.
 
+The Parquet part loads the same batches into a fresh directory with ``writer: arrow`` (the
+baseline) and ``writer: spark`` (on a local Spark session warmed up by one untimed pass, whose
+time is printed apart), and prints, per writer, median rows/s, median per-batch latency and peak
+RSS of the Python process and of Spark's JVM during the run (high-water marks reset before each
+run through ``/proc/PID/clear_refs``; the JVM is running, idle, during the arrow run too), then
+the spark/arrow ratio.
+
     PYTHONPATH=. python3 tools/bench/bench_sinks.py [--rows 20000] [--batch 2000] [--repeat 3]
+                                                    [--targets all|sql|parquet]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import resource
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from setl.model import Batch, Op, Position, RowChange
 from setl.sinks.mysql import MySQLLoad
+from setl.sinks.parquet import ParquetLoad
 from setl.sinks.postgresql import PostgresLoad
 from setl.testing.servers import MariaDBServer, PostgresServer
+from setl.testing.spark import local_spark
 
 DDL = "CREATE TABLE {t} (id INT PRIMARY KEY, k INT NOT NULL, c VARCHAR(120) NOT NULL, pad VARCHAR(60) NOT NULL)"
 
@@ -134,15 +146,68 @@ def bench_postgres(server: PostgresServer, batches_of: Callable[[str], list], ru
     return results
 
 
+def reset_peak(pid: int) -> None:
+    """Start a process's peak-RSS (VmHWM) afresh: Linux resets it on "5" in clear_refs."""
+    with open(f"/proc/{pid}/clear_refs", "w") as fh:
+        fh.write("5")
+
+
+def peak_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:")) / 1024
+
+
+def bench_parquet(batches: list[list[RowChange]], jvm: int, run: int) -> dict[str, tuple]:
+    """Per writer: (rows/s, median batch seconds, peak MB of this process, peak MB of the JVM)."""
+    results = {}
+    for writer in ("arrow", "spark"):
+        with tempfile.TemporaryDirectory(prefix="bench-parquet-") as folder:
+            load = ParquetLoad(folder, pipeline=f"bench_{run}", writer=writer)
+            load.open()
+            for pid in (os.getpid(), jvm):
+                reset_peak(pid)
+            rate, latency = timed(batches, sink_apply(load, f"bench_{run}"))
+            results[writer] = (rate, latency, peak_mb(os.getpid()), peak_mb(jvm))
+            load.close()
+    return results
+
+
+def parquet_main(args: argparse.Namespace) -> None:
+    began = time.perf_counter()
+    spark = local_spark()
+    jvm = int(spark._jvm.ProcessHandle.current().pid())
+    batches = workload("shop", args.rows, args.batch)
+    with tempfile.TemporaryDirectory(prefix="bench-parquet-") as folder:
+        # one untimed pass, so the JVM's JIT has compiled the write path before the timed runs
+        timed(batches, sink_apply(ParquetLoad(folder, pipeline="warmup", writer="spark"), "warmup"))
+    print(f"parquet    Spark start and one warm-up pass {time.perf_counter() - began:.1f} s (not counted)")
+    runs = [bench_parquet(batches, jvm, run) for run in range(args.repeat)]
+    medians = {writer: tuple(statistics.median(r[writer][i] for r in runs) for i in range(4))
+               for writer in ("arrow", "spark")}
+    for writer, (rate, latency, python_mb, jvm_mb) in medians.items():
+        print(f"parquet    {writer:8} {rate:9.0f} rows/s  batch p50 {1000 * latency:7.1f} ms  "
+              f"peak RSS python {python_mb:5.0f} MB, jvm {jvm_mb:5.0f} MB")
+    print(f"parquet    ratio spark/arrow {medians['spark'][0] / medians['arrow'][0]:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=20000)
     parser.add_argument("--batch", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--targets", choices=("all", "sql", "parquet"), default="all")
     args = parser.parse_args()
     total = sum(map(len, workload("s", args.rows, args.batch)))
     print(f"{total} changes ({args.rows} inserts, updates, {args.rows // 2} deletes) in batches of "
           f"{args.batch}, {args.repeat} runs each (medians)")
+    if args.targets != "parquet":
+        sql_main(args)
+    if args.targets != "sql":
+        parquet_main(args)
+    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+
+
+def sql_main(args: argparse.Namespace) -> None:
     with servers() as (mariadb, postgres):
         for name, bench, server in (("mariadb", bench_mysql, mariadb), ("postgresql", bench_postgres, postgres)):
             runs = [bench(server, lambda schema: workload(schema, args.rows, args.batch), run)
@@ -152,7 +217,6 @@ def main() -> None:
             for mode, (rate, latency) in medians.items():
                 print(f"{name:10} {mode:8} {rate:9.0f} rows/s  batch p50 {1000 * latency:7.1f} ms")
             print(f"{name:10} ratio sink/baseline {medians['sink'][0] / medians['baseline'][0]:.2f}")
-    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
 
 
 if __name__ == "__main__":
