@@ -128,7 +128,7 @@ class ParquetLoad(Load):
         self.pipeline = pipeline
         self.fsync = fsync
         self.writer = writer
-        self._spark_settings = spark
+        self.spark = spark
         self._session_factory = session
         self._spark_session: Any = None
         self._spark_lock = threading.Lock()
@@ -323,7 +323,7 @@ class ParquetLoad(Load):
                 if self._session_factory is not None:
                     parent = self._session_factory()
                 else:
-                    parent = get_session(self._spark_settings)
+                    parent = get_session(self.spark)
                 session = parent.newSession()
                 for key, value in SPARK_WRITER_CONF.items():
                     session.conf.set(key, value)

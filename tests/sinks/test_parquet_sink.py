@@ -377,14 +377,16 @@ def test_writer_comes_from_the_target_config_with_the_node_spark_settings(tmp_pa
     conf = write_conf(tmp_path, "{type: parquet, path: out, writer: spark}")
     load = build_load(load_node(conf), load_pipeline(conf, "p"))
     assert isinstance(load, ParquetLoad) and load.writer == "spark"
-    assert load._spark_settings.master == "local[1]"
+    assert load.spark.master == "local[1]"
     default = write_conf(tmp_path / "d", "{type: parquet, path: out}")
     assert build_load(load_node(default), load_pipeline(default, "p")).writer == "arrow"
 
 
 def test_an_unknown_writer_is_a_one_line_config_error(tmp_path):
-    """`target.writer: duckdb` is a ConfigError naming the key and the choices."""
+    """`target.writer: duckdb` is a ConfigError naming the key and the choices (a ValueError in code)."""
     conf = write_conf(tmp_path, "{type: parquet, path: out, writer: duckdb}")
     with pytest.raises(ConfigError, match=r"target\.writer: expected one of arrow, spark, got 'duckdb'") as info:
         load_pipeline(conf, "p")
     assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="writer must be one of arrow, spark"):
+        ParquetLoad(tmp_path / "out", writer="duckdb")
