@@ -34,6 +34,12 @@ log = logging.getLogger(__name__)
 #: then evaluates row by row, interpreted, on the driver, and whose rows it
 #: Java-serializes into every collect); and up to 100k rows make one Arrow batch,
 #: so a typical batch is one partition, one task.
+#:
+#: A batch is small and every batch is its own query, so per-query overhead is what
+#: counts: adaptive query execution re-plans each query around its stages (about a
+#: third of a simple transform's time, measured with tools/bench/bench_transform.py)
+#: and is off; a shuffle (a join or GROUP BY in a transform) of a batch needs a few
+#: partitions, not Spark's default 200. On a cluster, raise both in `spark.conf`.
 DEFAULT_CONF: Mapping[str, str] = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
@@ -41,6 +47,8 @@ DEFAULT_CONF: Mapping[str, str] = {
     "spark.sql.execution.arrow.pyspark.fallback.enabled": "false",
     "spark.sql.execution.arrow.localRelationThreshold": "0",
     "spark.sql.execution.arrow.maxRecordsPerBatch": "100000",
+    "spark.sql.adaptive.enabled": "false",
+    "spark.sql.shuffle.partitions": "4",
     "spark.sql.session.timeZone": "UTC",
     "spark.log.level": "WARN",
 }

@@ -63,13 +63,17 @@ def test_different_settings_after_start_are_ignored_with_a_warning(caplog):
 
 
 def test_session_conf_defaults_and_overrides():
-    """Arrow is on, the UI off and logs quiet by default; config values override and are stringified."""
-    conf = session_conf(SparkConfig(conf={"spark.ui.enabled": True, "spark.sql.shuffle.partitions": 4}))
+    """Arrow is on, the UI and adaptive execution off and logs quiet by default; config values override and are stringified."""
+    conf = session_conf(SparkConfig(conf={"spark.ui.enabled": True, "spark.sql.shuffle.partitions": 16}))
     assert conf["spark.sql.execution.arrow.pyspark.enabled"] == "true"
     assert conf["spark.ui.showConsoleProgress"] == "false"
     assert conf["spark.ui.enabled"] == "true"
-    assert conf["spark.sql.shuffle.partitions"] == "4"
-    assert session_conf(SparkConfig())["spark.ui.enabled"] == "false"
+    assert conf["spark.sql.shuffle.partitions"] == "16"
+    defaults = session_conf(SparkConfig())
+    assert defaults["spark.ui.enabled"] == "false"
+    # Per-batch queries: no adaptive re-planning, and a batch's shuffle gets a few partitions.
+    assert defaults["spark.sql.adaptive.enabled"] == "false"
+    assert defaults["spark.sql.shuffle.partitions"] == "4"
 
 
 def test_missing_java_is_a_clear_error(monkeypatch, tmp_path):
