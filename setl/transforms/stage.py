@@ -49,7 +49,7 @@ from setl.errors import PluginError, TransformError
 from setl.model import Batch, Change, Op, RowChange
 from setl.plugins import BoundStep, Registry, TransformContext, load_registry
 from setl.stages.transform import Transform
-from setl.transforms.frames import SchemaCache, TableTypes, table_columns
+from setl.transforms.frames import SchemaCache, TableTypes, table_columns, table_to_rows
 
 log = logging.getLogger(__name__)
 
@@ -303,7 +303,7 @@ class SparkTransform(Transform):
             culprit = self._culprit(frames, plan)
             raise self._error(batch, plan, f"step {culprit.index + 1} ({culprit.name}) failed: {_brief(exc)}",
                               culprit.name) from exc
-        return self._changes(batch, plan, rows, result_table, codecs, tuple(primary_key))
+        return self._changes(batch, plan, rows, table, result_table, codecs, tuple(primary_key))
 
     @staticmethod
     def _culprit(frames: list[Any], plan: TablePlan) -> BoundStep:
@@ -322,6 +322,7 @@ class SparkTransform(Transform):
         batch: Batch,
         plan: TablePlan,
         rows: "_Rows",
+        source: pa.Table,
         result: pa.Table,
         codecs: Mapping[str, str],
         primary_key: tuple[str, ...],
@@ -329,14 +330,19 @@ class SparkTransform(Transform):
         seqs = result.column(SEQ).to_pylist()
         kinds = result.column(IMAGE).to_pylist()
         data = result.drop_columns([c for c in result.column_names if c.startswith(META_PREFIX)])
-        names = data.column_names
-        images = ([dict(zip(names, values)) for values in zip(*table_columns(data, codecs))] if names
-                  else [{} for _ in range(data.num_rows)])
+        in_order = rows.complete and seqs == rows.seqs and kinds == rows.kinds
+        if in_order:
+            images = _images(rows.images, source, data, codecs)
+        else:
+            origins = _origins(rows, seqs, kinds)
+            images = (table_to_rows(data, codecs) if origins is None else
+                      _images([rows.images[i] for i in origins], source.take(pa.array(origins, pa.int64())), data,
+                              codecs))
         changes = rows.changes
         schema, table = changes[0].schema, changes[0].table
         insert, update, delete = Op.INSERT, Op.UPDATE, Op.DELETE
         out: list[RowChange | list[RowChange]] = []
-        if rows.complete and seqs == rows.seqs and kinds == rows.kinds:
+        if in_order:
             # Every row came back, in order (no filter, join or reordering): pair them up directly.
             image = iter(images).__next__
             for change in changes:
@@ -445,6 +451,62 @@ class _Rows:
             POSITION: pa.array(positions, pa.string()),
         }
         return types.table(self.images, extra=extra)
+
+
+def _origins(rows: "_Rows", seqs: list[Any], kinds: list[Any]) -> list[int] | None:
+    """For each result row, the index of the row image it came from (by seq and image); None if one is unknown."""
+    where = {(seq, kind): i for i, (seq, kind) in enumerate(zip(rows.seqs, rows.kinds))}
+    origins = [where.get(key, -1) for key in zip(seqs, kinds)]
+    return None if -1 in origins else origins
+
+
+def _images(
+    images: Sequence[Mapping[str, Any]], source: pa.Table, data: pa.Table, codecs: Mapping[str, str],
+) -> list[dict[str, Any]]:
+    """The result rows as dicts: changed columns converted from Arrow, unchanged ones taken from `images`.
+
+    `images` and `source` are the row images the result rows came from, one
+    per row of `data`, as dicts and as the Arrow table Spark got. A column
+    the chain left exactly as it went in (same name, type and values, compared
+    in Arrow) keeps the images' own Python values: it is not converted back,
+    and comes out as it would with no transform.
+    """
+    names = data.column_names
+    known = set(source.column_names)
+    same = {
+        name for name in names
+        if name in known and source.schema.field(name).type == data.schema.field(name).type
+        and source.column(name).equals(data.column(name))
+    }
+    if not same:
+        return table_to_rows(data, codecs)
+    changed = [name for name in names if name not in same]
+    values = table_columns(data.select(changed), codecs) if changed else []
+    inputs = [c for c in source.column_names if not c.startswith(META_PREFIX)]
+    if names[:len(inputs)] == inputs:
+        # The chain kept every column in place (and maybe changed or added some): copy each image, then
+        # update it; a row keeps the keys its change had.
+        if not changed:
+            return [dict(image) for image in images]
+        if len(changed) == 1:
+            out = []
+            append, name = out.append, changed[0]
+            for image, value in zip(images, values[0]):
+                row = dict(image)
+                row[name] = value
+                append(row)
+            return out
+        out = []
+        append = out.append
+        for image, new in zip(images, zip(*values)):
+            row = dict(image)
+            row.update(zip(changed, new))
+            append(row)
+        return out
+    # Columns dropped, renamed or reordered: build each row in the result's column order.
+    converted = dict(zip(changed, values))
+    columns = [converted[name] if name in converted else [image.get(name) for image in images] for name in names]
+    return [dict(zip(names, row)) for row in zip(*columns)]
 
 
 def _brief(exc: BaseException) -> str:

@@ -50,14 +50,76 @@ def test_types_survive_the_round_trip(spark, registry):
         },
     ]
     batch = make_batch("demo.t", rows, primary_key=["id"])
-    stage = stage_for(spark, registry, "demo.t", ("add_column", {"name": "extra", "expr": "1"}))
+    stage = SparkTransform({"demo.t": [swap_registry().validate(TransformStep("swap"))]}, pipeline="p1",
+                           session=lambda: spark)
     out = stage.transform(batch)
     images = [dict(c.after) for c in out.changes]
-    for original, image in zip(rows, images):
-        assert image.pop("extra") == 1
+    # Each row now holds the other's values: every column that differs was converted back from Arrow.
+    for original, image in zip(reversed(rows), images):
+        image["id"] = original["id"]
         assert image == original
         assert {k: type(v) for k, v in image.items()} == {k: type(v) for k, v in original.items()}
-    assert images[0]["price"].as_tuple().exponent == -30
+    assert images[1]["price"].as_tuple().exponent == -30
+
+
+def swap_registry() -> Registry:
+    """A registry with `swap`: two rows trade the values of every column but ``id``."""
+    @transform("swap", params={})
+    def swap(df, params, context):
+        from pyspark.sql import functions as F
+
+        data = [c for c in df.columns if c != "id" and not c.startswith("_setl_")]
+        other = df.select(F.col("id").alias("other_id"), *[F.col(c).alias(f"other_{c}") for c in data])
+        joined = df.join(other, F.col("id") != F.col("other_id"))
+        return joined.select(*[F.col(f"other_{c}").alias(c) if c in data else F.col(c) for c in df.columns])
+
+    registry = Registry()
+    registry.register(swap, "test")
+    return registry
+
+
+def test_columns_a_chain_leaves_alone_keep_the_changes_own_values(spark, registry):
+    """Unchanged columns are not converted back from Arrow: they keep the very objects the changes held."""
+    price, at = decimal.Decimal("12.50"), dt.datetime(2024, 1, 2, 3, 4, 5, 6)
+    batch = make_batch("demo.t", [({"id": 1, "price": price, "at": at, "qty": 2},
+                                   {"id": 1, "price": price, "at": at, "qty": 3})],
+                       primary_key=["id"], op="update")
+    stage = stage_for(spark, registry, "demo.t",
+                      ("add_column", {"name": "total", "expr": "qty * price"}),
+                      ("add_column", {"name": "qty", "expr": "qty + 10"}))
+    (change,) = stage.transform(batch).changes
+    assert change.before == {"id": 1, "price": price, "at": at, "qty": 12, "total": decimal.Decimal("25.00")}
+    assert change.after == {"id": 1, "price": price, "at": at, "qty": 13, "total": decimal.Decimal("37.50")}
+    assert change.after["price"] is price and change.after["at"] is at
+    assert change.after is not batch.changes[0].after  # a new dict: the change's own image is never mutated
+    assert list(change.after) == ["id", "price", "at", "qty", "total"]
+
+
+def test_rows_keep_their_own_columns_when_a_batch_holds_two_table_shapes(spark, registry):
+    """Rows from before and after an ADD COLUMN in one batch keep their own keys through a chain."""
+    rows = [{"id": 1, "name": "a"}, {"id": 2, "name": "b", "added": 7}]
+    stage = stage_for(spark, registry, "demo.t", ("add_column", {"name": "up", "expr": "upper(name)"}))
+    out = stage.transform(make_batch("demo.t", rows, primary_key=["id"]))
+    assert [c.after for c in out.changes] == [{"id": 1, "name": "a", "up": "A"},
+                                              {"id": 2, "name": "b", "added": 7, "up": "B"}]
+
+
+def test_unchanged_columns_follow_their_rows_through_filters_and_reorders(spark, registry):
+    """With rows filtered out and the rest reordered and renamed, each row's values still come from its own change."""
+    rows = [{"id": n, "name": f"n{n}", "at": dt.datetime(2024, 1, 1, 0, 0, n)} for n in range(6)]
+
+    @transform("reverse", params={})
+    def reverse(df, params, context):
+        return df.orderBy(df["_setl_seq"].desc())
+
+    reg = Registry()
+    reg.register(reverse, "test")
+    chain = steps(registry, ("filter", {"condition": "id % 2 = 0"}), ("rename", {"columns": {"name": "label"}}))
+    stage = SparkTransform({"demo.t": [*chain, reg.validate(TransformStep("reverse"), index=2)]}, pipeline="p1",
+                           session=lambda: spark)
+    out = stage.transform(make_batch("demo.t", rows, primary_key=["id"]))
+    assert [c.after for c in out.changes] == [{"id": n, "label": f"n{n}", "at": rows[n]["at"]} for n in (0, 2, 4)]
+    assert all(c.after["at"] is rows[c.after["id"]]["at"] for c in out.changes)
 
 
 def test_naive_datetimes_stay_wall_clock_whatever_the_session_zone(spark, registry):
