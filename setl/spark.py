@@ -55,7 +55,7 @@ DEFAULT_CONF: Mapping[str, str] = {
 
 
 class SparkStartError(SetlError):
-    """Spark could not be started (no Java, bad master, bad conf)."""
+    """Spark could not be started (no Java, bad master, bad conf). The stage that needed it adds itself."""
 
     exit_code = 2
 
@@ -75,7 +75,6 @@ def find_java(environ: Mapping[str, str] | None = None) -> str:
         raise JavaNotFound(
             f"JAVA_HOME is {home!r} but {java} is not an executable; "
             "point JAVA_HOME at a Java 17 runtime (e.g. apt-get install openjdk-17-jre-headless)",
-            stage="transform",
         )
     found = shutil.which("java", path=environ.get("PATH", os.defpath))
     if found:
@@ -83,7 +82,6 @@ def find_java(environ: Mapping[str, str] | None = None) -> str:
     raise JavaNotFound(
         "Spark needs Java, but JAVA_HOME is not set and no 'java' is on PATH; "
         "install a Java 17 runtime (e.g. apt-get install openjdk-17-jre-headless)",
-        stage="transform",
     )
 
 
@@ -102,7 +100,7 @@ def _build(settings: SparkConfig) -> "SparkSession":
     try:
         from pyspark.sql import SparkSession
     except ImportError as exc:  # pragma: no cover - pyspark is a hard dependency
-        raise SparkStartError(f"pyspark is not installed: {exc}", stage="transform") from exc
+        raise SparkStartError(f"pyspark is not installed: {exc}") from exc
     builder = SparkSession.builder.master(settings.master).appName(settings.app_name)
     conf = session_conf(settings)
     for key, value in conf.items():
@@ -112,7 +110,6 @@ def _build(settings: SparkConfig) -> "SparkSession":
     except Exception as exc:
         raise SparkStartError(
             f"cannot start Spark (master {settings.master}): {exc}".splitlines()[0],
-            stage="transform",
         ) from exc
     session.sparkContext.setLogLevel(conf.get("spark.log.level", "WARN"))
     _quiet_task_size_warning(session)
@@ -195,6 +192,13 @@ def session_started() -> bool:
 def stop_session() -> None:
     """Stop the session if one runs. Idempotent; also runs at interpreter exit."""
     _holder.stop()
+
+
+def brief(exc: BaseException) -> str:
+    """One line for an exception from Spark, without its JVM stack trace."""
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(exc).__name__}: {first}"[:500]
 
 
 # --- Arrow in and out -----------------------------------------------------------------------

@@ -66,9 +66,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from setl.config import ParquetTargetConfig, SparkConfig
-from setl.errors import LoadError
+from setl.errors import LoadError, SetlError
 from setl.model import Batch, DdlChange, Op, Position, RowChange
-from setl.spark import from_arrow, get_session
+from setl.spark import brief, find_java, from_arrow, get_session
 from setl.stages.load import Load
 from setl.transforms.frames import PARQUET_MAX_PRECISION, SPARK_MAX_PRECISION, TableTypes, column_array
 
@@ -143,6 +143,11 @@ class ParquetLoad(Load):
     @classmethod
     def from_config(cls, config: ParquetTargetConfig, *, pipeline: str = "",
                     spark: SparkConfig | None = None) -> "ParquetLoad":
+        if config.writer == "spark":
+            try:
+                find_java()  # Spark itself starts with the first write
+            except SetlError as exc:
+                raise exc.with_context(pipeline=pipeline or None, stage="load")
         return cls(config.path, partition_by=config.partition_by, pipeline=pipeline, writer=config.writer,
                    spark=spark)
 
@@ -196,7 +201,7 @@ class ParquetLoad(Load):
             name = f"{schema}.{table}"
             try:
                 written.update(self._write_table(batch, name, changes))
-            except LoadError as exc:
+            except SetlError as exc:  # a LoadError, or Spark failing to start for writer: spark
                 raise exc.with_context(pipeline=self.pipeline or batch.pipeline, stage="load", table=name,
                                        batch=batch.id, position=batch.start)
             except (OSError, pa.ArrowException) as exc:
@@ -298,16 +303,14 @@ class ParquetLoad(Load):
 
     def _write_spark(self, table: pa.Table, temp: Path) -> None:
         """Spark writes one part file into a hidden directory beside `temp`; it becomes `temp`."""
-        session = self._spark()  # a Spark that cannot start raises its own SparkStartError
+        session = self._spark()  # a Spark that cannot start raises its own SparkStartError (exit code 2)
         staging = temp.with_suffix(".spark")
         try:
             try:
                 frame = from_arrow(session, table)
                 frame.coalesce(1).write.mode("overwrite").option("compression", "snappy").parquet(str(staging))
             except Exception as exc:  # py4j and pyspark errors share no base class
-                from setl.transforms.stage import _brief
-
-                raise LoadError(f"Spark could not write Parquet: {_brief(exc)}") from exc
+                raise LoadError(f"Spark could not write Parquet: {brief(exc)}") from exc
             parts = sorted(staging.glob("part-*.parquet"))
             if len(parts) != 1:
                 raise LoadError(f"Spark wrote {len(parts)} part files instead of one into {staging}")

@@ -45,9 +45,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from setl.config import NodeSettings, PipelineConfig, SparkConfig, TableRule
-from setl.errors import PluginError, TransformError
+from setl.errors import PluginError, SetlError, TransformError
 from setl.model import Batch, Change, Op, RowChange
 from setl.plugins import BoundStep, Registry, TransformContext, load_registry
+from setl.spark import brief, find_java, from_arrow, get_session, to_arrow
 from setl.stages.transform import Transform
 from setl.transforms.frames import SchemaCache, TableTypes, table_columns, table_to_rows
 
@@ -207,8 +208,6 @@ class SparkTransform(Transform):
     def session(self) -> Any:
         if self._session_factory is not None:
             return self._session_factory()
-        from setl.spark import get_session
-
         return get_session(self._spark_settings)
 
     # --- running --------------------------------------------------------------------------
@@ -232,7 +231,10 @@ class SparkTransform(Transform):
                 indices.append(index)
         if not groups:
             return batch
-        spark = self.session()
+        try:
+            spark = self.session()
+        except SetlError as exc:
+            raise exc.with_context(pipeline=self.pipeline or batch.pipeline, stage="transform", batch=batch.id)
         # Each slot holds the change, or what replaced it: one RowChange (the usual case) or a list of 0 or 2+.
         slots: list[Any] = list(batch.changes)
         for key, indices in groups.items():
@@ -258,8 +260,6 @@ class SparkTransform(Transform):
         self, spark: Any, batch: Batch, plan: TablePlan, indices: list[int],
     ) -> list[RowChange | list[RowChange]]:
         """What replaces each of the changes at `indices`: one change, or a list of 0 or more."""
-        from setl.spark import from_arrow, to_arrow
-
         changes: list[RowChange] = [batch.changes[i] for i in indices]  # type: ignore[misc]
         rows = _Rows.of(indices, changes)
         table, codecs = rows.table(self._types[plan.target])
@@ -267,7 +267,7 @@ class SparkTransform(Transform):
         try:
             df = from_arrow(spark, table)
         except Exception as exc:
-            raise self._error(batch, plan, f"rows cannot become a Spark DataFrame: {_brief(exc)}") from exc
+            raise self._error(batch, plan, f"rows cannot become a Spark DataFrame: {brief(exc)}") from exc
         frames = []
         for step in plan.steps:
             context = TransformContext(
@@ -282,7 +282,7 @@ class SparkTransform(Transform):
                 raise exc.with_context(pipeline=self.pipeline or batch.pipeline, stage="transform",
                                        table=plan.target, batch=batch.id, plugin=step.name)
             except Exception as exc:
-                raise self._error(batch, plan, f"step {step.index + 1} ({step.name}) failed: {_brief(exc)}",
+                raise self._error(batch, plan, f"step {step.index + 1} ({step.name}) failed: {brief(exc)}",
                                   step.name) from exc
             renames = step.renames()
             primary_key = [renames.get(c, c) for c in primary_key]
@@ -301,15 +301,13 @@ class SparkTransform(Transform):
             result_table = to_arrow(df.drop(*INFORMATIONAL_META))
         except Exception as exc:
             culprit = self._culprit(frames, plan)
-            raise self._error(batch, plan, f"step {culprit.index + 1} ({culprit.name}) failed: {_brief(exc)}",
+            raise self._error(batch, plan, f"step {culprit.index + 1} ({culprit.name}) failed: {brief(exc)}",
                               culprit.name) from exc
         return self._changes(batch, plan, rows, table, result_table, codecs, tuple(primary_key))
 
     @staticmethod
     def _culprit(frames: list[Any], plan: TablePlan) -> BoundStep:
         """The first step whose result cannot be computed (only run after the chain failed)."""
-        from setl.spark import to_arrow
-
         for frame, step in zip(frames[:-1], plan.steps):
             try:
                 to_arrow(frame)
@@ -509,17 +507,14 @@ def _images(
     return [dict(zip(names, row)) for row in zip(*columns)]
 
 
-def _brief(exc: BaseException) -> str:
-    """One line for an exception, without a JVM stack trace."""
-    text = str(exc).strip().splitlines()
-    first = text[0] if text else ""
-    return f"{type(exc).__name__}: {first}"[:500]
-
-
 def build_transform(node: NodeSettings, config: PipelineConfig) -> Transform:
     """The Transform stage of a pipeline: plugins discovered and every step validated now, at startup."""
     if not any(rule.transforms for rule in config.tables):
         return Transform()
+    try:
+        find_java()  # Spark itself starts with the first batch that needs it
+    except SetlError as exc:
+        raise exc.with_context(file=config.file or None, pipeline=config.name, stage="transform")
     registry = load_registry(node.plugins.dirs, base=node.conf_dir)
     return SparkTransform.from_rules(config.tables, registry, pipeline=config.name, spark=node.spark,
                                      file=config.file or None)

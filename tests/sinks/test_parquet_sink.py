@@ -19,6 +19,7 @@ from setl.errors import ConfigError, LoadError
 from setl.model import Batch, DdlChange, Op, Position, RowChange
 from setl.node import build_load
 from setl.sinks.parquet import BEFORE_PREFIX, SPARK_WRITER_CONF, ParquetLoad, file_name, read_table
+from setl.spark import JavaNotFound
 from setl.testing.spark import LOCAL_SETTINGS, local_spark
 
 
@@ -390,3 +391,13 @@ def test_an_unknown_writer_is_a_one_line_config_error(tmp_path):
     assert "\n" not in str(info.value)
     with pytest.raises(ValueError, match="writer must be one of arrow, spark"):
         ParquetLoad(tmp_path / "out", writer="duckdb")
+
+
+def test_the_spark_writer_without_java_is_refused_when_the_target_is_built(monkeypatch, tmp_path):
+    """writer: spark checks for Java at startup (Spark itself starts with the first write); arrow needs none."""
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(JavaNotFound) as info:
+        ParquetLoad.from_config(ParquetTargetConfig(type="parquet", path=str(tmp_path), writer="spark"), pipeline="p1")
+    assert str(info.value).startswith("pipeline=p1 stage=load") and info.value.exit_code == 2
+    assert ParquetLoad.from_config(ParquetTargetConfig(type="parquet", path=str(tmp_path)), pipeline="p1")

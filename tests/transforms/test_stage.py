@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -442,3 +445,24 @@ def test_column_types_are_remembered_per_table_and_derived_again_when_values_do_
         ("decimal(19,0)", "decimal(9,3)", "string", "timestamp"),
         ("decimal(19,0)", "decimal(9,3)", "string", "timestamp"),
     ]
+
+
+def test_setl_start_without_java_is_one_clear_line_before_anything_runs(tmp_path):
+    """A pipeline with transforms on a machine without Java exits 2 at startup, naming pipeline and stage."""
+    (tmp_path / "pipelines").mkdir()
+    (tmp_path / "x.jsonl").write_text("")
+    (tmp_path / "pipelines" / "p1.yaml").write_text(
+        "source: {type: file, path: x.jsonl}\n"
+        "target: {type: parquet, path: out}\n"
+        "tables:\n"
+        "  - {source: 'demo\\..*', transforms: [{use: filter, condition: 'id > 1'}]}\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    env["PATH"] = str(tmp_path / "empty")
+    result = subprocess.run([sys.executable, "-m", "setl.cli", "--conf", str(tmp_path), "start", "--pipeline", "p1",
+                             "--until-caught-up"], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("setl: error:") and "pipeline=p1" in line and "stage=transform" in line
+    assert "Spark needs Java" in line
+    assert not (tmp_path / "out").exists()  # nothing was written
