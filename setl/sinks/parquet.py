@@ -12,14 +12,18 @@ Each row is one change, in these columns:
 * ``_setl_op`` (string): ``insert``, ``update`` or ``delete``;
 * ``_setl_batch`` (int64): the id of the batch that wrote the row;
 * ``_setl_position`` (string): the source position after the change's
-  transaction, ``LOG:OFFSET`` (the order of transactions);
+  transaction, as text (``LOG:OFFSET``, with its GTID when it has one);
+* ``_setl_log`` (string) and ``_setl_offset`` (int64): that position's log file
+  and offset, the order of transactions (binlog file names are zero-padded, so
+  they sort as text);
 * ``_setl_seq`` (int64): the change's index in its batch (the order within it);
 * ``_setl_before_<column>`` for each primary-key column (for every column when
   the table has no primary key): on ``update`` rows the before image's value,
   NULL on other rows, so an update that changes the key says which row it replaces.
 
 Applying the log: read every file (``pyarrow.parquet.read_table(PATH/SCHEMA.TABLE,
-partitioning="hive")``), order rows by (position, ``_setl_seq``), and for each
+partitioning="hive")``), order rows by (``_setl_log``, ``_setl_offset``,
+``_setl_seq``), and for each
 row: ``insert``: put the image under its key; ``update``: remove the row under the
 ``_setl_before_*`` key, then put the image under its key; ``delete``: remove the
 row under its key.
@@ -223,6 +227,10 @@ class ParquetLoad(Load):
             "_setl_batch": pa.array([batch.id] * len(changes), pa.int64()),
             "_setl_position": pa.array([str(change.position) if change.position else None for _, change in changes],
                                        pa.string()),
+            "_setl_log": pa.array([change.position.log if change.position else None for _, change in changes],
+                                  pa.string()),
+            "_setl_offset": pa.array([change.position.offset if change.position else None for _, change in changes],
+                                     pa.int64()),
             "_setl_seq": pa.array([seq for seq, _ in changes], pa.int64()),
         }
         types = TableTypes(max_precision=self._max_precision, widen_decimals=True)

@@ -1,7 +1,7 @@
 """End to end on a real local Spark: ScriptedSource -> Extract -> SparkTransform -> ParquetLoad.
 
 The Parquet output is a change log; it is read back with plain pyarrow and replayed in
-(position, _setl_seq) order, then compared with `reference_state` plus the same transforms
+(_setl_log, _setl_offset, _setl_seq) order, then compared with `reference_state` plus the same transforms
 applied in Python.
 """
 
@@ -99,10 +99,10 @@ def expected_orders(state: dict) -> dict:
 
 
 def replay(root: Path, table: str, key: tuple[str, ...]) -> dict:
-    """Replay one table's Parquet change log in (position offset, _setl_seq) order."""
+    """Replay one table's Parquet change log in (_setl_log, _setl_offset, _setl_seq) order."""
     files = sorted((root / table).glob("part-*.parquet"))
     rows = [r for f in files for r in pq.read_table(f).to_pylist()]
-    rows.sort(key=lambda r: (int(r["_setl_position"].split(":")[1].split()[0]), r["_setl_seq"]))
+    rows.sort(key=lambda r: (r["_setl_log"], r["_setl_offset"], r["_setl_seq"]))
     state: dict = {}
     for row in rows:
         image = {c: v for c, v in row.items() if not c.startswith("_setl_")}
