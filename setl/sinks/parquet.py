@@ -37,7 +37,8 @@ fsynced and renamed into place, so a reader never sees half a file. A batch's
 files are replaced one by one, not together: after a crash in the middle of a
 batch, some of its files may be the new attempt's and some the old's until the
 replay has run; the batch's position is acked only after all of them are
-written, so everything up to the acked position is exact.
+written, so everything up to the acked position is exact. A temp file a crash
+left behind is removed the next time the target is opened.
 
 Writers (``writer:`` in the target config): ``arrow`` (the default) writes each
 file with pyarrow in the node's process; ``spark`` gives the same Arrow table
@@ -85,6 +86,8 @@ WRITERS = ("arrow", "spark")
 #: Spark SQL settings of the writer's own session: timestamps as INT64 micros, as pyarrow writes them.
 SPARK_WRITER_CONF = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"}
 _FILE = re.compile(r"^part-(?P<log>.+)-(?P<offset>\d{20})\.parquet$")
+#: What an interrupted write leaves: a hidden temp file, or the Spark writer's staging directory beside it.
+_LEFTOVER = re.compile(r"^\.part-.+\.parquet\.[0-9a-f]{32}\.(?:tmp|spark)$")
 
 
 def file_name(start: Position) -> str:
@@ -156,15 +159,30 @@ class ParquetLoad(Load):
                    spark=spark)
 
     def open(self) -> None:
-        """Create the root and index the files already there (one directory walk)."""
+        """Create the root, index the files already there and remove half-written ones (one directory walk).
+
+        A write interrupted by a crash leaves its hidden temp file (or the Spark
+        writer's staging directory) behind; the directory belongs to this
+        pipeline alone, so at open they can only be leftovers.
+        """
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise LoadError(f"cannot create {self.root}: {exc.strerror}", pipeline=self.pipeline or None) from exc
         self._claim()
         self._starts, self._files = [], {}
-        for folder, _dirs, names in os.walk(self.root):
+        for folder, dirs, names in os.walk(self.root):
+            for name in [d for d in dirs if _LEFTOVER.match(d)]:
+                log.info("pipeline=%s stage=load removing %s, left by an interrupted write", self.pipeline,
+                         Path(folder) / name)
+                shutil.rmtree(Path(folder) / name, ignore_errors=True)
+                dirs.remove(name)
             for name in names:
+                if _LEFTOVER.match(name):
+                    log.info("pipeline=%s stage=load removing %s, left by an interrupted write", self.pipeline,
+                             Path(folder) / name)
+                    (Path(folder) / name).unlink(missing_ok=True)
+                    continue
                 start = _start_of(name)
                 if start is not None:
                     self._remember(start, Path(folder) / name)

@@ -404,3 +404,24 @@ def test_the_spark_writer_without_java_is_refused_when_the_target_is_built(monke
         ParquetLoad.from_config(ParquetTargetConfig(type="parquet", path=str(tmp_path), writer="spark"), pipeline="p1")
     assert str(info.value).startswith("pipeline=p1 stage=load") and info.value.exit_code == 2
     assert ParquetLoad.from_config(ParquetTargetConfig(type="parquet", path=str(tmp_path)), pipeline="p1")
+
+
+def test_open_removes_what_an_interrupted_write_left(tmp_path):
+    """A kill -9 during a write leaves a hidden temp file or Spark staging directory; the next open removes them."""
+    root = tmp_path / "out"
+    sink = ParquetLoad(root, pipeline="p1")
+    first = batch([RowChange(Op.INSERT, "shop", "orders", ("id",), None, {"id": 1}, Position("bin.000001", 10))],
+                  0, 10)
+    sink.load(first)
+    folder = root / "shop.orders"
+    kept = folder / file_name(first.start)
+    temp = folder / f".{file_name(Position('bin.000001', 10))}.{'a' * 32}.tmp"
+    staging = folder / f".{file_name(Position('bin.000001', 10))}.{'b' * 32}.spark"
+    temp.write_bytes(b"half a file")
+    staging.mkdir()
+    (staging / "part-00000.snappy.parquet").write_bytes(b"half a file")
+    other = folder / ".not-ours"
+    other.write_text("someone else's")
+    ParquetLoad(root, pipeline="p1").open()
+    assert not temp.exists() and not staging.exists()
+    assert kept.exists() and other.exists()
