@@ -1,4 +1,4 @@
-"""Pytest fixtures that start real servers (MariaDB, PostgreSQL, ZooKeeper) in temp dirs.
+"""Pytest fixtures that start real servers (MariaDB, PostgreSQL, ZooKeeper, Spark) in temp dirs.
 
 Loaded as a plugin (``pytest_plugins = ["setl.testing.fixtures"]``). Importing it starts
 nothing: each session-scoped server starts the first time a test asks for it and stops at the
@@ -9,6 +9,8 @@ fails, the log tails of the servers it used are added to its report.
 * ``mariadb_target``: a second MariaDB, for the MySQL sink (server_id 2).
 * ``postgres_server``: PostgreSQL 15; ``postgres_server.connect()`` gives an autocommit client.
 * ``zookeeper_server``: standalone ZooKeeper; ``zookeeper_server.hosts`` is kazoo's hosts string.
+* ``spark_standalone``: a Spark standalone master with one worker (1 core, 1 GB);
+  ``spark_standalone.master_url`` is the ``spark.master`` to run on it.
 * ``mysql_db``: a fresh database on ``mariadb_target`` (its name), dropped after the test.
 * ``source_db``: the same on ``mariadb_source``.
 * ``postgres_db``: a fresh database on ``postgres_server`` (its name), dropped after the test.
@@ -26,7 +28,13 @@ from typing import Any
 
 import pytest
 
-from setl.testing.servers import MariaDBServer, PostgresServer, Server, ZooKeeperServer
+from setl.testing.servers import (
+    MariaDBServer,
+    PostgresServer,
+    Server,
+    SparkStandalone,
+    ZooKeeperServer,
+)
 
 
 def _unique_name(request: pytest.FixtureRequest, prefix: str) -> str:
@@ -69,6 +77,16 @@ def postgres_server() -> Iterator[PostgresServer]:
 def zookeeper_server() -> Iterator[ZooKeeperServer]:
     """A standalone ZooKeeper server (tickTime 500 ms)."""
     server = ZooKeeperServer()
+    try:
+        yield server.start()
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def spark_standalone() -> Iterator[SparkStandalone]:
+    """A Spark standalone cluster on loopback: one master, one worker."""
+    server = SparkStandalone()
     try:
         yield server.start()
     finally:

@@ -1,4 +1,5 @@
-"""Throwaway MariaDB, PostgreSQL and ZooKeeper servers in their own directories on free loopback ports.
+"""Throwaway MariaDB, PostgreSQL, ZooKeeper and Spark standalone servers in their own directories
+on free loopback ports.
 
 Tests start them through `setl.testing.fixtures`; operators and the demo start long-lived ones
 with ``tools/devservers.py``. Nothing here is meant for production.
@@ -21,6 +22,8 @@ it at exit.
 * PostgreSQL: superuser ``postgres``, trust authentication on loopback, no password. Runs as the
   ``postgres`` OS user when this process is root.
 * ZooKeeper: standalone, ``tickTime=500`` (sessions of 1 to 10 s), four-letter words enabled.
+* Spark: a standalone master and one worker from pyspark's own scripts; ``master_url`` is what
+  ``spark.master`` takes.
 """
 
 from __future__ import annotations
@@ -924,10 +927,161 @@ class ZooKeeperServer(Server):
         return b"".join(chunks).decode("utf-8", "replace")
 
 
+# --- Spark standalone -----------------------------------------------------------------------
+
+
+def _spark_home() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).parent
+
+
+class _SparkDaemon(Server):
+    """One Spark standalone daemon (master or worker) run by pyspark's bundled ``spark-class``.
+
+    The script execs the JVM, so the pid is the JVM's. Besides its RPC `port` a daemon serves a
+    web UI on `webui_port` (kept in server.json). `options` are Spark settings written to the
+    ``spark-defaults.conf`` of its own ``SPARK_CONF_DIR``; the port retries are off, so a daemon
+    that loses a race for its port exits ("Address already in use") and is launched on another
+    instead of silently taking the next port.
+    """
+
+    main_class = ""
+    DEFAULT_OPTIONS: Mapping[str, Any] = {"spark.port.maxRetries": 0}
+
+    def __init__(self, base_dir: str | os.PathLike[str] | None = None, port: int | None = None,
+                 *, options: Mapping[str, Any] | None = None, startup_timeout: float = 60.0) -> None:
+        super().__init__(base_dir, port, options=options, startup_timeout=startup_timeout)
+        self.webui_port: int = int(self._read_state().get("webui_port") or free_port())
+
+    @property
+    def log_path(self) -> Path:
+        return self.base_dir / f"{self.kind}.log"
+
+    def _write_state(self, **extra: Any) -> None:
+        super()._write_state(webui_port=self.webui_port, **extra)
+
+    def _prepare(self) -> None:
+        settings = {**self.DEFAULT_OPTIONS, **self.options}
+        lines = [f"{k} {v}" for k, v in settings.items() if v is not None]
+        (self.base_dir / "spark-defaults.conf").write_text("\n".join(lines) + "\n")
+
+    def _arguments(self) -> list[str]:
+        return ["--host", self.host, "--port", str(self.port), "--webui-port", str(self.webui_port)]
+
+    def _launch(self) -> None:
+        if not self._port_fixed:  # a relaunch after a lost port race takes a fresh UI port too
+            self.webui_port = free_port()
+        home = _spark_home()
+        env = dict(os.environ, SPARK_HOME=str(home), SPARK_CONF_DIR=str(self.base_dir),
+                   SPARK_LOCAL_IP=self.host, SPARK_LOCAL_HOSTNAME=self.host,
+                   SPARK_LOG_DIR=str(self.base_dir), SPARK_PID_DIR=str(self.base_dir),
+                   SPARK_WORKER_DIR=str(self.base_dir / "work"), SPARK_DAEMON_MEMORY="256m")
+        self._popen([str(home / "bin" / "spark-class"), self.main_class, *self._arguments()], env=env)
+
+    def status(self) -> dict[str, Any]:
+        """The daemon's state as its web UI serves it at ``/json/``."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://{self.host}:{self.webui_port}/json/", timeout=2) as reply:
+            return json.load(reply)
+
+
+class SparkWorker(_SparkDaemon):
+    """A Spark standalone worker of `master`, 1 core and 1 GB for executors by default.
+
+    It is ready once `master` lists it ALIVE. Executors run in `work_dir` (one ``app-*``
+    directory per application, holding each executor's stdout and stderr).
+    """
+
+    kind = "spark-worker"
+    main_class = "org.apache.spark.deploy.worker.Worker"
+
+    def __init__(self, master: "SparkStandalone", base_dir: str | os.PathLike[str] | None = None,
+                 port: int | None = None, *, cores: int = 1, memory: str = "1g",
+                 options: Mapping[str, Any] | None = None, startup_timeout: float = 60.0) -> None:
+        super().__init__(base_dir, port, options=options, startup_timeout=startup_timeout)
+        self.master = master
+        self.cores = cores
+        self.memory = memory
+
+    @property
+    def work_dir(self) -> Path:
+        return self.base_dir / "work"
+
+    def _arguments(self) -> list[str]:
+        return [*super()._arguments(), "--cores", str(self.cores), "--memory", self.memory,
+                "--work-dir", str(self.work_dir), self.master.master_url]
+
+    def _probe(self) -> None:
+        workers = self.master.status()["workers"]
+        if not any(w["port"] == self.port and w["state"] == "ALIVE" for w in workers):
+            raise ConnectionError(f"the master lists no ALIVE worker on port {self.port} yet")
+
+
+class SparkStandalone(_SparkDaemon):
+    """A Spark standalone cluster on loopback: this master and one `worker` (in ``base_dir/worker``).
+
+    Applications connect to `master_url`. `start()` returns once the worker has registered;
+    stop, kill, cleanup and detach act on both daemons (the worker first). `status()` is the
+    master's JSON: its ``workers``, ``activeapps`` and ``completedapps``.
+    """
+
+    kind = "spark"
+    main_class = "org.apache.spark.deploy.master.Master"
+
+    def __init__(self, base_dir: str | os.PathLike[str] | None = None, port: int | None = None,
+                 *, worker_cores: int = 1, worker_memory: str = "1g",
+                 options: Mapping[str, Any] | None = None, startup_timeout: float = 60.0) -> None:
+        super().__init__(base_dir, port, options=options, startup_timeout=startup_timeout)
+        self.worker = SparkWorker(self, self.base_dir / "worker", cores=worker_cores,
+                                  memory=worker_memory, options=options,
+                                  startup_timeout=startup_timeout)
+
+    @property
+    def master_url(self) -> str:
+        return f"spark://{self.host}:{self.port}"
+
+    @property
+    def servers(self) -> list[Server]:
+        """The worker, whose log a failing test also shows."""
+        return [self.worker]
+
+    def _probe(self) -> None:
+        if self.status().get("status") != "ALIVE":
+            raise ConnectionError("the master is not ALIVE yet")
+
+    def start(self):
+        with self._lock:
+            super().start()
+            self.worker.start()
+            return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        with self._lock:
+            self.worker.stop(timeout)
+            super().stop(timeout)
+
+    def kill(self) -> None:
+        with self._lock:
+            self.worker.kill()
+            super().kill()
+
+    def cleanup(self, timeout: float = 30.0) -> None:
+        with self._lock:
+            self.worker.cleanup(timeout)
+            super().cleanup(timeout)
+
+    def detach(self):
+        self.worker.detach()
+        return super().detach()
+
+
 SERVER_CLASSES: Mapping[str, type[Server]] = {
     "mariadb": MariaDBServer,
     "postgres": PostgresServer,
     "zookeeper": ZooKeeperServer,
+    "spark": SparkStandalone,
 }
 
 
@@ -952,6 +1106,8 @@ __all__ = [
     "PostgresServer",
     "Server",
     "ServerError",
+    "SparkStandalone",
+    "SparkWorker",
     "ZooKeeperServer",
     "free_port",
     "open_server",
