@@ -23,6 +23,11 @@ How rows come back. Rows are matched to their change by ``_setl_seq``:
   is declared ``may_drop_deletes`` (a delete of a row the target never had is
   harmless, a delete lost is not).
 
+Values come back from Arrow only for the columns the chain changed: a column it
+left as it was (same name, type and values, compared in Arrow) keeps the
+change's own Python values, exactly as with no transform, and costs no
+conversion.
+
 Primary keys. The result must still hold every primary-key column. A step may
 rename key columns only when its plugin declares the renames (the built-in
 `rename` does); the changes then carry the renamed key. Any other loss of a
