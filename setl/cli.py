@@ -122,7 +122,7 @@ def _pipeline_meta(conf: Path, name: str, settings: NodeSettings | None = None) 
 
 
 def cmd_start(args: argparse.Namespace, conf: Path) -> int:
-    from setl.node import Node
+    from setl.node import Node, tune_gc
 
     settings = load_node(conf)
     names = pipeline_names(conf) if args.all else list(dict.fromkeys(args.pipeline))
@@ -131,6 +131,7 @@ def cmd_start(args: argparse.Namespace, conf: Path) -> int:
     configs = [load_pipeline(conf, name) for name in names]
     meta = open_meta_store(settings)
     node = Node(settings, configs, meta)
+    tune_gc(settings.runtime)  # once everything is loaded and validated
 
     def on_signal(signum: int, frame: Any) -> None:
         if node_stopping[0]:

@@ -6,6 +6,7 @@ It restarts nothing silently: a pipeline that paused waits for `setl resume`
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import threading
@@ -13,7 +14,7 @@ import time
 
 import attrs
 
-from setl.config import NodeSettings, PipelineConfig
+from setl.config import NodeSettings, PipelineConfig, RuntimeConfig
 from setl.errors import ConfigError, PluginError, SetlError
 from setl.meta.base import MetaStore, Status
 from setl.model import Ack, Batch
@@ -151,6 +152,26 @@ def shared_services(settings: NodeSettings) -> tuple[TaskExecutionService, Seria
         idle_backoff=runtime.idle_backoff_ms / 1000.0, name="setl-task",
     )
     return tasks, SerialExecutorService(runtime.load_slots, runtime.load_workers, name="setl-load")
+
+
+def tune_gc(runtime: RuntimeConfig) -> None:
+    """Make Python's cyclic garbage collector cheap for a long-running node (`runtime.gc_threshold`).
+
+    Row changes are freed by reference counting; the cyclic collector only
+    finds work in reference cycles, yet with Python's defaults it runs every
+    700 allocations and, every so often, walks every live object: the
+    modules, Spark's and the drivers' objects and the batches in flight.
+    `gc.freeze()` takes what is alive after startup out of its sight for good,
+    and a higher first-generation threshold makes collections rarer.
+    `tools/bench/bench_transform_e2e.py --gc-threshold 0` measures the
+    difference. Only `setl start` calls this: it changes the whole process.
+    """
+    if not runtime.gc_threshold:
+        return
+    gc.collect()
+    gc.freeze()
+    _first, second, third = gc.get_threshold()
+    gc.set_threshold(runtime.gc_threshold, second, third)
 
 
 def node_batch_cap(settings: NodeSettings) -> BatchCap | None:

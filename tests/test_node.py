@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import textwrap
 
-from setl.config import load_node, load_pipeline
-from setl.node import build_select
+import pytest
+
+from setl.config import RuntimeConfig, load_node, load_pipeline
+from setl.errors import ConfigError
+from setl.node import build_select, tune_gc
 
 
 def test_binlog_source_splits_transactions_at_the_batch_size(tmp_path):
@@ -20,3 +24,29 @@ def test_binlog_source_splits_transactions_at_the_batch_size(tmp_path):
         """))
     source = build_select(load_node(conf), load_pipeline(conf, "p"))
     assert source.max_rows_in_memory == 1234 and source.server_id == 4242
+
+
+def test_tune_gc_freezes_the_startup_heap_and_raises_the_first_threshold(tmp_path):
+    """`runtime.gc_threshold` (default 20000) is applied after a freeze; 0 leaves Python's settings alone."""
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "setl.yaml").write_text("runtime: {gc_threshold: 0}\n")
+    before = gc.get_threshold()
+    try:
+        gc.unfreeze()
+        tune_gc(load_node(conf).runtime)
+        assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+        assert load_node(tmp_path / "none").runtime.gc_threshold == 20_000
+        tune_gc(RuntimeConfig(gc_threshold=12_345))
+        assert gc.get_threshold() == (12_345, before[1], before[2])
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
+
+
+def test_a_negative_gc_threshold_is_a_config_error(tmp_path):
+    """A negative threshold is refused when setl.yaml is read, naming the key."""
+    (tmp_path / "setl.yaml").write_text("runtime: {gc_threshold: -1}\n")
+    with pytest.raises(ConfigError, match="gc_threshold"):
+        load_node(tmp_path)

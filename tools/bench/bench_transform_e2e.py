@@ -29,6 +29,7 @@ bench_pipeline_transform.py.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import resource
 import statistics
@@ -43,9 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_pipeline_transform import JvmClock, LatencyListener  # noqa: E402
 
-from setl.config import load_node, load_pipeline  # noqa: E402
+from setl.config import RuntimeConfig, load_node, load_pipeline  # noqa: E402
 from setl.meta.sqlite import SqliteMetaStore  # noqa: E402
-from setl.node import build_stages, node_batch_cap, shared_services  # noqa: E402
+from setl.node import build_stages, node_batch_cap, shared_services, tune_gc  # noqa: E402
 from setl.scheduler import Outcome, Scheduler  # noqa: E402
 
 TX_ROWS = 100
@@ -245,8 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-transforms", type=int, default=200,
                         help="batches of --batch-rows put through the transform before timing, as a node that has "
                              "run a while has done (its JIT-compiled JVM); 0 for a cold start")
-    parser.add_argument("--gc-threshold", type=int, default=0, metavar="N",
-                        help="gc.freeze() after the warm-up and gc.set_threshold(N, 10, 10) (0: Python's defaults)")
+    parser.add_argument("--gc-threshold", type=int, default=RuntimeConfig().gc_threshold, metavar="N",
+                        help="runtime.gc_threshold, applied as `setl start` does after the warm-up "
+                             "(default: setl's; 0: Python's own garbage-collector settings)")
     parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                         help="a spark.* setting on top of setl's defaults (repeatable)")
     args = parser.parse_args(argv)
@@ -260,12 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     # What `setl start` builds from the default spark settings (plus --spark-conf).
     spark = get_session(SparkConfig(conf=extra))
     warm_up(spark, args.warmup_transforms, args.batch_rows)
-    if args.gc_threshold:
-        import gc
-
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(args.gc_threshold, 10, 10)
+    tune_gc(RuntimeConfig(gc_threshold=args.gc_threshold))
     jvm = JvmClock()
     with tempfile.TemporaryDirectory(prefix="setl-bench-e2e-") as tmp:
         tmp_path = Path(tmp)
@@ -291,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
             changes += len(range(9, changes, 10))
             print(f"backlog: {changes} row changes on shop.orders, binlog {start[0]}:{start[1]} -> {end[0]}:{end[1]}; "
                   f"parallelism 3, batches of {args.batch_rows}, spark {spark.sparkContext.master}, "
-                  f"{os.cpu_count()} cpus, extra spark conf {extra or 'none'}", flush=True)
+                  f"{os.cpu_count()} cpus, extra spark conf {extra or 'none'}, gc threshold {gc.get_threshold()}",
+                  flush=True)
             runs = tmp_path / "runs"
             runs.mkdir()
             report = []
