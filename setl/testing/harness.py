@@ -64,6 +64,33 @@ def reference_state(transactions: Iterable[Transaction | Sequence[Change]]) -> d
     return {name: rows for name, rows in tables.items()}
 
 
+def parquet_state(root: str | os.PathLike[str], table: str) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """A table's rows, ``{key: row}``, from the Parquet target's change log under `root`.
+
+    Applied as `setl.sinks.parquet` tells a reader to, with plain pyarrow: rows
+    in (``_setl_log``, ``_setl_offset``, ``_setl_seq``) order; the key is the
+    columns that have a ``_setl_before_*`` column, in name order.
+    """
+    import pyarrow.parquet as pq
+
+    from setl.sinks.parquet import BEFORE_PREFIX
+
+    data = pq.read_table(os.path.join(root, table), partitioning="hive").to_pylist()
+    data.sort(key=lambda r: (r["_setl_log"], r["_setl_offset"], r["_setl_seq"]))
+    state: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for row in data:
+        image = {c: v for c, v in row.items() if not c.startswith("_setl_")}
+        before = tuple(v for c, v in sorted(row.items()) if c.startswith(BEFORE_PREFIX))
+        key = tuple(v for c, v in sorted(image.items()) if BEFORE_PREFIX + c in row)
+        if row["_setl_op"] == "update":
+            state.pop(before, None)
+        if row["_setl_op"] == "delete":
+            state.pop(key, None)
+        else:
+            state[key] = image
+    return state
+
+
 # --- faults ---------------------------------------------------------------------------------
 
 

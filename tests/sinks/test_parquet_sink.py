@@ -9,7 +9,6 @@ import datetime as dt
 import decimal
 import os
 import textwrap
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -18,8 +17,9 @@ from setl.config import ParquetTargetConfig, load_node, load_pipeline
 from setl.errors import ConfigError, LoadError
 from setl.model import Batch, DdlChange, Op, Position, RowChange
 from setl.node import build_load
-from setl.sinks.parquet import BEFORE_PREFIX, SPARK_WRITER_CONF, ParquetLoad, file_name, read_table
+from setl.sinks.parquet import SPARK_WRITER_CONF, ParquetLoad, file_name, read_table
 from setl.spark import JavaNotFound
+from setl.testing.harness import parquet_state
 from setl.testing.spark import LOCAL_SETTINGS, local_spark
 
 
@@ -223,24 +223,6 @@ def test_unwritable_root_is_a_load_error(tmp_path):
     assert os.path.isfile(blocker)
 
 
-def apply_log(root: Path, table: str = "shop.orders") -> dict:
-    """Apply one table's change log as the module docstring tells a reader to, with plain pyarrow."""
-    data = pq.read_table(root / table, partitioning="hive").to_pylist()
-    data.sort(key=lambda r: (r["_setl_log"], r["_setl_offset"], r["_setl_seq"]))
-    state: dict = {}
-    for row in data:
-        image = {c: v for c, v in row.items() if not c.startswith("_setl_")}
-        before = tuple(v for c, v in sorted(row.items()) if c.startswith(BEFORE_PREFIX))
-        key = tuple(v for c, v in sorted(image.items()) if BEFORE_PREFIX + c in row)
-        if row["_setl_op"] == "update":
-            state.pop(before, None)
-        if row["_setl_op"] == "delete":
-            state.pop(key, None)
-        else:
-            state[key] = image
-    return state
-
-
 def test_key_changing_updates_carry_the_old_key(tmp_path, make):
     """An update that changes the key (and its partition) records the old key; replaying the log is exact."""
     root = tmp_path / "out"
@@ -257,8 +239,8 @@ def test_key_changing_updates_carry_the_old_key(tmp_path, make):
     rows = {(r["_setl_batch"], r["id"]): r for r in read_table(root, "shop.orders").to_pylist()}
     assert rows[(2, 7)]["_setl_before_id"] == 1 and rows[(2, 2)]["_setl_before_id"] == 2
     assert rows[(1, 1)]["_setl_before_id"] is None
-    assert apply_log(root) == {(2,): {"id": 2, "country": "DE", "v": "b2"},
-                               (7,): {"id": 7, "country": "DE", "v": "a2"}}
+    assert parquet_state(root, "shop.orders") == {(2,): {"id": 2, "country": "DE", "v": "b2"},
+                                                  (7,): {"id": 7, "country": "DE", "v": "a2"}}
 
 
 def test_tables_without_a_key_carry_the_whole_before_image(sink, tmp_path):
@@ -271,7 +253,7 @@ def test_tables_without_a_key_carry_the_whole_before_image(sink, tmp_path):
     assert last == [{"msg": "a", "n": 2, "_setl_op": "update", "_setl_batch": 2, "_setl_position": "bin.000001:20",
                      "_setl_log": "bin.000001", "_setl_offset": 20, "_setl_seq": 0, "_setl_before_msg": "a",
                      "_setl_before_n": 1}]
-    assert apply_log(tmp_path / "out", "shop.log") == {("a", 2): new}
+    assert parquet_state(tmp_path / "out", "shop.log") == {("a", 2): new}
 
 
 def test_a_batch_interrupted_between_files_is_exact_after_its_replay(arrow_sink, tmp_path, monkeypatch):

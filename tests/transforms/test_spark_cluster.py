@@ -15,11 +15,8 @@ import sys
 import uuid
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
-from setl.sinks.parquet import BEFORE_PREFIX
 from setl.sources.file import encode_transaction
-from setl.testing.harness import delete, insert, reference_state, update
+from setl.testing.harness import delete, insert, parquet_state, reference_state, update
 from setl.testing.servers import SparkStandalone, wait_until
 
 TABLE = "demo.customers"
@@ -57,24 +54,6 @@ def expected(txs: list[list]) -> dict:
                              "score": row["v"] * 2 + 1,
                              "card": "*" * max(len(card) - 4, 0) + card[-4:]}
     return out
-
-
-def apply_log(root: Path, table: str = TABLE) -> dict:
-    """Replay one table's Parquet change log in (_setl_log, _setl_offset, _setl_seq) order."""
-    data = pq.read_table(root / table, partitioning="hive").to_pylist()
-    data.sort(key=lambda r: (r["_setl_log"], r["_setl_offset"], r["_setl_seq"]))
-    state: dict = {}
-    for row in data:
-        image = {c: v for c, v in row.items() if not c.startswith("_setl_")}
-        before = tuple(v for c, v in sorted(row.items()) if c.startswith(BEFORE_PREFIX))
-        key = tuple(v for c, v in sorted(image.items()) if BEFORE_PREFIX + c in row)
-        if row["_setl_op"] == "update":
-            state.pop(before, None)
-        if row["_setl_op"] == "delete":
-            state.pop(key, None)
-        else:
-            state[key] = image
-    return state
 
 
 def write_conf(root: Path, master_url: str, app_name: str, stream: Path) -> Path:
@@ -128,8 +107,8 @@ def test_a_pipeline_runs_on_a_standalone_cluster_by_changing_spark_master(
 
     want = expected(txs)
     assert len(want) > 20
-    assert apply_log(tmp_path / "out-p1") == want
-    assert apply_log(tmp_path / "out-p2") == want
+    assert parquet_state(tmp_path / "out-p1", TABLE) == want
+    assert parquet_state(tmp_path / "out-p2", TABLE) == want
 
     # The application ran on the cluster: the master lists it as finished, and its one executor, on
     # the worker, ran a task for every batch's transform (both pipelines) and wrote p2's files.
