@@ -63,7 +63,7 @@ def test_different_settings_after_start_are_ignored_with_a_warning(caplog):
 
 
 def test_session_conf_defaults_and_overrides():
-    """Arrow is on, the UI and adaptive execution off and logs quiet by default; config values override and are stringified."""
+    """Arrow is on, the UI and adaptive execution off, logs quiet by default; config values override, stringified."""
     conf = session_conf(SparkConfig(conf={"spark.ui.enabled": True, "spark.sql.shuffle.partitions": 16}))
     assert conf["spark.sql.execution.arrow.pyspark.enabled"] == "true"
     assert conf["spark.ui.showConsoleProgress"] == "false"

@@ -12,15 +12,19 @@ the rows/s of the same pipeline without one. This measures it on whole pipelines
 * ``spark``: the same pipeline with one built-in step, ``add_column total = qty * price``.
 
 Each run is built from a generated conf dir and scheduled as ``setl start`` does it (the stages
-from `setl.node.build_stages`, the scheduler on the node's shared task threads), with ``parallelism: 3`` and batches of ``--batch-rows``, and reads
-the same binlog range into a fresh target table (its own schema per run) until caught up. The
-Spark session is started and warmed before timing (``setl start`` does that once per node); the
-two modes alternate ``--repeat`` times per target. Printed per target: median rows/s of each,
+from `setl.node.build_stages`, the scheduler on the node's shared task threads, the garbage
+collector tuned by `setl.node.tune_gc`), with ``parallelism: 3`` and batches of
+``--batch-rows``, and reads the same binlog range into a fresh target table (its own schema per
+run) until caught up. The Spark session is started before timing and its JVM warmed with
+``--warmup-transforms`` batches, as on a node that has run a while; the two modes alternate
+``--repeat`` times per target, after one untimed pair. Printed per target: median rows/s of each,
 their ratio, median batch latency (Select's hand-off to the ack), CPU per 10k rows in this
 process and in the Spark JVM, and peak memory. Every run checks the target's row count (and a
 sum of ``total`` for the spark runs against the source) so a fast wrong run cannot count.
 
     python3 tools/bench/bench_transform_e2e.py [--rows 100000] [--repeat 3] [--targets mariadb,postgresql,parquet]
+                                               [--warmup-transforms 200] [--gc-threshold 20000]
+                                               [--spark-conf KEY=VALUE ...]
 
 For the transform's own floor (an in-memory source and a sink that does nothing), see
 bench_pipeline_transform.py.
@@ -64,14 +68,16 @@ def record_backlog(source, rows: int) -> tuple[tuple[str, int], tuple[str, int]]
         with conn.cursor() as cur:
             for first in range(0, rows * 10 // 11, TX_ROWS):
                 values = [(n, f"customer-{n % 997}", n % 7 + 1, f"{n % 10_000}.{n % 100:02d}",
-                           None if n % 5 else "gift wrap", f"2026-11-21 10:{n // 60 % 60:02d}:{n % 60:02d}.{n % 10**6:06d}")
+                           None if n % 5 else "gift wrap",
+                           f"2026-11-21 10:{n // 60 % 60:02d}:{n % 60:02d}.{n % 10**6:06d}")
                           for n in range(first, first + TX_ROWS)]
                 cur.executemany("INSERT INTO shop.orders VALUES (%s, %s, %s, %s, %s, %s)", values)
                 conn.commit()
             inserted = first + TX_ROWS
             ids = list(range(9, inserted, 10))
             for i in range(0, len(ids), TX_ROWS):
-                cur.executemany("UPDATE shop.orders SET qty = qty + 1 WHERE id = %s", [(n,) for n in ids[i:i + TX_ROWS]])
+                cur.executemany("UPDATE shop.orders SET qty = qty + 1 WHERE id = %s",
+                                [(n,) for n in ids[i:i + TX_ROWS]])
                 conn.commit()
     finally:
         conn.close()
@@ -317,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
             for name, results in report:
                 for mode, values in results.items():
                     rate = statistics.median(changes / v["seconds"] for v in values)
-                    print(f"{name:<11} {mode:<9} {rate:>9,.0f} {statistics.median(v['latency'] for v in values) * 1000:>10.0f} ms"
+                    latency = statistics.median(v["latency"] for v in values)
+                    print(f"{name:<11} {mode:<9} {rate:>9,.0f} {latency * 1000:>10.0f} ms"
                           f" {statistics.median(v['cpu'] for v in values) * 10_000 / changes * 1000:>7.0f} ms"
                           f" {statistics.median(v['jvm'] for v in values) * 10_000 / changes * 1000:>8.0f} ms")
                 pairs = [b["seconds"] / s["seconds"] for b, s in zip(results["baseline"], results["spark"])]
