@@ -602,8 +602,10 @@ class MysqlBinlogSource(Select):
     * A lost connection is re-established with backoff from the end of the last complete
       transaction handed on (dropping the part of a split transaction already handed on), for
       up to `reconnect_timeout` seconds; after that `poll` raises `SourceError`.
-    * Transactions of more than `max_rows_in_memory` rows come in pieces with ``complete=False``;
-      at most `queue_size` transactions or pieces wait in the queue (`peak_buffered_rows`).
+    * Transactions of more than `max_rows_in_memory` rows come in pieces with ``complete=False``.
+      The reader runs ahead of `poll` by up to `max_rows_in_memory` rows (a transaction with no
+      rows counts as one; a bigger piece waits for an empty queue), so it is never held back by
+      many small transactions and never holds more than about twice that (`peak_buffered_rows`).
     * With `table_map_cache` (the default) a table-map event whose bytes were seen before reuses
       the decoded table instead of decoding its column metadata again (`table_maps` counts hits).
     * Values are pymysqlreplication's, except: an empty SET is ``set()``, BIT is an int, BINARY(n)
@@ -623,7 +625,6 @@ class MysqlBinlogSource(Select):
         start: Any = "earliest",
         pipeline: str = "",
         max_rows_in_memory: int = 50_000,
-        queue_size: int = 16,
         connect_timeout: float = 5.0,
         heartbeat: float = 5.0,
         reconnect_timeout: float = 60.0,
@@ -640,7 +641,6 @@ class MysqlBinlogSource(Select):
         self.start = self._parse_start(start, pipeline)
         self.pipeline = pipeline
         self.max_rows_in_memory = max_rows_in_memory
-        self.queue_size = queue_size
         self.connect_timeout = connect_timeout
         self.heartbeat = heartbeat
         self.reconnect_timeout = reconnect_timeout
@@ -653,7 +653,8 @@ class MysqlBinlogSource(Select):
         self._cursor: Position | None = None
         self._mark: Transaction | None = None
         self._buffer_lock = threading.Lock()
-        self._queued_rows = 0
+        self._room = threading.Condition(self._buffer_lock)  # the reader waits here for the queue to drain
+        self._queued_rows = 0  # rows in the queue, a transaction without rows counting as one
         self.peak_buffered_rows = 0
         self.reconnects = 0
         self.detected_flavor: str | None = None
@@ -818,7 +819,7 @@ class MysqlBinlogSource(Select):
         self._cursor = position
         self._mark = None
         self._stop = threading.Event()
-        self._queue = queue.Queue(self.queue_size)
+        self._queue = queue.Queue()  # bounded by rows: see _read's put
         self._queued_rows = 0
         self.table_maps = _TableMapCache() if self.table_map_cache else None
         self._connector = _Connector(self.table_maps)
@@ -854,14 +855,14 @@ class MysqlBinlogSource(Select):
         attempt = 0
 
         def put(item: Transaction | _Failure) -> None:
-            rows = len(item.changes) if isinstance(item, Transaction) else 0
-            with self._buffer_lock:
-                self._queued_rows += rows
-            while not stop.is_set():
-                with contextlib.suppress(queue.Full):
-                    out.put(item, timeout=0.1)
-                    return
-            raise _Stopped()
+            weight = _weight(item)
+            with self._room:
+                while self._queued_rows and self._queued_rows + weight > self.max_rows_in_memory:
+                    if stop.is_set():
+                        raise _Stopped()
+                    self._room.wait(0.1)
+                self._queued_rows += weight
+            out.put(item)
 
         try:
             while not stop.is_set():
@@ -929,14 +930,15 @@ class MysqlBinlogSource(Select):
                 if mark is not None:
                     self._cursor = mark.end
                 return mark
+            with self._room:
+                self._queued_rows -= _weight(item)
+                self._room.notify()
             if isinstance(item, _Failure):
                 self._queue = None  # this stream is dead; seek or open starts a new one
                 raise self._failure(item) from item.error
             if not item.changes and item.complete:
                 self._mark = item  # a later mark or transaction supersedes it
                 continue
-            with self._buffer_lock:
-                self._queued_rows -= len(item.changes)
             self._mark = None
             self._cursor = item.end
             return item
@@ -979,6 +981,11 @@ class MysqlBinlogSource(Select):
                 log.warning("pipeline=%s binlog reader thread did not stop within %.0fs", self.pipeline, timeout)
         self._thread = self._connector = self._queue = None
         self._mark = None
+
+
+def _weight(item: Transaction | _Failure) -> int:
+    """What an item counts for in the reader's queue: its rows, at least one."""
+    return max(1, len(item.changes)) if isinstance(item, Transaction) else 1
 
 
 def _log_number(name: str) -> int:
