@@ -133,11 +133,19 @@ class Target:
         raise NotImplementedError
 
 
-class MariaDBTarget(Target):
-    name = "mariadb"
+class SqlTarget(Target):
+    """A SQL server target: the table's rows and their sum(total)."""
 
     def __init__(self, server) -> None:
         self.server = server
+
+    def check(self, schema: str, folder: Path) -> tuple[int, float | None]:
+        count, total = self.server.query(f"SELECT COUNT(*), SUM(total) FROM {schema}.orders")[0]
+        return int(count), None if total is None else float(total)
+
+
+class MariaDBTarget(SqlTarget):
+    name = "mariadb"
 
     def yaml(self, folder: Path) -> str:
         return f"  type: mysql\n  host: {self.server.host}\n  port: {self.server.port}\n  user: root"
@@ -146,16 +154,9 @@ class MariaDBTarget(Target):
         self.server.query(f"CREATE DATABASE {schema}")
         self.server.query(f"CREATE TABLE {schema}.orders ({COLUMNS}, total DECIMAL(20,2))")
 
-    def check(self, schema: str, folder: Path) -> tuple[int, float | None]:
-        count, total = self.server.query(f"SELECT COUNT(*), SUM(total) FROM {schema}.orders")[0]
-        return int(count), None if total is None else float(total)
 
-
-class PostgresTarget(Target):
+class PostgresTarget(SqlTarget):
     name = "postgresql"
-
-    def __init__(self, server) -> None:
-        self.server = server
 
     def yaml(self, folder: Path) -> str:
         return f"  type: postgresql\n  host: {self.server.host}\n  port: {self.server.port}\n  user: postgres"
@@ -165,10 +166,6 @@ class PostgresTarget(Target):
         self.server.query(f"CREATE TABLE {schema}.orders (id INT PRIMARY KEY, customer VARCHAR(64) NOT NULL, "
                           "qty INT NOT NULL, price NUMERIC(12,2) NOT NULL, note VARCHAR(32), "
                           "created TIMESTAMP(6) NOT NULL, total NUMERIC(20,2))")
-
-    def check(self, schema: str, folder: Path) -> tuple[int, float | None]:
-        count, total = self.server.query(f"SELECT COUNT(*), SUM(total) FROM {schema}.orders")[0]
-        return int(count), None if total is None else float(total)
 
 
 class ParquetTarget(Target):
