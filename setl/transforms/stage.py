@@ -488,24 +488,12 @@ def _images(
     inputs = [c for c in source.column_names if not c.startswith(META_PREFIX)]
     if names[:len(inputs)] == inputs:
         # The chain kept every column in place (and maybe changed or added some): copy each image, then
-        # update it; a row keeps the keys its change had.
-        if not changed:
-            return [dict(image) for image in images]
-        if len(changed) == 1:
-            out = []
-            append, name = out.append, changed[0]
-            for image, value in zip(images, values[0]):
-                row = dict(image)
+        # set the changed columns, one column at a time; a row keeps the keys its change had.
+        rows = [dict(image) for image in images]
+        for name, column in zip(changed, values):
+            for row, value in zip(rows, column):
                 row[name] = value
-                append(row)
-            return out
-        out = []
-        append = out.append
-        for image, new in zip(images, zip(*values)):
-            row = dict(image)
-            row.update(zip(changed, new))
-            append(row)
-        return out
+        return rows
     # Columns dropped, renamed or reordered: build each row in the result's column order.
     converted = dict(zip(changed, values))
     columns = [converted[name] if name in converted else [image.get(name) for image in images] for name in names]
