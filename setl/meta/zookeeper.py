@@ -259,6 +259,13 @@ class ZooKeeperMetaStore(MetaStore):
         data.update(position=Position.from_dict(data["position"]), status=DdlTaskStatus(data["status"]))
         return DdlTask(**data), node.version
 
+    def _declared_task(self, pipeline: str, task_id: str) -> tuple[DdlTask, int]:
+        """A stored task and its node version, for a claim or finish: one never declared is a KeyError."""
+        found = self._task(self._task_path(pipeline, task_id))
+        if found is None:
+            raise never_declared(pipeline, task_id)
+        return found
+
     def declare_ddl_task(self, task: DdlTask) -> DdlTask:
         self._prepare(task.pipeline)
         now = self._clock()
@@ -291,10 +298,7 @@ class ZooKeeperMetaStore(MetaStore):
     ) -> DdlClaim:
         path = self._task_path(pipeline, task_id)
         while True:
-            found = self._task(path)
-            if found is None:
-                raise never_declared(pipeline, task_id)
-            task, version = found
+            task, version = self._declared_task(pipeline, task_id)
             if not task.claimable(expected_owner):
                 return DdlClaim(False, task)
             now = self._clock()
@@ -319,10 +323,7 @@ class ZooKeeperMetaStore(MetaStore):
         status = finishing_status(status)
         path = self._task_path(pipeline, task_id)
         while True:
-            found = self._task(path)
-            if found is None:
-                raise never_declared(pipeline, task_id)
-            task, version = found
+            task, version = self._declared_task(pipeline, task_id)
             if task.status is not DdlTaskStatus.RUNNING or task.owner != owner:
                 return task
             done = attrs.evolve(task, status=status, owner=None, reason=reason, update_time=self._clock())
