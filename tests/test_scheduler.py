@@ -16,6 +16,7 @@ from setl.model import Batch, Position, Transaction
 from setl.scheduler import Outcome, Scheduler
 from setl.stages import Extract, Select, Transform
 from setl.testing.harness import (
+    Fault,
     FaultPlan,
     FaultyExtract,
     FaultyTransform,
@@ -81,9 +82,7 @@ def test_random_streams_and_faults_end_equal_to_the_stream(txs, parallelism, max
     """Under random streams, parallelism 1..8 and random faults, the sink ends equal to the stream and no invariant breaks."""
     from setl.testing.harness import FaultyLoad
 
-    plan = FaultPlan()
-    for stage, batch, times in faults:
-        plan.fail(stage, batch, times)
+    plan = FaultPlan(Fault(stage, batch=batch, times=times) for stage, batch, times in faults)
     source = ScriptedSource(txs)
     sink = MemorySink()
     listener = InvariantListener(parallelism, sink, Position("scripted", 0))

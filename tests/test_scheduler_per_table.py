@@ -17,6 +17,7 @@ from setl.runtime import hash_slot
 from setl.scheduler import Outcome, Scheduler
 from setl.stages import Extract, Load, Transform
 from setl.testing.harness import (
+    Fault,
     FaultPlan,
     FaultyLoad,
     InvariantListener,
@@ -83,9 +84,7 @@ def test_per_table_keeps_per_key_order_under_random_load_failures(txs, paralleli
     """Under random failures per_table keeps per-key order, runs no stale part, marks only whole batches, ends right."""
     from setl.testing.harness import FaultyTransform
 
-    plan = FaultPlan()
-    for stage, batch, times in faults:
-        plan.fail(stage, batch, times)
+    plan = FaultPlan(Fault(stage, batch=batch, times=times) for stage, batch, times in faults)
     sink = OrderRecordingSink()
     listener = InvariantListener(parallelism, sink, Position("scripted", 0))
     source = ScriptedSource(txs)

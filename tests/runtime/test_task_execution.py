@@ -82,6 +82,18 @@ class Gate:
         return Progress.DONE
 
 
+class Note:
+    """A task that appends its tag to `order` when it runs, once."""
+
+    def __init__(self, tag: str, order: list[str]) -> None:
+        self.tag = tag
+        self.order = order
+
+    def call(self) -> Progress:
+        self.order.append(self.tag)
+        return Progress.DONE
+
+
 def test_many_tasks_share_the_core_workers(make_service):
     """Many tasks run to DONE on exactly core_workers shared threads."""
     svc = make_service(core_workers=2, max_workers=4, overrun_threshold=5.0)
@@ -455,15 +467,7 @@ def test_a_woken_task_runs_before_tasks_already_queued(make_service):
     svc.submit(gate, name="gate")  # holds the only worker while the queue fills
     gate.started.wait(10)
 
-    class Note:
-        def __init__(self, tag):
-            self.tag = tag
-
-        def call(self):
-            order.append(self.tag)
-            return Progress.DONE
-
-    queued = [svc.submit(Note(f"queued-{i}")) for i in range(3)]
+    queued = [svc.submit(Note(f"queued-{i}", order)) for i in range(3)]
     blocked.ready.set()
     blocked_handle.wake()
     gate.release.set()
@@ -479,16 +483,8 @@ def test_tasks_submitted_first_run_ahead_of_the_queue_in_their_own_order(make_se
     svc.submit(gate, name="gate")  # holds the only worker while the queue fills
     gate.started.wait(10)
 
-    class Note:
-        def __init__(self, tag):
-            self.tag = tag
-
-        def call(self):
-            order.append(self.tag)
-            return Progress.DONE
-
-    handles = [svc.submit(Note("queued-0")), svc.submit(Note("first-0"), first=True),
-               svc.submit(Note("queued-1")), svc.submit(Note("first-1"), first=True)]
+    handles = [svc.submit(Note("queued-0", order)), svc.submit(Note("first-0", order), first=True),
+               svc.submit(Note("queued-1", order)), svc.submit(Note("first-1", order), first=True)]
     gate.release.set()
     assert all(h.wait(10) for h in handles)
     assert order == ["first-0", "first-1", "queued-0", "queued-1"]
