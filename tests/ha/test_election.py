@@ -125,8 +125,12 @@ def test_fenced_stages_refuse_once_the_lease_is_lost(zookeeper_server):
 
 
 def test_suspended_connection_pauses_selecting_until_it_is_back():
-    """While ZooKeeper is unreachable (shorter than the session timeout) the fenced Select returns nothing; then it reads on."""
-    with ZooKeeperServer() as zk, stores(zk.hosts, 1, session_timeout=9) as (a,):
+    """While ZooKeeper is unreachable (shorter than the session timeout) the fenced Select returns nothing; then it reads on.
+
+    The outage lasts as long as a ZooKeeper restart takes, several seconds on a loaded machine, so the
+    server allows 20 s sessions (tickTime 1000) and this one asks for 19.
+    """
+    with ZooKeeperServer(options={"tickTime": 1000}) as zk, stores(zk.hosts, 1, session_timeout=19) as (a,):
         lease = Mainstem(a.coordinator, "p", "a").acquire(threading.Event())
         source = ScriptedSource([[insert("t", {"id": i})] for i in range(3)])
         select = FencedSelect(lease, source)
