@@ -120,7 +120,8 @@ def test_a_pipeline_runs_on_a_standalone_cluster_by_changing_spark_master(
     log = executor_log.read_text(errors="replace")
     p1_files = list((tmp_path / "out-p1" / TABLE).glob("part-*.parquet"))
     p2_files = list((tmp_path / "out-p2" / TABLE).glob("part-*.parquet"))
-    assert len(p1_files) > 1 and len(p2_files) == len(p1_files)  # several batches
+    # several batches each; the two pipelines may cut them differently (max_wait_ms cuts by time)
+    assert len(p1_files) > 1 and len(p2_files) > 1
     assert log.count("Finished task") >= len(p1_files) + 2 * len(p2_files)
     # each of p2's files was first a task's output on the executor (in its hidden staging directory)
     staged = re.compile(re.escape(f"{tmp_path / 'out-p2' / TABLE}/")
