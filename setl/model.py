@@ -17,33 +17,67 @@ class Position:
     it. `log` is a binlog file name (ordered by its zero-padded sequence number)
     or a test source's name; `offset` is the byte or record offset within it;
     `gtid` is the GTID set executed up to here, when the source has one.
+
+    `row` is non-zero only inside a transaction delivered in pieces (larger than
+    a batch): the position then covers the first `row` row changes of the
+    transaction that *starts* at (`log`, `offset`), and resuming from it reads
+    that transaction again from its start and skips those `row` changes. Order
+    is (log, offset, row), so such a position sorts after the transaction's
+    start and before its end. Printed and parsed as ``LOG:OFFSET+ROW``.
     """
 
     log: str
     offset: int
     gtid: str | None = attrs.field(default=None, order=False)
+    row: int = attrs.field(default=0, kw_only=True)
 
     def __str__(self) -> str:
-        text = f"{self.log}:{self.offset}"
+        text = f"{self.log}:{self.offset}" + (f"+{self.row}" if self.row else "")
         return f"{text} (gtid {self.gtid})" if self.gtid else text
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"log": self.log, "offset": self.offset}
         if self.gtid:
             data["gtid"] = self.gtid
+        if self.row:
+            data["row"] = self.row
         return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Position":
-        return cls(log=str(data["log"]), offset=int(data["offset"]), gtid=data.get("gtid"))
+        return cls(log=str(data["log"]), offset=int(data["offset"]), gtid=data.get("gtid"),
+                   row=int(data.get("row") or 0))
 
     @classmethod
     def parse(cls, text: str) -> "Position":
-        """Parse ``LOG:OFFSET`` as typed by an operator."""
-        log, sep, offset = text.rpartition(":")
-        if not sep or not log or not offset.isdigit():
-            raise ValueError(f"position {text!r} is not LOG:OFFSET")
-        return cls(log=log, offset=int(offset))
+        """Parse ``LOG:OFFSET`` or ``LOG:OFFSET+ROW`` as typed by an operator."""
+        log, sep, rest = text.rpartition(":")
+        offset, plus, row = rest.partition("+")
+        if not sep or not log or not offset.isdigit() or (plus and not row.isdigit()):
+            raise ValueError(f"position {text!r} is not LOG:OFFSET (or LOG:OFFSET+ROW)")
+        return cls(log=log, offset=int(offset), row=int(row) if plus else 0)
+
+    @property
+    def within_transaction(self) -> bool:
+        """True for a checkpoint inside a transaction delivered in pieces."""
+        return self.row > 0
+
+
+@attrs.frozen
+class InvalidDate:
+    """A DATE, DATETIME or TIMESTAMP value MySQL holds but no calendar has.
+
+    MySQL and MariaDB store zero and partial dates (``0000-00-00``,
+    ``2024-00-15``, ``0000-00-00 00:00:00``, a TIMESTAMP of 0). The binlog source
+    hands them on as this value, with the server's own text, instead of None, so
+    that a MySQL target can write them exactly and every other target applies a
+    documented policy instead of losing them silently.
+    """
+
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
 
 
 class Op(str, enum.Enum):
@@ -58,7 +92,10 @@ class RowChange:
 
     `before` is None for inserts and `after` is None for deletes. `primary_key`
     names the key columns (empty when the table has none). `position` is the
-    position after the transaction that holds the change.
+    position after the transaction that holds the change; for a change of a
+    transaction delivered in pieces it is the position after the change itself
+    (`Position.row` = its 1-based ordinal among the transaction's row changes),
+    so that every change of a log has its own, ordered position.
     """
 
     op: Op
@@ -119,7 +156,9 @@ class Transaction:
     """What a source hands to Select: the changes of one transaction and where it ends.
 
     `complete` is False for a piece of a transaction too large to hold at once;
-    its `end` is then only a read cursor, never a position to acknowledge.
+    its `end` is then a checkpoint inside the transaction (`Position.row` > 0):
+    the transaction's start plus the row changes handed on so far, from which
+    a source can resume without re-reading those changes.
     `nbytes` is the size the source read for it, for the batch byte limit.
     """
 
