@@ -24,6 +24,10 @@ it at exit.
 * ZooKeeper: standalone, ``tickTime=500`` (sessions of 1 to 10 s), four-letter words enabled.
 * Spark: a standalone master and one worker from pyspark's own scripts; ``master_url`` is what
   ``spark.master`` takes.
+
+Programs are found at Debian's paths; ``SETL_MARIADBD``, ``SETL_MARIADB_INSTALL_DB``,
+``SETL_PG_BIN`` (a directory with initdb and pg_ctl), ``SETL_ZK_SERVER_SH`` and
+``SETL_JAVA_SHARE`` (ZooKeeper's jars) name others.
 """
 
 from __future__ import annotations
@@ -48,11 +52,22 @@ from typing import Any, TypeVar
 
 HOST = "127.0.0.1"
 
-MARIADB_INSTALL_DB = "mariadb-install-db"
-MARIADBD = "/usr/sbin/mariadbd"
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
-ZK_SERVER_SH = Path("/usr/share/zookeeper/bin/zkServer.sh")
-_JAVA_SHARE = Path("/usr/share/java")
+
+
+def _postgres_bin() -> Path:
+    """Debian's PostgreSQL binaries: the newest /usr/lib/postgresql/N/bin (15 on these machines)."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"),
+                   key=lambda p: int(p.parent.parent.name) if p.parent.parent.name.isdigit() else 0)
+    return found[-1].parent if found else Path("/usr/lib/postgresql/15/bin")
+
+
+# Where the servers' programs are: Debian's paths unless the environment names others (for
+# another distribution, or a server built from source).
+MARIADB_INSTALL_DB = os.environ.get("SETL_MARIADB_INSTALL_DB", "mariadb-install-db")
+MARIADBD = os.environ.get("SETL_MARIADBD", "/usr/sbin/mariadbd")
+PG_BIN = Path(os.environ.get("SETL_PG_BIN") or _postgres_bin())
+ZK_SERVER_SH = Path(os.environ.get("SETL_ZK_SERVER_SH", "/usr/share/zookeeper/bin/zkServer.sh"))
+_JAVA_SHARE = Path(os.environ.get("SETL_JAVA_SHARE", "/usr/share/java"))
 
 T = TypeVar("T")
 

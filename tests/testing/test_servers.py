@@ -245,3 +245,19 @@ def test_servers_die_with_a_killed_parent(tmp_path):
         proc.kill()
         proc.wait()
     wait_until(lambda: not pid_alive(server_pid), timeout=10, message="the orphaned server to die")
+
+
+def test_server_programs_come_from_the_environment(tmp_path):
+    """SETL_MARIADBD names the server program: a MariaDB starts through the one it names."""
+    marker = tmp_path / "used"
+    wrapper = tmp_path / "mariadbd"
+    wrapper.write_text(f"#!/bin/sh\ntouch {marker}\nexec /usr/sbin/mariadbd \"$@\"\n")
+    wrapper.chmod(0o755)
+    code = ("from setl.testing.servers import MariaDBServer\n"
+            "with MariaDBServer() as server:\n"
+            "    print(server.query('SELECT 1')[0][0])\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "SETL_MARIADBD": str(wrapper)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "1"
+    assert marker.exists()
