@@ -117,7 +117,6 @@ class _Cut:
     epoch: int
     start: Position | None
     end: Position | None
-    cursor: Position | None
     changes: list[Change] = attrs.Factory(list)
     rows: int = 0
     size: int = 0
@@ -310,7 +309,6 @@ class Scheduler:
         self._halt_deadline: float | None = None
         # Select's own state, touched only by the Select task.
         self._sel_next_id = 1
-        self._sel_cursor: Position | None = None
         self._sel_end: Position | None = None
         self._sel_pending: list = []
         self._sel_rewind: tuple[Position | None, int, float] | None = None
@@ -379,7 +377,7 @@ class Scheduler:
                 self._finished.set()
                 return
         self._sel_next_id = next_id
-        self._sel_cursor = self._sel_end = self._acked
+        self._sel_end = self._acked
         # With private services every activity has a thread: Select's waits in the source's poll.
         self._blocking_select = self._own_tasks or bool(getattr(self.select, "blocking", False))
         steps = {
@@ -475,7 +473,7 @@ class Scheduler:
                 return Progress.NO_PROGRESS
             self._sel_rewind = None
             self._sel_next_id = next_id
-            self._sel_cursor = self._sel_end = position
+            self._sel_end = position
             self._sel_pending.clear()
             self._deferred_error = None
             try:
@@ -493,7 +491,7 @@ class Scheduler:
             self._sel_permit = True
             with self._cond:
                 epoch = self._epoch
-            self._sel_cut = _Cut(self._sel_next_id, epoch, self._sel_end, self._sel_end, self._sel_cursor)
+            self._sel_cut = _Cut(self._sel_next_id, epoch, self._sel_end, self._sel_end)
         try:
             batch = self._read()
         except BaseException as exc:
@@ -525,7 +523,6 @@ class Scheduler:
             self._workers.add(work)
         self._sel_next_id += 1
         self._sel_end = batch.end
-        self._sel_cursor = batch.cursor or batch.end
         return Progress.PROGRESS
 
     def _drop_cut(self) -> None:
@@ -581,7 +578,7 @@ class Scheduler:
                 tx = pending.pop()
             else:
                 now = self.clock()
-                if cut.deadline is not None and now >= cut.deadline and cut.taken and cut.end == cut.cursor:
+                if cut.deadline is not None and now >= cut.deadline and cut.taken:
                     break
                 if time.perf_counter() >= slice_end:
                     return Progress.PROGRESS if progressed else Progress.NO_PROGRESS
@@ -592,9 +589,9 @@ class Scheduler:
                 try:
                     tx = self.select.poll(timeout)
                 except BaseException as exc:
-                    if not (cut.taken and cut.end == cut.cursor):
+                    if not cut.taken:
                         raise
-                    # Hand on the whole transactions read so far; report the error next.
+                    # Hand on what was read so far (it ends at a checkpoint); report the error next.
                     self._deferred_error = exc
                     break
                 if tx is None:
@@ -610,18 +607,17 @@ class Scheduler:
             cut.changes.extend(tx.changes)
             cut.rows += len(tx.changes)
             cut.size += tx.nbytes
-            cut.cursor = tx.end
-            if tx.complete:
-                cut.end = tx.end
+            # A piece of a split transaction ends at a checkpoint too (Position.row).
+            cut.end = tx.end
             if cut.deadline is None:
                 cut.deadline = self.clock() + limits.max_wait_ms / 1000.0
             if tx.is_ddl:
                 break
             if cut.rows >= limits.max_rows or cut.size >= limits.max_bytes:
                 break
-            if tx.complete and self.clock() >= cut.deadline:
+            if self.clock() >= cut.deadline:
                 break
-        assert cut.end is not None and cut.cursor is not None
+        assert cut.end is not None
         return Batch(
             pipeline=self.name,
             id=cut.batch_id,
@@ -629,7 +625,6 @@ class Scheduler:
             start=cut.start if cut.start is not None else cut.end,
             end=cut.end,
             changes=tuple(cut.changes),
-            cursor=cut.cursor if cut.cursor != cut.end else None,
         )
 
     def _source_failed(self, exc: BaseException) -> None:
@@ -876,7 +871,16 @@ class Scheduler:
             # land after the replay of an earlier batch touching the same keys.
             if self._load_tasks or any(s.state is _State.LOADING for s in self._inflight.values()):
                 return Progress.BLOCKED
+            acked = self._acked
             failed_id, error, epoch = self._rolling
+        # No load runs now (they are blocked until the rollback completes).
+        resume = self._replay_from(acked)
+        next_id = failed_id
+        if resume != acked and self._ack_target_position(failed_id, epoch, acked, resume):
+            next_id += 1  # that id is acked: the replay goes on with the next one
+        else:
+            resume = acked
+        with self._cond:
             self._rolling = None
             for batch_id in [b for b in self._inflight if b >= failed_id]:
                 slot = self._inflight.pop(batch_id)
@@ -884,7 +888,7 @@ class Scheduler:
                 if slot.worker_done:
                     self._retire(slot)
             self._epoch = epoch
-            self._next_load = self._next_ack = failed_id
+            self._next_load = self._next_ack = next_id
             self._load_blocked = False
             self._load_barrier = None
             self._attempt += 1
@@ -892,8 +896,8 @@ class Scheduler:
             delay = self.backoff.delay(attempt)
             # Set in the same critical section as the new epoch: otherwise Select could
             # hand on a batch cut from its old cursor under the new epoch.
-            self._rewind = (self._acked, failed_id, self.clock() + delay)
-            self._retry_from = self._acked
+            self._rewind = (resume, next_id, self.clock() + delay)
+            self._retry_from = resume
             self._cond.notify_all()
         self._wake("select", "load")
         self.listener.on_rollback(failed_id, epoch, error, attempt)
@@ -911,6 +915,45 @@ class Scheduler:
             self.name, failed_id, attempt, self.backoff.max_attempts, delay, error,
         )
         return Progress.PROGRESS
+
+    def _replay_from(self, acked: Position | None) -> Position | None:
+        """Where a rollback replays from: the ack, or the target's own position when the target
+        committed more (a batch loaded whose ack failed), so that a keyless table does not get
+        that batch twice. Falls back to the ack when the target or meta store cannot tell."""
+        try:
+            committed = self.load.committed()
+            if committed is None or (acked is not None and committed <= acked):
+                return acked
+            if self.meta.position_was_reset(self.name):
+                return acked
+        except LeadershipLost:
+            raise
+        except Exception as exc:
+            log.warning("pipeline=%s stage=termin cannot read the target's position (%s); replaying from the ack %s",
+                        self.name, exc, acked)
+            return acked
+        self._event("termin", None, f"target already holds {committed}, ahead of the ack {acked}: replaying from it")
+        return committed
+
+    def _ack_target_position(self, batch_id: int, epoch: int, acked: Position | None,
+                             position: Position) -> bool:
+        """Ack `position`, which the target holds though its batch's ack failed, as batch `batch_id`
+        (with no changes); False if the meta store refused it."""
+        try:
+            ack = self.meta.ack(self.name, batch_id, epoch, position, rows=0)
+        except LeadershipLost:
+            raise
+        except Exception as exc:
+            log.warning("pipeline=%s stage=termin cannot ack the target's position %s (%s); replaying from %s",
+                        self.name, position, exc, acked)
+            return False
+        batch = Batch(self.name, batch_id, epoch, acked if acked is not None else position, position, ())
+        with self._cond:
+            self._acked = position
+        self.listener.on_ack(ack, batch)
+        if self._until is not None and position >= self._until:
+            self._finish(Outcome.CAUGHT_UP)
+        return True
 
     def _retire(self, slot: _Slot) -> None:
         """Give a batch's permit back, exactly once. Called with the lock held."""
