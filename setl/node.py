@@ -14,6 +14,7 @@ import time
 
 import attrs
 
+from setl import failpoints
 from setl.config import NodeSettings, PipelineConfig, RuntimeConfig
 from setl.errors import ConfigError, PluginError, SetlError
 from setl.meta.base import MetaStore, Status
@@ -24,8 +25,8 @@ from setl.stages import Extract, Load, Select, TableExtract, Transform
 
 log = logging.getLogger("setl.node")
 
-#: Fault markers for tests, as JSON (see `setl.testing.harness.FaultPlan.from_json`).
-FAULTS_ENV = "SETL_FAULTS"
+#: Fault markers, as JSON (see `setl.failpoints`).
+FAULTS_ENV = failpoints.FAULTS_ENV
 
 
 @attrs.frozen
@@ -105,14 +106,11 @@ def build_stages(node: NodeSettings, config: PipelineConfig, meta: MetaStore | N
         select, load = with_ddl_tasks(node, config, stages.select, stages.load,
                                       meta if meta is not None else open_meta_store(node))
         stages = Stages(select, stages.extract, stages.transform, load)
-    faults = os.environ.get(FAULTS_ENV)
-    if faults:
-        from setl.testing.harness import FaultPlan, FaultyExtract, FaultyLoad, FaultyTransform
-
-        plan = FaultPlan.from_json(faults)
-        log.warning("pipeline=%s fault injection is on: %s", config.name, faults)
-        stages = Stages(stages.select, FaultyExtract(plan, stages.extract),
-                        FaultyTransform(plan, stages.transform), FaultyLoad(plan, stages.load))
+    plan = failpoints.from_env()
+    if plan:
+        log.warning("pipeline=%s fault injection is on: %s", config.name, os.environ.get(FAULTS_ENV))
+        stages = Stages(stages.select, failpoints.FaultyExtract(plan, stages.extract),
+                        failpoints.FaultyTransform(plan, stages.transform), failpoints.FaultyLoad(plan, stages.load))
     return stages
 
 

@@ -42,6 +42,7 @@ from setl.runtime import (
     hash_slot,
 )
 from setl.stages import Extract, Load, Select, Transform
+from setl.stages.load import supports_per_table
 
 log = logging.getLogger("setl.scheduler")
 
@@ -197,11 +198,6 @@ class BatchCap:
                 return
             self._granted.discard(waiter)
         self.release()
-
-
-def supports_per_table(load: Load) -> bool:
-    """Whether `load` implements `load_part`, which `load.mode: per_table` needs."""
-    return type(load).load_part is not Load.load_part
 
 
 class Scheduler:

@@ -9,23 +9,38 @@
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import threading
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from setl.config import PipelineSettings
+from setl.failpoints import (
+    Fault,
+    FaultPlan,
+    FaultyExtract,
+    FaultyLoad,
+    FaultyPartLoad,
+    FaultyTransform,
+    InjectedFault,
+)
 from setl.meta.base import MetaStore
 from setl.meta.sqlite import SqliteMetaStore
-from setl.model import Ack, Batch, Change, DdlChange, Op, Position, RowChange, Transaction
+from setl.model import (
+    Ack,
+    Batch,
+    Change,
+    DdlChange,
+    Op,
+    Position,
+    RowChange,
+    Transaction,
+)
 from setl.scheduler import Listener, Outcome, Scheduler
 from setl.sinks.merge import merge
-from setl.stages import Extract, Load, LoadWrapper, Select, Transform
+from setl.stages import Extract, Load, Select, Transform
 
 # --- building changes -----------------------------------------------------------------------
 
@@ -91,126 +106,7 @@ def parquet_state(root: str | os.PathLike[str], table: str) -> dict[tuple[Any, .
     return state
 
 
-# --- faults ---------------------------------------------------------------------------------
-
-
-class InjectedFault(RuntimeError):
-    """Raised by a `FaultPlan` marker."""
-
-
-@attrs.define
-class Fault:
-    """One marker: at `stage` for batch id `batch` (None: every batch), do `action`.
-
-    `action` is "fail" (raise `InjectedFault`), "slow" (sleep `seconds`) or
-    "crash" (SIGKILL this process). `times` is how often it fires (None: always).
-    For stage "select", `batch` counts transactions polled from the source.
-    """
-
-    stage: str
-    action: str = "fail"
-    batch: int | None = None
-    times: int | None = 1
-    seconds: float = 0.0
-    fired: int = 0
-
-    def __attrs_post_init__(self) -> None:
-        if self.stage not in ("select", "extract", "transform", "load", "termin"):
-            raise ValueError(f"unknown stage {self.stage!r} in fault marker")
-        if self.action not in ("fail", "slow", "crash"):
-            raise ValueError(f"unknown action {self.action!r} in fault marker")
-
-
-class FaultPlan:
-    """A set of fault markers, checked by the testing stages; thread-safe."""
-
-    def __init__(self, faults: Iterable[Fault] = ()) -> None:
-        self.faults = list(faults)
-        self._lock = threading.Lock()
-
-    @classmethod
-    def from_json(cls, text: str) -> "FaultPlan":
-        """Markers as a JSON list of objects: ``[{"stage": "load", "batch": 3, "times": 2}]``."""
-        return cls(Fault(**item) for item in json.loads(text))
-
-    def fail(self, stage: str, batch: int | None = None, times: int | None = 1) -> "FaultPlan":
-        self.faults.append(Fault(stage, "fail", batch, times))
-        return self
-
-    def fail_load(self, batch: int | None = None, times: int | None = 1) -> "FaultPlan":
-        return self.fail("load", batch, times)
-
-    def slow(self, stage: str, seconds: float, batch: int | None = None, times: int | None = None) -> "FaultPlan":
-        self.faults.append(Fault(stage, "slow", batch, times, seconds))
-        return self
-
-    def crash(self, stage: str, batch: int | None = None) -> "FaultPlan":
-        self.faults.append(Fault(stage, "crash", batch, 1))
-        return self
-
-    def check(self, stage: str, batch: int) -> None:
-        """Fire the markers for `stage` and `batch`, if any are left."""
-        sleep = 0.0
-        with self._lock:
-            for fault in self.faults:
-                if fault.stage != stage or (fault.batch is not None and fault.batch != batch):
-                    continue
-                if fault.times is not None and fault.fired >= fault.times:
-                    continue
-                fault.fired += 1
-                if fault.action == "crash":
-                    os.kill(os.getpid(), signal.SIGKILL)
-                if fault.action == "fail":
-                    raise InjectedFault(f"injected {stage} failure at batch {batch} (#{fault.fired})")
-                sleep += fault.seconds
-        if sleep:
-            time.sleep(sleep)
-
-
-class FaultyExtract(Extract):
-    """Wraps an Extract and fires the plan's "extract" markers first."""
-
-    def __init__(self, plan: FaultPlan, inner: Extract | None = None) -> None:
-        self.plan, self.inner = plan, inner or Extract()
-
-    def extract(self, batch: Batch) -> Batch:
-        self.plan.check("extract", batch.id)
-        return self.inner.extract(batch)
-
-
-class FaultyTransform(Transform):
-    """Wraps a Transform and fires the plan's "transform" markers first."""
-
-    def __init__(self, plan: FaultPlan, inner: Transform | None = None) -> None:
-        self.plan, self.inner = plan, inner or Transform()
-
-    def transform(self, batch: Batch) -> Batch:
-        self.plan.check("transform", batch.id)
-        return self.inner.transform(batch)
-
-
-class FaultyLoad(LoadWrapper):
-    """Wraps a Load: fires "load" markers before it and "termin" markers after it.
-
-    A "termin" marker therefore strikes between a batch's load and its ack.
-    """
-
-    def __init__(self, plan: FaultPlan, inner: Load) -> None:
-        super().__init__(inner)
-        self.plan = plan
-
-    def load(self, batch: Batch) -> None:
-        self.plan.check("load", batch.id)
-        self.inner.load(batch)
-        self.plan.check("termin", batch.id)
-
-    def load_part(self, batch: Batch) -> None:
-        self.plan.check("load", batch.id)
-        self.inner.load_part(batch)
-
-    def mark_loaded(self, batch: Batch) -> None:
-        self.inner.mark_loaded(batch)
-        self.plan.check("termin", batch.id)
+# --- faults: the product's failpoints (setl.failpoints), re-exported -------------------------
 
 
 # --- source and sink ------------------------------------------------------------------------
@@ -496,3 +392,10 @@ def run_pipeline(
     )
     outcome = scheduler.run(until_caught_up=until_caught_up)
     return RunResult(outcome, scheduler, meta)
+
+
+__all__ = [
+    "Fault", "FaultPlan", "FaultyExtract", "FaultyLoad", "FaultyPartLoad", "FaultyTransform", "InjectedFault",
+    "InvariantListener", "LoadRecord", "MemorySink", "RunResult", "ScriptedSource", "delete", "insert",
+    "parquet_state", "reference_state", "run_pipeline", "update",
+]
