@@ -8,7 +8,6 @@ loads run on a shared `SerialExecutorService`, one slot per (pipeline, target ta
 
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 import time
@@ -28,7 +27,7 @@ from setl.errors import (
     TransformError,
 )
 from setl.meta.base import MetaStore, Status
-from setl.model import Ack, Batch, Change, DdlChange, Position
+from setl.model import Batch, Change, DdlChange, Position
 from setl.retry import Backoff
 from setl.runtime import (
     BatchCap,
@@ -41,6 +40,9 @@ from setl.runtime import (
     TaskHandle,
     hash_slot,
 )
+from setl.scheduler.cutter import BatchCutter
+from setl.scheduler.events import Listener, Outcome
+from setl.scheduler.ledger import Slot, SlotState
 from setl.stages import Extract, Load, Select, Transform
 from setl.stages.load import supports_per_table
 
@@ -54,75 +56,10 @@ _STAGE_ERRORS: dict[str, type[SetlError]] = {
     "termin": MetaStoreError,
 }
 
-#: Longest one Select call reads from a source before it gives the thread back (real time).
-SELECT_SLICE = 0.02
-#: Longest a blocking Select waits in one poll: bounds how long a stop waits for it.
-BLOCKING_POLL = 0.02
 #: Extract and Transform of one batch run in one call when Extract took less than this.
 ETL_SLICE = 0.005
 #: Load and Termin go on to the next batch in the same call while they are within this (real time).
 STEP_SLICE = 0.01
-
-
-class Outcome(str, enum.Enum):
-    """Why `Scheduler.run` returned."""
-
-    CAUGHT_UP = "caught_up"  # the acked position reached the `until` position
-    STOPPED = "stopped"  # stop() was called; in-flight batches were drained
-    PAUSED = "paused"  # retries ran out; the pause and its error are persisted
-    LOST = "lost"  # leadership was lost; nothing after the last ack was acked
-
-
-class Listener:
-    """Hooks a test or a metrics exporter can override; they run on scheduler threads and must not block."""
-
-    def on_handoff(self, batch: Batch, in_flight: int) -> None:
-        """Select handed `batch` on; `in_flight` batches now hold permits."""
-
-    def on_retire(self, batch: Batch, in_flight: int) -> None:
-        """`batch` gave its permit back (acked, or discarded and its worker done)."""
-
-    def on_termin(self, batch: Batch, ok: bool) -> None:
-        """Termin took `batch`'s result, in batch-id order."""
-
-    def on_ack(self, ack: Ack, batch: Batch) -> None:
-        """The position after `batch` was persisted."""
-
-    def on_rollback(self, batch_id: int, epoch: int, error: BaseException, attempt: int) -> None:
-        """Batch `batch_id` failed; every later batch was discarded; `epoch` is the new epoch."""
-
-
-class _State(enum.Enum):
-    WORKING = "working"  # in Extract/Transform
-    READY = "ready"  # transformed, waiting for its turn to load
-    LOADING = "loading"
-    LOADED = "loaded"
-    FAILED = "failed"
-
-
-@attrs.define(eq=False)
-class _Slot:
-    batch: Batch
-    state: _State = _State.WORKING
-    error: BaseException | None = None
-    discarded: bool = False
-    worker_done: bool = False
-    retired: bool = False
-
-
-@attrs.define(eq=False)
-class _Cut:
-    """The batch Select is reading; it lives across Select calls."""
-
-    batch_id: int
-    epoch: int
-    start: Position | None
-    end: Position | None
-    changes: list[Change] = attrs.Factory(list)
-    rows: int = 0
-    size: int = 0
-    deadline: float | None = None
-    taken: bool = False  # a transaction was read, maybe one with no changes that only moves the position
 
 
 class _Discarded(Exception):
@@ -212,10 +149,10 @@ class Scheduler:
         self._cond = threading.Condition()
         self._permits = threading.Semaphore(settings.parallelism)
         self.batch_cap = batch_cap
-        self._holding: set[_Slot] = set()  # batches not retired yet: each holds a permit (and a node permit)
+        self._holding: set[Slot] = set()  # batches not retired yet: each holds a permit (and a node permit)
         self._cap_cut = False  # Select's cut holds a node permit
         self._cap_closed = False  # the pipeline ended and gave its node permits back
-        self._inflight: dict[int, _Slot] = {}
+        self._inflight: dict[int, Slot] = {}
         self._live = 0
         self._epoch = 0
         self._next_load = 1
@@ -231,7 +168,6 @@ class Scheduler:
         self._rewind: tuple[Position | None, int, float] | None = None
         self._rolling: tuple[int, BaseException, int] | None = None  # (failed id, error, new epoch)
         self._select_error: BaseException | None = None
-        self._deferred_error: BaseException | None = None
         self._until: Position | None = None
         self._stopping = threading.Event()
         self._halt = False
@@ -244,13 +180,9 @@ class Scheduler:
         self._drain_deadline: float | None = None
         self._halt_deadline: float | None = None
         # Select's own state, touched only by the Select task.
-        self._sel_next_id = 1
-        self._sel_end: Position | None = None
-        self._sel_pending: list = []
+        self._cutter = BatchCutter(name, select, settings.batch, clock, self._holds_node_permit)
         self._sel_rewind: tuple[Position | None, int, float] | None = None
-        self._sel_cut: _Cut | None = None
         self._sel_permit = False
-        self._blocking_select = False
         self.error: BaseException | None = None
         self.acked_batches = 0
         self.acked_rows = 0
@@ -312,12 +244,11 @@ class Scheduler:
                 self._result = Outcome.CAUGHT_UP
                 self._finished.set()
                 return
-        self._sel_next_id = next_id
-        self._sel_end = self._acked
+        self._cutter.reset(self._acked, next_id)
         # With private services every activity has a thread: Select's waits in the source's poll.
-        self._blocking_select = self._own_tasks or bool(getattr(self.select, "blocking", False))
+        self._cutter.blocking = self._own_tasks or bool(getattr(self.select, "blocking", False))
         steps = {
-            "select": _Step(self._guard(self._select_step), blocking=self._blocking_select),
+            "select": _Step(self._guard(self._select_step), blocking=self._cutter.blocking),
             "load": _Step(self._guard(self._repeat(self._load_step))),
             "termin": _Step(self._guard(self._repeat(self._termin_step))),
         }
@@ -408,17 +339,14 @@ class Scheduler:
             if self.clock() < resume_at:
                 return Progress.NO_PROGRESS
             self._sel_rewind = None
-            self._sel_next_id = next_id
-            self._sel_end = position
-            self._sel_pending.clear()
-            self._deferred_error = None
+            self._cutter.reset(position, next_id)
             try:
                 self.select.seek(position)
             except BaseException as exc:
                 self._source_failed(exc)
                 return Progress.PROGRESS
-        if self._deferred_error is not None:
-            error, self._deferred_error = self._deferred_error, None
+        if self._cutter.deferred_error is not None:
+            error, self._cutter.deferred_error = self._cutter.deferred_error, None
             self._source_failed(error)
             return Progress.PROGRESS
         if not self._sel_permit:
@@ -427,16 +355,17 @@ class Scheduler:
             self._sel_permit = True
             with self._cond:
                 epoch = self._epoch
-            self._sel_cut = _Cut(self._sel_next_id, epoch, self._sel_end, self._sel_end)
+            self._cutter.begin(epoch)
         try:
-            batch = self._read()
+            batch = self._cutter.read()
         except BaseException as exc:
             self._drop_cut()
             self._source_failed(exc)
             return Progress.PROGRESS
         if isinstance(batch, Progress):
             return batch
-        self._sel_cut, self._sel_permit = None, False
+        self._cutter.drop()
+        self._sel_permit = False
         with self._cond:
             cap_cut, self._cap_cut = self._cap_cut, False
             if batch.epoch != self._epoch or self._rewind is not None or self._stopping.is_set():
@@ -445,7 +374,7 @@ class Scheduler:
                     self._release_node_permit()
                 return Progress.PROGRESS
             assert batch.id not in self._inflight, f"batch {batch.id} is already in flight"
-            slot = _Slot(batch)
+            slot = Slot(batch)
             self._inflight[batch.id] = slot
             self._holding.add(slot)
             self._live += 1
@@ -457,13 +386,12 @@ class Scheduler:
         with self._cond:
             self._workers = {h for h in self._workers if not h.done()}
             self._workers.add(work)
-        self._sel_next_id += 1
-        self._sel_end = batch.end
+        self._cutter.handed_on(batch)
         return Progress.PROGRESS
 
     def _drop_cut(self) -> None:
         """Abandon the batch being read (a stop or a rewind) and give its permits back, or stop waiting for one."""
-        self._sel_cut = None
+        self._cutter.drop()
         if self._sel_permit:
             self._sel_permit = False
             self._permits.release()
@@ -493,75 +421,12 @@ class Scheduler:
         if self.batch_cap is not None and not self._cap_closed:
             self.batch_cap.release()
 
+    def _holds_node_permit(self) -> bool:
+        """Whether Select's cut holds a node permit, or now took one (always, without a cap)."""
+        return self._cap_cut or self._take_node_permit()
+
     def _wake_select(self) -> None:
         self._wake("select")
-
-    def _read(self) -> Batch | Progress:
-        """Read whole transactions into the current cut: the batch if it is complete, else how the call went.
-
-        The cut takes a node permit with its first transaction (BLOCKED until the cap hands
-        one over, the transaction kept for then): an idle pipeline's empty cut holds none.
-        """
-        cut = self._sel_cut
-        assert cut is not None
-        limits = self.settings.batch
-        pending = self._sel_pending
-        blocking = self._blocking_select
-        slice_end = time.perf_counter() + SELECT_SLICE
-        progressed = False
-        while True:
-            if pending:
-                tx = pending.pop()
-            else:
-                now = self.clock()
-                if cut.deadline is not None and now >= cut.deadline and cut.taken:
-                    break
-                if time.perf_counter() >= slice_end:
-                    return Progress.PROGRESS if progressed else Progress.NO_PROGRESS
-                timeout = 0.0
-                if blocking:
-                    timeout = BLOCKING_POLL if cut.deadline is None else min(
-                        BLOCKING_POLL, max(0.0, cut.deadline - now))
-                try:
-                    tx = self.select.poll(timeout)
-                except BaseException as exc:
-                    if not cut.taken:
-                        raise
-                    # Hand on what was read so far (it ends at a checkpoint); report the error next.
-                    self._deferred_error = exc
-                    break
-                if tx is None:
-                    return Progress.PROGRESS if progressed else Progress.NO_PROGRESS
-            if not cut.taken and not self._cap_cut and not self._take_node_permit():
-                pending.append(tx)
-                return Progress.BLOCKED  # the node cap hands us a permit, in turn, and wakes us
-            progressed = True
-            if tx.is_ddl and cut.changes:
-                pending.append(tx)
-                break
-            cut.taken = True
-            cut.changes.extend(tx.changes)
-            cut.rows += len(tx.changes)
-            cut.size += tx.nbytes
-            # A piece of a split transaction ends at a checkpoint too (Position.row).
-            cut.end = tx.end
-            if cut.deadline is None:
-                cut.deadline = self.clock() + limits.max_wait_ms / 1000.0
-            if tx.is_ddl:
-                break
-            if cut.rows >= limits.max_rows or cut.size >= limits.max_bytes:
-                break
-            if self.clock() >= cut.deadline:
-                break
-        assert cut.end is not None
-        return Batch(
-            pipeline=self.name,
-            id=cut.batch_id,
-            epoch=cut.epoch,
-            start=cut.start if cut.start is not None else cut.end,
-            end=cut.end,
-            changes=tuple(cut.changes),
-        )
 
     def _source_failed(self, exc: BaseException) -> None:
         if isinstance(exc, LeadershipLost):
@@ -574,7 +439,7 @@ class Scheduler:
 
     # --- extract and transform ---------------------------------------------------------------
 
-    def _etl(self, slot: _Slot) -> Callable[[], Progress]:
+    def _etl(self, slot: Slot) -> Callable[[], Progress]:
         """Extract then Transform one batch, as one or two calls."""
         progress = {"stage": "extract", "batch": slot.batch}
 
@@ -598,9 +463,9 @@ class Scheduler:
                     self._retire(slot)
                     return Progress.DONE
                 if error is not None:
-                    slot.state, slot.error = _State.FAILED, self._wrap(error, stage, slot.batch)
+                    slot.state, slot.error = SlotState.FAILED, self._wrap(error, stage, slot.batch)
                 else:
-                    slot.state, slot.batch = _State.READY, batch
+                    slot.state, slot.batch = SlotState.READY, batch
                 self._cond.notify_all()
             self._wake("load")
             return Progress.DONE
@@ -615,22 +480,22 @@ class Scheduler:
             if self._halt:
                 return Progress.DONE
             slot = self._inflight.get(self._next_load)
-            if slot is None or self._load_blocked or slot.state not in (_State.READY, _State.FAILED):
+            if slot is None or self._load_blocked or slot.state not in (SlotState.READY, SlotState.FAILED):
                 return Progress.BLOCKED
-            if slot.state is _State.FAILED:
+            if slot.state is SlotState.FAILED:
                 self._load_blocked = True
                 self._cond.notify_all()
                 self._wake("termin")
                 return Progress.PROGRESS
             has_ddl = any(isinstance(c, DdlChange) for c in slot.batch.changes)
             if self.per_table and not has_ddl:
-                slot.state = _State.LOADING
+                slot.state = SlotState.LOADING
                 self._next_load += 1
                 self._dispatch_parts(slot)
                 return Progress.PROGRESS
             if self.per_table and self._load_tasks:
                 return Progress.BLOCKED  # a DDL batch waits for every earlier part
-            slot.state = _State.LOADING
+            slot.state = SlotState.LOADING
         error = None
         try:
             self.load.load(slot.batch)
@@ -640,10 +505,10 @@ class Scheduler:
             error = self._wrap(exc, "load", slot.batch)
         with self._cond:
             if error is not None:
-                slot.state, slot.error = _State.FAILED, error
+                slot.state, slot.error = SlotState.FAILED, error
                 self._load_blocked = True
             else:
-                slot.state = _State.LOADED
+                slot.state = SlotState.LOADED
                 self._next_load += 1
             if slot.discarded:
                 self._retire(slot)
@@ -651,14 +516,14 @@ class Scheduler:
         self._wake("termin")
         return Progress.PROGRESS
 
-    def _dispatch_parts(self, slot: _Slot) -> None:
+    def _dispatch_parts(self, slot: Slot) -> None:
         """Under the lock: submit each target table's part, then its EOF, to the table's slot."""
         batch = slot.batch
         parts: dict[str, list[Change]] = {}
         for change in batch.changes:
             parts.setdefault(change.qualified_table, []).append(change)
         if not parts:
-            slot.state = _State.LOADED
+            slot.state = SlotState.LOADED
             self._cond.notify_all()
             self._wake("termin")
             return
@@ -673,13 +538,13 @@ class Scheduler:
             self.serial.submit(self._run_eof, slot, part, slot=index,
                                callback=self._part_done(slot, latch, table, eof=True))
 
-    def _runnable(self, slot: _Slot, part: Batch) -> bool:
+    def _runnable(self, slot: Slot, part: Batch) -> bool:
         """Under the lock: whether a part may still be written (its batch not failed nor discarded)."""
         if self._halt or slot.discarded or part.epoch != self._epoch:
             return False
         return self._load_barrier is None or part.id < self._load_barrier
 
-    def _run_part(self, slot: _Slot, part: Batch) -> None:
+    def _run_part(self, slot: Slot, part: Batch) -> None:
         with self._cond:
             if not self._runnable(slot, part):
                 raise _Discarded()
@@ -695,12 +560,12 @@ class Scheduler:
                 self._finish(Outcome.LOST)
             raise
 
-    def _run_eof(self, slot: _Slot, part: Batch) -> None:
+    def _run_eof(self, slot: Slot, part: Batch) -> None:
         with self._cond:
             if not self._runnable(slot, part):
                 raise _Discarded()
 
-    def _part_done(self, slot: _Slot, latch: BatchLatch, table: str, *, eof: bool) -> Callable[[SerialTask], None]:
+    def _part_done(self, slot: Slot, latch: BatchLatch, table: str, *, eof: bool) -> Callable[[SerialTask], None]:
         def callback(handle: SerialTask) -> None:
             error = None if handle.cancelled() else handle.exception()
             if error is None:
@@ -710,14 +575,14 @@ class Scheduler:
                 latch.fail(table, error)
             with self._cond:
                 self._load_tasks -= 1
-                if slot.state is _State.LOADING and latch.is_open:
+                if slot.state is SlotState.LOADING and latch.is_open:
                     if latch.error is None:
-                        slot.state = _State.LOADED
+                        slot.state = SlotState.LOADED
                     else:
                         failure = latch.error
                         if isinstance(failure, _Discarded):
                             failure = LoadError("discarded: an earlier part of this batch or an earlier batch failed")
-                        slot.state = _State.FAILED
+                        slot.state = SlotState.FAILED
                         slot.error = self._wrap(failure, "load", slot.batch)
                         if isinstance(slot.error, SetlError):
                             slot.error.with_context(table=latch.failed_channel)
@@ -741,7 +606,7 @@ class Scheduler:
                 slot, error = None, self._select_error
             else:
                 slot = self._inflight.get(self._next_ack)
-                if slot is None or slot.state not in (_State.LOADED, _State.FAILED):
+                if slot is None or slot.state not in (SlotState.LOADED, SlotState.FAILED):
                     return Progress.BLOCKED
                 error = slot.error
         if self._rolling is not None:
@@ -749,8 +614,8 @@ class Scheduler:
         if slot is None:
             return self._begin_rollback(self._next_ack, error)
         batch = slot.batch
-        self.listener.on_termin(batch, slot.state is _State.LOADED)
-        if slot.state is _State.FAILED:
+        self.listener.on_termin(batch, slot.state is SlotState.LOADED)
+        if slot.state is SlotState.FAILED:
             return self._begin_rollback(batch.id, error)
         try:
             if self.per_table:
@@ -805,7 +670,7 @@ class Scheduler:
             assert self._rolling is not None
             # A batch still being loaded must finish first, or its late write could
             # land after the replay of an earlier batch touching the same keys.
-            if self._load_tasks or any(s.state is _State.LOADING for s in self._inflight.values()):
+            if self._load_tasks or any(s.state is SlotState.LOADING for s in self._inflight.values()):
                 return Progress.BLOCKED
             acked = self._acked
             failed_id, error, epoch = self._rolling
@@ -837,6 +702,12 @@ class Scheduler:
             self._cond.notify_all()
         self._wake("select", "load")
         self.listener.on_rollback(failed_id, epoch, error, attempt)
+        self._pause_or_retry(failed_id, error, attempt, delay)
+        return Progress.PROGRESS
+
+    def _pause_or_retry(self, failed_id: int, error: BaseException, attempt: int, delay: float) -> None:
+        """After a rollback: pause the pipeline when `self.backoff` says retrying is over (or cannot
+        help), else let the replay go on after `delay` (Select waits for it)."""
         permanent = not getattr(error, "retryable", True)
         if attempt >= self.backoff.max_attempts or permanent:
             self.error = error
@@ -845,12 +716,11 @@ class Scheduler:
             log.error("pipeline=%s stage=termin batch=%d %s", self.name, failed_id, message)
             self.meta.set_state(self.name, Status.PAUSED, error=str(error), node=self.node_id)
             self._finish(Outcome.PAUSED)
-            return Progress.PROGRESS
+            return
         log.warning(
             "pipeline=%s stage=termin batch=%d rolled back (attempt %d of %d, retry in %.1fs): %s",
             self.name, failed_id, attempt, self.backoff.max_attempts, delay, error,
         )
-        return Progress.PROGRESS
 
     def _replay_from(self, acked: Position | None) -> Position | None:
         """Where a rollback replays from: the ack, or the target's own position when the target
@@ -891,7 +761,7 @@ class Scheduler:
             self._finish(Outcome.CAUGHT_UP)
         return True
 
-    def _retire(self, slot: _Slot) -> None:
+    def _retire(self, slot: Slot) -> None:
         """Give a batch's permit back, exactly once. Called with the lock held."""
         if slot.retired:
             return
@@ -1030,4 +900,4 @@ class Scheduler:
         log.log(level, "%s %s", where, message)
 
 
-__all__ = ["BatchCap", "Listener", "Outcome", "Scheduler", "supports_per_table"]
+__all__ = ["Scheduler"]
