@@ -42,7 +42,7 @@ from setl.runtime import (
 )
 from setl.scheduler.cutter import BatchCutter
 from setl.scheduler.events import Listener, Outcome
-from setl.scheduler.ledger import Slot, SlotState
+from setl.scheduler.ledger import Permits, Slot, SlotState
 from setl.stages import Extract, Load, Select, Transform
 from setl.stages.load import supports_per_table
 
@@ -147,13 +147,10 @@ class Scheduler:
             8, 4, name=f"setl-{name}-load")
 
         self._cond = threading.Condition()
-        self._permits = threading.Semaphore(settings.parallelism)
         self.batch_cap = batch_cap
-        self._holding: set[Slot] = set()  # batches not retired yet: each holds a permit (and a node permit)
-        self._cap_cut = False  # Select's cut holds a node permit
-        self._cap_closed = False  # the pipeline ended and gave its node permits back
+        self._permits = Permits(settings.parallelism, batch_cap, self._cond, self._wake_select,
+                                lambda batch, live: self.listener.on_retire(batch, live))
         self._inflight: dict[int, Slot] = {}
-        self._live = 0
         self._epoch = 0
         self._next_load = 1
         self._next_ack = 1
@@ -180,9 +177,8 @@ class Scheduler:
         self._drain_deadline: float | None = None
         self._halt_deadline: float | None = None
         # Select's own state, touched only by the Select task.
-        self._cutter = BatchCutter(name, select, settings.batch, clock, self._holds_node_permit)
+        self._cutter = BatchCutter(name, select, settings.batch, clock, self._permits.node_permit)
         self._sel_rewind: tuple[Position | None, int, float] | None = None
-        self._sel_permit = False
         self.error: BaseException | None = None
         self.acked_batches = 0
         self.acked_rows = 0
@@ -196,7 +192,7 @@ class Scheduler:
     @property
     def in_flight(self) -> int:
         with self._cond:
-            return self._live
+            return self._permits.live
 
     def run(self, *, until_caught_up: bool = False) -> Outcome:
         """Run until stopped, caught up (if asked), paused or deposed. Blocks."""
@@ -245,6 +241,8 @@ class Scheduler:
                 self._finished.set()
                 return
         self._cutter.reset(self._acked, next_id)
+        # The stages as they are now: until setl.ha stops swapping in fenced ones after construction.
+        self._cutter.select = self.select
         # With private services every activity has a thread: Select's waits in the source's poll.
         self._cutter.blocking = self._own_tasks or bool(getattr(self.select, "blocking", False))
         steps = {
@@ -349,10 +347,9 @@ class Scheduler:
             error, self._cutter.deferred_error = self._cutter.deferred_error, None
             self._source_failed(error)
             return Progress.PROGRESS
-        if not self._sel_permit:
-            if not self._permits.acquire(blocking=False):
+        if not self._cutter.cutting:
+            if not self._permits.take():
                 return Progress.BLOCKED  # a retiring batch wakes us
-            self._sel_permit = True
             with self._cond:
                 epoch = self._epoch
             self._cutter.begin(epoch)
@@ -365,20 +362,14 @@ class Scheduler:
         if isinstance(batch, Progress):
             return batch
         self._cutter.drop()
-        self._sel_permit = False
         with self._cond:
-            cap_cut, self._cap_cut = self._cap_cut, False
             if batch.epoch != self._epoch or self._rewind is not None or self._stopping.is_set():
-                self._permits.release()
-                if cap_cut:
-                    self._release_node_permit()
+                self._permits.discard_cut()
                 return Progress.PROGRESS
             assert batch.id not in self._inflight, f"batch {batch.id} is already in flight"
             slot = Slot(batch)
             self._inflight[batch.id] = slot
-            self._holding.add(slot)
-            self._live += 1
-            live = self._live
+            live = self._permits.admit(slot)
         self.listener.on_handoff(batch, live)
         # First in the queue: finishing batches in flight comes before reading new ones.
         work = self.tasks.submit(_Step(self._guard(self._etl(slot))), name=f"{self.name}-etl-{batch.id}",
@@ -392,38 +383,7 @@ class Scheduler:
     def _drop_cut(self) -> None:
         """Abandon the batch being read (a stop or a rewind) and give its permits back, or stop waiting for one."""
         self._cutter.drop()
-        if self._sel_permit:
-            self._sel_permit = False
-            self._permits.release()
-        if self.batch_cap is not None:
-            with self._cond:
-                if self._cap_cut:
-                    self._cap_cut = False
-                    self._release_node_permit()
-                else:
-                    self.batch_cap.cancel(self)
-
-    def _take_node_permit(self) -> bool:
-        """Whether Select now holds a node permit for its next cut (always, without a cap).
-
-        Without one, Select is queued on the cap, which wakes it when it hands it one.
-        """
-        if self.batch_cap is None:
-            return True
-        with self._cond:
-            if self._cap_closed or not self.batch_cap.try_acquire(self, self._wake_select):
-                return False
-            self._cap_cut = True
-            return True
-
-    def _release_node_permit(self) -> None:
-        """Under the lock: give one node permit back, unless the ended pipeline already gave them all back."""
-        if self.batch_cap is not None and not self._cap_closed:
-            self.batch_cap.release()
-
-    def _holds_node_permit(self) -> bool:
-        """Whether Select's cut holds a node permit, or now took one (always, without a cap)."""
-        return self._cap_cut or self._take_node_permit()
+        self._permits.abandon_cut()
 
     def _wake_select(self) -> None:
         self._wake("select")
@@ -762,17 +722,8 @@ class Scheduler:
         return True
 
     def _retire(self, slot: Slot) -> None:
-        """Give a batch's permit back, exactly once. Called with the lock held."""
-        if slot.retired:
-            return
-        slot.retired = True
-        self._holding.discard(slot)
-        self._live -= 1
-        self._permits.release()
-        self.listener.on_retire(slot.batch, self._live)
-        # After the listener: a listener counting batches across pipelines never sees the cap exceeded.
-        self._release_node_permit()
-        self._wake("select")
+        """Give a batch's permits back, exactly once. Called with the lock held."""
+        self._permits.retire(slot)
 
     def _finish(self, outcome: Outcome) -> None:
         with self._cond:
@@ -836,7 +787,7 @@ class Scheduler:
             self.select.close()
         except Exception:
             log.exception("pipeline=%s closing the source failed", self.name)
-        self._give_back_permits()
+        self._permits.close()  # retire the batches it abandoned; give back Select's node permit
         outcome = self._outcome or Outcome.STOPPED
         try:
             # An operator's pause, written while we drained, must survive the stop.
@@ -849,18 +800,6 @@ class Scheduler:
         self._event("termin", None, f"finished: {outcome.value}")
         self._result = outcome
         self._finished.set()
-
-    def _give_back_permits(self) -> None:
-        """The pipeline is over: retire the batches it abandoned, and give back Select's node permit."""
-        with self._cond:
-            for slot in list(self._holding):
-                self._retire(slot)
-            if self.batch_cap is not None:
-                if self._cap_cut:
-                    self._cap_cut = False
-                    self.batch_cap.release()
-                self.batch_cap.cancel(self)
-                self._cap_closed = True
 
     def _record_failed_start(self, error: BaseException) -> None:
         """A start that failed leaves the pipeline STOPPED with the error, not RUNNING with no process."""
