@@ -27,22 +27,21 @@ from setl.errors import (
     TransformError,
 )
 from setl.meta.base import MetaStore, Status
-from setl.model import Batch, Change, DdlChange, Position
+from setl.model import Batch, Position
 from setl.retry import Backoff
 from setl.runtime import (
     BatchCap,
-    BatchLatch,
     Progress,
     RejectedTask,
     SerialExecutorService,
-    SerialTask,
     TaskExecutionService,
     TaskHandle,
-    hash_slot,
 )
 from setl.scheduler.cutter import BatchCutter
 from setl.scheduler.events import Listener, Outcome
 from setl.scheduler.ledger import Permits, Slot, SlotState
+from setl.scheduler.loading import LoadDispatch
+from setl.scheduler.termin import Termin
 from setl.stages import Extract, Load, Select, Transform
 from setl.stages.load import supports_per_table
 
@@ -62,10 +61,6 @@ ETL_SLICE = 0.005
 STEP_SLICE = 0.01
 
 
-class _Discarded(Exception):
-    """A per-table part that was not run: its batch failed or was discarded before it started."""
-
-
 @attrs.define(eq=False)
 class _Step:
     """A scheduler activity as a `Task`: each `call()` is one bounded slice of it."""
@@ -77,7 +72,7 @@ class _Step:
         return self.step()
 
 
-class Scheduler:
+class Scheduler(LoadDispatch, Termin):
     """Runs one pipeline until it is stopped, catches up, pauses, or loses leadership.
 
     Work runs as tasks on `tasks` (a `TaskExecutionService`): Select (the only one touching
@@ -431,295 +426,6 @@ class Scheduler:
             return Progress.DONE
 
         return step
-
-    # --- load --------------------------------------------------------------------------------
-
-    def _load_step(self) -> Progress:
-        """Load the next batch in id order: in this call (ordered), or hand its parts to the slots (per_table)."""
-        with self._cond:
-            if self._halt:
-                return Progress.DONE
-            slot = self._inflight.get(self._next_load)
-            if slot is None or self._load_blocked or slot.state not in (SlotState.READY, SlotState.FAILED):
-                return Progress.BLOCKED
-            if slot.state is SlotState.FAILED:
-                self._load_blocked = True
-                self._cond.notify_all()
-                self._wake("termin")
-                return Progress.PROGRESS
-            has_ddl = any(isinstance(c, DdlChange) for c in slot.batch.changes)
-            if self.per_table and not has_ddl:
-                slot.state = SlotState.LOADING
-                self._next_load += 1
-                self._dispatch_parts(slot)
-                return Progress.PROGRESS
-            if self.per_table and self._load_tasks:
-                return Progress.BLOCKED  # a DDL batch waits for every earlier part
-            slot.state = SlotState.LOADING
-        error = None
-        try:
-            self.load.load(slot.batch)
-        except LeadershipLost:
-            raise
-        except BaseException as exc:
-            error = self._wrap(exc, "load", slot.batch)
-        with self._cond:
-            if error is not None:
-                slot.state, slot.error = SlotState.FAILED, error
-                self._load_blocked = True
-            else:
-                slot.state = SlotState.LOADED
-                self._next_load += 1
-            if slot.discarded:
-                self._retire(slot)
-            self._cond.notify_all()
-        self._wake("termin")
-        return Progress.PROGRESS
-
-    def _dispatch_parts(self, slot: Slot) -> None:
-        """Under the lock: submit each target table's part, then its EOF, to the table's slot."""
-        batch = slot.batch
-        parts: dict[str, list[Change]] = {}
-        for change in batch.changes:
-            parts.setdefault(change.qualified_table, []).append(change)
-        if not parts:
-            slot.state = SlotState.LOADED
-            self._cond.notify_all()
-            self._wake("termin")
-            return
-        latch = BatchLatch(parts)
-        assert self.serial is not None
-        for table, changes in parts.items():
-            index = hash_slot((self.name, table), self.serial.num_slots)
-            part = batch.replace(tuple(changes))
-            self._load_tasks += 2
-            self.serial.submit(self._run_part, slot, part, slot=index,
-                               callback=self._part_done(slot, latch, table, eof=False))
-            self.serial.submit(self._run_eof, slot, part, slot=index,
-                               callback=self._part_done(slot, latch, table, eof=True))
-
-    def _runnable(self, slot: Slot, part: Batch) -> bool:
-        """Under the lock: whether a part may still be written (its batch not failed nor discarded)."""
-        if self._halt or slot.discarded or part.epoch != self._epoch:
-            return False
-        return self._load_barrier is None or part.id < self._load_barrier
-
-    def _run_part(self, slot: Slot, part: Batch) -> None:
-        with self._cond:
-            if not self._runnable(slot, part):
-                raise _Discarded()
-        try:
-            self.load.load_part(part)
-        except BaseException as exc:
-            with self._cond:
-                # Before the slot's next task, and before any other slot's next part starts.
-                if self._load_barrier is None or part.id < self._load_barrier:
-                    self._load_barrier = part.id
-            if isinstance(exc, LeadershipLost):
-                self.error = exc
-                self._finish(Outcome.LOST)
-            raise
-
-    def _run_eof(self, slot: Slot, part: Batch) -> None:
-        with self._cond:
-            if not self._runnable(slot, part):
-                raise _Discarded()
-
-    def _part_done(self, slot: Slot, latch: BatchLatch, table: str, *, eof: bool) -> Callable[[SerialTask], None]:
-        def callback(handle: SerialTask) -> None:
-            error = None if handle.cancelled() else handle.exception()
-            if error is None:
-                if eof:
-                    latch.count_down(table)
-            else:
-                latch.fail(table, error)
-            with self._cond:
-                self._load_tasks -= 1
-                if slot.state is SlotState.LOADING and latch.is_open:
-                    if latch.error is None:
-                        slot.state = SlotState.LOADED
-                    else:
-                        failure = latch.error
-                        if isinstance(failure, _Discarded):
-                            failure = LoadError("discarded: an earlier part of this batch or an earlier batch failed")
-                        slot.state = SlotState.FAILED
-                        slot.error = self._wrap(failure, "load", slot.batch)
-                        if isinstance(slot.error, SetlError):
-                            slot.error.with_context(table=latch.failed_channel)
-                self._cond.notify_all()
-            self._wake("termin", "load")
-
-        return callback
-
-    # --- termin ------------------------------------------------------------------------------
-
-    def _termin_step(self) -> Progress:
-        """Ack the next batch in id order, or take one step of a rollback."""
-        with self._cond:
-            if self._halt:
-                return Progress.DONE
-            if self._rolling is not None:
-                slot, error = None, None
-            # A source failure leaves the batches handed on before it intact:
-            # let them be acked first, then rewind from the newest ack.
-            elif self._select_error is not None and self._rewind is None and not self._inflight:
-                slot, error = None, self._select_error
-            else:
-                slot = self._inflight.get(self._next_ack)
-                if slot is None or slot.state not in (SlotState.LOADED, SlotState.FAILED):
-                    return Progress.BLOCKED
-                error = slot.error
-        if self._rolling is not None:
-            return self._continue_rollback()
-        if slot is None:
-            return self._begin_rollback(self._next_ack, error)
-        batch = slot.batch
-        self.listener.on_termin(batch, slot.state is SlotState.LOADED)
-        if slot.state is SlotState.FAILED:
-            return self._begin_rollback(batch.id, error)
-        try:
-            if self.per_table:
-                self.load.mark_loaded(batch)
-        except LeadershipLost:
-            raise
-        except BaseException as exc:
-            return self._begin_rollback(batch.id, self._wrap(exc, "load", batch))
-        try:
-            ack = self.meta.ack(self.name, batch.id, batch.epoch, batch.end, rows=len(batch))
-        except LeadershipLost:
-            raise
-        except BaseException as exc:
-            return self._begin_rollback(batch.id, self._wrap(exc, "termin", batch))
-        with self._cond:
-            del self._inflight[batch.id]
-            self._next_ack += 1
-            self._acked = batch.end
-            if self._retry_from is None or batch.end > self._retry_from:
-                self._attempt, self._retry_from = 0, None
-            self._retire(slot)
-            self._cond.notify_all()
-        self.acked_batches += 1
-        self.acked_rows += len(batch)
-        self.listener.on_ack(ack, batch)
-        if log.isEnabledFor(logging.DEBUG):
-            self._event("termin", batch, f"acked {len(batch)} changes up to {batch.end}", logging.DEBUG)
-        if self._until is not None and batch.end >= self._until:
-            self._finish(Outcome.CAUGHT_UP)
-        return Progress.PROGRESS
-
-    # --- rollback, retire, finish ------------------------------------------------------------
-
-    def _begin_rollback(self, failed_id: int, error: BaseException | None) -> Progress:
-        """Discard batch `failed_id` and every later one, then rewind Select to the ack.
-
-        No load starts after this; the rollback completes once running loads have finished.
-        """
-        assert error is not None
-        if isinstance(error, LeadershipLost):
-            raise error
-        epoch = self.meta.next_epoch(self.name)
-        with self._cond:
-            self._rolling = (failed_id, error, epoch)
-            self._load_blocked = True
-            if self._load_barrier is None or failed_id < self._load_barrier:
-                self._load_barrier = failed_id
-        return self._continue_rollback()
-
-    def _continue_rollback(self) -> Progress:
-        with self._cond:
-            assert self._rolling is not None
-            # A batch still being loaded must finish first, or its late write could
-            # land after the replay of an earlier batch touching the same keys.
-            if self._load_tasks or any(s.state is SlotState.LOADING for s in self._inflight.values()):
-                return Progress.BLOCKED
-            acked = self._acked
-            failed_id, error, epoch = self._rolling
-        # No load runs now (they are blocked until the rollback completes).
-        resume = self._replay_from(acked)
-        next_id = failed_id
-        if resume != acked and self._ack_target_position(failed_id, epoch, acked, resume):
-            next_id += 1  # that id is acked: the replay goes on with the next one
-        else:
-            resume = acked
-        with self._cond:
-            self._rolling = None
-            for batch_id in [b for b in self._inflight if b >= failed_id]:
-                slot = self._inflight.pop(batch_id)
-                slot.discarded = True
-                if slot.worker_done:
-                    self._retire(slot)
-            self._epoch = epoch
-            self._next_load = self._next_ack = next_id
-            self._load_blocked = False
-            self._load_barrier = None
-            self._attempt += 1
-            attempt = self._attempt
-            delay = self.backoff.delay(attempt)
-            # Set in the same critical section as the new epoch: otherwise Select could
-            # hand on a batch cut from its old cursor under the new epoch.
-            self._rewind = (resume, next_id, self.clock() + delay)
-            self._retry_from = resume
-            self._cond.notify_all()
-        self._wake("select", "load")
-        self.listener.on_rollback(failed_id, epoch, error, attempt)
-        self._pause_or_retry(failed_id, error, attempt, delay)
-        return Progress.PROGRESS
-
-    def _pause_or_retry(self, failed_id: int, error: BaseException, attempt: int, delay: float) -> None:
-        """After a rollback: pause the pipeline when `self.backoff` says retrying is over (or cannot
-        help), else let the replay go on after `delay` (Select waits for it)."""
-        permanent = not getattr(error, "retryable", True)
-        if attempt >= self.backoff.max_attempts or permanent:
-            self.error = error
-            message = (f"paused, retrying cannot help: {error}" if permanent
-                       else f"paused after {attempt} failed attempts: {error}")
-            log.error("pipeline=%s stage=termin batch=%d %s", self.name, failed_id, message)
-            self.meta.set_state(self.name, Status.PAUSED, error=str(error), node=self.node_id)
-            self._finish(Outcome.PAUSED)
-            return
-        log.warning(
-            "pipeline=%s stage=termin batch=%d rolled back (attempt %d of %d, retry in %.1fs): %s",
-            self.name, failed_id, attempt, self.backoff.max_attempts, delay, error,
-        )
-
-    def _replay_from(self, acked: Position | None) -> Position | None:
-        """Where a rollback replays from: the ack, or the target's own position when the target
-        committed more (a batch loaded whose ack failed), so that a keyless table does not get
-        that batch twice. Falls back to the ack when the target or meta store cannot tell."""
-        try:
-            committed = self.load.committed()
-            if committed is None or (acked is not None and committed <= acked):
-                return acked
-            if self.meta.position_was_reset(self.name):
-                return acked
-        except LeadershipLost:
-            raise
-        except Exception as exc:
-            log.warning("pipeline=%s stage=termin cannot read the target's position (%s); replaying from the ack %s",
-                        self.name, exc, acked)
-            return acked
-        self._event("termin", None, f"target already holds {committed}, ahead of the ack {acked}: replaying from it")
-        return committed
-
-    def _ack_target_position(self, batch_id: int, epoch: int, acked: Position | None,
-                             position: Position) -> bool:
-        """Ack `position`, which the target holds though its batch's ack failed, as batch `batch_id`
-        (with no changes); False if the meta store refused it."""
-        try:
-            ack = self.meta.ack(self.name, batch_id, epoch, position, rows=0)
-        except LeadershipLost:
-            raise
-        except Exception as exc:
-            log.warning("pipeline=%s stage=termin cannot ack the target's position %s (%s); replaying from %s",
-                        self.name, position, exc, acked)
-            return False
-        batch = Batch(self.name, batch_id, epoch, acked if acked is not None else position, position, ())
-        with self._cond:
-            self._acked = position
-        self.listener.on_ack(ack, batch)
-        if self._until is not None and position >= self._until:
-            self._finish(Outcome.CAUGHT_UP)
-        return True
 
     def _retire(self, slot: Slot) -> None:
         """Give a batch's permits back, exactly once. Called with the lock held."""

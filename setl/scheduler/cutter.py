@@ -110,15 +110,16 @@ class BatchCutter:
                     timeout = BLOCKING_POLL if cut.deadline is None else min(
                         BLOCKING_POLL, max(0.0, cut.deadline - now))
                 try:
-                    tx = self.select.poll(timeout)
+                    polled = self.select.poll(timeout)
                 except BaseException as exc:
                     if not cut.taken:
                         raise
                     # Hand on what was read so far (it ends at a checkpoint); report the error next.
                     self.deferred_error = exc
                     break
-                if tx is None:
+                if polled is None:
                     return Progress.PROGRESS if progressed else Progress.NO_PROGRESS
+                tx = polled
             if not cut.taken and not self.node_permit():
                 pending.append(tx)
                 return Progress.BLOCKED  # the node cap hands us a permit, in turn, and wakes us
