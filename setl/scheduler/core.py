@@ -192,7 +192,9 @@ class Scheduler(LoadDispatch, Termin):
     def run(self, *, until_caught_up: bool = False) -> Outcome:
         """Run until stopped, caught up (if asked), paused or deposed. Blocks."""
         self.start(until_caught_up=until_caught_up)
-        return self.wait()
+        outcome = self.wait()
+        assert outcome is not None  # no timeout
+        return outcome
 
     def start(self, *, until_caught_up: bool = False) -> None:
         """Open the source and start the pipeline's tasks; returns without waiting for them.
@@ -396,16 +398,18 @@ class Scheduler(LoadDispatch, Termin):
 
     def _etl(self, slot: Slot) -> Callable[[], Progress]:
         """Extract then Transform one batch, as one or two calls."""
-        progress = {"stage": "extract", "batch": slot.batch}
+        progress: dict[str, Batch] = {}  # the extracted batch, once Extract is done
 
         def step() -> Progress:
-            stage, batch, error = progress["stage"], progress["batch"], None
+            batch = progress.get("extracted", slot.batch)
+            stage = "transform" if "extracted" in progress else "extract"
+            error: BaseException | None = None
             try:
                 if stage == "extract":
                     began = time.perf_counter()
                     if not slot.discarded and not self._halt:
                         batch = self.extract.extract(batch)
-                    progress["stage"], progress["batch"], stage = "transform", batch, "transform"
+                    progress["extracted"], stage = batch, "transform"
                     if time.perf_counter() - began > ETL_SLICE:
                         return Progress.PROGRESS
                 if not slot.discarded and not self._halt:
