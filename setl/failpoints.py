@@ -14,7 +14,9 @@ strikes (`batch`; absent: every batch), how often (`times`; default 1, null: alw
 
 The failpoints (`FAILPOINTS`):
 
-* ``select``: a transaction is polled from a test source (`batch` counts transactions).
+* ``select``: a transaction is polled from the source (`batch` counts transactions: for
+  `ScriptedSource` its index in the log, for any other source those polled since the last
+  open or seek, from 0).
 * ``extract``, ``transform``: before the stage runs on a batch.
 * ``load``: before a batch (or one table's part of it, per_table) is written to the target.
 * ``termin``: between a batch's load (or, per_table, its `mark_loaded`) and its ack: the
@@ -26,7 +28,7 @@ Two older test hooks are kept as environment variables of their own:
 ``SETL_TEST_ZK_SESSION_FILE=PATH`` (the HA node writes its ZooKeeper session id and password
 there, so a test can expire the session; see `zk_session_file`).
 
-Stage wrappers (`FaultyExtract`, `FaultyTransform`, `FaultyLoad`) put a `FaultPlan` around
+Stage wrappers (`FaultySelect`, `FaultyExtract`, `FaultyTransform`, `FaultyLoad`) put a `FaultPlan` around
 stages; `setl.runtime.chain` adds them to a pipeline when ``SETL_FAULTS`` is set.
 """
 
@@ -42,8 +44,8 @@ from collections.abc import Iterable
 
 import attrs
 
-from setl.model import Batch
-from setl.stages import Extract, Load, LoadWrapper, Transform
+from setl.model import Batch, Position, Transaction
+from setl.stages import Extract, Load, LoadWrapper, Select, SelectWrapper, Transform
 from setl.stages.load import supports_per_table
 
 log = logging.getLogger("setl.failpoints")
@@ -57,7 +59,7 @@ ZK_SESSION_FILE_ENV = "SETL_TEST_ZK_SESSION_FILE"
 
 #: Every failpoint and where it strikes.
 FAILPOINTS: dict[str, str] = {
-    "select": "a transaction is polled from a test source (batch = transaction index)",
+    "select": "a transaction is polled from the source (batch = transactions polled since open or seek, from 0)",
     "extract": "before Extract runs on a batch",
     "transform": "before Transform runs on a batch",
     "load": "before a batch, or one table's part of it, is written to the target",
@@ -193,6 +195,35 @@ def zk_session_file() -> str | None:
 # --- stage wrappers -------------------------------------------------------------------------
 
 
+class FaultySelect(SelectWrapper):
+    """Wraps a Select: fires the plan's "select" markers when a transaction is polled, `batch`
+    counting the transactions (pieces included) polled since the last `open` or `seek`, from 0.
+
+    A ``fail`` marker raises after the transaction was read and before it is handed on, as a
+    source failing mid-stream would; the scheduler rewinds to the ack and reads it again.
+    """
+
+    def __init__(self, plan: FaultPlan, inner: Select) -> None:
+        super().__init__(inner)
+        self.plan = plan
+        self._polled = 0
+
+    def open(self, start: Position | None) -> None:
+        self._polled = 0
+        self.inner.open(start)
+
+    def seek(self, position: Position | None) -> None:
+        self._polled = 0
+        self.inner.seek(position)
+
+    def poll(self, timeout: float) -> Transaction | None:
+        tx = self.inner.poll(timeout)
+        if tx is not None:
+            index, self._polled = self._polled, self._polled + 1
+            self.plan.check("select", index)
+        return tx
+
+
 class FaultyExtract(Extract):
     """Wraps an Extract and fires the plan's "extract" markers first."""
 
@@ -251,6 +282,6 @@ class FaultyPartLoad(FaultyLoad):
 
 __all__ = [
     "ACTIONS", "DDL_ACTION_CRASH_ENV", "FAILPOINTS", "FAULTS_ENV", "ZK_SESSION_FILE_ENV", "Fault", "FaultPlan",
-    "FaultyExtract", "FaultyLoad", "FaultyPartLoad", "FaultyTransform", "InjectedFault", "from_env", "hit",
+    "FaultyExtract", "FaultyLoad", "FaultyPartLoad", "FaultySelect", "FaultyTransform", "InjectedFault", "from_env", "hit",
     "process_plan", "zk_session_file",
 ]

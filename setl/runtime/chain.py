@@ -3,7 +3,7 @@
 A pipeline's stages are its source, Extract, Transform and target, wrapped (innermost first) by:
 
 1. batch DDL tasks (`setl.ddltask`): Select and Load, when ``pipeline.ddl_tasks`` is on;
-2. failpoints (`setl.failpoints`): Extract, Transform and Load, when ``SETL_FAULTS`` is set;
+2. failpoints (`setl.failpoints`): every stage, when ``SETL_FAULTS`` is set;
 3. fencing (`setl.ha`): Select and Load, outermost, when the node runs the pipeline under a
    ZooKeeper lease, so that nothing inside reads or writes once leadership is lost.
 
@@ -18,7 +18,13 @@ from typing import Any
 
 import attrs
 
-from setl.failpoints import FaultPlan, FaultyExtract, FaultyLoad, FaultyTransform
+from setl.failpoints import (
+    FaultPlan,
+    FaultyExtract,
+    FaultyLoad,
+    FaultySelect,
+    FaultyTransform,
+)
 from setl.stages import Extract, Load, Select, Transform
 
 #: Wraps Select and Load for batch DDL tasks (see `setl.ddltask.with_ddl_tasks`).
@@ -58,8 +64,8 @@ def compose(base: Stages, *, ddl_tasks: DdlTaskWrap | None = None, faults: Fault
     if ddl_tasks is not None:
         select, load = ddl_tasks(select, load)
     if faults:
-        extract, transform, load = (FaultyExtract(faults, extract), FaultyTransform(faults, transform),
-                                    FaultyLoad(faults, load))
+        select, extract, transform, load = (FaultySelect(faults, select), FaultyExtract(faults, extract),
+                                            FaultyTransform(faults, transform), FaultyLoad(faults, load))
     if lease is not None:
         from setl.ha import (  # the only importer of kazoo: only under HA
             FencedLoad,

@@ -31,7 +31,7 @@ def test_without_wrappers_the_stages_are_the_base_ones():
 def test_ddl_tasks_are_inside_the_failpoints():
     """Batch DDL tasks wrap the base stages, failpoints wrap them, and describe() lists each chain outermost first."""
     stages = compose(base(), ddl_tasks=lambda s, ld: (TaskSelect(s), TaskLoad(ld)), faults=FaultPlan().fail_load(3))
-    assert layers(stages.select) == "TaskSelect > ScriptedSource"
+    assert layers(stages.select) == "FaultySelect > TaskSelect > ScriptedSource"
     assert layers(stages.load) == "FaultyLoad > TaskLoad > MemorySink"
     assert "extract: FaultyExtract > Extract" in stages.describe()
     assert isinstance(stages.load, FaultyLoad) and not supports_per_table(stages.load)

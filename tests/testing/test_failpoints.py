@@ -10,7 +10,7 @@ from setl import failpoints
 from setl.config import BatchSettings, LoadSettings, PipelineSettings
 from setl.errors import ConfigError
 from setl.meta import SqliteMetaStore
-from setl.scheduler import Scheduler, supports_per_table
+from setl.scheduler import Outcome, Scheduler, supports_per_table
 from setl.sinks.parquet import ParquetLoad
 from setl.stages import Extract, Transform
 from setl.testing import harness
@@ -67,3 +67,27 @@ def test_faulty_load_claims_per_table_only_when_its_inner_load_can(tmp_path):
     settings = PipelineSettings(batch=BatchSettings(max_rows=5), load=LoadSettings(mode="per_table"))
     with pytest.raises(ConfigError, match="cannot load per table"):
         Scheduler("p", settings, ScriptedSource(), Extract(), Transform(), parquet, SqliteMetaStore(":memory:"))
+
+
+def test_a_select_marker_fails_a_real_pipeline_once_and_it_recovers():
+    """A "select" marker (as in SETL_FAULTS) strikes the third transaction polled; the rewind replays it and nothing is lost."""
+    from setl.runtime.chain import Stages, compose
+    from setl.testing.harness import (
+        InvariantListener,
+        insert,
+        reference_state,
+        run_pipeline,
+    )
+
+    txs = [[insert("t", {"id": n, "v": n})] for n in range(8)]
+    plan = failpoints.FaultPlan.from_json(json.dumps([{"stage": "select", "batch": 2}]))
+    sink = MemorySink()
+    stages = compose(Stages(ScriptedSource(txs), Extract(), Transform(), sink), faults=plan)
+    listener = InvariantListener(2, sink)
+    result = run_pipeline(stages.select, stages.load, extract=stages.extract, transform=stages.transform,
+                          settings=PipelineSettings(parallelism=2, batch=BatchSettings(max_rows=2, max_wait_ms=2)),
+                          listener=listener)
+    assert result.outcome is Outcome.CAUGHT_UP
+    assert plan.faults[0].fired == 1
+    assert listener.violations == []
+    assert sink.tables == reference_state(txs)
