@@ -58,6 +58,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.recipe.watchers import DataWatch
 from kazoo.retry import KazooRetry
 
+from setl import failpoints
 from setl.errors import ConfigError, LeadershipLost, MetaStoreError
 from setl.model import Batch, Position, Transaction
 from setl.stages import Load, LoadWrapper, Select, SelectWrapper
@@ -66,7 +67,7 @@ log = logging.getLogger("setl.ha")
 
 #: Fault-injection tests set this to a file path; the node writes its ZooKeeper session id and
 #: password there (hex, mode 0600) so a test can expire the session as kazoo's harness does.
-SESSION_FILE_ENV = "SETL_TEST_ZK_SESSION_FILE"
+SESSION_FILE_ENV = failpoints.ZK_SESSION_FILE_ENV
 
 _DISCONNECTED = (ConnectionLoss, OperationTimeoutError, SessionExpiredError, KazooTimeoutError)
 
@@ -269,7 +270,7 @@ class Coordinator:
                 lease.lose("the ZooKeeper session expired", quiet=self._closing.is_set())
 
     def _write_session_file(self, client_id: tuple[int, bytes] | None) -> None:
-        path = os.environ.get(SESSION_FILE_ENV)
+        path = failpoints.zk_session_file()
         if not path or not client_id:
             return
         try:

@@ -179,9 +179,9 @@ class Batch:
     `id` counts acknowledged batches of the pipeline: after a rollback the batch
     that replaces a failed one gets the same id and a higher `epoch`. `start` is
     the acknowledged position the batch was read from; `end` is the position to
-    acknowledge once the batch is applied (the end of its last complete
-    transaction); `cursor` is where Select continues reading (equal to `end`
-    unless the batch ends inside a split transaction).
+    acknowledge once the batch is applied, and where Select continues reading:
+    the end of its last transaction, or a checkpoint inside a transaction
+    delivered in pieces (`Position.row` > 0) when the batch ends with a piece.
     """
 
     pipeline: str
@@ -190,7 +190,6 @@ class Batch:
     start: Position
     end: Position
     changes: tuple[Change, ...]
-    cursor: Position | None = None
 
     def __len__(self) -> int:
         return len(self.changes)

@@ -14,26 +14,20 @@ import time
 
 import attrs
 
+from setl import failpoints
 from setl.config import NodeSettings, PipelineConfig, RuntimeConfig
 from setl.errors import ConfigError, PluginError, SetlError
 from setl.meta.base import MetaStore, Status
 from setl.model import Ack, Batch
 from setl.runtime import SerialExecutorService, TaskExecutionService
+from setl.runtime.chain import Stages, compose
 from setl.scheduler import BatchCap, Listener, Outcome, Scheduler, supports_per_table
-from setl.stages import Extract, Load, Select, TableExtract, Transform
+from setl.stages import Load, Select, TableExtract, Transform
 
 log = logging.getLogger("setl.node")
 
-#: Fault markers for tests, as JSON (see `setl.testing.harness.FaultPlan.from_json`).
-FAULTS_ENV = "SETL_FAULTS"
-
-
-@attrs.frozen
-class Stages:
-    select: Select
-    extract: Extract
-    transform: Transform
-    load: Load
+#: Fault markers, as JSON (see `setl.failpoints`).
+FAULTS_ENV = failpoints.FAULTS_ENV
 
 
 def build_select(node: NodeSettings, config: PipelineConfig) -> Select:
@@ -92,27 +86,25 @@ def build_stages(node: NodeSettings, config: PipelineConfig, meta: MetaStore | N
 
     `meta` is needed by batch DDL tasks (`pipeline.ddl_tasks`); without it they open their own.
     """
-    stages = Stages(
+    base = Stages(
         select=build_select(node, config),
         extract=TableExtract(config.tables, pipeline=config.name),
         transform=build_transform(node, config),
         load=build_load(node, config),
     )
+    ddl_tasks = None
     if config.pipeline.ddl_tasks.signal_table:
         from setl.ddltask import with_ddl_tasks
         from setl.meta import open_meta_store
 
-        select, load = with_ddl_tasks(node, config, stages.select, stages.load,
-                                      meta if meta is not None else open_meta_store(node))
-        stages = Stages(select, stages.extract, stages.transform, load)
-    faults = os.environ.get(FAULTS_ENV)
-    if faults:
-        from setl.testing.harness import FaultPlan, FaultyExtract, FaultyLoad, FaultyTransform
+        def ddl_tasks(select: Select, load: Load) -> tuple[Select, Load]:
+            return with_ddl_tasks(node, config, select, load, meta if meta is not None else open_meta_store(node))
 
-        plan = FaultPlan.from_json(faults)
-        log.warning("pipeline=%s fault injection is on: %s", config.name, faults)
-        stages = Stages(stages.select, FaultyExtract(plan, stages.extract),
-                        FaultyTransform(plan, stages.transform), FaultyLoad(plan, stages.load))
+    plan = failpoints.from_env()
+    if plan:
+        log.warning("pipeline=%s fault injection is on: %s", config.name, os.environ.get(FAULTS_ENV))
+    stages = compose(base, ddl_tasks=ddl_tasks, faults=plan)
+    log.debug("pipeline=%s stages: %s", config.name, stages.describe())
     return stages
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 
-import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -12,9 +11,9 @@ from hypothesis import strategies as st
 from setl.config import BatchSettings, PipelineSettings, RetrySettings
 from setl.errors import RefusedLoadError
 from setl.meta import SqliteMetaStore, Status
-from setl.model import Batch, Position, Transaction
+from setl.model import Batch, Position
 from setl.scheduler import Outcome, Scheduler
-from setl.stages import Extract, Select, Transform
+from setl.stages import Extract, Transform
 from setl.testing.harness import (
     Fault,
     FaultPlan,
@@ -241,46 +240,8 @@ def test_a_refusal_retrying_cannot_change_pauses_at_the_first_attempt(tmp_path):
     result.meta.close()
 
 
-class SplitSource(Select):
-    """Transactions that arrive in one-row pieces, as the binlog source splits big ones.
-
-    Transaction i spans offsets ``100 * i`` (its start) to ``100 * (i + 1)`` (its end); its
-    pieces end inside that range and only the last one is complete.
-    """
-
-    def __init__(self, txs: list[list]) -> None:
-        self.txs = txs
-        self._pieces: list[Transaction] = []
-
-    def open(self, start: Position | None) -> None:
-        first = start.offset // 100 if start is not None else 0
-        self._start = Position("split", 100 * first)
-        self._pieces = []
-        for i, changes in enumerate(self.txs[first:], start=first):
-            for j, change in enumerate(changes):
-                last = j == len(changes) - 1
-                end = Position("split", 100 * (i + 1) if last else 100 * i + j + 1)
-                self._pieces.append(Transaction((attrs.evolve(change, position=end),), end, complete=last))
-        self._pieces.reverse()
-
-    def poll(self, timeout: float) -> Transaction | None:
-        return self._pieces.pop() if self._pieces else None
-
-    def seek(self, position: Position | None) -> None:
-        self.open(position)
-
-    def tell(self) -> Position | None:
-        return self._start
-
-    def head(self) -> Position:
-        return Position("split", 100 * len(self.txs))
-
-    def close(self) -> None:
-        self._pieces = []
-
-
 def test_a_failure_inside_a_split_transaction_still_runs_out_of_retries(tmp_path):
-    """Pieces of a transaction acked before its failing piece do not reset the attempts: it pauses."""
+    """Retrying a failing piece of a split transaction does not reset the attempts: it pauses at the piece before it."""
     txs = [[insert("t", {"id": i * 10 + j, "v": j}) for j in range(4)] for i in range(3)]
 
     class FailsOnId21(MemorySink):
@@ -291,11 +252,12 @@ def test_a_failure_inside_a_split_transaction_still_runs_out_of_retries(tmp_path
 
     sink = FailsOnId21()
     listener = InvariantListener(2, sink)
-    result = run_pipeline(SplitSource(txs), sink, settings=fast_settings(2, max_rows=1, attempts=3),
+    result = run_pipeline(ScriptedSource(txs, max_rows=1), sink, settings=fast_settings(2, max_rows=1, attempts=3),
                           meta=SqliteMetaStore(tmp_path / "meta.db"), listener=listener)
     assert result.outcome is Outcome.PAUSED
     assert [attempt for _, attempt in listener.rollbacks] == [1, 2, 3]
-    assert result.meta.position("test").position == Position("split", 200)  # transactions 0 and 1 acked
+    # transactions 0 and 1 and the first row of transaction 2 acked
+    assert result.meta.position("test").position == Position("scripted", 2, row=1)
     result.meta.close()
 
 

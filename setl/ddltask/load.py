@@ -7,11 +7,11 @@ import collections
 import contextlib
 import logging
 import os
-import signal
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 
+from setl import failpoints
 from setl.ddltask.actions import Actions
 from setl.ddltask.tasks import Binding, DdlTasks, latest_clearing
 from setl.errors import LoadError, MetaStoreError, SetlError, TransientLoadError
@@ -21,8 +21,9 @@ from setl.stages.load import Load, LoadWrapper
 
 log = logging.getLogger("setl.ddltask")
 
-#: Test hook: a task id; the process SIGKILLs itself after that task's action, before its record.
-CRASH_ENV = "SETL_DDLTASK_CRASH_AFTER_ACTION"
+#: Test hook: a task id; the process SIGKILLs itself after that task's action, before its record
+#: (the ``ddl_action`` failpoint of `setl.failpoints`).
+CRASH_ENV = failpoints.DDL_ACTION_CRASH_ENV
 
 #: The reason a task whose action failed carries, followed by the error.
 ACTION_FAILED = "action failed: "
@@ -62,7 +63,6 @@ class DdlTaskLoad(LoadWrapper):
         self._locks: dict[tuple[str, str], threading.RLock] = collections.defaultdict(threading.RLock)
         self._locks_guard = threading.Lock()
         self._count_lock = threading.Lock()
-        self._crash_after = os.environ.get(CRASH_ENV)
         #: Changes dropped per task id (None: changes of no task cleared by a later truncate).
         self.dropped: collections.Counter[str | None] = collections.Counter()
         #: Actions this process ran, per task id.
@@ -218,8 +218,7 @@ class DdlTaskLoad(LoadWrapper):
                             **self._context(batch, task.target)) from exc
         with self._count_lock:
             self.actions_run[task.task_id] += 1
-        if self._crash_after == task.task_id:
-            os.kill(os.getpid(), signal.SIGKILL)
+        failpoints.hit("ddl_action", batch.id, task=task.task_id)
         final = meta.finish_ddl_task(self.pipeline, task.task_id, owner, DdlTaskStatus.SUCCEEDED)
         if final.status is DdlTaskStatus.SUCCEEDED:
             log.info("pipeline=%s stage=load batch=%d %s: action done", self.pipeline, batch.id,

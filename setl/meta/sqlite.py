@@ -32,7 +32,8 @@ CREATE TABLE IF NOT EXISTS position (
     offset INTEGER NOT NULL,
     gtid TEXT,
     origin TEXT NOT NULL DEFAULT 'ack',
-    time REAL NOT NULL
+    time REAL NOT NULL,
+    row INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS ack_history (
     pipeline TEXT NOT NULL,
@@ -42,7 +43,8 @@ CREATE TABLE IF NOT EXISTS ack_history (
     offset INTEGER NOT NULL,
     gtid TEXT,
     rows INTEGER NOT NULL,
-    time REAL NOT NULL
+    time REAL NOT NULL,
+    row INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS ack_history_by_pipeline ON ack_history (pipeline, time);
 CREATE TABLE IF NOT EXISTS pipeline_state (
@@ -110,6 +112,7 @@ class SqliteMetaStore(MetaStore):
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
+            self._add_row_columns()
             self._create_ddl_task_table()
         except sqlite3.Error as exc:
             raise MetaStoreError(f"cannot open meta store {self.path}: {exc}") from exc
@@ -137,28 +140,29 @@ class SqliteMetaStore(MetaStore):
 
     def position(self, pipeline: str) -> Ack | None:
         rows = self._query(
-            "SELECT batch_id, epoch, log, offset, gtid, time FROM position WHERE pipeline = ?",
+            "SELECT batch_id, epoch, log, offset, gtid, time, row FROM position WHERE pipeline = ?",
             (pipeline,),
         )
         if not rows:
             return None
-        batch_id, epoch, log, offset, gtid, when = rows[0]
-        return Ack(pipeline, batch_id, epoch, Position(log, offset, gtid), when)
+        batch_id, epoch, log, offset, gtid, when, row = rows[0]
+        return Ack(pipeline, batch_id, epoch, Position(log, offset, gtid, row=row), when)
 
     def ack(self, pipeline: str, batch_id: int, epoch: int, position: Position, rows: int = 0) -> Ack:
         now = self._clock()
         with self._tx() as db:
             db.execute(
-                "INSERT INTO position (pipeline, batch_id, epoch, log, offset, gtid, origin, time)"
-                " VALUES (?, ?, ?, ?, ?, ?, 'ack', ?)"
+                "INSERT INTO position (pipeline, batch_id, epoch, log, offset, gtid, origin, time, row)"
+                " VALUES (?, ?, ?, ?, ?, ?, 'ack', ?, ?)"
                 " ON CONFLICT (pipeline) DO UPDATE SET batch_id = excluded.batch_id,"
                 " epoch = excluded.epoch, log = excluded.log, offset = excluded.offset,"
-                " gtid = excluded.gtid, origin = 'ack', time = excluded.time",
-                (pipeline, batch_id, epoch, position.log, position.offset, position.gtid, now),
+                " gtid = excluded.gtid, origin = 'ack', time = excluded.time, row = excluded.row",
+                (pipeline, batch_id, epoch, position.log, position.offset, position.gtid, now, position.row),
             )
             db.execute(
-                "INSERT INTO ack_history VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (pipeline, batch_id, epoch, position.log, position.offset, position.gtid, rows, now),
+                "INSERT INTO ack_history (pipeline, batch_id, epoch, log, offset, gtid, rows, time, row)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (pipeline, batch_id, epoch, position.log, position.offset, position.gtid, rows, now, position.row),
             )
             self._acks += 1
             if self._acks % 200 == 0:
@@ -176,10 +180,10 @@ class SqliteMetaStore(MetaStore):
                 return
             current = self.position(pipeline)
             db.execute(
-                "INSERT INTO position (pipeline, batch_id, epoch, log, offset, gtid, origin, time)"
-                " VALUES (?, ?, ?, ?, ?, ?, 'reset', ?)"
+                "INSERT INTO position (pipeline, batch_id, epoch, log, offset, gtid, origin, time, row)"
+                " VALUES (?, ?, ?, ?, ?, ?, 'reset', ?, ?)"
                 " ON CONFLICT (pipeline) DO UPDATE SET log = excluded.log, offset = excluded.offset,"
-                " gtid = excluded.gtid, origin = 'reset', time = excluded.time",
+                " gtid = excluded.gtid, origin = 'reset', time = excluded.time, row = excluded.row",
                 (
                     pipeline,
                     current.batch_id if current else 0,
@@ -188,6 +192,7 @@ class SqliteMetaStore(MetaStore):
                     position.offset,
                     position.gtid,
                     self._clock(),
+                    position.row,
                 ),
             )
 
@@ -197,11 +202,11 @@ class SqliteMetaStore(MetaStore):
 
     def history(self, pipeline: str, limit: int = 20) -> list[Ack]:
         rows = self._query(
-            "SELECT batch_id, epoch, log, offset, gtid, time FROM ack_history WHERE pipeline = ?"
+            "SELECT batch_id, epoch, log, offset, gtid, time, row FROM ack_history WHERE pipeline = ?"
             " ORDER BY rowid DESC LIMIT ?",
             (pipeline, limit),
         )
-        return [Ack(pipeline, b, e, Position(lg, off, g), t) for b, e, lg, off, g, t in rows]
+        return [Ack(pipeline, b, e, Position(lg, off, g, row=r), t) for b, e, lg, off, g, t, r in rows]
 
     def state(self, pipeline: str) -> PipelineState:
         rows = self._query(
@@ -246,6 +251,12 @@ class SqliteMetaStore(MetaStore):
         return [r[0] for r in rows]
 
     # --- batch DDL tasks -------------------------------------------------------------------------
+
+    def _add_row_columns(self) -> None:
+        """Meta stores of earlier builds lack `row` (Position.row): add it, 0 for their positions."""
+        for table in ("position", "ack_history"):
+            if "row" not in {c[1] for c in self._db.execute(f"PRAGMA table_info({table})")}:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN row INTEGER NOT NULL DEFAULT 0")
 
     def _create_ddl_task_table(self) -> None:
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(ddl_task)")}

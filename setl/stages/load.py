@@ -91,3 +91,8 @@ class LoadWrapper(Load):
 
     def close(self) -> None:
         self.inner.close()
+
+
+def supports_per_table(load: Load) -> bool:
+    """Whether `load` implements `load_part`, which `load.mode: per_table` needs."""
+    return type(load).load_part is not Load.load_part

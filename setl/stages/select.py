@@ -17,9 +17,11 @@ class Select(abc.ABC):
     * Transactions come out in source log order, each once per `open`/`seek`.
       A transaction's `end` is the position *after* it: resuming from it
       re-reads nothing the transaction covers and skips nothing after it.
-    * A source never cuts a checkpoint inside a transaction. A transaction too
-      large to hold may come in pieces with `complete=False`; only the last
-      piece is complete and only its `end` may be acknowledged.
+    * A transaction too large to hold may come in pieces with `complete=False`;
+      a piece's `end` is a checkpoint inside the transaction (`Position.row`:
+      the transaction's start plus the rows handed on so far). A batch may end
+      with a piece, and its end is then acknowledged like any other: `open` and
+      `seek` at such a checkpoint re-read the transaction and skip those rows.
     * `seek(p)` rewinds (or advances) so that the next `poll` returns the first
       transaction after `p`. The scheduler calls it after every rollback.
     * `head()` is the end of the source log as it stands now, or None if the

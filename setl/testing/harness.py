@@ -9,23 +9,38 @@
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import threading
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from setl.config import PipelineSettings
+from setl.failpoints import (
+    Fault,
+    FaultPlan,
+    FaultyExtract,
+    FaultyLoad,
+    FaultyPartLoad,
+    FaultyTransform,
+    InjectedFault,
+)
 from setl.meta.base import MetaStore
 from setl.meta.sqlite import SqliteMetaStore
-from setl.model import Ack, Batch, Change, DdlChange, Op, Position, RowChange, Transaction
+from setl.model import (
+    Ack,
+    Batch,
+    Change,
+    DdlChange,
+    Op,
+    Position,
+    RowChange,
+    Transaction,
+)
 from setl.scheduler import Listener, Outcome, Scheduler
 from setl.sinks.merge import merge
-from setl.stages import Extract, Load, LoadWrapper, Select, Transform
+from setl.stages import Extract, Load, Select, Transform
 
 # --- building changes -----------------------------------------------------------------------
 
@@ -91,137 +106,25 @@ def parquet_state(root: str | os.PathLike[str], table: str) -> dict[tuple[Any, .
     return state
 
 
-# --- faults ---------------------------------------------------------------------------------
-
-
-class InjectedFault(RuntimeError):
-    """Raised by a `FaultPlan` marker."""
-
-
-@attrs.define
-class Fault:
-    """One marker: at `stage` for batch id `batch` (None: every batch), do `action`.
-
-    `action` is "fail" (raise `InjectedFault`), "slow" (sleep `seconds`) or
-    "crash" (SIGKILL this process). `times` is how often it fires (None: always).
-    For stage "select", `batch` counts transactions polled from the source.
-    """
-
-    stage: str
-    action: str = "fail"
-    batch: int | None = None
-    times: int | None = 1
-    seconds: float = 0.0
-    fired: int = 0
-
-    def __attrs_post_init__(self) -> None:
-        if self.stage not in ("select", "extract", "transform", "load", "termin"):
-            raise ValueError(f"unknown stage {self.stage!r} in fault marker")
-        if self.action not in ("fail", "slow", "crash"):
-            raise ValueError(f"unknown action {self.action!r} in fault marker")
-
-
-class FaultPlan:
-    """A set of fault markers, checked by the testing stages; thread-safe."""
-
-    def __init__(self, faults: Iterable[Fault] = ()) -> None:
-        self.faults = list(faults)
-        self._lock = threading.Lock()
-
-    @classmethod
-    def from_json(cls, text: str) -> "FaultPlan":
-        """Markers as a JSON list of objects: ``[{"stage": "load", "batch": 3, "times": 2}]``."""
-        return cls(Fault(**item) for item in json.loads(text))
-
-    def fail(self, stage: str, batch: int | None = None, times: int | None = 1) -> "FaultPlan":
-        self.faults.append(Fault(stage, "fail", batch, times))
-        return self
-
-    def fail_load(self, batch: int | None = None, times: int | None = 1) -> "FaultPlan":
-        return self.fail("load", batch, times)
-
-    def slow(self, stage: str, seconds: float, batch: int | None = None, times: int | None = None) -> "FaultPlan":
-        self.faults.append(Fault(stage, "slow", batch, times, seconds))
-        return self
-
-    def crash(self, stage: str, batch: int | None = None) -> "FaultPlan":
-        self.faults.append(Fault(stage, "crash", batch, 1))
-        return self
-
-    def check(self, stage: str, batch: int) -> None:
-        """Fire the markers for `stage` and `batch`, if any are left."""
-        sleep = 0.0
-        with self._lock:
-            for fault in self.faults:
-                if fault.stage != stage or (fault.batch is not None and fault.batch != batch):
-                    continue
-                if fault.times is not None and fault.fired >= fault.times:
-                    continue
-                fault.fired += 1
-                if fault.action == "crash":
-                    os.kill(os.getpid(), signal.SIGKILL)
-                if fault.action == "fail":
-                    raise InjectedFault(f"injected {stage} failure at batch {batch} (#{fault.fired})")
-                sleep += fault.seconds
-        if sleep:
-            time.sleep(sleep)
-
-
-class FaultyExtract(Extract):
-    """Wraps an Extract and fires the plan's "extract" markers first."""
-
-    def __init__(self, plan: FaultPlan, inner: Extract | None = None) -> None:
-        self.plan, self.inner = plan, inner or Extract()
-
-    def extract(self, batch: Batch) -> Batch:
-        self.plan.check("extract", batch.id)
-        return self.inner.extract(batch)
-
-
-class FaultyTransform(Transform):
-    """Wraps a Transform and fires the plan's "transform" markers first."""
-
-    def __init__(self, plan: FaultPlan, inner: Transform | None = None) -> None:
-        self.plan, self.inner = plan, inner or Transform()
-
-    def transform(self, batch: Batch) -> Batch:
-        self.plan.check("transform", batch.id)
-        return self.inner.transform(batch)
-
-
-class FaultyLoad(LoadWrapper):
-    """Wraps a Load: fires "load" markers before it and "termin" markers after it.
-
-    A "termin" marker therefore strikes between a batch's load and its ack.
-    """
-
-    def __init__(self, plan: FaultPlan, inner: Load) -> None:
-        super().__init__(inner)
-        self.plan = plan
-
-    def load(self, batch: Batch) -> None:
-        self.plan.check("load", batch.id)
-        self.inner.load(batch)
-        self.plan.check("termin", batch.id)
-
-    def load_part(self, batch: Batch) -> None:
-        self.plan.check("load", batch.id)
-        self.inner.load_part(batch)
-
-    def mark_loaded(self, batch: Batch) -> None:
-        self.inner.mark_loaded(batch)
-        self.plan.check("termin", batch.id)
+# --- faults: the product's failpoints (setl.failpoints), re-exported -------------------------
 
 
 # --- source and sink ------------------------------------------------------------------------
 
 
 class ScriptedSource(Select):
-    """Replays scripted transactions; transaction i ends at ``Position(name, i + 1)``.
+    """Replays scripted transactions; transaction i starts at ``Position(name, i)`` and ends at
+    ``Position(name, i + 1)``.
+
+    With `max_rows`, a transaction of more rows comes in pieces of at most `max_rows` changes,
+    as the binlog source delivers big ones: every piece but the last has ``complete=False`` and
+    ends at the checkpoint ``Position(name, i, row=rows handed on so far)``, and each change of
+    such a transaction is stamped with ``Position(name, i, row=its 1-based ordinal)``. Opening
+    or seeking at a checkpoint re-reads the transaction and skips its first `row` changes.
 
     More transactions can be appended while a pipeline runs (`append`), and the
     source can be told to fail at a transaction through a `FaultPlan`'s
-    "select" markers, counted by transaction index.
+    "select" markers, counted by transaction index (checked for each piece).
     """
 
     def __init__(
@@ -230,28 +133,42 @@ class ScriptedSource(Select):
         *,
         name: str = "scripted",
         faults: FaultPlan | None = None,
+        max_rows: int | None = None,
     ) -> None:
+        if max_rows is not None and max_rows < 1:
+            raise ValueError(f"max_rows must be at least 1, got {max_rows}")
         self.name = name
         self.faults = faults or FaultPlan()
+        self.max_rows = max_rows
         self._txs: list[Transaction] = []
         self._cond = threading.Condition()
         self._index = 0
+        self._row = 0
         self.opens = 0
         for tx in transactions:
             self.append(tx)
 
+    def _split(self, count: int) -> bool:
+        return self.max_rows is not None and count > self.max_rows
+
     def append(self, tx: Transaction | Sequence[Change]) -> Position:
         """Add a transaction at the end of the log; returns its end position."""
         with self._cond:
-            end = Position(self.name, len(self._txs) + 1)
+            index = len(self._txs)
+            end = Position(self.name, index + 1)
             changes = tx.changes if isinstance(tx, Transaction) else tuple(tx)
-            stamped = tuple(attrs.evolve(c, position=end) for c in changes)
+            if self._split(len(changes)):
+                stamped = tuple(attrs.evolve(c, position=Position(self.name, index, row=n))
+                                for n, c in enumerate(changes, start=1))
+            else:
+                stamped = tuple(attrs.evolve(c, position=end) for c in changes)
             self._txs.append(Transaction(stamped, end))
             self._cond.notify_all()
             return end
 
     @property
     def transactions(self) -> list[Transaction]:
+        """The whole transactions of the log (never pieces)."""
         with self._cond:
             return list(self._txs)
 
@@ -259,6 +176,9 @@ class ScriptedSource(Select):
         self.opens += 1
         with self._cond:
             self._index = start.offset if start is not None else 0
+            self._row = start.row if start is not None else 0
+            if self._row and (self._index >= len(self._txs) or self._row >= len(self._txs[self._index].changes)):
+                raise ValueError(f"{start} is not a checkpoint inside a transaction of {self.name}")
 
     def poll(self, timeout: float) -> Transaction | None:
         with self._cond:
@@ -268,13 +188,22 @@ class ScriptedSource(Select):
                     return None
             index = self._index
             tx = self._txs[index]
-            self._index += 1
+            rest = tx.changes[self._row:]
+            if self._split(len(tx.changes)) or self._row:
+                piece = rest[:self.max_rows] if self.max_rows is not None else rest
+                self._row += len(piece)
+                if self._row < len(tx.changes):
+                    tx = Transaction(piece, Position(self.name, index, row=self._row), complete=False)
+                else:
+                    tx = Transaction(piece, tx.end)
+            if tx.complete:
+                self._index, self._row = index + 1, 0
         self.faults.check("select", index)
         return tx
 
     def tell(self) -> Position:
         with self._cond:
-            return Position(self.name, self._index)
+            return Position(self.name, self._index, row=self._row)
 
     def head(self) -> Position:
         with self._cond:
@@ -294,7 +223,9 @@ class MemorySink(Load):
     """Applies batches to in-memory tables and records each load.
 
     `tables` is ``{schema.table: {key: row}}``, comparable with
-    `reference_state`. With `holds_position=True` it also keeps the last
+    `reference_state`; a table without a primary key is also kept as a list
+    of rows in `keyless_rows`, as a database holds it (an insert replayed adds
+    a second copy; a delete removes one equal row). With `holds_position=True` it also keeps the last
     batch's end position, like a database target, and reports it from
     `committed()`. A "load" marker of `faults` fires before anything is applied.
     In per_table mode `load_part` applies rows only; `mark_loaded` records the
@@ -305,6 +236,7 @@ class MemorySink(Load):
         self.faults = faults or FaultPlan()
         self.holds_position = holds_position
         self.tables: dict[str, dict] = {}
+        self.keyless_rows: dict[str, list[dict]] = {}
         self.loads: list[LoadRecord] = []
         self.position: Position | None = None
         self._lock = threading.Lock()
@@ -337,11 +269,15 @@ class MemorySink(Load):
                         state.pop(tuple(image[c] for c in table.primary_key), None)
                     for image in table.upserts:
                         state[tuple(image[c] for c in table.primary_key)] = dict(image)
+                    bag = self.keyless_rows.setdefault(f"{table.schema}.{table.table}", []) if table.sequence else []
                     for change in table.sequence:
                         if change.before is not None:
                             state.pop(change.old_key, None)
+                            if dict(change.before) in bag:
+                                bag.remove(dict(change.before))
                         if change.after is not None:
                             state[change.key] = dict(change.after)
+                            bag.append(dict(change.after))
                 if record:
                     self.loads.append(LoadRecord(batch.id, batch.epoch, batch.start, batch.end, len(batch)))
                     if self.holds_position:
@@ -402,7 +338,9 @@ class InvariantListener(Listener):
             if self.acks and ack.batch_id != self.acks[-1].batch_id + 1:
                 self.violations.append(f"ack of batch {ack.batch_id} after {self.acks[-1].batch_id}")
             if self.sink is not None:
-                loaded = [r for r in self.sink.loads if r.end == ack.position and r.epoch == batch.epoch]
+                # An ack with no changes acks a position the target already holds (its batch's ack failed).
+                loaded = [r for r in self.sink.loads
+                          if r.end == ack.position and (r.epoch == batch.epoch or not batch.changes)]
                 if not loaded:
                     self.violations.append(f"ack at {ack.position} but no load ended there")
                 elif self._last_position is not None and loaded[-1].start != self._last_position:
@@ -454,3 +392,10 @@ def run_pipeline(
     )
     outcome = scheduler.run(until_caught_up=until_caught_up)
     return RunResult(outcome, scheduler, meta)
+
+
+__all__ = [
+    "Fault", "FaultPlan", "FaultyExtract", "FaultyLoad", "FaultyPartLoad", "FaultyTransform", "InjectedFault",
+    "InvariantListener", "LoadRecord", "MemorySink", "RunResult", "ScriptedSource", "delete", "insert",
+    "parquet_state", "reference_state", "run_pipeline", "update",
+]

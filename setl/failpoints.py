@@ -1,0 +1,287 @@
+"""Failpoints: named places where a pipeline can be made to fail, stall or crash on purpose.
+
+Tests use them, and so can an operator rehearsing a failure on a staging node. They are off
+unless the environment variable ``SETL_FAULTS`` holds a JSON list of markers, for example::
+
+    SETL_FAULTS='[{"stage": "termin", "action": "crash", "batch": 4},
+                  {"stage": "load", "times": 2},
+                  {"stage": "ddl_action", "action": "crash", "task": "run2"}]'
+
+Each marker names a failpoint (`stage`), what it does there (`action`: ``fail`` raises
+`InjectedFault`, ``slow`` sleeps `seconds`, ``crash`` SIGKILLs the process), which batch it
+strikes (`batch`; absent: every batch), how often (`times`; default 1, null: always), and for
+``ddl_action`` which task (`task`).
+
+The failpoints (`FAILPOINTS`):
+
+* ``select``: a transaction is polled from the source (`batch` counts transactions: for
+  `ScriptedSource` its index in the log, for any other source those polled since the last
+  open or seek, from 0).
+* ``extract``, ``transform``: before the stage runs on a batch.
+* ``load``: before a batch (or one table's part of it, per_table) is written to the target.
+* ``termin``: between a batch's load (or, per_table, its `mark_loaded`) and its ack: the
+  target holds the batch and the meta store does not.
+* ``ddl_action``: after a batch DDL task's action ran, before its record is written.
+
+Two older test hooks are kept as environment variables of their own:
+``SETL_DDLTASK_CRASH_AFTER_ACTION=TASK`` (a ``ddl_action`` crash for that task) and
+``SETL_TEST_ZK_SESSION_FILE=PATH`` (the HA node writes its ZooKeeper session id and password
+there, so a test can expire the session; see `zk_session_file`).
+
+Stage wrappers (`FaultySelect`, `FaultyExtract`, `FaultyTransform`, `FaultyLoad`) put a `FaultPlan` around
+stages; `setl.runtime.chain` adds them to a pipeline when ``SETL_FAULTS`` is set.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterable
+
+import attrs
+
+from setl.model import Batch, Position, Transaction
+from setl.stages import Extract, Load, LoadWrapper, Select, SelectWrapper, Transform
+from setl.stages.load import supports_per_table
+
+log = logging.getLogger("setl.failpoints")
+
+#: The environment variable holding the fault markers, as JSON.
+FAULTS_ENV = "SETL_FAULTS"
+#: Older hook: a batch DDL task id; the process SIGKILLs itself after that task's action.
+DDL_ACTION_CRASH_ENV = "SETL_DDLTASK_CRASH_AFTER_ACTION"
+#: Older hook: where the HA node writes its ZooKeeper session id and password (hex, mode 0600).
+ZK_SESSION_FILE_ENV = "SETL_TEST_ZK_SESSION_FILE"
+
+#: Every failpoint and where it strikes.
+FAILPOINTS: dict[str, str] = {
+    "select": "a transaction is polled from the source (batch = transactions polled since open or seek, from 0)",
+    "extract": "before Extract runs on a batch",
+    "transform": "before Transform runs on a batch",
+    "load": "before a batch, or one table's part of it, is written to the target",
+    "termin": "between a batch's load (per_table: its mark_loaded) and its ack",
+    "ddl_action": "after a batch DDL task's action ran, before its record is written (task = its id)",
+}
+ACTIONS = ("fail", "slow", "crash")
+
+
+class InjectedFault(RuntimeError):
+    """Raised by a ``fail`` marker."""
+
+
+@attrs.define
+class Fault:
+    """One marker: at failpoint `stage`, for batch `batch` (None: every batch) or task `task`, do `action`.
+
+    `action` is "fail" (raise `InjectedFault`), "slow" (sleep `seconds`) or "crash" (SIGKILL
+    this process). `times` is how often it fires (None: always).
+    """
+
+    stage: str
+    action: str = "fail"
+    batch: int | None = None
+    times: int | None = 1
+    seconds: float = 0.0
+    fired: int = 0
+    task: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.stage not in FAILPOINTS:
+            raise ValueError(f"unknown stage {self.stage!r} in fault marker (known: {', '.join(FAILPOINTS)})")
+        if self.action not in ACTIONS:
+            raise ValueError(f"unknown action {self.action!r} in fault marker")
+
+    def matches(self, stage: str, batch: int | None, task: str | None) -> bool:
+        if self.stage != stage or (self.times is not None and self.fired >= self.times):
+            return False
+        if self.batch is not None and self.batch != batch:
+            return False
+        return self.task is None or self.task == task
+
+
+class FaultPlan:
+    """A set of fault markers, checked at the failpoints; thread-safe."""
+
+    def __init__(self, faults: Iterable[Fault] = ()) -> None:
+        self.faults = list(faults)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_json(cls, text: str) -> FaultPlan:
+        """Markers as a JSON list of objects: ``[{"stage": "load", "batch": 3, "times": 2}]``."""
+        items = json.loads(text)
+        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+            raise ValueError(f"{FAULTS_ENV} must be a JSON list of objects, got {text!r}")
+        return cls(Fault(**item) for item in items)
+
+    def __bool__(self) -> bool:
+        return bool(self.faults)
+
+    def fail(self, stage: str, batch: int | None = None, times: int | None = 1) -> FaultPlan:
+        self.faults.append(Fault(stage, "fail", batch, times))
+        return self
+
+    def fail_load(self, batch: int | None = None, times: int | None = 1) -> FaultPlan:
+        return self.fail("load", batch, times)
+
+    def slow(self, stage: str, seconds: float, batch: int | None = None, times: int | None = None) -> FaultPlan:
+        self.faults.append(Fault(stage, "slow", batch, times, seconds))
+        return self
+
+    def crash(self, stage: str, batch: int | None = None) -> FaultPlan:
+        self.faults.append(Fault(stage, "crash", batch, 1))
+        return self
+
+    def check(self, stage: str, batch: int | None = None, *, task: str | None = None) -> None:
+        """Fire the markers for `stage` and `batch` (or `task`), if any are left."""
+        sleep = 0.0
+        with self._lock:
+            for fault in self.faults:
+                if not fault.matches(stage, batch, task):
+                    continue
+                fault.fired += 1
+                if fault.action == "crash":
+                    log.warning("failpoint %s: crashing at batch %s task %s", stage, batch, task)
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if fault.action == "fail":
+                    where = f"task {task}" if task is not None else f"batch {batch}"
+                    raise InjectedFault(f"injected {stage} failure at {where} (#{fault.fired})")
+                sleep += fault.seconds
+        if sleep:
+            time.sleep(sleep)
+
+
+def from_env(environ: dict[str, str] | None = None) -> FaultPlan:
+    """The process's markers: ``SETL_FAULTS`` plus the older ``SETL_DDLTASK_CRASH_AFTER_ACTION``."""
+    env = os.environ if environ is None else environ
+    text = env.get(FAULTS_ENV)
+    plan = FaultPlan.from_json(text) if text else FaultPlan()
+    task = env.get(DDL_ACTION_CRASH_ENV)
+    if task:
+        plan.faults.append(Fault("ddl_action", "crash", task=task))
+    return plan
+
+
+_process_plan: tuple[tuple[str | None, str | None], FaultPlan] | None = None
+_process_lock = threading.Lock()
+
+
+def process_plan() -> FaultPlan:
+    """The markers of this process, read from the environment (again only when it changed)."""
+    global _process_plan
+    key = (os.environ.get(FAULTS_ENV), os.environ.get(DDL_ACTION_CRASH_ENV))
+    with _process_lock:
+        if _process_plan is None or _process_plan[0] != key:
+            _process_plan = (key, from_env())
+        return _process_plan[1]
+
+
+def hit(stage: str, batch: int | None = None, *, task: str | None = None) -> None:
+    """Failpoint `stage` is reached: fire this process's markers for it (nothing when there are none)."""
+    plan = process_plan()
+    if plan:
+        plan.check(stage, batch, task=task)
+
+
+def zk_session_file() -> str | None:
+    """Where the HA node writes its ZooKeeper session id and password, if a test asked for it."""
+    return os.environ.get(ZK_SESSION_FILE_ENV) or None
+
+
+# --- stage wrappers -------------------------------------------------------------------------
+
+
+class FaultySelect(SelectWrapper):
+    """Wraps a Select: fires the plan's "select" markers when a transaction is polled, `batch`
+    counting the transactions (pieces included) polled since the last `open` or `seek`, from 0.
+
+    A ``fail`` marker raises after the transaction was read and before it is handed on, as a
+    source failing mid-stream would; the scheduler rewinds to the ack and reads it again.
+    """
+
+    def __init__(self, plan: FaultPlan, inner: Select) -> None:
+        super().__init__(inner)
+        self.plan = plan
+        self._polled = 0
+
+    def open(self, start: Position | None) -> None:
+        self._polled = 0
+        self.inner.open(start)
+
+    def seek(self, position: Position | None) -> None:
+        self._polled = 0
+        self.inner.seek(position)
+
+    def poll(self, timeout: float) -> Transaction | None:
+        tx = self.inner.poll(timeout)
+        if tx is not None:
+            index, self._polled = self._polled, self._polled + 1
+            self.plan.check("select", index)
+        return tx
+
+
+class FaultyExtract(Extract):
+    """Wraps an Extract and fires the plan's "extract" markers first."""
+
+    def __init__(self, plan: FaultPlan, inner: Extract | None = None) -> None:
+        self.plan, self.inner = plan, inner or Extract()
+
+    def extract(self, batch: Batch) -> Batch:
+        self.plan.check("extract", batch.id)
+        return self.inner.extract(batch)
+
+
+class FaultyTransform(Transform):
+    """Wraps a Transform and fires the plan's "transform" markers first."""
+
+    def __init__(self, plan: FaultPlan, inner: Transform | None = None) -> None:
+        self.plan, self.inner = plan, inner or Transform()
+
+    def transform(self, batch: Batch) -> Batch:
+        self.plan.check("transform", batch.id)
+        return self.inner.transform(batch)
+
+
+class FaultyLoad(LoadWrapper):
+    """Wraps a Load: fires "load" markers before it and "termin" markers after it.
+
+    A "termin" marker therefore strikes between a batch's load and its ack. Constructing
+    one around a Load that can load per table gives a `FaultyPartLoad`, which can too; around
+    one that cannot, the wrapper cannot either (the start-up check refuses ``per_table``).
+    """
+
+    def __new__(cls, plan: FaultPlan, inner: Load) -> FaultyLoad:  # noqa: PYI034 (may be a FaultyPartLoad)
+        chosen = FaultyPartLoad if cls is FaultyLoad and supports_per_table(inner) else cls
+        return super().__new__(chosen)
+
+    def __init__(self, plan: FaultPlan, inner: Load) -> None:
+        super().__init__(inner)
+        self.plan = plan
+
+    def load(self, batch: Batch) -> None:
+        self.plan.check("load", batch.id)
+        self.inner.load(batch)
+        self.plan.check("termin", batch.id)
+
+
+class FaultyPartLoad(FaultyLoad):
+    """A `FaultyLoad` over a Load that can load per table: "termin" strikes after `mark_loaded`."""
+
+    def load_part(self, batch: Batch) -> None:
+        self.plan.check("load", batch.id)
+        self.inner.load_part(batch)
+
+    def mark_loaded(self, batch: Batch) -> None:
+        self.inner.mark_loaded(batch)
+        self.plan.check("termin", batch.id)
+
+
+__all__ = [
+    "ACTIONS", "DDL_ACTION_CRASH_ENV", "FAILPOINTS", "FAULTS_ENV", "ZK_SESSION_FILE_ENV", "Fault", "FaultPlan",
+    "FaultyExtract", "FaultyLoad", "FaultyPartLoad", "FaultySelect", "FaultyTransform", "InjectedFault", "from_env", "hit",
+    "process_plan", "zk_session_file",
+]

@@ -1,0 +1,84 @@
+"""The one place a pipeline's stage wrappers are composed, and can be described.
+
+A pipeline's stages are its source, Extract, Transform and target, wrapped (innermost first) by:
+
+1. batch DDL tasks (`setl.ddltask`): Select and Load, when ``pipeline.ddl_tasks`` is on;
+2. failpoints (`setl.failpoints`): every stage, when ``SETL_FAULTS`` is set;
+3. fencing (`setl.ha`): Select and Load, outermost, when the node runs the pipeline under a
+   ZooKeeper lease, so that nothing inside reads or writes once leadership is lost.
+
+`compose` builds that chain once, before the scheduler is made: a `Scheduler` takes the
+composed stages in its constructor and nothing swaps them afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from setl.failpoints import (
+    FaultPlan,
+    FaultyExtract,
+    FaultyLoad,
+    FaultySelect,
+    FaultyTransform,
+)
+from setl.stages import Extract, Load, Select, Transform
+
+#: Wraps Select and Load for batch DDL tasks (see `setl.ddltask.with_ddl_tasks`).
+DdlTaskWrap = Callable[[Select, Load], "tuple[Select, Load]"]
+
+
+@attrs.frozen
+class Stages:
+    """A pipeline's four stages, as the scheduler runs them."""
+
+    select: Select
+    extract: Extract
+    transform: Transform
+    load: Load
+
+    def describe(self) -> str:
+        """Each stage's chain, outermost first: ``load: FencedLoad > FaultyLoad > MysqlLoad``."""
+        return "; ".join(f"{role}: {layers(getattr(self, role))}" for role in ("select", "extract", "transform", "load"))
+
+
+def layers(stage: Any) -> str:
+    """`stage` and the stages it wraps (through `inner`), outermost first."""
+    names = []
+    seen: set[int] = set()
+    while stage is not None and id(stage) not in seen:
+        seen.add(id(stage))
+        names.append(type(stage).__name__)
+        stage = getattr(stage, "inner", None)
+    return " > ".join(names)
+
+
+def compose(base: Stages, *, ddl_tasks: DdlTaskWrap | None = None, faults: FaultPlan | None = None,
+            lease: Any | None = None) -> Stages:
+    """`base` wrapped for batch DDL tasks, failpoints (a non-empty plan) and fencing by `lease`
+    (a `setl.ha.Lease`), in that order from the inside out."""
+    select, extract, transform, load = base.select, base.extract, base.transform, base.load
+    if ddl_tasks is not None:
+        select, load = ddl_tasks(select, load)
+    if faults:
+        select, extract, transform, load = (FaultySelect(faults, select), FaultyExtract(faults, extract),
+                                            FaultyTransform(faults, transform), FaultyLoad(faults, load))
+    if lease is not None:
+        from setl.ha import (  # the only importer of kazoo: only under HA
+            FencedLoad,
+            FencedSelect,
+        )
+
+        select, load = FencedSelect(lease, select), FencedLoad(lease, load)
+    return Stages(select, extract, transform, load)
+
+
+def fenced(stages: Stages, lease: Any) -> Stages:
+    """Already composed `stages`, fenced by `lease` (the outermost layer)."""
+    return compose(stages, lease=lease)
+
+
+__all__ = ["DdlTaskWrap", "Stages", "compose", "fenced", "layers"]

@@ -1,0 +1,152 @@
+"""Batch cutting, Select's side of the scheduler: transactions from the source become batches.
+
+Touched only by the Select task, so it needs no lock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import attrs
+
+from setl.config import BatchSettings
+from setl.model import Batch, Change, Position, Transaction
+from setl.runtime import Progress
+from setl.stages import Select
+
+#: Longest one Select call reads from a source before it gives the thread back (real time).
+SELECT_SLICE = 0.02
+#: Longest a blocking Select waits in one poll: bounds how long a stop waits for it.
+BLOCKING_POLL = 0.02
+
+
+@attrs.define(eq=False)
+class _Cut:
+    """The batch Select is reading; it lives across Select calls."""
+
+    batch_id: int
+    epoch: int
+    start: Position | None
+    end: Position | None
+    changes: list[Change] = attrs.Factory(list)
+    rows: int = 0
+    size: int = 0
+    deadline: float | None = None
+    taken: bool = False  # a transaction was read, maybe one with no changes that only moves the position
+
+
+class BatchCutter:
+    """Reads the source's transactions into batches of at most `limits` rows, bytes and wait.
+
+    A batch ends after a transaction, or after a piece of a transaction delivered in pieces
+    (whose end is a checkpoint inside it, `Position.row`), and a DDL is a batch of its own.
+    The next batch starts where the last one handed on ended (`end`), with the next id.
+
+    `node_permit` is asked before a cut takes its first transaction: False means the node's
+    batch cap queued this pipeline, and `read` returns BLOCKED keeping the transaction for
+    the next call. A source error after some transactions were read hands those on first
+    and is kept in `deferred_error` for the next call.
+    """
+
+    def __init__(self, name: str, select: Select, limits: BatchSettings, clock: Callable[[], float],
+                 node_permit: Callable[[], bool]) -> None:
+        self.name = name
+        self.select = select
+        self.limits = limits
+        self.clock = clock
+        self.node_permit = node_permit
+        self.blocking = False  # the source waits in poll (it has a thread of its own)
+        self.next_id = 1
+        self.end: Position | None = None
+        self.deferred_error: BaseException | None = None
+        self._cut: _Cut | None = None
+        self._pending: list[Transaction] = []
+
+    def reset(self, position: Position | None, next_id: int) -> None:
+        """Cut again from `position` with id `next_id` (a start or a rewind): nothing read is kept."""
+        self.next_id, self.end = next_id, position
+        self._pending.clear()
+        self._cut = None
+        self.deferred_error = None
+
+    @property
+    def cutting(self) -> bool:
+        return self._cut is not None
+
+    def begin(self, epoch: int) -> None:
+        """Start the next batch, of `epoch`, where the last one ended."""
+        self._cut = _Cut(self.next_id, epoch, self.end, self.end)
+
+    def drop(self) -> None:
+        """Abandon the batch being read (a stop or a rewind)."""
+        self._cut = None
+
+    def handed_on(self, batch: Batch) -> None:
+        """`batch` (the last `read` returned) is in flight: the next one follows it."""
+        self._cut = None
+        self.next_id = batch.id + 1
+        self.end = batch.end
+
+    def read(self) -> Batch | Progress:
+        """Read transactions into the current cut: the batch if it is complete, else how the call went."""
+        cut = self._cut
+        assert cut is not None
+        limits = self.limits
+        pending = self._pending
+        slice_end = time.perf_counter() + SELECT_SLICE
+        progressed = False
+        while True:
+            if pending:
+                tx = pending.pop()
+            else:
+                now = self.clock()
+                if cut.deadline is not None and now >= cut.deadline and cut.taken:
+                    break
+                if time.perf_counter() >= slice_end:
+                    return Progress.PROGRESS if progressed else Progress.NO_PROGRESS
+                timeout = 0.0
+                if self.blocking:
+                    timeout = BLOCKING_POLL if cut.deadline is None else min(
+                        BLOCKING_POLL, max(0.0, cut.deadline - now))
+                try:
+                    polled = self.select.poll(timeout)
+                except BaseException as exc:
+                    if not cut.taken:
+                        raise
+                    # Hand on what was read so far (it ends at a checkpoint); report the error next.
+                    self.deferred_error = exc
+                    break
+                if polled is None:
+                    return Progress.PROGRESS if progressed else Progress.NO_PROGRESS
+                tx = polled
+            if not cut.taken and not self.node_permit():
+                pending.append(tx)
+                return Progress.BLOCKED  # the node cap hands us a permit, in turn, and wakes us
+            progressed = True
+            if tx.is_ddl and cut.changes:
+                pending.append(tx)
+                break
+            cut.taken = True
+            cut.changes.extend(tx.changes)
+            cut.rows += len(tx.changes)
+            cut.size += tx.nbytes
+            # A piece of a split transaction ends at a checkpoint too (Position.row).
+            cut.end = tx.end
+            if cut.deadline is None:
+                cut.deadline = self.clock() + limits.max_wait_ms / 1000.0
+            if tx.is_ddl:
+                break
+            if cut.rows >= limits.max_rows or cut.size >= limits.max_bytes:
+                break
+            if self.clock() >= cut.deadline:
+                break
+        assert cut.end is not None
+        return Batch(
+            pipeline=self.name,
+            id=cut.batch_id,
+            epoch=cut.epoch,
+            start=cut.start if cut.start is not None else cut.end,
+            end=cut.end,
+            changes=tuple(cut.changes),
+        )
