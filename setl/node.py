@@ -18,6 +18,7 @@ from setl.config import NodeSettings, PipelineConfig, RuntimeConfig
 from setl.errors import ConfigError, PluginError, SetlError
 from setl.meta.base import MetaStore, Status
 from setl.model import Ack, Batch
+from setl.routing import RoutingPlan, build_plan
 from setl.runtime import SerialExecutorService, TaskExecutionService
 from setl.scheduler import BatchCap, Listener, Outcome, Scheduler, supports_per_table
 from setl.stages import Extract, Load, Select, TableExtract, Transform
@@ -76,7 +77,7 @@ def build_load(node: NodeSettings, config: PipelineConfig) -> Load:
     return factory.from_config(target, pipeline=config.name, spark=node.spark)
 
 
-def build_transform(node: NodeSettings, config: PipelineConfig) -> Transform:
+def build_transform(node: NodeSettings, config: PipelineConfig, plan: RoutingPlan | None = None) -> Transform:
     if not any(rule.transforms for rule in config.tables):
         return Transform()
     try:
@@ -84,7 +85,7 @@ def build_transform(node: NodeSettings, config: PipelineConfig) -> Transform:
     except ImportError as exc:
         raise PluginError("transforms are configured but the Spark transform stage is not available",
                           file=config.file, pipeline=config.name) from exc
-    return build_spark_transform(node, config)
+    return build_spark_transform(node, config, plan)
 
 
 def build_stages(node: NodeSettings, config: PipelineConfig, meta: MetaStore | None = None) -> Stages:
@@ -92,10 +93,12 @@ def build_stages(node: NodeSettings, config: PipelineConfig, meta: MetaStore | N
 
     `meta` is needed by batch DDL tasks (`pipeline.ddl_tasks`); without it they open their own.
     """
+    select = build_select(node, config)
+    plan = build_plan(node, config)  # the one routing decision every stage reads
     stages = Stages(
-        select=build_select(node, config),
-        extract=TableExtract(config.tables, pipeline=config.name),
-        transform=build_transform(node, config),
+        select=select,
+        extract=TableExtract(pipeline=config.name, plan=plan),
+        transform=build_transform(node, config, plan),
         load=build_load(node, config),
     )
     if config.pipeline.ddl_tasks.signal_table:
@@ -103,7 +106,7 @@ def build_stages(node: NodeSettings, config: PipelineConfig, meta: MetaStore | N
         from setl.meta import open_meta_store
 
         select, load = with_ddl_tasks(node, config, stages.select, stages.load,
-                                      meta if meta is not None else open_meta_store(node))
+                                      meta if meta is not None else open_meta_store(node), plan)
         stages = Stages(select, stages.extract, stages.transform, load)
     faults = os.environ.get(FAULTS_ENV)
     if faults:

@@ -29,7 +29,7 @@ from setl.errors import (
     TransformError,
 )
 from setl.meta.base import MetaStore, Status
-from setl.model import Ack, Batch, Change, DdlChange, Position
+from setl.model import Ack, Batch, Change, DdlChange, Position, TableName
 from setl.retry import Backoff
 from setl.runtime import (
     BatchLatch,
@@ -723,9 +723,9 @@ class Scheduler:
     def _dispatch_parts(self, slot: _Slot) -> None:
         """Under the lock: submit each target table's part, then its EOF, to the table's slot."""
         batch = slot.batch
-        parts: dict[str, list[Change]] = {}
-        for change in batch.changes:
-            parts.setdefault(change.qualified_table, []).append(change)
+        parts: dict[TableName, list[Change]] = {}
+        for change in batch.changes:  # a (schema, table) pair: either part may hold a dot
+            parts.setdefault(TableName(change.schema, change.table or ""), []).append(change)
         if not parts:
             slot.state = _State.LOADED
             self._cond.notify_all()
@@ -734,7 +734,7 @@ class Scheduler:
         latch = BatchLatch(parts)
         assert self.serial is not None
         for table, changes in parts.items():
-            index = hash_slot((self.name, table), self.serial.num_slots)
+            index = hash_slot((self.name, table.schema, table.table), self.serial.num_slots)
             part = batch.replace(tuple(changes))
             self._load_tasks += 2
             self.serial.submit(self._run_part, slot, part, slot=index,
@@ -769,7 +769,7 @@ class Scheduler:
             if not self._runnable(slot, part):
                 raise _Discarded()
 
-    def _part_done(self, slot: _Slot, latch: BatchLatch, table: str, *, eof: bool) -> Callable[[SerialTask], None]:
+    def _part_done(self, slot: _Slot, latch: BatchLatch, table: TableName, *, eof: bool) -> Callable[[SerialTask], None]:
         def callback(handle: SerialTask) -> None:
             error = None if handle.cancelled() else handle.exception()
             if error is None:
