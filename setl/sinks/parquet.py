@@ -1,6 +1,8 @@
 """A directory of Parquet files as the target: the change log of every table, one file per batch.
 
-Layout: ``PATH/SCHEMA.TABLE/[COL=VALUE/...]part-LOG-OFFSET.parquet``, where
+Layout: ``PATH/SCHEMA.TABLE/[COL=VALUE/...]part-LOG-OFFSET.parquet`` (`table_directory`:
+``%``, ``.``, ``/``, ``\\`` and control characters in SCHEMA and TABLE are %XX-quoted, so
+``s``.``a.b`` and ``s.a``.``b`` get directories of their own), where
 ``LOG-OFFSET`` is the batch's *start* position (the log name URL-quoted, the
 offset zero-padded to 20 digits) and ``COL=VALUE`` are hive partitions of the
 ``partition_by`` columns (``__HIVE_DEFAULT_PARTITION__`` for NULL). One directory
@@ -93,6 +95,19 @@ _LEFTOVER = re.compile(r"^\.part-.+\.parquet\.[0-9a-f]{32}\.(?:tmp|spark)$")
 def file_name(start: Position) -> str:
     """The file name of a batch's output: its start position, sortable by offset."""
     return f"part-{urllib.parse.quote(start.log, safe='.-_')}-{start.offset:020d}.parquet"
+
+
+def table_directory(schema: str, table: str) -> str:
+    """The directory name of a target table: ``SCHEMA.TABLE``, each part %XX-quoted where it holds
+    ``%``, ``.``, ``/``, ``\\`` or a control character (plain names stay as they are)."""
+    return f"{_quote_name(schema)}.{_quote_name(table)}"
+
+
+def _quote_name(part: str) -> str:
+    if part in ("", ".", ".."):
+        return "".join(f"%{b:02X}" for b in part.encode()) or "%"
+    return "".join(c if c not in "%./\\" and c.isprintable() else "".join(f"%{b:02X}" for b in c.encode())
+                   for c in part)
 
 
 def _start_of(name: str) -> tuple[str, int] | None:
@@ -220,7 +235,7 @@ class ParquetLoad(Load):
             tables.setdefault((change.schema, change.table), []).append((seq, change))
         written: set[Path] = set()
         for (schema, table), changes in tables.items():
-            name = f"{schema}.{table}"
+            name = table_directory(schema, table)
             try:
                 written.update(self._write_table(batch, name, changes))
             except SetlError as exc:  # a LoadError, or Spark failing to start for writer: spark
