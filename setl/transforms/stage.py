@@ -66,6 +66,23 @@ INFORMATIONAL_META = (OP, COMMIT_TIME, POSITION)
 _UNKNOWN: Any = object()
 
 
+class StepAnalysisError(TransformError):
+    """Spark SQL rejects a step against its table's columns (an unknown column or function, a syntax
+    error in a `filter`, `add_column` or `sql` step). Raised by the first batch of the table, at the
+    step's eager analysis; the same on every attempt, so the pipeline pauses at once."""
+
+    retryable = False
+
+
+def _is_analysis_error(exc: BaseException) -> bool:
+    """Whether `exc` is Spark's analysis or parse error (classic or Spark Connect)."""
+    try:
+        from pyspark.errors import AnalysisException
+    except ImportError:  # pragma: no cover - pyspark < 3.4
+        return False
+    return isinstance(exc, AnalysisException)
+
+
 @attrs.frozen
 class TablePlan:
     """The validated transform chain of one table's rows: one route's, or one named target's.
@@ -255,6 +272,12 @@ class SparkTransform(Transform):
                 raise exc.with_context(pipeline=self.pipeline or batch.pipeline, stage="transform",
                                        table=plan.target, batch=batch.id, plugin=step.name)
             except Exception as exc:
+                if _is_analysis_error(exc):
+                    # Spark rejected the step's SQL against the table's columns: no retry can change that.
+                    raise StepAnalysisError(
+                        f"step {step.index + 1} ({step.name}) cannot run on the table's columns: {brief(exc)}",
+                        pipeline=self.pipeline or batch.pipeline, stage="transform", table=plan.target,
+                        batch=batch.id, plugin=step.name, position=batch.start) from exc
                 raise self._error(batch, plan, f"step {step.index + 1} ({step.name}) failed: {brief(exc)}",
                                   step.name) from exc
             renames = step.renames()
