@@ -151,7 +151,7 @@ class RoutingPlan:
                 raise ConfigError(f"invalid regex: {exc}", file=file, pipeline=pipeline or None,
                                   key=f"tables[{i}].source") from exc
             target = TargetTemplate.parse(rule.target)
-            if not target.schema or not target.table:
+            if not rule.exclude and (not target.schema or not target.table):
                 raise ConfigError(f"target {rule.target!r} names no schema or no table", file=file,
                                   pipeline=pipeline or None, key=f"tables[{i}].target")
             try:

@@ -60,3 +60,9 @@ def test_bad_rules_fail_at_compile_time():
         RoutingPlan.compile([TableRule(source=".*", filter="id >")])
     with pytest.raises(ConfigError, match=r"tables\[0\].target"):
         RoutingPlan.compile([TableRule(source=".*", target="replica.")])
+
+
+def test_an_excluded_rule_needs_no_target():
+    """A rule with exclude: true may leave its target empty: it routes nothing."""
+    plan = RoutingPlan.compile([TableRule(source=r"s\.x", target="", exclude=True), TableRule(source=r".*")])
+    assert plan.route("s", "x") is None and plan.route("s", "y").target == TableName("s", "y")

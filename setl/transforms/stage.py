@@ -115,8 +115,12 @@ class TablePlan:
 class SparkTransform(Transform):
     """Runs each table's validated transform chain on Spark.
 
-    `tables` maps a target table's qualified name (``schema.table``, as Extract
-    produced it) to its steps. `session` returns the SparkSession and is only
+    A row change's chain is its route's in `routing` (the pipeline's
+    `setl.routing.RoutingPlan`), found by the change's `source` table: rows of
+    two source tables routed into one target table keep their own chains. No
+    chain is ever found by inverting a target name. `tables` names chains
+    for changes that carry no `source` (made by hand, as `setl.testing` does),
+    by their qualified name. `session` returns the SparkSession and is only
     called for a batch that has rows of a table with transforms; by default it
     is `setl.spark.get_session(spark)`. Safe to call from several threads at
     once: it keeps no per-batch state, only each table's column types
