@@ -23,7 +23,7 @@ from setl.model import TableName
 if TYPE_CHECKING:
     from setl.plugins import BoundStep, Registry
 
-__all__ = ["Route", "RoutingPlan", "TableName", "TargetTemplate", "build_plan"]
+__all__ = ["Route", "RoutingPlan", "TableName", "TargetTemplate", "build_plan", "flat_name"]
 
 
 @attrs.frozen
@@ -219,3 +219,18 @@ def build_plan(node: NodeSettings, config: PipelineConfig) -> RoutingPlan:
 
         registry = load_registry(node.plugins.dirs, base=node.conf_dir)
     return RoutingPlan.compile(config.tables, pipeline=config.name, registry=registry, file=config.file or None)
+
+
+def flat_name(schema: str, table: str) -> str:
+    """One string for a (schema, table) pair where a target has a single name level (a directory, an
+    SQLite table): ``SCHEMA.TABLE``, each part %XX-quoted where it holds ``%``, ``.``, ``/``, ``\\``
+    or a control character, so ``s``.``a.b`` and ``s.a``.``b`` never share a name. Plain names stay
+    as they are."""
+    return f"{_quote_part(schema)}.{_quote_part(table)}"
+
+
+def _quote_part(part: str) -> str:
+    if part in ("", ".", ".."):
+        return "".join(f"%{b:02X}" for b in part.encode()) or "%"
+    return "".join(c if c not in "%./\\" and c.isprintable() else "".join(f"%{b:02X}" for b in c.encode())
+                   for c in part)

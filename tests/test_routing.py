@@ -6,7 +6,7 @@ import pytest
 
 from setl.config import ColumnsConfig, TableRule
 from setl.errors import ConfigError, ExtractError
-from setl.routing import RoutingPlan, TableName, TargetTemplate
+from setl.routing import RoutingPlan, TableName, TargetTemplate, flat_name
 
 
 @pytest.mark.parametrize("template, schema, table", [
@@ -66,3 +66,13 @@ def test_an_excluded_rule_needs_no_target():
     """A rule with exclude: true may leave its target empty: it routes nothing."""
     plan = RoutingPlan.compile([TableRule(source=r"s\.x", target="", exclude=True), TableRule(source=r".*")])
     assert plan.route("s", "x") is None and plan.route("s", "y").target == TableName("s", "y")
+
+
+@pytest.mark.parametrize("schema, table, flat", [
+    ("s", "t", "s.t"), ("s", "dot.table", "s.dot%2Etable"), ("s.dot", "table", "s%2Edot.table"),
+    ("s", "per%cent", "s.per%25cent"), ("s", "../up", "s.%2E%2E%2Fup"), ("s", "..", "s.%2E%2E"),
+    ("s", "sp ace`", "s.sp ace`"),
+])
+def test_flat_names_keep_pairs_apart(schema, table, flat):
+    """A (schema, table) pair flattened for a one-level namespace never collides and never climbs a path."""
+    assert flat_name(schema, table) == flat

@@ -75,6 +75,7 @@ import pyarrow.parquet as pq
 from setl.config import ParquetTargetConfig, SparkConfig
 from setl.errors import LoadError, SetlError
 from setl.model import Batch, DdlChange, Op, Position, RowChange
+from setl.routing import flat_name
 from setl.spark import brief, find_java, from_arrow, get_session
 from setl.stages.load import Load
 from setl.transforms.frames import PARQUET_MAX_PRECISION, SPARK_MAX_PRECISION, TableTypes, column_array
@@ -99,15 +100,8 @@ def file_name(start: Position) -> str:
 
 def table_directory(schema: str, table: str) -> str:
     """The directory name of a target table: ``SCHEMA.TABLE``, each part %XX-quoted where it holds
-    ``%``, ``.``, ``/``, ``\\`` or a control character (plain names stay as they are)."""
-    return f"{_quote_name(schema)}.{_quote_name(table)}"
-
-
-def _quote_name(part: str) -> str:
-    if part in ("", ".", ".."):
-        return "".join(f"%{b:02X}" for b in part.encode()) or "%"
-    return "".join(c if c not in "%./\\" and c.isprintable() else "".join(f"%{b:02X}" for b in c.encode())
-                   for c in part)
+    ``%``, ``.``, ``/``, ``\\`` or a control character (`setl.routing.flat_name`)."""
+    return flat_name(schema, table)
 
 
 def _start_of(name: str) -> tuple[str, int] | None:

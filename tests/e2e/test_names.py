@@ -4,6 +4,7 @@ PostgreSQL (issue 13.4): a name is a (schema, table) pair all the way, never a s
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,9 +12,12 @@ import attrs
 import pytest
 
 from setl.config import LoadSettings
+from setl.model import Batch, Position
 from setl.sinks.mysql import MySQLLoad
 from setl.sinks.parquet import ParquetLoad, read_table, table_directory
 from setl.sinks.postgresql import PostgresLoad
+from setl.sinks.sqlite import SqliteLoad
+from setl.testing.harness import insert
 
 from .replicate import SETTINGS, binlog_head, replicate, table_rule
 
@@ -121,3 +125,18 @@ def test_odd_names_get_parquet_directories_of_their_own(mariadb_source, source_d
         deleted = {r["id"] for r in rows if r["_setl_op"] == "delete"}
         assert sorted((k, v) for k, v in final.items() if k not in deleted) == expected(i)
     assert [r["v"] for r in read_table(root, table_directory(source_db, "d.t")).to_pylist()] == ["seven"]
+
+
+def test_sqlite_target_keeps_dotted_pairs_apart(tmp_path):
+    """`s`.`a.b` and `s.a`.`b` become two SQLite tables, not one."""
+    load = SqliteLoad(tmp_path / "t.db", pipeline="names")
+    changes = (insert("a.b", {"id": 1, "v": "table a.b"}, key=("id",), schema="s"),
+               insert("b", {"id": 1, "v": "schema s.a"}, key=("id",), schema="s.a"))
+    load.load(Batch("names", 1, 1, Position("log", 0), Position("log", 10), changes))
+    load.close()
+    with contextlib.closing(sqlite3.connect(tmp_path / "t.db")) as db:
+        tables = sorted(r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'"
+                                                  " AND name NOT LIKE 'setl%'"))
+        assert tables == ["s%2Ea.b", "s.a%2Eb"]
+        assert db.execute('SELECT v FROM "s.a%2Eb"').fetchall() == [("table a.b",)]
+        assert db.execute('SELECT v FROM "s%2Ea.b"').fetchall() == [("schema s.a",)]
