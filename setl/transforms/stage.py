@@ -301,6 +301,11 @@ class SparkTransform(Transform):
             result_table = to_arrow(df.drop(*INFORMATIONAL_META))
         except Exception as exc:
             culprit = self._culprit(frames, plan)
+            if _is_analysis_error(exc):
+                raise StepAnalysisError(
+                    f"step {culprit.index + 1} ({culprit.name}) cannot run on the table's columns: {brief(exc)}",
+                    pipeline=self.pipeline or batch.pipeline, stage="transform", table=plan.target,
+                    batch=batch.id, plugin=culprit.name, position=batch.start) from exc
             raise self._error(batch, plan, f"step {culprit.index + 1} ({culprit.name}) failed: {brief(exc)}",
                               culprit.name) from exc
         return self._changes(batch, plan, rows, table, result_table, codecs, tuple(primary_key))

@@ -18,7 +18,7 @@ from setl.plugins import Param, Registry, transform
 from setl.stages.extract import TableExtract
 from setl.stages.transform import Transform
 from setl.testing.spark import make_batch
-from setl.transforms.stage import SparkTransform, build_transform
+from setl.transforms.stage import SparkTransform, StepAnalysisError, build_transform
 
 
 def steps(registry, *specs):
@@ -488,3 +488,14 @@ def test_fan_in_rows_keep_their_own_rules_chain(spark, registry):
     got = [(c.schema, c.table, c.source.schema, c.after["card"]) for c in out.changes]
     assert got == [("dw", "t", "a", "****56"), ("dw", "t", "b", "654321"), ("dw", "u", "b", "777777"),
                    ("dw", "t", "a", "****56")]
+
+
+def test_a_step_spark_rejects_is_a_permanent_one_line_error(spark, registry):
+    """A filter naming an unknown column raises StepAnalysisError: not retryable, one line, Spark's message."""
+    stage = stage_for(spark, registry, "demo.t", ("filter", {"condition": "nope = 1"}))
+    with pytest.raises(StepAnalysisError) as info:
+        stage.transform(make_batch("demo.t", [{"id": 1}], primary_key=["id"], batch_id=4))
+    error = info.value
+    assert error.retryable is False and isinstance(error, TransformError)
+    assert (error.context["pipeline"], error.context["table"], error.context["plugin"]) == ("p1", "demo.t", "filter")
+    assert "\n" not in str(error) and "nope" in str(error) and "step 1 (filter)" in str(error)
