@@ -94,11 +94,11 @@ def build_stages(node: NodeSettings, config: PipelineConfig, meta: MetaStore | N
     `meta` is needed by batch DDL tasks (`pipeline.ddl_tasks`); without it they open their own.
     """
     select = build_select(node, config)
-    plan = build_plan(node, config)  # the one routing decision every stage reads
+    routing = build_plan(node, config)  # the one routing decision every stage reads
     stages = Stages(
         select=select,
-        extract=TableExtract(pipeline=config.name, plan=plan),
-        transform=build_transform(node, config, plan),
+        extract=TableExtract(pipeline=config.name, plan=routing),
+        transform=build_transform(node, config, routing),
         load=build_load(node, config),
     )
     if config.pipeline.ddl_tasks.signal_table:
@@ -106,7 +106,7 @@ def build_stages(node: NodeSettings, config: PipelineConfig, meta: MetaStore | N
         from setl.meta import open_meta_store
 
         select, load = with_ddl_tasks(node, config, stages.select, stages.load,
-                                      meta if meta is not None else open_meta_store(node), plan)
+                                      meta if meta is not None else open_meta_store(node), routing)
         stages = Stages(select, stages.extract, stages.transform, load)
     faults = os.environ.get(FAULTS_ENV)
     if faults:
