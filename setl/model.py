@@ -86,6 +86,18 @@ class Op(str, enum.Enum):
     DELETE = "delete"
 
 
+@attrs.frozen(order=True)
+class TableName:
+    """A table as a (schema, table) pair. Either part may hold dots, so a name is never one string
+    split on a dot; `str()` (``schema.table``) is for messages only."""
+
+    schema: str
+    table: str
+
+    def __str__(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+
 @attrs.frozen
 class RowChange:
     """One row changed by one statement, with full before and after images.
@@ -106,6 +118,9 @@ class RowChange:
     after: Mapping[str, Any] | None
     position: Position | None = None
     commit_time: float | None = None
+    #: The source table a routed change came from (set by Extract, None before it): the key to its
+    #: route in the pipeline's `setl.routing.RoutingPlan`. Not part of equality.
+    source: TableName | None = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def image(self) -> Mapping[str, Any]:

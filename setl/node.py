@@ -19,6 +19,7 @@ from setl.config import NodeSettings, PipelineConfig, RuntimeConfig
 from setl.errors import ConfigError, PluginError, SetlError
 from setl.meta.base import MetaStore, Status
 from setl.model import Ack, Batch
+from setl.routing import RoutingPlan, build_plan
 from setl.runtime import SerialExecutorService, TaskExecutionService
 from setl.runtime.chain import Stages, compose
 from setl.scheduler import BatchCap, Listener, Outcome, Scheduler, supports_per_table
@@ -70,7 +71,7 @@ def build_load(node: NodeSettings, config: PipelineConfig) -> Load:
     return factory.from_config(target, pipeline=config.name, spark=node.spark)
 
 
-def build_transform(node: NodeSettings, config: PipelineConfig) -> Transform:
+def build_transform(node: NodeSettings, config: PipelineConfig, plan: RoutingPlan | None = None) -> Transform:
     if not any(rule.transforms for rule in config.tables):
         return Transform()
     try:
@@ -78,7 +79,7 @@ def build_transform(node: NodeSettings, config: PipelineConfig) -> Transform:
     except ImportError as exc:
         raise PluginError("transforms are configured but the Spark transform stage is not available",
                           file=config.file, pipeline=config.name) from exc
-    return build_spark_transform(node, config)
+    return build_spark_transform(node, config, plan)
 
 
 def build_stages(node: NodeSettings, config: PipelineConfig, meta: MetaStore | None = None) -> Stages:
@@ -86,10 +87,11 @@ def build_stages(node: NodeSettings, config: PipelineConfig, meta: MetaStore | N
 
     `meta` is needed by batch DDL tasks (`pipeline.ddl_tasks`); without it they open their own.
     """
+    routing = build_plan(node, config)  # the one routing decision every stage reads
     base = Stages(
         select=build_select(node, config),
-        extract=TableExtract(config.tables, pipeline=config.name),
-        transform=build_transform(node, config),
+        extract=TableExtract(pipeline=config.name, plan=routing),
+        transform=build_transform(node, config, routing),
         load=build_load(node, config),
     )
     ddl_tasks = None
@@ -98,7 +100,8 @@ def build_stages(node: NodeSettings, config: PipelineConfig, meta: MetaStore | N
         from setl.meta import open_meta_store
 
         def ddl_tasks(select: Select, load: Load) -> tuple[Select, Load]:
-            return with_ddl_tasks(node, config, select, load, meta if meta is not None else open_meta_store(node))
+            return with_ddl_tasks(node, config, select, load,
+                                  meta if meta is not None else open_meta_store(node), routing)
 
     plan = failpoints.from_env()
     if plan:

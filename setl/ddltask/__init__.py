@@ -14,7 +14,8 @@ from setl.ddltask.signal import OP_TYPES, DdlTaskSelect, Signal
 from setl.ddltask.tasks import DdlTasks
 from setl.errors import ConfigError
 from setl.meta.base import MetaStore
-from setl.stages import Load, Select, TableExtract
+from setl.routing import RoutingPlan
+from setl.stages import Load, Select
 
 __all__ = ["ACTION_FAILED", "CRASH_ENV", "OP_TYPES", "Actions", "DdlTaskLoad", "DdlTaskPartLoad",
            "DdlTaskSelect", "DdlTasks", "MysqlActions", "Signal", "build_actions", "with_ddl_tasks"]
@@ -29,19 +30,22 @@ def build_actions(config: PipelineConfig) -> Actions:
 
 
 def with_ddl_tasks(node: NodeSettings, config: PipelineConfig, select: Select, load: Load,
-                   meta: MetaStore) -> tuple[Select, Load]:
-    """`select` and `load` wrapped for the pipeline's batch DDL tasks (they must be enabled)."""
+                   meta: MetaStore, plan: RoutingPlan | None = None) -> tuple[Select, Load]:
+    """`select` and `load` wrapped for the pipeline's batch DDL tasks (they must be enabled).
+
+    A task's target table is its source table's route in `plan` (the pipeline's routing plan,
+    compiled from `config.tables` when not given)."""
     settings = config.pipeline.ddl_tasks
     assert settings.signal_table is not None
     schema, dot, table = settings.signal_table.rpartition(".")
     if not dot or not schema or not table:
         raise ConfigError(f"pipeline.ddl_tasks.signal_table: expected schema.table, got "
                           f"{settings.signal_table!r}", file=config.file, pipeline=config.name)
-    extract = TableExtract(config.tables, pipeline=config.name)
+    routing = plan if plan is not None else RoutingPlan.compile(config.tables, pipeline=config.name)
 
     def target_of(source_schema: str, source_table: str) -> tuple[str, str] | None:
-        plan = extract.plan_for(source_schema, source_table)
-        return None if plan is None else (plan.target_schema, plan.target_table)
+        route = routing.route(source_schema, source_table)
+        return None if route is None else (route.target.schema, route.target.table)
 
     actions = build_actions(config)
     tasks = DdlTasks(meta, config.name, op_system=actions.system, target_of=target_of,

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 
 from setl.errors import LeadershipLost, LoadError, SetlError
-from setl.model import Batch, Change, DdlChange
+from setl.model import Batch, Change, DdlChange, TableName
 from setl.runtime import (
     BatchLatch,
     Progress,
@@ -99,9 +99,10 @@ class LoadDispatch:
     def _dispatch_parts(self, slot: Slot) -> None:
         """Under the lock: submit each target table's part, then its EOF, to the table's slot."""
         batch = slot.batch
-        parts: dict[str, list[Change]] = {}
+        parts: dict[TableName, list[Change]] = {}
         for change in batch.changes:
-            parts.setdefault(change.qualified_table, []).append(change)
+            # a (schema, table) pair: either part may hold a dot
+            parts.setdefault(TableName(change.schema, change.table or ""), []).append(change)
         if not parts:
             slot.state = SlotState.LOADED
             self._cond.notify_all()
@@ -110,7 +111,7 @@ class LoadDispatch:
         latch = BatchLatch(parts)
         assert self.serial is not None
         for table, changes in parts.items():
-            index = hash_slot((self.name, table), self.serial.num_slots)
+            index = hash_slot((self.name, table.schema, table.table), self.serial.num_slots)
             part = batch.replace(tuple(changes))
             self._load_tasks += 2
             self.serial.submit(self._run_part, slot, part, slot=index,
@@ -145,7 +146,7 @@ class LoadDispatch:
             if not self._runnable(slot, part):
                 raise _Discarded()
 
-    def _part_done(self, slot: Slot, latch: BatchLatch, table: str, *, eof: bool) -> Callable[[SerialTask], None]:
+    def _part_done(self, slot: Slot, latch: BatchLatch, table: TableName, *, eof: bool) -> Callable[[SerialTask], None]:
         def callback(handle: SerialTask) -> None:
             error = None if handle.cancelled() else handle.exception()
             if error is None:

@@ -1,6 +1,8 @@
 """A directory of Parquet files as the target: the change log of every table, one file per batch.
 
-Layout: ``PATH/SCHEMA.TABLE/[COL=VALUE/...]part-LOG-OFFSET.parquet``, where
+Layout: ``PATH/SCHEMA.TABLE/[COL=VALUE/...]part-LOG-OFFSET.parquet`` (`table_directory`:
+``%``, ``.``, ``/``, ``\\`` and control characters in SCHEMA and TABLE are %XX-quoted, so
+``s``.``a.b`` and ``s.a``.``b`` get directories of their own), where
 ``LOG-OFFSET`` is the batch's *start* position (the log name URL-quoted, the
 offset zero-padded to 20 digits) and ``COL=VALUE`` are hive partitions of the
 ``partition_by`` columns (``__HIVE_DEFAULT_PARTITION__`` for NULL). One directory
@@ -73,6 +75,7 @@ import pyarrow.parquet as pq
 from setl.config import ParquetTargetConfig, SparkConfig
 from setl.errors import LoadError, SetlError
 from setl.model import Batch, DdlChange, Op, Position, RowChange
+from setl.routing import flat_name
 from setl.spark import brief, find_java, from_arrow, get_session
 from setl.stages.load import Load
 from setl.transforms.frames import PARQUET_MAX_PRECISION, SPARK_MAX_PRECISION, TableTypes, column_array
@@ -93,6 +96,12 @@ _LEFTOVER = re.compile(r"^\.part-.+\.parquet\.[0-9a-f]{32}\.(?:tmp|spark)$")
 def file_name(start: Position) -> str:
     """The file name of a batch's output: its start position, sortable by offset."""
     return f"part-{urllib.parse.quote(start.log, safe='.-_')}-{start.offset:020d}.parquet"
+
+
+def table_directory(schema: str, table: str) -> str:
+    """The directory name of a target table: ``SCHEMA.TABLE``, each part %XX-quoted where it holds
+    ``%``, ``.``, ``/``, ``\\`` or a control character (`setl.routing.flat_name`)."""
+    return flat_name(schema, table)
 
 
 def _start_of(name: str) -> tuple[str, int] | None:
@@ -220,7 +229,7 @@ class ParquetLoad(Load):
             tables.setdefault((change.schema, change.table), []).append((seq, change))
         written: set[Path] = set()
         for (schema, table), changes in tables.items():
-            name = f"{schema}.{table}"
+            name = table_directory(schema, table)
             try:
                 written.update(self._write_table(batch, name, changes))
             except SetlError as exc:  # a LoadError, or Spark failing to start for writer: spark

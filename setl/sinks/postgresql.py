@@ -49,6 +49,14 @@ def to_db(value: Any) -> Any:
     return value
 
 
+class _TableName(sql.Identifier):
+    """A table's (schema, table) identifier in a query with ``%s`` parameters: psycopg reads the whole
+    text for placeholders, so a ``%`` in a name is doubled."""
+
+    def as_bytes(self, context: Any = None) -> bytes:
+        return super().as_bytes(context).replace(b"%", b"%%")
+
+
 def _marks(count: int) -> str:
     return "(" + ", ".join(["%s"] * count) + ")"
 
@@ -154,7 +162,7 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
     # -- rows
 
     def _apply_keyed(self, conn: psycopg.Connection, table: TableChanges) -> None:
-        name = sql.Identifier(table.schema, table.table)
+        name = _TableName(table.schema, table.table)
         key = table.primary_key
         size = max(1, min(self.chunk_rows, MAX_PARAMS // len(key)))
         with conn.cursor() as cur:
@@ -195,7 +203,7 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
         )
 
     def _apply_sequence(self, conn: psycopg.Connection, table: TableChanges) -> None:
-        name = sql.Identifier(table.schema, table.table)
+        name = _TableName(table.schema, table.table)
         with conn.cursor() as cur:
             for change in table.sequence:
                 if change.before is not None:

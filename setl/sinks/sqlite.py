@@ -1,6 +1,7 @@
 """An SQLite database as the target: the embedded demo target, with the batch position in it.
 
-Tables are named ``"schema.table"`` and created on first sight from the row
+Tables are named ``"schema.table"`` (`setl.routing.flat_name`: a ``.`` or ``%`` inside either part is
+%XX-quoted) and created on first sight from the row
 images (primary key from the change); columns that appear later are added.
 Each batch is one transaction that also records the batch's end position in
 `setl_position`, so a replay after a crash is recognised by `committed()`.
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from setl.errors import LoadError, TransientLoadError
 from setl.model import Batch, DdlChange, Position
+from setl.routing import flat_name
 from setl.sinks.merge import merge
 from setl.stages.load import Load
 
@@ -95,7 +97,7 @@ class SqliteLoad(Load):
                         raise LoadError("the SQLite target does not apply DDL",
                                         table=change.qualified_table)
                 for table in merge(batch.changes):
-                    table_name = f"{table.schema}.{table.table}"
+                    table_name = flat_name(table.schema, table.table)
                     self._ensure_table(table_name, table.primary_key,
                                        [*table.upserts, *(c.after for c in table.sequence if c.after)])
                     self._apply(table_name, table)

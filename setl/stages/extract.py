@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -12,6 +11,7 @@ from setl.config import TableRule
 from setl.ddl import rewrite
 from setl.errors import ExtractError
 from setl.model import Batch, Change, DdlChange, Op, RowChange
+from setl.routing import Route, RoutingPlan
 
 
 class Extract:
@@ -33,70 +33,41 @@ class Extract:
         return batch
 
 
-@attrs.frozen
-class _Plan:
-    """How one source table is extracted, resolved once from the first matching rule."""
-
-    rule_index: int
-    target_schema: str
-    target_table: str
-    include: frozenset[str] | None
-    exclude: frozenset[str]
-    rename: Mapping[str, str]
-    filter: Any
-
-
 class TableExtract(Extract):
-    """Applies a pipeline's `tables` rules, first match wins.
+    """Applies a pipeline's routing plan (its `tables` rules, first match wins).
 
     * A table no rule matches, or whose rule says `exclude: true`, is skipped.
     * `columns.include`/`exclude` pick columns; primary-key columns may not be
       dropped, because the target could no longer apply the row idempotently.
-    * `rename` maps column names; `target` is a ``{schema}.{table}`` template.
+    * `rename` maps column names; `target` is a ``{schema}.{table}`` template,
+      split into a schema and a table template before substitution (names may
+      hold dots).
     * `filter` is a Python expression over the row's columns. An update whose
       row leaves the filter becomes a delete, and one that enters it an insert,
       so the target holds exactly the rows that match.
+
+    Every row change it returns carries its `source` table, the key to its
+    route for the stages after it.
     """
 
-    def __init__(self, rules: Sequence[TableRule], pipeline: str = "") -> None:
-        self.rules = tuple(rules)
+    def __init__(self, rules: Sequence[TableRule] = (), pipeline: str = "", *,
+                 plan: RoutingPlan | None = None) -> None:
         self.pipeline = pipeline
-        self._patterns = [re.compile(rule.source) for rule in self.rules]
-        self._plans: dict[tuple[str, str], _Plan | None] = {}
+        self.plan = plan if plan is not None else RoutingPlan.compile(rules, pipeline=pipeline)
 
-    def plan_for(self, schema: str, table: str) -> _Plan | None:
-        key = (schema, table)
-        if key not in self._plans:
-            self._plans[key] = self._resolve(schema, table)
-        return self._plans[key]
-
-    def _resolve(self, schema: str, table: str) -> _Plan | None:
-        name = f"{schema}.{table}"
-        for index, (rule, pattern) in enumerate(zip(self.rules, self._patterns)):
-            if not pattern.fullmatch(name):
-                continue
-            if rule.exclude:
-                return None
-            target = rule.target.format(schema=schema, table=table)
-            target_schema, dot, target_table = target.rpartition(".")
-            if not dot:
-                target_schema, target_table = schema, target
-            code = compile(rule.filter, f"tables[{index}].filter", "eval") if rule.filter else None
-            return _Plan(
-                rule_index=index,
-                target_schema=target_schema,
-                target_table=target_table,
-                include=frozenset(rule.columns.include) if rule.columns.include is not None else None,
-                exclude=frozenset(rule.columns.exclude),
-                rename=dict(rule.rename),
-                filter=code,
-            )
-        return None
+    def route(self, schema: str, table: str) -> Route | None:
+        return self.plan.route(schema, table)
 
     def extract(self, batch: Batch) -> Batch:
         out: list[Change] = []
         for change in batch.changes:
-            plan = self.plan_for(change.schema, change.table or "")
+            try:
+                plan = self.plan.route(change.schema, change.table or "")
+            except ExtractError as exc:
+                raise exc.with_context(
+                    pipeline=self.pipeline, stage="extract", table=change.qualified_table,
+                    batch=batch.id, position=change.position or batch.end,
+                )
             if plan is None:
                 continue
             if isinstance(change, DdlChange):
@@ -115,14 +86,14 @@ class TableExtract(Extract):
                 out.append(mapped)
         return batch.replace(tuple(out))
 
-    def _map_ddl(self, change: DdlChange, plan: _Plan) -> DdlChange | None:
+    def _map_ddl(self, change: DdlChange, plan: Route) -> DdlChange | None:
         """The DDL with every table name mapped and qualified, the rule's column renames, and
         the columns its include/exclude lists leave out cut (see `setl.ddl.rewrite`); None when
         nothing is left (a DROP of tables no rule replicates, an ALTER of left-out columns)."""
 
         def target(schema: str, table: str) -> tuple[str, str] | None:
-            found = self.plan_for(schema, table)
-            return (found.target_schema, found.target_table) if found is not None else None
+            found = self.plan.route(schema, table)
+            return (found.target.schema, found.target.table) if found is not None else None
 
         include = {c.lower() for c in plan.include} if plan.include is not None else None
         exclude = {c.lower() for c in plan.exclude}
@@ -135,10 +106,11 @@ class TableExtract(Extract):
                             keep if include is not None or exclude else None)
         if statement is None:
             return None
-        return attrs.evolve(change, schema=plan.target_schema, table=plan.target_table or None,
+        # A DDL on a schema only (no table) keeps the rule's target schema.
+        return attrs.evolve(change, schema=plan.target.schema, table=plan.target.table if change.table else None,
                             statement=statement)
 
-    def _map(self, change: RowChange, plan: _Plan) -> RowChange | None:
+    def _map(self, change: RowChange, plan: Route) -> RowChange | None:
         op, before, after = change.op, change.before, change.after
         if plan.filter is not None:
             keep_before = before is not None and self._matches(plan, before)
@@ -152,27 +124,23 @@ class TableExtract(Extract):
                     return None
             elif not (keep_before or keep_after):
                 return None
-        for column in change.primary_key:
-            if (plan.include is not None and column not in plan.include) or column in plan.exclude:
-                raise ExtractError(
-                    f"column filter drops primary-key column {column!r} (rule tables[{plan.rule_index}])"
-                )
         return RowChange(
             op=op,
-            schema=plan.target_schema,
-            table=plan.target_table,
-            primary_key=tuple(plan.rename.get(c, c) for c in change.primary_key),
+            schema=plan.target.schema,
+            table=plan.target.table,
+            primary_key=plan.target_key(change.primary_key),
             before=self._columns(plan, before),
             after=self._columns(plan, after),
             position=change.position,
             commit_time=change.commit_time,
+            source=plan.source,
         )
 
     @staticmethod
-    def _columns(plan: _Plan, image: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    def _columns(plan: Route, image: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
         if image is None:
             return None
-        if plan.include is None and not plan.exclude and not plan.rename:
+        if not plan.reshapes:
             return image
         return {
             plan.rename.get(column, column): value
@@ -181,7 +149,8 @@ class TableExtract(Extract):
         }
 
     @staticmethod
-    def _matches(plan: _Plan, image: Mapping[str, Any]) -> bool:
+    def _matches(plan: Route, image: Mapping[str, Any]) -> bool:
+        assert plan.filter is not None
         try:
             return bool(eval(plan.filter, {"__builtins__": _FILTER_BUILTINS}, dict(image)))
         except Exception as exc:  # the expression is user input: any error is theirs to see

@@ -39,8 +39,6 @@ Tables without transforms never reach Spark: no session is even created.
 from __future__ import annotations
 
 import logging
-import re
-import string
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -50,9 +48,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from setl.config import NodeSettings, PipelineConfig, SparkConfig, TableRule
-from setl.errors import PluginError, SetlError, TransformError
-from setl.model import Batch, Change, Op, RowChange
-from setl.plugins import BoundStep, Registry, TransformContext, load_registry
+from setl.errors import SetlError, TransformError
+from setl.model import Batch, Change, Op, RowChange, TableName
+from setl.plugins import BoundStep, Registry, TransformContext
+from setl.routing import Route, RoutingPlan, build_plan
 from setl.spark import brief, find_java, from_arrow, get_session, to_arrow
 from setl.stages.transform import Transform
 from setl.transforms.frames import SchemaCache, TableTypes, table_columns, table_to_rows
@@ -67,13 +66,35 @@ INFORMATIONAL_META = (OP, COMMIT_TIME, POSITION)
 _UNKNOWN: Any = object()
 
 
+class StepAnalysisError(TransformError):
+    """Spark SQL rejects a step against its table's columns (an unknown column or function, a syntax
+    error in a `filter`, `add_column` or `sql` step). Raised by the first batch of the table, at the
+    step's eager analysis; the same on every attempt, so the pipeline pauses at once."""
+
+    retryable = False
+
+
+def _is_analysis_error(exc: BaseException) -> bool:
+    """Whether `exc` is Spark's analysis or parse error (classic or Spark Connect)."""
+    try:
+        from pyspark.errors import AnalysisException
+    except ImportError:  # pragma: no cover - pyspark < 3.4
+        return False
+    return isinstance(exc, AnalysisException)
+
+
 @attrs.frozen
 class TablePlan:
-    """The validated transform chain of one target table."""
+    """The validated transform chain of one table's rows: one route's, or one named target's.
+
+    `types_key` names the column types cache entry (per source table when routed: two source
+    tables routed into one target table may differ in columns).
+    """
 
     target: str
     steps: tuple[BoundStep, ...]
     source: str | None = None
+    types_key: str = ""
 
     @property
     def may_drop_deletes(self) -> bool:
@@ -83,38 +104,23 @@ class TablePlan:
     def names(self) -> str:
         return ",".join(step.name for step in self.steps)
 
-
-@attrs.frozen
-class _RulePlan:
-    """A table rule, with its target template as a regex that recovers the source name."""
-
-    rule_index: int
-    source: re.Pattern[str]
-    target: re.Pattern[str]
-    steps: tuple[BoundStep, ...]
-    exclude: bool = False
-
-
-def _template_pattern(template: str) -> re.Pattern[str]:
-    """A regex that recovers ``schema`` and ``table`` from a name made by `template`."""
-    parts, seen = [], set()
-    for literal, field, _spec, _conv in string.Formatter().parse(template):
-        parts.append(re.escape(literal))
-        if field is None:
-            continue
-        if field in seen:
-            parts.append(f"(?P={field})")
-        else:
-            seen.add(field)
-            parts.append(f"(?P<{field}>[^.]+?)" if field == "schema" else f"(?P<{field}>.+?)")
-    return re.compile("".join(parts))
+    @classmethod
+    def of_route(cls, route: Route) -> TablePlan | None:
+        if not route.steps:
+            return None
+        return cls(str(route.target), route.steps, str(route.source),
+                   repr((route.source.schema, route.source.table)))
 
 
 class SparkTransform(Transform):
     """Runs each table's validated transform chain on Spark.
 
-    `tables` maps a target table's qualified name (``schema.table``, as Extract
-    produced it) to its steps. `session` returns the SparkSession and is only
+    A row change's chain is its route's in `routing` (the pipeline's
+    `setl.routing.RoutingPlan`), found by the change's `source` table: rows of
+    two source tables routed into one target table keep their own chains. No
+    chain is ever found by inverting a target name. `tables` names chains
+    for changes that carry no `source` (made by hand, as `setl.testing` does),
+    by their qualified name. `session` returns the SparkSession and is only
     called for a batch that has rows of a table with transforms; by default it
     is `setl.spark.get_session(spark)`. Safe to call from several threads at
     once: it keeps no per-batch state, only each table's column types
@@ -129,17 +135,18 @@ class SparkTransform(Transform):
         spark: SparkConfig | None = None,
         session: Callable[[], Any] | None = None,
         sources: Mapping[str, str] | None = None,
-        rules: Sequence[_RulePlan] = (),
+        routing: RoutingPlan | None = None,
     ) -> None:
         self.pipeline = pipeline
         self._spark_settings = spark
         self._session_factory = session
         self._plans: dict[str, TablePlan | None] = {
-            name: TablePlan(name, tuple(steps), (sources or {}).get(name))
+            name: TablePlan(name, tuple(steps), (sources or {}).get(name), name)
             for name, steps in (tables or {}).items()
             if steps
         }
-        self._rules = tuple(rules)
+        self.routing = routing
+        self._route_plans: dict[int, TablePlan | None] = {}
         self._lock = threading.Lock()
         self._types = SchemaCache()
 
@@ -153,62 +160,42 @@ class SparkTransform(Transform):
         spark: SparkConfig | None = None,
         session: Callable[[], Any] | None = None,
         file: str | None = None,
-    ) -> "SparkTransform":
-        """Validate every rule's steps against `registry` (raising `PluginError`) and build the stage.
-
-        A rule with a fixed target name applies to that name; a templated
-        target (``dw.{table}``) applies to every name the template can produce
-        from a source table its `source` regex matches. Excluded rules are
-        skipped; the first matching rule wins, as in Extract.
-        """
-        plans: list[_RulePlan] = []
-        for i, rule in enumerate(rules):
-            steps = []
-            for j, step in enumerate(() if rule.exclude else rule.transforms):
-                try:
-                    steps.append(registry.validate(step, index=j))
-                except PluginError as exc:
-                    raise exc.with_context(file=file, pipeline=pipeline or None,
-                                           key=f"tables[{i}].transforms[{j}]")
-            # Extract puts a target without a schema into the source's schema.
-            template = rule.target if "." in rule.target else "{schema}." + rule.target
-            plans.append(_RulePlan(i, re.compile(rule.source), _template_pattern(template), tuple(steps),
-                                   rule.exclude))
-        return cls(pipeline=pipeline, spark=spark, session=session, rules=plans)
+    ) -> SparkTransform:
+        """Compile `rules` into a routing plan, validating every step against `registry` (raising
+        `PluginError`), and build the stage on it."""
+        plan = RoutingPlan.compile(rules, pipeline=pipeline, registry=registry, file=file)
+        return cls(pipeline=pipeline, spark=spark, session=session, routing=plan)
 
     # --- planning -------------------------------------------------------------------------
 
     def plan_for(self, table: str) -> TablePlan | None:
-        """The chain for a target table, or None when it has no transforms."""
-        try:
-            return self._plans[table]
-        except KeyError:
-            pass
-        plan = self._resolve(table)
-        with self._lock:
-            self._plans.setdefault(table, plan)
+        """The chain given for a target table by name (`tables`), or None when it has none.
+
+        Only for changes that carry no `source` (not routed by Extract); a routed change's
+        chain is always its route's (`plan_for_source`), whatever its target name.
+        """
+        return self._plans.get(table)
+
+    def plan_for_source(self, source: TableName) -> TablePlan | None:
+        """The chain of a source table's route in the routing plan, or None when it has none."""
+        if self.routing is None:
+            return None
+        route = self.routing.route(source.schema, source.table)
+        if route is None:
+            return None
+        plan = self._route_plans.get(id(route), _UNKNOWN)
+        if plan is _UNKNOWN:
+            with self._lock:
+                plan = self._route_plans.setdefault(id(route), TablePlan.of_route(route))
         return plan
 
-    def _resolve(self, table: str) -> TablePlan | None:
-        # Invert Extract's first-match: find the rule whose target template makes this
-        # name from a source table that no earlier rule claims.
-        for rule in self._rules:
-            if rule.exclude:
-                continue
-            match = rule.target.fullmatch(table)
-            if not match:
-                continue
-            fields = match.groupdict()
-            source = None
-            if "schema" in fields and "table" in fields:
-                source = f"{fields['schema']}.{fields['table']}"
-                first = next((r for r in self._rules if r.source.fullmatch(source)), None)
-                if first is not rule:
-                    continue
-            if not rule.steps:
-                return None
-            return TablePlan(table, rule.steps, source or rule.source.pattern)
-        return None
+    def _plan_of(self, change: RowChange) -> TablePlan | None:
+        if change.source is not None:
+            return self.plan_for_source(change.source)
+        # Not routed by Extract (a pass-through Extract, or a batch made by hand): its names are
+        # the source's own, or a target named in `tables`.
+        named = self.plan_for(change.qualified_table)
+        return named if named is not None else self.plan_for_source(TableName(change.schema, change.table))
 
     def session(self) -> Any:
         if self._session_factory is not None:
@@ -218,19 +205,21 @@ class SparkTransform(Transform):
     # --- running --------------------------------------------------------------------------
 
     def transform(self, batch: Batch) -> Batch:
-        plans: dict[tuple[str, str], TablePlan | None] = {}
-        groups: dict[tuple[str, str], list[int]] = {}
-        last_schema = last_table = None
+        # Rows group by their route (source table), never by their target name: two source
+        # tables routed into one target table keep their own chains.
+        plans: dict[tuple[str, str, TableName | None], TablePlan | None] = {}
+        groups: dict[tuple[str, str, TableName | None], list[int]] = {}
+        last: tuple[str, str, TableName | None] | None = None
         indices: list[int] | None = None
         for index, change in enumerate(batch.changes):
             if type(change) is not RowChange:
                 continue
-            if change.table != last_table or change.schema != last_schema:  # runs of one table are common
-                last_schema, last_table = change.schema, change.table
-                key = (last_schema, last_table)
+            key = (change.schema, change.table, change.source)
+            if key != last:  # runs of one table are common
+                last = key
                 plan = plans.get(key, _UNKNOWN)
                 if plan is _UNKNOWN:
-                    plan = plans[key] = self.plan_for(change.qualified_table)
+                    plan = plans[key] = self._plan_of(change)
                 indices = None if plan is None else groups.setdefault(key, [])
             if indices is not None:
                 indices.append(index)
@@ -267,7 +256,7 @@ class SparkTransform(Transform):
         """What replaces each of the changes at `indices`: one change, or a list of 0 or more."""
         changes: list[RowChange] = [batch.changes[i] for i in indices]  # type: ignore[misc]
         rows = _Rows.of(indices, changes)
-        table, codecs = rows.table(self._types[plan.target])
+        table, codecs = rows.table(self._types[plan.types_key or plan.target])
         primary_key = list(changes[0].primary_key)
         try:
             df = from_arrow(spark, table)
@@ -287,6 +276,12 @@ class SparkTransform(Transform):
                 raise exc.with_context(pipeline=self.pipeline or batch.pipeline, stage="transform",
                                        table=plan.target, batch=batch.id, plugin=step.name)
             except Exception as exc:
+                if _is_analysis_error(exc):
+                    # Spark rejected the step's SQL against the table's columns: no retry can change that.
+                    raise StepAnalysisError(
+                        f"step {step.index + 1} ({step.name}) cannot run on the table's columns: {brief(exc)}",
+                        pipeline=self.pipeline or batch.pipeline, stage="transform", table=plan.target,
+                        batch=batch.id, plugin=step.name, position=batch.start) from exc
                 raise self._error(batch, plan, f"step {step.index + 1} ({step.name}) failed: {brief(exc)}",
                                   step.name) from exc
             renames = step.renames()
@@ -306,6 +301,11 @@ class SparkTransform(Transform):
             result_table = to_arrow(df.drop(*INFORMATIONAL_META))
         except Exception as exc:
             culprit = self._culprit(frames, plan)
+            if _is_analysis_error(exc):
+                raise StepAnalysisError(
+                    f"step {culprit.index + 1} ({culprit.name}) cannot run on the table's columns: {brief(exc)}",
+                    pipeline=self.pipeline or batch.pipeline, stage="transform", table=plan.target,
+                    batch=batch.id, plugin=culprit.name, position=batch.start) from exc
             raise self._error(batch, plan, f"step {culprit.index + 1} ({culprit.name}) failed: {brief(exc)}",
                               culprit.name) from exc
         return self._changes(batch, plan, rows, table, result_table, codecs, tuple(primary_key))
@@ -342,7 +342,7 @@ class SparkTransform(Transform):
                       _images([rows.images[i] for i in origins], source.take(pa.array(origins, pa.int64())), data,
                               codecs))
         changes = rows.changes
-        schema, table = changes[0].schema, changes[0].table
+        schema, table, src = changes[0].schema, changes[0].table, changes[0].source
         insert, update, delete = Op.INSERT, Op.UPDATE, Op.DELETE
         out: list[RowChange | list[RowChange]] = []
         if in_order:
@@ -353,13 +353,13 @@ class SparkTransform(Transform):
                 if op is update:
                     before = image()
                     out.append(RowChange(update, schema, table, primary_key, before, image(), change.position,
-                                         change.commit_time))
+                                         change.commit_time, src))
                 elif op is insert:
                     out.append(RowChange(insert, schema, table, primary_key, None, image(), change.position,
-                                         change.commit_time))
+                                         change.commit_time, src))
                 else:
                     out.append(RowChange(delete, schema, table, primary_key, image(), None, change.position,
-                                         change.commit_time))
+                                         change.commit_time, src))
             return out
         by_seq: dict[int, tuple[list[dict], list[dict]]] = {}
         for seq, kind, image in zip(seqs, kinds, images):
@@ -375,17 +375,17 @@ class SparkTransform(Transform):
             before, after = by_seq.pop(index, nothing)
             pos, ts = change.position, change.commit_time
             if change.op is insert:
-                out.append([RowChange(insert, schema, table, primary_key, None, a, pos, ts) for a in after])
+                out.append([RowChange(insert, schema, table, primary_key, None, a, pos, ts, src) for a in after])
             elif change.op is delete:
                 if not before and not plan.may_drop_deletes:
                     lost_deletes.append(change)
-                out.append([RowChange(delete, schema, table, primary_key, b, None, pos, ts) for b in before])
+                out.append([RowChange(delete, schema, table, primary_key, b, None, pos, ts, src) for b in before])
             elif len(before) == len(after):
-                out.append([RowChange(update, schema, table, primary_key, b, a, pos, ts)
+                out.append([RowChange(update, schema, table, primary_key, b, a, pos, ts, src)
                             for b, a in zip(before, after)])
             else:  # rows left or entered a filter, or a transform multiplied them
-                out.append([RowChange(delete, schema, table, primary_key, b, None, pos, ts) for b in before]
-                           + [RowChange(insert, schema, table, primary_key, None, a, pos, ts) for a in after])
+                out.append([RowChange(delete, schema, table, primary_key, b, None, pos, ts, src) for b in before]
+                           + [RowChange(insert, schema, table, primary_key, None, a, pos, ts, src) for a in after])
         if by_seq:
             raise self._error(batch, plan, f"the transforms returned rows for unknown _setl_seq {sorted(by_seq)[:5]}")
         if lost_deletes:
@@ -500,14 +500,17 @@ def _images(
     return [dict(zip(names, row)) for row in zip(*columns)]
 
 
-def build_transform(node: NodeSettings, config: PipelineConfig) -> Transform:
-    """The Transform stage of a pipeline: plugins discovered and every step validated now, at startup."""
+def build_transform(node: NodeSettings, config: PipelineConfig, plan: RoutingPlan | None = None) -> Transform:
+    """The Transform stage of a pipeline: plugins discovered and every step validated now, at startup.
+
+    `plan` is the pipeline's routing plan (`setl.routing.build_plan`), built here when not given.
+    """
     if not any(rule.transforms for rule in config.tables):
         return Transform()
     try:
         find_java()  # Spark itself starts with the first batch that needs it
     except SetlError as exc:
         raise exc.with_context(file=config.file or None, pipeline=config.name, stage="transform")
-    registry = load_registry(node.plugins.dirs, base=node.conf_dir)
-    return SparkTransform.from_rules(config.tables, registry, pipeline=config.name, spark=node.spark,
-                                     file=config.file or None)
+    if plan is None:
+        plan = build_plan(node, config)
+    return SparkTransform(pipeline=config.name, spark=node.spark, routing=plan)

@@ -6,7 +6,7 @@ import pytest
 
 from setl.config import ColumnsConfig, TableRule
 from setl.errors import ExtractError
-from setl.model import Batch, Op, Position
+from setl.model import Batch, DdlChange, Op, Position
 from setl.stages import TableExtract
 from setl.testing.harness import delete, insert, update
 
@@ -72,3 +72,32 @@ def test_a_failing_filter_names_the_rule_and_the_error():
     extract = TableExtract([TableRule(source=r".*", filter="v > 1")], pipeline="p")
     with pytest.raises(ExtractError, match=r"filter of rule tables\[0\] failed: NameError"):
         extract.extract(batch(insert("t", {"id": 1})))
+
+
+DROP_RULES = [
+    TableRule(source=r"shop\.orders", target="dw.purchases"),
+    TableRule(source=r"shop\.tmp_.*", exclude=True),
+    TableRule(source=r"shop\..*", target="{schema}_copy.{table}"),
+]
+
+
+@pytest.mark.parametrize("template", ["DROP TABLE {name}", "DROP TABLE IF EXISTS {name}"])
+def test_drop_database_as_drop_tables_routes_each_like_a_plain_drop_table(template):
+    """DROP DATABASE, delivered as one DROP TABLE DdlChange per table, is routed table by table exactly as
+    a plain DROP TABLE of that table (renamed target, excluded table left out, dotted name kept whole)."""
+    extract = TableExtract(DROP_RULES, pipeline="p")
+    tables = ["orders", "tmp_1", "a.b", "back`tick"]
+    # As the source expands DROP DATABASE shop: qualified, from any session database.
+    expanded = [DdlChange("shop", t, template.format(name=f"`shop`.`{t.replace('`', '``')}`"), Position("log", 5))
+                for t in tables]
+    out = extract.extract(batch(*expanded)).changes
+    # The same tables dropped one by one with plain DROP TABLE statements in `USE shop`.
+    plain = [extract.extract(batch(DdlChange("shop", t, template.format(name=f"`{t.replace('`', '``')}`"),
+                                             Position("log", 5)))).changes for t in tables]
+    assert list(out) == [c for changes in plain for c in changes]
+    if_exists = " IF EXISTS" if "IF EXISTS" in template else ""
+    assert [(c.schema, c.table, c.statement) for c in out] == [
+        ("dw", "purchases", f"DROP TABLE{if_exists} `dw`.`purchases`"),
+        ("shop_copy", "a.b", f"DROP TABLE{if_exists} `shop_copy`.`a.b`"),
+        ("shop_copy", "back`tick", f"DROP TABLE{if_exists} `shop_copy`.`back``tick`"),
+    ]

@@ -7,11 +7,13 @@ applied in Python.
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from setl.config import BatchSettings, PipelineSettings, RetrySettings, TableRule, TransformStep
 from setl.meta.base import Status
@@ -227,3 +229,26 @@ def test_a_step_dropping_the_primary_key_pauses_naming_plugin_table_and_batch(sp
     assert "stage=transform" in error and "table=demo.orders" in error and "batch=1 " in error
     assert "plugin=drop_columns" in error and "returned no primary-key column order_id" in error
     assert not list(tmp_path.rglob("*.parquet"))
+
+
+@pytest.mark.parametrize("bad", [
+    TransformStep("filter", {"condition": "no_such_column > 1"}),
+    TransformStep("add_column", {"name": "x", "expr": "no_such_function(order_id)"}),
+    TransformStep("sql", {"query": "SELECT *, FROM batch"}),
+])
+def test_a_step_spark_sql_rejects_pauses_at_once_in_one_line(spark, registry, tmp_path, caplog, bad):
+    """A filter/add_column/sql step Spark SQL rejects pauses at its first batch, not retried, in one short line."""
+    meta = SqliteMetaStore(":memory:")
+    listener = InvariantListener(3)
+    with caplog.at_level(logging.INFO):
+        result = run_pipeline(ScriptedSource(script(n=40, seed=5)), ParquetLoad(tmp_path, pipeline="e2e"),
+                              name="e2e", meta=meta, transform=spark_stage(spark, registry, bad),
+                              settings=settings(max_attempts=5), listener=listener)
+    assert result.outcome is Outcome.PAUSED
+    assert [attempt for _batch, attempt in listener.rollbacks] == [1]  # paused at the first failure
+    error = meta.state("e2e").error
+    assert "\n" not in error and len(error) < 1000, error
+    assert "pipeline=e2e" in error and "stage=transform" in error and "table=demo.orders" in error
+    assert f"plugin={bad.use}" in error and f"step 3 ({bad.use}) cannot run on the table's columns" in error
+    assert "Exception" in error and "org.apache" not in error
+    assert "org.apache.spark" not in caplog.text and len(caplog.text) < 20_000

@@ -13,11 +13,12 @@ import pytest
 
 from setl.config import NodeSettings, PipelineConfig, SparkConfig, TableRule, TransformStep, load_pipeline
 from setl.errors import PluginError, TransformError
-from setl.model import Batch, DdlChange, Op, Position, RowChange
+from setl.model import Batch, DdlChange, Op, Position, RowChange, TableName
 from setl.plugins import Param, Registry, transform
+from setl.stages.extract import TableExtract
 from setl.stages.transform import Transform
 from setl.testing.spark import make_batch
-from setl.transforms.stage import SparkTransform, build_transform
+from setl.transforms.stage import SparkTransform, StepAnalysisError, build_transform
 
 
 def steps(registry, *specs):
@@ -293,18 +294,18 @@ def test_context_describes_where_the_transform_runs(spark):
     registry.register(spy)
     rules = [TableRule(source=r"shop\.orders", target="dw.{table}", transforms=(TransformStep("spy"),))]
     stage = SparkTransform.from_rules(rules, registry, pipeline="p1", session=lambda: spark)
-    batch = make_batch("dw.orders", [{"id": 1}], primary_key=["id"], batch_id=5, epoch=2)
-    stage.transform(batch)
+    batch = make_batch("shop.orders", [{"id": 1}], primary_key=["id"], batch_id=5, epoch=2)
+    stage.transform(TableExtract(pipeline="p1", plan=stage.routing).extract(batch))
     (ctx,) = seen
     assert (ctx.pipeline, ctx.source_table, ctx.target_table, ctx.batch_id, ctx.epoch) == (
-        "p1", r"shop\.orders", "dw.orders", 5, 2)
+        "p1", "shop.orders", "dw.orders", 5, 2)
     assert ctx.params == {"x": 3} and ctx.spark is spark
     with pytest.raises(AttributeError):
         ctx.batch_id = 6  # type: ignore[misc]
 
 
-def test_rules_resolve_templated_targets_first_match_wins(registry):
-    """from_rules finds a table's chain by inverting target templates, first matching rule first."""
+def test_rules_resolve_source_tables_first_match_wins(registry):
+    """from_rules gives each source table the chain of the first rule matching it; excluded tables none."""
     rules = [
         TableRule(source=r"shop\.tmp_.*", exclude=True),
         TableRule(source=r"shop\.audit", target="{schema}.{table}"),
@@ -313,11 +314,13 @@ def test_rules_resolve_templated_targets_first_match_wins(registry):
         TableRule(source=r"crm\.people", target="dw.persons", transforms=(TransformStep("hash", {"columns": ["a"]}),)),
     ]
     stage = SparkTransform.from_rules(rules, registry, session=lambda: None)
-    assert stage.plan_for("shop.orders").names == "rename"
-    assert stage.plan_for("shop.orders").source == "shop.orders"
-    assert stage.plan_for("shop.audit") is None
-    assert stage.plan_for("dw.persons").names == "hash"
-    assert stage.plan_for("crm.people") is None
+    assert stage.plan_for_source(TableName("shop", "orders")).names == "rename"
+    assert stage.plan_for_source(TableName("shop", "orders")).source == "shop.orders"
+    assert stage.plan_for_source(TableName("shop", "audit")) is None
+    assert stage.plan_for_source(TableName("shop", "tmp_x")) is None
+    assert stage.plan_for_source(TableName("crm", "people")).names == "hash"
+    assert stage.plan_for_source(TableName("crm", "people")).target == "dw.persons"
+    assert stage.plan_for("dw.persons") is None  # no chain is found by inverting a target name
 
 
 def test_build_transform_validates_steps_at_startup(tmp_path):
@@ -352,7 +355,7 @@ def test_build_transform_uses_node_spark_settings_lazily(tmp_path):
     node = NodeSettings(conf_dir=str(tmp_path), spark=SparkConfig(master="local[1]"))
     stage = build_transform(node, load_pipeline(tmp_path, "p1"))
     assert isinstance(stage, SparkTransform)
-    assert stage.plan_for("demo.x").names == "filter"
+    assert stage.plan_for_source(TableName("demo", "x")).names == "filter"
 
 
 def test_ddl_changes_pass_through(spark, registry):
@@ -466,3 +469,33 @@ def test_setl_start_without_java_is_one_clear_line_before_anything_runs(tmp_path
     assert line.startswith("setl: error:") and "pipeline=p1" in line and "stage=transform" in line
     assert "Spark needs Java" in line
     assert not (tmp_path / "out").exists()  # nothing was written
+
+
+def test_fan_in_rows_keep_their_own_rules_chain(spark, registry):
+    """Two rules routing a.* and b.* into the same target schema: only a's rows get a's mask (issue 14.3)."""
+    rules = [
+        TableRule(source=r"a\..*", target="dw.{table}",
+                  transforms=(TransformStep("mask", {"columns": ["card"], "keep_last": 2}),)),
+        TableRule(source=r"b\..*", target="dw.{table}"),
+    ]
+    stage = SparkTransform.from_rules(rules, registry, pipeline="p1", session=lambda: spark)
+    extract = TableExtract(pipeline="p1", plan=stage.routing)
+    a_rows = make_batch("t", [{"id": 1, "card": "123456"}], primary_key=["id"], schema="a").changes
+    b_rows = make_batch("t", [{"id": 2, "card": "654321"}], primary_key=["id"], schema="b").changes
+    b_other = make_batch("u", [{"id": 3, "card": "777777"}], primary_key=["id"], schema="b").changes
+    source = make_batch("t", [], schema="a").replace(a_rows + b_rows + b_other + a_rows)
+    out = stage.transform(extract.extract(source))
+    got = [(c.schema, c.table, c.source.schema, c.after["card"]) for c in out.changes]
+    assert got == [("dw", "t", "a", "****56"), ("dw", "t", "b", "654321"), ("dw", "u", "b", "777777"),
+                   ("dw", "t", "a", "****56")]
+
+
+def test_a_step_spark_rejects_is_a_permanent_one_line_error(spark, registry):
+    """A filter naming an unknown column raises StepAnalysisError: not retryable, one line, Spark's message."""
+    stage = stage_for(spark, registry, "demo.t", ("filter", {"condition": "nope = 1"}))
+    with pytest.raises(StepAnalysisError) as info:
+        stage.transform(make_batch("demo.t", [{"id": 1}], primary_key=["id"], batch_id=4))
+    error = info.value
+    assert error.retryable is False and isinstance(error, TransformError)
+    assert (error.context["pipeline"], error.context["table"], error.context["plugin"]) == ("p1", "demo.t", "filter")
+    assert "\n" not in str(error) and "nope" in str(error) and "step 1 (filter)" in str(error)
