@@ -201,8 +201,9 @@ class BatchCap:
 
 
 def supports_per_table(load: Load) -> bool:
-    """Whether `load` implements `load_part`, which `load.mode: per_table` needs."""
-    return type(load).load_part is not Load.load_part
+    """Whether `load` declares it can load per table (`LoadCapabilities.per_table`), as
+    ``load.mode: per_table`` needs."""
+    return load.capabilities.per_table
 
 
 class Scheduler:

@@ -25,7 +25,7 @@ from setl.meta.sqlite import SqliteMetaStore
 from setl.model import Ack, Batch, Change, DdlChange, Op, Position, RowChange, Transaction
 from setl.scheduler import Listener, Outcome, Scheduler
 from setl.sinks.merge import merge
-from setl.stages import Extract, Load, LoadWrapper, Select, Transform
+from setl.stages import Extract, Load, LoadCapabilities, LoadWrapper, Select, Transform
 
 # --- building changes -----------------------------------------------------------------------
 
@@ -300,6 +300,8 @@ class MemorySink(Load):
     In per_table mode `load_part` applies rows only; `mark_loaded` records the
     load and the position.
     """
+
+    capabilities = LoadCapabilities(per_table=True)
 
     def __init__(self, faults: FaultPlan | None = None, *, holds_position: bool = False) -> None:
         self.faults = faults or FaultPlan()
