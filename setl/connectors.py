@@ -28,7 +28,7 @@ from setl.stages.load import Load, LoadCapabilities
 from setl.stages.select import Select, SelectCapabilities
 
 if TYPE_CHECKING:
-    from setl.config import NodeSettings, PipelineConfig
+    from setl.config import NodeSettings, PipelineConfig, PipelineSettings
     from setl.ddltask.actions import Actions
 
 SOURCES = "setl.sources"
@@ -39,17 +39,30 @@ GROUPS: dict[Kind, str] = {"source": SOURCES, "target": TARGETS}
 C = TypeVar("C")
 
 
+def _default_settings() -> PipelineSettings:
+    from setl.config import PipelineSettings
+
+    return PipelineSettings()
+
+
+def _default_node() -> NodeSettings:
+    from setl.config import NodeSettings
+
+    return NodeSettings()
+
+
 @attrs.frozen
 class BuildContext:
-    """What a connector's `build` knows besides its own config: the pipeline and the node."""
+    """What a connector's `build` knows besides its own config: the pipeline's `name` (for error
+    messages and a target's position rows), its `settings` and the `node`'s."""
 
-    pipeline: PipelineConfig
-    node: NodeSettings
+    name: str
+    settings: PipelineSettings = attrs.field(factory=_default_settings)
+    node: NodeSettings = attrs.field(factory=_default_node)
 
-    @property
-    def name(self) -> str:
-        """The pipeline's name, for error messages and the target's position rows."""
-        return self.pipeline.name
+    @classmethod
+    def of(cls, pipeline: PipelineConfig, node: NodeSettings) -> BuildContext:
+        return cls(pipeline.name, pipeline.pipeline, node)
 
     def resolve(self, path: str) -> Path:
         """A path from the config, relative to the config directory."""
@@ -68,6 +81,12 @@ class SourceConnector(Generic[C]):
     origin: str = ""
 
     kind: Kind = attrs.field(default="source", init=False)
+
+    def create(self, config: C, context: BuildContext) -> Select:
+        """The Select `build` returns, carrying the declared capabilities."""
+        select = self.build(config, context)
+        select.capabilities = self.capabilities
+        return select
 
 
 @attrs.frozen
@@ -88,6 +107,12 @@ class TargetConnector(Generic[C]):
     origin: str = ""
 
     kind: Kind = attrs.field(default="target", init=False)
+
+    def create(self, config: C, context: BuildContext) -> Load:
+        """The Load `build` returns, carrying the declared capabilities."""
+        load = self.build(config, context)
+        load.capabilities = self.capabilities
+        return load
 
 
 Connector = SourceConnector[Any] | TargetConnector[Any]
@@ -211,18 +236,12 @@ def registry() -> ConnectorRegistry:
 
 def build_select(config: PipelineConfig, node: NodeSettings) -> Select:
     """The pipeline's source, built by its connector (not opened)."""
-    connector = registry().source(config.source.type)
-    select = connector.build(config.source, BuildContext(config, node))
-    select.capabilities = connector.capabilities
-    return select
+    return registry().source(config.source.type).create(config.source, BuildContext.of(config, node))
 
 
 def build_load(config: PipelineConfig, node: NodeSettings) -> Load:
     """The pipeline's target, built by its connector (not opened), carrying its declared capabilities."""
-    connector = registry().target(config.target.type)
-    load = connector.build(config.target, BuildContext(config, node))
-    load.capabilities = connector.capabilities
-    return load
+    return registry().target(config.target.type).create(config.target, BuildContext.of(config, node))
 
 
 # --- the built-in connectors (registered in setl's setup.cfg) -------------------------------
@@ -245,7 +264,7 @@ def mysql_source() -> SourceConnector[Any]:
     def build(config: MysqlSourceConfig, context: BuildContext) -> Select:
         # A transaction larger than a batch comes in batch-sized pieces (acked only at its end).
         return MysqlBinlogSource.from_config(config, pipeline=context.name,
-                                             max_rows_in_memory=context.pipeline.pipeline.batch.max_rows)
+                                             max_rows_in_memory=context.settings.batch.max_rows)
 
     return SourceConnector("mysql", MysqlSourceConfig, build, SelectCapabilities(reports_head=True),
                            help="a MySQL or MariaDB server's binary log")
@@ -267,7 +286,7 @@ def mysql_target() -> TargetConnector[Any]:
     from setl.sinks.mysql import MySQLLoad, MysqlTargetConfig
 
     def build(config: MysqlTargetConfig, context: BuildContext) -> Load:
-        return MySQLLoad.from_config(config, pipeline=context.name, ddl=context.pipeline.pipeline.ddl)
+        return MySQLLoad.from_config(config, pipeline=context.name, ddl=context.settings.ddl)
 
     return TargetConnector("mysql", MysqlTargetConfig, build,
                            LoadCapabilities(per_table=True, stores_position=True),
@@ -278,7 +297,7 @@ def postgresql_target() -> TargetConnector[Any]:
     from setl.sinks.postgresql import PostgresLoad, PostgresqlTargetConfig
 
     def build(config: PostgresqlTargetConfig, context: BuildContext) -> Load:
-        return PostgresLoad.from_config(config, pipeline=context.name, ddl=context.pipeline.pipeline.ddl)
+        return PostgresLoad.from_config(config, pipeline=context.name, ddl=context.settings.ddl)
 
     return TargetConnector("postgresql", PostgresqlTargetConfig, build,
                            LoadCapabilities(per_table=True, stores_position=True),
