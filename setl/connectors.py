@@ -221,6 +221,32 @@ class ConnectorRegistry:
         return result
 
 
+def format_connector_table(kind: Kind, connectors: ConnectorRegistry | None = None) -> str:
+    """The sources or targets part of ``setl plugins list``: type, origin, what it is and can
+    do, and its config keys; a broken plugin as its error."""
+    listing = (connectors or registry()).listing(kind)
+    if not listing:
+        return f"no {kind}s found"
+    names = [c.type if not isinstance(c, PluginError) else str(c.context.get("plugin", "?")) for c in listing]
+    width = max(len("TYPE"), *(len(n) for n in names))
+    lines = [f"{'TYPE':<{width}}  ORIGIN"]
+    for name, connector in zip(names, listing):
+        if isinstance(connector, PluginError):
+            lines.append(f"{name:<{width}}  BROKEN: {connector}")
+            continue
+        lines.append(f"{name:<{width}}  {connector.origin}")
+        if connector.help:
+            lines.append(f"{'':<{width}}    {connector.help}")
+        can = [f.name for f in attrs.fields(type(connector.capabilities)) if getattr(connector.capabilities, f.name)]
+        if isinstance(connector, TargetConnector) and connector.ddl_task_actions is not None:
+            can.append("ddl_task_actions")
+        lines.append(f"{'':<{width}}    capabilities: {', '.join(can) or 'none'}")
+        keys = [f"{f.name}" + ("" if f.default is attrs.NOTHING else f" = {f.default!r}")
+                for f in attrs.fields(connector.config) if f.name != "type"]
+        lines.append(f"{'':<{width}}    keys: {', '.join(keys) or 'none'}")
+    return "\n".join(lines)
+
+
 _registry: ConnectorRegistry | None = None
 _registry_lock = threading.Lock()
 
@@ -310,5 +336,6 @@ def parquet_target() -> TargetConnector[Any]:
     def build(config: ParquetTargetConfig, context: BuildContext) -> Load:
         return ParquetLoad.from_config(config, pipeline=context.name, spark=context.node.spark)
 
-    return TargetConnector("parquet", ParquetTargetConfig, build, LoadCapabilities(stores_position=True),
+    return TargetConnector("parquet", ParquetTargetConfig, build,
+                           LoadCapabilities(stores_position=True, creates_tables=True),
                            help="Parquet files, one dataset per table")
