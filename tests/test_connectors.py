@@ -244,3 +244,14 @@ def test_plugins_list_shows_sources_targets_and_transforms(tmp_path, jsonl_plugi
     assert "jsonl" in targets and "setl-jsonl-target 0.1.0 (entry point setl_jsonl_target:connector)" in targets
     assert all(name in targets for name in BUILTIN_TARGETS)
     assert "file" in out[:out.index("TARGETS")] and "rename" in out[out.index("TRANSFORMS"):]
+
+
+def test_example_plugin_passes_its_own_tests(jsonl_plugin):
+    """plugins/setl-jsonl-target's own suite (the kit's LoadContract included) passes."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--import-mode=importlib",
+         str(REPO / "plugins" / "setl-jsonl-target" / "tests")],
+        capture_output=True, text=True, timeout=280, cwd=REPO,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "10 passed" in result.stdout
