@@ -337,5 +337,5 @@ def parquet_target() -> TargetConnector[Any]:
         return ParquetLoad.from_config(config, pipeline=context.name, spark=context.node.spark)
 
     return TargetConnector("parquet", ParquetTargetConfig, build,
-                           LoadCapabilities(stores_position=True, creates_tables=True),
+                           LoadCapabilities(creates_tables=True),
                            help="Parquet files, one dataset per table")

@@ -71,8 +71,8 @@ def test_builtins_come_through_the_entry_points():
     assert sqlite.origin == "setl 0.1.0 (entry point setl.connectors:sqlite_target)"
     assert sqlite.config.__module__ == "setl.sinks.sqlite"
     assert sqlite.capabilities == LoadCapabilities(per_table=True, stores_position=True, creates_tables=True)
+    assert connectors.target("parquet").capabilities == LoadCapabilities(creates_tables=True)
     assert connectors.target("mysql").ddl_task_actions is not None
-    assert connectors.target("parquet").capabilities.per_table is False
 
 
 def test_old_config_import_paths_still_work():

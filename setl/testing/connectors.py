@@ -167,7 +167,10 @@ class LoadContract:
         other.open()
         try:
             expected = second.end if probe.capabilities.stores_position else None
-            assert (kit_load.committed(), other.committed()) == (expected, expected)
+            found = (kit_load.committed(), other.committed())
+            assert found == (expected, expected), (
+                f"committed() of the loading and of a new Load: {found}, expected {expected} "
+                f"(stores_position={probe.capabilities.stores_position})")
         finally:
             other.close()
 
