@@ -10,7 +10,6 @@ import os
 import re
 import types
 import typing
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -133,6 +132,15 @@ _MOVED = {
     "PostgresqlTargetConfig": "setl.sinks.postgresql",
     "ParquetTargetConfig": "setl.sinks.parquet",
 }
+
+
+if typing.TYPE_CHECKING:
+    from setl.sinks.mysql import MysqlTargetConfig
+    from setl.sinks.parquet import ParquetTargetConfig
+    from setl.sinks.postgresql import PostgresqlTargetConfig
+    from setl.sinks.sqlite import SqliteTargetConfig
+    from setl.sources.file import FileSourceConfig
+    from setl.sources.mysql_binlog import MysqlSourceConfig
 
 
 def __getattr__(name: str) -> Any:

@@ -15,6 +15,7 @@ or `setl plugins list` lists it, and does not stop pipelines that use other conn
 
 from __future__ import annotations
 
+import builtins
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -74,7 +75,7 @@ class SourceConnector(Generic[C]):
     """A source: ``build(config, context)`` returns a `Select` that has not been opened yet."""
 
     type: str
-    config: type[C]
+    config: builtins.type[C]
     build: Callable[[C, BuildContext], Select] = attrs.field(eq=False)
     capabilities: SelectCapabilities = attrs.field(factory=SelectCapabilities)
     help: str = ""
@@ -99,7 +100,7 @@ class TargetConnector(Generic[C]):
     """
 
     type: str
-    config: type[C]
+    config: builtins.type[C]
     build: Callable[[C, BuildContext], Load] = attrs.field(eq=False)
     capabilities: LoadCapabilities = attrs.field(factory=LoadCapabilities)
     ddl_task_actions: Callable[..., Actions] | None = attrs.field(default=None, eq=False)
