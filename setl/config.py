@@ -135,12 +135,12 @@ _MOVED = {
 
 
 if typing.TYPE_CHECKING:
-    from setl.sinks.mysql import MysqlTargetConfig
-    from setl.sinks.parquet import ParquetTargetConfig
-    from setl.sinks.postgresql import PostgresqlTargetConfig
-    from setl.sinks.sqlite import SqliteTargetConfig
-    from setl.sources.file import FileSourceConfig
-    from setl.sources.mysql_binlog import MysqlSourceConfig
+    from setl.sinks.mysql import MysqlTargetConfig  # noqa: F401 - the old import path, for type checkers
+    from setl.sinks.parquet import ParquetTargetConfig  # noqa: F401 - the old import path, for type checkers
+    from setl.sinks.postgresql import PostgresqlTargetConfig  # noqa: F401 - the old import path, for type checkers
+    from setl.sinks.sqlite import SqliteTargetConfig  # noqa: F401 - the old import path, for type checkers
+    from setl.sources.file import FileSourceConfig  # noqa: F401 - the old import path, for type checkers
+    from setl.sources.mysql_binlog import MysqlSourceConfig  # noqa: F401 - the old import path, for type checkers
 
 
 def __getattr__(name: str) -> Any:
