@@ -353,6 +353,8 @@ class _Builder:
             value = {}
         if not isinstance(value, dict):
             raise self.fail(path, f"expected a mapping, got {value!r}")
+        if not getattr(cls, "__attrs_types_resolved__", False):  # a plugin's config, or a class inside one
+            attrs.resolve_types(cls)
         fields = {f.name: f for f in attrs.fields(cls) if not f.metadata.get("internal")}
         params_field = "params" if cls is TransformStep else None
         kwargs: dict[str, Any] = dict(extra)

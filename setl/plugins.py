@@ -336,6 +336,11 @@ class EntryPoint:
                                 plugin=self.name)
             error.__cause__ = exc
             return error
+        except Exception as exc:  # a factory the entry point names failed (an import inside it)
+            error = PluginError(f"cannot load entry point {self.value!r} ({self.group}) from {self.dist}: "
+                                f"{type(exc).__name__}: {exc}", plugin=self.name)
+            error.__cause__ = exc
+            return error
 
 
 def entry_points(group: str) -> list[EntryPoint]:

@@ -255,3 +255,42 @@ def test_example_plugin_passes_its_own_tests(jsonl_plugin):
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "10 passed" in result.stdout
+
+
+def test_factory_that_fails_is_a_broken_plugin(tmp_path, monkeypatch):
+    """An entry point naming a factory that raises (a missing driver imported inside it) is a
+    PluginError naming the plugin, not a traceback."""
+    fake_distribution(tmp_path, "setl-fake-factory", "setl.sources", "kafka = fake_factory:kafka\n", "fake_factory",
+                      "def kafka():\n    import confluent_kafka_not_installed\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(PluginError, match="ModuleNotFoundError") as info:
+        ConnectorRegistry().source("kafka")
+    assert info.value.context["plugin"] == "kafka" and "'fake_factory:kafka' (setl.sources)" in str(info.value)
+
+
+def test_nested_config_class_of_a_plugin_is_validated(tmp_path, monkeypatch, fresh_registry):
+    """A plugin config holding another attrs class (postponed annotations) validates the inner keys too."""
+    fake_distribution(tmp_path / "site", "setl-fake-nested", "setl.targets", "nested = fake_nested:connector\n",
+                      "fake_nested", """\
+        from __future__ import annotations
+        from typing import Literal
+        import attrs
+        from setl.connectors import TargetConnector
+
+        @attrs.frozen
+        class Auth:
+            user: str
+            retries: int = 3
+
+        @attrs.frozen
+        class NestedConfig:
+            type: Literal["nested"]
+            auth: Auth
+
+        connector = TargetConnector("nested", NestedConfig, lambda config, context: None)
+        """)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    conf = write_conf(tmp_path, "{type: nested, auth: {user: u, retries: many}}")
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(conf, "p")
+    assert str(info.value).endswith("target.auth.retries: expected an integer, got 'many'")
