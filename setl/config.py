@@ -339,6 +339,8 @@ class _Builder:
             raise self.fail(path, f"expected a mapping, got {value!r}")
         connectors = registry()
         kind_name = value.get("type")
+        if isinstance(kind_name, str):
+            kind_name = expand_env(kind_name, f"{self.file}: {path}.type")
         known = connectors.names(kind)
         if kind_name not in known:
             raise self.fail(f"{path}.type", f"expected one of {', '.join(known)}, got {kind_name!r}")

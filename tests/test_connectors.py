@@ -294,3 +294,21 @@ def test_nested_config_class_of_a_plugin_is_validated(tmp_path, monkeypatch, fre
     with pytest.raises(ConfigError) as info:
         load_pipeline(conf, "p")
     assert str(info.value).endswith("target.auth.retries: expected an integer, got 'many'")
+
+
+def test_broken_plugin_is_listed_with_its_error(tmp_path, monkeypatch):
+    """The targets listing shows a broken plugin as BROKEN with its error, and the others as usual."""
+    fake_distribution(tmp_path, "setl-fake-listed", "setl.targets", "listed = fake_listed:connector\n",
+                      "fake_listed", "raise RuntimeError('driver too old')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    text = setl.connectors.format_connector_table("target", ConnectorRegistry())
+    broken = [line for line in text.splitlines() if line.startswith("listed ")]
+    assert len(broken) == 1 and "BROKEN" in broken[0] and "RuntimeError: driver too old" in broken[0]
+    assert any(line.startswith("sqlite ") for line in text.splitlines())
+
+
+def test_target_type_may_come_from_the_environment(tmp_path, monkeypatch):
+    """`type: ${VAR}` is expanded before the connector is chosen, like every other value."""
+    monkeypatch.setenv("SETL_TEST_TARGET_TYPE", "sqlite")
+    conf = write_conf(tmp_path, f"{{type: '${{SETL_TEST_TARGET_TYPE}}', path: {tmp_path / 't.db'}}}")
+    assert load_pipeline(conf, "p").target.type == "sqlite"
