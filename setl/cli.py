@@ -71,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     switch.add_argument("--timeout", type=float, default=60.0, metavar="S",
                         help="seconds to wait for the new holder (default 60; 0: do not wait)")
 
-    plugins = commands.add_parser("plugins", help="installed transform plugins")
+    plugins = commands.add_parser("plugins", help="installed sources, targets and transforms")
     plugins.add_argument("action", choices=["list"])
     return parser
 
@@ -310,11 +310,15 @@ def cmd_switch(args: argparse.Namespace, conf: Path) -> int:
 
 
 def cmd_plugins(args: argparse.Namespace, conf: Path) -> int:
-    try:
-        from setl.plugins import format_plugin_table
-    except ImportError:
-        raise SetlError("the plugin registry is not available in this build") from None
+    from setl.connectors import format_connector_table
+    from setl.plugins import format_plugin_table
+
     settings = load_node(conf)
+    print("SOURCES")
+    print(format_connector_table("source"))
+    print("\nTARGETS")
+    print(format_connector_table("target"))
+    print("\nTRANSFORMS")
     print(format_plugin_table([str(settings.resolve(d)) for d in settings.plugins.dirs]))
     return 0
 

@@ -10,14 +10,13 @@ import os
 import re
 import types
 import typing
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Union
 
 import attrs
 import yaml
 
-from setl.errors import ConfigError
+from setl.errors import ConfigError, PluginError
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -113,75 +112,44 @@ class NodeSettings:
         return p if p.is_absolute() else Path(self.conf_dir) / p
 
 
-# --- sources --------------------------------------------------------------------------------
+# --- sources and targets -------------------------------------------------------------------
 
 
-@attrs.frozen
-class FileSourceConfig:
-    """A JSON-lines file of transactions (the demo and test source)."""
+class ConnectorConfig(typing.Protocol):
+    """A source's or target's config: a frozen attrs class next to its connector's code, tagged by
+    `type`, the name its connector is registered under (`setl.connectors`)."""
 
-    type: Literal["file"]
-    path: str
-    start: str = "earliest"
-    follow: bool = True
+    @property
+    def type(self) -> str: ...
 
 
-@attrs.frozen
-class MysqlSourceConfig:
-    """A MySQL or MariaDB server's binary log."""
-
-    type: Literal["mysql"]
-    host: str = "127.0.0.1"
-    port: int = 3306
-    user: str = "root"
-    password: str = attrs.field(default="", repr=False)
-    server_id: int = 1001
-    flavor: Literal["auto", "mariadb", "mysql"] = "auto"
-    start: Any = "earliest"
+#: Where the built-in connectors' configs live now; ``from setl.config import ...`` still finds them.
+_MOVED = {
+    "FileSourceConfig": "setl.sources.file",
+    "MysqlSourceConfig": "setl.sources.mysql_binlog",
+    "SqliteTargetConfig": "setl.sinks.sqlite",
+    "MysqlTargetConfig": "setl.sinks.mysql",
+    "PostgresqlTargetConfig": "setl.sinks.postgresql",
+    "ParquetTargetConfig": "setl.sinks.parquet",
+}
 
 
-SourceConfig = Union[FileSourceConfig, MysqlSourceConfig]
-
-# --- targets --------------------------------------------------------------------------------
-
-
-@attrs.frozen
-class SqliteTargetConfig:
-    """An SQLite database file (the embedded demo target)."""
-
-    type: Literal["sqlite"]
-    path: str
+if typing.TYPE_CHECKING:
+    from setl.sinks.mysql import MysqlTargetConfig  # noqa: F401 - the old import path, for type checkers
+    from setl.sinks.parquet import ParquetTargetConfig  # noqa: F401 - the old import path, for type checkers
+    from setl.sinks.postgresql import PostgresqlTargetConfig  # noqa: F401 - the old import path, for type checkers
+    from setl.sinks.sqlite import SqliteTargetConfig  # noqa: F401 - the old import path, for type checkers
+    from setl.sources.file import FileSourceConfig  # noqa: F401 - the old import path, for type checkers
+    from setl.sources.mysql_binlog import MysqlSourceConfig  # noqa: F401 - the old import path, for type checkers
 
 
-@attrs.frozen
-class MysqlTargetConfig:
-    type: Literal["mysql"]
-    host: str = "127.0.0.1"
-    port: int = 3306
-    user: str = "root"
-    password: str = attrs.field(default="", repr=False)
-    database: str | None = None
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        import importlib
 
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-@attrs.frozen
-class PostgresqlTargetConfig:
-    type: Literal["postgresql"]
-    host: str = "127.0.0.1"
-    port: int = 5432
-    user: str = "postgres"
-    password: str = attrs.field(default="", repr=False)
-    database: str = "postgres"
-
-
-@attrs.frozen
-class ParquetTargetConfig:
-    type: Literal["parquet"]
-    path: str
-    partition_by: tuple[str, ...] = ()
-    writer: Literal["arrow", "spark"] = "arrow"
-
-
-TargetConfig = Union[SqliteTargetConfig, MysqlTargetConfig, PostgresqlTargetConfig, ParquetTargetConfig]
 
 # --- tables and pipeline --------------------------------------------------------------------
 
@@ -257,8 +225,8 @@ class PipelineConfig:
     """`conf/pipelines/NAME.yaml`: one pipeline from a source to a target."""
 
     name: str = attrs.field(metadata={"internal": True})
-    source: SourceConfig
-    target: TargetConfig
+    source: ConnectorConfig = attrs.field(metadata={"connector": "source"})
+    target: ConnectorConfig = attrs.field(metadata={"connector": "target"})
     tables: tuple[TableRule, ...] = (TableRule(source=r".*"),)
     pipeline: PipelineSettings = attrs.Factory(PipelineSettings)
     file: str = attrs.field(default="", metadata={"internal": True})
@@ -361,11 +329,34 @@ class _Builder:
             raise self.fail(f"{path}.type", f"expected one of {', '.join(kinds)}, got {kind!r}")
         return self.build_attrs(kinds[kind], value, path)
 
+    def build_connector_config(self, kind: Literal["source", "target"], value: Any, path: str) -> Any:
+        """A source's or target's config, in the class its connector (named by `type`) declares."""
+        from setl.connectors import registry
+
+        if isinstance(value, str):
+            value = expand_env(value, f"{self.file}: {path}")
+        if not isinstance(value, dict):
+            raise self.fail(path, f"expected a mapping, got {value!r}")
+        connectors = registry()
+        kind_name = value.get("type")
+        if isinstance(kind_name, str):
+            kind_name = expand_env(kind_name, f"{self.file}: {path}.type")
+        known = connectors.names(kind)
+        if kind_name not in known:
+            raise self.fail(f"{path}.type", f"expected one of {', '.join(known)}, got {kind_name!r}")
+        try:
+            connector = connectors.get(kind, kind_name)
+        except PluginError as exc:
+            raise exc.with_context(file=self.file)
+        return self.build_attrs(connector.config, value, path)
+
     def build_attrs(self, cls: Any, value: Any, path: str, **extra: Any) -> Any:
         if value is None:
             value = {}
         if not isinstance(value, dict):
             raise self.fail(path, f"expected a mapping, got {value!r}")
+        if not getattr(cls, "__attrs_types_resolved__", False):  # a plugin's config, or a class inside one
+            attrs.resolve_types(cls)
         fields = {f.name: f for f in attrs.fields(cls) if not f.metadata.get("internal")}
         params_field = "params" if cls is TransformStep else None
         kwargs: dict[str, Any] = dict(extra)
@@ -378,7 +369,11 @@ class _Builder:
                     continue
                 known = ", ".join(sorted(fields))
                 raise self.fail(sub, f"unknown key (known keys: {known})")
-            kwargs[key] = self.build(fields[key].type, raw, sub)
+            connector = fields[key].metadata.get("connector")
+            if connector:
+                kwargs[key] = self.build_connector_config(connector, raw, sub)
+            else:
+                kwargs[key] = self.build(fields[key].type, raw, sub)
         if params_field:
             kwargs["params"] = params
         missing = [

@@ -32,43 +32,23 @@ FAULTS_ENV = failpoints.FAULTS_ENV
 
 
 def build_select(node: NodeSettings, config: PipelineConfig) -> Select:
-    source = config.source
-    if source.type == "file":
-        from setl.sources.file import FileSource
+    """The pipeline's source, built by the connector its ``source.type`` names (`setl.connectors`)."""
+    from setl.connectors import build_select as build
 
-        return FileSource(node.resolve(source.path), start=source.start, follow=source.follow,
-                          pipeline=config.name)
-    if source.type == "mysql":
-        try:
-            from setl.sources.mysql_binlog import MysqlBinlogSource
-        except ImportError as exc:
-            raise ConfigError("the mysql source is not available in this build",
-                              file=config.file, pipeline=config.name) from exc
-        # A transaction larger than a batch comes in batch-sized pieces (acked only at its end).
-        return MysqlBinlogSource.from_config(source, pipeline=config.name,
-                                             max_rows_in_memory=config.pipeline.batch.max_rows)
-    raise ConfigError(f"source.type {source.type!r} is not supported", file=config.file)
+    try:
+        return build(config, node)
+    except SetlError as exc:
+        raise exc.with_context(file=config.file, pipeline=config.name)
 
 
 def build_load(node: NodeSettings, config: PipelineConfig) -> Load:
-    target = config.target
-    if target.type == "sqlite":
-        from setl.sinks.sqlite import SqliteLoad
+    """The pipeline's target, built by the connector its ``target.type`` names (`setl.connectors`)."""
+    from setl.connectors import build_load as build
 
-        return SqliteLoad(node.resolve(target.path), pipeline=config.name)
-    module, cls = {
-        "mysql": ("setl.sinks.mysql", "MySQLLoad"),
-        "postgresql": ("setl.sinks.postgresql", "PostgresLoad"),
-        "parquet": ("setl.sinks.parquet", "ParquetLoad"),
-    }[target.type]
     try:
-        factory = getattr(__import__(module, fromlist=[cls]), cls)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"target.type {target.type} is not available in this build",
-                          file=config.file, pipeline=config.name) from exc
-    if target.type in ("mysql", "postgresql"):
-        return factory.from_config(target, pipeline=config.name, ddl=config.pipeline.ddl)
-    return factory.from_config(target, pipeline=config.name, spark=node.spark)
+        return build(config, node)
+    except SetlError as exc:
+        raise exc.with_context(file=config.file, pipeline=config.name)
 
 
 def build_transform(node: NodeSettings, config: PipelineConfig, plan: RoutingPlan | None = None) -> Transform:

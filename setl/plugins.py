@@ -298,6 +298,74 @@ def check_type(value: Any, tp: Any) -> bool:
 # --- the registry ---------------------------------------------------------------------------
 
 
+# --- the entry-point loader -----------------------------------------------------------------
+
+
+@attrs.frozen
+class EntryPoint:
+    """One entry point of a setl group, not loaded yet: `name`, the ``module:attr`` `value`, and
+    `origin`, the distribution that declares it (for error messages and `setl plugins list`)."""
+
+    group: str
+    name: str
+    value: str
+    dist: str
+    _ep: metadata.EntryPoint = attrs.field(repr=False, eq=False)
+
+    @property
+    def origin(self) -> str:
+        return f"{self.dist} (entry point {self.value})"
+
+    def load(self, validate: Callable[[Any], Any]) -> Any:
+        """Import the entry point and pass the object through `validate`; a `PluginError` naming
+        the plugin and the entry point instead if either fails. `validate` returns what to
+        register or raises ValueError or TypeError saying what is wrong ("is not ...")."""
+        try:
+            obj = self._ep.load()
+        except Exception as exc:
+            error = PluginError(f"cannot load entry point {self.value!r} ({self.group}) from {self.dist}: "
+                                f"{type(exc).__name__}: {exc}", plugin=self.name)
+            error.__cause__ = exc
+            return error
+        try:
+            return validate(obj)
+        except PluginError as exc:
+            return exc.with_context(plugin=self.name)
+        except (TypeError, ValueError) as exc:
+            error = PluginError(f"entry point {self.value!r} ({self.group}) from {self.dist} {exc}",
+                                plugin=self.name)
+            error.__cause__ = exc
+            return error
+        except Exception as exc:  # a factory the entry point names failed (an import inside it)
+            error = PluginError(f"cannot load entry point {self.value!r} ({self.group}) from {self.dist}: "
+                                f"{type(exc).__name__}: {exc}", plugin=self.name)
+            error.__cause__ = exc
+            return error
+
+
+def entry_points(group: str) -> list[EntryPoint]:
+    """The entry points of `group` (``setl.transforms``, ``setl.sources``, ``setl.targets``), once
+    each, without importing them: the one loader every plugin group goes through, as pluggy's
+    ``load_setuptools_entrypoints``. Loading (`EntryPoint.load`) is left to the caller, so a broken
+    plugin is only reported when it is used or listed."""
+    seen: set[tuple[str, str]] = set()
+    found = []
+    for ep in metadata.entry_points(group=group):
+        if (ep.name, ep.value) in seen:  # one distribution visible twice on sys.path
+            continue
+        seen.add((ep.name, ep.value))
+        dist = getattr(ep, "dist", None)
+        label = f"{dist.name} {dist.version}" if dist is not None else "unknown distribution"
+        found.append(EntryPoint(group, ep.name, ep.value, label, ep))
+    return found
+
+
+def _as_transform(obj: Any) -> Any:
+    if as_plugin(obj) is None:
+        raise TypeError("is not declared with @setl.plugins.transform or a TransformPlugin subclass")
+    return obj
+
+
 @attrs.frozen
 class PluginInfo:
     """One line of `setl plugins list`."""
@@ -360,36 +428,15 @@ class Registry:
         return self
 
     def load_entry_points(self, group: str = ENTRY_POINT_GROUP) -> None:
-        seen: set[tuple[str, str]] = set()
-        for ep in metadata.entry_points(group=group):
-            if (ep.name, ep.value) in seen:  # one distribution visible twice on sys.path
+        # A broken third-party plugin must not stop pipelines that do not use it:
+        # remember its error and raise it only when the plugin is asked for.
+        for entry in entry_points(group):
+            obj = entry.load(_as_transform)
+            if isinstance(obj, PluginError):
+                self._broken[entry.name] = obj
+                log.warning("%s", obj)
                 continue
-            seen.add((ep.name, ep.value))
-            dist = getattr(ep, "dist", None)
-            dist_label = f"{dist.name} {dist.version}" if dist is not None else "unknown distribution"
-            origin = f"{dist_label} (entry point {ep.value})"
-            # A broken third-party plugin must not stop pipelines that do not use it:
-            # remember its error and raise it only when the plugin is asked for.
-            try:
-                obj = ep.load()
-            except Exception as exc:
-                error = PluginError(
-                    f"cannot load entry point {ep.value!r} from {dist_label}: {type(exc).__name__}: {exc}",
-                    plugin=ep.name,
-                )
-                error.__cause__ = exc
-                self._broken[ep.name] = error
-                log.warning("%s", error)
-                continue
-            if as_plugin(obj) is None:
-                self._broken[ep.name] = PluginError(
-                    f"entry point {ep.value!r} from {dist_label} is not declared with @setl.plugins.transform "
-                    "or a TransformPlugin subclass",
-                    plugin=ep.name,
-                )
-                log.warning("%s", self._broken[ep.name])
-                continue
-            self.register(obj, origin, name=ep.name)
+            self.register(obj, entry.origin, name=entry.name)
         self._ensure_builtins()
 
     def _ensure_builtins(self) -> None:

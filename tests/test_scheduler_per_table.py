@@ -15,7 +15,7 @@ from setl.meta import SqliteMetaStore, Status
 from setl.model import Batch, Position, RowChange
 from setl.runtime import hash_slot
 from setl.scheduler import Outcome, Scheduler
-from setl.stages import Extract, Load, Transform
+from setl.stages import Extract, Load, LoadCapabilities, Transform
 from setl.testing.harness import (
     Fault,
     FaultPlan,
@@ -188,6 +188,7 @@ def test_per_table_is_refused_for_a_target_that_cannot_load_parts():
 
 def test_per_table_into_postgresql_marks_the_position_only_when_every_table_is_in(postgres_server, postgres_db):
     """On PostgreSQL, a batch whose table b part keeps failing never moves the target's position."""
+    from setl.connectors import registry
     from setl.sinks.postgresql import PostgresLoad
 
     postgres_server.query("CREATE SCHEMA demo", dbname=postgres_db)
@@ -197,6 +198,8 @@ def test_per_table_into_postgresql_marks_the_position_only_when_every_table_is_i
             insert("b", {"id": i, "v": i})] for i in range(20)]
 
     class TableBFailsAtBatch3(Load):
+        capabilities = LoadCapabilities(per_table=True, stores_position=True)
+
         def __init__(self, inner):
             self.inner = inner
 
@@ -212,6 +215,7 @@ def test_per_table_into_postgresql_marks_the_position_only_when_every_table_is_i
             return self.inner.committed()
 
     sink = PostgresLoad.from_config(postgres_server.target_config(postgres_db), pipeline="test")
+    sink.capabilities = registry().target("postgresql").capabilities  # as the connector declares them
     sink.open()
     try:
         meta = SqliteMetaStore(":memory:")

@@ -22,11 +22,17 @@ __all__ = ["ACTION_FAILED", "CRASH_ENV", "OP_TYPES", "Actions", "DdlTaskLoad", "
 
 
 def build_actions(config: PipelineConfig) -> Actions:
-    """The pre-write actions for the pipeline's target; a ConfigError if it has none."""
-    if config.target.type == "mysql":
-        return MysqlActions(config.target, pipeline=config.name)  # type: ignore[arg-type]
+    """The pre-write actions for the pipeline's target, as its connector declares them; a
+    ConfigError if it has none."""
+    from setl.connectors import TargetConnector, registry
+
+    factory = registry().target(config.target.type).ddl_task_actions
+    if factory is not None:
+        return factory(config.target, pipeline=config.name)
+    supported = ", ".join(c.type for c in registry().listing("target")
+                          if isinstance(c, TargetConnector) and c.ddl_task_actions)
     raise ConfigError(f"pipeline.ddl_tasks: target.type {config.target.type} has no pre-write "
-                      "actions (supported: mysql)", file=config.file, pipeline=config.name)
+                      f"actions (supported: {supported or 'none'})", file=config.file, pipeline=config.name)
 
 
 def with_ddl_tasks(node: NodeSettings, config: PipelineConfig, select: Select, load: Load,
@@ -51,6 +57,6 @@ def with_ddl_tasks(node: NodeSettings, config: PipelineConfig, select: Select, l
     tasks = DdlTasks(meta, config.name, op_system=actions.system, target_of=target_of,
                      task_column=settings.task_column)
     # Per-table loading is offered only when the wrapped Load offers it.
-    wrapper = DdlTaskPartLoad if type(load).load_part is not Load.load_part else DdlTaskLoad
+    wrapper = DdlTaskPartLoad if load.capabilities.per_table else DdlTaskLoad
     return (DdlTaskSelect(select, tasks, settings.signal_table, pipeline=config.name),
             wrapper(load, tasks, actions, node_id=node.node.id))

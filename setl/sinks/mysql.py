@@ -25,16 +25,27 @@ import json
 import logging
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
+import attrs
 import pymysql
 import pymysql.err
 
-from setl.config import MysqlTargetConfig
 from setl.errors import LoadError, TransientLoadError
 from setl.model import Batch
 from setl.sinks.merge import TableChanges
 from setl.sinks.sql_common import DdlStep, SqlLoad, TargetTableMissing, chunks, group_by_columns
+
+
+@attrs.frozen
+class MysqlTargetConfig:
+    type: Literal["mysql"]
+    host: str = "127.0.0.1"
+    port: int = 3306
+    user: str = "root"
+    password: str = attrs.field(default="", repr=False)
+    database: str | None = None
+
 
 # Server errors worth a reconnect and replay: lock wait timeout, deadlock, connection killed,
 # server shutting down, and the client-side lost-connection family.

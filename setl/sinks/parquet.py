@@ -67,18 +67,28 @@ import uuid
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import attrs
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from setl.config import ParquetTargetConfig, SparkConfig
+from setl.config import SparkConfig
 from setl.errors import LoadError, SetlError
 from setl.model import Batch, DdlChange, Op, Position, RowChange
 from setl.routing import flat_name
 from setl.spark import brief, find_java, from_arrow, get_session
 from setl.stages.load import Load
 from setl.transforms.frames import PARQUET_MAX_PRECISION, SPARK_MAX_PRECISION, TableTypes, column_array
+
+
+@attrs.frozen
+class ParquetTargetConfig:
+    type: Literal["parquet"]
+    path: str
+    partition_by: tuple[str, ...] = ()
+    writer: Literal["arrow", "spark"] = "arrow"
+
 
 log = logging.getLogger(__name__)
 

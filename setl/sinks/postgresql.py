@@ -16,20 +16,31 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
+import attrs
 import psycopg
 import psycopg.errors
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from setl.config import PostgresqlTargetConfig
 from setl.ddl import parse
 from setl.errors import LoadError, TransientLoadError
 from setl.model import Batch
 from setl.sinks.merge import TableChanges
 from setl.sinks.postgresql_ddl import Translator, UnsupportedDdl
 from setl.sinks.sql_common import DdlStep, SqlLoad, TargetTableMissing, chunks, group_by_columns
+
+
+@attrs.frozen
+class PostgresqlTargetConfig:
+    type: Literal["postgresql"]
+    host: str = "127.0.0.1"
+    port: int = 5432
+    user: str = "postgres"
+    password: str = attrs.field(default="", repr=False)
+    database: str = "postgres"
+
 
 log = logging.getLogger(__name__)
 

@@ -12,12 +12,23 @@ from __future__ import annotations
 import sqlite3
 import threading
 from pathlib import Path
+from typing import Literal
+
+import attrs
 
 from setl.errors import LoadError, TransientLoadError
 from setl.model import Batch, DdlChange, Position
 from setl.routing import flat_name
 from setl.sinks.merge import merge
 from setl.stages.load import Load
+
+
+@attrs.frozen
+class SqliteTargetConfig:
+    """An SQLite database file (the embedded demo target)."""
+
+    type: Literal["sqlite"]
+    path: str
 
 
 def _q(name: str) -> str:

@@ -18,11 +18,23 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+import attrs
 
 from setl.errors import SourceError
 from setl.model import Change, DdlChange, Op, Position, RowChange, Transaction
 from setl.stages.select import Select
+
+
+@attrs.frozen
+class FileSourceConfig:
+    """A JSON-lines file of transactions (the demo and test source)."""
+
+    type: Literal["file"]
+    path: str
+    start: str = "earliest"
+    follow: bool = True
 
 
 def encode_transaction(changes: list[Change]) -> str:

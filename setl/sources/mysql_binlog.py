@@ -18,7 +18,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import pymysql
@@ -47,11 +47,25 @@ from pymysqlreplication.row_event import (
     WriteRowsEvent,
 )
 
-from setl.config import MysqlSourceConfig
 from setl.errors import ConfigError, PositionPurged, SourceError
 from setl.model import Change, DdlChange, Op, Position, RowChange, Transaction
 from setl.retry import Backoff
 from setl.stages.select import Select
+
+
+@attrs.frozen
+class MysqlSourceConfig:
+    """A MySQL or MariaDB server's binary log."""
+
+    type: Literal["mysql"]
+    host: str = "127.0.0.1"
+    port: int = 3306
+    user: str = "root"
+    password: str = attrs.field(default="", repr=False)
+    server_id: int = 1001
+    flavor: Literal["auto", "mariadb", "mysql"] = "auto"
+    start: Any = "earliest"
+
 
 log = logging.getLogger("setl.sources.mysql_binlog")
 

@@ -2,7 +2,25 @@
 
 from __future__ import annotations
 
+import attrs
+
 from setl.model import Batch, Position
+
+
+@attrs.frozen
+class LoadCapabilities:
+    """What a target can do, declared by its connector (`setl.connectors.TargetConnector`)
+    rather than guessed from which methods its Load overrides.
+
+    * `per_table`: `load_part` and `mark_loaded` work, so ``pipeline.load.mode: per_table`` may run.
+    * `stores_position`: `committed()` returns the end of the last batch the target recorded
+      in the same transaction as its rows (None only before the first batch).
+    * `creates_tables`: the target creates a table the first time a batch touches it.
+    """
+
+    per_table: bool = False
+    stores_position: bool = False
+    creates_tables: bool = False
 
 
 class Load:
@@ -23,7 +41,11 @@ class Load:
       as its rows returns it from `committed()`; the scheduler then never
       resumes from before it. Others return None.
     * `close()` may never be called if the process is killed.
+    * `capabilities` says what else it can do; the connector registry sets it on every Load it
+      builds from the connector's declaration, and a Load made by hand declares it on its class.
     """
+
+    capabilities: LoadCapabilities = LoadCapabilities()
 
     def open(self) -> None:
         """Connect to the target. May block."""
@@ -38,8 +60,8 @@ class Load:
         but holds only the changes of one target table, in log order. Parts of one table
         come in batch order; parts of different tables may be loaded concurrently, so an
         implementation serialises internally what cannot be shared. Once every part of a
-        batch is in, the scheduler calls `mark_loaded`, in batch order. Targets that do not
-        override this cannot run per_table (the scheduler refuses at start).
+        batch is in, the scheduler calls `mark_loaded`, in batch order. Only a Load whose
+        `capabilities.per_table` is true runs per_table (the scheduler refuses at start).
         """
         raise NotImplementedError(f"{type(self).__name__} cannot load per table")
 
@@ -70,12 +92,17 @@ class LoadWrapper(Load):
     """A Load around another (`inner`) that forwards every call; subclasses override what they
     change (fencing, batch DDL tasks, fault injection).
 
-    `load_part` and `mark_loaded` are not forwarded: a wrapper that can load per table says so
-    by overriding them, since the scheduler offers ``per_table`` only to a Load that does.
+    `capabilities` are the inner Load's. `load_part` and `mark_loaded` are not forwarded: a
+    wrapper put around a Load that can load per table overrides them, or it must declare
+    capabilities without `per_table`.
     """
 
     def __init__(self, inner: Load) -> None:
         self.inner = inner
+
+    @property
+    def capabilities(self) -> LoadCapabilities:  # type: ignore[override]
+        return self.inner.capabilities
 
     def open(self) -> None:
         self.inner.open()
@@ -94,5 +121,6 @@ class LoadWrapper(Load):
 
 
 def supports_per_table(load: Load) -> bool:
-    """Whether `load` implements `load_part`, which `load.mode: per_table` needs."""
-    return type(load).load_part is not Load.load_part
+    """Whether `load` declares it can load per table (`LoadCapabilities.per_table`), as
+    ``load.mode: per_table`` needs."""
+    return load.capabilities.per_table

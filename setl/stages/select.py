@@ -4,7 +4,20 @@ from __future__ import annotations
 
 import abc
 
+import attrs
+
 from setl.model import Position, Transaction
+
+
+@attrs.frozen
+class SelectCapabilities:
+    """What a source can do, declared by its connector (`setl.connectors.SourceConnector`).
+
+    * `reports_head`: `head()` tells the end of the source log, so ``setl start
+      --until-caught-up`` can stop there.
+    """
+
+    reports_head: bool = False
 
 
 class Select(abc.ABC):
@@ -35,6 +48,8 @@ class Select(abc.ABC):
     """
 
     blocking: bool = False
+    #: Set by the connector registry from the connector's declaration.
+    capabilities: SelectCapabilities = SelectCapabilities()
 
     @abc.abstractmethod
     def open(self, start: Position | None) -> None:
@@ -71,6 +86,10 @@ class SelectWrapper(Select):
     @property
     def blocking(self) -> bool:  # type: ignore[override]
         return bool(getattr(self.inner, "blocking", False))
+
+    @property
+    def capabilities(self) -> SelectCapabilities:  # type: ignore[override]
+        return self.inner.capabilities
 
     def open(self, start: Position | None) -> None:
         self.inner.open(start)

@@ -1,1 +1,2 @@
-"""Public test harness for setl and its plugin authors: scripted sources, recording sinks, faults."""
+"""Public test helpers for setl and its plugin authors: scripted sources, recording sinks and faults
+(`harness`), transforms on a local Spark (`spark`), and the connector contract suites (`connectors`)."""

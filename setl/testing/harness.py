@@ -40,7 +40,7 @@ from setl.model import (
 )
 from setl.scheduler import Listener, Outcome, Scheduler
 from setl.sinks.merge import merge
-from setl.stages import Extract, Load, Select, Transform
+from setl.stages import Extract, Load, LoadCapabilities, Select, Transform
 
 # --- building changes -----------------------------------------------------------------------
 
@@ -231,6 +231,8 @@ class MemorySink(Load):
     In per_table mode `load_part` applies rows only; `mark_loaded` records the
     load and the position.
     """
+
+    capabilities = LoadCapabilities(per_table=True)
 
     def __init__(self, faults: FaultPlan | None = None, *, holds_position: bool = False) -> None:
         self.faults = faults or FaultPlan()

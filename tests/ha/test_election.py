@@ -16,7 +16,7 @@ from setl.errors import LeadershipLost
 from setl.ha import Elections, FencedLoad, FencedSelect, Mainstem
 from setl.model import Batch, Position
 from setl.scheduler import Outcome, Scheduler
-from setl.stages import Extract, Load, Transform
+from setl.stages import Extract, Load, LoadCapabilities, Transform
 from setl.testing.harness import MemorySink, ScriptedSource, insert, reference_state, update
 from setl.testing.servers import ZooKeeperServer, free_port, wait_until
 from tests.ha.zk import expire, stores
@@ -192,6 +192,8 @@ def test_elections_run_hands_a_pipeline_over_without_losing_or_reordering(zookee
 
 class SlowLoad(Load):
     """A MemorySink load that takes `delay` seconds, so the handover happens mid-stream."""
+
+    capabilities = LoadCapabilities(per_table=True)
 
     def __init__(self, sink: MemorySink, delay: float) -> None:
         self.sink, self.delay = sink, delay

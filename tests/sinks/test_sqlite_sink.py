@@ -8,7 +8,9 @@ import pytest
 
 from setl.errors import LoadError
 from setl.model import Batch, DdlChange, Position
-from setl.sinks.sqlite import SqliteLoad
+from setl.connectors import BuildContext, registry
+from setl.sinks.sqlite import SqliteLoad, SqliteTargetConfig
+from setl.testing.connectors import LoadContract, TargetProbe
 from setl.testing.harness import delete, insert, update
 
 
@@ -48,3 +50,32 @@ def test_table_without_key_applies_changes_in_order(tmp_path):
     sink = SqliteLoad(tmp_path / "t.db", pipeline="p")
     sink.load(batch(1, insert("n", {"a": 1}, key=()), insert("n", {"a": 1}, key=()), delete("n", {"a": 1}, key=())))
     assert rows(tmp_path / "t.db", "demo.n") == [(1,)]
+
+
+class SqliteProbe(TargetProbe):
+    """A fresh SQLite file, through the sqlite connector."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def make_load(self, pipeline="p"):
+        return registry().target("sqlite").create(SqliteTargetConfig("sqlite", str(self.path)), BuildContext(pipeline))
+
+    def state(self, table):
+        db = sqlite3.connect(self.path)
+        db.row_factory = sqlite3.Row
+        try:
+            rows = [dict(r) for r in db.execute(f'SELECT * FROM "{table.qualified}"')]
+        except sqlite3.OperationalError:
+            return {}
+        finally:
+            db.close()
+        return {tuple(r[k] for k in table.key): r for r in rows}
+
+
+class TestSqliteLoadContract(LoadContract):
+    """The connector kit's Load contract, on the SQLite target."""
+
+    @pytest.fixture
+    def probe(self, tmp_path):
+        return SqliteProbe(tmp_path / "kit.db")

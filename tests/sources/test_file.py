@@ -6,7 +6,9 @@ import pytest
 
 from setl.errors import SourceError
 from setl.model import Position
-from setl.sources.file import FileSource, encode_transaction
+from setl.connectors import BuildContext, registry
+from setl.sources.file import FileSource, FileSourceConfig, encode_transaction
+from setl.testing.connectors import SelectContract, SourceProbe
 from setl.testing.harness import delete, insert, update
 
 
@@ -57,3 +59,28 @@ def test_bad_record_and_foreign_position_are_source_errors_with_positions(tmp_pa
         source.poll(0)
     with pytest.raises(SourceError, match="belongs to another log"):
         FileSource(path, pipeline="p").open(Position("other.jsonl", 0))
+
+
+class FileProbe(SourceProbe):
+    """A JSON-lines file, through the file connector."""
+
+    wait = 5.0
+
+    def __init__(self, path):
+        self.path = path
+        path.touch()
+
+    def write(self, transactions):
+        with self.path.open("a", encoding="utf-8") as out:
+            out.write("".join(encode_transaction(list(tx)) for tx in transactions))
+
+    def make_select(self, pipeline="p"):
+        return registry().source("file").create(FileSourceConfig("file", str(self.path)), BuildContext(pipeline))
+
+
+class TestFileSelectContract(SelectContract):
+    """The connector kit's Select contract, on the file source."""
+
+    @pytest.fixture
+    def probe(self, tmp_path):
+        return FileProbe(tmp_path / "kit.jsonl")

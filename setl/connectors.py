@@ -1,0 +1,342 @@
+"""Sources and targets as plugins: the ``setl.sources`` and ``setl.targets`` entry-point groups.
+
+A connector is a `SourceConnector` or `TargetConnector` declaration: its `type` name (what a
+pipeline's ``source.type`` or ``target.type`` says), its config class (a frozen attrs class
+with a ``type`` field, validated with the same file and key-path errors as the rest of the
+config), how it is built, and what it can do (`SelectCapabilities`, `LoadCapabilities`). An
+entry point names the declaration, or a function without arguments that returns one (so a
+connector's heavy imports happen only when it is used). The built-in connectors below are
+registered through the same entry points in setl's own ``setup.cfg``.
+
+Entry points are loaded by name on first use: a plugin that fails to import or declares
+something invalid is reported, naming the plugin and its entry point, when a pipeline uses it
+or `setl plugins list` lists it, and does not stop pipelines that use other connectors.
+"""
+
+from __future__ import annotations
+
+import builtins
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+
+import attrs
+
+from setl.errors import PluginError
+from setl.plugins import EntryPoint, entry_points
+from setl.stages.load import Load, LoadCapabilities
+from setl.stages.select import Select, SelectCapabilities
+
+if TYPE_CHECKING:
+    from setl.config import NodeSettings, PipelineConfig, PipelineSettings
+    from setl.ddltask.actions import Actions
+
+SOURCES = "setl.sources"
+TARGETS = "setl.targets"
+Kind = Literal["source", "target"]
+GROUPS: dict[Kind, str] = {"source": SOURCES, "target": TARGETS}
+
+C = TypeVar("C")
+
+
+def _default_settings() -> PipelineSettings:
+    from setl.config import PipelineSettings
+
+    return PipelineSettings()
+
+
+def _default_node() -> NodeSettings:
+    from setl.config import NodeSettings
+
+    return NodeSettings()
+
+
+@attrs.frozen
+class BuildContext:
+    """What a connector's `build` knows besides its own config: the pipeline's `name` (for error
+    messages and a target's position rows), its `settings` and the `node`'s."""
+
+    name: str
+    settings: PipelineSettings = attrs.field(factory=_default_settings)
+    node: NodeSettings = attrs.field(factory=_default_node)
+
+    @classmethod
+    def of(cls, pipeline: PipelineConfig, node: NodeSettings) -> BuildContext:
+        return cls(pipeline.name, pipeline.pipeline, node)
+
+    def resolve(self, path: str) -> Path:
+        """A path from the config, relative to the config directory."""
+        return self.node.resolve(path)
+
+
+@attrs.frozen
+class SourceConnector(Generic[C]):
+    """A source: ``build(config, context)`` returns a `Select` that has not been opened yet."""
+
+    type: str
+    config: builtins.type[C]
+    build: Callable[[C, BuildContext], Select] = attrs.field(eq=False)
+    capabilities: SelectCapabilities = attrs.field(factory=SelectCapabilities)
+    help: str = ""
+    origin: str = ""
+
+    kind: Kind = attrs.field(default="source", init=False)
+
+    def create(self, config: C, context: BuildContext) -> Select:
+        """The Select `build` returns, carrying the declared capabilities."""
+        select = self.build(config, context)
+        select.capabilities = self.capabilities
+        return select
+
+
+@attrs.frozen
+class TargetConnector(Generic[C]):
+    """A target: ``build(config, context)`` returns a `Load` that has not been opened yet.
+
+    The built Load's `capabilities` are the declared ones. `ddl_task_actions`, when the target
+    can run batch DDL tasks' pre-write actions (docs/batch-ddl-tasks.md), builds them:
+    ``ddl_task_actions(config, pipeline=NAME)``.
+    """
+
+    type: str
+    config: builtins.type[C]
+    build: Callable[[C, BuildContext], Load] = attrs.field(eq=False)
+    capabilities: LoadCapabilities = attrs.field(factory=LoadCapabilities)
+    ddl_task_actions: Callable[..., Actions] | None = attrs.field(default=None, eq=False)
+    help: str = ""
+    origin: str = ""
+
+    kind: Kind = attrs.field(default="target", init=False)
+
+    def create(self, config: C, context: BuildContext) -> Load:
+        """The Load `build` returns, carrying the declared capabilities."""
+        load = self.build(config, context)
+        load.capabilities = self.capabilities
+        return load
+
+
+Connector = SourceConnector[Any] | TargetConnector[Any]
+
+
+def validate(kind: Kind, name: str, obj: Any) -> Connector:
+    """The declaration an entry point named `name` of `kind` points at, checked; a TypeError or
+    ValueError saying what is wrong ("is not ...") otherwise."""
+    expected = SourceConnector if kind == "source" else TargetConnector
+    if not isinstance(obj, (SourceConnector, TargetConnector)) and callable(obj):
+        obj = obj()
+    if not isinstance(obj, expected):
+        raise TypeError(f"is not a setl.connectors.{expected.__name__} (nor a function returning one): {obj!r}")
+    if obj.type != name:
+        raise ValueError(f"is not registered under its type: it declares type {obj.type!r}")
+    if not (isinstance(obj.config, type) and attrs.has(obj.config)):
+        raise TypeError(f"is not usable: its config {obj.config!r} is not an attrs class")
+    attrs.resolve_types(obj.config)
+    fields = attrs.fields_dict(obj.config)
+    if "type" not in fields:
+        raise ValueError(f"is not usable: its config {obj.config.__qualname__} has no 'type' field")
+    if not callable(obj.build):
+        raise TypeError(f"is not usable: its build {obj.build!r} is not callable")
+    capabilities = SelectCapabilities if kind == "source" else LoadCapabilities
+    if not isinstance(obj.capabilities, capabilities):
+        raise TypeError(f"is not usable: its capabilities are not a {capabilities.__name__}")
+    return obj
+
+
+class ConnectorRegistry:
+    """Sources and targets by type name, loaded from their entry points on first use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[Kind, dict[str, list[EntryPoint]]] | None = None
+        self._loaded: dict[tuple[Kind, str], Connector | PluginError] = {}
+
+    def register(self, connector: Connector, origin: str = "") -> Connector:
+        """Add a declaration directly (tests, embedding); it replaces one of the same type."""
+        connector = validate(connector.kind, connector.type, connector)
+        connector = attrs.evolve(connector, origin=origin or connector.origin or "registered directly")
+        with self._lock:
+            self._loaded[(connector.kind, connector.type)] = connector
+        return connector
+
+    def _entry_points(self) -> dict[Kind, dict[str, list[EntryPoint]]]:
+        if self._entries is None:
+            found: dict[Kind, dict[str, list[EntryPoint]]] = {}
+            for kind, group in GROUPS.items():
+                by_name: dict[str, list[EntryPoint]] = {}
+                for entry in entry_points(group):
+                    by_name.setdefault(entry.name, []).append(entry)
+                found[kind] = by_name
+            self._entries = found
+        return self._entries
+
+    def names(self, kind: Kind) -> list[str]:
+        """Every type name of `kind`, loaded or not, sorted."""
+        with self._lock:
+            names = set(self._entry_points()[kind]) | {n for k, n in self._loaded if k == kind}
+        return sorted(names)
+
+    def get(self, kind: Kind, name: str) -> Connector:
+        """The connector `name` of `kind`; a PluginError if it is unknown, broken or provided twice."""
+        with self._lock:
+            found = self._loaded.get((kind, name))
+            if found is None:
+                found = self._load(kind, name)
+                self._loaded[(kind, name)] = found
+        if isinstance(found, PluginError):
+            raise found
+        return found
+
+    def _load(self, kind: Kind, name: str) -> Connector | PluginError:
+        entries = self._entry_points()[kind].get(name)
+        if not entries:
+            known = ", ".join(sorted(set(self._entry_points()[kind]) | {n for k, n in self._loaded if k == kind}))
+            return PluginError(f"unknown {kind} type {name!r} (known: {known or 'none'})", plugin=name)
+        if len(entries) > 1:
+            return PluginError(f"{kind} type {name!r} is provided twice: by {entries[0].origin} and by "
+                               f"{entries[1].origin}; uninstall one of them", plugin=name)
+        entry = entries[0]
+        loaded = entry.load(lambda obj: validate(kind, name, obj))
+        if isinstance(loaded, PluginError):
+            return loaded
+        return attrs.evolve(loaded, origin=entry.origin)
+
+    def source(self, name: str) -> SourceConnector[Any]:
+        connector = self.get("source", name)
+        assert isinstance(connector, SourceConnector)
+        return connector
+
+    def target(self, name: str) -> TargetConnector[Any]:
+        connector = self.get("target", name)
+        assert isinstance(connector, TargetConnector)
+        return connector
+
+    def listing(self, kind: Kind) -> list[Connector | PluginError]:
+        """Every connector of `kind` loaded (for `setl plugins list`): broken ones as their error."""
+        result: list[Connector | PluginError] = []
+        for name in self.names(kind):
+            try:
+                result.append(self.get(kind, name))
+            except PluginError as exc:
+                result.append(exc)
+        return result
+
+
+def format_connector_table(kind: Kind, connectors: ConnectorRegistry | None = None) -> str:
+    """The sources or targets part of ``setl plugins list``: type, origin, what it is and can
+    do, and its config keys; a broken plugin as its error."""
+    listing = (connectors or registry()).listing(kind)
+    if not listing:
+        return f"no {kind}s found"
+    names = [c.type if not isinstance(c, PluginError) else str(c.context.get("plugin", "?")) for c in listing]
+    width = max(len("TYPE"), *(len(n) for n in names))
+    lines = [f"{'TYPE':<{width}}  ORIGIN"]
+    for name, connector in zip(names, listing):
+        if isinstance(connector, PluginError):
+            lines.append(f"{name:<{width}}  BROKEN: {connector}")
+            continue
+        lines.append(f"{name:<{width}}  {connector.origin}")
+        if connector.help:
+            lines.append(f"{'':<{width}}    {connector.help}")
+        can = [f.name for f in attrs.fields(type(connector.capabilities)) if getattr(connector.capabilities, f.name)]
+        if isinstance(connector, TargetConnector) and connector.ddl_task_actions is not None:
+            can.append("ddl_task_actions")
+        lines.append(f"{'':<{width}}    capabilities: {', '.join(can) or 'none'}")
+        keys = [f"{f.name}" + ("" if f.default is attrs.NOTHING else f" = {f.default!r}")
+                for f in attrs.fields(connector.config) if f.name != "type"]
+        lines.append(f"{'':<{width}}    keys: {', '.join(keys) or 'none'}")
+    return "\n".join(lines)
+
+
+_registry: ConnectorRegistry | None = None
+_registry_lock = threading.Lock()
+
+
+def registry() -> ConnectorRegistry:
+    """The process's connector registry (entry points are read once, on first use)."""
+    global _registry
+    with _registry_lock:
+        if _registry is None:
+            _registry = ConnectorRegistry()
+        return _registry
+
+
+def build_select(config: PipelineConfig, node: NodeSettings) -> Select:
+    """The pipeline's source, built by its connector (not opened)."""
+    return registry().source(config.source.type).create(config.source, BuildContext.of(config, node))
+
+
+def build_load(config: PipelineConfig, node: NodeSettings) -> Load:
+    """The pipeline's target, built by its connector (not opened), carrying its declared capabilities."""
+    return registry().target(config.target.type).create(config.target, BuildContext.of(config, node))
+
+
+# --- the built-in connectors (registered in setl's setup.cfg) -------------------------------
+
+
+def file_source() -> SourceConnector[Any]:
+    from setl.sources.file import FileSource, FileSourceConfig
+
+    def build(config: FileSourceConfig, context: BuildContext) -> Select:
+        return FileSource(context.resolve(config.path), start=config.start, follow=config.follow,
+                          pipeline=context.name)
+
+    return SourceConnector("file", FileSourceConfig, build, SelectCapabilities(reports_head=True),
+                           help="a JSON-lines file of transactions (demo and tests)")
+
+
+def mysql_source() -> SourceConnector[Any]:
+    from setl.sources.mysql_binlog import MysqlBinlogSource, MysqlSourceConfig
+
+    def build(config: MysqlSourceConfig, context: BuildContext) -> Select:
+        # A transaction larger than a batch comes in batch-sized pieces (acked only at its end).
+        return MysqlBinlogSource.from_config(config, pipeline=context.name,
+                                             max_rows_in_memory=context.settings.batch.max_rows)
+
+    return SourceConnector("mysql", MysqlSourceConfig, build, SelectCapabilities(reports_head=True),
+                           help="a MySQL or MariaDB server's binary log")
+
+
+def sqlite_target() -> TargetConnector[Any]:
+    from setl.sinks.sqlite import SqliteLoad, SqliteTargetConfig
+
+    def build(config: SqliteTargetConfig, context: BuildContext) -> Load:
+        return SqliteLoad(context.resolve(config.path), pipeline=context.name)
+
+    return TargetConnector("sqlite", SqliteTargetConfig, build,
+                           LoadCapabilities(per_table=True, stores_position=True, creates_tables=True),
+                           help="an SQLite database file (the embedded demo target)")
+
+
+def mysql_target() -> TargetConnector[Any]:
+    from setl.ddltask.actions import MysqlActions
+    from setl.sinks.mysql import MySQLLoad, MysqlTargetConfig
+
+    def build(config: MysqlTargetConfig, context: BuildContext) -> Load:
+        return MySQLLoad.from_config(config, pipeline=context.name, ddl=context.settings.ddl)
+
+    return TargetConnector("mysql", MysqlTargetConfig, build,
+                           LoadCapabilities(per_table=True, stores_position=True),
+                           ddl_task_actions=MysqlActions, help="a MySQL or MariaDB server")
+
+
+def postgresql_target() -> TargetConnector[Any]:
+    from setl.sinks.postgresql import PostgresLoad, PostgresqlTargetConfig
+
+    def build(config: PostgresqlTargetConfig, context: BuildContext) -> Load:
+        return PostgresLoad.from_config(config, pipeline=context.name, ddl=context.settings.ddl)
+
+    return TargetConnector("postgresql", PostgresqlTargetConfig, build,
+                           LoadCapabilities(per_table=True, stores_position=True),
+                           help="a PostgreSQL server")
+
+
+def parquet_target() -> TargetConnector[Any]:
+    from setl.sinks.parquet import ParquetLoad, ParquetTargetConfig
+
+    def build(config: ParquetTargetConfig, context: BuildContext) -> Load:
+        return ParquetLoad.from_config(config, pipeline=context.name, spark=context.node.spark)
+
+    return TargetConnector("parquet", ParquetTargetConfig, build,
+                           LoadCapabilities(creates_tables=True),
+                           help="Parquet files, one dataset per table")

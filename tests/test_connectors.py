@@ -1,0 +1,314 @@
+"""Sources and targets as plugins: entry-point registration, config validation, broken plugins,
+capabilities, `setl plugins list`, and a third-party target (plugins/setl-jsonl-target) run by `setl start`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+import setl.connectors
+from setl.config import load_pipeline
+from setl.connectors import BuildContext, ConnectorRegistry, TargetConnector, registry
+from setl.errors import ConfigError, PluginError
+from setl.sources.file import encode_transaction
+from setl.stages.load import LoadCapabilities
+from setl.testing.harness import reference_state
+from tests.test_cli import make_stream
+
+REPO = Path(__file__).resolve().parents[1]
+BUILTIN_TARGETS = {"sqlite", "mysql", "postgresql", "parquet"}
+
+
+def write_conf(root: Path, target: str, *, extra: str = "", txs: list | None = None) -> Path:
+    """A conf dir with pipeline p: a file source of `txs` and `target` (a YAML flow mapping)."""
+    conf = root / "conf"
+    (conf / "pipelines").mkdir(parents=True)
+    stream = root / "stream.jsonl"
+    stream.write_text("".join(encode_transaction(tx) for tx in txs or []), encoding="utf-8")
+    (conf / "setl.yaml").write_text(f"meta: {{store: sqlite, path: {root / 'meta.db'}}}\n")
+    (conf / "pipelines" / "p.yaml").write_text(textwrap.dedent(f"""\
+        source: {{type: file, path: {stream}, follow: false}}
+        target: {target}
+        pipeline:
+          batch: {{max_rows: 20, max_wait_ms: 5}}
+        """) + extra)
+    return conf
+
+
+def setl_cli(conf: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "setl.cli", "--conf", str(conf), *args],
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def fake_distribution(site: Path, name: str, group: str, entry_points: str, module: str, source: str) -> None:
+    """A distribution `name` on `site` declaring `entry_points` in `group`, with one module."""
+    info = site / f"{name.replace('-', '_')}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[{group}]\n{entry_points}")
+    (site / f"{module}.py").write_text(textwrap.dedent(source))
+
+
+@pytest.fixture
+def fresh_registry(monkeypatch):
+    """The process registry forgotten, so entry points added by the test are read."""
+    monkeypatch.setattr(setl.connectors, "_registry", None)
+    yield
+    setl.connectors._registry = None
+
+
+def test_builtins_come_through_the_entry_points():
+    """Every built-in source and target is registered by setl's own entry points, with its config class."""
+    connectors = ConnectorRegistry()
+    assert {"file", "mysql"} <= set(connectors.names("source"))
+    assert BUILTIN_TARGETS <= set(connectors.names("target"))
+    sqlite = connectors.target("sqlite")
+    assert sqlite.origin == "setl 0.1.0 (entry point setl.connectors:sqlite_target)"
+    assert sqlite.config.__module__ == "setl.sinks.sqlite"
+    assert sqlite.capabilities == LoadCapabilities(per_table=True, stores_position=True, creates_tables=True)
+    assert connectors.target("parquet").capabilities == LoadCapabilities(creates_tables=True)
+    assert connectors.target("mysql").ddl_task_actions is not None
+
+
+def test_old_config_import_paths_still_work():
+    """`from setl.config import MysqlTargetConfig` finds the class now kept next to the sink."""
+    from setl.config import MysqlTargetConfig
+    from setl.sinks.mysql import MysqlTargetConfig as Here
+
+    assert MysqlTargetConfig is Here
+
+
+def test_unknown_type_names_the_known_ones(tmp_path):
+    """An unknown target type is a config error at `target.type` naming every known type."""
+    conf = write_conf(tmp_path, "{type: kafka, path: x}")
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(conf, "p")
+    known = ", ".join(registry().names("target"))
+    assert str(info.value) == f"{conf / 'pipelines' / 'p.yaml'}: target.type: expected one of {known}, got 'kafka'"
+
+
+@pytest.mark.parametrize(("target", "expected"), [
+    ("{type: mysql, port: x}", "target.port: expected an integer, got 'x'"),
+    ("{type: sqlite}", "target.path: required key is missing"),
+    ("{type: postgresql, colour: red}", ("target.colour: unknown key (known keys: database, host, password, "
+                                         "port, type, user)")),
+])
+def test_builtin_config_errors_keep_file_and_key_path(tmp_path, target, expected):
+    """A built-in connector's config is validated with the file and the key path, as before."""
+    conf = write_conf(tmp_path, target)
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(conf, "p")
+    assert str(info.value) == f"{conf / 'pipelines' / 'p.yaml'}: {expected}"
+
+
+def test_plugin_config_errors_keep_file_and_key_path(tmp_path, monkeypatch, fresh_registry):
+    """A third-party connector's config class gets the same file and key-path errors."""
+    fake_distribution(tmp_path / "site", "setl-fake-kafka", "setl.targets", "kafka = fake_kafka:connector\n",
+                      "fake_kafka", """\
+        from typing import Literal
+        import attrs
+        from setl.connectors import TargetConnector
+
+        @attrs.frozen
+        class KafkaConfig:
+            type: Literal["kafka"]
+            brokers: tuple[str, ...]
+            acks: int = 1
+
+        connector = TargetConnector("kafka", KafkaConfig, lambda config, context: None)
+        """)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    conf = write_conf(tmp_path, "{type: kafka, brokers: [a, b], acks: all}")
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(conf, "p")
+    assert str(info.value) == f"{conf / 'pipelines' / 'p.yaml'}: target.acks: expected an integer, got 'all'"
+    (conf / "pipelines" / "p.yaml").write_text((conf / "pipelines" / "p.yaml").read_text().replace("all", "2"))
+    assert load_pipeline(conf, "p").target.brokers == ("a", "b")
+
+
+def test_broken_plugin_is_reported_when_used(tmp_path, monkeypatch, fresh_registry):
+    """A target plugin that fails to import stops only the pipeline using it, with an error naming
+    the plugin and its entry point; other targets still load."""
+    fake_distribution(tmp_path / "site", "setl-fake-broken", "setl.targets", "broken = fake_broken:connector\n",
+                      "fake_broken", "import no_such_module_anywhere\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    ok = write_conf(tmp_path / "ok", f"{{type: sqlite, path: {tmp_path / 't.db'}}}")
+    assert load_pipeline(ok, "p").target.type == "sqlite"
+    conf = write_conf(tmp_path / "bad", "{type: broken}")
+    with pytest.raises(PluginError) as info:
+        load_pipeline(conf, "p")
+    text = str(info.value)
+    assert "plugin=broken" in text and "'fake_broken:connector'" in text and "setl-fake-broken 1.0" in text
+    assert "ModuleNotFoundError" in text and str(conf / "pipelines" / "p.yaml") in text
+
+
+@pytest.mark.parametrize(("source", "message"), [
+    ("connector = 42\n", "is not a setl.connectors.TargetConnector"),
+    (("from setl.connectors import TargetConnector\n"
+      "import attrs\n"
+      "@attrs.frozen\n"
+      "class C:\n"
+      "    type: str = 'other'\n"
+      "connector = TargetConnector('other', C, lambda c, x: None)\n"), "declares type 'other'"),
+    (("from setl.connectors import TargetConnector\n"
+      "import attrs\n"
+      "@attrs.frozen\n"
+      "class C:\n"
+      "    path: str = ''\n"
+      "connector = TargetConnector('odd', C, lambda c, x: None)\n"), "has no 'type' field"),
+])
+def test_invalid_declaration_is_refused_at_registration(tmp_path, monkeypatch, source, message):
+    """An entry point that does not declare a usable connector is refused when loaded, naming it."""
+    module = f"fake_odd_{len(source)}"  # one module name per case: imports are cached
+    fake_distribution(tmp_path, "setl-fake-odd", "setl.targets", f"odd = {module}:connector\n", module, source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(PluginError, match=message) as info:
+        ConnectorRegistry().target("odd")
+    assert info.value.context["plugin"] == "odd" and "setl-fake-odd 1.0" in str(info.value)
+
+
+def test_one_type_from_two_distributions_is_a_clash(tmp_path, monkeypatch):
+    """A distribution claiming a built-in's type name is refused, naming both distributions."""
+    fake_distribution(tmp_path, "setl-fake-sqlite", "setl.targets", "sqlite = fake_sqlite:connector\n",
+                      "fake_sqlite", "connector = None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(PluginError, match="provided twice") as info:
+        ConnectorRegistry().target("sqlite")
+    assert "setl 0.1.0" in str(info.value) and "setl-fake-sqlite 1.0" in str(info.value)
+
+
+def test_declared_capabilities_reach_the_built_load(tmp_path):
+    """A Load built by its connector carries the connector's declared capabilities."""
+    connectors = ConnectorRegistry()
+    connector = connectors.target("sqlite")
+    load = connector.create(connector.config("sqlite", str(tmp_path / "t.db")), BuildContext("p"))
+    assert load.capabilities == connector.capabilities
+    plain = TargetConnector("plain", connector.config, connector.build)
+    connectors.register(plain)
+    assert connectors.target("plain").create(connector.config("sqlite", "x.db"),
+                                              BuildContext("p")).capabilities == LoadCapabilities()
+
+
+def test_ddl_tasks_need_a_target_with_actions(tmp_path):
+    """Batch DDL tasks on a target without declared pre-write actions stop at start, naming the supported ones."""
+    conf = write_conf(tmp_path, f"{{type: sqlite, path: {tmp_path / 't.db'}}}",
+                      extra="  ddl_tasks: {signal_table: ops.signals}\n", txs=make_stream(3))
+    result = setl_cli(conf, "start", "--pipeline", "p", "--until-caught-up")
+    assert result.returncode == 2
+    assert "target.type sqlite has no pre-write actions (supported: mysql)" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def jsonl_plugin():
+    """plugins/setl-jsonl-target, installed (CI installs it with pip install --no-deps -e)."""
+    try:
+        return metadata.distribution("setl-jsonl-target")
+    except metadata.PackageNotFoundError:
+        pytest.fail("install the example plugin first: pip install --no-deps -e plugins/setl-jsonl-target")
+
+
+def test_setl_start_runs_the_plugin_target(tmp_path, jsonl_plugin):
+    """`setl start` replicates a stream into the third-party jsonl target found through its entry
+    point; a second run adds nothing, and per_table is refused since it is not declared."""
+    from setl_jsonl_target import read_log, table_state
+
+    txs = make_stream(300)
+    conf = write_conf(tmp_path, f"{{type: jsonl, path: {tmp_path / 'log'}}}", txs=txs)
+    result = setl_cli(conf, "start", "--pipeline", "p", "--until-caught-up")
+    assert result.returncode == 0, result.stderr
+    log = tmp_path / "log" / "p.jsonl"
+    assert table_state(log, "demo.items") == reference_state(txs)["demo.items"]
+    lines = read_log(log)[0]
+    assert sum("op" in line for line in lines) == sum(len(tx) for tx in txs)
+    assert setl_cli(conf, "start", "--pipeline", "p", "--until-caught-up").returncode == 0
+    assert read_log(log)[0] == lines
+
+    path = conf / "pipelines" / "p.yaml"
+    path.write_text(path.read_text() + "  load: {mode: per_table}\n")
+    refused = setl_cli(conf, "start", "--pipeline", "p", "--until-caught-up")
+    assert refused.returncode == 2 and "target.type jsonl cannot load per table" in refused.stderr
+
+
+def test_plugins_list_shows_sources_targets_and_transforms(tmp_path, jsonl_plugin):
+    """`setl plugins list` lists sources, targets (the plugin's with its origin) and transforms."""
+    result = setl_cli(tmp_path, "plugins", "list")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.index("SOURCES") < out.index("TARGETS") < out.index("TRANSFORMS")
+    targets = out[out.index("TARGETS"):out.index("TRANSFORMS")]
+    assert "jsonl" in targets and "setl-jsonl-target 0.1.0 (entry point setl_jsonl_target:connector)" in targets
+    assert all(name in targets for name in BUILTIN_TARGETS)
+    assert "file" in out[:out.index("TARGETS")] and "rename" in out[out.index("TRANSFORMS"):]
+
+
+def test_example_plugin_passes_its_own_tests(jsonl_plugin):
+    """plugins/setl-jsonl-target's own suite (the kit's LoadContract included) passes."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--import-mode=importlib",
+         str(REPO / "plugins" / "setl-jsonl-target" / "tests")],
+        capture_output=True, text=True, timeout=280, cwd=REPO, check=False,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "10 passed" in result.stdout
+
+
+def test_factory_that_fails_is_a_broken_plugin(tmp_path, monkeypatch):
+    """An entry point naming a factory that raises (a missing driver imported inside it) is a
+    PluginError naming the plugin, not a traceback."""
+    fake_distribution(tmp_path, "setl-fake-factory", "setl.sources", "kafka = fake_factory:kafka\n", "fake_factory",
+                      "def kafka():\n    import confluent_kafka_not_installed\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(PluginError, match="ModuleNotFoundError") as info:
+        ConnectorRegistry().source("kafka")
+    assert info.value.context["plugin"] == "kafka" and "'fake_factory:kafka' (setl.sources)" in str(info.value)
+
+
+def test_nested_config_class_of_a_plugin_is_validated(tmp_path, monkeypatch, fresh_registry):
+    """A plugin config holding another attrs class (postponed annotations) validates the inner keys too."""
+    fake_distribution(tmp_path / "site", "setl-fake-nested", "setl.targets", "nested = fake_nested:connector\n",
+                      "fake_nested", """\
+        from __future__ import annotations
+        from typing import Literal
+        import attrs
+        from setl.connectors import TargetConnector
+
+        @attrs.frozen
+        class Auth:
+            user: str
+            retries: int = 3
+
+        @attrs.frozen
+        class NestedConfig:
+            type: Literal["nested"]
+            auth: Auth
+
+        connector = TargetConnector("nested", NestedConfig, lambda config, context: None)
+        """)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    conf = write_conf(tmp_path, "{type: nested, auth: {user: u, retries: many}}")
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(conf, "p")
+    assert str(info.value).endswith("target.auth.retries: expected an integer, got 'many'")
+
+
+def test_broken_plugin_is_listed_with_its_error(tmp_path, monkeypatch):
+    """The targets listing shows a broken plugin as BROKEN with its error, and the others as usual."""
+    fake_distribution(tmp_path, "setl-fake-listed", "setl.targets", "listed = fake_listed:connector\n",
+                      "fake_listed", "raise RuntimeError('driver too old')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    text = setl.connectors.format_connector_table("target", ConnectorRegistry())
+    broken = [line for line in text.splitlines() if line.startswith("listed ")]
+    assert len(broken) == 1 and "BROKEN" in broken[0] and "RuntimeError: driver too old" in broken[0]
+    assert any(line.startswith("sqlite ") for line in text.splitlines())
+
+
+def test_target_type_may_come_from_the_environment(tmp_path, monkeypatch):
+    """`type: ${VAR}` is expanded before the connector is chosen, like every other value."""
+    monkeypatch.setenv("SETL_TEST_TARGET_TYPE", "sqlite")
+    conf = write_conf(tmp_path, f"{{type: '${{SETL_TEST_TARGET_TYPE}}', path: {tmp_path / 't.db'}}}")
+    assert load_pipeline(conf, "p").target.type == "sqlite"
