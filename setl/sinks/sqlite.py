@@ -39,8 +39,12 @@ class SqliteLoad(Load):
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS setl_position (pipeline TEXT PRIMARY KEY, log TEXT NOT NULL,"
-            " offset INTEGER NOT NULL, gtid TEXT, batch_id INTEGER NOT NULL, epoch INTEGER NOT NULL)"
+            " offset INTEGER NOT NULL, gtid TEXT, batch_id INTEGER NOT NULL, epoch INTEGER NOT NULL,"
+            " row INTEGER NOT NULL DEFAULT 0)"
         )
+        # Files made before positions had a row: add it.
+        if "row" not in {r[1] for r in self._db.execute("PRAGMA table_info(setl_position)")}:
+            self._db.execute("ALTER TABLE setl_position ADD COLUMN row INTEGER NOT NULL DEFAULT 0")
 
     @property
     def db(self) -> sqlite3.Connection:
@@ -51,9 +55,9 @@ class SqliteLoad(Load):
 
     def committed(self) -> Position | None:
         row = self.db.execute(
-            "SELECT log, offset, gtid FROM setl_position WHERE pipeline = ?", (self.pipeline,)
+            "SELECT log, offset, gtid, row FROM setl_position WHERE pipeline = ?", (self.pipeline,)
         ).fetchone()
-        return Position(*row) if row else None
+        return Position(row[0], row[1], row[2], row=row[3]) if row else None
 
     def _ensure_table(self, name: str, key: tuple[str, ...], images) -> None:
         known = self._columns.get(name)
@@ -101,10 +105,12 @@ class SqliteLoad(Load):
                     self._apply(table_name, table)
                 if record:
                     self.db.execute(
-                        "INSERT INTO setl_position VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (pipeline) DO UPDATE"
+                        "INSERT INTO setl_position (pipeline, log, offset, gtid, batch_id, epoch, row)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (pipeline) DO UPDATE"
                         " SET log = excluded.log, offset = excluded.offset, gtid = excluded.gtid,"
-                        " batch_id = excluded.batch_id, epoch = excluded.epoch",
-                        (self.pipeline, batch.end.log, batch.end.offset, batch.end.gtid, batch.id, batch.epoch),
+                        " batch_id = excluded.batch_id, epoch = excluded.epoch, row = excluded.row",
+                        (self.pipeline, batch.end.log, batch.end.offset, batch.end.gtid, batch.id, batch.epoch,
+                         batch.end.row),
                     )
             except BaseException:
                 self.db.execute("ROLLBACK")

@@ -82,8 +82,9 @@ class Target:
         self.kill(session)
         wait_until(lambda: not self.session_alive(session), message="the killed session to disappear")
 
-    def position_table(self) -> str:
-        """The qualified name of the sinks' position table."""
+    def position_table(self, suffix: str = "") -> str:
+        """The qualified name of the sinks' position table (or of its `suffix` companion:
+        _fence, _session, _table)."""
         raise NotImplementedError
 
     def create(self, ddl: str, table: str) -> None:
@@ -249,10 +250,10 @@ class SinkContract:
         assert target.make_load().committed_epoch() == 9
 
     def test_position_table_lives_in_the_target(self, target, items, load):
-        """The position row holds the batch's end, id and epoch, written by the batch itself."""
+        """The position row holds the batch's end (row included), id and epoch, written by the batch itself."""
         load.load(make_batch([items.insert(id=1, name="a", qty=None, note=None)], id=3, epoch=2))
-        rows = [row[:6] for row in target.query(f"SELECT * FROM {target.position_table()}")]
-        assert rows == [("p", "mysql-bin.000001", 304, "0-1-3", 3, 2)]
+        rows = [row[:7] for row in target.query(f"SELECT * FROM {target.position_table()}")]
+        assert rows == [("p", "mysql-bin.000001", 304, 0, "0-1-3", 3, 2)]
 
     def test_pipelines_keep_separate_positions(self, target, items):
         """Two pipelines loading one target keep their own positions and epochs."""
@@ -440,6 +441,9 @@ class SinkContract:
         method run from two classes)."""
         target.execute(f"DELETE FROM {target.qualified('items')}")
         target.execute(f"DELETE FROM {target.position_table()}")
+        target.execute(f"DELETE FROM {target.position_table('_fence')}")
+        load.close()  # the next connection takes the fence again
+        load._fenced_epoch = 0
         model: dict[int, dict[str, Any]] = {}
         changes: list[RowChange] = []
         keys = st.integers(0, 5)

@@ -42,8 +42,8 @@ class MySQLTarget(Target):
     def rows(self, table: str, order: str = "1") -> list[tuple[Any, ...]]:
         return self.server.query(f"SELECT * FROM {self.qualified(table)} ORDER BY {order}")
 
-    def position_table(self) -> str:
-        return self.qualified("setl_position")
+    def position_table(self, suffix: str = "") -> str:
+        return self.qualified("setl_position" + suffix)
 
     def columns(self, table: str) -> list[str]:
         return [r[0] for r in self.server.query(
@@ -59,7 +59,7 @@ class MySQLTarget(Target):
         return {"position_schema": self.schema}
 
     def session_id(self, load: MySQLLoad) -> int:
-        return load._conn.thread_id()
+        return load._idle[-1].thread_id()
 
     def kill(self, session: int) -> None:
         self.server.query(f"KILL CONNECTION {session}")

@@ -45,8 +45,8 @@ class PostgresTarget(Target):
         return self.server.query(f"SELECT * FROM {self.qualified(table)} ORDER BY {order}",
                                  dbname=self.database)
 
-    def position_table(self) -> str:
-        return "setl.setl_position"
+    def position_table(self, suffix: str = "") -> str:
+        return "setl.setl_position" + suffix
 
     def columns(self, table: str) -> list[str]:
         return [r[0] for r in self.server.query(
@@ -59,7 +59,7 @@ class PostgresTarget(Target):
         return self.server.target_config(self.database)
 
     def session_id(self, load: PostgresLoad) -> int:
-        return load._conn.info.backend_pid
+        return load._idle[-1].info.backend_pid
 
     def kill(self, session: int) -> None:
         assert self.server.query("SELECT pg_terminate_backend(%s)", (session,)) == [(True,)]

@@ -48,3 +48,25 @@ def test_table_without_key_applies_changes_in_order(tmp_path):
     sink = SqliteLoad(tmp_path / "t.db", pipeline="p")
     sink.load(batch(1, insert("n", {"a": 1}, key=()), insert("n", {"a": 1}, key=()), delete("n", {"a": 1}, key=())))
     assert rows(tmp_path / "t.db", "demo.n") == [(1,)]
+
+
+def test_a_position_inside_a_split_transaction_round_trips(tmp_path):
+    """A batch ending at a piece of a split transaction records its row; committed() returns it."""
+    sink = SqliteLoad(tmp_path / "t.db", pipeline="p")
+    piece = Position("f", 7, row=3)
+    sink.load(Batch("p", 1, 1, Position("f", 7), piece, (insert("t", {"id": 1}),)))
+    assert sink.committed() == piece and sink.committed().row == 3
+
+
+def test_a_position_table_without_row_is_migrated(tmp_path):
+    """A position table made before positions had a row gains the column and keeps its position."""
+    db = sqlite3.connect(tmp_path / "t.db")
+    db.execute("CREATE TABLE setl_position (pipeline TEXT PRIMARY KEY, log TEXT NOT NULL, offset INTEGER NOT NULL,"
+               " gtid TEXT, batch_id INTEGER NOT NULL, epoch INTEGER NOT NULL)")
+    db.execute("INSERT INTO setl_position VALUES ('p', 'f', 5, NULL, 5, 1)")
+    db.commit()
+    db.close()
+    sink = SqliteLoad(tmp_path / "t.db", pipeline="p")
+    assert sink.committed() == Position("f", 5)
+    sink.load(Batch("p", 6, 1, Position("f", 5), Position("f", 9, row=2), (insert("t", {"id": 1}),)))
+    assert sink.committed() == Position("f", 9, row=2)
