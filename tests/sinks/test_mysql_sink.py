@@ -83,6 +83,18 @@ class MySQLTarget(Target):
     def session_alive(self, session: int) -> bool:
         return bool(self.server.query("SELECT 1 FROM information_schema.processlist WHERE id = %s", (session,)))
 
+    def lock_waits(self) -> int:
+        return int(self.server.query("SELECT COUNT(*) FROM information_schema.INNODB_TRX"
+                                     " WHERE trx_state = 'LOCK WAIT'")[0][0])
+
+    def create_old_position_table(self, log: str, offset: int, epoch: int) -> None:
+        self.execute(f"CREATE TABLE {self.position_table()} (`pipeline` VARCHAR(191) NOT NULL PRIMARY KEY,"
+                     " `log` VARCHAR(512) NOT NULL, `offset` BIGINT NOT NULL, `gtid` TEXT NULL,"
+                     " `batch_id` BIGINT NOT NULL, `epoch` BIGINT NOT NULL, `updated_at` TIMESTAMP(6) NOT NULL"
+                     " DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6)) ENGINE=InnoDB")
+        self.execute(f"INSERT INTO {self.position_table()} (`pipeline`, `log`, `offset`, `batch_id`, `epoch`)"
+                     f" VALUES ('p', '{log}', {offset}, 5, {epoch})")
+
 
 class TestMySQLSink(SinkContract):
     """The shared SQL sink contract, on MariaDB."""
@@ -157,10 +169,22 @@ class TestMySQLSink(SinkContract):
 
 @pytest.mark.parametrize("code, kind", [
     (1213, TransientLoadError), (1205, TransientLoadError), (2013, TransientLoadError), (2006, TransientLoadError),
-    (1927, TransientLoadError), (1146, TargetTableMissing), (1062, LoadError), (1406, LoadError),
+    (1927, TransientLoadError), (2003, TransientLoadError), (1053, TransientLoadError), (1040, TransientLoadError),
+    (1077, TransientLoadError), (1080, TransientLoadError), (1158, TransientLoadError), (1161, TransientLoadError),
+    (1146, TargetTableMissing), (1062, LoadError), (1406, LoadError), (1452, LoadError), (1064, LoadError),
+    (1045, LoadError), (1142, LoadError),
 ])
 def test_driver_errors_are_classified(code, kind):
-    """Deadlocks, lock wait timeouts and lost connections are transient; a missing table is named;
-    anything else fails the batch."""
+    """Deadlocks, lock wait timeouts, refused or lost connections and a server shutting down are
+    transient; a missing table is named; anything else (duplicate key, bad value, foreign key,
+    syntax, access denied) fails the batch."""
     load = MySQLLoad(MysqlTargetConfig(type="mysql"), pipeline="p")
     assert load._classify(pymysql.err.OperationalError(code, "message")) is kind
+
+
+def test_a_closed_connection_and_a_refused_socket_are_transient():
+    """A connection the client already closed, and a refused TCP connection, are transient."""
+    load = MySQLLoad(MysqlTargetConfig(type="mysql"), pipeline="p")
+    assert load._classify(pymysql.err.InterfaceError(0, "")) is TransientLoadError
+    assert load._classify(ConnectionRefusedError()) is TransientLoadError
+    assert load._classify(ValueError("not the driver's")) is LoadError

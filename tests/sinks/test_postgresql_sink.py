@@ -81,6 +81,17 @@ class PostgresTarget(Target):
     def session_alive(self, session: int) -> bool:
         return bool(self.server.query("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (session,)))
 
+    def lock_waits(self) -> int:
+        return int(self.server.query("SELECT count(*) FROM pg_locks WHERE NOT granted")[0][0])
+
+    def create_old_position_table(self, log: str, offset: int, epoch: int) -> None:
+        self.execute("CREATE SCHEMA IF NOT EXISTS setl")
+        self.execute(f'CREATE TABLE {self.position_table()} (pipeline text PRIMARY KEY, log text NOT NULL,'
+                     ' "offset" bigint NOT NULL, gtid text, batch_id bigint NOT NULL, epoch bigint NOT NULL,'
+                     ' updated_at timestamptz NOT NULL DEFAULT now())')
+        self.execute(f"INSERT INTO {self.position_table()} (pipeline, log, \"offset\", batch_id, epoch)"
+                     f" VALUES ('p', '{log}', {offset}, 5, {epoch})")
+
 
 class TestPostgresSink(SinkContract):
     """The shared SQL sink contract, on PostgreSQL."""
@@ -165,10 +176,21 @@ class TestPostgresSink(SinkContract):
 @pytest.mark.parametrize("error, kind", [
     (psycopg.errors.DeadlockDetected, TransientLoadError), (psycopg.errors.SerializationFailure, TransientLoadError),
     (psycopg.errors.LockNotAvailable, TransientLoadError), (psycopg.errors.AdminShutdown, TransientLoadError),
+    (psycopg.errors.CrashShutdown, TransientLoadError), (psycopg.errors.CannotConnectNow, TransientLoadError),
+    (psycopg.errors.TooManyConnections, TransientLoadError), (psycopg.errors.ConnectionFailure, TransientLoadError),
     (psycopg.errors.UndefinedTable, TargetTableMissing), (psycopg.errors.UniqueViolation, LoadError),
+    (psycopg.errors.NotNullViolation, LoadError), (psycopg.errors.InsufficientPrivilege, LoadError),
+    (psycopg.errors.SyntaxError, LoadError), (psycopg.errors.QueryCanceled, LoadError),
 ])
 def test_driver_errors_are_classified(error, kind):
-    """Deadlocks, serialization failures, lock timeouts and a server shutdown are transient; a
-    missing table is named; anything else fails the batch."""
+    """Deadlocks, serialization failures, lock timeouts, lost or refused connections and a server
+    shutting down or starting up are transient; a missing table is named; anything else fails the batch."""
     load = PostgresLoad(PostgresqlTargetConfig(type="postgresql"), pipeline="p")
     assert load._classify(error("message")) is kind
+
+
+def test_a_connection_lost_before_the_server_answered_is_transient():
+    """An OperationalError without SQLSTATE (connection refused or broken) is transient."""
+    load = PostgresLoad(PostgresqlTargetConfig(type="postgresql"), pipeline="p")
+    assert load._classify(psycopg.OperationalError("connection refused")) is TransientLoadError
+    assert load._classify(psycopg.errors.DataError("bad value")) is LoadError
