@@ -258,7 +258,7 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         conn.commit()
         return killed
 
-    def _raise_fence(self, conn: pymysql.connections.Connection, epoch: int) -> int:
+    def _raise_fence(self, conn: pymysql.connections.Connection, epoch: int | None) -> int:
         wait = max(1, int(round(self.fence_lock_timeout)))
         try:
             with conn.cursor() as cur:
@@ -269,6 +269,8 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
                 cur.execute(f"SELECT `epoch` FROM {self._position} WHERE `pipeline` = %s", (self.pipeline,))
                 position = cur.fetchone()
                 stored = max([int(r[0]) for r in (row, position) if r] or [0])
+                if epoch is None:
+                    epoch = stored + 1
                 if stored <= epoch:
                     stored = epoch
                     cur.execute(f"SET STATEMENT innodb_lock_wait_timeout = {wait} FOR"

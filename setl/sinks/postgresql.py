@@ -180,7 +180,7 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
         conn.commit()
         return sum(1 for _, done in killed if done)
 
-    def _raise_fence(self, conn: psycopg.Connection, epoch: int) -> int:
+    def _raise_fence(self, conn: psycopg.Connection, epoch: int | None) -> int:
         try:
             conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(
                 sql.Literal(f"{int(self.fence_lock_timeout * 1000)}ms")))
@@ -191,6 +191,8 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
             position = conn.execute(sql.SQL("SELECT epoch FROM {} WHERE pipeline = %s").format(self._position),
                                     (self.pipeline,)).fetchone()
             stored = max([int(r[0]) for r in (row, position) if r] or [0])
+            if epoch is None:
+                epoch = stored + 1
             if stored <= epoch:
                 stored = epoch
                 conn.execute(sql.SQL("UPDATE {} SET epoch = %s WHERE pipeline = %s").format(self._fence_table),

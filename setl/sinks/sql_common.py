@@ -209,10 +209,11 @@ class SqlLoad(Load, Generic[C]):
         ones, commit; the number killed. Raises `LoadError` when the account may not kill them."""
         raise NotImplementedError
 
-    def _raise_fence(self, conn: C, epoch: int) -> int:
+    def _raise_fence(self, conn: C, epoch: int | None) -> int:
         """In a transaction with a short lock timeout (`fence_lock_timeout`): lock the pipeline's
-        fence row; if neither it nor the position row holds an epoch above `epoch`, store `epoch`.
-        Commit and return the highest epoch found (or `epoch`). `FenceBusy` if the lock timed out."""
+        fence row; if neither it nor the position row holds an epoch above `epoch`, store `epoch`
+        (None: one above the highest stored). Commit and return the highest epoch found, or the
+        one stored. `FenceBusy` if the lock timed out."""
         raise NotImplementedError
 
     def _shared_epoch(self, conn: C) -> int | None:
@@ -317,14 +318,23 @@ class SqlLoad(Load, Generic[C]):
                         "committed inserts its rows again", self.pipeline, *ident)
 
     def committed(self) -> Position | None:
-        """The end position of the last batch this pipeline committed in the target."""
-        stored = self._retrying(lambda: self._with_connection(self._read_position, None), None)
-        return stored[0] if stored else None
+        """The end position of the last batch this pipeline committed in the target.
+
+        The first call of a sink that has not loaded yet (what a new leader does at start) takes
+        the fence first, one epoch above the stored one: it kills the other processes' sessions of
+        the pipeline and raises the fence row, so no deposed writer can commit after the position
+        is read. The scheduler then takes its epoch above `committed_epoch()`, which reads it back.
+        """
+        def read(conn: C) -> tuple[Position | None, int | None]:
+            if not self._fenced_epoch:
+                self._take_fence(conn, None)
+            return self._read_position(conn)
+
+        return self._retrying(lambda: self._with_connection(read, None), None)[0]
 
     def committed_epoch(self) -> int | None:
         """The epoch of the last batch this pipeline committed in the target (older ones are refused)."""
-        stored = self._retrying(lambda: self._with_connection(self._read_position, None), None)
-        return stored[1] if stored else None
+        return self._retrying(lambda: self._with_connection(self._read_position, None), None)[1]
 
     def close(self) -> None:
         with self._lock:
@@ -454,33 +464,34 @@ class SqlLoad(Load, Generic[C]):
                 **self._context(batch),
             )
 
-    def _take_fence(self, conn: C, batch: Batch) -> None:
+    def _take_fence(self, conn: C, batch: Batch | None) -> None:
         """Kill the other processes' sessions of the pipeline and raise the fence row to the
-        batch's epoch, retrying both until the row lock is ours (see the class docstring)."""
+        batch's epoch (without a batch: one above the stored epoch), retrying both until the row
+        lock is ours (see the class docstring)."""
         with self._fence_lock:
-            if batch.epoch <= self._fenced_epoch:
-                return  # another part of this process took it meanwhile
+            if batch is None and self._fenced_epoch or batch is not None and batch.epoch <= self._fenced_epoch:
+                return  # another thread of this sink took it meanwhile
             deadline = time.monotonic() + self.fence_timeout
             killed = 0
             while True:
                 killed += self._kill_others(conn)
                 try:
-                    stored = self._raise_fence(conn, batch.epoch)
+                    stored = self._raise_fence(conn, batch.epoch if batch is not None else None)
                     break
                 except FenceBusy:
                     self._rollback(conn)
                     if time.monotonic() > deadline:
                         raise TransientLoadError(
-                            f"could not take the fence for epoch {batch.epoch} within "
+                            f"could not take the fence for epoch {batch.epoch if batch else 'above the stored one'} within "
                             f"{self.fence_timeout:.0f} s: its row stays locked by a session setl "
                             f"cannot kill", **self._context(batch)) from None
-            if stored > batch.epoch:
+            if batch is not None and stored > batch.epoch:
                 raise LoadError(
                     f"refused: batch epoch {batch.epoch} is older than epoch {stored} the target "
                     f"holds for this pipeline (a newer writer owns it)", **self._context(batch))
-            self._fenced_epoch = batch.epoch
+            self._fenced_epoch = stored
             log.info("pipeline=%s stage=load: took the %s target's fence for epoch %d (%d other "
-                     "session(s) killed)", self.pipeline, self.dialect, batch.epoch, killed)
+                     "session(s) killed)", self.pipeline, self.dialect, stored, killed)
 
     def _guarded(self, conn: C, work: Callable[[], T], batch: Batch | None) -> T:
         """Run `work` on `conn`; on any failure roll back and raise it as a setl error."""

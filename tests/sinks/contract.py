@@ -429,12 +429,13 @@ class SinkContract:
         assert [r[0] for r in target.rows("items")] == [1, 2, 3]
 
     def test_a_position_table_without_row_is_migrated(self, target, items):
-        """A position table made before positions had a row gains the column and keeps its position and epoch."""
+        """A position table made before positions had a row gains the column and keeps its position and
+        epoch (the first read of a new sink takes the fence one epoch above it)."""
         target.create_old_position_table("mysql-bin.000001", 504, epoch=3)
         load = target.make_load()
         try:
-            assert load.committed() == Position("mysql-bin.000001", 504) and load.committed_epoch() == 3
-            load.load(span([items.insert(**item(1))], 504, 600, id=6, epoch=3, end_row=4))
+            assert load.committed() == Position("mysql-bin.000001", 504) and load.committed_epoch() == 4
+            load.load(span([items.insert(**item(1))], 504, 600, id=6, epoch=4, end_row=4))
             assert load.committed() == Position("mysql-bin.000001", 600, row=4)
         finally:
             load.close()
@@ -480,6 +481,26 @@ class SinkContract:
         assert sorted(target.rows("loose")) == [("a", 1), ("b", 2)]
         assert target.rows("items") == [(1, "n", 1, None), (2, "n", 7, None)]
         assert new.committed_epoch() == 2
+
+    def test_the_first_read_of_a_new_leader_fences_the_old_one(self, target, items):
+        """A new sink's first committed() kills the other processes' sessions and raises the fence
+        above the stored epoch, so the old writer's next batch is refused and the position read stays true."""
+        old = target.make_load()
+        old.token = "another-process"
+        new = target.make_load()
+        try:
+            old.load(make_batch([items.insert(**item(1))], id=1, epoch=5))
+            session = target.session_id(old)
+            assert new.committed() == make_batch([], id=1).end
+            wait_until(lambda: not target.session_alive(session), message="the old writer's session to be killed")
+            with pytest.raises(LoadError, match="refused: batch epoch 5 is older than epoch 6"):
+                old.load(make_batch([items.insert(**item(2))], id=2, epoch=5))
+            assert new.committed_epoch() == 6 and [r[0] for r in target.rows("items")] == [1]
+            new.load(make_batch([items.insert(**item(2))], id=2, epoch=7))
+            assert [r[0] for r in target.rows("items")] == [1, 2]
+        finally:
+            old.close()
+            new.close()
 
     def test_sessions_of_its_own_process_are_not_killed(self, target, items):
         """Taking the fence for a newer epoch leaves the sessions of the same process alive."""
