@@ -220,7 +220,7 @@ class SqlLoad(Load, Generic[C]):
         """In the open transaction: the fence row's epoch, read under a lock shared to COMMIT."""
         raise NotImplementedError
 
-    def _read_position(self, conn: C) -> tuple[Position, int] | None:
+    def _read_position(self, conn: C) -> tuple[Position | None, int | None]:
         """The stored position and epoch of the pipeline, outside any batch transaction."""
         raise NotImplementedError
 

@@ -13,8 +13,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import yaml
@@ -23,7 +24,12 @@ from setl.ha import Coordinator
 from setl.meta.zookeeper import ZooKeeperMetaStore
 from setl.model import Ack
 from setl.testing.servers import wait_until
-from tests.e2e.setl_process import binlog_head, mysql_source, mysql_target, postgres_target
+from tests.e2e.setl_process import (
+    binlog_head,
+    mysql_source,
+    mysql_target,
+    postgres_target,
+)
 from tests.ha.zk import unique_root
 
 pytestmark = pytest.mark.timeout(240)
