@@ -21,6 +21,7 @@ unique key).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -167,7 +168,7 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
                         " AND TABLE_NAME = %s AND COLUMN_NAME = 'row'",
                         (self.position_schema, self.position_table))
             if not cur.fetchone()[0]:
-                cur.execute(f"ALTER TABLE {self._position} ADD COLUMN IF NOT EXISTS `row` BIGINT NOT NULL"
+                cur.execute(f"ALTER TABLE {self._position} ADD COLUMN `row` BIGINT NOT NULL"
                             " DEFAULT 0 AFTER `offset`", ())
             cur.execute(
                 f"CREATE TABLE IF NOT EXISTS {self._table_position} ("
@@ -259,11 +260,12 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         return killed
 
     def _raise_fence(self, conn: pymysql.connections.Connection, epoch: int | None) -> int:
-        wait = max(1, int(round(self.fence_lock_timeout)))
+        wait = max(1, round(self.fence_lock_timeout))
         try:
             with conn.cursor() as cur:
-                cur.execute(f"SET STATEMENT innodb_lock_wait_timeout = {wait} FOR"
-                            f" SELECT `epoch` FROM {self._fence_table} WHERE `pipeline` = %s FOR UPDATE",
+                # SET SESSION (not MariaDB's SET STATEMENT) so that MySQL targets take it too.
+                cur.execute(f"SET SESSION innodb_lock_wait_timeout = {wait}", ())
+                cur.execute(f"SELECT `epoch` FROM {self._fence_table} WHERE `pipeline` = %s FOR UPDATE",
                             (self.pipeline,))
                 row = cur.fetchone()
                 cur.execute(f"SELECT `epoch` FROM {self._position} WHERE `pipeline` = %s", (self.pipeline,))
@@ -273,14 +275,17 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
                     epoch = stored + 1
                 if stored <= epoch:
                     stored = epoch
-                    cur.execute(f"SET STATEMENT innodb_lock_wait_timeout = {wait} FOR"
-                                f" INSERT INTO {self._fence_table} (`pipeline`, `epoch`) VALUES (%s, %s)"
+                    cur.execute(f"INSERT INTO {self._fence_table} (`pipeline`, `epoch`) VALUES (%s, %s)"
                                 " ON DUPLICATE KEY UPDATE `epoch` = VALUES(`epoch`)", (self.pipeline, epoch))
             conn.commit()
         except pymysql.err.OperationalError as exc:
             if exc.args and exc.args[0] in (1205, 1213):  # lock wait timeout, deadlock
                 raise FenceBusy() from exc
             raise
+        finally:
+            # A dead connection is dropped anyway; the error that killed it is the one to raise.
+            with contextlib.suppress(pymysql.err.MySQLError), conn.cursor() as cur:
+                cur.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT", ())
         return stored
 
     def _shared_epoch(self, conn: pymysql.connections.Connection) -> int | None:

@@ -471,6 +471,12 @@ class SqlLoad(Load, Generic[C]):
         with self._fence_lock:
             if batch is None and self._fenced_epoch or batch is not None and batch.epoch <= self._fenced_epoch:
                 return  # another thread of this sink took it meanwhile
+            stored_epoch = self._read_position(conn)[1]
+            if batch is not None and stored_epoch is not None and stored_epoch > batch.epoch:
+                # A newer writer owns the target: refuse before killing anything of it.
+                raise LoadError(
+                    f"refused: batch epoch {batch.epoch} is older than epoch {stored_epoch} the target "
+                    f"holds for this pipeline (a newer writer owns it)", **self._context(batch))
             deadline = time.monotonic() + self.fence_timeout
             killed = 0
             while True:

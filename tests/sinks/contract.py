@@ -502,6 +502,21 @@ class SinkContract:
             old.close()
             new.close()
 
+    def test_a_deposed_writer_is_refused_without_killing_the_newer_one(self, target, items):
+        """A writer of an older epoch arriving after a newer one took the fence is refused and kills nothing."""
+        new = target.make_load()
+        old = target.make_load()
+        old.token = "another-process"
+        try:
+            new.load(make_batch([items.insert(**item(1))], id=1, epoch=2))
+            session = target.session_id(new)
+            with pytest.raises(LoadError, match="refused: batch epoch 1 is older than epoch 2"):
+                old.load(make_batch([items.insert(**item(2))], id=2, epoch=1))
+            assert target.session_alive(session) and [r[0] for r in target.rows("items")] == [1]
+        finally:
+            old.close()
+            new.close()
+
     def test_sessions_of_its_own_process_are_not_killed(self, target, items):
         """Taking the fence for a newer epoch leaves the sessions of the same process alive."""
         first = target.make_load()
