@@ -97,8 +97,8 @@ class SqlLoad(Load, Generic[C]):
       with fresh epochs (or a switch from SQLite to ZooKeeper) is not refused.
     * Per-table parts (``load.mode: per_table``): each part runs in its own transaction on its
       own connection from a pool of at most `connections`, fenced like a batch, and records the
-      part's end position for its target table (``<position_table>_table``) in the same
-      transaction. A part skips every change whose `RowChange.position` is after the pipeline's
+      part's end position for its target table (``<position_table>_table``, never moved back) in
+      the same transaction. A part skips every change whose `RowChange.position` is after the pipeline's
       recorded position and at or before its table's recorded one: those are in already, so a
       replay (whatever the batches it is cut into) applies each change to each table once, tables
       without a primary key included. `mark_loaded` records the pipeline position when every part
@@ -444,9 +444,12 @@ class SqlLoad(Load, Generic[C]):
                      "already; skipped", self.pipeline, batch.id, len(batch.changes) - len(keep),
                      len(batch.changes), ", ".join(tables))
         self._apply_segments(conn, batch, self._segments(batch.replace(tuple(keep))))
-        for table in tables:
-            self._table = table
-            self._write_table_position(conn, table, batch)
+        for table, (_, table_at) in tables.items():
+            # Never backwards: after a rollback, a replay's first batches end before what parts of
+            # the discarded batches after them committed already.
+            if table_at is None or batch.end > table_at:
+                self._table = table
+                self._write_table_position(conn, table, batch)
         self._table = None
         self._commit(conn)
 

@@ -5,20 +5,24 @@ from __future__ import annotations
 import contextlib
 import datetime
 import decimal
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+import attrs
 import psycopg.errors
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from setl.config import PostgresqlTargetConfig
+from setl.config import LoadSettings, PostgresqlTargetConfig, RetrySettings
 from setl.errors import LoadError, TransientLoadError
 from setl.model import DdlChange
 from setl.sinks.postgresql import PostgresLoad
 from setl.sinks.sql_common import TargetTableMissing
 from setl.testing.servers import PostgresServer, free_port
+
+from tests.e2e.replicate import SETTINGS, binlog_head, replicate, table_rule
 
 from .contract import Changes, SinkContract, Target, item, make_batch, model_settings
 
@@ -194,3 +198,48 @@ def test_a_connection_lost_before_the_server_answered_is_transient():
     load = PostgresLoad(PostgresqlTargetConfig(type="postgresql"), pipeline="p")
     assert load._classify(psycopg.OperationalError("connection refused")) is TransientLoadError
     assert load._classify(psycopg.errors.DataError("bad value")) is LoadError
+
+
+def write_source(source: Any, source_db: str) -> Any:
+    """A keyed and a keyless source table; 30 transactions each touching both; the binlog start before them."""
+    with contextlib.closing(source.connect(database=source_db)) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE k (id INT PRIMARY KEY, v INT NOT NULL)")
+        cur.execute("CREATE TABLE loose (v INT NOT NULL)")
+    start = binlog_head(source)
+    with contextlib.closing(source.connect(database=source_db, autocommit=False)) as conn, conn.cursor() as cur:
+        for n in range(30):
+            cur.execute("INSERT INTO loose VALUES (%s), (%s)", (n % 4, n % 4))
+            cur.execute("INSERT INTO k VALUES (%s, %s)", (n, n))
+            if n % 3 == 0:
+                cur.execute("DELETE FROM loose WHERE v = %s LIMIT 1", (n % 4,))
+            conn.commit()
+    return start
+
+
+PER_TABLE = attrs.evolve(SETTINGS, load=LoadSettings(mode="per_table"),
+                         retry=RetrySettings(max_attempts=6, initial_backoff_ms=10, max_backoff_ms=50))
+
+
+def test_per_table_pipeline_with_a_part_failing_twice_keeps_a_keyless_table_exact(
+        mariadb_source, source_db, postgres_server, postgres_db, tmp_path):
+    """A real per_table pipeline into PostgreSQL: the keyed table's parts fail twice (a trigger)
+    while the keyless table's parts commit; after the scheduler's retries both tables equal the
+    source, no duplicates."""
+    start = write_source(mariadb_source, source_db)
+    for statement in ("CREATE SCHEMA app",
+                      "CREATE TABLE app.k (id INT PRIMARY KEY, v INT NOT NULL)",
+                      "CREATE TABLE app.loose (v INT NOT NULL)",
+                      "CREATE SEQUENCE app.fails",  # nextval survives the rollback of its transaction
+                      "CREATE FUNCTION app.fail_twice() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+                      " IF nextval('app.fails') <= 2 THEN RAISE EXCEPTION 'failing on purpose'; END IF;"
+                      " RETURN NEW; END $$",
+                      "CREATE TRIGGER fail_twice BEFORE INSERT ON app.k FOR EACH ROW EXECUTE FUNCTION app.fail_twice()"):
+        postgres_server.query(statement, dbname=postgres_db)
+    load = PostgresLoad(postgres_server.target_config(postgres_db), pipeline="pt")
+    replicate(mariadb_source, start, [table_rule(rf"{source_db}\.(k|loose)", "app.{table}")], load,
+              tmp_path, name="pt", settings=PER_TABLE)
+    assert postgres_server.query("SELECT last_value FROM app.fails", dbname=postgres_db)[0][0] > 2
+    assert sorted(postgres_server.query("SELECT * FROM app.k", dbname=postgres_db)) == \
+        sorted(mariadb_source.query(f"SELECT * FROM `{source_db}`.k"))
+    assert Counter(postgres_server.query("SELECT v FROM app.loose", dbname=postgres_db)) == \
+        Counter(mariadb_source.query(f"SELECT v FROM `{source_db}`.loose"))
