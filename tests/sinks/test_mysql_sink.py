@@ -21,7 +21,6 @@ from setl.model import DdlChange
 from setl.sinks.mysql import MySQLLoad
 from setl.sinks.sql_common import TargetTableMissing
 from setl.testing.servers import MariaDBServer, free_port
-
 from tests.e2e.replicate import SETTINGS, binlog_head, replicate, table_rule
 
 from .contract import Changes, SinkContract, Target, item, make_batch, model_settings
@@ -225,10 +224,10 @@ def test_per_table_pipeline_with_a_part_failing_twice_keeps_a_keyless_table_exac
                       # MyISAM: the count survives the rollback of the transaction that fired the trigger
                       f"CREATE TABLE {db}.fails (n INT NOT NULL) ENGINE=MyISAM",
                       f"INSERT INTO {db}.fails VALUES (0)",
-                      f"CREATE TRIGGER {db}.fail_twice BEFORE INSERT ON {db}.k FOR EACH ROW BEGIN"
-                      f" UPDATE {db}.fails SET n = n + 1;"
-                      f" IF (SELECT n FROM {db}.fails) <= 2 THEN"
-                      "  SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'failing on purpose'; END IF; END"):
+                      (f"CREATE TRIGGER {db}.fail_twice BEFORE INSERT ON {db}.k FOR EACH ROW BEGIN"
+                       f" UPDATE {db}.fails SET n = n + 1;"
+                       f" IF (SELECT n FROM {db}.fails) <= 2 THEN"
+                       "  SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'failing on purpose'; END IF; END")):
         mariadb_target.query(statement)
     load = MySQLLoad(mariadb_target.target_config(), pipeline="pt", position_schema=mysql_db)
     replicate(mariadb_source, start, [table_rule(rf"{source_db}\.(k|loose)", f"{mysql_db}.{{table}}")], load,

@@ -21,7 +21,6 @@ from setl.model import DdlChange
 from setl.sinks.postgresql import PostgresLoad
 from setl.sinks.sql_common import TargetTableMissing
 from setl.testing.servers import PostgresServer, free_port
-
 from tests.e2e.replicate import SETTINGS, binlog_head, replicate, table_rule
 
 from .contract import Changes, SinkContract, Target, item, make_batch, model_settings
@@ -230,9 +229,9 @@ def test_per_table_pipeline_with_a_part_failing_twice_keeps_a_keyless_table_exac
                       "CREATE TABLE app.k (id INT PRIMARY KEY, v INT NOT NULL)",
                       "CREATE TABLE app.loose (v INT NOT NULL)",
                       "CREATE SEQUENCE app.fails",  # nextval survives the rollback of its transaction
-                      "CREATE FUNCTION app.fail_twice() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
-                      " IF nextval('app.fails') <= 2 THEN RAISE EXCEPTION 'failing on purpose'; END IF;"
-                      " RETURN NEW; END $$",
+                      ("CREATE FUNCTION app.fail_twice() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+                       " IF nextval('app.fails') <= 2 THEN RAISE EXCEPTION 'failing on purpose'; END IF;"
+                       " RETURN NEW; END $$"),
                       "CREATE TRIGGER fail_twice BEFORE INSERT ON app.k FOR EACH ROW EXECUTE FUNCTION app.fail_twice()"):
         postgres_server.query(statement, dbname=postgres_db)
     load = PostgresLoad(postgres_server.target_config(postgres_db), pipeline="pt")
