@@ -320,13 +320,15 @@ class SqlLoad(Load, Generic[C]):
     def committed(self) -> Position | None:
         """The end position of the last batch this pipeline committed in the target.
 
-        The first call of a sink that has not loaded yet (what a new leader does at start) takes
-        the fence first, one epoch above the stored one: it kills the other processes' sessions of
-        the pipeline and raises the fence row, so no deposed writer can commit after the position
-        is read. The scheduler then takes its epoch above `committed_epoch()`, which reads it back.
+        When the target's fence is not this sink's own (a sink that has not loaded yet, or one
+        whose pipeline another process has written since: what a new leader meets at start), it
+        takes the fence first, one epoch above the stored one: it kills the other processes'
+        sessions of the pipeline and raises the fence row, so no deposed writer can commit after
+        the position is read. The scheduler then takes its epoch above `committed_epoch()`, which
+        reads it back.
         """
         def read(conn: C) -> tuple[Position | None, int | None]:
-            if not self._fenced_epoch:
+            if not self._fenced_epoch or (self._read_position(conn)[1] or 0) != self._fenced_epoch:
                 self._take_fence(conn, None)
             return self._read_position(conn)
 
@@ -472,7 +474,7 @@ class SqlLoad(Load, Generic[C]):
         batch's epoch (without a batch: one above the stored epoch), retrying both until the row
         lock is ours (see the class docstring)."""
         with self._fence_lock:
-            if batch is None and self._fenced_epoch or batch is not None and batch.epoch <= self._fenced_epoch:
+            if batch is not None and batch.epoch <= self._fenced_epoch:
                 return  # another thread of this sink took it meanwhile
             stored_epoch = self._read_position(conn)[1]
             if batch is not None and stored_epoch is not None and stored_epoch > batch.epoch:

@@ -502,6 +502,26 @@ class SinkContract:
             old.close()
             new.close()
 
+    def test_a_leader_back_after_another_one_fences_it_before_reading(self, target, items):
+        """A sink whose pipeline another process has written since its own last batch (leadership
+        lost and regained) takes the fence again on its next committed()."""
+        mine = target.make_load()
+        other = target.make_load()
+        other.token = "another-process"
+        try:
+            mine.load(make_batch([items.insert(**item(1))], id=1, epoch=1))
+            assert mine.committed_epoch() == 1 and mine.committed().offset == 104
+            other.load(make_batch([items.insert(**item(2))], id=2, epoch=2))
+            session = target.session_id(other)
+            assert mine.committed().offset == 204
+            wait_until(lambda: not target.session_alive(session), message="the other writer's session to be killed")
+            assert mine.committed_epoch() == 3
+            with pytest.raises(LoadError, match="refused: batch epoch 2 is older than epoch 3"):
+                other.load(make_batch([items.insert(**item(3))], id=3, epoch=2))
+        finally:
+            mine.close()
+            other.close()
+
     def test_a_deposed_writer_is_refused_without_killing_the_newer_one(self, target, items):
         """A writer of an older epoch arriving after a newer one took the fence is refused and kills nothing."""
         new = target.make_load()
