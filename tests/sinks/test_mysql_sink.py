@@ -161,6 +161,30 @@ class TestMySQLSink(SinkContract):
         assert target.rows("items") == [(1, "n", 1, None, 2)] and target.rows("ghosts") == [(1,)]
         assert load.committed() == batch.end
 
+    def test_fencing_without_the_right_to_kill_is_one_clear_line(self, target, items):
+        """An account that may not kill the deposed writer's session fails the batch with one line
+        naming the right to grant, and writes nothing."""
+        user = f"weak_{target.schema}"[:32]
+        target.server.query(f"CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'")
+        try:
+            target.server.query(f"GRANT ALL ON `{target.schema}`.* TO '{user}'@'%'")
+            old = target.make_load()
+            old.token = "another-process"
+            old.load(make_batch([items.insert(**item(1))], id=1, epoch=1))
+            weak = MySQLLoad(attrs.evolve(target.config(), user=user, password="pw"), pipeline="p",
+                             **target.load_options(), sleep=lambda seconds: None)
+            try:
+                with pytest.raises(LoadError, match=r"cannot kill session \d+ of a deposed writer to fence the "
+                                                    r"target .*grant the target account CONNECTION ADMIN") as info:
+                    weak.load(make_batch([items.insert(**item(2))], id=2, epoch=2))
+                assert "\n" not in str(info.value) and info.value.context["pipeline"] == "p"
+            finally:
+                weak.close()
+                old.close()
+            assert [r[0] for r in target.rows("items")] == [1]
+        finally:
+            target.server.query(f"DROP USER '{user}'@'%'")
+
     def test_ddl_that_fails_without_a_replay_is_an_error(self, target, items, load):
         """Outside a replay, a DDL that cannot run (a column already there) fails its batch."""
         target.execute(f"ALTER TABLE {target.qualified('items')} ADD COLUMN extra INT")

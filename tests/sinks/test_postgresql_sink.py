@@ -141,6 +141,29 @@ class TestPostgresSink(SinkContract):
 
     # -- DDL on PostgreSQL, translated and transactional
 
+    def test_fencing_without_the_right_to_terminate_is_one_clear_line(self, target, items):
+        """A role that may not terminate the deposed writer's backend (a superuser's) fails the batch
+        with one line naming the right to grant, and writes nothing."""
+        role = f"weak_{target.database}"[:60]
+        old = target.make_load()
+        old.token = "another-process"
+        old.load(make_batch([items.insert(**item(1))], id=1, epoch=1))
+        for statement in (f'CREATE ROLE "{role}" LOGIN', f'GRANT USAGE ON SCHEMA setl, app TO "{role}"',
+                          f'GRANT ALL ON ALL TABLES IN SCHEMA setl, app TO "{role}"'):
+            target.execute(statement)
+        weak = PostgresLoad(attrs.evolve(target.config(), user=role), pipeline="p", sleep=lambda seconds: None)
+        try:
+            with pytest.raises(LoadError, match=r"cannot terminate the sessions of a deposed writer to fence "
+                                                r"the target .*pg_signal_backend") as info:
+                weak.load(make_batch([items.insert(**item(2))], id=2, epoch=2))
+            assert "\n" not in str(info.value) and info.value.context["pipeline"] == "p"
+        finally:
+            weak.close()
+            old.close()
+            target.execute(f'DROP OWNED BY "{role}"')
+            target.execute(f'DROP ROLE "{role}"')
+        assert [r[0] for r in target.rows("items")] == [1]
+
     def test_ddl_rolls_back_with_its_batch(self, target, items, load):
         """A DDL runs inside its batch's transaction: when a later row fails, the DDL is undone."""
         add = DdlChange(target.schema, "items", f"ALTER TABLE `{target.schema}`.`items` ADD COLUMN extra INT")
