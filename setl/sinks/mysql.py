@@ -21,6 +21,7 @@ unique key).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -32,9 +33,9 @@ import pymysql
 import pymysql.err
 
 from setl.errors import LoadError, TransientLoadError
-from setl.model import Batch
+from setl.model import Batch, Position
 from setl.sinks.merge import TableChanges
-from setl.sinks.sql_common import DdlStep, SqlLoad, TargetTableMissing, chunks, group_by_columns
+from setl.sinks.sql_common import DdlStep, FenceBusy, SqlLoad, TargetTableMissing, chunks, group_by_columns
 
 
 @attrs.frozen
@@ -47,8 +48,8 @@ class MysqlTargetConfig:
     database: str | None = None
 
 
-# Server errors worth a reconnect and replay: lock wait timeout, deadlock, connection killed,
-# server shutting down, and the client-side lost-connection family.
+# Server errors worth a reconnect and replay: lock wait timeout, deadlock, connection killed or
+# refused, server shutting down or restarting, and the client-side lost-connection family.
 TRANSIENT_ERRORS = frozenset({
     1040,  # too many connections
     1053,  # server shutdown in progress
@@ -60,6 +61,10 @@ TRANSIENT_ERRORS = frozenset({
     2013,  # lost connection during query
     2014,  # commands out of sync (a connection left broken)
     2055,  # lost connection at a system call
+    1077, 1078, 1079, 1080,  # normal shutdown, got signal, shutdown complete, forcing close
+    1152, 1184,  # aborted connection, aborted new connection
+    1158, 1159, 1160, 1161,  # network read/write errors and timeouts
+    1969,  # query interrupted by max_statement_time
     4031,  # disconnected by the server for inactivity (MySQL 8)
 })
 MISSING_TABLE_ERRORS = frozenset({1146, 1049})  # no such table, unknown database
@@ -111,6 +116,9 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         self.read_timeout = read_timeout
         self._position = table_name(self.position_schema, self.position_table)
         self._ddl_marks = table_name(self.position_schema, self.position_table + "_ddl")
+        self._table_position = table_name(self.position_schema, self.position_table + "_table")
+        self._fence_table = table_name(self.position_schema, self.position_table + "_fence")
+        self._sessions = table_name(self.position_schema, self.position_table + "_session")
 
     def __repr__(self) -> str:
         return f"<MySQLLoad {self.pipeline} -> {self.config.host}:{self.config.port}>"
@@ -146,7 +154,7 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
     def _rollback(self, conn: pymysql.connections.Connection) -> None:
         conn.rollback()
 
-    # -- position and epoch
+    # -- position, fence and sessions
 
     def _create_position_table(self, conn: pymysql.connections.Connection) -> None:
         with conn.cursor() as cur:
@@ -156,11 +164,53 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
                 " `pipeline` VARCHAR(191) NOT NULL PRIMARY KEY,"
                 " `log` VARCHAR(512) NOT NULL,"
                 " `offset` BIGINT NOT NULL,"
+                " `row` BIGINT NOT NULL DEFAULT 0,"
                 " `gtid` TEXT NULL,"
                 " `batch_id` BIGINT NOT NULL,"
                 " `epoch` BIGINT NOT NULL,"
                 " `updated_at` TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)"
                 "   ON UPDATE CURRENT_TIMESTAMP(6)"
+                ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
+                (),
+            )
+            # Tables made before positions had a row: add it (only when missing, since an ALTER
+            # waits for every open transaction on the table).
+            cur.execute("SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s"
+                        " AND TABLE_NAME = %s AND COLUMN_NAME = 'row'",
+                        (self.position_schema, self.position_table))
+            if not cur.fetchone()[0]:
+                cur.execute(f"ALTER TABLE {self._position} ADD COLUMN `row` BIGINT NOT NULL"
+                            " DEFAULT 0 AFTER `offset`", ())
+            cur.execute(
+                f"CREATE TABLE IF NOT EXISTS {self._table_position} ("
+                " `pipeline` VARCHAR(191) NOT NULL,"
+                " `target_table` VARCHAR(400) NOT NULL,"
+                " `log` VARCHAR(512) NOT NULL,"
+                " `offset` BIGINT NOT NULL,"
+                " `row` BIGINT NOT NULL DEFAULT 0,"
+                " `gtid` TEXT NULL,"
+                " `batch_id` BIGINT NOT NULL,"
+                " `epoch` BIGINT NOT NULL,"
+                " PRIMARY KEY (`pipeline`, `target_table`)"
+                ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
+                (),
+            )
+            cur.execute(
+                f"CREATE TABLE IF NOT EXISTS {self._fence_table} ("
+                " `pipeline` VARCHAR(191) NOT NULL PRIMARY KEY,"
+                " `epoch` BIGINT NOT NULL"
+                ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
+                (),
+            )
+            cur.execute(
+                f"CREATE TABLE IF NOT EXISTS {self._sessions} ("
+                " `pipeline` VARCHAR(191) NOT NULL,"
+                " `session` BIGINT NOT NULL,"
+                " `token` VARCHAR(255) NOT NULL,"
+                " `boot` BIGINT NOT NULL,"
+                " `epoch` BIGINT NOT NULL,"
+                " `registered_at` TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),"
+                " PRIMARY KEY (`pipeline`, `session`)"
                 ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
                 (),
             )
@@ -173,31 +223,134 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
             )
         conn.commit()
 
-    def _locked_epoch(self, conn: pymysql.connections.Connection) -> int | None:
+    @staticmethod
+    def _boot(cur: Any) -> int:
+        """When the server started (Unix seconds): session ids are unique within one boot."""
+        cur.execute("SELECT UNIX_TIMESTAMP() - VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS"
+                    " WHERE VARIABLE_NAME = 'UPTIME'", ())
+        return int(cur.fetchone()[0])
+
+    def _register(self, conn: pymysql.connections.Connection) -> None:
         with conn.cursor() as cur:
-            cur.execute(f"SELECT `epoch` FROM {self._position} WHERE `pipeline` = %s FOR UPDATE",
+            boot = self._boot(cur)
+            cur.execute(f"INSERT INTO {self._sessions} (`pipeline`, `session`, `token`, `boot`, `epoch`)"
+                        " VALUES (%s, CONNECTION_ID(), %s, %s, %s) ON DUPLICATE KEY UPDATE"
+                        " `token` = VALUES(`token`), `boot` = VALUES(`boot`), `epoch` = VALUES(`epoch`),"
+                        " `registered_at` = CURRENT_TIMESTAMP(6)",
+                        (self.pipeline, self.token, boot, self._fenced_epoch))
+        conn.commit()
+
+    def _kill_others(self, conn: pymysql.connections.Connection) -> int:
+        killed = 0
+        with conn.cursor() as cur:
+            boot = self._boot(cur)
+            cur.execute(f"SELECT `session`, `boot` FROM {self._sessions} WHERE `pipeline` = %s AND `token` <> %s",
+                        (self.pipeline, self.token))
+            for session, registered_boot in cur.fetchall():
+                # The uptime is read in whole seconds: a registration of this boot may differ by one.
+                alive = abs(int(registered_boot) - boot) <= 2
+                if alive:
+                    try:
+                        cur.execute(f"KILL CONNECTION {int(session)}", ())
+                        killed += 1
+                    except pymysql.err.MySQLError as exc:
+                        code = exc.args[0] if exc.args else None
+                        if code in (1095, 1227):  # not owner of the thread / access denied
+                            raise LoadError(
+                                f"cannot kill session {session} of a deposed writer to fence the target "
+                                f"({self._describe(exc)}): grant the target account CONNECTION ADMIN "
+                                f"(or SUPER), or use the same account on every node", pipeline=self.pipeline,
+                                stage="load") from exc
+                        if code != 1094:  # unknown thread: it is gone
+                            raise
+                        alive = False
+                if not alive:
+                    cur.execute(f"DELETE FROM {self._sessions} WHERE `pipeline` = %s AND `session` = %s",
+                                (self.pipeline, session))
+        conn.commit()
+        return killed
+
+    def _raise_fence(self, conn: pymysql.connections.Connection, epoch: int | None) -> int:
+        wait = max(1, round(self.fence_lock_timeout))
+        try:
+            with conn.cursor() as cur:
+                # SET SESSION (not MariaDB's SET STATEMENT) so that MySQL targets take it too.
+                cur.execute(f"SET SESSION innodb_lock_wait_timeout = {wait}", ())
+                cur.execute(f"SELECT `epoch` FROM {self._fence_table} WHERE `pipeline` = %s FOR UPDATE",
+                            (self.pipeline,))
+                row = cur.fetchone()
+                cur.execute(f"SELECT `epoch` FROM {self._position} WHERE `pipeline` = %s", (self.pipeline,))
+                position = cur.fetchone()
+                stored = max([int(r[0]) for r in (row, position) if r] or [0])
+                if epoch is None:
+                    epoch = stored + 1
+                if stored <= epoch:
+                    stored = epoch
+                    cur.execute(f"INSERT INTO {self._fence_table} (`pipeline`, `epoch`) VALUES (%s, %s)"
+                                " ON DUPLICATE KEY UPDATE `epoch` = VALUES(`epoch`)", (self.pipeline, epoch))
+            conn.commit()
+        except pymysql.err.OperationalError as exc:
+            if exc.args and exc.args[0] in (1205, 1213):  # lock wait timeout, deadlock
+                raise FenceBusy() from exc
+            raise
+        finally:
+            # A dead connection is dropped anyway; the error that killed it is the one to raise.
+            with contextlib.suppress(pymysql.err.MySQLError), conn.cursor() as cur:
+                cur.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT", ())
+        return stored
+
+    def _shared_epoch(self, conn: pymysql.connections.Connection) -> int | None:
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT `epoch` FROM {self._fence_table} WHERE `pipeline` = %s LOCK IN SHARE MODE",
                         (self.pipeline,))
             row = cur.fetchone()
         return int(row[0]) if row else None
 
-    def _read_position(self, conn: pymysql.connections.Connection) -> tuple[str, int, str | None, int] | None:
+    def _read_position(self, conn: pymysql.connections.Connection) -> tuple[Position | None, int | None]:
         with conn.cursor() as cur:
-            cur.execute(f"SELECT `log`, `offset`, `gtid`, `epoch` FROM {self._position} WHERE `pipeline` = %s",
-                        (self.pipeline,))
+            cur.execute(f"SELECT `log`, `offset`, `row`, `gtid`, `epoch` FROM {self._position}"
+                        " WHERE `pipeline` = %s", (self.pipeline,))
             row = cur.fetchone()
+            cur.execute(f"SELECT `epoch` FROM {self._fence_table} WHERE `pipeline` = %s", (self.pipeline,))
+            fence = cur.fetchone()
         conn.commit()  # end the read's snapshot, so the next read sees newer commits
-        return (row[0], int(row[1]), row[2], int(row[3])) if row else None
+        position = Position(row[0], int(row[1]), row[3], row=int(row[2])) if row else None
+        epochs = [int(r[-1]) for r in (row, fence) if r]
+        return position, max(epochs) if epochs else None
 
     def _write_position(self, conn: pymysql.connections.Connection, batch: Batch) -> None:
         end = batch.end
         with conn.cursor() as cur:
             cur.execute(
-                f"INSERT INTO {self._position} (`pipeline`, `log`, `offset`, `gtid`, `batch_id`, `epoch`)"
-                " VALUES (%s, %s, %s, %s, %s, %s) ON DUPLICATE KEY UPDATE `log` = VALUES(`log`),"
-                " `offset` = VALUES(`offset`), `gtid` = VALUES(`gtid`),"
+                f"INSERT INTO {self._position} (`pipeline`, `log`, `offset`, `row`, `gtid`, `batch_id`, `epoch`)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s) ON DUPLICATE KEY UPDATE `log` = VALUES(`log`),"
+                " `offset` = VALUES(`offset`), `row` = VALUES(`row`), `gtid` = VALUES(`gtid`),"
                 " `batch_id` = VALUES(`batch_id`), `epoch` = VALUES(`epoch`),"
                 " `updated_at` = CURRENT_TIMESTAMP(6)",
-                (self.pipeline, end.log, end.offset, end.gtid, batch.id, batch.epoch),
+                (self.pipeline, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch),
+            )
+
+    def _table_positions(self, conn: pymysql.connections.Connection,
+                         table: str) -> tuple[Position | None, Position | None]:
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT `log`, `offset`, `row` FROM {self._position} WHERE `pipeline` = %s",
+                        (self.pipeline,))
+            pipeline_row = cur.fetchone()
+            cur.execute(f"SELECT `log`, `offset`, `row` FROM {self._table_position}"
+                        " WHERE `pipeline` = %s AND `target_table` = %s FOR UPDATE", (self.pipeline, table))
+            table_row = cur.fetchone()
+        return tuple(Position(r[0], int(r[1]), row=int(r[2])) if r else None  # type: ignore[return-value]
+                     for r in (pipeline_row, table_row))
+
+    def _write_table_position(self, conn: pymysql.connections.Connection, table: str, batch: Batch) -> None:
+        end = batch.end
+        with conn.cursor() as cur:
+            cur.execute(
+                f"INSERT INTO {self._table_position} (`pipeline`, `target_table`, `log`, `offset`, `row`,"
+                " `gtid`, `batch_id`, `epoch`) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON DUPLICATE KEY UPDATE"
+                " `log` = VALUES(`log`), `offset` = VALUES(`offset`), `row` = VALUES(`row`),"
+                " `gtid` = VALUES(`gtid`), `batch_id` = VALUES(`batch_id`), `epoch` = VALUES(`epoch`)",
+                (self.pipeline, table, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch),
             )
 
     # -- rows

@@ -1,10 +1,11 @@
 """A directory of Parquet files as the target: the change log of every table, one file per batch.
 
-Layout: ``PATH/SCHEMA.TABLE/[COL=VALUE/...]part-LOG-OFFSET.parquet`` (`table_directory`:
+Layout: ``PATH/SCHEMA.TABLE/[COL=VALUE/...]part-LOG-OFFSET[_ROW].parquet`` (`table_directory`:
 ``%``, ``.``, ``/``, ``\\`` and control characters in SCHEMA and TABLE are %XX-quoted, so
 ``s``.``a.b`` and ``s.a``.``b`` get directories of their own), where
 ``LOG-OFFSET`` is the batch's *start* position (the log name URL-quoted, the
-offset zero-padded to 20 digits) and ``COL=VALUE`` are hive partitions of the
+offset zero-padded to 20 digits; ``_ROW``, zero-padded to 10 digits, only for a
+batch that starts inside a transaction delivered in pieces) and ``COL=VALUE`` are hive partitions of the
 ``partition_by`` columns (``__HIVE_DEFAULT_PARTITION__`` for NULL). One directory
 belongs to one pipeline (recorded in ``PATH/.setl-pipeline``).
 
@@ -14,10 +15,14 @@ Each row is one change, in these columns:
 * ``_setl_op`` (string): ``insert``, ``update`` or ``delete``;
 * ``_setl_batch`` (int64): the id of the batch that wrote the row;
 * ``_setl_position`` (string): the source position after the change's
-  transaction, as text (``LOG:OFFSET``, with its GTID when it has one);
+  transaction, as text (``LOG:OFFSET``, with its GTID when it has one;
+  ``LOG:OFFSET+ROW`` for a change of a transaction delivered in pieces);
 * ``_setl_log`` (string) and ``_setl_offset`` (int64): that position's log file
   and offset, the order of transactions (binlog file names are zero-padded, so
   they sort as text);
+* ``_setl_row`` (int64): that position's row: 0, or for a change of a
+  transaction delivered in pieces (whose changes all have the transaction's
+  start offset) its 1-based ordinal in the transaction;
 * ``_setl_seq`` (int64): the change's index in its batch (the order within it);
 * ``_setl_before_<column>`` for each primary-key column (for every column when
   the table has no primary key): on ``update`` rows the before image's value,
@@ -25,7 +30,7 @@ Each row is one change, in these columns:
 
 Applying the log: read every file (``pyarrow.parquet.read_table(PATH/SCHEMA.TABLE,
 partitioning="hive")``), order rows by (``_setl_log``, ``_setl_offset``,
-``_setl_seq``), and for each
+``_setl_row``, ``_setl_seq``), and for each
 row: ``insert``: put the image under its key; ``update``: remove the row under the
 ``_setl_before_*`` key, then put the image under its key; ``delete``: remove the
 row under its key.
@@ -98,14 +103,15 @@ OWNER_FILE = ".setl-pipeline"
 WRITERS = ("arrow", "spark")
 #: Spark SQL settings of the writer's own session: timestamps as INT64 micros, as pyarrow writes them.
 SPARK_WRITER_CONF = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"}
-_FILE = re.compile(r"^part-(?P<log>.+)-(?P<offset>\d{20})\.parquet$")
+_FILE = re.compile(r"^part-(?P<log>.+)-(?P<offset>\d{20})(?:_(?P<row>\d{10}))?\.parquet$")
 #: What an interrupted write leaves: a hidden temp file, or the Spark writer's staging directory beside it.
 _LEFTOVER = re.compile(r"^\.part-.+\.parquet\.[0-9a-f]{32}\.(?:tmp|spark)$")
 
 
 def file_name(start: Position) -> str:
-    """The file name of a batch's output: its start position, sortable by offset."""
-    return f"part-{urllib.parse.quote(start.log, safe='.-_')}-{start.offset:020d}.parquet"
+    """The file name of a batch's output: its start position, sortable by offset (and row)."""
+    row = f"_{start.row:010d}" if start.row else ""
+    return f"part-{urllib.parse.quote(start.log, safe='.-_')}-{start.offset:020d}{row}.parquet"
 
 
 def table_directory(schema: str, table: str) -> str:
@@ -114,11 +120,11 @@ def table_directory(schema: str, table: str) -> str:
     return flat_name(schema, table)
 
 
-def _start_of(name: str) -> tuple[str, int] | None:
+def _start_of(name: str) -> tuple[str, int, int] | None:
     match = _FILE.match(name)
     if match is None:
         return None
-    return urllib.parse.unquote(match.group("log")), int(match.group("offset"))
+    return urllib.parse.unquote(match.group("log")), int(match.group("offset")), int(match.group("row") or 0)
 
 
 def _partition_segment(column: str, value: Any) -> str:
@@ -161,9 +167,9 @@ class ParquetLoad(Load):
         # Spark holds decimals of up to 38 digits; wider ones go as text (the codec of frames.py)
         self._max_precision = SPARK_MAX_PRECISION if writer == "spark" else PARQUET_MAX_PRECISION
         self._opened = False
-        # start (log, offset) of every file under root, sorted, and the files per start
-        self._starts: list[tuple[str, int]] = []
-        self._files: dict[tuple[str, int], set[Path]] = {}
+        # start (log, offset, row) of every file under root, sorted, and the files per start
+        self._starts: list[tuple[str, int, int]] = []
+        self._files: dict[tuple[str, int, int], set[Path]] = {}
         self._schemas: dict[str, dict[str, pa.DataType]] = {}
 
     @classmethod
@@ -268,6 +274,8 @@ class ParquetLoad(Load):
                                   pa.string()),
             "_setl_offset": pa.array([change.position.offset if change.position else None for _, change in changes],
                                      pa.int64()),
+            "_setl_row": pa.array([change.position.row if change.position else None for _, change in changes],
+                                  pa.int64()),
             "_setl_seq": pa.array([seq for seq, _ in changes], pa.int64()),
         }
         types = TableTypes(max_precision=self._max_precision, widen_decimals=True)
@@ -336,7 +344,7 @@ class ParquetLoad(Load):
             raise
         if self.fsync:
             _fsync(folder)
-        self._remember((start.log, start.offset), final)
+        self._remember((start.log, start.offset, start.row), final)
         return final
 
     def _write_arrow(self, table: pa.Table, temp: Path) -> None:
@@ -380,7 +388,7 @@ class ParquetLoad(Load):
 
     # --- replays ----------------------------------------------------------------------------
 
-    def _remember(self, start: tuple[str, int], path: Path) -> None:
+    def _remember(self, start: tuple[str, int, int], path: Path) -> None:
         files = self._files.get(start)
         if files is None:
             files = self._files[start] = set()
@@ -390,7 +398,8 @@ class ParquetLoad(Load):
     def _remove_stale(self, batch: Batch, written: Iterable[Path]) -> None:
         """Delete files an earlier cut of this batch's range left: started in [start, end), not rewritten."""
         keep = set(written)
-        low, high = (batch.start.log, batch.start.offset), (batch.end.log, batch.end.offset)
+        low = (batch.start.log, batch.start.offset, batch.start.row)
+        high = (batch.end.log, batch.end.offset, batch.end.row)
         i = bisect_left(self._starts, low)
         while i < len(self._starts) and self._starts[i] < high:
             start = self._starts[i]

@@ -26,10 +26,10 @@ from psycopg.types.json import Jsonb
 
 from setl.ddl import parse
 from setl.errors import LoadError, TransientLoadError
-from setl.model import Batch
+from setl.model import Batch, Position
 from setl.sinks.merge import TableChanges
 from setl.sinks.postgresql_ddl import Translator, UnsupportedDdl
-from setl.sinks.sql_common import DdlStep, SqlLoad, TargetTableMissing, chunks, group_by_columns
+from setl.sinks.sql_common import DdlStep, FenceBusy, SqlLoad, TargetTableMissing, chunks, group_by_columns
 
 
 @attrs.frozen
@@ -83,6 +83,9 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
         super().__init__(config, **options)
         self.connect_timeout = connect_timeout
         self._position = sql.Identifier(self.position_schema, self.position_table)
+        self._table_position = sql.Identifier(self.position_schema, self.position_table + "_table")
+        self._fence_table = sql.Identifier(self.position_schema, self.position_table + "_fence")
+        self._sessions = sql.Identifier(self.position_schema, self.position_table + "_session")
         self._statements: dict[tuple[Any, ...], str] = {}
 
     def __repr__(self) -> str:
@@ -123,51 +126,149 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
             self._statements[key] = text
         return text
 
-    # -- position and epoch
+    # -- position, fence and sessions
 
     def _create_position_table(self, conn: psycopg.Connection) -> None:
+        schema = sql.Identifier(self.position_schema)
         exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
                               (self._position.as_string(conn),)).fetchone()
         if not (exists and exists[0]):
-            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
-                sql.Identifier(self.position_schema)))
+            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema))
             conn.execute(sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {} ("
                 " pipeline text PRIMARY KEY,"
                 " log text NOT NULL,"
                 " \"offset\" bigint NOT NULL,"
+                " \"row\" bigint NOT NULL DEFAULT 0,"
                 " gtid text,"
                 " batch_id bigint NOT NULL,"
                 " epoch bigint NOT NULL,"
                 " updated_at timestamptz NOT NULL DEFAULT now())"
             ).format(self._position))
+        # Tables made before positions had a row: add it (only when missing, since an ALTER
+        # waits for every open transaction on the table).
+        has_row = conn.execute("SELECT 1 FROM pg_attribute WHERE attrelid = %s::regclass AND attname = 'row'"
+                               " AND NOT attisdropped", (self._position.as_string(conn),)).fetchone()
+        if not has_row:
+            conn.execute(sql.SQL('ALTER TABLE {} ADD COLUMN IF NOT EXISTS "row" bigint NOT NULL DEFAULT 0')
+                         .format(self._position))
+        for name, columns in (
+            (self._table_position, ' pipeline text NOT NULL, target_table text NOT NULL, log text NOT NULL,'
+                                   ' "offset" bigint NOT NULL, "row" bigint NOT NULL DEFAULT 0, gtid text,'
+                                   ' batch_id bigint NOT NULL, epoch bigint NOT NULL,'
+                                   ' PRIMARY KEY (pipeline, target_table)'),
+            (self._fence_table, " pipeline text PRIMARY KEY, epoch bigint NOT NULL"),
+            (self._sessions, " pipeline text NOT NULL, session integer NOT NULL, token text NOT NULL,"
+                             " started timestamptz, epoch bigint NOT NULL,"
+                             " registered_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (pipeline, session)"),
+        ):
+            present = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name.as_string(conn),)).fetchone()
+            if not (present and present[0]):
+                conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (" + columns + ")").format(name))
         conn.commit()
 
-    def _locked_epoch(self, conn: psycopg.Connection) -> int | None:
-        row = conn.execute(
-            sql.SQL("SELECT epoch FROM {} WHERE pipeline = %s FOR UPDATE").format(self._position),
-            (self.pipeline,),
-        ).fetchone()
+    def _register(self, conn: psycopg.Connection) -> None:
+        conn.execute(sql.SQL(
+            "INSERT INTO {} (pipeline, session, token, started, epoch)"
+            " SELECT %s, pid, %s, backend_start, %s FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+            " ON CONFLICT (pipeline, session) DO UPDATE SET token = EXCLUDED.token,"
+            " started = EXCLUDED.started, epoch = EXCLUDED.epoch, registered_at = now()"
+        ).format(self._sessions), (self.pipeline, self.token, self._fenced_epoch))
+        conn.commit()
+
+    def _kill_others(self, conn: psycopg.Connection) -> int:
+        # backend_start is NULL for another role's sessions without pg_read_all_stats: then the
+        # pid alone identifies the session.
+        same = ("a.pid = s.session AND (a.backend_start IS NULL OR s.started IS NULL"
+                " OR a.backend_start = s.started)")
+        try:
+            killed = conn.execute(sql.SQL(
+                "SELECT s.session, pg_terminate_backend(s.session) FROM {} s JOIN pg_stat_activity a ON "
+                + same + " WHERE s.pipeline = %s AND s.token <> %s AND s.session <> pg_backend_pid()"
+            ).format(self._sessions), (self.pipeline, self.token)).fetchall()
+        except psycopg.errors.InsufficientPrivilege as exc:
+            conn.rollback()
+            raise LoadError(
+                f"cannot terminate the sessions of a deposed writer to fence the target "
+                f"({self._describe(exc)}): use the same role on every node, or grant the target "
+                f"account pg_signal_backend", pipeline=self.pipeline, stage="load") from exc
+        conn.execute(sql.SQL(
+            "DELETE FROM {} s WHERE s.pipeline = %s AND s.token <> %s"
+            " AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE " + same + ")"
+        ).format(self._sessions), (self.pipeline, self.token))
+        conn.commit()
+        return sum(1 for _, done in killed if done)
+
+    def _raise_fence(self, conn: psycopg.Connection, epoch: int | None) -> int:
+        try:
+            conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(
+                sql.Literal(f"{int(self.fence_lock_timeout * 1000)}ms")))
+            conn.execute(sql.SQL("INSERT INTO {} (pipeline, epoch) VALUES (%s, 0) ON CONFLICT DO NOTHING")
+                         .format(self._fence_table), (self.pipeline,))
+            row = conn.execute(sql.SQL("SELECT epoch FROM {} WHERE pipeline = %s FOR UPDATE")
+                               .format(self._fence_table), (self.pipeline,)).fetchone()
+            position = conn.execute(sql.SQL("SELECT epoch FROM {} WHERE pipeline = %s").format(self._position),
+                                    (self.pipeline,)).fetchone()
+            stored = max([int(r[0]) for r in (row, position) if r] or [0])
+            if epoch is None:
+                epoch = stored + 1
+            if stored <= epoch:
+                stored = epoch
+                conn.execute(sql.SQL("UPDATE {} SET epoch = %s WHERE pipeline = %s").format(self._fence_table),
+                             (epoch, self.pipeline))
+            conn.commit()
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as exc:
+            raise FenceBusy() from exc
+        return stored
+
+    def _shared_epoch(self, conn: psycopg.Connection) -> int | None:
+        row = conn.execute(sql.SQL("SELECT epoch FROM {} WHERE pipeline = %s FOR SHARE").format(self._fence_table),
+                           (self.pipeline,)).fetchone()
         return int(row[0]) if row else None
 
-    def _read_position(self, conn: psycopg.Connection) -> tuple[str, int, str | None, int] | None:
+    def _read_position(self, conn: psycopg.Connection) -> tuple[Position | None, int | None]:
         row = conn.execute(
-            sql.SQL('SELECT log, "offset", gtid, epoch FROM {} WHERE pipeline = %s').format(self._position),
+            sql.SQL('SELECT log, "offset", "row", gtid, epoch FROM {} WHERE pipeline = %s').format(self._position),
             (self.pipeline,),
         ).fetchone()
+        fence = conn.execute(sql.SQL("SELECT epoch FROM {} WHERE pipeline = %s").format(self._fence_table),
+                             (self.pipeline,)).fetchone()
         conn.commit()
-        return (row[0], int(row[1]), row[2], int(row[3])) if row else None
+        position = Position(row[0], int(row[1]), row[3], row=int(row[2])) if row else None
+        epochs = [int(r[-1]) for r in (row, fence) if r]
+        return position, max(epochs) if epochs else None
 
     def _write_position(self, conn: psycopg.Connection, batch: Batch) -> None:
         end = batch.end
         conn.execute(
             sql.SQL(
-                'INSERT INTO {} (pipeline, log, "offset", gtid, batch_id, epoch)'
-                " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (pipeline) DO UPDATE SET"
-                ' log = EXCLUDED.log, "offset" = EXCLUDED."offset", gtid = EXCLUDED.gtid,'
+                'INSERT INTO {} (pipeline, log, "offset", "row", gtid, batch_id, epoch)'
+                " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (pipeline) DO UPDATE SET"
+                ' log = EXCLUDED.log, "offset" = EXCLUDED."offset", "row" = EXCLUDED."row", gtid = EXCLUDED.gtid,'
                 " batch_id = EXCLUDED.batch_id, epoch = EXCLUDED.epoch, updated_at = now()"
             ).format(self._position),
-            (self.pipeline, end.log, end.offset, end.gtid, batch.id, batch.epoch),
+            (self.pipeline, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch),
+        )
+
+    def _table_positions(self, conn: psycopg.Connection, table: str) -> tuple[Position | None, Position | None]:
+        pipeline_row = conn.execute(sql.SQL('SELECT log, "offset", "row" FROM {} WHERE pipeline = %s')
+                                    .format(self._position), (self.pipeline,)).fetchone()
+        table_row = conn.execute(sql.SQL('SELECT log, "offset", "row" FROM {} WHERE pipeline = %s'
+                                         " AND target_table = %s FOR UPDATE").format(self._table_position),
+                                 (self.pipeline, table)).fetchone()
+        return (Position(pipeline_row[0], int(pipeline_row[1]), row=int(pipeline_row[2])) if pipeline_row else None,
+                Position(table_row[0], int(table_row[1]), row=int(table_row[2])) if table_row else None)
+
+    def _write_table_position(self, conn: psycopg.Connection, table: str, batch: Batch) -> None:
+        end = batch.end
+        conn.execute(
+            sql.SQL(
+                'INSERT INTO {} (pipeline, target_table, log, "offset", "row", gtid, batch_id, epoch)'
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (pipeline, target_table) DO UPDATE SET"
+                ' log = EXCLUDED.log, "offset" = EXCLUDED."offset", "row" = EXCLUDED."row",'
+                " gtid = EXCLUDED.gtid, batch_id = EXCLUDED.batch_id, epoch = EXCLUDED.epoch"
+            ).format(self._table_position),
+            (self.pipeline, table, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch),
         )
 
     # -- rows

@@ -8,16 +8,20 @@ transient; `SqlLoad.load` does the rest.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar, Union
 
 import attrs
 
 from setl.errors import LoadError, RefusedLoadError, SetlError, TransientLoadError
-from setl.model import Batch, DdlChange, Position, RowChange
+from setl.model import Batch, Change, DdlChange, Position, RowChange
 from setl.retry import call_with_retries
+from setl.routing import flat_name
 from setl.ddl import Statement, parse
 from setl.sinks.merge import TableChanges, merge
 from setl.stages.load import Load
@@ -59,27 +63,58 @@ class TargetTableMissing(Exception):
     """Raised by a dialect's error classifier: the statement named a table that does not exist."""
 
 
+#: Names this process in the target's session registry, so a fence never kills its own sessions.
+PROCESS_TOKEN = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+class FenceBusy(Exception):
+    """Raised by a dialect's `_raise_fence`: the fence row stayed locked past the short lock timeout."""
+
+
 class SqlLoad(Load, Generic[C]):
     """Applies each batch in one target transaction: per table, the merged deletes, then
     multi-row upserts of the full after-images, then an upsert of the batch's end position (with
     its batch id and epoch) into the target's own position table, and COMMIT.
 
-    * `committed()` reads that position back, so a target that committed a batch whose ack was
-      lost is never re-read from before it.
-    * Fencing: a batch whose epoch is lower than the epoch the target holds for the pipeline is
-      refused with a `LoadError` (the position row is locked while it is checked, so a deposed
-      writer cannot slip in between). A newer or equal epoch is accepted and stored.
-      `committed_epoch()` reads it back: a scheduler takes its first epoch above it, so a meta
-      store rebuilt with fresh epochs (or a switch from SQLite to ZooKeeper) is not refused.
-    * Transient errors (deadlock, lock wait timeout, lost connection) are retried in place up to
-      `max_attempts` times: the connection is dropped and the whole batch transaction replayed,
-      which is safe because the transaction either committed or did not, and replays are
-      idempotent. When the attempts run out a `TransientLoadError` is raised; any other failure
-      is a `LoadError`. Both name the pipeline, table, batch id and position.
+    * `committed()` reads that position back (``row`` included, for a batch that ends inside a
+      transaction delivered in pieces), so a target that committed a batch whose ack was lost is
+      never re-read from before it.
+    * Fencing. Every connection registers itself (server session id, this process's token, the
+      pipeline) in the ``<position_table>_session`` table when it connects, in its own committed
+      transaction, before it writes anything. The pipeline's fence row (``<position_table>_fence``)
+      holds the highest epoch that took the target. Every batch or part transaction first reads it
+      under a shared lock and refuses a batch of an older epoch with a `LoadError`; the lock is
+      held to COMMIT, so the fence cannot move under a running transaction. The first batch of an
+      epoch higher than any this sink has fenced takes the fence: it kills every registered
+      session of the pipeline that belongs to another process (MariaDB ``KILL CONNECTION``,
+      PostgreSQL ``pg_terminate_backend``), then raises the fence row's epoch with a short lock
+      timeout, killing and retrying until it holds (at most `fence_timeout` seconds). A killed
+      session's transaction is rolled back by the server, so a deposed leader frozen at any point
+      of its transaction (GC, SIGSTOP, VM pause) never commits after the takeover, and the new
+      leader does not wait for the freeze to end. The account needs the right to kill those
+      sessions (its own sessions need none; otherwise MariaDB ``CONNECTION ADMIN``/``SUPER``,
+      PostgreSQL membership of the same role or ``pg_signal_backend``). `committed_epoch()` reads
+      the stored epoch back: a scheduler takes its first epoch above it, so a meta store rebuilt
+      with fresh epochs (or a switch from SQLite to ZooKeeper) is not refused.
+    * Per-table parts (``load.mode: per_table``): each part runs in its own transaction on its
+      own connection from a pool of at most `connections`, fenced like a batch, and records the
+      part's end position for its target table (``<position_table>_table``, never moved back) in
+      the same transaction. A part skips every change whose `RowChange.position` is after the pipeline's
+      recorded position and at or before its table's recorded one: those are in already, so a
+      replay (whatever the batches it is cut into) applies each change to each table once, tables
+      without a primary key included. `mark_loaded` records the pipeline position when every part
+      is in.
+    * Transient errors (deadlock, lock wait timeout, serialization failure, lost or refused
+      connection, server shutting down) are retried in place up to `max_attempts` times: the
+      connection is dropped and the whole transaction replayed, which is safe because the
+      transaction either committed or did not, and replays are idempotent. When the attempts run
+      out a `TransientLoadError` is raised; any other failure is a `LoadError`. Both name the
+      pipeline, table, batch id and position.
     * Tables without a primary key cannot be merged: each change is applied as it comes (an
       update or delete removes one row equal to the before-image in every column, NULLs equal to
-      NULLs; an insert or update then inserts the after-image). A batch replayed after it
-      committed (its ack was lost) inserts those rows again; a warning is logged once per table.
+      NULLs; an insert or update then inserts the after-image). In ``ordered`` mode a batch
+      replayed after it committed (its ack was lost) inserts those rows again; a warning is
+      logged once per table.
     * DDL (`ddl`, the pipeline's ``pipeline.ddl``): ``apply`` runs each DDL in batch order with
       the rows around it (see the dialect for how, and how a replay is recognised); ``skip``
       logs it and applies the rest of the batch; ``fail`` refuses the batch with a `LoadError`
@@ -101,10 +136,15 @@ class SqlLoad(Load, Generic[C]):
         max_attempts: int = 5,
         initial_backoff: float = 0.1,
         max_backoff: float = 5.0,
+        connections: int = 8,
+        fence_timeout: float = 60.0,
+        fence_lock_timeout: float = 2.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if chunk_rows < 1:
             raise ValueError("chunk_rows must be at least 1")
+        if connections < 1:
+            raise ValueError("connections must be at least 1")
         if ddl not in ("apply", "skip", "fail"):
             raise ValueError(f"ddl must be apply, skip or fail, not {ddl!r}")
         self.config = config
@@ -116,16 +156,32 @@ class SqlLoad(Load, Generic[C]):
         self.max_attempts = max_attempts
         self.initial_backoff = initial_backoff
         self.max_backoff = max_backoff
+        self.connections = connections
+        self.fence_timeout = fence_timeout
+        self.fence_lock_timeout = fence_lock_timeout
+        self.token = PROCESS_TOKEN
         self._sleep = sleep
-        self._conn: C | None = None
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()  # guards the pool and the table setup
+        self._fence_lock = threading.Lock()  # one thread takes the fence for an epoch
+        self._slots = threading.BoundedSemaphore(connections)
+        self._idle: list[C] = []
+        self._local = threading.local()  # per thread: the connection in use, the table written
+        self._fenced_epoch = 0  # the highest epoch this sink has taken the fence for
         self._position_table_ready = False
         self._warned_unkeyed: set[tuple[str, str]] = set()
-        self._table: str | None = None  # the table being written, for error messages
 
     @classmethod
     def from_config(cls, config: Any, *, pipeline: str, **options: Any) -> "SqlLoad[C]":
         return cls(config, pipeline=pipeline, **options)
+
+    @property
+    def _table(self) -> str | None:
+        """The table the calling thread is writing, for error messages."""
+        return getattr(self._local, "table", None)
+
+    @_table.setter
+    def _table(self, table: str | None) -> None:
+        self._local.table = table
 
     # -- what a dialect provides
 
@@ -142,18 +198,43 @@ class SqlLoad(Load, Generic[C]):
         raise NotImplementedError
 
     def _create_position_table(self, conn: C) -> None:
-        """Create the position schema and table if missing, and commit."""
+        """Create (or migrate) the position, fence, session and per-table position tables, and commit."""
         raise NotImplementedError
 
-    def _locked_epoch(self, conn: C) -> int | None:
-        """In the open transaction: lock the pipeline's position row; return its epoch."""
+    def _register(self, conn: C) -> None:
+        """Record `conn`'s server session for this pipeline and process in the session table; commit."""
         raise NotImplementedError
 
-    def _read_position(self, conn: C) -> tuple[str, int, str | None, int] | None:
-        """The stored (log, offset, gtid, epoch) of the pipeline, outside any batch transaction."""
+    def _kill_others(self, conn: C) -> int:
+        """Kill every registered live session of the pipeline not of this process, forget the dead
+        ones, commit; the number killed. Raises `LoadError` when the account may not kill them."""
+        raise NotImplementedError
+
+    def _raise_fence(self, conn: C, epoch: int | None) -> int:
+        """In a transaction with a short lock timeout (`fence_lock_timeout`): lock the pipeline's
+        fence row; if neither it nor the position row holds an epoch above `epoch`, store `epoch`
+        (None: one above the highest stored). Commit and return the highest epoch found, or the
+        one stored. `FenceBusy` if the lock timed out."""
+        raise NotImplementedError
+
+    def _shared_epoch(self, conn: C) -> int | None:
+        """In the open transaction: the fence row's epoch, read under a lock shared to COMMIT."""
+        raise NotImplementedError
+
+    def _read_position(self, conn: C) -> tuple[Position | None, int | None]:
+        """The stored position and epoch of the pipeline, outside any batch transaction."""
         raise NotImplementedError
 
     def _write_position(self, conn: C, batch: Batch) -> None:
+        raise NotImplementedError
+
+    def _table_positions(self, conn: C, table: str) -> tuple[Position | None, Position | None]:
+        """In the open transaction: the pipeline's recorded position, and `table`'s recorded
+        position read under a lock held to COMMIT (each None when there is none)."""
+        raise NotImplementedError
+
+    def _write_table_position(self, conn: C, table: str, batch: Batch) -> None:
+        """In the open transaction: record `batch.end` as `table`'s position."""
         raise NotImplementedError
 
     def _apply_keyed(self, conn: C, table: TableChanges) -> None:
@@ -178,21 +259,21 @@ class SqlLoad(Load, Generic[C]):
     # -- the Load contract
 
     def open(self) -> None:
-        """Connect and create the position table if needed. Retries transient errors."""
-        with self._lock:
-            self._retrying(self._ensure_ready, None)
+        """Connect and create the position tables if needed. Retries transient errors."""
+        self._retrying(lambda: self._with_connection(lambda conn: None, None), None)
 
     def load(self, batch: Batch) -> None:
         """Apply `batch` in one transaction with its position (see the class docstring)."""
         segments = self._segments(batch)
-        with self._lock:
-            self._retrying(lambda: self._apply_batch(batch, segments), batch)
+        self._retrying(lambda: self._with_connection(
+            lambda conn: self._apply_batch(conn, batch, segments), batch), batch)
 
     def load_part(self, batch: Batch) -> None:
-        """One target table's share of a batch (load.mode per_table): fenced, without the position."""
-        segments = self._segments(batch)
-        with self._lock:
-            self._retrying(lambda: self._apply_batch(batch, segments, record=False), batch)
+        """One target table's share of a batch (load.mode per_table), in its own transaction on
+        its own connection: fenced, skipping the changes its table holds already, and recording
+        the table's position (see the class docstring)."""
+        self._segments(batch)  # refuses DDL by pipeline.ddl before anything is written
+        self._retrying(lambda: self._with_connection(lambda conn: self._apply_part(conn, batch), batch), batch)
 
     def mark_loaded(self, batch: Batch) -> None:
         """Every part of `batch` is in: record its position, fenced (a transaction with no rows)."""
@@ -238,84 +319,191 @@ class SqlLoad(Load, Generic[C]):
                         "committed inserts its rows again", self.pipeline, *ident)
 
     def committed(self) -> Position | None:
-        """The end position of the last batch this pipeline committed in the target."""
-        with self._lock:
-            row = self._retrying(self._committed_row, None)
-        return Position(log=row[0], offset=int(row[1]), gtid=row[2]) if row else None
+        """The end position of the last batch this pipeline committed in the target.
+
+        When the target's fence is not this sink's own (a sink that has not loaded yet, or one
+        whose pipeline another process has written since: what a new leader meets at start), it
+        takes the fence first, one epoch above the stored one: it kills the other processes'
+        sessions of the pipeline and raises the fence row, so no deposed writer can commit after
+        the position is read. The scheduler then takes its epoch above `committed_epoch()`, which
+        reads it back.
+        """
+        def read(conn: C) -> tuple[Position | None, int | None]:
+            if not self._fenced_epoch or (self._read_position(conn)[1] or 0) != self._fenced_epoch:
+                self._take_fence(conn, None)
+            return self._read_position(conn)
+
+        return self._retrying(lambda: self._with_connection(read, None), None)[0]
 
     def committed_epoch(self) -> int | None:
         """The epoch of the last batch this pipeline committed in the target (older ones are refused)."""
-        with self._lock:
-            row = self._retrying(self._committed_row, None)
-        return row[3] if row else None
+        return self._retrying(lambda: self._with_connection(self._read_position, None), None)[1]
 
     def close(self) -> None:
         with self._lock:
-            self._drop_connection()
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            self._close(conn)
 
     # -- the machinery
 
-    def _connection(self, batch: Batch | None = None) -> C:
-        if self._conn is None:
+    def _with_connection(self, work: Callable[[C], T], batch: Batch | None) -> T:
+        """Run `work` on a pooled connection of this thread's own (at most `connections` at once).
+        The connection goes back to the pool unless it failed in a way that may have broken it."""
+        held = getattr(self._local, "conn", None)
+        if held is not None:  # re-entered from inside work on this thread
+            return work(held)
+        with self._slots:
+            conn = self._checkout(batch)
+            self._local.conn = conn
+            healthy = False
             try:
-                self._conn = self._connect()
-            except Exception as exc:
-                kind = TransientLoadError if self._classify(exc) is TransientLoadError else LoadError
-                raise kind(f"cannot connect to the {self.dialect} target: {self._describe(exc)}",
-                           **self._context(batch)) from exc
-        return self._conn
+                result = self._guarded(conn, lambda: work(conn), batch)
+                healthy = True
+                return result
+            except LoadError as exc:
+                healthy = not isinstance(exc, TransientLoadError) and not getattr(self._local, "broken", False)
+                raise
+            finally:
+                self._local.conn = None
+                self._local.broken = False
+                if healthy:
+                    with self._lock:
+                        self._idle.append(conn)
+                else:
+                    self._close(conn)
 
-    def _drop_connection(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                self._disconnect(conn)
-            except Exception:  # the connection is likely dead already; nothing to save
-                log.debug("closing a %s connection failed", self.dialect, exc_info=True)
-
-    def _ensure_ready(self, batch: Batch | None = None) -> C:
-        conn = self._connection(batch)
-        if not self._position_table_ready:
-            self._guarded(conn, lambda: self._create_position_table(conn), batch)
-            self._position_table_ready = True
+    def _checkout(self, batch: Batch | None) -> C:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        try:
+            conn = self._connect()
+        except Exception as exc:
+            kind = TransientLoadError if self._classify(exc) is TransientLoadError else LoadError
+            raise kind(f"cannot connect to the {self.dialect} target: {self._describe(exc)}",
+                       **self._context(batch)) from exc
+        try:
+            self._guarded(conn, lambda: self._prepare(conn), batch)
+        except BaseException:
+            self._close(conn)
+            raise
         return conn
 
-    def _committed_row(self) -> tuple[str, int, str | None, int] | None:
-        conn = self._ensure_ready()
-        return self._guarded(conn, lambda: self._read_position(conn), None)
+    def _prepare(self, conn: C) -> None:
+        """Create the position tables once per sink, then register the new connection."""
+        with self._lock:
+            ready = self._position_table_ready
+        if not ready:
+            self._create_position_table(conn)
+            with self._lock:
+                self._position_table_ready = True
+        self._register(conn)
 
-    def _apply_batch(self, batch: Batch, segments: list[Segment], record: bool = True) -> None:
-        conn = self._ensure_ready(batch)
+    def _close(self, conn: C) -> None:
+        try:
+            self._disconnect(conn)
+        except Exception:  # the connection is likely dead already; nothing to save
+            log.debug("closing a %s connection failed", self.dialect, exc_info=True)
 
-        def transaction() -> None:
-            self._fence(conn, batch)
-            for segment in segments:
-                if isinstance(segment, list):
-                    for table in segment:
-                        self._table = f"{table.schema}.{table.table}"
-                        if table.primary_key:
-                            self._apply_keyed(conn, table)
-                        else:
-                            self._apply_sequence(conn, table)
-                else:
-                    self._table = segment.change.qualified_table
-                    self._apply_ddl(conn, batch, segment)
-            self._table = None
-            if record:
-                self._write_position(conn, batch)
-            self._commit(conn)
+    def _apply_batch(self, conn: C, batch: Batch, segments: list[Segment], record: bool = True) -> None:
+        self._fence(conn, batch)
+        self._apply_segments(conn, batch, segments)
+        if record:
+            self._write_position(conn, batch)
+        self._commit(conn)
 
-        self._guarded(conn, transaction, batch)
+    def _apply_segments(self, conn: C, batch: Batch, segments: list[Segment]) -> None:
+        for segment in segments:
+            if isinstance(segment, list):
+                for table in segment:
+                    self._table = f"{table.schema}.{table.table}"
+                    if table.primary_key:
+                        self._apply_keyed(conn, table)
+                    else:
+                        self._apply_sequence(conn, table)
+            else:
+                self._table = segment.change.qualified_table
+                self._apply_ddl(conn, batch, segment)
+        self._table = None
+
+    def _apply_part(self, conn: C, batch: Batch) -> None:
+        """One part: fence, drop what each of its tables holds already, apply, record, COMMIT."""
+        self._fence(conn, batch)
+        keep: list[Change] = []
+        tables: dict[str, tuple[Position | None, Position | None]] = {}
+        for change in batch.changes:
+            table = flat_name(change.schema, change.table or "")  # unambiguous with dots in names
+            if table not in tables:
+                self._table = table
+                tables[table] = self._table_positions(conn, table)
+            pipeline_at, table_at = tables[table]
+            if (isinstance(change, RowChange) and change.position is not None and table_at is not None
+                    and change.position <= table_at and (pipeline_at is None or change.position > pipeline_at)):
+                continue  # this table committed it in an earlier part
+            keep.append(change)
+        if len(keep) < len(batch.changes):
+            log.info("pipeline=%s stage=load batch=%s: %d of %d changes of %s are in the target "
+                     "already; skipped", self.pipeline, batch.id, len(batch.changes) - len(keep),
+                     len(batch.changes), ", ".join(tables))
+        self._apply_segments(conn, batch, self._segments(batch.replace(tuple(keep))))
+        for table, (_, table_at) in tables.items():
+            # Never backwards: after a rollback, a replay's first batches end before what parts of
+            # the discarded batches after them committed already.
+            if table_at is None or batch.end > table_at:
+                self._table = table
+                self._write_table_position(conn, table, batch)
+        self._table = None
+        self._commit(conn)
 
     def _fence(self, conn: C, batch: Batch) -> None:
-        """In the open transaction: lock the position row and refuse a batch of an older epoch."""
-        stored = self._locked_epoch(conn)
+        """In the open transaction: take the fence first if `batch` has a newer epoch than any
+        taken, then hold the fence row shared to COMMIT and refuse a batch of an older epoch."""
+        if batch.epoch > self._fenced_epoch:
+            self._commit(conn)  # nothing is written yet; the fence is taken outside this transaction
+            self._take_fence(conn, batch)
+        stored = self._shared_epoch(conn)
         if stored is not None and batch.epoch < stored:
             raise LoadError(
                 f"refused: batch epoch {batch.epoch} is older than epoch {stored} the target "
                 f"holds for this pipeline (a newer writer owns it)",
                 **self._context(batch),
             )
+
+    def _take_fence(self, conn: C, batch: Batch | None) -> None:
+        """Kill the other processes' sessions of the pipeline and raise the fence row to the
+        batch's epoch (without a batch: one above the stored epoch), retrying both until the row
+        lock is ours (see the class docstring)."""
+        with self._fence_lock:
+            if batch is not None and batch.epoch <= self._fenced_epoch:
+                return  # another thread of this sink took it meanwhile
+            stored_epoch = self._read_position(conn)[1]
+            if batch is not None and stored_epoch is not None and stored_epoch > batch.epoch:
+                # A newer writer owns the target: refuse before killing anything of it.
+                raise LoadError(
+                    f"refused: batch epoch {batch.epoch} is older than epoch {stored_epoch} the target "
+                    f"holds for this pipeline (a newer writer owns it)", **self._context(batch))
+            deadline = time.monotonic() + self.fence_timeout
+            killed = 0
+            while True:
+                killed += self._kill_others(conn)
+                try:
+                    stored = self._raise_fence(conn, batch.epoch if batch is not None else None)
+                    break
+                except FenceBusy:
+                    self._rollback(conn)
+                    if time.monotonic() > deadline:
+                        raise TransientLoadError(
+                            f"could not take the fence for epoch {batch.epoch if batch else 'above the stored one'} within "
+                            f"{self.fence_timeout:.0f} s: its row stays locked by a session setl "
+                            f"cannot kill", **self._context(batch)) from None
+            if batch is not None and stored > batch.epoch:
+                raise LoadError(
+                    f"refused: batch epoch {batch.epoch} is older than epoch {stored} the target "
+                    f"holds for this pipeline (a newer writer owns it)", **self._context(batch))
+            self._fenced_epoch = stored
+            log.info("pipeline=%s stage=load: took the %s target's fence for epoch %d (%d other "
+                     "session(s) killed)", self.pipeline, self.dialect, stored, killed)
 
     def _guarded(self, conn: C, work: Callable[[], T], batch: Batch | None) -> T:
         """Run `work` on `conn`; on any failure roll back and raise it as a setl error."""
@@ -326,7 +514,7 @@ class SqlLoad(Load, Generic[C]):
             try:
                 self._rollback(conn)
             except Exception:  # a dead connection cannot roll back; the server already did
-                self._drop_connection()
+                self._local.broken = True
             if isinstance(exc, SetlError) or not isinstance(exc, Exception):
                 raise
             raise self._translate(exc, batch) from exc
@@ -338,7 +526,6 @@ class SqlLoad(Load, Generic[C]):
             return LoadError(f"target table {table} does not exist ({self._describe(exc)})",
                              **self._context(batch, table=table))
         if kind is TransientLoadError:
-            self._drop_connection()
             return TransientLoadError(self._describe(exc), **self._context(batch, table=table))
         return LoadError(self._describe(exc), **self._context(batch, table=table))
 
@@ -355,7 +542,6 @@ class SqlLoad(Load, Generic[C]):
         def before_retry(exc: BaseException) -> None:
             log.warning("pipeline %s: %s target: %s; reconnecting and replaying", self.pipeline,
                         self.dialect, exc)
-            self._drop_connection()
 
         try:
             return call_with_retries(
@@ -372,4 +558,4 @@ class SqlLoad(Load, Generic[C]):
                                      **exc.context) from exc
 
 
-__all__ = ["DdlStep", "SqlLoad", "TargetTableMissing", "chunks", "group_by_columns"]
+__all__ = ["PROCESS_TOKEN", "DdlStep", "FenceBusy", "SqlLoad", "TargetTableMissing", "chunks", "group_by_columns"]

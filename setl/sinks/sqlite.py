@@ -5,6 +5,9 @@ Tables are named ``"schema.table"`` (`setl.routing.flat_name`: a ``.`` or ``%`` 
 images (primary key from the change); columns that appear later are added.
 Each batch is one transaction that also records the batch's end position in
 `setl_position`, so a replay after a crash is recognised by `committed()`.
+Under ``load.mode: per_table`` each part records its table's end position in
+`setl_table_position` in its own transaction and skips the changes that table
+holds already, so replays apply each change to each table once.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Literal
 import attrs
 
 from setl.errors import LoadError, TransientLoadError
-from setl.model import Batch, DdlChange, Position
+from setl.model import Batch, Change, DdlChange, Position, RowChange
 from setl.routing import flat_name
 from setl.sinks.merge import merge
 from setl.stages.load import Load
@@ -52,7 +55,16 @@ class SqliteLoad(Load):
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS setl_position (pipeline TEXT PRIMARY KEY, log TEXT NOT NULL,"
-            " offset INTEGER NOT NULL, gtid TEXT, batch_id INTEGER NOT NULL, epoch INTEGER NOT NULL)"
+            " offset INTEGER NOT NULL, gtid TEXT, batch_id INTEGER NOT NULL, epoch INTEGER NOT NULL,"
+            " row INTEGER NOT NULL DEFAULT 0)"
+        )
+        # Files made before positions had a row: add it.
+        if "row" not in {r[1] for r in self._db.execute("PRAGMA table_info(setl_position)")}:
+            self._db.execute("ALTER TABLE setl_position ADD COLUMN row INTEGER NOT NULL DEFAULT 0")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS setl_table_position (pipeline TEXT NOT NULL, target_table TEXT NOT NULL,"
+            " log TEXT NOT NULL, offset INTEGER NOT NULL, row INTEGER NOT NULL DEFAULT 0,"
+            " PRIMARY KEY (pipeline, target_table))"
         )
 
     @property
@@ -64,9 +76,9 @@ class SqliteLoad(Load):
 
     def committed(self) -> Position | None:
         row = self.db.execute(
-            "SELECT log, offset, gtid FROM setl_position WHERE pipeline = ?", (self.pipeline,)
+            "SELECT log, offset, gtid, row FROM setl_position WHERE pipeline = ?", (self.pipeline,)
         ).fetchone()
-        return Position(*row) if row else None
+        return Position(row[0], row[1], row[2], row=row[3]) if row else None
 
     def _ensure_table(self, name: str, key: tuple[str, ...], images) -> None:
         known = self._columns.get(name)
@@ -90,7 +102,9 @@ class SqliteLoad(Load):
             self._load(batch, record=True)
 
     def load_part(self, batch: Batch) -> None:
-        """One table's share of a batch (load.mode per_table): its rows, without the position."""
+        """One table's share of a batch (load.mode per_table): its rows and the table's position in
+        one transaction, skipping the changes the table holds already (after the pipeline's
+        recorded position, at or before the table's), so a replay applies each change once."""
         with self._lock:
             self._load(batch, record=False)
 
@@ -107,17 +121,20 @@ class SqliteLoad(Load):
                     if isinstance(change, DdlChange):
                         raise LoadError("the SQLite target does not apply DDL",
                                         table=change.qualified_table)
-                for table in merge(batch.changes):
+                changes = batch.changes if record else self._unapplied(batch)
+                for table in merge(changes):
                     table_name = flat_name(table.schema, table.table)
                     self._ensure_table(table_name, table.primary_key,
                                        [*table.upserts, *(c.after for c in table.sequence if c.after)])
                     self._apply(table_name, table)
                 if record:
                     self.db.execute(
-                        "INSERT INTO setl_position VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (pipeline) DO UPDATE"
+                        "INSERT INTO setl_position (pipeline, log, offset, gtid, batch_id, epoch, row)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (pipeline) DO UPDATE"
                         " SET log = excluded.log, offset = excluded.offset, gtid = excluded.gtid,"
-                        " batch_id = excluded.batch_id, epoch = excluded.epoch",
-                        (self.pipeline, batch.end.log, batch.end.offset, batch.end.gtid, batch.id, batch.epoch),
+                        " batch_id = excluded.batch_id, epoch = excluded.epoch, row = excluded.row",
+                        (self.pipeline, batch.end.log, batch.end.offset, batch.end.gtid, batch.id, batch.epoch,
+                         batch.end.row),
                     )
             except BaseException:
                 self.db.execute("ROLLBACK")
@@ -130,6 +147,33 @@ class SqliteLoad(Load):
             raise LoadError(str(exc), table=table_name) from exc
         except sqlite3.Error as exc:
             raise LoadError(f"{type(exc).__name__}: {exc}", table=table_name) from exc
+
+    def _unapplied(self, batch: Batch) -> tuple[Change, ...]:
+        """In the open transaction: `batch`'s changes its tables do not hold yet; records each
+        table's new position (never moved back)."""
+        row = self.db.execute("SELECT log, offset, row FROM setl_position WHERE pipeline = ?",
+                              (self.pipeline,)).fetchone()
+        pipeline_at = Position(row[0], row[1], row=row[2]) if row else None
+        tables: dict[str, Position | None] = {}
+        keep = []
+        for change in batch.changes:
+            name = flat_name(change.schema, change.table or "")
+            if name not in tables:
+                found = self.db.execute("SELECT log, offset, row FROM setl_table_position WHERE pipeline = ?"
+                                        " AND target_table = ?", (self.pipeline, name)).fetchone()
+                tables[name] = Position(found[0], found[1], row=found[2]) if found else None
+            table_at = tables[name]
+            if (isinstance(change, RowChange) and change.position is not None and table_at is not None
+                    and change.position <= table_at and (pipeline_at is None or change.position > pipeline_at)):
+                continue
+            keep.append(change)
+        for name, table_at in tables.items():
+            if table_at is None or batch.end > table_at:
+                self.db.execute(
+                    "INSERT INTO setl_table_position VALUES (?, ?, ?, ?, ?) ON CONFLICT (pipeline, target_table)"
+                    " DO UPDATE SET log = excluded.log, offset = excluded.offset, row = excluded.row",
+                    (self.pipeline, name, batch.end.log, batch.end.offset, batch.end.row))
+        return tuple(keep)
 
     def _apply(self, name: str, table) -> None:
         key = table.primary_key

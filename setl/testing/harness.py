@@ -83,7 +83,7 @@ def parquet_state(root: str | os.PathLike[str], table: str) -> dict[tuple[Any, .
     """A table's rows, ``{key: row}``, from the Parquet target's change log under `root`.
 
     Applied as `setl.sinks.parquet` tells a reader to, with plain pyarrow: rows
-    in (``_setl_log``, ``_setl_offset``, ``_setl_seq``) order; the key is the
+    in (``_setl_log``, ``_setl_offset``, ``_setl_row``, ``_setl_seq``) order; the key is the
     columns that have a ``_setl_before_*`` column, in name order.
     """
     import pyarrow.parquet as pq
@@ -91,7 +91,7 @@ def parquet_state(root: str | os.PathLike[str], table: str) -> dict[tuple[Any, .
     from setl.sinks.parquet import BEFORE_PREFIX
 
     data = pq.read_table(os.path.join(root, table), partitioning="hive").to_pylist()
-    data.sort(key=lambda r: (r["_setl_log"], r["_setl_offset"], r["_setl_seq"]))
+    data.sort(key=lambda r: (r["_setl_log"], r["_setl_offset"], r.get("_setl_row") or 0, r["_setl_seq"]))
     state: dict[tuple[Any, ...], dict[str, Any]] = {}
     for row in data:
         image = {c: v for c, v in row.items() if not c.startswith("_setl_")}

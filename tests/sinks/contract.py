@@ -8,6 +8,8 @@ passes, with what SQL targets do besides: DDL, lock waits, killed sessions, epoc
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -85,12 +87,21 @@ class Target:
         self.kill(session)
         wait_until(lambda: not self.session_alive(session), message="the killed session to disappear")
 
-    def position_table(self) -> str:
-        """The qualified name of the sinks' position table."""
+    def position_table(self, suffix: str = "") -> str:
+        """The qualified name of the sinks' position table (or of its `suffix` companion:
+        _fence, _session, _table)."""
         raise NotImplementedError
 
     def create(self, ddl: str, table: str) -> None:
         self.execute(ddl.format(table=self.qualified(table)))
+
+    def lock_waits(self) -> int:
+        """How many sessions wait for a row lock now."""
+        raise NotImplementedError
+
+    def create_old_position_table(self, log: str, offset: int, epoch: int) -> None:
+        """The position table as sinks made it before positions had a row, holding one position of pipeline p."""
+        raise NotImplementedError
 
 
 class SqlProbe(TargetProbe):
@@ -144,6 +155,23 @@ def make_batch(changes: Sequence[Any], id: int = 1, epoch: int = 1, pipeline: st
                  start=Position("mysql-bin.000001", 4 + (id - 1) * 100),
                  end=Position("mysql-bin.000001", 4 + id * 100, gtid=f"0-1-{id}"),
                  changes=tuple(changes))
+
+
+def at(change: RowChange, offset: int, row: int = 0) -> RowChange:
+    """`change` at source position mysql-bin.000001:offset (+row)."""
+    return attrs.evolve(change, position=Position("mysql-bin.000001", offset, row=row))
+
+
+def span(changes: Sequence[RowChange], start: int, end: int, id: int = 1, epoch: int = 1,
+         end_row: int = 0, start_row: int = 0) -> Batch:
+    """A batch of pipeline p from mysql-bin.000001:start to :end holding `changes`."""
+    return Batch(pipeline="p", id=id, epoch=epoch, start=Position("mysql-bin.000001", start, row=start_row),
+                 end=Position("mysql-bin.000001", end, row=end_row), changes=tuple(changes))
+
+
+def parts(batch: Batch) -> list[Batch]:
+    """`batch` split by table, as the scheduler hands it to `load_part` (load.mode per_table)."""
+    return [batch.replace(tuple(c for c in batch.changes if c.qualified_table == table)) for table in batch.tables]
 
 
 def item(id: int, name: str = "n", qty: int | None = 1, note: str | None = None) -> dict[str, Any]:
@@ -271,10 +299,10 @@ class SinkContract(LoadContract):
         assert target.make_load().committed_epoch() == 9
 
     def test_position_table_lives_in_the_target(self, target, items, load):
-        """The position row holds the batch's end, id and epoch, written by the batch itself."""
+        """The position row holds the batch's end (row included), id and epoch, written by the batch itself."""
         load.load(make_batch([items.insert(id=1, name="a", qty=None, note=None)], id=3, epoch=2))
-        rows = [row[:6] for row in target.query(f"SELECT * FROM {target.position_table()}")]
-        assert rows == [("p", "mysql-bin.000001", 304, "0-1-3", 3, 2)]
+        rows = [row[:7] for row in target.query(f"SELECT * FROM {target.position_table()}")]
+        assert rows == [("p", "mysql-bin.000001", 304, 0, "0-1-3", 3, 2)]
 
     def test_pipelines_keep_separate_positions(self, target, items):
         """Two pipelines loading one target keep their own positions and epochs."""
@@ -409,6 +437,240 @@ class SinkContract(LoadContract):
         load.load(batch)
         assert load.committed() == batch.end
 
+
+    # -- positions inside split transactions
+
+    def test_a_batch_ending_inside_a_split_transaction_round_trips(self, target, items, load):
+        """A batch ending at a piece of a split transaction records (log, offset, row); committed() returns it."""
+        piece = span([at(items.insert(**item(1)), 104, 1), at(items.insert(**item(2)), 104, 2)], 4, 104, end_row=2)
+        load.load(piece)
+        assert load.committed() == piece.end and load.committed().row == 2
+        rest = span([at(items.insert(**item(3)), 104, 3)], 104, 300, id=2, start_row=2)
+        load.load(rest)
+        assert load.committed() == Position("mysql-bin.000001", 300) and load.committed().row == 0
+        assert [r[0] for r in target.rows("items")] == [1, 2, 3]
+
+    def test_a_position_table_without_row_is_migrated(self, target, items):
+        """A position table made before positions had a row gains the column and keeps its position and
+        epoch (the first read of a new sink takes the fence one epoch above it)."""
+        target.create_old_position_table("mysql-bin.000001", 504, epoch=3)
+        load = target.make_load()
+        try:
+            assert load.committed() == Position("mysql-bin.000001", 504) and load.committed_epoch() == 4
+            load.load(span([items.insert(**item(1))], 504, 600, id=6, epoch=4, end_row=4))
+            assert load.committed() == Position("mysql-bin.000001", 600, row=4)
+        finally:
+            load.close()
+
+    # -- fencing a deposed writer
+
+    def test_a_newer_epoch_kills_a_writer_blocked_inside_its_transaction(self, target, items):
+        """A writer of another process stuck inside its batch transaction (as if frozen) is killed by
+        the first batch of a newer epoch, which does not wait for it; the old batch never commits."""
+        target.create(LOOSE_DDL, "loose")
+        loose = Changes(target.schema, "loose", key=())
+        target.execute(f"INSERT INTO {target.qualified('items')} VALUES (1, 'n', 1, NULL), (2, 'n', 1, NULL)")
+        old = target.make_load(fence_lock_timeout=1.0)
+        old.token = "another-process"
+        old.load(make_batch([loose.insert(name="a", qty=1)], id=1, epoch=1))
+        blocker = target.lock_row("items", 1)
+        outcome: dict[str, Any] = {}
+
+        def deposed() -> None:
+            try:
+                old.load(make_batch([loose.insert(name="b", qty=2), items.update(item(1), qty=5)], id=2, epoch=1))
+                outcome["committed"] = True
+            except LoadError as exc:
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=deposed, name="deposed-writer")
+        thread.start()
+        new = target.make_load(fence_lock_timeout=1.0)
+        try:
+            wait_until(lambda: target.lock_waits() >= 1, message="the old writer to wait inside its transaction")
+            started = time.monotonic()
+            new.load(make_batch([loose.insert(name="b", qty=2), items.update(item(2), qty=7)], id=2, epoch=2))
+            took = time.monotonic() - started
+        finally:
+            blocker.rollback()
+            blocker.close()
+            thread.join(60)
+            old.close()
+            new.close()
+        assert not thread.is_alive() and "committed" not in outcome
+        assert "refused: batch epoch 1 is older than epoch 2" in str(outcome["error"])
+        assert took < 20, took
+        assert sorted(target.rows("loose")) == [("a", 1), ("b", 2)]
+        assert target.rows("items") == [(1, "n", 1, None), (2, "n", 7, None)]
+        assert new.committed_epoch() == 2
+
+    def test_the_first_read_of_a_new_leader_fences_the_old_one(self, target, items):
+        """A new sink's first committed() kills the other processes' sessions and raises the fence
+        above the stored epoch, so the old writer's next batch is refused and the position read stays true."""
+        old = target.make_load()
+        old.token = "another-process"
+        new = target.make_load()
+        try:
+            old.load(make_batch([items.insert(**item(1))], id=1, epoch=5))
+            session = target.session_id(old)
+            assert new.committed() == make_batch([], id=1).end
+            wait_until(lambda: not target.session_alive(session), message="the old writer's session to be killed")
+            with pytest.raises(LoadError, match="refused: batch epoch 5 is older than epoch 6"):
+                old.load(make_batch([items.insert(**item(2))], id=2, epoch=5))
+            assert new.committed_epoch() == 6 and [r[0] for r in target.rows("items")] == [1]
+            new.load(make_batch([items.insert(**item(2))], id=2, epoch=7))
+            assert [r[0] for r in target.rows("items")] == [1, 2]
+        finally:
+            old.close()
+            new.close()
+
+    def test_a_leader_back_after_another_one_fences_it_before_reading(self, target, items):
+        """A sink whose pipeline another process has written since its own last batch (leadership
+        lost and regained) takes the fence again on its next committed()."""
+        mine = target.make_load()
+        other = target.make_load()
+        other.token = "another-process"
+        try:
+            mine.load(make_batch([items.insert(**item(1))], id=1, epoch=1))
+            assert mine.committed_epoch() == 1 and mine.committed().offset == 104
+            other.load(make_batch([items.insert(**item(2))], id=2, epoch=2))
+            session = target.session_id(other)
+            assert mine.committed().offset == 204
+            wait_until(lambda: not target.session_alive(session), message="the other writer's session to be killed")
+            assert mine.committed_epoch() == 3
+            with pytest.raises(LoadError, match="refused: batch epoch 2 is older than epoch 3"):
+                other.load(make_batch([items.insert(**item(3))], id=3, epoch=2))
+        finally:
+            mine.close()
+            other.close()
+
+    def test_a_deposed_writer_is_refused_without_killing_the_newer_one(self, target, items):
+        """A writer of an older epoch arriving after a newer one took the fence is refused and kills nothing."""
+        new = target.make_load()
+        old = target.make_load()
+        old.token = "another-process"
+        try:
+            new.load(make_batch([items.insert(**item(1))], id=1, epoch=2))
+            session = target.session_id(new)
+            with pytest.raises(LoadError, match="refused: batch epoch 1 is older than epoch 2"):
+                old.load(make_batch([items.insert(**item(2))], id=2, epoch=1))
+            assert target.session_alive(session) and [r[0] for r in target.rows("items")] == [1]
+        finally:
+            old.close()
+            new.close()
+
+    def test_sessions_of_its_own_process_are_not_killed(self, target, items):
+        """Taking the fence for a newer epoch leaves the sessions of the same process alive."""
+        first = target.make_load()
+        second = target.make_load()
+        try:
+            first.load(make_batch([items.insert(**item(1))], id=1, epoch=1))
+            session = target.session_id(first)
+            second.load(make_batch([items.insert(**item(2))], id=2, epoch=2))
+            assert target.session_alive(session)
+        finally:
+            first.close()
+            second.close()
+
+    # -- load.mode per_table
+
+    def test_a_replay_after_one_part_failed_applies_each_change_once(self, target):
+        """per_table: the keyless table's part commits, the other table's part fails (its table is
+        missing); the replay, cut into one bigger batch, leaves the keyless table equal to the source."""
+        target.create(LOOSE_DDL, "loose")
+        loose, items = Changes(target.schema, "loose", key=()), Changes(target.schema)
+        changes = [at(loose.insert(name="a", qty=1), 200), at(items.insert(**item(1)), 200),
+                   at(loose.insert(name="b", qty=2), 300), at(loose.update({"name": "a", "qty": 1}, qty=9), 400)]
+        load = target.make_load()
+        try:
+            first = span(changes[:2], 104, 200, id=1, epoch=1)
+            keyless, keyed = parts(first)
+            load.load_part(keyless)
+            with pytest.raises(LoadError, match="does not exist"):
+                load.load_part(keyed)
+            for _ in range(2):  # a retry that fails again commits nothing twice
+                load.load_part(keyless)
+            assert target.rows("loose") == [("a", 1)]
+            target.create(ITEMS_DDL, "items")
+            replay = span(changes, 104, 400, id=1, epoch=2)
+            for part in parts(replay):
+                load.load_part(part)
+            load.mark_loaded(replay)
+            assert sorted(target.rows("loose")) == [("a", 9), ("b", 2)]
+            assert [r[0] for r in target.rows("items")] == [1]
+            assert load.committed() == replay.end
+        finally:
+            load.close()
+
+    def test_a_replay_after_later_parts_committed_applies_each_change_once(self, target):
+        """per_table: the keyless table's parts of batches 1 and 2 commit, batch 1's other part fails;
+        replaying batches 1 and 2 does not move the table's position back nor apply batch 2 twice."""
+        target.create(LOOSE_DDL, "loose")
+        loose, items = Changes(target.schema, "loose", key=()), Changes(target.schema)
+        first = span([at(loose.insert(name="a", qty=1), 200), at(items.insert(**item(1)), 200)], 104, 200, id=1)
+        second = span([at(loose.insert(name="b", qty=2), 300)], 200, 300, id=2)
+        load = target.make_load()
+        try:
+            load.load_part(parts(first)[0])
+            load.load_part(second)
+            with pytest.raises(LoadError, match="does not exist"):
+                load.load_part(parts(first)[1])
+            target.create(ITEMS_DDL, "items")
+            for batch in (attrs.evolve(first, epoch=2), attrs.evolve(second, epoch=2)):
+                for part in parts(batch):
+                    load.load_part(part)
+                load.mark_loaded(batch)
+            assert sorted(target.rows("loose")) == [("a", 1), ("b", 2)]
+            assert [r[0] for r in target.rows("items")] == [1] and load.committed() == second.end
+        finally:
+            load.close()
+
+    def test_a_crash_between_parts_replays_each_change_once(self, target, items):
+        """per_table: a process dies after one part of a batch committed; a new one replaying the batch
+        applies the rest and does not apply the committed part again."""
+        target.create(LOOSE_DDL, "loose")
+        loose = Changes(target.schema, "loose", key=())
+        batch = span([at(loose.insert(name="a", qty=1), 200), at(items.insert(**item(1)), 200),
+                      at(loose.insert(name="a", qty=1), 300)], 104, 300, id=1, epoch=1)
+        crashed = target.make_load()
+        crashed.load_part(parts(batch)[0])
+        crashed.close()
+        load = target.make_load()
+        try:
+            assert load.committed() is None
+            replay = attrs.evolve(batch, epoch=2)
+            for part in parts(replay):
+                load.load_part(part)
+            load.mark_loaded(replay)
+            assert target.rows("loose") == [("a", 1), ("a", 1)]
+            assert [r[0] for r in target.rows("items")] == [1]
+            assert load.committed() == batch.end
+        finally:
+            load.close()
+
+    def test_parts_of_different_tables_run_at_once(self, target, items):
+        """per_table: a part blocked on a row lock does not hold up another table's part (own connection)."""
+        target.create(LOOSE_DDL, "loose")
+        loose = Changes(target.schema, "loose", key=())
+        target.execute(f"INSERT INTO {target.qualified('items')} VALUES (1, 'n', 1, NULL)")
+        batch = span([at(items.update(item(1), qty=3), 200), at(loose.insert(name="x", qty=1), 200)], 104, 200)
+        keyed, keyless = parts(batch)
+        load = target.make_load()
+        blocker = target.lock_row("items", 1)
+        thread = threading.Thread(target=load.load_part, args=(keyed,), name="blocked-part")
+        try:
+            load.load_part(span([], 4, 104))  # takes the fence before the race
+            thread.start()
+            wait_until(lambda: target.lock_waits() >= 1, message="the keyed part to wait for its row lock")
+            load.load_part(keyless)
+            assert target.rows("loose") == [("x", 1)] and thread.is_alive()
+        finally:
+            blocker.rollback()
+            blocker.close()
+            thread.join(30)
+            load.close()
+        assert target.rows("items") == [(1, "n", 3, None)]
+
     # -- transient errors
 
     def test_reconnects_after_its_session_is_killed(self, target, items):
@@ -462,6 +724,9 @@ class SinkContract(LoadContract):
         method run from two classes)."""
         target.execute(f"DELETE FROM {target.qualified('items')}")
         target.execute(f"DELETE FROM {target.position_table()}")
+        target.execute(f"DELETE FROM {target.position_table('_fence')}")
+        load.close()  # the next connection takes the fence again
+        load._fenced_epoch = 0
         model: dict[int, dict[str, Any]] = {}
         changes: list[RowChange] = []
         keys = st.integers(0, 5)

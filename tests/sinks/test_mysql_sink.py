@@ -5,20 +5,23 @@ from __future__ import annotations
 import contextlib
 import datetime
 import decimal
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+import attrs
 import pymysql.err
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from setl.config import MysqlTargetConfig
+from setl.config import LoadSettings, MysqlTargetConfig, RetrySettings
 from setl.errors import LoadError, TransientLoadError
 from setl.model import DdlChange
 from setl.sinks.mysql import MySQLLoad
 from setl.sinks.sql_common import TargetTableMissing
 from setl.testing.servers import MariaDBServer, free_port
+from tests.e2e.replicate import SETTINGS, binlog_head, replicate, table_rule
 
 from .contract import Changes, SinkContract, Target, item, make_batch, model_settings
 
@@ -42,8 +45,8 @@ class MySQLTarget(Target):
     def rows(self, table: str, order: str = "1") -> list[tuple[Any, ...]]:
         return self.server.query(f"SELECT * FROM {self.qualified(table)} ORDER BY {order}")
 
-    def position_table(self) -> str:
-        return self.qualified("setl_position")
+    def position_table(self, suffix: str = "") -> str:
+        return self.qualified("setl_position" + suffix)
 
     def columns(self, table: str) -> list[str]:
         return [r[0] for r in self.server.query(
@@ -59,7 +62,7 @@ class MySQLTarget(Target):
         return {"position_schema": self.schema}
 
     def session_id(self, load: MySQLLoad) -> int:
-        return load._conn.thread_id()
+        return load._idle[-1].thread_id()
 
     def kill(self, session: int) -> None:
         self.server.query(f"KILL CONNECTION {session}")
@@ -82,6 +85,18 @@ class MySQLTarget(Target):
 
     def session_alive(self, session: int) -> bool:
         return bool(self.server.query("SELECT 1 FROM information_schema.processlist WHERE id = %s", (session,)))
+
+    def lock_waits(self) -> int:
+        return int(self.server.query("SELECT COUNT(*) FROM information_schema.INNODB_TRX"
+                                     " WHERE trx_state = 'LOCK WAIT'")[0][0])
+
+    def create_old_position_table(self, log: str, offset: int, epoch: int) -> None:
+        self.execute(f"CREATE TABLE {self.position_table()} (`pipeline` VARCHAR(191) NOT NULL PRIMARY KEY,"
+                     " `log` VARCHAR(512) NOT NULL, `offset` BIGINT NOT NULL, `gtid` TEXT NULL,"
+                     " `batch_id` BIGINT NOT NULL, `epoch` BIGINT NOT NULL, `updated_at` TIMESTAMP(6) NOT NULL"
+                     " DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6)) ENGINE=InnoDB")
+        self.execute(f"INSERT INTO {self.position_table()} (`pipeline`, `log`, `offset`, `batch_id`, `epoch`)"
+                     f" VALUES ('p', '{log}', {offset}, 5, {epoch})")
 
 
 class TestMySQLSink(SinkContract):
@@ -146,6 +161,30 @@ class TestMySQLSink(SinkContract):
         assert target.rows("items") == [(1, "n", 1, None, 2)] and target.rows("ghosts") == [(1,)]
         assert load.committed() == batch.end
 
+    def test_fencing_without_the_right_to_kill_is_one_clear_line(self, target, items):
+        """An account that may not kill the deposed writer's session fails the batch with one line
+        naming the right to grant, and writes nothing."""
+        user = f"weak_{target.schema}"[:32]
+        target.server.query(f"CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'")
+        try:
+            target.server.query(f"GRANT ALL ON `{target.schema}`.* TO '{user}'@'%'")
+            old = target.make_load()
+            old.token = "another-process"
+            old.load(make_batch([items.insert(**item(1))], id=1, epoch=1))
+            weak = MySQLLoad(attrs.evolve(target.config(), user=user, password="pw"), pipeline="p",
+                             **target.load_options(), sleep=lambda seconds: None)
+            try:
+                with pytest.raises(LoadError, match=r"cannot kill session \d+ of a deposed writer to fence the "
+                                                    r"target .*grant the target account CONNECTION ADMIN") as info:
+                    weak.load(make_batch([items.insert(**item(2))], id=2, epoch=2))
+                assert "\n" not in str(info.value) and info.value.context["pipeline"] == "p"
+            finally:
+                weak.close()
+                old.close()
+            assert [r[0] for r in target.rows("items")] == [1]
+        finally:
+            target.server.query(f"DROP USER '{user}'@'%'")
+
     def test_ddl_that_fails_without_a_replay_is_an_error(self, target, items, load):
         """Outside a replay, a DDL that cannot run (a column already there) fails its batch."""
         target.execute(f"ALTER TABLE {target.qualified('items')} ADD COLUMN extra INT")
@@ -157,10 +196,68 @@ class TestMySQLSink(SinkContract):
 
 @pytest.mark.parametrize("code, kind", [
     (1213, TransientLoadError), (1205, TransientLoadError), (2013, TransientLoadError), (2006, TransientLoadError),
-    (1927, TransientLoadError), (1146, TargetTableMissing), (1062, LoadError), (1406, LoadError),
+    (1927, TransientLoadError), (2003, TransientLoadError), (1053, TransientLoadError), (1040, TransientLoadError),
+    (1077, TransientLoadError), (1080, TransientLoadError), (1158, TransientLoadError), (1161, TransientLoadError),
+    (1146, TargetTableMissing), (1062, LoadError), (1406, LoadError), (1452, LoadError), (1064, LoadError),
+    (1045, LoadError), (1142, LoadError),
 ])
 def test_driver_errors_are_classified(code, kind):
-    """Deadlocks, lock wait timeouts and lost connections are transient; a missing table is named;
-    anything else fails the batch."""
+    """Deadlocks, lock wait timeouts, refused or lost connections and a server shutting down are
+    transient; a missing table is named; anything else (duplicate key, bad value, foreign key,
+    syntax, access denied) fails the batch."""
     load = MySQLLoad(MysqlTargetConfig(type="mysql"), pipeline="p")
     assert load._classify(pymysql.err.OperationalError(code, "message")) is kind
+
+
+def test_a_closed_connection_and_a_refused_socket_are_transient():
+    """A connection the client already closed, and a refused TCP connection, are transient."""
+    load = MySQLLoad(MysqlTargetConfig(type="mysql"), pipeline="p")
+    assert load._classify(pymysql.err.InterfaceError(0, "")) is TransientLoadError
+    assert load._classify(ConnectionRefusedError()) is TransientLoadError
+    assert load._classify(ValueError("not the driver's")) is LoadError
+
+
+def write_source(source: Any, source_db: str) -> Any:
+    """A keyed and a keyless source table; 30 transactions each touching both; the binlog start before them."""
+    with contextlib.closing(source.connect(database=source_db)) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE k (id INT PRIMARY KEY, v INT NOT NULL)")
+        cur.execute("CREATE TABLE loose (v INT NOT NULL)")
+    start = binlog_head(source)
+    with contextlib.closing(source.connect(database=source_db, autocommit=False)) as conn, conn.cursor() as cur:
+        for n in range(30):
+            cur.execute("INSERT INTO loose VALUES (%s), (%s)", (n % 4, n % 4))
+            cur.execute("INSERT INTO k VALUES (%s, %s)", (n, n))
+            if n % 3 == 0:
+                cur.execute("DELETE FROM loose WHERE v = %s LIMIT 1", (n % 4,))
+            conn.commit()
+    return start
+
+
+PER_TABLE = attrs.evolve(SETTINGS, load=LoadSettings(mode="per_table"),
+                         retry=RetrySettings(max_attempts=6, initial_backoff_ms=10, max_backoff_ms=50))
+
+
+def test_per_table_pipeline_with_a_part_failing_twice_keeps_a_keyless_table_exact(
+        mariadb_source, source_db, mariadb_target, mysql_db, tmp_path):
+    """A real per_table pipeline: the keyed table's parts fail twice (a trigger) while the keyless
+    table's parts commit; after the scheduler's retries both tables equal the source, no duplicates."""
+    start = write_source(mariadb_source, source_db)
+    db = f"`{mysql_db}`"
+    for statement in (f"CREATE TABLE {db}.k (id INT PRIMARY KEY, v INT NOT NULL)",
+                      f"CREATE TABLE {db}.loose (v INT NOT NULL)",
+                      # MyISAM: the count survives the rollback of the transaction that fired the trigger
+                      f"CREATE TABLE {db}.fails (n INT NOT NULL) ENGINE=MyISAM",
+                      f"INSERT INTO {db}.fails VALUES (0)",
+                      (f"CREATE TRIGGER {db}.fail_twice BEFORE INSERT ON {db}.k FOR EACH ROW BEGIN"
+                       f" UPDATE {db}.fails SET n = n + 1;"
+                       f" IF (SELECT n FROM {db}.fails) <= 2 THEN"
+                       "  SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'failing on purpose'; END IF; END")):
+        mariadb_target.query(statement)
+    load = MySQLLoad(mariadb_target.target_config(), pipeline="pt", position_schema=mysql_db)
+    replicate(mariadb_source, start, [table_rule(rf"{source_db}\.(k|loose)", f"{mysql_db}.{{table}}")], load,
+              tmp_path, name="pt", settings=PER_TABLE)
+    assert mariadb_target.query(f"SELECT n FROM {db}.fails")[0][0] > 2
+    assert sorted(mariadb_target.query(f"SELECT * FROM {db}.k")) == \
+        sorted(mariadb_source.query(f"SELECT * FROM `{source_db}`.k"))
+    assert Counter(mariadb_target.query(f"SELECT v FROM {db}.loose")) == \
+        Counter(mariadb_source.query(f"SELECT v FROM `{source_db}`.loose"))

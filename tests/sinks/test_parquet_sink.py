@@ -94,10 +94,10 @@ def test_writes_changes_with_metadata_readable_by_pyarrow(sink, tmp_path):
     table = pq.read_table(root / "shop.orders" / file_name(b.start))
     assert table.to_pylist() == [
         {"id": 1, "total": decimal.Decimal("9.99"), "_setl_op": "insert", "_setl_batch": 3,
-         "_setl_position": "bin.000001:10", "_setl_log": "bin.000001", "_setl_offset": 10, "_setl_seq": 0,
+         "_setl_position": "bin.000001:10", "_setl_log": "bin.000001", "_setl_offset": 10, "_setl_row": 0, "_setl_seq": 0,
          "_setl_before_id": None},
         {"id": 0, "total": decimal.Decimal("1.00"), "_setl_op": "delete", "_setl_batch": 3,
-         "_setl_position": "bin.000001:20", "_setl_log": "bin.000001", "_setl_offset": 20, "_setl_seq": 2,
+         "_setl_position": "bin.000001:20", "_setl_log": "bin.000001", "_setl_offset": 20, "_setl_row": 0, "_setl_seq": 2,
          "_setl_before_id": None},
     ]
     assert table.schema.field("_setl_before_id").type == table.schema.field("id").type
@@ -251,7 +251,7 @@ def test_tables_without_a_key_carry_the_whole_before_image(sink, tmp_path):
                     batch_id=2))
     last = pq.read_table(tmp_path / "out" / "shop.log" / file_name(Position("bin.000001", 10))).to_pylist()
     assert last == [{"msg": "a", "n": 2, "_setl_op": "update", "_setl_batch": 2, "_setl_position": "bin.000001:20",
-                     "_setl_log": "bin.000001", "_setl_offset": 20, "_setl_seq": 0, "_setl_before_msg": "a",
+                     "_setl_log": "bin.000001", "_setl_offset": 20, "_setl_row": 0, "_setl_seq": 0, "_setl_before_msg": "a",
                      "_setl_before_n": 1}]
     assert parquet_state(tmp_path / "out", "shop.log") == {("a", 2): new}
 
@@ -407,3 +407,21 @@ def test_open_removes_what_an_interrupted_write_left(tmp_path):
     ParquetLoad(root, pipeline="p1").open()
     assert not temp.exists() and not staging.exists()
     assert kept.exists() and other.exists()
+
+
+def test_batches_starting_inside_a_split_transaction_keep_their_own_files(tmp_path):
+    """Two pieces of one split transaction (same start offset, rows 0 and 2) are two files, each change with its row."""
+    sink = ParquetLoad(tmp_path / "out", pipeline="p")
+    start = Position("bin.000001", 10)
+
+    def change(row: int) -> RowChange:
+        return RowChange(Op.INSERT, "s", "t", ("id",), None, {"id": row}, position=Position("bin.000001", 10, row=row))
+
+    sink.load(Batch("p", 1, 1, start, Position("bin.000001", 10, row=2), (change(1), change(2))))
+    sink.load(Batch("p", 2, 1, Position("bin.000001", 10, row=2), Position("bin.000001", 90), (change(3),)))
+    names = sorted(p.name for p in (tmp_path / "out" / "s.t").glob("*.parquet"))
+    assert names == ["part-bin.000001-00000000000000000010.parquet",
+                     "part-bin.000001-00000000000000000010_0000000002.parquet"]
+    rows = read_table(tmp_path / "out", "s.t").to_pylist()
+    assert sorted((r["id"], r["_setl_row"], r["_setl_position"]) for r in rows) == [
+        (1, 1, "bin.000001:10+1"), (2, 2, "bin.000001:10+2"), (3, 3, "bin.000001:10+3")]

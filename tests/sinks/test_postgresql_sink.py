@@ -5,20 +5,23 @@ from __future__ import annotations
 import contextlib
 import datetime
 import decimal
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+import attrs
 import psycopg.errors
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from setl.config import PostgresqlTargetConfig
+from setl.config import LoadSettings, PostgresqlTargetConfig, RetrySettings
 from setl.errors import LoadError, TransientLoadError
 from setl.model import DdlChange
 from setl.sinks.postgresql import PostgresLoad
 from setl.sinks.sql_common import TargetTableMissing
 from setl.testing.servers import PostgresServer, free_port
+from tests.e2e.replicate import SETTINGS, binlog_head, replicate, table_rule
 
 from .contract import Changes, SinkContract, Target, item, make_batch, model_settings
 
@@ -45,8 +48,8 @@ class PostgresTarget(Target):
         return self.server.query(f"SELECT * FROM {self.qualified(table)} ORDER BY {order}",
                                  dbname=self.database)
 
-    def position_table(self) -> str:
-        return "setl.setl_position"
+    def position_table(self, suffix: str = "") -> str:
+        return "setl.setl_position" + suffix
 
     def columns(self, table: str) -> list[str]:
         return [r[0] for r in self.server.query(
@@ -59,7 +62,7 @@ class PostgresTarget(Target):
         return self.server.target_config(self.database)
 
     def session_id(self, load: PostgresLoad) -> int:
-        return load._conn.info.backend_pid
+        return load._idle[-1].info.backend_pid
 
     def kill(self, session: int) -> None:
         assert self.server.query("SELECT pg_terminate_backend(%s)", (session,)) == [(True,)]
@@ -80,6 +83,17 @@ class PostgresTarget(Target):
 
     def session_alive(self, session: int) -> bool:
         return bool(self.server.query("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (session,)))
+
+    def lock_waits(self) -> int:
+        return int(self.server.query("SELECT count(*) FROM pg_locks WHERE NOT granted")[0][0])
+
+    def create_old_position_table(self, log: str, offset: int, epoch: int) -> None:
+        self.execute("CREATE SCHEMA IF NOT EXISTS setl")
+        self.execute(f'CREATE TABLE {self.position_table()} (pipeline text PRIMARY KEY, log text NOT NULL,'
+                     ' "offset" bigint NOT NULL, gtid text, batch_id bigint NOT NULL, epoch bigint NOT NULL,'
+                     ' updated_at timestamptz NOT NULL DEFAULT now())')
+        self.execute(f"INSERT INTO {self.position_table()} (pipeline, log, \"offset\", batch_id, epoch)"
+                     f" VALUES ('p', '{log}', {offset}, 5, {epoch})")
 
 
 class TestPostgresSink(SinkContract):
@@ -127,6 +141,29 @@ class TestPostgresSink(SinkContract):
 
     # -- DDL on PostgreSQL, translated and transactional
 
+    def test_fencing_without_the_right_to_terminate_is_one_clear_line(self, target, items):
+        """A role that may not terminate the deposed writer's backend (a superuser's) fails the batch
+        with one line naming the right to grant, and writes nothing."""
+        role = f"weak_{target.database}"[:60]
+        old = target.make_load()
+        old.token = "another-process"
+        old.load(make_batch([items.insert(**item(1))], id=1, epoch=1))
+        for statement in (f'CREATE ROLE "{role}" LOGIN', f'GRANT USAGE ON SCHEMA setl, app TO "{role}"',
+                          f'GRANT ALL ON ALL TABLES IN SCHEMA setl, app TO "{role}"'):
+            target.execute(statement)
+        weak = PostgresLoad(attrs.evolve(target.config(), user=role), pipeline="p", sleep=lambda seconds: None)
+        try:
+            with pytest.raises(LoadError, match=r"cannot terminate the sessions of a deposed writer to fence "
+                                                r"the target .*pg_signal_backend") as info:
+                weak.load(make_batch([items.insert(**item(2))], id=2, epoch=2))
+            assert "\n" not in str(info.value) and info.value.context["pipeline"] == "p"
+        finally:
+            weak.close()
+            old.close()
+            target.execute(f'DROP OWNED BY "{role}"')
+            target.execute(f'DROP ROLE "{role}"')
+        assert [r[0] for r in target.rows("items")] == [1]
+
     def test_ddl_rolls_back_with_its_batch(self, target, items, load):
         """A DDL runs inside its batch's transaction: when a later row fails, the DDL is undone."""
         add = DdlChange(target.schema, "items", f"ALTER TABLE `{target.schema}`.`items` ADD COLUMN extra INT")
@@ -165,10 +202,66 @@ class TestPostgresSink(SinkContract):
 @pytest.mark.parametrize("error, kind", [
     (psycopg.errors.DeadlockDetected, TransientLoadError), (psycopg.errors.SerializationFailure, TransientLoadError),
     (psycopg.errors.LockNotAvailable, TransientLoadError), (psycopg.errors.AdminShutdown, TransientLoadError),
+    (psycopg.errors.CrashShutdown, TransientLoadError), (psycopg.errors.CannotConnectNow, TransientLoadError),
+    (psycopg.errors.TooManyConnections, TransientLoadError), (psycopg.errors.ConnectionFailure, TransientLoadError),
     (psycopg.errors.UndefinedTable, TargetTableMissing), (psycopg.errors.UniqueViolation, LoadError),
+    (psycopg.errors.NotNullViolation, LoadError), (psycopg.errors.InsufficientPrivilege, LoadError),
+    (psycopg.errors.SyntaxError, LoadError), (psycopg.errors.QueryCanceled, LoadError),
 ])
 def test_driver_errors_are_classified(error, kind):
-    """Deadlocks, serialization failures, lock timeouts and a server shutdown are transient; a
-    missing table is named; anything else fails the batch."""
+    """Deadlocks, serialization failures, lock timeouts, lost or refused connections and a server
+    shutting down or starting up are transient; a missing table is named; anything else fails the batch."""
     load = PostgresLoad(PostgresqlTargetConfig(type="postgresql"), pipeline="p")
     assert load._classify(error("message")) is kind
+
+
+def test_a_connection_lost_before_the_server_answered_is_transient():
+    """An OperationalError without SQLSTATE (connection refused or broken) is transient."""
+    load = PostgresLoad(PostgresqlTargetConfig(type="postgresql"), pipeline="p")
+    assert load._classify(psycopg.OperationalError("connection refused")) is TransientLoadError
+    assert load._classify(psycopg.errors.DataError("bad value")) is LoadError
+
+
+def write_source(source: Any, source_db: str) -> Any:
+    """A keyed and a keyless source table; 30 transactions each touching both; the binlog start before them."""
+    with contextlib.closing(source.connect(database=source_db)) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE k (id INT PRIMARY KEY, v INT NOT NULL)")
+        cur.execute("CREATE TABLE loose (v INT NOT NULL)")
+    start = binlog_head(source)
+    with contextlib.closing(source.connect(database=source_db, autocommit=False)) as conn, conn.cursor() as cur:
+        for n in range(30):
+            cur.execute("INSERT INTO loose VALUES (%s), (%s)", (n % 4, n % 4))
+            cur.execute("INSERT INTO k VALUES (%s, %s)", (n, n))
+            if n % 3 == 0:
+                cur.execute("DELETE FROM loose WHERE v = %s LIMIT 1", (n % 4,))
+            conn.commit()
+    return start
+
+
+PER_TABLE = attrs.evolve(SETTINGS, load=LoadSettings(mode="per_table"),
+                         retry=RetrySettings(max_attempts=6, initial_backoff_ms=10, max_backoff_ms=50))
+
+
+def test_per_table_pipeline_with_a_part_failing_twice_keeps_a_keyless_table_exact(
+        mariadb_source, source_db, postgres_server, postgres_db, tmp_path):
+    """A real per_table pipeline into PostgreSQL: the keyed table's parts fail twice (a trigger)
+    while the keyless table's parts commit; after the scheduler's retries both tables equal the
+    source, no duplicates."""
+    start = write_source(mariadb_source, source_db)
+    for statement in ("CREATE SCHEMA app",
+                      "CREATE TABLE app.k (id INT PRIMARY KEY, v INT NOT NULL)",
+                      "CREATE TABLE app.loose (v INT NOT NULL)",
+                      "CREATE SEQUENCE app.fails",  # nextval survives the rollback of its transaction
+                      ("CREATE FUNCTION app.fail_twice() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+                       " IF nextval('app.fails') <= 2 THEN RAISE EXCEPTION 'failing on purpose'; END IF;"
+                       " RETURN NEW; END $$"),
+                      "CREATE TRIGGER fail_twice BEFORE INSERT ON app.k FOR EACH ROW EXECUTE FUNCTION app.fail_twice()"):
+        postgres_server.query(statement, dbname=postgres_db)
+    load = PostgresLoad(postgres_server.target_config(postgres_db), pipeline="pt")
+    replicate(mariadb_source, start, [table_rule(rf"{source_db}\.(k|loose)", "app.{table}")], load,
+              tmp_path, name="pt", settings=PER_TABLE)
+    assert postgres_server.query("SELECT last_value FROM app.fails", dbname=postgres_db)[0][0] > 2
+    assert sorted(postgres_server.query("SELECT * FROM app.k", dbname=postgres_db)) == \
+        sorted(mariadb_source.query(f"SELECT * FROM `{source_db}`.k"))
+    assert Counter(postgres_server.query("SELECT v FROM app.loose", dbname=postgres_db)) == \
+        Counter(mariadb_source.query(f"SELECT v FROM `{source_db}`.loose"))

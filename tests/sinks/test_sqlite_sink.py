@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 
+import attrs
 import pytest
 
 from setl.errors import LoadError
@@ -79,3 +80,45 @@ class TestSqliteLoadContract(LoadContract):
     @pytest.fixture
     def probe(self, tmp_path):
         return SqliteProbe(tmp_path / "kit.db")
+
+
+def test_a_position_inside_a_split_transaction_round_trips(tmp_path):
+    """A batch ending at a piece of a split transaction records its row; committed() returns it."""
+    sink = SqliteLoad(tmp_path / "t.db", pipeline="p")
+    piece = Position("f", 7, row=3)
+    sink.load(Batch("p", 1, 1, Position("f", 7), piece, (insert("t", {"id": 1}),)))
+    assert sink.committed() == piece and sink.committed().row == 3
+
+
+def test_a_position_table_without_row_is_migrated(tmp_path):
+    """A position table made before positions had a row gains the column and keeps its position."""
+    db = sqlite3.connect(tmp_path / "t.db")
+    db.execute("CREATE TABLE setl_position (pipeline TEXT PRIMARY KEY, log TEXT NOT NULL, offset INTEGER NOT NULL,"
+               " gtid TEXT, batch_id INTEGER NOT NULL, epoch INTEGER NOT NULL)")
+    db.execute("INSERT INTO setl_position VALUES ('p', 'f', 5, NULL, 5, 1)")
+    db.commit()
+    db.close()
+    sink = SqliteLoad(tmp_path / "t.db", pipeline="p")
+    assert sink.committed() == Position("f", 5)
+    sink.load(Batch("p", 6, 1, Position("f", 5), Position("f", 9, row=2), (insert("t", {"id": 1}),)))
+    assert sink.committed() == Position("f", 9, row=2)
+
+
+def test_per_table_replay_applies_each_change_to_a_keyless_table_once(tmp_path):
+    """per_table: a keyless table's parts of batches 1 and 2 commit; replaying both batches (the
+    other table's part had failed) adds no duplicate rows."""
+    sink = SqliteLoad(tmp_path / "t.db", pipeline="p")
+
+    def at(change, offset):
+        return attrs.evolve(change, position=Position("f", offset))
+
+    first = Batch("p", 1, 1, Position("f", 0), Position("f", 2),
+                  (at(insert("n", {"a": 1}, key=()), 1), at(insert("n", {"a": 1}, key=()), 2)))
+    second = Batch("p", 2, 1, Position("f", 2), Position("f", 3), (at(insert("n", {"a": 2}, key=()), 3),))
+    sink.load_part(first)
+    sink.load_part(second)
+    for batch in (attrs.evolve(first, epoch=2), attrs.evolve(second, epoch=2)):
+        sink.load_part(batch)
+        sink.mark_loaded(batch)
+    assert rows(tmp_path / "t.db", "demo.n") == [(1,), (1,), (2,)]
+    assert sink.committed() == Position("f", 3)

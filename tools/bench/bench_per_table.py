@@ -1,0 +1,180 @@
+"""Load modes: ``per_table`` against ``ordered`` on the same backlog, into MariaDB and PostgreSQL.
+
+The backlog is spread over 8 tables (sysbench-like rows: int key, int, two strings): inserts of
+every key, then updates of each key, then deletes of every other key, each change its own source
+transaction (its own position), cut into batches that touch every table. ``ordered`` applies each
+batch with `SqlLoad.load` (one transaction, one connection). ``per_table`` drives the sink the way
+the scheduler does: each batch is split by table, each table's parts go to that table's own
+FIFO worker (a serial-executor slot, so parts of one table stay in batch order while different
+tables load at once, each on its own pooled connection, in its own transaction with its table
+position), and `mark_loaded` records the batch once all its parts are in, in batch order. Both
+modes run in the same process against the same servers, fresh tables per run; connecting (the
+pool's connections for per_table) and taking the fence happen before the timing. Prints, per target
+and mode, median rows/s and per-batch latency p50/p99 (submit to recorded position), the peak
+RSS of the process, and the per_table/ordered ratio (goal: >= 1.5).
+
+    PYTHONPATH=. python3 tools/bench/bench_per_table.py [--rows 4000] [--batch 2000] [--repeat 3]
+                                                         [--connections 8] [--targets all|mariadb|postgresql]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import resource
+import statistics
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from setl.model import Batch, Op, Position, RowChange
+from setl.sinks.mysql import MySQLLoad
+from setl.sinks.postgresql import PostgresLoad
+from setl.sinks.sql_common import SqlLoad
+from setl.testing.servers import MariaDBServer, PostgresServer
+
+TABLES = 8
+DDL = "CREATE TABLE {t} (id INT PRIMARY KEY, k INT NOT NULL, c VARCHAR(120) NOT NULL, pad VARCHAR(60) NOT NULL)"
+
+
+def row(i: int, version: int) -> dict[str, Any]:
+    return {"id": i, "k": i * version, "c": f"{i:08d}-{version}" * 6, "pad": f"pad-{i}" * 5}
+
+
+def workload(schema: str, rows: int, size: int) -> list[Batch]:
+    """Batches over `TABLES` tables: inserts, then updates, then deletes of every other key, each
+    change at its own position, tables interleaved so every batch touches every table."""
+    ops: list[tuple[Op, Any, Any, int]] = []
+    for version, op in ((1, Op.INSERT), (2, Op.UPDATE)):
+        ops += [(op, row(i, 1) if op is Op.UPDATE else None, row(i, version), i) for i in range(rows)]
+    ops += [(Op.DELETE, row(i, 2), None, i) for i in range(0, rows, 2)]
+    changes = [RowChange(op, schema, f"bench{i % TABLES}", ("id",), before, after,
+                         position=Position("bench.000001", 10 * (n + 1)))
+               for n, (op, before, after, i) in enumerate(ops)]
+    batches = []
+    for number, k in enumerate(range(0, len(changes), size), start=1):
+        part = changes[k:k + size]
+        start = Position("bench.000001", 10 * k)
+        batches.append(Batch("bench", number, 1, start, part[-1].position, tuple(part)))  # type: ignore[arg-type]
+    return batches
+
+
+def run_ordered(load: SqlLoad, batches: list[Batch]) -> tuple[float, list[float]]:
+    """(elapsed seconds, per-batch latencies) of loading every batch whole, in order."""
+    latencies = []
+    start = time.perf_counter()
+    for batch in batches:
+        began = time.perf_counter()
+        load.load(batch)
+        latencies.append(time.perf_counter() - began)
+    return time.perf_counter() - start, latencies
+
+
+def run_per_table(load: SqlLoad, batches: list[Batch]) -> tuple[float, list[float]]:
+    """(elapsed seconds, per-batch latencies) of loading every batch as per-table parts on one
+    FIFO worker per table, recording each batch once all its parts are in, in batch order."""
+    workers = {f"bench{i}": ThreadPoolExecutor(1, thread_name_prefix=f"slot-bench{i}") for i in range(TABLES)}
+    latencies = []
+    try:
+        start = time.perf_counter()
+        pending: list[tuple[Batch, float, list[Future]]] = []
+        for batch in batches:
+            submitted = time.perf_counter()
+            futures = []
+            for table in batch.tables:
+                part = batch.replace(tuple(c for c in batch.changes if c.qualified_table == table))
+                futures.append(workers[table.split(".", 1)[1]].submit(load.load_part, part))
+            pending.append((batch, submitted, futures))
+            # Termin: record finished batches in order; keep at most 3 batches in flight (parallelism).
+            while pending and (len(pending) > 3 or all(f.done() for f in pending[0][2])):
+                done, began, parts = pending.pop(0)
+                for future in parts:
+                    future.result()
+                load.mark_loaded(done)
+                latencies.append(time.perf_counter() - began)
+        for done, began, parts in pending:
+            for future in parts:
+                future.result()
+            load.mark_loaded(done)
+            latencies.append(time.perf_counter() - began)
+        return time.perf_counter() - start, latencies
+    finally:
+        for worker in workers.values():
+            worker.shutdown(wait=True)
+
+
+@contextlib.contextmanager
+def servers(targets: str) -> Iterator[dict[str, Any]]:
+    started: dict[str, Any] = {}
+    try:
+        if targets in ("all", "mariadb"):
+            started["mariadb"] = MariaDBServer(server_id=9).start()
+        if targets in ("all", "postgresql"):
+            started["postgresql"] = PostgresServer().start()
+        yield started
+    finally:
+        for server in started.values():
+            server.cleanup()
+
+
+def bench(name: str, server: Any, args: argparse.Namespace, run: int) -> dict[str, tuple[float, list[float]]]:
+    results = {}
+    for mode, runner in (("ordered", run_ordered), ("per_table", run_per_table)):
+        schema = f"bench_{mode}_{run}"
+        load: SqlLoad
+        if name == "mariadb":
+            server.query(f"CREATE DATABASE {schema}")
+            load = MySQLLoad(server.target_config(), pipeline=f"bench_{mode}_{run}", position_schema=schema,
+                             connections=args.connections)
+        else:
+            server.query(f"CREATE SCHEMA {schema}")
+            load = PostgresLoad(server.target_config(), pipeline=f"bench_{mode}_{run}",
+                                connections=args.connections)
+        for i in range(TABLES):
+            server.query(DDL.format(t=f"{schema}.bench{i}"))
+        batches = workload(schema, args.rows, args.batch)
+        try:
+            load.committed()  # connect and take the fence outside the timing
+            if mode == "per_table":  # open the pool's connections outside the timing too
+                opened = [load._checkout(None) for _ in range(min(TABLES, args.connections))]
+                load._idle.extend(opened)
+            elapsed, latencies = runner(load, batches)
+        finally:
+            load.close()
+        results[mode] = (sum(map(len, batches)) / elapsed, latencies)
+        server.query(f"DROP DATABASE {schema}" if name == "mariadb" else f"DROP SCHEMA {schema} CASCADE")
+    return results
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=4000, help="keys per run (spread over 8 tables)")
+    parser.add_argument("--batch", type=int, default=2000, help="changes per batch")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--connections", type=int, default=8, help="the sink's connection pool")
+    parser.add_argument("--targets", choices=("all", "mariadb", "postgresql"), default="all")
+    args = parser.parse_args()
+    total = len(workload("s", args.rows, args.batch))
+    print(f"{args.rows} inserts, {args.rows} updates, {args.rows // 2} deletes over {TABLES} tables, "
+          f"{total} batches of up to {args.batch} changes, {args.repeat} runs each (medians)")
+    with servers(args.targets) as started:
+        for name, server in started.items():
+            runs = [bench(name, server, args, run) for run in range(args.repeat)]
+            rates = {}
+            for mode in ("ordered", "per_table"):
+                rates[mode] = statistics.median(r[mode][0] for r in runs)
+                latencies = [x for r in runs for x in r[mode][1]]
+                print(f"{name:10} {mode:9} {rates[mode]:9.0f} rows/s  batch p50 "
+                      f"{1000 * percentile(latencies, 0.5):7.1f} ms  p99 {1000 * percentile(latencies, 0.99):7.1f} ms")
+            print(f"{name:10} ratio per_table/ordered {rates['per_table'] / rates['ordered']:.2f} (goal >= 1.5)")
+    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+
+
+if __name__ == "__main__":
+    main()
