@@ -324,12 +324,19 @@ class _Assembler:
 
     Outside a transaction, events that only move the read position (rotation, checkpoints, GTID
     lists, heartbeats) yield a position mark: a Transaction with no changes whose `end` is where
-    reading continues. After a reconnect in the middle of a transaction handed on in pieces,
-    `skip` row changes already handed on are dropped from its replay.
+    reading continues.
+
+    A transaction of more than `max_rows` row changes is handed on in pieces. A piece's `end` is
+    the transaction's start (where its first event begins, with the GTID set before it) with
+    `row` = the row changes handed on so far, and each change of such a transaction carries the
+    start with `row` = its 1-based ordinal. Reading again from such a position (a reconnect, or
+    `open` at an acknowledged piece end) re-reads the transaction and drops its first `skip`
+    row changes.
     """
 
     def __init__(self, start: Position, max_rows: int, gtids: _GtidState | None) -> None:
         self.log_file = start.log
+        self.tx_start: Position | None = None  # where the open transaction's first event begins
         self.max_rows = max_rows
         self.gtids = gtids
         self.tables: dict[int, _TableInfo] = {}
@@ -339,21 +346,24 @@ class _Assembler:
         self.in_tx = False
         self.standalone = False
         self.pending_gtid: str | None = None
-        self.handed_in_tx = 0  # row changes of the open transaction already handed on in pieces
-        self.skip = 0
+        self.handed_in_tx = start.row  # row changes of the open transaction already handed on in pieces
+        self.seen_in_tx = 0  # row changes of the open transaction read so far (skipped ones included)
+        self.skip = start.row
         self.mark = start  # the last end handed on; a position mark must be past it
         # After a GTID start the server skips to it from the start of a file: positions read
         # before the first transaction are behind the start, so none is handed on as a mark.
         self.positioned = bool(start.log)
 
     def restart(self, at: Position) -> None:
-        """Forget the open transaction: reading restarts at `at`, the last complete end handed on."""
-        self.skip, self.handed_in_tx = self.handed_in_tx, 0
+        """Forget the open transaction: reading restarts at `at`, the last end handed on (a piece's
+        end restarts at its transaction's start and skips the row changes it covers)."""
+        self.skip = self.handed_in_tx = at.row
         if self.skip:
             log.info("re-reading a transaction split across a reconnect from %s: skipping the %d changes "
                      "already handed on", at, self.skip)
         self.log_file = at.log
         self.rows, self.nbytes, self.in_tx, self.standalone, self.pending_gtid = [], 0, False, False, None
+        self.tx_start, self.seen_in_tx = None, 0
 
     def _position(self, log: str, offset: int) -> Position:
         return Position(log, offset, self.gtids.text or None if self.gtids is not None else None)
@@ -362,6 +372,8 @@ class _Assembler:
         if isinstance(event, _POSITION_EVENTS):
             return self._moved(event)
         self.nbytes += event.packet.event_size
+        if self.tx_start is None and isinstance(event, (MariadbGtidEvent, GtidEvent, QueryEvent)):
+            self.tx_start = self._position(self.log_file, event.packet.log_pos - event.packet.event_size)
         if isinstance(event, MariadbGtidEvent):
             self.standalone = bool(event.flags & _GTID_STANDALONE)
             self.in_tx = not self.standalone
@@ -380,7 +392,7 @@ class _Assembler:
         if isinstance(event, RowsEvent):
             self._add_rows(event)
             if len(self.rows) >= self.max_rows:
-                return self._pieces(self._position(self.log_file, event.packet.log_pos))
+                return self._pieces()
             return []
         if isinstance(event, XidEvent):
             return [self._commit(event.packet.log_pos, event.timestamp)]
@@ -410,6 +422,7 @@ class _Assembler:
         return [Transaction((), end)]
 
     def _append(self, item: tuple[Op | None, Any, Any, Any]) -> None:
+        self.seen_in_tx += 1
         if self.skip:
             self.skip -= 1
         else:
@@ -430,36 +443,61 @@ class _Assembler:
                               info.image(row["before_values"], row["before_none_sources"]),
                               info.image(row["after_values"], row["after_none_sources"])))
 
-    def _changes(self, rows: list, position: Position, commit_time: float | None) -> tuple[Change, ...]:
+    def _changes(self, rows: list, position: Position, commit_time: float | None, first: int = 0
+                 ) -> tuple[Change, ...]:
+        """The changes of `rows`. Those of a split transaction (`first` > 0: the ordinal of the first
+        of them) each carry the transaction's start with `row` = their 1-based ordinal, the others
+        `position`."""
+        if first:
+            positions = [attrs.evolve(self._start(), row=first + i) for i in range(len(rows))]
+        else:
+            positions = [position] * len(rows)
         return tuple(
-            DdlChange(*after, before, position) if op is None
-            else RowChange(op, info.schema, info.table, info.primary_key, before, after, position, commit_time)
-            for op, info, before, after in rows
+            DdlChange(*after, before, at) if op is None
+            else RowChange(op, info.schema, info.table, info.primary_key, before, after, at, commit_time)
+            for (op, info, before, after), at in zip(rows, positions)
         )
 
-    def _pieces(self, cursor: Position) -> list[Transaction]:
-        """Cut full pieces off a transaction too large to hold; their `end` is only a cursor."""
+    def _start(self) -> Position:
+        if self.tx_start is None:
+            raise SourceError(f"a transaction too large to hold ({self.max_rows}+ row changes) at {self.log_file} "
+                              "has no start event (GTID or BEGIN) to resume it from")
+        return self.tx_start
+
+    def _pieces(self) -> list[Transaction]:
+        """Cut full pieces off a transaction too large to hold; each `end` is a checkpoint inside it."""
         pieces = []
         while len(self.rows) >= self.max_rows:
             chunk, self.rows = self.rows[: self.max_rows], self.rows[self.max_rows:]
-            pieces.append(Transaction(self._changes(chunk, cursor, None), cursor, complete=False,
-                                      nbytes=self.nbytes))
             self.handed_in_tx += len(chunk)
+            end = attrs.evolve(self._start(), row=self.handed_in_tx)
+            pieces.append(Transaction(self._changes(chunk, end, None, self.handed_in_tx - len(chunk) + 1), end, complete=False, nbytes=self.nbytes))
             self.nbytes = 0
         return pieces
 
-    def _close_tx(self) -> None:
+    def _close_tx(self, offset: int) -> None:
+        if self.skip:
+            raise SourceError(f"resumed inside a transaction at {self._start() if self.tx_start else self.log_file}"
+                              f" to skip {self.seen_in_tx + self.skip} row changes, but it ends at "
+                              f"{self.log_file}:{offset} after {self.seen_in_tx}: the position does not "
+                              "belong to this binlog")
         if self.pending_gtid is not None and self.gtids is not None:
             self.gtids.add(self.pending_gtid)
         self.rows, self.nbytes, self.in_tx, self.standalone, self.pending_gtid = [], 0, False, False, None
-        self.handed_in_tx = self.skip = 0
+        self.handed_in_tx = self.skip = self.seen_in_tx = 0
+        self.tx_start = None
         self.positioned = True
 
     def _commit(self, offset: int, timestamp: float | None) -> Transaction:
         rows, nbytes = self.rows, self.nbytes
-        self._close_tx()
+        first = self.handed_in_tx + 1 if self.handed_in_tx else 0
+        start = self.tx_start
+        self._close_tx(offset)
         end = self.mark = self._position(self.log_file, offset)
-        return Transaction(self._changes(rows, end, float(timestamp) if timestamp else None), end, nbytes=nbytes)
+        self.tx_start = start  # for the ordinals of a split transaction's last changes
+        changes = self._changes(rows, end, float(timestamp) if timestamp else None, first)
+        self.tx_start = None
+        return Transaction(changes, end, nbytes=nbytes)
 
     def _query(self, event: QueryEvent, offset: int) -> list[Transaction]:
         statement = event.query.strip()
@@ -484,7 +522,7 @@ class _Assembler:
             self._append((None, None, statement, (ddl_schema, table)))
             return []
         nbytes = self.nbytes
-        self._close_tx()
+        self._close_tx(offset)
         end = self.mark = self._position(self.log_file, offset)
         return [Transaction((DdlChange(ddl_schema, table, statement, end),), end, nbytes=nbytes)]
 
@@ -602,7 +640,9 @@ class MysqlBinlogSource(Select):
     * A lost connection is re-established with backoff from the end of the last complete
       transaction handed on (dropping the part of a split transaction already handed on), for
       up to `reconnect_timeout` seconds; after that `poll` raises `SourceError`.
-    * Transactions of more than `max_rows_in_memory` rows come in pieces with ``complete=False``.
+    * Transactions of more than `max_rows_in_memory` rows come in pieces with ``complete=False``;
+      a piece's end is the transaction's start with `row` = row changes handed on so far, and
+      `open`/`seek` there re-reads the transaction and skips them (see `_Assembler`).
       The reader runs ahead of `poll` by up to `max_rows_in_memory` rows (a transaction with no
       rows counts as one; a bigger piece waits for an empty queue), so it is never held back by
       many small transactions and never holds more than about twice that (`peak_buffered_rows`).
@@ -789,7 +829,8 @@ class MysqlBinlogSource(Select):
         gtids = self._gtids_at(conn, position)
         if gtids is None and target.gtid and gtid_flavor(target.gtid) == self.detected_flavor:
             gtids = _GtidState(self.detected_flavor, target.gtid)
-        return attrs.evolve(position, gtid=gtids.text or None if gtids else None), gtids
+        # A checkpoint inside a split transaction (row > 0) reads it again from its start.
+        return attrs.evolve(position, gtid=gtids.text or None if gtids else None, row=target.row), gtids
 
     def _resolve_gtid(self, conn: pymysql.connections.Connection, target: _GtidStart, head: Position,
                       executed: str | None) -> tuple[Position | None, _GtidState]:
@@ -875,8 +916,7 @@ class MysqlBinlogSource(Select):
                         for tx in assembler.feed(event):
                             put(tx)
                             down_since, attempt = None, 0  # progress: the retry budget starts afresh
-                            if tx.complete:
-                                handed = tx.end
+                            handed = tx.end
                         with self._buffer_lock:
                             buffered = self._queued_rows + len(assembler.rows)
                         self.peak_buffered_rows = max(self.peak_buffered_rows, buffered)
@@ -901,7 +941,7 @@ class MysqlBinlogSource(Select):
                     self.reconnects += 1
                     connector.reset()
                     if handed is not None:
-                        assembler.restart(handed)
+                        assembler.restart(handed)  # a piece's end restarts at its transaction's start
                     else:
                         assembler.restart(Position(assembler.log_file, 0))
                 finally:

@@ -17,11 +17,17 @@ class Select(abc.ABC):
     * Transactions come out in source log order, each once per `open`/`seek`.
       A transaction's `end` is the position *after* it: resuming from it
       re-reads nothing the transaction covers and skips nothing after it.
-    * A source never cuts a checkpoint inside a transaction. A transaction too
-      large to hold may come in pieces with `complete=False`; only the last
-      piece is complete and only its `end` may be acknowledged.
+    * A transaction too large to hold may come in pieces with `complete=False`;
+      only the last piece is complete and ends at the transaction's end. A
+      piece's `end` is a checkpoint inside the transaction (`Position.row` =
+      the row changes of the transaction handed on so far, counted from its
+      start) and may be acknowledged: resuming from it yields exactly the
+      transaction's later changes, then what follows. Each change of a split
+      transaction carries its own position (its 1-based ordinal as `row`), so
+      ends and change positions are strictly increasing.
     * `seek(p)` rewinds (or advances) so that the next `poll` returns the first
-      transaction after `p`. The scheduler calls it after every rollback.
+      change after `p` (after a piece end: the rest of its transaction). The
+      scheduler calls it after every rollback.
     * `head()` is the end of the source log as it stands now, or None if the
       source cannot tell; `setl start --until-caught-up` stops there.
     * `close()` releases connections. It may never be called if the process

@@ -1,0 +1,107 @@
+"""MysqlBinlogSource on the binlog forms that used to lose or repeat data silently (issue 13)."""
+
+from __future__ import annotations
+
+import itertools
+
+import attrs
+import pytest
+
+from setl.model import Position, RowChange, Transaction
+from setl.sources.mysql_binlog import MysqlBinlogSource
+from tests.helpers.wait import wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+_server_ids = itertools.count(7501)
+
+
+@pytest.fixture
+def sources():
+    """Opens sources for a test (each with its own server_id) and closes them all afterwards."""
+    opened: list[MysqlBinlogSource] = []
+
+    def open_source(server, at: Position | None = None, start="latest", **kwargs) -> MysqlBinlogSource:
+        src = MysqlBinlogSource.from_config(server.source_config(next(_server_ids), start), pipeline="t", **kwargs)
+        opened.append(src)
+        src.open(at)
+        return src
+
+    yield open_source
+    for src in opened:
+        src.close()
+
+
+def head(server) -> Position:
+    file, pos = server.query("SHOW MASTER STATUS")[0][:2]
+    return Position(file, int(pos))
+
+
+def execute(server, db: str, *statements: str) -> None:
+    """Run statements one by one (autocommit) on one connection to `db`."""
+    conn = server.connect(database=db)
+    try:
+        with conn.cursor() as cur:
+            for statement in statements:
+                cur.execute(statement)
+    finally:
+        conn.close()
+
+
+def read_until_complete(src: MysqlBinlogSource, schema: str, count: int = 1, timeout: float = 30
+                        ) -> list[Transaction]:
+    """Poll until `count` complete transactions touching `schema` (pieces included) arrived."""
+    got: list[Transaction] = []
+
+    def more() -> bool:
+        tx = src.poll(0.2)
+        if tx is not None and any(c.schema == schema for c in tx.changes):
+            got.append(tx)
+        elif tx is not None and got and not got[-1].complete:  # a final piece with no rows left
+            got.append(tx)
+        return sum(t.complete for t in got) >= count
+
+    wait_until(more, timeout=timeout, interval=0, message=f"{count} complete transactions (got {len(got)})")
+    return got
+
+
+def rows(transactions: list[Transaction]) -> list[RowChange]:
+    return [c for tx in transactions for c in tx.changes if isinstance(c, RowChange)]
+
+
+def test_split_transaction_resumes_from_every_piece_end_with_exactly_the_rest(mariadb_source, source_db, sources):
+    """A 1,000-row keyless transaction in pieces of 100: each piece end resumes with exactly the later rows."""
+    execute(mariadb_source, source_db, "CREATE TABLE k (v INT)", "CREATE TABLE other (id INT PRIMARY KEY)")
+    start = head(mariadb_source)
+    execute(mariadb_source, source_db, "INSERT INTO other VALUES (1)",
+            "INSERT INTO k SELECT seq % 7 FROM seq_1_to_1000", "INSERT INTO other VALUES (2)")
+    everything = read_until_complete(sources(mariadb_source, start, max_rows_in_memory=100), source_db, 2)
+    # the commit after the last full piece carries no rows: a position mark the next transaction supersedes
+    assert [(len(tx.changes), tx.complete) for tx in everything] == [(1, True)] + [(100, False)] * 10 + [(1, True)]
+    pieces = everything[1:11]
+    tx_start = attrs.evolve(pieces[0].end, row=0)
+    assert tx_start == everything[0].end  # the big transaction starts where the one before it ends
+    assert [p.end for p in pieces] == [attrs.evolve(tx_start, row=100 * i) for i in range(1, 11)]
+    big = rows(pieces)
+    assert [c.position for c in big] == [attrs.evolve(tx_start, row=i) for i in range(1, 1001)]
+    assert [c.after["v"] for c in big] == [i % 7 for i in range(1, 1001)]
+    ends = [tx.end for tx in everything]
+    positions = [c.position for c in rows(everything)]
+    assert ends == sorted(set(ends)) and positions == sorted(set(positions))  # strictly increasing
+    for k, piece in enumerate(pieces, start=1):
+        resumed = read_until_complete(sources(mariadb_source, piece.end, max_rows_in_memory=100), source_db, 1)
+        assert rows(resumed) == big[100 * k:] + rows(everything[-1:])
+        assert [tx.end for tx in resumed] == ends[k + 1:]
+
+
+def test_split_transaction_with_a_partial_last_piece_ends_complete_at_its_commit(mariadb_source, source_db, sources):
+    """250 rows in pieces of 100: two pieces, then a complete last piece of 50 ending at the commit (row 0)."""
+    execute(mariadb_source, source_db, "CREATE TABLE k (v INT)")
+    start = head(mariadb_source)
+    execute(mariadb_source, source_db, "INSERT INTO k SELECT seq FROM seq_1_to_250")
+    got = read_until_complete(sources(mariadb_source, start, max_rows_in_memory=100), source_db)
+    assert [(len(tx.changes), tx.complete) for tx in got] == [(100, False), (100, False), (50, True)]
+    assert got[-1].end.row == 0 and got[-1].end.offset == head(mariadb_source).offset
+    assert [c.position.row for c in rows(got)] == list(range(1, 251))
+    resumed = read_until_complete(sources(mariadb_source, got[1].end, max_rows_in_memory=100), source_db)
+    assert [(tx.changes, tx.end, tx.complete) for tx in resumed] == [(tx.changes, tx.end, tx.complete) for tx in got[2:]]
