@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -36,6 +36,7 @@ from pymysqlreplication.event import (
     QueryEvent,
     RotateEvent,
     StopEvent,
+    XAPrepareEvent,
     XidEvent,
 )
 from pymysqlreplication.gtid import Gtid, GtidSet
@@ -75,10 +76,29 @@ REQUIRED_SETTINGS: Mapping[str, str] = {
 # Events that only move the read position: outside a transaction they become position marks.
 _POSITION_EVENTS = (RotateEvent, FormatDescriptionEvent, MariadbGtidListEvent, MariadbBinLogCheckPointEvent,
                     PreviousGtidsEvent, HeartbeatLogEvent, StopEvent)
-_EVENTS = [*_POSITION_EVENTS, MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, TableMapEvent,
+_EVENTS = [*_POSITION_EVENTS, MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, XAPrepareEvent, TableMapEvent,
            WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent]
 _GTID_STANDALONE = 0x01  # MariaDB GTID flag: one statement, no BEGIN/COMMIT follows
+_GTID_PREPARED_XA = 0x40  # MariaDB GTID flag: the group ends in XA PREPARE
 _IGNORED_IN_TX = re.compile(r"^\s*(SAVEPOINT|ROLLBACK\s+TO|RELEASE\s+SAVEPOINT|XA\s)", re.I)
+# How the server logs the second phase of a prepared XA transaction (its own event group).
+_XA_END = re.compile(r"^\s*XA\s+(?P<verb>COMMIT|ROLLBACK)\s+X'(?P<gtrid>[0-9a-f]*)'\s*,\s*X'(?P<bqual>[0-9a-f]*)'"
+                     r"\s*,\s*(?P<format>\d+)\s*;?\s*$", re.I)
+
+#: A prepared XA transaction's identity: (formatID, gtrid, bqual).
+XaKey = tuple[int, bytes, bytes]
+#: A row change (or a statement logged inside a transaction) as the assembler holds it.
+_Item = tuple[Any, Any, Any, Any]
+
+
+def _row_items(event: RowsEvent, info: "_TableInfo") -> list[_Item]:
+    """The row changes of one rows event, with setl's images."""
+    if isinstance(event, WriteRowsEvent):
+        return [(Op.INSERT, info, None, info.image(row["values"], row["none_sources"])) for row in event.rows]
+    if isinstance(event, DeleteRowsEvent):
+        return [(Op.DELETE, info, info.image(row["values"], row["none_sources"]), None) for row in event.rows]
+    return [(Op.UPDATE, info, info.image(row["before_values"], row["before_none_sources"]),
+             info.image(row["after_values"], row["after_none_sources"])) for row in event.rows]
 
 _NAME = r"(?:`(?:[^`]|``)+`|[\w$]+)"
 _QUALIFIED = rf"(?P<name>{_NAME}(?:\s*\.\s*{_NAME})?)"
@@ -334,8 +354,14 @@ class _Assembler:
     row changes.
     """
 
-    def __init__(self, start: Position, max_rows: int, gtids: _GtidState | None) -> None:
+    def __init__(self, start: Position, max_rows: int, gtids: _GtidState | None,
+                 prepared_rows: Callable[[XaKey, Position | None, Position], list[_Item]] | None = None) -> None:
         self.log_file = start.log
+        # XA PREPARE groups seen by this reader (where each starts), and how to read a prepared
+        # transaction's rows again when its XA COMMIT arrives.
+        self.prepared: dict[XaKey, Position] = {}
+        self.prepared_rows = prepared_rows
+        self.xa_pending = False  # the open group is an XA PREPARE group: its rows wait for XA COMMIT
         self.tx_start: Position | None = None  # where the open transaction's first event begins
         self.max_rows = max_rows
         self.gtids = gtids
@@ -363,7 +389,7 @@ class _Assembler:
                      "already handed on", at, self.skip)
         self.log_file = at.log
         self.rows, self.nbytes, self.in_tx, self.standalone, self.pending_gtid = [], 0, False, False, None
-        self.tx_start, self.seen_in_tx = None, 0
+        self.tx_start, self.seen_in_tx, self.xa_pending = None, 0, False
 
     def _position(self, log: str, offset: int) -> Position:
         return Position(log, offset, self.gtids.text or None if self.gtids is not None else None)
@@ -375,6 +401,7 @@ class _Assembler:
         if self.tx_start is None and isinstance(event, (MariadbGtidEvent, GtidEvent, QueryEvent)):
             self.tx_start = self._position(self.log_file, event.packet.log_pos - event.packet.event_size)
         if isinstance(event, MariadbGtidEvent):
+            self.xa_pending = bool(event.flags & _GTID_PREPARED_XA)
             self.standalone = bool(event.flags & _GTID_STANDALONE)
             self.in_tx = not self.standalone
             self.pending_gtid = event.gtid
@@ -396,6 +423,8 @@ class _Assembler:
             return []
         if isinstance(event, XidEvent):
             return [self._commit(event.packet.log_pos, event.timestamp)]
+        if isinstance(event, XAPrepareEvent):
+            return self._xa_prepared(event)
         if isinstance(event, QueryEvent):
             return self._query(event, event.packet.log_pos)
         return []
@@ -416,6 +445,9 @@ class _Assembler:
             if not event.packet.log_pos:
                 return []
             end = self._position(self.log_file, event.packet.log_pos)
+        return self._moved_to(end)
+
+    def _moved_to(self, end: Position) -> list[Transaction]:
         if not self.positioned or self.in_tx or self.rows or self.handed_in_tx or end <= self.mark:
             return []
         self.mark = end
@@ -433,15 +465,42 @@ class _Assembler:
         if info is None:
             raise SourceError(f"rows event for table id {event.table_id} ({event.schema}.{event.table}) "
                               "without its table map")
-        for row in event.rows:
-            if isinstance(event, WriteRowsEvent):
-                self._append((Op.INSERT, info, None, info.image(row["values"], row["none_sources"])))
-            elif isinstance(event, DeleteRowsEvent):
-                self._append((Op.DELETE, info, info.image(row["values"], row["none_sources"]), None))
-            else:
-                self._append((Op.UPDATE, info,
-                              info.image(row["before_values"], row["before_none_sources"]),
-                              info.image(row["after_values"], row["after_none_sources"])))
+        if self.xa_pending:
+            return  # an XA PREPARE group: its rows are read again when its XA COMMIT arrives
+        for item in _row_items(event, info):
+            self._append(item)
+
+    def _xa_prepared(self, event: XAPrepareEvent) -> list[Transaction]:
+        """The end of a group: XA PREPARE (its rows wait for XA COMMIT), or XA COMMIT ONE PHASE."""
+        if event.one_phase:
+            return [self._commit(event.packet.log_pos, event.timestamp)]
+        key = (event.xid_format_id, bytes(event.xid_gtrid), bytes(event.xid_bqual))
+        offset = event.packet.log_pos
+        if self.handed_in_tx:  # MySQL marks an XA group only at its end
+            raise SourceError(f"XA PREPARE at {self.log_file}:{offset} of a transaction of which "
+                              f"{self.handed_in_tx} row changes were already handed on as committed; "
+                              "raise source.max_rows_in_memory above its size")
+        self.prepared[key] = self._start()
+        self.rows = []
+        self._close_tx(offset)
+        self.xa_pending = False
+        # Its end may be acknowledged: at XA COMMIT the prepared rows are found in the binlog again.
+        return self._moved_to(self._position(self.log_file, offset))
+
+    def _xa_finished(self, match: re.Match[str], offset: int, timestamp: float | None) -> list[Transaction]:
+        """XA COMMIT or XA ROLLBACK of a prepared transaction: its rows are applied now, or never."""
+        key = (int(match["format"]), bytes.fromhex(match["gtrid"]), bytes.fromhex(match["bqual"]))
+        start = self.prepared.pop(key, None)
+        if match["verb"].upper() == "ROLLBACK":
+            self._close_tx(offset)
+            return self._moved_to(self._position(self.log_file, offset))
+        if self.prepared_rows is None:
+            raise SourceError(f"XA COMMIT at {self.log_file}:{offset} of a prepared transaction this reader "
+                              "cannot read again")
+        for item in self.prepared_rows(key, start, self._start()):
+            self._append(item)
+        pieces = self._pieces() if len(self.rows) >= self.max_rows else []
+        return [*pieces, self._commit(offset, timestamp)]
 
     def _changes(self, rows: list, position: Position, commit_time: float | None, first: int = 0
                  ) -> tuple[Change, ...]:
@@ -505,6 +564,12 @@ class _Assembler:
         if verb == "BEGIN":
             self.in_tx = True
             return []
+        if statement.upper().startswith("XA START"):  # MySQL logs the XA group's start as a query
+            self.in_tx = True
+            return []
+        xa_end = _XA_END.match(statement)
+        if xa_end:
+            return self._xa_finished(xa_end, offset, event.timestamp)
         if verb == "COMMIT":  # non-transactional tables, or a server that sends BEGIN/COMMIT
             return [self._commit(offset, event.timestamp)]
         if verb == "ROLLBACK":
@@ -650,6 +715,10 @@ class MysqlBinlogSource(Select):
       the decoded table instead of decoding its column metadata again (`table_maps` counts hits).
     * Values are pymysqlreplication's, except: an empty SET is ``set()``, BIT is an int, BINARY(n)
       keeps its trailing zero bytes, YEAR 0 is 0. MariaDB's JSON is text and stays a str.
+    * Two-phase XA: an XA PREPARE group hands nothing on (its end may be acknowledged); its rows
+      are read again from the binlog and handed on at its XA COMMIT, in commit order (XA ROLLBACK:
+      never). After a restart between the two, the XA PREPARE is searched for in the binlogs,
+      newest first; if it was purged the pipeline stops naming the XA COMMIT's position.
     * `server_id` must be unique among the server's replicas and readers.
     """
 
@@ -864,7 +933,7 @@ class MysqlBinlogSource(Select):
         self._queued_rows = 0
         self.table_maps = _TableMapCache() if self.table_map_cache else None
         self._connector = _Connector(self.table_maps)
-        assembler = _Assembler(position or Position("", 0), self.max_rows_in_memory, gtids)
+        assembler = _Assembler(position or Position("", 0), self.max_rows_in_memory, gtids, self._prepared_rows)
         gtid_start = gtids.text if position is None and gtids is not None else None
         self._thread = threading.Thread(
             target=self._read, args=(self._connector, assembler, self._queue, self._stop, position, gtid_start),
@@ -873,6 +942,88 @@ class MysqlBinlogSource(Select):
         log.info("pipeline=%s reading the %s binlog of %s:%s from %s (server_id %d)", self.pipeline,
                  self.detected_flavor, self.host, self.port, position or f"after GTID {gtid_start}",
                  self.server_id)
+
+    def _prepared_rows(self, key: XaKey, start: Position | None, commit: Position) -> list[_Item]:
+        """The row changes of prepared XA transaction `key`, read again from the binlog (runs on the
+        reader thread when its XA COMMIT group, starting at `commit`, arrives).
+
+        From `start` when this reader saw its XA PREPARE; else (a restart between XA PREPARE and
+        XA COMMIT) from the last XA PREPARE of `key` before `commit`, searching the binlogs newest
+        first. A prepared transaction no binlog holds any more stops the pipeline.
+        """
+        xid = f"X'{key[1].hex()}',X'{key[2].hex()}',{key[0]}"
+        if start is not None:
+            found = self._scan_for_prepare(key, start, commit, first_only=True)
+        else:
+            conn = self._connect()
+            try:
+                logs = [str(row[0]) for row in self._query(conn, "SHOW BINARY LOGS")]
+            finally:
+                conn.close()
+            found = None
+            for name in reversed(logs[: logs.index(commit.log) + 1] if commit.log in logs else []):
+                found = self._scan_for_prepare(key, Position(name, 4), commit)
+                if found is not None:
+                    log.info("pipeline=%s found the XA PREPARE of %s (committed at %s) in %s", self.pipeline,
+                             xid, commit, name)
+                    break
+        if found is None:
+            raise SourceError(f"XA COMMIT {xid} at {commit}: its XA PREPARE is no longer in the binlogs of "
+                              f"{self.host}:{self.port} (purged?), so its rows cannot be applied; reload the "
+                              "tables it touched and reset the pipeline's position past it", position=commit)
+        return found
+
+    def _scan_for_prepare(self, key: XaKey, start: Position, stop: Position, first_only: bool = False
+                          ) -> list[_Item] | None:
+        """The rows of the last XA PREPARE group of `key` in ``[start, stop)`` of one binlog file."""
+        connector = _Connector(None)
+        settings = {"host": self.host, "port": self.port, "user": self.user, "password": self._password,
+                    "connect_timeout": self.connect_timeout, "read_timeout": max(30.0, 4 * self.heartbeat)}
+        # server_id 0 with a non-blocking dump, as mariadb-binlog reads: it does not displace the
+        # pipeline's own stream (a second reader with its server_id would).
+        reader = BinLogStreamReader(connection_settings=settings, server_id=0, blocking=False, resume_stream=True,
+                                    log_file=start.log, log_pos=start.offset, is_mariadb=False,
+                                    only_events=_EVENTS, pymysql_wrapper=connector, enable_logging=False)
+        tables: dict[int, _TableInfo] = {}
+        group: list[_Item] = []
+        found: list[_Item] | None = None
+        try:
+            while True:
+                event = reader.fetchone()
+                if event is None:
+                    return found
+                if isinstance(event, RotateEvent):
+                    if event.next_binlog != start.log:
+                        return found
+                    continue
+                if not isinstance(event, _POSITION_EVENTS) and (start.log, event.packet.log_pos) > (
+                        stop.log, stop.offset):
+                    return found
+                if isinstance(event, (MariadbGtidEvent, GtidEvent)):
+                    group = []
+                elif isinstance(event, TableMapEvent):
+                    tables[event.table_id] = _TableInfo.from_table_map(event)
+                elif isinstance(event, RowsEvent) and event.table_id in tables:
+                    group.extend(_row_items(event, tables[event.table_id]))
+                elif isinstance(event, XAPrepareEvent) and not event.one_phase and (
+                        event.xid_format_id, bytes(event.xid_gtrid), bytes(event.xid_bqual)) == key:
+                    found = group
+                    if first_only:
+                        return found
+                elif isinstance(event, QueryEvent):
+                    match = _XA_END.match(event.query)
+                    if match and (int(match["format"]), bytes.fromhex(match["gtrid"]),
+                                  bytes.fromhex(match["bqual"])) == key:
+                        found = None  # finished before: a later XA PREPARE reuses the XID
+                    elif event.query.strip().upper().startswith("XA START"):
+                        group = []
+        except pymysql.MySQLError as exc:
+            raise SourceError(f"cannot read {start.log} of {self.host}:{self.port} again for the XA PREPARE of "
+                              f"the XA COMMIT at {stop}: {exc}", position=stop) from exc
+        finally:
+            with contextlib.suppress(Exception):
+                reader.close()
+            connector.shutdown()
 
     def _stream(self, connector: _Connector, at: Position | None, gtid: str | None) -> BinLogStreamReader:
         settings = {"host": self.host, "port": self.port, "user": self.user, "password": self._password,

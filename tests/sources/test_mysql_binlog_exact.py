@@ -105,3 +105,50 @@ def test_split_transaction_with_a_partial_last_piece_ends_complete_at_its_commit
     assert [c.position.row for c in rows(got)] == list(range(1, 251))
     resumed = read_until_complete(sources(mariadb_source, got[1].end, max_rows_in_memory=100), source_db)
     assert [(tx.changes, tx.end, tx.complete) for tx in resumed] == [(tx.changes, tx.end, tx.complete) for tx in got[2:]]
+
+
+def changes_of(transactions: list[Transaction], schema: str) -> list[tuple[str, str, object]]:
+    return [(c.table, c.op.value, c.image.get("id")) for c in rows(transactions) if c.schema == schema]
+
+
+def xa_prepare(server, db: str, xid: str, *statements: str) -> None:
+    """Run `statements` in XA transaction `xid`, prepare it and disconnect (leaving it prepared)."""
+    execute(server, db, f"XA START '{xid}'", *statements, f"XA END '{xid}'", f"XA PREPARE '{xid}'")
+
+
+def test_two_phase_xa_commit_is_applied_once_in_commit_order(mariadb_source, source_db, sources):
+    """XA PREPARE + XA COMMIT applies the rows at the commit, after what committed in between; XA ROLLBACK applies none."""
+    execute(mariadb_source, source_db, "CREATE TABLE t (id INT PRIMARY KEY, v INT)")
+    start = head(mariadb_source)
+    xa_prepare(mariadb_source, source_db, "x", "INSERT INTO t VALUES (1, 1)", "UPDATE t SET v = 2 WHERE id = 1")
+    execute(mariadb_source, source_db, "INSERT INTO t VALUES (2, 2)")
+    xa_prepare(mariadb_source, source_db, "y", "INSERT INTO t VALUES (3, 3)")
+    execute(mariadb_source, source_db, "XA COMMIT 'x'", "XA ROLLBACK 'y'",
+            "XA START 'z'", "INSERT INTO t VALUES (4, 4)", "XA END 'z'", "XA COMMIT 'z' ONE PHASE",
+            "INSERT INTO t VALUES (5, 5)")
+    src = sources(mariadb_source, start)
+    got = read_until_complete(src, source_db, 4)
+    assert src.reconnects == 0  # reading the XA PREPARE again did not displace the stream
+    assert changes_of(got, source_db) == [("t", "insert", 2), ("t", "insert", 1), ("t", "update", 1),
+                                          ("t", "insert", 4), ("t", "insert", 5)]
+    assert [len(tx.changes) for tx in got] == [1, 2, 1, 1]
+    assert rows(got)[2].after == {"id": 1, "v": 2}
+    assert [tx.end for tx in got] == sorted(tx.end for tx in got)
+
+
+def test_restart_between_xa_prepare_and_commit_applies_the_prepared_rows_once(mariadb_source, source_db, sources):
+    """A reader opened after an XA PREPARE it never saw finds the prepared rows when the XA COMMIT arrives."""
+    execute(mariadb_source, source_db, "CREATE TABLE t (id INT PRIMARY KEY, v INT)")
+    start = head(mariadb_source)
+    xa_prepare(mariadb_source, source_db, "r", *[f"INSERT INTO t VALUES ({i}, {i})" for i in range(1, 6)])
+    execute(mariadb_source, source_db, "INSERT INTO t VALUES (10, 10)")
+    (before,) = read_until_complete(sources(mariadb_source, start), source_db)
+    assert changes_of([before], source_db) == [("t", "insert", 10)]
+    mariadb_source.query("FLUSH BINARY LOGS")  # the XA PREPARE is now in an older binlog file
+    execute(mariadb_source, source_db, "XA COMMIT 'r'", "INSERT INTO t VALUES (11, 11)")
+    resumed = read_until_complete(sources(mariadb_source, before.end, max_rows_in_memory=2), source_db, 2)
+    assert changes_of(resumed, source_db) == [("t", "insert", i) for i in (1, 2, 3, 4, 5, 11)]
+    assert [(len(tx.changes), tx.complete) for tx in resumed] == [(2, False), (2, False), (1, True), (1, True)]
+    # a piece of the XA COMMIT resumes like any split transaction
+    again = read_until_complete(sources(mariadb_source, resumed[0].end, max_rows_in_memory=2), source_db, 2)
+    assert changes_of(again, source_db) == [("t", "insert", i) for i in (3, 4, 5, 11)]
