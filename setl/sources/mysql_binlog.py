@@ -78,9 +78,10 @@ _POSITION_EVENTS = (RotateEvent, FormatDescriptionEvent, MariadbGtidListEvent, M
                     PreviousGtidsEvent, HeartbeatLogEvent, StopEvent)
 _EVENTS = [*_POSITION_EVENTS, MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, XAPrepareEvent, TableMapEvent,
            WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent]
+_TRANSACTIONAL_ENGINES = frozenset({"innodb", "rocksdb", "tokudb", "xtradb"})
 _GTID_STANDALONE = 0x01  # MariaDB GTID flag: one statement, no BEGIN/COMMIT follows
 _GTID_PREPARED_XA = 0x40  # MariaDB GTID flag: the group ends in XA PREPARE
-_IGNORED_IN_TX = re.compile(r"^\s*(SAVEPOINT|ROLLBACK\s+TO|RELEASE\s+SAVEPOINT|XA\s)", re.I)
+_IGNORED_IN_TX = re.compile(r"^\s*(SAVEPOINT|ROLLBACK\s+(?:WORK\s+)?TO|RELEASE\s+SAVEPOINT|XA\s)", re.I)
 # How the server logs the second phase of a prepared XA transaction (its own event group).
 _XA_END = re.compile(r"^\s*XA\s+(?P<verb>COMMIT|ROLLBACK)\s+X'(?P<gtrid>[0-9a-f]*)'\s*,\s*X'(?P<bqual>[0-9a-f]*)'"
                      r"\s*,\s*(?P<format>\d+)\s*;?\s*$", re.I)
@@ -111,6 +112,8 @@ _DDL_PATTERNS = [
 ]
 _DDL_DATABASE = re.compile(rf"^(?:CREATE|ALTER|DROP)\s+(?:OR\s+REPLACE\s+)?(?:DATABASE|SCHEMA)\s+"
                            rf"(?:IF\s+(?:NOT\s+)?EXISTS\s+)?(?P<name>{_NAME})", re.I)
+_SAVEPOINT = re.compile(rf"^\s*(?P<verb>SAVEPOINT|ROLLBACK\s+(?:WORK\s+)?TO(?:\s+SAVEPOINT)?|RELEASE\s+SAVEPOINT)\s+"
+                        rf"(?P<name>{_NAME})\s*;?\s*$", re.I)
 _LEADING_COMMENTS = re.compile(r"^\s*(?:/\*(?!!).*?\*/\s*|#[^\n]*\n\s*|--\s[^\n]*\n\s*)*", re.S)
 
 
@@ -355,7 +358,10 @@ class _Assembler:
     """
 
     def __init__(self, start: Position, max_rows: int, gtids: _GtidState | None,
-                 prepared_rows: Callable[[XaKey, Position | None, Position], list[_Item]] | None = None) -> None:
+                 prepared_rows: Callable[[XaKey, Position | None, Position], list[_Item]] | None = None,
+                 transactional: Callable[[str, str], bool] | None = None) -> None:
+        self.transactional = transactional
+        self.handed_undoable = 0  # the last ordinal of a transactional row handed on after a savepoint
         self.log_file = start.log
         # XA PREPARE groups seen by this reader (where each starts), and how to read a prepared
         # transaction's rows again when its XA COMMIT arrives.
@@ -367,7 +373,8 @@ class _Assembler:
         self.gtids = gtids
         self.tables: dict[int, _TableInfo] = {}
         self._infos: dict[int, tuple[Any, _TableInfo]] = {}
-        self.rows: list[tuple[Op | None, Any, Any, Any]] = []
+        self.rows: list[tuple[int, _Item]] = []  # (ordinal in the transaction, item) not yet handed on
+        self.savepoints: dict[str, int] = {}  # savepoint name -> row changes read before it
         self.nbytes = 0
         self.in_tx = False
         self.standalone = False
@@ -390,6 +397,7 @@ class _Assembler:
         self.log_file = at.log
         self.rows, self.nbytes, self.in_tx, self.standalone, self.pending_gtid = [], 0, False, False, None
         self.tx_start, self.seen_in_tx, self.xa_pending = None, 0, False
+        self.savepoints, self.handed_undoable = {}, 0
 
     def _position(self, log: str, offset: int) -> Position:
         return Position(log, offset, self.gtids.text or None if self.gtids is not None else None)
@@ -453,12 +461,66 @@ class _Assembler:
         self.mark = end
         return [Transaction((), end)]
 
-    def _append(self, item: tuple[Op | None, Any, Any, Any]) -> None:
+    def _append(self, item: _Item) -> None:
         self.seen_in_tx += 1
         if self.skip:
             self.skip -= 1
+            self._handing_on([(self.seen_in_tx, item)])
         else:
-            self.rows.append(item)
+            self.rows.append((self.seen_in_tx, item))
+
+    def _handing_on(self, rows: list[tuple[int, _Item]]) -> None:
+        """Note the transactional rows among `rows`, handed on (or skipped as handed on before): a
+        later ROLLBACK (TO SAVEPOINT) cannot take them back."""
+        for ordinal, (op, info, _, _) in rows:
+            if op is not None and ordinal > self.handed_undoable and self._is_transactional(info):
+                self.handed_undoable = ordinal
+
+    def _is_transactional(self, info: _TableInfo) -> bool:
+        if self.transactional is None:
+            return True
+        return self.transactional(info.schema, info.table)
+
+    def _savepoint(self, statement: str, offset: int) -> None:
+        """SAVEPOINT, ROLLBACK TO and RELEASE SAVEPOINT inside a transaction.
+
+        The server logs them only when the transaction also wrote a non-transactional table; the
+        rows a ROLLBACK TO undid are still in the binlog before it, so the transactional ones
+        after the savepoint are dropped here (the non-transactional ones were not undone).
+        """
+        match = _SAVEPOINT.match(statement)
+        if match is None:
+            return
+        name = _unquote(match["name"]).lower()
+        verb = match["verb"].upper()
+        if verb == "SAVEPOINT":
+            self.savepoints.pop(name, None)
+            self.savepoints[name] = self.seen_in_tx
+            return
+        mark = self.savepoints.get(name)
+        if mark is None:
+            raise SourceError(f"{statement.strip()} at {self.log_file}:{offset}: the savepoint is not in the "
+                              "binlog before it, so the rows it undid cannot be told apart")
+        # savepoints set after this one are gone (for RELEASE, this one too)
+        names = list(self.savepoints)
+        for later in names[names.index(name) + (1 if verb.startswith("ROLLBACK") else 0):]:
+            del self.savepoints[later]
+        if not verb.startswith("ROLLBACK"):
+            return
+        self._undo(mark, statement, offset)
+
+    def _undo(self, mark: int, statement: str, offset: int) -> None:
+        """Drop the transactional row changes read after the first `mark` (the server undid them)."""
+        if self.handed_undoable > mark:
+            raise SourceError(f"{statement.strip()} at {self.log_file}:{offset} undoes row changes of a "
+                              f"transaction too large to hold ({self.max_rows}+ rows) that were already "
+                              "handed on; raise source.max_rows_in_memory above its size")
+        kept = [(o, item) for o, item in self.rows
+                if o <= mark or item[0] is None or not self._is_transactional(item[1])]
+        if len(kept) < len(self.rows):
+            log.info("%s at %s:%d: dropping the %d row changes it undid", statement.strip(), self.log_file,
+                     offset, len(self.rows) - len(kept))
+        self.rows = kept
 
     def _add_rows(self, event: RowsEvent) -> None:
         info = self.tables.get(event.table_id)
@@ -502,19 +564,16 @@ class _Assembler:
         pieces = self._pieces() if len(self.rows) >= self.max_rows else []
         return [*pieces, self._commit(offset, timestamp)]
 
-    def _changes(self, rows: list, position: Position, commit_time: float | None, first: int = 0
-                 ) -> tuple[Change, ...]:
-        """The changes of `rows`. Those of a split transaction (`first` > 0: the ordinal of the first
-        of them) each carry the transaction's start with `row` = their 1-based ordinal, the others
-        `position`."""
-        if first:
-            positions = [attrs.evolve(self._start(), row=first + i) for i in range(len(rows))]
-        else:
-            positions = [position] * len(rows)
+    def _changes(self, rows: list[tuple[int, _Item]], position: Position, commit_time: float | None,
+                 split: bool = False) -> tuple[Change, ...]:
+        """The changes of `rows`. Those of a split transaction each carry the transaction's start
+        with `row` = their 1-based ordinal among the row changes it logged, the others `position`."""
+        start = self._start() if split else position
         return tuple(
-            DdlChange(*after, before, at) if op is None
-            else RowChange(op, info.schema, info.table, info.primary_key, before, after, at, commit_time)
-            for (op, info, before, after), at in zip(rows, positions)
+            DdlChange(*after, before, attrs.evolve(start, row=o) if split else position) if op is None
+            else RowChange(op, info.schema, info.table, info.primary_key, before, after,
+                           attrs.evolve(start, row=o) if split else position, commit_time)
+            for o, (op, info, before, after) in rows
         )
 
     def _start(self) -> Position:
@@ -528,9 +587,10 @@ class _Assembler:
         pieces = []
         while len(self.rows) >= self.max_rows:
             chunk, self.rows = self.rows[: self.max_rows], self.rows[self.max_rows:]
-            self.handed_in_tx += len(chunk)
+            self._handing_on(chunk)
+            self.handed_in_tx = chunk[-1][0]
             end = attrs.evolve(self._start(), row=self.handed_in_tx)
-            pieces.append(Transaction(self._changes(chunk, end, None, self.handed_in_tx - len(chunk) + 1), end, complete=False, nbytes=self.nbytes))
+            pieces.append(Transaction(self._changes(chunk, end, None, True), end, complete=False, nbytes=self.nbytes))
             self.nbytes = 0
         return pieces
 
@@ -549,12 +609,12 @@ class _Assembler:
 
     def _commit(self, offset: int, timestamp: float | None) -> Transaction:
         rows, nbytes = self.rows, self.nbytes
-        first = self.handed_in_tx + 1 if self.handed_in_tx else 0
+        split = bool(self.handed_in_tx)
         start = self.tx_start
         self._close_tx(offset)
         end = self.mark = self._position(self.log_file, offset)
         self.tx_start = start  # for the ordinals of a split transaction's last changes
-        changes = self._changes(rows, end, float(timestamp) if timestamp else None, first)
+        changes = self._changes(rows, end, float(timestamp) if timestamp else None, split)
         self.tx_start = None
         return Transaction(changes, end, nbytes=nbytes)
 
@@ -573,12 +633,12 @@ class _Assembler:
         if verb == "COMMIT":  # non-transactional tables, or a server that sends BEGIN/COMMIT
             return [self._commit(offset, event.timestamp)]
         if verb == "ROLLBACK":
-            if self.rows:
-                # Only a mix with non-transactional tables is logged this way; their rows stay.
-                log.warning("transaction ending at %s:%d was rolled back; passing on its %d row "
-                            "changes to non-transactional tables", self.log_file, offset, len(self.rows))
+            # Only a transaction that wrote a non-transactional table is logged this way: the
+            # server undid its transactional rows, not the others.
+            self._undo(0, statement, offset)
             return [self._commit(offset, event.timestamp)]
         if self.in_tx and not self.standalone and _IGNORED_IN_TX.match(statement):
+            self._savepoint(statement, offset)
             return []
         schema = event.schema.decode("utf-8", "replace") if isinstance(event.schema, bytes) else event.schema
         ddl_schema, table = ddl_target(statement, schema or "")
@@ -768,6 +828,7 @@ class MysqlBinlogSource(Select):
         self.reconnects = 0
         self.detected_flavor: str | None = None
         self.table_maps: _TableMapCache | None = None
+        self._engines: dict[tuple[str, str], str] = {}  # storage engine by table, asked at a ROLLBACK TO
 
     @classmethod
     def from_config(cls, cfg: MysqlSourceConfig, *, pipeline: str, **kwargs: Any) -> "MysqlBinlogSource":
@@ -933,7 +994,9 @@ class MysqlBinlogSource(Select):
         self._queued_rows = 0
         self.table_maps = _TableMapCache() if self.table_map_cache else None
         self._connector = _Connector(self.table_maps)
-        assembler = _Assembler(position or Position("", 0), self.max_rows_in_memory, gtids, self._prepared_rows)
+        self._engines = {}
+        assembler = _Assembler(position or Position("", 0), self.max_rows_in_memory, gtids, self._prepared_rows,
+                               self._transactional)
         gtid_start = gtids.text if position is None and gtids is not None else None
         self._thread = threading.Thread(
             target=self._read, args=(self._connector, assembler, self._queue, self._stop, position, gtid_start),
@@ -942,6 +1005,23 @@ class MysqlBinlogSource(Select):
         log.info("pipeline=%s reading the %s binlog of %s:%s from %s (server_id %d)", self.pipeline,
                  self.detected_flavor, self.host, self.port, position or f"after GTID {gtid_start}",
                  self.server_id)
+
+    def _transactional(self, schema: str, table: str) -> bool:
+        """Whether a ROLLBACK TO undoes the table's changes (its engine is transactional)."""
+        engine = self._engines.get((schema, table))
+        if engine is None:
+            conn = self._connect()
+            try:
+                found = self._query(conn, "SELECT ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
+                                          "AND TABLE_NAME = %s", (schema, table))
+            finally:
+                conn.close()
+            if not found or not found[0][0]:
+                raise SourceError(f"a ROLLBACK TO SAVEPOINT undid changes to {schema}.{table}, which no longer "
+                                  "exists on the server, so setl cannot tell whether they were undone", table=
+                                  f"{schema}.{table}")
+            engine = self._engines[(schema, table)] = str(found[0][0]).lower()
+        return engine in _TRANSACTIONAL_ENGINES
 
     def _prepared_rows(self, key: XaKey, start: Position | None, commit: Position) -> list[_Item]:
         """The row changes of prepared XA transaction `key`, read again from the binlog (runs on the

@@ -7,6 +7,7 @@ import itertools
 import attrs
 import pytest
 
+from setl.errors import SourceError
 from setl.model import Position, RowChange, Transaction
 from setl.sources.mysql_binlog import MysqlBinlogSource
 from tests.helpers.wait import wait_until
@@ -152,3 +153,43 @@ def test_restart_between_xa_prepare_and_commit_applies_the_prepared_rows_once(ma
     # a piece of the XA COMMIT resumes like any split transaction
     again = read_until_complete(sources(mariadb_source, resumed[0].end, max_rows_in_memory=2), source_db, 2)
     assert changes_of(again, source_db) == [("t", "insert", i) for i in (3, 4, 5, 11)]
+
+
+def test_rollback_to_savepoint_drops_the_undone_transactional_rows(mariadb_source, source_db, sources):
+    """ROLLBACK TO SAVEPOINT after touching MyISAM: the undone InnoDB rows are dropped, the MyISAM row kept."""
+    execute(mariadb_source, source_db, "CREATE TABLE t (id INT PRIMARY KEY, v INT)",
+            "CREATE TABLE m (id INT) ENGINE=MyISAM")
+    start = head(mariadb_source)
+    execute(mariadb_source, source_db, "BEGIN", "INSERT INTO t VALUES (1, 1)", "SAVEPOINT sp",
+            "INSERT INTO t VALUES (2, 2)", "SAVEPOINT later", "INSERT INTO m VALUES (7)",
+            "UPDATE t SET v = 9 WHERE id = 1", "DELETE FROM t WHERE id = 1",
+            "ROLLBACK TO SAVEPOINT sp", "INSERT INTO t VALUES (3, 3)", "COMMIT", "INSERT INTO t VALUES (4, 4)")
+    got = read_until_complete(sources(mariadb_source, start), source_db, 3)
+    assert sorted(changes_of(got, source_db)) == sorted([("m", "insert", 7), ("t", "insert", 1),
+                                                        ("t", "insert", 3), ("t", "insert", 4)])
+    assert [c.after for c in rows(got) if c.table == "t"] == [{"id": 1, "v": 1}, {"id": 3, "v": 3},
+                                                              {"id": 4, "v": 4}]
+
+
+def test_rollback_to_savepoint_of_rows_already_handed_on_stops_clearly(mariadb_source, source_db, sources):
+    """A ROLLBACK TO undoing InnoDB rows already handed on in a piece is a SourceError naming its position."""
+    execute(mariadb_source, source_db, "CREATE TABLE t (id INT PRIMARY KEY)", "CREATE TABLE m (id INT) ENGINE=MyISAM")
+    start = head(mariadb_source)
+    execute(mariadb_source, source_db, "BEGIN", "INSERT INTO t VALUES (0)", "SAVEPOINT sp",
+            "INSERT INTO t SELECT seq FROM seq_1_to_10", "INSERT INTO m VALUES (1)", "ROLLBACK TO sp", "COMMIT")
+    src = sources(mariadb_source, start, max_rows_in_memory=4)
+    with pytest.raises(SourceError) as caught:
+        read_until_complete(src, source_db, 2)  # the MyISAM row comes first, as its own transaction
+    message = str(caught.value)
+    assert "ROLLBACK TO" in message and "already handed on" in message and "mysql-bin" in message
+
+
+def test_rolled_back_transaction_with_a_myisam_write_hands_on_no_innodb_row(mariadb_source, source_db, sources):
+    """A transaction logged with ROLLBACK (it wrote MyISAM) hands on its MyISAM rows but none of its InnoDB rows."""
+    execute(mariadb_source, source_db, "CREATE TABLE t (id INT PRIMARY KEY)", "CREATE TABLE m (id INT) ENGINE=MyISAM")
+    start = head(mariadb_source)
+    # the server logs the undone InnoDB rows as a transaction ending in ROLLBACK
+    execute(mariadb_source, source_db, "BEGIN", "SAVEPOINT sp", "INSERT INTO m VALUES (1)",
+            "INSERT INTO t VALUES (1), (2)", "ROLLBACK TO sp", "COMMIT", "INSERT INTO t VALUES (3)")
+    got = read_until_complete(sources(mariadb_source, start), source_db, 2)
+    assert changes_of(got, source_db) == [("m", "insert", 1), ("t", "insert", 3)]
