@@ -50,8 +50,10 @@ def build_select(node: NodeSettings, config: PipelineConfig) -> Select:
             raise ConfigError("the mysql source is not available in this build",
                               file=config.file, pipeline=config.name) from exc
         # A transaction larger than a batch comes in batch-sized pieces (acked only at its end).
+        rules = TableExtract(config.tables, pipeline=config.name)
         return MysqlBinlogSource.from_config(source, pipeline=config.name,
-                                             max_rows_in_memory=config.pipeline.batch.max_rows)
+                                             max_rows_in_memory=config.pipeline.batch.max_rows,
+                                             selects=lambda schema, table: rules.plan_for(schema, table) is not None)
     raise ConfigError(f"source.type {source.type!r} is not supported", file=config.file)
 
 

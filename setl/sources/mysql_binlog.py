@@ -138,6 +138,30 @@ def ddl_target(statement: str, default_schema: str) -> tuple[str, str | None]:
     return default_schema, None
 
 
+_DML = re.compile(r"^\s*(?:INSERT|REPLACE|UPDATE|DELETE|LOAD\s+(?:DATA|XML)|WITH\s|CALL\s)", re.I)
+_DML_TARGETS = [
+    re.compile(rf"^\s*(?:INSERT|REPLACE)\s+(?:(?:LOW_PRIORITY|DELAYED|HIGH_PRIORITY|IGNORE)\s+)*(?:INTO\s+)?"
+               rf"{_QUALIFIED}", re.I),
+    re.compile(rf"^\s*UPDATE\s+(?:(?:LOW_PRIORITY|IGNORE)\s+)*{_QUALIFIED}\s+SET\s", re.I),
+    re.compile(rf"^\s*DELETE\s+(?:(?:LOW_PRIORITY|QUICK|IGNORE)\s+)*FROM\s+{_QUALIFIED}"
+               rf"\s*(?:$|;|WHERE\s|ORDER\s|LIMIT\s|RETURNING\s|PARTITION\s)", re.I),
+    re.compile(rf"^\s*LOAD\s+(?:DATA|XML)\s.*?\sINTO\s+TABLE\s+{_QUALIFIED}", re.I | re.S),
+]
+
+
+def dml_target(statement: str, default_schema: str) -> tuple[str, str] | None:
+    """``(schema, table)`` a single-table DML statement writes, or None when it cannot be told
+    (a multi-table UPDATE or DELETE, a CTE, a procedure call)."""
+    for pattern in _DML_TARGETS:
+        match = pattern.match(statement)
+        if match:
+            parts = re.split(rf"\s*\.\s*(?={_NAME}$)", match["name"], maxsplit=1)
+            if len(parts) == 2:
+                return _unquote(parts[0]), _unquote(parts[1])
+            return default_schema, _unquote(parts[0])
+    return None
+
+
 def _read_time2(self: RowsEvent, column: Any) -> datetime.timedelta:
     """TIME(fsp) as MySQL packs it (``my_time_packed_from_binary``).
 
@@ -359,8 +383,10 @@ class _Assembler:
 
     def __init__(self, start: Position, max_rows: int, gtids: _GtidState | None,
                  prepared_rows: Callable[[XaKey, Position | None, Position], list[_Item]] | None = None,
-                 transactional: Callable[[str, str], bool] | None = None) -> None:
+                 transactional: Callable[[str, str], bool] | None = None,
+                 selects: Callable[[str, str], bool] | None = None) -> None:
         self.transactional = transactional
+        self.selects = selects  # whether the pipeline's table rules take schema.table (None: all)
         self.handed_undoable = 0  # the last ordinal of a transactional row handed on after a savepoint
         self.log_file = start.log
         # XA PREPARE groups seen by this reader (where each starts), and how to read a prepared
@@ -576,6 +602,22 @@ class _Assembler:
             for o, (op, info, before, after) in rows
         )
 
+    def _statement_dml(self, statement: str, schema: str, offset: int) -> bool:
+        """Whether `statement` is a row change logged as a statement (a session with binlog_format
+        STATEMENT or MIXED) to a table the rules skip. setl has no row images for it, so for any
+        other table (or one it cannot determine) it stops."""
+        text = _LEADING_COMMENTS.sub("", statement, count=1)
+        if not _DML.match(text):
+            return False
+        target = dml_target(text, schema)
+        if target is not None and self.selects is not None and not self.selects(*target):
+            return True
+        where = f"{target[0]}.{target[1]}" if target is not None else "a table setl cannot determine"
+        raise SourceError(f"a row change to {where} at {self.log_file}:{offset} is logged as a statement "
+                          "(the session ran with binlog_format STATEMENT or MIXED), which setl cannot replicate "
+                          f"exactly: {' '.join(text.split())[:120]}",
+                          table=f"{target[0]}.{target[1]}" if target is not None else None)
+
     def _start(self) -> Position:
         if self.tx_start is None:
             raise SourceError(f"a transaction too large to hold ({self.max_rows}+ row changes) at {self.log_file} "
@@ -641,6 +683,11 @@ class _Assembler:
             self._savepoint(statement, offset)
             return []
         schema = event.schema.decode("utf-8", "replace") if isinstance(event.schema, bytes) else event.schema
+        if self._statement_dml(statement, schema or "", offset):  # on a table the rules skip
+            if self.in_tx and not self.standalone:
+                return []
+            self._close_tx(offset)
+            return self._moved_to(self._position(self.log_file, offset))
         ddl_schema, table = ddl_target(statement, schema or "")
         if self.in_tx and (self.rows or self.handed_in_tx):
             # A statement logged inside a transaction: keep it ordered with the rows around it.
@@ -798,6 +845,7 @@ class MysqlBinlogSource(Select):
         heartbeat: float = 5.0,
         reconnect_timeout: float = 60.0,
         table_map_cache: bool = True,
+        selects: Callable[[str, str], bool] | None = None,
     ) -> None:
         if flavor not in ("auto", "mariadb", "mysql"):
             raise ConfigError(f"source.flavor {flavor!r} is not auto, mariadb or mysql", pipeline=pipeline)
@@ -814,6 +862,7 @@ class MysqlBinlogSource(Select):
         self.heartbeat = heartbeat
         self.reconnect_timeout = reconnect_timeout
         self.table_map_cache = table_map_cache
+        self.selects = selects  # whether the pipeline's table rules take (schema, table); None: every table
         self.backoff = Backoff(initial=0.1, maximum=2.0, max_attempts=0)
         self._queue: queue.Queue[Transaction | _Failure] | None = None
         self._thread: threading.Thread | None = None
@@ -915,6 +964,23 @@ class MysqlBinlogSource(Select):
                               "setl cannot read compressed transactions: set it OFF and restart the pipeline")
         return flavor
 
+    def _refuse_cascades(self, conn: pymysql.connections.Connection) -> None:
+        """Refuse a selected table whose rows a foreign key changes: InnoDB applies ON DELETE/UPDATE
+        CASCADE, SET NULL and SET DEFAULT inside the engine, and the binlog never shows them."""
+        found = self._query(conn, "SELECT CONSTRAINT_SCHEMA, TABLE_NAME, CONSTRAINT_NAME, REFERENCED_TABLE_NAME, "
+                                  "DELETE_RULE, UPDATE_RULE FROM information_schema.REFERENTIAL_CONSTRAINTS "
+                                  "WHERE DELETE_RULE <> 'RESTRICT' AND DELETE_RULE <> 'NO ACTION' "
+                                  "OR UPDATE_RULE <> 'RESTRICT' AND UPDATE_RULE <> 'NO ACTION' "
+                                  "ORDER BY CONSTRAINT_SCHEMA, TABLE_NAME, CONSTRAINT_NAME")
+        for schema, table, constraint, parent, on_delete, on_update in found:
+            if self.selects is not None and not self.selects(schema, table):
+                continue
+            rules = " ".join(f"ON {what} {rule}" for what, rule in (("DELETE", on_delete), ("UPDATE", on_update))
+                             if rule not in ("RESTRICT", "NO ACTION"))
+            raise self._error(f"table {schema}.{table} has foreign key {constraint} ({rules} from {parent}): the "
+                              "server changes its rows without logging them, so its copy would differ; exclude "
+                              "the table or drop the cascade (see docs/mysql-source.md)")
+
     def _gtids_at(self, conn: pymysql.connections.Connection, position: Position,
                   executed: str | None = None) -> _GtidState | None:
         """The GTID set executed up to `position`, when the server can tell."""
@@ -982,6 +1048,7 @@ class MysqlBinlogSource(Select):
         conn = self._connect()
         try:
             self.detected_flavor = self._check_settings(conn)
+            self._refuse_cascades(conn)
             position, gtids = self._resolve(conn, start)
         except pymysql.MySQLError as exc:
             raise self._error(f"cannot read the binlog settings of {self.host}:{self.port}: {exc}") from exc
@@ -996,7 +1063,7 @@ class MysqlBinlogSource(Select):
         self._connector = _Connector(self.table_maps)
         self._engines = {}
         assembler = _Assembler(position or Position("", 0), self.max_rows_in_memory, gtids, self._prepared_rows,
-                               self._transactional)
+                               self._transactional, self.selects)
         gtid_start = gtids.text if position is None and gtids is not None else None
         self._thread = threading.Thread(
             target=self._read, args=(self._connector, assembler, self._queue, self._stop, position, gtid_start),

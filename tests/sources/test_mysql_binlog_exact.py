@@ -56,9 +56,8 @@ def read_until_complete(src: MysqlBinlogSource, schema: str, count: int = 1, tim
 
     def more() -> bool:
         tx = src.poll(0.2)
-        if tx is not None and any(c.schema == schema for c in tx.changes):
-            got.append(tx)
-        elif tx is not None and got and not got[-1].complete:  # a final piece with no rows left
+        touches = tx is not None and any(c.schema == schema for c in tx.changes)
+        if touches or (tx is not None and got and not got[-1].complete):  # or the commit after a last piece
             got.append(tx)
         return sum(t.complete for t in got) >= count
 
@@ -193,3 +192,47 @@ def test_rolled_back_transaction_with_a_myisam_write_hands_on_no_innodb_row(mari
             "INSERT INTO t VALUES (1), (2)", "ROLLBACK TO sp", "COMMIT", "INSERT INTO t VALUES (3)")
     got = read_until_complete(sources(mariadb_source, start), source_db, 2)
     assert changes_of(got, source_db) == [("m", "insert", 1), ("t", "insert", 3)]
+
+
+@pytest.mark.parametrize("fmt", ["STATEMENT", "MIXED"])
+def test_statement_logged_dml_on_a_selected_table_stops_naming_table_and_position(mariadb_source, source_db,
+                                                                                  sources, fmt):
+    """DML a session logged as a statement stops the source for a selected table and passes for a skipped one."""
+    execute(mariadb_source, source_db, "CREATE TABLE t (id INT PRIMARY KEY)", "CREATE TABLE skipped (id INT)")
+    start = head(mariadb_source)
+    execute(mariadb_source, source_db, f"SET SESSION binlog_format = {fmt}", "INSERT INTO skipped VALUES (1)",
+            "SET SESSION binlog_format = ROW", "INSERT INTO t VALUES (1)",
+            f"SET SESSION binlog_format = {fmt}", "UPDATE t SET id = 2 WHERE id = 1")
+    src = sources(mariadb_source, start, selects=lambda schema, table: table != "skipped")
+    (first,) = read_until_complete(src, source_db)
+    assert changes_of([first], source_db) == [("t", "insert", 1)]
+    with pytest.raises(SourceError) as caught:
+        read_until_complete(src, source_db)
+    message = str(caught.value)
+    assert f"{source_db}.t " in message and "binlog_format STATEMENT or MIXED" in message and "mysql-bin." in message
+    assert "\n" not in message
+
+
+def test_a_selected_table_with_a_cascading_foreign_key_is_refused_at_open(mariadb_factory):
+    """A selected child table with ON DELETE CASCADE is refused at open, naming table and constraint."""
+    server = mariadb_factory()
+    server.query("CREATE DATABASE d")
+    server.query("CREATE TABLE d.parent (id INT PRIMARY KEY)")
+    server.query("CREATE TABLE d.child (id INT PRIMARY KEY, p INT, "
+                 "CONSTRAINT fk_parent FOREIGN KEY (p) REFERENCES d.parent (id) ON DELETE CASCADE)")
+    server.query("CREATE TABLE d.plain (id INT PRIMARY KEY, p INT, "
+                 "CONSTRAINT fk_plain FOREIGN KEY (p) REFERENCES d.parent (id))")
+    refused = MysqlBinlogSource.from_config(server.source_config(next(_server_ids)), pipeline="t",
+                                            selects=lambda schema, table: table != "other")
+    with pytest.raises(SourceError) as caught:
+        refused.open(None)
+    message = str(caught.value)
+    assert "d.child" in message and "fk_parent" in message and "ON DELETE CASCADE" in message
+    assert "fk_plain" not in message
+    allowed = MysqlBinlogSource.from_config(server.source_config(next(_server_ids)), pipeline="t",
+                                            selects=lambda schema, table: table != "child")
+    try:
+        allowed.open(None)
+        assert allowed.tell() is not None
+    finally:
+        allowed.close()
