@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -48,6 +48,7 @@ from pymysqlreplication.row_event import (
     WriteRowsEvent,
 )
 
+from setl import ddl
 from setl.config import MysqlSourceConfig
 from setl.errors import ConfigError, PositionPurged, SourceError
 from setl.model import Change, DdlChange, Op, Position, RowChange, Transaction
@@ -384,7 +385,9 @@ class _Assembler:
     def __init__(self, start: Position, max_rows: int, gtids: _GtidState | None,
                  prepared_rows: Callable[[XaKey, Position | None, Position], list[_Item]] | None = None,
                  transactional: Callable[[str, str], bool] | None = None,
-                 selects: Callable[[str, str], bool] | None = None) -> None:
+                 selects: Callable[[str, str], bool] | None = None, tables_of: KnownTables | None = None
+                 ) -> None:
+        self.tables_of = tables_of if tables_of is not None else KnownTables()
         self.transactional = transactional
         self.selects = selects  # whether the pipeline's table rules take schema.table (None: all)
         self.handed_undoable = 0  # the last ordinal of a transactional row handed on after a savepoint
@@ -696,7 +699,44 @@ class _Assembler:
         nbytes = self.nbytes
         self._close_tx(offset)
         end = self.mark = self._position(self.log_file, offset)
+        dropped = self.tables_of.track(statement, schema or "")
+        if dropped is not None and dropped[1]:
+            # DROP DATABASE: one DROP TABLE per table it held, each for the table rules to decide.
+            return [Transaction(tuple(DdlChange(dropped[0], name, f"DROP TABLE IF EXISTS {ddl.quote(dropped[0])}."
+                                                f"{ddl.quote(name)}", end) for name in dropped[1]), end,
+                                nbytes=nbytes)]
         return [Transaction((DdlChange(ddl_schema, table, statement, end),), end, nbytes=nbytes)]
+
+
+class KnownTables:
+    """The tables of each schema, as of the binlog read so far: loaded from the server when the
+    reader opens, then kept up to date by CREATE, DROP and RENAME TABLE and DROP DATABASE."""
+
+    def __init__(self, tables: Iterable[tuple[str, str]] = ()) -> None:
+        self._schemas: dict[str, set[str]] = {}
+        for schema, table in tables:
+            self._schemas.setdefault(schema, set()).add(table)
+
+    def track(self, statement: str, default_schema: str) -> tuple[str, list[str]] | None:
+        """Note what `statement` does to the set; for DROP DATABASE, ``(schema, its tables)``."""
+        match = _DDL_DATABASE.match(_LEADING_COMMENTS.sub("", statement, count=1))
+        if match:
+            name = _unquote(match["name"])
+            if statement.lstrip().upper().startswith("DROP"):
+                return name, sorted(self._schemas.pop(name, ()))
+            return None
+        parsed = ddl.parse(statement)
+        refs = [(ref.schema or default_schema, ref.table) for ref in parsed.tables]
+        if parsed.kind == "create_table" and refs:
+            self._schemas.setdefault(refs[0][0], set()).add(refs[0][1])
+        elif parsed.kind == "drop_table":
+            for schema, table in refs:
+                self._schemas.get(schema, set()).discard(table)
+        elif parsed.kind == "rename_table":
+            for (old_schema, old), (new_schema, new) in zip(refs[::2], refs[1::2]):
+                self._schemas.get(old_schema, set()).discard(old)
+                self._schemas.setdefault(new_schema, set()).add(new)
+        return None
 
 
 class _Stopped(Exception):
@@ -1050,6 +1090,9 @@ class MysqlBinlogSource(Select):
             self.detected_flavor = self._check_settings(conn)
             self._refuse_cascades(conn)
             position, gtids = self._resolve(conn, start)
+            tables = [(str(schema), str(table)) for schema, table in self._query(
+                conn, "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE <> 'VIEW' "
+                      "AND TABLE_SCHEMA NOT IN ('information_schema', 'performance_schema', 'sys', 'mysql')")]
         except pymysql.MySQLError as exc:
             raise self._error(f"cannot read the binlog settings of {self.host}:{self.port}: {exc}") from exc
         finally:
@@ -1063,7 +1106,7 @@ class MysqlBinlogSource(Select):
         self._connector = _Connector(self.table_maps)
         self._engines = {}
         assembler = _Assembler(position or Position("", 0), self.max_rows_in_memory, gtids, self._prepared_rows,
-                               self._transactional, self.selects)
+                               self._transactional, self.selects, KnownTables(tables))
         gtid_start = gtids.text if position is None and gtids is not None else None
         self._thread = threading.Thread(
             target=self._read, args=(self._connector, assembler, self._queue, self._stop, position, gtid_start),

@@ -236,3 +236,33 @@ def test_a_selected_table_with_a_cascading_foreign_key_is_refused_at_open(mariad
         assert allowed.tell() is not None
     finally:
         allowed.close()
+
+
+def test_names_with_dots_percent_and_backticks_keep_schema_and_table_apart(mariadb_source, source_db, sources):
+    """`dot.table`, `p%` and `b``q` arrive as table names of their schema, in row changes and in DDL."""
+    execute(mariadb_source, source_db, "CREATE TABLE `dot.table` (`a%` INT PRIMARY KEY, `b``q` INT)")
+    start = head(mariadb_source)
+    execute(mariadb_source, source_db, "INSERT INTO `dot.table` VALUES (1, 2)",
+            f"ALTER TABLE `{source_db}`.`dot.table` ADD COLUMN c INT", "CREATE TABLE `p%` (id INT)",
+            "CREATE TABLE `b``q.x` (id INT)")
+    got = read_until_complete(sources(mariadb_source, start), source_db, 4)
+    row = got[0].changes[0]
+    assert (row.schema, row.table, row.primary_key, row.after) == (source_db, "dot.table", ("a%",), {"a%": 1, "b`q": 2})
+    assert [(c.schema, c.table) for tx in got[1:] for c in tx.changes] == [
+        (source_db, "dot.table"), (source_db, "p%"), (source_db, "b`q.x")]
+
+
+def test_drop_database_drops_each_table_it_held(mariadb_source, source_db, sources):
+    """DROP DATABASE becomes one transaction of a DROP TABLE per table: those known at open and those created after."""
+    other = f"{source_db}_gone"
+    mariadb_source.query(f"CREATE DATABASE `{other}`")
+    execute(mariadb_source, other, "CREATE TABLE old1 (id INT)", "CREATE TABLE `old.2` (id INT)")
+    src = sources(mariadb_source)
+    execute(mariadb_source, other, "CREATE TABLE new1 (id INT)", "RENAME TABLE old1 TO renamed",
+            "DROP TABLE `old.2`", f"DROP DATABASE `{other}`")
+    got = read_until_complete(src, other, 4)
+    drop = got[-1]
+    assert [(c.schema, c.table) for c in drop.changes] == [(other, "new1"), (other, "renamed")]
+    assert [c.statement for c in drop.changes] == [f"DROP TABLE IF EXISTS `{other}`.`new1`",
+                                                   f"DROP TABLE IF EXISTS `{other}`.`renamed`"]
+    assert all(c.position == drop.end for c in drop.changes)
