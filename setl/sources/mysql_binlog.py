@@ -51,7 +51,7 @@ from pymysqlreplication.row_event import (
 from setl import ddl
 from setl.config import MysqlSourceConfig
 from setl.errors import ConfigError, PositionPurged, SourceError
-from setl.model import Change, DdlChange, Op, Position, RowChange, Transaction
+from setl.model import Change, DdlChange, InvalidDate, Op, Position, RowChange, Transaction
 from setl.retry import Backoff
 from setl.stages.select import Select
 
@@ -187,6 +187,53 @@ def _read_time2(self: RowsEvent, column: Any) -> datetime.timedelta:
 
 RowsEvent._RowsEvent__read_time2 = _read_time2  # type: ignore[attr-defined]  # only this module reads rows
 
+def _calendar_date(year: int, month: int, day: int, text: str) -> datetime.date | InvalidDate:
+    try:
+        return datetime.date(year, month, day)
+    except ValueError:
+        return InvalidDate(text)
+
+
+def _read_date(self: RowsEvent) -> datetime.date | InvalidDate:
+    """DATE; a zero or partial date (``0000-00-00``, ``2024-00-15``) as `InvalidDate` (the library: None)."""
+    raw = self.packet.read_uint24()
+    year, month, day = raw >> 9, (raw >> 5) & 15, raw & 31
+    return _calendar_date(year, month, day, f"{year:04d}-{month:02d}-{day:02d}")
+
+
+def _datetime(year: int, month: int, day: int, hour: int, minute: int, second: int, micros: int, fsp: int
+              ) -> datetime.datetime | InvalidDate:
+    date = _calendar_date(year, month, day, "")
+    if isinstance(date, datetime.date):
+        with contextlib.suppress(ValueError):
+            return datetime.datetime(year, month, day, hour, minute, second, micros)
+    fraction = f".{micros:06d}"[: fsp + 1] if fsp else ""
+    return InvalidDate(f"{year:04d}-{month:02d}-{day:02d} {hour:02d}:{minute:02d}:{second:02d}{fraction}")
+
+
+def _read_datetime(self: RowsEvent) -> datetime.datetime | InvalidDate:
+    """DATETIME of the old format (YYYYMMDDhhmmss as an integer)."""
+    value = self.packet.read_uint64()
+    date, time_ = divmod(value, 1_000_000)
+    return _datetime(date // 10000, date // 100 % 100, date % 100, time_ // 10000, time_ // 100 % 100,
+                     time_ % 100, 0, 0)
+
+
+def _read_datetime2(self: RowsEvent, column: Any) -> datetime.datetime | InvalidDate:
+    """DATETIME(fsp); a zero or partial one as `InvalidDate` (the library: None)."""
+    data = self.packet.read_int_be_by_size(5)
+    year_month = (data >> 22) & ((1 << 17) - 1)
+    micros = self._RowsEvent__read_fsp(column)  # type: ignore[attr-defined]
+    return _datetime(year_month // 13, year_month % 13, (data >> 17) & 31, (data >> 12) & 31, (data >> 6) & 63,
+                     data & 63, micros, column.fsp or 0)
+
+
+RowsEvent._RowsEvent__read_date = _read_date  # type: ignore[attr-defined]
+RowsEvent._RowsEvent__read_datetime = _read_datetime  # type: ignore[attr-defined]
+RowsEvent._RowsEvent__read_datetime2 = _read_datetime2  # type: ignore[attr-defined]
+#: A TIMESTAMP of 0 ('0000-00-00 00:00:00') decodes as the epoch, which a TIMESTAMP cannot hold.
+_ZERO_TIMESTAMP = datetime.datetime(1970, 1, 1)
+
 #: The UTF-16/32 family, which PyMySQL does not map: utf16, utf32 and ucs2 are big-endian in
 #: MySQL (Python's "utf16"/"utf32" would look for a byte-order mark), utf16le is little-endian.
 #: Unmapped, the library hands such a column on as raw bytes, or fails to decode it.
@@ -272,6 +319,7 @@ class _TableInfo:
     years: frozenset[str]
     binaries: frozenset[str]
     binary_widths: Mapping[str, int]
+    timestamps: Mapping[str, int] = attrs.field(factory=dict)  # TIMESTAMP columns and their fsp
 
     @classmethod
     def from_table_map(cls, event: TableMapEvent) -> "_TableInfo":
@@ -292,6 +340,8 @@ class _TableInfo:
             # BINARY(n) arrives with its trailing zero bytes stripped
             {c.name: c.max_length for c in columns
              if c.type == FIELD_TYPE.STRING and c.character_set_name == "binary"},
+            {c.name: getattr(c, "fsp", 0) or 0 for c in columns
+             if c.type in (FIELD_TYPE.TIMESTAMP, FIELD_TYPE.TIMESTAMP2)},
         )
 
     def image(self, values: dict[str, Any], none_sources: Mapping[str, str]) -> dict[str, Any]:
@@ -308,6 +358,9 @@ class _TableInfo:
         for name in self.binaries:
             if values.get(name) == "":  # an empty value skips the (failing) decode and stays str
                 values[name] = b""
+        for name, fsp in self.timestamps.items():
+            if values.get(name) == _ZERO_TIMESTAMP:
+                values[name] = InvalidDate("0000-00-00 00:00:00" + ("." + "0" * fsp if fsp else ""))
         for name, width in self.binary_widths.items():
             value = values.get(name)
             if isinstance(value, bytes) and len(value) < width:

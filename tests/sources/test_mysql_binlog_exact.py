@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import datetime
 import itertools
 
 import attrs
 import pytest
 
 from setl.errors import SourceError
-from setl.model import Position, RowChange, Transaction
+from setl.model import InvalidDate, Position, RowChange, Transaction
 from setl.sources.mysql_binlog import MysqlBinlogSource
 from tests.helpers.wait import wait_until
 
@@ -266,3 +267,26 @@ def test_drop_database_drops_each_table_it_held(mariadb_source, source_db, sourc
     assert [c.statement for c in drop.changes] == [f"DROP TABLE IF EXISTS `{other}`.`new1`",
                                                    f"DROP TABLE IF EXISTS `{other}`.`renamed`"]
     assert all(c.position == drop.end for c in drop.changes)
+
+
+def test_zero_and_partial_dates_arrive_as_invalid_dates_with_the_servers_text(mariadb_source, source_db, sources):
+    """0000-00-00, 2024-00-15, a zero DATETIME(3) and TIMESTAMP 0 arrive as InvalidDate, not None; real dates stay."""
+    execute(mariadb_source, source_db, "SET SESSION sql_mode = ''",
+            "CREATE TABLE d (id INT PRIMARY KEY, d DATE, dt DATETIME, dt3 DATETIME(3), ts TIMESTAMP NULL, "
+            "ts6 TIMESTAMP(6) NULL)")
+    start = head(mariadb_source)
+    execute(mariadb_source, source_db, "SET SESSION sql_mode = ''",
+            "INSERT INTO d VALUES (1, '0000-00-00', '0000-00-00 00:00:00', '0000-00-00 00:00:00.000', 0, 0)",
+            "INSERT INTO d VALUES (2, '2024-00-15', '2024-02-00 10:11:12', '2024-00-00 01:02:03.456', NULL, NULL)",
+            "INSERT INTO d VALUES (3, '2024-02-29', '2024-02-29 10:11:12', '2024-02-29 01:02:03.456', "
+            "'2024-02-29 10:11:12', '2024-02-29 10:11:12.5')")
+    got = read_until_complete(sources(mariadb_source, start), source_db, 3)
+    images = [c.after for c in rows(got)]
+    assert images[0] == {"id": 1, "d": InvalidDate("0000-00-00"), "dt": InvalidDate("0000-00-00 00:00:00"),
+                         "dt3": InvalidDate("0000-00-00 00:00:00.000"), "ts": InvalidDate("0000-00-00 00:00:00"),
+                         "ts6": InvalidDate("0000-00-00 00:00:00.000000")}
+    assert images[1] == {"id": 2, "d": InvalidDate("2024-00-15"), "dt": InvalidDate("2024-02-00 10:11:12"),
+                         "dt3": InvalidDate("2024-00-00 01:02:03.456"), "ts": None, "ts6": None}
+    assert images[2]["d"] == datetime.date(2024, 2, 29)
+    assert images[2]["dt3"] == datetime.datetime(2024, 2, 29, 1, 2, 3, 456000)
+    assert isinstance(images[2]["ts"], datetime.datetime) and images[2]["ts6"].microsecond == 500000
