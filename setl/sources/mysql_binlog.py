@@ -231,6 +231,22 @@ def _read_datetime2(self: RowsEvent, column: Any) -> datetime.datetime | Invalid
 RowsEvent._RowsEvent__read_date = _read_date  # type: ignore[attr-defined]
 RowsEvent._RowsEvent__read_datetime = _read_datetime  # type: ignore[attr-defined]
 RowsEvent._RowsEvent__read_datetime2 = _read_datetime2  # type: ignore[attr-defined]
+#: The row end of a system-versioned table's current rows: TIMESTAMP's maximum, or the largest
+#: transaction id (WITH SYSTEM VERSIONING over BIGINT UNSIGNED trx ids).
+_TIMESTAMP_MAX = datetime.datetime(2038, 1, 19, 3, 14, 7)
+_TRX_ID_MAX = (1 << 64) - 1
+
+
+@attrs.frozen
+class TableKind:
+    """What information_schema says about a table the binlog's table map does not."""
+
+    sequence: bool = False
+    period: tuple[str, str] | None = None
+
+
+_PERIOD = re.compile(r"PERIOD\s+FOR\s+SYSTEM_TIME\s*\(\s*(`(?:[^`]|``)+`|\w+)\s*,\s*(`(?:[^`]|``)+`|\w+)\s*\)", re.I)
+
 #: A TIMESTAMP of 0 ('0000-00-00 00:00:00') decodes as the epoch, which a TIMESTAMP cannot hold.
 _ZERO_TIMESTAMP = datetime.datetime(1970, 1, 1)
 
@@ -320,6 +336,37 @@ class _TableInfo:
     binaries: frozenset[str]
     binary_widths: Mapping[str, int]
     timestamps: Mapping[str, int] = attrs.field(factory=dict)  # TIMESTAMP columns and their fsp
+    sequence: bool = False  # a SEQUENCE's state row: not handed on
+    period: tuple[str, str] | None = None  # a system-versioned table's (row start, row end) columns
+
+    def with_kind(self, kind: "TableKind") -> "_TableInfo":
+        if kind.period is None:
+            return attrs.evolve(self, sequence=kind.sequence)
+        key = tuple(c for c in self.primary_key if c not in kind.period)  # the server adds row end to it
+        return attrs.evolve(self, sequence=kind.sequence, period=kind.period, primary_key=key)
+
+    def current(self, item: _Item) -> _Item | None:
+        """A system-versioned table's row change as a change of its current rows, without the
+        period columns; None for a change to history rows only."""
+        assert self.period is not None
+        op, _, before, after = item
+        start, end = self.period
+
+        def live(image: Mapping[str, Any] | None) -> bool:
+            value = image.get(end) if image is not None else None
+            return (isinstance(value, datetime.datetime) and value >= _TIMESTAMP_MAX) or value == _TRX_ID_MAX
+
+        def strip(image: Mapping[str, Any] | None) -> dict[str, Any] | None:
+            return None if image is None else {k: v for k, v in image.items() if k not in (start, end)}
+
+        was, now = live(before), live(after)
+        if was and now:
+            return (op, self, strip(before), strip(after))
+        if was:
+            return (Op.DELETE, self, strip(before), None)
+        if now:
+            return (Op.INSERT, self, None, strip(after))
+        return None
 
     @classmethod
     def from_table_map(cls, event: TableMapEvent) -> "_TableInfo":
@@ -441,6 +488,8 @@ class _Assembler:
                  selects: Callable[[str, str], bool] | None = None, tables_of: KnownTables | None = None
                  ) -> None:
         self.tables_of = tables_of if tables_of is not None else KnownTables()
+        self.kind_of: Callable[[str, str], TableKind] | None = None
+        self.sequences_seen: set[tuple[str, str]] = set()
         self.transactional = transactional
         self.selects = selects  # whether the pipeline's table rules take schema.table (None: all)
         self.handed_undoable = 0  # the last ordinal of a transactional row handed on after a savepoint
@@ -503,7 +552,10 @@ class _Assembler:
             # A cached table map shares its Table object: decode our view of it once too.
             known = self._infos.get(event.table_id)
             if known is None or known[0] is not event.table_obj:
-                known = self._infos[event.table_id] = (event.table_obj, _TableInfo.from_table_map(event))
+                info = _TableInfo.from_table_map(event)
+                if self.kind_of is not None:
+                    info = info.with_kind(self.kind_of(info.schema, info.table))
+                known = self._infos[event.table_id] = (event.table_obj, info)
             self.tables[event.table_id] = known[1]
             return []
         if isinstance(event, RowsEvent):
@@ -611,7 +663,18 @@ class _Assembler:
                               "without its table map")
         if self.xa_pending:
             return  # an XA PREPARE group: its rows are read again when its XA COMMIT arrives
+        if info.sequence:
+            if (info.schema, info.table) not in self.sequences_seen:
+                self.sequences_seen.add((info.schema, info.table))
+                log.info("%s.%s is a sequence: its state is not replicated (the values drawn from it arrive "
+                         "in the tables that use them)", info.schema, info.table)
+            return
         for item in _row_items(event, info):
+            if info.period is not None:
+                current = info.current(item)
+                if current is None:
+                    continue  # a history row
+                item = current
             self._append(item)
 
     def _xa_prepared(self, event: XAPrepareEvent) -> list[Transaction]:
@@ -1160,6 +1223,7 @@ class MysqlBinlogSource(Select):
         self._engines = {}
         assembler = _Assembler(position or Position("", 0), self.max_rows_in_memory, gtids, self._prepared_rows,
                                self._transactional, self.selects, KnownTables(tables))
+        assembler.kind_of = self._table_kind
         gtid_start = gtids.text if position is None and gtids is not None else None
         self._thread = threading.Thread(
             target=self._read, args=(self._connector, assembler, self._queue, self._stop, position, gtid_start),
@@ -1168,6 +1232,24 @@ class MysqlBinlogSource(Select):
         log.info("pipeline=%s reading the %s binlog of %s:%s from %s (server_id %d)", self.pipeline,
                  self.detected_flavor, self.host, self.port, position or f"after GTID {gtid_start}",
                  self.server_id)
+
+    def _table_kind(self, schema: str, table: str) -> TableKind:
+        """Whether a table is a SEQUENCE or system-versioned (and its period columns), asked once per
+        table map the reader decodes."""
+        conn = self._connect()
+        try:
+            found = self._query(conn, "SELECT TABLE_TYPE FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
+                                      "AND TABLE_NAME = %s", (schema, table))
+            kind = str(found[0][0]).upper() if found else ""
+            if kind == "SEQUENCE":
+                return TableKind(sequence=True)
+            if kind != "SYSTEM VERSIONED":
+                return TableKind()
+            create = str(self._query(conn, f"SHOW CREATE TABLE {ddl.quote(schema)}.{ddl.quote(table)}")[0][1])
+        finally:
+            conn.close()
+        match = _PERIOD.search(create)
+        return TableKind(period=(_unquote(match[1]), _unquote(match[2])) if match else ("row_start", "row_end"))
 
     def _transactional(self, schema: str, table: str) -> bool:
         """Whether a ROLLBACK TO undoes the table's changes (its engine is transactional)."""

@@ -290,3 +290,35 @@ def test_zero_and_partial_dates_arrive_as_invalid_dates_with_the_servers_text(ma
     assert images[2]["d"] == datetime.date(2024, 2, 29)
     assert images[2]["dt3"] == datetime.datetime(2024, 2, 29, 1, 2, 3, 456000)
     assert isinstance(images[2]["ts"], datetime.datetime) and images[2]["ts6"].microsecond == 500000
+
+
+def test_sequence_state_is_not_handed_on_and_drawn_values_arrive(mariadb_source, source_db, sources, caplog):
+    """NEXTVAL's write to a sequence's row is not handed on; the value it drew arrives in the table that uses it."""
+    execute(mariadb_source, source_db, "CREATE SEQUENCE s", "CREATE TABLE t (id INT PRIMARY KEY)")
+    start = head(mariadb_source)
+    caplog.set_level("INFO", logger="setl.sources.mysql_binlog")
+    execute(mariadb_source, source_db, "SELECT NEXTVAL(s)", "INSERT INTO t VALUES (NEXTVAL(s))",
+            "INSERT INTO t SELECT NEXTVAL(s) FROM seq_1_to_1500")
+    got = read_until_complete(sources(mariadb_source, start), source_db, 2)
+    assert {c.table for c in rows(got)} == {"t"}
+    assert [c.after["id"] for c in rows(got)] == list(range(2, 1503))
+    assert caplog.text.count(f"{source_db}.s is a sequence") == 1
+
+
+def test_system_versioned_table_hands_on_current_rows_without_period_columns(mariadb_source, source_db, sources):
+    """Insert, update and delete of a system-versioned table arrive as such, without history rows or row_start/row_end."""
+    execute(mariadb_source, source_db, "CREATE TABLE v (id INT PRIMARY KEY, x INT) WITH SYSTEM VERSIONING",
+            "CREATE TABLE w (id INT, x INT, rs TIMESTAMP(6) GENERATED ALWAYS AS ROW START, "
+            "re TIMESTAMP(6) GENERATED ALWAYS AS ROW END, PERIOD FOR SYSTEM_TIME (rs, re)) WITH SYSTEM VERSIONING")
+    start = head(mariadb_source)
+    statements = ["INSERT INTO {t} (id, x) VALUES (1, 1)", "INSERT INTO {t} (id, x) VALUES (2, 2)",
+                  "UPDATE {t} SET x = 10", "DELETE FROM {t} WHERE id = 1"]
+    execute(mariadb_source, source_db, *[s.format(t="v") for s in statements], *[s.format(t="w") for s in statements])
+    got = read_until_complete(sources(mariadb_source, start), source_db, 8)
+    for table, key in (("v", ("id",)), ("w", ())):
+        changes = [c for c in rows(got) if c.table == table]
+        assert [(c.op.value, c.before, c.after) for c in changes] == [
+            ("insert", None, {"id": 1, "x": 1}), ("insert", None, {"id": 2, "x": 2}),
+            ("update", {"id": 1, "x": 1}, {"id": 1, "x": 10}), ("update", {"id": 2, "x": 2}, {"id": 2, "x": 10}),
+            ("delete", {"id": 1, "x": 10}, None)]
+        assert all(c.primary_key == key for c in changes)
