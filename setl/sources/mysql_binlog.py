@@ -40,6 +40,7 @@ from pymysqlreplication.event import (
     XidEvent,
 )
 from pymysqlreplication.gtid import Gtid, GtidSet
+from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import (
     DeleteRowsEvent,
     RowsEvent,
@@ -249,6 +250,19 @@ _PERIOD = re.compile(r"PERIOD\s+FOR\s+SYSTEM_TIME\s*\(\s*(`(?:[^`]|``)+`|\w+)\s*
 
 #: A TIMESTAMP of 0 ('0000-00-00 00:00:00') decodes as the epoch, which a TIMESTAMP cannot hold.
 _ZERO_TIMESTAMP = datetime.datetime(1970, 1, 1)
+
+def _read_variable_length_string(self: BinLogPacketWrapper) -> bytes:
+    """A string of the table map's optional metadata (a column name, an ENUM or SET value).
+
+    The server prefixes it with a packed integer (``net_store_length``: one byte below 251, else
+    252/253/254 and 2, 3 or 8 bytes); the library reads a 7-bit varint, which is the same below
+    128 bytes and fails on a longer name (64 two-byte characters) with a bare AssertionError.
+    """
+    length = self.read_length_coded_binary()
+    return self.read(length) if length else b""
+
+
+BinLogPacketWrapper.read_variable_length_string = _read_variable_length_string  # type: ignore[method-assign]
 
 #: The UTF-16/32 family, which PyMySQL does not map: utf16, utf32 and ucs2 are big-endian in
 #: MySQL (Python's "utf16"/"utf32" would look for a byte-order mark), utf16le is little-endian.
@@ -490,6 +504,7 @@ class _Assembler:
         self.tables_of = tables_of if tables_of is not None else KnownTables()
         self.kind_of: Callable[[str, str], TableKind] | None = None
         self.sequences_seen: set[tuple[str, str]] = set()
+        self.kinds: dict[tuple[str, str], TableKind] = {}  # asked of the server once, until the next DDL
         self.transactional = transactional
         self.selects = selects  # whether the pipeline's table rules take schema.table (None: all)
         self.handed_undoable = 0  # the last ordinal of a transactional row handed on after a savepoint
@@ -554,7 +569,10 @@ class _Assembler:
             if known is None or known[0] is not event.table_obj:
                 info = _TableInfo.from_table_map(event)
                 if self.kind_of is not None:
-                    info = info.with_kind(self.kind_of(info.schema, info.table))
+                    kind = self.kinds.get((info.schema, info.table))
+                    if kind is None:
+                        kind = self.kinds[(info.schema, info.table)] = self.kind_of(info.schema, info.table)
+                    info = info.with_kind(kind)
                 known = self._infos[event.table_id] = (event.table_obj, info)
             self.tables[event.table_id] = known[1]
             return []
@@ -815,6 +833,7 @@ class _Assembler:
         nbytes = self.nbytes
         self._close_tx(offset)
         end = self.mark = self._position(self.log_file, offset)
+        self.kinds.clear()
         dropped = self.tables_of.track(statement, schema or "")
         if dropped is not None and dropped[1]:
             # DROP DATABASE: one DROP TABLE per table it held, each for the table rules to decide.
