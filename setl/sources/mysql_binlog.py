@@ -95,7 +95,15 @@ _Item = tuple[Any, Any, Any, Any]
 
 
 def _row_items(event: RowsEvent, info: "_TableInfo") -> list[_Item]:
-    """The row changes of one rows event, with setl's images."""
+    """The row changes of one rows event, with setl's images (of a system-versioned table: its
+    current rows only)."""
+    items = _raw_row_items(event, info)
+    if info.period is None:
+        return items
+    return [current for current in map(info.current, items) if current is not None]
+
+
+def _raw_row_items(event: RowsEvent, info: "_TableInfo") -> list[_Item]:
     if isinstance(event, WriteRowsEvent):
         return [(Op.INSERT, info, None, info.image(row["values"], row["none_sources"])) for row in event.rows]
     if isinstance(event, DeleteRowsEvent):
@@ -688,11 +696,6 @@ class _Assembler:
                          "in the tables that use them)", info.schema, info.table)
             return
         for item in _row_items(event, info):
-            if info.period is not None:
-                current = info.current(item)
-                if current is None:
-                    continue  # a history row
-                item = current
             self._append(item)
 
     def _xa_prepared(self, event: XAPrepareEvent) -> list[Transaction]:
@@ -1346,9 +1349,11 @@ class MysqlBinlogSource(Select):
                 if isinstance(event, (MariadbGtidEvent, GtidEvent)):
                     group = []
                 elif isinstance(event, TableMapEvent):
-                    tables[event.table_id] = _TableInfo.from_table_map(event)
+                    info = _TableInfo.from_table_map(event)
+                    tables[event.table_id] = info.with_kind(self._table_kind(info.schema, info.table))
                 elif isinstance(event, RowsEvent) and event.table_id in tables:
-                    group.extend(_row_items(event, tables[event.table_id]))
+                    if not tables[event.table_id].sequence:
+                        group.extend(_row_items(event, tables[event.table_id]))
                 elif isinstance(event, XAPrepareEvent) and not event.one_phase and (
                         event.xid_format_id, bytes(event.xid_gtrid), bytes(event.xid_bqual)) == key:
                     found = group

@@ -140,18 +140,23 @@ def test_restart_between_xa_prepare_and_commit_applies_the_prepared_rows_once(ma
     """A reader opened after an XA PREPARE it never saw finds the prepared rows when the XA COMMIT arrives."""
     execute(mariadb_source, source_db, "CREATE TABLE t (id INT PRIMARY KEY, v INT)")
     start = head(mariadb_source)
-    xa_prepare(mariadb_source, source_db, "r", *[f"INSERT INTO t VALUES ({i}, {i})" for i in range(1, 6)])
+    execute(mariadb_source, source_db, "CREATE TABLE v (id INT PRIMARY KEY) WITH SYSTEM VERSIONING",
+            "INSERT INTO v VALUES (1)")
+    start = head(mariadb_source)
+    xa_prepare(mariadb_source, source_db, "r", *[f"INSERT INTO t VALUES ({i}, {i})" for i in range(1, 6)],
+               "UPDATE v SET id = 2")  # a history row the XA COMMIT must not hand on
     execute(mariadb_source, source_db, "INSERT INTO t VALUES (10, 10)")
     (before,) = read_until_complete(sources(mariadb_source, start), source_db)
     assert changes_of([before], source_db) == [("t", "insert", 10)]
     mariadb_source.query("FLUSH BINARY LOGS")  # the XA PREPARE is now in an older binlog file
     execute(mariadb_source, source_db, "XA COMMIT 'r'", "INSERT INTO t VALUES (11, 11)")
-    resumed = read_until_complete(sources(mariadb_source, before.end, max_rows_in_memory=2), source_db, 2)
-    assert changes_of(resumed, source_db) == [("t", "insert", i) for i in (1, 2, 3, 4, 5, 11)]
-    assert [(len(tx.changes), tx.complete) for tx in resumed] == [(2, False), (2, False), (1, True), (1, True)]
+    resumed = read_until_complete(sources(mariadb_source, before.end, max_rows_in_memory=4), source_db, 2)
+    assert changes_of(resumed, source_db) == [*[("t", "insert", i) for i in (1, 2, 3, 4, 5)], ("v", "update", 2),
+                                              ("t", "insert", 11)]
+    assert [(len(tx.changes), tx.complete) for tx in resumed] == [(4, False), (2, True), (1, True)]
     # a piece of the XA COMMIT resumes like any split transaction
-    again = read_until_complete(sources(mariadb_source, resumed[0].end, max_rows_in_memory=2), source_db, 2)
-    assert changes_of(again, source_db) == [("t", "insert", i) for i in (3, 4, 5, 11)]
+    again = read_until_complete(sources(mariadb_source, resumed[0].end, max_rows_in_memory=4), source_db, 2)
+    assert changes_of(again, source_db) == [("t", "insert", 5), ("v", "update", 2), ("t", "insert", 11)]
 
 
 def test_rollback_to_savepoint_drops_the_undone_transactional_rows(mariadb_source, source_db, sources):
