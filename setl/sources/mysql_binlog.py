@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import importlib.metadata
 import logging
 import queue
 import re
@@ -65,7 +66,6 @@ def _drop_reconnect_notice(record: logging.LogRecord) -> bool:
     return "Re-request the connection" not in record.getMessage()
 
 
-logging.getLogger("pymysqlreplication").addFilter(_drop_reconnect_notice)
 
 # What a server must run with, and why: column names and primary keys come from the table map.
 REQUIRED_SETTINGS: Mapping[str, str] = {
@@ -194,7 +194,6 @@ def _read_time2(self: RowsEvent, column: Any) -> datetime.timedelta:
                                      microseconds=micros)
 
 
-RowsEvent._RowsEvent__read_time2 = _read_time2  # type: ignore[attr-defined]  # only this module reads rows
 
 def _calendar_date(year: int, month: int, day: int, text: str) -> datetime.date | InvalidDate:
     try:
@@ -237,9 +236,6 @@ def _read_datetime2(self: RowsEvent, column: Any) -> datetime.datetime | Invalid
                      data & 63, micros, column.fsp or 0)
 
 
-RowsEvent._RowsEvent__read_date = _read_date  # type: ignore[attr-defined]
-RowsEvent._RowsEvent__read_datetime = _read_datetime  # type: ignore[attr-defined]
-RowsEvent._RowsEvent__read_datetime2 = _read_datetime2  # type: ignore[attr-defined]
 #: The row end of a system-versioned table's current rows: TIMESTAMP's maximum, or the largest
 #: transaction id (WITH SYSTEM VERSIONING over BIGINT UNSIGNED trx ids).
 _TIMESTAMP_MAX = datetime.datetime(2038, 1, 19, 3, 14, 7)
@@ -270,7 +266,6 @@ def _read_variable_length_string(self: BinLogPacketWrapper) -> bytes:
     return self.read(length) if length else b""
 
 
-BinLogPacketWrapper.read_variable_length_string = _read_variable_length_string  # type: ignore[method-assign]
 
 #: The UTF-16/32 family, which PyMySQL does not map: utf16, utf32 and ucs2 are big-endian in
 #: MySQL (Python's "utf16"/"utf32" would look for a byte-order mark), utf16le is little-endian.
@@ -283,7 +278,6 @@ def _charset_to_encoding(name: str) -> str:
     return _WIDE_CHARSETS.get(name) or _library_encoding(name)
 
 
-RowsEvent.charset_to_encoding = staticmethod(_charset_to_encoding)  # type: ignore[method-assign]
 
 
 class _TableMapCache:
@@ -342,7 +336,56 @@ def _table_map_init(self: TableMapEvent, from_packet: Any, event_size: int, tabl
 _PER_EVENT = frozenset({"packet", "table_map", "event_type", "timestamp", "event_size", "_post_header_lengths",
                         "_ctl_connection", "mysql_version", "_ignore_decode_errors", "_verify_checksum",
                         "_is_event_valid", "_processed", "complete", "dbms"})
-TableMapEvent.__init__ = _table_map_init  # type: ignore[method-assign]
+
+
+#: The python-mysql-replication releases whose internals `install` patches (name-mangled private
+#: readers, `TableMapEvent.__init__`'s signature), checked before patching.
+SUPPORTED_LIBRARY = ("1.0.9", "1.1")
+_installed = False
+_install_lock = threading.Lock()
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+
+
+def install() -> None:
+    """Apply setl's fixes to python-mysql-replication, once per process (the source calls it when
+    it is built, not at import).
+
+    The library decodes a negative TIME(fsp) wrongly, returns None for zero and partial dates,
+    maps no UTF-16/32 charset, misreads names of 128+ bytes, and re-decodes every table map;
+    each fix replaces one of its functions. A release outside `SUPPORTED_LIBRARY` is refused,
+    since its internals may differ.
+    """
+    global _installed
+    with _install_lock:
+        if _installed:
+            return
+        try:
+            version = importlib.metadata.version("mysql-replication")
+        except importlib.metadata.PackageNotFoundError:
+            version = "unknown"
+        low, high = SUPPORTED_LIBRARY
+        if version == "unknown" or not _version_tuple(low) <= _version_tuple(version) < _version_tuple(high):
+            raise ConfigError(f"python-mysql-replication {version} is installed; setl's binlog source needs "
+                              f">={low},<{high} (pip install 'mysql-replication>={low},<{high}')")
+        for owner, name in ((RowsEvent, "_RowsEvent__read_time2"), (RowsEvent, "_RowsEvent__read_date"),
+                            (RowsEvent, "_RowsEvent__read_datetime"), (RowsEvent, "_RowsEvent__read_datetime2"),
+                            (RowsEvent, "_RowsEvent__read_fsp"),
+                            (BinLogPacketWrapper, "read_variable_length_string")):
+            if not hasattr(owner, name):
+                raise ConfigError(f"python-mysql-replication {version} has no {owner.__name__}.{name} to fix; "
+                                  f"install mysql-replication>={low},<{high}")
+        logging.getLogger("pymysqlreplication").addFilter(_drop_reconnect_notice)
+        RowsEvent._RowsEvent__read_time2 = _read_time2  # type: ignore[attr-defined]
+        RowsEvent._RowsEvent__read_date = _read_date  # type: ignore[attr-defined]
+        RowsEvent._RowsEvent__read_datetime = _read_datetime  # type: ignore[attr-defined]
+        RowsEvent._RowsEvent__read_datetime2 = _read_datetime2  # type: ignore[attr-defined]
+        RowsEvent.charset_to_encoding = staticmethod(_charset_to_encoding)  # type: ignore[method-assign]
+        BinLogPacketWrapper.read_variable_length_string = _read_variable_length_string  # type: ignore[method-assign]
+        TableMapEvent.__init__ = _table_map_init  # type: ignore[method-assign]
+        _installed = True
 
 
 @attrs.frozen
@@ -1029,6 +1072,7 @@ class MysqlBinlogSource(Select):
             raise ConfigError(f"source.flavor {flavor!r} is not auto, mariadb or mysql", pipeline=pipeline)
         if max_rows_in_memory < 1:
             raise ConfigError("max_rows_in_memory must be at least 1", pipeline=pipeline)
+        install()
         self.host, self.port, self.user = host, port, user
         self._password = password
         self.server_id = server_id

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import subprocess
+import sys
 
 import attrs
 import pytest
@@ -337,3 +339,15 @@ def test_column_names_and_enum_values_of_128_bytes_and_more_decode(mariadb_sourc
     execute(mariadb_source, source_db, f"INSERT INTO t VALUES (1, 2, '{long_value}')")
     (tx,) = read_until_complete(sources(mariadb_source, start), source_db)
     assert tx.changes[0].after == {"id": 1, long_name: 2, "e": long_value}
+
+
+def test_library_fixes_are_installed_when_a_source_is_built_not_at_import():
+    """Importing the module leaves python-mysql-replication alone; building a source installs the fixes once."""
+    code = ("import setl.sources.mysql_binlog as m\n"
+            "from pymysqlreplication.row_event import TableMapEvent\n"
+            "assert TableMapEvent.__init__ is not m._table_map_init\n"
+            "m.MysqlBinlogSource(); m.MysqlBinlogSource()\n"
+            "assert TableMapEvent.__init__ is m._table_map_init\n"
+            "print('ok')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "ok", done.stderr
