@@ -113,13 +113,6 @@ def _raw_row_items(event: RowsEvent, info: "_TableInfo") -> list[_Item]:
 
 _NAME = r"(?:`(?:[^`]|``)+`|[\w$]+)"
 _QUALIFIED = rf"(?P<name>{_NAME}(?:\s*\.\s*{_NAME})?)"
-_DDL_PATTERNS = [
-    re.compile(rf"^(?:(?:CREATE|ALTER|DROP|RENAME|OPTIMIZE|REPAIR|ANALYZE)\s+"
-               rf"(?:OR\s+REPLACE\s+|TEMPORARY\s+|ONLINE\s+|IGNORE\s+|NO_WRITE_TO_BINLOG\s+|LOCAL\s+)*TABLE"
-               rf"|TRUNCATE(?:\s+TABLE)?)\s+(?:IF\s+(?:NOT\s+)?EXISTS\s+)?{_QUALIFIED}", re.I),
-    re.compile(rf"^(?:CREATE|DROP)\s+(?:OR\s+REPLACE\s+)?(?:ONLINE\s+)?(?:UNIQUE\s+|FULLTEXT\s+|SPATIAL\s+)?"
-               rf"INDEX\s+(?:IF\s+(?:NOT\s+)?EXISTS\s+)?{_NAME}\s+(?:\w+\s+\w+\s+)?ON\s+{_QUALIFIED}", re.I),
-]
 _DDL_DATABASE = re.compile(rf"^(?:CREATE|ALTER|DROP)\s+(?:OR\s+REPLACE\s+)?(?:DATABASE|SCHEMA)\s+"
                            rf"(?:IF\s+(?:NOT\s+)?EXISTS\s+)?(?P<name>{_NAME})", re.I)
 _SAVEPOINT = re.compile(rf"^\s*(?P<verb>SAVEPOINT|ROLLBACK\s+(?:WORK\s+)?TO(?:\s+SAVEPOINT)?|RELEASE\s+SAVEPOINT)\s+"
@@ -133,19 +126,16 @@ def _unquote(name: str) -> str:
 
 
 def ddl_target(statement: str, default_schema: str) -> tuple[str, str | None]:
-    """Best-effort ``(schema, table or None)`` a DDL statement acts on."""
-    text = _LEADING_COMMENTS.sub("", statement, count=1)
-    match = _DDL_DATABASE.match(text)
+    """``(schema, table or None)`` a DDL statement acts on: the database of CREATE/ALTER/DROP
+    DATABASE, else the first table `setl.ddl` finds (None for a statement that is not a table DDL)."""
+    match = _DDL_DATABASE.match(_LEADING_COMMENTS.sub("", statement, count=1))
     if match:
         return _unquote(match["name"]), None
-    for pattern in _DDL_PATTERNS:
-        match = pattern.match(text)
-        if match:
-            parts = re.split(rf"\s*\.\s*(?={_NAME}$)", match["name"], maxsplit=1)
-            if len(parts) == 2:
-                return _unquote(parts[0]), _unquote(parts[1])
-            return default_schema, _unquote(parts[0])
-    return default_schema, None
+    parsed = ddl.parse(statement)
+    if not parsed.tables:
+        return default_schema, None
+    first = parsed.tables[0]
+    return first.schema or default_schema, first.table
 
 
 _DML = re.compile(r"^\s*(?:INSERT|REPLACE|UPDATE|DELETE|LOAD\s+(?:DATA|XML)|WITH\s|CALL\s)", re.I)
