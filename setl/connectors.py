@@ -55,11 +55,13 @@ def _default_node() -> NodeSettings:
 @attrs.frozen
 class BuildContext:
     """What a connector's `build` knows besides its own config: the pipeline's `name` (for error
-    messages and a target's position rows), its `settings` and the `node`'s."""
+    messages and a target's position rows), its `settings`, the `node`'s, and `selects(schema,
+    table)`: whether the pipeline's table rules replicate a source table."""
 
     name: str
     settings: PipelineSettings = attrs.field(factory=_default_settings)
     node: NodeSettings = attrs.field(factory=_default_node)
+    selects: Callable[[str, str], bool] = attrs.field(default=lambda schema, table: True, eq=False)
 
     @classmethod
     def of(cls, pipeline: PipelineConfig, node: NodeSettings) -> BuildContext:
@@ -261,9 +263,14 @@ def registry() -> ConnectorRegistry:
         return _registry
 
 
-def build_select(config: PipelineConfig, node: NodeSettings) -> Select:
-    """The pipeline's source, built by its connector (not opened)."""
-    return registry().source(config.source.type).create(config.source, BuildContext.of(config, node))
+def build_select(config: PipelineConfig, node: NodeSettings,
+                 selects: Callable[[str, str], bool] | None = None) -> Select:
+    """The pipeline's source, built by its connector (not opened); `selects(schema, table)` tells
+    which source tables the pipeline's rules replicate (all, when not given)."""
+    context = BuildContext.of(config, node)
+    if selects is not None:
+        context = attrs.evolve(context, selects=selects)
+    return registry().source(config.source.type).create(config.source, context)
 
 
 def build_load(config: PipelineConfig, node: NodeSettings) -> Load:
@@ -289,9 +296,10 @@ def mysql_source() -> SourceConnector[Any]:
     from setl.sources.mysql_binlog import MysqlBinlogSource, MysqlSourceConfig
 
     def build(config: MysqlSourceConfig, context: BuildContext) -> Select:
-        # A transaction larger than a batch comes in batch-sized pieces (acked only at its end).
+        # A transaction larger than a batch comes in batch-sized pieces, each acknowledged (LOG:OFFSET+ROW).
         return MysqlBinlogSource.from_config(config, pipeline=context.name,
-                                             max_rows_in_memory=context.settings.batch.max_rows)
+                                             max_rows_in_memory=context.settings.batch.max_rows,
+                                             selects=context.selects)
 
     return SourceConnector("mysql", MysqlSourceConfig, build, SelectCapabilities(reports_head=True),
                            help="a MySQL or MariaDB server's binary log")

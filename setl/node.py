@@ -31,12 +31,17 @@ log = logging.getLogger("setl.node")
 FAULTS_ENV = failpoints.FAULTS_ENV
 
 
-def build_select(node: NodeSettings, config: PipelineConfig) -> Select:
-    """The pipeline's source, built by the connector its ``source.type`` names (`setl.connectors`)."""
+def build_select(node: NodeSettings, config: PipelineConfig, plan: RoutingPlan | None = None) -> Select:
+    """The pipeline's source, built by the connector its ``source.type`` names (`setl.connectors`).
+
+    The source learns from the routing `plan` which tables the rules select (the binlog source
+    refuses what it cannot replicate exactly only for those)."""
     from setl.connectors import build_select as build
 
+    if plan is None:  # only which tables the rules select; transform steps are not needed here
+        plan = RoutingPlan.compile(config.tables, pipeline=config.name, file=config.file or None)
     try:
-        return build(config, node)
+        return build(config, node, selects=plan.selects)
     except SetlError as exc:
         raise exc.with_context(file=config.file, pipeline=config.name)
 
@@ -69,7 +74,7 @@ def build_stages(node: NodeSettings, config: PipelineConfig, meta: MetaStore | N
     """
     routing = build_plan(node, config)  # the one routing decision every stage reads
     base = Stages(
-        select=build_select(node, config),
+        select=build_select(node, config, routing),
         extract=TableExtract(pipeline=config.name, plan=routing),
         transform=build_transform(node, config, routing),
         load=build_load(node, config),

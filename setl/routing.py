@@ -179,6 +179,10 @@ class RoutingPlan:
     def has_transforms(self) -> bool:
         return any(rule.steps for rule in self._rules)
 
+    def selects(self, schema: str, table: str) -> bool:
+        """Whether source table (`schema`, `table`) is replicated (a rule routes it)."""
+        return self.route(schema, table) is not None
+
     def route(self, schema: str, table: str) -> Route | None:
         """The route of source table (`schema`, `table`), or None when it is not replicated."""
         key = (schema, table)

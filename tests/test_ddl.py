@@ -102,3 +102,14 @@ def test_extract_cuts_excluded_columns_from_ddl():
     ))
     (ddl,) = extract.extract(batch).changes
     assert ddl.statement == "CREATE TABLE `shop`.`t` (id INT PRIMARY KEY, name TEXT)"
+
+
+@pytest.mark.parametrize(("statement", "names"), [
+    ("CREATE TABLE `s`.`dot.table` (`a%` INT)", [("s", "dot.table")]),
+    ("RENAME TABLE `a.b` TO `s`.`c.d`", [(None, "a.b"), ("s", "c.d")]),
+    ("DROP TABLE IF EXISTS `x`.`y.z`, `p%`", [("x", "y.z"), (None, "p%")]),
+    ("ALTER TABLE `we``ird.t` ADD c INT", [(None, "we`ird.t")]),
+])
+def test_quoted_names_with_dots_percent_and_backticks_keep_schema_and_table_apart(statement, names):
+    """A dot, `%` or doubled backtick inside a quoted name is part of the name, not a schema separator."""
+    assert [(ref.schema, ref.table) for ref in parse(statement).tables] == names

@@ -31,12 +31,16 @@ class Select(abc.ABC):
       A transaction's `end` is the position *after* it: resuming from it
       re-reads nothing the transaction covers and skips nothing after it.
     * A transaction too large to hold may come in pieces with `complete=False`;
-      a piece's `end` is a checkpoint inside the transaction (`Position.row`:
-      the transaction's start plus the rows handed on so far). A batch may end
-      with a piece, and its end is then acknowledged like any other: `open` and
-      `seek` at such a checkpoint re-read the transaction and skip those rows.
+      only the last piece is complete and ends at the transaction's end. A
+      piece's `end` is a checkpoint inside the transaction (`Position.row` =
+      the row changes of the transaction handed on so far, counted from its
+      start) and may be acknowledged: resuming from it yields exactly the
+      transaction's later changes, then what follows. Each change of a split
+      transaction carries its own position (its 1-based ordinal as `row`), so
+      ends and change positions are strictly increasing.
     * `seek(p)` rewinds (or advances) so that the next `poll` returns the first
-      transaction after `p`. The scheduler calls it after every rollback.
+      change after `p` (after a piece end: the rest of its transaction). The
+      scheduler calls it after every rollback.
     * `head()` is the end of the source log as it stands now, or None if the
       source cannot tell; `setl start --until-caught-up` stops there.
     * `close()` releases connections. It may never be called if the process

@@ -279,7 +279,7 @@ def test_connection_cut_inside_a_split_transaction_resumes_it_without_repeats(ma
 
 def test_gtid_sets_of_both_flavours_advance_and_compare():
     """GTID states: MariaDB keeps the last GTID per domain, MySQL a uuid:interval set; both tell coverage."""
-    from setl.sources.mysql_binlog import _GtidState, gtid_flavor
+    from setl.sources.mysql_binlog.assembler import _GtidState, gtid_flavor
 
     uuid_a, uuid_b = "3e11fa47-71ca-11e1-9e33-c80aa9429562", "4c9e3dfc-9d25-11e9-8d2e-0242ac1cfd7e"
     mysql = _GtidState("mysql", f"{uuid_a}:1-5,\n{uuid_b}:1-3")  # SHOW MASTER STATUS wraps long sets

@@ -1,6 +1,6 @@
 """A MySQL or MariaDB binary log as a Select: whole transactions of full-image row changes and DDL.
 
-This is the only module that imports pymysqlreplication; nothing it returns holds a library object.
+This package is the only importer of pymysqlreplication; nothing it returns holds a library object.
 A background thread reads the binlog with a blocking stream, reconnects when the server goes away,
 and hands assembled transactions to `poll` through a bounded queue, so `poll` honours its timeout
 and `close` interrupts the read.
@@ -9,47 +9,48 @@ and `close` interrupts the read.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import logging
 import queue
-import re
 import socket
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import attrs
 import pymysql
 from pymysqlreplication import BinLogStreamReader
-from pymysqlreplication.constants import FIELD_TYPE, NONE_SOURCE
 from pymysqlreplication.event import (
-    BinLogEvent,
-    FormatDescriptionEvent,
     GtidEvent,
-    HeartbeatLogEvent,
-    MariadbBinLogCheckPointEvent,
     MariadbGtidEvent,
-    MariadbGtidListEvent,
-    PreviousGtidsEvent,
     QueryEvent,
     RotateEvent,
-    StopEvent,
-    XidEvent,
+    XAPrepareEvent,
 )
-from pymysqlreplication.gtid import Gtid, GtidSet
-from pymysqlreplication.row_event import (
-    DeleteRowsEvent,
-    RowsEvent,
-    TableMapEvent,
-    UpdateRowsEvent,
-    WriteRowsEvent,
-)
+from pymysqlreplication.row_event import RowsEvent, TableMapEvent
 
+from setl import ddl
 from setl.errors import ConfigError, PositionPurged, SourceError
-from setl.model import Change, DdlChange, Op, Position, RowChange, Transaction
+from setl.model import Position, Transaction
 from setl.retry import Backoff
+from setl.sources.mysql_binlog.assembler import (
+    _EVENTS,
+    _POSITION_EVENTS,
+    KnownTables,
+    _Assembler,
+    _GtidState,
+    gtid_flavor,
+)
+from setl.sources.mysql_binlog.decoding import (
+    _PERIOD,
+    TableKind,
+    XaKey,
+    _Item,
+    _row_items,
+    _TableInfo,
+)
+from setl.sources.mysql_binlog.patches import _TableMapCache, install
+from setl.sources.mysql_binlog.statements import _XA_END, _unquote
 from setl.stages.select import Select
 
 
@@ -70,14 +71,6 @@ class MysqlSourceConfig:
 log = logging.getLogger("setl.sources.mysql_binlog")
 
 
-def _drop_reconnect_notice(record: logging.LogRecord) -> bool:
-    # The library logs this on every lost stream, ours included when close() cuts it; a real
-    # loss surfaces as a SourceError from poll() instead.
-    return "Re-request the connection" not in record.getMessage()
-
-
-logging.getLogger("pymysqlreplication").addFilter(_drop_reconnect_notice)
-
 # What a server must run with, and why: column names and primary keys come from the table map.
 REQUIRED_SETTINGS: Mapping[str, str] = {
     "log_bin": "ON",
@@ -85,422 +78,7 @@ REQUIRED_SETTINGS: Mapping[str, str] = {
     "binlog_row_image": "FULL",
     "binlog_row_metadata": "FULL",
 }
-
-# Events that only move the read position: outside a transaction they become position marks.
-_POSITION_EVENTS = (RotateEvent, FormatDescriptionEvent, MariadbGtidListEvent, MariadbBinLogCheckPointEvent,
-                    PreviousGtidsEvent, HeartbeatLogEvent, StopEvent)
-_EVENTS = [*_POSITION_EVENTS, MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, TableMapEvent,
-           WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent]
-_GTID_STANDALONE = 0x01  # MariaDB GTID flag: one statement, no BEGIN/COMMIT follows
-_IGNORED_IN_TX = re.compile(r"^\s*(SAVEPOINT|ROLLBACK\s+TO|RELEASE\s+SAVEPOINT|XA\s)", re.I)
-
-_NAME = r"(?:`(?:[^`]|``)+`|[\w$]+)"
-_QUALIFIED = rf"(?P<name>{_NAME}(?:\s*\.\s*{_NAME})?)"
-_DDL_PATTERNS = [
-    re.compile(rf"^(?:(?:CREATE|ALTER|DROP|RENAME|OPTIMIZE|REPAIR|ANALYZE)\s+"
-               rf"(?:OR\s+REPLACE\s+|TEMPORARY\s+|ONLINE\s+|IGNORE\s+|NO_WRITE_TO_BINLOG\s+|LOCAL\s+)*TABLE"
-               rf"|TRUNCATE(?:\s+TABLE)?)\s+(?:IF\s+(?:NOT\s+)?EXISTS\s+)?{_QUALIFIED}", re.I),
-    re.compile(rf"^(?:CREATE|DROP)\s+(?:OR\s+REPLACE\s+)?(?:ONLINE\s+)?(?:UNIQUE\s+|FULLTEXT\s+|SPATIAL\s+)?"
-               rf"INDEX\s+(?:IF\s+(?:NOT\s+)?EXISTS\s+)?{_NAME}\s+(?:\w+\s+\w+\s+)?ON\s+{_QUALIFIED}", re.I),
-]
-_DDL_DATABASE = re.compile(rf"^(?:CREATE|ALTER|DROP)\s+(?:OR\s+REPLACE\s+)?(?:DATABASE|SCHEMA)\s+"
-                           rf"(?:IF\s+(?:NOT\s+)?EXISTS\s+)?(?P<name>{_NAME})", re.I)
-_LEADING_COMMENTS = re.compile(r"^\s*(?:/\*(?!!).*?\*/\s*|#[^\n]*\n\s*|--\s[^\n]*\n\s*)*", re.S)
-
-
-def _unquote(name: str) -> str:
-    name = name.strip()
-    return name[1:-1].replace("``", "`") if name.startswith("`") else name
-
-
-def ddl_target(statement: str, default_schema: str) -> tuple[str, str | None]:
-    """Best-effort ``(schema, table or None)`` a DDL statement acts on."""
-    text = _LEADING_COMMENTS.sub("", statement, count=1)
-    match = _DDL_DATABASE.match(text)
-    if match:
-        return _unquote(match["name"]), None
-    for pattern in _DDL_PATTERNS:
-        match = pattern.match(text)
-        if match:
-            parts = re.split(rf"\s*\.\s*(?={_NAME}$)", match["name"], maxsplit=1)
-            if len(parts) == 2:
-                return _unquote(parts[0]), _unquote(parts[1])
-            return default_schema, _unquote(parts[0])
-    return default_schema, None
-
-
-def _read_time2(self: RowsEvent, column: Any) -> datetime.timedelta:
-    """TIME(fsp) as MySQL packs it (``my_time_packed_from_binary``).
-
-    The library decodes the whole and the fractional part of a negative TIME separately and gets
-    the fraction wrong (-00:00:01.5 comes back as -00:00:01.000005).
-    """
-    nfrac = (column.fsp + 1) // 2
-    data = self.packet.read(3 + nfrac)
-    if nfrac == 3:
-        packed = int.from_bytes(data, "big") - (0x800000 << 24)
-    else:
-        intpart = int.from_bytes(data[:3], "big") - 0x800000
-        frac = int.from_bytes(data[3:], "big")
-        if intpart < 0 and frac:
-            intpart, frac = intpart + 1, frac - (1 << (8 * nfrac))
-        packed = (intpart << 24) + frac * (10_000 if nfrac == 1 else 100)
-    sign, packed = (-1 if packed < 0 else 1), abs(packed)
-    hms, micros = packed >> 24, packed % (1 << 24)
-    return sign * datetime.timedelta(hours=(hms >> 12) % 1024, minutes=(hms >> 6) % 64, seconds=hms % 64,
-                                     microseconds=micros)
-
-
-RowsEvent._RowsEvent__read_time2 = _read_time2  # type: ignore[attr-defined]  # only this module reads rows
-
-#: The UTF-16/32 family, which PyMySQL does not map: utf16, utf32 and ucs2 are big-endian in
-#: MySQL (Python's "utf16"/"utf32" would look for a byte-order mark), utf16le is little-endian.
-#: Unmapped, the library hands such a column on as raw bytes, or fails to decode it.
-_WIDE_CHARSETS = {"utf16": "utf-16-be", "utf32": "utf-32-be", "ucs2": "utf-16-be", "utf16le": "utf-16-le"}
-_library_encoding = RowsEvent.charset_to_encoding
-
-
-def _charset_to_encoding(name: str) -> str:
-    return _WIDE_CHARSETS.get(name) or _library_encoding(name)
-
-
-RowsEvent.charset_to_encoding = staticmethod(_charset_to_encoding)  # type: ignore[method-assign]
-
-
-class _TableMapCache:
-    """Decoded table maps of one reader, by the raw bytes of their event body (which start with
-    the table id): the library re-decodes the full column metadata of every table-map event,
-    one of which precedes every rows event, and that is most of its parse time."""
-
-    def __init__(self, size: int = 4096) -> None:
-        self.size = size
-        self._entries: OrderedDict[bytes, dict[str, Any]] = OrderedDict()
-        self.hits = self.misses = 0
-
-    def get(self, body: bytes) -> dict[str, Any] | None:
-        state = self._entries.get(body)
-        if state is not None:
-            self._entries.move_to_end(body)
-            self.hits += 1
-        return state
-
-    def put(self, body: bytes, state: dict[str, Any]) -> None:
-        self.misses += 1
-        self._entries[body] = state
-        if len(self._entries) > self.size:
-            self._entries.popitem(last=False)
-
-
-_decode_table_map = TableMapEvent.__init__
-_FILTERS = ("only_tables", "ignored_tables", "only_schemas", "ignored_schemas", "freeze_schema")
-
-
-def _table_map_init(self: TableMapEvent, from_packet: Any, event_size: int, table_map: dict, ctl_connection: Any,
-                    **kwargs: Any) -> None:
-    """`TableMapEvent.__init__`, answered from the reader's `_TableMapCache` when it has one.
-
-    Only readers whose control connection carries a cache (this module's) use it, and only with
-    full row metadata (column names come from the event, not from a query) and no filters.
-    """
-    cache: _TableMapCache | None = getattr(ctl_connection, "setl_table_maps", None)
-    if cache is None or not kwargs.get("optional_meta_data") or any(map(kwargs.get, _FILTERS)):
-        _decode_table_map(self, from_packet, event_size, table_map, ctl_connection, **kwargs)
-        return
-    # The packet is the OK byte, the 19-byte event header, the body and maybe a checksum.
-    body = bytes(from_packet.packet.get_all_data()[20:20 + event_size])
-    state = cache.get(body)
-    if state is None:
-        _decode_table_map(self, from_packet, event_size, table_map, ctl_connection, **kwargs)
-        if self._processed:
-            cache.put(body, {k: v for k, v in vars(self).items() if k not in _PER_EVENT})
-        return
-    BinLogEvent.__init__(self, from_packet, event_size, table_map, ctl_connection, **kwargs)
-    vars(self).update(state)  # the decoded table: shared, and read-only once decoded
-    table_map[self.table_id] = self.table_obj
-
-
-# What BinLogEvent.__init__ sets for each event; everything else a table map decodes is cacheable.
-_PER_EVENT = frozenset({"packet", "table_map", "event_type", "timestamp", "event_size", "_post_header_lengths",
-                        "_ctl_connection", "mysql_version", "_ignore_decode_errors", "_verify_checksum",
-                        "_is_event_valid", "_processed", "complete", "dbms"})
-TableMapEvent.__init__ = _table_map_init  # type: ignore[method-assign]
-
-
-@attrs.frozen
-class _TableInfo:
-    """What a rows event needs from its table map: names, key, and per-column value fixes."""
-
-    schema: str
-    table: str
-    primary_key: tuple[str, ...]
-    sets: frozenset[str]
-    bits: frozenset[str]
-    years: frozenset[str]
-    binaries: frozenset[str]
-    binary_widths: Mapping[str, int]
-
-    @classmethod
-    def from_table_map(cls, event: TableMapEvent) -> "_TableInfo":
-        columns = event.columns
-        meta = event.optional_metadata
-        indexes = list(meta.simple_primary_key_list) or list(meta.primary_keys_with_prefix)
-        if indexes:
-            key = tuple(columns[i].name for i in indexes)
-        else:
-            pk = event.get_table().primary_key
-            key = tuple(pk) if isinstance(pk, tuple) else ((pk,) if pk else ())
-        return cls(
-            event.schema, event.table, key,
-            frozenset(c.name for c in columns if c.type == FIELD_TYPE.SET),
-            frozenset(c.name for c in columns if c.type == FIELD_TYPE.BIT),
-            frozenset(c.name for c in columns if c.type == FIELD_TYPE.YEAR),
-            frozenset(c.name for c in columns if c.character_set_name == "binary"),
-            # BINARY(n) arrives with its trailing zero bytes stripped
-            {c.name: c.max_length for c in columns
-             if c.type == FIELD_TYPE.STRING and c.character_set_name == "binary"},
-        )
-
-    def image(self, values: dict[str, Any], none_sources: Mapping[str, str]) -> dict[str, Any]:
-        """The row as setl hands it on: the library's values, with its lossy spots undone."""
-        for name in self.sets:
-            if values.get(name) is None and none_sources.get(name) == NONE_SOURCE.EMPTY_SET:
-                values[name] = set()
-        for name in self.bits:
-            if values.get(name) is not None:
-                values[name] = int(values[name], 2)
-        for name in self.years:
-            if values.get(name) == 1900:  # YEAR 0000 decodes as 1900, which YEAR cannot hold
-                values[name] = 0
-        for name in self.binaries:
-            if values.get(name) == "":  # an empty value skips the (failing) decode and stays str
-                values[name] = b""
-        for name, width in self.binary_widths.items():
-            value = values.get(name)
-            if isinstance(value, bytes) and len(value) < width:
-                values[name] = value.ljust(width, b"\0")
-        return values
-
-
-_MARIADB_GTID = re.compile(r"^\s*\d+-\d+-\d+\s*(?:,\s*\d+-\d+-\d+\s*)*$")
-_MYSQL_GTID = re.compile(r"^\s*[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}(?::\d+(?:-\d+)?)+\s*"
-                         r"(?:,\s*[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}(?::\d+(?:-\d+)?)+\s*)*$", re.I)
-
-
-def gtid_flavor(text: str) -> str | None:
-    """``"mariadb"`` for a ``domain-server-seq`` list, ``"mysql"`` for a ``uuid:interval`` set, else None."""
-    if _MARIADB_GTID.match(text):
-        return "mariadb"
-    if _MYSQL_GTID.match(text):
-        return "mysql"
-    return None
-
-
-class _GtidState:
-    """The GTID set executed up to a point of the binlog, in the server's flavour.
-
-    MariaDB: the last GTID of each replication domain (``0-1-42,1-2-7``); MySQL: a ``uuid:intervals``
-    set. `add` records a committed transaction's GTID.
-    """
-
-    def __init__(self, flavor: str, text: str) -> None:
-        self.flavor = flavor
-        self._domains: dict[int, str] = {}
-        self._set: GtidSet | None = None
-        if flavor == "mariadb":
-            for gtid in filter(None, (g.strip() for g in text.split(","))):
-                self._domains[int(gtid.split("-", 1)[0])] = gtid
-        else:
-            self._set = GtidSet(text.replace("\n", ""))
-        self.text = self._render()
-
-    def _render(self) -> str:
-        if self._set is not None:
-            return str(self._set)
-        return ",".join(self._domains[d] for d in sorted(self._domains))
-
-    def add(self, gtid: str) -> None:
-        if self._set is not None:
-            self._set = self._set + Gtid(gtid)
-        else:
-            self._domains[int(gtid.split("-", 1)[0])] = gtid
-        self.text = self._render()
-
-    def covers(self, other: "_GtidState") -> bool:
-        """Whether every transaction of `other` is in this set."""
-        if self._set is not None and other._set is not None:
-            return all(gtid in self._set for gtid in other._set.gtids)
-        mine = {d: int(g.rsplit("-", 1)[1]) for d, g in self._domains.items()}
-        return all(mine.get(d, -1) >= int(g.rsplit("-", 1)[1]) for d, g in other._domains.items())
-
-
-class _Assembler:
-    """Turns a stream of binlog events into transactions (runs on the reader thread).
-
-    Outside a transaction, events that only move the read position (rotation, checkpoints, GTID
-    lists, heartbeats) yield a position mark: a Transaction with no changes whose `end` is where
-    reading continues. After a reconnect in the middle of a transaction handed on in pieces,
-    `skip` row changes already handed on are dropped from its replay.
-    """
-
-    def __init__(self, start: Position, max_rows: int, gtids: _GtidState | None) -> None:
-        self.log_file = start.log
-        self.max_rows = max_rows
-        self.gtids = gtids
-        self.tables: dict[int, _TableInfo] = {}
-        self._infos: dict[int, tuple[Any, _TableInfo]] = {}
-        self.rows: list[tuple[Op | None, Any, Any, Any]] = []
-        self.nbytes = 0
-        self.in_tx = False
-        self.standalone = False
-        self.pending_gtid: str | None = None
-        self.handed_in_tx = 0  # row changes of the open transaction already handed on in pieces
-        self.skip = 0
-        self.mark = start  # the last end handed on; a position mark must be past it
-        # After a GTID start the server skips to it from the start of a file: positions read
-        # before the first transaction are behind the start, so none is handed on as a mark.
-        self.positioned = bool(start.log)
-
-    def restart(self, at: Position) -> None:
-        """Forget the open transaction: reading restarts at `at`, the last complete end handed on."""
-        self.skip, self.handed_in_tx = self.handed_in_tx, 0
-        if self.skip:
-            log.info("re-reading a transaction split across a reconnect from %s: skipping the %d changes "
-                     "already handed on", at, self.skip)
-        self.log_file = at.log
-        self.rows, self.nbytes, self.in_tx, self.standalone, self.pending_gtid = [], 0, False, False, None
-
-    def _position(self, log: str, offset: int) -> Position:
-        return Position(log, offset, self.gtids.text or None if self.gtids is not None else None)
-
-    def feed(self, event: Any) -> list[Transaction]:
-        if isinstance(event, _POSITION_EVENTS):
-            return self._moved(event)
-        self.nbytes += event.packet.event_size
-        if isinstance(event, MariadbGtidEvent):
-            self.standalone = bool(event.flags & _GTID_STANDALONE)
-            self.in_tx = not self.standalone
-            self.pending_gtid = event.gtid
-            return []
-        if isinstance(event, GtidEvent):
-            self.pending_gtid = event.gtid
-            return []
-        if isinstance(event, TableMapEvent):
-            # A cached table map shares its Table object: decode our view of it once too.
-            known = self._infos.get(event.table_id)
-            if known is None or known[0] is not event.table_obj:
-                known = self._infos[event.table_id] = (event.table_obj, _TableInfo.from_table_map(event))
-            self.tables[event.table_id] = known[1]
-            return []
-        if isinstance(event, RowsEvent):
-            self._add_rows(event)
-            if len(self.rows) >= self.max_rows:
-                return self._pieces(self._position(self.log_file, event.packet.log_pos))
-            return []
-        if isinstance(event, XidEvent):
-            return [self._commit(event.packet.log_pos, event.timestamp)]
-        if isinstance(event, QueryEvent):
-            return self._query(event, event.packet.log_pos)
-        return []
-
-    def _moved(self, event: Any) -> list[Transaction]:
-        if isinstance(event, RotateEvent):
-            self.log_file = event.next_binlog
-            if event.timestamp:  # a real rotation: table ids may be reused in the next file
-                self.tables.clear()
-                self._infos.clear()
-            end = self._position(event.next_binlog, event.position)
-        elif isinstance(event, HeartbeatLogEvent):
-            log_file = event.ident.rstrip("\0")
-            if log_file != self.log_file or not event.packet.log_pos:
-                return []
-            end = self._position(log_file, event.packet.log_pos)
-        else:
-            if not event.packet.log_pos:
-                return []
-            end = self._position(self.log_file, event.packet.log_pos)
-        if not self.positioned or self.in_tx or self.rows or self.handed_in_tx or end <= self.mark:
-            return []
-        self.mark = end
-        return [Transaction((), end)]
-
-    def _append(self, item: tuple[Op | None, Any, Any, Any]) -> None:
-        if self.skip:
-            self.skip -= 1
-        else:
-            self.rows.append(item)
-
-    def _add_rows(self, event: RowsEvent) -> None:
-        info = self.tables.get(event.table_id)
-        if info is None:
-            raise SourceError(f"rows event for table id {event.table_id} ({event.schema}.{event.table}) "
-                              "without its table map")
-        for row in event.rows:
-            if isinstance(event, WriteRowsEvent):
-                self._append((Op.INSERT, info, None, info.image(row["values"], row["none_sources"])))
-            elif isinstance(event, DeleteRowsEvent):
-                self._append((Op.DELETE, info, info.image(row["values"], row["none_sources"]), None))
-            else:
-                self._append((Op.UPDATE, info,
-                              info.image(row["before_values"], row["before_none_sources"]),
-                              info.image(row["after_values"], row["after_none_sources"])))
-
-    def _changes(self, rows: list, position: Position, commit_time: float | None) -> tuple[Change, ...]:
-        return tuple(
-            DdlChange(*after, before, position) if op is None
-            else RowChange(op, info.schema, info.table, info.primary_key, before, after, position, commit_time)
-            for op, info, before, after in rows
-        )
-
-    def _pieces(self, cursor: Position) -> list[Transaction]:
-        """Cut full pieces off a transaction too large to hold; their `end` is only a cursor."""
-        pieces = []
-        while len(self.rows) >= self.max_rows:
-            chunk, self.rows = self.rows[: self.max_rows], self.rows[self.max_rows:]
-            pieces.append(Transaction(self._changes(chunk, cursor, None), cursor, complete=False,
-                                      nbytes=self.nbytes))
-            self.handed_in_tx += len(chunk)
-            self.nbytes = 0
-        return pieces
-
-    def _close_tx(self) -> None:
-        if self.pending_gtid is not None and self.gtids is not None:
-            self.gtids.add(self.pending_gtid)
-        self.rows, self.nbytes, self.in_tx, self.standalone, self.pending_gtid = [], 0, False, False, None
-        self.handed_in_tx = self.skip = 0
-        self.positioned = True
-
-    def _commit(self, offset: int, timestamp: float | None) -> Transaction:
-        rows, nbytes = self.rows, self.nbytes
-        self._close_tx()
-        end = self.mark = self._position(self.log_file, offset)
-        return Transaction(self._changes(rows, end, float(timestamp) if timestamp else None), end, nbytes=nbytes)
-
-    def _query(self, event: QueryEvent, offset: int) -> list[Transaction]:
-        statement = event.query.strip()
-        verb = statement.rstrip(";").strip().upper()
-        if verb == "BEGIN":
-            self.in_tx = True
-            return []
-        if verb == "COMMIT":  # non-transactional tables, or a server that sends BEGIN/COMMIT
-            return [self._commit(offset, event.timestamp)]
-        if verb == "ROLLBACK":
-            if self.rows:
-                # Only a mix with non-transactional tables is logged this way; their rows stay.
-                log.warning("transaction ending at %s:%d was rolled back; passing on its %d row "
-                            "changes to non-transactional tables", self.log_file, offset, len(self.rows))
-            return [self._commit(offset, event.timestamp)]
-        if self.in_tx and not self.standalone and _IGNORED_IN_TX.match(statement):
-            return []
-        schema = event.schema.decode("utf-8", "replace") if isinstance(event.schema, bytes) else event.schema
-        ddl_schema, table = ddl_target(statement, schema or "")
-        if self.in_tx and (self.rows or self.handed_in_tx):
-            # A statement logged inside a transaction: keep it ordered with the rows around it.
-            self._append((None, None, statement, (ddl_schema, table)))
-            return []
-        nbytes = self.nbytes
-        self._close_tx()
-        end = self.mark = self._position(self.log_file, offset)
-        return [Transaction((DdlChange(ddl_schema, table, statement, end),), end, nbytes=nbytes)]
+_TRANSACTIONAL_ENGINES = frozenset({"innodb", "rocksdb", "tokudb", "xtradb"})
 
 
 class _Stopped(Exception):
@@ -616,7 +194,9 @@ class MysqlBinlogSource(Select):
     * A lost connection is re-established with backoff from the end of the last complete
       transaction handed on (dropping the part of a split transaction already handed on), for
       up to `reconnect_timeout` seconds; after that `poll` raises `SourceError`.
-    * Transactions of more than `max_rows_in_memory` rows come in pieces with ``complete=False``.
+    * Transactions of more than `max_rows_in_memory` rows come in pieces with ``complete=False``;
+      a piece's end is the transaction's start with `row` = row changes handed on so far, and
+      `open`/`seek` there re-reads the transaction and skips them (see `_Assembler`).
       The reader runs ahead of `poll` by up to `max_rows_in_memory` rows (a transaction with no
       rows counts as one; a bigger piece waits for an empty queue), so it is never held back by
       many small transactions and never holds more than about twice that (`peak_buffered_rows`).
@@ -624,6 +204,10 @@ class MysqlBinlogSource(Select):
       the decoded table instead of decoding its column metadata again (`table_maps` counts hits).
     * Values are pymysqlreplication's, except: an empty SET is ``set()``, BIT is an int, BINARY(n)
       keeps its trailing zero bytes, YEAR 0 is 0. MariaDB's JSON is text and stays a str.
+    * Two-phase XA: an XA PREPARE group hands nothing on (its end may be acknowledged); its rows
+      are read again from the binlog and handed on at its XA COMMIT, in commit order (XA ROLLBACK:
+      never). After a restart between the two, the XA PREPARE is searched for in the binlogs,
+      newest first; if it was purged the pipeline stops naming the XA COMMIT's position.
     * `server_id` must be unique among the server's replicas and readers.
     """
 
@@ -643,11 +227,13 @@ class MysqlBinlogSource(Select):
         heartbeat: float = 5.0,
         reconnect_timeout: float = 60.0,
         table_map_cache: bool = True,
+        selects: Callable[[str, str], bool] | None = None,
     ) -> None:
         if flavor not in ("auto", "mariadb", "mysql"):
             raise ConfigError(f"source.flavor {flavor!r} is not auto, mariadb or mysql", pipeline=pipeline)
         if max_rows_in_memory < 1:
             raise ConfigError("max_rows_in_memory must be at least 1", pipeline=pipeline)
+        install()
         self.host, self.port, self.user = host, port, user
         self._password = password
         self.server_id = server_id
@@ -659,6 +245,7 @@ class MysqlBinlogSource(Select):
         self.heartbeat = heartbeat
         self.reconnect_timeout = reconnect_timeout
         self.table_map_cache = table_map_cache
+        self.selects = selects  # whether the pipeline's table rules take (schema, table); None: every table
         self.backoff = Backoff(initial=0.1, maximum=2.0, max_attempts=0)
         self._queue: queue.Queue[Transaction | _Failure] | None = None
         self._thread: threading.Thread | None = None
@@ -673,6 +260,7 @@ class MysqlBinlogSource(Select):
         self.reconnects = 0
         self.detected_flavor: str | None = None
         self.table_maps: _TableMapCache | None = None
+        self._engines: dict[tuple[str, str], str] = {}  # storage engine by table, asked at a ROLLBACK TO
 
     @classmethod
     def from_config(cls, cfg: MysqlSourceConfig, *, pipeline: str, **kwargs: Any) -> "MysqlBinlogSource":
@@ -748,7 +336,7 @@ class MysqlBinlogSource(Select):
             if value is not None and value.upper() == wanted:
                 continue
             shown = "missing (server too old: needs MariaDB 10.5+ or MySQL 8.0.14+)" if value is None else value
-            fix = (f"start the server with log_bin (log-bin=mysql-bin in [mysqld])" if name == "log_bin"
+            fix = ("start the server with log_bin (log-bin=mysql-bin in [mysqld])" if name == "log_bin"
                    else f"set {name}={wanted} in the server's [mysqld] config (or SET GLOBAL {name}={wanted}) "
                         "and restart the pipeline")
             raise self._error(f"server {self.host}:{self.port} ({version}) has {name}={shown}; setl needs "
@@ -758,6 +346,23 @@ class MysqlBinlogSource(Select):
             raise self._error(f"server {self.host}:{self.port} ({version}) has binlog_transaction_compression=ON; "
                               "setl cannot read compressed transactions: set it OFF and restart the pipeline")
         return flavor
+
+    def _refuse_cascades(self, conn: pymysql.connections.Connection) -> None:
+        """Refuse a selected table whose rows a foreign key changes: InnoDB applies ON DELETE/UPDATE
+        CASCADE, SET NULL and SET DEFAULT inside the engine, and the binlog never shows them."""
+        found = self._query(conn, "SELECT CONSTRAINT_SCHEMA, TABLE_NAME, CONSTRAINT_NAME, REFERENCED_TABLE_NAME, "
+                                  "DELETE_RULE, UPDATE_RULE FROM information_schema.REFERENTIAL_CONSTRAINTS "
+                                  "WHERE DELETE_RULE <> 'RESTRICT' AND DELETE_RULE <> 'NO ACTION' "
+                                  "OR UPDATE_RULE <> 'RESTRICT' AND UPDATE_RULE <> 'NO ACTION' "
+                                  "ORDER BY CONSTRAINT_SCHEMA, TABLE_NAME, CONSTRAINT_NAME")
+        for schema, table, constraint, parent, on_delete, on_update in found:
+            if self.selects is not None and not self.selects(schema, table):
+                continue
+            rules = " ".join(f"ON {what} {rule}" for what, rule in (("DELETE", on_delete), ("UPDATE", on_update))
+                             if rule not in ("RESTRICT", "NO ACTION"))
+            raise self._error(f"table {schema}.{table} has foreign key {constraint} ({rules} from {parent}): the "
+                              "server changes its rows without logging them, so its copy would differ; exclude "
+                              "the table or drop the cascade (see docs/mysql-source.md)")
 
     def _gtids_at(self, conn: pymysql.connections.Connection, position: Position,
                   executed: str | None = None) -> _GtidState | None:
@@ -803,7 +408,8 @@ class MysqlBinlogSource(Select):
         gtids = self._gtids_at(conn, position)
         if gtids is None and target.gtid and gtid_flavor(target.gtid) == self.detected_flavor:
             gtids = _GtidState(self.detected_flavor, target.gtid)
-        return attrs.evolve(position, gtid=gtids.text or None if gtids else None), gtids
+        # A checkpoint inside a split transaction (row > 0) reads it again from its start.
+        return attrs.evolve(position, gtid=gtids.text or None if gtids else None, row=target.row), gtids
 
     def _resolve_gtid(self, conn: pymysql.connections.Connection, target: _GtidStart, head: Position,
                       executed: str | None) -> tuple[Position | None, _GtidState]:
@@ -825,7 +431,11 @@ class MysqlBinlogSource(Select):
         conn = self._connect()
         try:
             self.detected_flavor = self._check_settings(conn)
+            self._refuse_cascades(conn)
             position, gtids = self._resolve(conn, start)
+            tables = [(str(schema), str(table)) for schema, table in self._query(
+                conn, "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE <> 'VIEW' "
+                      "AND TABLE_SCHEMA NOT IN ('information_schema', 'performance_schema', 'sys', 'mysql')")]
         except pymysql.MySQLError as exc:
             raise self._error(f"cannot read the binlog settings of {self.host}:{self.port}: {exc}") from exc
         finally:
@@ -837,7 +447,10 @@ class MysqlBinlogSource(Select):
         self._queued_rows = 0
         self.table_maps = _TableMapCache() if self.table_map_cache else None
         self._connector = _Connector(self.table_maps)
-        assembler = _Assembler(position or Position("", 0), self.max_rows_in_memory, gtids)
+        self._engines = {}
+        assembler = _Assembler(position or Position("", 0), self.max_rows_in_memory, gtids, self._prepared_rows,
+                               self._transactional, self.selects, KnownTables(tables))
+        assembler.kind_of = self._table_kind
         gtid_start = gtids.text if position is None and gtids is not None else None
         self._thread = threading.Thread(
             target=self._read, args=(self._connector, assembler, self._queue, self._stop, position, gtid_start),
@@ -846,6 +459,125 @@ class MysqlBinlogSource(Select):
         log.info("pipeline=%s reading the %s binlog of %s:%s from %s (server_id %d)", self.pipeline,
                  self.detected_flavor, self.host, self.port, position or f"after GTID {gtid_start}",
                  self.server_id)
+
+    def _table_kind(self, schema: str, table: str) -> TableKind:
+        """Whether a table is a SEQUENCE or system-versioned (and its period columns), asked once per
+        table map the reader decodes."""
+        conn = self._connect()
+        try:
+            found = self._query(conn, "SELECT TABLE_TYPE FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
+                                      "AND TABLE_NAME = %s", (schema, table))
+            kind = str(found[0][0]).upper() if found else ""
+            if kind == "SEQUENCE":
+                return TableKind(sequence=True)
+            if kind != "SYSTEM VERSIONED":
+                return TableKind()
+            create = str(self._query(conn, f"SHOW CREATE TABLE {ddl.quote(schema)}.{ddl.quote(table)}")[0][1])
+        finally:
+            conn.close()
+        match = _PERIOD.search(create)
+        return TableKind(period=(_unquote(match[1]), _unquote(match[2])) if match else ("row_start", "row_end"))
+
+    def _transactional(self, schema: str, table: str) -> bool:
+        """Whether a ROLLBACK TO undoes the table's changes (its engine is transactional)."""
+        engine = self._engines.get((schema, table))
+        if engine is None:
+            conn = self._connect()
+            try:
+                found = self._query(conn, "SELECT ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
+                                          "AND TABLE_NAME = %s", (schema, table))
+            finally:
+                conn.close()
+            if not found or not found[0][0]:
+                raise SourceError(f"a ROLLBACK TO SAVEPOINT undid changes to {schema}.{table}, which no longer "
+                                  "exists on the server, so setl cannot tell whether they were undone", table=
+                                  f"{schema}.{table}")
+            engine = self._engines[(schema, table)] = str(found[0][0]).lower()
+        return engine in _TRANSACTIONAL_ENGINES
+
+    def _prepared_rows(self, key: XaKey, start: Position | None, commit: Position) -> list[_Item]:
+        """The row changes of prepared XA transaction `key`, read again from the binlog (runs on the
+        reader thread when its XA COMMIT group, starting at `commit`, arrives).
+
+        From `start` when this reader saw its XA PREPARE; else (a restart between XA PREPARE and
+        XA COMMIT) from the last XA PREPARE of `key` before `commit`, searching the binlogs newest
+        first. A prepared transaction no binlog holds any more stops the pipeline.
+        """
+        xid = f"X'{key[1].hex()}',X'{key[2].hex()}',{key[0]}"
+        if start is not None:
+            found = self._scan_for_prepare(key, start, commit, first_only=True)
+        else:
+            conn = self._connect()
+            try:
+                logs = [str(row[0]) for row in self._query(conn, "SHOW BINARY LOGS")]
+            finally:
+                conn.close()
+            found = None
+            for name in reversed(logs[: logs.index(commit.log) + 1] if commit.log in logs else []):
+                found = self._scan_for_prepare(key, Position(name, 4), commit)
+                if found is not None:
+                    log.info("pipeline=%s found the XA PREPARE of %s (committed at %s) in %s", self.pipeline,
+                             xid, commit, name)
+                    break
+        if found is None:
+            raise SourceError(f"XA COMMIT {xid} at {commit}: its XA PREPARE is no longer in the binlogs of "
+                              f"{self.host}:{self.port} (purged?), so its rows cannot be applied; reload the "
+                              "tables it touched and reset the pipeline's position past it", position=commit)
+        return found
+
+    def _scan_for_prepare(self, key: XaKey, start: Position, stop: Position, first_only: bool = False
+                          ) -> list[_Item] | None:
+        """The rows of the last XA PREPARE group of `key` in ``[start, stop)`` of one binlog file."""
+        connector = _Connector(None)
+        settings = {"host": self.host, "port": self.port, "user": self.user, "password": self._password,
+                    "connect_timeout": self.connect_timeout, "read_timeout": max(30.0, 4 * self.heartbeat)}
+        # server_id 0 with a non-blocking dump, as mariadb-binlog reads: it does not displace the
+        # pipeline's own stream (a second reader with its server_id would).
+        reader = BinLogStreamReader(connection_settings=settings, server_id=0, blocking=False, resume_stream=True,
+                                    log_file=start.log, log_pos=start.offset, is_mariadb=False,
+                                    only_events=_EVENTS, pymysql_wrapper=connector, enable_logging=False)
+        tables: dict[int, _TableInfo] = {}
+        group: list[_Item] = []
+        found: list[_Item] | None = None
+        try:
+            while True:
+                event = reader.fetchone()
+                if event is None:
+                    return found
+                if isinstance(event, RotateEvent):
+                    if event.next_binlog != start.log:
+                        return found
+                    continue
+                if not isinstance(event, _POSITION_EVENTS) and (start.log, event.packet.log_pos) > (
+                        stop.log, stop.offset):
+                    return found
+                if isinstance(event, (MariadbGtidEvent, GtidEvent)):
+                    group = []
+                elif isinstance(event, TableMapEvent):
+                    info = _TableInfo.from_table_map(event)
+                    tables[event.table_id] = info.with_kind(self._table_kind(info.schema, info.table))
+                elif isinstance(event, RowsEvent) and event.table_id in tables:
+                    if not tables[event.table_id].sequence:
+                        group.extend(_row_items(event, tables[event.table_id]))
+                elif isinstance(event, XAPrepareEvent) and not event.one_phase and (
+                        event.xid_format_id, bytes(event.xid_gtrid), bytes(event.xid_bqual)) == key:
+                    found = group
+                    if first_only:
+                        return found
+                elif isinstance(event, QueryEvent):
+                    match = _XA_END.match(event.query)
+                    if match and (int(match["format"]), bytes.fromhex(match["gtrid"]),
+                                  bytes.fromhex(match["bqual"])) == key:
+                        found = None  # finished before: a later XA PREPARE reuses the XID
+                    elif event.query.strip().upper().startswith("XA START"):
+                        group = []
+        except pymysql.MySQLError as exc:
+            raise SourceError(f"cannot read {start.log} of {self.host}:{self.port} again for the XA PREPARE of "
+                              f"the XA COMMIT at {stop}: {exc}", position=stop) from exc
+        finally:
+            with contextlib.suppress(Exception):
+                reader.close()
+            connector.shutdown()
 
     def _stream(self, connector: _Connector, at: Position | None, gtid: str | None) -> BinLogStreamReader:
         settings = {"host": self.host, "port": self.port, "user": self.user, "password": self._password,
@@ -889,8 +621,7 @@ class MysqlBinlogSource(Select):
                         for tx in assembler.feed(event):
                             put(tx)
                             down_since, attempt = None, 0  # progress: the retry budget starts afresh
-                            if tx.complete:
-                                handed = tx.end
+                            handed = tx.end
                         with self._buffer_lock:
                             buffered = self._queued_rows + len(assembler.rows)
                         self.peak_buffered_rows = max(self.peak_buffered_rows, buffered)
@@ -915,7 +646,7 @@ class MysqlBinlogSource(Select):
                     self.reconnects += 1
                     connector.reset()
                     if handed is not None:
-                        assembler.restart(handed)
+                        assembler.restart(handed)  # a piece's end restarts at its transaction's start
                     else:
                         assembler.restart(Position(assembler.log_file, 0))
                 finally:

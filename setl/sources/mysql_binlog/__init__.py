@@ -1,0 +1,19 @@
+"""A MySQL or MariaDB binary log as a Select: whole transactions of full-image row changes and DDL.
+
+This package is the only importer of pymysqlreplication; nothing it returns holds a library object.
+A background thread reads the binlog with a blocking stream, reconnects when the server goes away,
+and hands assembled transactions to `poll` through a bounded queue, so `poll` honours its timeout
+and `close` interrupts the read.
+
+The package: `source` (the Select), `assembler` (events into transactions), `decoding` (row
+images), `statements` (SQL text), `patches` (fixes to the library, installed by the source).
+"""
+
+from setl.sources.mysql_binlog.assembler import KnownTables, gtid_flavor
+from setl.sources.mysql_binlog.decoding import TableKind
+from setl.sources.mysql_binlog.patches import SUPPORTED_LIBRARY, install
+from setl.sources.mysql_binlog.source import REQUIRED_SETTINGS, MysqlBinlogSource, MysqlSourceConfig
+from setl.sources.mysql_binlog.statements import ddl_target, dml_target
+
+__all__ = ["REQUIRED_SETTINGS", "SUPPORTED_LIBRARY", "KnownTables", "MysqlBinlogSource", "MysqlSourceConfig", "TableKind", "ddl_target",
+           "dml_target", "gtid_flavor", "install"]

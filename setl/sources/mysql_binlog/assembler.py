@@ -1,0 +1,506 @@
+"""Binlog events into transactions (on the reader thread), GTID sets, and the tables each schema holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import attrs
+from pymysqlreplication.event import (
+    FormatDescriptionEvent,
+    GtidEvent,
+    HeartbeatLogEvent,
+    MariadbBinLogCheckPointEvent,
+    MariadbGtidEvent,
+    MariadbGtidListEvent,
+    PreviousGtidsEvent,
+    QueryEvent,
+    RotateEvent,
+    StopEvent,
+    XAPrepareEvent,
+    XidEvent,
+)
+from pymysqlreplication.gtid import Gtid, GtidSet
+from pymysqlreplication.row_event import (
+    DeleteRowsEvent,
+    RowsEvent,
+    TableMapEvent,
+    UpdateRowsEvent,
+    WriteRowsEvent,
+)
+
+from setl import ddl
+from setl.errors import SourceError
+from setl.model import Change, DdlChange, Position, RowChange, Transaction
+from setl.sources.mysql_binlog.decoding import (
+    TableKind,
+    XaKey,
+    _Item,
+    _row_items,
+    _TableInfo,
+)
+from setl.sources.mysql_binlog.statements import (
+    _DDL_DATABASE,
+    _DML,
+    _IGNORED_IN_TX,
+    _LEADING_COMMENTS,
+    _SAVEPOINT,
+    _XA_END,
+    _unquote,
+    ddl_target,
+    dml_target,
+)
+
+log = logging.getLogger("setl.sources.mysql_binlog")
+
+
+# Events that only move the read position: outside a transaction they become position marks.
+_POSITION_EVENTS = (RotateEvent, FormatDescriptionEvent, MariadbGtidListEvent, MariadbBinLogCheckPointEvent,
+                    PreviousGtidsEvent, HeartbeatLogEvent, StopEvent)
+_EVENTS = [*_POSITION_EVENTS, MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, XAPrepareEvent, TableMapEvent,
+           WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent]
+_GTID_STANDALONE = 0x01  # MariaDB GTID flag: one statement, no BEGIN/COMMIT follows
+_GTID_PREPARED_XA = 0x40  # MariaDB GTID flag: the group ends in XA PREPARE
+
+
+_MARIADB_GTID = re.compile(r"^\s*\d+-\d+-\d+\s*(?:,\s*\d+-\d+-\d+\s*)*$")
+_MYSQL_GTID = re.compile(r"^\s*[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}(?::\d+(?:-\d+)?)+\s*"
+                         r"(?:,\s*[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}(?::\d+(?:-\d+)?)+\s*)*$", re.I)
+
+
+def gtid_flavor(text: str) -> str | None:
+    """``"mariadb"`` for a ``domain-server-seq`` list, ``"mysql"`` for a ``uuid:interval`` set, else None."""
+    if _MARIADB_GTID.match(text):
+        return "mariadb"
+    if _MYSQL_GTID.match(text):
+        return "mysql"
+    return None
+
+
+class _GtidState:
+    """The GTID set executed up to a point of the binlog, in the server's flavour.
+
+    MariaDB: the last GTID of each replication domain (``0-1-42,1-2-7``); MySQL: a ``uuid:intervals``
+    set. `add` records a committed transaction's GTID.
+    """
+
+    def __init__(self, flavor: str, text: str) -> None:
+        self.flavor = flavor
+        self._domains: dict[int, str] = {}
+        self._set: GtidSet | None = None
+        if flavor == "mariadb":
+            for gtid in filter(None, (g.strip() for g in text.split(","))):
+                self._domains[int(gtid.split("-", 1)[0])] = gtid
+        else:
+            self._set = GtidSet(text.replace("\n", ""))
+        self.text = self._render()
+
+    def _render(self) -> str:
+        if self._set is not None:
+            return str(self._set)
+        return ",".join(self._domains[d] for d in sorted(self._domains))
+
+    def add(self, gtid: str) -> None:
+        if self._set is not None:
+            self._set = self._set + Gtid(gtid)
+        else:
+            self._domains[int(gtid.split("-", 1)[0])] = gtid
+        self.text = self._render()
+
+    def covers(self, other: "_GtidState") -> bool:
+        """Whether every transaction of `other` is in this set."""
+        if self._set is not None and other._set is not None:
+            return all(gtid in self._set for gtid in other._set.gtids)
+        mine = {d: int(g.rsplit("-", 1)[1]) for d, g in self._domains.items()}
+        return all(mine.get(d, -1) >= int(g.rsplit("-", 1)[1]) for d, g in other._domains.items())
+
+
+class _Assembler:
+    """Turns a stream of binlog events into transactions (runs on the reader thread).
+
+    Outside a transaction, events that only move the read position (rotation, checkpoints, GTID
+    lists, heartbeats) yield a position mark: a Transaction with no changes whose `end` is where
+    reading continues.
+
+    A transaction of more than `max_rows` row changes is handed on in pieces. A piece's `end` is
+    the transaction's start (where its first event begins, with the GTID set before it) with
+    `row` = the row changes handed on so far, and each change of such a transaction carries the
+    start with `row` = its 1-based ordinal. Reading again from such a position (a reconnect, or
+    `open` at an acknowledged piece end) re-reads the transaction and drops its first `skip`
+    row changes.
+    """
+
+    def __init__(self, start: Position, max_rows: int, gtids: _GtidState | None,
+                 prepared_rows: Callable[[XaKey, Position | None, Position], list[_Item]] | None = None,
+                 transactional: Callable[[str, str], bool] | None = None,
+                 selects: Callable[[str, str], bool] | None = None, tables_of: KnownTables | None = None
+                 ) -> None:
+        self.tables_of = tables_of if tables_of is not None else KnownTables()
+        self.kind_of: Callable[[str, str], TableKind] | None = None
+        self.sequences_seen: set[tuple[str, str]] = set()
+        self.kinds: dict[tuple[str, str], TableKind] = {}  # asked of the server once, until the next DDL
+        self.transactional = transactional
+        self.selects = selects  # whether the pipeline's table rules take schema.table (None: all)
+        self.handed_undoable = 0  # the last ordinal of a transactional row handed on after a savepoint
+        self.log_file = start.log
+        # XA PREPARE groups seen by this reader (where each starts), and how to read a prepared
+        # transaction's rows again when its XA COMMIT arrives.
+        self.prepared: dict[XaKey, Position] = {}
+        self.prepared_rows = prepared_rows
+        self.xa_pending = False  # the open group is an XA PREPARE group: its rows wait for XA COMMIT
+        self.tx_start: Position | None = None  # where the open transaction's first event begins
+        self.max_rows = max_rows
+        self.gtids = gtids
+        self.tables: dict[int, _TableInfo] = {}
+        self._infos: dict[int, tuple[Any, _TableInfo]] = {}
+        self.rows: list[tuple[int, _Item]] = []  # (ordinal in the transaction, item) not yet handed on
+        self.savepoints: dict[str, int] = {}  # savepoint name -> row changes read before it
+        self.nbytes = 0
+        self.in_tx = False
+        self.standalone = False
+        self.pending_gtid: str | None = None
+        self.handed_in_tx = start.row  # row changes of the open transaction already handed on in pieces
+        self.seen_in_tx = 0  # row changes of the open transaction read so far (skipped ones included)
+        self.skip = start.row
+        self.mark = start  # the last end handed on; a position mark must be past it
+        # After a GTID start the server skips to it from the start of a file: positions read
+        # before the first transaction are behind the start, so none is handed on as a mark.
+        self.positioned = bool(start.log)
+
+    def restart(self, at: Position) -> None:
+        """Forget the open transaction: reading restarts at `at`, the last end handed on (a piece's
+        end restarts at its transaction's start and skips the row changes it covers)."""
+        self.skip = self.handed_in_tx = at.row
+        if self.skip:
+            log.info("re-reading a transaction split across a reconnect from %s: skipping the %d changes "
+                     "already handed on", at, self.skip)
+        self.log_file = at.log
+        self.rows, self.nbytes, self.in_tx, self.standalone, self.pending_gtid = [], 0, False, False, None
+        self.tx_start, self.seen_in_tx, self.xa_pending = None, 0, False
+        self.savepoints, self.handed_undoable = {}, 0
+
+    def _position(self, log: str, offset: int) -> Position:
+        return Position(log, offset, self.gtids.text or None if self.gtids is not None else None)
+
+    def feed(self, event: Any) -> list[Transaction]:
+        if isinstance(event, _POSITION_EVENTS):
+            return self._moved(event)
+        self.nbytes += event.packet.event_size
+        if self.tx_start is None and isinstance(event, (MariadbGtidEvent, GtidEvent, QueryEvent)):
+            self.tx_start = self._position(self.log_file, event.packet.log_pos - event.packet.event_size)
+        if isinstance(event, MariadbGtidEvent):
+            self.xa_pending = bool(event.flags & _GTID_PREPARED_XA)
+            self.standalone = bool(event.flags & _GTID_STANDALONE)
+            self.in_tx = not self.standalone
+            self.pending_gtid = event.gtid
+            return []
+        if isinstance(event, GtidEvent):
+            self.pending_gtid = event.gtid
+            return []
+        if isinstance(event, TableMapEvent):
+            # A cached table map shares its Table object: decode our view of it once too.
+            known = self._infos.get(event.table_id)
+            if known is None or known[0] is not event.table_obj:
+                info = _TableInfo.from_table_map(event)
+                if self.kind_of is not None:
+                    kind = self.kinds.get((info.schema, info.table))
+                    if kind is None:
+                        kind = self.kinds[(info.schema, info.table)] = self.kind_of(info.schema, info.table)
+                    info = info.with_kind(kind)
+                known = self._infos[event.table_id] = (event.table_obj, info)
+            self.tables[event.table_id] = known[1]
+            return []
+        if isinstance(event, RowsEvent):
+            self._add_rows(event)
+            if len(self.rows) >= self.max_rows:
+                return self._pieces()
+            return []
+        if isinstance(event, XidEvent):
+            return [self._commit(event.packet.log_pos, event.timestamp)]
+        if isinstance(event, XAPrepareEvent):
+            return self._xa_prepared(event)
+        if isinstance(event, QueryEvent):
+            return self._query(event, event.packet.log_pos)
+        return []
+
+    def _moved(self, event: Any) -> list[Transaction]:
+        if isinstance(event, RotateEvent):
+            self.log_file = event.next_binlog
+            if event.timestamp:  # a real rotation: table ids may be reused in the next file
+                self.tables.clear()
+                self._infos.clear()
+            end = self._position(event.next_binlog, event.position)
+        elif isinstance(event, HeartbeatLogEvent):
+            log_file = event.ident.rstrip("\0")
+            if log_file != self.log_file or not event.packet.log_pos:
+                return []
+            end = self._position(log_file, event.packet.log_pos)
+        else:
+            if not event.packet.log_pos:
+                return []
+            end = self._position(self.log_file, event.packet.log_pos)
+        return self._moved_to(end)
+
+    def _moved_to(self, end: Position) -> list[Transaction]:
+        if not self.positioned or self.in_tx or self.rows or self.handed_in_tx or end <= self.mark:
+            return []
+        self.mark = end
+        return [Transaction((), end)]
+
+    def _append(self, item: _Item) -> None:
+        self.seen_in_tx += 1
+        if self.skip:
+            self.skip -= 1
+            self._handing_on([(self.seen_in_tx, item)])
+        else:
+            self.rows.append((self.seen_in_tx, item))
+
+    def _handing_on(self, rows: list[tuple[int, _Item]]) -> None:
+        """Note the transactional rows among `rows`, handed on (or skipped as handed on before): a
+        later ROLLBACK (TO SAVEPOINT) cannot take them back."""
+        for ordinal, (op, info, _, _) in rows:
+            if op is not None and ordinal > self.handed_undoable and self._is_transactional(info):
+                self.handed_undoable = ordinal
+
+    def _is_transactional(self, info: _TableInfo) -> bool:
+        if self.transactional is None:
+            return True
+        return self.transactional(info.schema, info.table)
+
+    def _savepoint(self, statement: str, offset: int) -> None:
+        """SAVEPOINT, ROLLBACK TO and RELEASE SAVEPOINT inside a transaction.
+
+        The server logs them only when the transaction also wrote a non-transactional table; the
+        rows a ROLLBACK TO undid are still in the binlog before it, so the transactional ones
+        after the savepoint are dropped here (the non-transactional ones were not undone).
+        """
+        match = _SAVEPOINT.match(statement)
+        if match is None:
+            return
+        name = _unquote(match["name"]).lower()
+        verb = match["verb"].upper()
+        if verb == "SAVEPOINT":
+            self.savepoints.pop(name, None)
+            self.savepoints[name] = self.seen_in_tx
+            return
+        mark = self.savepoints.get(name)
+        if mark is None:
+            raise SourceError(f"{statement.strip()} at {self.log_file}:{offset}: the savepoint is not in the "
+                              "binlog before it, so the rows it undid cannot be told apart")
+        # savepoints set after this one are gone (for RELEASE, this one too)
+        names = list(self.savepoints)
+        for later in names[names.index(name) + (1 if verb.startswith("ROLLBACK") else 0):]:
+            del self.savepoints[later]
+        if not verb.startswith("ROLLBACK"):
+            return
+        self._undo(mark, statement, offset)
+
+    def _undo(self, mark: int, statement: str, offset: int) -> None:
+        """Drop the transactional row changes read after the first `mark` (the server undid them)."""
+        if self.handed_undoable > mark:
+            raise SourceError(f"{statement.strip()} at {self.log_file}:{offset} undoes row changes of a "
+                              f"transaction too large to hold ({self.max_rows}+ rows) that were already "
+                              "handed on; raise source.max_rows_in_memory above its size")
+        kept = [(o, item) for o, item in self.rows
+                if o <= mark or item[0] is None or not self._is_transactional(item[1])]
+        if len(kept) < len(self.rows):
+            log.info("%s at %s:%d: dropping the %d row changes it undid", statement.strip(), self.log_file,
+                     offset, len(self.rows) - len(kept))
+        self.rows = kept
+
+    def _add_rows(self, event: RowsEvent) -> None:
+        info = self.tables.get(event.table_id)
+        if info is None:
+            raise SourceError(f"rows event for table id {event.table_id} ({event.schema}.{event.table}) "
+                              "without its table map")
+        if self.xa_pending:
+            return  # an XA PREPARE group: its rows are read again when its XA COMMIT arrives
+        if info.sequence:
+            if (info.schema, info.table) not in self.sequences_seen:
+                self.sequences_seen.add((info.schema, info.table))
+                log.info("%s.%s is a sequence: its state is not replicated (the values drawn from it arrive "
+                         "in the tables that use them)", info.schema, info.table)
+            return
+        for item in _row_items(event, info):
+            self._append(item)
+
+    def _xa_prepared(self, event: XAPrepareEvent) -> list[Transaction]:
+        """The end of a group: XA PREPARE (its rows wait for XA COMMIT), or XA COMMIT ONE PHASE."""
+        if event.one_phase:
+            return [self._commit(event.packet.log_pos, event.timestamp)]
+        key = (event.xid_format_id, bytes(event.xid_gtrid), bytes(event.xid_bqual))
+        offset = event.packet.log_pos
+        if self.handed_in_tx:  # MySQL marks an XA group only at its end
+            raise SourceError(f"XA PREPARE at {self.log_file}:{offset} of a transaction of which "
+                              f"{self.handed_in_tx} row changes were already handed on as committed; "
+                              "raise source.max_rows_in_memory above its size")
+        self.prepared[key] = self._start()
+        self.rows = []
+        self._close_tx(offset)
+        self.xa_pending = False
+        # Its end may be acknowledged: at XA COMMIT the prepared rows are found in the binlog again.
+        return self._moved_to(self._position(self.log_file, offset))
+
+    def _xa_finished(self, match: re.Match[str], offset: int, timestamp: float | None) -> list[Transaction]:
+        """XA COMMIT or XA ROLLBACK of a prepared transaction: its rows are applied now, or never."""
+        key = (int(match["format"]), bytes.fromhex(match["gtrid"]), bytes.fromhex(match["bqual"]))
+        start = self.prepared.pop(key, None)
+        if match["verb"].upper() == "ROLLBACK":
+            self._close_tx(offset)
+            return self._moved_to(self._position(self.log_file, offset))
+        if self.prepared_rows is None:
+            raise SourceError(f"XA COMMIT at {self.log_file}:{offset} of a prepared transaction this reader "
+                              "cannot read again")
+        for item in self.prepared_rows(key, start, self._start()):
+            self._append(item)
+        pieces = self._pieces() if len(self.rows) >= self.max_rows else []
+        return [*pieces, self._commit(offset, timestamp)]
+
+    def _changes(self, rows: list[tuple[int, _Item]], position: Position, commit_time: float | None,
+                 split: bool = False) -> tuple[Change, ...]:
+        """The changes of `rows`. Those of a split transaction each carry the transaction's start
+        with `row` = their 1-based ordinal among the row changes it logged, the others `position`."""
+        start = self._start() if split else position
+        return tuple(
+            DdlChange(*after, before, attrs.evolve(start, row=o) if split else position) if op is None
+            else RowChange(op, info.schema, info.table, info.primary_key, before, after,
+                           attrs.evolve(start, row=o) if split else position, commit_time)
+            for o, (op, info, before, after) in rows
+        )
+
+    def _statement_dml(self, statement: str, schema: str, offset: int) -> bool:
+        """Whether `statement` is a row change logged as a statement (a session with binlog_format
+        STATEMENT or MIXED) to a table the rules skip. setl has no row images for it, so for any
+        other table (or one it cannot determine) it stops."""
+        text = _LEADING_COMMENTS.sub("", statement, count=1)
+        if not _DML.match(text):
+            return False
+        target = dml_target(text, schema)
+        if target is not None and self.selects is not None and not self.selects(*target):
+            return True
+        where = f"{target[0]}.{target[1]}" if target is not None else "a table setl cannot determine"
+        raise SourceError(f"a row change to {where} at {self.log_file}:{offset} is logged as a statement "
+                          "(the session ran with binlog_format STATEMENT or MIXED), which setl cannot replicate "
+                          f"exactly: {' '.join(text.split())[:120]}",
+                          table=f"{target[0]}.{target[1]}" if target is not None else None)
+
+    def _start(self) -> Position:
+        if self.tx_start is None:
+            raise SourceError(f"a transaction too large to hold ({self.max_rows}+ row changes) at {self.log_file} "
+                              "has no start event (GTID or BEGIN) to resume it from")
+        return self.tx_start
+
+    def _pieces(self) -> list[Transaction]:
+        """Cut full pieces off a transaction too large to hold; each `end` is a checkpoint inside it."""
+        pieces = []
+        while len(self.rows) >= self.max_rows:
+            chunk, self.rows = self.rows[: self.max_rows], self.rows[self.max_rows:]
+            self._handing_on(chunk)
+            self.handed_in_tx = chunk[-1][0]
+            end = attrs.evolve(self._start(), row=self.handed_in_tx)
+            pieces.append(Transaction(self._changes(chunk, end, None, True), end, complete=False, nbytes=self.nbytes))
+            self.nbytes = 0
+        return pieces
+
+    def _close_tx(self, offset: int) -> None:
+        if self.skip:
+            raise SourceError(f"resumed inside a transaction at {self._start() if self.tx_start else self.log_file}"
+                              f" to skip {self.seen_in_tx + self.skip} row changes, but it ends at "
+                              f"{self.log_file}:{offset} after {self.seen_in_tx}: the position does not "
+                              "belong to this binlog")
+        if self.pending_gtid is not None and self.gtids is not None:
+            self.gtids.add(self.pending_gtid)
+        self.rows, self.nbytes, self.in_tx, self.standalone, self.pending_gtid = [], 0, False, False, None
+        self.handed_in_tx = self.skip = self.seen_in_tx = 0
+        self.tx_start = None
+        self.positioned = True
+
+    def _commit(self, offset: int, timestamp: float | None) -> Transaction:
+        rows, nbytes = self.rows, self.nbytes
+        split = bool(self.handed_in_tx)
+        start = self.tx_start
+        self._close_tx(offset)
+        end = self.mark = self._position(self.log_file, offset)
+        self.tx_start = start  # for the ordinals of a split transaction's last changes
+        changes = self._changes(rows, end, float(timestamp) if timestamp else None, split)
+        self.tx_start = None
+        return Transaction(changes, end, nbytes=nbytes)
+
+    def _query(self, event: QueryEvent, offset: int) -> list[Transaction]:
+        statement = event.query.strip()
+        verb = statement.rstrip(";").strip().upper()
+        if verb == "BEGIN":
+            self.in_tx = True
+            return []
+        if statement.upper().startswith("XA START"):  # MySQL logs the XA group's start as a query
+            self.in_tx = True
+            return []
+        xa_end = _XA_END.match(statement)
+        if xa_end:
+            return self._xa_finished(xa_end, offset, event.timestamp)
+        if verb == "COMMIT":  # non-transactional tables, or a server that sends BEGIN/COMMIT
+            return [self._commit(offset, event.timestamp)]
+        if verb == "ROLLBACK":
+            # Only a transaction that wrote a non-transactional table is logged this way: the
+            # server undid its transactional rows, not the others.
+            self._undo(0, statement, offset)
+            return [self._commit(offset, event.timestamp)]
+        if self.in_tx and not self.standalone and _IGNORED_IN_TX.match(statement):
+            self._savepoint(statement, offset)
+            return []
+        schema = event.schema.decode("utf-8", "replace") if isinstance(event.schema, bytes) else event.schema
+        if self._statement_dml(statement, schema or "", offset):  # on a table the rules skip
+            if self.in_tx and not self.standalone:
+                return []
+            self._close_tx(offset)
+            return self._moved_to(self._position(self.log_file, offset))
+        ddl_schema, table = ddl_target(statement, schema or "")
+        if self.in_tx and (self.rows or self.handed_in_tx):
+            # A statement logged inside a transaction: keep it ordered with the rows around it.
+            self._append((None, None, statement, (ddl_schema, table)))
+            return []
+        nbytes = self.nbytes
+        self._close_tx(offset)
+        end = self.mark = self._position(self.log_file, offset)
+        self.kinds.clear()
+        dropped = self.tables_of.track(statement, schema or "")
+        if dropped is not None and dropped[1]:
+            # DROP DATABASE: one DROP TABLE per table it held, each for the table rules to decide.
+            return [Transaction(tuple(DdlChange(dropped[0], name, f"DROP TABLE IF EXISTS {ddl.quote(dropped[0])}."
+                                                f"{ddl.quote(name)}", end) for name in dropped[1]), end,
+                                nbytes=nbytes)]
+        return [Transaction((DdlChange(ddl_schema, table, statement, end),), end, nbytes=nbytes)]
+
+
+class KnownTables:
+    """The tables of each schema, as of the binlog read so far: loaded from the server when the
+    reader opens, then kept up to date by CREATE, DROP and RENAME TABLE and DROP DATABASE."""
+
+    def __init__(self, tables: Iterable[tuple[str, str]] = ()) -> None:
+        self._schemas: dict[str, set[str]] = {}
+        for schema, table in tables:
+            self._schemas.setdefault(schema, set()).add(table)
+
+    def track(self, statement: str, default_schema: str) -> tuple[str, list[str]] | None:
+        """Note what `statement` does to the set; for DROP DATABASE, ``(schema, its tables)``."""
+        match = _DDL_DATABASE.match(_LEADING_COMMENTS.sub("", statement, count=1))
+        if match:
+            name = _unquote(match["name"])
+            if statement.lstrip().upper().startswith("DROP"):
+                return name, sorted(self._schemas.pop(name, ()))
+            return None
+        parsed = ddl.parse(statement)
+        refs = [(ref.schema or default_schema, ref.table) for ref in parsed.tables]
+        if parsed.kind == "create_table" and refs:
+            self._schemas.setdefault(refs[0][0], set()).add(refs[0][1])
+        elif parsed.kind == "drop_table":
+            for schema, table in refs:
+                self._schemas.get(schema, set()).discard(table)
+        elif parsed.kind == "rename_table":
+            for (old_schema, old), (new_schema, new) in zip(refs[::2], refs[1::2]):
+                self._schemas.get(old_schema, set()).discard(old)
+                self._schemas.setdefault(new_schema, set()).add(new)
+        return None

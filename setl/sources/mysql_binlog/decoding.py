@@ -1,0 +1,155 @@
+"""Row images as setl hands them on: a table map's names and key, value fixes, table kinds.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+from pymysqlreplication.constants import FIELD_TYPE, NONE_SOURCE
+from pymysqlreplication.row_event import (
+    DeleteRowsEvent,
+    RowsEvent,
+    TableMapEvent,
+    WriteRowsEvent,
+)
+
+from setl.model import InvalidDate, Op
+
+#: A prepared XA transaction's identity: (formatID, gtrid, bqual).
+XaKey = tuple[int, bytes, bytes]
+#: A row change (or a statement logged inside a transaction) as the assembler holds it.
+_Item = tuple[Any, Any, Any, Any]
+
+
+def _row_items(event: RowsEvent, info: "_TableInfo") -> list[_Item]:
+    """The row changes of one rows event, with setl's images (of a system-versioned table: its
+    current rows only)."""
+    items = _raw_row_items(event, info)
+    if info.period is None:
+        return items
+    return [current for current in map(info.current, items) if current is not None]
+
+
+def _raw_row_items(event: RowsEvent, info: "_TableInfo") -> list[_Item]:
+    if isinstance(event, WriteRowsEvent):
+        return [(Op.INSERT, info, None, info.image(row["values"], row["none_sources"])) for row in event.rows]
+    if isinstance(event, DeleteRowsEvent):
+        return [(Op.DELETE, info, info.image(row["values"], row["none_sources"]), None) for row in event.rows]
+    return [(Op.UPDATE, info, info.image(row["before_values"], row["before_none_sources"]),
+             info.image(row["after_values"], row["after_none_sources"])) for row in event.rows]
+
+
+#: The row end of a system-versioned table's current rows: TIMESTAMP's maximum, or the largest
+#: transaction id (WITH SYSTEM VERSIONING over BIGINT UNSIGNED trx ids).
+_TIMESTAMP_MAX = datetime.datetime(2038, 1, 19, 3, 14, 7)
+_TRX_ID_MAX = (1 << 64) - 1
+
+
+@attrs.frozen
+class TableKind:
+    """What information_schema says about a table the binlog's table map does not."""
+
+    sequence: bool = False
+    period: tuple[str, str] | None = None
+
+
+_PERIOD = re.compile(r"PERIOD\s+FOR\s+SYSTEM_TIME\s*\(\s*(`(?:[^`]|``)+`|\w+)\s*,\s*(`(?:[^`]|``)+`|\w+)\s*\)", re.I)
+
+#: A TIMESTAMP of 0 ('0000-00-00 00:00:00') decodes as the epoch, which a TIMESTAMP cannot hold.
+_ZERO_TIMESTAMP = datetime.datetime(1970, 1, 1)
+
+
+@attrs.frozen
+class _TableInfo:
+    """What a rows event needs from its table map: names, key, and per-column value fixes."""
+
+    schema: str
+    table: str
+    primary_key: tuple[str, ...]
+    sets: frozenset[str]
+    bits: frozenset[str]
+    years: frozenset[str]
+    binaries: frozenset[str]
+    binary_widths: Mapping[str, int]
+    timestamps: Mapping[str, int] = attrs.field(factory=dict)  # TIMESTAMP columns and their fsp
+    sequence: bool = False  # a SEQUENCE's state row: not handed on
+    period: tuple[str, str] | None = None  # a system-versioned table's (row start, row end) columns
+
+    def with_kind(self, kind: "TableKind") -> "_TableInfo":
+        if kind.period is None:
+            return attrs.evolve(self, sequence=kind.sequence)
+        key = tuple(c for c in self.primary_key if c not in kind.period)  # the server adds row end to it
+        return attrs.evolve(self, sequence=kind.sequence, period=kind.period, primary_key=key)
+
+    def current(self, item: _Item) -> _Item | None:
+        """A system-versioned table's row change as a change of its current rows, without the
+        period columns; None for a change to history rows only."""
+        assert self.period is not None
+        op, _, before, after = item
+        start, end = self.period
+
+        def live(image: Mapping[str, Any] | None) -> bool:
+            value = image.get(end) if image is not None else None
+            return (isinstance(value, datetime.datetime) and value >= _TIMESTAMP_MAX) or value == _TRX_ID_MAX
+
+        def strip(image: Mapping[str, Any] | None) -> dict[str, Any] | None:
+            return None if image is None else {k: v for k, v in image.items() if k not in (start, end)}
+
+        was, now = live(before), live(after)
+        if was and now:
+            return (op, self, strip(before), strip(after))
+        if was:
+            return (Op.DELETE, self, strip(before), None)
+        if now:
+            return (Op.INSERT, self, None, strip(after))
+        return None
+
+    @classmethod
+    def from_table_map(cls, event: TableMapEvent) -> "_TableInfo":
+        columns = event.columns
+        meta = event.optional_metadata
+        indexes = list(meta.simple_primary_key_list) or list(meta.primary_keys_with_prefix)
+        if indexes:
+            key = tuple(columns[i].name for i in indexes)
+        else:
+            pk = event.get_table().primary_key
+            key = tuple(pk) if isinstance(pk, tuple) else ((pk,) if pk else ())
+        return cls(
+            event.schema, event.table, key,
+            frozenset(c.name for c in columns if c.type == FIELD_TYPE.SET),
+            frozenset(c.name for c in columns if c.type == FIELD_TYPE.BIT),
+            frozenset(c.name for c in columns if c.type == FIELD_TYPE.YEAR),
+            frozenset(c.name for c in columns if c.character_set_name == "binary"),
+            # BINARY(n) arrives with its trailing zero bytes stripped
+            {c.name: c.max_length for c in columns
+             if c.type == FIELD_TYPE.STRING and c.character_set_name == "binary"},
+            {c.name: getattr(c, "fsp", 0) or 0 for c in columns
+             if c.type in (FIELD_TYPE.TIMESTAMP, FIELD_TYPE.TIMESTAMP2)},
+        )
+
+    def image(self, values: dict[str, Any], none_sources: Mapping[str, str]) -> dict[str, Any]:
+        """The row as setl hands it on: the library's values, with its lossy spots undone."""
+        for name in self.sets:
+            if values.get(name) is None and none_sources.get(name) == NONE_SOURCE.EMPTY_SET:
+                values[name] = set()
+        for name in self.bits:
+            if values.get(name) is not None:
+                values[name] = int(values[name], 2)
+        for name in self.years:
+            if values.get(name) == 1900:  # YEAR 0000 decodes as 1900, which YEAR cannot hold
+                values[name] = 0
+        for name in self.binaries:
+            if values.get(name) == "":  # an empty value skips the (failing) decode and stays str
+                values[name] = b""
+        for name, fsp in self.timestamps.items():
+            if values.get(name) == _ZERO_TIMESTAMP:
+                values[name] = InvalidDate("0000-00-00 00:00:00" + ("." + "0" * fsp if fsp else ""))
+        for name, width in self.binary_widths.items():
+            value = values.get(name)
+            if isinstance(value, bytes) and len(value) < width:
+                values[name] = value.ljust(width, b"\0")
+        return values
