@@ -30,7 +30,7 @@ from setl.errors import (
 )
 from setl.meta.base import MetaStore, Status
 from setl.model import Ack, Batch, Change, DdlChange, Position
-from setl.retry import Backoff
+from setl.retry import Backoff, record_retrying
 from setl.runtime import (
     BatchLatch,
     Progress,
@@ -897,19 +897,16 @@ class Scheduler:
             self._cond.notify_all()
         self._wake("select", "load")
         self.listener.on_rollback(failed_id, epoch, error, attempt)
-        permanent = not getattr(error, "retryable", True)
-        if attempt >= self.backoff.max_attempts or permanent:
+        verdict = self.backoff.decide(error, attempt)  # setl/retry.py: transient, permanent or other
+        if verdict.pause:
             self.error = error
-            message = (f"paused, retrying cannot help: {error}" if permanent
-                       else f"paused after {attempt} failed attempts: {error}")
-            log.error("pipeline=%s stage=termin batch=%d %s", self.name, failed_id, message)
+            log.error("pipeline=%s stage=termin batch=%d %s", self.name, failed_id, verdict.message)
             self.meta.set_state(self.name, Status.PAUSED, error=str(error), node=self.node_id)
             self._finish(Outcome.PAUSED)
             return Progress.PROGRESS
-        log.warning(
-            "pipeline=%s stage=termin batch=%d rolled back (attempt %d of %d, retry in %.1fs): %s",
-            self.name, failed_id, attempt, self.backoff.max_attempts, delay, error,
-        )
+        record_retrying(self.meta, self.name, error, verdict.since, self.node_id)
+        log.warning("pipeline=%s stage=termin batch=%d rolled back (%s, retry in %.1fs): %s",
+                    self.name, failed_id, verdict.message, delay, error)
         return Progress.PROGRESS
 
     def _retire(self, slot: _Slot) -> None:
