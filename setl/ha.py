@@ -182,6 +182,7 @@ class Coordinator:
         self._leases: dict[str, Lease] = {}  # the leases the meta store fences writes with
         self._taken: weakref.WeakSet[Lease] = weakref.WeakSet()  # every live lease: lost with the session
         self._kept: dict[str, bytes] = {}
+        self._keep_lock = threading.Lock()  # the keeper's check-and-create vs unkeep's remove-and-delete
         self._keeper: threading.Thread | None = None
 
     # -- lifecycle
@@ -289,14 +290,18 @@ class Coordinator:
         self._new_session.set()
 
     def unkeep(self, path: str) -> None:
-        with self._lock:
-            self._kept.pop(path, None)
-        try:
-            node = self.get(path)
-            if node is not None and node.owner == self._session_id:
-                self.delete(path, node.version)
-        except MetaStoreError:  # it goes with the session anyway
-            log.debug("ha: could not delete %s", path, exc_info=True)
+        """Stop holding `path` and delete it. Serialised with the keeper's re-registration
+        (`_keep_lock`): a keeper that read `path` among the kept ones before this call must not
+        create it again after it (a new holder would be listed among its own standbys)."""
+        with self._keep_lock:
+            with self._lock:
+                self._kept.pop(path, None)
+            try:
+                node = self.get(path)
+                if node is not None and node.owner == self._session_id:
+                    self.delete(path, node.version)
+            except MetaStoreError:  # it goes with the session anyway
+                log.debug("ha: could not delete %s", path, exc_info=True)
 
     def _keep_loop(self) -> None:
         while not self._closing.is_set():
@@ -308,7 +313,11 @@ class Coordinator:
                 kept = dict(self._kept)
             for path, data in kept.items():
                 try:
-                    self.claim(path, data)
+                    with self._keep_lock:
+                        with self._lock:
+                            if path not in self._kept:
+                                continue  # unkept since the snapshot: do not bring it back
+                        self.claim(path, data)
                 except MetaStoreError as exc:
                     log.warning("ha: cannot register %s: %s", path, exc)
                     self._closing.wait(0.5)

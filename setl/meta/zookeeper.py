@@ -346,7 +346,8 @@ class ZooKeeperMetaStore(MetaStore):
         """The node holding the pipeline's mainstem (or None) and the nodes standing by."""
         base = self._base(pipeline)
         holder = self._read(f"{base}/mainstem").get("node")
-        return holder, self.coordinator.children(f"{base}/standbys")
+        # The holder is never its own standby, even in the moment before its registration is gone.
+        return holder, [name for name in self.coordinator.children(f"{base}/standbys") if name != holder]
 
     def request_switch(self, pipeline: str, to: str | None = None) -> str:
         """Ask the holder to hand the pipeline over (to `to`, or any standby); returns the holder."""

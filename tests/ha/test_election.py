@@ -255,3 +255,33 @@ def test_switch_without_a_standby_is_a_one_line_error(tmp_path, zookeeper_server
                                        "nothing to switch to")
         status = cli("status")
         assert status.returncode == 0 and "holder" in status.stdout and "node-a" in status.stdout
+
+
+def test_a_standby_registration_unkept_while_the_keeper_reregisters_it_stays_gone(zookeeper_server, monkeypatch):
+    """After a new session the keeper re-creates the standby node from a snapshot; a holder that
+    takes the mainstem meanwhile (unkeep) is not listed among its own standbys (the ZooKeeper outage bug)."""
+    with stores(zookeeper_server.hosts, 1) as (store,):
+        co = store.coordinator
+        path = "/pipelines/p/standbys/a"
+        co.ensure("/pipelines/p/standbys")
+        in_claim, go_on = threading.Event(), threading.Event()
+        claim = co.claim
+
+        def slow_claim(claimed: str, data: bytes, **kw) -> None:
+            if claimed == path:
+                in_claim.set()
+                go_on.wait(10)
+            claim(claimed, data, **kw)
+
+        monkeypatch.setattr(co, "claim", slow_claim)
+        co.keep(path, b"{}")  # wakes the keeper, which snapshots the kept paths and claims this one
+        assert in_claim.wait(10), "the keeper did not re-register"
+        unkept = threading.Thread(target=co.unkeep, args=(path,))
+        unkept.start()
+        time.sleep(0.2)  # unkeep runs while the keeper is between its snapshot and its create
+        go_on.set()
+        unkept.join(10)
+        assert not unkept.is_alive()
+        time.sleep(0.3)
+        assert co.get(path) is None
+        assert store.members("p") == (None, [])
