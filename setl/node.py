@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -22,6 +23,9 @@ from setl.retry import Backoff, Failure, record_retrying
 from setl.runtime import SerialExecutorService, TaskExecutionService
 from setl.scheduler import BatchCap, Listener, Outcome, Scheduler, supports_per_table
 from setl.stages import Extract, Load, Select, TableExtract, Transform
+
+if TYPE_CHECKING:
+    from setl.ha import Elections, Lease
 
 log = logging.getLogger("setl.node")
 
@@ -252,7 +256,7 @@ class Node:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._running: dict[str, Scheduler] = {}
-        self.elections = None  # setl.ha.Elections when the meta store is ZooKeeper
+        self.elections: Elections | None = None  # when the meta store is ZooKeeper
         self.tasks: TaskExecutionService | None = None
         self.serial: SerialExecutorService | None = None
         self.batch_cap: BatchCap | None = None
@@ -335,21 +339,48 @@ class Node:
                 thread.join(timeout=self.poll_interval / max(1, len(threads)))
 
     def _supervise(self, run: _Supervised, until_caught_up: bool) -> None:
+        """HA: stand by in the pipeline's election; while this node holds it, `_lead` runs it."""
+        assert self.elections is not None
+        name = run.config.name
         while not run.done:
             try:
-                scheduler = self._next_scheduler(run, until_caught_up)
-                if scheduler is None:
+                if self._stop.is_set():
+                    self._close(run)
+                    return
+                if self._held_by_pause(run, until_caught_up):  # a paused pipeline does not contend
                     if not run.done:
                         self._stop.wait(self.poll_interval)
                     continue
-                outcome = self.elections.run(scheduler, stop=self._stop, until_caught_up=until_caught_up)
-                self._ended(run, outcome, until_caught_up)
+                self.elections.run(name, lambda lease: self._lead(run, lease, until_caught_up), stop=self._stop)
             except BaseException as exc:
                 delay = self._retry_start(run, exc)
                 if delay is None:
                     self._failed(run, exc)
                     return
                 self._stop.wait(delay)
+
+    def _lead(self, run: _Supervised, lease: Lease, until_caught_up: bool) -> Outcome:
+        """The leadership of one pipeline (HA): a Scheduler on fenced stages, run to its end.
+
+        Called by `Elections.run` while this node holds the pipeline's mainstem. An operator's
+        switch stops the scheduler; a lost lease ends it as LOST.
+        """
+        from setl.errors import LeadershipLost
+
+        scheduler = self._next_scheduler(run, until_caught_up, lease=lease)
+        if scheduler is None:
+            return Outcome.STOPPED
+        lease.on_switch(scheduler.stop)
+        try:
+            outcome = scheduler.run(until_caught_up=until_caught_up)
+        except LeadershipLost as exc:
+            scheduler.error, outcome = exc, Outcome.LOST
+        if lease.lost and outcome is not Outcome.LOST:
+            outcome = Outcome.LOST
+        if outcome is Outcome.LOST:
+            lease.lose(str(scheduler.error or "leadership lost"))
+        self._ended(run, outcome, until_caught_up)
+        return outcome
 
     def _retry_start(self, run: _Supervised, exc: BaseException) -> float | None:
         """After a failed start: the seconds to wait before the next try, or None to give up.
@@ -384,8 +415,12 @@ class Node:
         except Exception as error:
             log.error("pipeline=%s cannot record the failed start: %s", name, error)
 
-    def _next_scheduler(self, run: _Supervised, until_caught_up: bool) -> Scheduler | None:
-        """The pipeline's next scheduler, registered for `stop()`; None while paused or when it has ended."""
+    def _next_scheduler(self, run: _Supervised, until_caught_up: bool, *,
+                        lease: Lease | None = None) -> Scheduler | None:
+        """The pipeline's next scheduler, registered for `stop()`; None while paused or when it has ended.
+
+        Under HA `lease` is this node's hold on the pipeline: the scheduler gets fenced stages.
+        """
         name = run.config.name
         if self._stop.is_set():
             self._close(run)
@@ -393,23 +428,17 @@ class Node:
         if not run.opened:
             run.stages.load.open()
             run.opened = True
-        state = self.meta.state(name)
-        if state.status is Status.PAUSED:
-            reason = f": {state.error}" if state.error else " by an operator"
-            if until_caught_up:
-                run.result.outcome = Outcome.PAUSED
-                run.result.error = SetlError(f"pipeline is paused{reason}; run `setl resume --pipeline {name}`",
-                                             pipeline=name)
-                self._close(run)
-            elif not run.announced:
-                log.warning("pipeline=%s is paused%s; waiting for `setl resume --pipeline %s`", name, reason, name)
-                run.announced = True
+        if self._held_by_pause(run, until_caught_up):
             return None
-        run.announced = False
         self._pin_latest_start(run)
         stages = run.stages
-        scheduler = Scheduler(name, run.config.pipeline, stages.select, stages.extract, stages.transform,
-                              stages.load, self.meta, node_id=self.settings.node.id,
+        select, load = stages.select, stages.load
+        if lease is not None:
+            from setl.ha import fence
+
+            select, load = fence(lease, select, load)
+        scheduler = Scheduler(name, run.config.pipeline, select, stages.extract, stages.transform, load, self.meta,
+                              node_id=self.settings.node.id,
                               listener=RetryingState(name, self.meta, self.settings.node.id, ProgressLog(name)),
                               tasks=self.tasks, serial=self.serial, batch_cap=self.batch_cap)
         with self._lock:
@@ -419,6 +448,24 @@ class Node:
             return None
         run.scheduler = scheduler
         return scheduler
+
+    def _held_by_pause(self, run: _Supervised, until_caught_up: bool) -> bool:
+        """Whether the pipeline is paused (announced once); with `until_caught_up` that ends it."""
+        name = run.config.name
+        state = self.meta.state(name)
+        if state.status is not Status.PAUSED:
+            run.announced = False
+            return False
+        reason = f": {state.error}" if state.error else " by an operator"
+        if until_caught_up:
+            run.result.outcome = Outcome.PAUSED
+            run.result.error = SetlError(f"pipeline is paused{reason}; run `setl resume --pipeline {name}`",
+                                         pipeline=name)
+            self._close(run)
+        elif not run.announced:
+            log.warning("pipeline=%s is paused%s; waiting for `setl resume --pipeline %s`", name, reason, name)
+            run.announced = True
+        return True
 
     def _pin_latest_start(self, run: _Supervised) -> None:
         """`start: latest` is the source's head at the pipeline's first start, resolved once.

@@ -13,7 +13,7 @@ import yaml
 
 from setl.config import BatchSettings, LoadSettings, PipelineSettings
 from setl.errors import LeadershipLost
-from setl.ha import Elections, FencedLoad, FencedSelect, Mainstem
+from setl.ha import Elections, FencedLoad, FencedSelect, Mainstem, fence
 from setl.model import Batch, Position
 from setl.scheduler import Outcome, Scheduler
 from setl.stages import Extract, Load, Transform
@@ -159,12 +159,22 @@ def test_elections_run_hands_a_pipeline_over_without_losing_or_reordering(zookee
 
         def node(store, name: str, slow: float) -> None:
             elections = Elections(store.coordinator, name, standby_delay=0)
-            while not stop.is_set():
-                scheduler = Scheduler("p", settings, source, Extract(), Transform(), SlowLoad(sink, slow), store,
-                                      node_id=name)
+
+            def lead(lease) -> Outcome:  # the leadership: fenced stages and a scheduler on them
+                select, load = fence(lease, source, SlowLoad(sink, slow))
+                scheduler = Scheduler("p", settings, select, Extract(), Transform(), load, store, node_id=name)
                 running[name] = scheduler
-                outcome = elections.run(scheduler, stop=stop, until_caught_up=False)
-                outcomes[name].append(outcome)
+                lease.on_switch(scheduler.stop)
+                try:
+                    outcome = scheduler.run()
+                except LeadershipLost:
+                    outcome = Outcome.LOST
+                return Outcome.LOST if lease.lost else outcome
+
+            while not stop.is_set():
+                outcome = elections.run("p", lead, stop=stop)
+                if outcome is not None:
+                    outcomes[name].append(outcome)
 
         threads = [threading.Thread(target=node, args=(a, "a", 0.01), name="test-node-a")]
         threads[0].start()
