@@ -24,6 +24,7 @@ from setl.errors import SetlError, UsageError
 from setl.meta import open_meta_store
 from setl.meta.base import MetaStore, Status
 from setl.model import Position
+from setl.retry import Failure, classify
 from setl.scheduler import Outcome
 
 log = logging.getLogger("setl")
@@ -155,7 +156,8 @@ def cmd_start(args: argparse.Namespace, conf: Path) -> int:
     code = 0
     for result in results:
         if result.outcome is Outcome.PAUSED and result.error is not None and "setl resume" not in str(result.error):
-            print(f"setl: error: pipeline {result.name} paused, retries exhausted: {result.error}; "
+            why = "retrying cannot help" if classify(result.error) is Failure.PERMANENT else "retries exhausted"
+            print(f"setl: error: pipeline {result.name} paused, {why}: {result.error}; "
                   f"fix the cause, then `setl resume --pipeline {result.name}`", file=sys.stderr)
             code = max(code, 1)
         elif result.error is not None:

@@ -351,7 +351,10 @@ class Node:
                     if not run.done:
                         self._stop.wait(self.poll_interval)
                     continue
-                self.elections.run(name, lambda lease: self._lead(run, lease, until_caught_up), stop=self._stop)
+                outcome = self.elections.run(name, lambda lease: self._lead(run, lease, until_caught_up),
+                                             stop=self._stop)
+                if outcome is None:  # stopped while standing by: a leadership lost earlier is no error
+                    run.result.outcome, run.result.error = Outcome.STOPPED, None
             except BaseException as exc:
                 delay = self._retry_start(run, exc)
                 if delay is None:

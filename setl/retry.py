@@ -28,7 +28,7 @@ import attrs
 import tenacity
 
 from setl.config import RetrySettings
-from setl.errors import ConfigError, PluginError, SetlError, TransientLoadError
+from setl.errors import ConfigError, PluginError, PositionPurged, SetlError, TransientLoadError
 
 T = TypeVar("T")
 
@@ -66,8 +66,8 @@ PERMANENT_SQLSTATES = ("28", "3D", "42")
 #: so this module imports no driver): kazoo's, and a driver's use of a closed connection.
 TRANSIENT_NAMES = frozenset({"ConnectionLoss", "ConnectionClosedError", "SessionExpiredError",
                              "KazooTimeoutError", "InterfaceError"})
-#: Errors that come out the same on every attempt: bad config or plugin.
-DETERMINISTIC = (ConfigError, PluginError)
+#: Errors that come out the same on every attempt: bad config or plugin, a purged binlog position.
+DETERMINISTIC = (ConfigError, PluginError, PositionPurged)
 #: Names of Spark's exceptions for a transform that cannot run (a bad expression, column or type).
 PERMANENT_NAMES = frozenset({"AnalysisException", "ParseException", "IllegalArgumentException"})
 
@@ -196,6 +196,8 @@ def record_retrying(meta, pipeline: str, error: BaseException, since: float, nod
     from setl.meta.base import Status
 
     try:
+        if meta.state(pipeline).status is Status.PAUSED:
+            return  # an operator's pause, written meanwhile, stands
         meta.set_state(pipeline, Status.RUNNING, error=str(error), node=node, retrying_since=since)
     except Exception as exc:
         log.warning("pipeline=%s cannot record that it is retrying: %s", pipeline, exc)

@@ -155,6 +155,26 @@ def test_start_while_the_target_is_down_catches_up_once_it_is_back(tmp_path, mar
     assert rows(target, "outage_start") == rows(mariadb_source, "outage_start")
 
 
+def test_start_while_the_source_is_down_catches_up_once_it_is_back(tmp_path, mariadb_factory, mariadb_target):
+    """`setl start --until-caught-up` with the source down retries opening it and catches up when it is back."""
+    source = mariadb_factory(server_id=44)
+    make_tables(source, mariadb_target, "outage_src_start")
+    setl = pipeline(tmp_path, source, mariadb_target, "outage_src_start")
+    with contextlib.closing(source.connect()) as conn, conn.cursor() as cur:
+        cur.executemany("INSERT INTO outage_src_start.items VALUES (%s, %s)", [(i, i) for i in range(100)])
+    source.stop()
+    with spawned(setl, "start", "--pipeline", setl.name, "--until-caught-up") as proc:
+        try:
+            wait_until(lambda: setl.meta_path.exists() and setl.status()["retrying"] is not None, timeout=30,
+                       message="status to say retrying")
+            time.sleep(5)
+            assert proc.poll() is None, setl.logs()[-3000:]
+        finally:
+            source.start()
+        assert proc.wait(120) == 0, setl.logs()[-3000:]
+    assert rows(mariadb_target, "outage_src_start") == rows(source, "outage_src_start")
+
+
 @pytest.mark.parametrize("side", ["source", "target"])
 def test_bad_credentials_stop_at_once_with_one_line_and_status_keeps_the_error(
         tmp_path, side, mariadb_source, mariadb_target):

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pymysql
 import pytest
 
-from setl.errors import ConfigError, LoadError, RefusedLoadError, SourceError, TransientLoadError
-from setl.retry import Backoff, Failure, classify
+from setl.errors import ConfigError, LoadError, PositionPurged, RefusedLoadError, SourceError, TransientLoadError
+from setl.meta import SqliteMetaStore, Status
+from setl.retry import Backoff, Failure, classify, record_retrying
 
 
 def caused(outer: Exception, cause: BaseException) -> Exception:
@@ -23,6 +24,7 @@ def caused(outer: Exception, cause: BaseException) -> Exception:
     (caused(SourceError("cannot connect"), pymysql.err.OperationalError(1045, "Access denied")), Failure.PERMANENT),
     (caused(LoadError("apply failed"), pymysql.err.ProgrammingError(1146, "Table doesn't exist")), Failure.PERMANENT),
     (RefusedLoadError("DDL refused"), Failure.PERMANENT),
+    (caused(PositionPurged("binlog purged"), pymysql.err.OperationalError(1236, "purged")), Failure.PERMANENT),
     (ConfigError("bad key"), Failure.PERMANENT),
     (caused(LoadError("apply failed"), pymysql.err.DataError(1406, "Data too long")), Failure.OTHER),
     (RuntimeError("a plugin's bug"), Failure.OTHER),
@@ -59,3 +61,13 @@ def test_delay_is_capped_however_many_attempts():
     backoff = Backoff(initial=0.2, maximum=30.0, max_attempts=1)
     assert backoff.delay(1) == pytest.approx(0.2)
     assert backoff.delay(10_000) == 30.0
+
+
+def test_record_retrying_leaves_an_operators_pause_alone(tmp_path):
+    """The retrying mark is written on a running pipeline, never over a pause written meanwhile."""
+    meta = SqliteMetaStore(tmp_path / "m.db")
+    record_retrying(meta, "p", TransientLoadError("target away"), 5.0, "n1")
+    assert meta.state("p").retrying and meta.state("p").error == "target away"
+    meta.set_state("p", Status.PAUSED)
+    record_retrying(meta, "p", TransientLoadError("target away"), 5.0, "n1")
+    assert meta.state("p").status is Status.PAUSED and not meta.state("p").retrying
