@@ -355,6 +355,8 @@ class Scheduler:
             self._close_private()
             error = self._wrap(exc, "select", None)
             self._record_failed_start(error)
+            if error is exc:  # `raise exc from exc` would replace its cause (setl.retry reads it) with itself
+                raise
             raise error from exc
         if start is None:
             start = self._acked = self.select.tell()
