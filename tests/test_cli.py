@@ -312,7 +312,8 @@ def test_a_start_that_cannot_open_its_source_is_stopped_with_the_error_in_status
 
 # --- commands that do what they say, on real MariaDB servers (issue 13.7) --------------------------
 
-def _mariadb_pipeline(tmp_path, source, target, database: str, start) -> "SetlProcess":
+def _mariadb_pipeline(tmp_path, source, target, database: str, start):
+    """A SetlProcess copying `database`.items from `source` to `target` (both created here), from `start`."""
     from tests.e2e.setl_process import SetlProcess, mysql_source, mysql_target
 
     for server in (source, target):
