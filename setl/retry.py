@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import re
 import threading
 import time
 import types
@@ -62,6 +63,11 @@ PERMANENT_MYSQL_CODES = frozenset({
 TRANSIENT_SQLSTATES = ("08", "40001", "40P01", "55P03", "57P01", "57P02", "57P03", "53300")
 #: PostgreSQL SQLSTATEs (prefixes) retrying cannot fix: authorization, syntax or undefined object.
 PERMANENT_SQLSTATES = ("28", "3D", "42")
+#: What PostgreSQL's server says, at connect time, of a failure retrying cannot fix: psycopg
+#: reports these as OperationalError without a SQLSTATE, like a refused connection.
+PERMANENT_CONNECT_MESSAGES = re.compile(
+    r"password authentication failed|role \S+ does not exist|database \S+ does not exist"
+    r"|no pg_hba\.conf entry|permission denied for database|must be superuser")
 #: Names of driver and ZooKeeper exceptions that mean "the connection is gone" (matched by name,
 #: so this module imports no driver): kazoo's, and a driver's use of a closed connection.
 TRANSIENT_NAMES = frozenset({"ConnectionLoss", "ConnectionClosedError", "SessionExpiredError",
@@ -102,7 +108,8 @@ def classify(error: BaseException) -> Failure:
             return Failure.PERMANENT
         state = getattr(exc, "sqlstate", None) or ""
         if (_mysql_code(exc) in PERMANENT_MYSQL_CODES or (state and state.startswith(PERMANENT_SQLSTATES))
-                or type(exc).__name__ in PERMANENT_NAMES):
+                or type(exc).__name__ in PERMANENT_NAMES
+                or (type(exc).__name__ == "OperationalError" and PERMANENT_CONNECT_MESSAGES.search(str(exc)))):
             return Failure.PERMANENT
     for exc in chain:
         state = getattr(exc, "sqlstate", None) or ""

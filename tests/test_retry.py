@@ -71,3 +71,17 @@ def test_record_retrying_leaves_an_operators_pause_alone(tmp_path):
     meta.set_state("p", Status.PAUSED)
     record_retrying(meta, "p", TransientLoadError("target away"), 5.0, "n1")
     assert meta.state("p").status is Status.PAUSED and not meta.state("p").retrying
+
+
+def test_postgresql_connect_failures_are_told_apart_by_the_servers_words(postgres_server):
+    """psycopg gives no SQLSTATE at connect time: an unknown role or database is permanent, a refused connection transient."""
+    import psycopg
+
+    def failure(**overrides) -> Failure:
+        with pytest.raises(psycopg.OperationalError) as caught:
+            psycopg.connect(**{**postgres_server.connect_args(), "connect_timeout": 5, **overrides})
+        return classify(caught.value)
+
+    assert failure(user="nobody") is Failure.PERMANENT
+    assert failure(dbname="no_such_db") is Failure.PERMANENT
+    assert failure(port=1) is Failure.TRANSIENT
