@@ -295,3 +295,31 @@ def test_a_standby_registration_unkept_while_the_keeper_reregisters_it_stays_gon
         time.sleep(0.3)
         assert co.get(path) is None
         assert store.members("p") == (None, [])
+
+
+def test_elections_run_calls_the_leadership_with_the_lease_and_releases_after_it(zookeeper_server):
+    """`Elections.run(pipeline, func)` returns func(lease)'s value and then frees the mainstem (another
+    node takes it at once); a node stopped while standing by gets None and never calls func."""
+    with stores(zookeeper_server.hosts, 2) as (a, b):
+        first, second = Elections(a.coordinator, "a", standby_delay=0), Elections(b.coordinator, "b", standby_delay=0)
+        seen = []
+
+        def leadership(lease) -> str:
+            seen.append((lease.node_id, a.members("p")[0]))
+            return "done"
+
+        assert first.run("p", leadership, stop=threading.Event()) == "done"
+        assert seen == [("a", "a")] and a.members("p") == (None, [])
+        held, stop_a = threading.Event(), threading.Event()
+        result: list = []
+        holder = threading.Thread(target=lambda: second.run("p", lambda lease: held.set() or stop_a.wait(10),
+                                                            stop=threading.Event()))
+        holder.start()
+        assert held.wait(10), "b did not take the released mainstem at once"
+        standby = threading.Thread(target=lambda: result.append(first.run("p", leadership, stop=stop_a)))
+        standby.start()
+        wait_until(lambda: b.members("p") == ("b", ["a"]), timeout=10, message="a standing by")
+        stop_a.set()
+        standby.join(10)
+        holder.join(10)
+        assert result == [None] and seen == [("a", "a")]
