@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ from setl.errors import SetlError, UsageError
 from setl.meta import open_meta_store
 from setl.meta.base import MetaStore, Status
 from setl.model import Position
+from setl.retry import Failure, classify
 from setl.scheduler import Outcome
 
 log = logging.getLogger("setl")
@@ -82,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(args.debug)
     try:
         conf = args.conf or default_conf_dir()
+        if not Path(conf).is_dir() and args.command != "plugins":
+            raise UsageError(f"configuration directory {conf} does not exist (give --conf DIR or set $SETL_CONF)")
         handler = {
             "start": cmd_start, "status": cmd_status, "pause": cmd_pause, "resume": cmd_resume,
             "position": cmd_position, "plugins": cmd_plugins, "switch": cmd_switch,
@@ -129,7 +133,7 @@ def cmd_start(args: argparse.Namespace, conf: Path) -> int:
     if not names:
         raise UsageError("give --pipeline NAME (repeatable) or --all")
     configs = [load_pipeline(conf, name) for name in names]
-    meta = open_meta_store(settings)
+    meta = _open_meta_retrying(settings, configs)
     node = Node(settings, configs, meta)
     tune_gc(settings.runtime)  # once everything is loaded and validated
 
@@ -142,6 +146,7 @@ def cmd_start(args: argparse.Namespace, conf: Path) -> int:
         node.stop()
 
     node_stopping = [False]
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack on stderr
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
@@ -151,7 +156,8 @@ def cmd_start(args: argparse.Namespace, conf: Path) -> int:
     code = 0
     for result in results:
         if result.outcome is Outcome.PAUSED and result.error is not None and "setl resume" not in str(result.error):
-            print(f"setl: error: pipeline {result.name} paused, retries exhausted: {result.error}; "
+            why = "retrying cannot help" if classify(result.error) is Failure.PERMANENT else "retries exhausted"
+            print(f"setl: error: pipeline {result.name} paused, {why}: {result.error}; "
                   f"fix the cause, then `setl resume --pipeline {result.name}`", file=sys.stderr)
             code = max(code, 1)
         elif result.error is not None:
@@ -165,8 +171,26 @@ def cmd_start(args: argparse.Namespace, conf: Path) -> int:
     return code
 
 
+def _open_meta_retrying(settings: NodeSettings, configs: list) -> MetaStore:
+    """The node's meta store; a transient failure (ZooKeeper away) is retried as the pipelines' retry says."""
+    from setl.retry import Backoff, retry_transient
+
+    retry = max((c.pipeline.retry for c in configs), key=lambda r: r.max_elapsed_ms)
+
+    def waiting(error: BaseException, verdict: Any, delay: float) -> None:
+        log.warning("cannot open the meta store, %s, next try in %.1fs: %s", verdict.message, delay, error)
+
+    return retry_transient(lambda: open_meta_store(settings), Backoff.from_settings(retry), on_retry=waiting)
+
+
 def _status_rows(conf: Path, names: list[str]) -> list[dict[str, Any]]:
-    meta = open_meta_store(load_node(conf))
+    settings = load_node(conf)
+    if settings.meta.store == "sqlite" and not settings.resolve(settings.meta.path).exists():
+        # Nothing ran here yet: report the configured pipelines without creating a meta store.
+        return [{"pipeline": name, "status": Status.STOPPED.value, "position": None, "batch": None,
+                 "acked_at": None, "epoch": 0, "node": None, "error": None, "retrying": None,
+                 "retrying_since": None} for name in names or pipeline_names(conf)]
+    meta = open_meta_store(settings)
     try:
         known = names or sorted(set(pipeline_names(conf)) | set(meta.pipelines()))
         rows = []
@@ -183,7 +207,9 @@ def _status_rows(conf: Path, names: list[str]) -> list[dict[str, Any]]:
                 "acked_at": ack.time if ack else None,
                 "epoch": state.epoch,
                 "node": state.node,
-                "error": state.error,
+                "error": None if state.retrying else state.error,
+                "retrying": state.error if state.retrying else None,
+                "retrying_since": state.retrying_since if state.retrying else None,
                 **({"holder": holder, "standbys": standbys} if members else {}),
             })
         return rows
@@ -212,12 +238,20 @@ def cmd_status(args: argparse.Namespace, conf: Path) -> int:
                       row["position"] or "-", str(row["batch"] or "-"), acked, str(row["epoch"]),
                       row["node"] or "-",
                       *((row["holder"] or "-", ", ".join(row["standbys"]) or "-") if ha else ()),
-                      row["error"] or "")
+                      _status_note(row))
     if not rows:
         print("no pipelines configured or known")
         return 0
     Console(soft_wrap=False).print(table)
     return 0
+
+
+def _status_note(row: dict[str, Any]) -> str:
+    """The error column: the error, or ``retrying: CAUSE since T`` while riding out an outage."""
+    if row.get("retrying"):
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["retrying_since"]))
+        return f"retrying: {row['retrying']} since {since}"
+    return row["error"] or ""
 
 
 def _known_pipeline(conf: Path, meta, name: str) -> None:

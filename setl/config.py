@@ -195,9 +195,17 @@ class LoadSettings:
 
 @attrs.frozen
 class RetrySettings:
+    """How a pipeline rides out failures (setl/retry.py classifies them).
+
+    A transient failure (connection refused or lost, server restarting, lock wait timeout,
+    deadlock) is retried, at startup too, until it has lasted `max_elapsed_ms`; any other
+    failure retrying may fix gets `max_attempts`; one it cannot fix pauses at once.
+    """
+
     max_attempts: int = 5
     initial_backoff_ms: int = 200
     max_backoff_ms: int = 30000
+    max_elapsed_ms: int = 600_000
 
 
 @attrs.frozen
@@ -467,6 +475,8 @@ def _check_pipeline(config: PipelineConfig, path: str) -> None:
         raise fail("pipeline.batch.max_wait_ms", "must not be negative")
     if settings.retry.max_attempts < 1:
         raise fail("pipeline.retry.max_attempts", "must be at least 1")
+    if settings.retry.max_elapsed_ms < 0:
+        raise fail("pipeline.retry.max_elapsed_ms", "must not be negative")
     for i, rule in enumerate(config.tables):
         try:
             re.compile(rule.source)

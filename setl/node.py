@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -19,11 +20,15 @@ from setl.config import NodeSettings, PipelineConfig, RuntimeConfig
 from setl.errors import ConfigError, PluginError, SetlError
 from setl.meta.base import MetaStore, Status
 from setl.model import Ack, Batch
+from setl.retry import Backoff, Failure, record_retrying
 from setl.routing import RoutingPlan, build_plan
 from setl.runtime import SerialExecutorService, TaskExecutionService
-from setl.runtime.chain import Stages, compose
+from setl.runtime.chain import Stages, compose, fenced
 from setl.scheduler import BatchCap, Listener, Outcome, Scheduler, supports_per_table
 from setl.stages import Load, Select, TableExtract, Transform
+
+if TYPE_CHECKING:
+    from setl.ha import Elections, Lease
 
 log = logging.getLogger("setl.node")
 
@@ -116,6 +121,38 @@ class ProgressLog(Listener):
             self._since, self._rows, self._batches = now, 0, 0
 
 
+class RetryingState(Listener):
+    """Clears the ``retrying`` mark a rollback left in the meta store at the next ack (then `inner`'s)."""
+
+    def __init__(self, pipeline: str, meta: MetaStore, node_id: str | None, inner: Listener) -> None:
+        self.pipeline, self.meta, self.node_id, self.inner = pipeline, meta, node_id, inner
+        self._retrying = False
+
+    def on_handoff(self, batch: Batch, in_flight: int) -> None:
+        self.inner.on_handoff(batch, in_flight)
+
+    def on_retire(self, batch: Batch, in_flight: int) -> None:
+        self.inner.on_retire(batch, in_flight)
+
+    def on_termin(self, batch: Batch, ok: bool) -> None:
+        self.inner.on_termin(batch, ok)
+
+    def on_rollback(self, batch_id: int, epoch: int, error: BaseException, attempt: int) -> None:
+        self._retrying = True
+        self.inner.on_rollback(batch_id, epoch, error, attempt)
+
+    def on_ack(self, ack: Ack, batch: Batch) -> None:
+        if self._retrying:
+            self._retrying = False
+            try:
+                if self.meta.state(self.pipeline).status is Status.RUNNING:
+                    self.meta.set_state(self.pipeline, Status.RUNNING, node=self.node_id)
+                    log.info("pipeline=%s stage=termin batch=%d recovered: acked again", self.pipeline, ack.batch_id)
+            except Exception as exc:
+                log.warning("pipeline=%s cannot clear the retrying mark: %s", self.pipeline, exc)
+        self.inner.on_ack(ack, batch)
+
+
 @attrs.define
 class PipelineResult:
     name: str
@@ -172,6 +209,8 @@ class _Supervised:
     done: bool = False
     announced: bool = False
     recheck_at: float = 0.0
+    start_attempts: int = 0  # failed starts in a row (transient ones are retried)
+    start_backoff: Backoff | None = None
 
 
 class Node:
@@ -197,7 +236,7 @@ class Node:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._running: dict[str, Scheduler] = {}
-        self.elections = None  # setl.ha.Elections when the meta store is ZooKeeper
+        self.elections: Elections | None = None  # when the meta store is ZooKeeper
         self.tasks: TaskExecutionService | None = None
         self.serial: SerialExecutorService | None = None
         self.batch_cap: BatchCap | None = None
@@ -255,8 +294,13 @@ class Node:
                         run.recheck_at = now + self.poll_interval
                         continue
                     scheduler.start(until_caught_up=until_caught_up)
+                    run.start_attempts = 0
                 except BaseException as exc:
-                    self._failed(run, exc)
+                    delay = self._retry_start(run, exc)
+                    if delay is None:
+                        self._failed(run, exc)
+                    else:
+                        run.recheck_at = now + delay
             if now >= next_watch:
                 self._watch_operator_pauses()
                 next_watch = now + self.poll_interval
@@ -275,20 +319,91 @@ class Node:
                 thread.join(timeout=self.poll_interval / max(1, len(threads)))
 
     def _supervise(self, run: _Supervised, until_caught_up: bool) -> None:
-        try:
-            while not run.done:
-                scheduler = self._next_scheduler(run, until_caught_up)
-                if scheduler is None:
+        """HA: stand by in the pipeline's election; while this node holds it, `_lead` runs it."""
+        assert self.elections is not None
+        name = run.config.name
+        while not run.done:
+            try:
+                if self._stop.is_set():
+                    self._close(run)
+                    return
+                if self._held_by_pause(run, until_caught_up):  # a paused pipeline does not contend
                     if not run.done:
                         self._stop.wait(self.poll_interval)
                     continue
-                outcome = self.elections.run(scheduler, stop=self._stop, until_caught_up=until_caught_up)
-                self._ended(run, outcome, until_caught_up)
-        except BaseException as exc:
-            self._failed(run, exc)
+                outcome = self.elections.run(name, lambda lease: self._lead(run, lease, until_caught_up),
+                                             stop=self._stop)
+                if outcome is None:  # stopped while standing by: a leadership lost earlier is no error
+                    run.result.outcome, run.result.error = Outcome.STOPPED, None
+            except BaseException as exc:
+                delay = self._retry_start(run, exc)
+                if delay is None:
+                    self._failed(run, exc)
+                    return
+                self._stop.wait(delay)
 
-    def _next_scheduler(self, run: _Supervised, until_caught_up: bool) -> Scheduler | None:
-        """The pipeline's next scheduler, registered for `stop()`; None while paused or when it has ended."""
+    def _lead(self, run: _Supervised, lease: Lease, until_caught_up: bool) -> Outcome:
+        """The leadership of one pipeline (HA): a Scheduler on fenced stages, run to its end.
+
+        Called by `Elections.run` while this node holds the pipeline's mainstem. An operator's
+        switch stops the scheduler; a lost lease ends it as LOST.
+        """
+        from setl.errors import LeadershipLost
+
+        scheduler = self._next_scheduler(run, until_caught_up, lease=lease)
+        if scheduler is None:
+            return Outcome.STOPPED
+        lease.on_switch(scheduler.stop)
+        try:
+            outcome = scheduler.run(until_caught_up=until_caught_up)
+        except LeadershipLost as exc:
+            scheduler.error, outcome = exc, Outcome.LOST
+        if lease.lost and outcome is not Outcome.LOST:
+            outcome = Outcome.LOST
+        if outcome is Outcome.LOST:
+            lease.lose(str(scheduler.error or "leadership lost"))
+        self._ended(run, outcome, until_caught_up)
+        return outcome
+
+    def _retry_start(self, run: _Supervised, exc: BaseException) -> float | None:
+        """After a failed start: the seconds to wait before the next try, or None to give up.
+
+        A transient failure (the source, target or meta store is away) is retried with
+        backoff for `retry.max_elapsed_ms`, shown by `setl status` as ``retrying``; any other
+        failure, or a stop, gives up, and the failure is recorded as the pipeline's error.
+        """
+        name = run.config.name
+        with self._lock:
+            self._running.pop(name, None)
+        run.scheduler = None
+        if run.start_backoff is None:
+            run.start_backoff = Backoff.from_settings(run.config.pipeline.retry)
+        run.start_attempts += 1
+        verdict = run.start_backoff.decide(exc, run.start_attempts)
+        if verdict.pause or verdict.failure is not Failure.TRANSIENT or self._stop.is_set():
+            self._record_start_error(name, exc)
+            return None
+        delay = run.start_backoff.delay(run.start_attempts)
+        log.warning("pipeline=%s cannot start, %s, next try in %.1fs: %s", name, verdict.message, delay, exc)
+        record_retrying(self.meta, name, exc, verdict.since, self.settings.node.id)
+        return delay
+
+    def _record_start_error(self, name: str, exc: BaseException) -> None:
+        """A failed start leaves its error for `setl status` (unless the pipeline is paused)."""
+        if isinstance(exc, KeyboardInterrupt):
+            return
+        try:
+            if self.meta.state(name).status is not Status.PAUSED:
+                self.meta.set_state(name, Status.STOPPED, error=str(exc), node=self.settings.node.id)
+        except Exception as error:
+            log.error("pipeline=%s cannot record the failed start: %s", name, error)
+
+    def _next_scheduler(self, run: _Supervised, until_caught_up: bool, *,
+                        lease: Lease | None = None) -> Scheduler | None:
+        """The pipeline's next scheduler, registered for `stop()`; None while paused or when it has ended.
+
+        Under HA `lease` is this node's hold on the pipeline: the scheduler gets fenced stages.
+        """
         name = run.config.name
         if self._stop.is_set():
             self._close(run)
@@ -296,22 +411,14 @@ class Node:
         if not run.opened:
             run.stages.load.open()
             run.opened = True
-        state = self.meta.state(name)
-        if state.status is Status.PAUSED:
-            reason = f": {state.error}" if state.error else " by an operator"
-            if until_caught_up:
-                run.result.outcome = Outcome.PAUSED
-                run.result.error = SetlError(f"pipeline is paused{reason}; run `setl resume --pipeline {name}`",
-                                             pipeline=name)
-                self._close(run)
-            elif not run.announced:
-                log.warning("pipeline=%s is paused%s; waiting for `setl resume --pipeline %s`", name, reason, name)
-                run.announced = True
+        if self._held_by_pause(run, until_caught_up):
             return None
-        run.announced = False
-        stages = run.stages
-        scheduler = Scheduler(name, run.config.pipeline, stages.select, stages.extract, stages.transform,
-                              stages.load, self.meta, node_id=self.settings.node.id, listener=ProgressLog(name),
+        self._pin_latest_start(run)
+        stages = run.stages if lease is None else fenced(run.stages, lease)  # the chain's outermost layer
+        scheduler = Scheduler(name, run.config.pipeline, stages.select, stages.extract, stages.transform, stages.load,
+                              self.meta,
+                              node_id=self.settings.node.id,
+                              listener=RetryingState(name, self.meta, self.settings.node.id, ProgressLog(name)),
                               tasks=self.tasks, serial=self.serial, batch_cap=self.batch_cap)
         with self._lock:
             self._running[name] = scheduler
@@ -321,6 +428,43 @@ class Node:
         run.scheduler = scheduler
         return scheduler
 
+    def _held_by_pause(self, run: _Supervised, until_caught_up: bool) -> bool:
+        """Whether the pipeline is paused (announced once); with `until_caught_up` that ends it."""
+        name = run.config.name
+        state = self.meta.state(name)
+        if state.status is not Status.PAUSED:
+            run.announced = False
+            return False
+        reason = f": {state.error}" if state.error else " by an operator"
+        if until_caught_up:
+            run.result.outcome = Outcome.PAUSED
+            run.result.error = SetlError(f"pipeline is paused{reason}; run `setl resume --pipeline {name}`",
+                                         pipeline=name)
+            self._close(run)
+        elif not run.announced:
+            log.warning("pipeline=%s is paused%s; waiting for `setl resume --pipeline %s`", name, reason, name)
+            run.announced = True
+        return True
+
+    def _pin_latest_start(self, run: _Supervised) -> None:
+        """`start: latest` is the source's head at the pipeline's first start, resolved once.
+
+        Persisted as the pipeline's position before anything is read, so a row written between
+        this start and the next one (before any batch is acked) is not skipped by resolving
+        "latest" again. Not when the pipeline has a position, or the target holds one (a rebuilt
+        meta store), unless an operator reset it.
+        """
+        name = run.config.name
+        if run.config.source.start != "latest" or self.meta.position(name) is not None:
+            return
+        if not self.meta.position_was_reset(name) and run.stages.load.committed() is not None:
+            return
+        head = run.stages.select.head()
+        if head is None:
+            return
+        self.meta.reset_position(name, head)
+        log.info("pipeline=%s stage=select start: latest is %s, kept for the next starts", name, head)
+
     def _ended(self, run: _Supervised, outcome: Outcome, until_caught_up: bool) -> None:
         """Record how the pipeline's scheduler ended; close the pipeline if it is not to run again."""
         scheduler = run.scheduler
@@ -328,6 +472,7 @@ class Node:
         with self._lock:
             self._running.pop(run.config.name, None)
         run.scheduler = None
+        run.start_attempts = 0
         run.result.outcome, run.result.error = outcome, scheduler.error
         if (outcome is Outcome.CAUGHT_UP
                 or (outcome is Outcome.PAUSED and until_caught_up)

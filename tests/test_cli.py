@@ -308,3 +308,76 @@ def test_a_start_that_cannot_open_its_source_is_stopped_with_the_error_in_status
     (status,) = json.loads(setup.run("status", "--json").stdout)
     assert status["status"] == "stopped"
     assert setup.stream.name in status["error"] and "stage=select" in status["error"]
+
+
+# --- commands that do what they say, on real MariaDB servers (issue 13.7) --------------------------
+
+def _mariadb_pipeline(tmp_path, source, target, database: str, start):
+    """A SetlProcess copying `database`.items from `source` to `target` (both created here), from `start`."""
+    from tests.e2e.setl_process import SetlProcess, mysql_source, mysql_target
+
+    for server in (source, target):
+        server.query(f"CREATE DATABASE IF NOT EXISTS `{database}`")
+        server.query(f"CREATE TABLE IF NOT EXISTS `{database}`.items (id INT PRIMARY KEY, v INT)")
+    return SetlProcess(tmp_path, source=mysql_source(source, start=start), target=mysql_target(target),
+                       tables=[{"source": rf"{database}\.items", "target": f"{database}.items"}])
+
+
+def test_start_latest_is_resolved_once_and_kept(tmp_path, mariadb_source, mariadb_target):
+    """`start: latest` is pinned at the first start: a row written before the second start (nothing acked yet) is copied."""
+    setl = _mariadb_pipeline(tmp_path, mariadb_source, mariadb_target, "cli_latest", "latest")
+    mariadb_source.query("INSERT INTO cli_latest.items VALUES (1, 1)")  # before the first start: not copied
+    first = setl.start_until_caught_up()
+    assert first.returncode == 0, first.stderr[-3000:]
+    mariadb_source.query("INSERT INTO cli_latest.items VALUES (2, 2)")  # between the starts: copied
+    second = setl.start_until_caught_up()
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert mariadb_target.query("SELECT id, v FROM cli_latest.items ORDER BY id") == [(2, 2)]
+
+
+def test_position_reset_to_start_replays_even_though_the_target_records_a_later_position(
+        tmp_path, mariadb_source, mariadb_target):
+    """`setl position reset --start` restarts from the configured start, not from the MariaDB target's own position record."""
+    from tests.e2e.setl_process import binlog_head
+
+    head = binlog_head(mariadb_source)
+    setl = _mariadb_pipeline(tmp_path, mariadb_source, mariadb_target, "cli_reset",
+                             {"file": head.log, "pos": head.offset})
+    mariadb_source.query("INSERT INTO cli_reset.items VALUES (1, 1), (2, 2), (3, 3)")
+    assert setl.start_until_caught_up().returncode == 0
+    assert len(mariadb_target.query("SELECT * FROM cli_reset.items")) == 3
+    mariadb_target.query("DELETE FROM cli_reset.items")  # the target lost its rows: replay them
+    reset = setl.run("position", "reset", "--pipeline", setl.name, "--start")
+    assert reset.returncode == 0 and "configured start" in reset.stdout
+    shown = json.loads(setl.run("position", "show", "--pipeline", setl.name, "--json").stdout)
+    assert shown["position"] is None and shown["reset"] is True
+    again = setl.start_until_caught_up()
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert mariadb_target.query("SELECT id, v FROM cli_reset.items ORDER BY id") == [(1, 1), (2, 2), (3, 3)]
+    assert not json.loads(setl.run("position", "show", "--pipeline", setl.name, "--json").stdout)["reset"]
+
+
+@pytest.mark.parametrize("command", [["status"], ["status", "--json"], ["pause", "--pipeline", "p"],
+                                     ["position", "show", "--pipeline", "p"]])
+def test_a_conf_dir_that_does_not_exist_is_one_line_exit_2_and_creates_nothing(tmp_path, command):
+    """`--conf` naming a missing directory (a typo) exits 2 with one line and creates no meta store or directory."""
+    missing = tmp_path / "cnof"
+    result = subprocess.run([sys.executable, "-m", "setl.cli", "--conf", str(missing), *command],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "cnof" in result.stderr and "does not exist" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_status_before_any_start_creates_no_meta_store(tmp_path):
+    """`setl status` on a configured directory where nothing ran yet lists the pipeline and writes nothing."""
+    conf = tmp_path / "conf"
+    (conf / "pipelines").mkdir(parents=True)
+    (conf / "setl.yaml").write_text("meta:\n  store: sqlite\n  path: meta.db\n")
+    (conf / "pipelines" / "p1.yaml").write_text(
+        "source: {type: file, path: in.jsonl}\ntarget: {type: sqlite, path: out.db}\ntables: [{source: '.*'}]\n")
+    result = subprocess.run([sys.executable, "-m", "setl.cli", "--conf", str(conf), "status", "--json"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert [row["pipeline"] for row in json.loads(result.stdout)] == ["p1"]
+    assert not (conf / "meta.db").exists()

@@ -21,6 +21,8 @@ class Status(str, enum.Enum):
 class PipelineState:
     """What a pipeline is doing. `error` says why it paused, when it paused on an error.
 
+    A RUNNING pipeline with `retrying_since` (seconds since the epoch) is riding out a transient
+    failure (`error`) that began then: `setl status` shows ``retrying: ERROR since T``.
     `epoch` only grows: every start and every rollback takes a new one, so a
     target can refuse the writes of an older run.
     """
@@ -31,6 +33,16 @@ class PipelineState:
     epoch: int = 0
     node: str | None = None
     updated: float = 0.0
+    retrying_since: float | None = None
+
+    @property
+    def retrying(self) -> bool:
+        return self.status is Status.RUNNING and self.retrying_since is not None
+
+
+#: The origin of a position record that `reset_position(pipeline, None)` left: no position (the
+#: source's configured start), and the target's own record of what it holds is ignored too.
+FORGOTTEN = "forgotten"
 
 
 class DdlTaskStatus(str, enum.Enum):
@@ -148,7 +160,11 @@ class MetaStore(abc.ABC):
 
     @abc.abstractmethod
     def reset_position(self, pipeline: str, position: Position | None) -> None:
-        """Set (or, with None, forget) the position an operator wants to restart from."""
+        """Set (or, with None, forget) the position an operator wants to restart from.
+
+        Either way `position_was_reset` is true until the next ack, so the target's own record
+        of the position it holds does not override the operator's choice on the next start.
+        """
 
     @abc.abstractmethod
     def position_was_reset(self, pipeline: str) -> bool:
@@ -164,9 +180,13 @@ class MetaStore(abc.ABC):
 
     @abc.abstractmethod
     def set_state(
-        self, pipeline: str, status: Status, error: str | None = None, node: str | None = None
+        self, pipeline: str, status: Status, error: str | None = None, node: str | None = None,
+        *, retrying_since: float | None = None,
     ) -> PipelineState:
-        """Persist a status (and its error, or none) without touching the epoch."""
+        """Persist a status (and its error, or none) without touching the epoch.
+
+        `retrying_since` marks a RUNNING pipeline retrying `error` since then; any other write clears it.
+        """
 
     @abc.abstractmethod
     def next_epoch(self, pipeline: str, at_least: int = 1) -> int:

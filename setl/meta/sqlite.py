@@ -11,6 +11,7 @@ from pathlib import Path
 
 from setl.errors import MetaStoreError
 from setl.meta.base import (
+    FORGOTTEN,
     OVERWRITTEN_BY,
     DdlClaim,
     DdlTask,
@@ -86,6 +87,13 @@ _DDL_TASK_COLUMNS = (
     " op_partition, log, offset, owner, reason, create_time, update_time"
 )
 
+#: (table, column, type) added after the first release; `SqliteMetaStore` adds them to older files.
+_ADDED_COLUMNS = (
+    ("pipeline_state", "retrying_since", "REAL"),
+    ("position", "row", "INTEGER NOT NULL DEFAULT 0"),  # Position.row; 0 for older positions
+    ("ack_history", "row", "INTEGER NOT NULL DEFAULT 0"),
+)
+
 #: How many history rows to keep per pipeline.
 HISTORY_KEEP = 1000
 
@@ -112,10 +120,17 @@ class SqliteMetaStore(MetaStore):
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
-            self._add_row_columns()
             self._create_ddl_task_table()
+            self._add_columns()
         except sqlite3.Error as exc:
             raise MetaStoreError(f"cannot open meta store {self.path}: {exc}") from exc
+
+    def _add_columns(self) -> None:
+        """Columns newer than the file: added in place, so an older meta store keeps working."""
+        for table, column, kind in _ADDED_COLUMNS:
+            have = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            if column not in have:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -140,8 +155,8 @@ class SqliteMetaStore(MetaStore):
 
     def position(self, pipeline: str) -> Ack | None:
         rows = self._query(
-            "SELECT batch_id, epoch, log, offset, gtid, time, row FROM position WHERE pipeline = ?",
-            (pipeline,),
+            "SELECT batch_id, epoch, log, offset, gtid, time, row FROM position WHERE pipeline = ? AND origin <> ?",
+            (pipeline, FORGOTTEN),
         )
         if not rows:
             return None
@@ -175,10 +190,17 @@ class SqliteMetaStore(MetaStore):
 
     def reset_position(self, pipeline: str, position: Position | None) -> None:
         with self._tx() as db:
-            if position is None:
-                db.execute("DELETE FROM position WHERE pipeline = ?", (pipeline,))
-                return
             current = self.position(pipeline)
+            if position is None:  # a marker: no position, and the target's own record is ignored
+                db.execute(
+                    "INSERT INTO position (pipeline, batch_id, epoch, log, offset, gtid, origin, time)"
+                    " VALUES (?, ?, ?, '', 0, NULL, ?, ?)"
+                    " ON CONFLICT (pipeline) DO UPDATE SET log = '', offset = 0, gtid = NULL, row = 0,"
+                    " origin = excluded.origin, time = excluded.time",
+                    (pipeline, current.batch_id if current else 0, current.epoch if current else 0, FORGOTTEN,
+                     self._clock()),
+                )
+                return
             db.execute(
                 "INSERT INTO position (pipeline, batch_id, epoch, log, offset, gtid, origin, time, row)"
                 " VALUES (?, ?, ?, ?, ?, ?, 'reset', ?, ?)"
@@ -198,7 +220,7 @@ class SqliteMetaStore(MetaStore):
 
     def position_was_reset(self, pipeline: str) -> bool:
         rows = self._query("SELECT origin FROM position WHERE pipeline = ?", (pipeline,))
-        return bool(rows) and rows[0][0] == "reset"
+        return bool(rows) and rows[0][0] in ("reset", FORGOTTEN)
 
     def history(self, pipeline: str, limit: int = 20) -> list[Ack]:
         rows = self._query(
@@ -210,25 +232,26 @@ class SqliteMetaStore(MetaStore):
 
     def state(self, pipeline: str) -> PipelineState:
         rows = self._query(
-            "SELECT status, error, epoch, node, updated FROM pipeline_state WHERE pipeline = ?",
+            "SELECT status, error, epoch, node, updated, retrying_since FROM pipeline_state WHERE pipeline = ?",
             (pipeline,),
         )
         if not rows:
             return PipelineState(pipeline)
-        status, error, epoch, node, updated = rows[0]
-        return PipelineState(pipeline, Status(status), error, epoch, node, updated)
+        status, error, epoch, node, updated, retrying_since = rows[0]
+        return PipelineState(pipeline, Status(status), error, epoch, node, updated, retrying_since)
 
     def set_state(
-        self, pipeline: str, status: Status, error: str | None = None, node: str | None = None
+        self, pipeline: str, status: Status, error: str | None = None, node: str | None = None,
+        *, retrying_since: float | None = None,
     ) -> PipelineState:
         now = self._clock()
         with self._tx() as db:
             db.execute(
-                "INSERT INTO pipeline_state (pipeline, status, error, epoch, node, updated)"
-                " VALUES (?, ?, ?, 0, ?, ?) ON CONFLICT (pipeline) DO UPDATE SET"
+                "INSERT INTO pipeline_state (pipeline, status, error, epoch, node, updated, retrying_since)"
+                " VALUES (?, ?, ?, 0, ?, ?, ?) ON CONFLICT (pipeline) DO UPDATE SET"
                 " status = excluded.status, error = excluded.error, node = excluded.node,"
-                " updated = excluded.updated",
-                (pipeline, Status(status).value, error, node, now),
+                " updated = excluded.updated, retrying_since = excluded.retrying_since",
+                (pipeline, Status(status).value, error, node, now, retrying_since),
             )
         return self.state(pipeline)
 
@@ -251,12 +274,6 @@ class SqliteMetaStore(MetaStore):
         return [r[0] for r in rows]
 
     # --- batch DDL tasks -------------------------------------------------------------------------
-
-    def _add_row_columns(self) -> None:
-        """Meta stores of earlier builds lack `row` (Position.row): add it, 0 for their positions."""
-        for table in ("position", "ack_history"):
-            if "row" not in {c[1] for c in self._db.execute(f"PRAGMA table_info({table})")}:
-                self._db.execute(f"ALTER TABLE {table} ADD COLUMN row INTEGER NOT NULL DEFAULT 0")
 
     def _create_ddl_task_table(self) -> None:
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(ddl_task)")}

@@ -6,13 +6,14 @@ nodes (``mainstem``, ``term``, ``standbys``, ``switch``, ``/nodes``) are describ
 
 ``/pipelines/NAME/position``
     the last acked (or operator-reset) position:
-    ``{"batch", "epoch", "log", "offset", "gtid", "origin": "ack"|"reset", "time"}``; empty
+    ``{"batch", "epoch", "log", "offset", "gtid", "origin": "ack"|"reset", "time"}``, or
+    ``{"batch", "epoch", "origin": "forgotten", "time"}`` after a reset to the configured start; empty
     until the first ack.
 ``/pipelines/NAME/acks/ack-NNNNNNNNNN``
     ack history, one sequential node per ack (the newest `HISTORY_KEEP` are kept):
     ``{"batch", "epoch", "log", "offset", "gtid", "rows", "time"}``.
 ``/pipelines/NAME/state``
-    ``{"status", "error", "node", "updated"}``.
+    ``{"status", "error", "node", "updated", "retrying_since"}``.
 ``/pipelines/NAME/epoch``
     the pipeline's epoch, a decimal number. It only grows: every bump is a versioned set, so two
     nodes can never take the same epoch, and a new leader's epoch is higher than any before it.
@@ -39,6 +40,7 @@ import attrs
 from setl.errors import LeadershipLost, MetaStoreError
 from setl.ha import Check, Conflict, Coordinator, Create, Delete, Lease, SetData, dumps
 from setl.meta.base import (
+    FORGOTTEN,
     OVERWRITTEN_BY,
     DdlClaim,
     DdlTask,
@@ -123,7 +125,7 @@ class ZooKeeperMetaStore(MetaStore):
 
     def position(self, pipeline: str) -> Ack | None:
         data = self._read(f"{self._base(pipeline)}/position")
-        if not data:
+        if not data or data.get("origin") == FORGOTTEN:
             return None
         return Ack(pipeline, int(data["batch"]), int(data["epoch"]), Position.from_dict(data), float(data["time"]))
 
@@ -167,10 +169,12 @@ class ZooKeeperMetaStore(MetaStore):
     def reset_position(self, pipeline: str, position: Position | None) -> None:
         self._prepare(pipeline)
         path = f"{self._base(pipeline)}/position"
-        if position is None:
-            self.coordinator.set(path, b"")
-            return
         current = self.position(pipeline)
+        if position is None:  # a marker: no position, and the target's own record is ignored
+            self.coordinator.set(path, dumps({
+                "batch": current.batch_id if current else 0, "epoch": current.epoch if current else 0,
+                "origin": FORGOTTEN, "time": self._clock()}))
+            return
         self.coordinator.set(path, dumps({
             "batch": current.batch_id if current else 0,
             "epoch": current.epoch if current else 0,
@@ -178,7 +182,7 @@ class ZooKeeperMetaStore(MetaStore):
         }))
 
     def position_was_reset(self, pipeline: str) -> bool:
-        return self._read(f"{self._base(pipeline)}/position").get("origin") == "reset"
+        return self._read(f"{self._base(pipeline)}/position").get("origin") in ("reset", FORGOTTEN)
 
     def history(self, pipeline: str, limit: int = 20) -> list[Ack]:
         path = f"{self._base(pipeline)}/acks"
@@ -201,15 +205,18 @@ class ZooKeeperMetaStore(MetaStore):
         epoch = int(epoch_node.data or b"0") if epoch_node is not None else 0
         if not data:
             return PipelineState(pipeline, epoch=epoch)
+        since = data.get("retrying_since")
         return PipelineState(pipeline, Status(data["status"]), data.get("error"), epoch, data.get("node"),
-                             float(data.get("updated", 0.0)))
+                             float(data.get("updated", 0.0)), float(since) if since is not None else None)
 
     def set_state(
-        self, pipeline: str, status: Status, error: str | None = None, node: str | None = None
+        self, pipeline: str, status: Status, error: str | None = None, node: str | None = None,
+        *, retrying_since: float | None = None,
     ) -> PipelineState:
         self._prepare(pipeline)
         op = SetData(f"{self._base(pipeline)}/state", dumps({
-            "status": Status(status).value, "error": error, "node": node, "updated": self._clock()}))
+            "status": Status(status).value, "error": error, "node": node, "updated": self._clock(),
+            "retrying_since": retrying_since}))
         lease = self.coordinator.lease(pipeline)
         if lease is not None:
             lease.check()
@@ -339,7 +346,8 @@ class ZooKeeperMetaStore(MetaStore):
         """The node holding the pipeline's mainstem (or None) and the nodes standing by."""
         base = self._base(pipeline)
         holder = self._read(f"{base}/mainstem").get("node")
-        return holder, self.coordinator.children(f"{base}/standbys")
+        # The holder is never its own standby, even in the moment before its registration is gone.
+        return holder, [name for name in self.coordinator.children(f"{base}/standbys") if name != holder]
 
     def request_switch(self, pipeline: str, to: str | None = None) -> str:
         """Ask the holder to hand the pipeline over (to `to`, or any standby); returns the holder."""

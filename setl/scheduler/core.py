@@ -214,6 +214,8 @@ class Scheduler(LoadDispatch, Termin):
             self._close_private()
             error = self._wrap(exc, "select", None)
             self._record_failed_start(error)
+            if error is exc:  # `raise exc from exc` would replace its cause (setl.retry reads it) with itself
+                raise
             raise error from exc
         if start is None:
             start = self._acked = self.select.tell()
@@ -238,8 +240,6 @@ class Scheduler(LoadDispatch, Termin):
                 self._finished.set()
                 return
         self._cutter.reset(self._acked, next_id)
-        # The stages as they are now: until setl.ha stops swapping in fenced ones after construction.
-        self._cutter.select = self.select
         # With private services every activity has a thread: Select's waits in the source's poll.
         self._cutter.blocking = self._own_tasks or bool(getattr(self.select, "blocking", False))
         steps = {

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from setl.errors import LeadershipLost
 from setl.meta.base import MetaStore, Status
 from setl.model import Batch, Position
-from setl.retry import Backoff
+from setl.retry import Backoff, record_retrying
 from setl.runtime import Progress
 from setl.scheduler.events import Listener, Outcome
 from setl.scheduler.ledger import Slot, SlotState
@@ -178,19 +178,16 @@ class Termin:
     def _pause_or_retry(self, failed_id: int, error: BaseException, attempt: int, delay: float) -> None:
         """After a rollback: pause the pipeline when `self.backoff` says retrying is over (or cannot
         help), else let the replay go on after `delay` (Select waits for it)."""
-        permanent = not getattr(error, "retryable", True)
-        if attempt >= self.backoff.max_attempts or permanent:
+        verdict = self.backoff.decide(error, attempt)  # setl/retry.py: transient, permanent or other
+        if verdict.pause:
             self.error = error
-            message = (f"paused, retrying cannot help: {error}" if permanent
-                       else f"paused after {attempt} failed attempts: {error}")
-            log.error("pipeline=%s stage=termin batch=%d %s", self.name, failed_id, message)
+            log.error("pipeline=%s stage=termin batch=%d %s", self.name, failed_id, verdict.message)
             self.meta.set_state(self.name, Status.PAUSED, error=str(error), node=self.node_id)
             self._finish(Outcome.PAUSED)
             return
-        log.warning(
-            "pipeline=%s stage=termin batch=%d rolled back (attempt %d of %d, retry in %.1fs): %s",
-            self.name, failed_id, attempt, self.backoff.max_attempts, delay, error,
-        )
+        record_retrying(self.meta, self.name, error, verdict.since, self.node_id)
+        log.warning("pipeline=%s stage=termin batch=%d rolled back (%s, retry in %.1fs): %s",
+                    self.name, failed_id, verdict.message, delay, error)
 
     def _replay_from(self, acked: Position | None) -> Position | None:
         """Where a rollback replays from: the ack, or the target's own position when the target

@@ -15,6 +15,7 @@ from setl.config import BatchSettings, LoadSettings, PipelineSettings
 from setl.errors import LeadershipLost
 from setl.ha import Elections, FencedLoad, FencedSelect, Mainstem
 from setl.model import Batch, Position
+from setl.runtime.chain import Stages, fenced
 from setl.scheduler import Outcome, Scheduler
 from setl.stages import Extract, Load, LoadCapabilities, Transform
 from setl.testing.harness import MemorySink, ScriptedSource, insert, reference_state, update
@@ -159,12 +160,23 @@ def test_elections_run_hands_a_pipeline_over_without_losing_or_reordering(zookee
 
         def node(store, name: str, slow: float) -> None:
             elections = Elections(store.coordinator, name, standby_delay=0)
-            while not stop.is_set():
-                scheduler = Scheduler("p", settings, source, Extract(), Transform(), SlowLoad(sink, slow), store,
-                                      node_id=name)
+
+            def lead(lease) -> Outcome:  # the leadership: fenced stages and a scheduler on them
+                stages = fenced(Stages(source, Extract(), Transform(), SlowLoad(sink, slow)), lease)
+                scheduler = Scheduler("p", settings, stages.select, stages.extract, stages.transform, stages.load,
+                                      store, node_id=name)
                 running[name] = scheduler
-                outcome = elections.run(scheduler, stop=stop, until_caught_up=False)
-                outcomes[name].append(outcome)
+                lease.on_switch(scheduler.stop)
+                try:
+                    outcome = scheduler.run()
+                except LeadershipLost:
+                    outcome = Outcome.LOST
+                return Outcome.LOST if lease.lost else outcome
+
+            while not stop.is_set():
+                outcome = elections.run("p", lead, stop=stop)
+                if outcome is not None:
+                    outcomes[name].append(outcome)
 
         threads = [threading.Thread(target=node, args=(a, "a", 0.01), name="test-node-a")]
         threads[0].start()
@@ -257,3 +269,61 @@ def test_switch_without_a_standby_is_a_one_line_error(tmp_path, zookeeper_server
                                        "nothing to switch to")
         status = cli("status")
         assert status.returncode == 0 and "holder" in status.stdout and "node-a" in status.stdout
+
+
+def test_a_standby_registration_unkept_while_the_keeper_reregisters_it_stays_gone(zookeeper_server, monkeypatch):
+    """After a new session the keeper re-creates the standby node from a snapshot; a holder that
+    takes the mainstem meanwhile (unkeep) is not listed among its own standbys (the ZooKeeper outage bug)."""
+    with stores(zookeeper_server.hosts, 1) as (store,):
+        co = store.coordinator
+        path = "/pipelines/p/standbys/a"
+        co.ensure("/pipelines/p/standbys")
+        in_claim, go_on = threading.Event(), threading.Event()
+        claim = co.claim
+
+        def slow_claim(claimed: str, data: bytes, **kw) -> None:
+            if claimed == path:
+                in_claim.set()
+                go_on.wait(10)
+            claim(claimed, data, **kw)
+
+        monkeypatch.setattr(co, "claim", slow_claim)
+        co.keep(path, b"{}")  # wakes the keeper, which snapshots the kept paths and claims this one
+        assert in_claim.wait(10), "the keeper did not re-register"
+        unkept = threading.Thread(target=co.unkeep, args=(path,))
+        unkept.start()
+        time.sleep(0.2)  # unkeep runs while the keeper is between its snapshot and its create
+        go_on.set()
+        unkept.join(10)
+        assert not unkept.is_alive()
+        time.sleep(0.3)
+        assert co.get(path) is None
+        assert store.members("p") == (None, [])
+
+
+def test_elections_run_calls_the_leadership_with_the_lease_and_releases_after_it(zookeeper_server):
+    """`Elections.run(pipeline, func)` returns func(lease)'s value and then frees the mainstem (another
+    node takes it at once); a node stopped while standing by gets None and never calls func."""
+    with stores(zookeeper_server.hosts, 2) as (a, b):
+        first, second = Elections(a.coordinator, "a", standby_delay=0), Elections(b.coordinator, "b", standby_delay=0)
+        seen = []
+
+        def leadership(lease) -> str:
+            seen.append((lease.node_id, a.members("p")[0]))
+            return "done"
+
+        assert first.run("p", leadership, stop=threading.Event()) == "done"
+        assert seen == [("a", "a")] and a.members("p") == (None, [])
+        held, stop_a = threading.Event(), threading.Event()
+        result: list = []
+        holder = threading.Thread(target=lambda: second.run("p", lambda lease: held.set() or stop_a.wait(10),
+                                                            stop=threading.Event()))
+        holder.start()
+        assert held.wait(10), "b did not take the released mainstem at once"
+        standby = threading.Thread(target=lambda: result.append(first.run("p", leadership, stop=stop_a)))
+        standby.start()
+        wait_until(lambda: b.members("p") == ("b", ["a"]), timeout=10, message="a standing by")
+        stop_a.set()
+        standby.join(10)
+        holder.join(10)
+        assert result == [None] and seen == [("a", "a")]

@@ -59,3 +59,23 @@ def test_two_processes_write_one_file_without_losing_acks(tmp_path):
     meta = SqliteMetaStore(path)
     assert meta.position("a").batch_id == 200 and meta.position("b").batch_id == 200
     assert len(meta.history("a", 1000)) == 200
+
+
+def test_reset_to_the_start_forgets_the_position_and_stays_a_reset_until_the_next_ack(tmp_path):
+    """reset_position(None): no position, position_was_reset true (the target's record is ignored) until an ack."""
+    meta = SqliteMetaStore(tmp_path / "m.db")
+    meta.ack("p", 7, 2, Position("f", 70))
+    meta.reset_position("p", None)
+    assert meta.position("p") is None and meta.position_was_reset("p")
+    meta.ack("p", 1, 3, Position("f", 10))
+    assert meta.position("p").position == Position("f", 10) and not meta.position_was_reset("p")
+
+
+def test_retrying_state_round_trips_and_any_other_write_clears_it(tmp_path):
+    """set_state(..., retrying_since=T) reads back as retrying; a plain RUNNING write clears it."""
+    meta = SqliteMetaStore(tmp_path / "m.db")
+    meta.set_state("p", Status.RUNNING, error="target away", retrying_since=123.0)
+    state = SqliteMetaStore(tmp_path / "m.db").state("p")
+    assert state.retrying and state.retrying_since == 123.0 and state.error == "target away"
+    meta.set_state("p", Status.RUNNING)
+    assert not meta.state("p").retrying and meta.state("p").error is None

@@ -148,3 +148,20 @@ def test_ack_history_is_pruned_to_the_newest(zookeeper_server, monkeypatch):
             node.ack("p", i, epoch, Position("bin.000001", i))
         assert len(node.coordinator.children("/pipelines/p/acks")) == 30
         assert [a.batch_id for a in node.history("p", 100)] == list(range(100, 70, -1))
+
+
+def test_reset_to_the_start_and_retrying_state_round_trip(zookeeper_server):
+    """reset_position(None) forgets the position but stays a reset until an ack; retrying_since reads back."""
+    with stores(zookeeper_server.hosts, 2) as (node, cli):
+        hold(node, "p", "n1")
+        epoch = node.next_epoch("p")
+        node.ack("p", 3, epoch, Position("bin.000001", 300))
+        cli.reset_position("p", None)
+        assert cli.position("p") is None and node.position_was_reset("p")
+        node.ack("p", 1, epoch, Position("bin.000001", 100))
+        assert not cli.position_was_reset("p") and cli.position("p").position == Position("bin.000001", 100)
+        node.set_state("p", Status.RUNNING, error="target away", node="n1", retrying_since=42.0)
+        state = cli.state("p")
+        assert state.retrying and state.retrying_since == 42.0
+        node.set_state("p", Status.RUNNING, node="n1")
+        assert not cli.state("p").retrying
