@@ -15,11 +15,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from setl.config import ParquetTargetConfig, load_node, load_pipeline
+from setl.connectors import BuildContext, registry
 from setl.errors import ConfigError, LoadError
 from setl.model import Batch, DdlChange, Op, Position, RowChange
 from setl.node import build_load
 from setl.sinks.parquet import SPARK_WRITER_CONF, ParquetLoad, file_name, read_table
 from setl.spark import JavaNotFound
+from setl.testing.connectors import LoadContract, TargetProbe
 from setl.testing.harness import parquet_state
 from setl.testing.spark import LOCAL_SETTINGS, local_spark
 
@@ -466,3 +468,28 @@ def test_a_backfill_a_crash_cut_short_is_finished_by_the_replay(tmp_path, monkey
     again.load(third)
     assert parquet_state(root, "shop.orders") == {(0,): {"id": 0, "qty": None}, (1,): {"id": 1, "qty": None},
                                                   (2,): {"id": 2, "qty": 7}}
+
+
+class ParquetProbe(TargetProbe):
+    """Fresh Parquet roots, one per pipeline (the target's rule), through the parquet connector."""
+
+    def __init__(self, root):
+        self.root = root
+
+    def make_load(self, pipeline="p"):
+        config = ParquetTargetConfig(type="parquet", path=str(self.root / pipeline))
+        return registry().target("parquet").create(config, BuildContext(pipeline))
+
+    def state(self, table):
+        state = {}
+        for root in sorted(self.root.glob(f"*/{table.qualified}")):
+            state.update(parquet_state(root.parent, table.qualified))
+        return state
+
+
+class TestParquetLoadContract(LoadContract):
+    """The connector kit's Load contract, on the Parquet target."""
+
+    @pytest.fixture
+    def probe(self, tmp_path):
+        return ParquetProbe(tmp_path / "lake")
