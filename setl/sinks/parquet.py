@@ -75,7 +75,7 @@ from setl.config import SparkConfig
 from setl.errors import LoadError, SetlError
 from setl.model import Batch, DdlChange, Op, Position, RowChange
 from setl.spark import brief, find_java, from_arrow, get_session
-from setl.stages.load import Load
+from setl.stages.load import Load, LoadCapabilities
 from setl.transforms.frames import PARQUET_MAX_PRECISION, SPARK_MAX_PRECISION, TableTypes, column_array
 
 
@@ -126,6 +126,8 @@ class ParquetLoad(Load):
     (``newSession()``, same JVM) carrying `SPARK_WRITER_CONF`, so the shared
     session's settings stay as they are.
     """
+
+    capabilities = LoadCapabilities(creates_tables=True)
 
     def __init__(
         self,

@@ -20,7 +20,7 @@ from setl.model import Batch, DdlChange, Position, RowChange
 from setl.retry import call_with_retries
 from setl.ddl import Statement, parse
 from setl.sinks.merge import TableChanges, merge
-from setl.stages.load import Load
+from setl.stages.load import Load, LoadCapabilities
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,7 @@ class SqlLoad(Load, Generic[C]):
     """
 
     dialect = "sql"
+    capabilities = LoadCapabilities(per_table=True, stores_position=True)
 
     def __init__(
         self,

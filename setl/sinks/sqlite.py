@@ -18,7 +18,7 @@ import attrs
 from setl.errors import LoadError, TransientLoadError
 from setl.model import Batch, DdlChange, Position
 from setl.sinks.merge import merge
-from setl.stages.load import Load
+from setl.stages.load import Load, LoadCapabilities
 
 
 @attrs.frozen
@@ -35,6 +35,8 @@ def _q(name: str) -> str:
 
 class SqliteLoad(Load):
     """Loads batches into an SQLite file (see the module docstring)."""
+
+    capabilities = LoadCapabilities(per_table=True, stores_position=True, creates_tables=True)
 
     def __init__(self, path: str | Path, *, pipeline: str) -> None:
         self.path = Path(path)
