@@ -339,7 +339,8 @@ class ParquetLoad(Load):
 
         Only NULLs are added, so a file's rows stay what they were; a plain
         `pyarrow.dataset` reader, which takes the schema of one file, then
-        sees every column with its one type.
+        sees every column with its one type. The rewritten file is pyarrow's,
+        without the Spark writer's schema metadata (Spark reads it like its own).
         """
         wanted = {c: t for c, t in known.items() if c not in self.partition_by}
         for path in self._table_files(name):
@@ -352,6 +353,9 @@ class ParquetLoad(Load):
             if not missing:
                 continue
             data = pq.ParquetFile(path).read()
+            # the Spark writer's own copy of the schema would still give the old type to Spark readers
+            data = data.replace_schema_metadata({k: v for k, v in (data.schema.metadata or {}).items()
+                                                 if not k.startswith(b"org.apache.spark.")})
             for column in missing:
                 if column in have:
                     i = data.schema.get_field_index(column)

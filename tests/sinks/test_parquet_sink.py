@@ -425,6 +425,15 @@ def test_a_column_typed_after_all_null_batches_reads_as_one_dataset(sink, tmp_pa
         assert not any(pa.types.is_null(f.type) for f in schema), (path, schema)
 
 
+def test_spark_reads_a_spark_written_table_after_a_column_is_typed(tmp_path, spark):
+    """Spark reads the directory back after a column first written all NULL by the Spark writer gets a type."""
+    load = ParquetLoad(tmp_path / "out", pipeline="p1", writer="spark", session=lambda: spark)
+    load.load(batch([change(Op.INSERT, "orders", {"id": 0, "qty": None}, 10)], 0, 10))
+    load.load(batch([change(Op.INSERT, "orders", {"id": 1, "qty": 4}, 20)], 10, 20, batch_id=2))
+    read = spark.read.parquet(str(tmp_path / "out" / "shop.orders")).orderBy("_setl_offset")
+    assert [(r["id"], r["qty"]) for r in read.collect()] == [(0, None), (1, 4)]
+
+
 def test_a_column_a_later_batch_adds_is_seen_by_a_plain_reader(sink, tmp_path):
     """A column that appears in a later batch (ADD COLUMN) is added, all NULL, to the earlier files."""
     sink.load(batch([change(Op.INSERT, "orders", {"id": 0}, 10)], 0, 10))
