@@ -311,8 +311,7 @@ def sqlite_target() -> TargetConnector[Any]:
     def build(config: SqliteTargetConfig, context: BuildContext) -> Load:
         return SqliteLoad(context.resolve(config.path), pipeline=context.name)
 
-    return TargetConnector("sqlite", SqliteTargetConfig, build,
-                           LoadCapabilities(per_table=True, stores_position=True, creates_tables=True),
+    return TargetConnector("sqlite", SqliteTargetConfig, build, SqliteLoad.capabilities,
                            help="an SQLite database file (the embedded demo target)")
 
 
@@ -323,8 +322,7 @@ def mysql_target() -> TargetConnector[Any]:
     def build(config: MysqlTargetConfig, context: BuildContext) -> Load:
         return MySQLLoad.from_config(config, pipeline=context.name, ddl=context.settings.ddl)
 
-    return TargetConnector("mysql", MysqlTargetConfig, build,
-                           LoadCapabilities(per_table=True, stores_position=True),
+    return TargetConnector("mysql", MysqlTargetConfig, build, MySQLLoad.capabilities,
                            ddl_task_actions=MysqlActions, help="a MySQL or MariaDB server")
 
 
@@ -334,8 +332,7 @@ def postgresql_target() -> TargetConnector[Any]:
     def build(config: PostgresqlTargetConfig, context: BuildContext) -> Load:
         return PostgresLoad.from_config(config, pipeline=context.name, ddl=context.settings.ddl)
 
-    return TargetConnector("postgresql", PostgresqlTargetConfig, build,
-                           LoadCapabilities(per_table=True, stores_position=True),
+    return TargetConnector("postgresql", PostgresqlTargetConfig, build, PostgresLoad.capabilities,
                            help="a PostgreSQL server")
 
 
@@ -345,6 +342,5 @@ def parquet_target() -> TargetConnector[Any]:
     def build(config: ParquetTargetConfig, context: BuildContext) -> Load:
         return ParquetLoad.from_config(config, pipeline=context.name, spark=context.node.spark)
 
-    return TargetConnector("parquet", ParquetTargetConfig, build,
-                           LoadCapabilities(creates_tables=True),
+    return TargetConnector("parquet", ParquetTargetConfig, build, ParquetLoad.capabilities,
                            help="Parquet files, one dataset per table")

@@ -271,6 +271,8 @@ class FaultyLoad(LoadWrapper):
 class FaultyPartLoad(FaultyLoad):
     """A `FaultyLoad` over a Load that can load per table: "termin" strikes after `mark_loaded`."""
 
+    parts = True
+
     def load_part(self, batch: Batch) -> None:
         self.plan.check("load", batch.id)
         self.inner.load_part(batch)

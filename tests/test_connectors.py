@@ -194,6 +194,22 @@ def test_declared_capabilities_reach_the_built_load(tmp_path):
                                               BuildContext("p")).capabilities == LoadCapabilities()
 
 
+def test_a_sink_built_by_hand_declares_what_its_connector_declares(tmp_path):
+    """Built-in sinks carry their capabilities as a class attribute, the same the registry declares."""
+    from setl.sinks.mysql import MySQLLoad
+    from setl.sinks.parquet import ParquetLoad
+    from setl.sinks.postgresql import PostgresLoad
+    from setl.sinks.sqlite import SqliteLoad
+
+    connectors = ConnectorRegistry()
+    by_hand = {"sqlite": SqliteLoad(tmp_path / "t.db", pipeline="p"), "parquet": ParquetLoad(tmp_path / "lake"),
+               "mysql": MySQLLoad, "postgresql": PostgresLoad}
+    for name, load in by_hand.items():
+        assert load.capabilities == connectors.target(name).capabilities, name
+    sql = LoadCapabilities(per_table=True, stores_position=True)
+    assert MySQLLoad.capabilities == PostgresLoad.capabilities == sql
+
+
 def test_ddl_tasks_need_a_target_with_actions(tmp_path):
     """Batch DDL tasks on a target without declared pre-write actions stop at start, naming the supported ones."""
     conf = write_conf(tmp_path, f"{{type: sqlite, path: {tmp_path / 't.db'}}}",

@@ -273,6 +273,8 @@ class DdlTaskPartLoad(DdlTaskLoad):
     batch's positions, whatever its table (parts of other tables wait on those tables' locks).
     """
 
+    parts = True
+
     def load_part(self, batch: Batch) -> None:
         self._apply(batch, self.inner.load_part)
 

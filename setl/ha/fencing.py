@@ -119,6 +119,8 @@ class FencedSelect(SelectWrapper):
 class FencedLoad(LoadWrapper):
     """Load that waits while the connection is lost and refuses once the lease is lost."""
 
+    parts = True
+
     def __init__(self, lease: Lease, inner: Load) -> None:
         super().__init__(inner)
         self.lease = lease

@@ -83,7 +83,7 @@ from setl.errors import LoadError, SetlError
 from setl.model import Batch, DdlChange, Op, Position, RowChange
 from setl.routing import flat_name
 from setl.spark import brief, find_java, from_arrow, get_session
-from setl.stages.load import Load
+from setl.stages.load import Load, LoadCapabilities
 from setl.transforms.frames import PARQUET_MAX_PRECISION, SPARK_MAX_PRECISION, TableTypes, column_array
 
 
@@ -141,6 +141,8 @@ class ParquetLoad(Load):
     (``newSession()``, same JVM) carrying `SPARK_WRITER_CONF`, so the shared
     session's settings stay as they are.
     """
+
+    capabilities = LoadCapabilities(creates_tables=True)
 
     def __init__(
         self,
@@ -298,36 +300,96 @@ class ParquetLoad(Load):
         return paths
 
     def _conform(self, name: str, table: pa.Table) -> pa.Table:
-        """Keep column types stable across the table's files, so the directory reads as one dataset."""
+        """Keep one type per column across the table's files, so the directory reads as one dataset.
+
+        A column's type is the one earlier files gave it; a batch whose values
+        are all NULL (Arrow type ``null``) or that lacks the column takes it. A
+        column that gets its first type, or that a table gains (``ADD COLUMN``),
+        is added to the earlier files that hold it as ``null`` or not at all
+        (`_backfill`), as is whatever a crash left undone on the first write
+        after `open`. A change of type no lossless cast covers is a `LoadError`:
+        a dataset holds one type per column.
+        """
         known = self._schemas.get(name)
+        first = known is None
         if known is None:
             known = self._schemas[name] = self._schema_on_disk(name)
-        columns = []
+        columns, learned = [], first
         for field, column in zip(table.schema, table.columns):
             want = known.get(field.name)
             if want is not None and want != field.type:
                 try:
-                    column = column.cast(want)
+                    cast = column.cast(want)
+                    lossless = pa.types.is_null(field.type) or cast.cast(field.type).equals(column)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                    log.warning("pipeline=%s table=%s column %s changes type from %s to %s",
-                                self.pipeline, name, field.name, want, field.type)
-                    known[field.name] = field.type
+                    lossless = False
+                if not lossless:
+                    raise LoadError(f"column {field.name} changes type from {want} to {field.type}; the table's "
+                                    f"Parquet files hold one type per column (write the table to a new path)")
+                column = cast
             elif want is None and not pa.types.is_null(field.type):
                 known[field.name] = field.type
+                learned = True
             columns.append(column)
+        if learned:
+            self._backfill(name, known)
         return pa.Table.from_arrays(columns, names=table.column_names)
 
-    def _schema_on_disk(self, name: str) -> dict[str, pa.DataType]:
+    def _table_files(self, name: str) -> list[Path]:
+        """The table's files, oldest start first."""
         directory = self.root / name
-        newest = [(start, path) for start in reversed(self._starts) for path in self._files[start]
-                  if directory in path.parents]
-        if not newest:
-            return {}
-        try:
-            schema = pq.read_schema(newest[0][1])
-        except (OSError, pa.ArrowException):
-            return {}
-        return {f.name: f.type for f in schema if not pa.types.is_null(f.type)}
+        return [path for start in self._starts for path in sorted(self._files[start]) if directory in path.parents]
+
+    def _schema_on_disk(self, name: str) -> dict[str, pa.DataType]:
+        """Each column's type in the table's files (the newest file's, where they differ); ``null`` ones left out."""
+        known: dict[str, pa.DataType] = {}
+        for path in self._table_files(name):
+            try:
+                schema = pq.read_schema(path)
+            except (OSError, pa.ArrowException):
+                continue
+            known.update((f.name, f.type) for f in schema if not pa.types.is_null(f.type))
+        return known
+
+    def _backfill(self, name: str, known: dict[str, pa.DataType]) -> None:
+        """Rewrite the table's files that hold a `known` column as ``null`` or lack it, adding it typed (all NULL).
+
+        Only NULLs are added, so a file's rows stay what they were; a plain
+        `pyarrow.dataset` reader, which takes the schema of one file, then
+        sees every column with its one type. The rewritten file is pyarrow's,
+        without the Spark writer's schema metadata (Spark reads it like its own).
+        """
+        wanted = {c: t for c, t in known.items() if c not in self.partition_by}
+        for path in self._table_files(name):
+            try:
+                schema = pq.read_schema(path)
+            except FileNotFoundError:
+                continue
+            have = {f.name: f.type for f in schema}
+            missing = [c for c, t in wanted.items() if c not in have or (pa.types.is_null(have[c]) and t != have[c])]
+            if not missing:
+                continue
+            data = pq.ParquetFile(path).read()
+            # the Spark writer's own copy of the schema would still give the old type to Spark readers
+            data = data.replace_schema_metadata({k: v for k, v in (data.schema.metadata or {}).items()
+                                                 if not k.startswith(b"org.apache.spark.")})
+            for column in missing:
+                if column in have:
+                    i = data.schema.get_field_index(column)
+                    data = data.set_column(i, column, data.column(i).cast(wanted[column]))
+                else:
+                    data = data.append_column(column, pa.nulls(data.num_rows, wanted[column]))
+            log.info("pipeline=%s stage=load table=%s adding typed column %s to %s", self.pipeline, name,
+                     ", ".join(missing), path)
+            temp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
+            try:
+                self._write_arrow(data, temp)
+                os.replace(temp, path)
+            except BaseException:
+                temp.unlink(missing_ok=True)
+                raise
+            if self.fsync:
+                _fsync(path.parent)
 
     def _write_file(self, folder: Path, table: pa.Table, start: Position) -> Path:
         folder.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,7 @@ from setl.retry import call_with_retries
 from setl.routing import flat_name
 from setl.ddl import Statement, parse
 from setl.sinks.merge import TableChanges, merge
-from setl.stages.load import Load
+from setl.stages.load import Load, LoadCapabilities
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +123,7 @@ class SqlLoad(Load, Generic[C]):
     """
 
     dialect = "sql"
+    capabilities = LoadCapabilities(per_table=True, stores_position=True)
 
     def __init__(
         self,

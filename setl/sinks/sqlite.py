@@ -23,7 +23,7 @@ from setl.errors import LoadError, TransientLoadError
 from setl.model import Batch, Change, DdlChange, Position, RowChange
 from setl.routing import flat_name
 from setl.sinks.merge import merge
-from setl.stages.load import Load
+from setl.stages.load import Load, LoadCapabilities
 
 
 @attrs.frozen
@@ -40,6 +40,8 @@ def _q(name: str) -> str:
 
 class SqliteLoad(Load):
     """Loads batches into an SQLite file (see the module docstring)."""
+
+    capabilities = LoadCapabilities(per_table=True, stores_position=True, creates_tables=True)
 
     def __init__(self, path: str | Path, *, pipeline: str) -> None:
         self.path = Path(path)

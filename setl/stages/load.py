@@ -92,17 +92,21 @@ class LoadWrapper(Load):
     """A Load around another (`inner`) that forwards every call; subclasses override what they
     change (fencing, batch DDL tasks, fault injection).
 
-    `capabilities` are the inner Load's. `load_part` and `mark_loaded` are not forwarded: a
-    wrapper put around a Load that can load per table overrides them, or it must declare
-    capabilities without `per_table`.
+    `capabilities` are the inner Load's, except `per_table`: `load_part` and `mark_loaded` are
+    not forwarded, so a wrapper loads per table only when it declares `parts = True` (and
+    overrides both) and its inner Load can.
     """
+
+    #: Whether this wrapper implements `load_part` and `mark_loaded` (around an inner Load's).
+    parts: bool = False
 
     def __init__(self, inner: Load) -> None:
         self.inner = inner
 
     @property
     def capabilities(self) -> LoadCapabilities:  # type: ignore[override]
-        return self.inner.capabilities
+        inner = self.inner.capabilities
+        return inner if self.parts or not inner.per_table else attrs.evolve(inner, per_table=False)
 
     def open(self) -> None:
         self.inner.open()

@@ -64,9 +64,15 @@ def row(id: int, name: str = "n", qty: int | None = 1) -> dict[str, Any]:
 
 def make_batch(changes: Sequence[Change], id: int = 1, epoch: int = 1, pipeline: str = "p",
                log: str = "kit-log.000001") -> Batch:
-    """Batch `id` of `pipeline`; batch n covers positions (log, 100 * (n - 1) + 4) to (log, 100 * n + 4)."""
+    """Batch `id` of `pipeline`; batch n covers positions (log, 100 * (n - 1) + 4) to (log, 100 * n + 4).
+
+    The batch is one transaction: a change without a position gets the batch's end, as a source's
+    changes carry the position after their transaction (a change-log target orders by it).
+    """
+    end = Position(log, 4 + id * 100)
+    stamped = tuple(attrs.evolve(c, position=end) if c.position is None else c for c in changes)
     return Batch(pipeline=pipeline, id=id, epoch=epoch, start=Position(log, 4 + (id - 1) * 100),
-                 end=Position(log, 4 + id * 100), changes=tuple(changes))
+                 end=end, changes=stamped)
 
 
 class TargetProbe:

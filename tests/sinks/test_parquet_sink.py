@@ -10,15 +10,18 @@ import decimal
 import os
 import textwrap
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from setl.config import ParquetTargetConfig, load_node, load_pipeline
+from setl.connectors import BuildContext, registry
 from setl.errors import ConfigError, LoadError
 from setl.model import Batch, DdlChange, Op, Position, RowChange
 from setl.node import build_load
 from setl.sinks.parquet import SPARK_WRITER_CONF, ParquetLoad, file_name, read_table
 from setl.spark import JavaNotFound
+from setl.testing.connectors import LoadContract, TargetProbe
 from setl.testing.harness import parquet_state
 from setl.testing.spark import LOCAL_SETTINGS, local_spark
 
@@ -425,3 +428,95 @@ def test_batches_starting_inside_a_split_transaction_keep_their_own_files(tmp_pa
     rows = read_table(tmp_path / "out", "s.t").to_pylist()
     assert sorted((r["id"], r["_setl_row"], r["_setl_position"]) for r in rows) == [
         (1, 1, "bin.000001:10+1"), (2, 2, "bin.000001:10+2"), (3, 3, "bin.000001:10+3")]
+
+
+def test_a_column_typed_after_all_null_batches_reads_as_one_dataset(sink, tmp_path):
+    """A column all NULL in earlier batches (and the before key of insert-only ones) is typed once values come."""
+    sink.load(batch([change(Op.INSERT, "orders", {"id": 0, "qty": None}, 10)], 0, 10))
+    sink.load(batch([change(Op.INSERT, "orders", {"id": 1, "qty": None}, 20)], 10, 20, batch_id=2))
+    update = RowChange(Op.UPDATE, "shop", "orders", ("id",), {"id": 0, "qty": None}, {"id": 0, "qty": 0},
+                       Position("bin.000001", 30))
+    sink.load(batch([update], 20, 30, batch_id=3))
+    assert parquet_state(tmp_path / "out", "shop.orders") == {(0,): {"id": 0, "qty": 0}, (1,): {"id": 1, "qty": None}}
+    for path in (tmp_path / "out").rglob("*.parquet"):
+        schema = pq.read_schema(path)
+        assert not any(pa.types.is_null(f.type) for f in schema), (path, schema)
+
+
+def test_spark_reads_a_spark_written_table_after_a_column_is_typed(tmp_path, spark):
+    """Spark reads the directory back after a column first written all NULL by the Spark writer gets a type."""
+    load = ParquetLoad(tmp_path / "out", pipeline="p1", writer="spark", session=lambda: spark)
+    load.load(batch([change(Op.INSERT, "orders", {"id": 0, "qty": None}, 10)], 0, 10))
+    load.load(batch([change(Op.INSERT, "orders", {"id": 1, "qty": 4}, 20)], 10, 20, batch_id=2))
+    read = spark.read.parquet(str(tmp_path / "out" / "shop.orders")).orderBy("_setl_offset")
+    assert [(r["id"], r["qty"]) for r in read.collect()] == [(0, None), (1, 4)]
+
+
+def test_a_column_a_later_batch_adds_is_seen_by_a_plain_reader(sink, tmp_path):
+    """A column that appears in a later batch (ADD COLUMN) is added, all NULL, to the earlier files."""
+    sink.load(batch([change(Op.INSERT, "orders", {"id": 0}, 10)], 0, 10))
+    sink.load(batch([change(Op.INSERT, "orders", {"id": 1, "note": "x"}, 20)], 10, 20, batch_id=2))
+    assert parquet_state(tmp_path / "out", "shop.orders") == {(0,): {"id": 0, "note": None},
+                                                               (1,): {"id": 1, "note": "x"}}
+
+
+def test_a_type_change_no_cast_keeps_is_a_load_error(arrow_sink, tmp_path):
+    """A column whose values change type (int to text by DDL) stops the load naming column, table and position."""
+    arrow_sink.load(batch([change(Op.INSERT, "orders", {"id": 0, "qty": 5}, 10)], 0, 10))
+    with pytest.raises(LoadError, match=r"column qty changes type from int64 to string") as info:
+        arrow_sink.load(batch([change(Op.INSERT, "orders", {"id": 1, "qty": "012"}, 20)], 10, 20, batch_id=2))
+    assert "table=shop.orders" in str(info.value) and "bin.000001:10" in str(info.value)
+    assert parquet_state(tmp_path / "out", "shop.orders") == {(0,): {"id": 0, "qty": 5}}
+
+
+def test_a_backfill_a_crash_cut_short_is_finished_by_the_replay(tmp_path, monkeypatch):
+    """Files a crash left with a NULL-typed column are typed when the batch is replayed after reopening."""
+    root = tmp_path / "out"
+    load = ParquetLoad(root, pipeline="p1")
+    load.open()
+    load.load(batch([change(Op.INSERT, "orders", {"id": 0, "qty": None}, 10)], 0, 10))
+    load.load(batch([change(Op.INSERT, "orders", {"id": 1, "qty": None}, 20)], 10, 20, batch_id=2))
+    writes = []
+    real = ParquetLoad._write_arrow
+
+    def crash_on_second(self, table, temp):
+        writes.append(temp)
+        if len(writes) == 2:
+            raise OSError("simulated crash")
+        real(self, table, temp)
+
+    monkeypatch.setattr(ParquetLoad, "_write_arrow", crash_on_second)
+    third = batch([change(Op.INSERT, "orders", {"id": 2, "qty": 7}, 30)], 20, 30, batch_id=3)
+    with pytest.raises(LoadError, match="simulated crash"):
+        load.load(third)
+    monkeypatch.setattr(ParquetLoad, "_write_arrow", real)
+    again = ParquetLoad(root, pipeline="p1")
+    again.open()
+    again.load(third)
+    assert parquet_state(root, "shop.orders") == {(0,): {"id": 0, "qty": None}, (1,): {"id": 1, "qty": None},
+                                                  (2,): {"id": 2, "qty": 7}}
+
+
+class ParquetProbe(TargetProbe):
+    """Fresh Parquet roots, one per pipeline (the target's rule), through the parquet connector."""
+
+    def __init__(self, root):
+        self.root = root
+
+    def make_load(self, pipeline="p"):
+        config = ParquetTargetConfig(type="parquet", path=str(self.root / pipeline))
+        return registry().target("parquet").create(config, BuildContext(pipeline))
+
+    def state(self, table):
+        state = {}
+        for root in sorted(self.root.glob(f"*/{table.qualified}")):
+            state.update(parquet_state(root.parent, table.qualified))
+        return state
+
+
+class TestParquetLoadContract(LoadContract):
+    """The connector kit's Load contract, on the Parquet target."""
+
+    @pytest.fixture
+    def probe(self, tmp_path):
+        return ParquetProbe(tmp_path / "lake")
