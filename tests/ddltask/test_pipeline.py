@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 
 import pytest
 
@@ -214,8 +215,11 @@ def test_rollbacks_after_loads_never_rerun_actions_nor_revive_deprecated_rows(ma
     listener = Rollbacks()
     rig.run(listener=listener)
     # A batch the target committed is acked at its position after the failure, not loaded again:
-    # one failure per batch (3), each after the batch's action ran and its rows landed.
-    assert len(listener.errors) == 3 and all("injected termin failure" in e for e in listener.errors)
+    # one failure per batch (3 or more: a big transaction may come in pieces), each after the
+    # batch's action ran and its rows landed.
+    failed = [re.search(r"injected termin failure at batch (\d+)", e) for e in listener.errors]
+    assert all(failed) and len(failed) >= 3
+    assert len({m.group(1) for m in failed if m}) == len(failed)
     assert rig.rows("fact") == expected(D20, range(1, 6), 2)
     assert rig.load.actions_run == {"run1": 1, "run2": 1}
     assert rig.statuses() == {"run1": DdlTaskStatus.DEPRECATED, "run2": DdlTaskStatus.SUCCEEDED}
