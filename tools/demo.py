@@ -258,7 +258,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """Compare every source table the pipeline replicates with its target table."""
     from setl.config import load_pipeline
     from setl.errors import SetlError
-    from setl.stages.extract import TableExtract
+    from setl.routing import RoutingPlan
 
     try:
         config = load_pipeline(args.conf, args.pipeline)
@@ -269,7 +269,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(f"demo: verify compares MySQL/MariaDB source and target; {args.pipeline} is "
               f"{config.source.type} -> {config.target.type}", file=sys.stderr)
         return 2
-    extract = TableExtract(config.tables, pipeline=config.name)
+    plan = RoutingPlan.compile(config.tables, pipeline=config.name)
     import pymysql
 
     def connect(cfg):
@@ -297,15 +297,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
                      " ('mysql', 'information_schema', 'performance_schema', 'sys', 'setl')"
                      " ORDER BY 1, 2")
         for schema, table in scur.fetchall():
-            plan = extract.plan_for(schema, table)
-            if plan is None:
+            route = plan.route(schema, table)
+            if route is None:
                 continue
             compared += 1
             source_name = f"`{schema}`.`{table}`"
-            target_name = f"`{plan.target_schema}`.`{plan.target_table}`"
+            target = route.target
+            target_name = f"`{target.schema}`.`{target.table}`"
             mine, theirs = count_and_checksum(scur, source_name), count_and_checksum(dcur, target_name)
-            label = f"{schema}.{table}" + ("" if (schema, table) == (plan.target_schema, plan.target_table)
-                                           else f" -> {plan.target_schema}.{plan.target_table}")
+            label = f"{schema}.{table}" + ("" if (schema, table) == (target.schema, target.table)
+                                           else f" -> {target.schema}.{target.table}")
             if theirs is None:
                 differ += 1
                 print(f"{label}: missing in the target")
