@@ -204,12 +204,13 @@ def test_sysbench_load_replicates_to_postgresql(tmp_path, mariadb_source, source
 
 
 def test_target_outage_past_the_retries_pauses_until_resume(tmp_path, mariadb_source, source_db, mariadb_factory):
-    """An outage longer than the retries pauses the pipeline with the error in `setl status`; after the target
+    """An outage longer than the retry budget (`max_elapsed_ms`) pauses the pipeline with the error in `setl status`; after the target
     is back it stays paused until `setl resume`, then ends with every table equal."""
     target = stoppable_target(mariadb_factory, server_id=4)
     start = prepare_source(mariadb_source, source_db)
     setl = make_setl(tmp_path, mariadb_source, source_db, start, mysql_target(target), "sb.{table}",
-                     retry={"max_attempts": 2, "initial_backoff_ms": 50, "max_backoff_ms": 100})
+                     retry={"max_attempts": 2, "initial_backoff_ms": 50, "max_backoff_ms": 100,
+                                "max_elapsed_ms": 3000})  # a target outage is transient: retried this long
     with spawned(setl) as proc:
         wait_acked_past(setl, proc, 0)
         running = load(mariadb_source, source_db)

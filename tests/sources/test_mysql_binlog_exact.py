@@ -138,8 +138,13 @@ def test_two_phase_xa_commit_is_applied_once_in_commit_order(mariadb_source, sou
     assert [tx.end for tx in got] == sorted(tx.end for tx in got)
 
 
-def test_restart_between_xa_prepare_and_commit_applies_the_prepared_rows_once(mariadb_source, source_db, sources):
+def test_restart_between_xa_prepare_and_commit_applies_the_prepared_rows_once(mariadb_factory, sources):
     """A reader opened after an XA PREPARE it never saw finds the prepared rows when the XA COMMIT arrives."""
+    # A server of its own: the search for the prepare reads binlog files newest first, and the shared
+    # source server's files hold everything earlier tests wrote.
+    mariadb_source = mariadb_factory()
+    source_db = "xa_restart"
+    mariadb_source.query(f"CREATE DATABASE {source_db}")
     execute(mariadb_source, source_db, "CREATE TABLE t (id INT PRIMARY KEY, v INT)")
     start = head(mariadb_source)
     execute(mariadb_source, source_db, "CREATE TABLE v (id INT PRIMARY KEY) WITH SYSTEM VERSIONING",
