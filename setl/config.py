@@ -171,6 +171,8 @@ class PostgresqlTargetConfig:
     user: str = "postgres"
     password: str = attrs.field(default="", repr=False)
     database: str = "postgres"
+    #: what to write for a zero or partial date (`setl.sinks.invalid_dates`): refuse or null
+    invalid_dates: Literal["refuse", "null"] = "refuse"
 
 
 @attrs.frozen
@@ -179,6 +181,8 @@ class ParquetTargetConfig:
     path: str
     partition_by: tuple[str, ...] = ()
     writer: Literal["arrow", "spark"] = "arrow"
+    #: what to write for a zero or partial date (`setl.sinks.invalid_dates`): refuse or null
+    invalid_dates: Literal["refuse", "null"] = "refuse"
 
 
 TargetConfig = Union[SqliteTargetConfig, MysqlTargetConfig, PostgresqlTargetConfig, ParquetTargetConfig]

@@ -10,7 +10,8 @@ around DDL (see `MySQLLoad._apply_ddl`); a CREATE TABLE first creates its databa
 Tables without a primary key are matched on every column with ``<=>`` (one row per change).
 The session runs with strict
 SQL mode (a bad value fails the batch instead of being truncated), ``NO_AUTO_VALUE_ON_ZERO`` (an
-id of 0 stays 0), ``time_zone='+00:00'`` (naive datetimes for TIMESTAMP columns are UTC),
+id of 0 stays 0), ``ALLOW_INVALID_DATES`` without ``NO_ZERO_DATE`` (zero and partial dates, the
+source's `InvalidDate` values, are stored exactly), ``time_zone='+00:00'`` (naive datetimes for TIMESTAMP columns are UTC),
 ``foreign_key_checks=0`` (the merged order of a batch is not the order of its parents and
 children) and READ COMMITTED.
 
@@ -32,7 +33,7 @@ import pymysql.err
 
 from setl.config import MysqlTargetConfig
 from setl.errors import LoadError, TransientLoadError
-from setl.model import Batch
+from setl.model import Batch, InvalidDate
 from setl.sinks.merge import TableChanges
 from setl.sinks.sql_common import DdlStep, SqlLoad, TargetTableMissing, chunks, group_by_columns
 
@@ -65,7 +66,10 @@ ALREADY_DONE_ERRORS = frozenset({
 
 log = logging.getLogger(__name__)
 
-SQL_MODE = "STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION,NO_AUTO_VALUE_ON_ZERO,ERROR_FOR_DIVISION_BY_ZERO"
+# Without NO_ZERO_DATE and NO_ZERO_IN_DATE, and with ALLOW_INVALID_DATES, the zero and partial dates
+# the source holds (InvalidDate: '0000-00-00', '2024-00-15', '2024-02-30') are stored as they are.
+SQL_MODE = ("STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION,NO_AUTO_VALUE_ON_ZERO,ERROR_FOR_DIVISION_BY_ZERO,"
+            "ALLOW_INVALID_DATES")
 
 
 def quote(name: str) -> str:
@@ -78,7 +82,10 @@ def table_name(schema: str, table: str) -> str:
 
 
 def to_db(value: Any) -> Any:
-    """A row value as PyMySQL can send it: JSON documents dumped, SET members joined."""
+    """A row value as PyMySQL can send it: JSON documents dumped, SET members joined, zero and
+    partial dates as the server's own text."""
+    if isinstance(value, InvalidDate):
+        return value.text
     if isinstance(value, (dict, list)):
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
     if isinstance(value, (set, frozenset)):

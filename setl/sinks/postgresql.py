@@ -9,7 +9,8 @@ table DDL is translated (`setl.sinks.postgresql_ddl` lists what is and what is r
 `LoadError`) and runs inside the batch's transaction. Tables without a primary key are matched on
 every column with ``IS NOT DISTINCT FROM`` (one row per change, by ctid). Values go through
 psycopg's adapters (bytes as bytea, Decimal as numeric, timedelta as interval); dicts and lists
-are sent as jsonb. The session time zone is UTC.
+are sent as jsonb. The session time zone is UTC. Zero and partial dates (`InvalidDate`) follow the
+target's ``invalid_dates`` policy (`setl.sinks.invalid_dates`): refused by default, or NULL.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from setl.config import PostgresqlTargetConfig
 from setl.ddl import parse
 from setl.errors import LoadError, TransientLoadError
 from setl.model import Batch
+from setl.sinks.invalid_dates import InvalidDatePolicy
 from setl.sinks.merge import TableChanges
 from setl.sinks.postgresql_ddl import Translator, UnsupportedDdl
-from setl.sinks.sql_common import DdlStep, SqlLoad, TargetTableMissing, chunks, group_by_columns
+from setl.sinks.sql_common import DdlStep, Segment, SqlLoad, TargetTableMissing, chunks, group_by_columns
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,12 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
         self.connect_timeout = connect_timeout
         self._position = sql.Identifier(self.position_schema, self.position_table)
         self._statements: dict[tuple[Any, ...], str] = {}
+        self._invalid_dates = InvalidDatePolicy(getattr(config, "invalid_dates", "refuse"),
+                                                pipeline=self.pipeline, target="PostgreSQL")
+
+    def _segments(self, batch: Batch) -> list[Segment]:
+        """Zero and partial dates handled by the target's ``invalid_dates`` policy first."""
+        return super()._segments(self._invalid_dates.apply(batch))
 
     def __repr__(self) -> str:
         return f"<PostgresLoad {self.pipeline} -> {self.config.host}:{self.config.port}/{self.config.database}>"

@@ -13,9 +13,12 @@ import threading
 from pathlib import Path
 
 from setl.errors import LoadError, TransientLoadError
-from setl.model import Batch, DdlChange, Position
+from setl.model import Batch, DdlChange, InvalidDate, Position
 from setl.sinks.merge import merge
 from setl.stages.load import Load
+
+# A zero or partial date is stored as its text, as SQLite stores every date.
+sqlite3.register_adapter(InvalidDate, str)
 
 
 def _q(name: str) -> str:

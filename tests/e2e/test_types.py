@@ -11,10 +11,16 @@ import json
 import struct
 from typing import Any
 
+import attrs
 import pytest
 
+from setl.errors import LoadError
+from setl.model import Batch, InvalidDate, Op, Position, RowChange
 from setl.sinks.mysql import MySQLLoad
+from setl.sinks.parquet import ParquetLoad, read_table
 from setl.sinks.postgresql import PostgresLoad
+from setl.sinks.sqlite import SqliteLoad
+from setl.transforms.frames import rows_to_table, table_to_rows
 
 from .replicate import binlog_head, replicate, table_rule
 
@@ -163,3 +169,98 @@ def test_table_without_primary_key_reaches_both_targets(mariadb_source, source_d
     assert expected == sorted([("a", 1, None), ("a", 1, "y"), (None, None, None), (None, 5, None)], key=repr)
     assert sorted(mariadb_target.query(f"SELECT * FROM `{mysql_db}`.loose"), key=repr) == expected
     assert sorted(postgres_server.query("SELECT * FROM app.loose", dbname=postgres_db), key=repr) == expected
+
+
+# -- zero and partial dates (InvalidDate), loaded directly as the binlog source hands them on
+
+INVALID = {"d": InvalidDate("0000-00-00"), "dt": InvalidDate("2024-00-15 10:00:00"),
+           "p": InvalidDate("2024-00-15"), "ts": InvalidDate("0000-00-00 00:00:00")}
+
+
+def invalid_date_batch(schema: str, table: str = "dates") -> Batch:
+    """A batch inserting a row of zero and partial dates (id 1) and a row of real ones (id 2)."""
+    good = {"id": 2, "d": datetime.date(2024, 1, 31), "dt": datetime.datetime(2024, 1, 31, 10),
+            "p": datetime.date(2024, 2, 29), "ts": datetime.datetime(2024, 1, 31, 10)}
+    changes = tuple(RowChange(Op.INSERT, schema, table, ("id",), None, image, Position("bin.000001", 100 + n))
+                    for n, image in enumerate([{"id": 1, **INVALID}, good]))
+    return Batch("dates", 1, 1, Position("bin.000001", 4), Position("bin.000001", 200), changes)
+
+
+def test_invalid_dates_are_stored_exactly_in_mariadb(mariadb_target, mysql_db):
+    """Zero and partial DATE, DATETIME and TIMESTAMP values reach a MariaDB target as the source's text."""
+    mariadb_target.query(f"CREATE TABLE `{mysql_db}`.dates (id INT PRIMARY KEY, d DATE, dt DATETIME, p DATE,"
+                         " ts TIMESTAMP NULL)")
+    load = MySQLLoad(mariadb_target.target_config(), pipeline="dates", position_schema=mysql_db)
+    try:
+        load.load(invalid_date_batch(mysql_db))
+    finally:
+        load.close()
+    got = mariadb_target.query(f"SELECT id, CAST(d AS CHAR), CAST(dt AS CHAR), CAST(p AS CHAR), CAST(ts AS CHAR)"
+                               f" FROM `{mysql_db}`.dates ORDER BY id")
+    assert got[0] == (1, "0000-00-00", "2024-00-15 10:00:00", "2024-00-15", "0000-00-00 00:00:00")
+    assert got[1][:4] == (2, "2024-01-31", "2024-01-31 10:00:00", "2024-02-29")
+
+
+def test_invalid_dates_are_refused_by_postgresql_by_default(postgres_server, postgres_db):
+    """PostgreSQL (invalid_dates: refuse) fails the batch permanently, naming table, column, position and
+    value, and writes nothing."""
+    postgres_server.query("CREATE SCHEMA app; CREATE TABLE app.dates (id int PRIMARY KEY, d date, dt timestamp,"
+                          " p date, ts timestamptz)", dbname=postgres_db)
+    load = PostgresLoad(postgres_server.target_config(postgres_db), pipeline="dates")
+    try:
+        with pytest.raises(LoadError) as caught:
+            load.load(invalid_date_batch("app"))
+    finally:
+        load.close()
+    text = str(caught.value)
+    assert not caught.value.retryable and "\n" not in text
+    assert "table=app.dates" in text and "position=bin.000001:100" in text
+    assert "column d holds '0000-00-00'" in text
+    assert postgres_server.query("SELECT count(*) FROM app.dates", dbname=postgres_db) == [(0,)]
+
+
+def test_invalid_dates_become_null_in_postgresql_when_configured(postgres_server, postgres_db, caplog):
+    """PostgreSQL with invalid_dates: null writes NULL for each invalid date, keeps the real ones, and warns
+    with the count."""
+    postgres_server.query("CREATE SCHEMA app; CREATE TABLE app.dates (id int PRIMARY KEY, d date, dt timestamp,"
+                          " p date, ts timestamptz)", dbname=postgres_db)
+    config = attrs.evolve(postgres_server.target_config(postgres_db), invalid_dates="null")
+    load = PostgresLoad(config, pipeline="dates")
+    try:
+        load.load(invalid_date_batch("app"))
+    finally:
+        load.close()
+    got = postgres_server.query("SELECT id, d, dt, p FROM app.dates ORDER BY id", dbname=postgres_db)
+    assert got == [(1, None, None, None),
+                   (2, datetime.date(2024, 1, 31), datetime.datetime(2024, 1, 31, 10), datetime.date(2024, 2, 29))]
+    assert any("4 invalid date value(s) written as NULL" in r.getMessage() and r.levelname == "WARNING"
+               for r in caplog.records)
+
+
+def test_invalid_dates_in_parquet_and_sqlite(tmp_path):
+    """Parquet refuses invalid dates by default and writes NULL under invalid_dates: null; SQLite stores the
+    text."""
+    with pytest.raises(LoadError) as caught:
+        ParquetLoad(tmp_path / "refuse", pipeline="dates").load(invalid_date_batch("app"))
+    assert not caught.value.retryable and "column d holds '0000-00-00'" in str(caught.value)
+    ParquetLoad(tmp_path / "null", pipeline="dates", invalid_dates="null").load(invalid_date_batch("app"))
+    table = read_table(tmp_path / "null", "app.dates").sort_by("id")
+    assert table.column("d").to_pylist() == [None, datetime.date(2024, 1, 31)]
+    sqlite = SqliteLoad(tmp_path / "t.db", pipeline="dates")
+    sqlite.open()
+    try:
+        sqlite.load(invalid_date_batch("app"))
+        row = sqlite.db.execute('SELECT d, dt, p, ts FROM "app.dates" WHERE id = 1').fetchone()
+    finally:
+        sqlite.close()
+    assert row == tuple(INVALID[c].text for c in ("d", "dt", "p", "ts"))
+
+
+def test_invalid_dates_cross_the_arrow_conversion_of_transforms():
+    """A date column holding InvalidDate goes to Arrow as ISO text (what a Spark transform sees) and comes
+    back as the same dates, datetimes and InvalidDate values."""
+    rows = [{"d": datetime.date(2024, 1, 31), "ts": datetime.datetime(2024, 1, 31, 10, tzinfo=datetime.timezone.utc)},
+            {"d": INVALID["d"], "ts": INVALID["ts"]}, {"d": None, "ts": None}]
+    table, codecs = rows_to_table(rows)
+    assert table.column("d").to_pylist() == ["2024-01-31", "0000-00-00", None]
+    assert table_to_rows(table, codecs) == rows
