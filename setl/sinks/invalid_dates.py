@@ -84,4 +84,4 @@ class InvalidDatePolicy:
         return {column: None if isinstance(value, InvalidDate) else value for column, value in image.items()}
 
 
-__all__ = ["InvalidDatePolicy", "POLICIES"]
+__all__ = ["POLICIES", "InvalidDatePolicy"]

@@ -51,6 +51,12 @@ def to_db(value: Any) -> Any:
     return value
 
 
+def column(name: str) -> sql.Composable:
+    """A column name as a quoted identifier, its ``%`` doubled: the statements carry ``%s``
+    placeholders, so psycopg would read a ``%`` in the name as one."""
+    return sql.SQL('"' + name.replace('"', '""').replace("%", "%%") + '"')
+
+
 def _marks(count: int) -> str:
     return "(" + ", ".join(["%s"] * count) + ")"
 
@@ -181,8 +187,8 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
     def _delete_sql(name: sql.Identifier, key: Sequence[str], rows: int) -> sql.Composable:
         if len(key) == 1:
             marks = ", ".join(["%s"] * rows)
-            return sql.SQL("DELETE FROM {} WHERE {} IN (" + marks + ")").format(name, sql.Identifier(key[0]))
-        columns = sql.SQL(", ").join(map(sql.Identifier, key))
+            return sql.SQL("DELETE FROM {} WHERE {} IN (" + marks + ")").format(name, column(key[0]))
+        columns = sql.SQL(", ").join(map(column, key))
         values = ", ".join([_marks(len(key))] * rows)
         return sql.SQL("DELETE FROM {} WHERE ({}) IN (" + values + ")").format(name, columns)
 
@@ -191,14 +197,14 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
         others = [c for c in columns if c not in key]
         if others:
             action = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
-                sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in others))
+                sql.SQL("{0} = EXCLUDED.{0}").format(column(c)) for c in others))
         else:
             action = sql.SQL("DO NOTHING")
         values = ", ".join([_marks(len(columns))] * rows)
         return sql.SQL("INSERT INTO {} ({}) VALUES " + values + " ON CONFLICT ({}) {}").format(
             name,
-            sql.SQL(", ").join(map(sql.Identifier, columns)),
-            sql.SQL(", ").join(map(sql.Identifier, key)),
+            sql.SQL(", ").join(map(column, columns)),
+            sql.SQL(", ").join(map(column, key)),
             action,
         )
 
@@ -208,7 +214,7 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
             for change in table.sequence:
                 if change.before is not None:
                     where = sql.SQL(" AND ").join(
-                        sql.SQL("{} IS NOT DISTINCT FROM %s").format(sql.Identifier(c))
+                        sql.SQL("{} IS NOT DISTINCT FROM %s").format(column(c))
                         for c in change.before)
                     cur.execute(sql.SQL("DELETE FROM {0} WHERE ctid = (SELECT ctid FROM {0} WHERE {1}"
                                         " LIMIT 1)").format(name, where),
@@ -219,7 +225,7 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
     @staticmethod
     def _insert(cur: psycopg.Cursor, name: sql.Identifier, image: Mapping[str, Any]) -> None:
         cur.execute(sql.SQL("INSERT INTO {} ({}) VALUES " + _marks(len(image))).format(
-            name, sql.SQL(", ").join(map(sql.Identifier, image))),
+            name, sql.SQL(", ").join(map(column, image))),
             [to_db(v) for v in image.values()])
 
     # -- DDL

@@ -264,3 +264,43 @@ def test_invalid_dates_cross_the_arrow_conversion_of_transforms():
     table, codecs = rows_to_table(rows)
     assert table.column("d").to_pylist() == ["2024-01-31", "0000-00-00", None]
     assert table_to_rows(table, codecs) == rows
+
+
+ODD_NAMES = ["a%b", "100%", 'q"uote', "back`tick", "with space", "ünï✓", "c" * 64]
+
+
+def write_odd_names(server: Any, schema: str) -> None:
+    """Keyed and keyless tables whose columns have odd names, with inserts, an update and a delete."""
+    columns = ", ".join(f"`{n.replace('`', '``')}` VARCHAR(20)" for n in ODD_NAMES)
+    names = ", ".join(f"`{n.replace('`', '``')}`" for n in ODD_NAMES).replace("%", "%%")
+    marks = ", ".join(["%s"] * len(ODD_NAMES))
+    with contextlib.closing(server.connect(database=schema)) as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE TABLE odd (id INT PRIMARY KEY, {columns}) DEFAULT CHARSET=utf8mb4")
+        cur.execute(f"CREATE TABLE odd_loose ({columns}) DEFAULT CHARSET=utf8mb4")
+        for table, extra in (("odd", "id, "), ("odd_loose", "")):
+            for n in range(3):
+                values = [f"{k}-{n}%s" for k in range(len(ODD_NAMES))]
+                cur.execute(f"INSERT INTO {table} ({extra}{names}) VALUES ({'%s, ' if extra else ''}{marks})",
+                            ([n] if extra else []) + values)
+            cur.execute(f"UPDATE {table} SET `a%b` = 'changed %', `with space` = NULL WHERE `100%` = '1-1%s'")
+            cur.execute(f"DELETE FROM {table} WHERE `100%` = '2-2%s'")
+
+
+def test_odd_column_names_reach_both_targets(mariadb_source, source_db, mariadb_target, mysql_db, postgres_server,
+                                             postgres_db, tmp_path):
+    """Columns named with %, double quotes, backticks, spaces, unicode and 64 characters are created, written,
+    updated and deleted in MariaDB and PostgreSQL targets equal to the source."""
+    start = binlog_head(mariadb_source)
+    write_odd_names(mariadb_source, source_db)
+    for table in ("odd", "odd_loose"):
+        rule = [table_rule(rf"{source_db}\.{table}", f"{mysql_db}.{table}")]
+        replicate(mariadb_source, start, rule,
+                  MySQLLoad(mariadb_target.target_config(), pipeline=f"{table}_m", position_schema=mysql_db),
+                  tmp_path, name=f"{table}_m")
+        rule = [table_rule(rf"{source_db}\.{table}", f"app.{table}")]
+        replicate(mariadb_source, start, rule, PostgresLoad(postgres_server.target_config(postgres_db),
+                                                            pipeline=f"{table}_p"), tmp_path, name=f"{table}_p")
+        expected = sorted(mariadb_source.query(f"SELECT * FROM `{source_db}`.{table}"), key=repr)
+        assert len(expected) == 3 and ("changed %",) in [(r[-7],) for r in expected]
+        assert sorted(mariadb_target.query(f"SELECT * FROM `{mysql_db}`.{table}"), key=repr) == expected
+        assert sorted(postgres_server.query(f"SELECT * FROM app.{table}", dbname=postgres_db), key=repr) == expected
