@@ -4,7 +4,9 @@ Translated: CREATE TABLE (columns with the type mapping below, NULL/NOT NULL, si
 PRIMARY KEY and UNIQUE), CREATE TABLE ... LIKE, ALTER TABLE ADD/DROP/MODIFY/CHANGE/ALTER/RENAME
 COLUMN, ADD/DROP PRIMARY KEY, RENAME TO, RENAME TABLE (across schemas too), TRUNCATE and DROP TABLE.
 Left out on purpose, since rows carry full images and do not need them: secondary (non-unique)
-indexes, FOREIGN KEY and CHECK constraints, column COMMENTs, charsets and collations, AUTO_INCREMENT,
+indexes, FOREIGN KEY and CHECK constraints, column COMMENTs, charsets and case-insensitive collations
+(PostgreSQL compares text case-sensitively: a UNIQUE key MySQL would refuse for 'a' and 'A' holds
+both), AUTO_INCREMENT,
 ON UPDATE CURRENT_TIMESTAMP, defaults that are not a number, a plain string, NULL or
 CURRENT_TIMESTAMP, FIRST/AFTER, table options. CREATE/DROP INDEX statements are not applied.
 Anything else (generated columns, partitioning, spatial types, ...) raises `UnsupportedDdl`.
@@ -17,7 +19,9 @@ MEDIUMINT, INT -> integer (INT UNSIGNED -> bigint); BIGINT -> bigint (UNSIGNED -
 BOOL -> smallint; DECIMAL(p,s) -> numeric(p,s); FLOAT -> real; DOUBLE -> double precision;
 DATE -> date; TIME -> interval (MySQL TIME spans -838..838 hours); DATETIME(n) -> timestamp(n);
 TIMESTAMP(n) -> timestamptz(n); YEAR -> smallint; CHAR(n), VARCHAR(n) -> varchar(n) (no padding);
-TEXT types -> text; BINARY, VARBINARY, BLOB types -> bytea; ENUM, SET -> text (a SET as its
+TEXT types -> text; a binary collation (``CHAR(n) BINARY``, ``VARCHAR(n) BINARY``,
+``COLLATE utf8mb4_bin``, ``COLLATE binary``) adds ``COLLATE "C"``; ``CHARACTER SET binary`` on a
+character type makes it bytea (MySQL makes it BINARY/VARBINARY/BLOB); BINARY, VARBINARY, BLOB types -> bytea; ENUM, SET -> text (a SET as its
 members sorted and comma-joined); BIT(n) -> bigint (numeric(20,0) for BIT(64)); JSON -> jsonb.
 MariaDB's UUID, INET4 and INET6 are refused: the binlog carries their storage bytes, not text.
 """
@@ -167,6 +171,10 @@ def column(tokens: Sequence[Token]) -> Column:
     t = Reader(tokens)
     name = t.next().name
     base = t.next().upper
+    if base == "NATIONAL":  # NATIONAL CHAR(n), NATIONAL VARCHAR(n): utf8 character types
+        base = {"CHAR": "NCHAR", "CHARACTER": "NCHAR", "VARCHAR": "NVARCHAR"}.get(t.next().upper, "")
+    if base == "NCHAR" and t.word("VARYING"):
+        base = "NVARCHAR"
     if base == "DOUBLE":
         t.word("PRECISION")
     if base in ("CHARACTER", "CHAR") and t.word("VARYING"):
@@ -182,6 +190,7 @@ def column(tokens: Sequence[Token]) -> Column:
         t.next()
     kind = pg_type(base, args, unsigned)
     not_null, default, extra = False, None, ""
+    binary, charset = False, ""
     while not t.done():
         if t.word("NOT"):
             if not t.word("NULL"):
@@ -199,10 +208,19 @@ def column(tokens: Sequence[Token]) -> Column:
         elif t.word("UNIQUE"):
             t.word("KEY")
             extra += " UNIQUE"
-        elif t.word("COMMENT", "COLLATE", "CHARSET", "AFTER"):
-            t.next()
+        elif t.word("BINARY"):
+            binary = True  # CHAR(n) BINARY: the charset's binary collation
+        elif t.word("ASCII", "UNICODE", "BYTE"):
+            pass
+        elif t.word("COLLATE"):
+            collation = t.next().name.lower()
+            binary = binary or collation.endswith("_bin") or collation == "binary"
+        elif t.word("CHARSET"):
+            charset = t.next().name.lower()
         elif t.word("CHARACTER"):
             t.word("SET")
+            charset = t.next().name.lower()
+        elif t.word("COMMENT", "AFTER"):
             t.next()
         elif t.word("ON"):
             t.word("UPDATE")
@@ -213,6 +231,14 @@ def column(tokens: Sequence[Token]) -> Column:
             t.at = len(t.sig)
         else:
             raise UnsupportedDdl(f"column {name}: {t.next().text} is not translated")
+    if kind in ("text",) or kind.startswith("varchar"):
+        if charset == "binary":  # CHAR(n) CHARACTER SET binary is BINARY(n): bytes, as the binlog has them
+            kind = "bytea"
+            implicit = "''::bytea" if implicit == "''" else implicit
+            if base in ("CHAR", "NCHAR") and implicit is not None:
+                implicit = f"'\\x{'00' * (int(args[0]) if args else 1)}'::bytea"
+        elif binary:
+            kind += ' COLLATE "C"'  # a binary collation: byte order, case and accents distinct
     return Column(name, kind, not_null, default, implicit, extra)
 
 

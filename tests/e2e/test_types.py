@@ -304,3 +304,22 @@ def test_odd_column_names_reach_both_targets(mariadb_source, source_db, mariadb_
         assert len(expected) == 3 and ("changed %",) in [(r[-7],) for r in expected]
         assert sorted(mariadb_target.query(f"SELECT * FROM `{mysql_db}`.{table}"), key=repr) == expected
         assert sorted(postgres_server.query(f"SELECT * FROM app.{table}", dbname=postgres_db), key=repr) == expected
+
+
+def test_binary_collations_and_charsets_reach_postgresql(mariadb_source, source_db, postgres_server, postgres_db,
+                                                        tmp_path):
+    """CHAR(n) BINARY, VARCHAR BINARY, CHARACTER SET / COLLATE clauses and CHARACTER SET binary translate for
+    PostgreSQL and the values arrive equal; a binary collation keeps byte order (COLLATE "C")."""
+    start = binlog_head(mariadb_source)
+    with contextlib.closing(mariadb_source.connect(database=source_db)) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE coll (id INT PRIMARY KEY, a CHAR(10) BINARY NOT NULL,"
+                    " b VARCHAR(20) BINARY CHARACTER SET utf8mb4, c VARCHAR(5) COLLATE utf8mb4_bin,"
+                    " d TEXT CHARACTER SET latin1 COLLATE latin1_swedish_ci, e CHAR(4) CHARACTER SET binary,"
+                    " f NATIONAL VARCHAR(4), UNIQUE KEY (a)) DEFAULT CHARSET=utf8mb4")
+        cur.execute("INSERT INTO coll VALUES (1, 'a', 'Zé', 'x', 'çà', 'ab', 'n'), (2, 'A', 'zé', 'X', 'e', x'00ff', 'm')")
+        cur.execute("ALTER TABLE coll ADD COLUMN g CHAR(2) BINARY NOT NULL")
+    replicate(mariadb_source, start, [table_rule(rf"{source_db}\.coll", "app.coll")],
+              PostgresLoad(postgres_server.target_config(postgres_db), pipeline="coll"), tmp_path)
+    expected = mariadb_source.query(f"SELECT * FROM `{source_db}`.coll ORDER BY id")
+    assert postgres_server.query("SELECT * FROM app.coll ORDER BY id", dbname=postgres_db) == expected
+    assert [r[0] for r in postgres_server.query("SELECT a FROM app.coll ORDER BY a", dbname=postgres_db)] == ["A", "a"]

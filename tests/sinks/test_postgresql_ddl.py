@@ -56,3 +56,20 @@ def test_untranslatable_statements_are_refused(statement):
     """A part the translation does not know is refused, never half translated."""
     with pytest.raises(UnsupportedDdl):
         translate(statement)
+
+
+@pytest.mark.parametrize("definition, expected", [
+    ("CHAR(10) BINARY NOT NULL", 'varchar(10) COLLATE "C" NOT NULL'),
+    ("VARCHAR(20) BINARY CHARACTER SET utf8mb4", 'varchar(20) COLLATE "C"'),
+    ("VARCHAR(5) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin", 'varchar(5) COLLATE "C"'),
+    ("TEXT COLLATE binary", 'text COLLATE "C"'),
+    ("TEXT CHARACTER SET latin1 COLLATE latin1_swedish_ci", "text"),
+    ("VARCHAR(3) CHARSET ascii", "varchar(3)"),
+    ("CHAR(4) CHARACTER SET binary", "bytea"),
+    ("NATIONAL VARCHAR(4)", "varchar(4)"),
+    ("NCHAR VARYING(2)", "varchar(2)"),
+    ("CHAR(2) ASCII", "varchar(2)"),
+])
+def test_charsets_and_collations(definition, expected):
+    """Binary collations become COLLATE "C", CHARACTER SET binary makes bytes, other charsets drop."""
+    assert translate(f"CREATE TABLE t (c {definition})") == [f'CREATE TABLE "app"."t" ("c" {expected})']
