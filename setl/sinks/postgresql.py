@@ -26,7 +26,7 @@ from psycopg.types.json import Jsonb
 
 from setl.config import PostgresqlTargetConfig
 from setl.ddl import parse
-from setl.errors import LoadError, TransientLoadError
+from setl.errors import LoadError, RefusedLoadError, TransientLoadError
 from setl.model import Batch
 from setl.sinks.invalid_dates import InvalidDatePolicy
 from setl.sinks.merge import TableChanges
@@ -235,8 +235,9 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
         transaction: PostgreSQL DDL is transactional, so a replay finds it undone or committed
         with the batch's position. A statement it cannot translate fails the batch."""
         change = step.change
+        translator = Translator(change.schema)
         try:
-            statements = Translator(change.schema).translate(step.statement)
+            statements = translator.translate(step.statement)
         except (UnsupportedDdl, ValueError) as exc:
             raise LoadError(f"cannot translate this DDL for PostgreSQL ({exc}): {change.statement}",
                             **{**self._context(batch, table=change.qualified_table),
@@ -261,6 +262,13 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
                 log.info("pipeline=%s stage=load table=%s: table exists with the same shape; CREATE "
                          "TABLE counts as applied", self.pipeline, change.qualified_table)
                 return
+        for table, why in translator.needs_empty:
+            row = conn.execute(f"SELECT EXISTS (SELECT 1 FROM {table})").fetchone()
+            if row and row[0]:
+                raise RefusedLoadError(f"cannot apply this DDL exactly on PostgreSQL: {table} has rows and {why}: "
+                                       f"{change.statement}",
+                                       **{**self._context(batch, table=change.qualified_table),
+                                          "position": change.position or batch.end})
         for statement in statements:
             conn.execute(statement)
 

@@ -7,8 +7,12 @@ Left out on purpose, since rows carry full images and do not need them: secondar
 indexes, FOREIGN KEY and CHECK constraints, column COMMENTs, charsets and case-insensitive collations
 (PostgreSQL compares text case-sensitively: a UNIQUE key MySQL would refuse for 'a' and 'A' holds
 both), AUTO_INCREMENT,
-ON UPDATE CURRENT_TIMESTAMP, defaults that are not a number, a plain string, NULL or
-CURRENT_TIMESTAMP, FIRST/AFTER, table options. CREATE/DROP INDEX statements are not applied.
+ON UPDATE CURRENT_TIMESTAMP, FIRST/AFTER, table options, and defaults other than a number, a
+plain string (also with a charset introducer), NULL, CURRENT_TIMESTAMP, b'..' (on integer and BIT
+columns) and x'..'/0x.. (on integer and binary columns): expression defaults ``DEFAULT (1+1)``
+are left out where rows carry full images (CREATE TABLE, MODIFY), but an ADD COLUMN with one, or
+with CURRENT_TIMESTAMP (existing rows get the time of the DDL on the source), is exact only on an
+empty table: `Translator.needs_empty` names it and `PostgresLoad` refuses it if the table has rows. CREATE/DROP INDEX statements are not applied.
 Anything else (generated columns, partitioning, spatial types, ...) raises `UnsupportedDdl`.
 ADD COLUMN ... NOT NULL without a DEFAULT fills existing rows with MySQL's implicit default (0,
 '', the first ENUM member, zero bytes); for dates MySQL's zero date has no PostgreSQL value, so
@@ -99,8 +103,21 @@ def _names(tokens: Sequence[Token]) -> str:
     return ", ".join(ident(part[0].name) for part in split(tokens))
 
 
-def _default(t: Reader) -> str | None:
-    """A DEFAULT's value in PostgreSQL, or None to leave the default out."""
+_INTEGER_KINDS = ("smallint", "integer", "bigint", "numeric(20,0)")
+
+
+def _default(t: Reader, kind: str = "") -> tuple[str | None, str | None]:
+    """A DEFAULT's value in PostgreSQL for a column of PostgreSQL type `kind`, or None to leave the
+    default out; and the MySQL text of a default that is left out (None when nothing is lost)."""
+    start = t.at
+    value = _default_value(t, kind)
+    lost = None
+    if value is None:
+        lost = "".join(token.text for token in t.tokens[t.sig[start]:t.sig[t.at - 1] + 1])
+    return value, lost
+
+
+def _default_value(t: Reader, kind: str) -> str | None:
     token = t.next()
     if token.upper == "NULL":
         return "NULL"
@@ -115,6 +132,8 @@ def _default(t: Reader) -> str | None:
         if t.sees("."):
             t.next()
             return f"{sign}{token.text}.{t.next().text}"
+        if token.text.lower().startswith("0x"):
+            return _hex_default(token.text[2:], kind)
         return sign + token.text
     if token.kind == "string" and token.text[0] == "'" and "\\" not in token.text:
         return None if token.text.startswith("'0000-00-00") else token.text
@@ -123,13 +142,31 @@ def _default(t: Reader) -> str | None:
         t.group()
     elif token.kind == "word" and (value := t.peek()) is not None and value.kind == "string":
         t.next()  # b'0101', x'ff', _utf8mb4'...'
+        text = value.text[1:-1]
+        if token.upper == "B" and kind in _INTEGER_KINDS and set(text) <= {"0", "1"}:
+            return str(int(text or "0", 2))
+        if token.upper == "X":
+            return _hex_default(text, kind)
+        if token.text.startswith("_") and value.text[0] == "'" and "\\" not in value.text:
+            return value.text  # a string with a charset introducer
+    return None
+
+
+def _hex_default(digits: str, kind: str) -> str | None:
+    """A hexadecimal literal as the default of a bytea or integer column (None for other kinds)."""
+    if not digits or any(c not in "0123456789abcdefABCDEF" for c in digits):
+        return None
+    if kind == "bytea":
+        return f"'\\x{digits.lower()}'::bytea"
+    if kind in _INTEGER_KINDS:
+        return str(int(digits, 16))
     return None
 
 
 @attrs.frozen
 class Column:
     """A MySQL column definition in PostgreSQL terms. `default` is the translated DEFAULT, or
-    None; `implicit` is what MySQL fills existing rows with when the column is added NOT NULL
+    None (`lost_default` is then the MySQL text of a DEFAULT left out, if there was one); `implicit` is what MySQL fills existing rows with when the column is added NOT NULL
     without a DEFAULT (None where PostgreSQL has no such value, as for zero dates); `key` is an
     inline `` PRIMARY KEY`` or `` UNIQUE``."""
 
@@ -139,6 +176,7 @@ class Column:
     default: str | None
     implicit: str | None
     key: str
+    lost_default: str | None = None
 
     def text(self, default: str | None = None) -> str:
         text = f"{ident(self.name)} {self.kind}{self.key}"
@@ -190,7 +228,7 @@ def column(tokens: Sequence[Token]) -> Column:
         t.next()
     kind = pg_type(base, args, unsigned)
     not_null, default, extra = False, None, ""
-    binary, charset = False, ""
+    binary, charset, lost = False, "", None
     while not t.done():
         if t.word("NOT"):
             if not t.word("NULL"):
@@ -199,7 +237,7 @@ def column(tokens: Sequence[Token]) -> Column:
         elif t.word("NULL", "AUTO_INCREMENT", "INVISIBLE", "VISIBLE", "FIRST", "SIGNED", "UNSIGNED"):
             pass
         elif t.word("DEFAULT"):
-            default = _default(t)
+            default, lost = _default(t, kind)
         elif t.word("PRIMARY"):
             t.word("KEY")
             extra += " PRIMARY KEY"
@@ -239,7 +277,7 @@ def column(tokens: Sequence[Token]) -> Column:
                 implicit = f"'\\x{'00' * (int(args[0]) if args else 1)}'::bytea"
         elif binary:
             kind += ' COLLATE "C"'  # a binary collation: byte order, case and accents distinct
-    return Column(name, kind, not_null, default, implicit, extra)
+    return Column(name, kind, not_null, default, implicit, extra, lost)
 
 
 def _constraint(tokens: Sequence[Token]) -> str | None:
@@ -270,12 +308,17 @@ class Translator:
 
     def __init__(self, default_schema: str) -> None:
         self.default_schema = default_schema
+        #: (table, why) of the last `translate`: statements exact only while the table has no rows
+        #: (an ADD COLUMN whose DEFAULT fills existing rows with a value PostgreSQL would not give)
+        self.needs_empty: list[tuple[str, str]] = []
 
     def table(self, ref: TableRef) -> str:
         return f"{ident(ref.schema or self.default_schema)}.{ident(ref.table)}"
 
     def translate(self, statement: Statement) -> list[str]:
-        """The PostgreSQL statements that do what `statement` does (empty: nothing to do)."""
+        """The PostgreSQL statements that do what `statement` does (empty: nothing to do); see
+        `needs_empty` for what holds only on an empty table."""
+        self.needs_empty = []
         tokens = [t for t in statement.tokens if t.kind != "ws"]
         refs = statement.tables
         after = [t for t in statement.tokens[refs[0].end:] if t.kind != "ws"]
@@ -371,7 +414,7 @@ class Translator:
                 target = ident(t.next().name)
                 if t.word("SET"):
                     t.word("DEFAULT")
-                    default = _default(t)
+                    default, _ = _default(t)
                     if default is not None:
                         actions.append(f"ALTER COLUMN {target} SET DEFAULT {default}")
                 elif t.word("DROP"):
@@ -420,6 +463,12 @@ class Translator:
             fill = None
             if definition.not_null and definition.default is None and not definition.key:
                 fill = definition.implicit
+            if definition.lost_default is not None:
+                self.needs_empty.append((table, f"column {definition.name} DEFAULT "
+                                                f"{definition.lost_default} has no PostgreSQL translation"))
+            elif definition.default == "CURRENT_TIMESTAMP":
+                self.needs_empty.append((table, f"column {definition.name} DEFAULT CURRENT_TIMESTAMP gives "
+                                                "existing rows the time of the DDL on the source"))
             actions.append(f"ADD COLUMN{exists} {definition.text(default=fill)}")
             if fill is not None:
                 later.insert(0, f"ALTER TABLE {table} ALTER COLUMN {ident(definition.name)} DROP DEFAULT")

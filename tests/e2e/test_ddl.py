@@ -123,3 +123,37 @@ def test_ddl_fail_pauses_the_pipeline_naming_the_statement(mariadb_source, sourc
     assert error.context["table"] == f"{mysql_db}.purchases" and error.context["position"] > start
     assert mariadb_target.query("SELECT table_name FROM information_schema.tables WHERE table_schema = %s"
                                 " AND table_name NOT LIKE 'setl%%'", (mysql_db,)) == []
+
+
+def run(server: Any, schema: str, statements: list[str]) -> None:
+    with contextlib.closing(server.connect(database=schema)) as conn, conn.cursor() as cur:
+        for statement in statements:
+            cur.execute(statement)
+
+
+def test_add_column_defaults_fill_existing_rows_on_postgresql(mariadb_source, source_db, postgres_server,
+                                                              postgres_db, tmp_path):
+    """ADD COLUMN with a BIT, hex or charset-introduced default gives existing PostgreSQL rows the
+    source's values; an expression default on a table with rows pauses the pipeline with one line
+    naming the column, and nothing of that DDL is applied."""
+    start = binlog_head(mariadb_source)
+    run(mariadb_source, source_db, [
+        "CREATE TABLE flags (id INT PRIMARY KEY)",
+        "INSERT INTO flags VALUES (1), (2)",
+        "ALTER TABLE flags ADD COLUMN b BIT(1) NOT NULL DEFAULT b'1', ADD x VARBINARY(2) DEFAULT x'0aff',"
+        " ADD s VARCHAR(3) DEFAULT _utf8mb4'abc', ADD n INT DEFAULT 0x10",
+        "INSERT INTO flags (id) VALUES (3)",
+        "CREATE TABLE empty_one (id INT PRIMARY KEY)",
+        "ALTER TABLE empty_one ADD COLUMN e INT DEFAULT (1+1), ADD t DATETIME DEFAULT CURRENT_TIMESTAMP",
+        "ALTER TABLE flags ADD COLUMN e INT DEFAULT (1+1)",
+    ])
+    load = PostgresLoad(postgres_server.target_config(postgres_db), pipeline="defaults")
+    scheduler = replicate(mariadb_source, start, [table_rule(rf"{source_db}\..*", "app.{table}")], load, tmp_path,
+                          name="defaults", outcome=Outcome.PAUSED)
+    assert "has rows and column e DEFAULT (1+1) has no PostgreSQL translation" in str(scheduler.error)
+    assert "\n" not in str(scheduler.error) and scheduler.error.context["table"] == "app.flags"
+    got = postgres_server.query("SELECT id, b, x, s, n FROM app.flags ORDER BY id", dbname=postgres_db)
+    assert got == [(i, 1, b"\n\xff", "abc", 16) for i in (1, 2, 3)]
+    assert postgres_server.query("SELECT column_name FROM information_schema.columns WHERE table_schema = 'app'"
+                                 " AND table_name = 'empty_one' ORDER BY ordinal_position",
+                                 dbname=postgres_db) == [("id",), ("e",), ("t",)]

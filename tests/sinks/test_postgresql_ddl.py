@@ -18,7 +18,7 @@ def translate(statement: str) -> list[str]:
      "b BIT(1) DEFAULT b'0', PRIMARY KEY (`id`), UNIQUE KEY u (n(5)), KEY k (ts), "
      "CONSTRAINT fk FOREIGN KEY (id) REFERENCES o (id)) ENGINE=InnoDB",
      ['CREATE TABLE "s"."t" ("id" bigint NOT NULL, "n" varchar(9) DEFAULT \'x\', '
-      '"ts" timestamptz(6) NOT NULL DEFAULT CURRENT_TIMESTAMP, "b" bigint, PRIMARY KEY ("id"), UNIQUE ("n"))']),
+      '"ts" timestamptz(6) NOT NULL DEFAULT CURRENT_TIMESTAMP, "b" bigint DEFAULT 0, PRIMARY KEY ("id"), UNIQUE ("n"))']),
     ("CREATE OR REPLACE TABLE t (a int)", ['DROP TABLE IF EXISTS "app"."t"', 'CREATE TABLE "app"."t" ("a" integer)']),
     ("CREATE TABLE x LIKE y", ['CREATE TABLE "app"."x" (LIKE "app"."y" INCLUDING ALL)']),
     ("ALTER TABLE t ADD COLUMN c INT NOT NULL DEFAULT -1 AFTER id, DROP COLUMN x, ADD INDEX (c)",
@@ -73,3 +73,20 @@ def test_untranslatable_statements_are_refused(statement):
 def test_charsets_and_collations(definition, expected):
     """Binary collations become COLLATE "C", CHARACTER SET binary makes bytes, other charsets drop."""
     assert translate(f"CREATE TABLE t (c {definition})") == [f'CREATE TABLE "app"."t" ("c" {expected})']
+
+
+@pytest.mark.parametrize("clause, expected, needs_empty", [
+    ("ADD COLUMN a INT DEFAULT (1+1)", '"a" integer', "column a DEFAULT (1+1) has no PostgreSQL translation"),
+    ("ADD b BIT(1) NOT NULL DEFAULT b'1'", '"b" bigint NOT NULL DEFAULT 1', None),
+    ("ADD c DATETIME DEFAULT CURRENT_TIMESTAMP", '"c" timestamp DEFAULT CURRENT_TIMESTAMP',
+     "column c DEFAULT CURRENT_TIMESTAMP gives existing rows the time of the DDL on the source"),
+    ("ADD d VARBINARY(3) DEFAULT x'0aff'", '"d" bytea DEFAULT \'\\x0aff\'::bytea', None),
+    ("ADD e VARCHAR(3) DEFAULT _utf8mb4'x'", '"e" varchar(3) DEFAULT \'x\'', None),
+    ("ADD f INT DEFAULT 0x1F", '"f" integer DEFAULT 31', None),
+    ("ADD g DATE DEFAULT '0000-00-00'", '"g" date', "column g DEFAULT '0000-00-00' has no PostgreSQL translation"),
+])
+def test_add_column_defaults(clause, expected, needs_empty):
+    """ADD COLUMN defaults are translated exactly, or named as exact only on an empty table."""
+    translator = Translator("app")
+    assert translator.translate(parse(f"ALTER TABLE t {clause}")) == [f'ALTER TABLE "app"."t" ADD COLUMN {expected}']
+    assert translator.needs_empty == ([('"app"."t"', needs_empty)] if needs_empty else [])
