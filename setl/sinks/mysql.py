@@ -8,6 +8,9 @@ under ``pipeline.ddl: apply`` each table DDL runs as Extract rewrote it (names m
 qualified), with a replay mark kept in ```setl`.`setl_position_ddl``` because MySQL commits
 around DDL (see `MySQLLoad._apply_ddl`); a CREATE TABLE first creates its database if missing.
 Tables without a primary key are matched on every column with ``<=>`` (one row per change).
+Columns the target computes (generated VIRTUAL/STORED columns, the ROW START/ROW END columns of a
+system-versioned table; learnt from information_schema per table, again after each DDL) are not
+written: the target computes them itself.
 The session runs with strict
 SQL mode (a bad value fails the batch instead of being truncated), ``NO_AUTO_VALUE_ON_ZERO`` (an
 id of 0 stays 0), ``ALLOW_INVALID_DATES`` without ``NO_ZERO_DATE`` (zero and partial dates, the
@@ -107,6 +110,8 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         self.read_timeout = read_timeout
         self._position = table_name(self.position_schema, self.position_table)
         self._ddl_marks = table_name(self.position_schema, self.position_table + "_ddl")
+        # per target table: the columns the server computes (generated, system-versioning period)
+        self._unwritable: dict[tuple[str, str], frozenset[str]] = {}
 
     def __repr__(self) -> str:
         return f"<MySQLLoad {self.pipeline} -> {self.config.host}:{self.config.port}>"
@@ -198,10 +203,31 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
 
     # -- rows
 
+    def _computed(self, cur: Any, schema: str, table: str) -> frozenset[str]:
+        """The lower-cased columns of a target table that the server computes and refuses values
+        for: generated columns (VIRTUAL, STORED/PERSISTENT) and the ROW START/ROW END columns of a
+        system-versioned table. Read from information_schema once per table; forgotten after DDL."""
+        ident = (schema, table)
+        known = self._unwritable.get(ident)
+        if known is None:
+            cur.execute("SELECT column_name, extra LIKE %s OR extra IN ('ROW START', 'ROW END')"
+                        " FROM information_schema.columns WHERE table_schema = %s AND table_name = %s",
+                        ("%GENERATED%", schema, table))
+            rows = cur.fetchall()
+            known = frozenset(row[0].lower() for row in rows if row[1])
+            if rows:  # a missing table is asked again next time
+                self._unwritable[ident] = known
+        return known
+
+    @staticmethod
+    def _writable(image: Mapping[str, Any], computed: frozenset[str]) -> Mapping[str, Any]:
+        return {c: v for c, v in image.items() if c.lower() not in computed} if computed else image
+
     def _apply_keyed(self, conn: pymysql.connections.Connection, table: TableChanges) -> None:
         name = table_name(table.schema, table.table)
         key = table.primary_key
         with conn.cursor() as cur:
+            computed = self._computed(cur, table.schema, table.table)
             for part in chunks(table.deletes, self.chunk_rows):
                 if len(key) == 1:
                     marks = ", ".join(["%s"] * len(part))
@@ -213,7 +239,8 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
                     args = [to_db(image[c]) for image in part for c in key]
                     cur.execute(f"DELETE FROM {name} WHERE ({columns}) IN ({', '.join([row] * len(part))})",
                                 args)
-            for columns, images in group_by_columns(table.upserts).items():
+            upserts = [self._writable(image, computed) for image in table.upserts]
+            for columns, images in group_by_columns(upserts).items():
                 updates = ", ".join(f"{quote(c)} = VALUES({quote(c)})" for c in columns)
                 sql = (f"INSERT INTO {name} ({', '.join(map(quote, columns))})"
                        f" VALUES ({', '.join(['%s'] * len(columns))})"
@@ -225,13 +252,14 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
     def _apply_sequence(self, conn: pymysql.connections.Connection, table: TableChanges) -> None:
         name = table_name(table.schema, table.table)
         with conn.cursor() as cur:
+            computed = self._computed(cur, table.schema, table.table)
             for change in table.sequence:
                 if change.before is not None:
                     where = " AND ".join(f"{quote(c)} <=> %s" for c in change.before)
                     cur.execute(f"DELETE FROM {name} WHERE {where} LIMIT 1",
                                 [to_db(v) for v in change.before.values()])
                 if change.after is not None:
-                    self._insert(cur, name, change.after)
+                    self._insert(cur, name, self._writable(change.after, computed))
 
     @staticmethod
     def _insert(cur: Any, name: str, image: Mapping[str, Any]) -> None:
@@ -252,6 +280,7 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         """
         end = batch.end
         ref = step.statement.tables[0]
+        self._unwritable.clear()  # the DDL may add, drop or change computed columns
         with conn.cursor() as cur:
             cur.execute(f"SELECT `mark` FROM {self._ddl_marks} WHERE `pipeline` = %s", (self.pipeline,))
             row = cur.fetchone()

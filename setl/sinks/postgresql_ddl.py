@@ -13,7 +13,10 @@ columns) and x'..'/0x.. (on integer and binary columns): expression defaults ``D
 are left out where rows carry full images (CREATE TABLE, MODIFY), but an ADD COLUMN with one, or
 with CURRENT_TIMESTAMP (existing rows get the time of the DDL on the source), is exact only on an
 empty table: `Translator.needs_empty` names it and `PostgresLoad` refuses it if the table has rows. CREATE/DROP INDEX statements are not applied.
-Anything else (generated columns, partitioning, spatial types, ...) raises `UnsupportedDdl`.
+Generated columns (``AS (expr) VIRTUAL|STORED|PERSISTENT``, ``GENERATED ALWAYS AS``) become plain
+columns holding the values the source's row events carry (the expression is not translated; an ADD
+of one is exact only on an empty table, see below). Anything else (partitioning, spatial types, ...)
+raises `UnsupportedDdl`.
 ADD COLUMN ... NOT NULL without a DEFAULT fills existing rows with MySQL's implicit default (0,
 '', the first ENUM member, zero bytes); for dates MySQL's zero date has no PostgreSQL value, so
 such an ADD fails on a non-empty table.
@@ -168,7 +171,8 @@ class Column:
     """A MySQL column definition in PostgreSQL terms. `default` is the translated DEFAULT, or
     None (`lost_default` is then the MySQL text of a DEFAULT left out, if there was one); `implicit` is what MySQL fills existing rows with when the column is added NOT NULL
     without a DEFAULT (None where PostgreSQL has no such value, as for zero dates); `key` is an
-    inline `` PRIMARY KEY`` or `` UNIQUE``."""
+    inline `` PRIMARY KEY`` or `` UNIQUE``; `generated` is set for a generated column (translated as
+    a plain column: the rows carry its values)."""
 
     name: str
     kind: str
@@ -177,6 +181,7 @@ class Column:
     implicit: str | None
     key: str
     lost_default: str | None = None
+    generated: bool = False
 
     def text(self, default: str | None = None) -> str:
         text = f"{ident(self.name)} {self.kind}{self.key}"
@@ -228,7 +233,7 @@ def column(tokens: Sequence[Token]) -> Column:
         t.next()
     kind = pg_type(base, args, unsigned)
     not_null, default, extra = False, None, ""
-    binary, charset, lost = False, "", None
+    binary, charset, lost, generated = False, "", None, False
     while not t.done():
         if t.word("NOT"):
             if not t.word("NULL"):
@@ -263,6 +268,14 @@ def column(tokens: Sequence[Token]) -> Column:
         elif t.word("ON"):
             t.word("UPDATE")
             _default(t)
+        elif t.word("GENERATED"):  # GENERATED ALWAYS AS (expr): a plain column holding the source's values
+            t.word("ALWAYS")
+            generated = True
+        elif t.word("AS"):
+            t.group()
+            generated = True
+        elif t.word("VIRTUAL", "STORED", "PERSISTENT"):
+            pass
         elif t.word("CHECK"):
             t.group()
         elif t.word("REFERENCES"):
@@ -277,7 +290,7 @@ def column(tokens: Sequence[Token]) -> Column:
                 implicit = f"'\\x{'00' * (int(args[0]) if args else 1)}'::bytea"
         elif binary:
             kind += ' COLLATE "C"'  # a binary collation: byte order, case and accents distinct
-    return Column(name, kind, not_null, default, implicit, extra, lost)
+    return Column(name, kind, not_null, default, implicit, extra, lost, generated)
 
 
 def _constraint(tokens: Sequence[Token]) -> str | None:
@@ -463,7 +476,10 @@ class Translator:
             fill = None
             if definition.not_null and definition.default is None and not definition.key:
                 fill = definition.implicit
-            if definition.lost_default is not None:
+            if definition.generated:
+                self.needs_empty.append((table, f"generated column {definition.name} is a plain column on "
+                                                "PostgreSQL, and existing rows would get no values"))
+            elif definition.lost_default is not None:
                 self.needs_empty.append((table, f"column {definition.name} DEFAULT "
                                                 f"{definition.lost_default} has no PostgreSQL translation"))
             elif definition.default == "CURRENT_TIMESTAMP":

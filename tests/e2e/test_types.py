@@ -16,6 +16,7 @@ import pytest
 
 from setl.errors import LoadError
 from setl.model import Batch, InvalidDate, Op, Position, RowChange
+from setl.scheduler import Outcome
 from setl.sinks.mysql import MySQLLoad
 from setl.sinks.parquet import ParquetLoad, read_table
 from setl.sinks.postgresql import PostgresLoad
@@ -323,3 +324,43 @@ def test_binary_collations_and_charsets_reach_postgresql(mariadb_source, source_
     expected = mariadb_source.query(f"SELECT * FROM `{source_db}`.coll ORDER BY id")
     assert postgres_server.query("SELECT * FROM app.coll ORDER BY id", dbname=postgres_db) == expected
     assert [r[0] for r in postgres_server.query("SELECT a FROM app.coll ORDER BY a", dbname=postgres_db)] == ["A", "a"]
+
+
+GENERATED = [
+    "CREATE TABLE gen (id INT PRIMARY KEY, a INT, v INT AS (a * 2) VIRTUAL, s VARCHAR(12) AS (CONCAT('s', a))"
+    " STORED, p INT GENERATED ALWAYS AS (a + 1) PERSISTENT)",
+    "CREATE TABLE gen_loose (a INT, v INT AS (a * 3) VIRTUAL, s INT AS (a - 1) STORED)",
+    "INSERT INTO gen (id, a) VALUES (1, 1), (2, 2), (3, 3)",
+    "INSERT INTO gen_loose (a) VALUES (1), (1), (2)",
+    "UPDATE gen SET a = 10 WHERE id = 2",
+    "UPDATE gen_loose SET a = 5 WHERE a = 1 LIMIT 1",
+    "DELETE FROM gen WHERE id = 3",
+    "ALTER TABLE gen ADD COLUMN w INT AS (a + 100) VIRTUAL",
+    "INSERT INTO gen (id, a) VALUES (4, 4)",
+]
+
+
+def test_generated_columns_reach_both_targets(mariadb_source, source_db, mariadb_target, mysql_db, postgres_server,
+                                             postgres_db, tmp_path):
+    """Tables with VIRTUAL, STORED and PERSISTENT generated columns reach MariaDB (the target computes them;
+    setl does not write them, even after an ALTER adds one) and PostgreSQL (plain columns holding the source's
+    values) equal to the source; PostgreSQL refuses the ADD of a generated column to a table with rows."""
+    start = binlog_head(mariadb_source)
+    with contextlib.closing(mariadb_source.connect(database=source_db)) as conn, conn.cursor() as cur:
+        for statement in GENERATED:
+            cur.execute(statement)
+    rules = [table_rule(rf"{source_db}\.(gen.*)", f"{mysql_db}.{{table}}")]
+    replicate(mariadb_source, start, rules, MySQLLoad(mariadb_target.target_config(), pipeline="gen_m",
+                                                      position_schema=mysql_db), tmp_path, name="gen_m")
+    scheduler = replicate(mariadb_source, start, [table_rule(rf"{source_db}\.(gen.*)", "app.{table}")],
+                          PostgresLoad(postgres_server.target_config(postgres_db), pipeline="gen_p"), tmp_path,
+                          name="gen_p", outcome=Outcome.PAUSED)
+    assert "has rows and generated column w is a plain column on PostgreSQL" in str(scheduler.error)
+    for table in ("gen", "gen_loose"):
+        expected = sorted(mariadb_source.query(f"SELECT * FROM `{source_db}`.{table}"), key=repr)
+        assert len(expected) == 3
+        assert sorted(mariadb_target.query(f"SELECT * FROM `{mysql_db}`.{table}"), key=repr) == expected
+    before_alter = [r[:5] for r in mariadb_source.query(f"SELECT * FROM `{source_db}`.gen WHERE id < 4 ORDER BY id")]
+    assert postgres_server.query("SELECT * FROM app.gen ORDER BY id", dbname=postgres_db) == before_alter
+    assert sorted(postgres_server.query("SELECT * FROM app.gen_loose", dbname=postgres_db), key=repr) == \
+        sorted(mariadb_source.query(f"SELECT * FROM `{source_db}`.gen_loose"), key=repr)

@@ -34,6 +34,8 @@ def translate(statement: str) -> list[str]:
     ("TRUNCATE t", ['TRUNCATE TABLE "app"."t"']),
     ("DROP TABLE IF EXISTS `a`, b", ['DROP TABLE IF EXISTS "app"."a", "app"."b"']),
     ("CREATE INDEX i ON t (a)", []),
+    ("CREATE TABLE t (a INT, b INT AS (a + 1) VIRTUAL, c VARCHAR(9) GENERATED ALWAYS AS (concat(a, 'x')) STORED)",
+     ['CREATE TABLE "app"."t" ("a" integer, "b" integer, "c" varchar(9))']),
     ("ALTER TABLE t ADD COLUMN n INT NOT NULL, ADD (e ENUM('p','q') NOT NULL, b BINARY(2) NOT NULL, d DATE NOT NULL)",
      ['ALTER TABLE "app"."t" ADD COLUMN "n" integer NOT NULL DEFAULT 0, ADD COLUMN "e" text NOT NULL DEFAULT \'p\', '
       'ADD COLUMN "b" bytea NOT NULL DEFAULT \'\\x0000\'::bytea, ADD COLUMN "d" date NOT NULL',
@@ -48,7 +50,6 @@ def test_translation(statement, expected):
 @pytest.mark.parametrize("statement", [
     "CREATE TABLE t (g GEOMETRY)",
     "CREATE TABLE t (u UUID)",
-    "CREATE TABLE t (a INT, b INT AS (a + 1))",
     "CREATE TABLE t (a INT) AS SELECT 1 AS a",
     "ALTER TABLE t PARTITION BY HASH (a)",
 ])
