@@ -38,7 +38,8 @@ from setl.config import MysqlTargetConfig
 from setl.errors import LoadError, TransientLoadError
 from setl.model import Batch, InvalidDate
 from setl.sinks.merge import TableChanges
-from setl.sinks.sql_common import DdlStep, SqlLoad, TargetTableMissing, chunks, group_by_columns
+from setl.sinks.postgresql_ddl import without_sequence_ddl
+from setl.sinks.sql_common import DdlStep, Segment, SqlLoad, TargetTableMissing, chunks, group_by_columns
 
 # Server errors worth a reconnect and replay: lock wait timeout, deadlock, connection killed,
 # server shutting down, and the client-side lost-connection family.
@@ -115,6 +116,10 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
 
     def __repr__(self) -> str:
         return f"<MySQLLoad {self.pipeline} -> {self.config.host}:{self.config.port}>"
+
+    def _segments(self, batch: Batch) -> list[Segment]:
+        """Sequence DDL is left out (logged at INFO): sequences are not replicated."""
+        return super()._segments(without_sequence_ddl(batch, self.pipeline))
 
     # -- connection
 
@@ -294,6 +299,11 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
             conn.commit()
             if step.statement.kind == "create_table":
                 cur.execute(f"CREATE DATABASE IF NOT EXISTS {quote(ref.schema or step.change.schema)}", ())
+            try:  # MariaDB refuses ALTER of a system-versioned table unless history is kept as is
+                cur.execute("SET SESSION system_versioning_alter_history = KEEP", ())
+            except pymysql.err.MySQLError as exc:
+                if not (exc.args and exc.args[0] == 1193):  # unknown variable: MySQL has no versioning
+                    raise
             try:
                 cur.execute(step.change.statement)
             except pymysql.err.MySQLError as exc:

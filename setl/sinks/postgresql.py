@@ -30,7 +30,7 @@ from setl.errors import LoadError, RefusedLoadError, TransientLoadError
 from setl.model import Batch
 from setl.sinks.invalid_dates import InvalidDatePolicy
 from setl.sinks.merge import TableChanges
-from setl.sinks.postgresql_ddl import Translator, UnsupportedDdl
+from setl.sinks.postgresql_ddl import Translator, UnsupportedDdl, without_sequence_ddl
 from setl.sinks.sql_common import DdlStep, Segment, SqlLoad, TargetTableMissing, chunks, group_by_columns
 
 log = logging.getLogger(__name__)
@@ -77,8 +77,8 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
                                                 pipeline=self.pipeline, target="PostgreSQL")
 
     def _segments(self, batch: Batch) -> list[Segment]:
-        """Zero and partial dates handled by the target's ``invalid_dates`` policy first."""
-        return super()._segments(self._invalid_dates.apply(batch))
+        """Sequence DDL left out, zero and partial dates handled by the ``invalid_dates`` policy first."""
+        return super()._segments(self._invalid_dates.apply(without_sequence_ddl(batch, self.pipeline)))
 
     def __repr__(self) -> str:
         return f"<PostgresLoad {self.pipeline} -> {self.config.host}:{self.config.port}/{self.config.database}>"

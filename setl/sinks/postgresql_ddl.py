@@ -21,6 +21,12 @@ ADD COLUMN ... NOT NULL without a DEFAULT fills existing rows with MySQL's impli
 '', the first ENUM member, zero bytes); for dates MySQL's zero date has no PostgreSQL value, so
 such an ADD fails on a non-empty table.
 
+System versioning (MariaDB) is left out: ``WITH SYSTEM VERSIONING``, ``PERIOD FOR SYSTEM_TIME``,
+the ``AS ROW START``/``AS ROW END`` columns, ``ADD/DROP SYSTEM VERSIONING`` and ``ADD/DROP PERIOD``
+translate to nothing, so PostgreSQL holds the current rows only (the source drops history rows and
+period columns from row changes). Sequences (CREATE/ALTER/DROP SEQUENCE, CREATE TABLE ...
+SEQUENCE=1) are not replicated: `is_sequence_ddl` tells them, and both SQL targets skip them.
+
 Type mapping (MySQL -> PostgreSQL): TINYINT, SMALLINT -> smallint (SMALLINT UNSIGNED -> integer);
 MEDIUMINT, INT -> integer (INT UNSIGNED -> bigint); BIGINT -> bigint (UNSIGNED -> numeric(20,0));
 BOOL -> smallint; DECIMAL(p,s) -> numeric(p,s); FLOAT -> real; DOUBLE -> double precision;
@@ -35,11 +41,15 @@ MariaDB's UUID, INET4 and INET6 are refused: the binlog carries their storage by
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import attrs
 
-from setl.ddl import Reader, Statement, TableRef, Token
+from setl.ddl import Reader, Statement, TableRef, Token, parse
+from setl.model import Batch, Change, DdlChange
+
+log = logging.getLogger(__name__)
 
 
 class UnsupportedDdl(ValueError):
@@ -172,7 +182,8 @@ class Column:
     None (`lost_default` is then the MySQL text of a DEFAULT left out, if there was one); `implicit` is what MySQL fills existing rows with when the column is added NOT NULL
     without a DEFAULT (None where PostgreSQL has no such value, as for zero dates); `key` is an
     inline `` PRIMARY KEY`` or `` UNIQUE``; `generated` is set for a generated column (translated as
-    a plain column: the rows carry its values)."""
+    a plain column: the rows carry its values); `period` for the ROW START/ROW END column of a
+    system-versioned table (left out)."""
 
     name: str
     kind: str
@@ -182,6 +193,7 @@ class Column:
     key: str
     lost_default: str | None = None
     generated: bool = False
+    period: bool = False
 
     def text(self, default: str | None = None) -> str:
         text = f"{ident(self.name)} {self.kind}{self.key}"
@@ -233,7 +245,7 @@ def column(tokens: Sequence[Token]) -> Column:
         t.next()
     kind = pg_type(base, args, unsigned)
     not_null, default, extra = False, None, ""
-    binary, charset, lost, generated = False, "", None, False
+    binary, charset, lost, generated, period = False, "", None, False, False
     while not t.done():
         if t.word("NOT"):
             if not t.word("NULL"):
@@ -271,9 +283,14 @@ def column(tokens: Sequence[Token]) -> Column:
         elif t.word("GENERATED"):  # GENERATED ALWAYS AS (expr): a plain column holding the source's values
             t.word("ALWAYS")
             generated = True
+        elif t.words("AS", "ROW"):  # AS ROW START/END: a system-versioning period column
+            t.word("START", "END")
+            period = True
         elif t.word("AS"):
             t.group()
             generated = True
+        elif t.words("WITH", "SYSTEM", "VERSIONING") or t.words("WITHOUT", "SYSTEM", "VERSIONING"):
+            pass
         elif t.word("VIRTUAL", "STORED", "PERSISTENT"):
             pass
         elif t.word("CHECK"):
@@ -290,7 +307,7 @@ def column(tokens: Sequence[Token]) -> Column:
                 implicit = f"'\\x{'00' * (int(args[0]) if args else 1)}'::bytea"
         elif binary:
             kind += ' COLLATE "C"'  # a binary collation: byte order, case and accents distinct
-    return Column(name, kind, not_null, default, implicit, extra, lost, generated)
+    return Column(name, kind, not_null, default, implicit, extra, lost, generated and not period, period)
 
 
 def _constraint(tokens: Sequence[Token]) -> str | None:
@@ -370,7 +387,9 @@ class Translator:
                 if constraint is not None:
                     elements.append(constraint)
             else:
-                elements.append(column(part).text())
+                definition = column(part)
+                if not definition.period:
+                    elements.append(definition.text())
         rest = Reader(t.rest())
         while not rest.done():  # table options: ENGINE=..., DEFAULT CHARSET=..., COMMENT='...'
             token = rest.next()
@@ -395,6 +414,8 @@ class Translator:
         for clause in split(after):
             t = Reader(clause)
             verb = t.next().upper
+            if verb in ("ADD", "DROP") and (t.sees("SYSTEM") and t.sees("VERSIONING", 1) or t.sees("PERIOD")):
+                continue  # system versioning is not replicated: PostgreSQL gets the current rows only
             if verb == "ADD":
                 self._add(t, actions, later, name)
             elif verb == "DROP":
@@ -473,6 +494,8 @@ class Translator:
             return
         for part in split(t.group()) if token.text == "(" else [t.rest()]:
             definition = column(part)
+            if definition.period:
+                continue
             fill = None
             if definition.not_null and definition.default is None and not definition.key:
                 fill = definition.implicit
@@ -490,6 +513,35 @@ class Translator:
                 later.insert(0, f"ALTER TABLE {table} ALTER COLUMN {ident(definition.name)} DROP DEFAULT")
 
 
+def is_sequence_ddl(statement: Statement) -> bool:
+    """Whether `statement` creates, alters or drops a sequence (CREATE [OR REPLACE] SEQUENCE, ALTER
+    SEQUENCE, DROP SEQUENCE, or a CREATE TABLE with the table option SEQUENCE=1)."""
+    words = [t.upper for t in statement.tokens if t.kind not in ("ws", "xcomment")]
+    head = [w for w in words[:6] if w not in ("OR", "REPLACE", "TEMPORARY")]
+    if len(head) >= 2 and head[0] in ("CREATE", "ALTER", "DROP") and head[1] == "SEQUENCE":
+        return True
+    if statement.kind == "create_table":
+        texts = [t.text for t in statement.tokens[statement.tables[0].end:] if t.kind not in ("ws", "xcomment")]
+        depth = 0
+        for k, text in enumerate(texts):
+            depth += {"(": 1, ")": -1}.get(text, 0)
+            if depth == 0 and text.upper() == "SEQUENCE" and texts[k + 1:k + 3] in (["=", "1"], ["1"]):
+                return True
+    return False
+
+
+def without_sequence_ddl(batch: Batch, pipeline: str) -> Batch:
+    """`batch` without its sequence DDL (see `is_sequence_ddl`), each logged at INFO."""
+    kept: list[Change] = []
+    for change in batch.changes:
+        if isinstance(change, DdlChange) and is_sequence_ddl(parse(change.statement)):
+            log.info("pipeline=%s stage=load table=%s position=%s: sequence DDL is not replicated: %s",
+                     pipeline, change.qualified_table, change.position or batch.end, change.statement)
+            continue
+        kept.append(change)
+    return batch if len(kept) == len(batch.changes) else batch.replace(tuple(kept))
+
+
 def _table_ref(t: Reader) -> TableRef:
     first = t.next()
     if t.sees("."):
@@ -498,4 +550,4 @@ def _table_ref(t: Reader) -> TableRef:
     return TableRef(0, 0, None, first.name)
 
 
-__all__ = ["Translator", "UnsupportedDdl", "pg_type"]
+__all__ = ["Translator", "UnsupportedDdl", "is_sequence_ddl", "pg_type", "without_sequence_ddl"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from setl.ddl import parse
-from setl.sinks.postgresql_ddl import Translator, UnsupportedDdl
+from setl.sinks.postgresql_ddl import Translator, UnsupportedDdl, is_sequence_ddl
 
 
 def translate(statement: str) -> list[str]:
@@ -91,3 +91,28 @@ def test_add_column_defaults(clause, expected, needs_empty):
     translator = Translator("app")
     assert translator.translate(parse(f"ALTER TABLE t {clause}")) == [f'ALTER TABLE "app"."t" ADD COLUMN {expected}']
     assert translator.needs_empty == ([('"app"."t"', needs_empty)] if needs_empty else [])
+
+
+@pytest.mark.parametrize("statement, expected", [
+    ("CREATE TABLE t (id INT, v INT WITHOUT SYSTEM VERSIONING, rs TIMESTAMP(6) GENERATED ALWAYS AS ROW START, "
+     "re TIMESTAMP(6) GENERATED ALWAYS AS ROW END, PERIOD FOR SYSTEM_TIME(rs, re)) WITH SYSTEM VERSIONING",
+     ['CREATE TABLE "app"."t" ("id" integer, "v" integer)']),
+    ("ALTER TABLE t ADD SYSTEM VERSIONING", []),
+    ("ALTER TABLE t DROP SYSTEM VERSIONING", []),
+    ("ALTER TABLE t ADD COLUMN rs TIMESTAMP(6) AS ROW START, ADD re TIMESTAMP(6) AS ROW END, "
+     "ADD PERIOD FOR SYSTEM_TIME(rs, re), ADD z INT", ['ALTER TABLE "app"."t" ADD COLUMN "z" integer']),
+    ("ALTER TABLE t DROP PERIOD FOR SYSTEM_TIME", []),
+])
+def test_system_versioning_is_left_out(statement, expected):
+    """Versioning clauses and period columns translate to nothing; the other columns stay."""
+    assert translate(statement) == expected
+
+
+@pytest.mark.parametrize("statement, sequence", [
+    ("CREATE SEQUENCE s", True), ("CREATE OR REPLACE SEQUENCE s START 5", True), ("ALTER SEQUENCE s RESTART", True),
+    ("/* c */ DROP SEQUENCE IF EXISTS s", True), ("CREATE TABLE s (a bigint) SEQUENCE=1", True),
+    ("CREATE TABLE s (sequence INT)", False), ("DROP TABLE sequence", False),
+])
+def test_sequence_ddl_is_told(statement, sequence):
+    """Sequence DDL is recognised, and tables or columns named sequence are not mistaken for it."""
+    assert is_sequence_ddl(parse(statement)) is sequence
