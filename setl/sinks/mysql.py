@@ -14,7 +14,8 @@ written: the target computes them itself.
 The session runs with strict
 SQL mode (a bad value fails the batch instead of being truncated), ``NO_AUTO_VALUE_ON_ZERO`` (an
 id of 0 stays 0), ``ALLOW_INVALID_DATES`` without ``NO_ZERO_DATE`` (zero and partial dates, the
-source's `InvalidDate` values, are stored exactly), ``time_zone='+00:00'`` (naive datetimes for TIMESTAMP columns are UTC),
+source's `InvalidDate` values, are stored exactly), ``time_zone='+00:00'`` (naive datetimes for
+TIMESTAMP columns are UTC),
 ``foreign_key_checks=0`` (the merged order of a batch is not the order of its parents and
 children) and READ COMMITTED.
 

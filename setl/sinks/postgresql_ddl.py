@@ -12,7 +12,8 @@ plain string (also with a charset introducer), NULL, CURRENT_TIMESTAMP, b'..' (o
 columns) and x'..'/0x.. (on integer and binary columns): expression defaults ``DEFAULT (1+1)``
 are left out where rows carry full images (CREATE TABLE, MODIFY), but an ADD COLUMN with one, or
 with CURRENT_TIMESTAMP (existing rows get the time of the DDL on the source), is exact only on an
-empty table: `Translator.needs_empty` names it and `PostgresLoad` refuses it if the table has rows. CREATE/DROP INDEX statements are not applied.
+empty table: `Translator.needs_empty` names it and `PostgresLoad` refuses it if the table has rows.
+CREATE/DROP INDEX statements are not applied.
 Generated columns (``AS (expr) VIRTUAL|STORED|PERSISTENT``, ``GENERATED ALWAYS AS``) become plain
 columns holding the values the source's row events carry (the expression is not translated; an ADD
 of one is exact only on an empty table, see below). Anything else (partitioning, spatial types, ...)

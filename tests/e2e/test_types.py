@@ -14,8 +14,10 @@ from typing import Any
 import attrs
 import pytest
 
-from setl.errors import LoadError
+from setl.config import load_node, load_pipeline
+from setl.errors import ConfigError, LoadError
 from setl.model import Batch, InvalidDate, Op, Position, RowChange
+from setl.node import build_load
 from setl.scheduler import Outcome
 from setl.sinks.mysql import MySQLLoad
 from setl.sinks.parquet import ParquetLoad, read_table
@@ -364,3 +366,21 @@ def test_generated_columns_reach_both_targets(mariadb_source, source_db, mariadb
     assert postgres_server.query("SELECT * FROM app.gen ORDER BY id", dbname=postgres_db) == before_alter
     assert sorted(postgres_server.query("SELECT * FROM app.gen_loose", dbname=postgres_db), key=repr) == \
         sorted(mariadb_source.query(f"SELECT * FROM `{source_db}`.gen_loose"), key=repr)
+
+
+def test_invalid_dates_policy_comes_from_the_target_config(tmp_path):
+    """`invalid_dates` on a PostgreSQL or Parquet target config reaches the sink; refuse is the default and
+    other values are a config error."""
+    conf = tmp_path / "conf"
+    (conf / "pipelines").mkdir(parents=True)
+    (conf / "setl.yaml").write_text(f"meta: {{store: sqlite, path: {tmp_path / 'meta.db'}}}\n")
+    targets = {"pg": "{type: postgresql, database: x, invalid_dates: 'null'}", "pq": "{type: parquet, path: out}",
+               "pqn": "{type: parquet, path: out, invalid_dates: 'null'}", "bad": "{type: parquet, path: o, "
+               "invalid_dates: zero}"}
+    for name, target in targets.items():
+        (conf / "pipelines" / f"{name}.yaml").write_text(f"source: {{type: file, path: in.jsonl}}\ntarget: {target}\n")
+    node = load_node(conf)
+    policies = {name: build_load(node, load_pipeline(conf, name))._invalid_dates.policy for name in ("pg", "pq", "pqn")}
+    assert policies == {"pg": "null", "pq": "refuse", "pqn": "null"}
+    with pytest.raises(ConfigError, match="invalid_dates"):
+        load_pipeline(conf, "bad")
