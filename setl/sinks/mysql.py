@@ -328,8 +328,11 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         table_word = max(i for i, t in enumerate(tokens[:ref.start]) if t.upper == "TABLE")
         head[table_word] = "TEMPORARY TABLE"
         scratch = "setl_shape_check"
-        cur.execute("".join(head) + table_name(schema, scratch).replace("%%", "%")
-                    + "".join(t.text for t in tokens[ref.end:]))
+        try:
+            cur.execute("".join(head) + table_name(schema, scratch).replace("%%", "%")
+                        + "".join(t.text for t in tokens[ref.end:]))
+        except pymysql.err.MySQLError:  # no TEMPORARY twin (a system-versioned or sequence table)
+            return False
         try:
             shapes = []
             for table in (ref.table, scratch):

@@ -273,14 +273,15 @@ ODD_NAMES = ["a%b", "100%", 'q"uote', "back`tick", "with space", "ünï✓", "c"
 
 
 def write_odd_names(server: Any, schema: str) -> None:
-    """Keyed and keyless tables whose columns have odd names, with inserts, an update and a delete."""
+    """Keyed (on a column named i%d) and keyless tables whose columns have odd names, with inserts, an
+    update and a delete."""
     columns = ", ".join(f"`{n.replace('`', '``')}` VARCHAR(20)" for n in ODD_NAMES)
     names = ", ".join(f"`{n.replace('`', '``')}`" for n in ODD_NAMES).replace("%", "%%")
     marks = ", ".join(["%s"] * len(ODD_NAMES))
     with contextlib.closing(server.connect(database=schema)) as conn, conn.cursor() as cur:
-        cur.execute(f"CREATE TABLE odd (id INT PRIMARY KEY, {columns}) DEFAULT CHARSET=utf8mb4")
+        cur.execute(f"CREATE TABLE odd (`i%d` INT PRIMARY KEY, {columns}) DEFAULT CHARSET=utf8mb4")
         cur.execute(f"CREATE TABLE odd_loose ({columns}) DEFAULT CHARSET=utf8mb4")
-        for table, extra in (("odd", "id, "), ("odd_loose", "")):
+        for table, extra in (("odd", "`i%%d`, "), ("odd_loose", "")):
             for n in range(3):
                 values = [f"{k}-{n}%s" for k in range(len(ODD_NAMES))]
                 cur.execute(f"INSERT INTO {table} ({extra}{names}) VALUES ({'%s, ' if extra else ''}{marks})",
@@ -384,3 +385,25 @@ def test_invalid_dates_policy_comes_from_the_target_config(tmp_path):
     assert policies == {"pg": "null", "pq": "refuse", "pqn": "null"}
     with pytest.raises(ConfigError, match="invalid_dates"):
         load_pipeline(conf, "bad")
+
+
+def test_invalid_dates_null_policy_finds_keyless_rows_again(postgres_server, postgres_db):
+    """Under invalid_dates: null an update and a delete of a keyless row holding an invalid date find the row
+    written with NULL; an invalid date in a primary-key column is refused even under null."""
+    postgres_server.query("CREATE SCHEMA app; CREATE TABLE app.loose (n int, d date);"
+                          " CREATE TABLE app.keyed (d date PRIMARY KEY)", dbname=postgres_db)
+    bad, pos = InvalidDate("2024-00-15"), Position("bin.000001", 10)
+    changes = (RowChange(Op.INSERT, "app", "loose", (), None, {"n": 1, "d": bad}, pos),
+               RowChange(Op.INSERT, "app", "loose", (), None, {"n": 2, "d": bad}, pos),
+               RowChange(Op.UPDATE, "app", "loose", (), {"n": 1, "d": bad}, {"n": 3, "d": bad}, pos),
+               RowChange(Op.DELETE, "app", "loose", (), {"n": 2, "d": bad}, None, pos))
+    load = PostgresLoad(attrs.evolve(postgres_server.target_config(postgres_db), invalid_dates="null"),
+                        pipeline="loose")
+    try:
+        load.load(Batch("loose", 1, 1, Position("bin.000001", 4), Position("bin.000001", 20), changes))
+        keyed = RowChange(Op.INSERT, "app", "keyed", ("d",), None, {"d": bad}, Position("bin.000001", 30))
+        with pytest.raises(LoadError, match="column d holds '2024-00-15'.*a primary-key column"):
+            load.load(Batch("loose", 2, 1, Position("bin.000001", 20), Position("bin.000001", 40), (keyed,)))
+    finally:
+        load.close()
+    assert postgres_server.query("SELECT n, d FROM app.loose", dbname=postgres_db) == [(3, None)]
