@@ -436,6 +436,11 @@ class Translator:
                 old = t.next().name if verb == "CHANGE" else None
                 definition = column(t.rest())
                 target = ident(old or definition.name)
+                if definition.period:
+                    continue
+                if definition.generated:
+                    self.needs_empty.append((name, f"column {definition.name} becomes a generated column, "
+                                                   "whose values the source computes without row events"))
                 kind = definition.kind
                 actions.append(f"ALTER COLUMN {target} TYPE {kind} USING {target}::{kind}")
                 actions.append(f"ALTER COLUMN {target} {'SET' if definition.not_null else 'DROP'} NOT NULL")

@@ -192,15 +192,19 @@ def invalid_date_batch(schema: str, table: str = "dates") -> Batch:
 def test_invalid_dates_are_stored_exactly_in_mariadb(mariadb_target, mysql_db):
     """Zero and partial DATE, DATETIME and TIMESTAMP values reach a MariaDB target as the source's text."""
     mariadb_target.query(f"CREATE TABLE `{mysql_db}`.dates (id INT PRIMARY KEY, d DATE, dt DATETIME, p DATE,"
-                         " ts TIMESTAMP NULL)")
+                         " ts TIMESTAMP NULL, q DATE)")
     load = MySQLLoad(mariadb_target.target_config(), pipeline="dates", position_schema=mysql_db)
+    batch = invalid_date_batch(mysql_db)
+    impossible = RowChange(Op.INSERT, mysql_db, "dates", ("id",), None, {"id": 3, "q": InvalidDate("2024-02-30")},
+                           Position("bin.000001", 150))
     try:
-        load.load(invalid_date_batch(mysql_db))
+        load.load(batch.replace((*batch.changes, impossible)))
     finally:
         load.close()
-    got = mariadb_target.query(f"SELECT id, CAST(d AS CHAR), CAST(dt AS CHAR), CAST(p AS CHAR), CAST(ts AS CHAR)"
-                               f" FROM `{mysql_db}`.dates ORDER BY id")
-    assert got[0] == (1, "0000-00-00", "2024-00-15 10:00:00", "2024-00-15", "0000-00-00 00:00:00")
+    got = mariadb_target.query(f"SELECT id, CAST(d AS CHAR), CAST(dt AS CHAR), CAST(p AS CHAR), CAST(ts AS CHAR),"
+                               f" CAST(q AS CHAR) FROM `{mysql_db}`.dates ORDER BY id")
+    assert got[0] == (1, "0000-00-00", "2024-00-15 10:00:00", "2024-00-15", "0000-00-00 00:00:00", None)
+    assert got[2][5] == "2024-02-30"
     assert got[1][:4] == (2, "2024-01-31", "2024-01-31 10:00:00", "2024-02-29")
 
 

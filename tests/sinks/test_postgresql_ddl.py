@@ -116,3 +116,13 @@ def test_system_versioning_is_left_out(statement, expected):
 def test_sequence_ddl_is_told(statement, sequence):
     """Sequence DDL is recognised, and tables or columns named sequence are not mistaken for it."""
     assert is_sequence_ddl(parse(statement)) is sequence
+
+
+def test_modify_into_a_generated_column_needs_an_empty_table():
+    """MODIFY/CHANGE into a generated column is a plain column, exact only on an empty table."""
+    translator = Translator("app")
+    assert translator.translate(parse("ALTER TABLE t MODIFY b INT AS (a * 3) STORED")) == [
+        'ALTER TABLE "app"."t" ALTER COLUMN "b" TYPE integer USING "b"::integer, ALTER COLUMN "b" DROP NOT NULL, '
+        'ALTER COLUMN "b" DROP DEFAULT']
+    assert translator.needs_empty == [('"app"."t"', "column b becomes a generated column, whose values the "
+                                                    "source computes without row events")]
