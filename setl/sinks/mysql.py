@@ -8,9 +8,14 @@ under ``pipeline.ddl: apply`` each table DDL runs as Extract rewrote it (names m
 qualified), with a replay mark kept in ```setl`.`setl_position_ddl``` because MySQL commits
 around DDL (see `MySQLLoad._apply_ddl`); a CREATE TABLE first creates its database if missing.
 Tables without a primary key are matched on every column with ``<=>`` (one row per change).
+Columns the target computes (generated VIRTUAL/STORED columns, the ROW START/ROW END columns of a
+system-versioned table; learnt from information_schema per table, again after each DDL) are not
+written: the target computes them itself.
 The session runs with strict
 SQL mode (a bad value fails the batch instead of being truncated), ``NO_AUTO_VALUE_ON_ZERO`` (an
-id of 0 stays 0), ``time_zone='+00:00'`` (naive datetimes for TIMESTAMP columns are UTC),
+id of 0 stays 0), ``ALLOW_INVALID_DATES`` without ``NO_ZERO_DATE`` (zero and partial dates, the
+source's `InvalidDate` values, are stored exactly), ``time_zone='+00:00'`` (naive datetimes for
+TIMESTAMP columns are UTC),
 ``foreign_key_checks=0`` (the merged order of a batch is not the order of its parents and
 children) and READ COMMITTED.
 
@@ -33,9 +38,10 @@ import pymysql
 import pymysql.err
 
 from setl.errors import LoadError, TransientLoadError
-from setl.model import Batch, Position
+from setl.model import Batch, InvalidDate, Position
 from setl.sinks.merge import TableChanges
-from setl.sinks.sql_common import DdlStep, FenceBusy, SqlLoad, TargetTableMissing, chunks, group_by_columns
+from setl.sinks.postgresql_ddl import without_sequence_ddl
+from setl.sinks.sql_common import DdlStep, FenceBusy, Segment, SqlLoad, TargetTableMissing, chunks, group_by_columns
 
 
 @attrs.frozen
@@ -81,7 +87,10 @@ ALREADY_DONE_ERRORS = frozenset({
 
 log = logging.getLogger(__name__)
 
-SQL_MODE = "STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION,NO_AUTO_VALUE_ON_ZERO,ERROR_FOR_DIVISION_BY_ZERO"
+# Without NO_ZERO_DATE and NO_ZERO_IN_DATE, and with ALLOW_INVALID_DATES, the zero and partial dates
+# the source holds (InvalidDate: '0000-00-00', '2024-00-15', '2024-02-30') are stored as they are.
+SQL_MODE = ("STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION,NO_AUTO_VALUE_ON_ZERO,ERROR_FOR_DIVISION_BY_ZERO,"
+            "ALLOW_INVALID_DATES")
 
 
 def quote(name: str) -> str:
@@ -94,7 +103,10 @@ def table_name(schema: str, table: str) -> str:
 
 
 def to_db(value: Any) -> Any:
-    """A row value as PyMySQL can send it: JSON documents dumped, SET members joined."""
+    """A row value as PyMySQL can send it: JSON documents dumped, SET members joined, zero and
+    partial dates as the server's own text."""
+    if isinstance(value, InvalidDate):
+        return value.text
     if isinstance(value, (dict, list)):
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
     if isinstance(value, (set, frozenset)):
@@ -119,9 +131,15 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         self._table_position = table_name(self.position_schema, self.position_table + "_table")
         self._fence_table = table_name(self.position_schema, self.position_table + "_fence")
         self._sessions = table_name(self.position_schema, self.position_table + "_session")
+        # per target table: the columns the server computes (generated, system-versioning period)
+        self._unwritable: dict[tuple[str, str], frozenset[str]] = {}
 
     def __repr__(self) -> str:
         return f"<MySQLLoad {self.pipeline} -> {self.config.host}:{self.config.port}>"
+
+    def _segments(self, batch: Batch) -> list[Segment]:
+        """Sequence DDL is left out (logged at INFO): sequences are not replicated."""
+        return super()._segments(without_sequence_ddl(batch, self.pipeline))
 
     # -- connection
 
@@ -355,10 +373,31 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
 
     # -- rows
 
+    def _computed(self, cur: Any, schema: str, table: str) -> frozenset[str]:
+        """The lower-cased columns of a target table that the server computes and refuses values
+        for: generated columns (VIRTUAL, STORED/PERSISTENT) and the ROW START/ROW END columns of a
+        system-versioned table. Read from information_schema once per table; forgotten after DDL."""
+        ident = (schema, table)
+        known = self._unwritable.get(ident)
+        if known is None:
+            cur.execute("SELECT column_name, extra LIKE %s OR extra IN ('ROW START', 'ROW END')"
+                        " FROM information_schema.columns WHERE table_schema = %s AND table_name = %s",
+                        ("%GENERATED%", schema, table))
+            rows = cur.fetchall()
+            known = frozenset(row[0].lower() for row in rows if row[1])
+            if rows:  # a missing table is asked again next time
+                self._unwritable[ident] = known
+        return known
+
+    @staticmethod
+    def _writable(image: Mapping[str, Any], computed: frozenset[str]) -> Mapping[str, Any]:
+        return {c: v for c, v in image.items() if c.lower() not in computed} if computed else image
+
     def _apply_keyed(self, conn: pymysql.connections.Connection, table: TableChanges) -> None:
         name = table_name(table.schema, table.table)
         key = table.primary_key
         with conn.cursor() as cur:
+            computed = self._computed(cur, table.schema, table.table)
             for part in chunks(table.deletes, self.chunk_rows):
                 if len(key) == 1:
                     marks = ", ".join(["%s"] * len(part))
@@ -370,7 +409,8 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
                     args = [to_db(image[c]) for image in part for c in key]
                     cur.execute(f"DELETE FROM {name} WHERE ({columns}) IN ({', '.join([row] * len(part))})",
                                 args)
-            for columns, images in group_by_columns(table.upserts).items():
+            upserts = [self._writable(image, computed) for image in table.upserts]
+            for columns, images in group_by_columns(upserts).items():
                 updates = ", ".join(f"{quote(c)} = VALUES({quote(c)})" for c in columns)
                 sql = (f"INSERT INTO {name} ({', '.join(map(quote, columns))})"
                        f" VALUES ({', '.join(['%s'] * len(columns))})"
@@ -382,13 +422,14 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
     def _apply_sequence(self, conn: pymysql.connections.Connection, table: TableChanges) -> None:
         name = table_name(table.schema, table.table)
         with conn.cursor() as cur:
+            computed = self._computed(cur, table.schema, table.table)
             for change in table.sequence:
                 if change.before is not None:
                     where = " AND ".join(f"{quote(c)} <=> %s" for c in change.before)
                     cur.execute(f"DELETE FROM {name} WHERE {where} LIMIT 1",
                                 [to_db(v) for v in change.before.values()])
                 if change.after is not None:
-                    self._insert(cur, name, change.after)
+                    self._insert(cur, name, self._writable(change.after, computed))
 
     @staticmethod
     def _insert(cur: Any, name: str, image: Mapping[str, Any]) -> None:
@@ -409,6 +450,7 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         """
         end = batch.end
         ref = step.statement.tables[0]
+        self._unwritable.clear()  # the DDL may add, drop or change computed columns
         with conn.cursor() as cur:
             cur.execute(f"SELECT `mark` FROM {self._ddl_marks} WHERE `pipeline` = %s", (self.pipeline,))
             row = cur.fetchone()
@@ -422,6 +464,11 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
             conn.commit()
             if step.statement.kind == "create_table":
                 cur.execute(f"CREATE DATABASE IF NOT EXISTS {quote(ref.schema or step.change.schema)}", ())
+            try:  # MariaDB refuses ALTER of a system-versioned table unless history is kept as is
+                cur.execute("SET SESSION system_versioning_alter_history = KEEP", ())
+            except pymysql.err.MySQLError as exc:
+                if not (exc.args and exc.args[0] == 1193):  # unknown variable: MySQL has no versioning
+                    raise
             try:
                 cur.execute(step.change.statement)
             except pymysql.err.MySQLError as exc:
@@ -445,8 +492,11 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         table_word = max(i for i, t in enumerate(tokens[:ref.start]) if t.upper == "TABLE")
         head[table_word] = "TEMPORARY TABLE"
         scratch = "setl_shape_check"
-        cur.execute("".join(head) + table_name(schema, scratch).replace("%%", "%")
-                    + "".join(t.text for t in tokens[ref.end:]))
+        try:
+            cur.execute("".join(head) + table_name(schema, scratch).replace("%%", "%")
+                        + "".join(t.text for t in tokens[ref.end:]))
+        except pymysql.err.MySQLError:  # no TEMPORARY twin (a system-versioned or sequence table)
+            return False
         try:
             shapes = []
             for table in (ref.table, scratch):

@@ -82,6 +82,7 @@ from setl.config import SparkConfig
 from setl.errors import LoadError, SetlError
 from setl.model import Batch, DdlChange, Op, Position, RowChange
 from setl.routing import flat_name
+from setl.sinks.invalid_dates import InvalidDatePolicy
 from setl.spark import brief, find_java, from_arrow, get_session
 from setl.stages.load import Load, LoadCapabilities
 from setl.transforms.frames import PARQUET_MAX_PRECISION, SPARK_MAX_PRECISION, TableTypes, column_array
@@ -93,6 +94,8 @@ class ParquetTargetConfig:
     path: str
     partition_by: tuple[str, ...] = ()
     writer: Literal["arrow", "spark"] = "arrow"
+    #: what to write for a zero or partial date (`setl.sinks.invalid_dates`): refuse or null
+    invalid_dates: Literal["refuse", "null"] = "refuse"
 
 
 log = logging.getLogger(__name__)
@@ -154,6 +157,7 @@ class ParquetLoad(Load):
         writer: str = "arrow",
         spark: SparkConfig | None = None,
         session: Callable[[], Any] | None = None,
+        invalid_dates: str = "refuse",
     ) -> None:
         if writer not in WRITERS:
             raise ValueError(f"writer must be one of {', '.join(WRITERS)}, got {writer!r}")
@@ -173,6 +177,7 @@ class ParquetLoad(Load):
         self._starts: list[tuple[str, int, int]] = []
         self._files: dict[tuple[str, int, int], set[Path]] = {}
         self._schemas: dict[str, dict[str, pa.DataType]] = {}
+        self._invalid_dates = InvalidDatePolicy(invalid_dates, pipeline=pipeline, target="Parquet")
 
     @classmethod
     def from_config(cls, config: ParquetTargetConfig, *, pipeline: str = "",
@@ -183,7 +188,7 @@ class ParquetLoad(Load):
             except SetlError as exc:
                 raise exc.with_context(pipeline=pipeline or None, stage="load")
         return cls(config.path, partition_by=config.partition_by, pipeline=pipeline, writer=config.writer,
-                   spark=spark)
+                   spark=spark, invalid_dates=config.invalid_dates)
 
     def open(self) -> None:
         """Create the root, index the files already there and remove half-written ones (one directory walk).
@@ -238,6 +243,7 @@ class ParquetLoad(Load):
     def load(self, batch: Batch) -> None:
         if not self._opened:
             self.open()
+        batch = self._invalid_dates.apply(batch)
         tables: dict[tuple[str, str], list[tuple[int, RowChange]]] = {}
         for seq, change in enumerate(batch.changes):
             if isinstance(change, DdlChange):

@@ -9,7 +9,8 @@ table DDL is translated (`setl.sinks.postgresql_ddl` lists what is and what is r
 `LoadError`) and runs inside the batch's transaction. Tables without a primary key are matched on
 every column with ``IS NOT DISTINCT FROM`` (one row per change, by ctid). Values go through
 psycopg's adapters (bytes as bytea, Decimal as numeric, timedelta as interval); dicts and lists
-are sent as jsonb. The session time zone is UTC.
+are sent as jsonb. The session time zone is UTC. Zero and partial dates (`InvalidDate`) follow the
+target's ``invalid_dates`` policy (`setl.sinks.invalid_dates`): refused by default, or NULL.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from setl.ddl import parse
-from setl.errors import LoadError, TransientLoadError
+from setl.errors import LoadError, RefusedLoadError, TransientLoadError
 from setl.model import Batch, Position
+from setl.sinks.invalid_dates import InvalidDatePolicy
 from setl.sinks.merge import TableChanges
-from setl.sinks.postgresql_ddl import Translator, UnsupportedDdl
-from setl.sinks.sql_common import DdlStep, FenceBusy, SqlLoad, TargetTableMissing, chunks, group_by_columns
+from setl.sinks.postgresql_ddl import Translator, UnsupportedDdl, without_sequence_ddl
+from setl.sinks.sql_common import DdlStep, FenceBusy, Segment, SqlLoad, TargetTableMissing, chunks, group_by_columns
 
 
 @attrs.frozen
@@ -40,6 +42,8 @@ class PostgresqlTargetConfig:
     user: str = "postgres"
     password: str = attrs.field(default="", repr=False)
     database: str = "postgres"
+    #: what to write for a zero or partial date (`setl.sinks.invalid_dates`): refuse or null
+    invalid_dates: Literal["refuse", "null"] = "refuse"
 
 
 log = logging.getLogger(__name__)
@@ -68,6 +72,12 @@ class _TableName(sql.Identifier):
         return super().as_bytes(context).replace(b"%", b"%%")
 
 
+def column(name: str) -> sql.Composable:
+    """A column name as a quoted identifier, its ``%`` doubled: the statements carry ``%s``
+    placeholders, so psycopg would read a ``%`` in the name as one."""
+    return sql.SQL('"' + name.replace('"', '""').replace("%", "%%") + '"')
+
+
 def _marks(count: int) -> str:
     return "(" + ", ".join(["%s"] * count) + ")"
 
@@ -87,6 +97,12 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
         self._fence_table = sql.Identifier(self.position_schema, self.position_table + "_fence")
         self._sessions = sql.Identifier(self.position_schema, self.position_table + "_session")
         self._statements: dict[tuple[Any, ...], str] = {}
+        self._invalid_dates = InvalidDatePolicy(getattr(config, "invalid_dates", "refuse"),
+                                                pipeline=self.pipeline, target="PostgreSQL")
+
+    def _segments(self, batch: Batch) -> list[Segment]:
+        """Sequence DDL left out, zero and partial dates handled by the ``invalid_dates`` policy first."""
+        return super()._segments(self._invalid_dates.apply(without_sequence_ddl(batch, self.pipeline)))
 
     def __repr__(self) -> str:
         return f"<PostgresLoad {self.pipeline} -> {self.config.host}:{self.config.port}/{self.config.database}>"
@@ -293,8 +309,8 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
     def _delete_sql(name: sql.Identifier, key: Sequence[str], rows: int) -> sql.Composable:
         if len(key) == 1:
             marks = ", ".join(["%s"] * rows)
-            return sql.SQL("DELETE FROM {} WHERE {} IN (" + marks + ")").format(name, sql.Identifier(key[0]))
-        columns = sql.SQL(", ").join(map(sql.Identifier, key))
+            return sql.SQL("DELETE FROM {} WHERE {} IN (" + marks + ")").format(name, column(key[0]))
+        columns = sql.SQL(", ").join(map(column, key))
         values = ", ".join([_marks(len(key))] * rows)
         return sql.SQL("DELETE FROM {} WHERE ({}) IN (" + values + ")").format(name, columns)
 
@@ -303,14 +319,14 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
         others = [c for c in columns if c not in key]
         if others:
             action = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
-                sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in others))
+                sql.SQL("{0} = EXCLUDED.{0}").format(column(c)) for c in others))
         else:
             action = sql.SQL("DO NOTHING")
         values = ", ".join([_marks(len(columns))] * rows)
         return sql.SQL("INSERT INTO {} ({}) VALUES " + values + " ON CONFLICT ({}) {}").format(
             name,
-            sql.SQL(", ").join(map(sql.Identifier, columns)),
-            sql.SQL(", ").join(map(sql.Identifier, key)),
+            sql.SQL(", ").join(map(column, columns)),
+            sql.SQL(", ").join(map(column, key)),
             action,
         )
 
@@ -320,7 +336,7 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
             for change in table.sequence:
                 if change.before is not None:
                     where = sql.SQL(" AND ").join(
-                        sql.SQL("{} IS NOT DISTINCT FROM %s").format(sql.Identifier(c))
+                        sql.SQL("{} IS NOT DISTINCT FROM %s").format(column(c))
                         for c in change.before)
                     cur.execute(sql.SQL("DELETE FROM {0} WHERE ctid = (SELECT ctid FROM {0} WHERE {1}"
                                         " LIMIT 1)").format(name, where),
@@ -331,7 +347,7 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
     @staticmethod
     def _insert(cur: psycopg.Cursor, name: sql.Identifier, image: Mapping[str, Any]) -> None:
         cur.execute(sql.SQL("INSERT INTO {} ({}) VALUES " + _marks(len(image))).format(
-            name, sql.SQL(", ").join(map(sql.Identifier, image))),
+            name, sql.SQL(", ").join(map(column, image))),
             [to_db(v) for v in image.values()])
 
     # -- DDL
@@ -341,8 +357,9 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
         transaction: PostgreSQL DDL is transactional, so a replay finds it undone or committed
         with the batch's position. A statement it cannot translate fails the batch."""
         change = step.change
+        translator = Translator(change.schema)
         try:
-            statements = Translator(change.schema).translate(step.statement)
+            statements = translator.translate(step.statement)
         except (UnsupportedDdl, ValueError) as exc:
             raise LoadError(f"cannot translate this DDL for PostgreSQL ({exc}): {change.statement}",
                             **{**self._context(batch, table=change.qualified_table),
@@ -367,6 +384,13 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
                 log.info("pipeline=%s stage=load table=%s: table exists with the same shape; CREATE "
                          "TABLE counts as applied", self.pipeline, change.qualified_table)
                 return
+        for table, why in translator.needs_empty:
+            row = conn.execute(f"SELECT EXISTS (SELECT 1 FROM {table})").fetchone()
+            if row and row[0]:
+                raise RefusedLoadError(f"cannot apply this DDL exactly on PostgreSQL: {table} has rows and {why}: "
+                                       f"{change.statement}",
+                                       **{**self._context(batch, table=change.qualified_table),
+                                          "position": change.position or batch.end})
         for statement in statements:
             conn.execute(statement)
 

@@ -4,31 +4,53 @@ Translated: CREATE TABLE (columns with the type mapping below, NULL/NOT NULL, si
 PRIMARY KEY and UNIQUE), CREATE TABLE ... LIKE, ALTER TABLE ADD/DROP/MODIFY/CHANGE/ALTER/RENAME
 COLUMN, ADD/DROP PRIMARY KEY, RENAME TO, RENAME TABLE (across schemas too), TRUNCATE and DROP TABLE.
 Left out on purpose, since rows carry full images and do not need them: secondary (non-unique)
-indexes, FOREIGN KEY and CHECK constraints, column COMMENTs, charsets and collations, AUTO_INCREMENT,
-ON UPDATE CURRENT_TIMESTAMP, defaults that are not a number, a plain string, NULL or
-CURRENT_TIMESTAMP, FIRST/AFTER, table options. CREATE/DROP INDEX statements are not applied.
-Anything else (generated columns, partitioning, spatial types, ...) raises `UnsupportedDdl`.
+indexes, FOREIGN KEY and CHECK constraints, column COMMENTs, charsets and case-insensitive collations
+(PostgreSQL compares text case-sensitively: a UNIQUE key MySQL would refuse for 'a' and 'A' holds
+both), AUTO_INCREMENT,
+ON UPDATE CURRENT_TIMESTAMP, FIRST/AFTER, table options, and defaults other than a number, a
+plain string (also with a charset introducer), NULL, CURRENT_TIMESTAMP, b'..' (on integer and BIT
+columns) and x'..'/0x.. (on integer and binary columns): expression defaults ``DEFAULT (1+1)``
+are left out where rows carry full images (CREATE TABLE, MODIFY), but an ADD COLUMN with one, or
+with CURRENT_TIMESTAMP (existing rows get the time of the DDL on the source), is exact only on an
+empty table: `Translator.needs_empty` names it and `PostgresLoad` refuses it if the table has rows.
+CREATE/DROP INDEX statements are not applied.
+Generated columns (``AS (expr) VIRTUAL|STORED|PERSISTENT``, ``GENERATED ALWAYS AS``) become plain
+columns holding the values the source's row events carry (the expression is not translated; an ADD
+of one is exact only on an empty table, see below). Anything else (partitioning, spatial types, ...)
+raises `UnsupportedDdl`.
 ADD COLUMN ... NOT NULL without a DEFAULT fills existing rows with MySQL's implicit default (0,
 '', the first ENUM member, zero bytes); for dates MySQL's zero date has no PostgreSQL value, so
 such an ADD fails on a non-empty table.
+
+System versioning (MariaDB) is left out: ``WITH SYSTEM VERSIONING``, ``PERIOD FOR SYSTEM_TIME``,
+the ``AS ROW START``/``AS ROW END`` columns, ``ADD/DROP SYSTEM VERSIONING`` and ``ADD/DROP PERIOD``
+translate to nothing, so PostgreSQL holds the current rows only (the source drops history rows and
+period columns from row changes). Sequences (CREATE/ALTER/DROP SEQUENCE, CREATE TABLE ...
+SEQUENCE=1) are not replicated: `is_sequence_ddl` tells them, and both SQL targets skip them.
 
 Type mapping (MySQL -> PostgreSQL): TINYINT, SMALLINT -> smallint (SMALLINT UNSIGNED -> integer);
 MEDIUMINT, INT -> integer (INT UNSIGNED -> bigint); BIGINT -> bigint (UNSIGNED -> numeric(20,0));
 BOOL -> smallint; DECIMAL(p,s) -> numeric(p,s); FLOAT -> real; DOUBLE -> double precision;
 DATE -> date; TIME -> interval (MySQL TIME spans -838..838 hours); DATETIME(n) -> timestamp(n);
 TIMESTAMP(n) -> timestamptz(n); YEAR -> smallint; CHAR(n), VARCHAR(n) -> varchar(n) (no padding);
-TEXT types -> text; BINARY, VARBINARY, BLOB types -> bytea; ENUM, SET -> text (a SET as its
+TEXT types -> text; a binary collation (``CHAR(n) BINARY``, ``VARCHAR(n) BINARY``,
+``COLLATE utf8mb4_bin``, ``COLLATE binary``) adds ``COLLATE "C"``; ``CHARACTER SET binary`` on a
+character type makes it bytea (MySQL makes it BINARY/VARBINARY/BLOB); BINARY, VARBINARY, BLOB types -> bytea; ENUM, SET -> text (a SET as its
 members sorted and comma-joined); BIT(n) -> bigint (numeric(20,0) for BIT(64)); JSON -> jsonb.
 MariaDB's UUID, INET4 and INET6 are refused: the binlog carries their storage bytes, not text.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import attrs
 
-from setl.ddl import Reader, Statement, TableRef, Token
+from setl.ddl import Reader, Statement, TableRef, Token, parse
+from setl.model import Batch, Change, DdlChange
+
+log = logging.getLogger(__name__)
 
 
 class UnsupportedDdl(ValueError):
@@ -95,8 +117,21 @@ def _names(tokens: Sequence[Token]) -> str:
     return ", ".join(ident(part[0].name) for part in split(tokens))
 
 
-def _default(t: Reader) -> str | None:
-    """A DEFAULT's value in PostgreSQL, or None to leave the default out."""
+_INTEGER_KINDS = ("smallint", "integer", "bigint", "numeric(20,0)")
+
+
+def _default(t: Reader, kind: str = "") -> tuple[str | None, str | None]:
+    """A DEFAULT's value in PostgreSQL for a column of PostgreSQL type `kind`, or None to leave the
+    default out; and the MySQL text of a default that is left out (None when nothing is lost)."""
+    start = t.at
+    value = _default_value(t, kind)
+    lost = None
+    if value is None:
+        lost = "".join(token.text for token in t.tokens[t.sig[start]:t.sig[t.at - 1] + 1])
+    return value, lost
+
+
+def _default_value(t: Reader, kind: str) -> str | None:
     token = t.next()
     if token.upper == "NULL":
         return "NULL"
@@ -111,6 +146,8 @@ def _default(t: Reader) -> str | None:
         if t.sees("."):
             t.next()
             return f"{sign}{token.text}.{t.next().text}"
+        if token.text.lower().startswith("0x"):
+            return _hex_default(token.text[2:], kind)
         return sign + token.text
     if token.kind == "string" and token.text[0] == "'" and "\\" not in token.text:
         return None if token.text.startswith("'0000-00-00") else token.text
@@ -119,15 +156,35 @@ def _default(t: Reader) -> str | None:
         t.group()
     elif token.kind == "word" and (value := t.peek()) is not None and value.kind == "string":
         t.next()  # b'0101', x'ff', _utf8mb4'...'
+        text = value.text[1:-1]
+        if token.upper == "B" and kind in _INTEGER_KINDS and set(text) <= {"0", "1"}:
+            return str(int(text or "0", 2))
+        if token.upper == "X":
+            return _hex_default(text, kind)
+        if token.text.startswith("_") and value.text[0] == "'" and "\\" not in value.text:
+            return value.text  # a string with a charset introducer
+    return None
+
+
+def _hex_default(digits: str, kind: str) -> str | None:
+    """A hexadecimal literal as the default of a bytea or integer column (None for other kinds)."""
+    if not digits or any(c not in "0123456789abcdefABCDEF" for c in digits):
+        return None
+    if kind == "bytea":
+        return f"'\\x{digits.lower()}'::bytea"
+    if kind in _INTEGER_KINDS:
+        return str(int(digits, 16))
     return None
 
 
 @attrs.frozen
 class Column:
     """A MySQL column definition in PostgreSQL terms. `default` is the translated DEFAULT, or
-    None; `implicit` is what MySQL fills existing rows with when the column is added NOT NULL
+    None (`lost_default` is then the MySQL text of a DEFAULT left out, if there was one); `implicit` is what MySQL fills existing rows with when the column is added NOT NULL
     without a DEFAULT (None where PostgreSQL has no such value, as for zero dates); `key` is an
-    inline `` PRIMARY KEY`` or `` UNIQUE``."""
+    inline `` PRIMARY KEY`` or `` UNIQUE``; `generated` is set for a generated column (translated as
+    a plain column: the rows carry its values); `period` for the ROW START/ROW END column of a
+    system-versioned table (left out)."""
 
     name: str
     kind: str
@@ -135,6 +192,9 @@ class Column:
     default: str | None
     implicit: str | None
     key: str
+    lost_default: str | None = None
+    generated: bool = False
+    period: bool = False
 
     def text(self, default: str | None = None) -> str:
         text = f"{ident(self.name)} {self.kind}{self.key}"
@@ -167,6 +227,10 @@ def column(tokens: Sequence[Token]) -> Column:
     t = Reader(tokens)
     name = t.next().name
     base = t.next().upper
+    if base == "NATIONAL":  # NATIONAL CHAR(n), NATIONAL VARCHAR(n): utf8 character types
+        base = {"CHAR": "NCHAR", "CHARACTER": "NCHAR", "VARCHAR": "NVARCHAR"}.get(t.next().upper, "")
+    if base == "NCHAR" and t.word("VARYING"):
+        base = "NVARCHAR"
     if base == "DOUBLE":
         t.word("PRECISION")
     if base in ("CHARACTER", "CHAR") and t.word("VARYING"):
@@ -182,6 +246,7 @@ def column(tokens: Sequence[Token]) -> Column:
         t.next()
     kind = pg_type(base, args, unsigned)
     not_null, default, extra = False, None, ""
+    binary, charset, lost, generated, period = False, "", None, False, False
     while not t.done():
         if t.word("NOT"):
             if not t.word("NULL"):
@@ -190,7 +255,7 @@ def column(tokens: Sequence[Token]) -> Column:
         elif t.word("NULL", "AUTO_INCREMENT", "INVISIBLE", "VISIBLE", "FIRST", "SIGNED", "UNSIGNED"):
             pass
         elif t.word("DEFAULT"):
-            default = _default(t)
+            default, lost = _default(t, kind)
         elif t.word("PRIMARY"):
             t.word("KEY")
             extra += " PRIMARY KEY"
@@ -199,21 +264,51 @@ def column(tokens: Sequence[Token]) -> Column:
         elif t.word("UNIQUE"):
             t.word("KEY")
             extra += " UNIQUE"
-        elif t.word("COMMENT", "COLLATE", "CHARSET", "AFTER"):
-            t.next()
+        elif t.word("BINARY"):
+            binary = True  # CHAR(n) BINARY: the charset's binary collation
+        elif t.word("ASCII", "UNICODE", "BYTE"):
+            pass
+        elif t.word("COLLATE"):
+            collation = t.next().name.lower()
+            binary = binary or collation.endswith("_bin") or collation == "binary"
+        elif t.word("CHARSET"):
+            charset = t.next().name.lower()
         elif t.word("CHARACTER"):
             t.word("SET")
+            charset = t.next().name.lower()
+        elif t.word("COMMENT", "AFTER"):
             t.next()
         elif t.word("ON"):
             t.word("UPDATE")
             _default(t)
+        elif t.word("GENERATED"):  # GENERATED ALWAYS AS (expr): a plain column holding the source's values
+            t.word("ALWAYS")
+            generated = True
+        elif t.words("AS", "ROW"):  # AS ROW START/END: a system-versioning period column
+            t.word("START", "END")
+            period = True
+        elif t.word("AS"):
+            t.group()
+            generated = True
+        elif t.words("WITH", "SYSTEM", "VERSIONING") or t.words("WITHOUT", "SYSTEM", "VERSIONING"):
+            pass
+        elif t.word("VIRTUAL", "STORED", "PERSISTENT"):
+            pass
         elif t.word("CHECK"):
             t.group()
         elif t.word("REFERENCES"):
             t.at = len(t.sig)
         else:
             raise UnsupportedDdl(f"column {name}: {t.next().text} is not translated")
-    return Column(name, kind, not_null, default, implicit, extra)
+    if kind in ("text",) or kind.startswith("varchar"):
+        if charset == "binary":  # CHAR(n) CHARACTER SET binary is BINARY(n): bytes, as the binlog has them
+            kind = "bytea"
+            implicit = "''::bytea" if implicit == "''" else implicit
+            if base in ("CHAR", "NCHAR") and implicit is not None:
+                implicit = f"'\\x{'00' * (int(args[0]) if args else 1)}'::bytea"
+        elif binary:
+            kind += ' COLLATE "C"'  # a binary collation: byte order, case and accents distinct
+    return Column(name, kind, not_null, default, implicit, extra, lost, generated and not period, period)
 
 
 def _constraint(tokens: Sequence[Token]) -> str | None:
@@ -244,12 +339,17 @@ class Translator:
 
     def __init__(self, default_schema: str) -> None:
         self.default_schema = default_schema
+        #: (table, why) of the last `translate`: statements exact only while the table has no rows
+        #: (an ADD COLUMN whose DEFAULT fills existing rows with a value PostgreSQL would not give)
+        self.needs_empty: list[tuple[str, str]] = []
 
     def table(self, ref: TableRef) -> str:
         return f"{ident(ref.schema or self.default_schema)}.{ident(ref.table)}"
 
     def translate(self, statement: Statement) -> list[str]:
-        """The PostgreSQL statements that do what `statement` does (empty: nothing to do)."""
+        """The PostgreSQL statements that do what `statement` does (empty: nothing to do); see
+        `needs_empty` for what holds only on an empty table."""
+        self.needs_empty = []
         tokens = [t for t in statement.tokens if t.kind != "ws"]
         refs = statement.tables
         after = [t for t in statement.tokens[refs[0].end:] if t.kind != "ws"]
@@ -288,7 +388,9 @@ class Translator:
                 if constraint is not None:
                     elements.append(constraint)
             else:
-                elements.append(column(part).text())
+                definition = column(part)
+                if not definition.period:
+                    elements.append(definition.text())
         rest = Reader(t.rest())
         while not rest.done():  # table options: ENGINE=..., DEFAULT CHARSET=..., COMMENT='...'
             token = rest.next()
@@ -313,6 +415,8 @@ class Translator:
         for clause in split(after):
             t = Reader(clause)
             verb = t.next().upper
+            if verb in ("ADD", "DROP") and (t.sees("SYSTEM") and t.sees("VERSIONING", 1) or t.sees("PERIOD")):
+                continue  # system versioning is not replicated: PostgreSQL gets the current rows only
             if verb == "ADD":
                 self._add(t, actions, later, name)
             elif verb == "DROP":
@@ -332,6 +436,11 @@ class Translator:
                 old = t.next().name if verb == "CHANGE" else None
                 definition = column(t.rest())
                 target = ident(old or definition.name)
+                if definition.period:
+                    continue
+                if definition.generated:
+                    self.needs_empty.append((name, f"column {definition.name} becomes a generated column, "
+                                                   "whose values the source computes without row events"))
                 kind = definition.kind
                 actions.append(f"ALTER COLUMN {target} TYPE {kind} USING {target}::{kind}")
                 actions.append(f"ALTER COLUMN {target} {'SET' if definition.not_null else 'DROP'} NOT NULL")
@@ -345,7 +454,7 @@ class Translator:
                 target = ident(t.next().name)
                 if t.word("SET"):
                     t.word("DEFAULT")
-                    default = _default(t)
+                    default, _ = _default(t)
                     if default is not None:
                         actions.append(f"ALTER COLUMN {target} SET DEFAULT {default}")
                 elif t.word("DROP"):
@@ -391,12 +500,52 @@ class Translator:
             return
         for part in split(t.group()) if token.text == "(" else [t.rest()]:
             definition = column(part)
+            if definition.period:
+                continue
             fill = None
             if definition.not_null and definition.default is None and not definition.key:
                 fill = definition.implicit
+            if definition.generated:
+                self.needs_empty.append((table, f"generated column {definition.name} is a plain column on "
+                                                "PostgreSQL, and existing rows would get no values"))
+            elif definition.lost_default is not None:
+                self.needs_empty.append((table, f"column {definition.name} DEFAULT "
+                                                f"{definition.lost_default} has no PostgreSQL translation"))
+            elif definition.default == "CURRENT_TIMESTAMP":
+                self.needs_empty.append((table, f"column {definition.name} DEFAULT CURRENT_TIMESTAMP gives "
+                                                "existing rows the time of the DDL on the source"))
             actions.append(f"ADD COLUMN{exists} {definition.text(default=fill)}")
             if fill is not None:
                 later.insert(0, f"ALTER TABLE {table} ALTER COLUMN {ident(definition.name)} DROP DEFAULT")
+
+
+def is_sequence_ddl(statement: Statement) -> bool:
+    """Whether `statement` creates, alters or drops a sequence (CREATE [OR REPLACE] SEQUENCE, ALTER
+    SEQUENCE, DROP SEQUENCE, or a CREATE TABLE with the table option SEQUENCE=1)."""
+    words = [t.upper for t in statement.tokens if t.kind not in ("ws", "xcomment")]
+    head = [w for w in words[:6] if w not in ("OR", "REPLACE", "TEMPORARY")]
+    if len(head) >= 2 and head[0] in ("CREATE", "ALTER", "DROP") and head[1] == "SEQUENCE":
+        return True
+    if statement.kind == "create_table":
+        texts = [t.text for t in statement.tokens[statement.tables[0].end:] if t.kind not in ("ws", "xcomment")]
+        depth = 0
+        for k, text in enumerate(texts):
+            depth += {"(": 1, ")": -1}.get(text, 0)
+            if depth == 0 and text.upper() == "SEQUENCE" and texts[k + 1:k + 3] in (["=", "1"], ["1"]):
+                return True
+    return False
+
+
+def without_sequence_ddl(batch: Batch, pipeline: str) -> Batch:
+    """`batch` without its sequence DDL (see `is_sequence_ddl`), each logged at INFO."""
+    kept: list[Change] = []
+    for change in batch.changes:
+        if isinstance(change, DdlChange) and is_sequence_ddl(parse(change.statement)):
+            log.info("pipeline=%s stage=load table=%s position=%s: sequence DDL is not replicated: %s",
+                     pipeline, change.qualified_table, change.position or batch.end, change.statement)
+            continue
+        kept.append(change)
+    return batch if len(kept) == len(batch.changes) else batch.replace(tuple(kept))
 
 
 def _table_ref(t: Reader) -> TableRef:
@@ -407,4 +556,4 @@ def _table_ref(t: Reader) -> TableRef:
     return TableRef(0, 0, None, first.name)
 
 
-__all__ = ["Translator", "UnsupportedDdl", "pg_type"]
+__all__ = ["Translator", "UnsupportedDdl", "is_sequence_ddl", "pg_type", "without_sequence_ddl"]

@@ -20,7 +20,7 @@ from typing import Literal
 import attrs
 
 from setl.errors import LoadError, TransientLoadError
-from setl.model import Batch, Change, DdlChange, Position, RowChange
+from setl.model import Batch, Change, DdlChange, InvalidDate, Position, RowChange
 from setl.routing import flat_name
 from setl.sinks.merge import merge
 from setl.stages.load import Load, LoadCapabilities
@@ -32,6 +32,9 @@ class SqliteTargetConfig:
 
     type: Literal["sqlite"]
     path: str
+
+# A zero or partial date is stored as its text, as SQLite stores every date.
+sqlite3.register_adapter(InvalidDate, str)
 
 
 def _q(name: str) -> str:

@@ -6,6 +6,10 @@ bytes become binary, integers beyond BIGINT (unsigned BIGINT) a DECIMAL(20,0)
 that comes back as int. What Arrow (or Spark) cannot hold natively is carried
 as text with a *codec* and turned back on the way out: JSON documents (dict,
 list), SET values, TIME values, and decimals wider than the target allows.
+A DATE, DATETIME or TIMESTAMP column holding a zero or partial date (`InvalidDate`,
+``0000-00-00``) is carried as text too, every value of it in ISO form (``2024-01-31``,
+``2024-01-31 12:00:00``, ``0000-00-00``): a Spark transform sees a string column there, and
+text that is no calendar date comes back as `InvalidDate`, the rest as dates and datetimes.
 
 Deriving a type scans a column's values, so a `TableTypes` remembers each
 column's type per table and reuses it while a batch's values fit it (same
@@ -27,6 +31,8 @@ from typing import Any
 import attrs
 import pyarrow as pa
 
+from setl.model import InvalidDate
+
 #: Widest decimal Spark holds; Parquet takes up to 76 digits (decimal256).
 SPARK_MAX_PRECISION = 38
 PARQUET_MAX_PRECISION = 76
@@ -36,6 +42,7 @@ DECIMAL_TEXT = "decimal"
 INT_TEXT = "int"
 SET = "set"
 TIME = "time"
+DATE_TEXT = "date"
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _NONE = type(None)
@@ -115,6 +122,8 @@ def infer_type(
         return pa.duration("us"), None
     if kinds == {dt.time}:
         return pa.string(), TIME
+    if InvalidDate in kinds and kinds <= {InvalidDate, dt.date, dt.datetime}:
+        return pa.string(), DATE_TEXT
     if kinds <= {dict, list, tuple}:
         return pa.string(), JSON
     if kinds <= {set, frozenset}:
@@ -135,6 +144,8 @@ def _encode(value: Any, codec: str | None) -> Any:
         return ",".join(sorted(str(v) for v in value))
     if codec == TIME:
         return value.isoformat()
+    if codec == DATE_TEXT:
+        return str(value)
     if codec in (DECIMAL_TEXT, INT_TEXT):
         return str(value)
     if isinstance(value, (bytearray, memoryview)):
@@ -151,11 +162,21 @@ def _decode(value: Any, codec: str) -> Any:
         return set(value.split(",")) if value else set()
     if codec == TIME:
         return dt.time.fromisoformat(value) if isinstance(value, str) else value
+    if codec == DATE_TEXT:
+        return _date_from_text(value) if isinstance(value, str) else value
     if codec == DECIMAL_TEXT:
         return decimal.Decimal(value) if isinstance(value, str) else value
     if codec == INT_TEXT:
         return int(value) if isinstance(value, (str, decimal.Decimal)) else value
     return value
+
+
+def _date_from_text(text: str) -> dt.date | dt.datetime | InvalidDate:
+    """A date (10 characters) or datetime from its ISO text; text no calendar has is an `InvalidDate`."""
+    try:
+        return dt.date.fromisoformat(text) if len(text) == 10 else dt.datetime.fromisoformat(text)
+    except ValueError:
+        return InvalidDate(text)
 
 
 def _kinds(values: Sequence[Any]) -> set[type]:

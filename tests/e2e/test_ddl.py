@@ -6,12 +6,14 @@ into MariaDB and PostgreSQL."""
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any
 
 import pytest
 
 from setl.config import ColumnsConfig
 from setl.errors import LoadError
+from setl.model import Batch, DdlChange, Op, Position, RowChange
 from setl.scheduler import Outcome
 from setl.sinks.mysql import MySQLLoad
 from setl.sinks.postgresql import PostgresLoad
@@ -124,3 +126,110 @@ def test_ddl_fail_pauses_the_pipeline_naming_the_statement(mariadb_source, sourc
     assert error.context["table"] == f"{mysql_db}.purchases" and error.context["position"] > start
     assert mariadb_target.query("SELECT table_name FROM information_schema.tables WHERE table_schema = %s"
                                 " AND table_name NOT LIKE 'setl%%'", (mysql_db,)) == []
+
+
+def run(server: Any, schema: str, statements: list[str]) -> None:
+    with contextlib.closing(server.connect(database=schema)) as conn, conn.cursor() as cur:
+        for statement in statements:
+            cur.execute(statement)
+
+
+def test_add_column_defaults_fill_existing_rows_on_postgresql(mariadb_source, source_db, postgres_server,
+                                                              postgres_db, tmp_path):
+    """ADD COLUMN with a BIT, hex or charset-introduced default gives existing PostgreSQL rows the
+    source's values; an expression default on a table with rows pauses the pipeline with one line
+    naming the column, and nothing of that DDL is applied."""
+    start = binlog_head(mariadb_source)
+    run(mariadb_source, source_db, [
+        "CREATE TABLE flags (id INT PRIMARY KEY)",
+        "INSERT INTO flags VALUES (1), (2)",
+        "ALTER TABLE flags ADD COLUMN b BIT(1) NOT NULL DEFAULT b'1', ADD x VARBINARY(2) DEFAULT x'0aff',"
+        " ADD s VARCHAR(3) DEFAULT _utf8mb4'abc', ADD n INT DEFAULT 0x10",
+        "INSERT INTO flags (id) VALUES (3)",
+        "CREATE TABLE empty_one (id INT PRIMARY KEY)",
+        "ALTER TABLE empty_one ADD COLUMN e INT DEFAULT (1+1), ADD t DATETIME DEFAULT CURRENT_TIMESTAMP",
+        "ALTER TABLE flags ADD COLUMN e INT DEFAULT (1+1)",
+    ])
+    load = PostgresLoad(postgres_server.target_config(postgres_db), pipeline="defaults")
+    scheduler = replicate(mariadb_source, start, [table_rule(rf"{source_db}\..*", "app.{table}")], load, tmp_path,
+                          name="defaults", outcome=Outcome.PAUSED)
+    assert "has rows and column e DEFAULT (1+1) has no PostgreSQL translation" in str(scheduler.error)
+    assert "\n" not in str(scheduler.error) and scheduler.error.context["table"] == "app.flags"
+    got = postgres_server.query("SELECT id, b, x, s, n FROM app.flags ORDER BY id", dbname=postgres_db)
+    assert got == [(i, 1, b"\n\xff", "abc", 16) for i in (1, 2, 3)]
+    assert postgres_server.query("SELECT column_name FROM information_schema.columns WHERE table_schema = 'app'"
+                                 " AND table_name = 'empty_one' ORDER BY ordinal_position",
+                                 dbname=postgres_db) == [("id",), ("e",), ("t",)]
+
+
+def ddl_batch(batch_id: int, changes: list[Any]) -> Batch:
+    """A batch of the changes as Extract hands them on, at made-up positions."""
+    return Batch("versioned", batch_id, 1, Position("bin.000001", batch_id * 100),
+                 Position("bin.000001", batch_id * 100 + 99), tuple(changes))
+
+
+def row(schema: str, op: Op, before: dict | None, after: dict | None) -> RowChange:
+    return RowChange(op, schema, "hist", ("id",), before, after)
+
+
+def versioned_batches(schema: str, quoted: str) -> list[Batch]:
+    """A system-versioned table with explicit period columns, rows (without the period columns, as the source
+    hands them on), an ALTER adding a column and sequence DDL in between."""
+    name = f"{quoted}.`hist`"
+    return [
+        ddl_batch(1, [DdlChange(schema, "hist", f"CREATE TABLE {name} (id INT PRIMARY KEY, v INT WITHOUT SYSTEM "
+                                               "VERSIONING, w VARCHAR(5), rs TIMESTAMP(6) GENERATED ALWAYS AS ROW "
+                                               "START INVISIBLE, re TIMESTAMP(6) GENERATED ALWAYS AS ROW END "
+                                               "INVISIBLE, PERIOD FOR SYSTEM_TIME(rs, re)) WITH SYSTEM VERSIONING")]),
+        ddl_batch(2, [row(schema, Op.INSERT, None, {"id": 1, "v": 1, "w": "a"}),
+                      row(schema, Op.INSERT, None, {"id": 2, "v": 2, "w": "b"}),
+                      DdlChange(schema, "seq", f"CREATE SEQUENCE {quoted}.`seq` START WITH 10"),
+                      row(schema, Op.UPDATE, {"id": 1, "v": 1, "w": "a"}, {"id": 1, "v": 5, "w": "a"}),
+                      row(schema, Op.DELETE, {"id": 2, "v": 2, "w": "b"}, None)]),
+        ddl_batch(3, [DdlChange(schema, "hist", f"ALTER TABLE {name} ADD COLUMN x INT DEFAULT 7"),
+                      DdlChange(schema, "seq", f"ALTER SEQUENCE {quoted}.`seq` RESTART 20"),
+                      DdlChange(schema, "seq2", f"CREATE TABLE {quoted}.`seq2` (next_not_cached_value bigint, "
+                                                "minimum_value bigint, maximum_value bigint, start_value bigint, "
+                                                "increment bigint, cache_size bigint unsigned, cycle_option "
+                                                "tinyint unsigned, cycle_count bigint) SEQUENCE=1"),
+                      row(schema, Op.INSERT, None, {"id": 3, "v": 3, "w": "c", "x": 8}),
+                      DdlChange(schema, "seq", f"DROP SEQUENCE {quoted}.`seq`")]),
+    ]
+
+
+def test_system_versioned_tables_and_sequences_on_mariadb(mariadb_target, mysql_db, caplog):
+    """A MariaDB target keeps system versioning (setl never writes the period columns) and skips sequence DDL
+    with an INFO line; the current rows equal the source's."""
+    caplog.set_level(logging.INFO)
+    load = MySQLLoad(mariadb_target.target_config(), pipeline="versioned", position_schema=mysql_db)
+    try:
+        for batch in versioned_batches(mysql_db, f"`{mysql_db}`"):
+            load.load(batch)
+    finally:
+        load.close()
+    assert mariadb_target.query(f"SELECT id, v, w, x FROM `{mysql_db}`.hist ORDER BY id") == [(1, 5, "a", 7),
+                                                                                             (3, 3, "c", 8)]
+    assert mariadb_target.query("SELECT table_type FROM information_schema.tables WHERE table_schema = %s"
+                                " AND table_name = 'hist'", (mysql_db,)) == [("SYSTEM VERSIONED",)]
+    assert mariadb_target.query("SELECT table_name FROM information_schema.tables WHERE table_schema = %s"
+                                " AND table_name LIKE 'seq%%'", (mysql_db,)) == []
+    assert sum("sequence DDL is not replicated" in r.getMessage() and r.levelname == "INFO"
+               for r in caplog.records) == 4
+
+
+def test_system_versioned_tables_and_sequences_on_postgresql(postgres_server, postgres_db, caplog):
+    """PostgreSQL gets a system-versioned table without versioning or period columns, holding the current
+    rows; sequence DDL is skipped with an INFO line."""
+    caplog.set_level(logging.INFO)
+    load = PostgresLoad(postgres_server.target_config(postgres_db), pipeline="versioned")
+    try:
+        for batch in versioned_batches("app", "`app`"):
+            load.load(batch)
+    finally:
+        load.close()
+    assert postgres_server.query("SELECT * FROM app.hist ORDER BY id", dbname=postgres_db) == [(1, 5, "a", 7),
+                                                                                              (3, 3, "c", 8)]
+    assert postgres_server.query("SELECT relname FROM pg_class WHERE relname IN ('seq', 'seq2')",
+                                 dbname=postgres_db) == []
+    assert sum("sequence DDL is not replicated" in r.getMessage() and r.levelname == "INFO"
+               for r in caplog.records) == 4
