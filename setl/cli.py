@@ -327,7 +327,10 @@ def cmd_switch(args: argparse.Namespace, conf: Path) -> int:
     settings = load_node(conf)
     if settings.meta.store != "zookeeper":
         raise UsageError("setl switch needs HA: meta.store: zookeeper in setl.yaml")
+    from setl.meta.zookeeper import ZooKeeperMetaStore  # imports kazoo: only when asked for
+
     with _pipeline_meta(conf, args.pipeline, settings) as meta:
+        assert isinstance(meta, ZooKeeperMetaStore)  # meta.store: zookeeper, checked above
         holder = meta.request_switch(args.pipeline, args.to)
         print(f"{args.pipeline}: asked {holder} to hand over" + (f" to {args.to}" if args.to else ""))
         deadline = time.monotonic() + args.timeout

@@ -455,7 +455,8 @@ class Node:
         meta store), unless an operator reset it.
         """
         name = run.config.name
-        if run.config.source.start != "latest" or self.meta.position(name) is not None:
+        # `start` is a field of every built-in source config; ConnectorConfig does not promise it.
+        if getattr(run.config.source, "start", None) != "latest" or self.meta.position(name) is not None:
             return
         if not self.meta.position_was_reset(name) and run.stages.load.committed() is not None:
             return

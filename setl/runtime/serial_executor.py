@@ -123,12 +123,14 @@ class SerialExecutorService:
     _worker_ids: Iterator[int] = attrs.field(init=False, repr=False, factory=lambda: itertools.count(1))
     _key_slots: dict[Hashable, int] = attrs.field(init=False, repr=False, factory=dict)
     _next_slot: int = attrs.field(init=False, repr=False, default=0)
+    _worker_limit: int = attrs.field(init=False, repr=False, default=0)  # max_workers resolved
 
     def __attrs_post_init__(self) -> None:
         if self.max_workers is None:
             self.max_workers = self.num_slots
         if self.max_workers < 1:
             raise ValueError(f"max_workers must be >= 1, got {self.max_workers}")
+        self._worker_limit = self.max_workers
         self._slots = [_Slot() for _ in range(self.num_slots)]
 
     # -- slot assignment --------------------------------------------------------------------
@@ -178,7 +180,7 @@ class SerialExecutorService:
                     self._ready.append(slot)
             self._cond.notify()
             # Start a thread only for work that the idle ones cannot take.
-            if len(self._ready) > self._idle and len(self._workers) < self.max_workers:
+            if len(self._ready) > self._idle and len(self._workers) < self._worker_limit:
                 self._start_worker()
             return task
 

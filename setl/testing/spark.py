@@ -67,8 +67,12 @@ def make_batch(
     changes = []
     for offset, (row, kind) in enumerate(zip(rows, ops), start=1):
         position = Position(start.log, start.offset + offset)
+        before: Mapping[str, Any] | None
+        after: Mapping[str, Any] | None
         if kind is Op.UPDATE:
             before, after = row if isinstance(row, tuple) else (row, row)
+        elif isinstance(row, tuple):
+            raise ValueError(f"a (before, after) pair for a {kind.value}: only an update takes one")
         elif kind is Op.INSERT:
             before, after = None, row
         else:

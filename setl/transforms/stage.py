@@ -347,18 +347,18 @@ class SparkTransform(Transform):
         out: list[RowChange | list[RowChange]] = []
         if in_order:
             # Every row came back, in order (no filter, join or reordering): pair them up directly.
-            image = iter(images).__next__
+            next_image = iter(images).__next__
             for change in changes:
                 op = change.op
                 if op is update:
-                    before = image()
-                    out.append(RowChange(update, schema, table, primary_key, before, image(), change.position,
+                    old = next_image()
+                    out.append(RowChange(update, schema, table, primary_key, old, next_image(), change.position,
                                          change.commit_time, src))
                 elif op is insert:
-                    out.append(RowChange(insert, schema, table, primary_key, None, image(), change.position,
+                    out.append(RowChange(insert, schema, table, primary_key, None, next_image(), change.position,
                                          change.commit_time, src))
                 else:
-                    out.append(RowChange(delete, schema, table, primary_key, image(), None, change.position,
+                    out.append(RowChange(delete, schema, table, primary_key, next_image(), None, change.position,
                                          change.commit_time, src))
             return out
         by_seq: dict[int, tuple[list[dict], list[dict]]] = {}
