@@ -355,7 +355,8 @@ class _Builder:
         try:
             connector = connectors.get(kind, kind_name)
         except PluginError as exc:
-            raise exc.with_context(file=self.file)
+            exc.with_context(file=self.file)
+            raise
         return self.build_attrs(connector.config, value, path)
 
     def build_attrs(self, cls: Any, value: Any, path: str, **extra: Any) -> Any:

@@ -254,7 +254,7 @@ class FaultyLoad(LoadWrapper):
     one that cannot, the wrapper cannot either (the start-up check refuses ``per_table``).
     """
 
-    def __new__(cls, plan: FaultPlan, inner: Load) -> FaultyLoad:  # noqa: PYI034 (may be a FaultyPartLoad)
+    def __new__(cls, plan: FaultPlan, inner: Load) -> FaultyLoad:
         chosen = FaultyPartLoad if cls is FaultyLoad and supports_per_table(inner) else cls
         return super().__new__(chosen)
 

@@ -48,7 +48,8 @@ def build_select(node: NodeSettings, config: PipelineConfig, plan: RoutingPlan |
     try:
         return build(config, node, selects=plan.selects)
     except SetlError as exc:
-        raise exc.with_context(file=config.file, pipeline=config.name)
+        exc.with_context(file=config.file, pipeline=config.name)
+        raise
 
 
 def build_load(node: NodeSettings, config: PipelineConfig) -> Load:
@@ -58,7 +59,8 @@ def build_load(node: NodeSettings, config: PipelineConfig) -> Load:
     try:
         return build(config, node)
     except SetlError as exc:
-        raise exc.with_context(file=config.file, pipeline=config.name)
+        exc.with_context(file=config.file, pipeline=config.name)
+        raise
 
 
 def build_transform(node: NodeSettings, config: PipelineConfig, plan: RoutingPlan | None = None) -> Transform:

@@ -13,7 +13,8 @@ import logging
 import threading
 import time
 import zlib
-from typing import Any, Callable, Hashable, Iterable, Iterator
+from typing import Any
+from collections.abc import Callable, Hashable, Iterable, Iterator
 
 import attrs
 

@@ -13,7 +13,8 @@ import itertools
 import logging
 import threading
 import time
-from typing import Callable, Iterator, Mapping, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Iterator, Mapping
 
 import attrs
 

@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Generic, TypeVar, Union
+from typing import Any, Generic, TypeVar
 
 import attrs
 
@@ -56,7 +56,7 @@ class DdlStep:
 
 
 #: What `SqlLoad` applies in order: the merged row changes between DDLs, or one DDL.
-Segment = Union[list[TableChanges], DdlStep]
+Segment = list[TableChanges] | DdlStep
 
 
 class TargetTableMissing(Exception):

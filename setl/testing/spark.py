@@ -39,6 +39,9 @@ def local_spark(settings: SparkConfig | None = None) -> Any:
     return get_session(settings or LOCAL_SETTINGS)
 
 
+_START = Position("test", 0)  # frozen: one shared default is safe
+
+
 def make_batch(
     table: str,
     rows: Iterable[Mapping[str, Any] | tuple[Mapping[str, Any], Mapping[str, Any]]],
@@ -49,7 +52,7 @@ def make_batch(
     pipeline: str = "test",
     batch_id: int = 1,
     epoch: int = 1,
-    start: Position = Position("test", 0),
+    start: Position = _START,
     commit_time: float | None = 1_700_000_000.0,
 ) -> Batch:
     """A batch of row changes to `schema.table` (or a qualified `table`) made from Python dicts.

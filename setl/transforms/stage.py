@@ -228,7 +228,8 @@ class SparkTransform(Transform):
         try:
             spark = self.session()
         except SetlError as exc:
-            raise exc.with_context(pipeline=self.pipeline or batch.pipeline, stage="transform", batch=batch.id)
+            exc.with_context(pipeline=self.pipeline or batch.pipeline, stage="transform", batch=batch.id)
+            raise
         # Each slot holds the change, or what replaced it: one RowChange (the usual case) or a list of 0 or 2+.
         slots: list[Any] = list(batch.changes)
         for key, indices in groups.items():
@@ -273,8 +274,9 @@ class SparkTransform(Transform):
                 result = step.plugin.func(df, step.params, context)
                 columns = result.columns
             except TransformError as exc:
-                raise exc.with_context(pipeline=self.pipeline or batch.pipeline, stage="transform",
-                                       table=plan.target, batch=batch.id, plugin=step.name)
+                exc.with_context(pipeline=self.pipeline or batch.pipeline, stage="transform",
+                                 table=plan.target, batch=batch.id, plugin=step.name)
+                raise
             except Exception as exc:
                 if _is_analysis_error(exc):
                     # Spark rejected the step's SQL against the table's columns: no retry can change that.
@@ -510,7 +512,8 @@ def build_transform(node: NodeSettings, config: PipelineConfig, plan: RoutingPla
     try:
         find_java()  # Spark itself starts with the first batch that needs it
     except SetlError as exc:
-        raise exc.with_context(file=config.file or None, pipeline=config.name, stage="transform")
+        exc.with_context(file=config.file or None, pipeline=config.name, stage="transform")
+        raise
     if plan is None:
         plan = build_plan(node, config)
     return SparkTransform(pipeline=config.name, spark=node.spark, routing=plan)

@@ -114,7 +114,7 @@ def check_stress(ex, rec: Recorder, handles: dict) -> None:
     wait_until(lambda: all(h.done() for h in handles.values()))
     wait_until(lambda: len(rec.callbacks) == len(handles))
     by_slot: dict[int | None, list[int]] = collections.defaultdict(list)
-    for token, handle in handles.items():
+    for handle in handles.values():
         by_slot[handle.slot].append(handle.seq)
     for slot, tokens in rec.executed.items():
         if slot is None:

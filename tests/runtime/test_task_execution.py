@@ -259,9 +259,9 @@ def test_extra_workers_never_exceed_max_workers(make_service):
     for gate in gates:
         svc.submit(gate)
     for expected in (1, 2, 3):
-        wait_until(lambda: sum(g.started.is_set() for g in gates) == expected)
+        wait_until(lambda expected=expected: sum(g.started.is_set() for g in gates) == expected)
         clock.advance(1.0)
-        wait_until(lambda: svc.stats().overrunning == expected)
+        wait_until(lambda expected=expected: svc.stats().overrunning == expected)
     assert svc.worker_count == 3
     assert len(live_threads(f"{svc.name}-worker-")) == 3
     assert sum(g.started.is_set() for g in gates) == 3
