@@ -267,7 +267,8 @@ def cmd_pause(args: argparse.Namespace, conf: Path) -> int:
             print(f"{args.pipeline} is already paused")
             return 0
         meta.set_state(args.pipeline, Status.PAUSED, error=None, node=state.node)
-        print(f"{args.pipeline} paused" + (" (its node stops it within a second)" if state.status is Status.RUNNING else ""))
+        running = state.status is Status.RUNNING
+        print(f"{args.pipeline} paused" + (" (its node stops it within a second)" if running else ""))
         return 0
 
 

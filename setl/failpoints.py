@@ -284,6 +284,6 @@ class FaultyPartLoad(FaultyLoad):
 
 __all__ = [
     "ACTIONS", "DDL_ACTION_CRASH_ENV", "FAILPOINTS", "FAULTS_ENV", "ZK_SESSION_FILE_ENV", "Fault", "FaultPlan",
-    "FaultyExtract", "FaultyLoad", "FaultyPartLoad", "FaultySelect", "FaultyTransform", "InjectedFault", "from_env", "hit",
-    "process_plan", "zk_session_file",
+    "FaultyExtract", "FaultyLoad", "FaultyPartLoad", "FaultySelect", "FaultyTransform", "InjectedFault", "from_env",
+    "hit", "process_plan", "zk_session_file",
 ]

@@ -162,7 +162,8 @@ class SerialExecutorService:
         """Queue ``fn(*args)``; with `slot`, behind every task already queued for that slot.
 
         `callback(handle)` is called once the task has run, whether it returned or raised.
-        Keyword arguments for `fn` go through `functools.partial`. Raises `RejectedTask` after shutdown, `ValueError` for a slot out of range.
+        Keyword arguments for `fn` go through `functools.partial`. Raises `RejectedTask` after shutdown,
+        `ValueError` for a slot out of range.
         """
         if slot is not None and not (0 <= slot < self.num_slots):
             raise ValueError(f"slot must be in [0, {self.num_slots}), got {slot}")

@@ -413,7 +413,8 @@ class TaskExecutionService:
                     if now - worker.started > self.overrun_threshold:
                         worker.overrunning = True
                         self._overrunning += 1
-                        log.debug("%s: a call of %s passed %.3fs", self.name, worker.handle.name, self.overrun_threshold)
+                        log.debug("%s: a call of %s passed %.3fs", self.name, worker.handle.name,
+                                  self.overrun_threshold)
                 # Keep core_workers threads free for the queue while others are stuck in calls.
                 free = len(self._workers) - self._overrunning
                 while free < self.core_workers and len(self._workers) < self.max_workers:

@@ -123,7 +123,8 @@ def measure_failover(rig: Rig, runs: int, rate: int) -> list[float]:
         for run in range(runs):
             wait_until(lambda: store.position("p") is not None, timeout=60, message="a first ack")
             before = store.position("p").batch_id
-            wait_until(lambda before=before: store.position("p").batch_id > before, timeout=60, message="acks under load")
+            wait_until(lambda before=before: store.position("p").batch_id > before, timeout=60,
+                       message="acks under load")
             epoch = store.state("p").epoch
             killed = time.monotonic()
             rig.procs[holder].send_signal(signal.SIGKILL)
