@@ -267,7 +267,8 @@ def cmd_pause(args: argparse.Namespace, conf: Path) -> int:
             print(f"{args.pipeline} is already paused")
             return 0
         meta.set_state(args.pipeline, Status.PAUSED, error=None, node=state.node)
-        print(f"{args.pipeline} paused" + (" (its node stops it within a second)" if state.status is Status.RUNNING else ""))
+        running = state.status is Status.RUNNING
+        print(f"{args.pipeline} paused" + (" (its node stops it within a second)" if running else ""))
         return 0
 
 
@@ -327,7 +328,10 @@ def cmd_switch(args: argparse.Namespace, conf: Path) -> int:
     settings = load_node(conf)
     if settings.meta.store != "zookeeper":
         raise UsageError("setl switch needs HA: meta.store: zookeeper in setl.yaml")
+    from setl.meta.zookeeper import ZooKeeperMetaStore  # imports kazoo: only when asked for
+
     with _pipeline_meta(conf, args.pipeline, settings) as meta:
+        assert isinstance(meta, ZooKeeperMetaStore)  # meta.store: zookeeper, checked above
         holder = meta.request_switch(args.pipeline, args.to)
         print(f"{args.pipeline}: asked {holder} to hand over" + (f" to {args.to}" if args.to else ""))
         deadline = time.monotonic() + args.timeout

@@ -293,11 +293,11 @@ class _Builder:
             options = typing.get_args(tp)
             if value is None and type(None) in options:
                 return None
-            options = [o for o in options if o is not type(None)]
-            tagged = [o for o in options if attrs.has(o) and "type" in attrs.fields_dict(o)]
+            kinds = [o for o in options if o is not type(None)]
+            tagged = [o for o in kinds if attrs.has(o) and "type" in attrs.fields_dict(o)]
             if tagged:
                 return self.build_tagged(tagged, value, path)
-            return self.build(options[0], value, path) if len(options) == 1 else value
+            return self.build(kinds[0], value, path) if len(kinds) == 1 else value
         if origin in (tuple, list):
             if not isinstance(value, list):
                 raise self.fail(path, f"expected a list, got {value!r}")
@@ -355,7 +355,8 @@ class _Builder:
         try:
             connector = connectors.get(kind, kind_name)
         except PluginError as exc:
-            raise exc.with_context(file=self.file)
+            exc.with_context(file=self.file)
+            raise
         return self.build_attrs(connector.config, value, path)
 
     def build_attrs(self, cls: Any, value: Any, path: str, **extra: Any) -> Any:

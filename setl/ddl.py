@@ -150,7 +150,8 @@ class Reader:
         """Consume a parenthesised group; its significant tokens without the outer parentheses."""
         if self.next().text != "(":
             raise ValueError("expected '('")
-        depth, inner = 1, []
+        depth = 1
+        inner: list[Token] = []
         while True:
             token = self.next()
             depth += {"(": 1, ")": -1}.get(token.text, 0)

@@ -254,7 +254,7 @@ class FaultyLoad(LoadWrapper):
     one that cannot, the wrapper cannot either (the start-up check refuses ``per_table``).
     """
 
-    def __new__(cls, plan: FaultPlan, inner: Load) -> FaultyLoad:  # noqa: PYI034 (may be a FaultyPartLoad)
+    def __new__(cls, plan: FaultPlan, inner: Load) -> FaultyLoad:
         chosen = FaultyPartLoad if cls is FaultyLoad and supports_per_table(inner) else cls
         return super().__new__(chosen)
 
@@ -284,6 +284,6 @@ class FaultyPartLoad(FaultyLoad):
 
 __all__ = [
     "ACTIONS", "DDL_ACTION_CRASH_ENV", "FAILPOINTS", "FAULTS_ENV", "ZK_SESSION_FILE_ENV", "Fault", "FaultPlan",
-    "FaultyExtract", "FaultyLoad", "FaultyPartLoad", "FaultySelect", "FaultyTransform", "InjectedFault", "from_env", "hit",
-    "process_plan", "zk_session_file",
+    "FaultyExtract", "FaultyLoad", "FaultyPartLoad", "FaultySelect", "FaultyTransform", "InjectedFault", "from_env",
+    "hit", "process_plan", "zk_session_file",
 ]

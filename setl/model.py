@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from typing import Any, Union
+from typing import Any
 
 import attrs
 
@@ -163,7 +163,7 @@ class DdlChange:
         return f"{self.schema}.{self.table}" if self.table else self.schema
 
 
-Change = Union[RowChange, DdlChange]
+Change = RowChange | DdlChange
 
 
 @attrs.frozen

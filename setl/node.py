@@ -48,7 +48,8 @@ def build_select(node: NodeSettings, config: PipelineConfig, plan: RoutingPlan |
     try:
         return build(config, node, selects=plan.selects)
     except SetlError as exc:
-        raise exc.with_context(file=config.file, pipeline=config.name)
+        exc.with_context(file=config.file, pipeline=config.name)
+        raise
 
 
 def build_load(node: NodeSettings, config: PipelineConfig) -> Load:
@@ -58,7 +59,8 @@ def build_load(node: NodeSettings, config: PipelineConfig) -> Load:
     try:
         return build(config, node)
     except SetlError as exc:
-        raise exc.with_context(file=config.file, pipeline=config.name)
+        exc.with_context(file=config.file, pipeline=config.name)
+        raise
 
 
 def build_transform(node: NodeSettings, config: PipelineConfig, plan: RoutingPlan | None = None) -> Transform:
@@ -455,7 +457,8 @@ class Node:
         meta store), unless an operator reset it.
         """
         name = run.config.name
-        if run.config.source.start != "latest" or self.meta.position(name) is not None:
+        # `start` is a field of every built-in source config; ConnectorConfig does not promise it.
+        if getattr(run.config.source, "start", None) != "latest" or self.meta.position(name) is not None:
             return
         if not self.meta.position_was_reset(name) and run.stages.load.committed() is not None:
             return

@@ -544,7 +544,8 @@ class Registry:
             try:
                 plugin.check(params)
             except PluginError as exc:
-                raise exc.with_context(plugin=plugin.name, **where)
+                exc.with_context(plugin=plugin.name, **where)
+                raise
             except (ValueError, TypeError, KeyError) as exc:
                 param = getattr(exc, "param", None)
                 raise fail(str(exc.args[0]) if exc.args else str(exc), param) from exc
@@ -554,7 +555,8 @@ class Registry:
         try:
             return self.get(name)
         except PluginError as exc:
-            raise exc.with_context(**where)
+            exc.with_context(**where)
+            raise
 
     def validate_steps(self, steps: Sequence[TransformStep], **where: Any) -> tuple[BoundStep, ...]:
         return tuple(self.validate(step, index=i, **where) for i, step in enumerate(steps))

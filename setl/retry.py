@@ -23,7 +23,7 @@ import threading
 import time
 import types
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import attrs
 import tenacity
@@ -170,7 +170,8 @@ class Backoff:
         """Seconds to wait before attempt number `attempt` + 1 (attempt >= 1)."""
         wait = tenacity.wait_exponential(multiplier=self.initial, min=self.initial, max=self.maximum)
         # tenacity's wait strategies only read attempt_number from the retry state.
-        return float(wait(types.SimpleNamespace(attempt_number=min(attempt, 64))))
+        state = cast(tenacity.RetryCallState, types.SimpleNamespace(attempt_number=min(attempt, 64)))
+        return float(wait(state))
 
     def decide(self, error: BaseException, attempt: int) -> Verdict:
         """After failed attempt number `attempt` (1 starts a new run of failures): pause or retry.
@@ -254,8 +255,9 @@ def call_with_retries(
     """Run `fn`, retrying `retry_on` errors with exponential backoff; re-raise the last error."""
 
     def hook(state: tenacity.RetryCallState) -> None:
-        if before_retry is not None and state.outcome is not None:
-            before_retry(state.outcome.exception())
+        error = state.outcome.exception() if state.outcome is not None else None
+        if before_retry is not None and error is not None:
+            before_retry(error)
 
     retrying = tenacity.Retrying(
         stop=tenacity.stop_after_attempt(attempts),

@@ -165,8 +165,9 @@ class RoutingPlan:
                     try:
                         steps.append(registry.validate(step, index=j))
                     except PluginError as exc:
-                        raise exc.with_context(file=file, pipeline=pipeline or None,
-                                               key=f"tables[{i}].transforms[{j}]")
+                        exc.with_context(file=file, pipeline=pipeline or None,
+                                         key=f"tables[{i}].transforms[{j}]")
+                        raise
             compiled.append(_Rule(
                 index=i, pattern=pattern, exclude=rule.exclude, target=target,
                 include=frozenset(rule.columns.include) if rule.columns.include is not None else None,

@@ -324,7 +324,7 @@ def _mariadb_pipeline(tmp_path, source, target, database: str, start):
 
 
 def test_start_latest_is_resolved_once_and_kept(tmp_path, mariadb_source, mariadb_target):
-    """`start: latest` is pinned at the first start: a row written before the second start (nothing acked yet) is copied."""
+    """`start: latest` is pinned at the first start: a row written before the second start (none acked) is copied."""
     setl = _mariadb_pipeline(tmp_path, mariadb_source, mariadb_target, "cli_latest", "latest")
     mariadb_source.query("INSERT INTO cli_latest.items VALUES (1, 1)")  # before the first start: not copied
     first = setl.start_until_caught_up()
@@ -337,7 +337,7 @@ def test_start_latest_is_resolved_once_and_kept(tmp_path, mariadb_source, mariad
 
 def test_position_reset_to_start_replays_even_though_the_target_records_a_later_position(
         tmp_path, mariadb_source, mariadb_target):
-    """`setl position reset --start` restarts from the configured start, not from the MariaDB target's own position record."""
+    """`setl position reset --start` restarts from the configured start, not the MariaDB target's position record."""
     from tests.e2e.setl_process import binlog_head
 
     head = binlog_head(mariadb_source)

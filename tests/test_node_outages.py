@@ -135,7 +135,7 @@ def test_source_stopped_20s_under_load_is_ridden_out(tmp_path, mariadb_factory, 
 
 
 def test_start_while_the_target_is_down_catches_up_once_it_is_back(tmp_path, mariadb_factory, mariadb_source):
-    """`setl start --until-caught-up` with the target down waits for it (status: retrying) and catches up when it is back 10 s later."""
+    """`setl start --until-caught-up` with the target down waits (status: retrying), catches up once it is back."""
     target = mariadb_factory(server_id=43)
     make_tables(mariadb_source, target, "outage_start")
     start = binlog_head(mariadb_source)
@@ -178,7 +178,7 @@ def test_start_while_the_source_is_down_catches_up_once_it_is_back(tmp_path, mar
 @pytest.mark.parametrize("side", ["source", "target"])
 def test_bad_credentials_stop_at_once_with_one_line_and_status_keeps_the_error(
         tmp_path, side, mariadb_source, mariadb_target):
-    """A wrong password (source or target) exits 1 within seconds, not after the 10-minute default budget, and `setl status` shows why."""
+    """A wrong source or target password exits 1 in seconds, not after the 10-minute budget; `setl status` shows why."""
     make_tables(mariadb_source, mariadb_target, "outage_cred")
     setl = pipeline(tmp_path, mariadb_source, mariadb_target, "outage_cred",
                     retry={"max_attempts": 5, "initial_backoff_ms": 200})  # the default max_elapsed_ms

@@ -74,7 +74,7 @@ def test_record_retrying_leaves_an_operators_pause_alone(tmp_path):
 
 
 def test_postgresql_connect_failures_are_told_apart_by_the_servers_words(postgres_server):
-    """psycopg gives no SQLSTATE at connect time: an unknown role or database is permanent, a refused connection transient."""
+    """No SQLSTATE from psycopg at connect: an unknown role or database is permanent, a refused connection transient."""
     import psycopg
 
     def failure(**overrides) -> Failure:

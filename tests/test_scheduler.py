@@ -78,7 +78,7 @@ fault_markers = st.lists(
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(txs=streams(), parallelism=st.integers(1, 8), max_rows=st.integers(1, 8), faults=fault_markers)
 def test_random_streams_and_faults_end_equal_to_the_stream(txs, parallelism, max_rows, faults):
-    """Under random streams, parallelism 1..8 and random faults, the sink ends equal to the stream and no invariant breaks."""
+    """Random streams, parallelism 1..8 and random faults: the sink ends equal to the stream and no invariant breaks."""
     from setl.testing.harness import FaultyLoad
 
     plan = FaultPlan(Fault(stage, batch=batch, times=times) for stage, batch, times in faults)

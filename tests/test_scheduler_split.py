@@ -85,7 +85,8 @@ def run_until_caught_up(txs, *, piece_rows, parallelism, max_rows, attempts, fau
     for _ in range(MAX_RUNS):
         source = ScriptedSource(txs, max_rows=piece_rows)
         listener = InvariantListener(parallelism, sink)
-        result = run_pipeline(source, FaultyLoad(plan, sink), settings=split_settings(parallelism, max_rows, attempts, mode),
+        result = run_pipeline(source, FaultyLoad(plan, sink),
+                              settings=split_settings(parallelism, max_rows, attempts, mode),
                               extract=FaultyExtract(plan), transform=FaultyTransform(plan), meta=meta,
                               listener=listener)
         assert listener.violations == []

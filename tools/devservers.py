@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from setl.testing.servers import (  # noqa: E402  (after the path tweak above)
+from setl.testing.servers import (
     SERVER_CLASSES,
     MariaDBServer,
     Server,

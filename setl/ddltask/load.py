@@ -9,14 +9,14 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from setl import failpoints
 from setl.ddltask.actions import Actions
 from setl.ddltask.tasks import Binding, DdlTasks, latest_clearing
 from setl.errors import LoadError, MetaStoreError, SetlError, TransientLoadError
 from setl.meta.base import DdlTask, DdlTaskStatus
-from setl.model import Batch, Change, Position
+from setl.model import Batch, Change, Position, RowChange
 from setl.stages.load import Load, LoadWrapper
 
 log = logging.getLogger("setl.ddltask")
@@ -129,26 +129,27 @@ class DdlTaskLoad(LoadWrapper):
         dropped: collections.Counter[tuple[str | None, str]] = collections.Counter()
         clearing: dict[tuple[str, str, str | None], DdlTask | None] = {}
         previous: tuple[tuple[str, str], str | None, Position | None, str | None] | None = None
-        for change, task_id, watched in zip(batch.changes, bound, binding.watched):
+        for change, bound_id, watched in zip(batch.changes, bound, binding.watched):
             if not watched:
                 keep.append(change)
                 continue
-            table = (change.schema, change.table)
+            assert isinstance(change, RowChange)  # Binding watches row changes only
+            row_table = (change.schema, change.table)
             # The rows of a transaction share its position object: decide once for them.
-            if (previous is None or previous[0] != table or previous[1] != task_id
+            if (previous is None or previous[0] != row_table or previous[1] != bound_id
                     or previous[2] is not change.position):
-                previous = (table, task_id, change.position,
-                            self._why_dropped(stored, clearing, table, task_id, change.position))
+                previous = (row_table, bound_id, change.position,
+                            self._why_dropped(stored, clearing, row_table, bound_id, change.position))
             why = previous[3]
             if why is None:
                 keep.append(change)
             else:
-                dropped[(task_id, why)] += 1
-        for (task_id, why), count in dropped.items():
+                dropped[(bound_id, why)] += 1
+        for (dropped_id, why), count in dropped.items():
             log.warning("pipeline=%s stage=load batch=%d dropped %d changes of %s (%s)", self.pipeline,
-                        batch.id, count, f"task {task_id}" if task_id else "no task", why)
+                        batch.id, count, f"task {dropped_id}" if dropped_id else "no task", why)
             with self._count_lock:
-                self.dropped[task_id] += count
+                self.dropped[dropped_id] += count
         return batch.replace(tuple(keep)) if len(keep) != len(batch.changes) else batch
 
     @staticmethod
@@ -240,8 +241,8 @@ class DdlTaskLoad(LoadWrapper):
         found = {task_id: self._stored(task_id) for task_id in task_ids}
         return {task_id: task for task_id, task in found.items() if task is not None}
 
-    def _relevant(self, wanted: Iterable[str], first: dict[tuple[str, str], Position],
-                  last: dict[tuple[str, str], Position]) -> list[str]:
+    def _relevant(self, wanted: Iterable[str], first: Mapping[tuple[str, str], Position],
+                  last: Mapping[tuple[str, str], Position]) -> list[str]:
         """Ids of the tasks whose status decides a batch: `wanted`, and per table with rows from
         `first` to `last`, every task declared after `first` (it may clear rows) and every
         earlier task not yet seen settled (its action may have to come first)."""

@@ -259,5 +259,5 @@ class MetaStore(abc.ABC):
         it asked for. Raises KeyError if the task was never declared.
         """
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook: stores without connections keep it
         """Release connections. Idempotent."""

@@ -186,7 +186,7 @@ class ZooKeeperMetaStore(MetaStore):
 
     def history(self, pipeline: str, limit: int = 20) -> list[Ack]:
         path = f"{self._base(pipeline)}/acks"
-        acks = []
+        acks: list[Ack] = []
         for name in reversed(self.coordinator.children(path)):
             if len(acks) >= limit:
                 break

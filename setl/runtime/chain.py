@@ -42,7 +42,8 @@ class Stages:
 
     def describe(self) -> str:
         """Each stage's chain, outermost first: ``load: FencedLoad > FaultyLoad > MysqlLoad``."""
-        return "; ".join(f"{role}: {layers(getattr(self, role))}" for role in ("select", "extract", "transform", "load"))
+        roles = ("select", "extract", "transform", "load")
+        return "; ".join(f"{role}: {layers(getattr(self, role))}" for role in roles)
 
 
 def layers(stage: Any) -> str:

@@ -13,7 +13,8 @@ import logging
 import threading
 import time
 import zlib
-from typing import Any, Callable, Hashable, Iterable, Iterator
+from typing import Any
+from collections.abc import Callable, Hashable, Iterable, Iterator
 
 import attrs
 
@@ -123,12 +124,14 @@ class SerialExecutorService:
     _worker_ids: Iterator[int] = attrs.field(init=False, repr=False, factory=lambda: itertools.count(1))
     _key_slots: dict[Hashable, int] = attrs.field(init=False, repr=False, factory=dict)
     _next_slot: int = attrs.field(init=False, repr=False, default=0)
+    _worker_limit: int = attrs.field(init=False, repr=False, default=0)  # max_workers resolved
 
     def __attrs_post_init__(self) -> None:
         if self.max_workers is None:
             self.max_workers = self.num_slots
         if self.max_workers < 1:
             raise ValueError(f"max_workers must be >= 1, got {self.max_workers}")
+        self._worker_limit = self.max_workers
         self._slots = [_Slot() for _ in range(self.num_slots)]
 
     # -- slot assignment --------------------------------------------------------------------
@@ -159,7 +162,8 @@ class SerialExecutorService:
         """Queue ``fn(*args)``; with `slot`, behind every task already queued for that slot.
 
         `callback(handle)` is called once the task has run, whether it returned or raised.
-        Keyword arguments for `fn` go through `functools.partial`. Raises `RejectedTask` after shutdown, `ValueError` for a slot out of range.
+        Keyword arguments for `fn` go through `functools.partial`. Raises `RejectedTask` after shutdown,
+        `ValueError` for a slot out of range.
         """
         if slot is not None and not (0 <= slot < self.num_slots):
             raise ValueError(f"slot must be in [0, {self.num_slots}), got {slot}")
@@ -178,7 +182,7 @@ class SerialExecutorService:
                     self._ready.append(slot)
             self._cond.notify()
             # Start a thread only for work that the idle ones cannot take.
-            if len(self._ready) > self._idle and len(self._workers) < self.max_workers:
+            if len(self._ready) > self._idle and len(self._workers) < self._worker_limit:
                 self._start_worker()
             return task
 

@@ -13,7 +13,8 @@ import itertools
 import logging
 import threading
 import time
-from typing import Callable, Iterator, Mapping, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Iterator, Mapping
 
 import attrs
 
@@ -412,7 +413,8 @@ class TaskExecutionService:
                     if now - worker.started > self.overrun_threshold:
                         worker.overrunning = True
                         self._overrunning += 1
-                        log.debug("%s: a call of %s passed %.3fs", self.name, worker.handle.name, self.overrun_threshold)
+                        log.debug("%s: a call of %s passed %.3fs", self.name, worker.handle.name,
+                                  self.overrun_threshold)
                 # Keep core_workers threads free for the queue while others are stuck in calls.
                 free = len(self._workers) - self._overrunning
                 while free < self.core_workers and len(self._workers) < self.max_workers:

@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Generic, TypeVar, Union
+from typing import Any, Generic, TypeVar
 
 import attrs
 
@@ -56,7 +56,7 @@ class DdlStep:
 
 
 #: What `SqlLoad` applies in order: the merged row changes between DDLs, or one DDL.
-Segment = Union[list[TableChanges], DdlStep]
+Segment = list[TableChanges] | DdlStep
 
 
 class TargetTableMissing(Exception):
@@ -495,7 +495,8 @@ class SqlLoad(Load, Generic[C]):
                     self._rollback(conn)
                     if time.monotonic() > deadline:
                         raise TransientLoadError(
-                            f"could not take the fence for epoch {batch.epoch if batch else 'above the stored one'} within "
+                            f"could not take the fence for epoch "
+                            f"{batch.epoch if batch else 'above the stored one'} within "
                             f"{self.fence_timeout:.0f} s: its row stays locked by a session setl "
                             f"cannot kill", **self._context(batch)) from None
             if batch is not None and stored > batch.epoch:

@@ -208,7 +208,8 @@ class SqliteLoad(Load):
             if change.after is not None:
                 columns = tuple(change.after)
                 self.db.execute(
-                    f"INSERT INTO {_q(name)} ({', '.join(map(_q, columns))}) VALUES ({', '.join('?' for _ in columns)})",
+                    f"INSERT INTO {_q(name)} ({', '.join(map(_q, columns))}) "
+                    f"VALUES ({', '.join('?' for _ in columns)})",
                     tuple(change.after.values()),
                 )
 

@@ -18,7 +18,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 import attrs
 
@@ -66,7 +66,7 @@ class FileSource(Select):
         self.start = start
         self.follow = follow
         self.pipeline = pipeline
-        self._file = None
+        self._file: BinaryIO | None = None
         self._offset = 0
 
     def _error(self, message: str, offset: int) -> SourceError:
@@ -75,13 +75,14 @@ class FileSource(Select):
 
     def open(self, start: Position | None) -> None:
         try:
-            self._file = open(self.path, "rb")
+            file = open(self.path, "rb")
         except OSError as exc:
             raise self._error(f"cannot open {self.path}: {exc.strerror}", 0) from exc
+        self._file = file
         if start is not None:
             if start.log != self.log:
                 raise self._error(f"position {start} belongs to another log than {self.log}", start.offset)
-            size = os.fstat(self._file.fileno()).st_size
+            size = os.fstat(file.fileno()).st_size
             if start.offset > size:
                 raise self._error(f"position {start} is past the end of {self.path} ({size} bytes)",
                                   start.offset)
@@ -90,7 +91,7 @@ class FileSource(Select):
             self._offset = self._complete_end()
         else:
             self._offset = 0
-        self._file.seek(self._offset)
+        file.seek(self._offset)
 
     def _complete_end(self) -> int:
         """The offset after the last complete line."""

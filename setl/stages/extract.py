@@ -64,10 +64,11 @@ class TableExtract(Extract):
             try:
                 plan = self.plan.route(change.schema, change.table or "")
             except ExtractError as exc:
-                raise exc.with_context(
+                exc.with_context(
                     pipeline=self.pipeline, stage="extract", table=change.qualified_table,
                     batch=batch.id, position=change.position or batch.end,
                 )
+                raise
             if plan is None:
                 continue
             if isinstance(change, DdlChange):
@@ -78,10 +79,11 @@ class TableExtract(Extract):
             try:
                 mapped = self._map(change, plan)
             except ExtractError as exc:
-                raise exc.with_context(
+                exc.with_context(
                     pipeline=self.pipeline, stage="extract", table=change.qualified_table,
                     batch=batch.id, position=change.position or batch.end,
                 )
+                raise
             if mapped is not None:
                 out.append(mapped)
         return batch.replace(tuple(out))

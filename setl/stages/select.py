@@ -76,7 +76,7 @@ class Select(abc.ABC):
         """The end of the source log now, if the source can tell."""
         return None
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook: sources without resources keep it
         """Release resources. Idempotent."""
 
 

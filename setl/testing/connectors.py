@@ -193,7 +193,8 @@ class LoadContract:
 
             settings = attrs.evolve(PipelineSettings(), load=attrs.evolve(PipelineSettings().load, mode="per_table"))
             with pytest.raises(ConfigError, match="cannot load per table"):
-                Scheduler("p", settings, ScriptedSource(), Extract(), Transform(), kit_load, SqliteMetaStore(":memory:"))
+                Scheduler("p", settings, ScriptedSource(), Extract(), Transform(), kit_load,
+                          SqliteMetaStore(":memory:"))
             return
         others = TableSpec(probe.schema, "others")
         probe.create(others)

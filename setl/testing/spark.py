@@ -39,6 +39,9 @@ def local_spark(settings: SparkConfig | None = None) -> Any:
     return get_session(settings or LOCAL_SETTINGS)
 
 
+_START = Position("test", 0)  # frozen: one shared default is safe
+
+
 def make_batch(
     table: str,
     rows: Iterable[Mapping[str, Any] | tuple[Mapping[str, Any], Mapping[str, Any]]],
@@ -49,7 +52,7 @@ def make_batch(
     pipeline: str = "test",
     batch_id: int = 1,
     epoch: int = 1,
-    start: Position = Position("test", 0),
+    start: Position = _START,
     commit_time: float | None = 1_700_000_000.0,
 ) -> Batch:
     """A batch of row changes to `schema.table` (or a qualified `table`) made from Python dicts.
@@ -67,8 +70,12 @@ def make_batch(
     changes = []
     for offset, (row, kind) in enumerate(zip(rows, ops), start=1):
         position = Position(start.log, start.offset + offset)
+        before: Mapping[str, Any] | None
+        after: Mapping[str, Any] | None
         if kind is Op.UPDATE:
             before, after = row if isinstance(row, tuple) else (row, row)
+        elif isinstance(row, tuple):
+            raise ValueError(f"a (before, after) pair for a {kind.value}: only an update takes one")
         elif kind is Op.INSERT:
             before, after = None, row
         else:

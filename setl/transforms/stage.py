@@ -228,7 +228,8 @@ class SparkTransform(Transform):
         try:
             spark = self.session()
         except SetlError as exc:
-            raise exc.with_context(pipeline=self.pipeline or batch.pipeline, stage="transform", batch=batch.id)
+            exc.with_context(pipeline=self.pipeline or batch.pipeline, stage="transform", batch=batch.id)
+            raise
         # Each slot holds the change, or what replaced it: one RowChange (the usual case) or a list of 0 or 2+.
         slots: list[Any] = list(batch.changes)
         for key, indices in groups.items():
@@ -273,8 +274,9 @@ class SparkTransform(Transform):
                 result = step.plugin.func(df, step.params, context)
                 columns = result.columns
             except TransformError as exc:
-                raise exc.with_context(pipeline=self.pipeline or batch.pipeline, stage="transform",
-                                       table=plan.target, batch=batch.id, plugin=step.name)
+                exc.with_context(pipeline=self.pipeline or batch.pipeline, stage="transform",
+                                 table=plan.target, batch=batch.id, plugin=step.name)
+                raise
             except Exception as exc:
                 if _is_analysis_error(exc):
                     # Spark rejected the step's SQL against the table's columns: no retry can change that.
@@ -347,18 +349,18 @@ class SparkTransform(Transform):
         out: list[RowChange | list[RowChange]] = []
         if in_order:
             # Every row came back, in order (no filter, join or reordering): pair them up directly.
-            image = iter(images).__next__
+            next_image = iter(images).__next__
             for change in changes:
                 op = change.op
                 if op is update:
-                    before = image()
-                    out.append(RowChange(update, schema, table, primary_key, before, image(), change.position,
+                    old = next_image()
+                    out.append(RowChange(update, schema, table, primary_key, old, next_image(), change.position,
                                          change.commit_time, src))
                 elif op is insert:
-                    out.append(RowChange(insert, schema, table, primary_key, None, image(), change.position,
+                    out.append(RowChange(insert, schema, table, primary_key, None, next_image(), change.position,
                                          change.commit_time, src))
                 else:
-                    out.append(RowChange(delete, schema, table, primary_key, image(), None, change.position,
+                    out.append(RowChange(delete, schema, table, primary_key, next_image(), None, change.position,
                                          change.commit_time, src))
             return out
         by_seq: dict[int, tuple[list[dict], list[dict]]] = {}
@@ -510,7 +512,8 @@ def build_transform(node: NodeSettings, config: PipelineConfig, plan: RoutingPla
     try:
         find_java()  # Spark itself starts with the first batch that needs it
     except SetlError as exc:
-        raise exc.with_context(file=config.file or None, pipeline=config.name, stage="transform")
+        exc.with_context(file=config.file or None, pipeline=config.name, stage="transform")
+        raise
     if plan is None:
         plan = build_plan(node, config)
     return SparkTransform(pipeline=config.name, spark=node.spark, routing=plan)

@@ -71,7 +71,7 @@ def target_position_rows(target, pipeline: str) -> list[tuple]:
 
 
 def test_server_settings_that_lose_data_are_refused(tmp_path, lossy_server, mariadb_target, mysql_db):
-    """binlog_format=STATEMENT, then binlog_row_metadata=MINIMAL, each stop `setl start` with a line naming the setting."""
+    """binlog_format=STATEMENT, then binlog_row_metadata=MINIMAL: each stops `setl start` with a line naming it."""
     make_table(lossy_server, "shop")
     make_table(mariadb_target, mysql_db)
     insert_rows(lossy_server, "shop", 1)

@@ -66,7 +66,7 @@ def test_kill_9_of_the_leader_hands_over_to_the_standby(zookeeper_server, make_c
 
 
 def test_expired_session_stops_the_leader_and_the_standby_takes_over(zookeeper_server, make_cluster):
-    """Expiring the holder's session mid-load: it stops writing, the standby takes over, its old epoch never acks again."""
+    """Holder's session expired mid-load: it stops writing, the standby takes over, the old epoch never acks again."""
     # The standby contends at once here, so it wins over the old holder, which may re-take at once.
     cluster = make_cluster(zookeeper_server.hosts, standby_delay_ms=0)
     start_pair(cluster)
@@ -83,7 +83,7 @@ def test_expired_session_stops_the_leader_and_the_standby_takes_over(zookeeper_s
 
 
 def test_zookeeper_outage_longer_than_the_session_timeout_pauses_and_resumes(make_cluster):
-    """ZooKeeper stopped for longer than the session timeout and restarted: the pipeline stops, resumes, loses nothing."""
+    """ZooKeeper stopped longer than the session timeout, then restarted: the pipeline stops, resumes, loses nothing."""
     with ZooKeeperServer() as zk:
         cluster = make_cluster(zk.hosts)
         start_pair(cluster)

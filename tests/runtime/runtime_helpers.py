@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import threading
-import time
-from typing import Callable
+from collections.abc import Callable
 
 from setl.testing.servers import wait_until as _wait_until
 

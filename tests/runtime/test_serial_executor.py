@@ -114,7 +114,7 @@ def check_stress(ex, rec: Recorder, handles: dict) -> None:
     wait_until(lambda: all(h.done() for h in handles.values()))
     wait_until(lambda: len(rec.callbacks) == len(handles))
     by_slot: dict[int | None, list[int]] = collections.defaultdict(list)
-    for token, handle in handles.items():
+    for handle in handles.values():
         by_slot[handle.slot].append(handle.seq)
     for slot, tokens in rec.executed.items():
         if slot is None:
@@ -135,7 +135,8 @@ def check_stress(ex, rec: Recorder, handles: dict) -> None:
         assert (error is None) == (handles[token].exception() is None)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(
     num_slots=st.integers(1, 8),
     max_workers=st.integers(1, 6),
@@ -143,8 +144,9 @@ def check_stress(ex, rec: Recorder, handles: dict) -> None:
     per_submitter=st.integers(1, 40),
     seed=st.integers(0, 2**31),
 )
-def test_slot_order_is_submission_order_property(make_executor, num_slots, max_workers, submitters, per_submitter, seed):
-    """For any pool shape and concurrent submitters, each slot runs in submission order, one task at a time, within max_workers threads."""
+def test_slot_order_is_submission_order_property(make_executor, num_slots, max_workers, submitters, per_submitter,
+                                                 seed):
+    """Any pool shape, concurrent submitters: each slot runs in submission order, one at a time, within max_workers."""
     ex = make_executor(num_slots, max_workers)
     rec, handles = run_stress(ex, submitters, per_submitter, seed)
     check_stress(ex, rec, handles)
@@ -367,7 +369,8 @@ def test_hash_slot_is_stable_across_processes():
     code = f"from setl.runtime import hash_slot; print([hash_slot(k, 16) for k in {keys!r}])"
     for seed in ("1", "2"):
         out = subprocess.run(
-            [sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed}, capture_output=True, text=True, check=True
+            [sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed}, capture_output=True, text=True,
+            check=True,
         )
         assert out.stdout.strip() == repr(expected)
     with pytest.raises(ValueError):

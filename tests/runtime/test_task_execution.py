@@ -123,7 +123,8 @@ def test_tasks_take_turns_on_the_shared_queue(make_service):
 def test_failing_task_records_error_and_worker_survives(make_service):
     """A call that raises ends its task with the error, calls on_error, and the worker goes on."""
     seen = []
-    svc = make_service(core_workers=1, max_workers=1, overrun_threshold=5.0, on_error=lambda h, e: seen.append(("service", h, e)))
+    svc = make_service(core_workers=1, max_workers=1, overrun_threshold=5.0,
+                       on_error=lambda h, e: seen.append(("service", h, e)))
 
     class Breaks:
         calls = 0
@@ -259,9 +260,9 @@ def test_extra_workers_never_exceed_max_workers(make_service):
     for gate in gates:
         svc.submit(gate)
     for expected in (1, 2, 3):
-        wait_until(lambda: sum(g.started.is_set() for g in gates) == expected)
+        wait_until(lambda expected=expected: sum(g.started.is_set() for g in gates) == expected)
         clock.advance(1.0)
-        wait_until(lambda: svc.stats().overrunning == expected)
+        wait_until(lambda expected=expected: svc.stats().overrunning == expected)
     assert svc.worker_count == 3
     assert len(live_threads(f"{svc.name}-worker-")) == 3
     assert sum(g.started.is_set() for g in gates) == 3
@@ -383,7 +384,7 @@ def test_cancel_stops_queued_parked_and_running_tasks(make_service):
 
 
 def test_shutdown_joins_every_thread_and_cancels_pending_tasks(make_service):
-    """shutdown() cancels unfinished tasks, joins workers, extras, dedicated and monitor threads, and refuses new tasks."""
+    """shutdown() cancels unfinished tasks, joins workers, extras, dedicated and monitor threads, refuses new tasks."""
     clock = FakeClock()
     svc = make_service(core_workers=1, max_workers=2, overrun_threshold=0.1, idle_backoff=1.0, clock=clock)
     slow = Gate()
@@ -425,7 +426,8 @@ def test_shutdown_reports_threads_it_could_not_join(make_service):
 
 def test_invalid_configuration_is_refused():
     """Sizes and durations that cannot work are refused with ValueError."""
-    for kwargs in ({"core_workers": 0}, {"core_workers": 3, "max_workers": 2}, {"overrun_threshold": 0}, {"max_overruns": -1}):
+    for kwargs in ({"core_workers": 0}, {"core_workers": 3, "max_workers": 2}, {"overrun_threshold": 0},
+                   {"max_overruns": -1}):
         with pytest.raises(ValueError):
             TaskExecutionService(**kwargs)
 

@@ -97,11 +97,11 @@ def test_writes_changes_with_metadata_readable_by_pyarrow(sink, tmp_path):
     table = pq.read_table(root / "shop.orders" / file_name(b.start))
     assert table.to_pylist() == [
         {"id": 1, "total": decimal.Decimal("9.99"), "_setl_op": "insert", "_setl_batch": 3,
-         "_setl_position": "bin.000001:10", "_setl_log": "bin.000001", "_setl_offset": 10, "_setl_row": 0, "_setl_seq": 0,
-         "_setl_before_id": None},
+         "_setl_position": "bin.000001:10", "_setl_log": "bin.000001", "_setl_offset": 10, "_setl_row": 0,
+         "_setl_seq": 0, "_setl_before_id": None},
         {"id": 0, "total": decimal.Decimal("1.00"), "_setl_op": "delete", "_setl_batch": 3,
-         "_setl_position": "bin.000001:20", "_setl_log": "bin.000001", "_setl_offset": 20, "_setl_row": 0, "_setl_seq": 2,
-         "_setl_before_id": None},
+         "_setl_position": "bin.000001:20", "_setl_log": "bin.000001", "_setl_offset": 20, "_setl_row": 0,
+         "_setl_seq": 2, "_setl_before_id": None},
     ]
     assert table.schema.field("_setl_before_id").type == table.schema.field("id").type
     assert sink.committed() is None
@@ -254,8 +254,8 @@ def test_tables_without_a_key_carry_the_whole_before_image(sink, tmp_path):
                     batch_id=2))
     last = pq.read_table(tmp_path / "out" / "shop.log" / file_name(Position("bin.000001", 10))).to_pylist()
     assert last == [{"msg": "a", "n": 2, "_setl_op": "update", "_setl_batch": 2, "_setl_position": "bin.000001:20",
-                     "_setl_log": "bin.000001", "_setl_offset": 20, "_setl_row": 0, "_setl_seq": 0, "_setl_before_msg": "a",
-                     "_setl_before_n": 1}]
+                     "_setl_log": "bin.000001", "_setl_offset": 20, "_setl_row": 0, "_setl_seq": 0,
+                     "_setl_before_msg": "a", "_setl_before_n": 1}]
     assert parquet_state(tmp_path / "out", "shop.log") == {("a", 2): new}
 
 

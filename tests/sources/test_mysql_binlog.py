@@ -237,7 +237,8 @@ def test_large_transaction_comes_in_pieces(mariadb_source, source_db, sources):
 
 TYPES_TABLE = """CREATE TABLE types (
     id INT PRIMARY KEY, ti TINYINT, tu TINYINT UNSIGNED, bi BIGINT, bu BIGINT UNSIGNED, mi MEDIUMINT,
-    dec65 DECIMAL(65,30), fl DOUBLE, dt DATETIME(6), d DATE, tm TIME(6), t1 TIME(1), t3 TIME(3), t0 TIME, yr YEAR, js JSON, bl BLOB,
+    dec65 DECIMAL(65,30), fl DOUBLE, dt DATETIME(6), d DATE, tm TIME(6), t1 TIME(1), t3 TIME(3), t0 TIME, yr YEAR,
+    js JSON, bl BLOB,
     vb VARBINARY(16), bn BINARY(4), s VARCHAR(40) CHARACTER SET utf8mb4, tx TEXT CHARACTER SET utf8mb4,
     lat VARCHAR(10) CHARACTER SET latin1, e ENUM('red', 'green'), st SET('a', 'b', 'c'), bt BIT(12),
     nothing INT NULL)"""

@@ -106,7 +106,8 @@ def test_split_transaction_with_a_partial_last_piece_ends_complete_at_its_commit
     assert got[-1].end.row == 0 and got[-1].end.offset == head(mariadb_source).offset
     assert [c.position.row for c in rows(got)] == list(range(1, 251))
     resumed = read_until_complete(sources(mariadb_source, got[1].end, max_rows_in_memory=100), source_db)
-    assert [(tx.changes, tx.end, tx.complete) for tx in resumed] == [(tx.changes, tx.end, tx.complete) for tx in got[2:]]
+    expected = [(tx.changes, tx.end, tx.complete) for tx in got[2:]]
+    assert [(tx.changes, tx.end, tx.complete) for tx in resumed] == expected
 
 
 def changes_of(transactions: list[Transaction], schema: str) -> list[tuple[str, str, object]]:
@@ -119,7 +120,7 @@ def xa_prepare(server, db: str, xid: str, *statements: str) -> None:
 
 
 def test_two_phase_xa_commit_is_applied_once_in_commit_order(mariadb_source, source_db, sources):
-    """XA PREPARE + XA COMMIT applies the rows at the commit, after what committed in between; XA ROLLBACK applies none."""
+    """XA PREPARE + XA COMMIT applies the rows at the commit, after what committed in between; XA ROLLBACK none."""
     execute(mariadb_source, source_db, "CREATE TABLE t (id INT PRIMARY KEY, v INT)")
     start = head(mariadb_source)
     xa_prepare(mariadb_source, source_db, "x", "INSERT INTO t VALUES (1, 1)", "UPDATE t SET v = 2 WHERE id = 1")
@@ -317,7 +318,7 @@ def test_sequence_state_is_not_handed_on_and_drawn_values_arrive(mariadb_source,
 
 
 def test_system_versioned_table_hands_on_current_rows_without_period_columns(mariadb_source, source_db, sources):
-    """Insert, update and delete of a system-versioned table arrive as such, without history rows or row_start/row_end."""
+    """Insert, update, delete of a system-versioned table arrive as such, without history rows or row_start/row_end."""
     execute(mariadb_source, source_db, "CREATE TABLE v (id INT PRIMARY KEY, x INT) WITH SYSTEM VERSIONING",
             "CREATE TABLE w (id INT, x INT, rs TIMESTAMP(6) GENERATED ALWAYS AS ROW START, "
             "re TIMESTAMP(6) GENERATED ALWAYS AS ROW END, PERIOD FOR SYSTEM_TIME (rs, re)) WITH SYSTEM VERSIONING")

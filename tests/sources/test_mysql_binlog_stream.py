@@ -83,7 +83,8 @@ def test_trailing_rotation_yields_a_position_mark_at_the_head(mariadb_source, so
 
 def test_until_caught_up_returns_when_the_binlog_ends_without_a_transaction(mariadb_source, source_db, sources):
     """--until-caught-up returns although the binlog ends in an excluded table's transaction and a rotation."""
-    execute(mariadb_source, source_db, "CREATE TABLE t (id INT PRIMARY KEY)", "CREATE TABLE skipped (id INT PRIMARY KEY)")
+    execute(mariadb_source, source_db, "CREATE TABLE t (id INT PRIMARY KEY)",
+            "CREATE TABLE skipped (id INT PRIMARY KEY)")
     start = head(mariadb_source)
     execute(mariadb_source, source_db, "INSERT INTO t VALUES (1), (2)", "INSERT INTO skipped VALUES (9)",
             "FLUSH BINARY LOGS")
@@ -103,9 +104,11 @@ def test_cli_until_caught_up_exits_when_the_binlog_ends_without_a_transaction(ma
     """`setl start --until-caught-up` exits 0 with the ack in the new binlog after an excluded write and a rotation."""
     from tests.e2e.setl_process import SetlProcess, mysql_source
 
-    execute(mariadb_source, source_db, "CREATE TABLE t (id INT PRIMARY KEY)", "CREATE TABLE skipped (id INT PRIMARY KEY)")
+    execute(mariadb_source, source_db, "CREATE TABLE t (id INT PRIMARY KEY)",
+            "CREATE TABLE skipped (id INT PRIMARY KEY)")
     start = head(mariadb_source)
-    execute(mariadb_source, source_db, "INSERT INTO t VALUES (1)", "INSERT INTO skipped VALUES (9)", "FLUSH BINARY LOGS")
+    execute(mariadb_source, source_db, "INSERT INTO t VALUES (1)", "INSERT INTO skipped VALUES (9)",
+            "FLUSH BINARY LOGS")
     end = head(mariadb_source)
     setl = SetlProcess(tmp_path, source=mysql_source(mariadb_source, server_id=next(_server_ids),
                                                      start={"file": start.log, "pos": start.offset}),
@@ -126,7 +129,8 @@ def test_gtid_start_yields_only_later_transactions(mariadb_source, source_db, so
     assert src.tell() is None  # the server positions a GTID start; the first transaction tells where
     got = drain(src, lambda got: ids(got, source_db) == [2, 3])
     domain, server, seq = after_first.split("-")
-    assert got[0].end.gtid == f"{domain}-{server}-{int(seq) + 1}" and got[1].end.gtid == f"{domain}-{server}-{int(seq) + 2}"
+    assert got[0].end.gtid == f"{domain}-{server}-{int(seq) + 1}"
+    assert got[1].end.gtid == f"{domain}-{server}-{int(seq) + 2}"
     assert got[-1].end.gtid == mariadb_source.query("SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
     resumed = sources(mariadb_source, got[0].end, start={"gtid": after_first})  # an acked position wins
     (tx,) = drain(resumed, lambda got: len(got) == 1)

@@ -1,4 +1,4 @@
-"""The example plugin packages under plugins/: they install, register through their entry point, and pass their own tests."""
+"""The example plugin packages under plugins/: they install, register by their entry point, pass their own tests."""
 
 from __future__ import annotations
 

@@ -162,7 +162,8 @@ def test_a_step_failing_in_spark_every_time_pauses_naming_plugin_table_and_batch
     """A plugin step that fails in Spark on every attempt pauses the pipeline with an error naming it."""
     txs = script(n=200, seed=3, poison_at=120)
     poison_end = 121  # transaction 120 ends at position offset 121
-    guard = TransformStep("add_column", {"name": "checked", "expr": f"assert_true(order_id <> {POISON}, 'poison order')"})
+    guard = TransformStep("add_column",
+                          {"name": "checked", "expr": f"assert_true(order_id <> {POISON}, 'poison order')"})
     meta = SqliteMetaStore(":memory:")
     listener = InvariantListener(3)
     result = run_pipeline(ScriptedSource(txs), ParquetLoad(tmp_path, pipeline="e2e"), name="e2e", meta=meta,

@@ -368,7 +368,8 @@ def test_ddl_changes_pass_through(spark, registry):
 
 def test_concurrent_batches_do_not_mix(spark, registry):
     """Batches transformed on several threads at once each get their own rows back."""
-    stage = stage_for(spark, registry, "demo.t", ("add_column", {"name": "tag", "expr": "concat('b', cast(id as string))"}),
+    stage = stage_for(spark, registry, "demo.t",
+                      ("add_column", {"name": "tag", "expr": "concat('b', cast(id as string))"}),
                       ("sql", {"query": "SELECT * FROM batch WHERE id >= 0"}))
     outs, errors = {}, []
 

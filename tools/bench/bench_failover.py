@@ -123,13 +123,14 @@ def measure_failover(rig: Rig, runs: int, rate: int) -> list[float]:
         for run in range(runs):
             wait_until(lambda: store.position("p") is not None, timeout=60, message="a first ack")
             before = store.position("p").batch_id
-            wait_until(lambda: store.position("p").batch_id > before, timeout=60, message="acks under load")
+            wait_until(lambda before=before: store.position("p").batch_id > before, timeout=60,
+                       message="acks under load")
             epoch = store.state("p").epoch
             killed = time.monotonic()
             rig.procs[holder].send_signal(signal.SIGKILL)
             rig.procs[holder].wait()
-            wait_until(lambda: (ack := store.position("p")) is not None and ack.epoch > epoch, timeout=120,
-                       interval=0.01, message="the new holder's first ack")
+            wait_until(lambda epoch=epoch: (ack := store.position("p")) is not None and ack.epoch > epoch,
+                       timeout=120, interval=0.01, message="the new holder's first ack")
             times.append(time.monotonic() - killed)
             print(f"  failover {run + 1}/{runs}: {times[-1]:.2f}s ({holder} killed, {standby} acked)", flush=True)
             rig.spawn(holder, confs[holder])

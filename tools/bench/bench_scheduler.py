@@ -107,7 +107,8 @@ def main() -> None:
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"batches={args.batches} rows/batch={args.rows} parallelism={args.parallelism} repeats={args.repeat}")
     print(f"scheduler : {total / s:12,.0f} rows/s   {s / args.batches * 1000:7.3f} ms/batch (median)")
-    print(f"baseline  : {total / b:12,.0f} rows/s   {b / args.batches * 1000:7.3f} ms/batch (one thread, no scheduling)")
+    print(f"baseline  : {total / b:12,.0f} rows/s   {b / args.batches * 1000:7.3f} ms/batch "
+          "(one thread, no scheduling)")
     print(f"overhead per batch: {(s - b) / args.batches * 1000:.3f} ms   ratio scheduler/baseline rows/s: {b / s:.2f}")
     print(f"peak RSS: {peak_mib:.0f} MiB")
 

@@ -106,9 +106,10 @@ def main() -> None:
         batch = make_batch(size)
         changes = list(batch.changes)
         table, _codecs = _Rows.of(range(size), changes).table(SchemaCache()["shop.orders"])
-        arrow, _ = medians(lambda: to_arrow(from_arrow(spark, table)), args.repeat)
-        with_chain, _ = medians(lambda: to_arrow(spark_chain(from_arrow(spark, table))), args.repeat)
-        full, cpu = medians(lambda: stage.transform(batch), args.repeat)
+        # medians() calls each lambda before the loop moves on; the defaults bind this round's values.
+        arrow, _ = medians(lambda table=table: to_arrow(from_arrow(spark, table)), args.repeat)
+        with_chain, _ = medians(lambda table=table: to_arrow(spark_chain(from_arrow(spark, table))), args.repeat)
+        full, cpu = medians(lambda batch=batch: stage.transform(batch), args.repeat)
         print(f"{size:>7}  {arrow * 1000:>5.0f} ms  {with_chain * 1000:>5.0f} ms  {full * 1000:>5.0f} ms"
               f"  {full / arrow:>11.2f}  {size / full:>12,.0f}  {cpu * 1000:>9.0f} ms")
     print(f"peak RSS (python): {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")

@@ -44,7 +44,8 @@ def test_clashing_column_fails(spark):
     from setl.errors import TransformError
 
     with pytest.raises(TransformError, match="already exist"):
-        run_transform(json_flatten, [{"id": 1, "doc": "{}", "doc_name": "x"}], {"column": "doc", "schema": "name STRING"},
+        run_transform(json_flatten, [{"id": 1, "doc": "{}", "doc_name": "x"}],
+                      {"column": "doc", "schema": "name STRING"},
                       primary_key=["id"], spark=spark)
 
 

@@ -15,5 +15,5 @@ from setl.sources.mysql_binlog.patches import SUPPORTED_LIBRARY, install
 from setl.sources.mysql_binlog.source import REQUIRED_SETTINGS, MysqlBinlogSource, MysqlSourceConfig
 from setl.sources.mysql_binlog.statements import ddl_target, dml_target
 
-__all__ = ["REQUIRED_SETTINGS", "SUPPORTED_LIBRARY", "KnownTables", "MysqlBinlogSource", "MysqlSourceConfig", "TableKind", "ddl_target",
-           "dml_target", "gtid_flavor", "install"]
+__all__ = ["REQUIRED_SETTINGS", "SUPPORTED_LIBRARY", "KnownTables", "MysqlBinlogSource", "MysqlSourceConfig",
+           "TableKind", "ddl_target", "dml_target", "gtid_flavor", "install"]

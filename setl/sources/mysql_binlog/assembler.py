@@ -363,9 +363,10 @@ class _Assembler:
                  split: bool = False) -> tuple[Change, ...]:
         """The changes of `rows`. Those of a split transaction each carry the transaction's start
         with `row` = their 1-based ordinal among the row changes it logged, the others `position`."""
+        # A DDL item is (None, None, statement, (schema, table)).
         start = self._start() if split else position
         return tuple(
-            DdlChange(*after, before, attrs.evolve(start, row=o) if split else position) if op is None
+            DdlChange(after[0], after[1], before, attrs.evolve(start, row=o) if split else position) if op is None
             else RowChange(op, info.schema, info.table, info.primary_key, before, after,
                            attrs.evolve(start, row=o) if split else position, commit_time)
             for o, (op, info, before, after) in rows

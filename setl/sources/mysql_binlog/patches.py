@@ -85,7 +85,7 @@ def _read_datetime2(self: RowsEvent, column: Any) -> datetime.datetime | Invalid
     """DATETIME(fsp); a zero or partial one as `InvalidDate` (the library: None)."""
     data = self.packet.read_int_be_by_size(5)
     year_month = (data >> 22) & ((1 << 17) - 1)
-    micros = self._RowsEvent__read_fsp(column)  # type: ignore[attr-defined]
+    micros = self._RowsEvent__read_fsp(column)
     return _datetime(year_month // 13, year_month % 13, (data >> 17) & 31, (data >> 12) & 31, (data >> 6) & 63,
                      data & 63, micros, column.fsp or 0)
 
@@ -212,11 +212,11 @@ def install() -> None:
                 raise ConfigError(f"python-mysql-replication {version} has no {owner.__name__}.{name} to fix; "
                                   f"install mysql-replication>={low},<{high}")
         logging.getLogger("pymysqlreplication").addFilter(_drop_reconnect_notice)
-        RowsEvent._RowsEvent__read_time2 = _read_time2  # type: ignore[attr-defined]
-        RowsEvent._RowsEvent__read_date = _read_date  # type: ignore[attr-defined]
-        RowsEvent._RowsEvent__read_datetime = _read_datetime  # type: ignore[attr-defined]
-        RowsEvent._RowsEvent__read_datetime2 = _read_datetime2  # type: ignore[attr-defined]
-        RowsEvent.charset_to_encoding = staticmethod(_charset_to_encoding)  # type: ignore[method-assign]
-        BinLogPacketWrapper.read_variable_length_string = _read_variable_length_string  # type: ignore[method-assign]
-        TableMapEvent.__init__ = _table_map_init  # type: ignore[method-assign]
+        RowsEvent._RowsEvent__read_time2 = _read_time2
+        RowsEvent._RowsEvent__read_date = _read_date
+        RowsEvent._RowsEvent__read_datetime = _read_datetime
+        RowsEvent._RowsEvent__read_datetime2 = _read_datetime2
+        RowsEvent.charset_to_encoding = staticmethod(_charset_to_encoding)
+        BinLogPacketWrapper.read_variable_length_string = _read_variable_length_string
+        TableMapEvent.__init__ = _table_map_init
         _installed = True

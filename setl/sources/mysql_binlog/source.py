@@ -90,6 +90,12 @@ class _Lost(Exception):
     transaction (or from its first GTID), so the connector refuses and the reader reconnects."""
 
 
+class _ControlConnection(pymysql.connections.Connection):
+    """A control connection, carrying the reader's table-map cache for the patched TableMapEvent."""
+
+    setl_table_maps: _TableMapCache | None = None
+
+
 class _Connector:
     """The `pymysql_wrapper` handed to the library: one stream connection, and a way to cut it.
 
@@ -116,9 +122,13 @@ class _Connector:
                 if self._stream_opened:
                     raise _Lost()
                 self._stream_opened = True
-        conn = pymysql.connect(**kwargs)
+        conn: pymysql.connections.Connection
         if control:
-            conn.setl_table_maps = self.table_maps
+            control_conn = _ControlConnection(**kwargs)
+            control_conn.setl_table_maps = self.table_maps
+            conn = control_conn
+        else:
+            conn = pymysql.connect(**kwargs)
         with self._lock:
             self._connections.append(conn)
             if self.closed:
@@ -387,7 +397,7 @@ class MysqlBinlogSource(Select):
             if status is None:
                 raise self._error(f"server {self.host}:{self.port} shows no binlog status")
             head, executed = status
-            if target == "latest":
+            if not isinstance(target, _GtidStart):  # "latest"
                 gtids = self._gtids_at(conn, head, executed)
                 return attrs.evolve(head, gtid=gtids.text or None if gtids else None), gtids
             return self._resolve_gtid(conn, target, head, executed)
@@ -406,8 +416,10 @@ class MysqlBinlogSource(Select):
                               f"({sizes[target.log]} bytes)", target)
         position = Position(target.log, max(4, target.offset))
         gtids = self._gtids_at(conn, position)
-        if gtids is None and target.gtid and gtid_flavor(target.gtid) == self.detected_flavor:
-            gtids = _GtidState(self.detected_flavor, target.gtid)
+        saved = target.gtid
+        flavor = gtid_flavor(saved) if saved else None
+        if gtids is None and saved and flavor is not None and flavor == self.detected_flavor:
+            gtids = _GtidState(flavor, saved)
         # A checkpoint inside a split transaction (row > 0) reads it again from its start.
         return attrs.evolve(position, gtid=gtids.text or None if gtids else None, row=target.row), gtids
 

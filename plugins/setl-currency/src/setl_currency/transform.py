@@ -83,7 +83,8 @@ def currency(df: Any, params: Mapping[str, Any], context: TransformContext) -> A
         code = F.lit(params["from"].upper())
     else:
         code = F.upper(F.trim(F.col(params["currency_column"])))
-        mapping = F.create_map(*[item for c, f in factors.items() for item in (F.lit(c), F.lit(str(f)).cast(factor_type))])
+        mapping = F.create_map(*[item for c, f in factors.items()
+                                 for item in (F.lit(c), F.lit(str(f)).cast(factor_type))])
         factor = mapping[code]
     result_type = f"decimal(38,{params['scale']})"
     converted = {}
@@ -92,7 +93,8 @@ def currency(df: Any, params: Mapping[str, Any], context: TransformContext) -> A
         value = F.round(amount.cast("decimal(38,10)") * factor, params["scale"]).cast(result_type)
         if params["on_unknown"] == "error":
             value = F.when(amount.isNotNull() & factor.isNull(),
-                           F.raise_error(F.concat(F.lit("currency: unknown currency code "), F.coalesce(code, F.lit("NULL"))))
+                           F.raise_error(F.concat(F.lit("currency: unknown currency code "),
+                                                  F.coalesce(code, F.lit("NULL"))))
                            ).otherwise(value)
         converted[column + (params["suffix"] or "")] = value
     return df.withColumns(converted)

@@ -115,7 +115,7 @@ class JsonlLoad(Load):
     def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         _lines, self._last, size = read_log(self.path)
-        self._file = open(self.path, "ab")  # noqa: SIM115 - held until close()
+        self._file = open(self.path, "ab")
         self._file.truncate(size)  # the tail of a batch that never got its commit line
         self._file.seek(0, os.SEEK_END)
 
