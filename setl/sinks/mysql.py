@@ -196,7 +196,8 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
             cur.execute("SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s"
                         " AND TABLE_NAME = %s AND COLUMN_NAME = 'row'",
                         (self.position_schema, self.position_table))
-            if not cur.fetchone()[0]:
+            found = cur.fetchone()
+            if found is None or not found[0]:
                 cur.execute(f"ALTER TABLE {self._position} ADD COLUMN `row` BIGINT NOT NULL"
                             " DEFAULT 0 AFTER `offset`", ())
             cur.execute(
@@ -405,9 +406,9 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
                     cur.execute(f"DELETE FROM {name} WHERE {quote(key[0])} IN ({marks})", args)
                 else:
                     row = "(" + ", ".join(["%s"] * len(key)) + ")"
-                    columns = ", ".join(map(quote, key))
+                    key_columns = ", ".join(map(quote, key))
                     args = [to_db(image[c]) for image in part for c in key]
-                    cur.execute(f"DELETE FROM {name} WHERE ({columns}) IN ({', '.join([row] * len(part))})",
+                    cur.execute(f"DELETE FROM {name} WHERE ({key_columns}) IN ({', '.join([row] * len(part))})",
                                 args)
             upserts = [self._writable(image, computed) for image in table.upserts]
             for columns, images in group_by_columns(upserts).items():

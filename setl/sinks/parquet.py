@@ -186,7 +186,8 @@ class ParquetLoad(Load):
             try:
                 find_java()  # Spark itself starts with the first write
             except SetlError as exc:
-                raise exc.with_context(pipeline=pipeline or None, stage="load")
+                exc.with_context(pipeline=pipeline or None, stage="load")  # the same exception, named
+                raise
         return cls(config.path, partition_by=config.partition_by, pipeline=pipeline, writer=config.writer,
                    spark=spark, invalid_dates=config.invalid_dates)
 
@@ -257,8 +258,9 @@ class ParquetLoad(Load):
             try:
                 written.update(self._write_table(batch, name, changes))
             except SetlError as exc:  # a LoadError, or Spark failing to start for writer: spark
-                raise exc.with_context(pipeline=self.pipeline or batch.pipeline, stage="load", table=name,
-                                       batch=batch.id, position=batch.start)
+                exc.with_context(pipeline=self.pipeline or batch.pipeline, stage="load", table=name,
+                                 batch=batch.id, position=batch.start)
+                raise
             except (OSError, pa.ArrowException) as exc:
                 raise LoadError(f"writing Parquet failed: {type(exc).__name__}: {exc}",
                                 pipeline=self.pipeline or batch.pipeline, stage="load", table=name,

@@ -15,6 +15,7 @@ target's ``invalid_dates`` policy (`setl.sinks.invalid_dates`): refused by defau
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
@@ -296,13 +297,13 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
         with conn.cursor() as cur:
             for part in chunks(table.deletes, size):
                 text = self._text(conn, ("delete", table.schema, table.table, key, len(part)),
-                                  lambda: self._delete_sql(name, key, len(part)))
+                                  functools.partial(self._delete_sql, name, key, len(part)))
                 cur.execute(text, [to_db(image[c]) for image in part for c in key])
             for columns, images in group_by_columns(table.upserts).items():
                 size = max(1, min(self.chunk_rows, MAX_PARAMS // len(columns)))
                 for part in chunks(images, size):
                     text = self._text(conn, ("upsert", table.schema, table.table, columns, len(part)),
-                                      lambda: self._upsert_sql(name, key, columns, len(part)))
+                                      functools.partial(self._upsert_sql, name, key, columns, len(part)))
                     cur.execute(text, [to_db(image[c]) for image in part for c in columns])
 
     @staticmethod
@@ -317,6 +318,7 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
     @staticmethod
     def _upsert_sql(name: sql.Identifier, key: Sequence[str], columns: Sequence[str], rows: int) -> sql.Composable:
         others = [c for c in columns if c not in key]
+        action: sql.Composable
         if others:
             action = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
                 sql.SQL("{0} = EXCLUDED.{0}").format(column(c)) for c in others))

@@ -35,8 +35,9 @@ DATE -> date; TIME -> interval (MySQL TIME spans -838..838 hours); DATETIME(n) -
 TIMESTAMP(n) -> timestamptz(n); YEAR -> smallint; CHAR(n), VARCHAR(n) -> varchar(n) (no padding);
 TEXT types -> text; a binary collation (``CHAR(n) BINARY``, ``VARCHAR(n) BINARY``,
 ``COLLATE utf8mb4_bin``, ``COLLATE binary``) adds ``COLLATE "C"``; ``CHARACTER SET binary`` on a
-character type makes it bytea (MySQL makes it BINARY/VARBINARY/BLOB); BINARY, VARBINARY, BLOB types -> bytea; ENUM, SET -> text (a SET as its
-members sorted and comma-joined); BIT(n) -> bigint (numeric(20,0) for BIT(64)); JSON -> jsonb.
+character type makes it bytea (MySQL makes it BINARY/VARBINARY/BLOB); BINARY, VARBINARY, BLOB
+types -> bytea; ENUM, SET -> text (a SET as its members sorted and comma-joined); BIT(n) -> bigint
+(numeric(20,0) for BIT(64)); JSON -> jsonb.
 MariaDB's UUID, INET4 and INET6 are refused: the binlog carries their storage bytes, not text.
 """
 
@@ -180,8 +181,9 @@ def _hex_default(digits: str, kind: str) -> str | None:
 @attrs.frozen
 class Column:
     """A MySQL column definition in PostgreSQL terms. `default` is the translated DEFAULT, or
-    None (`lost_default` is then the MySQL text of a DEFAULT left out, if there was one); `implicit` is what MySQL fills existing rows with when the column is added NOT NULL
-    without a DEFAULT (None where PostgreSQL has no such value, as for zero dates); `key` is an
+    None (`lost_default` is then the MySQL text of a DEFAULT left out, if there was one);
+        `implicit` is what MySQL fills existing rows with when the column is added NOT NULL without a DEFAULT
+    (None where PostgreSQL has no such value, as for zero dates); `key` is an
     inline `` PRIMARY KEY`` or `` UNIQUE``; `generated` is set for a generated column (translated as
     a plain column: the rows carry its values); `period` for the ROW START/ROW END column of a
     system-versioned table (left out)."""

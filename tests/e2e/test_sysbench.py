@@ -204,7 +204,7 @@ def test_sysbench_load_replicates_to_postgresql(tmp_path, mariadb_source, source
 
 
 def test_target_outage_past_the_retries_pauses_until_resume(tmp_path, mariadb_source, source_db, mariadb_factory):
-    """An outage longer than the retry budget (`max_elapsed_ms`) pauses the pipeline with the error in `setl status`; after the target
+    """An outage longer than the retry budget pauses the pipeline with the error in `setl status`; after the target
     is back it stays paused until `setl resume`, then ends with every table equal."""
     target = stoppable_target(mariadb_factory, server_id=4)
     start = prepare_source(mariadb_source, source_db)

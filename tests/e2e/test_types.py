@@ -324,7 +324,8 @@ def test_binary_collations_and_charsets_reach_postgresql(mariadb_source, source_
                     " b VARCHAR(20) BINARY CHARACTER SET utf8mb4, c VARCHAR(5) COLLATE utf8mb4_bin,"
                     " d TEXT CHARACTER SET latin1 COLLATE latin1_swedish_ci, e CHAR(4) CHARACTER SET binary,"
                     " f NATIONAL VARCHAR(4), UNIQUE KEY (a)) DEFAULT CHARSET=utf8mb4")
-        cur.execute("INSERT INTO coll VALUES (1, 'a', 'Zé', 'x', 'çà', 'ab', 'n'), (2, 'A', 'zé', 'X', 'e', x'00ff', 'm')")
+        cur.execute("INSERT INTO coll VALUES (1, 'a', 'Zé', 'x', 'çà', 'ab', 'n'),"
+                    " (2, 'A', 'zé', 'X', 'e', x'00ff', 'm')")
         cur.execute("ALTER TABLE coll ADD COLUMN g CHAR(2) BINARY NOT NULL")
     replicate(mariadb_source, start, [table_rule(rf"{source_db}\.coll", "app.coll")],
               PostgresLoad(postgres_server.target_config(postgres_db), pipeline="coll"), tmp_path)

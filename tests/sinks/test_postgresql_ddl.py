@@ -18,7 +18,8 @@ def translate(statement: str) -> list[str]:
      "b BIT(1) DEFAULT b'0', PRIMARY KEY (`id`), UNIQUE KEY u (n(5)), KEY k (ts), "
      "CONSTRAINT fk FOREIGN KEY (id) REFERENCES o (id)) ENGINE=InnoDB",
      ['CREATE TABLE "s"."t" ("id" bigint NOT NULL, "n" varchar(9) DEFAULT \'x\', '
-      '"ts" timestamptz(6) NOT NULL DEFAULT CURRENT_TIMESTAMP, "b" bigint DEFAULT 0, PRIMARY KEY ("id"), UNIQUE ("n"))']),
+      '"ts" timestamptz(6) NOT NULL DEFAULT CURRENT_TIMESTAMP, "b" bigint DEFAULT 0, PRIMARY KEY ("id"), '
+      'UNIQUE ("n"))']),
     ("CREATE OR REPLACE TABLE t (a int)", ['DROP TABLE IF EXISTS "app"."t"', 'CREATE TABLE "app"."t" ("a" integer)']),
     ("CREATE TABLE x LIKE y", ['CREATE TABLE "app"."x" (LIKE "app"."y" INCLUDING ALL)']),
     ("ALTER TABLE t ADD COLUMN c INT NOT NULL DEFAULT -1 AFTER id, DROP COLUMN x, ADD INDEX (c)",
@@ -30,7 +31,8 @@ def translate(statement: str) -> list[str]:
     ("ALTER TABLE t RENAME TO s2.u, RENAME COLUMN z TO y",
      ['ALTER TABLE "app"."t" SET SCHEMA "s2"', 'ALTER TABLE "s2"."t" RENAME TO "u"',
       'ALTER TABLE "s2"."u" RENAME COLUMN "z" TO "y"']),
-    ("RENAME TABLE a TO b, s.c TO s2.c", ['ALTER TABLE "app"."a" RENAME TO "b"', 'ALTER TABLE "s"."c" SET SCHEMA "s2"']),
+    ("RENAME TABLE a TO b, s.c TO s2.c",
+     ['ALTER TABLE "app"."a" RENAME TO "b"', 'ALTER TABLE "s"."c" SET SCHEMA "s2"']),
     ("TRUNCATE t", ['TRUNCATE TABLE "app"."t"']),
     ("DROP TABLE IF EXISTS `a`, b", ['DROP TABLE IF EXISTS "app"."a", "app"."b"']),
     ("CREATE INDEX i ON t (a)", []),

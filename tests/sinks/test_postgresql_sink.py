@@ -255,7 +255,8 @@ def test_per_table_pipeline_with_a_part_failing_twice_keeps_a_keyless_table_exac
                       ("CREATE FUNCTION app.fail_twice() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
                        " IF nextval('app.fails') <= 2 THEN RAISE EXCEPTION 'failing on purpose'; END IF;"
                        " RETURN NEW; END $$"),
-                      "CREATE TRIGGER fail_twice BEFORE INSERT ON app.k FOR EACH ROW EXECUTE FUNCTION app.fail_twice()"):
+                      "CREATE TRIGGER fail_twice BEFORE INSERT ON app.k FOR EACH ROW"
+                      " EXECUTE FUNCTION app.fail_twice()"):
         postgres_server.query(statement, dbname=postgres_db)
     load = PostgresLoad(postgres_server.target_config(postgres_db), pipeline="pt")
     replicate(mariadb_source, start, [table_rule(rf"{source_db}\.(k|loose)", "app.{table}")], load,
