@@ -123,10 +123,16 @@ def analyse_steps(config: PipelineConfig, stages: Stages) -> int:
         return 0
     if tables is None:
         return 0
+    from setl.transforms.stage import StartupAnalysisError
+
     try:
         analysed = int(transform.analyse(tables))
-    except SetlError as exc:
+    except StartupAnalysisError as exc:
         raise exc.with_context(file=config.file or None, pipeline=config.name) from exc.__cause__
+    except Exception as exc:  # Spark cannot start now, say: the first batch will tell, and retry
+        log.warning("pipeline=%s transform steps not analysed at startup (first batches will be): %s",
+                    config.name, exc)
+        return 0
     log.info("pipeline=%s transform steps analysed at startup for %d table(s)", config.name, analysed)
     return analysed
 
