@@ -115,3 +115,13 @@ def test_a_table_created_later_gets_the_first_batch_analysis(tmp_path, mariadb_s
     assert "\n" not in error and len(error) < 1000 and "org.apache" not in error
     assert f"table={mysql_db}.late" in error and "plugin=filter" in error
     assert mariadb_target.query(f"SELECT id FROM `{mysql_db}`.orders") == [(1,)]
+
+
+def test_debug_shows_the_java_cause(tmp_path, mariadb_source, source_db, mariadb_target, mysql_db):
+    """With --debug the startup analysis error keeps Spark's cause, Java classes and all."""
+    _source(mariadb_source, source_db)
+    setl = _setl(tmp_path, mariadb_source, source_db, mariadb_target, mysql_db, [BAD_STEPS[0]])
+    result = setl.run("--debug", "start", "--pipeline", setl.name, "--until-caught-up", timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "StartupAnalysisError" in result.stderr and "AnalysisException" in result.stderr
+    assert "org.apache" in result.stderr
