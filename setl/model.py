@@ -233,3 +233,27 @@ class Ack:
     epoch: int
     position: Position
     time: float
+
+
+@attrs.frozen
+class ColumnSchema:
+    """One column of a source table as the source declares it: name, the source's type as written
+    (MySQL's ``COLUMN_TYPE``, e.g. ``int(10) unsigned``, ``decimal(12,2)``) and nullability."""
+
+    name: str
+    type: str
+    nullable: bool = True
+
+
+@attrs.frozen
+class TableSchema:
+    """A source table's columns before any row arrives (`setl.stages.select.Select.describe`):
+    the columns in table order and the primary-key columns in key order."""
+
+    table: TableName
+    columns: tuple[ColumnSchema, ...]
+    primary_key: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(column.name for column in self.columns)

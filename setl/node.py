@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -101,6 +101,42 @@ def build_stages(node: NodeSettings, config: PipelineConfig, meta: MetaStore | N
     stages = compose(base, ddl_tasks=ddl_tasks, faults=plan)
     log.debug("pipeline=%s stages: %s", config.name, stages.describe())
     return stages
+
+
+def analyse_steps(config: PipelineConfig, stages: Stages) -> int:
+    """Analyse the pipeline's transform steps against the selected source tables' columns, at startup.
+
+    The source describes its tables (`Select.describe`) on a short-lived connection; each table whose
+    route has transform steps gets one empty DataFrame run through its chain. A step Spark SQL rejects
+    raises `setl.transforms.stage.StartupAnalysisError` (exit 2). A source that cannot describe, or
+    cannot be reached now, leaves the analysis to each table's first batch: it never blocks a start.
+    Returns the number of (table, chain) pairs analysed.
+    """
+    transform: Any = stages.transform
+    while not hasattr(transform, "analyse") and hasattr(transform, "inner"):
+        transform = transform.inner
+    if not hasattr(transform, "analyse"):
+        return 0  # no transforms: nothing to analyse, and no Spark
+    try:
+        tables = stages.select.describe()
+    except SetlError as exc:
+        log.warning("pipeline=%s transform steps not analysed at startup (first batches will be): %s",
+                    config.name, exc)
+        return 0
+    if tables is None:
+        return 0
+    from setl.transforms.stage import StartupAnalysisError
+
+    try:
+        analysed = int(transform.analyse(tables))
+    except StartupAnalysisError as exc:
+        raise exc.with_context(file=config.file or None, pipeline=config.name) from exc.__cause__
+    except Exception as exc:  # Spark cannot start now, say: the first batch will tell, and retry
+        log.warning("pipeline=%s transform steps not analysed at startup (first batches will be): %s",
+                    config.name, exc)
+        return 0
+    log.info("pipeline=%s transform steps analysed at startup for %d table(s)", config.name, analysed)
+    return analysed
 
 
 class ProgressLog(Listener):
@@ -257,6 +293,8 @@ class Node:
             if config.pipeline.load.mode == "per_table" and not supports_per_table(stages[config.name].load):
                 raise ConfigError(f"pipeline.load.mode: target.type {config.target.type} cannot load per table "
                                   f"(use ordered)", file=config.file, pipeline=config.name)
+        for config in self.pipelines:  # before leadership or any read: a bad step is a configuration error
+            analyse_steps(config, stages[config.name])
         if self.settings.meta.store == "zookeeper":  # HA: run only what this node holds
             from setl.ha import Elections
 

@@ -113,6 +113,11 @@ def _build(settings: SparkConfig) -> "SparkSession":
         ) from exc
     session.sparkContext.setLogLevel(conf.get("spark.log.level", "WARN"))
     _quiet_task_size_warning(session)
+    if not log.isEnabledFor(logging.DEBUG):
+        # PySpark logs every AnalysisException with its Java stack to these loggers; setl reports it in
+        # one line (StepAnalysisError), and `--debug` keeps the stack.
+        for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+            logging.getLogger(name).disabled = True
     return session
 
 

@@ -6,7 +6,7 @@ import abc
 
 import attrs
 
-from setl.model import Position, Transaction
+from setl.model import Position, TableSchema, Transaction
 
 
 @attrs.frozen
@@ -76,6 +76,16 @@ class Select(abc.ABC):
         """The end of the source log now, if the source can tell."""
         return None
 
+    def describe(self) -> tuple[TableSchema, ...] | None:
+        """The columns of every source table the pipeline selects as they stand now, before any row
+        arrives, on a short-lived connection of its own; None when the source cannot tell.
+
+        Used once at startup to analyse transform steps against each table's columns (a table
+        created later is analysed at its first batch instead). May raise `SourceError` when the
+        source cannot be reached; the caller then falls back to the first-batch analysis.
+        """
+        return None
+
     def close(self) -> None:  # noqa: B027 - an optional hook: sources without resources keep it
         """Release resources. Idempotent."""
 
@@ -109,6 +119,9 @@ class SelectWrapper(Select):
 
     def head(self) -> Position | None:
         return self.inner.head()
+
+    def describe(self) -> tuple[TableSchema, ...] | None:
+        return self.inner.describe()
 
     def close(self) -> None:
         self.inner.close()

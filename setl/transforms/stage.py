@@ -38,7 +38,10 @@ Tables without transforms never reach Spark: no session is even created.
 
 from __future__ import annotations
 
+import datetime as dt
+import decimal
 import logging
+import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -49,7 +52,7 @@ import pyarrow.compute as pc
 
 from setl.config import NodeSettings, PipelineConfig, SparkConfig, TableRule
 from setl.errors import SetlError, TransformError
-from setl.model import Batch, Change, Op, RowChange, TableName
+from setl.model import Batch, Change, ColumnSchema, Op, RowChange, TableName, TableSchema
 from setl.plugins import BoundStep, Registry, TransformContext
 from setl.routing import Route, RoutingPlan, build_plan
 from setl.spark import brief, find_java, from_arrow, get_session, to_arrow
@@ -72,6 +75,13 @@ class StepAnalysisError(TransformError):
     step's eager analysis; the same on every attempt, so the pipeline pauses at once."""
 
     retryable = False
+
+
+class StartupAnalysisError(StepAnalysisError):
+    """A `StepAnalysisError` found at startup, before anything is read or written: a configuration
+    error (``setl start`` exits 2)."""
+
+    exit_code = 2
 
 
 def _is_analysis_error(exc: BaseException) -> bool:
@@ -196,6 +206,50 @@ class SparkTransform(Transform):
         # the source's own, or a target named in `tables`.
         named = self.plan_for(change.qualified_table)
         return named if named is not None else self.plan_for_source(TableName(change.schema, change.table))
+
+    def analyse(self, tables: Sequence[TableSchema]) -> int:
+        """Analyse every chain against its source tables' columns now, before any row: an empty
+        DataFrame with the columns a batch of the table would have (after Extract's column rules
+        and renames, typed as `_Rows.table` types a batch), run through the chain with each
+        step's result analysed. Raises the `StepAnalysisError` the first batch would raise.
+        Returns how many (table, chain) pairs were analysed; no Spark session without one."""
+        work = []
+        for described in tables:
+            plan = self.plan_for_source(described.table)
+            if plan is None or self.routing is None:
+                continue
+            route = self.routing.route(described.table.schema, described.table.table)
+            assert route is not None
+            work.append((described, plan, route))
+        if not work:
+            return 0
+        spark = self.session()
+        for described, plan, route in work:
+            sample = {route.rename.get(c.name, c.name): _sample_value(c)
+                      for c in described.columns if route.keeps(c.name)}
+            table, _ = TableTypes().table([sample], extra=_sample_meta())
+            df = from_arrow(spark, table.slice(0, 0))
+            for step in plan.steps:
+                context = TransformContext(
+                    pipeline=self.pipeline, source_table=plan.source, target_table=plan.target, batch_id=0,
+                    epoch=0, params=step.params, spark=spark, step=step.name,
+                    may_drop_deletes=step.may_drop_deletes)
+                try:
+                    df = step.plugin.func(df, step.params, context)
+                    df.schema  # noqa: B018 - forces Spark's analysis of the step
+                    df.drop(*INFORMATIONAL_META).schema  # noqa: B018
+                except Exception as exc:
+                    if not _is_analysis_error(exc):
+                        # Not Spark SQL's verdict on the columns (a plugin that needs rows): the first batch tells.
+                        log.debug("pipeline=%s table=%s step %s not analysed at startup: %s", self.pipeline,
+                                  plan.target, step.name, brief(exc))
+                        break
+                    raise StartupAnalysisError(
+                        f"step {step.index + 1} ({step.name}) cannot run on the columns of source table "
+                        f"{described.table}: {brief(exc)}",
+                        pipeline=self.pipeline, stage="transform", table=plan.target, plugin=step.name,
+                    ) from exc
+        return len(work)
 
     def session(self) -> Any:
         if self._session_factory is not None:
@@ -456,6 +510,43 @@ class _Rows:
             POSITION: pa.array(positions, pa.string()),
         }
         return types.table(self.images, extra=extra)
+
+
+def _sample_meta() -> dict[str, pa.Array]:
+    """setl's metadata columns of one row, typed as `_Rows.table` types them."""
+    return {
+        OP: pa.array(["insert"], pa.string()), IMAGE: pa.array([AFTER], pa.string()),
+        SEQ: pa.array([0], pa.int64()), COMMIT_TIME: pa.array([0], pa.timestamp("us", tz="UTC")),
+        POSITION: pa.array(["x"], pa.string()),
+    }
+
+
+def _sample_value(column: ColumnSchema) -> Any:
+    """A value of a MySQL column type as the binlog source decodes it (what a batch's rows hold)."""
+    kind = column.type.split("(")[0].split()[0].lower()
+    if kind in ("tinyint", "smallint", "mediumint", "int", "integer", "bigint", "year", "bit"):
+        return 0
+    if kind in ("decimal", "numeric", "dec", "fixed"):
+        shape = re.search(r"\((\d+)(?:,(\d+))?\)", column.type)
+        precision, scale = (int(shape[1]), int(shape[2] or 0)) if shape else (10, 0)
+        digits = "9" * max(precision - scale, 1) + ("." + "9" * scale if scale else "")
+        return decimal.Decimal(digits)
+    if kind in ("float", "double", "real"):
+        return 0.5
+    if kind == "date":
+        return dt.date(2000, 1, 1)
+    if kind in ("datetime", "timestamp"):
+        return dt.datetime(2000, 1, 1)
+    if kind == "time":
+        return dt.timedelta(0)
+    if kind == "json":
+        return {}
+    if kind == "set":
+        return {"a"}
+    if kind in ("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob", "geometry", "point",
+                "linestring", "polygon", "multipoint", "multilinestring", "multipolygon", "geometrycollection"):
+        return b""
+    return ""  # char, varchar, text, enum, inet, uuid...
 
 
 def _origins(rows: "_Rows", seqs: list[Any], kinds: list[Any]) -> list[int] | None:

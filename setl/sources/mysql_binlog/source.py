@@ -31,7 +31,7 @@ from pymysqlreplication.row_event import RowsEvent, TableMapEvent
 
 from setl import ddl
 from setl.errors import ConfigError, PositionPurged, SourceError
-from setl.model import Position, Transaction
+from setl.model import ColumnSchema, Position, TableName, TableSchema, Transaction
 from setl.retry import Backoff
 from setl.sources.mysql_binlog.assembler import (
     _EVENTS,
@@ -727,6 +727,41 @@ class MysqlBinlogSource(Select):
             raise self._error(f"cannot read the binlog status of {self.host}:{self.port}: {exc}") from exc
         finally:
             conn.close()
+
+    def describe(self) -> tuple[TableSchema, ...]:
+        """The selected base tables' columns from information_schema, on a connection of its own."""
+        conn = self._connect()
+        try:
+            tables = self._query(conn, "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES "
+                                       "WHERE TABLE_TYPE IN ('BASE TABLE', 'SYSTEM VERSIONED') AND TABLE_SCHEMA "
+                                       "NOT IN ('mysql', 'information_schema', 'performance_schema', 'sys')")
+            wanted = {(str(schema), str(table)) for schema, table in tables
+                      if self.selects is None or self.selects(str(schema), str(table))}
+            if not wanted:
+                return ()
+            schemas = sorted({schema for schema, _ in wanted})
+            marks = ", ".join(["%s"] * len(schemas))
+            columns = self._query(conn, "SELECT TABLE_SCHEMA, TABLE_NAME, COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE "
+                                        f"FROM information_schema.COLUMNS WHERE TABLE_SCHEMA IN ({marks}) "
+                                        "ORDER BY TABLE_SCHEMA, TABLE_NAME, ORDINAL_POSITION", schemas)
+            keys = self._query(conn, "SELECT TABLE_SCHEMA, TABLE_NAME, COLUMN_NAME FROM "
+                                     f"information_schema.KEY_COLUMN_USAGE WHERE TABLE_SCHEMA IN ({marks}) "
+                                     "AND CONSTRAINT_NAME = 'PRIMARY' ORDER BY TABLE_SCHEMA, TABLE_NAME, "
+                                     "ORDINAL_POSITION", schemas)
+        except pymysql.MySQLError as exc:
+            raise self._error(f"cannot read the selected tables' columns: {exc}") from exc
+        finally:
+            conn.close()
+        found: dict[tuple[str, str], list[ColumnSchema]] = {}
+        for schema, table, name, type_, nullable in columns:
+            key = (str(schema), str(table))
+            if key in wanted:
+                found.setdefault(key, []).append(ColumnSchema(str(name), str(type_).lower(), nullable == "YES"))
+        primary: dict[tuple[str, str], list[str]] = {}
+        for schema, table, name in keys:
+            primary.setdefault((str(schema), str(table)), []).append(str(name))
+        return tuple(TableSchema(TableName(*key), tuple(cols), tuple(primary.get(key, ())))
+                     for key, cols in sorted(found.items()))
 
     def close(self, timeout: float = 5.0) -> None:
         self._stop.set()
