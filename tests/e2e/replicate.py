@@ -3,12 +3,15 @@ rules' Extract and a SQL sink under the scheduler, from a given binlog position 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from pathlib import Path
 from typing import Any
 
-from setl.config import BatchSettings, PipelineSettings, RetrySettings, TableRule
+import attrs
+
+from setl.config import BatchSettings, LoadSettings, PipelineSettings, RetrySettings, TableRule
 from setl.meta.sqlite import SqliteMetaStore
 from setl.model import Position
 from setl.scheduler import Outcome, Scheduler
@@ -53,3 +56,23 @@ def replicate(source: MariaDBServer, start: Position, rules: list[TableRule], lo
         meta.close()
     assert ended is outcome, f"pipeline ended {ended}: {scheduler.error}"
     return scheduler
+
+
+def write_source(source: MariaDBServer, source_db: str) -> Position:
+    """A keyed and a keyless source table; 30 transactions each touching both; the binlog start before them."""
+    with contextlib.closing(source.connect(database=source_db)) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE k (id INT PRIMARY KEY, v INT NOT NULL)")
+        cur.execute("CREATE TABLE loose (v INT NOT NULL)")
+    start = binlog_head(source)
+    with contextlib.closing(source.connect(database=source_db, autocommit=False)) as conn, conn.cursor() as cur:
+        for n in range(30):
+            cur.execute("INSERT INTO loose VALUES (%s), (%s)", (n % 4, n % 4))
+            cur.execute("INSERT INTO k VALUES (%s, %s)", (n, n))
+            if n % 3 == 0:
+                cur.execute("DELETE FROM loose WHERE v = %s LIMIT 1", (n % 4,))
+            conn.commit()
+    return start
+
+
+PER_TABLE = attrs.evolve(SETTINGS, load=LoadSettings(mode="per_table"),
+                         retry=RetrySettings(max_attempts=6, initial_backoff_ms=10, max_backoff_ms=50))

@@ -15,13 +15,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from setl.config import LoadSettings, MysqlTargetConfig, RetrySettings
+from setl.config import MysqlTargetConfig
 from setl.errors import LoadError, TransientLoadError
 from setl.model import DdlChange
 from setl.sinks.mysql import MySQLLoad
 from setl.sinks.sql_common import TargetTableMissing
 from setl.testing.servers import MariaDBServer, free_port
-from tests.e2e.replicate import SETTINGS, binlog_head, replicate, table_rule
+from tests.e2e.replicate import PER_TABLE, replicate, table_rule, write_source
 
 from .contract import Changes, SinkContract, Target, item, make_batch, model_settings
 
@@ -215,26 +215,6 @@ def test_a_closed_connection_and_a_refused_socket_are_transient():
     assert load._classify(pymysql.err.InterfaceError(0, "")) is TransientLoadError
     assert load._classify(ConnectionRefusedError()) is TransientLoadError
     assert load._classify(ValueError("not the driver's")) is LoadError
-
-
-def write_source(source: Any, source_db: str) -> Any:
-    """A keyed and a keyless source table; 30 transactions each touching both; the binlog start before them."""
-    with contextlib.closing(source.connect(database=source_db)) as conn, conn.cursor() as cur:
-        cur.execute("CREATE TABLE k (id INT PRIMARY KEY, v INT NOT NULL)")
-        cur.execute("CREATE TABLE loose (v INT NOT NULL)")
-    start = binlog_head(source)
-    with contextlib.closing(source.connect(database=source_db, autocommit=False)) as conn, conn.cursor() as cur:
-        for n in range(30):
-            cur.execute("INSERT INTO loose VALUES (%s), (%s)", (n % 4, n % 4))
-            cur.execute("INSERT INTO k VALUES (%s, %s)", (n, n))
-            if n % 3 == 0:
-                cur.execute("DELETE FROM loose WHERE v = %s LIMIT 1", (n % 4,))
-            conn.commit()
-    return start
-
-
-PER_TABLE = attrs.evolve(SETTINGS, load=LoadSettings(mode="per_table"),
-                         retry=RetrySettings(max_attempts=6, initial_backoff_ms=10, max_backoff_ms=50))
 
 
 def test_per_table_pipeline_with_a_part_failing_twice_keeps_a_keyless_table_exact(
