@@ -8,7 +8,7 @@ import pytest
 
 from setl.model import TableName
 from setl.sources.mysql_binlog import MysqlBinlogSource
-from tests.e2e.setl_process import SetlProcess, mysql_source, mysql_target, spawned
+from tests.e2e.setl_process import SetlProcess, binlog_head, mysql_source, mysql_target, spawned
 
 BAD_STEPS = [
     {"use": "filter", "condition": "no_such_column > 1"},
@@ -17,15 +17,21 @@ BAD_STEPS = [
 ]
 
 
-def _source(server, db: str) -> None:
+def _source(server, db: str) -> dict:
+    """The test's source table with two rows; returns the `start` before them (the shared server's binlog
+    holds every earlier test's events, which this test's pipeline must not replay)."""
+    head = binlog_head(server)
     server.query(f"CREATE TABLE `{db}`.orders (id INT PRIMARY KEY, amount DECIMAL(12,2) NOT NULL, "
                  "note VARCHAR(20), created DATETIME, secret TEXT)")
     server.query(f"INSERT INTO `{db}`.orders VALUES (1, 5.50, 'a', '2020-01-01 00:00:00', 's'), "
                  "(2, 0.25, 'b', NULL, 't')")
+    return {"file": head.log, "pos": head.offset}
 
 
-def _setl(tmp_path, mariadb_source, source_db, mariadb_target, mysql_db, steps, **rule) -> SetlProcess:
-    return SetlProcess(tmp_path, source=mysql_source(mariadb_source), target=mysql_target(mariadb_target),
+def _setl(tmp_path, mariadb_source, source_db, mariadb_target, mysql_db, steps, *, start: dict,
+          **rule) -> SetlProcess:
+    return SetlProcess(tmp_path, source=mysql_source(mariadb_source, start=start),
+                       target=mysql_target(mariadb_target),
                        tables=[{"source": rf"{source_db}\..*", "target": f"{mysql_db}.{{table}}",
                                 "transforms": steps, **rule}])
 
@@ -50,9 +56,9 @@ def test_binlog_source_describes_the_selected_tables(mariadb_source, source_db):
 def test_a_bad_step_fails_setl_start_before_anything_is_read(tmp_path, mariadb_source, source_db, mariadb_target,
                                                                mysql_db, bad):
     """A step Spark SQL rejects makes `setl start` exit 2 at startup in one line; the target is untouched."""
-    _source(mariadb_source, source_db)
+    start = _source(mariadb_source, source_db)
     setl = _setl(tmp_path, mariadb_source, source_db, mariadb_target, mysql_db,
-                 [{"use": "rename", "columns": {"note": "remark"}}, bad])
+                 [{"use": "rename", "columns": {"note": "remark"}}, bad], start=start)
     result = setl.start_until_caught_up(timeout=300)
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("setl: error:")]
@@ -70,9 +76,10 @@ def test_a_bad_step_fails_setl_start_before_anything_is_read(tmp_path, mariadb_s
 def test_a_step_sees_the_columns_after_extract_renames_and_filters(tmp_path, mariadb_source, source_db,
                                                                    mariadb_target, mysql_db):
     """The startup analysis sees Extract's renames and column filters: a step on a dropped column fails."""
-    _source(mariadb_source, source_db)
+    start = _source(mariadb_source, source_db)
     setl = _setl(tmp_path, mariadb_source, source_db, mariadb_target, mysql_db,
-                 [{"use": "filter", "condition": "secret IS NOT NULL"}], columns={"exclude": ["secret"]})
+                 [{"use": "filter", "condition": "secret IS NOT NULL"}], start=start,
+                 columns={"exclude": ["secret"]})
     result = setl.start_until_caught_up(timeout=300)
     assert result.returncode == 2, result.stderr[-3000:]
     assert "step 1 (filter) cannot run on the columns" in result.stderr
@@ -81,11 +88,11 @@ def test_a_step_sees_the_columns_after_extract_renames_and_filters(tmp_path, mar
 
 def test_a_good_chain_starts_and_replicates(tmp_path, mariadb_source, source_db, mariadb_target, mysql_db):
     """A chain Spark SQL accepts (on renamed, typed columns) passes the startup analysis and replicates."""
-    _source(mariadb_source, source_db)
+    start = _source(mariadb_source, source_db)
     steps = [{"use": "filter", "condition": "cost > 1"},
              {"use": "add_column", "name": "note", "expr": "upper(note)"},
              {"use": "sql", "query": "SELECT * FROM batch WHERE to_date(created) IS NOT NULL OR _setl_op = 'delete'"}]
-    setl = _setl(tmp_path, mariadb_source, source_db, mariadb_target, mysql_db, steps,
+    setl = _setl(tmp_path, mariadb_source, source_db, mariadb_target, mysql_db, steps, start=start,
                  rename={"amount": "cost"}, columns={"exclude": ["secret"]})
     result = setl.start_until_caught_up(timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -97,9 +104,9 @@ def test_a_good_chain_starts_and_replicates(tmp_path, mariadb_source, source_db,
 def test_a_table_created_later_gets_the_first_batch_analysis(tmp_path, mariadb_source, source_db, mariadb_target,
                                                             mysql_db):
     """A table created after startup is analysed at its first batch: the pipeline pauses with one line."""
-    _source(mariadb_source, source_db)
+    start = _source(mariadb_source, source_db)
     setl = _setl(tmp_path, mariadb_source, source_db, mariadb_target, mysql_db,
-                 [{"use": "filter", "condition": "amount > 1"}])
+                 [{"use": "filter", "condition": "amount > 1"}], start=start)
     with spawned(setl):
         deadline = time.monotonic() + 240
         while setl.acked() is None:
@@ -119,8 +126,8 @@ def test_a_table_created_later_gets_the_first_batch_analysis(tmp_path, mariadb_s
 
 def test_debug_shows_the_java_cause(tmp_path, mariadb_source, source_db, mariadb_target, mysql_db):
     """With --debug the startup analysis error keeps Spark's cause, Java classes and all."""
-    _source(mariadb_source, source_db)
-    setl = _setl(tmp_path, mariadb_source, source_db, mariadb_target, mysql_db, [BAD_STEPS[0]])
+    start = _source(mariadb_source, source_db)
+    setl = _setl(tmp_path, mariadb_source, source_db, mariadb_target, mysql_db, [BAD_STEPS[0]], start=start)
     result = setl.run("--debug", "start", "--pipeline", setl.name, "--until-caught-up", timeout=300)
     assert result.returncode == 2, result.stderr[-3000:]
     assert "StartupAnalysisError" in result.stderr and "AnalysisException" in result.stderr
