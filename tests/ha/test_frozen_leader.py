@@ -217,7 +217,7 @@ def test_leader_frozen_inside_its_transaction_is_fenced(tmp_path, zookeeper_serv
         blocker = target.lock("k", 1)
         try:
             write("INSERT INTO {src}.loose VALUES (7)", "UPDATE {src}.k SET v = 1 WHERE id = 1")
-            pair.wait(lambda: target.lock_waits() >= 1, "node-a's load to wait inside its transaction")
+            pair.wait(lambda: target.lock_waits() >= 1, "node-a's load to wait inside its transaction", timeout=90)
             pair.procs["node-a"].send_signal(signal.SIGSTOP)
         finally:
             blocker.rollback()
