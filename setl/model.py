@@ -81,9 +81,14 @@ class InvalidDate:
 
 
 class Op(str, enum.Enum):
+    """What a `RowChange` did. READ is a row copied by a snapshot (Debezium's ``r``): it has only
+    an after image, and a target applies it as "insert, or replace the row with the same key", so
+    that a snapshot chunk copied twice leaves the target as once."""
+
     INSERT = "insert"
     UPDATE = "update"
     DELETE = "delete"
+    READ = "read"
 
 
 @attrs.frozen(order=True)
