@@ -26,6 +26,7 @@ from setl.meta.base import MetaStore, Status
 from setl.model import Position
 from setl.retry import Failure, classify
 from setl.scheduler import Outcome
+from setl.status import status_rows, stopped_row
 
 log = logging.getLogger("setl")
 
@@ -187,32 +188,10 @@ def _status_rows(conf: Path, names: list[str]) -> list[dict[str, Any]]:
     settings = load_node(conf)
     if settings.meta.store == "sqlite" and not settings.resolve(settings.meta.path).exists():
         # Nothing ran here yet: report the configured pipelines without creating a meta store.
-        return [{"pipeline": name, "status": Status.STOPPED.value, "position": None, "batch": None,
-                 "acked_at": None, "epoch": 0, "node": None, "error": None, "retrying": None,
-                 "retrying_since": None} for name in names or pipeline_names(conf)]
+        return [stopped_row(name) for name in names or pipeline_names(conf)]
     meta = open_meta_store(settings)
     try:
-        known = names or sorted(set(pipeline_names(conf)) | set(meta.pipelines()))
-        rows = []
-        members = getattr(meta, "members", None)  # HA meta stores know the holder and standbys
-        for name in known:
-            state = meta.state(name)
-            ack = meta.position(name)
-            holder, standbys = members(name) if members else (None, [])
-            rows.append({
-                "pipeline": name,
-                "status": state.status.value,
-                "position": str(ack.position) if ack else None,
-                "batch": ack.batch_id if ack else None,
-                "acked_at": ack.time if ack else None,
-                "epoch": state.epoch,
-                "node": state.node,
-                "error": None if state.retrying else state.error,
-                "retrying": state.error if state.retrying else None,
-                "retrying_since": state.retrying_since if state.retrying else None,
-                **({"holder": holder, "standbys": standbys} if members else {}),
-            })
-        return rows
+        return status_rows(meta, names or sorted(set(pipeline_names(conf)) | set(meta.pipelines())))
     finally:
         meta.close()
 
