@@ -57,6 +57,10 @@ class Target:
     def lock_waits(self) -> int:
         raise NotImplementedError
 
+    def diagnose(self) -> str:
+        """The server's sessions and lock waits, for a failure message."""
+        raise NotImplementedError
+
 
 class MariaDBTarget(Target):
     def __init__(self, server: Any, database: str) -> None:
@@ -80,6 +84,13 @@ class MariaDBTarget(Target):
         return int(self.server.query("SELECT COUNT(*) FROM information_schema.INNODB_TRX"
                                      " WHERE trx_state = 'LOCK WAIT'")[0][0])
 
+    def diagnose(self) -> str:
+        trx = self.server.query("SELECT trx_mysql_thread_id, trx_state, trx_started, trx_query"
+                                " FROM information_schema.INNODB_TRX")
+        sessions = self.server.query("SELECT id, user, db, command, time, state, info"
+                                     " FROM information_schema.PROCESSLIST")
+        return "INNODB_TRX:\n" + "\n".join(map(repr, trx)) + "\nPROCESSLIST:\n" + "\n".join(map(repr, sessions))
+
 
 class PostgresTarget(Target):
     def __init__(self, server: Any, database: str) -> None:
@@ -102,16 +113,28 @@ class PostgresTarget(Target):
     def lock_waits(self) -> int:
         return int(self.server.query("SELECT count(*) FROM pg_locks WHERE NOT granted")[0][0])
 
+    def diagnose(self) -> str:
+        sessions = self.server.query("SELECT pid, datname, state, wait_event_type, wait_event, query"
+                                     " FROM pg_stat_activity")
+        return "pg_stat_activity:\n" + "\n".join(map(repr, sessions))
+
 
 class Pair:
-    """node-a and node-b, each with its own conf dir, sharing one ZooKeeper root and pipeline ``p``."""
+    """node-a and node-b, each with its own conf dir, sharing one ZooKeeper root and one pipeline.
+
+    The pipeline's name and binlog server_id are this test's own: the source and target servers
+    are shared with the whole session, and their fence and position rows (``setl.setl_position*``,
+    keyed by pipeline) and binlog dump slot (keyed by server_id) must not be another test's.
+    """
 
     def __init__(self, root: Path, zk_hosts: str, source: Any, source_db: str, target: Target) -> None:
         self.root, self.zk_hosts, self.chroot = root, zk_hosts, unique_root()
         self.source, self.source_db, self.target = source, source_db, target
+        self.name = f"frozen_{os.getpid()}_{int(time.time() * 1000) % 10**8}"
         start = binlog_head(source)
         pipeline = {
-            "source": mysql_source(source, start={"file": start.log, "pos": start.offset}),
+            "source": mysql_source(source, start={"file": start.log, "pos": start.offset},
+                                   server_id=3000 + int(time.time()) % 60000),
             "target": target.config,
             "tables": [{"source": rf"{re.escape(source_db)}\..*", "target": target.template}],
             "pipeline": {"parallelism": 2, "batch": {"max_rows": 500, "max_wait_ms": 50},
@@ -126,7 +149,7 @@ class Pair:
                 "ha": {"zookeeper": zk_hosts, "chroot": self.chroot, "session_timeout_ms": SESSION_TIMEOUT_MS,
                        "standby_delay_ms": STANDBY_DELAY_MS},
             }))
-            (conf / "pipelines" / "p.yaml").write_text(yaml.safe_dump(pipeline, sort_keys=False))
+            (conf / "pipelines" / f"{self.name}.yaml").write_text(yaml.safe_dump(pipeline, sort_keys=False))
         self.procs: dict[str, subprocess.Popen] = {}
         self.store = ZooKeeperMetaStore(Coordinator(zk_hosts, root=self.chroot, session_timeout=5,
                                                     give_up_after=30).start())
@@ -137,7 +160,7 @@ class Pair:
         with open(self.root / f"setl-{name}.log", "w") as log:
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "setl.cli", "--conf", str(self.root / name / "conf"), "start",
-                 "--pipeline", "p"], env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+                 "--pipeline", self.name], env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n" + p.read_text(errors="replace")[-6000:]
@@ -153,10 +176,10 @@ class Pair:
         return wait_until(check, timeout=timeout, interval=0.05, message=lambda: f"{message}\n{self.logs()}")
 
     def holder(self) -> str | None:
-        return self.store.members("p")[0]
+        return self.store.members(self.name)[0]
 
     def acked(self) -> Ack | None:
-        return self.store.position("p")
+        return self.store.position(self.name)
 
     def wait_caught_up(self, min_epoch: int = 0, timeout: float = 60) -> Ack:
         head = binlog_head(self.source)
@@ -210,14 +233,20 @@ def test_leader_frozen_inside_its_transaction_is_fenced(tmp_path, zookeeper_serv
         pair.spawn("node-a")
         pair.wait(lambda: pair.holder() == "node-a", "node-a to hold p")
         pair.spawn("node-b")
-        pair.wait(lambda: "node-b" in pair.store.members("p")[1], "node-b to stand by")
+        pair.wait(lambda: "node-b" in pair.store.members(pair.name)[1], "node-b to stand by")
         write("INSERT INTO {src}.k VALUES (1, 0), (2, 0)", "INSERT INTO {src}.loose VALUES (1), (1)")
         before = pair.wait_caught_up()
 
         blocker = target.lock("k", 1)
         try:
             write("INSERT INTO {src}.loose VALUES (7)", "UPDATE {src}.k SET v = 1 WHERE id = 1")
-            pair.wait(lambda: target.lock_waits() >= 1, "node-a's load to wait inside its transaction", timeout=90)
+            try:
+                pair.wait(lambda: target.lock_waits() >= 1, "node-a's load to wait inside its transaction",
+                          timeout=90)
+            except TimeoutError as exc:  # say why: the target's sessions and node-a's threads
+                pair.procs["node-a"].send_signal(signal.SIGUSR1)
+                time.sleep(2)
+                raise TimeoutError(f"{exc}\n{target.diagnose()}\n{pair.logs()}") from None
             pair.procs["node-a"].send_signal(signal.SIGSTOP)
         finally:
             blocker.rollback()
@@ -233,7 +262,7 @@ def test_leader_frozen_inside_its_transaction_is_fenced(tmp_path, zookeeper_serv
         pair.wait_caught_up(min_epoch=ack.epoch)
 
         pair.procs["node-a"].send_signal(signal.SIGCONT)
-        pair.wait(lambda: "node-a" in pair.store.members("p")[1], "node-a to stand by again", timeout=60)
+        pair.wait(lambda: "node-a" in pair.store.members(pair.name)[1], "node-a to stand by again", timeout=60)
         write("INSERT INTO {src}.loose VALUES (9)")
         final = pair.wait_caught_up(min_epoch=ack.epoch)
         assert pair.holder() == "node-b" and final.epoch >= ack.epoch
