@@ -3,83 +3,19 @@
 from __future__ import annotations
 
 import datetime
-import itertools
 import time
 from decimal import Decimal
 
-import attrs
 import pytest
 
 from setl.errors import PositionPurged, SourceError
-from setl.model import DdlChange, Op, Position, RowChange, Transaction
+from setl.model import DdlChange, Op, Position, RowChange
 from setl.sources.mysql_binlog import MysqlBinlogSource, ddl_target
 from setl.testing.harness import MemorySink, run_pipeline
 from tests.helpers.wait import wait_until
+from tests.sources.binlog import next_server_id, bare, execute, head, make_source, read
 
 pytestmark = pytest.mark.timeout(60)
-
-_server_ids = itertools.count(7001)
-
-
-def make_source(server, start="latest", **kwargs) -> MysqlBinlogSource:
-    """A source reading `server` with a server_id no other reader in this run uses."""
-    return MysqlBinlogSource.from_config(server.source_config(next(_server_ids), start), pipeline="t",
-                                         **kwargs)
-
-
-@pytest.fixture
-def sources():
-    """Opens sources for a test and closes them all afterwards."""
-    opened: list[MysqlBinlogSource] = []
-
-    def open_source(server, at: Position | None = None, start="latest", **kwargs) -> MysqlBinlogSource:
-        src = make_source(server, start, **kwargs)
-        opened.append(src)
-        src.open(at)
-        return src
-
-    yield open_source
-    for src in opened:
-        src.close()
-
-
-def head(server) -> Position:
-    file, pos = server.query("SHOW MASTER STATUS")[0][:2]
-    return Position(file, int(pos))
-
-
-def bare(position: Position | None) -> Position | None:
-    """The file and offset of a position, without its GTID set (what SHOW MASTER STATUS shows)."""
-    return None if position is None else attrs.evolve(position, gtid=None)
-
-
-def read(src: MysqlBinlogSource, count: int, schema: str | None = None, timeout: float = 15) -> list[Transaction]:
-    """Poll until `count` transactions touching `schema` (all if None) arrived."""
-    got: list[Transaction] = []
-
-    def more() -> bool:
-        tx = src.poll(0.2)
-        if tx is not None and (schema is None or any(c.schema == schema for c in tx.changes)):
-            got.append(tx)
-        return len(got) >= count
-
-    wait_until(more, timeout=timeout, interval=0, message=f"{count} transactions (got {len(got)})")
-    return got
-
-
-def execute(server, db: str, *statements: str | tuple) -> None:
-    """Run statements one by one (autocommit) on a connection to `db`."""
-    conn = server.connect(database=db)
-    try:
-        with conn.cursor() as cur:
-            for statement in statements:
-                if isinstance(statement, tuple):
-                    cur.execute(*statement)
-                else:
-                    cur.execute(statement)
-    finally:
-        conn.close()
-
 
 def test_insert_update_delete_have_full_images_keys_and_positions(mariadb_source, source_db, sources):
     """Each autocommit statement is one transaction with full images, its key and its end position."""
@@ -307,7 +243,7 @@ def test_run_pipeline_end_to_end_matches_the_source_tables(mariadb_source, sourc
                    "DELETE FROM acct WHERE id BETWEEN 10 AND 14"]
     execute(mariadb_source, source_db, *statements)
     src = MysqlBinlogSource.from_config(
-        mariadb_source.source_config(next(_server_ids), {"file": start.log, "pos": start.offset}), pipeline="e2e")
+        mariadb_source.source_config(next_server_id(), {"file": start.log, "pos": start.offset}), pipeline="e2e")
     sink = MemorySink()
     result = run_pipeline(src, sink, until_caught_up=True)
     assert result.outcome.value == "caught_up"

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
 
 import pytest
 
 from setl.connectors import BuildContext, registry
 from setl.model import Op, Position, RowChange, Transaction
 from setl.testing.connectors import SelectContract, SourceProbe, TableSpec
+from tests.sources.binlog import next_server_id
 
 pytestmark = pytest.mark.timeout(120)
 
-_server_ids = itertools.count(7501)
 
 
 class BinlogProbe(SourceProbe):
@@ -54,7 +53,7 @@ class BinlogProbe(SourceProbe):
             cur.execute(f"DELETE FROM {table} WHERE id = %s", (change.before["id"],))
 
     def make_select(self, pipeline="p"):
-        config = self.server.source_config(next(_server_ids), self.start)
+        config = self.server.source_config(next_server_id(), self.start)
         return registry().source("mysql").create(config, BuildContext(pipeline))
 
     def owns(self, tx: Transaction) -> bool:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import itertools
 import subprocess
 import sys
 
@@ -11,46 +10,12 @@ import attrs
 import pytest
 
 from setl.errors import SourceError
-from setl.model import InvalidDate, Position, RowChange, Transaction
+from setl.model import InvalidDate, RowChange, Transaction
 from setl.sources.mysql_binlog import MysqlBinlogSource
 from tests.helpers.wait import wait_until
+from tests.sources.binlog import next_server_id, execute, head
 
 pytestmark = pytest.mark.timeout(120)
-
-_server_ids = itertools.count(7501)
-
-
-@pytest.fixture
-def sources():
-    """Opens sources for a test (each with its own server_id) and closes them all afterwards."""
-    opened: list[MysqlBinlogSource] = []
-
-    def open_source(server, at: Position | None = None, start="latest", **kwargs) -> MysqlBinlogSource:
-        src = MysqlBinlogSource.from_config(server.source_config(next(_server_ids), start), pipeline="t", **kwargs)
-        opened.append(src)
-        src.open(at)
-        return src
-
-    yield open_source
-    for src in opened:
-        src.close()
-
-
-def head(server) -> Position:
-    file, pos = server.query("SHOW MASTER STATUS")[0][:2]
-    return Position(file, int(pos))
-
-
-def execute(server, db: str, *statements: str) -> None:
-    """Run statements one by one (autocommit) on one connection to `db`."""
-    conn = server.connect(database=db)
-    try:
-        with conn.cursor() as cur:
-            for statement in statements:
-                cur.execute(statement)
-    finally:
-        conn.close()
-
 
 def read_until_complete(src: MysqlBinlogSource, schema: str, count: int = 1, timeout: float = 30
                         ) -> list[Transaction]:
@@ -235,14 +200,14 @@ def test_a_selected_table_with_a_cascading_foreign_key_is_refused_at_open(mariad
                  "CONSTRAINT fk_parent FOREIGN KEY (p) REFERENCES d.parent (id) ON DELETE CASCADE)")
     server.query("CREATE TABLE d.plain (id INT PRIMARY KEY, p INT, "
                  "CONSTRAINT fk_plain FOREIGN KEY (p) REFERENCES d.parent (id))")
-    refused = MysqlBinlogSource.from_config(server.source_config(next(_server_ids)), pipeline="t",
+    refused = MysqlBinlogSource.from_config(server.source_config(next_server_id()), pipeline="t",
                                             selects=lambda schema, table: table != "other")
     with pytest.raises(SourceError) as caught:
         refused.open(None)
     message = str(caught.value)
     assert "d.child" in message and "fk_parent" in message and "ON DELETE CASCADE" in message
     assert "fk_plain" not in message
-    allowed = MysqlBinlogSource.from_config(server.source_config(next(_server_ids)), pipeline="t",
+    allowed = MysqlBinlogSource.from_config(server.source_config(next_server_id()), pipeline="t",
                                             selects=lambda schema, table: table != "child")
     try:
         allowed.open(None)

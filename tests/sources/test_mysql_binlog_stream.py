@@ -3,7 +3,6 @@ reconnects, and memory bounds for huge transactions."""
 
 from __future__ import annotations
 
-import itertools
 import time
 
 import attrs
@@ -17,29 +16,10 @@ from setl.stages.extract import TableExtract
 from setl.testing.harness import MemorySink, run_pipeline
 from setl.testing.servers import wait_until
 
-from tests.sources.test_mysql_binlog import TYPES_ROWS, TYPES_TABLE, execute, head
+from tests.sources.binlog import bare, execute, head, next_server_id
+from tests.sources.test_mysql_binlog import TYPES_ROWS, TYPES_TABLE
 
 pytestmark = pytest.mark.timeout(90)
-
-_server_ids = itertools.count(7501)
-
-
-@pytest.fixture
-def sources():
-    """Makes sources (opened unless told otherwise) and closes them all afterwards."""
-    made: list[MysqlBinlogSource] = []
-
-    def make(server, at: Position | None = None, start="latest", *, open_it=True, **kwargs) -> MysqlBinlogSource:
-        src = MysqlBinlogSource.from_config(server.source_config(next(_server_ids), start), pipeline="t", **kwargs)
-        made.append(src)
-        if open_it:
-            src.open(at)
-        return src
-
-    yield make
-    for src in made:
-        src.close()
-
 
 def drain(src: MysqlBinlogSource, until, timeout: float = 20) -> list[Transaction]:
     """Poll, keeping every transaction, until `until(transactions)` holds."""
@@ -57,10 +37,6 @@ def drain(src: MysqlBinlogSource, until, timeout: float = 20) -> list[Transactio
 
 def ids(transactions: list[Transaction], schema: str) -> list[int]:
     return [c.image["id"] for tx in transactions for c in tx.changes if getattr(c, "op", None) and c.schema == schema]
-
-
-def bare(position: Position | None) -> Position | None:
-    return None if position is None else attrs.evolve(position, gtid=None)
 
 
 def test_trailing_rotation_yields_a_position_mark_at_the_head(mariadb_source, source_db, sources):
@@ -110,7 +86,7 @@ def test_cli_until_caught_up_exits_when_the_binlog_ends_without_a_transaction(ma
     execute(mariadb_source, source_db, "INSERT INTO t VALUES (1)", "INSERT INTO skipped VALUES (9)",
             "FLUSH BINARY LOGS")
     end = head(mariadb_source)
-    setl = SetlProcess(tmp_path, source=mysql_source(mariadb_source, server_id=next(_server_ids),
+    setl = SetlProcess(tmp_path, source=mysql_source(mariadb_source, server_id=next_server_id(),
                                                      start={"file": start.log, "pos": start.offset}),
                        target={"type": "sqlite", "path": str(tmp_path / "target.db")},
                        tables=[{"source": rf"{source_db}\.skipped", "exclude": True}, {"source": rf"{source_db}\..*"}])
