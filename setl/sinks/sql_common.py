@@ -273,7 +273,6 @@ class SqlLoad(Load, Generic[C]):
         """One target table's share of a batch (load.mode per_table), in its own transaction on
         its own connection: fenced, skipping the changes its table holds already, and recording
         the table's position (see the class docstring)."""
-        self._segments(batch)  # refuses DDL by pipeline.ddl before anything is written
         self._retrying(lambda: self._with_connection(lambda conn: self._apply_part(conn, batch), batch), batch)
 
     def mark_loaded(self, batch: Batch) -> None:
@@ -432,16 +431,25 @@ class SqlLoad(Load, Generic[C]):
         """One part: fence, drop what each of its tables holds already, apply, record, COMMIT."""
         self._fence(conn, batch)
         keep: list[Change] = []
+        names: dict[tuple[str, str], str] = {}
         tables: dict[str, tuple[Position | None, Position | None]] = {}
+        check: dict[str, bool] = {}  # may this table hold some of the batch's changes already?
         for change in batch.changes:
-            table = flat_name(change.schema, change.table or "")  # unambiguous with dots in names
-            if table not in tables:
+            ident = (change.schema, change.table or "")
+            table = names.get(ident)
+            if table is None:
+                table = names[ident] = flat_name(*ident)  # unambiguous with dots in names
                 self._table = table
                 tables[table] = self._table_positions(conn, table)
-            pipeline_at, table_at = tables[table]
-            if (isinstance(change, RowChange) and change.position is not None and table_at is not None
-                    and change.position <= table_at and (pipeline_at is None or change.position > pipeline_at)):
-                continue  # this table committed it in an earlier part
+                # Every change of the batch lies after its start: a table at or before the start
+                # holds none of them, and its changes need no comparison each.
+                table_at = tables[table][1]
+                check[table] = table_at is not None and table_at > batch.start
+            if check[table] and isinstance(change, RowChange) and change.position is not None:
+                pipeline_at, table_at = tables[table]
+                if (table_at is not None and change.position <= table_at
+                        and (pipeline_at is None or change.position > pipeline_at)):
+                    continue  # this table committed it in an earlier part
             keep.append(change)
         if len(keep) < len(batch.changes):
             log.info("pipeline=%s stage=load batch=%s: %d of %d changes of %s are in the target "

@@ -11,7 +11,9 @@ position), and `mark_loaded` records the batch once all its parts are in, in bat
 modes run in the same process against the same servers, fresh tables per run; connecting (the
 pool's connections for per_table) and taking the fence happen before the timing. Prints, per target
 and mode, median rows/s and per-batch latency p50/p99 (submit to recorded position), the peak
-RSS of the process, and the per_table/ordered ratio (goal: >= 1.5).
+RSS of the process, the per_table/ordered ratio (goal: >= 1.5), and where the CPU went: this
+process's and the target server's CPU seconds per 10,000 rows and, as a share of the wall time,
+how busy each was (on a 2-core machine, client + server near 200% means no mode can go faster).
 
     PYTHONPATH=. python3 tools/bench/bench_per_table.py [--rows 4000] [--batch 2000] [--repeat 3]
                                                          [--connections 8] [--targets all|mariadb|postgresql]
@@ -21,11 +23,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import resource
 import statistics
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from setl.model import Batch, Op, Position, RowChange
@@ -58,6 +62,28 @@ def workload(schema: str, rows: int, size: int) -> list[Batch]:
         start = Position("bench.000001", 10 * k)
         batches.append(Batch("bench", number, 1, start, part[-1].position, tuple(part)))  # type: ignore[arg-type]
     return batches
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` and every descendant alive now (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tick = os.sysconf("SC_CLK_TCK")
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+        todo += children.get(current, [])
+    return total
 
 
 def run_ordered(load: SqlLoad, batches: list[Batch]) -> tuple[float, list[float]]:
@@ -118,7 +144,11 @@ def servers(targets: str) -> Iterator[dict[str, Any]]:
             server.cleanup()
 
 
-def bench(name: str, server: Any, args: argparse.Namespace, run: int) -> dict[str, tuple[float, list[float]]]:
+Result = tuple[float, list[float], float, float]
+
+
+def bench(name: str, server: Any, args: argparse.Namespace, run: int) -> dict[str, Result]:
+    """Per mode: (rows/s, per-batch latencies, client CPU share of the wall time, server's)."""
     results = {}
     for mode, runner in (("ordered", run_ordered), ("per_table", run_per_table)):
         schema = f"bench_{mode}_{run}"
@@ -139,10 +169,13 @@ def bench(name: str, server: Any, args: argparse.Namespace, run: int) -> dict[st
             if mode == "per_table":  # open the pool's connections outside the timing too
                 opened = [load._checkout(None) for _ in range(min(TABLES, args.connections))]
                 load._idle.extend(opened)
+            assert server.pid is not None
+            client, served = time.process_time(), cpu_seconds(server.pid)
             elapsed, latencies = runner(load, batches)
+            client, served = time.process_time() - client, cpu_seconds(server.pid) - served
         finally:
             load.close()
-        results[mode] = (sum(map(len, batches)) / elapsed, latencies)
+        results[mode] = (sum(map(len, batches)) / elapsed, latencies, client / elapsed, served / elapsed)
         server.query(f"DROP DATABASE {schema}" if name == "mariadb" else f"DROP SCHEMA {schema} CASCADE")
     return results
 
@@ -170,8 +203,11 @@ def main() -> None:
             for mode in ("ordered", "per_table"):
                 rates[mode] = statistics.median(r[mode][0] for r in runs)
                 latencies = [x for r in runs for x in r[mode][1]]
+                client = statistics.median(r[mode][2] for r in runs)
+                served = statistics.median(r[mode][3] for r in runs)
                 print(f"{name:10} {mode:9} {rates[mode]:9.0f} rows/s  batch p50 "
-                      f"{1000 * percentile(latencies, 0.5):7.1f} ms  p99 {1000 * percentile(latencies, 0.99):7.1f} ms")
+                      f"{1000 * percentile(latencies, 0.5):7.1f} ms  p99 {1000 * percentile(latencies, 0.99):7.1f} ms"
+                      f"  cpu: setl {100 * client:3.0f}%  server {100 * served:3.0f}%")
             print(f"{name:10} ratio per_table/ordered {rates['per_table'] / rates['ordered']:.2f} (goal >= 1.5)")
     print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
 
