@@ -17,7 +17,10 @@ from a source commit (a marker row written every 20 ms, its client-side commit t
 being visible in the target, where it lands in the same transaction as the acked position.
 
     python3 tools/bench/catchup.py [--seconds 30] [--repeat 3] [--lag-seconds 20] [--rate 1000]
-                                   [--big-transaction 1000000]
+                                   [--big-transaction 1000000] [--compare-tree DIR]
+
+With ``--compare-tree DIR`` each repeat also catches up with the code of another checkout (for
+example ``git worktree add /tmp/old c1bc4f4``), so that old and new are measured in the same run.
 """
 
 from __future__ import annotations
@@ -100,10 +103,10 @@ def peak_rss_mib(pid: int) -> float:
     return 0.0
 
 
-def run_child(argv: list[str], timeout: float = 3600) -> tuple[dict | None, float, float, str]:
-    """Run a child process; (its JSON line if any, wall seconds, peak RSS in MiB, its output)."""
+def run_child(argv: list[str], timeout: float = 3600, cwd: Path = ROOT) -> tuple[dict | None, float, float, str]:
+    """Run a child process in `cwd`; (its JSON line if any, wall seconds, peak RSS in MiB, its output)."""
     began = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
     output: list[str] = []
     reader = threading.Thread(target=lambda: output.extend(proc.stdout), name="bench-child-output")
     reader.start()
@@ -266,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lag-seconds", type=float, default=20)
     parser.add_argument("--rate", type=int, default=1000, help="sysbench transactions/s for the lag phase")
     parser.add_argument("--max-wait-ms", type=int, default=100, help="pipeline batch.max_wait_ms")
+    parser.add_argument("--compare-tree", type=Path, metavar="DIR",
+                        help="also catch up with the setl code of checkout DIR, in the same run (old against new)")
     parser.add_argument("--child", choices=["raw", "source"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--server-id", type=int, default=4001, help=argparse.SUPPRESS)
@@ -327,6 +332,11 @@ def main(argv: list[str] | None = None) -> int:
             _, wall, rss, _ = run_child([sys.executable, "-m", "setl.cli", "--conf", str(conf), "start",
                                          "--pipeline", f"bench{n}", "--until-caught-up"])
             runs.setdefault("setl start --until-caught-up (MariaDB target)", []).append((rows / wall, rss))
+            if args.compare_tree:  # the same catch-up by another checkout's code (python -m imports from cwd)
+                conf = write_conf(Path(tmp) / f"old{n}", f"old{n}", source, target, start, max_wait_ms=args.max_wait_ms)
+                _, wall, rss, out = run_child([sys.executable, "-m", "setl.cli", "--conf", str(conf), "start",
+                                               "--pipeline", f"old{n}", "--until-caught-up"], cwd=args.compare_tree)
+                runs.setdefault(f"the same, code of {args.compare_tree}", []).append((rows / wall, rss))
             if n == 0:
                 same = sysbench.checksums(sysbench.Conn.from_server(source), tables) == \
                     sysbench.checksums(sysbench.Conn.from_server(target), tables)
