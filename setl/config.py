@@ -115,6 +115,35 @@ class NodeSettings:
 # --- sources and targets -------------------------------------------------------------------
 
 
+@attrs.frozen
+class SslConfig:
+    """TLS for the connections to a MySQL, MariaDB or PostgreSQL server (docs/tls.md). With `ssl`
+    setl refuses a server that offers no TLS; without it the drivers encrypt when the server
+    offers TLS but never verify the certificate."""
+
+    #: PEM file of the CA(s) that signed the server's certificate; the system's trusted CAs if not set
+    ca: str | None = None
+    cert: str | None = None  # PEM client certificate, for a server that asks for one
+    key: str | None = None  # PEM private key of `cert` (PostgreSQL: mode 0600)
+    #: check the server's certificate chain and that it names `host`; false: encrypt only
+    verify: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        if self.key and not self.cert:
+            raise ValueError("key is set but cert is not: give both, or neither")
+        if self.cert and not self.key:
+            raise ValueError("cert is set but key is not: give both (a PEM with both: the same file twice)")
+
+    def resolved(self, conf_dir: str | Path) -> "SslConfig":
+        """The same settings with file paths relative to `conf_dir` made absolute."""
+
+        def absolute(path: str | None) -> str | None:
+            return None if path is None else str((Path(conf_dir) / path).absolute())
+
+        return SslConfig(ca=absolute(self.ca), cert=absolute(self.cert), key=absolute(self.key), verify=self.verify)
+
+
+
 class ConnectorConfig(typing.Protocol):
     """A source's or target's config: a frozen attrs class next to its connector's code, tagged by
     `type`, the name its connector is registered under (`setl.connectors`)."""
@@ -460,7 +489,26 @@ def load_pipeline(conf_dir: str | Path, name: str) -> PipelineConfig:
     data = _read_yaml(path)
     config = _Builder(str(path)).build_attrs(PipelineConfig, data, "", name=name, file=str(path))
     _check_pipeline(config, str(path))
-    return config
+    return _resolve_ssl(config, Path(conf_dir), str(path))
+
+
+def _resolve_ssl(config: PipelineConfig, conf_dir: Path, path: str) -> PipelineConfig:
+    """`source.ssl` and `target.ssl` with paths relative to the conf dir, each file checked."""
+    changes: dict[str, Any] = {}
+    for side in ("source", "target"):
+        connector = getattr(config, side)
+        ssl = getattr(connector, "ssl", None)
+        if not isinstance(ssl, SslConfig):
+            continue
+        ssl = ssl.resolved(conf_dir)
+        for key in ("ca", "cert", "key"):
+            file = getattr(ssl, key)
+            if file is not None and not os.path.isfile(file):
+                raise ConfigError(f"{side}.ssl.{key}: file not found: {file}", file=path)
+            if file is not None and not os.access(file, os.R_OK):
+                raise ConfigError(f"{side}.ssl.{key}: cannot read {file}", file=path)
+        changes[side] = attrs.evolve(connector, ssl=ssl)
+    return attrs.evolve(config, **changes) if changes else config
 
 
 def _check_pipeline(config: PipelineConfig, path: str) -> None:

@@ -26,6 +26,7 @@ import psycopg.errors
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from setl.config import SslConfig
 from setl.ddl import parse
 from setl.errors import LoadError, RefusedLoadError, TransientLoadError
 from setl.model import Batch, Position
@@ -33,6 +34,7 @@ from setl.sinks.invalid_dates import InvalidDatePolicy
 from setl.sinks.merge import TableChanges
 from setl.sinks.postgresql_ddl import Translator, UnsupportedDdl, without_sequence_ddl
 from setl.sinks.sql_common import DdlStep, FenceBusy, Segment, SqlLoad, TargetTableMissing, chunks, group_by_columns
+from setl.tls import libpq_params
 
 
 @attrs.frozen
@@ -45,6 +47,7 @@ class PostgresqlTargetConfig:
     database: str = "postgres"
     #: what to write for a zero or partial date (`setl.sinks.invalid_dates`): refuse or null
     invalid_dates: Literal["refuse", "null"] = "refuse"
+    ssl: SslConfig | None = None  # TLS: sslmode verify-full (require with verify false); none: libpq's prefer
 
 
 log = logging.getLogger(__name__)
@@ -121,6 +124,7 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
             autocommit=False,
             application_name=f"setl:{self.pipeline}"[:63],
             options="-c TimeZone=UTC",
+            **libpq_params(getattr(self.config, "ssl", None)),
         )
 
     def _disconnect(self, conn: psycopg.Connection) -> None:
