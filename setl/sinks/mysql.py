@@ -49,11 +49,11 @@ from setl.tls import mysql_context, require_encrypted
 @attrs.frozen
 class MysqlTargetConfig:
     type: Literal["mysql"]
-    host: str = "127.0.0.1"
-    port: int = 3306
-    user: str = "root"
-    password: str = attrs.field(default="", repr=False)
-    database: str | None = None
+    host: str = "127.0.0.1"  # the MySQL or MariaDB server written
+    port: int = 3306  # its TCP port
+    user: str = "root"  # needs the grants in docs/grants.md
+    password: str = attrs.field(default="", repr=False)  # may be "${ENV_VAR}"; never logged
+    database: str | None = None  # the connection's default database; tables are named SCHEMA.TABLE anyway
     ssl: SslConfig | None = None  # TLS for every connection to the target (docs/tls.md)
 
 

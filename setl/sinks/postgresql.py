@@ -40,11 +40,11 @@ from setl.tls import libpq_params
 @attrs.frozen
 class PostgresqlTargetConfig:
     type: Literal["postgresql"]
-    host: str = "127.0.0.1"
-    port: int = 5432
-    user: str = "postgres"
-    password: str = attrs.field(default="", repr=False)
-    database: str = "postgres"
+    host: str = "127.0.0.1"  # the PostgreSQL server written
+    port: int = 5432  # its TCP port
+    user: str = "postgres"  # needs the grants in docs/grants.md
+    password: str = attrs.field(default="", repr=False)  # may be "${ENV_VAR}"; never logged
+    database: str = "postgres"  # the database written; a change's schema is the PostgreSQL schema
     #: what to write for a zero or partial date (`setl.sinks.invalid_dates`): refuse or null
     invalid_dates: Literal["refuse", "null"] = "refuse"
     ssl: SslConfig | None = None  # TLS: sslmode verify-full (require with verify false); none: libpq's prefer

@@ -61,12 +61,13 @@ class MysqlSourceConfig:
     """A MySQL or MariaDB server's binary log."""
 
     type: Literal["mysql"]
-    host: str = "127.0.0.1"
-    port: int = 3306
-    user: str = "root"
-    password: str = attrs.field(default="", repr=False)
-    server_id: int = 1001
-    flavor: Literal["auto", "mariadb", "mysql"] = "auto"
+    host: str = "127.0.0.1"  # the server setl reads the binlog of
+    port: int = 3306  # its TCP port
+    user: str = "root"  # needs the grants in docs/grants.md
+    password: str = attrs.field(default="", repr=False)  # may be "${ENV_VAR}"; never logged
+    server_id: int = 1001  # unique among the server's replicas and binlog readers
+    flavor: Literal["auto", "mariadb", "mysql"] = "auto"  # auto: from the server's VERSION()
+    #: where a pipeline without a position starts: earliest, latest, {file: NAME, pos: OFFSET} or {gtid: GTID_SET}
     start: Any = "earliest"
     ssl: SslConfig | None = None  # TLS for the binlog stream and every query setl runs on the server
 
