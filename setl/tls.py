@@ -48,10 +48,8 @@ def libpq_params(config: SslConfig | None) -> dict[str, Any]:
     if config is None:
         return {}
     params: dict[str, Any] = {"sslmode": "verify-full" if config.verify else "require"}
-    if config.verify:
+    if config.verify:  # without verification `ca` is left out: libpq would verify the chain (verify-ca)
         params["sslrootcert"] = config.ca or "system"
-    elif config.ca:
-        params["sslrootcert"] = config.ca
     if config.cert:
         params["sslcert"] = config.cert
     if config.key:

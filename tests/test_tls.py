@@ -252,3 +252,29 @@ def test_certificate_failures_are_permanent_and_dropped_tls_sessions_transient()
             raise pymysql.err.OperationalError(2013, f"Lost connection to MySQL server ({cut})") from cut
     except pymysql.err.OperationalError as lost:
         assert classify(lost) is Failure.TRANSIENT
+
+
+def test_verify_false_encrypts_without_checking_the_certificate(certs, tls_mariadb, tls_postgres):
+    """`verify: false` connects over TLS to a server whose certificate the given CA did not sign."""
+    unchecked = SslConfig(ca=certs.other_ca, verify=False)
+    mysql_load = MySQLLoad(_with_ssl(tls_mariadb.target_config(), unchecked), pipeline="p")
+    conn = mysql_load._connect()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW STATUS LIKE 'Ssl_cipher'")
+            assert cur.fetchone()[1]
+    finally:
+        conn.close()
+    pg_load = PostgresLoad(_with_ssl(tls_postgres.target_config(), unchecked), pipeline="p")
+    with contextlib.closing(pg_load._connect()) as pg:
+        assert pg.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone()[0] is True
+
+
+def test_a_key_that_does_not_match_its_certificate_is_one_line(tmp_path, certs, tls_mariadb, source_table):
+    """A client key that is not the certificate's stops `setl start` before connecting (exit 2),
+    with one line naming the pipeline and `source.ssl`."""
+    mismatched = {"ca": certs.ca, "cert": certs.client_cert, "key": certs.server_key}
+    setl = _pipeline(tmp_path, tls_mariadb, source_table, {"type": "sqlite", "path": str(tmp_path / "t.db")},
+                     "main", ssl=mismatched)
+    line = error_line(setl.start_until_caught_up(), exit_code=2)
+    assert setl.name in line and "source.ssl: cannot load the TLS files" in line, line
