@@ -191,7 +191,7 @@ def default_text(field: attrs.Attribute) -> str:
             return "computed (see meaning)"
         value = default.factory()
         if attrs.has(type(value)):
-            return "(section)"
+            return "see below"
         default = value
     if attrs.has(type(default)):
         return _yaml(attrs.asdict(default, recurse=True)).replace("'", "")
