@@ -278,3 +278,19 @@ def test_a_key_that_does_not_match_its_certificate_is_one_line(tmp_path, certs, 
                      "main", ssl=mismatched)
     line = error_line(setl.start_until_caught_up(), exit_code=2)
     assert setl.name in line and "source.ssl: cannot load the TLS files" in line, line
+
+
+def test_without_ssl_the_drivers_encrypt_unverified_when_the_server_offers_tls(tls_mariadb, tls_postgres):
+    """Without `ssl` the drivers' default holds (docs/tls.md): a server offering TLS gets an encrypted
+    session, so `require_secure_transport` and `hostssl` admit setl; only `ssl` verifies anything."""
+    mysql_load = MySQLLoad(tls_mariadb.target_config(), pipeline="p")
+    conn = mysql_load._connect()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW STATUS LIKE 'Ssl_cipher'")
+            assert cur.fetchone()[1]
+    finally:
+        conn.close()
+    pg_load = PostgresLoad(tls_postgres.target_config(), pipeline="p")
+    with contextlib.closing(pg_load._connect()) as pg:
+        assert pg.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone()[0] is True
