@@ -31,38 +31,50 @@ def _key(name: str):
 
 @attrs.frozen
 class NodeConfig:
-    id: str = "node-1"
+    """This node's identity."""
+
+    id: str = "node-1"  # unique per node: names it in status, leadership and session records
 
 
 @attrs.frozen
 class MetaConfig:
-    store: Literal["sqlite", "zookeeper"] = "sqlite"
-    path: str = "var/setl-meta.db"
+    """Where positions, acks, state and epochs are kept."""
+
+    store: Literal["sqlite", "zookeeper"] = "sqlite"  # zookeeper needs ha.zookeeper (and is what HA uses)
+    path: str = "var/setl-meta.db"  # the SQLite file (store: sqlite)
 
 
 @attrs.frozen
 class HaConfig:
-    zookeeper: str | None = None
-    chroot: str = "/setl"
-    session_timeout_ms: int = 10000
-    standby_delay_ms: int = 3000
+    """High availability: nodes sharing a ZooKeeper run each pipeline on one node, the others stand by."""
+
+    zookeeper: str | None = None  # ZooKeeper hosts, HOST:PORT[,HOST:PORT...]; not set: single-node mode
+    chroot: str = "/setl"  # every ZooKeeper path of setl is under it
+    session_timeout_ms: int = 10000  # 1000 to 600000; ZooKeeper bounds it to 2..20 tickTimes
+    standby_delay_ms: int = 3000  # how long a standby waits after the leader goes before it takes over
 
 
 @attrs.frozen
 class SparkConfig:
-    master: str = "local[*]"
-    app_name: str = "setl"
-    conf: dict[str, Any] = attrs.Factory(dict)
+    """The node's Spark session, started only when a pipeline has a transform that needs it."""
+
+    master: str = "local[*]"  # Spark master URL
+    app_name: str = "setl"  # Spark application name
+    conf: dict[str, Any] = attrs.Factory(dict)  # any spark.* setting, e.g. {spark.driver.memory: 2g}
 
 
 @attrs.frozen
 class PluginsConfig:
-    dirs: tuple[str, ...] = ()
+    """Where to find plugins besides installed packages' entry points."""
+
+    dirs: tuple[str, ...] = ()  # folders of plugin modules (relative to the conf directory)
 
 
 @attrs.frozen
 class LogConfig:
-    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """setl's own log."""
+
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"  # the lowest level written
 
 
 @attrs.frozen
@@ -71,12 +83,12 @@ class RuntimeConfig:
 
     workers: int = attrs.field(default=4, validator=attrs.validators.ge(1))  # shared task threads
     max_workers: int = attrs.field(default=12, validator=attrs.validators.ge(1))  # with those added on overruns
-    overrun_threshold_ms: int = attrs.field(default=100, validator=attrs.validators.ge(1))
+    overrun_threshold_ms: int = attrs.field(default=100, validator=attrs.validators.ge(1))  # a task this long overruns
     max_overruns: int = attrs.field(default=3, validator=attrs.validators.ge(0))  # then a thread of its own
     idle_backoff_ms: int = attrs.field(default=10, validator=attrs.validators.ge(0))  # idle Select polls
     load_slots: int = attrs.field(default=16, validator=attrs.validators.ge(1))  # per_table channels map here
-    load_workers: int = attrs.field(default=4, validator=attrs.validators.ge(1))
-    # Batches cut and not yet acked, across all the node's pipelines; null or 0: no cap.
+    load_workers: int = attrs.field(default=4, validator=attrs.validators.ge(1))  # threads running load slots
+    # Batches cut and not yet acked, across all the node's pipelines (default: 4 x workers); null or 0: no cap.
     max_batches_in_flight: int | None = attrs.field(
         default=attrs.Factory(lambda self: 4 * self.workers, takes_self=True),
         validator=attrs.validators.optional(attrs.validators.ge(0)))
@@ -113,6 +125,35 @@ class NodeSettings:
 
 
 # --- sources and targets -------------------------------------------------------------------
+
+
+@attrs.frozen
+class SslConfig:
+    """TLS for the connections to a MySQL, MariaDB or PostgreSQL server (docs/tls.md). With `ssl`
+    setl refuses a server that offers no TLS; without it the drivers encrypt when the server
+    offers TLS but never verify the certificate."""
+
+    #: PEM file of the CA(s) that signed the server's certificate; the system's trusted CAs if not set
+    ca: str | None = None
+    cert: str | None = None  # PEM client certificate, for a server that asks for one
+    key: str | None = None  # PEM private key of `cert` (PostgreSQL: mode 0600)
+    #: check the server's certificate chain and that it names `host`; false: encrypt only
+    verify: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        if self.key and not self.cert:
+            raise ValueError("key is set but cert is not: give both, or neither")
+        if self.cert and not self.key:
+            raise ValueError("cert is set but key is not: give both (a PEM with both: the same file twice)")
+
+    def resolved(self, conf_dir: str | Path) -> "SslConfig":
+        """The same settings with file paths relative to `conf_dir` made absolute."""
+
+        def absolute(path: str | None) -> str | None:
+            return None if path is None else str((Path(conf_dir) / path).absolute())
+
+        return SslConfig(ca=absolute(self.ca), cert=absolute(self.cert), key=absolute(self.key), verify=self.verify)
+
 
 
 class ConnectorConfig(typing.Protocol):
@@ -156,40 +197,47 @@ def __getattr__(name: str) -> Any:
 
 @attrs.frozen
 class ColumnsConfig:
-    include: tuple[str, ...] | None = None
-    exclude: tuple[str, ...] = ()
+    """Which columns of a table a rule takes: `include` or `exclude`, not both; key columns stay."""
+
+    include: tuple[str, ...] | None = None  # only these columns (and the key)
+    exclude: tuple[str, ...] = ()  # every column but these
 
 
 @attrs.frozen
 class TransformStep:
     """One `{use: NAME, ...params}` entry; params are validated by the plugin."""
 
-    use: str
-    params: dict[str, Any] = attrs.Factory(dict)
+    use: str  # the transform's name (a built-in or a plugin's, see `setl plugins list`)
+    params: dict[str, Any] = attrs.Factory(dict)  # not a key: the entry's other keys are the transform's parameters
 
 
 @attrs.frozen
 class TableRule:
     """Which source tables a rule takes (`source` regex on ``schema.table``) and how."""
 
-    source: str
-    target: str = "{schema}.{table}"
-    exclude: bool = False
-    columns: ColumnsConfig = attrs.Factory(ColumnsConfig)
-    rename: dict[str, str] = attrs.Factory(dict)
-    filter: str | None = None
-    transforms: tuple[TransformStep, ...] = ()
+    source: str  # regex matched against the whole SCHEMA.TABLE name; the first matching rule wins
+    target: str = "{schema}.{table}"  # target name template (also applied to replicated DDL)
+    exclude: bool = False  # true: the matched tables are not replicated
+    columns: ColumnsConfig = attrs.Factory(ColumnsConfig)  # which columns are replicated
+    rename: dict[str, str] = attrs.Factory(dict)  # source column -> target column
+    filter: str | None = None  # Python expression over the row's columns; an update leaving it is a delete
+    transforms: tuple[TransformStep, ...] = ()  # applied in order, on Spark
 
 
 @attrs.frozen
 class BatchSettings:
-    max_rows: int = 5000
-    max_bytes: int = 16 * 1024 * 1024
-    max_wait_ms: int = 200
+    """When Select cuts a batch: at whichever limit comes first. A DDL is always a batch of its own."""
+
+    max_rows: int = 5000  # row changes per batch; a larger transaction comes in pieces of this size
+    max_bytes: int = 16 * 1024 * 1024  # approximate bytes of row data per batch
+    max_wait_ms: int = 200  # how long a batch may wait for more changes
 
 
 @attrs.frozen
 class LoadSettings:
+    """How batches reach the target."""
+
+    #: ordered: one batch at a time, in order; per_table: each target table its own channel (SQL targets)
     mode: Literal["ordered", "per_table"] = "ordered"
 
 
@@ -202,10 +250,10 @@ class RetrySettings:
     failure retrying may fix gets `max_attempts`; one it cannot fix pauses at once.
     """
 
-    max_attempts: int = 5
-    initial_backoff_ms: int = 200
-    max_backoff_ms: int = 30000
-    max_elapsed_ms: int = 600_000
+    max_attempts: int = 5  # attempts at a failure that is neither transient nor permanent
+    initial_backoff_ms: int = 200  # wait before the first retry; doubles each time
+    max_backoff_ms: int = 30000  # the longest wait between retries
+    max_elapsed_ms: int = 600_000  # how long transient failures are retried before the pipeline pauses
 
 
 @attrs.frozen
@@ -213,19 +261,21 @@ class DdlTaskSettings:
     """Batch DDL tasks (docs/batch-ddl-tasks.md): off unless `signal_table` (``schema.table`` in
     the source) is set. `task_column`, when a loaded row has it, names the row's task."""
 
-    signal_table: str | None = None
-    task_column: str | None = None
+    signal_table: str | None = None  # SCHEMA.TABLE in the source where tasks are signalled
+    task_column: str | None = None  # a loaded row's column naming its task
 
 
 @attrs.frozen
 class PipelineSettings:
-    parallelism: int = 3
+    """How the pipeline runs."""
+
+    parallelism: int = 3  # batches in flight at once (1 to 64)
     batch: BatchSettings = attrs.Factory(BatchSettings)
     load: LoadSettings = attrs.Factory(LoadSettings)
     retry: RetrySettings = attrs.Factory(RetrySettings)
-    ddl: Literal["apply", "skip", "fail"] = "apply"
+    ddl: Literal["apply", "skip", "fail"] = "apply"  # replicated DDL: apply it, skip it (logged), or pause before it
     ddl_tasks: DdlTaskSettings = attrs.Factory(DdlTaskSettings)
-    drain_timeout_ms: int = 30000
+    drain_timeout_ms: int = 30000  # on stop, how long batches in flight may take to finish
 
 
 @attrs.frozen
@@ -235,7 +285,7 @@ class PipelineConfig:
     name: str = attrs.field(metadata={"internal": True})
     source: ConnectorConfig = attrs.field(metadata={"connector": "source"})
     target: ConnectorConfig = attrs.field(metadata={"connector": "target"})
-    tables: tuple[TableRule, ...] = (TableRule(source=r".*"),)
+    tables: tuple[TableRule, ...] = (TableRule(source=r".*"),)  # table rules; unmatched tables are skipped
     pipeline: PipelineSettings = attrs.Factory(PipelineSettings)
     file: str = attrs.field(default="", metadata={"internal": True})
 
@@ -460,7 +510,26 @@ def load_pipeline(conf_dir: str | Path, name: str) -> PipelineConfig:
     data = _read_yaml(path)
     config = _Builder(str(path)).build_attrs(PipelineConfig, data, "", name=name, file=str(path))
     _check_pipeline(config, str(path))
-    return config
+    return _resolve_ssl(config, Path(conf_dir), str(path))
+
+
+def _resolve_ssl(config: PipelineConfig, conf_dir: Path, path: str) -> PipelineConfig:
+    """`source.ssl` and `target.ssl` with paths relative to the conf dir, each file checked."""
+    changes: dict[str, Any] = {}
+    for side in ("source", "target"):
+        connector = getattr(config, side)
+        ssl = getattr(connector, "ssl", None)
+        if not isinstance(ssl, SslConfig):
+            continue
+        ssl = ssl.resolved(conf_dir)
+        for key in ("ca", "cert", "key"):
+            file = getattr(ssl, key)
+            if file is not None and not os.path.isfile(file):
+                raise ConfigError(f"{side}.ssl.{key}: file not found: {file}", file=path)
+            if file is not None and not os.access(file, os.R_OK):
+                raise ConfigError(f"{side}.ssl.{key}: cannot read {file}", file=path)
+        changes[side] = attrs.evolve(connector, ssl=ssl)
+    return attrs.evolve(config, **changes) if changes else config
 
 
 def _check_pipeline(config: PipelineConfig, path: str) -> None:

@@ -7,7 +7,9 @@
   Retried with capped backoff until the failure has lasted `retry.max_elapsed_ms`, at startup
   (`retry_transient`) as after a rollback (`Backoff.decide`).
 * PERMANENT: retrying cannot fix it (bad credentials, unknown database or table, refused DDL,
-  bad SQL, a transform Spark cannot analyse, bad config or plugin): the pipeline pauses at once.
+  bad SQL, a transform Spark cannot analyse, bad config or plugin, a server certificate that is
+  not trusted or a TLS setup that does not match, `setl.tls.tls_failure`): the pipeline pauses
+  at once.
 * OTHER: anything else gets `retry.max_attempts` attempts.
 
 Built on tenacity; callers pass `sleep=` (a no-op in tests) instead of sleeping
@@ -30,6 +32,7 @@ import tenacity
 
 from setl.config import RetrySettings
 from setl.errors import ConfigError, PluginError, PositionPurged, SetlError, TransientLoadError
+from setl.tls import tls_failure
 
 T = TypeVar("T")
 
@@ -103,6 +106,8 @@ def _mysql_code(exc: BaseException) -> int | None:
 def classify(error: BaseException) -> Failure:
     """Whether retrying `error` can help: see the module docstring. Looks through its causes."""
     chain = list(_chain(error))
+    if tls_failure(error) is not None:
+        return Failure.PERMANENT
     for exc in chain:
         if isinstance(exc, SetlError) and not exc.retryable:
             return Failure.PERMANENT

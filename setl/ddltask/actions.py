@@ -25,6 +25,7 @@ from setl.errors import LoadError, TransientLoadError
 from setl.meta.base import DdlTask
 from setl.retry import call_with_retries
 from setl.sinks.mysql import TRANSIENT_ERRORS, quote
+from setl.tls import mysql_context, require_encrypted
 
 log = logging.getLogger("setl.ddltask")
 
@@ -140,10 +141,14 @@ class MysqlActions(Actions):
 
     def _connection(self) -> pymysql.connections.Connection:
         if self._conn is None:
+            tls = getattr(self.config, "ssl", None)
             self._conn = pymysql.connect(host=self.config.host, port=self.config.port,
                                          user=self.config.user, password=self.config.password,
                                          database=self.config.database, charset="utf8mb4",
-                                         autocommit=True, connect_timeout=10)
+                                         autocommit=True, connect_timeout=10,
+                                         ssl=mysql_context(tls, where="target.ssl") if tls else None)
+            if tls is not None:
+                require_encrypted(self._conn, self.config.host, self.config.port)
             with self._conn.cursor() as cur:
                 cur.execute("SET SESSION lock_wait_timeout = %s", (self.lock_wait_timeout,))
         return self._conn

@@ -37,21 +37,24 @@ import attrs
 import pymysql
 import pymysql.err
 
+from setl.config import SslConfig
 from setl.errors import LoadError, TransientLoadError
 from setl.model import Batch, InvalidDate, Position
 from setl.sinks.merge import TableChanges
 from setl.sinks.postgresql_ddl import without_sequence_ddl
 from setl.sinks.sql_common import DdlStep, FenceBusy, Segment, SqlLoad, TargetTableMissing, chunks, group_by_columns
+from setl.tls import mysql_context, require_encrypted
 
 
 @attrs.frozen
 class MysqlTargetConfig:
     type: Literal["mysql"]
-    host: str = "127.0.0.1"
-    port: int = 3306
-    user: str = "root"
-    password: str = attrs.field(default="", repr=False)
-    database: str | None = None
+    host: str = "127.0.0.1"  # the MySQL or MariaDB server written
+    port: int = 3306  # its TCP port
+    user: str = "root"  # needs the grants in docs/grants.md
+    password: str = attrs.field(default="", repr=False)  # may be "${ENV_VAR}"; never logged
+    database: str | None = None  # the connection's default database; tables are named SCHEMA.TABLE anyway
+    ssl: SslConfig | None = None  # TLS for every connection to the target (docs/tls.md)
 
 
 # Server errors worth a reconnect and replay: lock wait timeout, deadlock, connection killed or
@@ -126,6 +129,8 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         super().__init__(config, **options)
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
+        ssl = getattr(config, "ssl", None)
+        self._ssl = mysql_context(ssl, where="target.ssl", pipeline=self.pipeline) if ssl else None
         self._position = table_name(self.position_schema, self.position_table)
         self._ddl_marks = table_name(self.position_schema, self.position_table + "_ddl")
         self._table_position = table_name(self.position_schema, self.position_table + "_table")
@@ -155,7 +160,10 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
             connect_timeout=self.connect_timeout,
             read_timeout=self.read_timeout,
             write_timeout=self.read_timeout,
+            ssl=self._ssl,
         )
+        if self._ssl is not None:
+            require_encrypted(conn, self.config.host, self.config.port)
         with conn.cursor() as cur:
             cur.execute("SET SESSION sql_mode = %s, time_zone = '+00:00', foreign_key_checks = 0",
                         (SQL_MODE,))

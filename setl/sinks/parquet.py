@@ -91,9 +91,9 @@ from setl.transforms.frames import PARQUET_MAX_PRECISION, SPARK_MAX_PRECISION, T
 @attrs.frozen
 class ParquetTargetConfig:
     type: Literal["parquet"]
-    path: str
-    partition_by: tuple[str, ...] = ()
-    writer: Literal["arrow", "spark"] = "arrow"
+    path: str  # the folder holding one dataset per table (relative to the conf directory)
+    partition_by: tuple[str, ...] = ()  # columns the datasets are partitioned by (hive layout)
+    writer: Literal["arrow", "spark"] = "arrow"  # arrow (pyarrow in the node) or Spark's Parquet writer
     #: what to write for a zero or partial date (`setl.sinks.invalid_dates`): refuse or null
     invalid_dates: Literal["refuse", "null"] = "refuse"
 

@@ -26,6 +26,7 @@ import psycopg.errors
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from setl.config import SslConfig
 from setl.ddl import parse
 from setl.errors import LoadError, RefusedLoadError, TransientLoadError
 from setl.model import Batch, Position
@@ -33,18 +34,20 @@ from setl.sinks.invalid_dates import InvalidDatePolicy
 from setl.sinks.merge import TableChanges
 from setl.sinks.postgresql_ddl import Translator, UnsupportedDdl, without_sequence_ddl
 from setl.sinks.sql_common import DdlStep, FenceBusy, Segment, SqlLoad, TargetTableMissing, chunks, group_by_columns
+from setl.tls import libpq_params
 
 
 @attrs.frozen
 class PostgresqlTargetConfig:
     type: Literal["postgresql"]
-    host: str = "127.0.0.1"
-    port: int = 5432
-    user: str = "postgres"
-    password: str = attrs.field(default="", repr=False)
-    database: str = "postgres"
+    host: str = "127.0.0.1"  # the PostgreSQL server written
+    port: int = 5432  # its TCP port
+    user: str = "postgres"  # needs the grants in docs/grants.md
+    password: str = attrs.field(default="", repr=False)  # may be "${ENV_VAR}"; never logged
+    database: str = "postgres"  # the database written; a change's schema is the PostgreSQL schema
     #: what to write for a zero or partial date (`setl.sinks.invalid_dates`): refuse or null
     invalid_dates: Literal["refuse", "null"] = "refuse"
+    ssl: SslConfig | None = None  # TLS: sslmode verify-full (require with verify false); none: libpq's prefer
 
 
 log = logging.getLogger(__name__)
@@ -121,6 +124,7 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
             autocommit=False,
             application_name=f"setl:{self.pipeline}"[:63],
             options="-c TimeZone=UTC",
+            **libpq_params(getattr(self.config, "ssl", None)),
         )
 
     def _disconnect(self, conn: psycopg.Connection) -> None:

@@ -25,6 +25,7 @@ from setl.routing import flat_name
 from setl.ddl import Statement, parse
 from setl.sinks.merge import TableChanges, merge
 from setl.stages.load import Load, LoadCapabilities
+from setl.tls import tls_failure
 
 log = logging.getLogger(__name__)
 
@@ -380,6 +381,11 @@ class SqlLoad(Load, Generic[C]):
         try:
             conn = self._connect()
         except Exception as exc:
+            cause = tls_failure(exc)
+            if cause is not None:  # permanent (setl.retry.classify): no reconnecting
+                host = f"{getattr(self.config, 'host', '?')}:{getattr(self.config, 'port', '?')}"
+                raise LoadError(f"cannot connect to the {self.dialect} target {host} over TLS: {cause} "
+                                "(see target.ssl)", **self._context(batch)) from exc
             kind = TransientLoadError if self._classify(exc) is TransientLoadError else LoadError
             raise kind(f"cannot connect to the {self.dialect} target: {self._describe(exc)}",
                        **self._context(batch)) from exc

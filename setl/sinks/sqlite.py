@@ -31,7 +31,7 @@ class SqliteTargetConfig:
     """An SQLite database file (the embedded demo target)."""
 
     type: Literal["sqlite"]
-    path: str
+    path: str  # the database file (relative to the conf directory)
 
 # A zero or partial date is stored as its text, as SQLite stores every date.
 sqlite3.register_adapter(InvalidDate, str)

@@ -32,9 +32,9 @@ class FileSourceConfig:
     """A JSON-lines file of transactions (the demo and test source)."""
 
     type: Literal["file"]
-    path: str
-    start: str = "earliest"
-    follow: bool = True
+    path: str  # the JSON-lines file (relative to the conf directory)
+    start: str = "earliest"  # earliest (the first line) or latest (the end of the file), without a position
+    follow: bool = True  # wait for lines appended to the file (tail -f) instead of ending at its end
 
 
 def encode_transaction(changes: list[Change]) -> str:

@@ -46,7 +46,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -532,6 +532,9 @@ class MariaDBServer(Server):
 
     `options` adds to or overrides the ``[mysqld]`` settings below (keys may use ``-`` or
     ``_``; a None value drops a setting). `password` is root's password (empty by default).
+    `tls` (``{"ca": ..., "cert": ..., "key": ...}``, PEM files) serves TLS with that server
+    certificate; `require_tls` refuses clients without it (``require_secure_transport``). The
+    server's own clients (`connect`, `query`) then use TLS, trusting `tls["ca"]`.
     """
 
     kind = "mariadb"
@@ -563,10 +566,16 @@ class MariaDBServer(Server):
         password: str = "",
         options: Mapping[str, Any] | None = None,
         startup_timeout: float = 60.0,
+        tls: Mapping[str, str] | None = None,
+        require_tls: bool = False,
     ) -> None:
+        if tls is not None:
+            options = {"ssl_ca": tls["ca"], "ssl_cert": tls["cert"], "ssl_key": tls["key"],
+                       "require_secure_transport": "ON" if require_tls else "OFF", **(options or {})}
         super().__init__(base_dir, port, options=options, startup_timeout=startup_timeout)
         self.server_id = server_id
         self.password = password
+        self.tls = dict(tls) if tls is not None else None
 
     @property
     def datadir(self) -> Path:
@@ -666,6 +675,8 @@ class MariaDBServer(Server):
         """Keyword arguments for ``pymysql.connect`` (root over TCP)."""
         args: dict[str, Any] = {"host": self.host, "port": self.port, "user": self.user,
                                 "password": self.password}
+        if self.tls is not None:
+            args["ssl"] = {"ca": self.tls["ca"]}
         args.update(overrides)
         return args
 
@@ -708,7 +719,10 @@ class MariaDBServer(Server):
 class PostgresServer(Server):
     """A PostgreSQL 15 server, superuser ``postgres`` with trust auth on loopback.
 
-    `options` are ``postgresql.conf`` settings added to the defaults below.
+    `options` are ``postgresql.conf`` settings added to the defaults below. `tls`
+    (``{"ca": ..., "cert": ..., "key": ...}``, PEM files, copied into the base directory for the
+    server's OS user) turns ``ssl`` on with that server certificate. `hba`, when given, replaces
+    ``pg_hba.conf`` (for instance ``hostssl`` lines only, to refuse clients without TLS).
     """
 
     kind = "postgres"
@@ -723,6 +737,20 @@ class PostgresServer(Server):
         "log_min_messages": "warning",
         "log_line_prefix": "'%m [%p] %q%u@%d '",
     }
+
+    def __init__(
+        self,
+        base_dir: str | os.PathLike[str] | None = None,
+        port: int | None = None,
+        *,
+        options: Mapping[str, Any] | None = None,
+        startup_timeout: float = 60.0,
+        tls: Mapping[str, str] | None = None,
+        hba: Sequence[str] | None = None,
+    ) -> None:
+        super().__init__(base_dir, port, options=options, startup_timeout=startup_timeout)
+        self.tls = dict(tls) if tls is not None else None
+        self.hba = list(hba) if hba is not None else None
 
     @property
     def datadir(self) -> Path:
@@ -765,10 +793,26 @@ class PostgresServer(Server):
                                         "--locale=C", "--no-sync"]), "initdb")
             with open(self.datadir / "postgresql.conf", "a") as conf:
                 conf.write("\ninclude_if_exists = 'setl-server.conf'\n")
-        settings = {**self.DEFAULT_OPTIONS, **self.options}
+        settings = {**self.DEFAULT_OPTIONS, **self._tls_options(), **self.options}
         lines = [f"{k} = {v}" for k, v in settings.items() if v is not None]
         (self.datadir / "setl-server.conf").write_text("\n".join(lines) + "\n")
+        if self.hba is not None:
+            (self.datadir / "pg_hba.conf").write_text("\n".join(self.hba) + "\n")
         self._chown()
+
+    def _tls_options(self) -> dict[str, Any]:
+        """``ssl = on`` with copies of the `tls` files the server's OS user can read (key 0600)."""
+        if self.tls is None:
+            return {}
+        folder = self.base_dir / "tls"
+        folder.mkdir(exist_ok=True)
+        options: dict[str, Any] = {"ssl": "on"}
+        for key, setting in (("ca", "ssl_ca_file"), ("cert", "ssl_cert_file"), ("key", "ssl_key_file")):
+            copy = folder / f"server-{key}.pem"
+            shutil.copyfile(self.tls[key], copy)
+            copy.chmod(0o600)
+            options[setting] = f"'{copy}'"
+        return options
 
     def _read_pid(self) -> int | None:
         try:

@@ -30,6 +30,7 @@ from pymysqlreplication.event import (
 from pymysqlreplication.row_event import RowsEvent, TableMapEvent
 
 from setl import ddl
+from setl.config import SslConfig
 from setl.errors import ConfigError, PositionPurged, SourceError
 from setl.model import ColumnSchema, Position, TableName, TableSchema, Transaction
 from setl.retry import Backoff
@@ -52,6 +53,7 @@ from setl.sources.mysql_binlog.decoding import (
 from setl.sources.mysql_binlog.patches import _TableMapCache, install
 from setl.sources.mysql_binlog.statements import _XA_END, _unquote
 from setl.stages.select import Select
+from setl.tls import mysql_context, require_encrypted, tls_failure
 
 
 @attrs.frozen
@@ -59,13 +61,15 @@ class MysqlSourceConfig:
     """A MySQL or MariaDB server's binary log."""
 
     type: Literal["mysql"]
-    host: str = "127.0.0.1"
-    port: int = 3306
-    user: str = "root"
-    password: str = attrs.field(default="", repr=False)
-    server_id: int = 1001
-    flavor: Literal["auto", "mariadb", "mysql"] = "auto"
+    host: str = "127.0.0.1"  # the server setl reads the binlog of
+    port: int = 3306  # its TCP port
+    user: str = "root"  # needs the grants in docs/grants.md
+    password: str = attrs.field(default="", repr=False)  # may be "${ENV_VAR}"; never logged
+    server_id: int = 1001  # unique among the server's replicas and binlog readers
+    flavor: Literal["auto", "mariadb", "mysql"] = "auto"  # auto: from the server's VERSION()
+    #: where a pipeline without a position starts: earliest, latest, {file: NAME, pos: OFFSET} or {gtid: GTID_SET}
     start: Any = "earliest"
+    ssl: SslConfig | None = None  # TLS for the binlog stream and every query setl runs on the server
 
 
 log = logging.getLogger("setl.sources.mysql_binlog")
@@ -102,7 +106,8 @@ class _Connector:
     Control connections carry the reader's table-map cache (`setl_table_maps`) when it has one.
     """
 
-    def __init__(self, table_maps: _TableMapCache | None) -> None:
+    def __init__(self, table_maps: _TableMapCache | None, tls: bool = False) -> None:
+        self.tls = tls  # refuse a connection the server did not encrypt
         self._lock = threading.Lock()
         self._connections: list[pymysql.connections.Connection] = []
         self._stream_opened = False
@@ -129,6 +134,8 @@ class _Connector:
             conn = control_conn
         else:
             conn = pymysql.connect(**kwargs)
+        if self.tls:
+            require_encrypted(conn, kwargs.get("host", "?"), kwargs.get("port", 0))
         with self._lock:
             self._connections.append(conn)
             if self.closed:
@@ -178,6 +185,8 @@ _ER_MASTER_FATAL_READING_BINLOG = 1236
 
 
 def _disconnected(exc: BaseException) -> bool:
+    if tls_failure(exc) is not None:  # a certificate not trusted stays so: no reconnecting
+        return False
     if isinstance(exc, (_Lost, ConnectionError, TimeoutError, socket.timeout)):
         return True
     if isinstance(exc, pymysql.err.OperationalError) and exc.args:
@@ -238,12 +247,15 @@ class MysqlBinlogSource(Select):
         reconnect_timeout: float = 60.0,
         table_map_cache: bool = True,
         selects: Callable[[str, str], bool] | None = None,
+        ssl: SslConfig | None = None,
     ) -> None:
         if flavor not in ("auto", "mariadb", "mysql"):
             raise ConfigError(f"source.flavor {flavor!r} is not auto, mariadb or mysql", pipeline=pipeline)
         if max_rows_in_memory < 1:
             raise ConfigError("max_rows_in_memory must be at least 1", pipeline=pipeline)
         install()
+        # One context for every connection: the binlog stream's, its control connections', ours.
+        self._ssl = mysql_context(ssl, where="source.ssl", pipeline=pipeline or None) if ssl else None
         self.host, self.port, self.user = host, port, user
         self._password = password
         self.server_id = server_id
@@ -276,7 +288,7 @@ class MysqlBinlogSource(Select):
     def from_config(cls, cfg: MysqlSourceConfig, *, pipeline: str, **kwargs: Any) -> "MysqlBinlogSource":
         return cls(host=cfg.host, port=cfg.port, user=cfg.user, password=cfg.password,
                    server_id=cfg.server_id, flavor=cfg.flavor, start=cfg.start, pipeline=pipeline,
-                   **kwargs)
+                   ssl=cfg.ssl, **kwargs)
 
     def __repr__(self) -> str:
         return f"<MysqlBinlogSource {self.host}:{self.port} server_id={self.server_id} at {self._cursor}>"
@@ -313,10 +325,26 @@ class MysqlBinlogSource(Select):
 
     def _connect(self) -> pymysql.connections.Connection:
         try:
-            return pymysql.connect(host=self.host, port=self.port, user=self.user, password=self._password,
-                                   connect_timeout=self.connect_timeout, autocommit=True, charset="utf8mb4")
-        except pymysql.MySQLError as exc:
+            conn = pymysql.connect(host=self.host, port=self.port, user=self.user, password=self._password,
+                                   connect_timeout=self.connect_timeout, autocommit=True, charset="utf8mb4",
+                                   ssl=self._ssl)
+            if self._ssl is not None:
+                require_encrypted(conn, self.host, self.port)
+            return conn
+        except (pymysql.MySQLError, ConnectionError) as exc:
+            cause = tls_failure(exc)
+            if cause is not None:
+                raise self._error(f"cannot connect to {self.host}:{self.port} as {self.user} over TLS: {cause} "
+                                  "(see source.ssl)") from exc
             raise self._error(f"cannot connect to {self.host}:{self.port} as {self.user}: {exc}") from exc
+
+    def _settings(self) -> dict[str, Any]:
+        """The library's connection settings for a binlog stream (and its control connections)."""
+        settings = {"host": self.host, "port": self.port, "user": self.user, "password": self._password,
+                    "connect_timeout": self.connect_timeout, "read_timeout": max(30.0, 4 * self.heartbeat)}
+        if self._ssl is not None:
+            settings["ssl"] = self._ssl
+        return settings
 
     def _query(self, conn: pymysql.connections.Connection, sql: str, args: Any = None) -> list[tuple[Any, ...]]:
         with conn.cursor() as cur:
@@ -458,7 +486,7 @@ class MysqlBinlogSource(Select):
         self._queue = queue.Queue()  # bounded by rows: see _read's put
         self._queued_rows = 0
         self.table_maps = _TableMapCache() if self.table_map_cache else None
-        self._connector = _Connector(self.table_maps)
+        self._connector = _Connector(self.table_maps, tls=self._ssl is not None)
         self._engines = {}
         assembler = _Assembler(position or Position("", 0), self.max_rows_in_memory, gtids, self._prepared_rows,
                                self._transactional, self.selects, KnownTables(tables))
@@ -540,9 +568,8 @@ class MysqlBinlogSource(Select):
     def _scan_for_prepare(self, key: XaKey, start: Position, stop: Position, first_only: bool = False
                           ) -> list[_Item] | None:
         """The rows of the last XA PREPARE group of `key` in ``[start, stop)`` of one binlog file."""
-        connector = _Connector(None)
-        settings = {"host": self.host, "port": self.port, "user": self.user, "password": self._password,
-                    "connect_timeout": self.connect_timeout, "read_timeout": max(30.0, 4 * self.heartbeat)}
+        connector = _Connector(None, tls=self._ssl is not None)
+        settings = self._settings()
         # server_id 0 with a non-blocking dump, as mariadb-binlog reads: it does not displace the
         # pipeline's own stream (a second reader with its server_id would).
         reader = BinLogStreamReader(connection_settings=settings, server_id=0, blocking=False, resume_stream=True,
@@ -592,8 +619,7 @@ class MysqlBinlogSource(Select):
             connector.shutdown()
 
     def _stream(self, connector: _Connector, at: Position | None, gtid: str | None) -> BinLogStreamReader:
-        settings = {"host": self.host, "port": self.port, "user": self.user, "password": self._password,
-                    "connect_timeout": self.connect_timeout, "read_timeout": max(30.0, 4 * self.heartbeat)}
+        settings = self._settings()
         common: dict[str, Any] = dict(
             connection_settings=settings, server_id=self.server_id, blocking=True, only_events=_EVENTS,
             slave_heartbeat=self.heartbeat, pymysql_wrapper=connector, enable_logging=False)
@@ -706,6 +732,10 @@ class MysqlBinlogSource(Select):
         if isinstance(exc, SourceError):
             return exc.with_context(pipeline=self.pipeline or None, stage="select",
                                     position=where)  # type: ignore[return-value]
+        cause = tls_failure(exc)
+        if cause is not None:
+            return self._error(f"cannot read the binlog of {self.host}:{self.port} over TLS: {cause} "
+                               "(see source.ssl)", where)
         if isinstance(exc, pymysql.MySQLError):
             if exc.args and exc.args[0] == _ER_MASTER_FATAL_READING_BINLOG:
                 return self._error(f"the server {self.host}:{self.port} cannot send its binlog after {after} "
