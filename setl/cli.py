@@ -26,7 +26,7 @@ from setl.meta.base import MetaStore, Status
 from setl.model import Position
 from setl.retry import Failure, classify
 from setl.scheduler import Outcome
-from setl.status import status_rows, stopped_row
+from setl.status import position_text, status_rows, status_text, stopped_row
 
 log = logging.getLogger("setl")
 
@@ -186,12 +186,18 @@ def _open_meta_retrying(settings: NodeSettings, configs: list) -> MetaStore:
 
 def _status_rows(conf: Path, names: list[str]) -> list[dict[str, Any]]:
     settings = load_node(conf)
+    configured = pipeline_names(conf)
     if settings.meta.store == "sqlite" and not settings.resolve(settings.meta.path).exists():
         # Nothing ran here yet: report the configured pipelines without creating a meta store.
-        return [stopped_row(name) for name in names or pipeline_names(conf)]
+        for name in names:
+            if name not in configured:
+                raise UsageError(f"unknown pipeline {name!r} (known: {', '.join(configured) or 'none'})")
+        return [stopped_row(name) for name in names or configured]
     meta = open_meta_store(settings)
     try:
-        return status_rows(meta, names or sorted(set(pipeline_names(conf)) | set(meta.pipelines())))
+        for name in names:
+            _known_pipeline(conf, meta, name)
+        return status_rows(meta, names or sorted(set(configured) | set(meta.pipelines())))
     finally:
         meta.close()
 
@@ -201,35 +207,59 @@ def cmd_status(args: argparse.Namespace, conf: Path) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(box=None, pad_edge=False)
-    ha = bool(rows) and "holder" in rows[0]
-    for column in ("pipeline", "status", "position", "batch", "acked", "epoch", "node",
-                   *(("holder", "standbys") if ha else ()), "error"):
-        table.add_column(column, overflow="fold")
-    now = time.time()
-    for row in rows:
-        acked = f"{now - row['acked_at']:.0f}s ago" if row["acked_at"] else "-"
-        style = {"paused": "bold red", "running": "green"}.get(row["status"])
-        table.add_row(row["pipeline"], f"[{style}]{row['status']}[/]" if style else row["status"],
-                      row["position"] or "-", str(row["batch"] or "-"), acked, str(row["epoch"]),
-                      row["node"] or "-",
-                      *((row["holder"] or "-", ", ".join(row["standbys"]) or "-") if ha else ()),
-                      _status_note(row))
     if not rows:
         print("no pipelines configured or known")
         return 0
-    Console(soft_wrap=False).print(table)
+    from rich.console import Console
+    from rich.table import Table
+
+    # Fits the terminal (80 columns when not one): a table whose position and status never wrap,
+    # then each pipeline's error on one line of its own, cut to the width (the whole text is in
+    # `--json`).
+    from rich.text import Text
+
+    now = time.time()
+    ha = "holder" in rows[0]
+    header = ["pipeline", "status", "position", "lag", "rows/s", "acked", *(("holder",) if ha else ())]
+    table = Table(box=None, pad_edge=False, show_edge=False)
+    for name in header:
+        table.add_column(name, no_wrap=True, overflow="ellipsis", max_width=16 if name == "pipeline" else None,
+                         justify="right" if name in ("lag", "rows/s", "acked") else "left")
+    notes = []
+    for row in rows:
+        lag, rate = row["lag_seconds"], row["rows_per_second"]
+        style = {"paused": "bold red", "running": "green", "dead": "bold red"}.get(row["status"], "")
+        table.add_row(row["pipeline"], Text(status_text(row, now), style=style), position_text(row["position"]),
+                      "-" if lag is None else _seconds(lag), "-" if rate is None else f"{rate:,.0f}",
+                      _seconds(now - row["acked_at"]) + " ago" if row["acked_at"] else "-",
+                      *((row["holder"] or "-",) if ha else ()))
+        note = " ".join(_status_note(row).split())
+        if note:
+            notes.append(Text(f"{row['pipeline']}: {note}", no_wrap=True, overflow="ellipsis",
+                              style="red" if row["error"] else "yellow"))
+    console = Console(highlight=False)
+    console.print(table)
+    for line in notes:
+        console.print(line, no_wrap=True, overflow="ellipsis")
     return 0
 
 
+def _seconds(value: float) -> str:
+    """A duration in the unit that keeps it short: 0.4s, 12s, 5m, 3h."""
+    if value < 10:
+        return f"{value:.1f}s"
+    if value < 120:
+        return f"{value:.0f}s"
+    if value < 7200:
+        return f"{value / 60:.0f}m"
+    return f"{value / 3600:.0f}h"
+
+
 def _status_note(row: dict[str, Any]) -> str:
-    """The error column: the error, or ``retrying: CAUSE since T`` while riding out an outage."""
+    """A pipeline's error line: the error, or ``retrying since T: CAUSE`` while riding out an outage."""
     if row.get("retrying"):
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["retrying_since"]))
-        return f"retrying: {row['retrying']} since {since}"
+        return f"retrying since {since}: {row['retrying']}"
     return row["error"] or ""
 
 

@@ -6,6 +6,7 @@ It restarts nothing silently: a pipeline that paused waits for `setl resume`
 
 from __future__ import annotations
 
+import collections
 import gc
 import logging
 import os
@@ -18,7 +19,8 @@ import attrs
 from setl import failpoints
 from setl.config import NodeSettings, PipelineConfig, RuntimeConfig
 from setl.errors import ConfigError, PluginError, SetlError
-from setl.meta.base import MetaStore, Status
+from setl.liveness import Heartbeat
+from setl.meta.base import Liveness, MetaStore, Status
 from setl.model import Ack, Batch
 from setl.retry import Backoff, Failure, record_retrying
 from setl.routing import RoutingPlan, build_plan
@@ -140,18 +142,36 @@ def analyse_steps(config: PipelineConfig, stages: Stages) -> int:
 
 
 class ProgressLog(Listener):
-    """Logs a pipeline's progress every `every` seconds of acks."""
+    """Logs a pipeline's progress every `every` seconds of acks, and keeps its recent ack rate.
 
-    def __init__(self, pipeline: str, every: float = 10.0, clock=time.monotonic) -> None:
-        self.pipeline, self.every, self.clock = pipeline, every, clock
+    `figures()` (stored with the pipeline's liveness beats, shown by `setl status`) gives the
+    changes acked per second over the last `window` seconds and in all.
+    """
+
+    def __init__(self, pipeline: str, every: float = 10.0, clock=time.monotonic, window: float = 10.0) -> None:
+        self.pipeline, self.every, self.clock, self.window = pipeline, every, clock, window
         self._since = clock()
         self._rows = 0
         self._batches = 0
+        self._recent: collections.deque[tuple[float, int]] = collections.deque()
+        self._total = 0
+        self._started = clock()
+
+    def figures(self) -> dict[str, float | int]:
+        now = self.clock()
+        recent = list(self._recent)  # appended by Termin's thread: a copy, then read
+        rows = sum(n for t, n in recent if now - t <= self.window)
+        span = min(self.window, max(now - self._started, 1e-3))
+        return {"rows_per_second": round(rows / span, 1), "rows_acked": self._total}
 
     def on_ack(self, ack: Ack, batch: Batch) -> None:
         self._rows += len(batch)
         self._batches += 1
         now = self.clock()
+        self._total += len(batch)
+        self._recent.append((now, len(batch)))
+        while self._recent and now - self._recent[0][0] > self.window:
+            self._recent.popleft()
         if now - self._since >= self.every:
             rate = self._rows / (now - self._since)
             log.info("pipeline=%s stage=termin batch=%d acked %d batches, %d changes (%.0f/s), at %s",
@@ -278,6 +298,23 @@ class Node:
         self.tasks: TaskExecutionService | None = None
         self.serial: SerialExecutorService | None = None
         self.batch_cap: BatchCap | None = None
+        self.progress = {config.name: ProgressLog(config.name) for config in pipelines}
+        self.heartbeat = Heartbeat(meta, settings.node.id, figures=self.figures, on_lost=self._lost_record)
+        self._lost: dict[str, SetlError] = {}
+
+    def figures(self, name: str) -> dict[str, Any]:
+        """A pipeline's live figures, stored with its liveness beats (`setl status` shows them)."""
+        return dict(self.progress[name].figures()) if name in self.progress else {}
+
+    def _lost_record(self, name: str, holder: Liveness | None) -> None:
+        """Another process took this pipeline's liveness record: stop it here, for good."""
+        where = f"pid {holder.pid} on {holder.host} (node {holder.node})" if holder else "another process"
+        self._lost[name] = SetlError(f"{where} took over this pipeline while this process was not beating"
+                                     " (frozen or cut off); stopped here", pipeline=name, stage="node")
+        with self._lock:
+            scheduler = self._running.get(name)
+        if scheduler is not None:
+            scheduler.stop()
 
     def stop(self) -> None:
         self._stop.set()
@@ -287,7 +324,20 @@ class Node:
             scheduler.stop()
 
     def run(self, *, until_caught_up: bool = False) -> list[PipelineResult]:
-        """Run every pipeline to its end; returns how each ended."""
+        """Run every pipeline to its end; returns how each ended.
+
+        In single-node mode every pipeline's liveness record is claimed first: UsageError (exit 2)
+        if a live process runs one of them. Under HA the election decides and the leader claims it.
+        """
+        try:
+            if self.settings.meta.store != "zookeeper":
+                for config in self.pipelines:
+                    self.heartbeat.claim(config.name)
+            return self._run(until_caught_up)
+        finally:
+            self.heartbeat.close()
+
+    def _run(self, until_caught_up: bool) -> list[PipelineResult]:
         stages = {config.name: build_stages(self.settings, config, self.meta) for config in self.pipelines}
         for config in self.pipelines:
             if config.pipeline.load.mode == "per_table" and not supports_per_table(stages[config.name].load):
@@ -395,9 +445,12 @@ class Node:
             return Outcome.STOPPED
         lease.on_switch(scheduler.stop)
         try:
+            self.heartbeat.claim(run.config.name, force=True)  # the election made this node the only writer
             outcome = scheduler.run(until_caught_up=until_caught_up)
         except LeadershipLost as exc:
             scheduler.error, outcome = exc, Outcome.LOST
+        finally:
+            self.heartbeat.release(run.config.name)
         if lease.lost and outcome is not Outcome.LOST:
             outcome = Outcome.LOST
         if outcome is Outcome.LOST:
@@ -458,7 +511,7 @@ class Node:
         scheduler = Scheduler(name, run.config.pipeline, stages.select, stages.extract, stages.transform, stages.load,
                               self.meta,
                               node_id=self.settings.node.id,
-                              listener=RetryingState(name, self.meta, self.settings.node.id, ProgressLog(name)),
+                              listener=RetryingState(name, self.meta, self.settings.node.id, self.progress[name]),
                               tasks=self.tasks, serial=self.serial, batch_cap=self.batch_cap)
         with self._lock:
             self._running[name] = scheduler
@@ -515,6 +568,11 @@ class Node:
         run.scheduler = None
         run.start_attempts = 0
         run.result.outcome, run.result.error = outcome, scheduler.error
+        lost = self._lost.get(run.config.name)
+        if lost is not None:  # another process runs it now: never restart it here
+            run.result.outcome, run.result.error = Outcome.STOPPED, lost
+            self._close(run)
+            return
         if (outcome is Outcome.CAUGHT_UP
                 or (outcome is Outcome.PAUSED and until_caught_up)
                 or (outcome is Outcome.STOPPED and scheduler.error is not None)):

@@ -138,7 +138,7 @@ class Verdict:
     """What to do after a failed attempt: pause (with `message`), or retry.
 
     `since` is when the current run of failures began (seconds since the epoch): what
-    `setl status` shows as ``retrying: ERROR since T``.
+    `setl status` shows as ``retrying since T: ERROR``.
     """
 
     pause: bool

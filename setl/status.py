@@ -2,41 +2,87 @@
 
 The same rows serve the command line and anything else that shows status (the node's HTTP
 endpoint), so that every view of a pipeline says the same thing.
+
+A pipeline is reported ``running`` only while the process running it keeps its liveness record
+fresh (`setl.meta.base.STALE_AFTER`); a RUNNING state whose process stopped beating (a kill -9, a
+frozen or cut-off node) is reported ``dead``, with when and where it was last seen.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from setl.meta.base import MetaStore, Status
+from setl.meta.base import STALE_AFTER, MetaStore, Status
+
+#: The status of a pipeline whose state says running but whose process has stopped beating.
+DEAD = "dead"
 
 
 def stopped_row(name: str) -> dict[str, Any]:
     """The row of a pipeline that never ran here (no meta store yet)."""
     return {"pipeline": name, "status": Status.STOPPED.value, "position": None, "batch": None,
             "acked_at": None, "epoch": 0, "node": None, "error": None, "retrying": None,
-            "retrying_since": None}
+            "retrying_since": None, "last_seen": None, "host": None, "pid": None,
+            "lag_seconds": None, "rows_per_second": None}
 
 
-def status_rows(meta: MetaStore, names: list[str]) -> list[dict[str, Any]]:
-    """One row per pipeline in `names`, in that order, from the open meta store `meta`."""
+def status_rows(meta: MetaStore, names: list[str], *, now: float | None = None) -> list[dict[str, Any]]:
+    """One row per pipeline in `names`, in that order, from the open meta store `meta`.
+
+    `position` is the acked position as fields (``log``, ``offset``, and ``gtid``, ``row`` when
+    set), as `setl position show --json` gives it. `last_seen`, `host` and `pid` come from the
+    liveness record of the process that runs (or last ran) it; `lag_seconds` and
+    `rows_per_second` are the figures that process last reported, None when it is not running.
+    """
+    now = time.time() if now is None else now
     rows = []
     members = getattr(meta, "members", None)  # HA meta stores know the holder and standbys
     for name in names:
         state = meta.state(name)
         ack = meta.position(name)
+        live = meta.liveness(name)
         holder, standbys = members(name) if members else (None, [])
+        status = state.status.value
+        if state.status is Status.RUNNING and (live is None or live.stale(now, STALE_AFTER)):
+            status = DEAD
+        alive = status != DEAD and live is not None and state.status is Status.RUNNING
+        figures = live.figures if alive and live is not None else {}
         rows.append({
             "pipeline": name,
-            "status": state.status.value,
-            "position": str(ack.position) if ack else None,
+            "status": status,
+            "position": ack.position.to_dict() if ack else None,
             "batch": ack.batch_id if ack else None,
             "acked_at": ack.time if ack else None,
             "epoch": state.epoch,
-            "node": state.node,
+            "node": (live.node if live is not None and live.node else state.node),
             "error": None if state.retrying else state.error,
             "retrying": state.error if state.retrying else None,
             "retrying_since": state.retrying_since if state.retrying else None,
+            "last_seen": live.time if live is not None else None,
+            "host": live.host if live is not None else None,
+            "pid": live.pid if live is not None else None,
+            "lag_seconds": figures.get("lag_seconds"),
+            "rows_per_second": figures.get("rows_per_second"),
             **({"holder": holder, "standbys": standbys} if members else {}),
         })
     return rows
+
+
+def position_text(position: dict[str, Any] | None) -> str:
+    """A row's position as an operator types it (``LOG:OFFSET`` or ``LOG:OFFSET+ROW``)."""
+    if not position:
+        return "-"
+    text = f"{position['log']}:{position['offset']}"
+    return text + (f"+{position['row']}" if position.get("row") else "")
+
+
+def status_text(row: dict[str, Any], now: float | None = None) -> str:
+    """The status as shown to an operator: ``dead (last seen N s ago on NODE)`` for a dead one."""
+    if row["status"] != DEAD:
+        return str(row["status"])
+    if row.get("last_seen") is None:
+        return f"{DEAD} (never seen)"
+    now = time.time() if now is None else now
+    where = row.get("node") or row.get("host") or "?"
+    return f"{DEAD} (last seen {max(0.0, now - row['last_seen']):.0f}s ago on {where})"

@@ -98,7 +98,7 @@ def test_target_stopped_15s_under_load_is_ridden_out(tmp_path, mariadb_factory, 
                 row = setl.status()
                 assert row["status"] == "running" and row["retrying_since"] <= time.time()
                 shown = setl.run("status")
-                assert "retrying: " in shown.stdout and " since " in shown.stdout
+                assert "retrying since " in shown.stdout
                 time.sleep(15)
             finally:
                 target.start()

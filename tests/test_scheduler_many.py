@@ -181,7 +181,7 @@ def test_start_all_runs_every_pipeline_and_status_lists_them(tmp_path):
     assert sorted(rows) == ["p0", "p1", "p2"]
     for name, row in rows.items():
         size = (tmp_path / f"{name}.jsonl").stat().st_size
-        assert row["status"] == "stopped" and row["position"] == f"{name}.jsonl:{size}"
+        assert row["status"] == "stopped" and row["position"] == {"log": f"{name}.jsonl", "offset": size}
 
 
 @pytest.mark.timeout(60)

@@ -5,6 +5,10 @@ from __future__ import annotations
 import abc
 import enum
 import hashlib
+import os
+import socket
+from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
@@ -22,7 +26,7 @@ class PipelineState:
     """What a pipeline is doing. `error` says why it paused, when it paused on an error.
 
     A RUNNING pipeline with `retrying_since` (seconds since the epoch) is riding out a transient
-    failure (`error`) that began then: `setl status` shows ``retrying: ERROR since T``.
+    failure (`error`) that began then: `setl status` shows ``retrying since T: ERROR``.
     `epoch` only grows: every start and every rollback takes a new one, so a
     target can refuse the writes of an older run.
     """
@@ -38,6 +42,66 @@ class PipelineState:
     @property
     def retrying(self) -> bool:
         return self.status is Status.RUNNING and self.retrying_since is not None
+
+
+#: How often a running node writes a pipeline's liveness record (seconds).
+BEAT_INTERVAL = 2.0
+#: A liveness record older than this (seconds) belongs to a dead, frozen or cut-off process.
+STALE_AFTER = 10.0
+
+
+@attrs.frozen
+class Liveness:
+    """The record a process running a pipeline keeps fresh in the meta store: who, where, since when.
+
+    `token` identifies one run of one process (a new start takes a new token); `time` is the last
+    beat (seconds since the epoch); `figures` are the live figures the process last reported (lag,
+    rates: JSON values). In single-node mode the record is also the pipeline's run lock: a second
+    process finds a fresh record and refuses to start (`MetaStore.claim_run`).
+    """
+
+    pipeline: str
+    token: str
+    node: str | None
+    host: str
+    pid: int
+    started: float
+    time: float = 0.0
+    figures: Mapping[str, Any] = attrs.field(factory=dict, eq=False)
+
+    @classmethod
+    def mine(cls, pipeline: str, node: str | None, token: str, now: float) -> "Liveness":
+        """This process's record for `pipeline`."""
+        return cls(pipeline, token, node, socket.gethostname(), os.getpid(), now, now)
+
+    def age(self, now: float) -> float:
+        return max(0.0, now - self.time)
+
+    def stale(self, now: float, stale_after: float = STALE_AFTER) -> bool:
+        """Whether the holder has stopped beating, or (on this host) its process is gone."""
+        return self.age(now) > stale_after or self.process_gone()
+
+    def process_gone(self) -> bool:
+        """True only when the holder ran on this host and its pid no longer exists (a kill -9)."""
+        if self.host != socket.gethostname() or self.pid == os.getpid():
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:  # exists, owned by someone else
+            return False
+        return False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"token": self.token, "node": self.node, "host": self.host, "pid": self.pid,
+                "started": self.started, "time": self.time, "figures": dict(self.figures)}
+
+    @classmethod
+    def from_dict(cls, pipeline: str, data: Mapping[str, Any]) -> "Liveness":
+        return cls(pipeline, str(data["token"]), data.get("node"), str(data.get("host") or ""),
+                   int(data.get("pid") or 0), float(data.get("started") or 0.0), float(data.get("time") or 0.0),
+                   dict(data.get("figures") or {}))
 
 
 #: The origin of a position record that `reset_position(pipeline, None)` left: no position (the
@@ -195,6 +259,30 @@ class MetaStore(abc.ABC):
     @abc.abstractmethod
     def pipelines(self) -> list[str]:
         """Every pipeline the store knows about."""
+
+    # --- liveness: which process runs a pipeline, and is it alive -----------------------------
+
+    @abc.abstractmethod
+    def claim_run(self, live: Liveness, stale_after: float = STALE_AFTER) -> Liveness | None:
+        """Take the pipeline's liveness record for `live`; None when taken, else the live holder.
+
+        Compare-and-set, one atomic step: it is taken when there is no record, the record is
+        `live`'s own token, or the holder is stale (`Liveness.stale`: no beat for `stale_after`
+        seconds, or its process is gone from this host). `stale_after` 0 always takes it (an HA
+        leader, whose election already made it the only writer). The stored `time` is now.
+        """
+
+    @abc.abstractmethod
+    def beat(self, live: Liveness) -> bool:
+        """Refresh the record's time and figures if it still holds `live.token`; False if another took it."""
+
+    @abc.abstractmethod
+    def release_run(self, pipeline: str, token: str) -> None:
+        """Remove the record if it still holds `token` (a clean stop)."""
+
+    @abc.abstractmethod
+    def liveness(self, pipeline: str) -> Liveness | None:
+        """The pipeline's liveness record, fresh or not, or None."""
 
     # --- batch DDL tasks (docs/batch-ddl-tasks.md) ------------------------------------------
     #

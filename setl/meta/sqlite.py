@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 import time
@@ -13,9 +14,11 @@ from setl.errors import MetaStoreError
 from setl.meta.base import (
     FORGOTTEN,
     OVERWRITTEN_BY,
+    STALE_AFTER,
     DdlClaim,
     DdlTask,
     DdlTaskStatus,
+    Liveness,
     MetaStore,
     PipelineState,
     Status,
@@ -48,6 +51,16 @@ CREATE TABLE IF NOT EXISTS ack_history (
     row INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS ack_history_by_pipeline ON ack_history (pipeline, time);
+CREATE TABLE IF NOT EXISTS liveness (
+    pipeline TEXT PRIMARY KEY,
+    token TEXT NOT NULL,
+    node TEXT,
+    host TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    started REAL NOT NULL,
+    time REAL NOT NULL,
+    figures TEXT NOT NULL DEFAULT '{}'
+);
 CREATE TABLE IF NOT EXISTS pipeline_state (
     pipeline TEXT PRIMARY KEY,
     status TEXT NOT NULL,
@@ -150,6 +163,50 @@ class SqliteMetaStore(MetaStore):
         with self._lock:
             try:
                 return self._db.execute(sql, args).fetchall()
+            except sqlite3.Error as exc:
+                raise MetaStoreError(f"meta store {self.path}: {exc}") from exc
+
+    # -- liveness
+
+    def _liveness(self, db: sqlite3.Connection, pipeline: str) -> Liveness | None:
+        row = db.execute("SELECT token, node, host, pid, started, time, figures FROM liveness WHERE pipeline = ?",
+                         (pipeline,)).fetchone()
+        if row is None:
+            return None
+        token, node, host, pid, started, when, figures = row
+        return Liveness(pipeline, token, node, host, pid, started, when, json.loads(figures or "{}"))
+
+    def claim_run(self, live: Liveness, stale_after: float = STALE_AFTER) -> Liveness | None:
+        now = self._clock()
+        with self._tx() as db:
+            holder = self._liveness(db, live.pipeline)
+            if holder is not None and holder.token != live.token and stale_after > 0 \
+                    and not holder.stale(now, stale_after):
+                return holder
+            db.execute(
+                "INSERT INTO liveness (pipeline, token, node, host, pid, started, time, figures)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (pipeline) DO UPDATE SET token = excluded.token,"
+                " node = excluded.node, host = excluded.host, pid = excluded.pid, started = excluded.started,"
+                " time = excluded.time, figures = excluded.figures",
+                (live.pipeline, live.token, live.node, live.host, live.pid, live.started, now,
+                 json.dumps(dict(live.figures))),
+            )
+        return None
+
+    def beat(self, live: Liveness) -> bool:
+        with self._tx() as db:
+            cursor = db.execute("UPDATE liveness SET time = ?, figures = ? WHERE pipeline = ? AND token = ?",
+                                (self._clock(), json.dumps(dict(live.figures)), live.pipeline, live.token))
+            return cursor.rowcount == 1
+
+    def release_run(self, pipeline: str, token: str) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM liveness WHERE pipeline = ? AND token = ?", (pipeline, token))
+
+    def liveness(self, pipeline: str) -> Liveness | None:
+        with self._lock:
+            try:
+                return self._liveness(self._db, pipeline)
             except sqlite3.Error as exc:
                 raise MetaStoreError(f"meta store {self.path}: {exc}") from exc
 

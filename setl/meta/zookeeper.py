@@ -41,6 +41,8 @@ from setl.errors import LeadershipLost, MetaStoreError
 from setl.ha import Check, Conflict, Coordinator, Create, Delete, Lease, SetData, dumps
 from setl.meta.base import (
     FORGOTTEN,
+    STALE_AFTER,
+    Liveness,
     OVERWRITTEN_BY,
     DdlClaim,
     DdlTask,
@@ -339,6 +341,60 @@ class ZooKeeperMetaStore(MetaStore):
             except Conflict:
                 continue
             return done
+
+    # -- liveness: a persistent node, so that a dead holder's last beat stays readable
+
+    def _liveness_node(self, pipeline: str) -> tuple[Liveness | None, int | None]:
+        node = self.coordinator.get(f"{self._base(pipeline)}/liveness")
+        if node is None:
+            return None, None
+        data = node.json()
+        return (Liveness.from_dict(pipeline, data) if data else None), node.version
+
+    def claim_run(self, live: Liveness, stale_after: float = STALE_AFTER) -> Liveness | None:
+        self._prepare(live.pipeline)
+        path = f"{self._base(live.pipeline)}/liveness"
+        for _ in range(100):
+            now = self._clock()
+            holder, version = self._liveness_node(live.pipeline)
+            if holder is not None and holder.token != live.token and stale_after > 0 \
+                    and not holder.stale(now, stale_after):
+                return holder
+            data = dumps(attrs.evolve(live, time=now).to_dict())
+            try:
+                if version is None:
+                    self.coordinator.create(path, data)
+                else:
+                    self.coordinator.commit([SetData(path, data, version)])
+                return None
+            except Conflict:
+                continue  # another claimant or beat in between: read again
+        raise MetaStoreError(f"could not claim {path}: it keeps changing", pipeline=live.pipeline)
+
+    def beat(self, live: Liveness) -> bool:
+        path = f"{self._base(live.pipeline)}/liveness"
+        for _ in range(10):
+            holder, version = self._liveness_node(live.pipeline)
+            if holder is None or holder.token != live.token or version is None:
+                return False
+            try:
+                self.coordinator.commit([SetData(path, dumps(attrs.evolve(
+                    holder, time=self._clock(), figures=dict(live.figures)).to_dict()), version)])
+                return True
+            except Conflict:
+                continue
+        return False
+
+    def release_run(self, pipeline: str, token: str) -> None:
+        holder, version = self._liveness_node(pipeline)
+        if holder is not None and holder.token == token and version is not None:
+            try:
+                self.coordinator.commit([Delete(f"{self._base(pipeline)}/liveness", version)])
+            except Conflict:
+                pass  # taken over meanwhile: the new holder's record stays
+
+    def liveness(self, pipeline: str) -> Liveness | None:
+        return self._liveness_node(pipeline)[0]
 
     # -- HA views for the CLI
 

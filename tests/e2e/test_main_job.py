@@ -72,4 +72,4 @@ def test_p1_replicates_the_demo_schema_and_setup_is_rerunnable(main_job):
     assert demo("verify").returncode == 0
     status = json.loads(setl("status", "--json").stdout)
     assert [(s["pipeline"], s["status"], s["error"]) for s in status] == [("p1", "stopped", None)]
-    assert status[0]["position"].startswith("mysql-bin.")
+    assert status[0]["position"]["log"].startswith("mysql-bin.")
