@@ -21,6 +21,7 @@ from typing import Any
 
 from setl.config import NodeSettings, default_conf_dir, load_node, load_pipeline, pipeline_names
 from setl.errors import SetlError, UsageError
+from setl.logs import setup as setup_logging
 from setl.meta import open_meta_store
 from setl.meta.base import MetaStore, Status
 from setl.model import Position
@@ -108,11 +109,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _setup_logging(debug: bool) -> None:
-    level = logging.DEBUG if debug else getattr(logging, os.environ.get("SETL_LOG_LEVEL", "INFO"), logging.INFO)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-                        stream=sys.stderr)
-    for noisy in ("py4j", "kazoo", "pymysqlreplication"):
-        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+    """Before the configuration is read: $SETL_LOG_LEVEL (or INFO), as text; `cmd_start` then applies `log:`."""
+    setup_logging(os.environ.get("SETL_LOG_LEVEL", "INFO"), "text", debug=debug)
 
 
 @contextlib.contextmanager
@@ -130,6 +128,7 @@ def cmd_start(args: argparse.Namespace, conf: Path) -> int:
     from setl.node import Node, tune_gc
 
     settings = load_node(conf)
+    setup_logging(os.environ.get("SETL_LOG_LEVEL", settings.log.level), settings.log.format, debug=args.debug)
     names = pipeline_names(conf) if args.all else list(dict.fromkeys(args.pipeline))
     if not names:
         raise UsageError("give --pipeline NAME (repeatable) or --all")

@@ -74,7 +74,8 @@ class PluginsConfig:
 class LogConfig:
     """setl's own log."""
 
-    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"  # the lowest level written
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"  # the lowest level written (--debug: DEBUG)
+    format: Literal["text", "json"] = "text"  # json: one object per line, with pipeline, stage, batch, table, position
 
 
 @attrs.frozen

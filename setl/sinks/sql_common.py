@@ -431,6 +431,9 @@ class SqlLoad(Load, Generic[C]):
             else:
                 self._table = segment.change.qualified_table
                 self._apply_ddl(conn, batch, segment)
+                log.info("pipeline=%s stage=load batch=%d table=%s position=%s DDL applied: %s", self.pipeline,
+                         batch.id, segment.change.qualified_table, segment.change.position or batch.end,
+                         " ".join(segment.change.statement.split()))
         self._table = None
 
     def _apply_part(self, conn: C, batch: Batch) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -12,6 +13,8 @@ from setl.ddl import rewrite
 from setl.errors import ExtractError
 from setl.model import Batch, Change, DdlChange, Op, RowChange
 from setl.routing import Route, RoutingPlan
+
+log = logging.getLogger(__name__)
 
 
 class Extract:
@@ -70,6 +73,10 @@ class TableExtract(Extract):
                 )
                 raise
             if plan is None:
+                if isinstance(change, DdlChange):
+                    log.info("pipeline=%s stage=extract table=%s position=%s DDL skipped (no table rule selects "
+                             "it): %s", self.pipeline, change.qualified_table, change.position,
+                             " ".join(change.statement.split()))
                 continue
             if isinstance(change, DdlChange):
                 mapped_ddl = self._map_ddl(change, plan)
@@ -107,6 +114,9 @@ class TableExtract(Extract):
         statement = rewrite(change.statement, change.schema, target, plan.rename,
                             keep if include is not None or exclude else None)
         if statement is None:
+            log.info("pipeline=%s stage=extract table=%s position=%s DDL skipped (it changes nothing a table "
+                     "rule replicates): %s", self.pipeline, change.qualified_table, change.position,
+                     " ".join(change.statement.split()))
             return None
         # A DDL on a schema only (no table) keeps the rule's target schema.
         return attrs.evolve(change, schema=plan.target.schema, table=plan.target.table if change.table else None,

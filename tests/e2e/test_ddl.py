@@ -69,8 +69,10 @@ def rules(source_db: str, target_schema: str) -> list:
 
 
 def test_ddl_sequence_reaches_mariadb_with_names_mapped(mariadb_source, source_db, mariadb_target, mysql_db,
-                                                        tmp_path):
-    """The DDL sequence with rows between reaches MariaDB renamed by the table rules, in order."""
+                                                        tmp_path, caplog):
+    """The DDL sequence with rows between reaches MariaDB renamed by the table rules, in order; each
+    applied and each skipped DDL is logged with its table and position."""
+    caplog.set_level(logging.INFO)
     start = binlog_head(mariadb_source)
     run_sequence(mariadb_source, source_db)
     load = MySQLLoad(mariadb_target.target_config(), pipeline="ddl", position_schema=mysql_db)
@@ -86,6 +88,13 @@ def test_ddl_sequence_reaches_mariadb_with_names_mapped(mariadb_source, source_d
     assert mariadb_target.query(f"SELECT * FROM `{mysql_db}`.purchases ORDER BY id") == EXPECTED_ORDERS
     assert mariadb_target.query(f"SELECT * FROM `{mysql_db}`.items_old") == [(4, 40)]
     assert mariadb_target.query(f"SELECT * FROM `{mysql_db}`.items_copy") == [(4, 80)]
+    messages = [r.getMessage() for r in caplog.records]
+    applied = [m for m in messages if "DDL applied" in m]
+    assert len(applied) == len([s for s in SEQUENCE if not s.startswith(("INSERT", "UPDATE", "DELETE"))
+                                and "secret" not in s]), applied
+    assert any(f"table={mysql_db}.purchases position=mysql-bin." in m and "RENAME COLUMN" in m for m in applied)
+    skipped = [m for m in messages if "DDL skipped" in m]
+    assert [m for m in skipped if f"table={source_db}.secret" in m and "CREATE TABLE secret" in m], skipped
 
 
 def test_ddl_sequence_reaches_postgresql_translated(mariadb_source, source_db, postgres_server, postgres_db,
