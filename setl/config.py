@@ -106,6 +106,46 @@ class RuntimeConfig:
         return self.max_batches_in_flight or None
 
 
+#: The events an alert can be sent on, besides thresholds (``FIGURE > N``, docs/runbook.md#alerts).
+ALERT_EVENTS = ("paused", "leader_changed", "snapshot_done", "caught_up")
+_THRESHOLD = re.compile(r"^\s*([a-z_]+)\s*(>=|>)\s*([0-9]+(?:\.[0-9]+)?)\s*$")
+
+
+def parse_alert_event(text: str) -> tuple[str, str | None, float | None]:
+    """``paused`` -> ("paused", None, None); ``lag_seconds > 30`` -> ("lag_seconds", ">", 30.0).
+    ValueError naming what is allowed for anything else."""
+    if text in ALERT_EVENTS:
+        return text, None, None
+    match = _THRESHOLD.match(text)
+    if match is None:
+        raise ValueError(f"unknown alert event {text!r} (one of {', '.join(ALERT_EVENTS)}, "
+                         "or a threshold such as 'lag_seconds > 30')")
+    return match.group(1), match.group(2), float(match.group(3))
+
+
+def _alert_events(instance: Any, attribute: Any, value: tuple[str, ...]) -> None:
+    for text in value:
+        parse_alert_event(text)
+
+
+@attrs.frozen
+class AlertConfig:
+    """One webhook and the events it is sent (a JSON POST each; docs/runbook.md#alerts)."""
+
+    webhook: str  # http:// or https:// URL the alerts are POSTed to
+    #: events: paused, leader_changed, snapshot_done, caught_up, or a threshold on a live figure
+    #: such as 'lag_seconds > 30' (sent when crossed upwards, again after it fell back)
+    events: tuple[str, ...] = attrs.field(default=("paused",), validator=_alert_events)
+    pipelines: tuple[str, ...] = ()  # only these pipelines (every pipeline when empty)
+    timeout_ms: int = attrs.field(default=5000, validator=attrs.validators.ge(1))  # per POST
+    #: a failing POST is retried with backoff for this long, then dropped with a logged error
+    max_elapsed_ms: int = attrs.field(default=300_000, validator=attrs.validators.ge(0))
+
+    def __attrs_post_init__(self) -> None:
+        if not self.webhook.startswith(("http://", "https://")):
+            raise ValueError(f"webhook {self.webhook!r} is not an http:// or https:// URL")
+
+
 @attrs.frozen
 class NodeSettings:
     """`conf/setl.yaml`: one node's identity and shared services."""
@@ -117,6 +157,7 @@ class NodeSettings:
     plugins: PluginsConfig = attrs.Factory(PluginsConfig)
     log: LogConfig = attrs.Factory(LogConfig)
     runtime: RuntimeConfig = attrs.Factory(RuntimeConfig)
+    alerts: tuple[AlertConfig, ...] = ()  # webhooks told of pauses, failovers, snapshots, thresholds
     conf_dir: str = attrs.field(default=".", metadata={"internal": True})
 
     def resolve(self, path: str) -> Path:

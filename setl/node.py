@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from setl import failpoints
+from setl.alerts import Alerts
 from setl.config import NodeSettings, PipelineConfig, RuntimeConfig
 from setl.errors import ConfigError, PluginError, SetlError
 from setl.liveness import Heartbeat
@@ -301,10 +302,14 @@ class Node:
         self.progress = {config.name: ProgressLog(config.name) for config in pipelines}
         self.heartbeat = Heartbeat(meta, settings.node.id, figures=self.figures, on_lost=self._lost_record)
         self._lost: dict[str, SetlError] = {}
+        self.alerts = Alerts(settings.alerts, settings.node.id)
 
     def figures(self, name: str) -> dict[str, Any]:
-        """A pipeline's live figures, stored with its liveness beats (`setl status` shows them)."""
-        return dict(self.progress[name].figures()) if name in self.progress else {}
+        """A pipeline's live figures, stored with its liveness beats (`setl status` shows them) and
+        checked against the alerts' thresholds."""
+        figures = dict(self.progress[name].figures()) if name in self.progress else {}
+        self.alerts.observe(name, figures)
+        return figures
 
     def _lost_record(self, name: str, holder: Liveness | None) -> None:
         """Another process took this pipeline's liveness record: stop it here, for good."""
@@ -336,6 +341,7 @@ class Node:
             return self._run(until_caught_up)
         finally:
             self.heartbeat.close()
+            self.alerts.close()
 
     def _run(self, until_caught_up: bool) -> list[PipelineResult]:
         stages = {config.name: build_stages(self.settings, config, self.meta) for config in self.pipelines}
@@ -446,6 +452,7 @@ class Node:
         lease.on_switch(scheduler.stop)
         try:
             self.heartbeat.claim(run.config.name, force=True)  # the election made this node the only writer
+            self.alerts.emit(run.config.name, "leader_changed")
             outcome = scheduler.run(until_caught_up=until_caught_up)
         except LeadershipLost as exc:
             scheduler.error, outcome = exc, Outcome.LOST
@@ -568,6 +575,11 @@ class Node:
         run.scheduler = None
         run.start_attempts = 0
         run.result.outcome, run.result.error = outcome, scheduler.error
+        if outcome is Outcome.PAUSED:
+            self.alerts.emit(run.config.name, "paused",
+                             error=str(scheduler.error) if scheduler.error is not None else "paused by an operator")
+        elif outcome is Outcome.CAUGHT_UP:
+            self.alerts.emit(run.config.name, "caught_up")
         lost = self._lost.get(run.config.name)
         if lost is not None:  # another process runs it now: never restart it here
             run.result.outcome, run.result.error = Outcome.STOPPED, lost

@@ -1,0 +1,124 @@
+"""Alerts: JSON POSTs to a real local HTTP receiver, retried with backoff, never blocking the pipeline."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+
+import pytest
+
+from setl.alerts import QUEUE_SIZE, Alerts
+from setl.config import AlertConfig
+from setl.errors import ConfigError
+from tests.helpers.wait import wait_until
+from tests.test_cli import Setup, make_stream
+
+
+class Receiver:
+    """An HTTP server on a free loopback port that answers 500 to the first `failures` POSTs."""
+
+    def __init__(self, failures: int = 0) -> None:
+        self.bodies: list[dict] = []
+        self.attempts = 0
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                receiver.attempts += 1
+                if receiver.attempts <= failures:
+                    self.send_response(500)
+                else:
+                    receiver.bodies.append(body)
+                    self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver():
+    made = Receiver(failures=2)
+    yield made
+    made.close()
+
+
+def test_a_paused_pipeline_alerts_with_its_error_after_the_webhook_failed_twice(tmp_path, receiver):
+    setup = Setup(tmp_path, make_stream(300), attempts=2)
+    conf = setup.conf / "setl.yaml"
+    conf.write_text(conf.read_text() + f"alerts:\n  - webhook: {receiver.url}\n    events: [paused, caught_up]\n")
+    result = setup.run("start", "--pipeline", "p", "--until-caught-up",
+                       faults=[{"stage": "load", "batch": 3, "times": None}])
+    assert result.returncode == 1
+    (alert,) = receiver.bodies  # sent before the process exited, on the third try
+    assert receiver.attempts == 3
+    assert alert["pipeline"] == "p" and alert["event"] == "paused" and alert["node"]
+    assert "injected load failure at batch 3" in alert["error"] and "stage=load" in alert["error"]
+    assert "alert paused to" in result.stderr and "failed, next try in" in result.stderr
+
+
+def test_caught_up_alert_and_only_the_listed_pipelines(tmp_path, receiver):
+    setup = Setup(tmp_path, make_stream(50))
+    conf = setup.conf / "setl.yaml"
+    conf.write_text(conf.read_text() + f"alerts:\n  - webhook: {receiver.url}\n    events: [caught_up]\n"
+                    f"  - webhook: {receiver.url}\n    events: [caught_up]\n    pipelines: [other]\n")
+    result = setup.run("start", "--pipeline", "p", "--until-caught-up")
+    assert result.returncode == 0, result.stderr
+    assert [(a["pipeline"], a["event"]) for a in receiver.bodies] == [("p", "caught_up")]
+
+
+def test_thresholds_alert_when_crossed_upwards_and_again_only_after_falling_back(receiver):
+    receiver.attempts = 2  # no failures here
+    alerts = Alerts([AlertConfig(webhook=receiver.url, events=("lag_seconds > 30", "rows_per_second >= 100"))], "n1")
+    try:
+        for lag in (1, 31, 45, 60, 12, 40):
+            alerts.observe("p", {"lag_seconds": lag, "rows_per_second": 5})
+        alerts.observe("p", {"lag_seconds": None, "rows_per_second": 100})
+        alerts.observe("q", {"lag_seconds": 99})
+    finally:
+        alerts.close()
+    sent = [(a["pipeline"], a["event"], a["value"]) for a in receiver.bodies]
+    assert sorted(sent) == sorted([("p", "lag_seconds > 30", 31), ("p", "lag_seconds > 30", 40),
+                                   ("p", "rows_per_second >= 100", 100), ("q", "lag_seconds > 30", 99)])
+    assert all(a["threshold"] in (30, 100) and a["figure"] in ("lag_seconds", "rows_per_second")
+               for a in receiver.bodies)
+
+
+def test_an_unreachable_webhook_never_blocks_and_a_full_queue_drops_with_an_error(caplog):
+    closed = Receiver()
+    url = closed.url
+    closed.close()  # nothing listens there now
+    alerts = Alerts([AlertConfig(webhook=url, events=("paused",), max_elapsed_ms=1000, timeout_ms=200)], "n1")
+    started = time.monotonic()
+    for i in range(QUEUE_SIZE + 50):
+        alerts.emit("p", "paused", error=f"e{i}")
+    assert time.monotonic() - started < 2.0
+    wait_until(lambda: any("dropped" in r.getMessage() for r in caplog.records), timeout=10)
+    alerts.close(timeout=2.0)
+    assert any("alerts are waiting already" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"webhook": "ftp://x", "events": ["paused"]}, "not an http:// or https:// URL"),
+    ({"webhook": "http://x", "events": ["lag > fast"]}, "unknown alert event 'lag > fast'"),
+])
+def test_bad_alert_config_names_the_key(tmp_path, bad, message):
+    import yaml
+
+    from setl.config import load_node
+
+    (tmp_path / "setl.yaml").write_text(yaml.safe_dump({"alerts": [bad]}))
+    with pytest.raises(ConfigError) as info:
+        load_node(tmp_path)
+    assert message in str(info.value) and "alerts" in str(info.value)
