@@ -149,10 +149,13 @@ def cmd_start(args: argparse.Namespace, conf: Path) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack on stderr
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    started = time.monotonic()
     try:
         results = node.run(until_caught_up=args.until_caught_up)
     finally:
         meta.close()
+    if args.until_caught_up:
+        _summary(node, results, time.monotonic() - started)
     code = 0
     for result in results:
         if result.outcome is Outcome.PAUSED and result.error is not None and "setl resume" not in str(result.error):
@@ -169,6 +172,22 @@ def cmd_start(args: argparse.Namespace, conf: Path) -> int:
         elif result.outcome is Outcome.CAUGHT_UP:
             log.info("pipeline=%s caught up", result.name)
     return code
+
+
+def _summary(node: Any, results: list, seconds: float) -> None:
+    """`--until-caught-up`'s last words on stdout: per pipeline, how it ended, the changes acked per
+    table and the duration."""
+    for result in results:
+        progress = node.progress[result.name]
+        total = sum(progress.tables.values())
+        ended = "caught up" if result.outcome is Outcome.CAUGHT_UP else str(result.outcome.value
+                                                                             if result.outcome else "failed")
+        where = f" at {progress.last.position}" if progress.last is not None else ""
+        print(f"{result.name}: {ended}{where} in {seconds:.1f}s: {total:,} changes"
+              f" ({total / max(seconds, 1e-3):,.0f}/s) in {len(progress.tables)} table(s)")
+        width = max((len(t) for t in progress.tables), default=0)
+        for table, count in sorted(progress.tables.items()):
+            print(f"  {table:<{width}}  {count:>12,}")
 
 
 def _open_meta_retrying(settings: NodeSettings, configs: list) -> MetaStore:

@@ -157,6 +157,8 @@ class ProgressLog(Listener):
         self._recent: collections.deque[tuple[float, int]] = collections.deque()
         self._total = 0
         self._started = clock()
+        self.tables: collections.Counter[str] = collections.Counter()  # changes acked per source table
+        self.last: Ack | None = None
 
     def figures(self) -> dict[str, float | int]:
         now = self.clock()
@@ -170,6 +172,8 @@ class ProgressLog(Listener):
         self._batches += 1
         now = self.clock()
         self._total += len(batch)
+        self.tables.update(change.qualified_table for change in batch.changes)
+        self.last = ack
         self._recent.append((now, len(batch)))
         while self._recent and now - self._recent[0][0] > self.window:
             self._recent.popleft()

@@ -62,3 +62,15 @@ def test_json_format_gives_one_object_per_line_and_logs_skipped_ddl(tmp_path):
     skipped = [r for r in records if "DDL skipped" in r["message"]]
     assert len(skipped) == 1 and skipped[0]["table"] == "other.gone" and skipped[0]["stage"] == "extract"
     assert skipped[0]["position"].startswith("stream.jsonl:")
+
+
+def test_until_caught_up_ends_with_a_summary_of_changes_per_table_and_the_duration(tmp_path):
+    txs = make_stream(120)
+    setup = Setup(tmp_path, txs)
+    result = _start(setup)
+    assert result.returncode == 0, result.stderr
+    first, *tables = result.stdout.strip().splitlines()
+    total = sum(len(tx) for tx in txs)
+    assert first.startswith(f"p: caught up at {setup.stream.name}:") and f": {total:,} changes (" in first
+    assert " in 1 table(s)" in first and "s: " in first
+    assert tables == [f"  demo.items  {total:>12,}"]
