@@ -125,15 +125,19 @@ class CreateTablesLoad(LoadWrapper):
     def _ensure(self, batch: Batch) -> None:
         named: set[tuple[str, str]] = set()
         todo: list[tuple[TableName, TableName]] = []
+        ready = self._ready
+        last = None
         for change in batch.changes:
-            if isinstance(change, DdlChange):
+            if type(change) is RowChange:
+                key = (change.schema, change.table)
+                if key == last or key in ready or key in named:
+                    last = key  # runs of one table are common
+                    continue
+            elif isinstance(change, DdlChange):
                 if self.ddl_creates:
                     named |= _tables_named(change)
                 continue
-            if type(change) is not RowChange:
-                continue
-            key = (change.schema, change.table)
-            if key in self._ready or key in named:
+            else:
                 continue
             named.add(key)  # once per batch
             todo.append((change.source or TableName(change.schema, change.table), TableName(*key)))
