@@ -308,3 +308,26 @@ def test_create_tables_false_creates_nothing(tmp_path: Path, mariadb_source: Any
     assert result.returncode == 1
     assert "does not exist" in result.stderr
     assert pg_rows(postgres_server, postgres_db, "SELECT to_regclass('dw.n') IS NULL") == [(True,)]
+
+
+def test_sqlite_target_gets_typed_tables(tmp_path: Path, mariadb_source: Any, source_db: str) -> None:
+    """On the SQLite target the created table has SQLite's affinities and the composite key, and takes the rows."""
+    import sqlite3
+
+    run_source(mariadb_source, source_db, SOURCE_DDL)
+    path = tmp_path / "target.db"
+    tables = [{"source": rf"{source_db}\.items", "exclude": True},  # the SQLite sink binds no Decimal
+              {"source": rf"{source_db}\..*", "target": "dw.{table}"}]
+    setl = make(tmp_path, mariadb_source, {"type": "sqlite", "path": str(path)}, tables,
+                start=position(mariadb_source))
+    run_source(mariadb_source, source_db, ROWS)
+    result = setl.start_until_caught_up()
+    assert result.returncode == 0, result.stderr
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        info = {r[1]: (r[2], r[5]) for r in db.execute('PRAGMA table_info("dw.k_comp")')}
+        assert info == {"a": ("INTEGER", 1), "b": ("TEXT", 2), "v": ("TEXT", 0)}
+        assert {r[1]: r[2] for r in db.execute('PRAGMA table_info("dw.k_str")')} == {"code": "TEXT", "v": "INTEGER"}
+        assert db.execute('SELECT a, b, v FROM "dw.k_comp" ORDER BY a, b').fetchall() == [
+            (1, "a", "uno"), (1, "b", "two"), (2, "a", None)]
+        assert db.execute('SELECT "select", "a.b%" FROM "dw.odd%2Et%25" ORDER BY 1').fetchall() == [
+            (1, "x.y%"), (2, None)]
