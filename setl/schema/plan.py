@@ -78,10 +78,11 @@ def target_table(route: Route, described: TableSchema, output: Sequence[Any] | N
                         if o.input is not None and o.input in kept
                         else TargetColumn(o.name, spark_type=o.spark_type, nullable=o.name not in key)
                         for o in output)
+        # A key column renamed by a step that declares it: the changes carry the new name.
+        carried = {o.input: o.name for o in output if o.input is not None}
         names = {c.name for c in columns}
-        key = tuple(k for k in key if k in names)  # a key renamed by a step: the changes carry the new name
-        if len(key) != len(route.target_key(described.primary_key)):
-            key = ()
+        renamed = tuple(carried.get(k, k) for k in key)
+        key = renamed if all(k in names for k in renamed) else ()
     return TargetTable(route.target, columns, key, (described.table,))
 
 
