@@ -215,7 +215,6 @@ def check_tables(load: Load, tables: Sequence[TableSchema] | None, *, first_star
         wrapper.check_first = True
         return 0
     except Exception as exc:  # the target's driver: away now
-        creator.target.close()
         log.warning("pipeline=%s target tables not checked at start (the first batch will): %s: %s",
                     creator.pipeline, type(exc).__name__, exc)
         wrapper.check_first = True
