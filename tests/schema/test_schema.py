@@ -331,3 +331,36 @@ def test_sqlite_target_gets_typed_tables(tmp_path: Path, mariadb_source: Any, so
             (1, "a", "uno"), (1, "b", "two"), (2, "a", None)]
         assert db.execute('SELECT "select", "a.b%" FROM "dw.odd%2Et%25" ORDER BY 1').fetchall() == [
             (1, "x.y%"), (2, None)]
+
+
+def test_per_table_load_creates_tables(tmp_path: Path, mariadb_source: Any, source_db: str,
+                                       postgres_server: Any, postgres_db: str) -> None:
+    """Under `load.mode: per_table` each table is created before its first part, and the rows arrive."""
+    run_source(mariadb_source, source_db, SOURCE_DDL[1:])
+    setl = make(tmp_path, mariadb_source, postgres_target(postgres_server, postgres_db),
+                [{"source": rf"{source_db}\..*", "target": "dw.{table}"}], start=position(mariadb_source),
+                pipeline={"load": {"mode": "per_table"}})
+    run_source(mariadb_source, source_db, ROWS[3:])
+    result = setl.start_until_caught_up()
+    assert result.returncode == 0, result.stderr
+    assert pg_rows(postgres_server, postgres_db, "SELECT a, b, v FROM dw.k_comp ORDER BY a, b") == [
+        (1, "a", "uno"), (1, "b", "two"), (2, "a", None)]
+    assert pg_rows(postgres_server, postgres_db, 'SELECT count(*) FROM dw."odd.t%"') == [(2,)]
+    assert pg_rows(postgres_server, postgres_db, "SELECT count(*) FROM dw.k_str") == [(3,)]
+
+
+def test_schema_command_types_transform_columns(tmp_path: Path, mariadb_source: Any, source_db: str,
+                                                postgres_server: Any, postgres_db: str) -> None:
+    """`setl schema` types the columns a Spark chain adds from the chain's output schema, and drops
+    the ones it drops."""
+    run_source(mariadb_source, source_db, ["CREATE TABLE c (id BIGINT PRIMARY KEY, v INT, gone TEXT)"])
+    tables = [{"source": rf"{source_db}\.c", "target": "dw.c",
+               "transforms": [{"use": "add_column", "name": "v_half", "expr": "v / 2"},
+                              {"use": "add_column", "name": "seen", "expr": "current_date()"},
+                              {"use": "drop_columns", "columns": ["gone"]}]}]
+    setl = make(tmp_path, mariadb_source, postgres_target(postgres_server, postgres_db), tables)
+    printed = setl.run("schema", "--pipeline", setl.name, timeout=240)
+    assert printed.returncode == 0, printed.stderr
+    assert ('"id" bigint NOT NULL,\n  "v" integer,\n  "v_half" double precision,\n  "seen" date,\n'
+            '  PRIMARY KEY ("id")') in printed.stdout
+    assert "gone" not in printed.stdout
