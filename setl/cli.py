@@ -75,6 +75,10 @@ def _parser() -> argparse.ArgumentParser:
     switch.add_argument("--timeout", type=float, default=60.0, metavar="S",
                         help="seconds to wait for the new holder (default 60; 0: do not wait)")
 
+    schema = commands.add_parser("schema", help="print (or --apply) the DDL of missing target tables")
+    schema.add_argument("--pipeline", required=True, metavar="NAME")
+    schema.add_argument("--apply", action="store_true", help="run the DDL on the target")
+
     plugins = commands.add_parser("plugins", help="installed sources, targets and transforms")
     plugins.add_argument("action", choices=["list"])
     return parser
@@ -90,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"configuration directory {conf} does not exist (give --conf DIR or set $SETL_CONF)")
         handler = {
             "start": cmd_start, "status": cmd_status, "pause": cmd_pause, "resume": cmd_resume,
-            "position": cmd_position, "plugins": cmd_plugins, "switch": cmd_switch,
+            "position": cmd_position, "plugins": cmd_plugins, "switch": cmd_switch, "schema": cmd_schema,
         }[args.command]
         return handler(args, Path(conf))
     except SetlError as exc:
@@ -372,6 +376,53 @@ def cmd_switch(args: argparse.Namespace, conf: Path) -> int:
                                 "(it finishes in-flight batches first)", pipeline=args.pipeline)
             time.sleep(0.1)
         return 0
+
+
+def cmd_schema(args: argparse.Namespace, conf: Path) -> int:
+    """Print the DDL that creates the pipeline's missing target tables (``--apply``: run it). An
+    existing table that does not fit, or anything else that stops it, is one line and exit 2."""
+    from setl.connectors import build_schema
+    from setl.node import build_select, build_transform
+    from setl.routing import build_plan
+    from setl.schema import SchemaPlanner, TableCreator
+
+    settings = load_node(conf)
+    config = load_pipeline(conf, args.pipeline)
+    target = None
+    try:
+        target = build_schema(config, settings)
+        if target is None:
+            print(f"-- pipeline {config.name}: target type {config.target.type} needs no DDL "
+                  "(it makes its tables from the rows)")
+            return 0
+        routing = build_plan(settings, config)
+        select = build_select(settings, config, routing)
+        transform = build_transform(settings, config, routing)
+        planner = SchemaPlanner(config.name, routing, select.describe, getattr(transform, "output_columns", None))
+        creator = TableCreator(config.name, planner, target)
+        missing = creator.missing()
+        if not missing:
+            print(f"-- pipeline {config.name}: every target table exists ({len(planner.tables())} checked)")
+            return 0
+        for table, statements in missing:
+            sources = ", ".join(str(t) for t in table.sources)
+            print(f"-- pipeline {config.name}: target table {table.table} (from {sources})")
+            for statement in statements:
+                print(f"{statement};")
+        if args.apply:
+            for _table, statements in missing:
+                target.execute(statements)
+            print(f"-- pipeline {config.name}: created {len(missing)} table(s)")
+        return 0
+    except SetlError as exc:
+        exc.with_context(pipeline=config.name)
+        exc.exit_code = 2
+        raise
+    except Exception as exc:  # a driver's error (the target refused a statement, or is away)
+        raise UsageError(f"{type(exc).__name__}: {exc}", pipeline=config.name, stage="schema") from exc
+    finally:
+        if target is not None:
+            target.close()
 
 
 def cmd_plugins(args: argparse.Namespace, conf: Path) -> int:

@@ -316,6 +316,7 @@ class PipelineSettings:
     load: LoadSettings = attrs.Factory(LoadSettings)
     retry: RetrySettings = attrs.Factory(RetrySettings)
     ddl: Literal["apply", "skip", "fail"] = "apply"  # replicated DDL: apply it, skip it (logged), or pause before it
+    create_tables: bool = True  # create each missing target table from the source's definition (docs/schema.md)
     ddl_tasks: DdlTaskSettings = attrs.Factory(DdlTaskSettings)
     drain_timeout_ms: int = 30000  # on stop, how long batches in flight may take to finish
 

@@ -31,6 +31,7 @@ from setl.stages.select import Select, SelectCapabilities
 if TYPE_CHECKING:
     from setl.config import NodeSettings, PipelineConfig, PipelineSettings
     from setl.ddltask.actions import Actions
+    from setl.schema.target import SchemaTarget
 
 SOURCES = "setl.sources"
 TARGETS = "setl.targets"
@@ -98,7 +99,10 @@ class TargetConnector(Generic[C]):
 
     The built Load's `capabilities` are the declared ones. `ddl_task_actions`, when the target
     can run batch DDL tasks' pre-write actions (docs/batch-ddl-tasks.md), builds them:
-    ``ddl_task_actions(config, pipeline=NAME)``.
+    ``ddl_task_actions(config, pipeline=NAME)``. `schema`, when the target can create tables
+    from the source's definitions (``pipeline.create_tables``, ``setl schema``: docs/schema.md),
+    builds its `setl.schema.SchemaTarget`: ``schema(config, context)``; a target without it (Parquet,
+    whose datasets take their columns from the rows) gets no DDL.
     """
 
     type: str
@@ -106,6 +110,7 @@ class TargetConnector(Generic[C]):
     build: Callable[[C, BuildContext], Load] = attrs.field(eq=False)
     capabilities: LoadCapabilities = attrs.field(factory=LoadCapabilities)
     ddl_task_actions: Callable[..., Actions] | None = attrs.field(default=None, eq=False)
+    schema: Callable[[C, BuildContext], SchemaTarget] | None = attrs.field(default=None, eq=False)
     help: str = ""
     origin: str = ""
 
@@ -139,6 +144,8 @@ def validate(kind: Kind, name: str, obj: Any) -> Connector:
         raise ValueError(f"is not usable: its config {obj.config.__qualname__} has no 'type' field")
     if not callable(obj.build):
         raise TypeError(f"is not usable: its build {obj.build!r} is not callable")
+    if isinstance(obj, TargetConnector) and obj.schema is not None and not callable(obj.schema):
+        raise TypeError(f"is not usable: its schema {obj.schema!r} is not callable")
     capabilities = SelectCapabilities if kind == "source" else LoadCapabilities
     if not isinstance(obj.capabilities, capabilities):
         raise TypeError(f"is not usable: its capabilities are not a {capabilities.__name__}")
@@ -243,6 +250,8 @@ def format_connector_table(kind: Kind, connectors: ConnectorRegistry | None = No
         can = [f.name for f in attrs.fields(type(connector.capabilities)) if getattr(connector.capabilities, f.name)]
         if isinstance(connector, TargetConnector) and connector.ddl_task_actions is not None:
             can.append("ddl_task_actions")
+        if isinstance(connector, TargetConnector) and connector.schema is not None:
+            can.append("schema")
         lines.append(f"{'':<{width}}    capabilities: {', '.join(can) or 'none'}")
         keys = [f"{f.name}" + ("" if f.default is attrs.NOTHING else f" = {f.default!r}")
                 for f in attrs.fields(connector.config) if f.name != "type"]
@@ -278,6 +287,15 @@ def build_load(config: PipelineConfig, node: NodeSettings) -> Load:
     return registry().target(config.target.type).create(config.target, BuildContext.of(config, node))
 
 
+def build_schema(config: PipelineConfig, node: NodeSettings) -> SchemaTarget | None:
+    """The pipeline's target as a `setl.schema.SchemaTarget` (not connected), or None when its
+    connector creates no tables (``TargetConnector.schema``)."""
+    connector = registry().target(config.target.type)
+    if connector.schema is None:
+        return None
+    return connector.schema(config.target, BuildContext.of(config, node))
+
+
 # --- the built-in connectors (registered in setl's setup.cfg) -------------------------------
 
 
@@ -311,7 +329,20 @@ def sqlite_target() -> TargetConnector[Any]:
     def build(config: SqliteTargetConfig, context: BuildContext) -> Load:
         return SqliteLoad(context.resolve(config.path), pipeline=context.name)
 
-    return TargetConnector("sqlite", SqliteTargetConfig, build, SqliteLoad.capabilities,
+    def schema(config: SqliteTargetConfig, context: BuildContext) -> SchemaTarget:
+        import sqlite3
+
+        from setl.schema.sqlite import SqliteSchema
+
+        path = context.resolve(config.path)
+
+        def connect() -> sqlite3.Connection:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return sqlite3.connect(str(path), timeout=30.0, isolation_level=None, check_same_thread=False)
+
+        return SqliteSchema(connect, pipeline=context.name)
+
+    return TargetConnector("sqlite", SqliteTargetConfig, build, SqliteLoad.capabilities, schema=schema,
                            help="an SQLite database file (the embedded demo target)")
 
 
@@ -322,8 +353,14 @@ def mysql_target() -> TargetConnector[Any]:
     def build(config: MysqlTargetConfig, context: BuildContext) -> Load:
         return MySQLLoad.from_config(config, pipeline=context.name, ddl=context.settings.ddl)
 
+    def schema(config: MysqlTargetConfig, context: BuildContext) -> SchemaTarget:
+        from setl.schema.mysql import MysqlSchema
+
+        # The sink's own connect (TLS, timeouts), on a connection of the schema's own.
+        return MysqlSchema(MySQLLoad.from_config(config, pipeline=context.name)._connect, pipeline=context.name)
+
     return TargetConnector("mysql", MysqlTargetConfig, build, MySQLLoad.capabilities,
-                           ddl_task_actions=MysqlActions, help="a MySQL or MariaDB server")
+                           ddl_task_actions=MysqlActions, schema=schema, help="a MySQL or MariaDB server")
 
 
 def postgresql_target() -> TargetConnector[Any]:
@@ -332,7 +369,13 @@ def postgresql_target() -> TargetConnector[Any]:
     def build(config: PostgresqlTargetConfig, context: BuildContext) -> Load:
         return PostgresLoad.from_config(config, pipeline=context.name, ddl=context.settings.ddl)
 
-    return TargetConnector("postgresql", PostgresqlTargetConfig, build, PostgresLoad.capabilities,
+    def schema(config: PostgresqlTargetConfig, context: BuildContext) -> SchemaTarget:
+        from setl.schema.postgresql import PostgresqlSchema
+
+        return PostgresqlSchema(PostgresLoad.from_config(config, pipeline=context.name)._connect,
+                                pipeline=context.name)
+
+    return TargetConnector("postgresql", PostgresqlTargetConfig, build, PostgresLoad.capabilities, schema=schema,
                            help="a PostgreSQL server")
 
 

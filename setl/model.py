@@ -243,11 +243,43 @@ class Ack:
 @attrs.frozen
 class ColumnSchema:
     """One column of a source table as the source declares it: name, the source's type as written
-    (MySQL's ``COLUMN_TYPE``, e.g. ``int(10) unsigned``, ``decimal(12,2)``) and nullability."""
+    (MySQL's ``COLUMN_TYPE`` in lower case except quoted members, e.g. ``int(10) unsigned``,
+    ``decimal(12,2)``, ``enum('A','b')``) and nullability; and what target schema creation
+    (`setl.schema`) needs besides:
+
+    * `default`: the DEFAULT as SQL text the source would accept (``0``, ``'abc'``,
+      ``current_timestamp()``), None when the column has none or its default is NULL;
+    * `charset`, `collation`: of a character column, None otherwise;
+    * `generated`: the expression of a generated (computed) column, None for a stored one;
+    * `json`: a JSON document column (MySQL's JSON, or MariaDB's LONGTEXT checked by JSON_VALID).
+    """
 
     name: str
     type: str
     nullable: bool = True
+    default: str | None = None
+    charset: str | None = None
+    collation: str | None = None
+    generated: str | None = None
+    json: bool = False
+
+    @property
+    def base(self) -> str:
+        """The type's name without arguments or attributes: ``int``, ``varchar``, ``enum``."""
+        return self.type.split("(")[0].split()[0].lower() if self.type else ""
+
+    @property
+    def unsigned(self) -> bool:
+        return " unsigned" in self.type.lower()
+
+    @property
+    def precision(self) -> tuple[int, ...]:
+        """The type's numeric arguments: ``(12, 2)`` for ``decimal(12,2)``, ``(255,)`` for
+        ``varchar(255)``, ``()`` without (or for ENUM and SET members)."""
+        if self.base in ("enum", "set") or "(" not in self.type:
+            return ()
+        inside = self.type.split("(", 1)[1].split(")", 1)[0]
+        return tuple(int(part) for part in inside.split(",") if part.strip().isdigit())
 
 
 @attrs.frozen

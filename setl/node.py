@@ -22,12 +22,13 @@ from setl.config import NodeSettings, PipelineConfig, RuntimeConfig
 from setl.errors import ConfigError, PluginError, SetlError
 from setl.liveness import Heartbeat
 from setl.meta.base import Liveness, MetaStore, Status
-from setl.model import Ack, Batch
+from setl.model import Ack, Batch, TableSchema
 from setl.retry import Backoff, Failure, record_retrying
 from setl.routing import RoutingPlan, build_plan
 from setl.runtime import SerialExecutorService, TaskExecutionService
-from setl.runtime.chain import Stages, compose, fenced
+from setl.runtime.chain import LoadWrap, Stages, compose, fenced
 from setl.scheduler import BatchCap, Listener, Outcome, Scheduler, supports_per_table
+from setl.schema import check_tables
 from setl.stages import Load, Select, TableExtract, Transform
 
 if TYPE_CHECKING:
@@ -101,31 +102,82 @@ def build_stages(node: NodeSettings, config: PipelineConfig, meta: MetaStore | N
     plan = failpoints.from_env()
     if plan:
         log.warning("pipeline=%s fault injection is on: %s", config.name, os.environ.get(FAULTS_ENV))
-    stages = compose(base, ddl_tasks=ddl_tasks, faults=plan)
+    create_tables = table_creation(node, config, routing, base.select, base.transform)
+    stages = compose(base, ddl_tasks=ddl_tasks, faults=plan, create_tables=create_tables)
     log.debug("pipeline=%s stages: %s", config.name, stages.describe())
     return stages
 
 
-def analyse_steps(config: PipelineConfig, stages: Stages) -> int:
-    """Analyse the pipeline's transform steps against the selected source tables' columns, at startup.
+def table_creation(node: NodeSettings, config: PipelineConfig, routing: RoutingPlan, select: Select,
+                   transform: Transform) -> LoadWrap | None:
+    """What wraps the pipeline's Load to create missing target tables (`setl.schema`), or None when
+    ``pipeline.create_tables`` is off or the target's connector creates no tables."""
+    if not config.pipeline.create_tables:
+        return None
+    from setl.connectors import build_schema
 
-    The source describes its tables (`Select.describe`) on a short-lived connection; each table whose
-    route has transform steps gets one empty DataFrame run through its chain. A step Spark SQL rejects
-    raises `setl.transforms.stage.StartupAnalysisError` (exit 2). A source that cannot describe, or
-    cannot be reached now, leaves the analysis to each table's first batch: it never blocks a start.
-    Returns the number of (table, chain) pairs analysed.
-    """
-    transform: Any = stages.transform
-    while not hasattr(transform, "analyse") and hasattr(transform, "inner"):
-        transform = transform.inner
-    if not hasattr(transform, "analyse"):
-        return 0  # no transforms: nothing to analyse, and no Spark
+    try:
+        target = build_schema(config, node)
+    except SetlError as exc:
+        exc.with_context(file=config.file, pipeline=config.name)
+        raise
+    if target is None:
+        return None
+    from setl.schema import CreateTablesLoad, SchemaPlanner, TableCreator
+
+    planner = SchemaPlanner(config.name, routing, select.describe, getattr(transform, "output_columns", None))
+    creator = TableCreator(config.name, planner, target)
+    ddl_creates = config.pipeline.ddl == "apply"
+    return lambda load: CreateTablesLoad(load, creator, ddl_creates=ddl_creates)
+
+
+def describe_tables(config: PipelineConfig, stages: Stages) -> tuple[TableSchema, ...] | None:
+    """The selected source tables' columns at startup (`Select.describe`), when the transform steps
+    or target table creation need them; None when nothing needs them or the source cannot tell now
+    (then each table's first batch does the work)."""
+    from setl.schema import find_creator
+
+    if _analysable(stages) is None and find_creator(stages.load) is None:
+        return None
     try:
         tables = stages.select.describe()
     except SetlError as exc:
-        log.warning("pipeline=%s transform steps not analysed at startup (first batches will be): %s",
+        log.warning("pipeline=%s source tables not described at startup (first batches will be): %s",
                     config.name, exc)
-        return 0
+        return None
+    return tuple(tables) if tables is not None else None
+
+
+def _analysable(stages: Stages) -> Any:
+    transform: Any = stages.transform
+    while not hasattr(transform, "analyse") and hasattr(transform, "inner"):
+        transform = transform.inner
+    return transform if hasattr(transform, "analyse") else None
+
+
+_DESCRIBE: Any = object()
+
+
+def analyse_steps(config: PipelineConfig, stages: Stages, tables: Any = _DESCRIBE) -> int:
+    """Analyse the pipeline's transform steps against the selected source tables' columns, at startup.
+
+    The source describes its tables (`Select.describe`) on a short-lived connection, unless the
+    caller gives them (`tables`, from `describe_tables`); each table whose route has transform
+    steps gets one empty DataFrame run through its chain. A step Spark SQL rejects raises
+    `setl.transforms.stage.StartupAnalysisError` (exit 2). A source that cannot describe, or
+    cannot be reached now, leaves the analysis to each table's first batch: it never blocks a start.
+    Returns the number of (table, chain) pairs analysed.
+    """
+    transform = _analysable(stages)
+    if transform is None:
+        return 0  # no transforms: nothing to analyse, and no Spark
+    if tables is _DESCRIBE:
+        try:
+            tables = stages.select.describe()
+        except SetlError as exc:
+            log.warning("pipeline=%s transform steps not analysed at startup (first batches will be): %s",
+                        config.name, exc)
+            return 0
     if tables is None:
         return 0
     from setl.transforms.stage import StartupAnalysisError
@@ -354,7 +406,13 @@ class Node:
                 raise ConfigError(f"pipeline.load.mode: target.type {config.target.type} cannot load per table "
                                   f"(use ordered)", file=config.file, pipeline=config.name)
         for config in self.pipelines:  # before leadership or any read: a bad step is a configuration error
-            analyse_steps(config, stages[config.name])
+            tables = describe_tables(config, stages[config.name])
+            analyse_steps(config, stages[config.name], tables)
+            try:  # before anything is written: an existing target table that does not fit is one too
+                check_tables(stages[config.name].load, tables, first_start=self.meta.position(config.name) is None)
+            except SetlError as exc:
+                exc.with_context(file=config.file or None, pipeline=config.name)
+                raise
         if self.settings.meta.store == "zookeeper":  # HA: run only what this node holds
             from setl.ha import Elections
 

@@ -2,6 +2,8 @@
 
 A pipeline's stages are its source, Extract, Transform and target, wrapped (innermost first) by:
 
+0. target table creation (`setl.schema.CreateTablesLoad`): Load, when ``pipeline.create_tables``
+   is on and the target can create tables;
 1. batch DDL tasks (`setl.ddltask`): Select and Load, when ``pipeline.ddl_tasks`` is on;
 2. failpoints (`setl.failpoints`): every stage, when ``SETL_FAULTS`` is set;
 3. fencing (`setl.ha`): Select and Load, outermost, when the node runs the pipeline under a
@@ -29,6 +31,8 @@ from setl.stages import Extract, Load, Select, Transform
 
 #: Wraps Select and Load for batch DDL tasks (see `setl.ddltask.with_ddl_tasks`).
 DdlTaskWrap = Callable[[Select, Load], "tuple[Select, Load]"]
+#: Wraps Load to create missing target tables (see `setl.schema.CreateTablesLoad`).
+LoadWrap = Callable[[Load], Load]
 
 
 @attrs.frozen
@@ -58,10 +62,12 @@ def layers(stage: Any) -> str:
 
 
 def compose(base: Stages, *, ddl_tasks: DdlTaskWrap | None = None, faults: FaultPlan | None = None,
-            lease: Any | None = None) -> Stages:
-    """`base` wrapped for batch DDL tasks, failpoints (a non-empty plan) and fencing by `lease`
-    (a `setl.ha.Lease`), in that order from the inside out."""
+            lease: Any | None = None, create_tables: LoadWrap | None = None) -> Stages:
+    """`base` wrapped for target table creation, batch DDL tasks, failpoints (a non-empty plan) and
+    fencing by `lease` (a `setl.ha.Lease`), in that order from the inside out."""
     select, extract, transform, load = base.select, base.extract, base.transform, base.load
+    if create_tables is not None:
+        load = create_tables(load)
     if ddl_tasks is not None:
         select, load = ddl_tasks(select, load)
     if faults:
@@ -82,4 +88,4 @@ def fenced(stages: Stages, lease: Any) -> Stages:
     return compose(stages, lease=lease)
 
 
-__all__ = ["DdlTaskWrap", "Stages", "compose", "fenced", "layers"]
+__all__ = ["DdlTaskWrap", "LoadWrap", "Stages", "compose", "fenced", "layers"]

@@ -122,6 +122,17 @@ class TablePlan:
                    repr((route.source.schema, route.source.table)))
 
 
+@attrs.frozen
+class OutputColumn:
+    """A column a transform chain returns (`SparkTransform.output_columns`): its name, its Spark
+    type (``simpleString``: ``int``, ``string``, ``decimal(10,2)``) and the input column it carries
+    unchanged, if it does."""
+
+    name: str
+    spark_type: str
+    input: str | None = None
+
+
 class SparkTransform(Transform):
     """Runs each table's validated transform chain on Spark.
 
@@ -250,6 +261,54 @@ class SparkTransform(Transform):
                         pipeline=self.pipeline, stage="transform", table=plan.target, plugin=step.name,
                     ) from exc
         return len(work)
+
+    def output_columns(self, described: TableSchema) -> tuple[OutputColumn, ...] | None:
+        """The columns the chain of source table `described` writes to the target, in order, found
+        by running the chain on an empty DataFrame of the columns a batch of the table would have
+        (after Extract's column rules and renames); None when the table has no chain.
+
+        Each column names its Spark type and the input column it carries unchanged (same type,
+        same name or renamed by a step that declares its renames), or None for a column the
+        chain adds or recomputes with another type. Raises `StepAnalysisError` for a chain
+        Spark SQL rejects, and whatever a step raises otherwise.
+        """
+        plan = self.plan_for_source(described.table)
+        if plan is None or self.routing is None:
+            return None
+        route = self.routing.route(described.table.schema, described.table.table)
+        assert route is not None
+        spark = self.session()
+        sample = {route.rename.get(c.name, c.name): _sample_value(c) for c in described.columns if route.keeps(c.name)}
+        table, _ = TableTypes().table([sample], extra=_sample_meta())
+        df = from_arrow(spark, table.slice(0, 0))
+        inputs = {field.name: field.dataType.simpleString() for field in df.schema.fields}
+        origin = {name: name for name in sample}
+        for step in plan.steps:
+            context = TransformContext(
+                pipeline=self.pipeline, source_table=plan.source, target_table=plan.target, batch_id=0,
+                epoch=0, params=step.params, spark=spark, step=step.name, may_drop_deletes=step.may_drop_deletes)
+            try:
+                df = step.plugin.func(df, step.params, context)
+                df.schema  # noqa: B018 - forces Spark's analysis of the step
+            except Exception as exc:
+                if not _is_analysis_error(exc):
+                    raise
+                raise StartupAnalysisError(
+                    f"step {step.index + 1} ({step.name}) cannot run on the columns of source table "
+                    f"{described.table}: {brief(exc)}",
+                    pipeline=self.pipeline, stage="transform", table=plan.target, plugin=step.name) from exc
+            renamed = step.renames()
+            if renamed:
+                origin = {renamed.get(name, name): source for name, source in origin.items()}
+        out = []
+        for field in df.schema.fields:
+            if field.name.startswith(META_PREFIX):
+                continue
+            kind = field.dataType.simpleString()
+            source = origin.get(field.name)
+            out.append(OutputColumn(field.name, kind, source if source is not None and inputs.get(source) == kind
+                                    else None))
+        return tuple(out)
 
     def session(self) -> Any:
         if self._session_factory is not None:

@@ -149,7 +149,8 @@ def test_purged_binlog_position_is_an_error_not_a_skip(tmp_path, mariadb_factory
 
 
 def test_missing_target_table_fails_the_whole_batch(tmp_path, mariadb_source, source_db, mariadb_target, mysql_db):
-    """A table missing in the target fails with a line naming it, and its batch's other rows are not applied."""
+    """A table missing in the target (with ``create_tables: false``) fails with a line naming it, and its
+    batch's other rows are not applied."""
     make_table(mariadb_source, source_db, "items", log_bin=False)
     make_table(mariadb_source, source_db, "extras", log_bin=False)
     make_table(mariadb_target, mysql_db, "items")  # no `extras` in the target
@@ -158,7 +159,8 @@ def test_missing_target_table_fails_the_whole_batch(tmp_path, mariadb_source, so
     setl = SetlProcess(tmp_path, source=mysql_source(mariadb_source, start={"file": start.log, "pos": start.offset}),
                        target=mysql_target(mariadb_target),
                        tables=[{"source": rf"{source_db}\..*", "target": f"{mysql_db}.{{table}}"}],
-                       pipeline={"retry": {"max_attempts": 2, "initial_backoff_ms": 10, "max_backoff_ms": 20}})
+                       pipeline={"create_tables": False,
+                                 "retry": {"max_attempts": 2, "initial_backoff_ms": 10, "max_backoff_ms": 20}})
 
     line = error_line(setl.start_until_caught_up())
     assert f"table={mysql_db}.extras" in line and "does not exist" in line and "stage=load" in line

@@ -11,10 +11,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
+import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -771,9 +772,12 @@ class MysqlBinlogSource(Select):
                 return ()
             schemas = sorted({schema for schema, _ in wanted})
             marks = ", ".join(["%s"] * len(schemas))
-            columns = self._query(conn, "SELECT TABLE_SCHEMA, TABLE_NAME, COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE "
+            columns = self._query(conn, "SELECT TABLE_SCHEMA, TABLE_NAME, COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, "
+                                        "COLUMN_DEFAULT, CHARACTER_SET_NAME, COLLATION_NAME, GENERATION_EXPRESSION, "
+                                        "DATA_TYPE, EXTRA "
                                         f"FROM information_schema.COLUMNS WHERE TABLE_SCHEMA IN ({marks}) "
                                         "ORDER BY TABLE_SCHEMA, TABLE_NAME, ORDINAL_POSITION", schemas)
+            json_checked = _json_checked(self._query, conn, marks, schemas)
             keys = self._query(conn, "SELECT TABLE_SCHEMA, TABLE_NAME, COLUMN_NAME FROM "
                                      f"information_schema.KEY_COLUMN_USAGE WHERE TABLE_SCHEMA IN ({marks}) "
                                      "AND CONSTRAINT_NAME = 'PRIMARY' ORDER BY TABLE_SCHEMA, TABLE_NAME, "
@@ -783,10 +787,13 @@ class MysqlBinlogSource(Select):
         finally:
             conn.close()
         found: dict[tuple[str, str], list[ColumnSchema]] = {}
-        for schema, table, name, type_, nullable in columns:
+        for schema, table, name, type_, nullable, default, charset, collation, expression, data_type, extra \
+                in columns:
             key = (str(schema), str(table))
             if key in wanted:
-                found.setdefault(key, []).append(ColumnSchema(str(name), str(type_).lower(), nullable == "YES"))
+                found.setdefault(key, []).append(_column_schema(
+                    str(name), str(type_), nullable == "YES", default, charset, collation, expression,
+                    str(data_type), str(extra or ""), (*key, str(name)) in json_checked))
         primary: dict[tuple[str, str], list[str]] = {}
         for schema, table, name in keys:
             primary.setdefault((str(schema), str(table)), []).append(str(name))
@@ -803,6 +810,45 @@ class MysqlBinlogSource(Select):
                 log.warning("pipeline=%s binlog reader thread did not stop within %.0fs", self.pipeline, timeout)
         self._thread = self._connector = self._queue = None
         self._mark = None
+
+
+def _json_checked(query: Callable[..., Any], conn: Any, marks: str, schemas: Sequence[str]) -> set[tuple[str, ...]]:
+    """(schema, table, column) of MariaDB's JSON columns: LONGTEXT with a ``json_valid(`col`)`` CHECK."""
+    try:
+        rows = query(conn, "SELECT CONSTRAINT_SCHEMA, TABLE_NAME, CHECK_CLAUSE FROM information_schema."
+                           f"CHECK_CONSTRAINTS WHERE CONSTRAINT_SCHEMA IN ({marks})", schemas)
+    except pymysql.MySQLError:  # a server without CHECK_CONSTRAINTS (MySQL 5.7): JSON is its own type there
+        return set()
+    found: set[tuple[str, ...]] = set()
+    for schema, table, clause in rows:
+        match = re.fullmatch(r"json_valid\(`((?:[^`]|``)+)`\)", str(clause).strip())
+        if match:
+            found.add((str(schema), str(table), match[1].replace("``", "`")))
+    return found
+
+
+def _column_schema(name: str, column_type: str, nullable: bool, default: Any, charset: Any, collation: Any,
+                   expression: Any, data_type: str, extra: str, json: bool) -> ColumnSchema:
+    """A column from its information_schema.COLUMNS row (MariaDB's and MySQL's spellings)."""
+    # Lower case outside quotes: ENUM and SET members keep their case.
+    lowered = "".join(part if i % 2 else part.lower() for i, part in enumerate(re.split(r"('(?:[^']|'')*')",
+                                                                                      column_type)))
+    generated = str(expression) if expression else None  # MariaDB: NULL, MySQL: '' for a stored column
+    text = None if default is None or generated else str(default)
+    if text is not None and text.upper() == "NULL":
+        text = None  # MariaDB writes a nullable column's absent default as NULL
+    elif text is not None and "DEFAULT_GENERATED" in extra.upper():
+        text = f"({text})" if not text.lower().startswith("current_timestamp") else text
+    elif (text is not None and not text.startswith("'") and data_type.lower() in _MYSQL_QUOTED_DEFAULTS
+          and not text.lower().startswith("current_timestamp")):
+        text = "'" + text.replace("\\", "\\\\").replace("'", "''") + "'"  # MySQL 8 gives literals unquoted
+    return ColumnSchema(name, lowered, nullable, text, str(charset) if charset else None,
+                        str(collation) if collation else None, generated, json or data_type.lower() == "json")
+
+
+#: Types whose literal default MySQL 8 lists unquoted (MariaDB quotes every string literal).
+_MYSQL_QUOTED_DEFAULTS = frozenset({"char", "varchar", "binary", "varbinary", "enum", "set", "date", "datetime",
+                                    "timestamp", "time", "year", "tinytext", "text", "mediumtext", "longtext"})
 
 
 def _weight(item: Transaction | _Failure) -> int:
