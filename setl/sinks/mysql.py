@@ -42,7 +42,8 @@ from setl.errors import LoadError, TransientLoadError
 from setl.model import Batch, InvalidDate, Position
 from setl.sinks.merge import TableChanges
 from setl.sinks.postgresql_ddl import without_sequence_ddl
-from setl.sinks.sql_common import DdlStep, FenceBusy, Segment, SqlLoad, TargetTableMissing, chunks, group_by_columns
+from setl.sinks.sql_common import (DdlStep, FenceBusy, Segment, SqlLoad, TargetTableMissing, chunks, group_by_columns,
+                                   insert_runs)
 from setl.tls import mysql_context, require_encrypted
 
 
@@ -432,7 +433,14 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         name = table_name(table.schema, table.table)
         with conn.cursor() as cur:
             computed = self._computed(cur, table.schema, table.table)
-            for change in table.sequence:
+            for change, added in insert_runs(table.sequence):
+                if change is None:  # a run of inserts and reads: multi-row INSERTs
+                    for columns, images in group_by_columns(self._writable(i, computed) for i in added).items():
+                        sql = (f"INSERT INTO {name} ({', '.join(map(quote, columns))})"
+                               f" VALUES ({', '.join(['%s'] * len(columns))})")
+                        for part in chunks(images, self.chunk_rows):
+                            cur.executemany(sql, [[to_db(image[c]) for c in columns] for image in part])
+                    continue
                 if change.before is not None:
                     where = " AND ".join(f"{quote(c)} <=> %s" for c in change.before)
                     cur.execute(f"DELETE FROM {name} WHERE {where} LIMIT 1",
