@@ -56,10 +56,14 @@ def merge(changes: Iterable[Change]) -> list[TableChanges]:
             unkeyed.setdefault(ident, []).append(change)
             continue
         state = keyed.setdefault(ident, {})
-        if change.op is Op.INSERT or change.op is Op.READ:
+        op = change.op
+        if op is Op.INSERT or op is Op.READ:
             # A snapshot read is "insert, or replace the row with the same key": an upsert.
-            state[change.key] = (Op.INSERT, change.after)  # type: ignore[assignment]
-        elif change.op is Op.DELETE:
+            after = change.after
+            pk = change.primary_key
+            key = (after[pk[0]],) if len(pk) == 1 else tuple(after[c] for c in pk)  # type: ignore[index]
+            state[key] = (Op.INSERT, after)  # type: ignore[assignment]
+        elif op is Op.DELETE:
             state[change.key] = (Op.DELETE, change.before)  # type: ignore[assignment]
         else:
             old = change.old_key

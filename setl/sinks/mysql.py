@@ -30,12 +30,14 @@ import contextlib
 import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
 import pymysql
+import pymysql.converters
 import pymysql.err
+from pymysql.constants import SERVER_STATUS
 
 from setl.config import SslConfig
 from setl.errors import LoadError, TransientLoadError
@@ -106,6 +108,15 @@ def table_name(schema: str, table: str) -> str:
     return f"{quote(schema)}.{quote(table)}"
 
 
+def plain_quote(name: str) -> str:
+    """A backtick-quoted identifier for a statement sent without parameters (no ``%`` doubling)."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+#: The longest VALUES list (characters) one multi-row statement carries, as PyMySQL's executemany.
+MAX_STATEMENT = 1_000_000
+
+
 def to_db(value: Any) -> Any:
     """A row value as PyMySQL can send it: JSON documents dumped, SET members joined, zero and
     partial dates as the server's own text."""
@@ -116,6 +127,10 @@ def to_db(value: Any) -> Any:
     if isinstance(value, (set, frozenset)):
         return ",".join(sorted(map(str, value)))
     return value
+
+
+def _quotes_doubled(text: str) -> str:
+    return text.replace("'", "''")
 
 
 class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
@@ -420,14 +435,12 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
                     cur.execute(f"DELETE FROM {name} WHERE ({key_columns}) IN ({', '.join([row] * len(part))})",
                                 args)
             upserts = [self._writable(image, computed) for image in table.upserts]
+            plain = f"{plain_quote(table.schema)}.{plain_quote(table.table)}"
             for columns, images in group_by_columns(upserts).items():
-                updates = ", ".join(f"{quote(c)} = VALUES({quote(c)})" for c in columns)
-                sql = (f"INSERT INTO {name} ({', '.join(map(quote, columns))})"
-                       f" VALUES ({', '.join(['%s'] * len(columns))})"
-                       f" ON DUPLICATE KEY UPDATE {updates}")
-                for part in chunks(images, self.chunk_rows):
-                    # PyMySQL turns this into one multi-row INSERT per ~1 MB of statement
-                    cur.executemany(sql, [[to_db(image[c]) for c in columns] for image in part])
+                updates = ", ".join(f"{plain_quote(c)} = VALUES({plain_quote(c)})" for c in columns)
+                head = f"INSERT INTO {plain} ({', '.join(map(plain_quote, columns))}) VALUES "
+                for values in self._values(conn, images):
+                    cur.execute(head + values + f" ON DUPLICATE KEY UPDATE {updates}")
 
     def _apply_sequence(self, conn: pymysql.connections.Connection, table: TableChanges) -> None:
         name = table_name(table.schema, table.table)
@@ -435,11 +448,11 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
             computed = self._computed(cur, table.schema, table.table)
             for change, added in insert_runs(table.sequence):
                 if change is None:  # a run of inserts and reads: multi-row INSERTs
+                    plain = f"{plain_quote(table.schema)}.{plain_quote(table.table)}"
                     for columns, images in group_by_columns(self._writable(i, computed) for i in added).items():
-                        sql = (f"INSERT INTO {name} ({', '.join(map(quote, columns))})"
-                               f" VALUES ({', '.join(['%s'] * len(columns))})")
-                        for part in chunks(images, self.chunk_rows):
-                            cur.executemany(sql, [[to_db(image[c]) for c in columns] for image in part])
+                        head = f"INSERT INTO {plain} ({', '.join(map(plain_quote, columns))}) VALUES "
+                        for values in self._values(conn, images):
+                            cur.execute(head + values)
                     continue
                 if change.before is not None:
                     where = " AND ".join(f"{quote(c)} <=> %s" for c in change.before)
@@ -447,6 +460,38 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
                                 [to_db(v) for v in change.before.values()])
                 if change.after is not None:
                     self._insert(cur, name, self._writable(change.after, computed))
+
+    def _values(self, conn: pymysql.connections.Connection, images: Sequence[Mapping[str, Any]]) -> Iterator[str]:
+        """The VALUES lists of multi-row statements for `images` (which share one column order), at
+        most `chunk_rows` rows and about `MAX_STATEMENT` characters each. Values are escaped as
+        PyMySQL escapes parameters (its own escaping for all but plain str, int and None), without
+        its per-row formatting of a parameterised statement (`pymysql.connections.Connection.escape`)."""
+        escape_string: Callable[[str], str] = pymysql.converters.escape_string
+        if getattr(conn, "server_status", 0) & SERVER_STATUS.SERVER_STATUS_NO_BACKSLASH_ESCAPES:
+            escape_string = _quotes_doubled  # as PyMySQL's own escape does then
+        literal = conn.escape
+        rows: list[str] = []
+        size = 0
+        for image in images:
+            parts = []
+            for value in image.values():
+                kind = type(value)
+                if kind is str:
+                    parts.append("'" + escape_string(value) + "'")
+                elif kind is int:
+                    parts.append(str(value))
+                elif value is None:
+                    parts.append("NULL")
+                else:
+                    parts.append(literal(to_db(value)))
+            text = "(" + ",".join(parts) + ")"
+            rows.append(text)
+            size += len(text)
+            if size >= MAX_STATEMENT or len(rows) >= self.chunk_rows:
+                yield ",".join(rows)
+                rows, size = [], 0
+        if rows:
+            yield ",".join(rows)
 
     @staticmethod
     def _insert(cur: Any, name: str, image: Mapping[str, Any]) -> None:

@@ -60,6 +60,10 @@ TRANSIENT_STATES = ("08", "40", "57P01", "57P02", "57P03", "53300", "55P03")
 MISSING_TABLE_STATES = ("42P01", "3F000")  # undefined table, invalid schema name
 
 
+#: The value types `to_db` changes.
+_ADAPTED = frozenset({dict, list, set, frozenset})
+
+
 def to_db(value: Any) -> Any:
     """A row value as psycopg should send it: dicts and lists as jsonb, SET members joined."""
     if isinstance(value, (dict, list)):
@@ -342,10 +346,13 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
     def _copy(cur: psycopg.Cursor, into: sql.Composable, columns: Sequence[str],
               images: Sequence[Mapping[str, Any]]) -> None:
         names = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+        adapted = _ADAPTED
         with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(into, names)) as copy:
             write = copy.write_row
             for image in images:
-                write([to_db(image[c]) for c in columns])
+                values = [image[c] for c in columns]
+                # Most rows hold no value to_db changes: test that at C speed, convert only the others.
+                write(values if adapted.isdisjoint(map(type, values)) else [to_db(v) for v in values])
 
     @staticmethod
     def _upsert_select_sql(name: sql.Identifier, stage: sql.Identifier, key: Sequence[str],

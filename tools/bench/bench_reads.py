@@ -84,6 +84,16 @@ def executemany(conn: Any, statement: str, batches: list[Batch]) -> Callable[[],
     return work
 
 
+def copy_rows(conn: Any, table: str, batches: list[Batch]) -> Callable[[], None]:
+    def work() -> None:
+        for batch in batches:
+            with conn.cursor() as cur, cur.copy(f"COPY {table} (id, k, c, pad) FROM STDIN") as copy:
+                for change in batch.changes:
+                    copy.write_row([change.after[k] for k in COLUMNS])
+            conn.commit()
+    return work
+
+
 def dump_file(path: str, table: str, batches: list[Batch]) -> None:
     """The rows as mysqldump writes them: extended INSERTs of about 1 MB; a COMMIT per batch."""
     with open(path, "w", encoding="utf-8") as out:
@@ -161,13 +171,7 @@ def bench_postgres(server: PostgresServer, rows: int, size: int, run: int) -> di
                     statement = UPSERT["postgresql"].format(t=f"{schema}.bench")
                     results[mode] = rate(rows, executemany(conn, statement, batches))
                 else:
-                    def copy(conn: Any = conn, schema: str = schema) -> None:
-                        for batch in batches:
-                            with conn.cursor() as cur, cur.copy(f"COPY {schema}.bench (id, k, c, pad) FROM STDIN") as cp:
-                                for change in batch.changes:
-                                    cp.write_row([change.after[k] for k in COLUMNS])
-                            conn.commit()
-                    results[mode] = rate(rows, copy)
+                    results[mode] = rate(rows, copy_rows(conn, f"{schema}.bench", batches))
         count = server.query(f"SELECT COUNT(*) FROM {schema}.bench")[0][0]
         assert count == rows, f"postgresql {mode}: {count} rows, expected {rows}"
         server.query(f"DROP SCHEMA {schema} CASCADE")
