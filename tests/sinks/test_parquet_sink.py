@@ -22,7 +22,7 @@ from setl.node import build_load
 from setl.sinks.parquet import SPARK_WRITER_CONF, ParquetLoad, file_name, read_table
 from setl.spark import JavaNotFound
 from setl.testing.connectors import LoadContract, TargetProbe
-from setl.testing.harness import parquet_state
+from setl.testing.harness import parquet_rows, parquet_state
 from setl.testing.spark import LOCAL_SETTINGS, local_spark
 
 
@@ -512,6 +512,10 @@ class ParquetProbe(TargetProbe):
         for root in sorted(self.root.glob(f"*/{table.qualified}")):
             state.update(parquet_state(root.parent, table.qualified))
         return state
+
+    def rows(self, table):
+        return [row for root in sorted(self.root.glob(f"*/{table.qualified}"))
+                for row in parquet_rows(root.parent, table.qualified)]
 
 
 class TestParquetLoadContract(LoadContract):

@@ -6,7 +6,7 @@ import pytest
 
 from setl.connectors import BuildContext, registry
 from setl.testing.connectors import LoadContract, TableSpec, TargetProbe, make_batch, row
-from setl_jsonl_target import JsonlTargetConfig, read_log, table_state
+from setl_jsonl_target import JsonlTargetConfig, read_log, table_rows, table_state
 
 
 class JsonlProbe(TargetProbe):
@@ -24,6 +24,9 @@ class JsonlProbe(TargetProbe):
         for log in sorted(self.directory.glob("*.jsonl")):
             state.update(table_state(log, table.qualified))
         return state
+
+    def rows(self, table):
+        return [row for log in sorted(self.directory.glob("*.jsonl")) for row in table_rows(log, table.qualified)]
 
 
 class TestJsonlContract(LoadContract):
