@@ -63,6 +63,11 @@ def delete(table: str, row: Mapping[str, Any], *, key: Sequence[str] = ("id",), 
     return RowChange(Op.DELETE, schema, table, tuple(key), dict(row), None)
 
 
+def read(table: str, row: Mapping[str, Any], *, key: Sequence[str] = ("id",), schema: str = "demo") -> RowChange:
+    """A snapshot read of `row` in `schema.table` (`Op.READ`: "insert, or replace the row with the same key")."""
+    return RowChange(Op.READ, schema, table, tuple(key), None, dict(row))
+
+
 def reference_state(transactions: Iterable[Transaction | Sequence[Change]]) -> dict[str, dict]:
     """The state of every table after applying all changes in order: ``{schema.table: {key: row}}``."""
     tables: dict[str, dict] = {}
@@ -424,5 +429,5 @@ def run_pipeline(
 __all__ = [
     "Fault", "FaultPlan", "FaultyExtract", "FaultyLoad", "FaultyPartLoad", "FaultyTransform", "InjectedFault",
     "InvariantListener", "LoadRecord", "MemorySink", "RunResult", "ScriptedSource", "delete", "insert",
-    "parquet_rows", "parquet_state", "reference_state", "run_pipeline", "update",
+    "parquet_rows", "parquet_state", "read", "reference_state", "run_pipeline", "update",
 ]
