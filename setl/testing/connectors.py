@@ -278,8 +278,7 @@ class LoadContract:
         reads = [loose.read(**row(i % 3, f"r{i % 3}", i % 3)) for i in range(7)]
         kit_load.load(make_batch(reads, id=1))
         got = sorted(probe.rows(loose), key=lambda r: sorted(r.items(), key=repr))
-        want = sorted((dict(c.after) for c in reads if c.after is not None),  # type: ignore[arg-type]
-                      key=lambda r: sorted(r.items(), key=repr))
+        want = sorted((dict(c.after) for c in reads if c.after is not None), key=lambda r: sorted(r.items(), key=repr))
         assert got == want, (f"rows of a keyless table after 7 reads: {got}; if the target holds them, "
                              f"the probe's rows() should return them all (see TargetProbe.rows)")
 

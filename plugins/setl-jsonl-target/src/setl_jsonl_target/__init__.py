@@ -12,8 +12,9 @@ Line formats::
     {"commit": {"log": "mysql-bin.000003", "offset": 5120, "batch": 12, "epoch": 3}}
 
 ``op`` is insert, update, delete or read (a row an initial snapshot copied: after image only,
-"insert, or replace the row with the same key"). Only lines up to the last commit line count: a crash in the middle of a batch leaves a tail that
-the next `open` cuts off. Values JSON cannot hold (decimals, dates, bytes) are written as text.
+"insert, or replace the row with the same key"). Only lines up to the last commit line count: a
+crash in the middle of a batch leaves a tail that the next `open` cuts off. Values JSON cannot
+hold (decimals, dates, bytes) are written as text.
 """
 
 from __future__ import annotations
