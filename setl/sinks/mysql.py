@@ -1,7 +1,8 @@
 """A MySQL or MariaDB database as the target, through PyMySQL.
 
 Each batch is one transaction: ``DELETE ... WHERE (key) IN (...)`` for the merged deletes, then
-multi-row ``INSERT ... ON DUPLICATE KEY UPDATE`` of the full after-images, then the batch's end
+multi-row ``INSERT ... ON DUPLICATE KEY UPDATE`` of the full after-images (snapshot reads among
+them; into a keyless table, runs of inserts and reads as multi-row ``INSERT``), then the batch's end
 position, batch id and epoch in ```setl`.`setl_position``` (see `SqlLoad` for the guarantees).
 Target tables must exist, named by the batch's schema and table, or be made by replicated DDL:
 under ``pipeline.ddl: apply`` each table DDL runs as Extract rewrote it (names mapped and

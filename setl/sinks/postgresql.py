@@ -1,7 +1,10 @@
 """A PostgreSQL database as the target, through psycopg 3.
 
 Each batch is one transaction: ``DELETE ... WHERE (key) IN (...)`` for the merged deletes, then
-multi-row ``INSERT ... ON CONFLICT (key) DO UPDATE`` of the full after-images, then the batch's
+multi-row ``INSERT ... ON CONFLICT (key) DO UPDATE`` of the full after-images (from `copy_rows`
+rows of one shape on, as a snapshot chunk of reads is: ``COPY`` into a temporary table, then one
+``INSERT ... SELECT ... ON CONFLICT``; runs of inserts and reads into a keyless table: ``COPY``
+into it), then the batch's
 end position, batch id and epoch in ``setl.setl_position`` (see `SqlLoad` for the guarantees).
 Target tables must exist, or be made by replicated DDL: a change's ``schema`` is the PostgreSQL
 schema, its ``table`` the table (in the configured database). Under ``pipeline.ddl: apply`` MySQL
