@@ -33,7 +33,8 @@ Applying the log: read every file (``pyarrow.parquet.read_table(PATH/SCHEMA.TABL
 partitioning="hive")``), order rows by (``_setl_log``, ``_setl_offset``,
 ``_setl_row``, ``_setl_seq``), and for each
 row: ``insert`` or ``read``: put the image under its key (a read replaces the
-row the key holds); ``update``: remove the row under the
+row the key holds; a source stamps reads with positions in stream order like
+any change, so they sort where they came); ``update``: remove the row under the
 ``_setl_before_*`` key, then put the image under its key; ``delete``: remove the
 row under its key.
 
