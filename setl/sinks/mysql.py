@@ -114,7 +114,8 @@ def plain_quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-#: The longest VALUES list (characters) one multi-row statement carries, as PyMySQL's executemany.
+#: About the most bytes of VALUES one multi-row statement carries, as PyMySQL's executemany (well under
+#: the server's max_allowed_packet, 16 MB by default).
 MAX_STATEMENT = 1_000_000
 
 
@@ -464,7 +465,7 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
 
     def _values(self, conn: pymysql.connections.Connection, images: Sequence[Mapping[str, Any]]) -> Iterator[str]:
         """The VALUES lists of multi-row statements for `images` (which share one column order), at
-        most `chunk_rows` rows and about `MAX_STATEMENT` characters each. Values are escaped as
+        most `chunk_rows` rows and about `MAX_STATEMENT` bytes each. Values are escaped as
         PyMySQL escapes parameters (its own escaping for all but plain str, int and None), without
         its per-row formatting of a parameterised statement (`pymysql.connections.Connection.escape`)."""
         escape_string: Callable[[str], str] = pymysql.converters.escape_string
@@ -487,7 +488,7 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
                     parts.append(literal(to_db(value)))
             text = "(" + ",".join(parts) + ")"
             rows.append(text)
-            size += len(text)
+            size += len(text) if text.isascii() else 4 * len(text)  # at most 4 bytes a character in utf8mb4
             if size >= MAX_STATEMENT or len(rows) >= self.chunk_rows:
                 yield ",".join(rows)
                 rows, size = [], 0

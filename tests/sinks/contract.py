@@ -273,6 +273,15 @@ class SinkContract(LoadContract):
         want = [(i, f"n{i}'\\é", i if i % 5 else None, None if i % 3 else "q\"t") for i in range(1200)]
         assert target.rows("items") == want
 
+    def test_wide_reads_are_split_into_statements_the_server_takes(self, target, items, load):
+        """300 reads of 30,000 two-byte characters each (18 MB of text, more than MariaDB's default
+        16 MB packet) are all applied: statements are cut by size as well as by row count."""
+        wide = "é" * 30_000
+        load.load(make_batch([read(items, item(i, f"w{i}", i, wide)) for i in range(300)], id=1))
+        assert target.query(f"SELECT COUNT(*), MIN(LENGTH(note)), MAX(LENGTH(note)) FROM {target.qualified('items')}"
+                            ) == [(300, *(2 * [len(wide.encode()) if target.load_class.dialect == "mysql"
+                                                 else len(wide)]))]
+
     def test_reads_into_a_keyless_table_keep_their_place_among_changes(self, target, load):
         """Keyless: runs of inserts and reads go in bulk, yet a delete between them removes one row of
         what came before it, and 1,500 reads (COPY on PostgreSQL) all arrive."""
