@@ -138,9 +138,10 @@ class FileSource(Select):
         op = Op(item["op"])
         before, after = item.get("before"), item.get("after")
         if ((op is Op.INSERT and after is None) or (op is Op.DELETE and before is None)
-                or (op is Op.UPDATE and (before is None or after is None))
-                or (op is Op.READ and (after is None or before is not None))):
+                or (op is Op.UPDATE and (before is None or after is None)) or (op is Op.READ and after is None)):
             raise ValueError(f"{op.value} change without the images it needs")
+        if op is Op.READ and before is not None:
+            raise ValueError("read change with a before image (a snapshot read has its after image only)")
         return RowChange(op, item["schema"], item["table"], tuple(item.get("key") or ()),
                          before, after, position)
 
