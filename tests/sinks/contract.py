@@ -273,6 +273,20 @@ class SinkContract(LoadContract):
         want = [(i, f"n{i}'\\é", i if i % 5 else None, None if i % 3 else "q\"t") for i in range(1200)]
         assert target.rows("items") == want
 
+    def test_a_bad_row_in_a_chunk_of_reads_fails_the_batch_in_one_line(self, target, items, load):
+        """One row breaking a constraint among 1,200 reads (COPY on PostgreSQL) fails the batch with a
+        LoadError naming pipeline, table, batch and position; none of the chunk lands."""
+        rows = [item(i) for i in range(1200)]
+        rows[700] = item(700, name=None)  # type: ignore[arg-type]
+        batch = make_batch([read(items, r) for r in rows], id=1)
+        with pytest.raises(LoadError) as info:
+            load.load(batch)
+        text = str(info.value)
+        assert "\n" not in text and not isinstance(info.value, TransientLoadError)
+        assert "pipeline=p" in text and "table=" in text and "items" in text and "batch=1" in text
+        assert info.value.context["position"] == batch.end
+        assert target.rows("items") == [] and load.committed() is None
+
     def test_wide_reads_are_split_into_statements_the_server_takes(self, target, items, load):
         """300 reads of 30,000 two-byte characters each (18 MB of text, more than MariaDB's default
         16 MB packet) are all applied: statements are cut by size as well as by row count."""
