@@ -270,7 +270,7 @@ def test_example_plugin_passes_its_own_tests(jsonl_plugin):
         capture_output=True, text=True, timeout=280, cwd=REPO, check=False,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "10 passed" in result.stdout
+    assert "15 passed" in result.stdout
 
 
 def test_factory_that_fails_is_a_broken_plugin(tmp_path, monkeypatch):

@@ -21,7 +21,9 @@ class TableChanges:
 
     For a table with a primary key, `deletes` holds before-images of keys to
     remove and `upserts` the last after-image of every other touched key; both
-    in first-touch order. A table without a key cannot be merged safely, so
+    in first-touch order. A snapshot read (`Op.READ`) counts as an upsert of its
+    after-image: it replaces what an earlier change of the batch left under its
+    key, and a later delete removes it. A table without a key cannot be merged safely, so
     `sequence` keeps its changes as they came, and replays may duplicate rows.
     """
 
@@ -54,9 +56,14 @@ def merge(changes: Iterable[Change]) -> list[TableChanges]:
             unkeyed.setdefault(ident, []).append(change)
             continue
         state = keyed.setdefault(ident, {})
-        if change.op is Op.INSERT:
-            state[change.key] = (Op.INSERT, change.after)  # type: ignore[assignment]
-        elif change.op is Op.DELETE:
+        op = change.op
+        if op is Op.INSERT or op is Op.READ:
+            # A snapshot read is "insert, or replace the row with the same key": an upsert.
+            after = change.after
+            pk = change.primary_key
+            key = (after[pk[0]],) if len(pk) == 1 else tuple(after[c] for c in pk)  # type: ignore[index]
+            state[key] = (Op.INSERT, after)  # type: ignore[assignment]
+        elif op is Op.DELETE:
             state[change.key] = (Op.DELETE, change.before)  # type: ignore[assignment]
         else:
             old = change.old_key

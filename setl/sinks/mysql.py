@@ -1,7 +1,8 @@
 """A MySQL or MariaDB database as the target, through PyMySQL.
 
 Each batch is one transaction: ``DELETE ... WHERE (key) IN (...)`` for the merged deletes, then
-multi-row ``INSERT ... ON DUPLICATE KEY UPDATE`` of the full after-images, then the batch's end
+multi-row ``INSERT ... ON DUPLICATE KEY UPDATE`` of the full after-images (snapshot reads among
+them; into a keyless table, runs of inserts and reads as multi-row ``INSERT``), then the batch's end
 position, batch id and epoch in ```setl`.`setl_position``` (see `SqlLoad` for the guarantees).
 Target tables must exist, named by the batch's schema and table, or be made by replicated DDL:
 under ``pipeline.ddl: apply`` each table DDL runs as Extract rewrote it (names mapped and
@@ -30,19 +31,22 @@ import contextlib
 import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
 import pymysql
+import pymysql.converters
 import pymysql.err
+from pymysql.constants import SERVER_STATUS
 
 from setl.config import SslConfig
 from setl.errors import LoadError, TransientLoadError
 from setl.model import Batch, InvalidDate, Position
 from setl.sinks.merge import TableChanges
 from setl.sinks.postgresql_ddl import without_sequence_ddl
-from setl.sinks.sql_common import DdlStep, FenceBusy, Segment, SqlLoad, TargetTableMissing, chunks, group_by_columns
+from setl.sinks.sql_common import (DdlStep, FenceBusy, Segment, SqlLoad, TargetTableMissing, chunks, group_by_columns,
+                                   insert_runs)
 from setl.tls import mysql_context, require_encrypted
 
 
@@ -105,6 +109,16 @@ def table_name(schema: str, table: str) -> str:
     return f"{quote(schema)}.{quote(table)}"
 
 
+def plain_quote(name: str) -> str:
+    """A backtick-quoted identifier for a statement sent without parameters (no ``%`` doubling)."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+#: About the most bytes of VALUES one multi-row statement carries, as PyMySQL's executemany (well under
+#: the server's max_allowed_packet, 16 MB by default).
+MAX_STATEMENT = 1_000_000
+
+
 def to_db(value: Any) -> Any:
     """A row value as PyMySQL can send it: JSON documents dumped, SET members joined, zero and
     partial dates as the server's own text."""
@@ -115,6 +129,10 @@ def to_db(value: Any) -> Any:
     if isinstance(value, (set, frozenset)):
         return ",".join(sorted(map(str, value)))
     return value
+
+
+def _quotes_doubled(text: str) -> str:
+    return text.replace("'", "''")
 
 
 class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
@@ -419,26 +437,63 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
                     cur.execute(f"DELETE FROM {name} WHERE ({key_columns}) IN ({', '.join([row] * len(part))})",
                                 args)
             upserts = [self._writable(image, computed) for image in table.upserts]
+            plain = f"{plain_quote(table.schema)}.{plain_quote(table.table)}"
             for columns, images in group_by_columns(upserts).items():
-                updates = ", ".join(f"{quote(c)} = VALUES({quote(c)})" for c in columns)
-                sql = (f"INSERT INTO {name} ({', '.join(map(quote, columns))})"
-                       f" VALUES ({', '.join(['%s'] * len(columns))})"
-                       f" ON DUPLICATE KEY UPDATE {updates}")
-                for part in chunks(images, self.chunk_rows):
-                    # PyMySQL turns this into one multi-row INSERT per ~1 MB of statement
-                    cur.executemany(sql, [[to_db(image[c]) for c in columns] for image in part])
+                updates = ", ".join(f"{plain_quote(c)} = VALUES({plain_quote(c)})" for c in columns)
+                head = f"INSERT INTO {plain} ({', '.join(map(plain_quote, columns))}) VALUES "
+                for values in self._values(conn, images):
+                    cur.execute(head + values + f" ON DUPLICATE KEY UPDATE {updates}")
 
     def _apply_sequence(self, conn: pymysql.connections.Connection, table: TableChanges) -> None:
         name = table_name(table.schema, table.table)
         with conn.cursor() as cur:
             computed = self._computed(cur, table.schema, table.table)
-            for change in table.sequence:
+            for change, added in insert_runs(table.sequence):
+                if change is None:  # a run of inserts and reads: multi-row INSERTs
+                    plain = f"{plain_quote(table.schema)}.{plain_quote(table.table)}"
+                    for columns, images in group_by_columns(self._writable(i, computed) for i in added).items():
+                        head = f"INSERT INTO {plain} ({', '.join(map(plain_quote, columns))}) VALUES "
+                        for values in self._values(conn, images):
+                            cur.execute(head + values)
+                    continue
                 if change.before is not None:
                     where = " AND ".join(f"{quote(c)} <=> %s" for c in change.before)
                     cur.execute(f"DELETE FROM {name} WHERE {where} LIMIT 1",
                                 [to_db(v) for v in change.before.values()])
                 if change.after is not None:
                     self._insert(cur, name, self._writable(change.after, computed))
+
+    def _values(self, conn: pymysql.connections.Connection, images: Sequence[Mapping[str, Any]]) -> Iterator[str]:
+        """The VALUES lists of multi-row statements for `images` (which share one column order), at
+        most `chunk_rows` rows and about `MAX_STATEMENT` bytes each. Values are escaped as
+        PyMySQL escapes parameters (its own escaping for all but plain str, int and None), without
+        its per-row formatting of a parameterised statement (`pymysql.connections.Connection.escape`)."""
+        escape_string: Callable[[str], str] = pymysql.converters.escape_string
+        if getattr(conn, "server_status", 0) & SERVER_STATUS.SERVER_STATUS_NO_BACKSLASH_ESCAPES:
+            escape_string = _quotes_doubled  # as PyMySQL's own escape does then
+        literal = conn.escape
+        rows: list[str] = []
+        size = 0
+        for image in images:
+            parts = []
+            for value in image.values():
+                kind = type(value)
+                if kind is str:
+                    parts.append("'" + escape_string(value) + "'")
+                elif kind is int:
+                    parts.append(str(value))
+                elif value is None:
+                    parts.append("NULL")
+                else:
+                    parts.append(literal(to_db(value)))
+            text = "(" + ",".join(parts) + ")"
+            rows.append(text)
+            size += len(text) if text.isascii() else 4 * len(text)  # at most 4 bytes a character in utf8mb4
+            if size >= MAX_STATEMENT or len(rows) >= self.chunk_rows:
+                yield ",".join(rows)
+                rows, size = [], 0
+        if rows:
+            yield ",".join(rows)
 
     @staticmethod
     def _insert(cur: Any, name: str, image: Mapping[str, Any]) -> None:

@@ -12,7 +12,8 @@ belongs to one pipeline (recorded in ``PATH/.setl-pipeline``).
 Each row is one change, in these columns:
 
 * the table's columns: the after image, or the before image for a delete;
-* ``_setl_op`` (string): ``insert``, ``update`` or ``delete``;
+* ``_setl_op`` (string): ``insert``, ``update``, ``delete`` or ``read`` (a row
+  an initial snapshot copied, as Debezium's ``r``);
 * ``_setl_batch`` (int64): the id of the batch that wrote the row;
 * ``_setl_position`` (string): the source position after the change's
   transaction, as text (``LOG:OFFSET``, with its GTID when it has one;
@@ -31,7 +32,9 @@ Each row is one change, in these columns:
 Applying the log: read every file (``pyarrow.parquet.read_table(PATH/SCHEMA.TABLE,
 partitioning="hive")``), order rows by (``_setl_log``, ``_setl_offset``,
 ``_setl_row``, ``_setl_seq``), and for each
-row: ``insert``: put the image under its key; ``update``: remove the row under the
+row: ``insert`` or ``read``: put the image under its key (a read replaces the
+row the key holds; a source stamps reads with positions in stream order like
+any change, so they sort where they came); ``update``: remove the row under the
 ``_setl_before_*`` key, then put the image under its key; ``delete``: remove the
 row under its key.
 

@@ -1,7 +1,10 @@
 """A PostgreSQL database as the target, through psycopg 3.
 
 Each batch is one transaction: ``DELETE ... WHERE (key) IN (...)`` for the merged deletes, then
-multi-row ``INSERT ... ON CONFLICT (key) DO UPDATE`` of the full after-images, then the batch's
+multi-row ``INSERT ... ON CONFLICT (key) DO UPDATE`` of the full after-images (from `copy_rows`
+rows of one shape on, as a snapshot chunk of reads is: ``COPY`` into a temporary table, then one
+``INSERT ... SELECT ... ON CONFLICT``; runs of inserts and reads into a keyless table: ``COPY``
+into it), then the batch's
 end position, batch id and epoch in ``setl.setl_position`` (see `SqlLoad` for the guarantees).
 Target tables must exist, or be made by replicated DDL: a change's ``schema`` is the PostgreSQL
 schema, its ``table`` the table (in the configured database). Under ``pipeline.ddl: apply`` MySQL
@@ -33,7 +36,8 @@ from setl.model import Batch, Position
 from setl.sinks.invalid_dates import InvalidDatePolicy
 from setl.sinks.merge import TableChanges
 from setl.sinks.postgresql_ddl import Translator, UnsupportedDdl, without_sequence_ddl
-from setl.sinks.sql_common import DdlStep, FenceBusy, Segment, SqlLoad, TargetTableMissing, chunks, group_by_columns
+from setl.sinks.sql_common import (DdlStep, FenceBusy, Segment, SqlLoad, TargetTableMissing, chunks, group_by_columns,
+                                   insert_runs)
 from setl.tls import libpq_params
 
 
@@ -57,6 +61,10 @@ MAX_PARAMS = 65535  # the protocol's limit on bind parameters per statement
 # SQLSTATE classes and codes worth a reconnect and replay.
 TRANSIENT_STATES = ("08", "40", "57P01", "57P02", "57P03", "53300", "55P03")
 MISSING_TABLE_STATES = ("42P01", "3F000")  # undefined table, invalid schema name
+
+
+#: The value types `to_db` changes.
+_ADAPTED = frozenset({dict, list, set, frozenset})
 
 
 def to_db(value: Any) -> Any:
@@ -92,10 +100,16 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
     dialect = "postgresql"
     config: PostgresqlTargetConfig
 
-    def __init__(self, config: PostgresqlTargetConfig, *, connect_timeout: int = 10, **options: Any) -> None:
-        """`options` are `SqlLoad`'s (pipeline, ddl, position table, chunking, retries)."""
+    def __init__(self, config: PostgresqlTargetConfig, *, connect_timeout: int = 10, copy_rows: int = 1000,
+                 **options: Any) -> None:
+        """`copy_rows`: from how many rows of one shape (a table's upserts, or a keyless table's run
+        of inserts and reads) a batch sends them with ``COPY`` rather than multi-row INSERTs.
+        `options` are `SqlLoad`'s (pipeline, ddl, position table, chunking, retries)."""
         super().__init__(config, **options)
+        if copy_rows < 1:
+            raise ValueError("copy_rows must be at least 1")
         self.connect_timeout = connect_timeout
+        self.copy_rows = copy_rows
         self._position = sql.Identifier(self.position_schema, self.position_table)
         self._table_position = sql.Identifier(self.position_schema, self.position_table + "_table")
         self._fence_table = sql.Identifier(self.position_schema, self.position_table + "_fence")
@@ -304,11 +318,58 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
                                   functools.partial(self._delete_sql, name, key, len(part)))
                 cur.execute(text, [to_db(image[c]) for image in part for c in key])
             for columns, images in group_by_columns(table.upserts).items():
+                if len(images) >= self.copy_rows:
+                    self._copy_upsert(conn, cur, table, columns, images)
+                    continue
                 size = max(1, min(self.chunk_rows, MAX_PARAMS // len(columns)))
                 for part in chunks(images, size):
                     text = self._text(conn, ("upsert", table.schema, table.table, columns, len(part)),
                                       functools.partial(self._upsert_sql, name, key, columns, len(part)))
                     cur.execute(text, [to_db(image[c]) for image in part for c in columns])
+
+    def _copy_upsert(self, conn: psycopg.Connection, cur: psycopg.Cursor, table: TableChanges,
+                     columns: Sequence[str], images: Sequence[Mapping[str, Any]]) -> None:
+        """Many upserts of one shape: ``COPY`` them into a temporary table with the target's column
+        types (no constraints), then one ``INSERT ... SELECT ... ON CONFLICT (key) DO UPDATE``.
+        The values go through the column types' input functions, as a bound parameter's text does."""
+        # No bind parameters in these statements: names go as plain identifiers (no doubled %).
+        name = sql.Identifier(table.schema, table.table)
+        key = table.primary_key
+        stage = sql.Identifier("setl_copy_stage")
+        listed = sql.SQL(", ").join(map(sql.Identifier, columns))
+        cur.execute(sql.SQL("CREATE TEMPORARY TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA")
+                    .format(stage, listed, name))
+        self._copy(cur, stage, columns, images)
+        text = self._text(conn, ("copy-upsert", table.schema, table.table, columns),
+                          functools.partial(self._upsert_select_sql, name, stage, key, columns))
+        cur.execute(text)
+        cur.execute(sql.SQL("DROP TABLE {}").format(stage))
+
+    @staticmethod
+    def _copy(cur: psycopg.Cursor, into: sql.Composable, columns: Sequence[str],
+              images: Sequence[Mapping[str, Any]]) -> None:
+        names = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+        adapted = _ADAPTED
+        with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(into, names)) as copy:
+            write = copy.write_row
+            for image in images:
+                values = [image[c] for c in columns]
+                # Most rows hold no value to_db changes: test that at C speed, convert only the others.
+                write(values if adapted.isdisjoint(map(type, values)) else [to_db(v) for v in values])
+
+    @staticmethod
+    def _upsert_select_sql(name: sql.Identifier, stage: sql.Identifier, key: Sequence[str],
+                           columns: Sequence[str]) -> sql.Composable:
+        others = [c for c in columns if c not in key]
+        action: sql.Composable
+        if others:
+            action = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
+                sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in others))
+        else:
+            action = sql.SQL("DO NOTHING")
+        listed = sql.SQL(", ").join(map(sql.Identifier, columns))
+        return sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ON CONFLICT ({}) {}").format(
+            name, listed, listed, stage, sql.SQL(", ").join(map(sql.Identifier, key)), action)
 
     @staticmethod
     def _delete_sql(name: sql.Identifier, key: Sequence[str], rows: int) -> sql.Composable:
@@ -339,7 +400,19 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
     def _apply_sequence(self, conn: psycopg.Connection, table: TableChanges) -> None:
         name = _TableName(table.schema, table.table)
         with conn.cursor() as cur:
-            for change in table.sequence:
+            for change, added in insert_runs(table.sequence):
+                if change is None:  # a run of inserts and reads: COPY, or multi-row INSERTs
+                    for columns, images in group_by_columns(added).items():
+                        if len(images) >= self.copy_rows:
+                            self._copy(cur, sql.Identifier(table.schema, table.table), columns, images)
+                            continue
+                        size = max(1, min(self.chunk_rows, MAX_PARAMS // len(columns)))
+                        for part in chunks(images, size):
+                            cur.execute(sql.SQL("INSERT INTO {} ({}) VALUES " + ", ".join(
+                                [_marks(len(columns))] * len(part))).format(
+                                    name, sql.SQL(", ").join(map(column, columns))),
+                                [to_db(image[c]) for image in part for c in columns])
+                    continue
                 if change.before is not None:
                     where = sql.SQL(" AND ").join(
                         sql.SQL("{} IS NOT DISTINCT FROM %s").format(column(c))

@@ -47,6 +47,24 @@ def group_by_columns(images: Iterable[Mapping[str, Any]]) -> dict[tuple[str, ...
     return groups
 
 
+def insert_runs(sequence: Sequence[RowChange]) -> Iterator[tuple[RowChange | None, list[Mapping[str, Any]]]]:
+    """A keyless table's changes in order, each run of changes that only add a row (inserts and
+    snapshot reads) gathered: ``(None, after-images)`` for such a run, ``(change, [])`` for any
+    other change. A run can go to the target as one multi-row statement: rows of a table without
+    a key have no order the target keeps, so only the runs' order with the other changes matters."""
+    run: list[Mapping[str, Any]] = []
+    for change in sequence:
+        if change.before is None and change.after is not None:
+            run.append(change.after)
+            continue
+        if run:
+            yield None, run
+            run = []
+        yield change, []
+    if run:
+        yield None, run
+
+
 @attrs.frozen
 class DdlStep:
     """A DDL to apply: the `index`-th change of its batch, and its parse."""
@@ -111,9 +129,15 @@ class SqlLoad(Load, Generic[C]):
       transaction either committed or did not, and replays are idempotent. When the attempts run
       out a `TransientLoadError` is raised; any other failure is a `LoadError`. Both name the
       pipeline, table, batch id and position.
+    * Snapshot reads (`Op.READ`, after-image only) are "insert, or replace the row with the same
+      key": merged as upserts, so a chunk applied twice leaves the target as once, a read replaces
+      what an insert or update of the same key earlier in the batch left, and a later delete
+      removes it. Runs of reads (and of inserts) go in bulk: multi-row statements, or the
+      dialect's bulk path (PostgreSQL ``COPY``), never row by row.
     * Tables without a primary key cannot be merged: each change is applied as it comes (an
       update or delete removes one row equal to the before-image in every column, NULLs equal to
-      NULLs; an insert or update then inserts the after-image). In ``ordered`` mode a batch
+      NULLs; an insert, read or update then inserts the after-image; consecutive inserts and
+      reads go as one multi-row insert). In ``ordered`` mode a batch
       replayed after it committed (its ack was lost) inserts those rows again; a warning is
       logged once per table.
     * DDL (`ddl`, the pipeline's ``pipeline.ddl``): ``apply`` runs each DDL in batch order with
@@ -577,4 +601,5 @@ class SqlLoad(Load, Generic[C]):
                                      **exc.context) from exc
 
 
-__all__ = ["PROCESS_TOKEN", "DdlStep", "FenceBusy", "SqlLoad", "TargetTableMissing", "chunks", "group_by_columns"]
+__all__ = ["PROCESS_TOKEN", "DdlStep", "FenceBusy", "SqlLoad", "TargetTableMissing", "chunks", "group_by_columns",
+           "insert_runs"]

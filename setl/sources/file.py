@@ -5,8 +5,9 @@ Each line is one transaction::
     {"changes": [{"op": "insert", "schema": "demo", "table": "orders", "key": ["id"],
                   "after": {"id": 1, "amount": 5}}]}
 
-`op` is insert, update or delete; updates carry `before` and `after`, deletes
-`before`. A change ``{"ddl": "ALTER TABLE ...", "schema": ..., "table": ...}``
+`op` is insert, update, delete or read (a snapshot row: `after` only, applied
+as "insert, or replace the row with the same key"); updates carry `before` and
+`after`, deletes `before`. A change ``{"ddl": "ALTER TABLE ...", "schema": ..., "table": ...}``
 is a DDL. A transaction's position is ``Position(file name, byte offset after
 its line)``. With `follow`, lines appended later are read as they arrive; a
 line without its newline yet is left for the next poll.
@@ -136,10 +137,11 @@ class FileSource(Select):
             return DdlChange(item["schema"], item.get("table"), item["ddl"], position)
         op = Op(item["op"])
         before, after = item.get("before"), item.get("after")
-        if (op is Op.INSERT and after is None) or (op is Op.DELETE and before is None) or (
-            op is Op.UPDATE and (before is None or after is None)
-        ):
+        if ((op is Op.INSERT and after is None) or (op is Op.DELETE and before is None)
+                or (op is Op.UPDATE and (before is None or after is None)) or (op is Op.READ and after is None)):
             raise ValueError(f"{op.value} change without the images it needs")
+        if op is Op.READ and before is not None:
+            raise ValueError("read change with a before image (a snapshot read has its after image only)")
         return RowChange(op, item["schema"], item["table"], tuple(item.get("key") or ()),
                          before, after, position)
 

@@ -48,6 +48,9 @@ class TableExtract(Extract):
     * `filter` is a Python expression over the row's columns. An update whose
       row leaves the filter becomes a delete, and one that enters it an insert,
       so the target holds exactly the rows that match.
+    * A snapshot read (`Op.READ`, after image only) is routed, reshaped and filtered as an
+      insert is (dropped when its row does not match) and stays a read, so that targets can
+      show it; the update rules above do not apply to it.
 
     Every row change it returns carries its `source` table, the key to its
     route for the stages after it.
@@ -127,7 +130,7 @@ class TableExtract(Extract):
         if plan.filter is not None:
             keep_before = before is not None and self._matches(plan, before)
             keep_after = after is not None and self._matches(plan, after)
-            if op is Op.UPDATE:
+            if op is Op.UPDATE:  # an insert, read or delete has one image, kept or dropped below
                 if keep_before and not keep_after:
                     op, after = Op.DELETE, None
                 elif keep_after and not keep_before:

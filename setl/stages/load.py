@@ -37,6 +37,13 @@ class Load:
     * Loads are idempotent: the same changes applied twice leave the target as
       applied once, because replays after a crash are normal (at-least-once).
       Changes carry full row images, so an upsert of the last image is enough.
+    * A snapshot read (`Op.READ`: an after image only, a row an initial snapshot copied) is
+      "insert, or replace the row with the same key" in a keyed table: a batch of reads applied
+      twice leaves the target as applied once, a read replaces what an earlier insert or update
+      of its key (in the batch or before it) left, and a later delete removes it. In a table
+      without a primary key it is a plain insert. A target that keeps a change log writes it
+      with op ``read``. Runs of reads come in chunks of thousands of rows of one table: apply
+      them in bulk, not row by row. The connector kit's `LoadContract` checks all of this.
     * A target that can store the batch's end position in the same transaction
       as its rows returns it from `committed()`; the scheduler then never
       resumes from before it. Others return None.

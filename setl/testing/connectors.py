@@ -56,6 +56,10 @@ class TableSpec:
     def delete(self, **before: Any) -> RowChange:
         return RowChange(Op.DELETE, self.schema, self.name, self.key, before, None)
 
+    def read(self, **after: Any) -> RowChange:
+        """A snapshot read of a row (`Op.READ`): "insert, or replace the row with the same key"."""
+        return RowChange(Op.READ, self.schema, self.name, self.key, None, after)
+
 
 def row(id: int, name: str = "n", qty: int | None = 1) -> dict[str, Any]:
     """A row of the default `TableSpec` columns."""
@@ -92,10 +96,18 @@ class TargetProbe:
         raise NotImplementedError
 
     def create(self, table: TableSpec) -> None:
-        """Create `table` if the target needs it to exist before rows arrive."""
+        """Create `table` if the target needs it to exist before rows arrive. A `TableSpec` with
+        an empty `key` is a table without a primary key."""
 
     def state(self, table: TableSpec) -> dict[tuple[Any, ...], dict[str, Any]]:
         raise NotImplementedError
+
+    def rows(self, table: TableSpec) -> list[dict[str, Any]]:
+        """Every row of `table` as the target holds it now, duplicates included: what a table
+        without a primary key holds. The default takes `state`'s values, which is right only when
+        `state` keys a keyless table by the whole row; a probe whose `state` keys it otherwise
+        overrides this."""
+        return list(self.state(table).values())
 
     @property
     def schema(self) -> str:
@@ -220,6 +232,55 @@ class LoadContract:
         load.close()
         load.close()
         assert probe.state(items) == {(1,): row(1)}
+
+    # -- snapshot reads (Op.READ): "insert, or replace the row with the same key"
+
+    def test_read_batch_loaded_twice_is_idempotent(self, probe, kit_items, kit_load):
+        """A batch of snapshot reads applied twice (a chunk copied again after a crash) leaves the
+        target as applied once, also when loaded again by a new Load."""
+        items = kit_items
+        batch = make_batch([items.read(**row(i, f"r{i}", i)) for i in range(1, 6)], id=1)
+        kit_load.load(batch)
+        once = probe.state(items)
+        kit_load.load(batch)
+        again = probe.make_load()
+        again.open()
+        try:
+            again.load(batch)
+        finally:
+            again.close()
+        assert probe.state(items) == once == {(i,): row(i, f"r{i}", i) for i in range(1, 6)}
+
+    def test_read_replaces_an_existing_row(self, probe, kit_items, kit_load):
+        """A read of a key the target holds replaces that row (from an earlier batch, and from an
+        insert or update earlier in the same batch)."""
+        items = kit_items
+        kit_load.load(make_batch([items.insert(**row(1, "old", 1))], id=1))
+        kit_load.load(make_batch([items.read(**row(1, "snap", 2)),
+                                  items.insert(**row(2, "new", 3)), items.update(row(2, "new", 3), qty=4),
+                                  items.read(**row(2, "snap", 5))], id=2))
+        assert probe.state(items) == {(1,): row(1, "snap", 2), (2,): row(2, "snap", 5)}
+
+    def test_read_then_delete(self, probe, kit_items, kit_load):
+        """A delete after a read of the same key removes the row, in the same batch or a later one;
+        a change after a read applies on top of it."""
+        items = kit_items
+        kit_load.load(make_batch([items.read(**row(1)), items.read(**row(2)), items.delete(**row(1)),
+                                  items.read(**row(3))], id=1))
+        kit_load.load(make_batch([items.delete(**row(2)), items.update(row(3), qty=9)], id=2))
+        assert probe.state(items) == {(3,): row(3, "n", 9)}
+
+    def test_reads_into_a_table_without_a_key(self, probe, kit_load):
+        """Into a table without a primary key a read is a plain insert: every read row arrives once,
+        duplicates of equal rows included."""
+        loose = TableSpec(probe.schema, "loose", key=())
+        probe.create(loose)
+        reads = [loose.read(**row(i % 3, f"r{i % 3}", i % 3)) for i in range(7)]
+        kit_load.load(make_batch(reads, id=1))
+        got = sorted(probe.rows(loose), key=lambda r: sorted(r.items(), key=repr))
+        want = sorted((dict(c.after) for c in reads if c.after is not None), key=lambda r: sorted(r.items(), key=repr))
+        assert got == want, (f"rows of a keyless table after 7 reads: {got}; if the target holds them, "
+                             f"the probe's rows() should return them all (see TargetProbe.rows)")
 
     def test_random_sequences_match_the_model(self, probe):
         """Random inserts, updates (key changes included) and deletes, cut into random batches,

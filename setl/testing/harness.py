@@ -63,6 +63,11 @@ def delete(table: str, row: Mapping[str, Any], *, key: Sequence[str] = ("id",), 
     return RowChange(Op.DELETE, schema, table, tuple(key), dict(row), None)
 
 
+def read(table: str, row: Mapping[str, Any], *, key: Sequence[str] = ("id",), schema: str = "demo") -> RowChange:
+    """A snapshot read of `row` in `schema.table` (`Op.READ`: "insert, or replace the row with the same key")."""
+    return RowChange(Op.READ, schema, table, tuple(key), None, dict(row))
+
+
 def reference_state(transactions: Iterable[Transaction | Sequence[Change]]) -> dict[str, dict]:
     """The state of every table after applying all changes in order: ``{schema.table: {key: row}}``."""
     tables: dict[str, dict] = {}
@@ -104,6 +109,31 @@ def parquet_state(root: str | os.PathLike[str], table: str) -> dict[tuple[Any, .
         else:
             state[key] = image
     return state
+
+
+def parquet_rows(root: str | os.PathLike[str], table: str) -> list[dict[str, Any]]:
+    """Every row of a table without a primary key, duplicates included, from the Parquet target's
+    change log under `root`, in the order `parquet_state` applies it: an insert or read adds its
+    image, a delete removes one equal row, an update removes one row equal to its before-image
+    (its ``_setl_before_*`` columns) and adds its image."""
+    import pyarrow.parquet as pq
+
+    from setl.sinks.parquet import BEFORE_PREFIX
+
+    data = pq.read_table(os.path.join(root, table), partitioning="hive").to_pylist()
+    data.sort(key=lambda r: (r["_setl_log"], r["_setl_offset"], r.get("_setl_row") or 0, r["_setl_seq"]))
+    rows: list[dict[str, Any]] = []
+    for row in data:
+        image = {c: v for c, v in row.items() if not c.startswith("_setl_")}
+        op = row["_setl_op"]
+        gone = image if op == "delete" else None
+        if op == "update":
+            gone = {c[len(BEFORE_PREFIX):]: v for c, v in row.items() if c.startswith(BEFORE_PREFIX)}
+        if gone is not None and gone in rows:
+            rows.remove(gone)
+        if op != "delete":
+            rows.append(image)
+    return rows
 
 
 # --- faults: the product's failpoints (setl.failpoints), re-exported -------------------------
@@ -399,5 +429,5 @@ def run_pipeline(
 __all__ = [
     "Fault", "FaultPlan", "FaultyExtract", "FaultyLoad", "FaultyPartLoad", "FaultyTransform", "InjectedFault",
     "InvariantListener", "LoadRecord", "MemorySink", "RunResult", "ScriptedSource", "delete", "insert",
-    "parquet_state", "reference_state", "run_pipeline", "update",
+    "parquet_rows", "parquet_state", "read", "reference_state", "run_pipeline", "update",
 ]

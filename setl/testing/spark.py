@@ -57,8 +57,8 @@ def make_batch(
 ) -> Batch:
     """A batch of row changes to `schema.table` (or a qualified `table`) made from Python dicts.
 
-    `op` is one operation for all rows or one per row. An insert's row is its
-    after image, a delete's its before image; an update's row is a
+    `op` is one operation for all rows or one per row. An insert's or a read's
+    (a snapshot row's) row is its after image, a delete's its before image; an update's row is a
     ``(before, after)`` pair, or a single dict used as both.
     """
     if "." in table:
@@ -76,7 +76,7 @@ def make_batch(
             before, after = row if isinstance(row, tuple) else (row, row)
         elif isinstance(row, tuple):
             raise ValueError(f"a (before, after) pair for a {kind.value}: only an update takes one")
-        elif kind is Op.INSERT:
+        elif kind is Op.INSERT or kind is Op.READ:
             before, after = None, row
         else:
             before, after = row, None

@@ -3,8 +3,9 @@ through the table's transform chain, and back into row changes.
 
 What a transform sees. One row per row image, with the table's columns and:
 
-* ``_setl_op``: insert, update or delete (of the change the image belongs to);
-* ``_setl_image``: ``after`` for inserts and updates, ``before`` for deletes and
+* ``_setl_op``: insert, update, delete or read (of the change the image belongs
+  to; ``read`` is a row copied by a snapshot, which has only an after image);
+* ``_setl_image``: ``after`` for inserts, reads and updates, ``before`` for deletes and
   for the old image of updates (so renames, casts and hashes apply to the keys
   a delete or a key change must find in the target);
 * ``_setl_seq``: the change's index in the batch (its order);
@@ -15,7 +16,8 @@ columns are informational and are never written to the target.
 
 How rows come back. Rows are matched to their change by ``_setl_seq``:
 
-* an insert becomes one insert per surviving after-image;
+* an insert becomes one insert per surviving after-image, a read one read per
+  surviving after-image (a read a filter removes is dropped, like an insert);
 * an update whose old and new images both survive stays an update; if only
   the new one survives it becomes an insert, if only the old one a delete (the
   row left a filter), if neither it is dropped;
@@ -458,7 +460,7 @@ class SparkTransform(Transform):
                               codecs))
         changes = rows.changes
         schema, table, src = changes[0].schema, changes[0].table, changes[0].source
-        insert, update, delete = Op.INSERT, Op.UPDATE, Op.DELETE
+        insert, update, delete, read = Op.INSERT, Op.UPDATE, Op.DELETE, Op.READ
         out: list[RowChange | list[RowChange]] = []
         if in_order:
             # Every row came back, in order (no filter, join or reordering): pair them up directly.
@@ -469,8 +471,8 @@ class SparkTransform(Transform):
                     old = next_image()
                     out.append(RowChange(update, schema, table, primary_key, old, next_image(), change.position,
                                          change.commit_time, src))
-                elif op is insert:
-                    out.append(RowChange(insert, schema, table, primary_key, None, next_image(), change.position,
+                elif op is insert or op is read:
+                    out.append(RowChange(op, schema, table, primary_key, None, next_image(), change.position,
                                          change.commit_time, src))
                 else:
                     out.append(RowChange(delete, schema, table, primary_key, next_image(), None, change.position,
@@ -489,8 +491,8 @@ class SparkTransform(Transform):
         for index, change in zip(rows.indices, changes):
             before, after = by_seq.pop(index, nothing)
             pos, ts = change.position, change.commit_time
-            if change.op is insert:
-                out.append([RowChange(insert, schema, table, primary_key, None, a, pos, ts, src) for a in after])
+            if change.op is insert or change.op is read:
+                out.append([RowChange(change.op, schema, table, primary_key, None, a, pos, ts, src) for a in after])
             elif change.op is delete:
                 if not before and not plan.may_drop_deletes:
                     lost_deletes.append(change)

@@ -22,12 +22,12 @@ from setl.node import build_load
 from setl.sinks.parquet import SPARK_WRITER_CONF, ParquetLoad, file_name, read_table
 from setl.spark import JavaNotFound
 from setl.testing.connectors import LoadContract, TargetProbe
-from setl.testing.harness import parquet_state
+from setl.testing.harness import parquet_rows, parquet_state
 from setl.testing.spark import LOCAL_SETTINGS, local_spark
 
 
 def change(op, table, image, offset, key=("id",), schema="shop"):
-    before = image if op is not Op.INSERT else None
+    before = image if op not in (Op.INSERT, Op.READ) else None
     after = image if op is not Op.DELETE else None
     return RowChange(op, schema, table, key, before, after, Position("bin.000001", offset))
 
@@ -105,6 +105,18 @@ def test_writes_changes_with_metadata_readable_by_pyarrow(sink, tmp_path):
     ]
     assert table.schema.field("_setl_before_id").type == table.schema.field("id").type
     assert sink.committed() is None
+
+
+def test_snapshot_reads_are_logged_as_read(sink, tmp_path):
+    """A snapshot read is a row with ``_setl_op`` read and its after image; applying the log puts it
+    under its key, replacing what an earlier insert left there."""
+    sink.load(batch([change(Op.INSERT, "orders", {"id": 1, "total": 1}, 10)], 0, 10, batch_id=1))
+    sink.load(batch([change(Op.READ, "orders", {"id": 1, "total": 5}, 20),
+                     change(Op.READ, "orders", {"id": 2, "total": 6}, 20)], 10, 20, batch_id=2))
+    got = rows(tmp_path / "out")
+    assert [(r["_setl_op"], r["id"], r["total"], r["_setl_before_id"]) for r in got] == [
+        ("insert", 1, 1, None), ("read", 1, 5, None), ("read", 2, 6, None)]
+    assert parquet_state(tmp_path / "out", "shop.orders") == {(1,): {"id": 1, "total": 5}, (2,): {"id": 2, "total": 6}}
 
 
 def test_types_are_kept(arrow_sink, tmp_path):
@@ -512,6 +524,10 @@ class ParquetProbe(TargetProbe):
         for root in sorted(self.root.glob(f"*/{table.qualified}")):
             state.update(parquet_state(root.parent, table.qualified))
         return state
+
+    def rows(self, table):
+        return [row for root in sorted(self.root.glob(f"*/{table.qualified}"))
+                for row in parquet_rows(root.parent, table.qualified)]
 
 
 class TestParquetLoadContract(LoadContract):

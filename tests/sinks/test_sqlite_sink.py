@@ -73,6 +73,16 @@ class SqliteProbe(TargetProbe):
             db.close()
         return {tuple(r[k] for k in table.key): r for r in rows}
 
+    def rows(self, table):
+        db = sqlite3.connect(self.path)
+        db.row_factory = sqlite3.Row
+        try:
+            return [dict(r) for r in db.execute(f'SELECT * FROM "{table.qualified}"')]
+        except sqlite3.OperationalError:
+            return []
+        finally:
+            db.close()
+
 
 class TestSqliteLoadContract(LoadContract):
     """The connector kit's Load contract, on the SQLite target."""

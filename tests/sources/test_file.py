@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from setl.errors import SourceError
-from setl.model import Position
+from setl.model import Op, Position
 from setl.connectors import BuildContext, registry
 from setl.sources.file import FileSource, FileSourceConfig, encode_transaction
 from setl.testing.connectors import SelectContract, SourceProbe
-from setl.testing.harness import delete, insert, update
+from setl.testing.harness import delete, insert, read, update
 
 
 def write(path, txs):
@@ -84,3 +84,22 @@ class TestFileSelectContract(SelectContract):
     @pytest.fixture
     def probe(self, tmp_path):
         return FileProbe(tmp_path / "kit.jsonl")
+
+
+def test_snapshot_reads_round_trip_and_a_read_with_a_before_image_is_refused(tmp_path):
+    """A read line (after image only) comes back as a read; one carrying a before image is a source error."""
+    path = tmp_path / "s.jsonl"
+    write(path, [[read("t", {"id": 1, "v": "a"}), read("t", {"id": 2, "v": "b"})]])
+    source = FileSource(path, follow=False)
+    source.open(None)
+    tx = source.poll(0)
+    assert [(c.op, c.before, c.after) for c in tx.changes] == [(Op.READ, None, {"id": 1, "v": "a"}),
+                                                              (Op.READ, None, {"id": 2, "v": "b"})]
+    source.close()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"changes": [{"op": "read", "schema": "d", "table": "t", "before": {"id": 1}, '
+                   '"after": {"id": 1}}]}\n')
+    source = FileSource(bad, follow=False, pipeline="p")
+    source.open(None)
+    with pytest.raises(SourceError, match="read change with a before image"):
+        source.poll(0)

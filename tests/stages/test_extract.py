@@ -8,7 +8,7 @@ from setl.config import ColumnsConfig, TableRule
 from setl.errors import ExtractError
 from setl.model import Batch, DdlChange, Op, Position
 from setl.stages import TableExtract
-from setl.testing.harness import delete, insert, update
+from setl.testing.harness import delete, insert, read, update
 
 
 def batch(*changes) -> Batch:
@@ -101,3 +101,22 @@ def test_drop_database_as_drop_tables_routes_each_like_a_plain_drop_table(templa
         ("shop_copy", "a.b", f"DROP TABLE{if_exists} `shop_copy`.`a.b`"),
         ("shop_copy", "back`tick", f"DROP TABLE{if_exists} `shop_copy`.`back``tick`"),
     ]
+
+
+def test_reads_are_routed_reshaped_and_filtered_like_inserts_and_stay_reads():
+    """A snapshot read goes through routing, target names, column include/exclude, renames and the row
+    filter as an insert does (a read the filter rejects is dropped), and comes out as a read."""
+    rules = [TableRule(source=r"shop\.audit", exclude=True),
+             TableRule(source=r"shop\.orders", target="replica.o_{table}", filter="amount > 1",
+                       columns=ColumnsConfig(exclude=("secret",)), rename={"amount": "amount_eur"})]
+    out = TableExtract(rules).extract(batch(
+        read("audit", {"id": 9}, schema="shop"),
+        read("orders", {"id": 1, "amount": 5, "secret": "x"}, schema="shop"),
+        read("orders", {"id": 2, "amount": 1, "secret": "y"}, schema="shop"),
+        insert("orders", {"id": 3, "amount": 7, "secret": "z"}, schema="shop"),
+    ))
+    assert [(c.op, c.schema, c.table, c.before, c.after, c.primary_key) for c in out.changes] == [
+        (Op.READ, "replica", "o_orders", None, {"id": 1, "amount_eur": 5}, ("id",)),
+        (Op.INSERT, "replica", "o_orders", None, {"id": 3, "amount_eur": 7}, ("id",)),
+    ]
+    assert all(c.source is not None and c.source.table == "orders" for c in out.changes)

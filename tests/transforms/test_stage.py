@@ -500,3 +500,23 @@ def test_a_step_spark_rejects_is_a_permanent_one_line_error(spark, registry):
     assert error.retryable is False and isinstance(error, TransformError)
     assert (error.context["pipeline"], error.context["table"], error.context["plugin"]) == ("p1", "demo.t", "filter")
     assert "\n" not in str(error) and "nope" in str(error) and "step 1 (filter)" in str(error)
+
+
+def test_snapshot_reads_come_back_as_reads(spark, registry):
+    """Snapshot reads go through a chain as rows with ``_setl_op = 'read'`` and come back as reads,
+    in batch order among inserts, updates and deletes: through a column step (rows in order), and
+    through a filter that drops one read (rows matched by seq)."""
+    rows = [{"id": 1, "v": "a"}, {"id": 2, "v": "b"}, ({"id": 3, "v": "c"}, {"id": 3, "v": "d"}),
+            {"id": 4, "v": "e"}, {"id": 5, "v": "skip"}, {"id": 6, "v": "f"}]
+    batch = make_batch("demo.t", rows, primary_key=["id"], op=["read", "insert", "update", "delete", "read", "read"])
+    ops = stage_for(spark, registry, "demo.t", ("add_column", {"name": "op", "expr": "_setl_op"}),
+                    ("add_column", {"name": "u", "expr": "upper(v)"})).transform(batch)
+    assert [(c.op, c.key, c.before is None, c.after and c.after["op"]) for c in ops.changes] == [
+        (Op.READ, (1,), True, "read"), (Op.INSERT, (2,), True, "insert"), (Op.UPDATE, (3,), False, "update"),
+        (Op.DELETE, (4,), False, None), (Op.READ, (5,), True, "read"), (Op.READ, (6,), True, "read")]
+    assert [c.after["u"] for c in ops.changes if c.op is Op.READ] == ["A", "SKIP", "F"]
+    assert [c.position for c in ops.changes] == [c.position for c in batch.changes]
+    filtered = stage_for(spark, registry, "demo.t", ("filter", {"condition": "v <> 'skip'"})).transform(batch)
+    assert [(c.op, c.key) for c in filtered.changes] == [
+        (Op.READ, (1,)), (Op.INSERT, (2,)), (Op.UPDATE, (3,)), (Op.DELETE, (4,)), (Op.READ, (6,))]
+    assert filtered.changes[0].after == {"id": 1, "v": "a"} and filtered.changes[4].before is None

@@ -6,7 +6,7 @@ import pytest
 
 from setl.connectors import BuildContext, registry
 from setl.testing.connectors import LoadContract, TableSpec, TargetProbe, make_batch, row
-from setl_jsonl_target import JsonlTargetConfig, read_log, table_state
+from setl_jsonl_target import JsonlTargetConfig, read_log, table_rows, table_state
 
 
 class JsonlProbe(TargetProbe):
@@ -24,6 +24,9 @@ class JsonlProbe(TargetProbe):
         for log in sorted(self.directory.glob("*.jsonl")):
             state.update(table_state(log, table.qualified))
         return state
+
+    def rows(self, table):
+        return [row for log in sorted(self.directory.glob("*.jsonl")) for row in table_rows(log, table.qualified)]
 
 
 class TestJsonlContract(LoadContract):
@@ -72,3 +75,17 @@ def test_a_deposed_leaders_batch_is_refused(tmp_path):
         load.load(make_batch([items.insert(**row(2))], id=2, epoch=2))
     load.close()
     assert probe.state(items) == {(1,): row(1)} and load.committed_epoch() == 3
+
+
+def test_snapshot_reads_are_logged_with_op_read(tmp_path):
+    """A snapshot read is a line with op read and its after image; folding the log replaces the key's row."""
+    probe = JsonlProbe(tmp_path)
+    items = TableSpec("demo", "items")
+    load = probe.make_load()
+    load.open()
+    load.load(make_batch([items.insert(**row(1)), items.read(**row(1, "snap", 5))], id=1))
+    load.close()
+    lines = [line for line in read_log(tmp_path / "p.jsonl")[0] if "op" in line]
+    assert [(line["op"], line["before"], line["after"]["name"]) for line in lines] == [
+        ("insert", None, "n"), ("read", None, "snap")]
+    assert probe.state(items) == {(1,): row(1, "snap", 5)}

@@ -11,8 +11,10 @@ Line formats::
     {"ddl": "ALTER TABLE ...", "schema": "shop", "table": "orders", "position": "..."}
     {"commit": {"log": "mysql-bin.000003", "offset": 5120, "batch": 12, "epoch": 3}}
 
-Only lines up to the last commit line count: a crash in the middle of a batch leaves a tail that
-the next `open` cuts off. Values JSON cannot hold (decimals, dates, bytes) are written as text.
+``op`` is insert, update, delete or read (a row an initial snapshot copied: after image only,
+"insert, or replace the row with the same key"). Only lines up to the last commit line count: a
+crash in the middle of a batch leaves a tail that the next `open` cuts off. Values JSON cannot
+hold (decimals, dates, bytes) are written as text.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from setl.errors import LoadError
 from setl.model import Batch, DdlChange, Position, RowChange
 from setl.stages.load import Load, LoadCapabilities
 
-__all__ = ["JsonlLoad", "JsonlTargetConfig", "connector", "iter_changes", "read_log", "table_state"]
+__all__ = ["JsonlLoad", "JsonlTargetConfig", "connector", "iter_changes", "read_log", "table_rows", "table_state"]
 
 
 @attrs.frozen
@@ -94,6 +96,21 @@ def table_state(path: str | os.PathLike[str], table: str) -> dict[tuple[Any, ...
         if record["after"] is not None:
             state[tuple(record["after"][k] for k in key)] = record["after"]
     return state
+
+
+def table_rows(path: str | os.PathLike[str], table: str) -> list[dict[str, Any]]:
+    """Every row of table ``schema.table`` as the committed part of the log leaves it, duplicates
+    included (what a table without a primary key holds): an insert or read adds its after image,
+    a delete removes one row equal to its before image, an update does both."""
+    rows: list[dict[str, Any]] = []
+    for record in read_log(path)[0]:
+        if "op" not in record or f"{record['schema']}.{record['table']}" != table:
+            continue
+        if record["before"] is not None and record["before"] in rows:
+            rows.remove(record["before"])
+        if record["after"] is not None:
+            rows.append(record["after"])
+    return rows
 
 
 class JsonlLoad(Load):
