@@ -15,7 +15,16 @@ def stopped_row(name: str) -> dict[str, Any]:
     """The row of a pipeline that never ran here (no meta store yet)."""
     return {"pipeline": name, "status": Status.STOPPED.value, "position": None, "batch": None,
             "acked_at": None, "epoch": 0, "node": None, "error": None, "retrying": None,
-            "retrying_since": None}
+            "retrying_since": None, "snapshot": [], "snapshot_requested": []}
+
+
+def snapshot_rows(meta: MetaStore, name: str) -> dict[str, Any]:
+    """The pipeline's table copies (`setl.snapshot`): per table its status, rows copied of the
+    estimate, chunks and times; and the tables an operator asked to copy that have not started."""
+    tables = [{"table": str(p.name), "status": p.status.value, "rows": p.rows, "estimate": p.estimate,
+               "chunks": p.chunks, "started": p.started or None, "updated": p.updated or None}
+              for p in meta.snapshot_progress(name)]
+    return {"snapshot": tables, "snapshot_requested": [str(t) for t in meta.snapshot_requests(name)]}
 
 
 def status_rows(meta: MetaStore, names: list[str]) -> list[dict[str, Any]]:
@@ -38,5 +47,6 @@ def status_rows(meta: MetaStore, names: list[str]) -> list[dict[str, Any]]:
             "retrying": state.error if state.retrying else None,
             "retrying_since": state.retrying_since if state.retrying else None,
             **({"holder": holder, "standbys": standbys} if members else {}),
+            **snapshot_rows(meta, name),
         })
     return rows

@@ -51,6 +51,8 @@ def merge(changes: Iterable[Change]) -> list[TableChanges]:
             keys[ident] = change.primary_key
             order.append(ident)
         if not change.primary_key:
+            if change.op is Op.READ:  # TEMPORARY (h-snap): a snapshot row of a keyless table is an insert
+                change = attrs.evolve(change, op=Op.INSERT)
             unkeyed.setdefault(ident, []).append(change)
             continue
         state = keyed.setdefault(ident, {})

@@ -1,0 +1,729 @@
+"""`SnapshotSelect`: the binlog source with table copies merged into its stream in position order.
+
+How a table is copied (docs/snapshot.md):
+
+1. A ``TRUNCATE TABLE`` of it (a `DdlChange` with ``snapshot=True``) is handed on at the current
+   stream position, so the copy replaces what the target held.
+2. Its rows are read in chunks split on the primary key (boundaries found by the server), each in
+   its own consistent-snapshot transaction whose binlog position Pc the server tells. A chunk is a
+   transaction of READ row changes handed on after every binlog transaction ending at or before Pc
+   and before any ending after it. The target merges changes by key, so a change before Pc is
+   replaced by the chunk's row and one after Pc applies on top of it: every key ends right.
+3. A table without a primary key is one chunk (streamed in pieces from one consistent snapshot, so
+   one transaction stays open while it is read), and its binlog changes are dropped until the
+   copy has been handed on (they are in it).
+
+Chunks are read by `readers` threads, at most `max_chunks` read and not yet handed on. Progress
+reaches the meta store only when the batch holding a chunk is acked (`SnapshotListener`), so a
+restart resumes after the last acked chunk; a chunk replayed after a crash is harmless (READ
+replaces the row).
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import attrs
+import pymysql
+
+from setl.errors import SetlError, SourceError
+from setl.meta.base import MetaStore
+from setl.model import Ack, Batch, DdlChange, Op, Position, RowChange, TableName, Transaction
+from setl.scheduler.events import Listener
+from setl.snapshot.progress import CopyStatus, TableProgress
+from setl.snapshot.reader import ChunkReader, TablePlan
+from setl.snapshot.settings import SnapshotSettings
+from setl.stages.select import Select, SelectWrapper
+
+log = logging.getLogger("setl.snapshot")
+
+#: How often the running source looks for `setl snapshot` requests in the meta store (seconds).
+REQUEST_POLL = 1.0
+
+
+@attrs.frozen
+class Chunk:
+    """Rows read in one consistent snapshot at binlog position `position`.
+
+    Keyed tables: the rows with key in (`lower`, `upper`] (`upper` None: to the end, `final`).
+    Keyless tables: piece `index` of the one read of the whole table (`final` on the last).
+    """
+
+    table: TableName
+    generation: int
+    index: int
+    rows: tuple[dict[str, Any], ...]
+    position: Position
+    lower: tuple[Any, ...] | None
+    upper: tuple[Any, ...] | None
+    final: bool
+
+
+@attrs.define(eq=False)
+class _Record:
+    """Progress a handed-on transaction carries, committed once the batch holding it is acked."""
+
+    table: TableName
+    kind: str  # "truncate" or "chunk"
+    carrier: Any  # the change object whose batch must be acked (None: none, commit in order)
+    chunk: Chunk | None = None
+    empty: bool = False  # a TRUNCATE of a table found empty: the copy is done with it
+    batch: int | None = None
+
+
+@attrs.define(eq=False)
+class _Copy:
+    """A table being copied, as the reader threads and the poll thread see it."""
+
+    plan: TablePlan
+    progress: TableProgress
+    truncated: bool = False  # its TRUNCATE was handed on: chunks may be read
+    lower: tuple[Any, ...] | None = None  # the next chunk starts after this key
+    exhausted: bool = False  # the final chunk was claimed
+    claiming: bool = False  # a reader is finding the next boundary
+    next_index: int = 0
+    next_commit: int = 0  # chunks are committed in index (key) order, whatever order they are acked in
+    acked: dict[int, Chunk] = attrs.Factory(dict)
+    handed_rows: int = 0
+
+
+class SnapshotSelect(SelectWrapper):
+    """Wraps a MySQL binlog source; see the module docstring.
+
+    Contract additions to `Select`: chunk transactions end at the position of the last binlog
+    transaction handed on before them (resuming there re-reads nothing they depend on), and their
+    row changes carry the chunk's snapshot position. `backlog()` is true while a copy is not
+    acked to the end, so ``--until-caught-up`` waits for it.
+    """
+
+    def __init__(self, inner: Select, *, pipeline: str, meta: Callable[[], MetaStore], connect: Callable[[], Any],
+                 where: str, start_mode: bool, selects: Callable[[str, str], bool] | None,
+                 settings: SnapshotSettings, parallelism: int = 2,
+                 reporter: Callable[[list[TableProgress], bool], None] | None = None) -> None:
+        super().__init__(inner)
+        self.pipeline = pipeline
+        self._meta_factory = meta
+        self._meta: MetaStore | None = None
+        self.connect = connect
+        self.where = where
+        self.start_mode = start_mode
+        self.selects = selects
+        self.settings = settings
+        self.chunk_rows = max(1, settings.chunk_rows)
+        self.readers = settings.readers or max(1, parallelism)
+        self.max_chunks = settings.max_chunks or 2 * self.readers
+        self.reporter = reporter
+        self.reader = ChunkReader(self._connection, pipeline)
+        self._lock = threading.Condition()
+        self._generation = 0
+        self._copies: dict[TableName, _Copy] = {}
+        self._waiting: list[TableName] = []  # tables whose TRUNCATE is to be handed on
+        self._keyless_open: set[TableName] = set()
+        self._in_flight: dict[int, Position] = {}  # read id -> a lower bound of its snapshot position
+        self._ready: list[tuple[Position, int, Chunk]] = []
+        self._seq = itertools.count()
+        self._out: collections.deque[Transaction] = collections.deque()
+        self._lookahead: Transaction | None = None
+        self._frontier: Position | None = None
+        self._records: collections.deque[_Record] = collections.deque()
+        self._carriers: dict[int, _Record] = {}
+        self._committed: dict[TableName, TableProgress] = {}
+        self._termin_ok = 0  # the last batch id Termin took as loaded
+        self._threads: list[threading.Thread] = []
+        self._stop = threading.Event()
+        self._failure: BaseException | None = None
+        self._next_request = 0.0
+        self._checked = False
+        self._began: float | None = None
+
+    @property
+    def meta(self) -> MetaStore:
+        if self._meta is None:
+            self._meta = self._meta_factory()
+        return self._meta
+
+    # --- connections --------------------------------------------------------------------------
+
+    def _connection(self) -> pymysql.connections.Connection:
+        conn = self.connect()
+        ChunkReader.prepare(conn)
+        return conn
+
+    # --- Select -------------------------------------------------------------------------------
+
+    def open(self, start: Position | None) -> None:
+        self._shutdown()
+        self.inner.open(start)
+        fresh = start is None and self.start_mode
+        self._restart(self.inner.tell(), fresh=fresh)
+
+    def seek(self, position: Position | None) -> None:
+        self._shutdown()
+        self.inner.seek(position)
+        self._restart(self.inner.tell() or position, fresh=False)
+
+    def close(self) -> None:
+        self._shutdown()
+        self.inner.close()
+
+    def backlog(self) -> bool:
+        with self._lock:
+            return any(p.status is not CopyStatus.DONE for p in self._committed.values()) or bool(self._waiting)
+
+    def _shutdown(self) -> None:
+        self._stop.set()
+        with self._lock:
+            self._generation += 1
+            self._lock.notify_all()
+        for thread in self._threads:
+            thread.join(30.0)
+            if thread.is_alive():
+                log.warning("pipeline=%s snapshot reader %s did not stop within 30s", self.pipeline, thread.name)
+        self._threads = []
+
+    def _restart(self, frontier: Position | None, *, fresh: bool) -> None:
+        """Forget everything not acked; take the copies up again from the meta store's progress."""
+        stored = {p.name: p for p in self.meta.snapshot_progress(self.pipeline)}
+        with self._lock:
+            self._generation += 1
+            self._copies.clear()
+            self._waiting.clear()
+            self._keyless_open.clear()
+            self._in_flight.clear()
+            self._ready.clear()
+            self._out.clear()
+            self._records.clear()
+            self._carriers.clear()
+            self._lookahead = None
+            self._frontier = frontier
+            self._failure = None
+            self._committed = dict(stored)
+        self._stop = threading.Event()
+        if fresh:
+            tables = self._selected_tables()
+            log.info("pipeline=%s stage=select snapshot of %d table(s) starting at %s", self.pipeline,
+                     len(tables), frontier)
+            self._begin_tables(tables, replace=True)
+        else:
+            self._resume(stored.values())
+        self._next_request = 0.0
+        if self._copies or self._waiting:
+            self._start_readers()
+
+    def _selected_tables(self) -> list[TableName]:
+        conn = self._connection()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE IN "
+                            "('BASE TABLE', 'SYSTEM VERSIONED') AND TABLE_SCHEMA NOT IN ('mysql', "
+                            "'information_schema', 'performance_schema', 'sys') ORDER BY TABLE_SCHEMA, TABLE_NAME")
+                found = [TableName(str(s), str(t)) for s, t in cur.fetchall()]
+        finally:
+            conn.close()
+        return [t for t in found if self.selects is None or self.selects(t.schema, t.table)]
+
+    def _begin_tables(self, tables: Iterable[TableName], *, replace: bool) -> None:
+        """Record `tables` as PENDING (their copy starts with a TRUNCATE) and queue them."""
+        tables = list(tables)
+        if not tables:
+            return
+        self._check_server()
+        now = time.time()
+        pending = [TableProgress(t.schema, t.table, CopyStatus.PENDING, started=now, updated=now) for t in tables]
+        self.meta.save_snapshot_progress(self.pipeline, pending)
+        with self._lock:
+            if replace:
+                self._committed = {}
+            for progress in pending:
+                self._committed[progress.name] = progress
+                self._waiting.append(progress.name)
+        if self._began is None:
+            self._began = time.monotonic()
+
+    def _resume(self, stored: Iterable[TableProgress]) -> None:
+        unfinished = [p for p in stored if p.status is not CopyStatus.DONE]
+        if not unfinished:
+            return
+        self._check_server()
+        for progress in unfinished:
+            if progress.status is CopyStatus.COPYING and progress.last_key is not None:
+                log.info("pipeline=%s stage=select table=%s snapshot resumes after chunk %d (last key %s, "
+                         "%d rows copied)", self.pipeline, progress.name, progress.chunks,
+                         list(progress.last_key), progress.rows)
+            else:
+                log.info("pipeline=%s stage=select table=%s snapshot resumes from its start", self.pipeline,
+                         progress.name)
+            with self._lock:
+                self._waiting.append(progress.name)
+        if self._began is None:
+            self._began = time.monotonic()
+
+    def _check_server(self) -> None:
+        if self._checked:
+            return
+        conn = self._connection()
+        try:
+            self.reader.check(conn, self.where)
+        finally:
+            conn.close()
+        self._checked = True
+
+    # --- starting tables (poll thread) ---------------------------------------------------------
+
+    def _start_waiting(self) -> None:
+        """Hand on the TRUNCATE of each waiting table at the current position, and open its copy."""
+        with self._lock:
+            if self._frontier is None:
+                return  # after a GTID start: wait for the first position
+            waiting, self._waiting = self._waiting, []
+            generation = self._generation
+        if not waiting:
+            return
+        conn = self._connection()
+        try:
+            for name in waiting:
+                plan = self.reader.plan(conn, name)
+                stored = self._committed.get(name) or TableProgress(name.schema, name.table)
+                if plan is None:
+                    log.warning("pipeline=%s stage=select table=%s no longer exists: not copied", self.pipeline,
+                                name)
+                    self._save([attrs.evolve(stored, status=CopyStatus.DONE, updated=time.time())])
+                    continue
+                resume = stored.status is CopyStatus.COPYING and not plan.keyless
+                copy = _Copy(plan, attrs.evolve(stored, estimate=plan.estimate))
+                if resume:
+                    copy.truncated, copy.lower = True, stored.last_key
+                    with self._lock:
+                        if generation == self._generation:
+                            self._copies[name] = copy
+                            self._lock.notify_all()
+                    continue
+                # Empty now: nothing to copy, and any later row arrives through the binlog.
+                empty = not self.reader.has_rows(conn, plan)
+                statement = f"TRUNCATE TABLE {plan.quoted}"
+                change = DdlChange(name.schema, name.table, statement, position=self._frontier, snapshot=True)
+                with self._lock:
+                    if generation != self._generation:
+                        return
+                    copy.truncated = True
+                    copy.exhausted = empty
+                    self._copies[name] = copy
+                    if plan.keyless and not empty:
+                        self._keyless_open.add(name)
+                    self._remember(_Record(name, "truncate", change, empty=empty))
+                    self._out.append(Transaction((change,), self._frontier or Position("", 0)))
+                    self._lock.notify_all()
+        finally:
+            conn.close()
+
+    def _take_requests(self) -> None:
+        now = time.monotonic()
+        if now < self._next_request:
+            return
+        self._next_request = now + REQUEST_POLL
+        requests = self.meta.snapshot_requests(self.pipeline)
+        taken = []
+        for table in requests:
+            with self._lock:
+                busy = table in self._copies or table in self._waiting
+            if busy:
+                continue  # copied again once the current copy ends
+            if self.selects is not None and not self.selects(table.schema, table.table):
+                log.warning("pipeline=%s stage=select table=%s snapshot requested but no table rule selects it; "
+                            "request dropped", self.pipeline, table)
+                self.meta.drop_snapshot_request(self.pipeline, table)
+                continue
+            taken.append(table)
+        if taken:
+            log.info("pipeline=%s stage=select snapshot requested for %s", self.pipeline,
+                     ", ".join(map(str, taken)))
+            self._begin_tables(taken, replace=False)
+            for table in taken:
+                self.meta.drop_snapshot_request(self.pipeline, table)
+            self._start_readers()
+
+    # --- the merge (poll thread) ---------------------------------------------------------------
+
+    def poll(self, timeout: float) -> Transaction | None:
+        self._take_requests()
+        with self._lock:
+            idle = not (self._copies or self._waiting or self._out or self._ready or self._in_flight
+                        or self._lookahead is not None)
+            failure = self._failure
+        if failure is not None:
+            raise failure
+        if idle:
+            tx = self.inner.poll(timeout)
+            if tx is not None:
+                self._frontier = tx.end
+            return tx
+        if self._waiting:
+            self._start_waiting()
+        deadline = time.monotonic() + max(0.0, timeout)
+        while True:
+            with self._lock:
+                if self._out:
+                    return self._out.popleft()
+            if self._lookahead is None:
+                self._lookahead = self.inner.poll(0)
+            with self._lock:
+                if self._failure is not None:
+                    raise self._failure
+                tx = self._next()
+                if tx is not None:
+                    return tx
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                if self._lookahead is not None:
+                    # held by a read in flight or a chunk not yet placed: wait for a reader
+                    self._lock.wait(min(remaining, 0.02))
+                    continue
+            self._lookahead = self.inner.poll(min(remaining, 0.02))
+
+    def _next(self) -> Transaction | None:
+        """Under the lock: the next transaction in position order, if it can be told yet."""
+        bound = min(self._in_flight.values(), default=None)  # a read in flight may place a chunk there
+        chunk = self._ready[0][2] if self._ready else None
+        lookahead = self._lookahead
+        if chunk is not None and (bound is None or chunk.position <= bound):
+            if lookahead is not None and lookahead.end > chunk.position:
+                return self._hand_chunk()
+            if lookahead is None and self._frontier is not None and self._frontier >= chunk.position:
+                return self._hand_chunk()
+        if lookahead is None:
+            return None
+        if chunk is not None and lookahead.end > chunk.position:
+            return None  # the chunk goes first, once the reads before it are in
+        if bound is not None and lookahead.end > bound:
+            return None
+        self._lookahead = None
+        self._frontier = lookahead.end
+        if self._keyless_open and lookahead.changes:
+            kept = tuple(c for c in lookahead.changes if not (
+                isinstance(c, RowChange) and TableName(c.schema, c.table) in self._keyless_open))
+            if len(kept) != len(lookahead.changes):
+                lookahead = attrs.evolve(lookahead, changes=kept)
+        return lookahead
+
+    def _hand_chunk(self) -> Transaction:
+        _, _, chunk = heapq.heappop(self._ready)
+        self._lock.notify_all()  # room for another chunk
+        copy = self._copies.get(chunk.table)
+        key = copy.plan.key if copy is not None else ()
+        changes = tuple(RowChange(Op.READ, chunk.table.schema, chunk.table.table, key, None, row,
+                                  position=chunk.position) for row in chunk.rows)
+        if copy is not None:
+            copy.handed_rows += len(changes)
+        if chunk.final and not key:
+            self._keyless_open.discard(chunk.table)
+        self._remember(_Record(chunk.table, "chunk", changes[-1] if changes else None, chunk=chunk))
+        end = self._frontier if self._frontier is not None else chunk.position
+        return Transaction(changes, end)
+
+    def _remember(self, record: _Record) -> None:
+        self._records.append(record)
+        if record.carrier is not None:
+            self._carriers[id(record.carrier)] = record
+
+    # --- readers ------------------------------------------------------------------------------
+
+    def _start_readers(self) -> None:
+        self._threads = [t for t in self._threads if t.is_alive()]
+        while len(self._threads) < self.readers:
+            thread = threading.Thread(target=self._read_loop, args=(self._stop,),
+                                      name=f"setl-{self.pipeline}-snapshot-{len(self._threads)}", daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _claim(self, stop: threading.Event) -> tuple[int, _Copy] | None:
+        """Under the lock, waiting for room: a table with a chunk to read (marked as claiming)."""
+        while not stop.is_set():
+            if len(self._ready) + len(self._in_flight) < self.max_chunks:
+                for copy in self._copies.values():
+                    if copy.truncated and not copy.exhausted and not copy.claiming:
+                        copy.claiming = True
+                        return self._generation, copy
+            self._lock.wait(0.2)
+        return None
+
+    def _read_loop(self, stop: threading.Event) -> None:
+        conn = None
+        try:
+            while not stop.is_set():
+                with self._lock:
+                    claimed = self._claim(stop)
+                if claimed is None:
+                    return
+                generation, copy = claimed
+                if conn is None:
+                    conn = self._connection()
+                try:
+                    if copy.plan.keyless:
+                        self._read_keyless(conn, generation, copy)
+                    else:
+                        self._read_chunk(conn, generation, copy)
+                except BaseException:
+                    with self._lock:
+                        copy.claiming = False
+                    raise
+        except BaseException as exc:
+            if not stop.is_set():
+                log.debug("pipeline=%s snapshot reader failed", self.pipeline, exc_info=True)
+                error = exc if isinstance(exc, SetlError) else SourceError(
+                    f"snapshot read failed: {type(exc).__name__}: {exc}", pipeline=self.pipeline, stage="select")
+                with self._lock:
+                    self._failure = error
+                    self._lock.notify_all()
+        finally:
+            if conn is not None:
+                try:
+                    conn.close()
+                except Exception:
+                    pass
+
+    def _register(self, generation: int) -> int:
+        """Under the lock: a read about to start, bounded below by the position handed on so far."""
+        rid = next(self._seq)
+        if generation == self._generation:
+            self._in_flight[rid] = self._frontier or Position("", 0)
+        return rid
+
+    def _started(self, generation: int, rid: int, position: Position) -> None:
+        with self._lock:
+            if generation == self._generation and rid in self._in_flight:
+                self._in_flight[rid] = position
+                self._lock.notify_all()
+
+    def _read_chunk(self, conn: Any, generation: int, copy: _Copy) -> None:
+        lower = copy.lower
+        try:
+            upper = self.reader.boundary(conn, copy.plan, lower, self.chunk_rows)
+        except pymysql.MySQLError as exc:
+            raise self._read_error(copy, exc) from exc
+        with self._lock:
+            if generation != self._generation:
+                return
+            index = copy.next_index
+            copy.next_index += 1
+            copy.lower, copy.exhausted, copy.claiming = upper, upper is None, False
+            rid = self._register(generation)
+            self._lock.notify_all()
+        try:
+            rows, position = self.reader.read(conn, copy.plan, lower, upper,
+                                              lambda at: self._started(generation, rid, at))
+        except BaseException as exc:
+            with self._lock:
+                self._in_flight.pop(rid, None)
+            if isinstance(exc, pymysql.MySQLError):
+                raise self._read_error(copy, exc) from exc
+            raise
+        chunk = Chunk(copy.plan.name, generation, index, tuple(rows), position, lower, upper, upper is None)
+        with self._lock:
+            self._in_flight.pop(rid, None)
+            if generation == self._generation:
+                heapq.heappush(self._ready, (position, next(self._seq), chunk))
+            self._lock.notify_all()
+
+    def _read_keyless(self, conn: Any, generation: int, copy: _Copy) -> None:
+        with self._lock:
+            copy.exhausted = True
+            copy.claiming = False
+            rid = self._register(generation)
+        index = itertools.count()
+        position: list[Position] = []
+
+        def started(at: Position) -> None:
+            position.append(at)
+            self._started(generation, rid, at)
+
+        def piece(rows: list[dict[str, Any]], final: bool) -> None:
+            chunk = Chunk(copy.plan.name, generation, next(index), tuple(rows), position[0], None, None, final)
+            with self._lock:
+                while (generation == self._generation and not self._stop.is_set()
+                       and len(self._ready) >= self.max_chunks):
+                    self._lock.wait(0.2)
+                if generation != self._generation or self._stop.is_set():
+                    raise _Abandoned()
+                heapq.heappush(self._ready, (chunk.position, next(self._seq), chunk))
+                if final:
+                    self._in_flight.pop(rid, None)
+                self._lock.notify_all()
+
+        try:
+            self.reader.read_all(conn, copy.plan, self.chunk_rows, started, piece)
+        except _Abandoned:
+            pass
+        except pymysql.MySQLError as exc:
+            raise self._read_error(copy, exc) from exc
+        finally:
+            with self._lock:
+                self._in_flight.pop(rid, None)
+
+    def _read_error(self, copy: _Copy, exc: BaseException) -> SourceError:
+        return SourceError(f"snapshot read of {self.where} failed: {exc}", pipeline=self.pipeline, stage="select",
+                           table=str(copy.plan.name), position=self._frontier)
+
+    # --- acks (Select and Termin threads) ------------------------------------------------------
+
+    def handed_on(self, batch: Batch) -> None:
+        """Select handed `batch` on: the progress its changes carry is committed when it is acked."""
+        with self._lock:
+            if not self._carriers:
+                return
+            for change in batch.changes:
+                record = self._carriers.pop(id(change), None)
+                if record is not None and record.carrier is change:
+                    record.batch = batch.id
+
+    def terminated(self, batch: Batch, ok: bool) -> None:
+        if ok:
+            with self._lock:
+                self._termin_ok = max(self._termin_ok, batch.id)
+
+    def acked(self, ack: Ack, batch: Batch) -> None:
+        """Commit the progress of every record up to the acked batch, in order, to the meta store."""
+        changed: dict[TableName, TableProgress] = {}
+        with self._lock:
+            if not self._records:
+                return
+            limit = min(batch.id, self._termin_ok)
+            while self._records:
+                record = self._records[0]
+                if record.carrier is not None and (record.batch is None or record.batch > limit):
+                    break
+                self._records.popleft()
+                updated = self._apply(record)
+                if updated is not None:
+                    changed[updated.name] = updated
+            finished = [n for n, c in self._copies.items()
+                        if n in changed and changed[n].status is CopyStatus.DONE]
+            for name in finished:
+                del self._copies[name]
+            snapshot = list(self._committed.values())
+            done = bool(changed) and not self._copies and not self._waiting and all(
+                p.status is CopyStatus.DONE for p in snapshot)
+        if changed:
+            self._save(list(changed.values()))
+            for name in finished:
+                p = changed[name]
+                log.info("pipeline=%s stage=termin table=%s snapshot done: %d rows in %d chunk(s)", self.pipeline,
+                         name, p.rows, p.chunks)
+        if self.reporter is not None:
+            self.reporter(snapshot, done)
+        if done and self._began is not None:
+            tables = [p for p in snapshot]
+            log.info("pipeline=%s snapshot finished: %d table(s), %d rows, %.1fs", self.pipeline, len(tables),
+                     sum(p.rows for p in tables), time.monotonic() - self._began)
+            self._began = None
+
+    def _apply(self, record: _Record) -> TableProgress | None:
+        """Under the lock: the table's committed progress after `record`."""
+        current = self._committed.get(record.table)
+        if current is None:
+            return None
+        now = time.time()
+        copy = self._copies.get(record.table)
+        estimate = copy.plan.estimate if copy is not None else current.estimate
+        if record.kind == "truncate":
+            status = CopyStatus.DONE if record.empty else CopyStatus.COPYING
+            updated = attrs.evolve(current, status=status, last_key=None, rows=0, chunks=0, estimate=estimate,
+                                   updated=now)
+        else:
+            chunk = record.chunk
+            assert chunk is not None
+            if copy is None:
+                return None
+            copy.acked[chunk.index] = chunk
+            updated = current
+            # Only a run of chunks from the table's start (or the resumed key) counts: a chunk acked
+            # before an earlier one waits for it, so a resume never skips a range.
+            while copy.next_commit in copy.acked:
+                done = copy.acked.pop(copy.next_commit)
+                copy.next_commit += 1
+                updated = attrs.evolve(updated, status=CopyStatus.DONE if done.final else CopyStatus.COPYING,
+                                       last_key=done.upper if done.upper is not None else updated.last_key,
+                                       rows=updated.rows + len(done.rows), chunks=updated.chunks + 1,
+                                       updated=now)
+            if updated is current:
+                return None
+        self._committed[record.table] = updated
+        return updated
+
+    def _save(self, progress: list[TableProgress]) -> None:
+        self.meta.save_snapshot_progress(self.pipeline, progress)
+        with self._lock:
+            for p in progress:
+                self._committed[p.name] = p
+
+    def view(self) -> list[TableProgress]:
+        """Every table's acked progress (for display)."""
+        with self._lock:
+            return list(self._committed.values())
+
+
+class _Abandoned(Exception):
+    """A keyless read whose results are no longer wanted (a rewind, or a stop)."""
+
+
+class SnapshotListener(Listener):
+    """Feeds a `SnapshotSelect` the scheduler's hand-offs, Termin verdicts and acks; then `inner`."""
+
+    def __init__(self, snapshot: SnapshotSelect, inner: Listener) -> None:
+        self.snapshot, self.inner = snapshot, inner
+
+    def on_handoff(self, batch: Batch, in_flight: int) -> None:
+        self.snapshot.handed_on(batch)
+        self.inner.on_handoff(batch, in_flight)
+
+    def on_retire(self, batch: Batch, in_flight: int) -> None:
+        self.inner.on_retire(batch, in_flight)
+
+    def on_termin(self, batch: Batch, ok: bool) -> None:
+        self.snapshot.terminated(batch, ok)
+        self.inner.on_termin(batch, ok)
+
+    def on_ack(self, ack: Ack, batch: Batch) -> None:
+        try:
+            self.snapshot.acked(ack, batch)
+        except SetlError:
+            raise
+        except Exception:
+            log.exception("pipeline=%s recording snapshot progress failed", self.snapshot.pipeline)
+        self.inner.on_ack(ack, batch)
+
+    def on_rollback(self, batch_id: int, epoch: int, error: BaseException, attempt: int) -> None:
+        self.inner.on_rollback(batch_id, epoch, error, attempt)
+
+
+def find_snapshot(select: Select) -> SnapshotSelect | None:
+    """The `SnapshotSelect` in a chain of Select wrappers, if there is one."""
+    seen: set[int] = set()
+    while select is not None and id(select) not in seen:
+        if isinstance(select, SnapshotSelect):
+            return select
+        seen.add(id(select))
+        select = getattr(select, "inner", None)  # type: ignore[assignment]
+    return None
+
+
+def with_snapshots(select: Select, *, pipeline: str, meta: Callable[[], MetaStore], parallelism: int) -> Select:
+    """`select` wrapped in a `SnapshotSelect` when it is a MySQL binlog source (the only one that can
+    place a consistent snapshot in its log); any other source as it is."""
+    from setl.snapshot.display import ProgressReporter
+    from setl.sources.mysql_binlog import MysqlBinlogSource
+
+    if not isinstance(select, MysqlBinlogSource):
+        return select
+    settings = select.snapshot_settings
+    reporter = ProgressReporter(pipeline, every=settings.progress_every)
+    return SnapshotSelect(select, pipeline=pipeline, meta=meta, connect=select._connect,
+                          where=f"{select.host}:{select.port}", start_mode=select.start == "snapshot",
+                          selects=select.selects, settings=settings, parallelism=parallelism, reporter=reporter)
