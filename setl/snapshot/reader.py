@@ -77,7 +77,8 @@ class ChunkReader:
     def prepare(conn: pymysql.connections.Connection) -> None:
         with conn.cursor() as cur:
             # TIMESTAMPs as UTC, as the binlog source decodes them; REPEATABLE READ for the snapshot.
-            cur.execute("SET SESSION time_zone = '+00:00', SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            cur.execute("SET SESSION time_zone = '+00:00'")
+            cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
 
     def check(self, conn: pymysql.connections.Connection, where: str) -> None:
         """Refuse a server that cannot tell a consistent snapshot's binlog position."""
