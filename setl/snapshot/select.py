@@ -342,11 +342,11 @@ class SnapshotSelect(SelectWrapper):
                 continue
             taken.append(table)
         if taken:
-            log.info("pipeline=%s stage=select snapshot requested for %s", self.pipeline,
-                     ", ".join(map(str, taken)))
             self._begin_tables(taken, replace=False)
             for table in taken:
                 self.meta.drop_snapshot_request(self.pipeline, table)
+            log.info("pipeline=%s stage=select snapshot requested for %s: copying at %s", self.pipeline,
+                     ", ".join(map(str, taken)), self._frontier)
             self._start_readers()
 
     # --- the merge (poll thread) ---------------------------------------------------------------
@@ -620,7 +620,8 @@ class SnapshotSelect(SelectWrapper):
             self.reporter(snapshot, done)
         if done and self._began is not None:
             tables = [p for p in snapshot]
-            log.info("pipeline=%s snapshot finished: %d table(s), %d rows, %.1fs", self.pipeline, len(tables),
+            log.info("pipeline=%s snapshot finished: %d table(s), %d rows, %.1fs in this run", self.pipeline,
+                     len(tables),
                      sum(p.rows for p in tables), time.monotonic() - self._began)
             self._began = None
 

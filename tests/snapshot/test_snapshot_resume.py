@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import signal
+from typing import Any
 
 import pytest
 
@@ -20,12 +21,13 @@ ROWS = 80_000  # about 210,000 rows over the five tables
 CHUNK = 2000
 
 
-def progress(setl) -> dict[str, tuple[str, int, int]]:
+def progress(setl, full: bool = False) -> dict[str, Any]:
+    """Each table's (status, rows, chunks) in the pipeline's meta store (`full`: its TableProgress)."""
     if not setl.meta_path.exists():
         return {}
     meta = SqliteMetaStore(setl.meta_path)
     try:
-        return {p.table: (p.status.value, p.rows, p.chunks) for p in meta.snapshot_progress(setl.name)}
+        return {p.table: p if full else (p.status.value, p.rows, p.chunks) for p in meta.snapshot_progress(setl.name)}
     finally:
         meta.close()
 
@@ -40,10 +42,10 @@ def test_kill_9_twice_during_a_snapshot(tmp_path, mariadb_source, mariadb_target
                      server_id=2103, chunk_rows=CHUNK)
     resumed_at: list[int] = []
     with t.Writer(mariadb_source, source_db, ROWS, seed=3) as writer:
-        for round_ in range(2):
+        for _ in range(2):
             floor = resumed_at[-1] if resumed_at else 0
             with spawned(setl) as proc:
-                def moved() -> bool:
+                def moved(floor: int = floor) -> bool:
                     assert proc.poll() is None, setl.logs()[-3000:]
                     ints = progress(setl).get("ints")
                     return ints is not None and ints[0] == "copying" and ints[2] >= floor + 5
