@@ -22,7 +22,6 @@ replaces the row).
 from __future__ import annotations
 
 import collections
-import heapq
 import itertools
 import logging
 import threading
@@ -37,6 +36,7 @@ from setl.errors import SetlError, SourceError
 from setl.meta.base import MetaStore
 from setl.model import Ack, Batch, DdlChange, Op, Position, RowChange, TableName, Transaction
 from setl.scheduler.events import Listener
+from setl.snapshot.merge import StreamMerge
 from setl.snapshot.progress import CopyStatus, TableProgress
 from setl.snapshot.reader import ChunkReader, TablePlan
 from setl.snapshot.settings import SnapshotSettings
@@ -126,12 +126,8 @@ class SnapshotSelect(SelectWrapper):
         self._copies: dict[TableName, _Copy] = {}
         self._waiting: list[TableName] = []  # tables whose TRUNCATE is to be handed on
         self._keyless_open: set[TableName] = set()
-        self._in_flight: dict[int, Position] = {}  # read id -> a lower bound of its snapshot position
-        self._ready: list[tuple[Position, int, Chunk]] = []
-        self._seq = itertools.count()
+        self._merge: StreamMerge[Chunk] = StreamMerge()
         self._out: collections.deque[Transaction] = collections.deque()
-        self._lookahead: Transaction | None = None
-        self._frontier: Position | None = None
         self._records: collections.deque[_Record] = collections.deque()
         self._carriers: dict[int, _Record] = {}
         self._committed: dict[TableName, TableProgress] = {}
@@ -196,13 +192,10 @@ class SnapshotSelect(SelectWrapper):
             self._copies.clear()
             self._waiting.clear()
             self._keyless_open.clear()
-            self._in_flight.clear()
-            self._ready.clear()
+            self._merge.clear(frontier)
             self._out.clear()
             self._records.clear()
             self._carriers.clear()
-            self._lookahead = None
-            self._frontier = frontier
             self._failure = None
             self._committed = dict(stored)
         self._stop = threading.Event()
@@ -280,12 +273,13 @@ class SnapshotSelect(SelectWrapper):
     def _start_waiting(self) -> None:
         """Hand on the TRUNCATE of each waiting table at the current position, and open its copy."""
         with self._lock:
-            if self._frontier is None:
+            if self._merge.frontier is None:
                 return  # after a GTID start: wait for the first position
             waiting, self._waiting = self._waiting, []
             generation = self._generation
         if not waiting:
             return
+        frontier = self._merge.frontier
         conn = self._connection()
         try:
             for name in waiting:
@@ -308,7 +302,7 @@ class SnapshotSelect(SelectWrapper):
                 # Empty now: nothing to copy, and any later row arrives through the binlog.
                 empty = not self.reader.has_rows(conn, plan)
                 statement = f"TRUNCATE TABLE {plan.quoted}"
-                change = DdlChange(name.schema, name.table, statement, position=self._frontier, snapshot=True)
+                change = DdlChange(name.schema, name.table, statement, position=frontier, snapshot=True)
                 with self._lock:
                     if generation != self._generation:
                         return
@@ -318,7 +312,7 @@ class SnapshotSelect(SelectWrapper):
                     if plan.keyless and not empty:
                         self._keyless_open.add(name)
                     self._remember(_Record(name, "truncate", change, empty=empty))
-                    self._out.append(Transaction((change,), self._frontier or Position("", 0)))
+                    self._out.append(Transaction((change,), frontier or Position("", 0)))
                     self._lock.notify_all()
         finally:
             conn.close()
@@ -346,7 +340,7 @@ class SnapshotSelect(SelectWrapper):
             for table in taken:
                 self.meta.drop_snapshot_request(self.pipeline, table)
             log.info("pipeline=%s stage=select snapshot requested for %s: copying at %s", self.pipeline,
-                     ", ".join(map(str, taken)), self._frontier)
+                     ", ".join(map(str, taken)), self._merge.frontier)
             self._start_readers()
 
     # --- the merge (poll thread) ---------------------------------------------------------------
@@ -354,15 +348,15 @@ class SnapshotSelect(SelectWrapper):
     def poll(self, timeout: float) -> Transaction | None:
         self._take_requests()
         with self._lock:
-            idle = not (self._copies or self._waiting or self._out or self._ready or self._in_flight
-                        or self._lookahead is not None)
+            idle = not (self._copies or self._waiting or self._out) and self._merge.idle
             failure = self._failure
         if failure is not None:
             raise failure
         if idle:
             tx = self.inner.poll(timeout)
             if tx is not None:
-                self._frontier = tx.end
+                with self._lock:
+                    self._merge.frontier = tx.end
             return tx
         if self._waiting:
             self._start_waiting()
@@ -371,51 +365,44 @@ class SnapshotSelect(SelectWrapper):
             with self._lock:
                 if self._out:
                     return self._out.popleft()
-            if self._lookahead is None:
-                self._lookahead = self.inner.poll(0)
+                wanted = self._merge.lookahead is None
+            if wanted:
+                tx = self.inner.poll(0)
+                with self._lock:
+                    self._merge.offer(tx)
             with self._lock:
                 if self._failure is not None:
                     raise self._failure
-                tx = self._next()
-                if tx is not None:
-                    return tx
+                found = self._next()
+                if found is not None:
+                    return found
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
-                if self._lookahead is not None:
+                if self._merge.lookahead is not None:
                     # held by a read in flight or a chunk not yet placed: wait for a reader
                     self._lock.wait(min(remaining, 0.02))
                     continue
-            self._lookahead = self.inner.poll(min(remaining, 0.02))
+            tx = self.inner.poll(min(remaining, 0.02))
+            with self._lock:
+                self._merge.offer(tx)
 
     def _next(self) -> Transaction | None:
         """Under the lock: the next transaction in position order, if it can be told yet."""
-        bound = min(self._in_flight.values(), default=None)  # a read in flight may place a chunk there
-        chunk = self._ready[0][2] if self._ready else None
-        lookahead = self._lookahead
-        if chunk is not None and (bound is None or chunk.position <= bound):
-            if lookahead is not None and lookahead.end > chunk.position:
-                return self._hand_chunk()
-            if lookahead is None and self._frontier is not None and self._frontier >= chunk.position:
-                return self._hand_chunk()
-        if lookahead is None:
+        found = self._merge.next()
+        if found is None:
             return None
-        if chunk is not None and lookahead.end > chunk.position:
-            return None  # the chunk goes first, once the reads before it are in
-        if bound is not None and lookahead.end > bound:
-            return None
-        self._lookahead = None
-        self._frontier = lookahead.end
-        if self._keyless_open and lookahead.changes:
-            kept = tuple(c for c in lookahead.changes if not (
+        if isinstance(found, tuple):
+            self._lock.notify_all()  # room for another chunk
+            return self._hand_chunk(found[1])
+        if self._keyless_open and found.changes:
+            kept = tuple(c for c in found.changes if not (
                 isinstance(c, RowChange) and TableName(c.schema, c.table) in self._keyless_open))
-            if len(kept) != len(lookahead.changes):
-                lookahead = attrs.evolve(lookahead, changes=kept)
-        return lookahead
+            if len(kept) != len(found.changes):
+                found = attrs.evolve(found, changes=kept)
+        return found
 
-    def _hand_chunk(self) -> Transaction:
-        _, _, chunk = heapq.heappop(self._ready)
-        self._lock.notify_all()  # room for another chunk
+    def _hand_chunk(self, chunk: Chunk) -> Transaction:
         copy = self._copies.get(chunk.table)
         key = copy.plan.key if copy is not None else ()
         changes = tuple(RowChange(Op.READ, chunk.table.schema, chunk.table.table, key, None, row,
@@ -425,8 +412,8 @@ class SnapshotSelect(SelectWrapper):
         if chunk.final and not key:
             self._keyless_open.discard(chunk.table)
         self._remember(_Record(chunk.table, "chunk", changes[-1] if changes else None, chunk=chunk))
-        end = self._frontier if self._frontier is not None else chunk.position
-        return Transaction(changes, end)
+        frontier = self._merge.frontier
+        return Transaction(changes, frontier if frontier is not None else chunk.position)
 
     def _remember(self, record: _Record) -> None:
         self._records.append(record)
@@ -446,7 +433,7 @@ class SnapshotSelect(SelectWrapper):
     def _claim(self, stop: threading.Event) -> tuple[int, _Copy] | None:
         """Under the lock, waiting for room: a table with a chunk to read (marked as claiming)."""
         while not stop.is_set():
-            if len(self._ready) + len(self._in_flight) < self.max_chunks:
+            if self._merge.pending < self.max_chunks:
                 for copy in self._copies.values():
                     if copy.truncated and not copy.exhausted and not copy.claiming:
                         copy.claiming = True
@@ -490,17 +477,23 @@ class SnapshotSelect(SelectWrapper):
                     pass
 
     def _register(self, generation: int) -> int:
-        """Under the lock: a read about to start, bounded below by the position handed on so far."""
-        rid = next(self._seq)
-        if generation == self._generation:
-            self._in_flight[rid] = self._frontier or Position("", 0)
-        return rid
+        """Under the lock: a read about to start (-1 for one no longer wanted)."""
+        return self._merge.read_started() if generation == self._generation else -1
 
     def _started(self, generation: int, rid: int, position: Position) -> None:
         with self._lock:
-            if generation == self._generation and rid in self._in_flight:
-                self._in_flight[rid] = position
+            if generation == self._generation:
+                self._merge.read_positioned(rid, position)
                 self._lock.notify_all()
+
+    def _ended(self, generation: int, rid: int, chunk: Chunk | None = None) -> None:
+        """Under the lock: a read is over (with its chunk, or its last piece)."""
+        if generation != self._generation:
+            return
+        if chunk is not None:
+            self._merge.add(chunk.position, chunk)
+        self._merge.read_ended(rid)
+        self._lock.notify_all()
 
     def _read_chunk(self, conn: Any, generation: int, copy: _Copy) -> None:
         lower = copy.lower
@@ -521,16 +514,13 @@ class SnapshotSelect(SelectWrapper):
                                               lambda at: self._started(generation, rid, at))
         except BaseException as exc:
             with self._lock:
-                self._in_flight.pop(rid, None)
+                self._ended(generation, rid)
             if isinstance(exc, pymysql.MySQLError):
                 raise self._read_error(copy, exc) from exc
             raise
         chunk = Chunk(copy.plan.name, generation, index, tuple(rows), position, lower, upper, upper is None)
         with self._lock:
-            self._in_flight.pop(rid, None)
-            if generation == self._generation:
-                heapq.heappush(self._ready, (position, next(self._seq), chunk))
-            self._lock.notify_all()
+            self._ended(generation, rid, chunk)
 
     def _read_keyless(self, conn: Any, generation: int, copy: _Copy) -> None:
         with self._lock:
@@ -548,13 +538,13 @@ class SnapshotSelect(SelectWrapper):
             chunk = Chunk(copy.plan.name, generation, next(index), tuple(rows), position[0], None, None, final)
             with self._lock:
                 while (generation == self._generation and not self._stop.is_set()
-                       and len(self._ready) >= self.max_chunks):
+                       and self._merge.ready >= self.max_chunks):
                     self._lock.wait(0.2)
                 if generation != self._generation or self._stop.is_set():
                     raise _Abandoned()
-                heapq.heappush(self._ready, (chunk.position, next(self._seq), chunk))
+                self._merge.add(chunk.position, chunk)
                 if final:
-                    self._in_flight.pop(rid, None)
+                    self._merge.read_ended(rid)
                 self._lock.notify_all()
 
         try:
@@ -565,11 +555,11 @@ class SnapshotSelect(SelectWrapper):
             raise self._read_error(copy, exc) from exc
         finally:
             with self._lock:
-                self._in_flight.pop(rid, None)
+                self._ended(generation, rid)
 
     def _read_error(self, copy: _Copy, exc: BaseException) -> SourceError:
         return SourceError(f"snapshot read of {self.where} failed: {exc}", pipeline=self.pipeline, stage="select",
-                           table=str(copy.plan.name), position=self._frontier)
+                           table=str(copy.plan.name), position=self._merge.frontier)
 
     # --- acks (Select and Termin threads) ------------------------------------------------------
 
