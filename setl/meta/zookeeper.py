@@ -379,7 +379,10 @@ class ZooKeeperMetaStore(MetaStore):
 
     @staticmethod
     def _table_node(table: TableName) -> str:
-        return f"{urllib.parse.quote(table.schema, safe='')}.{urllib.parse.quote(table.table, safe='')}"
+        def part(name: str) -> str:  # a dot separates the two parts, so none is left inside one
+            return urllib.parse.quote(name, safe="").replace(".", "%2E")
+
+        return f"{part(table.schema)}.{part(table.table)}"
 
     @staticmethod
     def _node_table(name: str) -> TableName:
