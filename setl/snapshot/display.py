@@ -37,11 +37,12 @@ class ProgressReporter:
     """
 
     def __init__(self, pipeline: str, every: float = 5.0, *, tty: bool | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, console: Any = None) -> None:
         self.pipeline = pipeline
         self.every = every
         self.tty = sys.stderr.isatty() if tty is None else tty
         self.clock = clock
+        self.console = console  # a rich Console for the bars (None: stderr)
         self._next = 0.0
         self._lock = threading.Lock()
         self._bars: Any = None
@@ -67,7 +68,7 @@ class ProgressReporter:
                 return
             self._bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                   TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), transient=False,
-                                  redirect_stderr=True)
+                                  redirect_stderr=self.console is None, console=self.console)
             self._bars.start()
         for table in tables:
             name = str(table.name)
