@@ -84,3 +84,5 @@ def test_snapshot_into_postgresql(tmp_path, mariadb_source, postgres_server, sou
             postgres_server, postgres_db, source_db, name), name
     result = setl.run("status", "--json")
     assert all(s["status"] == "done" for s in json.loads(result.stdout)[0]["snapshot"])
+    text = setl.run("status").stdout
+    assert f"{setl.name}: snapshot {source_db}.ints done" in text, text

@@ -32,13 +32,16 @@ from setl.testing.servers import MariaDBServer  # noqa: E402
 from tools import sysbench  # noqa: E402
 
 
-def run_setl(conf: Path, name: str) -> tuple[float, int, str]:
-    """`setl start --until-caught-up`: seconds, peak RSS (KiB) and its log."""
+def run_setl(conf: Path, name: str, profile: str | None = None) -> tuple[float, int, str]:
+    """`setl start --until-caught-up`: seconds, peak RSS (KiB) and its log (`profile`: py-spy's
+    collapsed stacks to that file; the RSS is then py-spy's)."""
     log = conf.parent / f"{name}.log"
+    spy = ["py-spy", "record", "-r", "100", "-f", "raw", "-o", profile, "--"] if profile else []
     with open(log, "w") as out:
         began = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "setl.cli", "--conf", str(conf), "start", "--pipeline", name,
-                                 "--until-caught-up"], stdout=out, stderr=subprocess.STDOUT)
+        argv = [*spy, sys.executable, "-m", "setl.cli", "--conf", str(conf), "start", "--pipeline", name,
+                "--until-caught-up"]
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(proc.pid, 0)
         seconds = time.perf_counter() - began
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -54,6 +57,7 @@ def main() -> int:
     parser.add_argument("--chunk-rows", type=int, default=10_000)
     parser.add_argument("--threads", type=int, default=2, help="sysbench threads for the tps comparison")
     parser.add_argument("--seconds", type=float, default=15.0, help="length of each sysbench run")
+    parser.add_argument("--profile", metavar="FILE", help="py-spy collapsed stacks of the first setl run")
     args = parser.parse_args()
     rows = args.tables * args.table_size
     with tempfile.TemporaryDirectory(prefix="setl-bench-snapshot-") as tmp, MariaDBServer() as source, \
@@ -91,7 +95,7 @@ def main() -> int:
             }, sort_keys=False))
 
         pipeline("snap", "copied")
-        seconds, rss, _ = run_setl(conf, "snap")
+        seconds, rss, _ = run_setl(conf, "snap", args.profile)
         equal = sysbench.checksums(src) == sysbench.checksums(sysbench.Conn.from_server(target, "copied"))
         print(f"setl:  {rows} rows in {seconds:.1f}s = {rows / seconds:,.0f} rows/s "
               f"({rows / seconds / (rows / dump_seconds):.2f}x the dump), peak RSS {rss / 1024:.0f} MiB, "
