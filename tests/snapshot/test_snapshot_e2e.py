@@ -36,14 +36,16 @@ def run_until_caught_up(setl: SetlProcess, timeout: float = 240) -> str:
 
 def test_snapshot_while_writing_into_mariadb(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db):
     """Integer, string (case-insensitive, mixed case), composite, keyless and empty tables copied while a
-    writer changes them end equal to the source by CHECKSUM TABLE, and status shows every table done."""
+    writer changes them, over stale target rows and under `pipeline.ddl: fail`, end equal to the source by
+    CHECKSUM TABLE and row by row, and status shows every table done."""
     t.create(mariadb_source, source_db)
     t.create(mariadb_target, mysql_db)
     t.fill(mariadb_source, source_db, ROWS, binlog=False)  # rows the binlog never held
     # the target holds stale rows: the snapshot's TRUNCATE replaces them
     t.fill(mariadb_target, mysql_db, 50)
+    # pipeline.ddl: fail refuses replicated DDL, never the snapshot's own TRUNCATE
     setl = make_setl(tmp_path, mariadb_source, source_db, mysql_target(mariadb_target), f"{mysql_db}.{{table}}",
-                     server_id=2101)
+                     server_id=2101, ddl="fail")
     with t.Writer(mariadb_source, source_db, ROWS) as writer:
         with spawned(setl) as proc:
             def copied() -> bool:
