@@ -50,6 +50,18 @@ def run_setl(conf: Path, name: str, profile: str | None = None) -> tuple[float, 
     return seconds, usage.ru_maxrss, log.read_text()
 
 
+def dump(source: MariaDBServer, target: MariaDBServer) -> float:
+    """The baseline, ``mariadb-dump --single-transaction sb | mariadb dumped``: its seconds."""
+    target.query("CREATE DATABASE dumped")
+    began = time.perf_counter()
+    dumping = subprocess.Popen(["mariadb-dump", "--single-transaction", "-h", source.host, "-P", str(source.port),
+                                "-u", source.user, "sb"], stdout=subprocess.PIPE)
+    subprocess.run(["mariadb", "-h", target.host, "-P", str(target.port), "-u", target.user, "dumped"],
+                   stdin=dumping.stdout, check=True)
+    assert dumping.wait() == 0
+    return time.perf_counter() - began
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tables", type=int, default=4)
@@ -58,6 +70,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2, help="sysbench threads for the tps comparison")
     parser.add_argument("--seconds", type=float, default=15.0, help="length of each sysbench run")
     parser.add_argument("--profile", metavar="FILE", help="py-spy collapsed stacks of the first setl run")
+    parser.add_argument("--only-setl", action="store_true", help="no dump, no sysbench: setl's rows/s and peak RSS")
     args = parser.parse_args()
     rows = args.tables * args.table_size
     with tempfile.TemporaryDirectory(prefix="setl-bench-snapshot-") as tmp, MariaDBServer() as source, \
@@ -67,16 +80,10 @@ def main() -> int:
         print(f"preparing {args.tables} x {args.table_size} sysbench rows ...", flush=True)
         sysbench.prepare(src, tables=args.tables, table_size=args.table_size, ddl_in_binlog=False)
 
-        # baseline: mariadb-dump --single-transaction | mariadb
-        target.query("CREATE DATABASE dumped")
-        began = time.perf_counter()
-        dump = subprocess.Popen(["mariadb-dump", "--single-transaction", "-h", source.host, "-P", str(source.port),
-                                 "-u", source.user, "sb"], stdout=subprocess.PIPE)
-        subprocess.run(["mariadb", "-h", target.host, "-P", str(target.port), "-u", target.user, "dumped"],
-                       stdin=dump.stdout, check=True)
-        assert dump.wait() == 0
-        dump_seconds = time.perf_counter() - began
-        print(f"dump:  {rows} rows in {dump_seconds:.1f}s = {rows / dump_seconds:,.0f} rows/s", flush=True)
+        dump_seconds = 0.0
+        if not args.only_setl:
+            dump_seconds = dump(source, target)
+            print(f"dump:  {rows} rows in {dump_seconds:.1f}s = {rows / dump_seconds:,.0f} rows/s", flush=True)
 
         # setl, start: snapshot
         sysbench.create_tables(sysbench.Conn.from_server(target, "copied"), tables=args.tables, log_bin=False)
@@ -97,9 +104,11 @@ def main() -> int:
         pipeline("snap", "copied")
         seconds, rss, _ = run_setl(conf, "snap", args.profile)
         equal = sysbench.checksums(src) == sysbench.checksums(sysbench.Conn.from_server(target, "copied"))
-        print(f"setl:  {rows} rows in {seconds:.1f}s = {rows / seconds:,.0f} rows/s "
-              f"({rows / seconds / (rows / dump_seconds):.2f}x the dump), peak RSS {rss / 1024:.0f} MiB, "
-              f"target {'equal' if equal else 'DIFFERENT'}", flush=True)
+        ratio = f" ({rows / seconds / (rows / dump_seconds):.2f}x the dump)" if dump_seconds else ""
+        print(f"setl:  {rows} rows in {seconds:.1f}s = {rows / seconds:,.0f} rows/s{ratio}, peak RSS "
+              f"{rss / 1024:.0f} MiB, target {'equal' if equal else 'DIFFERENT'}", flush=True)
+        if args.only_setl:
+            return 0
 
         # sysbench alone, then while setl copies the same tables again
         alone = sysbench.run(src, seconds=args.seconds, threads=args.threads, tables=args.tables,
