@@ -105,7 +105,7 @@ class SnapshotSelect(SelectWrapper):
 
     def __init__(self, inner: Select, *, pipeline: str, meta: Callable[[], MetaStore], connect: Callable[[], Any],
                  where: str, start_mode: bool, selects: Callable[[str, str], bool] | None,
-                 settings: SnapshotSettings, parallelism: int = 2,
+                 settings: SnapshotSettings, parallelism: int = 2, batch_rows: int = 10_000,
                  reporter: Callable[[list[TableProgress], bool], None] | None = None) -> None:
         super().__init__(inner)
         self.pipeline = pipeline
@@ -116,7 +116,7 @@ class SnapshotSelect(SelectWrapper):
         self.start_mode = start_mode
         self.selects = selects
         self.settings = settings
-        self.chunk_rows = max(1, settings.chunk_rows)
+        self.chunk_rows = max(1, settings.chunk_rows or batch_rows)
         self.readers = settings.readers or max(1, parallelism)
         self.max_chunks = settings.max_chunks or 2 * self.readers
         self.reporter = reporter
@@ -717,4 +717,5 @@ def with_snapshots(select: Select, *, pipeline: str, meta: Callable[[], MetaStor
     reporter = ProgressReporter(pipeline, every=settings.progress_every)
     return SnapshotSelect(select, pipeline=pipeline, meta=meta, connect=select._connect,
                           where=f"{select.host}:{select.port}", start_mode=select.start == "snapshot",
-                          selects=select.selects, settings=settings, parallelism=parallelism, reporter=reporter)
+                          selects=select.selects, settings=settings, parallelism=parallelism,
+                          batch_rows=select.max_rows_in_memory, reporter=reporter)

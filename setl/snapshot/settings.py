@@ -9,7 +9,7 @@ import attrs
 class SnapshotSettings:
     """How tables are copied (``source.start: snapshot``, ``setl snapshot``)."""
 
-    chunk_rows: int = 10_000  # rows per chunk (split on the primary key by the server)
+    chunk_rows: int = 0  # rows per chunk (split on the primary key by the server); 0: pipeline.batch.max_rows
     readers: int = 0  # chunks read at once; 0: the pipeline's parallelism
     max_chunks: int = 0  # chunks read and not yet handed on, at most; 0: twice the readers
     progress_every: float = 5.0  # seconds between progress log lines when not on a terminal
