@@ -89,7 +89,7 @@ def build_stages(node: NodeSettings, config: PipelineConfig, meta: MetaStore | N
 
     base = Stages(
         select=with_snapshots(build_select(node, config, routing), pipeline=config.name, meta=snapshot_meta,
-                              parallelism=config.pipeline.parallelism),
+                              parallelism=config.pipeline.parallelism, spark=node.spark),
         extract=TableExtract(pipeline=config.name, plan=routing),
         transform=build_transform(node, config, routing),
         load=build_load(node, config),

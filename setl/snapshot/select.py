@@ -106,7 +106,8 @@ class SnapshotSelect(SelectWrapper):
     def __init__(self, inner: Select, *, pipeline: str, meta: Callable[[], MetaStore], connect: Callable[[], Any],
                  where: str, start_mode: bool, selects: Callable[[str, str], bool] | None,
                  settings: SnapshotSettings, parallelism: int = 2, batch_rows: int = 10_000,
-                 reporter: Callable[[list[TableProgress], bool], None] | None = None) -> None:
+                 reporter: Callable[[list[TableProgress], bool], None] | None = None,
+                 spark_reads: Any = None) -> None:
         super().__init__(inner)
         self.pipeline = pipeline
         self._meta_factory = meta
@@ -120,6 +121,7 @@ class SnapshotSelect(SelectWrapper):
         self.readers = settings.readers or max(1, parallelism)
         self.max_chunks = settings.max_chunks or 2 * self.readers
         self.reporter = reporter
+        self.spark_reads = spark_reads  # a setl.snapshot.spark_engine.SparkReads: chunks read as Spark tasks
         self.reader = ChunkReader(self._connection, pipeline)
         self._lock = threading.Condition()
         self._generation = 0
@@ -510,8 +512,11 @@ class SnapshotSelect(SelectWrapper):
             rid = self._register(generation)
             self._lock.notify_all()
         try:
-            rows, position = self.reader.read(conn, copy.plan, lower, upper,
-                                              lambda at: self._started(generation, rid, at))
+            if self.spark_reads is not None:
+                rows, position = self.spark_reads.read(copy.plan, lower, upper)
+            else:
+                rows, position = self.reader.read(conn, copy.plan, lower, upper,
+                                                  lambda at: self._started(generation, rid, at))
         except BaseException as exc:
             with self._lock:
                 self._ended(generation, rid)
@@ -705,9 +710,12 @@ def find_snapshot(select: Select) -> SnapshotSelect | None:
     return None
 
 
-def with_snapshots(select: Select, *, pipeline: str, meta: Callable[[], MetaStore], parallelism: int) -> Select:
+def with_snapshots(select: Select, *, pipeline: str, meta: Callable[[], MetaStore], parallelism: int,
+                   spark: Any = None) -> Select:
     """`select` wrapped in a `SnapshotSelect` when it is a MySQL binlog source (the only one that can
-    place a consistent snapshot in its log); any other source as it is."""
+    place a consistent snapshot in its log); any other source as it is. `spark` is the node's
+    SparkConfig, for ``source.snapshot.engine: spark``."""
+    from setl.errors import ConfigError
     from setl.snapshot.display import ProgressReporter
     from setl.sources.mysql_binlog import MysqlBinlogSource
 
@@ -715,7 +723,17 @@ def with_snapshots(select: Select, *, pipeline: str, meta: Callable[[], MetaStor
         return select
     settings = select.snapshot_settings
     reporter = ProgressReporter(pipeline, every=settings.progress_every)
+    spark_reads = None
+    if settings.engine == "spark":
+        from setl.snapshot.spark_engine import SparkReads
+
+        if select._ssl is not None:
+            raise ConfigError("source.snapshot.engine: spark does not support source.ssl (the Spark tasks "
+                              "connect without TLS); use engine: python", pipeline=pipeline)
+        spark_reads = SparkReads({"host": select.host, "port": select.port, "user": select.user,
+                                  "password": select._password, "connect_timeout": select.connect_timeout,
+                                  "charset": "utf8mb4", "autocommit": True}, spark)
     return SnapshotSelect(select, pipeline=pipeline, meta=meta, connect=select._connect,
                           where=f"{select.host}:{select.port}", start_mode=select.start == "snapshot",
                           selects=select.selects, settings=settings, parallelism=parallelism,
-                          batch_rows=select.max_rows_in_memory, reporter=reporter)
+                          batch_rows=select.max_rows_in_memory, reporter=reporter, spark_reads=spark_reads)
