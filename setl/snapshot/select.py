@@ -36,6 +36,7 @@ from setl.errors import SetlError, SourceError
 from setl.meta.base import MetaStore
 from setl.model import Ack, Batch, DdlChange, Op, Position, RowChange, TableName, Transaction
 from setl.scheduler.events import Listener
+from setl.snapshot.ledger import Chunk, ProgressLedger, Record
 from setl.snapshot.merge import StreamMerge
 from setl.snapshot.progress import CopyStatus, TableProgress
 from setl.snapshot.reader import ChunkReader, TablePlan
@@ -46,36 +47,6 @@ log = logging.getLogger("setl.snapshot")
 
 #: How often the running source looks for `setl snapshot` requests in the meta store (seconds).
 REQUEST_POLL = 1.0
-
-
-@attrs.frozen
-class Chunk:
-    """Rows read in one consistent snapshot at binlog position `position`.
-
-    Keyed tables: the rows with key in (`lower`, `upper`] (`upper` None: to the end, `final`).
-    Keyless tables: piece `index` of the one read of the whole table (`final` on the last).
-    """
-
-    table: TableName
-    generation: int
-    index: int
-    rows: tuple[dict[str, Any], ...]
-    position: Position
-    lower: tuple[Any, ...] | None
-    upper: tuple[Any, ...] | None
-    final: bool
-
-
-@attrs.define(eq=False)
-class _Record:
-    """Progress a handed-on transaction carries, committed once the batch holding it is acked."""
-
-    table: TableName
-    kind: str  # "truncate" or "chunk"
-    carrier: Any  # the change object whose batch must be acked (None: none, commit in order)
-    chunk: Chunk | None = None
-    empty: bool = False  # a TRUNCATE of a table found empty: the copy is done with it
-    batch: int | None = None
 
 
 @attrs.define(eq=False)
@@ -89,8 +60,6 @@ class _Copy:
     exhausted: bool = False  # the final chunk was claimed
     claiming: bool = False  # a reader is finding the next boundary
     next_index: int = 0
-    next_commit: int = 0  # chunks are committed in index (key) order, whatever order they are acked in
-    acked: dict[int, Chunk] = attrs.Factory(dict)
     handed_rows: int = 0
 
 
@@ -130,10 +99,7 @@ class SnapshotSelect(SelectWrapper):
         self._keyless_open: set[TableName] = set()
         self._merge: StreamMerge[Chunk] = StreamMerge()
         self._out: collections.deque[Transaction] = collections.deque()
-        self._records: collections.deque[_Record] = collections.deque()
-        self._carriers: dict[int, _Record] = {}
-        self._committed: dict[TableName, TableProgress] = {}
-        self._termin_ok = 0  # the last batch id Termin took as loaded
+        self.ledger = ProgressLedger()
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         self._failure: BaseException | None = None
@@ -173,7 +139,8 @@ class SnapshotSelect(SelectWrapper):
 
     def backlog(self) -> bool:
         with self._lock:
-            return any(p.status is not CopyStatus.DONE for p in self._committed.values()) or bool(self._waiting)
+            waiting = bool(self._waiting)
+        return waiting or self.ledger.unfinished()
 
     def _shutdown(self) -> None:
         self._stop.set()
@@ -196,10 +163,8 @@ class SnapshotSelect(SelectWrapper):
             self._keyless_open.clear()
             self._merge.clear(frontier)
             self._out.clear()
-            self._records.clear()
-            self._carriers.clear()
             self._failure = None
-            self._committed = dict(stored)
+        self.ledger.reset(stored)
         self._stop = threading.Event()
         if fresh:
             tables = self._selected_tables()
@@ -233,12 +198,11 @@ class SnapshotSelect(SelectWrapper):
         now = time.time()
         pending = [TableProgress(t.schema, t.table, CopyStatus.PENDING, started=now, updated=now) for t in tables]
         self.meta.save_snapshot_progress(self.pipeline, pending)
+        if replace:
+            self.ledger.reset({})
+        self.ledger.set(pending)
         with self._lock:
-            if replace:
-                self._committed = {}
-            for progress in pending:
-                self._committed[progress.name] = progress
-                self._waiting.append(progress.name)
+            self._waiting.extend(p.name for p in pending)
         if self._began is None:
             self._began = time.monotonic()
 
@@ -286,7 +250,7 @@ class SnapshotSelect(SelectWrapper):
         try:
             for name in waiting:
                 plan = self.reader.plan(conn, name)
-                stored = self._committed.get(name) or TableProgress(name.schema, name.table)
+                stored = self.ledger.get(name) or TableProgress(name.schema, name.table)
                 if plan is None:
                     log.warning("pipeline=%s stage=select table=%s no longer exists: not copied", self.pipeline,
                                 name)
@@ -313,7 +277,7 @@ class SnapshotSelect(SelectWrapper):
                     self._copies[name] = copy
                     if plan.keyless and not empty:
                         self._keyless_open.add(name)
-                    self._remember(_Record(name, "truncate", change, empty=empty))
+                    self.ledger.remember(Record(name, "truncate", change, empty=empty, estimate=plan.estimate))
                     self._out.append(Transaction((change,), frontier or Position("", 0)))
                     self._lock.notify_all()
         finally:
@@ -413,14 +377,9 @@ class SnapshotSelect(SelectWrapper):
             copy.handed_rows += len(changes)
         if chunk.final and not key:
             self._keyless_open.discard(chunk.table)
-        self._remember(_Record(chunk.table, "chunk", changes[-1] if changes else None, chunk=chunk))
+        self.ledger.remember(Record(chunk.table, "chunk", changes[-1] if changes else None, chunk=chunk))
         frontier = self._merge.frontier
         return Transaction(changes, frontier if frontier is not None else chunk.position)
-
-    def _remember(self, record: _Record) -> None:
-        self._records.append(record)
-        if record.carrier is not None:
-            self._carriers[id(record.carrier)] = record
 
     # --- readers ------------------------------------------------------------------------------
 
@@ -568,101 +527,33 @@ class SnapshotSelect(SelectWrapper):
 
     # --- acks (Select and Termin threads) ------------------------------------------------------
 
-    def handed_on(self, batch: Batch) -> None:
-        """Select handed `batch` on: the progress its changes carry is committed when it is acked."""
+    def acked(self, batch: Batch) -> None:
+        """`batch` is acked: store the progress it commits, and report it."""
+        if not self.ledger.pending:
+            return
+        changed = self.ledger.commit(batch)
+        finished = [p for p in changed if p.status is CopyStatus.DONE]
         with self._lock:
-            if not self._carriers:
-                return
-            for change in batch.changes:
-                record = self._carriers.pop(id(change), None)
-                if record is not None and record.carrier is change:
-                    record.batch = batch.id
-
-    def terminated(self, batch: Batch, ok: bool) -> None:
-        if ok:
-            with self._lock:
-                self._termin_ok = max(self._termin_ok, batch.id)
-
-    def acked(self, ack: Ack, batch: Batch) -> None:
-        """Commit the progress of every record up to the acked batch, in order, to the meta store."""
-        changed: dict[TableName, TableProgress] = {}
-        with self._lock:
-            if not self._records:
-                return
-            limit = min(batch.id, self._termin_ok)
-            while self._records:
-                record = self._records[0]
-                if record.carrier is not None and (record.batch is None or record.batch > limit):
-                    break
-                self._records.popleft()
-                updated = self._apply(record)
-                if updated is not None:
-                    changed[updated.name] = updated
-            finished = [n for n, c in self._copies.items()
-                        if n in changed and changed[n].status is CopyStatus.DONE]
-            for name in finished:
-                del self._copies[name]
-            snapshot = list(self._committed.values())
-            done = bool(changed) and not self._copies and not self._waiting and all(
-                p.status is CopyStatus.DONE for p in snapshot)
+            for progress in finished:
+                self._copies.pop(progress.name, None)
+            active = bool(self._copies or self._waiting)
         if changed:
-            self._save(list(changed.values()))
-            for name in finished:
-                p = changed[name]
+            self.meta.save_snapshot_progress(self.pipeline, changed)
+            for p in finished:
                 log.info("pipeline=%s stage=termin table=%s snapshot done: %d rows in %d chunk(s)", self.pipeline,
-                         name, p.rows, p.chunks)
+                         p.name, p.rows, p.chunks)
+        tables = self.ledger.tables()
+        done = bool(changed) and not active and all(p.status is CopyStatus.DONE for p in tables)
         if self.reporter is not None:
-            self.reporter(snapshot, done)
+            self.reporter(tables, done)
         if done and self._began is not None:
-            tables = [p for p in snapshot]
             log.info("pipeline=%s snapshot finished: %d table(s), %d rows, %.1fs in this run", self.pipeline,
-                     len(tables),
-                     sum(p.rows for p in tables), time.monotonic() - self._began)
+                     len(tables), sum(p.rows for p in tables), time.monotonic() - self._began)
             self._began = None
-
-    def _apply(self, record: _Record) -> TableProgress | None:
-        """Under the lock: the table's committed progress after `record`."""
-        current = self._committed.get(record.table)
-        if current is None:
-            return None
-        now = time.time()
-        copy = self._copies.get(record.table)
-        estimate = copy.plan.estimate if copy is not None else current.estimate
-        if record.kind == "truncate":
-            status = CopyStatus.DONE if record.empty else CopyStatus.COPYING
-            updated = attrs.evolve(current, status=status, last_key=None, rows=0, chunks=0, estimate=estimate,
-                                   updated=now)
-        else:
-            chunk = record.chunk
-            assert chunk is not None
-            if copy is None:
-                return None
-            copy.acked[chunk.index] = chunk
-            updated = current
-            # Only a run of chunks from the table's start (or the resumed key) counts: a chunk acked
-            # before an earlier one waits for it, so a resume never skips a range.
-            while copy.next_commit in copy.acked:
-                done = copy.acked.pop(copy.next_commit)
-                copy.next_commit += 1
-                updated = attrs.evolve(updated, status=CopyStatus.DONE if done.final else CopyStatus.COPYING,
-                                       last_key=done.upper if done.upper is not None else updated.last_key,
-                                       rows=updated.rows + len(done.rows), chunks=updated.chunks + 1,
-                                       updated=now)
-            if updated is current:
-                return None
-        self._committed[record.table] = updated
-        return updated
 
     def _save(self, progress: list[TableProgress]) -> None:
         self.meta.save_snapshot_progress(self.pipeline, progress)
-        with self._lock:
-            for p in progress:
-                self._committed[p.name] = p
-
-    def view(self) -> list[TableProgress]:
-        """Every table's acked progress (for display)."""
-        with self._lock:
-            return list(self._committed.values())
+        self.ledger.set(progress)
 
 
 class _Abandoned(Exception):
@@ -676,19 +567,19 @@ class SnapshotListener(Listener):
         self.snapshot, self.inner = snapshot, inner
 
     def on_handoff(self, batch: Batch, in_flight: int) -> None:
-        self.snapshot.handed_on(batch)
+        self.snapshot.ledger.handed_on(batch)
         self.inner.on_handoff(batch, in_flight)
 
     def on_retire(self, batch: Batch, in_flight: int) -> None:
         self.inner.on_retire(batch, in_flight)
 
     def on_termin(self, batch: Batch, ok: bool) -> None:
-        self.snapshot.terminated(batch, ok)
+        self.snapshot.ledger.terminated(batch, ok)
         self.inner.on_termin(batch, ok)
 
     def on_ack(self, ack: Ack, batch: Batch) -> None:
         try:
-            self.snapshot.acked(ack, batch)
+            self.snapshot.acked(batch)
         except SetlError:
             raise
         except Exception:
