@@ -24,7 +24,7 @@ from setl.errors import SetlError, UsageError
 from setl.logs import setup as setup_logging
 from setl.meta import open_meta_store
 from setl.meta.base import MetaStore, Status
-from setl.model import Position
+from setl.model import Position, TableName
 from setl.retry import Failure, classify
 from setl.scheduler import Outcome
 from setl.status import position_text, status_rows, status_text, stopped_row
@@ -78,6 +78,11 @@ def _parser() -> argparse.ArgumentParser:
     schema = commands.add_parser("schema", help="print (or --apply) the DDL of missing target tables")
     schema.add_argument("--pipeline", required=True, metavar="NAME")
     schema.add_argument("--apply", action="store_true", help="run the DDL on the target")
+    snapshot = commands.add_parser("snapshot", help="copy a table again, online, while the pipeline streams "
+                                                    "(or at its next start)")
+    snapshot.add_argument("--pipeline", required=True, metavar="NAME")
+    snapshot.add_argument("--table", required=True, action="append", metavar="SCHEMA.TABLE",
+                          help="a source table the pipeline's rules select (repeatable)")
 
     plugins = commands.add_parser("plugins", help="installed sources, targets and transforms")
     plugins.add_argument("action", choices=["list"])
@@ -95,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         handler = {
             "start": cmd_start, "status": cmd_status, "pause": cmd_pause, "resume": cmd_resume,
             "position": cmd_position, "plugins": cmd_plugins, "switch": cmd_switch, "schema": cmd_schema,
+            "snapshot": cmd_snapshot,
         }[args.command]
         return handler(args, Path(conf))
     except SetlError as exc:
@@ -263,6 +269,8 @@ def cmd_status(args: argparse.Namespace, conf: Path) -> int:
     console.print(table)
     for line in notes:
         console.print(line, no_wrap=True, overflow="ellipsis")
+    for text in _snapshot_lines(rows):
+        console.print(Text(text, no_wrap=True, overflow="ellipsis"), no_wrap=True, overflow="ellipsis")
     return 0
 
 
@@ -275,6 +283,44 @@ def _seconds(value: float) -> str:
     if value < 7200:
         return f"{value / 60:.0f}m"
     return f"{value / 3600:.0f}h"
+
+
+def cmd_snapshot(args: argparse.Namespace, conf: Path) -> int:
+    from setl.routing import RoutingPlan
+
+    config = load_pipeline(conf, args.pipeline)
+    if getattr(config.source, "type", None) != "mysql":
+        raise UsageError(f"pipeline {args.pipeline}: snapshots need a mysql source, not {config.source.type}")
+    plan = RoutingPlan.compile(config.tables, pipeline=config.name, file=config.file or None)
+    tables = []
+    for text in args.table:
+        schema, dot, name = text.partition(".")
+        if not dot or not schema or not name:
+            raise UsageError(f"--table {text!r} is not SCHEMA.TABLE")
+        if not plan.selects(schema, name):
+            raise UsageError(f"pipeline {args.pipeline}: no table rule selects {text}; add one first")
+        tables.append(TableName(schema, name))
+    with _pipeline_meta(conf, args.pipeline) as meta:
+        running = meta.state(args.pipeline).status is Status.RUNNING
+        for table in tables:
+            meta.request_snapshot(args.pipeline, table)
+    print(f"snapshot of {', '.join(map(str, tables))} requested for {args.pipeline}: "
+          + ("its node starts it within seconds" if running else "it starts when the pipeline starts"))
+    return 0
+
+
+def _snapshot_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per table copy of each pipeline that has snapshot progress."""
+    lines = []
+    for row in rows:
+        for table in row.get("snapshot") or []:
+            total = max(table["estimate"], table["rows"])
+            share = f" ({100 * table['rows'] // total}%)" if total and table["status"] != "done" else ""
+            lines.append(f"{row['pipeline']}: snapshot {table['table']} {table['status']} "
+                         f"{table['rows']}/{total} rows{share}")
+        for table in row.get("snapshot_requested") or []:
+            lines.append(f"{row['pipeline']}: snapshot {table} requested")
+    return lines
 
 
 def _status_note(row: dict[str, Any]) -> str:

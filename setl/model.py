@@ -156,12 +156,18 @@ class RowChange:
 
 @attrs.frozen
 class DdlChange:
-    """A DDL statement. A DDL is always its own batch, ordered with the rows around it."""
+    """A DDL statement. A DDL is always its own batch, ordered with the rows around it.
+
+    `snapshot` marks the ``TRUNCATE TABLE`` a snapshot emits before copying a table
+    (`setl.snapshot`): targets apply it whatever ``pipeline.ddl`` says, since the copy that
+    follows replaces what the target held.
+    """
 
     schema: str
     table: str | None
     statement: str
     position: Position | None = None
+    snapshot: bool = attrs.field(default=False, kw_only=True)
 
     @property
     def qualified_table(self) -> str:

@@ -29,6 +29,7 @@ from setl.runtime import SerialExecutorService, TaskExecutionService
 from setl.runtime.chain import LoadWrap, Stages, compose, fenced
 from setl.scheduler import BatchCap, Listener, Outcome, Scheduler, supports_per_table
 from setl.schema import check_tables
+from setl.snapshot.select import SnapshotListener, find_snapshot, with_snapshots
 from setl.stages import Load, Select, TableExtract, Transform
 
 if TYPE_CHECKING:
@@ -84,8 +85,15 @@ def build_stages(node: NodeSettings, config: PipelineConfig, meta: MetaStore | N
     `meta` is needed by batch DDL tasks (`pipeline.ddl_tasks`); without it they open their own.
     """
     routing = build_plan(node, config)  # the one routing decision every stage reads
+
+    def snapshot_meta() -> MetaStore:
+        from setl.meta import open_meta_store
+
+        return meta if meta is not None else open_meta_store(node)
+
     base = Stages(
-        select=build_select(node, config, routing),
+        select=with_snapshots(build_select(node, config, routing), pipeline=config.name, meta=snapshot_meta,
+                              parallelism=config.pipeline.parallelism, spark=node.spark),
         extract=TableExtract(pipeline=config.name, plan=routing),
         transform=build_transform(node, config, routing),
         load=build_load(node, config),
@@ -577,10 +585,14 @@ class Node:
             return None
         self._pin_latest_start(run)
         stages = run.stages if lease is None else fenced(run.stages, lease)  # the chain's outermost layer
+        listener: Listener = RetryingState(name, self.meta, self.settings.node.id, self.progress[name])
+        snapshot = find_snapshot(stages.select)
+        if snapshot is not None:  # table copies commit their progress as their batches are acked
+            listener = SnapshotListener(snapshot, listener)
         scheduler = Scheduler(name, run.config.pipeline, stages.select, stages.extract, stages.transform, stages.load,
                               self.meta,
                               node_id=self.settings.node.id,
-                              listener=RetryingState(name, self.meta, self.settings.node.id, self.progress[name]),
+                              listener=listener,
                               tasks=self.tasks, serial=self.serial, batch_cap=self.batch_cap)
         with self._lock:
             self._running[name] = scheduler

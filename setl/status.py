@@ -24,7 +24,16 @@ def stopped_row(name: str) -> dict[str, Any]:
     return {"pipeline": name, "status": Status.STOPPED.value, "position": None, "batch": None,
             "acked_at": None, "epoch": 0, "node": None, "error": None, "retrying": None,
             "retrying_since": None, "last_seen": None, "host": None, "pid": None,
-            "lag_seconds": None, "rows_per_second": None}
+            "lag_seconds": None, "rows_per_second": None, "snapshot": [], "snapshot_requested": []}
+
+
+def snapshot_rows(meta: MetaStore, name: str) -> dict[str, Any]:
+    """The pipeline's table copies (`setl.snapshot`): per table its status, rows copied of the
+    estimate, chunks and times; and the tables an operator asked to copy that have not started."""
+    tables = [{"table": str(p.name), "status": p.status.value, "rows": p.rows, "estimate": p.estimate,
+               "chunks": p.chunks, "started": p.started or None, "updated": p.updated or None}
+              for p in meta.snapshot_progress(name)]
+    return {"snapshot": tables, "snapshot_requested": [str(t) for t in meta.snapshot_requests(name)]}
 
 
 def status_rows(meta: MetaStore, names: list[str], *, now: float | None = None) -> list[dict[str, Any]]:
@@ -65,6 +74,7 @@ def status_rows(meta: MetaStore, names: list[str], *, now: float | None = None) 
             "lag_seconds": figures.get("lag_seconds"),
             "rows_per_second": figures.get("rows_per_second"),
             **({"holder": holder, "standbys": standbys} if members else {}),
+            **snapshot_rows(meta, name),
         })
     return rows
 

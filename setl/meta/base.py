@@ -12,7 +12,8 @@ from typing import Any
 
 import attrs
 
-from setl.model import Ack, Position
+from setl.model import Ack, Position, TableName
+from setl.snapshot.progress import TableProgress
 
 
 class Status(str, enum.Enum):
@@ -346,6 +347,33 @@ class MetaStore(abc.ABC):
         way the stored task is returned, and the caller acts on *its* status, never on the one
         it asked for. Raises KeyError if the task was never declared.
         """
+
+    # --- snapshots (setl.snapshot) --------------------------------------------------------------
+    #
+    # Per pipeline and source table, the copy's progress (written when the batch holding a chunk is
+    # acked, so a restart resumes after the last acked chunk), and an operator's requests to copy a
+    # table again (`setl snapshot --table`), which the running source takes.
+
+    @abc.abstractmethod
+    def snapshot_progress(self, pipeline: str) -> list[TableProgress]:
+        """Every table's copy progress of the pipeline, ordered by (schema, table)."""
+
+    @abc.abstractmethod
+    def save_snapshot_progress(self, pipeline: str, progress: list[TableProgress]) -> None:
+        """Store (replace) the progress of each table in `progress`, atomically. While this process
+        holds the pipeline under HA the write is fenced like an ack."""
+
+    @abc.abstractmethod
+    def request_snapshot(self, pipeline: str, table: TableName) -> None:
+        """Record an operator's request to copy `table` again (idempotent)."""
+
+    @abc.abstractmethod
+    def snapshot_requests(self, pipeline: str) -> list[TableName]:
+        """The tables whose copy was requested and not yet taken, ordered."""
+
+    @abc.abstractmethod
+    def drop_snapshot_request(self, pipeline: str, table: TableName) -> None:
+        """Forget a request once the source has recorded the table as PENDING."""
 
     def close(self) -> None:  # noqa: B027 - an optional hook: stores without connections keep it
         """Release connections. Idempotent."""

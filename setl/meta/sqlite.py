@@ -25,7 +25,8 @@ from setl.meta.base import (
     finishing_status,
     never_declared,
 )
-from setl.model import Ack, Position
+from setl.model import Ack, Position, TableName
+from setl.snapshot.progress import TableProgress
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS position (
@@ -100,6 +101,24 @@ _DDL_TASK_COLUMNS = (
     " op_partition, log, offset, owner, reason, create_time, update_time"
 )
 
+# Snapshot progress (setl.snapshot): one row per pipeline and source table, and operators' requests.
+_SNAPSHOT_SCHEMA = """
+CREATE TABLE IF NOT EXISTS snapshot_table (
+    pipeline TEXT NOT NULL,
+    schema_name TEXT NOT NULL,
+    table_name TEXT NOT NULL,
+    progress TEXT NOT NULL,
+    PRIMARY KEY (pipeline, schema_name, table_name)
+);
+CREATE TABLE IF NOT EXISTS snapshot_request (
+    pipeline TEXT NOT NULL,
+    schema_name TEXT NOT NULL,
+    table_name TEXT NOT NULL,
+    time REAL NOT NULL,
+    PRIMARY KEY (pipeline, schema_name, table_name)
+);
+"""
+
 #: (table, column, type) added after the first release; `SqliteMetaStore` adds them to older files.
 _ADDED_COLUMNS = (
     ("pipeline_state", "retrying_since", "REAL"),
@@ -134,6 +153,7 @@ class SqliteMetaStore(MetaStore):
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
             self._create_ddl_task_table()
+            self._db.executescript(_SNAPSHOT_SCHEMA)
             self._add_columns()
         except sqlite3.Error as exc:
             raise MetaStoreError(f"cannot open meta store {self.path}: {exc}") from exc
@@ -445,3 +465,33 @@ class SqliteMetaStore(MetaStore):
                 self._db.close()
             except sqlite3.Error:
                 pass
+
+    # -- snapshots
+
+    def snapshot_progress(self, pipeline: str) -> list[TableProgress]:
+        rows = self._query("SELECT progress FROM snapshot_table WHERE pipeline = ? ORDER BY schema_name, table_name",
+                           (pipeline,))
+        return [TableProgress.from_dict(json.loads(row[0])) for row in rows]
+
+    def save_snapshot_progress(self, pipeline: str, progress: list[TableProgress]) -> None:
+        with self._tx() as db:
+            for table in progress:
+                db.execute("INSERT INTO snapshot_table (pipeline, schema_name, table_name, progress)"
+                           " VALUES (?, ?, ?, ?) ON CONFLICT (pipeline, schema_name, table_name)"
+                           " DO UPDATE SET progress = excluded.progress",
+                           (pipeline, table.schema, table.table, json.dumps(table.to_dict())))
+
+    def request_snapshot(self, pipeline: str, table: TableName) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR IGNORE INTO snapshot_request (pipeline, schema_name, table_name, time)"
+                       " VALUES (?, ?, ?, ?)", (pipeline, table.schema, table.table, self._clock()))
+
+    def snapshot_requests(self, pipeline: str) -> list[TableName]:
+        rows = self._query("SELECT schema_name, table_name FROM snapshot_request WHERE pipeline = ?"
+                           " ORDER BY time, schema_name, table_name", (pipeline,))
+        return [TableName(str(schema), str(table)) for schema, table in rows]
+
+    def drop_snapshot_request(self, pipeline: str, table: TableName) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM snapshot_request WHERE pipeline = ? AND schema_name = ? AND table_name = ?",
+                       (pipeline, table.schema, table.table))

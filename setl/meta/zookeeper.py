@@ -21,6 +21,12 @@ nodes (``mainstem``, ``term``, ``standbys``, ``switch``, ``/nodes``) are describ
     one batch DDL task (ID percent-encoded): the `DdlTask` fields as JSON. Claims and finishes
     are versioned sets; an overwrite's deprecations go in the claim's transaction.
 
+``/pipelines/NAME/snapshot/SCHEMA.TABLE``
+    a table's snapshot progress (names percent-encoded): `setl.snapshot.TableProgress` as JSON;
+    written fenced, like an ack, while this process holds the pipeline.
+``/pipelines/NAME/snapshot_requests/SCHEMA.TABLE``
+    an operator's request to copy the table again (``setl snapshot``), until the source takes it.
+
 Fencing: `ack` and `next_epoch` need this process to hold the pipeline's mainstem; they are one
 ZooKeeper transaction with a check on the term version the holder wrote (and, for an ack, on the
 epoch version of its own last bump), so a deposed holder's write fails with `LeadershipLost`
@@ -53,7 +59,8 @@ from setl.meta.base import (
     finishing_status,
     never_declared,
 )
-from setl.model import Ack, Position
+from setl.model import Ack, Position, TableName
+from setl.snapshot.progress import TableProgress
 
 #: How many ack history nodes to keep per pipeline; pruned every `PRUNE_EVERY` acks.
 HISTORY_KEEP = 1000
@@ -423,6 +430,70 @@ class ZooKeeperMetaStore(MetaStore):
         except Conflict:
             self.coordinator.set(path, request)
         return holder
+
+    # -- snapshots
+
+    @staticmethod
+    def _table_node(table: TableName) -> str:
+        def part(name: str) -> str:  # a dot separates the two parts, so none is left inside one
+            return urllib.parse.quote(name, safe="").replace(".", "%2E")
+
+        return f"{part(table.schema)}.{part(table.table)}"
+
+    @staticmethod
+    def _node_table(name: str) -> TableName:
+        schema, _, table = name.partition(".")
+        return TableName(urllib.parse.unquote(schema), urllib.parse.unquote(table))
+
+    def snapshot_progress(self, pipeline: str) -> list[TableProgress]:
+        folder = f"{self._base(pipeline)}/snapshot"
+        found = []
+        for name in sorted(self.coordinator.children(folder)):
+            data = self._read(f"{folder}/{name}")
+            if data:
+                found.append(TableProgress.from_dict(data))
+        return sorted(found, key=lambda t: (t.schema, t.table))
+
+    def save_snapshot_progress(self, pipeline: str, progress: list[TableProgress]) -> None:
+        self._prepare(pipeline)
+        folder = f"{self._base(pipeline)}/snapshot"
+        self.coordinator.ensure(folder)
+        ops: list[Any] = []
+        for table in progress:
+            path = f"{folder}/{self._table_node(table.name)}"
+            if self.coordinator.get(path) is None:
+                try:
+                    self.coordinator.create(path, b"")
+                except Conflict:
+                    pass
+            ops.append(SetData(path, dumps(table.to_dict())))
+        if not ops:
+            return
+        lease = self.coordinator.lease(pipeline)
+        if lease is not None:
+            lease.check()
+            self._fenced(lease, ops, "record snapshot progress")
+        else:
+            self.coordinator.commit(ops)
+
+    def request_snapshot(self, pipeline: str, table: TableName) -> None:
+        self._prepare(pipeline)
+        path = f"{self._base(pipeline)}/snapshot_requests/{self._table_node(table)}"
+        try:
+            self.coordinator.create(path, dumps({"time": self._clock()}), makepath=True)
+        except Conflict:
+            pass
+
+    def snapshot_requests(self, pipeline: str) -> list[TableName]:
+        folder = f"{self._base(pipeline)}/snapshot_requests"
+        return sorted(self._node_table(name) for name in self.coordinator.children(folder))
+
+    def drop_snapshot_request(self, pipeline: str, table: TableName) -> None:
+        path = f"{self._base(pipeline)}/snapshot_requests/{self._table_node(table)}"
+        try:
+            self.coordinator.delete(path)
+        except Conflict:
+            pass  # taken already
 
     def close(self) -> None:
         if self._owns:

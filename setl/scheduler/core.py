@@ -232,7 +232,7 @@ class Scheduler(LoadDispatch, Termin):
                 self._close_private()
                 self._record_failed_start(exc)
                 raise
-            if start is not None and start >= self._until:
+            if start is not None and start >= self._until and not self.select.backlog():
                 self._event("termin", None, f"already caught up at {start}")
                 self.meta.set_state(self.name, Status.STOPPED, node=self.node_id)
                 self.select.close()

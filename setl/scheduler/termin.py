@@ -14,7 +14,7 @@ from setl.retry import Backoff, record_retrying
 from setl.runtime import Progress
 from setl.scheduler.events import Listener, Outcome
 from setl.scheduler.ledger import Slot, SlotState
-from setl.stages import Load
+from setl.stages import Load, Select
 
 log = logging.getLogger("setl.scheduler")
 
@@ -31,6 +31,7 @@ class Termin:
     name: str
     node_id: str | None
     load: Load
+    select: Select
     meta: MetaStore
     listener: Listener
     backoff: Backoff
@@ -113,7 +114,7 @@ class Termin:
         self.listener.on_ack(ack, batch)
         if log.isEnabledFor(logging.DEBUG):
             self._event("termin", batch, f"acked {len(batch)} changes up to {batch.end}", logging.DEBUG)
-        if self._until is not None and batch.end >= self._until:
+        if self._until is not None and batch.end >= self._until and not self.select.backlog():
             self._finish(Outcome.CAUGHT_UP)
         return Progress.PROGRESS
 
@@ -224,6 +225,6 @@ class Termin:
         with self._cond:
             self._acked = position
         self.listener.on_ack(ack, batch)
-        if self._until is not None and position >= self._until:
+        if self._until is not None and position >= self._until and not self.select.backlog():
             self._finish(Outcome.CAUGHT_UP)
         return True

@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar
 import attrs
 
 from setl.errors import LoadError, RefusedLoadError, SetlError, TransientLoadError
-from setl.model import Batch, Change, DdlChange, Position, RowChange
+from setl.model import Batch, Change, DdlChange, Op, Position, RowChange
 from setl.retry import call_with_retries
 from setl.routing import flat_name
 from setl.ddl import Statement, parse
@@ -314,10 +314,12 @@ class SqlLoad(Load, Generic[C]):
                 continue
             position = change.position or batch.end
             statement = parse(change.statement)
-            if self.ddl == "fail":
+            if change.snapshot and statement.kind == "truncate_table":
+                pass  # a snapshot's TRUNCATE comes with the copy that replaces the table: always applied
+            elif self.ddl == "fail":
                 raise RefusedLoadError(f"DDL refused (pipeline.ddl is fail): {change.statement}",
                                 **{**self._context(batch, table=change.qualified_table), "position": position})
-            if self.ddl == "skip" or statement.kind == "other":
+            elif self.ddl == "skip" or statement.kind == "other":
                 log.warning("pipeline=%s stage=load table=%s position=%s DDL not applied (%s): %s",
                             self.pipeline, change.qualified_table, position,
                             "pipeline.ddl is skip" if self.ddl == "skip" else "not a table DDL",
@@ -478,7 +480,9 @@ class SqlLoad(Load, Generic[C]):
                 # holds none of them, and its changes need no comparison each.
                 table_at = tables[table][1]
                 check[table] = table_at is not None and table_at > batch.start
-            if check[table] and isinstance(change, RowChange) and change.position is not None:
+            # A snapshot row (READ) is the table's state at its place in the stream: never skipped.
+            if (check[table] and isinstance(change, RowChange) and change.position is not None
+                    and change.op is not Op.READ):
                 pipeline_at, table_at = tables[table]
                 if (table_at is not None and change.position <= table_at
                         and (pipeline_at is None or change.position > pipeline_at)):

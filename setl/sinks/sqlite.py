@@ -123,9 +123,16 @@ class SqliteLoad(Load):
             self.db.execute("BEGIN IMMEDIATE")
             try:
                 for change in batch.changes:
-                    if isinstance(change, DdlChange):
+                    if isinstance(change, DdlChange) and change.snapshot and change.table:
+                        # a snapshot's TRUNCATE (the copy that follows replaces the table)
+                        name = flat_name(change.schema, change.table)
+                        if self.db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                                           (name,)).fetchone():
+                            self.db.execute(f'DELETE FROM "{name}"')
+                    elif isinstance(change, DdlChange):
                         raise LoadError("the SQLite target does not apply DDL",
                                         table=change.qualified_table)
+                batch = batch.replace(tuple(c for c in batch.changes if not isinstance(c, DdlChange)))
                 changes = batch.changes if record else self._unapplied(batch)
                 for table in merge(changes):
                     table_name = flat_name(table.schema, table.table)

@@ -86,6 +86,11 @@ class Select(abc.ABC):
         """
         return None
 
+    def backlog(self) -> bool:
+        """True while the source has changes to hand on that its log position does not tell (a
+        table copy in progress, `setl.snapshot`): ``--until-caught-up`` waits for them too."""
+        return False
+
     def close(self) -> None:  # noqa: B027 - an optional hook: sources without resources keep it
         """Release resources. Idempotent."""
 
@@ -122,6 +127,9 @@ class SelectWrapper(Select):
 
     def describe(self) -> tuple[TableSchema, ...] | None:
         return self.inner.describe()
+
+    def backlog(self) -> bool:
+        return self.inner.backlog()
 
     def close(self) -> None:
         self.inner.close()

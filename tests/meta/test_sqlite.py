@@ -79,3 +79,27 @@ def test_retrying_state_round_trips_and_any_other_write_clears_it(tmp_path):
     assert state.retrying and state.retrying_since == 123.0 and state.error == "target away"
     meta.set_state("p", Status.RUNNING)
     assert not meta.state("p").retrying and meta.state("p").error is None
+
+
+def test_snapshot_progress_and_requests_round_trip(tmp_path):
+    """Snapshot progress (keys of any type, replaced per table) and requests read back from another handle."""
+    import datetime
+
+    from setl.model import TableName
+    from setl.snapshot import CopyStatus, TableProgress
+
+    a, b = SqliteMetaStore(tmp_path / "m.db"), SqliteMetaStore(tmp_path / "m.db")
+    key = ("Ab", datetime.date(2024, 5, 6), datetime.timedelta(seconds=90), b"\xff")
+    a.save_snapshot_progress("p", [TableProgress("s", "t", CopyStatus.COPYING, key, 5, 9, 1)])
+    a.save_snapshot_progress("p", [TableProgress("s", "t", CopyStatus.DONE, key, 9, 9, 2),
+                                   TableProgress("s", "a", CopyStatus.PENDING)])
+    assert [(p.table, p.status, p.last_key, p.rows) for p in b.snapshot_progress("p")] == [
+        ("a", CopyStatus.PENDING, None, 0), ("t", CopyStatus.DONE, key, 9)]
+    assert b.snapshot_progress("other") == []
+    b.request_snapshot("p", TableName("s", "t"))
+    b.request_snapshot("p", TableName("s", "t"))
+    assert a.snapshot_requests("p") == [TableName("s", "t")]
+    a.drop_snapshot_request("p", TableName("s", "t"))
+    assert b.snapshot_requests("p") == []
+    a.close()
+    b.close()

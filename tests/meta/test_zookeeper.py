@@ -165,3 +165,34 @@ def test_reset_to_the_start_and_retrying_state_round_trip(zookeeper_server):
         assert state.retrying and state.retrying_since == 42.0
         node.set_state("p", Status.RUNNING, node="n1")
         assert not cli.state("p").retrying
+
+
+def test_snapshot_progress_and_requests_round_trip_and_a_deposed_holder_cannot_write_progress(zookeeper_server):
+    """Snapshot progress (keys of any type) and requests read back from another session; progress
+    written by a holder whose mainstem another node took is refused."""
+    import datetime
+    import decimal
+
+    from setl.model import TableName
+    from setl.snapshot import CopyStatus, TableProgress
+
+    with stores(zookeeper_server.hosts, 2) as (a, b):
+        hold(a, "p", "a")
+        key = (7, "Mixed.Case", b"\x00\x01", decimal.Decimal("1.50"), datetime.datetime(2024, 1, 2, 3, 4, 5))
+        a.save_snapshot_progress("p", [TableProgress("s.x", "t/1", CopyStatus.COPYING, key, 10, 100, 2, 1.0, 2.0),
+                                       TableProgress("s", "u", CopyStatus.DONE)])
+        found = b.snapshot_progress("p")
+        assert [(p.schema, p.table, p.status, p.last_key, p.rows) for p in found] == [
+            ("s", "u", CopyStatus.DONE, None, 0), ("s.x", "t/1", CopyStatus.COPYING, key, 10)]
+        b.request_snapshot("p", TableName("s.x", "t/1"))
+        b.request_snapshot("p", TableName("s.x", "t/1"))
+        assert a.snapshot_requests("p") == [TableName("s.x", "t/1")]
+        a.drop_snapshot_request("p", TableName("s.x", "t/1"))
+        a.drop_snapshot_request("p", TableName("s.x", "t/1"))
+        assert b.snapshot_requests("p") == []
+        expire(a.coordinator)
+        hold(b, "p", "b", delay=0)
+        wait_until(lambda: a.coordinator.connected, timeout=10, message="a new session")
+        with pytest.raises(LeadershipLost):
+            a.save_snapshot_progress("p", [TableProgress("s", "u", CopyStatus.PENDING)])
+        assert b.snapshot_progress("p")[0].status is CopyStatus.DONE

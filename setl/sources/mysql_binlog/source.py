@@ -35,6 +35,7 @@ from setl.config import SslConfig
 from setl.errors import ConfigError, PositionPurged, SourceError
 from setl.model import ColumnSchema, Position, TableName, TableSchema, Transaction
 from setl.retry import Backoff
+from setl.snapshot.settings import SnapshotSettings
 from setl.sources.mysql_binlog.assembler import (
     _EVENTS,
     _POSITION_EVENTS,
@@ -68,9 +69,11 @@ class MysqlSourceConfig:
     password: str = attrs.field(default="", repr=False)  # may be "${ENV_VAR}"; never logged
     server_id: int = 1001  # unique among the server's replicas and binlog readers
     flavor: Literal["auto", "mariadb", "mysql"] = "auto"  # auto: from the server's VERSION()
-    #: where a pipeline without a position starts: earliest, latest, {file: NAME, pos: OFFSET} or {gtid: GTID_SET}
+    #: where a pipeline without a position starts: earliest, latest, snapshot (copy the selected tables, then
+    #: follow the binlog from there; see docs/snapshot.md), {file: NAME, pos: OFFSET} or {gtid: GTID_SET}
     start: Any = "earliest"
     ssl: SslConfig | None = None  # TLS for the binlog stream and every query setl runs on the server
+    snapshot: SnapshotSettings = attrs.Factory(SnapshotSettings)  # how `start: snapshot` and `setl snapshot` copy
 
 
 log = logging.getLogger("setl.sources.mysql_binlog")
@@ -249,6 +252,7 @@ class MysqlBinlogSource(Select):
         table_map_cache: bool = True,
         selects: Callable[[str, str], bool] | None = None,
         ssl: SslConfig | None = None,
+        snapshot: SnapshotSettings | None = None,
     ) -> None:
         if flavor not in ("auto", "mariadb", "mysql"):
             raise ConfigError(f"source.flavor {flavor!r} is not auto, mariadb or mysql", pipeline=pipeline)
@@ -268,6 +272,7 @@ class MysqlBinlogSource(Select):
         self.heartbeat = heartbeat
         self.reconnect_timeout = reconnect_timeout
         self.table_map_cache = table_map_cache
+        self.snapshot_settings = snapshot or SnapshotSettings()  # read by setl.snapshot
         self.selects = selects  # whether the pipeline's table rules take (schema, table); None: every table
         self.backoff = Backoff(initial=0.1, maximum=2.0, max_attempts=0)
         self._queue: queue.Queue[Transaction | _Failure] | None = None
@@ -289,14 +294,14 @@ class MysqlBinlogSource(Select):
     def from_config(cls, cfg: MysqlSourceConfig, *, pipeline: str, **kwargs: Any) -> "MysqlBinlogSource":
         return cls(host=cfg.host, port=cfg.port, user=cfg.user, password=cfg.password,
                    server_id=cfg.server_id, flavor=cfg.flavor, start=cfg.start, pipeline=pipeline,
-                   ssl=cfg.ssl, **kwargs)
+                   ssl=cfg.ssl, snapshot=cfg.snapshot, **kwargs)
 
     def __repr__(self) -> str:
         return f"<MysqlBinlogSource {self.host}:{self.port} server_id={self.server_id} at {self._cursor}>"
 
     @staticmethod
     def _parse_start(start: Any, pipeline: str) -> str | Position | _GtidStart:
-        if start is None or start in ("earliest", "latest"):
+        if start is None or start in ("earliest", "latest", "snapshot"):
             return start or "earliest"
         if isinstance(start, Position):
             return start
@@ -315,7 +320,7 @@ class MysqlBinlogSource(Select):
         if isinstance(start, str):
             with contextlib.suppress(ValueError):
                 return Position.parse(start)
-        raise ConfigError(f"source.start {start!r} is not earliest, latest, {{file: NAME, pos: OFFSET}} "
+        raise ConfigError(f"source.start {start!r} is not earliest, latest, snapshot, {{file: NAME, pos: OFFSET}} "
                           "(OFFSET at least 4) or {gtid: GTID_SET}", pipeline=pipeline)
 
     # --- control connection ------------------------------------------------------------------
@@ -421,12 +426,12 @@ class MysqlBinlogSource(Select):
         target = start if start is not None else self.start
         if target == "earliest":
             target = Position(logs[0][0], 4)
-        elif target == "latest" or isinstance(target, _GtidStart):
+        elif target in ("latest", "snapshot") or isinstance(target, _GtidStart):  # a snapshot starts at the head
             status = self._status(conn)
             if status is None:
                 raise self._error(f"server {self.host}:{self.port} shows no binlog status")
             head, executed = status
-            if not isinstance(target, _GtidStart):  # "latest"
+            if not isinstance(target, _GtidStart):  # "latest" or "snapshot"
                 gtids = self._gtids_at(conn, head, executed)
                 return attrs.evolve(head, gtid=gtids.text or None if gtids else None), gtids
             return self._resolve_gtid(conn, target, head, executed)

@@ -1,0 +1,194 @@
+"""Reading a table's rows for a snapshot: chunk boundaries, and chunks in consistent snapshots.
+
+Every query runs on the server, which compares keys with the columns' own collations: a boundary is
+the key `chunk_rows` rows after the last one (``ORDER BY key LIMIT 1 OFFSET n-1``), never a value
+computed or compared in Python. A chunk is read in its own short transaction, ``START TRANSACTION
+WITH CONSISTENT SNAPSHOT, READ ONLY``, whose binlog position the server tells
+(``Binlog_snapshot_file``/``Binlog_snapshot_position``, MariaDB): the chunk is the table's rows in
+its key range exactly as they stood at that position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import pymysql
+import pymysql.cursors
+
+from setl import ddl
+from setl.errors import SourceError
+from setl.model import InvalidDate, Position, TableName
+
+_DATES = frozenset({"date", "datetime", "timestamp"})
+
+
+@attrs.frozen
+class TablePlan:
+    """What copying a table needs: its columns in table order, their types, and its primary key."""
+
+    name: TableName
+    columns: tuple[str, ...]
+    types: Mapping[str, str]  # column -> information_schema DATA_TYPE, lower case
+    key: tuple[str, ...]
+    estimate: int
+
+    @property
+    def keyless(self) -> bool:
+        return not self.key
+
+    @property
+    def quoted(self) -> str:
+        return f"{ddl.quote(self.name.schema)}.{ddl.quote(self.name.table)}"
+
+
+def _after(columns: Sequence[str], strict: bool) -> str:
+    """``(columns) > (%s, ...)`` (or ``<=`` when not `strict`), expanded so that the range
+    optimizer uses the key: ``c1 > v1 OR (c1 = v1 AND (c2 > v2 ...))``."""
+    first = ddl.quote(columns[0])
+    if len(columns) == 1:
+        return f"{first} > %s" if strict else f"{first} <= %s"
+    rest = _after(columns[1:], strict)
+    return f"({first} {'>' if strict else '<'} %s OR ({first} = %s AND ({rest})))"
+
+
+def _args(values: Sequence[Any]) -> list[Any]:
+    """The arguments of `_after`'s placeholders: each value but the last twice."""
+    out: list[Any] = []
+    for value in values[:-1]:
+        out.extend((value, value))
+    out.append(values[-1])
+    return out
+
+
+class ChunkReader:
+    """Queries for one table copy, on connections `connect` opens (autocommit, UTC sessions)."""
+
+    def __init__(self, connect: Callable[[], pymysql.connections.Connection], pipeline: str) -> None:
+        self.connect = connect
+        self.pipeline = pipeline
+
+    def _error(self, message: str, table: TableName | None = None) -> SourceError:
+        return SourceError(message, pipeline=self.pipeline, stage="select",
+                           table=str(table) if table is not None else None)
+
+    @staticmethod
+    def prepare(conn: pymysql.connections.Connection) -> None:
+        with conn.cursor() as cur:
+            # TIMESTAMPs as UTC, as the binlog source decodes them; REPEATABLE READ for the snapshot.
+            cur.execute("SET SESSION time_zone = '+00:00'")
+            cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+
+    def check(self, conn: pymysql.connections.Connection, where: str) -> None:
+        """Refuse a server that cannot tell a consistent snapshot's binlog position."""
+        with conn.cursor() as cur:
+            cur.execute("SHOW STATUS LIKE 'binlog_snapshot_position'")
+            found = cur.fetchall()
+        if not found:
+            raise self._error(f"server {where} has no Binlog_snapshot_position status variable: a snapshot "
+                              "(source.start: snapshot, setl snapshot) needs MariaDB 10.0 or later")
+
+    def plan(self, conn: pymysql.connections.Connection, table: TableName) -> TablePlan | None:
+        """The table's columns, types, key and row estimate; None if it does not exist."""
+        with conn.cursor() as cur:
+            cur.execute("SELECT COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s "
+                        "AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION", (table.schema, table.table))
+            columns = [(str(name), str(kind).lower()) for name, kind in cur.fetchall()]
+            if not columns:
+                return None
+            cur.execute("SELECT COLUMN_NAME FROM information_schema.KEY_COLUMN_USAGE WHERE TABLE_SCHEMA = %s "
+                        "AND TABLE_NAME = %s AND CONSTRAINT_NAME = 'PRIMARY' ORDER BY ORDINAL_POSITION",
+                        (table.schema, table.table))
+            key = tuple(str(row[0]) for row in cur.fetchall())
+            cur.execute("SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND "
+                        "TABLE_NAME = %s", (table.schema, table.table))
+            found = cur.fetchone()
+        return TablePlan(table, tuple(c for c, _ in columns), dict(columns), key,
+                         int(found[0] or 0) if found else 0)
+
+    def has_rows(self, conn: pymysql.connections.Connection, plan: TablePlan) -> bool:
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT 1 FROM {plan.quoted} LIMIT 1")
+            return cur.fetchone() is not None
+
+    def boundary(self, conn: pymysql.connections.Connection, plan: TablePlan, after: tuple[Any, ...] | None,
+                 rows: int) -> tuple[Any, ...] | None:
+        """The key `rows` rows after `after` (from the start when None), or None when fewer are left."""
+        keys = ", ".join(ddl.quote(c) for c in plan.key)
+        where = f"WHERE {_after(plan.key, True)} " if after is not None else ""
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT {keys} FROM {plan.quoted} {where}ORDER BY {keys} LIMIT 1 OFFSET %s",
+                        [*(_args(after) if after is not None else []), rows - 1])
+            found = cur.fetchone()
+        return tuple(found) if found is not None else None
+
+    def _begin(self, cur: pymysql.cursors.Cursor) -> Position:
+        cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+        cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
+        status = {str(name).lower(): value for name, value in cur.fetchall()}
+        return Position(str(status["binlog_snapshot_file"]), int(status["binlog_snapshot_position"]))
+
+    def read(self, conn: pymysql.connections.Connection, plan: TablePlan, after: tuple[Any, ...] | None,
+             upper: tuple[Any, ...] | None, started: Callable[[Position], None]) -> tuple[list[dict[str, Any]],
+                                                                                         Position]:
+        """The rows with key in (`after`, `upper`] (open ends when None), in key order, read in one
+        consistent snapshot; and its binlog position (also passed to `started` as soon as known)."""
+        conditions, args = [], []
+        if after is not None:
+            conditions.append(_after(plan.key, True))
+            args.extend(_args(after))
+        if upper is not None:
+            conditions.append(_after(plan.key, False))
+            args.extend(_args(upper))
+        where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+        keys = ", ".join(ddl.quote(c) for c in plan.key)
+        with conn.cursor() as cur:
+            position = self._begin(cur)
+            try:
+                started(position)
+                cur.execute(f"SELECT {self._select(plan)} FROM {plan.quoted}{where} ORDER BY {keys}", args)
+                rows = cur.fetchall()
+            finally:
+                cur.execute("COMMIT")
+        return [self.image(plan, row) for row in rows], position
+
+    def read_all(self, conn: pymysql.connections.Connection, plan: TablePlan, piece_rows: int,
+                 started: Callable[[Position], None], piece: Callable[[list[dict[str, Any]], bool], None]) -> None:
+        """Every row of a (keyless) table in one consistent snapshot, handed to `piece` in pieces of
+        `piece_rows` (the last with True), streamed from the server."""
+        with conn.cursor(pymysql.cursors.SSCursor) as cur:
+            position = self._begin(cur)
+            try:
+                started(position)
+                cur.execute(f"SELECT {self._select(plan)} FROM {plan.quoted}")
+                rows: Any = cur.fetchmany(piece_rows)
+                while True:
+                    following = cur.fetchmany(piece_rows) if len(rows) == piece_rows else []
+                    piece([self.image(plan, row) for row in rows], not following)
+                    if not following:
+                        break
+                    rows = following
+            finally:
+                cur.execute("COMMIT")
+
+    @staticmethod
+    def _select(plan: TablePlan) -> str:
+        return ", ".join(ddl.quote(c) for c in plan.columns)
+
+    @staticmethod
+    def image(plan: TablePlan, row: Sequence[Any]) -> dict[str, Any]:
+        """A row with the values the binlog source hands on for the same row (see
+        `setl.sources.mysql_binlog.MysqlBinlogSource`): SETs as sets, BITs as ints, zero dates kept."""
+        image = dict(zip(plan.columns, row))
+        for name, kind in plan.types.items():
+            value = image.get(name)
+            if value is None:
+                continue
+            if kind == "set":
+                image[name] = set(value.split(",")) if value else set()
+            elif kind == "bit":
+                image[name] = int.from_bytes(value, "big")
+            elif kind in _DATES and isinstance(value, str):
+                image[name] = InvalidDate(value)
+        return image

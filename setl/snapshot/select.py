@@ -1,0 +1,630 @@
+"""`SnapshotSelect`: the binlog source with table copies merged into its stream in position order.
+
+How a table is copied (docs/snapshot.md):
+
+1. A ``TRUNCATE TABLE`` of it (a `DdlChange` with ``snapshot=True``) is handed on at the current
+   stream position, so the copy replaces what the target held.
+2. Its rows are read in chunks split on the primary key (boundaries found by the server), each in
+   its own consistent-snapshot transaction whose binlog position Pc the server tells. A chunk is a
+   transaction of READ row changes handed on after every binlog transaction ending at or before Pc
+   and before any ending after it. The target merges changes by key, so a change before Pc is
+   replaced by the chunk's row and one after Pc applies on top of it: every key ends right.
+3. A table without a primary key is one chunk (streamed in pieces from one consistent snapshot, so
+   one transaction stays open while it is read), and its binlog changes are dropped until the
+   copy has been handed on (they are in it).
+
+Chunks are read by `readers` threads, at most `max_chunks` read and not yet handed on. Progress
+reaches the meta store only when the batch holding a chunk is acked (`SnapshotListener`), so a
+restart resumes after the last acked chunk; a chunk replayed after a crash is harmless (READ
+replaces the row).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import attrs
+import pymysql
+
+from setl.errors import SetlError, SourceError
+from setl.meta.base import MetaStore
+from setl.model import Ack, Batch, DdlChange, Op, Position, RowChange, TableName, Transaction
+from setl.scheduler.events import Listener
+from setl.snapshot.ledger import Chunk, ProgressLedger, Record
+from setl.snapshot.merge import StreamMerge
+from setl.snapshot.progress import CopyStatus, TableProgress
+from setl.snapshot.reader import ChunkReader, TablePlan
+from setl.snapshot.settings import SnapshotSettings
+from setl.stages.select import Select, SelectWrapper
+
+log = logging.getLogger("setl.snapshot")
+
+#: How often the running source looks for `setl snapshot` requests in the meta store (seconds).
+REQUEST_POLL = 1.0
+
+
+@attrs.define(eq=False)
+class _Copy:
+    """A table being copied, as the reader threads and the poll thread see it."""
+
+    plan: TablePlan
+    progress: TableProgress
+    truncated: bool = False  # its TRUNCATE was handed on: chunks may be read
+    lower: tuple[Any, ...] | None = None  # the next chunk starts after this key
+    exhausted: bool = False  # the final chunk was claimed
+    claiming: bool = False  # a reader is finding the next boundary
+    next_index: int = 0
+    handed_rows: int = 0
+
+
+class SnapshotSelect(SelectWrapper):
+    """Wraps a MySQL binlog source; see the module docstring.
+
+    Contract additions to `Select`: chunk transactions end at the position of the last binlog
+    transaction handed on before them (resuming there re-reads nothing they depend on), and their
+    row changes carry the chunk's snapshot position. `backlog()` is true while a copy is not
+    acked to the end, so ``--until-caught-up`` waits for it.
+    """
+
+    def __init__(self, inner: Select, *, pipeline: str, meta: Callable[[], MetaStore], connect: Callable[[], Any],
+                 where: str, start_mode: bool, selects: Callable[[str, str], bool] | None,
+                 settings: SnapshotSettings, parallelism: int = 2, batch_rows: int = 10_000,
+                 reporter: Callable[[list[TableProgress], bool], None] | None = None,
+                 spark_reads: Any = None) -> None:
+        super().__init__(inner)
+        self.pipeline = pipeline
+        self._meta_factory = meta
+        self._meta: MetaStore | None = None
+        self.connect = connect
+        self.where = where
+        self.start_mode = start_mode
+        self.selects = selects
+        self.settings = settings
+        self.chunk_rows = max(1, settings.chunk_rows or batch_rows)
+        self.readers = settings.readers or max(1, parallelism)
+        self.max_chunks = settings.max_chunks or 2 * self.readers
+        self.reporter = reporter
+        self.spark_reads = spark_reads  # a setl.snapshot.spark_engine.SparkReads: chunks read as Spark tasks
+        self.reader = ChunkReader(self._connection, pipeline)
+        self._lock = threading.Condition()
+        self._generation = 0
+        self._copies: dict[TableName, _Copy] = {}
+        self._waiting: list[TableName] = []  # tables whose TRUNCATE is to be handed on
+        self._keyless_open: set[TableName] = set()
+        self._merge: StreamMerge[Chunk] = StreamMerge()
+        self._out: collections.deque[Transaction] = collections.deque()
+        self.ledger = ProgressLedger()
+        self._threads: list[threading.Thread] = []
+        self._stop = threading.Event()
+        self._failure: BaseException | None = None
+        self._next_request = 0.0
+        self._checked = False
+        self._began: float | None = None
+
+    @property
+    def meta(self) -> MetaStore:
+        if self._meta is None:
+            self._meta = self._meta_factory()
+        return self._meta
+
+    # --- connections --------------------------------------------------------------------------
+
+    def _connection(self) -> pymysql.connections.Connection:
+        conn = self.connect()
+        ChunkReader.prepare(conn)
+        return conn
+
+    # --- Select -------------------------------------------------------------------------------
+
+    def open(self, start: Position | None) -> None:
+        self._shutdown()
+        self.inner.open(start)
+        fresh = start is None and self.start_mode
+        self._restart(self.inner.tell(), fresh=fresh)
+
+    def seek(self, position: Position | None) -> None:
+        self._shutdown()
+        self.inner.seek(position)
+        self._restart(self.inner.tell() or position, fresh=False)
+
+    def close(self) -> None:
+        self._shutdown()
+        self.inner.close()
+
+    def backlog(self) -> bool:
+        with self._lock:
+            waiting = bool(self._waiting)
+        return waiting or self.ledger.unfinished()
+
+    def _shutdown(self) -> None:
+        self._stop.set()
+        with self._lock:
+            self._generation += 1
+            self._lock.notify_all()
+        for thread in self._threads:
+            thread.join(30.0)
+            if thread.is_alive():
+                log.warning("pipeline=%s snapshot reader %s did not stop within 30s", self.pipeline, thread.name)
+        self._threads = []
+
+    def _restart(self, frontier: Position | None, *, fresh: bool) -> None:
+        """Forget everything not acked; take the copies up again from the meta store's progress."""
+        stored = {p.name: p for p in self.meta.snapshot_progress(self.pipeline)}
+        with self._lock:
+            self._generation += 1
+            self._copies.clear()
+            self._waiting.clear()
+            self._keyless_open.clear()
+            self._merge.clear(frontier)
+            self._out.clear()
+            self._failure = None
+        self.ledger.reset(stored)
+        self._stop = threading.Event()
+        if fresh:
+            tables = self._selected_tables()
+            log.info("pipeline=%s stage=select snapshot of %d table(s) starting at %s", self.pipeline,
+                     len(tables), frontier)
+            self._begin_tables(tables, replace=True)
+        else:
+            self._resume(stored.values())
+        self._next_request = 0.0
+        if self._copies or self._waiting:
+            self._start_readers()
+
+    def _selected_tables(self) -> list[TableName]:
+        conn = self._connection()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE IN "
+                            "('BASE TABLE', 'SYSTEM VERSIONED') AND TABLE_SCHEMA NOT IN ('mysql', "
+                            "'information_schema', 'performance_schema', 'sys') ORDER BY TABLE_SCHEMA, TABLE_NAME")
+                found = [TableName(str(s), str(t)) for s, t in cur.fetchall()]
+        finally:
+            conn.close()
+        return [t for t in found if self.selects is None or self.selects(t.schema, t.table)]
+
+    def _begin_tables(self, tables: Iterable[TableName], *, replace: bool) -> None:
+        """Record `tables` as PENDING (their copy starts with a TRUNCATE) and queue them."""
+        tables = list(tables)
+        if not tables:
+            return
+        self._check_server()
+        now = time.time()
+        pending = [TableProgress(t.schema, t.table, CopyStatus.PENDING, started=now, updated=now) for t in tables]
+        self.meta.save_snapshot_progress(self.pipeline, pending)
+        if replace:
+            self.ledger.reset({})
+        self.ledger.set(pending)
+        with self._lock:
+            self._waiting.extend(p.name for p in pending)
+        if self._began is None:
+            self._began = time.monotonic()
+
+    def _resume(self, stored: Iterable[TableProgress]) -> None:
+        unfinished = [p for p in stored if p.status is not CopyStatus.DONE]
+        if not unfinished:
+            return
+        self._check_server()
+        for progress in unfinished:
+            if progress.status is CopyStatus.COPYING and progress.last_key is not None:
+                log.info("pipeline=%s stage=select table=%s snapshot resumes after chunk %d (last key %s, "
+                         "%d rows copied)", self.pipeline, progress.name, progress.chunks,
+                         list(progress.last_key), progress.rows)
+            else:
+                log.info("pipeline=%s stage=select table=%s snapshot resumes from its start", self.pipeline,
+                         progress.name)
+            with self._lock:
+                self._waiting.append(progress.name)
+        if self._began is None:
+            self._began = time.monotonic()
+
+    def _check_server(self) -> None:
+        if self._checked:
+            return
+        conn = self._connection()
+        try:
+            self.reader.check(conn, self.where)
+        finally:
+            conn.close()
+        self._checked = True
+
+    # --- starting tables (poll thread) ---------------------------------------------------------
+
+    def _start_waiting(self) -> None:
+        """Hand on the TRUNCATE of each waiting table at the current position, and open its copy."""
+        with self._lock:
+            if self._merge.frontier is None:
+                return  # after a GTID start: wait for the first position
+            waiting, self._waiting = self._waiting, []
+            generation = self._generation
+        if not waiting:
+            return
+        frontier = self._merge.frontier
+        conn = self._connection()
+        try:
+            for name in waiting:
+                plan = self.reader.plan(conn, name)
+                stored = self.ledger.get(name) or TableProgress(name.schema, name.table)
+                if plan is None:
+                    log.warning("pipeline=%s stage=select table=%s no longer exists: not copied", self.pipeline,
+                                name)
+                    self._save([attrs.evolve(stored, status=CopyStatus.DONE, updated=time.time())])
+                    continue
+                resume = stored.status is CopyStatus.COPYING and not plan.keyless
+                copy = _Copy(plan, attrs.evolve(stored, estimate=plan.estimate))
+                if resume:
+                    copy.truncated, copy.lower = True, stored.last_key
+                    with self._lock:
+                        if generation == self._generation:
+                            self._copies[name] = copy
+                            self._lock.notify_all()
+                    continue
+                # Empty now: nothing to copy, and any later row arrives through the binlog.
+                empty = not self.reader.has_rows(conn, plan)
+                statement = f"TRUNCATE TABLE {plan.quoted}"
+                change = DdlChange(name.schema, name.table, statement, position=frontier, snapshot=True)
+                with self._lock:
+                    if generation != self._generation:
+                        return
+                    copy.truncated = True
+                    copy.exhausted = empty
+                    self._copies[name] = copy
+                    if plan.keyless and not empty:
+                        self._keyless_open.add(name)
+                    self.ledger.remember(Record(name, "truncate", change, empty=empty, estimate=plan.estimate))
+                    self._out.append(Transaction((change,), frontier or Position("", 0)))
+                    self._lock.notify_all()
+        finally:
+            conn.close()
+
+    def _take_requests(self) -> None:
+        now = time.monotonic()
+        if now < self._next_request:
+            return
+        self._next_request = now + REQUEST_POLL
+        requests = self.meta.snapshot_requests(self.pipeline)
+        taken = []
+        for table in requests:
+            with self._lock:
+                busy = table in self._copies or table in self._waiting
+            if busy:
+                continue  # copied again once the current copy ends
+            if self.selects is not None and not self.selects(table.schema, table.table):
+                log.warning("pipeline=%s stage=select table=%s snapshot requested but no table rule selects it; "
+                            "request dropped", self.pipeline, table)
+                self.meta.drop_snapshot_request(self.pipeline, table)
+                continue
+            taken.append(table)
+        if taken:
+            self._begin_tables(taken, replace=False)
+            for table in taken:
+                self.meta.drop_snapshot_request(self.pipeline, table)
+            log.info("pipeline=%s stage=select snapshot requested for %s: copying at %s", self.pipeline,
+                     ", ".join(map(str, taken)), self._merge.frontier)
+            self._start_readers()
+
+    # --- the merge (poll thread) ---------------------------------------------------------------
+
+    def poll(self, timeout: float) -> Transaction | None:
+        self._take_requests()
+        with self._lock:
+            idle = not (self._copies or self._waiting or self._out) and self._merge.idle
+            failure = self._failure
+        if failure is not None:
+            raise failure
+        if idle:
+            tx = self.inner.poll(timeout)
+            if tx is not None:
+                with self._lock:
+                    self._merge.frontier = tx.end
+            return tx
+        if self._waiting:
+            self._start_waiting()
+        deadline = time.monotonic() + max(0.0, timeout)
+        while True:
+            with self._lock:
+                if self._out:
+                    return self._out.popleft()
+                wanted = self._merge.lookahead is None
+            if wanted:
+                tx = self.inner.poll(0)
+                with self._lock:
+                    self._merge.offer(tx)
+            with self._lock:
+                if self._failure is not None:
+                    raise self._failure
+                found = self._next()
+                if found is not None:
+                    return found
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                if self._merge.lookahead is not None:
+                    # held by a read in flight or a chunk not yet placed: wait for a reader
+                    self._lock.wait(min(remaining, 0.02))
+                    continue
+            tx = self.inner.poll(min(remaining, 0.02))
+            with self._lock:
+                self._merge.offer(tx)
+
+    def _next(self) -> Transaction | None:
+        """Under the lock: the next transaction in position order, if it can be told yet."""
+        found = self._merge.next()
+        if found is None:
+            return None
+        if isinstance(found, tuple):
+            self._lock.notify_all()  # room for another chunk
+            return self._hand_chunk(found[1])
+        if self._keyless_open and found.changes:
+            kept = tuple(c for c in found.changes if not (
+                isinstance(c, RowChange) and TableName(c.schema, c.table) in self._keyless_open))
+            if len(kept) != len(found.changes):
+                found = attrs.evolve(found, changes=kept)
+        return found
+
+    def _hand_chunk(self, chunk: Chunk) -> Transaction:
+        copy = self._copies.get(chunk.table)
+        key = copy.plan.key if copy is not None else ()
+        changes = tuple(RowChange(Op.READ, chunk.table.schema, chunk.table.table, key, None, row,
+                                  position=chunk.position) for row in chunk.rows)
+        if copy is not None:
+            copy.handed_rows += len(changes)
+        if chunk.final and not key:
+            self._keyless_open.discard(chunk.table)
+        self.ledger.remember(Record(chunk.table, "chunk", changes[-1] if changes else None, chunk=chunk))
+        frontier = self._merge.frontier
+        return Transaction(changes, frontier if frontier is not None else chunk.position)
+
+    # --- readers ------------------------------------------------------------------------------
+
+    def _start_readers(self) -> None:
+        self._threads = [t for t in self._threads if t.is_alive()]
+        while len(self._threads) < self.readers:
+            thread = threading.Thread(target=self._read_loop, args=(self._stop,),
+                                      name=f"setl-{self.pipeline}-snapshot-{len(self._threads)}", daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _claim(self, stop: threading.Event) -> tuple[int, _Copy] | None:
+        """Under the lock, waiting for room: a table with a chunk to read (marked as claiming)."""
+        while not stop.is_set():
+            if self._merge.pending < self.max_chunks:
+                for copy in self._copies.values():
+                    if copy.truncated and not copy.exhausted and not copy.claiming:
+                        copy.claiming = True
+                        return self._generation, copy
+            self._lock.wait(0.2)
+        return None
+
+    def _read_loop(self, stop: threading.Event) -> None:
+        conn = None
+        try:
+            while not stop.is_set():
+                with self._lock:
+                    claimed = self._claim(stop)
+                if claimed is None:
+                    return
+                generation, copy = claimed
+                if conn is None:
+                    conn = self._connection()
+                try:
+                    if copy.plan.keyless:
+                        self._read_keyless(conn, generation, copy)
+                    else:
+                        self._read_chunk(conn, generation, copy)
+                except BaseException:
+                    with self._lock:
+                        copy.claiming = False
+                    raise
+        except BaseException as exc:
+            if not stop.is_set():
+                log.debug("pipeline=%s snapshot reader failed", self.pipeline, exc_info=True)
+                error = exc if isinstance(exc, SetlError) else SourceError(
+                    f"snapshot read failed: {type(exc).__name__}: {exc}", pipeline=self.pipeline, stage="select")
+                with self._lock:
+                    self._failure = error
+                    self._lock.notify_all()
+        finally:
+            if conn is not None:
+                try:
+                    conn.close()
+                except Exception:
+                    pass
+
+    def _register(self, generation: int) -> int:
+        """Under the lock: a read about to start (-1 for one no longer wanted)."""
+        return self._merge.read_started() if generation == self._generation else -1
+
+    def _started(self, generation: int, rid: int, position: Position) -> None:
+        with self._lock:
+            if generation == self._generation:
+                self._merge.read_positioned(rid, position)
+                self._lock.notify_all()
+
+    def _ended(self, generation: int, rid: int, chunk: Chunk | None = None) -> None:
+        """Under the lock: a read is over (with its chunk, or its last piece)."""
+        if generation != self._generation:
+            return
+        if chunk is not None:
+            self._merge.add(chunk.position, chunk)
+        self._merge.read_ended(rid)
+        self._lock.notify_all()
+
+    def _read_chunk(self, conn: Any, generation: int, copy: _Copy) -> None:
+        lower = copy.lower
+        try:
+            upper = self.reader.boundary(conn, copy.plan, lower, self.chunk_rows)
+        except pymysql.MySQLError as exc:
+            raise self._read_error(copy, exc) from exc
+        with self._lock:
+            if generation != self._generation:
+                return
+            index = copy.next_index
+            copy.next_index += 1
+            copy.lower, copy.exhausted, copy.claiming = upper, upper is None, False
+            rid = self._register(generation)
+            self._lock.notify_all()
+        try:
+            if self.spark_reads is not None:
+                rows, position = self.spark_reads.read(copy.plan, lower, upper)
+            else:
+                rows, position = self.reader.read(conn, copy.plan, lower, upper,
+                                                  lambda at: self._started(generation, rid, at))
+        except BaseException as exc:
+            with self._lock:
+                self._ended(generation, rid)
+            if isinstance(exc, pymysql.MySQLError):
+                raise self._read_error(copy, exc) from exc
+            raise
+        chunk = Chunk(copy.plan.name, generation, index, tuple(rows), position, lower, upper, upper is None)
+        with self._lock:
+            self._ended(generation, rid, chunk)
+
+    def _read_keyless(self, conn: Any, generation: int, copy: _Copy) -> None:
+        with self._lock:
+            copy.exhausted = True
+            copy.claiming = False
+            rid = self._register(generation)
+        index = itertools.count()
+        position: list[Position] = []
+
+        def started(at: Position) -> None:
+            position.append(at)
+            self._started(generation, rid, at)
+
+        def piece(rows: list[dict[str, Any]], final: bool) -> None:
+            chunk = Chunk(copy.plan.name, generation, next(index), tuple(rows), position[0], None, None, final)
+            with self._lock:
+                while (generation == self._generation and not self._stop.is_set()
+                       and self._merge.ready >= self.max_chunks):
+                    self._lock.wait(0.2)
+                if generation != self._generation or self._stop.is_set():
+                    raise _Abandoned()
+                self._merge.add(chunk.position, chunk)
+                if final:
+                    self._merge.read_ended(rid)
+                self._lock.notify_all()
+
+        try:
+            self.reader.read_all(conn, copy.plan, self.chunk_rows, started, piece)
+        except _Abandoned:
+            pass
+        except pymysql.MySQLError as exc:
+            raise self._read_error(copy, exc) from exc
+        finally:
+            with self._lock:
+                self._ended(generation, rid)
+
+    def _read_error(self, copy: _Copy, exc: BaseException) -> SourceError:
+        return SourceError(f"snapshot read of {self.where} failed: {exc}", pipeline=self.pipeline, stage="select",
+                           table=str(copy.plan.name), position=self._merge.frontier)
+
+    # --- acks (Select and Termin threads) ------------------------------------------------------
+
+    def acked(self, batch: Batch) -> None:
+        """`batch` is acked: store the progress it commits, and report it."""
+        if not self.ledger.pending:
+            return
+        changed = self.ledger.commit(batch)
+        finished = [p for p in changed if p.status is CopyStatus.DONE]
+        with self._lock:
+            for progress in finished:
+                self._copies.pop(progress.name, None)
+            active = bool(self._copies or self._waiting)
+        if changed:
+            self.meta.save_snapshot_progress(self.pipeline, changed)
+            for p in finished:
+                log.info("pipeline=%s stage=termin table=%s snapshot done: %d rows in %d chunk(s)", self.pipeline,
+                         p.name, p.rows, p.chunks)
+        tables = self.ledger.tables()
+        done = bool(changed) and not active and all(p.status is CopyStatus.DONE for p in tables)
+        if self.reporter is not None:
+            self.reporter(tables, done)
+        if done and self._began is not None:
+            log.info("pipeline=%s snapshot finished: %d table(s), %d rows, %.1fs in this run", self.pipeline,
+                     len(tables), sum(p.rows for p in tables), time.monotonic() - self._began)
+            self._began = None
+
+    def _save(self, progress: list[TableProgress]) -> None:
+        self.meta.save_snapshot_progress(self.pipeline, progress)
+        self.ledger.set(progress)
+
+
+class _Abandoned(Exception):
+    """A keyless read whose results are no longer wanted (a rewind, or a stop)."""
+
+
+class SnapshotListener(Listener):
+    """Feeds a `SnapshotSelect` the scheduler's hand-offs, Termin verdicts and acks; then `inner`."""
+
+    def __init__(self, snapshot: SnapshotSelect, inner: Listener) -> None:
+        self.snapshot, self.inner = snapshot, inner
+
+    def on_handoff(self, batch: Batch, in_flight: int) -> None:
+        self.snapshot.ledger.handed_on(batch)
+        self.inner.on_handoff(batch, in_flight)
+
+    def on_retire(self, batch: Batch, in_flight: int) -> None:
+        self.inner.on_retire(batch, in_flight)
+
+    def on_termin(self, batch: Batch, ok: bool) -> None:
+        self.snapshot.ledger.terminated(batch, ok)
+        self.inner.on_termin(batch, ok)
+
+    def on_ack(self, ack: Ack, batch: Batch) -> None:
+        try:
+            self.snapshot.acked(batch)
+        except SetlError:
+            raise
+        except Exception:
+            log.exception("pipeline=%s recording snapshot progress failed", self.snapshot.pipeline)
+        self.inner.on_ack(ack, batch)
+
+    def on_rollback(self, batch_id: int, epoch: int, error: BaseException, attempt: int) -> None:
+        self.inner.on_rollback(batch_id, epoch, error, attempt)
+
+
+def find_snapshot(select: Select) -> SnapshotSelect | None:
+    """The `SnapshotSelect` in a chain of Select wrappers, if there is one."""
+    seen: set[int] = set()
+    while select is not None and id(select) not in seen:
+        if isinstance(select, SnapshotSelect):
+            return select
+        seen.add(id(select))
+        select = getattr(select, "inner", None)  # type: ignore[assignment]
+    return None
+
+
+def with_snapshots(select: Select, *, pipeline: str, meta: Callable[[], MetaStore], parallelism: int,
+                   spark: Any = None) -> Select:
+    """`select` wrapped in a `SnapshotSelect` when it is a MySQL binlog source (the only one that can
+    place a consistent snapshot in its log); any other source as it is. `spark` is the node's
+    SparkConfig, for ``source.snapshot.engine: spark``."""
+    from setl.errors import ConfigError
+    from setl.snapshot.display import ProgressReporter
+    from setl.sources.mysql_binlog import MysqlBinlogSource
+
+    if not isinstance(select, MysqlBinlogSource):
+        return select
+    settings = select.snapshot_settings
+    reporter = ProgressReporter(pipeline, every=settings.progress_every)
+    spark_reads = None
+    if settings.engine == "spark":
+        from setl.snapshot.spark_engine import SparkReads
+
+        if select._ssl is not None:
+            raise ConfigError("source.snapshot.engine: spark does not support source.ssl (the Spark tasks "
+                              "connect without TLS); use engine: python", pipeline=pipeline)
+        spark_reads = SparkReads({"host": select.host, "port": select.port, "user": select.user,
+                                  "password": select._password, "connect_timeout": select.connect_timeout,
+                                  "charset": "utf8mb4", "autocommit": True}, spark)
+    return SnapshotSelect(select, pipeline=pipeline, meta=meta, connect=select._connect,
+                          where=f"{select.host}:{select.port}", start_mode=select.start == "snapshot",
+                          selects=select.selects, settings=settings, parallelism=parallelism,
+                          batch_rows=select.max_rows_in_memory, reporter=reporter, spark_reads=spark_reads)

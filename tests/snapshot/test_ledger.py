@@ -1,0 +1,54 @@
+"""Snapshot progress commits only what acked batches hold, in key order, so a resume skips nothing."""
+
+from __future__ import annotations
+
+from setl.model import Batch, DdlChange, Op, Position, RowChange, TableName
+from setl.snapshot import CopyStatus, TableProgress
+from setl.snapshot.ledger import Chunk, ProgressLedger, Record
+
+T = TableName("s", "t")
+AT = Position("mysql-bin.000001", 100)
+
+
+def chunk(index: int, upper: int | None, rows: int = 2) -> tuple[Chunk, RowChange | None]:
+    images = tuple({"id": index * 10 + n} for n in range(rows))
+    changes = [RowChange(Op.READ, "s", "t", ("id",), None, image, position=AT) for image in images]
+    return (Chunk(T, 1, index, images, AT, (index * 10,) if index else None, (upper,) if upper else None,
+                  upper is None), changes[-1] if changes else None)
+
+
+def batch(batch_id: int, *changes: object) -> Batch:
+    return Batch("p", batch_id, 1, AT, AT, tuple(c for c in changes if c is not None))  # type: ignore[misc]
+
+
+def test_chunks_acked_out_of_key_order_commit_as_a_run_from_the_start():
+    """Chunk 1's batch acked before chunk 0's: nothing moves until chunk 0 is in, then both do."""
+    ledger = ProgressLedger()
+    ledger.reset({T: TableProgress("s", "t", CopyStatus.PENDING)})
+    truncate = DdlChange("s", "t", "TRUNCATE TABLE `s`.`t`", snapshot=True)
+    ledger.remember(Record(T, "truncate", truncate, estimate=50))
+    (c1, last1), (c0, last0), (c2, _) = chunk(1, 20), chunk(0, 10), chunk(2, None, rows=0)
+    for c, last in ((c1, last1), (c0, last0), (c2, None)):
+        ledger.remember(Record(T, "chunk", last, chunk=c))
+    for batch_id, changes in ((1, [truncate]), (2, [last1]), (3, [last0])):
+        ledger.handed_on(batch(batch_id, *changes))
+        ledger.terminated(batch(batch_id), True)
+    (after_truncate,) = ledger.commit(batch(1))
+    assert (after_truncate.status, after_truncate.estimate, after_truncate.rows) == (CopyStatus.COPYING, 50, 0)
+    assert ledger.commit(batch(2)) == []  # chunk 1 waits for chunk 0
+    (done,) = ledger.commit(batch(3))  # chunk 0, then 1, then the empty final chunk 2
+    assert (done.status, done.last_key, done.rows, done.chunks) == (CopyStatus.DONE, (20,), 4, 3)
+
+
+def test_a_batch_termin_did_not_take_as_loaded_commits_nothing():
+    """An ack of a target-held position after a failed batch (no on_termin ok) commits none of its records."""
+    ledger = ProgressLedger()
+    ledger.reset({T: TableProgress("s", "t", CopyStatus.COPYING)})
+    c0, last0 = chunk(0, 10)
+    ledger.remember(Record(T, "chunk", last0, chunk=c0))
+    ledger.handed_on(batch(5, last0))
+    ledger.terminated(batch(5), False)
+    assert ledger.commit(batch(5)) == []
+    assert ledger.pending and ledger.unfinished()
+    ledger.reset({T: TableProgress("s", "t", CopyStatus.COPYING)})  # the rewind forgets it
+    assert not ledger.pending
