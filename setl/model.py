@@ -160,7 +160,8 @@ class DdlChange:
 
     `snapshot` marks the ``TRUNCATE TABLE`` a snapshot emits before copying a table
     (`setl.snapshot`): targets apply it whatever ``pipeline.ddl`` says, since the copy that
-    follows replaces what the target held.
+    follows replaces what the target held. `source` is the source table of a routed DDL (set by
+    Extract, as for `RowChange.source`), so that the table a snapshot empties can be created first.
     """
 
     schema: str
@@ -168,6 +169,7 @@ class DdlChange:
     statement: str
     position: Position | None = None
     snapshot: bool = attrs.field(default=False, kw_only=True)
+    source: TableName | None = attrs.field(default=None, kw_only=True, eq=False, repr=False)
 
     @property
     def qualified_table(self) -> str:

@@ -10,10 +10,10 @@ changes on the source, and a check that the target equals the source.
 The servers live in ``var/dev/p1-source`` and ``var/dev/p1-target`` (so ``tools/devservers.py
 status|stop`` sees them; ``--servers DIR`` puts them elsewhere), on ``$SETL_P1_SOURCE_PORT`` (default 13306) and
 ``$SETL_P1_TARGET_PORT`` (default 13307), the ports ``conf/pipelines/p1.yaml`` reads. `up` reuses
-running servers. When the source holds no ``demo`` schema yet it creates the schema on both
-servers (on the source with the DDL kept out of the binlog, so p1 replicates rows only), a
-replication account ``repl`` for p1, some data and a stream of updates and deletes, and forgets
-p1's old position (meta store and target), which pointed into a binlog that is gone.
+running servers. When the source holds no ``demo`` schema yet it creates it there (its DDL kept
+out of the binlog), a replication account ``repl`` for p1, some data and a stream of updates and
+deletes; it empties the target (p1 creates its tables and copies the data: ``start: snapshot``)
+and forgets p1's old position (meta store and target), which pointed into a binlog that is gone.
 Exit codes: 0 ok, 1 failure or (verify) a difference, 2 usage.
 """
 
@@ -41,7 +41,7 @@ COUNTRIES = ["DE", "FR", "JP", "BR", "NG", "IN", "US"]
 TITLES = ["Kaffeemühle ☕", "Crème brûlée torch 🔥", "Tatami mat 畳", "Açaí bowl 🥣", "Desk lamp 💡",
           "Notebook 📓", "Rain jacket 🌧", "Sourdough starter 🍞"]
 
-# The demo schema; `audit_log` exists on the source only (p1 excludes `demo.audit_*`).
+# The demo schema, on the source; `audit_log` is not replicated (p1 excludes `demo.audit_*`).
 TABLES = {
     "customers": """CREATE TABLE IF NOT EXISTS demo.customers (
         id INT NOT NULL PRIMARY KEY,
@@ -206,7 +206,7 @@ def cmd_up(args: argparse.Namespace) -> int:
               f" data in {server.base_dir})")
     if not source.query("SHOW DATABASES LIKE %s", (SCHEMA,)):
         _create_schema(args.conf, source, target)
-        print(f"created the {SCHEMA} schema on both servers and the {REPL_USER} account on the source")
+        print(f"created the {SCHEMA} schema and the {REPL_USER} account on the source; the target is empty")
     if source.query(f"SELECT 1 FROM {SCHEMA}.customers LIMIT 1"):
         print(f"the source's {SCHEMA} schema holds data already: nothing to add")
         return 0
@@ -228,10 +228,8 @@ def _create_schema(conf: Path, source: MariaDBServer, target: MariaDBServer) -> 
         cur.execute(f"CREATE USER IF NOT EXISTS '{REPL_USER}'@'127.0.0.1' IDENTIFIED BY %s", (repl_password(),))
         cur.execute(f"GRANT REPLICATION SLAVE, BINLOG MONITOR, SELECT ON *.* TO '{REPL_USER}'@'127.0.0.1'")
     with contextlib.closing(target.connect()) as conn, conn.cursor() as cur:
+        # The target starts empty: p1 creates its tables (pipeline.create_tables) and copies the data.
         cur.execute(f"DROP DATABASE IF EXISTS {SCHEMA}")
-        cur.execute(f"CREATE DATABASE {SCHEMA}")
-        for ddl in TABLES.values():
-            cur.execute(ddl)
     _forget_position(conf, target)
 
 

@@ -134,7 +134,13 @@ class CreateTablesLoad(LoadWrapper):
                     last = key  # runs of one table are common
                     continue
             elif isinstance(change, DdlChange):
-                if self.ddl_creates:
+                if change.snapshot and change.table and change.source is not None:
+                    # A snapshot empties the table before copying it: it must exist first.
+                    key = (change.schema, change.table)
+                    if key not in ready and key not in named:
+                        named.add(key)
+                        todo.append((change.source, TableName(*key)))
+                elif self.ddl_creates:
                     named |= _tables_named(change)
                 continue
             else:

@@ -11,7 +11,7 @@ import attrs
 from setl.config import TableRule
 from setl.ddl import rewrite
 from setl.errors import ExtractError
-from setl.model import Batch, Change, DdlChange, Op, RowChange
+from setl.model import Batch, Change, DdlChange, Op, RowChange, TableName
 from setl.routing import Route, RoutingPlan
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,8 @@ class TableExtract(Extract):
             return None
         # A DDL on a schema only (no table) keeps the rule's target schema.
         return attrs.evolve(change, schema=plan.target.schema, table=plan.target.table if change.table else None,
-                            statement=statement)
+                            statement=statement,
+                            source=TableName(change.schema, change.table) if change.table else None)
 
     def _map(self, change: RowChange, plan: Route) -> RowChange | None:
         op, before, after = change.op, change.before, change.after

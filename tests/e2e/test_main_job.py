@@ -7,6 +7,7 @@ temp dir, and a temp meta store, so it touches nothing in the checkout's `var/`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -38,11 +39,19 @@ def main_job(tmp_path):
     def demo(*args: str) -> subprocess.CompletedProcess:
         return run("tools/demo.py", "--conf", str(conf), "--servers", str(tmp_path / "servers"), *args)
 
-    def setl(*args: str) -> subprocess.CompletedProcess:
-        return run("-m", "setl.cli", "--conf", str(conf), *args)
+    def setl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return run("-m", "setl.cli", "--conf", str(conf), *args, timeout=timeout)
+
+    def target(sql: str) -> list[tuple]:
+        import pymysql
+
+        with contextlib.closing(pymysql.connect(host="127.0.0.1", port=int(env["SETL_P1_TARGET_PORT"]),
+                                                user="root")) as conn, conn.cursor() as cur:
+            cur.execute(sql)
+            return list(cur.fetchall())
 
     try:
-        yield demo, setl
+        yield demo, setl, target
     finally:
         demo("down")
 
@@ -50,16 +59,24 @@ def main_job(tmp_path):
 def test_p1_replicates_the_demo_schema_and_setup_is_rerunnable(main_job):
     """`demo.py up` then `setl start --pipeline p1 --until-caught-up` leave every demo table equal;
     re-running adds nothing."""
-    demo, setl = main_job
+    demo, setl, target = main_job
     up = demo("up", "--transactions", "500")
     assert up.returncode == 0, up.stderr
-    assert "created the demo schema" in up.stdout and "wrote 500 transactions" in up.stdout
+    assert "created the demo schema" in up.stdout and "the target is empty" in up.stdout
+    assert "wrote 500 transactions" in up.stdout
 
-    start = setl("start", "--pipeline", "p1", "--until-caught-up")
+    start = setl("start", "--pipeline", "p1", "--until-caught-up", timeout=300)
     assert start.returncode == 0, start.stderr[-3000:]
     verify = demo("verify")
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert "3 of 3 tables equal" in verify.stdout and "audit_log" not in verify.stdout
+    # The empty target got its tables from the source (create_tables), the rows from the snapshot,
+    # and demo.orders went through the Spark step that adds amount_cents.
+    copied = json.loads(setl("status", "--json").stdout)[0]["snapshot"]
+    assert sorted((t["table"], t["status"]) for t in copied) == [
+        ("demo.customers", "done"), ("demo.orders", "done"), ("demo.products", "done")]
+    ((orders, exact),) = target("SELECT COUNT(*), SUM(amount_cents = amount * 100) FROM demo.orders")
+    assert orders > 0 and orders == exact
 
     load = demo("load", "--seconds", "2", "--rate", "50")
     assert load.returncode == 0, load.stderr
@@ -67,7 +84,7 @@ def test_p1_replicates_the_demo_schema_and_setup_is_rerunnable(main_job):
 
     again = demo("up")
     assert again.returncode == 0 and "reused" in again.stdout and "nothing to add" in again.stdout
-    start = setl("start", "--pipeline", "p1", "--until-caught-up")
+    start = setl("start", "--pipeline", "p1", "--until-caught-up", timeout=300)
     assert start.returncode == 0, start.stderr[-3000:]
     assert demo("verify").returncode == 0
     status = json.loads(setl("status", "--json").stdout)

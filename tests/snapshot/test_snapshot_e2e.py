@@ -88,3 +88,19 @@ def test_snapshot_into_postgresql(tmp_path, mariadb_source, postgres_server, sou
     assert all(s["status"] == "done" for s in json.loads(result.stdout)[0]["snapshot"])
     text = setl.run("status").stdout
     assert f"{setl.name}: snapshot {source_db}.ints done" in text, text
+
+
+def test_snapshot_into_an_empty_postgresql_creates_the_tables_first(tmp_path, mariadb_source, postgres_server,
+                                                                     source_db, postgres_db):
+    """`create_tables` (the default) with `start: snapshot` into a PostgreSQL database without the
+    tables: each table is created before the TRUNCATE that starts its copy; equal row by row."""
+    t.create(mariadb_source, source_db)
+    t.fill(mariadb_source, source_db, 2000, binlog=False)
+    setl = make_setl(tmp_path, mariadb_source, source_db, postgres_target(postgres_server, postgres_db),
+                     f"{source_db}.{{table}}", server_id=2103, chunk_rows=500)
+    with t.Writer(mariadb_source, source_db, 2000, seed=5):
+        run_until_caught_up(setl)
+    run_until_caught_up(setl)
+    for name in t.TABLES:
+        assert t.mariadb_rows(mariadb_source, source_db, name) == t.postgres_rows(
+            postgres_server, postgres_db, source_db, name), name
