@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up the main job on a Debian machine, from nothing but python3:
-#   1. apt-get installs MariaDB, sysbench and pip if missing (and stops the packaged service);
+#   1. apt-get installs MariaDB, sysbench, Java (for Spark) and pip if missing (and stops the
+#      packaged service);
 #   2. pip installs setl from this checkout (editable);
 #   3. `tools/demo.py up` starts two throwaway MariaDB servers in var/dev (reusing running
 #      ones) and creates the demo schema and data on the source, the schema on the target.
@@ -15,6 +16,7 @@ missing=()
 [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server)
 command -v mariadb > /dev/null || missing+=(mariadb-client)
 command -v sysbench > /dev/null || missing+=(sysbench)
+command -v java > /dev/null || missing+=(default-jre-headless)  # p1 runs a transform step on Spark
 python3 -m pip --version > /dev/null 2>&1 || missing+=(python3-pip)  # Debian's python3 comes without it
 if [ ${#missing[@]} -gt 0 ]; then
     echo "setup: installing ${missing[*]} with apt-get"
