@@ -94,6 +94,8 @@ class Heartbeat:
                 continue
             if not ours:
                 with self._lock:
+                    if self._held.get(pipeline) is not live:
+                        continue  # released (or claimed again) while this beat ran: not a loss
                     self._held.pop(pipeline, None)
                 holder = None
                 try:

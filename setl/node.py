@@ -376,7 +376,13 @@ class Node:
         return figures
 
     def _lost_record(self, name: str, holder: Liveness | None) -> None:
-        """Another process took this pipeline's liveness record: stop it here, for good."""
+        """Another process took this pipeline's liveness record: stop it here, for good.
+
+        Under HA the election decides who runs a pipeline (a deposed leader is fenced and stops by
+        itself); a record taken by the new leader is no reason to stop anything more here.
+        """
+        if self.settings.meta.store == "zookeeper":
+            return
         where = f"pid {holder.pid} on {holder.host} (node {holder.node})" if holder else "another process"
         self._lost[name] = SetlError(f"{where} took over this pipeline while this process was not beating"
                                      " (frozen or cut off); stopped here", pipeline=name, stage="node")
