@@ -24,11 +24,13 @@ from setl.retry import Backoff, Failure, record_retrying
 from setl.routing import RoutingPlan, build_plan
 from setl.runtime import SerialExecutorService, TaskExecutionService
 from setl.runtime.chain import Stages, compose, fenced
-from setl.scheduler import BatchCap, Listener, Outcome, Scheduler, supports_per_table
+from setl.scheduler import BatchCap, Fanout, Listener, Outcome, Scheduler, supports_per_table
 from setl.stages import Load, Select, TableExtract, Transform
 
 if TYPE_CHECKING:
     from setl.ha import Elections, Lease
+    from setl.observe import NodeObserver
+    from setl.observe.server import StatusServer
 
 log = logging.getLogger("setl.node")
 
@@ -179,6 +181,18 @@ class RetryingState(Listener):
         self._retrying = True
         self.inner.on_rollback(batch_id, epoch, error, attempt)
 
+    def on_retry(self, batch_id: int, attempt: int, delay: float) -> None:
+        self.inner.on_retry(batch_id, attempt, delay)
+
+    def on_pause(self, batch_id: int, error: BaseException) -> None:
+        self.inner.on_pause(batch_id, error)
+
+    def on_stage(self, stage: str, batch: Batch, seconds: float) -> None:
+        self.inner.on_stage(stage, batch, seconds)
+
+    def on_permit_wait(self, seconds: float) -> None:
+        self.inner.on_permit_wait(seconds)
+
     def on_ack(self, ack: Ack, batch: Batch) -> None:
         if self._retrying:
             self._retrying = False
@@ -278,6 +292,42 @@ class Node:
         self.tasks: TaskExecutionService | None = None
         self.serial: SerialExecutorService | None = None
         self.batch_cap: BatchCap | None = None
+        self._runs: list[_Supervised] = []
+        self.observer: NodeObserver | None = None  # figures and metrics, when `http.listen` is set
+        self.http: StatusServer | None = None
+
+    def live(self) -> dict[str, dict[str, Any]]:
+        """What this node knows of each of its pipelines beyond the meta store: whether it runs it
+        now, and whether (and how) it ended here."""
+        with self._lock:
+            running = set(self._running)
+        found: dict[str, dict[str, Any]] = {config.name: {"running_here": config.name in running, "ended": False, "outcome": None,
+                               "error": None} for config in self.pipelines}
+        for run in self._runs:
+            result = run.result
+            found[run.config.name].update(
+                ended=run.done, outcome=result.outcome.value if result.outcome else None,
+                error=str(result.error) if result.error is not None and run.done else None)
+        return found
+
+    def _start_http(self) -> None:
+        """The status page and metrics on `http.listen` (nothing when it is not set)."""
+        if not self.settings.http.listen:
+            return
+        from setl.observe import NodeObserver
+        from setl.observe.server import StatusServer
+
+        self.observer = NodeObserver(self.settings.node.id, [c.name for c in self.pipelines], self.meta, self.live)
+        self.http = StatusServer(self.observer, self.settings.http.listen)
+        self.observer.start()
+        self.http.start()
+
+    def _stop_http(self) -> None:
+        if self.http is not None:
+            self.http.stop()
+            self.http = None
+        if self.observer is not None:
+            self.observer.stop()
 
     def stop(self) -> None:
         self._stop.set()
@@ -300,14 +350,17 @@ class Node:
 
             self.elections = Elections.for_node(self.settings, self.meta)
         runs = [_Supervised(config, stages[config.name], PipelineResult(config.name)) for config in self.pipelines]
+        self._runs = runs
         self.tasks, self.serial = shared_services(self.settings)
         self.batch_cap = node_batch_cap(self.settings)
+        self._start_http()
         try:
             if self.elections is None:
                 self._supervise_all(runs, until_caught_up)
             else:
                 self._supervise_elected(runs, until_caught_up)
         finally:
+            self._stop_http()
             self.tasks.shutdown(timeout=10.0)
             self.serial.shutdown_now()
             self.serial.await_termination(10.0)
@@ -455,10 +508,13 @@ class Node:
             return None
         self._pin_latest_start(run)
         stages = run.stages if lease is None else fenced(run.stages, lease)  # the chain's outermost layer
+        progress: Listener = ProgressLog(name)
+        if self.observer is not None:
+            progress = Fanout(progress, self.observer.listener(name, run.stages.select))
         scheduler = Scheduler(name, run.config.pipeline, stages.select, stages.extract, stages.transform, stages.load,
                               self.meta,
                               node_id=self.settings.node.id,
-                              listener=RetryingState(name, self.meta, self.settings.node.id, ProgressLog(name)),
+                              listener=RetryingState(name, self.meta, self.settings.node.id, progress),
                               tasks=self.tasks, serial=self.serial, batch_cap=self.batch_cap)
         with self._lock:
             self._running[name] = scheduler

@@ -70,6 +70,8 @@ class MysqlSourceConfig:
     #: where a pipeline without a position starts: earliest, latest, {file: NAME, pos: OFFSET} or {gtid: GTID_SET}
     start: Any = "earliest"
     ssl: SslConfig | None = None  # TLS for the binlog stream and every query setl runs on the server
+    #: how often an idle server sends a heartbeat event: the longest an idle source goes unheard (lag figures)
+    heartbeat_ms: int = attrs.field(default=1000, validator=attrs.validators.ge(100))
 
 
 log = logging.getLogger("setl.sources.mysql_binlog")
@@ -243,7 +245,7 @@ class MysqlBinlogSource(Select):
         pipeline: str = "",
         max_rows_in_memory: int = 50_000,
         connect_timeout: float = 5.0,
-        heartbeat: float = 5.0,
+        heartbeat: float = 1.0,
         reconnect_timeout: float = 60.0,
         table_map_cache: bool = True,
         selects: Callable[[str, str], bool] | None = None,
@@ -282,13 +284,16 @@ class MysqlBinlogSource(Select):
         self.reconnects = 0
         self.detected_flavor: str | None = None
         self.table_maps: _TableMapCache | None = None
+        #: (position, time.time()): where the reader last stood between transactions, and when.
+        #: A heartbeat from an idle server renews the time: the log ended there then (lag figures).
+        self.heard: tuple[Position, float] | None = None
         self._engines: dict[tuple[str, str], str] = {}  # storage engine by table, asked at a ROLLBACK TO
 
     @classmethod
     def from_config(cls, cfg: MysqlSourceConfig, *, pipeline: str, **kwargs: Any) -> "MysqlBinlogSource":
         return cls(host=cfg.host, port=cfg.port, user=cfg.user, password=cfg.password,
                    server_id=cfg.server_id, flavor=cfg.flavor, start=cfg.start, pipeline=pipeline,
-                   ssl=cfg.ssl, **kwargs)
+                   ssl=cfg.ssl, heartbeat=cfg.heartbeat_ms / 1000.0, **kwargs)
 
     def __repr__(self) -> str:
         return f"<MysqlBinlogSource {self.host}:{self.port} server_id={self.server_id} at {self._cursor}>"
@@ -660,6 +665,8 @@ class MysqlBinlogSource(Select):
                             put(tx)
                             down_since, attempt = None, 0  # progress: the retry budget starts afresh
                             handed = tx.end
+                        if not assembler.in_tx and assembler.positioned:
+                            self.heard = (assembler.mark, time.time())
                         with self._buffer_lock:
                             buffered = self._queued_rows + len(assembler.rows)
                         self.peak_buffered_rows = max(self.peak_buffered_rows, buffered)
@@ -757,6 +764,22 @@ class MysqlBinlogSource(Select):
             raise self._error(f"cannot read the binlog status of {self.host}:{self.port}: {exc}") from exc
         finally:
             conn.close()
+
+    def backlog(self, position: Position) -> tuple[Position, int] | None:
+        """The log's end and the bytes of binlog after `position` up to it (None: `position`'s file is gone)."""
+        conn = self._connect()
+        try:
+            logs = [(str(row[0]), int(row[1])) for row in self._query(conn, "SHOW BINARY LOGS")]
+        except pymysql.MySQLError as exc:
+            raise self._error(f"cannot list the binary logs of {self.host}:{self.port}: {exc}") from exc
+        finally:
+            conn.close()
+        names = [name for name, _ in logs]
+        if not logs or position.log not in names:
+            return None
+        after = logs[names.index(position.log):]
+        behind = sum(size for _, size in after) - min(position.offset, after[0][1])
+        return Position(*logs[-1]), behind
 
     def describe(self) -> tuple[TableSchema, ...]:
         """The selected base tables' columns from information_schema, on a connection of its own."""
