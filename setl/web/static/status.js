@@ -190,19 +190,24 @@ function drawGraph(node) {
   for (const name of names) for (const v of history.pipelines[name][key]) if (v !== null && v > max) max = v;
   max = niceMax(max);
   const newest = times.length ? times[times.length - 1] : Date.now() / 1000;
-  const x = (t) => left + (W - left - right) * (1 - (newest - t) / WINDOW);
+  // The shortest of 5, 15, 30 and 60 minutes that holds what was sampled, so a young node's graph is readable.
+  const span = times.length ? newest - times[0] : 0;
+  const shown = [300, 900, 1800, WINDOW].find((w) => w >= span) || WINDOW;
+  const x = (t) => left + (W - left - right) * (1 - (newest - t) / shown);
   const y = (v) => top + (H - top - bottom) * (1 - v / max);
   const parts = [];
   for (let i = 0; i <= 4; i += 1) {
     const v = (max * i) / 4;
     parts.push(svg("line", { class: "grid", x1: left, x2: W - right, y1: y(v), y2: y(v) }));
     const label = svg("text", { x: left - 4, y: y(v) + 3, "text-anchor": "end" });
-    label.textContent = unit === "s" ? seconds(v) : count(v);
+    label.textContent = unit === "s" ? seconds(v) : (max < 10 ? v.toFixed(v % 1 ? 1 : 0) : count(v));
     parts.push(label);
   }
-  for (const minutes of [60, 45, 30, 15, 0]) {
-    const label = svg("text", { x: x(newest - minutes * 60), y: H - 4, "text-anchor": minutes === 60 ? "start" : minutes === 0 ? "end" : "middle" });
-    label.textContent = minutes ? `-${minutes} min` : "now";
+  const step = { 300: 60, 900: 180, 1800: 300 }[shown] || 900;
+  for (let back = shown; back >= 0; back -= step) {
+    const minutes = back / 60;
+    const label = svg("text", { x: x(newest - back), y: H - 4, "text-anchor": back === shown ? "start" : back === 0 ? "end" : "middle" });
+    label.textContent = back ? `-${minutes} min` : "now";
     parts.push(label);
   }
   for (const name of names) {
