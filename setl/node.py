@@ -301,8 +301,9 @@ class Node:
         now, and whether (and how) it ended here."""
         with self._lock:
             running = set(self._running)
-        found: dict[str, dict[str, Any]] = {config.name: {"running_here": config.name in running, "ended": False, "outcome": None,
-                               "error": None} for config in self.pipelines}
+        found: dict[str, dict[str, Any]] = {
+            config.name: {"running_here": config.name in running, "ended": False, "outcome": None, "error": None}
+            for config in self.pipelines}
         for run in self._runs:
             result = run.result
             found[run.config.name].update(

@@ -8,8 +8,10 @@ Lag is the age of what the target lacks, honest on an idle source:
   events, so silence means the connection, not the source, is idle). A reader not heard from for
   longer reports the silence as lag: a dead stream never looks caught up.
 * **behind**: now minus the newest of the commit time of the last acked change and the last time
-  the pipeline was seen caught up. Commit times are the binlog's whole seconds refined by when the
-  reader read the commit (`setl.sources.mysql_binlog.assembler.commit_time`).
+  the pipeline was seen caught up. The binlog's commit times have whole seconds: a transaction the
+  reader read within its commit's second is timed by when it was read (the source's `arrivals`),
+  which a reader following the log does within milliseconds. Change values are never touched:
+  `RowChange.commit_time` stays the binlog's, the same on every replay.
 """
 
 from __future__ import annotations
@@ -117,6 +119,8 @@ class LagTracker(Listener):
             if isinstance(change, RowChange) and change.commit_time is not None:
                 commit = change.commit_time
                 break
+        if commit is not None:
+            commit = self._refined(commit, ack.position)
         with self._lock:
             self._acked = ack.position
             if commit is not None and (self._acked_commit is None or commit > self._acked_commit):
@@ -136,6 +140,21 @@ class LagTracker(Listener):
                 self._acked = position
 
     # --- figures -------------------------------------------------------------------------------
+
+    def _refined(self, commit: float, position: Position) -> float:
+        """The commit time of the change acked at `position`: the binlog's whole second, refined by
+        when the reader read it if that was within the same second (a reader following the log)."""
+        arrivals = getattr(self._reader, "arrivals", None)
+        read_at = None
+        while arrivals:
+            end, when = arrivals[0]
+            if end > position:
+                break
+            arrivals.popleft()
+            read_at = when
+        if read_at is not None and commit <= read_at < commit + 1:
+            return read_at
+        return commit
 
     def _heard(self) -> tuple[Position, float] | None:
         return getattr(self._reader, "heard", None) if self._reader is not None else None

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -70,20 +69,6 @@ _GTID_PREPARED_XA = 0x40  # MariaDB GTID flag: the group ends in XA PREPARE
 _MARIADB_GTID = re.compile(r"^\s*\d+-\d+-\d+\s*(?:,\s*\d+-\d+-\d+\s*)*$")
 _MYSQL_GTID = re.compile(r"^\s*[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}(?::\d+(?:-\d+)?)+\s*"
                          r"(?:,\s*[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}(?::\d+(?:-\d+)?)+\s*)*$", re.I)
-
-
-def commit_time(timestamp: float | None, now: float | None = None) -> float | None:
-    """A commit's time, from the event's whole-second `timestamp` and when it was read (`now`).
-
-    Read within that second (a reader following the log), the commit was at most that long ago:
-    the read time is the closer figure, and lag measured from it is good to milliseconds. Read
-    later (a backlog), the binlog's second is all there is. Either way ``floor(result)`` is the
-    binlog's timestamp.
-    """
-    if not timestamp:
-        return None
-    now = time.time() if now is None else now
-    return now if timestamp <= now < timestamp + 1 else float(timestamp)
 
 
 def gtid_flavor(text: str) -> str | None:
@@ -441,7 +426,7 @@ class _Assembler:
         self._close_tx(offset)
         end = self.mark = self._position(self.log_file, offset)
         self.tx_start = start  # for the ordinals of a split transaction's last changes
-        changes = self._changes(rows, end, commit_time(timestamp), split)
+        changes = self._changes(rows, end, float(timestamp) if timestamp else None, split)
         self.tx_start = None
         return Transaction(changes, end, nbytes=nbytes)
 

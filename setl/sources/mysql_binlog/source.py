@@ -8,6 +8,7 @@ and `close` interrupts the read.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import queue
@@ -76,6 +77,9 @@ class MysqlSourceConfig:
 
 log = logging.getLogger("setl.sources.mysql_binlog")
 
+
+#: Arrival times kept for the lag figures (a reader that nobody asks drops the oldest).
+ARRIVALS = 10_000
 
 # What a server must run with, and why: column names and primary keys come from the table map.
 REQUIRED_SETTINGS: Mapping[str, str] = {
@@ -287,6 +291,9 @@ class MysqlBinlogSource(Select):
         #: (position, time.time()): where the reader last stood between transactions, and when.
         #: A heartbeat from an idle server renews the time: the log ended there then (lag figures).
         self.heard: tuple[Position, float] | None = None
+        #: (end, time.time()) of transactions read within the second of their commit timestamp, oldest
+        #: first: the binlog's timestamps have whole seconds, the time read refines them (lag figures).
+        self.arrivals: collections.deque[tuple[Position, float]] = collections.deque(maxlen=ARRIVALS)
         self._engines: dict[tuple[str, str], str] = {}  # storage engine by table, asked at a ROLLBACK TO
 
     @classmethod
@@ -661,7 +668,13 @@ class MysqlBinlogSource(Select):
                         event = reader.fetchone()
                         if event is None:
                             raise _Lost()
-                        for tx in assembler.feed(event):
+                        txs = assembler.feed(event)
+                        stamp: int = getattr(event, "timestamp", 0) or 0
+                        if txs and stamp:
+                            now = time.time()
+                            if stamp <= now < stamp + 1:
+                                self.arrivals.append((txs[-1].end, now))
+                        for tx in txs:
                             put(tx)
                             down_since, attempt = None, 0  # progress: the retry budget starts afresh
                             handed = tx.end
