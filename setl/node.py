@@ -293,7 +293,8 @@ class Node:
         self.serial: SerialExecutorService | None = None
         self.batch_cap: BatchCap | None = None
         self._runs: list[_Supervised] = []
-        self.observer: NodeObserver | None = None  # figures and metrics, when `http.listen` is set
+        #: Each pipeline's lag figures (`figures()`), and with `http.listen` its metrics and history.
+        self.observer: NodeObserver | None = None
         self.http: StatusServer | None = None
 
     def live(self) -> dict[str, dict[str, Any]]:
@@ -311,19 +312,21 @@ class Node:
                 error=str(result.error) if result.error is not None and run.done else None)
         return found
 
-    def _start_http(self) -> None:
-        """The status page and metrics on `http.listen` (nothing when it is not set)."""
-        if not self.settings.http.listen:
-            return
+    def _start_observing(self) -> None:
+        """Lag figures for every pipeline; metrics and the status page on `http.listen` when it is set."""
         from setl.observe import NodeObserver
-        from setl.observe.server import StatusServer
 
-        self.observer = NodeObserver(self.settings.node.id, [c.name for c in self.pipelines], self.meta, self.live)
-        self.http = StatusServer(self.observer, self.settings.http.listen)
+        listen = self.settings.http.listen
+        self.observer = NodeObserver(self.settings.node.id, [c.name for c in self.pipelines], self.meta, self.live,
+                                     metrics=bool(listen))
+        if listen:
+            from setl.observe.server import StatusServer
+
+            self.http = StatusServer(self.observer, listen)
+            self.http.start()
         self.observer.start()
-        self.http.start()
 
-    def _stop_http(self) -> None:
+    def _stop_observing(self) -> None:
         if self.http is not None:
             self.http.stop()
             self.http = None
@@ -354,14 +357,14 @@ class Node:
         self._runs = runs
         self.tasks, self.serial = shared_services(self.settings)
         self.batch_cap = node_batch_cap(self.settings)
-        self._start_http()
+        self._start_observing()
         try:
             if self.elections is None:
                 self._supervise_all(runs, until_caught_up)
             else:
                 self._supervise_elected(runs, until_caught_up)
         finally:
-            self._stop_http()
+            self._stop_observing()
             self.tasks.shutdown(timeout=10.0)
             self.serial.shutdown_now()
             self.serial.await_termination(10.0)

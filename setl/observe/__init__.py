@@ -8,6 +8,7 @@ pipeline's figures once a second on a thread of its own, and answers the endpoin
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -28,8 +29,6 @@ NodeLive = Callable[[], dict[str, dict[str, Any]]]
 def _rss_bytes() -> int | None:
     try:
         with open("/proc/self/statm") as statm:
-            import os
-
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
@@ -41,12 +40,14 @@ class NodeObserver:
     `names` are the pipelines the node is configured with; `live` says which it runs now and how
     those that ended did. `meta` is the node's open meta store (read through `setl.status`).
     The sampler thread (`start`/`stop`) records every pipeline's figures each `interval` seconds
-    and asks the sources for their log end every `refresh_every` seconds.
+    and asks the sources of pipelines that are behind for their log end every `refresh_every`
+    seconds. With `metrics` false there is no Prometheus registry and its hooks cost nothing
+    (the node keeps figures for `setl status` without an HTTP endpoint).
     """
 
     def __init__(self, node_id: str, names: list[str], meta: MetaStore, live: NodeLive, *,
                  interval: float = 1.0, refresh_every: float = 2.0, history_size: int = 3600,
-                 clock: Callable[[], float] = time.time) -> None:
+                 metrics: bool = True, clock: Callable[[], float] = time.time) -> None:
         self.node_id = node_id
         self.names = list(names)
         self.meta = meta
@@ -58,7 +59,7 @@ class NodeObserver:
         self.trackers: dict[str, LagTracker] = {}
         self._listeners: dict[str, PipelineMetrics] = {}
         self._lock = threading.Lock()
-        self.metrics = NodeMetrics(node_id, self._scrape)
+        self.metrics = NodeMetrics(node_id, self._scrape) if metrics else None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.started = clock()
@@ -72,9 +73,15 @@ class NodeObserver:
             if tracker is None:
                 tracker = self.trackers[name] = LagTracker(name, select, clock=self.clock)
             counting = self._listeners.get(name)
-            if counting is None:
+            if counting is None and self.metrics is not None:
                 counting = self._listeners[name] = self.metrics.pipeline(name)
-        return Fanout(tracker, counting)
+        try:
+            ack = self.meta.position(name)
+        except Exception as exc:
+            log.debug("pipeline=%s cannot read its ack for the lag figures: %s", name, exc)
+        else:
+            tracker.start_at(ack.position if ack is not None else None)
+        return Fanout(tracker, counting) if counting is not None else tracker
 
     def start(self) -> None:
         self._stop.clear()
@@ -121,7 +128,7 @@ class NodeObserver:
         with self._lock:
             trackers = dict(self.trackers)
         for name, tracker in trackers.items():
-            if not live.get(name, {}).get("running_here"):
+            if not live.get(name, {}).get("running_here") or tracker.figures().caught_up:
                 continue
             try:
                 tracker.refresh()

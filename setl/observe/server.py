@@ -106,7 +106,7 @@ def _handler(observer: NodeObserver) -> type[BaseHTTPRequestHandler]:
             query = parse_qs(url.query)
             path = url.path
             try:
-                if path == "/metrics":
+                if path == "/metrics" and observer.metrics is not None:
                     self._send(200, generate_latest(observer.metrics.registry), CONTENT_TYPE_LATEST)
                 elif path == "/api/status":
                     self._json(200, observer.status())

@@ -174,7 +174,6 @@ class Scheduler(LoadDispatch, Termin):
         # Select's own state, touched only by the Select task.
         self._cutter = BatchCutter(name, select, settings.batch, clock, self._permits.node_permit)
         self._sel_rewind: tuple[Position | None, int, float] | None = None
-        self._cut_began = 0.0  # when Select began the batch it is cutting (perf_counter)
         self._permit_wait_since: float | None = None  # when Select found every permit taken
         self.error: BaseException | None = None
         self.acked_batches = 0
@@ -351,9 +350,8 @@ class Scheduler(LoadDispatch, Termin):
                 if self._permit_wait_since is None:
                     self._permit_wait_since = time.perf_counter()
                 return Progress.BLOCKED  # a retiring batch wakes us
-            self._cut_began = time.perf_counter()
             if self._permit_wait_since is not None:
-                self.listener.on_permit_wait(self._cut_began - self._permit_wait_since)
+                self.listener.on_permit_wait(time.perf_counter() - self._permit_wait_since)
                 self._permit_wait_since = None
             with self._cond:
                 epoch = self._epoch
@@ -366,6 +364,7 @@ class Scheduler(LoadDispatch, Termin):
             return Progress.PROGRESS
         if isinstance(batch, Progress):
             return batch
+        selected_in = self._cutter.age()
         self._cutter.drop()
         with self._cond:
             if batch.epoch != self._epoch or self._rewind is not None or self._stopping.is_set():
@@ -376,7 +375,7 @@ class Scheduler(LoadDispatch, Termin):
             self._inflight[batch.id] = slot
             live = self._permits.admit(slot)
         self.listener.on_handoff(batch, live)
-        self.listener.on_stage("select", batch, time.perf_counter() - self._cut_began)
+        self.listener.on_stage("select", batch, selected_in)
         # First in the queue: finishing batches in flight comes before reading new ones.
         work = self.tasks.submit(_Step(self._guard(self._etl(slot))), name=f"{self.name}-etl-{batch.id}",
                                  first=True)
