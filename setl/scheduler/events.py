@@ -44,8 +44,8 @@ class Listener:
         """After a rollback: retrying is over, the pipeline pauses with `error`."""
 
     def on_stage(self, stage: str, batch: Batch, seconds: float) -> None:
-        """`batch` spent `seconds` in `stage`: select (cut to hand-on), extract, transform, load,
-        termin (the ack's write)."""
+        """`batch` spent `seconds` in `stage`: select (its first transaction to its hand-on),
+        extract, transform, load (per_table: dispatch until every part is in), termin (the ack's write)."""
 
     def on_permit_wait(self, seconds: float) -> None:
         """Select waited `seconds` for one of the pipeline's permits (all its batches were in flight)."""
