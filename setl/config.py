@@ -79,6 +79,14 @@ class LogConfig:
 
 
 @attrs.frozen
+class HttpConfig:
+    """The node's HTTP endpoint: status page, /metrics, /api/status, /healthz (docs/status-page.md)."""
+
+    #: HOST:PORT to serve on; not set: no endpoint. Loopback unless you name another address.
+    listen: str | None = None
+
+
+@attrs.frozen
 class RuntimeConfig:
     """The threads a node's pipelines share (`setl.runtime`)."""
 
@@ -158,6 +166,7 @@ class NodeSettings:
     log: LogConfig = attrs.Factory(LogConfig)
     runtime: RuntimeConfig = attrs.Factory(RuntimeConfig)
     alerts: tuple[AlertConfig, ...] = ()  # webhooks told of pauses, failovers, snapshots, thresholds
+    http: HttpConfig = attrs.Factory(HttpConfig)
     conf_dir: str = attrs.field(default=".", metadata={"internal": True})
 
     def resolve(self, path: str) -> Path:
@@ -529,6 +538,14 @@ def load_node(conf_dir: str | Path) -> NodeSettings:
                           file=str(path))
     if ha.standby_delay_ms < 0:
         raise ConfigError("ha.standby_delay_ms: must not be negative", file=str(path))
+    if node.http.listen is not None:
+        from setl.observe.server import parse_listen
+
+        try:
+            parse_listen(node.http.listen)
+        except ConfigError as exc:
+            exc.with_context(file=str(path))
+            raise
     if not ha.chroot.startswith("/") or (len(ha.chroot) > 1 and ha.chroot.endswith("/")):
         raise ConfigError(f"ha.chroot: {ha.chroot!r} must start with '/' and not end with one", file=str(path))
     return node

@@ -27,13 +27,15 @@ from setl.retry import Backoff, Failure, record_retrying
 from setl.routing import RoutingPlan, build_plan
 from setl.runtime import SerialExecutorService, TaskExecutionService
 from setl.runtime.chain import LoadWrap, Stages, compose, fenced
-from setl.scheduler import BatchCap, Listener, Outcome, Scheduler, supports_per_table
+from setl.scheduler import BatchCap, Fanout, Listener, Outcome, Scheduler, supports_per_table
 from setl.schema import check_tables
 from setl.snapshot.select import SnapshotListener, find_snapshot, with_snapshots
 from setl.stages import Load, Select, TableExtract, Transform
 
 if TYPE_CHECKING:
     from setl.ha import Elections, Lease
+    from setl.observe import NodeObserver
+    from setl.observe.server import StatusServer
 
 log = logging.getLogger("setl.node")
 
@@ -203,40 +205,23 @@ def analyse_steps(config: PipelineConfig, stages: Stages, tables: Any = _DESCRIB
 
 
 class ProgressLog(Listener):
-    """Logs a pipeline's progress every `every` seconds of acks, and keeps its recent ack rate.
+    """Logs a pipeline's progress every `every` seconds of acks; keeps the changes acked per source
+    table and the last ack (`setl start --until-caught-up`'s summary)."""
 
-    `figures()` (stored with the pipeline's liveness beats, shown by `setl status`) gives the
-    changes acked per second over the last `window` seconds and in all.
-    """
-
-    def __init__(self, pipeline: str, every: float = 10.0, clock=time.monotonic, window: float = 10.0) -> None:
-        self.pipeline, self.every, self.clock, self.window = pipeline, every, clock, window
+    def __init__(self, pipeline: str, every: float = 10.0, clock=time.monotonic) -> None:
+        self.pipeline, self.every, self.clock = pipeline, every, clock
         self._since = clock()
         self._rows = 0
         self._batches = 0
-        self._recent: collections.deque[tuple[float, int]] = collections.deque()
-        self._total = 0
-        self._started = clock()
         self.tables: collections.Counter[str] = collections.Counter()  # changes acked per source table
         self.last: Ack | None = None
-
-    def figures(self) -> dict[str, float | int]:
-        now = self.clock()
-        recent = list(self._recent)  # appended by Termin's thread: a copy, then read
-        rows = sum(n for t, n in recent if now - t <= self.window)
-        span = min(self.window, max(now - self._started, 1e-3))
-        return {"rows_per_second": round(rows / span, 1), "rows_acked": self._total}
 
     def on_ack(self, ack: Ack, batch: Batch) -> None:
         self._rows += len(batch)
         self._batches += 1
         now = self.clock()
-        self._total += len(batch)
         self.tables.update(change.qualified_table for change in batch.changes)
         self.last = ack
-        self._recent.append((now, len(batch)))
-        while self._recent and now - self._recent[0][0] > self.window:
-            self._recent.popleft()
         if now - self._since >= self.every:
             rate = self._rows / (now - self._since)
             log.info("pipeline=%s stage=termin batch=%d acked %d batches, %d changes (%.0f/s), at %s",
@@ -263,6 +248,18 @@ class RetryingState(Listener):
     def on_rollback(self, batch_id: int, epoch: int, error: BaseException, attempt: int) -> None:
         self._retrying = True
         self.inner.on_rollback(batch_id, epoch, error, attempt)
+
+    def on_retry(self, batch_id: int, attempt: int, delay: float) -> None:
+        self.inner.on_retry(batch_id, attempt, delay)
+
+    def on_pause(self, batch_id: int, error: BaseException) -> None:
+        self.inner.on_pause(batch_id, error)
+
+    def on_stage(self, stage: str, batch: Batch, seconds: float) -> None:
+        self.inner.on_stage(stage, batch, seconds)
+
+    def on_permit_wait(self, seconds: float) -> None:
+        self.inner.on_permit_wait(seconds)
 
     def on_ack(self, ack: Ack, batch: Batch) -> None:
         if self._retrying:
@@ -367,11 +364,17 @@ class Node:
         self.heartbeat = Heartbeat(meta, settings.node.id, figures=self.figures, on_lost=self._lost_record)
         self._lost: dict[str, SetlError] = {}
         self.alerts = Alerts(settings.alerts, settings.node.id)
+        self._runs: list[_Supervised] = []
+        #: Each pipeline's lag figures (`figures()`), and with `http.listen` its metrics and history.
+        self.observer: NodeObserver | None = None
+        self.http: StatusServer | None = None
 
     def figures(self, name: str) -> dict[str, Any]:
-        """A pipeline's live figures, stored with its liveness beats (`setl status` shows them) and
-        checked against the alerts' thresholds."""
-        figures = dict(self.progress[name].figures()) if name in self.progress else {}
+        """A pipeline's live figures (`setl.observe.lag.Figures`: lag, bytes behind, rows/s, ...),
+        stored with its liveness beats (`setl status` shows them) and checked against the alerts'
+        thresholds."""
+        found = self.observer.figures().get(name) if self.observer is not None else None
+        figures = {k: v for k, v in found.to_dict().items() if k != "position"} if found is not None else {}
         self.alerts.observe(name, figures)
         return figures
 
@@ -390,6 +393,42 @@ class Node:
             scheduler = self._running.get(name)
         if scheduler is not None:
             scheduler.stop()
+
+    def live(self) -> dict[str, dict[str, Any]]:
+        """What this node knows of each of its pipelines beyond the meta store: whether it runs it
+        now, and whether (and how) it ended here."""
+        with self._lock:
+            running = set(self._running)
+        found: dict[str, dict[str, Any]] = {
+            config.name: {"running_here": config.name in running, "ended": False, "outcome": None, "error": None}
+            for config in self.pipelines}
+        for run in self._runs:
+            result = run.result
+            found[run.config.name].update(
+                ended=run.done, outcome=result.outcome.value if result.outcome else None,
+                error=str(result.error) if result.error is not None and run.done else None)
+        return found
+
+    def _start_observing(self) -> None:
+        """Lag figures for every pipeline; metrics and the status page on `http.listen` when it is set."""
+        from setl.observe import NodeObserver
+
+        listen = self.settings.http.listen
+        self.observer = NodeObserver(self.settings.node.id, [c.name for c in self.pipelines], self.meta, self.live,
+                                     metrics=bool(listen))
+        if listen:
+            from setl.observe.server import StatusServer
+
+            self.http = StatusServer(self.observer, listen)
+            self.http.start()
+        self.observer.start()
+
+    def _stop_observing(self) -> None:
+        if self.http is not None:
+            self.http.stop()
+            self.http = None
+        if self.observer is not None:
+            self.observer.stop()
 
     def stop(self) -> None:
         self._stop.set()
@@ -432,14 +471,17 @@ class Node:
 
             self.elections = Elections.for_node(self.settings, self.meta)
         runs = [_Supervised(config, stages[config.name], PipelineResult(config.name)) for config in self.pipelines]
+        self._runs = runs
         self.tasks, self.serial = shared_services(self.settings)
         self.batch_cap = node_batch_cap(self.settings)
+        self._start_observing()
         try:
             if self.elections is None:
                 self._supervise_all(runs, until_caught_up)
             else:
                 self._supervise_elected(runs, until_caught_up)
         finally:
+            self._stop_observing()
             self.tasks.shutdown(timeout=10.0)
             self.serial.shutdown_now()
             self.serial.await_termination(10.0)
@@ -591,7 +633,10 @@ class Node:
             return None
         self._pin_latest_start(run)
         stages = run.stages if lease is None else fenced(run.stages, lease)  # the chain's outermost layer
-        listener: Listener = RetryingState(name, self.meta, self.settings.node.id, self.progress[name])
+        progress: Listener = self.progress[name]
+        if self.observer is not None:
+            progress = Fanout(progress, self.observer.listener(name, run.stages.select))
+        listener: Listener = RetryingState(name, self.meta, self.settings.node.id, progress)
         snapshot = find_snapshot(stages.select)
         if snapshot is not None:  # table copies commit their progress as their batches are acked
             listener = SnapshotListener(snapshot, listener)

@@ -174,6 +174,7 @@ class Scheduler(LoadDispatch, Termin):
         # Select's own state, touched only by the Select task.
         self._cutter = BatchCutter(name, select, settings.batch, clock, self._permits.node_permit)
         self._sel_rewind: tuple[Position | None, int, float] | None = None
+        self._permit_wait_since: float | None = None  # when Select found every permit taken
         self.error: BaseException | None = None
         self.acked_batches = 0
         self.acked_rows = 0
@@ -346,7 +347,12 @@ class Scheduler(LoadDispatch, Termin):
             return Progress.PROGRESS
         if not self._cutter.cutting:
             if not self._permits.take():
+                if self._permit_wait_since is None:
+                    self._permit_wait_since = time.perf_counter()
                 return Progress.BLOCKED  # a retiring batch wakes us
+            if self._permit_wait_since is not None:
+                self.listener.on_permit_wait(time.perf_counter() - self._permit_wait_since)
+                self._permit_wait_since = None
             with self._cond:
                 epoch = self._epoch
             self._cutter.begin(epoch)
@@ -358,6 +364,7 @@ class Scheduler(LoadDispatch, Termin):
             return Progress.PROGRESS
         if isinstance(batch, Progress):
             return batch
+        selected_in = self._cutter.age()
         self._cutter.drop()
         with self._cond:
             if batch.epoch != self._epoch or self._rewind is not None or self._stopping.is_set():
@@ -368,6 +375,7 @@ class Scheduler(LoadDispatch, Termin):
             self._inflight[batch.id] = slot
             live = self._permits.admit(slot)
         self.listener.on_handoff(batch, live)
+        self.listener.on_stage("select", batch, selected_in)
         # First in the queue: finishing batches in flight comes before reading new ones.
         work = self.tasks.submit(_Step(self._guard(self._etl(slot))), name=f"{self.name}-etl-{batch.id}",
                                  first=True)
@@ -409,11 +417,15 @@ class Scheduler(LoadDispatch, Termin):
                     began = time.perf_counter()
                     if not slot.discarded and not self._halt:
                         batch = self.extract.extract(batch)
+                    took = time.perf_counter() - began
+                    self.listener.on_stage("extract", batch, took)
                     progress["extracted"], stage = batch, "transform"
-                    if time.perf_counter() - began > ETL_SLICE:
+                    if took > ETL_SLICE:
                         return Progress.PROGRESS
                 if not slot.discarded and not self._halt:
+                    began = time.perf_counter()
                     batch = self.transform.transform(batch)
+                    self.listener.on_stage("transform", batch, time.perf_counter() - began)
             except BaseException as exc:
                 error = exc
             with self._cond:

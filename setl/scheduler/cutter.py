@@ -34,6 +34,7 @@ class _Cut:
     size: int = 0
     deadline: float | None = None
     taken: bool = False  # a transaction was read, maybe one with no changes that only moves the position
+    first_at: float = 0.0  # when it was (perf_counter): the batch's age, for the select stage's latency
 
 
 class BatchCutter:
@@ -77,6 +78,11 @@ class BatchCutter:
     def begin(self, epoch: int) -> None:
         """Start the next batch, of `epoch`, where the last one ended."""
         self._cut = _Cut(self.next_id, epoch, self.end, self.end)
+
+    def age(self) -> float:
+        """Seconds since the batch being cut took its first transaction (0 before)."""
+        cut = self._cut
+        return time.perf_counter() - cut.first_at if cut is not None and cut.taken else 0.0
 
     def drop(self) -> None:
         """Abandon the batch being read (a stop or a rewind)."""
@@ -127,6 +133,8 @@ class BatchCutter:
             if tx.is_ddl and cut.changes:
                 pending.append(tx)
                 break
+            if not cut.taken:
+                cut.first_at = time.perf_counter()
             cut.taken = True
             cut.changes.extend(tx.changes)
             cut.rows += len(tx.changes)

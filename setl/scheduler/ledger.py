@@ -32,6 +32,7 @@ class Slot:
     discarded: bool = False
     worker_done: bool = False
     retired: bool = False
+    loading_since: float = 0.0  # per_table: when its parts were handed to the load slots (perf_counter)
 
 
 class Permits:

@@ -4,6 +4,7 @@ onto the serial executor's slots (per_table), with a latch telling Termin when a
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 from setl.errors import LeadershipLost, LoadError, SetlError
@@ -15,7 +16,7 @@ from setl.runtime import (
     SerialTask,
     hash_slot,
 )
-from setl.scheduler.events import Outcome
+from setl.scheduler.events import Listener, Outcome
 from setl.scheduler.ledger import Slot, SlotState
 from setl.stages import Load
 
@@ -36,6 +37,7 @@ class LoadDispatch:
     load: Load
     per_table: bool
     serial: SerialExecutorService | None
+    listener: Listener
     error: BaseException | None
     _cond: threading.Condition
     _inflight: dict[int, Slot]
@@ -70,6 +72,7 @@ class LoadDispatch:
             has_ddl = any(isinstance(c, DdlChange) for c in slot.batch.changes)
             if self.per_table and not has_ddl:
                 slot.state = SlotState.LOADING
+                slot.loading_since = time.perf_counter()
                 self._next_load += 1
                 self._dispatch_parts(slot)
                 return Progress.PROGRESS
@@ -77,12 +80,15 @@ class LoadDispatch:
                 return Progress.BLOCKED  # a DDL batch waits for every earlier part
             slot.state = SlotState.LOADING
         error = None
+        began = time.perf_counter()
         try:
             self.load.load(slot.batch)
         except LeadershipLost:
             raise
         except BaseException as exc:
             error = self._wrap(exc, "load", slot.batch)
+        else:
+            self.listener.on_stage("load", slot.batch, time.perf_counter() - began)
         with self._cond:
             if error is not None:
                 slot.state, slot.error = SlotState.FAILED, error
@@ -159,6 +165,7 @@ class LoadDispatch:
                 if slot.state is SlotState.LOADING and latch.is_open:
                     if latch.error is None:
                         slot.state = SlotState.LOADED
+                        self.listener.on_stage("load", slot.batch, time.perf_counter() - slot.loading_since)
                     else:
                         failure = latch.error
                         if isinstance(failure, _Discarded):

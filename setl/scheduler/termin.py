@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from setl.errors import LeadershipLost
@@ -95,12 +96,14 @@ class Termin:
             raise
         except BaseException as exc:
             return self._begin_rollback(batch.id, self._wrap(exc, "load", batch))
+        began = time.perf_counter()
         try:
             ack = self.meta.ack(self.name, batch.id, batch.epoch, batch.end, rows=len(batch))
         except LeadershipLost:
             raise
         except BaseException as exc:
             return self._begin_rollback(batch.id, self._wrap(exc, "termin", batch))
+        acked_in = time.perf_counter() - began
         with self._cond:
             del self._inflight[batch.id]
             self._next_ack += 1
@@ -112,6 +115,7 @@ class Termin:
         self.acked_batches += 1
         self.acked_rows += len(batch)
         self.listener.on_ack(ack, batch)
+        self.listener.on_stage("termin", batch, acked_in)
         if log.isEnabledFor(logging.DEBUG):
             self._event("termin", batch, f"acked {len(batch)} changes up to {batch.end}", logging.DEBUG)
         if self._until is not None and batch.end >= self._until and not self.select.backlog():
@@ -182,10 +186,12 @@ class Termin:
         verdict = self.backoff.decide(error, attempt)  # setl/retry.py: transient, permanent or other
         if verdict.pause:
             self.error = error
+            self.listener.on_pause(failed_id, error)
             log.error("pipeline=%s stage=termin batch=%d %s", self.name, failed_id, verdict.message)
             self.meta.set_state(self.name, Status.PAUSED, error=str(error), node=self.node_id)
             self._finish(Outcome.PAUSED)
             return
+        self.listener.on_retry(failed_id, attempt, delay)
         record_retrying(self.meta, self.name, error, verdict.since, self.node_id)
         log.warning("pipeline=%s stage=termin batch=%d rolled back (%s, retry in %.1fs): %s",
                     self.name, failed_id, verdict.message, delay, error)

@@ -17,7 +17,12 @@ from a source commit (a marker row written every 20 ms, its client-side commit t
 being visible in the target, where it lands in the same transaction as the acked position.
 
     python3 tools/bench/catchup.py [--seconds 30] [--repeat 3] [--lag-seconds 20] [--rate 1000]
-                                   [--big-transaction 1000000] [--compare-tree DIR]
+                                   [--big-transaction 1000000] [--compare-tree DIR] [--http] [--skip-readers]
+
+With ``--http`` each repeat also catches up with the node's HTTP endpoint and metrics on
+(``http.listen``), scraped every second on /metrics and /api/status as Prometheus and the status page
+would, in alternating order with the run without, and prints the ratio of the medians (the goal: at
+most 3% slower). ``--skip-readers`` leaves out the raw parse and source-only runs.
 
 With ``--compare-tree DIR`` each repeat also catches up with the code of another checkout (for
 example ``git worktree add /tmp/old c1bc4f4``), so that old and new are measured in the same run.
@@ -134,10 +139,11 @@ def run_child(argv: list[str], timeout: float = 3600, cwd: Path = ROOT) -> tuple
     return result, wall, rss, text
 
 
-def write_conf(folder: Path, name: str, source, target, start, *, max_wait_ms: int) -> Path:
+def write_conf(folder: Path, name: str, source, target, start, *, max_wait_ms: int, http: str | None = None) -> Path:
     conf = folder / "conf"
     (conf / "pipelines").mkdir(parents=True, exist_ok=True)
-    (conf / "setl.yaml").write_text(f"node:\n  id: bench\nmeta:\n  store: sqlite\n  path: {folder / 'meta.db'}\n")
+    (conf / "setl.yaml").write_text(f"node:\n  id: bench\nmeta:\n  store: sqlite\n  path: {folder / 'meta.db'}\n"
+                                    + (f"http:\n  listen: {http}\n" if http else ""))
     (conf / "pipelines" / f"{name}.yaml").write_text(f"""\
 source:
   type: mysql
@@ -161,6 +167,54 @@ pipeline:
     max_wait_ms: {max_wait_ms}
 """)
     return conf
+
+
+class Scraper:
+    """GETs /metrics and /api/status of a node every second, as Prometheus and the status page do."""
+
+    def __init__(self, base: str) -> None:
+        self.base, self.scrapes = base, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-scraper", daemon=True)
+
+    def _run(self) -> None:
+        import urllib.request
+
+        while not self._stop.wait(1.0):
+            for path in ("/metrics", "/api/status"):
+                try:
+                    with urllib.request.urlopen(self.base + path, timeout=5) as response:
+                        response.read()
+                    self.scrapes += 1
+                except OSError:
+                    pass  # not listening yet, or already gone
+
+    def __enter__(self) -> "Scraper":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def catch_up(folder: Path, name: str, source, target, start, args: argparse.Namespace,
+             http: bool) -> tuple[float, float]:
+    """One `setl start --until-caught-up` of the backlog; (wall seconds, peak RSS MiB)."""
+    from setl.testing.servers import free_port
+
+    port = free_port() if http else None
+    conf = write_conf(folder, name, source, target, start, max_wait_ms=args.max_wait_ms,
+                      http=f"127.0.0.1:{port}" if port else None)
+    argv = [sys.executable, "-m", "setl.cli", "--conf", str(conf), "start", "--pipeline", name, "--until-caught-up"]
+    if not http:
+        _, wall, rss, _ = run_child(argv)
+        return wall, rss
+    with Scraper(f"http://127.0.0.1:{port}") as scraper:
+        _, wall, rss, _ = run_child(argv)
+    if scraper.scrapes == 0:
+        raise SystemExit("the node's endpoint never answered")
+    return wall, rss
 
 
 def head(server) -> tuple[str, int]:
@@ -271,6 +325,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-wait-ms", type=int, default=100, help="pipeline batch.max_wait_ms")
     parser.add_argument("--compare-tree", type=Path, metavar="DIR",
                         help="also catch up with the setl code of checkout DIR, in the same run (old against new)")
+    parser.add_argument("--http", action="store_true",
+                        help="also catch up with the HTTP endpoint and metrics on, scraped every second")
+    parser.add_argument("--skip-readers", action="store_true", help="no source-only runs (the raw parse stays)")
+    parser.add_argument("--lag", action=argparse.BooleanOptionalAction, default=True, help="the lag phase")
     parser.add_argument("--child", choices=["raw", "source"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--server-id", type=int, default=4001, help=argparse.SUPPRESS)
@@ -321,17 +379,18 @@ def main(argv: list[str] | None = None) -> int:
             result, wall, rss, _ = run_child([*me, "--child", "raw", *span, "--server-id", str(4100 + n)])
             rows = result["rows"]
             runs.setdefault("raw parse (pymysqlreplication)", []).append((rows / wall, rss))
-            for cache in (True, False):
+            for cache in (True, False) if not args.skip_readers else ():
                 extra = [] if cache else ["--no-cache"]
                 result, wall, rss, _ = run_child([*me, "--child", "source", *span, "--server-id",
                                                   str(4200 + 2 * n + cache), *extra])
                 label = f"setl source only, table-map cache {'on' if cache else 'off'}"
                 runs.setdefault(label, []).append((result["rows"] / wall, rss))
-            folder = Path(tmp) / f"run{n}"
-            conf = write_conf(folder, f"bench{n}", source, target, start, max_wait_ms=args.max_wait_ms)
-            _, wall, rss, _ = run_child([sys.executable, "-m", "setl.cli", "--conf", str(conf), "start",
-                                         "--pipeline", f"bench{n}", "--until-caught-up"])
-            runs.setdefault("setl start --until-caught-up (MariaDB target)", []).append((rows / wall, rss))
+            # With --http, alternate which of the two goes first (the first run of all inserts, later ones update).
+            for http in ((False, True) if n % 2 == 0 else (True, False)) if args.http else (False,):
+                folder = Path(tmp) / (f"run{n}" if not http else f"http{n}")
+                wall, rss = catch_up(folder, f"bench{n}" if not http else f"http{n}", source, target, start, args, http)
+                label = "setl start --until-caught-up (MariaDB target)" + (", HTTP + metrics on" if http else "")
+                runs.setdefault(label, []).append((rows / wall, rss))
             if args.compare_tree:  # the same catch-up by another checkout's code (python -m imports from cwd)
                 conf = write_conf(Path(tmp) / f"old{n}", f"old{n}", source, target, start, max_wait_ms=args.max_wait_ms)
                 _, wall, rss, out = run_child([sys.executable, "-m", "setl.cli", "--conf", str(conf), "start",
@@ -350,8 +409,15 @@ def main(argv: list[str] | None = None) -> int:
             rate = statistics.median(r for r, _ in values)
             rss = statistics.median(m for _, m in values)
             print(f"{label:<48} {rate:>9.0f} {rate / baseline:>6.2f} {rss:>7.0f}MB")
+        if args.http:
+            off = [r for r, _ in runs["setl start --until-caught-up (MariaDB target)"]]
+            on = [r for r, _ in runs["setl start --until-caught-up (MariaDB target), HTTP + metrics on"]]
+            print(f"HTTP endpoint + metrics on / off: {statistics.median(on) / statistics.median(off):.3f} "
+                  f"(medians; runs off {[round(r) for r in off]}, on {[round(r) for r in on]})")
 
 
+        if not args.lag:
+            return 0
         print(f"\nlag under a steady {args.rate} transactions/s for {args.lag_seconds:.0f}s", flush=True)
         lags, info = measure_lag(source, target, Path(tmp) / "run0" / "conf", "bench0", args.lag_seconds, args.rate)
         if not lags:

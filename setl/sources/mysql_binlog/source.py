@@ -8,6 +8,7 @@ and `close` interrupts the read.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import queue
@@ -74,10 +75,15 @@ class MysqlSourceConfig:
     start: Any = "earliest"
     ssl: SslConfig | None = None  # TLS for the binlog stream and every query setl runs on the server
     snapshot: SnapshotSettings = attrs.Factory(SnapshotSettings)  # how `start: snapshot` and `setl snapshot` copy
+    #: how often an idle server sends a heartbeat event: the longest an idle source goes unheard (lag figures)
+    heartbeat_ms: int = attrs.field(default=1000, validator=attrs.validators.ge(100))
 
 
 log = logging.getLogger("setl.sources.mysql_binlog")
 
+
+#: Arrival times kept for the lag figures (a reader that nobody asks drops the oldest).
+ARRIVALS = 10_000
 
 # What a server must run with, and why: column names and primary keys come from the table map.
 REQUIRED_SETTINGS: Mapping[str, str] = {
@@ -247,7 +253,7 @@ class MysqlBinlogSource(Select):
         pipeline: str = "",
         max_rows_in_memory: int = 50_000,
         connect_timeout: float = 5.0,
-        heartbeat: float = 5.0,
+        heartbeat: float = 1.0,
         reconnect_timeout: float = 60.0,
         table_map_cache: bool = True,
         selects: Callable[[str, str], bool] | None = None,
@@ -288,13 +294,19 @@ class MysqlBinlogSource(Select):
         self.reconnects = 0
         self.detected_flavor: str | None = None
         self.table_maps: _TableMapCache | None = None
+        #: (position, time.time()): where the reader last stood between transactions, and when.
+        #: A heartbeat from an idle server renews the time: the log ended there then (lag figures).
+        self.heard: tuple[Position, float] | None = None
+        #: (end, time.time()) of transactions read within the second of their commit timestamp, oldest
+        #: first: the binlog's timestamps have whole seconds, the time read refines them (lag figures).
+        self.arrivals: collections.deque[tuple[Position, float]] = collections.deque(maxlen=ARRIVALS)
         self._engines: dict[tuple[str, str], str] = {}  # storage engine by table, asked at a ROLLBACK TO
 
     @classmethod
     def from_config(cls, cfg: MysqlSourceConfig, *, pipeline: str, **kwargs: Any) -> "MysqlBinlogSource":
         return cls(host=cfg.host, port=cfg.port, user=cfg.user, password=cfg.password,
                    server_id=cfg.server_id, flavor=cfg.flavor, start=cfg.start, pipeline=pipeline,
-                   ssl=cfg.ssl, snapshot=cfg.snapshot, **kwargs)
+                   ssl=cfg.ssl, snapshot=cfg.snapshot, heartbeat=cfg.heartbeat_ms / 1000.0, **kwargs)
 
     def __repr__(self) -> str:
         return f"<MysqlBinlogSource {self.host}:{self.port} server_id={self.server_id} at {self._cursor}>"
@@ -662,10 +674,18 @@ class MysqlBinlogSource(Select):
                         event = reader.fetchone()
                         if event is None:
                             raise _Lost()
-                        for tx in assembler.feed(event):
+                        txs = assembler.feed(event)
+                        stamp: int = getattr(event, "timestamp", 0) or 0
+                        if txs and stamp:
+                            now = time.time()
+                            if stamp <= now < stamp + 1:
+                                self.arrivals.append((txs[-1].end, now))
+                        for tx in txs:
                             put(tx)
                             down_since, attempt = None, 0  # progress: the retry budget starts afresh
                             handed = tx.end
+                        if not assembler.in_tx and assembler.positioned:
+                            self.heard = (assembler.mark, time.time())
                         with self._buffer_lock:
                             buffered = self._queued_rows + len(assembler.rows)
                         self.peak_buffered_rows = max(self.peak_buffered_rows, buffered)
@@ -763,6 +783,22 @@ class MysqlBinlogSource(Select):
             raise self._error(f"cannot read the binlog status of {self.host}:{self.port}: {exc}") from exc
         finally:
             conn.close()
+
+    def bytes_behind(self, position: Position) -> tuple[Position, int] | None:
+        """The log's end and the bytes of binlog after `position` up to it (None: `position`'s file is gone)."""
+        conn = self._connect()
+        try:
+            logs = [(str(row[0]), int(row[1])) for row in self._query(conn, "SHOW BINARY LOGS")]
+        except pymysql.MySQLError as exc:
+            raise self._error(f"cannot list the binary logs of {self.host}:{self.port}: {exc}") from exc
+        finally:
+            conn.close()
+        names = [name for name, _ in logs]
+        if not logs or position.log not in names:
+            return None
+        after = logs[names.index(position.log):]
+        behind = sum(size for _, size in after) - min(position.offset, after[0][1])
+        return Position(*logs[-1]), behind
 
     def describe(self) -> tuple[TableSchema, ...]:
         """The selected base tables' columns from information_schema, on a connection of its own."""

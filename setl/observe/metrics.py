@@ -1,0 +1,156 @@
+"""The node's Prometheus metrics (prometheus-client, on a registry of the node's own): counters and
+histograms fed by each pipeline's scheduler hooks (`PipelineMetrics`), and gauges read when scraped
+(lag figures, leadership, threads). docs/metrics.md documents every metric."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter as Tally
+from operator import attrgetter
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from setl.model import Ack, Batch, DdlChange, Op
+from setl.observe.lag import Figures
+from setl.scheduler.events import Listener
+
+_KEY = attrgetter("schema", "table", "op")
+_DDL = "ddl"
+STAGES = ("select", "extract", "transform", "load", "termin")
+#: Stage latency buckets, in seconds: a batch takes from a millisecond (an ack) to many (a Spark job).
+STAGE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0, 30.0)
+
+
+class NodeMetrics:
+    """Every metric of one node, on `registry` (a fresh `CollectorRegistry` by default, never the global one).
+
+    `live` is called at each scrape: ``{pipeline: (figures or None, leader: bool)}`` for the
+    pipelines the node is configured with.
+    """
+
+    def __init__(self, node_id: str, live: Callable[[], dict[str, tuple[Figures | None, bool]]],
+                 registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.rows = Counter("setl_rows_acked", "Row changes acked (applied to the target), by target table and op",
+                            ["pipeline", "table", "op"], registry=r)
+        self.batches = Counter("setl_batches_acked", "Batches acked", ["pipeline"], registry=r)
+        self.stage = Histogram("setl_stage_seconds", "Time a batch spent in a stage", ["pipeline", "stage"],
+                               buckets=STAGE_BUCKETS, registry=r)
+        self.rollbacks = Counter("setl_rollbacks", "Rollbacks (a batch failed; later batches discarded)",
+                                 ["pipeline"], registry=r)
+        self.retries = Counter("setl_retries", "Rollbacks followed by a retry", ["pipeline"], registry=r)
+        self.pauses = Counter("setl_pauses", "Pauses after retrying ran out or could not help", ["pipeline"],
+                              registry=r)
+        self.in_flight = Gauge("setl_batches_in_flight", "Batches between Select and Termin", ["pipeline"],
+                               registry=r)
+        self.permit_waits = Counter("setl_permit_waits", "Times Select waited for a permit", ["pipeline"],
+                                    registry=r)
+        self.permit_wait_seconds = Counter("setl_permit_wait_seconds", "Seconds Select waited for permits",
+                                           ["pipeline"], registry=r)
+        self.info = Gauge("setl_node_info", "This node (value 1)", ["node"], registry=r)
+        self.info.labels(node_id).set(1)
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, ...
+        r.register(_LiveCollector(live))
+
+    def pipeline(self, name: str) -> PipelineMetrics:
+        return PipelineMetrics(self, name)
+
+
+class PipelineMetrics(Listener):
+    """The hooks of one pipeline's scheduler, counting into `NodeMetrics` (label children bound once)."""
+
+    def __init__(self, metrics: NodeMetrics, pipeline: str) -> None:
+        self.metrics, self.pipeline = metrics, pipeline
+        self._rows: dict[tuple[str, str], Any] = {}
+        self._batches = metrics.batches.labels(pipeline)
+        self._stages = {stage: metrics.stage.labels(pipeline, stage) for stage in STAGES}
+        self._rollbacks = metrics.rollbacks.labels(pipeline)
+        self._retries = metrics.retries.labels(pipeline)
+        self._pauses = metrics.pauses.labels(pipeline)
+        self._in_flight = metrics.in_flight.labels(pipeline)
+        self._waits = metrics.permit_waits.labels(pipeline)
+        self._waited = metrics.permit_wait_seconds.labels(pipeline)
+        self._lock = threading.Lock()
+
+    def on_handoff(self, batch: Batch, in_flight: int) -> None:
+        self._in_flight.set(in_flight)
+
+    def on_retire(self, batch: Batch, in_flight: int) -> None:
+        self._in_flight.set(in_flight)
+
+    def on_ack(self, ack: Ack, batch: Batch) -> None:
+        self._batches.inc()
+        try:  # counted in C: a tuple per row change, no Python frame
+            tally = Tally(map(_KEY, batch.changes))
+        except AttributeError:  # a DDL has no op
+            tally = Tally((c.schema, c.table or "", _DDL if isinstance(c, DdlChange) else c.op) for c in batch.changes)
+        for (schema, table, op), n in tally.items():
+            key = (f"{schema}.{table}" if table else schema, op.value if isinstance(op, Op) else op)
+            child = self._rows.get(key)
+            if child is None:
+                with self._lock:
+                    child = self._rows.setdefault(key, self.metrics.rows.labels(self.pipeline, *key))
+            child.inc(n)
+
+    def on_rollback(self, batch_id: int, epoch: int, error: BaseException, attempt: int) -> None:
+        self._rollbacks.inc()
+
+    def on_retry(self, batch_id: int, attempt: int, delay: float) -> None:
+        self._retries.inc()
+
+    def on_pause(self, batch_id: int, error: BaseException) -> None:
+        self._pauses.inc()
+
+    def on_stage(self, stage: str, batch: Batch, seconds: float) -> None:
+        child = self._stages.get(stage)
+        if child is not None:
+            child.observe(seconds)
+
+    def on_permit_wait(self, seconds: float) -> None:
+        self._waits.inc()
+        self._waited.inc(seconds)
+
+
+class _LiveCollector(Collector):
+    """Gauges read at scrape time: lag figures, leadership, the node's threads."""
+
+    def __init__(self, live: Callable[[], dict[str, tuple[Figures | None, bool]]]) -> None:
+        self.live = live
+
+    def describe(self) -> Iterable[Any]:
+        return []  # computed at each scrape; nothing to check at registration
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        lag = GaugeMetricFamily("setl_lag_seconds", "Seconds behind the source (0 when caught up)",
+                                labels=["pipeline"])
+        behind = GaugeMetricFamily("setl_behind_bytes", "Binlog bytes between the ack and the log's end",
+                                   labels=["pipeline"])
+        events = GaugeMetricFamily("setl_behind_events", "Row changes read and not acked yet", labels=["pipeline"])
+        rate = GaugeMetricFamily("setl_rows_per_second", "Rows acked per second over the last 10 s",
+                                 labels=["pipeline"])
+        caught = GaugeMetricFamily("setl_caught_up", "1 while the ack is at the log's end", labels=["pipeline"])
+        heard = GaugeMetricFamily("setl_source_heard_age_seconds",
+                                  "Seconds since the binlog reader last heard from the server", labels=["pipeline"])
+        leader = GaugeMetricFamily("setl_leader", "1 while this node runs the pipeline, 0 while it stands by",
+                                   labels=["pipeline"])
+        for name, (figures, leading) in sorted(self.live().items()):
+            leader.add_metric([name], 1.0 if leading else 0.0)
+            if figures is None:
+                continue
+            if figures.lag_seconds is not None:
+                lag.add_metric([name], figures.lag_seconds)
+            if figures.bytes_behind is not None:
+                behind.add_metric([name], figures.bytes_behind)
+            events.add_metric([name], figures.events_behind)
+            rate.add_metric([name], figures.rows_per_second)
+            caught.add_metric([name], 1.0 if figures.caught_up else 0.0)
+            if figures.source_heard_ago is not None:
+                heard.add_metric([name], figures.source_heard_ago)
+        threads = GaugeMetricFamily("setl_node_threads", "Threads of the node's process",
+                                    value=threading.active_count())
+        yield from (lag, behind, events, rate, caught, heard, leader, threads)

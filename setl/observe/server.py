@@ -1,0 +1,150 @@
+"""The node's HTTP endpoint (``http.listen`` in setl.yaml): read-only, on the standard library's
+threading HTTP server (docs/status-page.md says why).
+
+* ``/``: the status page (setl/web/static, shipped with the package);
+* ``/metrics``: Prometheus text format, from the node's own registry;
+* ``/api/status``: JSON, the rows of ``setl status --json`` with live figures;
+* ``/api/history?since=T&step=N``: an hour of lag, rate and bytes behind, one sample a second;
+* ``/healthz``: 200 while every pipeline of the node is healthy (not paused nor failed), else 503.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from setl.errors import ConfigError
+from setl.observe import NodeObserver
+
+log = logging.getLogger("setl.observe")
+
+#: The page's files, and their content types.
+STATIC = {"index.html": "text/html; charset=utf-8", "status.js": "text/javascript; charset=utf-8",
+          "status.css": "text/css; charset=utf-8"}
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[IPv6]:PORT``) as (host, port); ConfigError naming the key otherwise."""
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"http.listen: {text!r} is not HOST:PORT (for example 127.0.0.1:9325)")
+    return host, int(port)
+
+
+def _static(name: str) -> bytes:
+    return resources.files("setl.web").joinpath("static").joinpath(name).read_bytes()
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class StatusServer:
+    """Serves `observer` on `listen` (``HOST:PORT``) from a thread of its own until `stop`."""
+
+    def __init__(self, observer: NodeObserver, listen: str) -> None:
+        self.observer = observer
+        host, port = parse_listen(listen)
+        server_class = _Server6 if ":" in host else _Server
+        try:
+            self._server = server_class((host, port), _handler(observer))
+        except OSError as exc:
+            raise ConfigError(f"http.listen: cannot listen on {listen}: {exc.strerror or exc}") from exc
+        self._thread: threading.Thread | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
+
+    @property
+    def url(self) -> str:
+        host, port = self.address
+        return f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name="setl-http", daemon=True)
+        self._thread.start()
+        log.info("status page and metrics on %s (/metrics, /api/status, /healthz)", self.url)
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._server.shutdown()
+            self._thread.join(5.0)
+            self._thread = None
+        self._server.server_close()
+
+
+def _handler(observer: NodeObserver) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "setl"
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("http %s %s", self.address_string(), format % args)
+
+        def do_HEAD(self) -> None:
+            self.do_GET()
+
+        def do_GET(self) -> None:
+            url = urlsplit(self.path)
+            query = parse_qs(url.query)
+            path = url.path
+            try:
+                if path == "/metrics" and observer.metrics is not None:
+                    self._send(200, generate_latest(observer.metrics.registry), CONTENT_TYPE_LATEST)
+                elif path == "/api/status":
+                    self._json(200, observer.status())
+                elif path == "/api/history":
+                    since = float(query["since"][0]) if "since" in query else None
+                    step = int(query["step"][0]) if "step" in query else 1
+                    names = set(query["pipeline"]) if "pipeline" in query else None
+                    self._json(200, observer.history.since(since, step, names))
+                elif path == "/healthz":
+                    healthy, body = observer.health()
+                    self._json(200 if healthy else 503, body)
+                elif path in ("/", "/index.html"):
+                    self._send(200, _static("index.html"), STATIC["index.html"])
+                elif path.startswith("/static/") and path[len("/static/"):] in STATIC:
+                    name = path[len("/static/"):]
+                    self._send(200, _static(name), STATIC[name])
+                else:
+                    self._json(404, {"error": f"no such page: {path}"})
+            except ValueError as exc:
+                self._json(400, {"error": str(exc)})
+            except Exception as exc:  # one bad request never takes the endpoint down
+                log.exception("http %s failed", path)
+                self._json(500, {"error": f"{type(exc).__name__}: {exc}"})
+
+        def do_POST(self) -> None:
+            self._json(405, {"error": "the endpoint is read-only"})
+
+        def _json(self, code: int, body: Any) -> None:
+            self._send(code, json.dumps(body, allow_nan=False, default=str).encode(), "application/json")
+
+        def _send(self, code: int, body: bytes, content_type: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.send_header("X-Content-Type-Options", "nosniff")
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+    return Handler

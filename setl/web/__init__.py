@@ -1,0 +1,1 @@
+"""The status page's static files (served by setl.observe.server)."""
