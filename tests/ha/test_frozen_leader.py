@@ -166,14 +166,14 @@ class Pair:
         return "\n".join(f"--- {p.name}\n" + p.read_text(errors="replace")[-6000:]
                          for p in sorted(self.root.glob("setl-*.log")))
 
-    def wait(self, what: Callable[[], Any], message: str, timeout: float = 30) -> Any:
+    def wait(self, what: Callable[[], Any], message: str, timeout: float = 30, interval: float = 0.05) -> Any:
         def check() -> Any:
             for name, proc in self.procs.items():
                 if proc.poll() is not None:
                     raise AssertionError(f"{name} exited with {proc.returncode}:\n{self.logs()}")
             return what()
 
-        return wait_until(check, timeout=timeout, interval=0.05, message=lambda: f"{message}\n{self.logs()}")
+        return wait_until(check, timeout=timeout, interval=interval, message=lambda: f"{message}\n{self.logs()}")
 
     def holder(self) -> str | None:
         return self.store.members(self.name)[0]
@@ -241,8 +241,10 @@ def test_leader_frozen_inside_its_transaction_is_fenced(tmp_path, zookeeper_serv
         try:
             write("INSERT INTO {src}.loose VALUES (7)", "UPDATE {src}.k SET v = 1 WHERE id = 1")
             try:
+                # Polled every 0.3 s: InnoDB refreshes INFORMATION_SCHEMA.INNODB_TRX only after 100 ms
+                # without a read of it, so polling faster than that (a fast machine) never sees a change.
                 pair.wait(lambda: target.lock_waits() >= 1, "node-a's load to wait inside its transaction",
-                          timeout=90)
+                          timeout=90, interval=0.3)
             except TimeoutError as exc:  # say why: the target's sessions and node-a's threads
                 pair.procs["node-a"].send_signal(signal.SIGUSR1)
                 time.sleep(2)

@@ -96,7 +96,10 @@ class Target:
         self.execute(ddl.format(table=self.qualified(table)))
 
     def lock_waits(self) -> int:
-        """How many sessions wait for a row lock now."""
+        """How many sessions wait for a row lock now.
+
+        Poll it at most every 0.3 s: InnoDB refreshes INFORMATION_SCHEMA.INNODB_TRX only after 100 ms
+        without a read of it, so faster polling can see the same stale answer forever."""
         raise NotImplementedError
 
     def create_old_position_table(self, log: str, offset: int, epoch: int) -> None:
@@ -548,7 +551,8 @@ class SinkContract(LoadContract):
         thread.start()
         new = target.make_load(fence_lock_timeout=1.0)
         try:
-            wait_until(lambda: target.lock_waits() >= 1, message="the old writer to wait inside its transaction")
+            wait_until(lambda: target.lock_waits() >= 1, interval=0.3,  # see TargetProbe.lock_waits
+                       message="the old writer to wait inside its transaction")
             started = time.monotonic()
             new.load(make_batch([loose.insert(name="b", qty=2), items.update(item(2), qty=7)], id=2, epoch=2))
             took = time.monotonic() - started
@@ -722,7 +726,8 @@ class SinkContract(LoadContract):
         try:
             load.load_part(span([], 4, 104))  # takes the fence before the race
             thread.start()
-            wait_until(lambda: target.lock_waits() >= 1, message="the keyed part to wait for its row lock")
+            wait_until(lambda: target.lock_waits() >= 1, interval=0.3,  # see TargetProbe.lock_waits
+                       message="the keyed part to wait for its row lock")
             load.load_part(keyless)
             assert target.rows("loose") == [("x", 1)] and thread.is_alive()
         finally:
