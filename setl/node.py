@@ -27,7 +27,7 @@ from setl.retry import Backoff, Failure, record_retrying
 from setl.routing import RoutingPlan, build_plan
 from setl.runtime import SerialExecutorService, TaskExecutionService
 from setl.runtime.chain import LoadWrap, Stages, compose, fenced
-from setl.scheduler import BatchCap, Fanout, Listener, Outcome, Scheduler, supports_per_table
+from setl.scheduler import BatchCap, Fanout, Forwarding, Listener, Outcome, Scheduler, supports_per_table
 from setl.schema import check_tables
 from setl.snapshot.select import SnapshotListener, find_snapshot, with_snapshots
 from setl.stages import Load, Select, TableExtract, Transform
@@ -229,37 +229,17 @@ class ProgressLog(Listener):
             self._since, self._rows, self._batches = now, 0, 0
 
 
-class RetryingState(Listener):
+class RetryingState(Forwarding):
     """Clears the ``retrying`` mark a rollback left in the meta store at the next ack (then `inner`'s)."""
 
     def __init__(self, pipeline: str, meta: MetaStore, node_id: str | None, inner: Listener) -> None:
-        self.pipeline, self.meta, self.node_id, self.inner = pipeline, meta, node_id, inner
+        super().__init__(inner)
+        self.pipeline, self.meta, self.node_id = pipeline, meta, node_id
         self._retrying = False
-
-    def on_handoff(self, batch: Batch, in_flight: int) -> None:
-        self.inner.on_handoff(batch, in_flight)
-
-    def on_retire(self, batch: Batch, in_flight: int) -> None:
-        self.inner.on_retire(batch, in_flight)
-
-    def on_termin(self, batch: Batch, ok: bool) -> None:
-        self.inner.on_termin(batch, ok)
 
     def on_rollback(self, batch_id: int, epoch: int, error: BaseException, attempt: int) -> None:
         self._retrying = True
-        self.inner.on_rollback(batch_id, epoch, error, attempt)
-
-    def on_retry(self, batch_id: int, attempt: int, delay: float) -> None:
-        self.inner.on_retry(batch_id, attempt, delay)
-
-    def on_pause(self, batch_id: int, error: BaseException) -> None:
-        self.inner.on_pause(batch_id, error)
-
-    def on_stage(self, stage: str, batch: Batch, seconds: float) -> None:
-        self.inner.on_stage(stage, batch, seconds)
-
-    def on_permit_wait(self, seconds: float) -> None:
-        self.inner.on_permit_wait(seconds)
+        super().on_rollback(batch_id, epoch, error, attempt)
 
     def on_ack(self, ack: Ack, batch: Batch) -> None:
         if self._retrying:

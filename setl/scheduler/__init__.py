@@ -13,7 +13,7 @@ order or rolls back.
 
 from setl.runtime import BatchCap
 from setl.scheduler.core import Scheduler
-from setl.scheduler.events import Fanout, Listener, Outcome
+from setl.scheduler.events import Fanout, Forwarding, Listener, Outcome
 from setl.stages.load import supports_per_table
 
-__all__ = ["BatchCap", "Fanout", "Listener", "Outcome", "Scheduler", "supports_per_table"]
+__all__ = ["BatchCap", "Fanout", "Forwarding", "Listener", "Outcome", "Scheduler", "supports_per_table"]

@@ -51,6 +51,41 @@ class Listener:
         """Select waited `seconds` for one of the pipeline's permits (all its batches were in flight)."""
 
 
+class Forwarding(Listener):
+    """A listener that passes every hook on to `inner`: a wrapper overrides only the hooks it adds
+    to (calling ``super()``), so a hook added to `Listener` later still reaches `inner`."""
+
+    def __init__(self, inner: Listener) -> None:
+        self.inner = inner
+
+    def on_handoff(self, batch: Batch, in_flight: int) -> None:
+        self.inner.on_handoff(batch, in_flight)
+
+    def on_retire(self, batch: Batch, in_flight: int) -> None:
+        self.inner.on_retire(batch, in_flight)
+
+    def on_termin(self, batch: Batch, ok: bool) -> None:
+        self.inner.on_termin(batch, ok)
+
+    def on_ack(self, ack: Ack, batch: Batch) -> None:
+        self.inner.on_ack(ack, batch)
+
+    def on_rollback(self, batch_id: int, epoch: int, error: BaseException, attempt: int) -> None:
+        self.inner.on_rollback(batch_id, epoch, error, attempt)
+
+    def on_retry(self, batch_id: int, attempt: int, delay: float) -> None:
+        self.inner.on_retry(batch_id, attempt, delay)
+
+    def on_pause(self, batch_id: int, error: BaseException) -> None:
+        self.inner.on_pause(batch_id, error)
+
+    def on_stage(self, stage: str, batch: Batch, seconds: float) -> None:
+        self.inner.on_stage(stage, batch, seconds)
+
+    def on_permit_wait(self, seconds: float) -> None:
+        self.inner.on_permit_wait(seconds)
+
+
 class Fanout(Listener):
     """Every hook goes to each of `listeners`, in order; one that raises is logged and skipped."""
 

@@ -35,7 +35,7 @@ import pymysql
 from setl.errors import SetlError, SourceError
 from setl.meta.base import MetaStore
 from setl.model import Ack, Batch, DdlChange, Op, Position, RowChange, TableName, Transaction
-from setl.scheduler.events import Listener
+from setl.scheduler.events import Forwarding, Listener
 from setl.snapshot.ledger import Chunk, ProgressLedger, Record
 from setl.snapshot.merge import StreamMerge
 from setl.snapshot.progress import CopyStatus, TableProgress
@@ -560,22 +560,21 @@ class _Abandoned(Exception):
     """A keyless read whose results are no longer wanted (a rewind, or a stop)."""
 
 
-class SnapshotListener(Listener):
-    """Feeds a `SnapshotSelect` the scheduler's hand-offs, Termin verdicts and acks; then `inner`."""
+class SnapshotListener(Forwarding):
+    """Feeds a `SnapshotSelect` the scheduler's hand-offs, Termin verdicts and acks; then `inner`
+    (every other hook goes straight to `inner`)."""
 
     def __init__(self, snapshot: SnapshotSelect, inner: Listener) -> None:
-        self.snapshot, self.inner = snapshot, inner
+        super().__init__(inner)
+        self.snapshot = snapshot
 
     def on_handoff(self, batch: Batch, in_flight: int) -> None:
         self.snapshot.ledger.handed_on(batch)
-        self.inner.on_handoff(batch, in_flight)
-
-    def on_retire(self, batch: Batch, in_flight: int) -> None:
-        self.inner.on_retire(batch, in_flight)
+        super().on_handoff(batch, in_flight)
 
     def on_termin(self, batch: Batch, ok: bool) -> None:
         self.snapshot.ledger.terminated(batch, ok)
-        self.inner.on_termin(batch, ok)
+        super().on_termin(batch, ok)
 
     def on_ack(self, ack: Ack, batch: Batch) -> None:
         try:
@@ -584,10 +583,7 @@ class SnapshotListener(Listener):
             raise
         except Exception:
             log.exception("pipeline=%s recording snapshot progress failed", self.snapshot.pipeline)
-        self.inner.on_ack(ack, batch)
-
-    def on_rollback(self, batch_id: int, epoch: int, error: BaseException, attempt: int) -> None:
-        self.inner.on_rollback(batch_id, epoch, error, attempt)
+        super().on_ack(ack, batch)
 
 
 def find_snapshot(select: Select) -> SnapshotSelect | None:

@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import yaml
@@ -27,7 +28,13 @@ STANDBY_DELAY_MS = 500
 
 
 class Cluster:
-    """Nodes named `names`, each with its own conf dir under `root`, one pipeline ``p``."""
+    """Nodes named `names`, each with its own conf dir under `root`, one pipeline `name`.
+
+    The pipeline's name and binlog server_id are the cluster's own: the source and target servers
+    are shared with the whole test session, and their position and fence rows (keyed by pipeline)
+    and binlog dump slot (keyed by server_id) must not be another test's. A target row left by an
+    earlier test's pipeline of the same name would be taken as this pipeline's position.
+    """
 
     def __init__(self, root: Path, zk_hosts: str, source, source_db: str, target, target_db: str, *,
                  names: tuple[str, ...] = ("node-a", "node-b"), standby_delay_ms: int = STANDBY_DELAY_MS) -> None:
@@ -36,11 +43,13 @@ class Cluster:
         self.target, self.target_db = target, target_db
         self.chroot = unique_root()
         self.zk_hosts = zk_hosts
+        self.name = f"p{uuid.uuid4().hex[:8]}"
         start = binlog_head(source)
         sysbench.prepare(self.source_conn, tables=TABLES, table_size=TABLE_SIZE, ddl_in_binlog=False)
         sysbench.create_tables(self.target_conn, tables=TABLES)
         pipeline = {
-            "source": mysql_source(source, start={"file": start.log, "pos": start.offset}),
+            "source": mysql_source(source, start={"file": start.log, "pos": start.offset},
+                                   server_id=2000 + uuid.uuid4().int % 60000),
             "target": mysql_target(target),
             "tables": [{"source": rf"{re.escape(source_db)}\..*", "target": f"{target_db}.{{table}}"}],
             "pipeline": {"parallelism": 3, "batch": {"max_rows": 2000, "max_wait_ms": 50},
@@ -56,7 +65,7 @@ class Cluster:
                 "ha": {"zookeeper": zk_hosts, "chroot": self.chroot, "session_timeout_ms": SESSION_TIMEOUT_MS,
                        "standby_delay_ms": standby_delay_ms},
             }))
-            (conf / "pipelines" / "p.yaml").write_text(yaml.safe_dump(pipeline, sort_keys=False))
+            (conf / "pipelines" / f"{self.name}.yaml").write_text(yaml.safe_dump(pipeline, sort_keys=False))
         self.procs: dict[str, subprocess.Popen] = {}
         self._spawned = 0
         self._store: ZooKeeperMetaStore | None = None
@@ -88,7 +97,7 @@ class Cluster:
         env.pop("SETL_FAULTS", None)
         with open(self.root / f"setl-{self._spawned:02d}-{name}.log", "w") as log:
             proc = subprocess.Popen([sys.executable, "-m", "setl.cli", "--conf", str(self.conf(name)), "start",
-                                     "--pipeline", "p"], env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+                                     "--pipeline", self.name], env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
         self.procs[name] = proc
         return proc
 
@@ -136,10 +145,10 @@ class Cluster:
     # -- observations
 
     def members(self) -> tuple[str | None, list[str]]:
-        return self.store.members("p")
+        return self.store.members(self.name)
 
     def acked(self) -> Ack | None:
-        return self.store.position("p")
+        return self.store.position(self.name)
 
     def _alive(self) -> None:
         for name, proc in self.procs.items():
@@ -192,7 +201,7 @@ class Cluster:
     def assert_epochs_never_go_back(self) -> None:
         """Ack history, oldest first: epochs never decrease and batch ids only grow within an epoch
         (so no deposed leader acked after a newer one)."""
-        history = list(reversed(self.store.history("p", 10_000)))
+        history = list(reversed(self.store.history(self.name, 10_000)))
         assert history
         epochs = [a.epoch for a in history]
         assert epochs == sorted(epochs), epochs

@@ -55,7 +55,7 @@ def test_kill_9_of_the_leader_hands_over_to_the_standby(zookeeper_server, make_c
     before = cluster.wait_ack(after_batch=5)
     killed = time.monotonic()
     cluster.signal("node-a", signal.SIGKILL)
-    cluster.wait_ack(min_epoch=cluster.store.state("p").epoch + 1, timeout=30)
+    cluster.wait_ack(min_epoch=cluster.store.state(cluster.name).epoch + 1, timeout=30)
     failover = time.monotonic() - killed
     print(f"failover (kill -9 to the first ack of the new holder): {failover:.2f}s")
     assert cluster.members()[0] == "node-b"
@@ -72,14 +72,14 @@ def test_expired_session_stops_the_leader_and_the_standby_takes_over(zookeeper_s
     start_pair(cluster)
     running = cluster.load(seconds=7)
     cluster.wait_ack(after_batch=5)
-    old_epoch = cluster.store.state("p").epoch
+    old_epoch = cluster.store.state(cluster.name).epoch
     cluster.expire("node-a")
     cluster.wait_holder("node-b", timeout=10)
     cluster.wait_ack(min_epoch=old_epoch + 1)
     cluster.wait_standby("node-a", timeout=20)
     assert "lost the mainstem" in cluster.logs()
     finish(cluster, running)
-    assert all(a.epoch > old_epoch for a in cluster.store.history("p", 5))
+    assert all(a.epoch > old_epoch for a in cluster.store.history(cluster.name, 5))
 
 
 def test_zookeeper_outage_longer_than_the_session_timeout_pauses_and_resumes(make_cluster):
@@ -105,7 +105,7 @@ def test_frozen_leader_resumed_after_takeover_is_fenced(zookeeper_server, make_c
     start_pair(cluster)
     running = cluster.load(seconds=9)
     cluster.wait_ack(after_batch=5)
-    old_epoch = cluster.store.state("p").epoch
+    old_epoch = cluster.store.state(cluster.name).epoch
     cluster.signal("node-a", signal.SIGSTOP)
     cluster.wait_holder("node-b", timeout=15)
     cluster.signal("node-a", signal.SIGCONT)
@@ -121,7 +121,7 @@ def test_switch_under_load_hands_over_gracefully(zookeeper_server, make_cluster)
     start_pair(cluster)
     running = cluster.load(seconds=7)
     cluster.wait_ack(after_batch=5)
-    result = cluster.cli("node-a", "switch", "--pipeline", "p", "--timeout", "30")
+    result = cluster.cli("node-a", "switch", "--pipeline", cluster.name, "--timeout", "30")
     assert result.returncode == 0, result.stderr + cluster.logs()
     assert "node-b holds the mainstem now" in result.stdout
     cluster.wait_standby("node-a")

@@ -26,10 +26,10 @@ def _get(url: str) -> bytes:
         return response.read()
 
 
-def _leader(url: str) -> float | None:
+def _leader(url: str, pipeline: str) -> float | None:
     for family in text_string_to_metric_families(_get(url + "/metrics").decode()):
         for sample in family.samples:
-            if sample.name == "setl_leader" and sample.labels == {"pipeline": "p"}:
+            if sample.name == "setl_leader" and sample.labels == {"pipeline": pipeline}:
                 return sample.value
     return None
 
@@ -57,8 +57,8 @@ def test_holder_and_standby_endpoints_and_a_failover(tmp_path, zookeeper_server,
         cluster.spawn("node-b")
         cluster.wait_standby("node-b")
         a, b = urls["node-a"], urls["node-b"]
-        wait_until(lambda: _leader(a) == 1.0, 30, 0.2, message="node-a's setl_leader 1")
-        wait_until(lambda: _leader(b) == 0.0, 30, 0.2, message="node-b's setl_leader 0")
+        wait_until(lambda: _leader(a, cluster.name) == 1.0, 30, 0.2, message="node-a's setl_leader 1")
+        wait_until(lambda: _leader(b, cluster.name) == 0.0, 30, 0.2, message="node-b's setl_leader 0")
         row = _row(b)
         assert row["holder"] == "node-a" and "node-b" in row["standbys"] and not row["running_here"]
         assert _row(a)["running_here"] and _row(a)["holder"] == "node-a"
@@ -70,7 +70,7 @@ def test_holder_and_standby_endpoints_and_a_failover(tmp_path, zookeeper_server,
                 page = browser.new_page()
                 page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error" else None)
                 page.goto(b + "/")
-                card = page.locator('article.card[data-pipeline="p"]')
+                card = page.locator(f'article.card[data-pipeline="{cluster.name}"]')
                 card.wait_for(timeout=15_000)
                 wait_until(lambda: card.get_attribute("data-state") == "standby", 15, 0.2, message="standby card")
                 assert "node-a" in card.inner_text() and "node-b" in card.inner_text()
@@ -78,7 +78,7 @@ def test_holder_and_standby_endpoints_and_a_failover(tmp_path, zookeeper_server,
                 browser.close()
         assert problems == [], problems
         cluster.signal("node-a", signal.SIGKILL)
-        wait_until(lambda: _leader(b) == 1.0, 60, 0.3, message="node-b to lead after kill -9 of node-a")
+        wait_until(lambda: _leader(b, cluster.name) == 1.0, 60, 0.3, message="node-b to lead after kill -9 of node-a")
         wait_until(lambda: _row(b)["running_here"] and _row(b)["holder"] == "node-b", 30, 0.3,
                    message="node-b's row to say it holds p")
     finally:

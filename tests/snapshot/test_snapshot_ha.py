@@ -28,7 +28,7 @@ def test_failover_during_a_snapshot_resumes_on_the_standby(zookeeper_server, mak
     t.create(mariadb_target, mysql_db)
     t.fill(mariadb_source, source_db, ROWS, binlog=False)
     for name in cluster.names:
-        path = cluster.conf(name) / "pipelines" / "p.yaml"
+        path = cluster.conf(name) / "pipelines" / f"{cluster.name}.yaml"
         pipeline = yaml.safe_load(path.read_text())
         pipeline["source"].update(start="snapshot", snapshot={"chunk_rows": 1000, "readers": 2})
         path.write_text(yaml.safe_dump(pipeline, sort_keys=False))
@@ -36,7 +36,7 @@ def test_failover_during_a_snapshot_resumes_on_the_standby(zookeeper_server, mak
     running = cluster.load(seconds=12)
 
     def ints() -> tuple[str, int]:
-        found = {p.table: p for p in cluster.store.snapshot_progress("p")}.get("ints")
+        found = {p.table: p for p in cluster.store.snapshot_progress(cluster.name)}.get("ints")
         return (found.status.value, found.chunks) if found else ("-", 0)
 
     wait_until(lambda: ints()[0] == "copying" and ints()[1] >= 5, timeout=60, interval=0.02,
@@ -47,7 +47,7 @@ def test_failover_during_a_snapshot_resumes_on_the_standby(zookeeper_server, mak
 
     def all_done() -> bool:
         cluster._alive()
-        found = cluster.store.snapshot_progress("p")
+        found = cluster.store.snapshot_progress(cluster.name)
         return len(found) == len(t.TABLES) + 2 and all(p.status is CopyStatus.DONE for p in found)
 
     wait_until(all_done, timeout=120, interval=0.2,
@@ -63,5 +63,5 @@ def test_failover_during_a_snapshot_resumes_on_the_standby(zookeeper_server, mak
     logs = cluster.logs()
     resumed = [int(n) for n in re.findall(r"table=\S+\.ints snapshot resumes after chunk (\d+)", logs)]
     assert resumed and resumed[0] >= at_kill, logs
-    final = {p.table: p for p in cluster.store.snapshot_progress("p")}["ints"]
+    final = {p.table: p for p in cluster.store.snapshot_progress(cluster.name)}["ints"]
     assert -(-ROWS // 1000) <= final.chunks <= -(-ROWS // 1000) + 3, final
