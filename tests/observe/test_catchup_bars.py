@@ -70,5 +70,5 @@ def test_until_caught_up_on_a_terminal_draws_a_bar_of_the_bytes_behind(tmp_path,
     assert f"{setl.name} catching up" in plain, plain[-3000:]
     assert re.search(r"[0-9.]+ MiB behind, [0-9,]+ rows/s", plain), plain[-3000:]
     assert f"{setl.name}: caught up at " in plain and ": 60,001 changes (" in plain  # the summary (+ CREATE)
-    assert f"{source_db}.backlog" in plain
+    assert f"{mysql_db}.backlog" in plain  # per target table
     assert int(mariadb_target.query(f"SELECT COUNT(*) FROM `{mysql_db}`.backlog")[0][0]) == 60_000
