@@ -160,10 +160,15 @@ def cmd_start(args: argparse.Namespace, conf: Path) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     started = time.monotonic()
+    from setl.observe.catchup import start_bars
+
+    bars = start_bars(node, args.until_caught_up)  # on a terminal only
     try:
         results = node.run(until_caught_up=args.until_caught_up)
     finally:
         meta.close()
+        if bars is not None:
+            bars.stop()
     if args.until_caught_up:
         _summary(node, results, time.monotonic() - started)
     code = 0

@@ -205,7 +205,7 @@ def analyse_steps(config: PipelineConfig, stages: Stages, tables: Any = _DESCRIB
 
 
 class ProgressLog(Listener):
-    """Logs a pipeline's progress every `every` seconds of acks; keeps the changes acked per source
+    """Logs a pipeline's progress every `every` seconds of acks; keeps the changes acked per
     table and the last ack (`setl start --until-caught-up`'s summary)."""
 
     def __init__(self, pipeline: str, every: float = 10.0, clock=time.monotonic) -> None:
@@ -213,7 +213,7 @@ class ProgressLog(Listener):
         self._since = clock()
         self._rows = 0
         self._batches = 0
-        self.tables: collections.Counter[str] = collections.Counter()  # changes acked per source table
+        self.tables: collections.Counter[str] = collections.Counter()  # changes acked per table, as loaded
         self.last: Ack | None = None
 
     def on_ack(self, ack: Ack, batch: Batch) -> None:

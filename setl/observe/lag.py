@@ -167,7 +167,11 @@ class LagTracker(Listener):
     def _check_caught_up(self) -> bool:
         """Under the lock: whether the ack is at the end of what the reader read; notes when."""
         heard = self._heard()
-        if heard is not None and self._acked is not None and self._acked >= heard[0]:
+        # A checkpoint inside a transaction delivered in pieces (`Position.row`) sorts after the
+        # transaction's start, which is where the reader last stood between transactions: the rest
+        # of that transaction is still to come, so it is never caught up.
+        if heard is not None and self._acked is not None and not self._acked.within_transaction \
+                and self._acked >= heard[0]:
             if self._caught_up_at is None or heard[1] > self._caught_up_at:
                 self._caught_up_at = heard[1]
             return True

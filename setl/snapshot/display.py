@@ -69,7 +69,11 @@ class ProgressReporter:
             self._bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                   TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), transient=False,
                                   redirect_stderr=self.console is None, console=self.console)
-            self._bars.start()
+            try:
+                self._bars.start()
+            except Exception:  # rich's LiveError: the catch-up bars hold the terminal and give it up soon
+                self._bars = None
+                return
         for table in tables:
             name = str(table.name)
             if name not in self._tasks:
