@@ -26,6 +26,7 @@ import attrs
 
 from setl.model import Ack, Batch, Position, RowChange
 from setl.scheduler.events import Listener
+from setl.runtime.chain import unwrap
 
 #: Seconds of acks the rate is averaged over.
 RATE_WINDOW = 10.0
@@ -68,13 +69,7 @@ class Figures:
 
 def _innermost(select: Any, attribute: str) -> Any:
     """The first stage in `select`'s wrapper chain (through `inner`) that has `attribute`."""
-    seen: set[int] = set()
-    while select is not None and id(select) not in seen:
-        if hasattr(select, attribute):
-            return select
-        seen.add(id(select))
-        select = getattr(select, "inner", None)
-    return None
+    return next((layer for layer in unwrap(select) if hasattr(layer, attribute)), None)
 
 
 class LagTracker(Listener):

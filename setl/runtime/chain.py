@@ -2,8 +2,10 @@
 
 A pipeline's stages are its source, Extract, Transform and target, wrapped (innermost first) by:
 
-0. target table creation (`setl.schema.CreateTablesLoad`): Load, when ``pipeline.create_tables``
-   is on and the target can create tables;
+0. table copies (`setl.snapshot.select.SnapshotSelect`): a MySQL source, whose stream it merges
+   chunk reads into (``source.start: snapshot``, `setl snapshot`); target table creation
+   (`setl.schema.CreateTablesLoad`): Load, when ``pipeline.create_tables`` is on and the target
+   can create tables;
 1. batch DDL tasks (`setl.ddltask`): Select and Load, when ``pipeline.ddl_tasks`` is on;
 2. failpoints (`setl.failpoints`): every stage, when ``SETL_FAULTS`` is set;
 3. fencing (`setl.ha`): Select and Load, outermost, when the node runs the pipeline under a
@@ -15,8 +17,8 @@ composed stages in its constructor and nothing swaps them afterwards.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import attrs
 
@@ -50,15 +52,26 @@ class Stages:
         return "; ".join(f"{role}: {layers(getattr(self, role))}" for role in roles)
 
 
-def layers(stage: Any) -> str:
-    """`stage` and the stages it wraps (through `inner`), outermost first."""
-    names = []
+def unwrap(stage: Any) -> Iterator[Any]:
+    """`stage` and every stage it wraps (through `inner`), outermost first."""
     seen: set[int] = set()
     while stage is not None and id(stage) not in seen:
         seen.add(id(stage))
-        names.append(type(stage).__name__)
+        yield stage
         stage = getattr(stage, "inner", None)
-    return " > ".join(names)
+
+
+L = TypeVar("L")
+
+
+def find_layer(stage: Any, kind: type[L]) -> L | None:
+    """The outermost layer of `stage`'s chain that is a `kind`, or None."""
+    return next((layer for layer in unwrap(stage) if isinstance(layer, kind)), None)
+
+
+def layers(stage: Any) -> str:
+    """`stage` and the stages it wraps (through `inner`), outermost first."""
+    return " > ".join(type(layer).__name__ for layer in unwrap(stage))
 
 
 def compose(base: Stages, *, ddl_tasks: DdlTaskWrap | None = None, faults: FaultPlan | None = None,

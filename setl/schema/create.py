@@ -15,6 +15,7 @@ from setl.model import Batch, DdlChange, RowChange, TableName, TableSchema
 from setl.schema.plan import SchemaPlanner, TargetTable
 from setl.schema.target import SchemaTarget
 from setl.stages.load import Load, LoadWrapper
+from setl.runtime.chain import find_layer
 
 log = logging.getLogger(__name__)
 
@@ -188,13 +189,7 @@ def _tables_named(change: DdlChange) -> set[tuple[str, str]]:
 
 def find_creator(load: Any) -> CreateTablesLoad | None:
     """The `CreateTablesLoad` in a composed Load chain (through `inner`), if any."""
-    seen: set[int] = set()
-    while load is not None and id(load) not in seen:
-        if isinstance(load, CreateTablesLoad):
-            return load
-        seen.add(id(load))
-        load = getattr(load, "inner", None)
-    return None
+    return find_layer(load, CreateTablesLoad)
 
 
 def check_tables(load: Load, tables: Sequence[TableSchema] | None, *, first_start: bool) -> int:

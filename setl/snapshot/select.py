@@ -42,6 +42,7 @@ from setl.snapshot.progress import CopyStatus, TableProgress
 from setl.snapshot.reader import ChunkReader, TablePlan
 from setl.snapshot.settings import SnapshotSettings
 from setl.stages.select import Select, SelectWrapper
+from setl.runtime.chain import find_layer
 
 log = logging.getLogger("setl.snapshot")
 
@@ -588,13 +589,7 @@ class SnapshotListener(Forwarding):
 
 def find_snapshot(select: Select) -> SnapshotSelect | None:
     """The `SnapshotSelect` in a chain of Select wrappers, if there is one."""
-    seen: set[int] = set()
-    while select is not None and id(select) not in seen:
-        if isinstance(select, SnapshotSelect):
-            return select
-        seen.add(id(select))
-        select = getattr(select, "inner", None)  # type: ignore[assignment]
-    return None
+    return find_layer(select, SnapshotSelect)
 
 
 def with_snapshots(select: Select, *, pipeline: str, meta: Callable[[], MetaStore], parallelism: int,
