@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from setl.testing.servers import free_port, wait_until
 from tests.ha.cluster import Cluster
+from tests.helpers.receiver import Receiver
 
 from .test_page import ARGS, CHROMIUM
 
@@ -41,8 +42,10 @@ def _row(url: str) -> dict:
 def test_holder_and_standby_endpoints_and_a_failover(tmp_path, zookeeper_server, mariadb_source, source_db,
                                                      mariadb_target, mysql_db):
     """node-a leads (setl_leader 1, running here), node-b stands by (0; its row names node-a as holder
-    and itself as standby; its page card says standby), both healthy; kill -9 of node-a: node-b leads."""
+    and itself as standby; its page card says standby), both healthy; kill -9 of node-a: node-b leads.
+    Each leadership is a `leader_changed` alert, from the node that took the pipeline."""
     cluster = Cluster(tmp_path, zookeeper_server.hosts, mariadb_source, source_db, mariadb_target, mysql_db)
+    receiver = Receiver()
     urls = {}
     try:
         for name in cluster.names:
@@ -50,6 +53,7 @@ def test_holder_and_standby_endpoints_and_a_failover(tmp_path, zookeeper_server,
             settings = yaml.safe_load(path.read_text())
             port = free_port()
             settings["http"] = {"listen": f"127.0.0.1:{port}"}
+            settings["alerts"] = [{"webhook": receiver.url, "events": ["leader_changed", "paused"]}]
             path.write_text(yaml.safe_dump(settings))
             urls[name] = f"http://127.0.0.1:{port}"
         cluster.spawn("node-a")
@@ -81,5 +85,9 @@ def test_holder_and_standby_endpoints_and_a_failover(tmp_path, zookeeper_server,
         wait_until(lambda: _leader(b, cluster.name) == 1.0, 60, 0.3, message="node-b to lead after kill -9 of node-a")
         wait_until(lambda: _row(b)["running_here"] and _row(b)["holder"] == "node-b", 30, 0.3,
                    message="node-b's row to say it holds p")
+        wait_until(lambda: len(receiver.bodies) >= 2, 30, 0.2, message=lambda: f"two alerts, got {receiver.bodies}")
+        assert [(a["pipeline"], a["event"], a["node"]) for a in receiver.bodies] == [
+            (cluster.name, "leader_changed", "node-a"), (cluster.name, "leader_changed", "node-b")]
     finally:
         cluster.close()
+        receiver.close()

@@ -12,6 +12,8 @@ import pytest
 
 from setl.testing.servers import wait_until
 
+from tests.helpers.receiver import Receiver
+
 from .observed import ObservedNode, Writer
 
 pytestmark = pytest.mark.timeout(240)
@@ -108,10 +110,16 @@ def test_lag_is_near_zero_on_an_idle_source(tmp_path, mariadb_source, source_db,
 def test_lag_grows_while_the_target_is_down_and_falls_when_it_is_back(tmp_path, mariadb_source, source_db,
                                                                      mariadb_factory):
     """Writes go on while the target is stopped: the lag grows with the outage (the pipeline is
-    retrying), and once the target is back the pipeline catches up and the lag falls near zero."""
+    retrying), and once the target is back the pipeline catches up and the lag falls near zero.
+    A `lag_seconds > 4` alert is sent once, when the lag crosses it."""
     target = mariadb_factory(server_id=42)
     target.query("CREATE DATABASE dst")
-    node = ObservedNode(tmp_path, mariadb_source, source_db, target, "dst").start()
+    receiver = Receiver()
+    node = ObservedNode(tmp_path, mariadb_source, source_db, target, "dst")
+    settings = node.setl.conf / "setl.yaml"
+    settings.write_text(settings.read_text()
+                        + f"alerts: [{{webhook: '{receiver.url}', events: ['lag_seconds > 4']}}]\n")
+    node.start()
     try:
         _tables(node)
         with Writer(node, "load_t", 50):
@@ -126,5 +134,8 @@ def test_lag_grows_while_the_target_is_down_and_falls_when_it_is_back(tmp_path, 
             wait_until(lambda: (node.lag() or 99) < 1.0, 90, 0.5, message="the lag to fall once the target is back")
         row = node.pipeline()
         assert row["status"] == "running" and row["error"] is None
+        (alert,) = receiver.bodies
+        assert alert["event"] == "lag_seconds > 4" and alert["pipeline"] == node.name and alert["value"] > 4
     finally:
         node.stop()
+        receiver.close()
