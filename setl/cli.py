@@ -136,6 +136,7 @@ def _pipeline_meta(conf: Path, name: str, settings: NodeSettings | None = None) 
 
 def cmd_start(args: argparse.Namespace, conf: Path) -> int:
     from setl.node import Node, tune_gc
+    from setl.observe.catchup import start_bars
 
     settings = load_node(conf)
     setup_logging(os.environ.get("SETL_LOG_LEVEL", settings.log.level), settings.log.format, debug=args.debug)
@@ -160,8 +161,6 @@ def cmd_start(args: argparse.Namespace, conf: Path) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     started = time.monotonic()
-    from setl.observe.catchup import start_bars
-
     bars = start_bars(node, args.until_caught_up)  # on a terminal only
     try:
         results = node.run(until_caught_up=args.until_caught_up)

@@ -85,13 +85,24 @@ def find_java(environ: Mapping[str, str] | None = None) -> str:
     )
 
 
+#: Spark's JVM log configuration (warnings only, in setl's format), shipped with setl.
+LOG4J2_CONF = Path(__file__).with_name("log4j2.properties")
+
+
 def session_conf(settings: SparkConfig) -> dict[str, str]:
-    """The full `spark.*` conf a session is built with: defaults, then the config's."""
+    """The full `spark.*` conf a session is built with: defaults, then the config's.
+
+    The driver's JVM gets `LOG4J2_CONF` (``-Dlog4j2.configurationFile``) unless the config's
+    ``spark.driver.extraJavaOptions`` names a log4j2 configuration of its own.
+    """
     conf = dict(DEFAULT_CONF)
     for key, value in settings.conf.items():
         if isinstance(value, bool):
             value = "true" if value else "false"
         conf[str(key)] = str(value)
+    options = conf.get("spark.driver.extraJavaOptions", "")
+    if "log4j2.configurationFile" not in options:
+        conf["spark.driver.extraJavaOptions"] = f"{options} -Dlog4j2.configurationFile=file:{LOG4J2_CONF}".strip()
     return conf
 
 

@@ -120,3 +120,20 @@ def test_a_large_batch_does_not_log_spark_task_size_warnings(capfd):
     out = run_transform("add_column", rows, {"name": "n2", "expr": "id * 2"}, primary_key=["id"])
     assert len(out) == len(rows) and out[-1]["n2"] == 2 * rows[-1]["id"]
     assert "very large size" not in capfd.readouterr().err
+
+
+def test_spark_start_prints_no_jvm_banner_or_info_lines(tmp_path):
+    """The driver JVM logs through setl's log4j2 file: no default-profile banner, no INFO lines and
+    no "Set SPARK_LOCAL_IP" warning before setl lowers the level; an operator's own log4j2 file wins."""
+    import subprocess
+    import sys
+
+    script = ("from setl.config import SparkConfig\nfrom setl.spark import _build\n"
+              "s = _build(SparkConfig())\nprint(s.range(3).count())\ns.stop()\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0 and result.stdout.strip() == "3", result.stderr
+    for noise in ("Using Spark's default log4j profile", "setLogLevel", "SPARK_LOCAL_IP", " INFO "):
+        assert noise not in result.stderr, result.stderr
+    own = session_conf(SparkConfig(conf={"spark.driver.extraJavaOptions": "-Dlog4j2.configurationFile=mine.xml"}))
+    assert own["spark.driver.extraJavaOptions"] == "-Dlog4j2.configurationFile=mine.xml"
+    assert "log4j2.properties" in session_conf(SparkConfig())["spark.driver.extraJavaOptions"]
