@@ -122,10 +122,14 @@ class Alerts:
                               "figure": figure, "value": value, "threshold": limit})
 
     def close(self, timeout: float = 10.0) -> None:
-        """Send what is queued (for at most `timeout` seconds in all), then stop the senders."""
+        """Send what is queued for at most `timeout` seconds in all, then stop the senders (an alert
+        still queued or being retried then is dropped; the sender threads never hold up an exit)."""
         deadline = time.monotonic() + timeout
         for hook in self._hooks:
-            hook.queue.put(None)
+            try:
+                hook.queue.put(None, timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Full:
+                pass  # the sender is stopped below; it is a daemon thread
         for hook in self._hooks:
             hook.thread.join(max(0.0, deadline - time.monotonic()))
             hook.stop.set()
