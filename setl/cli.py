@@ -7,6 +7,7 @@ one line on stderr; `--debug` adds the traceback.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import faulthandler
 import json
@@ -199,8 +200,11 @@ def _summary(node: Any, results: list, seconds: float) -> None:
         where = f" at {progress.last.position}" if progress.last is not None else ""
         print(f"{result.name}: {ended}{where} in {seconds:.1f}s: {total:,} changes"
               f" ({total / max(seconds, 1e-3):,.0f}/s) in {len(progress.tables)} table(s)")
-        width = max((len(t) for t in progress.tables), default=0)
-        for table, count in sorted(progress.tables.items()):
+        counts: collections.Counter[str] = collections.Counter()
+        for (schema, table), n in progress.tables.items():
+            counts[f"{schema}.{table}" if table else schema] += n
+        width = max((len(t) for t in counts), default=0)
+        for table, count in sorted(counts.items()):
             print(f"  {table:<{width}}  {count:>12,}")
 
 

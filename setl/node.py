@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import gc
 import logging
+import operator
 import os
 import threading
 import time
@@ -204,6 +205,9 @@ def analyse_steps(config: PipelineConfig, stages: Stages, tables: Any = _DESCRIB
     return analysed
 
 
+_TABLE = operator.attrgetter("schema", "table")
+
+
 class ProgressLog(Listener):
     """Logs a pipeline's progress every `every` seconds of acks; keeps the changes acked per
     table and the last ack (`setl start --until-caught-up`'s summary)."""
@@ -213,14 +217,15 @@ class ProgressLog(Listener):
         self._since = clock()
         self._rows = 0
         self._batches = 0
-        self.tables: collections.Counter[str] = collections.Counter()  # changes acked per table, as loaded
+        #: changes acked per (schema, table) as loaded (table None for a schema's DDL)
+        self.tables: collections.Counter[tuple[str, str | None]] = collections.Counter()
         self.last: Ack | None = None
 
     def on_ack(self, ack: Ack, batch: Batch) -> None:
         self._rows += len(batch)
         self._batches += 1
         now = self.clock()
-        self.tables.update(change.qualified_table for change in batch.changes)
+        self.tables.update(map(_TABLE, batch.changes))  # counted in C, no name formatted per change
         self.last = ack
         if now - self._since >= self.every:
             rate = self._rows / (now - self._since)
@@ -353,7 +358,7 @@ class Node:
         """A pipeline's live figures (`setl.observe.lag.Figures`: lag, bytes behind, rows/s, ...),
         stored with its liveness beats (`setl status` shows them) and checked against the alerts'
         thresholds."""
-        found = self.observer.figures().get(name) if self.observer is not None else None
+        found = self.observer.figures_of(name) if self.observer is not None else None
         figures = {k: v for k, v in found.to_dict().items() if k != "position"} if found is not None else {}
         self.alerts.observe(name, figures)
         return figures

@@ -119,9 +119,13 @@ class NodeObserver:
 
     def figures(self, now: float | None = None) -> dict[str, Figures | None]:
         now = self.clock() if now is None else now
+        return {name: self.figures_of(name, now) for name in self.names}
+
+    def figures_of(self, name: str, now: float | None = None) -> Figures | None:
+        """One pipeline's figures (None before it first ran here)."""
         with self._lock:
-            trackers = dict(self.trackers)
-        return {name: trackers[name].figures(now) if name in trackers else None for name in self.names}
+            tracker = self.trackers.get(name)
+        return tracker.figures(self.clock() if now is None else now) if tracker is not None else None
 
     def _refresh(self) -> None:
         live = self.live()
