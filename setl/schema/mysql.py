@@ -14,7 +14,7 @@ from typing import Any
 
 from setl.model import TableName
 from setl.schema.plan import TargetColumn, TargetTable, unsupported
-from setl.schema.target import ExistingColumn, SchemaTarget, mysql_family
+from setl.schema.target import ExistingColumn, SchemaTarget, create_table, mysql_family
 
 #: Spark type -> MySQL type, for columns a transform adds.
 SPARK_TYPES = {
@@ -61,12 +61,9 @@ class MysqlSchema(SchemaTarget):
         return text
 
     def statements(self, table: TargetTable) -> list[str]:
-        elements = [self.column(table, column) for column in table.columns]
-        if table.primary_key:
-            elements.append(f"PRIMARY KEY ({', '.join(map(quote, table.primary_key))})")
         name = f"{quote(table.table.schema)}.{quote(table.table.table)}"
         return [f"CREATE DATABASE IF NOT EXISTS {quote(table.table.schema)}",
-                f"CREATE TABLE IF NOT EXISTS {name} (\n  " + ",\n  ".join(elements) + "\n)"]
+                create_table(name, [self.column(table, c) for c in table.columns], table.primary_key, quote)]
 
     def existing(self, table: TableName) -> list[ExistingColumn] | None:
         rows = self._query("SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND "

@@ -19,7 +19,7 @@ from setl.ddl import tokenize
 from setl.model import TableName
 from setl.schema.mysql import quote as mysql_quote
 from setl.schema.plan import TargetColumn, TargetTable, unsupported
-from setl.schema.target import ExistingColumn, SchemaTarget
+from setl.schema.target import ExistingColumn, SchemaTarget, create_table
 from setl.sinks.postgresql_ddl import UnsupportedDdl, column, ident
 
 #: Spark type -> PostgreSQL type, for columns a transform adds.
@@ -73,12 +73,9 @@ class PostgresqlSchema(SchemaTarget):
         return translated.text()
 
     def statements(self, table: TargetTable) -> list[str]:
-        elements = [self.column(table, c) for c in table.columns]
-        if table.primary_key:
-            elements.append(f"PRIMARY KEY ({', '.join(map(ident, table.primary_key))})")
         name = f"{ident(table.table.schema)}.{ident(table.table.table)}"
         return [f"CREATE SCHEMA IF NOT EXISTS {ident(table.table.schema)}",
-                f"CREATE TABLE IF NOT EXISTS {name} (\n  " + ",\n  ".join(elements) + "\n)"]
+                create_table(name, [self.column(table, c) for c in table.columns], table.primary_key, ident)]
 
     def existing(self, table: TableName) -> list[ExistingColumn] | None:
         conn = self.conn

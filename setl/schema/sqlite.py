@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from setl.model import TableName
 from setl.routing import flat_name
 from setl.schema.plan import TargetTable
-from setl.schema.target import ExistingColumn, SchemaTarget, column_family
+from setl.schema.target import ExistingColumn, SchemaTarget, column_family, create_table
 
 _AFFINITY = {"integer": "INTEGER", "boolean": "INTEGER", "decimal": "NUMERIC", "float": "REAL", "text": "TEXT",
              "json": "TEXT", "binary": "BLOB"}
@@ -27,15 +27,12 @@ class SqliteSchema(SchemaTarget):
     fold_case = True
 
     def statements(self, table: TargetTable) -> list[str]:
-        elements = []
+        columns = []
         for column in table.columns:
             affinity = _AFFINITY.get(column_family(column) or "", "")
-            elements.append(f"{_q(column.name)}{' ' + affinity if affinity else ''}"
-                            + ("" if column.nullable else " NOT NULL"))
-        if table.primary_key:
-            elements.append(f"PRIMARY KEY ({', '.join(map(_q, table.primary_key))})")
-        name = _q(flat_name(table.table.schema, table.table.table))
-        return [f"CREATE TABLE IF NOT EXISTS {name} (\n  " + ",\n  ".join(elements) + "\n)"]
+            columns.append(f"{_q(column.name)}{' ' + affinity if affinity else ''}"
+                           + ("" if column.nullable else " NOT NULL"))
+        return [create_table(_q(flat_name(table.table.schema, table.table.table)), columns, table.primary_key, _q)]
 
     def existing(self, table: TableName) -> list[ExistingColumn] | None:
         rows = self.conn.execute(f"PRAGMA table_info({_q(flat_name(table.schema, table.table))})").fetchall()

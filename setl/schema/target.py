@@ -69,6 +69,15 @@ def spark_family(kind: str) -> str | None:
             "timestamp": "datetime", "timestamp_ntz": "datetime", "string": "text", "binary": "binary"}.get(base)
 
 
+def create_table(name: str, columns: Sequence[str], primary_key: Sequence[str], quote: Callable[[str], str]) -> str:
+    """``CREATE TABLE IF NOT EXISTS name (column, ..., PRIMARY KEY (...))``: the statement every
+    dialect shares, given its quoted `name`, its column definitions and its identifier `quote`."""
+    elements = list(columns)
+    if primary_key:
+        elements.append(f"PRIMARY KEY ({', '.join(map(quote, primary_key))})")
+    return f"CREATE TABLE IF NOT EXISTS {name} (\n  " + ",\n  ".join(elements) + "\n)"
+
+
 def column_family(column: TargetColumn) -> str | None:
     """The family of the values a planned column carries."""
     if column.source is not None:
