@@ -24,6 +24,7 @@ import pymysql
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.event import (
     GtidEvent,
+    HeartbeatLogEvent,
     MariadbGtidEvent,
     QueryEvent,
     RotateEvent,
@@ -669,12 +670,18 @@ class MysqlBinlogSource(Select):
         try:
             while not stop.is_set():
                 reader = self._stream(connector, handed, gtid_start)
+                # Where a stream starts (a rollback's rewind, a reconnect) says nothing of where the
+                # log ends: the reader is heard there only once it has read past it, or once an
+                # idle server's heartbeat says the log ends there. Else an ack at the rewind point
+                # would look caught up for a moment and reset the lag of a pipeline far behind.
+                started_at, news = assembler.mark, False
                 try:
                     while not stop.is_set():
                         event = reader.fetchone()
                         if event is None:
                             raise _Lost()
                         txs = assembler.feed(event)
+                        news = news or isinstance(event, HeartbeatLogEvent) or assembler.mark > started_at
                         stamp: int = getattr(event, "timestamp", 0) or 0
                         if txs and stamp:
                             now = time.time()
@@ -684,7 +691,7 @@ class MysqlBinlogSource(Select):
                             put(tx)
                             down_since, attempt = None, 0  # progress: the retry budget starts afresh
                             handed = tx.end
-                        if not assembler.in_tx and assembler.positioned:
+                        if news and not assembler.in_tx and assembler.positioned:
                             self.heard = (assembler.mark, time.time())
                         with self._buffer_lock:
                             buffered = self._queued_rows + len(assembler.rows)
