@@ -135,6 +135,11 @@ def checksums(server: Any, db: str, tables: list[str] | None = None) -> dict[str
     return {str(name).rsplit(".", 1)[1]: value for name, value in rows}
 
 
+def row_count(server: Any, db: str) -> int:
+    """Rows over every table of `db` (MariaDB)."""
+    return sum(int(server.query(f"SELECT COUNT(*) FROM `{db}`.`{name}`")[0][0]) for name in TABLES)
+
+
 def mariadb_rows(server: Any, db: str, table: str) -> list[tuple]:
     return sorted(server.query(f"SELECT * FROM `{db}`.`{table}`"))
 

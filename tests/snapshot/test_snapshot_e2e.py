@@ -69,18 +69,25 @@ def test_snapshot_while_writing_into_mariadb(tmp_path, mariadb_source, mariadb_t
     assert "snapshot finished" in setl.logs() + stderr
 
 
+#: about 1,000,000 rows over the five tables (`tables.fill`)
+PG_ROWS = 385_000
+
+
 def test_snapshot_into_postgresql(tmp_path, mariadb_source, postgres_server, source_db, postgres_db):
-    """The same copy into PostgreSQL, with `--until-caught-up` waiting for the copy: equal row by row."""
+    """The same copy of about 1M rows into PostgreSQL under writes, with `--until-caught-up` waiting
+    for the copy: equal row by row."""
     t.create(mariadb_source, source_db)
-    t.fill(mariadb_source, source_db, 5000, binlog=False)
+    t.fill(mariadb_source, source_db, PG_ROWS, binlog=False)
     for name, body in t.PG_TYPES.items():
         postgres_server.query(f'CREATE SCHEMA IF NOT EXISTS "{source_db}"', dbname=postgres_db)
         postgres_server.query(f'CREATE TABLE "{source_db}"."{name}" {body}', dbname=postgres_db)
     setl = make_setl(tmp_path, mariadb_source, source_db, postgres_target(postgres_server, postgres_db),
-                     f"{source_db}.{{table}}", server_id=2102, chunk_rows=700)
-    with t.Writer(mariadb_source, source_db, 5000, seed=11):
+                     f"{source_db}.{{table}}", server_id=2102, chunk_rows=5000)
+    with t.Writer(mariadb_source, source_db, PG_ROWS, seed=11) as writer:
         run_until_caught_up(setl)
+    assert writer.transactions > 50
     run_until_caught_up(setl)
+    assert t.row_count(mariadb_source, source_db) >= 1_000_000
     for name in t.TABLES:
         assert t.mariadb_rows(mariadb_source, source_db, name) == t.postgres_rows(
             postgres_server, postgres_db, source_db, name), name

@@ -17,8 +17,8 @@ from tests.snapshot.test_snapshot_e2e import make_setl, run_until_caught_up
 
 pytestmark = pytest.mark.timeout(400)
 
-ROWS = 80_000  # about 210,000 rows over the five tables
-CHUNK = 2000
+ROWS = 385_000  # about 1,000,000 rows over the five tables
+CHUNK = 5000
 
 
 def progress(setl, full: bool = False) -> dict[str, Any]:
@@ -33,7 +33,7 @@ def progress(setl, full: bool = False) -> dict[str, Any]:
 
 
 def test_kill_9_twice_during_a_snapshot(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db):
-    """Two kill -9 in the middle of a copy of ~210k rows under writes: each restart logs the chunk it
+    """Two kill -9 in the middle of a copy of ~1M rows under writes: each restart logs the chunk it
     resumes from, the ints table's acked chunk count never restarts from zero, and CHECKSUM TABLE agrees."""
     t.create(mariadb_source, source_db)
     t.create(mariadb_target, mysql_db)
@@ -64,6 +64,7 @@ def test_kill_9_twice_during_a_snapshot(tmp_path, mariadb_source, mariadb_target
             wait_until(done, timeout=180, interval=0.2, message=lambda: f"progress {progress(setl)}")
             assert setl.stop(proc) == 0
     run_until_caught_up(setl)
+    assert t.row_count(mariadb_target, mysql_db) >= 1_000_000
     assert t.checksums(mariadb_source, source_db) == t.checksums(mariadb_target, mysql_db), setl.logs()[-3000:]
     logs = setl.logs()
     resumes = [int(m) for m in re.findall(r"table=\S+\.ints snapshot resumes after chunk (\d+)", logs)]
