@@ -88,13 +88,14 @@ class Failure(enum.Enum):
 
 
 def _chain(error: BaseException) -> Iterator[BaseException]:
-    """`error` and its causes, outermost first."""
+    """`error` and its causes, outermost first (as a traceback shows them: ``raise ... from None``
+    ends the chain)."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         yield current
-        current = current.__cause__ or current.__context__
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
 
 
 def _mysql_code(exc: BaseException) -> int | None:

@@ -37,6 +37,7 @@ class Chunk:
     lower: tuple[Any, ...] | None
     upper: tuple[Any, ...] | None
     final: bool
+    copy: int = 0  # which copy of the table (a copy started again after a DDL gets a new number)
 
 
 @attrs.define(eq=False)
@@ -49,6 +50,7 @@ class Record:
     chunk: Chunk | None = None
     empty: bool = False  # a TRUNCATE of a table found empty: its copy is done
     estimate: int = 0
+    key: tuple[str, ...] | None = None  # a TRUNCATE's: the key columns its copy splits on
     batch: int | None = None  # the batch holding `carrier`, once handed on
 
 
@@ -121,7 +123,7 @@ class ProgressLedger:
             self._next[record.table] = 0
             status = CopyStatus.DONE if record.empty else CopyStatus.COPYING
             return attrs.evolve(current, status=status, last_key=None, rows=0, chunks=0,
-                                estimate=record.estimate or current.estimate, updated=now)
+                                estimate=record.estimate or current.estimate, updated=now, key=record.key)
         assert record.chunk is not None
         waiting = self._chunks.setdefault(record.table, {})
         waiting[record.chunk.index] = record.chunk
@@ -135,6 +137,18 @@ class ProgressLedger:
                                    rows=updated.rows + len(done.rows), chunks=updated.chunks + 1, updated=now)
         self._next[record.table] = index
         return None if updated is current else updated
+
+    def abandon(self, progress: TableProgress) -> None:
+        """The table's copy starts again (`progress`, PENDING): its records not committed yet never
+        will be, whenever their batches are acked."""
+        with self._lock:
+            self._records = collections.deque(r for r in self._records if r.table != progress.name)
+            for key, record in list(self._carriers.items()):
+                if record.table == progress.name:
+                    del self._carriers[key]
+            self._chunks.pop(progress.name, None)
+            self._next.pop(progress.name, None)
+            self._committed[progress.name] = progress
 
     def set(self, progress: list[TableProgress]) -> None:
         """Progress written to the store some other way (a table begun, or gone)."""

@@ -29,7 +29,9 @@ class TableProgress:
     """One source table's copy within a pipeline's snapshot.
 
     `last_key` is the primary key (in key column order) of the last row of the last acked chunk,
-    in a contiguous run from the table's start; None before the first. `rows` counts the rows of
+    in a contiguous run from the table's start; None before the first. `key` names the key columns
+    the copy splits on (None when not known): a resume whose table has another key by then starts the
+    copy again instead of reading after a key of another shape. `rows` counts the rows of
     acked chunks, `estimate` is the server's ``TABLE_ROWS`` when the copy began. Times are seconds
     since the epoch.
     """
@@ -43,6 +45,7 @@ class TableProgress:
     chunks: int = 0
     started: float = 0.0
     updated: float = 0.0
+    key: tuple[str, ...] | None = None
 
     @property
     def name(self) -> TableName:
@@ -51,14 +54,16 @@ class TableProgress:
     def to_dict(self) -> dict[str, Any]:
         return {"schema": self.schema, "table": self.table, "status": self.status.value,
                 "last_key": encode_key(self.last_key), "rows": self.rows, "estimate": self.estimate,
-                "chunks": self.chunks, "started": self.started, "updated": self.updated}
+                "chunks": self.chunks, "started": self.started, "updated": self.updated,
+                "key": None if self.key is None else list(self.key)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "TableProgress":
         return cls(str(data["schema"]), str(data["table"]), CopyStatus(data["status"]),
                    decode_key(data.get("last_key")), int(data.get("rows") or 0), int(data.get("estimate") or 0),
                    int(data.get("chunks") or 0), float(data.get("started") or 0.0),
-                   float(data.get("updated") or 0.0))
+                   float(data.get("updated") or 0.0),
+                   None if data.get("key") is None else tuple(str(c) for c in data["key"]))
 
 
 def _tag(value: Any) -> Any:

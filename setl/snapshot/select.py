@@ -48,6 +48,9 @@ log = logging.getLogger("setl.snapshot")
 
 #: How often the running source looks for `setl snapshot` requests in the meta store (seconds).
 REQUEST_POLL = 1.0
+#: Server errors of a chunk read on a table altered under it: unknown column, table definition
+#: changed, no such table, key column gone.
+_ALTERED_ERRORS = frozenset({1054, 1412, 1146, 1176})
 
 
 @attrs.define(eq=False)
@@ -62,6 +65,8 @@ class _Copy:
     claiming: bool = False  # a reader is finding the next boundary
     next_index: int = 0
     handed_rows: int = 0
+    serial: int = 0  # tells this copy's chunks from those of an earlier copy of the table
+    handed_final: bool = False  # its last chunk was handed on
 
 
 class SnapshotSelect(SelectWrapper):
@@ -98,6 +103,9 @@ class SnapshotSelect(SelectWrapper):
         self._copies: dict[TableName, _Copy] = {}
         self._waiting: list[TableName] = []  # tables whose TRUNCATE is to be handed on
         self._keyless_open: set[TableName] = set()
+        self._serials = itertools.count(1)
+        self._abandoned: set[int] = set()  # serials of copies a DDL started again: their chunks are dropped
+        self._progress_lock = threading.Lock()  # progress committed and stored, or a copy abandoned
         self._merge: StreamMerge[Chunk] = StreamMerge()
         self._out: collections.deque[Transaction] = collections.deque()
         self.ledger = ProgressLedger()
@@ -162,6 +170,7 @@ class SnapshotSelect(SelectWrapper):
             self._copies.clear()
             self._waiting.clear()
             self._keyless_open.clear()
+            self._abandoned.clear()
             self._merge.clear(frontier)
             self._out.clear()
             self._failure = None
@@ -258,7 +267,12 @@ class SnapshotSelect(SelectWrapper):
                     self._save([attrs.evolve(stored, status=CopyStatus.DONE, updated=time.time())])
                     continue
                 resume = stored.status is CopyStatus.COPYING and not plan.keyless
-                copy = _Copy(plan, attrs.evolve(stored, estimate=plan.estimate))
+                if resume and stored.key is not None and stored.key != plan.key:
+                    log.warning("pipeline=%s stage=select table=%s its primary key is (%s) now, not (%s) as when "
+                                "its copy began: copying it again from its start", self.pipeline, name,
+                                ", ".join(plan.key), ", ".join(stored.key))
+                    resume = False
+                copy = _Copy(plan, attrs.evolve(stored, estimate=plan.estimate), serial=next(self._serials))
                 if resume:
                     copy.truncated, copy.lower = True, stored.last_key
                     with self._lock:
@@ -278,7 +292,8 @@ class SnapshotSelect(SelectWrapper):
                     self._copies[name] = copy
                     if plan.keyless and not empty:
                         self._keyless_open.add(name)
-                    self.ledger.remember(Record(name, "truncate", change, empty=empty, estimate=plan.estimate))
+                    self.ledger.remember(Record(name, "truncate", change, empty=empty, estimate=plan.estimate,
+                                                key=plan.key))
                     self._out.append(Transaction((change,), frontier or Position("", 0)))
                     self._lock.notify_all()
         finally:
@@ -362,6 +377,9 @@ class SnapshotSelect(SelectWrapper):
         if isinstance(found, tuple):
             self._lock.notify_all()  # room for another chunk
             return self._hand_chunk(found[1])
+        for change in found.changes:
+            if isinstance(change, DdlChange) and not change.snapshot and change.table is not None:
+                self._altered(TableName(change.schema, change.table), change)
         if self._keyless_open and found.changes:
             kept = tuple(c for c in found.changes if not (
                 isinstance(c, RowChange) and TableName(c.schema, c.table) in self._keyless_open))
@@ -369,13 +387,36 @@ class SnapshotSelect(SelectWrapper):
                 found = attrs.evolve(found, changes=kept)
         return found
 
+    def _altered(self, name: TableName, change: DdlChange) -> None:
+        """Under the lock: a DDL on a table whose copy is not all handed on yet. Its chunks read after
+        the DDL would follow a plan (columns, key) made before it, so the copy starts again after the
+        DDL, from a new TRUNCATE; chunks of the old copy still to come are dropped."""
+        copy = self._copies.get(name)
+        if copy is None or copy.handed_final:
+            return  # waiting tables are planned after the DDL; a copy all handed on precedes it
+        del self._copies[name]
+        self._abandoned.add(copy.serial)
+        self._keyless_open.discard(name)
+        now = time.time()
+        again = TableProgress(name.schema, name.table, CopyStatus.PENDING, started=now, updated=now)
+        with self._progress_lock:
+            self.ledger.abandon(again)
+            self.meta.save_snapshot_progress(self.pipeline, [again])
+        self._waiting.append(name)
+        log.warning("pipeline=%s stage=select table=%s position=%s altered while being copied (%s): its copy "
+                    "starts again after it", self.pipeline, name, change.position, change.statement[:120])
+
     def _hand_chunk(self, chunk: Chunk) -> Transaction:
+        if chunk.copy in self._abandoned:
+            return Transaction((), self._merge.frontier or chunk.position)  # a copy a DDL started again
         copy = self._copies.get(chunk.table)
         key = copy.plan.key if copy is not None else ()
         changes = tuple(RowChange(Op.READ, chunk.table.schema, chunk.table.table, key, None, row,
                                   position=chunk.position) for row in chunk.rows)
         if copy is not None:
             copy.handed_rows += len(changes)
+        if chunk.final and copy is not None:
+            copy.handed_final = True
         if chunk.final and not key:
             self._keyless_open.discard(chunk.table)
         self.ledger.remember(Record(chunk.table, "chunk", changes[-1] if changes else None, chunk=chunk))
@@ -462,7 +503,7 @@ class SnapshotSelect(SelectWrapper):
         try:
             upper = self.reader.boundary(conn, copy.plan, lower, self.chunk_rows)
         except pymysql.MySQLError as exc:
-            raise self._read_error(copy, exc) from exc
+            raise self._read_error(copy, exc)  # noqa: B904 (it sets its own cause)
         with self._lock:
             if generation != self._generation:
                 return
@@ -481,9 +522,10 @@ class SnapshotSelect(SelectWrapper):
             with self._lock:
                 self._ended(generation, rid)
             if isinstance(exc, pymysql.MySQLError):
-                raise self._read_error(copy, exc) from exc
+                raise self._read_error(copy, exc)  # noqa: B904 (it sets its own cause)
             raise
-        chunk = Chunk(copy.plan.name, generation, index, tuple(rows), position, lower, upper, upper is None)
+        chunk = Chunk(copy.plan.name, generation, index, tuple(rows), position, lower, upper, upper is None,
+                      copy=copy.serial)
         with self._lock:
             self._ended(generation, rid, chunk)
 
@@ -500,12 +542,13 @@ class SnapshotSelect(SelectWrapper):
             self._started(generation, rid, at)
 
         def piece(rows: list[dict[str, Any]], final: bool) -> None:
-            chunk = Chunk(copy.plan.name, generation, next(index), tuple(rows), position[0], None, None, final)
+            chunk = Chunk(copy.plan.name, generation, next(index), tuple(rows), position[0], None, None, final,
+                          copy=copy.serial)
             with self._lock:
                 while (generation == self._generation and not self._stop.is_set()
-                       and self._merge.ready >= self.max_chunks):
+                       and copy.serial not in self._abandoned and self._merge.ready >= self.max_chunks):
                     self._lock.wait(0.2)
-                if generation != self._generation or self._stop.is_set():
+                if generation != self._generation or self._stop.is_set() or copy.serial in self._abandoned:
                     raise _Abandoned()
                 self._merge.add(chunk.position, chunk)
                 if final:
@@ -517,14 +560,26 @@ class SnapshotSelect(SelectWrapper):
         except _Abandoned:
             pass
         except pymysql.MySQLError as exc:
-            raise self._read_error(copy, exc) from exc
+            raise self._read_error(copy, exc)  # noqa: B904 (it sets its own cause)
         finally:
             with self._lock:
                 self._ended(generation, rid)
 
     def _read_error(self, copy: _Copy, exc: BaseException) -> SourceError:
-        return SourceError(f"snapshot read of {self.where} failed: {exc}", pipeline=self.pipeline, stage="select",
-                           table=str(copy.plan.name), position=self._merge.frontier)
+        """The error to raise (``from`` it) for a chunk read that failed with `exc`."""
+        error = SourceError(f"snapshot read of {self.where} failed: {exc}", pipeline=self.pipeline, stage="select",
+                            table=str(copy.plan.name), position=self._merge.frontier)
+        code = exc.args[0] if isinstance(exc, pymysql.MySQLError) and exc.args else None
+        if code in _ALTERED_ERRORS:
+            # The server's error would say retrying cannot help (an unknown column), but the next
+            # attempt plans the table again: the copy goes on with its new definition, or starts
+            # again if its key changed. Raised without that cause, so that it is retried.
+            error.message += (" (the table was altered while being copied: the pipeline retries, and the copy "
+                              "goes on with its new definition, or starts again if its primary key changed)")
+            error.__suppress_context__ = True
+            return error
+        error.__cause__ = exc
+        return error
 
     # --- acks (Select and Termin threads) ------------------------------------------------------
 
@@ -532,14 +587,16 @@ class SnapshotSelect(SelectWrapper):
         """`batch` is acked: store the progress it commits, and report it."""
         if not self.ledger.pending:
             return
-        changed = self.ledger.commit(batch)
+        with self._progress_lock:  # never a copy's progress stored after a DDL started it again
+            changed = self.ledger.commit(batch)
+            if changed:
+                self.meta.save_snapshot_progress(self.pipeline, changed)
         finished = [p for p in changed if p.status is CopyStatus.DONE]
         with self._lock:
             for progress in finished:
                 self._copies.pop(progress.name, None)
             active = bool(self._copies or self._waiting)
         if changed:
-            self.meta.save_snapshot_progress(self.pipeline, changed)
             for p in finished:
                 log.info("pipeline=%s stage=termin table=%s snapshot done: %d rows in %d chunk(s)", self.pipeline,
                          p.name, p.rows, p.chunks)

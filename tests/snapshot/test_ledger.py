@@ -52,3 +52,30 @@ def test_a_batch_termin_did_not_take_as_loaded_commits_nothing():
     assert ledger.pending and ledger.unfinished()
     ledger.reset({T: TableProgress("s", "t", CopyStatus.COPYING)})  # the rewind forgets it
     assert not ledger.pending
+
+
+def test_an_abandoned_copy_commits_none_of_its_records_and_keeps_its_key():
+    """A DDL started the table's copy again: chunks of the old copy acked afterwards commit nothing,
+    and the new copy's TRUNCATE records the key columns it splits on; other tables are untouched."""
+    other = TableName("s", "u")
+    ledger = ProgressLedger()
+    ledger.reset({T: TableProgress("s", "t", CopyStatus.COPYING, key=("id",)),
+                  other: TableProgress("s", "u", CopyStatus.COPYING)})
+    c0, last0 = chunk(0, 10)
+    ledger.remember(Record(T, "chunk", last0, chunk=c0))
+    o0 = Chunk(other, 1, 0, ({"id": 1},), AT, None, (1,), False)
+    last_o = RowChange(Op.READ, "s", "u", ("id",), None, {"id": 1}, position=AT)
+    ledger.remember(Record(other, "chunk", last_o, chunk=o0))
+    ledger.handed_on(batch(1, last0, last_o))
+    ledger.terminated(batch(1), True)
+    ledger.abandon(TableProgress("s", "t", CopyStatus.PENDING))
+    truncate = DdlChange("s", "t", "TRUNCATE TABLE `s`.`t`", snapshot=True)
+    ledger.remember(Record(T, "truncate", truncate, key=("c",)))
+    ledger.handed_on(batch(2, truncate))
+    ledger.terminated(batch(2), True)
+    (moved,) = ledger.commit(batch(1))
+    assert moved.name == other and moved.rows == 1
+    assert ledger.get(T).status is CopyStatus.PENDING  # chunk 0 of the old copy counted for nothing
+    (again,) = ledger.commit(batch(2))
+    assert (again.status, again.rows, again.key) == (CopyStatus.COPYING, 0, ("c",))
+    assert TableProgress.from_dict(again.to_dict()) == again
