@@ -43,10 +43,15 @@ class TablePlan:
         return f"{ddl.quote(self.name.schema)}.{ddl.quote(self.name.table)}"
 
 
+def _q(name: str) -> str:
+    """A quoted identifier for a statement sent with arguments (PyMySQL %-formats it: `%` doubled)."""
+    return ddl.quote(name).replace("%", "%%")
+
+
 def _after(columns: Sequence[str], strict: bool) -> str:
     """``(columns) > (%s, ...)`` (or ``<=`` when not `strict`), expanded so that the range
     optimizer uses the key: ``c1 > v1 OR (c1 = v1 AND (c2 > v2 ...))``."""
-    first = ddl.quote(columns[0])
+    first = _q(columns[0])
     if len(columns) == 1:
         return f"{first} > %s" if strict else f"{first} <= %s"
     rest = _after(columns[1:], strict)
@@ -115,10 +120,11 @@ class ChunkReader:
     def boundary(self, conn: pymysql.connections.Connection, plan: TablePlan, after: tuple[Any, ...] | None,
                  rows: int) -> tuple[Any, ...] | None:
         """The key `rows` rows after `after` (from the start when None), or None when fewer are left."""
-        keys = ", ".join(ddl.quote(c) for c in plan.key)
+        keys = ", ".join(_q(c) for c in plan.key)
         where = f"WHERE {_after(plan.key, True)} " if after is not None else ""
+        table = plan.quoted.replace("%", "%%")
         with conn.cursor() as cur:
-            cur.execute(f"SELECT {keys} FROM {plan.quoted} {where}ORDER BY {keys} LIMIT 1 OFFSET %s",
+            cur.execute(f"SELECT {keys} FROM {table} {where}ORDER BY {keys} LIMIT 1 OFFSET %s",
                         [*(_args(after) if after is not None else []), rows - 1])
             found = cur.fetchone()
         return tuple(found) if found is not None else None
@@ -142,12 +148,14 @@ class ChunkReader:
             conditions.append(_after(plan.key, False))
             args.extend(_args(upper))
         where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
-        keys = ", ".join(ddl.quote(c) for c in plan.key)
+        keys = ", ".join(_q(c) for c in plan.key)
+        columns, table = self._select(plan).replace("%", "%%"), plan.quoted.replace("%", "%%")
         with conn.cursor() as cur:
             position = self._begin(cur)
             try:
                 started(position)
-                cur.execute(f"SELECT {self._select(plan)} FROM {plan.quoted}{where} ORDER BY {keys}", args)
+                # always with arguments (maybe none), so always %-formatted: `%` in names doubled
+                cur.execute(f"SELECT {columns} FROM {table}{where} ORDER BY {keys}", args)
                 rows = cur.fetchall()
             finally:
                 cur.execute("COMMIT")

@@ -446,6 +446,7 @@ class SnapshotSelect(SelectWrapper):
 
     def _read_loop(self, stop: threading.Event) -> None:
         conn = None
+        copy: _Copy | None = None
         try:
             while not stop.is_set():
                 with self._lock:
@@ -468,7 +469,8 @@ class SnapshotSelect(SelectWrapper):
             if not stop.is_set():
                 log.debug("pipeline=%s snapshot reader failed", self.pipeline, exc_info=True)
                 error = exc if isinstance(exc, SetlError) else SourceError(
-                    f"snapshot read failed: {type(exc).__name__}: {exc}", pipeline=self.pipeline, stage="select")
+                    f"snapshot read failed: {type(exc).__name__}: {exc}", pipeline=self.pipeline, stage="select",
+                    table=str(copy.plan.name) if copy is not None else None, position=self._merge.frontier)
                 with self._lock:
                     self._failure = error
                     self._lock.notify_all()

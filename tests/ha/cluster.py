@@ -138,8 +138,9 @@ class Cluster:
         if self._store is not None:
             self._store.close()
 
-    def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n" + p.read_text(errors="replace")[-4000:]
+    def logs(self, tail: int | None = 4000) -> str:
+        """Each node's log (its last `tail` characters; None: all of it, to search)."""
+        return "\n".join(f"--- {p.name}\n" + p.read_text(errors="replace")[-tail if tail else 0:]
                          for p in sorted(self.root.glob("setl-*.log")))
 
     # -- observations
