@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.setl_process import mysql_target, spawned
+from tests.e2e.setl_process import mysql_target, postgres_target, spawned
 from tests.helpers.wait import wait_until
 from tests.snapshot.test_snapshot_e2e import make_setl, run_until_caught_up
 
@@ -99,3 +99,42 @@ def test_awkward_tables_copied_into_an_empty_mariadb(tmp_path, mariadb_source, m
     (extra,) = mariadb_target.query(f"SELECT EXTRA FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = '{mysql_db}' "
                                     "AND TABLE_NAME = 'gen' AND COLUMN_NAME = 'v'")[0]
     assert "GENERATED" not in str(extra).upper()
+
+
+def test_names_generated_columns_and_duplicates_into_an_empty_postgresql(tmp_path, mariadb_source, postgres_server,
+                                                                         source_db, postgres_db):
+    """The same awkward names, generated columns and duplicate keyless rows into PostgreSQL (tables
+    created): equal row by row."""
+    names = ("we.ird%t", "gen", "dups")
+    conn = mariadb_source.connect(database=source_db)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET SESSION sql_log_bin = 0")
+            for name in names:
+                cur.execute(f"CREATE TABLE `{name}` {TABLES[name]}")
+            cur.executemany("INSERT INTO `we.ird%%t` VALUES (%s, %s)", [(i, f"v{i}%.") for i in range(3000)])
+            cur.executemany("INSERT INTO gen (id, a) VALUES (%s, %s)", [(i, i * 3) for i in range(2000)])
+            cur.executemany("INSERT INTO dups VALUES (%s, %s)", [(i % 50, "same") for i in range(1500)])
+            cur.execute("SET SESSION sql_log_bin = 1")
+        conn.commit()
+        setl = make_setl(tmp_path, mariadb_source, source_db, postgres_target(postgres_server, postgres_db),
+                         f"{source_db}.{{table}}", server_id=2122, chunk_rows=400)
+        with conn.cursor() as cur:  # changes in the binlog before the start: the copy already holds them
+            cur.execute("UPDATE `we.ird%%t` SET v = 'before' WHERE id < %s", (10,))
+            cur.execute("INSERT INTO dups VALUES (1, 'same')")
+        conn.commit()
+        run_until_caught_up(setl)
+        with conn.cursor() as cur:  # and after the copy, through the binlog
+            cur.execute("UPDATE gen SET a = a + 1 WHERE id < %s", (100,))
+            cur.execute("DELETE FROM dups WHERE x = 2 LIMIT 1")
+            cur.execute("INSERT INTO `we.ird%%t` VALUES (%s, 'after%%')", (5000,))
+        conn.commit()
+    finally:
+        conn.close()
+    run_until_caught_up(setl)
+    for name in names:
+        columns = "*" if name != "gen" else "id, a, v, s"
+        pg_columns = "*" if name != "gen" else "id, a, v, s"
+        source = sorted(mariadb_source.query(f"SELECT {columns} FROM `{source_db}`.`{name}`"))
+        target = sorted(postgres_server.query(f'SELECT {pg_columns} FROM "{source_db}"."{name}"', dbname=postgres_db))
+        assert source and source == [tuple(row) for row in target], name
