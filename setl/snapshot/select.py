@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -32,6 +33,7 @@ from typing import Any
 import attrs
 import pymysql
 
+from setl import ddl
 from setl.errors import SetlError, SourceError
 from setl.meta.base import MetaStore
 from setl.model import Ack, Batch, DdlChange, Op, Position, RowChange, TableName, Transaction
@@ -105,6 +107,10 @@ class SnapshotSelect(SelectWrapper):
         self._keyless_open: set[TableName] = set()
         self._serials = itertools.count(1)
         self._abandoned: set[int] = set()  # serials of copies a DDL started again: their chunks are dropped
+        #: tables whose copy is not done but which no longer exist, with the binlog head when found so:
+        #: the DDL that removed them is still ahead in the stream (and may rename them)
+        self._gone: dict[TableName, Position | None] = {}
+        self._handed: Position | None = None  # the end of the last binlog transaction handed on
         self._progress_lock = threading.Lock()  # progress committed and stored, or a copy abandoned
         self._merge: StreamMerge[Chunk] = StreamMerge()
         self._out: collections.deque[Transaction] = collections.deque()
@@ -171,6 +177,8 @@ class SnapshotSelect(SelectWrapper):
             self._waiting.clear()
             self._keyless_open.clear()
             self._abandoned.clear()
+            self._gone.clear()
+            self._handed = frontier
             self._merge.clear(frontier)
             self._out.clear()
             self._failure = None
@@ -262,9 +270,17 @@ class SnapshotSelect(SelectWrapper):
                 plan = self.reader.plan(conn, name)
                 stored = self.ledger.get(name) or TableProgress(name.schema, name.table)
                 if plan is None:
-                    log.warning("pipeline=%s stage=select table=%s no longer exists: not copied", self.pipeline,
-                                name)
-                    self._save([attrs.evolve(stored, status=CopyStatus.DONE, updated=time.time())])
+                    # Removed after the stream's position: its copy ends when the DDL that removed
+                    # it passes (a RENAME then copies the new name), or once the stream reaches
+                    # today's head without one.
+                    head = self.inner.head()
+                    with self._lock:
+                        if generation == self._generation:
+                            self._gone[name] = head
+                            if self._handed is not None:
+                                self._lost_without_ddl(self._handed)  # already past today's head
+                    log.info("pipeline=%s stage=select table=%s no longer exists: not copied; waiting for the DDL "
+                             "that removed it to pass (by %s)", self.pipeline, name, head)
                     continue
                 resume = stored.status is CopyStatus.COPYING and not plan.keyless
                 if resume and stored.key is not None and stored.key != plan.key:
@@ -330,7 +346,7 @@ class SnapshotSelect(SelectWrapper):
     def poll(self, timeout: float) -> Transaction | None:
         self._take_requests()
         with self._lock:
-            idle = not (self._copies or self._waiting or self._out) and self._merge.idle
+            idle = not (self._copies or self._waiting or self._out or self._gone) and self._merge.idle
             failure = self._failure
         if failure is not None:
             raise failure
@@ -338,7 +354,7 @@ class SnapshotSelect(SelectWrapper):
             tx = self.inner.poll(timeout)
             if tx is not None:
                 with self._lock:
-                    self._merge.frontier = tx.end
+                    self._merge.frontier = self._handed = tx.end
             return tx
         if self._waiting:
             self._start_waiting()
@@ -378,8 +394,12 @@ class SnapshotSelect(SelectWrapper):
             self._lock.notify_all()  # room for another chunk
             return self._hand_chunk(found[1])
         for change in found.changes:
-            if isinstance(change, DdlChange) and not change.snapshot and change.table is not None:
-                self._altered(TableName(change.schema, change.table), change)
+            if isinstance(change, DdlChange) and not change.snapshot and change.table is not None and (
+                    self._copies or self._gone):
+                self._altered(change)
+        self._handed = found.end
+        if self._gone:
+            self._lost_without_ddl(found.end)
         if self._keyless_open and found.changes:
             kept = tuple(c for c in found.changes if not (
                 isinstance(c, RowChange) and TableName(c.schema, c.table) in self._keyless_open))
@@ -387,24 +407,71 @@ class SnapshotSelect(SelectWrapper):
                 found = attrs.evolve(found, changes=kept)
         return found
 
-    def _altered(self, name: TableName, change: DdlChange) -> None:
-        """Under the lock: a DDL on a table whose copy is not all handed on yet. Its chunks read after
-        the DDL would follow a plan (columns, key) made before it, so the copy starts again after the
-        DDL, from a new TRUNCATE; chunks of the old copy still to come are dropped."""
-        copy = self._copies.get(name)
-        if copy is None or copy.handed_final:
+    def _altered(self, change: DdlChange) -> None:
+        """Under the lock: a DDL handed on, naming tables whose copy is not all handed on yet.
+
+        A copy that goes on would follow a plan (columns, key) made before the DDL, so each such
+        table starts again after it, from a new TRUNCATE (chunks of the old copy still to come are
+        dropped), unless the DDL removed it (DROP, RENAME): then its copy ends. A table a RENAME
+        gives one of their names, if the rules select it, is copied (the target's renamed table
+        holds only part of the rows)."""
+        parsed = ddl.parse(change.statement)
+        names = [TableName(ref.schema or change.schema, ref.table) for ref in parsed.tables] or [
+            TableName(change.schema, str(change.table))]
+        moving = [n for n in names if n in self._gone
+                  or (n in self._copies and not self._copies[n].handed_final)]
+        if not moving:
             return  # waiting tables are planned after the DDL; a copy all handed on precedes it
-        del self._copies[name]
-        self._abandoned.add(copy.serial)
-        self._keyless_open.discard(name)
+        removed: list[TableName] = []
+        renamed: list[TableName] = []
+        if parsed.kind == "rename_table":
+            pairs = list(zip(names[0::2], names[1::2]))
+            removed = [old for old, _ in pairs]
+            renamed = [new for old, new in pairs if old in moving]
+        elif parsed.kind == "alter_table" and re.search(r"\bRENAME\b", change.statement, re.IGNORECASE):
+            removed, renamed = names[:1], names[1:]
+        elif parsed.kind == "drop_table":
+            removed = names
         now = time.time()
-        again = TableProgress(name.schema, name.table, CopyStatus.PENDING, started=now, updated=now)
-        with self._progress_lock:
-            self.ledger.abandon(again)
-            self.meta.save_snapshot_progress(self.pipeline, [again])
-        self._waiting.append(name)
-        log.warning("pipeline=%s stage=select table=%s position=%s altered while being copied (%s): its copy "
-                    "starts again after it", self.pipeline, name, change.position, change.statement[:120])
+        ended = [n for n in moving if n in removed or n in self._gone]
+        again = [n for n in moving if n not in ended] + [
+            n for n in renamed if n not in self._copies and n not in self._waiting and n not in moving
+            and (self.selects is None or self.selects(n.schema, n.table))]
+        for name in ended + again:
+            copy = self._copies.pop(name, None)
+            if copy is not None:
+                self._abandoned.add(copy.serial)
+            self._gone.pop(name, None)
+            self._keyless_open.discard(name)
+            stored = self.ledger.get(name) or TableProgress(name.schema, name.table)
+            progress = (attrs.evolve(stored, status=CopyStatus.DONE, updated=now) if name in ended else
+                        TableProgress(name.schema, name.table, CopyStatus.PENDING, started=now, updated=now))
+            with self._progress_lock:
+                self.ledger.abandon(progress)
+                self.meta.save_snapshot_progress(self.pipeline, [progress])
+            if name not in ended:
+                self._waiting.append(name)
+        log.warning("pipeline=%s stage=select table=%s position=%s altered while being copied (%s): %s",
+                    self.pipeline, ", ".join(map(str, moving)), change.position, change.statement[:120],
+                    "; ".join(filter(None, [
+                        f"copy of {', '.join(map(str, ended))} ended" if ended else "",
+                        f"copying {', '.join(map(str, again))} from its start after it" if again else ""])))
+
+    def _lost_without_ddl(self, at: Position) -> None:
+        """Under the lock: tables gone without a DDL in the stream up to the head seen when they were
+        found gone (removed with the binlog off): their copy ends, with a warning."""
+        for name, head in list(self._gone.items()):
+            if head is not None and at < head:
+                continue
+            del self._gone[name]
+            stored = self.ledger.get(name) or TableProgress(name.schema, name.table)
+            done = attrs.evolve(stored, status=CopyStatus.DONE, updated=time.time())
+            with self._progress_lock:
+                self.ledger.abandon(done)
+                self.meta.save_snapshot_progress(self.pipeline, [done])
+            log.warning("pipeline=%s stage=select table=%s position=%s no longer exists and no DDL in the binlog "
+                        "removed it: its copy ends unfinished (the target may hold part of its rows)",
+                        self.pipeline, name, at)
 
     def _hand_chunk(self, chunk: Chunk) -> Transaction:
         if chunk.copy in self._abandoned:
