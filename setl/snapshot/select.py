@@ -422,16 +422,8 @@ class SnapshotSelect(SelectWrapper):
                   or (n in self._copies and not self._copies[n].handed_final)]
         if not moving:
             return  # waiting tables are planned after the DDL; a copy all handed on precedes it
-        removed: list[TableName] = []
-        renamed: list[TableName] = []
-        if parsed.kind == "rename_table":
-            pairs = list(zip(names[0::2], names[1::2]))
-            removed = [old for old, _ in pairs]
-            renamed = [new for old, new in pairs if old in moving]
-        elif parsed.kind == "alter_table" and re.search(r"\bRENAME\b", change.statement, re.IGNORECASE):
-            removed, renamed = names[:1], names[1:]
-        elif parsed.kind == "drop_table":
-            removed = names
+        removed, pairs = removed_and_renamed(parsed, names)
+        renamed = [new for old, new in pairs if old in moving]
         now = time.time()
         ended = [n for n in moving if n in removed or n in self._gone]
         again = [n for n in moving if n not in ended] + [
@@ -681,6 +673,24 @@ class SnapshotSelect(SelectWrapper):
     def _save(self, progress: list[TableProgress]) -> None:
         self.meta.save_snapshot_progress(self.pipeline, progress)
         self.ledger.set(progress)
+
+
+_RENAME_TABLE = re.compile(r"\bRENAME\s+(?!(?:COLUMN|INDEX|KEY)\b)", re.IGNORECASE)
+
+
+def removed_and_renamed(parsed: ddl.Statement, names: list[TableName]
+                        ) -> tuple[list[TableName], list[tuple[TableName, TableName]]]:
+    """The tables a DDL removes (DROP, RENAME), and its renames as (old, new): `names` are the
+    statement's tables (`parsed.tables`, qualified). ``ALTER TABLE ... RENAME COLUMN|INDEX`` renames
+    no table."""
+    if parsed.kind == "rename_table":
+        pairs = list(zip(names[0::2], names[1::2]))
+        return [old for old, _ in pairs], pairs
+    if parsed.kind == "alter_table" and len(names) > 1 and _RENAME_TABLE.search(parsed.text):
+        return names[:1], [(names[0], new) for new in names[1:]]
+    if parsed.kind == "drop_table":
+        return list(names), []
+    return [], []
 
 
 class _Abandoned(Exception):

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
+from setl import ddl
 from setl.model import Batch, DdlChange, Op, Position, RowChange, TableName
 from setl.snapshot import CopyStatus, TableProgress
 from setl.snapshot.ledger import Chunk, ProgressLedger, Record
+from setl.snapshot.select import removed_and_renamed
 
 T = TableName("s", "t")
 AT = Position("mysql-bin.000001", 100)
@@ -79,3 +83,28 @@ def test_an_abandoned_copy_commits_none_of_its_records_and_keeps_its_key():
     (again,) = ledger.commit(batch(2))
     assert (again.status, again.rows, again.key) == (CopyStatus.COPYING, 0, ("c",))
     assert TableProgress.from_dict(again.to_dict()) == again
+
+
+@pytest.mark.parametrize("statement, removed, renamed", [
+    ("ALTER TABLE t RENAME COLUMN a TO b", [], []),
+    ("ALTER TABLE t RENAME INDEX i TO j", [], []),
+    ("ALTER TABLE t ADD FOREIGN KEY (a) REFERENCES p (id)", [], []),
+    ("ALTER TABLE t ADD COLUMN c INT, RENAME TO u", ["t"], [("t", "u")]),
+    ("ALTER TABLE t RENAME AS x.u", ["t"], [("t", "x.u")]),
+    ("RENAME TABLE a TO b, c TO d", ["a", "c"], [("a", "b"), ("c", "d")]),
+    ("DROP TABLE IF EXISTS a, b", ["a", "b"], []),
+    ("TRUNCATE TABLE t", [], []),
+])
+def test_which_tables_a_ddl_removes_and_renames(statement, removed, renamed):
+    """What ends a copy (a table removed) and what starts one (a table's new name), never a column
+    or index rename."""
+    parsed = ddl.parse(statement)
+    names = [TableName(ref.schema or "s", ref.table) for ref in parsed.tables]
+    gone, pairs = removed_and_renamed(parsed, names)
+
+    def name(text: str) -> TableName:
+        schema, _, table = text.rpartition(".")
+        return TableName(schema or "s", table)
+
+    assert gone == [name(n) for n in removed]
+    assert pairs == [(name(a), name(b)) for a, b in renamed]
