@@ -173,14 +173,15 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
               *, raw: bool = False) -> str:
         """A statement rendered once per shape and cached (composing is slow for wide rows). `raw`:
         with ``$1, $2, ...`` placeholders (`native`), for a `psycopg.RawCursor`."""
-        text = self._statements.get((raw, *key))
+        key = (raw, *key)
+        text = self._statements.get(key)
         if text is None:
             text = build().as_string(conn)
             if raw:
                 text = native(text)
             if len(self._statements) > 1000:
                 self._statements.clear()
-            self._statements[(raw, *key)] = text
+            self._statements[key] = text
         return text
 
     # -- position, fence and sessions
@@ -279,8 +280,9 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
         return stored
 
     def _shared_epoch(self, conn: psycopg.Connection) -> int | None:
-        row = conn.execute(sql.SQL("SELECT epoch FROM {} WHERE pipeline = %s FOR SHARE").format(self._fence_table),
-                           (self.pipeline,)).fetchone()
+        text = self._text(conn, ("shared-epoch",), lambda: sql.SQL(
+            "SELECT epoch FROM {} WHERE pipeline = %s FOR SHARE").format(self._fence_table))
+        row = conn.execute(text, (self.pipeline,)).fetchone()
         return int(row[0]) if row else None
 
     def _read_position(self, conn: psycopg.Connection) -> tuple[Position | None, int | None]:
@@ -297,36 +299,36 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
 
     def _write_position(self, conn: psycopg.Connection, batch: Batch) -> None:
         end = batch.end
-        conn.execute(
-            sql.SQL(
-                'INSERT INTO {} (pipeline, log, "offset", "row", gtid, batch_id, epoch)'
-                " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (pipeline) DO UPDATE SET"
-                ' log = EXCLUDED.log, "offset" = EXCLUDED."offset", "row" = EXCLUDED."row", gtid = EXCLUDED.gtid,'
-                " batch_id = EXCLUDED.batch_id, epoch = EXCLUDED.epoch, updated_at = now()"
-            ).format(self._position),
-            (self.pipeline, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch),
-        )
+        text = self._text(conn, ("write-position",), lambda: sql.SQL(
+            'INSERT INTO {} (pipeline, log, "offset", "row", gtid, batch_id, epoch)'
+            " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (pipeline) DO UPDATE SET"
+            ' log = EXCLUDED.log, "offset" = EXCLUDED."offset", "row" = EXCLUDED."row", gtid = EXCLUDED.gtid,'
+            " batch_id = EXCLUDED.batch_id, epoch = EXCLUDED.epoch, updated_at = now()"
+        ).format(self._position))
+        conn.execute(text, (self.pipeline, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch))
 
-    def _table_positions(self, conn: psycopg.Connection, table: str) -> tuple[Position | None, Position | None]:
-        pipeline_row = conn.execute(sql.SQL('SELECT log, "offset", "row" FROM {} WHERE pipeline = %s')
-                                    .format(self._position), (self.pipeline,)).fetchone()
-        table_row = conn.execute(sql.SQL('SELECT log, "offset", "row" FROM {} WHERE pipeline = %s'
-                                         " AND target_table = %s FOR UPDATE").format(self._table_position),
-                                 (self.pipeline, table)).fetchone()
-        return (Position(pipeline_row[0], int(pipeline_row[1]), row=int(pipeline_row[2])) if pipeline_row else None,
-                Position(table_row[0], int(table_row[1]), row=int(table_row[2])) if table_row else None)
+    def _pipeline_position(self, conn: psycopg.Connection) -> Position | None:
+        text = self._text(conn, ("pipeline-position",), lambda: sql.SQL(
+            'SELECT log, "offset", "row" FROM {} WHERE pipeline = %s').format(self._position))
+        row = conn.execute(text, (self.pipeline,)).fetchone()
+        return Position(row[0], int(row[1]), row=int(row[2])) if row else None
+
+    def _table_position_locked(self, conn: psycopg.Connection, table: str) -> Position | None:
+        text = self._text(conn, ("table-position",), lambda: sql.SQL(
+            'SELECT log, "offset", "row" FROM {} WHERE pipeline = %s AND target_table = %s FOR UPDATE'
+        ).format(self._table_position))
+        row = conn.execute(text, (self.pipeline, table)).fetchone()
+        return Position(row[0], int(row[1]), row=int(row[2])) if row else None
 
     def _write_table_position(self, conn: psycopg.Connection, table: str, batch: Batch) -> None:
         end = batch.end
-        conn.execute(
-            sql.SQL(
-                'INSERT INTO {} (pipeline, target_table, log, "offset", "row", gtid, batch_id, epoch)'
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (pipeline, target_table) DO UPDATE SET"
-                ' log = EXCLUDED.log, "offset" = EXCLUDED."offset", "row" = EXCLUDED."row",'
-                " gtid = EXCLUDED.gtid, batch_id = EXCLUDED.batch_id, epoch = EXCLUDED.epoch"
-            ).format(self._table_position),
-            (self.pipeline, table, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch),
-        )
+        text = self._text(conn, ("write-table-position",), lambda: sql.SQL(
+            'INSERT INTO {} (pipeline, target_table, log, "offset", "row", gtid, batch_id, epoch)'
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (pipeline, target_table) DO UPDATE SET"
+            ' log = EXCLUDED.log, "offset" = EXCLUDED."offset", "row" = EXCLUDED."row",'
+            " gtid = EXCLUDED.gtid, batch_id = EXCLUDED.batch_id, epoch = EXCLUDED.epoch"
+        ).format(self._table_position))
+        conn.execute(text, (self.pipeline, table, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch))
 
     # -- rows
 

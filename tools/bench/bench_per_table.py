@@ -28,17 +28,19 @@ import resource
 import statistics
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 from setl.model import Batch, Op, Position, RowChange
+from setl.runtime import SerialExecutorService, hash_slot
 from setl.sinks.mysql import MySQLLoad
 from setl.sinks.postgresql import PostgresLoad
 from setl.sinks.sql_common import SqlLoad
 from setl.testing.servers import MariaDBServer, PostgresServer
 
 TABLES = 8
+SLOTS = 16  # runtime.load_slots' default
 DDL = "CREATE TABLE {t} (id INT PRIMARY KEY, k INT NOT NULL, c VARCHAR(120) NOT NULL, pad VARCHAR(60) NOT NULL)"
 
 
@@ -97,39 +99,41 @@ def run_ordered(load: SqlLoad, batches: list[Batch]) -> tuple[float, list[float]
     return time.perf_counter() - start, latencies
 
 
-def run_per_table(load: SqlLoad, batches: list[Batch]) -> tuple[float, list[float]]:
-    """(elapsed seconds, per-batch latencies) of loading every batch as per-table parts on one
-    FIFO worker per table, recording each batch once all its parts are in, in batch order."""
-    workers = {f"bench{i}": ThreadPoolExecutor(1, thread_name_prefix=f"slot-bench{i}") for i in range(TABLES)}
+def run_per_table(load: SqlLoad, batches: list[Batch], workers: int = 4) -> tuple[float, list[float]]:
+    """(elapsed seconds, per-batch latencies) of loading every batch as per-table parts on the
+    scheduler's serial executor (16 slots, `workers` threads, a table's slot by `hash_slot` of
+    (pipeline, schema, table), as `setl.scheduler.loading` does), recording each batch once all
+    its parts are in, in batch order."""
+    executor = SerialExecutorService(SLOTS, workers, name="bench-load")
     latencies = []
     try:
         start = time.perf_counter()
         pending: list[tuple[Batch, float, list[Future]]] = []
         for batch in batches:
             submitted = time.perf_counter()
-            futures = []
-            parts: dict[str, list[Any]] = {}
+            parts: dict[tuple[str, str], list[Any]] = {}
             for change in batch.changes:  # one pass, as the scheduler's dispatch
-                parts.setdefault(change.table, []).append(change)
-            for table, changes in parts.items():
-                futures.append(workers[table].submit(load.load_part, batch.replace(tuple(changes))))
+                parts.setdefault((change.schema, change.table), []).append(change)
+            futures: list[Future] = [
+                executor.submit(load.load_part, batch.replace(tuple(changes)),
+                                slot=hash_slot((batch.pipeline, *table), SLOTS))
+                for table, changes in parts.items()]
             pending.append((batch, submitted, futures))
             # Termin: record finished batches in order; keep at most 3 batches in flight (parallelism).
             while pending and (len(pending) > 3 or all(f.done() for f in pending[0][2])):
-                done, began, parts = pending.pop(0)
-                for future in parts:
+                done, began, futures = pending.pop(0)
+                for future in futures:
                     future.result()
                 load.mark_loaded(done)
                 latencies.append(time.perf_counter() - began)
-        for done, began, parts in pending:
-            for future in parts:
+        for done, began, futures in pending:
+            for future in futures:
                 future.result()
             load.mark_loaded(done)
             latencies.append(time.perf_counter() - began)
         return time.perf_counter() - start, latencies
     finally:
-        for worker in workers.values():
-            worker.shutdown(wait=True)
+        executor.shutdown(wait=True)
 
 
 #: Server settings of the durable targets: every COMMIT waits for its log on the disk (the
@@ -166,7 +170,7 @@ def bench(name: str, server: Any, args: argparse.Namespace, run: int) -> dict[st
     """Per mode: (rows/s, per-batch latencies, client and server CPU share of the wall time,
     client and server CPU seconds per 10,000 rows)."""
     results = {}
-    for mode, runner in (("ordered", run_ordered), ("per_table", run_per_table)):
+    for mode in ("ordered", "per_table"):
         schema = f"bench_{mode}_{run}"
         load: SqlLoad
         if name.startswith("mariadb"):
@@ -187,7 +191,10 @@ def bench(name: str, server: Any, args: argparse.Namespace, run: int) -> dict[st
                 load._idle.extend(opened)
             assert server.pid is not None
             client, served = time.process_time(), cpu_seconds(server.pid)
-            elapsed, latencies = runner(load, batches)
+            if mode == "per_table":
+                elapsed, latencies = run_per_table(load, batches, args.workers)
+            else:
+                elapsed, latencies = run_ordered(load, batches)
             client, served = time.process_time() - client, cpu_seconds(server.pid) - served
         finally:
             load.close()
@@ -209,6 +216,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2000, help="changes per batch")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--connections", type=int, default=8, help="the sink's connection pool")
+    parser.add_argument("--workers", type=int, default=4, help="per_table's load threads (runtime.load_workers)")
     parser.add_argument("--targets", choices=("all", "mariadb", "postgresql"), default="all")
     parser.add_argument("--durable", choices=("off", "also", "only"), default="off",
                         help="also (or only) load into servers whose commits wait for the disk")
