@@ -212,11 +212,12 @@ def percentile(values: list[float], q: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=4000, help="keys per run (spread over 8 tables)")
-    parser.add_argument("--batch", type=int, default=2000, help="changes per batch")
+    parser.add_argument("--rows", type=int, default=20000, help="keys per run (spread over 8 tables)")
+    parser.add_argument("--batch", type=int, default=5000, help="changes per batch (pipeline.batch.max_rows' default)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--connections", type=int, default=8, help="the sink's connection pool")
     parser.add_argument("--workers", type=int, default=4, help="per_table's load threads (runtime.load_workers)")
+    parser.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="cores for the CPU bound")
     parser.add_argument("--targets", choices=("all", "mariadb", "postgresql"), default="all")
     parser.add_argument("--durable", choices=("off", "also", "only"), default="off",
                         help="also (or only) load into servers whose commits wait for the disk")
@@ -224,10 +225,11 @@ def main() -> None:
     total = len(workload("s", args.rows, args.batch))
     print(f"{args.rows} inserts, {args.rows} updates, {args.rows // 2} deletes over {TABLES} tables, "
           f"{total} batches of up to {args.batch} changes, {args.repeat} runs each (medians)")
+    print("load average before: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     with servers(args.targets, args.durable) as started:
         for name, server in started.items():
             runs = [bench(name, server, args, run) for run in range(args.repeat)]
-            rates = {}
+            rates, cpu = {}, {}
             for mode in ("ordered", "per_table"):
                 rates[mode] = statistics.median(r[mode][0] for r in runs)
                 latencies = [x for r in runs for x in r[mode][1]]
@@ -236,8 +238,17 @@ def main() -> None:
                       f"{1000 * percentile(latencies, 0.5):7.1f} ms  p99 {1000 * percentile(latencies, 0.99):7.1f} ms"
                       f"  cpu: setl {100 * client:3.0f}%  server {100 * served:3.0f}%"
                       f"  cpu s/10k rows: setl {client_s:.3f}  server {served_s:.3f}")
+                cpu[mode] = (client_s, served_s)
             print(f"{name:18} ratio per_table/ordered {rates['per_table'] / rates['ordered']:.2f}"
                   + ("" if "durable" in name else " (goal >= 1.5)"))
+            # The CPU bound: ordered alternates client and server on one connection (their CPU adds
+            # up); per_table can overlap them, but setl's Python runs on one core at a time (GIL).
+            (co, so), (cp, sp) = cpu["ordered"], cpu["per_table"]
+            ordered_max, per_table_max = 1e4 / (co + so), 1e4 / max(cp, (cp + sp) / args.cores)
+            print(f"{name:18} CPU bound on {args.cores} cores: ordered <= {ordered_max:.0f} rows/s, per_table <= "
+                  f"{per_table_max:.0f} rows/s, ratio <= {per_table_max / ordered_max:.2f}")
+    print("load average after: " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+          + " (other processes' CPU skews ordered most: each of its round trips waits for a core)")
     print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
 
 
