@@ -26,18 +26,22 @@ import contextlib
 import os
 import resource
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from setl.model import Batch, Op, Position, RowChange
 from setl.runtime import SerialExecutorService, hash_slot
 from setl.sinks.mysql import MySQLLoad
 from setl.sinks.postgresql import PostgresLoad
 from setl.sinks.sql_common import SqlLoad
-from setl.testing.servers import MariaDBServer, PostgresServer
+from setl.testing.servers import MariaDBServer, PostgresServer, free_port
 
 TABLES = 8
 SLOTS = 16  # runtime.load_slots' default
@@ -143,44 +147,60 @@ DURABLE_POSTGRESQL = {"fsync": "on", "synchronous_commit": "on", "full_page_writ
 
 
 @contextlib.contextmanager
-def servers(targets: str, durable: str) -> Iterator[dict[str, Any]]:
-    """The servers to load into, by label: the test harness's (commits wait for no disk) unless
-    `durable` is "only", and the durable ones too unless it is "off"."""
-    started: dict[str, Any] = {}
+def servers(targets: str, durable: str, latency_ms: float) -> Iterator[dict[str, tuple[Any, int | None]]]:
+    """The servers to load into, by label, each with the port to connect to (None: the server's
+    own): the test harness's (commits wait for no disk) unless `durable` is "only", the durable
+    ones too unless it is "off", and with `latency_ms` the plain ones again through a delay proxy."""
+    started: dict[str, tuple[Any, int | None]] = {}
+    proxies: list[subprocess.Popen[str]] = []
     kinds = {"off": ("",), "also": ("", "durable"), "only": ("durable",)}[durable]
     try:
         for kind in kinds:
             label = f" {kind}" if kind else ""
             if targets in ("all", "mariadb"):
                 options = DURABLE_MARIADB if kind else None
-                started["mariadb" + label] = MariaDBServer(server_id=9, options=options).start()
+                started["mariadb" + label] = (MariaDBServer(server_id=9, options=options).start(), None)
             if targets in ("all", "postgresql"):
                 options = DURABLE_POSTGRESQL if kind else None
-                started["postgresql" + label] = PostgresServer(options=options).start()
+                started["postgresql" + label] = (PostgresServer(options=options).start(), None)
+        if latency_ms:
+            for name in [n for n in started if " " not in n]:
+                server = started[name][0]
+                port = free_port()
+                proxy = subprocess.Popen([sys.executable, str(Path(__file__).with_name("delay_proxy.py")), str(port),
+                                          str(server.port), str(latency_ms / 2)], stdout=subprocess.PIPE, text=True)
+                proxies.append(proxy)
+                assert proxy.stdout is not None and proxy.stdout.readline().strip() == "ready"
+                started[f"{name} +{latency_ms:g}ms"] = (server, port)
         yield started
     finally:
-        for server in started.values():
+        for proxy in proxies:
+            proxy.terminate()
+            proxy.wait(10)
+        for server, _ in started.values():
             server.cleanup()
 
 
 Result = tuple[float, list[float], float, float, float, float]
 
 
-def bench(name: str, server: Any, args: argparse.Namespace, run: int) -> dict[str, Result]:
+def bench(name: str, server: Any, port: int | None, args: argparse.Namespace, run: int) -> dict[str, Result]:
     """Per mode: (rows/s, per-batch latencies, client and server CPU share of the wall time,
-    client and server CPU seconds per 10,000 rows)."""
+    client and server CPU seconds per 10,000 rows). `port`: connect there (a delay proxy)."""
     results = {}
     for mode in ("ordered", "per_table"):
         schema = f"bench_{mode}_{run}"
         load: SqlLoad
+        config = server.target_config()
+        if port is not None:
+            config = attrs.evolve(config, port=port)
         if name.startswith("mariadb"):
             server.query(f"CREATE DATABASE {schema}")
-            load = MySQLLoad(server.target_config(), pipeline=f"bench_{mode}_{run}", position_schema=schema,
+            load = MySQLLoad(config, pipeline=f"bench_{mode}_{run}", position_schema=schema,
                              connections=args.connections)
         else:
             server.query(f"CREATE SCHEMA {schema}")
-            load = PostgresLoad(server.target_config(), pipeline=f"bench_{mode}_{run}",
-                                connections=args.connections)
+            load = PostgresLoad(config, pipeline=f"bench_{mode}_{run}", connections=args.connections)
         for i in range(TABLES):
             server.query(DDL.format(t=f"{schema}.bench{i}"))
         batches = workload(schema, args.rows, args.batch)
@@ -217,6 +237,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--connections", type=int, default=8, help="the sink's connection pool")
     parser.add_argument("--workers", type=int, default=4, help="per_table's load threads (runtime.load_workers)")
+    parser.add_argument("--latency-ms", type=float, default=0,
+                        help="also load the plain servers through a proxy adding this round-trip time")
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="cores for the CPU bound")
     parser.add_argument("--targets", choices=("all", "mariadb", "postgresql"), default="all")
     parser.add_argument("--durable", choices=("off", "also", "only"), default="off",
@@ -226,9 +248,9 @@ def main() -> None:
     print(f"{args.rows} inserts, {args.rows} updates, {args.rows // 2} deletes over {TABLES} tables, "
           f"{total} batches of up to {args.batch} changes, {args.repeat} runs each (medians)")
     print("load average before: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
-    with servers(args.targets, args.durable) as started:
-        for name, server in started.items():
-            runs = [bench(name, server, args, run) for run in range(args.repeat)]
+    with servers(args.targets, args.durable, args.latency_ms) as started:
+        for name, (server, port) in started.items():
+            runs = [bench(name, server, port, args, run) for run in range(args.repeat)]
             rates, cpu = {}, {}
             for mode in ("ordered", "per_table"):
                 rates[mode] = statistics.median(r[mode][0] for r in runs)
@@ -240,7 +262,7 @@ def main() -> None:
                       f"  cpu s/10k rows: setl {client_s:.3f}  server {served_s:.3f}")
                 cpu[mode] = (client_s, served_s)
             print(f"{name:18} ratio per_table/ordered {rates['per_table'] / rates['ordered']:.2f}"
-                  + ("" if "durable" in name else " (goal >= 1.5)"))
+                  + ("" if " " in name else " (goal >= 1.5)"))
             # The CPU bound: ordered alternates client and server on one connection (their CPU adds
             # up); per_table can overlap them, but setl's Python runs on one core at a time (GIL).
             (co, so), (cp, sp) = cpu["ordered"], cpu["per_table"]
