@@ -200,7 +200,8 @@ def bench(name: str, server: Any, port: int | None, args: argparse.Namespace, ru
                              connections=args.connections)
         else:
             server.query(f"CREATE SCHEMA {schema}")
-            load = PostgresLoad(config, pipeline=f"bench_{mode}_{run}", connections=args.connections)
+            load = PostgresLoad(config, pipeline=f"bench_{mode}_{run}", position_schema=schema,
+                                connections=args.connections)
         for i in range(TABLES):
             server.query(DDL.format(t=f"{schema}.bench{i}"))
         batches = workload(schema, args.rows, args.batch)
