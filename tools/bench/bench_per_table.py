@@ -55,7 +55,7 @@ shape, parameters gathered at C speed); MariaDB ordered .038 -> .032 and per_tab
 (the per-batch merge 1.19 -> 0.32 us per change; a part skips the pipeline-position read unless
 its table is past the batch start). What per_table still pays per part is a transaction of its
 own: the fence read, the table position read and write, and a COMMIT (with the target's binlog
-on), about 0.3-0.4 ms of setl and 0.3-0.6 ms of server CPU per part, so at 2,000-row batches
+on), about 0.35-0.45 ms of setl and 0.4-0.7 ms of server CPU per part, so at 2,000-row batches
 (250 rows per part) per_table costs 40-70% more CPU per row than ordered and its bound falls to
 1.2-1.4x; at 5,000-row batches the bound is about 1.7x.
 
