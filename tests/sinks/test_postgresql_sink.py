@@ -260,3 +260,14 @@ def test_per_table_pipeline_with_a_part_failing_twice_keeps_a_keyless_table_exac
         sorted(mariadb_source.query(f"SELECT * FROM `{source_db}`.k"))
     assert Counter(postgres_server.query("SELECT v FROM app.loose", dbname=postgres_db)) == \
         Counter(mariadb_source.query(f"SELECT v FROM `{source_db}`.loose"))
+
+
+def test_native_placeholders_number_each_s_and_undouble_percent():
+    """`native` turns each %s into $1, $2, ... in order and %% into %, and refuses any other % placeholder."""
+    from setl.sinks.postgresql import native
+
+    assert native('INSERT INTO "a%%s" ("x%%") VALUES (%s, %s), (%s, %s)') == \
+        'INSERT INTO "a%s" ("x%") VALUES ($1, $2), ($3, $4)'
+    assert native("%%%s%%%%s") == "%$1%%s"
+    with pytest.raises(ValueError):
+        native("SELECT %d")
