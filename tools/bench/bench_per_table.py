@@ -43,8 +43,10 @@ a core, so measured ratios swing by +-0.5 run to run; CPU seconds per row are st
     --batch 2000 mariadb        124,681    103,008   0.83    ordered .022 .044, per_table .036 .060  1.37
     --batch 2000 postgresql     125,304     91,219   0.73    ordered .025 .042, per_table .043 .070  1.18
 
-(each group of rows from one run of the script; the last two from a separate run with ``--batch 2000``,
-load average 7-8.)
+(the first six rows from one run of the script, ``--durable also --latency-ms 2`` (PostgreSQL +2 ms from
+a second one, after a fix); the last two from a separate run with ``--batch 2000``, load average 7-8.)
+A later run of ``--durable also --latency-ms 2`` at load average 7-8 gave ratios 1.15 (mariadb), 1.33
+(postgresql), 1.35 and 1.43 (durable), 1.56 and 1.51 (+2 ms), with the same CPU per row within 0.005.
 
 Where the time goes. Every figure above is CPU: on loopback neither mode waits for anything
 but a core. Against the code before this work (commit 099c5cb, same script, same run conditions)
