@@ -45,6 +45,13 @@ class InvalidDatePolicy:
     def apply(self, batch: Batch) -> Batch:
         """`batch` with its invalid dates replaced by None (policy null), or the batch itself when
         it has none; raises `RefusedLoadError` for the first one under policy refuse."""
+        for change in batch.changes:  # the common case first: a batch without any, at C speed per image
+            if isinstance(change, RowChange) and (
+                    (change.before is not None and InvalidDate in map(type, change.before.values()))
+                    or (change.after is not None and InvalidDate in map(type, change.after.values()))):
+                break
+        else:
+            return batch
         changes: list[Any] = []
         found: dict[str, int] = {}
         for change in batch.changes:

@@ -41,43 +41,61 @@ class TableChanges:
 
 def merge(changes: Iterable[Change]) -> list[TableChanges]:
     """Net row changes per table, tables in first-touch order. DDL changes are refused."""
-    keyed: dict[tuple[str, str], dict[tuple[Any, ...], tuple[Op, Mapping[str, Any]]]] = {}
+    # The hot loop of every load: per table, key -> (is_upsert, image). Keys are computed here
+    # rather than through `RowChange.key`/`old_key`, without a generator for a one-column key.
+    keyed: dict[tuple[str, str], dict[tuple[Any, ...], tuple[bool, Mapping[str, Any]]]] = {}
     keys: dict[tuple[str, str], tuple[str, ...]] = {}
     unkeyed: dict[tuple[str, str], list[RowChange]] = {}
-    order: list[tuple[str, str]] = []
+    insert, read, delete = Op.INSERT, Op.READ, Op.DELETE
+    ident = ("", "")
+    first = True
     for change in changes:
         if isinstance(change, DdlChange):
             raise TypeError("merge() takes row changes only; a DDL is its own batch")
-        ident = (change.schema, change.table)
-        if ident not in keys:
-            keys[ident] = change.primary_key
-            order.append(ident)
-        if not change.primary_key:
+        if first or change.table != ident[1] or change.schema != ident[0]:
+            first = False
+            ident = (change.schema, change.table)
+            if ident not in keys:
+                keys[ident] = change.primary_key
+        pk = change.primary_key
+        if not pk:
             unkeyed.setdefault(ident, []).append(change)
             continue
-        state = keyed.setdefault(ident, {})
+        state = keyed.get(ident)
+        if state is None:
+            state = keyed[ident] = {}
         op = change.op
-        if op is Op.INSERT or op is Op.READ:
+        if op is insert or op is read:
             # A snapshot read is "insert, or replace the row with the same key": an upsert.
-            after = change.after
-            pk = change.primary_key
-            key = (after[pk[0]],) if len(pk) == 1 else tuple(after[c] for c in pk)  # type: ignore[index]
-            state[key] = (Op.INSERT, after)  # type: ignore[assignment]
-        elif op is Op.DELETE:
-            state[change.key] = (Op.DELETE, change.before)  # type: ignore[assignment]
+            after: Any = change.after
+            state[(after[pk[0]],) if len(pk) == 1 else tuple([after[c] for c in pk])] = (True, after)
+        elif op is delete:
+            before: Any = change.before
+            state[(before[pk[0]],) if len(pk) == 1 else tuple([before[c] for c in pk])] = (False, before)
         else:
-            old = change.old_key
-            if old is not None and old != change.key:
-                state[old] = (Op.DELETE, change.before)  # type: ignore[assignment]
-            state[change.key] = (Op.INSERT, change.after)  # type: ignore[assignment]
+            before, after = change.before, change.after
+            if before is None or after is None:  # not an update's two images: the general rule
+                old = change.old_key
+                if old is not None and old != change.key:
+                    state[old] = (False, before)
+                state[change.key] = (True, after)
+                continue
+            if len(pk) == 1:
+                new, old = (after[pk[0]],), (before[pk[0]],)
+            else:
+                new, old = tuple([after[c] for c in pk]), tuple([before[c] for c in pk])
+            if old != new:
+                state[old] = (False, before)
+            state[new] = (True, after)
     result = []
-    for ident in order:
+    for ident, primary_key in keys.items():
         schema, table = ident
         if ident in unkeyed:
             result.append(TableChanges(schema, table, (), sequence=tuple(unkeyed[ident])))
             continue
-        state = keyed[ident]
-        deletes = tuple(image for op, image in state.values() if op is Op.DELETE)
-        upserts = tuple(image for op, image in state.values() if op is Op.INSERT)
-        result.append(TableChanges(schema, table, keys[ident], deletes, upserts))
+        deletes: list[Mapping[str, Any]] = []
+        upserts: list[Mapping[str, Any]] = []
+        for upsert, image in keyed[ident].values():
+            (upserts if upsert else deletes).append(image)
+        result.append(TableChanges(schema, table, primary_key, tuple(deletes), tuple(upserts)))
     return result

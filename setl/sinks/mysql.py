@@ -375,17 +375,19 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
                 (self.pipeline, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch),
             )
 
-    def _table_positions(self, conn: pymysql.connections.Connection,
-                         table: str) -> tuple[Position | None, Position | None]:
+    def _pipeline_position(self, conn: pymysql.connections.Connection) -> Position | None:
         with conn.cursor() as cur:
             cur.execute(f"SELECT `log`, `offset`, `row` FROM {self._position} WHERE `pipeline` = %s",
                         (self.pipeline,))
-            pipeline_row = cur.fetchone()
+            r = cur.fetchone()
+        return Position(r[0], int(r[1]), row=int(r[2])) if r else None
+
+    def _table_position_locked(self, conn: pymysql.connections.Connection, table: str) -> Position | None:
+        with conn.cursor() as cur:
             cur.execute(f"SELECT `log`, `offset`, `row` FROM {self._table_position}"
                         " WHERE `pipeline` = %s AND `target_table` = %s FOR UPDATE", (self.pipeline, table))
-            table_row = cur.fetchone()
-        return tuple(Position(r[0], int(r[1]), row=int(r[2])) if r else None  # type: ignore[return-value]
-                     for r in (pipeline_row, table_row))
+            r = cur.fetchone()
+        return Position(r[0], int(r[1]), row=int(r[2])) if r else None
 
     def _write_table_position(self, conn: pymysql.connections.Connection, table: str, batch: Batch) -> None:
         end = batch.end

@@ -254,9 +254,13 @@ class SqlLoad(Load, Generic[C]):
     def _write_position(self, conn: C, batch: Batch) -> None:
         raise NotImplementedError
 
-    def _table_positions(self, conn: C, table: str) -> tuple[Position | None, Position | None]:
-        """In the open transaction: the pipeline's recorded position, and `table`'s recorded
-        position read under a lock held to COMMIT (each None when there is none)."""
+    def _table_position_locked(self, conn: C, table: str) -> Position | None:
+        """In the open transaction: `table`'s recorded position, read under a lock held to COMMIT
+        (None when there is none)."""
+        raise NotImplementedError
+
+    def _pipeline_position(self, conn: C) -> Position | None:
+        """In the open transaction: the pipeline's recorded position (None when there is none)."""
         raise NotImplementedError
 
     def _write_table_position(self, conn: C, table: str, batch: Batch) -> None:
@@ -475,11 +479,12 @@ class SqlLoad(Load, Generic[C]):
             if table is None:
                 table = names[ident] = flat_name(*ident)  # unambiguous with dots in names
                 self._table = table
-                tables[table] = self._table_positions(conn, table)
+                table_at = self._table_position_locked(conn, table)
                 # Every change of the batch lies after its start: a table at or before the start
-                # holds none of them, and its changes need no comparison each.
-                table_at = tables[table][1]
+                # holds none of them, and its changes need no comparison each (nor the pipeline's
+                # position, read only then: a round trip less per part in the common case).
                 check[table] = table_at is not None and table_at > batch.start
+                tables[table] = (self._pipeline_position(conn) if check[table] else None, table_at)
             # A snapshot row (READ) is the table's state at its place in the stream: never skipped.
             if (check[table] and isinstance(change, RowChange) and change.position is not None
                     and change.op is not Op.READ):

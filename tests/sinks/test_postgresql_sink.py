@@ -124,6 +124,20 @@ class TestPostgresSink(SinkContract):
         (got,) = target.rows("typed")
         assert got == tuple(row.values())
 
+    def test_names_with_percent_dollar_and_quote_load_through_native_placeholders(self, target, load):
+        """Keyed deletes and multi-row upserts (sent with $n placeholders) reach a table and columns
+        whose names hold %, %s, $1 and a double quote."""
+        table = 'odd%s$1"t'
+        quoted = '"' + table.replace('"', '""') + '"'
+        target.execute(f'CREATE TABLE "{target.schema}".{quoted} ("k%" int PRIMARY KEY, "v$1" text,'
+                       ' "q""%%s" int)')
+        odd = Changes(target.schema, table, key=("k%",))
+        rows = [{"k%": i, "v$1": f"v{i}%s$1", "q\"%%s": i * 2} for i in range(5)]
+        load.load(make_batch([odd.insert(**r) for r in rows], id=1))
+        load.load(make_batch([odd.update(rows[1], **{**rows[1], "v$1": "new"}), odd.delete(**rows[2])], id=2))
+        got = target.query(f'SELECT * FROM "{target.schema}".{quoted} ORDER BY 1')
+        assert got == [(0, "v0%s$1", 0), (1, "new", 2), (3, "v3%s$1", 6), (4, "v4%s$1", 8)]
+
     def test_json_list_and_text_into_typed_columns(self, target, load):
         """A list goes to a jsonb column; strings reach int, uuid and date columns by the column's type."""
         target.execute(f"CREATE TABLE {target.qualified('mixed')} (id uuid PRIMARY KEY, n int, j jsonb, day date)")
@@ -246,3 +260,14 @@ def test_per_table_pipeline_with_a_part_failing_twice_keeps_a_keyless_table_exac
         sorted(mariadb_source.query(f"SELECT * FROM `{source_db}`.k"))
     assert Counter(postgres_server.query("SELECT v FROM app.loose", dbname=postgres_db)) == \
         Counter(mariadb_source.query(f"SELECT v FROM `{source_db}`.loose"))
+
+
+def test_native_placeholders_number_each_s_and_undouble_percent():
+    """`native` turns each %s into $1, $2, ... in order and %% into %, and refuses any other % placeholder."""
+    from setl.sinks.postgresql import native
+
+    assert native('INSERT INTO "a%%s" ("x%%") VALUES (%s, %s), (%s, %s)') == \
+        'INSERT INTO "a%s" ("x%") VALUES ($1, $2), ($3, $4)'
+    assert native("%%%s%%%%s") == "%$1%%s"
+    with pytest.raises(ValueError):
+        native("SELECT %d")
