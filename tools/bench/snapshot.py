@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import attrs
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,9 +35,18 @@ from setl.testing.servers import MariaDBServer  # noqa: E402
 from tools import sysbench  # noqa: E402
 
 
-def run_setl(conf: Path, name: str, profile: str | None = None) -> tuple[float, int, str]:
-    """`setl start --until-caught-up`: seconds, peak RSS (KiB) and its log (`profile`: py-spy's
-    collapsed stacks to that file; the RSS is then py-spy's)."""
+@attrs.frozen
+class Run:
+    """One `setl start --until-caught-up`: wall seconds, CPU seconds (user + system) and peak RSS (KiB)."""
+
+    seconds: float
+    cpu: float
+    rss: int
+
+
+def run_setl(conf: Path, name: str, profile: str | None = None) -> Run:
+    """`setl start --until-caught-up` (`profile`: py-spy's collapsed stacks to that file; the RSS and
+    CPU are then py-spy's)."""
     log = conf.parent / f"{name}.log"
     spy = ["py-spy", "record", "-r", "100", "-f", "raw", "-o", profile, "--"] if profile else []
     with open(log, "w") as out:
@@ -48,7 +59,7 @@ def run_setl(conf: Path, name: str, profile: str | None = None) -> tuple[float, 
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise SystemExit(f"setl failed ({proc.returncode}):\n{log.read_text()[-3000:]}")
-    return seconds, usage.ru_maxrss, log.read_text()
+    return Run(seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss)
 
 
 def dump(source: MariaDBServer, target: MariaDBServer) -> float:
@@ -63,15 +74,21 @@ def dump(source: MariaDBServer, target: MariaDBServer) -> float:
     return time.perf_counter() - began
 
 
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tables", type=int, default=4)
     parser.add_argument("--table-size", type=int, default=500_000)
     parser.add_argument("--chunk-rows", type=int, default=10_000)
+    parser.add_argument("--repeat", type=int, default=3, help="rounds of each measurement (medians are printed)")
     parser.add_argument("--threads", type=int, default=2, help="sysbench threads for the tps comparison")
     parser.add_argument("--seconds", type=float, default=15.0, help="length of each sysbench run")
     parser.add_argument("--profile", metavar="FILE", help="py-spy collapsed stacks of the first setl run")
     parser.add_argument("--only-setl", action="store_true", help="no dump, no sysbench: setl's rows/s and peak RSS")
+    parser.add_argument("--no-sysbench", action="store_true", help="no sysbench comparison")
     args = parser.parse_args()
     rows = args.tables * args.table_size
     with tempfile.TemporaryDirectory(prefix="setl-bench-snapshot-") as tmp, MariaDBServer() as source, \
@@ -80,56 +97,86 @@ def main() -> int:
         src = sysbench.Conn.from_server(source, "sb")
         print(f"preparing {args.tables} x {args.table_size} sysbench rows ...", flush=True)
         sysbench.prepare(src, tables=args.tables, table_size=args.table_size, ddl_in_binlog=False)
-
-        dump_seconds = 0.0
-        if not args.only_setl:
-            dump_seconds = dump(source, target)
-            print(f"dump:  {rows} rows in {dump_seconds:.1f}s = {rows / dump_seconds:,.0f} rows/s", flush=True)
-
-        # setl, start: snapshot
-        sysbench.create_tables(sysbench.Conn.from_server(target, "copied"), tables=args.tables, log_bin=False)
+        expected = sysbench.checksums(src)
         conf = work / "conf"
         (conf / "pipelines").mkdir(parents=True)
         (conf / "setl.yaml").write_text(yaml.safe_dump({"meta": {"store": "sqlite", "path": str(work / "meta.db")}}))
+        names = iter(range(1, 1000))
 
-        def pipeline(name: str, target_db: str) -> None:
+        def pipeline(target_db: str) -> str:
+            """A `start: snapshot` pipeline of the sysbench tables into `target_db` (made empty first)."""
+            number = next(names)
+            name = f"snap{number}"
+            sysbench.create_tables(sysbench.Conn.from_server(target, target_db), tables=args.tables, log_bin=False)
             (conf / "pipelines" / f"{name}.yaml").write_text(yaml.safe_dump({
                 "source": {"type": "mysql", "host": source.host, "port": source.port, "user": source.user,
-                           "server_id": 3000 + len(name), "start": "snapshot",
+                           "server_id": 3000 + number, "start": "snapshot",
                            "snapshot": {"chunk_rows": args.chunk_rows}},
                 "target": {"type": "mysql", "host": target.host, "port": target.port, "user": target.user},
                 "tables": [{"source": r"sb\..*", "target": f"{target_db}.{{table}}"}],
                 "pipeline": {"parallelism": 4, "batch": {"max_rows": args.chunk_rows, "max_wait_ms": 100}},
             }, sort_keys=False))
+            return name
 
-        pipeline("snap", "copied")
-        seconds, rss, _ = run_setl(conf, "snap", args.profile)
-        equal = sysbench.checksums(src) == sysbench.checksums(sysbench.Conn.from_server(target, "copied"))
-        ratio = f" ({rows / seconds / (rows / dump_seconds):.2f}x the dump)" if dump_seconds else ""
-        print(f"setl:  {rows} rows in {seconds:.1f}s = {rows / seconds:,.0f} rows/s{ratio}, peak RSS "
-              f"{rss / 1024:.0f} MiB, target {'equal' if equal else 'DIFFERENT'}", flush=True)
-        if args.only_setl:
+        # setl into MariaDB against the dump, in rounds
+        ratios: list[float] = []
+        dumps: list[float] = []
+        setls: list[Run] = []
+        for round_ in range(1, args.repeat + 1):
+            dump_seconds = 0.0
+            if not args.only_setl:
+                dump_seconds = dump(source, target)
+                dumps.append(rows / dump_seconds)
+                target.query("DROP DATABASE dumped")
+            name = pipeline("copied")
+            run = run_setl(conf, name, args.profile if round_ == 1 else None)
+            equal = expected == sysbench.checksums(sysbench.Conn.from_server(target, "copied"))
+            target.query("DROP DATABASE copied")
+            setls.append(run)
+            ratio = ""
+            if dump_seconds:
+                ratios.append(dump_seconds / run.seconds)
+                ratio = f", {ratios[-1]:.2f}x the dump ({rows / dump_seconds:,.0f} rows/s)"
+            print(f"round {round_}: setl {rows / run.seconds:,.0f} rows/s{ratio}; setl CPU {run.cpu:.1f}s in "
+                  f"{run.seconds:.1f}s, peak RSS {run.rss / 1024:.0f} MiB, target {'equal' if equal else 'DIFFERENT'}",
+                  flush=True)
+            if not equal:
+                raise SystemExit("setl's copy differs from the source")
+        setl_rate = median([rows / r.seconds for r in setls])
+        line = f"setl into MariaDB: {rows} rows, median {setl_rate:,.0f} rows/s"
+        if ratios:
+            line += f" = {median(ratios):.2f}x the dump (median of {len(ratios)} rounds; dump median {median(dumps):,.0f} rows/s)"
+        print(line + f"; peak RSS {max(r.rss for r in setls) / 1024:.0f} MiB, CPU {median([r.cpu for r in setls]):.1f}s",
+              flush=True)
+        if args.only_setl or args.no_sysbench:
             return 0
 
-        # sysbench alone, then while setl copies the same tables again
-        alone = sysbench.run(src, seconds=args.seconds, threads=args.threads, tables=args.tables,
-                             table_size=args.table_size)
-        sysbench.create_tables(sysbench.Conn.from_server(target, "copied2"), tables=args.tables, log_bin=False)
-        pipeline("snap2", "copied2")
-        running = sysbench.start(src, seconds=args.seconds, threads=args.threads, tables=args.tables,
-                                 table_size=args.table_size)
-        seconds2, rss2, _ = run_setl(conf, "snap2")
-        during = running.wait()
-        # the same CPU contention from the baseline: sysbench while mariadb-dump copies the tables
-        target.query("DROP DATABASE dumped")
-        running = sysbench.start(src, seconds=args.seconds, threads=args.threads, tables=args.tables,
-                                 table_size=args.table_size)
-        dump_seconds2 = dump(source, target)
-        during_dump = running.wait()
-        print(f"sysbench: {alone.tps:,.0f} tx/s alone, {during.tps:,.0f} tx/s during the setl copy "
-              f"({during.tps / alone.tps:.2f}x; the copy took {seconds2:.1f}s, peak RSS {rss2 / 1024:.0f} MiB), "
-              f"{during_dump.tps:,.0f} tx/s during the dump ({during_dump.tps / alone.tps:.2f}x; "
-              f"it took {dump_seconds2:.1f}s)")
+        # sysbench alone, while setl copies the same tables, and while the dump does (the same CPU
+        # contention on a small machine, with the dump's one long transaction)
+        during_setl: list[float] = []
+        during_dump: list[float] = []
+        for round_ in range(1, args.repeat + 1):
+            def load(seconds: float = args.seconds) -> sysbench.Running:
+                return sysbench.start(src, seconds=seconds, threads=args.threads, tables=args.tables,
+                                      table_size=args.table_size)
+
+            alone = load().wait()
+            name = pipeline("copied")
+            running = load()
+            run = run_setl(conf, name)
+            with_setl = running.wait()
+            target.query("DROP DATABASE copied")
+            running = load()
+            took = dump(source, target)
+            with_dump = running.wait()
+            target.query("DROP DATABASE dumped")
+            during_setl.append(with_setl.tps / alone.tps)
+            during_dump.append(with_dump.tps / alone.tps)
+            print(f"round {round_}: sysbench {alone.tps:,.0f} tx/s alone, {with_setl.tps:,.0f} during the setl copy "
+                  f"({during_setl[-1]:.2f}x; the copy took {run.seconds:.1f}s, peak RSS {run.rss / 1024:.0f} MiB), "
+                  f"{with_dump.tps:,.0f} during the dump ({during_dump[-1]:.2f}x; it took {took:.1f}s)", flush=True)
+        print(f"sysbench during the setl copy: median {median(during_setl):.2f}x of alone; during the dump: "
+              f"{median(during_dump):.2f}x", flush=True)
     return 0
 
 
