@@ -114,9 +114,12 @@ def plain_quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-#: About the most bytes of VALUES one multi-row statement carries, as PyMySQL's executemany (well under
-#: the server's max_allowed_packet, 16 MB by default).
-MAX_STATEMENT = 1_000_000
+#: About the most bytes of VALUES one multi-row statement carries: a snapshot chunk or a large batch goes
+#: in a few round trips (each costs a wait for the GIL besides the trip). Capped at half the server's
+#: ``max_allowed_packet`` (16 MB by default in MariaDB), read when a connection opens.
+MAX_STATEMENT = 8_000_000
+#: Rows per multi-row statement unless ``chunk_rows`` is given: statements are cut by bytes.
+CHUNK_ROWS = 100_000
 
 
 def to_db(value: Any) -> Any:
@@ -144,7 +147,9 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
     def __init__(self, config: MysqlTargetConfig, *, connect_timeout: float = 10.0,
                  read_timeout: float | None = 300.0, **options: Any) -> None:
         """`options` are `SqlLoad`'s (pipeline, ddl, position table, chunking, retries)."""
+        options.setdefault("chunk_rows", CHUNK_ROWS)
         super().__init__(config, **options)
+        self._statement_bytes = MAX_STATEMENT
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         ssl = getattr(config, "ssl", None)
@@ -186,7 +191,11 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
             cur.execute("SET SESSION sql_mode = %s, time_zone = '+00:00', foreign_key_checks = 0",
                         (SQL_MODE,))
             cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED", ())
+            cur.execute("SELECT @@max_allowed_packet", ())
+            found = cur.fetchone()
         conn.commit()
+        if found and found[0]:
+            self._statement_bytes = max(16_384, min(MAX_STATEMENT, int(found[0]) // 2))
         return conn
 
     def _disconnect(self, conn: pymysql.connections.Connection) -> None:
@@ -465,7 +474,7 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
 
     def _values(self, conn: pymysql.connections.Connection, images: Sequence[Mapping[str, Any]]) -> Iterator[str]:
         """The VALUES lists of multi-row statements for `images` (which share one column order), at
-        most `chunk_rows` rows and about `MAX_STATEMENT` bytes each. Values are escaped as
+        most `chunk_rows` rows and about `MAX_STATEMENT` bytes (half the server's ``max_allowed_packet``) each. Values are escaped as
         PyMySQL escapes parameters (its own escaping for all but plain str, int and None), without
         its per-row formatting of a parameterised statement (`pymysql.connections.Connection.escape`)."""
         escape_string: Callable[[str], str] = pymysql.converters.escape_string
@@ -489,7 +498,7 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
             text = "(" + ",".join(parts) + ")"
             rows.append(text)
             size += len(text) if text.isascii() else 4 * len(text)  # at most 4 bytes a character in utf8mb4
-            if size >= MAX_STATEMENT or len(rows) >= self.chunk_rows:
+            if size >= self._statement_bytes or len(rows) >= self.chunk_rows:
                 yield ",".join(rows)
                 rows, size = [], 0
         if rows:

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import attrs
 import yaml
@@ -31,7 +32,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from setl.testing.servers import MariaDBServer  # noqa: E402
+from setl.testing.servers import MariaDBServer, PostgresServer  # noqa: E402
 from tools import sysbench  # noqa: E402
 
 
@@ -45,10 +46,10 @@ class Run:
 
 
 def run_setl(conf: Path, name: str, profile: str | None = None) -> Run:
-    """`setl start --until-caught-up` (`profile`: py-spy's collapsed stacks to that file; the RSS and
+    """`setl start --until-caught-up` (`profile`: py-spy's collapsed stacks, per thread and idle included, to that file; the RSS and
     CPU are then py-spy's)."""
     log = conf.parent / f"{name}.log"
-    spy = ["py-spy", "record", "-r", "100", "-f", "raw", "-o", profile, "--"] if profile else []
+    spy = ["py-spy", "record", "-r", "100", "--threads", "--idle", "-f", "raw", "-o", profile, "--"] if profile else []
     with open(log, "w") as out:
         began = time.perf_counter()
         argv = [*spy, sys.executable, "-m", "setl.cli", "--conf", str(conf), "start", "--pipeline", name,
@@ -74,6 +75,126 @@ def dump(source: MariaDBServer, target: MariaDBServer) -> float:
     return time.perf_counter() - began
 
 
+CHAMELEON = "pg_chameleon==2.0.21"
+
+
+def chameleon_venv(work: Path, reuse: str | None) -> tuple[Path | None, str]:
+    """A throwaway venv with pg_chameleon under `work` (or `reuse`, a venv made before): its
+    ``chameleon`` script, or None and why not."""
+    venv = Path(reuse) if reuse else work / "chameleon-venv"
+    script = venv / "bin" / "chameleon"
+    if not script.exists():
+        print(f"installing {CHAMELEON} into {venv} ...", flush=True)
+        made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True)
+        if made.returncode == 0:
+            made = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", CHAMELEON], capture_output=True,
+                                  text=True)
+        if made.returncode != 0 or not script.exists():
+            lines = [line for line in (made.stderr + made.stdout).splitlines()
+                     if line.strip() and not line.startswith("WARNING")]
+            return None, f"pip install {CHAMELEON} failed: {lines[-1] if lines else made.returncode}"
+    return script, ""
+
+
+def run_chameleon(script: Path, work: Path, source: MariaDBServer, pg: PostgresServer, database: str) -> float | str:
+    """pg_chameleon's ``init_replica`` of the ``sb`` schema into `database` (schema ``sb``): its
+    seconds, or why it could not run (the last line of its error)."""
+    home = work / "chameleon-home"
+    (home / ".pg_chameleon" / "configuration").mkdir(parents=True, exist_ok=True)
+    out_dir = work / "chameleon-out"
+    out_dir.mkdir(exist_ok=True)
+    config = {
+        "pid_dir": str(home / "pid"), "log_dir": str(home / "logs"), "log_dest": "file", "log_level": "info",
+        "log_days_keep": 1, "rollbar_key": "", "rollbar_env": "",
+        "pg_conn": {"host": pg.host, "port": str(pg.port), "user": pg.user, "password": "", "database": database,
+                    "charset": "utf8"},
+        "sources": {"mysql": {
+            "db_conn": {"host": source.host, "port": str(source.port), "user": source.user, "password": "",
+                        "charset": "utf8", "connect_timeout": 10},
+            "schema_mappings": {"sb": "sb"}, "limit_tables": None, "skip_tables": None, "grant_select_to": None,
+            "lock_timeout": "120s", "my_server_id": 4242, "replica_batch_size": 10000, "replay_max_rows": 10000,
+            "batch_retention": "1 day", "copy_max_memory": "300M", "copy_mode": "file", "out_dir": str(out_dir),
+            "sleep_loop": 1, "on_error_replay": "continue", "on_error_read": "continue",
+            "auto_maintenance": "disabled", "gtid_enable": False, "type": "mysql", "keep_existing_schema": False,
+            "net_read_timeout": 600, "skip_events": {"insert": None, "delete": None, "update": None}}},
+    }
+    (home / ".pg_chameleon" / "configuration" / "bench.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+    env = {**os.environ, "HOME": str(home)}
+
+    def chameleon(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(script), *argv, "--config", "bench", "--source", "mysql"], env=env,
+                              capture_output=True, text=True, timeout=3600)
+
+    for step in (("create_replica_schema",), ("add_source",)):
+        done = chameleon(*step)
+        if done.returncode != 0:
+            return f"chameleon {step[0]} failed: {_last_line(done)}"
+    began = time.perf_counter()
+    done = chameleon("init_replica")
+    seconds = time.perf_counter() - began
+    if done.returncode != 0:
+        return f"chameleon init_replica failed: {_last_line(done)}"
+    return seconds
+
+
+def _last_line(done: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+    return lines[-1] if lines else f"exit code {done.returncode}"
+
+
+def pg_summary(pg: PostgresServer, database: str, schema: str, tables: int) -> list[tuple[int, int, int]]:
+    """Per sysbench table: rows, sum of id, sum of k (a light equality check against the source)."""
+    return [tuple(int(v or 0) for v in pg.query(f'SELECT count(*), sum(id), sum(k) FROM "{schema}"."sbtest{n}"',
+                                                dbname=database)[0]) for n in range(1, tables + 1)]
+
+
+def mariadb_summary(server: MariaDBServer, schema: str, tables: int) -> list[tuple[int, int, int]]:
+    return [tuple(int(v or 0) for v in server.query(f"SELECT count(*), sum(id), sum(k) FROM `{schema}`.`sbtest{n}`")[0])
+            for n in range(1, tables + 1)]
+
+
+def postgres(args: argparse.Namespace, work: Path, source: MariaDBServer, pipeline: Any, conf: Path) -> None:
+    """setl into PostgreSQL (COPY) against pg_chameleon's ``init_replica``, in rounds: median rows/s and ratio."""
+    rows = args.tables * args.table_size
+    expected = mariadb_summary(source, "sb", args.tables)
+    script, why = chameleon_venv(work, args.chameleon_venv)
+    with PostgresServer() as pg:
+        ratios: list[float] = []
+        setls: list[Run] = []
+        chams: list[float] = []
+        for round_ in range(1, args.repeat + 1):
+            database = f"setl{round_}"
+            run = run_setl(conf, pipeline(database, pg))
+            equal = pg_summary(pg, database, "sb", args.tables) == expected
+            pg.query(f'DROP DATABASE "{database}"')
+            setls.append(run)
+            line = (f"round {round_}: setl into PostgreSQL {rows / run.seconds:,.0f} rows/s (CPU {run.cpu:.1f}s, peak "
+                    f"RSS {run.rss / 1024:.0f} MiB, target {'equal' if equal else 'DIFFERENT'})")
+            if script is not None:
+                database = f"chameleon{round_}"
+                pg.query(f'CREATE DATABASE "{database}"')
+                took = run_chameleon(script, work, source, pg, database)
+                if isinstance(took, str):
+                    script, why = None, took
+                else:
+                    same = pg_summary(pg, database, "sb", args.tables) == expected
+                    chams.append(rows / took)
+                    ratios.append(took / run.seconds)
+                    line += (f"; pg_chameleon init_replica {rows / took:,.0f} rows/s (target "
+                             f"{'equal' if same else 'DIFFERENT'}): {ratios[-1]:.2f}x")
+                pg.query(f'DROP DATABASE "{database}"')
+            print(line, flush=True)
+            if not equal:
+                raise SystemExit("setl's copy into PostgreSQL differs from the source")
+        line = f"setl into PostgreSQL: median {median([rows / r.seconds for r in setls]):,.0f} rows/s"
+        if ratios:
+            line += (f" = {median(ratios):.2f}x pg_chameleon 2.0.21 init_replica (median {median(chams):,.0f} rows/s, "
+                     f"{len(ratios)} rounds)")
+        print(line, flush=True)
+        if why:
+            print(f"pg_chameleon not measured: {why}", flush=True)
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 
@@ -89,6 +210,9 @@ def main() -> int:
     parser.add_argument("--profile", metavar="FILE", help="py-spy collapsed stacks of the first setl run")
     parser.add_argument("--only-setl", action="store_true", help="no dump, no sysbench: setl's rows/s and peak RSS")
     parser.add_argument("--no-sysbench", action="store_true", help="no sysbench comparison")
+    parser.add_argument("--postgres", action="store_true",
+                        help="also setl into PostgreSQL against pg_chameleon 2.0.21 init_replica (in a throwaway venv)")
+    parser.add_argument("--chameleon-venv", metavar="DIR", help="a venv with pg_chameleon to reuse (made if missing)")
     args = parser.parse_args()
     rows = args.tables * args.table_size
     with tempfile.TemporaryDirectory(prefix="setl-bench-snapshot-") as tmp, MariaDBServer() as source, \
@@ -103,17 +227,28 @@ def main() -> int:
         (conf / "setl.yaml").write_text(yaml.safe_dump({"meta": {"store": "sqlite", "path": str(work / "meta.db")}}))
         names = iter(range(1, 1000))
 
-        def pipeline(target_db: str) -> str:
-            """A `start: snapshot` pipeline of the sysbench tables into `target_db` (made empty first)."""
+        def pipeline(target_db: str, pg: PostgresServer | None = None) -> str:
+            """A `start: snapshot` pipeline of the sysbench tables into `target_db` (made empty first;
+            with `pg`, a PostgreSQL database whose tables setl creates)."""
             number = next(names)
             name = f"snap{number}"
-            sysbench.create_tables(sysbench.Conn.from_server(target, target_db), tables=args.tables, log_bin=False)
+            if pg is None:
+                sysbench.create_tables(sysbench.Conn.from_server(target, target_db), tables=args.tables,
+                                       log_bin=False)
+                into: dict[str, object] = {"type": "mysql", "host": target.host, "port": target.port,
+                                           "user": target.user}
+                template = f"{target_db}.{{table}}"
+            else:
+                pg.query(f'CREATE DATABASE "{target_db}"')
+                into = {"type": "postgresql", "host": pg.host, "port": pg.port, "user": pg.user,
+                        "database": target_db}
+                template = "sb.{table}"
             (conf / "pipelines" / f"{name}.yaml").write_text(yaml.safe_dump({
                 "source": {"type": "mysql", "host": source.host, "port": source.port, "user": source.user,
                            "server_id": 3000 + number, "start": "snapshot",
                            "snapshot": {"chunk_rows": args.chunk_rows}},
-                "target": {"type": "mysql", "host": target.host, "port": target.port, "user": target.user},
-                "tables": [{"source": r"sb\..*", "target": f"{target_db}.{{table}}"}],
+                "target": into,
+                "tables": [{"source": r"sb\..*", "target": template}],
                 "pipeline": {"parallelism": 4, "batch": {"max_rows": args.chunk_rows, "max_wait_ms": 100}},
             }, sort_keys=False))
             return name
@@ -145,9 +280,12 @@ def main() -> int:
         setl_rate = median([rows / r.seconds for r in setls])
         line = f"setl into MariaDB: {rows} rows, median {setl_rate:,.0f} rows/s"
         if ratios:
-            line += f" = {median(ratios):.2f}x the dump (median of {len(ratios)} rounds; dump median {median(dumps):,.0f} rows/s)"
-        print(line + f"; peak RSS {max(r.rss for r in setls) / 1024:.0f} MiB, CPU {median([r.cpu for r in setls]):.1f}s",
-              flush=True)
+            line += (f" = {median(ratios):.2f}x the dump (median of {len(ratios)} rounds; dump median "
+                     f"{median(dumps):,.0f} rows/s)")
+        print(f"{line}; peak RSS {max(r.rss for r in setls) / 1024:.0f} MiB, CPU "
+              f"{median([r.cpu for r in setls]):.1f}s", flush=True)
+        if args.postgres:
+            postgres(args, work, source, pipeline, conf)
         if args.only_setl or args.no_sysbench:
             return 0
 
