@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pwd
 import statistics
 import subprocess
 import sys
@@ -46,8 +47,8 @@ class Run:
 
 
 def run_setl(conf: Path, name: str, profile: str | None = None) -> Run:
-    """`setl start --until-caught-up` (`profile`: py-spy's collapsed stacks, per thread and idle included, to that file; the RSS and
-    CPU are then py-spy's)."""
+    """`setl start --until-caught-up` (`profile`: py-spy's collapsed stacks, per thread and idle
+    included, to that file; the RSS and CPU are then py-spy's)."""
     log = conf.parent / f"{name}.log"
     spy = ["py-spy", "record", "-r", "100", "--threads", "--idle", "-f", "raw", "-o", profile, "--"] if profile else []
     with open(log, "w") as out:
@@ -85,7 +86,10 @@ def chameleon_venv(work: Path, reuse: str | None) -> tuple[Path | None, str]:
     script = venv / "bin" / "chameleon"
     if not script.exists():
         print(f"installing {CHAMELEON} into {venv} ...", flush=True)
-        made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True)
+        # Debian's python3 when there is one: pg_chameleon refuses root and runs as the postgres
+        # user (`run_chameleon`), who may not reach a Python under root's home (pyenv).
+        python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+        made = subprocess.run([python, "-m", "venv", str(venv)], capture_output=True, text=True)
         if made.returncode == 0:
             made = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", CHAMELEON], capture_output=True,
                                   text=True)
@@ -100,13 +104,16 @@ def run_chameleon(script: Path, work: Path, source: MariaDBServer, pg: PostgresS
     """pg_chameleon's ``init_replica`` of the ``sb`` schema into `database` (schema ``sb``): its
     seconds, or why it could not run (the last line of its error)."""
     home = work / "chameleon-home"
-    (home / ".pg_chameleon" / "configuration").mkdir(parents=True, exist_ok=True)
+    for folder in (".pg_chameleon/configuration", "pid", "logs"):
+        (home / folder).mkdir(parents=True, exist_ok=True)
     out_dir = work / "chameleon-out"
     out_dir.mkdir(exist_ok=True)
     config = {
-        "pid_dir": str(home / "pid"), "log_dir": str(home / "logs"), "log_dest": "file", "log_level": "info",
+        # log_dest stdout: init_replica runs in the foreground (with "file" it daemonizes)
+        "pid_dir": str(home / "pid"), "log_dir": str(home / "logs"), "log_dest": "stdout", "log_level": "info",
         "log_days_keep": 1, "rollbar_key": "", "rollbar_env": "",
-        "pg_conn": {"host": pg.host, "port": str(pg.port), "user": pg.user, "password": "", "database": database,
+        # a password, though trust auth ignores it: pg_chameleon's libpq string breaks on an empty one
+        "pg_conn": {"host": pg.host, "port": str(pg.port), "user": pg.user, "password": "unused", "database": database,
                     "charset": "utf8"},
         "sources": {"mysql": {
             "db_conn": {"host": source.host, "port": str(source.port), "user": source.user, "password": "",
@@ -120,35 +127,49 @@ def run_chameleon(script: Path, work: Path, source: MariaDBServer, pg: PostgresS
     }
     (home / ".pg_chameleon" / "configuration" / "bench.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     env = {**os.environ, "HOME": str(home)}
+    as_user: list[str] = []
+    if os.geteuid() == 0:  # "pg_chameleon cannot be run as root": run it as PostgreSQL's OS user
+        account = pwd.getpwnam(PostgresServer.os_user)
+        os.chmod(work, 0o755)
+        for path in (home, out_dir, *home.rglob("*"), *out_dir.rglob("*")):
+            os.chown(path, account.pw_uid, account.pw_gid)
+        as_user = ["runuser", "-u", account.pw_name, "--", "env", f"HOME={home}"]
 
     def chameleon(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(script), *argv, "--config", "bench", "--source", "mysql"], env=env,
-                              capture_output=True, text=True, timeout=3600)
+        return subprocess.run([*as_user, str(script), *argv, "--config", "bench"], env=env,
+                              capture_output=True, text=True, timeout=3600, cwd=str(home))
 
-    for step in (("create_replica_schema",), ("add_source",)):
+    for step in (("create_replica_schema",), ("add_source", "--source", "mysql")):
         done = chameleon(*step)
-        if done.returncode != 0:
+        if done.returncode != 0 or "FATAL" in done.stdout:
             return f"chameleon {step[0]} failed: {_last_line(done)}"
     began = time.perf_counter()
-    done = chameleon("init_replica")
+    done = chameleon("init_replica", "--source", "mysql")
     seconds = time.perf_counter() - began
-    if done.returncode != 0:
+    if done.returncode != 0 or "FATAL" in done.stdout:
         return f"chameleon init_replica failed: {_last_line(done)}"
     return seconds
 
 
 def _last_line(done: subprocess.CompletedProcess[str]) -> str:
     lines = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+    fatal = [line for line in lines if "FATAL" in line or "Error" in line]
+    if fatal:
+        return fatal[-1].strip()
     return lines[-1] if lines else f"exit code {done.returncode}"
 
 
-def pg_summary(pg: PostgresServer, database: str, schema: str, tables: int) -> list[tuple[int, int, int]]:
-    """Per sysbench table: rows, sum of id, sum of k (a light equality check against the source)."""
-    return [tuple(int(v or 0) for v in pg.query(f'SELECT count(*), sum(id), sum(k) FROM "{schema}"."sbtest{n}"',
-                                                dbname=database)[0]) for n in range(1, tables + 1)]
+def pg_summary(pg: PostgresServer, database: str, schema: str, tables: int) -> list[tuple[int, ...]] | str:
+    """Per sysbench table: rows, sum of id, sum of k (a light equality check against the source);
+    or the error reading them."""
+    try:
+        return [tuple(int(v or 0) for v in pg.query(f'SELECT count(*), sum(id), sum(k) FROM "{schema}"."sbtest{n}"',
+                                                    dbname=database)[0]) for n in range(1, tables + 1)]
+    except Exception as exc:
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
 
 
-def mariadb_summary(server: MariaDBServer, schema: str, tables: int) -> list[tuple[int, int, int]]:
+def mariadb_summary(server: MariaDBServer, schema: str, tables: int) -> list[tuple[int, ...]]:
     return [tuple(int(v or 0) for v in server.query(f"SELECT count(*), sum(id), sum(k) FROM `{schema}`.`sbtest{n}`")[0])
             for n in range(1, tables + 1)]
 
@@ -177,11 +198,14 @@ def postgres(args: argparse.Namespace, work: Path, source: MariaDBServer, pipeli
                 if isinstance(took, str):
                     script, why = None, took
                 else:
-                    same = pg_summary(pg, database, "sb", args.tables) == expected
-                    chams.append(rows / took)
-                    ratios.append(took / run.seconds)
-                    line += (f"; pg_chameleon init_replica {rows / took:,.0f} rows/s (target "
-                             f"{'equal' if same else 'DIFFERENT'}): {ratios[-1]:.2f}x")
+                    found = pg_summary(pg, database, "sb", args.tables)
+                    if found != expected:
+                        script, why = None, f"pg_chameleon's copy differs from the source: {found}"
+                    else:
+                        chams.append(rows / took)
+                        ratios.append(took / run.seconds)
+                        line += (f"; pg_chameleon init_replica {rows / took:,.0f} rows/s (target equal): setl "
+                                 f"{ratios[-1]:.2f}x")
                 pg.query(f'DROP DATABASE "{database}"')
             print(line, flush=True)
             if not equal:
@@ -210,6 +234,8 @@ def main() -> int:
     parser.add_argument("--profile", metavar="FILE", help="py-spy collapsed stacks of the first setl run")
     parser.add_argument("--only-setl", action="store_true", help="no dump, no sysbench: setl's rows/s and peak RSS")
     parser.add_argument("--no-sysbench", action="store_true", help="no sysbench comparison")
+    parser.add_argument("--load-mode", choices=["ordered", "per_table"], default="ordered",
+                        help="the pipelines' load.mode")
     parser.add_argument("--postgres", action="store_true",
                         help="also setl into PostgreSQL against pg_chameleon 2.0.21 init_replica (in a throwaway venv)")
     parser.add_argument("--chameleon-venv", metavar="DIR", help="a venv with pg_chameleon to reuse (made if missing)")
@@ -249,7 +275,8 @@ def main() -> int:
                            "snapshot": {"chunk_rows": args.chunk_rows}},
                 "target": into,
                 "tables": [{"source": r"sb\..*", "target": template}],
-                "pipeline": {"parallelism": 4, "batch": {"max_rows": args.chunk_rows, "max_wait_ms": 100}},
+                "pipeline": {"parallelism": 4, "batch": {"max_rows": args.chunk_rows, "max_wait_ms": 100},
+                             "load": {"mode": args.load_mode}},
             }, sort_keys=False))
             return name
 
