@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import pwd
+import resource
 import statistics
 import subprocess
 import sys
@@ -74,6 +75,21 @@ def dump(source: MariaDBServer, target: MariaDBServer) -> float:
                    stdin=dumping.stdout, check=True)
     assert dumping.wait() == 0
     return time.perf_counter() - began
+
+
+def cpu_seconds(*servers: Any) -> list[float]:
+    """CPU seconds (user + system) each server process has used so far."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found = []
+    for server in servers:
+        fields = Path(f"/proc/{server._proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        found.append((int(fields[11]) + int(fields[12])) / tick)
+    return found
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 CHAMELEON = "pg_chameleon==2.0.21"
@@ -239,7 +255,11 @@ def main() -> int:
     parser.add_argument("--postgres", action="store_true",
                         help="also setl into PostgreSQL against pg_chameleon 2.0.21 init_replica (in a throwaway venv)")
     parser.add_argument("--chameleon-venv", metavar="DIR", help="a venv with pg_chameleon to reuse (made if missing)")
+    parser.add_argument("--rss-sizes", metavar="N,N", help="only setl's peak RSS, one copy per table size "
+                        "(e.g. 500000,2000000 rows per table): bounded memory as tables grow")
     args = parser.parse_args()
+    sizes = [int(n) for n in args.rss_sizes.split(",")] if args.rss_sizes else [args.table_size]
+    args.table_size = sizes[0]
     rows = args.tables * args.table_size
     with tempfile.TemporaryDirectory(prefix="setl-bench-snapshot-") as tmp, MariaDBServer() as source, \
             MariaDBServer() as target:
@@ -280,18 +300,43 @@ def main() -> int:
             }, sort_keys=False))
             return name
 
+        if args.rss_sizes:
+            for size in sizes:
+                if size != args.table_size:
+                    source.query("DROP DATABASE sb")
+                    print(f"preparing {args.tables} x {size} sysbench rows ...", flush=True)
+                    sysbench.prepare(src, tables=args.tables, table_size=size, ddl_in_binlog=False)
+                    args.table_size = size
+                run = run_setl(conf, pipeline("copied"))
+                equal = sysbench.checksums(src) == sysbench.checksums(sysbench.Conn.from_server(target, "copied"))
+                target.query("DROP DATABASE copied")
+                print(f"{args.tables} x {size} rows: setl peak RSS {run.rss / 1024:.0f} MiB "
+                      f"({args.tables * size / run.seconds:,.0f} rows/s, target {'equal' if equal else 'DIFFERENT'})",
+                      flush=True)
+            return 0
+
         # setl into MariaDB against the dump, in rounds
         ratios: list[float] = []
         dumps: list[float] = []
         setls: list[Run] = []
         for round_ in range(1, args.repeat + 1):
             dump_seconds = 0.0
+            costs = ""
             if not args.only_setl:
+                before, clients = cpu_seconds(source, target), children_cpu()
                 dump_seconds = dump(source, target)
+                after, clients = cpu_seconds(source, target), children_cpu() - clients
+                costs = (f"; CPU us/row: dump clients {clients / rows * 1e6:.1f}, source "
+                         f"{(after[0] - before[0]) / rows * 1e6:.1f}, target {(after[1] - before[1]) / rows * 1e6:.1f}")
                 dumps.append(rows / dump_seconds)
                 target.query("DROP DATABASE dumped")
             name = pipeline("copied")
+            before = cpu_seconds(source, target)
             run = run_setl(conf, name, args.profile if round_ == 1 else None)
+            after = cpu_seconds(source, target)
+            costs = (f"; CPU us/row: setl {run.cpu / rows * 1e6:.1f}, source "
+                     f"{(after[0] - before[0]) / rows * 1e6:.1f}, target "
+                     f"{(after[1] - before[1]) / rows * 1e6:.1f}{costs}")
             equal = expected == sysbench.checksums(sysbench.Conn.from_server(target, "copied"))
             target.query("DROP DATABASE copied")
             setls.append(run)
@@ -300,8 +345,8 @@ def main() -> int:
                 ratios.append(dump_seconds / run.seconds)
                 ratio = f", {ratios[-1]:.2f}x the dump ({rows / dump_seconds:,.0f} rows/s)"
             print(f"round {round_}: setl {rows / run.seconds:,.0f} rows/s{ratio}; setl CPU {run.cpu:.1f}s in "
-                  f"{run.seconds:.1f}s, peak RSS {run.rss / 1024:.0f} MiB, target {'equal' if equal else 'DIFFERENT'}",
-                  flush=True)
+                  f"{run.seconds:.1f}s, peak RSS {run.rss / 1024:.0f} MiB, target {'equal' if equal else 'DIFFERENT'}"
+                  f"{costs}", flush=True)
             if not equal:
                 raise SystemExit("setl's copy differs from the source")
         setl_rate = median([rows / r.seconds for r in setls])
