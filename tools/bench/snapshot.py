@@ -1,17 +1,31 @@
 """Snapshot throughput: `setl start` with ``start: snapshot`` against ``mariadb-dump --single-transaction |
-mariadb`` on the same sysbench tables, in the same run; and what the copy costs the source's writers.
+mariadb`` (and, with ``--postgres``, against pg_chameleon's ``init_replica``) on the same sysbench
+tables, in the same run; what the copy costs the source's writers; and setl's peak RSS.
 
 Starts a MariaDB source and target (setl.testing.servers), prepares `--tables` sysbench tables of
-`--table-size` rows, then prints:
+`--table-size` rows, then, in `--repeat` rounds (medians and per-round ratios are printed, since a
+shared 2-core machine is noisy):
 
-* ``dump``: ``mariadb-dump --single-transaction DB | mariadb`` into an empty target database;
-* ``setl``: ``setl start --until-caught-up`` with ``start: snapshot`` into another (tables created
-  empty beforehand), checked with CHECKSUM TABLE; its peak RSS (the child's ``ru_maxrss``);
+* ``dump``: ``mariadb-dump --single-transaction sb | mariadb`` into an empty target database; then
+  ``setl``: ``setl start --until-caught-up`` with ``start: snapshot`` into another (tables created
+  empty beforehand), checked with CHECKSUM TABLE; its peak RSS (the child's ``ru_maxrss``) and CPU
+  seconds, and the CPU per row used by setl (or the dump's two clients) and by each server;
+* with ``--postgres``: setl into a PostgreSQL database (it creates the tables; ``COPY`` path),
+  against pg_chameleon 2.0.21 ``init_replica`` of the same schema (installed from PyPI into a
+  throwaway venv under the bench's temp dir, or ``--chameleon-venv DIR``; it refuses to run as root,
+  so as root it runs as the ``postgres`` OS user, with Debian's ``/usr/bin/python3``); both checked
+  by count and sums against the source. If pg_chameleon cannot be installed or run, a line says why;
 * ``sysbench``: transactions/s of an uncapped ``oltp_write_only`` run alone, while setl copies the
   same tables (the copy must not throttle the source), and while the dump does (the same CPU
-  contention on a small machine, with the dump's one long transaction).
+  contention on a small machine, with the dump's one long transaction);
+* ``--rss-sizes 500000,2000000``: only setl's peak RSS, one copy per table size.
 
-    python3 tools/bench/snapshot.py [--tables 4] [--table-size 500000] [--chunk-rows 10000] [--threads 2]
+    python3 tools/bench/snapshot.py [--tables 4] [--table-size 500000] [--repeat 3] [--postgres]
+        [--chunk-rows 10000] [--threads 2] [--load-mode ordered|per_table] [--no-sysbench] [--only-setl]
+        [--profile FILE]   # py-spy raw stacks of the first setl run, per thread, idle included
+    python3 tools/bench/snapshot.py --rss-sizes 500000,2000000
+
+RESULTS
 """
 
 from __future__ import annotations
