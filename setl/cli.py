@@ -161,6 +161,9 @@ def cmd_start(args: argparse.Namespace, conf: Path) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack on stderr
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    # Threads waiting on a server (loads, chunk reads, the binlog) get the GIL back within 0.5 ms
+    # of their answer instead of up to 5 ms, so a target is not left idle while Python work runs.
+    sys.setswitchinterval(0.0005)
     started = time.monotonic()
     bars = start_bars(node, args.until_caught_up)  # on a terminal only
     try:

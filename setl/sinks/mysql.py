@@ -30,7 +30,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import queue
 import re
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
@@ -114,9 +116,13 @@ def plain_quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-#: About the most bytes of VALUES one multi-row statement carries, as PyMySQL's executemany (well under
-#: the server's max_allowed_packet, 16 MB by default).
-MAX_STATEMENT = 1_000_000
+#: About the most bytes of VALUES one multi-row statement carries: a snapshot chunk or a large batch goes
+#: in a few round trips (each costs a wait for the GIL besides the trip). Capped at half the server's
+#: ``max_allowed_packet`` (16 MB by default in MariaDB), read when a connection opens.
+MAX_STATEMENT = 8_000_000
+#: Rows per multi-row statement unless ``chunk_rows`` is given. A larger set goes in several
+#: statements, each built by a helper thread while the server runs the one before (`BuiltAhead`).
+CHUNK_ROWS = 2_000
 
 
 def to_db(value: Any) -> Any:
@@ -129,6 +135,62 @@ def to_db(value: Any) -> Any:
     if isinstance(value, (set, frozenset)):
         return ",".join(sorted(map(str, value)))
     return value
+
+
+class BuiltAhead:
+    """The items of `produce` (statement texts), made by a helper thread one item ahead of the
+    reader: the next statement is built (Python, holding the GIL) while the server runs the current
+    one (a socket wait, not holding it), so the target is not idle while setl formats rows. A
+    context manager: leaving it stops and joins the helper, whatever happened."""
+
+    _END = object()
+
+    def __init__(self, produce: Iterator[str], name: str) -> None:
+        self._produce = produce
+        self._items: queue.Queue[tuple[Any, BaseException | None]] = queue.Queue(maxsize=1)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def __enter__(self) -> Iterator[str]:
+        self._thread.start()
+        return self._take()
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30.0)
+
+    def _put(self, item: Any, error: BaseException | None = None) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._items.put((item, error), timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        try:
+            for item in self._produce:
+                if not self._put(item):
+                    return
+        except BaseException as exc:  # handed to the reader, which raises it
+            self._put(self._END, exc)
+            return
+        self._put(self._END)
+
+    def _take(self) -> Iterator[str]:
+        while True:
+            try:
+                item, error = self._items.get(timeout=1.0)
+            except queue.Empty:
+                if not self._thread.is_alive():
+                    raise RuntimeError("statement builder stopped without a result") from None
+                continue
+            if error is not None:
+                raise error
+            if item is self._END:
+                return
+            yield item
 
 
 def _quotes_doubled(text: str) -> str:
@@ -144,7 +206,9 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
     def __init__(self, config: MysqlTargetConfig, *, connect_timeout: float = 10.0,
                  read_timeout: float | None = 300.0, **options: Any) -> None:
         """`options` are `SqlLoad`'s (pipeline, ddl, position table, chunking, retries)."""
+        options.setdefault("chunk_rows", CHUNK_ROWS)
         super().__init__(config, **options)
+        self._statement_bytes = MAX_STATEMENT
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         ssl = getattr(config, "ssl", None)
@@ -186,7 +250,11 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
             cur.execute("SET SESSION sql_mode = %s, time_zone = '+00:00', foreign_key_checks = 0",
                         (SQL_MODE,))
             cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED", ())
+            cur.execute("SELECT @@max_allowed_packet", ())
+            found = cur.fetchone()
         conn.commit()
+        if found and found[0]:
+            self._statement_bytes = max(16_384, min(MAX_STATEMENT, int(found[0]) // 2))
         return conn
 
     def _disconnect(self, conn: pymysql.connections.Connection) -> None:
@@ -443,8 +511,10 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
             for columns, images in group_by_columns(upserts).items():
                 updates = ", ".join(f"{plain_quote(c)} = VALUES({plain_quote(c)})" for c in columns)
                 head = f"INSERT INTO {plain} ({', '.join(map(plain_quote, columns))}) VALUES "
-                for values in self._values(conn, images):
-                    cur.execute(head + values + f" ON DUPLICATE KEY UPDATE {updates}")
+                tail = f" ON DUPLICATE KEY UPDATE {updates}"
+                with self._statements(conn, images) as statements:
+                    for values in statements:
+                        cur.execute(head + values + tail)
 
     def _apply_sequence(self, conn: pymysql.connections.Connection, table: TableChanges) -> None:
         name = table_name(table.schema, table.table)
@@ -455,8 +525,9 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
                     plain = f"{plain_quote(table.schema)}.{plain_quote(table.table)}"
                     for columns, images in group_by_columns(self._writable(i, computed) for i in added).items():
                         head = f"INSERT INTO {plain} ({', '.join(map(plain_quote, columns))}) VALUES "
-                        for values in self._values(conn, images):
-                            cur.execute(head + values)
+                        with self._statements(conn, images) as statements:
+                            for values in statements:
+                                cur.execute(head + values)
                     continue
                 if change.before is not None:
                     where = " AND ".join(f"{quote(c)} <=> %s" for c in change.before)
@@ -465,11 +536,20 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
                 if change.after is not None:
                     self._insert(cur, name, self._writable(change.after, computed))
 
+    def _statements(self, conn: pymysql.connections.Connection,
+                    images: Sequence[Mapping[str, Any]]) -> contextlib.AbstractContextManager[Iterator[str]]:
+        """The VALUES lists for `images` (`_values`), built ahead by a helper thread when they make
+        more than one statement."""
+        if len(images) <= self.chunk_rows:
+            return contextlib.nullcontext(self._values(conn, images))
+        return BuiltAhead(self._values(conn, images), f"setl-{self.pipeline}-load-build")
+
     def _values(self, conn: pymysql.connections.Connection, images: Sequence[Mapping[str, Any]]) -> Iterator[str]:
         """The VALUES lists of multi-row statements for `images` (which share one column order), at
-        most `chunk_rows` rows and about `MAX_STATEMENT` bytes each. Values are escaped as
-        PyMySQL escapes parameters (its own escaping for all but plain str, int and None), without
-        its per-row formatting of a parameterised statement (`pymysql.connections.Connection.escape`)."""
+        most `chunk_rows` rows and about `MAX_STATEMENT` bytes (at most half the server's
+        ``max_allowed_packet``) each. Values are escaped as PyMySQL escapes parameters (its own
+        escaping for all but plain str, int and None), without its per-row formatting of a
+        parameterised statement (`pymysql.connections.Connection.escape`)."""
         escape_string: Callable[[str], str] = pymysql.converters.escape_string
         if getattr(conn, "server_status", 0) & SERVER_STATUS.SERVER_STATUS_NO_BACKSLASH_ESCAPES:
             escape_string = _quotes_doubled  # as PyMySQL's own escape does then
@@ -491,7 +571,7 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
             text = "(" + ",".join(parts) + ")"
             rows.append(text)
             size += len(text) if text.isascii() else 4 * len(text)  # at most 4 bytes a character in utf8mb4
-            if size >= MAX_STATEMENT or len(rows) >= self.chunk_rows:
+            if size >= self._statement_bytes or len(rows) >= self.chunk_rows:
                 yield ",".join(rows)
                 rows, size = [], 0
         if rows:

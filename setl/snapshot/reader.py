@@ -22,6 +22,7 @@ from setl.errors import SourceError
 from setl.model import InvalidDate, Position, TableName
 
 _DATES = frozenset({"date", "datetime", "timestamp"})
+_CONVERTED = _DATES | {"set", "bit"}  # the types `ChunkReader.image` converts
 
 
 @attrs.frozen
@@ -159,7 +160,7 @@ class ChunkReader:
                 rows = cur.fetchall()
             finally:
                 cur.execute("COMMIT")
-        return [self.image(plan, row) for row in rows], position
+        return self.images(plan, rows), position
 
     def read_all(self, conn: pymysql.connections.Connection, plan: TablePlan, piece_rows: int,
                  started: Callable[[Position], None], piece: Callable[[list[dict[str, Any]], bool], None]) -> None:
@@ -173,7 +174,7 @@ class ChunkReader:
                 rows: Any = cur.fetchmany(piece_rows)
                 while True:
                     following = cur.fetchmany(piece_rows) if len(rows) == piece_rows else []
-                    piece([self.image(plan, row) for row in rows], not following)
+                    piece(self.images(plan, rows), not following)
                     if not following:
                         break
                     rows = following
@@ -183,6 +184,14 @@ class ChunkReader:
     @staticmethod
     def _select(plan: TablePlan) -> str:
         return ", ".join(ddl.quote(c) for c in plan.columns)
+
+    @classmethod
+    def images(cls, plan: TablePlan, rows: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
+        """`image` of each row; plain dicts when no column needs a conversion."""
+        if any(kind in _CONVERTED for kind in plan.types.values()):
+            return [cls.image(plan, row) for row in rows]
+        columns = plan.columns
+        return [dict(zip(columns, row)) for row in rows]
 
     @staticmethod
     def image(plan: TablePlan, row: Sequence[Any]) -> dict[str, Any]:

@@ -60,6 +60,8 @@ class TableExtract(Extract):
                  plan: RoutingPlan | None = None) -> None:
         self.pipeline = pipeline
         self.plan = plan if plan is not None else RoutingPlan.compile(rules, pipeline=pipeline)
+        #: (source table, source key) -> target key, since every row of a table asks the same
+        self._keys: dict[tuple[Any, tuple[str, ...]], tuple[str, ...]] = {}
 
     def route(self, schema: str, table: str) -> Route | None:
         return self.plan.route(schema, table)
@@ -144,13 +146,20 @@ class TableExtract(Extract):
             op=op,
             schema=plan.target.schema,
             table=plan.target.table,
-            primary_key=plan.target_key(change.primary_key),
+            primary_key=self._target_key(plan, change.primary_key),
             before=self._columns(plan, before),
             after=self._columns(plan, after),
             position=change.position,
             commit_time=change.commit_time,
             source=plan.source,
         )
+
+    def _target_key(self, plan: Route, key: tuple[str, ...]) -> tuple[str, ...]:
+        memo = (plan.source, key)
+        found = self._keys.get(memo)
+        if found is None:
+            found = self._keys[memo] = plan.target_key(key)
+        return found
 
     @staticmethod
     def _columns(plan: Route, image: Mapping[str, Any] | None) -> Mapping[str, Any] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import decimal
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -23,7 +24,7 @@ from setl.sinks.sql_common import TargetTableMissing
 from setl.testing.servers import MariaDBServer, free_port
 from tests.e2e.replicate import PER_TABLE, replicate, table_rule, write_source
 
-from .contract import Changes, SinkContract, Target, item, make_batch, model_settings
+from .contract import Changes, SinkContract, Target, item, make_batch, model_settings, read
 
 
 class MySQLTarget(Target):
@@ -128,6 +129,33 @@ class TestMySQLSink(SinkContract):
                            datetime.datetime(2024, 1, 2, 3, 4, 5, 600000), datetime.date(2024, 2, 29),
                            datetime.timedelta(hours=-1, seconds=5))
         assert got[6] == '{"k":[1,"é"]}' and got[7:] == (0.5, "x,z", "ünï")
+
+    def test_reads_past_one_statement_are_built_ahead_and_all_applied(self, target, items):
+        """A snapshot chunk larger than one statement (`chunk_rows`) goes in several statements, each
+        built by a helper thread while the one before runs; every row arrives, and the helper is gone."""
+        load = target.make_load(chunk_rows=50)
+        try:
+            reads = [read(items, item(i, name=f"n{i}")) for i in range(1, 1001)]
+            load.load(make_batch(reads))
+            load.load(make_batch(reads, id=2))  # replayed: the same rows, no duplicates
+        finally:
+            load.close()
+        rows = target.rows("items")
+        assert len(rows) == 1000 and rows[0][:2] == (1, "n1") and rows[-1][:2] == (1000, "n1000")
+        assert not [t for t in threading.enumerate() if t.name.endswith("-load-build")]
+
+    def test_a_value_the_builder_cannot_write_fails_the_batch(self, target, items):
+        """An error while a helper builds a later statement fails the batch as a LoadError naming the
+        table; nothing of it is committed and the helper is gone."""
+        load = target.make_load(chunk_rows=10)
+        try:
+            reads = [read(items, item(i)) for i in range(1, 40)] + [read(items, item(40, qty=float("nan")))]
+            with pytest.raises(LoadError, match="items"):
+                load.load(make_batch(reads))
+        finally:
+            load.close()
+        assert target.rows("items") == []
+        assert not [t for t in threading.enumerate() if t.name.endswith("-load-build")]
 
     def test_strict_mode_refuses_truncation(self, target, items, load):
         """A value too long for its column fails the batch instead of being truncated."""

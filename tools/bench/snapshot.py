@@ -1,43 +1,83 @@
 """Snapshot throughput: `setl start` with ``start: snapshot`` against ``mariadb-dump --single-transaction |
-mariadb`` on the same sysbench tables, in the same run; and what the copy costs the source's writers.
+mariadb`` (and, with ``--postgres``, against pg_chameleon's ``init_replica``) on the same sysbench
+tables, in the same run; what the copy costs the source's writers; and setl's peak RSS.
 
 Starts a MariaDB source and target (setl.testing.servers), prepares `--tables` sysbench tables of
-`--table-size` rows, then prints:
+`--table-size` rows, then, in `--repeat` rounds (medians and per-round ratios are printed, since a
+shared 2-core machine is noisy):
 
-* ``dump``: ``mariadb-dump --single-transaction DB | mariadb`` into an empty target database;
-* ``setl``: ``setl start --until-caught-up`` with ``start: snapshot`` into another (tables created
-  empty beforehand), checked with CHECKSUM TABLE; its peak RSS (the child's ``ru_maxrss``);
+* ``dump``: ``mariadb-dump --single-transaction sb | mariadb`` into an empty target database; then
+  ``setl``: ``setl start --until-caught-up`` with ``start: snapshot`` into another (tables created
+  empty beforehand), checked with CHECKSUM TABLE; its peak RSS (the child's ``ru_maxrss``) and CPU
+  seconds, and the CPU per row used by setl (or the dump's two clients) and by each server;
+* with ``--postgres``: setl into a PostgreSQL database (it creates the tables; ``COPY`` path),
+  against pg_chameleon 2.0.21 ``init_replica`` of the same schema (installed from PyPI into a
+  throwaway venv under the bench's temp dir, or ``--chameleon-venv DIR``; it refuses to run as root,
+  so as root it runs as the ``postgres`` OS user, with Debian's ``/usr/bin/python3``); both checked
+  by count and sums against the source. If pg_chameleon cannot be installed or run, a line says why;
 * ``sysbench``: transactions/s of an uncapped ``oltp_write_only`` run alone, while setl copies the
   same tables (the copy must not throttle the source), and while the dump does (the same CPU
-  contention on a small machine, with the dump's one long transaction).
+  contention on a small machine, with the dump's one long transaction);
+* ``--rss-sizes 500000,2000000``: only setl's peak RSS, one copy per table size.
 
-    python3 tools/bench/snapshot.py [--tables 4] [--table-size 500000] [--chunk-rows 10000] [--threads 2]
+    python3 tools/bench/snapshot.py [--tables 4] [--table-size 500000] [--repeat 3] [--postgres]
+        [--chunk-rows 10000] [--threads 2] [--load-mode ordered|per_table] [--no-sysbench] [--only-setl]
+        [--profile FILE]   # py-spy raw stacks of the first setl run, per thread, idle included
+    python3 tools/bench/snapshot.py --rss-sizes 500000,2000000
+
+Measured (medians of 3 rounds, 2 shared cores at load average 5 to 8; docs/snapshot.md has the
+analysis), ``--table-size 500000 --repeat 3 --postgres``:
+
+* into MariaDB: setl 34,400 rows/s, 0.69x the dump's 50,200 (rounds 0.69, 0.72, 0.68; goal 0.8).
+  CPU per row: setl 9.5 µs, source 0.7, target 9.9; the dump's clients 1.6, source 0.5, target 9.2;
+* into PostgreSQL: setl 80,700 rows/s, 0.44x pg_chameleon 2.0.21 ``init_replica``'s 195,400
+  (rounds 0.45, 0.40, 0.44; goal 3x);
+* sysbench during the setl copy 1.01x of alone (rounds 1.01, 1.10, 0.99; goal 0.9), during the dump
+  1.22x (0.74, 1.22, 1.28): the other work on the machine moves it more than the copy does;
+* ``--rss-sizes 500000,2000000``: peak RSS 157 MiB for 4 x 500k rows, 158 MiB for 4 x 2M.
+
+On quieter cores (load average 2 to 4), ``--no-sysbench``: 0.66x the dump (57,000 against 110,000
+rows/s); ``--load-mode per_table`` 0.71x (69,800 against 98,900).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import pwd
+import resource
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+import attrs
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from setl.testing.servers import MariaDBServer  # noqa: E402
+from setl.testing.servers import MariaDBServer, PostgresServer  # noqa: E402
 from tools import sysbench  # noqa: E402
 
 
-def run_setl(conf: Path, name: str, profile: str | None = None) -> tuple[float, int, str]:
-    """`setl start --until-caught-up`: seconds, peak RSS (KiB) and its log (`profile`: py-spy's
-    collapsed stacks to that file; the RSS is then py-spy's)."""
+@attrs.frozen
+class Run:
+    """One `setl start --until-caught-up`: wall seconds, CPU seconds (user + system) and peak RSS (KiB)."""
+
+    seconds: float
+    cpu: float
+    rss: int
+
+
+def run_setl(conf: Path, name: str, profile: str | None = None) -> Run:
+    """`setl start --until-caught-up` (`profile`: py-spy's collapsed stacks, per thread and idle
+    included, to that file; the RSS and CPU are then py-spy's)."""
     log = conf.parent / f"{name}.log"
-    spy = ["py-spy", "record", "-r", "100", "-f", "raw", "-o", profile, "--"] if profile else []
+    spy = ["py-spy", "record", "-r", "100", "--threads", "--idle", "-f", "raw", "-o", profile, "--"] if profile else []
     with open(log, "w") as out:
         began = time.perf_counter()
         argv = [*spy, sys.executable, "-m", "setl.cli", "--conf", str(conf), "start", "--pipeline", name,
@@ -48,7 +88,7 @@ def run_setl(conf: Path, name: str, profile: str | None = None) -> tuple[float, 
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise SystemExit(f"setl failed ({proc.returncode}):\n{log.read_text()[-3000:]}")
-    return seconds, usage.ru_maxrss, log.read_text()
+    return Run(seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss)
 
 
 def dump(source: MariaDBServer, target: MariaDBServer) -> float:
@@ -63,16 +103,189 @@ def dump(source: MariaDBServer, target: MariaDBServer) -> float:
     return time.perf_counter() - began
 
 
+def cpu_seconds(*servers: Any) -> list[float]:
+    """CPU seconds (user + system) each server process has used so far."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found = []
+    for server in servers:
+        fields = Path(f"/proc/{server._proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        found.append((int(fields[11]) + int(fields[12])) / tick)
+    return found
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+CHAMELEON = "pg_chameleon==2.0.21"
+
+
+def chameleon_venv(work: Path, reuse: str | None) -> tuple[Path | None, str]:
+    """A throwaway venv with pg_chameleon under `work` (or `reuse`, a venv made before): its
+    ``chameleon`` script, or None and why not."""
+    venv = Path(reuse) if reuse else work / "chameleon-venv"
+    script = venv / "bin" / "chameleon"
+    if not script.exists():
+        print(f"installing {CHAMELEON} into {venv} ...", flush=True)
+        # Debian's python3 when there is one: pg_chameleon refuses root and runs as the postgres
+        # user (`run_chameleon`), who may not reach a Python under root's home (pyenv).
+        python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+        made = subprocess.run([python, "-m", "venv", str(venv)], capture_output=True, text=True)
+        if made.returncode == 0:
+            made = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", CHAMELEON], capture_output=True,
+                                  text=True)
+        if made.returncode != 0 or not script.exists():
+            lines = [line for line in (made.stderr + made.stdout).splitlines()
+                     if line.strip() and not line.startswith("WARNING")]
+            return None, f"pip install {CHAMELEON} failed: {lines[-1] if lines else made.returncode}"
+    return script, ""
+
+
+def run_chameleon(script: Path, work: Path, source: MariaDBServer, pg: PostgresServer, database: str) -> float | str:
+    """pg_chameleon's ``init_replica`` of the ``sb`` schema into `database` (schema ``sb``): its
+    seconds, or why it could not run (the last line of its error)."""
+    home = work / "chameleon-home"
+    for folder in (".pg_chameleon/configuration", "pid", "logs"):
+        (home / folder).mkdir(parents=True, exist_ok=True)
+    out_dir = work / "chameleon-out"
+    out_dir.mkdir(exist_ok=True)
+    config = {
+        # log_dest stdout: init_replica runs in the foreground (with "file" it daemonizes)
+        "pid_dir": str(home / "pid"), "log_dir": str(home / "logs"), "log_dest": "stdout", "log_level": "info",
+        "log_days_keep": 1, "rollbar_key": "", "rollbar_env": "",
+        # a password, though trust auth ignores it: pg_chameleon's libpq string breaks on an empty one
+        "pg_conn": {"host": pg.host, "port": str(pg.port), "user": pg.user, "password": "unused", "database": database,
+                    "charset": "utf8"},
+        "sources": {"mysql": {
+            "db_conn": {"host": source.host, "port": str(source.port), "user": source.user, "password": "",
+                        "charset": "utf8", "connect_timeout": 10},
+            "schema_mappings": {"sb": "sb"}, "limit_tables": None, "skip_tables": None, "grant_select_to": None,
+            "lock_timeout": "120s", "my_server_id": 4242, "replica_batch_size": 10000, "replay_max_rows": 10000,
+            "batch_retention": "1 day", "copy_max_memory": "300M", "copy_mode": "file", "out_dir": str(out_dir),
+            "sleep_loop": 1, "on_error_replay": "continue", "on_error_read": "continue",
+            "auto_maintenance": "disabled", "gtid_enable": False, "type": "mysql", "keep_existing_schema": False,
+            "net_read_timeout": 600, "skip_events": {"insert": None, "delete": None, "update": None}}},
+    }
+    (home / ".pg_chameleon" / "configuration" / "bench.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+    env = {**os.environ, "HOME": str(home)}
+    as_user: list[str] = []
+    if os.geteuid() == 0:  # "pg_chameleon cannot be run as root": run it as PostgreSQL's OS user
+        account = pwd.getpwnam(PostgresServer.os_user)
+        os.chmod(work, 0o755)
+        for path in (home, out_dir, *home.rglob("*"), *out_dir.rglob("*")):
+            os.chown(path, account.pw_uid, account.pw_gid)
+        as_user = ["runuser", "-u", account.pw_name, "--", "env", f"HOME={home}"]
+
+    def chameleon(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*as_user, str(script), *argv, "--config", "bench"], env=env,
+                              capture_output=True, text=True, timeout=3600, cwd=str(home))
+
+    for step in (("create_replica_schema",), ("add_source", "--source", "mysql")):
+        done = chameleon(*step)
+        if done.returncode != 0 or "FATAL" in done.stdout:
+            return f"chameleon {step[0]} failed: {_last_line(done)}"
+    began = time.perf_counter()
+    done = chameleon("init_replica", "--source", "mysql")
+    seconds = time.perf_counter() - began
+    if done.returncode != 0 or "FATAL" in done.stdout:
+        return f"chameleon init_replica failed: {_last_line(done)}"
+    return seconds
+
+
+def _last_line(done: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+    fatal = [line for line in lines if "FATAL" in line or "Error" in line]
+    if fatal:
+        return fatal[-1].strip()
+    return lines[-1] if lines else f"exit code {done.returncode}"
+
+
+def pg_summary(pg: PostgresServer, database: str, schema: str, tables: int) -> list[tuple[int, ...]] | str:
+    """Per sysbench table: rows, sum of id, sum of k (a light equality check against the source);
+    or the error reading them."""
+    try:
+        return [tuple(int(v or 0) for v in pg.query(f'SELECT count(*), sum(id), sum(k) FROM "{schema}"."sbtest{n}"',
+                                                    dbname=database)[0]) for n in range(1, tables + 1)]
+    except Exception as exc:
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+
+
+def mariadb_summary(server: MariaDBServer, schema: str, tables: int) -> list[tuple[int, ...]]:
+    return [tuple(int(v or 0) for v in server.query(f"SELECT count(*), sum(id), sum(k) FROM `{schema}`.`sbtest{n}`")[0])
+            for n in range(1, tables + 1)]
+
+
+def postgres(args: argparse.Namespace, work: Path, source: MariaDBServer, pipeline: Any, conf: Path) -> None:
+    """setl into PostgreSQL (COPY) against pg_chameleon's ``init_replica``, in rounds: median rows/s and ratio."""
+    rows = args.tables * args.table_size
+    expected = mariadb_summary(source, "sb", args.tables)
+    script, why = chameleon_venv(work, args.chameleon_venv)
+    with PostgresServer() as pg:
+        ratios: list[float] = []
+        setls: list[Run] = []
+        chams: list[float] = []
+        for round_ in range(1, args.repeat + 1):
+            database = f"setl{round_}"
+            run = run_setl(conf, pipeline(database, pg))
+            equal = pg_summary(pg, database, "sb", args.tables) == expected
+            pg.query(f'DROP DATABASE "{database}"')
+            setls.append(run)
+            line = (f"round {round_}: setl into PostgreSQL {rows / run.seconds:,.0f} rows/s (CPU {run.cpu:.1f}s, peak "
+                    f"RSS {run.rss / 1024:.0f} MiB, target {'equal' if equal else 'DIFFERENT'})")
+            if script is not None:
+                database = f"chameleon{round_}"
+                pg.query(f'CREATE DATABASE "{database}"')
+                took = run_chameleon(script, work, source, pg, database)
+                if isinstance(took, str):
+                    script, why = None, took
+                else:
+                    found = pg_summary(pg, database, "sb", args.tables)
+                    if found != expected:
+                        script, why = None, f"pg_chameleon's copy differs from the source: {found}"
+                    else:
+                        chams.append(rows / took)
+                        ratios.append(took / run.seconds)
+                        line += (f"; pg_chameleon init_replica {rows / took:,.0f} rows/s (target equal): setl "
+                                 f"{ratios[-1]:.2f}x")
+                pg.query(f'DROP DATABASE "{database}"')
+            print(line, flush=True)
+            if not equal:
+                raise SystemExit("setl's copy into PostgreSQL differs from the source")
+        line = f"setl into PostgreSQL: median {median([rows / r.seconds for r in setls]):,.0f} rows/s"
+        if ratios:
+            line += (f" = {median(ratios):.2f}x pg_chameleon 2.0.21 init_replica (median {median(chams):,.0f} rows/s, "
+                     f"{len(ratios)} rounds)")
+        print(line, flush=True)
+        if why:
+            print(f"pg_chameleon not measured: {why}", flush=True)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tables", type=int, default=4)
     parser.add_argument("--table-size", type=int, default=500_000)
     parser.add_argument("--chunk-rows", type=int, default=10_000)
+    parser.add_argument("--repeat", type=int, default=3, help="rounds of each measurement (medians are printed)")
     parser.add_argument("--threads", type=int, default=2, help="sysbench threads for the tps comparison")
     parser.add_argument("--seconds", type=float, default=15.0, help="length of each sysbench run")
     parser.add_argument("--profile", metavar="FILE", help="py-spy collapsed stacks of the first setl run")
     parser.add_argument("--only-setl", action="store_true", help="no dump, no sysbench: setl's rows/s and peak RSS")
+    parser.add_argument("--no-sysbench", action="store_true", help="no sysbench comparison")
+    parser.add_argument("--load-mode", choices=["ordered", "per_table"], default="ordered",
+                        help="the pipelines' load.mode")
+    parser.add_argument("--postgres", action="store_true",
+                        help="also setl into PostgreSQL against pg_chameleon 2.0.21 init_replica (in a throwaway venv)")
+    parser.add_argument("--chameleon-venv", metavar="DIR", help="a venv with pg_chameleon to reuse (made if missing)")
+    parser.add_argument("--rss-sizes", metavar="N,N", help="only setl's peak RSS, one copy per table size "
+                        "(e.g. 500000,2000000 rows per table): bounded memory as tables grow")
     args = parser.parse_args()
+    sizes = [int(n) for n in args.rss_sizes.split(",")] if args.rss_sizes else [args.table_size]
+    args.table_size = sizes[0]
     rows = args.tables * args.table_size
     with tempfile.TemporaryDirectory(prefix="setl-bench-snapshot-") as tmp, MariaDBServer() as source, \
             MariaDBServer() as target:
@@ -80,56 +293,126 @@ def main() -> int:
         src = sysbench.Conn.from_server(source, "sb")
         print(f"preparing {args.tables} x {args.table_size} sysbench rows ...", flush=True)
         sysbench.prepare(src, tables=args.tables, table_size=args.table_size, ddl_in_binlog=False)
-
-        dump_seconds = 0.0
-        if not args.only_setl:
-            dump_seconds = dump(source, target)
-            print(f"dump:  {rows} rows in {dump_seconds:.1f}s = {rows / dump_seconds:,.0f} rows/s", flush=True)
-
-        # setl, start: snapshot
-        sysbench.create_tables(sysbench.Conn.from_server(target, "copied"), tables=args.tables, log_bin=False)
+        expected = sysbench.checksums(src)
         conf = work / "conf"
         (conf / "pipelines").mkdir(parents=True)
         (conf / "setl.yaml").write_text(yaml.safe_dump({"meta": {"store": "sqlite", "path": str(work / "meta.db")}}))
+        names = iter(range(1, 1000))
 
-        def pipeline(name: str, target_db: str) -> None:
+        def pipeline(target_db: str, pg: PostgresServer | None = None) -> str:
+            """A `start: snapshot` pipeline of the sysbench tables into `target_db` (made empty first;
+            with `pg`, a PostgreSQL database whose tables setl creates)."""
+            number = next(names)
+            name = f"snap{number}"
+            if pg is None:
+                sysbench.create_tables(sysbench.Conn.from_server(target, target_db), tables=args.tables,
+                                       log_bin=False)
+                into: dict[str, object] = {"type": "mysql", "host": target.host, "port": target.port,
+                                           "user": target.user}
+                template = f"{target_db}.{{table}}"
+            else:
+                pg.query(f'CREATE DATABASE "{target_db}"')
+                into = {"type": "postgresql", "host": pg.host, "port": pg.port, "user": pg.user,
+                        "database": target_db}
+                template = "sb.{table}"
             (conf / "pipelines" / f"{name}.yaml").write_text(yaml.safe_dump({
                 "source": {"type": "mysql", "host": source.host, "port": source.port, "user": source.user,
-                           "server_id": 3000 + len(name), "start": "snapshot",
+                           "server_id": 3000 + number, "start": "snapshot",
                            "snapshot": {"chunk_rows": args.chunk_rows}},
-                "target": {"type": "mysql", "host": target.host, "port": target.port, "user": target.user},
-                "tables": [{"source": r"sb\..*", "target": f"{target_db}.{{table}}"}],
-                "pipeline": {"parallelism": 4, "batch": {"max_rows": args.chunk_rows, "max_wait_ms": 100}},
+                "target": into,
+                "tables": [{"source": r"sb\..*", "target": template}],
+                "pipeline": {"parallelism": 4, "batch": {"max_rows": args.chunk_rows, "max_wait_ms": 100},
+                             "load": {"mode": args.load_mode}},
             }, sort_keys=False))
+            return name
 
-        pipeline("snap", "copied")
-        seconds, rss, _ = run_setl(conf, "snap", args.profile)
-        equal = sysbench.checksums(src) == sysbench.checksums(sysbench.Conn.from_server(target, "copied"))
-        ratio = f" ({rows / seconds / (rows / dump_seconds):.2f}x the dump)" if dump_seconds else ""
-        print(f"setl:  {rows} rows in {seconds:.1f}s = {rows / seconds:,.0f} rows/s{ratio}, peak RSS "
-              f"{rss / 1024:.0f} MiB, target {'equal' if equal else 'DIFFERENT'}", flush=True)
-        if args.only_setl:
+        if args.rss_sizes:
+            for size in sizes:
+                if size != args.table_size:
+                    source.query("DROP DATABASE sb")
+                    print(f"preparing {args.tables} x {size} sysbench rows ...", flush=True)
+                    sysbench.prepare(src, tables=args.tables, table_size=size, ddl_in_binlog=False)
+                    args.table_size = size
+                run = run_setl(conf, pipeline("copied"))
+                equal = sysbench.checksums(src) == sysbench.checksums(sysbench.Conn.from_server(target, "copied"))
+                target.query("DROP DATABASE copied")
+                print(f"{args.tables} x {size} rows: setl peak RSS {run.rss / 1024:.0f} MiB "
+                      f"({args.tables * size / run.seconds:,.0f} rows/s, target {'equal' if equal else 'DIFFERENT'})",
+                      flush=True)
             return 0
 
-        # sysbench alone, then while setl copies the same tables again
-        alone = sysbench.run(src, seconds=args.seconds, threads=args.threads, tables=args.tables,
-                             table_size=args.table_size)
-        sysbench.create_tables(sysbench.Conn.from_server(target, "copied2"), tables=args.tables, log_bin=False)
-        pipeline("snap2", "copied2")
-        running = sysbench.start(src, seconds=args.seconds, threads=args.threads, tables=args.tables,
-                                 table_size=args.table_size)
-        seconds2, rss2, _ = run_setl(conf, "snap2")
-        during = running.wait()
-        # the same CPU contention from the baseline: sysbench while mariadb-dump copies the tables
-        target.query("DROP DATABASE dumped")
-        running = sysbench.start(src, seconds=args.seconds, threads=args.threads, tables=args.tables,
-                                 table_size=args.table_size)
-        dump_seconds2 = dump(source, target)
-        during_dump = running.wait()
-        print(f"sysbench: {alone.tps:,.0f} tx/s alone, {during.tps:,.0f} tx/s during the setl copy "
-              f"({during.tps / alone.tps:.2f}x; the copy took {seconds2:.1f}s, peak RSS {rss2 / 1024:.0f} MiB), "
-              f"{during_dump.tps:,.0f} tx/s during the dump ({during_dump.tps / alone.tps:.2f}x; "
-              f"it took {dump_seconds2:.1f}s)")
+        # setl into MariaDB against the dump, in rounds
+        ratios: list[float] = []
+        dumps: list[float] = []
+        setls: list[Run] = []
+        for round_ in range(1, args.repeat + 1):
+            dump_seconds = 0.0
+            costs = ""
+            if not args.only_setl:
+                before, clients = cpu_seconds(source, target), children_cpu()
+                dump_seconds = dump(source, target)
+                after, clients = cpu_seconds(source, target), children_cpu() - clients
+                costs = (f"; CPU us/row: dump clients {clients / rows * 1e6:.1f}, source "
+                         f"{(after[0] - before[0]) / rows * 1e6:.1f}, target {(after[1] - before[1]) / rows * 1e6:.1f}")
+                dumps.append(rows / dump_seconds)
+                target.query("DROP DATABASE dumped")
+            name = pipeline("copied")
+            before = cpu_seconds(source, target)
+            run = run_setl(conf, name, args.profile if round_ == 1 else None)
+            after = cpu_seconds(source, target)
+            costs = (f"; CPU us/row: setl {run.cpu / rows * 1e6:.1f}, source "
+                     f"{(after[0] - before[0]) / rows * 1e6:.1f}, target "
+                     f"{(after[1] - before[1]) / rows * 1e6:.1f}{costs}")
+            equal = expected == sysbench.checksums(sysbench.Conn.from_server(target, "copied"))
+            target.query("DROP DATABASE copied")
+            setls.append(run)
+            ratio = ""
+            if dump_seconds:
+                ratios.append(dump_seconds / run.seconds)
+                ratio = f", {ratios[-1]:.2f}x the dump ({rows / dump_seconds:,.0f} rows/s)"
+            print(f"round {round_}: setl {rows / run.seconds:,.0f} rows/s{ratio}; setl CPU {run.cpu:.1f}s in "
+                  f"{run.seconds:.1f}s, peak RSS {run.rss / 1024:.0f} MiB, target {'equal' if equal else 'DIFFERENT'}"
+                  f"{costs}", flush=True)
+            if not equal:
+                raise SystemExit("setl's copy differs from the source")
+        setl_rate = median([rows / r.seconds for r in setls])
+        line = f"setl into MariaDB: {rows} rows, median {setl_rate:,.0f} rows/s"
+        if ratios:
+            line += (f" = {median(ratios):.2f}x the dump (median of {len(ratios)} rounds; dump median "
+                     f"{median(dumps):,.0f} rows/s)")
+        print(f"{line}; peak RSS {max(r.rss for r in setls) / 1024:.0f} MiB, CPU "
+              f"{median([r.cpu for r in setls]):.1f}s", flush=True)
+        if args.postgres:
+            postgres(args, work, source, pipeline, conf)
+        if args.only_setl or args.no_sysbench:
+            return 0
+
+        # sysbench alone, while setl copies the same tables, and while the dump does (the same CPU
+        # contention on a small machine, with the dump's one long transaction)
+        during_setl: list[float] = []
+        during_dump: list[float] = []
+        for round_ in range(1, args.repeat + 1):
+            def load(seconds: float = args.seconds) -> sysbench.Running:
+                return sysbench.start(src, seconds=seconds, threads=args.threads, tables=args.tables,
+                                      table_size=args.table_size)
+
+            alone = load().wait()
+            name = pipeline("copied")
+            running = load()
+            run = run_setl(conf, name)
+            with_setl = running.wait()
+            target.query("DROP DATABASE copied")
+            running = load()
+            took = dump(source, target)
+            with_dump = running.wait()
+            target.query("DROP DATABASE dumped")
+            during_setl.append(with_setl.tps / alone.tps)
+            during_dump.append(with_dump.tps / alone.tps)
+            print(f"round {round_}: sysbench {alone.tps:,.0f} tx/s alone, {with_setl.tps:,.0f} during the setl copy "
+                  f"({during_setl[-1]:.2f}x; the copy took {run.seconds:.1f}s, peak RSS {run.rss / 1024:.0f} MiB), "
+                  f"{with_dump.tps:,.0f} during the dump ({during_dump[-1]:.2f}x; it took {took:.1f}s)", flush=True)
+        print(f"sysbench during the setl copy: median {median(during_setl):.2f}x of alone; during the dump: "
+              f"{median(during_dump):.2f}x", flush=True)
     return 0
 
 
