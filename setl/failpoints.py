@@ -22,6 +22,8 @@ The failpoints (`FAILPOINTS`):
 * ``termin``: between a batch's load (or, per_table, its `mark_loaded`) and its ack: the
   target holds the batch and the meta store does not.
 * ``ddl_action``: after a batch DDL task's action ran, before its record is written.
+* ``snapshot_read``: a snapshot chunk read knows its binlog position (its consistent snapshot
+  began) and has not run its SELECT yet.
 
 Two older test hooks are kept as environment variables of their own:
 ``SETL_DDLTASK_CRASH_AFTER_ACTION=TASK`` (a ``ddl_action`` crash for that task) and
@@ -65,6 +67,7 @@ FAILPOINTS: dict[str, str] = {
     "load": "before a batch, or one table's part of it, is written to the target",
     "termin": "between a batch's load (per_table: its mark_loaded) and its ack",
     "ddl_action": "after a batch DDL task's action ran, before its record is written (task = its id)",
+    "snapshot_read": "a snapshot chunk read knows its binlog position and has not run its SELECT yet",
 }
 ACTIONS = ("fail", "slow", "crash")
 

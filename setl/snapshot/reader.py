@@ -17,11 +17,13 @@ import attrs
 import pymysql
 import pymysql.cursors
 
-from setl import ddl
+from setl import ddl, failpoints
 from setl.errors import SourceError
 from setl.model import InvalidDate, Position, TableName
 
 _DATES = frozenset({"date", "datetime", "timestamp"})
+#: Engines whose reads in a consistent snapshot see the table as of the snapshot's position.
+TRANSACTIONAL_ENGINES = frozenset({"innodb", "xtradb", "rocksdb", "tokudb"})
 _CONVERTED = _DATES | {"set", "bit"}  # the types `ChunkReader.image` converts
 
 
@@ -34,6 +36,9 @@ class TablePlan:
     types: Mapping[str, str]  # column -> information_schema DATA_TYPE, lower case
     key: tuple[str, ...]
     estimate: int
+    #: its engine is MVCC (InnoDB): a consistent snapshot covers it. MyISAM, Aria or MEMORY
+    #: rows are read as they are when the SELECT runs, whatever the snapshot's position says.
+    transactional: bool = True
 
     @property
     def keyless(self) -> bool:
@@ -107,11 +112,23 @@ class ChunkReader:
                         "AND TABLE_NAME = %s AND CONSTRAINT_NAME = 'PRIMARY' ORDER BY ORDINAL_POSITION",
                         (table.schema, table.table))
             key = tuple(str(row[0]) for row in cur.fetchall())
-            cur.execute("SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND "
+            cur.execute("SELECT TABLE_ROWS, ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND "
                         "TABLE_NAME = %s", (table.schema, table.table))
             found = cur.fetchone()
+        engine = str(found[1] or "").lower() if found else ""
         return TablePlan(table, tuple(c for c, _ in columns), dict(columns), key,
-                         int(found[0] or 0) if found else 0)
+                         int(found[0] or 0) if found else 0, engine in TRANSACTIONAL_ENGINES)
+
+    def head(self) -> Position | None:
+        """The binlog's end now (``SHOW MASTER STATUS``, on a connection of its own)."""
+        conn = self.connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SHOW MASTER STATUS")
+                found = cur.fetchone()
+        finally:
+            conn.close()
+        return Position(str(found[0]), int(found[1])) if found else None
 
     def has_rows(self, conn: pymysql.connections.Connection, plan: TablePlan) -> bool:
         with conn.cursor() as cur:
@@ -155,6 +172,7 @@ class ChunkReader:
             position = self._begin(cur)
             try:
                 started(position)
+                failpoints.hit("snapshot_read")
                 # always with arguments (maybe none), so always %-formatted: `%` in names doubled
                 cur.execute(f"SELECT {columns} FROM {table}{where} ORDER BY {keys}", args)
                 rows = cur.fetchall()
@@ -163,14 +181,23 @@ class ChunkReader:
         return self.images(plan, rows), position
 
     def read_all(self, conn: pymysql.connections.Connection, plan: TablePlan, piece_rows: int,
-                 started: Callable[[Position], None], piece: Callable[[list[dict[str, Any]], bool], None]) -> None:
+                 started: Callable[[Position], None], piece: Callable[[list[dict[str, Any]], bool], None],
+                 running: Callable[[Position | None], None] | None = None) -> None:
         """Every row of a (keyless) table in one consistent snapshot, handed to `piece` in pieces of
-        `piece_rows` (the last with True), streamed from the server."""
+        `piece_rows` (the last with True), streamed from the server.
+
+        A table the snapshot does not cover (`TablePlan.transactional` false: MyISAM, Aria) is read
+        as it is when the SELECT takes its lock, somewhere after the snapshot's position: `running`
+        gets the binlog's head read right after that (on another connection), so that the caller
+        can tell whether the table was written in between."""
         with conn.cursor(pymysql.cursors.SSCursor) as cur:
             position = self._begin(cur)
             try:
                 started(position)
+                failpoints.hit("snapshot_read")
                 cur.execute(f"SELECT {self._select(plan)} FROM {plan.quoted}")
+                if running is not None and not plan.transactional:
+                    running(self.head())
                 rows: Any = cur.fetchmany(piece_rows)
                 while True:
                     following = cur.fetchmany(piece_rows) if len(rows) == piece_rows else []

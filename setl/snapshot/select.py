@@ -50,6 +50,9 @@ log = logging.getLogger("setl.snapshot")
 
 #: How often the running source looks for `setl snapshot` requests in the meta store (seconds).
 REQUEST_POLL = 1.0
+#: How often in a row a keyless non-transactional table is copied again after a write while its
+#: read began, before the pipeline stops with an error.
+MAX_REREADS = 5
 #: Server errors of a chunk read on a table altered under it: unknown column, table definition
 #: changed, no such table, key column gone.
 _ALTERED_ERRORS = frozenset({1054, 1412, 1146, 1176})
@@ -111,6 +114,10 @@ class SnapshotSelect(SelectWrapper):
         #: the DDL that removed them is still ahead in the stream (and may rename them)
         self._gone: dict[TableName, Position | None] = {}
         self._handed: Position | None = None  # the end of the last binlog transaction handed on
+        #: keyless tables the snapshot does not cover (MyISAM), read as of some time in (Pc, head]:
+        #: (Pc, head, copy serial); a write to the table in there may be in the copy and replayed too
+        self._windows: dict[TableName, tuple[Position, Position | None, int]] = {}
+        self._rereads: collections.Counter[TableName] = collections.Counter()
         self._progress_lock = threading.Lock()  # progress committed and stored, or a copy abandoned
         self._merge: StreamMerge[Chunk] = StreamMerge()
         self._out: collections.deque[Transaction] = collections.deque()
@@ -178,6 +185,7 @@ class SnapshotSelect(SelectWrapper):
             self._keyless_open.clear()
             self._abandoned.clear()
             self._gone.clear()
+            self._windows.clear()
             self._handed = frontier
             self._merge.clear(frontier)
             self._out.clear()
@@ -346,7 +354,7 @@ class SnapshotSelect(SelectWrapper):
     def poll(self, timeout: float) -> Transaction | None:
         self._take_requests()
         with self._lock:
-            idle = not (self._copies or self._waiting or self._out or self._gone) and self._merge.idle
+            idle = not (self._copies or self._waiting or self._out or self._gone or self._windows) and self._merge.idle
             failure = self._failure
         if failure is not None:
             raise failure
@@ -397,6 +405,8 @@ class SnapshotSelect(SelectWrapper):
             if isinstance(change, DdlChange) and not change.snapshot and change.table is not None and (
                     self._copies or self._gone):
                 self._altered(change)
+        if self._windows:
+            self._check_windows(found)
         self._handed = found.end
         if self._gone:
             self._lost_without_ddl(found.end)
@@ -424,30 +434,64 @@ class SnapshotSelect(SelectWrapper):
             return  # waiting tables are planned after the DDL; a copy all handed on precedes it
         removed, pairs = removed_and_renamed(parsed, names)
         renamed = [new for old, new in pairs if old in moving]
-        now = time.time()
         ended = [n for n in moving if n in removed or n in self._gone]
         again = [n for n in moving if n not in ended] + [
             n for n in renamed if n not in self._copies and n not in self._waiting and n not in moving
             and (self.selects is None or self.selects(n.schema, n.table))]
         for name in ended + again:
-            copy = self._copies.pop(name, None)
-            if copy is not None:
-                self._abandoned.add(copy.serial)
-            self._gone.pop(name, None)
-            self._keyless_open.discard(name)
-            stored = self.ledger.get(name) or TableProgress(name.schema, name.table)
-            progress = (attrs.evolve(stored, status=CopyStatus.DONE, updated=now) if name in ended else
-                        TableProgress(name.schema, name.table, CopyStatus.PENDING, started=now, updated=now))
-            with self._progress_lock:
-                self.ledger.abandon(progress)
-                self.meta.save_snapshot_progress(self.pipeline, [progress])
-            if name not in ended:
-                self._waiting.append(name)
+            self._drop_copy(name, again=name not in ended)
         log.warning("pipeline=%s stage=select table=%s position=%s altered while being copied (%s): %s",
                     self.pipeline, ", ".join(map(str, moving)), change.position, change.statement[:120],
                     "; ".join(filter(None, [
                         f"copy of {', '.join(map(str, ended))} ended" if ended else "",
                         f"copying {', '.join(map(str, again))} from its start after it" if again else ""])))
+
+    def _drop_copy(self, name: TableName, *, again: bool) -> None:
+        """Under the lock: forget the table's copy (its chunks still to come are dropped, its
+        progress not committed yet never will be); `again`: copy it from its start (a new TRUNCATE
+        at the current position), else its copy is done."""
+        copy = self._copies.pop(name, None)
+        if copy is not None:
+            self._abandoned.add(copy.serial)
+        self._gone.pop(name, None)
+        self._windows.pop(name, None)
+        self._keyless_open.discard(name)
+        now = time.time()
+        stored = self.ledger.get(name) or TableProgress(name.schema, name.table)
+        progress = (TableProgress(name.schema, name.table, CopyStatus.PENDING, started=now, updated=now) if again
+                    else attrs.evolve(stored, status=CopyStatus.DONE, updated=now))
+        with self._progress_lock:
+            self.ledger.abandon(progress)
+            self.meta.save_snapshot_progress(self.pipeline, [progress])
+        if again:
+            self._waiting.append(name)
+
+    def _check_windows(self, found: Transaction) -> None:
+        """Under the lock, before `found` is handed on: a write to a keyless table the snapshot does
+        not cover, committed between its read's snapshot position and the head read once its SELECT
+        ran, may be in the copy and would be applied again: copy the table again (its TRUNCATE after
+        `found`), at most `MAX_REREADS` times in a row."""
+        for name, (since, until, _serial) in list(self._windows.items()):
+            if found.end <= since:
+                continue
+            if until is not None and found.end > until:
+                del self._windows[name]  # past the window with no write to the table: the copy holds
+                self._rereads.pop(name, None)
+                continue
+            if not any(isinstance(c, RowChange) and c.schema == name.schema and c.table == name.table
+                       for c in found.changes):
+                continue
+            self._rereads[name] += 1
+            if self._rereads[name] > MAX_REREADS:
+                raise SourceError(
+                    f"the keyless {name} is not transactional, and it was written while its snapshot read began "
+                    f"{MAX_REREADS + 1} times in a row: a copy of it cannot be placed in the binlog exactly; give it "
+                    "a primary key, or copy it (setl snapshot --table) while it is not written",
+                    pipeline=self.pipeline, stage="select", table=str(name), position=found.end)
+            log.warning("pipeline=%s stage=select table=%s position=%s was written while its snapshot read began "
+                        "(a non-transactional table without a primary key: the copy may hold that write): "
+                        "copying it again", self.pipeline, name, found.end)
+            self._drop_copy(name, again=True)
 
     def _lost_without_ddl(self, at: Position) -> None:
         """Under the lock: tables gone without a DDL in the stream up to the head seen when they were
@@ -616,8 +660,13 @@ class SnapshotSelect(SelectWrapper):
                     self._merge.read_ended(rid)
                 self._lock.notify_all()
 
+        def running(head: Position | None) -> None:
+            with self._lock:
+                if generation == self._generation and copy.serial not in self._abandoned:
+                    self._windows[copy.plan.name] = (position[0], head, copy.serial)
+
         try:
-            self.reader.read_all(conn, copy.plan, self.chunk_rows, started, piece)
+            self.reader.read_all(conn, copy.plan, self.chunk_rows, started, piece, running)
         except _Abandoned:
             pass
         except pymysql.MySQLError as exc:

@@ -55,6 +55,7 @@ class SetlProcess:
                  pipeline: dict | None = None, name: str | None = None) -> None:
         self.root = root
         self.name = name or f"p{uuid.uuid4().hex[:10]}"
+        self.faults: str | None = None  # SETL_FAULTS for the processes it starts (None: none)
         self.conf = root / "conf"
         (self.conf / "pipelines").mkdir(parents=True, exist_ok=True)
         self.meta_path = root / "meta.db"
@@ -78,10 +79,12 @@ class SetlProcess:
     def _argv(self, args: tuple[str, ...]) -> list[str]:
         return [sys.executable, "-m", "setl.cli", "--conf", str(self.conf), *args]
 
-    @staticmethod
-    def _env() -> dict[str, str]:
+    def _env(self) -> dict[str, str]:
+        """The test's environment, with this process's failpoints only (`faults`: SETL_FAULTS JSON)."""
         env = dict(os.environ)
         env.pop("SETL_FAULTS", None)
+        if self.faults:
+            env["SETL_FAULTS"] = self.faults
         return env
 
     def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:

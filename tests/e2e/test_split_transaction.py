@@ -39,7 +39,7 @@ def make_setl(tmp_path, source, database: str, start: Position, target: dict, ta
 
 def crash_at(setl: SetlProcess, stage: str, batch: int) -> Position:
     """`setl start` that SIGKILLs itself at `stage` of batch `batch`; the ack it left."""
-    env = SetlProcess._env()
+    env = setl._env()
     env["SETL_FAULTS"] = json.dumps([{"stage": stage, "action": "crash", "batch": batch}])
     proc = subprocess.Popen(setl._argv(("start", "--pipeline", setl.name)), env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

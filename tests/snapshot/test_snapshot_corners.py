@@ -4,6 +4,9 @@ InnoDB ones; copied into an empty MariaDB (tables created) under writes, equal t
 
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 
 from tests.e2e.setl_process import mysql_target, postgres_target, spawned
@@ -138,3 +141,44 @@ def test_names_generated_columns_and_duplicates_into_an_empty_postgresql(tmp_pat
         source = sorted(mariadb_source.query(f"SELECT {columns} FROM `{source_db}`.`{name}`"))
         target = sorted(postgres_server.query(f'SELECT {pg_columns} FROM "{source_db}"."{name}"', dbname=postgres_db))
         assert source and source == [tuple(row) for row in target], name
+
+
+def test_a_keyless_myisam_table_written_as_its_read_begins_is_copied_again(tmp_path, mariadb_source,
+                                                                          mariadb_target, source_db, mysql_db):
+    """A consistent snapshot does not cover MyISAM: a keyless MyISAM table's read sees the writes
+    committed after its snapshot position and before its SELECT, which the binlog replays too. The
+    `snapshot_read` failpoint holds the read there while rows are inserted: setl sees the write in
+    that window, copies the table again, and no row arrives twice."""
+    conn = mariadb_source.connect(database=source_db)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET SESSION sql_log_bin = 0")
+            cur.execute("CREATE TABLE mk (x INT, y VARCHAR(20)) ENGINE=MyISAM")
+            cur.executemany("INSERT INTO mk VALUES (%s, %s)", [(i % 100, "old") for i in range(3000)])
+        conn.commit()
+    finally:
+        conn.close()
+    setl = make_setl(tmp_path, mariadb_source, source_db, mysql_target(mariadb_target), f"{mysql_db}.{{table}}",
+                     server_id=2123, chunk_rows=400)
+    setl.faults = json.dumps([{"stage": "snapshot_read", "action": "slow", "seconds": 4, "times": 1}])
+    with spawned(setl) as proc:
+        def reading() -> bool:
+            assert proc.poll() is None, setl.logs()[-3000:]
+            return "snapshot of 1 table(s) starting" in setl.logs()
+
+        wait_until(reading, timeout=60, interval=0.05, message=lambda: setl.logs()[-3000:])
+        time.sleep(1.0)  # the read has its snapshot position and sleeps 4 s before its SELECT
+        mariadb_source.query(f"INSERT INTO `{source_db}`.mk VALUES (7, 'during'), (7, 'during'), (8, 'during')")
+
+        def copied() -> bool:
+            assert proc.poll() is None, setl.logs()[-3000:]
+            row = setl.status()
+            return bool(row["snapshot"]) and all(s["status"] == "done" for s in row["snapshot"])
+
+        wait_until(copied, timeout=120, interval=0.2, message=lambda: f"{setl.status()} {setl.logs()[-3000:]}")
+        assert setl.stop(proc) == 0
+    run_until_caught_up(setl)
+    source = sorted(mariadb_source.query(f"SELECT * FROM `{source_db}`.mk"))
+    target = sorted(mariadb_target.query(f"SELECT * FROM `{mysql_db}`.mk"))
+    assert len(source) == 3003 and source == target
+    assert "was written while its snapshot read began" in setl.logs(), setl.logs()[-3000:]

@@ -32,7 +32,8 @@ def test_faults_json_keeps_its_format_and_names_the_failpoints():
         failpoints.from_env({"SETL_FAULTS": json.dumps([{"stage": "loader"}])})
     with pytest.raises(ValueError, match="JSON list"):
         failpoints.from_env({"SETL_FAULTS": json.dumps({"stage": "load"})})
-    assert set(failpoints.FAILPOINTS) == {"select", "extract", "transform", "load", "termin", "ddl_action"}
+    assert set(failpoints.FAILPOINTS) == {"select", "extract", "transform", "load", "termin", "ddl_action",
+                                          "snapshot_read"}
 
 
 def test_the_older_ddl_task_hook_becomes_a_ddl_action_crash_marker():
