@@ -155,6 +155,7 @@ class FaultPlan:
                     raise InjectedFault(f"injected {stage} failure at {where} (#{fault.fired})")
                 sleep += fault.seconds
         if sleep:
+            log.info("failpoint %s: sleeping %.1fs at batch %s", stage, sleep, batch)
             time.sleep(sleep)
 
 

@@ -5,7 +5,6 @@ InnoDB ones; copied into an empty MariaDB (tables created) under writes, equal t
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -164,10 +163,10 @@ def test_a_keyless_myisam_table_written_as_its_read_begins_is_copied_again(tmp_p
     with spawned(setl) as proc:
         def reading() -> bool:
             assert proc.poll() is None, setl.logs()[-3000:]
-            return "snapshot of 1 table(s) starting" in setl.logs()
+            return "failpoint snapshot_read: sleeping" in setl.logs()
 
+        # the read has its snapshot position and sleeps 4 s before its SELECT
         wait_until(reading, timeout=60, interval=0.05, message=lambda: setl.logs()[-3000:])
-        time.sleep(1.0)  # the read has its snapshot position and sleeps 4 s before its SELECT
         mariadb_source.query(f"INSERT INTO `{source_db}`.mk VALUES (7, 'during'), (7, 'during'), (8, 'during')")
 
         def copied() -> bool:
