@@ -499,12 +499,7 @@ class SnapshotSelect(SelectWrapper):
         for name, head in list(self._gone.items()):
             if head is not None and at < head:
                 continue
-            del self._gone[name]
-            stored = self.ledger.get(name) or TableProgress(name.schema, name.table)
-            done = attrs.evolve(stored, status=CopyStatus.DONE, updated=time.time())
-            with self._progress_lock:
-                self.ledger.abandon(done)
-                self.meta.save_snapshot_progress(self.pipeline, [done])
+            self._drop_copy(name, again=False)
             log.warning("pipeline=%s stage=select table=%s position=%s no longer exists and no DDL in the binlog "
                         "removed it: its copy ends unfinished (the target may hold part of its rows)",
                         self.pipeline, name, at)
@@ -718,10 +713,6 @@ class SnapshotSelect(SelectWrapper):
             log.info("pipeline=%s snapshot finished: %d table(s), %d rows, %.1fs in this run", self.pipeline,
                      len(tables), sum(p.rows for p in tables), time.monotonic() - self._began)
             self._began = None
-
-    def _save(self, progress: list[TableProgress]) -> None:
-        self.meta.save_snapshot_progress(self.pipeline, progress)
-        self.ledger.set(progress)
 
 
 _RENAME_TABLE = re.compile(r"\bRENAME\s+(?!(?:COLUMN|INDEX|KEY)\b)", re.IGNORECASE)
