@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from setl.testing.servers import wait_until
 
-from .observed import ObservedNode
+from .observed import PAUSE_SOON, ObservedNode
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -65,8 +65,7 @@ def test_api_status_and_healthz_follow_a_pause(tmp_path, mariadb_source, source_
     target = mariadb_factory(server_id=41)
     target.query("CREATE DATABASE dst")
     node = ObservedNode(tmp_path, mariadb_source, source_db, target, "dst",
-                        retry={"max_attempts": 2, "initial_backoff_ms": 50, "max_backoff_ms": 200,
-                               "max_elapsed_ms": 1500}).start()
+                        retry=PAUSE_SOON).start()
     try:
         node.source_exec("CREATE TABLE t (id INT AUTO_INCREMENT PRIMARY KEY, v VARCHAR(16))",
                          "INSERT INTO t (v) VALUES ('a'), ('b')")

@@ -14,7 +14,7 @@ from playwright.sync_api import Page, sync_playwright
 
 from setl.testing.servers import wait_until
 
-from .observed import ObservedNode, Writer
+from .observed import PAUSE_SOON, ObservedNode, Writer
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -85,8 +85,7 @@ def test_paused_pipeline_shows_its_error(tmp_path, browser_page, mariadb_source,
     target = mariadb_factory(server_id=43)
     target.query("CREATE DATABASE dst")
     node = ObservedNode(tmp_path, mariadb_source, source_db, target, "dst",
-                        retry={"max_attempts": 2, "initial_backoff_ms": 50, "max_backoff_ms": 200,
-                               "max_elapsed_ms": 1500}).start()
+                        retry=PAUSE_SOON).start()
     try:
         node.source_exec("CREATE TABLE t (id INT PRIMARY KEY)", "INSERT INTO t VALUES (1)")
         wait_until(lambda: node.target_has("t") and node.target_rows("t") == 1, 60, 0.2, message="rows in the target")

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from tests.e2e.setl_process import mysql_target, spawned
+from tests.e2e.setl_process import SetlProcess, mysql_target, spawned
 from tests.helpers.wait import wait_until
 from tests.snapshot import tables as t
 from tests.snapshot.test_snapshot_e2e import make_setl, run_until_caught_up
@@ -29,17 +29,23 @@ def _equal(source, source_db: str, target, target_db: str, tables: list[str] | N
         assert t.mariadb_rows(source, source_db, name) == t.mariadb_rows(target, target_db, name), name
 
 
+def _filled(tmp_path, source, target, source_db: str, target_db: str, *, server_id: int) -> SetlProcess:
+    """The test tables on both sides, ROWS of them on the source (outside the binlog), and a
+    pipeline that snapshots them in chunks of CHUNK rows."""
+    t.create(source, source_db)
+    t.create(target, target_db)
+    t.fill(source, source_db, ROWS, binlog=False)
+    return make_setl(tmp_path, source, source_db, mysql_target(target), f"{target_db}.{{table}}",
+                     server_id=server_id, chunk_rows=CHUNK)
+
+
 def test_a_table_altered_while_being_copied_is_copied_again(tmp_path, mariadb_source, mariadb_target, source_db,
                                                             mysql_db):
     """ALTER TABLE (new key, a column dropped, one added) on the source while its copy runs, then
     writes to the new column, and a RENAME of another table: the copy starts again with the new
     definition, the renamed table is copied under its new name, and the target (which replays the
     DDL) ends equal to the source, row by row."""
-    t.create(mariadb_source, source_db)
-    t.create(mariadb_target, mysql_db)
-    t.fill(mariadb_source, source_db, ROWS, binlog=False)
-    setl = make_setl(tmp_path, mariadb_source, source_db, mysql_target(mariadb_target), f"{mysql_db}.{{table}}",
-                     server_id=2111, chunk_rows=CHUNK)
+    setl = _filled(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db, server_id=2111)
     with spawned(setl) as proc:
         def copying() -> bool:
             assert proc.poll() is None, setl.logs()[-3000:]
@@ -84,11 +90,7 @@ def test_a_key_changed_while_stopped_mid_copy_restarts_the_copy(tmp_path, mariad
     """kill -9 in the middle of a copy, the table's primary key changed while setl is down: the
     next start does not resume after a key of the old shape, it copies the table again. Another
     table half copied was renamed with the binlog off: its copy ends with a warning, not a hang."""
-    t.create(mariadb_source, source_db)
-    t.create(mariadb_target, mysql_db)
-    t.fill(mariadb_source, source_db, ROWS, binlog=False)
-    setl = make_setl(tmp_path, mariadb_source, source_db, mysql_target(mariadb_target), f"{mysql_db}.{{table}}",
-                     server_id=2112, chunk_rows=CHUNK)
+    setl = _filled(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db, server_id=2112)
     with spawned(setl) as proc:
         def copying() -> bool:
             assert proc.poll() is None, setl.logs()[-3000:]
