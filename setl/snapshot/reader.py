@@ -119,17 +119,6 @@ class ChunkReader:
         return TablePlan(table, tuple(c for c, _ in columns), dict(columns), key,
                          int(found[0] or 0) if found else 0, engine in TRANSACTIONAL_ENGINES)
 
-    def head(self) -> Position | None:
-        """The binlog's end now (``SHOW MASTER STATUS``, on a connection of its own)."""
-        conn = self.connect()
-        try:
-            with conn.cursor() as cur:
-                cur.execute("SHOW MASTER STATUS")
-                found = cur.fetchone()
-        finally:
-            conn.close()
-        return Position(str(found[0]), int(found[1])) if found else None
-
     def has_rows(self, conn: pymysql.connections.Connection, plan: TablePlan) -> bool:
         with conn.cursor() as cur:
             cur.execute(f"SELECT 1 FROM {plan.quoted} LIMIT 1")
@@ -182,14 +171,14 @@ class ChunkReader:
 
     def read_all(self, conn: pymysql.connections.Connection, plan: TablePlan, piece_rows: int,
                  started: Callable[[Position], None], piece: Callable[[list[dict[str, Any]], bool], None],
-                 running: Callable[[Position | None], None] | None = None) -> None:
+                 running: Callable[[], None] | None = None) -> None:
         """Every row of a (keyless) table in one consistent snapshot, handed to `piece` in pieces of
         `piece_rows` (the last with True), streamed from the server.
 
         A table the snapshot does not cover (`TablePlan.transactional` false: MyISAM, Aria) is read
         as it is when the SELECT takes its lock, somewhere after the snapshot's position: `running`
-        gets the binlog's head read right after that (on another connection), so that the caller
-        can tell whether the table was written in between."""
+        is called right after that, so that the caller can note the binlog's head then and tell
+        whether the table was written in between."""
         with conn.cursor(pymysql.cursors.SSCursor) as cur:
             position = self._begin(cur)
             try:
@@ -197,7 +186,7 @@ class ChunkReader:
                 failpoints.hit("snapshot_read")
                 cur.execute(f"SELECT {self._select(plan)} FROM {plan.quoted}")
                 if running is not None and not plan.transactional:
-                    running(self.head())
+                    running()
                 rows: Any = cur.fetchmany(piece_rows)
                 while True:
                     following = cur.fetchmany(piece_rows) if len(rows) == piece_rows else []

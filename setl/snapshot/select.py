@@ -655,7 +655,8 @@ class SnapshotSelect(SelectWrapper):
                     self._merge.read_ended(rid)
                 self._lock.notify_all()
 
-        def running(head: Position | None) -> None:
+        def running() -> None:
+            head = self.inner.head()  # the binlog's end once the SELECT holds its lock
             with self._lock:
                 if generation == self._generation and copy.serial not in self._abandoned:
                     self._windows[copy.plan.name] = (position[0], head, copy.serial)
