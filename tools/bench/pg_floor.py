@@ -6,7 +6,8 @@ hardware allows.
 Starts a MariaDB source and a PostgreSQL server (setl.testing.servers), prepares `--tables` sysbench
 tables of `--table-size` rows (as tools/bench/snapshot.py does), writes each table once to a file in
 PostgreSQL's text format (``mariadb --batch``: the source's cost of handing the rows out, measured on
-its own), then, in `--repeat` rounds:
+its own), reads them once more with PyMySQL in this process (the CPU a Python tool spends on a row
+before it does anything with it), then, in `--repeat` rounds:
 
 * ``keyed``: server-side ``COPY ... FROM 'file'`` into the tables as setl creates them (primary
   key; ``varchar`` for ``CHAR``), two tables at a time (one per core): no client, no network, no
@@ -16,10 +17,11 @@ its own), then, in `--repeat` rounds:
 * ``pg_chameleon``: 2.0.21 ``init_replica`` of the same tables (tools/bench/snapshot.py's runner;
   it needs a venv with pg_chameleon, made under the temp dir or reused with ``--chameleon-venv``).
 
-The lines printed are rows/s of each, medians over the rounds, and the ratio of the faster floor
-to pg_chameleon: a tool that copies into PostgreSQL does at least what the floor does (the rows have
-to be ingested and keyed), plus reading the source and its own work on the same cores, so it cannot
-exceed that ratio here.
+The lines printed are rows/s and CPU per row of each, medians over the rounds, the ratio of the
+faster floor to pg_chameleon, and the CPU a row that 3x pg_chameleon leaves a copying tool on this
+machine's cores once PostgreSQL's ingest and the source's reads are paid: a tool that copies into
+PostgreSQL does at least what the floor does (the rows have to be read, ingested and keyed), plus its
+own work on the same cores.
 
     python3 tools/bench/pg_floor.py [--tables 4] [--table-size 500000] [--repeat 3] [--chameleon-venv DIR]
 """
@@ -37,6 +39,9 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+import pymysql
+import pymysql.cursors
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -65,6 +70,23 @@ def export(source: MariaDBServer, table: str, path: Path) -> None:
         subprocess.run(["mariadb", "--batch", "--skip-column-names", "--raw", "-h", source.host,
                         "-P", str(source.port), "-u", source.user, "-e", f"SELECT id, k, c, pad FROM sb.{table}"],
                        stdout=out, check=True)
+
+
+def driver_read(source: MariaDBServer, tables: list[str]) -> float:
+    """CPU seconds this process spends reading every row of `tables` with PyMySQL (unbuffered, tuples,
+    nothing else done with them): what a Python tool pays before it does anything with a row."""
+    conn = pymysql.connect(host=source.host, port=source.port, user=source.user, database="sb",
+                           cursorclass=pymysql.cursors.SSCursor)
+    began = time.process_time()
+    try:
+        with conn.cursor() as cur:
+            for table in tables:
+                cur.execute(f"SELECT id, k, c, pad FROM {table}")
+                while cur.fetchmany(10_000):
+                    pass
+    finally:
+        conn.close()
+    return time.process_time() - began
 
 
 def cpu_of(pid: int) -> float:
@@ -146,6 +168,9 @@ def main() -> int:
         client = (after.ru_utime + after.ru_stime - client_cpu.ru_utime - client_cpu.ru_stime) / rows * 1e6
         print(f"the source hands out the rows (mariadb --batch to files, one table at a time): {rows / took:,.0f} "
               f"rows/s; CPU per row: server {source_cpu:.2f} µs, client {client:.2f} µs", flush=True)
+        python_read = driver_read(source, list(files)) / rows * 1e6
+        print(f"a bare PyMySQL read of the same rows (tuples, nothing done with them): {python_read:.2f} µs of "
+              f"CPU a row", flush=True)
         script, why = bench.chameleon_venv(work, args.chameleon_venv)
         keyed: list[float] = []
         unkeyed: list[float] = []
@@ -189,7 +214,7 @@ def main() -> int:
             servers = ingest + source_cpu
             print(f"at 3x pg_chameleon, {cores} cores give {budget:.2f} µs of CPU a row to everything; PostgreSQL's "
                   f"ingest and the source's reads take {servers:.2f}, leaving {budget - servers:.2f} µs a row for the "
-                  f"copying tool itself", flush=True)
+                  f"copying tool itself (a bare PyMySQL read alone takes {python_read:.2f})", flush=True)
         else:
             print(f"pg_chameleon not measured: {why}", flush=True)
     return 0
