@@ -30,7 +30,7 @@ def supported(conn: Any) -> bool:
         getattr(CLIENT, "DEPRECATE_EOF", 1 << 24)
 
 
-def fetch_dicts(conn: pymysql.connections.Connection, sql: str, args: Sequence[Any],
+def fetch_dicts(conn: Any, sql: str, args: Sequence[Any],
                 names: Sequence[str]) -> list[dict[str, Any]]:
     """The rows of query `sql` (%-formatted with `args` as PyMySQL does), as dicts keyed by `names`
     (one per selected column, in order), with PyMySQL's values (its decoders, the connection's
@@ -51,14 +51,19 @@ def fetch_dicts(conn: pymysql.connections.Connection, sql: str, args: Sequence[A
     return rows
 
 
-def _through_cursor(conn: pymysql.connections.Connection, query: str, names: Sequence[str]) -> list[dict[str, Any]]:
+def _through_cursor(conn: Any, query: str, names: Sequence[str]) -> list[dict[str, Any]]:
     with conn.cursor() as cur:
         cur.execute(query)
         return [dict(zip(names, row)) for row in cur.fetchall()]
 
 
-class _DictResult(pymysql.connections.MySQLResult):  # type: ignore[misc]
+_MySQLResult: Any = pymysql.connections.MySQLResult
+
+
+class _DictResult(_MySQLResult):
     """A buffered result whose data rows are parsed in one loop into dicts."""
+
+    connection: Any
 
     def __init__(self, connection: Any, names: tuple[str, ...]) -> None:
         super().__init__(connection)
@@ -66,7 +71,7 @@ class _DictResult(pymysql.connections.MySQLResult):  # type: ignore[misc]
         self.dicts: list[dict[str, Any]] = []
 
     def _read_rowdata_packet(self) -> None:
-        conn = self.connection
+        conn: Any = self.connection
         if len(self.converters) != len(self.names):
             raise err.ProgrammingError(f"{len(self.converters)} columns selected, {len(self.names)} names given")
         fields = []
@@ -119,7 +124,7 @@ class _DictResult(pymysql.connections.MySQLResult):  # type: ignore[misc]
                 if first == 0xFF:  # an error in the middle of the result
                     conn._next_seq_id = seq
                     MysqlPacket(data, conn.encoding).raise_for_error()
-                row = {}
+                row: dict[str, Any] = {}
                 pos = 0
                 for name, encoding, converter in fields:
                     n = data[pos]

@@ -147,10 +147,10 @@ class TableExtract(Extract):
             out.extend([make(read_op, schema, table, key, None, {
                 rename.get(column, column): value for column, value in r.after.items()  # type: ignore[union-attr]
                 if (include is None or column in include) and column not in exclude},
-                r.position, r.commit_time, source) for r in reads])
+                r.position, r.commit_time, source) for r in reads])  # type: ignore[union-attr]
         else:
             out.extend([make(read_op, schema, table, key, None, r.after, r.position,  # type: ignore[union-attr]
-                             r.commit_time, source) for r in reads])
+                             r.commit_time, source) for r in reads])  # type: ignore[union-attr]
 
     def _map_ddl(self, change: DdlChange, plan: Route) -> DdlChange | None:
         """The DDL with every table name mapped and qualified, the rule's column renames, and
