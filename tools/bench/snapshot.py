@@ -22,7 +22,8 @@ shared 2-core machine is noisy):
 
     python3 tools/bench/snapshot.py [--tables 4] [--table-size 500000] [--repeat 3] [--postgres]
         [--chunk-rows 10000] [--threads 2] [--load-mode ordered|per_table] [--no-sysbench] [--only-setl]
-        [--profile FILE]   # py-spy raw stacks of the first setl run, per thread, idle included
+        [--profile FILE [--profile-gil]]   # py-spy raw stacks of the first setl run, per thread, idle
+                                           # included (or only those holding the GIL)
     python3 tools/bench/snapshot.py --rss-sizes 500000,2000000
 
 Measured (medians of 3 rounds, 2 shared cores at load average 5 to 8; docs/snapshot.md has the
@@ -73,11 +74,13 @@ class Run:
     rss: int
 
 
-def run_setl(conf: Path, name: str, profile: str | None = None) -> Run:
+def run_setl(conf: Path, name: str, profile: str | None = None, gil: bool = False) -> Run:
     """`setl start --until-caught-up` (`profile`: py-spy's collapsed stacks, per thread and idle
-    included, to that file; the RSS and CPU are then py-spy's)."""
+    included, to that file, or with `gil` only the samples of the thread holding the GIL: where
+    setl's one Python core goes; the RSS and CPU are then py-spy's)."""
     log = conf.parent / f"{name}.log"
-    spy = ["py-spy", "record", "-r", "100", "--threads", "--idle", "-f", "raw", "-o", profile, "--"] if profile else []
+    which = ["--gil"] if gil else ["--idle"]
+    spy = ["py-spy", "record", "-r", "100", "--threads", *which, "-f", "raw", "-o", profile, "--"] if profile else []
     with open(log, "w") as out:
         began = time.perf_counter()
         argv = [*spy, sys.executable, "-m", "setl.cli", "--conf", str(conf), "start", "--pipeline", name,
@@ -274,6 +277,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2, help="sysbench threads for the tps comparison")
     parser.add_argument("--seconds", type=float, default=15.0, help="length of each sysbench run")
     parser.add_argument("--profile", metavar="FILE", help="py-spy collapsed stacks of the first setl run")
+    parser.add_argument("--profile-gil", action="store_true",
+                        help="with --profile: only samples holding the GIL (setl's Python CPU), no idle threads")
     parser.add_argument("--only-setl", action="store_true", help="no dump, no sysbench: setl's rows/s and peak RSS")
     parser.add_argument("--no-sysbench", action="store_true", help="no sysbench comparison")
     parser.add_argument("--load-mode", choices=["ordered", "per_table"], default="ordered",
@@ -358,7 +363,7 @@ def main() -> int:
                 target.query("DROP DATABASE dumped")
             name = pipeline("copied")
             before = cpu_seconds(source, target)
-            run = run_setl(conf, name, args.profile if round_ == 1 else None)
+            run = run_setl(conf, name, args.profile if round_ == 1 else None, args.profile_gil)
             after = cpu_seconds(source, target)
             costs = (f"; CPU us/row: setl {run.cpu / rows * 1e6:.1f}, source "
                      f"{(after[0] - before[0]) / rows * 1e6:.1f}, target "
