@@ -557,17 +557,22 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         rows: list[str] = []
         size = 0
         for image in images:
-            parts = []
+            parts: list[str] = []
+            add = parts.append
             for value in image.values():
                 kind = type(value)
                 if kind is str:
-                    parts.append("'" + escape_string(value) + "'")
+                    # Most text holds nothing to escape: seven scans at C speed cost half a translate.
+                    if ("'" in value or "\\" in value or '"' in value or "\n" in value or "\r" in value
+                            or "\x00" in value or "\x1a" in value):
+                        value = escape_string(value)
+                    add("'" + value + "'")
                 elif kind is int:
-                    parts.append(str(value))
+                    add(str(value))
                 elif value is None:
-                    parts.append("NULL")
+                    add("NULL")
                 else:
-                    parts.append(literal(to_db(value)))
+                    add(literal(to_db(value)))
             text = "(" + ",".join(parts) + ")"
             rows.append(text)
             size += len(text) if text.isascii() else 4 * len(text)  # at most 4 bytes a character in utf8mb4

@@ -130,6 +130,21 @@ class TestMySQLSink(SinkContract):
                            datetime.timedelta(hours=-1, seconds=5))
         assert got[6] == '{"k":[1,"é"]}' and got[7:] == (0.5, "x,z", "ünï")
 
+    def test_text_with_every_escaped_character_arrives_as_sent(self, target):
+        """Text holding each character the bulk statements escape (quote, double quote, backslash, NUL,
+        newline, carriage return, Ctrl-Z), alone, together and next to plain text, arrives as sent."""
+        target.execute(f"CREATE TABLE {target.qualified('texts')} (id INT PRIMARY KEY, v TEXT, b BLOB)")
+        texts = Changes(target.schema, "texts")
+        specials = ["'", '"', "\\", "\x00", "\n", "\r", "\x1a"]
+        values = ["", "plain", "é ünï", *specials, "".join(specials), "a'b\\c\"d\x00e\nf\rg\x1ah", "\\'", "''",
+                  "\\\\", "%s %%"]
+        load = target.make_load(chunk_rows=3)
+        try:
+            load.load(make_batch([read(texts, {"id": i, "v": v, "b": v.encode()}) for i, v in enumerate(values)]))
+        finally:
+            load.close()
+        assert target.rows("texts") == [(i, v, v.encode()) for i, v in enumerate(values)]
+
     def test_reads_past_one_statement_are_built_ahead_and_all_applied(self, target, items):
         """A snapshot chunk larger than one statement (`chunk_rows`) goes in several statements, each
         built by a helper thread while the one before runs; every row arrives, and the helper is gone."""
