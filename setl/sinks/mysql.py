@@ -47,6 +47,7 @@ from setl.errors import LoadError, TransientLoadError
 from setl.model import Batch, InvalidDate, Position
 from setl.sinks.merge import TableChanges
 from setl.sinks.postgresql_ddl import without_sequence_ddl
+from setl.sinks.prepared import PreparedBatches
 from setl.sinks.sql_common import (DdlStep, FenceBusy, Segment, SqlLoad, TargetTableMissing, chunks, group_by_columns,
                                    insert_runs)
 from setl.tls import mysql_context, require_encrypted
@@ -197,16 +198,10 @@ def _quotes_doubled(text: str) -> str:
     return text.replace("'", "''")
 
 
-#: Batches prepared and not loaded yet that a sink keeps: the scheduler prepares at most its
-#: `parallelism` ahead; more only when batches are discarded before their load (a rollback).
-MAX_PREPARED = 8
-
-
 @attrs.frozen(eq=False)
 class _Prepared:
     """What `MySQLLoad.prepare` worked out for one batch object, and what it assumed."""
 
-    batch: Batch
     segments: list[Segment]
     #: id(TableChanges) -> (that TableChanges, [(statement head, [rest of each statement])])
     statements: dict[int, tuple[TableChanges, list[tuple[str, list[str]]]]]
@@ -239,9 +234,7 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         # per target table: the columns the server computes (generated, system-versioning period)
         self._unwritable: dict[tuple[str, str], frozenset[str]] = {}
         self._unwritable_generation = 0  # counts the times `_unwritable` was forgotten (after DDL)
-        #: prepared batches (`prepare`), by id of the batch object; at most `MAX_PREPARED`
-        self._prepared: dict[int, _Prepared] = {}
-        self._prepared_lock = threading.Lock()
+        self._prepared: PreparedBatches[_Prepared] = PreparedBatches()  # what `prepare` built
         #: how a connection of this sink writes a literal, once one has written rows: (its
         #: ``escape``, whether backslashes escape) — the same for all, whose session settings are
         #: set alike (`_connect`); what `prepare` builds statements with
@@ -253,9 +246,8 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
     def _segments(self, batch: Batch) -> list[Segment]:
         """Sequence DDL is left out (logged at INFO): sequences are not replicated. A prepared
         batch's segments are those `prepare` worked out."""
-        with self._prepared_lock:
-            prepared = self._prepared.get(id(batch))
-        if prepared is not None and prepared.batch is batch:
+        prepared = self._prepared.get(batch)
+        if prepared is not None:
             return prepared.segments
         return super()._segments(without_sequence_ddl(batch, self.pipeline))
 
@@ -263,10 +255,7 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         try:
             super().load(batch)
         finally:
-            with self._prepared_lock:
-                prepared = self._prepared.get(id(batch))
-                if prepared is not None and prepared.batch is batch:
-                    del self._prepared[id(batch)]
+            self._prepared.drop(batch)
 
     def prepare(self, batch: Batch) -> None:
         """Merge `batch` and build the multi-row upsert statements of its keyed tables now (on the
@@ -289,25 +278,20 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
                 if not table.primary_key or not table.upserts or computed is None:
                     continue
                 statements[id(table)] = (table, list(self._upsert_statements(table, computed, *escaper, limit)))
-        prepared = _Prepared(batch, segments, statements, generation, limit, escaper[1])
-        with self._prepared_lock:
-            while len(self._prepared) >= MAX_PREPARED:  # batches discarded before their load
-                del self._prepared[next(iter(self._prepared))]
-            self._prepared[id(batch)] = prepared
+        self._prepared.put(batch, _Prepared(segments, statements, generation, limit, escaper[1]))
 
     def _prepared_statements(self, conn: pymysql.connections.Connection,
                              table: TableChanges) -> list[tuple[str, list[str]]] | None:
         """The upsert statements `prepare` built for `table` (of a segment it worked out), if they
         still hold for `conn`."""
         backslashes = not getattr(conn, "server_status", 0) & SERVER_STATUS.SERVER_STATUS_NO_BACKSLASH_ESCAPES
-        with self._prepared_lock:
-            for prepared in self._prepared.values():
-                found = prepared.statements.get(id(table))
-                if found is not None and found[0] is table:
-                    valid = (prepared.generation == self._unwritable_generation
-                             and prepared.statement_bytes == self._statement_bytes
-                             and prepared.backslashes == backslashes)
-                    return found[1] if valid else None
+        for prepared in self._prepared.values():
+            found = prepared.statements.get(id(table))
+            if found is not None and found[0] is table:
+                valid = (prepared.generation == self._unwritable_generation
+                         and prepared.statement_bytes == self._statement_bytes
+                         and prepared.backslashes == backslashes)
+                return found[1] if valid else None
         return None
 
     # -- connection

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from setl.config import MysqlTargetConfig
 from setl.errors import LoadError, TransientLoadError
 from setl.model import DdlChange
-from setl.sinks.mysql import MAX_PREPARED, MySQLLoad
+from setl.sinks.mysql import MySQLLoad
+from setl.sinks.prepared import MAX_PREPARED
 from setl.sinks.sql_common import TargetTableMissing
 from setl.testing.servers import MariaDBServer, free_port
 from tests.e2e.replicate import PER_TABLE, replicate, table_rule, write_source
@@ -161,7 +162,7 @@ class TestMySQLSink(SinkContract):
             original = MySQLLoad._texts
             monkeypatch.setattr(MySQLLoad, "_texts", lambda *a, **k: built.append(1) or original(*a, **k))
             load.load(batch)
-            assert built == [] and load._prepared == {}
+            assert built == [] and len(load._prepared) == 0
             for n in range(3, 3 + 12):  # prepared and never loaded (discarded): at most MAX_PREPARED kept
                 load.prepare(make_batch([read(items, item(100 + n))], id=n))
             assert len(load._prepared) == MAX_PREPARED
