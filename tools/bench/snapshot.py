@@ -26,19 +26,17 @@ shared 2-core machine is noisy):
                                            # included (or only those holding the GIL)
     python3 tools/bench/snapshot.py --rss-sizes 500000,2000000
 
-Measured (medians of 3 rounds, 2 shared cores at load average 5 to 8; docs/snapshot.md has the
-analysis), ``--table-size 500000 --repeat 3 --postgres``:
+Measured (medians of 3 rounds, 2 shared cores at load average 2 to 4; docs/snapshot.md has the
+analysis and the figures before), ``--table-size 500000 --repeat 3 --postgres``:
 
-* into MariaDB: setl 34,400 rows/s, 0.69x the dump's 50,200 (rounds 0.69, 0.72, 0.68; goal 0.8).
-  CPU per row: setl 9.5 µs, source 0.7, target 9.9; the dump's clients 1.6, source 0.5, target 9.2;
-* into PostgreSQL: setl 80,700 rows/s, 0.44x pg_chameleon 2.0.21 ``init_replica``'s 195,400
-  (rounds 0.45, 0.40, 0.44; goal 3x);
-* sysbench during the setl copy 1.01x of alone (rounds 1.01, 1.10, 0.99; goal 0.9), during the dump
-  1.22x (0.74, 1.22, 1.28): the other work on the machine moves it more than the copy does;
-* ``--rss-sizes 500000,2000000``: peak RSS 157 MiB for 4 x 500k rows, 158 MiB for 4 x 2M.
-
-On quieter cores (load average 2 to 4), ``--no-sysbench``: 0.66x the dump (57,000 against 110,000
-rows/s); ``--load-mode per_table`` 0.71x (69,800 against 98,900).
+* into MariaDB: setl 91,600 rows/s, 0.85x the dump's 112,900 (rounds 0.85, 0.86, 0.81; goal 0.8).
+  CPU per row: setl 5.3 µs, source 0.7, target 8.1-8.7; the dump's clients 1.5, source 0.5,
+  target 7.2-8.0; with ``--load-mode per_table``: 108,400 rows/s, 0.91x the dump (0.91, 0.93, 0.91);
+* into PostgreSQL: setl 151,500 rows/s, 0.71x pg_chameleon 2.0.21 ``init_replica``'s 200,600
+  (rounds 0.67, 0.77, 0.71; goal 3x);
+* sysbench during the setl copy 0.75x of alone (rounds 0.75, 0.81, 0.59; goal 0.9), during the dump
+  1.09x: the faster copy keeps both cores busy;
+* ``--rss-sizes 500000,2000000``: RSS_DOC.
 """
 
 from __future__ import annotations
