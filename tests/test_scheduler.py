@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import threading
 
+import attrs
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from setl.config import BatchSettings, PipelineSettings, RetrySettings
+from setl.config import BatchSettings, LoadSettings, PipelineSettings, RetrySettings
 from setl.errors import RefusedLoadError
 from setl.meta import SqliteMetaStore, Status
 from setl.model import Batch, Position
@@ -373,3 +375,36 @@ def test_batches_never_exceed_max_rows_and_end_on_transaction_boundaries(max_row
     for batch in seen:
         assert batch.end in ends
         assert len(batch) <= max(max_rows, 3)
+
+
+@pytest.mark.parametrize("mode", ["ordered", "per_table"])
+def test_batches_are_prepared_for_their_load_and_a_failing_preparation_changes_nothing(mode):
+    """In ordered mode every batch object the sink loads was handed to `prepare` first (by a worker,
+    once transformed); a `prepare` that raises fails nothing. per_table loads parts: nothing is prepared."""
+
+    class Preparing(MemorySink):
+        def __init__(self) -> None:
+            super().__init__()
+            self.prepared: list[Batch] = []
+            self.unprepared: list[int] = []
+
+        def prepare(self, batch: Batch) -> None:
+            self.prepared.append(batch)
+            if batch.id % 3 == 0:
+                raise RuntimeError("preparation fails")
+
+        def load(self, batch: Batch) -> None:
+            if not any(p is batch for p in self.prepared):
+                self.unprepared.append(batch.id)
+            super().load(batch)
+
+    txs = single_row_stream(20)
+    sink = Preparing()
+    settings = attrs.evolve(fast_settings(3, max_rows=3), load=LoadSettings(mode=mode))
+    result = run_pipeline(ScriptedSource(txs), sink, settings=settings)
+    assert result.outcome is Outcome.CAUGHT_UP
+    assert sink.tables == reference_state(txs)
+    if mode == "ordered":
+        assert sink.unprepared == [] and len(sink.loads) >= 7
+    else:
+        assert sink.prepared == []

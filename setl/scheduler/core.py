@@ -428,6 +428,14 @@ class Scheduler(LoadDispatch, Termin):
                     self.listener.on_stage("transform", batch, time.perf_counter() - began)
             except BaseException as exc:
                 error = exc
+            # per_table loads parts (other batch objects): nothing prepared would be used
+            prepare = None if self.per_table else getattr(self.load, "prepare", None)
+            if error is None and prepare is not None and not slot.discarded and not self._halt:
+                try:  # off the ordered load's path: what the load can work out ahead
+                    prepare(batch)
+                except Exception:
+                    log.debug("pipeline=%s batch=%d: preparing its load failed (the load works it out)",
+                              self.name, batch.id, exc_info=True)
             with self._cond:
                 slot.worker_done = True
                 if slot.discarded:

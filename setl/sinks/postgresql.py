@@ -38,6 +38,7 @@ from setl.model import Batch, Position
 from setl.sinks.invalid_dates import InvalidDatePolicy
 from setl.sinks.merge import TableChanges
 from setl.sinks.postgresql_ddl import Translator, UnsupportedDdl, without_sequence_ddl
+from setl.sinks.prepared import PreparedBatches
 from setl.sinks.sql_common import (DdlStep, FenceBusy, Segment, SqlLoad, TargetTableMissing, chunks, group_by_columns,
                                    insert_runs)
 from setl.tls import libpq_params
@@ -127,6 +128,20 @@ def _marks(count: int) -> str:
     return "(" + ", ".join(["%s"] * count) + ")"
 
 
+#: One shape of a table's upserts: its columns, its images, and their ``COPY`` rows (None: too few
+#: to go by ``COPY``).
+_Group = tuple[tuple[str, ...], list[Mapping[str, Any]], list[list[Any]] | None]
+
+
+@attrs.frozen(eq=False)
+class _Prepared:
+    """What `PostgresLoad.prepare` worked out for one batch object."""
+
+    segments: list[Segment]
+    #: id(TableChanges) -> (that TableChanges, its upsert groups)
+    groups: dict[int, tuple[TableChanges, list[_Group]]]
+
+
 class PostgresLoad(SqlLoad[psycopg.Connection]):
     """Loads batches into PostgreSQL (see the module docstring and `SqlLoad`)."""
 
@@ -150,10 +165,39 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
         self._statements: dict[tuple[Any, ...], str] = {}
         self._invalid_dates = InvalidDatePolicy(getattr(config, "invalid_dates", "refuse"),
                                                 pipeline=self.pipeline, target="PostgreSQL")
+        self._prepared: PreparedBatches[_Prepared] = PreparedBatches()  # what `prepare` worked out
 
     def _segments(self, batch: Batch) -> list[Segment]:
-        """Sequence DDL left out, zero and partial dates handled by the ``invalid_dates`` policy first."""
+        """Sequence DDL left out, zero and partial dates handled by the ``invalid_dates`` policy first.
+        A prepared batch's segments are those `prepare` worked out."""
+        prepared = self._prepared.get(batch)
+        if prepared is not None:
+            return prepared.segments
         return super()._segments(self._invalid_dates.apply(without_sequence_ddl(batch, self.pipeline)))
+
+    def load(self, batch: Batch) -> None:
+        try:
+            super().load(batch)
+        finally:
+            self._prepared.drop(batch)
+
+    def prepare(self, batch: Batch) -> None:
+        """Merge `batch` and group each keyed table's upserts by shape now (on the calling worker),
+        with the ``COPY`` rows of the groups that go by ``COPY``, so that `load` only sends them.
+        None of it depends on the target, so `load` of this batch object always uses it."""
+        segments = self._segments(batch)
+        groups: dict[int, tuple[TableChanges, list[_Group]]] = {}
+        for segment in segments:
+            if isinstance(segment, list):
+                for table in segment:
+                    if table.primary_key and table.upserts:
+                        groups[id(table)] = (table, self._groups(table))
+        self._prepared.put(batch, _Prepared(segments, groups))
+
+    def _groups(self, table: TableChanges) -> list[_Group]:
+        """`table`'s upserts by column list, with their ``COPY`` rows when there are `copy_rows` or more."""
+        return [(columns, images, self._copy_rows(columns, images) if len(images) >= self.copy_rows else None)
+                for columns, images in group_by_columns(table.upserts).items()]
 
     def __repr__(self) -> str:
         return f"<PostgresLoad {self.pipeline} -> {self.config.host}:{self.config.port}/{self.config.database}>"
@@ -356,9 +400,15 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
                 text = self._text(conn, ("delete", table.schema, table.table, key, len(part)),
                                   functools.partial(self._delete_sql, name, key, len(part)), raw=True)
                 cur.execute(text, values_of(part, key))
-            for columns, images in group_by_columns(table.upserts).items():
-                if len(images) >= self.copy_rows:
-                    self._copy_upsert(conn, cur, table, columns, images)
+            prepared = None
+            for entry in self._prepared.values():
+                found = entry.groups.get(id(table))
+                if found is not None and found[0] is table:
+                    prepared = found[1]
+                    break
+            for columns, images, rows in prepared if prepared is not None else self._groups(table):
+                if rows is not None:
+                    self._copy_upsert(conn, cur, table, columns, rows)
                     continue
                 size = max(1, min(self.chunk_rows, MAX_PARAMS // len(columns)))
                 for part in chunks(images, size):
@@ -367,7 +417,7 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
                     cur.execute(text, values_of(part, columns))
 
     def _copy_upsert(self, conn: psycopg.Connection, cur: psycopg.Cursor, table: TableChanges,
-                     columns: Sequence[str], images: Sequence[Mapping[str, Any]]) -> None:
+                     columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         """Many upserts of one shape: ``COPY`` them into a temporary table with the target's column
         types (no constraints), then one ``INSERT ... SELECT ... ON CONFLICT (key) DO UPDATE``.
         The values go through the column types' input functions, as a bound parameter's text does."""
@@ -378,23 +428,31 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
         listed = sql.SQL(", ").join(map(sql.Identifier, columns))
         cur.execute(sql.SQL("CREATE TEMPORARY TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA")
                     .format(stage, listed, name))
-        self._copy(cur, stage, columns, images)
+        self._copy(cur, stage, columns, rows)
         text = self._text(conn, ("copy-upsert", table.schema, table.table, columns),
                           functools.partial(self._upsert_select_sql, name, stage, key, columns))
         cur.execute(text)
         cur.execute(sql.SQL("DROP TABLE {}").format(stage))
 
     @staticmethod
-    def _copy(cur: psycopg.Cursor, into: sql.Composable, columns: Sequence[str],
-              images: Sequence[Mapping[str, Any]]) -> None:
+    def _copy(cur: psycopg.Cursor, into: sql.Composable, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        """``COPY`` `rows` (`_copy_rows`) into `into`."""
         names = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
-        adapted = _ADAPTED
         with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(into, names)) as copy:
             write = copy.write_row
-            for image in images:
-                values = [image[c] for c in columns]
-                # Most rows hold no value to_db changes: test that at C speed, convert only the others.
-                write(values if adapted.isdisjoint(map(type, values)) else [to_db(v) for v in values])
+            for row in rows:
+                write(row)
+
+    @staticmethod
+    def _copy_rows(columns: Sequence[str], images: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
+        """The ``COPY`` rows of `images`: their values in `columns` order, as `to_db` converts them."""
+        adapted = _ADAPTED
+        rows = []
+        for image in images:
+            values = [image[c] for c in columns]
+            # Most rows hold no value to_db changes: test that at C speed, convert only the others.
+            rows.append(values if adapted.isdisjoint(map(type, values)) else [to_db(v) for v in values])
+        return rows
 
     @staticmethod
     def _upsert_select_sql(name: sql.Identifier, stage: sql.Identifier, key: Sequence[str],
@@ -443,7 +501,8 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
                 if change is None:  # a run of inserts and reads: COPY, or multi-row INSERTs
                     for columns, images in group_by_columns(added).items():
                         if len(images) >= self.copy_rows:
-                            self._copy(cur, sql.Identifier(table.schema, table.table), columns, images)
+                            self._copy(cur, sql.Identifier(table.schema, table.table), columns,
+                                       self._copy_rows(columns, images))
                             continue
                         size = max(1, min(self.chunk_rows, MAX_PARAMS // len(columns)))
                         for part in chunks(images, size):

@@ -20,6 +20,7 @@ import pymysql.cursors
 from setl import ddl, failpoints
 from setl.errors import SourceError
 from setl.model import InvalidDate, Position, TableName
+from setl.snapshot.rows import fetch_dicts
 
 _DATES = frozenset({"date", "datetime", "timestamp"})
 #: Engines whose reads in a consistent snapshot see the table as of the snapshot's position.
@@ -163,11 +164,11 @@ class ChunkReader:
                 started(position)
                 failpoints.hit("snapshot_read")
                 # always with arguments (maybe none), so always %-formatted: `%` in names doubled
-                cur.execute(f"SELECT {columns} FROM {table}{where} ORDER BY {keys}", args)
-                rows = cur.fetchall()
+                rows = fetch_dicts(conn, f"SELECT {columns} FROM {table}{where} ORDER BY {keys}", args,
+                                   plan.columns)
             finally:
                 cur.execute("COMMIT")
-        return self.images(plan, rows), position
+        return self.converted(plan, rows), position
 
     def read_all(self, conn: pymysql.connections.Connection, plan: TablePlan, piece_rows: int,
                  started: Callable[[Position], None], piece: Callable[[list[dict[str, Any]], bool], None],
@@ -209,11 +210,25 @@ class ChunkReader:
         columns = plan.columns
         return [dict(zip(columns, row)) for row in rows]
 
+    @classmethod
+    def converted(cls, plan: TablePlan, images: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """`images` (rows as PyMySQL reads them, keyed by column) with `convert`'s values, changed in
+        place; as they are when no column needs a conversion."""
+        if any(kind in _CONVERTED for kind in plan.types.values()):
+            for image in images:
+                cls.convert(plan, image)
+        return images
+
+    @classmethod
+    def image(cls, plan: TablePlan, row: Sequence[Any]) -> dict[str, Any]:
+        """A row with the values the binlog source hands on for the same row (`convert`)."""
+        return cls.convert(plan, dict(zip(plan.columns, row)))
+
     @staticmethod
-    def image(plan: TablePlan, row: Sequence[Any]) -> dict[str, Any]:
-        """A row with the values the binlog source hands on for the same row (see
-        `setl.sources.mysql_binlog.MysqlBinlogSource`): SETs as sets, BITs as ints, zero dates kept."""
-        image = dict(zip(plan.columns, row))
+    def convert(plan: TablePlan, image: dict[str, Any]) -> dict[str, Any]:
+        """`image` (changed in place) with the values the binlog source hands on for the same row
+        (see `setl.sources.mysql_binlog.MysqlBinlogSource`): SETs as sets, BITs as ints, zero dates
+        kept."""
         for name, kind in plan.types.items():
             value = image.get(name)
             if value is None:

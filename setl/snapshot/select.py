@@ -509,8 +509,8 @@ class SnapshotSelect(SelectWrapper):
             return Transaction((), self._merge.frontier or chunk.position)  # a copy a DDL started again
         copy = self._copies.get(chunk.table)
         key = copy.plan.key if copy is not None else ()
-        changes = tuple(RowChange(Op.READ, chunk.table.schema, chunk.table.table, key, None, row,
-                                  position=chunk.position) for row in chunk.rows)
+        schema, table, position, read = chunk.table.schema, chunk.table.table, chunk.position, Op.READ
+        changes = tuple([RowChange(read, schema, table, key, None, row, position) for row in chunk.rows])
         if copy is not None:
             copy.handed_rows += len(changes)
         if chunk.final and copy is not None:

@@ -68,7 +68,26 @@ class TableExtract(Extract):
 
     def extract(self, batch: Batch) -> Batch:
         out: list[Change] = []
-        for change in batch.changes:
+        changes = batch.changes
+        count = len(changes)
+        index = 0
+        while index < count:
+            change = changes[index]
+            index += 1
+            if type(change) is RowChange and change.op is Op.READ:
+                # A run of snapshot reads of one table (a chunk): routed once, mapped together.
+                end = index
+                schema, table, key = change.schema, change.table, change.primary_key
+                while end < count:
+                    following = changes[end]
+                    if (type(following) is not RowChange or following.op is not Op.READ
+                            or following.table != table or following.schema != schema
+                            or following.primary_key != key):
+                        break
+                    end += 1
+                self._map_reads(batch, changes[index - 1:end], out)
+                index = end
+                continue
             try:
                 plan = self.plan.route(change.schema, change.table or "")
             except ExtractError as exc:
@@ -99,6 +118,39 @@ class TableExtract(Extract):
             if mapped is not None:
                 out.append(mapped)
         return batch.replace(tuple(out))
+
+    def _map_reads(self, batch: Batch, reads: Sequence[Change], out: list[Change]) -> None:
+        """Snapshot reads of one source table, mapped as `_map` maps each (same result), with the
+        route looked up once and, when its rule has no filter, without a call per row."""
+        first = reads[0]
+        assert isinstance(first, RowChange)
+        try:
+            plan = self.plan.route(first.schema, first.table)
+            if plan is None:
+                return
+            if plan.filter is not None:
+                for read in reads:
+                    assert isinstance(read, RowChange)
+                    mapped = self._map(read, plan)
+                    if mapped is not None:
+                        out.append(mapped)
+                return
+            schema, table, source = plan.target.schema, plan.target.table, plan.source
+            key = self._target_key(plan, first.primary_key)
+        except ExtractError as exc:
+            exc.with_context(pipeline=self.pipeline, stage="extract", table=first.qualified_table, batch=batch.id,
+                             position=first.position or batch.end)
+            raise
+        read_op, make = Op.READ, RowChange
+        if plan.reshapes:
+            rename, include, exclude = plan.rename, plan.include, plan.exclude
+            out.extend([make(read_op, schema, table, key, None, {
+                rename.get(column, column): value for column, value in r.after.items()  # type: ignore[union-attr]
+                if (include is None or column in include) and column not in exclude},
+                r.position, r.commit_time, source) for r in reads])  # type: ignore[union-attr]
+        else:
+            out.extend([make(read_op, schema, table, key, None, r.after, r.position,  # type: ignore[union-attr]
+                             r.commit_time, source) for r in reads])  # type: ignore[union-attr]
 
     def _map_ddl(self, change: DdlChange, plan: Route) -> DdlChange | None:
         """The DDL with every table name mapped and qualified, the rule's column renames, and

@@ -60,6 +60,18 @@ class Load:
     def load(self, batch: Batch) -> None:
         raise NotImplementedError
 
+    def prepare(self, batch: Batch) -> None:
+        """`batch` (this very object) will be loaded later: work out now what `load` needs that
+        does not touch the target (merged changes, statement texts), so that the ordered load
+        spends its turn on the target. Optional: the base does nothing.
+
+        Called by the scheduler's workers once a batch is extracted and transformed, concurrently
+        for different batches and with `load` of earlier ones. It must not write to the target,
+        nor change what `load` does: `load` of a batch that was not prepared, or of another batch
+        object, or after whatever the preparation assumed changed (a DDL, a reconnect), works it
+        out itself. An exception it raises is ignored (`load` meets the same problem and reports it).
+        """
+
     def load_part(self, batch: Batch) -> None:
         """Apply one target table's share of a batch, without recording the batch's position.
 
@@ -120,6 +132,11 @@ class LoadWrapper(Load):
 
     def load(self, batch: Batch) -> None:
         self.inner.load(batch)
+
+    def prepare(self, batch: Batch) -> None:
+        """Forwarded: a wrapper that loads another batch object than it is given makes the inner
+        Load's preparation unused, never wrong."""
+        self.inner.prepare(batch)
 
     def committed(self) -> Position | None:
         return self.inner.committed()

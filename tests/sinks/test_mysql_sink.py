@@ -20,6 +20,7 @@ from setl.config import MysqlTargetConfig
 from setl.errors import LoadError, TransientLoadError
 from setl.model import DdlChange
 from setl.sinks.mysql import MySQLLoad
+from setl.sinks.prepared import MAX_PREPARED
 from setl.sinks.sql_common import TargetTableMissing
 from setl.testing.servers import MariaDBServer, free_port
 from tests.e2e.replicate import PER_TABLE, replicate, table_rule, write_source
@@ -129,6 +130,64 @@ class TestMySQLSink(SinkContract):
                            datetime.datetime(2024, 1, 2, 3, 4, 5, 600000), datetime.date(2024, 2, 29),
                            datetime.timedelta(hours=-1, seconds=5))
         assert got[6] == '{"k":[1,"é"]}' and got[7:] == (0.5, "x,z", "ünï")
+
+    def test_text_with_every_escaped_character_arrives_as_sent(self, target):
+        """Text holding each character the bulk statements escape (quote, double quote, backslash, NUL,
+        newline, carriage return, Ctrl-Z), alone, together and next to plain text, arrives as sent."""
+        target.execute(f"CREATE TABLE {target.qualified('texts')} (id INT PRIMARY KEY, v TEXT, b BLOB)")
+        texts = Changes(target.schema, "texts")
+        specials = ["'", '"', "\\", "\x00", "\n", "\r", "\x1a"]
+        values = ["", "plain", "é ünï", *specials, "".join(specials), "a'b\\c\"d\x00e\nf\rg\x1ah", "\\'", "''",
+                  "\\\\", "%s %%"]
+        load = target.make_load(chunk_rows=3)
+        try:
+            load.load(make_batch([read(texts, {"id": i, "v": v, "b": v.encode()}) for i, v in enumerate(values)]))
+        finally:
+            load.close()
+        assert target.rows("texts") == [(i, v, v.encode()) for i, v in enumerate(values)]
+
+    def test_a_prepared_batch_is_sent_as_prepared_and_lands_as_unprepared(self, target, items, monkeypatch):
+        """`prepare` merges a batch and builds its statements ahead; `load` of that batch object sends
+        them without building any (the target then holds what an unprepared load leaves), and forgets
+        them; a batch never loaded does not stay for ever."""
+        load = target.make_load(chunk_rows=7)
+        try:
+            load.load(make_batch([read(items, item(1))]))  # a first load: the sink knows how to escape
+            changes = [read(items, item(i, name=f"n'{i}\\")) for i in range(1, 60)]
+            changes += [items.update(item(3), **item(3, name="upd")), items.delete(**item(4))]
+            batch = make_batch(changes, id=2)
+            load.prepare(batch)
+            assert len(load._prepared) == 1
+            built = []
+            original = MySQLLoad._texts
+            monkeypatch.setattr(MySQLLoad, "_texts", lambda *a, **k: built.append(1) or original(*a, **k))
+            load.load(batch)
+            assert built == [] and len(load._prepared) == 0
+            for n in range(3, 3 + 12):  # prepared and never loaded (discarded): at most MAX_PREPARED kept
+                load.prepare(make_batch([read(items, item(100 + n))], id=n))
+            assert len(load._prepared) == MAX_PREPARED
+        finally:
+            load.close()
+        expected = [(i, "upd" if i == 3 else f"n'{i}\\", 1, None) for i in range(1, 60) if i != 4]
+        assert target.rows("items") == expected
+
+    def test_statements_prepared_before_a_ddl_are_not_used_after_it(self, target):
+        """A batch prepared before a DDL that makes a column generated is built again at its load
+        (the generated column left out), and lands."""
+        target.execute(f"CREATE TABLE {target.qualified('gen')} (id INT PRIMARY KEY, a INT, v INT)")
+        gen = Changes(target.schema, "gen")
+        load = target.make_load()
+        try:
+            load.load(make_batch([read(gen, {"id": 1, "a": 1, "v": 2})]))
+            rows = make_batch([read(gen, {"id": i, "a": i, "v": 2 * i}) for i in range(2, 30)], id=3)
+            load.prepare(rows)
+            alter = DdlChange(target.schema, "gen", f"ALTER TABLE {target.qualified('gen')} DROP COLUMN v,"
+                              " ADD COLUMN v INT AS (a * 2) VIRTUAL")
+            load.load(make_batch([alter], id=2))
+            load.load(rows)
+        finally:
+            load.close()
+        assert target.rows("gen") == [(i, i, 2 * i) for i in range(1, 30)]
 
     def test_reads_past_one_statement_are_built_ahead_and_all_applied(self, target, items):
         """A snapshot chunk larger than one statement (`chunk_rows`) goes in several statements, each

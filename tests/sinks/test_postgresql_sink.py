@@ -23,7 +23,7 @@ from setl.sinks.sql_common import TargetTableMissing
 from setl.testing.servers import PostgresServer, free_port
 from tests.e2e.replicate import PER_TABLE, replicate, table_rule, write_source
 
-from .contract import Changes, SinkContract, Target, item, make_batch, model_settings
+from .contract import Changes, SinkContract, Target, item, make_batch, model_settings, read
 
 
 class PostgresTarget(Target):
@@ -123,6 +123,32 @@ class TestPostgresSink(SinkContract):
         load.load(make_batch([typed.insert(**row)]))
         (got,) = target.rows("typed")
         assert got == tuple(row.values())
+
+    def test_a_prepared_batch_is_sent_as_prepared_and_lands_as_unprepared(self, target, items, monkeypatch):
+        """`prepare` merges a batch and builds its ``COPY`` rows ahead; `load` of that batch object
+        copies them without building any, the target holding what an unprepared load leaves (reads
+        by ``COPY``, a small group by INSERT, an update and a delete), and forgets them."""
+        load = target.make_load(copy_rows=20)
+        try:
+            changes = [read(items, item(i, name=f"n{i}")) for i in range(1, 60)]
+            changes += [items.update(item(3, name="n3"), **item(3, name="upd")), items.delete(**item(4, name="n4")),
+                        read(items, {"id": 70, "name": "short"})]  # another shape: a group of one
+            batch = make_batch(changes)
+            load.prepare(batch)
+            assert len(load._prepared) == 1
+            built = []
+            original = PostgresLoad._copy_rows
+            monkeypatch.setattr(PostgresLoad, "_copy_rows",
+                                staticmethod(lambda *a: built.append(1) or original(*a)))
+            load.load(batch)
+            assert built == [] and len(load._prepared) == 0
+            load.load(make_batch([read(items, item(i, name="again")) for i in range(80, 110)], id=2))
+            assert built == [1]  # not prepared: built at its load
+        finally:
+            load.close()
+        expected = [(i, "upd" if i == 3 else f"n{i}", 1, None) for i in range(1, 60) if i != 4]
+        expected += [(70, "short", None, None)] + [(i, "again", 1, None) for i in range(80, 110)]
+        assert target.rows("items") == expected
 
     def test_names_with_percent_dollar_and_quote_load_through_native_placeholders(self, target, load):
         """Keyed deletes and multi-row upserts (sent with $n placeholders) reach a table and columns

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from setl.config import ColumnsConfig, TableRule
@@ -120,3 +121,53 @@ def test_reads_are_routed_reshaped_and_filtered_like_inserts_and_stay_reads():
         (Op.INSERT, "replica", "o_orders", None, {"id": 3, "amount_eur": 7}, ("id",)),
     ]
     assert all(c.source is not None and c.source.table == "orders" for c in out.changes)
+
+
+@pytest.mark.parametrize("rule", [
+    TableRule(source=r"shop\..*", target="replica.{table}"),
+    TableRule(source=r"shop\..*", target="replica.{table}", columns=ColumnsConfig(exclude=("secret",)),
+              rename={"amount": "amount_eur"}),
+    TableRule(source=r"shop\..*", target="replica.{table}", columns=ColumnsConfig(include=("id", "amount"))),
+    TableRule(source=r"shop\..*", target="replica.{table}", filter="amount > 1"),
+], ids=["plain", "reshaped", "included", "filtered"])
+def test_runs_of_reads_are_mapped_as_each_read_alone(rule):
+    """Runs of snapshot reads (a chunk, mapped together) come out exactly as each read mapped on its
+    own: same target, key, image, position and source, runs broken by another table, another key, an
+    insert or an excluded table, in batch order."""
+    rules = [TableRule(source=r"shop\.audit", exclude=True), rule]
+    at = Position("log", 5)
+
+    def row(i: int) -> dict:
+        return {"id": i, "amount": i % 3, "secret": f"s{i}"}
+
+    changes = [
+        *(read("orders", row(i), schema="shop") for i in range(5)),
+        read("audit", {"id": 1}, schema="shop"),
+        *(read("items", row(i), schema="shop", key=("id", "amount")) for i in range(3)),
+        read("orders", row(9), schema="shop", key=("amount", "id")),
+        insert("orders", row(10), schema="shop"),
+        *(read("orders", row(i), schema="shop") for i in range(11, 14)),
+    ]
+    changes = [attrs.evolve(c, position=at, commit_time=12.5) for c in changes]
+    extract = TableExtract(rules)
+    out = extract.extract(batch(*changes)).changes
+    one_by_one = []
+    for change in changes:
+        route = extract.route(change.schema, change.table)
+        mapped = extract._map(change, route) if route is not None else None
+        if mapped is not None:
+            one_by_one.append(mapped)
+    assert out == tuple(one_by_one)
+    assert [c.source for c in out] == [c.source for c in one_by_one]
+    assert len(out) == (13 if rule.filter is None else 3)
+    assert all(c.schema == "replica" and c.position == at and c.commit_time == 12.5 for c in out)
+
+
+def test_a_run_of_reads_dropping_its_key_names_the_table_and_batch():
+    """A chunk whose rule drops a key column fails like a single change: table, batch and position named."""
+    extract = TableExtract([TableRule(source=r"shop\..*", columns=ColumnsConfig(exclude=("id",)))])
+    with pytest.raises(ExtractError) as caught:
+        extract.extract(batch(read("orders", {"id": 1, "v": 2}, schema="shop"),
+                              read("orders", {"id": 2, "v": 3}, schema="shop")))
+    assert caught.value.context["table"] == "shop.orders" and caught.value.context["batch"] == 7
+    assert "primary-key column 'id'" in str(caught.value)

@@ -22,22 +22,21 @@ shared 2-core machine is noisy):
 
     python3 tools/bench/snapshot.py [--tables 4] [--table-size 500000] [--repeat 3] [--postgres]
         [--chunk-rows 10000] [--threads 2] [--load-mode ordered|per_table] [--no-sysbench] [--only-setl]
-        [--profile FILE]   # py-spy raw stacks of the first setl run, per thread, idle included
+        [--profile FILE [--profile-gil]]   # py-spy raw stacks of the first setl run, per thread, idle
+                                           # included (or only those holding the GIL)
     python3 tools/bench/snapshot.py --rss-sizes 500000,2000000
 
-Measured (medians of 3 rounds, 2 shared cores at load average 5 to 8; docs/snapshot.md has the
-analysis), ``--table-size 500000 --repeat 3 --postgres``:
+Measured (medians of 3 rounds, 2 shared cores at load average 2 to 4; docs/snapshot.md has the
+analysis and the figures before), ``--table-size 500000 --repeat 3 --postgres``:
 
-* into MariaDB: setl 34,400 rows/s, 0.69x the dump's 50,200 (rounds 0.69, 0.72, 0.68; goal 0.8).
-  CPU per row: setl 9.5 µs, source 0.7, target 9.9; the dump's clients 1.6, source 0.5, target 9.2;
-* into PostgreSQL: setl 80,700 rows/s, 0.44x pg_chameleon 2.0.21 ``init_replica``'s 195,400
-  (rounds 0.45, 0.40, 0.44; goal 3x);
-* sysbench during the setl copy 1.01x of alone (rounds 1.01, 1.10, 0.99; goal 0.9), during the dump
-  1.22x (0.74, 1.22, 1.28): the other work on the machine moves it more than the copy does;
-* ``--rss-sizes 500000,2000000``: peak RSS 157 MiB for 4 x 500k rows, 158 MiB for 4 x 2M.
-
-On quieter cores (load average 2 to 4), ``--no-sysbench``: 0.66x the dump (57,000 against 110,000
-rows/s); ``--load-mode per_table`` 0.71x (69,800 against 98,900).
+* into MariaDB: setl 91,600 rows/s, 0.85x the dump's 112,900 (rounds 0.85, 0.86, 0.81; goal 0.8).
+  CPU per row: setl 5.3 µs, source 0.7, target 8.1-8.7; the dump's clients 1.5, source 0.5,
+  target 7.2-8.0; with ``--load-mode per_table``: 108,400 rows/s, 0.91x the dump (0.91, 0.93, 0.91);
+* into PostgreSQL: setl 151,500 rows/s, 0.71x pg_chameleon 2.0.21 ``init_replica``'s 200,600
+  (rounds 0.67, 0.77, 0.71; goal 3x);
+* sysbench during the setl copy 0.75x of alone (rounds 0.75, 0.81, 0.59; goal 0.9; 0.98x before the
+  copy got faster), during the dump 1.09x: the faster copy takes more of the two shared cores;
+* ``--rss-sizes 500000,2000000``: peak RSS 175 MiB for 4 x 500k rows, 183 MiB for 4 x 2M.
 """
 
 from __future__ import annotations
@@ -73,11 +72,13 @@ class Run:
     rss: int
 
 
-def run_setl(conf: Path, name: str, profile: str | None = None) -> Run:
+def run_setl(conf: Path, name: str, profile: str | None = None, gil: bool = False) -> Run:
     """`setl start --until-caught-up` (`profile`: py-spy's collapsed stacks, per thread and idle
-    included, to that file; the RSS and CPU are then py-spy's)."""
+    included, to that file, or with `gil` only the samples of the thread holding the GIL: where
+    setl's one Python core goes; the RSS and CPU are then py-spy's)."""
     log = conf.parent / f"{name}.log"
-    spy = ["py-spy", "record", "-r", "100", "--threads", "--idle", "-f", "raw", "-o", profile, "--"] if profile else []
+    which = ["--gil"] if gil else ["--idle"]
+    spy = ["py-spy", "record", "-r", "100", "--threads", *which, "-f", "raw", "-o", profile, "--"] if profile else []
     with open(log, "w") as out:
         began = time.perf_counter()
         argv = [*spy, sys.executable, "-m", "setl.cli", "--conf", str(conf), "start", "--pipeline", name,
@@ -274,6 +275,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2, help="sysbench threads for the tps comparison")
     parser.add_argument("--seconds", type=float, default=15.0, help="length of each sysbench run")
     parser.add_argument("--profile", metavar="FILE", help="py-spy collapsed stacks of the first setl run")
+    parser.add_argument("--profile-gil", action="store_true",
+                        help="with --profile: only samples holding the GIL (setl's Python CPU), no idle threads")
     parser.add_argument("--only-setl", action="store_true", help="no dump, no sysbench: setl's rows/s and peak RSS")
     parser.add_argument("--no-sysbench", action="store_true", help="no sysbench comparison")
     parser.add_argument("--load-mode", choices=["ordered", "per_table"], default="ordered",
@@ -358,7 +361,7 @@ def main() -> int:
                 target.query("DROP DATABASE dumped")
             name = pipeline("copied")
             before = cpu_seconds(source, target)
-            run = run_setl(conf, name, args.profile if round_ == 1 else None)
+            run = run_setl(conf, name, args.profile if round_ == 1 else None, args.profile_gil)
             after = cpu_seconds(source, target)
             costs = (f"; CPU us/row: setl {run.cpu / rows * 1e6:.1f}, source "
                      f"{(after[0] - before[0]) / rows * 1e6:.1f}, target "
