@@ -3,14 +3,18 @@ conversions, without its per-row packet objects and per-column method calls (abo
 CPU a chunk costs setl to read).
 
 This is the one place that reaches into PyMySQL's private reading machinery (``_execute_command``,
-``_rfile``, ``_next_seq_id``, `MySQLResult`); a connection without it (another PyMySQL), or a
-server speaking a protocol variant it does not read (``CLIENT_DEPRECATE_EOF``), goes through
-PyMySQL's own cursor instead, with the same values.
+``_rfile``, ``_next_seq_id``, `MySQLResult`), checked against the releases it was written for
+(`SUPPORTED_PYMYSQL`); another release, a connection without those internals, or a server
+speaking a protocol variant it does not read (``CLIENT_DEPRECATE_EOF``) goes through PyMySQL's own
+cursor instead, with the same values.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
+import importlib.metadata
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,10 +26,29 @@ from pymysql.protocol import MysqlPacket
 
 _MAX_PACKET = 0xFFFFFF
 
+#: The PyMySQL releases whose private reading machinery `fetch_dicts` was written and tested
+#: against (>= the first, < the second); setup.cfg allows a wider range, read through the cursor.
+SUPPORTED_PYMYSQL = ("1.1", "1.3")
+
+
+@functools.cache
+def _known_release() -> bool:
+    def numbers(text: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+
+    try:
+        version = importlib.metadata.version("PyMySQL")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    low, high = SUPPORTED_PYMYSQL
+    return numbers(low) <= numbers(version) < numbers(high)
+
 
 def supported(conn: Any) -> bool:
-    """Whether `conn` has the PyMySQL internals `fetch_dicts` reads through."""
-    return all(hasattr(conn, name) for name in ("_execute_command", "_rfile", "_next_seq_id", "_force_close")) \
+    """Whether `conn` is of a PyMySQL release `fetch_dicts` knows and has the internals it reads
+    through."""
+    internals = ("_execute_command", "_rfile", "_next_seq_id", "_force_close")
+    return _known_release() and all(hasattr(conn, name) for name in internals) \
         and hasattr(pymysql.connections, "MySQLResult") and not getattr(conn, "client_flag", 0) & \
         getattr(CLIENT, "DEPRECATE_EOF", 1 << 24)
 

@@ -118,3 +118,20 @@ def test_fallback_reads_the_same(kinds, monkeypatch) -> None:
         monkeypatch.setattr(rows, "supported", lambda conn: False)
         assert rows.fetch_dicts(conn, query, [2, 99], COLUMNS) == fast
         assert len(fast) == 2
+
+
+def test_a_pymysql_release_not_known_reads_through_the_cursor(kinds, monkeypatch) -> None:
+    """Another PyMySQL release than `SUPPORTED_PYMYSQL` names is not read through its internals."""
+    server, db = kinds
+    with contextlib.closing(_connect(server, db)) as conn:
+        assert rows.supported(conn)
+        monkeypatch.setattr(rows.importlib.metadata, "version", lambda name: "1.3.0")
+        rows._known_release.cache_clear()
+        try:
+            assert not rows.supported(conn)
+            read: list[str] = []
+            monkeypatch.setattr(rows, "_through_cursor", lambda conn, query, names: read.append(query) or [])
+            assert rows.fetch_dicts(conn, "SELECT id FROM kinds WHERE id = %s", [2], ["id"]) == []
+            assert read == ["SELECT id FROM kinds WHERE id = 2"]
+        finally:
+            rows._known_release.cache_clear()
