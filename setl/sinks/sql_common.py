@@ -259,6 +259,13 @@ class SqlLoad(Load, Generic[C]):
         (None when there is none)."""
         raise NotImplementedError
 
+    def _fence_and_table_position(self, conn: C, table: str) -> tuple[int | None, Position | None]:
+        """In the open transaction, first the fence row's epoch under a lock shared to COMMIT (as
+        `_shared_epoch`), then `table`'s recorded position under a lock held to COMMIT (as
+        `_table_position_locked`). A dialect sends both in one round trip where it can; an error
+        in either is raised."""
+        return self._shared_epoch(conn), self._table_position_locked(conn, table)
+
     def _pipeline_position(self, conn: C) -> Position | None:
         """In the open transaction: the pipeline's recorded position (None when there is none)."""
         raise NotImplementedError
@@ -266,6 +273,19 @@ class SqlLoad(Load, Generic[C]):
     def _write_table_position(self, conn: C, table: str, batch: Batch) -> None:
         """In the open transaction: record `batch.end` as `table`'s position."""
         raise NotImplementedError
+
+    def _record_and_commit(self, conn: C, batch: Batch, tables: Sequence[str], pipeline: bool) -> None:
+        """Record `batch.end` as the position of each of `tables` (`_write_table_position`), and as
+        the pipeline's if `pipeline` (`_write_position`), then COMMIT. A dialect sends them in one
+        round trip where it can, provided that a write that fails stops the rest (COMMIT
+        included) and raises: the caller then rolls the transaction back."""
+        for table in tables:
+            self._table = table
+            self._write_table_position(conn, table, batch)
+        self._table = None
+        if pipeline:
+            self._write_position(conn, batch)
+        self._commit(conn)
 
     def _apply_keyed(self, conn: C, table: TableChanges) -> None:
         raise NotImplementedError
@@ -442,12 +462,10 @@ class SqlLoad(Load, Generic[C]):
         except Exception:  # the connection is likely dead already; nothing to save
             log.debug("closing a %s connection failed", self.dialect, exc_info=True)
 
-    def _apply_batch(self, conn: C, batch: Batch, segments: list[Segment], record: bool = True) -> None:
+    def _apply_batch(self, conn: C, batch: Batch, segments: list[Segment]) -> None:
         self._fence(conn, batch)
         self._apply_segments(conn, batch, segments)
-        if record:
-            self._write_position(conn, batch)
-        self._commit(conn)
+        self._record_and_commit(conn, batch, (), pipeline=True)
 
     def _apply_segments(self, conn: C, batch: Batch, segments: list[Segment]) -> None:
         for segment in segments:
@@ -467,8 +485,13 @@ class SqlLoad(Load, Generic[C]):
         self._table = None
 
     def _apply_part(self, conn: C, batch: Batch) -> None:
-        """One part: fence, drop what each of its tables holds already, apply, record, COMMIT."""
-        self._fence(conn, batch)
+        """One part: fence, drop what each of its tables holds already, apply, record, COMMIT.
+
+        Its round trips besides the rows': the fence and its table's position read together
+        (`_fence_and_table_position`), and the table's position written with the COMMIT
+        (`_record_and_commit`). A part of more than one table reads the others' positions apart."""
+        first = next((flat_name(c.schema, c.table or "") for c in batch.changes), None)
+        first_at = self._fence(conn, batch, first)
         keep: list[Change] = []
         names: dict[tuple[str, str], str] = {}
         tables: dict[str, tuple[Position | None, Position | None]] = {}
@@ -479,7 +502,7 @@ class SqlLoad(Load, Generic[C]):
             if table is None:
                 table = names[ident] = flat_name(*ident)  # unambiguous with dots in names
                 self._table = table
-                table_at = self._table_position_locked(conn, table)
+                table_at = first_at if table == first else self._table_position_locked(conn, table)
                 # Every change of the batch lies after its start: a table at or before the start
                 # holds none of them, and its changes need no comparison each (nor the pipeline's
                 # position, read only then: a round trip less per part in the common case).
@@ -498,28 +521,33 @@ class SqlLoad(Load, Generic[C]):
                      "already; skipped", self.pipeline, batch.id, len(batch.changes) - len(keep),
                      len(batch.changes), ", ".join(tables))
         self._apply_segments(conn, batch, self._segments(batch.replace(tuple(keep))))
-        for table, (_, table_at) in tables.items():
-            # Never backwards: after a rollback, a replay's first batches end before what parts of
-            # the discarded batches after them committed already.
-            if table_at is None or batch.end > table_at:
-                self._table = table
-                self._write_table_position(conn, table, batch)
-        self._table = None
-        self._commit(conn)
+        # Never backwards: after a rollback, a replay's first batches end before what parts of
+        # the discarded batches after them committed already.
+        moved = [table for table, (_, table_at) in tables.items() if table_at is None or batch.end > table_at]
+        self._record_and_commit(conn, batch, moved, pipeline=False)
 
-    def _fence(self, conn: C, batch: Batch) -> None:
+    def _fence(self, conn: C, batch: Batch, table: str | None = None) -> Position | None:
         """In the open transaction: take the fence first if `batch` has a newer epoch than any
-        taken, then hold the fence row shared to COMMIT and refuse a batch of an older epoch."""
+        taken, then hold the fence row shared to COMMIT and refuse a batch of an older epoch.
+        With a `table`, its position is read with the fence (`_fence_and_table_position`) and
+        returned, locked to COMMIT."""
         if batch.epoch > self._fenced_epoch:
             self._commit(conn)  # nothing is written yet; the fence is taken outside this transaction
             self._take_fence(conn, batch)
-        stored = self._shared_epoch(conn)
+        table_at = None
+        if table is None:
+            stored = self._shared_epoch(conn)
+        else:
+            self._table = table
+            stored, table_at = self._fence_and_table_position(conn, table)
+            self._table = None
         if stored is not None and batch.epoch < stored:
             raise LoadError(
                 f"refused: batch epoch {batch.epoch} is older than epoch {stored} the target "
                 f"holds for this pipeline (a newer writer owns it)",
                 **self._context(batch),
             )
+        return table_at
 
     def _take_fence(self, conn: C, batch: Batch | None) -> None:
         """Kill the other processes' sessions of the pipeline and raise the fence row to the
