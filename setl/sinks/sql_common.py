@@ -191,6 +191,7 @@ class SqlLoad(Load, Generic[C]):
         self._fence_lock = threading.Lock()  # one thread takes the fence for an epoch
         self._slots = threading.BoundedSemaphore(connections)
         self._idle: list[C] = []
+        self._affinity: dict[str, C] = {}  # target table -> the connection that last loaded a part of it
         self._local = threading.local()  # per thread: the connection in use, the table written
         self._fenced_epoch = 0  # the highest epoch this sink has taken the fence for
         self._position_table_ready = False
@@ -322,7 +323,9 @@ class SqlLoad(Load, Generic[C]):
         """One target table's share of a batch (load.mode per_table), in its own transaction on
         its own connection: fenced, skipping the changes its table holds already, and recording
         the table's position (see the class docstring)."""
-        self._retrying(lambda: self._with_connection(lambda conn: self._apply_part(conn, batch), batch), batch)
+        first = next((flat_name(c.schema, c.table or "") for c in batch.changes), None)
+        self._retrying(lambda: self._with_connection(lambda conn: self._apply_part(conn, batch), batch, first),
+                       batch)
 
     def mark_loaded(self, batch: Batch) -> None:
         """Every part of `batch` is in: record its position, fenced (a transaction with no rows)."""
@@ -393,19 +396,25 @@ class SqlLoad(Load, Generic[C]):
     def close(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, []
+            self._affinity.clear()
         for conn in idle:
             self._close(conn)
 
     # -- the machinery
 
-    def _with_connection(self, work: Callable[[C], T], batch: Batch | None) -> T:
+    def _with_connection(self, work: Callable[[C], T], batch: Batch | None, table: str | None = None) -> T:
         """Run `work` on a pooled connection of this thread's own (at most `connections` at once).
-        The connection goes back to the pool unless it failed in a way that may have broken it."""
+        The connection goes back to the pool unless it failed in a way that may have broken it.
+
+        With a `table` (a per-table part), the connection that loaded that table last is taken
+        when it is idle: each table's statements then go to few connections, which a server
+        keeping prepared statements per session (PostgreSQL) parses and plans once each, not
+        once on every connection of the pool."""
         held = getattr(self._local, "conn", None)
         if held is not None:  # re-entered from inside work on this thread
             return work(held)
         with self._slots:
-            conn = self._checkout(batch)
+            conn = self._checkout(batch, table)
             self._local.conn = conn
             healthy = False
             try:
@@ -421,13 +430,20 @@ class SqlLoad(Load, Generic[C]):
                 if healthy:
                     with self._lock:
                         self._idle.append(conn)
+                        if table is not None:
+                            self._affinity[table] = conn
                 else:
+                    with self._lock:
+                        for name in [n for n, c in self._affinity.items() if c is conn]:
+                            del self._affinity[name]
                     self._close(conn)
 
-    def _checkout(self, batch: Batch | None) -> C:
+    def _checkout(self, batch: Batch | None, table: str | None = None) -> C:
+        """An idle connection (for a `table`: the one that loaded it last, else one no table has
+        loaded last, else any), or a new one."""
         with self._lock:
             if self._idle:
-                return self._idle.pop()
+                return self._idle.pop(self._pick(table))
         try:
             conn = self._connect()
         except Exception as exc:
@@ -445,6 +461,21 @@ class SqlLoad(Load, Generic[C]):
             self._close(conn)
             raise
         return conn
+
+    def _pick(self, table: str | None) -> int:
+        """Under the lock: the index in the non-empty `_idle` of the connection to check out."""
+        if table is None:
+            return -1
+        mine = self._affinity.get(table)
+        claimed = {id(c) for c in self._affinity.values()}
+        spare = -1
+        for index in range(len(self._idle) - 1, -1, -1):
+            conn = self._idle[index]
+            if conn is mine:
+                return index
+            if spare == -1 and id(conn) not in claimed:
+                spare = index
+        return spare
 
     def _prepare(self, conn: C) -> None:
         """Create the position tables once per sink, then register the new connection."""
