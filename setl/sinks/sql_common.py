@@ -323,7 +323,7 @@ class SqlLoad(Load, Generic[C]):
         """One target table's share of a batch (load.mode per_table), in its own transaction on
         its own connection: fenced, skipping the changes its table holds already, and recording
         the table's position (see the class docstring)."""
-        first = next((flat_name(c.schema, c.table or "") for c in batch.changes), None)
+        first = flat_name(batch.changes[0].schema, batch.changes[0].table or "") if batch.changes else None
         self._retrying(lambda: self._with_connection(lambda conn: self._apply_part(conn, batch), batch, first),
                        batch)
 
@@ -521,37 +521,41 @@ class SqlLoad(Load, Generic[C]):
         Its round trips besides the rows': the fence and its table's position read together
         (`_fence_and_table_position`), and the table's position written with the COMMIT
         (`_record_and_commit`). A part of more than one table reads the others' positions apart."""
-        first = next((flat_name(c.schema, c.table or "") for c in batch.changes), None)
+        # unambiguous with dots in names; in the order the part names them
+        names = {ident: flat_name(*ident) for ident in dict.fromkeys((c.schema, c.table or "") for c in batch.changes)}
+        first = next(iter(names.values()), None)
         first_at = self._fence(conn, batch, first)
-        keep: list[Change] = []
-        names: dict[tuple[str, str], str] = {}
         tables: dict[str, tuple[Position | None, Position | None]] = {}
         check: dict[str, bool] = {}  # may this table hold some of the batch's changes already?
-        for change in batch.changes:
-            ident = (change.schema, change.table or "")
-            table = names.get(ident)
-            if table is None:
-                table = names[ident] = flat_name(*ident)  # unambiguous with dots in names
-                self._table = table
-                table_at = first_at if table == first else self._table_position_locked(conn, table)
-                # Every change of the batch lies after its start: a table at or before the start
-                # holds none of them, and its changes need no comparison each (nor the pipeline's
-                # position, read only then: a round trip less per part in the common case).
-                check[table] = table_at is not None and table_at > batch.start
-                tables[table] = (self._pipeline_position(conn) if check[table] else None, table_at)
-            # A snapshot row (READ) is the table's state at its place in the stream: never skipped.
-            if (check[table] and isinstance(change, RowChange) and change.position is not None
-                    and change.op is not Op.READ):
-                pipeline_at, table_at = tables[table]
-                if (table_at is not None and change.position <= table_at
-                        and (pipeline_at is None or change.position > pipeline_at)):
-                    continue  # this table committed it in an earlier part
-            keep.append(change)
+        for table in names.values():
+            self._table = table
+            table_at = first_at if table == first else self._table_position_locked(conn, table)
+            # Every change of the batch lies after its start: a table at or before the start
+            # holds none of them, and its changes need no comparison each (nor the pipeline's
+            # position, read only then: a round trip less per part in the common case).
+            check[table] = table_at is not None and table_at > batch.start
+            tables[table] = (self._pipeline_position(conn) if check[table] else None, table_at)
+        self._table = None
+        keep: Sequence[Change] = batch.changes
+        if any(check.values()):
+            keep = []
+            for change in batch.changes:
+                table = names[(change.schema, change.table or "")]
+                # A snapshot row (READ) is the table's state at its place in the stream: never skipped.
+                if (check[table] and isinstance(change, RowChange) and change.position is not None
+                        and change.op is not Op.READ):
+                    pipeline_at, table_at = tables[table]
+                    if (table_at is not None and change.position <= table_at
+                            and (pipeline_at is None or change.position > pipeline_at)):
+                        continue  # this table committed it in an earlier part
+                keep.append(change)
         if len(keep) < len(batch.changes):
             log.info("pipeline=%s stage=load batch=%s: %d of %d changes of %s are in the target "
                      "already; skipped", self.pipeline, batch.id, len(batch.changes) - len(keep),
                      len(batch.changes), ", ".join(tables))
-        self._apply_segments(conn, batch, self._segments(batch.replace(tuple(keep))))
+        if keep is not batch.changes:
+            batch = batch.replace(tuple(keep))
+        self._apply_segments(conn, batch, self._segments(batch))
         # Never backwards: after a rollback, a replay's first batches end before what parts of
         # the discarded batches after them committed already.
         moved = [table for table, (_, table_at) in tables.items() if table_at is None or batch.end > table_at]
