@@ -253,7 +253,7 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
             read_timeout=self.read_timeout,
             write_timeout=self.read_timeout,
             ssl=self._ssl,
-            # `_fence_and_table_position` and `_record_and_commit` send several statements at once.
+            # `_record_and_commit` sends several statements at once.
             client_flag=CLIENT.MULTI_STATEMENTS,
         )
         if self._ssl is not None:
@@ -466,17 +466,18 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
 
     def _fence_and_table_position(self, conn: pymysql.connections.Connection,
                                   table: str) -> tuple[int | None, Position | None]:
-        """Both locking reads in one multi-statement round trip, the fence's first. The server
-        runs them in order and stops at the first that fails, whose error `_results` raises."""
+        """Both locking reads in one statement (one round trip): the fence row shared (its own
+        locking clause) and the table's position row for update, each locked to COMMIT; either
+        may be missing."""
         with conn.cursor() as cur:
-            cur.execute(f"SELECT `epoch` FROM {self._fence_table} WHERE `pipeline` = %s LOCK IN SHARE MODE;"
-                        f" SELECT `log`, `offset`, `row` FROM {self._table_position}"
-                        " WHERE `pipeline` = %s AND `target_table` = %s FOR UPDATE",
+            cur.execute(f"SELECT (SELECT `epoch` FROM {self._fence_table} WHERE `pipeline` = %s LOCK IN SHARE MODE),"
+                        f" t.`log`, t.`offset`, t.`row` FROM (SELECT 1) AS one LEFT JOIN {self._table_position} AS t"
+                        " ON t.`pipeline` = %s AND t.`target_table` = %s FOR UPDATE",
                         (self.pipeline, self.pipeline, table))
-            fence, position = self._results(cur, 2)
-        epoch = int(fence[0][0]) if fence else None
-        r = position[0] if position else None
-        return epoch, Position(r[0], int(r[1]), row=int(r[2])) if r else None
+            row = cur.fetchone()
+        assert row is not None  # the outer (SELECT 1) gives one row
+        epoch = int(row[0]) if row[0] is not None else None
+        return epoch, Position(row[1], int(row[2]), row=int(row[3])) if row[1] is not None else None
 
     @staticmethod
     def _results(cur: Any, count: int) -> list[tuple[Any, ...]]:

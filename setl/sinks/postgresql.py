@@ -313,21 +313,6 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
         epoch = int(row[0]) if row[0] is not None else None
         return epoch, Position(row[1], int(row[2]), row=int(row[3])) if row[1] is not None else None
 
-    def _record_and_commit(self, conn: psycopg.Connection, batch: Batch, tables: Sequence[str],
-                           pipeline: bool) -> None:
-        """The position writes and the COMMIT in one round trip, through psycopg's pipeline mode:
-        after a write that fails the server skips the rest up to the pipeline's sync (the COMMIT
-        included), and psycopg raises the write's error."""
-        self._table = ", ".join(tables) or None  # for an error: it is raised when the block ends
-        with conn.pipeline():
-            for table in tables:
-                self._write_table_position(conn, table, batch)
-            if pipeline:
-                self._write_position(conn, batch)
-            # Not conn.commit(): in a pipeline it syncs at once, and leaving the block syncs again.
-            conn.execute("COMMIT")
-        self._table = None
-
     def _read_position(self, conn: psycopg.Connection) -> tuple[Position | None, int | None]:
         row = conn.execute(
             sql.SQL('SELECT log, "offset", "row", gtid, epoch FROM {} WHERE pipeline = %s').format(self._position),

@@ -519,8 +519,9 @@ class SqlLoad(Load, Generic[C]):
         """One part: fence, drop what each of its tables holds already, apply, record, COMMIT.
 
         Its round trips besides the rows': the fence and its table's position read together
-        (`_fence_and_table_position`), and the table's position written with the COMMIT
-        (`_record_and_commit`). A part of more than one table reads the others' positions apart."""
+        (`_fence_and_table_position`), then the table's position written and the COMMIT
+        (`_record_and_commit`, one round trip on MariaDB). A part of more than one table reads
+        the others' positions apart."""
         # unambiguous with dots in names; in the order the part names them
         names = {ident: flat_name(*ident) for ident in dict.fromkeys((c.schema, c.table or "") for c in batch.changes)}
         first = next(iter(names.values()), None)
