@@ -116,7 +116,8 @@ class SqlLoad(Load, Generic[C]):
       the stored epoch back: a scheduler takes its first epoch above it, so a meta store rebuilt
       with fresh epochs (or a switch from SQLite to ZooKeeper) is not refused.
     * Per-table parts (``load.mode: per_table``): each part runs in its own transaction on its
-      own connection from a pool of at most `connections`, fenced like a batch, and records the
+      own connection from a pool of at most `connections` (the one that loaded its table last,
+      when idle), fenced like a batch (its table's position is read with the fence), and records the
       part's end position for its target table (``<position_table>_table``, never moved back) in
       the same transaction. A part skips every change whose `RowChange.position` is after the pipeline's
       recorded position and at or before its table's recorded one: those are in already, so a
