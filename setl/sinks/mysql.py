@@ -40,9 +40,10 @@ import attrs
 import pymysql
 import pymysql.converters
 import pymysql.err
-from pymysql.constants import SERVER_STATUS
+from pymysql.constants import CLIENT, SERVER_STATUS
 
 from setl.config import SslConfig
+from setl.ddl import Statement
 from setl.errors import LoadError, TransientLoadError
 from setl.model import Batch, InvalidDate, Position
 from setl.sinks.merge import TableChanges
@@ -194,6 +195,15 @@ class BuiltAhead:
             yield item
 
 
+def _several_statements(statement: Statement) -> bool:
+    """Whether a DDL text holds a statement separator before its end (one at the end is fine).
+    The sink's connections take several statements at once (``CLIENT.MULTI_STATEMENTS``), so
+    such a text would run as several, where a server taking one statement refuses it."""
+    tokens = [t for t in statement.tokens if t.kind != "ws"]
+    return any((t.kind == "punct" and t.text == ";" and i < len(tokens) - 1) or (t.kind == "xcomment" and ";" in t.text)
+               for i, t in enumerate(tokens))
+
+
 def _quotes_doubled(text: str) -> str:
     return text.replace("'", "''")
 
@@ -309,6 +319,8 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
             read_timeout=self.read_timeout,
             write_timeout=self.read_timeout,
             ssl=self._ssl,
+            # `_record_and_commit` sends several statements at once.
+            client_flag=CLIENT.MULTI_STATEMENTS,
         )
         if self._ssl is not None:
             require_encrypted(conn, self.config.host, self.config.port)
@@ -497,17 +509,19 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         epochs = [int(r[-1]) for r in (row, fence) if r]
         return position, max(epochs) if epochs else None
 
-    def _write_position(self, conn: pymysql.connections.Connection, batch: Batch) -> None:
-        end = batch.end
-        with conn.cursor() as cur:
-            cur.execute(
-                f"INSERT INTO {self._position} (`pipeline`, `log`, `offset`, `row`, `gtid`, `batch_id`, `epoch`)"
+    @property
+    def _write_position_sql(self) -> str:
+        return (f"INSERT INTO {self._position} (`pipeline`, `log`, `offset`, `row`, `gtid`, `batch_id`, `epoch`)"
                 " VALUES (%s, %s, %s, %s, %s, %s, %s) ON DUPLICATE KEY UPDATE `log` = VALUES(`log`),"
                 " `offset` = VALUES(`offset`), `row` = VALUES(`row`), `gtid` = VALUES(`gtid`),"
                 " `batch_id` = VALUES(`batch_id`), `epoch` = VALUES(`epoch`),"
-                " `updated_at` = CURRENT_TIMESTAMP(6)",
-                (self.pipeline, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch),
-            )
+                " `updated_at` = CURRENT_TIMESTAMP(6)")
+
+    def _write_position(self, conn: pymysql.connections.Connection, batch: Batch) -> None:
+        end = batch.end
+        with conn.cursor() as cur:
+            cur.execute(self._write_position_sql,
+                        (self.pipeline, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch))
 
     def _pipeline_position(self, conn: pymysql.connections.Connection) -> Position | None:
         with conn.cursor() as cur:
@@ -516,6 +530,53 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
             r = cur.fetchone()
         return Position(r[0], int(r[1]), row=int(r[2])) if r else None
 
+    def _fence_and_table_position(self, conn: pymysql.connections.Connection,
+                                  table: str) -> tuple[int | None, Position | None]:
+        """Both locking reads in one statement (one round trip): the fence row shared (its own
+        locking clause) and the table's position row for update, each locked to COMMIT; either
+        may be missing."""
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT (SELECT `epoch` FROM {self._fence_table} WHERE `pipeline` = %s LOCK IN SHARE MODE),"
+                        f" t.`log`, t.`offset`, t.`row` FROM (SELECT 1) AS one LEFT JOIN {self._table_position} AS t"
+                        " ON t.`pipeline` = %s AND t.`target_table` = %s FOR UPDATE",
+                        (self.pipeline, self.pipeline, table))
+            row = cur.fetchone()
+        assert row is not None  # the outer (SELECT 1) gives one row
+        epoch = int(row[0]) if row[0] is not None else None
+        return epoch, Position(row[1], int(row[2]), row=int(row[3])) if row[1] is not None else None
+
+    @staticmethod
+    def _results(cur: Any, count: int) -> list[tuple[Any, ...]]:
+        """The rows of each of the `count` results of a multi-statement `cur` executed, in order;
+        raises the error of the first statement that failed (the server ran none after it), so
+        no result is left on the connection."""
+        results = [cur.fetchall()]
+        while cur.nextset():
+            results.append(cur.fetchall())
+        if len(results) != count:
+            raise pymysql.err.InternalError(f"expected {count} results of a multi-statement, got {len(results)}")
+        return results
+
+    def _record_and_commit(self, conn: pymysql.connections.Connection, batch: Batch, tables: Sequence[str],
+                           pipeline: bool) -> None:
+        """The position writes and the COMMIT in one multi-statement round trip: the server stops
+        at a write that fails, so nothing after it (the COMMIT included) runs, and its error is raised."""
+        end = batch.end
+        statements: list[str] = []
+        args: list[Any] = []
+        for table in tables:
+            statements.append(self._write_table_position_sql)
+            args += (self.pipeline, table, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch)
+        if pipeline:
+            statements.append(self._write_position_sql)
+            args += (self.pipeline, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch)
+        statements.append("COMMIT")
+        self._table = ", ".join(tables) or None
+        with conn.cursor() as cur:
+            cur.execute(";\n".join(statements), args)
+            self._results(cur, len(statements))
+        self._table = None
+
     def _table_position_locked(self, conn: pymysql.connections.Connection, table: str) -> Position | None:
         with conn.cursor() as cur:
             cur.execute(f"SELECT `log`, `offset`, `row` FROM {self._table_position}"
@@ -523,16 +584,18 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
             r = cur.fetchone()
         return Position(r[0], int(r[1]), row=int(r[2])) if r else None
 
+    @property
+    def _write_table_position_sql(self) -> str:
+        return (f"INSERT INTO {self._table_position} (`pipeline`, `target_table`, `log`, `offset`, `row`,"
+                " `gtid`, `batch_id`, `epoch`) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON DUPLICATE KEY UPDATE"
+                " `log` = VALUES(`log`), `offset` = VALUES(`offset`), `row` = VALUES(`row`),"
+                " `gtid` = VALUES(`gtid`), `batch_id` = VALUES(`batch_id`), `epoch` = VALUES(`epoch`)")
+
     def _write_table_position(self, conn: pymysql.connections.Connection, table: str, batch: Batch) -> None:
         end = batch.end
         with conn.cursor() as cur:
-            cur.execute(
-                f"INSERT INTO {self._table_position} (`pipeline`, `target_table`, `log`, `offset`, `row`,"
-                " `gtid`, `batch_id`, `epoch`) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON DUPLICATE KEY UPDATE"
-                " `log` = VALUES(`log`), `offset` = VALUES(`offset`), `row` = VALUES(`row`),"
-                " `gtid` = VALUES(`gtid`), `batch_id` = VALUES(`batch_id`), `epoch` = VALUES(`epoch`)",
-                (self.pipeline, table, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch),
-            )
+            cur.execute(self._write_table_position_sql,
+                        (self.pipeline, table, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch))
 
     # -- rows
 
@@ -694,6 +757,10 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         existing table is accepted only if the existing table has the same shape.
         """
         end = batch.end
+        if _several_statements(step.statement):
+            raise LoadError(f"refused: this DDL holds more than one statement: {step.change.statement}",
+                            **{**self._context(batch, table=step.change.qualified_table),
+                               "position": step.change.position or end})
         ref = step.statement.tables[0]
         self._unwritable_generation += 1  # statements prepared before this DDL are not used
         self._unwritable.clear()  # the DDL may add, drop or change computed columns

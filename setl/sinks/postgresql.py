@@ -344,6 +344,19 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
         row = conn.execute(text, (self.pipeline,)).fetchone()
         return int(row[0]) if row else None
 
+    def _fence_and_table_position(self, conn: psycopg.Connection, table: str) -> tuple[int | None, Position | None]:
+        """Both locking reads in one statement (one round trip): the fence row shared and the
+        table's position row for update, each locked to COMMIT; either may be missing."""
+        text = self._text(conn, ("fence-and-table-position",), lambda: sql.SQL(
+            'SELECT f.epoch, t.log, t."offset", t."row" FROM (SELECT) AS one'
+            " LEFT JOIN (SELECT epoch FROM {} WHERE pipeline = %s FOR SHARE) AS f ON true"
+            ' LEFT JOIN (SELECT log, "offset", "row" FROM {} WHERE pipeline = %s AND target_table = %s'
+            " FOR UPDATE) AS t ON true").format(self._fence_table, self._table_position))
+        row = conn.execute(text, (self.pipeline, self.pipeline, table)).fetchone()
+        assert row is not None  # the outer (SELECT) gives one row
+        epoch = int(row[0]) if row[0] is not None else None
+        return epoch, Position(row[1], int(row[2]), row=int(row[3])) if row[1] is not None else None
+
     def _read_position(self, conn: psycopg.Connection) -> tuple[Position | None, int | None]:
         row = conn.execute(
             sql.SQL('SELECT log, "offset", "row", gtid, epoch FROM {} WHERE pipeline = %s').format(self._position),

@@ -116,7 +116,8 @@ class SqlLoad(Load, Generic[C]):
       the stored epoch back: a scheduler takes its first epoch above it, so a meta store rebuilt
       with fresh epochs (or a switch from SQLite to ZooKeeper) is not refused.
     * Per-table parts (``load.mode: per_table``): each part runs in its own transaction on its
-      own connection from a pool of at most `connections`, fenced like a batch, and records the
+      own connection from a pool of at most `connections` (the one that loaded its table last,
+      when idle), fenced like a batch (its table's position is read with the fence), and records the
       part's end position for its target table (``<position_table>_table``, never moved back) in
       the same transaction. A part skips every change whose `RowChange.position` is after the pipeline's
       recorded position and at or before its table's recorded one: those are in already, so a
@@ -191,6 +192,7 @@ class SqlLoad(Load, Generic[C]):
         self._fence_lock = threading.Lock()  # one thread takes the fence for an epoch
         self._slots = threading.BoundedSemaphore(connections)
         self._idle: list[C] = []
+        self._affinity: dict[str, C] = {}  # target table -> the connection that last loaded a part of it
         self._local = threading.local()  # per thread: the connection in use, the table written
         self._fenced_epoch = 0  # the highest epoch this sink has taken the fence for
         self._position_table_ready = False
@@ -259,6 +261,13 @@ class SqlLoad(Load, Generic[C]):
         (None when there is none)."""
         raise NotImplementedError
 
+    def _fence_and_table_position(self, conn: C, table: str) -> tuple[int | None, Position | None]:
+        """In the open transaction, first the fence row's epoch under a lock shared to COMMIT (as
+        `_shared_epoch`), then `table`'s recorded position under a lock held to COMMIT (as
+        `_table_position_locked`). A dialect sends both in one round trip where it can; an error
+        in either is raised."""
+        return self._shared_epoch(conn), self._table_position_locked(conn, table)
+
     def _pipeline_position(self, conn: C) -> Position | None:
         """In the open transaction: the pipeline's recorded position (None when there is none)."""
         raise NotImplementedError
@@ -266,6 +275,19 @@ class SqlLoad(Load, Generic[C]):
     def _write_table_position(self, conn: C, table: str, batch: Batch) -> None:
         """In the open transaction: record `batch.end` as `table`'s position."""
         raise NotImplementedError
+
+    def _record_and_commit(self, conn: C, batch: Batch, tables: Sequence[str], pipeline: bool) -> None:
+        """Record `batch.end` as the position of each of `tables` (`_write_table_position`), and as
+        the pipeline's if `pipeline` (`_write_position`), then COMMIT. A dialect sends them in one
+        round trip where it can, provided that a write that fails stops the rest (COMMIT
+        included) and raises: the caller then rolls the transaction back."""
+        for table in tables:
+            self._table = table
+            self._write_table_position(conn, table, batch)
+        self._table = None
+        if pipeline:
+            self._write_position(conn, batch)
+        self._commit(conn)
 
     def _apply_keyed(self, conn: C, table: TableChanges) -> None:
         raise NotImplementedError
@@ -302,7 +324,9 @@ class SqlLoad(Load, Generic[C]):
         """One target table's share of a batch (load.mode per_table), in its own transaction on
         its own connection: fenced, skipping the changes its table holds already, and recording
         the table's position (see the class docstring)."""
-        self._retrying(lambda: self._with_connection(lambda conn: self._apply_part(conn, batch), batch), batch)
+        first = flat_name(batch.changes[0].schema, batch.changes[0].table or "") if batch.changes else None
+        self._retrying(lambda: self._with_connection(lambda conn: self._apply_part(conn, batch), batch, first),
+                       batch)
 
     def mark_loaded(self, batch: Batch) -> None:
         """Every part of `batch` is in: record its position, fenced (a transaction with no rows)."""
@@ -373,19 +397,25 @@ class SqlLoad(Load, Generic[C]):
     def close(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, []
+            self._affinity.clear()
         for conn in idle:
             self._close(conn)
 
     # -- the machinery
 
-    def _with_connection(self, work: Callable[[C], T], batch: Batch | None) -> T:
+    def _with_connection(self, work: Callable[[C], T], batch: Batch | None, table: str | None = None) -> T:
         """Run `work` on a pooled connection of this thread's own (at most `connections` at once).
-        The connection goes back to the pool unless it failed in a way that may have broken it."""
+        The connection goes back to the pool unless it failed in a way that may have broken it.
+
+        With a `table` (a per-table part), the connection that loaded that table last is taken
+        when it is idle: each table's statements then go to few connections, which a server
+        keeping prepared statements per session (PostgreSQL) parses and plans once each, not
+        once on every connection of the pool."""
         held = getattr(self._local, "conn", None)
         if held is not None:  # re-entered from inside work on this thread
             return work(held)
         with self._slots:
-            conn = self._checkout(batch)
+            conn = self._checkout(batch, table)
             self._local.conn = conn
             healthy = False
             try:
@@ -401,13 +431,20 @@ class SqlLoad(Load, Generic[C]):
                 if healthy:
                     with self._lock:
                         self._idle.append(conn)
+                        if table is not None:
+                            self._affinity[table] = conn
                 else:
+                    with self._lock:
+                        for name in [n for n, c in self._affinity.items() if c is conn]:
+                            del self._affinity[name]
                     self._close(conn)
 
-    def _checkout(self, batch: Batch | None) -> C:
+    def _checkout(self, batch: Batch | None, table: str | None = None) -> C:
+        """An idle connection (for a `table`: the one that loaded it last, else one no table has
+        loaded last, else any), or a new one."""
         with self._lock:
             if self._idle:
-                return self._idle.pop()
+                return self._idle.pop(self._pick(table))
         try:
             conn = self._connect()
         except Exception as exc:
@@ -426,6 +463,21 @@ class SqlLoad(Load, Generic[C]):
             raise
         return conn
 
+    def _pick(self, table: str | None) -> int:
+        """Under the lock: the index in the non-empty `_idle` of the connection to check out."""
+        if table is None:
+            return -1
+        mine = self._affinity.get(table)
+        claimed = {id(c) for c in self._affinity.values()}
+        spare = -1
+        for index in range(len(self._idle) - 1, -1, -1):
+            conn = self._idle[index]
+            if conn is mine:
+                return index
+            if spare == -1 and id(conn) not in claimed:
+                spare = index
+        return spare
+
     def _prepare(self, conn: C) -> None:
         """Create the position tables once per sink, then register the new connection."""
         with self._lock:
@@ -442,12 +494,10 @@ class SqlLoad(Load, Generic[C]):
         except Exception:  # the connection is likely dead already; nothing to save
             log.debug("closing a %s connection failed", self.dialect, exc_info=True)
 
-    def _apply_batch(self, conn: C, batch: Batch, segments: list[Segment], record: bool = True) -> None:
+    def _apply_batch(self, conn: C, batch: Batch, segments: list[Segment]) -> None:
         self._fence(conn, batch)
         self._apply_segments(conn, batch, segments)
-        if record:
-            self._write_position(conn, batch)
-        self._commit(conn)
+        self._record_and_commit(conn, batch, (), pipeline=True)
 
     def _apply_segments(self, conn: C, batch: Batch, segments: list[Segment]) -> None:
         for segment in segments:
@@ -467,59 +517,74 @@ class SqlLoad(Load, Generic[C]):
         self._table = None
 
     def _apply_part(self, conn: C, batch: Batch) -> None:
-        """One part: fence, drop what each of its tables holds already, apply, record, COMMIT."""
-        self._fence(conn, batch)
-        keep: list[Change] = []
-        names: dict[tuple[str, str], str] = {}
+        """One part: fence, drop what each of its tables holds already, apply, record, COMMIT.
+
+        Its round trips besides the rows': the fence and its table's position read together
+        (`_fence_and_table_position`), then the table's position written and the COMMIT
+        (`_record_and_commit`, one round trip on MariaDB). A part of more than one table reads
+        the others' positions apart."""
+        # unambiguous with dots in names; in the order the part names them
+        names = {ident: flat_name(*ident) for ident in dict.fromkeys((c.schema, c.table or "") for c in batch.changes)}
+        first = next(iter(names.values()), None)
+        first_at = self._fence(conn, batch, first)
         tables: dict[str, tuple[Position | None, Position | None]] = {}
         check: dict[str, bool] = {}  # may this table hold some of the batch's changes already?
-        for change in batch.changes:
-            ident = (change.schema, change.table or "")
-            table = names.get(ident)
-            if table is None:
-                table = names[ident] = flat_name(*ident)  # unambiguous with dots in names
-                self._table = table
-                table_at = self._table_position_locked(conn, table)
-                # Every change of the batch lies after its start: a table at or before the start
-                # holds none of them, and its changes need no comparison each (nor the pipeline's
-                # position, read only then: a round trip less per part in the common case).
-                check[table] = table_at is not None and table_at > batch.start
-                tables[table] = (self._pipeline_position(conn) if check[table] else None, table_at)
-            # A snapshot row (READ) is the table's state at its place in the stream: never skipped.
-            if (check[table] and isinstance(change, RowChange) and change.position is not None
-                    and change.op is not Op.READ):
-                pipeline_at, table_at = tables[table]
-                if (table_at is not None and change.position <= table_at
-                        and (pipeline_at is None or change.position > pipeline_at)):
-                    continue  # this table committed it in an earlier part
-            keep.append(change)
+        for table in names.values():
+            self._table = table
+            table_at = first_at if table == first else self._table_position_locked(conn, table)
+            # Every change of the batch lies after its start: a table at or before the start
+            # holds none of them, and its changes need no comparison each (nor the pipeline's
+            # position, read only then: a round trip less per part in the common case).
+            check[table] = table_at is not None and table_at > batch.start
+            tables[table] = (self._pipeline_position(conn) if check[table] else None, table_at)
+        self._table = None
+        keep: Sequence[Change] = batch.changes
+        if any(check.values()):
+            keep = []
+            for change in batch.changes:
+                table = names[(change.schema, change.table or "")]
+                # A snapshot row (READ) is the table's state at its place in the stream: never skipped.
+                if (check[table] and isinstance(change, RowChange) and change.position is not None
+                        and change.op is not Op.READ):
+                    pipeline_at, table_at = tables[table]
+                    if (table_at is not None and change.position <= table_at
+                            and (pipeline_at is None or change.position > pipeline_at)):
+                        continue  # this table committed it in an earlier part
+                keep.append(change)
         if len(keep) < len(batch.changes):
             log.info("pipeline=%s stage=load batch=%s: %d of %d changes of %s are in the target "
                      "already; skipped", self.pipeline, batch.id, len(batch.changes) - len(keep),
                      len(batch.changes), ", ".join(tables))
-        self._apply_segments(conn, batch, self._segments(batch.replace(tuple(keep))))
-        for table, (_, table_at) in tables.items():
-            # Never backwards: after a rollback, a replay's first batches end before what parts of
-            # the discarded batches after them committed already.
-            if table_at is None or batch.end > table_at:
-                self._table = table
-                self._write_table_position(conn, table, batch)
-        self._table = None
-        self._commit(conn)
+        if keep is not batch.changes:
+            batch = batch.replace(tuple(keep))
+        self._apply_segments(conn, batch, self._segments(batch))
+        # Never backwards: after a rollback, a replay's first batches end before what parts of
+        # the discarded batches after them committed already.
+        moved = [table for table, (_, table_at) in tables.items() if table_at is None or batch.end > table_at]
+        self._record_and_commit(conn, batch, moved, pipeline=False)
 
-    def _fence(self, conn: C, batch: Batch) -> None:
+    def _fence(self, conn: C, batch: Batch, table: str | None = None) -> Position | None:
         """In the open transaction: take the fence first if `batch` has a newer epoch than any
-        taken, then hold the fence row shared to COMMIT and refuse a batch of an older epoch."""
+        taken, then hold the fence row shared to COMMIT and refuse a batch of an older epoch.
+        With a `table`, its position is read with the fence (`_fence_and_table_position`) and
+        returned, locked to COMMIT."""
         if batch.epoch > self._fenced_epoch:
             self._commit(conn)  # nothing is written yet; the fence is taken outside this transaction
             self._take_fence(conn, batch)
-        stored = self._shared_epoch(conn)
+        table_at = None
+        if table is None:
+            stored = self._shared_epoch(conn)
+        else:
+            self._table = table
+            stored, table_at = self._fence_and_table_position(conn, table)
+            self._table = None
         if stored is not None and batch.epoch < stored:
             raise LoadError(
                 f"refused: batch epoch {batch.epoch} is older than epoch {stored} the target "
                 f"holds for this pipeline (a newer writer owns it)",
                 **self._context(batch),
             )
+        return table_at
 
     def _take_fence(self, conn: C, batch: Batch | None) -> None:
         """Kill the other processes' sessions of the pipeline and raise the fence row to the

@@ -737,6 +737,68 @@ class SinkContract(LoadContract):
             load.close()
         assert target.rows("items") == [(1, "n", 3, None)]
 
+    def test_a_deposed_part_frozen_inside_its_transaction_never_commits(self, target, items):
+        """per_table: a part of another process stuck inside its transaction after its fence and
+        table position read (as if frozen) is killed by a newer epoch's part, which does not wait
+        for it; the old part never commits and the table position is the new one's."""
+        target.execute(f"INSERT INTO {target.qualified('items')} VALUES (1, 'n', 1, NULL), (2, 'n', 1, NULL)")
+        old = target.make_load(fence_lock_timeout=1.0)
+        old.token = "another-process"
+        old.load_part(span([at(items.update(item(2), qty=3), 150)], 104, 150, id=1, epoch=1))
+        blocker = target.lock_row("items", 1)
+        outcome: dict[str, Any] = {}
+
+        def deposed() -> None:
+            try:
+                old.load_part(span([at(items.update(item(1), qty=5), 200)], 150, 200, id=2, epoch=1))
+                outcome["committed"] = True
+            except LoadError as exc:
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=deposed, name="deposed-part")
+        thread.start()
+        new = target.make_load(fence_lock_timeout=1.0)
+        try:
+            wait_until(lambda: target.lock_waits() >= 1, interval=0.3,  # see TargetProbe.lock_waits
+                       message="the old part to wait inside its transaction")
+            started = time.monotonic()
+            replay = span([at(items.update(item(2), qty=7), 200)], 150, 200, id=2, epoch=2)
+            new.load_part(replay)
+            took = time.monotonic() - started
+        finally:
+            blocker.rollback()
+            blocker.close()
+            thread.join(60)
+            old.close()
+        try:
+            assert not thread.is_alive() and "committed" not in outcome, outcome
+            assert took < 20, took
+            assert target.rows("items") == [(1, "n", 1, None), (2, "n", 7, None)]
+            positions = target.query(f"SELECT batch_id, epoch FROM {target.position_table('_table')}")
+            assert positions == [(2, 2)]
+        finally:
+            new.close()
+
+    def test_a_table_s_parts_go_to_the_connection_that_loaded_it_last(self, target, items):
+        """per_table: with two idle pooled connections, two tables' parts each take their own,
+        and a table's next part takes the connection that loaded it last."""
+        target.create(LOOSE_DDL, "loose")
+        loose = Changes(target.schema, "loose", key=())
+        load = target.make_load()
+        try:
+            load.load_part(span([], 4, 104))  # takes the fence
+            opened = [load._checkout(None) for _ in range(2)]
+            load._idle.extend(opened)
+            sessions = []
+            for number, part in enumerate([items.insert(**item(1)), loose.insert(name="a", qty=1),
+                                           items.insert(**item(2)), loose.insert(name="b", qty=2)], start=2):
+                load.load_part(span([at(part, 100 * number)], 100 * number - 100, 100 * number, id=number))
+                sessions.append(target.session_id(load))  # the connection just given back
+            assert sessions[0] != sessions[1] and sessions[2:] == sessions[:2]
+            assert [r[0] for r in target.rows("items")] == [1, 2] and len(target.rows("loose")) == 2
+        finally:
+            load.close()
+
     # -- transient errors
 
     def test_reconnects_after_its_session_is_killed(self, target, items):

@@ -25,7 +25,7 @@ from setl.sinks.sql_common import TargetTableMissing
 from setl.testing.servers import MariaDBServer, free_port
 from tests.e2e.replicate import PER_TABLE, replicate, table_rule, write_source
 
-from .contract import Changes, SinkContract, Target, item, make_batch, model_settings, read
+from .contract import Changes, SinkContract, Target, at, item, make_batch, model_settings, read, span
 
 
 class MySQLTarget(Target):
@@ -279,6 +279,54 @@ class TestMySQLSink(SinkContract):
         with pytest.raises(LoadError, match="(?i)duplicate column") as info:
             load.load(make_batch([add], id=1))
         assert info.value.context["table"] == f"{target.schema}.items"
+
+    def test_a_failing_position_write_sent_with_the_commit_rolls_the_part_back(self, target, items):
+        """The table position write and the COMMIT go as one multi-statement: when the write fails
+        the COMMIT does not run, the error is raised, the part's rows are rolled back, and the
+        pooled connection loads the next part cleanly."""
+        target.execute(f"INSERT INTO {target.qualified('items')} VALUES (1, 'n', 1, NULL)")
+        load = target.make_load(max_attempts=1)
+        try:
+            load.load_part(span([], 4, 104))  # creates the position tables, takes the fence
+            target.execute(f"CREATE TRIGGER {target.qualified('no_position')} BEFORE INSERT ON "
+                           f"{target.position_table('_table')} FOR EACH ROW "
+                           "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'position refused on purpose'")
+            part = span([at(items.insert(**item(2)), 200), at(items.update(item(1), qty=5), 200)], 104, 200, id=2)
+            with pytest.raises(LoadError, match="position refused on purpose") as info:
+                load.load_part(part)
+            assert info.value.context["table"] == f"{target.schema}.items"
+            assert target.rows("items") == [(1, "n", 1, None)]
+            assert target.query(f"SELECT COUNT(*) FROM {target.position_table('_table')}") == [(0,)]
+            target.execute(f"DROP TRIGGER {target.qualified('no_position')}")
+            load.load_part(part)
+            assert target.rows("items") == [(1, "n", 5, None), (2, "n", 1, None)]
+        finally:
+            load.close()
+
+    def test_a_failing_pipeline_position_write_leaves_the_batch_uncommitted(self, target, items, load):
+        """ordered: the batch position write is sent with the COMMIT; when it fails nothing of the
+        batch is committed and the error names the batch."""
+        load.load(make_batch([items.insert(**item(1))], id=1))
+        target.execute(f"CREATE TRIGGER {target.qualified('no_position')} BEFORE UPDATE ON "
+                       f"{target.position_table()} FOR EACH ROW "
+                       "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'position refused on purpose'")
+        with pytest.raises(LoadError, match="position refused on purpose") as info:
+            load.load(make_batch([items.insert(**item(2))], id=2))
+        assert info.value.context["batch"] == 2
+        assert [r[0] for r in target.rows("items")] == [1] and load.committed() == make_batch([], id=1).end
+
+    def test_a_ddl_text_holding_two_statements_is_refused(self, target, items, load):
+        """The sink's sessions take several statements at once, so a DDL text with a second
+        statement after a semicolon is refused (nothing of it runs); one trailing semicolon is fine."""
+        two = DdlChange(target.schema, "items", f"ALTER TABLE `{target.schema}`.`items` ADD COLUMN a INT;"
+                                                f" DROP TABLE `{target.schema}`.`items`")
+        with pytest.raises(LoadError, match="more than one statement") as info:
+            load.load(make_batch([items.insert(**item(1)), two], id=1))
+        assert info.value.context["table"] == f"{target.schema}.items"
+        assert target.columns("items") == ["id", "name", "qty", "note"]
+        one = DdlChange(target.schema, "items", f"ALTER TABLE `{target.schema}`.`items` ADD COLUMN a INT; ")
+        load.load(make_batch([items.insert(**item(1)), one], id=1))
+        assert target.columns("items")[-1] == "a" and [r[0] for r in target.rows("items")] == [1]
 
 
 @pytest.mark.parametrize("code, kind", [

@@ -56,10 +56,34 @@ setl's time; now sent through a `psycopg.RawCursor` with ``$n`` placeholders ren
 shape, parameters gathered at C speed); MariaDB ordered .038 -> .032 and per_table .043 -> .035
 (the per-batch merge 1.19 -> 0.32 us per change; a part skips the pipeline-position read unless
 its table is past the batch start). What per_table still pays per part is a transaction of its
-own: the fence read, the table position read and write, and a COMMIT (with the target's binlog
-on), about 0.35-0.45 ms of setl and 0.4-0.7 ms of server CPU per part, so at 2,000-row batches
-(250 rows per part) per_table costs 40-70% more CPU per row than ordered and its bound falls to
-1.2-1.4x; at 5,000-row batches the bound is about 1.7x.
+own (with the target's binlog on), about 0.25 ms of setl and 0.1-0.15 ms of server CPU per part
+measured with one-row parts, so at 2,000-row batches (250 rows per part) per_table costs 40-70%
+more CPU per row than ordered and its bound falls to 1.2-1.4x; at 5,000-row batches the bound is
+about 1.6-1.8x.
+
+Per-part costs, second round (2026-11-26, commits 34161a9..7a01c1e). A part now reads the fence
+(shared) and its table's position (for update) in one statement, a round trip less; on MariaDB
+its position write and COMMIT go as one multi-statement (psycopg's pipeline mode for the same on
+PostgreSQL cost 30 us more CPU and 50 us more wall time per part on loopback than two plain round
+trips, so PostgreSQL keeps two); a part takes the pooled connection that loaded its table last.
+The last one counts most: PostgreSQL prepares a statement per session after 5 executions, and
+with parts spread over the pool's 8 sessions each shape was parsed and planned up to 8 times as
+often: with 4 loading threads the server spent 0.056-0.064 s per 10k rows against 0.045 with one
+thread; with affinity 0.049-0.052. Measured against the starting commit 2c15b0e in the same
+session, runs alternating, each ``--repeat 3 --rows 100000`` (medians of 3 runs, each itself a
+median of 3), at load average 2-4 (other sessions' tests and benchmarks):
+
+                          ratio (runs)       CPU s/10k rows setl, server: ordered / per_table
+    mariadb     2c15b0e   1.52 (0.92 1.52 1.56)   .025 .042 / .028 .046
+                now       1.48 (1.25 1.52 1.48)   .024 .041 / .028 .046
+    postgresql  2c15b0e   1.16 (0.91 1.16 1.21)   .025 .043 / .036 .059
+                now       1.24 (1.22 1.24 1.26)   .024 .042 / .032 .050
+
+(the default ``--rows 20000``, 10 batches a run, swung 0.9-1.6 in those conditions.) Not done,
+measured too small: keeping each table's committed position in memory to skip its read (the read
+shares the fence's statement now: 15-20 us of setl CPU a part), folding PostgreSQL's BEGIN (a
+round trip psycopg sends on its own) into the first statement, and ``gc.freeze()`` of the
+prebuilt backlog (no change).
 
 So the goal (>= 1.5x on loopback) sits between the bound (1.7x at the default batch size, with
 setl and the server alone on 2 idle cores) and what a shared machine lets it have (1.3-1.5x
