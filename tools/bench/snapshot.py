@@ -42,6 +42,7 @@ analysis and the figures before), ``--table-size 500000 --repeat 3 --postgres``:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import pwd
 import resource
@@ -50,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -279,6 +281,9 @@ def main() -> int:
                         help="with --profile: only samples holding the GIL (setl's Python CPU), no idle threads")
     parser.add_argument("--only-setl", action="store_true", help="no dump, no sysbench: setl's rows/s and peak RSS")
     parser.add_argument("--no-sysbench", action="store_true", help="no sysbench comparison")
+    parser.add_argument("--source-core", action="store_true",
+                        help="the sysbench comparison once more with the source and sysbench on one core and the copy "
+                             "and the target on the other (a source host of its own)")
     parser.add_argument("--load-mode", choices=["ordered", "per_table"], default="ordered",
                         help="the pipelines' load.mode")
     parser.add_argument("--postgres", action="store_true",
@@ -391,31 +396,111 @@ def main() -> int:
             return 0
 
         # sysbench alone, while setl copies the same tables, and while the dump does (the same CPU
-        # contention on a small machine, with the dump's one long transaction)
-        during_setl: list[float] = []
-        during_dump: list[float] = []
-        for round_ in range(1, args.repeat + 1):
-            def load(seconds: float = args.seconds) -> sysbench.Running:
+        # contention on a small machine, with the dump's one long transaction); with --source-core,
+        # once more with the source and sysbench on one core and the copy and the target on the
+        # other, as when the source has a host of its own
+        layouts = [False, True] if args.source_core else [False]
+        for split in layouts:
+            with cores(split, source, target) as (source_side, copy_side):
+                sysbench_rounds(args, src, source, target, conf, pipeline, source_side, copy_side)
+    return 0
+
+
+@contextlib.contextmanager
+def cores(split: bool, source: MariaDBServer, target: MariaDBServer) -> Iterator[tuple[set[int], set[int]]]:
+    """The CPUs of the source's side (its server, sysbench) and of the copy's (setl or the dump,
+    the target's server): all of them for both, or (`split`) the first for the source and the
+    others for the copy, the servers' threads pinned so until the block ends."""
+    every = set(os.sched_getaffinity(0))
+    if not split:
+        yield every, every
+        return
+    if len(every) < 2:
+        raise SystemExit("--source-core needs at least 2 CPUs")
+    first = {min(every)}
+    rest = every - first
+    pin(source, first)
+    pin(target, rest)
+    try:
+        yield first, rest
+    finally:
+        pin(source, every)
+        pin(target, every)
+
+
+def pin(server: MariaDBServer, cpus: set[int]) -> None:
+    """Every thread of `server`'s process on `cpus` (the threads it starts later inherit it)."""
+    for task in Path(f"/proc/{server.pid}/task").iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), cpus)
+        except ProcessLookupError:  # a thread that ended meanwhile
+            pass
+
+
+@contextlib.contextmanager
+def on(cpus: set[int]) -> Iterator[None]:
+    """Children started in the block run on `cpus` (they inherit this process's affinity)."""
+    every = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, every)
+
+
+def settle(*servers: MariaDBServer, idle: float = 0.05, timeout: float = 60.0) -> None:
+    """Wait (at most `timeout` seconds) until each server spends under `idle` of a core: what a
+    copy or a DROP DATABASE left behind (purge, page flushing) must not count against the next
+    sysbench run."""
+    deadline = time.monotonic() + timeout
+    before = cpu_seconds(*servers)
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = cpu_seconds(*servers)
+        if all(b - a < idle for a, b in zip(before, now)):
+            return
+        before = now
+
+
+def sysbench_rounds(args: argparse.Namespace, src: sysbench.Conn, source: MariaDBServer, target: MariaDBServer,
+                    conf: Path, pipeline: Any, source_side: set[int], copy_side: set[int]) -> None:
+    """sysbench alone, during a setl copy, during the dump and alone again, in rounds, each run
+    once the servers are idle: the tx/s during each copy as a ratio of the mean of the two runs
+    alone in the same round, and the medians."""
+    split = source_side != copy_side
+    where = (f"source and sysbench on CPU {sorted(source_side)}, the copy and the target on CPU "
+             f"{sorted(copy_side)}" if split else "all on the shared cores")
+    during_setl: list[float] = []
+    during_dump: list[float] = []
+    for round_ in range(1, args.repeat + 1):
+        def load(seconds: float = args.seconds) -> sysbench.Running:
+            settle(source, target)
+            with on(source_side):
                 return sysbench.start(src, seconds=seconds, threads=args.threads, tables=args.tables,
                                       table_size=args.table_size)
 
-            alone = load().wait()
-            name = pipeline("copied")
-            running = load()
+        alone = load().wait()
+        name = pipeline("copied")
+        running = load()
+        with on(copy_side):
             run = run_setl(conf, name)
-            with_setl = running.wait()
-            target.query("DROP DATABASE copied")
-            running = load()
+        with_setl = running.wait()
+        target.query("DROP DATABASE copied")
+        running = load()
+        with on(copy_side):
             took = dump(source, target)
-            with_dump = running.wait()
-            target.query("DROP DATABASE dumped")
-            during_setl.append(with_setl.tps / alone.tps)
-            during_dump.append(with_dump.tps / alone.tps)
-            print(f"round {round_}: sysbench {alone.tps:,.0f} tx/s alone, {with_setl.tps:,.0f} during the setl copy "
-                  f"({during_setl[-1]:.2f}x; the copy took {run.seconds:.1f}s, peak RSS {run.rss / 1024:.0f} MiB), "
-                  f"{with_dump.tps:,.0f} during the dump ({during_dump[-1]:.2f}x; it took {took:.1f}s)", flush=True)
-        print(f"sysbench during the setl copy: median {median(during_setl):.2f}x of alone; during the dump: "
-              f"{median(during_dump):.2f}x", flush=True)
+        with_dump = running.wait()
+        target.query("DROP DATABASE dumped")
+        again = load().wait()  # alone once more: the mean of before and after is the reference
+        reference = (alone.tps + again.tps) / 2
+        during_setl.append(with_setl.tps / reference)
+        during_dump.append(with_dump.tps / reference)
+        print(f"round {round_} ({where}): sysbench {alone.tps:,.0f} and {again.tps:,.0f} tx/s alone (before and "
+              f"after), {with_setl.tps:,.0f} during the setl "
+              f"copy ({during_setl[-1]:.2f}x; the copy took {run.seconds:.1f}s, peak RSS {run.rss / 1024:.0f} MiB), "
+              f"{with_dump.tps:,.0f} during the dump ({during_dump[-1]:.2f}x; it took {took:.1f}s)", flush=True)
+    print(f"sysbench during the setl copy ({where}): median {median(during_setl):.2f}x of alone; during the "
+          f"dump: {median(during_dump):.2f}x", flush=True)
     return 0
 
 
