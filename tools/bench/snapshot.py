@@ -74,6 +74,23 @@ class Run:
     rss: int
 
 
+def follow_setl(conf: Path, name: str, seconds: float) -> None:
+    """`setl start` (a pipeline that follows the binlog, no copy) for `seconds`, then stopped
+    as an operator does (SIGTERM: it drains and exits)."""
+    log = conf.parent / f"{name}.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "setl.cli", "--conf", str(conf), "start", "--pipeline", name],
+                                stdout=out, stderr=subprocess.STDOUT)
+        time.sleep(seconds)
+        proc.terminate()
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise SystemExit(f"setl did not stop within 120 s of SIGTERM:\n{log.read_text()[-3000:]}") from None
+
+
 def run_setl(conf: Path, name: str, profile: str | None = None, gil: bool = False) -> Run:
     """`setl start --until-caught-up` (`profile`: py-spy's collapsed stacks, per thread and idle
     included, to that file, or with `gil` only the samples of the thread holding the GIL: where
@@ -307,9 +324,10 @@ def main() -> int:
         (conf / "setl.yaml").write_text(yaml.safe_dump({"meta": {"store": "sqlite", "path": str(work / "meta.db")}}))
         names = iter(range(1, 1000))
 
-        def pipeline(target_db: str, pg: PostgresServer | None = None) -> str:
+        def pipeline(target_db: str, pg: PostgresServer | None = None, start: str = "snapshot") -> str:
             """A `start: snapshot` pipeline of the sysbench tables into `target_db` (made empty first;
-            with `pg`, a PostgreSQL database whose tables setl creates)."""
+            with `pg`, a PostgreSQL database whose tables setl creates; `start: latest`: no copy,
+            the binlog followed from its end)."""
             number = next(names)
             name = f"snap{number}"
             if pg is None:
@@ -325,7 +343,7 @@ def main() -> int:
                 template = "sb.{table}"
             (conf / "pipelines" / f"{name}.yaml").write_text(yaml.safe_dump({
                 "source": {"type": "mysql", "host": source.host, "port": source.port, "user": source.user,
-                           "server_id": 3000 + number, "start": "snapshot",
+                           "server_id": 3000 + number, "start": start,
                            "snapshot": {"chunk_rows": args.chunk_rows}},
                 "target": into,
                 "tables": [{"source": r"sb\..*", "target": template}],
@@ -472,6 +490,7 @@ def sysbench_rounds(args: argparse.Namespace, src: sysbench.Conn, source: MariaD
              f"{sorted(copy_side)}" if split else "all on the shared cores")
     during_setl: list[float] = []
     during_dump: list[float] = []
+    during_follow: list[float] = []  # setl only following the binlog: what any binlog reader costs
     for round_ in range(1, args.repeat + 1):
         def load(seconds: float = args.seconds) -> sysbench.Running:
             settle(source, target)
@@ -486,6 +505,12 @@ def sysbench_rounds(args: argparse.Namespace, src: sysbench.Conn, source: MariaD
             run = run_setl(conf, name)
         with_setl = running.wait()
         target.query("DROP DATABASE copied")
+        name = pipeline("followed", start="latest")
+        running = load()
+        with on(copy_side):
+            follow_setl(conf, name, args.seconds)
+        with_follow = running.wait()
+        target.query("DROP DATABASE followed")
         running = load()
         with on(copy_side):
             took = dump(source, target)
@@ -495,12 +520,14 @@ def sysbench_rounds(args: argparse.Namespace, src: sysbench.Conn, source: MariaD
         reference = (alone.tps + again.tps) / 2
         during_setl.append(with_setl.tps / reference)
         during_dump.append(with_dump.tps / reference)
+        during_follow.append(with_follow.tps / reference)
         print(f"round {round_} ({where}): sysbench {alone.tps:,.0f} and {again.tps:,.0f} tx/s alone (before and "
               f"after), {with_setl.tps:,.0f} during the setl "
               f"copy ({during_setl[-1]:.2f}x; the copy took {run.seconds:.1f}s, peak RSS {run.rss / 1024:.0f} MiB), "
+              f"{with_follow.tps:,.0f} while setl only follows the binlog ({during_follow[-1]:.2f}x), "
               f"{with_dump.tps:,.0f} during the dump ({during_dump[-1]:.2f}x; it took {took:.1f}s)", flush=True)
-    print(f"sysbench during the setl copy ({where}): median {median(during_setl):.2f}x of alone; during the "
-          f"dump: {median(during_dump):.2f}x", flush=True)
+    print(f"sysbench during the setl copy ({where}): median {median(during_setl):.2f}x of alone; while setl only "
+          f"follows the binlog: {median(during_follow):.2f}x; during the dump: {median(during_dump):.2f}x", flush=True)
     return 0
 
 
