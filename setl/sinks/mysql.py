@@ -225,6 +225,7 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
 
     dialect = "mysql"
     config: MysqlTargetConfig
+    _prepared: PreparedBatches[_Prepared]  # what `prepare` built (the base makes it and drops after load)
 
     def __init__(self, config: MysqlTargetConfig, *, connect_timeout: float = 10.0,
                  read_timeout: float | None = 300.0, **options: Any) -> None:
@@ -244,7 +245,6 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         # per target table: the columns the server computes (generated, system-versioning period)
         self._unwritable: dict[tuple[str, str], frozenset[str]] = {}
         self._unwritable_generation = 0  # counts the times `_unwritable` was forgotten (after DDL)
-        self._prepared: PreparedBatches[_Prepared] = PreparedBatches()  # what `prepare` built
         #: how a connection of this sink writes a literal, once one has written rows: (its
         #: ``escape``, whether backslashes escape) — the same for all, whose session settings are
         #: set alike (`_connect`); what `prepare` builds statements with
@@ -260,12 +260,6 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         if prepared is not None:
             return prepared.segments
         return super()._segments(without_sequence_ddl(batch, self.pipeline))
-
-    def load(self, batch: Batch) -> None:
-        try:
-            super().load(batch)
-        finally:
-            self._prepared.drop(batch)
 
     def prepare(self, batch: Batch) -> None:
         """Merge `batch` and build the multi-row upsert statements of its keyed tables now (on the

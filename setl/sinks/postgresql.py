@@ -147,6 +147,7 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
 
     dialect = "postgresql"
     config: PostgresqlTargetConfig
+    _prepared: PreparedBatches[_Prepared]  # what `prepare` worked out (the base makes it and drops after load)
 
     def __init__(self, config: PostgresqlTargetConfig, *, connect_timeout: int = 10, copy_rows: int = 1000,
                  **options: Any) -> None:
@@ -165,7 +166,6 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
         self._statements: dict[tuple[Any, ...], str] = {}
         self._invalid_dates = InvalidDatePolicy(getattr(config, "invalid_dates", "refuse"),
                                                 pipeline=self.pipeline, target="PostgreSQL")
-        self._prepared: PreparedBatches[_Prepared] = PreparedBatches()  # what `prepare` worked out
 
     def _segments(self, batch: Batch) -> list[Segment]:
         """Sequence DDL left out, zero and partial dates handled by the ``invalid_dates`` policy first.
@@ -174,12 +174,6 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
         if prepared is not None:
             return prepared.segments
         return super()._segments(self._invalid_dates.apply(without_sequence_ddl(batch, self.pipeline)))
-
-    def load(self, batch: Batch) -> None:
-        try:
-            super().load(batch)
-        finally:
-            self._prepared.drop(batch)
 
     def prepare(self, batch: Batch) -> None:
         """Merge `batch` and group each keyed table's upserts by shape now (on the calling worker),

@@ -23,6 +23,7 @@ from setl.model import Batch, Change, DdlChange, Op, Position, RowChange
 from setl.retry import call_with_retries
 from setl.routing import flat_name
 from setl.ddl import Statement, parse
+from setl.sinks.prepared import PreparedBatches
 from setl.sinks.merge import TableChanges, merge
 from setl.stages.load import Load, LoadCapabilities
 from setl.tls import tls_failure
@@ -197,6 +198,7 @@ class SqlLoad(Load, Generic[C]):
         self._fenced_epoch = 0  # the highest epoch this sink has taken the fence for
         self._position_table_ready = False
         self._warned_unkeyed: set[tuple[str, str]] = set()
+        self._prepared: PreparedBatches[Any] = PreparedBatches()  # what a dialect's `prepare` worked out
 
     @classmethod
     def from_config(cls, config: Any, *, pipeline: str, **options: Any) -> "SqlLoad[C]":
@@ -315,10 +317,14 @@ class SqlLoad(Load, Generic[C]):
         self._retrying(lambda: self._with_connection(lambda conn: None, None), None)
 
     def load(self, batch: Batch) -> None:
-        """Apply `batch` in one transaction with its position (see the class docstring)."""
-        segments = self._segments(batch)
-        self._retrying(lambda: self._with_connection(
-            lambda conn: self._apply_batch(conn, batch, segments), batch), batch)
+        """Apply `batch` in one transaction with its position (see the class docstring); what
+        `prepare` kept for it is dropped then, loaded or not."""
+        try:
+            segments = self._segments(batch)
+            self._retrying(lambda: self._with_connection(
+                lambda conn: self._apply_batch(conn, batch, segments), batch), batch)
+        finally:
+            self._prepared.drop(batch)
 
     def load_part(self, batch: Batch) -> None:
         """One target table's share of a batch (load.mode per_table), in its own transaction on
