@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -183,6 +183,38 @@ def span(changes: Sequence[RowChange], start: int, end: int, id: int = 1, epoch:
 def parts(batch: Batch) -> list[Batch]:
     """`batch` split by table, as the scheduler hands it to `load_part` (load.mode per_table)."""
     return [batch.replace(tuple(c for c in batch.changes if c.qualified_table == table)) for table in batch.tables]
+
+
+def frozen_and_deposed(target: Target, deposed_write: Callable[[], None], new_write: Callable[[], None],
+                       what: str) -> tuple[dict[str, Any], float]:
+    """Run `deposed_write` (an old writer's load of an older epoch) in a thread, held inside its
+    transaction by a lock on ``items`` row 1 (as if frozen), then, once it waits, `new_write` (the
+    newer epoch's load). Returns what the old load did (``error`` or ``committed``) and how long
+    `new_write` took, after the old thread ended."""
+    blocker = target.lock_row("items", 1)
+    outcome: dict[str, Any] = {}
+
+    def deposed() -> None:
+        try:
+            deposed_write()
+            outcome["committed"] = True
+        except LoadError as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=deposed, name=f"deposed-{what}")
+    thread.start()
+    try:
+        wait_until(lambda: target.lock_waits() >= 1, interval=0.3,  # see TargetProbe.lock_waits
+                   message=f"the old {what} to wait inside its transaction")
+        started = time.monotonic()
+        new_write()
+        took = time.monotonic() - started
+    finally:
+        blocker.rollback()
+        blocker.close()
+        thread.join(60)
+    assert not thread.is_alive(), outcome
+    return outcome, took
 
 
 def item(id: int, name: str = "n", qty: int | None = 1, note: str | None = None) -> dict[str, Any]:
@@ -537,32 +569,19 @@ class SinkContract(LoadContract):
         old = target.make_load(fence_lock_timeout=1.0)
         old.token = "another-process"
         old.load(make_batch([loose.insert(name="a", qty=1)], id=1, epoch=1))
-        blocker = target.lock_row("items", 1)
-        outcome: dict[str, Any] = {}
-
-        def deposed() -> None:
-            try:
-                old.load(make_batch([loose.insert(name="b", qty=2), items.update(item(1), qty=5)], id=2, epoch=1))
-                outcome["committed"] = True
-            except LoadError as exc:
-                outcome["error"] = exc
-
-        thread = threading.Thread(target=deposed, name="deposed-writer")
-        thread.start()
         new = target.make_load(fence_lock_timeout=1.0)
         try:
-            wait_until(lambda: target.lock_waits() >= 1, interval=0.3,  # see TargetProbe.lock_waits
-                       message="the old writer to wait inside its transaction")
-            started = time.monotonic()
-            new.load(make_batch([loose.insert(name="b", qty=2), items.update(item(2), qty=7)], id=2, epoch=2))
-            took = time.monotonic() - started
+            outcome, took = frozen_and_deposed(
+                target,
+                lambda: old.load(make_batch([loose.insert(name="b", qty=2), items.update(item(1), qty=5)], id=2,
+                                            epoch=1)),
+                lambda: new.load(make_batch([loose.insert(name="b", qty=2), items.update(item(2), qty=7)], id=2,
+                                            epoch=2)),
+                "writer")
         finally:
-            blocker.rollback()
-            blocker.close()
-            thread.join(60)
             old.close()
             new.close()
-        assert not thread.is_alive() and "committed" not in outcome
+        assert "committed" not in outcome
         assert "refused: batch epoch 1 is older than epoch 2" in str(outcome["error"])
         assert took < 20, took
         assert sorted(target.rows("loose")) == [("a", 1), ("b", 2)]
@@ -745,33 +764,17 @@ class SinkContract(LoadContract):
         old = target.make_load(fence_lock_timeout=1.0)
         old.token = "another-process"
         old.load_part(span([at(items.update(item(2), qty=3), 150)], 104, 150, id=1, epoch=1))
-        blocker = target.lock_row("items", 1)
-        outcome: dict[str, Any] = {}
-
-        def deposed() -> None:
-            try:
-                old.load_part(span([at(items.update(item(1), qty=5), 200)], 150, 200, id=2, epoch=1))
-                outcome["committed"] = True
-            except LoadError as exc:
-                outcome["error"] = exc
-
-        thread = threading.Thread(target=deposed, name="deposed-part")
-        thread.start()
         new = target.make_load(fence_lock_timeout=1.0)
         try:
-            wait_until(lambda: target.lock_waits() >= 1, interval=0.3,  # see TargetProbe.lock_waits
-                       message="the old part to wait inside its transaction")
-            started = time.monotonic()
-            replay = span([at(items.update(item(2), qty=7), 200)], 150, 200, id=2, epoch=2)
-            new.load_part(replay)
-            took = time.monotonic() - started
+            outcome, took = frozen_and_deposed(
+                target,
+                lambda: old.load_part(span([at(items.update(item(1), qty=5), 200)], 150, 200, id=2, epoch=1)),
+                lambda: new.load_part(span([at(items.update(item(2), qty=7), 200)], 150, 200, id=2, epoch=2)),
+                "part")
         finally:
-            blocker.rollback()
-            blocker.close()
-            thread.join(60)
             old.close()
         try:
-            assert not thread.is_alive() and "committed" not in outcome, outcome
+            assert "committed" not in outcome, outcome
             assert took < 20, took
             assert target.rows("items") == [(1, "n", 1, None), (2, "n", 7, None)]
             positions = target.query(f"SELECT batch_id, epoch FROM {target.position_table('_table')}")
