@@ -18,11 +18,22 @@ being visible in the target, where it lands in the same transaction as the acked
 
     python3 tools/bench/catchup.py [--seconds 30] [--repeat 3] [--lag-seconds 20] [--rate 1000]
                                    [--big-transaction 1000000] [--compare-tree DIR] [--http] [--skip-readers]
+                                   [--tables 4] [--load-mode ordered|per_table|both]
 
 With ``--http`` each repeat also catches up with the node's HTTP endpoint and metrics on
 (``http.listen``), scraped every second on /metrics and /api/status as Prometheus and the status page
 would, in alternating order with the run without, and prints the ratio of the medians (the goal: at
 most 3% slower). ``--skip-readers`` leaves out the raw parse and source-only runs.
+
+With ``--load-mode both`` each repeat catches up with ``pipeline.load.mode: ordered`` and with
+``per_table`` (in alternating order: only the first run of all inserts rows, later ones update them)
+and prints the ratio of the medians; ``--tables 8`` spreads the backlog over 8 tables. Measured
+2026-11-26 (``--tables 8 --seconds 20 --repeat 3 --load-mode both --skip-readers --no-lag``, 634k
+row changes, load average about 1): ordered 14,495 rows/s (13,140-15,691), per_table 12,383
+(11,223-14,227), **per_table/ordered 0.85**. End to end on one 2-core machine the load is not what
+bounds a catch-up (the sink alone takes 140,000+ rows/s, `bench_per_table.py`): the binlog read
+and the stages before the load are, and per_table's extra transactions (a part per table per
+batch, then `mark_loaded`) take CPU from them.
 
 With ``--compare-tree DIR`` each repeat also catches up with the code of another checkout (for
 example ``git worktree add /tmp/old c1bc4f4``), so that old and new are measured in the same run.
@@ -139,7 +150,8 @@ def run_child(argv: list[str], timeout: float = 3600, cwd: Path = ROOT) -> tuple
     return result, wall, rss, text
 
 
-def write_conf(folder: Path, name: str, source, target, start, *, max_wait_ms: int, http: str | None = None) -> Path:
+def write_conf(folder: Path, name: str, source, target, start, *, max_wait_ms: int, http: str | None = None,
+               load_mode: str = "ordered") -> Path:
     conf = folder / "conf"
     (conf / "pipelines").mkdir(parents=True, exist_ok=True)
     (conf / "setl.yaml").write_text(f"node:\n  id: bench\nmeta:\n  store: sqlite\n  path: {folder / 'meta.db'}\n"
@@ -165,6 +177,8 @@ pipeline:
   batch:
     max_rows: 5000
     max_wait_ms: {max_wait_ms}
+  load:
+    mode: {load_mode}
 """)
     return conf
 
@@ -199,13 +213,13 @@ class Scraper:
 
 
 def catch_up(folder: Path, name: str, source, target, start, args: argparse.Namespace,
-             http: bool) -> tuple[float, float]:
+             http: bool, load_mode: str = "ordered") -> tuple[float, float]:
     """One `setl start --until-caught-up` of the backlog; (wall seconds, peak RSS MiB)."""
     from setl.testing.servers import free_port
 
     port = free_port() if http else None
     conf = write_conf(folder, name, source, target, start, max_wait_ms=args.max_wait_ms,
-                      http=f"127.0.0.1:{port}" if port else None)
+                      http=f"127.0.0.1:{port}" if port else None, load_mode=load_mode)
     argv = [sys.executable, "-m", "setl.cli", "--conf", str(conf), "start", "--pipeline", name, "--until-caught-up"]
     if not http:
         _, wall, rss, _ = run_child(argv)
@@ -238,7 +252,8 @@ def copy_tables(source, target, database: str, tables: list[str]) -> None:
         dst.close()
 
 
-def measure_lag(source, target, conf: Path, name: str, seconds: float, rate: int) -> tuple[list[float], dict]:
+def measure_lag(source, target, conf: Path, name: str, seconds: float, rate: int,
+                tables: int = 4) -> tuple[list[float], dict]:
     """Run setl and a steady sysbench load; return the commit-to-target lags of the marker rows."""
     sys.path.insert(0, str(ROOT / "tools"))
     import sysbench
@@ -278,7 +293,7 @@ def measure_lag(source, target, conf: Path, name: str, seconds: float, rate: int
 
     stopped_at = float("inf")
     time.sleep(2.0)  # let setl start and catch up before the load
-    load = sysbench.start(sysbench.Conn.from_server(source), seconds=seconds, threads=4, rate=rate)
+    load = sysbench.start(sysbench.Conn.from_server(source), seconds=seconds, threads=4, rate=rate, tables=tables)
     threads = [threading.Thread(target=write_marks, name="bench-marks"),
                threading.Thread(target=watch_target, name="bench-watch")]
     for thread in threads:
@@ -319,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=30, help="sysbench backlog duration")
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--table-size", type=int, default=10_000)
+    parser.add_argument("--tables", type=int, default=4, help="sysbench tables the backlog spreads over")
+    parser.add_argument("--load-mode", choices=["ordered", "per_table", "both"], default="ordered",
+                        help="the pipeline's load.mode; both: each repeat catches up with each, in turn")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--lag-seconds", type=float, default=20)
     parser.add_argument("--rate", type=int, default=1000, help="sysbench transactions/s for the lag phase")
@@ -356,17 +374,18 @@ def main(argv: list[str] | None = None) -> int:
             MariaDBServer(Path(tmp) / "source", server_id=1) as source, \
             MariaDBServer(Path(tmp) / "target", server_id=2) as target:
         print(f"MariaDB source :{source.port}, target :{target.port}; preparing sysbench tables", flush=True)
-        tables = [f"sbtest{n}" for n in range(1, 5)]
-        sysbench.prepare(sysbench.Conn.from_server(source), tables=4, table_size=args.table_size)
-        sysbench.create_tables(sysbench.Conn.from_server(target), tables=4)
+        tables = [f"sbtest{n}" for n in range(1, args.tables + 1)]
+        sysbench.prepare(sysbench.Conn.from_server(source), tables=args.tables, table_size=args.table_size)
+        sysbench.create_tables(sysbench.Conn.from_server(target), tables=args.tables)
         copy_tables(source, target, "sbtest", tables)
         for server in (source, target):
             server.query("CREATE DATABASE bench")
             server.query("CREATE TABLE bench.lag (id INT PRIMARY KEY, at TIMESTAMP(6) DEFAULT CURRENT_TIMESTAMP(6))")
         start = head(source)
-        print(f"recording a {args.seconds:.0f}s oltp_write_only backlog ({args.threads} threads, 4 tables)", flush=True)
+        print(f"recording a {args.seconds:.0f}s oltp_write_only backlog ({args.threads} threads, {args.tables} tables)",
+              flush=True)
         backlog = sysbench.run(sysbench.Conn.from_server(source), seconds=args.seconds, threads=args.threads,
-                               table_size=args.table_size)
+                               tables=args.tables, table_size=args.table_size)
         end = head(source)
         print(f"backlog: {backlog.transactions} transactions ({backlog.tps:.0f}/s), binlog {start[0]}:{start[1]}"
               f" -> {end[0]}:{end[1]}", flush=True)
@@ -386,11 +405,18 @@ def main(argv: list[str] | None = None) -> int:
                 label = f"setl source only, table-map cache {'on' if cache else 'off'}"
                 runs.setdefault(label, []).append((result["rows"] / wall, rss))
             # With --http, alternate which of the two goes first (the first run of all inserts, later ones update).
-            for http in ((False, True) if n % 2 == 0 else (True, False)) if args.http else (False,):
-                folder = Path(tmp) / (f"run{n}" if not http else f"http{n}")
-                wall, rss = catch_up(folder, f"bench{n}" if not http else f"http{n}", source, target, start, args, http)
-                label = "setl start --until-caught-up (MariaDB target)" + (", HTTP + metrics on" if http else "")
-                runs.setdefault(label, []).append((rows / wall, rss))
+            modes = ["ordered", "per_table"] if args.load_mode == "both" else [args.load_mode]
+            if n % 2:  # every run after the first applies updates only: alternate which goes first
+                modes.reverse()
+            for mode in modes:
+                for http in ((False, True) if n % 2 == 0 else (True, False)) if args.http else (False,):
+                    suffix = "" if mode == "ordered" else f"_{mode}"
+                    folder = Path(tmp) / ((f"run{n}" if not http else f"http{n}") + suffix)
+                    name = (f"bench{n}" if not http else f"http{n}") + suffix
+                    wall, rss = catch_up(folder, name, source, target, start, args, http, mode)
+                    label = ("setl start --until-caught-up (MariaDB target)" + (", HTTP + metrics on" if http else "")
+                             + ("" if mode == "ordered" else f", load.mode {mode}"))
+                    runs.setdefault(label, []).append((rows / wall, rss))
             if args.compare_tree:  # the same catch-up by another checkout's code (python -m imports from cwd)
                 conf = write_conf(Path(tmp) / f"old{n}", f"old{n}", source, target, start, max_wait_ms=args.max_wait_ms)
                 _, wall, rss, out = run_child([sys.executable, "-m", "setl.cli", "--conf", str(conf), "start",
@@ -414,12 +440,18 @@ def main(argv: list[str] | None = None) -> int:
             on = [r for r, _ in runs["setl start --until-caught-up (MariaDB target), HTTP + metrics on"]]
             print(f"HTTP endpoint + metrics on / off: {statistics.median(on) / statistics.median(off):.3f} "
                   f"(medians; runs off {[round(r) for r in off]}, on {[round(r) for r in on]})")
+        if args.load_mode == "both":
+            ordered = [r for r, _ in runs["setl start --until-caught-up (MariaDB target)"]]
+            per_table = [r for r, _ in runs["setl start --until-caught-up (MariaDB target), load.mode per_table"]]
+            print(f"load.mode per_table / ordered: {statistics.median(per_table) / statistics.median(ordered):.2f} "
+                  f"(medians; runs ordered {[round(r) for r in ordered]}, per_table {[round(r) for r in per_table]})")
 
 
         if not args.lag:
             return 0
         print(f"\nlag under a steady {args.rate} transactions/s for {args.lag_seconds:.0f}s", flush=True)
-        lags, info = measure_lag(source, target, Path(tmp) / "run0" / "conf", "bench0", args.lag_seconds, args.rate)
+        lags, info = measure_lag(source, target, Path(tmp) / "run0" / "conf", "bench0", args.lag_seconds, args.rate,
+                                 args.tables)
         if not lags:
             print("no marker row reached the target")
             return 1
