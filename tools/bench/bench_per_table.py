@@ -85,6 +85,27 @@ shares the fence's statement now: 15-20 us of setl CPU a part), folding PostgreS
 round trip psycopg sends on its own) into the first statement, and ``gc.freeze()`` of the
 prebuilt backlog (no change).
 
+On a quiet machine (2026-11-26, load average about 1, nothing else running), default options
+with ``--repeat 3 --rows 100000``, four runs of the script: mariadb 1.48, 1.51, 1.41, 1.38;
+postgresql 1.24, 1.15, 1.18, 1.19 (bounds 1.54-1.75). All 4 loading threads were busy 97% of the
+time (each part timed inside `load_part`), so parts never waited for dispatch; what per_table
+lacks is CPU: its threads cost more per row than the same parts loaded one after another on one
+thread (setl +10% there, +20-45% here), and each server session running at once adds some (the
+PostgreSQL sweep below: server CPU per 10k rows .047 with 2 threads, .048 with 3, .058-.059 with
+4, .060 with 6; ordered .042-.048). ``--targets postgresql --workers N``:
+
+    workers          1        2        3        4 (default)   6
+    per_table/ordered  0.83     1.18     1.23     1.18-1.24     1.20
+
+Three things measured and left out: folding PostgreSQL's BEGIN into the fence statement and its
+position write into the COMMIT (simple-protocol multi-statements: 2% less wall time per part one
+at a time, none seen with 4 threads), an advisory lock for the shared fence instead of ``FOR
+SHARE`` on its row (no change beyond noise), and ``sys.setswitchinterval`` 0.5-5 ms (none).
+Larger parts help (``--batch 10000``: mariadb 1.56; postgresql 1.20 because ordered then sends
+its tables by ``COPY``); so would loading a table's queued parts of consecutive batches in one
+transaction, not built. End to end the question is moot on one machine: a catch-up there runs
+at 14,000 rows/s whatever the mode (`catchup.py --load-mode both`: per_table 0.85x).
+
 So the goal (>= 1.5x on loopback) sits between the bound (1.7x at the default batch size, with
 setl and the server alone on 2 idle cores) and what a shared machine lets it have (1.3-1.5x
 measured here): reachable only when nothing else runs. Where round trips or commits cost time
