@@ -88,8 +88,8 @@ round trip psycopg sends on its own) into the first statement, and ``gc.freeze()
 prebuilt backlog (no change).
 
 On a quiet machine (2026-11-26, load average about 1, nothing else running), default options
-with ``--repeat 3 --rows 100000``, four runs of the script: mariadb 1.48, 1.51, 1.41, 1.38;
-postgresql 1.24, 1.15, 1.18, 1.19 (bounds 1.54-1.75). All 4 loading threads were busy 97% of the
+with ``--repeat 3 --rows 100000``, five runs of the script: mariadb 1.48, 1.51, 1.41, 1.38, 1.32;
+postgresql 1.24, 1.15, 1.18, 1.19, 1.10 (bounds 1.48-1.75). All 4 loading threads were busy 97% of the
 time (each part timed inside `load_part`), so parts never waited for dispatch; what per_table
 lacks is CPU: its threads cost more per row than the same parts loaded one after another on one
 thread (setl +10% there, +20-45% here), and each server session running at once adds some (the
