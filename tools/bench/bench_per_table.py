@@ -96,8 +96,8 @@ thread (setl +10% there, +20-45% here), and each server session running at once 
 PostgreSQL sweep below: server CPU per 10k rows .047 with 2 threads, .048 with 3, .058-.059 with
 4, .060 with 6; ordered .042-.048). ``--targets postgresql --workers N``:
 
-    workers          1        2        3        4 (default)   6
-    per_table/ordered  0.83     1.18     1.23     1.18-1.24     1.20
+    workers              1       2       3       4 (default)   6
+    per_table/ordered    0.83    1.18    1.23    1.10-1.24     1.20
 
 Three things measured and left out: folding PostgreSQL's BEGIN into the fence statement and its
 position write into the COMMIT (simple-protocol multi-statements: 2% less wall time per part one
@@ -105,8 +105,9 @@ at a time, none seen with 4 threads), an advisory lock for the shared fence inst
 SHARE`` on its row (no change beyond noise), and ``sys.setswitchinterval`` 0.5-5 ms (none).
 Larger parts help (``--batch 10000``: mariadb 1.56; postgresql 1.20 because ordered then sends
 its tables by ``COPY``); so would loading a table's queued parts of consecutive batches in one
-transaction, not built. End to end the question is moot on one machine: a catch-up there runs
-at 14,000 rows/s whatever the mode (`catchup.py --load-mode both`: per_table 0.85x).
+transaction, not built. End to end on one machine the load is not the bottleneck: a catch-up
+runs at 12,000-15,000 rows/s, bound by the stages before the load, and per_table's extra CPU
+slows it (`catchup.py --load-mode both --tables 8`: per_table 0.85x ordered).
 
 Ordered with its batches prepared ahead, as in `setl start` (the same day, one run): mariadb
 ordered 146,177, prepared 153,584, per_table 193,266 rows/s (per_table/ordered 1.32,
