@@ -450,8 +450,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.lag:
             return 0
         print(f"\nlag under a steady {args.rate} transactions/s for {args.lag_seconds:.0f}s", flush=True)
-        lags, info = measure_lag(source, target, Path(tmp) / "run0" / "conf", "bench0", args.lag_seconds, args.rate,
-                                 args.tables)
+        first = "_per_table" if args.load_mode == "per_table" else ""  # the first catch-up's conf and pipeline
+        lags, info = measure_lag(source, target, Path(tmp) / f"run0{first}" / "conf", f"bench0{first}",
+                                 args.lag_seconds, args.rate, args.tables)
         if not lags:
             print("no marker row reached the target")
             return 1
