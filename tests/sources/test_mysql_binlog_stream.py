@@ -293,3 +293,39 @@ def test_bad_configured_starts_are_config_errors(start):
     """A start that is none of the documented forms is a ConfigError naming the pipeline."""
     with pytest.raises(ConfigError, match="pipeline=p"):
         MysqlBinlogSource(start=start, pipeline="p")
+
+
+def test_lag_questions_share_one_kept_connection_that_survives_a_kill(mariadb_source, source_db, sources):
+    """`bytes_behind` (asked by the node's sampler every few seconds) opens no connection per call:
+    one kept session answers them all, a killed one is replaced on the next call, and closing the
+    source closes it. (The source is not opened: no reader thread and its connections to tell apart.)"""
+    def connections() -> int:  # every connection the server accepted so far, this one included
+        return int(mariadb_source.query("SHOW GLOBAL STATUS LIKE 'Connections'")[0][1])
+
+    def sleeping() -> set[int]:
+        return {int(row[0]) for row in mariadb_source.query(
+            "SELECT ID FROM information_schema.PROCESSLIST WHERE COMMAND = 'Sleep' AND ID <> CONNECTION_ID()")}
+
+    execute(mariadb_source, source_db, "CREATE TABLE t (id INT PRIMARY KEY)")
+    start = head(mariadb_source)
+    src = sources(mariadb_source, open_it=False)
+    idle_before = sleeping()
+    first = src.bytes_behind(start)
+    assert first is not None and bare(first[0]) == head(mariadb_source)
+    kept = sleeping() - idle_before
+    assert len(kept) == 1, (idle_before, kept)
+    before = connections()
+    for n in range(5):
+        execute(mariadb_source, source_db, f"INSERT INTO t VALUES ({n})")
+        found = src.bytes_behind(start)
+        assert found is not None and bare(found[0]) == head(mariadb_source) and found[1] > first[1]
+    # per round `execute` and `head` connect once each, then `connections` itself: none of the source's
+    assert connections() - before == 2 * 5 + 1, "bytes_behind opened connections of its own"
+    mariadb_source.query(f"KILL CONNECTION {next(iter(kept))}")
+    again = src.bytes_behind(start)
+    assert again is not None and bare(again[0]) == head(mariadb_source)
+    replaced = sleeping() - idle_before
+    assert len(replaced) == 1 and replaced != kept, (kept, replaced)
+    src.close()
+    wait_until(lambda: not (sleeping() & replaced), timeout=10, interval=0.05,
+               message="the kept connection to close with the source")

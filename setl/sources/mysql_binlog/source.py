@@ -60,6 +60,53 @@ from setl.stages.select import Select
 from setl.tls import mysql_context, require_encrypted, tls_failure
 
 
+class _Lookups:
+    """One connection to the source kept open for the short metadata questions the reader and the
+    node's sampler ask while a pipeline runs (a table's kind or engine, how far the log ends),
+    one question at a time across threads.
+
+    A connection per question cost more than the question: PyMySQL (1.2 on) builds a TLS context
+    from the system's CA store for every connection it opens, about 25 ms of CPU. A question that
+    finds the kept connection broken (the server restarted, the session was killed or timed out)
+    is asked once more on a new one.
+    """
+
+    def __init__(self, connect: Callable[[], pymysql.connections.Connection]) -> None:
+        self._connect = connect
+        self._lock = threading.Lock()
+        self._conn: pymysql.connections.Connection | None = None
+
+    def query(self, *statements: tuple[str, Any]) -> list[list[tuple[Any, ...]]]:
+        """The rows of each ``(sql, args)`` in turn, on the kept connection."""
+        with self._lock:
+            for attempt in (1, 2):
+                fresh = self._conn is None
+                if self._conn is None:
+                    self._conn = self._connect()
+                try:
+                    results = []
+                    with self._conn.cursor() as cur:
+                        for sql, args in statements:
+                            cur.execute(sql, args)
+                            results.append(list(cur.fetchall()))
+                    return results
+                except (pymysql.err.OperationalError, pymysql.err.InterfaceError, ConnectionError):
+                    self._drop()
+                    if fresh or attempt == 2:
+                        raise
+            raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
 @attrs.frozen
 class MysqlSourceConfig:
     """A MySQL or MariaDB server's binary log."""
@@ -302,6 +349,7 @@ class MysqlBinlogSource(Select):
         #: first: the binlog's timestamps have whole seconds, the time read refines them (lag figures).
         self.arrivals: collections.deque[tuple[Position, float]] = collections.deque(maxlen=ARRIVALS)
         self._engines: dict[tuple[str, str], str] = {}  # storage engine by table, asked at a ROLLBACK TO
+        self._lookups = _Lookups(self._connect)
 
     @classmethod
     def from_config(cls, cfg: MysqlSourceConfig, *, pipeline: str, **kwargs: Any) -> "MysqlBinlogSource":
@@ -522,18 +570,15 @@ class MysqlBinlogSource(Select):
     def _table_kind(self, schema: str, table: str) -> TableKind:
         """Whether a table is a SEQUENCE or system-versioned (and its period columns), asked once per
         table map the reader decodes."""
-        conn = self._connect()
-        try:
-            found = self._query(conn, "SELECT TABLE_TYPE FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
-                                      "AND TABLE_NAME = %s", (schema, table))
-            kind = str(found[0][0]).upper() if found else ""
-            if kind == "SEQUENCE":
-                return TableKind(sequence=True)
-            if kind != "SYSTEM VERSIONED":
-                return TableKind()
-            create = str(self._query(conn, f"SHOW CREATE TABLE {ddl.quote(schema)}.{ddl.quote(table)}")[0][1])
-        finally:
-            conn.close()
+        [found] = self._lookups.query(("SELECT TABLE_TYPE FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
+                                       "AND TABLE_NAME = %s", (schema, table)))
+        kind = str(found[0][0]).upper() if found else ""
+        if kind == "SEQUENCE":
+            return TableKind(sequence=True)
+        if kind != "SYSTEM VERSIONED":
+            return TableKind()
+        [shown] = self._lookups.query((f"SHOW CREATE TABLE {ddl.quote(schema)}.{ddl.quote(table)}", None))
+        create = str(shown[0][1])
         match = _PERIOD.search(create)
         return TableKind(period=(_unquote(match[1]), _unquote(match[2])) if match else ("row_start", "row_end"))
 
@@ -541,12 +586,8 @@ class MysqlBinlogSource(Select):
         """Whether a ROLLBACK TO undoes the table's changes (its engine is transactional)."""
         engine = self._engines.get((schema, table))
         if engine is None:
-            conn = self._connect()
-            try:
-                found = self._query(conn, "SELECT ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
-                                          "AND TABLE_NAME = %s", (schema, table))
-            finally:
-                conn.close()
+            [found] = self._lookups.query(("SELECT ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
+                                           "AND TABLE_NAME = %s", (schema, table)))
             if not found or not found[0][0]:
                 raise SourceError(f"a ROLLBACK TO SAVEPOINT undid changes to {schema}.{table}, which no longer "
                                   "exists on the server, so setl cannot tell whether they were undone", table=
@@ -793,13 +834,11 @@ class MysqlBinlogSource(Select):
 
     def bytes_behind(self, position: Position) -> tuple[Position, int] | None:
         """The log's end and the bytes of binlog after `position` up to it (None: `position`'s file is gone)."""
-        conn = self._connect()
         try:
-            logs = [(str(row[0]), int(row[1])) for row in self._query(conn, "SHOW BINARY LOGS")]
+            [rows] = self._lookups.query(("SHOW BINARY LOGS", None))
         except pymysql.MySQLError as exc:
             raise self._error(f"cannot list the binary logs of {self.host}:{self.port}: {exc}") from exc
-        finally:
-            conn.close()
+        logs = [(str(row[0]), int(row[1])) for row in rows]
         names = [name for name, _ in logs]
         if not logs or position.log not in names:
             return None
@@ -858,6 +897,7 @@ class MysqlBinlogSource(Select):
                 log.warning("pipeline=%s binlog reader thread did not stop within %.0fs", self.pipeline, timeout)
         self._thread = self._connector = self._queue = None
         self._mark = None
+        self._lookups.close()
 
 
 def _json_checked(query: Callable[..., Any], conn: Any, marks: str, schemas: Sequence[str]) -> set[tuple[str, ...]]:
