@@ -66,7 +66,7 @@ class _Lookups:
     one question at a time across threads.
 
     A connection per question cost more than the question: PyMySQL (1.2 on) builds a TLS context
-    from the system's CA store for every connection it opens, about 25 ms of CPU. A question that
+    from the system's CA store for every connection it opens, 15-25 ms of CPU here. A question that
     finds the kept connection broken (the server restarted, the session was killed or timed out)
     is asked once more on a new one.
     """
