@@ -37,9 +37,9 @@ batch, then `mark_loaded`) take CPU from them.
 
 With ``--compare-tree DIR`` each repeat also catches up with the code of another checkout (for
 example ``git worktree add /tmp/old c1bc4f4``), so that old and new are measured in the same run.
-The other checkout always goes second in a repeat, which favoured it by 3-5% here (2026-11-26,
-the same code both ways): run it again from the other tree (``python3 DIR/tools/bench/catchup.py
---compare-tree .``) and compare both ratios.
+The other checkout always goes second in a repeat, which favoured it by 3-5% here (2026-11-26:
+old and new code each came out ahead when run second): run it again from the other tree
+(``python3 DIR/tools/bench/catchup.py --compare-tree .``) and compare both ratios.
 """
 
 from __future__ import annotations
