@@ -37,8 +37,8 @@ TEXT types -> text; a binary collation (``CHAR(n) BINARY``, ``VARCHAR(n) BINARY`
 ``COLLATE utf8mb4_bin``, ``COLLATE binary``) adds ``COLLATE "C"``; ``CHARACTER SET binary`` on a
 character type makes it bytea (MySQL makes it BINARY/VARBINARY/BLOB); BINARY, VARBINARY, BLOB
 types -> bytea; ENUM, SET -> text (a SET as its members sorted and comma-joined); BIT(n) -> bigint
-(numeric(20,0) for BIT(64)); JSON -> jsonb.
-MariaDB's UUID, INET4 and INET6 are refused: the binlog carries their storage bytes, not text.
+(numeric(20,0) for BIT(64)); JSON -> jsonb; MariaDB's UUID -> uuid, INET4 and INET6 -> inet (both
+readers hand them on as text: `setl.values`).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ _SIMPLE = {
     "DATE": "date", "TIME": "interval", "YEAR": "smallint", "TINYTEXT": "text", "TEXT": "text",
     "MEDIUMTEXT": "text", "LONGTEXT": "text", "BINARY": "bytea", "VARBINARY": "bytea",
     "TINYBLOB": "bytea", "BLOB": "bytea", "MEDIUMBLOB": "bytea", "LONGBLOB": "bytea", "ENUM": "text",
-    "SET": "text", "JSON": "jsonb",
+    "SET": "text", "JSON": "jsonb", "UUID": "uuid", "INET4": "inet", "INET6": "inet",
 }
 
 

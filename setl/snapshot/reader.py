@@ -18,6 +18,7 @@ import pymysql
 import pymysql.cursors
 
 from setl import ddl, failpoints
+from setl import values as canonical
 from setl.errors import SourceError
 from setl.model import InvalidDate, Position, TableName
 from setl.snapshot.rows import fetch_dicts
@@ -25,7 +26,8 @@ from setl.snapshot.rows import fetch_dicts
 _DATES = frozenset({"date", "datetime", "timestamp"})
 #: Engines whose reads in a consistent snapshot see the table as of the snapshot's position.
 TRANSACTIONAL_ENGINES = frozenset({"innodb", "xtradb", "rocksdb", "tokudb"})
-_CONVERTED = _DATES | {"set", "bit"}  # the types `ChunkReader.image` converts
+#: the types `ChunkReader.image` converts
+_CONVERTED = _DATES | {"set", "bit"} | canonical.FROM_TEXT.keys()
 
 
 @attrs.frozen
@@ -227,14 +229,18 @@ class ChunkReader:
     @staticmethod
     def convert(plan: TablePlan, image: dict[str, Any]) -> dict[str, Any]:
         """`image` (changed in place) with the values the binlog source hands on for the same row
-        (see `setl.sources.mysql_binlog.MysqlBinlogSource`): SETs as sets, BITs as ints, zero dates
-        kept."""
+        (see `setl.sources.mysql_binlog.MysqlBinlogSource`): SETs as frozensets, BITs as ints, zero dates
+        kept, UUID, INET and FLOAT values in `setl.values`' one form (so that a copied row and its
+        later binlog changes merge by the same key)."""
         for name, kind in plan.types.items():
             value = image.get(name)
             if value is None:
                 continue
-            if kind == "set":
-                image[name] = set(value.split(",")) if value else set()
+            to_canonical = canonical.FROM_TEXT.get(kind)
+            if to_canonical is not None:
+                image[name] = to_canonical(value)
+            elif kind == "set":
+                image[name] = frozenset(value.split(",")) if value else frozenset()
             elif kind == "bit":
                 image[name] = int.from_bytes(value, "big")
             elif kind in _DATES and isinstance(value, str):

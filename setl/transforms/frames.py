@@ -159,7 +159,7 @@ def _decode(value: Any, codec: str) -> Any:
     if codec == JSON:
         return json.loads(value) if isinstance(value, str) else value
     if codec == SET:
-        return set(value.split(",")) if value else set()
+        return frozenset(value.split(",")) if value else frozenset()
     if codec == TIME:
         return dt.time.fromisoformat(value) if isinstance(value, str) else value
     if codec == DATE_TEXT:

@@ -17,6 +17,7 @@ from pymysqlreplication.row_event import (
     WriteRowsEvent,
 )
 
+from setl import values as canonical
 from setl.model import InvalidDate, Op
 
 #: A prepared XA transaction's identity: (formatID, gtrid, bqual).
@@ -55,6 +56,9 @@ class TableKind:
 
     sequence: bool = False
     period: tuple[str, str] | None = None
+    #: columns whose binlog bytes are handed on as text (`setl.values.TEXT_TYPES`) -> DATA_TYPE;
+    #: the table map shows them as BINARY(16) or BINARY(4)
+    texts: Mapping[str, str] = attrs.field(factory=dict)
 
 
 _PERIOD = re.compile(r"PERIOD\s+FOR\s+SYSTEM_TIME\s*\(\s*(`(?:[^`]|``)+`|\w+)\s*,\s*(`(?:[^`]|``)+`|\w+)\s*\)", re.I)
@@ -78,12 +82,15 @@ class _TableInfo:
     timestamps: Mapping[str, int] = attrs.field(factory=dict)  # TIMESTAMP columns and their fsp
     sequence: bool = False  # a SEQUENCE's state row: not handed on
     period: tuple[str, str] | None = None  # a system-versioned table's (row start, row end) columns
+    #: column -> how its bytes become setl's value (UUID, INET6, INET4: `setl.values`)
+    texts: Mapping[str, Any] = attrs.field(factory=dict)
 
     def with_kind(self, kind: "TableKind") -> "_TableInfo":
+        texts = {name: canonical.FROM_BINLOG[of] for name, of in kind.texts.items() if of in canonical.FROM_BINLOG}
         if kind.period is None:
-            return attrs.evolve(self, sequence=kind.sequence)
+            return attrs.evolve(self, sequence=kind.sequence, texts=texts)
         key = tuple(c for c in self.primary_key if c not in kind.period)  # the server adds row end to it
-        return attrs.evolve(self, sequence=kind.sequence, period=kind.period, primary_key=key)
+        return attrs.evolve(self, sequence=kind.sequence, period=kind.period, primary_key=key, texts=texts)
 
     def current(self, item: _Item) -> _Item | None:
         """A system-versioned table's row change as a change of its current rows, without the
@@ -133,9 +140,13 @@ class _TableInfo:
 
     def image(self, values: dict[str, Any], none_sources: Mapping[str, str]) -> dict[str, Any]:
         """The row as setl hands it on: the library's values, with its lossy spots undone."""
-        for name in self.sets:
-            if values.get(name) is None and none_sources.get(name) == NONE_SOURCE.EMPTY_SET:
-                values[name] = set()
+        for name in self.sets:  # frozensets: a SET may be (part of) a key, and keys are hashed
+            value = values.get(name)
+            if value is None:
+                if none_sources.get(name) == NONE_SOURCE.EMPTY_SET:
+                    values[name] = frozenset()
+            else:
+                values[name] = frozenset(value)
         for name in self.bits:
             if values.get(name) is not None:
                 values[name] = int(values[name], 2)
@@ -152,4 +163,8 @@ class _TableInfo:
             value = values.get(name)
             if isinstance(value, bytes) and len(value) < width:
                 values[name] = value.ljust(width, b"\0")
+        for name, to_text in self.texts.items():  # after the padding: the bytes are whole
+            value = values.get(name)
+            if value is not None:
+                values[name] = to_text(value)
         return values

@@ -33,6 +33,7 @@ from pymysqlreplication.event import (
 from pymysqlreplication.row_event import RowsEvent, TableMapEvent
 
 from setl import ddl
+from setl import values as canonical
 from setl.config import SslConfig
 from setl.errors import ConfigError, PositionPurged, SourceError
 from setl.model import ColumnSchema, Position, TableName, TableSchema, Transaction
@@ -568,19 +569,25 @@ class MysqlBinlogSource(Select):
                  self.server_id)
 
     def _table_kind(self, schema: str, table: str) -> TableKind:
-        """Whether a table is a SEQUENCE or system-versioned (and its period columns), asked once per
-        table map the reader decodes."""
-        [found] = self._lookups.query(("SELECT TABLE_TYPE FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
-                                       "AND TABLE_NAME = %s", (schema, table)))
+        """Whether a table is a SEQUENCE or system-versioned (and its period columns), and its columns
+        whose bytes are handed on as text (UUID, INET6, INET4: the table map shows them as binary
+        strings), asked once per table map the reader decodes."""
+        found, typed = self._lookups.query(
+            ("SELECT TABLE_TYPE FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s",
+             (schema, table)),
+            ("SELECT COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s "
+             "AND TABLE_NAME = %s AND DATA_TYPE IN %s", (schema, table, tuple(sorted(canonical.TEXT_TYPES)))))
+        texts = {str(name): str(of).lower() for name, of in typed}
         kind = str(found[0][0]).upper() if found else ""
         if kind == "SEQUENCE":
-            return TableKind(sequence=True)
+            return TableKind(sequence=True, texts=texts)
         if kind != "SYSTEM VERSIONED":
-            return TableKind()
+            return TableKind(texts=texts)
         [shown] = self._lookups.query((f"SHOW CREATE TABLE {ddl.quote(schema)}.{ddl.quote(table)}", None))
         create = str(shown[0][1])
         match = _PERIOD.search(create)
-        return TableKind(period=(_unquote(match[1]), _unquote(match[2])) if match else ("row_start", "row_end"))
+        return TableKind(period=(_unquote(match[1]), _unquote(match[2])) if match else ("row_start", "row_end"),
+                         texts=texts)
 
     def _transactional(self, schema: str, table: str) -> bool:
         """Whether a ROLLBACK TO undoes the table's changes (its engine is transactional)."""
