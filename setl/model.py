@@ -259,7 +259,9 @@ class ColumnSchema:
       ``current_timestamp()``), None when the column has none or its default is NULL;
     * `charset`, `collation`: of a character column, None otherwise;
     * `generated`: the expression of a generated (computed) column, None for a stored one;
-    * `json`: a JSON document column (MySQL's JSON, or MariaDB's LONGTEXT checked by JSON_VALID).
+    * `json`: a JSON document column (MySQL's JSON, or MariaDB's LONGTEXT checked by JSON_VALID);
+    * `invisible`: left out of ``SELECT *`` and of an INSERT without a column list (MariaDB's
+      ``INVISIBLE``, MySQL 8's ``INVISIBLE``).
     """
 
     name: str
@@ -270,6 +272,7 @@ class ColumnSchema:
     collation: str | None = None
     generated: str | None = None
     json: bool = False
+    invisible: bool = False
 
     @property
     def base(self) -> str:

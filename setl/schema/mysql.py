@@ -3,7 +3,8 @@
 A column holding a source column keeps the source's definition: its ``COLUMN_TYPE`` (UNSIGNED,
 precision, ENUM and SET members), CHARACTER SET and COLLATE, NOT NULL and DEFAULT. A generated
 source column becomes a plain column (the rows carry its values); MariaDB's JSON (a checked
-LONGTEXT) stays JSON. A column a transform adds takes the type of its Spark type (see
+LONGTEXT) stays JSON; an INVISIBLE column stays invisible; an expression default is kept as an
+expression. A column a transform adds takes the type of its Spark type (see
 `SPARK_TYPES`).
 """
 
@@ -58,6 +59,8 @@ class MysqlSchema(SchemaTarget):
             text += " NOT NULL"
         if source.default is not None and not source.default.startswith("'0000-00-00"):
             text += f" DEFAULT {source.default}"
+        if source.invisible:
+            text += " INVISIBLE"
         return text
 
     def statements(self, table: TargetTable) -> list[str]:

@@ -39,6 +39,10 @@ _FAMILIES = {
 }
 
 
+#: PostgreSQL keeps the first 63 bytes of a longer identifier (NAMEDATALEN - 1).
+MAX_IDENTIFIER_BYTES = 63
+
+
 def spark_type(kind: str) -> str | None:
     if kind.startswith("decimal("):
         return "numeric" + kind[len("decimal"):]
@@ -73,6 +77,14 @@ class PostgresqlSchema(SchemaTarget):
         return translated.text()
 
     def statements(self, table: TargetTable) -> list[str]:
+        seen: dict[bytes, TargetColumn] = {}
+        for target in table.columns:
+            cut = target.name.encode()[:MAX_IDENTIFIER_BYTES]
+            if cut in seen:  # PostgreSQL cuts both to one name: a bare DuplicateColumn otherwise
+                raise unsupported(self.pipeline, table, target, "PostgreSQL",
+                                  f"is column {seen[cut].name!r} once PostgreSQL cuts names to "
+                                  f"{MAX_IDENTIFIER_BYTES} bytes (rename one with a rule's `rename`)")
+            seen[cut] = target
         name = f"{ident(table.table.schema)}.{ident(table.table.table)}"
         return [f"CREATE SCHEMA IF NOT EXISTS {ident(table.table.schema)}",
                 create_table(name, [self.column(table, c) for c in table.columns], table.primary_key, ident)]

@@ -114,7 +114,10 @@ class ChunkReader:
             cur.execute("SELECT COLUMN_NAME FROM information_schema.KEY_COLUMN_USAGE WHERE TABLE_SCHEMA = %s "
                         "AND TABLE_NAME = %s AND CONSTRAINT_NAME = 'PRIMARY' ORDER BY ORDINAL_POSITION",
                         (table.schema, table.table))
-            key = tuple(str(row[0]) for row in cur.fetchall())
+            # a system-versioned table's key holds its row end, a column COLUMNS lists only when
+            # declared; the current rows (all a SELECT reads) are unique by the rest of the key
+            names = {name for name, _ in columns}
+            key = tuple(str(row[0]) for row in cur.fetchall() if str(row[0]) in names)
             cur.execute("SELECT TABLE_ROWS, ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND "
                         "TABLE_NAME = %s", (table.schema, table.table))
             found = cur.fetchone()

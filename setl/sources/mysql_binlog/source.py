@@ -872,6 +872,7 @@ class MysqlBinlogSource(Select):
                                         f"FROM information_schema.COLUMNS WHERE TABLE_SCHEMA IN ({marks}) "
                                         "ORDER BY TABLE_SCHEMA, TABLE_NAME, ORDINAL_POSITION", schemas)
             json_checked = _json_checked(self._query, conn, marks, schemas)
+            mariadb = "mariadb" in str(self._query(conn, "SELECT VERSION()")[0][0]).lower()
             keys = self._query(conn, "SELECT TABLE_SCHEMA, TABLE_NAME, COLUMN_NAME FROM "
                                      f"information_schema.KEY_COLUMN_USAGE WHERE TABLE_SCHEMA IN ({marks}) "
                                      "AND CONSTRAINT_NAME = 'PRIMARY' ORDER BY TABLE_SCHEMA, TABLE_NAME, "
@@ -887,10 +888,13 @@ class MysqlBinlogSource(Select):
             if key in wanted:
                 found.setdefault(key, []).append(_column_schema(
                     str(name), str(type_), nullable == "YES", default, charset, collation, expression,
-                    str(data_type), str(extra or ""), (*key, str(name)) in json_checked))
+                    str(data_type), str(extra or ""), (*key, str(name)) in json_checked, mariadb))
         primary: dict[tuple[str, str], list[str]] = {}
         for schema, table, name in keys:
-            primary.setdefault((str(schema), str(table)), []).append(str(name))
+            # A system-versioned table's key holds its row end, which COLUMNS lists only when the
+            # period columns are declared: the rows setl hands on carry neither (current rows only).
+            if any(column.name == str(name) for column in found.get((str(schema), str(table)), ())):
+                primary.setdefault((str(schema), str(table)), []).append(str(name))
         return tuple(TableSchema(TableName(*key), tuple(cols), tuple(primary.get(key, ())))
                      for key, cols in sorted(found.items()))
 
@@ -923,7 +927,7 @@ def _json_checked(query: Callable[..., Any], conn: Any, marks: str, schemas: Seq
 
 
 def _column_schema(name: str, column_type: str, nullable: bool, default: Any, charset: Any, collation: Any,
-                   expression: Any, data_type: str, extra: str, json: bool) -> ColumnSchema:
+                   expression: Any, data_type: str, extra: str, json: bool, mariadb: bool = True) -> ColumnSchema:
     """A column from its information_schema.COLUMNS row (MariaDB's and MySQL's spellings)."""
     # Lower case outside quotes: ENUM and SET members keep their case.
     lowered = "".join(part if i % 2 else part.lower() for i, part in enumerate(re.split(r"('(?:[^']|'')*')",
@@ -932,13 +936,26 @@ def _column_schema(name: str, column_type: str, nullable: bool, default: Any, ch
     text = None if default is None or generated else str(default)
     if text is not None and text.upper() == "NULL":
         text = None  # MariaDB writes a nullable column's absent default as NULL
+    elif text is not None and _NEXT_VALUE.search(text):
+        text = None  # a sequence's next value: the rows carry the values, the target has no such sequence
     elif text is not None and "DEFAULT_GENERATED" in extra.upper():
         text = f"({text})" if not text.lower().startswith("current_timestamp") else text
+    elif text is not None and mariadb:
+        # MariaDB quotes every literal and lists an expression as written: `concat('a','b')`
+        if not _LITERAL.fullmatch(text) and not text.lower().startswith("current_timestamp"):
+            text = f"({text})"
     elif (text is not None and not text.startswith("'") and data_type.lower() in _MYSQL_QUOTED_DEFAULTS
           and not text.lower().startswith("current_timestamp")):
         text = "'" + text.replace("\\", "\\\\").replace("'", "''") + "'"  # MySQL 8 gives literals unquoted
     return ColumnSchema(name, lowered, nullable, text, str(charset) if charset else None,
-                        str(collation) if collation else None, generated, json or data_type.lower() == "json")
+                        str(collation) if collation else None, generated, json or data_type.lower() == "json",
+                        "INVISIBLE" in extra.upper())
+
+
+#: A default information_schema lists as a literal: a quoted string, a number, b'..' or x'..'.
+_LITERAL = re.compile(r"'(?:[^'\\]|''|\\.)*'|[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[bBxX]'[0-9a-fA-F]*'")
+#: A default drawing a sequence's value (MariaDB: ``nextval(`s`.`seq`)``, ``NEXT VALUE FOR seq``).
+_NEXT_VALUE = re.compile(r"\b(?:nextval|lastval|setval)\s*\(|\bNEXT\s+VALUE\s+FOR\b|\bPREVIOUS\s+VALUE\s+FOR\b", re.I)
 
 
 #: Types whose literal default MySQL 8 lists unquoted (MariaDB quotes every string literal).
