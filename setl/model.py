@@ -162,6 +162,9 @@ class DdlChange:
     (`setl.snapshot`): targets apply it whatever ``pipeline.ddl`` says, since the copy that
     follows replaces what the target held. `source` is the source table of a routed DDL (set by
     Extract, as for `RowChange.source`), so that the table a snapshot empties can be created first.
+    `sql_mode` is the source session's ``sql_mode`` the statement ran with (names, comma-joined),
+    when the source tells it: a MySQL target runs the statement under it, so that an ALTER the
+    source ran non-strict (cutting existing values) is not refused by a strict target session.
     """
 
     schema: str
@@ -169,6 +172,7 @@ class DdlChange:
     statement: str
     position: Position | None = None
     snapshot: bool = attrs.field(default=False, kw_only=True)
+    sql_mode: str | None = attrs.field(default=None, kw_only=True, eq=False, repr=False)
     source: TableName | None = attrs.field(default=None, kw_only=True, eq=False, repr=False)
 
     @property

@@ -47,6 +47,7 @@ from setl.ddl import Statement
 from setl.errors import LoadError, TransientLoadError
 from setl.model import Batch, InvalidDate, Position
 from setl.sinks.merge import TableChanges
+from setl.sinks.mysql_lenient import execute_one_row, holds_error_value, split_error_values
 from setl.sinks.postgresql_ddl import without_sequence_ddl
 from setl.sinks.prepared import PreparedBatches
 from setl.sinks.sql_common import (DdlStep, FenceBusy, Segment, SqlLoad, TargetTableMissing, chunks, group_by_columns,
@@ -244,6 +245,9 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         self._sessions = table_name(self.position_schema, self.position_table + "_session")
         # per target table: the columns the server computes (generated, system-versioning period)
         self._unwritable: dict[tuple[str, str], frozenset[str]] = {}
+        # per target table: its ENUM columns, lower-cased (rows holding ENUM's error value '' are
+        # written on their own, `setl.sinks.mysql_lenient`); known and forgotten with `_unwritable`
+        self._enums: dict[tuple[str, str], frozenset[str]] = {}
         self._unwritable_generation = 0  # counts the times `_unwritable` was forgotten (after DDL)
         #: how a connection of this sink writes a literal, once one has written rows: (its
         #: ``escape``, whether backslashes escape) — the same for all, whose session settings are
@@ -600,13 +604,14 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         ident = (schema, table)
         known = self._unwritable.get(ident)
         if known is None:
-            cur.execute("SELECT column_name, extra LIKE %s OR extra IN ('ROW START', 'ROW END')"
+            cur.execute("SELECT column_name, extra LIKE %s OR extra IN ('ROW START', 'ROW END'), data_type = 'enum'"
                         " FROM information_schema.columns WHERE table_schema = %s AND table_name = %s",
                         ("%GENERATED%", schema, table))
             rows = cur.fetchall()
             known = frozenset(row[0].lower() for row in rows if row[1])
             if rows:  # a missing table is asked again next time
                 self._unwritable[ident] = known
+                self._enums[ident] = frozenset(row[0].lower() for row in rows if row[2])
         return known
 
     @staticmethod
@@ -632,20 +637,23 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
             if self._escaper is None:
                 self._escaper = (conn.escape, not getattr(conn, "server_status", 0)
                                  & SERVER_STATUS.SERVER_STATUS_NO_BACKSLASH_ESCAPES)
-            prepared = self._prepared_statements(conn, table)
+            upserts, lenient = split_error_values(table.upserts, self._enums.get((table.schema, table.table), ()))
+            prepared = self._prepared_statements(conn, table) if not lenient else None
             if prepared is not None:
                 for head, texts in prepared:
                     for text in texts:
                         cur.execute(head + text)
                 return
-            upserts = [self._writable(image, computed) for image in table.upserts]
             plain = f"{plain_quote(table.schema)}.{plain_quote(table.table)}"
-            for columns, images in group_by_columns(upserts).items():
+            for columns, images in group_by_columns([self._writable(i, computed) for i in upserts]).items():
                 head = f"INSERT INTO {plain} ({', '.join(map(plain_quote, columns))}) VALUES "
                 tail = self._upsert_tail(columns)
                 with self._statements(conn, images) as statements:
                     for values in statements:
                         cur.execute(head + values + tail)
+            for image in lenient:
+                self._insert(cur, name, self._writable(image, computed), self._upsert_tail(
+                    list(self._writable(image, computed))).replace("%", "%%"), (table.schema, table.table))
 
     @staticmethod
     def _upsert_tail(columns: Sequence[str]) -> str:
@@ -669,18 +677,21 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
             for change, added in insert_runs(table.sequence):
                 if change is None:  # a run of inserts and reads: multi-row INSERTs
                     plain = f"{plain_quote(table.schema)}.{plain_quote(table.table)}"
+                    added, lenient = split_error_values(added, self._enums.get((table.schema, table.table), ()))
                     for columns, images in group_by_columns(self._writable(i, computed) for i in added).items():
                         head = f"INSERT INTO {plain} ({', '.join(map(plain_quote, columns))}) VALUES "
                         with self._statements(conn, images) as statements:
                             for values in statements:
                                 cur.execute(head + values)
+                    for image in lenient:
+                        self._insert(cur, name, self._writable(image, computed), "", (table.schema, table.table))
                     continue
                 if change.before is not None:
                     where = " AND ".join(f"{quote(c)} <=> %s" for c in change.before)
                     cur.execute(f"DELETE FROM {name} WHERE {where} LIMIT 1",
                                 [to_db(v) for v in change.before.values()])
                 if change.after is not None:
-                    self._insert(cur, name, self._writable(change.after, computed))
+                    self._insert(cur, name, self._writable(change.after, computed), "", (table.schema, table.table))
 
     def _statements(self, conn: pymysql.connections.Connection,
                     images: Sequence[Mapping[str, Any]]) -> contextlib.AbstractContextManager[Iterator[str]]:
@@ -733,11 +744,16 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         if rows:
             yield ",".join(rows)
 
-    @staticmethod
-    def _insert(cur: Any, name: str, image: Mapping[str, Any]) -> None:
-        cur.execute(f"INSERT INTO {name} ({', '.join(map(quote, image))})"
-                    f" VALUES ({', '.join(['%s'] * len(image))})",
-                    [to_db(v) for v in image.values()])
+    def _insert(self, cur: Any, name: str, image: Mapping[str, Any], tail: str, table: tuple[str, str]) -> None:
+        """One row's INSERT (+ `tail`, %-escaped); a row holding ENUM's error value goes non-strict
+        with its warnings checked (`setl.sinks.mysql_lenient`)."""
+        sql = f"INSERT INTO {name} ({', '.join(map(quote, image))}) VALUES ({', '.join(['%s'] * len(image))}){tail}"
+        args = [to_db(v) for v in image.values()]
+        enums = self._enums.get(table, frozenset())
+        if enums and holds_error_value(image, enums):
+            execute_one_row(cur, sql, args, image, enums, SQL_MODE)
+        else:
+            cur.execute(sql, args)
 
     # -- DDL
 
@@ -758,6 +774,7 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         ref = step.statement.tables[0]
         self._unwritable_generation += 1  # statements prepared before this DDL are not used
         self._unwritable.clear()  # the DDL may add, drop or change computed columns
+        self._enums.clear()
         with conn.cursor() as cur:
             cur.execute(f"SELECT `mark` FROM {self._ddl_marks} WHERE `pipeline` = %s", (self.pipeline,))
             row = cur.fetchone()
@@ -776,7 +793,10 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
             except pymysql.err.MySQLError as exc:
                 if not (exc.args and exc.args[0] == 1193):  # unknown variable: MySQL has no versioning
                     raise
+            mode = step.change.sql_mode
             try:
+                if mode is not None:  # the source's mode: an ALTER it ran non-strict is not refused here
+                    cur.execute("SET SESSION sql_mode = %s", (mode,))
                 cur.execute(step.change.statement)
             except pymysql.err.MySQLError as exc:
                 code = exc.args[0] if exc.args else None
@@ -787,6 +807,9 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
                 elif not (code == 1050 and step.statement.kind == "create_table"
                           and self._same_shape(cur, step)):
                     raise
+            finally:
+                if mode is not None:
+                    cur.execute("SET SESSION sql_mode = %s", (SQL_MODE,))
         self._fence(conn, batch)
 
     def _same_shape(self, cur: Any, step: DdlStep) -> bool:

@@ -140,6 +140,8 @@ class _Assembler:
                  ) -> None:
         self.tables_of = tables_of if tables_of is not None else KnownTables()
         self.kind_of: Callable[[str, str], TableKind] | None = None
+        #: a query event's sql_mode bits -> the mode's names (asked of the source), for DDL
+        self.mode_names: Callable[[int], str | None] | None = None
         self.sequences_seen: set[tuple[str, str]] = set()
         self.kinds: dict[tuple[str, str], TableKind] = {}  # asked of the server once, until the next DDL
         self.transactional = transactional
@@ -473,7 +475,9 @@ class _Assembler:
             return [Transaction(tuple(DdlChange(dropped[0], name, f"DROP TABLE IF EXISTS {ddl.quote(dropped[0])}."
                                                 f"{ddl.quote(name)}", end) for name in dropped[1]), end,
                                 nbytes=nbytes)]
-        return [Transaction((DdlChange(ddl_schema, table, statement, end),), end, nbytes=nbytes)]
+        bits = getattr(event, "sql_mode", None)
+        mode = self.mode_names(bits) if self.mode_names is not None and isinstance(bits, int) else None
+        return [Transaction((DdlChange(ddl_schema, table, statement, end, sql_mode=mode),), end, nbytes=nbytes)]
 
 
 class KnownTables:

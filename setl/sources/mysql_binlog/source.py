@@ -556,9 +556,11 @@ class MysqlBinlogSource(Select):
         self.table_maps = _TableMapCache() if self.table_map_cache else None
         self._connector = _Connector(self.table_maps, tls=self._ssl is not None)
         self._engines = {}
+        self._modes: dict[int, str | None] = {}
         assembler = _Assembler(position or Position("", 0), self.max_rows_in_memory, gtids, self._prepared_rows,
                                self._transactional, self.selects, KnownTables(tables))
         assembler.kind_of = self._table_kind
+        assembler.mode_names = self._mode_names
         gtid_start = gtids.text if position is None and gtids is not None else None
         self._thread = threading.Thread(
             target=self._read, args=(self._connector, assembler, self._queue, self._stop, position, gtid_start),
@@ -588,6 +590,23 @@ class MysqlBinlogSource(Select):
         match = _PERIOD.search(create)
         return TableKind(period=(_unquote(match[1]), _unquote(match[2])) if match else ("row_start", "row_end"),
                          texts=texts)
+
+    def _mode_names(self, bits: int) -> str | None:
+        """The names of the sql_mode whose bits a query event carries, as the source spells them
+        (asked once per distinct mode; None when the source cannot tell)."""
+        known = self._modes.get(bits)
+        if known is None and bits not in self._modes:
+            try:
+                results = self._lookups.query(("SET @setl_sql_mode = @@SESSION.sql_mode", None),
+                                              ("SET SESSION sql_mode = %s", (bits,)),
+                                              ("SELECT @@SESSION.sql_mode", None),
+                                              ("SET SESSION sql_mode = @setl_sql_mode", None))
+                known = str(results[2][0][0])
+            except pymysql.MySQLError as exc:
+                log.warning("pipeline=%s cannot name sql_mode %d of a DDL (%s): it runs under the target's own",
+                            self.pipeline, bits, exc)
+            self._modes[bits] = known
+        return known
 
     def _transactional(self, schema: str, table: str) -> bool:
         """Whether a ROLLBACK TO undoes the table's changes (its engine is transactional)."""
