@@ -2,10 +2,16 @@
 Transform, Load in batch order (whole batches, or per target table), and Termin, which acks in
 order or rolls back.
 
-* `cutter`: Select's side, transactions into batches (`BatchCutter`);
-* `ledger`: the batches in flight (`Slot`), each holding a permit until it is retired;
-* `core`: the `Scheduler` itself: permits and epochs, Extract/Transform tasks, ordered and
-  per-table load dispatch, Termin (ack or roll back), drain and teardown;
+* `ledger`: the state machine the parts share (`Ledger`: the epoch, the batches in flight as
+  `Slot`s, the ids to load and ack next, the acked position, rollback and rewind) and the
+  `Permits` the batches hold until they are retired;
+* `selecting`: Select's side (`Selector`), with `cutter` cutting transactions into batches
+  (`BatchCutter`);
+* `working`: Extract and Transform of each batch (`Worker`);
+* `loading`: Load in id order, whole or per target table (`LoadDispatcher`);
+* `termin`: ack in id order, or roll back, retry or pause (`Termin`);
+* `core`: the `Scheduler`, which builds those parts around one `Ledger`, runs them as tasks,
+  and drains and tears down;
 * `events`: `Outcome` and the `Listener` hooks.
 
 `BatchCap` (the node-wide permit cap) lives in `setl.runtime` and is re-exported here.

@@ -1,6 +1,7 @@
 """One pipeline's scheduler, after otter's SETL: a permit-bounded Select, concurrent Extract and
 Transform, Load in batch order (whole batches, or per target table), and Termin, which acks in
-order or rolls back.
+order or rolls back. `Scheduler` builds the parts (`Ledger`, `Selector`, `Worker`,
+`LoadDispatcher`, `Termin`), runs them as tasks, and drains and tears down.
 
 Its work runs as tasks on a `TaskExecutionService` that many pipelines of a node share; per-table
 loads run on a shared `SerialExecutorService`, one slot per (pipeline, target table).
@@ -39,9 +40,12 @@ from setl.runtime import (
 )
 from setl.scheduler.cutter import BatchCutter
 from setl.scheduler.events import Listener, Outcome
-from setl.scheduler.ledger import Permits, Slot, SlotState
-from setl.scheduler.loading import LoadDispatch
+from setl.scheduler.events import log_event
+from setl.scheduler.ledger import Ledger, Permits, Slot
+from setl.scheduler.loading import LoadDispatcher
+from setl.scheduler.selecting import Selector
 from setl.scheduler.termin import Termin
+from setl.scheduler.working import Worker
 from setl.stages import Extract, Load, Select, Transform
 from setl.stages.load import supports_per_table
 
@@ -55,8 +59,6 @@ _STAGE_ERRORS: dict[str, type[SetlError]] = {
     "termin": MetaStoreError,
 }
 
-#: Extract and Transform of one batch run in one call when Extract took less than this.
-ETL_SLICE = 0.005
 #: Load and Termin go on to the next batch in the same call while they are within this (real time).
 STEP_SLICE = 0.01
 
@@ -72,7 +74,7 @@ class _Step:
         return self.step()
 
 
-class Scheduler(LoadDispatch, Termin):
+class Scheduler:
     """Runs one pipeline until it is stopped, catches up, pauses, or loses leadership.
 
     Work runs as tasks on `tasks` (a `TaskExecutionService`): Select (the only one touching
@@ -100,6 +102,13 @@ class Scheduler(LoadDispatch, Termin):
     together with its own. When the pipeline ends, every permit its batches still hold is
     given back (the batches are abandoned, to be replayed; a worker still busy with one after
     the drain and halt timeouts no longer counts), as is the one Select held or waited for.
+
+    Who owns what: the `ledger` (`Ledger`) owns the shared state (epoch, batches in flight,
+    next ids to load and ack, acked position, rollback and rewind) and `Permits`; `selector`
+    (`Selector`) owns the source's cursor; `worker` (`Worker`, Extract/Transform), `loader`
+    (`LoadDispatcher`) and `termin` (`Termin`) hold the ledger and move it through its
+    transitions. The scheduler itself owns the lifecycle: the tasks, the stop, drain and
+    halt, the outcome and `error`. One lock (`_cond`) guards all of it.
     """
 
     def __init__(
@@ -145,45 +154,47 @@ class Scheduler(LoadDispatch, Termin):
         self.batch_cap = batch_cap
         self._permits = Permits(settings.parallelism, batch_cap, self._cond, self._wake_select,
                                 lambda batch, live: self.listener.on_retire(batch, live))
-        self._inflight: dict[int, Slot] = {}
-        self._epoch = 0
-        self._next_load = 1
-        self._next_ack = 1
-        self._load_blocked = False
-        self._load_barrier: int | None = None  # per_table: parts of this batch id and later must not run
-        self._load_tasks = 0  # per_table: part and EOF tasks submitted and not finished
-        self._acked: Position | None = None
-        self._attempt = 0
-        # Where the last rollback rewound to: attempts start again only once an ack passes it
-        # (pieces of a split transaction acked before its failing piece do not move the ack).
-        self._retry_from: Position | None = None
-        self._rewind: tuple[Position | None, int, float] | None = None
-        self._rolling: tuple[int, BaseException, int] | None = None  # (failed id, error, new epoch)
-        self._select_error: BaseException | None = None
-        self._until: Position | None = None
+        self.ledger = Ledger(self._permits, self._cond, self.backoff, clock)
         self._stopping = threading.Event()
-        self._halt = False
         self._outcome: Outcome | None = None
         self._finished = threading.Event()
         self._result: Outcome | None = None
         self._handles: dict[str, TaskHandle] = {}
-        self._workers: set[TaskHandle] = set()
+        self._etl_tasks: set[TaskHandle] = set()
         self._closer: TaskHandle | None = None
         self._drain_deadline: float | None = None
         self._halt_deadline: float | None = None
-        # Select's own state, touched only by the Select task.
-        self._cutter = BatchCutter(name, select, settings.batch, clock, self._permits.node_permit)
-        self._sel_rewind: tuple[Position | None, int, float] | None = None
-        self._permit_wait_since: float | None = None  # when Select found every permit taken
         self.error: BaseException | None = None
-        self.acked_batches = 0
-        self.acked_rows = 0
+        cutter = BatchCutter(name, select, settings.batch, clock, self._permits.node_permit)
+        self.selector = Selector(self.ledger, self._permits, select, cutter, lock=self._cond,
+                                 listener=self.listener, clock=clock, stopping=self._stopping,
+                                 hand_on=self._hand_on, wake=self._wake, wrap=self._wrap)
+        self.loader = LoadDispatcher(self.ledger, load, name=name, lock=self._cond, listener=self.listener,
+                                     per_table=self.per_table, serial=self.serial, wake=self._wake,
+                                     wrap=self._wrap, lost=lambda exc: self._finish(Outcome.LOST, exc))
+        # per_table loads parts (other batch objects): nothing prepared would be used
+        prepare = None if self.per_table else getattr(load, "prepare", None)
+        self.worker = Worker(self.ledger, extract, transform, name=name, listener=self.listener, prepare=prepare,
+                             wake=self._wake, wrap=self._wrap)
+        self.termin = Termin(self.ledger, name=name, node_id=node_id, lock=self._cond, load=load, select=select,
+                             meta=meta, listener=self.listener, backoff=self.backoff, per_table=self.per_table,
+                             wake=self._wake, wrap=self._wrap, finish=self._finish)
 
     # --- public ------------------------------------------------------------------------------
 
     def stop(self) -> None:
         """Ask for a graceful stop: no new batches; in-flight ones are loaded and acked."""
         self._finish(Outcome.STOPPED)
+
+    @property
+    def acked_batches(self) -> int:
+        """Batches acked since the start."""
+        return self.termin.acked_batches
+
+    @property
+    def acked_rows(self) -> int:
+        """Row changes acked since the start."""
+        return self.termin.acked_rows
 
     @property
     def in_flight(self) -> int:
@@ -204,11 +215,10 @@ class Scheduler(LoadDispatch, Termin):
         """
         start, next_id = self._starting_point()
         # Above any epoch the target already accepted: a rebuilt meta store starts again at 1.
-        self._epoch = self.meta.next_epoch(self.name, at_least=(self.load.committed_epoch() or 0) + 1)
-        self._acked = start
-        self._next_load = self._next_ack = next_id
+        epoch = self.meta.next_epoch(self.name, at_least=(self.load.committed_epoch() or 0) + 1)
+        self.ledger.begin(epoch, start, next_id)
         self.meta.set_state(self.name, Status.RUNNING, node=self.node_id)
-        self._event("select", None, f"starting at {start or 'the configured start'}, epoch {self._epoch}")
+        self._event("select", None, f"starting at {start or 'the configured start'}, epoch {epoch}")
         try:
             self.select.open(start)
         except BaseException as exc:
@@ -219,11 +229,12 @@ class Scheduler(LoadDispatch, Termin):
                 raise
             raise error from exc
         if start is None:
-            start = self._acked = self.select.tell()
+            start = self.select.tell()
+            self.ledger.begin(epoch, start, next_id)
         if until_caught_up:
             try:
-                self._until = self.select.head()
-                if self._until is None:
+                self.termin.until = self.select.head()
+                if self.termin.until is None:
                     raise SourceError(
                         "the source cannot tell where its log ends; --until-caught-up needs it",
                         pipeline=self.name, stage="select",
@@ -233,20 +244,21 @@ class Scheduler(LoadDispatch, Termin):
                 self._close_private()
                 self._record_failed_start(exc)
                 raise
-            if start is not None and start >= self._until and not self.select.backlog():
+            if start is not None and start >= self.termin.until and not self.select.backlog():
                 self._event("termin", None, f"already caught up at {start}")
                 self.meta.set_state(self.name, Status.STOPPED, node=self.node_id)
                 self.select.close()
                 self._result = Outcome.CAUGHT_UP
                 self._finished.set()
                 return
-        self._cutter.reset(self._acked, next_id)
+        cutter = self.selector.cutter
+        cutter.reset(start, next_id)
         # With private services every activity has a thread: Select's waits in the source's poll.
-        self._cutter.blocking = self._own_tasks or bool(getattr(self.select, "blocking", False))
+        cutter.blocking = self._own_tasks or bool(getattr(self.select, "blocking", False))
         steps = {
-            "select": _Step(self._guard(self._select_step), blocking=self._cutter.blocking),
-            "load": _Step(self._guard(self._repeat(self._load_step))),
-            "termin": _Step(self._guard(self._repeat(self._termin_step))),
+            "select": _Step(self._guard(self.selector.step), blocking=cutter.blocking),
+            "load": _Step(self._guard(self._repeat(self.loader.step))),
+            "termin": _Step(self._guard(self._repeat(self.termin.step))),
         }
         with self._cond:
             for role, step in steps.items():
@@ -280,12 +292,10 @@ class Scheduler(LoadDispatch, Termin):
             try:
                 return step()
             except LeadershipLost as exc:
-                self.error = exc
-                self._finish(Outcome.LOST)
+                self._finish(Outcome.LOST, exc)
             except BaseException as exc:  # a bug in the scheduler itself: stop, never hang
                 log.exception("pipeline=%s task %s crashed", self.name, threading.current_thread().name)
-                self.error = exc
-                self._finish(Outcome.STOPPED)
+                self._finish(Outcome.STOPPED, exc)
             return Progress.DONE
 
         return call
@@ -314,148 +324,24 @@ class Scheduler(LoadDispatch, Termin):
             if handle is not None:
                 handle.wake()
 
-    # --- select ------------------------------------------------------------------------------
-
-    def _select_step(self) -> Progress:
-        """One slice of Select: rewind if asked, take a permit, read, hand a batch on."""
-        if self._stopping.is_set():
-            self._drop_cut()
-            return Progress.DONE
-        with self._cond:
-            rewind, self._rewind = self._rewind, None
-            if rewind is not None:
-                self._select_error = None
-            elif self._select_error is not None and self._sel_rewind is None:
-                return Progress.BLOCKED  # Termin rolls back, then wakes us
-        if rewind is not None:
-            self._drop_cut()
-            self._sel_rewind = rewind
-        if self._sel_rewind is not None:
-            position, next_id, resume_at = self._sel_rewind
-            if self.clock() < resume_at:
-                return Progress.NO_PROGRESS
-            self._sel_rewind = None
-            self._cutter.reset(position, next_id)
-            try:
-                self.select.seek(position)
-            except BaseException as exc:
-                self._source_failed(exc)
-                return Progress.PROGRESS
-        if self._cutter.deferred_error is not None:
-            error, self._cutter.deferred_error = self._cutter.deferred_error, None
-            self._source_failed(error)
-            return Progress.PROGRESS
-        if not self._cutter.cutting:
-            if not self._permits.take():
-                if self._permit_wait_since is None:
-                    self._permit_wait_since = time.perf_counter()
-                return Progress.BLOCKED  # a retiring batch wakes us
-            if self._permit_wait_since is not None:
-                self.listener.on_permit_wait(time.perf_counter() - self._permit_wait_since)
-                self._permit_wait_since = None
-            with self._cond:
-                epoch = self._epoch
-            self._cutter.begin(epoch)
-        try:
-            batch = self._cutter.read()
-        except BaseException as exc:
-            self._drop_cut()
-            self._source_failed(exc)
-            return Progress.PROGRESS
-        if isinstance(batch, Progress):
-            return batch
-        selected_in = self._cutter.age()
-        self._cutter.drop()
-        with self._cond:
-            if batch.epoch != self._epoch or self._rewind is not None or self._stopping.is_set():
-                self._permits.discard_cut()
-                return Progress.PROGRESS
-            assert batch.id not in self._inflight, f"batch {batch.id} is already in flight"
-            slot = Slot(batch)
-            self._inflight[batch.id] = slot
-            live = self._permits.admit(slot)
-        self.listener.on_handoff(batch, live)
-        self.listener.on_stage("select", batch, selected_in)
-        # First in the queue: finishing batches in flight comes before reading new ones.
-        work = self.tasks.submit(_Step(self._guard(self._etl(slot))), name=f"{self.name}-etl-{batch.id}",
-                                 first=True)
-        with self._cond:
-            self._workers = {h for h in self._workers if not h.done()}
-            self._workers.add(work)
-        self._cutter.handed_on(batch)
-        return Progress.PROGRESS
-
-    def _drop_cut(self) -> None:
-        """Abandon the batch being read (a stop or a rewind) and give its permits back, or stop waiting for one."""
-        self._cutter.drop()
-        self._permits.abandon_cut()
-
     def _wake_select(self) -> None:
         self._wake("select")
 
-    def _source_failed(self, exc: BaseException) -> None:
-        if isinstance(exc, LeadershipLost):
-            raise exc
-        error = self._wrap(exc, "select", None)
+    def _hand_on(self, slot: Slot) -> None:
+        """Select handed `slot` on: start its Extract/Transform, first in the queue (finishing
+        batches in flight comes before reading new ones)."""
+        work = self.tasks.submit(_Step(self._guard(self.worker.task(slot))), name=f"{self.name}-etl-{slot.batch.id}",
+                                 first=True)
         with self._cond:
-            self._select_error = error
-            self._cond.notify_all()
-        self._wake("termin")
+            self._etl_tasks = {h for h in self._etl_tasks if not h.done()}
+            self._etl_tasks.add(work)
 
     # --- extract and transform ---------------------------------------------------------------
 
-    def _etl(self, slot: Slot) -> Callable[[], Progress]:
-        """Extract then Transform one batch, as one or two calls."""
-        progress: dict[str, Batch] = {}  # the extracted batch, once Extract is done
-
-        def step() -> Progress:
-            batch = progress.get("extracted", slot.batch)
-            stage = "transform" if "extracted" in progress else "extract"
-            error: BaseException | None = None
-            try:
-                if stage == "extract":
-                    began = time.perf_counter()
-                    if not slot.discarded and not self._halt:
-                        batch = self.extract.extract(batch)
-                    took = time.perf_counter() - began
-                    self.listener.on_stage("extract", batch, took)
-                    progress["extracted"], stage = batch, "transform"
-                    if took > ETL_SLICE:
-                        return Progress.PROGRESS
-                if not slot.discarded and not self._halt:
-                    began = time.perf_counter()
-                    batch = self.transform.transform(batch)
-                    self.listener.on_stage("transform", batch, time.perf_counter() - began)
-            except BaseException as exc:
-                error = exc
-            # per_table loads parts (other batch objects): nothing prepared would be used
-            prepare = None if self.per_table else getattr(self.load, "prepare", None)
-            if error is None and prepare is not None and not slot.discarded and not self._halt:
-                try:  # off the ordered load's path: what the load can work out ahead
-                    prepare(batch)
-                except Exception:
-                    log.debug("pipeline=%s batch=%d: preparing its load failed (the load works it out)",
-                              self.name, batch.id, exc_info=True)
-            with self._cond:
-                slot.worker_done = True
-                if slot.discarded:
-                    self._retire(slot)
-                    return Progress.DONE
-                if error is not None:
-                    slot.state, slot.error = SlotState.FAILED, self._wrap(error, stage, slot.batch)
-                else:
-                    slot.state, slot.batch = SlotState.READY, batch
-                self._cond.notify_all()
-            self._wake("load")
-            return Progress.DONE
-
-        return step
-
-    def _retire(self, slot: Slot) -> None:
-        """Give a batch's permits back, exactly once. Called with the lock held."""
-        self._permits.retire(slot)
-
-    def _finish(self, outcome: Outcome) -> None:
+    def _finish(self, outcome: Outcome, error: BaseException | None = None) -> None:
+        """End the pipeline with `outcome` (recording `error`): stop Select, drain, tear down."""
+        if error is not None:
+            self.error = error
         with self._cond:
             # A pause or a lost leadership outranks a stop that was already draining.
             if self._outcome is None or outcome in (Outcome.PAUSED, Outcome.LOST):
@@ -480,16 +366,16 @@ class Scheduler(LoadDispatch, Termin):
     def _close_step(self) -> Progress:
         """After a stop: let in-flight batches be acked, within the drain timeout; then tear down."""
         with self._cond:
-            if not self._halt:
+            if not self.ledger.halted:
                 if self._draining():
                     return Progress.NO_PROGRESS
-                if self._inflight:
+                if len(self.ledger):
                     log.warning("pipeline=%s stopped with %d batches not acked; they will be replayed",
-                                self.name, len(self._inflight))
-        if not self._halt:
+                                self.name, len(self.ledger))
+        if not self.ledger.halted:
             self._halt_now()
         with self._cond:
-            busy = self._load_tasks or any(not h.done() for h in [*self._handles.values(), *self._workers])
+            busy = self.ledger.load_tasks or any(not h.done() for h in [*self._handles.values(), *self._etl_tasks])
         if busy and self.clock() < (self._halt_deadline or 0.0):
             return Progress.NO_PROGRESS
         if busy:
@@ -499,15 +385,15 @@ class Scheduler(LoadDispatch, Termin):
 
     def _draining(self) -> bool:
         """Under the lock: whether a stop should keep waiting for in-flight batches."""
-        if self._outcome in (Outcome.PAUSED, Outcome.LOST) or not self._inflight:
+        if self._outcome in (Outcome.PAUSED, Outcome.LOST) or not len(self.ledger):
             return False
-        if self._rewind is not None or self._rolling is not None:
+        if self.ledger.rolling_back:
             return False  # a batch failed while draining: nothing after the ack survives
         return self.clock() < (self._drain_deadline or 0.0)
 
     def _halt_now(self) -> None:
         with self._cond:
-            self._halt = True
+            self.ledger.halt()
             self._halt_deadline = self.clock() + self.settings.drain_timeout_ms / 1000.0
             self._cond.notify_all()
         self._wake("select", "load", "termin")
@@ -554,7 +440,7 @@ class Scheduler(LoadDispatch, Termin):
             "pipeline": self.name,
             "stage": stage,
             "batch": batch.id if batch else None,
-            "position": batch.start if batch else self._acked,
+            "position": batch.start if batch else self.ledger.acked,
         }
         if isinstance(exc, SetlError):
             return exc.with_context(**context)
@@ -563,10 +449,7 @@ class Scheduler(LoadDispatch, Termin):
         return error
 
     def _event(self, stage: str, batch: Batch | None, message: str, level: int = logging.INFO) -> None:
-        where = f"pipeline={self.name} stage={stage}"
-        if batch is not None:
-            where += f" batch={batch.id}"
-        log.log(level, "%s %s", where, message)
+        log_event(self.name, stage, batch, message, level)
 
 
 __all__ = ["Scheduler"]

@@ -10,6 +10,14 @@ from setl.model import Ack, Batch
 log = logging.getLogger("setl.scheduler")
 
 
+def log_event(pipeline: str, stage: str, batch: Batch | None, message: str, level: int = logging.INFO) -> None:
+    """Log `message` on the scheduler's logger, prefixed with the pipeline, stage and batch it concerns."""
+    where = f"pipeline={pipeline} stage={stage}"
+    if batch is not None:
+        where += f" batch={batch.id}"
+    log.log(level, "%s %s", where, message)
+
+
 class Outcome(str, enum.Enum):
     """Why `Scheduler.run` returned."""
 

@@ -16,8 +16,8 @@ from setl.runtime import (
     SerialTask,
     hash_slot,
 )
-from setl.scheduler.events import Listener, Outcome
-from setl.scheduler.ledger import Slot, SlotState
+from setl.scheduler.events import Listener
+from setl.scheduler.ledger import Ledger, Slot, SlotState
 from setl.stages import Load
 
 
@@ -25,60 +25,66 @@ class _Discarded(Exception):
     """A per-table part that was not run: its batch failed or was discarded before it started."""
 
 
-class LoadDispatch:
-    """The Load side of `Scheduler` (a mixin: its state lives in the scheduler, under its lock).
+class LoadDispatcher:
+    """The Load side of a `Scheduler`: takes the ledger's batches in id order and loads them.
 
-    State it owns: `_next_load` (the id to load next), `_load_blocked` (a failed batch stops
-    loading until the rollback completes), `_load_barrier` (per_table: parts of this id and
-    later must not run) and `_load_tasks` (per_table: part and EOF tasks not finished).
+    Holds no state of its own beyond its collaborators: which batch loads next, whether a
+    failure blocks loading, the per_table barrier and the count of running part tasks are the
+    `Ledger`'s, changed through its transitions under the scheduler's `lock`. `step` is one
+    slice of the Load task (it may block in the target's `load`, outside the lock); per_table
+    parts run on `serial` and report through callbacks on its threads.
+
+    `wake(*roles)` wakes the scheduler's tasks ("termin", "load"); `wrap(exc, stage, batch)`
+    makes a failure a `SetlError` naming pipeline, stage and batch; `lost(exc)` ends the
+    pipeline when a part finds the leadership gone.
     """
 
-    name: str
-    load: Load
-    per_table: bool
-    serial: SerialExecutorService | None
-    listener: Listener
-    error: BaseException | None
-    _cond: threading.Condition
-    _inflight: dict[int, Slot]
-    _epoch: int
-    _halt: bool
-    _next_load: int
-    _load_blocked: bool
-    _load_barrier: int | None
-    _load_tasks: int
+    def __init__(
+        self,
+        ledger: Ledger,
+        load: Load,
+        *,
+        name: str,
+        lock: threading.Condition,
+        listener: Listener,
+        per_table: bool,
+        serial: SerialExecutorService | None,
+        wake: Callable[..., None],
+        wrap: Callable[[BaseException, str, Batch | None], BaseException],
+        lost: Callable[[BaseException], None],
+    ) -> None:
+        self.ledger = ledger
+        self.load = load
+        self.name = name
+        self.listener = listener
+        self.per_table = per_table
+        self.serial = serial
+        self._lock = lock
+        self._wake = wake
+        self._wrap = wrap
+        self._lost = lost
 
-    # provided by Scheduler
-    _wake: Callable[..., None]
-    _wrap: Callable[[BaseException, str, Batch | None], BaseException]
-    _retire: Callable[[Slot], None]
-    _finish: Callable[[Outcome], None]
-
-    # --- load --------------------------------------------------------------------------------
-
-    def _load_step(self) -> Progress:
+    def step(self) -> Progress:
         """Load the next batch in id order: in this call (ordered), or hand its parts to the slots (per_table)."""
-        with self._cond:
-            if self._halt:
+        ledger = self.ledger
+        with self._lock:
+            if ledger.halted:
                 return Progress.DONE
-            slot = self._inflight.get(self._next_load)
-            if slot is None or self._load_blocked or slot.state not in (SlotState.READY, SlotState.FAILED):
+            slot = ledger.loadable()
+            if slot is None:
                 return Progress.BLOCKED
             if slot.state is SlotState.FAILED:
-                self._load_blocked = True
-                self._cond.notify_all()
+                ledger.block_load()
                 self._wake("termin")
                 return Progress.PROGRESS
             has_ddl = any(isinstance(c, DdlChange) for c in slot.batch.changes)
             if self.per_table and not has_ddl:
-                slot.state = SlotState.LOADING
-                slot.loading_since = time.perf_counter()
-                self._next_load += 1
+                ledger.begin_load(slot, parts=True)
                 self._dispatch_parts(slot)
                 return Progress.PROGRESS
-            if self.per_table and self._load_tasks:
+            if self.per_table and ledger.load_tasks:
                 return Progress.BLOCKED  # a DDL batch waits for every earlier part
-            slot.state = SlotState.LOADING
+            ledger.begin_load(slot)
         error = None
         began = time.perf_counter()
         try:
@@ -89,16 +95,7 @@ class LoadDispatch:
             error = self._wrap(exc, "load", slot.batch)
         else:
             self.listener.on_stage("load", slot.batch, time.perf_counter() - began)
-        with self._cond:
-            if error is not None:
-                slot.state, slot.error = SlotState.FAILED, error
-                self._load_blocked = True
-            else:
-                slot.state = SlotState.LOADED
-                self._next_load += 1
-            if slot.discarded:
-                self._retire(slot)
-            self._cond.notify_all()
+        ledger.loaded(slot, error)
         self._wake("termin")
         return Progress.PROGRESS
 
@@ -110,8 +107,7 @@ class LoadDispatch:
             # a (schema, table) pair: either part may hold a dot
             parts.setdefault(TableName(change.schema, change.table or ""), []).append(change)
         if not parts:
-            slot.state = SlotState.LOADED
-            self._cond.notify_all()
+            self.ledger.parts_settled(slot)
             self._wake("termin")
             return
         latch = BatchLatch(parts)
@@ -119,38 +115,27 @@ class LoadDispatch:
         for table, changes in parts.items():
             index = hash_slot((self.name, table.schema, table.table), self.serial.num_slots)
             part = batch.replace(tuple(changes))
-            self._load_tasks += 2
+            self.ledger.parts_submitted(2)
             self.serial.submit(self._run_part, slot, part, slot=index,
                                callback=self._part_done(slot, latch, table, eof=False))
             self.serial.submit(self._run_eof, slot, part, slot=index,
                                callback=self._part_done(slot, latch, table, eof=True))
 
-    def _runnable(self, slot: Slot, part: Batch) -> bool:
-        """Under the lock: whether a part may still be written (its batch not failed nor discarded)."""
-        if self._halt or slot.discarded or part.epoch != self._epoch:
-            return False
-        return self._load_barrier is None or part.id < self._load_barrier
-
     def _run_part(self, slot: Slot, part: Batch) -> None:
-        with self._cond:
-            if not self._runnable(slot, part):
-                raise _Discarded()
+        if not self.ledger.runnable(slot, part):
+            raise _Discarded()
         try:
             self.load.load_part(part)
         except BaseException as exc:
-            with self._cond:
-                # Before the slot's next task, and before any other slot's next part starts.
-                if self._load_barrier is None or part.id < self._load_barrier:
-                    self._load_barrier = part.id
+            # Before the slot's next task, and before any other slot's next part starts.
+            self.ledger.bar_from(part.id)
             if isinstance(exc, LeadershipLost):
-                self.error = exc
-                self._finish(Outcome.LOST)
+                self._lost(exc)
             raise
 
     def _run_eof(self, slot: Slot, part: Batch) -> None:
-        with self._cond:
-            if not self._runnable(slot, part):
-                raise _Discarded()
+        if not self.ledger.runnable(slot, part):
+            raise _Discarded()
 
     def _part_done(self, slot: Slot, latch: BatchLatch, table: TableName, *, eof: bool) -> Callable[[SerialTask], None]:
         def callback(handle: SerialTask) -> None:
@@ -160,21 +145,23 @@ class LoadDispatch:
                     latch.count_down(table)
             else:
                 latch.fail(table, error)
-            with self._cond:
-                self._load_tasks -= 1
+            with self._lock:
+                self.ledger.part_finished()
                 if slot.state is SlotState.LOADING and latch.is_open:
                     if latch.error is None:
-                        slot.state = SlotState.LOADED
+                        self.ledger.parts_settled(slot)
                         self.listener.on_stage("load", slot.batch, time.perf_counter() - slot.loading_since)
                     else:
                         failure = latch.error
                         if isinstance(failure, _Discarded):
                             failure = LoadError("discarded: an earlier part of this batch or an earlier batch failed")
-                        slot.state = SlotState.FAILED
-                        slot.error = self._wrap(failure, "load", slot.batch)
-                        if isinstance(slot.error, SetlError):
-                            slot.error.with_context(table=latch.failed_channel)
-                self._cond.notify_all()
+                        wrapped = self._wrap(failure, "load", slot.batch)
+                        if isinstance(wrapped, SetlError):
+                            wrapped.with_context(table=latch.failed_channel)
+                        self.ledger.parts_settled(slot, wrapped)
             self._wake("termin", "load")
 
         return callback
+
+
+__all__ = ["LoadDispatcher"]

@@ -232,7 +232,7 @@ def run_prepared(load: SqlLoad, batches: list[Batch], inflight: int = 3) -> tupl
 def run_per_table(load: SqlLoad, batches: list[Batch], workers: int = 4) -> tuple[float, list[float]]:
     """(elapsed seconds, per-batch latencies) of loading every batch as per-table parts on the
     scheduler's serial executor (16 slots, `workers` threads, a table's slot by `hash_slot` of
-    (pipeline, schema, table), as `setl.scheduler.loading` does), recording each batch once all
+    (pipeline, schema, table), as `setl.scheduler.loading.LoadDispatcher` does), recording each batch once all
     its parts are in, in batch order."""
     executor = SerialExecutorService(SLOTS, workers, name="bench-load")
     latencies = []
