@@ -16,8 +16,12 @@ empty table: `Translator.needs_empty` names it and `PostgresLoad` refuses it if 
 CREATE/DROP INDEX statements are not applied.
 Generated columns (``AS (expr) VIRTUAL|STORED|PERSISTENT``, ``GENERATED ALWAYS AS``) become plain
 columns holding the values the source's row events carry (the expression is not translated; an ADD
-of one is exact only on an empty table, see below). Anything else (partitioning, spatial types, ...)
-raises `UnsupportedDdl`.
+of one is exact only on an empty table, see below). Partitioning becomes a plain table holding the
+same rows: ``CREATE TABLE ... PARTITION BY`` loses the clause, and ALTERs that only reshape
+partitions (PARTITION BY, ADD, REORGANIZE, COALESCE PARTITION, REMOVE PARTITIONING, ...) translate
+to nothing; DROP, TRUNCATE and EXCHANGE PARTITION, which change rows without row events, raise
+`UnsupportedDdl` (the pipeline stops rather than keep rows the source removed). Anything else
+(spatial types, ...) raises `UnsupportedDdl`.
 ADD COLUMN ... NOT NULL without a DEFAULT fills existing rows with MySQL's implicit default (0,
 '', the first ENUM member, zero bytes); for dates MySQL's zero date has no PostgreSQL value, so
 such an ADD fails on a non-empty table.
@@ -77,6 +81,13 @@ _SIMPLE = {
     "TINYBLOB": "bytea", "BLOB": "bytea", "MEDIUMBLOB": "bytea", "LONGBLOB": "bytea", "ENUM": "text",
     "SET": "text", "JSON": "jsonb", "UUID": "uuid", "INET4": "inet", "INET6": "inet",
 }
+
+
+#: ALTER TABLE verbs that, before PARTITION, change rows without row events (DROP, TRUNCATE,
+#: EXCHANGE PARTITION), and those that only reshape partitions (their rows stay as they are).
+_ROWS_WITHOUT_EVENTS = frozenset({"DROP", "TRUNCATE", "EXCHANGE"})
+_PARTITION_UPKEEP = frozenset({"ADD", "REORGANIZE", "COALESCE", "ANALYZE", "CHECK", "OPTIMIZE", "REBUILD",
+                               "REPAIR", "DISCARD", "IMPORT"})
 
 
 def pg_type(base: str, args: Sequence[str], unsigned: bool) -> str:
@@ -396,7 +407,9 @@ class Translator:
         rest = Reader(t.rest())
         while not rest.done():  # table options: ENGINE=..., DEFAULT CHARSET=..., COMMENT='...'
             token = rest.next()
-            if token.upper in ("AS", "SELECT", "PARTITION", "IGNORE", "REPLACE"):
+            if token.upper == "PARTITION":
+                break  # PARTITION BY ... (the last clause): a plain table holds the same rows
+            if token.upper in ("AS", "SELECT", "IGNORE", "REPLACE"):
                 raise UnsupportedDdl(f"CREATE TABLE ... {token.text} is not translated")
         return out + [f"{' '.join(head)} {name} ({', '.join(elements)})"]
 
@@ -419,6 +432,16 @@ class Translator:
             verb = t.next().upper
             if verb in ("ADD", "DROP") and (t.sees("SYSTEM") and t.sees("VERSIONING", 1) or t.sees("PERIOD")):
                 continue  # system versioning is not replicated: PostgreSQL gets the current rows only
+            if verb in _ROWS_WITHOUT_EVENTS and t.sees("PARTITION"):
+                # The server removes or moves the rows of a partition without a row event: a plain
+                # PostgreSQL table would keep them.
+                raise UnsupportedDdl(f"ALTER TABLE ... {verb} PARTITION changes rows the binlog holds no row "
+                                     "events for; apply it to the PostgreSQL table by hand, then resume")
+            if verb == "PARTITION" or (verb == "REMOVE" and t.sees("PARTITIONING")) or (
+                    verb in _PARTITION_UPKEEP and t.sees("PARTITION")):
+                # partitioning is not replicated (a plain table); a partition clause ends the
+                # statement, and its own commas (p1, p2) are no further clauses
+                break
             if verb == "ADD":
                 self._add(t, actions, later, name)
             elif verb == "DROP":
@@ -426,7 +449,7 @@ class Translator:
                 if t.word("PRIMARY"):
                     actions.append(f"DROP CONSTRAINT IF EXISTS {ident((ref.table + '_pkey')[:63])}")
                 elif (token := t.peek()) is not None and token.kind != "ident" and token.upper in (
-                        "INDEX", "KEY", "FOREIGN", "CHECK", "CONSTRAINT", "PARTITION"):
+                        "INDEX", "KEY", "FOREIGN", "CHECK", "CONSTRAINT"):
                     continue
                 else:
                     exists = " IF EXISTS" if t.word("IF") and t.word("EXISTS") else ""

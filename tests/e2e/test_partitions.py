@@ -1,0 +1,53 @@
+"""Partitioned source tables reach PostgreSQL as plain tables holding the same rows (issue 26.4):
+CREATE TABLE ... PARTITION BY and the partition statements that move no row (ADD, REORGANIZE,
+COALESCE, REMOVE PARTITIONING) replicate; DROP PARTITION, which removes rows without a single row
+event, stops the pipeline with one line naming table, position and cause instead of leaving the
+dropped rows on the target."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+from setl.scheduler import Outcome
+from setl.sinks.postgresql import PostgresLoad
+
+from .replicate import binlog_head, replicate, table_rule
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _run(server, db: str, statements: list[str]) -> None:
+    with contextlib.closing(server.connect(database=db)) as conn, conn.cursor() as cur:
+        for sql in statements:
+            cur.execute(sql)
+        conn.commit()
+
+
+def test_partitioned_table_reaches_postgresql_and_drop_partition_stops(mariadb_source, source_db, postgres_server,
+                                                                       postgres_db, tmp_path):
+    start = binlog_head(mariadb_source)
+    _run(mariadb_source, source_db, [
+        "CREATE TABLE pt (id INT NOT NULL, y INT NOT NULL, v VARCHAR(10), PRIMARY KEY (id, y)) "
+        "PARTITION BY RANGE (y) (PARTITION p0 VALUES LESS THAN (2000), PARTITION p1 VALUES LESS THAN (2100))",
+        "INSERT INTO pt VALUES (1, 1990, 'a'), (2, 2010, 'b'), (3, 1999, 'c')",
+        "ALTER TABLE pt ADD PARTITION (PARTITION p2 VALUES LESS THAN (2200))",
+        "INSERT INTO pt VALUES (4, 2150, 'd')",
+        "ALTER TABLE pt REORGANIZE PARTITION p1, p2 INTO (PARTITION p12 VALUES LESS THAN (2200))",
+        "UPDATE pt SET v = 'bb' WHERE id = 2",
+    ])
+    rules = [table_rule(rf"{source_db}\.pt", f"{source_db}.{{table}}")]
+    load = PostgresLoad(postgres_server.target_config(postgres_db), pipeline="parts")
+    replicate(mariadb_source, start, rules, load, tmp_path)
+    query = f'SELECT id, y, v FROM "{source_db}".pt ORDER BY id'
+    assert postgres_server.query(query, dbname=postgres_db) == mariadb_source.query(
+        f"SELECT id, y, v FROM `{source_db}`.pt ORDER BY id")
+
+    middle = binlog_head(mariadb_source)
+    _run(mariadb_source, source_db, ["ALTER TABLE pt DROP PARTITION p0"])  # rows 1 and 3 go, no row event
+    load = PostgresLoad(postgres_server.target_config(postgres_db), pipeline="parts")
+    scheduler = replicate(mariadb_source, middle, rules, load, tmp_path, name="parts2", outcome=Outcome.PAUSED)
+    error = str(scheduler.error)
+    assert "DROP PARTITION" in error and f"{source_db}.pt" in error and "position=mysql-bin." in error, error
+    assert "\n" not in error
