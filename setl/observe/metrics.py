@@ -11,12 +11,13 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from setl.model import Ack, Batch, DdlChange, Op
 from setl.observe.lag import Figures
 from setl.scheduler.events import Listener
+from setl.sinks import rewrites
 
 _KEY = attrgetter("schema", "table", "op")
 _DDL = "ddl"
@@ -125,7 +126,7 @@ class _LiveCollector(Collector):
     def describe(self) -> Iterable[Any]:
         return []  # computed at each scrape; nothing to check at registration
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         lag = GaugeMetricFamily("setl_lag_seconds", "Seconds behind the source (0 when caught up)",
                                 labels=["pipeline"])
         behind = GaugeMetricFamily("setl_behind_bytes", "Binlog bytes between the ack and the log's end",
@@ -138,7 +139,8 @@ class _LiveCollector(Collector):
                                   "Seconds since the binlog reader last heard from the server", labels=["pipeline"])
         leader = GaugeMetricFamily("setl_leader", "1 while this node runs the pipeline, 0 while it stands by",
                                    labels=["pipeline"])
-        for name, (figures, leading) in sorted(self.live().items()):
+        live = self.live()
+        for name, (figures, leading) in sorted(live.items()):
             leader.add_metric([name], 1.0 if leading else 0.0)
             if figures is None:
                 continue
@@ -153,4 +155,10 @@ class _LiveCollector(Collector):
                 heard.add_metric([name], figures.source_heard_ago)
         threads = GaugeMetricFamily("setl_node_threads", "Threads of the node's process",
                                     value=threading.active_count())
-        yield from (lag, behind, events, rate, caught, heard, leader, threads)
+        rewritten = CounterMetricFamily("setl_values_rewritten", "Values a target's policy wrote differently "
+                                        "instead of refusing them (invalid_dates: null, nul_in_text: strip|escape)",
+                                        labels=["pipeline", "table", "kind"])
+        for (pipeline, table, kind), n in sorted(rewrites.counts().items()):
+            if pipeline in live:  # this node's pipelines only (tests run several nodes in one process)
+                rewritten.add_metric([pipeline, table, kind], n)
+        yield from (lag, behind, events, rate, caught, heard, leader, threads, rewritten)

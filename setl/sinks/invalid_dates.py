@@ -25,6 +25,7 @@ import attrs
 
 from setl.errors import RefusedLoadError
 from setl.model import Batch, InvalidDate, RowChange
+from setl.sinks import rewrites
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ class InvalidDatePolicy:
             return batch
         for table, count in found.items():
             self._counts[table] = self._counts.get(table, 0) + count
+            rewrites.count(self.pipeline or batch.pipeline, table, "invalid_date_null", count)
             log.warning("pipeline=%s stage=load table=%s batch=%s position=%s: %d invalid date value(s) "
                         "written as NULL to the %s target (invalid_dates: null; %d since start)",
                         self.pipeline, table, batch.id, batch.end, count, self.target, self._counts[table])

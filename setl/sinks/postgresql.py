@@ -36,6 +36,8 @@ from setl.ddl import parse
 from setl.errors import LoadError, RefusedLoadError, TransientLoadError
 from setl.model import Batch, Position
 from setl.sinks.invalid_dates import InvalidDatePolicy
+from setl.sinks.nul_text import HINT as NUL_HINT
+from setl.sinks.nul_text import NulTextPolicy
 from setl.sinks.merge import TableChanges
 from setl.sinks.postgresql_ddl import Translator, UnsupportedDdl, without_sequence_ddl
 from setl.sinks.prepared import PreparedBatches
@@ -54,6 +56,8 @@ class PostgresqlTargetConfig:
     database: str = "postgres"  # the database written; a change's schema is the PostgreSQL schema
     #: what to write for a zero or partial date (`setl.sinks.invalid_dates`): refuse or null
     invalid_dates: Literal["refuse", "null"] = "refuse"
+    #: what to do with text holding NUL (0x00), which PostgreSQL cannot store (`setl.sinks.nul_text`)
+    nul_in_text: Literal["refuse", "strip", "escape"] = "refuse"
     ssl: SslConfig | None = None  # TLS: sslmode verify-full (require with verify false); none: libpq's prefer
 
 
@@ -166,14 +170,18 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
         self._statements: dict[tuple[Any, ...], str] = {}
         self._invalid_dates = InvalidDatePolicy(getattr(config, "invalid_dates", "refuse"),
                                                 pipeline=self.pipeline, target="PostgreSQL")
+        self._nul_text = NulTextPolicy(getattr(config, "nul_in_text", "refuse"), pipeline=self.pipeline,
+                                       target="PostgreSQL")
 
     def _segments(self, batch: Batch) -> list[Segment]:
-        """Sequence DDL left out, zero and partial dates handled by the ``invalid_dates`` policy first.
-        A prepared batch's segments are those `prepare` worked out."""
+        """Sequence DDL left out, zero and partial dates handled by the ``invalid_dates`` policy and
+        text holding NUL by ``nul_in_text`` first. A prepared batch's segments are those `prepare`
+        worked out."""
         prepared = self._prepared.get(batch)
         if prepared is not None:
             return prepared.segments
-        return super()._segments(self._invalid_dates.apply(without_sequence_ddl(batch, self.pipeline)))
+        batch = self._invalid_dates.apply(without_sequence_ddl(batch, self.pipeline))
+        return super()._segments(self._nul_text.apply(batch))
 
     def prepare(self, batch: Batch) -> None:
         """Merge `batch` and group each keyed table's upserts by shape now (on the calling worker),
@@ -600,6 +608,8 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
     # -- errors
 
     def _classify(self, exc: BaseException) -> type[LoadError] | type[TargetTableMissing] | None:
+        if _nul_refused(exc):
+            return RefusedLoadError  # the same rows fail the same way: pause at once
         if isinstance(exc, psycopg.Error):
             state = exc.sqlstate or ""
             if state in MISSING_TABLE_STATES:
@@ -614,10 +624,17 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
         return LoadError
 
     def _describe(self, exc: BaseException) -> str:
+        if _nul_refused(exc):
+            return NUL_HINT
         if isinstance(exc, psycopg.Error):
             text = " ".join(str(exc).split())
             return f"{text} (SQLSTATE {exc.sqlstate})" if exc.sqlstate else text
         return super()._describe(exc)
+
+
+def _nul_refused(exc: BaseException) -> bool:
+    """Whether `exc` is psycopg refusing text that holds NUL (it checks before sending)."""
+    return isinstance(exc, psycopg.DataError) and "NUL (0x00)" in str(exc)
 
 
 __all__ = ["PostgresLoad", "to_db"]

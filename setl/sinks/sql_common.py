@@ -303,7 +303,8 @@ class SqlLoad(Load, Generic[C]):
 
     def _classify(self, exc: BaseException) -> type[LoadError] | type[TargetTableMissing] | None:
         """TransientLoadError for errors worth a replay, TargetTableMissing for a missing table,
-        LoadError for other driver errors, None for errors that are not the driver's."""
+        RefusedLoadError for rows the target refuses whatever the retry, LoadError for other driver
+        errors, None for errors that are not the driver's."""
         raise NotImplementedError
 
     def _describe(self, exc: BaseException) -> str:
@@ -650,6 +651,8 @@ class SqlLoad(Load, Generic[C]):
                              **self._context(batch, table=table))
         if kind is TransientLoadError:
             return TransientLoadError(self._describe(exc), **self._context(batch, table=table))
+        if kind is RefusedLoadError:  # the same rows would fail the same way: no retries
+            return RefusedLoadError(self._describe(exc), **self._context(batch, table=table))
         return LoadError(self._describe(exc), **self._context(batch, table=table))
 
     def _context(self, batch: Batch | None, table: str | None = None) -> dict[str, Any]:

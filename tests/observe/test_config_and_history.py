@@ -6,12 +6,15 @@ import subprocess
 import sys
 
 import pytest
+from prometheus_client import generate_latest
 
 from setl.config import load_node
 from setl.errors import ConfigError
 from setl.observe.history import History
 from setl.observe.lag import Figures
+from setl.observe.metrics import NodeMetrics
 from setl.observe.server import parse_listen
+from setl.sinks import rewrites
 
 
 def figures(lag: float | None, rate: float, behind: int | None = None) -> Figures:
@@ -58,3 +61,14 @@ def test_history_keeps_the_newest_samples_in_order():
     assert list(history.since(pipelines={"b"})["pipelines"]) == ["b"]
     assert history.since(7.0) == {"times": [], "pipelines": {"a": {"lag": [], "rate": [], "behind": []},
                                                               "b": {"lag": [], "rate": [], "behind": []}}}
+
+
+def test_values_a_policy_rewrote_are_scraped_for_this_nodes_pipelines():
+    """`setl_values_rewritten_total` counts what the sinks' policies rewrote, per pipeline, table and
+    kind, for the pipelines of the node being scraped only."""
+    rewrites.count("scraped_p", "s.t", "nul_stripped", 2)
+    rewrites.count("scraped_p", "s.t", "nul_stripped", 3)
+    rewrites.count("other_node_p", "s.t", "invalid_date_null", 1)
+    text = generate_latest(NodeMetrics("n1", lambda: {"scraped_p": (None, True)}).registry).decode()
+    assert 'setl_values_rewritten_total{kind="nul_stripped",pipeline="scraped_p",table="s.t"} 5.0' in text
+    assert "other_node_p" not in text
