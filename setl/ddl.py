@@ -457,4 +457,66 @@ def _drop_statement(tokens: list[Token], refs: Sequence[TableRef], kept: Sequenc
     return head + ", ".join(replaced[ref.start][1] for ref in kept) + tail
 
 
-__all__ = ["Reader", "Statement", "TableRef", "Token", "parse", "quote", "rewrite", "tokenize"]
+_SEQUENCE_FUNCTIONS = frozenset({"NEXTVAL", "LASTVAL", "SETVAL"})
+
+
+def without_sequence_defaults(statement: str) -> str:
+    """`statement` without the DEFAULT clauses that draw on a sequence (``DEFAULT NEXTVAL(s)``,
+    ``DEFAULT (NEXT VALUE FOR s)``, ``DEFAULT LASTVAL(s)``), each with the space before it; the
+    statement itself when it has none. Sequences are not replicated, so a target holds no such
+    sequence (the rows carry the values the source drew)."""
+    tokens = tokenize(statement)
+    sig = [i for i, t in enumerate(tokens) if t.kind != "ws"]
+    cut: dict[int, tuple[int, str]] = {}  # first token index -> (index past the last, replacement)
+    n = 0
+    while n < len(sig):
+        if tokens[sig[n]].upper != "DEFAULT":
+            n += 1
+            continue
+        end = _default_end(tokens, sig, n + 1)
+        words = {tokens[sig[k]].upper for k in range(n + 1, end)}
+        if words & _SEQUENCE_FUNCTIONS or ({"VALUE", "FOR"} <= words and words & {"NEXT", "PREVIOUS"}):
+            setting = n > 0 and tokens[sig[n - 1]].upper == "SET"  # ALTER COLUMN c SET DEFAULT ...
+            start = sig[n - 1] if setting else sig[n]
+            while start > 0 and tokens[start - 1].kind == "ws":
+                start -= 1
+            cut[start] = (sig[end - 1] + 1, " DROP DEFAULT" if setting else "")
+        n = end
+    if not cut:
+        return statement
+    out, i = [], 0
+    while i < len(tokens):
+        if i in cut:
+            i, replacement = cut[i]
+            out.append(replacement)
+            continue
+        out.append(tokens[i].text)
+        i += 1
+    return "".join(out)
+
+
+def _default_end(tokens: list[Token], sig: list[int], n: int) -> int:
+    """The index in `sig` just past the DEFAULT expression starting at sig[n]: a parenthesised group,
+    a function call, NEXT/PREVIOUS VALUE FOR name, or one token."""
+    if n >= len(sig):
+        return n
+    first = tokens[sig[n]]
+    if first.upper in ("NEXT", "PREVIOUS"):  # NEXT VALUE FOR [schema.]name
+        end = n + 4
+        if end + 1 < len(sig) and tokens[sig[end]].text == ".":
+            end += 2
+        return min(end, len(sig))
+    if first.text != "(" and not (n + 1 < len(sig) and tokens[sig[n + 1]].text == "("):
+        return n + 1
+    k = n if first.text == "(" else n + 1
+    depth = 0
+    while k < len(sig):
+        depth += {"(": 1, ")": -1}.get(tokens[sig[k]].text, 0)
+        k += 1
+        if depth == 0:
+            break
+    return k
+
+
+__all__ = ["Reader", "Statement", "TableRef", "Token", "parse", "quote", "rewrite", "tokenize",
+           "without_sequence_defaults"]

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from setl.config import ColumnsConfig, TableRule
-from setl.ddl import parse, rewrite, tokenize
+from setl.ddl import parse, rewrite, tokenize, without_sequence_defaults
 from setl.model import Batch, DdlChange, Position
 from setl.stages.extract import TableExtract
 
@@ -114,3 +114,19 @@ def test_extract_cuts_excluded_columns_from_ddl():
 def test_quoted_names_with_dots_percent_and_backticks_keep_schema_and_table_apart(statement, names):
     """A dot, `%` or doubled backtick inside a quoted name is part of the name, not a schema separator."""
     assert [(ref.schema, ref.table) for ref in parse(statement).tables] == names
+
+
+@pytest.mark.parametrize("statement, expected", [
+    ("CREATE TABLE t (id INT NOT NULL DEFAULT NEXTVAL(seq1) PRIMARY KEY, v INT)",
+     "CREATE TABLE t (id INT NOT NULL PRIMARY KEY, v INT)"),
+    ("CREATE TABLE t (id INT DEFAULT (NEXT VALUE FOR `x`.`s`) NOT NULL, v INT DEFAULT 3)",
+     "CREATE TABLE t (id INT NOT NULL, v INT DEFAULT 3)"),
+    ("CREATE TABLE t (a INT DEFAULT (1+1), b INT DEFAULT lastval(s), w VARCHAR(8) DEFAULT 'nextval')",
+     "CREATE TABLE t (a INT DEFAULT (1+1), b INT, w VARCHAR(8) DEFAULT 'nextval')"),
+    ("ALTER TABLE t ALTER COLUMN id SET DEFAULT nextval(`x`.`s`), ADD COLUMN z INT DEFAULT NEXT VALUE FOR s",
+     "ALTER TABLE t ALTER COLUMN id DROP DEFAULT, ADD COLUMN z INT"),
+    ("CREATE TABLE t (a INT DEFAULT 1)", "CREATE TABLE t (a INT DEFAULT 1)"),
+])
+def test_defaults_drawing_on_a_sequence_are_left_out(statement, expected):
+    """Sequences are not replicated: a DEFAULT that draws on one goes, every other part stays."""
+    assert without_sequence_defaults(statement) == expected

@@ -52,7 +52,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from setl.ddl import Reader, Statement, TableRef, Token, parse
+from setl.ddl import Reader, Statement, TableRef, Token, parse, without_sequence_defaults
 from setl.model import Batch, Change, DdlChange
 
 log = logging.getLogger(__name__)
@@ -562,15 +562,26 @@ def is_sequence_ddl(statement: Statement) -> bool:
 
 
 def without_sequence_ddl(batch: Batch, pipeline: str) -> Batch:
-    """`batch` without its sequence DDL (see `is_sequence_ddl`), each logged at INFO."""
+    """`batch` without its sequence DDL (see `is_sequence_ddl`), each logged at INFO, and without
+    the DEFAULTs of its other DDL that draw on a sequence (`setl.ddl.without_sequence_defaults`):
+    sequences are not replicated, so the target has none to draw on."""
     kept: list[Change] = []
+    changed = False
     for change in batch.changes:
-        if isinstance(change, DdlChange) and is_sequence_ddl(parse(change.statement)):
-            log.info("pipeline=%s stage=load table=%s position=%s: sequence DDL is not replicated: %s",
-                     pipeline, change.qualified_table, change.position or batch.end, change.statement)
-            continue
+        if isinstance(change, DdlChange):
+            if is_sequence_ddl(parse(change.statement)):
+                log.info("pipeline=%s stage=load table=%s position=%s: sequence DDL is not replicated: %s",
+                         pipeline, change.qualified_table, change.position or batch.end, change.statement)
+                changed = True
+                continue
+            statement = without_sequence_defaults(change.statement)
+            if statement != change.statement:
+                log.info("pipeline=%s stage=load table=%s position=%s: a DEFAULT drawing on a sequence is left "
+                         "out (sequences are not replicated): %s", pipeline, change.qualified_table,
+                         change.position or batch.end, change.statement)
+                change, changed = attrs.evolve(change, statement=statement), True
         kept.append(change)
-    return batch if len(kept) == len(batch.changes) else batch.replace(tuple(kept))
+    return batch.replace(tuple(kept)) if changed else batch
 
 
 def _table_ref(t: Reader) -> TableRef:
