@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from setl.config import NodeSettings, default_conf_dir, load_node, load_pipeline, pipeline_names
+from setl.connectors import registry
 from setl.errors import SetlError, UsageError
 from setl.logs import setup as setup_logging
 from setl.meta import open_meta_store
@@ -144,7 +145,7 @@ def cmd_start(args: argparse.Namespace, conf: Path) -> int:
     names = pipeline_names(conf) if args.all else list(dict.fromkeys(args.pipeline))
     if not names:
         raise UsageError("give --pipeline NAME (repeatable) or --all")
-    configs = [load_pipeline(conf, name) for name in names]
+    configs = [load_pipeline(conf, name, registry()) for name in names]
     meta = _open_meta_retrying(settings, configs)
     node = Node(settings, configs, meta)
     tune_gc(settings.runtime)  # once everything is loaded and validated
@@ -299,7 +300,7 @@ def _seconds(value: float) -> str:
 def cmd_snapshot(args: argparse.Namespace, conf: Path) -> int:
     from setl.routing import RoutingPlan
 
-    config = load_pipeline(conf, args.pipeline)
+    config = load_pipeline(conf, args.pipeline, registry())
     if getattr(config.source, "type", None) != "mysql":
         raise UsageError(f"pipeline {args.pipeline}: snapshots need a mysql source, not {config.source.type}")
     plan = RoutingPlan.compile(config.tables, pipeline=config.name, file=config.file or None)
@@ -444,7 +445,7 @@ def cmd_schema(args: argparse.Namespace, conf: Path) -> int:
     from setl.schema import SchemaPlanner, TableCreator
 
     settings = load_node(conf)
-    config = load_pipeline(conf, args.pipeline)
+    config = load_pipeline(conf, args.pipeline, registry())
     target = None
     try:
         target = build_schema(config, settings)

@@ -7,11 +7,10 @@ import sys
 
 import pytest
 
-from setl.config import load_node
+from setl.config import load_node, parse_listen
 from setl.errors import ConfigError
 from setl.observe.history import History
 from setl.observe.lag import Figures
-from setl.observe.server import parse_listen
 
 
 def figures(lag: float | None, rate: float, behind: int | None = None) -> Figures:

@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_pipeline_transform import JvmClock, LatencyListener  # noqa: E402
 
 from setl.config import RuntimeConfig, load_node, load_pipeline  # noqa: E402
+from setl.connectors import registry  # noqa: E402
 from setl.meta.sqlite import SqliteMetaStore  # noqa: E402
 from setl.node import build_stages, node_batch_cap, shared_services, tune_gc  # noqa: E402
 from setl.scheduler import Outcome, Scheduler  # noqa: E402
@@ -218,7 +219,7 @@ def run_once(target: Target, source, start, folder: Path, name: str, *, transfor
     target.prepare(schema)
     conf = write_conf(folder, name, source, start, target.yaml(folder), transform=transform, batch_rows=batch_rows,
                       schema=schema)
-    node, config = load_node(conf), load_pipeline(conf, name)
+    node, config = load_node(conf), load_pipeline(conf, name, registry())
     stages = build_stages(node, config)  # its Spark transform gets the node's session: `spark`, already warm
     # The scheduler as a node runs it: on the node's shared task threads, under its batch cap.
     tasks, serial = shared_services(node)
