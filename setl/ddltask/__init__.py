@@ -10,7 +10,8 @@ from __future__ import annotations
 from setl.config import NodeSettings, PipelineConfig
 from setl.ddltask.actions import Actions, MysqlActions
 from setl.ddltask.load import ACTION_FAILED, CRASH_ENV, DdlTaskLoad, DdlTaskPartLoad
-from setl.ddltask.signal import OP_TYPES, DdlTaskSelect, Signal
+from setl.ddltask.select import DdlTaskSelect
+from setl.ddltask.signal import OP_TYPES, Signal
 from setl.ddltask.tasks import DdlTasks
 from setl.errors import ConfigError
 from setl.meta.base import MetaStore
