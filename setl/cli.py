@@ -440,9 +440,8 @@ def cmd_schema(args: argparse.Namespace, conf: Path) -> int:
     """Print the DDL that creates the pipeline's missing target tables (``--apply``: run it). An
     existing table that does not fit, or anything else that stops it, is one line and exit 2."""
     from setl.connectors import build_schema
-    from setl.node import build_select, build_transform
+    from setl.pipeline import build_select, build_transform, table_creator
     from setl.routing import build_plan
-    from setl.schema import SchemaPlanner, TableCreator
 
     settings = load_node(conf)
     config = load_pipeline(conf, args.pipeline, registry())
@@ -456,11 +455,10 @@ def cmd_schema(args: argparse.Namespace, conf: Path) -> int:
         routing = build_plan(settings, config)
         select = build_select(settings, config, routing)
         transform = build_transform(settings, config, routing)
-        planner = SchemaPlanner(config.name, routing, select.describe, getattr(transform, "output_columns", None))
-        creator = TableCreator(config.name, planner, target)
+        creator = table_creator(config, routing, select, transform, target)
         missing = creator.missing()
         if not missing:
-            print(f"-- pipeline {config.name}: every target table exists ({len(planner.tables())} checked)")
+            print(f"-- pipeline {config.name}: every target table exists ({len(creator.planner.tables())} checked)")
             return 0
         for table, statements in missing:
             sources = ", ".join(str(t) for t in table.sources)

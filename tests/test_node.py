@@ -10,7 +10,8 @@ import pytest
 from setl.config import RuntimeConfig, load_node, load_pipeline
 from setl.connectors import registry
 from setl.errors import ConfigError
-from setl.node import build_select, tune_gc
+from setl.node import tune_gc
+from setl.pipeline import build_select
 
 
 def test_binlog_source_splits_transactions_at_the_batch_size(tmp_path):

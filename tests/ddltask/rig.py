@@ -20,7 +20,7 @@ from setl.ddltask import DdlTaskLoad, DdlTaskPartLoad
 from setl.meta.base import DdlTaskStatus
 from setl.meta import open_meta_store
 from setl.model import Position
-from setl.node import Stages, build_stages
+from setl.pipeline import Stages, build_stages
 from setl.scheduler import Listener, Outcome, Scheduler
 
 _server_ids = itertools.count(8101)

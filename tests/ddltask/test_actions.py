@@ -10,10 +10,11 @@ import pytest
 import yaml
 
 from setl.config import PipelineConfig
-from setl.ddltask import MysqlActions, Signal, build_actions
+from setl.ddltask import MysqlActions, Signal
 from setl.errors import ConfigError, LoadError
 from setl.meta.base import DdlTask
 from setl.model import Position
+from setl.pipeline import build_actions
 from setl.sinks.parquet import ParquetTargetConfig
 from setl.sinks.sqlite import SqliteTargetConfig
 from setl.scheduler import Outcome

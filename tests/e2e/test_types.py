@@ -18,7 +18,7 @@ from setl.config import load_node, load_pipeline
 from setl.connectors import registry
 from setl.errors import ConfigError, LoadError
 from setl.model import Batch, InvalidDate, Op, Position, RowChange
-from setl.node import build_load
+from setl.pipeline import build_load
 from setl.scheduler import Outcome
 from setl.sinks.mysql import MySQLLoad
 from setl.sinks.parquet import ParquetLoad, read_table

@@ -18,7 +18,7 @@ from setl.config import load_node, load_pipeline
 from setl.connectors import BuildContext, registry
 from setl.errors import ConfigError, LoadError
 from setl.model import Batch, DdlChange, Op, Position, RowChange
-from setl.node import build_load
+from setl.pipeline import build_load
 from setl.sinks.parquet import SPARK_WRITER_CONF, ParquetLoad, ParquetTargetConfig, file_name, read_table
 from setl.spark import JavaNotFound
 from setl.testing.connectors import LoadContract, TargetProbe

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from setl.config import load_node, load_pipeline  # noqa: E402
 from setl.connectors import registry  # noqa: E402
 from setl.meta.sqlite import SqliteMetaStore  # noqa: E402
-from setl.node import build_stages  # noqa: E402
+from setl.pipeline import build_stages  # noqa: E402
 from setl.scheduler import Outcome, Scheduler  # noqa: E402
 from setl.testing.servers import MariaDBServer  # noqa: E402
 

@@ -12,7 +12,7 @@ the rows/s of the same pipeline without one. This measures it on whole pipelines
 * ``spark``: the same pipeline with one built-in step, ``add_column total = qty * price``.
 
 Each run is built from a generated conf dir and scheduled as ``setl start`` does it (the stages
-from `setl.node.build_stages`, the scheduler on the node's shared task threads, the garbage
+from `setl.pipeline.build_stages`, the scheduler on the node's shared task threads, the garbage
 collector tuned by `setl.node.tune_gc`), with ``parallelism: 3`` and batches of
 ``--batch-rows``, and reads the same binlog range into a fresh target table (its own schema per
 run) until caught up. The Spark session is started before timing and its JVM warmed with
@@ -51,7 +51,8 @@ from bench_pipeline_transform import JvmClock, LatencyListener  # noqa: E402
 from setl.config import RuntimeConfig, load_node, load_pipeline  # noqa: E402
 from setl.connectors import registry  # noqa: E402
 from setl.meta.sqlite import SqliteMetaStore  # noqa: E402
-from setl.node import build_stages, node_batch_cap, shared_services, tune_gc  # noqa: E402
+from setl.node import node_batch_cap, shared_services, tune_gc  # noqa: E402
+from setl.pipeline import build_stages  # noqa: E402
 from setl.scheduler import Outcome, Scheduler  # noqa: E402
 
 TX_ROWS = 100
