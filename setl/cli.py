@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from setl.config import NodeSettings, default_conf_dir, load_node, load_pipeline, pipeline_names
+from setl.connectors import registry
 from setl.errors import SetlError, UsageError
 from setl.logs import setup as setup_logging
 from setl.meta import open_meta_store
@@ -144,7 +145,7 @@ def cmd_start(args: argparse.Namespace, conf: Path) -> int:
     names = pipeline_names(conf) if args.all else list(dict.fromkeys(args.pipeline))
     if not names:
         raise UsageError("give --pipeline NAME (repeatable) or --all")
-    configs = [load_pipeline(conf, name) for name in names]
+    configs = [load_pipeline(conf, name, registry()) for name in names]
     meta = _open_meta_retrying(settings, configs)
     node = Node(settings, configs, meta)
     tune_gc(settings.runtime)  # once everything is loaded and validated
@@ -299,7 +300,7 @@ def _seconds(value: float) -> str:
 def cmd_snapshot(args: argparse.Namespace, conf: Path) -> int:
     from setl.routing import RoutingPlan
 
-    config = load_pipeline(conf, args.pipeline)
+    config = load_pipeline(conf, args.pipeline, registry())
     if getattr(config.source, "type", None) != "mysql":
         raise UsageError(f"pipeline {args.pipeline}: snapshots need a mysql source, not {config.source.type}")
     plan = RoutingPlan.compile(config.tables, pipeline=config.name, file=config.file or None)
@@ -439,12 +440,11 @@ def cmd_schema(args: argparse.Namespace, conf: Path) -> int:
     """Print the DDL that creates the pipeline's missing target tables (``--apply``: run it). An
     existing table that does not fit, or anything else that stops it, is one line and exit 2."""
     from setl.connectors import build_schema
-    from setl.node import build_select, build_transform
+    from setl.pipeline import build_select, build_transform, table_creator
     from setl.routing import build_plan
-    from setl.schema import SchemaPlanner, TableCreator
 
     settings = load_node(conf)
-    config = load_pipeline(conf, args.pipeline)
+    config = load_pipeline(conf, args.pipeline, registry())
     target = None
     try:
         target = build_schema(config, settings)
@@ -455,11 +455,10 @@ def cmd_schema(args: argparse.Namespace, conf: Path) -> int:
         routing = build_plan(settings, config)
         select = build_select(settings, config, routing)
         transform = build_transform(settings, config, routing)
-        planner = SchemaPlanner(config.name, routing, select.describe, getattr(transform, "output_columns", None))
-        creator = TableCreator(config.name, planner, target)
+        creator = table_creator(config, routing, select, transform, target)
         missing = creator.missing()
         if not missing:
-            print(f"-- pipeline {config.name}: every target table exists ({len(planner.tables())} checked)")
+            print(f"-- pipeline {config.name}: every target table exists ({len(creator.planner.tables())} checked)")
             return 0
         for table, statements in missing:
             sources = ", ".join(str(t) for t in table.sources)

@@ -86,6 +86,15 @@ class HttpConfig:
     listen: str | None = None
 
 
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[IPv6]:PORT``) as (host, port); ConfigError naming the key otherwise."""
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"http.listen: {text!r} is not HOST:PORT (for example 127.0.0.1:9325)")
+    return host, int(port)
+
+
 @attrs.frozen
 class RuntimeConfig:
     """The threads a node's pipelines share (`setl.runtime`)."""
@@ -215,32 +224,19 @@ class ConnectorConfig(typing.Protocol):
     def type(self) -> str: ...
 
 
-#: Where the built-in connectors' configs live now; ``from setl.config import ...`` still finds them.
-_MOVED = {
-    "FileSourceConfig": "setl.sources.file",
-    "MysqlSourceConfig": "setl.sources.mysql_binlog",
-    "SqliteTargetConfig": "setl.sinks.sqlite",
-    "MysqlTargetConfig": "setl.sinks.mysql",
-    "PostgresqlTargetConfig": "setl.sinks.postgresql",
-    "ParquetTargetConfig": "setl.sinks.parquet",
-}
+class ConnectorResolver(typing.Protocol):
+    """What turns a source's or target's ``type`` name into its config class.
 
+    The connector layer provides it (`setl.connectors.registry()`) and whoever loads a pipeline
+    hands it to `load_pipeline`: config is pure data and imports no connector."""
 
-if typing.TYPE_CHECKING:
-    from setl.sinks.mysql import MysqlTargetConfig  # noqa: F401 - the old import path, for type checkers
-    from setl.sinks.parquet import ParquetTargetConfig  # noqa: F401 - the old import path, for type checkers
-    from setl.sinks.postgresql import PostgresqlTargetConfig  # noqa: F401 - the old import path, for type checkers
-    from setl.sinks.sqlite import SqliteTargetConfig  # noqa: F401 - the old import path, for type checkers
-    from setl.sources.file import FileSourceConfig  # noqa: F401 - the old import path, for type checkers
-    from setl.sources.mysql_binlog import MysqlSourceConfig  # noqa: F401 - the old import path, for type checkers
+    def names(self, kind: Literal["source", "target"]) -> list[str]:
+        """Every type name of `kind`, sorted."""
+        ...
 
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        import importlib
-
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    def config_class(self, kind: Literal["source", "target"], name: str) -> type:
+        """The config class of connector `name`; a PluginError if it is unknown or broken."""
+        ...
 
 
 # --- tables and pipeline --------------------------------------------------------------------
@@ -374,8 +370,11 @@ def _type_name(tp: Any) -> str:
 
 
 class _Builder:
-    def __init__(self, file: str) -> None:
+    """Builds frozen attrs classes from parsed YAML, every error naming the file and key path."""
+
+    def __init__(self, file: str, connectors: ConnectorResolver | None = None) -> None:
         self.file = file
+        self.connectors = connectors  # needed only where a source or target config is built
 
     def fail(self, path: str, message: str) -> ConfigError:
         return ConfigError(f"{path or '(top level)'}: {message}", file=self.file)
@@ -441,13 +440,13 @@ class _Builder:
 
     def build_connector_config(self, kind: Literal["source", "target"], value: Any, path: str) -> Any:
         """A source's or target's config, in the class its connector (named by `type`) declares."""
-        from setl.connectors import registry
-
+        if self.connectors is None:
+            raise TypeError("a source or target config needs a ConnectorResolver")
         if isinstance(value, str):
             value = expand_env(value, f"{self.file}: {path}")
         if not isinstance(value, dict):
             raise self.fail(path, f"expected a mapping, got {value!r}")
-        connectors = registry()
+        connectors = self.connectors
         kind_name = value.get("type")
         if isinstance(kind_name, str):
             kind_name = expand_env(kind_name, f"{self.file}: {path}.type")
@@ -455,11 +454,11 @@ class _Builder:
         if kind_name not in known:
             raise self.fail(f"{path}.type", f"expected one of {', '.join(known)}, got {kind_name!r}")
         try:
-            connector = connectors.get(kind, kind_name)
+            config_class = connectors.config_class(kind, kind_name)
         except PluginError as exc:
             exc.with_context(file=self.file)
             raise
-        return self.build_attrs(connector.config, value, path)
+        return self.build_attrs(config_class, value, path)
 
     def build_attrs(self, cls: Any, value: Any, path: str, **extra: Any) -> Any:
         if value is None:
@@ -539,8 +538,6 @@ def load_node(conf_dir: str | Path) -> NodeSettings:
     if ha.standby_delay_ms < 0:
         raise ConfigError("ha.standby_delay_ms: must not be negative", file=str(path))
     if node.http.listen is not None:
-        from setl.observe.server import parse_listen
-
         try:
             parse_listen(node.http.listen)
         except ConfigError as exc:
@@ -559,8 +556,9 @@ def pipeline_names(conf_dir: str | Path) -> list[str]:
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
-def load_pipeline(conf_dir: str | Path, name: str) -> PipelineConfig:
-    """Read and validate `pipelines/NAME.yaml` under `conf_dir`."""
+def load_pipeline(conf_dir: str | Path, name: str, connectors: ConnectorResolver) -> PipelineConfig:
+    """Read and validate `pipelines/NAME.yaml` under `conf_dir`; `connectors` (the connector
+    registry, `setl.connectors.registry()`) names the config class of its source and target."""
     if not _NAME.match(name):
         raise ConfigError(f"pipeline name {name!r} must be letters, digits, '_', '.' or '-'")
     path = Path(conf_dir) / "pipelines" / f"{name}.yaml"
@@ -568,7 +566,7 @@ def load_pipeline(conf_dir: str | Path, name: str) -> PipelineConfig:
         known = ", ".join(pipeline_names(conf_dir)) or "none"
         raise ConfigError(f"no such pipeline (configured: {known})", file=str(path), pipeline=name)
     data = _read_yaml(path)
-    config = _Builder(str(path)).build_attrs(PipelineConfig, data, "", name=name, file=str(path))
+    config = _Builder(str(path), connectors).build_attrs(PipelineConfig, data, "", name=name, file=str(path))
     _check_pipeline(config, str(path))
     return _resolve_ssl(config, Path(conf_dir), str(path))
 

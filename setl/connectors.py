@@ -210,6 +210,11 @@ class ConnectorRegistry:
             return loaded
         return attrs.evolve(loaded, origin=entry.origin)
 
+    def config_class(self, kind: Kind, name: str) -> type:
+        """The config class connector `name` of `kind` declares (`setl.config.ConnectorResolver`):
+        what a pipeline file's ``source`` or ``target`` mapping is built into."""
+        return self.get(kind, name).config
+
     def source(self, name: str) -> SourceConnector[Any]:
         connector = self.get("source", name)
         assert isinstance(connector, SourceConnector)

@@ -31,7 +31,7 @@ Two older test hooks are kept as environment variables of their own:
 there, so a test can expire the session; see `zk_session_file`).
 
 Stage wrappers (`FaultySelect`, `FaultyExtract`, `FaultyTransform`, `FaultyLoad`) put a `FaultPlan` around
-stages; `setl.runtime.chain` adds them to a pipeline when ``SETL_FAULTS`` is set.
+stages; `setl.pipeline.chain` adds them to a pipeline when ``SETL_FAULTS`` is set.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A node: builds each configured pipeline's stages and supervises their schedulers.
+"""A node: builds each configured pipeline's stages (`setl.pipeline`) and supervises their schedulers.
 
 It restarts nothing silently: a pipeline that paused waits for `setl resume`
 (watched in the meta store), and an operator's `setl pause` stops it gracefully.
@@ -10,28 +10,24 @@ import collections
 import gc
 import logging
 import operator
-import os
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from setl import failpoints
 from setl.alerts import Alerts
 from setl.config import NodeSettings, PipelineConfig, RuntimeConfig
-from setl.errors import ConfigError, PluginError, SetlError
+from setl.errors import ConfigError, SetlError
 from setl.liveness import Heartbeat
 from setl.meta.base import Liveness, MetaStore, Status
-from setl.model import Ack, Batch, TableSchema
+from setl.model import Ack, Batch
 from setl.retry import Backoff, Failure, record_retrying
-from setl.routing import RoutingPlan, build_plan
+from setl.pipeline import Stages, analyse_steps, build_stages, describe_tables, fenced
 from setl.runtime import SerialExecutorService, TaskExecutionService
-from setl.runtime.chain import LoadWrap, Stages, compose, fenced
 from setl.scheduler import BatchCap, Fanout, Forwarding, Listener, Outcome, Scheduler, supports_per_table
 from setl.schema import check_tables
-from setl.snapshot.select import SnapshotListener, find_snapshot, with_snapshots
-from setl.stages import Load, Select, TableExtract, Transform
+from setl.snapshot.select import SnapshotListener, find_snapshot
 
 if TYPE_CHECKING:
     from setl.ha import Elections, Lease
@@ -39,170 +35,6 @@ if TYPE_CHECKING:
     from setl.observe.server import StatusServer
 
 log = logging.getLogger("setl.node")
-
-#: Fault markers, as JSON (see `setl.failpoints`).
-FAULTS_ENV = failpoints.FAULTS_ENV
-
-
-def build_select(node: NodeSettings, config: PipelineConfig, plan: RoutingPlan | None = None) -> Select:
-    """The pipeline's source, built by the connector its ``source.type`` names (`setl.connectors`).
-
-    The source learns from the routing `plan` which tables the rules select (the binlog source
-    refuses what it cannot replicate exactly only for those)."""
-    from setl.connectors import build_select as build
-
-    if plan is None:  # only which tables the rules select; transform steps are not needed here
-        plan = RoutingPlan.compile(config.tables, pipeline=config.name, file=config.file or None)
-    try:
-        return build(config, node, selects=plan.selects)
-    except SetlError as exc:
-        exc.with_context(file=config.file, pipeline=config.name)
-        raise
-
-
-def build_load(node: NodeSettings, config: PipelineConfig) -> Load:
-    """The pipeline's target, built by the connector its ``target.type`` names (`setl.connectors`)."""
-    from setl.connectors import build_load as build
-
-    try:
-        return build(config, node)
-    except SetlError as exc:
-        exc.with_context(file=config.file, pipeline=config.name)
-        raise
-
-
-def build_transform(node: NodeSettings, config: PipelineConfig, plan: RoutingPlan | None = None) -> Transform:
-    if not any(rule.transforms for rule in config.tables):
-        return Transform()
-    try:
-        from setl.transforms.stage import build_transform as build_spark_transform
-    except ImportError as exc:
-        raise PluginError("transforms are configured but the Spark transform stage is not available",
-                          file=config.file, pipeline=config.name) from exc
-    return build_spark_transform(node, config, plan)
-
-
-def build_stages(node: NodeSettings, config: PipelineConfig, meta: MetaStore | None = None) -> Stages:
-    """Every stage of a pipeline, validated, before anything connects anywhere.
-
-    `meta` is needed by batch DDL tasks (`pipeline.ddl_tasks`); without it they open their own.
-    """
-    routing = build_plan(node, config)  # the one routing decision every stage reads
-
-    def snapshot_meta() -> MetaStore:
-        from setl.meta import open_meta_store
-
-        return meta if meta is not None else open_meta_store(node)
-
-    base = Stages(
-        select=with_snapshots(build_select(node, config, routing), pipeline=config.name, meta=snapshot_meta,
-                              parallelism=config.pipeline.parallelism, spark=node.spark),
-        extract=TableExtract(pipeline=config.name, plan=routing),
-        transform=build_transform(node, config, routing),
-        load=build_load(node, config),
-    )
-    ddl_tasks = None
-    if config.pipeline.ddl_tasks.signal_table:
-        from setl.ddltask import with_ddl_tasks
-        from setl.meta import open_meta_store
-
-        def ddl_tasks(select: Select, load: Load) -> tuple[Select, Load]:
-            return with_ddl_tasks(node, config, select, load,
-                                  meta if meta is not None else open_meta_store(node), routing)
-
-    plan = failpoints.from_env()
-    if plan:
-        log.warning("pipeline=%s fault injection is on: %s", config.name, os.environ.get(FAULTS_ENV))
-    create_tables = table_creation(node, config, routing, base.select, base.transform)
-    stages = compose(base, ddl_tasks=ddl_tasks, faults=plan, create_tables=create_tables)
-    log.debug("pipeline=%s stages: %s", config.name, stages.describe())
-    return stages
-
-
-def table_creation(node: NodeSettings, config: PipelineConfig, routing: RoutingPlan, select: Select,
-                   transform: Transform) -> LoadWrap | None:
-    """What wraps the pipeline's Load to create missing target tables (`setl.schema`), or None when
-    ``pipeline.create_tables`` is off or the target's connector creates no tables."""
-    if not config.pipeline.create_tables:
-        return None
-    from setl.connectors import build_schema
-
-    try:
-        target = build_schema(config, node)
-    except SetlError as exc:
-        exc.with_context(file=config.file, pipeline=config.name)
-        raise
-    if target is None:
-        return None
-    from setl.schema import CreateTablesLoad, SchemaPlanner, TableCreator
-
-    planner = SchemaPlanner(config.name, routing, select.describe, getattr(transform, "output_columns", None))
-    creator = TableCreator(config.name, planner, target)
-    ddl_creates = config.pipeline.ddl == "apply"
-    return lambda load: CreateTablesLoad(load, creator, ddl_creates=ddl_creates)
-
-
-def describe_tables(config: PipelineConfig, stages: Stages) -> tuple[TableSchema, ...] | None:
-    """The selected source tables' columns at startup (`Select.describe`), when the transform steps
-    or target table creation need them; None when nothing needs them or the source cannot tell now
-    (then each table's first batch does the work)."""
-    from setl.schema import find_creator
-
-    if _analysable(stages) is None and find_creator(stages.load) is None:
-        return None
-    try:
-        tables = stages.select.describe()
-    except SetlError as exc:
-        log.warning("pipeline=%s source tables not described at startup (first batches will be): %s",
-                    config.name, exc)
-        return None
-    return tuple(tables) if tables is not None else None
-
-
-def _analysable(stages: Stages) -> Any:
-    transform: Any = stages.transform
-    while not hasattr(transform, "analyse") and hasattr(transform, "inner"):
-        transform = transform.inner
-    return transform if hasattr(transform, "analyse") else None
-
-
-_DESCRIBE: Any = object()
-
-
-def analyse_steps(config: PipelineConfig, stages: Stages, tables: Any = _DESCRIBE) -> int:
-    """Analyse the pipeline's transform steps against the selected source tables' columns, at startup.
-
-    The source describes its tables (`Select.describe`) on a short-lived connection, unless the
-    caller gives them (`tables`, from `describe_tables`); each table whose route has transform
-    steps gets one empty DataFrame run through its chain. A step Spark SQL rejects raises
-    `setl.transforms.stage.StartupAnalysisError` (exit 2). A source that cannot describe, or
-    cannot be reached now, leaves the analysis to each table's first batch: it never blocks a start.
-    Returns the number of (table, chain) pairs analysed.
-    """
-    transform = _analysable(stages)
-    if transform is None:
-        return 0  # no transforms: nothing to analyse, and no Spark
-    if tables is _DESCRIBE:
-        try:
-            tables = stages.select.describe()
-        except SetlError as exc:
-            log.warning("pipeline=%s transform steps not analysed at startup (first batches will be): %s",
-                        config.name, exc)
-            return 0
-    if tables is None:
-        return 0
-    from setl.transforms.stage import StartupAnalysisError
-
-    try:
-        analysed = int(transform.analyse(tables))
-    except StartupAnalysisError as exc:
-        raise exc.with_context(file=config.file or None, pipeline=config.name) from exc.__cause__
-    except Exception as exc:  # Spark cannot start now, say: the first batch will tell, and retry
-        log.warning("pipeline=%s transform steps not analysed at startup (first batches will be): %s",
-                    config.name, exc)
-        return 0
-    log.info("pipeline=%s transform steps analysed at startup for %d table(s)", config.name, analysed)
-    return analysed
 
 
 _TABLE = operator.attrgetter("schema", "table")

@@ -428,6 +428,8 @@ class Registry:
         return self
 
     def load_entry_points(self, group: str = ENTRY_POINT_GROUP) -> None:
+        """Register every transform of the entry-point `group`: setl's built-ins come this way too
+        (setup.cfg), as its connectors do, so this module never imports them."""
         # A broken third-party plugin must not stop pipelines that do not use it:
         # remember its error and raise it only when the plugin is asked for.
         for entry in entry_points(group):
@@ -437,17 +439,6 @@ class Registry:
                 log.warning("%s", obj)
                 continue
             self.register(obj, entry.origin, name=entry.name)
-        self._ensure_builtins()
-
-    def _ensure_builtins(self) -> None:
-        # A source checkout whose installed metadata predates the built-ins' entry points
-        # would otherwise lose them; register those still missing straight from the module.
-        from setl.transforms import builtins
-
-        for name, func in builtins.BUILTINS.items():
-            if name not in self._plugins:
-                log.debug("built-in transform %s not found through entry points; registering it directly", name)
-                self.register(func, f"setl built-in {builtins.__name__}:{func.__name__}", name=name)
 
     def load_dir(self, folder: str | Path) -> list[Plugin]:
         """Import every ``*.py`` module and package in `folder` and register its transforms."""

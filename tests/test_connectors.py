@@ -75,19 +75,11 @@ def test_builtins_come_through_the_entry_points():
     assert connectors.target("mysql").ddl_task_actions is not None
 
 
-def test_old_config_import_paths_still_work():
-    """`from setl.config import MysqlTargetConfig` finds the class now kept next to the sink."""
-    from setl.config import MysqlTargetConfig
-    from setl.sinks.mysql import MysqlTargetConfig as Here
-
-    assert MysqlTargetConfig is Here
-
-
 def test_unknown_type_names_the_known_ones(tmp_path):
     """An unknown target type is a config error at `target.type` naming every known type."""
     conf = write_conf(tmp_path, "{type: kafka, path: x}")
     with pytest.raises(ConfigError) as info:
-        load_pipeline(conf, "p")
+        load_pipeline(conf, "p", registry())
     known = ", ".join(registry().names("target"))
     assert str(info.value) == f"{conf / 'pipelines' / 'p.yaml'}: target.type: expected one of {known}, got 'kafka'"
 
@@ -102,7 +94,7 @@ def test_builtin_config_errors_keep_file_and_key_path(tmp_path, target, expected
     """A built-in connector's config is validated with the file and the key path, as before."""
     conf = write_conf(tmp_path, target)
     with pytest.raises(ConfigError) as info:
-        load_pipeline(conf, "p")
+        load_pipeline(conf, "p", registry())
     assert str(info.value) == f"{conf / 'pipelines' / 'p.yaml'}: {expected}"
 
 
@@ -125,10 +117,10 @@ def test_plugin_config_errors_keep_file_and_key_path(tmp_path, monkeypatch, fres
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     conf = write_conf(tmp_path, "{type: kafka, brokers: [a, b], acks: all}")
     with pytest.raises(ConfigError) as info:
-        load_pipeline(conf, "p")
+        load_pipeline(conf, "p", registry())
     assert str(info.value) == f"{conf / 'pipelines' / 'p.yaml'}: target.acks: expected an integer, got 'all'"
     (conf / "pipelines" / "p.yaml").write_text((conf / "pipelines" / "p.yaml").read_text().replace("all", "2"))
-    assert load_pipeline(conf, "p").target.brokers == ("a", "b")
+    assert load_pipeline(conf, "p", registry()).target.brokers == ("a", "b")
 
 
 def test_broken_plugin_is_reported_when_used(tmp_path, monkeypatch, fresh_registry):
@@ -138,10 +130,10 @@ def test_broken_plugin_is_reported_when_used(tmp_path, monkeypatch, fresh_regist
                       "fake_broken", "import no_such_module_anywhere\n")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     ok = write_conf(tmp_path / "ok", f"{{type: sqlite, path: {tmp_path / 't.db'}}}")
-    assert load_pipeline(ok, "p").target.type == "sqlite"
+    assert load_pipeline(ok, "p", registry()).target.type == "sqlite"
     conf = write_conf(tmp_path / "bad", "{type: broken}")
     with pytest.raises(PluginError) as info:
-        load_pipeline(conf, "p")
+        load_pipeline(conf, "p", registry())
     text = str(info.value)
     assert "plugin=broken" in text and "'fake_broken:connector'" in text and "setl-fake-broken 1.0" in text
     assert "ModuleNotFoundError" in text and str(conf / "pipelines" / "p.yaml") in text
@@ -308,7 +300,7 @@ def test_nested_config_class_of_a_plugin_is_validated(tmp_path, monkeypatch, fre
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     conf = write_conf(tmp_path, "{type: nested, auth: {user: u, retries: many}}")
     with pytest.raises(ConfigError) as info:
-        load_pipeline(conf, "p")
+        load_pipeline(conf, "p", registry())
     assert str(info.value).endswith("target.auth.retries: expected an integer, got 'many'")
 
 
@@ -327,4 +319,4 @@ def test_target_type_may_come_from_the_environment(tmp_path, monkeypatch):
     """`type: ${VAR}` is expanded before the connector is chosen, like every other value."""
     monkeypatch.setenv("SETL_TEST_TARGET_TYPE", "sqlite")
     conf = write_conf(tmp_path, f"{{type: '${{SETL_TEST_TARGET_TYPE}}', path: {tmp_path / 't.db'}}}")
-    assert load_pipeline(conf, "p").target.type == "sqlite"
+    assert load_pipeline(conf, "p", registry()).target.type == "sqlite"

@@ -8,8 +8,10 @@ import textwrap
 import pytest
 
 from setl.config import RuntimeConfig, load_node, load_pipeline
+from setl.connectors import registry
 from setl.errors import ConfigError
-from setl.node import build_select, tune_gc
+from setl.node import tune_gc
+from setl.pipeline import build_select
 
 
 def test_binlog_source_splits_transactions_at_the_batch_size(tmp_path):
@@ -22,7 +24,7 @@ def test_binlog_source_splits_transactions_at_the_batch_size(tmp_path):
         target: {type: sqlite, path: t.db}
         pipeline: {batch: {max_rows: 1234}}
         """))
-    source = build_select(load_node(conf), load_pipeline(conf, "p"))
+    source = build_select(load_node(conf), load_pipeline(conf, "p", registry()))
     assert source.max_rows_in_memory == 1234 and source.server_id == 4242
 
 

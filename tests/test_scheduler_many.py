@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from setl.config import PipelineSettings, load_node, load_pipeline
+from setl.connectors import registry
 from setl.meta import SqliteMetaStore, Status
 from setl.node import Node
 from setl.runtime import TaskExecutionService
@@ -77,7 +78,7 @@ class Conf:
     def node(self, names: list[str]) -> tuple[Node, SqliteMetaStore]:
         settings = load_node(self.conf)
         meta = SqliteMetaStore(self.meta_path)
-        return Node(settings, [load_pipeline(self.conf, n) for n in names], meta, poll_interval=0.05), meta
+        return Node(settings, [load_pipeline(self.conf, n, registry()) for n in names], meta, poll_interval=0.05), meta
 
 
 def more_rows(start: int, n: int) -> list:

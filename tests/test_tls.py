@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from setl.config import SslConfig, load_pipeline
+from setl.connectors import registry
 from setl.errors import ConfigError
 from setl.retry import Failure, classify
 from setl.sinks.mysql import MySQLLoad
@@ -114,7 +115,7 @@ def test_relative_ssl_paths_resolve_against_the_conf_dir(tmp_path, certs):
     (conf / "pipelines" / "p.yaml").write_text(yaml.safe_dump({
         "source": {"type": "mysql", "ssl": {"ca": "tls/ca.pem"}},
         "target": {"type": "postgresql", "ssl": {"ca": "tls/ca.pem", "verify": False}}}))
-    config = load_pipeline(conf, "p")
+    config = load_pipeline(conf, "p", registry())
     assert config.source.ssl == SslConfig(ca=str((conf / "tls" / "ca.pem").absolute()), verify=True)
     assert config.target.ssl.ca == str((conf / "tls" / "ca.pem").absolute())
     assert config.target.ssl.verify is False
@@ -133,7 +134,7 @@ def test_bad_ssl_config_names_the_file_and_key(tmp_path, ssl, message):
     (conf / "pipelines" / "p.yaml").write_text(yaml.safe_dump({
         "source": {"type": "mysql", "ssl": ssl}, "target": {"type": "sqlite", "path": "t.db"}}))
     with pytest.raises(ConfigError) as caught:
-        load_pipeline(conf, "p")
+        load_pipeline(conf, "p", registry())
     assert message in str(caught.value) and "p.yaml" in str(caught.value)
 
 

@@ -255,11 +255,12 @@ def cmd_load(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     """Compare every source table the pipeline replicates with its target table."""
     from setl.config import load_pipeline
+    from setl.connectors import registry
     from setl.errors import SetlError
     from setl.routing import RoutingPlan
 
     try:
-        config = load_pipeline(args.conf, args.pipeline)
+        config = load_pipeline(args.conf, args.pipeline, registry())
     except SetlError as exc:
         print(f"demo: {exc}", file=sys.stderr)
         return 2

@@ -10,7 +10,8 @@ from __future__ import annotations
 from setl.config import NodeSettings, PipelineConfig
 from setl.ddltask.actions import Actions, MysqlActions
 from setl.ddltask.load import ACTION_FAILED, CRASH_ENV, DdlTaskLoad, DdlTaskPartLoad
-from setl.ddltask.signal import OP_TYPES, DdlTaskSelect, Signal
+from setl.ddltask.select import DdlTaskSelect
+from setl.ddltask.signal import OP_TYPES, Signal
 from setl.ddltask.tasks import DdlTasks
 from setl.errors import ConfigError
 from setl.meta.base import MetaStore
@@ -18,26 +19,13 @@ from setl.routing import RoutingPlan
 from setl.stages import Load, Select
 
 __all__ = ["ACTION_FAILED", "CRASH_ENV", "OP_TYPES", "Actions", "DdlTaskLoad", "DdlTaskPartLoad",
-           "DdlTaskSelect", "DdlTasks", "MysqlActions", "Signal", "build_actions", "with_ddl_tasks"]
-
-
-def build_actions(config: PipelineConfig) -> Actions:
-    """The pre-write actions for the pipeline's target, as its connector declares them; a
-    ConfigError if it has none."""
-    from setl.connectors import TargetConnector, registry
-
-    factory = registry().target(config.target.type).ddl_task_actions
-    if factory is not None:
-        return factory(config.target, pipeline=config.name)
-    supported = ", ".join(c.type for c in registry().listing("target")
-                          if isinstance(c, TargetConnector) and c.ddl_task_actions)
-    raise ConfigError(f"pipeline.ddl_tasks: target.type {config.target.type} has no pre-write "
-                      f"actions (supported: {supported or 'none'})", file=config.file, pipeline=config.name)
+           "DdlTaskSelect", "DdlTasks", "MysqlActions", "Signal", "with_ddl_tasks"]
 
 
 def with_ddl_tasks(node: NodeSettings, config: PipelineConfig, select: Select, load: Load,
-                   meta: MetaStore, plan: RoutingPlan | None = None) -> tuple[Select, Load]:
-    """`select` and `load` wrapped for the pipeline's batch DDL tasks (they must be enabled).
+                   meta: MetaStore, actions: Actions, plan: RoutingPlan | None = None) -> tuple[Select, Load]:
+    """`select` and `load` wrapped for the pipeline's batch DDL tasks (they must be enabled), whose
+    pre-write actions on the target are `actions` (`setl.pipeline.build_actions`).
 
     A task's target table is its source table's route in `plan` (the pipeline's routing plan,
     compiled from `config.tables` when not given)."""
@@ -53,7 +41,6 @@ def with_ddl_tasks(node: NodeSettings, config: PipelineConfig, select: Select, l
         route = routing.route(source_schema, source_table)
         return None if route is None else (route.target.schema, route.target.table)
 
-    actions = build_actions(config)
     tasks = DdlTasks(meta, config.name, op_system=actions.system, target_of=target_of,
                      task_column=settings.task_column)
     # Per-table loading is offered only when the wrapped Load offers it.

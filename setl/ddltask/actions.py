@@ -19,12 +19,11 @@ import pymysql
 import pymysql.err
 from pymysql.converters import escape_string
 
-from setl.config import MysqlTargetConfig
 from setl.ddltask.signal import split_where
 from setl.errors import LoadError, TransientLoadError
 from setl.meta.base import DdlTask
 from setl.retry import call_with_retries
-from setl.sinks.mysql import TRANSIENT_ERRORS, quote
+from setl.sinks.mysql import TRANSIENT_ERRORS, MysqlTargetConfig, quote
 from setl.tls import mysql_context, require_encrypted
 
 log = logging.getLogger("setl.ddltask")

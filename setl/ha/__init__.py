@@ -39,6 +39,7 @@ from setl.ha.coordinator import (
     Coordinator,
     Create,
     Delete,
+    Fence,
     Op,
     SetData,
     ZNode,
@@ -48,6 +49,6 @@ from setl.ha.election import Elections, Mainstem
 from setl.ha.fencing import FencedLoad, FencedSelect, Lease
 
 __all__ = [
-    "SESSION_FILE_ENV", "Check", "Conflict", "Coordinator", "Create", "Delete", "Elections", "FencedLoad",
+    "SESSION_FILE_ENV", "Check", "Conflict", "Coordinator", "Create", "Delete", "Elections", "Fence", "FencedLoad",
     "FencedSelect", "Lease", "Mainstem", "Op", "SetData", "ZNode", "dumps",
 ]

@@ -14,7 +14,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import attrs
 from kazoo.client import KazooClient, KazooState
@@ -35,9 +35,6 @@ from kazoo.retry import KazooRetry
 
 from setl import failpoints
 from setl.errors import ConfigError, MetaStoreError
-
-if TYPE_CHECKING:
-    from setl.ha.fencing import Lease
 
 log = logging.getLogger("setl.ha")
 
@@ -112,6 +109,23 @@ def dumps(value: dict[str, Any]) -> bytes:
 # --- the session -------------------------------------------------------------------------------
 
 
+class Fence(Protocol):
+    """What the session keeps of a holder's lease (`setl.ha.fencing.Lease`): the meta store fences
+    a pipeline's writes with it, and the session loses it when it expires."""
+
+    pipeline: str
+    term: int  # the fencing token: the version of the term node the holder wrote
+
+    def check(self) -> None:
+        """Raise `LeadershipLost` unless the lease still holds."""
+        ...
+
+    def lose(self, reason: str, *, quiet: bool = False) -> None:
+        """Mark the lease lost (idempotent; never blocks)."""
+        ...
+
+
+
 class Coordinator:
     """One ZooKeeper session per process, shared by the meta store and the elections.
 
@@ -156,8 +170,8 @@ class Coordinator:
         self._closing = threading.Event()
         self._session_id = 0
         self._suspended_at: float | None = None
-        self._leases: dict[str, Lease] = {}  # the leases the meta store fences writes with
-        self._taken: weakref.WeakSet[Lease] = weakref.WeakSet()  # every live lease: lost with the session
+        self._leases: dict[str, Fence] = {}  # the leases the meta store fences writes with
+        self._taken: weakref.WeakSet[Fence] = weakref.WeakSet()  # every live lease: lost with the session
         self._kept: dict[str, bytes] = {}
         self._keep_lock = threading.Lock()  # the keeper's check-and-create vs unkeep's remove-and-delete
         self._keeper: threading.Thread | None = None
@@ -320,21 +334,21 @@ class Coordinator:
 
     # -- leases (the meta store fences its writes with them)
 
-    def track(self, lease: "Lease") -> None:
+    def track(self, lease: Fence) -> None:
         """Lose `lease` when this session expires."""
         with self._lock:
             self._taken.add(lease)
 
-    def hold(self, lease: "Lease") -> None:
+    def hold(self, lease: Fence) -> None:
         with self._lock:
             self._leases[lease.pipeline] = lease
 
-    def drop(self, lease: "Lease") -> None:
+    def drop(self, lease: Fence) -> None:
         with self._lock:
             if self._leases.get(lease.pipeline) is lease:
                 del self._leases[lease.pipeline]
 
-    def lease(self, pipeline: str) -> "Lease | None":
+    def lease(self, pipeline: str) -> Fence | None:
         with self._lock:
             return self._leases.get(pipeline)
 

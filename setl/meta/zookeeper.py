@@ -44,7 +44,7 @@ from typing import Any
 import attrs
 
 from setl.errors import LeadershipLost, MetaStoreError
-from setl.ha import Check, Conflict, Coordinator, Create, Delete, Lease, SetData, dumps
+from setl.ha import Check, Conflict, Coordinator, Create, Delete, Fence, SetData, dumps
 from setl.meta.base import (
     FORGOTTEN,
     STALE_AFTER,
@@ -111,14 +111,14 @@ class ZooKeeperMetaStore(MetaStore):
         node = self.coordinator.get(path)
         return node.json() if node is not None else {}
 
-    def _lease(self, pipeline: str, what: str) -> Lease:
+    def _lease(self, pipeline: str, what: str) -> Fence:
         lease = self.coordinator.lease(pipeline)
         if lease is None:
             raise LeadershipLost(f"cannot {what}: this node does not hold the mainstem", pipeline=pipeline)
         lease.check()
         return lease
 
-    def _fenced(self, lease: Lease, ops: list, what: str) -> list[Any]:
+    def _fenced(self, lease: Fence, ops: list, what: str) -> list[Any]:
         """Commit `ops` after a check on the holder's term; a failed check means deposed."""
         try:
             return self.coordinator.commit([Check(f"{self._base(lease.pipeline)}/term", lease.term), *ops],

@@ -26,7 +26,7 @@ import attrs
 
 from setl.model import Ack, Batch, Position, RowChange
 from setl.scheduler.events import Listener
-from setl.runtime.chain import unwrap
+from setl.stages.layers import unwrap
 
 #: Seconds of acks the rate is averaged over.
 RATE_WINDOW = 10.0

@@ -21,6 +21,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from setl.config import parse_listen
 from setl.errors import ConfigError
 from setl.observe import NodeObserver
 
@@ -29,15 +30,6 @@ log = logging.getLogger("setl.observe")
 #: The page's files, and their content types.
 STATIC = {"index.html": "text/html; charset=utf-8", "status.js": "text/javascript; charset=utf-8",
           "status.css": "text/css; charset=utf-8"}
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[IPv6]:PORT``) as (host, port); ConfigError naming the key otherwise."""
-    host, sep, port = text.rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"http.listen: {text!r} is not HOST:PORT (for example 127.0.0.1:9325)")
-    return host, int(port)
 
 
 def _static(name: str) -> bytes:

@@ -15,7 +15,7 @@ from setl.model import Batch, DdlChange, RowChange, TableName, TableSchema
 from setl.schema.plan import SchemaPlanner, TargetTable
 from setl.schema.target import SchemaTarget
 from setl.stages.load import Load, LoadWrapper
-from setl.runtime.chain import find_layer
+from setl.stages.layers import find_layer
 
 log = logging.getLogger(__name__)
 

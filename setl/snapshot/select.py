@@ -44,7 +44,7 @@ from setl.snapshot.progress import CopyStatus, TableProgress
 from setl.snapshot.reader import ChunkReader, TablePlan
 from setl.snapshot.settings import SnapshotSettings
 from setl.stages.select import Select, SelectWrapper
-from setl.runtime.chain import find_layer
+from setl.stages.layers import find_layer
 
 log = logging.getLogger("setl.snapshot")
 

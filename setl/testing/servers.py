@@ -699,14 +699,14 @@ class MariaDBServer(Server):
 
     def target_config(self, database: str | None = None):
         """A `MysqlTargetConfig` pointing at this server."""
-        from setl.config import MysqlTargetConfig
+        from setl.sinks.mysql import MysqlTargetConfig
 
         return MysqlTargetConfig(type="mysql", host=self.host, port=self.port, user=self.user,
                                  password=self.password, database=database)
 
     def source_config(self, server_id: int = 1001, start: Any = "earliest"):
         """A `MysqlSourceConfig` reading this server's binlog."""
-        from setl.config import MysqlSourceConfig
+        from setl.sources.mysql_binlog import MysqlSourceConfig
 
         return MysqlSourceConfig(type="mysql", host=self.host, port=self.port, user=self.user,
                                  password=self.password, server_id=server_id, flavor="mariadb",
@@ -867,7 +867,7 @@ class PostgresServer(Server):
 
     def target_config(self, database: str = "postgres"):
         """A `PostgresqlTargetConfig` pointing at this server."""
-        from setl.config import PostgresqlTargetConfig
+        from setl.sinks.postgresql import PostgresqlTargetConfig
 
         return PostgresqlTargetConfig(type="postgresql", host=self.host, port=self.port,
                                       user=self.user, password="", database=database)

@@ -350,16 +350,3 @@ def lookup(df: Any, params: Mapping[str, Any], context: TransformContext) -> Any
     joined = df.join(F.broadcast(dim.select(*keys, *wanted)), on=keys, how="left")
     return joined.select(*df.columns, *wanted)
 
-
-BUILTINS = {
-    "rename": rename,
-    "drop_columns": drop_columns,
-    "keep_columns": keep_columns,
-    "cast": cast,
-    "filter": filter_rows,
-    "add_column": add_column,
-    "mask": mask,
-    "hash": hash_columns,
-    "sql": sql,
-    "lookup": lookup,
-}

@@ -15,11 +15,12 @@ import pymysql
 import yaml
 
 from setl.config import load_node, load_pipeline
+from setl.connectors import registry
 from setl.ddltask import DdlTaskLoad, DdlTaskPartLoad
 from setl.meta.base import DdlTaskStatus
 from setl.meta import open_meta_store
 from setl.model import Position
-from setl.node import Stages, build_stages
+from setl.pipeline import Stages, build_stages
 from setl.scheduler import Listener, Outcome, Scheduler
 
 _server_ids = itertools.count(8101)
@@ -102,7 +103,7 @@ class Rig:
 
     def stages(self) -> Stages:
         """The pipeline's stages as `setl start` builds them."""
-        stages = build_stages(load_node(self.conf), load_pipeline(self.conf, self.name), self.meta)
+        stages = build_stages(load_node(self.conf), load_pipeline(self.conf, self.name, registry()), self.meta)
         load = getattr(stages.load, "inner", None) if os.environ.get("SETL_FAULTS") else stages.load
         assert isinstance(load, DdlTaskLoad)  # under SETL_FAULTS a FaultyLoad wraps it
         assert isinstance(load, DdlTaskPartLoad) or self.load_mode == "ordered"
@@ -111,7 +112,7 @@ class Rig:
 
     def run(self, expect: Outcome = Outcome.CAUGHT_UP, listener: Listener | None = None) -> Scheduler:
         """Run the pipeline in this process until it has caught up with the source."""
-        config = load_pipeline(self.conf, self.name)
+        config = load_pipeline(self.conf, self.name, registry())
         stages = self.stages()
         scheduler = Scheduler(self.name, config.pipeline, stages.select, stages.extract,
                               stages.transform, stages.load, self.meta, node_id="n1",

@@ -9,11 +9,14 @@ import sys
 import pytest
 import yaml
 
-from setl.config import ParquetTargetConfig, PipelineConfig, SqliteTargetConfig
-from setl.ddltask import MysqlActions, Signal, build_actions
+from setl.config import PipelineConfig
+from setl.ddltask import MysqlActions, Signal
 from setl.errors import ConfigError, LoadError
 from setl.meta.base import DdlTask
 from setl.model import Position
+from setl.pipeline import build_actions
+from setl.sinks.parquet import ParquetTargetConfig
+from setl.sinks.sqlite import SqliteTargetConfig
 from setl.scheduler import Outcome
 from tests.ddltask.rig import Rig
 
@@ -98,7 +101,7 @@ def test_a_signal_row_parses_bytes_and_flags():
                                            ParquetTargetConfig("parquet", "out")])
 def test_targets_without_actions_are_refused_at_start(target_config):
     """Only MySQL targets have actions: others are a ConfigError naming the pipeline."""
-    from setl.config import FileSourceConfig
+    from setl.sources.file import FileSourceConfig
 
     config = PipelineConfig(name="p", source=FileSourceConfig("file", "in.jsonl"), target=target_config,
                             file="pipelines/p.yaml")

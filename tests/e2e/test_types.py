@@ -15,9 +15,10 @@ import attrs
 import pytest
 
 from setl.config import load_node, load_pipeline
+from setl.connectors import registry
 from setl.errors import ConfigError, LoadError
 from setl.model import Batch, InvalidDate, Op, Position, RowChange
-from setl.node import build_load
+from setl.pipeline import build_load
 from setl.scheduler import Outcome
 from setl.sinks.mysql import MySQLLoad
 from setl.sinks.parquet import ParquetLoad, read_table
@@ -386,10 +387,11 @@ def test_invalid_dates_policy_comes_from_the_target_config(tmp_path):
     for name, target in targets.items():
         (conf / "pipelines" / f"{name}.yaml").write_text(f"source: {{type: file, path: in.jsonl}}\ntarget: {target}\n")
     node = load_node(conf)
-    policies = {name: build_load(node, load_pipeline(conf, name))._invalid_dates.policy for name in ("pg", "pq", "pqn")}
+    policies = {name: build_load(node, load_pipeline(conf, name, registry()))._invalid_dates.policy
+                for name in ("pg", "pq", "pqn")}
     assert policies == {"pg": "null", "pq": "refuse", "pqn": "null"}
     with pytest.raises(ConfigError, match="invalid_dates"):
-        load_pipeline(conf, "bad")
+        load_pipeline(conf, "bad", registry())
 
 
 def test_invalid_dates_null_policy_finds_keyless_rows_again(postgres_server, postgres_db):

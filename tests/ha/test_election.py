@@ -15,7 +15,7 @@ from setl.config import BatchSettings, LoadSettings, PipelineSettings
 from setl.errors import LeadershipLost
 from setl.ha import Elections, FencedLoad, FencedSelect, Mainstem
 from setl.model import Batch, Position
-from setl.runtime.chain import Stages, fenced
+from setl.pipeline import Stages, fenced
 from setl.scheduler import Outcome, Scheduler
 from setl.stages import Extract, Load, LoadCapabilities, Transform
 from setl.testing.harness import MemorySink, ScriptedSource, insert, reference_state, update

@@ -8,12 +8,11 @@ import sys
 import pytest
 from prometheus_client import generate_latest
 
-from setl.config import load_node
+from setl.config import load_node, parse_listen
 from setl.errors import ConfigError
 from setl.observe.history import History
 from setl.observe.lag import Figures
 from setl.observe.metrics import NodeMetrics
-from setl.observe.server import parse_listen
 from setl.sinks import rewrites
 
 

@@ -16,10 +16,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from setl.config import MysqlTargetConfig
 from setl.errors import LoadError, TransientLoadError
 from setl.model import DdlChange
-from setl.sinks.mysql import MySQLLoad
+from setl.sinks.mysql import MySQLLoad, MysqlTargetConfig
 from setl.sinks.prepared import MAX_PREPARED
 from setl.sinks.sql_common import TargetTableMissing
 from setl.testing.servers import MariaDBServer, free_port

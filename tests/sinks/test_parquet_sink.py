@@ -14,12 +14,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from setl.config import ParquetTargetConfig, load_node, load_pipeline
+from setl.config import load_node, load_pipeline
 from setl.connectors import BuildContext, registry
 from setl.errors import ConfigError, LoadError
 from setl.model import Batch, DdlChange, Op, Position, RowChange
-from setl.node import build_load
-from setl.sinks.parquet import SPARK_WRITER_CONF, ParquetLoad, file_name, read_table
+from setl.pipeline import build_load
+from setl.sinks.parquet import SPARK_WRITER_CONF, ParquetLoad, ParquetTargetConfig, file_name, read_table
 from setl.spark import JavaNotFound
 from setl.testing.connectors import LoadContract, TargetProbe
 from setl.testing.harness import parquet_rows, parquet_state
@@ -376,18 +376,18 @@ def write_conf(tmp_path, target):
 def test_writer_comes_from_the_target_config_with_the_node_spark_settings(tmp_path):
     """`target.writer: spark` builds a Spark-writing ParquetLoad that starts the node's Spark settings."""
     conf = write_conf(tmp_path, "{type: parquet, path: out, writer: spark}")
-    load = build_load(load_node(conf), load_pipeline(conf, "p"))
+    load = build_load(load_node(conf), load_pipeline(conf, "p", registry()))
     assert isinstance(load, ParquetLoad) and load.writer == "spark"
     assert load.spark.master == "local[1]"
     default = write_conf(tmp_path / "d", "{type: parquet, path: out}")
-    assert build_load(load_node(default), load_pipeline(default, "p")).writer == "arrow"
+    assert build_load(load_node(default), load_pipeline(default, "p", registry())).writer == "arrow"
 
 
 def test_an_unknown_writer_is_a_one_line_config_error(tmp_path):
     """`target.writer: duckdb` is a ConfigError naming the key and the choices (a ValueError in code)."""
     conf = write_conf(tmp_path, "{type: parquet, path: out, writer: duckdb}")
     with pytest.raises(ConfigError, match=r"target\.writer: expected one of arrow, spark, got 'duckdb'") as info:
-        load_pipeline(conf, "p")
+        load_pipeline(conf, "p", registry())
     assert "\n" not in str(info.value)
     with pytest.raises(ValueError, match="writer must be one of arrow, spark"):
         ParquetLoad(tmp_path / "out", writer="duckdb")

@@ -15,10 +15,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from setl.config import PostgresqlTargetConfig
 from setl.errors import LoadError, TransientLoadError
 from setl.model import DdlChange
-from setl.sinks.postgresql import PostgresLoad
+from setl.sinks.postgresql import PostgresLoad, PostgresqlTargetConfig
 from setl.sinks.sql_common import TargetTableMissing
 from setl.testing.servers import PostgresServer, free_port
 from tests.e2e.replicate import PER_TABLE, replicate, table_rule, write_source

@@ -72,7 +72,7 @@ def test_faulty_load_claims_per_table_only_when_its_inner_load_can(tmp_path):
 
 def test_a_select_marker_fails_a_real_pipeline_once_and_it_recovers():
     """A "select" marker (as in SETL_FAULTS) strikes the third transaction polled; the rewind replays it, none lost."""
-    from setl.runtime.chain import Stages, compose
+    from setl.pipeline import Stages, compose
     from setl.testing.harness import (
         InvariantListener,
         insert,

@@ -12,6 +12,7 @@ import threading
 import pytest
 
 from setl.config import NodeSettings, PipelineConfig, SparkConfig, TableRule, TransformStep, load_pipeline
+from setl.connectors import registry
 from setl.errors import PluginError, TransformError
 from setl.model import Batch, DdlChange, Op, Position, RowChange, TableName
 from setl.plugins import Param, Registry, transform
@@ -336,7 +337,7 @@ def test_build_transform_validates_steps_at_startup(tmp_path):
         "      - {use: cast, columns: {a: int}}\n"
         "      - {use: mask, columns: [a], keep_last: many}\n"
     )
-    config = load_pipeline(tmp_path, "p1")
+    config = load_pipeline(tmp_path, "p1", registry())
     with pytest.raises(PluginError) as info:
         build_transform(NodeSettings(conf_dir=str(tmp_path)), config)
     text = str(info.value)
@@ -354,7 +355,7 @@ def test_build_transform_uses_node_spark_settings_lazily(tmp_path):
         "  - {source: 'demo\\..*', transforms: [{use: filter, condition: 'id > 1'}]}\n"
     )
     node = NodeSettings(conf_dir=str(tmp_path), spark=SparkConfig(master="local[1]"))
-    stage = build_transform(node, load_pipeline(tmp_path, "p1"))
+    stage = build_transform(node, load_pipeline(tmp_path, "p1", registry()))
     assert isinstance(stage, SparkTransform)
     assert stage.plan_for_source(TableName("demo", "x")).names == "filter"
 

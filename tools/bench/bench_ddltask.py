@@ -37,8 +37,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from setl.config import load_node, load_pipeline  # noqa: E402
+from setl.connectors import registry  # noqa: E402
 from setl.meta.sqlite import SqliteMetaStore  # noqa: E402
-from setl.node import build_stages  # noqa: E402
+from setl.pipeline import build_stages  # noqa: E402
 from setl.scheduler import Outcome, Scheduler  # noqa: E402
 from setl.testing.servers import MariaDBServer  # noqa: E402
 
@@ -91,7 +92,7 @@ def write_conf(root: Path, source: MariaDBServer, target: MariaDBServer, start: 
 
 def run_once(conf: Path) -> dict:
     """In a child process: replicate the backlog once; rows/s, load latency p50, peak RSS."""
-    node, config = load_node(conf), load_pipeline(conf, "bench")
+    node, config = load_node(conf), load_pipeline(conf, "bench", registry())
     meta = SqliteMetaStore(conf / "meta.db")
     stages = build_stages(node, config, meta)
     latencies: list[float] = []

@@ -12,7 +12,7 @@ the rows/s of the same pipeline without one. This measures it on whole pipelines
 * ``spark``: the same pipeline with one built-in step, ``add_column total = qty * price``.
 
 Each run is built from a generated conf dir and scheduled as ``setl start`` does it (the stages
-from `setl.node.build_stages`, the scheduler on the node's shared task threads, the garbage
+from `setl.pipeline.build_stages`, the scheduler on the node's shared task threads, the garbage
 collector tuned by `setl.node.tune_gc`), with ``parallelism: 3`` and batches of
 ``--batch-rows``, and reads the same binlog range into a fresh target table (its own schema per
 run) until caught up. The Spark session is started before timing and its JVM warmed with
@@ -49,8 +49,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_pipeline_transform import JvmClock, LatencyListener  # noqa: E402
 
 from setl.config import RuntimeConfig, load_node, load_pipeline  # noqa: E402
+from setl.connectors import registry  # noqa: E402
 from setl.meta.sqlite import SqliteMetaStore  # noqa: E402
-from setl.node import build_stages, node_batch_cap, shared_services, tune_gc  # noqa: E402
+from setl.node import node_batch_cap, shared_services, tune_gc  # noqa: E402
+from setl.pipeline import build_stages  # noqa: E402
 from setl.scheduler import Outcome, Scheduler  # noqa: E402
 
 TX_ROWS = 100
@@ -218,7 +220,7 @@ def run_once(target: Target, source, start, folder: Path, name: str, *, transfor
     target.prepare(schema)
     conf = write_conf(folder, name, source, start, target.yaml(folder), transform=transform, batch_rows=batch_rows,
                       schema=schema)
-    node, config = load_node(conf), load_pipeline(conf, name)
+    node, config = load_node(conf), load_pipeline(conf, name, registry())
     stages = build_stages(node, config)  # its Spark transform gets the node's session: `spark`, already warm
     # The scheduler as a node runs it: on the node's shared task threads, under its batch cap.
     tasks, serial = shared_services(node)

@@ -1,9 +1,9 @@
-"""setl.runtime.chain: stage wrappers are composed in one place, in one order, and described."""
+"""setl.pipeline.chain: stage wrappers are composed in one place, in one order, and described."""
 
 from __future__ import annotations
 
 from setl.failpoints import FaultPlan, FaultyLoad
-from setl.runtime.chain import Stages, compose, layers
+from setl.pipeline.chain import Stages, compose, layers
 from setl.stages import Extract, LoadWrapper, SelectWrapper, Transform
 from setl.stages.load import supports_per_table
 from setl.testing.harness import MemorySink, ScriptedSource

@@ -1,4 +1,4 @@
-"""The one place a pipeline's stage wrappers are composed, and can be described.
+"""The one place a pipeline's stage wrappers are composed, and can be described (`setl.pipeline`).
 
 A pipeline's stages are its source, Extract, Transform and target, wrapped (innermost first) by:
 
@@ -17,8 +17,8 @@ composed stages in its constructor and nothing swaps them afterwards.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 
@@ -30,6 +30,7 @@ from setl.failpoints import (
     FaultyTransform,
 )
 from setl.stages import Extract, Load, Select, Transform
+from setl.stages.layers import layers
 
 #: Wraps Select and Load for batch DDL tasks (see `setl.ddltask.with_ddl_tasks`).
 DdlTaskWrap = Callable[[Select, Load], "tuple[Select, Load]"]
@@ -50,28 +51,6 @@ class Stages:
         """Each stage's chain, outermost first: ``load: FencedLoad > FaultyLoad > MysqlLoad``."""
         roles = ("select", "extract", "transform", "load")
         return "; ".join(f"{role}: {layers(getattr(self, role))}" for role in roles)
-
-
-def unwrap(stage: Any) -> Iterator[Any]:
-    """`stage` and every stage it wraps (through `inner`), outermost first."""
-    seen: set[int] = set()
-    while stage is not None and id(stage) not in seen:
-        seen.add(id(stage))
-        yield stage
-        stage = getattr(stage, "inner", None)
-
-
-L = TypeVar("L")
-
-
-def find_layer(stage: Any, kind: type[L]) -> L | None:
-    """The outermost layer of `stage`'s chain that is a `kind`, or None."""
-    return next((layer for layer in unwrap(stage) if isinstance(layer, kind)), None)
-
-
-def layers(stage: Any) -> str:
-    """`stage` and the stages it wraps (through `inner`), outermost first."""
-    return " > ".join(type(layer).__name__ for layer in unwrap(stage))
 
 
 def compose(base: Stages, *, ddl_tasks: DdlTaskWrap | None = None, faults: FaultPlan | None = None,

@@ -1,0 +1,63 @@
+"""setl/ has no import cycle, function-level and TYPE_CHECKING imports included (tools/import_graph.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from tools import import_graph
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_setl_has_no_import_cycle():
+    """tools/import_graph.py finds no cycle among setl's modules and exits 0."""
+    run = subprocess.run([sys.executable, str(ROOT / "tools" / "import_graph.py")],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "no import cycle" in run.stdout
+
+
+def _package(root: Path, files: dict[str, str]) -> Path:
+    for name, text in {"setl/__init__.py": "", **files}.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return root
+
+
+def test_a_function_level_import_that_reaches_up_is_a_cycle(tmp_path, capsys):
+    """An import inside a function that closes a loop is reported, with its line, and exits 1."""
+    root = _package(tmp_path, {
+        "setl/low.py": """\
+            def resolve():
+                from setl.high import thing
+                return thing
+            """,
+        "setl/high.py": "from setl.low import resolve\nthing = 1\n",
+    })
+    assert import_graph.main(["--root", str(root)]) == 1
+    out = capsys.readouterr().out
+    assert "setl.low -> setl.high  (line 2)" in out and "setl.high -> setl.low  (line 1)" in out
+
+
+def test_type_checking_and_relative_imports_count(tmp_path):
+    """An import under ``if TYPE_CHECKING:`` counts, and relative imports are resolved."""
+    root = _package(tmp_path, {
+        "setl/pkg/__init__.py": "",
+        "setl/pkg/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n",
+        "setl/pkg/b.py": "from . import a\nclass B: ...\n",
+    })
+    assert import_graph.cycles(import_graph.edges(root)) == [["setl.pkg.a", "setl.pkg.b"]]
+
+
+def test_a_package_reexporting_its_modules_is_no_cycle(tmp_path):
+    """A package ``__init__`` importing its submodules is not an arrow from each submodule to it."""
+    root = _package(tmp_path, {
+        "setl/pkg/__init__.py": "from setl.pkg.a import A\nfrom setl.pkg.b import B\n",
+        "setl/pkg/a.py": "class A: ...\n",
+        "setl/pkg/b.py": "from setl.pkg.a import A\nclass B(A): ...\n",
+    })
+    assert import_graph.cycles(import_graph.edges(root)) == []
