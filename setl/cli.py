@@ -441,6 +441,7 @@ def cmd_schema(args: argparse.Namespace, conf: Path) -> int:
     existing table that does not fit, or anything else that stops it, is one line and exit 2."""
     from setl.connectors import build_schema
     from setl.pipeline import build_select, build_transform, table_creator
+    from setl.pipeline.checks import check_rules
     from setl.routing import build_plan
 
     settings = load_node(conf)
@@ -456,6 +457,9 @@ def cmd_schema(args: argparse.Namespace, conf: Path) -> int:
         select = build_select(settings, config, routing)
         transform = build_transform(settings, config, routing)
         creator = table_creator(config, routing, select, transform, target)
+        described = select.describe()
+        for line in check_rules(config, described) if described is not None else ():
+            print(f"-- pipeline {config.name}: warning: {line}")
         missing = creator.missing()
         if not missing:
             print(f"-- pipeline {config.name}: every target table exists ({len(creator.planner.tables())} checked)")

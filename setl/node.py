@@ -24,6 +24,7 @@ from setl.meta.base import Liveness, MetaStore, Status
 from setl.model import Ack, Batch
 from setl.retry import Backoff, Failure, record_retrying
 from setl.pipeline import Stages, analyse_steps, build_stages, describe_tables, fenced
+from setl.pipeline.checks import check_rules
 from setl.runtime import SerialExecutorService, TaskExecutionService
 from setl.scheduler import BatchCap, Fanout, Forwarding, Listener, Outcome, Scheduler, supports_per_table
 from setl.schema import check_tables
@@ -276,7 +277,10 @@ class Node:
                 raise ConfigError(f"pipeline.load.mode: target.type {config.target.type} cannot load per table "
                                   f"(use ordered)", file=config.file, pipeline=config.name)
         for config in self.pipelines:  # before leadership or any read: a bad step is a configuration error
-            tables = describe_tables(config, stages[config.name])
+            tables = describe_tables(config, stages[config.name], always=True)
+            if tables is not None:  # a rule matching nothing warns; a filter reading a missing column stops
+                for line in check_rules(config, tables):
+                    log.warning("pipeline=%s %s", config.name, line)
             analyse_steps(config, stages[config.name], tables)
             try:  # before anything is written: an existing target table that does not fit is one too
                 check_tables(stages[config.name].load, tables, first_start=self.meta.position(config.name) is None)

@@ -122,11 +122,12 @@ def table_creator(config: PipelineConfig, routing: RoutingPlan, select: Select, 
     return TableCreator(config.name, planner, target)
 
 
-def describe_tables(config: PipelineConfig, stages: Stages) -> tuple[TableSchema, ...] | None:
+def describe_tables(config: PipelineConfig, stages: Stages, *, always: bool = False) -> tuple[TableSchema, ...] | None:
     """The selected source tables' columns at startup (`Select.describe`), when the transform steps
-    or target table creation need them; None when nothing needs them or the source cannot tell now
-    (then each table's first batch does the work)."""
-    if _analysable(stages) is None and find_creator(stages.load) is None:
+    or target table creation need them (or `always`: the rule checks of `setl.pipeline.checks`);
+    None when nothing needs them or the source cannot tell now (then each table's first batch does
+    the work)."""
+    if not always and _analysable(stages) is None and find_creator(stages.load) is None:
         return None
     try:
         tables = stages.select.describe()

@@ -229,14 +229,14 @@ class TableExtract(Extract):
     def _matches(plan: Route, image: Mapping[str, Any]) -> bool:
         assert plan.filter is not None
         try:
-            return bool(eval(plan.filter, {"__builtins__": _FILTER_BUILTINS}, dict(image)))
+            return bool(eval(plan.filter, {"__builtins__": FILTER_BUILTINS}, dict(image)))
         except Exception as exc:  # the expression is user input: any error is theirs to see
             raise ExtractError(
                 f"filter of rule tables[{plan.rule_index}] failed: {type(exc).__name__}: {exc}"
             ) from exc
 
 
-_FILTER_BUILTINS = {
+FILTER_BUILTINS = {
     name: __builtins__[name] if isinstance(__builtins__, dict) else getattr(__builtins__, name)
     for name in ("abs", "len", "min", "max", "round", "str", "int", "float", "bool", "any", "all")
 }

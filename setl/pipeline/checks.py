@@ -1,0 +1,64 @@
+"""Start-up checks of a pipeline's table rules against the source's tables, before anything is
+created or written (`setl start`, `setl schema`):
+
+* a rule that matches no source table is a warning, one line each (a typo in a regex would
+  otherwise copy nothing and end with exit 0);
+* a rule filter that names a column the table does not have is a configuration error (exit 2)
+  naming the rule, the table and its columns. Rule filters are Python expressions over the source
+  row's columns (unlike the Spark SQL of a ``filter`` transform step), so the names they read are
+  known before the first row: without this check the mistake surfaced at the first batch, after
+  retries, after the target table was created and emptied.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import Counter
+from collections.abc import Sequence
+
+from setl.config import PipelineConfig
+from setl.errors import ConfigError
+from setl.model import TableSchema
+from setl.routing import RoutingPlan
+from setl.stages.extract import FILTER_BUILTINS
+
+
+def filter_names(expression: str) -> frozenset[str]:
+    """The names `expression` reads that it does not bind itself (comprehension and lambda
+    variables are bound): the row columns and builtins it needs."""
+    tree = ast.parse(expression, mode="eval")
+    read: set[str] = set()
+    bound: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+    return frozenset(read - bound)
+
+
+def check_rules(config: PipelineConfig, tables: Sequence[TableSchema]) -> list[str]:
+    """One warning line per rule of `config` that routes none of `tables` (the source's selected
+    tables); raises `ConfigError` for a rule filter naming a column its table does not have."""
+    plan = RoutingPlan.compile(config.tables, pipeline=config.name, file=config.file or None)
+    matched: Counter[int] = Counter()
+    for table in tables:
+        route = plan.route(table.table.schema, table.table.table)
+        if route is None:
+            continue
+        matched[route.rule_index] += 1
+        expression = config.tables[route.rule_index].filter
+        if not expression:
+            continue
+        unknown = sorted(filter_names(expression) - set(table.names) - FILTER_BUILTINS.keys())
+        if unknown:
+            raise ConfigError(
+                f"the filter {expression!r} reads {', '.join(map(repr, unknown))}, which source table "
+                f"{table.table} does not have (its columns: {', '.join(table.names)}); a rule filter is a "
+                "Python expression over the source row's columns (a `filter` transform step is Spark SQL)",
+                file=config.file or None, pipeline=config.name, key=f"tables[{route.rule_index}].filter")
+    return [f"tables[{i}] (source {rule.source!r}) matches no source table: it copies and replicates nothing"
+            for i, rule in enumerate(config.tables) if not rule.exclude and not matched[i]]
+
+
+__all__ = ["check_rules", "filter_names"]
