@@ -7,9 +7,11 @@ exponential backoff for the webhook's `max_elapsed_ms`. A body is one JSON objec
     {"pipeline": "p1", "event": "paused", "node": "node-1", "time": 1764115200.5,
      "error": "pipeline=p1 stage=load ...", ...}
 
-with `error` for ``paused``, `figure`, `value` and `threshold` for a threshold such as
-``lag_seconds > 30`` (sent when the figure crosses it upwards, and again only after it fell back
-to or below it), and `node` for ``leader_changed`` (the node that now runs the pipeline).
+with `error` for ``paused`` (an operator's `setl pause` too: "paused by an operator"); `status`,
+`figure`, `value` and `threshold` for a threshold such as ``lag_seconds > 30``: sent with `status`
+``firing`` when the figure crosses it upwards, and with ``resolved`` when it falls back to or below
+it (then firing again only on the next crossing); `node` for ``leader_changed`` (the node that now
+runs the pipeline).
 """
 
 from __future__ import annotations
@@ -117,9 +119,10 @@ class Alerts:
                         self._above.add(key)
                     else:
                         self._above.discard(key)
-                if crossed and not was:
+                if crossed != was:  # firing on the way up, resolved on the way back
                     hook.put({"pipeline": pipeline, "event": key[2], "node": self.node, "time": self._clock(),
-                              "figure": figure, "value": value, "threshold": limit})
+                              "status": "firing" if crossed else "resolved", "figure": figure, "value": value,
+                              "threshold": limit})
 
     def close(self, timeout: float = 10.0) -> None:
         """Send what is queued for at most `timeout` seconds in all, then stop the senders (an alert

@@ -151,7 +151,7 @@ class AlertConfig:
 
     webhook: str  # http:// or https:// URL the alerts are POSTed to
     #: events: paused, leader_changed, snapshot_done, caught_up, or a threshold on a live figure
-    #: such as 'lag_seconds > 30' (sent when crossed upwards, again after it fell back)
+    #: such as 'lag_seconds > 30' (firing when crossed upwards, resolved when it falls back)
     events: tuple[str, ...] = attrs.field(default=("paused",), validator=_alert_events)
     pipelines: tuple[str, ...] = ()  # only these pipelines (every pipeline when empty)
     timeout_ms: int = attrs.field(default=5000, validator=attrs.validators.ge(1))  # per POST

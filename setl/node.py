@@ -524,6 +524,8 @@ class Node:
         if outcome is Outcome.PAUSED:
             self.alerts.emit(run.config.name, "paused",
                              error=str(scheduler.error) if scheduler.error is not None else "paused by an operator")
+        elif outcome is Outcome.STOPPED and self.meta.state(run.config.name).status is Status.PAUSED:
+            self.alerts.emit(run.config.name, "paused", error="paused by an operator")  # `setl pause` stopped it
         elif outcome is Outcome.CAUGHT_UP:
             self.alerts.emit(run.config.name, "caught_up")
         lost = self._lost.get(run.config.name)

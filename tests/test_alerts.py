@@ -35,6 +35,25 @@ def test_a_paused_pipeline_alerts_with_its_error_after_the_webhook_failed_twice(
     assert "alert paused to" in result.stderr and "failed, next try in" in result.stderr
 
 
+def test_an_operator_pause_alerts_once(tmp_path, receiver):
+    """`setl pause` on a running pipeline sends `paused` ("paused by an operator"), once."""
+    receiver.attempts = 2  # no failures here
+    setup = Setup(tmp_path, make_stream(200), follow=True)
+    conf = setup.conf / "setl.yaml"
+    conf.write_text(conf.read_text() + f"alerts:\n  - webhook: {receiver.url}\n    events: [paused]\n")
+    proc = setup.spawn("start", "--pipeline", "p")
+    try:
+        wait_until(lambda: setup.acked() is not None, timeout=60, message="a first ack")
+        assert setup.run("pause", "--pipeline", "p").returncode == 0
+        wait_until(lambda: receiver.bodies, timeout=30, message="the paused alert")
+        time.sleep(2)  # the node keeps watching the pause: no second alert
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)
+    assert [(a["pipeline"], a["event"], a["error"]) for a in receiver.bodies] == [
+        ("p", "paused", "paused by an operator")]
+
+
 def test_caught_up_alert_and_only_the_listed_pipelines(tmp_path, receiver):
     setup = Setup(tmp_path, make_stream(50))
     conf = setup.conf / "setl.yaml"
@@ -55,9 +74,11 @@ def test_thresholds_alert_when_crossed_upwards_and_again_only_after_falling_back
         alerts.observe("q", {"lag_seconds": 99})
     finally:
         alerts.close()
-    sent = [(a["pipeline"], a["event"], a["value"]) for a in receiver.bodies]
-    assert sorted(sent) == sorted([("p", "lag_seconds > 30", 31), ("p", "lag_seconds > 30", 40),
-                                   ("p", "rows_per_second >= 100", 100), ("q", "lag_seconds > 30", 99)])
+    sent = [(a["pipeline"], a["event"], a["status"], a["value"]) for a in receiver.bodies]
+    assert sorted(sent) == sorted([("p", "lag_seconds > 30", "firing", 31), ("p", "lag_seconds > 30", "resolved", 12),
+                                   ("p", "lag_seconds > 30", "firing", 40),
+                                   ("p", "rows_per_second >= 100", "firing", 100),
+                                   ("q", "lag_seconds > 30", "firing", 99)])
     assert all(a["threshold"] in (30, 100) and a["figure"] in ("lag_seconds", "rows_per_second")
                for a in receiver.bodies)
 
