@@ -205,6 +205,20 @@ def session_started() -> bool:
     return _holder.started
 
 
+def jvm_pid() -> int | None:
+    """The process id of this process's Spark JVM (PySpark's gateway), None while none runs
+    (no session, or a gateway this process did not start)."""
+    if not _holder.started:
+        return None
+    try:
+        from pyspark import SparkContext
+    except ImportError:
+        return None
+    gateway = getattr(SparkContext, "_gateway", None)
+    pid = getattr(getattr(gateway, "proc", None), "pid", None)
+    return pid if isinstance(pid, int) else None
+
+
 def stop_session() -> None:
     """Stop the session if one runs. Idempotent; also runs at interpreter exit."""
     _holder.stop()

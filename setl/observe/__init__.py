@@ -8,7 +8,6 @@ pipeline's figures once a second on a thread of its own, and answers the endpoin
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from typing import Any
 from setl.meta.base import MetaStore
 from setl.observe.history import History
 from setl.observe.lag import Figures, LagTracker
+from setl.observe.memory import jvm_rss_bytes, rss_bytes
 from setl.observe.metrics import NodeMetrics, PipelineMetrics
 from setl.scheduler.events import Fanout, Listener
 
@@ -24,14 +24,6 @@ log = logging.getLogger("setl.observe")
 
 #: What the node tells the observer of each of its pipelines (`setl.node.Node.live`).
 NodeLive = Callable[[], dict[str, dict[str, Any]]]
-
-
-def _rss_bytes() -> int | None:
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 class NodeObserver:
@@ -168,7 +160,7 @@ class NodeObserver:
             row["healthy"] = _healthy(row, known)
         return {"node": self.node_id, "time": round(now, 3), "started": round(self.started, 3),
                 "healthy": all(row["healthy"] for row in rows), "threads": threading.active_count(),
-                "rss_bytes": _rss_bytes(), "pipelines": rows}
+                "rss_bytes": rss_bytes(), "jvm_rss_bytes": jvm_rss_bytes(), "pipelines": rows}
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         """`/healthz`: whether every pipeline of the node is healthy, and which are not."""

@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from setl.model import Ack, Batch, DdlChange, Op
 from setl.observe.lag import Figures
+from setl.observe.memory import jvm_rss_bytes, rss_bytes
 from setl.scheduler.events import Listener
 from setl.sinks import rewrites
 
@@ -155,10 +156,15 @@ class _LiveCollector(Collector):
                 heard.add_metric([name], figures.source_heard_ago)
         threads = GaugeMetricFamily("setl_node_threads", "Threads of the node's process",
                                     value=threading.active_count())
+        memory = GaugeMetricFamily("setl_process_resident_memory_bytes", "Resident memory of the node's processes: "
+                                   "python (the node) and jvm (its Spark JVM, while one runs)", labels=["process"])
+        for process, found in (("python", rss_bytes()), ("jvm", jvm_rss_bytes())):
+            if found is not None:
+                memory.add_metric([process], found)
         rewritten = CounterMetricFamily("setl_values_rewritten", "Values a target's policy wrote differently "
                                         "instead of refusing them (invalid_dates: null, nul_in_text: strip|escape)",
                                         labels=["pipeline", "table", "kind"])
         for (pipeline, table, kind), n in sorted(rewrites.counts().items()):
             if pipeline in live:  # this node's pipelines only (tests run several nodes in one process)
                 rewritten.add_metric([pipeline, table, kind], n)
-        yield from (lag, behind, events, rate, caught, heard, leader, threads, rewritten)
+        yield from (lag, behind, events, rate, caught, heard, leader, threads, memory, rewritten)

@@ -143,7 +143,8 @@ function render(status) {
   health.textContent = status.healthy ? "healthy" : "unhealthy";
   health.className = `badge ${status.healthy ? "healthy" : "unhealthy"}`;
   document.getElementById("proc").textContent =
-    `${status.threads} threads · ${bytes(status.rss_bytes)} RSS`;
+    `${status.threads} threads · ${bytes((status.rss_bytes || 0) + (status.jvm_rss_bytes || 0))} RSS` +
+    (status.jvm_rss_bytes ? ` (Spark JVM ${bytes(status.jvm_rss_bytes)})` : "");
   document.getElementById("updated").textContent = `updated ${new Date(now * 1000).toLocaleTimeString()}`;
   const box = document.getElementById("pipelines");
   box.replaceChildren(...status.pipelines.map((row) => card(row, now)));
