@@ -29,7 +29,7 @@ from setl.meta.base import MetaStore, Status
 from setl.model import Position, TableName
 from setl.retry import Failure, classify
 from setl.scheduler import Outcome
-from setl.status import position_text, status_rows, status_text, stopped_row
+from setl.status import dead_note, position_text, status_rows, stopped_row
 
 log = logging.getLogger("setl")
 
@@ -268,19 +268,20 @@ def cmd_status(args: argparse.Namespace, conf: Path) -> int:
     notes = []
     for row in rows:
         lag, rate = row["lag_seconds"], row["rows_per_second"]
-        style = {"paused": "bold red", "running": "green", "dead": "bold red"}.get(row["status"], "")
-        table.add_row(row["pipeline"], Text(status_text(row, now), style=style), position_text(row["position"]),
+        style = {"paused": "bold red", "running": "green", "dead": "bold red", "retrying": "yellow"}.get(
+            row["status"], "")
+        table.add_row(row["pipeline"], Text(str(row["status"]), style=style), position_text(row["position"]),
                       "-" if lag is None else _seconds(lag), "-" if rate is None else f"{rate:,.0f}",
                       _seconds(now - row["acked_at"]) + " ago" if row["acked_at"] else "-",
                       *((row["holder"] or "-",) if ha else ()))
-        note = " ".join(_status_note(row).split())
+        note = " ".join(_status_note(row, now).split())
         if note:
-            notes.append(Text(f"{row['pipeline']}: {note}", no_wrap=True, overflow="ellipsis",
-                              style="red" if row["error"] else "yellow"))
+            notes.append(Text(f"{row['pipeline']}: {note}", style="red" if row["error"] or row["status"] == "dead"
+                              else "yellow"))
     console = Console(highlight=False)
     console.print(table)
-    for line in notes:
-        console.print(line, no_wrap=True, overflow="ellipsis")
+    for line in notes:  # whole, wrapped at the terminal's width: the cause is what the operator needs
+        console.print(line, overflow="fold")
     for text in _snapshot_lines(rows):
         console.print(Text(text, no_wrap=True, overflow="ellipsis"), no_wrap=True, overflow="ellipsis")
     return 0
@@ -335,8 +336,11 @@ def _snapshot_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _status_note(row: dict[str, Any]) -> str:
-    """A pipeline's error line: the error, or ``retrying since T: CAUSE`` while riding out an outage."""
+def _status_note(row: dict[str, Any], now: float) -> str:
+    """A pipeline's note line: the error, ``retrying since T: CAUSE`` while riding out an outage,
+    or when and where a dead one was last seen (kept out of the table, whose columns it would break)."""
+    if row["status"] == "dead":
+        return f"dead, {dead_note(row, now)}" + (f": {row['error']}" if row.get("error") else "")
     if row.get("retrying"):
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["retrying_since"]))
         return f"retrying since {since}: {row['retrying']}"

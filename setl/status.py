@@ -5,7 +5,8 @@ endpoint), so that every view of a pipeline says the same thing.
 
 A pipeline is reported ``running`` only while the process running it keeps its liveness record
 fresh (`setl.meta.base.STALE_AFTER`); a RUNNING state whose process stopped beating (a kill -9, a
-frozen or cut-off node) is reported ``dead``, with when and where it was last seen.
+frozen or cut-off node) is reported ``dead``, with when and where it was last seen; a running one
+riding out a transient failure is ``retrying`` (the same word on the page and in /api/status).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from setl.meta.base import STALE_AFTER, MetaStore, Status
 
 #: The status of a pipeline whose state says running but whose process has stopped beating.
 DEAD = "dead"
+#: The status of a running pipeline riding out a transient failure (its cause in ``retrying``).
+RETRYING = "retrying"
 
 
 def stopped_row(name: str) -> dict[str, Any]:
@@ -55,6 +58,8 @@ def status_rows(meta: MetaStore, names: list[str], *, now: float | None = None) 
         status = state.status.value
         if state.status is Status.RUNNING and (live is None or live.stale(now, STALE_AFTER)):
             status = DEAD
+        elif state.status is Status.RUNNING and state.retrying:
+            status = RETRYING  # the word the page and /api/status use too
         alive = status != DEAD and live is not None and state.status is Status.RUNNING
         figures = live.figures if alive and live is not None else {}
         rows.append({
@@ -87,12 +92,10 @@ def position_text(position: dict[str, Any] | None) -> str:
     return text + (f"+{position['row']}" if position.get("row") else "")
 
 
-def status_text(row: dict[str, Any], now: float | None = None) -> str:
-    """The status as shown to an operator: ``dead (last seen N s ago on NODE)`` for a dead one."""
-    if row["status"] != DEAD:
-        return str(row["status"])
+def dead_note(row: dict[str, Any], now: float | None = None) -> str:
+    """When and where a dead pipeline's process was last seen: ``last seen 12s ago on node-1``."""
     if row.get("last_seen") is None:
-        return f"{DEAD} (never seen)"
+        return "never seen"
     now = time.time() if now is None else now
     where = row.get("node") or row.get("host") or "?"
-    return f"{DEAD} (last seen {max(0.0, now - row['last_seen']):.0f}s ago on {where})"
+    return f"last seen {max(0.0, now - row['last_seen']):.0f}s ago on {where}"

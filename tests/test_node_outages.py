@@ -96,9 +96,9 @@ def test_target_stopped_15s_under_load_is_ridden_out(tmp_path, mariadb_factory, 
                 wait_until(lambda: setl.status()["retrying"] is not None, timeout=30,
                            message="status to say retrying")
                 row = setl.status()
-                assert row["status"] == "running" and row["retrying_since"] <= time.time()
+                assert row["status"] == "retrying" and row["retrying_since"] <= time.time()
                 shown = setl.run("status")
-                assert "retrying since " in shown.stdout
+                assert "retrying since " in shown.stdout and " retrying " in shown.stdout.splitlines()[1]
                 time.sleep(15)
             finally:
                 target.start()

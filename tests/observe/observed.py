@@ -57,8 +57,9 @@ class ObservedNode:
         return False
 
     def stop(self) -> None:
-        if self.proc is not None:
-            SetlProcess.stop(self.proc)
+        proc, self.proc = self.proc, None  # a second stop does nothing
+        if proc is not None:
+            SetlProcess.stop(proc)
 
     def get(self, path: str, timeout: float = 10.0) -> tuple[int, bytes, str]:
         try:

@@ -74,6 +74,13 @@ def test_page_shows_the_pipeline_and_its_lag_graph_moves_under_load(tmp_path, br
         assert "rows/s" in text and node.name in text
         assert "lag" in text.lower() and "position" in text
         assert problems == [], problems
+        node.stop()  # the node dies with the page open: no badge keeps saying healthy or running
+        wait_until(lambda: page.locator("#error").is_visible(), 15, 0.2, message="cannot reach the node")
+        wait_until(lambda: page.locator("#health").inner_text().lower() == "unknown", 5, 0.2,
+                   message="the node badge to turn unknown")
+        assert card.get_attribute("data-state") == "unknown"
+        assert [b.lower() for b in page.locator(".badge").all_inner_texts()] == ["unknown"] * page.locator(
+            ".badge").count()
     finally:
         node.stop()
 

@@ -244,7 +244,15 @@ async function getJSON(url) {
 
 function showError(error) {
   const box = document.getElementById("error");
-  if (error) { box.textContent = `Cannot reach the node: ${error.message}`; box.hidden = false; } else box.hidden = true;
+  if (!error) { box.hidden = true; return; }
+  box.textContent = `Cannot reach the node: ${error.message}`;
+  box.hidden = false;
+  // What the page last heard is no longer known: no badge keeps saying healthy or running.
+  for (const badge of document.querySelectorAll(".badge")) {
+    badge.className = "badge unknown";
+    badge.textContent = "unknown";
+  }
+  for (const card of document.querySelectorAll("article.card")) card.dataset.state = "unknown";
 }
 
 async function pollStatus() {
