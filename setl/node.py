@@ -183,6 +183,7 @@ class Node:
         self._lost: dict[str, SetlError] = {}
         self.alerts = Alerts(settings.alerts, settings.node.id)
         self._runs: list[_Supervised] = []
+        self._starting = False  # checking the pipelines at start (the status endpoint says "starting")
         #: Each pipeline's lag figures (`figures()`), and with `http.listen` its metrics and history.
         self.observer: NodeObserver | None = None
         self.http: StatusServer | None = None
@@ -218,7 +219,8 @@ class Node:
         with self._lock:
             running = set(self._running)
         found: dict[str, dict[str, Any]] = {
-            config.name: {"running_here": config.name in running, "ended": False, "outcome": None, "error": None}
+            config.name: {"running_here": config.name in running, "ended": False, "outcome": None, "error": None,
+                          "starting": self._starting}
             for config in self.pipelines}
         for run in self._runs:
             result = run.result
@@ -276,17 +278,15 @@ class Node:
             if config.pipeline.load.mode == "per_table" and not supports_per_table(stages[config.name].load):
                 raise ConfigError(f"pipeline.load.mode: target.type {config.target.type} cannot load per table "
                                   f"(use ordered)", file=config.file, pipeline=config.name)
-        for config in self.pipelines:  # before leadership or any read: a bad step is a configuration error
-            tables = describe_tables(config, stages[config.name], always=True)
-            if tables is not None:  # a rule matching nothing warns; a filter reading a missing column stops
-                for line in check_rules(config, tables):
-                    log.warning("pipeline=%s %s", config.name, line)
-            analyse_steps(config, stages[config.name], tables)
-            try:  # before anything is written: an existing target table that does not fit is one too
-                check_tables(stages[config.name].load, tables, first_start=self.meta.position(config.name) is None)
-            except SetlError as exc:
-                exc.with_context(file=config.file or None, pipeline=config.name)
-                raise
+        # The status endpoint first: the checks below may start Spark (10-20 s), and a node being
+        # started should answer /api/status ("starting") rather than look stopped.
+        self._starting = True
+        self._start_observing()
+        try:
+            self._check_at_start(stages)
+        except BaseException:
+            self._stop_observing()
+            raise
         if self.settings.meta.store == "zookeeper":  # HA: run only what this node holds
             from setl.ha import Elections
 
@@ -295,7 +295,7 @@ class Node:
         self._runs = runs
         self.tasks, self.serial = shared_services(self.settings)
         self.batch_cap = node_batch_cap(self.settings)
-        self._start_observing()
+        self._starting = False
         try:
             if self.elections is None:
                 self._supervise_all(runs, until_caught_up)
@@ -307,6 +307,21 @@ class Node:
             self.serial.shutdown_now()
             self.serial.await_termination(10.0)
         return [run.result for run in runs]
+
+    def _check_at_start(self, stages: dict[str, Stages]) -> None:
+        """Before leadership or any read: the rules against the source's tables, the transform steps
+        analysed, existing target tables checked; a misfit is a configuration error (exit 2)."""
+        for config in self.pipelines:
+            tables = describe_tables(config, stages[config.name], always=True)
+            if tables is not None:  # a rule matching nothing warns; a filter reading a missing column stops
+                for line in check_rules(config, tables):
+                    log.warning("pipeline=%s %s", config.name, line)
+            analyse_steps(config, stages[config.name], tables)
+            try:  # before anything is written: an existing target table that does not fit is one too
+                check_tables(stages[config.name].load, tables, first_start=self.meta.position(config.name) is None)
+            except SetlError as exc:
+                exc.with_context(file=config.file or None, pipeline=config.name)
+                raise
 
     def _supervise_all(self, runs: list[_Supervised], until_caught_up: bool) -> None:
         """Single-node mode: this thread starts, watches and restarts every pipeline."""

@@ -152,6 +152,8 @@ class NodeObserver:
             found = figures.get(name)
             tracker = self.trackers.get(name)
             row["running_here"] = bool(known.get("running_here"))
+            if known.get("starting") and row["status"] in ("stopped", "dead"):
+                row["status"] = "starting"  # this node is checking it before its start (Spark may be starting)
             row["ended"] = known.get("outcome") if known.get("ended") else None
             if known.get("error") and not row.get("error"):
                 row["error"] = known["error"]

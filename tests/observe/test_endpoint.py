@@ -4,7 +4,10 @@ the pipelines' health."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from setl.testing.servers import wait_until
@@ -85,5 +88,35 @@ def test_api_status_and_healthz_follow_a_pause(tmp_path, mariadb_source, source_
         assert row["status"] == "paused" and row["healthy"] is False
         assert "2003" in row["error"] or "connect" in row["error"].lower()
         assert row["recent_rollbacks"], "the rollbacks before the pause are listed"
+    finally:
+        node.stop()
+
+
+def test_the_endpoint_answers_starting_while_spark_starts(tmp_path, mariadb_source, source_db, mariadb_target,
+                                                          mysql_db):
+    """Issue 23 item 7: a node whose pipeline has a Spark step answers /api/status within seconds of
+    its start, saying `starting` while the steps are analysed (Spark starting), then `running`."""
+    mariadb_source.query(f"CREATE TABLE `{source_db}`.t (id INT PRIMARY KEY)")  # before the start position
+    node = ObservedNode(tmp_path, mariadb_source, source_db, mariadb_target, mysql_db)
+    path = node.setl.conf / "pipelines" / f"{node.name}.yaml"
+    config = yaml.safe_load(path.read_text())
+    config["tables"][0]["transforms"] = [{"use": "add_column", "name": "twice", "expr": "2"}]
+    path.write_text(yaml.safe_dump(config))
+    node.proc = node.setl.spawn()
+    try:
+        seen: list[str] = []
+
+        def answered() -> bool:
+            assert node.proc.poll() is None, node.setl.logs()[-3000:]
+            with contextlib.suppress(OSError, ValueError):
+                seen.append(node.pipeline()["status"])
+                return True
+            return False
+
+        wait_until(answered, 60, 0.1, message="the endpoint")
+        assert "transform steps analysed" not in node.setl.logs()  # Spark was still starting
+        assert seen[0] == "starting", seen
+        wait_until(lambda: node.pipeline()["status"] == "running", 120, 0.3,
+                   message=lambda: f"running: {node.pipeline()} {node.setl.logs()[-3000:]}")
     finally:
         node.stop()
