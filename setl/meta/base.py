@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 
 from setl.model import Ack, Position, TableName
-from setl.snapshot.progress import TableProgress
+from setl.tablecopy import TableProgress
 
 
 class Status(str, enum.Enum):

@@ -26,7 +26,7 @@ from setl.meta.base import (
     never_declared,
 )
 from setl.model import Ack, Position, TableName
-from setl.snapshot.progress import TableProgress
+from setl.tablecopy import TableProgress
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS position (

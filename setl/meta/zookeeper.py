@@ -22,7 +22,7 @@ nodes (``mainstem``, ``term``, ``standbys``, ``switch``, ``/nodes``) are describ
     are versioned sets; an overwrite's deprecations go in the claim's transaction.
 
 ``/pipelines/NAME/snapshot/SCHEMA.TABLE``
-    a table's snapshot progress (names percent-encoded): `setl.snapshot.TableProgress` as JSON;
+    a table's snapshot progress (names percent-encoded): `setl.tablecopy.TableProgress` as JSON;
     written fenced, like an ack, while this process holds the pipeline.
 ``/pipelines/NAME/snapshot_requests/SCHEMA.TABLE``
     an operator's request to copy the table again (``setl snapshot``), until the source takes it.
@@ -60,7 +60,7 @@ from setl.meta.base import (
     never_declared,
 )
 from setl.model import Ack, Position, TableName
-from setl.snapshot.progress import TableProgress
+from setl.tablecopy import TableProgress
 
 #: How many ack history nodes to keep per pipeline; pruned every `PRUNE_EVERY` acks.
 HISTORY_KEEP = 1000

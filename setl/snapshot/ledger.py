@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 
 from setl.model import Batch, Position, TableName
-from setl.snapshot.progress import CopyStatus, TableProgress
+from setl.tablecopy import CopyStatus, TableProgress
 
 
 @attrs.frozen

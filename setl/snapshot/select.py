@@ -40,11 +40,10 @@ from setl.model import Ack, Batch, DdlChange, Op, Position, RowChange, TableName
 from setl.scheduler.events import Forwarding, Listener
 from setl.snapshot.ledger import Chunk, ProgressLedger, Record
 from setl.snapshot.merge import StreamMerge
-from setl.snapshot.progress import CopyStatus, TableProgress
 from setl.snapshot.reader import ChunkReader, TablePlan
-from setl.snapshot.settings import SnapshotSettings
 from setl.stages.select import Select, SelectWrapper
 from setl.stages.layers import find_layer
+from setl.tablecopy import CopyStatus, SnapshotSettings, TableProgress
 
 log = logging.getLogger("setl.snapshot")
 

@@ -38,7 +38,7 @@ from setl.config import SslConfig
 from setl.errors import ConfigError, PositionPurged, SourceError
 from setl.model import ColumnSchema, Position, TableName, TableSchema, Transaction
 from setl.retry import Backoff
-from setl.snapshot.settings import SnapshotSettings
+from setl.tablecopy import SnapshotSettings
 from setl.sources.mysql_binlog.assembler import (
     _EVENTS,
     _POSITION_EVENTS,
