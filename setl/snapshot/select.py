@@ -28,20 +28,22 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import pymysql
 
 from setl import ddl
-from setl.errors import SetlError, SourceError
+from setl.errors import ConfigError, SetlError, SourceError
 from setl.meta.base import MetaStore
 from setl.model import Ack, Batch, DdlChange, Op, Position, RowChange, TableName, Transaction
 from setl.scheduler.events import Forwarding, Listener
 from setl.snapshot.ledger import Chunk, ProgressLedger, Record
 from setl.snapshot.merge import StreamMerge
 from setl.snapshot.reader import ChunkReader, TablePlan
+from setl.snapshot.display import ProgressReporter
 from setl.stages.select import Select, SelectWrapper
+from setl.stages.snapshot import SnapshotCapable
 from setl.stages.layers import find_layer
 from setl.tablecopy import CopyStatus, SnapshotSettings, TableProgress
 
@@ -770,28 +772,25 @@ def find_snapshot(select: Select) -> SnapshotSelect | None:
 
 def with_snapshots(select: Select, *, pipeline: str, meta: Callable[[], MetaStore], parallelism: int,
                    spark: Any = None) -> Select:
-    """`select` wrapped in a `SnapshotSelect` when it is a MySQL binlog source (the only one that can
-    place a consistent snapshot in its log); any other source as it is. `spark` is the node's
-    SparkConfig, for ``source.snapshot.engine: spark``."""
-    from setl.errors import ConfigError
-    from setl.snapshot.display import ProgressReporter
-    from setl.sources.mysql_binlog import MysqlBinlogSource
-
-    if not isinstance(select, MysqlBinlogSource):
+    """`select` wrapped in a `SnapshotSelect` when its connector declares the snapshots capability
+    (`setl.stages.snapshot.SnapshotCapable`: a source that can place a consistent snapshot in its
+    log); any other source as it is. `spark` is the node's SparkConfig, for
+    ``source.snapshot.engine: spark``."""
+    if not select.capabilities.snapshots:
         return select
-    settings = select.snapshot_settings
+    access = cast(SnapshotCapable, select).snapshot_access()  # the registry checked it implements it
+    settings = access.settings
     reporter = ProgressReporter(pipeline, every=settings.progress_every)
     spark_reads = None
     if settings.engine == "spark":
         from setl.snapshot.spark_engine import SparkReads
 
-        if select._ssl is not None:
+        if access.task_connect is None:
             raise ConfigError("source.snapshot.engine: spark does not support source.ssl (the Spark tasks "
                               "connect without TLS); use engine: python", pipeline=pipeline)
-        spark_reads = SparkReads({"host": select.host, "port": select.port, "user": select.user,
-                                  "password": select._password, "connect_timeout": select.connect_timeout,
-                                  "charset": "utf8mb4", "autocommit": True}, spark)
-    return SnapshotSelect(select, pipeline=pipeline, meta=meta, connect=select._connect,
-                          where=f"{select.host}:{select.port}", start_mode=select.start == "snapshot",
-                          selects=select.selects, settings=settings, parallelism=parallelism,
-                          batch_rows=select.max_rows_in_memory, reporter=reporter, spark_reads=spark_reads)
+        spark_reads = SparkReads(dict(access.task_connect), spark)
+    return SnapshotSelect(select, pipeline=pipeline, meta=meta, connect=access.connect, where=access.where,
+                          start_mode=access.start_mode, selects=access.selects, settings=settings,
+                          parallelism=parallelism, batch_rows=access.batch_rows, reporter=reporter,
+                          spark_reads=spark_reads)
+

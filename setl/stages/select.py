@@ -15,9 +15,12 @@ class SelectCapabilities:
 
     * `reports_head`: `head()` tells the end of the source log, so ``setl start
       --until-caught-up`` can stop there.
+    * `snapshots`: its tables can be copied into the stream (``source.start: snapshot``,
+      ``setl snapshot``); the Select it builds implements `setl.stages.snapshot.SnapshotCapable`.
     """
 
     reports_head: bool = False
+    snapshots: bool = False
 
 
 class Select(abc.ABC):
