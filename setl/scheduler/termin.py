@@ -107,7 +107,9 @@ class Termin:
             return self._begin_rollback(batch.id, self._wrap(exc, "load", batch))
         began = time.perf_counter()
         try:
-            ack = self.meta.ack(self.name, batch.id, batch.epoch, batch.end, rows=len(batch))
+            # The source adds what this ack makes durable (table-copy progress) to the same atomic write.
+            ack = self.select.acknowledge(batch, lambda progress: self.meta.ack(
+                self.name, batch.id, batch.epoch, batch.end, rows=len(batch), progress=progress))
         except LeadershipLost:
             raise
         except BaseException as exc:

@@ -14,9 +14,9 @@ How a table is copied (docs/snapshot.md):
    copy has been handed on (they are in it).
 
 Chunks are read by `readers` threads, at most `max_chunks` read and not yet handed on. Progress
-reaches the meta store only when the batch holding a chunk is acked (`SnapshotListener`), so a
-restart resumes after the last acked chunk; a chunk replayed after a crash is harmless (READ
-replaces the row).
+reaches the meta store only with the ack of the batch holding a chunk, in that ack's own atomic
+write (`Select.acknowledge`), so a restart resumes after the last acked chunk; a chunk replayed
+after a crash is harmless (READ replaces the row).
 """
 
 from __future__ import annotations
@@ -36,13 +36,12 @@ import pymysql
 from setl import ddl
 from setl.errors import ConfigError, SetlError, SourceError
 from setl.meta.base import MetaStore
-from setl.model import Ack, Batch, DdlChange, Op, Position, RowChange, TableName, Transaction
-from setl.scheduler.events import Forwarding, Listener
+from setl.model import Batch, DdlChange, Op, Position, RowChange, TableName, Transaction
 from setl.snapshot.ledger import Chunk, ProgressLedger, Record
 from setl.snapshot.merge import StreamMerge
 from setl.snapshot.reader import ChunkReader, TablePlan
 from setl.snapshot.display import ProgressReporter
-from setl.stages.select import Select, SelectWrapper
+from setl.stages.select import A, Select, SelectWrapper
 from setl.stages.snapshot import SnapshotCapable
 from setl.stages.layers import find_layer
 from setl.tablecopy import CopyStatus, SnapshotSettings, TableProgress
@@ -690,23 +689,40 @@ class SnapshotSelect(SelectWrapper):
 
     # --- acks (Select and Termin threads) ------------------------------------------------------
 
-    def acked(self, batch: Batch) -> None:
-        """`batch` is acked: store the progress it commits, and report it."""
+    def handed_on(self, batch: Batch) -> None:
+        """Note which of the copies' records `batch` holds (their progress commits with its ack)."""
+        self.ledger.handed_on(batch)
+        self.inner.handed_on(batch)
+
+    def acknowledge(self, batch: Batch, write: Callable[[tuple[TableProgress, ...]], A]) -> A:
+        """The ack of `batch` writes the copy progress it commits in its own meta-store write; once
+        written, the progress is the ledger's, finished copies are let go and progress is reported.
+
+        A failed write changes nothing here (the ledger's commit is applied only after it), and
+        Termin rolls back and retries as for any failed ack."""
         if not self.ledger.pending:
-            return
+            return self.inner.acknowledge(batch, write)
         with self._progress_lock:  # never a copy's progress stored after a DDL started it again
-            changed = self.ledger.commit(batch)
-            if changed:
-                self.meta.save_snapshot_progress(self.pipeline, changed)
+            commit = self.ledger.prepare(batch)
+            ack = self.inner.acknowledge(batch, lambda inner: write((*inner, *commit.progress)))
+            changed = self.ledger.apply(commit)
+        try:
+            self._committed(changed)
+        except Exception:  # the ack is written: reporting must not undo it
+            log.exception("pipeline=%s stage=termin batch=%d reporting snapshot progress failed", self.pipeline,
+                          batch.id)
+        return ack
+
+    def _committed(self, changed: list[TableProgress]) -> None:
+        """Progress just acked: let finished copies go, log them, and report every table's progress."""
         finished = [p for p in changed if p.status is CopyStatus.DONE]
         with self._lock:
             for progress in finished:
                 self._copies.pop(progress.name, None)
             active = bool(self._copies or self._waiting)
-        if changed:
-            for p in finished:
-                log.info("pipeline=%s stage=termin table=%s snapshot done: %d rows in %d chunk(s)", self.pipeline,
-                         p.name, p.rows, p.chunks)
+        for p in finished:
+            log.info("pipeline=%s stage=termin table=%s snapshot done: %d rows in %d chunk(s)", self.pipeline,
+                     p.name, p.rows, p.chunks)
         tables = self.ledger.tables()
         done = bool(changed) and not active and all(p.status is CopyStatus.DONE for p in tables)
         if self.reporter is not None:
@@ -737,32 +753,6 @@ def removed_and_renamed(parsed: ddl.Statement, names: list[TableName]
 
 class _Abandoned(Exception):
     """A keyless read whose results are no longer wanted (a rewind, or a stop)."""
-
-
-class SnapshotListener(Forwarding):
-    """Feeds a `SnapshotSelect` the scheduler's hand-offs, Termin verdicts and acks; then `inner`
-    (every other hook goes straight to `inner`)."""
-
-    def __init__(self, snapshot: SnapshotSelect, inner: Listener) -> None:
-        super().__init__(inner)
-        self.snapshot = snapshot
-
-    def on_handoff(self, batch: Batch, in_flight: int) -> None:
-        self.snapshot.ledger.handed_on(batch)
-        super().on_handoff(batch, in_flight)
-
-    def on_termin(self, batch: Batch, ok: bool) -> None:
-        self.snapshot.ledger.terminated(batch, ok)
-        super().on_termin(batch, ok)
-
-    def on_ack(self, ack: Ack, batch: Batch) -> None:
-        try:
-            self.snapshot.acked(batch)
-        except SetlError:
-            raise
-        except Exception:
-            log.exception("pipeline=%s recording snapshot progress failed", self.snapshot.pipeline)
-        super().on_ack(ack, batch)
 
 
 def find_snapshot(select: Select) -> SnapshotSelect | None:
