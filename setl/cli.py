@@ -302,8 +302,10 @@ def cmd_snapshot(args: argparse.Namespace, conf: Path) -> int:
     from setl.routing import RoutingPlan
 
     config = load_pipeline(conf, args.pipeline, registry())
-    if getattr(config.source, "type", None) != "mysql":
-        raise UsageError(f"pipeline {args.pipeline}: snapshots need a mysql source, not {config.source.type}")
+    if not registry().source(config.source.type).capabilities.snapshots:
+        raise UsageError(f"source type {config.source.type} cannot copy tables (its connector does not declare "
+                         "the snapshots capability); setl snapshot needs a source that does, such as mysql",
+                         pipeline=config.name, stage="select")
     plan = RoutingPlan.compile(config.tables, pipeline=config.name, file=config.file or None)
     tables = []
     for text in args.table:

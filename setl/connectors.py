@@ -27,6 +27,7 @@ from setl.errors import PluginError
 from setl.plugins import EntryPoint, entry_points
 from setl.stages.load import Load, LoadCapabilities
 from setl.stages.select import Select, SelectCapabilities
+from setl.stages.snapshot import SnapshotCapable
 
 if TYPE_CHECKING:
     from setl.config import NodeSettings, PipelineConfig, PipelineSettings
@@ -87,8 +88,13 @@ class SourceConnector(Generic[C]):
     kind: Kind = attrs.field(default="source", init=False)
 
     def create(self, config: C, context: BuildContext) -> Select:
-        """The Select `build` returns, carrying the declared capabilities."""
+        """The Select `build` returns, carrying the declared capabilities; a PluginError when it
+        does not implement one it declares (``snapshots``: `SnapshotCapable`)."""
         select = self.build(config, context)
+        if self.capabilities.snapshots and not isinstance(select, SnapshotCapable):
+            raise PluginError(f"source type {self.type!r} declares the snapshots capability, but the "
+                              f"{type(select).__name__} it builds has no snapshot_access() (setl.stages.snapshot."
+                              "SnapshotCapable)", plugin=self.type)
         select.capabilities = self.capabilities
         return select
 
@@ -324,7 +330,7 @@ def mysql_source() -> SourceConnector[Any]:
                                              max_rows_in_memory=context.settings.batch.max_rows,
                                              selects=context.selects)
 
-    return SourceConnector("mysql", MysqlSourceConfig, build, SelectCapabilities(reports_head=True),
+    return SourceConnector("mysql", MysqlSourceConfig, build, SelectCapabilities(reports_head=True, snapshots=True),
                            help="a MySQL or MariaDB server's binary log")
 
 

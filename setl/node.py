@@ -28,7 +28,6 @@ from setl.pipeline.checks import check_rules
 from setl.runtime import SerialExecutorService, TaskExecutionService
 from setl.scheduler import BatchCap, Fanout, Forwarding, Listener, Outcome, Scheduler, supports_per_table
 from setl.schema import check_tables
-from setl.snapshot.select import SnapshotListener, find_snapshot
 
 if TYPE_CHECKING:
     from setl.ha import Elections, Lease
@@ -473,9 +472,6 @@ class Node:
         if self.observer is not None:
             progress = Fanout(progress, self.observer.listener(name, run.stages.select))
         listener: Listener = RetryingState(name, self.meta, self.settings.node.id, progress)
-        snapshot = find_snapshot(stages.select)
-        if snapshot is not None:  # table copies commit their progress as their batches are acked
-            listener = SnapshotListener(snapshot, listener)
         scheduler = Scheduler(name, run.config.pipeline, stages.select, stages.extract, stages.transform, stages.load,
                               self.meta,
                               node_id=self.settings.node.id,

@@ -381,3 +381,15 @@ def test_status_before_any_start_creates_no_meta_store(tmp_path):
     assert result.returncode == 0, result.stderr
     assert [row["pipeline"] for row in json.loads(result.stdout)] == ["p1"]
     assert not (conf / "meta.db").exists()
+
+
+def test_snapshot_of_a_source_without_the_capability_is_one_line_exit_2(tmp_path):
+    """`setl snapshot` on a pipeline whose source connector does not declare snapshots (file) exits 2
+    with one line naming the pipeline, the stage and what to do, and records no request."""
+    setup = Setup(tmp_path, make_stream(5))
+    result = setup.run("snapshot", "--pipeline", "p", "--table", "demo.items")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert "pipeline=p" in line and "stage=select" in line
+    assert "source type file cannot copy tables" in line and "such as mysql" in line
+    assert not setup.meta_path.exists() or SqliteMetaStore(setup.meta_path).snapshot_requests("p") == []

@@ -320,3 +320,38 @@ def test_target_type_may_come_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("SETL_TEST_TARGET_TYPE", "sqlite")
     conf = write_conf(tmp_path, f"{{type: '${{SETL_TEST_TARGET_TYPE}}', path: {tmp_path / 't.db'}}}")
     assert load_pipeline(conf, "p", registry()).target.type == "sqlite"
+
+
+def test_snapshots_capability_is_declared_and_enforced(tmp_path):
+    """The mysql source declares snapshots and its Select gives `snapshot_access()` without connecting;
+    a source declaring snapshots whose Select does not implement `SnapshotCapable` is a PluginError
+    naming it; a source without the capability is left unwrapped by `with_snapshots`."""
+    from setl.connectors import SourceConnector
+    from setl.snapshot.select import SnapshotSelect, with_snapshots
+    from setl.sources.file import FileSource, FileSourceConfig
+    from setl.sources.mysql_binlog import MysqlSourceConfig
+    from setl.stages.select import SelectCapabilities
+    from setl.stages.snapshot import SnapshotAccess, SnapshotCapable
+
+    connectors = ConnectorRegistry()
+    mysql = connectors.source("mysql")
+    assert mysql.capabilities.snapshots and not connectors.source("file").capabilities.snapshots
+    source = mysql.create(MysqlSourceConfig(type="mysql", host="127.0.0.1", port=1, password="secret",
+                                            start="snapshot"), BuildContext("p"))
+    assert isinstance(source, SnapshotCapable)
+    access = source.snapshot_access()
+    assert isinstance(access, SnapshotAccess) and access.where == "127.0.0.1:1" and access.start_mode
+    assert "secret" not in repr(access) and access.task_connect is not None
+    wrapped = with_snapshots(source, pipeline="p", meta=lambda: None, parallelism=2)  # type: ignore[arg-type,return-value]
+    assert isinstance(wrapped, SnapshotSelect) and wrapped.where == "127.0.0.1:1"
+
+    def build(config: FileSourceConfig, context: BuildContext) -> FileSource:
+        return FileSource(tmp_path / "none.jsonl", pipeline=context.name)
+
+    liar = SourceConnector("liar", FileSourceConfig, build, SelectCapabilities(snapshots=True))
+    with pytest.raises(PluginError, match="declares the snapshots capability") as info:
+        liar.create(FileSourceConfig(type="file", path="none.jsonl"), BuildContext("p"))
+    assert info.value.context["plugin"] == "liar"
+    plain = connectors.source("file").create(FileSourceConfig(type="file", path=str(tmp_path / "x")),
+                                             BuildContext("p"))
+    assert with_snapshots(plain, pipeline="p", meta=lambda: None, parallelism=2) is plain  # type: ignore[arg-type,return-value]

@@ -7,13 +7,13 @@ import enum
 import hashlib
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from setl.model import Ack, Position, TableName
-from setl.snapshot.progress import TableProgress
+from setl.tablecopy import TableProgress
 
 
 class Status(str, enum.Enum):
@@ -220,8 +220,15 @@ class MetaStore(abc.ABC):
         """The last acknowledged (or reset) position, or None if the pipeline never ran."""
 
     @abc.abstractmethod
-    def ack(self, pipeline: str, batch_id: int, epoch: int, position: Position, rows: int = 0) -> Ack:
-        """Persist that everything before `position` is applied in the target."""
+    def ack(self, pipeline: str, batch_id: int, epoch: int, position: Position, rows: int = 0, *,
+            progress: Sequence[TableProgress] = ()) -> Ack:
+        """Persist that everything before `position` is applied in the target.
+
+        `progress` is the table-copy progress this ack makes durable (`Select.acknowledge`):
+        each table's record replaces the stored one in the same atomic write as the position
+        and its history row (one transaction, one ZooKeeper multi-op), so a restart never finds
+        the one without the other.
+        """
 
     @abc.abstractmethod
     def reset_position(self, pipeline: str, position: Position | None) -> None:
@@ -350,9 +357,10 @@ class MetaStore(abc.ABC):
 
     # --- snapshots (setl.snapshot) --------------------------------------------------------------
     #
-    # Per pipeline and source table, the copy's progress (written when the batch holding a chunk is
-    # acked, so a restart resumes after the last acked chunk), and an operator's requests to copy a
-    # table again (`setl snapshot --table`), which the running source takes.
+    # Per pipeline and source table, the copy's progress (written by the ack of the batch holding a
+    # chunk, in the ack's own write, so a restart resumes after the last acked chunk; a table begun
+    # or abandoned is written on its own), and an operator's requests to copy a table again
+    # (`setl snapshot --table`), which the running source takes.
 
     @abc.abstractmethod
     def snapshot_progress(self, pipeline: str) -> list[TableProgress]:

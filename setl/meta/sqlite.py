@@ -6,7 +6,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -26,7 +26,7 @@ from setl.meta.base import (
     never_declared,
 )
 from setl.model import Ack, Position, TableName
-from setl.snapshot.progress import TableProgress
+from setl.tablecopy import TableProgress
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS position (
@@ -240,9 +240,11 @@ class SqliteMetaStore(MetaStore):
         batch_id, epoch, log, offset, gtid, when, row = rows[0]
         return Ack(pipeline, batch_id, epoch, Position(log, offset, gtid, row=row), when)
 
-    def ack(self, pipeline: str, batch_id: int, epoch: int, position: Position, rows: int = 0) -> Ack:
+    def ack(self, pipeline: str, batch_id: int, epoch: int, position: Position, rows: int = 0, *,
+            progress: Sequence[TableProgress] = ()) -> Ack:
         now = self._clock()
         with self._tx() as db:
+            self._write_progress(db, pipeline, progress)
             db.execute(
                 "INSERT INTO position (pipeline, batch_id, epoch, log, offset, gtid, origin, time, row)"
                 " VALUES (?, ?, ?, ?, ?, ?, 'ack', ?, ?)"
@@ -475,11 +477,16 @@ class SqliteMetaStore(MetaStore):
 
     def save_snapshot_progress(self, pipeline: str, progress: list[TableProgress]) -> None:
         with self._tx() as db:
-            for table in progress:
-                db.execute("INSERT INTO snapshot_table (pipeline, schema_name, table_name, progress)"
-                           " VALUES (?, ?, ?, ?) ON CONFLICT (pipeline, schema_name, table_name)"
-                           " DO UPDATE SET progress = excluded.progress",
-                           (pipeline, table.schema, table.table, json.dumps(table.to_dict())))
+            self._write_progress(db, pipeline, progress)
+
+    @staticmethod
+    def _write_progress(db: sqlite3.Connection, pipeline: str, progress: Sequence[TableProgress]) -> None:
+        """Within the caller's transaction: replace each table's stored copy progress."""
+        for table in progress:
+            db.execute("INSERT INTO snapshot_table (pipeline, schema_name, table_name, progress)"
+                       " VALUES (?, ?, ?, ?) ON CONFLICT (pipeline, schema_name, table_name)"
+                       " DO UPDATE SET progress = excluded.progress",
+                       (pipeline, table.schema, table.table, json.dumps(table.to_dict())))
 
     def request_snapshot(self, pipeline: str, table: TableName) -> None:
         with self._tx() as db:

@@ -22,8 +22,9 @@ nodes (``mainstem``, ``term``, ``standbys``, ``switch``, ``/nodes``) are describ
     are versioned sets; an overwrite's deprecations go in the claim's transaction.
 
 ``/pipelines/NAME/snapshot/SCHEMA.TABLE``
-    a table's snapshot progress (names percent-encoded): `setl.snapshot.TableProgress` as JSON;
-    written fenced, like an ack, while this process holds the pipeline.
+    a table's snapshot progress (names percent-encoded): `setl.tablecopy.TableProgress` as JSON;
+    set in the multi-op of the ack that makes it durable, or (a table begun or abandoned) on its
+    own, fenced like an ack while this process holds the pipeline.
 ``/pipelines/NAME/snapshot_requests/SCHEMA.TABLE``
     an operator's request to copy the table again (``setl snapshot``), until the source takes it.
 
@@ -39,6 +40,7 @@ from __future__ import annotations
 import threading
 import time
 import urllib.parse
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -60,7 +62,7 @@ from setl.meta.base import (
     never_declared,
 )
 from setl.model import Ack, Position, TableName
-from setl.snapshot.progress import TableProgress
+from setl.tablecopy import TableProgress
 
 #: How many ack history nodes to keep per pipeline; pruned every `PRUNE_EVERY` acks.
 HISTORY_KEEP = 1000
@@ -138,8 +140,10 @@ class ZooKeeperMetaStore(MetaStore):
             return None
         return Ack(pipeline, int(data["batch"]), int(data["epoch"]), Position.from_dict(data), float(data["time"]))
 
-    def ack(self, pipeline: str, batch_id: int, epoch: int, position: Position, rows: int = 0) -> Ack:
+    def ack(self, pipeline: str, batch_id: int, epoch: int, position: Position, rows: int = 0, *,
+            progress: Sequence[TableProgress] = ()) -> Ack:
         lease = self._lease(pipeline, "ack")
+        copies = self._progress_ops(pipeline, progress)  # before the check: its nodes exist first
         with self._lock:
             current = self._epochs.get(pipeline)
         if current is None or current[0] != epoch:
@@ -153,6 +157,7 @@ class ZooKeeperMetaStore(MetaStore):
                 Check(f"{base}/epoch", current[1]),
                 SetData(f"{base}/position", dumps({**record, "origin": "ack"})),
                 Create(f"{base}/acks/ack-", dumps({**record, "rows": rows}), sequence=True),
+                *copies,
             ], f"ack batch {batch_id}")
         except Conflict as exc:
             if exc.index == 1:
@@ -454,7 +459,11 @@ class ZooKeeperMetaStore(MetaStore):
                 found.append(TableProgress.from_dict(data))
         return sorted(found, key=lambda t: (t.schema, t.table))
 
-    def save_snapshot_progress(self, pipeline: str, progress: list[TableProgress]) -> None:
+    def _progress_ops(self, pipeline: str, progress: Sequence[TableProgress]) -> list[Any]:
+        """The writes of `progress`, for a transaction: one SetData per table. A table's node is
+        created (empty, which reads as no progress) first if missing, so the transaction only sets."""
+        if not progress:
+            return []
         self._prepare(pipeline)
         folder = f"{self._base(pipeline)}/snapshot"
         self.coordinator.ensure(folder)
@@ -467,6 +476,10 @@ class ZooKeeperMetaStore(MetaStore):
                 except Conflict:
                     pass
             ops.append(SetData(path, dumps(table.to_dict())))
+        return ops
+
+    def save_snapshot_progress(self, pipeline: str, progress: list[TableProgress]) -> None:
+        ops = self._progress_ops(pipeline, progress)
         if not ops:
             return
         lease = self.coordinator.lease(pipeline)

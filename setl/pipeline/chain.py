@@ -2,8 +2,9 @@
 
 A pipeline's stages are its source, Extract, Transform and target, wrapped (innermost first) by:
 
-0. table copies (`setl.snapshot.select.SnapshotSelect`): a MySQL source, whose stream it merges
-   chunk reads into (``source.start: snapshot``, `setl snapshot`); target table creation
+0. table copies (`setl.snapshot.select.SnapshotSelect`): a source declaring the snapshots
+   capability (`setl.stages.snapshot.SnapshotCapable`), whose stream it merges chunk reads into
+   (``source.start: snapshot``, `setl snapshot`); target table creation
    (`setl.schema.CreateTablesLoad`): Load, when ``pipeline.create_tables`` is on and the target
    can create tables;
 1. batch DDL tasks (`setl.ddltask`): Select and Load, when ``pipeline.ddl_tasks`` is on;

@@ -110,6 +110,7 @@ class Selector:
         if admitted is None:
             return Progress.PROGRESS
         slot, live = admitted
+        self.select.handed_on(batch)  # before its Extract: the source knows which batch holds what
         self.listener.on_handoff(batch, live)
         self.listener.on_stage("select", batch, selected_in)
         self._hand_on(slot)

@@ -26,10 +26,12 @@ class Termin:
     The state it moves (the next id to ack, the acked position, the attempts, the rollback
     under way and the rewind it asks of Select) is the `Ledger`'s; Termin decides, does the
     I/O (the ack and the new epoch in the meta store, the target's position, `mark_loaded`)
-    outside the lock, and applies the outcome through the ledger's transitions. `step` is one
-    slice of the Termin task and never waits on anything but that I/O, so a test can call it
-    directly. It keeps the counts of acked batches and rows, and `until` (the position at
-    which the pipeline has caught up, if asked).
+    outside the lock (an ack goes through `Select.acknowledge`, so that what the source must make
+    durable with it, a table copy's progress, is in the same atomic meta-store write), and
+    applies the outcome through the ledger's transitions. `step` is one slice of the Termin
+    task and never waits on anything but that I/O, so a test can call it directly. It keeps the
+    counts of acked batches and rows, and `until` (the position at which the pipeline has caught
+    up, if asked).
 
     `wake(*roles)` wakes the scheduler's tasks ("select", "load"); `wrap(exc, stage, batch)`
     makes a failure a `SetlError`; `finish(outcome, error)` ends the pipeline (caught up, or
@@ -107,7 +109,9 @@ class Termin:
             return self._begin_rollback(batch.id, self._wrap(exc, "load", batch))
         began = time.perf_counter()
         try:
-            ack = self.meta.ack(self.name, batch.id, batch.epoch, batch.end, rows=len(batch))
+            # The source adds what this ack makes durable (table-copy progress) to the same atomic write.
+            ack = self.select.acknowledge(batch, lambda progress: self.meta.ack(
+                self.name, batch.id, batch.epoch, batch.end, rows=len(batch), progress=progress))
         except LeadershipLost:
             raise
         except BaseException as exc:
@@ -196,7 +200,8 @@ class Termin:
     def _ack_target_position(self, batch_id: int, epoch: int, acked: Position | None,
                              position: Position) -> bool:
         """Ack `position`, which the target holds though its batch's ack failed, as batch `batch_id`
-        (with no changes); False if the meta store refused it."""
+        (with no changes); False if the meta store refused it. No table-copy progress is written:
+        a copy resumes before the batch's chunks, and copies them again (harmless)."""
         try:
             ack = self.meta.ack(self.name, batch_id, epoch, position, rows=0)
         except LeadershipLost:

@@ -5,6 +5,6 @@ primary key, each chunk in a short consistent-snapshot transaction whose binlog 
 among the binlog's transactions (see docs/snapshot.md). Progress lives in the meta store.
 """
 
-from setl.snapshot.progress import CopyStatus, TableProgress
+from setl.tablecopy import CopyStatus, TableProgress
 
 __all__ = ["CopyStatus", "TableProgress"]

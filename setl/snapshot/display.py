@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from setl.snapshot.progress import CopyStatus, TableProgress
+from setl.tablecopy import CopyStatus, TableProgress
 
 log = logging.getLogger("setl.snapshot")
 

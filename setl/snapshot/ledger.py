@@ -1,10 +1,11 @@
 """What a snapshot has handed on and what of it is acked: the progress the meta store may hold.
 
 Each transaction a copy hands on (a table's TRUNCATE, a chunk) carries a `Record`. A record is
-committed (turned into the table's `TableProgress`) only when the batch holding its last change is
-acked, in the order the records were handed on; a record without a change (an empty chunk) when
-every record before it is. Chunks of a table count only in a run from the table's start (or its
-resumed key), whatever order their batches are acked in, so a resume never skips a key range.
+committed (turned into the table's `TableProgress`, written in the ack's own meta-store write)
+only when the batch holding its last change is acked, in the order the records were handed on; a
+record without a change (an empty chunk) when every record before it is. Chunks of a table count
+only in a run from the table's start (or its resumed key), whatever order their batches are acked
+in, so a resume never skips a key range.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import attrs
 
 from setl.model import Batch, Position, TableName
-from setl.snapshot.progress import CopyStatus, TableProgress
+from setl.tablecopy import CopyStatus, TableProgress
 
 
 @attrs.frozen
@@ -54,9 +55,28 @@ class Record:
     batch: int | None = None  # the batch holding `carrier`, once handed on
 
 
+@attrs.frozen
+class Commit:
+    """What the ack of `batch_id` commits (`ProgressLedger.prepare`): `progress`, the tables'
+    progress to write with the ack, and the ledger's state once that write has succeeded (`apply`)."""
+
+    batch_id: int
+    progress: tuple[TableProgress, ...]
+    records: int  # how many records at the front of the ledger it commits
+    chunks: dict[TableName, dict[int, Chunk]] = attrs.field(eq=False)
+    next: dict[TableName, int] = attrs.field(eq=False)
+    generation: int = 0
+
+
 class ProgressLedger:
     """Records handed on, in order, and each table's committed progress; safe for the Select and
-    Termin threads (its own lock)."""
+    Termin threads (its own lock).
+
+    An ack commits in two steps, so that the progress is written in the ack's own meta-store
+    write: `prepare` says what the ack of a batch commits without changing anything, and `apply`
+    makes it the committed state once the write succeeded (a failed write changes nothing). A
+    `reset` or `abandon` in between makes the prepared commit stale: `apply` then ignores it.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -65,7 +85,7 @@ class ProgressLedger:
         self._committed: dict[TableName, TableProgress] = {}
         self._chunks: dict[TableName, dict[int, Chunk]] = {}  # acked, waiting for an earlier chunk
         self._next: dict[TableName, int] = {}  # the chunk index each table commits next
-        self._termin_ok = 0  # the last batch id Termin took as loaded
+        self._generation = 0  # moved by reset and abandon: a commit prepared before is stale
 
     def reset(self, committed: dict[TableName, TableProgress]) -> None:
         """Forget every record not committed (a restart or a rewind); `committed` is the store's."""
@@ -75,6 +95,7 @@ class ProgressLedger:
             self._chunks.clear()
             self._next.clear()
             self._committed = dict(committed)
+            self._generation += 1
 
     def remember(self, record: Record) -> None:
         with self._lock:
@@ -92,50 +113,65 @@ class ProgressLedger:
                 if record is not None and record.carrier is change:
                     record.batch = batch.id
 
-    def terminated(self, batch: Batch, ok: bool) -> None:
-        """Termin took `batch` as loaded (`ok`) or failed; only loaded batches' records commit."""
-        if ok:
-            with self._lock:
-                self._termin_ok = max(self._termin_ok, batch.id)
-
-    def commit(self, batch: Batch) -> list[TableProgress]:
-        """`batch` is acked: the progress of the tables whose records it (and those before) commits."""
-        changed: dict[TableName, TableProgress] = {}
+    def prepare(self, batch: Batch) -> Commit:
+        """What the ack of `batch` (loaded, every earlier batch acked) commits: the records it and
+        those before hold, in order; nothing changes until `apply`."""
         with self._lock:
-            limit = min(batch.id, self._termin_ok)
-            while self._records:
-                record = self._records[0]
-                if record.carrier is not None and (record.batch is None or record.batch > limit):
+            chunks: dict[TableName, dict[int, Chunk]] = {}
+            nexts: dict[TableName, int] = {}
+            changed: dict[TableName, TableProgress] = {}
+            count = 0
+            for record in self._records:
+                if record.carrier is not None and (record.batch is None or record.batch > batch.id):
                     break
-                self._records.popleft()
-                updated = self._apply(record)
+                count += 1
+                current = changed.get(record.table, self._committed.get(record.table))
+                updated = self._apply(record, current, chunks, nexts)
                 if updated is not None:
-                    self._committed[record.table] = changed[record.table] = updated
-        return list(changed.values())
+                    changed[record.table] = updated
+            return Commit(batch.id, tuple(changed.values()), count, chunks, nexts, self._generation)
 
-    def _apply(self, record: Record) -> TableProgress | None:
-        current = self._committed.get(record.table)
+    def apply(self, commit: Commit) -> list[TableProgress]:
+        """`commit`'s progress is written with its ack: it is the committed state now. Returns the
+        progress applied (none when a reset or an abandon since made `commit` stale)."""
+        with self._lock:
+            if commit.generation != self._generation:
+                return []
+            for _ in range(commit.records):
+                self._records.popleft()
+            self._chunks.update(commit.chunks)
+            self._next.update(commit.next)
+            for progress in commit.progress:
+                self._committed[progress.name] = progress
+            return list(commit.progress)
+
+    def _apply(self, record: Record, current: TableProgress | None, chunks: dict[TableName, dict[int, Chunk]],
+               nexts: dict[TableName, int]) -> TableProgress | None:
+        """`current` (a table's progress) with `record` committed, or None when it does not move;
+        the table's waiting chunks and next index go to `chunks` and `nexts` (copies)."""
         if current is None:
             return None
         now = time.time()
         if record.kind == "truncate":
-            self._chunks.pop(record.table, None)
-            self._next[record.table] = 0
+            chunks[record.table] = {}
+            nexts[record.table] = 0
             status = CopyStatus.DONE if record.empty else CopyStatus.COPYING
             return attrs.evolve(current, status=status, last_key=None, rows=0, chunks=0,
                                 estimate=record.estimate or current.estimate, updated=now, key=record.key)
         assert record.chunk is not None
-        waiting = self._chunks.setdefault(record.table, {})
+        if record.table not in chunks:
+            chunks[record.table] = dict(self._chunks.get(record.table, {}))
+        waiting = chunks[record.table]
         waiting[record.chunk.index] = record.chunk
         updated = current
-        index = self._next.get(record.table, 0)
+        index = nexts.get(record.table, self._next.get(record.table, 0))
         while index in waiting:
             done = waiting.pop(index)
             index += 1
             updated = attrs.evolve(updated, status=CopyStatus.DONE if done.final else CopyStatus.COPYING,
                                    last_key=done.upper if done.upper is not None else updated.last_key,
                                    rows=updated.rows + len(done.rows), chunks=updated.chunks + 1, updated=now)
-        self._next[record.table] = index
+        nexts[record.table] = index
         return None if updated is current else updated
 
     def abandon(self, progress: TableProgress) -> None:
@@ -149,6 +185,7 @@ class ProgressLedger:
             self._chunks.pop(progress.name, None)
             self._next.pop(progress.name, None)
             self._committed[progress.name] = progress
+            self._generation += 1
 
     def set(self, progress: list[TableProgress]) -> None:
         """Progress written to the store some other way (a table begun, or gone)."""

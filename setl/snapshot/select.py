@@ -14,9 +14,9 @@ How a table is copied (docs/snapshot.md):
    copy has been handed on (they are in it).
 
 Chunks are read by `readers` threads, at most `max_chunks` read and not yet handed on. Progress
-reaches the meta store only when the batch holding a chunk is acked (`SnapshotListener`), so a
-restart resumes after the last acked chunk; a chunk replayed after a crash is harmless (READ
-replaces the row).
+reaches the meta store only with the ack of the batch holding a chunk, in that ack's own atomic
+write (`Select.acknowledge`), so a restart resumes after the last acked chunk; a chunk replayed
+after a crash is harmless (READ replaces the row).
 """
 
 from __future__ import annotations
@@ -28,23 +28,23 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import pymysql
 
 from setl import ddl
-from setl.errors import SetlError, SourceError
+from setl.errors import ConfigError, SetlError, SourceError
 from setl.meta.base import MetaStore
-from setl.model import Ack, Batch, DdlChange, Op, Position, RowChange, TableName, Transaction
-from setl.scheduler.events import Forwarding, Listener
+from setl.model import Batch, DdlChange, Op, Position, RowChange, TableName, Transaction
 from setl.snapshot.ledger import Chunk, ProgressLedger, Record
 from setl.snapshot.merge import StreamMerge
-from setl.snapshot.progress import CopyStatus, TableProgress
 from setl.snapshot.reader import ChunkReader, TablePlan
-from setl.snapshot.settings import SnapshotSettings
-from setl.stages.select import Select, SelectWrapper
+from setl.snapshot.display import ProgressReporter
+from setl.stages.select import A, Select, SelectWrapper
+from setl.stages.snapshot import SnapshotCapable
 from setl.stages.layers import find_layer
+from setl.tablecopy import CopyStatus, SnapshotSettings, TableProgress
 
 log = logging.getLogger("setl.snapshot")
 
@@ -689,23 +689,40 @@ class SnapshotSelect(SelectWrapper):
 
     # --- acks (Select and Termin threads) ------------------------------------------------------
 
-    def acked(self, batch: Batch) -> None:
-        """`batch` is acked: store the progress it commits, and report it."""
+    def handed_on(self, batch: Batch) -> None:
+        """Note which of the copies' records `batch` holds (their progress commits with its ack)."""
+        self.ledger.handed_on(batch)
+        self.inner.handed_on(batch)
+
+    def acknowledge(self, batch: Batch, write: Callable[[tuple[TableProgress, ...]], A]) -> A:
+        """The ack of `batch` writes the copy progress it commits in its own meta-store write; once
+        written, the progress is the ledger's, finished copies are let go and progress is reported.
+
+        A failed write changes nothing here (the ledger's commit is applied only after it), and
+        Termin rolls back and retries as for any failed ack."""
         if not self.ledger.pending:
-            return
+            return self.inner.acknowledge(batch, write)
         with self._progress_lock:  # never a copy's progress stored after a DDL started it again
-            changed = self.ledger.commit(batch)
-            if changed:
-                self.meta.save_snapshot_progress(self.pipeline, changed)
+            commit = self.ledger.prepare(batch)
+            ack = self.inner.acknowledge(batch, lambda inner: write((*inner, *commit.progress)))
+            changed = self.ledger.apply(commit)
+        try:
+            self._committed(changed)
+        except Exception:  # the ack is written: reporting must not undo it
+            log.exception("pipeline=%s stage=termin batch=%d reporting snapshot progress failed", self.pipeline,
+                          batch.id)
+        return ack
+
+    def _committed(self, changed: list[TableProgress]) -> None:
+        """Progress just acked: let finished copies go, log them, and report every table's progress."""
         finished = [p for p in changed if p.status is CopyStatus.DONE]
         with self._lock:
             for progress in finished:
                 self._copies.pop(progress.name, None)
             active = bool(self._copies or self._waiting)
-        if changed:
-            for p in finished:
-                log.info("pipeline=%s stage=termin table=%s snapshot done: %d rows in %d chunk(s)", self.pipeline,
-                         p.name, p.rows, p.chunks)
+        for p in finished:
+            log.info("pipeline=%s stage=termin table=%s snapshot done: %d rows in %d chunk(s)", self.pipeline,
+                     p.name, p.rows, p.chunks)
         tables = self.ledger.tables()
         done = bool(changed) and not active and all(p.status is CopyStatus.DONE for p in tables)
         if self.reporter is not None:
@@ -738,32 +755,6 @@ class _Abandoned(Exception):
     """A keyless read whose results are no longer wanted (a rewind, or a stop)."""
 
 
-class SnapshotListener(Forwarding):
-    """Feeds a `SnapshotSelect` the scheduler's hand-offs, Termin verdicts and acks; then `inner`
-    (every other hook goes straight to `inner`)."""
-
-    def __init__(self, snapshot: SnapshotSelect, inner: Listener) -> None:
-        super().__init__(inner)
-        self.snapshot = snapshot
-
-    def on_handoff(self, batch: Batch, in_flight: int) -> None:
-        self.snapshot.ledger.handed_on(batch)
-        super().on_handoff(batch, in_flight)
-
-    def on_termin(self, batch: Batch, ok: bool) -> None:
-        self.snapshot.ledger.terminated(batch, ok)
-        super().on_termin(batch, ok)
-
-    def on_ack(self, ack: Ack, batch: Batch) -> None:
-        try:
-            self.snapshot.acked(batch)
-        except SetlError:
-            raise
-        except Exception:
-            log.exception("pipeline=%s recording snapshot progress failed", self.snapshot.pipeline)
-        super().on_ack(ack, batch)
-
-
 def find_snapshot(select: Select) -> SnapshotSelect | None:
     """The `SnapshotSelect` in a chain of Select wrappers, if there is one."""
     return find_layer(select, SnapshotSelect)
@@ -771,28 +762,25 @@ def find_snapshot(select: Select) -> SnapshotSelect | None:
 
 def with_snapshots(select: Select, *, pipeline: str, meta: Callable[[], MetaStore], parallelism: int,
                    spark: Any = None) -> Select:
-    """`select` wrapped in a `SnapshotSelect` when it is a MySQL binlog source (the only one that can
-    place a consistent snapshot in its log); any other source as it is. `spark` is the node's
-    SparkConfig, for ``source.snapshot.engine: spark``."""
-    from setl.errors import ConfigError
-    from setl.snapshot.display import ProgressReporter
-    from setl.sources.mysql_binlog import MysqlBinlogSource
-
-    if not isinstance(select, MysqlBinlogSource):
+    """`select` wrapped in a `SnapshotSelect` when its connector declares the snapshots capability
+    (`setl.stages.snapshot.SnapshotCapable`: a source that can place a consistent snapshot in its
+    log); any other source as it is. `spark` is the node's SparkConfig, for
+    ``source.snapshot.engine: spark``."""
+    if not select.capabilities.snapshots:
         return select
-    settings = select.snapshot_settings
+    access = cast(SnapshotCapable, select).snapshot_access()  # the registry checked it implements it
+    settings = access.settings
     reporter = ProgressReporter(pipeline, every=settings.progress_every)
     spark_reads = None
     if settings.engine == "spark":
         from setl.snapshot.spark_engine import SparkReads
 
-        if select._ssl is not None:
+        if access.task_connect is None:
             raise ConfigError("source.snapshot.engine: spark does not support source.ssl (the Spark tasks "
                               "connect without TLS); use engine: python", pipeline=pipeline)
-        spark_reads = SparkReads({"host": select.host, "port": select.port, "user": select.user,
-                                  "password": select._password, "connect_timeout": select.connect_timeout,
-                                  "charset": "utf8mb4", "autocommit": True}, spark)
-    return SnapshotSelect(select, pipeline=pipeline, meta=meta, connect=select._connect,
-                          where=f"{select.host}:{select.port}", start_mode=select.start == "snapshot",
-                          selects=select.selects, settings=settings, parallelism=parallelism,
-                          batch_rows=select.max_rows_in_memory, reporter=reporter, spark_reads=spark_reads)
+        spark_reads = SparkReads(dict(access.task_connect), spark)
+    return SnapshotSelect(select, pipeline=pipeline, meta=meta, connect=access.connect, where=access.where,
+                          start_mode=access.start_mode, selects=access.selects, settings=settings,
+                          parallelism=parallelism, batch_rows=access.batch_rows, reporter=reporter,
+                          spark_reads=spark_reads)
+

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
+from typing import TypeVar
 
 import attrs
 
-from setl.model import Position, TableSchema, Transaction
+from setl.model import Batch, Position, TableSchema, Transaction
+from setl.tablecopy import TableProgress
+
+#: What an ack's write returns (`Select.acknowledge`): the meta store's `setl.model.Ack`.
+A = TypeVar("A")
 
 
 @attrs.frozen
@@ -15,9 +21,12 @@ class SelectCapabilities:
 
     * `reports_head`: `head()` tells the end of the source log, so ``setl start
       --until-caught-up`` can stop there.
+    * `snapshots`: its tables can be copied into the stream (``source.start: snapshot``,
+      ``setl snapshot``); the Select it builds implements `setl.stages.snapshot.SnapshotCapable`.
     """
 
     reports_head: bool = False
+    snapshots: bool = False
 
 
 class Select(abc.ABC):
@@ -91,6 +100,25 @@ class Select(abc.ABC):
         table copy in progress, `setl.snapshot`): ``--until-caught-up`` waits for them too."""
         return False
 
+    def handed_on(self, batch: Batch) -> None:  # noqa: B027 - an optional hook
+        """The scheduler cut `batch` from what `poll` returned since the last batch (its changes
+        are the very objects `poll` handed on) and hands it on, before its Extract starts.
+
+        Called on the Select thread, in batch-id order; a rewind (`seek`) forgets every batch
+        handed on and not acked. A source whose acks carry state of its own (`acknowledge`) notes
+        here which batch holds what. It must not block."""
+
+    def acknowledge(self, batch: Batch, write: Callable[[tuple[TableProgress, ...]], A]) -> A:
+        """Termin acks `batch` (handed on by this source, loaded, every earlier batch acked): call
+        `write` exactly once with the table-copy progress (`setl.tablecopy.TableProgress`) that
+        this ack makes durable, and return what it returns.
+
+        `write` is the meta store's ack: the position and that progress are persisted in one
+        atomic write, or neither is. When it raises, the source's state is as before the call
+        and the error propagates (Termin rolls back and retries, as for any failed ack). Called
+        on the Termin thread, in batch-id order. By default there is no progress: ``write(())``."""
+        return write(())
+
     def close(self) -> None:  # noqa: B027 - an optional hook: sources without resources keep it
         """Release resources. Idempotent."""
 
@@ -130,6 +158,12 @@ class SelectWrapper(Select):
 
     def backlog(self) -> bool:
         return self.inner.backlog()
+
+    def handed_on(self, batch: Batch) -> None:
+        self.inner.handed_on(batch)
+
+    def acknowledge(self, batch: Batch, write: Callable[[tuple[TableProgress, ...]], A]) -> A:
+        return self.inner.acknowledge(batch, write)
 
     def close(self) -> None:
         self.inner.close()

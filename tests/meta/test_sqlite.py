@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import multiprocessing
 
+import attrs
+
 from setl.meta import SqliteMetaStore, Status
 from setl.model import Position
 
@@ -103,3 +105,24 @@ def test_snapshot_progress_and_requests_round_trip(tmp_path):
     assert b.snapshot_requests("p") == []
     a.close()
     b.close()
+
+
+def test_an_ack_writes_its_snapshot_progress_in_the_same_transaction(tmp_path):
+    """`ack(progress=...)` persists position, history and table-copy progress together; when the
+    progress cannot be written (a key value no encoding knows) the ack writes nothing at all."""
+    import pytest
+
+    from setl.tablecopy import CopyStatus, TableProgress
+
+    a, b = SqliteMetaStore(tmp_path / "m.db"), SqliteMetaStore(tmp_path / "m.db")
+    copied = TableProgress("s", "t", CopyStatus.COPYING, (10,), 10, 50, 1)
+    a.ack("p", 1, 1, Position("f", 10), rows=10, progress=[copied])
+    assert b.position("p").position == Position("f", 10) and b.snapshot_progress("p") == [copied]
+    broken = TableProgress("s", "t", CopyStatus.COPYING, (object(),), 20, 50, 2)
+    with pytest.raises(TypeError):
+        a.ack("p", 2, 1, Position("f", 20), rows=10, progress=[TableProgress("s", "a", CopyStatus.DONE), broken])
+    assert b.position("p").batch_id == 1 and [h.batch_id for h in b.history("p")] == [1]
+    assert b.snapshot_progress("p") == [copied]
+    done = attrs.evolve(copied, status=CopyStatus.DONE, rows=20, chunks=2)
+    a.ack("p", 2, 1, Position("f", 20), progress=[done])
+    assert b.position("p").batch_id == 2 and b.snapshot_progress("p") == [done]

@@ -196,3 +196,39 @@ def test_snapshot_progress_and_requests_round_trip_and_a_deposed_holder_cannot_w
         with pytest.raises(LeadershipLost):
             a.save_snapshot_progress("p", [TableProgress("s", "u", CopyStatus.PENDING)])
         assert b.snapshot_progress("p")[0].status is CopyStatus.DONE
+
+
+def test_an_ack_writes_its_snapshot_progress_in_its_own_multi_op_and_a_deposed_one_writes_neither(
+        zookeeper_server):
+    """`ack(progress=...)` is one fenced ZooKeeper transaction holding the position, the history
+    node and each table's progress; a deposed holder's ack with progress writes none of them."""
+    from setl.ha import SetData
+    from setl.tablecopy import CopyStatus, TableProgress
+
+    with stores(zookeeper_server.hosts, 2) as (a, b):
+        _, lease_a = hold(a, "p", "a")
+        epoch_a = a.next_epoch("p")
+        commits: list[list] = []
+        real_commit = a.coordinator.commit
+
+        def recording(ops, **kwargs):
+            commits.append(list(ops))
+            return real_commit(ops, **kwargs)
+
+        a.coordinator.commit = recording  # type: ignore[method-assign]
+        copied = (TableProgress("s", "t", CopyStatus.COPYING, (10,), 10, 50, 1),
+                  TableProgress("s.x", "u/1", CopyStatus.DONE, None, 3, 3, 1))
+        a.ack("p", 1, epoch_a, Position("bin.000001", 10), rows=13, progress=copied)
+        (ops,) = commits
+        written = [op.path for op in ops if isinstance(op, SetData)]
+        assert written[0].endswith("/p/position") and len(written) == 3
+        assert b.position("p").batch_id == 1 and b.snapshot_progress("p") == sorted(copied,
+                                                                                   key=lambda t: (t.schema, t.table))
+        expire(a.coordinator)
+        hold(b, "p", "b", delay=0)
+        wait_until(lambda: lease_a.lost, timeout=10, message="the old holder to notice")
+        later = TableProgress("s", "t", CopyStatus.DONE, (20,), 20, 50, 2)
+        with pytest.raises(LeadershipLost):
+            a.ack("p", 2, epoch_a, Position("bin.000001", 20), progress=[later])
+        assert b.position("p").batch_id == 1
+        assert [p.status for p in b.snapshot_progress("p")] == [CopyStatus.COPYING, CopyStatus.DONE]

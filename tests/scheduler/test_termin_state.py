@@ -4,6 +4,8 @@ the ordered `LoadDispatcher` around it, on an in-memory meta store and a scripte
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -19,7 +21,10 @@ from setl.scheduler.ledger import Ledger, Permits, Slot
 from setl.scheduler.loading import LoadDispatcher
 from setl.scheduler.termin import Termin
 from setl.stages import Load
+from setl.tablecopy import CopyStatus, TableProgress
 from setl.testing.harness import ScriptedSource
+
+A = TypeVar("A")
 
 PIPELINE = "p"
 
@@ -79,23 +84,45 @@ class ScriptedLoad(Load):
 
 
 class FlakyMeta(SqliteMetaStore):
-    """An in-memory meta store whose ack of batch id i fails as many times as `ack_failures[i]` says."""
+    """An in-memory meta store whose ack of batch id i fails as many times as `ack_failures[i]` says,
+    and whose writes of table-copy progress fail `progress_failures` times (inside the ack's transaction)."""
 
     def __init__(self) -> None:
         super().__init__(":memory:")
         self.ack_failures: dict[int, int] = {}
+        self.progress_failures = 0
 
-    def ack(self, pipeline: str, batch_id: int, epoch: int, position: Position, rows: int = 0) -> Ack:
+    def _write_progress(self, db, pipeline: str, progress: Sequence[TableProgress]) -> None:  # type: ignore[override]
+        if progress and self.progress_failures > 0:
+            self.progress_failures -= 1
+            raise OSError("scripted failure writing snapshot progress")
+        SqliteMetaStore._write_progress(db, pipeline, progress)
+
+    def ack(self, pipeline: str, batch_id: int, epoch: int, position: Position, rows: int = 0, *,
+            progress: Sequence[TableProgress] = ()) -> Ack:
         if self.ack_failures.get(batch_id, 0) > 0:
             self.ack_failures[batch_id] -= 1
             raise OSError(f"scripted ack failure of batch {batch_id}")
-        return super().ack(pipeline, batch_id, epoch, position, rows)
+        return super().ack(pipeline, batch_id, epoch, position, rows, progress=progress)
+
+
+class CopyingSource(ScriptedSource):
+    """A source whose ack of batch id i makes `progress[i]` durable (`Select.acknowledge`), as a
+    table copy does."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.progress: dict[int, tuple[TableProgress, ...]] = {}
+
+    def acknowledge(self, batch: Batch, write: Callable[[tuple[TableProgress, ...]], A]) -> A:
+        return write(self.progress.get(batch.id, ()))
 
 
 class Rig:
     """A ledger, Termin and an ordered (or per_table) load dispatcher, wired as `Scheduler` wires them."""
 
-    def __init__(self, parallelism: int = 3, attempts: int = 20, *, per_table: bool = False) -> None:
+    def __init__(self, parallelism: int = 3, attempts: int = 20, *, per_table: bool = False,
+                 select: ScriptedSource | None = None) -> None:
         self.lock = threading.Condition()
         self.listener = Recorder()
         self.select_wakes = 0
@@ -107,7 +134,7 @@ class Rig:
         self.load.ledger = self.ledger
         self.finished: list[tuple[Outcome, BaseException | None]] = []
         self.termin = Termin(self.ledger, name=PIPELINE, node_id=None, lock=self.lock, load=self.load,
-                             select=ScriptedSource([]), meta=self.meta, listener=self.listener,
+                             select=select or ScriptedSource([]), meta=self.meta, listener=self.listener,
                              backoff=backoff, per_table=per_table, wake=self._wake,
                              wrap=lambda exc, stage, batch: exc, finish=self._finish)
         self.loader = LoadDispatcher(self.ledger, self.load, name=PIPELINE, lock=self.lock, listener=self.listener,
@@ -336,6 +363,31 @@ def test_an_ack_that_fails_rolls_back_from_the_same_batch():
         rig.work(slot)
     rig.run()
     assert rig.listener.acks == [(1, 2), (2, 2)]
+
+
+def test_a_failing_progress_write_rolls_back_and_is_retried_like_a_failing_ack():
+    """The table-copy progress batch 1's ack makes durable cannot be written: nothing of the ack is
+    written (same transaction), batch 1 rolls back like a failed ack (no crash), and the replay's ack
+    writes position and progress together."""
+    source = CopyingSource()
+    copied = TableProgress("s", "t", CopyStatus.COPYING, last_key=(10,), rows=10, chunks=1)
+    source.progress[1] = (copied,)
+    rig = Rig(select=source)
+    rig.meta.progress_failures = 1
+    one = rig.cut(1)
+    assert one is not None
+    rig.work(one)
+    rig.run()
+    assert rig.finished == [] and rig.listener.acks == [] and rig.listener.rollbacks == [(1, 2, 1)]
+    assert rig.meta.position(PIPELINE) is None and rig.meta.snapshot_progress(PIPELINE) == []
+    assert rig.ledger.take_rewind() is not None
+    slot = rig.cut(1)
+    assert slot is not None
+    rig.work(slot)
+    rig.run()
+    assert rig.listener.acks == [(1, 2)] and rig.finished == []
+    assert rig.meta.position(PIPELINE).position == pos(1)
+    assert rig.meta.snapshot_progress(PIPELINE) == [copied]
 
 
 def test_a_source_failure_rolls_back_after_the_batches_handed_on_before_it():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from setl import ddl
@@ -25,6 +26,11 @@ def batch(batch_id: int, *changes: object) -> Batch:
     return Batch("p", batch_id, 1, AT, AT, tuple(c for c in changes if c is not None))  # type: ignore[misc]
 
 
+def commit(ledger: ProgressLedger, acked: Batch) -> list[TableProgress]:
+    """The ack of `acked` wrote what `prepare` said: the ledger applies it."""
+    return ledger.apply(ledger.prepare(acked))
+
+
 def test_chunks_acked_out_of_key_order_commit_as_a_run_from_the_start():
     """Chunk 1's batch acked before chunk 0's: nothing moves until chunk 0 is in, then both do."""
     ledger = ProgressLedger()
@@ -36,26 +42,34 @@ def test_chunks_acked_out_of_key_order_commit_as_a_run_from_the_start():
         ledger.remember(Record(T, "chunk", last, chunk=c))
     for batch_id, changes in ((1, [truncate]), (2, [last1]), (3, [last0])):
         ledger.handed_on(batch(batch_id, *changes))
-        ledger.terminated(batch(batch_id), True)
-    (after_truncate,) = ledger.commit(batch(1))
+    (after_truncate,) = commit(ledger, batch(1))
     assert (after_truncate.status, after_truncate.estimate, after_truncate.rows) == (CopyStatus.COPYING, 50, 0)
-    assert ledger.commit(batch(2)) == []  # chunk 1 waits for chunk 0
-    (done,) = ledger.commit(batch(3))  # chunk 0, then 1, then the empty final chunk 2
+    assert commit(ledger, batch(2)) == []  # chunk 1 waits for chunk 0
+    (done,) = commit(ledger, batch(3))  # chunk 0, then 1, then the empty final chunk 2
     assert (done.status, done.last_key, done.rows, done.chunks) == (CopyStatus.DONE, (20,), 4, 3)
 
 
-def test_a_batch_termin_did_not_take_as_loaded_commits_nothing():
-    """An ack of a target-held position after a failed batch (no on_termin ok) commits none of its records."""
+def test_a_commit_is_applied_only_after_its_write_and_a_stale_one_is_ignored():
+    """`prepare` changes nothing (the ack's write may fail, and the same ack is prepared again);
+    `apply` makes it the committed state; a commit prepared before a rewind or an abandon is ignored."""
     ledger = ProgressLedger()
     ledger.reset({T: TableProgress("s", "t", CopyStatus.COPYING)})
-    c0, last0 = chunk(0, 10)
+    (c0, last0), (c1, last1) = chunk(0, 10), chunk(1, 20)
     ledger.remember(Record(T, "chunk", last0, chunk=c0))
+    ledger.remember(Record(T, "chunk", last1, chunk=c1))
     ledger.handed_on(batch(5, last0))
-    ledger.terminated(batch(5), False)
-    assert ledger.commit(batch(5)) == []
-    assert ledger.pending and ledger.unfinished()
-    ledger.reset({T: TableProgress("s", "t", CopyStatus.COPYING)})  # the rewind forgets it
-    assert not ledger.pending
+    ledger.handed_on(batch(6, last1))
+    failed = ledger.prepare(batch(5))  # its write fails: never applied
+    assert [(p.rows, p.chunks) for p in failed.progress] == [(2, 1)]
+    assert ledger.get(T).rows == 0 and ledger.pending
+    again = ledger.prepare(batch(5))
+    assert [attrs.evolve(p, updated=0.0) for p in again.progress] == [
+        attrs.evolve(p, updated=0.0) for p in failed.progress]
+    assert [p.last_key for p in ledger.apply(again)] == [(10,)]
+    assert ledger.get(T).last_key == (10,)
+    stale = ledger.prepare(batch(6))
+    ledger.reset({T: TableProgress("s", "t", CopyStatus.COPYING)})  # a rewind in between
+    assert ledger.apply(stale) == [] and ledger.get(T).rows == 0 and not ledger.pending
 
 
 def test_an_abandoned_copy_commits_none_of_its_records_and_keeps_its_key():
@@ -71,16 +85,14 @@ def test_an_abandoned_copy_commits_none_of_its_records_and_keeps_its_key():
     last_o = RowChange(Op.READ, "s", "u", ("id",), None, {"id": 1}, position=AT)
     ledger.remember(Record(other, "chunk", last_o, chunk=o0))
     ledger.handed_on(batch(1, last0, last_o))
-    ledger.terminated(batch(1), True)
     ledger.abandon(TableProgress("s", "t", CopyStatus.PENDING))
     truncate = DdlChange("s", "t", "TRUNCATE TABLE `s`.`t`", snapshot=True)
     ledger.remember(Record(T, "truncate", truncate, key=("c",)))
     ledger.handed_on(batch(2, truncate))
-    ledger.terminated(batch(2), True)
-    (moved,) = ledger.commit(batch(1))
+    (moved,) = commit(ledger, batch(1))
     assert moved.name == other and moved.rows == 1
     assert ledger.get(T).status is CopyStatus.PENDING  # chunk 0 of the old copy counted for nothing
-    (again,) = ledger.commit(batch(2))
+    (again,) = commit(ledger, batch(2))
     assert (again.status, again.rows, again.key) == (CopyStatus.COPYING, 0, ("c",))
     assert TableProgress.from_dict(again.to_dict()) == again
 

@@ -38,7 +38,8 @@ from setl.config import SslConfig
 from setl.errors import ConfigError, PositionPurged, SourceError
 from setl.model import ColumnSchema, Position, TableName, TableSchema, Transaction
 from setl.retry import Backoff
-from setl.snapshot.settings import SnapshotSettings
+from setl.stages.snapshot import SnapshotAccess
+from setl.tablecopy import SnapshotSettings
 from setl.sources.mysql_binlog.assembler import (
     _EVENTS,
     _POSITION_EVENTS,
@@ -287,6 +288,8 @@ class MysqlBinlogSource(Select):
       never). After a restart between the two, the XA PREPARE is searched for in the binlogs,
       newest first; if it was purged the pipeline stops naming the XA COMMIT's position.
     * `server_id` must be unique among the server's replicas and readers.
+    * It is `SnapshotCapable`: `snapshot_access` gives `setl.snapshot` its connections, so that
+      tables can be copied into its stream (docs/snapshot.md).
     """
 
     def __init__(
@@ -327,7 +330,7 @@ class MysqlBinlogSource(Select):
         self.heartbeat = heartbeat
         self.reconnect_timeout = reconnect_timeout
         self.table_map_cache = table_map_cache
-        self.snapshot_settings = snapshot or SnapshotSettings()  # read by setl.snapshot
+        self.snapshot_settings = snapshot or SnapshotSettings()  # given to setl.snapshot by snapshot_access()
         self.selects = selects  # whether the pipeline's table rules take (schema, table); None: every table
         self.backoff = Backoff(initial=0.1, maximum=2.0, max_attempts=0)
         self._queue: queue.Queue[Transaction | _Failure] | None = None
@@ -405,6 +408,17 @@ class MysqlBinlogSource(Select):
                 raise self._error(f"cannot connect to {self.host}:{self.port} as {self.user} over TLS: {cause} "
                                   "(see source.ssl)") from exc
             raise self._error(f"cannot connect to {self.host}:{self.port} as {self.user}: {exc}") from exc
+
+    def snapshot_access(self) -> SnapshotAccess:
+        """What `setl.snapshot` needs to copy this server's tables (`SnapshotCapable`): this
+        source's own connections (credentials, TLS, timeouts), its start and table selection.
+        Connects to nothing."""
+        task_connect = None if self._ssl is not None else {
+            "host": self.host, "port": self.port, "user": self.user, "password": self._password,
+            "connect_timeout": self.connect_timeout, "charset": "utf8mb4", "autocommit": True}
+        return SnapshotAccess(self._connect, f"{self.host}:{self.port}", task_connect,
+                              start_mode=self.start == "snapshot", selects=self.selects,
+                              settings=self.snapshot_settings, batch_rows=self.max_rows_in_memory)
 
     def _settings(self) -> dict[str, Any]:
         """The library's connection settings for a binlog stream (and its control connections)."""

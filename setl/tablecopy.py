@@ -1,4 +1,11 @@
-"""A table's snapshot progress as the meta store keeps it, and the encoding of its last key."""
+"""Table copies (snapshots) as data every floor shares: a table's copy progress as the meta store
+keeps it (`TableProgress`, with the encoding of its last key) and a source's ``source.snapshot``
+settings (`SnapshotSettings`).
+
+It sits on the model floor, beside `setl.model`: the meta stores (which persist progress, with an
+ack), the MySQL source (whose config holds the settings) and `setl.snapshot` (which copies tables)
+all read it, so none of the lower ones imports the `setl.snapshot` package.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +15,23 @@ import decimal
 import enum
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
 from setl.model import TableName
+
+
+@attrs.frozen
+class SnapshotSettings:
+    """How tables are copied (``source.start: snapshot``, ``setl snapshot``)."""
+
+    chunk_rows: int = 0  # rows per chunk (split on the primary key by the server); 0: pipeline.batch.max_rows
+    readers: int = 0  # chunks read at once; 0: the pipeline's parallelism
+    max_chunks: int = 0  # chunks read and not yet handed on, at most; 0: twice the readers
+    progress_every: float = 5.0  # seconds between progress log lines when not on a terminal
+    #: where chunks are read: python (reader threads of setl) or spark (Spark tasks, on spark.master)
+    engine: Literal["python", "spark"] = "python"
 
 
 class CopyStatus(str, enum.Enum):
