@@ -299,6 +299,7 @@ def _seconds(value: float) -> str:
 
 
 def cmd_snapshot(args: argparse.Namespace, conf: Path) -> int:
+    from setl.pipeline.checks import rules_fingerprint
     from setl.routing import RoutingPlan
 
     config = load_pipeline(conf, args.pipeline, registry())
@@ -317,6 +318,15 @@ def cmd_snapshot(args: argparse.Namespace, conf: Path) -> int:
         tables.append(TableName(schema, name))
     with _pipeline_meta(conf, args.pipeline) as meta:
         running = meta.state(args.pipeline).status is Status.RUNNING
+        live = meta.liveness(args.pipeline) if running else None
+        runs_with = live.figures.get("rules") if live is not None else None
+        if live is not None and runs_with is not None and runs_with != rules_fingerprint(config):
+            # The running node compiled the rules of its start: it would drop a table only the new
+            # rules select. Refuse rather than accept a request nobody serves.
+            raise UsageError(f"pipeline {args.pipeline} runs on {live.node or live.host} (pid {live.pid}) with "
+                             f"other table rules than {config.file or 'its file'} has now (changed since it "
+                             f"started): restart the pipeline so that it runs with them, then request the copy",
+                             pipeline=config.name, stage="select")
         for table in tables:
             meta.request_snapshot(args.pipeline, table)
     print(f"snapshot of {', '.join(map(str, tables))} requested for {args.pipeline}: "

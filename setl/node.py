@@ -24,7 +24,7 @@ from setl.meta.base import Liveness, MetaStore, Status
 from setl.model import Ack, Batch
 from setl.retry import Backoff, Failure, record_retrying
 from setl.pipeline import Stages, analyse_steps, build_stages, describe_tables, fenced
-from setl.pipeline.checks import check_rules
+from setl.pipeline.checks import check_rules, rules_fingerprint
 from setl.runtime import SerialExecutorService, TaskExecutionService
 from setl.scheduler import BatchCap, Fanout, Forwarding, Listener, Outcome, Scheduler, supports_per_table
 from setl.schema import check_tables
@@ -183,6 +183,8 @@ class Node:
         self.alerts = Alerts(settings.alerts, settings.node.id)
         self._runs: list[_Supervised] = []
         self._starting = False  # checking the pipelines at start (the status endpoint says "starting")
+        #: each pipeline's table-rules fingerprint, published with its liveness beats (`setl snapshot` checks it)
+        self._rules = {config.name: rules_fingerprint(config) for config in pipelines}
         #: Each pipeline's lag figures (`figures()`), and with `http.listen` its metrics and history.
         self.observer: NodeObserver | None = None
         self.http: StatusServer | None = None
@@ -194,7 +196,8 @@ class Node:
         found = self.observer.figures_of(name) if self.observer is not None else None
         figures = {k: v for k, v in found.to_dict().items() if k != "position"} if found is not None else {}
         self.alerts.observe(name, figures)
-        return figures
+        rules = self._rules.get(name)
+        return {**figures, "rules": rules} if rules is not None else figures
 
     def _lost_record(self, name: str, holder: Liveness | None) -> None:
         """Another process took this pipeline's liveness record: stop it here, for good.

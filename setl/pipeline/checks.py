@@ -13,8 +13,12 @@ created or written (`setl start`, `setl schema`):
 from __future__ import annotations
 
 import ast
+import hashlib
+import json
 from collections import Counter
 from collections.abc import Sequence
+
+import attrs
 
 from setl.config import PipelineConfig
 from setl.errors import ConfigError
@@ -61,4 +65,12 @@ def check_rules(config: PipelineConfig, tables: Sequence[TableSchema]) -> list[s
             for i, rule in enumerate(config.tables) if not rule.exclude and not matched[i]]
 
 
-__all__ = ["check_rules", "filter_names"]
+def rules_fingerprint(config: PipelineConfig) -> str:
+    """A short digest of the pipeline's table rules: a running node publishes the one it runs with
+    (in its liveness record's figures, ``rules``), so that `setl snapshot` can tell when the file
+    changed after the start and refuse a copy the running node could not serve."""
+    text = json.dumps([attrs.asdict(rule) for rule in config.tables], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+__all__ = ["check_rules", "filter_names", "rules_fingerprint"]

@@ -200,6 +200,9 @@ class SnapshotSelect(SelectWrapper):
         else:
             self._resume(stored.values())
         self._next_request = 0.0
+        # A copy requested while the pipeline was stopped starts now: `backlog()` then holds a
+        # `--until-caught-up` start until it is done, instead of it ending "caught up" at once.
+        self._take_requests()
         if self._copies or self._waiting:
             self._start_readers()
 

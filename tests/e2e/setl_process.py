@@ -125,6 +125,17 @@ class SetlProcess:
         finally:
             meta.close()
 
+    def liveness_figures(self) -> dict | None:
+        """The figures the running process last published with its liveness beat, None before one."""
+        if not self.meta_path.exists():
+            return None
+        meta = SqliteMetaStore(self.meta_path)
+        try:
+            live = meta.liveness(self.name)
+            return dict(live.figures) if live is not None else None
+        finally:
+            meta.close()
+
     def status(self) -> dict:
         result = self.run("status", "--json")
         assert result.returncode == 0, result.stderr

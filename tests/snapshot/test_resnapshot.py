@@ -69,3 +69,50 @@ def test_snapshot_one_table_while_running(tmp_path, mariadb_source, mariadb_targ
     run_until_caught_up(setl)
     assert t.checksums(mariadb_source, source_db, ["ints", "strs"]) == t.checksums(
         mariadb_target, mysql_db, ["ints", "strs"]), setl.logs()[-3000:]
+
+
+def test_a_copy_requested_while_stopped_is_served_by_until_caught_up(tmp_path, mariadb_source, mariadb_target,
+                                                                      source_db, mysql_db):
+    """Issue 23 item 1: `setl snapshot --table T` while the pipeline is stopped, then `setl start
+    --until-caught-up`: the start copies T before it reports caught up (it used to exit 0 at once,
+    T empty, the request left pending)."""
+    t.create(mariadb_source, source_db)
+    t.create(mariadb_target, mysql_db)
+    setl = make_setl(tmp_path, mariadb_source, source_db, mysql_target(mariadb_target), f"{mysql_db}.{{table}}",
+                     server_id=2105)
+    setl.config["tables"] = [{"source": rf"{re.escape(source_db)}\.ints", "target": f"{mysql_db}.{{table}}"}]
+    setl.write_config()
+    run_until_caught_up(setl)  # the first start copies ints (empty now)
+    t.fill(mariadb_source, source_db, 3000, binlog=False)  # rows the binlog never holds
+    result = setl.run("snapshot", "--pipeline", setl.name, "--table", f"{source_db}.ints")
+    assert result.returncode == 0 and "when the pipeline starts" in result.stdout, result.stdout + result.stderr
+    run_until_caught_up(setl)
+    count = "SELECT COUNT(*) FROM `{}`.ints"
+    assert mariadb_target.query(count.format(mysql_db)) == mariadb_source.query(count.format(source_db)) != [(0,)]
+    assert t.checksums(mariadb_source, source_db, ["ints"]) == t.checksums(mariadb_target, mysql_db, ["ints"])
+    assert setl.status()["snapshot"][0]["status"] == "done"
+
+
+def test_a_copy_the_running_node_cannot_serve_is_refused(tmp_path, mariadb_source, mariadb_target, source_db,
+                                                         mysql_db):
+    """Issue 23 item 2: a rule added to the file of a running pipeline selects a new table; the
+    running node runs with its start's rules and would drop the request, so the CLI refuses it with
+    exit 2 instead of saying "starts within seconds"."""
+    t.create(mariadb_source, source_db)
+    t.create(mariadb_target, mysql_db)
+    setl = make_setl(tmp_path, mariadb_source, source_db, mysql_target(mariadb_target), f"{mysql_db}.{{table}}",
+                     server_id=2106)
+    setl.config["tables"] = [{"source": rf"{re.escape(source_db)}\.ints", "target": f"{mysql_db}.{{table}}"}]
+    setl.write_config()
+    with spawned(setl) as proc:
+        wait_until(lambda: setl.status()["status"] == "running" and "rules" in (setl.liveness_figures() or {}),
+                   timeout=60, message="a running node's beat")
+        setl.config["tables"] = [{"source": rf"{re.escape(source_db)}\.(ints|strs)",
+                                  "target": f"{mysql_db}.{{table}}"}]
+        setl.write_config()
+        refused = setl.run("snapshot", "--pipeline", setl.name, "--table", f"{source_db}.strs")
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert "other table rules" in refused.stderr and "restart the pipeline" in refused.stderr
+        assert refused.stderr.count("\n") == 1
+        assert proc.poll() is None
+        assert setl.stop(proc) == 0
