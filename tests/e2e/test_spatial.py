@@ -288,3 +288,29 @@ def test_parquet_holds_wkb_and_sqlite_the_servers_bytes(tmp_path):
     finally:
         sqlite.close()
     assert rows == [(two.data, None)]
+
+
+@pytest.mark.parametrize("spatial", ["postgis", "wkb", "wkt"])
+def test_copy_sends_spatial_values_in_the_targets_form(spatial, postgres_server, postgres_db):
+    """Upserts and keyless inserts that go by COPY carry spatial values in the same form as bound
+    parameters do (a geometry, WKB or WKT column each gets its own)."""
+    if spatial == "postgis":
+        postgres_server.query("CREATE EXTENSION postgis", dbname=postgres_db)
+    kind = {"postgis": "geometry", "wkb": "bytea", "wkt": "text"}[spatial]
+    postgres_server.query(f"CREATE SCHEMA app; CREATE TABLE app.keyed (id int PRIMARY KEY, g {kind}); "
+                          f"CREATE TABLE app.loose (g {kind})", dbname=postgres_db)
+    value = Geometry(bytes.fromhex("110f0000" "0101000000000000000000f83f00000000000002c0"))  # POINT(1.5 -2.25), 3857
+    changes = tuple(RowChange(Op.INSERT, "app", table, key, None, {"id": n, "g": value} if key else {"g": value},
+                              Position("b.000001", 10 + n))
+                    for table, key in (("keyed", ("id",)), ("loose", ())) for n in range(3))
+    config = attrs.evolve(postgres_server.target_config(postgres_db), spatial=spatial)
+    load = PostgresLoad(config, pipeline="spatial", copy_rows=2)
+    try:
+        load.load(Batch("spatial", 1, 1, Position("b.000001", 4), Position("b.000001", 30), changes))
+    finally:
+        load.close()
+    shown = {"postgis": "ST_AsText(g) || ' ' || ST_SRID(g)", "wkb": "encode(g, 'hex')", "wkt": "g"}[spatial]
+    expected = {"postgis": "POINT(1.5 -2.25) 3857", "wkb": value.wkb.hex(), "wkt": "POINT(1.5 -2.25)"}[spatial]
+    for table in ("keyed", "loose"):
+        rows = postgres_server.query(f"SELECT {shown} FROM app.{table}", dbname=postgres_db)
+        assert [r[0] for r in rows] == [expected] * 3
