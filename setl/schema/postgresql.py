@@ -4,7 +4,9 @@ A column holding a source column gets the PostgreSQL type of its MySQL type by t
 replicated DDL uses (`setl.sinks.postgresql_ddl`, tabled in docs/schema.md): integers widen to
 hold UNSIGNED values, DECIMAL(p,s) -> numeric(p,s), DATETIME(n) -> timestamp(n), TIMESTAMP(n) ->
 timestamptz(n), TIME -> interval, CHAR/VARCHAR(n) -> varchar(n) (``COLLATE "C"`` for a binary
-collation), TEXT types, ENUM and SET -> text, BINARY/BLOB types -> bytea, JSON -> jsonb. NOT
+collation), TEXT types, ENUM and SET -> text, BINARY/BLOB types -> bytea, JSON -> jsonb, spatial
+types by the target's ``spatial`` option (PostGIS geometry, bytea or text:
+`setl.sinks.postgresql_spatial`). NOT
 NULL and simple DEFAULTs (numbers, plain strings, CURRENT_TIMESTAMP) are kept; other defaults,
 charsets and case-insensitive collations are left out. A column a transform adds takes the
 type of its Spark type (`SPARK_TYPES`).
@@ -12,15 +14,17 @@ type of its Spark type (`SPARK_TYPES`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from setl.ddl import tokenize
+from setl.errors import ConfigError
 from setl.model import TableName
 from setl.schema.mysql import quote as mysql_quote
 from setl.schema.plan import TargetColumn, TargetTable, unsupported
 from setl.schema.target import ExistingColumn, SchemaTarget, create_table
-from setl.sinks.postgresql_ddl import UnsupportedDdl, column, ident
+from setl.sinks import postgresql_spatial
+from setl.sinks.postgresql_ddl import SPATIAL, UnsupportedDdl, column, ident
 
 #: Spark type -> PostgreSQL type, for columns a transform adds.
 SPARK_TYPES = {
@@ -54,6 +58,21 @@ class PostgresqlSchema(SchemaTarget):
 
     dialect = "postgresql"
 
+    def __init__(self, connect: Callable[[], Any], *, pipeline: str, spatial: str = "auto") -> None:
+        """`spatial`: the target's ``spatial`` option, resolved on the first spatial column."""
+        super().__init__(connect, pipeline=pipeline)
+        self.spatial = spatial
+        self._spatial_form: str | None = None
+
+    def spatial_form(self) -> str:
+        """The form spatial columns take on this target (`setl.sinks.postgresql_spatial.resolve`)."""
+        if self._spatial_form is None:
+            try:
+                self._spatial_form = postgresql_spatial.resolve(self.conn, self.spatial)
+            except postgresql_spatial.NoPostgis as exc:
+                raise ConfigError(str(exc), pipeline=self.pipeline, stage="load") from exc
+        return self._spatial_form
+
     def column(self, table: TargetTable, target: TargetColumn) -> str:
         if target.source is None:
             kind = spark_type(target.spark_type or "")
@@ -70,8 +89,9 @@ class PostgresqlSchema(SchemaTarget):
             definition += " NOT NULL"
         if source.default is not None:
             definition += f" DEFAULT {source.default}"
+        form = self.spatial_form() if source.base.upper() in SPATIAL else "wkb"
         try:
-            translated = column([t for t in tokenize(definition) if t.kind != "ws"])
+            translated = column([t for t in tokenize(definition) if t.kind != "ws"], form)
         except (UnsupportedDdl, ValueError, IndexError) as exc:
             raise unsupported(self.pipeline, table, target, "PostgreSQL", f"has no type mapping ({exc})") from exc
         return translated.text()

@@ -53,6 +53,7 @@ from setl.sinks.prepared import PreparedBatches
 from setl.sinks.sql_common import (DdlStep, FenceBusy, Segment, SqlLoad, TargetTableMissing, chunks, group_by_columns,
                                    insert_runs)
 from setl.tls import mysql_context, require_encrypted
+from setl.values import Geometry
 
 
 @attrs.frozen
@@ -130,9 +131,11 @@ CHUNK_ROWS = 2_000
 
 def to_db(value: Any) -> Any:
     """A row value as PyMySQL can send it: JSON documents dumped, SET members joined, zero and
-    partial dates as the server's own text."""
+    partial dates as the server's own text, spatial values as the server's own bytes."""
     if isinstance(value, InvalidDate):
         return value.text
+    if isinstance(value, Geometry):
+        return value.data
     if isinstance(value, (dict, list)):
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
     if isinstance(value, (set, frozenset)):

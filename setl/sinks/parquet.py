@@ -50,6 +50,9 @@ replay has run; the batch's position is acked only after all of them are
 written, so everything up to the acked position is exact. A temp file a crash
 left behind is removed the next time the target is opened.
 
+Spatial columns (`setl.values.Geometry`) are written as binary holding the OGC WKB of each value
+(readable by GeoPandas, DuckDB's ``ST_GeomFromWKB``, ...); the SRID is not kept.
+
 Writers (``writer:`` in the target config): ``arrow`` (the default) writes each
 file with pyarrow in the node's process; ``spark`` gives the same Arrow table
 to Spark's Parquet writer on the node's SparkSession (started on the first
@@ -88,7 +91,7 @@ from setl.routing import flat_name
 from setl.sinks.invalid_dates import InvalidDatePolicy
 from setl.spark import brief, find_java, from_arrow, get_session
 from setl.stages.load import Load, LoadCapabilities
-from setl.transforms.frames import PARQUET_MAX_PRECISION, SPARK_MAX_PRECISION, TableTypes, column_array
+from setl.transforms.frames import GEOMETRY, PARQUET_MAX_PRECISION, SPARK_MAX_PRECISION, TableTypes, column_array
 
 
 @attrs.frozen
@@ -292,7 +295,11 @@ class ParquetLoad(Load):
             "_setl_seq": pa.array([seq for seq, _ in changes], pa.int64()),
         }
         types = TableTypes(max_precision=self._max_precision, widen_decimals=True)
-        table, _codecs = types.table(images, extra=meta)  # type: ignore[arg-type]
+        table, codecs = types.table(images, extra=meta)  # type: ignore[arg-type]
+        for column, codec in codecs.items():
+            if codec == GEOMETRY:
+                at = table.column_names.index(column)
+                table = table.set_column(at, column, _wkb(table.column(at)))
         for column, array in _before_key(changes, types):
             table = table.append_column(column, array)
         table = self._conform(name, table)
@@ -501,10 +508,17 @@ def _before_key(changes: list[tuple[int, RowChange]], types: TableTypes) -> list
     for column in columns:
         values = [change.before.get(column) if change.op is update and change.before is not None else None
                   for _, change in changes]
-        array, _kind = column_array(values, known=types.get(column), max_precision=types.max_precision,
-                                    widen_decimals=True)
+        array, kind = column_array(values, known=types.get(column), max_precision=types.max_precision,
+                                   widen_decimals=True)
+        if kind is not None and kind.codec == GEOMETRY:
+            array = _wkb(array)
         out.append((BEFORE_PREFIX + column, array))
     return out
+
+
+def _wkb(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """A spatial column (`setl.values.Geometry.data`: SRID, then WKB) as its WKB."""
+    return pa.array([None if v is None else v[4:] for v in column.to_pylist()], pa.binary())
 
 
 def _fsync(path: Path) -> None:

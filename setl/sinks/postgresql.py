@@ -14,6 +14,8 @@ every column with ``IS NOT DISTINCT FROM`` (one row per change, by ctid). Values
 psycopg's adapters (bytes as bytea, Decimal as numeric, timedelta as interval); dicts and lists
 are sent as jsonb. The session time zone is UTC. Zero and partial dates (`InvalidDate`) follow the
 target's ``invalid_dates`` policy (`setl.sinks.invalid_dates`): refused by default, or NULL.
+Spatial values (`setl.values.Geometry`) go as PostGIS geometry, WKB bytea or WKT text by the
+target's ``spatial`` option (`setl.sinks.postgresql_spatial`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from setl.sinks.invalid_dates import InvalidDatePolicy
 from setl.sinks.nul_text import HINT as NUL_HINT
 from setl.sinks.nul_text import NulTextPolicy
 from setl.sinks.merge import TableChanges
+from setl.sinks import postgresql_spatial as spatial
 from setl.sinks.postgresql_ddl import Translator, UnsupportedDdl, without_sequence_ddl
 from setl.sinks.prepared import PreparedBatches
 from setl.sinks.sql_common import (DdlStep, FenceBusy, Segment, SqlLoad, TargetTableMissing, chunks, group_by_columns,
@@ -58,6 +61,9 @@ class PostgresqlTargetConfig:
     invalid_dates: Literal["refuse", "null"] = "refuse"
     #: what to do with text holding NUL (0x00), which PostgreSQL cannot store (`setl.sinks.nul_text`)
     nul_in_text: Literal["refuse", "strip", "escape"] = "refuse"
+    #: spatial columns (`setl.sinks.postgresql_spatial`): PostGIS geometry, WKB bytea or WKT text;
+    #: auto: postgis when the extension is in the target database, else wkb
+    spatial: Literal["auto", "postgis", "wkb", "wkt"] = "auto"
     ssl: SslConfig | None = None  # TLS: sslmode verify-full (require with verify false); none: libpq's prefer
 
 
@@ -172,6 +178,8 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
                                                 pipeline=self.pipeline, target="PostgreSQL")
         self._nul_text = NulTextPolicy(getattr(config, "nul_in_text", "refuse"), pipeline=self.pipeline,
                                        target="PostgreSQL")
+        #: the form of spatial values the last connection opened resolved `config.spatial` to
+        self._spatial: spatial.SpatialForm = "wkb"
 
     def _segments(self, batch: Batch) -> list[Segment]:
         """Sequence DDL left out, zero and partial dates handled by the ``invalid_dates`` policy and
@@ -207,6 +215,17 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
     # -- connection
 
     def _connect(self) -> psycopg.Connection:
+        conn = self._open()
+        try:
+            form = spatial.resolve(conn, getattr(self.config, "spatial", "auto"))
+            spatial.register(conn, form)
+        except BaseException:
+            conn.close()
+            raise
+        self._spatial = form
+        return conn
+
+    def _open(self) -> psycopg.Connection:
         return psycopg.connect(
             host=self.config.host,
             port=self.config.port,
@@ -549,7 +568,7 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
         transaction: PostgreSQL DDL is transactional, so a replay finds it undone or committed
         with the batch's position. A statement it cannot translate fails the batch."""
         change = step.change
-        translator = Translator(change.schema)
+        translator = Translator(change.schema, spatial=self._spatial)
         try:
             statements = translator.translate(step.statement)
         except (UnsupportedDdl, ValueError) as exc:
@@ -598,7 +617,7 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
                  " WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum")
         conn.execute("SAVEPOINT setl_shape_check")
         try:
-            for statement in Translator(step.change.schema).translate(parse(scratch)):
+            for statement in Translator(step.change.schema, spatial=self._spatial).translate(parse(scratch)):
                 conn.execute(statement)
             return (conn.execute(shape, (name,)).fetchall()
                     == conn.execute(shape, ("pg_temp.setl_shape_check",)).fetchall())
@@ -626,6 +645,8 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
     def _describe(self, exc: BaseException) -> str:
         if _nul_refused(exc):
             return NUL_HINT
+        if isinstance(exc, spatial.NoPostgis):
+            return str(exc)
         if isinstance(exc, psycopg.Error):
             text = " ".join(str(exc).split())
             return f"{text} (SQLSTATE {exc.sqlstate})" if exc.sqlstate else text

@@ -21,7 +21,7 @@ same rows: ``CREATE TABLE ... PARTITION BY`` loses the clause, and ALTERs that o
 partitions (PARTITION BY, ADD, REORGANIZE, COALESCE PARTITION, REMOVE PARTITIONING, ...) translate
 to nothing; DROP, TRUNCATE and EXCHANGE PARTITION, which change rows without row events, raise
 `UnsupportedDdl` (the pipeline stops rather than keep rows the source removed). Anything else
-(spatial types, ...) raises `UnsupportedDdl`.
+raises `UnsupportedDdl`.
 ADD COLUMN ... NOT NULL without a DEFAULT fills existing rows with MySQL's implicit default (0,
 '', the first ENUM member, zero bytes); for dates MySQL's zero date has no PostgreSQL value, so
 such an ADD fails on a non-empty table.
@@ -42,7 +42,11 @@ TEXT types -> text; a binary collation (``CHAR(n) BINARY``, ``VARCHAR(n) BINARY`
 character type makes it bytea (MySQL makes it BINARY/VARBINARY/BLOB); BINARY, VARBINARY, BLOB
 types -> bytea; ENUM, SET -> text (a SET as its members sorted and comma-joined); BIT(n) -> bigint
 (numeric(20,0) for BIT(64)); JSON -> jsonb; MariaDB's UUID -> uuid, INET4 and INET6 -> inet (both
-readers hand them on as text: `setl.values`).
+readers hand them on as text: `setl.values`); the spatial types (GEOMETRY, POINT, LINESTRING,
+POLYGON, MULTIPOINT, MULTILINESTRING, MULTIPOLYGON, GEOMETRYCOLLECTION) by the target's ``spatial``
+form (`setl.sinks.postgresql_spatial`): ``postgis`` -> geometry, typed for all but GEOMETRY
+(``geometry(Point)``, ...; the SRID is carried by each value, as a MariaDB column without
+``REF_SYSTEM_ID`` holds any), ``wkb`` -> bytea, ``wkt`` -> text.
 """
 
 from __future__ import annotations
@@ -90,8 +94,22 @@ _PARTITION_UPKEEP = frozenset({"ADD", "REORGANIZE", "COALESCE", "ANALYZE", "CHEC
                                "REPAIR", "DISCARD", "IMPORT"})
 
 
-def pg_type(base: str, args: Sequence[str], unsigned: bool) -> str:
-    """The PostgreSQL type for a MySQL type name, its numeric arguments and UNSIGNED."""
+#: MySQL spatial type -> the PostGIS geometry subtype of its column (None: any geometry).
+SPATIAL = {
+    "GEOMETRY": None, "POINT": "Point", "LINESTRING": "LineString", "POLYGON": "Polygon",
+    "MULTIPOINT": "MultiPoint", "MULTILINESTRING": "MultiLineString", "MULTIPOLYGON": "MultiPolygon",
+    "GEOMETRYCOLLECTION": "GeometryCollection", "GEOMCOLLECTION": "GeometryCollection",
+}
+
+
+def pg_type(base: str, args: Sequence[str], unsigned: bool, spatial: str = "wkb") -> str:
+    """The PostgreSQL type for a MySQL type name, its numeric arguments and UNSIGNED; a spatial
+    type's by the `spatial` form (postgis, wkb or wkt: `setl.sinks.postgresql_spatial`)."""
+    if base in SPATIAL:
+        if spatial == "postgis":
+            subtype = SPATIAL[base]
+            return f"geometry({subtype})" if subtype else "geometry"
+        return "text" if spatial == "wkt" else "bytea"
     if base in _INTS:
         return _INTS[base][unsigned]
     if base in ("DECIMAL", "NUMERIC", "DEC", "FIXED"):
@@ -235,8 +253,8 @@ def _implicit(base: str, args: Sequence[Token]) -> str | None:
     return None
 
 
-def column(tokens: Sequence[Token]) -> Column:
-    """A MySQL column definition, translated."""
+def column(tokens: Sequence[Token], spatial: str = "wkb") -> Column:
+    """A MySQL column definition, translated (spatial types by the `spatial` form: `pg_type`)."""
     t = Reader(tokens)
     name = t.next().name
     base = t.next().upper
@@ -257,7 +275,7 @@ def column(tokens: Sequence[Token]) -> Column:
     while (token := t.peek()) is not None and token.upper in ("UNSIGNED", "SIGNED", "ZEROFILL"):
         unsigned = unsigned or token.upper != "SIGNED"
         t.next()
-    kind = pg_type(base, args, unsigned)
+    kind = pg_type(base, args, unsigned, spatial)
     not_null, default, extra = False, None, ""
     binary, charset, lost, generated, period = False, "", None, False, False
     while not t.done():
@@ -290,6 +308,12 @@ def column(tokens: Sequence[Token]) -> Column:
             t.word("SET")
             charset = t.next().name.lower()
         elif t.word("COMMENT", "AFTER"):
+            t.next()
+        elif t.word("REF_SYSTEM_ID"):  # MariaDB's SRID of a spatial column: each value carries it
+            if t.sees("="):
+                t.next()
+            t.next()
+        elif t.word("SRID"):  # MySQL's
             t.next()
         elif t.word("ON"):
             t.word("UPDATE")
@@ -348,10 +372,13 @@ _ELEMENT_KEYWORDS = {"PRIMARY", "UNIQUE", "CONSTRAINT", "KEY", "INDEX", "FULLTEX
 
 
 class Translator:
-    """Translates parsed MySQL DDL; unqualified names are taken to be in `default_schema`."""
+    """Translates parsed MySQL DDL; unqualified names are taken to be in `default_schema`, spatial
+    columns get the `spatial` form's type (`pg_type`)."""
 
-    def __init__(self, default_schema: str) -> None:
+    def __init__(self, default_schema: str, spatial: str = "wkb") -> None:
         self.default_schema = default_schema
+        #: the target's form of spatial columns (`pg_type`)
+        self.spatial = spatial
         #: (table, why) of the last `translate`: statements exact only while the table has no rows
         #: (an ADD COLUMN whose DEFAULT fills existing rows with a value PostgreSQL would not give)
         self.needs_empty: list[tuple[str, str]] = []
@@ -401,7 +428,7 @@ class Translator:
                 if constraint is not None:
                     elements.append(constraint)
             else:
-                definition = column(part)
+                definition = column(part, self.spatial)
                 if not definition.period:
                     elements.append(definition.text())
         rest = Reader(t.rest())
@@ -459,7 +486,7 @@ class Translator:
                 if t.word("IF"):
                     t.word("EXISTS")
                 old = t.next().name if verb == "CHANGE" else None
-                definition = column(t.rest())
+                definition = column(t.rest(), self.spatial)
                 target = ident(old or definition.name)
                 if definition.period:
                     continue
@@ -524,7 +551,7 @@ class Translator:
                 actions.append(f"ADD {constraint}")
             return
         for part in split(t.group()) if token.text == "(" else [t.rest()]:
-            definition = column(part)
+            definition = column(part, self.spatial)
             if definition.period:
                 continue
             fill = None

@@ -12,6 +12,7 @@ holds already, so replays apply each change to each table once.
 
 from __future__ import annotations
 
+import operator
 import sqlite3
 import threading
 from pathlib import Path
@@ -24,6 +25,7 @@ from setl.model import Batch, Change, DdlChange, InvalidDate, Position, RowChang
 from setl.routing import flat_name
 from setl.sinks.merge import merge
 from setl.stages.load import Load, LoadCapabilities
+from setl.values import Geometry
 
 
 @attrs.frozen
@@ -35,6 +37,7 @@ class SqliteTargetConfig:
 
 # A zero or partial date is stored as its text, as SQLite stores every date.
 sqlite3.register_adapter(InvalidDate, str)
+sqlite3.register_adapter(Geometry, operator.attrgetter("data"))
 
 
 def _q(name: str) -> str:

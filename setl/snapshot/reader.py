@@ -233,8 +233,8 @@ class ChunkReader:
     def convert(plan: TablePlan, image: dict[str, Any]) -> dict[str, Any]:
         """`image` (changed in place) with the values the binlog source hands on for the same row
         (see `setl.sources.mysql_binlog.MysqlBinlogSource`): SETs as frozensets, BITs as ints, zero dates
-        kept, UUID, INET and FLOAT values in `setl.values`' one form (so that a copied row and its
-        later binlog changes merge by the same key)."""
+        kept, UUID, INET, FLOAT and spatial values in `setl.values`' one form (so that a copied row and
+        its later binlog changes merge by the same key)."""
         for name, kind in plan.types.items():
             value = image.get(name)
             if value is None:

@@ -10,6 +10,8 @@ A DATE, DATETIME or TIMESTAMP column holding a zero or partial date (`InvalidDat
 ``0000-00-00``) is carried as text too, every value of it in ISO form (``2024-01-31``,
 ``2024-01-31 12:00:00``, ``0000-00-00``): a Spark transform sees a string column there, and
 text that is no calendar date comes back as `InvalidDate`, the rest as dates and datetimes.
+A spatial column (`setl.values.Geometry`) is carried as binary holding the server's own bytes
+(SRID, then WKB) and comes back as `Geometry`, exactly as it went in.
 
 Deriving a type scans a column's values, so a `TableTypes` remembers each
 column's type per table and reuses it while a batch's values fit it (same
@@ -32,6 +34,7 @@ import attrs
 import pyarrow as pa
 
 from setl.model import InvalidDate
+from setl.values import Geometry
 
 #: Widest decimal Spark holds; Parquet takes up to 76 digits (decimal256).
 SPARK_MAX_PRECISION = 38
@@ -43,6 +46,7 @@ INT_TEXT = "int"
 SET = "set"
 TIME = "time"
 DATE_TEXT = "date"
+GEOMETRY = "geometry"
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _NONE = type(None)
@@ -128,6 +132,8 @@ def infer_type(
         return pa.string(), JSON
     if kinds <= {set, frozenset}:
         return pa.string(), SET
+    if kinds == {Geometry}:
+        return pa.binary(), GEOMETRY
     return pa.string(), None
 
 
@@ -148,6 +154,8 @@ def _encode(value: Any, codec: str | None) -> Any:
         return str(value)
     if codec in (DECIMAL_TEXT, INT_TEXT):
         return str(value)
+    if codec == GEOMETRY:
+        return value.data
     if isinstance(value, (bytearray, memoryview)):
         return bytes(value)
     return value
@@ -168,6 +176,8 @@ def _decode(value: Any, codec: str) -> Any:
         return decimal.Decimal(value) if isinstance(value, str) else value
     if codec == INT_TEXT:
         return int(value) if isinstance(value, (str, decimal.Decimal)) else value
+    if codec == GEOMETRY:
+        return Geometry(value) if isinstance(value, bytes) else value
     return value
 
 
@@ -346,6 +356,8 @@ def _decoded(values: list[Any], codec: str) -> list[Any]:
 def _still_encoded(field: pa.Field, codec: str) -> bool:
     """Whether a codec column still holds its stored form (a transform may have cast it to something else)."""
     tp = field.type
+    if codec == GEOMETRY:
+        return pa.types.is_binary(tp) or pa.types.is_large_binary(tp)
     return pa.types.is_string(tp) or pa.types.is_large_string(tp) or (codec == INT_TEXT and pa.types.is_decimal(tp))
 
 

@@ -62,8 +62,30 @@ def test_translation(statement, expected):
     assert translate(statement) == expected
 
 
+@pytest.mark.parametrize("spatial, expected", [
+    ("postgis", ['CREATE TABLE "app"."t" ("g" geometry NOT NULL, "p" geometry(Point), "l" geometry(LineString), '
+                 '"a" geometry(Polygon), "mp" geometry(MultiPoint), "ml" geometry(MultiLineString), '
+                 '"ma" geometry(MultiPolygon), "c" geometry(GeometryCollection), "s" geometry(Point), '
+                 'PRIMARY KEY ("p"))',
+                 'ALTER TABLE "app"."t" ADD COLUMN "x" geometry(Point)']),
+    ("wkb", ['CREATE TABLE "app"."t" ("g" bytea NOT NULL, "p" bytea, "l" bytea, "a" bytea, "mp" bytea, "ml" bytea, '
+             '"ma" bytea, "c" bytea, "s" bytea, PRIMARY KEY ("p"))', 'ALTER TABLE "app"."t" ADD COLUMN "x" bytea']),
+    ("wkt", ['CREATE TABLE "app"."t" ("g" text NOT NULL, "p" text, "l" text, "a" text, "mp" text, "ml" text, '
+             '"ma" text, "c" text, "s" text, PRIMARY KEY ("p"))', 'ALTER TABLE "app"."t" ADD COLUMN "x" text']),
+])
+def test_spatial_columns_take_the_targets_spatial_form(spatial, expected):
+    """Every spatial type becomes PostGIS geometry (typed), bytea or text by the target's form; an
+    SRID attribute (MariaDB's REF_SYSTEM_ID=n, MySQL's SRID n) is carried by the values instead."""
+    translator = Translator("app", spatial=spatial)
+    create = ("CREATE TABLE t (g GEOMETRY NOT NULL, p POINT, l LINESTRING, a POLYGON, mp MULTIPOINT, "
+              "ml MULTILINESTRING, ma MULTIPOLYGON, c GEOMETRYCOLLECTION, s POINT REF_SYSTEM_ID=4326, "
+              "PRIMARY KEY (p), SPATIAL INDEX (g))")
+    alter = "ALTER TABLE t ADD COLUMN x POINT SRID 4326 AFTER g"
+    assert translator.translate(parse(create)) + translator.translate(parse(alter)) == expected
+
+
 @pytest.mark.parametrize("statement", [
-    "CREATE TABLE t (g GEOMETRY)",
+    "CREATE TABLE t (v VECTOR(3))",
     "CREATE TABLE t (a INT) AS SELECT 1 AS a",
     # the server drops, empties or swaps a partition's rows without row events
     "ALTER TABLE t DROP PARTITION p0",

@@ -231,8 +231,8 @@ class TestPostgresSink(SinkContract):
 
     def test_untranslatable_ddl_is_refused(self, target, items, load):
         """A DDL the translation does not handle fails naming the statement; nothing is applied."""
-        ddl = DdlChange(target.schema, "items", f"ALTER TABLE `{target.schema}`.`items` ADD COLUMN g POINT")
-        with pytest.raises(LoadError, match="cannot translate .*POINT") as info:
+        ddl = DdlChange(target.schema, "items", f"ALTER TABLE `{target.schema}`.`items` ADD COLUMN g VECTOR(3)")
+        with pytest.raises(LoadError, match="cannot translate .*VECTOR") as info:
             load.load(make_batch([items.insert(**item(1)), ddl]))
         assert info.value.context["table"] == f"{target.schema}.items"
         assert target.rows("items") == []

@@ -59,6 +59,10 @@ KEYS: dict[str, tuple[list[str], str]] = {
     "CHAR(4) CHARACTER SET latin1": (["'ab'", "''", "'x y'", "'zz'", "'q'"], "'AB'"),
     # FLOAT: a single-precision value, matched below by range (1.1 as a double is not it)
     "FLOAT": (["1.1", "0.3", "-2.5", "3.3", "1e30"], "0.1"),
+    # spatial: the server's bytes (SRID, then WKB) from both readers, as `setl.values.Geometry`
+    "POINT": (["ST_GeomFromText('POINT(1 2)')", "ST_GeomFromText('POINT(1 2)', 4326)",
+               "ST_GeomFromText('POINT(-0.1 1e20)')", "ST_GeomFromText('POINT(0 0)')",
+               "ST_GeomFromText('POINT(3.5 -7.25)', 3857)"], "ST_GeomFromText('POINT(9 9)')"),
 }
 
 
@@ -68,7 +72,7 @@ PG_TYPES = {
     "BIT(5)": "bigint", "DECIMAL(10,3)": "numeric(10,3)", "DATETIME(6)": "timestamp(6)",
     "TIMESTAMP(3)": "timestamptz(3)", "TIME(3)": "interval", "DATE": "date", "SET('a','b','c')": "text",
     "YEAR": "smallint", "ENUM('a','b','c','d','e','f')": "text", "VARCHAR(8) COLLATE utf8mb4_general_ci": "varchar(8)",
-    "CHAR(4) CHARACTER SET latin1": "varchar(4)", "FLOAT": "real",
+    "CHAR(4) CHARACTER SET latin1": "varchar(4)", "FLOAT": "real", "POINT": "bytea",
 }
 
 
@@ -168,6 +172,10 @@ def test_a_copied_row_and_its_binlog_changes_merge_by_one_key_into_postgresql(
         expected = mariadb_source.query(f"SELECT k FROM `{source_db}`.k ORDER BY v")
         normal = (lambda text: text.split("/")[0]) if kind != "UUID" else str
         assert [normal(row[0]) for row in keys] == [row[0] for row in expected]
+    if kind == "POINT":  # bytea (no PostGIS here) holding each key's WKB
+        keys = postgres_server.query(f'SELECT k FROM "{source_db}".k ORDER BY v', dbname=postgres_db)
+        expected = mariadb_source.query(f"SELECT ST_AsBinary(k) FROM `{source_db}`.k ORDER BY v")
+        assert [bytes(row[0]) for row in keys] == [row[0] for row in expected]
 
 
 def _merged_keys(reads: list[RowChange], changes: list[RowChange]) -> dict[Any, Any]:

@@ -20,6 +20,10 @@ from setl.stages.extract import TableExtract
 from setl.stages.transform import Transform
 from setl.testing.spark import make_batch
 from setl.transforms.stage import SparkTransform, StepAnalysisError, build_transform
+from setl.values import Geometry
+
+#: POINT(1.5 -2.25) with SRID 4326, as MariaDB stores it
+POINT = Geometry(bytes.fromhex("e6100000") + bytes.fromhex("0101000000000000000000f83f00000000000002c0"))
 
 
 def steps(registry, *specs):
@@ -31,7 +35,8 @@ def stage_for(spark, registry, table, *specs):
 
 
 def test_types_survive_the_round_trip(spark, registry):
-    """Decimals, microsecond datetimes, dates, bytes, JSON, big ints, sets and NULLs come back unchanged."""
+    """Decimals, microsecond datetimes, dates, bytes, JSON, big ints, sets, spatial values and NULLs come back
+    unchanged."""
     rows = [
         {
             "id": 1,
@@ -47,12 +52,13 @@ def test_types_survive_the_round_trip(spark, registry):
             "flag": True,
             "took": dt.timedelta(hours=-3, microseconds=7),
             "alarm": dt.time(7, 30, 0, 123),
+            "shape": POINT,
             "nothing": None,
         },
         {
             "id": 2, "price": None, "huge": None, "at": None, "on": None, "blob": None, "doc": [1, "two"],
             "tags": frozenset(), "unsigned": None, "ratio": None, "flag": None, "took": None, "alarm": None,
-            "nothing": None,
+            "shape": None, "nothing": None,
         },
     ]
     batch = make_batch("demo.t", rows, primary_key=["id"])
@@ -414,12 +420,15 @@ def spy_stage(spark, seen):
 
 
 def test_an_identity_transform_returns_every_type_unchanged_and_spark_sees_sql_types(spark):
-    """Decimals, microsecond datetimes, binary, JSON, unsigned BIGINT max and NULLs pass an identity step
-    unchanged, and Spark sees them as DECIMAL, TIMESTAMP_NTZ, BINARY, STRING and DECIMAL(20,0)."""
+    """Decimals, microsecond datetimes, binary, JSON, unsigned BIGINT max, spatial values and NULLs pass an
+    identity step unchanged, and Spark sees them as DECIMAL, TIMESTAMP_NTZ, BINARY, STRING, DECIMAL(20,0)
+    and BINARY (the server's bytes)."""
     rows = [
         {"id": 1, "price": decimal.Decimal("-12.345"), "at": dt.datetime(1999, 12, 31, 23, 59, 59, 1),
-         "blob": b"\x00\xff\x00", "doc": {"k": ["v", 1, None]}, "unsigned": 2**64 - 1, "nothing": None},
-        {"id": 2, "price": None, "at": None, "blob": None, "doc": None, "unsigned": 0, "nothing": None},
+         "blob": b"\x00\xff\x00", "doc": {"k": ["v", 1, None]}, "unsigned": 2**64 - 1, "shape": POINT,
+         "nothing": None},
+        {"id": 2, "price": None, "at": None, "blob": None, "doc": None, "unsigned": 0, "shape": None,
+         "nothing": None},
     ]
     seen: list[dict] = []
     out = spy_stage(spark, seen).transform(make_batch("demo.t", rows, primary_key=["id"], op=["insert", "delete"]))
@@ -430,7 +439,7 @@ def test_an_identity_transform_returns_every_type_unchanged_and_spark_sees_sql_t
     (types,) = seen
     assert {k: types[k] for k in rows[0]} == {
         "id": "bigint", "price": "decimal(5,3)", "at": "timestamp_ntz", "blob": "binary", "doc": "string",
-        "unsigned": "decimal(20,0)", "nothing": "void"}
+        "unsigned": "decimal(20,0)", "shape": "binary", "nothing": "void"}
 
 
 def test_column_types_are_remembered_per_table_and_derived_again_when_values_do_not_fit(spark):

@@ -84,6 +84,8 @@ class _TableInfo:
     period: tuple[str, str] | None = None  # a system-versioned table's (row start, row end) columns
     #: column -> how its bytes become setl's value (UUID, INET6, INET4: `setl.values`)
     texts: Mapping[str, Any] = attrs.field(factory=dict)
+    #: spatial columns: their bytes are handed on as `setl.values.Geometry`
+    geometries: frozenset[str] = frozenset()
 
     def with_kind(self, kind: "TableKind") -> "_TableInfo":
         texts = {name: canonical.FROM_BINLOG[of] for name, of in kind.texts.items() if of in canonical.FROM_BINLOG}
@@ -136,6 +138,7 @@ class _TableInfo:
              if c.type == FIELD_TYPE.STRING and c.character_set_name == "binary"},
             {c.name: getattr(c, "fsp", 0) or 0 for c in columns
              if c.type in (FIELD_TYPE.TIMESTAMP, FIELD_TYPE.TIMESTAMP2)},
+            geometries=frozenset(c.name for c in columns if c.type == FIELD_TYPE.GEOMETRY),
         )
 
     def image(self, values: dict[str, Any], none_sources: Mapping[str, str]) -> dict[str, Any]:
@@ -167,4 +170,8 @@ class _TableInfo:
             value = values.get(name)
             if value is not None:
                 values[name] = to_text(value)
+        for name in self.geometries:
+            value = values.get(name)
+            if value is not None:
+                values[name] = canonical.geometry(value)
         return values
