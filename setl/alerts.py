@@ -11,7 +11,8 @@ with `error` for ``paused`` (an operator's `setl pause` too: "paused by an opera
 `figure`, `value` and `threshold` for a threshold such as ``lag_seconds > 30``: sent with `status`
 ``firing`` when the figure crosses it upwards, and with ``resolved`` when it falls back to or below
 it (then firing again only on the next crossing); `node` for ``leader_changed`` (the node that now
-runs the pipeline).
+runs the pipeline); `table`, `rows` and `chunks` for ``snapshot_done`` (one per source table whose
+copy was acked to its end).
 """
 
 from __future__ import annotations

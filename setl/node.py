@@ -7,6 +7,7 @@ It restarts nothing silently: a pipeline that paused waits for `setl resume`
 from __future__ import annotations
 
 import collections
+import functools
 import gc
 import logging
 import operator
@@ -28,6 +29,8 @@ from setl.pipeline.checks import check_rules, rules_fingerprint
 from setl.runtime import SerialExecutorService, TaskExecutionService
 from setl.scheduler import BatchCap, Fanout, Forwarding, Listener, Outcome, Scheduler, supports_per_table
 from setl.schema import check_tables
+from setl.snapshot.select import find_snapshot
+from setl.tablecopy import TableProgress
 
 if TYPE_CHECKING:
     from setl.ha import Elections, Lease
@@ -199,6 +202,9 @@ class Node:
         rules = self._rules.get(name)
         return {**figures, "rules": rules} if rules is not None else figures
 
+    def _snapshot_done(self, name: str, progress: TableProgress) -> None:
+        self.alerts.emit(name, "snapshot_done", table=str(progress.name), rows=progress.rows, chunks=progress.chunks)
+
     def _lost_record(self, name: str, holder: Liveness | None) -> None:
         """Another process took this pipeline's liveness record: stop it here, for good.
 
@@ -276,6 +282,10 @@ class Node:
 
     def _run(self, until_caught_up: bool) -> list[PipelineResult]:
         stages = {config.name: build_stages(self.settings, config, self.meta) for config in self.pipelines}
+        for name, built in stages.items():
+            snapshot = find_snapshot(built.select)
+            if snapshot is not None:  # each table copy acked to its end: the snapshot_done alert
+                snapshot.on_done = functools.partial(self._snapshot_done, name)
         for config in self.pipelines:
             if config.pipeline.load.mode == "per_table" and not supports_per_table(stages[config.name].load):
                 raise ConfigError(f"pipeline.load.mode: target.type {config.target.type} cannot load per table "

@@ -101,6 +101,9 @@ class SnapshotSelect(SelectWrapper):
         self.readers = settings.readers or max(1, parallelism)
         self.max_chunks = settings.max_chunks or 2 * self.readers
         self.reporter = reporter
+        #: called with each table whose copy was just acked to its end (the node sends the
+        #: ``snapshot_done`` alert); an exception there is logged, never undoes the ack
+        self.on_done: Callable[[TableProgress], None] | None = None
         self.spark_reads = spark_reads  # a setl.snapshot.spark_engine.SparkReads: chunks read as Spark tasks
         self.reader = ChunkReader(self._connection, pipeline)
         self._lock = threading.Condition()
@@ -726,6 +729,8 @@ class SnapshotSelect(SelectWrapper):
         for p in finished:
             log.info("pipeline=%s stage=termin table=%s snapshot done: %d rows in %d chunk(s)", self.pipeline,
                      p.name, p.rows, p.chunks)
+            if self.on_done is not None:
+                self.on_done(p)
         tables = self.ledger.tables()
         done = bool(changed) and not active and all(p.status is CopyStatus.DONE for p in tables)
         if self.reporter is not None:

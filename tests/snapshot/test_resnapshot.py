@@ -8,6 +8,7 @@ import re
 import pytest
 
 from tests.e2e.setl_process import mysql_target, spawned
+from tests.helpers.receiver import Receiver
 from tests.helpers.wait import wait_until
 from tests.snapshot import tables as t
 from tests.snapshot.test_snapshot_resume import progress
@@ -116,3 +117,26 @@ def test_a_copy_the_running_node_cannot_serve_is_refused(tmp_path, mariadb_sourc
         assert refused.stderr.count("\n") == 1
         assert proc.poll() is None
         assert setl.stop(proc) == 0
+
+
+def test_each_finished_copy_sends_snapshot_done(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db):
+    """Issue 23 item 6: `snapshot_done`, a documented alert event, is sent once per table whose copy
+    is acked to its end, with the table and its rows."""
+    t.create(mariadb_source, source_db)
+    t.fill(mariadb_source, source_db, 1000, binlog=False)
+    receiver = Receiver()
+    try:
+        setl = make_setl(tmp_path, mariadb_source, source_db, mysql_target(mariadb_target),
+                         f"{mysql_db}.{{table}}", server_id=2107)
+        setl.config["tables"] = [{"source": rf"{re.escape(source_db)}\.(ints|strs)",
+                                  "target": f"{mysql_db}.{{table}}"}]
+        setl.write_config()
+        conf = setl.conf / "setl.yaml"
+        conf.write_text(conf.read_text() + f"alerts:\n  - webhook: {receiver.url}\n    events: [snapshot_done]\n")
+        run_until_caught_up(setl)
+        sent = sorted((a["event"], a["table"], a["rows"]) for a in receiver.bodies)
+        count = "SELECT COUNT(*) FROM `{}`.`{}`"
+        assert sent == sorted(("snapshot_done", f"{source_db}.{name}",
+                               mariadb_source.query(count.format(source_db, name))[0][0]) for name in ("ints", "strs"))
+    finally:
+        receiver.close()
