@@ -10,6 +10,7 @@ import argparse
 import collections
 import contextlib
 import faulthandler
+import importlib.metadata
 import json
 import logging
 import os
@@ -39,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--conf", type=Path, default=None,
                         help="configuration directory (default: $SETL_CONF or ./conf)")
     parser.add_argument("--debug", action="store_true", help="debug logs and tracebacks")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     start = commands.add_parser("start", help="run pipelines until stopped")
@@ -89,6 +91,13 @@ def _parser() -> argparse.ArgumentParser:
     plugins = commands.add_parser("plugins", help="installed sources, targets and transforms")
     plugins.add_argument("action", choices=["list"])
     return parser
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("setl")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:

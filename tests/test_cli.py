@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import sqlite3
+import re
 import subprocess
 import sys
 import textwrap
@@ -393,3 +394,9 @@ def test_snapshot_of_a_source_without_the_capability_is_one_line_exit_2(tmp_path
     assert "pipeline=p" in line and "stage=select" in line
     assert "source type file cannot copy tables" in line and "such as mysql" in line
     assert not setup.meta_path.exists() or SqliteMetaStore(setup.meta_path).snapshot_requests("p") == []
+
+
+def test_version_names_the_installed_release():
+    result = subprocess.run([sys.executable, "-m", "setl.cli", "--version"], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0 and re.fullmatch(r"setl \d+\.\d+\.\d+\S*\n", result.stdout), result.stdout

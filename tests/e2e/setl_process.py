@@ -88,8 +88,27 @@ class SetlProcess:
         return env
 
     def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run(self._argv(args), env=self._env(), capture_output=True, text=True,
-                              timeout=timeout)
+        """`setl ARGS`, to its end. A run past `timeout` fails the test with the end of what the
+        process printed and every thread's stack (SIGUSR1: `setl start` registers faulthandler),
+        so a wait is visible instead of a bare timeout."""
+        proc = subprocess.Popen(self._argv(args), env=self._env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGUSR1)
+            try:
+                stdout, stderr = proc.communicate(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                stdout, stderr = proc.communicate()
+            else:
+                if proc.poll() is None:
+                    proc.kill()
+            raise AssertionError(f"setl {' '.join(args)} ran past {timeout}s; its output ends with:\n"
+                                 f"{(stderr or '')[-12000:]}") from None
+        return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
     def start_until_caught_up(self, timeout: float = 120) -> subprocess.CompletedProcess:
         return self.run("start", "--pipeline", self.name, "--until-caught-up", timeout=timeout)
