@@ -10,6 +10,7 @@ import argparse
 import collections
 import contextlib
 import faulthandler
+import functools
 import importlib.metadata
 import json
 import logging
@@ -79,6 +80,11 @@ def _parser() -> argparse.ArgumentParser:
     switch.add_argument("--timeout", type=float, default=60.0, metavar="S",
                         help="seconds to wait for the new holder (default 60; 0: do not wait)")
 
+    check = commands.add_parser("check", help="everything a start would find wrong, found without starting")
+    chosen = check.add_mutually_exclusive_group(required=True)
+    chosen.add_argument("--pipeline", action="append", default=[], metavar="NAME")
+    chosen.add_argument("--all", action="store_true", help="every pipeline of the conf directory")
+    check.add_argument("--strict", action="store_true", help="warnings count as errors (exit 1)")
     schema = commands.add_parser("schema", help="print (or --apply) the DDL of missing target tables")
     schema.add_argument("--pipeline", required=True, metavar="NAME")
     schema.add_argument("--apply", action="store_true", help="run the DDL on the target")
@@ -111,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         handler = {
             "start": cmd_start, "status": cmd_status, "pause": cmd_pause, "resume": cmd_resume,
             "position": cmd_position, "plugins": cmd_plugins, "switch": cmd_switch, "schema": cmd_schema,
-            "snapshot": cmd_snapshot,
+            "snapshot": cmd_snapshot, "check": cmd_check,
         }[args.command]
         return handler(args, Path(conf))
     except SetlError as exc:
@@ -508,6 +514,24 @@ def cmd_schema(args: argparse.Namespace, conf: Path) -> int:
     finally:
         if target is not None:
             target.close()
+
+
+def cmd_check(args: argparse.Namespace, conf: Path) -> int:
+    """One line per finding for each pipeline (`setl.pipeline.preflight`); exit 1 when one is an
+    error (or, with --strict, a warning), 0 otherwise."""
+    from setl.pipeline.preflight import check_pipeline
+
+    settings = load_node(conf)
+    names = sorted(pipeline_names(conf)) if args.all else list(args.pipeline)
+    if not names:
+        raise UsageError(f"no pipeline in {conf / 'pipelines'}")
+    failing = ("error", "warning") if args.strict else ("error",)
+    bad = 0
+    for name in names:
+        for finding in check_pipeline(settings, functools.partial(load_pipeline, conf, name, registry()), name):
+            print(finding.line(), flush=True)
+            bad += finding.level in failing
+    return 1 if bad else 0
 
 
 def cmd_plugins(args: argparse.Namespace, conf: Path) -> int:

@@ -548,6 +548,22 @@ class MysqlBinlogSource(Select):
 
     # --- Select ------------------------------------------------------------------------------
 
+    def check(self) -> str:
+        """What `open` checks before reading, without reading: the connection (and TLS), the binlog
+        settings and grants a reader needs, and no selected table with a cascading foreign key.
+        Returns what was found (``mariadb 10.11.19 at HOST:PORT``); raises `SourceError` naming the
+        first problem (`setl check`)."""
+        conn = self._connect()
+        try:
+            flavor = self._check_settings(conn)
+            self._refuse_cascades(conn)
+            version = str(self._query(conn, "SELECT VERSION()")[0][0])
+        except pymysql.MySQLError as exc:
+            raise self._error(f"cannot read the binlog settings of {self.host}:{self.port}: {exc}") from exc
+        finally:
+            conn.close()
+        return f"{flavor} {version} at {self.host}:{self.port}"
+
     def open(self, start: Position | None) -> None:
         self.close()
         conn = self._connect()

@@ -1,0 +1,121 @@
+"""`setl check`: everything a start would find wrong with a pipeline, found without starting it.
+
+For each pipeline, in the order a start meets them: its configuration (file, keys, plugins, TLS
+files), the source (connection, binlog settings and grants: `check()` of a source that has one),
+the rules against the source's tables (`setl.pipeline.checks`), the target tables (each one
+missing is planned with the type mapping; each existing one must fit), and the Spark steps
+(analysed against the tables' columns: this starts Spark). Nothing is written anywhere: no
+position, no fence, no table.
+
+Each finding is one line (`Finding`); a pipeline is fine when none is an error (`--strict` makes
+warnings errors too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import attrs
+
+from setl.config import NodeSettings, PipelineConfig
+from setl.connectors import build_schema
+from setl.errors import SetlError
+from setl.pipeline.build import analyse_steps, build_select, build_stages, build_transform, table_creator
+from setl.pipeline.checks import check_rules
+from setl.routing import build_plan
+
+
+@attrs.frozen
+class Finding:
+    """One line of a check: `level` ok, warning or error; `what` was checked; `text` says what."""
+
+    pipeline: str
+    level: str
+    what: str
+    text: str
+
+    def line(self) -> str:
+        return f"{self.level:7} {self.pipeline} {self.what}: {self.text}"
+
+
+def check_pipeline(node: NodeSettings, load: Callable[[], PipelineConfig], name: str) -> Iterator[Finding]:
+    """The findings for pipeline `name` (its config read by `load`), one at a time, stopping after
+    the first error a later check depends on."""
+    def found(level: str, what: str, text: str) -> Finding:
+        return Finding(name, level, what, " ".join(text.split()))
+
+    try:
+        config = load()
+    except SetlError as exc:
+        yield found("error", "config", str(exc))
+        return
+    yield found("ok", "config", f"{config.file or name}: source {config.source.type}, target {config.target.type}, "
+                                f"{len(config.tables)} rule(s)")
+    try:
+        routing = build_plan(node, config)
+        select = build_select(node, config, routing)
+    except SetlError as exc:
+        yield found("error", "source", str(exc))
+        return
+    check: Any = getattr(select, "check", None)
+    if check is not None:
+        try:
+            yield found("ok", "source", str(check()))
+        except SetlError as exc:
+            yield found("error", "source", str(exc))
+            return
+    try:
+        tables = select.describe()
+    except SetlError as exc:
+        yield found("error", "source", f"cannot describe the source's tables: {exc}")
+        return
+    if tables is None:
+        yield found("warning", "rules", f"source type {config.source.type} cannot list its tables before a start: "
+                                        "rules, filters and steps are checked at the first batches")
+        return
+    try:
+        warnings = check_rules(config, tables)
+    except SetlError as exc:
+        yield found("error", "rules", str(exc))
+        return
+    for line in warnings:
+        yield found("warning", "rules", line)
+    yield found("ok", "rules", f"{len(tables)} source table(s) selected")
+    yield from _target(node, config, routing, select, tables, found)
+    try:
+        stages = build_stages(node, config, None)
+        analysed = analyse_steps(config, stages, tables)
+    except SetlError as exc:
+        yield found("error", "transforms", str(exc))
+        return
+    if analysed:
+        yield found("ok", "transforms", f"steps analysed for {analysed} table(s)")
+
+
+def _target(node: NodeSettings, config: PipelineConfig, routing: Any, select: Any, tables: Any,
+            found: Callable[[str, str, str], Finding]) -> Iterator[Finding]:
+    try:
+        target = build_schema(config, node)
+    except SetlError as exc:
+        yield found("error", "target", str(exc))
+        return
+    if target is None:
+        yield found("ok", "target", f"target type {config.target.type} makes its tables from the rows")
+        return
+    try:
+        creator = table_creator(config, routing, select, build_transform(node, config, routing), target)
+        creator.planner.seed(tables)
+        creator.check()  # an existing table that does not fit: ConfigError
+        missing = creator.missing()  # the DDL of the others: a type without a mapping is a ConfigError
+        yield found("ok", "target", f"{len(creator.planner.tables())} table(s) planned, {len(missing)} to create "
+                                    "(types mapped), the others fit")
+    except SetlError as exc:
+        yield found("error", "target", str(exc))
+    except Exception as exc:  # a driver's error: the target cannot be reached, or refused a read
+        yield found("error", "target", f"{type(exc).__name__}: {exc}")
+    finally:
+        target.close()
+
+
+__all__ = ["Finding", "check_pipeline"]
