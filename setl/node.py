@@ -479,6 +479,7 @@ class Node:
             run.opened = True
         if self._held_by_pause(run, until_caught_up):
             return None
+        self._refuse_a_position_nobody_knows(run)
         self._pin_latest_start(run)
         stages = run.stages if lease is None else fenced(run.stages, lease)  # the chain's outermost layer
         progress: Listener = self.progress[name]
@@ -515,6 +516,25 @@ class Node:
             log.warning("pipeline=%s is paused%s; waiting for `setl resume --pipeline %s`", name, reason, name)
             run.announced = True
         return True
+
+    def _refuse_a_position_nobody_knows(self, run: _Supervised) -> None:
+        """A first start (no ack, no operator reset) on a target that already holds a position under
+        the pipeline's name is refused: another pipeline of that name wrote it, or this one's meta
+        store was lost (mid-copy, perhaps). Taking it would skip the copy and the creation of the
+        tables, and end "caught up" with the target missing rows."""
+        name = run.config.name
+        if self.meta.position(name) is not None or self.meta.position_was_reset(name):
+            return
+        held = run.stages.load.committed()
+        if held is None:
+            return
+        typed = f"{held.log}:{held.offset}" + (f"+{held.row}" if held.row else "")
+        raise ConfigError(
+            f"the target already holds a position of a pipeline named {name} ({held}) and this node's meta store "
+            f"has none: another pipeline of this name wrote it, or this one's meta store was lost. Starting from it "
+            f"would skip copying and creating the tables. If it is this pipeline and its copy had finished, take it "
+            f"with `setl position reset --pipeline {name} --to {typed}`; to start afresh from the configured start "
+            f"(copying again), `setl position reset --pipeline {name} --start`", pipeline=name, stage="load")
 
     def _pin_latest_start(self, run: _Supervised) -> None:
         """`start: latest` is the source's head at the pipeline's first start, resolved once.
