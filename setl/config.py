@@ -21,11 +21,6 @@ from setl.errors import ConfigError, PluginError
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
-def _key(name: str):
-    """A field whose YAML key differs from its Python name."""
-    return {"key": name}
-
-
 # --- node -----------------------------------------------------------------------------------
 
 
@@ -213,7 +208,6 @@ class SslConfig:
             return None if path is None else str((Path(conf_dir) / path).absolute())
 
         return SslConfig(ca=absolute(self.ca), cert=absolute(self.cert), key=absolute(self.key), verify=self.verify)
-
 
 
 class ConnectorConfig(typing.Protocol):

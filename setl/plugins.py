@@ -113,10 +113,6 @@ class Plugin:
     definition: str = ""
     open_params: bool = False
 
-    @property
-    def param_names(self) -> tuple[str, ...]:
-        return tuple(p.name for p in self.params)
-
 
 @attrs.frozen
 class BoundStep:
@@ -549,8 +545,6 @@ class Registry:
             exc.with_context(**where)
             raise
 
-    def validate_steps(self, steps: Sequence[TransformStep], **where: Any) -> tuple[BoundStep, ...]:
-        return tuple(self.validate(step, index=i, **where) for i, step in enumerate(steps))
 
 
 class ParamError(ValueError):

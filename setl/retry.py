@@ -129,11 +129,6 @@ def classify(error: BaseException) -> Failure:
     return Failure.OTHER
 
 
-def is_transient(error: BaseException) -> bool:
-    """Whether `error` is a transient failure (see `classify`)."""
-    return classify(error) is Failure.TRANSIENT
-
-
 @attrs.frozen
 class Verdict:
     """What to do after a failed attempt: pause (with `message`), or retry.

@@ -176,10 +176,6 @@ class RoutingPlan:
             ))
         return cls(compiled, pipeline=pipeline)
 
-    @property
-    def has_transforms(self) -> bool:
-        return any(rule.steps for rule in self._rules)
-
     def selects(self, schema: str, table: str) -> bool:
         """Whether source table (`schema`, `table`) is replicated (a rule routes it)."""
         return self.route(schema, table) is not None

@@ -219,11 +219,6 @@ def jvm_pid() -> int | None:
     return pid if isinstance(pid, int) else None
 
 
-def stop_session() -> None:
-    """Stop the session if one runs. Idempotent; also runs at interpreter exit."""
-    _holder.stop()
-
-
 def brief(exc: BaseException) -> str:
     """One line for an exception from Spark, without its JVM stack trace."""
     text = str(exc).strip().splitlines()

@@ -52,17 +52,6 @@ class TableCreator:
         self.missing()
         return len(self.planner.tables())
 
-    def create_missing(self) -> list[TargetTable]:
-        """Create every planned table the target lacks (after checking those it has); those created."""
-        created = []
-        with self._lock:
-            for table, statements in self.missing():
-                self.target.execute(statements)
-                log.info("pipeline=%s stage=load table=%s: created the target table (%d columns, key %s)",
-                         self.pipeline, table.table, len(table.columns), ", ".join(table.primary_key) or "none")
-                created.append(table)
-        return created
-
     def ensure(self, source: TableName, target: TableName) -> bool:
         """Create the target table source table `source` is routed into, if the target lacks it;
         whether it was created. False also when the source cannot describe the table (the load
