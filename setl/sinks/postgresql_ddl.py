@@ -19,7 +19,8 @@ columns holding the values the source's row events carry (the expression is not 
 of one is exact only on an empty table, see below). Partitioning becomes a plain table holding the
 same rows: ``CREATE TABLE ... PARTITION BY`` loses the clause, and ALTERs that only reshape
 partitions (PARTITION BY, ADD, REORGANIZE, COALESCE PARTITION, REMOVE PARTITIONING, ...) translate
-to nothing; DROP, TRUNCATE and EXCHANGE PARTITION, which change rows without row events, raise
+to nothing; DROP, TRUNCATE, EXCHANGE, IMPORT and DISCARD PARTITION and CONVERT PARTITION/TABLE,
+which change rows without row events, raise
 `UnsupportedDdl` (the pipeline stops rather than keep rows the source removed). Anything else
 raises `UnsupportedDdl`.
 ADD COLUMN ... NOT NULL without a DEFAULT fills existing rows with MySQL's implicit default (0,
@@ -89,9 +90,9 @@ _SIMPLE = {
 
 #: ALTER TABLE verbs that, before PARTITION, change rows without row events (DROP, TRUNCATE,
 #: EXCHANGE PARTITION), and those that only reshape partitions (their rows stay as they are).
-_ROWS_WITHOUT_EVENTS = frozenset({"DROP", "TRUNCATE", "EXCHANGE"})
+_ROWS_WITHOUT_EVENTS = frozenset({"DROP", "TRUNCATE", "EXCHANGE", "IMPORT", "DISCARD"})
 _PARTITION_UPKEEP = frozenset({"ADD", "REORGANIZE", "COALESCE", "ANALYZE", "CHECK", "OPTIMIZE", "REBUILD",
-                               "REPAIR", "DISCARD", "IMPORT"})
+                               "REPAIR"})
 
 
 #: MySQL spatial type -> the PostGIS geometry subtype of its column (None: any geometry).
@@ -459,7 +460,8 @@ class Translator:
             verb = t.next().upper
             if verb in ("ADD", "DROP") and (t.sees("SYSTEM") and t.sees("VERSIONING", 1) or t.sees("PERIOD")):
                 continue  # system versioning is not replicated: PostgreSQL gets the current rows only
-            if verb in _ROWS_WITHOUT_EVENTS and t.sees("PARTITION"):
+            if (verb in _ROWS_WITHOUT_EVENTS and t.sees("PARTITION")) or (
+                    verb == "CONVERT" and (t.sees("PARTITION") or t.sees("TABLE"))):  # MariaDB 10.7+
                 # The server removes or moves the rows of a partition without a row event: a plain
                 # PostgreSQL table would keep them.
                 raise UnsupportedDdl(f"ALTER TABLE ... {verb} PARTITION changes rows the binlog holds no row "

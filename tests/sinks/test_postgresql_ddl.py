@@ -91,6 +91,10 @@ def test_spatial_columns_take_the_targets_spatial_form(spatial, expected):
     "ALTER TABLE t DROP PARTITION p0",
     "ALTER TABLE t TRUNCATE PARTITION p0, p1",
     "ALTER TABLE t EXCHANGE PARTITION p0 WITH TABLE t2",
+    "ALTER TABLE t CONVERT PARTITION p0 TO TABLE t2",
+    "ALTER TABLE t CONVERT TABLE t2 TO PARTITION p9 VALUES LESS THAN (300)",
+    "ALTER TABLE t IMPORT PARTITION p0 TABLESPACE",
+    "ALTER TABLE t DISCARD PARTITION p0 TABLESPACE",
 ])
 def test_untranslatable_statements_are_refused(statement):
     """A part the translation does not know is refused, never half translated; so is a partition
