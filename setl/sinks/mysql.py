@@ -799,7 +799,7 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
             mode = step.change.sql_mode
             try:
                 if mode is not None:  # the source's mode: an ALTER it ran non-strict is not refused here
-                    cur.execute("SET SESSION sql_mode = %s", (mode,))
+                    self._source_mode(cur, mode, step)
                 cur.execute(step.change.statement)
             except pymysql.err.MySQLError as exc:
                 code = exc.args[0] if exc.args else None
@@ -814,6 +814,28 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
                 if mode is not None:
                     cur.execute("SET SESSION sql_mode = %s", (SQL_MODE,))
         self._fence(conn, batch)
+
+    def _source_mode(self, cur: Any, mode: str, step: DdlStep) -> None:
+        """Set the session to the source statement's sql_mode; a mode the target does not know
+        (MariaDB's NO_AUTO_CREATE_USER or SIMULTANEOUS_ASSIGNMENT on MySQL 8: error 1231) runs
+        without the names it refuses, and without strict mode when the source's had none."""
+        try:
+            cur.execute("SET SESSION sql_mode = %s", (mode,))
+            return
+        except pymysql.err.MySQLError as exc:
+            if not (exc.args and exc.args[0] == 1231):
+                raise
+        kept: list[str] = []
+        for name in filter(None, mode.split(",")):
+            try:
+                cur.execute("SET SESSION sql_mode = %s", (",".join([*kept, name]),))
+                kept.append(name)
+            except pymysql.err.MySQLError as exc:
+                if not (exc.args and exc.args[0] == 1231):
+                    raise
+        cur.execute("SET SESSION sql_mode = %s", (",".join(kept),))
+        log.info("pipeline=%s stage=load table=%s: the target does not know every mode of the source's sql_mode "
+                 "%s; the DDL runs under %s", self.pipeline, step.change.qualified_table, mode, ",".join(kept) or "''")
 
     def _same_shape(self, cur: Any, step: DdlStep) -> bool:
         """Whether the table a CREATE TABLE names exists with the shape the statement gives it,

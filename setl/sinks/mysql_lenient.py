@@ -53,7 +53,10 @@ def execute_one_row(cur: Any, sql: str, args: Sequence[Any], image: Mapping[str,
     cur.execute("SET SESSION sql_mode = %s", (LENIENT_SQL_MODE,))
     try:
         cur.execute(sql, args)
-        warnings = list(cur.execute("SHOW WARNINGS") and cur.fetchall()) if cur.warning_count else []
+        warnings: list[Any] = []
+        if cur.warning_count:
+            cur.execute("SHOW WARNINGS")
+            warnings = list(cur.fetchall())
     finally:
         cur.execute("SET SESSION sql_mode = %s", (strict_mode,))
     for level, code, message in warnings:

@@ -10,7 +10,7 @@ import contextlib
 
 import pytest
 
-from setl.model import Batch, Op, Position, RowChange
+from setl.model import Batch, DdlChange, Op, Position, RowChange
 from setl.scheduler import Outcome
 from setl.sinks.mysql import MySQLLoad
 
@@ -94,3 +94,22 @@ def test_snapshot_reads_holding_the_enum_error_value_load(mariadb_target, mysql_
         load.close()
     assert mariadb_target.query(f"SELECT id, e + 0 FROM `{mysql_db}`.t ORDER BY id") == [(1, 0), (2, 2)]
     assert mariadb_target.query(f"SELECT s, e + 0 FROM `{mysql_db}`.loose") == [("q", 0), ("q", 0)]
+
+
+def test_a_source_mode_the_target_does_not_know_runs_without_the_unknown_names(mariadb_target, mysql_db):
+    """A MariaDB source's sql_mode names a mode a MySQL 8 target refuses (error 1231, as
+    NO_AUTO_CREATE_USER there): the DDL runs under the names the target knows (non-strict, as the
+    source ran it), and the session is strict again after it."""
+    mariadb_target.query(f"CREATE TABLE `{mysql_db}`.n (id INT PRIMARY KEY, s VARCHAR(5))")
+    mariadb_target.query(f"INSERT INTO `{mysql_db}`.n VALUES (1, 'abcde')")
+    alter = DdlChange(mysql_db, "n", f"ALTER TABLE `{mysql_db}`.n MODIFY s VARCHAR(2)", Position("b", 2),
+                      sql_mode="NO_SUCH_MODE,NO_ENGINE_SUBSTITUTION")
+    insert = RowChange(Op.INSERT, mysql_db, "n", ("id",), None, {"id": 2, "s": "xyz"}, Position("b", 3))
+    load = MySQLLoad(mariadb_target.target_config(), pipeline="modes", position_schema=mysql_db)
+    try:
+        load.load(Batch("modes", 1, 1, Position("b", 1), Position("b", 2), (alter,)))
+        assert mariadb_target.query(f"SELECT s FROM `{mysql_db}`.n") == [("ab",)]
+        with pytest.raises(Exception, match="Data too long|Data truncated"):  # strict again
+            load.load(Batch("modes", 2, 1, Position("b", 2), Position("b", 3), (insert,)))
+    finally:
+        load.close()
