@@ -518,12 +518,15 @@ class Node:
         return True
 
     def _refuse_a_position_nobody_knows(self, run: _Supervised) -> None:
-        """A first start (no ack, no operator reset) on a target that already holds a position under
-        the pipeline's name is refused: another pipeline of that name wrote it, or this one's meta
-        store was lost (mid-copy, perhaps). Taking it would skip the copy and the creation of the
-        tables, and end "caught up" with the target missing rows."""
+        """A first start (the meta store has never seen the pipeline run: no epoch, no ack, no
+        operator reset) on a target that already holds a position under the pipeline's name is
+        refused: another pipeline of that name wrote it, or this one's meta store was lost
+        (mid-copy, perhaps). Taking it would skip the copy and the creation of the tables, and end
+        "caught up" with the target missing rows. A pipeline that ran here before (a crash between
+        its first load and its first ack) takes the target's position as usual."""
         name = run.config.name
-        if self.meta.position(name) is not None or self.meta.position_was_reset(name):
+        if (self.meta.state(name).epoch or self.meta.position(name) is not None
+                or self.meta.position_was_reset(name)):
             return
         held = run.stages.load.committed()
         if held is None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.setl_process import mysql_target
-from tests.schema.test_schema import make, q, run_source
+from tests.schema.test_schema import make, position, q, run_source
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -61,3 +61,21 @@ def test_starting_afresh_copies_again(tmp_path: Path, mariadb_source: Any, sourc
     again = setl.start_until_caught_up(timeout=120)
     assert again.returncode == 0, again.stderr[-2000:]
     assert mariadb_target.query(f"SELECT * FROM {q(mysql_db)}.k") == [(1, 1)]
+
+
+def test_a_crash_between_the_first_load_and_its_ack_resumes(tmp_path: Path, mariadb_source: Any, source_db: str,
+                                                            mariadb_target: Any, mysql_db: str) -> None:
+    """The meta store has seen the pipeline start (its epoch) but holds no ack when the process dies
+    after its first load: the restart takes the target's position, as before (no refusal)."""
+    run_source(mariadb_source, source_db, ["CREATE TABLE k (id INT PRIMARY KEY, v INT)"])
+    setl = make(tmp_path, mariadb_source, mysql_target(mariadb_target),
+                [{"source": rf"{source_db}\.k", "target": f"{mysql_db}.{{table}}"}], start=position(mariadb_source))
+    run_source(mariadb_source, source_db, ["INSERT INTO k VALUES (1, 1), (2, 2)"])
+    setl.faults = '[{"stage": "termin", "action": "crash", "batch": 1}]'
+    crashed = setl.start_until_caught_up(timeout=120)
+    assert crashed.returncode != 0 and setl.acked() is None, crashed.stderr[-2000:]
+    setl.faults = None
+    resumed = setl.start_until_caught_up(timeout=120)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    query = "SELECT * FROM {}.k ORDER BY id"
+    assert mariadb_target.query(query.format(q(mysql_db))) == mariadb_source.query(query.format(q(source_db)))

@@ -18,7 +18,6 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 
-import attrs
 
 from setl.config import PipelineConfig
 from setl.errors import ConfigError
@@ -66,10 +65,12 @@ def check_rules(config: PipelineConfig, tables: Sequence[TableSchema]) -> list[s
 
 
 def rules_fingerprint(config: PipelineConfig) -> str:
-    """A short digest of the pipeline's table rules: a running node publishes the one it runs with
-    (in its liveness record's figures, ``rules``), so that `setl snapshot` can tell when the file
-    changed after the start and refuse a copy the running node could not serve."""
-    text = json.dumps([attrs.asdict(rule) for rule in config.tables], sort_keys=True, default=str)
+    """A short digest of which tables the pipeline's rules select (each rule's `source` regex and
+    `exclude`, in order): a running node publishes the one it runs with (in its liveness record's
+    figures, ``rules``), so that `setl snapshot` can tell when the file's selection changed after
+    the start and refuse a copy the running node could not serve. Other rule settings (targets,
+    columns, transform parameters with their ``${ENV}`` values) do not enter it."""
+    text = json.dumps([[rule.source, rule.exclude] for rule in config.tables])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
