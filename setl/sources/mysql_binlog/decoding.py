@@ -55,6 +55,8 @@ class TableKind:
     """What information_schema says about a table the binlog's table map does not."""
 
     sequence: bool = False
+    #: a sequence's ``SHOW CREATE SEQUENCE`` (None when not asked for or not shown)
+    definition: str | None = None
     period: tuple[str, str] | None = None
     #: columns whose binlog bytes are handed on as text (`setl.values.TEXT_TYPES`) -> DATA_TYPE;
     #: the table map shows them as BINARY(16) or BINARY(4)
@@ -80,7 +82,8 @@ class _TableInfo:
     binaries: frozenset[str]
     binary_widths: Mapping[str, int]
     timestamps: Mapping[str, int] = attrs.field(factory=dict)  # TIMESTAMP columns and their fsp
-    sequence: bool = False  # a SEQUENCE's state row: not handed on
+    sequence: bool = False  # a SEQUENCE's state row: handed on only to a target that applies it
+    definition: str | None = None  # a SEQUENCE's SHOW CREATE SEQUENCE, when known
     period: tuple[str, str] | None = None  # a system-versioned table's (row start, row end) columns
     #: column -> how its bytes become setl's value (UUID, INET6, INET4: `setl.values`)
     texts: Mapping[str, Any] = attrs.field(factory=dict)
@@ -90,7 +93,7 @@ class _TableInfo:
     def with_kind(self, kind: "TableKind") -> "_TableInfo":
         texts = {name: canonical.FROM_BINLOG[of] for name, of in kind.texts.items() if of in canonical.FROM_BINLOG}
         if kind.period is None:
-            return attrs.evolve(self, sequence=kind.sequence, texts=texts)
+            return attrs.evolve(self, sequence=kind.sequence, definition=kind.definition, texts=texts)
         key = tuple(c for c in self.primary_key if c not in kind.period)  # the server adds row end to it
         return attrs.evolve(self, sequence=kind.sequence, period=kind.period, primary_key=key, texts=texts)
 
