@@ -618,6 +618,8 @@ class MysqlBinlogSource(Select):
         kind = str(found[0][0]).upper() if found else ""
         if kind == "SEQUENCE":
             return TableKind(sequence=True, definition=self._sequence_definition(schema, table), texts=texts)
+        if not found:  # dropped since: the table map tells a sequence by its columns
+            return TableKind(found=False, texts=texts)
         if kind != "SYSTEM VERSIONED":
             return TableKind(texts=texts)
         [shown] = self._lookups.query((f"SHOW CREATE TABLE {ddl.quote(schema)}.{ddl.quote(table)}", None))
