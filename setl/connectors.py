@@ -57,13 +57,16 @@ def _default_node() -> NodeSettings:
 @attrs.frozen
 class BuildContext:
     """What a connector's `build` knows besides its own config: the pipeline's `name` (for error
-    messages and a target's position rows), its `settings`, the `node`'s, and `selects(schema,
-    table)`: whether the pipeline's table rules replicate a source table."""
+    messages and a target's position rows), its `settings`, the `node`'s, `selects(schema,
+    table)`: whether the pipeline's table rules replicate a source table, and `sequences`: whether
+    the pipeline's target applies a sequence's state rows (`LoadCapabilities.sequences`), so a
+    source hands them on."""
 
     name: str
     settings: PipelineSettings = attrs.field(factory=_default_settings)
     node: NodeSettings = attrs.field(factory=_default_node)
     selects: Callable[[str, str], bool] = attrs.field(default=lambda schema, table: True, eq=False)
+    sequences: bool = False
 
     @classmethod
     def of(cls, pipeline: PipelineConfig, node: NodeSettings) -> BuildContext:
@@ -284,10 +287,11 @@ def registry() -> ConnectorRegistry:
 
 
 def build_select(config: PipelineConfig, node: NodeSettings,
-                 selects: Callable[[str, str], bool] | None = None) -> Select:
+                 selects: Callable[[str, str], bool] | None = None, sequences: bool = False) -> Select:
     """The pipeline's source, built by its connector (not opened); `selects(schema, table)` tells
-    which source tables the pipeline's rules replicate (all, when not given)."""
-    context = BuildContext.of(config, node)
+    which source tables the pipeline's rules replicate (all, when not given); `sequences`, whether
+    the pipeline's target applies sequence state rows (`BuildContext.sequences`)."""
+    context = attrs.evolve(BuildContext.of(config, node), sequences=sequences)
     if selects is not None:
         context = attrs.evolve(context, selects=selects)
     return registry().source(config.source.type).create(config.source, context)
@@ -328,7 +332,7 @@ def mysql_source() -> SourceConnector[Any]:
         # A transaction larger than a batch comes in batch-sized pieces, each acknowledged (LOG:OFFSET+ROW).
         return MysqlBinlogSource.from_config(config, pipeline=context.name,
                                              max_rows_in_memory=context.settings.batch.max_rows,
-                                             selects=context.selects)
+                                             selects=context.selects, sequences=context.sequences)
 
     return SourceConnector("mysql", MysqlSourceConfig, build, SelectCapabilities(reports_head=True, snapshots=True),
                            help="a MySQL or MariaDB server's binary log")

@@ -2,7 +2,8 @@
 column names a statement refers to, and a rewrite of those names (the table rules' mapping).
 
 It is not a SQL parser. It finds names by their place in the statement kinds setl applies (CREATE,
-ALTER, RENAME, TRUNCATE and DROP TABLE, CREATE and DROP INDEX) and leaves every other byte as it was.
+ALTER, RENAME, TRUNCATE and DROP TABLE, CREATE and DROP INDEX, CREATE, ALTER and DROP SEQUENCE) and
+leaves every other byte as it was.
 Known limits: a column inside an expression (CHECK, DEFAULT (...), a generated column) is renamed
 only when it opens a parenthesised list; an unqualified name in a statement whose first table is
 qualified is taken to be in that first table's schema (the binlog does not say the session's).
@@ -74,7 +75,9 @@ class Statement:
     """A tokenized statement, its kind and where its table and column names are.
 
     `kind` is one of create_table, alter_table, rename_table, truncate_table, drop_table,
-    create_index, drop_index, or other (anything else: not a table DDL setl applies).
+    create_index, drop_index, create_sequence, alter_sequence, drop_sequence, or other (anything
+    else: not a table DDL setl applies). A sequence is a table to MariaDB (and to the table rules):
+    its statements list its name(s) as table names; they name no columns.
     `tables` lists every table name in order of appearance; the first is the statement's table
     (a RENAME TABLE lists old and new names in pairs).
     `columns` holds the token indexes of column names.
@@ -91,6 +94,8 @@ class Statement:
 
 
 # Words that open a table element or ALTER clause without being a column name.
+#: The statement kinds of sequences (`Statement.kind`).
+SEQUENCE_KINDS = frozenset({"create_sequence", "alter_sequence", "drop_sequence"})
 _NOT_COLUMNS = frozenset({
     "PRIMARY", "KEY", "INDEX", "UNIQUE", "CONSTRAINT", "FOREIGN", "CHECK", "FULLTEXT", "SPATIAL",
     "PERIOD", "PARTITION", "SYSTEM", "LIKE", "COLUMN", "IF", "DEFAULT",
@@ -203,6 +208,10 @@ def parse(statement: str) -> Statement:
             kind = "create_table"
             r.words("IF", "NOT", "EXISTS")
             table()
+        elif r.word("SEQUENCE"):
+            kind = "create_sequence"
+            r.words("IF", "NOT", "EXISTS")
+            table()
         else:
             r.word("ONLINE", "OFFLINE")
             r.word("UNIQUE", "FULLTEXT", "SPATIAL")
@@ -213,6 +222,10 @@ def parse(statement: str) -> Statement:
         r.word("IGNORE")
         if r.word("TABLE"):
             kind = "alter_table"
+            r.words("IF", "EXISTS")
+            table()
+        elif r.word("SEQUENCE"):
+            kind = "alter_sequence"
             r.words("IF", "EXISTS")
             table()
     elif r.word("RENAME"):
@@ -230,6 +243,10 @@ def parse(statement: str) -> Statement:
             kind = "drop_table"
             r.words("IF", "EXISTS")
             table_list()
+        elif r.word("SEQUENCE"):
+            kind = "drop_sequence"
+            r.words("IF", "EXISTS")
+            table_list()
         else:
             r.word("ONLINE", "OFFLINE")
             if r.word("INDEX"):
@@ -241,6 +258,8 @@ def parse(statement: str) -> Statement:
         table()
     if kind == "other" or not tables:
         return Statement("other", tokens)
+    if kind in SEQUENCE_KINDS:
+        return Statement(kind, tokens, tuple(tables))
     columns = _scan_rest(r, tables, in_create=kind == "create_table")
     return Statement(kind, tokens, tuple(tables), tuple(columns))
 
@@ -325,7 +344,7 @@ def rewrite(
     """`statement` with every table name qualified and mapped, and column names renamed.
 
     `map_table(schema, table)` gives the target (schema, table), or None for a table setl does not
-    replicate: a DROP TABLE leaves such tables out, any other statement keeps their source name.
+    replicate: a DROP TABLE (or SEQUENCE) leaves such tables out, any other statement keeps their source name.
     `columns` maps the statement's (first) table's column names, compared without case as MySQL
     does. A column `keep_column` refuses (one the table rule leaves out) is cut from the statement:
     its definition or ALTER clause, its place in a key's column list (the key goes when no column
@@ -342,12 +361,12 @@ def rewrite(
     for ref in parsed.tables:
         source = (ref.schema or schema, ref.table)
         target = map_table(*source)
-        if target is None and parsed.kind == "drop_table":
+        if target is None and parsed.kind in ("drop_table", "drop_sequence"):
             continue
         kept_drops.append(ref)
         target_schema, target_table = target if target is not None else source
         replaced[ref.start] = (ref.end, f"{quote(target_schema)}.{quote(target_table)}")
-    if parsed.kind == "drop_table":
+    if parsed.kind in ("drop_table", "drop_sequence"):
         if not kept_drops:
             return None
         return _drop_statement(tokens, parsed.tables, kept_drops, replaced)
@@ -518,5 +537,5 @@ def _default_end(tokens: list[Token], sig: list[int], n: int) -> int:
     return k
 
 
-__all__ = ["Reader", "Statement", "TableRef", "Token", "parse", "quote", "rewrite", "tokenize",
+__all__ = ["SEQUENCE_KINDS", "Reader", "Statement", "TableRef", "Token", "parse", "quote", "rewrite", "tokenize",
            "without_sequence_defaults"]

@@ -126,6 +126,12 @@ class RowChange:
     #: The source table a routed change came from (set by Extract, None before it): the key to its
     #: route in the pipeline's `setl.routing.RoutingPlan`. Not part of equality.
     source: TableName | None = attrs.field(default=None, eq=False, repr=False)
+    #: Set on a sequence's state row (MariaDB writes the full state, an insert, when NEXTVAL takes
+    #: a new cache block or SETVAL runs), None on a table's row: the statement that creates the
+    #: sequence (``SHOW CREATE SEQUENCE`` on the source, names mapped by Extract), or "" when the
+    #: source could not show it. A target that applies sequences writes the state as a whole and
+    #: creates the sequence from this first when it has none. Not part of equality.
+    sequence: str | None = attrs.field(default=None, kw_only=True, eq=False, repr=False)
 
     @property
     def image(self) -> Mapping[str, Any]:

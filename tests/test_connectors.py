@@ -199,7 +199,8 @@ def test_a_sink_built_by_hand_declares_what_its_connector_declares(tmp_path):
     for name, load in by_hand.items():
         assert load.capabilities == connectors.target(name).capabilities, name
     sql = LoadCapabilities(per_table=True, stores_position=True)
-    assert MySQLLoad.capabilities == PostgresLoad.capabilities == sql
+    assert PostgresLoad.capabilities == sql
+    assert MySQLLoad.capabilities == LoadCapabilities(per_table=True, stores_position=True, sequences=True)
 
 
 def test_ddl_tasks_need_a_target_with_actions(tmp_path):

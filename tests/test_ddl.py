@@ -130,3 +130,23 @@ def test_quoted_names_with_dots_percent_and_backticks_keep_schema_and_table_apar
 def test_defaults_drawing_on_a_sequence_are_left_out(statement, expected):
     """Sequences are not replicated: a DEFAULT that draws on one goes, every other part stays."""
     assert without_sequence_defaults(statement) == expected
+
+
+@pytest.mark.parametrize("statement, kind, names, expected", [
+    ("CREATE SEQUENCE s1 START WITH 5 INCREMENT BY 2", "create_sequence", [(None, "s1")],
+     "CREATE SEQUENCE `t`.`s1` START WITH 5 INCREMENT BY 2"),
+    ("CREATE SEQUENCE IF NOT EXISTS `d`.`s` CACHE 10", "create_sequence", [("d", "s")],
+     "CREATE SEQUENCE IF NOT EXISTS `t`.`s` CACHE 10"),
+    ("ALTER SEQUENCE IF EXISTS d.s RESTART WITH 100", "alter_sequence", [("d", "s")],
+     "ALTER SEQUENCE IF EXISTS `t`.`s` RESTART WITH 100"),
+    ("DROP SEQUENCE IF EXISTS s1, other.s2", "drop_sequence", [(None, "s1"), ("other", "s2")],
+     "DROP SEQUENCE IF EXISTS `t`.`s1`"),
+    ("DROP TEMPORARY SEQUENCE s", "other", [], "DROP TEMPORARY SEQUENCE s"),
+])
+def test_sequence_statements_name_their_sequences_as_tables(statement, kind, names, expected):
+    """CREATE, ALTER and DROP SEQUENCE list their sequences as table names, mapped as tables' are (a
+    DROP leaves out the sequences no rule replicates); a TEMPORARY sequence is not replicated DDL."""
+    parsed = parse(statement)
+    assert parsed.kind == kind and [(r.schema, r.table) for r in parsed.tables] == names
+    assert not parsed.columns
+    assert rewrite(statement, "src", lambda s, t: ("t", t) if s != "other" else None) == expected

@@ -32,14 +32,24 @@ def build_select(node: NodeSettings, config: PipelineConfig, plan: RoutingPlan |
     """The pipeline's source, built by the connector its ``source.type`` names (`setl.connectors`).
 
     The source learns from the routing `plan` which tables the rules select (the binlog source
-    refuses what it cannot replicate exactly only for those)."""
+    refuses what it cannot replicate exactly only for those), and from the target connector's
+    capabilities whether to hand on sequence state rows."""
     if plan is None:  # only which tables the rules select; transform steps are not needed here
         plan = RoutingPlan.compile(config.tables, pipeline=config.name, file=config.file or None)
     try:
-        return connectors.build_select(config, node, selects=plan.selects)
+        return connectors.build_select(config, node, selects=plan.selects, sequences=_applies_sequences(config))
     except SetlError as exc:
         exc.with_context(file=config.file, pipeline=config.name)
         raise
+
+
+def _applies_sequences(config: PipelineConfig) -> bool:
+    """Whether the pipeline's target connector declares that it applies sequence state rows (an
+    unknown target type is refused where its Load is built, not here)."""
+    try:
+        return registry().target(config.target.type).capabilities.sequences
+    except SetlError:
+        return False
 
 
 def build_load(node: NodeSettings, config: PipelineConfig) -> Load:

@@ -8,6 +8,13 @@ Target tables must exist, named by the batch's schema and table, or be made by r
 under ``pipeline.ddl: apply`` each table DDL runs as Extract rewrote it (names mapped and
 qualified), with a replay mark kept in ```setl`.`setl_position_ddl``` because MySQL commits
 around DDL (see `MySQLLoad._apply_ddl`); a CREATE TABLE first creates its database if missing.
+Sequences (MariaDB) replicate: their DDL runs as table DDL does (names mapped and qualified), and a
+sequence's state rows (`RowChange.sequence`, handed on by the source because this target declares
+`LoadCapabilities.sequences`) are written as one INSERT of the batch's last state per sequence,
+which replaces the sequence's whole state (MariaDB writes it outside the batch transaction, as it
+does on the source; a replay writes the same state again). A sequence the target lacks is created
+first from the source's definition. DEFAULTs drawing on a sequence are still left out of replicated
+DDL: the rows carry the values the source drew.
 Tables without a primary key are matched on every column with ``<=>`` (one row per change).
 Columns the target computes (generated VIRTUAL/STORED columns, the ROW START/ROW END columns of a
 system-versioned table; learnt from information_schema per table, again after each DDL) are not
@@ -43,15 +50,16 @@ import pymysql.err
 from pymysql.constants import CLIENT, SERVER_STATUS
 
 from setl.config import SslConfig
-from setl.ddl import Statement
+from setl.ddl import Statement, parse
 from setl.errors import LoadError, TransientLoadError
-from setl.model import Batch, InvalidDate, Position
+from setl.model import Batch, InvalidDate, Position, RowChange
 from setl.sinks.merge import TableChanges
 from setl.sinks.mysql_lenient import execute_one_row, holds_error_value, split_error_values
 from setl.sinks.postgresql_ddl import without_sequence_ddl
 from setl.sinks.prepared import PreparedBatches
 from setl.sinks.sql_common import (DdlStep, FenceBusy, Segment, SqlLoad, TargetTableMissing, chunks, group_by_columns,
                                    insert_runs)
+from setl.stages.load import LoadCapabilities
 from setl.tls import mysql_context, require_encrypted
 from setl.values import Geometry
 
@@ -96,6 +104,7 @@ ALREADY_DONE_ERRORS = frozenset({
     1061,  # duplicate key name
     1091,  # can't drop: check that it exists
     1146,  # table doesn't exist
+    4091,  # unknown sequence (DROP or ALTER SEQUENCE of one already dropped)
 })
 
 log = logging.getLogger(__name__)
@@ -208,6 +217,15 @@ def _several_statements(statement: Statement) -> bool:
                for i, t in enumerate(tokens))
 
 
+def _create_if_missing(definition: str, schema: str, name: str) -> str:
+    """CREATE SEQUENCE IF NOT EXISTS `schema`.`name` with the options of `definition` (a CREATE
+    SEQUENCE, such as the source's SHOW CREATE SEQUENCE), or with none when it is not one."""
+    parsed = parse(definition) if definition else None
+    options = "".join(t.text for t in parsed.tokens[parsed.tables[0].end:]) if (
+        parsed is not None and parsed.kind == "create_sequence") else ""
+    return f"CREATE SEQUENCE IF NOT EXISTS {plain_quote(schema)}.{plain_quote(name)}{options}"
+
+
 def _quotes_doubled(text: str) -> str:
     return text.replace("'", "''")
 
@@ -228,6 +246,7 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
     """Loads batches into MySQL or MariaDB (see the module docstring and `SqlLoad`)."""
 
     dialect = "mysql"
+    capabilities = LoadCapabilities(per_table=True, stores_position=True, sequences=True)
     config: MysqlTargetConfig
     _prepared: PreparedBatches[_Prepared]  # what `prepare` built (the base makes it and drops after load)
 
@@ -252,6 +271,8 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         # written on their own, `setl.sinks.mysql_lenient`); known and forgotten with `_unwritable`
         self._enums: dict[tuple[str, str], frozenset[str]] = {}
         self._unwritable_generation = 0  # counts the times `_unwritable` was forgotten (after DDL)
+        #: target sequences known to exist (forgotten after each DDL): their state rows need no check
+        self._sequences: set[tuple[str, str]] = set()
         #: how a connection of this sink writes a literal, once one has written rows: (its
         #: ``escape``, whether backslashes escape) — the same for all, whose session settings are
         #: set alike (`_connect`); what `prepare` builds statements with
@@ -261,12 +282,12 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         return f"<MySQLLoad {self.pipeline} -> {self.config.host}:{self.config.port}>"
 
     def _segments(self, batch: Batch) -> list[Segment]:
-        """Sequence DDL is left out (logged at INFO): sequences are not replicated. A prepared
-        batch's segments are those `prepare` worked out."""
+        """DEFAULTs drawing on a sequence are left out of DDL (logged at INFO); sequence DDL is
+        applied. A prepared batch's segments are those `prepare` worked out."""
         prepared = self._prepared.get(batch)
         if prepared is not None:
             return prepared.segments
-        return super()._segments(without_sequence_ddl(batch, self.pipeline))
+        return super()._segments(without_sequence_ddl(batch, self.pipeline, keep_sequences=True))
 
     def prepare(self, batch: Batch) -> None:
         """Merge `batch` and build the multi-row upsert statements of its keyed tables now (on the
@@ -279,7 +300,7 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         if escaper is None:
             return
         generation, limit = self._unwritable_generation, self._statement_bytes
-        segments = super()._segments(without_sequence_ddl(batch, self.pipeline))
+        segments = super()._segments(without_sequence_ddl(batch, self.pipeline, keep_sequences=True))
         statements: dict[int, tuple[TableChanges, list[tuple[str, list[str]]]]] = {}
         for segment in segments:
             if not isinstance(segment, list):
@@ -674,6 +695,10 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
             yield head, [values + tail for values in self._texts(images, literal, escape_string, limit)]
 
     def _apply_sequence(self, conn: pymysql.connections.Connection, table: TableChanges) -> None:
+        """A keyless table's changes one by one, in order; a sequence's state rows as its last state."""
+        if table.sequence and table.sequence[-1].sequence is not None:
+            self._apply_sequence_state(conn, table)
+            return
         name = table_name(table.schema, table.table)
         with conn.cursor() as cur:
             computed = self._computed(cur, table.schema, table.table)
@@ -695,6 +720,50 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
                                 [to_db(v) for v in change.before.values()])
                 if change.after is not None:
                     self._insert(cur, name, self._writable(change.after, computed), "", (table.schema, table.table))
+
+    def _apply_sequence_state(self, conn: pymysql.connections.Connection, table: TableChanges) -> None:
+        """One INSERT of the last state row of a sequence in this part of the batch: MariaDB takes an
+        INSERT into a sequence as its new state (every column), so applying it twice is applying it
+        once. Never a DELETE. A sequence the target lacks is created first (`_ensure_sequence`)."""
+        last: RowChange | None = next((c for c in reversed(table.sequence) if c.after is not None), None)
+        if last is None or last.after is None:
+            return  # a sequence's state is never deleted; nothing to write
+        self._ensure_sequence(conn, table.schema, table.table, last.sequence or "")
+        image = last.after
+        with conn.cursor() as cur:
+            cur.execute(f"INSERT INTO {table_name(table.schema, table.table)} ({', '.join(map(quote, image))}) "
+                        f"VALUES ({', '.join(['%s'] * len(image))})", [to_db(v) for v in image.values()])
+
+    def _ensure_sequence(self, conn: pymysql.connections.Connection, schema: str, name: str, definition: str) -> None:
+        """Create the target sequence `schema`.`name` if it does not exist, from `definition` (the
+        source's CREATE SEQUENCE, names mapped) or, without one, with default options (the state
+        row written next sets every option). DDL commits the open transaction in MySQL, so it runs
+        on a connection of its own: the batch's transaction stays whole."""
+        if (schema, name) in self._sequences:
+            return
+        with conn.cursor() as cur:
+            cur.execute("SELECT TABLE_TYPE FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s",
+                        (schema, name))
+            found = cur.fetchone()
+        if found is not None:
+            if str(found[0]).upper() != "SEQUENCE":
+                raise LoadError(f"target table {schema}.{name} is not a sequence, but the source's is: its state "
+                                "rows cannot be applied", pipeline=self.pipeline, stage="load",
+                                table=f"{schema}.{name}")
+            self._sequences.add((schema, name))
+            return
+        statement = _create_if_missing(definition, schema, name)
+        side = self._connect()
+        try:
+            with side.cursor() as cur:
+                cur.execute(f"CREATE DATABASE IF NOT EXISTS {quote(schema)}", ())
+                cur.execute(statement)
+            side.commit()
+        finally:
+            side.close()
+        log.info("pipeline=%s stage=load table=%s.%s: the target had no such sequence; created: %s",
+                 self.pipeline, schema, name, statement)
+        self._sequences.add((schema, name))
 
     def _statements(self, conn: pymysql.connections.Connection,
                     images: Sequence[Mapping[str, Any]]) -> contextlib.AbstractContextManager[Iterator[str]]:
@@ -778,6 +847,7 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         self._unwritable_generation += 1  # statements prepared before this DDL are not used
         self._unwritable.clear()  # the DDL may add, drop or change computed columns
         self._enums.clear()
+        self._sequences.clear()
         with conn.cursor() as cur:
             cur.execute(f"SELECT `mark` FROM {self._ddl_marks} WHERE `pipeline` = %s", (self.pipeline,))
             row = cur.fetchone()
@@ -789,7 +859,7 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
                             " ON DUPLICATE KEY UPDATE `mark` = VALUES(`mark`)",
                             (self.pipeline, f"{end.log}:{end.offset}#{step.index}"))
             conn.commit()
-            if step.statement.kind == "create_table":
+            if step.statement.kind in ("create_table", "create_sequence"):
                 cur.execute(f"CREATE DATABASE IF NOT EXISTS {quote(ref.schema or step.change.schema)}", ())
             try:  # MariaDB refuses ALTER of a system-versioned table unless history is kept as is
                 cur.execute("SET SESSION system_versioning_alter_history = KEEP", ())
@@ -807,8 +877,9 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
                     log.info("pipeline=%s stage=load table=%s position=%s: replayed DDL was applied "
                              "before (%s): %s", self.pipeline, step.change.qualified_table, end,
                              self._describe(exc), step.change.statement)
-                elif not (code == 1050 and step.statement.kind == "create_table"
-                          and self._same_shape(cur, step)):
+                elif not (code == 1050 and (
+                        (step.statement.kind == "create_table" and self._same_shape(cur, step))
+                        or (step.statement.kind == "create_sequence" and self._same_sequence(cur, step)))):
                     raise
             finally:
                 if mode is not None:
@@ -863,6 +934,38 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         if shapes[0] != shapes[1]:
             return False
         log.info("pipeline=%s stage=load table=%s: table exists with the same shape; CREATE TABLE "
+                 "counts as applied", self.pipeline, step.change.qualified_table)
+        return True
+
+    def _same_sequence(self, cur: Any, step: DdlStep) -> bool:
+        """Whether the sequence a CREATE SEQUENCE names exists with the options the statement gives
+        it (one created from a state row before its CREATE arrived, say), checked by creating the
+        statement's sequence as a scratch TEMPORARY SEQUENCE and comparing SHOW CREATE SEQUENCE."""
+        tokens = step.statement.tokens
+        ref = step.statement.tables[0]
+        schema = ref.schema or step.change.schema
+        head = [t.text for t in tokens[:ref.start]]
+        word = max(i for i, t in enumerate(tokens[:ref.start]) if t.upper == "SEQUENCE")
+        head[word] = "TEMPORARY SEQUENCE"
+        scratch = "setl_shape_check"
+        try:
+            cur.execute("".join(head) + table_name(schema, scratch).replace("%%", "%")
+                        + "".join(t.text for t in tokens[ref.end:]))
+        except pymysql.err.MySQLError:
+            return False
+        try:
+            shapes = []
+            for name in (ref.table, scratch):
+                cur.execute(f"SHOW CREATE SEQUENCE {table_name(schema, name)}", ())
+                text = str(cur.fetchone()[1])
+                shapes.append(text[text.index(plain_quote(name)) + len(plain_quote(name)):])
+        except pymysql.err.MySQLError:  # the existing object is not a sequence
+            return False
+        finally:
+            cur.execute(f"DROP TEMPORARY SEQUENCE IF EXISTS {table_name(schema, scratch)}", ())
+        if shapes[0] != shapes[1]:
+            return False
+        log.info("pipeline=%s stage=load table=%s: sequence exists with the same options; CREATE SEQUENCE "
                  "counts as applied", self.pipeline, step.change.qualified_table)
         return True
 

@@ -31,7 +31,8 @@ System versioning (MariaDB) is left out: ``WITH SYSTEM VERSIONING``, ``PERIOD FO
 the ``AS ROW START``/``AS ROW END`` columns, ``ADD/DROP SYSTEM VERSIONING`` and ``ADD/DROP PERIOD``
 translate to nothing, so PostgreSQL holds the current rows only (the source drops history rows and
 period columns from row changes). Sequences (CREATE/ALTER/DROP SEQUENCE, CREATE TABLE ...
-SEQUENCE=1) are not replicated: `is_sequence_ddl` tells them, and both SQL targets skip them.
+SEQUENCE=1) are not replicated to PostgreSQL: `is_sequence_ddl` tells them, and this target skips
+them (a MySQL target applies them).
 
 Type mapping (MySQL -> PostgreSQL): TINYINT, SMALLINT -> smallint (SMALLINT UNSIGNED -> integer);
 MEDIUMINT, INT -> integer (INT UNSIGNED -> bigint); BIGINT -> bigint (UNSIGNED -> numeric(20,0));
@@ -590,15 +591,20 @@ def is_sequence_ddl(statement: Statement) -> bool:
     return False
 
 
-def without_sequence_ddl(batch: Batch, pipeline: str) -> Batch:
+def without_sequence_ddl(batch: Batch, pipeline: str, *, keep_sequences: bool = False) -> Batch:
     """`batch` without its sequence DDL (see `is_sequence_ddl`), each logged at INFO, and without
     the DEFAULTs of its other DDL that draw on a sequence (`setl.ddl.without_sequence_defaults`):
-    sequences are not replicated, so the target has none to draw on."""
+    sequences are not replicated, so the target has none to draw on. With `keep_sequences` (a
+    MySQL target, which replicates sequences) the sequence DDL stays; the DEFAULTs still go: the
+    rows carry the values the source drew, and a table never depends on a sequence being there."""
     kept: list[Change] = []
     changed = False
     for change in batch.changes:
         if isinstance(change, DdlChange):
             if is_sequence_ddl(parse(change.statement)):
+                if keep_sequences:
+                    kept.append(change)
+                    continue
                 log.info("pipeline=%s stage=load table=%s position=%s: sequence DDL is not replicated: %s",
                          pipeline, change.qualified_table, change.position or batch.end, change.statement)
                 changed = True
@@ -606,7 +612,7 @@ def without_sequence_ddl(batch: Batch, pipeline: str) -> Batch:
             statement = without_sequence_defaults(change.statement)
             if statement != change.statement:
                 log.info("pipeline=%s stage=load table=%s position=%s: a DEFAULT drawing on a sequence is left "
-                         "out (sequences are not replicated): %s", pipeline, change.qualified_table,
+                         "out (the rows carry the values drawn): %s", pipeline, change.qualified_table,
                          change.position or batch.end, change.statement)
                 change, changed = attrs.evolve(change, statement=statement), True
         kept.append(change)

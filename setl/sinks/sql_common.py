@@ -374,6 +374,8 @@ class SqlLoad(Load, Generic[C]):
 
     def _warn_unkeyed(self, table: TableChanges) -> None:
         ident = (table.schema, table.table)
+        if table.sequence and table.sequence[0].sequence is not None:
+            return  # a sequence's state rows: written as its whole state, never matched row by row
         if not table.primary_key and ident not in self._warned_unkeyed:
             self._warned_unkeyed.add(ident)
             log.warning("pipeline %s: table %s.%s has no primary key; a change is applied to one row "

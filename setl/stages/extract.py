@@ -53,7 +53,8 @@ class TableExtract(Extract):
       show it; the update rules above do not apply to it.
 
     Every row change it returns carries its `source` table, the key to its
-    route for the stages after it.
+    route for the stages after it. A sequence's state row (`RowChange.sequence`) is mapped as a
+    table's row, and the CREATE SEQUENCE it carries as a DDL is.
     """
 
     def __init__(self, rules: Sequence[TableRule] = (), pipeline: str = "", *,
@@ -204,7 +205,20 @@ class TableExtract(Extract):
             position=change.position,
             commit_time=change.commit_time,
             source=plan.source,
+            sequence=self._sequence_definition(change) if change.sequence is not None else None,
         )
+
+    def _sequence_definition(self, change: RowChange) -> str:
+        """A sequence state row's CREATE SEQUENCE with its name mapped and qualified as a DDL's
+        (`setl.ddl.rewrite`); "" stays "" (the source could not show it)."""
+        if not change.sequence:
+            return ""
+
+        def target(schema: str, table: str) -> tuple[str, str] | None:
+            found = self.plan.route(schema, table)
+            return (found.target.schema, found.target.table) if found is not None else None
+
+        return rewrite(change.sequence, change.schema, target) or ""
 
     def _target_key(self, plan: Route, key: tuple[str, ...]) -> tuple[str, ...]:
         memo = (plan.source, key)

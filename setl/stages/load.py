@@ -16,11 +16,14 @@ class LoadCapabilities:
     * `stores_position`: `committed()` returns the end of the last batch the target recorded
       in the same transaction as its rows (None only before the first batch).
     * `creates_tables`: the target creates a table the first time a batch touches it.
+    * `sequences`: the target applies a sequence's state rows (`setl.model.RowChange.sequence`):
+      pipeline assembly then has the source hand them on (sources drop them otherwise).
     """
 
     per_table: bool = False
     stores_position: bool = False
     creates_tables: bool = False
+    sequences: bool = False
 
 
 class Load:

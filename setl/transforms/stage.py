@@ -327,8 +327,8 @@ class SparkTransform(Transform):
         last: tuple[str, str, TableName | None] | None = None
         indices: list[int] | None = None
         for index, change in enumerate(batch.changes):
-            if type(change) is not RowChange:
-                continue
+            if type(change) is not RowChange or change.sequence is not None:
+                continue  # a DDL, or a sequence's state row: the target applies them as they are
             key = (change.schema, change.table, change.source)
             if key != last:  # runs of one table are common
                 last = key

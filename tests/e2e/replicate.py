@@ -44,9 +44,12 @@ def replicate(source: MariaDBServer, start: Position, rules: list[TableRule], lo
               name: str = "e2e", settings: PipelineSettings = SETTINGS,
               outcome: Outcome = Outcome.CAUGHT_UP) -> Scheduler:
     """Run the pipeline from `start` until it has acked the binlog's end as it stands now; return the
-    scheduler (its `acked_batches`, `error`). Fails the test if it ends other than `outcome`."""
+    scheduler (its `acked_batches`, `error`). Fails the test if it ends other than `outcome`. The
+    source hands on sequence state rows when `load` declares it applies them, as pipeline assembly
+    has it do."""
     select = MysqlBinlogSource(host=source.host, port=source.port, user=source.user, password=source.password,
-                               server_id=next(_server_ids), flavor="mariadb", start=start, pipeline=name)
+                               server_id=next(_server_ids), flavor="mariadb", start=start, pipeline=name,
+                               sequences=load.capabilities.sequences)
     meta = SqliteMetaStore(meta_dir / f"{name}.db")
     scheduler = Scheduler(name, settings, select, TableExtract(rules, pipeline=name), Transform(), load, meta)
     try:

@@ -143,6 +143,8 @@ class _Assembler:
         #: a query event's sql_mode bits -> the mode's names (asked of the source), for DDL
         self.mode_names: Callable[[int], str | None] | None = None
         self.sequences_seen: set[tuple[str, str]] = set()
+        #: whether a sequence's state rows are handed on (the pipeline's target applies them), or dropped
+        self.sequences = False
         self.kinds: dict[tuple[str, str], TableKind] = {}  # asked of the server once, until the next DDL
         self.transactional = transactional
         self.selects = selects  # whether the pipeline's table rules take schema.table (None: all)
@@ -320,7 +322,7 @@ class _Assembler:
                               "without its table map")
         if self.xa_pending:
             return  # an XA PREPARE group: its rows are read again when its XA COMMIT arrives
-        if info.sequence:
+        if info.sequence and not self.sequences:
             if (info.schema, info.table) not in self.sequences_seen:
                 self.sequences_seen.add((info.schema, info.table))
                 log.info("%s.%s is a sequence: its state is not replicated (the values drawn from it arrive "
@@ -370,7 +372,8 @@ class _Assembler:
         return tuple(
             DdlChange(after[0], after[1], before, attrs.evolve(start, row=o) if split else position) if op is None
             else RowChange(op, info.schema, info.table, info.primary_key, before, after,
-                           attrs.evolve(start, row=o) if split else position, commit_time)
+                           attrs.evolve(start, row=o) if split else position, commit_time,
+                           sequence=(info.definition or "") if info.sequence else None)
             for o, (op, info, before, after) in rows
         )
 
@@ -499,9 +502,9 @@ class KnownTables:
             return None
         parsed = ddl.parse(statement)
         refs = [(ref.schema or default_schema, ref.table) for ref in parsed.tables]
-        if parsed.kind == "create_table" and refs:
+        if parsed.kind in ("create_table", "create_sequence") and refs:
             self._schemas.setdefault(refs[0][0], set()).add(refs[0][1])
-        elif parsed.kind == "drop_table":
+        elif parsed.kind in ("drop_table", "drop_sequence"):
             for schema, table in refs:
                 self._schemas.get(schema, set()).discard(table)
         elif parsed.kind == "rename_table":

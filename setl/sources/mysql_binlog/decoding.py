@@ -55,11 +55,20 @@ class TableKind:
     """What information_schema says about a table the binlog's table map does not."""
 
     sequence: bool = False
+    #: a sequence's ``SHOW CREATE SEQUENCE`` (None when not asked for or not shown)
+    definition: str | None = None
+    #: False when the source has no such table now (dropped later in the binlog): then a table
+    #: map with exactly a sequence's columns is taken for a sequence (`SEQUENCE_COLUMNS`)
+    found: bool = True
     period: tuple[str, str] | None = None
     #: columns whose binlog bytes are handed on as text (`setl.values.TEXT_TYPES`) -> DATA_TYPE;
     #: the table map shows them as BINARY(16) or BINARY(4)
     texts: Mapping[str, str] = attrs.field(factory=dict)
 
+
+#: The columns of a MariaDB sequence's table, in order.
+SEQUENCE_COLUMNS = ("next_not_cached_value", "minimum_value", "maximum_value", "start_value", "increment",
+                    "cache_size", "cycle_option", "cycle_count")
 
 _PERIOD = re.compile(r"PERIOD\s+FOR\s+SYSTEM_TIME\s*\(\s*(`(?:[^`]|``)+`|\w+)\s*,\s*(`(?:[^`]|``)+`|\w+)\s*\)", re.I)
 
@@ -80,17 +89,21 @@ class _TableInfo:
     binaries: frozenset[str]
     binary_widths: Mapping[str, int]
     timestamps: Mapping[str, int] = attrs.field(factory=dict)  # TIMESTAMP columns and their fsp
-    sequence: bool = False  # a SEQUENCE's state row: not handed on
+    sequence: bool = False  # a SEQUENCE's state row: handed on only to a target that applies it
+    definition: str | None = None  # a SEQUENCE's SHOW CREATE SEQUENCE, when known
     period: tuple[str, str] | None = None  # a system-versioned table's (row start, row end) columns
     #: column -> how its bytes become setl's value (UUID, INET6, INET4: `setl.values`)
     texts: Mapping[str, Any] = attrs.field(factory=dict)
     #: spatial columns: their bytes are handed on as `setl.values.Geometry`
     geometries: frozenset[str] = frozenset()
+    #: whether the table map shows exactly a sequence's columns and no key
+    sequence_shaped: bool = False
 
     def with_kind(self, kind: "TableKind") -> "_TableInfo":
         texts = {name: canonical.FROM_BINLOG[of] for name, of in kind.texts.items() if of in canonical.FROM_BINLOG}
         if kind.period is None:
-            return attrs.evolve(self, sequence=kind.sequence, texts=texts)
+            sequence = kind.sequence or (not kind.found and self.sequence_shaped)
+            return attrs.evolve(self, sequence=sequence, definition=kind.definition, texts=texts)
         key = tuple(c for c in self.primary_key if c not in kind.period)  # the server adds row end to it
         return attrs.evolve(self, sequence=kind.sequence, period=kind.period, primary_key=key, texts=texts)
 
@@ -139,6 +152,7 @@ class _TableInfo:
             {c.name: getattr(c, "fsp", 0) or 0 for c in columns
              if c.type in (FIELD_TYPE.TIMESTAMP, FIELD_TYPE.TIMESTAMP2)},
             geometries=frozenset(c.name for c in columns if c.type == FIELD_TYPE.GEOMETRY),
+            sequence_shaped=not key and tuple(c.name for c in columns) == SEQUENCE_COLUMNS,
         )
 
     def image(self, values: dict[str, Any], none_sources: Mapping[str, str]) -> dict[str, Any]:

@@ -311,6 +311,7 @@ class MysqlBinlogSource(Select):
         selects: Callable[[str, str], bool] | None = None,
         ssl: SslConfig | None = None,
         snapshot: SnapshotSettings | None = None,
+        sequences: bool = False,
     ) -> None:
         if flavor not in ("auto", "mariadb", "mysql"):
             raise ConfigError(f"source.flavor {flavor!r} is not auto, mariadb or mysql", pipeline=pipeline)
@@ -332,6 +333,9 @@ class MysqlBinlogSource(Select):
         self.table_map_cache = table_map_cache
         self.snapshot_settings = snapshot or SnapshotSettings()  # given to setl.snapshot by snapshot_access()
         self.selects = selects  # whether the pipeline's table rules take (schema, table); None: every table
+        #: hand on a sequence's state rows (`setl.model.RowChange.sequence`): set when the pipeline's
+        #: target applies them (`setl.stages.load.LoadCapabilities.sequences`); dropped otherwise
+        self.sequences = sequences
         self.backoff = Backoff(initial=0.1, maximum=2.0, max_attempts=0)
         self._queue: queue.Queue[Transaction | _Failure] | None = None
         self._thread: threading.Thread | None = None
@@ -590,6 +594,7 @@ class MysqlBinlogSource(Select):
         assembler = _Assembler(position or Position("", 0), self.max_rows_in_memory, gtids, self._prepared_rows,
                                self._transactional, self.selects, KnownTables(tables))
         assembler.kind_of = self._table_kind
+        assembler.sequences = self.sequences
         assembler.mode_names = self._mode_names
         gtid_start = gtids.text if position is None and gtids is not None else None
         self._thread = threading.Thread(
@@ -612,7 +617,9 @@ class MysqlBinlogSource(Select):
         texts = {str(name): str(of).lower() for name, of in typed}
         kind = str(found[0][0]).upper() if found else ""
         if kind == "SEQUENCE":
-            return TableKind(sequence=True, texts=texts)
+            return TableKind(sequence=True, definition=self._sequence_definition(schema, table), texts=texts)
+        if not found:  # dropped since: the table map tells a sequence by its columns
+            return TableKind(found=False, texts=texts)
         if kind != "SYSTEM VERSIONED":
             return TableKind(texts=texts)
         [shown] = self._lookups.query((f"SHOW CREATE TABLE {ddl.quote(schema)}.{ddl.quote(table)}", None))
@@ -620,6 +627,22 @@ class MysqlBinlogSource(Select):
         match = _PERIOD.search(create)
         return TableKind(period=(_unquote(match[1]), _unquote(match[2])) if match else ("row_start", "row_end"),
                          texts=texts)
+
+    def _sequence_definition(self, schema: str, table: str) -> str | None:
+        """``SHOW CREATE SEQUENCE`` of a sequence whose state rows are handed on (None when they are
+        not, or when the source has no such sequence now: dropped later in the binlog). It is the
+        definition as the source holds it now; the state rows carry the state as the binlog had it."""
+        if not self.sequences:
+            return None
+        try:
+            [shown] = self._lookups.query((f"SHOW CREATE SEQUENCE {ddl.quote(schema)}.{ddl.quote(table)}", None))
+        except pymysql.MySQLError as exc:
+            if not (exc.args and exc.args[0] in (1049, 1146, 4090, 4091)):  # no such database or sequence
+                raise
+            log.info("pipeline=%s sequence %s.%s cannot be shown (%s): a target that lacks it creates it "
+                     "from its state row", self.pipeline, schema, table, exc)
+            return None
+        return str(shown[0][1]) if shown else None
 
     def _mode_names(self, bits: int) -> str | None:
         """The names of the sql_mode whose bits a query event carries, as the source spells them
