@@ -25,10 +25,10 @@ The failpoints (`FAILPOINTS`):
 * ``snapshot_read``: a snapshot chunk read knows its binlog position (its consistent snapshot
   began) and has not run its SELECT yet.
 
-Two older test hooks are kept as environment variables of their own:
-``SETL_DDLTASK_CRASH_AFTER_ACTION=TASK`` (a ``ddl_action`` crash for that task) and
-``SETL_TEST_ZK_SESSION_FILE=PATH`` (the HA node writes its ZooKeeper session id and password
-there, so a test can expire the session; see `zk_session_file`).
+One older test hook is kept as an environment variable of its own: ``SETL_TEST_ZK_SESSION_FILE=PATH``
+(the HA node writes its ZooKeeper session id and password there, so a test can expire the
+session; see `zk_session_file`). A crash after a batch DDL task's action is a ``ddl_action``
+marker with its `task`.
 
 Stage wrappers (`FaultySelect`, `FaultyExtract`, `FaultyTransform`, `FaultyLoad`) put a `FaultPlan` around
 stages; `setl.pipeline.chain` adds them to a pipeline when ``SETL_FAULTS`` is set.
@@ -54,8 +54,6 @@ log = logging.getLogger("setl.failpoints")
 
 #: The environment variable holding the fault markers, as JSON.
 FAULTS_ENV = "SETL_FAULTS"
-#: Older hook: a batch DDL task id; the process SIGKILLs itself after that task's action.
-DDL_ACTION_CRASH_ENV = "SETL_DDLTASK_CRASH_AFTER_ACTION"
 #: Older hook: where the HA node writes its ZooKeeper session id and password (hex, mode 0600).
 ZK_SESSION_FILE_ENV = "SETL_TEST_ZK_SESSION_FILE"
 
@@ -160,24 +158,20 @@ class FaultPlan:
 
 
 def from_env(environ: dict[str, str] | None = None) -> FaultPlan:
-    """The process's markers: ``SETL_FAULTS`` plus the older ``SETL_DDLTASK_CRASH_AFTER_ACTION``."""
+    """The process's markers, from ``SETL_FAULTS``."""
     env = os.environ if environ is None else environ
     text = env.get(FAULTS_ENV)
-    plan = FaultPlan.from_json(text) if text else FaultPlan()
-    task = env.get(DDL_ACTION_CRASH_ENV)
-    if task:
-        plan.faults.append(Fault("ddl_action", "crash", task=task))
-    return plan
+    return FaultPlan.from_json(text) if text else FaultPlan()
 
 
-_process_plan: tuple[tuple[str | None, str | None], FaultPlan] | None = None
+_process_plan: tuple[str | None, FaultPlan] | None = None
 _process_lock = threading.Lock()
 
 
 def process_plan() -> FaultPlan:
     """The markers of this process, read from the environment (again only when it changed)."""
     global _process_plan
-    key = (os.environ.get(FAULTS_ENV), os.environ.get(DDL_ACTION_CRASH_ENV))
+    key = os.environ.get(FAULTS_ENV)
     with _process_lock:
         if _process_plan is None or _process_plan[0] != key:
             _process_plan = (key, from_env())
@@ -287,7 +281,7 @@ class FaultyPartLoad(FaultyLoad):
 
 
 __all__ = [
-    "ACTIONS", "DDL_ACTION_CRASH_ENV", "FAILPOINTS", "FAULTS_ENV", "ZK_SESSION_FILE_ENV", "Fault", "FaultPlan",
+    "ACTIONS", "FAILPOINTS", "FAULTS_ENV", "ZK_SESSION_FILE_ENV", "Fault", "FaultPlan",
     "FaultyExtract", "FaultyLoad", "FaultyPartLoad", "FaultySelect", "FaultyTransform", "InjectedFault", "from_env",
     "hit", "process_plan", "zk_session_file",
 ]

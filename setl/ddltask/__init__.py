@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from setl.config import NodeSettings, PipelineConfig
 from setl.ddltask.actions import Actions, MysqlActions
-from setl.ddltask.load import ACTION_FAILED, CRASH_ENV, DdlTaskLoad, DdlTaskPartLoad
+from setl.ddltask.load import ACTION_FAILED, DdlTaskLoad, DdlTaskPartLoad
 from setl.ddltask.select import DdlTaskSelect
 from setl.ddltask.signal import OP_TYPES, Signal
 from setl.ddltask.tasks import DdlTasks
@@ -18,7 +18,7 @@ from setl.meta.base import MetaStore
 from setl.routing import RoutingPlan
 from setl.stages import Load, Select
 
-__all__ = ["ACTION_FAILED", "CRASH_ENV", "OP_TYPES", "Actions", "DdlTaskLoad", "DdlTaskPartLoad",
+__all__ = ["ACTION_FAILED", "OP_TYPES", "Actions", "DdlTaskLoad", "DdlTaskPartLoad",
            "DdlTaskSelect", "DdlTasks", "MysqlActions", "Signal", "with_ddl_tasks"]
 
 

@@ -21,10 +21,6 @@ from setl.stages.load import Load, LoadWrapper
 
 log = logging.getLogger("setl.ddltask")
 
-#: Test hook: a task id; the process SIGKILLs itself after that task's action, before its record
-#: (the ``ddl_action`` failpoint of `setl.failpoints`).
-CRASH_ENV = failpoints.DDL_ACTION_CRASH_ENV
-
 #: The reason a task whose action failed carries, followed by the error.
 ACTION_FAILED = "action failed: "
 
@@ -280,4 +276,4 @@ class DdlTaskPartLoad(DdlTaskLoad):
         self._apply(batch, self.inner.load_part)
 
 
-__all__ = ["DdlTaskLoad", "DdlTaskPartLoad", "CRASH_ENV", "ACTION_FAILED"]
+__all__ = ["DdlTaskLoad", "DdlTaskPartLoad", "ACTION_FAILED"]

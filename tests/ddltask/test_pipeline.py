@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from setl.ddltask import ACTION_FAILED, CRASH_ENV
+from setl.ddltask import ACTION_FAILED
 from setl.meta.base import OVERWRITTEN_BY, DdlTaskStatus
 from setl.scheduler import Listener, Outcome
 from tests.ddltask.rig import Rig
@@ -25,6 +25,9 @@ FACT_TARGET = (
     " PARTITION p20261120 VALUES LESS THAN ('2026-11-21'),"
     " PARTITION p20261121 VALUES LESS THAN ('2026-11-22'))"
 )
+
+#: the process SIGKILLs itself after task run2's action, before its record (the ddl_action failpoint)
+CRASH_AFTER_RUN2 = {"SETL_FAULTS": json.dumps([{"stage": "ddl_action", "action": "crash", "task": "run2"}])}
 
 
 def rows(day: datetime.date, ids, v: int, job: str | None = None) -> list[tuple]:
@@ -165,7 +168,7 @@ def test_kill_9_between_action_and_record_redoes_the_action_once(make_rig):
                        *rows(D20, range(1, 6), 1))
     rig.execute_source(rig.signal("run2", "truncate_partition", "fact", "p20261120", True))
     rig.execute_source(*rows(D20, range(1, 4), 2))
-    proc = rig.start_process({CRASH_ENV: "run2"})
+    proc = rig.start_process(CRASH_AFTER_RUN2)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == -9, err
     task = rig.meta.ddl_task(rig.name, "run2")
@@ -232,7 +235,7 @@ def test_failover_after_a_kill_9_between_action_and_record(make_rig, zookeeper_s
                        *rows(D20, range(1, 6), 1))
     rig.execute_source(rig.signal("run2", "truncate_partition", "fact", "p20261120", True),
                        *rows(D20, range(1, 4), 2))
-    node_a = rig.start_process({CRASH_ENV: "run2"}, node="a")
+    node_a = rig.start_process(CRASH_AFTER_RUN2, node="a")
     out, err = node_a.communicate(timeout=60)
     assert node_a.returncode == -9, err
     claimed = rig.meta.ddl_task(rig.name, "run2")

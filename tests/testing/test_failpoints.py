@@ -36,9 +36,11 @@ def test_faults_json_keeps_its_format_and_names_the_failpoints():
                                           "snapshot_read"}
 
 
-def test_the_older_ddl_task_hook_becomes_a_ddl_action_crash_marker():
-    """SETL_DDLTASK_CRASH_AFTER_ACTION=run2 is a crash at the ddl_action failpoint for task run2 only."""
-    plan = failpoints.from_env({"SETL_DDLTASK_CRASH_AFTER_ACTION": "run2"})
+def test_a_ddl_action_crash_marker_strikes_its_task_only():
+    """A ``ddl_action`` crash marker for task run2 (what the removed SETL_DDLTASK_CRASH_AFTER_ACTION
+    hook did) matches run2 only."""
+    plan = failpoints.from_env({"SETL_FAULTS": json.dumps([{"stage": "ddl_action", "action": "crash",
+                                                            "task": "run2"}])})
     (fault,) = plan.faults
     assert (fault.stage, fault.action, fault.task) == ("ddl_action", "crash", "run2")
     assert not fault.matches("ddl_action", 1, "run1")
