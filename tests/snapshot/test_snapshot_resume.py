@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
+import time
 from typing import Any
 
 import pytest
@@ -32,6 +34,15 @@ def progress(setl, full: bool = False) -> dict[str, Any]:
         meta.close()
 
 
+def stuck(setl, proc) -> str:
+    """What a copy that stopped moving shows: its progress, and the process's log with every
+    thread's stack (SIGUSR1: faulthandler)."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGUSR1)
+    time.sleep(1.0)
+    return f"progress {progress(setl)}\n{setl.logs()[-20000:]}"
+
+
 def test_kill_9_twice_during_a_snapshot(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db):
     """Two kill -9 in the middle of a copy of ~1M rows under writes: each restart logs the chunk it
     resumes from, the ints table's acked chunk count never restarts from zero, and CHECKSUM TABLE agrees."""
@@ -50,7 +61,7 @@ def test_kill_9_twice_during_a_snapshot(tmp_path, mariadb_source, mariadb_target
                     ints = progress(setl).get("ints")
                     return ints is not None and ints[0] == "copying" and ints[2] >= floor + 5
 
-                wait_until(moved, timeout=120, interval=0.05, message=lambda: f"progress {progress(setl)}")
+                wait_until(moved, timeout=120, interval=0.05, message=lambda: stuck(setl, proc))
                 proc.send_signal(signal.SIGKILL)
                 proc.wait(10)
             chunks = progress(setl)["ints"][2]
