@@ -909,29 +909,11 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
                  "%s; the DDL runs under %s", self.pipeline, step.change.qualified_table, mode, ",".join(kept) or "''")
 
     def _same_shape(self, cur: Any, step: DdlStep) -> bool:
-        """Whether the table a CREATE TABLE names exists with the shape the statement gives it,
-        checked by creating the statement's table as a scratch TEMPORARY table."""
-        tokens = step.statement.tokens
-        ref = step.statement.tables[0]
-        schema = ref.schema or step.change.schema
-        head = [t.text for t in tokens[:ref.start]]
-        table_word = max(i for i, t in enumerate(tokens[:ref.start]) if t.upper == "TABLE")
-        head[table_word] = "TEMPORARY TABLE"
-        scratch = "setl_shape_check"
-        try:
-            cur.execute("".join(head) + table_name(schema, scratch).replace("%%", "%")
-                        + "".join(t.text for t in tokens[ref.end:]))
-        except pymysql.err.MySQLError:  # no TEMPORARY twin (a system-versioned or sequence table)
-            return False
-        try:
-            shapes = []
-            for table in (ref.table, scratch):
-                cur.execute(f"SHOW CREATE TABLE {table_name(schema, table)}", ())
-                lines = cur.fetchone()[1].splitlines()[1:]
-                shapes.append([re.sub(r" AUTO_INCREMENT=\d+", "", line) for line in lines])
-        finally:
-            cur.execute(f"DROP TEMPORARY TABLE IF EXISTS {table_name(schema, scratch)}", ())
-        if shapes[0] != shapes[1]:
+        """Whether the table a CREATE TABLE names exists with the shape the statement gives it."""
+        def shape(text: str, _name: str) -> list[str]:
+            return [re.sub(r" AUTO_INCREMENT=\d+", "", line) for line in text.splitlines()[1:]]
+
+        if not self._same_as_twin(cur, step, "TABLE", shape):
             return False
         log.info("pipeline=%s stage=load table=%s: table exists with the same shape; CREATE TABLE "
                  "counts as applied", self.pipeline, step.change.qualified_table)
@@ -939,14 +921,29 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
 
     def _same_sequence(self, cur: Any, step: DdlStep) -> bool:
         """Whether the sequence a CREATE SEQUENCE names exists with the options the statement gives
-        it (one created from a state row before its CREATE arrived, say), checked by creating the
-        statement's sequence as a scratch TEMPORARY SEQUENCE and comparing SHOW CREATE SEQUENCE."""
+        it (one created from a state row before its CREATE arrived, say)."""
+        def options(text: str, name: str) -> str:
+            return text[text.index(plain_quote(name)) + len(plain_quote(name)):]
+
+        if not self._same_as_twin(cur, step, "SEQUENCE", options):
+            return False
+        log.info("pipeline=%s stage=load table=%s: sequence exists with the same options; CREATE SEQUENCE "
+                 "counts as applied", self.pipeline, step.change.qualified_table)
+        return True
+
+    @staticmethod
+    def _same_as_twin(cur: Any, step: DdlStep, kind: str, form: Callable[[str, str], Any]) -> bool:
+        """Whether the object (TABLE or SEQUENCE: `kind`) a CREATE names exists as the statement
+        would create it: the statement runs again as a scratch TEMPORARY twin, and `form` of both
+        SHOW CREATE texts (given the text and the object's name) must be equal. False when the twin
+        cannot be made (a system-versioned or sequence table has none) or, for a sequence, the
+        existing object is a table."""
         tokens = step.statement.tokens
         ref = step.statement.tables[0]
         schema = ref.schema or step.change.schema
         head = [t.text for t in tokens[:ref.start]]
-        word = max(i for i, t in enumerate(tokens[:ref.start]) if t.upper == "SEQUENCE")
-        head[word] = "TEMPORARY SEQUENCE"
+        word = max(i for i, t in enumerate(tokens[:ref.start]) if t.upper == kind)
+        head[word] = f"TEMPORARY {kind}"
         scratch = "setl_shape_check"
         try:
             cur.execute("".join(head) + table_name(schema, scratch).replace("%%", "%")
@@ -954,20 +951,17 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         except pymysql.err.MySQLError:
             return False
         try:
-            shapes = []
+            forms = []
             for name in (ref.table, scratch):
-                cur.execute(f"SHOW CREATE SEQUENCE {table_name(schema, name)}", ())
-                text = str(cur.fetchone()[1])
-                shapes.append(text[text.index(plain_quote(name)) + len(plain_quote(name)):])
-        except pymysql.err.MySQLError:  # the existing object is not a sequence
-            return False
+                cur.execute(f"SHOW CREATE {kind} {table_name(schema, name)}", ())
+                forms.append(form(str(cur.fetchone()[1]), name))
+        except pymysql.err.MySQLError:
+            if kind != "SEQUENCE":
+                raise
+            return False  # the existing object is a table, not a sequence
         finally:
-            cur.execute(f"DROP TEMPORARY SEQUENCE IF EXISTS {table_name(schema, scratch)}", ())
-        if shapes[0] != shapes[1]:
-            return False
-        log.info("pipeline=%s stage=load table=%s: sequence exists with the same options; CREATE SEQUENCE "
-                 "counts as applied", self.pipeline, step.change.qualified_table)
-        return True
+            cur.execute(f"DROP TEMPORARY {kind} IF EXISTS {table_name(schema, scratch)}", ())
+        return bool(forms[0] == forms[1])
 
     # -- errors
 

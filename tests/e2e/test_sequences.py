@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from setl.model import Batch
+from setl.model import Batch, DdlChange, Position
 from setl.sinks.mysql import MySQLLoad
 from setl.sinks.postgresql import PostgresLoad
 
@@ -132,3 +132,25 @@ def test_postgresql_keeps_sequences_out(mariadb_source, source_db, postgres_serv
                                  (source_db,), dbname=postgres_db) == [(1,)]
     assert postgres_server.query("SELECT count(*) FROM information_schema.sequences WHERE sequence_schema = %s",
                                  (source_db,), dbname=postgres_db) == [(0,)]
+
+
+def test_a_create_sequence_of_an_existing_sequence_counts_only_when_its_options_match(mariadb_target, mysql_db):
+    """Outside a replay, CREATE SEQUENCE of a sequence the target has (one created from a state row,
+    say) counts as applied when the options are the same, and fails when they differ; a table of
+    that name is never taken for the sequence."""
+    mariadb_target.query(f"CREATE SEQUENCE `{mysql_db}`.s START WITH 10 INCREMENT BY 2")
+    mariadb_target.query(f"CREATE TABLE `{mysql_db}`.t (id INT PRIMARY KEY)")
+
+    def ddl(n: int, statement: str) -> Batch:
+        change = DdlChange(mysql_db, statement.split("`.")[1].split()[0].strip("`"), statement, Position("b", n + 1))
+        return Batch("seqopts", n, 1, Position("b", n), Position("b", n + 1), (change,))
+
+    load = MySQLLoad(mariadb_target.target_config(), pipeline="seqopts", position_schema=mysql_db)
+    try:
+        load.load(ddl(1, f"CREATE SEQUENCE `{mysql_db}`.s START WITH 10 INCREMENT BY 2"))
+        with pytest.raises(Exception, match="already exists"):
+            load.load(ddl(2, f"CREATE SEQUENCE `{mysql_db}`.s START WITH 5"))
+        with pytest.raises(Exception, match="already exists"):
+            load.load(ddl(3, f"CREATE SEQUENCE `{mysql_db}`.t"))
+    finally:
+        load.close()
