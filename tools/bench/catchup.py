@@ -224,6 +224,10 @@ def catch_up(folder: Path, name: str, source, target, start, args: argparse.Name
     conf = write_conf(folder, name, source, target, start, max_wait_ms=args.max_wait_ms,
                       http=f"127.0.0.1:{port}" if port else None, load_mode=load_mode)
     argv = [sys.executable, "-m", "setl.cli", "--conf", str(conf), "start", "--pipeline", name, "--until-caught-up"]
+    if args.profile:  # sampled stacks per thread, for `tools/bench/profile_split.py`
+        args.profile.mkdir(parents=True, exist_ok=True)
+        argv = ["py-spy", "record", "--threads", "--gil", "--native", "--rate", "200", "--format", "raw",
+                "-o", str(args.profile / f"{name}.txt"), "--", *argv]
     if not http:
         _, wall, rss, _ = run_child(argv)
         return wall, rss
@@ -350,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also catch up with the HTTP endpoint and metrics on, scraped every second")
     parser.add_argument("--skip-readers", action="store_true", help="no source-only runs (the raw parse stays)")
     parser.add_argument("--lag", action=argparse.BooleanOptionalAction, default=True, help="the lag phase")
+    parser.add_argument("--profile", type=Path, metavar="DIR",
+                        help="record each catch-up under py-spy (collapsed stacks per thread in DIR/NAME.txt)")
     parser.add_argument("--child", choices=["raw", "source"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--server-id", type=int, default=4001, help=argparse.SUPPRESS)

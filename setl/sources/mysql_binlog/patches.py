@@ -32,8 +32,12 @@ def _read_time2(self: RowsEvent, column: Any) -> datetime.timedelta:
     The library decodes the whole and the fractional part of a negative TIME separately and gets
     the fraction wrong (-00:00:01.5 comes back as -00:00:01.000005).
     """
-    nfrac = (column.fsp + 1) // 2
-    data = self.packet.read(3 + nfrac)
+    return time2_value(self.packet.read(3 + (column.fsp + 1) // 2), column.fsp)
+
+
+def time2_value(data: bytes, fsp: int) -> datetime.timedelta:
+    """The TIME(fsp) packed in `data` (3 bytes and the fraction's (fsp + 1) // 2)."""
+    nfrac = (fsp + 1) // 2
     if nfrac == 3:
         packed = int.from_bytes(data, "big") - (0x800000 << 24)
     else:
@@ -59,11 +63,18 @@ def _calendar_date(year: int, month: int, day: int, text: str) -> datetime.date 
 def _read_date(self: RowsEvent) -> datetime.date | InvalidDate:
     """DATE; a zero or partial date (``0000-00-00``, ``2024-00-15``) as `InvalidDate` (the library: None)."""
     raw = self.packet.read_uint24()
-    year, month, day = raw >> 9, (raw >> 5) & 15, raw & 31
-    return _calendar_date(year, month, day, f"{year:04d}-{month:02d}-{day:02d}")
+    return date_value(raw >> 9, (raw >> 5) & 15, raw & 31)
 
 
-def _datetime(year: int, month: int, day: int, hour: int, minute: int, second: int, micros: int, fsp: int
+def date_value(year: int, month: int, day: int) -> datetime.date | InvalidDate:
+    """A DATE's value: a calendar date, else `InvalidDate` with its text."""
+    try:
+        return datetime.date(year, month, day)
+    except ValueError:
+        return InvalidDate(f"{year:04d}-{month:02d}-{day:02d}")
+
+
+def datetime_value(year: int, month: int, day: int, hour: int, minute: int, second: int, micros: int, fsp: int
               ) -> datetime.datetime | InvalidDate:
     date = _calendar_date(year, month, day, "")
     if isinstance(date, datetime.date):
@@ -77,7 +88,7 @@ def _read_datetime(self: RowsEvent) -> datetime.datetime | InvalidDate:
     """DATETIME of the old format (YYYYMMDDhhmmss as an integer)."""
     value = self.packet.read_uint64()
     date, time_ = divmod(value, 1_000_000)
-    return _datetime(date // 10000, date // 100 % 100, date % 100, time_ // 10000, time_ // 100 % 100,
+    return datetime_value(date // 10000, date // 100 % 100, date % 100, time_ // 10000, time_ // 100 % 100,
                      time_ % 100, 0, 0)
 
 
@@ -86,7 +97,7 @@ def _read_datetime2(self: RowsEvent, column: Any) -> datetime.datetime | Invalid
     data = self.packet.read_int_be_by_size(5)
     year_month = (data >> 22) & ((1 << 17) - 1)
     micros = self._RowsEvent__read_fsp(column)
-    return _datetime(year_month // 13, year_month % 13, (data >> 17) & 31, (data >> 12) & 31, (data >> 6) & 63,
+    return datetime_value(year_month // 13, year_month % 13, (data >> 17) & 31, (data >> 12) & 31, (data >> 6) & 63,
                      data & 63, micros, column.fsp or 0)
 
 def _read_variable_length_string(self: BinLogPacketWrapper) -> bytes:
