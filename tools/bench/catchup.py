@@ -45,6 +45,7 @@ old and new code each came out ahead when run second): run it again from the oth
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -243,20 +244,77 @@ def head(server) -> tuple[str, int]:
     return file, int(pos)
 
 
-def copy_tables(source, target, database: str, tables: list[str]) -> None:
-    """Copy the prepared rows (not in the backlog) to the target, outside any binlog reader's range."""
+def read_tables(source, database: str, tables: list[str]) -> dict[str, list[tuple]]:
+    """The prepared rows of each table (the state at the backlog's start)."""
     src = source.connect(database=database)
-    dst = target.connect(database=database)
     try:
-        with src.cursor() as read, dst.cursor() as write:
+        with src.cursor() as read:
+            rows = {}
             for table in tables:
                 read.execute(f"SELECT * FROM `{table}`")
-                rows = read.fetchall()
-                marks = ", ".join(["%s"] * len(rows[0]))
-                write.executemany(f"INSERT INTO `{table}` VALUES ({marks})", rows)
+                rows[table] = list(read.fetchall())
+            return rows
     finally:
         src.close()
+
+
+def write_tables(target, database: str, rows: dict[str, list[tuple]], *, replace: bool = False) -> None:
+    """Write `rows` to the target's tables, outside any binlog reader's range (emptied first with `replace`)."""
+    dst = target.connect(database=database)
+    try:
+        with dst.cursor() as write:
+            write.execute("SET SESSION sql_log_bin = 0")
+            for table, values in rows.items():
+                if replace:
+                    write.execute(f"TRUNCATE TABLE `{table}`")
+                marks = ", ".join(["%s"] * len(values[0]))
+                write.executemany(f"INSERT INTO `{table}` VALUES ({marks})", values)
+        dst.commit()
+    finally:
         dst.close()
+
+
+def native_catch_up(replica, source, start: tuple[str, int], end: tuple[str, int], p0: dict[str, list[tuple]],
+                    timeout: float = 3600) -> float:
+    """MariaDB's own replication of the backlog: the replica reset to the backlog's starting state,
+    then ``CHANGE MASTER TO`` its start and ``START SLAVE UNTIL`` its end, one SQL thread (the
+    default), timed until the SQL thread has executed the last event. Returns wall seconds."""
+    import pymysql.cursors
+
+    conn = replica.connect(cursorclass=pymysql.cursors.DictCursor, autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("STOP SLAVE")
+            cur.execute("RESET SLAVE ALL")
+        write_tables(replica, "sbtest", p0, replace=True)
+        with conn.cursor() as cur:
+            cur.execute(f"CHANGE MASTER TO MASTER_HOST='{source.host}', MASTER_PORT={source.port}, "
+                        f"MASTER_USER='root', MASTER_PASSWORD='', MASTER_LOG_FILE='{start[0]}', "
+                        f"MASTER_LOG_POS={start[1]}, MASTER_USE_GTID=no")
+            began = time.perf_counter()
+            cur.execute(f"START SLAVE UNTIL MASTER_LOG_FILE='{end[0]}', MASTER_LOG_POS={end[1]}")
+            deadline = time.monotonic() + timeout
+            while True:
+                cur.execute("SHOW SLAVE STATUS")
+                status = cur.fetchone()
+                failure = status["Last_SQL_Error"] or status["Last_IO_Error"]
+                if failure:
+                    raise SystemExit(f"the native replica failed: {failure}")
+                if (_log_number(status["Relay_Master_Log_File"]), int(status["Exec_Master_Log_Pos"])) >= \
+                        (_log_number(end[0]), end[1]):
+                    wall = time.perf_counter() - began
+                    break
+                if time.monotonic() > deadline:
+                    raise SystemExit("the native replica did not reach the backlog's end in time")
+                time.sleep(0.005)
+            cur.execute("STOP SLAVE")
+        return wall
+    finally:
+        conn.close()
+
+
+def _log_number(name: str) -> int:
+    return int(name.rsplit(".", 1)[-1]) if name else -1
 
 
 def measure_lag(source, target, conf: Path, name: str, seconds: float, rate: int,
@@ -354,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also catch up with the HTTP endpoint and metrics on, scraped every second")
     parser.add_argument("--skip-readers", action="store_true", help="no source-only runs (the raw parse stays)")
     parser.add_argument("--lag", action=argparse.BooleanOptionalAction, default=True, help="the lag phase")
+    parser.add_argument("--native", action="store_true",
+                        help="also replay the backlog with MariaDB's own replication (a replica at its start)")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="record each catch-up under py-spy (collapsed stacks per thread in DIR/NAME.txt)")
     parser.add_argument("--child", choices=["raw", "source"], help=argparse.SUPPRESS)
@@ -381,12 +441,18 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="setl-bench-") as tmp, \
             MariaDBServer(Path(tmp) / "source", server_id=1) as source, \
-            MariaDBServer(Path(tmp) / "target", server_id=2) as target:
+            MariaDBServer(Path(tmp) / "target", server_id=2) as target, contextlib.ExitStack() as stack:
         print(f"MariaDB source :{source.port}, target :{target.port}; preparing sysbench tables", flush=True)
         tables = [f"sbtest{n}" for n in range(1, args.tables + 1)]
         sysbench.prepare(sysbench.Conn.from_server(source), tables=args.tables, table_size=args.table_size)
         sysbench.create_tables(sysbench.Conn.from_server(target), tables=args.tables)
-        copy_tables(source, target, "sbtest", tables)
+        p0 = read_tables(source, "sbtest", tables)
+        write_tables(target, "sbtest", p0)
+        replica = None
+        if args.native:  # MariaDB's own replica, at the same starting state as the target
+            replica = stack.enter_context(MariaDBServer(Path(tmp) / "replica", server_id=3,
+                                                        options={"log_slave_updates": 1}))
+            sysbench.create_tables(sysbench.Conn.from_server(replica), tables=args.tables)
         for server in (source, target):
             server.query("CREATE DATABASE bench")
             server.query("CREATE TABLE bench.lag (id INT PRIMARY KEY, at TIMESTAMP(6) DEFAULT CURRENT_TIMESTAMP(6))")
@@ -426,6 +492,13 @@ def main(argv: list[str] | None = None) -> int:
                     label = ("setl start --until-caught-up (MariaDB target)" + (", HTTP + metrics on" if http else "")
                              + ("" if mode == "ordered" else f", load.mode {mode}"))
                     runs.setdefault(label, []).append((rows / wall, rss))
+            if replica is not None:
+                wall = native_catch_up(replica, source, start, end, p0)
+                runs.setdefault("MariaDB's own replication (one SQL thread)", []).append((rows / wall, 0.0))
+                if n == 0:
+                    same = sysbench.checksums(sysbench.Conn.from_server(source), tables) == \
+                        sysbench.checksums(sysbench.Conn.from_server(replica), tables)
+                    print(f"native replica equals source after catch-up (CHECKSUM TABLE): {same}", flush=True)
             if args.compare_tree:  # the same catch-up by another checkout's code (python -m imports from cwd)
                 conf = write_conf(Path(tmp) / f"old{n}", f"old{n}", source, target, start, max_wait_ms=args.max_wait_ms)
                 _, wall, rss, out = run_child([sys.executable, "-m", "setl.cli", "--conf", str(conf), "start",
@@ -444,6 +517,12 @@ def main(argv: list[str] | None = None) -> int:
             rate = statistics.median(r for r, _ in values)
             rss = statistics.median(m for _, m in values)
             print(f"{label:<48} {rate:>9.0f} {rate / baseline:>6.2f} {rss:>7.0f}MB")
+        if args.native:
+            native = statistics.median(r for r, _ in runs["MariaDB's own replication (one SQL thread)"])
+            for label, values in runs.items():
+                if label.startswith("setl start") or label.startswith("the same, code of"):
+                    print(f"{label} / MariaDB's own replication: "
+                          f"{statistics.median(r for r, _ in values) / native:.2f}")
         if args.http:
             off = [r for r, _ in runs["setl start --until-caught-up (MariaDB target)"]]
             on = [r for r, _ in runs["setl start --until-caught-up (MariaDB target), HTTP + metrics on"]]
