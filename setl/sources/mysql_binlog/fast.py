@@ -57,6 +57,10 @@ class RowDecoders:
 
     def __init__(self) -> None:
         self._by_table: dict[int, tuple[Any, Any]] = {}
+        #: the attributes every rows event of a table and type shares, by (table, event type)
+        self.templates: dict[tuple[int, int], tuple[Any, dict[str, Any]]] = {}
+        #: table-map events by the bytes of their body, reused (their table is read-only)
+        self.table_maps: dict[bytes, TableMapEvent] = {}
         self.fast = self.slow = 0
         self.dbms: str | None = None
 
@@ -72,8 +76,23 @@ class RowDecoders:
             decoder = None
         if len(self._by_table) > 4096:
             self._by_table.clear()
+            self.templates.clear()
         self._by_table[id(table)] = (table, decoder)
         return decoder
+
+    def template(self, table: Any, event_type: int, ctl_connection: Any, mysql_version: Any,
+                 post_header_lengths: Any) -> dict[str, Any]:
+        """What a rows event of `table` and `event_type` holds besides its own header and rows."""
+        known = self.templates.get((id(table), event_type))
+        if known is not None and known[0] is table:
+            return known[1]
+        shared = dict(event_type=event_type, _post_header_lengths=post_header_lengths,
+                      _ctl_connection=ctl_connection, mysql_version=mysql_version, _ignore_decode_errors=False,
+                      _verify_checksum=False, _is_event_valid=None, _processed=True, complete=True, dbms=self.dbms,
+                      schema=table.schema, table=table.table, number_of_columns=len(table.columns),
+                      columns=table.columns)
+        self.templates[(id(table), event_type)] = (table, shared)
+        return shared
 
 
 class FastPacketWrapper(BinLogPacketWrapper):
@@ -106,7 +125,7 @@ class FastPacketWrapper(BinLogPacketWrapper):
         self.read_bytes = 0
         (self.timestamp, self.event_type, self.server_id, self.event_size, self.log_pos,
          self.flags) = _HEADER.unpack_from(data, 1)
-        self.charset = None
+        self.charset = None  # read only by the library's own string readers, which these events skip
 
     def _fast_rows(self, from_packet: Any, data: bytes, table_map: dict, ctl_connection: Any,
                    decoders: RowDecoders, use_checksum: bool, allowed_events: Any, mysql_version: Any,
@@ -144,14 +163,12 @@ class FastPacketWrapper(BinLogPacketWrapper):
         rows = decoder.decode(data, pos, end, kind)
         self._header(from_packet, data)
         event = object.__new__(cls)
-        event.__dict__.update(
-            packet=self, table_map=table_map, event_type=self.event_type, timestamp=self.timestamp,
-            event_size=event_size - (23 if use_checksum else 19), _post_header_lengths=post_header_lengths,
-            _ctl_connection=ctl_connection, mysql_version=mysql_version, _ignore_decode_errors=False,
-            _verify_checksum=False, _is_event_valid=None, _processed=True, complete=True, dbms=decoders.dbms,
-            table_id=int.from_bytes(data[20:26], "little"), schema=table.schema, table=table.table,
-            flags=int.from_bytes(data[26:28], "little"), number_of_columns=ncols, columns=table.columns,
-            _RowsEvent__rows=rows)
+        event.__dict__ = {
+            **decoders.template(table, self.event_type, ctl_connection, mysql_version, post_header_lengths),
+            "packet": self, "table_map": table_map, "timestamp": self.timestamp,
+            "event_size": event_size - (23 if use_checksum else 19),
+            "table_id": int.from_bytes(data[20:26], "little"), "flags": int.from_bytes(data[26:28], "little"),
+            "_RowsEvent__rows": rows}
         self.event = event
         decoders.fast += 1
         return True
@@ -164,19 +181,28 @@ class FastPacketWrapper(BinLogPacketWrapper):
             return False
         event_size = int.from_bytes(data[10:14], "little")
         size = event_size - (23 if use_checksum else 19)
-        state = cache.get(bytes(data[20:20 + size]))
-        if state is None:
-            return False
-        if decoders.dbms is None:
-            decoders.dbms = ctl_connection._get_dbms()
+        body = bytes(data[20:20 + size])
+        event = decoders.table_maps.get(body)
+        if event is None:
+            state = cache.get(body)
+            if state is None:
+                return False
+            if decoders.dbms is None:
+                decoders.dbms = ctl_connection._get_dbms()
+            event = object.__new__(TableMapEvent)
+            event.__dict__.update(
+                event_size=size, _post_header_lengths=post_header_lengths, _ctl_connection=ctl_connection,
+                mysql_version=mysql_version, _ignore_decode_errors=False, _verify_checksum=False,
+                _is_event_valid=None, _processed=True, complete=True, dbms=decoders.dbms)
+            event.__dict__.update(state)
+            if len(decoders.table_maps) > 4096:
+                decoders.table_maps.clear()
+            decoders.table_maps[body] = event
+        else:
+            cache.hits += 1
         self._header(from_packet, data)
-        event = TableMapEvent.__new__(TableMapEvent)
-        event.__dict__.update(
-            packet=self, table_map=table_map, event_type=self.event_type, timestamp=self.timestamp,
-            event_size=size, _post_header_lengths=post_header_lengths, _ctl_connection=ctl_connection,
-            mysql_version=mysql_version, _ignore_decode_errors=False, _verify_checksum=False, _is_event_valid=None,
-            _processed=True, complete=True, dbms=decoders.dbms)
-        event.__dict__.update(state)
+        event.packet, event.table_map, event.event_type, event.timestamp = \
+            self, table_map, self.event_type, self.timestamp
         table_map[event.table_id] = event.table_obj
         self.event = event
         return True
