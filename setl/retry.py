@@ -208,7 +208,7 @@ def record_retrying(meta, pipeline: str, error: BaseException, since: float, nod
         if meta.state(pipeline).status is Status.PAUSED:
             return  # an operator's pause, written meanwhile, stands
         meta.set_state(pipeline, Status.RUNNING, error=str(error), node=node, retrying_since=since)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - recording the retry is best effort; the retry itself goes on
         log.warning("pipeline=%s cannot record that it is retrying: %s", pipeline, exc)
 
 

@@ -218,7 +218,7 @@ def build_plan(node: NodeSettings, config: PipelineConfig) -> RoutingPlan:
     if any(rule.transforms for rule in config.tables):
         from setl.plugins import load_registry
 
-        registry = load_registry(node.plugins.dirs, base=node.conf_dir)
+        registry = load_registry(node.plugins.dirs, base=node.conf_dir, blocked=node.plugins.blocked)
     return RoutingPlan.compile(config.tables, pipeline=config.name, registry=registry, file=config.file or None)
 
 

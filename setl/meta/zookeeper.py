@@ -49,12 +49,12 @@ from setl.errors import LeadershipLost, MetaStoreError
 from setl.ha import Check, Conflict, Coordinator, Create, Delete, Fence, SetData, dumps
 from setl.meta.base import (
     FORGOTTEN,
-    STALE_AFTER,
-    Liveness,
     OVERWRITTEN_BY,
+    STALE_AFTER,
     DdlClaim,
     DdlTask,
     DdlTaskStatus,
+    Liveness,
     MetaStore,
     PipelineState,
     Status,
