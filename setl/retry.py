@@ -25,7 +25,7 @@ import threading
 import time
 import types
 from collections.abc import Callable, Iterator
-from typing import TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import attrs
 import tenacity
@@ -33,6 +33,9 @@ import tenacity
 from setl.config import RetrySettings
 from setl.errors import ConfigError, PluginError, PositionPurged, SetlError, TransientLoadError
 from setl.tls import tls_failure
+
+if TYPE_CHECKING:
+    from setl.meta.base import MetaStore
 
 T = TypeVar("T")
 
@@ -199,7 +202,7 @@ class Backoff:
         return Verdict(False, failure, f"attempt {attempt} of {self.max_attempts}", since)
 
 
-def record_retrying(meta, pipeline: str, error: BaseException, since: float, node: str | None) -> None:
+def record_retrying(meta: MetaStore, pipeline: str, error: BaseException, since: float, node: str | None) -> None:
     """Show in the meta store that `pipeline` is retrying `error` since `since`; never raises
     (the meta store may be what is away)."""
     from setl.meta.base import Status

@@ -40,7 +40,7 @@ from __future__ import annotations
 import threading
 import time
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -72,7 +72,8 @@ PRUNE_EVERY = 100
 class ZooKeeperMetaStore(MetaStore):
     """Meta store on a `Coordinator` session; safe for many threads, nodes and CLI processes."""
 
-    def __init__(self, coordinator: Coordinator, *, clock=time.time, owns_session: bool = True) -> None:
+    def __init__(self, coordinator: Coordinator, *, clock: Callable[[], float] = time.time,
+                 owns_session: bool = True) -> None:
         self.coordinator = coordinator
         self._clock = clock
         self._owns = owns_session
