@@ -85,6 +85,10 @@ PERMANENT_NAMES = frozenset({"AnalysisException", "ParseException", "IllegalArgu
 
 
 class Failure(enum.Enum):
+    """How `classify` files an error (see the module docstring): TRANSIENT (a server away for now:
+    retried with backoff until it has lasted ``retry.max_elapsed_ms``), PERMANENT (retrying
+    cannot help: the pipeline pauses at once) or OTHER (``retry.max_attempts`` attempts)."""
+
     TRANSIENT = "transient"
     PERMANENT = "permanent"
     OTHER = "other"
