@@ -24,7 +24,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from setl.config import AlertConfig, parse_alert_event
@@ -90,7 +90,7 @@ class Alerts:
     """The node's alerts: `emit` an event, `observe` live figures against thresholds, `close` to flush."""
 
     def __init__(self, configs: tuple[AlertConfig, ...] | list[AlertConfig], node: str | None,
-                 *, clock=time.time) -> None:
+                 *, clock: Callable[[], float] = time.time) -> None:
         self.node, self._clock = node, clock
         self._hooks = [_Webhook(config) for config in configs]
         self._above: set[tuple[int, str, str]] = set()  # (webhook, pipeline, threshold) currently crossed

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from setl.config import NodeSettings, default_conf_dir, load_node, load_pipeline, pipeline_names
-from setl.connectors import registry
+from setl.connectors import for_node, registry
 from setl.errors import SetlError, UsageError
 from setl.logs import setup as setup_logging
 from setl.meta import open_meta_store
@@ -160,7 +160,7 @@ def cmd_start(args: argparse.Namespace, conf: Path) -> int:
     names = pipeline_names(conf) if args.all else list(dict.fromkeys(args.pipeline))
     if not names:
         raise UsageError("give --pipeline NAME (repeatable) or --all")
-    configs = [load_pipeline(conf, name, registry()) for name in names]
+    configs = [load_pipeline(conf, name, for_node(settings)) for name in names]
     meta = _open_meta_retrying(settings, configs)
     node = Node(settings, configs, meta)
     tune_gc(settings.runtime)  # once everything is loaded and validated
@@ -317,7 +317,7 @@ def cmd_snapshot(args: argparse.Namespace, conf: Path) -> int:
     from setl.pipeline.checks import rules_fingerprint
     from setl.routing import RoutingPlan
 
-    config = load_pipeline(conf, args.pipeline, registry())
+    config = load_pipeline(conf, args.pipeline, for_node(load_node(conf)))
     if not registry().source(config.source.type).capabilities.snapshots:
         raise UsageError(f"source type {config.source.type} cannot copy tables (its connector does not declare "
                          "the snapshots capability); setl snapshot needs a source that does, such as mysql",
@@ -476,7 +476,7 @@ def cmd_schema(args: argparse.Namespace, conf: Path) -> int:
     from setl.routing import build_plan
 
     settings = load_node(conf)
-    config = load_pipeline(conf, args.pipeline, registry())
+    config = load_pipeline(conf, args.pipeline, for_node(settings))
     target = None
     try:
         target = build_schema(config, settings)
@@ -528,7 +528,7 @@ def cmd_check(args: argparse.Namespace, conf: Path) -> int:
     failing = ("error", "warning") if args.strict else ("error",)
     bad = 0
     for name in names:
-        for finding in check_pipeline(settings, functools.partial(load_pipeline, conf, name, registry()), name):
+        for finding in check_pipeline(settings, functools.partial(load_pipeline, conf, name, for_node(settings)), name):
             print(finding.line(), flush=True)
             bad += finding.level in failing
     return 1 if bad else 0
@@ -540,11 +540,12 @@ def cmd_plugins(args: argparse.Namespace, conf: Path) -> int:
 
     settings = load_node(conf)
     print("SOURCES")
-    print(format_connector_table("source"))
+    print(format_connector_table("source", for_node(settings)))
     print("\nTARGETS")
-    print(format_connector_table("target"))
+    print(format_connector_table("target", for_node(settings)))
     print("\nTRANSFORMS")
-    print(format_plugin_table([str(settings.resolve(d)) for d in settings.plugins.dirs]))
+    print(format_plugin_table([str(settings.resolve(d)) for d in settings.plugins.dirs],
+                              blocked=settings.plugins.blocked))
     return 0
 
 

@@ -60,9 +60,10 @@ class SparkConfig:
 
 @attrs.frozen
 class PluginsConfig:
-    """Where to find plugins besides installed packages' entry points."""
+    """Where to find plugins besides installed packages' entry points, and which to switch off."""
 
     dirs: tuple[str, ...] = ()  # folders of plugin modules (relative to the conf directory)
+    blocked: tuple[str, ...] = ()  # transform, source or target names never loaded (`setl.registry`)
 
 
 @attrs.frozen

@@ -16,15 +16,17 @@ or `setl plugins list` lists it, and does not stop pipelines that use other conn
 from __future__ import annotations
 
 import builtins
+import copy
+import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 import attrs
 
 from setl.errors import PluginError
-from setl.plugins import EntryPoint, entry_points
+from setl.registry import SOURCES, TARGETS, PluginGroup, blocked
 from setl.stages.load import Load, LoadCapabilities
 from setl.stages.select import Select, SelectCapabilities
 from setl.stages.snapshot import SnapshotCapable
@@ -34,8 +36,6 @@ if TYPE_CHECKING:
     from setl.ddltask.actions import Actions
     from setl.schema.target import SchemaTarget
 
-SOURCES = "setl.sources"
-TARGETS = "setl.targets"
 Kind = Literal["source", "target"]
 GROUPS: dict[Kind, str] = {"source": SOURCES, "target": TARGETS}
 
@@ -91,15 +91,37 @@ class SourceConnector(Generic[C]):
     kind: Kind = attrs.field(default="source", init=False)
 
     def create(self, config: C, context: BuildContext) -> Select:
-        """The Select `build` returns, carrying the declared capabilities; a PluginError when it
-        does not implement one it declares (``snapshots``: `SnapshotCapable`)."""
+        """The Select `build` returns, carrying the declared capabilities; a PluginError naming the
+        plugin when `build` returns something else than a `Select` (a wrapper, None), or a Select
+        that does not implement a capability it declares (``snapshots``: `SnapshotCapable`;
+        ``reports_head``: its own `head()`)."""
         select = self.build(config, context)
+        if not isinstance(select, Select):
+            raise _not_a(self, "Select", select)
         if self.capabilities.snapshots and not isinstance(select, SnapshotCapable):
             raise PluginError(f"source type {self.type!r} declares the snapshots capability, but the "
                               f"{type(select).__name__} it builds has no snapshot_access() (setl.stages.snapshot."
                               "SnapshotCapable)", plugin=self.type)
+        if self.capabilities.reports_head:
+            _require(self, select, Select, "reports_head", "head")
         select.capabilities = self.capabilities
         return select
+
+
+def _not_a(connector: SourceConnector[Any] | TargetConnector[Any], expected: str, got: object) -> PluginError:
+    return PluginError(f"{connector.kind} type {connector.type!r}: its build returned {type(got).__qualname__} "
+                       f"{got!r:.80}, not a setl.stages.{expected.lower()}.{expected}", plugin=connector.type)
+
+
+def _require(connector: SourceConnector[Any] | TargetConnector[Any], built: object, base: type, capability: str,
+             *methods: str) -> None:
+    """A PluginError naming the connector when the class it built keeps `base`'s placeholder for one
+    of the `methods` a declared `capability` needs: the engine would call it and get nothing."""
+    missing = [m for m in methods if getattr(type(built), m) is getattr(base, m)]
+    if missing:
+        raise PluginError(f"{connector.kind} type {connector.type!r} declares the {capability} capability, but "
+                          f"the {type(built).__name__} it builds does not implement {', '.join(missing)}()",
+                          plugin=connector.type)
 
 
 @attrs.frozen
@@ -126,8 +148,17 @@ class TargetConnector(Generic[C]):
     kind: Kind = attrs.field(default="target", init=False)
 
     def create(self, config: C, context: BuildContext) -> Load:
-        """The Load `build` returns, carrying the declared capabilities."""
+        """The Load `build` returns, carrying the declared capabilities; a PluginError naming the
+        plugin when `build` returns something else than a `Load`, or a Load that does not
+        implement a capability it declares (``per_table``: `load_part` and `mark_loaded`;
+        ``stores_position``: `committed`)."""
         load = self.build(config, context)
+        if not isinstance(load, Load):
+            raise _not_a(self, "Load", load)
+        if self.capabilities.per_table:
+            _require(self, load, Load, "per_table", "load_part", "mark_loaded")
+        if self.capabilities.stores_position:
+            _require(self, load, Load, "stores_position", "committed")
         load.capabilities = self.capabilities
         return load
 
@@ -162,62 +193,61 @@ def validate(kind: Kind, name: str, obj: Any) -> Connector:
 
 
 class ConnectorRegistry:
-    """Sources and targets by type name, loaded from their entry points on first use."""
+    """Sources and targets by type name, loaded from their entry points on first use
+    (`setl.registry.PluginGroup`: a clash, a broken plugin and a blocked one are reported as
+    for transforms).
 
-    def __init__(self) -> None:
+    `blocked` names plugins ``plugins.blocked`` of ``setl.yaml`` switches off: `get` refuses them
+    without importing them. `blocking(names)` is a view of the same registry with other blocked
+    names (what the node's settings block), sharing what is loaded.
+    """
+
+    def __init__(self, blocked: Iterable[str] = ()) -> None:
+        self.blocked = frozenset(blocked)
         self._lock = threading.Lock()
-        self._entries: dict[Kind, dict[str, list[EntryPoint]]] | None = None
-        self._loaded: dict[tuple[Kind, str], Connector | PluginError] = {}
+        self._groups: dict[Kind, PluginGroup] = {
+            kind: PluginGroup(group, f"{kind} type", functools.partial(validate, kind))
+            for kind, group in GROUPS.items()}
+        self._registered: dict[tuple[Kind, str], Connector] = {}
+
+    def blocking(self, names: Iterable[str]) -> ConnectorRegistry:
+        """This registry with `names` blocked (the loaded connectors are shared)."""
+        view = copy.copy(self)
+        view.blocked = frozenset(names)
+        return view
 
     def register(self, connector: Connector, origin: str = "") -> Connector:
         """Add a declaration directly (tests, embedding); it replaces one of the same type."""
         connector = validate(connector.kind, connector.type, connector)
         connector = attrs.evolve(connector, origin=origin or connector.origin or "registered directly")
         with self._lock:
-            self._loaded[(connector.kind, connector.type)] = connector
+            self._registered[(connector.kind, connector.type)] = connector
         return connector
 
-    def _entry_points(self) -> dict[Kind, dict[str, list[EntryPoint]]]:
-        if self._entries is None:
-            found: dict[Kind, dict[str, list[EntryPoint]]] = {}
-            for kind, group in GROUPS.items():
-                by_name: dict[str, list[EntryPoint]] = {}
-                for entry in entry_points(group):
-                    by_name.setdefault(entry.name, []).append(entry)
-                found[kind] = by_name
-            self._entries = found
-        return self._entries
-
     def names(self, kind: Kind) -> list[str]:
-        """Every type name of `kind`, loaded or not, sorted."""
+        """Every type name of `kind`, loaded or not, blocked or not, sorted."""
         with self._lock:
-            names = set(self._entry_points()[kind]) | {n for k, n in self._loaded if k == kind}
-        return sorted(names)
+            registered = {n for k, n in self._registered if k == kind}
+        return sorted(set(self._groups[kind].names()) | registered)
 
     def get(self, kind: Kind, name: str) -> Connector:
-        """The connector `name` of `kind`; a PluginError if it is unknown, broken or provided twice."""
+        """The connector `name` of `kind`; a PluginError if it is unknown, blocked, broken or
+        provided twice."""
+        group = self._groups[kind]
+        if name in self.blocked:
+            raise blocked(group.what, name)
         with self._lock:
-            found = self._loaded.get((kind, name))
-            if found is None:
-                found = self._load(kind, name)
-                self._loaded[(kind, name)] = found
-        if isinstance(found, PluginError):
-            raise found
-        return found
-
-    def _load(self, kind: Kind, name: str) -> Connector | PluginError:
-        entries = self._entry_points()[kind].get(name)
-        if not entries:
-            known = ", ".join(sorted(set(self._entry_points()[kind]) | {n for k, n in self._loaded if k == kind}))
-            return PluginError(f"unknown {kind} type {name!r} (known: {known or 'none'})", plugin=name)
-        if len(entries) > 1:
-            return PluginError(f"{kind} type {name!r} is provided twice: by {entries[0].origin} and by "
-                               f"{entries[1].origin}; uninstall one of them", plugin=name)
-        entry = entries[0]
-        loaded = entry.load(lambda obj: validate(kind, name, obj))
+            found = self._registered.get((kind, name))
+        if found is not None:
+            return found
+        loaded = group.load(name)
+        if loaded is None:
+            known = ", ".join(n for n in self.names(kind) if n not in self.blocked)
+            raise PluginError(f"unknown {kind} type {name!r} (known: {known or 'none'})", plugin=name)
         if isinstance(loaded, PluginError):
-            return loaded
-        return attrs.evolve(loaded, origin=entry.origin)
+            raise loaded
+        connector, origin = loaded
+        return attrs.evolve(connector, origin=origin)
 
     def config_class(self, kind: Kind, name: str) -> type:
         """The config class connector `name` of `kind` declares (`setl.config.ConnectorResolver`):
@@ -256,7 +286,8 @@ def format_connector_table(kind: Kind, connectors: ConnectorRegistry | None = No
     lines = [f"{'TYPE':<{width}}  ORIGIN"]
     for name, connector in zip(names, listing):
         if isinstance(connector, PluginError):
-            lines.append(f"{name:<{width}}  BROKEN: {connector}")
+            state = "BLOCKED" if name in (connectors or registry()).blocked else "BROKEN"
+            lines.append(f"{name:<{width}}  {state}: {connector}")
             continue
         lines.append(f"{name:<{width}}  {connector.origin}")
         if connector.help:
@@ -286,6 +317,12 @@ def registry() -> ConnectorRegistry:
         return _registry
 
 
+def for_node(node: NodeSettings) -> ConnectorRegistry:
+    """The process's registry with the plugins the node's ``plugins.blocked`` names blocked: what
+    loads a pipeline (`setl.config.load_pipeline`) and builds its connectors."""
+    return registry().blocking(node.plugins.blocked)
+
+
 def build_select(config: PipelineConfig, node: NodeSettings,
                  selects: Callable[[str, str], bool] | None = None, sequences: bool = False) -> Select:
     """The pipeline's source, built by its connector (not opened); `selects(schema, table)` tells
@@ -294,21 +331,33 @@ def build_select(config: PipelineConfig, node: NodeSettings,
     context = attrs.evolve(BuildContext.of(config, node), sequences=sequences)
     if selects is not None:
         context = attrs.evolve(context, selects=selects)
-    return registry().source(config.source.type).create(config.source, context)
+    return for_node(node).source(config.source.type).create(config.source, context)
 
 
 def build_load(config: PipelineConfig, node: NodeSettings) -> Load:
     """The pipeline's target, built by its connector (not opened), carrying its declared capabilities."""
-    return registry().target(config.target.type).create(config.target, BuildContext.of(config, node))
+    return for_node(node).target(config.target.type).create(config.target, BuildContext.of(config, node))
 
 
 def build_schema(config: PipelineConfig, node: NodeSettings) -> SchemaTarget | None:
     """The pipeline's target as a `setl.schema.SchemaTarget` (not connected), or None when its
     connector creates no tables (``TargetConnector.schema``)."""
-    connector = registry().target(config.target.type)
+    connector = for_node(node).target(config.target.type)
     if connector.schema is None:
         return None
     return connector.schema(config.target, BuildContext.of(config, node))
+
+
+def creates_tables(config: PipelineConfig, node: NodeSettings) -> bool:
+    """Whether the pipeline's target makes a table the first time a batch touches it
+    (`LoadCapabilities.creates_tables`): what a target whose connector has no ``schema`` must
+    declare, or the target tables have to exist before the pipeline starts."""
+    return for_node(node).target(config.target.type).capabilities.creates_tables
+
+
+#: What `setl check` warns and a start logs for a target that neither creates tables nor lets setl create them.
+NO_TABLES = ("target type {type} creates no tables and setl cannot create them for it (its connector declares "
+             "neither a schema nor creates_tables): the target tables must exist before the pipeline starts")
 
 
 # --- the built-in connectors (registered in setl's setup.cfg) -------------------------------

@@ -29,6 +29,9 @@ _TOKEN = re.compile(
 
 @attrs.frozen
 class Token:
+    """One lexical token of a DDL statement as `tokenize` splits it; joining the texts of every
+    token gives the statement back unchanged, so a rename edits only the tokens it means."""
+
     kind: str  # ws, ident (backquoted), string, xcomment, word, punct
     text: str
 

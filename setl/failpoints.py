@@ -25,10 +25,11 @@ The failpoints (`FAILPOINTS`):
 * ``snapshot_read``: a snapshot chunk read knows its binlog position (its consistent snapshot
   began) and has not run its SELECT yet.
 
-One older test hook is kept as an environment variable of its own: ``SETL_TEST_ZK_SESSION_FILE=PATH``
-(the HA node writes its ZooKeeper session id and password there, so a test can expire the
-session; see `zk_session_file`). A crash after a batch DDL task's action is a ``ddl_action``
-marker with its `task`.
+No test hook is read from an environment variable of its own any more: the HA tests expire a
+node's ZooKeeper session by cutting its connection (tests/ha/proxy.py) instead of the session
+password the node used to write to ``SETL_TEST_ZK_SESSION_FILE``; `zk_session_file` stays, always
+None, only until setl/ha/coordinator.py stops calling it. A crash after a batch DDL task's action
+is a ``ddl_action`` marker with its `task`.
 
 Stage wrappers (`FaultySelect`, `FaultyExtract`, `FaultyTransform`, `FaultyLoad`) put a `FaultPlan` around
 stages; `setl.pipeline.chain` adds them to a pipeline when ``SETL_FAULTS`` is set.
@@ -54,7 +55,7 @@ log = logging.getLogger("setl.failpoints")
 
 #: The environment variable holding the fault markers, as JSON.
 FAULTS_ENV = "SETL_FAULTS"
-#: Older hook: where the HA node writes its ZooKeeper session id and password (hex, mode 0600).
+#: Retired hook, never read: setl.ha still names it (issue 25 step 6 removes it there).
 ZK_SESSION_FILE_ENV = "SETL_TEST_ZK_SESSION_FILE"
 
 #: Every failpoint and where it strikes.
@@ -186,8 +187,9 @@ def hit(stage: str, batch: int | None = None, *, task: str | None = None) -> Non
 
 
 def zk_session_file() -> str | None:
-    """Where the HA node writes its ZooKeeper session id and password, if a test asked for it."""
-    return os.environ.get(ZK_SESSION_FILE_ENV) or None
+    """Retired: None, so the HA node never writes its ZooKeeper session password to a file. Kept
+    until setl/ha/coordinator.py (`Coordinator._write_session_file`) stops calling it."""
+    return None
 
 
 # --- stage wrappers -------------------------------------------------------------------------

@@ -66,7 +66,7 @@ class Heartbeat:
         if live is not None:
             try:
                 self.meta.release_run(pipeline, live.token)
-            except Exception as exc:  # the record goes stale by itself
+            except Exception as exc:  # noqa: BLE001 - the record goes stale by itself
                 log.warning("pipeline=%s cannot remove its liveness record: %s", pipeline, exc)
 
     def close(self) -> None:
@@ -84,12 +84,12 @@ class Heartbeat:
         for pipeline, live in held.items():
             try:
                 figures = dict(self.figures(pipeline))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - figures are best effort: a beat goes out without them
                 log.debug("pipeline=%s figures failed: %s", pipeline, exc)
                 figures = {}
             try:
                 ours = self.meta.beat(attrs.evolve(live, figures=figures))
-            except Exception as exc:  # the meta store is away: the next beat tries again
+            except Exception as exc:  # noqa: BLE001 - the meta store is away: the next beat tries again
                 log.warning("pipeline=%s liveness beat failed: %s", pipeline, exc)
                 continue
             if not ours:
@@ -100,7 +100,7 @@ class Heartbeat:
                 holder = None
                 try:
                     holder = self.meta.liveness(pipeline)
-                except Exception:
+                except Exception:  # noqa: BLE001 - best effort: the record is being taken over anyway
                     pass
                 log.error("pipeline=%s another process took over this pipeline (%s); stopping it here",
                           pipeline, f"pid {holder.pid} on {holder.host}" if holder else "record removed")

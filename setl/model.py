@@ -36,6 +36,7 @@ class Position:
         return f"{text} (gtid {self.gtid})" if self.gtid else text
 
     def to_dict(self) -> dict[str, Any]:
+        """The position as the meta stores keep it (JSON): log and offset, gtid and row when set."""
         data: dict[str, Any] = {"log": self.log, "offset": self.offset}
         if self.gtid:
             data["gtid"] = self.gtid
@@ -45,6 +46,7 @@ class Position:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Position":
+        """The position `to_dict` wrote."""
         return cls(log=str(data["log"]), offset=int(data["offset"]), gtid=data.get("gtid"),
                    row=int(data.get("row") or 0))
 
@@ -157,6 +159,7 @@ class RowChange:
 
     @property
     def qualified_table(self) -> str:
+        """``schema.table``, unquoted: for messages and per-table keys."""
         return f"{self.schema}.{self.table}"
 
 
@@ -183,6 +186,7 @@ class DdlChange:
 
     @property
     def qualified_table(self) -> str:
+        """``schema.table``, or the schema alone for a schema-level statement."""
         return f"{self.schema}.{self.table}" if self.table else self.schema
 
 
@@ -207,6 +211,7 @@ class Transaction:
 
     @property
     def is_ddl(self) -> bool:
+        """Whether the transaction holds a DDL statement (Select cuts a batch around it)."""
         return any(isinstance(c, DdlChange) for c in self.changes)
 
 
@@ -238,12 +243,14 @@ class Batch:
 
     @property
     def tables(self) -> tuple[str, ...]:
+        """The qualified tables the batch touches, in first-touch order."""
         seen: dict[str, None] = {}
         for change in self.changes:
             seen.setdefault(change.qualified_table, None)
         return tuple(seen)
 
     def describe(self) -> str:
+        """One line for logs: id, epoch, size and position range."""
         return f"batch {self.id} (epoch {self.epoch}, {len(self.changes)} changes, {self.start} -> {self.end})"
 
 
@@ -291,6 +298,7 @@ class ColumnSchema:
 
     @property
     def unsigned(self) -> bool:
+        """Whether the column's type is UNSIGNED."""
         return " unsigned" in self.type.lower()
 
     @property
@@ -314,4 +322,5 @@ class TableSchema:
 
     @property
     def names(self) -> tuple[str, ...]:
+        """The column names, in table order."""
         return tuple(column.name for column in self.columns)

@@ -18,7 +18,6 @@ import sys
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -26,10 +25,11 @@ import attrs
 
 from setl.config import TransformStep
 from setl.errors import PluginError
+from setl.registry import TRANSFORMS, PluginGroup, blocked, clash
 
 log = logging.getLogger(__name__)
 
-ENTRY_POINT_GROUP = "setl.transforms"
+ENTRY_POINT_GROUP = TRANSFORMS
 #: A step key every transform accepts: the step may drop delete rows (see `SparkTransform`).
 MAY_DROP_DELETES = "may_drop_deletes"
 
@@ -294,66 +294,7 @@ def check_type(value: Any, tp: Any) -> bool:
 # --- the registry ---------------------------------------------------------------------------
 
 
-# --- the entry-point loader -----------------------------------------------------------------
-
-
-@attrs.frozen
-class EntryPoint:
-    """One entry point of a setl group, not loaded yet: `name`, the ``module:attr`` `value`, and
-    `origin`, the distribution that declares it (for error messages and `setl plugins list`)."""
-
-    group: str
-    name: str
-    value: str
-    dist: str
-    _ep: metadata.EntryPoint = attrs.field(repr=False, eq=False)
-
-    @property
-    def origin(self) -> str:
-        return f"{self.dist} (entry point {self.value})"
-
-    def load(self, validate: Callable[[Any], Any]) -> Any:
-        """Import the entry point and pass the object through `validate`; a `PluginError` naming
-        the plugin and the entry point instead if either fails. `validate` returns what to
-        register or raises ValueError or TypeError saying what is wrong ("is not ...")."""
-        try:
-            obj = self._ep.load()
-        except Exception as exc:
-            error = PluginError(f"cannot load entry point {self.value!r} ({self.group}) from {self.dist}: "
-                                f"{type(exc).__name__}: {exc}", plugin=self.name)
-            error.__cause__ = exc
-            return error
-        try:
-            return validate(obj)
-        except PluginError as exc:
-            return exc.with_context(plugin=self.name)
-        except (TypeError, ValueError) as exc:
-            error = PluginError(f"entry point {self.value!r} ({self.group}) from {self.dist} {exc}",
-                                plugin=self.name)
-            error.__cause__ = exc
-            return error
-        except Exception as exc:  # a factory the entry point names failed (an import inside it)
-            error = PluginError(f"cannot load entry point {self.value!r} ({self.group}) from {self.dist}: "
-                                f"{type(exc).__name__}: {exc}", plugin=self.name)
-            error.__cause__ = exc
-            return error
-
-
-def entry_points(group: str) -> list[EntryPoint]:
-    """The entry points of `group` (``setl.transforms``, ``setl.sources``, ``setl.targets``), once
-    each, without importing them: the one loader every plugin group goes through, as pluggy's
-    ``load_setuptools_entrypoints``. Loading (`EntryPoint.load`) is left to the caller, so a broken
-    plugin is only reported when it is used or listed."""
-    seen: set[tuple[str, str]] = set()
-    found = []
-    for ep in metadata.entry_points(group=group):
-        if (ep.name, ep.value) in seen:  # one distribution visible twice on sys.path
-            continue
-        seen.add((ep.name, ep.value))
-        dist = getattr(ep, "dist", None)
-        label = f"{dist.name} {dist.version}" if dist is not None else "unknown distribution"
-        found.append(EntryPoint(group, ep.name, ep.value, label, ep))
-    return found
+# --- the entry-point loader: setl.registry ----------------------------------------------------
 
 
 def _as_transform(obj: Any) -> Any:
@@ -376,11 +317,18 @@ class Registry:
     """Transforms by name, from entry points, plugin directories and direct registration.
 
     ``Registry().discover(dirs)`` loads the ``setl.transforms`` entry points
-    (built-ins included) and imports every module and package in `dirs`.
-    Two different definitions under one name are a `PluginError`.
+    (built-ins included, through `setl.registry.PluginGroup`, as sources and targets are) and
+    imports every module and package in `dirs`. As for connectors, a name provided twice (two
+    distributions, a directory and a distribution, two directories, with different
+    definitions), a broken entry point and a name in `blocked` (``plugins.blocked`` in
+    ``setl.yaml``) are each a `PluginError` that `get` raises and `broken` lists: pipelines that
+    use other transforms still start. A plugin directory that does not exist or a module in it
+    that fails to import is an error at once (the directory was configured, the names it would
+    provide are unknown).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, blocked: Iterable[str] = ()) -> None:
+        self.blocked = frozenset(blocked)
         self._plugins: dict[str, Plugin] = {}
         self._broken: dict[str, PluginError] = {}
 
@@ -403,17 +351,29 @@ class Registry:
         if name and name != plugin.name:
             plugin = attrs.evolve(plugin, name=name)
         plugin = attrs.evolve(plugin, origin=origin or plugin.origin or plugin.definition)
+        if plugin.name in self.blocked:
+            raise blocked("transform", plugin.name)
         existing = self._plugins.get(plugin.name)
         if existing is not None:
             if existing.definition == plugin.definition:
                 return existing
-            raise PluginError(
-                f"transform name {plugin.name!r} is provided twice: by {existing.origin} and by {plugin.origin}; "
-                "uninstall or rename one of them",
-                plugin=plugin.name,
-            )
+            raise clash("transform", plugin.name, existing.origin, plugin.origin)
         self._plugins[plugin.name] = plugin
         return plugin
+
+    def _offer(self, obj: Any, origin: str, name: str | None = None) -> Plugin | None:
+        """`register` for what discovery finds: a clash or a blocked name is remembered for `get`
+        (and logged) instead of stopping the discovery of the other transforms."""
+        try:
+            return self.register(obj, origin, name=name)
+        except PluginError as exc:
+            key = str(exc.context.get("plugin") or name)
+            if key in self._broken:  # already refused (a third definition): keep the first reason
+                return None
+            self._plugins.pop(key, None)
+            self._broken[key] = exc
+            log.warning("%s", exc)
+            return None
 
     def discover(self, dirs: Iterable[str | Path] = (), *, entry_points: bool = True) -> "Registry":
         """Load entry points (unless disabled) and the plugin modules in `dirs`; return self."""
@@ -426,15 +386,16 @@ class Registry:
     def load_entry_points(self, group: str = ENTRY_POINT_GROUP) -> None:
         """Register every transform of the entry-point `group`: setl's built-ins come this way too
         (setup.cfg), as its connectors do, so this module never imports them."""
-        # A broken third-party plugin must not stop pipelines that do not use it:
+        # A broken, twice-provided or blocked plugin must not stop pipelines that do not use it:
         # remember its error and raise it only when the plugin is asked for.
-        for entry in entry_points(group):
-            obj = entry.load(_as_transform)
-            if isinstance(obj, PluginError):
-                self._broken[entry.name] = obj
-                log.warning("%s", obj)
-                continue
-            self.register(obj, entry.origin, name=entry.name)
+        plugins = PluginGroup(group, "transform", lambda name, obj: _as_transform(obj))
+        for name in plugins.names():
+            loaded = plugins.load(name, self.blocked)
+            if isinstance(loaded, PluginError):
+                self._broken[name] = loaded
+                log.warning("%s", loaded)
+            elif loaded is not None:
+                self._offer(loaded[0], loaded[1], name=name)
 
     def load_dir(self, folder: str | Path) -> list[Plugin]:
         """Import every ``*.py`` module and package in `folder` and register its transforms."""
@@ -452,7 +413,9 @@ class Registry:
             else:
                 continue
             for obj in _declared_in(module):
-                found.append(self.register(obj, f"file {path}"))
+                plugin = self._offer(obj, f"file {path}")
+                if plugin is not None:
+                    found.append(plugin)
         return found
 
     def _import(self, path: Path, file: Path, search: list[str] | None) -> types.ModuleType:
@@ -476,7 +439,8 @@ class Registry:
     # lookup and validation
 
     def get(self, name: str) -> Plugin:
-        if name not in self._plugins and name in self._broken:
+        """The transform `name`; a PluginError if it is unknown, blocked, broken or provided twice."""
+        if name in self._broken:
             raise self._broken[name]
         try:
             return self._plugins[name]
@@ -486,6 +450,10 @@ class Registry:
 
     def __contains__(self, name: str) -> bool:
         return name in self._plugins
+
+    def broken(self) -> dict[str, PluginError]:
+        """The transforms `get` refuses (blocked, broken or provided twice) with their errors."""
+        return dict(sorted(self._broken.items()))
 
     def list(self) -> list[PluginInfo]:
         return [
@@ -568,23 +536,31 @@ def _declared_in(module: types.ModuleType) -> list[Any]:
     return result
 
 
-def load_registry(dirs: Iterable[str | Path] = (), *, base: str | Path | None = None) -> Registry:
-    """A registry with every entry point and the plugin dirs (relative to `base`, the conf dir)."""
+def load_registry(dirs: Iterable[str | Path] = (), *, base: str | Path | None = None,
+                  blocked: Iterable[str] = ()) -> Registry:
+    """A registry with every entry point and the plugin dirs (relative to `base`, the conf dir),
+    the `blocked` names (``plugins.blocked``) refused."""
     resolved = [Path(base) / d if base is not None and not Path(d).is_absolute() else Path(d) for d in dirs]
-    return Registry().discover(resolved)
+    return Registry(blocked).discover(resolved)
 
 
-def format_plugin_table(dirs: Iterable[str | Path] = (), registry: Registry | None = None) -> str:
-    """The text of ``setl plugins list``: name, origin and parameters of every transform.
+def format_plugin_table(dirs: Iterable[str | Path] = (), registry: Registry | None = None,
+                        blocked: Iterable[str] = ()) -> str:
+    """The text of ``setl plugins list``: name, origin and parameters of every transform, and a
+    refused one (blocked, broken, provided twice) with its error.
 
-    Discovers entry points and the plugin `dirs` unless a `registry` is given.
+    Discovers entry points and the plugin `dirs` (`blocked` refused) unless a `registry` is given.
     """
-    registry = registry if registry is not None else Registry().discover(dirs)
+    registry = registry if registry is not None else Registry(blocked).discover(dirs)
     infos = registry.list()
-    if not infos:
+    refused = registry.broken()
+    if not infos and not refused:
         return "no transforms found"
-    width = max(len("NAME"), *(len(i.name) for i in infos))
+    width = max(len("NAME"), *(len(i.name) for i in infos), *(len(n) for n in refused))
     lines = [f"{'NAME':<{width}}  ORIGIN"]
+    for name, error in refused.items():
+        state = "BLOCKED" if name in registry.blocked else "BROKEN"
+        lines.append(f"{name:<{width}}  {state}: {error}")
     for info in infos:
         lines.append(f"{info.name:<{width}}  {info.origin}")
         if info.help:

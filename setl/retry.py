@@ -25,7 +25,7 @@ import threading
 import time
 import types
 from collections.abc import Callable, Iterator
-from typing import TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import attrs
 import tenacity
@@ -33,6 +33,9 @@ import tenacity
 from setl.config import RetrySettings
 from setl.errors import ConfigError, PluginError, PositionPurged, SetlError, TransientLoadError
 from setl.tls import tls_failure
+
+if TYPE_CHECKING:
+    from setl.meta.base import MetaStore
 
 T = TypeVar("T")
 
@@ -82,6 +85,10 @@ PERMANENT_NAMES = frozenset({"AnalysisException", "ParseException", "IllegalArgu
 
 
 class Failure(enum.Enum):
+    """How `classify` files an error (see the module docstring): TRANSIENT (a server away for now:
+    retried with backoff until it has lasted ``retry.max_elapsed_ms``), PERMANENT (retrying
+    cannot help: the pipeline pauses at once) or OTHER (``retry.max_attempts`` attempts)."""
+
     TRANSIENT = "transient"
     PERMANENT = "permanent"
     OTHER = "other"
@@ -199,7 +206,7 @@ class Backoff:
         return Verdict(False, failure, f"attempt {attempt} of {self.max_attempts}", since)
 
 
-def record_retrying(meta, pipeline: str, error: BaseException, since: float, node: str | None) -> None:
+def record_retrying(meta: MetaStore, pipeline: str, error: BaseException, since: float, node: str | None) -> None:
     """Show in the meta store that `pipeline` is retrying `error` since `since`; never raises
     (the meta store may be what is away)."""
     from setl.meta.base import Status
@@ -208,7 +215,7 @@ def record_retrying(meta, pipeline: str, error: BaseException, since: float, nod
         if meta.state(pipeline).status is Status.PAUSED:
             return  # an operator's pause, written meanwhile, stands
         meta.set_state(pipeline, Status.RUNNING, error=str(error), node=node, retrying_since=since)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - recording the retry is best effort; the retry itself goes on
         log.warning("pipeline=%s cannot record that it is retrying: %s", pipeline, exc)
 
 

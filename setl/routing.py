@@ -40,6 +40,8 @@ class TargetTemplate:
 
     @classmethod
     def parse(cls, template: str) -> TargetTemplate:
+        """Split a rule's ``target`` at its last dot outside braces (``{schema}_copy.{table}``);
+        a template without one keeps the source's schema (``{schema}``)."""
         depth, last, i = 0, -1, 0
         while i < len(template):
             char = template[i]
@@ -58,6 +60,7 @@ class TargetTemplate:
         return cls(template[:last], template[last + 1:])
 
     def format(self, source: TableName) -> TableName:
+        """The target table for `source` (``{schema}`` and ``{table}`` filled in)."""
         return TableName(self.schema.format(schema=source.schema, table=source.table),
                          self.table.format(schema=source.schema, table=source.table))
 
@@ -218,7 +221,7 @@ def build_plan(node: NodeSettings, config: PipelineConfig) -> RoutingPlan:
     if any(rule.transforms for rule in config.tables):
         from setl.plugins import load_registry
 
-        registry = load_registry(node.plugins.dirs, base=node.conf_dir)
+        registry = load_registry(node.plugins.dirs, base=node.conf_dir, blocked=node.plugins.blocked)
     return RoutingPlan.compile(config.tables, pipeline=config.name, registry=registry, file=config.file or None)
 
 

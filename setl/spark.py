@@ -140,7 +140,7 @@ def _quiet_task_size_warning(session: Any) -> None:
         jvm = session._jvm
         jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
             "org.apache.spark.scheduler.TaskSetManager", jvm.org.apache.logging.log4j.Level.ERROR)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - quieting a Spark warning is cosmetic
         log.debug("cannot quiet Spark's task size warning: %s", exc)
 
 

@@ -9,10 +9,11 @@ import textwrap
 from importlib import metadata
 from pathlib import Path
 
+import attrs
 import pytest
 
 import setl.connectors
-from setl.config import load_pipeline
+from setl.config import load_node, load_pipeline
 from setl.connectors import BuildContext, ConnectorRegistry, TargetConnector, registry
 from setl.errors import ConfigError, PluginError
 from setl.sources.file import encode_transaction
@@ -356,3 +357,138 @@ def test_snapshots_capability_is_declared_and_enforced(tmp_path):
     plain = connectors.source("file").create(FileSourceConfig(type="file", path=str(tmp_path / "x")),
                                              BuildContext("p"))
     assert with_snapshots(plain, pipeline="p", meta=lambda: None, parallelism=2) is plain  # type: ignore[arg-type,return-value]
+
+
+def test_a_build_returning_a_wrapper_is_a_plugin_error(tmp_path):
+    """A connector whose build returns something else than a Load or Select (a wrapper) is a
+    PluginError naming the plugin, not an AttributeError from deep inside setl."""
+    from setl.connectors import SourceConnector
+    from setl.sources.file import FileSource, FileSourceConfig
+
+    sqlite = ConnectorRegistry().target("sqlite")
+
+    class Wrapper:
+        """Holds a Load instead of being one."""
+
+        __slots__ = ("inner",)
+
+        def __init__(self, inner: object) -> None:
+            self.inner = inner
+
+    wrapping = TargetConnector("wrapping", sqlite.config, lambda c, x: Wrapper(sqlite.build(c, x)))
+    with pytest.raises(PluginError, match=r"target type 'wrapping': its build returned .*Wrapper.*not a "
+                                          r"setl\.stages\.load\.Load") as info:
+        wrapping.create(sqlite.config("sqlite", str(tmp_path / "t.db")), BuildContext("p"))
+    assert info.value.context["plugin"] == "wrapping"
+    nothing = SourceConnector("nothing", FileSourceConfig, lambda c, x: None)
+    with pytest.raises(PluginError, match=r"source type 'nothing': its build returned NoneType") as info:
+        nothing.create(FileSourceConfig(type="file", path="x"), BuildContext("p"))
+    assert info.value.context["plugin"] == "nothing"
+    fine = SourceConnector("fine", FileSourceConfig, lambda c, x: FileSource(tmp_path / "x", pipeline="p"))
+    assert isinstance(fine.create(FileSourceConfig(type="file", path="x"), BuildContext("p")), FileSource)
+
+
+def test_declared_capabilities_must_be_implemented(tmp_path):
+    """A connector declaring per_table, stores_position or reports_head whose built class keeps
+    the base class's placeholder methods is a PluginError naming the plugin and the methods."""
+    from setl.connectors import SourceConnector
+    from setl.sources.file import FileSourceConfig
+    from setl.stages.load import Load
+    from setl.stages.select import Select, SelectCapabilities
+
+    class Plain(Load):
+        """Loads nothing, and implements no capability."""
+
+        def load(self, batch: object) -> None:
+            return None
+
+    class Quiet(Select):
+        """Reads nothing, and implements no capability."""
+
+        def open(self, start: object) -> None:
+            return None
+
+        def poll(self, timeout: float) -> None:
+            return None
+
+        def close(self) -> None:
+            return None
+
+    config = ConnectorRegistry().target("sqlite").config("sqlite", "x.db")
+    for capabilities, missing in [(LoadCapabilities(per_table=True), "load_part, mark_loaded"),
+                                  (LoadCapabilities(stores_position=True), "committed")]:
+        liar = TargetConnector("liar", type(config), lambda c, x: Plain(), capabilities)
+        with pytest.raises(PluginError, match=f"declares the .* capability, but the Plain it builds does not "
+                                              f"implement {missing}") as info:
+            liar.create(config, BuildContext("p"))
+        assert info.value.context["plugin"] == "liar"
+    honest = TargetConnector("honest", type(config), lambda c, x: Plain())
+    assert honest.create(config, BuildContext("p")).capabilities == LoadCapabilities()
+    head = SourceConnector("head", FileSourceConfig, lambda c, x: Quiet(), SelectCapabilities(reports_head=True))
+    with pytest.raises(PluginError, match="reports_head capability, but the Quiet it builds does not implement head"):
+        head.create(FileSourceConfig(type="file", path="x"), BuildContext("p"))
+
+
+def test_a_blocked_target_is_refused_unimported_and_listed(tmp_path, monkeypatch, fresh_registry):
+    """A target named in setl.yaml's plugins.blocked is refused when a pipeline uses it, naming it
+    and the setting, without importing its module; `setl plugins list` shows it as BLOCKED, and
+    the other targets still load."""
+    fake_distribution(tmp_path / "site", "setl-fake-blocked", "setl.targets", "blocked = fake_blocked:connector\n",
+                      "fake_blocked", "raise RuntimeError('imported although blocked')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    conf = write_conf(tmp_path, "{type: blocked}")
+    (conf / "setl.yaml").write_text((conf / "setl.yaml").read_text() + "plugins: {blocked: [blocked, sqlite]}\n")
+    settings = load_node(conf)
+    assert settings.plugins.blocked == ("blocked", "sqlite")
+    with pytest.raises(PluginError, match="target type 'blocked' is blocked in setl.yaml") as info:
+        load_pipeline(conf, "p", setl.connectors.for_node(settings))
+    assert info.value.context["plugin"] == "blocked" and "imported although" not in str(info.value)
+    text = setl.connectors.format_connector_table("target", setl.connectors.for_node(settings))
+    lines = text.splitlines()
+    assert any(line.startswith("blocked ") and "BLOCKED" in line for line in lines)
+    assert any(line.startswith("sqlite ") and "BLOCKED" in line for line in lines)
+    assert any(line.startswith("postgresql ") and "BLOCKED" not in line for line in lines)
+    assert registry().target("sqlite").type == "sqlite"  # the node's setting, not the process's registry
+    result = setl_cli(conf, "plugins", "list")
+    assert result.returncode == 0 and "imported although" not in result.stdout + result.stderr
+    assert "BLOCKED: plugin=sqlite: target type 'sqlite' is blocked" in result.stdout, result.stdout
+
+
+def test_start_refuses_a_blocked_target(tmp_path):
+    """`setl start` with the pipeline's target blocked exits 2 with one line naming the plugin."""
+    conf = write_conf(tmp_path, f"{{type: sqlite, path: {tmp_path / 't.db'}}}", txs=make_stream(3))
+    (conf / "setl.yaml").write_text((conf / "setl.yaml").read_text() + "plugins: {blocked: [sqlite]}\n")
+    result = setl_cli(conf, "start", "--pipeline", "p", "--until-caught-up")
+    assert result.returncode == 2, result.stderr
+    assert "target type 'sqlite' is blocked in setl.yaml (plugins.blocked)" in result.stderr
+    assert not (tmp_path / "t.db").exists()
+
+
+def test_a_target_that_creates_no_tables_is_warned_about(tmp_path, monkeypatch, caplog):
+    """A pipeline whose target connector has neither a schema nor creates_tables is warned about
+    at assembly (its tables must exist beforehand); one that declares creates_tables is not."""
+    from setl.pipeline.build import table_creation
+    from setl.sinks.sqlite import SqliteLoad
+
+    @attrs.frozen
+    class BareConfig:
+        type: str
+        path: str
+
+    conf = write_conf(tmp_path, f"{{type: bare, path: {tmp_path / 't.db'}}}", txs=make_stream(3))
+    settings = load_node(conf)
+
+    def warnings(capabilities: LoadCapabilities) -> list[str]:
+        connectors = ConnectorRegistry()
+        connectors.register(TargetConnector("bare", BareConfig, lambda c, x: SqliteLoad(x.resolve(c.path)),
+                                            capabilities))
+        monkeypatch.setattr(setl.connectors, "_registry", connectors)
+        config = load_pipeline(conf, "p", connectors)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="setl.pipeline"):
+            assert table_creation(settings, config, None, None, None) is None  # type: ignore[arg-type]
+        return [r.getMessage() for r in caplog.records]
+
+    warned = warnings(LoadCapabilities(per_table=True, stores_position=True))
+    assert len(warned) == 1 and "pipeline=p target type bare creates no tables and setl cannot create them" in warned[0]
+    assert warnings(LoadCapabilities(per_table=True, stores_position=True, creates_tables=True)) == []

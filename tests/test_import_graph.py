@@ -1,4 +1,5 @@
-"""setl/ has no import cycle, function-level and TYPE_CHECKING imports included (tools/import_graph.py)."""
+"""setl/ has no import cycle and no arrow up a floor, function-level and TYPE_CHECKING imports included
+(tools/import_graph.py)."""
 
 from __future__ import annotations
 
@@ -61,3 +62,55 @@ def test_a_package_reexporting_its_modules_is_no_cycle(tmp_path):
         "setl/pkg/b.py": "from setl.pkg.a import A\nclass B(A): ...\n",
     })
     assert import_graph.cycles(import_graph.edges(root)) == []
+
+
+def test_an_arrow_up_a_floor_is_reported(tmp_path, capsys):
+    """A module importing one on a higher floor (model -> scheduler, even inside a function) is
+    reported with both floors and its line, and exits 1, though it closes no cycle."""
+    root = _package(tmp_path, {
+        "setl/errors.py": "class SetlError(Exception): ...\n",
+        "setl/model.py": """\
+            from setl.errors import SetlError
+            def build():
+                from setl.scheduler.core import Scheduler
+                return Scheduler
+            """,
+        "setl/scheduler/__init__.py": "",
+        "setl/scheduler/core.py": "from setl.model import build\nclass Scheduler: ...\n",
+    })
+    graph = import_graph.edges(root)
+    assert import_graph.cycles(graph) == [["setl.model", "setl.scheduler.core"]]
+    up, homeless = import_graph.upward(graph)
+    assert up == [("setl.model", "setl.scheduler.core", 3)] and homeless == []
+    assert import_graph.main(["--root", str(root)]) == 1
+    assert "upward: setl.model (ground) -> setl.scheduler.core (scheduler)  (line 3)" in capsys.readouterr().out
+
+
+def test_downward_and_same_floor_arrows_pass(tmp_path, capsys):
+    """Arrows down a floor or within one are fine: the script exits 0 and says so."""
+    root = _package(tmp_path, {
+        "setl/errors.py": "class SetlError(Exception): ...\n",
+        "setl/config.py": "from setl.errors import SetlError\n",
+        "setl/sinks/__init__.py": "",
+        "setl/sinks/a.py": "from setl.config import SetlError\n",
+        "setl/schema/__init__.py": "",
+        "setl/schema/b.py": "from setl.sinks import a\n",
+    })
+    assert import_graph.main(["--root", str(root)]) == 0
+    assert "no arrow up a floor" in capsys.readouterr().out
+
+
+def test_a_module_on_no_floor_is_reported(tmp_path, capsys):
+    """A new top-level module not placed in FLOORS fails the check, naming it."""
+    root = _package(tmp_path, {"setl/errors.py": "", "setl/newthing.py": "from setl.errors import *\n"})
+    assert import_graph.main(["--root", str(root)]) == 1
+    assert "no floor: setl.newthing" in capsys.readouterr().out
+
+
+def test_every_setl_module_has_a_floor_and_none_reaches_up():
+    """On setl/ itself: every module is on a floor, and only the listed exceptions reach up."""
+    up, homeless = import_graph.upward(import_graph.edges(ROOT))
+    assert up == [] and homeless == []
+    graph = import_graph.edges(ROOT)
+    for (importer, imported), why in import_graph.ALLOWED_UP.items():
+        assert imported in graph[importer], f"stale exception {importer} -> {imported}: {why}"

@@ -232,7 +232,7 @@ def sections_of(cls: type, path: str, title: str, text: str | None = None) -> It
 def builtin_connectors(kind: Literal["source", "target"]) -> list[Any]:
     """The connectors setl itself registers (its own entry points), by type name."""
     from setl.connectors import GROUPS, validate
-    from setl.plugins import entry_points
+    from setl.registry import entry_points
 
     found = []
     for entry in entry_points(GROUPS[kind]):

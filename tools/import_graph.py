@@ -1,9 +1,28 @@
-"""The import graph of ``setl/``: print every import cycle and exit 1 if there is one.
+"""The import graph of ``setl/``: print every import cycle and every arrow that runs up a floor,
+and exit 1 if there is one.
 
-setl's modules stand on floors (model and errors, config, stage contracts, connectors, pipeline
-assembly, scheduler, node, CLI) and import only from their own floor or below. This script reads
-every module under ``setl/`` with :mod:`ast`, without importing anything, and draws an arrow
-A -> B for each import of module B in module A:
+setl's modules stand on floors and import only from their own floor or below (`FLOORS`, from the
+ground up; docs/architecture.md draws them)::
+
+    10 entry      cli, the public API (setl/__init__), testing (nothing in setl imports it)
+     9 node       node
+     8 observe    observe (metrics, lag, the HTTP page)
+     7 scheduler  scheduler, runtime
+     6 pipeline   pipeline (assembly of the stages from the config)
+     5 connectors connectors, sources, sinks, schema, transforms, ddltask, snapshot
+     4 coord      ha, meta, retry, status, liveness
+     3 contracts  stages, failpoints
+     2 plugins    registry, plugins, routing
+     1 config     config, tls, spark, alerts
+     0 ground     errors, model, values, ddl, tablecopy, logs, web
+
+A module's floor is that of its top-level name under ``setl`` (``setl.sinks.mysql``: ``sinks``);
+a module on no floor is an error, so a new package is placed deliberately. Within a floor any
+arrow is allowed as long as it closes no cycle. `ALLOWED_UP` lists the known exceptions, each
+with why and what removes it.
+
+This script reads every module under ``setl/`` with :mod:`ast`, without importing anything, and
+draws an arrow A -> B for each import of module B in module A:
 
 - every import counts: at module level, inside functions and methods, and under
   ``if TYPE_CHECKING:``. A function-level import that reaches up is a cycle in disguise, and a
@@ -15,7 +34,7 @@ A -> B for each import of module B in module A:
 - imports made by ``importlib`` or ``__import__`` (entry-point loading) are not seen.
 
 Usage: ``python3 tools/import_graph.py [--root DIR] [--edges]``. ``--edges`` prints every
-arrow, one ``A -> B`` a line, before the cycles.
+arrow, one ``A -> B`` a line, before the cycles and upward arrows.
 """
 from __future__ import annotations
 
@@ -26,6 +45,28 @@ from collections.abc import Iterator
 from pathlib import Path
 
 PACKAGE = "setl"
+
+#: The floors, from the ground up: (name, the top-level names under ``setl`` standing on it).
+#: ``setl`` itself is the package ``setl/__init__.py`` (the public API).
+FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("ground", ("errors", "model", "values", "ddl", "tablecopy", "logs", "web")),
+    ("config", ("config", "tls", "spark", "alerts")),
+    ("plugins", ("registry", "plugins", "routing")),
+    ("contracts", ("stages", "failpoints")),
+    ("coord", ("ha", "meta", "retry", "status", "liveness")),
+    ("connectors", ("connectors", "sources", "sinks", "schema", "transforms", "ddltask", "snapshot")),
+    ("pipeline", ("pipeline",)),
+    ("scheduler", ("scheduler", "runtime")),
+    ("observe", ("observe",)),
+    ("node", ("node",)),
+    ("entry", ("cli", "setl", "testing")),
+)
+
+#: Arrows up a floor that are known and tolerated for now: (importer, imported) -> why.
+ALLOWED_UP: dict[tuple[str, str], str] = {
+    ("setl.snapshot.spark_engine", "setl"): "`import setl` only to find the package's directory to ship to Spark "
+                                            "executors; Path(__file__).parents[1] removes it",
+}
 
 
 def module_names(root: Path) -> dict[str, Path]:
@@ -122,8 +163,34 @@ def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
     return sorted(found)
 
 
+def floor_of(module: str) -> int | None:
+    """The floor number of a dotted module name under ``setl``, or None when it is on no floor."""
+    parts = module.split(".")
+    area = parts[1] if len(parts) > 1 else parts[0]
+    for number, (_, areas) in enumerate(FLOORS):
+        if area in areas:
+            return number
+    return None
+
+
+def upward(graph: dict[str, dict[str, int]]) -> tuple[list[tuple[str, str, int]], list[str]]:
+    """The arrows from a lower floor to a higher one (importer, imported, line), those in
+    `ALLOWED_UP` left out, and the modules on no floor."""
+    up: list[tuple[str, str, int]] = []
+    homeless = sorted(name for name in graph if floor_of(name) is None)
+    for name in sorted(graph):
+        low = floor_of(name)
+        for target, line in sorted(graph[name].items()):
+            high = floor_of(target)
+            if low is None or high is None or high <= low or (name, target) in ALLOWED_UP:
+                continue
+            up.append((name, target, line))
+    return up, homeless
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Print the cycles of ``setl/`` (and with ``--edges`` every arrow); 1 if any cycle."""
+    """Print the cycles of ``setl/`` and its arrows up a floor (and with ``--edges`` every arrow);
+    1 if there is any, or a module on no floor."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent)
     parser.add_argument("--edges", action="store_true", help="print every arrow first")
@@ -141,9 +208,15 @@ def main(argv: list[str] | None = None) -> int:
             for target, line in sorted(graph[name].items()):
                 if target in members:
                     print(f"  {name} -> {target}  (line {line})")
-    if found:
+    up, homeless = upward(graph)
+    for name, target, line in up:
+        low, high = FLOORS[floor_of(name) or 0][0], FLOORS[floor_of(target) or 0][0]
+        print(f"upward: {name} ({low}) -> {target} ({high})  (line {line})")
+    for name in homeless:
+        print(f"no floor: {name} (add its top-level name to FLOORS in tools/import_graph.py)")
+    if found or up or homeless:
         return 1
-    print(f"no import cycle among {len(graph)} modules of {PACKAGE}/")
+    print(f"no import cycle among {len(graph)} modules of {PACKAGE}/, and no arrow up a floor")
     return 0
 
 

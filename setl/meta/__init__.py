@@ -1,12 +1,19 @@
 """Meta stores hold positions, pipeline state and task state; SQLite embedded, ZooKeeper for HA."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from setl.meta.base import MetaStore, PipelineState, Status
 from setl.meta.sqlite import SqliteMetaStore
+
+if TYPE_CHECKING:
+    from setl.config import NodeSettings
 
 __all__ = ["MetaStore", "PipelineState", "Status", "SqliteMetaStore", "open_meta_store"]
 
 
-def open_meta_store(settings) -> MetaStore:
+def open_meta_store(settings: NodeSettings) -> MetaStore:
     """The meta store a node's settings ask for."""
     from setl.errors import ConfigError
 

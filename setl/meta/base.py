@@ -17,6 +17,10 @@ from setl.tablecopy import TableProgress
 
 
 class Status(str, enum.Enum):
+    """A pipeline's persisted state, as `setl status` shows it: STOPPED (no node runs it, or it was
+    stopped), RUNNING (a holder runs it; it may be riding out a transient failure), PAUSED
+    (retries ran out or `setl pause`: it stays paused, across restarts, until `setl resume`)."""
+
     STOPPED = "stopped"
     RUNNING = "running"
     PAUSED = "paused"

@@ -6,7 +6,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -138,7 +138,7 @@ class SqliteMetaStore(MetaStore):
     replays batches, which loads make harmless.
     """
 
-    def __init__(self, path: str | Path, *, clock=time.time) -> None:
+    def __init__(self, path: str | Path, *, clock: Callable[[], float] = time.time) -> None:
         self.path = Path(path)
         self._clock = clock
         self._lock = threading.RLock()

@@ -40,7 +40,7 @@ from __future__ import annotations
 import threading
 import time
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -49,12 +49,12 @@ from setl.errors import LeadershipLost, MetaStoreError
 from setl.ha import Check, Conflict, Coordinator, Create, Delete, Fence, SetData, dumps
 from setl.meta.base import (
     FORGOTTEN,
-    STALE_AFTER,
-    Liveness,
     OVERWRITTEN_BY,
+    STALE_AFTER,
     DdlClaim,
     DdlTask,
     DdlTaskStatus,
+    Liveness,
     MetaStore,
     PipelineState,
     Status,
@@ -72,7 +72,8 @@ PRUNE_EVERY = 100
 class ZooKeeperMetaStore(MetaStore):
     """Meta store on a `Coordinator` session; safe for many threads, nodes and CLI processes."""
 
-    def __init__(self, coordinator: Coordinator, *, clock=time.time, owns_session: bool = True) -> None:
+    def __init__(self, coordinator: Coordinator, *, clock: Callable[[], float] = time.time,
+                 owns_session: bool = True) -> None:
         self.coordinator = coordinator
         self._clock = clock
         self._owns = owns_session

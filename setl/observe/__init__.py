@@ -69,7 +69,7 @@ class NodeObserver:
                 counting = self._listeners[name] = self.metrics.pipeline(name)
         try:
             ack = self.meta.position(name)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - lag figures are best effort
             log.debug("pipeline=%s cannot read its ack for the lag figures: %s", name, exc)
         else:
             tracker.start_at(ack.position if ack is not None else None)
@@ -128,7 +128,7 @@ class NodeObserver:
                 continue
             try:
                 tracker.refresh()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - lag figures are best effort
                 log.debug("pipeline=%s cannot read the source's log end: %s", name, exc)
 
     def _scrape(self) -> dict[str, tuple[Figures | None, bool]]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import threading
 from collections import Counter as Tally
-from operator import attrgetter
 from collections.abc import Callable, Iterable, Iterator
+from operator import attrgetter
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector

@@ -84,6 +84,9 @@ class StatusServer:
 
 def _handler(observer: NodeObserver) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        """One HTTP request to the node's page: the static page, ``/api/status``, ``/metrics``,
+        answered from `observer` (read-only; a request never blocks a pipeline)."""
+
         server_version = "setl"
         protocol_version = "HTTP/1.1"
 

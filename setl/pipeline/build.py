@@ -37,17 +37,17 @@ def build_select(node: NodeSettings, config: PipelineConfig, plan: RoutingPlan |
     if plan is None:  # only which tables the rules select; transform steps are not needed here
         plan = RoutingPlan.compile(config.tables, pipeline=config.name, file=config.file or None)
     try:
-        return connectors.build_select(config, node, selects=plan.selects, sequences=_applies_sequences(config))
+        return connectors.build_select(config, node, selects=plan.selects, sequences=_applies_sequences(node, config))
     except SetlError as exc:
         exc.with_context(file=config.file, pipeline=config.name)
         raise
 
 
-def _applies_sequences(config: PipelineConfig) -> bool:
+def _applies_sequences(node: NodeSettings, config: PipelineConfig) -> bool:
     """Whether the pipeline's target connector declares that it applies sequence state rows (an
     unknown target type is refused where its Load is built, not here)."""
     try:
-        return registry().target(config.target.type).capabilities.sequences
+        return connectors.for_node(node).target(config.target.type).capabilities.sequences
     except SetlError:
         return False
 
@@ -118,6 +118,8 @@ def table_creation(node: NodeSettings, config: PipelineConfig, routing: RoutingP
         exc.with_context(file=config.file, pipeline=config.name)
         raise
     if target is None:
+        if not connectors.creates_tables(config, node):
+            log.warning("pipeline=%s %s", config.name, connectors.NO_TABLES.format(type=config.target.type))
         return None
     creator = table_creator(config, routing, select, transform, target)
     ddl_creates = config.pipeline.ddl == "apply"
@@ -186,7 +188,7 @@ def analyse_steps(config: PipelineConfig, stages: Stages, tables: Any = _DESCRIB
         analysed = int(transform.analyse(tables))
     except StartupAnalysisError as exc:
         raise exc.with_context(file=config.file or None, pipeline=config.name) from exc.__cause__
-    except Exception as exc:  # Spark cannot start now, say: the first batch will tell, and retry
+    except Exception as exc:  # noqa: BLE001 - Spark cannot start now, say: the first batch will tell, and retry
         log.warning("pipeline=%s transform steps not analysed at startup (first batches will be): %s",
                     config.name, exc)
         return 0

@@ -18,7 +18,6 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 
-
 from setl.config import PipelineConfig
 from setl.errors import ConfigError
 from setl.model import TableSchema

@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 
 from setl.config import NodeSettings, PipelineConfig
-from setl.connectors import build_schema
+from setl.connectors import NO_TABLES, build_schema, creates_tables
 from setl.errors import SetlError
 from setl.pipeline.build import analyse_steps, build_select, build_stages, build_transform, table_creator
 from setl.pipeline.checks import check_rules
@@ -101,7 +101,10 @@ def _target(node: NodeSettings, config: PipelineConfig, routing: Any, select: An
         yield found("error", "target", str(exc))
         return
     if target is None:
-        yield found("ok", "target", f"target type {config.target.type} makes its tables from the rows")
+        if creates_tables(config, node):
+            yield found("ok", "target", f"target type {config.target.type} makes its tables from the rows")
+        else:
+            yield found("warning", "target", NO_TABLES.format(type=config.target.type))
         return
     try:
         creator = table_creator(config, routing, select, build_transform(node, config, routing), target)
@@ -112,7 +115,7 @@ def _target(node: NodeSettings, config: PipelineConfig, routing: Any, select: An
                                     "(types mapped), the others fit")
     except SetlError as exc:
         yield found("error", "target", str(exc))
-    except Exception as exc:  # a driver's error: the target cannot be reached, or refused a read
+    except Exception as exc:  # noqa: BLE001 - a driver's error: the target cannot be reached, or refused a read
         yield found("error", "target", f"{type(exc).__name__}: {exc}")
     finally:
         target.close()

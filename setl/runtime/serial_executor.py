@@ -13,8 +13,8 @@ import logging
 import threading
 import time
 import zlib
-from typing import Any
 from collections.abc import Callable, Hashable, Iterable, Iterator
+from typing import Any
 
 import attrs
 
@@ -235,7 +235,7 @@ class SerialExecutorService:
             return
         try:
             result = task.fn(*task.args)
-        except BaseException as exc:  # the handle owns the outcome; a worker never dies of it
+        except BaseException as exc:  # noqa: BLE001 - the handle owns the outcome; a worker never dies of it
             task.set_exception(exc)
         else:
             task.set_result(result)

@@ -13,8 +13,8 @@ import itertools
 import logging
 import threading
 import time
-from typing import Protocol, runtime_checkable
 from collections.abc import Callable, Iterator, Mapping
+from typing import Protocol, runtime_checkable
 
 import attrs
 
@@ -427,7 +427,7 @@ class TaskExecutionService:
     def _call(handle: TaskHandle) -> BaseException | Progress:
         try:
             progress = handle.task.call()
-        except BaseException as exc:  # recorded on the handle; must not end the thread
+        except BaseException as exc:  # noqa: BLE001 - recorded on the handle; must not end the thread
             return exc
         if not isinstance(progress, Progress):
             return TypeError(f"{handle.name}: call() returned {progress!r}, not a Progress")

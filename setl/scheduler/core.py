@@ -39,8 +39,7 @@ from setl.runtime import (
     TaskHandle,
 )
 from setl.scheduler.cutter import BatchCutter
-from setl.scheduler.events import Listener, Outcome
-from setl.scheduler.events import log_event
+from setl.scheduler.events import Listener, Outcome, log_event
 from setl.scheduler.ledger import Ledger, Permits, Slot
 from setl.scheduler.loading import LoadDispatcher
 from setl.scheduler.selecting import Selector
@@ -411,7 +410,7 @@ class Scheduler:
                 self.meta.state(self.name).status is Status.RUNNING
             ):
                 self.meta.set_state(self.name, Status.STOPPED, node=self.node_id)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the outcome is already decided; recording it is best effort
             log.error("pipeline=%s cannot record the stop: %s", self.name, exc)
         self._event("termin", None, f"finished: {outcome.value}")
         self._result = outcome
@@ -421,7 +420,7 @@ class Scheduler:
         """A start that failed leaves the pipeline STOPPED with the error, not RUNNING with no process."""
         try:
             self.meta.set_state(self.name, Status.STOPPED, error=str(error), node=self.node_id)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the failure is already being reported; recording it is best effort
             log.error("pipeline=%s cannot record the failed start: %s", self.name, exc)
 
     def _close_private(self) -> None:

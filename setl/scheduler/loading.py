@@ -91,7 +91,7 @@ class LoadDispatcher:
             self.load.load(slot.batch)
         except LeadershipLost:
             raise
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - any load failure, wrapped with its stage and batch, starts a rollback
             error = self._wrap(exc, "load", slot.batch)
         else:
             self.listener.on_stage("load", slot.batch, time.perf_counter() - began)

@@ -78,7 +78,7 @@ class Selector:
             self.cutter.reset(rewind.position, rewind.next_id)
             try:
                 self.select.seek(rewind.position)
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - any source failure, wrapped with its stage, starts a rollback
                 self._source_failed(exc)
                 return Progress.PROGRESS
         if self.cutter.deferred_error is not None:
@@ -98,7 +98,7 @@ class Selector:
             self.cutter.begin(epoch)
         try:
             batch = self.cutter.read()
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - any source failure, wrapped with its stage, starts a rollback
             self.drop_cut()
             self._source_failed(exc)
             return Progress.PROGRESS

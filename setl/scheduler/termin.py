@@ -105,7 +105,7 @@ class Termin:
                 self.load.mark_loaded(batch)
         except LeadershipLost:
             raise
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - any load failure, wrapped with its stage and batch, starts a rollback
             return self._begin_rollback(batch.id, self._wrap(exc, "load", batch))
         began = time.perf_counter()
         try:
@@ -114,7 +114,7 @@ class Termin:
                 self.name, batch.id, batch.epoch, batch.end, rows=len(batch), progress=progress))
         except LeadershipLost:
             raise
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - any ack failure, wrapped with its stage and batch, starts a rollback
             return self._begin_rollback(batch.id, self._wrap(exc, "termin", batch))
         acked_in = time.perf_counter() - began
         ledger.ack(slot)
@@ -189,7 +189,7 @@ class Termin:
                 return acked
         except LeadershipLost:
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any error reading the target's position: replay from the ack (safe)
             log.warning("pipeline=%s stage=termin cannot read the target's position (%s); replaying from the ack %s",
                         self.name, exc, acked)
             return acked
@@ -206,7 +206,7 @@ class Termin:
             ack = self.meta.ack(self.name, batch_id, epoch, position, rows=0)
         except LeadershipLost:
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any error acking the target's position: replay from the ack (safe)
             log.warning("pipeline=%s stage=termin cannot ack the target's position %s (%s); replaying from %s",
                         self.name, position, exc, acked)
             return False

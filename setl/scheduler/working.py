@@ -64,7 +64,7 @@ class Worker:
                     began = time.perf_counter()
                     batch = self.transform.transform(batch)
                     self.listener.on_stage("transform", batch, time.perf_counter() - began)
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - the worker hands any failure to Termin, which rolls back
                 error = exc
             if error is None and self.prepare is not None and self._live(slot):
                 try:  # off the ordered load's path: what the load can work out ahead

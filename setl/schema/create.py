@@ -14,8 +14,8 @@ from setl.errors import ConfigError, LoadError, RefusedLoadError, SetlError, Tra
 from setl.model import Batch, DdlChange, RowChange, TableName, TableSchema
 from setl.schema.plan import SchemaPlanner, TargetTable
 from setl.schema.target import SchemaTarget
-from setl.stages.load import Load, LoadWrapper
 from setl.stages.layers import find_layer
+from setl.stages.load import Load, LoadWrapper
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +168,7 @@ def _tables_named(change: DdlChange) -> set[tuple[str, str]]:
     """The (schema, table) pairs a replicated DDL statement names (it creates, renames or alters them)."""
     try:
         statement = parse(change.statement)
-    except Exception:  # not parsed: the DDL applies as it can; name only its own table
+    except Exception:  # noqa: BLE001 - not parsed: the DDL applies as it can; name only its own table
         return {(change.schema, change.table)} if change.table else set()
     found = {(ref.schema or change.schema, ref.table) for ref in statement.tables}
     if change.table:
@@ -204,7 +204,7 @@ def check_tables(load: Load, tables: Sequence[TableSchema] | None, *, first_star
         log.warning("pipeline=%s target tables not checked at start (the first batch will): %s", creator.pipeline, exc)
         wrapper.check_first = True
         return 0
-    except Exception as exc:  # the target's driver: away now
+    except Exception as exc:  # noqa: BLE001 - the target's driver: away now
         log.warning("pipeline=%s target tables not checked at start (the first batch will): %s: %s",
                     creator.pipeline, type(exc).__name__, exc)
         wrapper.check_first = True

@@ -134,7 +134,7 @@ class SchemaTarget(abc.ABC):
         if conn is not None:
             try:
                 conn.close()
-            except Exception as exc:  # closing is best effort
+            except Exception as exc:  # noqa: BLE001 - closing is best effort
                 log.debug("pipeline=%s closing the schema connection: %s", self.pipeline, exc)
 
     @abc.abstractmethod

@@ -96,6 +96,8 @@ from setl.transforms.frames import GEOMETRY, PARQUET_MAX_PRECISION, SPARK_MAX_PR
 
 @attrs.frozen
 class ParquetTargetConfig:
+    """A pipeline's ``target:`` for ``type: parquet`` (docs/config-reference.md)."""
+
     type: Literal["parquet"]
     path: str  # the folder holding one dataset per table (relative to the conf directory)
     partition_by: tuple[str, ...] = ()  # columns the datasets are partitioned by (hive layout)

@@ -15,15 +15,16 @@ from __future__ import annotations
 import operator
 import sqlite3
 import threading
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
 from setl.errors import LoadError, TransientLoadError
 from setl.model import Batch, Change, DdlChange, InvalidDate, Position, RowChange
 from setl.routing import flat_name
-from setl.sinks.merge import merge
+from setl.sinks.merge import TableChanges, merge
 from setl.stages.load import Load, LoadCapabilities
 from setl.values import Geometry
 
@@ -88,7 +89,7 @@ class SqliteLoad(Load):
         ).fetchone()
         return Position(row[0], row[1], row[2], row=row[3]) if row else None
 
-    def _ensure_table(self, name: str, key: tuple[str, ...], images) -> None:
+    def _ensure_table(self, name: str, key: tuple[str, ...], images: Iterable[Mapping[str, Any]]) -> None:
         known = self._columns.get(name)
         if known is None:
             rows = self.db.execute(f"PRAGMA table_info({_q(name)})").fetchall()
@@ -190,7 +191,7 @@ class SqliteLoad(Load):
                     (self.pipeline, name, batch.end.log, batch.end.offset, batch.end.row))
         return tuple(keep)
 
-    def _apply(self, name: str, table) -> None:
+    def _apply(self, name: str, table: TableChanges) -> None:
         key = table.primary_key
         if key:
             where = " AND ".join(f"{_q(c)} = ?" for c in key)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import re
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import pytest
@@ -167,7 +167,7 @@ def _servers_used(item: pytest.Item) -> list[Server]:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
     """On a failure, attach the log tails of the servers the test used to its report."""
     report = yield
     if report.failed and call.when != "teardown":

@@ -242,6 +242,8 @@ class ScriptedSource(Select):
 
 @attrs.frozen
 class LoadRecord:
+    """One load a test sink saw: which batch, at which epoch, from where to where, and its changes."""
+
     batch_id: int
     epoch: int
     start: Position
@@ -393,6 +395,8 @@ class InvariantListener(Listener):
 
 @attrs.frozen
 class RunResult:
+    """What `run_pipeline` returns: how the scheduler ended, the scheduler and its meta store to inspect."""
+
     outcome: Outcome
     scheduler: Scheduler
     meta: MetaStore

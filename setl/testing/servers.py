@@ -397,7 +397,7 @@ class Server:
         with self._lock:
             try:
                 self.stop(timeout)
-            except Exception:
+            except Exception:  # noqa: BLE001 - a server that does not stop cleanly is killed
                 self.kill()
             with _registry_lock:
                 if self in _registry:
@@ -462,7 +462,7 @@ class Server:
             try:
                 self._probe()
                 return
-            except Exception as exc:  # anything the client library raises while the server boots
+            except Exception as exc:  # noqa: BLE001 - anything the client library raises while the server boots
                 last = exc
             if time.monotonic() >= deadline:
                 error = self._failure(f"did not accept clients within {self.startup_timeout:.0f}s "

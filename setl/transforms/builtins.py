@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,7 +19,7 @@ from setl.plugins import Param, ParamError, TransformContext, transform
 META_PREFIX = "_setl_"
 
 
-def _F():
+def _F() -> Any:
     from pyspark.sql import functions
 
     return functions
@@ -37,7 +37,7 @@ def _no_meta(columns: Any, param: str) -> None:
         raise ParamError(param, f"{param} must not name setl's metadata columns ({', '.join(touched)})")
 
 
-def _non_empty(param: str):
+def _non_empty(param: str) -> Callable[[Mapping[str, Any]], None]:
     def check(params: Mapping[str, Any]) -> None:
         if not params[param]:
             raise ParamError(param, f"{param} must not be empty")

@@ -17,8 +17,8 @@ import yaml
 from setl.config import load_node, load_pipeline
 from setl.connectors import registry
 from setl.ddltask import DdlTaskLoad, DdlTaskPartLoad
-from setl.meta.base import DdlTaskStatus
 from setl.meta import open_meta_store
+from setl.meta.base import DdlTaskStatus
 from setl.model import Position
 from setl.pipeline import Stages, build_stages
 from setl.scheduler import Listener, Outcome, Scheduler

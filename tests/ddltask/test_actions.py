@@ -15,9 +15,9 @@ from setl.errors import ConfigError, LoadError
 from setl.meta.base import DdlTask
 from setl.model import Position
 from setl.pipeline import build_actions
+from setl.scheduler import Outcome
 from setl.sinks.parquet import ParquetTargetConfig
 from setl.sinks.sqlite import SqliteTargetConfig
-from setl.scheduler import Outcome
 from tests.ddltask.rig import Rig
 
 pytestmark = pytest.mark.timeout(60)

@@ -261,10 +261,10 @@ def test_a_row_naming_an_undeclared_task_pauses_the_pipeline(make_rig):
 
 def test_an_unreachable_target_leaves_the_task_claimed_for_the_retry(make_rig):
     """An unreachable target leaves the task claimed; the next load takes it over and loads the rows."""
-    from setl.sinks.mysql import MysqlTargetConfig
     from setl.ddltask import MysqlActions
     from setl.errors import TransientLoadError
     from setl.model import Batch
+    from setl.sinks.mysql import MysqlTargetConfig
     from setl.testing.servers import free_port
     from tests.ddltask.test_concurrency import read_batches
 

@@ -18,7 +18,8 @@ from setl.meta.zookeeper import ZooKeeperMetaStore
 from setl.model import Ack, Position
 from setl.testing.servers import wait_until
 from tests.e2e.setl_process import binlog_head, mysql_source, mysql_target
-from tests.ha.zk import expire_session, unique_root
+from tests.ha.proxy import TcpProxy
+from tests.ha.zk import unique_root
 from tools import sysbench
 
 TABLES = 2
@@ -37,7 +38,8 @@ class Cluster:
     """
 
     def __init__(self, root: Path, zk_hosts: str, source, source_db: str, target, target_db: str, *,
-                 names: tuple[str, ...] = ("node-a", "node-b"), standby_delay_ms: int = STANDBY_DELAY_MS) -> None:
+                 names: tuple[str, ...] = ("node-a", "node-b"), standby_delay_ms: int = STANDBY_DELAY_MS,
+                 proxied: bool = False) -> None:
         self.root = root
         self.source, self.source_db = source, source_db
         self.target, self.target_db = target, target_db
@@ -56,13 +58,16 @@ class Cluster:
                          "retry": {"max_attempts": 10, "initial_backoff_ms": 50, "max_backoff_ms": 500}},
         }
         self.names = names
+        # proxied: each node reaches ZooKeeper through a TcpProxy of its own, which `expire` cuts.
+        self.proxies = {name: TcpProxy(zk_hosts).start() for name in names} if proxied else {}
         for name in names:
             conf = self.conf(name)
             (conf / "pipelines").mkdir(parents=True)
             (conf / "setl.yaml").write_text(yaml.safe_dump({
                 "node": {"id": name},
                 "meta": {"store": "zookeeper"},
-                "ha": {"zookeeper": zk_hosts, "chroot": self.chroot, "session_timeout_ms": SESSION_TIMEOUT_MS,
+                "ha": {"zookeeper": self.proxies[name].address if proxied else zk_hosts, "chroot": self.chroot,
+                       "session_timeout_ms": SESSION_TIMEOUT_MS,
                        "standby_delay_ms": standby_delay_ms},
             }))
             (conf / "pipelines" / f"{self.name}.yaml").write_text(yaml.safe_dump(pipeline, sort_keys=False))
@@ -93,7 +98,7 @@ class Cluster:
 
     def spawn(self, name: str) -> subprocess.Popen:
         self._spawned += 1
-        env = dict(os.environ, SETL_TEST_ZK_SESSION_FILE=str(self.root / name / "session"))
+        env = dict(os.environ)
         env.pop("SETL_FAULTS", None)
         with open(self.root / f"setl-{self._spawned:02d}-{name}.log", "w") as log:
             proc = subprocess.Popen([sys.executable, "-m", "setl.cli", "--conf", str(self.conf(name)), "start",
@@ -110,10 +115,22 @@ class Cluster:
         if sig == signal.SIGKILL:
             self.procs[name].wait(10)
 
-    def expire(self, name: str) -> None:
-        """Expire node `name`'s ZooKeeper session as kazoo's test harness does."""
-        session_id, password = (self.root / name / "session").read_text().split()
-        expire_session(self.zk_hosts, int(session_id, 16), bytes.fromhex(password))
+    def expire(self, name: str, timeout: float = 30) -> None:
+        """Expire node `name`'s ZooKeeper session, the node running: cut its proxy (a cluster made
+        with ``proxied=True``) until the server has expired the session, which it shows by dropping
+        the node's ephemeral member node, then heal it; the node reconnects to learn its session
+        expired."""
+        proxy = self.proxies[name]
+        proxy.cut()
+        try:
+            def gone() -> bool:
+                holder, standbys = self.members()
+                return holder != name and name not in standbys
+
+            wait_until(gone, timeout=timeout, interval=0.05,
+                       message=lambda: f"{name}'s session to expire behind its cut proxy ({self.members()})")
+        finally:
+            proxy.heal()
 
     def stop_all(self) -> dict[str, int]:
         codes = {}
@@ -137,6 +154,8 @@ class Cluster:
                 proc.wait(10)
         if self._store is not None:
             self._store.close()
+        for proxy in self.proxies.values():
+            proxy.close()
 
     def logs(self, tail: int | None = 4000) -> str:
         """Each node's log (its last `tail` characters; None: all of it, to search)."""

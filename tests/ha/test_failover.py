@@ -4,6 +4,7 @@ source and the target after catching up, and with an ack history whose epochs ne
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 
@@ -68,7 +69,7 @@ def test_kill_9_of_the_leader_hands_over_to_the_standby(zookeeper_server, make_c
 def test_expired_session_stops_the_leader_and_the_standby_takes_over(zookeeper_server, make_cluster):
     """Holder's session expired mid-load: it stops writing, the standby takes over, the old epoch never acks again."""
     # The standby contends at once here, so it wins over the old holder, which may re-take at once.
-    cluster = make_cluster(zookeeper_server.hosts, standby_delay_ms=0)
+    cluster = make_cluster(zookeeper_server.hosts, standby_delay_ms=0, proxied=True)
     start_pair(cluster)
     running = cluster.load(seconds=7)
     cluster.wait_ack(after_batch=5)
@@ -77,7 +78,8 @@ def test_expired_session_stops_the_leader_and_the_standby_takes_over(zookeeper_s
     cluster.wait_holder("node-b", timeout=10)
     cluster.wait_ack(min_epoch=old_epoch + 1)
     cluster.wait_standby("node-a", timeout=20)
-    assert "lost the mainstem" in cluster.logs(tail=None)
+    logs = cluster.logs(tail=None)
+    assert "lost the mainstem" in logs and re.search(r"ZooKeeper session 0x[0-9a-f]+ expired", logs), logs[-3000:]
     finish(cluster, running)
     assert all(a.epoch > old_epoch for a in cluster.store.history(cluster.name, 5))
 

@@ -18,7 +18,6 @@ from setl.testing.servers import free_port, wait_until
 
 from ..e2e.setl_process import SetlProcess, binlog_head, mysql_source, mysql_target
 
-
 #: `ObservedNode`'s `retry` for tests of a pause: two attempts within 1.5 s, then the pipeline pauses.
 PAUSE_SOON = {"max_attempts": 2, "initial_backoff_ms": 50, "max_backoff_ms": 200, "max_elapsed_ms": 1500}
 

@@ -11,7 +11,6 @@ import time
 import pytest
 
 from setl.testing.servers import wait_until
-
 from tests.helpers.receiver import Receiver
 
 from .observed import ObservedNode, Writer

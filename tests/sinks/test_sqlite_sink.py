@@ -7,9 +7,9 @@ import sqlite3
 import attrs
 import pytest
 
+from setl.connectors import BuildContext, registry
 from setl.errors import LoadError
 from setl.model import Batch, DdlChange, Position
-from setl.connectors import BuildContext, registry
 from setl.sinks.sqlite import SqliteLoad, SqliteTargetConfig
 from setl.testing.connectors import LoadContract, TargetProbe
 from setl.testing.harness import delete, insert, update

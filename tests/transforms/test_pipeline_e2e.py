@@ -17,8 +17,8 @@ import pytest
 
 from setl.config import BatchSettings, PipelineSettings, RetrySettings, TableRule, TransformStep
 from setl.meta.base import Status
-from setl.plugins import Registry, transform
 from setl.meta.sqlite import SqliteMetaStore
+from setl.plugins import Registry, transform
 from setl.scheduler import Outcome
 from setl.sinks.parquet import ParquetLoad
 from setl.testing.harness import (

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from setl_jsonl_target import JsonlTargetConfig, read_log, table_rows, table_state
 
 from setl.connectors import BuildContext, registry
 from setl.testing.connectors import LoadContract, TableSpec, TargetProbe, make_batch, row
-from setl_jsonl_target import JsonlTargetConfig, read_log, table_rows, table_state
 
 
 class JsonlProbe(TargetProbe):

@@ -183,7 +183,8 @@ def _build(config: JsonlTargetConfig, context: BuildContext) -> Load:
 
 
 #: What the ``jsonl`` entry point of the ``setl.targets`` group registers.
-connector = TargetConnector("jsonl", JsonlTargetConfig, _build, LoadCapabilities(stores_position=True),
+connector = TargetConnector("jsonl", JsonlTargetConfig, _build,
+                            LoadCapabilities(stores_position=True, creates_tables=True),
                             help="a JSON-lines change log, one line per row change")
 
 
