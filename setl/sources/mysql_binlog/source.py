@@ -812,6 +812,10 @@ class MysqlBinlogSource(Select):
                         event = reader.fetchone()
                         if event is None:
                             raise _Lost()
+                        # The library's packet wrapper and its event refer to each other: break the
+                        # cycle, so that reference counting frees both (and the rows they hold) here
+                        # instead of the cyclic collector, which spent 10% of this thread on them.
+                        event.packet.event = None
                         txs = assembler.feed(event)
                         news = news or isinstance(event, HeartbeatLogEvent) or assembler.mark > started_at
                         stamp: int = getattr(event, "timestamp", 0) or 0
