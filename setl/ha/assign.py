@@ -96,7 +96,7 @@ def plan(pipelines: Mapping[str, PipelineSpec], nodes: Mapping[str, NodeSpec],
     owners: dict[str, str | None] = {}
     for name in sorted(pipelines):
         node = current.get(name)
-        owners[name] = node if node in nodes and eligible(pipelines[name], nodes[node]) else None
+        owners[name] = node if node is not None and node in nodes and eligible(pipelines[name], nodes[node]) else None
     loads = loads_of(owners, weights, nodes)
 
     placed: list[str] = []
