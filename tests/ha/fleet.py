@@ -66,7 +66,7 @@ class Fleet:
                 "runtime": {"workers": 2},
             }
             for key, value in (node_extra or {}).get(node, {}).items():
-                settings.setdefault(key, {}).update(value)
+                settings[key] = {**settings.get(key, {}), **value} if isinstance(value, dict) else value
             (conf / "setl.yaml").write_text(yaml.safe_dump(settings))
             for i, name in enumerate(self.pipelines):
                 pipeline = {

@@ -8,10 +8,13 @@ from __future__ import annotations
 import json
 import signal
 import time
+import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from setl.testing.servers import wait_until
+from setl.testing.servers import free_port, wait_until
+from tests.helpers.receiver import Receiver
 from tests.ha.fleet import REASSIGN_AFTER_MS, SESSION_TIMEOUT_MS, Fleet
 
 pytestmark = pytest.mark.timeout(300)
@@ -29,6 +32,13 @@ def make_fleet(tmp_path, zookeeper_server, mariadb_source, source_db, mariadb_ta
     yield make
     for fleet in made:
         fleet.close()
+
+
+@pytest.fixture
+def receiver():
+    made = Receiver()
+    yield made
+    made.close()
 
 
 def finish(fleet: Fleet) -> None:
@@ -80,11 +90,16 @@ def test_three_nodes_share_six_pipelines_a_killed_node_s_run_elsewhere_and_it_ge
     finish(fleet)
 
 
-def test_move_and_drain_hand_over_without_losing_or_repeating(make_fleet):
+def test_move_and_drain_hand_over_without_losing_or_repeating(make_fleet, receiver):
     """`setl cluster move` and `setl cluster drain` under load hand over at a batch boundary:
-    nothing lost or applied twice; `setl cluster status` shows where each pipeline runs."""
+    nothing lost or applied twice; `setl cluster status`, a node that does not coordinate's
+    /api/status and /metrics show the whole cluster; the coordinator alerts ``rebalanced``."""
     nodes = ("m1", "m2")
-    fleet = make_fleet(names=nodes, pipelines=2)
+    port = free_port()
+    alerts = [{"webhook": receiver.url, "events": ["rebalanced"]}]
+    fleet = make_fleet(names=nodes, pipelines=2, node_extra={"m1": {"alerts": alerts},
+                                                             "m2": {"alerts": alerts,
+                                                                    "http": {"listen": f"127.0.0.1:{port}"}}})
     fleet.spawn("m1")
     fleet.wait_spread(("m1",), 2, 2)
     fleet.spawn("m2")
@@ -102,6 +117,18 @@ def test_move_and_drain_hand_over_without_losing_or_repeating(make_fleet):
     assert view["pipelines"][on_m1]["node"] == "m2" and view["pipelines"][on_m1]["held"]
     assert view["nodes"]["m1"]["weight"] == view["nodes"]["m2"]["weight"] == 1
     assert fleet.holders()[on_m1] == "m2"
+    page = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status", timeout=10).read())
+    assert page["cluster"]["coordinator"] == "m1"
+    assert page["cluster"]["pipelines"][on_m1]["node"] == "m2"
+    metrics = {(s.name, s.labels.get("node")): s.value
+               for family in text_string_to_metric_families(
+                   urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode())
+               for s in family.samples}
+    assert metrics[("setl_cluster_nodes", None)] == 2
+    assert metrics[("setl_pipelines_assigned", "m1")] == metrics[("setl_pipelines_assigned", "m2")] == 1
+    wait_until(lambda: any(b["event"] == "rebalanced" and b["pipeline"] == on_m1 and b["to"] == "m2"
+                           and b["node"] == "m1" for b in receiver.bodies), timeout=20,
+               message=lambda: f"a rebalanced alert for {on_m1} ({receiver.bodies})")
     done = fleet.cli("m1", "cluster", "drain", "--node", "m2", "--timeout", "90")
     assert done.returncode == 0, (done.stdout, done.stderr, fleet.logs())
     fleet.wait_spread(("m1",), 2, 2, timeout=60)
