@@ -299,6 +299,7 @@ class ClusterCoordinator:
         """Read the cluster, plan, and write what changed (each write fenced by `election`)."""
         co = self.coordinator
         now = self.clock()
+        co.ensure(ASSIGNMENTS)
         nodes = read_nodes(co)
         draining = set(co.children(DRAIN))
         specs: dict[str, PipelineSpec] = {}
