@@ -6,6 +6,7 @@ histories whose epochs never go back."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 import urllib.request
@@ -13,7 +14,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from setl.testing.servers import free_port, wait_until
+from setl.testing.servers import ZooKeeperServer, free_port, wait_until
 from tests.helpers.receiver import Receiver
 from tests.ha.fleet import REASSIGN_AFTER_MS, SESSION_TIMEOUT_MS, Fleet
 
@@ -24,8 +25,9 @@ pytestmark = pytest.mark.timeout(300)
 def make_fleet(tmp_path, zookeeper_server, mariadb_source, source_db, mariadb_target, mysql_db):
     made = []
 
-    def make(**kwargs) -> Fleet:
-        fleet = Fleet(tmp_path, zookeeper_server.hosts, mariadb_source, source_db, mariadb_target, mysql_db, **kwargs)
+    def make(zk_hosts: str | None = None, **kwargs) -> Fleet:
+        fleet = Fleet(tmp_path, zk_hosts or zookeeper_server.hosts, mariadb_source, source_db, mariadb_target,
+                      mysql_db, **kwargs)
         made.append(fleet)
         return fleet
 
@@ -139,3 +141,43 @@ def test_move_and_drain_hand_over_without_losing_or_repeating(make_fleet, receiv
     fleet.wait_spread(nodes, 1, 1, timeout=60)
     assert "handing over at the next batch boundary" in fleet.logs(tail=None)
     finish(fleet)
+
+
+def test_a_zookeeper_outage_shorter_than_the_session_moves_nothing(make_fleet):
+    """ZooKeeper frozen (SIGSTOP) long enough for the nodes to lose their connection, but shorter
+    than the session: no assignment is rewritten, no pipeline changes node or epoch, and the
+    pipelines go on acking."""
+    with ZooKeeperServer() as zk:
+        nodes = ("z1", "z2")
+        fleet = make_fleet(zk_hosts=zk.hosts, names=nodes, pipelines=2, session_timeout_ms=6000)
+        fleet.spawn("z1")
+        fleet.wait_spread(("z1",), 2, 2)
+        fleet.spawn("z2")
+        fleet.start_load(rate=30)
+        fleet.wait_spread(nodes, 1, 1, timeout=90)
+        wait_until(lambda: all(row["node"] == row["holder"] and row["standby"]
+                               for row in fleet.view()["pipelines"].values()), timeout=30, message="a settled cluster")
+        fleet.wait_equal()
+        before = fleet.view()
+        epochs = {name: fleet.store.state(name).epoch for name in fleet.pipelines}
+        fleet.store.close()  # the observer's own session must not be the one to notice anything
+        fleet._store = None
+        assert zk.pid is not None
+        os.kill(zk.pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: fleet.logs(tail=None).count("ZooKeeper connection lost") >= 2, timeout=10,
+                       interval=0.1, message="both nodes to lose their connection")
+        finally:
+            os.kill(zk.pid, signal.SIGCONT)
+        acks = {name: fleet.store.position(name) for name in fleet.pipelines}
+        for name in fleet.pipelines:
+            wait_until(lambda name=name: fleet.store.position(name).batch_id > acks[name].batch_id, timeout=30,
+                       message=f"{name} to ack after the outage")
+        after = fleet.view()
+        assert {p: (r["node"], r["holder"], r["version"]) for p, r in after["pipelines"].items()} == \
+            {p: (r["node"], r["holder"], r["version"]) for p, r in before["pipelines"].items()}
+        assert after["moves"] == before["moves"]
+        assert {name: fleet.store.state(name).epoch for name in fleet.pipelines} == epochs
+        assert "expired" not in fleet.logs(tail=None)
+        finish(fleet)
+
