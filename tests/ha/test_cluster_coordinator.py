@@ -47,9 +47,10 @@ class Rig:
     def session(self) -> Coordinator:
         return Coordinator(self.hosts, root=self.root, session_timeout=SESSION_TIMEOUT).start()
 
-    def join(self, node: str, capacity: int | None = None, weights: dict[str, int] | None = None) -> Coordinator:
+    def join(self, node: str, capacity: int | None = None, weights: dict[str, int] | None = None,
+             pins: dict[str, tuple[str, ...]] | None = None) -> Coordinator:
         co = self.sessions[node] = self.session()
-        data = node_data(capacity, {p: ((weights or {}).get(p, 1), None) for p in self.names})
+        data = node_data(capacity, {p: ((weights or {}).get(p, 1), (pins or {}).get(p)) for p in self.names})
         co.create(f"/nodes/{node}", dumps(data), ephemeral=True, makepath=True)
         return co
 
@@ -221,3 +222,30 @@ def test_a_member_contends_only_where_assigned_and_hands_over_a_moved_pipeline(r
         rig.lead(body)
     finally:
         member.stop()
+
+
+def test_pins_weights_and_capacity_as_the_nodes_publish_them(rig):
+    """p0 pinned to b runs on b; a weight-3 pipeline counts as three; a node with capacity 2
+    never gets more than 2; a pipeline no node has room for stays unassigned."""
+    pins = {"p0": ("b",)}
+    weights = {"p1": 3}
+    rig.join("a", capacity=2, weights=weights, pins=pins)
+    rig.join("b", capacity=4, weights=weights, pins=pins)
+
+    def body(election):
+        for _ in range(4):
+            rig.coordinator.round(election)
+        owners = rig.owners()
+        assert owners["p0"] == "b" and owners["p1"] == "b"  # 1 + 3 = b's capacity
+        assert owners["p2"] == owners["p3"] == "a"
+        rig.leave("b")
+        rig.coordinator.round(election)  # b is seen gone
+        rig.clock.now += 6
+        rig.coordinator.round(election)
+        owners = rig.owners()
+        assert owners["p0"] is None  # pinned to a lost node
+        assert owners["p1"] is None  # weight 3 > a's capacity 2
+        assert cluster_view(rig.admin)["nodes"]["a"]["weight"] == 2
+
+    rig.lead(body)
+
