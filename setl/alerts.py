@@ -12,7 +12,8 @@ with `error` for ``paused`` (an operator's `setl pause` too: "paused by an opera
 ``firing`` when the figure crosses it upwards, and with ``resolved`` when it falls back to or below
 it (then firing again only on the next crossing); `node` for ``leader_changed`` (the node that now
 runs the pipeline); `table`, `rows` and `chunks` for ``snapshot_done`` (one per source table whose
-copy was acked to its end).
+copy was acked to its end); `from`, `to` and `reason` for ``rebalanced`` (sent by the cluster's
+coordinator when a pipeline changes node, docs/cluster.md).
 """
 
 from __future__ import annotations

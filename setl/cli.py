@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from setl import cluster_cmd
 from setl.config import NodeSettings, default_conf_dir, load_node, load_pipeline, pipeline_names
 from setl.connectors import for_node, registry
 from setl.errors import SetlError, UsageError
@@ -94,6 +95,8 @@ def _parser() -> argparse.ArgumentParser:
     snapshot.add_argument("--table", required=True, action="append", metavar="SCHEMA.TABLE",
                           help="a source table the pipeline's rules select (repeatable)")
 
+    cluster_cmd.add_parser(commands)
+
     plugins = commands.add_parser("plugins", help="installed sources, targets and transforms")
     plugins.add_argument("action", choices=["list"])
     return parser
@@ -117,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         handler = {
             "start": cmd_start, "status": cmd_status, "pause": cmd_pause, "resume": cmd_resume,
             "position": cmd_position, "plugins": cmd_plugins, "switch": cmd_switch, "schema": cmd_schema,
-            "snapshot": cmd_snapshot, "check": cmd_check,
+            "snapshot": cmd_snapshot, "check": cmd_check, "cluster": cluster_cmd.cmd_cluster,
         }[args.command]
         return handler(args, Path(conf))
     except SetlError as exc:

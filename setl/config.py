@@ -29,6 +29,7 @@ class NodeConfig:
     """This node's identity."""
 
     id: str = "node-1"  # unique per node: names it in status, leadership and session records
+    capacity: int | None = None  # cluster: the most total pipeline weight it runs (docs/cluster.md); not set: no limit
 
 
 @attrs.frozen
@@ -47,6 +48,15 @@ class HaConfig:
     chroot: str = "/setl"  # every ZooKeeper path of setl is under it
     session_timeout_ms: int = 10000  # 1000 to 600000; ZooKeeper bounds it to 2..20 tickTimes
     standby_delay_ms: int = 3000  # how long a standby waits after the leader goes before it takes over
+    #: cluster: how long after a node's registration goes its pipelines without a live standby are
+    #: reassigned (docs/cluster.md); not set: session_timeout_ms + 3000
+    reassign_after_ms: int | None = None
+
+    @property
+    def reassign_after(self) -> float:
+        """`reassign_after_ms` in seconds, its default resolved."""
+        ms = self.session_timeout_ms + 3000 if self.reassign_after_ms is None else self.reassign_after_ms
+        return ms / 1000.0
 
 
 @attrs.frozen
@@ -120,7 +130,7 @@ class RuntimeConfig:
 
 
 #: The events an alert can be sent on, besides thresholds (``FIGURE > N``, docs/runbook.md#alerts).
-ALERT_EVENTS = ("paused", "leader_changed", "snapshot_done", "caught_up")
+ALERT_EVENTS = ("paused", "leader_changed", "snapshot_done", "caught_up", "rebalanced")
 _THRESHOLD = re.compile(r"^\s*([a-z_]+)\s*(>=|>)\s*([0-9]+(?:\.[0-9]+)?)\s*$")
 
 
@@ -146,7 +156,7 @@ class AlertConfig:
     """One webhook and the events it is sent (a JSON POST each; docs/runbook.md#alerts)."""
 
     webhook: str  # http:// or https:// URL the alerts are POSTed to
-    #: events: paused, leader_changed, snapshot_done, caught_up, or a threshold on a live figure
+    #: events: paused, leader_changed, snapshot_done, caught_up, rebalanced, or a threshold on a live figure
     #: such as 'lag_seconds > 30' (firing when crossed upwards, resolved when it falls back)
     events: tuple[str, ...] = attrs.field(default=("paused",), validator=_alert_events)
     pipelines: tuple[str, ...] = ()  # only these pipelines (every pipeline when empty)
@@ -319,6 +329,8 @@ class PipelineSettings:
     create_tables: bool = True  # create each missing target table from the source's definition (docs/schema.md)
     ddl_tasks: DdlTaskSettings = attrs.Factory(DdlTaskSettings)
     drain_timeout_ms: int = 30000  # on stop, how long batches in flight may take to finish
+    weight: int = 1  # cluster: this pipeline's share of a node's work, e.g. its rows/s in thousands (docs/cluster.md)
+    nodes: tuple[str, ...] | None = None  # cluster: the node ids it may run on (pinning); not set: any node
 
 
 @attrs.frozen
@@ -532,6 +544,10 @@ def load_node(conf_dir: str | Path) -> NodeSettings:
                           file=str(path))
     if ha.standby_delay_ms < 0:
         raise ConfigError("ha.standby_delay_ms: must not be negative", file=str(path))
+    if ha.reassign_after_ms is not None and ha.reassign_after_ms < 0:
+        raise ConfigError("ha.reassign_after_ms: must not be negative", file=str(path))
+    if node.node.capacity is not None and node.node.capacity < 1:
+        raise ConfigError(f"node.capacity: must be at least 1, got {node.node.capacity}", file=str(path))
     if node.http.listen is not None:
         try:
             parse_listen(node.http.listen)
@@ -598,6 +614,10 @@ def _check_pipeline(config: PipelineConfig, path: str) -> None:
         raise fail("pipeline.batch.max_wait_ms", "must not be negative")
     if settings.retry.max_attempts < 1:
         raise fail("pipeline.retry.max_attempts", "must be at least 1")
+    if settings.weight < 1:
+        raise fail("pipeline.weight", f"must be at least 1, got {settings.weight}")
+    if settings.nodes is not None and (not settings.nodes or not all(settings.nodes)):
+        raise fail("pipeline.nodes", "must name at least one node id (or be left out: any node)")
     if settings.retry.max_elapsed_ms < 0:
         raise fail("pipeline.retry.max_elapsed_ms", "must not be negative")
     for i, rule in enumerate(config.tables):

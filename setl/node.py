@@ -205,6 +205,9 @@ class Node:
     def _snapshot_done(self, name: str, progress: TableProgress) -> None:
         self.alerts.emit(name, "snapshot_done", table=str(progress.name), rows=progress.rows, chunks=progress.chunks)
 
+    def _rebalanced(self, name: str, details: dict[str, Any]) -> None:
+        self.alerts.emit(name, "rebalanced", **details)  # this node coordinates the cluster (docs/cluster.md)
+
     def _lost_record(self, name: str, holder: Liveness | None) -> None:
         """Another process took this pipeline's liveness record: stop it here, for good.
 
@@ -302,7 +305,10 @@ class Node:
         if self.settings.meta.store == "zookeeper":  # HA: run only what this node holds
             from setl.ha import Elections
 
-            self.elections = Elections.for_node(self.settings, self.meta)
+            self.elections = Elections.for_node(self.settings, self.meta, self.pipelines,
+                                                on_rebalanced=self._rebalanced)
+            if self.elections is not None and self.observer is not None:
+                self.observer.watch_cluster(self.elections.cluster_view)  # any node shows the whole cluster
         runs = [_Supervised(config, stages[config.name], PipelineResult(config.name)) for config in self.pipelines]
         self._runs = runs
         self.tasks, self.serial = shared_services(self.settings)
@@ -314,6 +320,8 @@ class Node:
             else:
                 self._supervise_elected(runs, until_caught_up)
         finally:
+            if self.elections is not None:
+                self.elections.close()
             self._stop_observing()
             self.tasks.shutdown(timeout=10.0)
             self.serial.shutdown_now()

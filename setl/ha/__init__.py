@@ -5,7 +5,10 @@ acking.
 Every ZooKeeper path setl uses (under the configured root, ``ha.chroot``, ``/setl`` by default):
 
 ``/nodes/ID``
-    ephemeral, one per running node: ``{"host", "pid", "started"}``.
+    ephemeral, one per running node: ``{"host", "pid", "started", "capacity", "pipelines"}``.
+``/cluster/...``
+    the cluster's coordinator election, assignments, drain marks and move requests
+    (`setl.ha.cluster`, docs/cluster.md).
 ``/pipelines/NAME/mainstem``
     ephemeral, the holder of the pipeline: ``{"node", "since"}``. Only its owner reads the
     binlog, writes the target or acks.
@@ -28,8 +31,10 @@ connection has been gone longer than the session timeout, or the session is LOST
 lost and they raise `LeadershipLost`, which the scheduler turns into `Outcome.LOST`.
 
 The package: `setl.ha.coordinator` (the kazoo adapter: the session and its transactions),
-`setl.ha.election` (the mainstem election and a node's `Elections`) and `setl.ha.fencing`
-(the lease and the fenced stages).
+`setl.ha.election` (the mainstem election and a node's `Elections`), `setl.ha.fencing`
+(the lease and the fenced stages), `setl.ha.assign` (where each pipeline runs: a pure function)
+and `setl.ha.cluster` (the elected coordinator that writes the assignments, and each node's view
+of them).
 """
 
 from setl.ha.coordinator import (

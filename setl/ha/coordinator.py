@@ -20,6 +20,7 @@ import attrs
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
     BadVersionError,
+    CancelledError,
     ConnectionLoss,
     KazooException,
     NodeExistsError,
@@ -30,7 +31,7 @@ from kazoo.exceptions import (
     SessionExpiredError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
-from kazoo.recipe.watchers import DataWatch
+from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 from kazoo.retry import KazooRetry
 
 from setl import failpoints
@@ -487,4 +488,61 @@ class Coordinator:
         self._call(f"watch {self.path(path)}", lambda: DataWatch(self._client, self.path(path), changed))
         return cancelled.set
 
+    def watch_children(self, path: str, callback: Callable[[list[str]], None]) -> Callable[[], None]:
+        """Call `callback` with the sorted children of `path` (created if missing) now and on every
+        change, on kazoo's thread, until the returned function is called."""
+        cancelled = threading.Event()
+        self.ensure(path)
+
+        def changed(children: list[str]) -> bool | None:
+            if cancelled.is_set():
+                return False
+            try:
+                callback(sorted(children))
+            except Exception:  # a watcher must not die silently
+                log.exception("ha: watcher of %s's children failed", path)
+            return None
+
+        self._call(f"watch {self.path(path)}", lambda: ChildrenWatch(self._client, self.path(path), changed))
+        return cancelled.set
+
+    def election(self, path: str, identifier: str) -> "LeaderElection":
+        """kazoo's leader election recipe at `path` (`LeaderElection`)."""
+        return LeaderElection(self, path, identifier)
+
+
+class LeaderElection:
+    """kazoo's ``Election`` recipe (a ``Lock`` whose holder runs a callable), with the holder's
+    lock node as a fence: `fence()` is a `Check` that fails once this session no longer holds it,
+    so a deposed leader's conditional writes fail however late they arrive."""
+
+    def __init__(self, coordinator: Coordinator, path: str, identifier: str) -> None:
+        self.coordinator = coordinator
+        self.relative = path
+        self._election = coordinator._client.Election(coordinator.path(path), identifier)
+
+    def run(self, func: Callable[[], None]) -> None:
+        """Block until elected, then call `func` (the leadership), releasing when it returns.
+        Returns after `cancel` too; a ZooKeeper error is a `MetaStoreError`."""
+        try:
+            self._election.run(func)
+        except CancelledError:
+            return
+        except KazooException as exc:
+            raise MetaStoreError(f"ZooKeeper at {self.coordinator.hosts}: election {self.relative}: "
+                                 f"{type(exc).__name__}") from exc
+
+    def cancel(self) -> None:
+        self._election.cancel()
+
+    def contenders(self) -> list[str]:
+        try:
+            return list(self._election.contenders())
+        except KazooException as exc:
+            raise MetaStoreError(f"election {self.relative}: {type(exc).__name__}") from exc
+
+    def fence(self) -> Check:
+        """A check that this contender still holds the leadership node it won with."""
+        node = self._election.lock.node
+        return Check(f"{self.relative}/{node}", 0)
 

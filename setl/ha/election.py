@@ -5,16 +5,18 @@ as kazoo's ``recipe/election.py`` runs its ``func``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from setl.errors import ConfigError, MetaStoreError
+from setl.ha.cluster import ClusterCoordinator, ClusterMember, cluster_view, node_data
 from setl.ha.coordinator import (
     Check,
     Conflict,
@@ -44,8 +46,13 @@ class Mainstem:
     """
 
     def __init__(self, coordinator: Coordinator, pipeline: str, node_id: str, *,
-                 standby_delay: float = 3.0, handover_timeout: float = 10.0) -> None:
+                 standby_delay: float = 3.0, handover_timeout: float = 10.0,
+                 gate: Callable[[dict[str, Any]], bool] | None = None) -> None:
         self.coordinator = coordinator
+        #: in a cluster (`setl.ha.cluster.ClusterMember.may_contend`): whether this node may take the
+        #: free mainstem now, given the term's data; an operator's switch naming this node (or none)
+        #: passes it too
+        self.gate = gate
         self.pipeline = pipeline
         self.node_id = node_id
         self.standby_delay = standby_delay
@@ -88,7 +95,11 @@ class Mainstem:
                         changed.wait(0.5)
                         continue
                     if holder is None:
-                        delay = self._delay(co.get(self.term_path))
+                        term = co.get(self.term_path)
+                        if not self._may_contend(term):
+                            changed.wait(0.2)
+                            continue
+                        delay = self._delay(term)
                         if delay is None:
                             changed.wait(0.2)
                             continue
@@ -107,6 +118,14 @@ class Mainstem:
             return None
         finally:
             co.unkeep(self.standby_path)
+
+    def _may_contend(self, term: ZNode | None) -> bool:
+        info = term.json() if term is not None else {}
+        if self.gate is None or self.gate(info):
+            return True
+        # an operator's `setl switch`: the named node, or any other than the one that released
+        return bool(info.get("released")) and info.get("switch") is True and (
+            info.get("to") == self.node_id or (info.get("to") is None and info.get("node") != self.node_id))
 
     def _delay(self, term: ZNode | None) -> float | None:
         """How long to wait before contending for a free mainstem; None: not yet."""
@@ -169,12 +188,13 @@ class Mainstem:
 
         return cancel
 
-    def release(self, lease: Lease, *, to: str | None = None) -> None:
-        """Give the mainstem up deliberately (a stop, a pause or a switch)."""
+    def release(self, lease: Lease, *, to: str | None = None, switch: bool = False) -> None:
+        """Give the mainstem up deliberately (a stop, a pause or a switch: `switch` marks an
+        operator's, which lets the named node contend whatever the cluster's assignment says)."""
         if lease.lost:
             return
         lease.lose("released", quiet=True)
-        data = dumps({"node": self.node_id, "released": True, "to": to, "since": time.time()})
+        data = dumps({"node": self.node_id, "released": True, "to": to, "switch": switch, "since": time.time()})
         try:
             self.coordinator.commit([SetData(self.term_path, data, lease.term), Delete(self.mainstem_path)])
         except Conflict:
@@ -203,27 +223,59 @@ class Elections:
     """A node's elections: registers the node, and runs each pipeline's leadership (a callable)
     only while this node holds its mainstem."""
 
-    def __init__(self, coordinator: Coordinator, node_id: str, *, standby_delay: float = 3.0) -> None:
+    def __init__(self, coordinator: Coordinator, node_id: str, *, standby_delay: float = 3.0,
+                 cluster: ClusterMember | None = None) -> None:
         self.coordinator = coordinator
         self.node_id = node_id
         self.standby_delay = standby_delay
+        #: in a cluster: the assignments that gate which mainstems this node contends for
+        self.cluster = cluster
+        self.cluster_coordinator: ClusterCoordinator | None = None
         self._mainstems: dict[str, Mainstem] = {}
+        self._published: dict[str, Any] = {}
 
     @classmethod
-    def for_node(cls, settings: Any, meta: Any) -> "Elections | None":
-        """The elections of a node whose meta store is ZooKeeper; None in single-node mode."""
+    def for_node(cls, settings: Any, meta: Any, pipelines: Sequence[Any] = (),
+                 on_rebalanced: Callable[[str, dict[str, Any]], None] | None = None) -> "Elections | None":
+        """The elections of a node whose meta store is ZooKeeper; None in single-node mode.
+
+        The node joins the cluster (`setl.ha.cluster`): it publishes its capacity and its
+        `pipelines` (configs: weight and pinned nodes), contends for the cluster's coordinator,
+        and contends for a pipeline's mainstem only while the coordinator assigns it here.
+        """
         coordinator = getattr(meta, "coordinator", None)
         if coordinator is None:
             return None
         coordinator.give_up_after = math.inf  # a node rides out a ZooKeeper outage; its holders stop meanwhile
-        elections = cls(coordinator, settings.node.id, standby_delay=settings.ha.standby_delay_ms / 1000.0)
+        member = ClusterMember(coordinator, settings.node.id, [config.name for config in pipelines])
+        elections = cls(coordinator, settings.node.id, standby_delay=settings.ha.standby_delay_ms / 1000.0,
+                        cluster=member)
+        elections._published = node_data(settings.node.capacity, {
+            config.name: (config.pipeline.weight, config.pipeline.nodes) for config in pipelines})
         elections.register()
+        member.start()
+        elections.cluster_coordinator = ClusterCoordinator(coordinator, settings.node.id,
+                                                           reassign_after=settings.ha.reassign_after,
+                                                           on_rebalanced=on_rebalanced)
+        elections.cluster_coordinator.start()
         return elections
+
+    def cluster_view(self) -> dict[str, Any]:
+        """The whole cluster (`setl.ha.cluster.cluster_view`): what `/api/status` and the metrics show."""
+        return cluster_view(self.coordinator)
+
+    def close(self) -> None:
+        """Leave the cluster's coordinator election and stop watching assignments (the node's
+        registration goes with its session)."""
+        if self.cluster_coordinator is not None:
+            self.cluster_coordinator.stop()
+        if self.cluster is not None:
+            self.cluster.stop()
 
     def register(self) -> None:
         """Hold `/nodes/ID`; a node id already running elsewhere is a `ConfigError`."""
         path = f"/nodes/{self.node_id}"
-        data = dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()})
+        data = dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(), **self._published})
         self.coordinator.ensure("/nodes")
         try:
             # A killed predecessor's node stays until its session expires: wait that long.
@@ -235,8 +287,9 @@ class Elections:
 
     def mainstem(self, pipeline: str) -> Mainstem:
         if pipeline not in self._mainstems:
+            gate = None if self.cluster is None else functools.partial(self.cluster.may_contend, pipeline)
             self._mainstems[pipeline] = Mainstem(self.coordinator, pipeline, self.node_id,
-                                                 standby_delay=self.standby_delay)
+                                                 standby_delay=self.standby_delay, gate=gate)
         return self._mainstems[pipeline]
 
     def run(self, pipeline: str, func: Callable[[Lease], T], *, stop: threading.Event) -> T | None:
@@ -258,10 +311,15 @@ class Elections:
         mainstem.finish_switch()
         cancel = mainstem.watch(lease)
         self.coordinator.hold(lease)
+        if self.cluster is not None:
+            self.cluster.leading(pipeline, lease)
         try:
             return func(lease)
         finally:
+            if self.cluster is not None:
+                self.cluster.not_leading(pipeline)
             cancel()
             self.coordinator.drop(lease)
-            handover = lease.switch_to if lease.switch_requested.is_set() else None
-            mainstem.release(lease, to=handover)
+            switched = lease.switch_requested.is_set()
+            mainstem.release(lease, to=lease.switch_to if switched else None,
+                             switch=switched and lease.switch_by_operator)

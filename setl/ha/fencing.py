@@ -37,6 +37,7 @@ class Lease:
     coordinator: Coordinator = attrs.field(repr=False)
     reason: str | None = attrs.field(default=None, init=False)
     switch_to: str | None = attrs.field(default=None, init=False)
+    switch_by_operator: bool = attrs.field(default=True, init=False)  # False: the cluster moved it
     switch_requested: threading.Event = attrs.field(factory=threading.Event, init=False, repr=False)
     _lost: threading.Event = attrs.field(factory=threading.Event, init=False, repr=False)
     _on_switch: Callable[[], None] | None = attrs.field(default=None, init=False, repr=False)
@@ -82,11 +83,13 @@ class Lease:
         self.check()
         return self.coordinator.connected
 
-    def request_switch(self, to: str | None) -> None:
-        """An operator asked for a handover (called on kazoo's thread)."""
+    def request_switch(self, to: str | None, *, operator: bool = True) -> None:
+        """An operator (or, with `operator` False, the cluster's coordinator) asked for a handover
+        (called on kazoo's thread)."""
         if self.switch_requested.is_set() or self.lost:
             return
         self.switch_to = to
+        self.switch_by_operator = operator
         self.switch_requested.set()
         log.info("pipeline=%s ha: switch requested%s; finishing in-flight batches, then releasing",
                  self.pipeline, f" to {to}" if to else "")

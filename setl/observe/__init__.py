@@ -55,6 +55,23 @@ class NodeObserver:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.started = clock()
+        #: under HA, the whole cluster as ZooKeeper holds it (`setl.ha.cluster.cluster_view`)
+        self.cluster: Callable[[], dict[str, Any]] | None = None
+
+    def watch_cluster(self, view: Callable[[], dict[str, Any]]) -> None:
+        """Show the cluster (`view`) in `/api/status` and the cluster metrics."""
+        self.cluster = view
+        if self.metrics is not None:
+            self.metrics.watch_cluster(view)
+
+    def cluster_view(self) -> dict[str, Any] | None:
+        """The cluster for `/api/status` (None in single-node mode, or with the error when unreadable)."""
+        if self.cluster is None:
+            return None
+        try:
+            return self.cluster()
+        except Exception as exc:
+            return {"error": str(exc)}
 
     # --- wiring ----------------------------------------------------------------------------------
 
@@ -160,9 +177,13 @@ class NodeObserver:
             row["figures"] = found.to_dict() if found is not None else None
             row["recent_rollbacks"] = list(tracker.rollbacks) if tracker is not None else []
             row["healthy"] = _healthy(row, known)
-        return {"node": self.node_id, "time": round(now, 3), "started": round(self.started, 3),
-                "healthy": all(row["healthy"] for row in rows), "threads": threading.active_count(),
-                "rss_bytes": rss_bytes(), "jvm_rss_bytes": jvm_rss_bytes(), "pipelines": rows}
+        found_status = {"node": self.node_id, "time": round(now, 3), "started": round(self.started, 3),
+                        "healthy": all(row["healthy"] for row in rows), "threads": threading.active_count(),
+                        "rss_bytes": rss_bytes(), "jvm_rss_bytes": jvm_rss_bytes(), "pipelines": rows}
+        cluster = self.cluster_view()
+        if cluster is not None:
+            found_status["cluster"] = cluster
+        return found_status
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         """`/healthz`: whether every pipeline of the node is healthy, and which are not."""

@@ -4,6 +4,7 @@ histograms fed by each pipeline's scheduler hooks (`PipelineMetrics`), and gauge
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator
@@ -19,6 +20,8 @@ from setl.observe.lag import Figures
 from setl.observe.memory import jvm_rss_bytes, rss_bytes
 from setl.scheduler.events import Listener
 from setl.sinks import rewrites
+
+log = logging.getLogger("setl.observe")
 
 _KEY = attrgetter("schema", "table", "op")
 _DDL = "ddl"
@@ -58,6 +61,10 @@ class NodeMetrics:
         self.info.labels(node_id).set(1)
         ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, ...
         r.register(_LiveCollector(live))
+
+    def watch_cluster(self, view: Callable[[], dict[str, Any]]) -> None:
+        """`setl_cluster_nodes` and `setl_pipelines_assigned{node}` from the cluster's view."""
+        self.registry.register(_ClusterCollector(view))
 
     def pipeline(self, name: str) -> PipelineMetrics:
         return PipelineMetrics(self, name)
@@ -168,3 +175,29 @@ class _LiveCollector(Collector):
             if pipeline in live:  # this node's pipelines only (tests run several nodes in one process)
                 rewritten.add_metric([pipeline, table, kind], n)
         yield from (lag, behind, events, rate, caught, heard, leader, threads, memory, rewritten)
+
+
+class _ClusterCollector(Collector):
+    """The cluster as ZooKeeper holds it, read at scrape time (`setl.ha.cluster.cluster_view`)."""
+
+    def __init__(self, view: Callable[[], dict[str, Any]]) -> None:
+        self.view = view
+
+    def describe(self) -> Iterable[Any]:
+        return []
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            view = self.view()
+        except Exception as exc:
+            log.debug("cannot read the cluster for the metrics: %s", exc)
+            return
+        nodes = view.get("nodes", {})
+        yield GaugeMetricFamily("setl_cluster_nodes", "Live nodes in the cluster",
+                                value=sum(1 for n in nodes.values() if n.get("live")))
+        assigned = GaugeMetricFamily("setl_pipelines_assigned", "Pipelines the cluster's coordinator assigns to a node",
+                                     labels=["node"])
+        for name, node in sorted(nodes.items()):
+            assigned.add_metric([name], len(node.get("pipelines", [])))
+        yield assigned
+

@@ -148,6 +148,27 @@ function render(status) {
   document.getElementById("updated").textContent = `updated ${new Date(now * 1000).toLocaleTimeString()}`;
   const box = document.getElementById("pipelines");
   box.replaceChildren(...status.pipelines.map((row) => card(row, now)));
+  renderCluster(status.cluster, now);
+}
+
+// The whole cluster (nodes sharing one ZooKeeper), as every node sees it: docs/cluster.md.
+function renderCluster(cluster, now) {
+  const box = document.getElementById("cluster");
+  if (!cluster || !cluster.nodes) { box.hidden = true; return; }
+  box.hidden = false;
+  const last = cluster.last_rebalance;
+  const head = el("h2", {}, "Cluster ", el("span", { class: "muted" },
+    `coordinator ${cluster.coordinator || "–"} · ${cluster.moves} moves` +
+    (last ? ` · last: ${last.pipeline} ${last.from || "–"} → ${last.to || "–"} (${last.reason}), ${ago(last.time, now)}` : "")));
+  const table = el("table", { class: "cluster-nodes" },
+    el("tr", {}, ...["node", "live", "capacity", "weight", "pipelines"].map((h) => el("th", {}, h))));
+  for (const [name, node] of Object.entries(cluster.nodes)) {
+    table.append(el("tr", { "data-node": name },
+      el("td", {}, name), el("td", {}, node.live ? (node.draining ? "draining" : "yes") : "no"),
+      el("td", {}, node.capacity === null ? "–" : String(node.capacity)), el("td", {}, String(node.weight)),
+      el("td", { class: "mono" }, node.pipelines.join(", ") || "–")));
+  }
+  box.replaceChildren(head, table);
 }
 
 function mergeHistory(part) {

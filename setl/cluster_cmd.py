@@ -1,0 +1,124 @@
+"""`setl cluster status|drain|move`: the cluster of nodes sharing one ZooKeeper (docs/cluster.md),
+read and asked through `setl.ha.cluster`; `setl.cli` hands the ``cluster`` command here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from setl.config import load_node
+from setl.errors import SetlError, UsageError
+
+
+def add_parser(commands: Any) -> None:
+    """The ``cluster`` command and its actions, on the CLI's subparsers."""
+    cluster = commands.add_parser("cluster", help="the nodes sharing one ZooKeeper and their pipelines (HA)")
+    actions = cluster.add_subparsers(dest="action", metavar="ACTION", required=True)
+    status = actions.add_parser("status", help="nodes, their pipelines, weights, capacity, last rebalance")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    drain = actions.add_parser("drain", help="move a node's pipelines away (before maintenance)")
+    drain.add_argument("--node", required=True, metavar="ID")
+    drain.add_argument("--undo", action="store_true", help="let the node run pipelines again")
+    drain.add_argument("--timeout", type=float, default=120.0, metavar="S",
+                       help="wait this long for the node to run nothing (0: do not wait)")
+    move = actions.add_parser("move", help="move a pipeline to a node (hand-over at a batch boundary)")
+    move.add_argument("--pipeline", required=True, metavar="NAME")
+    move.add_argument("--to", required=True, metavar="ID")
+    move.add_argument("--timeout", type=float, default=120.0, metavar="S",
+                      help="wait this long for the node to run it (0: do not wait)")
+
+
+@contextmanager
+def _coordinator(conf: Path) -> Iterator[Any]:
+    settings = load_node(conf)
+    if settings.meta.store != "zookeeper" or not settings.ha.zookeeper:
+        raise UsageError("setl cluster needs HA: meta.store: zookeeper in setl.yaml")
+    from setl.ha import Coordinator  # imports kazoo: only when asked for
+
+    coordinator = Coordinator(settings.ha.zookeeper, root=settings.ha.chroot,
+                              session_timeout=settings.ha.session_timeout_ms / 1000.0).start()
+    try:
+        yield coordinator
+    finally:
+        coordinator.stop()
+
+
+def cmd_cluster(args: argparse.Namespace, conf: Path) -> int:
+    from setl.ha.cluster import cluster_view, request_drain, request_move
+
+    with _coordinator(conf) as co:
+        if args.action == "status":
+            view = cluster_view(co)
+            print(json.dumps(view, indent=2, sort_keys=True) if args.json else "\n".join(status_lines(view)))
+            return 0
+        if args.action == "drain":
+            view = cluster_view(co)
+            if args.node not in view["nodes"] and not args.undo:
+                raise UsageError(f"no node {args.node} in the cluster (known: {', '.join(view['nodes']) or 'none'})")
+            request_drain(co, args.node, undo=args.undo)
+            if args.undo:
+                print(f"{args.node}: no longer draining; the coordinator gives it a share again")
+                return 0
+            print(f"{args.node}: draining; its pipelines move away one at a time")
+            return _wait(args.timeout, lambda: not _runs(cluster_view(co), args.node),
+                         f"{args.node} runs nothing", f"{args.node} still runs pipelines")
+        view = cluster_view(co)
+        if args.pipeline not in view["pipelines"]:
+            raise UsageError(f"no pipeline {args.pipeline} in the cluster", pipeline=args.pipeline)
+        node = view["nodes"].get(args.to)
+        if node is None or not node["live"]:
+            raise UsageError(f"node {args.to} is not live in the cluster", pipeline=args.pipeline)
+        request_move(co, args.pipeline, args.to)
+        print(f"{args.pipeline}: asked the coordinator to move it to {args.to}")
+
+        def moved() -> bool:
+            row = cluster_view(co)["pipelines"][args.pipeline]
+            return row["node"] == args.to and row["holder"] in (args.to, None) and not row["moving_from"]
+
+        return _wait(args.timeout, moved, f"{args.to} runs {args.pipeline}",
+                     f"{args.pipeline} is not on {args.to} yet (it finishes in-flight batches first)")
+
+
+def _runs(view: dict[str, Any], node: str) -> list[str]:
+    return [name for name, row in view["pipelines"].items() if node in (row["node"], row["holder"])]
+
+
+def _wait(timeout: float, done: Any, ok: str, late: str) -> int:
+    deadline = time.monotonic() + timeout
+    while timeout > 0:
+        if done():
+            print(ok)
+            return 0
+        if time.monotonic() >= deadline:
+            raise SetlError(f"{late} after {timeout:.0f}s", stage="cluster")
+        time.sleep(0.2)
+    return 0
+
+
+def status_lines(view: dict[str, Any]) -> list[str]:
+    """`setl cluster status` as text: one line per node, then one per pipeline."""
+    lines = [f"coordinator: {view.get('coordinator') or '-'}   moves so far: {view.get('moves', 0)}"]
+    last = view.get("last_rebalance")
+    if last:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last.get("time", 0)))
+        lines.append(f"last rebalance: {when} {last.get('pipeline')} {last.get('from')} -> {last.get('to')} "
+                     f"({last.get('reason')})")
+    lines.append(f"{'NODE':<16} {'LIVE':<5} {'CAPACITY':<9} {'WEIGHT':<7} PIPELINES")
+    for name, node in view["nodes"].items():
+        state = "yes" if node["live"] else "no"
+        if node["draining"]:
+            state += ",draining"
+        capacity = "-" if node["capacity"] is None else str(node["capacity"])
+        lines.append(f"{name:<16} {state:<5} {capacity:<9} {node['weight']:<7} {', '.join(node['pipelines']) or '-'}")
+    lines.append(f"{'PIPELINE':<24} {'WEIGHT':<7} {'NODE':<16} {'RUNS ON':<16} STANDBY")
+    for name, row in view["pipelines"].items():
+        node = row["node"] or "(unassigned)"
+        if row["moving_from"]:
+            node += f" <- {row['moving_from']}"
+        lines.append(f"{name:<24} {row['weight']:<7} {node:<16} {row['holder'] or '-':<16} {row['standby'] or '-'}")
+    return lines

@@ -1,0 +1,183 @@
+"""Scale-out with real servers: `setl start --all` nodes sharing one ZooKeeper spread small
+pipelines (each a keyed and a keyless table) from a MariaDB source into a MariaDB target. Every
+test ends with each target equal to its source, every keyless row there exactly once, and ack
+histories whose epochs never go back."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from setl.testing.servers import ZooKeeperServer, free_port, wait_until
+from tests.helpers.receiver import Receiver
+from tests.ha.fleet import REASSIGN_AFTER_MS, SESSION_TIMEOUT_MS, Fleet
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def make_fleet(tmp_path, zookeeper_server, mariadb_source, source_db, mariadb_target, mysql_db):
+    made = []
+
+    def make(zk_hosts: str | None = None, **kwargs) -> Fleet:
+        fleet = Fleet(tmp_path, zk_hosts or zookeeper_server.hosts, mariadb_source, source_db, mariadb_target,
+                      mysql_db, **kwargs)
+        made.append(fleet)
+        return fleet
+
+    yield make
+    for fleet in made:
+        fleet.close()
+
+
+@pytest.fixture
+def receiver():
+    made = Receiver()
+    yield made
+    made.close()
+
+
+def finish(fleet: Fleet) -> None:
+    fleet.stop_load()
+    fleet.wait_equal()
+    codes = fleet.stop_all()
+    assert all(code in (0, -signal.SIGKILL) for code in codes.values()), (codes, fleet.logs())
+    fleet.assert_exact()
+    fleet.assert_epochs_never_go_back()
+
+
+def test_three_nodes_share_six_pipelines_a_killed_node_s_run_elsewhere_and_it_gets_a_share_back(make_fleet):
+    """3 nodes x 6 pipelines run 2±1 each; kill -9 of one: its pipelines run again on the others
+    within session timeout + reassign delay + 5 s (3±1 each); it returns and gets a share back in
+    at most 4 moves; targets equal, keyless rows once, epochs monotonic."""
+    nodes = ("n1", "n2", "n3")
+    fleet = make_fleet(names=nodes, pipelines=6)
+    for node in nodes:
+        fleet.spawn(node)
+    fleet.start_load()
+    fleet.wait_spread(nodes, 1, 3, timeout=120)
+    fleet.wait_equal()
+    victims = [p for p, h in fleet.holders().items() if h == "n3"]
+    assert victims
+    killed = time.monotonic()
+    fleet.kill("n3")
+    fleet.wait_spread(("n1", "n2"), 2, 4, timeout=60)
+    elsewhere = time.monotonic() - killed
+    print(f"kill -9 of n3 ({len(victims)} pipelines) to all running on n1, n2: {elsewhere:.2f}s")
+    assert elsewhere < (SESSION_TIMEOUT_MS + REASSIGN_AFTER_MS) / 1000 + 5
+    for name in victims:  # they run, not just held: each acks again
+        before = fleet.store.position(name)
+        wait_until(lambda name=name, before=before: (a := fleet.store.position(name)) is not None
+                   and (before is None or a.batch_id > before.batch_id or a.epoch > before.epoch),
+                   timeout=30, message=f"{name} to ack on its new node")
+    wait_until(lambda: all(row["node"] == row["holder"] for row in fleet.view()["pipelines"].values()),
+               timeout=30, message="the coordinator to record the take-overs")
+    moves_before = fleet.view()["moves"]
+    fleet.spawn("n3")
+    back = fleet.wait_spread(nodes, 1, 3, timeout=90)
+    wait_until(lambda: all(not row["moving_from"] for row in fleet.view()["pipelines"].values()), timeout=60,
+               message="moves to settle")
+    moves = fleet.view()["moves"] - moves_before
+    print(f"n3 back: a share in {back:.2f}s, {moves} moves; holders {fleet.holders()}")
+    assert 1 <= moves <= 4
+    view = fleet.view()
+    assert sorted(n for n, row in view["nodes"].items() if row["live"]) == list(nodes)
+    assert view["last_rebalance"] is not None
+    finish(fleet)
+
+
+def test_move_and_drain_hand_over_without_losing_or_repeating(make_fleet, receiver):
+    """`setl cluster move` and `setl cluster drain` under load hand over at a batch boundary:
+    nothing lost or applied twice; `setl cluster status`, a node that does not coordinate's
+    /api/status and /metrics show the whole cluster; the coordinator alerts ``rebalanced``."""
+    nodes = ("m1", "m2")
+    port = free_port()
+    alerts = [{"webhook": receiver.url, "events": ["rebalanced"]}]
+    fleet = make_fleet(names=nodes, pipelines=2, node_extra={"m1": {"alerts": alerts},
+                                                             "m2": {"alerts": alerts,
+                                                                    "http": {"listen": f"127.0.0.1:{port}"}}})
+    fleet.spawn("m1")
+    fleet.wait_spread(("m1",), 2, 2)
+    fleet.spawn("m2")
+    fleet.start_load(rate=40)
+    fleet.wait_spread(nodes, 1, 1, timeout=90)  # the joining node takes its share
+    on_m1 = next(p for p, h in fleet.holders().items() if h == "m1")
+    epoch = fleet.store.state(on_m1).epoch
+    done = fleet.cli("m1", "cluster", "move", "--pipeline", on_m1, "--to", "m2", "--timeout", "90")
+    assert done.returncode == 0, (done.stdout, done.stderr, fleet.logs())
+    wait_until(lambda: fleet.store.state(on_m1).epoch > epoch, timeout=30, message="the moved pipeline's new epoch")
+    fleet.wait_spread(nodes, 1, 1, timeout=60)  # balance moves the other one, not the one an operator placed
+    status = fleet.cli("m1", "cluster", "status", "--json")
+    assert status.returncode == 0, status.stderr
+    view = json.loads(status.stdout)
+    assert view["pipelines"][on_m1]["node"] == "m2" and view["pipelines"][on_m1]["held"]
+    assert view["nodes"]["m1"]["weight"] == view["nodes"]["m2"]["weight"] == 1
+    assert fleet.holders()[on_m1] == "m2"
+    page = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status", timeout=10).read())
+    assert page["cluster"]["coordinator"] == "m1"
+    assert page["cluster"]["pipelines"][on_m1]["node"] == "m2"
+    metrics = {(s.name, s.labels.get("node")): s.value
+               for family in text_string_to_metric_families(
+                   urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode())
+               for s in family.samples}
+    assert metrics[("setl_cluster_nodes", None)] == 2
+    assert metrics[("setl_pipelines_assigned", "m1")] == metrics[("setl_pipelines_assigned", "m2")] == 1
+    wait_until(lambda: any(b["event"] == "rebalanced" and b["pipeline"] == on_m1 and b["to"] == "m2"
+                           and b["node"] == "m1" for b in receiver.bodies), timeout=20,
+               message=lambda: f"a rebalanced alert for {on_m1} ({receiver.bodies})")
+    done = fleet.cli("m1", "cluster", "drain", "--node", "m2", "--timeout", "90")
+    assert done.returncode == 0, (done.stdout, done.stderr, fleet.logs())
+    fleet.wait_spread(("m1",), 2, 2, timeout=60)
+    text = fleet.cli("m1", "cluster", "status")
+    assert "draining" in text.stdout and "m2" in text.stdout, text.stdout
+    undone = fleet.cli("m1", "cluster", "drain", "--node", "m2", "--undo")
+    assert undone.returncode == 0, undone.stderr
+    fleet.wait_spread(nodes, 1, 1, timeout=60)
+    assert "handing over at the next batch boundary" in fleet.logs(tail=None)
+    finish(fleet)
+
+
+def test_a_zookeeper_outage_shorter_than_the_session_moves_nothing(make_fleet):
+    """ZooKeeper frozen (SIGSTOP) long enough for the nodes to lose their connection, but shorter
+    than the session: no assignment is rewritten, no pipeline changes node or epoch, and the
+    pipelines go on acking."""
+    with ZooKeeperServer() as zk:
+        nodes = ("z1", "z2")
+        fleet = make_fleet(zk_hosts=zk.hosts, names=nodes, pipelines=2, session_timeout_ms=6000)
+        fleet.spawn("z1")
+        fleet.wait_spread(("z1",), 2, 2)
+        fleet.spawn("z2")
+        fleet.start_load(rate=30)
+        fleet.wait_spread(nodes, 1, 1, timeout=90)
+        wait_until(lambda: all(row["node"] == row["holder"] and row["standby"]
+                               for row in fleet.view()["pipelines"].values()), timeout=30, message="a settled cluster")
+        fleet.wait_equal()
+        before = fleet.view()
+        epochs = {name: fleet.store.state(name).epoch for name in fleet.pipelines}
+        fleet.store.close()  # the observer's own session must not be the one to notice anything
+        fleet._store = None
+        assert zk.pid is not None
+        os.kill(zk.pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: fleet.logs(tail=None).count("ZooKeeper connection lost") >= 2, timeout=10,
+                       interval=0.1, message="both nodes to lose their connection")
+        finally:
+            os.kill(zk.pid, signal.SIGCONT)
+        acks = {name: fleet.store.position(name) for name in fleet.pipelines}
+        for name in fleet.pipelines:
+            wait_until(lambda name=name: fleet.store.position(name).batch_id > acks[name].batch_id, timeout=30,
+                       message=f"{name} to ack after the outage")
+        after = fleet.view()
+        assert {p: (r["node"], r["holder"], r["version"]) for p, r in after["pipelines"].items()} == \
+            {p: (r["node"], r["holder"], r["version"]) for p, r in before["pipelines"].items()}
+        assert after["moves"] == before["moves"]
+        assert {name: fleet.store.state(name).epoch for name in fleet.pipelines} == epochs
+        assert "expired" not in fleet.logs(tail=None)
+        finish(fleet)
+
