@@ -70,7 +70,7 @@ class NodeObserver:
             return None
         try:
             return self.cluster()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the status page shows why the cluster is unreadable
             return {"error": str(exc)}
 
     # --- wiring ----------------------------------------------------------------------------------

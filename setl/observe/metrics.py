@@ -189,7 +189,7 @@ class _ClusterCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         try:
             view = self.view()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a scrape never fails on an unreadable cluster
             log.debug("cannot read the cluster for the metrics: %s", exc)
             return
         nodes = view.get("nodes", {})

@@ -15,8 +15,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from setl.testing.servers import ZooKeeperServer, free_port, wait_until
-from tests.helpers.receiver import Receiver
 from tests.ha.fleet import REASSIGN_AFTER_MS, SESSION_TIMEOUT_MS, Fleet
+from tests.helpers.receiver import Receiver
 
 pytestmark = pytest.mark.timeout(300)
 
