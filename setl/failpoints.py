@@ -25,11 +25,9 @@ The failpoints (`FAILPOINTS`):
 * ``snapshot_read``: a snapshot chunk read knows its binlog position (its consistent snapshot
   began) and has not run its SELECT yet.
 
-No test hook is read from an environment variable of its own any more: the HA tests expire a
-node's ZooKeeper session by cutting its connection (tests/ha/proxy.py) instead of the session
-password the node used to write to ``SETL_TEST_ZK_SESSION_FILE``; `zk_session_file` stays, always
-None, only until setl/ha/coordinator.py stops calling it. A crash after a batch DDL task's action
-is a ``ddl_action`` marker with its `task`.
+No test hook is read from an environment variable of its own: the HA tests expire a node's
+ZooKeeper session by cutting its connection (tests/ha/proxy.py). A crash after a batch DDL
+task's action is a ``ddl_action`` marker with its `task`.
 
 Stage wrappers (`FaultySelect`, `FaultyExtract`, `FaultyTransform`, `FaultyLoad`) put a `FaultPlan` around
 stages; `setl.pipeline.chain` adds them to a pipeline when ``SETL_FAULTS`` is set.
@@ -56,7 +54,6 @@ log = logging.getLogger("setl.failpoints")
 #: The environment variable holding the fault markers, as JSON.
 FAULTS_ENV = "SETL_FAULTS"
 #: Retired hook, never read: setl.ha still names it (issue 25 step 6 removes it there).
-ZK_SESSION_FILE_ENV = "SETL_TEST_ZK_SESSION_FILE"
 
 #: Every failpoint and where it strikes.
 FAILPOINTS: dict[str, str] = {
@@ -186,12 +183,6 @@ def hit(stage: str, batch: int | None = None, *, task: str | None = None) -> Non
         plan.check(stage, batch, task=task)
 
 
-def zk_session_file() -> str | None:
-    """Retired: None, so the HA node never writes its ZooKeeper session password to a file. Kept
-    until setl/ha/coordinator.py (`Coordinator._write_session_file`) stops calling it."""
-    return None
-
-
 # --- stage wrappers -------------------------------------------------------------------------
 
 
@@ -283,7 +274,7 @@ class FaultyPartLoad(FaultyLoad):
 
 
 __all__ = [
-    "ACTIONS", "FAILPOINTS", "FAULTS_ENV", "ZK_SESSION_FILE_ENV", "Fault", "FaultPlan",
+    "ACTIONS", "FAILPOINTS", "FAULTS_ENV", "Fault", "FaultPlan",
     "FaultyExtract", "FaultyLoad", "FaultyPartLoad", "FaultySelect", "FaultyTransform", "InjectedFault", "from_env",
-    "hit", "process_plan", "zk_session_file",
+    "hit", "process_plan",
 ]

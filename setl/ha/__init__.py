@@ -38,7 +38,6 @@ of them).
 """
 
 from setl.ha.coordinator import (
-    SESSION_FILE_ENV,
     Check,
     Conflict,
     Coordinator,
@@ -54,6 +53,6 @@ from setl.ha.election import Elections, Mainstem
 from setl.ha.fencing import FencedLoad, FencedSelect, Lease
 
 __all__ = [
-    "SESSION_FILE_ENV", "Check", "Conflict", "Coordinator", "Create", "Delete", "Elections", "Fence", "FencedLoad",
+    "Check", "Conflict", "Coordinator", "Create", "Delete", "Elections", "Fence", "FencedLoad",
     "FencedSelect", "Lease", "Mainstem", "Op", "SetData", "ZNode", "dumps",
 ]

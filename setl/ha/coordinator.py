@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 import weakref
@@ -34,14 +33,9 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 from kazoo.retry import KazooRetry
 
-from setl import failpoints
 from setl.errors import ConfigError, MetaStoreError
 
 log = logging.getLogger("setl.ha")
-
-#: Fault-injection tests set this to a file path; the node writes its ZooKeeper session id and
-#: password there (hex, mode 0600) so a test can expire the session as kazoo's harness does.
-SESSION_FILE_ENV = failpoints.ZK_SESSION_FILE_ENV
 
 _DISCONNECTED = (ConnectionLoss, OperationTimeoutError, SessionExpiredError, KazooTimeoutError)
 
@@ -240,7 +234,6 @@ class Coordinator:
                 # The first session is routine (the CLI opens one per command); a later one is news.
                 log.log(logging.INFO if was_suspended else logging.DEBUG,
                         "ha: ZooKeeper session 0x%x at %s", session, self.hosts)
-                self._write_session_file(client_id)
                 self._new_session.set()
             elif was_suspended:
                 log.info("ha: ZooKeeper connection is back (session 0x%x)", session)
@@ -260,18 +253,6 @@ class Coordinator:
                 leases = list(self._taken)
             for lease in leases:
                 lease.lose("the ZooKeeper session expired", quiet=self._closing.is_set())
-
-    def _write_session_file(self, client_id: tuple[int, bytes] | None) -> None:
-        path = failpoints.zk_session_file()
-        if not path or not client_id:
-            return
-        try:
-            fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(f"{client_id[0]:x} {client_id[1].hex()}\n")
-            os.replace(path + ".tmp", path)
-        except OSError:
-            log.exception("ha: cannot write the session file %s", path)
 
     # -- ephemeral registrations
 

@@ -110,7 +110,7 @@ class Fleet:
 
     def spawn(self, node: str) -> subprocess.Popen:
         self._spawned += 1
-        env = dict(os.environ, SETL_TEST_ZK_SESSION_FILE=str(self.root / node / "session"))
+        env = dict(os.environ)
         env.pop("SETL_FAULTS", None)
         with open(self.root / f"setl-{self._spawned:02d}-{node}.log", "w") as log:
             proc = subprocess.Popen([sys.executable, "-m", "setl.cli", "--conf", str(self.conf(node)), "start",
