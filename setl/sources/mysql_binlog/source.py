@@ -807,6 +807,7 @@ class MysqlBinlogSource(Select):
                 # idle server's heartbeat says the log ends there. Else an ack at the rewind point
                 # would look caught up for a moment and reset the lag of a pipeline far behind.
                 started_at, news = assembler.mark, False
+                last_held = 0
                 try:
                     while not stop.is_set():
                         event = reader.fetchone()
@@ -817,21 +818,26 @@ class MysqlBinlogSource(Select):
                         # instead of the cyclic collector, which spent 10% of this thread on them.
                         event.packet.event = None
                         txs = assembler.feed(event)
-                        news = news or isinstance(event, HeartbeatLogEvent) or assembler.mark > started_at
-                        stamp: int = getattr(event, "timestamp", 0) or 0
-                        if txs and stamp:
-                            now = time.time()
-                            if stamp <= now < stamp + 1:
-                                self.arrivals.append((txs[-1].end, now))
-                        for tx in txs:
-                            put(tx)
-                            down_since, attempt = None, 0  # progress: the retry budget starts afresh
-                            handed = tx.end
+                        if not news:
+                            news = isinstance(event, HeartbeatLogEvent) or assembler.mark > started_at
+                        if txs:
+                            stamp: int = getattr(event, "timestamp", 0) or 0
+                            if stamp:
+                                now = time.time()
+                                if stamp <= now < stamp + 1:
+                                    self.arrivals.append((txs[-1].end, now))
+                            for tx in txs:
+                                put(tx)
+                                down_since, attempt = None, 0  # progress: the retry budget starts afresh
+                                handed = tx.end
                         if news and not assembler.in_tx and assembler.positioned:
                             self.heard = (assembler.mark, time.time())
-                        with self._buffer_lock:
-                            buffered = self._queued_rows + len(assembler.rows)
-                        self.peak_buffered_rows = max(self.peak_buffered_rows, buffered)
+                        held = len(assembler.rows)
+                        if txs or held > last_held:  # only then can the peak have grown
+                            with self._buffer_lock:
+                                buffered = self._queued_rows + held
+                            self.peak_buffered_rows = max(self.peak_buffered_rows, buffered)
+                        last_held = held
                 except _Stopped:
                     raise
                 except BaseException as exc:
