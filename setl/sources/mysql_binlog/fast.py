@@ -6,7 +6,8 @@ its place inside the library's stream reader. For a control connection that carr
 `RowDecoders` (`setl_row_decoders`, set by the source's connector), the wrapper decodes a
 WRITE/UPDATE/DELETE_ROWS event of a table whose columns `_rows.RowDecoder` knows straight from
 the packet's bytes, into the library's own event class with the same rows; a cached table map is
-answered from setl's table-map cache without the library's event set-up. Everything else (other
+answered from setl's table-map cache without the library's event set-up, and MariaDB GTID and
+XID events (two a transaction) are read from their few bytes. Everything else (other
 events, other readers, a table with a column type the decoder does not know, a partial row image,
 filters, checksum verification) goes through the library unchanged.
 
@@ -22,7 +23,7 @@ from typing import Any
 
 from pymysqlreplication import binlogstream
 from pymysqlreplication.constants import BINLOG
-from pymysqlreplication.event import BinLogEvent
+from pymysqlreplication.event import BinLogEvent, MariadbGtidEvent, XidEvent
 from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import DeleteRowsEvent, RowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
 
@@ -45,6 +46,8 @@ _ROWS: dict[int, tuple[type[RowsEvent], int, int]] = {
     BINLOG.DELETE_ROWS_EVENT_V2: (DeleteRowsEvent, 2, 10),
 }
 _HEADER = struct.Struct("<IBIIIH")  # timestamp, type, server id, event size, next position, flags
+_GTID = struct.Struct("<QIB")  # a MariaDB GTID event's sequence number, domain id, flags (then more, unread)
+_XID = struct.Struct("<Q")
 
 
 def available() -> bool:
@@ -114,6 +117,9 @@ class FastPacketWrapper(BinLogPacketWrapper):
             if kind == BINLOG.TABLE_MAP_EVENT and self._cached_table_map(
                     from_packet, data, table_map, ctl_connection, decoders, use_checksum, allowed_events,
                     mysql_version, post_header_lengths):
+                return
+            if kind in _SMALL and self._small(from_packet, data, table_map, ctl_connection, decoders, use_checksum,
+                                              allowed_events, mysql_version, post_header_lengths):
                 return
         super().__init__(from_packet, table_map, ctl_connection, mysql_version, use_checksum, allowed_events,
                          only_tables, ignored_tables, only_schemas, ignored_schemas, freeze_schema,
@@ -207,6 +213,39 @@ class FastPacketWrapper(BinLogPacketWrapper):
         self.event = event
         return True
 
+
+    def _small(self, from_packet: Any, data: bytes, table_map: dict, ctl_connection: Any, decoders: RowDecoders,
+               use_checksum: bool, allowed_events: Any, mysql_version: Any, post_header_lengths: Any) -> bool:
+        """A MariaDB GTID or an XID event, read as the library reads it."""
+        cls, layout = _SMALL[data[5]]
+        event_size = int.from_bytes(data[10:14], "little")
+        size = event_size - (23 if use_checksum else 19)
+        if cls not in allowed_events or size < layout.size or len(data) < 20 + layout.size:
+            return False
+        if decoders.dbms is None:
+            decoders.dbms = ctl_connection._get_dbms()
+        self._header(from_packet, data)
+        event = object.__new__(cls)
+        event.__dict__ = {
+            "packet": self, "table_map": table_map, "event_type": self.event_type, "timestamp": self.timestamp,
+            "event_size": size, "_post_header_lengths": post_header_lengths, "_ctl_connection": ctl_connection,
+            "mysql_version": mysql_version, "_ignore_decode_errors": False, "_verify_checksum": False,
+            "_is_event_valid": None, "_processed": True, "complete": True, "dbms": decoders.dbms}
+        if cls is XidEvent:
+            (event.xid,) = _XID.unpack_from(data, 20)
+        else:
+            event.server_id = self.server_id
+            event.gtid_seq_no, event.domain_id, event.flags = _GTID.unpack_from(data, 20)
+            event.gtid = f"{event.domain_id}-{event.server_id}-{event.gtid_seq_no}"
+        self.event = event
+        return True
+
+
+#: the small events read here: type -> (event class, the part of its body the library reads)
+_SMALL: dict[int, tuple[type[BinLogEvent], struct.Struct]] = {
+    BINLOG.MARIADB_GTID_EVENT: (MariadbGtidEvent, _GTID),
+    BINLOG.XID_EVENT: (XidEvent, _XID),
+}
 
 _installed = False
 
