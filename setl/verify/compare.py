@@ -1,0 +1,229 @@
+"""The comparison loop of `setl verify` (`Verifier`): each chunk at a consistent point, the chunks
+that differ drilled down to rows, and the rows re-checked at later positions before anything is
+reported.
+
+The consistent point (docs/verify.md): the source chunk is read in a consistent snapshot whose
+binlog position Pc the server tells; the target chunk is read once the pipeline's acked position
+has reached Pc, so the target holds at least everything up to Pc (it may hold more). Equal
+aggregates end the chunk. Otherwise its rows' hashes are read in a sandwich: source at Pc1, the
+target once acked past Pc1, the source again at Pc2. A key whose source row is the same at Pc1 and
+Pc2 did not change in between, so the target (somewhere in [Pc1, Pc2] for it) must hold that row:
+a different target row is a difference; a key whose source row changed in between is unsettled
+and looked at again. Every candidate is re-checked the same way `attempts - 1` more times; it is
+reported only if it was found different in at least two checks (one when `attempts` is 1) and
+never equal.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from setl.errors import SetlError
+from setl.model import Position
+from setl.verify.ends import End, KeyText, Texts
+from setl.verify.plan import TableCheck
+from setl.verify.report import TableReport
+
+
+class VerifyError(SetlError):
+    """`setl verify` could not reach a verdict (exit 2)."""
+
+    exit_code = 2
+
+
+@attrs.define
+class Verifier:
+    """Compares tables of `pipeline`; `acked()` reads the pipeline's acked position (meta store).
+
+    `sleep` and `clock` are injectable for tests; `max_rows_per_second` (0: unbounded) throttles
+    the source reads; `wait_timeout` bounds each wait for the acked position."""
+
+    pipeline: str
+    acked: Callable[[], Position | None]
+    attempts: int = 3
+    chunk_rows: int = 10_000
+    max_rows_per_second: float = 0.0
+    wait_timeout: float = 60.0
+    recheck_delay: float = 0.2
+    sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.monotonic
+
+    def wait_acked(self, position: Position | None, table: str) -> None:
+        """Return once the pipeline's acked position is at or past `position`."""
+        if position is None:
+            return
+        deadline = self.clock() + self.wait_timeout
+        while True:
+            ack = self.acked()
+            if ack is not None and ack >= position:
+                return
+            if self.clock() >= deadline:
+                raise VerifyError(f"the acked position {ack or 'none'} has not reached the source's position "
+                                  f"{position} within {self.wait_timeout:.0f}s: start the pipeline (or let it "
+                                  "catch up) and verify again", pipeline=self.pipeline, stage="verify", table=table)
+            self.sleep(0.02)
+
+    def _throttle(self, rows: int, started: float) -> None:
+        if self.max_rows_per_second > 0:
+            ahead = rows / self.max_rows_per_second - (self.clock() - started)
+            if ahead > 0:
+                self.sleep(ahead)
+
+    def table(self, check: TableCheck, source: End, target: End,
+              boundary: Callable[[tuple[Any, ...] | None], tuple[Any, ...] | None]) -> TableReport:
+        """Compare one table; `boundary(after)` gives the key `chunk_rows` rows after `after`
+        (None: fewer left)."""
+        report = TableReport(str(check.source.name), str(check.target), check.mode, check.why,
+                             unchecked=dict(check.unchecked))
+        started = self.clock()
+        if check.keyless:
+            self._keyless(check, source, target, report)
+        else:
+            self._keyed(check, source, target, boundary, report, started)
+        report.seconds = self.clock() - started
+        return report
+
+    # --- keyed tables ---------------------------------------------------------------------
+
+    def _keyed(self, check: TableCheck, source: End, target: End,
+               boundary: Callable[[tuple[Any, ...] | None], tuple[Any, ...] | None], report: TableReport,
+               started: float) -> None:
+        name = str(check.source.name)
+        state: dict[KeyText, str] = {}
+        raws: dict[KeyText, tuple[Any, ...]] = {}
+        lower: tuple[Any, ...] | None = None
+        while True:
+            upper = boundary(lower) if check.ranged else None
+            with source.snapshot() as position:
+                ours = source.summary(lower, upper)
+            self.wait_acked(position, name)
+            with target.snapshot():
+                theirs = target.summary(lower, upper)
+            report.rows += ours[0]
+            report.chunks += 1
+            if ours != theirs:
+                different, unsettled, _ = self._sandwich(source, target, lower, upper, None, raws, name)
+                state.update({k: "different" for k in different})
+                state.update({k: "unsettled" for k in unsettled})
+            self._throttle(report.rows, started)
+            if upper is None:
+                break
+            lower = upper
+        seen = collections.Counter(k for k, v in state.items() if v == "different")
+        for _ in range(1, self.attempts):
+            if not state:
+                break
+            self.sleep(self.recheck_delay)
+            keys = list(state)
+            different, unsettled, equal = self._sandwich(source, target, None, None, [raws[k] for k in keys], raws,
+                                                         name, asked=keys)
+            for key in keys:
+                if key in equal:
+                    del state[key]
+                elif key in different:
+                    state[key] = "different"
+                    seen[key] += 1
+                else:
+                    state[key] = "unsettled"
+        needed = min(2, self.attempts)
+        confirmed = [k for k in state if seen[k] >= needed]
+        unsure = [k for k in state if seen[k] < needed]
+        self._classify(check, source, target, confirmed, raws, report)
+        report.unsettled = [{"key": self._key(check, k)} for k in unsure]
+
+    def _sandwich(self, source: End, target: End, lower: tuple[Any, ...] | None, upper: tuple[Any, ...] | None,
+                  keys: Sequence[tuple[Any, ...]] | None, raws: dict[KeyText, tuple[Any, ...]], name: str,
+                  asked: Sequence[KeyText] = ()) -> tuple[set[KeyText], set[KeyText], set[KeyText]]:
+        """(different, unsettled, equal) keys of a range or of `keys`: source, target, source again."""
+        with source.snapshot() as position:
+            first = source.rows(lower, upper, keys)
+        self.wait_acked(position, name)
+        with target.snapshot():
+            theirs = target.rows(lower, upper, keys)
+        with source.snapshot():
+            second = source.rows(lower, upper, keys)
+        for found in (theirs, second, first):
+            raws.update({k: raw for k, (_, raw) in found.items()})
+        different, unsettled, equal = set(), set(), set()
+        for key in set(first) | set(theirs) | set(second) | set(asked):
+            before, after, there = (first.get(key, ("",))[0], second.get(key, ("",))[0], theirs.get(key, ("",))[0])
+            if before != after:
+                unsettled.add(key)
+            elif before != there:
+                different.add(key)
+            else:
+                equal.add(key)
+        return different, unsettled, equal
+
+    @staticmethod
+    def _key(check: TableCheck, key: KeyText) -> dict[str, str | None]:
+        return {c.source: text for c, text in zip(check.key, key)}
+
+    def _classify(self, check: TableCheck, source: End, target: End, keys: list[KeyText],
+                  raws: dict[KeyText, tuple[Any, ...]], report: TableReport) -> None:
+        if not keys:
+            return
+        wanted = [raws[k] for k in keys]
+        with source.snapshot():
+            ours = source.texts(wanted)
+        with target.snapshot():
+            theirs = target.texts(wanted)
+        for key in sorted(keys, key=lambda k: tuple("" if t is None else t for t in k)):
+            item: dict[str, Any] = {"key": self._key(check, key)}
+            if key in ours and key not in theirs:
+                report.missing.append(item)
+            elif key in theirs and key not in ours:
+                report.extra.append(item)
+            else:
+                item["columns"] = _columns(check, ours.get(key), theirs.get(key))
+                report.different.append(item)
+
+    # --- keyless tables -------------------------------------------------------------------
+
+    def _keyless(self, check: TableCheck, source: End, target: End, report: TableReport) -> None:
+        name = str(check.source.name)
+        with source.snapshot() as position:
+            ours = source.summary(None, None)
+        self.wait_acked(position, name)
+        with target.snapshot():
+            theirs = target.summary(None, None)
+        report.rows, report.chunks = ours[0], 1
+        if ours == theirs:
+            return
+        seen = 0
+        last: dict[str, int] | None = None
+        for attempt in range(self.attempts):
+            if attempt:
+                self.sleep(self.recheck_delay)
+            with source.snapshot() as position:
+                first = source.multiset()
+            self.wait_acked(position, name)
+            with target.snapshot():
+                there = target.multiset()
+            with source.snapshot():
+                second = source.multiset()
+            if first != second:
+                continue  # the table changed meanwhile: no verdict from this look
+            last = {h: first[h] - there[h] for h in set(first) | set(there) if first[h] != there[h]}
+            if not last:
+                return
+            seen += 1
+        if last is None or seen < min(2, self.attempts):
+            report.unsettled.append({"row": {}, "note": "the table changed during every check"})
+            return
+        for row_hash, count in sorted(last.items()):
+            texts = (source if count > 0 else target).sample(row_hash)
+            item = {"row": {c.source: t for c, t in zip(check.columns, texts or ())}, "count": abs(count)}
+            (report.missing if count > 0 else report.extra).append(item)
+
+
+def _columns(check: TableCheck, ours: Texts | None, theirs: Texts | None) -> list[str]:
+    """The (source) names of the columns whose texts differ."""
+    if ours is None or theirs is None:
+        return []
+    return [c.source for c, a, b in zip(check.columns, ours, theirs) if a != b]
