@@ -195,10 +195,13 @@ class Verifier:
         report.rows, report.chunks = ours[0], 1
         if ours == theirs:
             return
-        seen = 0
-        last: dict[str, int] | None = None
+        state: dict[str, str] = {}
+        counts: dict[str, int] = {}  # row hash -> source copies minus target copies, when last found different
+        seen: collections.Counter[str] = collections.Counter()
         for attempt in range(self.attempts):
             if attempt:
+                if not state:
+                    break
                 self.sleep(self.recheck_delay)
             with source.snapshot() as position:
                 first = source.multiset()
@@ -207,16 +210,24 @@ class Verifier:
                 there = target.multiset()
             with source.snapshot():
                 second = source.multiset()
-            if first != second:
-                continue  # the table changed meanwhile: no verdict from this look
-            last = {h: first[h] - there[h] for h in set(first) | set(there) if first[h] != there[h]}
-            if not last:
-                return
-            seen += 1
-        if last is None or seen < min(2, self.attempts):
-            report.unsettled.append({"row": {}, "note": "the table changed during every check"})
-            return
-        for row_hash, count in sorted(last.items()):
+            # a row whose copies changed on the source meanwhile says nothing this time
+            hashes = set(first) | set(there) | set(second) if not attempt else set(state)
+            for row_hash in hashes:
+                if first[row_hash] != second[row_hash]:
+                    state[row_hash] = "unsettled"
+                elif first[row_hash] != there[row_hash]:
+                    state[row_hash] = "different"
+                    counts[row_hash] = first[row_hash] - there[row_hash]
+                    seen[row_hash] += 1
+                else:
+                    state.pop(row_hash, None)
+        needed = min(2, self.attempts)
+        for row_hash in sorted(state):
+            if seen[row_hash] < needed:
+                texts = source.sample(row_hash) or target.sample(row_hash)
+                report.unsettled.append({"row": {c.source: t for c, t in zip(check.columns, texts or ())}})
+                continue
+            count = counts[row_hash]
             texts = (source if count > 0 else target).sample(row_hash)
             item = {"row": {c.source: t for c, t in zip(check.columns, texts or ())}, "count": abs(count)}
             (report.missing if count > 0 else report.extra).append(item)
