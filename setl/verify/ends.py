@@ -71,7 +71,9 @@ class End:
             self.texts_sql = [engine.text_sql(c.kind, c.kind if source else c.target_type, q(n))
                               for c, n in zip(check.columns, self.names)]
             self.key_sql = [self.texts_sql[check.columns.index(c)] for c in check.key]
-            self.hash = engine.hash_sql(engine.row_sql(self.texts_sql))
+            # strings and other texts that may hold the separator carry their length
+            counted = [c.kind in canonical.STRINGS or c.kind in ("set", "json") for c in check.columns]
+            self.hash = engine.hash_sql(engine.row_sql(self.texts_sql, counted))
         # python mode: the source reads every column (a row filter may name any); the target the compared ones
         self.fetched = list(check.source.columns) if source else self.names
 
@@ -145,13 +147,23 @@ class End:
 
     # --- reads ----------------------------------------------------------------------------
 
-    def summary(self, lower: tuple[Any, ...] | None, upper: tuple[Any, ...] | None) -> tuple[int, int, int]:
-        """(rows, hash sum, hash sum) of the chunk: equal chunks give equal summaries."""
+    def summary(self, lower: tuple[Any, ...] | None, upper: tuple[Any, ...] | None) -> tuple[int, int]:
+        """(rows, hash sum) of the chunk: equal chunks give equal summaries."""
         if self.check.mode == "python":
             return canonical.summary([canonical.row_hash(t) for _, _, t in self._images(lower, upper, None)])
         where, args = self._where(lower, upper, None)
-        (count, first, second), = self._fetch(self.engine.summary_sql(self.hash, self.table, where), args)
-        return int(count or 0), int(first or 0), int(second or 0)
+        (count, total), = self._fetch(self.engine.summary_sql(self.hash, self.table, where), args)
+        return int(count or 0), int(total or 0)
+
+    def middle(self, lower: tuple[Any, ...] | None, upper: tuple[Any, ...] | None, rows: int
+               ) -> tuple[Any, ...] | None:
+        """The key `rows` rows into the range (None: it holds fewer), found by the server."""
+        q = self.engine.quote
+        keys = ", ".join(q(n) for n in self.key_names)
+        where, args = self._where(lower, upper, None)
+        found = self._fetch(f"SELECT {keys} FROM {self.table}{where} ORDER BY {keys} LIMIT 1 OFFSET %s",
+                            [*args, rows - 1])
+        return tuple(found[0]) if found else None
 
     def rows(self, lower: tuple[Any, ...] | None, upper: tuple[Any, ...] | None,
              keys: Sequence[tuple[Any, ...]] | None = None) -> dict[KeyText, tuple[str, tuple[Any, ...]]]:

@@ -5,7 +5,9 @@ binlog position the server tells.
 A column's text is `setl.verify.canonical.text`'s form: integers and decimals as the server
 prints them (a DECIMAL keeps its scale), dates ``YYYY-MM-DD``, DATETIME and TIMESTAMP (UTC
 session) ``YYYY-MM-DD HH:MM:SS.ffffff``, TIME as signed seconds with six decimals, strings in
-utf8mb4, bytes as upper-case hex. A row's text joins them as ``LENGTH:TEXT`` (``~`` for NULL).
+utf8mb4, bytes as upper-case hex. A row's text (`row_sql`) is ``NULLS|LENGTHS|TEXT|TEXT...``: a
+digit per column (1: NULL), the lengths of the texts that may hold a ``|`` (strings,
+comma-separated), then the texts of the columns that are not NULL: no two different rows share it.
 """
 
 from __future__ import annotations
@@ -60,9 +62,15 @@ def text_sql(kind: str, own: str, column: str) -> str | None:
     return None
 
 
-def row_sql(texts: Sequence[str]) -> str:
-    parts = [f"COALESCE(CONCAT(CHAR_LENGTH({t}), ':', {t}), '~')" for t in texts]
-    return f"CONCAT({', '.join(parts)})" if parts else "''"
+def row_sql(texts: Sequence[str], counted: Sequence[bool]) -> str:
+    """A row's text: which columns are NULL (a digit each), the lengths of the `counted` columns'
+    texts (those that may hold the separator), then the non-NULL texts, ``|``-separated."""
+    if not texts:
+        return "''"
+    nulls = f"CONCAT({', '.join(f'ISNULL({t})' for t in texts)})"
+    lengths = [f"CHAR_LENGTH({t})" for t, c in zip(texts, counted) if c]
+    parts = [nulls, *([f"CONCAT_WS(',', {', '.join(lengths)})"] if lengths else []), *texts]
+    return f"CONCAT_WS('|', {', '.join(parts)})"
 
 
 def hash_sql(row: str) -> str:
@@ -70,9 +78,8 @@ def hash_sql(row: str) -> str:
 
 
 def summary_sql(hashed: str, table: str, where: str) -> str:
-    return (f"SELECT COUNT(*), SUM(CAST(CONV(SUBSTRING(h, 1, 15), 16, 10) AS UNSIGNED)), "
-            f"SUM(CAST(CONV(SUBSTRING(h, 16, 15), 16, 10) AS UNSIGNED)) FROM (SELECT {hashed} AS h "
-            f"FROM {table}{where}) AS verify_chunk")
+    """COUNT and the sum of the rows' hashes' first 60 bits (order-free; duplicates count)."""
+    return f"SELECT COUNT(*), SUM(CAST(CONV(LEFT({hashed}, 15), 16, 10) AS UNSIGNED)) FROM {table}{where}"
 
 
 def table_sql(schema: str, table: str) -> str:

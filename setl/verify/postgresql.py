@@ -56,9 +56,14 @@ def text_sql(kind: str, own: str, column: str) -> str | None:
     return None
 
 
-def row_sql(texts: Sequence[str]) -> str:
-    parts = [f"COALESCE(length({t})::text || ':' || {t}, '~')" for t in texts]
-    return f"({' || '.join(parts)})" if parts else "''"
+def row_sql(texts: Sequence[str], counted: Sequence[bool]) -> str:
+    """`setl.verify.mariadb.row_sql`'s text, in PostgreSQL."""
+    if not texts:
+        return "''"
+    nulls = f"concat({', '.join(f'({t} IS NULL)::int' for t in texts)})"
+    lengths = [f"length({t})" for t, c in zip(texts, counted) if c]
+    parts = [nulls, *([f"concat_ws(',', {', '.join(lengths)})"] if lengths else []), *texts]
+    return f"concat_ws('|', {', '.join(parts)})"
 
 
 def hash_sql(row: str) -> str:
@@ -66,9 +71,7 @@ def hash_sql(row: str) -> str:
 
 
 def summary_sql(hashed: str, table: str, where: str) -> str:
-    return (f"SELECT count(*), sum(('x' || substr(h, 1, 15))::bit(60)::bigint), "
-            f"sum(('x' || substr(h, 16, 15))::bit(60)::bigint) FROM (SELECT {hashed} AS h "
-            f"FROM {table}{where}) AS verify_chunk")
+    return f"SELECT count(*), sum(('x' || left({hashed}, 15))::bit(60)::bigint) FROM {table}{where}"
 
 
 def table_sql(schema: str, table: str) -> str:
