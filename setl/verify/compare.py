@@ -5,14 +5,14 @@ reported.
 The consistent point (docs/verify.md): the source chunk is read in a consistent snapshot whose
 binlog position Pc the server tells; the target chunk is read once the pipeline's acked position
 has reached Pc, so the target holds at least everything up to Pc (it may hold more). Equal
-aggregates end the chunk. Otherwise it is halved (each half compared the same way) down to ranges of
-`leaf_rows` rows, and the rows' hashes of each differing one are read in a sandwich: source at Pc1, the
-target once acked past Pc1, the source again at Pc2. A key whose source row is the same at Pc1 and
-Pc2 did not change in between, so the target (somewhere in [Pc1, Pc2] for it) must hold that row:
-a different target row is a difference; a key whose source row changed in between is unsettled
-and looked at again. Every candidate is re-checked the same way `attempts - 1` more times; it is
-reported only if it was found different in at least two checks (one when `attempts` is 1) and
-never equal.
+aggregates end the chunk. Otherwise it is cut in 16 parts (each part's aggregate compared the same
+way, in one pass per end) down to ranges of `leaf_rows` rows, and the rows' hashes of each
+differing one are read in a sandwich: source at Pc1, the target once acked past Pc1, the source
+again at Pc2. A key whose source row is the same at Pc1 and Pc2 did not change in between, so the
+target (somewhere in [Pc1, Pc2] for it) must hold that row: a different target row is a
+difference; a key whose source row changed in between is unsettled and looked at again. Every
+candidate is re-checked the same way `attempts - 1` more times; it is reported only if it was
+found different in at least two checks (one when `attempts` is 1) and never equal.
 """
 
 from __future__ import annotations
@@ -51,8 +51,9 @@ class Verifier:
     max_rows_per_second: float = 0.0
     wait_timeout: float = 60.0
     recheck_delay: float = 0.2
-    #: a differing range is halved until it holds at most this many rows, then compared row by row
-    leaf_rows: int = 256
+    #: a differing range is cut in `parts` until it holds at most `leaf_rows` rows, then compared row by row
+    leaf_rows: int = 1000
+    parts: int = 16
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
 
@@ -140,24 +141,28 @@ class Verifier:
     def _bisect(self, check: TableCheck, source: End, target: End, lower: tuple[Any, ...] | None,
                 upper: tuple[Any, ...] | None, rows: int, state: dict[KeyText, str],
                 raws: dict[KeyText, tuple[Any, ...]]) -> None:
-        """A range whose aggregates differ: its halves compared the same way while they hold more
-        than `leaf_rows` rows, then the rows of each differing one (`_sandwich`) into `state`."""
+        """A range whose aggregates differ: cut into `parts` parts (keys of every n-th source row),
+        each part's aggregate compared at one consistent point in one pass per end, and the
+        differing parts cut again while they hold more than `leaf_rows` rows; then the rows of
+        each differing part (`_sandwich`) into `state`."""
         name = str(check.source.name)
-        middle = source.middle(lower, upper, rows // 2) \
-            if check.mode == "sql" and check.ranged and rows > self.leaf_rows else None
-        if middle is None:
+        splits = source.splits(lower, upper, max(1, -(-rows // self.parts))) \
+            if check.mode == "sql" and check.ranged and rows > self.leaf_rows else []
+        if not splits:
             different, unsettled, _ = self._sandwich(source, target, lower, upper, None, raws, name)
             state.update({k: "different" for k in different})
             state.update({k: "unsettled" for k in unsettled})
             return
-        for low, high in ((lower, middle), (middle, upper)):
-            with source.snapshot() as position:
-                ours = source.summary(low, high)
-            self.wait_acked(position, name)
-            with target.snapshot():
-                theirs = target.summary(low, high)
-            if ours != theirs:
-                self._bisect(check, source, target, low, high, max(ours[0], theirs[0]), state, raws)
+        with source.snapshot() as position:
+            ours = source.summaries(lower, upper, splits)
+        self.wait_acked(position, name)
+        with target.snapshot():
+            theirs = target.summaries(lower, upper, splits)
+        bounds = [lower, *splits, upper]
+        for i in sorted(set(ours) | set(theirs)):
+            mine, their = ours.get(i, (0, 0)), theirs.get(i, (0, 0))
+            if mine != their:
+                self._bisect(check, source, target, bounds[i], bounds[i + 1], max(mine[0], their[0]), state, raws)
 
     def _sandwich(self, source: End, target: End, lower: tuple[Any, ...] | None, upper: tuple[Any, ...] | None,
                   keys: Sequence[tuple[Any, ...]] | None, raws: dict[KeyText, tuple[Any, ...]], name: str,

@@ -155,15 +155,31 @@ class End:
         (count, total), = self._fetch(self.engine.summary_sql(self.hash, self.table, where), args)
         return int(count or 0), int(total or 0)
 
-    def middle(self, lower: tuple[Any, ...] | None, upper: tuple[Any, ...] | None, rows: int
-               ) -> tuple[Any, ...] | None:
-        """The key `rows` rows into the range (None: it holds fewer), found by the server."""
+    def splits(self, lower: tuple[Any, ...] | None, upper: tuple[Any, ...] | None, every: int
+               ) -> list[tuple[Any, ...]]:
+        """The keys of every `every`-th row of the range, in key order, found by the server."""
         q = self.engine.quote
         keys = ", ".join(q(n) for n in self.key_names)
         where, args = self._where(lower, upper, None)
-        found = self._fetch(f"SELECT {keys} FROM {self.table}{where} ORDER BY {keys} LIMIT 1 OFFSET %s",
-                            [*args, rows - 1])
-        return tuple(found[0]) if found else None
+        return [tuple(row) for row in self._fetch(
+            f"SELECT {keys} FROM (SELECT {keys}, ROW_NUMBER() OVER (ORDER BY {keys}) AS verify_n FROM {self.table}"
+            f"{where}) AS verify_numbered WHERE MOD(verify_n, %s) = 0 ORDER BY {keys}", [*args, every])]
+
+    def summaries(self, lower: tuple[Any, ...] | None, upper: tuple[Any, ...] | None,
+                  splits: Sequence[tuple[Any, ...]]) -> dict[int, tuple[int, int]]:
+        """`summary` of each part of the range cut after each of `splits` (part i ends at splits[i];
+        the last ends at `upper`), in one pass; parts without rows are left out."""
+        q = self.engine.quote
+        cases, args = [], []
+        for i, split in enumerate(splits):
+            conditions, values = _range(q, self.key_names, None, split)
+            cases.append(f"WHEN {conditions[0]} THEN {i}")
+            args.extend(values)
+        part = f"CASE {' '.join(cases)} ELSE {len(splits)} END" if cases else "0"
+        where, more = self._where(lower, upper, None)
+        summary = self.engine.summary_sql(self.hash, self.table, where)
+        select = summary.replace("SELECT ", f"SELECT {part} AS verify_part, ", 1) + " GROUP BY verify_part"
+        return {int(p): (int(n or 0), int(total or 0)) for p, n, total in self._fetch(select, [*args, *more])}
 
     def rows(self, lower: tuple[Any, ...] | None, upper: tuple[Any, ...] | None,
              keys: Sequence[tuple[Any, ...]] | None = None) -> dict[KeyText, tuple[str, tuple[Any, ...]]]:

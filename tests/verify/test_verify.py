@@ -53,14 +53,17 @@ def make_setl(tmp_path, source, db: str, target: dict, template: str, server_id:
 
 @contextlib.contextmanager
 def running(setl: SetlProcess, source) -> Iterator[None]:
-    """`setl start` in the background, caught up with the source's binlog head."""
+    """`setl start` in the background, its table copies done and caught up with the source's binlog head."""
     with spawned(setl) as proc:
         head = binlog_head(source)
 
         def caught_up() -> bool:
             assert proc.poll() is None, setl.logs()[-3000:]
             ack = setl.acked()
-            return ack is not None and ack.position >= head
+            if ack is None or ack.position < head:
+                return False
+            copies = setl.status()["snapshot"]
+            return bool(copies) and all(c["status"] == "done" for c in copies)
 
         wait_until(caught_up, timeout=60, interval=0.2, message=lambda: f"caught up: {setl.logs()[-2000:]}")
         yield

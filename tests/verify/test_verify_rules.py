@@ -84,7 +84,7 @@ def test_differing_rows_in_large_chunks_are_found_by_bisection(tmp_path, mariadb
         code, report = verify(setl, "--chunk-rows", "4000")
     assert code == 1
     (table,) = report["tables"]
-    assert table["chunks"] == 3 and table["rows"] == 10000
-    assert table["different"] == [{"key": {"id": id_}, "columns": ["k"]} for id_ in ("17", "4001", "9999")]
+    assert table["chunks"] == 3 and table["rows"] == 10000, table
+    assert table["different"] == [{"key": {"id": id_}, "columns": ["k"]} for id_ in ("17", "4001", "9999")], table
     assert table["missing"] == [{"key": {"id": "5000"}}]
     assert table["extra"] == [{"key": {"id": "10001"}}]
