@@ -51,7 +51,6 @@ class Verifier:
     pipeline: str
     acked: Callable[[], Position | None]
     attempts: int = 3
-    chunk_rows: int = 10_000
     max_rows_per_second: float = 0.0
     wait_timeout: float = 60.0
     #: seconds between re-checks; each re-check takes a new snapshot and waits for the acked position
@@ -86,8 +85,8 @@ class Verifier:
 
     def table(self, check: TableCheck, source: End, target: End,
               boundary: Callable[[tuple[Any, ...] | None], tuple[Any, ...] | None]) -> TableReport:
-        """Compare one table; `boundary(after)` gives the key `chunk_rows` rows after `after`
-        (None: fewer left)."""
+        """Compare one table; `boundary(after)` gives the key that ends the chunk after `after`
+        (None: the rest of the table is the last chunk)."""
         report = TableReport(str(check.source.name), str(check.target), check.mode, check.why,
                              unchecked=dict(check.unchecked))
         started = self.clock()

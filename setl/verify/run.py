@@ -59,8 +59,8 @@ def verify_pipeline(settings: NodeSettings, config: PipelineConfig, meta: MetaSt
         ack = meta.position(name)
         return ack.position if ack is not None else None
 
-    verifier = Verifier(name, acked, attempts=attempts, chunk_rows=chunk_rows,
-                        max_rows_per_second=max_rows_per_second, wait_timeout=wait_timeout)
+    verifier = Verifier(name, acked, attempts=attempts, max_rows_per_second=max_rows_per_second,
+                        wait_timeout=wait_timeout)
     current = ""
     try:
         source_conn = select.snapshot_access().connect()
