@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from tests.e2e.setl_process import postgres_target
+from tests.e2e.setl_process import mysql_target, postgres_target
 from tests.helpers.wait import wait_until
 from tests.verify.test_verify import make_setl, running, verify
 
@@ -52,18 +52,23 @@ class Writer:
             self.error = exc
 
 
-def test_verify_under_write_load_reports_no_false_difference(tmp_path, mariadb_source, postgres_server, source_db,
-                                                             postgres_db):
+@pytest.mark.parametrize("into", ["postgresql", "mariadb"])
+def test_verify_under_write_load_reports_no_false_difference(request, tmp_path, mariadb_source, source_db, into):
     """Three verify runs (keyed table in chunks, keyless log table) while a writer changes the rows and the
-    pipeline replicates them into PostgreSQL: every run equal, nothing unsettled."""
+    pipeline replicates them into PostgreSQL or MariaDB: every run equal, nothing unsettled."""
     conn = mariadb_source.connect(database=source_db)
     with contextlib.closing(conn), conn.cursor() as cur:
         cur.execute("CREATE TABLE hot (id INT NOT NULL PRIMARY KEY, v INT NOT NULL, t DATETIME(6), s VARCHAR(20))")
         cur.execute("CREATE TABLE log (n INT NOT NULL, k INT NOT NULL)")
         cur.executemany("INSERT INTO hot VALUES (%s, %s, NOW(6), %s)", [(n, n, f"s{n}") for n in range(1, ROWS + 1)])
-    setl = make_setl(tmp_path, mariadb_source, source_db, postgres_target(postgres_server, postgres_db),
-                     f"{source_db}.{{table}}", server_id=2204, tables=[
-                         {"source": rf"{re.escape(source_db)}\..*", "target": f"{source_db}.{{table}}"}])
+    if into == "postgresql":
+        target = postgres_target(request.getfixturevalue("postgres_server"), request.getfixturevalue("postgres_db"))
+        template = f"{source_db}.{{table}}"
+    else:
+        server = request.getfixturevalue("mariadb_target")
+        target, template = mysql_target(server), f"{request.getfixturevalue('mysql_db')}.{{table}}"
+    setl = make_setl(tmp_path, mariadb_source, source_db, target, template, server_id=2204,
+                     tables=[{"source": rf"{re.escape(source_db)}\..*", "target": template}])
     with running(setl, mariadb_source):
         writer = Writer(mariadb_source, source_db)
         writer.thread.start()

@@ -47,6 +47,12 @@ def test_rules_are_honoured_and_a_stopped_pipeline_must_be_caught_up(tmp_path, m
         assert table["different"] == [{"key": {"id": "19"}, "columns": ["name"]}]
         assert table["extra"] == [{"key": {"id": "2"}}]
         assert table["missing"] == []
+        # the same as text, paced
+        text = setl.run("verify", "--pipeline", setl.name, "--max-rows-per-second", "500", timeout=90)
+        assert text.returncode == 1, text.stderr
+        assert f"{source_db}.people -> {mysql_db}.humans: DIFFERENT" in text.stdout
+        assert "  different: id='19' columns: name" in text.stdout and "  extra: id='2'" in text.stdout
+        assert text.stdout.rstrip().splitlines()[-1].startswith(f"{setl.name}: 1 table(s)"), text.stdout
         mariadb_target.query(f"DELETE FROM `{mysql_db}`.humans WHERE id = 2")
         mariadb_target.query(f"UPDATE `{mysql_db}`.humans SET full_name = 'name19' WHERE id = 19")
     # stopped and caught up: the acked position is the source's
