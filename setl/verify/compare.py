@@ -4,7 +4,8 @@ reported.
 
 The consistent point (docs/verify.md): the source chunk is read in a consistent snapshot whose
 binlog position Pc the server tells; the target chunk is read once the pipeline's acked position
-has reached Pc, so the target holds at least everything up to Pc (it may hold more). Equal
+has reached Pc (one wait for a window of chunks), so the target holds at least everything up to
+Pc (it may hold more). Equal
 aggregates end the chunk. Otherwise it is cut in 16 parts (each part's aggregate compared the same
 way, in one pass per end) down to ranges of `leaf_rows` rows, and the rows' hashes of each
 differing one are read in a sandwich: source at Pc1, the target once acked past Pc1, the source
@@ -59,6 +60,8 @@ class Verifier:
     #: a differing range is cut in `parts` until it holds at most `leaf_rows` rows, then compared row by row
     leaf_rows: int = 1000
     parts: int = 16
+    #: chunks hashed on the source before one wait for the acked position covers them all
+    window: int = 8
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
 
@@ -106,21 +109,27 @@ class Verifier:
         state: dict[KeyText, str] = {}
         raws: dict[KeyText, tuple[Any, ...]] = {}
         lower: tuple[Any, ...] | None = None
-        while True:
-            upper = boundary(lower) if check.ranged else None
-            with source.snapshot() as position:
-                ours = source.summary(lower, upper)
-            self.wait_acked(position, name)
-            with target.snapshot():
-                theirs = target.summary(lower, upper)
-            report.rows += ours[0]
-            report.chunks += 1
-            if ours != theirs:
-                self._bisect(check, source, target, lower, upper, max(ours[0], theirs[0]), state, raws)
-            self._throttle(report.rows, started)
-            if upper is None:
-                break
-            lower = upper
+        done = False
+        read = 0
+        while not done:
+            # up to `window` chunks hashed on the source, then one wait for the ack past the last of
+            # their positions (past every one of them), then the target's: one wait per window
+            window: list[tuple[Any, Any, tuple[int, int], Position | None]] = []
+            while len(window) < self.window and not done:
+                upper = boundary(lower) if check.ranged else None
+                with source.snapshot() as position:
+                    window.append((lower, upper, source.summary(lower, upper), position))
+                done, lower = upper is None, upper
+                read += window[-1][2][0]
+                self._throttle(read, started)
+            self.wait_acked(max((p for *_, p in window if p is not None), default=None), name)
+            for low, high, ours, _ in window:
+                with target.snapshot():
+                    theirs = target.summary(low, high)
+                report.rows += ours[0]
+                report.chunks += 1
+                if ours != theirs:
+                    self._bisect(check, source, target, low, high, max(ours[0], theirs[0]), state, raws)
         seen = collections.Counter(k for k, v in state.items() if v == "different")
         for _ in range(1, self.attempts):
             if not state:
