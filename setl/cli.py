@@ -564,10 +564,15 @@ def cmd_verify(args: argparse.Namespace, conf: Path) -> int:
         if not dot or not schema or not name:
             raise UsageError(f"--table {text!r} is not SCHEMA.TABLE")
         tables.append(TableName(schema, name))
+    def progress(table: str, rows: int, estimate: int, done: bool) -> None:
+        share = f" ({min(99, 100 * rows // estimate)}%)" if estimate and not done else ""
+        print(f"\r\x1b[2K{table}: {rows:,} rows{share}" + ("\n" if done else ""), end="", file=sys.stderr,
+              flush=True)
+
     with _pipeline_meta(conf, args.pipeline, settings) as meta:
         report = verify_pipeline(settings, config, meta, tables, attempts=args.attempts,
                                  max_rows_per_second=args.max_rows_per_second, chunk_rows=args.chunk_rows,
-                                 wait_timeout=args.wait_timeout)
+                                 wait_timeout=args.wait_timeout, progress=progress if sys.stderr.isatty() else None)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

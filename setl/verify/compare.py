@@ -63,6 +63,9 @@ class Verifier:
     window: int = 8
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
+    #: called with (table, rows compared, estimated rows, done) after each window of chunks, e.g.
+    #: a progress line on a terminal
+    progress: Callable[[str, int, int, bool], None] | None = None
 
     def wait_acked(self, position: Position | None, table: str) -> None:
         """Return once the pipeline's acked position is at or past `position`."""
@@ -97,6 +100,8 @@ class Verifier:
         else:
             self._keyed(check, source, target, boundary, report, started)
         report.seconds = self.clock() - started
+        if self.progress is not None:
+            self.progress(str(check.source.name), report.rows, check.source.estimate, True)
         return report
 
     # --- keyed tables ---------------------------------------------------------------------
@@ -129,6 +134,8 @@ class Verifier:
                 report.chunks += 1
                 if ours != theirs:
                     self._bisect(check, source, target, low, high, max(ours[0], theirs[0]), state, raws)
+            if self.progress is not None:
+                self.progress(name, report.rows, check.source.estimate, False)
         seen = collections.Counter(k for k, v in state.items() if v == "different")
         for _ in range(1, self.attempts):
             if not state:

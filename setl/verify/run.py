@@ -4,7 +4,7 @@ plan each selected table along the routing plan, compare them (`Verifier`), and 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -36,8 +36,10 @@ def selected_tables(conn: Any, selects: Any) -> list[TableName]:
 
 def verify_pipeline(settings: NodeSettings, config: PipelineConfig, meta: MetaStore, tables: Sequence[TableName],
                     *, attempts: int = 3, max_rows_per_second: float = 0.0, chunk_rows: int = 10_000,
-                    wait_timeout: float = 60.0) -> Report:
-    """Compare `tables` (all that the rules select when empty) of `config`'s pipeline."""
+                    wait_timeout: float = 60.0, progress: Callable[[str, int, int, bool], None] | None = None
+                    ) -> Report:
+    """Compare `tables` (all that the rules select when empty) of `config`'s pipeline; `progress`
+    as `Verifier.progress`."""
     name = config.name
     started = time.monotonic()
     plan = build_plan(settings, config)
@@ -60,7 +62,7 @@ def verify_pipeline(settings: NodeSettings, config: PipelineConfig, meta: MetaSt
         return ack.position if ack is not None else None
 
     verifier = Verifier(name, acked, attempts=attempts, max_rows_per_second=max_rows_per_second,
-                        wait_timeout=wait_timeout)
+                        wait_timeout=wait_timeout, progress=progress)
     current = ""
     try:
         source_conn = select.snapshot_access().connect()

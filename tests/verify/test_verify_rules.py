@@ -8,6 +8,11 @@ import re
 
 import pytest
 
+from setl.config import load_node, load_pipeline
+from setl.connectors import registry
+from setl.meta import open_meta_store
+from setl.model import TableName
+from setl.verify.run import verify_pipeline
 from tests.verify.test_verify import make_setl, running, verify
 
 pytestmark = pytest.mark.timeout(120)
@@ -73,8 +78,9 @@ def test_rules_are_honoured_and_a_stopped_pipeline_must_be_caught_up(tmp_path, m
 
 def test_differing_rows_in_large_chunks_are_found_by_bisection(tmp_path, mariadb_source, mariadb_target, source_db,
                                                                mysql_db):
-    """Chunks of 4,000 rows whose aggregates differ are halved down to a few hundred rows: the changed,
-    deleted and extra rows are found exactly, nothing else is reported."""
+    """Chunks of 4,000 rows whose aggregates differ are cut down to a few hundred rows: the changed,
+    deleted and extra rows are found exactly, nothing else is reported; progress is reported per
+    window of chunks."""
     conn = mariadb_source.connect(database=source_db)
     with contextlib.closing(conn), conn.cursor() as cur:
         cur.execute("CREATE TABLE wide (id BIGINT NOT NULL PRIMARY KEY, k INT NOT NULL, c CHAR(60) NOT NULL)")
@@ -88,6 +94,17 @@ def test_differing_rows_in_large_chunks_are_found_by_bisection(tmp_path, mariadb
                           "DELETE FROM {t}.wide WHERE id = 5000", "INSERT INTO {t}.wide VALUES (10001, 1, 'x')"):
             mariadb_target.query(statement.format(t=f"`{mysql_db}`"))
         code, report = verify(setl, "--chunk-rows", "4000")
+        calls: list[tuple] = []
+        meta = open_meta_store(load_node(setl.conf))
+        try:
+            in_process = verify_pipeline(load_node(setl.conf), load_pipeline(setl.conf, setl.name, registry()), meta,
+                                         [TableName(source_db, "wide")], chunk_rows=1000,
+                                         progress=lambda *args: calls.append(args))
+        finally:
+            meta.close()
+    assert not in_process.equal and in_process.tables[0].to_dict()["missing"] == [{"key": {"id": "5000"}}]
+    # progress after each window of 8 chunks, then once done
+    assert [c[1] for c in calls] == [8000, 10000, 10000] and [c[3] for c in calls] == [False, False, True]
     assert code == 1
     (table,) = report["tables"]
     assert table["chunks"] == 3 and table["rows"] == 10000, table
