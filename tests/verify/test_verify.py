@@ -22,6 +22,8 @@ TYPES = ("(id INT NOT NULL PRIMARY KEY, i BIGINT, u BIGINT UNSIGNED, d DECIMAL(1
 #: JSON and DOUBLE: compared in Python (no exact server-side text into PostgreSQL)
 DOCS = "(id INT NOT NULL PRIMARY KEY, j JSON, f DOUBLE, st SET('x','y','z'))"
 BAG = "(x INT NOT NULL, y VARCHAR(10))"
+#: a string key (case-insensitive, mixed case): key ranges into MariaDB, one chunk into PostgreSQL
+NAMED = "(code VARCHAR(20) COLLATE utf8mb4_general_ci NOT NULL PRIMARY KEY, v INT)"
 ROWS = 40
 
 
@@ -31,6 +33,7 @@ def fill(server, db: str) -> None:
         cur.execute(f"CREATE TABLE types {TYPES}")
         cur.execute(f"CREATE TABLE docs {DOCS}")
         cur.execute(f"CREATE TABLE bag {BAG}")
+        cur.execute(f"CREATE TABLE named {NAMED}")
         for n in range(1, ROWS + 1):
             cur.execute("INSERT INTO types VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                         (n, n * 1000, 2 ** 63 + n, f"{n}.500", None if n == 8 else f"s{n}", f"c{n % 10}",
@@ -40,6 +43,8 @@ def fill(server, db: str) -> None:
             cur.execute("INSERT INTO docs VALUES (%s, %s, %s, %s)",
                         (n, json.dumps({"n": n, "list": [1, 2.5, "x"]}), n / 3, "x,z" if n % 2 else ""))
             cur.execute("INSERT INTO bag VALUES (%s, %s)", (n % 5, f"y{n % 5}"))
+            cur.execute("INSERT INTO named VALUES (%s, %s)", ("".join(ch.upper() if (n >> i) & 1 else ch
+                                                                      for i, ch in enumerate(f"key{n}")), n))
 
 
 def make_setl(tmp_path, source, db: str, target: dict, template: str, server_id: int, tables=None) -> SetlProcess:
@@ -81,6 +86,8 @@ def by_table(report: dict) -> dict[str, dict]:
 
 
 MARIADB_DRIFT = [
+    "UPDATE {t}named SET v = 0 WHERE code = 'KEY7'",
+    "DELETE FROM {t}named WHERE code = 'kEY6'",
     "DELETE FROM {t}types WHERE id = 1",
     "INSERT INTO {t}types (id, i) VALUES (1000, 5)",
     "UPDATE {t}types SET i = i + 1 WHERE id = 2",
@@ -100,6 +107,8 @@ MARIADB_DRIFT = [
 ]
 
 POSTGRES_DRIFT = [
+    "UPDATE {t}named SET v = 0 WHERE code = 'KEY7'",
+    "DELETE FROM {t}named WHERE code = 'kEY6'",
     "DELETE FROM {t}types WHERE id = 1",
     "INSERT INTO {t}types (id, i) VALUES (1000, 5)",
     "UPDATE {t}types SET i = i + 1 WHERE id = 2",
@@ -137,6 +146,10 @@ def check_drift(report: dict, postgres: bool) -> None:
     assert bag["missing"] == []
     assert bag["extra"] == [{"row": {"x": "1", "y": "y1"}, "count": 1}]
     assert types["unsettled"] == docs["unsettled"] == bag["unsettled"] == []
+    named = tables["named"]
+    assert named["different"] == [{"key": {"code": "KEY7"}, "columns": ["v"]}]
+    assert named["missing"] == [{"key": {"code": "kEY6"}}] and named["extra"] == []
+    assert named["chunks"] == (1 if postgres else 3)
     assert types["rows"] == ROWS and types["chunks"] >= 2
 
 
@@ -149,7 +162,7 @@ def test_verify_mariadb_target(tmp_path, mariadb_source, mariadb_target, source_
     with running(setl, mariadb_source):
         code, report = verify(setl, "--chunk-rows", "15")
         assert code == 0 and report["equal"], report
-        assert sum(t["rows"] for t in report["tables"]) == 3 * ROWS
+        assert sum(t["rows"] for t in report["tables"]) == 4 * ROWS
         conn = mariadb_target.connect()
         with contextlib.closing(conn), conn.cursor() as cur:
             for statement in MARIADB_DRIFT:
