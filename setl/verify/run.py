@@ -97,7 +97,8 @@ def verify_pipeline(settings: NodeSettings, config: PipelineConfig, meta: MetaSt
         exc.exit_code = 2
         raise
     except Exception as exc:  # a driver's error: a server away, a refused statement
-        raise VerifyError(f"{type(exc).__name__}: {exc}", pipeline=name, stage="verify",
+        cause = " ".join(str(exc).split())  # psycopg's messages span lines: one line, as every error
+        raise VerifyError(f"{type(exc).__name__}: {cause}", pipeline=name, stage="verify",
                           table=current or None) from exc
     finally:
         if source_conn is not None:

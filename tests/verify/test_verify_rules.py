@@ -74,6 +74,12 @@ def test_rules_are_honoured_and_a_stopped_pipeline_must_be_caught_up(tmp_path, m
     # a table no rule selects is a usage error too
     result = setl.run("verify", "--pipeline", setl.name, "--table", "nowhere.none", timeout=60)
     assert result.returncode == 2 and "no table rule" in result.stderr, result.stderr
+    # a target that refuses connections: one line too
+    setl.config["target"]["port"] = 1
+    setl.write_config()
+    result = setl.run("verify", "--pipeline", setl.name, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and f"pipeline={setl.name}" in result.stderr, result.stderr
 
 
 def test_differing_rows_in_large_chunks_are_found_by_bisection(tmp_path, mariadb_source, mariadb_target, source_db,
