@@ -96,6 +96,19 @@ def _parser() -> argparse.ArgumentParser:
                           help="a source table the pipeline's rules select (repeatable)")
 
     cluster_cmd.add_parser(commands)
+    verify = commands.add_parser("verify", help="compare source and target tables, online, chunk by chunk "
+                                                "(exit 0 equal, 1 different, 2 error)")
+    verify.add_argument("--pipeline", required=True, metavar="NAME")
+    verify.add_argument("--table", action="append", default=[], metavar="SCHEMA.TABLE",
+                        help="a source table the pipeline's rules select (repeatable; default: all of them)")
+    verify.add_argument("--json", action="store_true", help="the report as JSON on stdout")
+    verify.add_argument("--attempts", type=int, default=3, metavar="N",
+                        help="checks of a difference before it is reported (default 3)")
+    verify.add_argument("--max-rows-per-second", type=float, default=0.0, metavar="N",
+                        help="read the source at most this fast (default: unbounded)")
+    verify.add_argument("--chunk-rows", type=int, default=10_000, metavar="N", help="rows per chunk (default 10000)")
+    verify.add_argument("--wait-timeout", type=float, default=60.0, metavar="S",
+                        help="seconds to wait for the pipeline's acked position to reach a read's (default 60)")
 
     plugins = commands.add_parser("plugins", help="installed sources, targets and transforms")
     plugins.add_argument("action", choices=["list"])
@@ -121,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             "start": cmd_start, "status": cmd_status, "pause": cmd_pause, "resume": cmd_resume,
             "position": cmd_position, "plugins": cmd_plugins, "switch": cmd_switch, "schema": cmd_schema,
             "snapshot": cmd_snapshot, "check": cmd_check, "cluster": cluster_cmd.cmd_cluster,
+            "verify": cmd_verify,
         }[args.command]
         return handler(args, Path(conf))
     except SetlError as exc:
@@ -535,6 +549,39 @@ def cmd_check(args: argparse.Namespace, conf: Path) -> int:
             print(finding.line(), flush=True)
             bad += finding.level in failing
     return 1 if bad else 0
+
+
+def cmd_verify(args: argparse.Namespace, conf: Path) -> int:
+    """Compare the pipeline's source and target tables (`setl.verify`): the report on stdout (text or
+    `--json`); exit 0 when equal, 1 when a difference persists, 2 when no verdict could be reached."""
+    from setl.verify.run import verify_pipeline
+
+    if args.attempts < 1 or args.chunk_rows < 1 or args.max_rows_per_second < 0 or args.wait_timeout <= 0:
+        raise UsageError("--attempts and --chunk-rows must be at least 1, --max-rows-per-second at least 0 and "
+                         "--wait-timeout above 0")
+    settings = load_node(conf)
+    config = load_pipeline(conf, args.pipeline, registry())
+    tables = []
+    for text in args.table:
+        schema, dot, name = text.partition(".")
+        if not dot or not schema or not name:
+            raise UsageError(f"--table {text!r} is not SCHEMA.TABLE")
+        tables.append(TableName(schema, name))
+    def progress(table: str, rows: int, estimate: int, done: bool) -> None:
+        share = f" ({min(99, 100 * rows // estimate)}%)" if estimate and not done else ""
+        print(f"\r\x1b[2K{table}: {rows:,} rows{share}" + ("\n" if done else ""), end="", file=sys.stderr,
+              flush=True)
+
+    with _pipeline_meta(conf, args.pipeline, settings) as meta:
+        report = verify_pipeline(settings, config, meta, tables, attempts=args.attempts,
+                                 max_rows_per_second=args.max_rows_per_second, chunk_rows=args.chunk_rows,
+                                 wait_timeout=args.wait_timeout, progress=progress if sys.stderr.isatty() else None)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        for line in report.lines():
+            print(line)
+    return 0 if report.equal else 1
 
 
 def cmd_plugins(args: argparse.Namespace, conf: Path) -> int:

@@ -8,7 +8,7 @@ ground up; docs/architecture.md draws them)::
      9 node       node
      8 observe    observe (metrics, lag, the HTTP page)
      7 scheduler  scheduler, runtime
-     6 pipeline   pipeline (assembly of the stages from the config)
+     6 pipeline   pipeline (assembly of the stages from the config), verify (the consistency check)
      5 connectors connectors, sources, sinks, schema, transforms, ddltask, snapshot
      4 coord      ha, meta, retry, status, liveness
      3 contracts  stages, failpoints
@@ -55,7 +55,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("contracts", ("stages", "failpoints")),
     ("coord", ("ha", "meta", "retry", "status", "liveness")),
     ("connectors", ("connectors", "sources", "sinks", "schema", "transforms", "ddltask", "snapshot")),
-    ("pipeline", ("pipeline",)),
+    ("pipeline", ("pipeline", "verify")),
     ("scheduler", ("scheduler", "runtime")),
     ("observe", ("observe",)),
     ("node", ("node",)),

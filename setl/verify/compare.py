@@ -1,0 +1,296 @@
+"""The comparison loop of `setl verify` (`Verifier`): each chunk at a consistent point, the chunks
+that differ drilled down to rows, and the rows re-checked at later positions before anything is
+reported.
+
+The consistent point (docs/verify.md): the source chunk is read in a consistent snapshot whose
+binlog position Pc the server tells; the target chunk is read once the pipeline's acked position
+has reached Pc (one wait for a window of chunks), so the target holds at least everything up to
+Pc (it may hold more). Equal aggregates end the chunk. Otherwise it is cut in 16 parts (each
+part's aggregate compared the same way, in one pass per end) down to ranges of `leaf_rows` rows,
+and the rows' hashes of each differing one are read in a sandwich: source at Pc1, the target once
+acked past Pc1, the source again at Pc2. A key whose source row is the same at Pc1 and Pc2 did not
+change in between, so the target (somewhere in [Pc1, Pc2] for it) must hold that row: a different
+target row is a difference; a key whose source row changed in between is unsettled and looked at
+again. Every candidate is re-checked the same way `attempts - 1` more times; it is reported only
+if it was found different in at least two checks (one when `attempts` is 1) and never equal.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from setl.errors import SetlError
+from setl.model import Position
+from setl.verify.ends import End, KeyText, Texts
+from setl.verify.plan import TableCheck
+from setl.verify.report import TableReport
+
+#: keyless rows reported with their column texts (the others by their row hash)
+SAMPLES = 100
+
+
+class VerifyError(SetlError):
+    """`setl verify` could not reach a verdict (exit 2)."""
+
+    exit_code = 2
+
+
+@attrs.define
+class Verifier:
+    """Compares tables of `pipeline`; `acked()` reads the pipeline's acked position (meta store).
+
+    `sleep` and `clock` are injectable for tests; `max_rows_per_second` (0: unbounded) throttles
+    the source reads; `wait_timeout` bounds each wait for the acked position."""
+
+    pipeline: str
+    acked: Callable[[], Position | None]
+    attempts: int = 3
+    max_rows_per_second: float = 0.0
+    wait_timeout: float = 60.0
+    #: seconds between re-checks; each re-check takes a new snapshot and waits for the acked position
+    #: to reach it, so under traffic it is at a later position anyway
+    recheck_delay: float = 0.0
+    #: a differing range is cut in `parts` until it holds at most `leaf_rows` rows, then compared row by row
+    leaf_rows: int = 1000
+    parts: int = 16
+    #: chunks hashed on the source before one wait for the acked position covers them all
+    window: int = 8
+    sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.monotonic
+    #: called with (table, rows compared, estimated rows, done) after each window of chunks, e.g.
+    #: a progress line on a terminal
+    progress: Callable[[str, int, int, bool], None] | None = None
+
+    def wait_acked(self, position: Position | None, table: str) -> None:
+        """Return once the pipeline's acked position is at or past `position`."""
+        if position is None:
+            return
+        deadline = self.clock() + self.wait_timeout
+        while True:
+            ack = self.acked()
+            if ack is not None and ack >= position:
+                return
+            if self.clock() >= deadline:
+                raise VerifyError(f"the acked position {ack or 'none'} has not reached the source's position "
+                                  f"{position} within {self.wait_timeout:.0f}s: start the pipeline (or let it "
+                                  "catch up) and verify again", pipeline=self.pipeline, stage="verify", table=table)
+            self.sleep(0.02)
+
+    def _throttle(self, rows: int, started: float) -> None:
+        if self.max_rows_per_second > 0:
+            ahead = rows / self.max_rows_per_second - (self.clock() - started)
+            if ahead > 0:
+                self.sleep(ahead)
+
+    def table(self, check: TableCheck, source: End, target: End,
+              boundary: Callable[[tuple[Any, ...] | None], tuple[Any, ...] | None]) -> TableReport:
+        """Compare one table; `boundary(after)` gives the key that ends the chunk after `after`
+        (None: the rest of the table is the last chunk)."""
+        report = TableReport(str(check.source.name), str(check.target), check.mode, check.why,
+                             unchecked=dict(check.unchecked))
+        started = self.clock()
+        if check.keyless:
+            self._keyless(check, source, target, report)
+        else:
+            self._keyed(check, source, target, boundary, report, started)
+        report.seconds = self.clock() - started
+        if self.progress is not None:
+            self.progress(str(check.source.name), report.rows, check.source.estimate, True)
+        return report
+
+    # --- keyed tables ---------------------------------------------------------------------
+
+    def _keyed(self, check: TableCheck, source: End, target: End,
+               boundary: Callable[[tuple[Any, ...] | None], tuple[Any, ...] | None], report: TableReport,
+               started: float) -> None:
+        name = str(check.source.name)
+        state: dict[KeyText, str] = {}
+        raws: dict[KeyText, tuple[Any, ...]] = {}
+        lower: tuple[Any, ...] | None = None
+        done = False
+        read = 0
+        while not done:
+            # up to `window` chunks hashed on the source, then one wait for the ack past the last of
+            # their positions (past every one of them), then the target's: one wait per window
+            window: list[tuple[Any, Any, tuple[int, int], Position | None]] = []
+            while len(window) < self.window and not done:
+                upper = boundary(lower) if check.ranged else None
+                with source.snapshot() as position:
+                    window.append((lower, upper, source.summary(lower, upper), position))
+                done, lower = upper is None, upper
+                read += window[-1][2][0]
+                self._throttle(read, started)
+            self.wait_acked(max((p for *_, p in window if p is not None), default=None), name)
+            for low, high, ours, _ in window:
+                with target.snapshot():
+                    theirs = target.summary(low, high)
+                report.rows += ours[0]
+                report.chunks += 1
+                if ours != theirs:
+                    self._bisect(check, source, target, low, high, max(ours[0], theirs[0]), state, raws)
+            if self.progress is not None:
+                self.progress(name, report.rows, check.source.estimate, False)
+        seen = collections.Counter(k for k, v in state.items() if v == "different")
+        for _ in range(1, self.attempts):
+            if not state:
+                break
+            if self.recheck_delay:
+                self.sleep(self.recheck_delay)
+            keys = list(state)
+            different, unsettled, equal = self._sandwich(source, target, None, None, [raws[k] for k in keys], raws,
+                                                         name, asked=keys)
+            for key in keys:
+                if key in equal:
+                    del state[key]
+                elif key in different:
+                    state[key] = "different"
+                    seen[key] += 1
+                else:
+                    state[key] = "unsettled"
+        needed = min(2, self.attempts)
+        confirmed = [k for k in state if seen[k] >= needed]
+        unsure = [k for k in state if seen[k] < needed]
+        self._classify(check, source, target, confirmed, raws, report)
+        report.unsettled = [{"key": self._key(check, k)} for k in unsure]
+
+    def _bisect(self, check: TableCheck, source: End, target: End, lower: tuple[Any, ...] | None,
+                upper: tuple[Any, ...] | None, rows: int, state: dict[KeyText, str],
+                raws: dict[KeyText, tuple[Any, ...]]) -> None:
+        """A range whose aggregates differ: cut into `parts` parts (keys of every n-th source row),
+        each part's aggregate compared at one consistent point in one pass per end, and the
+        differing parts cut again while they hold more than `leaf_rows` rows; then the rows of
+        each differing part (`_sandwich`) into `state`."""
+        name = str(check.source.name)
+        splits = source.splits(lower, upper, max(1, -(-rows // self.parts))) \
+            if check.mode == "sql" and check.ranged and rows > self.leaf_rows else []
+        if not splits:
+            different, unsettled, _ = self._sandwich(source, target, lower, upper, None, raws, name)
+            state.update({k: "different" for k in different})
+            state.update({k: "unsettled" for k in unsettled})
+            return
+        with source.snapshot() as position:
+            ours = source.summaries(lower, upper, splits)
+        self.wait_acked(position, name)
+        with target.snapshot():
+            theirs = target.summaries(lower, upper, splits)
+        bounds = [lower, *splits, upper]
+        for i in sorted(set(ours) | set(theirs)):
+            mine, their = ours.get(i, (0, 0)), theirs.get(i, (0, 0))
+            if mine != their:
+                self._bisect(check, source, target, bounds[i], bounds[i + 1], max(mine[0], their[0]), state, raws)
+
+    def _sandwich(self, source: End, target: End, lower: tuple[Any, ...] | None, upper: tuple[Any, ...] | None,
+                  keys: Sequence[tuple[Any, ...]] | None, raws: dict[KeyText, tuple[Any, ...]], name: str,
+                  asked: Sequence[KeyText] = ()) -> tuple[set[KeyText], set[KeyText], set[KeyText]]:
+        """(different, unsettled, equal) keys of a range or of `keys`: source, target, source again."""
+        with source.snapshot() as position:
+            first = source.rows(lower, upper, keys)
+        self.wait_acked(position, name)
+        with target.snapshot():
+            theirs = target.rows(lower, upper, keys)
+        with source.snapshot():
+            second = source.rows(lower, upper, keys)
+        for found in (theirs, second, first):
+            raws.update({k: raw for k, (_, raw) in found.items()})
+        different, unsettled, equal = set(), set(), set()
+        for key in set(first) | set(theirs) | set(second) | set(asked):
+            before, after, there = (first.get(key, ("",))[0], second.get(key, ("",))[0], theirs.get(key, ("",))[0])
+            if before != after:
+                unsettled.add(key)
+            elif before != there:
+                different.add(key)
+            else:
+                equal.add(key)
+        return different, unsettled, equal
+
+    @staticmethod
+    def _key(check: TableCheck, key: KeyText) -> dict[str, str | None]:
+        return {c.source: text for c, text in zip(check.key, key)}
+
+    def _classify(self, check: TableCheck, source: End, target: End, keys: list[KeyText],
+                  raws: dict[KeyText, tuple[Any, ...]], report: TableReport) -> None:
+        if not keys:
+            return
+        wanted = [raws[k] for k in keys]
+        with source.snapshot():
+            ours = source.texts(wanted)
+        with target.snapshot():
+            theirs = target.texts(wanted)
+        for key in sorted(keys, key=lambda k: tuple("" if t is None else t for t in k)):
+            item: dict[str, Any] = {"key": self._key(check, key)}
+            if key in ours and key not in theirs:
+                report.missing.append(item)
+            elif key in theirs and key not in ours:
+                report.extra.append(item)
+            else:
+                item["columns"] = _columns(check, ours.get(key), theirs.get(key))
+                report.different.append(item)
+
+    # --- keyless tables -------------------------------------------------------------------
+
+    def _keyless(self, check: TableCheck, source: End, target: End, report: TableReport) -> None:
+        name = str(check.source.name)
+        with source.snapshot() as position:
+            ours = source.summary(None, None)
+        self.wait_acked(position, name)
+        with target.snapshot():
+            theirs = target.summary(None, None)
+        report.rows, report.chunks = ours[0], 1
+        if ours == theirs:
+            return
+        state: dict[str, str] = {}
+        counts: dict[str, int] = {}  # row hash -> source copies minus target copies, when last found different
+        seen: collections.Counter[str] = collections.Counter()
+        for attempt in range(self.attempts):
+            if attempt:
+                if not state:
+                    break
+                if self.recheck_delay:
+                    self.sleep(self.recheck_delay)
+            with source.snapshot() as position:
+                first = source.multiset()
+            self.wait_acked(position, name)
+            with target.snapshot():
+                there = target.multiset()
+            with source.snapshot():
+                second = source.multiset()
+            # a row whose copies changed on the source meanwhile says nothing this time
+            hashes = set(first) | set(there) | set(second) if not attempt else set(state)
+            for row_hash in hashes:
+                if first[row_hash] != second[row_hash]:
+                    state[row_hash] = "unsettled"
+                elif first[row_hash] != there[row_hash]:
+                    state[row_hash] = "different"
+                    counts[row_hash] = first[row_hash] - there[row_hash]
+                    seen[row_hash] += 1
+                else:
+                    state.pop(row_hash, None)
+        needed = min(2, self.attempts)
+        for shown, row_hash in enumerate(sorted(state)):
+            if seen[row_hash] < needed:
+                report.unsettled.append({"row": _sample(check, source, row_hash, shown)})
+                continue
+            count = counts[row_hash]
+            item = {"row": _sample(check, source if count > 0 else target, row_hash, shown), "count": abs(count)}
+            (report.missing if count > 0 else report.extra).append(item)
+
+
+def _sample(check: TableCheck, end: End, row_hash: str, shown: int) -> dict[str, Any]:
+    """A keyless row's column texts; past the first `SAMPLES` rows (each sample scans the table),
+    its row hash."""
+    texts = end.sample(row_hash) if shown < SAMPLES else None
+    if texts is None:
+        return {"row_hash": row_hash}
+    return {c.source: t for c, t in zip(check.columns, texts)}
+
+
+def _columns(check: TableCheck, ours: Texts | None, theirs: Texts | None) -> list[str]:
+    """The (source) names of the columns whose texts differ."""
+    if ours is None or theirs is None:
+        return []
+    return [c.source for c, a, b in zip(check.columns, ours, theirs) if a != b]

@@ -1,0 +1,101 @@
+"""PostgreSQL's side of `setl verify` (a PostgreSQL target): the same canonical texts as
+`setl.verify.mariadb`, from the column types the documented mapping gives (docs/schema.md):
+integers, BIT and YEAR in integer types (BOOL in smallint, or boolean as 0/1), DECIMAL(p,s) in
+numeric(p,s) (its text keeps the scale), DATE in date, DATETIME in timestamp, TIMESTAMP in
+timestamptz (printed in UTC), TIME in interval (signed seconds, six decimals), strings in
+varchar/text, bytes in bytea (upper-case hex), UUID in uuid. Other pairs have no exact text
+here and are compared in Python (`setl.verify.canonical`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from setl.values import SPATIAL_TYPES
+from setl.verify.canonical import BINARIES, INTEGERS, STRINGS
+
+dialect = "postgresql"
+
+#: source types whose PostgreSQL form (PostGIS geometry, WKB or WKT by the target's option) is not compared
+UNCOMPARED = SPATIAL_TYPES
+
+_INTS = frozenset({"smallint", "integer", "bigint", "numeric"})
+_TEXTS = frozenset({"character varying", "character", "text"})
+
+
+def quote(name: str) -> str:
+    return ('"' + name.replace('"', '""') + '"').replace("%", "%%")
+
+
+def text_sql(kind: str, own: str, column: str) -> str | None:
+    """The SQL text of `column`, of PostgreSQL type `own`, holding a value replicated from a
+    MariaDB column of type `kind`; None when there is no exact one."""
+    if kind in INTEGERS:
+        if own in _INTS:
+            return f"({column})::text"
+        if own == "boolean":
+            return f"(({column})::int)::text"
+        return None
+    if kind == "decimal" and own == "numeric":
+        return f"({column})::text"
+    if kind == "date" and own == "date":
+        return f"to_char({column}, 'YYYY-MM-DD')"
+    if kind == "datetime" and own == "timestamp without time zone":
+        return f"to_char({column}, 'YYYY-MM-DD HH24:MI:SS.US')"
+    if kind == "timestamp" and own == "timestamp with time zone":
+        return f"to_char({column} AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US')"
+    if kind == "time" and own in ("interval", "time without time zone"):
+        return f"((extract(epoch FROM {column}))::numeric(20,6))::text"
+    if kind in STRINGS and own in _TEXTS:
+        return f"({column})::text"
+    if kind in BINARIES and own == "bytea":
+        return f"upper(encode({column}, 'hex'))"
+    if kind == "uuid" and own == "uuid":
+        return f"({column})::text"
+    return None
+
+
+def row_sql(texts: Sequence[str], counted: Sequence[bool]) -> str:
+    """`setl.verify.mariadb.row_sql`'s text, in PostgreSQL."""
+    if not texts:
+        return "''"
+    nulls = f"concat({', '.join(f'({t} IS NULL)::int' for t in texts)})"
+    lengths = [f"length({t})" for t, c in zip(texts, counted) if c]
+    parts = [nulls, *([f"concat_ws(',', {', '.join(lengths)})"] if lengths else []), *texts]
+    return f"concat_ws('|', {', '.join(parts)})"
+
+
+def hash_sql(row: str) -> str:
+    return f"md5({row})"
+
+
+def summary_sql(hashed: str, table: str, where: str) -> str:
+    return f"SELECT count(*), sum(('x' || left({hashed}, 15))::bit(60)::bigint) FROM {table}{where}"
+
+
+def table_sql(schema: str, table: str) -> str:
+    return f"{quote(schema)}.{quote(table)}"
+
+
+def prepare(conn: Any) -> None:
+    conn.execute("SET TimeZone = 'UTC'")
+    conn.execute("SET DateStyle = 'ISO, YMD'")
+    conn.execute("SET IntervalStyle = 'postgres'")
+    conn.commit()
+
+
+def begin(conn: Any) -> None:
+    conn.rollback()  # psycopg opens the next transaction with the next statement: this one
+    conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+
+
+def end(conn: Any) -> None:
+    conn.rollback()
+
+
+def columns(conn: Any, schema: str, table: str) -> dict[str, str] | None:
+    rows = conn.execute("SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = %s "
+                        "AND table_name = %s ORDER BY ordinal_position", (schema, table)).fetchall()
+    conn.rollback()
+    return {str(name): str(kind).lower() for name, kind in rows} or None

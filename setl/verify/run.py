@@ -1,0 +1,110 @@
+"""A whole `setl verify` run: connect to the pipeline's source and target as the pipeline does,
+plan each selected table along the routing plan, compare them (`Verifier`), and report."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from setl import connectors
+from setl.config import NodeSettings, PipelineConfig
+from setl.errors import SetlError
+from setl.meta.base import MetaStore
+from setl.model import Position, TableName
+from setl.routing import build_plan
+from setl.snapshot.reader import ChunkReader
+from setl.stages.snapshot import SnapshotCapable
+from setl.verify import mariadb, postgresql
+from setl.verify.compare import Verifier, VerifyError
+from setl.verify.ends import End
+from setl.verify.plan import plan_table
+from setl.verify.report import Report
+
+_SYSTEM = ("mysql", "information_schema", "performance_schema", "sys")
+
+
+def selected_tables(conn: Any, selects: Any) -> list[TableName]:
+    """Every base table of the source that the pipeline's rules replicate."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE = 'BASE TABLE' "
+                    f"AND TABLE_SCHEMA NOT IN ({', '.join(['%s'] * len(_SYSTEM))}) ORDER BY 1, 2", _SYSTEM)
+        return [TableName(str(s), str(t)) for s, t in cur.fetchall() if selects(str(s), str(t))]
+
+
+def verify_pipeline(settings: NodeSettings, config: PipelineConfig, meta: MetaStore, tables: Sequence[TableName],
+                    *, attempts: int = 3, max_rows_per_second: float = 0.0, chunk_rows: int = 10_000,
+                    wait_timeout: float = 60.0, progress: Callable[[str, int, int, bool], None] | None = None
+                    ) -> Report:
+    """Compare `tables` (all that the rules select when empty) of `config`'s pipeline; `progress`
+    as `Verifier.progress`."""
+    name = config.name
+    started = time.monotonic()
+    plan = build_plan(settings, config)
+    select = connectors.build_select(config, settings, selects=plan.selects)
+    if not isinstance(select, SnapshotCapable):
+        raise VerifyError(f"source type {config.source.type} cannot be read in consistent snapshots; "
+                          "setl verify needs a MySQL/MariaDB source", pipeline=name, stage="verify")
+    dialect = {"mysql": "mysql", "postgresql": "postgresql"}.get(config.target.type)
+    if dialect is None:
+        raise VerifyError(f"target type {config.target.type} cannot be verified (MariaDB/MySQL and PostgreSQL "
+                          "targets can)", pipeline=name, stage="verify")
+    engine = mariadb if dialect == "mysql" else postgresql
+    schema = connectors.build_schema(config, settings)
+    assert schema is not None  # both SQL targets create tables
+    source_conn: Any = None
+    report = Report(name)
+
+    def acked() -> Position | None:
+        ack = meta.position(name)
+        return ack.position if ack is not None else None
+
+    verifier = Verifier(name, acked, attempts=attempts, max_rows_per_second=max_rows_per_second,
+                        wait_timeout=wait_timeout, progress=progress)
+    current = ""
+    try:
+        source_conn = select.snapshot_access().connect()
+        mariadb.prepare(source_conn)
+        target_conn = schema.conn
+        engine.prepare(target_conn)
+        reader = ChunkReader(lambda: source_conn, name)
+        reader.check(source_conn, select.snapshot_access().where)
+        for table in tables or selected_tables(source_conn, plan.selects):
+            current = str(table)
+            route = plan.route(table.schema, table.table)
+            if route is None:
+                raise VerifyError("no table rule of the pipeline selects it", pipeline=name, stage="verify",
+                                  table=current)
+            found = reader.plan(source_conn, table)
+            if found is None:
+                raise VerifyError("no such source table", pipeline=name, stage="verify", table=current)
+            json = mariadb.json_columns(source_conn, table.schema, table.table) & set(found.columns)
+            if json:
+                found = attrs.evolve(found, types={**found.types, **{c: "json" for c in json}})
+            check = plan_table(found, route, engine.columns(target_conn, route.target.schema, route.target.table),
+                               dialect, pipeline=name)
+            source_end = End(source_conn, mariadb, check, "source")
+            target_end = End(target_conn, engine, check, "target")
+
+            def boundary(after: tuple[Any, ...] | None, plan_: Any = found) -> tuple[Any, ...] | None:
+                return reader.boundary(source_conn, plan_, after, chunk_rows)
+
+            report.tables.append(verifier.table(check, source_end, target_end, boundary))
+    except SetlError as exc:
+        exc.with_context(pipeline=name, stage="verify", table=current or None)
+        exc.exit_code = 2
+        raise
+    except Exception as exc:  # a driver's error: a server away, a refused statement
+        cause = " ".join(str(exc).split())  # psycopg's messages span lines: one line, as every error
+        raise VerifyError(f"{type(exc).__name__}: {cause}", pipeline=name, stage="verify",
+                          table=current or None) from exc
+    finally:
+        if source_conn is not None:
+            with contextlib.suppress(Exception):  # closing is best effort
+                source_conn.close()
+        schema.close()
+    report.seconds = time.monotonic() - started
+    return report
