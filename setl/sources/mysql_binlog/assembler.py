@@ -107,7 +107,11 @@ class _GtidState:
         if self._set is not None:
             self._set = self._set + Gtid(gtid)
         else:
-            self._domains[int(gtid.split("-", 1)[0])] = gtid
+            domain = int(gtid.split("-", 1)[0])
+            if len(self._domains) == 1 and domain in self._domains:  # one domain: the set is this GTID
+                self._domains[domain] = self.text = gtid
+                return
+            self._domains[domain] = gtid
         self.text = self._render()
 
     def covers(self, other: "_GtidState") -> bool:

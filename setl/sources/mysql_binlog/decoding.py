@@ -36,6 +36,12 @@ def _row_items(event: RowsEvent, info: "_TableInfo") -> list[_Item]:
 
 
 def _raw_row_items(event: RowsEvent, info: "_TableInfo") -> list[_Item]:
+    if not info.fixes:  # the library's values are setl's: no image to fix
+        if isinstance(event, WriteRowsEvent):
+            return [(Op.INSERT, info, None, row["values"]) for row in event.rows]
+        if isinstance(event, DeleteRowsEvent):
+            return [(Op.DELETE, info, row["values"], None) for row in event.rows]
+        return [(Op.UPDATE, info, row["before_values"], row["after_values"]) for row in event.rows]
     if isinstance(event, WriteRowsEvent):
         return [(Op.INSERT, info, None, info.image(row["values"], row["none_sources"])) for row in event.rows]
     if isinstance(event, DeleteRowsEvent):
@@ -98,6 +104,13 @@ class _TableInfo:
     geometries: frozenset[str] = frozenset()
     #: whether the table map shows exactly a sequence's columns and no key
     sequence_shaped: bool = False
+    #: whether `image` changes anything (a column of one of the kinds above)
+    fixes: bool = attrs.field(init=False)
+
+    @fixes.default
+    def _has_fixes(self) -> bool:
+        return bool(self.sets or self.bits or self.years or self.binaries or self.binary_widths or self.timestamps
+                    or self.texts or self.geometries)
 
     def with_kind(self, kind: "TableKind") -> "_TableInfo":
         texts = {name: canonical.FROM_BINLOG[of] for name, of in kind.texts.items() if of in canonical.FROM_BINLOG}
