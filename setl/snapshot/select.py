@@ -123,6 +123,8 @@ class SnapshotSelect(SelectWrapper):
         self._rereads: collections.Counter[TableName] = collections.Counter()
         self._progress_lock = threading.Lock()  # progress committed and stored, or a copy abandoned
         self._merge: StreamMerge[Chunk] = StreamMerge()
+        #: chunks (keyless pieces included) in the merge and not handed on, by copy serial
+        self._queued: collections.Counter[int] = collections.Counter()
         self._out: collections.deque[Transaction] = collections.deque()
         self.ledger = ProgressLedger()
         self._threads: list[threading.Thread] = []
@@ -191,6 +193,7 @@ class SnapshotSelect(SelectWrapper):
             self._windows.clear()
             self._handed = frontier
             self._merge.clear(frontier)
+            self._queued.clear()
             self._out.clear()
             self._failure = None
         self.ledger.reset(stored)
@@ -405,6 +408,10 @@ class SnapshotSelect(SelectWrapper):
         if found is None:
             return None
         if isinstance(found, tuple):
+            serial = found[1].copy
+            self._queued[serial] -= 1
+            if self._queued[serial] <= 0:
+                del self._queued[serial]
             self._lock.notify_all()  # room for another chunk
             return self._hand_chunk(found[1])
         for change in found.changes:
@@ -538,9 +545,13 @@ class SnapshotSelect(SelectWrapper):
             thread.start()
 
     def _claim(self, stop: threading.Event) -> tuple[int, _Copy] | None:
-        """Under the lock, waiting for room: a table with a chunk to read (marked as claiming)."""
+        """Under the lock, waiting for room: a table with a chunk to read (marked as claiming).
+
+        A claim counts as a chunk from here: a reader finding its boundary has not registered its
+        read with the merge yet, and readers claiming together must not take more than the room."""
         while not stop.is_set():
-            if self._merge.pending < self.max_chunks:
+            claims = sum(1 for c in self._copies.values() if c.claiming)
+            if self._merge.pending + claims < self.max_chunks:
                 for copy in self._copies.values():
                     if copy.truncated and not copy.exhausted and not copy.claiming:
                         copy.claiming = True
@@ -601,6 +612,7 @@ class SnapshotSelect(SelectWrapper):
             return
         if chunk is not None:
             self._merge.add(chunk.position, chunk)
+            self._queued[chunk.copy] += 1
         self._merge.read_ended(rid)
         self._lock.notify_all()
 
@@ -651,12 +663,16 @@ class SnapshotSelect(SelectWrapper):
             chunk = Chunk(copy.plan.name, generation, next(index), tuple(rows), position[0], None, None, final,
                           copy=copy.serial)
             with self._lock:
+                # Room is counted in this read's own pieces: they are the only chunks that can be
+                # handed on while it runs (its open read holds back everything placed after its
+                # snapshot), so waiting for other chunks to go would wait for ever.
                 while (generation == self._generation and not self._stop.is_set()
-                       and copy.serial not in self._abandoned and self._merge.ready >= self.max_chunks):
+                       and copy.serial not in self._abandoned and self._queued[copy.serial] >= self.max_chunks):
                     self._lock.wait(0.2)
                 if generation != self._generation or self._stop.is_set() or copy.serial in self._abandoned:
                     raise _Abandoned()
                 self._merge.add(chunk.position, chunk)
+                self._queued[copy.serial] += 1
                 if final:
                     self._merge.read_ended(rid)
                 self._lock.notify_all()
