@@ -24,6 +24,10 @@ The failpoints (`FAILPOINTS`):
 * ``ddl_action``: after a batch DDL task's action ran, before its record is written.
 * ``snapshot_read``: a snapshot chunk read knows its binlog position (its consistent snapshot
   began) and has not run its SELECT yet (`task`: the table).
+* ``snapshot_ended``: a DDL that removed a table being copied (DROP, RENAME) is being handed on
+  and its copy has ended; the DDL is not acked yet (`task`: the table).
+* ``snapshot_acked``: an ack wrote snapshot progress; the copies it finished are not let go yet
+  (`batch`: the batch).
 * ``snapshot_boundary``: a reader claimed a keyed table's next chunk and is about to ask the server
   for its upper boundary (`task`: the table).
 
@@ -68,6 +72,8 @@ FAILPOINTS: dict[str, str] = {
     "termin": "between a batch's load (per_table: its mark_loaded) and its ack",
     "ddl_action": "after a batch DDL task's action ran, before its record is written (task = its id)",
     "snapshot_read": "a snapshot chunk read knows its binlog position and has not run its SELECT yet (task = table)",
+    "snapshot_ended": "a DDL ending a table's copy is being handed on, not acked yet (task = table)",
+    "snapshot_acked": "an ack wrote snapshot progress, the copies it finished are not let go yet",
     "snapshot_boundary": "a keyed table's next snapshot chunk was claimed, its boundary not asked yet (task = table)",
 }
 ACTIONS = ("fail", "slow", "crash")

@@ -33,7 +33,7 @@ from typing import Any, cast
 import attrs
 import pymysql
 
-from setl import ddl
+from setl import ddl, failpoints
 from setl.errors import ConfigError, SetlError, SourceError
 from setl.meta.base import MetaStore
 from setl.model import Batch, DdlChange, Op, Position, RowChange, TableName, Transaction
@@ -326,7 +326,7 @@ class SnapshotSelect(SelectWrapper):
                     if plan.keyless and not empty:
                         self._keyless_open.add(name)
                     self.ledger.remember(Record(name, "truncate", change, empty=empty, estimate=plan.estimate,
-                                                key=plan.key))
+                                                key=plan.key, copy=copy.serial))
                     self._out.append(Transaction((change,), frontier or Position("", 0)))
                     self._lock.notify_all()
         finally:
@@ -452,17 +452,24 @@ class SnapshotSelect(SelectWrapper):
             n for n in renamed if n not in self._copies and n not in self._waiting and n not in moving
             and (self.selects is None or self.selects(n.schema, n.table))]
         for name in ended + again:
-            self._drop_copy(name, again=name not in ended)
+            self._drop_copy(name, again=name not in ended, carrier=change)
+        for name in ended:
+            failpoints.hit("snapshot_ended", task=str(name))
         log.warning("pipeline=%s stage=select table=%s position=%s altered while being copied (%s): %s",
                     self.pipeline, ", ".join(map(str, moving)), change.position, change.statement[:120],
                     "; ".join(filter(None, [
                         f"copy of {', '.join(map(str, ended))} ended" if ended else "",
                         f"copying {', '.join(map(str, again))} from its start after it" if again else ""])))
 
-    def _drop_copy(self, name: TableName, *, again: bool) -> None:
+    def _drop_copy(self, name: TableName, *, again: bool, carrier: DdlChange | None = None) -> None:
         """Under the lock: forget the table's copy (its chunks still to come are dropped, its
         progress not committed yet never will be); `again`: copy it from its start (a new TRUNCATE
-        at the current position), else its copy is done."""
+        at the current position), else its copy is done.
+
+        With a `carrier` (the DDL being handed on that ends or restarts the copy) the meta store
+        gets that progress only with the ack of the batch holding the DDL: a crash before it
+        resumes the copy from its last acked chunk, and the DDL, replayed, ends it again. Without
+        one (a table gone with no DDL, a keyless re-read) it is written now."""
         copy = self._copies.pop(name, None)
         if copy is not None:
             self._abandoned.add(copy.serial)
@@ -474,8 +481,9 @@ class SnapshotSelect(SelectWrapper):
         progress = (TableProgress(name.schema, name.table, CopyStatus.PENDING, started=now, updated=now) if again
                     else attrs.evolve(stored, status=CopyStatus.DONE, updated=now))
         with self._progress_lock:
-            self.ledger.abandon(progress)
-            self.meta.save_snapshot_progress(self.pipeline, [progress])
+            self.ledger.abandon(progress, carrier)
+            if carrier is None:
+                self.meta.save_snapshot_progress(self.pipeline, [progress])
         if again:
             self._waiting.append(name)
 
@@ -728,19 +736,24 @@ class SnapshotSelect(SelectWrapper):
             commit = self.ledger.prepare(batch)
             ack = self.inner.acknowledge(batch, lambda inner: write((*inner, *commit.progress)))
             changed = self.ledger.apply(commit)
+        failpoints.hit("snapshot_acked", batch.id)
         try:
-            self._committed(changed)
+            self._committed(changed, commit.finished if changed else {})
         except Exception:  # the ack is written: reporting must not undo it
             log.exception("pipeline=%s stage=termin batch=%d reporting snapshot progress failed", self.pipeline,
                           batch.id)
         return ack
 
-    def _committed(self, changed: list[TableProgress]) -> None:
-        """Progress just acked: let finished copies go, log them, and report every table's progress."""
-        finished = [p for p in changed if p.status is CopyStatus.DONE]
+    def _committed(self, changed: list[TableProgress], copies: dict[TableName, int]) -> None:
+        """Progress just acked: let the copies it finished go (`copies`: table -> the serial of the
+        copy finished; another copy of the table, begun since, goes on), log them, and report every
+        table's progress."""
+        finished = [p for p in changed if p.status is CopyStatus.DONE and p.name in copies]
         with self._lock:
             for progress in finished:
-                self._copies.pop(progress.name, None)
+                copy = self._copies.get(progress.name)
+                if copy is not None and copy.serial == copies[progress.name]:
+                    del self._copies[progress.name]
             active = bool(self._copies or self._waiting)
         for p in finished:
             log.info("pipeline=%s stage=termin table=%s snapshot done: %d rows in %d chunk(s)", self.pipeline,
