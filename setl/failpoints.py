@@ -10,7 +10,7 @@ unless the environment variable ``SETL_FAULTS`` holds a JSON list of markers, fo
 Each marker names a failpoint (`stage`), what it does there (`action`: ``fail`` raises
 `InjectedFault`, ``slow`` sleeps `seconds`, ``crash`` SIGKILLs the process), which batch it
 strikes (`batch`; absent: every batch), how often (`times`; default 1, null: always), and for
-``ddl_action`` which task (`task`).
+``ddl_action`` which task (`task`; for the ``snapshot_*`` failpoints: which table, ``schema.table``).
 
 The failpoints (`FAILPOINTS`):
 
@@ -23,7 +23,13 @@ The failpoints (`FAILPOINTS`):
   target holds the batch and the meta store does not.
 * ``ddl_action``: after a batch DDL task's action ran, before its record is written.
 * ``snapshot_read``: a snapshot chunk read knows its binlog position (its consistent snapshot
-  began) and has not run its SELECT yet.
+  began) and has not run its SELECT yet (`task`: the table).
+* ``snapshot_ended``: a DDL that removed a table being copied (DROP, RENAME) is being handed on
+  and its copy has ended; the DDL is not acked yet (`task`: the table).
+* ``snapshot_acked``: an ack wrote snapshot progress; the copies it finished are not let go yet
+  (`batch`: the batch).
+* ``snapshot_boundary``: a reader claimed a keyed table's next chunk and is about to ask the server
+  for its upper boundary (`task`: the table).
 
 No test hook is read from an environment variable of its own: the HA tests expire a node's
 ZooKeeper session by cutting its connection (tests/ha/proxy.py). A crash after a batch DDL
@@ -63,7 +69,10 @@ FAILPOINTS: dict[str, str] = {
     "load": "before a batch, or one table's part of it, is written to the target",
     "termin": "between a batch's load (per_table: its mark_loaded) and its ack",
     "ddl_action": "after a batch DDL task's action ran, before its record is written (task = its id)",
-    "snapshot_read": "a snapshot chunk read knows its binlog position and has not run its SELECT yet",
+    "snapshot_read": "a snapshot chunk read knows its binlog position and has not run its SELECT yet (task = table)",
+    "snapshot_ended": "a DDL ending a table's copy is being handed on, not acked yet (task = table)",
+    "snapshot_acked": "an ack wrote snapshot progress, the copies it finished are not let go yet",
+    "snapshot_boundary": "a keyed table's next snapshot chunk was claimed, its boundary not asked yet (task = table)",
 }
 ACTIONS = ("fail", "slow", "crash")
 

@@ -46,13 +46,15 @@ class Record:
     """Progress a handed-on transaction carries."""
 
     table: TableName
-    kind: str  # "truncate" or "chunk"
+    kind: str  # "truncate", "chunk", or "end" (a DDL ended or restarted the copy: `progress`)
     carrier: Any  # the change whose batch must be acked (None: commit once the records before are)
     chunk: Chunk | None = None
     empty: bool = False  # a TRUNCATE of a table found empty: its copy is done
     estimate: int = 0
     key: tuple[str, ...] | None = None  # a TRUNCATE's: the key columns its copy splits on
     batch: int | None = None  # the batch holding `carrier`, once handed on
+    copy: int = 0  # a TRUNCATE's: the serial of the copy it starts (a chunk's is `chunk.copy`)
+    progress: TableProgress | None = None  # an "end" record's: the progress it commits
 
 
 @attrs.frozen
@@ -66,6 +68,9 @@ class Commit:
     chunks: dict[TableName, dict[int, Chunk]] = attrs.field(eq=False)
     next: dict[TableName, int] = attrs.field(eq=False)
     generation: int = 0
+    #: the tables whose copy it finishes (its last chunk, or a TRUNCATE of an empty table), each
+    #: with the serial of that copy: a later copy of the same table is not the one finished
+    finished: dict[TableName, int] = attrs.field(factory=dict, eq=False)
 
 
 class ProgressLedger:
@@ -81,7 +86,7 @@ class ProgressLedger:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._records: collections.deque[Record] = collections.deque()
-        self._carriers: dict[int, Record] = {}
+        self._carriers: dict[int, list[Record]] = {}  # id(carrier) -> the records it carries
         self._committed: dict[TableName, TableProgress] = {}
         self._chunks: dict[TableName, dict[int, Chunk]] = {}  # acked, waiting for an earlier chunk
         self._next: dict[TableName, int] = {}  # the chunk index each table commits next
@@ -101,7 +106,7 @@ class ProgressLedger:
         with self._lock:
             self._records.append(record)
             if record.carrier is not None:
-                self._carriers[id(record.carrier)] = record
+                self._carriers.setdefault(id(record.carrier), []).append(record)
 
     def handed_on(self, batch: Batch) -> None:
         """Select handed `batch` on (its changes as the source gave them)."""
@@ -109,9 +114,9 @@ class ProgressLedger:
             if not self._carriers:
                 return
             for change in batch.changes:
-                record = self._carriers.pop(id(change), None)
-                if record is not None and record.carrier is change:
-                    record.batch = batch.id
+                for record in self._carriers.pop(id(change), ()):
+                    if record.carrier is change:
+                        record.batch = batch.id
 
     def prepare(self, batch: Batch) -> Commit:
         """What the ack of `batch` (loaded, every earlier batch acked) commits: the records it and
@@ -120,6 +125,7 @@ class ProgressLedger:
             chunks: dict[TableName, dict[int, Chunk]] = {}
             nexts: dict[TableName, int] = {}
             changed: dict[TableName, TableProgress] = {}
+            finished: dict[TableName, int] = {}
             count = 0
             for record in self._records:
                 if record.carrier is not None and (record.batch is None or record.batch > batch.id):
@@ -129,7 +135,13 @@ class ProgressLedger:
                 updated = self._apply(record, current, chunks, nexts)
                 if updated is not None:
                     changed[record.table] = updated
-            return Commit(batch.id, tuple(changed.values()), count, chunks, nexts, self._generation)
+                    if record.kind == "end" or updated.status is not CopyStatus.DONE:
+                        finished.pop(record.table, None)
+                    elif record.kind == "truncate":
+                        finished[record.table] = record.copy
+                    elif record.chunk is not None:
+                        finished[record.table] = record.chunk.copy
+            return Commit(batch.id, tuple(changed.values()), count, chunks, nexts, self._generation, finished)
 
     def apply(self, commit: Commit) -> list[TableProgress]:
         """`commit`'s progress is written with its ack: it is the committed state now. Returns the
@@ -149,9 +161,14 @@ class ProgressLedger:
                nexts: dict[TableName, int]) -> TableProgress | None:
         """`current` (a table's progress) with `record` committed, or None when it does not move;
         the table's waiting chunks and next index go to `chunks` and `nexts` (copies)."""
+        now = time.time()
+        if record.kind == "end":
+            assert record.progress is not None
+            chunks[record.table] = {}
+            nexts[record.table] = 0
+            return attrs.evolve(record.progress, updated=now)
         if current is None:
             return None
-        now = time.time()
         if record.kind == "truncate":
             chunks[record.table] = {}
             nexts[record.table] = 0
@@ -174,18 +191,28 @@ class ProgressLedger:
         nexts[record.table] = index
         return None if updated is current else updated
 
-    def abandon(self, progress: TableProgress) -> None:
-        """The table's copy starts again (`progress`, PENDING): its records not committed yet never
-        will be, whenever their batches are acked."""
+    def abandon(self, progress: TableProgress, carrier: Any = None) -> None:
+        """The table's copy ends or starts again (`progress`: DONE, or PENDING): its records not
+        committed yet never will be, whenever their batches are acked. `progress` is the table's
+        at once here; with a `carrier` (the DDL that ended it) it is also committed, as an "end"
+        record, with the ack of the batch holding that change, so that the meta store holds it
+        only once the target holds the DDL (without one, the caller writes it)."""
         with self._lock:
             self._records = collections.deque(r for r in self._records if r.table != progress.name)
-            for key, record in list(self._carriers.items()):
-                if record.table == progress.name:
+            for key, records in list(self._carriers.items()):
+                kept = [r for r in records if r.table != progress.name]
+                if kept:
+                    self._carriers[key] = kept
+                else:
                     del self._carriers[key]
             self._chunks.pop(progress.name, None)
             self._next.pop(progress.name, None)
             self._committed[progress.name] = progress
             self._generation += 1
+            if carrier is not None:
+                record = Record(progress.name, "end", carrier, progress=progress)
+                self._records.append(record)
+                self._carriers.setdefault(id(carrier), []).append(record)
 
     def set(self, progress: list[TableProgress]) -> None:
         """Progress written to the store some other way (a table begun, or gone)."""

@@ -133,6 +133,7 @@ class ChunkReader:
     def boundary(self, conn: pymysql.connections.Connection, plan: TablePlan, after: tuple[Any, ...] | None,
                  rows: int) -> tuple[Any, ...] | None:
         """The key `rows` rows after `after` (from the start when None), or None when fewer are left."""
+        failpoints.hit("snapshot_boundary", task=str(plan.name))
         keys = ", ".join(_q(c) for c in plan.key)
         where = f"WHERE {_after(plan.key, True)} " if after is not None else ""
         table = plan.quoted.replace("%", "%%")
@@ -167,7 +168,7 @@ class ChunkReader:
             position = self._begin(cur)
             try:
                 started(position)
-                failpoints.hit("snapshot_read")
+                failpoints.hit("snapshot_read", task=str(plan.name))
                 # always with arguments (maybe none), so always %-formatted: `%` in names doubled
                 rows = fetch_dicts(conn, f"SELECT {columns} FROM {table}{where} ORDER BY {keys}", args,
                                    plan.columns)
@@ -189,7 +190,7 @@ class ChunkReader:
             position = self._begin(cur)
             try:
                 started(position)
-                failpoints.hit("snapshot_read")
+                failpoints.hit("snapshot_read", task=str(plan.name))
                 cur.execute(f"SELECT {self._select(plan)} FROM {plan.quoted}")
                 if running is not None and not plan.transactional:
                     running()

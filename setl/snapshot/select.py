@@ -33,7 +33,7 @@ from typing import Any, cast
 import attrs
 import pymysql
 
-from setl import ddl
+from setl import ddl, failpoints
 from setl.errors import ConfigError, SetlError, SourceError
 from setl.meta.base import MetaStore
 from setl.model import Batch, DdlChange, Op, Position, RowChange, TableName, Transaction
@@ -123,6 +123,8 @@ class SnapshotSelect(SelectWrapper):
         self._rereads: collections.Counter[TableName] = collections.Counter()
         self._progress_lock = threading.Lock()  # progress committed and stored, or a copy abandoned
         self._merge: StreamMerge[Chunk] = StreamMerge()
+        #: chunks (keyless pieces included) in the merge and not handed on, by copy serial
+        self._queued: collections.Counter[int] = collections.Counter()
         self._out: collections.deque[Transaction] = collections.deque()
         self.ledger = ProgressLedger()
         self._threads: list[threading.Thread] = []
@@ -191,6 +193,7 @@ class SnapshotSelect(SelectWrapper):
             self._windows.clear()
             self._handed = frontier
             self._merge.clear(frontier)
+            self._queued.clear()
             self._out.clear()
             self._failure = None
         self.ledger.reset(stored)
@@ -323,7 +326,7 @@ class SnapshotSelect(SelectWrapper):
                     if plan.keyless and not empty:
                         self._keyless_open.add(name)
                     self.ledger.remember(Record(name, "truncate", change, empty=empty, estimate=plan.estimate,
-                                                key=plan.key))
+                                                key=plan.key, copy=copy.serial))
                     self._out.append(Transaction((change,), frontier or Position("", 0)))
                     self._lock.notify_all()
         finally:
@@ -405,6 +408,10 @@ class SnapshotSelect(SelectWrapper):
         if found is None:
             return None
         if isinstance(found, tuple):
+            serial = found[1].copy
+            self._queued[serial] -= 1
+            if self._queued[serial] <= 0:
+                del self._queued[serial]
             self._lock.notify_all()  # room for another chunk
             return self._hand_chunk(found[1])
         for change in found.changes:
@@ -445,17 +452,24 @@ class SnapshotSelect(SelectWrapper):
             n for n in renamed if n not in self._copies and n not in self._waiting and n not in moving
             and (self.selects is None or self.selects(n.schema, n.table))]
         for name in ended + again:
-            self._drop_copy(name, again=name not in ended)
+            self._drop_copy(name, again=name not in ended, carrier=change)
+        for name in ended:
+            failpoints.hit("snapshot_ended", task=str(name))
         log.warning("pipeline=%s stage=select table=%s position=%s altered while being copied (%s): %s",
                     self.pipeline, ", ".join(map(str, moving)), change.position, change.statement[:120],
                     "; ".join(filter(None, [
                         f"copy of {', '.join(map(str, ended))} ended" if ended else "",
                         f"copying {', '.join(map(str, again))} from its start after it" if again else ""])))
 
-    def _drop_copy(self, name: TableName, *, again: bool) -> None:
+    def _drop_copy(self, name: TableName, *, again: bool, carrier: DdlChange | None = None) -> None:
         """Under the lock: forget the table's copy (its chunks still to come are dropped, its
         progress not committed yet never will be); `again`: copy it from its start (a new TRUNCATE
-        at the current position), else its copy is done."""
+        at the current position), else its copy is done.
+
+        With a `carrier` (the DDL being handed on that ends or restarts the copy) the meta store
+        gets that progress only with the ack of the batch holding the DDL: a crash before it
+        resumes the copy from its last acked chunk, and the DDL, replayed, ends it again. Without
+        one (a table gone with no DDL, a keyless re-read) it is written now."""
         copy = self._copies.pop(name, None)
         if copy is not None:
             self._abandoned.add(copy.serial)
@@ -467,8 +481,9 @@ class SnapshotSelect(SelectWrapper):
         progress = (TableProgress(name.schema, name.table, CopyStatus.PENDING, started=now, updated=now) if again
                     else attrs.evolve(stored, status=CopyStatus.DONE, updated=now))
         with self._progress_lock:
-            self.ledger.abandon(progress)
-            self.meta.save_snapshot_progress(self.pipeline, [progress])
+            self.ledger.abandon(progress, carrier)
+            if carrier is None:
+                self.meta.save_snapshot_progress(self.pipeline, [progress])
         if again:
             self._waiting.append(name)
 
@@ -538,9 +553,13 @@ class SnapshotSelect(SelectWrapper):
             thread.start()
 
     def _claim(self, stop: threading.Event) -> tuple[int, _Copy] | None:
-        """Under the lock, waiting for room: a table with a chunk to read (marked as claiming)."""
+        """Under the lock, waiting for room: a table with a chunk to read (marked as claiming).
+
+        A claim counts as a chunk from here: a reader finding its boundary has not registered its
+        read with the merge yet, and readers claiming together must not take more than the room."""
         while not stop.is_set():
-            if self._merge.pending < self.max_chunks:
+            claims = sum(1 for c in self._copies.values() if c.claiming)
+            if self._merge.pending + claims < self.max_chunks:
                 for copy in self._copies.values():
                     if copy.truncated and not copy.exhausted and not copy.claiming:
                         copy.claiming = True
@@ -601,6 +620,7 @@ class SnapshotSelect(SelectWrapper):
             return
         if chunk is not None:
             self._merge.add(chunk.position, chunk)
+            self._queued[chunk.copy] += 1
         self._merge.read_ended(rid)
         self._lock.notify_all()
 
@@ -651,12 +671,16 @@ class SnapshotSelect(SelectWrapper):
             chunk = Chunk(copy.plan.name, generation, next(index), tuple(rows), position[0], None, None, final,
                           copy=copy.serial)
             with self._lock:
+                # Room is counted in this read's own pieces: they are the only chunks that can be
+                # handed on while it runs (its open read holds back everything placed after its
+                # snapshot), so waiting for other chunks to go would wait for ever.
                 while (generation == self._generation and not self._stop.is_set()
-                       and copy.serial not in self._abandoned and self._merge.ready >= self.max_chunks):
+                       and copy.serial not in self._abandoned and self._queued[copy.serial] >= self.max_chunks):
                     self._lock.wait(0.2)
                 if generation != self._generation or self._stop.is_set() or copy.serial in self._abandoned:
                     raise _Abandoned()
                 self._merge.add(chunk.position, chunk)
+                self._queued[copy.serial] += 1
                 if final:
                     self._merge.read_ended(rid)
                 self._lock.notify_all()
@@ -712,19 +736,24 @@ class SnapshotSelect(SelectWrapper):
             commit = self.ledger.prepare(batch)
             ack = self.inner.acknowledge(batch, lambda inner: write((*inner, *commit.progress)))
             changed = self.ledger.apply(commit)
+        failpoints.hit("snapshot_acked", batch.id)
         try:
-            self._committed(changed)
+            self._committed(changed, commit.finished if changed else {})
         except Exception:  # the ack is written: reporting must not undo it
             log.exception("pipeline=%s stage=termin batch=%d reporting snapshot progress failed", self.pipeline,
                           batch.id)
         return ack
 
-    def _committed(self, changed: list[TableProgress]) -> None:
-        """Progress just acked: let finished copies go, log them, and report every table's progress."""
-        finished = [p for p in changed if p.status is CopyStatus.DONE]
+    def _committed(self, changed: list[TableProgress], copies: dict[TableName, int]) -> None:
+        """Progress just acked: let the copies it finished go (`copies`: table -> the serial of the
+        copy finished; another copy of the table, begun since, goes on), log them, and report every
+        table's progress."""
+        finished = [p for p in changed if p.status is CopyStatus.DONE and p.name in copies]
         with self._lock:
             for progress in finished:
-                self._copies.pop(progress.name, None)
+                copy = self._copies.get(progress.name)
+                if copy is not None and copy.serial == copies[progress.name]:
+                    del self._copies[progress.name]
             active = bool(self._copies or self._waiting)
         for p in finished:
             log.info("pipeline=%s stage=termin table=%s snapshot done: %d rows in %d chunk(s)", self.pipeline,

@@ -120,3 +120,34 @@ def test_which_tables_a_ddl_removes_and_renames(statement, removed, renamed):
 
     assert gone == [name(n) for n in removed]
     assert pairs == [(name(a), name(b)) for a, b in renamed]
+
+
+def test_a_copy_ended_by_a_ddl_is_committed_with_the_ddls_ack_and_names_the_copies_it_finishes():
+    """A RENAME ends one table's copy and starts another's: both progresses are the ledger's at once
+    (a copy of the new name begins from its start) but commit only with the ack of the batch holding
+    the RENAME, one change carrying both; a finished copy is named with its serial, an ended one is
+    not (it was not copied to its end)."""
+    new = TableName("s", "t2")
+    ledger = ProgressLedger()
+    ledger.reset({T: TableProgress("s", "t", CopyStatus.COPYING, rows=2, chunks=1, last_key=(10,)),
+                  new: TableProgress("s", "t2", CopyStatus.DONE)})
+    c1, last1 = chunk(1, 20)
+    ledger.remember(Record(T, "chunk", last1, chunk=attrs.evolve(c1, copy=7)))
+    rename = DdlChange("s", "t", "RENAME TABLE t TO t2")
+    ended = attrs.evolve(ledger.get(T), status=CopyStatus.DONE)
+    pending = TableProgress("s", "t2", CopyStatus.PENDING)
+    ledger.abandon(ended, rename)
+    ledger.abandon(pending, rename)
+    assert ledger.get(T) == ended and ledger.get(new) == pending  # at once, for the copy of t2
+    ledger.handed_on(batch(1, last1))
+    ledger.handed_on(batch(2, rename))
+    assert commit(ledger, batch(1)) == []  # chunk 1 was abandoned; the RENAME is not acked yet
+    prepared = ledger.prepare(batch(2))
+    assert {p.name: p.status for p in prepared.progress} == {T: CopyStatus.DONE, new: CopyStatus.PENDING}
+    assert prepared.finished == {}
+    assert ledger.apply(prepared) and not ledger.pending
+    truncate = DdlChange("s", "t2", "TRUNCATE TABLE `s`.`t2`", snapshot=True)
+    ledger.remember(Record(new, "truncate", truncate, empty=True, copy=9))
+    ledger.handed_on(batch(3, truncate))
+    finished = ledger.prepare(batch(3))
+    assert finished.finished == {new: 9} and finished.progress[0].status is CopyStatus.DONE

@@ -3,6 +3,7 @@ before the DDL, neither while running nor when it resumes after a crash; the tar
 
 from __future__ import annotations
 
+import json
 import signal
 
 import pytest
@@ -121,3 +122,38 @@ def test_a_key_changed_while_stopped_mid_copy_restarts_the_copy(tmp_path, mariad
     assert progress(setl)["strs"][0] == "done"
     final = progress(setl, full=True)["ints"]
     assert final.key == ("k", "id") and final.rows == ROWS, final
+
+
+def test_a_copy_ended_by_a_rename_is_done_only_once_the_rename_is_acked(tmp_path, mariadb_source, mariadb_target,
+                                                                        source_db, mysql_db):
+    """RENAME TABLE of a table in the middle of its copy, and kill -9 (the `snapshot_ended`
+    failpoint) while the RENAME is handed on and not acked: the meta store does not say the copy
+    is done (nor that the new name's copy began), so the next start resumes it, replays the RENAME,
+    copies the new name after it, and the target ends equal to the source."""
+    setl = _filled(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db, server_id=2113)
+    setl.faults = json.dumps([{"stage": "snapshot_ended", "action": "crash", "task": f"{source_db}.strs"}])
+    with spawned(setl) as proc:
+        def copying() -> bool:
+            assert proc.poll() is None, setl.logs()[-3000:]
+            strs = progress(setl).get("strs")
+            return strs is not None and strs[0] == "copying" and strs[2] >= 3
+
+        wait_until(copying, timeout=120, interval=0.05, message=lambda: f"progress {progress(setl)}")
+        conn = mariadb_source.connect(database=source_db)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("RENAME TABLE strs TO strs2")
+                cur.execute("UPDATE strs2 SET n = n + 1 WHERE n < 100")
+            conn.commit()
+        finally:
+            conn.close()
+        assert proc.wait(60) == -signal.SIGKILL, setl.logs()[-3000:]
+    assert "failpoint snapshot_ended: crashing" in setl.logs(), setl.logs()[-3000:]
+    crashed = progress(setl)
+    assert crashed["strs"][0] == "copying" and "strs2" not in crashed, crashed
+    setl.faults = None
+    run_until_caught_up(setl)
+    _equal(mariadb_source, source_db, mariadb_target, mysql_db, [n for n in t.TABLES if n != "strs"] + ["strs2"])
+    assert not mariadb_target.query(f"SHOW TABLES FROM `{mysql_db}` LIKE 'strs'")
+    found = progress(setl)
+    assert found["strs"][0] == "done" and found["strs2"][0] == "done", found
