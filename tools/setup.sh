@@ -18,6 +18,10 @@ command -v mariadb > /dev/null || missing+=(mariadb-client)
 command -v sysbench > /dev/null || missing+=(sysbench)
 command -v java > /dev/null || missing+=(default-jre-headless)  # p1 runs a transform step on Spark
 python3 -m pip --version > /dev/null 2>&1 || missing+=(python3-pip)  # Debian's python3 comes without it
+# The compiled row decoder (setup.py) needs a C compiler and Python's headers.
+command -v gcc > /dev/null || missing+=(gcc libc6-dev)
+python3 -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"],
+    "Python.h")))' || missing+=(python3-dev)
 if [ ${#missing[@]} -gt 0 ]; then
     echo "setup: installing ${missing[*]} with apt-get"
     $SUDO apt-get update -qq
