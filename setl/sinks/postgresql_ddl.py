@@ -53,6 +53,7 @@ form (`setl.sinks.postgresql_spatial`): ``postgis`` -> geometry, typed for all b
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Sequence
 
@@ -68,8 +69,38 @@ class UnsupportedDdl(ValueError):
     """The statement has a part this translation does not handle."""
 
 
+#: PostgreSQL keeps the first 63 bytes of a longer identifier (NAMEDATALEN - 1).
+MAX_IDENTIFIER_BYTES = 63
+_HASH_HEX = 8
+
+
+def clip(name: str, size: int) -> str:
+    """`name` cut to at most `size` bytes of UTF-8, on a character boundary."""
+    return name.encode()[:size].decode(errors="ignore")
+
+
+def pg_name(name: str) -> str:
+    """The PostgreSQL name of a MySQL table, column, index or constraint name: the name itself when
+    it fits in 63 bytes of UTF-8; a longer one (which PostgreSQL would silently cut, so that two
+    names sharing their first 63 bytes collide) is cut on a character boundary and suffixed with
+    ``_`` and the first 8 hex digits of the SHA-1 of the whole name, 63 bytes at most. Stable
+    across runs and nodes, and its own image (``pg_name(pg_name(n)) == pg_name(n)``)."""
+    raw = name.encode()
+    if len(raw) <= MAX_IDENTIFIER_BYTES:
+        return name
+    digest = hashlib.sha1(raw).hexdigest()[:_HASH_HEX]
+    return clip(name, MAX_IDENTIFIER_BYTES - _HASH_HEX - 1) + "_" + digest
+
+
+def pkey_name(table: str) -> str:
+    """The name PostgreSQL gives the primary key of a table created under name `table` (already
+    a PostgreSQL name): ``<table>_pkey``, the table's part cut to fit 63 bytes."""
+    return clip(table, MAX_IDENTIFIER_BYTES - len("_pkey")) + "_pkey"
+
+
 def ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
+    """`name` as a quoted PostgreSQL identifier, mapped by `pg_name`."""
+    return '"' + pg_name(name).replace('"', '""') + '"'
 
 
 _INTS = {  # signed, unsigned
@@ -477,7 +508,7 @@ class Translator:
             elif verb == "DROP":
                 t.word("COLUMN")
                 if t.word("PRIMARY"):
-                    actions.append(f"DROP CONSTRAINT IF EXISTS {ident((ref.table + '_pkey')[:63])}")
+                    actions.append(f"DROP CONSTRAINT IF EXISTS {ident(pkey_name(pg_name(ref.table)))}")
                 elif (token := t.peek()) is not None and token.kind != "ident" and token.upper in (
                         "INDEX", "KEY", "FOREIGN", "CHECK", "CONSTRAINT"):
                     continue
