@@ -34,6 +34,9 @@ period columns from row changes). Sequences (CREATE/ALTER/DROP SEQUENCE, CREATE 
 SEQUENCE=1) are not replicated to PostgreSQL: `is_sequence_ddl` tells them, and this target skips
 them (a MySQL target applies them).
 
+Names (schemas, tables, columns, constraints) go through `ident`, which maps a name over 63 bytes
+by `pg_name` (cut plus a short hash; docs/sql-targets.md), as table creation and the loads do.
+
 Type mapping (MySQL -> PostgreSQL): TINYINT, SMALLINT -> smallint (SMALLINT UNSIGNED -> integer);
 MEDIUMINT, INT -> integer (INT UNSIGNED -> bigint); BIGINT -> bigint (UNSIGNED -> numeric(20,0));
 BOOL -> smallint; DECIMAL(p,s) -> numeric(p,s); FLOAT -> real; DOUBLE -> double precision;
