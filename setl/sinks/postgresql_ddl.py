@@ -10,7 +10,8 @@ both), AUTO_INCREMENT,
 ON UPDATE CURRENT_TIMESTAMP, FIRST/AFTER, table options, and defaults other than a number, a
 plain string (also with a charset introducer), NULL, CURRENT_TIMESTAMP, b'..' (on integer and BIT
 columns) and x'..'/0x.. (on integer and binary columns): expression defaults ``DEFAULT (1+1)``
-are left out where rows carry full images (CREATE TABLE, MODIFY), but an ADD COLUMN with one, or
+(or, as MariaDB takes them, ``DEFAULT concat('a','b')``) are left out where rows carry full
+images (CREATE TABLE, MODIFY), but an ADD COLUMN with one, or
 with CURRENT_TIMESTAMP (existing rows get the time of the DDL on the source), is exact only on an
 empty table: `Translator.needs_empty` names it and `PostgresLoad` refuses it if the table has rows.
 CREATE/DROP INDEX statements are not applied.
@@ -229,6 +230,8 @@ def _default_value(t: Reader, kind: str) -> str | None:
             return _hex_default(text, kind)
         if token.text.startswith("_") and value.text[0] == "'" and "\\" not in value.text:
             return value.text  # a string with a charset introducer
+    elif token.kind == "word" and t.sees("("):
+        t.group()  # MariaDB's unparenthesized expression default: concat('a','b'), uuid(), ...
     return None
 
 

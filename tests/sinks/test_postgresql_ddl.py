@@ -129,6 +129,11 @@ def test_charsets_and_collations(definition, expected):
     ("ADD e VARCHAR(3) DEFAULT _utf8mb4'x'", '"e" varchar(3) DEFAULT \'x\'', None),
     ("ADD f INT DEFAULT 0x1F", '"f" integer DEFAULT 31', None),
     ("ADD g DATE DEFAULT '0000-00-00'", '"g" date', "column g DEFAULT '0000-00-00' has no PostgreSQL translation"),
+    # MariaDB takes an expression default without parentheses
+    ("ADD h VARCHAR(9) DEFAULT concat('a','b')", '"h" varchar(9)',
+     "column h DEFAULT concat('a','b') has no PostgreSQL translation"),
+    ("ADD u UUID NOT NULL DEFAULT uuid()", '"u" uuid NOT NULL',
+     "column u DEFAULT uuid() has no PostgreSQL translation"),
 ])
 def test_add_column_defaults(clause, expected, needs_empty):
     """ADD COLUMN defaults are translated exactly, or named as exact only on an empty table."""
