@@ -24,7 +24,7 @@ from setl.schema.mysql import quote as mysql_quote
 from setl.schema.plan import TargetColumn, TargetTable, unsupported
 from setl.schema.target import ExistingColumn, SchemaTarget, create_table
 from setl.sinks import postgresql_spatial
-from setl.sinks.postgresql_ddl import SPATIAL, UnsupportedDdl, column, ident, pg_name
+from setl.sinks.postgresql_ddl import PARTITIONS_REFUSED, SPATIAL, UnsupportedDdl, column, ident, pg_name
 
 #: Spark type -> PostgreSQL type, for columns a transform adds.
 SPARK_TYPES = {
@@ -54,10 +54,13 @@ class PostgresqlSchema(SchemaTarget):
 
     dialect = "postgresql"
 
-    def __init__(self, connect: Callable[[], Any], *, pipeline: str, spatial: str = "auto") -> None:
-        """`spatial`: the target's ``spatial`` option, resolved on the first spatial column."""
+    def __init__(self, connect: Callable[[], Any], *, pipeline: str, spatial: str = "auto",
+                 partitions: str = "plain") -> None:
+        """`spatial`: the target's ``spatial`` option, resolved on the first spatial column;
+        `partitions`: its ``partitions`` option (``refuse``: a partitioned source table is refused)."""
         super().__init__(connect, pipeline=pipeline)
         self.spatial = spatial
+        self.partitions = partitions
         self._spatial_form: str | None = None
 
     def spatial_form(self) -> str:
@@ -93,6 +96,9 @@ class PostgresqlSchema(SchemaTarget):
         return translated.text()
 
     def statements(self, table: TargetTable) -> list[str]:
+        if table.partitioned and self.partitions == "refuse":
+            raise ConfigError(f"cannot create target table {table.table}: {PARTITIONS_REFUSED}",
+                              pipeline=self.pipeline, stage="load", table=str(table.table))
         seen: dict[str, TargetColumn] = {}
         for target in table.columns:
             mapped = pg_name(target.name)

@@ -64,6 +64,9 @@ class PostgresqlTargetConfig:
     #: spatial columns (`setl.sinks.postgresql_spatial`): PostGIS geometry, WKB bytea or WKT text;
     #: auto: postgis when the extension is in the target database, else wkb
     spatial: Literal["auto", "postgis", "wkb", "wkt"] = "auto"
+    #: a partitioned source table: plain (a plain table holding the same rows) or refuse (stop:
+    #: `setl.sinks.postgresql_ddl`, `setl.schema.postgresql`)
+    partitions: Literal["plain", "refuse"] = "plain"
     ssl: SslConfig | None = None  # TLS: sslmode verify-full (require with verify false); none: libpq's prefer
 
 
@@ -576,7 +579,8 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
         transaction: PostgreSQL DDL is transactional, so a replay finds it undone or committed
         with the batch's position. A statement it cannot translate fails the batch."""
         change = step.change
-        translator = Translator(change.schema, spatial=self._spatial)
+        translator = Translator(change.schema, spatial=self._spatial,
+                                partitions=getattr(self.config, "partitions", "plain"))
         try:
             statements = translator.translate(step.statement)
         except (UnsupportedDdl, ValueError) as exc:

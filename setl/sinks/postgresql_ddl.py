@@ -18,7 +18,9 @@ CREATE/DROP INDEX statements are not applied.
 Generated columns (``AS (expr) VIRTUAL|STORED|PERSISTENT``, ``GENERATED ALWAYS AS``) become plain
 columns holding the values the source's row events carry (the expression is not translated; an ADD
 of one is exact only on an empty table, see below). Partitioning becomes a plain table holding the
-same rows: ``CREATE TABLE ... PARTITION BY`` loses the clause, and ALTERs that only reshape
+same rows (the target's ``partitions: plain``, the default; ``refuse`` raises `UnsupportedDdl` for
+``CREATE TABLE ... PARTITION BY`` and ``ALTER TABLE ... PARTITION BY`` instead):
+``CREATE TABLE ... PARTITION BY`` loses the clause, and ALTERs that only reshape
 partitions (PARTITION BY, ADD, REORGANIZE, COALESCE PARTITION, REMOVE PARTITIONING, ...) translate
 to nothing; DROP, TRUNCATE, EXCHANGE, IMPORT and DISCARD PARTITION and CONVERT PARTITION/TABLE,
 which change rows without row events, raise
@@ -129,6 +131,11 @@ _SIMPLE = {
 _ROWS_WITHOUT_EVENTS = frozenset({"DROP", "TRUNCATE", "EXCHANGE", "IMPORT", "DISCARD"})
 _PARTITION_UPKEEP = frozenset({"ADD", "REORGANIZE", "COALESCE", "ANALYZE", "CHECK", "OPTIMIZE", "REBUILD",
                                "REPAIR"})
+
+
+#: why a partitioned table is refused under the target's ``partitions: refuse``
+PARTITIONS_REFUSED = ("a partitioned table, and the target's partitions option is refuse (set it to plain for a "
+                      "plain table holding the same rows)")
 
 
 #: MySQL spatial type -> the PostGIS geometry subtype of its column (None: any geometry).
@@ -414,10 +421,13 @@ class Translator:
     """Translates parsed MySQL DDL; unqualified names are taken to be in `default_schema`, spatial
     columns get the `spatial` form's type (`pg_type`)."""
 
-    def __init__(self, default_schema: str, spatial: str = "wkb") -> None:
+    def __init__(self, default_schema: str, spatial: str = "wkb", partitions: str = "plain") -> None:
         self.default_schema = default_schema
         #: the target's form of spatial columns (`pg_type`)
         self.spatial = spatial
+        #: the target's ``partitions`` option: ``plain`` (a partitioned table becomes a plain one)
+        #: or ``refuse`` (``PARTITION BY`` stops the pipeline)
+        self.partitions = partitions
         #: (table, why) of the last `translate`: statements exact only while the table has no rows
         #: (an ADD COLUMN whose DEFAULT fills existing rows with a value PostgreSQL would not give)
         self.needs_empty: list[tuple[str, str]] = []
@@ -474,10 +484,15 @@ class Translator:
         while not rest.done():  # table options: ENGINE=..., DEFAULT CHARSET=..., COMMENT='...'
             token = rest.next()
             if token.upper == "PARTITION":
+                self._partitioned()
                 break  # PARTITION BY ... (the last clause): a plain table holds the same rows
             if token.upper in ("AS", "SELECT", "IGNORE", "REPLACE"):
                 raise UnsupportedDdl(f"CREATE TABLE ... {token.text} is not translated")
         return out + [f"{' '.join(head)} {name} ({', '.join(elements)})"]
+
+    def _partitioned(self) -> None:
+        if self.partitions == "refuse":
+            raise UnsupportedDdl(PARTITIONS_REFUSED)
 
     def _rename(self, old: TableRef, new: TableRef) -> list[str]:
         out = []
@@ -504,6 +519,8 @@ class Translator:
                 # PostgreSQL table would keep them.
                 raise UnsupportedDdl(f"ALTER TABLE ... {verb} PARTITION changes rows the binlog holds no row "
                                      "events for; apply it to the PostgreSQL table by hand, then resume")
+            if verb == "PARTITION":
+                self._partitioned()
             if verb == "PARTITION" or (verb == "REMOVE" and t.sees("PARTITIONING")) or (
                     verb in _PARTITION_UPKEEP and t.sees("PARTITION")):
                 # partitioning is not replicated (a plain table); a partition clause ends the

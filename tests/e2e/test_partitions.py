@@ -91,3 +91,24 @@ def test_partitioned_table_copied_by_a_snapshot_start(mariadb_source, source_db,
     last = result.stderr.strip().splitlines()[-1]
     assert "DROP PARTITION" in last and f"{source_db}.pt" in last and "position=mysql-bin." in last, last
     assert postgres_server.query(query, dbname=postgres_db)[0] == (1, 1990, "a")  # kept, not silently diverged
+
+
+@pytest.mark.parametrize("start", ["snapshot", "binlog"])
+def test_partitions_refuse_stops_on_a_partitioned_table(start, mariadb_source, source_db, postgres_server,
+                                                        postgres_db, tmp_path):
+    """`target.partitions: refuse`: a partitioned source table stops the pipeline with one line naming
+    it, whether a snapshot would create it or its CREATE arrives from the binlog; no table is made."""
+    begin = binlog_head(mariadb_source)
+    _run(mariadb_source, source_db, [
+        "CREATE TABLE pt (id INT NOT NULL PRIMARY KEY, v INT) PARTITION BY HASH (id) PARTITIONS 2",
+        "INSERT INTO pt VALUES (1, 1), (2, 2)",
+    ])
+    target = {**postgres_target(postgres_server, postgres_db), "partitions": "refuse"}
+    setl = make(tmp_path, mariadb_source, target, [{"source": rf"{source_db}\.pt", "target": f"{source_db}.{{table}}"}],
+                start="snapshot" if start == "snapshot" else {"file": begin.log, "pos": begin.offset})
+    result = setl.start_until_caught_up(timeout=180)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert "partitions option is refuse" in last and f"{source_db}.pt" in last, result.stderr[-3000:]
+    assert postgres_server.query("SELECT count(*) FROM information_schema.tables WHERE table_schema = %s",
+                                 (source_db,), dbname=postgres_db) == [(0,)]

@@ -193,3 +193,17 @@ def test_names_over_63_bytes_are_mapped_in_every_statement():
         f'ALTER TABLE "app"."{t}" RENAME COLUMN "{mb}" TO "c"']
     assert translate(f"RENAME TABLE `{table}` TO `{table}2`") == [
         f'ALTER TABLE "app"."{t}" RENAME TO "{pg_name(table + "2")}"']
+
+
+@pytest.mark.parametrize("statement", [
+    "CREATE TABLE t (a INT PRIMARY KEY) PARTITION BY HASH (a) PARTITIONS 4",
+    "ALTER TABLE t PARTITION BY HASH (a) PARTITIONS 4",
+])
+def test_partition_by_is_refused_under_partitions_refuse(statement):
+    """``partitions: refuse``: PARTITION BY stops (the default, plain, drops the clause: above);
+    a plain CREATE still translates."""
+    translator = Translator("app", partitions="refuse")
+    with pytest.raises(UnsupportedDdl, match="partitions option is refuse"):
+        translator.translate(parse(statement))
+    assert translator.translate(parse("CREATE TABLE t (a INT PRIMARY KEY)")) == [
+        'CREATE TABLE "app"."t" ("a" integer PRIMARY KEY)']
