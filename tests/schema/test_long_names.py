@@ -40,6 +40,8 @@ def expected_name(name: str) -> str:
 @pytest.mark.parametrize("start", ["snapshot", "binlog"])
 def test_long_names_land_under_their_mapped_names(tmp_path: Path, mariadb_source: Any, source_db: str,
                                                   postgres_server: Any, postgres_db: str, start: str) -> None:
+    """Two columns sharing 63 bytes, a 64-byte table name and a long ADD COLUMN land under the
+    mapped names with the source's rows; `setl schema` and `setl check` show them, `setl verify` agrees."""
     begin = position(mariadb_source)  # binlog: the CREATE TABLE is replicated DDL
     run_source(mariadb_source, source_db, [
         f"CREATE TABLE {q(TABLE)} (id INT PRIMARY KEY, {q(FIRST)} INT, {q(SECOND)} VARCHAR(10))",
@@ -78,6 +80,9 @@ def test_long_names_land_under_their_mapped_names(tmp_path: Path, mariadb_source
     shown = setl.run("schema", "--pipeline", setl.name)
     assert shown.returncode == 0, shown.stderr[-3000:]
     assert f"{FIRST!r} -> {columns[1]!r}" in shown.stdout and f"{TABLE!r} -> {table!r}" in shown.stdout, shown.stdout
+    checked = setl.run("check", "--pipeline", setl.name)
+    assert checked.returncode == 0, (checked.stdout[-3000:], checked.stderr[-3000:])
+    assert f"{SECOND!r} -> {columns[2]!r}" in checked.stdout, checked.stdout
     verified = setl.run("verify", "--pipeline", setl.name, "--json")
     assert verified.returncode == 0, (verified.stdout[-3000:], verified.stderr[-3000:])
     assert '"unchecked_columns": {}' in verified.stdout, verified.stdout  # every column compared
