@@ -508,6 +508,11 @@ def cmd_schema(args: argparse.Namespace, conf: Path) -> int:
         described = select.describe()
         for line in check_rules(config, described) if described is not None else ():
             print(f"-- pipeline {config.name}: warning: {line}")
+        for planned in creator.planner.tables():
+            mapped = target.mapped_names(planned)
+            if mapped:
+                print(f"-- pipeline {config.name}: target table {planned.table}: names over 63 bytes are "
+                      f"mapped (docs/sql-targets.md): {', '.join(mapped)}")
         missing = creator.missing()
         if not missing:
             print(f"-- pipeline {config.name}: every target table exists ({len(creator.planner.tables())} checked)")

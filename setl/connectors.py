@@ -437,7 +437,7 @@ def postgresql_target() -> TargetConnector[Any]:
         from setl.schema.postgresql import PostgresqlSchema
 
         return PostgresqlSchema(PostgresLoad.from_config(config, pipeline=context.name)._connect,
-                                pipeline=context.name, spatial=config.spatial)
+                                pipeline=context.name, spatial=config.spatial, partitions=config.partitions)
 
     return TargetConnector("postgresql", PostgresqlTargetConfig, build, PostgresLoad.capabilities, schema=schema,
                            help="a PostgreSQL server")

@@ -319,6 +319,7 @@ class TableSchema:
     table: TableName
     columns: tuple[ColumnSchema, ...]
     primary_key: tuple[str, ...] = ()
+    partitioned: bool = False  # PARTITION BY on the source (its CREATE_OPTIONS say "partitioned")
 
     @property
     def names(self) -> tuple[str, ...]:

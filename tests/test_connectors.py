@@ -89,7 +89,8 @@ def test_unknown_type_names_the_known_ones(tmp_path):
     ("{type: mysql, port: x}", "target.port: expected an integer, got 'x'"),
     ("{type: sqlite}", "target.path: required key is missing"),
     ("{type: postgresql, colour: red}", ("target.colour: unknown key (known keys: database, host, "
-                                         "invalid_dates, nul_in_text, password, port, spatial, ssl, type, user)")),
+                                         "invalid_dates, nul_in_text, partitions, password, port, spatial, ssl, "
+                                         "type, user)")),
 ])
 def test_builtin_config_errors_keep_file_and_key_path(tmp_path, target, expected):
     """A built-in connector's config is validated with the file and the key path, as before."""

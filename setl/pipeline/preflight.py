@@ -113,6 +113,11 @@ def _target(node: NodeSettings, config: PipelineConfig, routing: Any, select: An
         missing = creator.missing()  # the DDL of the others: a type without a mapping is a ConfigError
         yield found("ok", "target", f"{len(creator.planner.tables())} table(s) planned, {len(missing)} to create "
                                     "(types mapped), the others fit")
+        for planned in creator.planner.tables():
+            mapped = target.mapped_names(planned)
+            if mapped:
+                yield found("ok", "target", f"table {planned.table}: names over 63 bytes mapped "
+                                            f"(docs/sql-targets.md): {', '.join(mapped)}")
     except SetlError as exc:
         yield found("error", "target", str(exc))
     except Exception as exc:  # noqa: BLE001 - a driver's error: the target cannot be reached, or refused a read

@@ -46,6 +46,7 @@ class TargetTable:
     columns: tuple[TargetColumn, ...]
     primary_key: tuple[str, ...]
     sources: tuple[TableName, ...]
+    partitioned: bool = False  # a source table routed into it is partitioned
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -55,7 +56,8 @@ class TargetTable:
         """This table with `other`'s columns it lacks appended (two source tables into one target)."""
         have = set(self.names)
         extra = tuple(c for c in other.columns if c.name not in have)
-        return attrs.evolve(self, columns=self.columns + extra, sources=self.sources + other.sources)
+        return attrs.evolve(self, columns=self.columns + extra, sources=self.sources + other.sources,
+                            partitioned=self.partitioned or other.partitioned)
 
 
 OutputColumns = Callable[[TableSchema], "Sequence[Any] | None"]
@@ -83,7 +85,7 @@ def target_table(route: Route, described: TableSchema, output: Sequence[Any] | N
         names = {c.name for c in columns}
         renamed = tuple(carried.get(k, k) for k in key)
         key = renamed if all(k in names for k in renamed) else ()
-    return TargetTable(route.target, columns, key, (described.table,))
+    return TargetTable(route.target, columns, key, (described.table,), described.partitioned)
 
 
 class SchemaPlanner:

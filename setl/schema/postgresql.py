@@ -24,7 +24,7 @@ from setl.schema.mysql import quote as mysql_quote
 from setl.schema.plan import TargetColumn, TargetTable, unsupported
 from setl.schema.target import ExistingColumn, SchemaTarget, create_table
 from setl.sinks import postgresql_spatial
-from setl.sinks.postgresql_ddl import SPATIAL, UnsupportedDdl, column, ident
+from setl.sinks.postgresql_ddl import PARTITIONS_REFUSED, SPATIAL, UnsupportedDdl, column, ident, pg_name
 
 #: Spark type -> PostgreSQL type, for columns a transform adds.
 SPARK_TYPES = {
@@ -43,10 +43,6 @@ _FAMILIES = {
 }
 
 
-#: PostgreSQL keeps the first 63 bytes of a longer identifier (NAMEDATALEN - 1).
-MAX_IDENTIFIER_BYTES = 63
-
-
 def spark_type(kind: str) -> str | None:
     if kind.startswith("decimal("):
         return "numeric" + kind[len("decimal"):]
@@ -58,10 +54,13 @@ class PostgresqlSchema(SchemaTarget):
 
     dialect = "postgresql"
 
-    def __init__(self, connect: Callable[[], Any], *, pipeline: str, spatial: str = "auto") -> None:
-        """`spatial`: the target's ``spatial`` option, resolved on the first spatial column."""
+    def __init__(self, connect: Callable[[], Any], *, pipeline: str, spatial: str = "auto",
+                 partitions: str = "plain") -> None:
+        """`spatial`: the target's ``spatial`` option, resolved on the first spatial column;
+        `partitions`: its ``partitions`` option (``refuse``: a partitioned source table is refused)."""
         super().__init__(connect, pipeline=pipeline)
         self.spatial = spatial
+        self.partitions = partitions
         self._spatial_form: str | None = None
 
     def spatial_form(self) -> str:
@@ -97,32 +96,39 @@ class PostgresqlSchema(SchemaTarget):
         return translated.text()
 
     def statements(self, table: TargetTable) -> list[str]:
-        seen: dict[bytes, TargetColumn] = {}
+        if table.partitioned and self.partitions == "refuse":
+            raise ConfigError(f"cannot create target table {table.table}: {PARTITIONS_REFUSED}",
+                              pipeline=self.pipeline, stage="load", table=str(table.table))
+        seen: dict[str, TargetColumn] = {}
         for target in table.columns:
-            cut = target.name.encode()[:MAX_IDENTIFIER_BYTES]
-            if cut in seen:  # PostgreSQL cuts both to one name: a bare DuplicateColumn otherwise
+            mapped = pg_name(target.name)
+            if mapped in seen:  # a name over 63 bytes whose mapping is another column's own name
                 raise unsupported(self.pipeline, table, target, "PostgreSQL",
-                                  f"is column {seen[cut].name!r} once PostgreSQL cuts names to "
-                                  f"{MAX_IDENTIFIER_BYTES} bytes (rename one with a rule's `rename`)")
-            seen[cut] = target
+                                  f"is column {seen[mapped].name!r} once mapped to PostgreSQL name "
+                                  f"{mapped!r} (rename one with a rule's `rename`)")
+            seen[mapped] = target
         name = f"{ident(table.table.schema)}.{ident(table.table.table)}"
         return [f"CREATE SCHEMA IF NOT EXISTS {ident(table.table.schema)}",
                 create_table(name, [self.column(table, c) for c in table.columns], table.primary_key, ident)]
 
+    def target_name(self, name: str) -> str:
+        return pg_name(name)
+
     def existing(self, table: TableName) -> list[ExistingColumn] | None:
         conn = self.conn
+        schema, name = pg_name(table.schema), pg_name(table.table)
         found = conn.execute("SELECT 1 FROM information_schema.tables WHERE table_schema = %s AND table_name = %s",
-                             (table.schema, table.table)).fetchone()
+                             (schema, name)).fetchone()
         if found is None:
             conn.rollback()
             return None
         rows = conn.execute("SELECT column_name, data_type, is_nullable, column_default, is_identity, is_generated "
                             "FROM information_schema.columns WHERE table_schema = %s AND table_name = %s "
-                            "ORDER BY ordinal_position", (table.schema, table.table)).fetchall()
+                            "ORDER BY ordinal_position", (schema, name)).fetchall()
         conn.rollback()  # a read: end the transaction, so a later look sees tables created since
-        return [ExistingColumn(str(name), str(data_type), _FAMILIES.get(str(data_type)), nullable == "YES",
+        return [ExistingColumn(str(found_name), str(data_type), _FAMILIES.get(str(data_type)), nullable == "YES",
                                default is not None or identity == "YES" or generated == "ALWAYS")
-                for name, data_type, nullable, default, identity, generated in rows]
+                for found_name, data_type, nullable, default, identity, generated in rows]
 
     def execute(self, statements: Sequence[str]) -> None:
         conn: Any = self.conn

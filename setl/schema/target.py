@@ -137,6 +137,17 @@ class SchemaTarget(abc.ABC):
             except Exception as exc:  # noqa: BLE001 - closing is best effort
                 log.debug("pipeline=%s closing the schema connection: %s", self.pipeline, exc)
 
+    def target_name(self, name: str) -> str:
+        """The name this target gives a table or column named `name` (PostgreSQL maps names over
+        63 bytes: `setl.sinks.postgresql_ddl.pg_name`)."""
+        return name
+
+    def mapped_names(self, table: TargetTable) -> list[str]:
+        """``'name' -> 'target name'`` for each name of `table` (schema, table, columns) this target
+        gives another name, for `setl schema` and `setl check` to show."""
+        names = [table.table.schema, table.table.table, *(c.name for c in table.columns)]
+        return [f"{n!r} -> {self.target_name(n)!r}" for n in dict.fromkeys(names) if self.target_name(n) != n]
+
     @abc.abstractmethod
     def existing(self, table: TableName) -> list[ExistingColumn] | None:
         """The columns of target table `table` in order, or None when it does not exist."""
@@ -163,7 +174,7 @@ class SchemaTarget(abc.ABC):
 
         have = {key(c.name): c for c in existing}
         for column in table.columns:
-            found = have.get(key(column.name))
+            found = have.get(key(self.target_name(column.name)))
             if found is None:
                 return self._misfit(table, column.name, f"is missing (the rows carry it as {column.described})")
             wanted = column_family(column)
@@ -171,7 +182,7 @@ class SchemaTarget(abc.ABC):
             if wanted is not None and accepted is not None and wanted not in accepted:
                 return self._misfit(table, column.name, f"is {found.type}, which cannot hold {wanted} values "
                                                         f"(the rows carry it as {column.described})")
-        carried = {key(c.name) for c in table.columns}
+        carried = {key(self.target_name(c.name)) for c in table.columns}
         for other in existing:
             if key(other.name) not in carried and not other.nullable and not other.fills_itself:
                 return self._misfit(table, other.name, "is NOT NULL without a default, and the rows do not carry it")

@@ -42,7 +42,7 @@ from setl.sinks.nul_text import HINT as NUL_HINT
 from setl.sinks.nul_text import NulTextPolicy
 from setl.sinks.merge import TableChanges
 from setl.sinks import postgresql_spatial as spatial
-from setl.sinks.postgresql_ddl import Translator, UnsupportedDdl, without_sequence_ddl
+from setl.sinks.postgresql_ddl import Translator, UnsupportedDdl, pg_name, without_sequence_ddl
 from setl.sinks.prepared import PreparedBatches
 from setl.sinks.sql_common import (DdlStep, FenceBusy, Segment, SqlLoad, TargetTableMissing, chunks, group_by_columns,
                                    insert_runs)
@@ -64,6 +64,9 @@ class PostgresqlTargetConfig:
     #: spatial columns (`setl.sinks.postgresql_spatial`): PostGIS geometry, WKB bytea or WKT text;
     #: auto: postgis when the extension is in the target database, else wkb
     spatial: Literal["auto", "postgis", "wkb", "wkt"] = "auto"
+    #: a partitioned source table: plain (a plain table holding the same rows) or refuse (stop:
+    #: `setl.sinks.postgresql_ddl`, `setl.schema.postgresql`)
+    partitions: Literal["plain", "refuse"] = "plain"
     ssl: SslConfig | None = None  # TLS: sslmode verify-full (require with verify false); none: libpq's prefer
 
 
@@ -102,18 +105,26 @@ def values_of(images: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> li
     return values
 
 
+def _ident(*names: str) -> sql.Identifier:
+    """A (qualified) name as a PostgreSQL identifier, each part mapped by `pg_name`."""
+    return sql.Identifier(*map(pg_name, names))
+
+
 class _TableName(sql.Identifier):
-    """A table's (schema, table) identifier in a query with ``%s`` parameters: psycopg reads the whole
-    text for placeholders, so a ``%`` in a name is doubled."""
+    """A table's (schema, table) identifier in a query with ``%s`` parameters, mapped by `pg_name`:
+    psycopg reads the whole text for placeholders, so a ``%`` in a name is doubled."""
+
+    def __init__(self, *strings: str) -> None:
+        super().__init__(*map(pg_name, strings))
 
     def as_bytes(self, context: Any = None) -> bytes:
         return super().as_bytes(context).replace(b"%", b"%%")
 
 
 def column(name: str) -> sql.Composable:
-    """A column name as a quoted identifier, its ``%`` doubled: the statements carry ``%s``
-    placeholders, so psycopg would read a ``%`` in the name as one."""
-    return sql.SQL('"' + name.replace('"', '""').replace("%", "%%") + '"')
+    """A column name as a quoted identifier (mapped by `pg_name`), its ``%`` doubled: the statements
+    carry ``%s`` placeholders, so psycopg would read a ``%`` in the name as one."""
+    return sql.SQL('"' + pg_name(name).replace('"', '""').replace("%", "%%") + '"')
 
 
 def native(text: str) -> str:
@@ -456,10 +467,10 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
         types (no constraints), then one ``INSERT ... SELECT ... ON CONFLICT (key) DO UPDATE``.
         The values go through the column types' input functions, as a bound parameter's text does."""
         # No bind parameters in these statements: names go as plain identifiers (no doubled %).
-        name = sql.Identifier(table.schema, table.table)
+        name = _ident(table.schema, table.table)
         key = table.primary_key
         stage = sql.Identifier("setl_copy_stage")
-        listed = sql.SQL(", ").join(map(sql.Identifier, columns))
+        listed = sql.SQL(", ").join(map(_ident, columns))
         cur.execute(sql.SQL("CREATE TEMPORARY TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA")
                     .format(stage, listed, name))
         self._copy(cur, stage, columns, rows)
@@ -471,7 +482,7 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
     @staticmethod
     def _copy(cur: psycopg.Cursor, into: sql.Composable, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         """``COPY`` `rows` (`_copy_rows`) into `into`."""
-        names = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+        names = sql.SQL(", ").join(_ident(c) for c in columns)
         with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(into, names)) as copy:
             write = copy.write_row
             for row in rows:
@@ -495,12 +506,12 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
         action: sql.Composable
         if others:
             action = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
-                sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in others))
+                sql.SQL("{0} = EXCLUDED.{0}").format(_ident(c)) for c in others))
         else:
             action = sql.SQL("DO NOTHING")
-        listed = sql.SQL(", ").join(map(sql.Identifier, columns))
+        listed = sql.SQL(", ").join(map(_ident, columns))
         return sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ON CONFLICT ({}) {}").format(
-            name, listed, listed, stage, sql.SQL(", ").join(map(sql.Identifier, key)), action)
+            name, listed, listed, stage, sql.SQL(", ").join(map(_ident, key)), action)
 
     @staticmethod
     def _delete_sql(name: sql.Identifier, key: Sequence[str], rows: int) -> sql.Composable:
@@ -535,7 +546,7 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
                 if change is None:  # a run of inserts and reads: COPY, or multi-row INSERTs
                     for columns, images in group_by_columns(added).items():
                         if len(images) >= self.copy_rows:
-                            self._copy(cur, sql.Identifier(table.schema, table.table), columns,
+                            self._copy(cur, _ident(table.schema, table.table), columns,
                                        self._copy_rows(columns, images))
                             continue
                         size = max(1, min(self.chunk_rows, MAX_PARAMS // len(columns)))
@@ -568,7 +579,8 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
         transaction: PostgreSQL DDL is transactional, so a replay finds it undone or committed
         with the batch's position. A statement it cannot translate fails the batch."""
         change = step.change
-        translator = Translator(change.schema, spatial=self._spatial)
+        translator = Translator(change.schema, spatial=self._spatial,
+                                partitions=getattr(self.config, "partitions", "plain"))
         try:
             statements = translator.translate(step.statement)
         except (UnsupportedDdl, ValueError) as exc:
@@ -582,8 +594,8 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
         if step.statement.kind == "create_table":
             ref = step.statement.tables[0]
             schema = ref.schema or change.schema
-            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-            name = sql.Identifier(schema, ref.table).as_string(conn)
+            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(_ident(schema)))
+            name = _ident(schema, ref.table).as_string(conn)
             plain = not {"REPLACE", "EXISTS"} & {t.upper for t in step.statement.tokens[:ref.start]}
             exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name,)).fetchone()
             if plain and exists and exists[0]:

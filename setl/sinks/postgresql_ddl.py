@@ -10,14 +10,17 @@ both), AUTO_INCREMENT,
 ON UPDATE CURRENT_TIMESTAMP, FIRST/AFTER, table options, and defaults other than a number, a
 plain string (also with a charset introducer), NULL, CURRENT_TIMESTAMP, b'..' (on integer and BIT
 columns) and x'..'/0x.. (on integer and binary columns): expression defaults ``DEFAULT (1+1)``
-are left out where rows carry full images (CREATE TABLE, MODIFY), but an ADD COLUMN with one, or
+(or, as MariaDB takes them, ``DEFAULT concat('a','b')``) are left out where rows carry full
+images (CREATE TABLE, MODIFY), but an ADD COLUMN with one, or
 with CURRENT_TIMESTAMP (existing rows get the time of the DDL on the source), is exact only on an
 empty table: `Translator.needs_empty` names it and `PostgresLoad` refuses it if the table has rows.
 CREATE/DROP INDEX statements are not applied.
 Generated columns (``AS (expr) VIRTUAL|STORED|PERSISTENT``, ``GENERATED ALWAYS AS``) become plain
 columns holding the values the source's row events carry (the expression is not translated; an ADD
 of one is exact only on an empty table, see below). Partitioning becomes a plain table holding the
-same rows: ``CREATE TABLE ... PARTITION BY`` loses the clause, and ALTERs that only reshape
+same rows (the target's ``partitions: plain``, the default; ``refuse`` raises `UnsupportedDdl` for
+``CREATE TABLE ... PARTITION BY`` and ``ALTER TABLE ... PARTITION BY`` instead):
+``CREATE TABLE ... PARTITION BY`` loses the clause, and ALTERs that only reshape
 partitions (PARTITION BY, ADD, REORGANIZE, COALESCE PARTITION, REMOVE PARTITIONING, ...) translate
 to nothing; DROP, TRUNCATE, EXCHANGE, IMPORT and DISCARD PARTITION and CONVERT PARTITION/TABLE,
 which change rows without row events, raise
@@ -33,6 +36,9 @@ translate to nothing, so PostgreSQL holds the current rows only (the source drop
 period columns from row changes). Sequences (CREATE/ALTER/DROP SEQUENCE, CREATE TABLE ...
 SEQUENCE=1) are not replicated to PostgreSQL: `is_sequence_ddl` tells them, and this target skips
 them (a MySQL target applies them).
+
+Names (schemas, tables, columns, constraints) go through `ident`, which maps a name over 63 bytes
+by `pg_name` (cut plus a short hash; docs/sql-targets.md), as table creation and the loads do.
 
 Type mapping (MySQL -> PostgreSQL): TINYINT, SMALLINT -> smallint (SMALLINT UNSIGNED -> integer);
 MEDIUMINT, INT -> integer (INT UNSIGNED -> bigint); BIGINT -> bigint (UNSIGNED -> numeric(20,0));
@@ -53,6 +59,7 @@ form (`setl.sinks.postgresql_spatial`): ``postgis`` -> geometry, typed for all b
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Sequence
 
@@ -68,8 +75,38 @@ class UnsupportedDdl(ValueError):
     """The statement has a part this translation does not handle."""
 
 
+#: PostgreSQL keeps the first 63 bytes of a longer identifier (NAMEDATALEN - 1).
+MAX_IDENTIFIER_BYTES = 63
+_HASH_HEX = 8
+
+
+def clip(name: str, size: int) -> str:
+    """`name` cut to at most `size` bytes of UTF-8, on a character boundary."""
+    return name.encode()[:size].decode(errors="ignore")
+
+
+def pg_name(name: str) -> str:
+    """The PostgreSQL name of a MySQL table, column, index or constraint name: the name itself when
+    it fits in 63 bytes of UTF-8; a longer one (which PostgreSQL would silently cut, so that two
+    names sharing their first 63 bytes collide) is cut on a character boundary and suffixed with
+    ``_`` and the first 8 hex digits of the SHA-1 of the whole name, 63 bytes at most. Stable
+    across runs and nodes, and its own image (``pg_name(pg_name(n)) == pg_name(n)``)."""
+    raw = name.encode()
+    if len(raw) <= MAX_IDENTIFIER_BYTES:
+        return name
+    digest = hashlib.sha1(raw).hexdigest()[:_HASH_HEX]
+    return clip(name, MAX_IDENTIFIER_BYTES - _HASH_HEX - 1) + "_" + digest
+
+
+def pkey_name(table: str) -> str:
+    """The name PostgreSQL gives the primary key of a table created under name `table` (already
+    a PostgreSQL name): ``<table>_pkey``, the table's part cut to fit 63 bytes."""
+    return clip(table, MAX_IDENTIFIER_BYTES - len("_pkey")) + "_pkey"
+
+
 def ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
+    """`name` as a quoted PostgreSQL identifier, mapped by `pg_name`."""
+    return '"' + pg_name(name).replace('"', '""') + '"'
 
 
 _INTS = {  # signed, unsigned
@@ -94,6 +131,11 @@ _SIMPLE = {
 _ROWS_WITHOUT_EVENTS = frozenset({"DROP", "TRUNCATE", "EXCHANGE", "IMPORT", "DISCARD"})
 _PARTITION_UPKEEP = frozenset({"ADD", "REORGANIZE", "COALESCE", "ANALYZE", "CHECK", "OPTIMIZE", "REBUILD",
                                "REPAIR"})
+
+
+#: why a partitioned table is refused under the target's ``partitions: refuse``
+PARTITIONS_REFUSED = ("a partitioned table, and the target's partitions option is refuse (set it to plain for a "
+                      "plain table holding the same rows)")
 
 
 #: MySQL spatial type -> the PostGIS geometry subtype of its column (None: any geometry).
@@ -195,6 +237,8 @@ def _default_value(t: Reader, kind: str) -> str | None:
             return _hex_default(text, kind)
         if token.text.startswith("_") and value.text[0] == "'" and "\\" not in value.text:
             return value.text  # a string with a charset introducer
+    elif token.kind == "word" and t.sees("("):
+        t.group()  # MariaDB's unparenthesized expression default: concat('a','b'), uuid(), ...
     return None
 
 
@@ -377,10 +421,13 @@ class Translator:
     """Translates parsed MySQL DDL; unqualified names are taken to be in `default_schema`, spatial
     columns get the `spatial` form's type (`pg_type`)."""
 
-    def __init__(self, default_schema: str, spatial: str = "wkb") -> None:
+    def __init__(self, default_schema: str, spatial: str = "wkb", partitions: str = "plain") -> None:
         self.default_schema = default_schema
         #: the target's form of spatial columns (`pg_type`)
         self.spatial = spatial
+        #: the target's ``partitions`` option: ``plain`` (a partitioned table becomes a plain one)
+        #: or ``refuse`` (``PARTITION BY`` stops the pipeline)
+        self.partitions = partitions
         #: (table, why) of the last `translate`: statements exact only while the table has no rows
         #: (an ADD COLUMN whose DEFAULT fills existing rows with a value PostgreSQL would not give)
         self.needs_empty: list[tuple[str, str]] = []
@@ -437,10 +484,15 @@ class Translator:
         while not rest.done():  # table options: ENGINE=..., DEFAULT CHARSET=..., COMMENT='...'
             token = rest.next()
             if token.upper == "PARTITION":
+                self._partitioned()
                 break  # PARTITION BY ... (the last clause): a plain table holds the same rows
             if token.upper in ("AS", "SELECT", "IGNORE", "REPLACE"):
                 raise UnsupportedDdl(f"CREATE TABLE ... {token.text} is not translated")
         return out + [f"{' '.join(head)} {name} ({', '.join(elements)})"]
+
+    def _partitioned(self) -> None:
+        if self.partitions == "refuse":
+            raise UnsupportedDdl(PARTITIONS_REFUSED)
 
     def _rename(self, old: TableRef, new: TableRef) -> list[str]:
         out = []
@@ -467,6 +519,8 @@ class Translator:
                 # PostgreSQL table would keep them.
                 raise UnsupportedDdl(f"ALTER TABLE ... {verb} PARTITION changes rows the binlog holds no row "
                                      "events for; apply it to the PostgreSQL table by hand, then resume")
+            if verb == "PARTITION":
+                self._partitioned()
             if verb == "PARTITION" or (verb == "REMOVE" and t.sees("PARTITIONING")) or (
                     verb in _PARTITION_UPKEEP and t.sees("PARTITION")):
                 # partitioning is not replicated (a plain table); a partition clause ends the
@@ -477,7 +531,7 @@ class Translator:
             elif verb == "DROP":
                 t.word("COLUMN")
                 if t.word("PRIMARY"):
-                    actions.append(f"DROP CONSTRAINT IF EXISTS {ident((ref.table + '_pkey')[:63])}")
+                    actions.append(f"DROP CONSTRAINT IF EXISTS {ident(pkey_name(pg_name(ref.table)))}")
                 elif (token := t.peek()) is not None and token.kind != "ident" and token.upper in (
                         "INDEX", "KEY", "FOREIGN", "CHECK", "CONSTRAINT"):
                     continue

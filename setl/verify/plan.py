@@ -76,6 +76,8 @@ def plan_table(source: TablePlan, route: Route, target_types: Mapping[str, str] 
         found = target_types.get(target_name)
         if found is None and dialect == "mysql":
             found = next((t for c, t in target_types.items() if c.lower() == target_name.lower()), None)
+        if found is None and dialect == "postgresql":  # a name over 63 bytes, as setl maps it
+            found = target_types.get(postgresql.target_name(target_name))
         if found is None:
             unchecked[name] = f"no column {target_name!r} in {route.target}"
             continue

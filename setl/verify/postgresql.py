@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from setl.sinks.postgresql_ddl import pg_name as target_name
 from setl.values import SPATIAL_TYPES
 from setl.verify.canonical import BINARIES, INTEGERS, STRINGS
 
@@ -25,7 +26,8 @@ _TEXTS = frozenset({"character varying", "character", "text"})
 
 
 def quote(name: str) -> str:
-    return ('"' + name.replace('"', '""') + '"').replace("%", "%%")
+    """`name` as the PostgreSQL identifier setl gives it (`target_name`: names over 63 bytes mapped)."""
+    return ('"' + target_name(name).replace('"', '""') + '"').replace("%", "%%")
 
 
 def text_sql(kind: str, own: str, column: str) -> str | None:
@@ -96,6 +98,7 @@ def end(conn: Any) -> None:
 
 def columns(conn: Any, schema: str, table: str) -> dict[str, str] | None:
     rows = conn.execute("SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = %s "
-                        "AND table_name = %s ORDER BY ordinal_position", (schema, table)).fetchall()
+                        "AND table_name = %s ORDER BY ordinal_position",
+                        (target_name(schema), target_name(table))).fetchall()
     conn.rollback()
     return {str(name): str(kind).lower() for name, kind in rows} or None

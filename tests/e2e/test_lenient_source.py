@@ -13,6 +13,8 @@ import pytest
 from setl.model import Batch, DdlChange, Op, Position, RowChange
 from setl.scheduler import Outcome
 from setl.sinks.mysql import MySQLLoad
+from tests.e2e.setl_process import mysql_target
+from tests.schema.test_schema import make
 
 from .replicate import binlog_head, replicate, table_rule
 
@@ -113,3 +115,36 @@ def test_a_source_mode_the_target_does_not_know_runs_without_the_unknown_names(m
             load.load(Batch("modes", 2, 1, Position("b", 2), Position("b", 3), (insert,)))
     finally:
         load.close()
+
+
+def test_a_snapshot_start_copies_what_a_non_strict_source_stored(mariadb_source, source_db, mariadb_target, mysql_db,
+                                                                 tmp_path):
+    """`start: snapshot`: the rows a non-strict session stored (the ENUM error value, cut strings,
+    clamped numbers) are copied as stored into the keyed and the keyless table, and the binlog
+    changes after the copy land as stored too."""
+    for table, shape in (("t", TABLE), ("loose", KEYLESS)):
+        mariadb_source.query(f"CREATE TABLE `{source_db}`.{table} {shape}")
+    _source_session(mariadb_source, source_db, [
+        "INSERT INTO t VALUES (1, 'abcdef', 'zzz', 1000, 12345.67, 'abc'), (2, 'ok', 'a', -1000, -0.06, 'x')",
+        "INSERT INTO loose VALUES ('abcd', 'q'), ('abcd', 'q'), ('z', 'a')",
+    ])
+    setl = make(tmp_path, mariadb_source, mysql_target(mariadb_target),
+                [{"source": rf"{source_db}\.(t|loose)", "target": f"{mysql_db}.{{table}}"}], start="snapshot")
+    result = setl.start_until_caught_up(timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    _source_session(mariadb_source, source_db, [
+        "UPDATE t SET e = 'nope', s = 'longer' WHERE id = 2",
+        "INSERT INTO t VALUES (3, 'xyzw', 'c', 300, 1, 'abc')",
+        "DELETE FROM loose WHERE s = 'z'",
+        "INSERT INTO loose VALUES ('wxyz', 'r')",
+    ])
+    result = setl.start_until_caught_up(timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for table in ("t", "loose"):
+        query = f"SELECT * FROM `{{}}`.`{table}` ORDER BY 1, 2"
+        assert mariadb_target.query(query.format(mysql_db)) == mariadb_source.query(query.format(source_db))
+        checksum = f"CHECKSUM TABLE `{{}}`.`{table}`"
+        assert mariadb_target.query(checksum.format(mysql_db))[0][1] == \
+            mariadb_source.query(checksum.format(source_db))[0][1]
+    assert mariadb_target.query(f"SELECT s, e + 0 FROM `{mysql_db}`.t ORDER BY id") == [("abc", 0), ("lon", 0),
+                                                                                         ("xyz", 0)]

@@ -13,6 +13,8 @@ import pytest
 from setl.model import Batch, DdlChange, Position
 from setl.sinks.mysql import MySQLLoad
 from setl.sinks.postgresql import PostgresLoad
+from tests.e2e.setl_process import mysql_target, postgres_target
+from tests.schema.test_schema import make
 
 from .replicate import binlog_head, replicate, table_rule
 
@@ -154,3 +156,31 @@ def test_a_create_sequence_of_an_existing_sequence_counts_only_when_its_options_
             load.load(ddl(3, f"CREATE SEQUENCE `{mysql_db}`.t"))
     finally:
         load.close()
+
+
+@pytest.mark.parametrize("target_kind", ["mariadb", "postgresql"])
+def test_sequences_after_a_snapshot_start(target_kind, mariadb_source, source_db, mariadb_target, mysql_db,
+                                          postgres_server, postgres_db, tmp_path):
+    """`start: snapshot` copies the tables (a sequence is not a table to copy): into MariaDB, the
+    NEXTVAL and SETVAL written after the copy create each sequence they touch from the source's
+    definition and give it the source's state; into PostgreSQL, the rows arrive as plain values
+    and no sequence."""
+    _run(mariadb_source, source_db, WORKLOAD[:8])  # sequences, t, and rows drawn from them
+    if target_kind == "mariadb":
+        target, schema = mysql_target(mariadb_target), mysql_db
+    else:
+        target, schema = postgres_target(postgres_server, postgres_db), source_db
+    setl = make(tmp_path, mariadb_source, target, [{"source": rf"{source_db}\..*", "target": f"{schema}.{{table}}"}],
+                start="snapshot")
+    result = setl.start_until_caught_up(timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    _run(mariadb_source, source_db, WORKLOAD[8:])
+    result = setl.start_until_caught_up(timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    if target_kind == "mariadb":
+        _assert_same(mariadb_source, source_db, mariadb_target, mysql_db, ("s1", "s3"))
+        return
+    got = postgres_server.query(f'SELECT id, v FROM "{source_db}".t ORDER BY id', dbname=postgres_db)
+    assert [tuple(r) for r in got] == mariadb_source.query(f"SELECT id, v FROM `{source_db}`.t ORDER BY id")
+    assert postgres_server.query("SELECT count(*) FROM information_schema.sequences WHERE sequence_schema = %s",
+                                 (source_db,), dbname=postgres_db) == [(0,)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from setl.ddl import parse
-from setl.sinks.postgresql_ddl import Translator, UnsupportedDdl, is_sequence_ddl
+from setl.sinks.postgresql_ddl import Translator, UnsupportedDdl, is_sequence_ddl, pg_name
 
 
 def translate(statement: str) -> list[str]:
@@ -129,6 +129,11 @@ def test_charsets_and_collations(definition, expected):
     ("ADD e VARCHAR(3) DEFAULT _utf8mb4'x'", '"e" varchar(3) DEFAULT \'x\'', None),
     ("ADD f INT DEFAULT 0x1F", '"f" integer DEFAULT 31', None),
     ("ADD g DATE DEFAULT '0000-00-00'", '"g" date', "column g DEFAULT '0000-00-00' has no PostgreSQL translation"),
+    # MariaDB takes an expression default without parentheses
+    ("ADD h VARCHAR(9) DEFAULT concat('a','b')", '"h" varchar(9)',
+     "column h DEFAULT concat('a','b') has no PostgreSQL translation"),
+    ("ADD u UUID NOT NULL DEFAULT uuid()", '"u" uuid NOT NULL',
+     "column u DEFAULT uuid() has no PostgreSQL translation"),
 ])
 def test_add_column_defaults(clause, expected, needs_empty):
     """ADD COLUMN defaults are translated exactly, or named as exact only on an empty table."""
@@ -170,3 +175,35 @@ def test_modify_into_a_generated_column_needs_an_empty_table():
         'ALTER COLUMN "b" DROP DEFAULT']
     assert translator.needs_empty == [('"app"."t"', "column b becomes a generated column, whose values the "
                                                     "source computes without row events")]
+
+
+def test_names_over_63_bytes_are_mapped_in_every_statement():
+    """Every name over 63 bytes (table, column, renamed and dropped ones, the primary key's
+    constraint) is emitted as `pg_name` maps it; shorter ones as they are."""
+    table, a, b = "t" * 64, "a" * 63 + "1", "a" * 63 + "2"
+    t, ma, mb = pg_name(table), pg_name(a), pg_name(b)
+    assert ma != mb and ma[:54] == mb[:54] and len(ma.encode()) == 63 and t.startswith("t" * 54 + "_")
+    assert pg_name("x" * 63) == "x" * 63 and pg_name(ma) == ma
+    assert translate(f"CREATE TABLE `{table}` (`{a}` INT PRIMARY KEY, `{b}` INT, UNIQUE KEY (`{b}`))") == [
+        f'CREATE TABLE "app"."{t}" ("{ma}" integer PRIMARY KEY, "{mb}" integer, UNIQUE ("{mb}"))']
+    assert translate(f"ALTER TABLE `{table}` ADD COLUMN `{b}x` INT, DROP COLUMN `{a}`, DROP PRIMARY KEY") == [
+        f'ALTER TABLE "app"."{t}" ADD COLUMN "{pg_name(b + "x")}" integer, DROP COLUMN "{ma}", '
+        f'DROP CONSTRAINT IF EXISTS "{t[:58]}_pkey"']
+    assert translate(f"ALTER TABLE `{table}` RENAME COLUMN `{b}` TO c") == [
+        f'ALTER TABLE "app"."{t}" RENAME COLUMN "{mb}" TO "c"']
+    assert translate(f"RENAME TABLE `{table}` TO `{table}2`") == [
+        f'ALTER TABLE "app"."{t}" RENAME TO "{pg_name(table + "2")}"']
+
+
+@pytest.mark.parametrize("statement", [
+    "CREATE TABLE t (a INT PRIMARY KEY) PARTITION BY HASH (a) PARTITIONS 4",
+    "ALTER TABLE t PARTITION BY HASH (a) PARTITIONS 4",
+])
+def test_partition_by_is_refused_under_partitions_refuse(statement):
+    """``partitions: refuse``: PARTITION BY stops (the default, plain, drops the clause: above);
+    a plain CREATE still translates."""
+    translator = Translator("app", partitions="refuse")
+    with pytest.raises(UnsupportedDdl, match="partitions option is refuse"):
+        translator.translate(parse(statement))
+    assert translator.translate(parse("CREATE TABLE t (a INT PRIMARY KEY)")) == [
+        'CREATE TABLE "app"."t" ("a" integer PRIMARY KEY)']

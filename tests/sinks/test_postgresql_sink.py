@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from setl.errors import LoadError, TransientLoadError
 from setl.model import DdlChange
 from setl.sinks.postgresql import PostgresLoad, PostgresqlTargetConfig
+from setl.sinks.postgresql_ddl import pg_name
 from setl.sinks.sql_common import TargetTableMissing
 from setl.testing.servers import PostgresServer, free_port
 from tests.e2e.replicate import PER_TABLE, replicate, table_rule, write_source
@@ -162,6 +163,30 @@ class TestPostgresSink(SinkContract):
         load.load(make_batch([odd.update(rows[1], **{**rows[1], "v$1": "new"}), odd.delete(**rows[2])], id=2))
         got = target.query(f'SELECT * FROM "{target.schema}".{quoted} ORDER BY 1')
         assert got == [(0, "v0%s$1", 0), (1, "new", 2), (3, "v3%s$1", 6), (4, "v4%s$1", 8)]
+
+    def test_names_over_63_bytes_load_under_their_mapped_names(self, target):
+        """Names longer than 63 bytes (`pg_name`: cut plus a hash), two of them equal in their first
+        63 bytes: keyed upserts by COPY and by INSERT, updates and deletes, and a keyless table's
+        COPY, INSERT and ctid deletes all reach the mapped table and columns."""
+        table, first, second = "t" * 64, "k" * 63 + "1", "é" * 32 + "2"
+        mapped = [pg_name(n) for n in (table, first, second)]
+        assert len(set(mapped)) == 3 and all(len(m.encode()) <= 63 for m in mapped)
+        for name, key in ((table, " PRIMARY KEY"), (table[:-1] + "u", "")):
+            target.execute(f'CREATE TABLE "{target.schema}"."{pg_name(name)}" ("{mapped[1]}" int{key}, '
+                           f'"{mapped[2]}" text, "{pg_name("k" * 63 + "2")}" int)')
+        load = target.make_load(copy_rows=3)
+        try:
+            for base, name, key in ((0, table, (first,)), (3, table[:-1] + "u", ())):
+                changes = Changes(target.schema, name, key=key)
+                rows = [{first: i, second: f"v{i}", "k" * 63 + "2": -i} for i in range(6)]
+                load.load(make_batch([read(changes, r) for r in rows], id=base + 1))
+                load.load(make_batch([changes.insert(**{first: 9, second: "x", "k" * 63 + "2": 0})], id=base + 2))
+                load.load(make_batch([changes.update(rows[1], **{second: "new"}), changes.delete(**rows[2])],
+                                     id=base + 3))
+                got = target.query(f'SELECT * FROM "{target.schema}"."{pg_name(name)}" ORDER BY 1')
+                assert got == [(0, "v0", 0), (1, "new", -1), (3, "v3", -3), (4, "v4", -4), (5, "v5", -5), (9, "x", 0)]
+        finally:
+            load.close()
 
     def test_json_list_and_text_into_typed_columns(self, target, load):
         """A list goes to a jsonb column; strings reach int, uuid and date columns by the column's type."""

@@ -25,7 +25,7 @@ from setl.snapshot.reader import ChunkReader
 from setl.testing.harness import MemorySink
 
 from ..e2e.replicate import replicate, table_rule
-from ..e2e.setl_process import mysql_target, postgres_target, spawned
+from ..e2e.setl_process import binlog_head, mysql_target, postgres_target, spawned
 from ..e2e.test_read_types import Capture
 from ..helpers.wait import wait_until
 from .test_snapshot_e2e import make_setl, run_until_caught_up
@@ -259,3 +259,48 @@ def test_rows_deleted_and_updated_during_their_copy_stay_deleted(target_kind, tm
         assert [(u, str(ipaddress.ip_address(a)), b, s, v) for u, a, b, s, _f, v in got] == \
             [(u, str(ipaddress.ip_address(a)), b, s, v) for u, a, b, s, _f, v in expected]
         assert [round(row[4], 3) for row in got] == [round(row[4], 3) for row in expected]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("target_kind", ["mariadb", "postgresql"])
+def test_every_key_type_from_the_binlog_alone(target_kind, tmp_path, mariadb_source, source_db, mariadb_target,
+                                              mysql_db, postgres_server, postgres_db):
+    """The binlog-only start of the cases above: a table per key type created by replicated DDL,
+    its rows inserted, deleted, updated and re-keyed as above, one pipeline run from before the
+    CREATEs; each target table ends as the source holds it."""
+    start = binlog_head(mariadb_source)
+    for n, (kind, (literals, moved)) in enumerate(KEYS.items()):
+        _run(mariadb_source, source_db, [
+            f"CREATE TABLE k{n} (k {kind} NOT NULL PRIMARY KEY, v INT NOT NULL)",
+            f"INSERT INTO k{n} VALUES " + ", ".join(f"({lit}, {i})" for i, lit in enumerate(literals)),
+            f"DELETE FROM k{n} WHERE {_is(kind, literals[0])}",
+            f"UPDATE k{n} SET v = v + 100 WHERE {_is(kind, literals[1])}",
+            f"UPDATE k{n} SET k = {moved} WHERE {_is(kind, literals[2])}",
+            f"UPDATE k{n} SET k = {literals[2]}, v = 7 WHERE {_is(kind, moved)}",
+            f"UPDATE k{n} SET k = {moved}, v = 8 WHERE {_is(kind, literals[2])}",
+            f"DELETE FROM k{n} WHERE {_is(kind, literals[4])}",
+            f"INSERT INTO k{n} VALUES ({literals[4]}, 44)",
+            f"DELETE FROM k{n} WHERE {_is(kind, literals[4])}",
+        ])
+    if target_kind == "mariadb":
+        load: Any = MySQLLoad(mariadb_target.target_config(), pipeline="binkeys", position_schema=mysql_db)
+        schema = mysql_db
+    else:
+        load = PostgresLoad(postgres_server.target_config(postgres_db), pipeline="binkeys")
+        schema = source_db
+    replicate(mariadb_source, start, [table_rule(rf"{source_db}\.k\d+", f"{schema}.{{table}}")], load, tmp_path)
+    for n, kind in enumerate(KEYS):
+        if target_kind == "mariadb":
+            query = f"SELECT HEX(k), v FROM `{{}}`.k{n} ORDER BY 1"
+            assert mariadb_target.query(query.format(mysql_db)) == mariadb_source.query(query.format(source_db)), kind
+            checksum = f"CHECKSUM TABLE `{{}}`.k{n}"
+            assert mariadb_target.query(checksum.format(mysql_db))[0][1] == \
+                mariadb_source.query(checksum.format(source_db))[0][1], kind
+            continue
+        got = postgres_server.query(f'SELECT v FROM "{source_db}".k{n} ORDER BY v', dbname=postgres_db)
+        assert [tuple(r) for r in got] == mariadb_source.query(f"SELECT v FROM `{source_db}`.k{n} ORDER BY v"), kind
+        if kind in ("UUID", "INET6", "INET4"):
+            keys = postgres_server.query(f'SELECT k::text FROM "{source_db}".k{n} ORDER BY v', dbname=postgres_db)
+            normal = (lambda text: text.split("/")[0]) if kind != "UUID" else str
+            assert [normal(r[0]) for r in keys] == [r[0] for r in mariadb_source.query(
+                f"SELECT k FROM `{source_db}`.k{n} ORDER BY v")], kind

@@ -951,11 +951,13 @@ class MysqlBinlogSource(Select):
         """The selected base tables' columns from information_schema, on a connection of its own."""
         conn = self._connect()
         try:
-            tables = self._query(conn, "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES "
+            tables = self._query(conn, "SELECT TABLE_SCHEMA, TABLE_NAME, CREATE_OPTIONS FROM information_schema.TABLES "
                                        "WHERE TABLE_TYPE IN ('BASE TABLE', 'SYSTEM VERSIONED') AND TABLE_SCHEMA "
                                        "NOT IN ('mysql', 'information_schema', 'performance_schema', 'sys')")
-            wanted = {(str(schema), str(table)) for schema, table in tables
+            wanted = {(str(schema), str(table)) for schema, table, _options in tables
                       if self.selects is None or self.selects(str(schema), str(table))}
+            partitioned = {(str(schema), str(table)) for schema, table, options in tables
+                           if "partitioned" in str(options or "").lower()}
             if not wanted:
                 return ()
             schemas = sorted({schema for schema, _ in wanted})
@@ -989,7 +991,7 @@ class MysqlBinlogSource(Select):
             # period columns are declared: the rows setl hands on carry neither (current rows only).
             if any(column.name == str(name) for column in found.get((str(schema), str(table)), ())):
                 primary.setdefault((str(schema), str(table)), []).append(str(name))
-        return tuple(TableSchema(TableName(*key), tuple(cols), tuple(primary.get(key, ())))
+        return tuple(TableSchema(TableName(*key), tuple(cols), tuple(primary.get(key, ())), key in partitioned)
                      for key, cols in sorted(found.items()))
 
     def close(self, timeout: float = 5.0) -> None:
