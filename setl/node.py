@@ -13,6 +13,7 @@ import logging
 import operator
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -26,6 +27,7 @@ from setl.model import Ack, Batch
 from setl.retry import Backoff, Failure, record_retrying
 from setl.pipeline import Stages, analyse_steps, build_stages, describe_tables, fenced
 from setl.pipeline.checks import check_rules, rules_fingerprint
+from setl.pipeline.reload import Reload, ReloadRefused, prepare
 from setl.runtime import SerialExecutorService, TaskExecutionService
 from setl.scheduler import BatchCap, Fanout, Forwarding, Listener, Outcome, Scheduler, supports_per_table
 from setl.schema import check_tables
@@ -151,6 +153,7 @@ class _Supervised:
     recheck_at: float = 0.0
     start_attempts: int = 0  # failed starts in a row (transient ones are retried)
     start_backoff: Backoff | None = None
+    reload: Reload | None = None  # new rules to swap in before the next scheduler starts
 
 
 class Node:
@@ -168,7 +171,8 @@ class Node:
     tick = 0.05
 
     def __init__(self, settings: NodeSettings, pipelines: list[PipelineConfig], meta: MetaStore,
-                 *, poll_interval: float = 1.0) -> None:
+                 *, poll_interval: float = 1.0,
+                 reload_config: Callable[[str], PipelineConfig] | None = None) -> None:
         self.settings = settings
         self.pipelines = pipelines
         self.meta = meta
@@ -188,6 +192,11 @@ class Node:
         self._starting = False  # checking the pipelines at start (the status endpoint says "starting")
         #: each pipeline's table-rules fingerprint, published with its liveness beats (`setl snapshot` checks it)
         self._rules = {config.name: rules_fingerprint(config) for config in pipelines}
+        #: re-reads a pipeline's file (`request_reload`); None: this node cannot reload
+        self.reload_config = reload_config
+        self._reload_asked = threading.Event()
+        #: each pipeline's last reload: when, and what came of it (published with its liveness figures)
+        self._reloads: dict[str, dict[str, Any]] = {}
         #: Each pipeline's lag figures (`figures()`), and with `http.listen` its metrics and history.
         self.observer: NodeObserver | None = None
         self.http: StatusServer | None = None
@@ -200,7 +209,81 @@ class Node:
         figures = {k: v for k, v in found.to_dict().items() if k != "position"} if found is not None else {}
         self.alerts.observe(name, figures)
         rules = self._rules.get(name)
+        if name in self._reloads:
+            figures = {**figures, "reload": self._reloads[name]}
         return {**figures, "rules": rules} if rules is not None else figures
+
+    def request_reload(self) -> None:
+        """Re-read every pipeline's file and apply new table rules at the next batch boundary
+        (SIGHUP, `setl reload`): only sets a flag, so a signal handler may call it."""
+        self._reload_asked.set()
+
+    def _reload_if_asked(self, runs: list[_Supervised]) -> None:
+        if not self._reload_asked.is_set():
+            return
+        self._reload_asked.clear()
+        for run in runs:
+            if not run.done:
+                self._reload(run)
+
+    def _reload(self, run: _Supervised) -> None:
+        """Prepare `run`'s reload (`setl.pipeline.reload`) and stop its scheduler gracefully: the next
+        one starts on the new stages (`_swap_in`). A refusal keeps the old configuration running."""
+        name = run.config.name
+        outcome: dict[str, Any] = {"at": time.time()}
+        try:
+            if self.reload_config is None:
+                raise ReloadRefused("this node was not started from a configuration directory", pipeline=name,
+                                    stage="reload")
+            try:
+                new = self.reload_config(name)
+            except SetlError as exc:
+                raise ReloadRefused(f"the file does not load: {exc}", pipeline=name, stage="reload") from exc
+            reload = prepare(self.settings, run.reload.config if run.reload else run.config, new, self.meta,
+                             run.stages)
+        except Exception as exc:  # any failure to prepare refuses the reload as a whole
+            message = str(exc) if isinstance(exc, SetlError) else f"{type(exc).__name__}: {exc}"
+            log.error("pipeline=%s stage=reload reload refused, the running configuration is kept: %s", name, message)
+            self.alerts.emit(name, "reload_refused", error=message)
+            self._reloads[name] = {**outcome, "result": "refused", "message": message}
+            return
+        if reload is None:
+            log.info("pipeline=%s stage=reload the table rules are unchanged: nothing to reload", name)
+            self._reloads[name] = {**outcome, "result": "unchanged", "message": "the table rules are unchanged"}
+            return
+        if run.reload is not None:  # an earlier reload not swapped in yet: this one replaces it
+            run.reload.stages.load.close()
+        run.reload = reload
+        log.info("pipeline=%s stage=reload new table rules: %s; draining in-flight batches to apply them",
+                 name, reload.describe())
+        with self._lock:
+            scheduler = self._running.get(name)
+        if scheduler is not None:
+            scheduler.stop()
+        self._reloads[name] = {**outcome, "result": "pending", "message": reload.describe()}
+
+    def _swap_in(self, run: _Supervised) -> None:
+        """Between two schedulers: the reloaded stages replace the old ones, and every added table's
+        copy is requested (served online by the new source, `setl snapshot`)."""
+        reload, name = run.reload, run.config.name
+        assert reload is not None
+        run.reload = None
+        if run.opened:
+            run.opened = False
+            try:
+                run.stages.load.close()
+            except Exception as exc:  # the old connection: the new stages have their own
+                log.warning("pipeline=%s closing the old target connection failed: %s", name, exc)
+        run.config, run.stages = reload.config, reload.stages
+        self.pipelines = [reload.config if c.name == name else c for c in self.pipelines]
+        snapshot = find_snapshot(reload.stages.select)
+        if snapshot is not None:
+            snapshot.on_done = functools.partial(self._snapshot_done, name)
+        for table in reload.added:
+            self.meta.request_snapshot(name, table)
+        self._rules[name] = reload.fingerprint
+        log.info("pipeline=%s stage=reload applied: %s", name, reload.describe())
+        self._reloads[name] = {"at": time.time(), "result": "applied", "message": reload.describe()}
 
     def _snapshot_done(self, name: str, progress: TableProgress) -> None:
         self.alerts.emit(name, "snapshot_done", table=str(progress.name), rows=progress.rows, chunks=progress.chunks)
@@ -371,6 +454,7 @@ class Node:
                         self._failed(run, exc)
                     else:
                         run.recheck_at = now + delay
+            self._reload_if_asked(runs)
             if now >= next_watch:
                 self._watch_operator_pauses()
                 next_watch = now + self.poll_interval
@@ -384,6 +468,7 @@ class Node:
         for thread in threads:
             thread.start()
         while any(t.is_alive() for t in threads):
+            self._reload_if_asked(runs)
             self._watch_operator_pauses()
             for thread in threads:
                 thread.join(timeout=self.poll_interval / max(1, len(threads)))
@@ -482,6 +567,8 @@ class Node:
         if self._stop.is_set():
             self._close(run)
             return None
+        if run.reload is not None:
+            self._swap_in(run)
         if not run.opened:
             run.stages.load.open()
             run.opened = True
