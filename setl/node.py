@@ -26,6 +26,7 @@ from setl.meta.base import Liveness, MetaStore, Status
 from setl.model import Ack, Batch
 from setl.retry import Backoff, Failure, record_retrying
 from setl.pipeline import Stages, analyse_steps, build_stages, describe_tables, fenced
+from setl.pipeline import identity
 from setl.pipeline.checks import check_rules, rules_fingerprint
 from setl.pipeline.reload import Reload, ReloadRefused, prepare
 from setl.runtime import SerialExecutorService, TaskExecutionService
@@ -287,6 +288,12 @@ class Node:
 
     def _snapshot_done(self, name: str, progress: TableProgress) -> None:
         self.alerts.emit(name, "snapshot_done", table=str(progress.name), rows=progress.rows, chunks=progress.chunks)
+        for run in self._runs:
+            if run.config.name == name:
+                try:  # the target's identity record then says the copy finished (`setl.pipeline.identity`)
+                    identity.copy_finished(run.config, run.stages, self.meta)
+                except Exception as exc:
+                    log.warning("pipeline=%s cannot record the finished copy on the target: %s", name, exc)
 
     def _rebalanced(self, name: str, details: dict[str, Any]) -> None:
         self.alerts.emit(name, "rebalanced", **details)  # this node coordinates the cluster (docs/cluster.md)
@@ -574,7 +581,9 @@ class Node:
             run.opened = True
         if self._held_by_pause(run, until_caught_up):
             return None
-        self._refuse_a_position_nobody_knows(run)
+        # a target position another source server wrote is refused; one only the target knows is
+        # taken when its stored identity matches (a wiped meta store), refused otherwise
+        identity.check(run.config, run.stages, self.meta)
         self._pin_latest_start(run)
         stages = run.stages if lease is None else fenced(run.stages, lease)  # the chain's outermost layer
         progress: Listener = self.progress[name]
@@ -611,28 +620,6 @@ class Node:
             log.warning("pipeline=%s is paused%s; waiting for `setl resume --pipeline %s`", name, reason, name)
             run.announced = True
         return True
-
-    def _refuse_a_position_nobody_knows(self, run: _Supervised) -> None:
-        """A first start (the meta store has never seen the pipeline run: no epoch, no ack, no
-        operator reset) on a target that already holds a position under the pipeline's name is
-        refused: another pipeline of that name wrote it, or this one's meta store was lost
-        (mid-copy, perhaps). Taking it would skip the copy and the creation of the tables, and end
-        "caught up" with the target missing rows. A pipeline that ran here before (a crash between
-        its first load and its first ack) takes the target's position as usual."""
-        name = run.config.name
-        if (self.meta.state(name).epoch or self.meta.position(name) is not None
-                or self.meta.position_was_reset(name)):
-            return
-        held = run.stages.load.committed()
-        if held is None:
-            return
-        typed = f"{held.log}:{held.offset}" + (f"+{held.row}" if held.row else "")
-        raise ConfigError(
-            f"the target already holds a position of a pipeline named {name} ({held}) and this node's meta store "
-            f"has none: another pipeline of this name wrote it, or this one's meta store was lost. Starting from it "
-            f"would skip copying and creating the tables. If it is this pipeline and its copy had finished, take it "
-            f"with `setl position reset --pipeline {name} --to {typed}`; to start afresh from the configured start "
-            f"(copying again), `setl position reset --pipeline {name} --start`", pipeline=name, stage="load")
 
     def _pin_latest_start(self, run: _Supervised) -> None:
         """`start: latest` is the source's head at the pipeline's first start, resolved once.
