@@ -60,6 +60,7 @@ def test_a_table_added_by_setl_reload_ends_with_every_row(tmp_path, mariadb_sour
     with t.Writer(mariadb_source, source_db, ROWS, seed=23) as writer, spawned(setl) as proc:
         _copied(setl, proc, "ints")
         before = (setl.liveness_figures() or {}).get("rules")
+        ints_copy = progress(setl, full=True)["ints"].started
         setl.config["tables"] = _rules(source_db, mysql_db, "(ints|strs)")
         setl.write_config()
         result = setl.run("reload", "--pipeline", setl.name)
@@ -76,6 +77,7 @@ def test_a_table_added_by_setl_reload_ends_with_every_row(tmp_path, mariadb_sour
         assert writer.transactions > 50
         _equal(setl, proc, mariadb_source, source_db, mariadb_target, mysql_db, ["ints", "strs"])
         assert len(t.mariadb_rows(mariadb_target, mysql_db, "strs")) >= ROWS
+        assert progress(setl, full=True)["ints"].started == ints_copy  # ints streamed on, never copied again
         assert setl.stop(proc) == 0
     untouched = {name for (name,) in mariadb_target.query(f"SHOW TABLES FROM `{mysql_db}`")}
     assert untouched == {"ints", "strs"}  # the other source tables stay out
