@@ -114,3 +114,46 @@ def test_a_changed_target_is_refused_and_sighup_reloads(tmp_path, mariadb_source
         mariadb_source.query(f"UPDATE `{source_db}`.strs SET n = -n WHERE n < 10")
         _equal(setl, proc, mariadb_source, source_db, mariadb_target, mysql_db, ["ints", "strs"])
         assert setl.stop(proc) == 0
+
+
+def test_what_a_reload_may_change(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db):
+    """`setl.pipeline.reload.prepare` against a real source: unchanged rules are nothing to do; a table
+    added is listed for an online copy; a rule that would route a running table elsewhere, new
+    transform steps and changed pipeline settings are refused as a whole."""
+    from setl.config import load_node, load_pipeline
+    from setl.connectors import for_node
+    from setl.meta.sqlite import SqliteMetaStore
+    from setl.model import TableName
+    from setl.pipeline import build_stages
+    from setl.pipeline.reload import ReloadRefused, prepare
+
+    t.create(mariadb_source, source_db)
+    setl = make_setl(tmp_path, mariadb_source, source_db, mysql_target(mariadb_target), f"{mysql_db}.{{table}}",
+                     server_id=2313)
+    settings = load_node(setl.conf)
+
+    def config(**changes: Any):
+        setl.config.update(changes)
+        setl.write_config()
+        return load_pipeline(setl.conf, setl.name, for_node(settings))
+
+    old = config(tables=_rules(source_db, mysql_db, "ints"))
+    meta = SqliteMetaStore(tmp_path / "reload-meta.db")
+    running = build_stages(settings, old, meta)
+    try:
+        assert prepare(settings, old, config(), meta, running) is None
+        added = prepare(settings, old, config(tables=_rules(source_db, mysql_db, "(ints|strs)")), meta, running)
+        assert added is not None and added.added == (TableName(source_db, "strs"),) and added.removed == ()
+        added.stages.load.close()
+        elsewhere = [{"source": rf"{re.escape(source_db)}\.(ints|strs)", "target": f"{mysql_db}.x_{{table}}"}]
+        with pytest.raises(ReloadRefused, match=f"table {source_db}.ints would be replicated differently"):
+            prepare(settings, old, config(tables=elsewhere), meta, running)
+        steps = [{**_rules(source_db, mysql_db, "ints")[0],
+                  "transforms": [{"use": "add_column", "name": "k2", "expr": "k * 2"}]}]
+        with pytest.raises(ReloadRefused, match="transform steps changed"):
+            prepare(settings, old, config(tables=steps), meta, running)
+        with pytest.raises(ReloadRefused, match="pipeline settings changed"):
+            prepare(settings, old, config(tables=_rules(source_db, mysql_db, "(ints|strs)"),
+                                          pipeline={**setl.config["pipeline"], "parallelism": 1}), meta, running)
+    finally:
+        meta.close()
