@@ -508,8 +508,19 @@ class Node:
         """The leadership of one pipeline (HA): a Scheduler on fenced stages, run to its end.
 
         Called by `Elections.run` while this node holds the pipeline's mainstem. An operator's
-        switch stops the scheduler; a lost lease ends it as LOST.
+        switch stops the scheduler; a lost lease ends it as LOST. A scheduler stopped for a rule
+        reload is followed by one on the reloaded stages under the same lease (giving the mainstem
+        up would hand the pipeline to a standby that knows nothing of the tables to copy).
         """
+        first = True
+        while True:
+            outcome = self._lead_once(run, lease, until_caught_up, announce=first)
+            first = False
+            if (outcome is not Outcome.STOPPED or run.reload is None or run.done or lease.lost
+                    or lease.switch_requested.is_set() or self._stop.is_set()):
+                return outcome
+
+    def _lead_once(self, run: _Supervised, lease: Lease, until_caught_up: bool, *, announce: bool) -> Outcome:
         from setl.errors import LeadershipLost
 
         scheduler = self._next_scheduler(run, until_caught_up, lease=lease)
@@ -518,7 +529,8 @@ class Node:
         lease.on_switch(scheduler.stop)
         try:
             self.heartbeat.claim(run.config.name, force=True)  # the election made this node the only writer
-            self.alerts.emit(run.config.name, "leader_changed")
+            if announce:
+                self.alerts.emit(run.config.name, "leader_changed")
             outcome = scheduler.run(until_caught_up=until_caught_up)
         except LeadershipLost as exc:
             scheduler.error, outcome = exc, Outcome.LOST
