@@ -377,13 +377,14 @@ def cmd_snapshot(args: argparse.Namespace, conf: Path) -> int:
 def cmd_reload(args: argparse.Namespace, conf: Path) -> int:
     """Ask the node running the pipeline to re-read its file (SIGHUP to the process its liveness
     record names, on this host), then wait for its answer in the record's figures (``reload``):
-    0 applied or unchanged, 1 refused (the old rules keep running) or no answer."""
+    0 applied, unchanged or deferred (paused: applied at `setl resume`), 1 refused (the old rules
+    keep running) or no answer."""
     import socket
 
     config = load_pipeline(conf, args.pipeline, for_node(load_node(conf)))  # a broken file stops here
     with _pipeline_meta(conf, args.pipeline) as meta:
-        live = meta.liveness(args.pipeline) if meta.state(args.pipeline).status is Status.RUNNING else None
-        if live is None:
+        live = meta.liveness(args.pipeline)  # a paused pipeline's node keeps beating, waiting for `setl resume`
+        if live is None or live.stale(time.time()):
             print(f"{args.pipeline} is not running: its next start runs {config.file or 'its file'} as it is now")
             return 0
         if live.host != socket.gethostname():

@@ -261,7 +261,10 @@ class Node:
             scheduler = self._running.get(name)
         if scheduler is not None:
             scheduler.stop()
-        self._reloads[name] = {**outcome, "result": "pending", "message": reload.describe()}
+            self._reloads[name] = {**outcome, "result": "pending", "message": reload.describe()}
+        else:  # paused, or waiting to retry its start: the next start runs the new stages
+            self._reloads[name] = {**outcome, "result": "deferred",
+                                   "message": f"{reload.describe()}; applied when the pipeline runs again"}
 
     def _swap_in(self, run: _Supervised) -> None:
         """Between two schedulers: the reloaded stages replace the old ones, and every added table's

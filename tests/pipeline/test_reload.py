@@ -113,6 +113,20 @@ def test_a_changed_target_is_refused_and_sighup_reloads(tmp_path, mariadb_source
         _copied(setl, proc, "strs")
         mariadb_source.query(f"UPDATE `{source_db}`.strs SET n = -n WHERE n < 10")
         _equal(setl, proc, mariadb_source, source_db, mariadb_target, mysql_db, ["ints", "strs"])
+
+        # paused: the reload waits for `setl resume`, which runs the new rules and copies the table
+        assert setl.run("pause", "--pipeline", setl.name).returncode == 0
+        wait_until(lambda: "paused by an operator; stopping gracefully" in setl.logs(), timeout=30,
+                   message="the node stopped the paused pipeline")
+        setl.config["tables"] = _rules(source_db, mysql_db, "(ints|strs|comp)")
+        setl.write_config()
+        deferred = setl.run("reload", "--pipeline", setl.name)
+        # the paused node swaps the new stages in at its next look (applied) or says it will (deferred)
+        assert deferred.returncode == 0 and re.search("reload (applied|deferred)", deferred.stdout), \
+            deferred.stdout + deferred.stderr
+        assert setl.run("resume", "--pipeline", setl.name).returncode == 0
+        _copied(setl, proc, "comp")
+        _equal(setl, proc, mariadb_source, source_db, mariadb_target, mysql_db, ["ints", "strs", "comp"])
         assert setl.stop(proc) == 0
 
 
