@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.setl_process import SetlProcess, mysql_target, spawned
+from tests.helpers.receiver import Receiver
 from tests.helpers.wait import wait_until
 from tests.snapshot import tables as t
 from tests.snapshot.test_snapshot_e2e import make_setl
@@ -85,14 +86,18 @@ def test_a_table_added_by_setl_reload_ends_with_every_row(tmp_path, mariadb_sour
 
 def test_a_changed_target_is_refused_and_sighup_reloads(tmp_path, mariadb_source, mariadb_target, source_db,
                                                        mysql_db):
-    """`setl reload` of a file whose target changed is refused (exit 1, one line) and the pipeline keeps
-    streaming on its old configuration; SIGHUP to the node then applies an added table like `setl reload`."""
+    """`setl reload` of a file whose target changed is refused (exit 1, one line, the reload_refused
+    alert) and the pipeline keeps streaming on its old configuration; SIGHUP to the node then applies
+    an added table like `setl reload`; a reload while paused is copied once resumed."""
     t.create(mariadb_source, source_db)
     t.fill(mariadb_source, source_db, ROWS, binlog=False)
     setl = make_setl(tmp_path, mariadb_source, source_db, mysql_target(mariadb_target), f"{mysql_db}.{{table}}",
                      server_id=2312)
     setl.config["tables"] = _rules(source_db, mysql_db, "ints")
     setl.write_config()
+    receiver = Receiver()
+    node = setl.conf / "setl.yaml"
+    node.write_text(node.read_text() + f"alerts:\n  - webhook: {receiver.url}\n    events: [reload_refused]\n")
     with spawned(setl) as proc:
         _copied(setl, proc, "ints")
         good = dict(setl.config)
@@ -103,6 +108,8 @@ def test_a_changed_target_is_refused_and_sighup_reloads(tmp_path, mariadb_source
         assert refused.returncode == 1, refused.stdout + refused.stderr
         [line] = [line for line in refused.stderr.splitlines() if line.startswith("setl: error")]
         assert "refused" in line and "target" in line, line
+        wait_until(lambda: receiver.bodies, timeout=30, message="the reload_refused alert")
+        assert receiver.bodies[0]["event"] == "reload_refused" and "target" in receiver.bodies[0]["error"]
         mariadb_source.query(f"INSERT INTO `{source_db}`.ints VALUES (-1, 1, 'after the refusal')")
         _equal(setl, proc, mariadb_source, source_db, mariadb_target, mysql_db, ["ints"])  # still streaming
 
@@ -128,6 +135,7 @@ def test_a_changed_target_is_refused_and_sighup_reloads(tmp_path, mariadb_source
         _copied(setl, proc, "comp")
         _equal(setl, proc, mariadb_source, source_db, mariadb_target, mysql_db, ["ints", "strs", "comp"])
         assert setl.stop(proc) == 0
+    receiver.close()
 
 
 def test_what_a_reload_may_change(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db):
