@@ -95,6 +95,12 @@ def _parser() -> argparse.ArgumentParser:
     snapshot.add_argument("--table", required=True, action="append", metavar="SCHEMA.TABLE",
                           help="a source table the pipeline's rules select (repeatable)")
 
+    reload = commands.add_parser("reload", help="apply a pipeline file's new table rules to its running node "
+                                                "(tables added are copied online)")
+    reload.add_argument("--pipeline", required=True, metavar="NAME")
+    reload.add_argument("--timeout", type=float, default=120.0, metavar="S",
+                        help="seconds to wait for the node's answer (default 120)")
+
     cluster_cmd.add_parser(commands)
     verify = commands.add_parser("verify", help="compare source and target tables, online, chunk by chunk "
                                                 "(exit 0 equal, 1 different, 2 error)")
@@ -134,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             "start": cmd_start, "status": cmd_status, "pause": cmd_pause, "resume": cmd_resume,
             "position": cmd_position, "plugins": cmd_plugins, "switch": cmd_switch, "schema": cmd_schema,
             "snapshot": cmd_snapshot, "check": cmd_check, "cluster": cluster_cmd.cmd_cluster,
-            "verify": cmd_verify,
+            "verify": cmd_verify, "reload": cmd_reload,
         }[args.command]
         return handler(args, Path(conf))
     except SetlError as exc:
@@ -179,7 +185,7 @@ def cmd_start(args: argparse.Namespace, conf: Path) -> int:
         raise UsageError("give --pipeline NAME (repeatable) or --all")
     configs = [load_pipeline(conf, name, for_node(settings)) for name in names]
     meta = _open_meta_retrying(settings, configs)
-    node = Node(settings, configs, meta)
+    node = Node(settings, configs, meta, reload_config=lambda name: load_pipeline(conf, name, for_node(settings)))
     tune_gc(settings.runtime)  # once everything is loaded and validated
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -194,6 +200,7 @@ def cmd_start(args: argparse.Namespace, conf: Path) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack on stderr
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, lambda signum, frame: node.request_reload())  # `setl reload`: new table rules
     # Threads waiting on a server (loads, chunk reads, the binlog) get the GIL back within 0.5 ms
     # of their answer instead of up to 5 ms, so a target is not left idle while Python work runs.
     sys.setswitchinterval(0.0005)
@@ -357,13 +364,53 @@ def cmd_snapshot(args: argparse.Namespace, conf: Path) -> int:
             # rules select. Refuse rather than accept a request nobody serves.
             raise UsageError(f"pipeline {args.pipeline} runs on {live.node or live.host} (pid {live.pid}) with "
                              f"other table rules than {config.file or 'its file'} has now (changed since it "
-                             f"started): restart the pipeline so that it runs with them, then request the copy",
+                             f"started): restart the pipeline (or `setl reload --pipeline {args.pipeline}`) so "
+                             f"that it runs with them, then request the copy",
                              pipeline=config.name, stage="select")
         for table in tables:
             meta.request_snapshot(args.pipeline, table)
     print(f"snapshot of {', '.join(map(str, tables))} requested for {args.pipeline}: "
           + ("its node starts it within seconds" if running else "it starts when the pipeline starts"))
     return 0
+
+
+def cmd_reload(args: argparse.Namespace, conf: Path) -> int:
+    """Ask the node running the pipeline to re-read its file (SIGHUP to the process its liveness
+    record names, on this host), then wait for its answer in the record's figures (``reload``):
+    0 applied, unchanged or deferred (paused: applied at `setl resume`), 1 refused (the old rules
+    keep running) or no answer."""
+    import socket
+
+    config = load_pipeline(conf, args.pipeline, for_node(load_node(conf)))  # a broken file stops here
+    with _pipeline_meta(conf, args.pipeline) as meta:
+        live = meta.liveness(args.pipeline)  # a paused pipeline's node keeps beating, waiting for `setl resume`
+        if live is None or live.stale(time.time()):
+            print(f"{args.pipeline} is not running: its next start runs {config.file or 'its file'} as it is now")
+            return 0
+        if live.host != socket.gethostname():
+            raise UsageError(f"pipeline {args.pipeline} runs on host {live.host} (pid {live.pid}): run "
+                             f"`setl reload --pipeline {args.pipeline}` there (or `kill -HUP {live.pid}`)",
+                             pipeline=args.pipeline, stage="reload")
+        asked = time.time()
+        try:
+            os.kill(live.pid, signal.SIGHUP)
+        except OSError as exc:
+            raise SetlError(f"cannot signal pid {live.pid}: {exc}", pipeline=args.pipeline, stage="reload") from exc
+        print(f"{args.pipeline}: asked pid {live.pid} to reload {config.file or 'its file'}", flush=True)
+        deadline = time.monotonic() + args.timeout
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            live = meta.liveness(args.pipeline)
+            answer = live.figures.get("reload") if live is not None else None
+            if isinstance(answer, dict) and answer.get("at", 0) >= asked and answer.get("result") != "pending":
+                if answer["result"] == "refused":
+                    print(f"setl: error: reload refused, the running configuration is kept: {answer['message']}",
+                          file=sys.stderr)
+                    return 1
+                print(f"{args.pipeline}: reload {answer['result']}: {answer['message']}")
+                return 0
+    raise SetlError(f"no answer from pid {live.pid if live else '?'} within {args.timeout:.0f}s; its log says why",
+                    pipeline=args.pipeline, stage="reload")
 
 
 def _snapshot_lines(rows: list[dict[str, Any]]) -> list[str]:

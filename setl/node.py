@@ -13,6 +13,7 @@ import logging
 import operator
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -25,7 +26,9 @@ from setl.meta.base import Liveness, MetaStore, Status
 from setl.model import Ack, Batch
 from setl.retry import Backoff, Failure, record_retrying
 from setl.pipeline import Stages, analyse_steps, build_stages, describe_tables, fenced
+from setl.pipeline import identity
 from setl.pipeline.checks import check_rules, rules_fingerprint
+from setl.pipeline.reload import Reload, ReloadRefused, prepare
 from setl.runtime import SerialExecutorService, TaskExecutionService
 from setl.scheduler import BatchCap, Fanout, Forwarding, Listener, Outcome, Scheduler, supports_per_table
 from setl.schema import check_tables
@@ -151,6 +154,7 @@ class _Supervised:
     recheck_at: float = 0.0
     start_attempts: int = 0  # failed starts in a row (transient ones are retried)
     start_backoff: Backoff | None = None
+    reload: Reload | None = None  # new rules to swap in before the next scheduler starts
 
 
 class Node:
@@ -168,7 +172,8 @@ class Node:
     tick = 0.05
 
     def __init__(self, settings: NodeSettings, pipelines: list[PipelineConfig], meta: MetaStore,
-                 *, poll_interval: float = 1.0) -> None:
+                 *, poll_interval: float = 1.0,
+                 reload_config: Callable[[str], PipelineConfig] | None = None) -> None:
         self.settings = settings
         self.pipelines = pipelines
         self.meta = meta
@@ -188,6 +193,11 @@ class Node:
         self._starting = False  # checking the pipelines at start (the status endpoint says "starting")
         #: each pipeline's table-rules fingerprint, published with its liveness beats (`setl snapshot` checks it)
         self._rules = {config.name: rules_fingerprint(config) for config in pipelines}
+        #: re-reads a pipeline's file (`request_reload`); None: this node cannot reload
+        self.reload_config = reload_config
+        self._reload_asked = threading.Event()
+        #: each pipeline's last reload: when, and what came of it (published with its liveness figures)
+        self._reloads: dict[str, dict[str, Any]] = {}
         #: Each pipeline's lag figures (`figures()`), and with `http.listen` its metrics and history.
         self.observer: NodeObserver | None = None
         self.http: StatusServer | None = None
@@ -200,10 +210,93 @@ class Node:
         figures = {k: v for k, v in found.to_dict().items() if k != "position"} if found is not None else {}
         self.alerts.observe(name, figures)
         rules = self._rules.get(name)
+        if name in self._reloads:
+            figures = {**figures, "reload": self._reloads[name]}
         return {**figures, "rules": rules} if rules is not None else figures
+
+    def request_reload(self) -> None:
+        """Re-read every pipeline's file and apply new table rules at the next batch boundary
+        (SIGHUP, `setl reload`): only sets a flag, so a signal handler may call it."""
+        self._reload_asked.set()
+
+    def _reload_if_asked(self, runs: list[_Supervised]) -> None:
+        if not self._reload_asked.is_set():
+            return
+        self._reload_asked.clear()
+        for run in runs:
+            if not run.done:
+                self._reload(run)
+
+    def _reload(self, run: _Supervised) -> None:
+        """Prepare `run`'s reload (`setl.pipeline.reload`) and stop its scheduler gracefully: the next
+        one starts on the new stages (`_swap_in`). A refusal keeps the old configuration running."""
+        name = run.config.name
+        outcome: dict[str, Any] = {"at": time.time()}
+        try:
+            if self.reload_config is None:
+                raise ReloadRefused("this node was not started from a configuration directory", pipeline=name,
+                                    stage="reload")
+            try:
+                new = self.reload_config(name)
+            except SetlError as exc:
+                raise ReloadRefused(f"the file does not load: {exc}", pipeline=name, stage="reload") from exc
+            reload = prepare(self.settings, run.reload.config if run.reload else run.config, new, self.meta,
+                             run.stages)
+        except Exception as exc:  # any failure to prepare refuses the reload as a whole
+            message = str(exc) if isinstance(exc, SetlError) else f"{type(exc).__name__}: {exc}"
+            log.error("pipeline=%s stage=reload reload refused, the running configuration is kept: %s", name, message)
+            self.alerts.emit(name, "reload_refused", error=message)
+            self._reloads[name] = {**outcome, "result": "refused", "message": message}
+            return
+        if reload is None:
+            log.info("pipeline=%s stage=reload the table rules are unchanged: nothing to reload", name)
+            self._reloads[name] = {**outcome, "result": "unchanged", "message": "the table rules are unchanged"}
+            return
+        if run.reload is not None:  # an earlier reload not swapped in yet: this one replaces it
+            run.reload.stages.load.close()
+        run.reload = reload
+        log.info("pipeline=%s stage=reload new table rules: %s; draining in-flight batches to apply them",
+                 name, reload.describe())
+        with self._lock:
+            scheduler = self._running.get(name)
+        if scheduler is not None:
+            scheduler.stop()
+            self._reloads[name] = {**outcome, "result": "pending", "message": reload.describe()}
+        else:  # paused, or waiting to retry its start: the next start runs the new stages
+            self._reloads[name] = {**outcome, "result": "deferred",
+                                   "message": f"{reload.describe()}; applied when the pipeline runs again"}
+
+    def _swap_in(self, run: _Supervised) -> None:
+        """Between two schedulers: the reloaded stages replace the old ones, and every added table's
+        copy is requested (served online by the new source, `setl snapshot`)."""
+        reload, name = run.reload, run.config.name
+        assert reload is not None
+        run.reload = None
+        if run.opened:
+            run.opened = False
+            try:
+                run.stages.load.close()
+            except Exception as exc:  # the old connection: the new stages have their own
+                log.warning("pipeline=%s closing the old target connection failed: %s", name, exc)
+        run.config, run.stages = reload.config, reload.stages
+        self.pipelines = [reload.config if c.name == name else c for c in self.pipelines]
+        snapshot = find_snapshot(reload.stages.select)
+        if snapshot is not None:
+            snapshot.on_done = functools.partial(self._snapshot_done, name)
+        for table in reload.added:
+            self.meta.request_snapshot(name, table)
+        self._rules[name] = reload.fingerprint
+        log.info("pipeline=%s stage=reload applied: %s", name, reload.describe())
+        self._reloads[name] = {"at": time.time(), "result": "applied", "message": reload.describe()}
 
     def _snapshot_done(self, name: str, progress: TableProgress) -> None:
         self.alerts.emit(name, "snapshot_done", table=str(progress.name), rows=progress.rows, chunks=progress.chunks)
+        for run in self._runs:
+            if run.config.name == name:
+                try:  # the target's identity record then says the copy finished (`setl.pipeline.identity`)
+                    identity.copy_finished(run.config, run.stages, self.meta)
+                except Exception as exc:
+                    log.warning("pipeline=%s cannot record the finished copy on the target: %s", name, exc)
 
     def _rebalanced(self, name: str, details: dict[str, Any]) -> None:
         self.alerts.emit(name, "rebalanced", **details)  # this node coordinates the cluster (docs/cluster.md)
@@ -371,6 +464,7 @@ class Node:
                         self._failed(run, exc)
                     else:
                         run.recheck_at = now + delay
+            self._reload_if_asked(runs)
             if now >= next_watch:
                 self._watch_operator_pauses()
                 next_watch = now + self.poll_interval
@@ -384,6 +478,7 @@ class Node:
         for thread in threads:
             thread.start()
         while any(t.is_alive() for t in threads):
+            self._reload_if_asked(runs)
             self._watch_operator_pauses()
             for thread in threads:
                 thread.join(timeout=self.poll_interval / max(1, len(threads)))
@@ -416,8 +511,19 @@ class Node:
         """The leadership of one pipeline (HA): a Scheduler on fenced stages, run to its end.
 
         Called by `Elections.run` while this node holds the pipeline's mainstem. An operator's
-        switch stops the scheduler; a lost lease ends it as LOST.
+        switch stops the scheduler; a lost lease ends it as LOST. A scheduler stopped for a rule
+        reload is followed by one on the reloaded stages under the same lease (giving the mainstem
+        up would hand the pipeline to a standby that knows nothing of the tables to copy).
         """
+        first = True
+        while True:
+            outcome = self._lead_once(run, lease, until_caught_up, announce=first)
+            first = False
+            if (outcome is not Outcome.STOPPED or run.reload is None or run.done or lease.lost
+                    or lease.switch_requested.is_set() or self._stop.is_set()):
+                return outcome
+
+    def _lead_once(self, run: _Supervised, lease: Lease, until_caught_up: bool, *, announce: bool) -> Outcome:
         from setl.errors import LeadershipLost
 
         scheduler = self._next_scheduler(run, until_caught_up, lease=lease)
@@ -426,7 +532,8 @@ class Node:
         lease.on_switch(scheduler.stop)
         try:
             self.heartbeat.claim(run.config.name, force=True)  # the election made this node the only writer
-            self.alerts.emit(run.config.name, "leader_changed")
+            if announce:
+                self.alerts.emit(run.config.name, "leader_changed")
             outcome = scheduler.run(until_caught_up=until_caught_up)
         except LeadershipLost as exc:
             scheduler.error, outcome = exc, Outcome.LOST
@@ -482,12 +589,16 @@ class Node:
         if self._stop.is_set():
             self._close(run)
             return None
+        if run.reload is not None:
+            self._swap_in(run)
         if not run.opened:
             run.stages.load.open()
             run.opened = True
         if self._held_by_pause(run, until_caught_up):
             return None
-        self._refuse_a_position_nobody_knows(run)
+        # a target position another source server wrote is refused; one only the target knows is
+        # taken when its stored identity matches (a wiped meta store), refused otherwise
+        identity.check(run.config, run.stages, self.meta)
         self._pin_latest_start(run)
         stages = run.stages if lease is None else fenced(run.stages, lease)  # the chain's outermost layer
         progress: Listener = self.progress[name]
@@ -524,28 +635,6 @@ class Node:
             log.warning("pipeline=%s is paused%s; waiting for `setl resume --pipeline %s`", name, reason, name)
             run.announced = True
         return True
-
-    def _refuse_a_position_nobody_knows(self, run: _Supervised) -> None:
-        """A first start (the meta store has never seen the pipeline run: no epoch, no ack, no
-        operator reset) on a target that already holds a position under the pipeline's name is
-        refused: another pipeline of that name wrote it, or this one's meta store was lost
-        (mid-copy, perhaps). Taking it would skip the copy and the creation of the tables, and end
-        "caught up" with the target missing rows. A pipeline that ran here before (a crash between
-        its first load and its first ack) takes the target's position as usual."""
-        name = run.config.name
-        if (self.meta.state(name).epoch or self.meta.position(name) is not None
-                or self.meta.position_was_reset(name)):
-            return
-        held = run.stages.load.committed()
-        if held is None:
-            return
-        typed = f"{held.log}:{held.offset}" + (f"+{held.row}" if held.row else "")
-        raise ConfigError(
-            f"the target already holds a position of a pipeline named {name} ({held}) and this node's meta store "
-            f"has none: another pipeline of this name wrote it, or this one's meta store was lost. Starting from it "
-            f"would skip copying and creating the tables. If it is this pipeline and its copy had finished, take it "
-            f"with `setl position reset --pipeline {name} --to {typed}`; to start afresh from the configured start "
-            f"(copying again), `setl position reset --pipeline {name} --start`", pipeline=name, stage="load")
 
     def _pin_latest_start(self, run: _Supervised) -> None:
         """`start: latest` is the source's head at the pipeline's first start, resolved once.

@@ -2,7 +2,9 @@
 position under its name (a new pipeline reusing an old name, or a meta store wiped as `rm -rf var/`
 does), used to take that position: it skipped the copy and the table creation and ended "caught
 up", exit 0, with the target missing rows. It is now refused with one line and exit 2 naming the
-position and the two ways on; taking the position on purpose resumes exactly."""
+position and the two ways on, unless the target's identity record says this very pipeline wrote it
+(same source server, same table rules, copy finished: `tests/pipeline/test_identity.py`); here the
+rules differ (a new pipeline reusing the name). Taking the position on purpose resumes exactly."""
 
 from __future__ import annotations
 
@@ -29,10 +31,12 @@ def test_a_position_only_the_target_knows_is_refused_then_taken_on_purpose(
     run_source(mariadb_source, source_db, ["INSERT INTO k VALUES (3, 3)"])
 
     setl.meta_path.unlink()  # the meta store is lost; the target keeps the pipeline's position
+    setl.config["tables"] = [{"source": rf"{source_db}\.(k)", "target": f"{mysql_db}.{{table}}"}]  # other rules
+    setl.write_config()
     refused = setl.start_until_caught_up(timeout=120)
     assert refused.returncode == 2, refused.stderr[-2000:]
     [line] = [line for line in refused.stderr.splitlines() if line.startswith("setl: error")]
-    assert "already holds a position" in line and "--start" in line, line
+    assert "already holds a position" in line and "--start" in line and "rules differ" in line, line
     take = re.search(r"`(setl position reset --pipeline \S+ --to \S+)`", line)
     assert take is not None, line
     assert mariadb_target.query(f"SELECT COUNT(*) FROM {q(mysql_db)}.k") == [(2,)]  # nothing written meanwhile
@@ -56,6 +60,8 @@ def test_starting_afresh_copies_again(tmp_path: Path, mariadb_source: Any, sourc
     assert setl.start_until_caught_up(timeout=120).returncode == 0
     mariadb_target.query(f"DELETE FROM {q(mysql_db)}.k")  # damaged behind setl's back
     setl.meta_path.unlink()
+    setl.config["tables"] = [{"source": rf"{source_db}\.(k)", "target": f"{mysql_db}.{{table}}"}]  # other rules
+    setl.write_config()
     assert setl.start_until_caught_up(timeout=120).returncode == 2
     assert setl.run("position", "reset", "--pipeline", setl.name, "--start").returncode == 0
     again = setl.start_until_caught_up(timeout=120)

@@ -265,6 +265,7 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         self._table_position = table_name(self.position_schema, self.position_table + "_table")
         self._fence_table = table_name(self.position_schema, self.position_table + "_fence")
         self._sessions = table_name(self.position_schema, self.position_table + "_session")
+        self._identity = table_name(self.position_schema, self.position_table + "_identity")
         # per target table: the columns the server computes (generated, system-versioning period)
         self._unwritable: dict[tuple[str, str], frozenset[str]] = {}
         # per target table: its ENUM columns, lower-cased (rows holding ENUM's error value '' are
@@ -428,6 +429,15 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
                 (),
             )
             cur.execute(
+                f"CREATE TABLE IF NOT EXISTS {self._identity} ("
+                " `pipeline` VARCHAR(191) NOT NULL PRIMARY KEY,"
+                " `identity` TEXT NOT NULL,"
+                " `updated_at` TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)"
+                "   ON UPDATE CURRENT_TIMESTAMP(6)"
+                ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
+                (),
+            )
+            cur.execute(
                 f"CREATE TABLE IF NOT EXISTS {self._ddl_marks} ("
                 " `pipeline` VARCHAR(191) NOT NULL PRIMARY KEY,"
                 " `mark` VARCHAR(700) NOT NULL"
@@ -530,6 +540,19 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         position = Position(row[0], int(row[1]), row[3], row=int(row[2])) if row else None
         epochs = [int(r[-1]) for r in (row, fence) if r]
         return position, max(epochs) if epochs else None
+
+    def _read_identity(self, conn: pymysql.connections.Connection) -> str | None:
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT `identity` FROM {self._identity} WHERE `pipeline` = %s", (self.pipeline,))
+            row = cur.fetchone()
+        conn.commit()
+        return str(row[0]) if row else None
+
+    def _write_identity(self, conn: pymysql.connections.Connection, text: str) -> None:
+        with conn.cursor() as cur:
+            cur.execute(f"INSERT INTO {self._identity} (`pipeline`, `identity`) VALUES (%s, %s)"
+                        " ON DUPLICATE KEY UPDATE `identity` = VALUES(`identity`)", (self.pipeline, text))
+        conn.commit()
 
     @property
     def _write_position_sql(self) -> str:

@@ -183,6 +183,7 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
         self._position = sql.Identifier(self.position_schema, self.position_table)
         self._table_position = sql.Identifier(self.position_schema, self.position_table + "_table")
         self._fence_table = sql.Identifier(self.position_schema, self.position_table + "_fence")
+        self._identity = sql.Identifier(self.position_schema, self.position_table + "_identity")
         self._sessions = sql.Identifier(self.position_schema, self.position_table + "_session")
         self._statements: dict[tuple[Any, ...], str] = {}
         self._invalid_dates = InvalidDatePolicy(getattr(config, "invalid_dates", "refuse"),
@@ -307,6 +308,8 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
                                    ' batch_id bigint NOT NULL, epoch bigint NOT NULL,'
                                    ' PRIMARY KEY (pipeline, target_table)'),
             (self._fence_table, " pipeline text PRIMARY KEY, epoch bigint NOT NULL"),
+            (self._identity, " pipeline text PRIMARY KEY, identity text NOT NULL,"
+                             " updated_at timestamptz NOT NULL DEFAULT now()"),
             (self._sessions, " pipeline text NOT NULL, session integer NOT NULL, token text NOT NULL,"
                              " started timestamptz, epoch bigint NOT NULL,"
                              " registered_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (pipeline, session)"),
@@ -400,6 +403,18 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
         position = Position(row[0], int(row[1]), row[3], row=int(row[2])) if row else None
         epochs = [int(r[-1]) for r in (row, fence) if r]
         return position, max(epochs) if epochs else None
+
+    def _read_identity(self, conn: psycopg.Connection) -> str | None:
+        row = conn.execute(sql.SQL("SELECT identity FROM {} WHERE pipeline = %s").format(self._identity),
+                           (self.pipeline,)).fetchone()
+        conn.commit()
+        return str(row[0]) if row else None
+
+    def _write_identity(self, conn: psycopg.Connection, text: str) -> None:
+        conn.execute(sql.SQL("INSERT INTO {} (pipeline, identity) VALUES (%s, %s) ON CONFLICT (pipeline)"
+                             " DO UPDATE SET identity = EXCLUDED.identity, updated_at = now()").format(self._identity),
+                     (self.pipeline, text))
+        conn.commit()
 
     def _write_position(self, conn: psycopg.Connection, batch: Batch) -> None:
         end = batch.end

@@ -7,6 +7,7 @@ transient; `SqlLoad.load` does the rest.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -258,6 +259,14 @@ class SqlLoad(Load, Generic[C]):
     def _write_position(self, conn: C, batch: Batch) -> None:
         raise NotImplementedError
 
+    def _read_identity(self, conn: C) -> str | None:
+        """The pipeline's identity record (JSON text) in ``<position_table>_identity``, committed."""
+        raise NotImplementedError
+
+    def _write_identity(self, conn: C, text: str) -> None:
+        """Store the pipeline's identity record (JSON text) and commit."""
+        raise NotImplementedError
+
     def _table_position_locked(self, conn: C, table: str) -> Position | None:
         """In the open transaction: `table`'s recorded position, read under a lock held to COMMIT
         (None when there is none)."""
@@ -398,6 +407,18 @@ class SqlLoad(Load, Generic[C]):
             return self._read_position(conn)
 
         return self._retrying(lambda: self._with_connection(read, None), None)[0]
+
+    def identity(self) -> dict[str, Any] | None:
+        """The identity stored next to the pipeline's position (`setl.pipeline.identity`): the source
+        server and the rules fingerprint of the run that wrote it; None when none was stored (a
+        position written before identities were)."""
+        text = self._retrying(lambda: self._with_connection(self._read_identity, None), None)
+        return json.loads(text) if text else None
+
+    def save_identity(self, identity: dict[str, Any]) -> None:
+        """Store `identity` next to the pipeline's position (replacing the one stored)."""
+        text = json.dumps(identity, sort_keys=True)
+        self._retrying(lambda: self._with_connection(lambda conn: self._write_identity(conn, text), None), None)
 
     def committed_epoch(self) -> int | None:
         """The epoch of the last batch this pipeline committed in the target (older ones are refused)."""

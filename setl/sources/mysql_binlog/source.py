@@ -933,6 +933,20 @@ class MysqlBinlogSource(Select):
         finally:
             conn.close()
 
+    def identity(self) -> dict[str, Any]:
+        """Which server this is (`setl.pipeline.identity`): its ``server_uuid`` (MySQL), ``server_id``
+        and ``gtid_domain_id`` (MariaDB), as the server reports them; a variable it lacks is left out."""
+        conn = self._connect()
+        try:
+            rows = self._query(conn, "SHOW GLOBAL VARIABLES WHERE Variable_name IN "
+                                     "('server_uuid', 'server_id', 'gtid_domain_id')")
+        except pymysql.MySQLError as exc:
+            raise self._error(f"cannot read the server identity of {self.host}:{self.port}: {exc}") from exc
+        finally:
+            conn.close()
+        found = {str(name): str(value) for name, value in rows}
+        return {name: (int(value) if name != "server_uuid" else value) for name, value in sorted(found.items())}
+
     def bytes_behind(self, position: Position) -> tuple[Position, int] | None:
         """The log's end and the bytes of binlog after `position` up to it (None: `position`'s file is gone)."""
         try:
