@@ -17,7 +17,6 @@ library decodes every event as before.
 
 from __future__ import annotations
 
-import logging
 import struct
 from typing import Any
 
@@ -33,8 +32,6 @@ try:
     from setl.sources.mysql_binlog._rows import RowDecoder, full_bitmap
 except ImportError:  # not built: the library decodes every event
     RowDecoder = None  # type: ignore[assignment,misc]
-
-log = logging.getLogger(__name__)
 
 #: rows event type -> (event class, 0 write / 1 update / 2 delete, post-header length)
 _ROWS: dict[int, tuple[type[RowsEvent], int, int]] = {
@@ -257,7 +254,6 @@ def install() -> bool:
     if RowDecoder is None:
         return False
     if not _installed:
-        assert issubclass(FastPacketWrapper, BinLogPacketWrapper) and BinLogEvent is not None
         binlogstream.BinLogPacketWrapper = FastPacketWrapper
         _installed = True
     return True

@@ -53,13 +53,6 @@ def time2_value(data: bytes, fsp: int) -> datetime.timedelta:
 
 
 
-def _calendar_date(year: int, month: int, day: int, text: str) -> datetime.date | InvalidDate:
-    try:
-        return datetime.date(year, month, day)
-    except ValueError:
-        return InvalidDate(text)
-
-
 def _read_date(self: RowsEvent) -> datetime.date | InvalidDate:
     """DATE; a zero or partial date (``0000-00-00``, ``2024-00-15``) as `InvalidDate` (the library: None)."""
     raw = self.packet.read_uint24()
@@ -75,8 +68,8 @@ def date_value(year: int, month: int, day: int) -> datetime.date | InvalidDate:
 
 
 def datetime_value(year: int, month: int, day: int, hour: int, minute: int, second: int, micros: int, fsp: int
-              ) -> datetime.datetime | InvalidDate:
-    date = _calendar_date(year, month, day, "")
+                   ) -> datetime.datetime | InvalidDate:
+    date = date_value(year, month, day)
     if isinstance(date, datetime.date):
         with contextlib.suppress(ValueError):
             return datetime.datetime(year, month, day, hour, minute, second, micros)
