@@ -1,5 +1,9 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""Row images of ROWS events, decoded in C: the binlog source's hot path.
+"""The binlog source's hot path in C: packet framing, event headers, and row images of ROWS events.
+
+`Framer` reads the binlog stream's packets from a PyMySQL connection's socket buffer, as PyMySQL
+frames them; `EventHeader` holds an event's 19-byte header (what the library's packet wrapper
+keeps of it).
 
 `RowDecoder` is built once per table map from python-mysql-replication's `Table` (column types,
 metadata, names, charsets) and turns the body of a WRITE/UPDATE/DELETE_ROWS event into exactly the
@@ -18,6 +22,8 @@ import codecs
 import datetime
 import decimal
 
+import pymysql
+from pymysql.constants import CR
 from pymysqlreplication.constants import NONE_SOURCE
 
 # field types (pymysqlreplication.constants.FIELD_TYPE), and how a string column's bytes become its
@@ -360,3 +366,101 @@ def full_bitmap(bytes data, Py_ssize_t pos, int ncols):
         if not (p[pos + (i >> 3)] & (1 << (i & 7))):
             return False
     return True
+
+
+_LOST = "Lost connection to MySQL server during query"  # PyMySQL's words, which setl's reconnect knows
+
+
+cdef class Framer:
+    """The packets of a PyMySQL connection, read from its buffered socket file (`_rfile`) as
+    PyMySQL's `_read_packet` reads them: the sequence number checked (and kept here: `sync()`
+    writes it back), payloads of 16 MiB and more joined, a lost connection force-closed and
+    raised as PyMySQL raises it (OperationalError 2013)."""
+
+    cdef object conn, read
+    cdef int seq
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.read = conn._rfile.read
+        self.seq = conn._next_seq_id
+
+    def sync(self):
+        """Write the sequence number back to the connection (before PyMySQL reads from it)."""
+        self.conn._next_seq_id = self.seq
+
+    cdef bytes _bytes(self, Py_ssize_t size):
+        while True:
+            try:
+                data = self.read(size)
+                break
+            except InterruptedError:
+                continue
+            except OSError as exc:
+                self.conn._force_close()
+                raise pymysql.err.OperationalError(CR.CR_SERVER_LOST, f"{_LOST} ({exc})") from exc
+            except BaseException:
+                self.conn._force_close()
+                raise
+        if data is None or PyBytes_GET_SIZE(data) < size:
+            self.conn._force_close()
+            raise pymysql.err.OperationalError(CR.CR_SERVER_LOST, _LOST)
+        return data
+
+    def packet(self):
+        """The next packet's payload (bytes)."""
+        cdef bytes header
+        cdef const unsigned char* h
+        cdef Py_ssize_t size
+        cdef list parts = None
+        while True:
+            header = self._bytes(4)
+            h = <const unsigned char*>PyBytes_AS_STRING(header)
+            size = h[0] | (h[1] << 8) | (h[2] << 16)
+            if h[3] != self.seq:
+                self.conn._force_close()
+                if h[3] == 0:  # MariaDB sends an error packet numbered 0 when it shuts down
+                    raise pymysql.err.OperationalError(CR.CR_SERVER_LOST, _LOST)
+                raise pymysql.err.InternalError(f"Packet sequence number wrong - got {h[3]} expected {self.seq}")
+            self.seq = (self.seq + 1) % 256
+            data = self._bytes(size)
+            if size < 0xFFFFFF:
+                if parts is None:
+                    return data
+                parts.append(data)
+                return b"".join(parts)
+            if parts is None:
+                parts = []
+            parts.append(data)
+
+
+cdef class EventHeader:
+    """An event's header, read from an OK packet's payload (the OK byte, then the 19-byte header);
+    it stands for the library's packet wrapper as `event.packet` (`log_pos`, `event_size`)."""
+
+    cdef public unsigned long timestamp
+    cdef public int event_type
+    cdef public unsigned long server_id
+    cdef public unsigned long event_size
+    cdef public unsigned long log_pos
+    cdef public int flags
+    cdef public object event
+
+    def __init__(self, bytes data):
+        cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(data)
+        if PyBytes_GET_SIZE(data) < 20:
+            raise Truncated("event header")
+        self.timestamp = <unsigned long>_le(p + 1, 4)
+        self.event_type = p[5]
+        self.server_id = <unsigned long>_le(p + 6, 4)
+        self.event_size = <unsigned long>_le(p + 10, 4)
+        self.log_pos = <unsigned long>_le(p + 14, 4)
+        self.flags = <int>_le(p + 18, 2)
+        self.event = None
+
+
+def le_int(bytes data, Py_ssize_t pos, int size):
+    """The unsigned little-endian integer of `size` (1-8) bytes at `pos` of `data`."""
+    if pos < 0 or pos + size > PyBytes_GET_SIZE(data) or size > 8:
+        raise Truncated("integer")
+    return _le(<const unsigned char*>PyBytes_AS_STRING(data) + pos, size)

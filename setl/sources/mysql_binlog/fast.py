@@ -1,18 +1,18 @@
-"""The binlog reader's fast path: rows events decoded by the compiled `_rows` module.
+"""The binlog reader's fast path: packets framed and hot events built by setl, rows decoded in C.
 
-python-mysql-replication builds a packet wrapper, an event object and a reader call per value for
-every rows event, and that is most of a catch-up's CPU. `install()` puts `FastPacketWrapper` in
-its place inside the library's stream reader. For a control connection that carries setl's
-`RowDecoders` (`setl_row_decoders`, set by the source's connector), the wrapper decodes a
-WRITE/UPDATE/DELETE_ROWS event of a table whose columns `_rows.RowDecoder` knows straight from
-the packet's bytes, into the library's own event class with the same rows; a cached table map is
-answered from setl's table-map cache without the library's event set-up, and MariaDB GTID and
-XID events (two a transaction) are read from their few bytes. Everything else (other
-events, other readers, a table with a column type the decoder does not know, a partial row image,
-filters, checksum verification) goes through the library unchanged.
+python-mysql-replication reads every packet through PyMySQL's packet object, wraps it in a packet
+wrapper, builds an event object with a reader call per value, and checks every event in its own
+`fetchone`: most of a catch-up's CPU. `FastStream` reads the stream connection's packets itself
+once the library has connected, and builds the events that make up nearly all of a busy binlog
+from their bytes: WRITE/UPDATE/DELETE_ROWS of a table whose columns the compiled
+`_rows.RowDecoder` knows, decoded straight from the packet into the library's own event class with
+the same rows; table maps already decoded once (answered from setl's table-map cache); MariaDB
+GTID and XID events (two a transaction), read from their few bytes. Everything else (other events,
+a table with a column type the decoder does not know, a partial row image) goes to the library's
+`fetchone` unchanged.
 
 Without the compiled module (a source tree that was not built), `available()` is False and the
-library decodes every event as before.
+library reads every event as before.
 """
 
 from __future__ import annotations
@@ -20,16 +20,15 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from pymysqlreplication import binlogstream
+from pymysql.protocol import MysqlPacket
 from pymysqlreplication.constants import BINLOG
 from pymysqlreplication.event import BinLogEvent, MariadbGtidEvent, XidEvent
-from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import DeleteRowsEvent, RowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
 
 from setl.sources.mysql_binlog import patches
 
 try:
-    from setl.sources.mysql_binlog._rows import RowDecoder, full_bitmap
+    from setl.sources.mysql_binlog._rows import EventHeader, Framer, RowDecoder, full_bitmap, le_int
 except ImportError:  # not built: the library decodes every event
     RowDecoder = None  # type: ignore[assignment,misc]
 
@@ -95,101 +94,155 @@ class RowDecoders:
         return shared
 
 
-class FastPacketWrapper(BinLogPacketWrapper):
-    """`BinLogPacketWrapper`, taking the fast path for rows events and cached table maps."""
+class FastStream:
+    """A `BinLogStreamReader` whose stream packets setl frames itself, once the library connected.
 
-    def __init__(self, from_packet: Any, table_map: dict, ctl_connection: Any, mysql_version: Any,
-                 use_checksum: bool, allowed_events: Any, only_tables: Any, ignored_tables: Any, only_schemas: Any,
-                 ignored_schemas: Any, freeze_schema: Any, ignore_decode_errors: bool, verify_checksum: bool,
-                 optional_meta_data: bool, enable_logging: bool, use_column_name_cache: bool = False,
-                 post_header_lengths: Any = None) -> None:
-        decoders: RowDecoders | None = getattr(ctl_connection, "setl_row_decoders", None)
-        if (decoders is not None and optional_meta_data and not verify_checksum and not ignore_decode_errors
-                and not (only_tables or ignored_tables or only_schemas or ignored_schemas or freeze_schema)):
-            data = from_packet.get_all_data()
-            kind = data[5] if len(data) > 20 else -1
-            if kind in _ROWS and self._fast_rows(from_packet, data, table_map, ctl_connection, decoders,
-                                                 use_checksum, allowed_events, mysql_version, post_header_lengths):
-                return
-            if kind == BINLOG.TABLE_MAP_EVENT and self._cached_table_map(
-                    from_packet, data, table_map, ctl_connection, decoders, use_checksum, allowed_events,
-                    mysql_version, post_header_lengths):
-                return
-            if kind in _SMALL and self._small(from_packet, data, table_map, ctl_connection, decoders, use_checksum,
-                                              allowed_events, mysql_version, post_header_lengths):
-                return
-        super().__init__(from_packet, table_map, ctl_connection, mysql_version, use_checksum, allowed_events,
-                         only_tables, ignored_tables, only_schemas, ignored_schemas, freeze_schema,
-                         ignore_decode_errors, verify_checksum, optional_meta_data, enable_logging,
-                         use_column_name_cache, post_header_lengths)
+    `fetchone()` is the reader's: it reads each packet from the stream connection's socket buffer
+    (PyMySQL's own `_rfile`, so nothing is read twice or skipped), and builds the events that make
+    up nearly all of a busy binlog straight from the bytes: WRITE/UPDATE/DELETE_ROWS of a table the
+    compiled `RowDecoder` knows, table maps already in the reader's cache, MariaDB GTID and XID
+    events. Every other packet (rotation, format description, queries, heartbeats, errors, the
+    end of the stream, rows events the decoder leaves to the library) is handed to the library's
+    own `fetchone()`, which reads it as if from the connection, with everything it keeps
+    (`log_pos`, `log_file`, the table map, the format description) up to date.
 
-    def _header(self, from_packet: Any, data: bytes) -> None:
-        self.packet = from_packet
-        self.read_bytes = 0
-        (self.timestamp, self.event_type, self.server_id, self.event_size, self.log_pos,
-         self.flags) = _HEADER.unpack_from(data, 1)
-        self.charset = None  # read only by the library's own string readers, which these events skip
+    The fast path is taken only with the settings setl's source uses: full row metadata, no
+    filters, no checksum verification, no end position and no start timestamp; with any other,
+    and before the library has connected, every call is the library's.
+    """
 
-    def _fast_rows(self, from_packet: Any, data: bytes, table_map: dict, ctl_connection: Any,
-                   decoders: RowDecoders, use_checksum: bool, allowed_events: Any, mysql_version: Any,
-                   post_header_lengths: Any) -> bool:
-        cls, kind, post_header = _ROWS[data[5]]
+    def __init__(self, reader: Any, decoders: RowDecoders) -> None:
+        self.reader = reader
+        self.decoders = decoders
+        #: whether the reader's settings allow the fast path (known once it has connected)
+        self.usable: bool | None = None
+        self._conn: Any = None
+        self._framer: Any = None
+        self._pending: bytes | None = None
+        self._settings: tuple[Any, bool, Any, Any, Any] = (None, False, (), None, None)
+
+    def fetchone(self) -> Any:
+        """The next event, as `BinLogStreamReader.fetchone()` would return it."""
+        reader = self.reader
+        if self.usable is not False and reader._BinLogStreamReader__connected_stream and \
+                reader._BinLogStreamReader__connected_ctl:
+            conn = reader._stream_connection
+            if conn is not self._conn:
+                self.usable = self._usable()
+                if not self.usable:
+                    return reader.fetchone()
+                self._attach(conn)
+                self._settings = self._read_settings()
+            data = self._framer.packet()
+            if data[0] == 0 and len(data) > 20:
+                kind = data[5]
+                event = None
+                if kind in _ROWS:
+                    event = self._rows(data, kind)
+                elif kind == BINLOG.TABLE_MAP_EVENT:
+                    event = self._table_map(data)
+                elif kind in _SMALL:
+                    event = self._small(data, kind)
+                if event is not None:
+                    if event.packet.log_pos:
+                        reader.log_pos = event.packet.log_pos
+                    return event
+            self._pending = data
+            event = reader.fetchone()
+            self._settings = self._read_settings()  # a format description may have changed them
+            return event
+        return reader.fetchone()
+
+    def _usable(self) -> bool:
+        reader, private = self.reader, "_BinLogStreamReader__"
+        settings = {name: getattr(reader, private + name, None) for name in (
+            "optional_meta_data", "verify_checksum", "ignore_decode_errors", "only_tables", "ignored_tables",
+            "only_schemas", "ignored_schemas", "freeze_schema")}
+        return (RowDecoder is not None and settings.pop("optional_meta_data") is True and not any(settings.values())
+                and not getattr(reader, "end_log_pos", None) and not getattr(reader, "skip_to_timestamp", None))
+
+    def _attach(self, conn: Any) -> None:
+        """Read `conn`'s packets from here on, the library's reads included."""
+        if conn._current_timeout != conn._read_timeout:
+            conn._sock.settimeout(conn._read_timeout)
+            conn._current_timeout = conn._read_timeout
+        self._conn, self._framer, self._pending = conn, Framer(conn), None
+        conn._read_packet = self._library_packet
+
+    def _library_packet(self, packet_type: Any = MysqlPacket) -> Any:
+        """PyMySQL's `_read_packet` for the library: the packet handed back first, then the next."""
+        data, self._pending = self._pending, None
+        if data is None:
+            data = self._framer.packet()
+        self._framer.sync()
+        packet = packet_type(data, self._conn.encoding)
+        if packet.is_error_packet():
+            packet.raise_for_error()
+        return packet
+
+    def _read_settings(self) -> tuple[Any, bool, Any, Any, Any]:
+        """The reader's state the events are built with (it changes only in events the library reads)."""
+        reader = self.reader
+        return (reader._ctl_connection, reader._BinLogStreamReader__use_checksum,
+                reader._BinLogStreamReader__allowed_events_in_packet, reader.mysql_version,
+                reader._BinLogStreamReader__post_header_lengths)
+
+    def _rows(self, data: bytes, kind: int) -> Any:
+        cls, change, post_header = _ROWS[kind]
+        ctl_connection, use_checksum, allowed_events, mysql_version, post_header_lengths = self._settings
         if cls not in allowed_events:
-            return False
-        if post_header_lengths and len(post_header_lengths) >= data[5] and \
-                post_header_lengths[data[5] - 1] != post_header:
-            return False
-        table = table_map.get(int.from_bytes(data[20:26], "little"))
+            return None
+        if post_header_lengths and len(post_header_lengths) >= kind and post_header_lengths[kind - 1] != post_header:
+            return None
+        table_map = self.reader.table_map
+        table_id = le_int(data, 20, 6)
+        table = table_map.get(table_id)
         if table is None:
-            return False
+            return None
         pos = 28
         if post_header == 10:
-            extra = int.from_bytes(data[28:30], "little")
-            if extra != 2:  # NDB or partition information: the library reads it
-                return False
+            if le_int(data, 28, 2) != 2:  # NDB or partition information: the library reads it
+                return None
             pos = 30
         ncols = data[pos]
         if ncols >= 251 or ncols != len(table.columns):
-            return False
+            return None
         pos += 1
+        decoders = self.decoders
         decoder = decoders.get(table)
         if decoder is None:
             decoders.slow += 1
-            return False
+            return None
         width = (ncols + 7) // 8
-        for _ in range(2 if kind == 1 else 1):
+        for _ in range(2 if change == 1 else 1):
             if not full_bitmap(data, pos, ncols):
-                return False  # a partial image: the library marks the missing columns
+                return None  # a partial image: the library marks the missing columns
             pos += width
-        event_size = int.from_bytes(data[10:14], "little")
-        end = 1 + event_size - (4 if use_checksum else 0)
-        rows = decoder.decode(data, pos, end, kind)
-        self._header(from_packet, data)
+        packet = EventHeader(data)
+        rows = decoder.decode(data, pos, 1 + packet.event_size - (4 if use_checksum else 0), change)
         event = object.__new__(cls)
         event.__dict__ = {
-            **decoders.template(table, self.event_type, ctl_connection, mysql_version, post_header_lengths),
-            "packet": self, "table_map": table_map, "timestamp": self.timestamp,
-            "event_size": event_size - (23 if use_checksum else 19),
-            "table_id": int.from_bytes(data[20:26], "little"), "flags": int.from_bytes(data[26:28], "little"),
-            "_RowsEvent__rows": rows}
-        self.event = event
+            **decoders.template(table, kind, ctl_connection, mysql_version, post_header_lengths),
+            "packet": packet, "table_map": table_map, "timestamp": packet.timestamp,
+            "event_size": packet.event_size - (23 if use_checksum else 19), "table_id": table_id,
+            "flags": le_int(data, 26, 2), "_RowsEvent__rows": rows}
         decoders.fast += 1
-        return True
+        return event
 
-    def _cached_table_map(self, from_packet: Any, data: bytes, table_map: dict, ctl_connection: Any,
-                          decoders: RowDecoders, use_checksum: bool, allowed_events: Any, mysql_version: Any,
-                          post_header_lengths: Any) -> bool:
+    def _table_map(self, data: bytes) -> Any:
+        ctl_connection, use_checksum, allowed_events, mysql_version, post_header_lengths = self._settings
         cache: patches._TableMapCache | None = getattr(ctl_connection, "setl_table_maps", None)
         if cache is None or TableMapEvent not in allowed_events:
-            return False
-        event_size = int.from_bytes(data[10:14], "little")
-        size = event_size - (23 if use_checksum else 19)
+            return None
+        decoders = self.decoders
+        packet = EventHeader(data)
+        size = packet.event_size - (23 if use_checksum else 19)
         body = bytes(data[20:20 + size])
         event = decoders.table_maps.get(body)
         if event is None:
             state = cache.get(body)
             if state is None:
-                return False
+                return None
             if decoders.dbms is None:
                 decoders.dbms = ctl_connection._get_dbms()
             event = object.__new__(TableMapEvent)
@@ -203,39 +256,36 @@ class FastPacketWrapper(BinLogPacketWrapper):
             decoders.table_maps[body] = event
         else:
             cache.hits += 1
-        self._header(from_packet, data)
+        table_map = self.reader.table_map
         event.packet, event.table_map, event.event_type, event.timestamp = \
-            self, table_map, self.event_type, self.timestamp
+            packet, table_map, packet.event_type, packet.timestamp
         table_map[event.table_id] = event.table_obj
-        self.event = event
-        return True
+        return event
 
-
-    def _small(self, from_packet: Any, data: bytes, table_map: dict, ctl_connection: Any, decoders: RowDecoders,
-               use_checksum: bool, allowed_events: Any, mysql_version: Any, post_header_lengths: Any) -> bool:
+    def _small(self, data: bytes, kind: int) -> Any:
         """A MariaDB GTID or an XID event, read as the library reads it."""
-        cls, layout = _SMALL[data[5]]
-        event_size = int.from_bytes(data[10:14], "little")
-        size = event_size - (23 if use_checksum else 19)
+        cls, layout = _SMALL[kind]
+        ctl_connection, use_checksum, allowed_events, mysql_version, post_header_lengths = self._settings
+        packet = EventHeader(data)
+        size = packet.event_size - (23 if use_checksum else 19)
         if cls not in allowed_events or size < layout.size or len(data) < 20 + layout.size:
-            return False
+            return None
+        decoders = self.decoders
         if decoders.dbms is None:
             decoders.dbms = ctl_connection._get_dbms()
-        self._header(from_packet, data)
         event = object.__new__(cls)
         event.__dict__ = {
-            "packet": self, "table_map": table_map, "event_type": self.event_type, "timestamp": self.timestamp,
+            "packet": packet, "table_map": self.reader.table_map, "event_type": kind, "timestamp": packet.timestamp,
             "event_size": size, "_post_header_lengths": post_header_lengths, "_ctl_connection": ctl_connection,
             "mysql_version": mysql_version, "_ignore_decode_errors": False, "_verify_checksum": False,
             "_is_event_valid": None, "_processed": True, "complete": True, "dbms": decoders.dbms}
         if cls is XidEvent:
             (event.xid,) = _XID.unpack_from(data, 20)
         else:
-            event.server_id = self.server_id
+            event.server_id = packet.server_id
             event.gtid_seq_no, event.domain_id, event.flags = _GTID.unpack_from(data, 20)
             event.gtid = f"{event.domain_id}-{event.server_id}-{event.gtid_seq_no}"
-        self.event = event
-        return True
+        return event
 
 
 #: the small events read here: type -> (event class, the part of its body the library reads)
@@ -243,17 +293,3 @@ _SMALL: dict[int, tuple[type[BinLogEvent], struct.Struct]] = {
     BINLOG.MARIADB_GTID_EVENT: (MariadbGtidEvent, _GTID),
     BINLOG.XID_EVENT: (XidEvent, _XID),
 }
-
-_installed = False
-
-
-def install() -> bool:
-    """Put `FastPacketWrapper` in the library's stream reader (after `patches.install`); whether
-    the compiled decoder is there to use."""
-    global _installed
-    if RowDecoder is None:
-        return False
-    if not _installed:
-        binlogstream.BinLogPacketWrapper = FastPacketWrapper
-        _installed = True
-    return True

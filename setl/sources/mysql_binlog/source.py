@@ -159,7 +159,6 @@ class _ControlConnection(pymysql.connections.Connection):
     """A control connection, carrying the reader's table-map cache for the patched TableMapEvent."""
 
     setl_table_maps: _TableMapCache | None = None
-    setl_row_decoders: fast.RowDecoders | None = None
 
 
 class _Connector:
@@ -168,14 +167,12 @@ class _Connector:
     Control connections carry the reader's table-map cache (`setl_table_maps`) when it has one.
     """
 
-    def __init__(self, table_maps: _TableMapCache | None, tls: bool = False,
-                 row_decoders: fast.RowDecoders | None = None) -> None:
+    def __init__(self, table_maps: _TableMapCache | None, tls: bool = False) -> None:
         self.tls = tls  # refuse a connection the server did not encrypt
         self._lock = threading.Lock()
         self._connections: list[pymysql.connections.Connection] = []
         self._stream_opened = False
         self.table_maps = table_maps
-        self.row_decoders = row_decoders
         self.closed = False
 
     def __call__(self, **kwargs: Any) -> pymysql.connections.Connection:
@@ -195,7 +192,6 @@ class _Connector:
         if control:
             control_conn = _ControlConnection(**kwargs)
             control_conn.setl_table_maps = self.table_maps
-            control_conn.setl_row_decoders = self.row_decoders
             conn = control_conn
         else:
             conn = pymysql.connect(**kwargs)
@@ -286,9 +282,9 @@ class MysqlBinlogSource(Select):
       many small transactions and never holds more than about twice that (`peak_buffered_rows`).
     * With `table_map_cache` (the default) a table-map event whose bytes were seen before reuses
       the decoded table instead of decoding its column metadata again (`table_maps` counts hits).
-    * With `fast_decoder` (the default, where the compiled `_rows` module is built) rows events of
-      tables whose column types it knows are decoded in C into the same rows (`fast`;
-      `row_decoders` counts events each way).
+    * With `fast_decoder` (the default, where the compiled `_rows` module is built) the reader
+      frames the stream's packets itself and rows events of tables whose column types it knows are
+      decoded in C into the same rows (`fast.FastStream`; `row_decoders` counts events each way).
     * Values are pymysqlreplication's, except: an empty SET is ``set()``, BIT is an int, BINARY(n)
       keeps its trailing zero bytes, YEAR 0 is 0. MariaDB's JSON is text and stays a str.
     * Two-phase XA: an XA PREPARE group hands nothing on (its end may be acknowledged); its rows
@@ -328,7 +324,7 @@ class MysqlBinlogSource(Select):
             raise ConfigError("max_rows_in_memory must be at least 1", pipeline=pipeline)
         install()
         #: rows events decoded by the compiled decoder (`fast`), where it is built and knows the table
-        self.fast_decoder = fast_decoder and fast.install()
+        self.fast_decoder = fast_decoder and fast.available()
         # One context for every connection: the binlog stream's, its control connections', ours.
         self._ssl = mysql_context(ssl, where="source.ssl", pipeline=pipeline or None) if ssl else None
         self.host, self.port, self.user = host, port, user
@@ -600,7 +596,7 @@ class MysqlBinlogSource(Select):
         self._queued_rows = 0
         self.table_maps = _TableMapCache() if self.table_map_cache else None
         self.row_decoders = fast.RowDecoders() if self.fast_decoder else None
-        self._connector = _Connector(self.table_maps, tls=self._ssl is not None, row_decoders=self.row_decoders)
+        self._connector = _Connector(self.table_maps, tls=self._ssl is not None)
         self._engines = {}
         self._modes: dict[int, str | None] = {}
         assembler = _Assembler(position or Position("", 0), self.max_rows_in_memory, gtids, self._prepared_rows,
@@ -802,6 +798,7 @@ class MysqlBinlogSource(Select):
         try:
             while not stop.is_set():
                 reader = self._stream(connector, handed, gtid_start)
+                events = reader if self.row_decoders is None else fast.FastStream(reader, self.row_decoders)
                 # Where a stream starts (a rollback's rewind, a reconnect) says nothing of where the
                 # log ends: the reader is heard there only once it has read past it, or once an
                 # idle server's heartbeat says the log ends there. Else an ack at the rewind point
@@ -810,7 +807,7 @@ class MysqlBinlogSource(Select):
                 last_held = 0
                 try:
                     while not stop.is_set():
-                        event = reader.fetchone()
+                        event = events.fetchone()
                         if event is None:
                             raise _Lost()
                         # The library's packet wrapper and its event refer to each other: break the
