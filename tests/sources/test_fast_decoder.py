@@ -188,3 +188,31 @@ def test_minimal_row_images_are_left_to_the_library(mariadb_source, source_db, s
 
     assert outcome(quick) == outcome(plain)
     assert quick.row_decoders.fast <= 1
+
+
+def test_an_event_larger_than_one_packet_is_joined_from_its_pieces(mariadb_source, source_db, sources):
+    """A row event over 16 MiB arrives in several protocol packets: the reader's own framing joins
+    them as PyMySQL does, and the rows that follow it are read in step."""
+    big = bytes(range(256)) * (17 * 4096 + 3)  # 17 MiB and 768 bytes
+    old = mariadb_source.query("SELECT @@GLOBAL.max_allowed_packet")[0][0]
+    mariadb_source.query("SET GLOBAL max_allowed_packet = 64 * 1024 * 1024")
+    try:
+        execute(mariadb_source, source_db, "CREATE TABLE blobs (id INT PRIMARY KEY, b LONGBLOB, v VARCHAR(5))")
+        start = head(mariadb_source)
+        execute(mariadb_source, source_db, ("INSERT INTO blobs VALUES (1, %s, 'a')", (big,)),
+                "INSERT INTO blobs VALUES (2, 'small', 'b')", "UPDATE blobs SET v = 'c' WHERE id = 1")
+        end = head(mariadb_source)
+    finally:
+        mariadb_source.query(f"SET GLOBAL max_allowed_packet = {int(old)}")
+    assert end.offset - start.offset > 2 * len(big)  # the insert and the update's two images
+    got_fast, got_plain, decoders = read_both(mariadb_source, sources, start, end)
+    assert decoders.fast == 3 and decoders.slow == 0, (decoders.fast, decoders.slow)
+    fast_rows = [(c.op, c.after or c.before) for c in changes_of(got_fast)]
+    plain_rows = [(c.op, c.after or c.before) for c in changes_of(got_plain)]
+    assert fast_rows == plain_rows
+    assert [row["b"] == big for _, row in fast_rows] == [True, False, True]
+    assert [tx.end for tx in got_fast] == [tx.end for tx in got_plain]
+
+
+def changes_of(transactions: list[Transaction]) -> list[Any]:
+    return [c for tx in transactions for c in tx.changes]
