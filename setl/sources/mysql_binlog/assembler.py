@@ -62,6 +62,7 @@ _POSITION_EVENTS = (RotateEvent, FormatDescriptionEvent, MariadbGtidListEvent, M
                     PreviousGtidsEvent, HeartbeatLogEvent, StopEvent)
 _EVENTS = [*_POSITION_EVENTS, MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, XAPrepareEvent, TableMapEvent,
            WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent]
+_HOT_ROWS = frozenset({WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent})
 _GTID_STANDALONE = 0x01  # MariaDB GTID flag: one statement, no BEGIN/COMMIT follows
 _GTID_PREPARED_XA = 0x40  # MariaDB GTID flag: the group ends in XA PREPARE
 
@@ -193,7 +194,37 @@ class _Assembler:
     def _position(self, log: str, offset: int) -> Position:
         return Position(log, offset, self.gtids.text or None if self.gtids is not None else None)
 
+    def read(self, events: Any, limit: int = 64) -> tuple[Any, list[Transaction], int]:
+        """Feed events from `events.fetchone()` until transactions are ready, a heartbeat arrives
+        or `limit` events were read: (the last event, or None at the stream's end; the
+        transactions; the most rows held meanwhile). The reader's loop runs once per transaction
+        rather than once per event (this module is compiled)."""
+        peak = len(self.rows)
+        event: Any = None
+        for _ in range(limit):
+            event = events.fetchone()
+            if event is None:
+                break
+            # The library's packet wrapper and its event refer to each other: break the cycle, so
+            # that reference counting frees both (and the rows they hold) here instead of the
+            # cyclic collector, which spent 10% of the reader's time on them.
+            event.packet.event = None
+            txs = self.feed(event)
+            if len(self.rows) > peak:
+                peak = len(self.rows)
+            if txs or isinstance(event, HeartbeatLogEvent):
+                return event, txs, peak
+        return event, [], peak
+
     def feed(self, event: Any) -> list[Transaction]:
+        kind = type(event)
+        if kind in _HOT_ROWS:  # the events of a busy binlog first, by their exact type
+            self.nbytes += event.packet.event_size
+            return self._rows_event(event)
+        if kind is TableMapEvent:
+            self.nbytes += event.packet.event_size
+            self._table_map(event)
+            return []
         if isinstance(event, _POSITION_EVENTS):
             return self._moved(event)
         self.nbytes += event.packet.event_size
@@ -209,29 +240,35 @@ class _Assembler:
             self.pending_gtid = event.gtid
             return []
         if isinstance(event, TableMapEvent):
-            # A cached table map shares its Table object: decode our view of it once too.
-            known = self._infos.get(event.table_id)
-            if known is None or known[0] is not event.table_obj:
-                info = _TableInfo.from_table_map(event)
-                if self.kind_of is not None:
-                    kind = self.kinds.get((info.schema, info.table))
-                    if kind is None:
-                        kind = self.kinds[(info.schema, info.table)] = self.kind_of(info.schema, info.table)
-                    info = info.with_kind(kind)
-                known = self._infos[event.table_id] = (event.table_obj, info)
-            self.tables[event.table_id] = known[1]
+            self._table_map(event)
             return []
         if isinstance(event, RowsEvent):
-            self._add_rows(event)
-            if len(self.rows) >= self.max_rows:
-                return self._pieces()
-            return []
+            return self._rows_event(event)
         if isinstance(event, XidEvent):
             return [self._commit(event.packet.log_pos, event.timestamp)]
         if isinstance(event, XAPrepareEvent):
             return self._xa_prepared(event)
         if isinstance(event, QueryEvent):
             return self._query(event, event.packet.log_pos)
+        return []
+
+    def _table_map(self, event: TableMapEvent) -> None:
+        # A cached table map shares its Table object: decode our view of it once too.
+        known = self._infos.get(event.table_id)
+        if known is None or known[0] is not event.table_obj:
+            info = _TableInfo.from_table_map(event)
+            if self.kind_of is not None:
+                kind = self.kinds.get((info.schema, info.table))
+                if kind is None:
+                    kind = self.kinds[(info.schema, info.table)] = self.kind_of(info.schema, info.table)
+                info = info.with_kind(kind)
+            known = self._infos[event.table_id] = (event.table_obj, info)
+        self.tables[event.table_id] = known[1]
+
+    def _rows_event(self, event: RowsEvent) -> list[Transaction]:
+        self._add_rows(event)
+        if len(self.rows) >= self.max_rows:
+            return self._pieces()
         return []
 
     def _moved(self, event: Any) -> list[Transaction]:

@@ -807,14 +807,9 @@ class MysqlBinlogSource(Select):
                 last_held = 0
                 try:
                     while not stop.is_set():
-                        event = events.fetchone()
+                        event, txs, held = assembler.read(events)
                         if event is None:
                             raise _Lost()
-                        # The library's packet wrapper and its event refer to each other: break the
-                        # cycle, so that reference counting frees both (and the rows they hold) here
-                        # instead of the cyclic collector, which spent 10% of this thread on them.
-                        event.packet.event = None
-                        txs = assembler.feed(event)
                         if not news:
                             news = isinstance(event, HeartbeatLogEvent) or assembler.mark > started_at
                         if txs:
@@ -829,12 +824,11 @@ class MysqlBinlogSource(Select):
                                 handed = tx.end
                         if news and not assembler.in_tx and assembler.positioned:
                             self.heard = (assembler.mark, time.time())
-                        held = len(assembler.rows)
                         if txs or held > last_held:  # only then can the peak have grown
                             with self._buffer_lock:
                                 buffered = self._queued_rows + held
                             self.peak_buffered_rows = max(self.peak_buffered_rows, buffered)
-                        last_held = held
+                        last_held = len(assembler.rows)
                 except _Stopped:
                     raise
                 except BaseException as exc:
