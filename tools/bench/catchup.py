@@ -123,8 +123,23 @@ def peak_rss_mib(pid: int) -> float:
     return 0.0
 
 
+def process_cpu(pid: int | None) -> float:
+    """CPU seconds (user + system) a live process has used so far; 0 when unknown."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+#: label -> [(CPU seconds of the consumer process, CPU seconds of the server that applied)], per run
+CPU: dict[str, list[tuple[float, float]]] = {}
+LAST_CHILD_CPU = [0.0]  # the CPU seconds (user + system, its children's included) of the last run_child
+
+
 def run_child(argv: list[str], timeout: float = 3600, cwd: Path = ROOT) -> tuple[dict | None, float, float, str]:
-    """Run a child process in `cwd`; (its JSON line if any, wall seconds, peak RSS in MiB, its output)."""
+    """Run a child process in `cwd`; (its JSON line if any, wall seconds, peak RSS in MiB, its output).
+    Its CPU seconds are left in `LAST_CHILD_CPU[0]`."""
     began = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
     output: list[str] = []
@@ -134,8 +149,9 @@ def run_child(argv: list[str], timeout: float = 3600, cwd: Path = ROOT) -> tuple
     rss = 0.0
     while True:
         rss = max(rss, peak_rss_mib(proc.pid))  # sampled until the child exits (a zombie has none)
-        pid, status, _ = os.wait4(proc.pid, os.WNOHANG)
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
+            LAST_CHILD_CPU[0] = usage.ru_utime + usage.ru_stime
             break
         if time.monotonic() > deadline:
             proc.kill()
@@ -230,7 +246,10 @@ def catch_up(folder: Path, name: str, source, target, start, args: argparse.Name
         argv = ["py-spy", "record", "--threads", "--gil", "--native", "--rate", "200", "--format", "raw",
                 "-o", str(args.profile / f"{name}.txt"), "--", *argv]
     if not http:
+        applied = process_cpu(target.pid)
         _, wall, rss, _ = run_child(argv)
+        CPU.setdefault("setl" if not args.profile else "setl (under py-spy)", []).append(
+            (LAST_CHILD_CPU[0], process_cpu(target.pid) - applied))
         return wall, rss
     with Scraper(f"http://127.0.0.1:{port}") as scraper:
         _, wall, rss, _ = run_child(argv)
@@ -493,7 +512,9 @@ def main(argv: list[str] | None = None) -> int:
                              + ("" if mode == "ordered" else f", load.mode {mode}"))
                     runs.setdefault(label, []).append((rows / wall, rss))
             if replica is not None:
+                applied = process_cpu(replica.pid)
                 wall = native_catch_up(replica, source, start, end, p0)
+                CPU.setdefault("native", []).append((0.0, process_cpu(replica.pid) - applied))
                 runs.setdefault("MariaDB's own replication (one SQL thread)", []).append((rows / wall, 0.0))
                 if n == 0:
                     same = sysbench.checksums(sysbench.Conn.from_server(source), tables) == \
@@ -501,9 +522,12 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"native replica equals source after catch-up (CHECKSUM TABLE): {same}", flush=True)
             if args.compare_tree:  # the same catch-up by another checkout's code (python -m imports from cwd)
                 conf = write_conf(Path(tmp) / f"old{n}", f"old{n}", source, target, start, max_wait_ms=args.max_wait_ms)
+                applied = process_cpu(target.pid)
                 _, wall, rss, out = run_child([sys.executable, "-m", "setl.cli", "--conf", str(conf), "start",
                                                "--pipeline", f"old{n}", "--until-caught-up"], cwd=args.compare_tree)
                 runs.setdefault(f"the same, code of {args.compare_tree}", []).append((rows / wall, rss))
+                CPU.setdefault(f"setl at {args.compare_tree}", []).append(
+                    (LAST_CHILD_CPU[0], process_cpu(target.pid) - applied))
             if n == 0:
                 same = sysbench.checksums(sysbench.Conn.from_server(source), tables) == \
                     sysbench.checksums(sysbench.Conn.from_server(target), tables)
@@ -523,6 +547,14 @@ def main(argv: list[str] | None = None) -> int:
                 if label.startswith("setl start") or label.startswith("the same, code of"):
                     print(f"{label} / MariaDB's own replication: "
                           f"{statistics.median(r for r, _ in values) / native:.2f}")
+        if CPU:
+            print(f"\nCPU per row change, µs (medians; the applying server is setl's target or the replica; "
+                  f"the source's binlog dump is left out)\n{'consumer':<48} {'process':>9} {'applying server':>16} "
+                  f"{'sum':>7}")
+            for label, values in CPU.items():
+                own = statistics.median(c for c, _ in values) / rows * 1e6
+                server = statistics.median(a for _, a in values) / rows * 1e6
+                print(f"{label:<48} {own:>9.1f} {server:>16.1f} {own + server:>7.1f}")
         if args.http:
             off = [r for r, _ in runs["setl start --until-caught-up (MariaDB target)"]]
             on = [r for r, _ in runs["setl start --until-caught-up (MariaDB target), HTTP + metrics on"]]
