@@ -84,9 +84,12 @@ def child_raw(args: argparse.Namespace) -> dict:
 
 def child_source(args: argparse.Namespace) -> dict:
     """setl's binlog source alone: every transaction of the range, as the scheduler would poll it."""
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(args.root))
     from setl.model import Position
     from setl.sources.mysql_binlog import MysqlBinlogSource
+
+    if not Path(sys.modules["setl"].__file__ or "").resolve().is_relative_to(args.root.resolve()):
+        raise SystemExit(f"setl was imported from {sys.modules['setl'].__file__}, not from {args.root}")
 
     src = MysqlBinlogSource(port=args.port, server_id=args.server_id, start="earliest",
                             table_map_cache=not args.no_cache, max_rows_in_memory=args.max_rows)
@@ -443,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--end-file", help=argparse.SUPPRESS)
     parser.add_argument("--end-pos", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--no-cache", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     parser.add_argument("--max-rows", type=int, default=5000,
                         help="the source's max_rows_in_memory (pieces of a larger transaction)")
     parser.add_argument("--big-transaction", type=int, default=0, metavar="ROWS",
@@ -498,6 +502,13 @@ def main(argv: list[str] | None = None) -> int:
                                                   str(4200 + 2 * n + cache), *extra])
                 label = f"setl source only, table-map cache {'on' if cache else 'off'}"
                 runs.setdefault(label, []).append((result["rows"] / wall, rss))
+                CPU.setdefault(label, []).append((LAST_CHILD_CPU[0], 0.0))
+                if args.compare_tree and cache:  # the same reader with the other checkout's code
+                    result, wall, rss, _ = run_child([*me, "--child", "source", *span, "--server-id",
+                                                      str(4400 + n), "--root", str(args.compare_tree)])
+                    label = f"setl source only, code of {args.compare_tree}"
+                    runs.setdefault(label, []).append((result["rows"] / wall, rss))
+                    CPU.setdefault(label, []).append((LAST_CHILD_CPU[0], 0.0))
             # With --http, alternate which of the two goes first (the first run of all inserts, later ones update).
             modes = ["ordered", "per_table"] if args.load_mode == "both" else [args.load_mode]
             if n % 2:  # every run after the first applies updates only: alternate which goes first
