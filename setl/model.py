@@ -212,7 +212,10 @@ class Transaction:
     @property
     def is_ddl(self) -> bool:
         """Whether the transaction holds a DDL statement (Select cuts a batch around it)."""
-        return any(isinstance(c, DdlChange) for c in self.changes)
+        for change in self.changes:  # a loop, not any(<generator>): it runs for every transaction
+            if isinstance(change, DdlChange):
+                return True
+        return False
 
 
 @attrs.frozen

@@ -130,7 +130,8 @@ class BatchCutter:
                 pending.append(tx)
                 return Progress.BLOCKED  # the node cap hands us a permit, in turn, and wakes us
             progressed = True
-            if tx.is_ddl and cut.changes:
+            ddl = tx.is_ddl
+            if ddl and cut.changes:
                 pending.append(tx)
                 break
             if not cut.taken:
@@ -143,7 +144,7 @@ class BatchCutter:
             cut.end = tx.end
             if cut.deadline is None:
                 cut.deadline = self.clock() + limits.max_wait_ms / 1000.0
-            if tx.is_ddl:
+            if ddl:
                 break
             if cut.rows >= limits.max_rows or cut.size >= limits.max_bytes:
                 break

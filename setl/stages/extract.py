@@ -183,6 +183,12 @@ class TableExtract(Extract):
 
     def _map(self, change: RowChange, plan: Route) -> RowChange | None:
         op, before, after = change.op, change.before, change.after
+        if plan.filter is None and change.sequence is None:  # most changes: built positionally, no keywords
+            target = plan.target
+            if plan.reshapes:
+                before, after = self._columns(plan, before), self._columns(plan, after)
+            return RowChange(op, target.schema, target.table, self._target_key(plan, change.primary_key), before,
+                             after, change.position, change.commit_time, plan.source)
         if plan.filter is not None:
             keep_before = before is not None and self._matches(plan, before)
             keep_after = after is not None and self._matches(plan, after)
