@@ -369,8 +369,13 @@ class _Assembler:
                 log.info("%s.%s is a sequence: its state is not replicated (the values drawn from it arrive "
                          "in the tables that use them)", info.schema, info.table)
             return
-        for item in _row_items(event, info):
-            self._append(item)
+        items = _row_items(event, info)
+        if self.skip:
+            for item in items:
+                self._append(item)
+        else:  # as `_append` does for each, without a call per row
+            self.rows.extend(enumerate(items, self.seen_in_tx + 1))
+            self.seen_in_tx += len(items)
 
     def _xa_prepared(self, event: XAPrepareEvent) -> list[Transaction]:
         """The end of a group: XA PREPARE (its rows wait for XA COMMIT), or XA COMMIT ONE PHASE."""
@@ -410,13 +415,18 @@ class _Assembler:
         with `row` = their 1-based ordinal among the row changes it logged, the others `position`."""
         # A DDL item is (None, None, statement, (schema, table)).
         start = self._start() if split else position
-        return tuple(
-            DdlChange(after[0], after[1], before, attrs.evolve(start, row=o) if split else position) if op is None
-            else RowChange(op, info.schema, info.table, info.primary_key, before, after,
-                           attrs.evolve(start, row=o) if split else position, commit_time,
-                           sequence=(info.definition or "") if info.sequence else None)
-            for o, (op, info, before, after) in rows
-        )
+        changes: list[Change] = []
+        for o, (op, info, before, after) in rows:
+            at = attrs.evolve(start, row=o) if split else position
+            if op is None:
+                changes.append(DdlChange(after[0], after[1], before, at))
+            elif info.sequence:
+                changes.append(RowChange(op, info.schema, info.table, info.primary_key, before, after, at,
+                                         commit_time, sequence=info.definition or ""))
+            else:  # positional: a keyword argument costs the attrs __init__ a slower call
+                changes.append(RowChange(op, info.schema, info.table, info.primary_key, before, after, at,
+                                         commit_time))
+        return tuple(changes)
 
     def _statement_dml(self, statement: str, schema: str, offset: int) -> bool:
         """Whether `statement` is a row change logged as a statement (a session with binlog_format
