@@ -30,6 +30,7 @@ from tests.ha.zk import unique_root
 SESSION_TIMEOUT_MS = 2000
 STANDBY_DELAY_MS = 500
 REASSIGN_AFTER_MS = 1000
+JOIN_GRACE_MS = 3000
 KEYED_ROWS = 20
 
 
@@ -62,7 +63,8 @@ class Fleet:
                 "node": {"id": node},
                 "meta": {"store": "zookeeper"},
                 "ha": {"zookeeper": zk_hosts, "chroot": self.chroot, "session_timeout_ms": session_timeout_ms,
-                       "standby_delay_ms": STANDBY_DELAY_MS, "reassign_after_ms": REASSIGN_AFTER_MS},
+                       "standby_delay_ms": STANDBY_DELAY_MS, "reassign_after_ms": REASSIGN_AFTER_MS,
+                       "join_grace_ms": JOIN_GRACE_MS, "expected_nodes": list(names)},
                 "runtime": {"workers": 2},
             }
             for key, value in (node_extra or {}).get(node, {}).items():
