@@ -183,8 +183,9 @@ class ClusterMember:
     def may_contend(self, name: str, term: Mapping[str, Any] | None = None) -> bool:
         """Whether this node may take `name`'s free mainstem now, `term` being the data of its term
         node: it is assigned here; or this node is its standby (the hot standby) and its owner's
-        node is gone or lost the mainstem without releasing it (crash, expired session). A
-        deliberate release (a stop, a hand-over) is left to the owner or the move's target."""
+        node is gone, or the owner held the mainstem and lost it without releasing it (expired
+        session). A deliberate release (a stop, a hand-over), and an owner that has not taken a
+        pipeline newly placed on it yet, are left to the owner."""
         with self._lock:
             assignment = self._assignments.get(name)
             live = set(self._live)
@@ -194,7 +195,8 @@ class ClusterMember:
             return True
         if assignment.standby not in (self.node_id, None) and assignment.standby in live:
             return False  # another node is its standby (none yet, or gone: any node stands in)
-        return assignment.node not in live or not (term or {}).get("released")
+        info = term or {}
+        return assignment.node not in live or (info.get("node") == assignment.node and not info.get("released"))
 
     def leading(self, name: str, lease: Handover) -> None:
         """This node holds `name` under `lease`; hand it over when it is moved away."""

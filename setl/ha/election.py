@@ -115,6 +115,8 @@ class Mainstem:
                                      self.pipeline, delay)
                             if stop.wait(delay) or changed.is_set():
                                 continue
+                    if stop.is_set():  # stopping: a mainstem taken now would only be given back
+                        continue
                     lease = self._take(holder)
                 except MetaStoreError as exc:
                     log.warning("pipeline=%s ha: election: %s", self.pipeline, exc)

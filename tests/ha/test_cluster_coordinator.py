@@ -212,6 +212,7 @@ def test_a_member_contends_only_where_assigned_and_hands_over_a_moved_pipeline(r
             assert all(member.may_contend(p) for p in mine)
             assert not any(member.may_contend(p, {"released": True}) for p in theirs)
             assert all(member.may_contend(p, {"node": "a"}) for p in theirs)  # a crashed holder: b is their standby
+            assert not any(member.may_contend(p, {}) for p in theirs)  # a never took them yet: left to a
             lease = FakeLease()
             member.leading(mine[0], lease)
             request_move(rig.admin, mine[0], "a")
