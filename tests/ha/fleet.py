@@ -292,9 +292,6 @@ class Fleet:
         for name in self.pipelines:
             history = list(reversed(self.store.history(name, 10_000)))
             assert history, name
-            # A history record written twice (the same ack, time included: an ack transaction
-            # retried after a lost connection had applied) is one ack.
-            history = [a for i, a in enumerate(history) if i == 0 or a != history[i - 1]]
             epochs = [a.epoch for a in history]
             assert epochs == sorted(epochs), (name, epochs)
             for before, after in zip(history, history[1:]):
