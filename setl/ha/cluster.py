@@ -368,10 +368,13 @@ class ClusterCoordinator:
         wake = self._wake
         if wake is None:
             return
+
+        def changed(_node: ZNode | None) -> None:
+            wake.set()
+
         for name in names:
             if name not in self._watched:
-                self._watched[name] = self.coordinator.watch(f"/pipelines/{name}/mainstem",
-                                                             lambda _node, wake=wake: wake.set())
+                self._watched[name] = self.coordinator.watch(f"/pipelines/{name}/mainstem", changed)
 
     # -- one round
 
