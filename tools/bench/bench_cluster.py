@@ -120,9 +120,10 @@ def one_round(folder: Path, zk: ZooKeeperServer, source: MariaDBServer, target: 
         found["rows_per_s"] = total / found["catch_up"]
         found["rows_per_s_after_start"] = total / (found["catch_up"] - found["start"])
         held = fleet.counts(names)
+        found["start_moves"] = fleet.view()["moves"]
         print(f"  {nodes} node(s): {total:,} rows in {found['catch_up']:.1f}s = {found['rows_per_s']:,.0f} rows/s "
               f"({found['rows_per_s_after_start']:,.0f} rows/s after the {found['start']:.1f}s start); "
-              f"pipelines per node {held}", flush=True)
+              f"pipelines per node {held}, {found['start_moves']:.0f} moves since the start", flush=True)
         if nodes >= 2:
             fleet.start_load(rate=args.rate)
             time.sleep(2)
