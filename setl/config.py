@@ -51,6 +51,12 @@ class HaConfig:
     #: cluster: how long after a node's registration goes its pipelines without a live standby are
     #: reassigned (docs/cluster.md); not set: session_timeout_ms + 3000
     reassign_after_ms: int | None = None
+    #: cluster: how long a newly elected coordinator waits for the expected nodes to join before it
+    #: places pipelines or balances them (docs/cluster.md); 0: no wait
+    join_grace_ms: int = 3000
+    #: cluster: the node ids the start-up grace waits for (it ends early once all are live); not
+    #: set: the nodes pinned by a pipeline and those named in the assignments left from before
+    expected_nodes: tuple[str, ...] | None = None
 
     @property
     def reassign_after(self) -> float:
@@ -546,6 +552,10 @@ def load_node(conf_dir: str | Path) -> NodeSettings:
         raise ConfigError("ha.standby_delay_ms: must not be negative", file=str(path))
     if ha.reassign_after_ms is not None and ha.reassign_after_ms < 0:
         raise ConfigError("ha.reassign_after_ms: must not be negative", file=str(path))
+    if ha.join_grace_ms < 0:
+        raise ConfigError("ha.join_grace_ms: must not be negative", file=str(path))
+    if ha.expected_nodes is not None and not all(ha.expected_nodes):
+        raise ConfigError("ha.expected_nodes: node ids must not be empty", file=str(path))
     if node.node.capacity is not None and node.node.capacity < 1:
         raise ConfigError(f"node.capacity: must be at least 1, got {node.node.capacity}", file=str(path))
     if node.http.listen is not None:

@@ -498,7 +498,8 @@ class Node:
                     continue
                 outcome = self.elections.run(name, lambda lease: self._lead(run, lease, until_caught_up),
                                              stop=self._stop)
-                if outcome is None:  # stopped while standing by: a leadership lost earlier is no error
+                if outcome is None or (outcome is Outcome.STOPPED and run.result.outcome is Outcome.LOST):
+                    # stopped while standing by, or before a new scheduler ran: a leadership lost earlier is no error
                     run.result.outcome, run.result.error = Outcome.STOPPED, None
             except BaseException as exc:
                 delay = self._retry_start(run, exc)

@@ -22,6 +22,12 @@ ZooKeeper paths (under ``ha.chroot``):
     an operator's requests (`setl cluster drain`, `setl cluster move`: ``{"to"}``).
 ``/cluster/state``
     the coordinator's summary: ``{"coordinator", "since", "last_rebalance", "moves"}``.
+
+Nothing polls at a fast pace: the coordinator re-plans when a ZooKeeper watch fires (a node joins
+or goes, a drain mark or a move request, a pipeline's mainstem changes hands), when a deadline it
+keeps falls due (a lost node's `reassign_after`, the start-up grace, a stuck move), and every
+`SAFETY_POLL` seconds as a safety net; the members hear of assignments and live nodes by watches
+and wake their mainstem elections at once (`ClusterMember.on_change`).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Protocol
 
 import attrs
@@ -49,6 +55,11 @@ LEADER = "/cluster/leader"
 
 #: A move whose old owner still holds the pipeline after this long is given up (logged).
 MOVE_TIMEOUT = 120.0
+#: The slow poll kept as a safety net under the watches (a missed or late watch event costs at
+#: most this long), for the coordinator's rounds and the members' mainstem elections.
+SAFETY_POLL = 2.0
+#: After a failed or conflicting round, the coordinator reads again this soon.
+RETRY_ROUND = 0.5
 
 
 class Handover(Protocol):
@@ -113,6 +124,7 @@ class ClusterMember:
         self._live: set[str] = set()
         self._leases: dict[str, Handover] = {}
         self._cancels: list[Callable[[], None]] = []
+        self._listeners: dict[str, list[Callable[[], None]]] = {}
 
     def start(self) -> None:
         self.coordinator.ensure(ASSIGNMENTS)
@@ -126,9 +138,34 @@ class ClusterMember:
             cancel()
         self._cancels.clear()
 
+    def on_change(self, name: str, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call `callback` (on kazoo's thread: it must not block, e.g. set an event) whenever what
+        `may_contend` answers for `name` may have changed: its assignment, or the live nodes.
+        Returns the function that stops it."""
+        with self._lock:
+            self._listeners.setdefault(name, []).append(callback)
+
+        def cancel() -> None:
+            with self._lock:
+                listeners = self._listeners.get(name, [])
+                if callback in listeners:
+                    listeners.remove(callback)
+
+        return cancel
+
+    def _notify(self, names: list[str]) -> None:
+        with self._lock:
+            callbacks = [c for name in names for c in self._listeners.get(name, [])]
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:  # a listener must not stop the others
+                log.exception("cluster: a change listener failed")
+
     def _nodes_changed(self, children: list[str]) -> None:
         with self._lock:
             self._live = set(children)
+        self._notify(self.pipelines)
 
     def _assigned(self, name: str, znode: ZNode | None) -> None:
         assignment = Assignment.from_znode(znode)
@@ -137,6 +174,7 @@ class ClusterMember:
             lease = self._leases.get(name)
         if lease is not None:
             self._hand_over_if_moved(name, assignment, lease)
+        self._notify([name])
 
     def assignment(self, name: str) -> Assignment | None:
         with self._lock:
@@ -145,8 +183,9 @@ class ClusterMember:
     def may_contend(self, name: str, term: Mapping[str, Any] | None = None) -> bool:
         """Whether this node may take `name`'s free mainstem now, `term` being the data of its term
         node: it is assigned here; or this node is its standby (the hot standby) and its owner's
-        node is gone or lost the mainstem without releasing it (crash, expired session). A
-        deliberate release (a stop, a hand-over) is left to the owner or the move's target."""
+        node is gone, or the owner held the mainstem and lost it without releasing it (expired
+        session). A deliberate release (a stop, a hand-over), and an owner that has not taken a
+        pipeline newly placed on it yet, are left to the owner."""
         with self._lock:
             assignment = self._assignments.get(name)
             live = set(self._live)
@@ -156,7 +195,8 @@ class ClusterMember:
             return True
         if assignment.standby not in (self.node_id, None) and assignment.standby in live:
             return False  # another node is its standby (none yet, or gone: any node stands in)
-        return assignment.node not in live or not (term or {}).get("released")
+        info = term or {}
+        return assignment.node not in live or (info.get("node") == assignment.node and not info.get("released"))
 
     def leading(self, name: str, lease: Handover) -> None:
         """This node holds `name` under `lease`; hand it over when it is moved away."""
@@ -209,15 +249,26 @@ def holder_of(coordinator: Coordinator, pipeline: str) -> str | None:
 
 class ClusterCoordinator:
     """Contends for the cluster's coordinator in kazoo's ``Election`` recipe; while elected,
-    reassigns every `interval` seconds (`round`). `on_rebalanced(pipeline, details)` hears of
-    each pipeline placed or moved (the ``rebalanced`` alert)."""
+    re-plans (`round`) when a watch fires or a deadline falls due, and at least every `interval`
+    seconds. `on_rebalanced(pipeline, details)` hears of each pipeline placed or moved (the
+    ``rebalanced`` alert).
 
-    def __init__(self, coordinator: Coordinator, node_id: str, *, reassign_after: float, interval: float = 0.5,
+    Start-up grace: for `join_grace` seconds after it is elected, the coordinator places no
+    pipeline and moves none for balance, unless every node it expects is live (`expected`, the
+    nodes pinned by a pipeline and those named in the assignments left from before), so that the
+    first node of a starting cluster does not take everything and then hand pipelines over one by
+    one. Pipelines already assigned to a live node run meanwhile, standbys take over as ever.
+    """
+
+    def __init__(self, coordinator: Coordinator, node_id: str, *, reassign_after: float, join_grace: float = 0.0,
+                 expected: Collection[str] = (), interval: float = SAFETY_POLL,
                  on_rebalanced: Callable[[str, dict[str, Any]], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.coordinator = coordinator
         self.node_id = node_id
         self.reassign_after = reassign_after
+        self.join_grace = join_grace
+        self.expected = frozenset(expected)
         self.interval = interval
         self.on_rebalanced = on_rebalanced
         self.clock = clock
@@ -226,6 +277,10 @@ class ClusterCoordinator:
         self._election: LeaderElection | None = None
         self._gone_since: dict[str, float] = {}
         self._moving_since: dict[str, float] = {}
+        self._grace_until: float | None = None  # None: not in a grace period
+        self._due: float | None = None  # the next deadline the last round found
+        self._wake: threading.Event | None = None  # set by the watches while leading
+        self._watched: dict[str, Callable[[], None]] = {}  # pipeline -> cancels its mainstem watch
         self.elected = threading.Event()
 
     # -- life
@@ -239,6 +294,8 @@ class ClusterCoordinator:
         election = self._election
         if election is not None:
             election.cancel()
+        if self._wake is not None:
+            self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
 
@@ -260,38 +317,64 @@ class ClusterCoordinator:
                 self.elected.clear()
             self._stop.wait(0.5)
 
+    def begin(self) -> None:
+        """A new leadership: forget the last one's timers and start the grace period."""
+        self._gone_since.clear()
+        self._moving_since.clear()
+        self._grace_until = self.clock() + self.join_grace if self.join_grace > 0 else None
+
     def _lead(self) -> None:
         election = self._election
         assert election is not None
         session = self.coordinator.session_id
         log.info("cluster: this node (%s) coordinates the cluster", self.node_id)
         self.elected.set()
-        self._gone_since.clear()
-        self._moving_since.clear()
+        self.begin()
         self._write_state({"coordinator": self.node_id, "since": time.time()}, election)
-        wake = threading.Event()
+        wake = self._wake = threading.Event()
         cancels = [self.coordinator.watch_children(path, lambda _children: wake.set())
                    for path in ("/nodes", DRAIN, MOVES)]
         try:
             self._rounds(election, session, wake)
         finally:
-            for cancel in cancels:
+            self._wake = None
+            for cancel in [*cancels, *self._watched.values()]:
                 cancel()
+            self._watched.clear()
 
     def _rounds(self, election: LeaderElection, session: int, wake: threading.Event) -> None:
         while not self._stop.is_set():
             if self.coordinator.session_id != session:
                 log.warning("cluster: the ZooKeeper session changed; contending for the coordinator again")
                 return
+            delay = self.interval
             if self.coordinator.connected:
                 try:
                     self.round(election)
+                    if self._due is not None:
+                        delay = min(delay, max(0.05, self._due - self.clock()))
                 except Conflict as exc:  # another coordinator wrote, or ours is gone
                     log.info("cluster: assignment round conflicted (%s); reading again", exc)
+                    delay = RETRY_ROUND
                 except MetaStoreError as exc:
                     log.warning("cluster: assignment round failed: %s", exc)
-            wake.wait(self.interval)  # a node, drain or move request changed: at once
+                    delay = RETRY_ROUND
+            wake.wait(delay)  # a watch fired (a node, drain, move request or holder changed): at once
             wake.clear()
+
+    def _watch_holders(self, names: Collection[str]) -> None:
+        """While leading: wake a round when a pipeline's mainstem changes hands (a hand-over done,
+        a standby took over, a holder stopped)."""
+        wake = self._wake
+        if wake is None:
+            return
+
+        def changed(_node: ZNode | None) -> None:
+            wake.set()
+
+        for name in names:
+            if name not in self._watched:
+                self._watched[name] = self.coordinator.watch(f"/pipelines/{name}/mainstem", changed)
 
     # -- one round
 
@@ -314,7 +397,9 @@ class ClusterCoordinator:
         specs = {name: attrs.evolve(spec, configured_on=frozenset(configured[name])) for name, spec in specs.items()}
         node_specs = {n: NodeSpec(n, info.capacity, n in draining) for n, info in nodes.items()}
         assignments = {name: Assignment.from_znode(co.get(f"{ASSIGNMENTS}/{name}")) for name in specs}
+        self._watch_holders(specs)  # before reading the holders: a change after the read wakes the next round
         holders = {name: holder_of(co, name) for name in specs}
+        settling = self._settling(now, specs, assignments, set(nodes))
 
         for gone in [n for n in self._gone_since if n in nodes]:
             del self._gone_since[gone]
@@ -362,7 +447,10 @@ class ClusterCoordinator:
                                         reason=reason), reason)
 
         planned_specs = {n: s for n, s in specs.items() if n not in waiting}
-        result = plan(planned_specs, node_specs, current, standbys=standbys, held=held, balance=not moving)
+        if settling:  # the start-up grace: only pipelines running on a live node, nothing placed or moved
+            planned_specs = {n: s for n, s in planned_specs.items() if current[n] in nodes}
+        result = plan(planned_specs, node_specs, current, standbys=standbys, held=held,
+                      balance=not moving and not settling)
         moved_one = moving
         for name in sorted(planned_specs):
             owner = result.owners[name]
@@ -388,6 +476,14 @@ class ClusterCoordinator:
             updates[name] = (Assignment(owner, result.standbys[name], running_on, name in held and owner is not None,
                                         time.time(), why), why)
 
+        dues = [since + self.reassign_after for since in self._gone_since.values()]
+        dues += [since + MOVE_TIMEOUT for since in self._moving_since.values()]
+        if settling and self._grace_until is not None:
+            dues.append(self._grace_until)
+        dues = [due for due in dues if due > now]
+        if updates:  # what it wrote may allow the next step (a move without a running holder is done)
+            dues.append(now)
+        self._due = min(dues) if dues else None
         for name, (new, why) in sorted(updates.items()):
             self._write(name, assignments[name], new, election)
             old = assignments[name]
@@ -396,6 +492,27 @@ class ClusterCoordinator:
                 log.info("pipeline=%s cluster: %s -> %s (%s)", name, details["from"], new.node, why)
                 if old is not None:  # a first placement is no rebalance
                     self._rebalanced(name, details, election)
+
+    def _settling(self, now: float, specs: Mapping[str, PipelineSpec], assignments: Mapping[str, Assignment | None],
+                  live: set[str]) -> bool:
+        """Whether the start-up grace still holds: it ends when it has lasted `join_grace`, or once
+        every expected node is live (`expected`, pinned nodes, nodes named in the assignments)."""
+        if self._grace_until is None:
+            return False
+        expected = set(self.expected)
+        for spec in specs.values():
+            expected |= spec.nodes or set()
+        for assignment in assignments.values():
+            if assignment is not None:
+                expected |= {n for n in (assignment.node, assignment.standby) if n is not None}
+        if now < self._grace_until and not (expected and expected <= live):
+            return True
+        waited = self.join_grace - max(0.0, self._grace_until - now)
+        log.info("cluster: start-up grace over after %.1fs (%s)", waited,
+                 "every expected node is live" if now < self._grace_until else
+                 f"live: {', '.join(sorted(live))}; not yet: {', '.join(sorted(expected - live)) or '-'}")
+        self._grace_until = None
+        return False
 
     def _move_requests(self, specs: Mapping[str, PipelineSpec], nodes: Mapping[str, NodeSpec],
                        current: Mapping[str, str | None], moving: bool) -> tuple[str, str] | None:

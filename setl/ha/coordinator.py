@@ -423,14 +423,28 @@ class Coordinator:
 
         self._call(f"delete {full}", delete)
 
-    def commit(self, ops: Sequence[Op], guard: Callable[[], None] | None = None) -> list[Any]:
+    def commit(self, ops: Sequence[Op], guard: Callable[[], None] | None = None,
+               applied: Callable[[], bool] | None = None) -> list[Any]:
         """Apply `ops` atomically. Results: a created path, a stat (`.version`) or True.
 
         Raises `Conflict` (with the failing op's index) if a check, version, create or delete
         does not hold; then nothing was applied. `guard` runs before every attempt.
+
+        An attempt that met a lost connection may have applied all the same. `applied`, for a
+        transaction whose repetition would not be harmless (a sequential node), is asked before
+        each attempt after such a one: True means the earlier attempt had applied, and `commit`
+        returns ``[]`` without writing again. Its read cannot overtake the earlier attempt:
+        ZooKeeper answers one session's requests in order.
         """
+        attempts = 0
 
         def commit() -> list[Any]:
+            nonlocal attempts
+            attempts += 1
+            if attempts > 1 and applied is not None and applied():
+                log.info("ha: a %s retried after a lost connection had applied; not repeated",
+                         f"transaction on {ops[0].path}" if ops else "transaction")
+                return []
             tx = self._client.transaction()
             for op in ops:
                 full = self.path(op.path)

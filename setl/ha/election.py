@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from setl.errors import ConfigError, MetaStoreError
-from setl.ha.cluster import ClusterCoordinator, ClusterMember, cluster_view, node_data
+from setl.ha.cluster import SAFETY_POLL, ClusterCoordinator, ClusterMember, cluster_view, node_data
 from setl.ha.coordinator import (
     Check,
     Conflict,
@@ -47,12 +47,16 @@ class Mainstem:
 
     def __init__(self, coordinator: Coordinator, pipeline: str, node_id: str, *,
                  standby_delay: float = 3.0, handover_timeout: float = 10.0,
-                 gate: Callable[[dict[str, Any]], bool] | None = None) -> None:
+                 gate: Callable[[dict[str, Any]], bool] | None = None,
+                 gate_changes: Callable[[Callable[[], None]], Callable[[], None]] | None = None) -> None:
         self.coordinator = coordinator
         #: in a cluster (`setl.ha.cluster.ClusterMember.may_contend`): whether this node may take the
         #: free mainstem now, given the term's data; an operator's switch naming this node (or none)
         #: passes it too
         self.gate = gate
+        #: subscribes a callback to the changes that may turn the gate's answer
+        #: (`ClusterMember.on_change`); returns the unsubscribe. Without it the gate is polled.
+        self.gate_changes = gate_changes
         self.pipeline = pipeline
         self.node_id = node_id
         self.standby_delay = standby_delay
@@ -79,6 +83,9 @@ class Mainstem:
         co.keep(self.standby_path, dumps({"node": self.node_id, "since": time.time()}))
         changed = threading.Event()
         on_change = lambda event: changed.set()  # noqa: E731 -- one callback, so kazoo keeps one watch
+        # Woken by the mainstem's watch and the gate's changes; the poll is only a safety net.
+        poll = SAFETY_POLL if self.gate is None or self.gate_changes is not None else 0.2
+        unsubscribe = self.gate_changes(changed.set) if self.gate_changes is not None else None
         last_holder: str | None = None
         try:
             while not stop.is_set():
@@ -92,22 +99,24 @@ class Mainstem:
                         if name != last_holder:
                             log.info("pipeline=%s ha: hot standby; %s holds the mainstem", self.pipeline, name)
                             last_holder = name
-                        changed.wait(0.5)
+                        changed.wait(SAFETY_POLL)
                         continue
                     if holder is None:
                         term = co.get(self.term_path)
                         if not self._may_contend(term):
-                            changed.wait(0.2)
+                            changed.wait(poll)
                             continue
                         delay = self._delay(term)
                         if delay is None:
-                            changed.wait(0.2)
+                            changed.wait(min(poll, self._handover_left()))
                             continue
                         if delay > 0:
                             log.info("pipeline=%s ha: the mainstem is free; contending in %.1fs",
                                      self.pipeline, delay)
                             if stop.wait(delay) or changed.is_set():
                                 continue
+                    if stop.is_set():  # stopping: a mainstem taken now would only be given back
+                        continue
                     lease = self._take(holder)
                 except MetaStoreError as exc:
                     log.warning("pipeline=%s ha: election: %s", self.pipeline, exc)
@@ -117,6 +126,8 @@ class Mainstem:
                     return lease
             return None
         finally:
+            if unsubscribe is not None:
+                unsubscribe()
             co.unkeep(self.standby_path)
 
     def _may_contend(self, term: ZNode | None) -> bool:
@@ -126,6 +137,12 @@ class Mainstem:
         # an operator's `setl switch`: the named node, or any other than the one that released
         return bool(info.get("released")) and info.get("switch") is True and (
             info.get("to") == self.node_id or (info.get("to") is None and info.get("node") != self.node_id))
+
+    def _handover_left(self) -> float:
+        """Seconds until the `handover_timeout` after our own release runs out (at least 0.05)."""
+        if self._released_at is None:
+            return 0.05
+        return max(0.05, self._released_at + self.handover_timeout - time.monotonic())
 
     def _delay(self, term: ZNode | None) -> float | None:
         """How long to wait before contending for a free mainstem; None: not yet."""
@@ -256,6 +273,8 @@ class Elections:
         member.start()
         elections.cluster_coordinator = ClusterCoordinator(coordinator, settings.node.id,
                                                            reassign_after=settings.ha.reassign_after,
+                                                           join_grace=settings.ha.join_grace_ms / 1000.0,
+                                                           expected=settings.ha.expected_nodes or (),
                                                            on_rebalanced=on_rebalanced)
         elections.cluster_coordinator.start()
         return elections
@@ -287,9 +306,12 @@ class Elections:
 
     def mainstem(self, pipeline: str) -> Mainstem:
         if pipeline not in self._mainstems:
-            gate = None if self.cluster is None else functools.partial(self.cluster.may_contend, pipeline)
+            gate = changes = None
+            if self.cluster is not None:
+                gate = functools.partial(self.cluster.may_contend, pipeline)
+                changes = functools.partial(self.cluster.on_change, pipeline)
             self._mainstems[pipeline] = Mainstem(self.coordinator, pipeline, self.node_id,
-                                                 standby_delay=self.standby_delay, gate=gate)
+                                                 standby_delay=self.standby_delay, gate=gate, gate_changes=changes)
         return self._mainstems[pipeline]
 
     def run(self, pipeline: str, func: Callable[[Lease], T], *, stop: threading.Event) -> T | None:

@@ -121,11 +121,12 @@ class ZooKeeperMetaStore(MetaStore):
         lease.check()
         return lease
 
-    def _fenced(self, lease: Fence, ops: list, what: str) -> list[Any]:
-        """Commit `ops` after a check on the holder's term; a failed check means deposed."""
+    def _fenced(self, lease: Fence, ops: list, what: str, applied: Callable[[], bool] | None = None) -> list[Any]:
+        """Commit `ops` after a check on the holder's term; a failed check means deposed.
+        `applied`: see `Coordinator.commit`."""
         try:
             return self.coordinator.commit([Check(f"{self._base(lease.pipeline)}/term", lease.term), *ops],
-                                           guard=lease.check)
+                                           guard=lease.check, applied=applied)
         except Conflict as exc:
             if exc.index == 0:
                 lease.lose("another node took the mainstem")
@@ -153,13 +154,19 @@ class ZooKeeperMetaStore(MetaStore):
         now = self._clock()
         record = {"batch": batch_id, "epoch": epoch, **position.to_dict(), "time": now}
         base = self._base(pipeline)
+        acked = dumps({**record, "origin": "ack"})
+
+        def applied() -> bool:  # a retry after a lost connection: did the first attempt apply?
+            node = self.coordinator.get(f"{base}/position")
+            return node is not None and node.data == acked  # its time makes the record unique
+
         try:
             self._fenced(lease, [
                 Check(f"{base}/epoch", current[1]),
-                SetData(f"{base}/position", dumps({**record, "origin": "ack"})),
+                SetData(f"{base}/position", acked),
                 Create(f"{base}/acks/ack-", dumps({**record, "rows": rows}), sequence=True),
                 *copies,
-            ], f"ack batch {batch_id}")
+            ], f"ack batch {batch_id}", applied=applied)
         except Conflict as exc:
             if exc.index == 1:
                 raise LeadershipLost(f"cannot ack batch {batch_id}: the epoch moved past {epoch}",

@@ -68,7 +68,9 @@ class Cluster:
                 "meta": {"store": "zookeeper"},
                 "ha": {"zookeeper": self.proxies[name].address if proxied else zk_hosts, "chroot": self.chroot,
                        "session_timeout_ms": SESSION_TIMEOUT_MS,
-                       "standby_delay_ms": standby_delay_ms},
+                       "standby_delay_ms": standby_delay_ms,
+                       # the rig starts its nodes one at a time, each after the one before holds or stands by
+                       "join_grace_ms": 0},
             }))
             (conf / "pipelines" / f"{self.name}.yaml").write_text(yaml.safe_dump(pipeline, sort_keys=False))
         self.procs: dict[str, subprocess.Popen] = {}

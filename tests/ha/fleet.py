@@ -1,7 +1,7 @@
 """A cluster of `setl start --all` nodes sharing one ZooKeeper root, each configured with the same
-small pipelines (each its own pair of source tables: one keyed, one keyless) from one MariaDB
-source into one MariaDB target: the rig of the scale-out tests (tests/ha/test_cluster.py) and of
-tools/bench/bench_cluster.py."""
+small pipelines (each its own pair of source tables: one keyed, one keyless, and optionally a
+sysbench table) from one MariaDB source into one MariaDB target: the rig of the scale-out tests
+(tests/ha/test_cluster.py) and of tools/bench/bench_cluster.py."""
 
 from __future__ import annotations
 
@@ -26,20 +26,25 @@ from setl.meta.zookeeper import ZooKeeperMetaStore
 from setl.testing.servers import wait_until
 from tests.e2e.setl_process import binlog_head, mysql_source, mysql_target
 from tests.ha.zk import unique_root
+from tools import sysbench
 
 SESSION_TIMEOUT_MS = 2000
 STANDBY_DELAY_MS = 500
 REASSIGN_AFTER_MS = 1000
+JOIN_GRACE_MS = 3000
+SYSBENCH_ROWS = 200  # per sysbench table
 KEYED_ROWS = 20
 
 
 class Fleet:
-    """Nodes `names`, pipelines ``<prefix>0`` .. ``<prefix>(count-1)``; `load` writes to every
-    pipeline's tables from one thread."""
+    """Nodes `names`, pipelines ``<prefix>0`` .. ``<prefix>(count-1)``; `start_load` writes to every
+    pipeline's tables from one thread. With `with_sysbench`, pipeline i also carries sysbench table
+    ``sbtest<i+1>``, which `start_load` loads with sysbench ``oltp_write_only``."""
 
     def __init__(self, root: Path, zk_hosts: str, source: Any, source_db: str, target: Any, target_db: str, *,
                  names: tuple[str, ...], pipelines: int, node_extra: dict[str, dict[str, Any]] | None = None,
-                 weights: dict[int, int] | None = None, session_timeout_ms: int = SESSION_TIMEOUT_MS) -> None:
+                 weights: dict[int, int] | None = None, session_timeout_ms: int = SESSION_TIMEOUT_MS,
+                 join_grace_ms: int = JOIN_GRACE_MS, with_sysbench: bool = False) -> None:
         self.root, self.zk_hosts = root, zk_hosts
         self.source, self.source_db, self.target, self.target_db = source, source_db, target, target_db
         self.chroot = unique_root()
@@ -53,6 +58,12 @@ class Fleet:
         with self._source() as cur:
             for name in self.pipelines:
                 cur.executemany(f"INSERT INTO `{name}_keyed` VALUES (%s, 0)", [(i,) for i in range(KEYED_ROWS)])
+        self.sysbench_tables = len(self.pipelines) if with_sysbench else 0
+        self._sysbench: sysbench.Running | None = None
+        if self.sysbench_tables:  # the DDL kept out of the binlog (the target gets it here), the rows in it
+            sysbench.prepare(self.sysbench_conn(source, source_db), tables=self.sysbench_tables,
+                             table_size=SYSBENCH_ROWS, ddl_in_binlog=False)
+            sysbench.create_tables(self.sysbench_conn(target, target_db), tables=self.sysbench_tables)
         self.names = names
         server_ids = {name: 2000 + uuid.uuid4().int % 60000 for name in self.pipelines}  # one binlog slot each
         for node in names:
@@ -62,7 +73,8 @@ class Fleet:
                 "node": {"id": node},
                 "meta": {"store": "zookeeper"},
                 "ha": {"zookeeper": zk_hosts, "chroot": self.chroot, "session_timeout_ms": session_timeout_ms,
-                       "standby_delay_ms": STANDBY_DELAY_MS, "reassign_after_ms": REASSIGN_AFTER_MS},
+                       "standby_delay_ms": STANDBY_DELAY_MS, "reassign_after_ms": REASSIGN_AFTER_MS,
+                       "join_grace_ms": join_grace_ms, "expected_nodes": list(names)},
                 "runtime": {"workers": 2},
             }
             for key, value in (node_extra or {}).get(node, {}).items():
@@ -73,7 +85,8 @@ class Fleet:
                     "source": mysql_source(source, start={"file": start.log, "pos": start.offset},
                                            server_id=server_ids[name]),
                     "target": mysql_target(target),
-                    "tables": [{"source": rf"{re.escape(source_db)}\.{re.escape(name)}_.*",
+                    "tables": [{"source": rf"{re.escape(source_db)}\.({re.escape(name)}_.*"
+                                          + (f"|sbtest{i + 1})" if with_sysbench else ")"),
                                 "target": f"{target_db}.{{table}}"}],
                     "pipeline": {"parallelism": 2, "batch": {"max_rows": 200, "max_wait_ms": 50},
                                  "weight": (weights or {}).get(i, 1),
@@ -95,6 +108,10 @@ class Fleet:
                 yield cur
         finally:
             conn.close()
+
+    @staticmethod
+    def sysbench_conn(server: Any, database: str) -> sysbench.Conn:
+        return sysbench.Conn.from_server(server, database)
 
     def conf(self, node: str) -> Path:
         return self.root / node / "conf"
@@ -159,9 +176,15 @@ class Fleet:
 
     # -- load
 
-    def start_load(self, rate: float = 60.0) -> None:
+    def start_load(self, rate: float = 60.0, sysbench_rate: int = 40, seconds: float = 600) -> None:
         """About `rate` transactions/s over all pipelines: each inserts a keyless row and updates a
-        keyed one, in one transaction."""
+        keyed one, in one transaction; with sysbench tables, sysbench too (`sysbench_rate`
+        transactions/s over them, for at most `seconds`)."""
+        if self.sysbench_tables:
+            self._sysbench = sysbench.start(self.sysbench_conn(self.source, self.source_db), seconds=seconds,
+                                            threads=2, rate=sysbench_rate, tables=self.sysbench_tables,
+                                            table_size=SYSBENCH_ROWS)
+
         def run() -> None:
             rng = random.Random(7)
             conn = self.source.connect(database=self.source_db)
@@ -187,6 +210,9 @@ class Fleet:
         if self._loader is not None:
             self._loader.join(10)
             self._loader = None
+        if self._sysbench is not None:
+            self._sysbench.stop()  # what it committed is in the binlog; the rest rolled back
+            self._sysbench = None
 
     # -- observations
 
@@ -229,9 +255,16 @@ class Fleet:
             conn.close()
         return keyed, log
 
+    def sysbench_checksums(self, server: Any, database: str) -> dict[str, int | None]:
+        if not self.sysbench_tables:
+            return {}
+        return sysbench.checksums(self.sysbench_conn(server, database),
+                                  [f"sbtest{n}" for n in range(1, self.sysbench_tables + 1)])
+
     def equal(self) -> bool:
+        sums = self.sysbench_checksums(self.source, self.source_db)
         return all(self.rows(self.source, self.source_db, n) == self.rows(self.target, self.target_db, n)
-                   for n in self.pipelines)
+                   for n in self.pipelines) and sums == self.sysbench_checksums(self.target, self.target_db)
 
     def wait_equal(self, timeout: float = 90) -> None:
         def equal() -> bool:
@@ -252,14 +285,13 @@ class Fleet:
             assert len({seq for seq, _ in target_log}) == len(target_log), f"{name}: a row applied twice"
             total += len(source_log)
         assert total == self.written and total > 0, (total, self.written)
+        sums = self.sysbench_checksums(self.source, self.source_db)
+        assert all(sums.values()) and sums == self.sysbench_checksums(self.target, self.target_db), sums
 
     def assert_epochs_never_go_back(self) -> None:
         for name in self.pipelines:
             history = list(reversed(self.store.history(name, 10_000)))
             assert history, name
-            # A history record written twice (the same ack, time included: an ack transaction
-            # retried after a lost connection had applied) is one ack.
-            history = [a for i, a in enumerate(history) if i == 0 or a != history[i - 1]]
             epochs = [a.epoch for a in history]
             assert epochs == sorted(epochs), (name, epochs)
             for before, after in zip(history, history[1:]):

@@ -13,7 +13,8 @@ from setl.testing.servers import HOST
 
 class TcpProxy:
     """Forwards every connection made to `address` to `upstream` (``host:port``) until `cut`:
-    then the open connections are closed and new ones are closed at once, until `heal`.
+    then the open connections are closed and new ones are closed at once, until `heal`. While
+    `muted`, what the upstream answers is dropped: requests arrive and apply, their answers are lost.
 
     Every thread is named and joined by `close`."""
 
@@ -25,6 +26,7 @@ class TcpProxy:
         self.address = f"{HOST}:{self._listener.getsockname()[1]}"
         self._lock = threading.Lock()
         self._cut = False
+        self.muted = threading.Event()
         self._closed = threading.Event()
         self._open: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
@@ -78,21 +80,23 @@ class TcpProxy:
             with self._lock:
                 self._open += [client, server]
             self._threads = [t for t in self._threads if t.is_alive()]
-            for source, sink in ((client, server), (server, client)):
-                thread = threading.Thread(target=_pump, args=(source, sink), daemon=True,
+            for (source, sink), mute in (((client, server), None), ((server, client), self.muted)):
+                thread = threading.Thread(target=_pump, args=(source, sink, mute), daemon=True,
                                           name=f"proxy-{self.address}-{source.fileno()}")
                 thread.start()
                 self._threads.append(thread)
 
 
-def _pump(source: socket.socket, sink: socket.socket) -> None:
-    """Copy bytes from `source` to `sink` until either side closes; then close both."""
+def _pump(source: socket.socket, sink: socket.socket, mute: threading.Event | None = None) -> None:
+    """Copy bytes from `source` to `sink` (dropping them while `mute` is set) until either side
+    closes; then close both."""
     try:
         while True:
             data = source.recv(65536)
             if not data:
                 break
-            sink.sendall(data)
+            if mute is None or not mute.is_set():
+                sink.sendall(data)
     except OSError:
         pass
     finally:

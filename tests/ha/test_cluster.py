@@ -5,8 +5,10 @@ histories whose epochs never go back."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import time
 import urllib.request
@@ -15,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from setl.testing.servers import ZooKeeperServer, free_port, wait_until
-from tests.ha.fleet import REASSIGN_AFTER_MS, SESSION_TIMEOUT_MS, Fleet
+from tests.ha.fleet import REASSIGN_AFTER_MS, SESSION_TIMEOUT_MS, STANDBY_DELAY_MS, Fleet
 from tests.helpers.receiver import Receiver
 
 pytestmark = pytest.mark.timeout(300)
@@ -52,43 +54,126 @@ def finish(fleet: Fleet) -> None:
     fleet.assert_epochs_never_go_back()
 
 
-def test_three_nodes_share_six_pipelines_a_killed_node_s_run_elsewhere_and_it_gets_a_share_back(make_fleet):
-    """3 nodes x 6 pipelines run 2±1 each; kill -9 of one: its pipelines run again on the others
-    within session timeout + reassign delay + 5 s (3±1 each); it returns and gets a share back in
-    at most 4 moves; targets equal, keyless rows once, epochs monotonic."""
+def acked_again(fleet: Fleet, epochs: dict[str, int], timeout: float) -> float:
+    """Seconds until every pipeline in `epochs` has acked in an epoch above the one given."""
+    began = time.monotonic()
+
+    def again() -> bool:
+        fleet._alive()
+        return all((a := fleet.store.position(name)) is not None and a.epoch > epoch for name, epoch in epochs.items())
+
+    wait_until(again, timeout=timeout, interval=0.05,
+               message=lambda: f"{sorted(epochs)} to ack in a new epoch ({fleet.holders()})\n{fleet.logs()}")
+    return time.monotonic() - began
+
+
+def settled(fleet: Fleet) -> None:
+    wait_until(lambda: all(row["node"] == row["holder"] and not row["moving_from"]
+                           for row in fleet.view()["pipelines"].values()),
+               timeout=60, message=lambda: f"the assignments to settle ({fleet.view()['pipelines']})")
+
+
+def test_three_nodes_share_twelve_pipelines_a_killed_node_s_run_elsewhere_and_it_gets_a_share_back(make_fleet):
+    """3 nodes x 12 pipelines under sysbench and a keyless writer: started together they run 4±1
+    each with no move (the start-up grace); kill -9 of one: every pipeline runs (acks) again within
+    session timeout + reassign delay + 5 s, 6±1 each; it returns and gets a share back in at most 4
+    moves; targets equal, keyless rows once, epochs monotonic."""
     nodes = ("n1", "n2", "n3")
-    fleet = make_fleet(names=nodes, pipelines=6)
+    fleet = make_fleet(names=nodes, pipelines=12, with_sysbench=True, join_grace_ms=20_000)
     for node in nodes:
         fleet.spawn(node)
     fleet.start_load()
-    fleet.wait_spread(nodes, 1, 3, timeout=120)
-    fleet.wait_equal()
+    started = fleet.wait_spread(nodes, 3, 5, timeout=120)
+    settled(fleet)
+    assert fleet.view()["moves"] == 0, fleet.view()  # placed once all three were live, nothing moved
     victims = [p for p, h in fleet.holders().items() if h == "n3"]
-    assert victims
+    assert 3 <= len(victims) <= 5
+    epochs = {name: fleet.store.state(name).epoch for name in fleet.pipelines}
     killed = time.monotonic()
     fleet.kill("n3")
-    fleet.wait_spread(("n1", "n2"), 2, 4, timeout=60)
-    elsewhere = time.monotonic() - killed
-    print(f"kill -9 of n3 ({len(victims)} pipelines) to all running on n1, n2: {elsewhere:.2f}s")
-    assert elsewhere < (SESSION_TIMEOUT_MS + REASSIGN_AFTER_MS) / 1000 + 5
-    for name in victims:  # they run, not just held: each acks again
-        before = fleet.store.position(name)
-        wait_until(lambda name=name, before=before: (a := fleet.store.position(name)) is not None
-                   and (before is None or a.batch_id > before.batch_id or a.epoch > before.epoch),
-                   timeout=30, message=f"{name} to ack on its new node")
-    wait_until(lambda: all(row["node"] == row["holder"] for row in fleet.view()["pipelines"].values()),
-               timeout=30, message="the coordinator to record the take-overs")
+    bound = (SESSION_TIMEOUT_MS + REASSIGN_AFTER_MS) / 1000 + 5
+    running = acked_again(fleet, {name: epochs[name] for name in victims}, timeout=60)
+    fleet.wait_spread(("n1", "n2"), 5, 7, timeout=60)
+    spread = time.monotonic() - killed
+    print(f"\nstart: 4±1 each after {started:.2f}s; kill -9 of n3 ({len(victims)} pipelines): all acking again "
+          f"on n1, n2 after {running:.2f}s (bound {bound:.0f}s), 6±1 each after {spread:.2f}s")
+    assert running < bound, fleet.logs()
+    settled(fleet)
     moves_before = fleet.view()["moves"]
     fleet.spawn("n3")
-    back = fleet.wait_spread(nodes, 1, 3, timeout=90)
-    wait_until(lambda: all(not row["moving_from"] for row in fleet.view()["pipelines"].values()), timeout=60,
-               message="moves to settle")
+    back = fleet.wait_spread(nodes, 3, 5, timeout=90)
+    settled(fleet)
     moves = fleet.view()["moves"] - moves_before
-    print(f"n3 back: a share in {back:.2f}s, {moves} moves; holders {fleet.holders()}")
+    print(f"n3 back: a share in {back:.2f}s, {moves} moves; per node {fleet.counts(nodes)}")
     assert 1 <= moves <= 4
     view = fleet.view()
     assert sorted(n for n, row in view["nodes"].items() if row["live"]) == list(nodes)
     assert view["last_rebalance"] is not None
+    finish(fleet)
+
+
+def test_a_frozen_owner_s_pipelines_move_and_it_is_fenced_when_resumed(make_fleet, mariadb_target, mysql_db):
+    """3 nodes x 6 pipelines under load; the owner of a pipeline whose load waits inside its target
+    transaction is frozen (SIGSTOP): its pipelines run on the others within session timeout +
+    standby delay + 5 s, the new holder kills the frozen session as it takes the epoch fence; resumed
+    (SIGCONT), the frozen node writes nothing (its session expired, its epoch is older), rejoins and
+    gets a share back; nothing lost or applied twice, epochs monotonic."""
+    nodes = ("f1", "f2", "f3")
+    fleet = make_fleet(names=nodes, pipelines=6)
+    for node in nodes:
+        fleet.spawn(node)
+    fleet.start_load(rate=30)
+    fleet.wait_spread(nodes, 1, 3, timeout=120)
+    settled(fleet)
+    fleet.wait_equal()
+    victims = [p for p, h in fleet.holders().items() if h == "f3"]
+    assert victims
+    stuck = victims[0]
+    epochs = {name: fleet.store.state(name).epoch for name in fleet.pipelines}
+    blocker = mariadb_target.connect(database=mysql_db, autocommit=False)
+    try:
+        with blocker.cursor() as cur:  # the next load of `stuck` that touches row 0 waits on this lock
+            cur.execute(f"SELECT * FROM `{stuck}_keyed` WHERE id = 0 FOR UPDATE")
+        with contextlib.closing(fleet.source.connect(database=fleet.source_db)) as conn, conn.cursor() as cur:
+            cur.execute(f"UPDATE `{stuck}_keyed` SET v = v + 1 WHERE id = 0")
+
+        def waiting() -> bool:
+            fleet._alive()
+            rows = mariadb_target.query(
+                "SELECT COUNT(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'")
+            return rows[0][0] >= 1
+
+        wait_until(waiting, timeout=60, interval=0.3, message=lambda: f"{stuck}'s load to wait\n{fleet.logs()}")
+        fleet.procs["f3"].send_signal(signal.SIGSTOP)
+    finally:
+        blocker.rollback()
+        blocker.close()
+    frozen = time.monotonic()
+    try:
+        bound = (SESSION_TIMEOUT_MS + STANDBY_DELAY_MS) / 1000 + 5
+        running = acked_again(fleet, {name: epochs[name] for name in victims}, timeout=60)
+        print(f"\nSIGSTOP of f3 ({len(victims)} pipelines): all acking again on f1, f2 after {running:.2f}s "
+              f"(bound {bound:.1f}s)")
+        assert running < bound, fleet.logs()
+        fleet.wait_spread(("f1", "f2"), 2, 4, timeout=60)
+        taken = {name: fleet.store.state(name).epoch for name in victims}
+    finally:
+        fleet.procs["f3"].send_signal(signal.SIGCONT)
+    # Resumed: f3 learns its session expired; its leases are lost and nothing of its old epochs lands.
+    def rejoined() -> bool:
+        fleet._alive()
+        row = fleet.view()["nodes"].get("f3")
+        return row is not None and row["live"]
+
+    wait_until(rejoined, timeout=60, message=lambda: f"f3 to rejoin\n{fleet.logs()}")
+    fleet.wait_spread(nodes, 1, 3, timeout=90)
+    settled(fleet)
+    assert all(fleet.store.state(name).epoch >= taken[name] for name in victims)
+    logs = fleet.logs(tail=None)
+    assert re.search(r"pipeline=" + re.escape(stuck) + r" stage=load: took the \w+ target's fence for epoch "
+                     r"\d+ \([1-9]\d* other session\(s\) killed\)", logs), logs
+    assert "expired" in logs
+    print(f"f3 resumed: rejoined, frozen for {time.monotonic() - frozen:.1f}s in all; per node {fleet.counts(nodes)}")
     finish(fleet)
 
 

@@ -1,5 +1,6 @@
-"""The cluster's settings (`node.capacity`, `ha.reassign_after_ms`, `pipeline.weight`,
-`pipeline.nodes`): defaults, and one-line errors naming the file and key."""
+"""The cluster's settings (`node.capacity`, `ha.reassign_after_ms`, `ha.join_grace_ms`,
+`ha.expected_nodes`, `pipeline.weight`, `pipeline.nodes`): defaults, and one-line errors naming
+the file and key."""
 
 from __future__ import annotations
 
@@ -25,16 +26,20 @@ def write(conf, node=None, pipeline=None):
 
 
 def test_defaults_and_values(tmp_path):
-    """Weight 1, any node, no capacity, reassign after the session timeout + 3 s unless set."""
+    """Weight 1, any node, no capacity, reassign after the session timeout + 3 s unless set, a 3 s
+    start-up grace waiting for no named node."""
     write(tmp_path)
     node = load_node(tmp_path)
     assert node.node.capacity is None and node.ha.reassign_after == node.ha.session_timeout_ms / 1000 + 3
+    assert node.ha.join_grace_ms == 3000 and node.ha.expected_nodes is None
     config = load_pipeline(tmp_path, "p", registry())
     assert config.pipeline.weight == 1 and config.pipeline.nodes is None
-    write(tmp_path, {"node": {"id": "a", "capacity": 4}, "ha": {"reassign_after_ms": 2500}},
+    write(tmp_path, {"node": {"id": "a", "capacity": 4},
+                     "ha": {"reassign_after_ms": 2500, "join_grace_ms": 10000, "expected_nodes": ["a", "b"]}},
           {"weight": 3, "nodes": ["a", "b"]})
     node = load_node(tmp_path)
     assert node.node.capacity == 4 and node.ha.reassign_after == 2.5
+    assert node.ha.join_grace_ms == 10000 and node.ha.expected_nodes == ("a", "b")
     config = load_pipeline(tmp_path, "p", registry())
     assert config.pipeline.weight == 3 and config.pipeline.nodes == ("a", "b")
 
@@ -42,6 +47,9 @@ def test_defaults_and_values(tmp_path):
 @pytest.mark.parametrize("node, pipeline, message", [
     ({"node": {"capacity": 0}}, None, "node.capacity: must be at least 1, got 0"),
     ({"ha": {"reassign_after_ms": -1}}, None, "ha.reassign_after_ms: must not be negative"),
+    ({"ha": {"join_grace_ms": -1}}, None, "ha.join_grace_ms: must not be negative"),
+    ({"ha": {"expected_nodes": ["a", ""]}}, None, "ha.expected_nodes: node ids must not be empty"),
+    ({"ha": {"expected_nodes": "a"}}, None, "ha.expected_nodes: expected a list"),
     (None, {"weight": 0}, "pipeline.weight: must be at least 1, got 0"),
     (None, {"nodes": []}, "pipeline.nodes: must name at least one node id"),
     (None, {"nodes": "a"}, "pipeline.nodes: expected a list"),

@@ -212,6 +212,7 @@ def test_a_member_contends_only_where_assigned_and_hands_over_a_moved_pipeline(r
             assert all(member.may_contend(p) for p in mine)
             assert not any(member.may_contend(p, {"released": True}) for p in theirs)
             assert all(member.may_contend(p, {"node": "a"}) for p in theirs)  # a crashed holder: b is their standby
+            assert not any(member.may_contend(p, {}) for p in theirs)  # a never took them yet: left to a
             lease = FakeLease()
             member.leading(mine[0], lease)
             request_move(rig.admin, mine[0], "a")
@@ -249,3 +250,51 @@ def test_pins_weights_and_capacity_as_the_nodes_publish_them(rig):
 
     rig.lead(body)
 
+
+
+def test_the_start_up_grace_waits_for_the_expected_nodes_then_places_all_at_once(rig):
+    """Within the grace period nothing is placed while an expected node is missing; once both are
+    live one round places 2 + 2 with no move. Without them, the grace runs out by the clock and
+    the live node gets everything."""
+    rig.coordinator = ClusterCoordinator(rig.admin, "admin", reassign_after=5.0, join_grace=10.0,
+                                         expected=("a", "b"), clock=rig.clock)
+    rig.coordinator.begin()
+    rig.join("a")
+
+    def body(election):
+        rig.coordinator.round(election)
+        assert set(rig.owners().values()) == {None}  # b is expected: nothing placed yet
+        rig.join("b")
+        rig.coordinator.round(election)
+        assert sorted(rig.owners().values()) == ["a", "a", "b", "b"]
+        assert cluster_view(rig.admin)["moves"] == 0  # placed, never moved
+
+        rig.leave("b")
+        rig.coordinator.begin()  # a new leadership: b is named in the assignments, so expected
+        rig.coordinator.round(election)
+        rig.clock.now += 6  # past reassign_after, still within the grace: b's pipelines wait
+        rig.coordinator.round(election)
+        assert sorted(rig.owners().values()) == ["a", "a", "b", "b"]
+        rig.clock.now += 5  # the grace is over
+        rig.coordinator.round(election)
+        assert set(rig.owners().values()) == {"a"}
+
+    rig.lead(body)
+
+
+def test_the_running_coordinator_reacts_to_watches_not_to_its_poll(rig):
+    """With the safety poll at 60 s, a node joining is placed on, and a second one given its share,
+    within seconds: the rounds are woken by the /nodes watch and the holders' watches."""
+    coordinator = ClusterCoordinator(rig.admin, "admin", reassign_after=5.0, interval=60.0)
+    coordinator.start()
+    try:
+        assert coordinator.elected.wait(10)
+        rig.join("a")
+        wait_until(lambda: list(rig.owners().values()) == ["a"] * 4, timeout=10,
+                   message=lambda: f"a to run all four ({rig.owners()})")
+        rig.join("b")
+        wait_until(lambda: sorted(map(str, rig.owners().values())) == ["a", "a", "b", "b"], timeout=15,
+                   message=lambda: f"b to take its share ({rig.owners()})")
+        assert cluster_view(rig.admin)["moves"] == 2
+    finally:
+        coordinator.stop()

@@ -11,7 +11,9 @@ nodes, under a steady load:
 * **move**: ``setl cluster move`` of one pipeline; the time from the request to the first ack by
   the new owner (old owner drains, releases; new owner takes the mainstem and resumes from the ack);
 * **kill -9**: of one node; the time until each of its pipelines acks again on another node
-  (session timeout + standby delay, or + reassign delay without a live standby).
+  (session timeout + standby delay, or + reassign delay without a live standby);
+* **rejoin**: the killed node started again; the time until the pipelines are even again (at most
+  one apart per node, no move in flight), and the moves that took.
 
 Every round ends with each target checked equal to its source and its keyless table exact.
 On one 2-core machine all nodes share the same two cores: the figures show correctness and
@@ -87,6 +89,15 @@ def acked_again(fleet: Fleet, names: list[str], timeout: float = 120) -> float:
     return time.monotonic() - began
 
 
+def even(fleet: Fleet, names: tuple[str, ...]) -> bool:
+    """Every pipeline runs where it is assigned, no move in flight, node counts at most one apart."""
+    view = fleet.view()
+    if any(row["node"] != row["holder"] or row["moving_from"] for row in view["pipelines"].values()):
+        return False
+    counts = fleet.counts(names)
+    return sum(counts.values()) == len(fleet.pipelines) and max(counts.values()) - min(counts.values()) <= 1
+
+
 def one_round(folder: Path, zk: ZooKeeperServer, source: MariaDBServer, target: MariaDBServer, nodes: int,
               args: argparse.Namespace) -> dict[str, float]:
     tag = f"r{nodes}_{int(time.time() * 1000) % 10_000_000}"
@@ -109,9 +120,10 @@ def one_round(folder: Path, zk: ZooKeeperServer, source: MariaDBServer, target: 
         found["rows_per_s"] = total / found["catch_up"]
         found["rows_per_s_after_start"] = total / (found["catch_up"] - found["start"])
         held = fleet.counts(names)
+        found["start_moves"] = fleet.view()["moves"]
         print(f"  {nodes} node(s): {total:,} rows in {found['catch_up']:.1f}s = {found['rows_per_s']:,.0f} rows/s "
               f"({found['rows_per_s_after_start']:,.0f} rows/s after the {found['start']:.1f}s start); "
-              f"pipelines per node {held}", flush=True)
+              f"pipelines per node {held}, {found['start_moves']:.0f} moves since the start", flush=True)
         if nodes >= 2:
             fleet.start_load(rate=args.rate)
             time.sleep(2)
@@ -132,6 +144,17 @@ def one_round(folder: Path, zk: ZooKeeperServer, source: MariaDBServer, target: 
                 found["kill"] = acked_again(fleet, mine)
             print(f"    move {name} -> {to}: acked by the new owner after {found['move']:.2f}s; kill -9 of {victim} "
                   f"({len(mine)} pipelines): all acked again after {found.get('kill', float('nan')):.2f}s", flush=True)
+            if mine:
+                wait_until(lambda: even(fleet, names[:-1]), timeout=120, message="the survivors to settle")
+                moves = fleet.view()["moves"]
+                began = time.monotonic()
+                fleet.spawn(victim)
+                wait_until(lambda: even(fleet, names), timeout=300, interval=0.05,
+                           message=lambda: f"{victim} to get its share back\n{fleet.logs()}")
+                found["rejoin"] = time.monotonic() - began
+                found["rejoin_moves"] = fleet.view()["moves"] - moves
+                print(f"    {victim} started again: pipelines even after {found['rejoin']:.2f}s (process start "
+                      f"included), {found['rejoin_moves']:.0f} moves; per node {fleet.counts(names)}", flush=True)
             fleet.stop_load()
         fleet.wait_equal(timeout=300)
         fleet.stop_all()
@@ -163,10 +186,12 @@ def main() -> None:
     shutil.rmtree(folder, ignore_errors=True)
     base = results[counts[0]]["rows_per_s"]
     print()
-    print(f"{'nodes':>5} {'rows/s':>10} {'vs ' + str(counts[0]):>6} {'move s':>7} {'kill s':>7}")
+    print(f"{'nodes':>5} {'rows/s':>10} {'vs ' + str(counts[0]):>6} {'move s':>7} {'kill s':>7} {'rejoin s':>8} "
+          f"{'moves':>5}")
     for nodes, found in results.items():
         print(f"{nodes:>5} {found['rows_per_s']:>10,.0f} {found['rows_per_s'] / base:>6.2f} "
-              f"{found.get('move', float('nan')):>7.2f} {found.get('kill', float('nan')):>7.2f}")
+              f"{found.get('move', float('nan')):>7.2f} {found.get('kill', float('nan')):>7.2f} "
+              f"{found.get('rejoin', float('nan')):>8.2f} {found.get('rejoin_moves', float('nan')):>5.0f}")
 
 
 if __name__ == "__main__":
