@@ -24,11 +24,10 @@ from setl.errors import ConfigError, SetlError
 from setl.liveness import Heartbeat
 from setl.meta.base import Liveness, MetaStore, Status
 from setl.model import Ack, Batch
-from setl.retry import Backoff, Failure, record_retrying
-from setl.pipeline import Stages, analyse_steps, build_stages, describe_tables, fenced
-from setl.pipeline import identity
+from setl.pipeline import Stages, analyse_steps, build_stages, describe_tables, fenced, identity
 from setl.pipeline.checks import check_rules, rules_fingerprint
 from setl.pipeline.reload import Reload, ReloadRefused, prepare
+from setl.retry import Backoff, Failure, record_retrying
 from setl.runtime import SerialExecutorService, TaskExecutionService
 from setl.scheduler import BatchCap, Fanout, Forwarding, Listener, Outcome, Scheduler, supports_per_table
 from setl.schema import check_tables

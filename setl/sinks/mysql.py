@@ -57,8 +57,16 @@ from setl.sinks.merge import TableChanges
 from setl.sinks.mysql_lenient import execute_one_row, holds_error_value, split_error_values
 from setl.sinks.postgresql_ddl import without_sequence_ddl
 from setl.sinks.prepared import PreparedBatches
-from setl.sinks.sql_common import (DdlStep, FenceBusy, Segment, SqlLoad, TargetTableMissing, chunks, group_by_columns,
-                                   insert_runs)
+from setl.sinks.sql_common import (
+    DdlStep,
+    FenceBusy,
+    Segment,
+    SqlLoad,
+    TargetTableMissing,
+    chunks,
+    group_by_columns,
+    insert_runs,
+)
 from setl.stages.load import LoadCapabilities
 from setl.tls import mysql_context, require_encrypted
 from setl.values import Geometry

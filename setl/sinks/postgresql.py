@@ -37,15 +37,23 @@ from setl.config import SslConfig
 from setl.ddl import parse
 from setl.errors import LoadError, RefusedLoadError, TransientLoadError
 from setl.model import Batch, Position
+from setl.sinks import postgresql_spatial as spatial
 from setl.sinks.invalid_dates import InvalidDatePolicy
+from setl.sinks.merge import TableChanges
 from setl.sinks.nul_text import HINT as NUL_HINT
 from setl.sinks.nul_text import NulTextPolicy
-from setl.sinks.merge import TableChanges
-from setl.sinks import postgresql_spatial as spatial
 from setl.sinks.postgresql_ddl import Translator, UnsupportedDdl, pg_name, without_sequence_ddl
 from setl.sinks.prepared import PreparedBatches
-from setl.sinks.sql_common import (DdlStep, FenceBusy, Segment, SqlLoad, TargetTableMissing, chunks, group_by_columns,
-                                   insert_runs)
+from setl.sinks.sql_common import (
+    DdlStep,
+    FenceBusy,
+    Segment,
+    SqlLoad,
+    TargetTableMissing,
+    chunks,
+    group_by_columns,
+    insert_runs,
+)
 from setl.tls import libpq_params
 
 

@@ -19,13 +19,13 @@ from typing import Any, Generic, TypeVar
 
 import attrs
 
+from setl.ddl import Statement, parse
 from setl.errors import LoadError, RefusedLoadError, SetlError, TransientLoadError
 from setl.model import Batch, Change, DdlChange, Op, Position, RowChange
 from setl.retry import call_with_retries
 from setl.routing import flat_name
-from setl.ddl import Statement, parse
-from setl.sinks.prepared import PreparedBatches
 from setl.sinks.merge import TableChanges, merge
+from setl.sinks.prepared import PreparedBatches
 from setl.stages.load import Load, LoadCapabilities
 from setl.tls import tls_failure
 
