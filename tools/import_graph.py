@@ -84,7 +84,6 @@ BIG_CLASSES_ALLOWED: dict[str, str] = {
     "setl.sinks.mysql:MySQLLoad": "issue 25 step 5",
     "setl.sinks.postgresql:PostgresLoad": "issue 25 step 5",
     "setl.sinks.sql_common:SqlLoad": "issue 25 step 5",
-    "setl.meta.zookeeper:ZooKeeperMetaStore": "issue 25 step 5",
     "setl.node:Node": "issue 25 step 5",
 }
 
