@@ -82,8 +82,6 @@ BIG_CLASSES_ALLOWED: dict[str, str] = {
     "setl.sources.mysql_binlog.source:MysqlBinlogSource": "issue 25 step 5: binlog reader, lookups and "
                                                           "description to split out",
     "setl.sinks.mysql:MySQLLoad": "issue 25 step 5",
-    "setl.sinks.postgresql:PostgresLoad": "issue 25 step 5",
-    "setl.sinks.sql_common:SqlLoad": "issue 25 step 5",
     "setl.node:Node": "issue 25 step 5",
 }
 

@@ -52,14 +52,16 @@ from pymysql.constants import CLIENT, SERVER_STATUS
 from setl.config import SslConfig
 from setl.ddl import Statement, parse
 from setl.errors import LoadError, TransientLoadError
-from setl.model import Batch, InvalidDate, Position, RowChange
+from setl.model import Batch, InvalidDate, RowChange
 from setl.sinks.merge import TableChanges
 from setl.sinks.mysql_lenient import execute_one_row, holds_error_value, split_error_values
+from setl.sinks.mysql_names import plain_quote, quote, table_name
+from setl.sinks.mysql_positions import MysqlPositionStore
 from setl.sinks.postgresql_ddl import without_sequence_ddl
 from setl.sinks.prepared import PreparedBatches
 from setl.sinks.sql_common import (
+    PROCESS_TOKEN,
     DdlStep,
-    FenceBusy,
     Segment,
     SqlLoad,
     TargetTableMissing,
@@ -121,20 +123,6 @@ log = logging.getLogger(__name__)
 # the source holds (InvalidDate: '0000-00-00', '2024-00-15', '2024-02-30') are stored as they are.
 SQL_MODE = ("STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION,NO_AUTO_VALUE_ON_ZERO,ERROR_FOR_DIVISION_BY_ZERO,"
             "ALLOW_INVALID_DATES")
-
-
-def quote(name: str) -> str:
-    """A backtick-quoted identifier, safe inside a PyMySQL %-format query string."""
-    return "`" + name.replace("`", "``").replace("%", "%%") + "`"
-
-
-def table_name(schema: str, table: str) -> str:
-    return f"{quote(schema)}.{quote(table)}"
-
-
-def plain_quote(name: str) -> str:
-    """A backtick-quoted identifier for a statement sent without parameters (no ``%`` doubling)."""
-    return "`" + name.replace("`", "``") + "`"
 
 
 #: About the most bytes of VALUES one multi-row statement carries: a snapshot chunk or a large batch goes
@@ -256,6 +244,7 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
     dialect = "mysql"
     capabilities = LoadCapabilities(per_table=True, stores_position=True, sequences=True)
     config: MysqlTargetConfig
+    positions: MysqlPositionStore
     _prepared: PreparedBatches[_Prepared]  # what `prepare` built (the base makes it and drops after load)
 
     def __init__(self, config: MysqlTargetConfig, *, connect_timeout: float = 10.0,
@@ -268,12 +257,6 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         self.read_timeout = read_timeout
         ssl = getattr(config, "ssl", None)
         self._ssl = mysql_context(ssl, where="target.ssl", pipeline=self.pipeline) if ssl else None
-        self._position = table_name(self.position_schema, self.position_table)
-        self._ddl_marks = table_name(self.position_schema, self.position_table + "_ddl")
-        self._table_position = table_name(self.position_schema, self.position_table + "_table")
-        self._fence_table = table_name(self.position_schema, self.position_table + "_fence")
-        self._sessions = table_name(self.position_schema, self.position_table + "_session")
-        self._identity = table_name(self.position_schema, self.position_table + "_identity")
         # per target table: the columns the server computes (generated, system-versioning period)
         self._unwritable: dict[tuple[str, str], frozenset[str]] = {}
         # per target table: its ENUM columns, lower-cased (rows holding ENUM's error value '' are
@@ -337,6 +320,11 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
 
     # -- connection
 
+    def _make_positions(self) -> MysqlPositionStore:
+        return MysqlPositionStore(pipeline=self.pipeline, schema=self.position_schema, table=self.position_table,
+                                  token=PROCESS_TOKEN, lock_timeout=self.fence_lock_timeout,
+                                  describe=self._describe, on_table=self._name_table)
+
     def _connect(self) -> pymysql.connections.Connection:
         conn = pymysql.connect(
             host=self.config.host,
@@ -374,281 +362,6 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
 
     def _rollback(self, conn: pymysql.connections.Connection) -> None:
         conn.rollback()
-
-    # -- position, fence and sessions
-
-    def _create_position_table(self, conn: pymysql.connections.Connection) -> None:
-        with conn.cursor() as cur:
-            cur.execute(f"CREATE DATABASE IF NOT EXISTS {quote(self.position_schema)}", ())
-            cur.execute(
-                f"CREATE TABLE IF NOT EXISTS {self._position} ("
-                " `pipeline` VARCHAR(191) NOT NULL PRIMARY KEY,"
-                " `log` VARCHAR(512) NOT NULL,"
-                " `offset` BIGINT NOT NULL,"
-                " `row` BIGINT NOT NULL DEFAULT 0,"
-                " `gtid` TEXT NULL,"
-                " `batch_id` BIGINT NOT NULL,"
-                " `epoch` BIGINT NOT NULL,"
-                " `updated_at` TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)"
-                "   ON UPDATE CURRENT_TIMESTAMP(6)"
-                ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
-                (),
-            )
-            # Tables made before positions had a row: add it (only when missing, since an ALTER
-            # waits for every open transaction on the table).
-            cur.execute("SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s"
-                        " AND TABLE_NAME = %s AND COLUMN_NAME = 'row'",
-                        (self.position_schema, self.position_table))
-            found = cur.fetchone()
-            if found is None or not found[0]:
-                cur.execute(f"ALTER TABLE {self._position} ADD COLUMN `row` BIGINT NOT NULL"
-                            " DEFAULT 0 AFTER `offset`", ())
-            cur.execute(
-                f"CREATE TABLE IF NOT EXISTS {self._table_position} ("
-                " `pipeline` VARCHAR(191) NOT NULL,"
-                " `target_table` VARCHAR(400) NOT NULL,"
-                " `log` VARCHAR(512) NOT NULL,"
-                " `offset` BIGINT NOT NULL,"
-                " `row` BIGINT NOT NULL DEFAULT 0,"
-                " `gtid` TEXT NULL,"
-                " `batch_id` BIGINT NOT NULL,"
-                " `epoch` BIGINT NOT NULL,"
-                " PRIMARY KEY (`pipeline`, `target_table`)"
-                ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
-                (),
-            )
-            cur.execute(
-                f"CREATE TABLE IF NOT EXISTS {self._fence_table} ("
-                " `pipeline` VARCHAR(191) NOT NULL PRIMARY KEY,"
-                " `epoch` BIGINT NOT NULL"
-                ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
-                (),
-            )
-            cur.execute(
-                f"CREATE TABLE IF NOT EXISTS {self._sessions} ("
-                " `pipeline` VARCHAR(191) NOT NULL,"
-                " `session` BIGINT NOT NULL,"
-                " `token` VARCHAR(255) NOT NULL,"
-                " `boot` BIGINT NOT NULL,"
-                " `epoch` BIGINT NOT NULL,"
-                " `registered_at` TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),"
-                " PRIMARY KEY (`pipeline`, `session`)"
-                ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
-                (),
-            )
-            cur.execute(
-                f"CREATE TABLE IF NOT EXISTS {self._identity} ("
-                " `pipeline` VARCHAR(191) NOT NULL PRIMARY KEY,"
-                " `identity` TEXT NOT NULL,"
-                " `updated_at` TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)"
-                "   ON UPDATE CURRENT_TIMESTAMP(6)"
-                ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
-                (),
-            )
-            cur.execute(
-                f"CREATE TABLE IF NOT EXISTS {self._ddl_marks} ("
-                " `pipeline` VARCHAR(191) NOT NULL PRIMARY KEY,"
-                " `mark` VARCHAR(700) NOT NULL"
-                ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
-                (),
-            )
-        conn.commit()
-
-    @staticmethod
-    def _boot(cur: Any) -> int:
-        """When the server started (Unix seconds): session ids are unique within one boot."""
-        cur.execute("SELECT UNIX_TIMESTAMP() - VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS"
-                    " WHERE VARIABLE_NAME = 'UPTIME'", ())
-        return int(cur.fetchone()[0])
-
-    def _register(self, conn: pymysql.connections.Connection) -> None:
-        with conn.cursor() as cur:
-            boot = self._boot(cur)
-            cur.execute(f"INSERT INTO {self._sessions} (`pipeline`, `session`, `token`, `boot`, `epoch`)"
-                        " VALUES (%s, CONNECTION_ID(), %s, %s, %s) ON DUPLICATE KEY UPDATE"
-                        " `token` = VALUES(`token`), `boot` = VALUES(`boot`), `epoch` = VALUES(`epoch`),"
-                        " `registered_at` = CURRENT_TIMESTAMP(6)",
-                        (self.pipeline, self.token, boot, self._fenced_epoch))
-        conn.commit()
-
-    def _kill_others(self, conn: pymysql.connections.Connection) -> int:
-        killed = 0
-        with conn.cursor() as cur:
-            boot = self._boot(cur)
-            cur.execute(f"SELECT `session`, `boot` FROM {self._sessions} WHERE `pipeline` = %s AND `token` <> %s",
-                        (self.pipeline, self.token))
-            for session, registered_boot in cur.fetchall():
-                # The uptime is read in whole seconds: a registration of this boot may differ by one.
-                alive = abs(int(registered_boot) - boot) <= 2
-                if alive:
-                    try:
-                        cur.execute(f"KILL CONNECTION {int(session)}", ())
-                        killed += 1
-                    except pymysql.err.MySQLError as exc:
-                        code = exc.args[0] if exc.args else None
-                        if code in (1095, 1227):  # not owner of the thread / access denied
-                            raise LoadError(
-                                f"cannot kill session {session} of a deposed writer to fence the target "
-                                f"({self._describe(exc)}): grant the target account CONNECTION ADMIN "
-                                f"(or SUPER), or use the same account on every node", pipeline=self.pipeline,
-                                stage="load") from exc
-                        if code != 1094:  # unknown thread: it is gone
-                            raise
-                        alive = False
-                if not alive:
-                    cur.execute(f"DELETE FROM {self._sessions} WHERE `pipeline` = %s AND `session` = %s",
-                                (self.pipeline, session))
-        conn.commit()
-        return killed
-
-    def _raise_fence(self, conn: pymysql.connections.Connection, epoch: int | None) -> int:
-        wait = max(1, round(self.fence_lock_timeout))
-        try:
-            with conn.cursor() as cur:
-                # SET SESSION (not MariaDB's SET STATEMENT) so that MySQL targets take it too.
-                cur.execute(f"SET SESSION innodb_lock_wait_timeout = {wait}", ())
-                cur.execute(f"SELECT `epoch` FROM {self._fence_table} WHERE `pipeline` = %s FOR UPDATE",
-                            (self.pipeline,))
-                row = cur.fetchone()
-                cur.execute(f"SELECT `epoch` FROM {self._position} WHERE `pipeline` = %s", (self.pipeline,))
-                position = cur.fetchone()
-                stored = max([int(r[0]) for r in (row, position) if r] or [0])
-                if epoch is None:
-                    epoch = stored + 1
-                if stored <= epoch:
-                    stored = epoch
-                    cur.execute(f"INSERT INTO {self._fence_table} (`pipeline`, `epoch`) VALUES (%s, %s)"
-                                " ON DUPLICATE KEY UPDATE `epoch` = VALUES(`epoch`)", (self.pipeline, epoch))
-            conn.commit()
-        except pymysql.err.OperationalError as exc:
-            if exc.args and exc.args[0] in (1205, 1213):  # lock wait timeout, deadlock
-                raise FenceBusy() from exc
-            raise
-        finally:
-            # A dead connection is dropped anyway; the error that killed it is the one to raise.
-            with contextlib.suppress(pymysql.err.MySQLError), conn.cursor() as cur:
-                cur.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT", ())
-        return stored
-
-    def _shared_epoch(self, conn: pymysql.connections.Connection) -> int | None:
-        with conn.cursor() as cur:
-            cur.execute(f"SELECT `epoch` FROM {self._fence_table} WHERE `pipeline` = %s LOCK IN SHARE MODE",
-                        (self.pipeline,))
-            row = cur.fetchone()
-        return int(row[0]) if row else None
-
-    def _read_position(self, conn: pymysql.connections.Connection) -> tuple[Position | None, int | None]:
-        with conn.cursor() as cur:
-            cur.execute(f"SELECT `log`, `offset`, `row`, `gtid`, `epoch` FROM {self._position}"
-                        " WHERE `pipeline` = %s", (self.pipeline,))
-            row = cur.fetchone()
-            cur.execute(f"SELECT `epoch` FROM {self._fence_table} WHERE `pipeline` = %s", (self.pipeline,))
-            fence = cur.fetchone()
-        conn.commit()  # end the read's snapshot, so the next read sees newer commits
-        position = Position(row[0], int(row[1]), row[3], row=int(row[2])) if row else None
-        epochs = [int(r[-1]) for r in (row, fence) if r]
-        return position, max(epochs) if epochs else None
-
-    def _read_identity(self, conn: pymysql.connections.Connection) -> str | None:
-        with conn.cursor() as cur:
-            cur.execute(f"SELECT `identity` FROM {self._identity} WHERE `pipeline` = %s", (self.pipeline,))
-            row = cur.fetchone()
-        conn.commit()
-        return str(row[0]) if row else None
-
-    def _write_identity(self, conn: pymysql.connections.Connection, text: str) -> None:
-        with conn.cursor() as cur:
-            cur.execute(f"INSERT INTO {self._identity} (`pipeline`, `identity`) VALUES (%s, %s)"
-                        " ON DUPLICATE KEY UPDATE `identity` = VALUES(`identity`)", (self.pipeline, text))
-        conn.commit()
-
-    @property
-    def _write_position_sql(self) -> str:
-        return (f"INSERT INTO {self._position} (`pipeline`, `log`, `offset`, `row`, `gtid`, `batch_id`, `epoch`)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s) ON DUPLICATE KEY UPDATE `log` = VALUES(`log`),"
-                " `offset` = VALUES(`offset`), `row` = VALUES(`row`), `gtid` = VALUES(`gtid`),"
-                " `batch_id` = VALUES(`batch_id`), `epoch` = VALUES(`epoch`),"
-                " `updated_at` = CURRENT_TIMESTAMP(6)")
-
-    def _write_position(self, conn: pymysql.connections.Connection, batch: Batch) -> None:
-        end = batch.end
-        with conn.cursor() as cur:
-            cur.execute(self._write_position_sql,
-                        (self.pipeline, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch))
-
-    def _pipeline_position(self, conn: pymysql.connections.Connection) -> Position | None:
-        with conn.cursor() as cur:
-            cur.execute(f"SELECT `log`, `offset`, `row` FROM {self._position} WHERE `pipeline` = %s",
-                        (self.pipeline,))
-            r = cur.fetchone()
-        return Position(r[0], int(r[1]), row=int(r[2])) if r else None
-
-    def _fence_and_table_position(self, conn: pymysql.connections.Connection,
-                                  table: str) -> tuple[int | None, Position | None]:
-        """Both locking reads in one statement (one round trip): the fence row shared (its own
-        locking clause) and the table's position row for update, each locked to COMMIT; either
-        may be missing."""
-        with conn.cursor() as cur:
-            cur.execute(f"SELECT (SELECT `epoch` FROM {self._fence_table} WHERE `pipeline` = %s LOCK IN SHARE MODE),"
-                        f" t.`log`, t.`offset`, t.`row` FROM (SELECT 1) AS one LEFT JOIN {self._table_position} AS t"
-                        " ON t.`pipeline` = %s AND t.`target_table` = %s FOR UPDATE",
-                        (self.pipeline, self.pipeline, table))
-            row = cur.fetchone()
-        assert row is not None  # the outer (SELECT 1) gives one row
-        epoch = int(row[0]) if row[0] is not None else None
-        return epoch, Position(row[1], int(row[2]), row=int(row[3])) if row[1] is not None else None
-
-    @staticmethod
-    def _results(cur: Any, count: int) -> list[tuple[Any, ...]]:
-        """The rows of each of the `count` results of a multi-statement `cur` executed, in order;
-        raises the error of the first statement that failed (the server ran none after it), so
-        no result is left on the connection."""
-        results = [cur.fetchall()]
-        while cur.nextset():
-            results.append(cur.fetchall())
-        if len(results) != count:
-            raise pymysql.err.InternalError(f"expected {count} results of a multi-statement, got {len(results)}")
-        return results
-
-    def _record_and_commit(self, conn: pymysql.connections.Connection, batch: Batch, tables: Sequence[str],
-                           pipeline: bool) -> None:
-        """The position writes and the COMMIT in one multi-statement round trip: the server stops
-        at a write that fails, so nothing after it (the COMMIT included) runs, and its error is raised."""
-        end = batch.end
-        statements: list[str] = []
-        args: list[Any] = []
-        for table in tables:
-            statements.append(self._write_table_position_sql)
-            args += (self.pipeline, table, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch)
-        if pipeline:
-            statements.append(self._write_position_sql)
-            args += (self.pipeline, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch)
-        statements.append("COMMIT")
-        self._table = ", ".join(tables) or None
-        with conn.cursor() as cur:
-            cur.execute(";\n".join(statements), args)
-            self._results(cur, len(statements))
-        self._table = None
-
-    def _table_position_locked(self, conn: pymysql.connections.Connection, table: str) -> Position | None:
-        with conn.cursor() as cur:
-            cur.execute(f"SELECT `log`, `offset`, `row` FROM {self._table_position}"
-                        " WHERE `pipeline` = %s AND `target_table` = %s FOR UPDATE", (self.pipeline, table))
-            r = cur.fetchone()
-        return Position(r[0], int(r[1]), row=int(r[2])) if r else None
-
-    @property
-    def _write_table_position_sql(self) -> str:
-        return (f"INSERT INTO {self._table_position} (`pipeline`, `target_table`, `log`, `offset`, `row`,"
-                " `gtid`, `batch_id`, `epoch`) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON DUPLICATE KEY UPDATE"
-                " `log` = VALUES(`log`), `offset` = VALUES(`offset`), `row` = VALUES(`row`),"
-                " `gtid` = VALUES(`gtid`), `batch_id` = VALUES(`batch_id`), `epoch` = VALUES(`epoch`)")
-
-    def _write_table_position(self, conn: pymysql.connections.Connection, table: str, batch: Batch) -> None:
-        end = batch.end
-        with conn.cursor() as cur:
-            cur.execute(self._write_table_position_sql,
-                        (self.pipeline, table, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch))
 
     # -- rows
 
@@ -880,13 +593,13 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         self._enums.clear()
         self._sequences.clear()
         with conn.cursor() as cur:
-            cur.execute(f"SELECT `mark` FROM {self._ddl_marks} WHERE `pipeline` = %s", (self.pipeline,))
+            cur.execute(f"SELECT `mark` FROM {self.positions.ddl_marks} WHERE `pipeline` = %s", (self.pipeline,))
             row = cur.fetchone()
             # The mark is the batch's end and the index of the last DDL of it that was started.
             stored_end, _, stored_index = (row[0] if row else "").rpartition("#")
             replay = stored_end == f"{end.log}:{end.offset}" and int(stored_index) >= step.index
             if not replay:
-                cur.execute(f"INSERT INTO {self._ddl_marks} (`pipeline`, `mark`) VALUES (%s, %s)"
+                cur.execute(f"INSERT INTO {self.positions.ddl_marks} (`pipeline`, `mark`) VALUES (%s, %s)"
                             " ON DUPLICATE KEY UPDATE `mark` = VALUES(`mark`)",
                             (self.pipeline, f"{end.log}:{end.offset}#{step.index}"))
             conn.commit()
@@ -915,7 +628,7 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
             finally:
                 if mode is not None:
                     cur.execute("SET SESSION sql_mode = %s", (SQL_MODE,))
-        self._fence(conn, batch)
+        self.fence.check(conn, batch)
 
     def _source_mode(self, cur: Any, mode: str, step: DdlStep) -> None:
         """Set the session to the source statement's sql_mode; a mode the target does not know
