@@ -81,7 +81,6 @@ BIG_CLASSES_ALLOWED: dict[str, str] = {
     "setl.snapshot.select:SnapshotSelect": "issue 25 step 5: the copy scheduler and merge hand-off to split out",
     "setl.sources.mysql_binlog.source:MysqlBinlogSource": "issue 25 step 5: binlog reader, lookups and "
                                                           "description to split out",
-    "setl.sinks.mysql:MySQLLoad": "issue 25 step 5",
     "setl.node:Node": "issue 25 step 5",
 }
 

@@ -13,7 +13,7 @@ from pymysql.connections import Connection
 
 from setl.errors import LoadError
 from setl.model import Batch, Position
-from setl.sinks.mysql_names import quote, table_name
+from setl.sinks.mysql_sql import quote, table_name
 from setl.sinks.sql_positions import FenceBusy, PositionStore
 
 

@@ -429,7 +429,7 @@ class SqlLoad(Load, Generic[C]):
         except BaseException as exc:
             try:
                 self._rollback(conn)
-            except Exception:
+            except Exception:  # noqa: BLE001 - a dead connection cannot roll back; the server already did
                 self.pool.mark_broken()
             if isinstance(exc, SetlError) or not isinstance(exc, Exception):
                 raise

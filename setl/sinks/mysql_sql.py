@@ -1,4 +1,4 @@
-"""How the MySQL target quotes names in the statements it sends."""
+"""How the MySQL target quotes names in the statements it sends, and the sql_mode its sessions run under."""
 
 from __future__ import annotations
 
@@ -15,3 +15,9 @@ def table_name(schema: str, table: str) -> str:
 def plain_quote(name: str) -> str:
     """A backtick-quoted identifier for a statement sent without parameters (no ``%`` doubling)."""
     return "`" + name.replace("`", "``") + "`"
+
+
+# Without NO_ZERO_DATE and NO_ZERO_IN_DATE, and with ALLOW_INVALID_DATES, the zero and partial dates
+# the source holds (InvalidDate: '0000-00-00', '2024-00-15', '2024-02-30') are stored as they are.
+SQL_MODE = ("STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION,NO_AUTO_VALUE_ON_ZERO,ERROR_FOR_DIVISION_BY_ZERO,"
+            "ALLOW_INVALID_DATES")
