@@ -35,7 +35,6 @@ unique key).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import queue
 import threading
@@ -49,14 +48,14 @@ import pymysql.err
 from pymysql.constants import CLIENT, SERVER_STATUS
 
 from setl.config import SslConfig
-from setl.ddl import parse
 from setl.errors import LoadError, TransientLoadError
-from setl.model import Batch, InvalidDate, RowChange
+from setl.model import Batch
 from setl.sinks.merge import TableChanges
 from setl.sinks.mysql_ddl import MysqlDdlApplier
 from setl.sinks.mysql_lenient import execute_one_row, holds_error_value, split_error_values
 from setl.sinks.mysql_positions import MysqlPositionStore
-from setl.sinks.mysql_sql import SQL_MODE, plain_quote, quote, table_name
+from setl.sinks.mysql_sequences import MysqlSequences
+from setl.sinks.mysql_sql import SQL_MODE, plain_quote, quote, table_name, to_db
 from setl.sinks.postgresql_ddl import without_sequence_ddl
 from setl.sinks.prepared import PreparedBatches
 from setl.sinks.sql_common import (
@@ -71,7 +70,6 @@ from setl.sinks.sql_common import (
 )
 from setl.stages.load import LoadCapabilities
 from setl.tls import mysql_context, require_encrypted
-from setl.values import Geometry
 
 
 @attrs.frozen
@@ -114,20 +112,6 @@ MAX_STATEMENT = 8_000_000
 #: Rows per multi-row statement unless ``chunk_rows`` is given. A larger set goes in several
 #: statements, each built by a helper thread while the server runs the one before (`BuiltAhead`).
 CHUNK_ROWS = 2_000
-
-
-def to_db(value: Any) -> Any:
-    """A row value as PyMySQL can send it: JSON documents dumped, SET members joined, zero and
-    partial dates as the server's own text, spatial values as the server's own bytes."""
-    if isinstance(value, InvalidDate):
-        return value.text
-    if isinstance(value, Geometry):
-        return value.data
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-    if isinstance(value, (set, frozenset)):
-        return ",".join(sorted(map(str, value)))
-    return value
 
 
 class BuiltAhead:
@@ -186,15 +170,6 @@ class BuiltAhead:
             yield item
 
 
-def _create_if_missing(definition: str, schema: str, name: str) -> str:
-    """CREATE SEQUENCE IF NOT EXISTS `schema`.`name` with the options of `definition` (a CREATE
-    SEQUENCE, such as the source's SHOW CREATE SEQUENCE), or with none when it is not one."""
-    parsed = parse(definition) if definition else None
-    options = "".join(t.text for t in parsed.tokens[parsed.tables[0].end:]) if (
-        parsed is not None and parsed.kind == "create_sequence") else ""
-    return f"CREATE SEQUENCE IF NOT EXISTS {plain_quote(schema)}.{plain_quote(name)}{options}"
-
-
 def _quotes_doubled(text: str) -> str:
     return text.replace("'", "''")
 
@@ -236,8 +211,8 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         # written on their own, `setl.sinks.mysql_lenient`); known and forgotten with `_unwritable`
         self._enums: dict[tuple[str, str], frozenset[str]] = {}
         self._unwritable_generation = 0  # counts the times `_unwritable` was forgotten (after DDL)
-        #: target sequences known to exist (forgotten after each DDL): their state rows need no check
-        self._sequences: set[tuple[str, str]] = set()
+        #: the target's sequences: their state rows, and creating the ones it lacks
+        self.sequences = MysqlSequences(self.pipeline, self._connect)
         #: how a connection of this sink writes a literal, once one has written rows: (its
         #: ``escape``, whether backslashes escape) — the same for all, whose session settings are
         #: set alike (`_connect`); what `prepare` builds statements with
@@ -416,7 +391,7 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
     def _apply_sequence(self, conn: pymysql.connections.Connection, table: TableChanges) -> None:
         """A keyless table's changes one by one, in order; a sequence's state rows as its last state."""
         if table.sequence and table.sequence[-1].sequence is not None:
-            self._apply_sequence_state(conn, table)
+            self.sequences.apply_state(conn, table)
             return
         name = table_name(table.schema, table.table)
         with conn.cursor() as cur:
@@ -439,50 +414,6 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
                                 [to_db(v) for v in change.before.values()])
                 if change.after is not None:
                     self._insert(cur, name, self._writable(change.after, computed), "", (table.schema, table.table))
-
-    def _apply_sequence_state(self, conn: pymysql.connections.Connection, table: TableChanges) -> None:
-        """One INSERT of the last state row of a sequence in this part of the batch: MariaDB takes an
-        INSERT into a sequence as its new state (every column), so applying it twice is applying it
-        once. Never a DELETE. A sequence the target lacks is created first (`_ensure_sequence`)."""
-        last: RowChange | None = next((c for c in reversed(table.sequence) if c.after is not None), None)
-        if last is None or last.after is None:
-            return  # a sequence's state is never deleted; nothing to write
-        self._ensure_sequence(conn, table.schema, table.table, last.sequence or "")
-        image = last.after
-        with conn.cursor() as cur:
-            cur.execute(f"INSERT INTO {table_name(table.schema, table.table)} ({', '.join(map(quote, image))}) "
-                        f"VALUES ({', '.join(['%s'] * len(image))})", [to_db(v) for v in image.values()])
-
-    def _ensure_sequence(self, conn: pymysql.connections.Connection, schema: str, name: str, definition: str) -> None:
-        """Create the target sequence `schema`.`name` if it does not exist, from `definition` (the
-        source's CREATE SEQUENCE, names mapped) or, without one, with default options (the state
-        row written next sets every option). DDL commits the open transaction in MySQL, so it runs
-        on a connection of its own: the batch's transaction stays whole."""
-        if (schema, name) in self._sequences:
-            return
-        with conn.cursor() as cur:
-            cur.execute("SELECT TABLE_TYPE FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s",
-                        (schema, name))
-            found = cur.fetchone()
-        if found is not None:
-            if str(found[0]).upper() != "SEQUENCE":
-                raise LoadError(f"target table {schema}.{name} is not a sequence, but the source's is: its state "
-                                "rows cannot be applied", pipeline=self.pipeline, stage="load",
-                                table=f"{schema}.{name}")
-            self._sequences.add((schema, name))
-            return
-        statement = _create_if_missing(definition, schema, name)
-        side = self._connect()
-        try:
-            with side.cursor() as cur:
-                cur.execute(f"CREATE DATABASE IF NOT EXISTS {quote(schema)}", ())
-                cur.execute(statement)
-            side.commit()
-        finally:
-            side.close()
-        log.info("pipeline=%s stage=load table=%s.%s: the target had no such sequence; created: %s",
-                 self.pipeline, schema, name, statement)
-        self._sequences.add((schema, name))
 
     def _statements(self, conn: pymysql.connections.Connection,
                     images: Sequence[Mapping[str, Any]]) -> contextlib.AbstractContextManager[Iterator[str]]:
@@ -558,7 +489,7 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         self._unwritable_generation += 1  # statements prepared before this DDL are not used
         self._unwritable.clear()
         self._enums.clear()
-        self._sequences.clear()
+        self.sequences.forget()
 
     # -- errors
 
