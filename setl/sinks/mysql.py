@@ -288,7 +288,7 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
             read_timeout=self.read_timeout,
             write_timeout=self.read_timeout,
             ssl=self._ssl,
-            # `_record_and_commit` sends several statements at once.
+            # `MysqlPositionStore.record_and_commit` sends several statements at once.
             client_flag=CLIENT.MULTI_STATEMENTS,
         )
         if self._ssl is not None:

@@ -68,6 +68,25 @@ def insert_runs(sequence: Sequence[RowChange]) -> Iterator[tuple[RowChange | Non
         yield None, run
 
 
+def not_yet_applied(batch: Batch, names: Mapping[tuple[str, str], str],
+                    tables: Mapping[str, tuple[Position | None, Position | None]]) -> Sequence[Change]:
+    """The changes of a per-table part `batch` its tables do not hold yet. `names` maps each
+    (schema, table) of the batch to its target table; `tables` gives the (pipeline position,
+    table position) recorded for the target tables to check (the others are kept whole). A row
+    change is in already when its position is after the pipeline's recorded position and at or
+    before its table's: an earlier part of a discarded batch committed it. A snapshot row (READ)
+    is the table's state at its place in the stream: never skipped."""
+    keep: list[Change] = []
+    for change in batch.changes:
+        pipeline_at, table_at = tables.get(names[(change.schema, change.table or "")], (None, None))
+        if (table_at is not None and isinstance(change, RowChange) and change.position is not None
+                and change.op is not Op.READ and change.position <= table_at
+                and (pipeline_at is None or change.position > pipeline_at)):
+            continue
+        keep.append(change)
+    return keep
+
+
 class TargetTableMissing(Exception):
     """Raised by a dialect's error classifier: the statement named a table that does not exist."""
 
@@ -379,8 +398,8 @@ class SqlLoad(Load, Generic[C]):
 
         Its round trips besides the rows': the fence and its table's position read together
         (`PositionStore.fence_and_table_position`), then the table's position written and the
-        COMMIT (`PositionStore.record_and_commit`, one round trip on MariaDB). A part of more than one table reads
-        the others' positions apart."""
+        COMMIT (`PositionStore.record_and_commit`, one round trip on MariaDB). A part of more than
+        one table reads the others' positions apart."""
         # unambiguous with dots in names; in the order the part names them
         names = {ident: flat_name(*ident) for ident in dict.fromkeys((c.schema, c.table or "") for c in batch.changes)}
         first = next(iter(names.values()), None)
@@ -396,19 +415,8 @@ class SqlLoad(Load, Generic[C]):
             check[table] = table_at is not None and table_at > batch.start
             tables[table] = (self.positions.pipeline_position(conn) if check[table] else None, table_at)
         self._table = None
-        keep: Sequence[Change] = batch.changes
-        if any(check.values()):
-            keep = []
-            for change in batch.changes:
-                table = names[(change.schema, change.table or "")]
-                # A snapshot row (READ) is the table's state at its place in the stream: never skipped.
-                if (check[table] and isinstance(change, RowChange) and change.position is not None
-                        and change.op is not Op.READ):
-                    pipeline_at, table_at = tables[table]
-                    if (table_at is not None and change.position <= table_at
-                            and (pipeline_at is None or change.position > pipeline_at)):
-                        continue  # this table committed it in an earlier part
-                keep.append(change)
+        checked = {table: at for table, at in tables.items() if check[table]}
+        keep = not_yet_applied(batch, names, checked) if checked else batch.changes
         if len(keep) < len(batch.changes):
             log.info("pipeline=%s stage=load batch=%s: %d of %d changes of %s are in the target "
                      "already; skipped", self.pipeline, batch.id, len(batch.changes) - len(keep),
