@@ -17,18 +17,17 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
-from setl.errors import LoadError, RefusedLoadError, SetlError, TransientLoadError
+from setl.errors import LoadError, SetlError
 from setl.model import Batch, Change, Op, Position, RowChange
-from setl.retry import call_with_retries
 from setl.routing import flat_name
 from setl.sinks.merge import TableChanges
 from setl.sinks.prepared import PreparedBatches
+from setl.sinks.sql_failures import LoadFailures, TargetTableMissing
 from setl.sinks.sql_fence import TargetFence
 from setl.sinks.sql_pool import ConnectionPool
 from setl.sinks.sql_positions import FenceBusy, PositionStore
 from setl.sinks.sql_segments import DdlStep, Segment, SegmentPlanner
 from setl.stages.load import Load, LoadCapabilities
-from setl.tls import tls_failure
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +86,6 @@ def not_yet_applied(batch: Batch, names: Mapping[tuple[str, str], str],
     return keep
 
 
-class TargetTableMissing(Exception):
-    """Raised by a dialect's error classifier: the statement named a table that does not exist."""
-
-
 #: Names this process in the target's session registry, so a fence never kills its own sessions.
 PROCESS_TOKEN = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
@@ -119,11 +114,11 @@ class SqlLoad(Load, Generic[C]):
       without a primary key included. `mark_loaded` records the pipeline position when every part
       is in.
     * Transient errors (deadlock, lock wait timeout, serialization failure, lost or refused
-      connection, server shutting down) are retried in place up to `max_attempts` times: the
-      connection is dropped and the whole transaction replayed, which is safe because the
-      transaction either committed or did not, and replays are idempotent. When the attempts run
-      out a `TransientLoadError` is raised; any other failure is a `LoadError`. Both name the
-      pipeline, table, batch id and position.
+      connection, server shutting down) are retried in place (`LoadFailures`) up to
+      `max_attempts` times: the connection is dropped and the whole transaction replayed, which
+      is safe because the transaction either committed or did not, and replays are idempotent.
+      When the attempts run out a `TransientLoadError` is raised; any other failure is a
+      `LoadError`. Both name the pipeline, table, batch id and position.
     * Snapshot reads (`Op.READ`, after-image only) are "insert, or replace the row with the same
       key": merged as upserts, so a chunk applied twice leaves the target as once, a read replaces
       what an insert or update of the same key earlier in the batch left, and a later delete
@@ -180,7 +175,9 @@ class SqlLoad(Load, Generic[C]):
         self.connections = connections
         self.fence_timeout = fence_timeout
         self.fence_lock_timeout = fence_lock_timeout
-        self._sleep = sleep
+        self.failures = LoadFailures(pipeline=pipeline, dialect=self.dialect, classify=self._classify,
+                                     describe=self._describe, max_attempts=max_attempts,
+                                     initial_backoff=initial_backoff, max_backoff=max_backoff, sleep=sleep)
         self._lock = threading.Lock()  # guards the table setup
         self._local = threading.local()  # per thread: the table written
         self._position_table_ready = False
@@ -340,14 +337,7 @@ class SqlLoad(Load, Generic[C]):
         try:
             conn = self._connect()
         except Exception as exc:
-            cause = tls_failure(exc)
-            if cause is not None:  # permanent (setl.retry.classify): no reconnecting
-                host = f"{getattr(self.config, 'host', '?')}:{getattr(self.config, 'port', '?')}"
-                raise LoadError(f"cannot connect to the {self.dialect} target {host} over TLS: {cause} "
-                                "(see target.ssl)", **self._context(batch)) from exc
-            kind = TransientLoadError if self._classify(exc) is TransientLoadError else LoadError
-            raise kind(f"cannot connect to the {self.dialect} target: {self._describe(exc)}",
-                       **self._context(batch)) from exc
+            raise self.failures.connect_failed(exc, batch, self.config) from exc
         try:
             self._guarded(conn, lambda: self._prepare(conn), batch)
         except BaseException:
@@ -441,47 +431,13 @@ class SqlLoad(Load, Generic[C]):
                 self.pool.mark_broken()
             if isinstance(exc, SetlError) or not isinstance(exc, Exception):
                 raise
-            raise self._translate(exc, batch) from exc
-
-    def _translate(self, exc: Exception, batch: Batch | None) -> LoadError:
-        kind = self._classify(exc)
-        table = self._table
-        if kind is TargetTableMissing:
-            return LoadError(f"target table {table} does not exist ({self._describe(exc)})",
-                             **self._context(batch, table=table))
-        if kind is TransientLoadError:
-            return TransientLoadError(self._describe(exc), **self._context(batch, table=table))
-        if kind is RefusedLoadError:  # the same rows would fail the same way: no retries
-            return RefusedLoadError(self._describe(exc), **self._context(batch, table=table))
-        return LoadError(self._describe(exc), **self._context(batch, table=table))
+            raise self.failures.translate(exc, batch, self._table) from exc
 
     def _context(self, batch: Batch | None, table: str | None = None) -> dict[str, Any]:
-        return {
-            "pipeline": self.pipeline,
-            "stage": "load",
-            "table": table,
-            "batch": batch.id if batch is not None else None,
-            "position": batch.end if batch is not None else None,
-        }
+        return self.failures.context(batch, table)
 
     def _retrying(self, fn: Callable[[], T], batch: Batch | None) -> T:
-        def before_retry(exc: BaseException) -> None:
-            log.warning("pipeline %s: %s target: %s; reconnecting and replaying", self.pipeline,
-                        self.dialect, exc)
-
-        try:
-            return call_with_retries(
-                fn,
-                attempts=self.max_attempts,
-                initial=self.initial_backoff,
-                maximum=self.max_backoff,
-                retry_on=(TransientLoadError,),
-                sleep=self._sleep,
-                before_retry=before_retry,
-            )
-        except TransientLoadError as exc:
-            raise TransientLoadError(f"gave up after {self.max_attempts} attempts: {exc.message}",
-                                     **exc.context) from exc
+        return self.failures.retrying(fn, batch)
 
 
 __all__ = ["PROCESS_TOKEN", "DdlStep", "FenceBusy", "SqlLoad", "TargetTableMissing", "chunks", "group_by_columns",
