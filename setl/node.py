@@ -20,15 +20,16 @@ import attrs
 
 from setl.alerts import Alerts
 from setl.config import NodeSettings, PipelineConfig, RuntimeConfig
-from setl.errors import ConfigError, SetlError
+from setl.errors import ConfigError, LeadershipLost, SetlError
 from setl.liveness import Heartbeat
 from setl.meta.base import Liveness, MetaStore, Status
 from setl.model import Ack, Batch
-from setl.retry import Backoff, Failure, record_retrying
-from setl.pipeline import Stages, analyse_steps, build_stages, describe_tables, fenced
-from setl.pipeline import identity
+from setl.node_reload import Reloads
+from setl.node_status import NodeStatus
+from setl.pipeline import Stages, analyse_steps, build_stages, describe_tables, fenced, identity
 from setl.pipeline.checks import check_rules, rules_fingerprint
-from setl.pipeline.reload import Reload, ReloadRefused, prepare
+from setl.pipeline.reload import Reload
+from setl.retry import Backoff, Failure, record_retrying
 from setl.runtime import SerialExecutorService, TaskExecutionService
 from setl.scheduler import BatchCap, Fanout, Forwarding, Listener, Outcome, Scheduler, supports_per_table
 from setl.schema import check_tables
@@ -38,7 +39,6 @@ from setl.tablecopy import TableProgress
 if TYPE_CHECKING:
     from setl.ha import Elections, Lease
     from setl.observe import NodeObserver
-    from setl.observe.server import StatusServer
 
 log = logging.getLogger("setl.node")
 
@@ -91,7 +91,7 @@ class RetryingState(Forwarding):
                 if self.meta.state(self.pipeline).status is Status.RUNNING:
                     self.meta.set_state(self.pipeline, Status.RUNNING, node=self.node_id)
                     log.info("pipeline=%s stage=termin batch=%d recovered: acked again", self.pipeline, ack.batch_id)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a listener never fails an ack; the mark clears at the next one
                 log.warning("pipeline=%s cannot clear the retrying mark: %s", self.pipeline, exc)
         self.inner.on_ack(ack, batch)
 
@@ -157,6 +157,56 @@ class _Supervised:
     reload: Reload | None = None  # new rules to swap in before the next scheduler starts
 
 
+def start_retry(run: _Supervised, exc: BaseException, meta: MetaStore, node_id: str | None, *,
+                stopping: bool) -> float | None:
+    """After a failed start of `run`'s scheduler: the seconds to wait before the next try, or None
+    to give up.
+
+    A transient failure (the source, target or meta store is away) is retried with backoff for
+    `retry.max_elapsed_ms`, shown by `setl status` as ``retrying``; any other failure, or a stop
+    (`stopping`), gives up, and the failure is recorded as the pipeline's error (unless the
+    pipeline is paused).
+    """
+    name = run.config.name
+    if run.start_backoff is None:
+        run.start_backoff = Backoff.from_settings(run.config.pipeline.retry)
+    run.start_attempts += 1
+    verdict = run.start_backoff.decide(exc, run.start_attempts)
+    if verdict.pause or verdict.failure is not Failure.TRANSIENT or stopping:
+        if not isinstance(exc, KeyboardInterrupt):
+            try:
+                if meta.state(name).status is not Status.PAUSED:
+                    meta.set_state(name, Status.STOPPED, error=str(exc), node=node_id)
+            except Exception as error:  # noqa: BLE001 - the meta store may be what failed; the start's error is logged
+                log.error("pipeline=%s cannot record the failed start: %s", name, error)
+        return None
+    delay = run.start_backoff.delay(run.start_attempts)
+    log.warning("pipeline=%s cannot start, %s, next try in %.1fs: %s", name, verdict.message, delay, exc)
+    record_retrying(meta, name, exc, verdict.since, node_id)
+    return delay
+
+
+def pin_latest_start(config: PipelineConfig, stages: Stages, meta: MetaStore) -> None:
+    """`start: latest` is the source's head at the pipeline's first start, resolved once.
+
+    Persisted as the pipeline's position before anything is read, so a row written between
+    this start and the next one (before any batch is acked) is not skipped by resolving
+    "latest" again. Not when the pipeline has a position, or the target holds one (a rebuilt
+    meta store), unless an operator reset it.
+    """
+    name = config.name
+    # `start` is a field of every built-in source config; ConnectorConfig does not promise it.
+    if getattr(config.source, "start", None) != "latest" or meta.position(name) is not None:
+        return
+    if not meta.position_was_reset(name) and stages.load.committed() is not None:
+        return
+    head = stages.select.head()
+    if head is None:
+        return
+    meta.reset_position(name, head)
+    log.info("pipeline=%s stage=select start: latest is %s, kept for the next starts", name, head)
+
+
 class Node:
     """Runs pipelines until they stop; `stop()` (from a signal handler) drains them gracefully.
 
@@ -186,85 +236,35 @@ class Node:
         self.serial: SerialExecutorService | None = None
         self.batch_cap: BatchCap | None = None
         self.progress = {config.name: ProgressLog(config.name) for config in pipelines}
-        self.heartbeat = Heartbeat(meta, settings.node.id, figures=self.figures, on_lost=self._lost_record)
         self._lost: dict[str, SetlError] = {}
         self.alerts = Alerts(settings.alerts, settings.node.id)
+        #: lag figures, metrics and the status page (`NodeStatus.figures` go with the liveness beats)
+        self.status = NodeStatus(settings, meta, self.alerts, self.live)
+        self.heartbeat = Heartbeat(meta, settings.node.id, figures=self.figures, on_lost=self._lost_record)
         self._runs: list[_Supervised] = []
         self._starting = False  # checking the pipelines at start (the status endpoint says "starting")
-        #: each pipeline's table-rules fingerprint, published with its liveness beats (`setl snapshot` checks it)
-        self._rules = {config.name: rules_fingerprint(config) for config in pipelines}
-        #: re-reads a pipeline's file (`request_reload`); None: this node cannot reload
-        self.reload_config = reload_config
-        self._reload_asked = threading.Event()
-        #: each pipeline's last reload: when, and what came of it (published with its liveness figures)
-        self._reloads: dict[str, dict[str, Any]] = {}
-        #: Each pipeline's lag figures (`figures()`), and with `http.listen` its metrics and history.
-        self.observer: NodeObserver | None = None
-        self.http: StatusServer | None = None
+        self.status.rules.update({config.name: rules_fingerprint(config) for config in pipelines})
+        #: new table rules on request (`request_reload`), swapped in between two schedulers (`_swap_in`)
+        self.reloads = Reloads(settings, meta, self.alerts, reload_config, self._scheduler_of, self.status.reloads)
+        self._elected = ElectedSupervision(self)
+
+    @property
+    def observer(self) -> NodeObserver | None:
+        """Each pipeline's lag figures (`figures()`), and with `http.listen` its metrics and history."""
+        return self.status.observer
 
     def figures(self, name: str) -> dict[str, Any]:
-        """A pipeline's live figures (`setl.observe.lag.Figures`: lag, bytes behind, rows/s, ...),
-        stored with its liveness beats (`setl status` shows them) and checked against the alerts'
-        thresholds."""
-        found = self.observer.figures_of(name) if self.observer is not None else None
-        figures = {k: v for k, v in found.to_dict().items() if k != "position"} if found is not None else {}
-        self.alerts.observe(name, figures)
-        rules = self._rules.get(name)
-        if name in self._reloads:
-            figures = {**figures, "reload": self._reloads[name]}
-        return {**figures, "rules": rules} if rules is not None else figures
+        """A pipeline's live figures, stored with its liveness beats (`NodeStatus.figures`)."""
+        return self.status.figures(name)
+
+    def _scheduler_of(self, name: str) -> Scheduler | None:
+        with self._lock:
+            return self._running.get(name)
 
     def request_reload(self) -> None:
         """Re-read every pipeline's file and apply new table rules at the next batch boundary
         (SIGHUP, `setl reload`): only sets a flag, so a signal handler may call it."""
-        self._reload_asked.set()
-
-    def _reload_if_asked(self, runs: list[_Supervised]) -> None:
-        if not self._reload_asked.is_set():
-            return
-        self._reload_asked.clear()
-        for run in runs:
-            if not run.done:
-                self._reload(run)
-
-    def _reload(self, run: _Supervised) -> None:
-        """Prepare `run`'s reload (`setl.pipeline.reload`) and stop its scheduler gracefully: the next
-        one starts on the new stages (`_swap_in`). A refusal keeps the old configuration running."""
-        name = run.config.name
-        outcome: dict[str, Any] = {"at": time.time()}
-        try:
-            if self.reload_config is None:
-                raise ReloadRefused("this node was not started from a configuration directory", pipeline=name,
-                                    stage="reload")
-            try:
-                new = self.reload_config(name)
-            except SetlError as exc:
-                raise ReloadRefused(f"the file does not load: {exc}", pipeline=name, stage="reload") from exc
-            reload = prepare(self.settings, run.reload.config if run.reload else run.config, new, self.meta,
-                             run.stages)
-        except Exception as exc:  # any failure to prepare refuses the reload as a whole
-            message = str(exc) if isinstance(exc, SetlError) else f"{type(exc).__name__}: {exc}"
-            log.error("pipeline=%s stage=reload reload refused, the running configuration is kept: %s", name, message)
-            self.alerts.emit(name, "reload_refused", error=message)
-            self._reloads[name] = {**outcome, "result": "refused", "message": message}
-            return
-        if reload is None:
-            log.info("pipeline=%s stage=reload the table rules are unchanged: nothing to reload", name)
-            self._reloads[name] = {**outcome, "result": "unchanged", "message": "the table rules are unchanged"}
-            return
-        if run.reload is not None:  # an earlier reload not swapped in yet: this one replaces it
-            run.reload.stages.load.close()
-        run.reload = reload
-        log.info("pipeline=%s stage=reload new table rules: %s; draining in-flight batches to apply them",
-                 name, reload.describe())
-        with self._lock:
-            scheduler = self._running.get(name)
-        if scheduler is not None:
-            scheduler.stop()
-            self._reloads[name] = {**outcome, "result": "pending", "message": reload.describe()}
-        else:  # paused, or waiting to retry its start: the next start runs the new stages
-            self._reloads[name] = {**outcome, "result": "deferred",
-                                   "message": f"{reload.describe()}; applied when the pipeline runs again"}
+        self.reloads.request()
 
     def _swap_in(self, run: _Supervised) -> None:
         """Between two schedulers: the reloaded stages replace the old ones, and every added table's
@@ -276,7 +276,7 @@ class Node:
             run.opened = False
             try:
                 run.stages.load.close()
-            except Exception as exc:  # the old connection: the new stages have their own
+            except Exception as exc:  # noqa: BLE001 - the old connection: the new stages have their own
                 log.warning("pipeline=%s closing the old target connection failed: %s", name, exc)
         run.config, run.stages = reload.config, reload.stages
         self.pipelines = [reload.config if c.name == name else c for c in self.pipelines]
@@ -285,9 +285,9 @@ class Node:
             snapshot.on_done = functools.partial(self._snapshot_done, name)
         for table in reload.added:
             self.meta.request_snapshot(name, table)
-        self._rules[name] = reload.fingerprint
+        self.status.rules[name] = reload.fingerprint
         log.info("pipeline=%s stage=reload applied: %s", name, reload.describe())
-        self._reloads[name] = {"at": time.time(), "result": "applied", "message": reload.describe()}
+        self.reloads.outcomes[name] = {"at": time.time(), "result": "applied", "message": reload.describe()}
 
     def _snapshot_done(self, name: str, progress: TableProgress) -> None:
         self.alerts.emit(name, "snapshot_done", table=str(progress.name), rows=progress.rows, chunks=progress.chunks)
@@ -295,7 +295,7 @@ class Node:
             if run.config.name == name:
                 try:  # the target's identity record then says the copy finished (`setl.pipeline.identity`)
                     identity.copy_finished(run.config, run.stages, self.meta)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - a note on the target only; the copy itself is acked
                     log.warning("pipeline=%s cannot record the finished copy on the target: %s", name, exc)
 
     def _rebalanced(self, name: str, details: dict[str, Any]) -> None:
@@ -333,27 +333,6 @@ class Node:
                 error=str(result.error) if result.error is not None and run.done else None)
         return found
 
-    def _start_observing(self) -> None:
-        """Lag figures for every pipeline; metrics and the status page on `http.listen` when it is set."""
-        from setl.observe import NodeObserver
-
-        listen = self.settings.http.listen
-        self.observer = NodeObserver(self.settings.node.id, [c.name for c in self.pipelines], self.meta, self.live,
-                                     metrics=bool(listen))
-        if listen:
-            from setl.observe.server import StatusServer
-
-            self.http = StatusServer(self.observer, listen)
-            self.http.start()
-        self.observer.start()
-
-    def _stop_observing(self) -> None:
-        if self.http is not None:
-            self.http.stop()
-            self.http = None
-        if self.observer is not None:
-            self.observer.stop()
-
     def stop(self) -> None:
         self._stop.set()
         with self._lock:
@@ -389,11 +368,11 @@ class Node:
         # The status endpoint first: the checks below may start Spark (10-20 s), and a node being
         # started should answer /api/status ("starting") rather than look stopped.
         self._starting = True
-        self._start_observing()
+        self.status.start([c.name for c in self.pipelines])
         try:
             self._check_at_start(stages)
         except BaseException:
-            self._stop_observing()
+            self.status.stop()
             raise
         if self.settings.meta.store == "zookeeper":  # HA: run only what this node holds
             from setl.ha import Elections
@@ -411,11 +390,11 @@ class Node:
             if self.elections is None:
                 self._supervise_all(runs, until_caught_up)
             else:
-                self._supervise_elected(runs, until_caught_up)
+                self._elected.supervise(runs, until_caught_up)
         finally:
             if self.elections is not None:
                 self.elections.close()
-            self._stop_observing()
+            self.status.stop()
             self.tasks.shutdown(timeout=10.0)
             self.serial.shutdown_now()
             self.serial.await_termination(10.0)
@@ -458,127 +437,26 @@ class Node:
                         continue
                     scheduler.start(until_caught_up=until_caught_up)
                     run.start_attempts = 0
-                except BaseException as exc:
+                except BaseException as exc:  # noqa: BLE001 - a failed start is retried or recorded as the pipeline's end
                     delay = self._retry_start(run, exc)
                     if delay is None:
                         self._failed(run, exc)
                     else:
                         run.recheck_at = now + delay
-            self._reload_if_asked(runs)
+            self.reloads.if_asked(runs)
             if now >= next_watch:
                 self._watch_operator_pauses()
                 next_watch = now + self.poll_interval
             if self._stop.wait(self.tick):  # stopping: the schedulers drain; keep the same pace
                 time.sleep(self.tick)
 
-    def _supervise_elected(self, runs: list[_Supervised], until_caught_up: bool) -> None:
-        """HA mode: a supervisor thread per pipeline, each waiting in its election while a standby."""
-        threads = [threading.Thread(target=self._supervise, args=(run, until_caught_up),
-                                    name=f"setl-{run.config.name}-supervisor") for run in runs]
-        for thread in threads:
-            thread.start()
-        while any(t.is_alive() for t in threads):
-            self._reload_if_asked(runs)
-            self._watch_operator_pauses()
-            for thread in threads:
-                thread.join(timeout=self.poll_interval / max(1, len(threads)))
-
-    def _supervise(self, run: _Supervised, until_caught_up: bool) -> None:
-        """HA: stand by in the pipeline's election; while this node holds it, `_lead` runs it."""
-        assert self.elections is not None
-        name = run.config.name
-        while not run.done:
-            try:
-                if self._stop.is_set():
-                    self._close(run)
-                    return
-                if self._held_by_pause(run, until_caught_up):  # a paused pipeline does not contend
-                    if not run.done:
-                        self._stop.wait(self.poll_interval)
-                    continue
-                outcome = self.elections.run(name, lambda lease: self._lead(run, lease, until_caught_up),
-                                             stop=self._stop)
-                if outcome is None or (outcome is Outcome.STOPPED and run.result.outcome is Outcome.LOST):
-                    # stopped while standing by, or before a new scheduler ran: a leadership lost earlier is no error
-                    run.result.outcome, run.result.error = Outcome.STOPPED, None
-            except BaseException as exc:
-                delay = self._retry_start(run, exc)
-                if delay is None:
-                    self._failed(run, exc)
-                    return
-                self._stop.wait(delay)
-
-    def _lead(self, run: _Supervised, lease: Lease, until_caught_up: bool) -> Outcome:
-        """The leadership of one pipeline (HA): a Scheduler on fenced stages, run to its end.
-
-        Called by `Elections.run` while this node holds the pipeline's mainstem. An operator's
-        switch stops the scheduler; a lost lease ends it as LOST. A scheduler stopped for a rule
-        reload is followed by one on the reloaded stages under the same lease (giving the mainstem
-        up would hand the pipeline to a standby that knows nothing of the tables to copy).
-        """
-        first = True
-        while True:
-            outcome = self._lead_once(run, lease, until_caught_up, announce=first)
-            first = False
-            if (outcome is not Outcome.STOPPED or run.reload is None or run.done or lease.lost
-                    or lease.switch_requested.is_set() or self._stop.is_set()):
-                return outcome
-
-    def _lead_once(self, run: _Supervised, lease: Lease, until_caught_up: bool, *, announce: bool) -> Outcome:
-        from setl.errors import LeadershipLost
-
-        scheduler = self._next_scheduler(run, until_caught_up, lease=lease)
-        if scheduler is None:
-            return Outcome.STOPPED
-        lease.on_switch(scheduler.stop)
-        try:
-            self.heartbeat.claim(run.config.name, force=True)  # the election made this node the only writer
-            if announce:
-                self.alerts.emit(run.config.name, "leader_changed")
-            outcome = scheduler.run(until_caught_up=until_caught_up)
-        except LeadershipLost as exc:
-            scheduler.error, outcome = exc, Outcome.LOST
-        finally:
-            self.heartbeat.release(run.config.name)
-        if lease.lost and outcome is not Outcome.LOST:
-            outcome = Outcome.LOST
-        if outcome is Outcome.LOST:
-            lease.lose(str(scheduler.error or "leadership lost"))
-        self._ended(run, outcome, until_caught_up)
-        return outcome
-
     def _retry_start(self, run: _Supervised, exc: BaseException) -> float | None:
-        """After a failed start: the seconds to wait before the next try, or None to give up.
-
-        A transient failure (the source, target or meta store is away) is retried with
-        backoff for `retry.max_elapsed_ms`, shown by `setl status` as ``retrying``; any other
-        failure, or a stop, gives up, and the failure is recorded as the pipeline's error.
-        """
-        name = run.config.name
+        """After a failed start: the seconds to wait before the next try, or None to give up
+        (`start_retry`)."""
         with self._lock:
-            self._running.pop(name, None)
+            self._running.pop(run.config.name, None)
         run.scheduler = None
-        if run.start_backoff is None:
-            run.start_backoff = Backoff.from_settings(run.config.pipeline.retry)
-        run.start_attempts += 1
-        verdict = run.start_backoff.decide(exc, run.start_attempts)
-        if verdict.pause or verdict.failure is not Failure.TRANSIENT or self._stop.is_set():
-            self._record_start_error(name, exc)
-            return None
-        delay = run.start_backoff.delay(run.start_attempts)
-        log.warning("pipeline=%s cannot start, %s, next try in %.1fs: %s", name, verdict.message, delay, exc)
-        record_retrying(self.meta, name, exc, verdict.since, self.settings.node.id)
-        return delay
-
-    def _record_start_error(self, name: str, exc: BaseException) -> None:
-        """A failed start leaves its error for `setl status` (unless the pipeline is paused)."""
-        if isinstance(exc, KeyboardInterrupt):
-            return
-        try:
-            if self.meta.state(name).status is not Status.PAUSED:
-                self.meta.set_state(name, Status.STOPPED, error=str(exc), node=self.settings.node.id)
-        except Exception as error:
-            log.error("pipeline=%s cannot record the failed start: %s", name, error)
+        return start_retry(run, exc, self.meta, self.settings.node.id, stopping=self._stop.is_set())
 
     def _next_scheduler(self, run: _Supervised, until_caught_up: bool, *,
                         lease: Lease | None = None) -> Scheduler | None:
@@ -600,7 +478,7 @@ class Node:
         # a target position another source server wrote is refused; one only the target knows is
         # taken when its stored identity matches (a wiped meta store), refused otherwise
         identity.check(run.config, run.stages, self.meta)
-        self._pin_latest_start(run)
+        pin_latest_start(run.config, run.stages, self.meta)
         stages = run.stages if lease is None else fenced(run.stages, lease)  # the chain's outermost layer
         progress: Listener = self.progress[name]
         if self.observer is not None:
@@ -636,26 +514,6 @@ class Node:
             log.warning("pipeline=%s is paused%s; waiting for `setl resume --pipeline %s`", name, reason, name)
             run.announced = True
         return True
-
-    def _pin_latest_start(self, run: _Supervised) -> None:
-        """`start: latest` is the source's head at the pipeline's first start, resolved once.
-
-        Persisted as the pipeline's position before anything is read, so a row written between
-        this start and the next one (before any batch is acked) is not skipped by resolving
-        "latest" again. Not when the pipeline has a position, or the target holds one (a rebuilt
-        meta store), unless an operator reset it.
-        """
-        name = run.config.name
-        # `start` is a field of every built-in source config; ConnectorConfig does not promise it.
-        if getattr(run.config.source, "start", None) != "latest" or self.meta.position(name) is not None:
-            return
-        if not self.meta.position_was_reset(name) and run.stages.load.committed() is not None:
-            return
-        head = run.stages.select.head()
-        if head is None:
-            return
-        self.meta.reset_position(name, head)
-        log.info("pipeline=%s stage=select start: latest is %s, kept for the next starts", name, head)
 
     def _ended(self, run: _Supervised, outcome: Outcome, until_caught_up: bool) -> None:
         """Record how the pipeline's scheduler ended; close the pipeline if it is not to run again."""
@@ -697,7 +555,7 @@ class Node:
             run.opened = False
             try:
                 run.stages.load.close()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - the pipeline has ended; a failed close is only logged
                 log.error("pipeline=%s closing the target failed: %s", run.config.name, exc)
 
     def _watch_operator_pauses(self) -> None:
@@ -707,3 +565,92 @@ class Node:
             if self.meta.state(name).status is Status.PAUSED:
                 log.info("pipeline=%s paused by an operator; stopping gracefully", name)
                 scheduler.stop()
+
+
+class ElectedSupervision:
+    """HA mode of a `Node` (a ZooKeeper meta store): one supervisor thread per pipeline, each
+    standing by in the pipeline's election (`Elections.run`) and, while this node holds the
+    pipeline's mainstem, running it on fenced stages (`_lead`). It holds no state of its own: the
+    pipeline's life is in its `_Supervised`, the stop flag, the schedulers and the retries are the
+    node's, which it calls.
+    """
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def supervise(self, runs: list[_Supervised], until_caught_up: bool) -> None:
+        """HA mode: a supervisor thread per pipeline, each waiting in its election while a standby."""
+        node = self.node
+        threads = [threading.Thread(target=self._supervise, args=(run, until_caught_up),
+                                    name=f"setl-{run.config.name}-supervisor") for run in runs]
+        for thread in threads:
+            thread.start()
+        while any(t.is_alive() for t in threads):
+            node.reloads.if_asked(runs)
+            node._watch_operator_pauses()
+            for thread in threads:
+                thread.join(timeout=node.poll_interval / max(1, len(threads)))
+
+    def _supervise(self, run: _Supervised, until_caught_up: bool) -> None:
+        """HA: stand by in the pipeline's election; while this node holds it, `_lead` runs it."""
+        node = self.node
+        assert node.elections is not None
+        name = run.config.name
+        while not run.done:
+            try:
+                if node._stop.is_set():
+                    node._close(run)
+                    return
+                if node._held_by_pause(run, until_caught_up):  # a paused pipeline does not contend
+                    if not run.done:
+                        node._stop.wait(node.poll_interval)
+                    continue
+                outcome = node.elections.run(name, lambda lease: self._lead(run, lease, until_caught_up),
+                                             stop=node._stop)
+                if outcome is None or (outcome is Outcome.STOPPED and run.result.outcome is Outcome.LOST):
+                    # stopped while standing by, or before a new scheduler ran: a leadership lost earlier is no error
+                    run.result.outcome, run.result.error = Outcome.STOPPED, None
+            except BaseException as exc:  # noqa: BLE001 - a failed start is retried or recorded as the pipeline's end
+                delay = node._retry_start(run, exc)
+                if delay is None:
+                    node._failed(run, exc)
+                    return
+                node._stop.wait(delay)
+
+    def _lead(self, run: _Supervised, lease: Lease, until_caught_up: bool) -> Outcome:
+        """The leadership of one pipeline (HA): a Scheduler on fenced stages, run to its end.
+
+        Called by `Elections.run` while this node holds the pipeline's mainstem. An operator's
+        switch stops the scheduler; a lost lease ends it as LOST. A scheduler stopped for a rule
+        reload is followed by one on the reloaded stages under the same lease (giving the mainstem
+        up would hand the pipeline to a standby that knows nothing of the tables to copy).
+        """
+        first = True
+        while True:
+            outcome = self._lead_once(run, lease, until_caught_up, announce=first)
+            first = False
+            if (outcome is not Outcome.STOPPED or run.reload is None or run.done or lease.lost
+                    or lease.switch_requested.is_set() or self.node._stop.is_set()):
+                return outcome
+
+    def _lead_once(self, run: _Supervised, lease: Lease, until_caught_up: bool, *, announce: bool) -> Outcome:
+        node = self.node
+        scheduler = node._next_scheduler(run, until_caught_up, lease=lease)
+        if scheduler is None:
+            return Outcome.STOPPED
+        lease.on_switch(scheduler.stop)
+        try:
+            node.heartbeat.claim(run.config.name, force=True)  # the election made this node the only writer
+            if announce:
+                node.alerts.emit(run.config.name, "leader_changed")
+            outcome = scheduler.run(until_caught_up=until_caught_up)
+        except LeadershipLost as exc:
+            scheduler.error, outcome = exc, Outcome.LOST
+        finally:
+            node.heartbeat.release(run.config.name)
+        if lease.lost and outcome is not Outcome.LOST:
+            outcome = Outcome.LOST
+        if outcome is Outcome.LOST:
+            lease.lose(str(scheduler.error or "leadership lost"))
+        node._ended(run, outcome, until_caught_up)
+        return outcome

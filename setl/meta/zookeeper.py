@@ -43,13 +43,10 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import attrs
-
 from setl.errors import LeadershipLost, MetaStoreError
 from setl.ha import Check, Conflict, Coordinator, Create, Delete, Fence, SetData, dumps
 from setl.meta.base import (
     FORGOTTEN,
-    OVERWRITTEN_BY,
     STALE_AFTER,
     DdlClaim,
     DdlTask,
@@ -58,9 +55,9 @@ from setl.meta.base import (
     MetaStore,
     PipelineState,
     Status,
-    finishing_status,
-    never_declared,
 )
+from setl.meta.zookeeper_liveness import ZooKeeperLiveness
+from setl.meta.zookeeper_tasks import ZooKeeperDdlTasks
 from setl.model import Ack, Position, TableName
 from setl.tablecopy import TableProgress
 
@@ -70,7 +67,12 @@ PRUNE_EVERY = 100
 
 
 class ZooKeeperMetaStore(MetaStore):
-    """Meta store on a `Coordinator` session; safe for many threads, nodes and CLI processes."""
+    """Meta store on a `Coordinator` session; safe for many threads, nodes and CLI processes.
+
+    It keeps positions, acks, state, epochs and snapshot progress itself (the fenced writes), and
+    hands the batch DDL tasks to a `ZooKeeperDdlTasks` and the run claims to a `ZooKeeperLiveness`
+    on the same session.
+    """
 
     def __init__(self, coordinator: Coordinator, *, clock: Callable[[], float] = time.time,
                  owns_session: bool = True) -> None:
@@ -81,6 +83,8 @@ class ZooKeeperMetaStore(MetaStore):
         self._prepared: set[str] = set()
         self._epochs: dict[str, tuple[int, int]] = {}  # pipeline -> (epoch, its node's version)
         self._acks = 0
+        self._tasks = ZooKeeperDdlTasks(coordinator, clock, self._prepare)
+        self._liveness = ZooKeeperLiveness(coordinator, clock, self._prepare)
 
     @classmethod
     def from_settings(cls, settings: Any) -> "ZooKeeperMetaStore":
@@ -269,152 +273,38 @@ class ZooKeeperMetaStore(MetaStore):
     def pipelines(self) -> list[str]:
         return self.coordinator.children("/pipelines")
 
-    # -- batch DDL tasks
-
-    def _task_path(self, pipeline: str, task_id: str) -> str:
-        return f"{self._base(pipeline)}/ddl_tasks/t-{urllib.parse.quote(task_id, safe='')}"
-
-    @staticmethod
-    def _task_data(task: DdlTask) -> bytes:
-        data = attrs.asdict(task, recurse=False)
-        data.update(position=task.position.to_dict(), status=task.status.value)
-        return dumps(data)
-
-    def _task(self, path: str) -> tuple[DdlTask, int] | None:
-        node = self.coordinator.get(path)
-        if node is None:
-            return None
-        data = node.json()
-        data.update(position=Position.from_dict(data["position"]), status=DdlTaskStatus(data["status"]))
-        return DdlTask(**data), node.version
-
-    def _declared_task(self, pipeline: str, task_id: str) -> tuple[DdlTask, int]:
-        """A stored task and its node version, for a claim or finish: one never declared is a KeyError."""
-        found = self._task(self._task_path(pipeline, task_id))
-        if found is None:
-            raise never_declared(pipeline, task_id)
-        return found
+    # -- batch DDL tasks (`ZooKeeperDdlTasks`) and liveness (`ZooKeeperLiveness`)
 
     def declare_ddl_task(self, task: DdlTask) -> DdlTask:
-        self._prepare(task.pipeline)
-        now = self._clock()
-        fresh = attrs.evolve(task, status=DdlTaskStatus.DECLARED, owner=None, reason=None,
-                             create_time=now, update_time=now)
-        path = self._task_path(task.pipeline, task.task_id)
-        try:
-            self.coordinator.create(path, self._task_data(fresh), makepath=True)
-        except Conflict:
-            pass  # declared before: the stored task wins
-        stored = self._task(path)
-        assert stored is not None
-        return stored[0]
+        return self._tasks.declare(task)
 
     def ddl_task(self, pipeline: str, task_id: str) -> DdlTask | None:
-        found = self._task(self._task_path(pipeline, task_id))
-        return found[0] if found else None
-
-    def _all_tasks(self, pipeline: str) -> list[tuple[DdlTask, int]]:
-        folder = f"{self._base(pipeline)}/ddl_tasks"
-        found = [self._task(f"{folder}/{name}") for name in self.coordinator.children(folder)]
-        return [f for f in found if f is not None]
+        return self._tasks.get(pipeline, task_id)
 
     def ddl_tasks(self, pipeline: str, op_id: str | None = None) -> list[DdlTask]:
-        tasks = [t for t, _ in self._all_tasks(pipeline) if op_id is None or t.op_id == op_id]
-        return sorted(tasks, key=lambda t: (t.position, t.task_id))
+        return self._tasks.list(pipeline, op_id)
 
     def claim_ddl_task(
         self, pipeline: str, task_id: str, owner: str, *, expected_owner: str | None = None
     ) -> DdlClaim:
-        path = self._task_path(pipeline, task_id)
-        while True:
-            task, version = self._declared_task(pipeline, task_id)
-            if not task.claimable(expected_owner):
-                return DdlClaim(False, task)
-            now = self._clock()
-            claimed = attrs.evolve(task, status=DdlTaskStatus.RUNNING, owner=owner, update_time=now)
-            ops: list[Any] = [SetData(path, self._task_data(claimed), version)]
-            if task.overwrite:
-                for other, other_version in self._all_tasks(pipeline):
-                    if task.overwrites(other):
-                        gone = attrs.evolve(other, status=DdlTaskStatus.DEPRECATED, owner=None,
-                                            reason=OVERWRITTEN_BY + task_id, update_time=now)
-                        ops.append(SetData(self._task_path(pipeline, other.task_id), self._task_data(gone),
-                                           other_version))
-            try:
-                self.coordinator.commit(ops)
-            except Conflict:
-                continue  # a task changed under us: decide again on what is stored now
-            return DdlClaim(True, claimed)
+        return self._tasks.claim(pipeline, task_id, owner, expected_owner=expected_owner)
 
     def finish_ddl_task(
         self, pipeline: str, task_id: str, owner: str, status: DdlTaskStatus, reason: str | None = None
     ) -> DdlTask:
-        status = finishing_status(status)
-        path = self._task_path(pipeline, task_id)
-        while True:
-            task, version = self._declared_task(pipeline, task_id)
-            if task.status is not DdlTaskStatus.RUNNING or task.owner != owner:
-                return task
-            done = attrs.evolve(task, status=status, owner=None, reason=reason, update_time=self._clock())
-            try:
-                self.coordinator.set(path, self._task_data(done), version)
-            except Conflict:
-                continue
-            return done
-
-    # -- liveness: a persistent node, so that a dead holder's last beat stays readable
-
-    def _liveness_node(self, pipeline: str) -> tuple[Liveness | None, int | None]:
-        node = self.coordinator.get(f"{self._base(pipeline)}/liveness")
-        if node is None:
-            return None, None
-        data = node.json()
-        return (Liveness.from_dict(pipeline, data) if data else None), node.version
+        return self._tasks.finish(pipeline, task_id, owner, status, reason)
 
     def claim_run(self, live: Liveness, stale_after: float = STALE_AFTER) -> Liveness | None:
-        self._prepare(live.pipeline)
-        path = f"{self._base(live.pipeline)}/liveness"
-        for _ in range(100):
-            now = self._clock()
-            holder, version = self._liveness_node(live.pipeline)
-            if holder is not None and holder.token != live.token and stale_after > 0 \
-                    and not holder.stale(now, stale_after):
-                return holder
-            data = dumps(attrs.evolve(live, time=now).to_dict())
-            try:
-                if version is None:
-                    self.coordinator.create(path, data)
-                else:
-                    self.coordinator.commit([SetData(path, data, version)])
-                return None
-            except Conflict:
-                continue  # another claimant or beat in between: read again
-        raise MetaStoreError(f"could not claim {path}: it keeps changing", pipeline=live.pipeline)
+        return self._liveness.claim_run(live, stale_after)
 
     def beat(self, live: Liveness) -> bool:
-        path = f"{self._base(live.pipeline)}/liveness"
-        for _ in range(10):
-            holder, version = self._liveness_node(live.pipeline)
-            if holder is None or holder.token != live.token or version is None:
-                return False
-            try:
-                self.coordinator.commit([SetData(path, dumps(attrs.evolve(
-                    holder, time=self._clock(), figures=dict(live.figures)).to_dict()), version)])
-                return True
-            except Conflict:
-                continue
-        return False
+        return self._liveness.beat(live)
 
     def release_run(self, pipeline: str, token: str) -> None:
-        holder, version = self._liveness_node(pipeline)
-        if holder is not None and holder.token == token and version is not None:
-            try:
-                self.coordinator.commit([Delete(f"{self._base(pipeline)}/liveness", version)])
-            except Conflict:
-                pass  # taken over meanwhile: the new holder's record stays
+        self._liveness.release_run(pipeline, token)
 
     def liveness(self, pipeline: str) -> Liveness | None:
-        return self._liveness_node(pipeline)[0]
+        return self._liveness.liveness(pipeline)
 
     # -- HA views for the CLI
 

@@ -35,10 +35,8 @@ unique key).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import queue
-import re
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
@@ -50,18 +48,28 @@ import pymysql.err
 from pymysql.constants import CLIENT, SERVER_STATUS
 
 from setl.config import SslConfig
-from setl.ddl import Statement, parse
 from setl.errors import LoadError, TransientLoadError
-from setl.model import Batch, InvalidDate, Position, RowChange
+from setl.model import Batch
 from setl.sinks.merge import TableChanges
+from setl.sinks.mysql_ddl import MysqlDdlApplier
 from setl.sinks.mysql_lenient import execute_one_row, holds_error_value, split_error_values
+from setl.sinks.mysql_positions import MysqlPositionStore
+from setl.sinks.mysql_sequences import MysqlSequences
+from setl.sinks.mysql_sql import SQL_MODE, plain_quote, quote, table_name, to_db
 from setl.sinks.postgresql_ddl import without_sequence_ddl
 from setl.sinks.prepared import PreparedBatches
-from setl.sinks.sql_common import (DdlStep, FenceBusy, Segment, SqlLoad, TargetTableMissing, chunks, group_by_columns,
-                                   insert_runs)
+from setl.sinks.sql_common import (
+    PROCESS_TOKEN,
+    DdlStep,
+    Segment,
+    SqlLoad,
+    TargetTableMissing,
+    chunks,
+    group_by_columns,
+    insert_runs,
+)
 from setl.stages.load import LoadCapabilities
 from setl.tls import mysql_context, require_encrypted
-from setl.values import Geometry
 
 
 @attrs.frozen
@@ -95,39 +103,7 @@ TRANSIENT_ERRORS = frozenset({
     4031,  # disconnected by the server for inactivity (MySQL 8)
 })
 MISSING_TABLE_ERRORS = frozenset({1146, 1049})  # no such table, unknown database
-# What a DDL that already ran says when it runs again.
-ALREADY_DONE_ERRORS = frozenset({
-    1050,  # table already exists
-    1051,  # unknown table
-    1054,  # unknown column
-    1060,  # duplicate column name
-    1061,  # duplicate key name
-    1091,  # can't drop: check that it exists
-    1146,  # table doesn't exist
-    4091,  # unknown sequence (DROP or ALTER SEQUENCE of one already dropped)
-})
-
 log = logging.getLogger(__name__)
-
-# Without NO_ZERO_DATE and NO_ZERO_IN_DATE, and with ALLOW_INVALID_DATES, the zero and partial dates
-# the source holds (InvalidDate: '0000-00-00', '2024-00-15', '2024-02-30') are stored as they are.
-SQL_MODE = ("STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION,NO_AUTO_VALUE_ON_ZERO,ERROR_FOR_DIVISION_BY_ZERO,"
-            "ALLOW_INVALID_DATES")
-
-
-def quote(name: str) -> str:
-    """A backtick-quoted identifier, safe inside a PyMySQL %-format query string."""
-    return "`" + name.replace("`", "``").replace("%", "%%") + "`"
-
-
-def table_name(schema: str, table: str) -> str:
-    return f"{quote(schema)}.{quote(table)}"
-
-
-def plain_quote(name: str) -> str:
-    """A backtick-quoted identifier for a statement sent without parameters (no ``%`` doubling)."""
-    return "`" + name.replace("`", "``") + "`"
-
 
 #: About the most bytes of VALUES one multi-row statement carries: a snapshot chunk or a large batch goes
 #: in a few round trips (each costs a wait for the GIL besides the trip). Capped at half the server's
@@ -136,20 +112,6 @@ MAX_STATEMENT = 8_000_000
 #: Rows per multi-row statement unless ``chunk_rows`` is given. A larger set goes in several
 #: statements, each built by a helper thread while the server runs the one before (`BuiltAhead`).
 CHUNK_ROWS = 2_000
-
-
-def to_db(value: Any) -> Any:
-    """A row value as PyMySQL can send it: JSON documents dumped, SET members joined, zero and
-    partial dates as the server's own text, spatial values as the server's own bytes."""
-    if isinstance(value, InvalidDate):
-        return value.text
-    if isinstance(value, Geometry):
-        return value.data
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-    if isinstance(value, (set, frozenset)):
-        return ",".join(sorted(map(str, value)))
-    return value
 
 
 class BuiltAhead:
@@ -188,7 +150,7 @@ class BuiltAhead:
             for item in self._produce:
                 if not self._put(item):
                     return
-        except BaseException as exc:  # handed to the reader, which raises it
+        except BaseException as exc:  # noqa: BLE001 - handed to the reader, which raises it
             self._put(self._END, exc)
             return
         self._put(self._END)
@@ -206,24 +168,6 @@ class BuiltAhead:
             if item is self._END:
                 return
             yield item
-
-
-def _several_statements(statement: Statement) -> bool:
-    """Whether a DDL text holds a statement separator before its end (one at the end is fine).
-    The sink's connections take several statements at once (``CLIENT.MULTI_STATEMENTS``), so
-    such a text would run as several, where a server taking one statement refuses it."""
-    tokens = [t for t in statement.tokens if t.kind != "ws"]
-    return any((t.kind == "punct" and t.text == ";" and i < len(tokens) - 1) or (t.kind == "xcomment" and ";" in t.text)
-               for i, t in enumerate(tokens))
-
-
-def _create_if_missing(definition: str, schema: str, name: str) -> str:
-    """CREATE SEQUENCE IF NOT EXISTS `schema`.`name` with the options of `definition` (a CREATE
-    SEQUENCE, such as the source's SHOW CREATE SEQUENCE), or with none when it is not one."""
-    parsed = parse(definition) if definition else None
-    options = "".join(t.text for t in parsed.tokens[parsed.tables[0].end:]) if (
-        parsed is not None and parsed.kind == "create_sequence") else ""
-    return f"CREATE SEQUENCE IF NOT EXISTS {plain_quote(schema)}.{plain_quote(name)}{options}"
 
 
 def _quotes_doubled(text: str) -> str:
@@ -248,6 +192,7 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
     dialect = "mysql"
     capabilities = LoadCapabilities(per_table=True, stores_position=True, sequences=True)
     config: MysqlTargetConfig
+    positions: MysqlPositionStore
     _prepared: PreparedBatches[_Prepared]  # what `prepare` built (the base makes it and drops after load)
 
     def __init__(self, config: MysqlTargetConfig, *, connect_timeout: float = 10.0,
@@ -260,24 +205,20 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         self.read_timeout = read_timeout
         ssl = getattr(config, "ssl", None)
         self._ssl = mysql_context(ssl, where="target.ssl", pipeline=self.pipeline) if ssl else None
-        self._position = table_name(self.position_schema, self.position_table)
-        self._ddl_marks = table_name(self.position_schema, self.position_table + "_ddl")
-        self._table_position = table_name(self.position_schema, self.position_table + "_table")
-        self._fence_table = table_name(self.position_schema, self.position_table + "_fence")
-        self._sessions = table_name(self.position_schema, self.position_table + "_session")
-        self._identity = table_name(self.position_schema, self.position_table + "_identity")
         # per target table: the columns the server computes (generated, system-versioning period)
         self._unwritable: dict[tuple[str, str], frozenset[str]] = {}
         # per target table: its ENUM columns, lower-cased (rows holding ENUM's error value '' are
         # written on their own, `setl.sinks.mysql_lenient`); known and forgotten with `_unwritable`
         self._enums: dict[tuple[str, str], frozenset[str]] = {}
         self._unwritable_generation = 0  # counts the times `_unwritable` was forgotten (after DDL)
-        #: target sequences known to exist (forgotten after each DDL): their state rows need no check
-        self._sequences: set[tuple[str, str]] = set()
+        #: the target's sequences: their state rows, and creating the ones it lacks
+        self.sequences = MysqlSequences(self.pipeline, self._connect)
         #: how a connection of this sink writes a literal, once one has written rows: (its
         #: ``escape``, whether backslashes escape) — the same for all, whose session settings are
         #: set alike (`_connect`); what `prepare` builds statements with
         self._escaper: tuple[Callable[[Any], str], bool] | None = None
+        self.ddl_applier = MysqlDdlApplier(self.pipeline, self.positions.ddl_marks, context=self._context,
+                                           describe=self._describe, forget=self._forget_tables)
 
     def __repr__(self) -> str:
         return f"<MySQLLoad {self.pipeline} -> {self.config.host}:{self.config.port}>"
@@ -329,6 +270,11 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
 
     # -- connection
 
+    def _make_positions(self) -> MysqlPositionStore:
+        return MysqlPositionStore(pipeline=self.pipeline, schema=self.position_schema, table=self.position_table,
+                                  token=PROCESS_TOKEN, lock_timeout=self.fence_lock_timeout,
+                                  describe=self._describe, on_table=self._name_table)
+
     def _connect(self) -> pymysql.connections.Connection:
         conn = pymysql.connect(
             host=self.config.host,
@@ -342,7 +288,7 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
             read_timeout=self.read_timeout,
             write_timeout=self.read_timeout,
             ssl=self._ssl,
-            # `_record_and_commit` sends several statements at once.
+            # `MysqlPositionStore.record_and_commit` sends several statements at once.
             client_flag=CLIENT.MULTI_STATEMENTS,
         )
         if self._ssl is not None:
@@ -366,281 +312,6 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
 
     def _rollback(self, conn: pymysql.connections.Connection) -> None:
         conn.rollback()
-
-    # -- position, fence and sessions
-
-    def _create_position_table(self, conn: pymysql.connections.Connection) -> None:
-        with conn.cursor() as cur:
-            cur.execute(f"CREATE DATABASE IF NOT EXISTS {quote(self.position_schema)}", ())
-            cur.execute(
-                f"CREATE TABLE IF NOT EXISTS {self._position} ("
-                " `pipeline` VARCHAR(191) NOT NULL PRIMARY KEY,"
-                " `log` VARCHAR(512) NOT NULL,"
-                " `offset` BIGINT NOT NULL,"
-                " `row` BIGINT NOT NULL DEFAULT 0,"
-                " `gtid` TEXT NULL,"
-                " `batch_id` BIGINT NOT NULL,"
-                " `epoch` BIGINT NOT NULL,"
-                " `updated_at` TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)"
-                "   ON UPDATE CURRENT_TIMESTAMP(6)"
-                ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
-                (),
-            )
-            # Tables made before positions had a row: add it (only when missing, since an ALTER
-            # waits for every open transaction on the table).
-            cur.execute("SELECT COUNT(*) FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s"
-                        " AND TABLE_NAME = %s AND COLUMN_NAME = 'row'",
-                        (self.position_schema, self.position_table))
-            found = cur.fetchone()
-            if found is None or not found[0]:
-                cur.execute(f"ALTER TABLE {self._position} ADD COLUMN `row` BIGINT NOT NULL"
-                            " DEFAULT 0 AFTER `offset`", ())
-            cur.execute(
-                f"CREATE TABLE IF NOT EXISTS {self._table_position} ("
-                " `pipeline` VARCHAR(191) NOT NULL,"
-                " `target_table` VARCHAR(400) NOT NULL,"
-                " `log` VARCHAR(512) NOT NULL,"
-                " `offset` BIGINT NOT NULL,"
-                " `row` BIGINT NOT NULL DEFAULT 0,"
-                " `gtid` TEXT NULL,"
-                " `batch_id` BIGINT NOT NULL,"
-                " `epoch` BIGINT NOT NULL,"
-                " PRIMARY KEY (`pipeline`, `target_table`)"
-                ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
-                (),
-            )
-            cur.execute(
-                f"CREATE TABLE IF NOT EXISTS {self._fence_table} ("
-                " `pipeline` VARCHAR(191) NOT NULL PRIMARY KEY,"
-                " `epoch` BIGINT NOT NULL"
-                ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
-                (),
-            )
-            cur.execute(
-                f"CREATE TABLE IF NOT EXISTS {self._sessions} ("
-                " `pipeline` VARCHAR(191) NOT NULL,"
-                " `session` BIGINT NOT NULL,"
-                " `token` VARCHAR(255) NOT NULL,"
-                " `boot` BIGINT NOT NULL,"
-                " `epoch` BIGINT NOT NULL,"
-                " `registered_at` TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),"
-                " PRIMARY KEY (`pipeline`, `session`)"
-                ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
-                (),
-            )
-            cur.execute(
-                f"CREATE TABLE IF NOT EXISTS {self._identity} ("
-                " `pipeline` VARCHAR(191) NOT NULL PRIMARY KEY,"
-                " `identity` TEXT NOT NULL,"
-                " `updated_at` TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)"
-                "   ON UPDATE CURRENT_TIMESTAMP(6)"
-                ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
-                (),
-            )
-            cur.execute(
-                f"CREATE TABLE IF NOT EXISTS {self._ddl_marks} ("
-                " `pipeline` VARCHAR(191) NOT NULL PRIMARY KEY,"
-                " `mark` VARCHAR(700) NOT NULL"
-                ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
-                (),
-            )
-        conn.commit()
-
-    @staticmethod
-    def _boot(cur: Any) -> int:
-        """When the server started (Unix seconds): session ids are unique within one boot."""
-        cur.execute("SELECT UNIX_TIMESTAMP() - VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS"
-                    " WHERE VARIABLE_NAME = 'UPTIME'", ())
-        return int(cur.fetchone()[0])
-
-    def _register(self, conn: pymysql.connections.Connection) -> None:
-        with conn.cursor() as cur:
-            boot = self._boot(cur)
-            cur.execute(f"INSERT INTO {self._sessions} (`pipeline`, `session`, `token`, `boot`, `epoch`)"
-                        " VALUES (%s, CONNECTION_ID(), %s, %s, %s) ON DUPLICATE KEY UPDATE"
-                        " `token` = VALUES(`token`), `boot` = VALUES(`boot`), `epoch` = VALUES(`epoch`),"
-                        " `registered_at` = CURRENT_TIMESTAMP(6)",
-                        (self.pipeline, self.token, boot, self._fenced_epoch))
-        conn.commit()
-
-    def _kill_others(self, conn: pymysql.connections.Connection) -> int:
-        killed = 0
-        with conn.cursor() as cur:
-            boot = self._boot(cur)
-            cur.execute(f"SELECT `session`, `boot` FROM {self._sessions} WHERE `pipeline` = %s AND `token` <> %s",
-                        (self.pipeline, self.token))
-            for session, registered_boot in cur.fetchall():
-                # The uptime is read in whole seconds: a registration of this boot may differ by one.
-                alive = abs(int(registered_boot) - boot) <= 2
-                if alive:
-                    try:
-                        cur.execute(f"KILL CONNECTION {int(session)}", ())
-                        killed += 1
-                    except pymysql.err.MySQLError as exc:
-                        code = exc.args[0] if exc.args else None
-                        if code in (1095, 1227):  # not owner of the thread / access denied
-                            raise LoadError(
-                                f"cannot kill session {session} of a deposed writer to fence the target "
-                                f"({self._describe(exc)}): grant the target account CONNECTION ADMIN "
-                                f"(or SUPER), or use the same account on every node", pipeline=self.pipeline,
-                                stage="load") from exc
-                        if code != 1094:  # unknown thread: it is gone
-                            raise
-                        alive = False
-                if not alive:
-                    cur.execute(f"DELETE FROM {self._sessions} WHERE `pipeline` = %s AND `session` = %s",
-                                (self.pipeline, session))
-        conn.commit()
-        return killed
-
-    def _raise_fence(self, conn: pymysql.connections.Connection, epoch: int | None) -> int:
-        wait = max(1, round(self.fence_lock_timeout))
-        try:
-            with conn.cursor() as cur:
-                # SET SESSION (not MariaDB's SET STATEMENT) so that MySQL targets take it too.
-                cur.execute(f"SET SESSION innodb_lock_wait_timeout = {wait}", ())
-                cur.execute(f"SELECT `epoch` FROM {self._fence_table} WHERE `pipeline` = %s FOR UPDATE",
-                            (self.pipeline,))
-                row = cur.fetchone()
-                cur.execute(f"SELECT `epoch` FROM {self._position} WHERE `pipeline` = %s", (self.pipeline,))
-                position = cur.fetchone()
-                stored = max([int(r[0]) for r in (row, position) if r] or [0])
-                if epoch is None:
-                    epoch = stored + 1
-                if stored <= epoch:
-                    stored = epoch
-                    cur.execute(f"INSERT INTO {self._fence_table} (`pipeline`, `epoch`) VALUES (%s, %s)"
-                                " ON DUPLICATE KEY UPDATE `epoch` = VALUES(`epoch`)", (self.pipeline, epoch))
-            conn.commit()
-        except pymysql.err.OperationalError as exc:
-            if exc.args and exc.args[0] in (1205, 1213):  # lock wait timeout, deadlock
-                raise FenceBusy() from exc
-            raise
-        finally:
-            # A dead connection is dropped anyway; the error that killed it is the one to raise.
-            with contextlib.suppress(pymysql.err.MySQLError), conn.cursor() as cur:
-                cur.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT", ())
-        return stored
-
-    def _shared_epoch(self, conn: pymysql.connections.Connection) -> int | None:
-        with conn.cursor() as cur:
-            cur.execute(f"SELECT `epoch` FROM {self._fence_table} WHERE `pipeline` = %s LOCK IN SHARE MODE",
-                        (self.pipeline,))
-            row = cur.fetchone()
-        return int(row[0]) if row else None
-
-    def _read_position(self, conn: pymysql.connections.Connection) -> tuple[Position | None, int | None]:
-        with conn.cursor() as cur:
-            cur.execute(f"SELECT `log`, `offset`, `row`, `gtid`, `epoch` FROM {self._position}"
-                        " WHERE `pipeline` = %s", (self.pipeline,))
-            row = cur.fetchone()
-            cur.execute(f"SELECT `epoch` FROM {self._fence_table} WHERE `pipeline` = %s", (self.pipeline,))
-            fence = cur.fetchone()
-        conn.commit()  # end the read's snapshot, so the next read sees newer commits
-        position = Position(row[0], int(row[1]), row[3], row=int(row[2])) if row else None
-        epochs = [int(r[-1]) for r in (row, fence) if r]
-        return position, max(epochs) if epochs else None
-
-    def _read_identity(self, conn: pymysql.connections.Connection) -> str | None:
-        with conn.cursor() as cur:
-            cur.execute(f"SELECT `identity` FROM {self._identity} WHERE `pipeline` = %s", (self.pipeline,))
-            row = cur.fetchone()
-        conn.commit()
-        return str(row[0]) if row else None
-
-    def _write_identity(self, conn: pymysql.connections.Connection, text: str) -> None:
-        with conn.cursor() as cur:
-            cur.execute(f"INSERT INTO {self._identity} (`pipeline`, `identity`) VALUES (%s, %s)"
-                        " ON DUPLICATE KEY UPDATE `identity` = VALUES(`identity`)", (self.pipeline, text))
-        conn.commit()
-
-    @property
-    def _write_position_sql(self) -> str:
-        return (f"INSERT INTO {self._position} (`pipeline`, `log`, `offset`, `row`, `gtid`, `batch_id`, `epoch`)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s) ON DUPLICATE KEY UPDATE `log` = VALUES(`log`),"
-                " `offset` = VALUES(`offset`), `row` = VALUES(`row`), `gtid` = VALUES(`gtid`),"
-                " `batch_id` = VALUES(`batch_id`), `epoch` = VALUES(`epoch`),"
-                " `updated_at` = CURRENT_TIMESTAMP(6)")
-
-    def _write_position(self, conn: pymysql.connections.Connection, batch: Batch) -> None:
-        end = batch.end
-        with conn.cursor() as cur:
-            cur.execute(self._write_position_sql,
-                        (self.pipeline, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch))
-
-    def _pipeline_position(self, conn: pymysql.connections.Connection) -> Position | None:
-        with conn.cursor() as cur:
-            cur.execute(f"SELECT `log`, `offset`, `row` FROM {self._position} WHERE `pipeline` = %s",
-                        (self.pipeline,))
-            r = cur.fetchone()
-        return Position(r[0], int(r[1]), row=int(r[2])) if r else None
-
-    def _fence_and_table_position(self, conn: pymysql.connections.Connection,
-                                  table: str) -> tuple[int | None, Position | None]:
-        """Both locking reads in one statement (one round trip): the fence row shared (its own
-        locking clause) and the table's position row for update, each locked to COMMIT; either
-        may be missing."""
-        with conn.cursor() as cur:
-            cur.execute(f"SELECT (SELECT `epoch` FROM {self._fence_table} WHERE `pipeline` = %s LOCK IN SHARE MODE),"
-                        f" t.`log`, t.`offset`, t.`row` FROM (SELECT 1) AS one LEFT JOIN {self._table_position} AS t"
-                        " ON t.`pipeline` = %s AND t.`target_table` = %s FOR UPDATE",
-                        (self.pipeline, self.pipeline, table))
-            row = cur.fetchone()
-        assert row is not None  # the outer (SELECT 1) gives one row
-        epoch = int(row[0]) if row[0] is not None else None
-        return epoch, Position(row[1], int(row[2]), row=int(row[3])) if row[1] is not None else None
-
-    @staticmethod
-    def _results(cur: Any, count: int) -> list[tuple[Any, ...]]:
-        """The rows of each of the `count` results of a multi-statement `cur` executed, in order;
-        raises the error of the first statement that failed (the server ran none after it), so
-        no result is left on the connection."""
-        results = [cur.fetchall()]
-        while cur.nextset():
-            results.append(cur.fetchall())
-        if len(results) != count:
-            raise pymysql.err.InternalError(f"expected {count} results of a multi-statement, got {len(results)}")
-        return results
-
-    def _record_and_commit(self, conn: pymysql.connections.Connection, batch: Batch, tables: Sequence[str],
-                           pipeline: bool) -> None:
-        """The position writes and the COMMIT in one multi-statement round trip: the server stops
-        at a write that fails, so nothing after it (the COMMIT included) runs, and its error is raised."""
-        end = batch.end
-        statements: list[str] = []
-        args: list[Any] = []
-        for table in tables:
-            statements.append(self._write_table_position_sql)
-            args += (self.pipeline, table, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch)
-        if pipeline:
-            statements.append(self._write_position_sql)
-            args += (self.pipeline, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch)
-        statements.append("COMMIT")
-        self._table = ", ".join(tables) or None
-        with conn.cursor() as cur:
-            cur.execute(";\n".join(statements), args)
-            self._results(cur, len(statements))
-        self._table = None
-
-    def _table_position_locked(self, conn: pymysql.connections.Connection, table: str) -> Position | None:
-        with conn.cursor() as cur:
-            cur.execute(f"SELECT `log`, `offset`, `row` FROM {self._table_position}"
-                        " WHERE `pipeline` = %s AND `target_table` = %s FOR UPDATE", (self.pipeline, table))
-            r = cur.fetchone()
-        return Position(r[0], int(r[1]), row=int(r[2])) if r else None
-
-    @property
-    def _write_table_position_sql(self) -> str:
-        return (f"INSERT INTO {self._table_position} (`pipeline`, `target_table`, `log`, `offset`, `row`,"
-                " `gtid`, `batch_id`, `epoch`) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON DUPLICATE KEY UPDATE"
-                " `log` = VALUES(`log`), `offset` = VALUES(`offset`), `row` = VALUES(`row`),"
-                " `gtid` = VALUES(`gtid`), `batch_id` = VALUES(`batch_id`), `epoch` = VALUES(`epoch`)")
-
-    def _write_table_position(self, conn: pymysql.connections.Connection, table: str, batch: Batch) -> None:
-        end = batch.end
-        with conn.cursor() as cur:
-            cur.execute(self._write_table_position_sql,
-                        (self.pipeline, table, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch))
 
     # -- rows
 
@@ -720,7 +391,7 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
     def _apply_sequence(self, conn: pymysql.connections.Connection, table: TableChanges) -> None:
         """A keyless table's changes one by one, in order; a sequence's state rows as its last state."""
         if table.sequence and table.sequence[-1].sequence is not None:
-            self._apply_sequence_state(conn, table)
+            self.sequences.apply_state(conn, table)
             return
         name = table_name(table.schema, table.table)
         with conn.cursor() as cur:
@@ -743,50 +414,6 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
                                 [to_db(v) for v in change.before.values()])
                 if change.after is not None:
                     self._insert(cur, name, self._writable(change.after, computed), "", (table.schema, table.table))
-
-    def _apply_sequence_state(self, conn: pymysql.connections.Connection, table: TableChanges) -> None:
-        """One INSERT of the last state row of a sequence in this part of the batch: MariaDB takes an
-        INSERT into a sequence as its new state (every column), so applying it twice is applying it
-        once. Never a DELETE. A sequence the target lacks is created first (`_ensure_sequence`)."""
-        last: RowChange | None = next((c for c in reversed(table.sequence) if c.after is not None), None)
-        if last is None or last.after is None:
-            return  # a sequence's state is never deleted; nothing to write
-        self._ensure_sequence(conn, table.schema, table.table, last.sequence or "")
-        image = last.after
-        with conn.cursor() as cur:
-            cur.execute(f"INSERT INTO {table_name(table.schema, table.table)} ({', '.join(map(quote, image))}) "
-                        f"VALUES ({', '.join(['%s'] * len(image))})", [to_db(v) for v in image.values()])
-
-    def _ensure_sequence(self, conn: pymysql.connections.Connection, schema: str, name: str, definition: str) -> None:
-        """Create the target sequence `schema`.`name` if it does not exist, from `definition` (the
-        source's CREATE SEQUENCE, names mapped) or, without one, with default options (the state
-        row written next sets every option). DDL commits the open transaction in MySQL, so it runs
-        on a connection of its own: the batch's transaction stays whole."""
-        if (schema, name) in self._sequences:
-            return
-        with conn.cursor() as cur:
-            cur.execute("SELECT TABLE_TYPE FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s",
-                        (schema, name))
-            found = cur.fetchone()
-        if found is not None:
-            if str(found[0]).upper() != "SEQUENCE":
-                raise LoadError(f"target table {schema}.{name} is not a sequence, but the source's is: its state "
-                                "rows cannot be applied", pipeline=self.pipeline, stage="load",
-                                table=f"{schema}.{name}")
-            self._sequences.add((schema, name))
-            return
-        statement = _create_if_missing(definition, schema, name)
-        side = self._connect()
-        try:
-            with side.cursor() as cur:
-                cur.execute(f"CREATE DATABASE IF NOT EXISTS {quote(schema)}", ())
-                cur.execute(statement)
-            side.commit()
-        finally:
-            side.close()
-        log.info("pipeline=%s stage=load table=%s.%s: the target had no such sequence; created: %s",
-                 self.pipeline, schema, name, statement)
-        self._sequences.add((schema, name))
 
     def _statements(self, conn: pymysql.connections.Connection,
                     images: Sequence[Mapping[str, Any]]) -> contextlib.AbstractContextManager[Iterator[str]]:
@@ -853,138 +480,16 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
     # -- DDL
 
     def _apply_ddl(self, conn: pymysql.connections.Connection, batch: Batch, step: DdlStep) -> None:
-        """MySQL commits around every DDL, so the rows before it commit with a mark naming this DDL
-        (batch end and index), then the DDL runs and the rest of the batch gets a new transaction.
+        """`MysqlDdlApplier.apply`, then the fence held again: MySQL commits around every DDL."""
+        self.ddl_applier.apply(conn, batch, step)
+        self.fence.check(conn, batch)
 
-        A replay is recognised by the mark: after a crash between the DDL and the batch's
-        position, an error saying it is already done (table exists, unknown table or column,
-        duplicate column or key) counts as applied. Without the mark, a CREATE TABLE of an
-        existing table is accepted only if the existing table has the same shape.
-        """
-        end = batch.end
-        if _several_statements(step.statement):
-            raise LoadError(f"refused: this DDL holds more than one statement: {step.change.statement}",
-                            **{**self._context(batch, table=step.change.qualified_table),
-                               "position": step.change.position or end})
-        ref = step.statement.tables[0]
+    def _forget_tables(self) -> None:
+        """A DDL may add, drop or change computed, ENUM and sequence columns: learn them again."""
         self._unwritable_generation += 1  # statements prepared before this DDL are not used
-        self._unwritable.clear()  # the DDL may add, drop or change computed columns
+        self._unwritable.clear()
         self._enums.clear()
-        self._sequences.clear()
-        with conn.cursor() as cur:
-            cur.execute(f"SELECT `mark` FROM {self._ddl_marks} WHERE `pipeline` = %s", (self.pipeline,))
-            row = cur.fetchone()
-            # The mark is the batch's end and the index of the last DDL of it that was started.
-            stored_end, _, stored_index = (row[0] if row else "").rpartition("#")
-            replay = stored_end == f"{end.log}:{end.offset}" and int(stored_index) >= step.index
-            if not replay:
-                cur.execute(f"INSERT INTO {self._ddl_marks} (`pipeline`, `mark`) VALUES (%s, %s)"
-                            " ON DUPLICATE KEY UPDATE `mark` = VALUES(`mark`)",
-                            (self.pipeline, f"{end.log}:{end.offset}#{step.index}"))
-            conn.commit()
-            if step.statement.kind in ("create_table", "create_sequence"):
-                cur.execute(f"CREATE DATABASE IF NOT EXISTS {quote(ref.schema or step.change.schema)}", ())
-            try:  # MariaDB refuses ALTER of a system-versioned table unless history is kept as is
-                cur.execute("SET SESSION system_versioning_alter_history = KEEP", ())
-            except pymysql.err.MySQLError as exc:
-                if not (exc.args and exc.args[0] == 1193):  # unknown variable: MySQL has no versioning
-                    raise
-            mode = step.change.sql_mode
-            try:
-                if mode is not None:  # the source's mode: an ALTER it ran non-strict is not refused here
-                    self._source_mode(cur, mode, step)
-                cur.execute(step.change.statement)
-            except pymysql.err.MySQLError as exc:
-                code = exc.args[0] if exc.args else None
-                if replay and code in ALREADY_DONE_ERRORS:
-                    log.info("pipeline=%s stage=load table=%s position=%s: replayed DDL was applied "
-                             "before (%s): %s", self.pipeline, step.change.qualified_table, end,
-                             self._describe(exc), step.change.statement)
-                elif not (code == 1050 and (
-                        (step.statement.kind == "create_table" and self._same_shape(cur, step))
-                        or (step.statement.kind == "create_sequence" and self._same_sequence(cur, step)))):
-                    raise
-            finally:
-                if mode is not None:
-                    cur.execute("SET SESSION sql_mode = %s", (SQL_MODE,))
-        self._fence(conn, batch)
-
-    def _source_mode(self, cur: Any, mode: str, step: DdlStep) -> None:
-        """Set the session to the source statement's sql_mode; a mode the target does not know
-        (MariaDB's NO_AUTO_CREATE_USER or SIMULTANEOUS_ASSIGNMENT on MySQL 8: error 1231) runs
-        without the names it refuses, and without strict mode when the source's had none."""
-        try:
-            cur.execute("SET SESSION sql_mode = %s", (mode,))
-            return
-        except pymysql.err.MySQLError as exc:
-            if not (exc.args and exc.args[0] == 1231):
-                raise
-        kept: list[str] = []
-        for name in filter(None, mode.split(",")):
-            try:
-                cur.execute("SET SESSION sql_mode = %s", (",".join([*kept, name]),))
-                kept.append(name)
-            except pymysql.err.MySQLError as exc:
-                if not (exc.args and exc.args[0] == 1231):
-                    raise
-        cur.execute("SET SESSION sql_mode = %s", (",".join(kept),))
-        log.info("pipeline=%s stage=load table=%s: the target does not know every mode of the source's sql_mode "
-                 "%s; the DDL runs under %s", self.pipeline, step.change.qualified_table, mode, ",".join(kept) or "''")
-
-    def _same_shape(self, cur: Any, step: DdlStep) -> bool:
-        """Whether the table a CREATE TABLE names exists with the shape the statement gives it."""
-        def shape(text: str, _name: str) -> list[str]:
-            return [re.sub(r" AUTO_INCREMENT=\d+", "", line) for line in text.splitlines()[1:]]
-
-        if not self._same_as_twin(cur, step, "TABLE", shape):
-            return False
-        log.info("pipeline=%s stage=load table=%s: table exists with the same shape; CREATE TABLE "
-                 "counts as applied", self.pipeline, step.change.qualified_table)
-        return True
-
-    def _same_sequence(self, cur: Any, step: DdlStep) -> bool:
-        """Whether the sequence a CREATE SEQUENCE names exists with the options the statement gives
-        it (one created from a state row before its CREATE arrived, say)."""
-        def options(text: str, name: str) -> str:
-            return text[text.index(plain_quote(name)) + len(plain_quote(name)):]
-
-        if not self._same_as_twin(cur, step, "SEQUENCE", options):
-            return False
-        log.info("pipeline=%s stage=load table=%s: sequence exists with the same options; CREATE SEQUENCE "
-                 "counts as applied", self.pipeline, step.change.qualified_table)
-        return True
-
-    @staticmethod
-    def _same_as_twin(cur: Any, step: DdlStep, kind: str, form: Callable[[str, str], Any]) -> bool:
-        """Whether the object (TABLE or SEQUENCE: `kind`) a CREATE names exists as the statement
-        would create it: the statement runs again as a scratch TEMPORARY twin, and `form` of both
-        SHOW CREATE texts (given the text and the object's name) must be equal. False when the twin
-        cannot be made (a system-versioned or sequence table has none) or, for a sequence, the
-        existing object is a table."""
-        tokens = step.statement.tokens
-        ref = step.statement.tables[0]
-        schema = ref.schema or step.change.schema
-        head = [t.text for t in tokens[:ref.start]]
-        word = max(i for i, t in enumerate(tokens[:ref.start]) if t.upper == kind)
-        head[word] = f"TEMPORARY {kind}"
-        scratch = "setl_shape_check"
-        try:
-            cur.execute("".join(head) + table_name(schema, scratch).replace("%%", "%")
-                        + "".join(t.text for t in tokens[ref.end:]))
-        except pymysql.err.MySQLError:
-            return False
-        try:
-            forms = []
-            for name in (ref.table, scratch):
-                cur.execute(f"SHOW CREATE {kind} {table_name(schema, name)}", ())
-                forms.append(form(str(cur.fetchone()[1]), name))
-        except pymysql.err.MySQLError:
-            if kind != "SEQUENCE":
-                raise
-            return False  # the existing object is a table, not a sequence
-        finally:
-            cur.execute(f"DROP TEMPORARY {kind} IF EXISTS {table_name(schema, scratch)}", ())
-        return bool(forms[0] == forms[1])
+        self.sequences.forget()
 
     # -- errors
 

@@ -36,16 +36,25 @@ from psycopg.types.json import Jsonb
 from setl.config import SslConfig
 from setl.ddl import parse
 from setl.errors import LoadError, RefusedLoadError, TransientLoadError
-from setl.model import Batch, Position
+from setl.model import Batch
+from setl.sinks import postgresql_spatial as spatial
 from setl.sinks.invalid_dates import InvalidDatePolicy
+from setl.sinks.merge import TableChanges
 from setl.sinks.nul_text import HINT as NUL_HINT
 from setl.sinks.nul_text import NulTextPolicy
-from setl.sinks.merge import TableChanges
-from setl.sinks import postgresql_spatial as spatial
 from setl.sinks.postgresql_ddl import Translator, UnsupportedDdl, pg_name, without_sequence_ddl
+from setl.sinks.postgresql_positions import PostgresPositionStore
 from setl.sinks.prepared import PreparedBatches
-from setl.sinks.sql_common import (DdlStep, FenceBusy, Segment, SqlLoad, TargetTableMissing, chunks, group_by_columns,
-                                   insert_runs)
+from setl.sinks.sql_common import (
+    PROCESS_TOKEN,
+    DdlStep,
+    Segment,
+    SqlLoad,
+    TargetTableMissing,
+    chunks,
+    group_by_columns,
+    insert_runs,
+)
 from setl.tls import libpq_params
 
 
@@ -180,11 +189,6 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
             raise ValueError("copy_rows must be at least 1")
         self.connect_timeout = connect_timeout
         self.copy_rows = copy_rows
-        self._position = sql.Identifier(self.position_schema, self.position_table)
-        self._table_position = sql.Identifier(self.position_schema, self.position_table + "_table")
-        self._fence_table = sql.Identifier(self.position_schema, self.position_table + "_fence")
-        self._identity = sql.Identifier(self.position_schema, self.position_table + "_identity")
-        self._sessions = sql.Identifier(self.position_schema, self.position_table + "_session")
         self._statements: dict[tuple[Any, ...], str] = {}
         self._invalid_dates = InvalidDatePolicy(getattr(config, "invalid_dates", "refuse"),
                                                 pipeline=self.pipeline, target="PostgreSQL")
@@ -225,6 +229,11 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
         return f"<PostgresLoad {self.pipeline} -> {self.config.host}:{self.config.port}/{self.config.database}>"
 
     # -- connection
+
+    def _make_positions(self) -> PostgresPositionStore:
+        return PostgresPositionStore(pipeline=self.pipeline, schema=self.position_schema, table=self.position_table,
+                                     token=PROCESS_TOKEN, lock_timeout=self.fence_lock_timeout,
+                                     describe=self._describe, on_table=self._name_table, text=self._text)
 
     def _connect(self) -> psycopg.Connection:
         conn = self._open()
@@ -275,179 +284,6 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
                 self._statements.clear()
             self._statements[key] = text
         return text
-
-    # -- position, fence and sessions
-
-    def _create_position_table(self, conn: psycopg.Connection) -> None:
-        schema = sql.Identifier(self.position_schema)
-        exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
-                              (self._position.as_string(conn),)).fetchone()
-        if not (exists and exists[0]):
-            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema))
-            conn.execute(sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {} ("
-                " pipeline text PRIMARY KEY,"
-                " log text NOT NULL,"
-                " \"offset\" bigint NOT NULL,"
-                " \"row\" bigint NOT NULL DEFAULT 0,"
-                " gtid text,"
-                " batch_id bigint NOT NULL,"
-                " epoch bigint NOT NULL,"
-                " updated_at timestamptz NOT NULL DEFAULT now())"
-            ).format(self._position))
-        # Tables made before positions had a row: add it (only when missing, since an ALTER
-        # waits for every open transaction on the table).
-        has_row = conn.execute("SELECT 1 FROM pg_attribute WHERE attrelid = %s::regclass AND attname = 'row'"
-                               " AND NOT attisdropped", (self._position.as_string(conn),)).fetchone()
-        if not has_row:
-            conn.execute(sql.SQL('ALTER TABLE {} ADD COLUMN IF NOT EXISTS "row" bigint NOT NULL DEFAULT 0')
-                         .format(self._position))
-        for name, columns in (
-            (self._table_position, ' pipeline text NOT NULL, target_table text NOT NULL, log text NOT NULL,'
-                                   ' "offset" bigint NOT NULL, "row" bigint NOT NULL DEFAULT 0, gtid text,'
-                                   ' batch_id bigint NOT NULL, epoch bigint NOT NULL,'
-                                   ' PRIMARY KEY (pipeline, target_table)'),
-            (self._fence_table, " pipeline text PRIMARY KEY, epoch bigint NOT NULL"),
-            (self._identity, " pipeline text PRIMARY KEY, identity text NOT NULL,"
-                             " updated_at timestamptz NOT NULL DEFAULT now()"),
-            (self._sessions, " pipeline text NOT NULL, session integer NOT NULL, token text NOT NULL,"
-                             " started timestamptz, epoch bigint NOT NULL,"
-                             " registered_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (pipeline, session)"),
-        ):
-            present = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name.as_string(conn),)).fetchone()
-            if not (present and present[0]):
-                conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (" + columns + ")").format(name))
-        conn.commit()
-
-    def _register(self, conn: psycopg.Connection) -> None:
-        conn.execute(sql.SQL(
-            "INSERT INTO {} (pipeline, session, token, started, epoch)"
-            " SELECT %s, pid, %s, backend_start, %s FROM pg_stat_activity WHERE pid = pg_backend_pid()"
-            " ON CONFLICT (pipeline, session) DO UPDATE SET token = EXCLUDED.token,"
-            " started = EXCLUDED.started, epoch = EXCLUDED.epoch, registered_at = now()"
-        ).format(self._sessions), (self.pipeline, self.token, self._fenced_epoch))
-        conn.commit()
-
-    def _kill_others(self, conn: psycopg.Connection) -> int:
-        # backend_start is NULL for another role's sessions without pg_read_all_stats: then the
-        # pid alone identifies the session.
-        same = ("a.pid = s.session AND (a.backend_start IS NULL OR s.started IS NULL"
-                " OR a.backend_start = s.started)")
-        try:
-            killed = conn.execute(sql.SQL(
-                "SELECT s.session, pg_terminate_backend(s.session) FROM {} s JOIN pg_stat_activity a ON "
-                + same + " WHERE s.pipeline = %s AND s.token <> %s AND s.session <> pg_backend_pid()"
-            ).format(self._sessions), (self.pipeline, self.token)).fetchall()
-        except psycopg.errors.InsufficientPrivilege as exc:
-            conn.rollback()
-            raise LoadError(
-                f"cannot terminate the sessions of a deposed writer to fence the target "
-                f"({self._describe(exc)}): use the same role on every node, or grant the target "
-                f"account pg_signal_backend", pipeline=self.pipeline, stage="load") from exc
-        conn.execute(sql.SQL(
-            "DELETE FROM {} s WHERE s.pipeline = %s AND s.token <> %s"
-            " AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE " + same + ")"
-        ).format(self._sessions), (self.pipeline, self.token))
-        conn.commit()
-        return sum(1 for _, done in killed if done)
-
-    def _raise_fence(self, conn: psycopg.Connection, epoch: int | None) -> int:
-        try:
-            conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(
-                sql.Literal(f"{int(self.fence_lock_timeout * 1000)}ms")))
-            conn.execute(sql.SQL("INSERT INTO {} (pipeline, epoch) VALUES (%s, 0) ON CONFLICT DO NOTHING")
-                         .format(self._fence_table), (self.pipeline,))
-            row = conn.execute(sql.SQL("SELECT epoch FROM {} WHERE pipeline = %s FOR UPDATE")
-                               .format(self._fence_table), (self.pipeline,)).fetchone()
-            position = conn.execute(sql.SQL("SELECT epoch FROM {} WHERE pipeline = %s").format(self._position),
-                                    (self.pipeline,)).fetchone()
-            stored = max([int(r[0]) for r in (row, position) if r] or [0])
-            if epoch is None:
-                epoch = stored + 1
-            if stored <= epoch:
-                stored = epoch
-                conn.execute(sql.SQL("UPDATE {} SET epoch = %s WHERE pipeline = %s").format(self._fence_table),
-                             (epoch, self.pipeline))
-            conn.commit()
-        except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as exc:
-            raise FenceBusy() from exc
-        return stored
-
-    def _shared_epoch(self, conn: psycopg.Connection) -> int | None:
-        text = self._text(conn, ("shared-epoch",), lambda: sql.SQL(
-            "SELECT epoch FROM {} WHERE pipeline = %s FOR SHARE").format(self._fence_table))
-        row = conn.execute(text, (self.pipeline,)).fetchone()
-        return int(row[0]) if row else None
-
-    def _fence_and_table_position(self, conn: psycopg.Connection, table: str) -> tuple[int | None, Position | None]:
-        """Both locking reads in one statement (one round trip): the fence row shared and the
-        table's position row for update, each locked to COMMIT; either may be missing."""
-        text = self._text(conn, ("fence-and-table-position",), lambda: sql.SQL(
-            'SELECT f.epoch, t.log, t."offset", t."row" FROM (SELECT) AS one'
-            " LEFT JOIN (SELECT epoch FROM {} WHERE pipeline = %s FOR SHARE) AS f ON true"
-            ' LEFT JOIN (SELECT log, "offset", "row" FROM {} WHERE pipeline = %s AND target_table = %s'
-            " FOR UPDATE) AS t ON true").format(self._fence_table, self._table_position))
-        row = conn.execute(text, (self.pipeline, self.pipeline, table)).fetchone()
-        assert row is not None  # the outer (SELECT) gives one row
-        epoch = int(row[0]) if row[0] is not None else None
-        return epoch, Position(row[1], int(row[2]), row=int(row[3])) if row[1] is not None else None
-
-    def _read_position(self, conn: psycopg.Connection) -> tuple[Position | None, int | None]:
-        row = conn.execute(
-            sql.SQL('SELECT log, "offset", "row", gtid, epoch FROM {} WHERE pipeline = %s').format(self._position),
-            (self.pipeline,),
-        ).fetchone()
-        fence = conn.execute(sql.SQL("SELECT epoch FROM {} WHERE pipeline = %s").format(self._fence_table),
-                             (self.pipeline,)).fetchone()
-        conn.commit()
-        position = Position(row[0], int(row[1]), row[3], row=int(row[2])) if row else None
-        epochs = [int(r[-1]) for r in (row, fence) if r]
-        return position, max(epochs) if epochs else None
-
-    def _read_identity(self, conn: psycopg.Connection) -> str | None:
-        row = conn.execute(sql.SQL("SELECT identity FROM {} WHERE pipeline = %s").format(self._identity),
-                           (self.pipeline,)).fetchone()
-        conn.commit()
-        return str(row[0]) if row else None
-
-    def _write_identity(self, conn: psycopg.Connection, text: str) -> None:
-        conn.execute(sql.SQL("INSERT INTO {} (pipeline, identity) VALUES (%s, %s) ON CONFLICT (pipeline)"
-                             " DO UPDATE SET identity = EXCLUDED.identity, updated_at = now()").format(self._identity),
-                     (self.pipeline, text))
-        conn.commit()
-
-    def _write_position(self, conn: psycopg.Connection, batch: Batch) -> None:
-        end = batch.end
-        text = self._text(conn, ("write-position",), lambda: sql.SQL(
-            'INSERT INTO {} (pipeline, log, "offset", "row", gtid, batch_id, epoch)'
-            " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (pipeline) DO UPDATE SET"
-            ' log = EXCLUDED.log, "offset" = EXCLUDED."offset", "row" = EXCLUDED."row", gtid = EXCLUDED.gtid,'
-            " batch_id = EXCLUDED.batch_id, epoch = EXCLUDED.epoch, updated_at = now()"
-        ).format(self._position))
-        conn.execute(text, (self.pipeline, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch))
-
-    def _pipeline_position(self, conn: psycopg.Connection) -> Position | None:
-        text = self._text(conn, ("pipeline-position",), lambda: sql.SQL(
-            'SELECT log, "offset", "row" FROM {} WHERE pipeline = %s').format(self._position))
-        row = conn.execute(text, (self.pipeline,)).fetchone()
-        return Position(row[0], int(row[1]), row=int(row[2])) if row else None
-
-    def _table_position_locked(self, conn: psycopg.Connection, table: str) -> Position | None:
-        text = self._text(conn, ("table-position",), lambda: sql.SQL(
-            'SELECT log, "offset", "row" FROM {} WHERE pipeline = %s AND target_table = %s FOR UPDATE'
-        ).format(self._table_position))
-        row = conn.execute(text, (self.pipeline, table)).fetchone()
-        return Position(row[0], int(row[1]), row=int(row[2])) if row else None
-
-    def _write_table_position(self, conn: psycopg.Connection, table: str, batch: Batch) -> None:
-        end = batch.end
-        text = self._text(conn, ("write-table-position",), lambda: sql.SQL(
-            'INSERT INTO {} (pipeline, target_table, log, "offset", "row", gtid, batch_id, epoch)'
-            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (pipeline, target_table) DO UPDATE SET"
-            ' log = EXCLUDED.log, "offset" = EXCLUDED."offset", "row" = EXCLUDED."row",'
-            " gtid = EXCLUDED.gtid, batch_id = EXCLUDED.batch_id, epoch = EXCLUDED.epoch"
-        ).format(self._table_position))
-        conn.execute(text, (self.pipeline, table, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch))
 
     # -- rows
 

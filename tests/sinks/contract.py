@@ -790,8 +790,8 @@ class SinkContract(LoadContract):
         load = target.make_load()
         try:
             load.load_part(span([], 4, 104))  # takes the fence
-            opened = [load._checkout(None) for _ in range(2)]
-            load._idle.extend(opened)
+            opened = [load.pool.checkout(None) for _ in range(2)]
+            load.pool.idle.extend(opened)
             sessions = []
             for number, part in enumerate([items.insert(**item(1)), loose.insert(name="a", qty=1),
                                            items.insert(**item(2)), loose.insert(name="b", qty=2)], start=2):
@@ -857,7 +857,7 @@ class SinkContract(LoadContract):
         target.execute(f"DELETE FROM {target.position_table()}")
         target.execute(f"DELETE FROM {target.position_table('_fence')}")
         load.close()  # the next connection takes the fence again
-        load._fenced_epoch = 0
+        load.fence.epoch = 0
         model: dict[int, dict[str, Any]] = {}
         changes: list[RowChange] = []
         keys = st.integers(0, 5)

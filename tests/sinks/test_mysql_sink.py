@@ -63,7 +63,7 @@ class MySQLTarget(Target):
         return {"position_schema": self.schema}
 
     def session_id(self, load: MySQLLoad) -> int:
-        return load._idle[-1].thread_id()
+        return load.pool.idle[-1].thread_id()
 
     def kill(self, session: int) -> None:
         self.server.query(f"KILL CONNECTION {session}")

@@ -62,7 +62,7 @@ class PostgresTarget(Target):
         return self.server.target_config(self.database)
 
     def session_id(self, load: PostgresLoad) -> int:
-        return load._idle[-1].info.backend_pid
+        return load.pool.idle[-1].info.backend_pid
 
     def kill(self, session: int) -> None:
         assert self.server.query("SELECT pg_terminate_backend(%s)", (session,)) == [(True,)]

@@ -336,8 +336,8 @@ def bench(name: str, server: Any, port: int | None, args: argparse.Namespace, ru
         try:
             load.committed()  # connect and take the fence outside the timing
             if mode == "per_table":  # open the pool's connections outside the timing too
-                opened = [load._checkout(None) for _ in range(min(TABLES, args.connections))]
-                load._idle.extend(opened)
+                opened = [load.pool.checkout(None) for _ in range(min(TABLES, args.connections))]
+                load.pool.idle.extend(opened)
             assert server.pid is not None
             client, served = time.process_time(), cpu_seconds(server.pid)
             if mode == "per_table":

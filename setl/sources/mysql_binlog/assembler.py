@@ -194,28 +194,6 @@ class _Assembler:
     def _position(self, log: str, offset: int) -> Position:
         return Position(log, offset, self.gtids.text or None if self.gtids is not None else None)
 
-    def read(self, events: Any, limit: int = 64) -> tuple[Any, list[Transaction], int]:
-        """Feed events from `events.fetchone()` until transactions are ready, a heartbeat arrives
-        or `limit` events were read: (the last event, or None at the stream's end; the
-        transactions; the most rows held meanwhile). The reader's loop runs once per transaction
-        rather than once per event (this module is compiled)."""
-        peak = len(self.rows)
-        event: Any = None
-        for _ in range(limit):
-            event = events.fetchone()
-            if event is None:
-                break
-            # The library's packet wrapper and its event refer to each other: break the cycle, so
-            # that reference counting frees both (and the rows they hold) here instead of the
-            # cyclic collector, which spent 10% of the reader's time on them.
-            event.packet.event = None
-            txs = self.feed(event)
-            if len(self.rows) > peak:
-                peak = len(self.rows)
-            if txs or isinstance(event, HeartbeatLogEvent):
-                return event, txs, peak
-        return event, [], peak
-
     def feed(self, event: Any) -> list[Transaction]:
         kind = type(event)
         if kind in _HOT_ROWS:  # the events of a busy binlog first, by their exact type
@@ -532,6 +510,29 @@ class _Assembler:
         bits = getattr(event, "sql_mode", None)
         mode = self.mode_names(bits) if self.mode_names is not None and isinstance(bits, int) else None
         return [Transaction((DdlChange(ddl_schema, table, statement, end, sql_mode=mode),), end, nbytes=nbytes)]
+
+
+def read_events(assembler: _Assembler, events: Any, limit: int = 64) -> tuple[Any, list[Transaction], int]:
+    """Feed `assembler` events from `events.fetchone()` until transactions are ready, a heartbeat
+    arrives or `limit` events were read: (the last event, or None at the stream's end; the
+    transactions; the most rows the assembler held meanwhile). The reader's loop runs once per
+    transaction rather than once per event (this module is compiled)."""
+    peak = len(assembler.rows)
+    event: Any = None
+    for _ in range(limit):
+        event = events.fetchone()
+        if event is None:
+            break
+        # The library's packet wrapper and its event refer to each other: break the cycle, so
+        # that reference counting frees both (and the rows they hold) here instead of the
+        # cyclic collector, which spent 10% of the reader's time on them.
+        event.packet.event = None
+        txs = assembler.feed(event)
+        if len(assembler.rows) > peak:
+            peak = len(assembler.rows)
+        if txs or isinstance(event, HeartbeatLogEvent):
+            return event, txs, peak
+    return event, [], peak
 
 
 class KnownTables:

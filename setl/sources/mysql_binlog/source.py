@@ -47,6 +47,7 @@ from setl.sources.mysql_binlog.assembler import (
     _Assembler,
     _GtidState,
     gtid_flavor,
+    read_events,
 )
 from setl.sources.mysql_binlog.decoding import (
     _PERIOD,
@@ -807,7 +808,7 @@ class MysqlBinlogSource(Select):
                 last_held = 0
                 try:
                     while not stop.is_set():
-                        event, txs, held = assembler.read(events)
+                        event, txs, held = read_events(assembler, events)
                         if event is None:
                             raise _Lost()
                         if not news:

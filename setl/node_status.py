@@ -1,0 +1,72 @@
+"""What a node shows of itself: each pipeline's live figures, and the metrics and status page on
+``http.listen`` (`NodeStatus`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from setl.alerts import Alerts
+from setl.config import NodeSettings
+from setl.meta.base import MetaStore
+
+if TYPE_CHECKING:
+    from setl.observe import NodeObserver
+    from setl.observe.server import StatusServer
+
+
+class NodeStatus:
+    """A node's lag figures (`NodeObserver`, from `start` to `stop`) and, with ``http.listen``,
+    its metrics and HTTP status page (`StatusServer`).
+
+    `figures(name)` is what the node's liveness beats store for a pipeline (`setl status` shows
+    them): its lag figures, checked against the alerts' thresholds on each call, with the
+    pipeline's table-rules fingerprint (`rules`) and its last reload (`reloads`), which the node
+    keeps up to date. `live` is the node's own view of its pipelines, which the status page shows.
+    Before `start` and after `stop` there are no lag figures; `figures` may be called from any
+    thread.
+    """
+
+    def __init__(self, settings: NodeSettings, meta: MetaStore, alerts: Alerts,
+                 live: Callable[[], dict[str, dict[str, Any]]]) -> None:
+        self.settings = settings
+        self.meta = meta
+        self.alerts = alerts
+        self._live = live
+        self.observer: NodeObserver | None = None
+        self.http: StatusServer | None = None
+        #: each pipeline's table-rules fingerprint, published with its liveness beats (`setl snapshot` checks it)
+        self.rules: dict[str, str] = {}
+        #: each pipeline's last reload: when, and what came of it
+        self.reloads: dict[str, dict[str, Any]] = {}
+
+    def figures(self, name: str) -> dict[str, Any]:
+        """A pipeline's live figures (`setl.observe.lag.Figures`: lag, bytes behind, rows/s, ...),
+        stored with its liveness beats and checked against the alerts' thresholds."""
+        found = self.observer.figures_of(name) if self.observer is not None else None
+        figures = {k: v for k, v in found.to_dict().items() if k != "position"} if found is not None else {}
+        self.alerts.observe(name, figures)
+        rules = self.rules.get(name)
+        if name in self.reloads:
+            figures = {**figures, "reload": self.reloads[name]}
+        return {**figures, "rules": rules} if rules is not None else figures
+
+    def start(self, pipelines: list[str]) -> None:
+        """Lag figures for every pipeline; metrics and the status page on `http.listen` when it is set."""
+        from setl.observe import NodeObserver
+
+        listen = self.settings.http.listen
+        self.observer = NodeObserver(self.settings.node.id, pipelines, self.meta, self._live, metrics=bool(listen))
+        if listen:
+            from setl.observe.server import StatusServer
+
+            self.http = StatusServer(self.observer, listen)
+            self.http.start()
+        self.observer.start()
+
+    def stop(self) -> None:
+        if self.http is not None:
+            self.http.stop()
+            self.http = None
+        if self.observer is not None:
+            self.observer.stop()

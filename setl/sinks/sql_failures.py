@@ -1,0 +1,103 @@
+"""How an SQL target names its failures and retries the transient ones (`LoadFailures`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from setl.errors import LoadError, RefusedLoadError, TransientLoadError
+from setl.model import Batch
+from setl.retry import call_with_retries
+from setl.tls import tls_failure
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class TargetTableMissing(Exception):
+    """Raised by a dialect's error classifier: the statement named a table that does not exist."""
+
+
+#: What a dialect's classifier says of a driver error (`LoadFailures`).
+Classify = Callable[[BaseException], "type[LoadError] | type[TargetTableMissing] | None"]
+
+
+class LoadFailures:
+    """The failures of one SQL sink, as setl errors, and its in-place retries.
+
+    Every error names the pipeline, the stage (load), the table being written, the batch id and
+    its end position (`context`). A driver error becomes a `TransientLoadError` (worth a replay),
+    a `RefusedLoadError` (the same rows would fail the same way), or a `LoadError` (a missing
+    table named as such), as the dialect's `classify` says, with the dialect's one-line
+    `describe` of it (`translate`, `connect_failed`). `retrying` runs a whole transaction again on
+    a `TransientLoadError`, at most `max_attempts` times with backoff (`setl.retry`), and when the
+    attempts run out raises a `TransientLoadError` saying so. It keeps no state: safe for the
+    sink's threads.
+    """
+
+    def __init__(self, *, pipeline: str, dialect: str, classify: Classify, describe: Callable[[BaseException], str],
+                 max_attempts: int, initial_backoff: float, max_backoff: float,
+                 sleep: Callable[[float], None]) -> None:
+        self.pipeline = pipeline
+        self.dialect = dialect
+        self._classify = classify
+        self._describe = describe
+        self.max_attempts = max_attempts
+        self.initial_backoff = initial_backoff
+        self.max_backoff = max_backoff
+        self._sleep = sleep
+
+    def context(self, batch: Batch | None, table: str | None = None) -> dict[str, Any]:
+        """The context of a setl error about `batch` (and `table`)."""
+        return {
+            "pipeline": self.pipeline,
+            "stage": "load",
+            "table": table,
+            "batch": batch.id if batch is not None else None,
+            "position": batch.end if batch is not None else None,
+        }
+
+    def translate(self, exc: Exception, batch: Batch | None, table: str | None) -> LoadError:
+        """A driver error raised while writing `table` (None: not known) for `batch`, as a setl error."""
+        kind = self._classify(exc)
+        if kind is TargetTableMissing:
+            return LoadError(f"target table {table} does not exist ({self._describe(exc)})",
+                             **self.context(batch, table=table))
+        if kind is TransientLoadError:
+            return TransientLoadError(self._describe(exc), **self.context(batch, table=table))
+        if kind is RefusedLoadError:  # the same rows would fail the same way: no retries
+            return RefusedLoadError(self._describe(exc), **self.context(batch, table=table))
+        return LoadError(self._describe(exc), **self.context(batch, table=table))
+
+    def connect_failed(self, exc: Exception, batch: Batch | None, config: Any) -> LoadError:
+        """A failure to connect to the target of `config`: a TLS failure is permanent, a transient
+        one is a `TransientLoadError`."""
+        cause = tls_failure(exc)
+        if cause is not None:  # permanent (setl.retry.classify): no reconnecting
+            host = f"{getattr(config, 'host', '?')}:{getattr(config, 'port', '?')}"
+            return LoadError(f"cannot connect to the {self.dialect} target {host} over TLS: {cause} "
+                             "(see target.ssl)", **self.context(batch))
+        kind = TransientLoadError if self._classify(exc) is TransientLoadError else LoadError
+        return kind(f"cannot connect to the {self.dialect} target: {self._describe(exc)}", **self.context(batch))
+
+    def retrying(self, fn: Callable[[], T], batch: Batch | None) -> T:
+        """`fn()`, run again on a `TransientLoadError` (see the class docstring)."""
+        def before_retry(exc: BaseException) -> None:
+            log.warning("pipeline %s: %s target: %s; reconnecting and replaying", self.pipeline,
+                        self.dialect, exc)
+
+        try:
+            return call_with_retries(
+                fn,
+                attempts=self.max_attempts,
+                initial=self.initial_backoff,
+                maximum=self.max_backoff,
+                retry_on=(TransientLoadError,),
+                sleep=self._sleep,
+                before_retry=before_retry,
+            )
+        except TransientLoadError as exc:
+            raise TransientLoadError(f"gave up after {self.max_attempts} attempts: {exc.message}",
+                                     **exc.context) from exc

@@ -1,0 +1,119 @@
+"""Where an SQL target keeps its own position: the position, per-table position, fence, session
+and identity tables of a pipeline, as a dialect writes and reads them (`PositionStore`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
+
+from setl.model import Batch, Position
+
+C = TypeVar("C")  # a driver connection
+
+
+class FenceBusy(Exception):
+    """Raised by `PositionStore.raise_fence`: the fence row stayed locked past the short lock timeout."""
+
+
+class PositionStore(Generic[C]):
+    """The tables ``<position_table>`` (the pipeline's position and epoch), ``_table`` (each target
+    table's position, for per-table parts), ``_fence`` (the highest epoch that took the target),
+    ``_session`` (the server sessions of each process writing the pipeline) and ``_identity``, in
+    ``position_schema``; a dialect subclass writes the SQL.
+
+    Every method runs on a connection the caller holds. The ones documented as "in the open
+    transaction" neither commit nor roll back; the others commit what they did. None retries:
+    `SqlLoad` replays the whole transaction. `token` names this process in the session table; a
+    session registered with another token belongs to another process, which the fence may kill.
+    """
+
+    def __init__(self, *, pipeline: str, schema: str, table: str, token: str, lock_timeout: float,
+                 describe: Callable[[BaseException], str],
+                 on_table: Callable[[str | None], None] = lambda table: None) -> None:
+        """`lock_timeout`: how long `raise_fence` waits for the fence row's lock (seconds);
+        `describe`: one line for a driver error; `on_table`: told which target table's position
+        is being written (None when done), for error messages."""
+        self.pipeline = pipeline
+        self.schema = schema
+        self.table = table
+        self.token = token
+        self.lock_timeout = lock_timeout
+        self._describe = describe
+        self._on_table = on_table
+
+    def create_tables(self, conn: C) -> None:
+        """Create (or migrate) the position, fence, session and per-table position tables, and commit."""
+        raise NotImplementedError
+
+    def register(self, conn: C, epoch: int) -> None:
+        """Record `conn`'s server session for this pipeline and process (with the highest `epoch`
+        this process fenced) in the session table; commit."""
+        raise NotImplementedError
+
+    def kill_others(self, conn: C) -> int:
+        """Kill every registered live session of the pipeline not of this process, forget the dead
+        ones, commit; the number killed. Raises `LoadError` when the account may not kill them."""
+        raise NotImplementedError
+
+    def raise_fence(self, conn: C, epoch: int | None) -> int:
+        """In a transaction with a short lock timeout (`lock_timeout`): lock the pipeline's fence
+        row; if neither it nor the position row holds an epoch above `epoch`, store `epoch` (None:
+        one above the highest stored). Commit and return the highest epoch found, or the one
+        stored. `FenceBusy` if the lock timed out."""
+        raise NotImplementedError
+
+    def shared_epoch(self, conn: C) -> int | None:
+        """In the open transaction: the fence row's epoch, read under a lock shared to COMMIT."""
+        raise NotImplementedError
+
+    def read_position(self, conn: C) -> tuple[Position | None, int | None]:
+        """The stored position and epoch of the pipeline, outside any batch transaction."""
+        raise NotImplementedError
+
+    def write_position(self, conn: C, batch: Batch) -> None:
+        """In the open transaction: record `batch.end`, its id and epoch as the pipeline's position."""
+        raise NotImplementedError
+
+    def read_identity(self, conn: C) -> str | None:
+        """The pipeline's identity record (JSON text) in ``<position_table>_identity``, committed."""
+        raise NotImplementedError
+
+    def write_identity(self, conn: C, text: str) -> None:
+        """Store the pipeline's identity record (JSON text) and commit."""
+        raise NotImplementedError
+
+    def table_position_locked(self, conn: C, table: str) -> Position | None:
+        """In the open transaction: `table`'s recorded position, read under a lock held to COMMIT
+        (None when there is none)."""
+        raise NotImplementedError
+
+    def fence_and_table_position(self, conn: C, table: str) -> tuple[int | None, Position | None]:
+        """In the open transaction, first the fence row's epoch under a lock shared to COMMIT (as
+        `shared_epoch`), then `table`'s recorded position under a lock held to COMMIT (as
+        `table_position_locked`). A dialect sends both in one round trip where it can; an error
+        in either is raised."""
+        return self.shared_epoch(conn), self.table_position_locked(conn, table)
+
+    def pipeline_position(self, conn: C) -> Position | None:
+        """In the open transaction: the pipeline's recorded position (None when there is none)."""
+        raise NotImplementedError
+
+    def write_table_position(self, conn: C, table: str, batch: Batch) -> None:
+        """In the open transaction: record `batch.end` as `table`'s position."""
+        raise NotImplementedError
+
+    def commit(self, conn: C) -> None:
+        raise NotImplementedError
+
+    def record_and_commit(self, conn: C, batch: Batch, tables: Sequence[str], pipeline: bool) -> None:
+        """Record `batch.end` as the position of each of `tables` (`write_table_position`), and as
+        the pipeline's if `pipeline` (`write_position`), then COMMIT. A dialect sends them in one
+        round trip where it can, provided that a write that fails stops the rest (COMMIT
+        included) and raises: the caller then rolls the transaction back."""
+        for table in tables:
+            self._on_table(table)
+            self.write_table_position(conn, table, batch)
+        self._on_table(None)
+        if pipeline:
+            self.write_position(conn, batch)
+        self.commit(conn)
