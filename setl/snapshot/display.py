@@ -71,7 +71,7 @@ class ProgressReporter:
                                   redirect_stderr=self.console is None, console=self.console)
             try:
                 self._bars.start()
-            except Exception:  # rich's LiveError: the catch-up bars hold the terminal and give it up soon
+            except Exception:  # noqa: BLE001 - rich's LiveError: the catch-up bars hold the terminal and give it up soon
                 self._bars = None
                 return
         for table in tables:

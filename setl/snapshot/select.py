@@ -22,6 +22,7 @@ after a crash is harmless (READ replaces the row).
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import logging
 import re
@@ -37,13 +38,13 @@ from setl import ddl, failpoints
 from setl.errors import ConfigError, SetlError, SourceError
 from setl.meta.base import MetaStore
 from setl.model import Batch, DdlChange, Op, Position, RowChange, TableName, Transaction
+from setl.snapshot.display import ProgressReporter
 from setl.snapshot.ledger import Chunk, ProgressLedger, Record
 from setl.snapshot.merge import StreamMerge
 from setl.snapshot.reader import ChunkReader, TablePlan
-from setl.snapshot.display import ProgressReporter
+from setl.stages.layers import find_layer
 from setl.stages.select import A, Select, SelectWrapper
 from setl.stages.snapshot import SnapshotCapable
-from setl.stages.layers import find_layer
 from setl.tablecopy import CopyStatus, SnapshotSettings, TableProgress
 
 log = logging.getLogger("setl.snapshot")
@@ -599,10 +600,8 @@ class SnapshotSelect(SelectWrapper):
                     self._lock.notify_all()
         finally:
             if conn is not None:
-                try:
+                with contextlib.suppress(Exception):  # closing a connection that may be broken already
                     conn.close()
-                except Exception:
-                    pass
 
     def _register(self, generation: int) -> int:
         """Under the lock: a read about to start (-1 for one no longer wanted)."""

@@ -11,8 +11,8 @@ from tests.e2e.setl_process import mysql_target, spawned
 from tests.helpers.receiver import Receiver
 from tests.helpers.wait import wait_until
 from tests.snapshot import tables as t
-from tests.snapshot.test_snapshot_resume import progress
 from tests.snapshot.test_snapshot_e2e import make_setl, run_until_caught_up
+from tests.snapshot.test_snapshot_resume import progress
 
 pytestmark = pytest.mark.timeout(400)
 

@@ -12,6 +12,7 @@ import itertools
 from typing import Any
 
 import attrs
+
 from setl.model import Position, Transaction
 from setl.sources.mysql_binlog import MysqlBinlogSource
 from tests.helpers.wait import wait_until

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from setl.connectors import BuildContext, registry
 from setl.errors import SourceError
 from setl.model import Op, Position
-from setl.connectors import BuildContext, registry
 from setl.sources.file import FileSource, FileSourceConfig, encode_transaction
 from setl.testing.connectors import SelectContract, SourceProbe
 from setl.testing.harness import delete, insert, read, update

@@ -13,7 +13,7 @@ from setl.model import DdlChange, Op, Position, RowChange
 from setl.sources.mysql_binlog import MysqlBinlogSource, ddl_target
 from setl.testing.harness import MemorySink, run_pipeline
 from tests.helpers.wait import wait_until
-from tests.sources.binlog import next_server_id, bare, execute, head, make_source, read
+from tests.sources.binlog import bare, execute, head, make_source, next_server_id, read
 
 pytestmark = pytest.mark.timeout(60)
 

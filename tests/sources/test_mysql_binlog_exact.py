@@ -13,7 +13,7 @@ from setl.errors import SourceError
 from setl.model import InvalidDate, RowChange, Transaction
 from setl.sources.mysql_binlog import MysqlBinlogSource
 from tests.helpers.wait import wait_until
-from tests.sources.binlog import next_server_id, execute, head
+from tests.sources.binlog import execute, head, next_server_id
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -15,7 +15,6 @@ from setl.sources.mysql_binlog import MysqlBinlogSource
 from setl.stages.extract import TableExtract
 from setl.testing.harness import MemorySink, run_pipeline
 from setl.testing.servers import wait_until
-
 from tests.sources.binlog import bare, execute, head, next_server_id
 from tests.sources.test_mysql_binlog import TYPES_ROWS, TYPES_TABLE
 

@@ -38,8 +38,7 @@ from setl.config import SslConfig
 from setl.errors import ConfigError, PositionPurged, SourceError
 from setl.model import ColumnSchema, Position, TableName, TableSchema, Transaction
 from setl.retry import Backoff
-from setl.stages.snapshot import SnapshotAccess
-from setl.tablecopy import SnapshotSettings
+from setl.sources.mysql_binlog import fast
 from setl.sources.mysql_binlog.assembler import (
     _EVENTS,
     _POSITION_EVENTS,
@@ -57,10 +56,11 @@ from setl.sources.mysql_binlog.decoding import (
     _row_items,
     _TableInfo,
 )
-from setl.sources.mysql_binlog import fast
 from setl.sources.mysql_binlog.patches import _TableMapCache, install
 from setl.sources.mysql_binlog.statements import _XA_END, _unquote
 from setl.stages.select import Select
+from setl.stages.snapshot import SnapshotAccess
+from setl.tablecopy import SnapshotSettings
 from setl.tls import mysql_context, require_encrypted, tls_failure
 
 
@@ -859,7 +859,7 @@ class MysqlBinlogSource(Select):
                         reader.close()
         except _Stopped:
             pass
-        except BaseException as exc:  # every failure reaches poll(); none kills the thread silently
+        except BaseException as exc:  # noqa: BLE001 - every failure reaches poll(); none kills the thread silently
             if not stop.is_set():
                 with contextlib.suppress(_Stopped):
                     put(_Failure(exc, handed))
