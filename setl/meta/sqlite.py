@@ -21,6 +21,7 @@ from setl.meta.base import (
     Liveness,
     MetaStore,
     PipelineState,
+    RepairRequest,
     Status,
     finishing_status,
     never_declared,
@@ -116,6 +117,12 @@ CREATE TABLE IF NOT EXISTS snapshot_request (
     table_name TEXT NOT NULL,
     time REAL NOT NULL,
     PRIMARY KEY (pipeline, schema_name, table_name)
+);
+CREATE TABLE IF NOT EXISTS repair_request (
+    pipeline TEXT NOT NULL,
+    id TEXT NOT NULL,
+    request TEXT NOT NULL,
+    PRIMARY KEY (pipeline, id)
 );
 """
 
@@ -502,3 +509,16 @@ class SqliteMetaStore(MetaStore):
         with self._tx() as db:
             db.execute("DELETE FROM snapshot_request WHERE pipeline = ? AND schema_name = ? AND table_name = ?",
                        (pipeline, table.schema, table.table))
+
+    def request_repair(self, pipeline: str, request: RepairRequest) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO repair_request (pipeline, id, request) VALUES (?, ?, ?)",
+                       (pipeline, request.id, json.dumps(request.to_dict())))
+
+    def repair_requests(self, pipeline: str) -> list[RepairRequest]:
+        rows = self._query("SELECT request FROM repair_request WHERE pipeline = ? ORDER BY id", (pipeline,))
+        return [RepairRequest.from_dict(json.loads(str(row[0]))) for row in rows]
+
+    def drop_repair_request(self, pipeline: str, request_id: str) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM repair_request WHERE pipeline = ? AND id = ?", (pipeline, request_id))

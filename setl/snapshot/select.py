@@ -35,11 +35,12 @@ import pymysql
 
 from setl import ddl, failpoints
 from setl.errors import ConfigError, SetlError, SourceError
-from setl.meta.base import MetaStore
+from setl.meta.base import MetaStore, RepairRequest
 from setl.model import Batch, DdlChange, Op, Position, RowChange, TableName, Transaction
 from setl.snapshot.ledger import Chunk, ProgressLedger, Record
 from setl.snapshot.merge import StreamMerge
 from setl.snapshot.reader import ChunkReader, TablePlan
+from setl.snapshot.repair import RepairRefused, absent, query_value, typed_keys
 from setl.snapshot.display import ProgressReporter
 from setl.stages.select import A, Select, SelectWrapper
 from setl.stages.snapshot import SnapshotCapable
@@ -133,6 +134,9 @@ class SnapshotSelect(SelectWrapper):
         self._next_request = 0.0
         self._checked = False
         self._began: float | None = None
+        #: repairs read and not acked: request id -> [the change that carries it, its batch id once handed on]
+        self._repairs: dict[str, list[Any]] = {}
+        self._repaired: set[str] = set()  # requests acked and dropped (a list read before may still hold them)
 
     @property
     def meta(self) -> MetaStore:
@@ -167,7 +171,9 @@ class SnapshotSelect(SelectWrapper):
     def backlog(self) -> bool:
         with self._lock:
             waiting = bool(self._waiting)
-        return waiting or self.ledger.unfinished()
+        with self._lock:
+            repairing = bool(self._repairs)
+        return waiting or repairing or self.ledger.unfinished()
 
     def _shutdown(self) -> None:
         self._stop.set()
@@ -196,6 +202,7 @@ class SnapshotSelect(SelectWrapper):
             self._queued.clear()
             self._out.clear()
             self._failure = None
+            self._repairs.clear()  # not acked: served again from the meta store's requests
         self.ledger.reset(stored)
         self._stop = threading.Event()
         if fresh:
@@ -357,6 +364,102 @@ class SnapshotSelect(SelectWrapper):
             log.info("pipeline=%s stage=select snapshot requested for %s: copying at %s", self.pipeline,
                      ", ".join(map(str, taken)), self._merge.frontier)
             self._start_readers()
+        self._take_repairs()
+
+    # --- repairs (poll thread) -----------------------------------------------------------------
+
+    def _take_repairs(self) -> None:
+        """Serve the meta store's repair requests not in flight (`setl.snapshot.repair`)."""
+        for request in self.meta.repair_requests(self.pipeline):
+            with self._lock:
+                if self._merge.frontier is None:
+                    return  # after a GTID start: wait for the first position
+                busy = (request.id in self._repairs or request.id in self._repaired
+                        or request.table in self._copies or request.table in self._waiting)
+            if busy:
+                continue  # a table being copied is repaired once its copy ends
+            if self.selects is not None and not self.selects(request.table.schema, request.table.table):
+                log.warning("pipeline=%s stage=select table=%s repair requested but no table rule selects it; "
+                            "request dropped", self.pipeline, request.table)
+                self.meta.drop_repair_request(self.pipeline, request.id)
+                continue
+            self._serve_repair(request)
+
+    def _serve_repair(self, request: RepairRequest) -> None:
+        """Read the request's keys in one consistent snapshot and put the result in the merge at
+        its position; a table without that key (keyless now, or another key), or a key type that
+        cannot be looked up, is copied whole instead."""
+        conn = self._connection()
+        name = request.table
+        try:
+            plan = self.reader.plan(conn, name)
+            if plan is None:
+                log.warning("pipeline=%s stage=select table=%s repair requested but the table no longer exists; "
+                            "request dropped", self.pipeline, name)
+                self.meta.drop_repair_request(self.pipeline, request.id)
+                return
+            try:
+                if plan.keyless or tuple(request.columns) != plan.key:
+                    raise RepairRefused(f"its key is ({', '.join(plan.key)}), the request names "
+                                        f"({', '.join(request.columns)})")
+                keys = typed_keys(plan.types, plan.key, request.keys)
+            except RepairRefused as exc:
+                log.warning("pipeline=%s stage=select table=%s repair %s cannot be served by key (%s): copying the "
+                            "whole table", self.pipeline, name, request.id, exc)
+                self._begin_tables([name], replace=False)
+                self.meta.drop_repair_request(self.pipeline, request.id)
+                self._start_readers()
+                return
+            with self._lock:
+                generation = self._generation
+                rid = self._register(generation)
+            try:
+                rows, position = self.reader.read_keys(conn, plan, [[query_value(v) for v in key] for key in keys],
+                                                       lambda at: self._started(generation, rid, at))
+            except BaseException:
+                with self._lock:
+                    self._ended(generation, rid)
+                raise
+            found = [tuple(row[c] for c in plan.key) for row in rows]
+            deletes = tuple(dict(zip(plan.key, key)) for key in absent(keys, found))
+            chunk = Chunk(name, generation, 0, tuple(rows), position, None, None, True, repair=request.id,
+                          key=plan.key, deletes=deletes)
+            with self._lock:
+                if generation == self._generation:
+                    self._merge.add(position, chunk)
+                    self._repairs[request.id] = [None, None]
+                self._ended(generation, rid)
+        except pymysql.MySQLError as exc:
+            raise SourceError(f"repair read of {self.where} failed: {exc}", pipeline=self.pipeline, stage="select",
+                              table=str(name), position=self._merge.frontier) from exc
+        finally:
+            conn.close()
+
+    def _hand_repair(self, chunk: Chunk) -> Transaction:
+        """Under the lock: a repair's transaction: the deletes of the keys not found, the rows read."""
+        schema, table, key, position = chunk.table.schema, chunk.table.table, chunk.key, chunk.position
+        changes = tuple([RowChange(Op.DELETE, schema, table, key, image, None, position) for image in chunk.deletes]
+                        + [RowChange(Op.READ, schema, table, key, None, row, position) for row in chunk.rows])
+        assert chunk.repair is not None
+        if chunk.repair in self._repairs:
+            # with no change (no key asked), any later ack may drop it
+            self._repairs[chunk.repair][:] = [changes[-1], None] if changes else [None, -1]
+        log.info("pipeline=%s stage=select table=%s position=%s repair %s: %d row(s) copied again, %d deleted",
+                 self.pipeline, chunk.table, position, chunk.repair, len(chunk.rows), len(chunk.deletes))
+        frontier = self._merge.frontier
+        return Transaction(changes, frontier if frontier is not None else position)
+
+    def _acked_repairs(self, batch: Batch) -> None:
+        """Drop the requests whose repairs `batch` (acked) or an earlier batch holds."""
+        with self._lock:
+            done = [rid for rid, (carrier, held) in self._repairs.items()
+                    if held is not None and held <= batch.id]
+        for rid in done:
+            self.meta.drop_repair_request(self.pipeline, rid)
+            with self._lock:
+                self._repairs.pop(rid, None)
+                self._repaired.add(rid)
+            log.info("pipeline=%s stage=termin batch=%d repair %s acked", self.pipeline, batch.id, rid)
 
     # --- the merge (poll thread) ---------------------------------------------------------------
 
@@ -407,6 +510,8 @@ class SnapshotSelect(SelectWrapper):
         found = self._merge.next()
         if found is None:
             return None
+        if isinstance(found, tuple) and found[1].repair is not None:
+            return self._hand_repair(found[1])
         if isinstance(found, tuple):
             serial = found[1].copy
             self._queued[serial] -= 1
@@ -722,6 +827,12 @@ class SnapshotSelect(SelectWrapper):
     def handed_on(self, batch: Batch) -> None:
         """Note which of the copies' records `batch` holds (their progress commits with its ack)."""
         self.ledger.handed_on(batch)
+        with self._lock:
+            carriers = {id(held[0]): held for held in self._repairs.values() if held[0] is not None and held[1] is None}
+            for change in batch.changes if carriers else ():
+                held = carriers.get(id(change))
+                if held is not None and held[0] is change:
+                    held[1] = batch.id
         self.inner.handed_on(batch)
 
     def acknowledge(self, batch: Batch, write: Callable[[tuple[TableProgress, ...]], A]) -> A:
@@ -731,12 +842,17 @@ class SnapshotSelect(SelectWrapper):
         A failed write changes nothing here (the ledger's commit is applied only after it), and
         Termin rolls back and retries as for any failed ack."""
         if not self.ledger.pending:
-            return self.inner.acknowledge(batch, write)
+            ack = self.inner.acknowledge(batch, write)
+            if self._repairs:
+                self._acked_repairs(batch)
+            return ack
         with self._progress_lock:  # never a copy's progress stored after a DDL started it again
             commit = self.ledger.prepare(batch)
             ack = self.inner.acknowledge(batch, lambda inner: write((*inner, *commit.progress)))
             changed = self.ledger.apply(commit)
         failpoints.hit("snapshot_acked", batch.id)
+        if self._repairs:
+            self._acked_repairs(batch)
         try:
             self._committed(changed, commit.finished if changed else {})
         except Exception:  # the ack is written: reporting must not undo it
