@@ -32,7 +32,7 @@ from setl.meta.base import MetaStore, Status
 from setl.model import Position, TableName
 from setl.retry import Failure, classify
 from setl.scheduler import Outcome
-from setl.status import dead_note, position_text, status_rows, stopped_row
+from setl.status import dead_note, position_text, status_rows, stopped_row, verify_line
 
 log = logging.getLogger("setl")
 
@@ -325,6 +325,10 @@ def cmd_status(args: argparse.Namespace, conf: Path) -> int:
         console.print(line, overflow="fold")
     for text in _snapshot_lines(rows):
         console.print(Text(text, no_wrap=True, overflow="ellipsis"), no_wrap=True, overflow="ellipsis")
+    for row in rows:
+        if row.get("verify"):
+            console.print(Text(verify_line(row["pipeline"], row["verify"], now),
+                               style="" if row["verify"]["equal"] else "red"), overflow="fold")
     return 0
 
 

@@ -4,7 +4,8 @@ and exit 1 if there is one.
 setl's modules stand on floors and import only from their own floor or below (`FLOORS`, from the
 ground up; docs/architecture.md draws them)::
 
-    10 entry      cli (and its cluster_cmd, repair_cmd), the public API (setl/__init__), testing (nothing in setl imports it)
+    10 entry      cli (and its cluster_cmd, repair_cmd), the public API (setl/__init__), testing (nothing in
+                  setl imports it)
      9 node       node
      8 observe    observe (metrics, lag, the HTTP page)
      7 scheduler  scheduler, runtime

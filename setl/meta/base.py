@@ -428,5 +428,15 @@ class MetaStore(abc.ABC):
     def drop_repair_request(self, pipeline: str, request_id: str) -> None:
         """Forget a request (served and acked); a missing one is no error."""
 
+    # --- scheduled checks (setl.verify.schedule) ------------------------------------------------------
+
+    @abc.abstractmethod
+    def save_verify_result(self, pipeline: str, result: Mapping[str, Any]) -> None:
+        """Store (replace) the pipeline's last scheduled check (a JSON-able mapping with its `time`)."""
+
+    @abc.abstractmethod
+    def verify_result(self, pipeline: str) -> dict[str, Any] | None:
+        """The pipeline's last scheduled check, or None when none ran."""
+
     def close(self) -> None:  # noqa: B027 - an optional hook: stores without connections keep it
         """Release connections. Idempotent."""

@@ -6,9 +6,10 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from setl.errors import MetaStoreError
 from setl.meta.base import (
@@ -117,6 +118,10 @@ CREATE TABLE IF NOT EXISTS snapshot_request (
     table_name TEXT NOT NULL,
     time REAL NOT NULL,
     PRIMARY KEY (pipeline, schema_name, table_name)
+);
+CREATE TABLE IF NOT EXISTS verify_result (
+    pipeline TEXT NOT NULL PRIMARY KEY,
+    result TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS repair_request (
     pipeline TEXT NOT NULL,
@@ -509,6 +514,15 @@ class SqliteMetaStore(MetaStore):
         with self._tx() as db:
             db.execute("DELETE FROM snapshot_request WHERE pipeline = ? AND schema_name = ? AND table_name = ?",
                        (pipeline, table.schema, table.table))
+
+    def save_verify_result(self, pipeline: str, result: Mapping[str, Any]) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO verify_result (pipeline, result) VALUES (?, ?)",
+                       (pipeline, json.dumps(dict(result))))
+
+    def verify_result(self, pipeline: str) -> dict[str, Any] | None:
+        rows = self._query("SELECT result FROM verify_result WHERE pipeline = ?", (pipeline,))
+        return dict(json.loads(str(rows[0][0]))) if rows else None
 
     def request_repair(self, pipeline: str, request: RepairRequest) -> None:
         with self._tx() as db:

@@ -27,6 +27,8 @@ nodes (``mainstem``, ``term``, ``standbys``, ``switch``, ``/nodes``) are describ
     own, fenced like an ack while this process holds the pipeline.
 ``/pipelines/NAME/snapshot_requests/SCHEMA.TABLE``
     an operator's request to copy the table again (``setl snapshot``), until the source takes it.
+``/pipelines/NAME/verify``
+    the last scheduled check (`setl.verify.schedule`) as JSON.
 ``/pipelines/NAME/repair_requests/ID``
     an operator's request to copy some keys again (``setl repair``): `RepairRequest` as JSON, until
     the batch that carries it is acked.
@@ -43,7 +45,7 @@ from __future__ import annotations
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -512,6 +514,17 @@ class ZooKeeperMetaStore(MetaStore):
             self.coordinator.delete(path)
         except Conflict:
             pass  # taken already
+
+    def save_verify_result(self, pipeline: str, result: Mapping[str, Any]) -> None:
+        self._prepare(pipeline)
+        path = f"{self._base(pipeline)}/verify"
+        try:
+            self.coordinator.create(path, dumps(dict(result)))
+        except Conflict:
+            self.coordinator.set(path, dumps(dict(result)))
+
+    def verify_result(self, pipeline: str) -> dict[str, Any] | None:
+        return self._read(f"{self._base(pipeline)}/verify") or None
 
     def request_repair(self, pipeline: str, request: RepairRequest) -> None:
         self._prepare(pipeline)

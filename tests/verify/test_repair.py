@@ -12,8 +12,7 @@ import re
 import pytest
 
 from tests.e2e.setl_process import mysql_target, postgres_target
-from tests.verify.test_verify import (MARIADB_DRIFT, POSTGRES_DRIFT, by_table, fill, make_setl, running,
-                                      verify)
+from tests.verify.test_verify import MARIADB_DRIFT, POSTGRES_DRIFT, by_table, fill, make_setl, running, verify
 
 pytestmark = pytest.mark.timeout(180)
 
