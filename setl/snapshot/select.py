@@ -452,9 +452,10 @@ class SnapshotSelect(SelectWrapper):
     def _acked_repairs(self, batch: Batch) -> None:
         """Drop the requests whose repairs `batch` (acked) or an earlier batch holds."""
         with self._lock:
-            done = [rid for rid, (carrier, held) in self._repairs.items()
+            done = [(rid, carrier) for rid, (carrier, held) in self._repairs.items()
                     if held is not None and held <= batch.id]
-        for rid in done:
+        for rid, carrier in done:
+            failpoints.hit("repair_acked", batch.id, task=f"{carrier.schema}.{carrier.table}" if carrier else None)
             self.meta.drop_repair_request(self.pipeline, rid)
             with self._lock:
                 self._repairs.pop(rid, None)
