@@ -32,6 +32,24 @@ def _metric(text: str, name: str, pipeline: str) -> float | None:
     return None
 
 
+def _page_verify_text(url: str, pipeline: str) -> str:
+    """What the status page (headless chromium) shows of the pipeline's last check."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.observe.test_page import ARGS, CHROMIUM
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        try:
+            page = browser.new_page()
+            page.goto(url)
+            box = page.locator(f'article.card[data-pipeline="{pipeline}"] [data-role="verify"]')
+            box.wait_for(timeout=15_000)
+            return box.inner_text()
+        finally:
+            browser.close()
+
+
 def test_scheduled_check_finds_drift(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db):
     """A check every 2 s finds the tables equal (no alert), then an injected drift: the status row, the
     status endpoint, `setl status`, the metrics and a verify_failed alert all report it."""
@@ -82,5 +100,6 @@ def test_scheduled_check_finds_drift(tmp_path, mariadb_source, mariadb_target, s
             assert row["verify"]["differences"] >= 3 and not row["verify"]["equal"]
             text = setl.run("status").stdout
             assert f"{setl.name}: last check" in text and "difference(s) in" in text, text
+            assert "difference(s) in" in _page_verify_text(f"http://127.0.0.1:{port}/", setl.name)
     finally:
         receiver.close()
