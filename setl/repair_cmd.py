@@ -40,7 +40,7 @@ def cmd_repair(args: argparse.Namespace, conf: Path, pipeline_meta: Any, refuse_
     known (the CLI's); `refuse_stale_rules(meta, config)` is the CLI's check that a running node
     runs the file's rules (as for `setl snapshot`)."""
     from setl.routing import build_plan
-    from setl.verify.repair import describe, load_report, plan_repairs, submit, wait_served
+    from setl.verify.repair import copies_begun, describe, load_report, plan_repairs, submit, wait_served
     from setl.verify.run import verify_pipeline
 
     if args.timeout <= 0 or args.wait_timeout <= 0:
@@ -84,7 +84,7 @@ def cmd_repair(args: argparse.Namespace, conf: Path, pipeline_meta: Any, refuse_
         running = meta.state(config.name).status is Status.RUNNING
         if running:
             refuse_stale_rules(meta, config)
-        since = time.time()
+        before = copies_begun(meta, config.name)
         submit(meta, config.name, plan)
         for line in describe(plan):
             print(f"{config.name}: {line}", flush=True)
@@ -98,7 +98,7 @@ def cmd_repair(args: argparse.Namespace, conf: Path, pipeline_meta: Any, refuse_
             return meta.state(config.name).status is Status.RUNNING and live is not None and not live.stale(
                 time.time())
 
-        wait_served(meta, config.name, plan, since, args.timeout, alive=alive)
+        wait_served(meta, config.name, plan, before, args.timeout, alive=alive)
         print(f"{config.name}: repair served and acked; verifying {', '.join(map(str, plan.tables))}", flush=True)
         final = verify_pipeline(settings, config, meta, plan.tables, wait_timeout=args.wait_timeout)
     if args.json:

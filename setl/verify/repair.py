@@ -25,6 +25,8 @@ from setl.model import TableName
 from setl.tablecopy import CopyStatus
 
 KEYS_PER_REQUEST = 1000
+#: a table with more differing keys than this is copied whole (a chunked copy beats key lookups)
+WHOLE_ABOVE = 100_000
 _DIFFERENCES = ("missing", "extra", "different", "unsettled")
 
 
@@ -88,6 +90,8 @@ def plan_repairs(report: Mapping[str, Any], whole_reason: Callable[[TableName], 
             reason = "it has no primary key (rows are compared as a multiset)"
         if reason is None and not keys:
             reason = "the report lists no key"
+        if reason is None and len(keys) > WHOLE_ABOVE:
+            reason = f"{len(keys):,} differing keys, more than {WHOLE_ABOVE:,}"
         if reason is not None:
             whole.append((table, reason))
             continue
@@ -106,27 +110,36 @@ def submit(meta: MetaStore, pipeline: str, plan: RepairPlan) -> None:
         meta.request_snapshot(pipeline, table)
 
 
-def outstanding(meta: MetaStore, pipeline: str, plan: RepairPlan, since: float) -> list[str]:
-    """What of `plan` is not served and acked yet (empty when all is)."""
+def copies_begun(meta: MetaStore, pipeline: str) -> dict[TableName, float]:
+    """When each table's last copy began: a whole-table repair is served once its table's copy
+    began at another time than before the request (the node's clock, not this one's) and is done."""
+    return {p.name: p.started for p in meta.snapshot_progress(pipeline)}
+
+
+def outstanding(meta: MetaStore, pipeline: str, plan: RepairPlan, before: Mapping[TableName, float]) -> list[str]:
+    """What of `plan` is not served and acked yet (empty when all is); `before` is `copies_begun`
+    as it was before the requests were made."""
     ids = {r.id for r in plan.requests}
     left = [f"repair {r.id} of {r.table}" for r in meta.repair_requests(pipeline) if r.id in ids]
     requested = set(meta.snapshot_requests(pipeline))
     progress = {p.name: p for p in meta.snapshot_progress(pipeline)}
     for table, _ in plan.whole:
         copy = progress.get(table)
-        if table in requested or copy is None or copy.status is not CopyStatus.DONE or (copy.started or 0) < since:
+        if (table in requested or copy is None or copy.status is not CopyStatus.DONE
+                or (table in before and copy.started == before[table])):
             left.append(f"copy of {table}")
     return left
 
 
-def wait_served(meta: MetaStore, pipeline: str, plan: RepairPlan, since: float, timeout: float, *,
+def wait_served(meta: MetaStore, pipeline: str, plan: RepairPlan, before: Mapping[TableName, float],
+                timeout: float, *,
                 alive: Callable[[], bool], sleep: Callable[[float], None] = time.sleep,
                 clock: Callable[[], float] = time.monotonic) -> None:
     """Return once every request of `plan` is served and acked; `RepairError` after `timeout`
     seconds, or as soon as `alive()` says the pipeline stopped running."""
     deadline = clock() + timeout
     while True:
-        left = outstanding(meta, pipeline, plan, since)
+        left = outstanding(meta, pipeline, plan, before)
         if not left:
             return
         if not alive():
