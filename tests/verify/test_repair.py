@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import threading
+from collections.abc import Iterator
 
 import pytest
 
@@ -17,9 +19,37 @@ from tests.verify.test_verify import MARIADB_DRIFT, POSTGRES_DRIFT, by_table, fi
 pytestmark = pytest.mark.timeout(180)
 
 
+@contextlib.contextmanager
+def writing(server, db: str) -> Iterator[list[int]]:
+    """A writer on the source while the block runs: updates of repaired keys (2 to 6) and of others,
+    and new rows; yields [statements written]."""
+    stop = threading.Event()
+    written = [0]
+
+    def run() -> None:
+        conn = server.connect(database=db)
+        with contextlib.closing(conn), conn.cursor() as cur:
+            n = 0
+            while not stop.wait(0.05):
+                n += 1
+                cur.execute("UPDATE types SET i = i + 1 WHERE id = %s", (2 + n % 5,))
+                cur.execute("UPDATE types SET t = %s WHERE id = %s", (f"w{n}", 20 + n % 20))
+                cur.execute("INSERT INTO types (id, i) VALUES (%s, %s)", (3000 + n, n))
+                written[0] += 3
+
+    thread = threading.Thread(target=run, name="test-writer")
+    thread.start()
+    try:
+        yield written
+    finally:
+        stop.set()
+        thread.join(30)
+
+
 def test_repair_mariadb_target_running(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db):
-    """While the pipeline runs, repair (verify first) fixes deleted, extra and changed rows by key and the
-    keyless table whole, through the pipeline; the tables then verify equal and the requests are gone."""
+    """While the pipeline runs and the source is written (the repaired keys too), repair (from verify's
+    report) fixes deleted, extra and changed rows by key and the keyless table whole, through the pipeline;
+    the tables then verify equal."""
     fill(mariadb_source, source_db)
     setl = make_setl(tmp_path, mariadb_source, source_db, mysql_target(mariadb_target), f"{mysql_db}.{{table}}",
                      server_id=2211)
@@ -28,8 +58,15 @@ def test_repair_mariadb_target_running(tmp_path, mariadb_source, mariadb_target,
         with contextlib.closing(conn), conn.cursor() as cur:
             for statement in MARIADB_DRIFT:
                 cur.execute(statement.format(t=f"`{mysql_db}`."))
-        result = setl.run("repair", "--pipeline", setl.name, "--wait-timeout", "30", "--json", timeout=150)
+        code, report = verify(setl)
+        assert code == 1
+        path = tmp_path / "report.json"
+        path.write_text(json.dumps(report))
+        with writing(mariadb_source, source_db) as written:
+            result = setl.run("repair", "--pipeline", setl.name, "--from-report", str(path), "--wait-timeout", "30",
+                              "--json", timeout=150)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:] + setl.logs()[-3000:]
+        assert written[0] > 0
         repaired = json.loads(result.stdout[result.stdout.index("{"):])
         assert repaired["equal"] and {t["source"].split(".", 1)[1] for t in repaired["tables"]} == {
             "types", "docs", "bag", "named"}
@@ -37,6 +74,15 @@ def test_repair_mariadb_target_running(tmp_path, mariadb_source, mariadb_target,
         assert f"{source_db}.bag: copied whole" in result.stdout
         code, report = verify(setl)
         assert code == 0 and report["equal"], report
+        conn = mariadb_target.connect()
+        with contextlib.closing(conn), conn.cursor() as cur:
+            cur.execute(f"DELETE FROM `{mysql_db}`.types WHERE id = 7")
+        again = setl.run("repair", "--pipeline", setl.name, "--table", f"{source_db}.types", timeout=150)
+        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+        assert "verifying first" in again.stderr and f"{source_db}.types: 1 key(s) to copy again" in again.stdout
+        assert f"{source_db}.types -> {mysql_db}.types: equal" in again.stdout, again.stdout
+        result = setl.run("repair", "--pipeline", setl.name, timeout=150)
+        assert result.returncode == 0 and "nothing to repair" in result.stdout, result.stdout + result.stderr
         conn = mariadb_target.connect()
         with contextlib.closing(conn), conn.cursor() as cur:
             cur.execute(f"SELECT id FROM `{mysql_db}`.types WHERE id IN (1, 1000) ORDER BY id")
