@@ -13,6 +13,11 @@ How a table is copied (docs/snapshot.md):
    one transaction stays open while it is read), and its binlog changes are dropped until the
    copy has been handed on (they are in it).
 
+A repair (`setl repair`, `setl.snapshot.repair`) is a request in the meta store for some keys of a
+table: the poll thread reads them in one consistent snapshot and places the result like a chunk
+(found keys as READs, the others as key-only DELETEs); the request is dropped once the batch
+holding it is acked, so a restart before that serves it again.
+
 Chunks are read by `readers` threads, at most `max_chunks` read and not yet handed on. Progress
 reaches the meta store only with the ack of the batch holding a chunk, in that ack's own atomic
 write (`Select.acknowledge`), so a restart resumes after the last acked chunk; a chunk replayed
@@ -170,10 +175,8 @@ class SnapshotSelect(SelectWrapper):
 
     def backlog(self) -> bool:
         with self._lock:
-            waiting = bool(self._waiting)
-        with self._lock:
-            repairing = bool(self._repairs)
-        return waiting or repairing or self.ledger.unfinished()
+            waiting = bool(self._waiting or self._repairs)  # a repair holds `--until-caught-up` until acked
+        return waiting or self.ledger.unfinished()
 
     def _shutdown(self) -> None:
         self._stop.set()
@@ -450,13 +453,19 @@ class SnapshotSelect(SelectWrapper):
         return Transaction(changes, frontier if frontier is not None else position)
 
     def _acked_repairs(self, batch: Batch) -> None:
-        """Drop the requests whose repairs `batch` (acked) or an earlier batch holds."""
+        """Drop the requests whose repairs `batch` (acked) or an earlier batch holds. A crash before
+        a drop serves the request again after the restart: a repeat of an idempotent repair."""
         with self._lock:
             done = [(rid, carrier) for rid, (carrier, held) in self._repairs.items()
                     if held is not None and held <= batch.id]
         for rid, carrier in done:
             failpoints.hit("repair_acked", batch.id, task=f"{carrier.schema}.{carrier.table}" if carrier else None)
-            self.meta.drop_repair_request(self.pipeline, rid)
+            try:
+                self.meta.drop_repair_request(self.pipeline, rid)
+            except Exception:  # the ack is written: the next ack drops it (or a restart repeats the repair)
+                log.exception("pipeline=%s stage=termin batch=%d dropping repair request %s failed", self.pipeline,
+                              batch.id, rid)
+                continue
             with self._lock:
                 self._repairs.pop(rid, None)
                 self._repaired.add(rid)
@@ -828,12 +837,14 @@ class SnapshotSelect(SelectWrapper):
     def handed_on(self, batch: Batch) -> None:
         """Note which of the copies' records `batch` holds (their progress commits with its ack)."""
         self.ledger.handed_on(batch)
-        with self._lock:
-            carriers = {id(held[0]): held for held in self._repairs.values() if held[0] is not None and held[1] is None}
-            for change in batch.changes if carriers else ():
-                held = carriers.get(id(change))
-                if held is not None and held[0] is change:
-                    held[1] = batch.id
+        if self._repairs:
+            with self._lock:
+                carriers = {id(held[0]): held for held in self._repairs.values()
+                            if held[0] is not None and held[1] is None}
+                for change in batch.changes if carriers else ():
+                    held = carriers.get(id(change))
+                    if held is not None and held[0] is change:
+                        held[1] = batch.id
         self.inner.handed_on(batch)
 
     def acknowledge(self, batch: Batch, write: Callable[[tuple[TableProgress, ...]], A]) -> A:
