@@ -142,6 +142,7 @@ class SnapshotSelect(SelectWrapper):
         #: repairs read and not acked: request id -> [the change that carries it, its batch id once handed on]
         self._repairs: dict[str, list[Any]] = {}
         self._repaired: set[str] = set()  # requests acked and dropped (a list read before may still hold them)
+        self._repairs_deferred = False  # requests seen before the stream had a position (a GTID start)
 
     @property
     def meta(self) -> MetaStore:
@@ -175,7 +176,8 @@ class SnapshotSelect(SelectWrapper):
 
     def backlog(self) -> bool:
         with self._lock:
-            waiting = bool(self._waiting or self._repairs)  # a repair holds `--until-caught-up` until acked
+            # a repair holds `--until-caught-up` until acked
+            waiting = bool(self._waiting or self._repairs or self._repairs_deferred)
         return waiting or self.ledger.unfinished()
 
     def _shutdown(self) -> None:
@@ -373,14 +375,18 @@ class SnapshotSelect(SelectWrapper):
 
     def _take_repairs(self) -> None:
         """Serve the meta store's repair requests not in flight (`setl.snapshot.repair`)."""
-        for request in self.meta.repair_requests(self.pipeline):
+        requests = self.meta.repair_requests(self.pipeline)
+        with self._lock:
+            self._repairs_deferred = bool(requests) and self._merge.frontier is None
+            if self._repairs_deferred:
+                return  # after a GTID start: wait for the first position
+        for request in requests:
             with self._lock:
-                if self._merge.frontier is None:
-                    return  # after a GTID start: wait for the first position
-                busy = (request.id in self._repairs or request.id in self._repaired
-                        or request.table in self._copies or request.table in self._waiting)
-            if busy:
-                continue  # a table being copied is repaired once its copy ends
+                if request.id in self._repairs or request.id in self._repaired:
+                    continue
+                if request.table in self._copies or request.table in self._waiting:
+                    self._repairs_deferred = True  # a table being copied is repaired once its copy ends
+                    continue
             if self.selects is not None and not self.selects(request.table.schema, request.table.table):
                 log.warning("pipeline=%s stage=select table=%s repair requested but no table rule selects it; "
                             "request dropped", self.pipeline, request.table)
