@@ -66,8 +66,13 @@ def test_scheduled_check_finds_drift(tmp_path, mariadb_source, mariadb_target, s
                     f"alerts:\n  - webhook: {receiver.url}\n    events: [verify_failed]\n")
     try:
         with running(setl, mariadb_source):
-            first = wait_until(lambda: setl.status().get("verify"), timeout=60, interval=0.3,
-                               message=lambda: f"a first check: {setl.logs()[-3000:]}")
+            copied = time.time()  # caught up, the copies done: a check from now on must find the tables equal
+
+            def checked() -> dict | None:
+                found = setl.status().get("verify")
+                return found if found and found["time"] > copied else None
+
+            first = wait_until(checked, timeout=60, interval=0.3, message=lambda: f"a check: {setl.logs()[-3000:]}")
             assert first["equal"] and first["error"] is None, first
             assert {t["table"] for t in first["tables"]} == {f"{source_db}.types", f"{source_db}.bag"}
             assert first["rows"] == 80 and first["differences"] == 0
