@@ -51,6 +51,10 @@ def cmd_repair(args: argparse.Namespace, conf: Path, pipeline_meta: Any, refuse_
         raise UsageError(f"source type {config.source.type} cannot read tables again (its connector does not "
                          "declare the snapshots capability); setl repair needs a source that does, such as mysql",
                          pipeline=config.name, stage="repair")
+    if config.target.type not in ("mysql", "postgresql"):
+        raise UsageError(f"target type {config.target.type} cannot be verified, so not repaired either (MariaDB/MySQL "
+                         "and PostgreSQL targets can); `setl snapshot --table` copies a table again",
+                         pipeline=config.name, stage="repair")
     only = []
     for text in args.table:
         schema, dot, name = text.partition(".")
