@@ -123,6 +123,11 @@ def outstanding(meta: MetaStore, pipeline: str, plan: RepairPlan, before: Mappin
     left = [f"repair {r.id} of {r.table}" for r in meta.repair_requests(pipeline) if r.id in ids]
     requested = set(meta.snapshot_requests(pipeline))
     progress = {p.name: p for p in meta.snapshot_progress(pipeline)}
+    for table in {r.table for r in plan.requests}:
+        copy = progress.get(table)
+        if copy is not None and copy.status is not CopyStatus.DONE:
+            # the node copies it whole instead (a key type it cannot look up), or it was being copied
+            left.append(f"copy of {table}")
     for table, _ in plan.whole:
         copy = progress.get(table)
         if (table in requested or copy is None or copy.status is not CopyStatus.DONE

@@ -65,3 +65,27 @@ def test_a_scheduled_check_is_due_every_period_and_not_while_a_table_is_copied(t
     meta.save_snapshot_progress("p", [TableProgress("s", "t", CopyStatus.COPYING)])
     assert not checks.due(config, 9999.0)
     meta.close()
+
+
+def test_a_repair_is_outstanding_until_its_requests_and_copies_are_done(tmp_path):
+    """Requests still in the meta store, a keyed table the node copies whole instead (not done yet),
+    and a whole copy not begun anew since the request are outstanding; then nothing is."""
+    from setl.snapshot import CopyStatus, TableProgress
+
+    meta = SqliteMetaStore(tmp_path / "m.db")
+    keyed, bag = TableName("s", "keyed"), TableName("s", "bag")
+    meta.save_snapshot_progress("p", [TableProgress("s", "bag", CopyStatus.DONE, started=1.0)])
+    plan = repair.plan_repairs(REPORT, lambda t: None, [keyed, bag], now=lambda: 7.0)
+    before = repair.copies_begun(meta, "p")
+    repair.submit(meta, "p", plan)
+    assert repair.outstanding(meta, "p", plan, before) == [f"repair {plan.requests[0].id} of s.keyed",
+                                                            "copy of s.bag"]
+    meta.drop_repair_request("p", plan.requests[0].id)
+    meta.drop_snapshot_request("p", bag)
+    meta.save_snapshot_progress("p", [TableProgress("s", "keyed", CopyStatus.COPYING, started=8.0),
+                                      TableProgress("s", "bag", CopyStatus.DONE, started=1.0)])
+    assert repair.outstanding(meta, "p", plan, before) == ["copy of s.keyed", "copy of s.bag"]
+    meta.save_snapshot_progress("p", [TableProgress("s", "keyed", CopyStatus.DONE, started=8.0),
+                                      TableProgress("s", "bag", CopyStatus.DONE, started=9.0)])
+    assert repair.outstanding(meta, "p", plan, before) == []
+    meta.close()
