@@ -14,6 +14,11 @@ and as many extra rows), finds the drift with `setl verify --json` (not timed), 
 Each ends with `setl verify` finding the table equal. Prints both times and their ratio (medians).
 
     python3 tools/bench/repair.py [--table-size 200000] [--differ-every 1000] [--repeat 3]
+
+Measured (defaults: 200,000 rows, 600 keys differing: 200 changed, 200 deleted, 200 extra; 2 cores
+shared with other work, load average 4 to 6): repair 1.1 s (rounds 1.1, 1.1, 1.2), re-copy 3.4 s
+(3.1, 3.7, 3.4), repair/re-copy 0.34x; both include the start-up of `setl start` (most of the
+repair's time), and a re-copy grows with the table while a repair grows with the keys.
 """
 
 from __future__ import annotations
