@@ -113,12 +113,16 @@ class ScheduledChecks:
             if self._stop.is_set():
                 raise _Stopped("the node stops")
 
+        def sleep(seconds: float) -> None:  # a wait for the acked position, or the throttle
+            if self._stop.wait(seconds):
+                raise _Stopped("the node stops")
+
         log.info("pipeline=%s stage=verify scheduled check of %s starting", config.name,
                  ", ".join(schedule.tables) or "every table")
         try:
             report = self.check(self.settings, config, self.meta, tables, attempts=schedule.attempts,
                                 max_rows_per_second=schedule.max_rows_per_second, chunk_rows=schedule.chunk_rows,
-                                wait_timeout=parse_duration(schedule.wait_timeout), progress=stopping)
+                                wait_timeout=parse_duration(schedule.wait_timeout), progress=stopping, sleep=sleep)
             result = summary(report, started)
         except _Stopped:
             raise

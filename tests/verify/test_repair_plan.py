@@ -89,3 +89,34 @@ def test_a_repair_is_outstanding_until_its_requests_and_copies_are_done(tmp_path
                                       TableProgress("s", "bag", CopyStatus.DONE, started=9.0)])
     assert repair.outstanding(meta, "p", plan, before) == []
     meta.close()
+
+
+def test_stopping_ends_a_check_waiting_for_the_ack(tmp_path):
+    """A check waiting (for the acked position, or its throttle) ends as soon as the node stops,
+    without a result in the meta store."""
+    import threading
+
+    from setl.config import VerifySchedule
+    from setl.verify.schedule import ScheduledChecks
+
+    meta = SqliteMetaStore(tmp_path / "m.db")
+    config = type("C", (), {"name": "p", "verify": VerifySchedule(every="1s", tables=("s.t",))})()
+    waiting = threading.Event()
+
+    def check(settings, config, meta, tables, *, sleep, **kwargs):
+        assert tables == [TableName("s", "t")] and kwargs["wait_timeout"] == 300.0
+        waiting.set()
+        while True:
+            sleep(0.05)
+
+    checks = ScheduledChecks(None, [config], meta, holds=lambda n: True, on_result=lambda n, r: None,  # type: ignore[arg-type]
+                             check=check, tick=0.01, first_delay=0.0)
+    checks.start()
+    thread = checks._thread
+    assert thread is not None
+    try:
+        assert waiting.wait(10)
+    finally:
+        checks.stop(timeout=10)
+    assert not thread.is_alive() and meta.verify_result("p") is None
+    meta.close()
