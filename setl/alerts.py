@@ -13,7 +13,9 @@ with `error` for ``paused`` (an operator's `setl pause` too: "paused by an opera
 it (then firing again only on the next crossing); `node` for ``leader_changed`` (the node that now
 runs the pipeline); `table`, `rows` and `chunks` for ``snapshot_done`` (one per source table whose
 copy was acked to its end); `from`, `to` and `reason` for ``rebalanced`` (sent by the cluster's
-coordinator when a pipeline changes node, docs/cluster.md).
+coordinator when a pipeline changes node, docs/cluster.md); `differences`, `tables` (those that
+differ) and `error` (a check that reached no verdict) for ``verify_failed`` (a scheduled check,
+docs/verify.md#scheduled-checks).
 """
 
 from __future__ import annotations

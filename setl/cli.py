@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from setl import cluster_cmd
+from setl import cluster_cmd, repair_cmd
 from setl.config import NodeSettings, default_conf_dir, load_node, load_pipeline, pipeline_names
 from setl.connectors import for_node, registry
 from setl.errors import SetlError, UsageError
@@ -32,7 +32,7 @@ from setl.meta.base import MetaStore, Status
 from setl.model import Position, TableName
 from setl.retry import Failure, classify
 from setl.scheduler import Outcome
-from setl.status import dead_note, position_text, status_rows, stopped_row
+from setl.status import dead_note, position_text, status_rows, stopped_row, verify_line
 
 log = logging.getLogger("setl")
 
@@ -116,6 +116,8 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("--wait-timeout", type=float, default=60.0, metavar="S",
                         help="seconds to wait for the pipeline's acked position to reach a read's (default 60)")
 
+    repair_cmd.add_parser(commands)
+
     plugins = commands.add_parser("plugins", help="installed sources, targets and transforms")
     plugins.add_argument("action", choices=["list"])
     return parser
@@ -140,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             "start": cmd_start, "status": cmd_status, "pause": cmd_pause, "resume": cmd_resume,
             "position": cmd_position, "plugins": cmd_plugins, "switch": cmd_switch, "schema": cmd_schema,
             "snapshot": cmd_snapshot, "check": cmd_check, "cluster": cluster_cmd.cmd_cluster,
-            "verify": cmd_verify, "reload": cmd_reload,
+            "verify": cmd_verify, "reload": cmd_reload, "repair": cmd_repair,
         }[args.command]
         return handler(args, Path(conf))
     except SetlError as exc:
@@ -323,6 +325,10 @@ def cmd_status(args: argparse.Namespace, conf: Path) -> int:
         console.print(line, overflow="fold")
     for text in _snapshot_lines(rows):
         console.print(Text(text, no_wrap=True, overflow="ellipsis"), no_wrap=True, overflow="ellipsis")
+    for row in rows:
+        if row.get("verify"):
+            console.print(Text(verify_line(row["pipeline"], row["verify"], now),
+                               style="" if row["verify"]["equal"] else "red"), overflow="fold")
     return 0
 
 
@@ -338,7 +344,6 @@ def _seconds(value: float) -> str:
 
 
 def cmd_snapshot(args: argparse.Namespace, conf: Path) -> int:
-    from setl.pipeline.checks import rules_fingerprint
     from setl.routing import RoutingPlan
 
     config = load_pipeline(conf, args.pipeline, for_node(load_node(conf)))
@@ -357,21 +362,31 @@ def cmd_snapshot(args: argparse.Namespace, conf: Path) -> int:
         tables.append(TableName(schema, name))
     with _pipeline_meta(conf, args.pipeline) as meta:
         running = meta.state(args.pipeline).status is Status.RUNNING
-        live = meta.liveness(args.pipeline) if running else None
-        runs_with = live.figures.get("rules") if live is not None else None
-        if live is not None and runs_with is not None and runs_with != rules_fingerprint(config):
-            # The running node compiled the rules of its start: it would drop a table only the new
-            # rules select. Refuse rather than accept a request nobody serves.
-            raise UsageError(f"pipeline {args.pipeline} runs on {live.node or live.host} (pid {live.pid}) with "
-                             f"other table rules than {config.file or 'its file'} has now (changed since it "
-                             f"started): restart the pipeline (or `setl reload --pipeline {args.pipeline}`) so "
-                             f"that it runs with them, then request the copy",
-                             pipeline=config.name, stage="select")
+        if running:
+            _refuse_stale_rules(meta, config)
         for table in tables:
             meta.request_snapshot(args.pipeline, table)
     print(f"snapshot of {', '.join(map(str, tables))} requested for {args.pipeline}: "
           + ("its node starts it within seconds" if running else "it starts when the pipeline starts"))
     return 0
+
+
+def _refuse_stale_rules(meta: MetaStore, config: Any) -> None:
+    """Refuse a request for a running pipeline whose node runs other table rules than its file has
+    now: the node compiled the rules of its start and would drop a table only the new rules select."""
+    from setl.pipeline.checks import rules_fingerprint
+
+    live = meta.liveness(config.name)
+    runs_with = live.figures.get("rules") if live is not None else None
+    if live is not None and runs_with is not None and runs_with != rules_fingerprint(config):
+        raise UsageError(f"pipeline {config.name} runs on {live.node or live.host} (pid {live.pid}) with "
+                         f"other table rules than {config.file or 'its file'} has now (changed since it "
+                         f"started): restart the pipeline (or `setl reload --pipeline {config.name}`) so "
+                         f"that it runs with them, then request it again", pipeline=config.name, stage="select")
+
+
+def cmd_repair(args: argparse.Namespace, conf: Path) -> int:
+    return repair_cmd.cmd_repair(args, conf, _pipeline_meta, _refuse_stale_rules)
 
 
 def cmd_reload(args: argparse.Namespace, conf: Path) -> int:

@@ -136,7 +136,8 @@ class RuntimeConfig:
 
 
 #: The events an alert can be sent on, besides thresholds (``FIGURE > N``, docs/runbook.md#alerts).
-ALERT_EVENTS = ("paused", "leader_changed", "snapshot_done", "caught_up", "rebalanced", "reload_refused")
+ALERT_EVENTS = ("paused", "leader_changed", "snapshot_done", "caught_up", "rebalanced", "reload_refused",
+                "verify_failed")
 _THRESHOLD = re.compile(r"^\s*([a-z_]+)\s*(>=|>)\s*([0-9]+(?:\.[0-9]+)?)\s*$")
 
 
@@ -162,8 +163,8 @@ class AlertConfig:
     """One webhook and the events it is sent (a JSON POST each; docs/runbook.md#alerts)."""
 
     webhook: str  # http:// or https:// URL the alerts are POSTed to
-    #: events: paused, leader_changed, snapshot_done, caught_up, rebalanced, reload_refused, or a threshold on
-    #: a live figure such as 'lag_seconds > 30' (firing when crossed upwards, resolved when it falls back)
+    #: events: paused, leader_changed, snapshot_done, caught_up, rebalanced, reload_refused, verify_failed, or a
+    #: threshold on a live figure such as 'lag_seconds > 30' (firing when crossed upwards, resolved when it falls back)
     events: tuple[str, ...] = attrs.field(default=("paused",), validator=_alert_events)
     pipelines: tuple[str, ...] = ()  # only these pipelines (every pipeline when empty)
     timeout_ms: int = attrs.field(default=5000, validator=attrs.validators.ge(1))  # per POST
@@ -339,6 +340,50 @@ class PipelineSettings:
     nodes: tuple[str, ...] | None = None  # cluster: the node ids it may run on (pinning); not set: any node
 
 
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(s|m|h|d)\s*$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """``90s``, ``15m``, ``6h``, ``1d`` in seconds; ValueError for anything else."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise ValueError(f"expected a duration such as 30s, 15m, 6h or 1d, got {text!r}")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def _duration(instance: Any, attribute: Any, value: str) -> None:
+    if parse_duration(value) <= 0:
+        raise ValueError(f"every: must be above 0, got {value!r}")
+
+
+def _table_names(instance: Any, attribute: Any, value: tuple[str, ...]) -> None:
+    for text in value:
+        schema, dot, table = text.partition(".")
+        if not (dot and schema and table):
+            raise ValueError(f"tables: {text!r} is not SCHEMA.TABLE")
+
+
+@attrs.frozen
+class VerifySchedule:
+    """Scheduled checks: `setl verify` run every `every` by the node that holds the pipeline
+    (`setl.verify.schedule`, docs/verify.md#scheduled-checks)."""
+
+    every: str = attrs.field(validator=_duration)  # a duration: 30s, 15m, 6h, 1d
+    #: the source tables checked, SCHEMA.TABLE (default: every table the rules select)
+    tables: tuple[str, ...] = attrs.field(default=(), validator=_table_names)
+    #: read the source at most this fast (0: unbounded)
+    max_rows_per_second: float = attrs.field(default=0.0, validator=attrs.validators.ge(0))
+    attempts: int = attrs.field(default=3, validator=attrs.validators.ge(1))  # checks before a difference counts
+    chunk_rows: int = attrs.field(default=10_000, validator=attrs.validators.ge(1))  # rows per compared chunk
+    #: how long a check waits for the acked position to reach a read's before it gives up (no verdict)
+    wait_timeout: str = attrs.field(default="5m", validator=_duration)
+
+    @property
+    def seconds(self) -> float:
+        return parse_duration(self.every)
+
+
 @attrs.frozen
 class PipelineConfig:
     """`conf/pipelines/NAME.yaml`: one pipeline from a source to a target."""
@@ -348,6 +393,7 @@ class PipelineConfig:
     target: ConnectorConfig = attrs.field(metadata={"connector": "target"})
     tables: tuple[TableRule, ...] = (TableRule(source=r".*"),)  # table rules; unmatched tables are skipped
     pipeline: PipelineSettings = attrs.Factory(PipelineSettings)
+    verify: VerifySchedule | None = None  # scheduled consistency checks (off when not set)
     file: str = attrs.field(default="", metadata={"internal": True})
 
 

@@ -35,6 +35,7 @@ from setl.scheduler import BatchCap, Fanout, Forwarding, Listener, Outcome, Sche
 from setl.schema import check_tables
 from setl.snapshot.select import find_snapshot
 from setl.tablecopy import TableProgress
+from setl.verify.schedule import ScheduledChecks
 
 if TYPE_CHECKING:
     from setl.ha import Elections, Lease
@@ -386,12 +387,14 @@ class Node:
         self.tasks, self.serial = shared_services(self.settings)
         self.batch_cap = node_batch_cap(self.settings)
         self._starting = False
+        checks = self._start_scheduled_checks()
         try:
             if self.elections is None:
                 self._supervise_all(runs, until_caught_up)
             else:
                 self._elected.supervise(runs, until_caught_up)
         finally:
+            checks.stop()
             if self.elections is not None:
                 self.elections.close()
             self.status.stop()
@@ -565,6 +568,28 @@ class Node:
             if self.meta.state(name).status is Status.PAUSED:
                 log.info("pipeline=%s paused by an operator; stopping gracefully", name)
                 scheduler.stop()
+
+    # --- scheduled checks (setl.verify.schedule): the node only starts them and reports results ----
+
+    def _start_scheduled_checks(self) -> ScheduledChecks:
+        """The `verify:` checks of the pipelines this node runs, on a thread of their own."""
+        checks = ScheduledChecks(self.settings, self.pipelines, self.meta, holds=self._holds,
+                                 on_result=self._verified)
+        checks.start()
+        return checks
+
+    def _holds(self, name: str) -> bool:
+        with self._lock:
+            return name in self._running
+
+    def _verified(self, name: str, result: dict[str, Any]) -> None:
+        """A scheduled check's result: metrics, and the verify_failed alert unless equal."""
+        metrics = self.observer.metrics if self.observer is not None else None
+        if metrics is not None:
+            metrics.verified(name, int(result["rows"]), int(result["differences"]))
+        if not result["equal"]:
+            self.alerts.emit(name, "verify_failed", differences=result["differences"], error=result["error"],
+                             tables=[t["table"] for t in result["tables"] if not t["equal"]])
 
 
 class ElectedSupervision:

@@ -27,7 +27,7 @@ def stopped_row(name: str) -> dict[str, Any]:
     return {"pipeline": name, "status": Status.STOPPED.value, "position": None, "batch": None,
             "acked_at": None, "epoch": 0, "node": None, "error": None, "retrying": None,
             "retrying_since": None, "last_seen": None, "host": None, "pid": None,
-            "lag_seconds": None, "rows_per_second": None, "snapshot": [], "snapshot_requested": []}
+            "lag_seconds": None, "rows_per_second": None, "snapshot": [], "snapshot_requested": [], "verify": None}
 
 
 def snapshot_rows(meta: MetaStore, name: str) -> dict[str, Any]:
@@ -80,6 +80,7 @@ def status_rows(meta: MetaStore, names: list[str], *, now: float | None = None) 
             "rows_per_second": figures.get("rows_per_second"),
             **({"holder": holder, "standbys": standbys} if members else {}),
             **snapshot_rows(meta, name),
+            "verify": meta.verify_result(name),  # the last scheduled check (setl.verify.schedule), or None
         })
     return rows
 
@@ -99,3 +100,20 @@ def dead_note(row: dict[str, Any], now: float | None = None) -> str:
     now = time.time() if now is None else now
     where = row.get("node") or row.get("host") or "?"
     return f"last seen {max(0.0, now - row['last_seen']):.0f}s ago on {where}"
+
+
+def verify_line(pipeline: str, result: dict[str, Any], now: float | None = None) -> str:
+    """A pipeline's last scheduled check on one line: when, what, and what it found."""
+    now = time.time() if now is None else now
+    ago = max(0.0, now - float(result.get("time") or now))
+    when = f"{ago:.0f}s" if ago < 120 else f"{ago / 60:.0f}m" if ago < 7200 else f"{ago / 3600:.1f}h"
+    tables = result.get("tables") or []
+    head = f"{pipeline}: last check {when} ago"
+    if result.get("error"):
+        return f"{head}: no verdict: {result['error']}"
+    if result.get("equal"):
+        return f"{head}: {len(tables)} table(s), {result.get('rows', 0):,} rows, equal"
+    differing = ", ".join(f"{t['table']} ({t['missing']} missing, {t['extra']} extra, {t['different']} different"
+                          + (f", {t['unsettled']} unsettled" if t.get("unsettled") else "") + ")"
+                          for t in tables if not t.get("equal"))
+    return f"{head}: {result.get('differences', 0)} difference(s) in {differing}"

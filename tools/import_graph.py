@@ -4,7 +4,8 @@ and exit 1 if there is one.
 setl's modules stand on floors and import only from their own floor or below (`FLOORS`, from the
 ground up; docs/architecture.md draws them)::
 
-    10 entry      cli (and its cluster_cmd), the public API (setl/__init__), testing (nothing in setl imports it)
+    10 entry      cli (and its cluster_cmd, repair_cmd), the public API (setl/__init__), testing (nothing in
+                  setl imports it)
      9 node       node (and its node_reload, node_status)
      8 observe    observe (metrics, lag, the HTTP page)
      7 scheduler  scheduler, runtime
@@ -63,7 +64,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("scheduler", ("scheduler", "runtime")),
     ("observe", ("observe",)),
     ("node", ("node", "node_reload", "node_status")),
-    ("entry", ("cli", "cluster_cmd", "setl", "testing")),
+    ("entry", ("cli", "cluster_cmd", "repair_cmd", "setl", "testing")),
 )
 
 #: Arrows up a floor that are known and tolerated for now: (importer, imported) -> why.

@@ -27,6 +27,29 @@ class Status(str, enum.Enum):
 
 
 @attrs.frozen
+class RepairRequest:
+    """An operator's request (`setl repair`) to copy some keys of a table again through the
+    pipeline: `keys` are the key columns' canonical texts (`setl.verify.canonical`), one tuple per
+    key, in the order of `columns` (the table's primary key when requested). `id` orders requests."""
+
+    id: str
+    table: TableName
+    columns: tuple[str, ...]
+    keys: tuple[tuple[str, ...], ...]
+    time: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "schema": self.table.schema, "table": self.table.table, "columns": list(self.columns),
+                "keys": [list(k) for k in self.keys], "time": self.time}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "RepairRequest":
+        return cls(str(data["id"]), TableName(str(data["schema"]), str(data["table"])),
+                   tuple(str(c) for c in data["columns"]), tuple(tuple(str(v) for v in k) for k in data["keys"]),
+                   float(data.get("time") or 0.0))
+
+
+@attrs.frozen
 class PipelineState:
     """What a pipeline is doing. `error` says why it paused, when it paused on an error.
 
@@ -386,6 +409,34 @@ class MetaStore(abc.ABC):
     @abc.abstractmethod
     def drop_snapshot_request(self, pipeline: str, table: TableName) -> None:
         """Forget a request once the source has recorded the table as PENDING."""
+
+    # --- repairs (setl repair) ---------------------------------------------------------------------
+    #
+    # Keys to copy again, each request served by the running source as one snapshot read placed at
+    # its binlog position, and dropped once the batch holding it is acked (a crash before that
+    # serves it again: a repair is idempotent).
+
+    @abc.abstractmethod
+    def request_repair(self, pipeline: str, request: RepairRequest) -> None:
+        """Record `request` (its id unique: a request with the same id is replaced)."""
+
+    @abc.abstractmethod
+    def repair_requests(self, pipeline: str) -> list[RepairRequest]:
+        """The requests not yet served and acked, ordered by id."""
+
+    @abc.abstractmethod
+    def drop_repair_request(self, pipeline: str, request_id: str) -> None:
+        """Forget a request (served and acked); a missing one is no error."""
+
+    # --- scheduled checks (setl.verify.schedule) ------------------------------------------------------
+
+    @abc.abstractmethod
+    def save_verify_result(self, pipeline: str, result: Mapping[str, Any]) -> None:
+        """Store (replace) the pipeline's last scheduled check (a JSON-able mapping with its `time`)."""
+
+    @abc.abstractmethod
+    def verify_result(self, pipeline: str) -> dict[str, Any] | None:
+        """The pipeline's last scheduled check, or None when none ran."""
 
     def close(self) -> None:  # noqa: B027 - an optional hook: stores without connections keep it
         """Release connections. Idempotent."""

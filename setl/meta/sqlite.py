@@ -6,9 +6,10 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from setl.errors import MetaStoreError
 from setl.meta.base import (
@@ -21,6 +22,7 @@ from setl.meta.base import (
     Liveness,
     MetaStore,
     PipelineState,
+    RepairRequest,
     Status,
     finishing_status,
     never_declared,
@@ -116,6 +118,16 @@ CREATE TABLE IF NOT EXISTS snapshot_request (
     table_name TEXT NOT NULL,
     time REAL NOT NULL,
     PRIMARY KEY (pipeline, schema_name, table_name)
+);
+CREATE TABLE IF NOT EXISTS verify_result (
+    pipeline TEXT NOT NULL PRIMARY KEY,
+    result TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS repair_request (
+    pipeline TEXT NOT NULL,
+    id TEXT NOT NULL,
+    request TEXT NOT NULL,
+    PRIMARY KEY (pipeline, id)
 );
 """
 
@@ -502,3 +514,25 @@ class SqliteMetaStore(MetaStore):
         with self._tx() as db:
             db.execute("DELETE FROM snapshot_request WHERE pipeline = ? AND schema_name = ? AND table_name = ?",
                        (pipeline, table.schema, table.table))
+
+    def save_verify_result(self, pipeline: str, result: Mapping[str, Any]) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO verify_result (pipeline, result) VALUES (?, ?)",
+                       (pipeline, json.dumps(dict(result))))
+
+    def verify_result(self, pipeline: str) -> dict[str, Any] | None:
+        rows = self._query("SELECT result FROM verify_result WHERE pipeline = ?", (pipeline,))
+        return dict(json.loads(str(rows[0][0]))) if rows else None
+
+    def request_repair(self, pipeline: str, request: RepairRequest) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO repair_request (pipeline, id, request) VALUES (?, ?, ?)",
+                       (pipeline, request.id, json.dumps(request.to_dict())))
+
+    def repair_requests(self, pipeline: str) -> list[RepairRequest]:
+        rows = self._query("SELECT request FROM repair_request WHERE pipeline = ? ORDER BY id", (pipeline,))
+        return [RepairRequest.from_dict(json.loads(str(row[0]))) for row in rows]
+
+    def drop_repair_request(self, pipeline: str, request_id: str) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM repair_request WHERE pipeline = ? AND id = ?", (pipeline, request_id))

@@ -27,6 +27,11 @@ nodes (``mainstem``, ``term``, ``standbys``, ``switch``, ``/nodes``) are describ
     own, fenced like an ack while this process holds the pipeline.
 ``/pipelines/NAME/snapshot_requests/SCHEMA.TABLE``
     an operator's request to copy the table again (``setl snapshot``), until the source takes it.
+``/pipelines/NAME/verify``
+    the last scheduled check (`setl.verify.schedule`) as JSON.
+``/pipelines/NAME/repair_requests/ID``
+    an operator's request to copy some keys again (``setl repair``): `RepairRequest` as JSON, until
+    the batch that carries it is acked.
 
 Fencing: `ack` and `next_epoch` need this process to hold the pipeline's mainstem; they are one
 ZooKeeper transaction with a check on the term version the holder wrote (and, for an ack, on the
@@ -40,7 +45,7 @@ from __future__ import annotations
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from setl.errors import LeadershipLost, MetaStoreError
@@ -54,6 +59,7 @@ from setl.meta.base import (
     Liveness,
     MetaStore,
     PipelineState,
+    RepairRequest,
     Status,
 )
 from setl.meta.zookeeper_liveness import ZooKeeperLiveness
@@ -405,6 +411,42 @@ class ZooKeeperMetaStore(MetaStore):
             self.coordinator.delete(path)
         except Conflict:
             pass  # taken already
+
+    def save_verify_result(self, pipeline: str, result: Mapping[str, Any]) -> None:
+        self._prepare(pipeline)
+        path = f"{self._base(pipeline)}/verify"
+        try:
+            self.coordinator.create(path, dumps(dict(result)))
+        except Conflict:
+            self.coordinator.set(path, dumps(dict(result)))
+
+    def verify_result(self, pipeline: str) -> dict[str, Any] | None:
+        return self._read(f"{self._base(pipeline)}/verify") or None
+
+    def request_repair(self, pipeline: str, request: RepairRequest) -> None:
+        self._prepare(pipeline)
+        path = f"{self._base(pipeline)}/repair_requests/{urllib.parse.quote(request.id, safe='')}"
+        self.coordinator.ensure(f"{self._base(pipeline)}/repair_requests")
+        try:
+            self.coordinator.create(path, dumps(request.to_dict()))
+        except Conflict:
+            self.coordinator.set(path, dumps(request.to_dict()))
+
+    def repair_requests(self, pipeline: str) -> list[RepairRequest]:
+        folder = f"{self._base(pipeline)}/repair_requests"
+        found = []
+        for name in self.coordinator.children(folder):
+            data = self._read(f"{folder}/{name}")
+            if data:
+                found.append(RepairRequest.from_dict(data))
+        return sorted(found, key=lambda r: r.id)
+
+    def drop_repair_request(self, pipeline: str, request_id: str) -> None:
+        path = f"{self._base(pipeline)}/repair_requests/{urllib.parse.quote(request_id, safe='')}"
+        try:
+            self.coordinator.delete(path)
+        except Conflict:
+            pass  # dropped already
 
     def close(self) -> None:
         if self._owns:

@@ -57,6 +57,11 @@ class NodeMetrics:
                                     registry=r)
         self.permit_wait_seconds = Counter("setl_permit_wait_seconds", "Seconds Select waited for permits",
                                            ["pipeline"], registry=r)
+        self.verify_rows = Counter("setl_verify_rows_checked", "Source rows compared by scheduled checks",
+                                   ["pipeline"], registry=r)
+        self.verify_differences = Gauge("setl_verify_differences", "Keys (or keyless rows) the last scheduled "
+                                        "check found different, missing, extra or unsettled", ["pipeline"],
+                                        registry=r)
         self.info = Gauge("setl_node_info", "This node (value 1)", ["node"], registry=r)
         self.info.labels(node_id).set(1)
         ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, ...
@@ -65,6 +70,11 @@ class NodeMetrics:
     def watch_cluster(self, view: Callable[[], dict[str, Any]]) -> None:
         """`setl_cluster_nodes` and `setl_pipelines_assigned{node}` from the cluster's view."""
         self.registry.register(_ClusterCollector(view))
+
+    def verified(self, pipeline: str, rows: int, differences: int) -> None:
+        """A scheduled check ended (`setl.verify.schedule`): `rows` compared, `differences` found."""
+        self.verify_rows.labels(pipeline).inc(rows)
+        self.verify_differences.labels(pipeline).set(differences)
 
     def pipeline(self, name: str) -> PipelineMetrics:
         return PipelineMetrics(self, name)

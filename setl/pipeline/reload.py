@@ -56,7 +56,7 @@ class Reload:
 
 def _settings_change(old: PipelineConfig, new: PipelineConfig) -> str | None:
     """What changed besides the table rules, in words, or None."""
-    for what in ("source", "target", "pipeline"):
+    for what in ("source", "target", "pipeline", "verify"):
         if getattr(old, what) != getattr(new, what):
             return f"its {what} settings changed"
     steps = [(rule.source, rule.transforms) for rule in old.tables if rule.transforms]

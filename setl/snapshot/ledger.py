@@ -39,6 +39,11 @@ class Chunk:
     upper: tuple[Any, ...] | None
     final: bool
     copy: int = 0  # which copy of the table (a copy started again after a DDL gets a new number)
+    #: a repair's (`setl.snapshot.repair`): the request it serves, its key columns and the before
+    #: images (key columns only) of the requested keys the read did not find
+    repair: str | None = None
+    key: tuple[str, ...] = ()
+    deletes: tuple[dict[str, Any], ...] = ()
 
 
 @attrs.define(eq=False)

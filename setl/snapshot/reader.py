@@ -176,6 +176,27 @@ class ChunkReader:
                 cur.execute("COMMIT")
         return self.converted(plan, rows), position
 
+    def read_keys(self, conn: pymysql.connections.Connection, plan: TablePlan, keys: Sequence[Sequence[Any]],
+                  started: Callable[[Position], None]) -> tuple[list[dict[str, Any]], Position]:
+        """The rows whose key is one of `keys` (values of the key columns, as statement arguments),
+        read in one consistent snapshot; and its binlog position (also passed to `started`)."""
+        if len(plan.key) == 1:
+            where = f"{_q(plan.key[0])} IN ({', '.join(['%s'] * len(keys))})"
+        else:
+            one = f"({', '.join(['%s'] * len(plan.key))})"
+            where = f"({', '.join(_q(c) for c in plan.key)}) IN ({', '.join([one] * len(keys))})"
+        args = [value for key in keys for value in key]
+        columns, table = self._select(plan).replace("%", "%%"), plan.quoted.replace("%", "%%")
+        with conn.cursor() as cur:
+            position = self._begin(cur)
+            try:
+                started(position)
+                failpoints.hit("snapshot_read", task=str(plan.name))
+                rows = fetch_dicts(conn, f"SELECT {columns} FROM {table} WHERE {where}", args, plan.columns)
+            finally:
+                cur.execute("COMMIT")
+        return self.converted(plan, rows), position
+
     def read_all(self, conn: pymysql.connections.Connection, plan: TablePlan, piece_rows: int,
                  started: Callable[[Position], None], piece: Callable[[list[dict[str, Any]], bool], None],
                  running: Callable[[], None] | None = None) -> None:

@@ -13,6 +13,11 @@ How a table is copied (docs/snapshot.md):
    one transaction stays open while it is read), and its binlog changes are dropped until the
    copy has been handed on (they are in it).
 
+A repair (`setl repair`, `setl.snapshot.repair`) is a request in the meta store for some keys of a
+table: the poll thread reads them in one consistent snapshot and places the result like a chunk
+(found keys as READs, the others as key-only DELETEs); the request is dropped once the batch
+holding it is acked, so a restart before that serves it again.
+
 Chunks are read by `readers` threads, at most `max_chunks` read and not yet handed on. Progress
 reaches the meta store only with the ack of the batch holding a chunk, in that ack's own atomic
 write (`Select.acknowledge`), so a restart resumes after the last acked chunk; a chunk replayed
@@ -36,12 +41,13 @@ import pymysql
 
 from setl import ddl, failpoints
 from setl.errors import ConfigError, SetlError, SourceError
-from setl.meta.base import MetaStore
+from setl.meta.base import MetaStore, RepairRequest
 from setl.model import Batch, DdlChange, Op, Position, RowChange, TableName, Transaction
 from setl.snapshot.display import ProgressReporter
 from setl.snapshot.ledger import Chunk, ProgressLedger, Record
 from setl.snapshot.merge import StreamMerge
 from setl.snapshot.reader import ChunkReader, TablePlan
+from setl.snapshot.repair import RepairRefused, absent, query_value, typed_keys
 from setl.stages.layers import find_layer
 from setl.stages.select import A, Select, SelectWrapper
 from setl.stages.snapshot import SnapshotCapable
@@ -134,6 +140,10 @@ class SnapshotSelect(SelectWrapper):
         self._next_request = 0.0
         self._checked = False
         self._began: float | None = None
+        #: repairs read and not acked: request id -> [the change that carries it, its batch id once handed on]
+        self._repairs: dict[str, list[Any]] = {}
+        self._repaired: set[str] = set()  # requests acked and dropped (a list read before may still hold them)
+        self._repairs_deferred = False  # requests seen before the stream had a position (a GTID start)
 
     @property
     def meta(self) -> MetaStore:
@@ -167,7 +177,8 @@ class SnapshotSelect(SelectWrapper):
 
     def backlog(self) -> bool:
         with self._lock:
-            waiting = bool(self._waiting)
+            # a repair holds `--until-caught-up` until acked
+            waiting = bool(self._waiting or self._repairs or self._repairs_deferred)
         return waiting or self.ledger.unfinished()
 
     def _shutdown(self) -> None:
@@ -197,6 +208,7 @@ class SnapshotSelect(SelectWrapper):
             self._queued.clear()
             self._out.clear()
             self._failure = None
+            self._repairs.clear()  # not acked: served again from the meta store's requests
         self.ledger.reset(stored)
         self._stop = threading.Event()
         if fresh:
@@ -358,6 +370,113 @@ class SnapshotSelect(SelectWrapper):
             log.info("pipeline=%s stage=select snapshot requested for %s: copying at %s", self.pipeline,
                      ", ".join(map(str, taken)), self._merge.frontier)
             self._start_readers()
+        self._take_repairs()
+
+    # --- repairs (poll thread) -----------------------------------------------------------------
+
+    def _take_repairs(self) -> None:
+        """Serve the meta store's repair requests not in flight (`setl.snapshot.repair`)."""
+        requests = self.meta.repair_requests(self.pipeline)
+        with self._lock:
+            self._repairs_deferred = bool(requests) and self._merge.frontier is None
+            if self._repairs_deferred:
+                return  # after a GTID start: wait for the first position
+        for request in requests:
+            with self._lock:
+                if request.id in self._repairs or request.id in self._repaired:
+                    continue
+                if request.table in self._copies or request.table in self._waiting:
+                    self._repairs_deferred = True  # a table being copied is repaired once its copy ends
+                    continue
+            if self.selects is not None and not self.selects(request.table.schema, request.table.table):
+                log.warning("pipeline=%s stage=select table=%s repair requested but no table rule selects it; "
+                            "request dropped", self.pipeline, request.table)
+                self.meta.drop_repair_request(self.pipeline, request.id)
+                continue
+            self._serve_repair(request)
+
+    def _serve_repair(self, request: RepairRequest) -> None:
+        """Read the request's keys in one consistent snapshot and put the result in the merge at
+        its position; a table without that key (keyless now, or another key), or a key type that
+        cannot be looked up, is copied whole instead."""
+        conn = self._connection()
+        name = request.table
+        try:
+            plan = self.reader.plan(conn, name)
+            if plan is None:
+                log.warning("pipeline=%s stage=select table=%s repair requested but the table no longer exists; "
+                            "request dropped", self.pipeline, name)
+                self.meta.drop_repair_request(self.pipeline, request.id)
+                return
+            try:
+                if plan.keyless or tuple(request.columns) != plan.key:
+                    raise RepairRefused(f"its key is ({', '.join(plan.key)}), the request names "
+                                        f"({', '.join(request.columns)})")
+                keys = typed_keys(plan.types, plan.key, request.keys)
+            except RepairRefused as exc:
+                log.warning("pipeline=%s stage=select table=%s repair %s cannot be served by key (%s): copying the "
+                            "whole table", self.pipeline, name, request.id, exc)
+                self._begin_tables([name], replace=False)
+                self.meta.drop_repair_request(self.pipeline, request.id)
+                self._start_readers()
+                return
+            with self._lock:
+                generation = self._generation
+                rid = self._register(generation)
+            try:
+                rows, position = self.reader.read_keys(conn, plan, [[query_value(v) for v in key] for key in keys],
+                                                       lambda at: self._started(generation, rid, at))
+            except BaseException:
+                with self._lock:
+                    self._ended(generation, rid)
+                raise
+            found = [tuple(row[c] for c in plan.key) for row in rows]
+            deletes = tuple(dict(zip(plan.key, key)) for key in absent(keys, found))
+            chunk = Chunk(name, generation, 0, tuple(rows), position, None, None, True, repair=request.id,
+                          key=plan.key, deletes=deletes)
+            with self._lock:
+                if generation == self._generation:
+                    self._merge.add(position, chunk)
+                    self._repairs[request.id] = [None, None]
+                self._ended(generation, rid)
+        except pymysql.MySQLError as exc:
+            raise SourceError(f"repair read of {self.where} failed: {exc}", pipeline=self.pipeline, stage="select",
+                              table=str(name), position=self._merge.frontier) from exc
+        finally:
+            conn.close()
+
+    def _hand_repair(self, chunk: Chunk) -> Transaction:
+        """Under the lock: a repair's transaction: the deletes of the keys not found, the rows read."""
+        schema, table, key, position = chunk.table.schema, chunk.table.table, chunk.key, chunk.position
+        changes = tuple([RowChange(Op.DELETE, schema, table, key, image, None, position) for image in chunk.deletes]
+                        + [RowChange(Op.READ, schema, table, key, None, row, position) for row in chunk.rows])
+        assert chunk.repair is not None
+        if chunk.repair in self._repairs:
+            # with no change (no key asked), any later ack may drop it
+            self._repairs[chunk.repair][:] = [changes[-1], None] if changes else [None, -1]
+        log.info("pipeline=%s stage=select table=%s position=%s repair %s: %d row(s) copied again, %d deleted",
+                 self.pipeline, chunk.table, position, chunk.repair, len(chunk.rows), len(chunk.deletes))
+        frontier = self._merge.frontier
+        return Transaction(changes, frontier if frontier is not None else position)
+
+    def _acked_repairs(self, batch: Batch) -> None:
+        """Drop the requests whose repairs `batch` (acked) or an earlier batch holds. A crash before
+        a drop serves the request again after the restart: a repeat of an idempotent repair."""
+        with self._lock:
+            done = [(rid, carrier) for rid, (carrier, held) in self._repairs.items()
+                    if held is not None and held <= batch.id]
+        for rid, carrier in done:
+            failpoints.hit("repair_acked", batch.id, task=f"{carrier.schema}.{carrier.table}" if carrier else None)
+            try:
+                self.meta.drop_repair_request(self.pipeline, rid)
+            except Exception:  # the ack is written: the next ack drops it (or a restart repeats the repair)
+                log.exception("pipeline=%s stage=termin batch=%d dropping repair request %s failed", self.pipeline,
+                              batch.id, rid)
+                continue
+            with self._lock:
+                self._repairs.pop(rid, None)
+                self._repaired.add(rid)
+            log.info("pipeline=%s stage=termin batch=%d repair %s acked", self.pipeline, batch.id, rid)
 
     # --- the merge (poll thread) ---------------------------------------------------------------
 
@@ -408,6 +527,8 @@ class SnapshotSelect(SelectWrapper):
         found = self._merge.next()
         if found is None:
             return None
+        if isinstance(found, tuple) and found[1].repair is not None:
+            return self._hand_repair(found[1])
         if isinstance(found, tuple):
             serial = found[1].copy
             self._queued[serial] -= 1
@@ -721,6 +842,14 @@ class SnapshotSelect(SelectWrapper):
     def handed_on(self, batch: Batch) -> None:
         """Note which of the copies' records `batch` holds (their progress commits with its ack)."""
         self.ledger.handed_on(batch)
+        if self._repairs:
+            with self._lock:
+                carriers = {id(held[0]): held for held in self._repairs.values()
+                            if held[0] is not None and held[1] is None}
+                for change in batch.changes if carriers else ():
+                    held = carriers.get(id(change))
+                    if held is not None and held[0] is change:
+                        held[1] = batch.id
         self.inner.handed_on(batch)
 
     def acknowledge(self, batch: Batch, write: Callable[[tuple[TableProgress, ...]], A]) -> A:
@@ -730,12 +859,17 @@ class SnapshotSelect(SelectWrapper):
         A failed write changes nothing here (the ledger's commit is applied only after it), and
         Termin rolls back and retries as for any failed ack."""
         if not self.ledger.pending:
-            return self.inner.acknowledge(batch, write)
+            ack = self.inner.acknowledge(batch, write)
+            if self._repairs:
+                self._acked_repairs(batch)
+            return ack
         with self._progress_lock:  # never a copy's progress stored after a DDL started it again
             commit = self.ledger.prepare(batch)
             ack = self.inner.acknowledge(batch, lambda inner: write((*inner, *commit.progress)))
             changed = self.ledger.apply(commit)
         failpoints.hit("snapshot_acked", batch.id)
+        if self._repairs:
+            self._acked_repairs(batch)
         try:
             self._committed(changed, commit.finished if changed else {})
         except Exception:  # the ack is written: reporting must not undo it

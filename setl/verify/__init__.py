@@ -3,8 +3,9 @@
 `plan` decides per table what is compared (routing plan: names, excluded columns, filters) and
 how (server-side hashes or rows fetched and compared in Python); `mariadb` and `postgresql` build
 each engine's canonical text of a row; `compare` runs the consistent chunk comparisons, the
-row-level drill down and the re-checks; `report` holds the result and prints it. See
-docs/verify.md.
+row-level drill down and the re-checks; `report` holds the result and prints it; `repair` turns a
+report's differences into requests the pipeline serves (`setl repair`); `schedule` runs checks on
+the node that holds a pipeline. See docs/verify.md.
 """
 
 from setl.verify.compare import Verifier

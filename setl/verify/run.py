@@ -37,10 +37,10 @@ def selected_tables(conn: Any, selects: Any) -> list[TableName]:
 
 def verify_pipeline(settings: NodeSettings, config: PipelineConfig, meta: MetaStore, tables: Sequence[TableName],
                     *, attempts: int = 3, max_rows_per_second: float = 0.0, chunk_rows: int = 10_000,
-                    wait_timeout: float = 60.0, progress: Callable[[str, int, int, bool], None] | None = None
-                    ) -> Report:
+                    wait_timeout: float = 60.0, progress: Callable[[str, int, int, bool], None] | None = None,
+                    sleep: Callable[[float], None] = time.sleep) -> Report:
     """Compare `tables` (all that the rules select when empty) of `config`'s pipeline; `progress`
-    as `Verifier.progress`."""
+    as `Verifier.progress`; `sleep` every wait's (a scheduled check's raises when the node stops)."""
     name = config.name
     started = time.monotonic()
     plan = build_plan(settings, config)
@@ -63,7 +63,7 @@ def verify_pipeline(settings: NodeSettings, config: PipelineConfig, meta: MetaSt
         return ack.position if ack is not None else None
 
     verifier = Verifier(name, acked, attempts=attempts, max_rows_per_second=max_rows_per_second,
-                        wait_timeout=wait_timeout, progress=progress)
+                        wait_timeout=wait_timeout, progress=progress, sleep=sleep)
     current = ""
     try:
         source_conn = select.snapshot_access().connect()

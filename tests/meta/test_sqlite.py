@@ -126,3 +126,28 @@ def test_an_ack_writes_its_snapshot_progress_in_the_same_transaction(tmp_path):
     done = attrs.evolve(copied, status=CopyStatus.DONE, rows=20, chunks=2)
     a.ack("p", 2, 1, Position("f", 20), progress=[done])
     assert b.position("p").batch_id == 2 and b.snapshot_progress("p") == [done]
+
+
+def test_repair_requests_and_verify_results_round_trip(tmp_path):
+    """Repair requests (replaced by id, ordered by id, dropped idempotently) and the last scheduled
+    check read back from another handle."""
+    from setl.meta.base import RepairRequest
+    from setl.model import TableName
+
+    a, b = SqliteMetaStore(tmp_path / "m.db"), SqliteMetaStore(tmp_path / "m.db")
+    first = RepairRequest("2-00001", TableName("s", "t"), ("id", "k"), (("1", "a b"), ("2", "ü")), 5.0)
+    second = RepairRequest("1-00000", TableName("s", "u"), ("id",), (("9",),), 4.0)
+    a.request_repair("p", first)
+    a.request_repair("p", second)
+    a.request_repair("p", first)
+    assert b.repair_requests("p") == [second, first]
+    assert b.repair_requests("other") == []
+    b.drop_repair_request("p", "1-00000")
+    b.drop_repair_request("p", "1-00000")
+    assert a.repair_requests("p") == [first]
+    assert a.verify_result("p") is None
+    a.save_verify_result("p", {"time": 1.5, "equal": True, "tables": []})
+    a.save_verify_result("p", {"time": 2.5, "equal": False, "tables": [{"table": "s.t"}]})
+    assert b.verify_result("p") == {"time": 2.5, "equal": False, "tables": [{"table": "s.t"}]}
+    a.close()
+    b.close()

@@ -232,3 +232,25 @@ def test_an_ack_writes_its_snapshot_progress_in_its_own_multi_op_and_a_deposed_o
             a.ack("p", 2, epoch_a, Position("bin.000001", 20), progress=[later])
         assert b.position("p").batch_id == 1
         assert [p.status for p in b.snapshot_progress("p")] == [CopyStatus.COPYING, CopyStatus.DONE]
+
+
+def test_repair_requests_and_verify_results_round_trip(zookeeper_server):
+    """Repair requests (ids of any text, replaced by id, ordered) and the last scheduled check read
+    back from another session; a request dropped twice is no error."""
+    from setl.meta.base import RepairRequest
+    from setl.model import TableName
+
+    with stores(zookeeper_server.hosts, 2) as (a, b):
+        first = RepairRequest("2-00001/x", TableName("s.x", "t"), ("id", "k"), (("1", "a.b"), ("2", "ü")), 5.0)
+        second = RepairRequest("1-00000", TableName("s", "u"), ("id",), (("9",),), 4.0)
+        a.request_repair("p", first)
+        a.request_repair("p", second)
+        a.request_repair("p", first)
+        assert b.repair_requests("p") == [second, first]
+        b.drop_repair_request("p", "2-00001/x")
+        b.drop_repair_request("p", "2-00001/x")
+        assert a.repair_requests("p") == [second]
+        assert a.verify_result("p") is None
+        a.save_verify_result("p", {"time": 1.5, "equal": True})
+        a.save_verify_result("p", {"time": 2.5, "equal": False})
+        assert b.verify_result("p") == {"time": 2.5, "equal": False}

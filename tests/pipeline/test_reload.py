@@ -141,7 +141,7 @@ def test_a_changed_target_is_refused_and_sighup_reloads(tmp_path, mariadb_source
 def test_what_a_reload_may_change(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db):
     """`setl.pipeline.reload.prepare` against a real source: unchanged rules are nothing to do; a table
     added is listed for an online copy; a rule that would route a running table elsewhere, new
-    transform steps and changed pipeline settings are refused as a whole."""
+    transform steps, changed pipeline settings and a scheduled check added are refused as a whole."""
     from setl.config import load_node, load_pipeline
     from setl.connectors import for_node
     from setl.meta.sqlite import SqliteMetaStore
@@ -160,6 +160,7 @@ def test_what_a_reload_may_change(tmp_path, mariadb_source, mariadb_target, sour
         return load_pipeline(setl.conf, setl.name, for_node(settings))
 
     old = config(tables=_rules(source_db, mysql_db, "ints"))
+    old_pipeline = dict(setl.config["pipeline"])
     meta = SqliteMetaStore(tmp_path / "reload-meta.db")
     running = build_stages(settings, old, meta)
     try:
@@ -177,5 +178,8 @@ def test_what_a_reload_may_change(tmp_path, mariadb_source, mariadb_target, sour
         with pytest.raises(ReloadRefused, match="pipeline settings changed"):
             prepare(settings, old, config(tables=_rules(source_db, mysql_db, "(ints|strs)"),
                                           pipeline={**setl.config["pipeline"], "parallelism": 1}), meta, running)
+        with pytest.raises(ReloadRefused, match="verify settings changed"):
+            prepare(settings, old, config(tables=_rules(source_db, mysql_db, "ints"), verify={"every": "1h"},
+                                          pipeline=old_pipeline), meta, running)
     finally:
         meta.close()

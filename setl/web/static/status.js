@@ -95,6 +95,18 @@ function snapshotBars(snapshot) {
   return box;
 }
 
+function verifyBox(result, now) {
+  // `verify` of a status row: the last scheduled check (setl.verify.schedule), or null
+  if (!result) return null;
+  const head = `Last check ${ago(result.time, now)}: `;
+  let text;
+  if (result.error) text = head + `no verdict: ${result.error}`;
+  else if (result.equal) text = head + `${(result.tables || []).length} table(s), ${count(result.rows)} rows, equal`;
+  else text = head + `${count(result.differences)} difference(s) in ` + (result.tables || []).filter(t => !t.equal)
+    .map(t => `${t.table} (${t.missing} missing, ${t.extra} extra, ${t.different} different)`).join(", ");
+  return el("div", { class: result.equal ? "verify muted" : "verify error-box", "data-role": "verify" }, text);
+}
+
 function card(row, now) {
   const state = stateOf(row);
   const f = row.figures || {};
@@ -125,6 +137,8 @@ function card(row, now) {
   if (row.error) node.append(el("div", { class: "error-box", "data-role": "error" }, row.error));
   const bars = snapshotBars(row.snapshot);
   if (bars) node.append(bars);
+  const checked = verifyBox(row.verify, now);
+  if (checked) node.append(checked);
   if (row.recent_rollbacks && row.recent_rollbacks.length) {
     const list = el("ul", { class: "rollbacks" });
     for (const rb of row.recent_rollbacks.slice(-5).reverse()) {
