@@ -246,7 +246,8 @@ def catch_up(folder: Path, name: str, source, target, start, args: argparse.Name
     argv = [sys.executable, "-m", "setl.cli", "--conf", str(conf), "start", "--pipeline", name, "--until-caught-up"]
     if args.profile:  # sampled stacks per thread, for `tools/bench/profile_split.py`
         args.profile.mkdir(parents=True, exist_ok=True)
-        argv = ["py-spy", "record", "--threads", "--gil", "--native", "--rate", "200", "--format", "raw",
+        sampled = ["--gil"] if not args.profile_idle else ["--idle"]
+        argv = ["py-spy", "record", "--threads", *sampled, "--native", "--rate", "200", "--format", "raw",
                 "-o", str(args.profile / f"{name}.txt"), "--", *argv]
     if not http:
         applied = process_cpu(target.pid)
@@ -438,6 +439,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also replay the backlog with MariaDB's own replication (a replica at its start)")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="record each catch-up under py-spy (collapsed stacks per thread in DIR/NAME.txt)")
+    parser.add_argument("--profile-idle", action="store_true",
+                        help="with --profile: sample every thread at all times, waiting included (not the GIL holder)")
     parser.add_argument("--child", choices=["raw", "source"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--server-id", type=int, default=4001, help=argparse.SUPPRESS)
