@@ -162,6 +162,9 @@ class _ControlConnection(pymysql.connections.Connection):
     setl_table_maps: _TableMapCache | None = None
 
 
+_STREAM_BUFFER = 1 << 20  # bytes the binlog stream's socket file reads at most at once
+
+
 class _Connector:
     """The `pymysql_wrapper` handed to the library: one stream connection, and a way to cut it.
 
@@ -196,6 +199,9 @@ class _Connector:
             conn = control_conn
         else:
             conn = pymysql.connect(**kwargs)
+            # Nothing is buffered between the handshake and the dump: read the stream in large
+            # pieces, so the reader thread releases the GIL (to block in recv) less often.
+            conn._rfile = conn._sock.makefile("rb", buffering=_STREAM_BUFFER)
         if self.tls:
             require_encrypted(conn, kwargs.get("host", "?"), kwargs.get("port", 0))
         with self._lock:
