@@ -12,7 +12,8 @@ images), `statements` (SQL text), `patches` (fixes to the library, installed by 
 from setl.sources.mysql_binlog.assembler import KnownTables, gtid_flavor
 from setl.sources.mysql_binlog.decoding import TableKind
 from setl.sources.mysql_binlog.patches import SUPPORTED_LIBRARY, install
-from setl.sources.mysql_binlog.source import REQUIRED_SETTINGS, MysqlBinlogSource, MysqlSourceConfig
+from setl.sources.mysql_binlog.server import REQUIRED_SETTINGS
+from setl.sources.mysql_binlog.source import MysqlBinlogSource, MysqlSourceConfig
 from setl.sources.mysql_binlog.statements import ddl_target, dml_target
 
 __all__ = ["REQUIRED_SETTINGS", "SUPPORTED_LIBRARY", "KnownTables", "MysqlBinlogSource", "MysqlSourceConfig",

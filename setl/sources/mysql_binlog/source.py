@@ -12,10 +12,9 @@ import collections
 import contextlib
 import logging
 import queue
-import re
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any, Literal
 
 import attrs
@@ -33,7 +32,7 @@ from pymysqlreplication.row_event import RowsEvent, TableMapEvent
 
 from setl.config import SslConfig
 from setl.errors import ConfigError, PositionPurged, SourceError
-from setl.model import ColumnSchema, Position, TableName, TableSchema, Transaction
+from setl.model import Position, TableSchema, Transaction
 from setl.retry import Backoff
 from setl.sources.mysql_binlog import fast
 from setl.sources.mysql_binlog.assembler import (
@@ -41,8 +40,6 @@ from setl.sources.mysql_binlog.assembler import (
     _POSITION_EVENTS,
     KnownTables,
     _Assembler,
-    _GtidState,
-    gtid_flavor,
     read_events,
 )
 from setl.sources.mysql_binlog.connector import _Connector, _disconnected, _Lost, _Stopped
@@ -52,13 +49,15 @@ from setl.sources.mysql_binlog.decoding import (
     _row_items,
     _TableInfo,
 )
-from setl.sources.mysql_binlog.lookups import TableLookups, _Lookups
+from setl.sources.mysql_binlog.lookups import TableLookups
 from setl.sources.mysql_binlog.patches import _TableMapCache, install
+from setl.sources.mysql_binlog.server import SourceServer
+from setl.sources.mysql_binlog.start import parse_start, resolve
 from setl.sources.mysql_binlog.statements import _XA_END
 from setl.stages.select import Select
 from setl.stages.snapshot import SnapshotAccess
 from setl.tablecopy import SnapshotSettings
-from setl.tls import mysql_context, require_encrypted, tls_failure
+from setl.tls import mysql_context, tls_failure
 
 
 @attrs.frozen
@@ -87,27 +86,11 @@ log = logging.getLogger("setl.sources.mysql_binlog")
 #: Arrival times kept for the lag figures (a reader that nobody asks drops the oldest).
 ARRIVALS = 10_000
 
-# What a server must run with, and why: column names and primary keys come from the table map.
-REQUIRED_SETTINGS: Mapping[str, str] = {
-    "log_bin": "ON",
-    "binlog_format": "ROW",
-    "binlog_row_image": "FULL",
-    "binlog_row_metadata": "FULL",
-}
-
 
 @attrs.frozen
 class _Failure:
     error: BaseException
     position: Position | None
-
-
-@attrs.frozen
-class _GtidStart:
-    """A configured start by GTID set: the server positions the stream (auto_position)."""
-
-    gtid: str
-    flavor: str
 
 
 _ER_MASTER_FATAL_READING_BINLOG = 1236
@@ -184,12 +167,14 @@ class MysqlBinlogSource(Select):
         #: rows events decoded by the compiled decoder (`fast`), where it is built and knows the table
         self.fast_decoder = fast_decoder and fast.available()
         # One context for every connection: the binlog stream's, its control connections', ours.
-        self._ssl = mysql_context(ssl, where="source.ssl", pipeline=pipeline or None) if ssl else None
+        context = mysql_context(ssl, where="source.ssl", pipeline=pipeline or None) if ssl else None
+        #: how to reach the server, and the plain questions asked of it (the attributes below are its)
+        self.server = SourceServer(host, port, user, password=password, ssl=context, connect_timeout=connect_timeout,
+                                   heartbeat=heartbeat, flavor=flavor, pipeline=pipeline)
         self.host, self.port, self.user = host, port, user
-        self._password = password
         self.server_id = server_id
         self.flavor = flavor
-        self.start = self._parse_start(start, pipeline)
+        self.start = parse_start(start, pipeline)
         self.pipeline = pipeline
         self.max_rows_in_memory = max_rows_in_memory
         self.connect_timeout = connect_timeout
@@ -221,8 +206,7 @@ class MysqlBinlogSource(Select):
         #: (end, time.time()) of transactions read within the second of their commit timestamp, oldest
         #: first: the binlog's timestamps have whole seconds, the time read refines them (lag figures).
         self.arrivals: collections.deque[tuple[Position, float]] = collections.deque(maxlen=ARRIVALS)
-        self._lookups = _Lookups(self._connect)
-        self._tables = TableLookups(self._lookups, pipeline=pipeline, sequences=sequences)
+        self._tables = TableLookups(self.server.lookups, pipeline=pipeline, sequences=sequences)
 
     @classmethod
     def from_config(cls, cfg: MysqlSourceConfig, *, pipeline: str, **kwargs: Any) -> "MysqlBinlogSource":
@@ -233,187 +217,18 @@ class MysqlBinlogSource(Select):
     def __repr__(self) -> str:
         return f"<MysqlBinlogSource {self.host}:{self.port} server_id={self.server_id} at {self._cursor}>"
 
-    @staticmethod
-    def _parse_start(start: Any, pipeline: str) -> str | Position | _GtidStart:
-        if start is None or start in ("earliest", "latest", "snapshot"):
-            return start or "earliest"
-        if isinstance(start, Position):
-            return start
-        if isinstance(start, Mapping) and set(start) == {"gtid"} and isinstance(start["gtid"], str):
-            flavor = gtid_flavor(start["gtid"])
-            if flavor is not None:
-                return _GtidStart(start["gtid"].strip(), flavor)
-            raise ConfigError(f"source.start.gtid {start['gtid']!r} is neither a MariaDB GTID list "
-                              "(DOMAIN-SERVER-SEQ[,...]) nor a MySQL GTID set (UUID:N[-M][,...])",
-                              pipeline=pipeline)
-        if isinstance(start, Mapping) and set(start) <= {"file", "log", "pos", "offset"}:
-            file = start.get("file", start.get("log"))
-            pos = start.get("pos", start.get("offset", 4))
-            if isinstance(file, str) and isinstance(pos, int) and not isinstance(pos, bool) and pos >= 4:
-                return Position(file, pos)
-        if isinstance(start, str):
-            with contextlib.suppress(ValueError):
-                return Position.parse(start)
-        raise ConfigError(f"source.start {start!r} is not earliest, latest, snapshot, {{file: NAME, pos: OFFSET}} "
-                          "(OFFSET at least 4) or {gtid: GTID_SET}", pipeline=pipeline)
-
     # --- control connection ------------------------------------------------------------------
 
-    def _error(self, message: str, position: Position | None = None, cls: type[SourceError] = SourceError
-               ) -> SourceError:
-        return cls(message, pipeline=self.pipeline, stage="select", position=position)
-
     def _connect(self) -> pymysql.connections.Connection:
-        try:
-            conn = pymysql.connect(host=self.host, port=self.port, user=self.user, password=self._password,
-                                   connect_timeout=self.connect_timeout, autocommit=True, charset="utf8mb4",
-                                   ssl=self._ssl)
-            if self._ssl is not None:
-                require_encrypted(conn, self.host, self.port)
-            return conn
-        except (pymysql.MySQLError, ConnectionError) as exc:
-            cause = tls_failure(exc)
-            if cause is not None:
-                raise self._error(f"cannot connect to {self.host}:{self.port} as {self.user} over TLS: {cause} "
-                                  "(see source.ssl)") from exc
-            raise self._error(f"cannot connect to {self.host}:{self.port} as {self.user}: {exc}") from exc
+        return self.server.connect()
 
     def snapshot_access(self) -> SnapshotAccess:
         """What `setl.snapshot` needs to copy this server's tables (`SnapshotCapable`): this
         source's own connections (credentials, TLS, timeouts), its start and table selection.
         Connects to nothing."""
-        task_connect = None if self._ssl is not None else {
-            "host": self.host, "port": self.port, "user": self.user, "password": self._password,
-            "connect_timeout": self.connect_timeout, "charset": "utf8mb4", "autocommit": True}
-        return SnapshotAccess(self._connect, f"{self.host}:{self.port}", task_connect,
+        return SnapshotAccess(self.server.connect, f"{self.host}:{self.port}", self.server.task_connect(),
                               start_mode=self.start == "snapshot", selects=self.selects,
                               settings=self.snapshot_settings, batch_rows=self.max_rows_in_memory)
-
-    def _settings(self) -> dict[str, Any]:
-        """The library's connection settings for a binlog stream (and its control connections)."""
-        settings = {"host": self.host, "port": self.port, "user": self.user, "password": self._password,
-                    "connect_timeout": self.connect_timeout, "read_timeout": max(30.0, 4 * self.heartbeat)}
-        if self._ssl is not None:
-            settings["ssl"] = self._ssl
-        return settings
-
-    def _query(self, conn: pymysql.connections.Connection, sql: str, args: Any = None) -> list[tuple[Any, ...]]:
-        with conn.cursor() as cur:
-            cur.execute(sql, args)
-            return list(cur.fetchall())
-
-    def _status(self, conn: pymysql.connections.Connection) -> tuple[Position, str | None] | None:
-        """The binlog head, and (MySQL) the GTID set executed up to it."""
-        try:
-            rows = self._query(conn, "SHOW MASTER STATUS")
-        except pymysql.err.ProgrammingError:  # MySQL 8.4 renamed it
-            rows = self._query(conn, "SHOW BINARY LOG STATUS")
-        if not rows:
-            return None
-        executed = rows[0][4] if len(rows[0]) > 4 else None
-        return Position(rows[0][0], int(rows[0][1])), (executed or None)
-
-    def _check_settings(self, conn: pymysql.connections.Connection) -> str:
-        """Refuse a server that cannot give full row images with names; return its flavor."""
-        version = self._query(conn, "SELECT VERSION()")[0][0]
-        flavor = self.flavor if self.flavor != "auto" else ("mariadb" if "mariadb" in version.lower() else "mysql")
-        names = ", ".join(f"'{name}'" for name in REQUIRED_SETTINGS)
-        values = {name.lower(): str(value) for name, value in
-                  self._query(conn, f"SHOW GLOBAL VARIABLES WHERE Variable_name IN ({names})")}
-        for name, wanted in REQUIRED_SETTINGS.items():
-            value = values.get(name)
-            if value is not None and value.upper() == wanted:
-                continue
-            shown = "missing (server too old: needs MariaDB 10.5+ or MySQL 8.0.14+)" if value is None else value
-            fix = ("start the server with log_bin (log-bin=mysql-bin in [mysqld])" if name == "log_bin"
-                   else f"set {name}={wanted} in the server's [mysqld] config (or SET GLOBAL {name}={wanted}) "
-                        "and restart the pipeline")
-            raise self._error(f"server {self.host}:{self.port} ({version}) has {name}={shown}; setl needs "
-                              f"{name}={wanted} to read full row images: {fix}")
-        compressed = self._query(conn, "SHOW GLOBAL VARIABLES LIKE 'binlog_transaction_compression'")
-        if compressed and str(compressed[0][1]).upper() == "ON":  # MySQL 8.0.20+: payload events we cannot read
-            raise self._error(f"server {self.host}:{self.port} ({version}) has binlog_transaction_compression=ON; "
-                              "setl cannot read compressed transactions: set it OFF and restart the pipeline")
-        return flavor
-
-    def _refuse_cascades(self, conn: pymysql.connections.Connection) -> None:
-        """Refuse a selected table whose rows a foreign key changes: InnoDB applies ON DELETE/UPDATE
-        CASCADE, SET NULL and SET DEFAULT inside the engine, and the binlog never shows them."""
-        found = self._query(conn, "SELECT CONSTRAINT_SCHEMA, TABLE_NAME, CONSTRAINT_NAME, REFERENCED_TABLE_NAME, "
-                                  "DELETE_RULE, UPDATE_RULE FROM information_schema.REFERENTIAL_CONSTRAINTS "
-                                  "WHERE DELETE_RULE <> 'RESTRICT' AND DELETE_RULE <> 'NO ACTION' "
-                                  "OR UPDATE_RULE <> 'RESTRICT' AND UPDATE_RULE <> 'NO ACTION' "
-                                  "ORDER BY CONSTRAINT_SCHEMA, TABLE_NAME, CONSTRAINT_NAME")
-        for schema, table, constraint, parent, on_delete, on_update in found:
-            if self.selects is not None and not self.selects(schema, table):
-                continue
-            rules = " ".join(f"ON {what} {rule}" for what, rule in (("DELETE", on_delete), ("UPDATE", on_update))
-                             if rule not in ("RESTRICT", "NO ACTION"))
-            raise self._error(f"table {schema}.{table} has foreign key {constraint} ({rules} from {parent}): the "
-                              "server changes its rows without logging them, so its copy would differ; exclude "
-                              "the table or drop the cascade (see docs/mysql-source.md)")
-
-    def _gtids_at(self, conn: pymysql.connections.Connection, position: Position,
-                  executed: str | None = None) -> _GtidState | None:
-        """The GTID set executed up to `position`, when the server can tell."""
-        if self.detected_flavor == "mariadb":
-            rows = self._query(conn, "SELECT BINLOG_GTID_POS(%s, %s)", (position.log, position.offset))
-            text = rows[0][0] if rows else None
-            return _GtidState("mariadb", text) if text is not None else None
-        return _GtidState("mysql", executed) if executed else None
-
-    def _resolve(self, conn: pymysql.connections.Connection, start: Position | None
-                 ) -> tuple[Position | None, _GtidState | None]:
-        """Where to read from: a checked file+pos (or None for a GTID start), and the GTIDs there."""
-        logs = [(row[0], int(row[1])) for row in self._query(conn, "SHOW BINARY LOGS")]
-        if not logs:
-            raise self._error(f"server {self.host}:{self.port} lists no binary logs")
-        target = start if start is not None else self.start
-        if target == "earliest":
-            target = Position(logs[0][0], 4)
-        elif target in ("latest", "snapshot") or isinstance(target, _GtidStart):  # a snapshot starts at the head
-            status = self._status(conn)
-            if status is None:
-                raise self._error(f"server {self.host}:{self.port} shows no binlog status")
-            head, executed = status
-            if not isinstance(target, _GtidStart):  # "latest" or "snapshot"
-                gtids = self._gtids_at(conn, head, executed)
-                return attrs.evolve(head, gtid=gtids.text or None if gtids else None), gtids
-            return self._resolve_gtid(conn, target, head, executed)
-        assert isinstance(target, Position)
-        sizes = dict(logs)
-        if target.log not in sizes:
-            oldest = Position(logs[0][0], 4)
-            if _log_number(target.log) > _log_number(logs[-1][0]):
-                raise self._error(f"position {target} is ahead of the server's last binlog {logs[-1][0]} "
-                                  "(was the server reset?)", target)
-            raise self._error(f"position {target} was purged from the server; the oldest available is "
-                              f"{oldest}: reset the pipeline's position and reload its tables",
-                              target, cls=PositionPurged)
-        if target.offset > sizes[target.log]:
-            raise self._error(f"position {target} is past the end of {target.log} "
-                              f"({sizes[target.log]} bytes)", target)
-        position = Position(target.log, max(4, target.offset))
-        gtids = self._gtids_at(conn, position)
-        saved = target.gtid
-        flavor = gtid_flavor(saved) if saved else None
-        if gtids is None and saved and flavor is not None and flavor == self.detected_flavor:
-            gtids = _GtidState(flavor, saved)
-        # A checkpoint inside a split transaction (row > 0) reads it again from its start.
-        return attrs.evolve(position, gtid=gtids.text or None if gtids else None, row=target.row), gtids
-
-    def _resolve_gtid(self, conn: pymysql.connections.Connection, target: _GtidStart, head: Position,
-                      executed: str | None) -> tuple[Position | None, _GtidState]:
-        if target.flavor != self.detected_flavor:
-            raise self._error(f"source.start.gtid {target.gtid!r} is a {target.flavor} GTID but "
-                              f"{self.host}:{self.port} is {self.detected_flavor}")
-        wanted = _GtidState(target.flavor, target.gtid)
-        if target.flavor == "mariadb":
-            executed = self._query(conn, "SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
-        if executed is not None and wanted.covers(_GtidState(target.flavor, executed)):
-            # Nothing after it yet: start at the head by position, so caught-up is known at once.
-            return attrs.evolve(head, gtid=wanted.text), wanted
-        return None, wanted
 
     # --- Select ------------------------------------------------------------------------------
 
@@ -422,29 +237,30 @@ class MysqlBinlogSource(Select):
         settings and grants a reader needs, and no selected table with a cascading foreign key.
         Returns what was found (``mariadb 10.11.19 at HOST:PORT``); raises `SourceError` naming the
         first problem (`setl check`)."""
-        conn = self._connect()
+        conn = self.server.connect()
         try:
-            flavor = self._check_settings(conn)
-            self._refuse_cascades(conn)
-            version = str(self._query(conn, "SELECT VERSION()")[0][0])
+            flavor = self.server.check_settings(conn)
+            self.server.refuse_cascades(conn, self.selects)
+            version = str(self.server.query(conn, "SELECT VERSION()")[0][0])
         except pymysql.MySQLError as exc:
-            raise self._error(f"cannot read the binlog settings of {self.host}:{self.port}: {exc}") from exc
+            raise self.server.error(f"cannot read the binlog settings of {self.host}:{self.port}: {exc}") from exc
         finally:
             conn.close()
         return f"{flavor} {version} at {self.host}:{self.port}"
 
     def open(self, start: Position | None) -> None:
         self.close()
-        conn = self._connect()
+        conn = self.server.connect()
         try:
-            self.detected_flavor = self._check_settings(conn)
-            self._refuse_cascades(conn)
-            position, gtids = self._resolve(conn, start)
-            tables = [(str(schema), str(table)) for schema, table in self._query(
+            self.detected_flavor = self.server.check_settings(conn)
+            self.server.refuse_cascades(conn, self.selects)
+            position, gtids = resolve(self.server, conn, start if start is not None else self.start,
+                                      self.detected_flavor)
+            tables = [(str(schema), str(table)) for schema, table in self.server.query(
                 conn, "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE <> 'VIEW' "
                       "AND TABLE_SCHEMA NOT IN ('information_schema', 'performance_schema', 'sys', 'mysql')")]
         except pymysql.MySQLError as exc:
-            raise self._error(f"cannot read the binlog settings of {self.host}:{self.port}: {exc}") from exc
+            raise self.server.error(f"cannot read the binlog settings of {self.host}:{self.port}: {exc}") from exc
         finally:
             conn.close()
         self._cursor = position
@@ -454,8 +270,8 @@ class MysqlBinlogSource(Select):
         self._queued_rows = 0
         self.table_maps = _TableMapCache() if self.table_map_cache else None
         self.row_decoders = fast.RowDecoders() if self.fast_decoder else None
-        self._connector = _Connector(self.table_maps, tls=self._ssl is not None)
-        self._tables = TableLookups(self._lookups, pipeline=self.pipeline, sequences=self.sequences)
+        self._connector = _Connector(self.table_maps, tls=self.server.ssl is not None)
+        self._tables = TableLookups(self.server.lookups, pipeline=self.pipeline, sequences=self.sequences)
         assembler = _Assembler(position or Position("", 0), self.max_rows_in_memory, gtids, self._prepared_rows,
                                self._tables.transactional, self.selects, KnownTables(tables))
         assembler.kind_of = self._tables.table_kind
@@ -483,9 +299,9 @@ class MysqlBinlogSource(Select):
         if start is not None:
             found = self._scan_for_prepare(key, start, commit, first_only=True)
         else:
-            conn = self._connect()
+            conn = self.server.connect()
             try:
-                logs = [str(row[0]) for row in self._query(conn, "SHOW BINARY LOGS")]
+                logs = [str(row[0]) for row in self.server.query(conn, "SHOW BINARY LOGS")]
             finally:
                 conn.close()
             found = None
@@ -504,8 +320,8 @@ class MysqlBinlogSource(Select):
     def _scan_for_prepare(self, key: XaKey, start: Position, stop: Position, first_only: bool = False
                           ) -> list[_Item] | None:
         """The rows of the last XA PREPARE group of `key` in ``[start, stop)`` of one binlog file."""
-        connector = _Connector(None, tls=self._ssl is not None)
-        settings = self._settings()
+        connector = _Connector(None, tls=self.server.ssl is not None)
+        settings = self.server.stream_settings()
         # server_id 0 with a non-blocking dump, as mariadb-binlog reads: it does not displace the
         # pipeline's own stream (a second reader with its server_id would).
         reader = BinLogStreamReader(connection_settings=settings, server_id=0, blocking=False, resume_stream=True,
@@ -555,7 +371,7 @@ class MysqlBinlogSource(Select):
             connector.shutdown()
 
     def _stream(self, connector: _Connector, at: Position | None, gtid: str | None) -> BinLogStreamReader:
-        settings = self._settings()
+        settings = self.server.stream_settings()
         common: dict[str, Any] = dict(
             connection_settings=settings, server_id=self.server_id, blocking=True, only_events=_EVENTS,
             slave_heartbeat=self.heartbeat, pymysql_wrapper=connector, enable_logging=False)
@@ -626,9 +442,9 @@ class MysqlBinlogSource(Select):
                     now = time.monotonic()
                     down_since = down_since if down_since is not None else now
                     if now - down_since >= self.reconnect_timeout:
-                        raise self._error(f"the binlog server {self.host}:{self.port} stayed unreachable for "
-                                          f"{now - down_since:.0f}s (reconnect_timeout); last error: {exc}",
-                                          handed) from exc
+                        raise self.server.error(f"the binlog server {self.host}:{self.port} stayed unreachable for "
+                                                f"{now - down_since:.0f}s (reconnect_timeout); last error: {exc}",
+                                                handed) from exc
                     attempt += 1
                     delay = self.backoff.delay(attempt)
                     log.warning("pipeline=%s lost the binlog stream of %s:%s (%s); reconnecting from %s in "
@@ -689,105 +505,34 @@ class MysqlBinlogSource(Select):
                                     position=where)  # type: ignore[return-value]
         cause = tls_failure(exc)
         if cause is not None:
-            return self._error(f"cannot read the binlog of {self.host}:{self.port} over TLS: {cause} "
-                               "(see source.ssl)", where)
+            return self.server.error(f"cannot read the binlog of {self.host}:{self.port} over TLS: {cause} "
+                                     "(see source.ssl)", where)
         if isinstance(exc, pymysql.MySQLError):
             if exc.args and exc.args[0] == _ER_MASTER_FATAL_READING_BINLOG:
-                return self._error(f"the server {self.host}:{self.port} cannot send its binlog after {after} "
-                                   f"(purged, or a GTID it does not have?): {exc.args[-1]}", where,
-                                   cls=PositionPurged)
-            return self._error(f"binlog read from {self.host}:{self.port} failed after {after}: {exc}", where)
-        return self._error(f"cannot decode the binlog of {self.host}:{self.port} after {after}: "
-                           f"{type(exc).__name__}: {exc}", where)
+                return self.server.error(f"the server {self.host}:{self.port} cannot send its binlog after {after} "
+                                         f"(purged, or a GTID it does not have?): {exc.args[-1]}", where,
+                                         cls=PositionPurged)
+            return self.server.error(f"binlog read from {self.host}:{self.port} failed after {after}: {exc}", where)
+        return self.server.error(f"cannot decode the binlog of {self.host}:{self.port} after {after}: "
+                                 f"{type(exc).__name__}: {exc}", where)
 
     def tell(self) -> Position | None:
         return self._cursor
 
     def head(self) -> Position | None:
-        conn = self._connect()
-        try:
-            status = self._status(conn)
-            return status[0] if status else None
-        except pymysql.MySQLError as exc:
-            raise self._error(f"cannot read the binlog status of {self.host}:{self.port}: {exc}") from exc
-        finally:
-            conn.close()
+        return self.server.head()
 
     def identity(self) -> dict[str, Any]:
-        """Which server this is (`setl.pipeline.identity`): its ``server_uuid`` (MySQL), ``server_id``
-        and ``gtid_domain_id`` (MariaDB), as the server reports them; a variable it lacks is left out."""
-        conn = self._connect()
-        try:
-            rows = self._query(conn, "SHOW GLOBAL VARIABLES WHERE Variable_name IN "
-                                     "('server_uuid', 'server_id', 'gtid_domain_id')")
-        except pymysql.MySQLError as exc:
-            raise self._error(f"cannot read the server identity of {self.host}:{self.port}: {exc}") from exc
-        finally:
-            conn.close()
-        found = {str(name): str(value) for name, value in rows}
-        return {name: (int(value) if name != "server_uuid" else value) for name, value in sorted(found.items())}
+        """Which server this is (`setl.pipeline.identity`): see `SourceServer.identity`."""
+        return self.server.identity()
 
     def bytes_behind(self, position: Position) -> tuple[Position, int] | None:
         """The log's end and the bytes of binlog after `position` up to it (None: `position`'s file is gone)."""
-        try:
-            [rows] = self._lookups.query(("SHOW BINARY LOGS", None))
-        except pymysql.MySQLError as exc:
-            raise self._error(f"cannot list the binary logs of {self.host}:{self.port}: {exc}") from exc
-        logs = [(str(row[0]), int(row[1])) for row in rows]
-        names = [name for name, _ in logs]
-        if not logs or position.log not in names:
-            return None
-        after = logs[names.index(position.log):]
-        behind = sum(size for _, size in after) - min(position.offset, after[0][1])
-        return Position(*logs[-1]), behind
+        return self.server.bytes_behind(position)
 
     def describe(self) -> tuple[TableSchema, ...]:
         """The selected base tables' columns from information_schema, on a connection of its own."""
-        conn = self._connect()
-        try:
-            tables = self._query(conn, "SELECT TABLE_SCHEMA, TABLE_NAME, CREATE_OPTIONS FROM information_schema.TABLES "
-                                       "WHERE TABLE_TYPE IN ('BASE TABLE', 'SYSTEM VERSIONED') AND TABLE_SCHEMA "
-                                       "NOT IN ('mysql', 'information_schema', 'performance_schema', 'sys')")
-            wanted = {(str(schema), str(table)) for schema, table, _options in tables
-                      if self.selects is None or self.selects(str(schema), str(table))}
-            partitioned = {(str(schema), str(table)) for schema, table, options in tables
-                           if "partitioned" in str(options or "").lower()}
-            if not wanted:
-                return ()
-            schemas = sorted({schema for schema, _ in wanted})
-            marks = ", ".join(["%s"] * len(schemas))
-            columns = self._query(conn, "SELECT TABLE_SCHEMA, TABLE_NAME, COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, "
-                                        "COLUMN_DEFAULT, CHARACTER_SET_NAME, COLLATION_NAME, GENERATION_EXPRESSION, "
-                                        "DATA_TYPE, EXTRA "
-                                        f"FROM information_schema.COLUMNS WHERE TABLE_SCHEMA IN ({marks}) "
-                                        "ORDER BY TABLE_SCHEMA, TABLE_NAME, ORDINAL_POSITION", schemas)
-            json_checked = _json_checked(self._query, conn, marks, schemas)
-            mariadb = "mariadb" in str(self._query(conn, "SELECT VERSION()")[0][0]).lower()
-            keys = self._query(conn, "SELECT TABLE_SCHEMA, TABLE_NAME, COLUMN_NAME FROM "
-                                     f"information_schema.KEY_COLUMN_USAGE WHERE TABLE_SCHEMA IN ({marks}) "
-                                     "AND CONSTRAINT_NAME = 'PRIMARY' ORDER BY TABLE_SCHEMA, TABLE_NAME, "
-                                     "ORDINAL_POSITION", schemas)
-        except pymysql.MySQLError as exc:
-            raise self._error(f"cannot read the selected tables' columns: {exc}") from exc
-        finally:
-            conn.close()
-        found: dict[tuple[str, str], list[ColumnSchema]] = {}
-        for schema, table, name, type_, nullable, default, charset, collation, expression, data_type, extra \
-                in columns:
-            key = (str(schema), str(table))
-            if key in wanted:
-                found.setdefault(key, []).append(_column_schema(
-                    str(name), str(type_), nullable == "YES", default, charset, collation, expression,
-                    str(data_type), str(extra or ""), (*key, str(name)) in json_checked, mariadb))
-        primary: dict[tuple[str, str], list[str]] = {}
-        for schema, table, name in keys:
-            # A system-versioned table's key holds its row end, which COLUMNS lists only when the
-            # period columns are declared: the rows setl hands on carry neither (current rows only).
-            if any(column.name == str(name) for column in found.get((str(schema), str(table)), ())):
-                primary.setdefault((str(schema), str(table)), []).append(str(name))
-        return tuple(TableSchema(TableName(*key), tuple(cols), tuple(primary.get(key, ())), key in partitioned)
-                     for key, cols in sorted(found.items()))
-
+        return self.server.describe(self.selects)
     def close(self, timeout: float = 5.0) -> None:
         self._stop.set()
         if self._connector is not None:
@@ -798,66 +543,9 @@ class MysqlBinlogSource(Select):
                 log.warning("pipeline=%s binlog reader thread did not stop within %.0fs", self.pipeline, timeout)
         self._thread = self._connector = self._queue = None
         self._mark = None
-        self._lookups.close()
-
-
-def _json_checked(query: Callable[..., Any], conn: Any, marks: str, schemas: Sequence[str]) -> set[tuple[str, ...]]:
-    """(schema, table, column) of MariaDB's JSON columns: LONGTEXT with a ``json_valid(`col`)`` CHECK."""
-    try:
-        rows = query(conn, "SELECT CONSTRAINT_SCHEMA, TABLE_NAME, CHECK_CLAUSE FROM information_schema."
-                           f"CHECK_CONSTRAINTS WHERE CONSTRAINT_SCHEMA IN ({marks})", schemas)
-    except pymysql.MySQLError:  # a server without CHECK_CONSTRAINTS (MySQL 5.7): JSON is its own type there
-        return set()
-    found: set[tuple[str, ...]] = set()
-    for schema, table, clause in rows:
-        match = re.fullmatch(r"json_valid\(`((?:[^`]|``)+)`\)", str(clause).strip())
-        if match:
-            found.add((str(schema), str(table), match[1].replace("``", "`")))
-    return found
-
-
-def _column_schema(name: str, column_type: str, nullable: bool, default: Any, charset: Any, collation: Any,
-                   expression: Any, data_type: str, extra: str, json: bool, mariadb: bool = True) -> ColumnSchema:
-    """A column from its information_schema.COLUMNS row (MariaDB's and MySQL's spellings)."""
-    # Lower case outside quotes: ENUM and SET members keep their case.
-    lowered = "".join(part if i % 2 else part.lower() for i, part in enumerate(re.split(r"('(?:[^']|'')*')",
-                                                                                      column_type)))
-    generated = str(expression) if expression else None  # MariaDB: NULL, MySQL: '' for a stored column
-    text = None if default is None or generated else str(default)
-    if text is not None and text.upper() == "NULL":
-        text = None  # MariaDB writes a nullable column's absent default as NULL
-    elif text is not None and _NEXT_VALUE.search(text):
-        text = None  # a sequence's next value: the rows carry the values, the target has no such sequence
-    elif text is not None and "DEFAULT_GENERATED" in extra.upper():
-        text = f"({text})" if not text.lower().startswith("current_timestamp") else text
-    elif text is not None and mariadb:
-        # MariaDB quotes every literal and lists an expression as written: `concat('a','b')`
-        if not _LITERAL.fullmatch(text) and not text.lower().startswith("current_timestamp"):
-            text = f"({text})"
-    elif (text is not None and not text.startswith("'") and data_type.lower() in _MYSQL_QUOTED_DEFAULTS
-          and not text.lower().startswith("current_timestamp")):
-        text = "'" + text.replace("\\", "\\\\").replace("'", "''") + "'"  # MySQL 8 gives literals unquoted
-    return ColumnSchema(name, lowered, nullable, text, str(charset) if charset else None,
-                        str(collation) if collation else None, generated, json or data_type.lower() == "json",
-                        "INVISIBLE" in extra.upper())
-
-
-#: A default information_schema lists as a literal: a quoted string, a number, b'..' or x'..'.
-_LITERAL = re.compile(r"'(?:[^'\\]|''|\\.)*'|[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[bBxX]'[0-9a-fA-F]*'")
-#: A default drawing a sequence's value (MariaDB: ``nextval(`s`.`seq`)``, ``NEXT VALUE FOR seq``).
-_NEXT_VALUE = re.compile(r"\b(?:nextval|lastval|setval)\s*\(|\bNEXT\s+VALUE\s+FOR\b|\bPREVIOUS\s+VALUE\s+FOR\b", re.I)
-
-
-#: Types whose literal default MySQL 8 lists unquoted (MariaDB quotes every string literal).
-_MYSQL_QUOTED_DEFAULTS = frozenset({"char", "varchar", "binary", "varbinary", "enum", "set", "date", "datetime",
-                                    "timestamp", "time", "year", "tinytext", "text", "mediumtext", "longtext"})
+        self.server.close()
 
 
 def _weight(item: Transaction | _Failure) -> int:
     """What an item counts for in the reader's queue: its rows, at least one."""
     return max(1, len(item.changes)) if isinstance(item, Transaction) else 1
-
-
-def _log_number(name: str) -> int:
-    suffix = name.rpartition(".")[2]
-    return int(suffix) if suffix.isdigit() else -1
