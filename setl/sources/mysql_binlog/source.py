@@ -21,14 +21,8 @@ import attrs
 import pymysql
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.event import (
-    GtidEvent,
     HeartbeatLogEvent,
-    MariadbGtidEvent,
-    QueryEvent,
-    RotateEvent,
-    XAPrepareEvent,
 )
-from pymysqlreplication.row_event import RowsEvent, TableMapEvent
 
 from setl.config import SslConfig
 from setl.errors import ConfigError, PositionPurged, SourceError
@@ -37,23 +31,16 @@ from setl.retry import Backoff
 from setl.sources.mysql_binlog import fast
 from setl.sources.mysql_binlog.assembler import (
     _EVENTS,
-    _POSITION_EVENTS,
     KnownTables,
     _Assembler,
     read_events,
 )
 from setl.sources.mysql_binlog.connector import _Connector, _disconnected, _Lost, _Stopped
-from setl.sources.mysql_binlog.decoding import (
-    XaKey,
-    _Item,
-    _row_items,
-    _TableInfo,
-)
 from setl.sources.mysql_binlog.lookups import TableLookups
 from setl.sources.mysql_binlog.patches import _TableMapCache, install
 from setl.sources.mysql_binlog.server import SourceServer
 from setl.sources.mysql_binlog.start import parse_start, resolve
-from setl.sources.mysql_binlog.statements import _XA_END
+from setl.sources.mysql_binlog.xa import PreparedXa
 from setl.stages.select import Select
 from setl.stages.snapshot import SnapshotAccess
 from setl.tablecopy import SnapshotSettings
@@ -272,7 +259,8 @@ class MysqlBinlogSource(Select):
         self.row_decoders = fast.RowDecoders() if self.fast_decoder else None
         self._connector = _Connector(self.table_maps, tls=self.server.ssl is not None)
         self._tables = TableLookups(self.server.lookups, pipeline=self.pipeline, sequences=self.sequences)
-        assembler = _Assembler(position or Position("", 0), self.max_rows_in_memory, gtids, self._prepared_rows,
+        assembler = _Assembler(position or Position("", 0), self.max_rows_in_memory, gtids,
+                               PreparedXa(self.server, self._tables.table_kind, self.pipeline).rows,
                                self._tables.transactional, self.selects, KnownTables(tables))
         assembler.kind_of = self._tables.table_kind
         assembler.sequences = self.sequences
@@ -286,89 +274,6 @@ class MysqlBinlogSource(Select):
                  self.detected_flavor, self.host, self.port, position or f"after GTID {gtid_start}",
                  self.server_id)
 
-
-    def _prepared_rows(self, key: XaKey, start: Position | None, commit: Position) -> list[_Item]:
-        """The row changes of prepared XA transaction `key`, read again from the binlog (runs on the
-        reader thread when its XA COMMIT group, starting at `commit`, arrives).
-
-        From `start` when this reader saw its XA PREPARE; else (a restart between XA PREPARE and
-        XA COMMIT) from the last XA PREPARE of `key` before `commit`, searching the binlogs newest
-        first. A prepared transaction no binlog holds any more stops the pipeline.
-        """
-        xid = f"X'{key[1].hex()}',X'{key[2].hex()}',{key[0]}"
-        if start is not None:
-            found = self._scan_for_prepare(key, start, commit, first_only=True)
-        else:
-            conn = self.server.connect()
-            try:
-                logs = [str(row[0]) for row in self.server.query(conn, "SHOW BINARY LOGS")]
-            finally:
-                conn.close()
-            found = None
-            for name in reversed(logs[: logs.index(commit.log) + 1] if commit.log in logs else []):
-                found = self._scan_for_prepare(key, Position(name, 4), commit)
-                if found is not None:
-                    log.info("pipeline=%s found the XA PREPARE of %s (committed at %s) in %s", self.pipeline,
-                             xid, commit, name)
-                    break
-        if found is None:
-            raise SourceError(f"XA COMMIT {xid} at {commit}: its XA PREPARE is no longer in the binlogs of "
-                              f"{self.host}:{self.port} (purged?), so its rows cannot be applied; reload the "
-                              "tables it touched and reset the pipeline's position past it", position=commit)
-        return found
-
-    def _scan_for_prepare(self, key: XaKey, start: Position, stop: Position, first_only: bool = False
-                          ) -> list[_Item] | None:
-        """The rows of the last XA PREPARE group of `key` in ``[start, stop)`` of one binlog file."""
-        connector = _Connector(None, tls=self.server.ssl is not None)
-        settings = self.server.stream_settings()
-        # server_id 0 with a non-blocking dump, as mariadb-binlog reads: it does not displace the
-        # pipeline's own stream (a second reader with its server_id would).
-        reader = BinLogStreamReader(connection_settings=settings, server_id=0, blocking=False, resume_stream=True,
-                                    log_file=start.log, log_pos=start.offset, is_mariadb=False,
-                                    only_events=_EVENTS, pymysql_wrapper=connector, enable_logging=False)
-        tables: dict[int, _TableInfo] = {}
-        group: list[_Item] = []
-        found: list[_Item] | None = None
-        try:
-            while True:
-                event = reader.fetchone()
-                if event is None:
-                    return found
-                if isinstance(event, RotateEvent):
-                    if event.next_binlog != start.log:
-                        return found
-                    continue
-                if not isinstance(event, _POSITION_EVENTS) and (start.log, event.packet.log_pos) > (
-                        stop.log, stop.offset):
-                    return found
-                if isinstance(event, (MariadbGtidEvent, GtidEvent)):
-                    group = []
-                elif isinstance(event, TableMapEvent):
-                    info = _TableInfo.from_table_map(event)
-                    tables[event.table_id] = info.with_kind(self._tables.table_kind(info.schema, info.table))
-                elif isinstance(event, RowsEvent) and event.table_id in tables:
-                    if not tables[event.table_id].sequence:
-                        group.extend(_row_items(event, tables[event.table_id]))
-                elif isinstance(event, XAPrepareEvent) and not event.one_phase and (
-                        event.xid_format_id, bytes(event.xid_gtrid), bytes(event.xid_bqual)) == key:
-                    found = group
-                    if first_only:
-                        return found
-                elif isinstance(event, QueryEvent):
-                    match = _XA_END.match(event.query)
-                    if match and (int(match["format"]), bytes.fromhex(match["gtrid"]),
-                                  bytes.fromhex(match["bqual"])) == key:
-                        found = None  # finished before: a later XA PREPARE reuses the XID
-                    elif event.query.strip().upper().startswith("XA START"):
-                        group = []
-        except pymysql.MySQLError as exc:
-            raise SourceError(f"cannot read {start.log} of {self.host}:{self.port} again for the XA PREPARE of "
-                              f"the XA COMMIT at {stop}: {exc}", position=stop) from exc
-        finally:
-            with contextlib.suppress(Exception):
-                reader.close()
-            connector.shutdown()
 
     def _stream(self, connector: _Connector, at: Position | None, gtid: str | None) -> BinLogStreamReader:
         settings = self.server.stream_settings()
