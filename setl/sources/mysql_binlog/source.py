@@ -20,21 +20,14 @@ from typing import Any, Literal
 import attrs
 import pymysql
 from pymysqlreplication import BinLogStreamReader
-from pymysqlreplication.event import (
-    HeartbeatLogEvent,
-)
+from pymysqlreplication.event import HeartbeatLogEvent
 
 from setl.config import SslConfig
 from setl.errors import ConfigError, PositionPurged, SourceError
 from setl.model import Position, TableSchema, Transaction
 from setl.retry import Backoff
 from setl.sources.mysql_binlog import fast
-from setl.sources.mysql_binlog.assembler import (
-    _EVENTS,
-    KnownTables,
-    _Assembler,
-    read_events,
-)
+from setl.sources.mysql_binlog.assembler import _EVENTS, KnownTables, _Assembler, read_events
 from setl.sources.mysql_binlog.connector import _Connector, _disconnected, _Lost, _Stopped
 from setl.sources.mysql_binlog.lookups import TableLookups
 from setl.sources.mysql_binlog.patches import _TableMapCache, install
@@ -76,6 +69,8 @@ ARRIVALS = 10_000
 
 @attrs.frozen
 class _Failure:
+    """The reader thread's end by an error, queued for `poll` to raise; `position`: the last end handed on."""
+
     error: BaseException
     position: Position | None
 
@@ -155,7 +150,8 @@ class MysqlBinlogSource(Select):
         self.fast_decoder = fast_decoder and fast.available()
         # One context for every connection: the binlog stream's, its control connections', ours.
         context = mysql_context(ssl, where="source.ssl", pipeline=pipeline or None) if ssl else None
-        #: how to reach the server, and the plain questions asked of it (the attributes below are its)
+        #: how to reach the server and the plain questions asked of it; host, port, user, flavor,
+        #: connect_timeout and heartbeat below are copies of its settings
         self.server = SourceServer(host, port, user, password=password, ssl=context, connect_timeout=connect_timeout,
                                    heartbeat=heartbeat, flavor=flavor, pipeline=pipeline)
         self.host, self.port, self.user = host, port, user
@@ -193,7 +189,6 @@ class MysqlBinlogSource(Select):
         #: (end, time.time()) of transactions read within the second of their commit timestamp, oldest
         #: first: the binlog's timestamps have whole seconds, the time read refines them (lag figures).
         self.arrivals: collections.deque[tuple[Position, float]] = collections.deque(maxlen=ARRIVALS)
-        self._tables = TableLookups(self.server.lookups, pipeline=pipeline, sequences=sequences)
 
     @classmethod
     def from_config(cls, cfg: MysqlSourceConfig, *, pipeline: str, **kwargs: Any) -> "MysqlBinlogSource":
@@ -204,9 +199,10 @@ class MysqlBinlogSource(Select):
     def __repr__(self) -> str:
         return f"<MysqlBinlogSource {self.host}:{self.port} server_id={self.server_id} at {self._cursor}>"
 
-    # --- control connection ------------------------------------------------------------------
+    # --- connections -------------------------------------------------------------------------
 
     def _connect(self) -> pymysql.connections.Connection:
+        """A new connection to the server (`SourceServer.connect`)."""
         return self.server.connect()
 
     def snapshot_access(self) -> SnapshotAccess:
@@ -258,13 +254,13 @@ class MysqlBinlogSource(Select):
         self.table_maps = _TableMapCache() if self.table_map_cache else None
         self.row_decoders = fast.RowDecoders() if self.fast_decoder else None
         self._connector = _Connector(self.table_maps, tls=self.server.ssl is not None)
-        self._tables = TableLookups(self.server.lookups, pipeline=self.pipeline, sequences=self.sequences)
+        lookups = TableLookups(self.server.lookups, pipeline=self.pipeline, sequences=self.sequences)  # fresh caches
         assembler = _Assembler(position or Position("", 0), self.max_rows_in_memory, gtids,
-                               PreparedXa(self.server, self._tables.table_kind, self.pipeline).rows,
-                               self._tables.transactional, self.selects, KnownTables(tables))
-        assembler.kind_of = self._tables.table_kind
+                               PreparedXa(self.server, lookups.table_kind, self.pipeline).rows,
+                               lookups.transactional, self.selects, KnownTables(tables))
+        assembler.kind_of = lookups.table_kind
         assembler.sequences = self.sequences
-        assembler.mode_names = self._tables.mode_names
+        assembler.mode_names = lookups.mode_names
         gtid_start = gtids.text if position is None and gtids is not None else None
         self._thread = threading.Thread(
             target=self._read, args=(self._connector, assembler, self._queue, self._stop, position, gtid_start),
@@ -273,7 +269,6 @@ class MysqlBinlogSource(Select):
         log.info("pipeline=%s reading the %s binlog of %s:%s from %s (server_id %d)", self.pipeline,
                  self.detected_flavor, self.host, self.port, position or f"after GTID {gtid_start}",
                  self.server_id)
-
 
     def _stream(self, connector: _Connector, at: Position | None, gtid: str | None) -> BinLogStreamReader:
         settings = self.server.stream_settings()
@@ -425,6 +420,7 @@ class MysqlBinlogSource(Select):
         return self._cursor
 
     def head(self) -> Position | None:
+        """The binlog's end now, on a connection of its own (`SourceServer.head`)."""
         return self.server.head()
 
     def identity(self) -> dict[str, Any]:
@@ -438,6 +434,7 @@ class MysqlBinlogSource(Select):
     def describe(self) -> tuple[TableSchema, ...]:
         """The selected base tables' columns from information_schema, on a connection of its own."""
         return self.server.describe(self.selects)
+
     def close(self, timeout: float = 5.0) -> None:
         self._stop.set()
         if self._connector is not None:
