@@ -5,14 +5,20 @@ A background thread reads the binlog with a blocking stream, reconnects when the
 and hands assembled transactions to `poll` through a bounded queue, so `poll` honours its timeout
 and `close` interrupts the read.
 
-The package: `source` (the Select), `assembler` (events into transactions), `decoding` (row
-images), `statements` (SQL text), `patches` (fixes to the library, installed by the source).
+The package: `source` (the Select: the reader thread and the queue `poll` takes from), `server`
+(connecting to the server, its settings checks and plain queries, `describe`), `start` (the
+configured start, resolved to a checked position), `connector` (the library's connections: one
+stream, cut on close), `lookups` (the kept connection and the reader's table questions), `xa`
+(prepared XA transactions read again), `assembler` (events into transactions), `fast` (the
+compiled rows decoder's stream), `decoding` (row images), `statements` (SQL text), `patches`
+(fixes to the library, installed by the source).
 """
 
 from setl.sources.mysql_binlog.assembler import KnownTables, gtid_flavor
 from setl.sources.mysql_binlog.decoding import TableKind
 from setl.sources.mysql_binlog.patches import SUPPORTED_LIBRARY, install
-from setl.sources.mysql_binlog.source import REQUIRED_SETTINGS, MysqlBinlogSource, MysqlSourceConfig
+from setl.sources.mysql_binlog.server import REQUIRED_SETTINGS
+from setl.sources.mysql_binlog.source import MysqlBinlogSource, MysqlSourceConfig
 from setl.sources.mysql_binlog.statements import ddl_target, dml_target
 
 __all__ = ["REQUIRED_SETTINGS", "SUPPORTED_LIBRARY", "KnownTables", "MysqlBinlogSource", "MysqlSourceConfig",

@@ -12,103 +12,32 @@ import collections
 import contextlib
 import logging
 import queue
-import re
-import socket
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any, Literal
 
 import attrs
 import pymysql
 from pymysqlreplication import BinLogStreamReader
-from pymysqlreplication.event import (
-    GtidEvent,
-    HeartbeatLogEvent,
-    MariadbGtidEvent,
-    QueryEvent,
-    RotateEvent,
-    XAPrepareEvent,
-)
-from pymysqlreplication.row_event import RowsEvent, TableMapEvent
+from pymysqlreplication.event import HeartbeatLogEvent
 
-from setl import ddl
-from setl import values as canonical
 from setl.config import SslConfig
 from setl.errors import ConfigError, PositionPurged, SourceError
-from setl.model import ColumnSchema, Position, TableName, TableSchema, Transaction
+from setl.model import Position, TableSchema, Transaction
 from setl.retry import Backoff
 from setl.sources.mysql_binlog import fast
-from setl.sources.mysql_binlog.assembler import (
-    _EVENTS,
-    _POSITION_EVENTS,
-    KnownTables,
-    _Assembler,
-    _GtidState,
-    gtid_flavor,
-    read_events,
-)
-from setl.sources.mysql_binlog.decoding import (
-    _PERIOD,
-    TableKind,
-    XaKey,
-    _Item,
-    _row_items,
-    _TableInfo,
-)
+from setl.sources.mysql_binlog.assembler import _EVENTS, KnownTables, _Assembler, read_events
+from setl.sources.mysql_binlog.connector import _Connector, _disconnected, _Lost, _Stopped
+from setl.sources.mysql_binlog.lookups import TableLookups
 from setl.sources.mysql_binlog.patches import _TableMapCache, install
-from setl.sources.mysql_binlog.statements import _XA_END, _unquote
+from setl.sources.mysql_binlog.server import SourceServer
+from setl.sources.mysql_binlog.start import parse_start, resolve
+from setl.sources.mysql_binlog.xa import PreparedXa
 from setl.stages.select import Select
 from setl.stages.snapshot import SnapshotAccess
 from setl.tablecopy import SnapshotSettings
-from setl.tls import mysql_context, require_encrypted, tls_failure
-
-
-class _Lookups:
-    """One connection to the source kept open for the short metadata questions the reader and the
-    node's sampler ask while a pipeline runs (a table's kind or engine, how far the log ends),
-    one question at a time across threads.
-
-    A connection per question cost more than the question: PyMySQL (1.2 on) builds a TLS context
-    from the system's CA store for every connection it opens, 15-25 ms of CPU here. A question that
-    finds the kept connection broken (the server restarted, the session was killed or timed out)
-    is asked once more on a new one.
-    """
-
-    def __init__(self, connect: Callable[[], pymysql.connections.Connection]) -> None:
-        self._connect = connect
-        self._lock = threading.Lock()
-        self._conn: pymysql.connections.Connection | None = None
-
-    def query(self, *statements: tuple[str, Any]) -> list[list[tuple[Any, ...]]]:
-        """The rows of each ``(sql, args)`` in turn, on the kept connection."""
-        with self._lock:
-            for attempt in (1, 2):
-                fresh = self._conn is None
-                if self._conn is None:
-                    self._conn = self._connect()
-                try:
-                    results = []
-                    with self._conn.cursor() as cur:
-                        for sql, args in statements:
-                            cur.execute(sql, args)
-                            results.append(list(cur.fetchall()))
-                    return results
-                except (pymysql.err.OperationalError, pymysql.err.InterfaceError, ConnectionError):
-                    self._drop()
-                    if fresh or attempt == 2:
-                        raise
-            raise AssertionError("unreachable")
-
-    def close(self) -> None:
-        with self._lock:
-            self._drop()
-
-    def _drop(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
+from setl.tls import mysql_context, tls_failure
 
 
 @attrs.frozen
@@ -137,129 +66,16 @@ log = logging.getLogger("setl.sources.mysql_binlog")
 #: Arrival times kept for the lag figures (a reader that nobody asks drops the oldest).
 ARRIVALS = 10_000
 
-# What a server must run with, and why: column names and primary keys come from the table map.
-REQUIRED_SETTINGS: Mapping[str, str] = {
-    "log_bin": "ON",
-    "binlog_format": "ROW",
-    "binlog_row_image": "FULL",
-    "binlog_row_metadata": "FULL",
-}
-_TRANSACTIONAL_ENGINES = frozenset({"innodb", "rocksdb", "tokudb", "xtradb"})
-
-
-class _Stopped(Exception):
-    """The reader was closed; its thread ends quietly."""
-
-
-class _Lost(Exception):
-    """The stream connection dropped. The library would reconnect by itself from the middle of a
-    transaction (or from its first GTID), so the connector refuses and the reader reconnects."""
-
-
-class _ControlConnection(pymysql.connections.Connection):
-    """A control connection, carrying the reader's table-map cache for the patched TableMapEvent."""
-
-    setl_table_maps: _TableMapCache | None = None
-
-
-_STREAM_BUFFER = 1 << 20  # bytes the binlog stream's socket file reads at most at once
-
-
-class _Connector:
-    """The `pymysql_wrapper` handed to the library: one stream connection, and a way to cut it.
-
-    Control connections carry the reader's table-map cache (`setl_table_maps`) when it has one.
-    """
-
-    def __init__(self, table_maps: _TableMapCache | None, tls: bool = False) -> None:
-        self.tls = tls  # refuse a connection the server did not encrypt
-        self._lock = threading.Lock()
-        self._connections: list[pymysql.connections.Connection] = []
-        self._stream_opened = False
-        self.table_maps = table_maps
-        self.closed = False
-
-    def __call__(self, **kwargs: Any) -> pymysql.connections.Connection:
-        if "db" in kwargs:  # the library still uses PyMySQL's deprecated names
-            kwargs["database"] = kwargs.pop("db")
-        if "passwd" in kwargs:
-            kwargs["password"] = kwargs.pop("passwd")
-        control = kwargs.get("database") == "information_schema"
-        with self._lock:
-            if self.closed:
-                raise _Stopped()
-            if not control:
-                if self._stream_opened:
-                    raise _Lost()
-                self._stream_opened = True
-        conn: pymysql.connections.Connection
-        if control:
-            control_conn = _ControlConnection(**kwargs)
-            control_conn.setl_table_maps = self.table_maps
-            conn = control_conn
-        else:
-            conn = pymysql.connect(**kwargs)
-            # Nothing is buffered between the handshake and the dump: read the stream in large
-            # pieces, so the reader thread releases the GIL (to block in recv) less often.
-            conn._rfile = conn._sock.makefile("rb", buffering=_STREAM_BUFFER)
-        if self.tls:
-            require_encrypted(conn, kwargs.get("host", "?"), kwargs.get("port", 0))
-        with self._lock:
-            self._connections.append(conn)
-            if self.closed:
-                self._cut(conn)
-                raise _Stopped()
-        return conn
-
-    def reset(self) -> None:
-        """Allow one new stream connection (a reconnect made by us, from a transaction end)."""
-        with self._lock:
-            self._stream_opened = False
-            self._connections = [c for c in self._connections if c.open]
-
-    @staticmethod
-    def _cut(conn: pymysql.connections.Connection) -> None:
-        sock = getattr(conn, "_sock", None)
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-
-    def shutdown(self) -> None:
-        """Wake a blocked read: shut the sockets down (the reader thread closes them)."""
-        with self._lock:
-            self.closed = True
-            connections = list(self._connections)
-        for conn in connections:
-            self._cut(conn)
-
 
 @attrs.frozen
 class _Failure:
+    """The reader thread's end by an error, queued for `poll` to raise; `position`: the last end handed on."""
+
     error: BaseException
     position: Position | None
 
 
-@attrs.frozen
-class _GtidStart:
-    """A configured start by GTID set: the server positions the stream (auto_position)."""
-
-    gtid: str
-    flavor: str
-
-
-# Server errors that mean "gone for now": can't connect, gone away, lost, shutting down, killed.
-_DISCONNECTS = frozenset({1053, 1152, 1927, 2003, 2006, 2013, 2055})
 _ER_MASTER_FATAL_READING_BINLOG = 1236
-
-
-def _disconnected(exc: BaseException) -> bool:
-    if tls_failure(exc) is not None:  # a certificate not trusted stays so: no reconnecting
-        return False
-    if isinstance(exc, (_Lost, ConnectionError, TimeoutError, socket.timeout)):
-        return True
-    if isinstance(exc, pymysql.err.OperationalError) and exc.args:
-        return exc.args[0] in _DISCONNECTS
-    return isinstance(exc, (pymysql.err.InterfaceError, OSError, EOFError))
 
 
 class MysqlBinlogSource(Select):
@@ -333,12 +149,15 @@ class MysqlBinlogSource(Select):
         #: rows events decoded by the compiled decoder (`fast`), where it is built and knows the table
         self.fast_decoder = fast_decoder and fast.available()
         # One context for every connection: the binlog stream's, its control connections', ours.
-        self._ssl = mysql_context(ssl, where="source.ssl", pipeline=pipeline or None) if ssl else None
+        context = mysql_context(ssl, where="source.ssl", pipeline=pipeline or None) if ssl else None
+        #: how to reach the server and the plain questions asked of it; host, port, user, flavor,
+        #: connect_timeout and heartbeat below are copies of its settings
+        self.server = SourceServer(host, port, user, password=password, ssl=context, connect_timeout=connect_timeout,
+                                   heartbeat=heartbeat, flavor=flavor, pipeline=pipeline)
         self.host, self.port, self.user = host, port, user
-        self._password = password
         self.server_id = server_id
         self.flavor = flavor
-        self.start = self._parse_start(start, pipeline)
+        self.start = parse_start(start, pipeline)
         self.pipeline = pipeline
         self.max_rows_in_memory = max_rows_in_memory
         self.connect_timeout = connect_timeout
@@ -370,8 +189,6 @@ class MysqlBinlogSource(Select):
         #: (end, time.time()) of transactions read within the second of their commit timestamp, oldest
         #: first: the binlog's timestamps have whole seconds, the time read refines them (lag figures).
         self.arrivals: collections.deque[tuple[Position, float]] = collections.deque(maxlen=ARRIVALS)
-        self._engines: dict[tuple[str, str], str] = {}  # storage engine by table, asked at a ROLLBACK TO
-        self._lookups = _Lookups(self._connect)
 
     @classmethod
     def from_config(cls, cfg: MysqlSourceConfig, *, pipeline: str, **kwargs: Any) -> "MysqlBinlogSource":
@@ -382,187 +199,19 @@ class MysqlBinlogSource(Select):
     def __repr__(self) -> str:
         return f"<MysqlBinlogSource {self.host}:{self.port} server_id={self.server_id} at {self._cursor}>"
 
-    @staticmethod
-    def _parse_start(start: Any, pipeline: str) -> str | Position | _GtidStart:
-        if start is None or start in ("earliest", "latest", "snapshot"):
-            return start or "earliest"
-        if isinstance(start, Position):
-            return start
-        if isinstance(start, Mapping) and set(start) == {"gtid"} and isinstance(start["gtid"], str):
-            flavor = gtid_flavor(start["gtid"])
-            if flavor is not None:
-                return _GtidStart(start["gtid"].strip(), flavor)
-            raise ConfigError(f"source.start.gtid {start['gtid']!r} is neither a MariaDB GTID list "
-                              "(DOMAIN-SERVER-SEQ[,...]) nor a MySQL GTID set (UUID:N[-M][,...])",
-                              pipeline=pipeline)
-        if isinstance(start, Mapping) and set(start) <= {"file", "log", "pos", "offset"}:
-            file = start.get("file", start.get("log"))
-            pos = start.get("pos", start.get("offset", 4))
-            if isinstance(file, str) and isinstance(pos, int) and not isinstance(pos, bool) and pos >= 4:
-                return Position(file, pos)
-        if isinstance(start, str):
-            with contextlib.suppress(ValueError):
-                return Position.parse(start)
-        raise ConfigError(f"source.start {start!r} is not earliest, latest, snapshot, {{file: NAME, pos: OFFSET}} "
-                          "(OFFSET at least 4) or {gtid: GTID_SET}", pipeline=pipeline)
-
-    # --- control connection ------------------------------------------------------------------
-
-    def _error(self, message: str, position: Position | None = None, cls: type[SourceError] = SourceError
-               ) -> SourceError:
-        return cls(message, pipeline=self.pipeline, stage="select", position=position)
+    # --- connections -------------------------------------------------------------------------
 
     def _connect(self) -> pymysql.connections.Connection:
-        try:
-            conn = pymysql.connect(host=self.host, port=self.port, user=self.user, password=self._password,
-                                   connect_timeout=self.connect_timeout, autocommit=True, charset="utf8mb4",
-                                   ssl=self._ssl)
-            if self._ssl is not None:
-                require_encrypted(conn, self.host, self.port)
-            return conn
-        except (pymysql.MySQLError, ConnectionError) as exc:
-            cause = tls_failure(exc)
-            if cause is not None:
-                raise self._error(f"cannot connect to {self.host}:{self.port} as {self.user} over TLS: {cause} "
-                                  "(see source.ssl)") from exc
-            raise self._error(f"cannot connect to {self.host}:{self.port} as {self.user}: {exc}") from exc
+        """A new connection to the server (`SourceServer.connect`)."""
+        return self.server.connect()
 
     def snapshot_access(self) -> SnapshotAccess:
         """What `setl.snapshot` needs to copy this server's tables (`SnapshotCapable`): this
         source's own connections (credentials, TLS, timeouts), its start and table selection.
         Connects to nothing."""
-        task_connect = None if self._ssl is not None else {
-            "host": self.host, "port": self.port, "user": self.user, "password": self._password,
-            "connect_timeout": self.connect_timeout, "charset": "utf8mb4", "autocommit": True}
-        return SnapshotAccess(self._connect, f"{self.host}:{self.port}", task_connect,
+        return SnapshotAccess(self.server.connect, f"{self.host}:{self.port}", self.server.task_connect(),
                               start_mode=self.start == "snapshot", selects=self.selects,
                               settings=self.snapshot_settings, batch_rows=self.max_rows_in_memory)
-
-    def _settings(self) -> dict[str, Any]:
-        """The library's connection settings for a binlog stream (and its control connections)."""
-        settings = {"host": self.host, "port": self.port, "user": self.user, "password": self._password,
-                    "connect_timeout": self.connect_timeout, "read_timeout": max(30.0, 4 * self.heartbeat)}
-        if self._ssl is not None:
-            settings["ssl"] = self._ssl
-        return settings
-
-    def _query(self, conn: pymysql.connections.Connection, sql: str, args: Any = None) -> list[tuple[Any, ...]]:
-        with conn.cursor() as cur:
-            cur.execute(sql, args)
-            return list(cur.fetchall())
-
-    def _status(self, conn: pymysql.connections.Connection) -> tuple[Position, str | None] | None:
-        """The binlog head, and (MySQL) the GTID set executed up to it."""
-        try:
-            rows = self._query(conn, "SHOW MASTER STATUS")
-        except pymysql.err.ProgrammingError:  # MySQL 8.4 renamed it
-            rows = self._query(conn, "SHOW BINARY LOG STATUS")
-        if not rows:
-            return None
-        executed = rows[0][4] if len(rows[0]) > 4 else None
-        return Position(rows[0][0], int(rows[0][1])), (executed or None)
-
-    def _check_settings(self, conn: pymysql.connections.Connection) -> str:
-        """Refuse a server that cannot give full row images with names; return its flavor."""
-        version = self._query(conn, "SELECT VERSION()")[0][0]
-        flavor = self.flavor if self.flavor != "auto" else ("mariadb" if "mariadb" in version.lower() else "mysql")
-        names = ", ".join(f"'{name}'" for name in REQUIRED_SETTINGS)
-        values = {name.lower(): str(value) for name, value in
-                  self._query(conn, f"SHOW GLOBAL VARIABLES WHERE Variable_name IN ({names})")}
-        for name, wanted in REQUIRED_SETTINGS.items():
-            value = values.get(name)
-            if value is not None and value.upper() == wanted:
-                continue
-            shown = "missing (server too old: needs MariaDB 10.5+ or MySQL 8.0.14+)" if value is None else value
-            fix = ("start the server with log_bin (log-bin=mysql-bin in [mysqld])" if name == "log_bin"
-                   else f"set {name}={wanted} in the server's [mysqld] config (or SET GLOBAL {name}={wanted}) "
-                        "and restart the pipeline")
-            raise self._error(f"server {self.host}:{self.port} ({version}) has {name}={shown}; setl needs "
-                              f"{name}={wanted} to read full row images: {fix}")
-        compressed = self._query(conn, "SHOW GLOBAL VARIABLES LIKE 'binlog_transaction_compression'")
-        if compressed and str(compressed[0][1]).upper() == "ON":  # MySQL 8.0.20+: payload events we cannot read
-            raise self._error(f"server {self.host}:{self.port} ({version}) has binlog_transaction_compression=ON; "
-                              "setl cannot read compressed transactions: set it OFF and restart the pipeline")
-        return flavor
-
-    def _refuse_cascades(self, conn: pymysql.connections.Connection) -> None:
-        """Refuse a selected table whose rows a foreign key changes: InnoDB applies ON DELETE/UPDATE
-        CASCADE, SET NULL and SET DEFAULT inside the engine, and the binlog never shows them."""
-        found = self._query(conn, "SELECT CONSTRAINT_SCHEMA, TABLE_NAME, CONSTRAINT_NAME, REFERENCED_TABLE_NAME, "
-                                  "DELETE_RULE, UPDATE_RULE FROM information_schema.REFERENTIAL_CONSTRAINTS "
-                                  "WHERE DELETE_RULE <> 'RESTRICT' AND DELETE_RULE <> 'NO ACTION' "
-                                  "OR UPDATE_RULE <> 'RESTRICT' AND UPDATE_RULE <> 'NO ACTION' "
-                                  "ORDER BY CONSTRAINT_SCHEMA, TABLE_NAME, CONSTRAINT_NAME")
-        for schema, table, constraint, parent, on_delete, on_update in found:
-            if self.selects is not None and not self.selects(schema, table):
-                continue
-            rules = " ".join(f"ON {what} {rule}" for what, rule in (("DELETE", on_delete), ("UPDATE", on_update))
-                             if rule not in ("RESTRICT", "NO ACTION"))
-            raise self._error(f"table {schema}.{table} has foreign key {constraint} ({rules} from {parent}): the "
-                              "server changes its rows without logging them, so its copy would differ; exclude "
-                              "the table or drop the cascade (see docs/mysql-source.md)")
-
-    def _gtids_at(self, conn: pymysql.connections.Connection, position: Position,
-                  executed: str | None = None) -> _GtidState | None:
-        """The GTID set executed up to `position`, when the server can tell."""
-        if self.detected_flavor == "mariadb":
-            rows = self._query(conn, "SELECT BINLOG_GTID_POS(%s, %s)", (position.log, position.offset))
-            text = rows[0][0] if rows else None
-            return _GtidState("mariadb", text) if text is not None else None
-        return _GtidState("mysql", executed) if executed else None
-
-    def _resolve(self, conn: pymysql.connections.Connection, start: Position | None
-                 ) -> tuple[Position | None, _GtidState | None]:
-        """Where to read from: a checked file+pos (or None for a GTID start), and the GTIDs there."""
-        logs = [(row[0], int(row[1])) for row in self._query(conn, "SHOW BINARY LOGS")]
-        if not logs:
-            raise self._error(f"server {self.host}:{self.port} lists no binary logs")
-        target = start if start is not None else self.start
-        if target == "earliest":
-            target = Position(logs[0][0], 4)
-        elif target in ("latest", "snapshot") or isinstance(target, _GtidStart):  # a snapshot starts at the head
-            status = self._status(conn)
-            if status is None:
-                raise self._error(f"server {self.host}:{self.port} shows no binlog status")
-            head, executed = status
-            if not isinstance(target, _GtidStart):  # "latest" or "snapshot"
-                gtids = self._gtids_at(conn, head, executed)
-                return attrs.evolve(head, gtid=gtids.text or None if gtids else None), gtids
-            return self._resolve_gtid(conn, target, head, executed)
-        assert isinstance(target, Position)
-        sizes = dict(logs)
-        if target.log not in sizes:
-            oldest = Position(logs[0][0], 4)
-            if _log_number(target.log) > _log_number(logs[-1][0]):
-                raise self._error(f"position {target} is ahead of the server's last binlog {logs[-1][0]} "
-                                  "(was the server reset?)", target)
-            raise self._error(f"position {target} was purged from the server; the oldest available is "
-                              f"{oldest}: reset the pipeline's position and reload its tables",
-                              target, cls=PositionPurged)
-        if target.offset > sizes[target.log]:
-            raise self._error(f"position {target} is past the end of {target.log} "
-                              f"({sizes[target.log]} bytes)", target)
-        position = Position(target.log, max(4, target.offset))
-        gtids = self._gtids_at(conn, position)
-        saved = target.gtid
-        flavor = gtid_flavor(saved) if saved else None
-        if gtids is None and saved and flavor is not None and flavor == self.detected_flavor:
-            gtids = _GtidState(flavor, saved)
-        # A checkpoint inside a split transaction (row > 0) reads it again from its start.
-        return attrs.evolve(position, gtid=gtids.text or None if gtids else None, row=target.row), gtids
-
-    def _resolve_gtid(self, conn: pymysql.connections.Connection, target: _GtidStart, head: Position,
-                      executed: str | None) -> tuple[Position | None, _GtidState]:
-        if target.flavor != self.detected_flavor:
-            raise self._error(f"source.start.gtid {target.gtid!r} is a {target.flavor} GTID but "
-                              f"{self.host}:{self.port} is {self.detected_flavor}")
-        wanted = _GtidState(target.flavor, target.gtid)
-        if target.flavor == "mariadb":
-            executed = self._query(conn, "SELECT @@GLOBAL.gtid_binlog_pos")[0][0]
-        if executed is not None and wanted.covers(_GtidState(target.flavor, executed)):
-            # Nothing after it yet: start at the head by position, so caught-up is known at once.
-            return attrs.evolve(head, gtid=wanted.text), wanted
-        return None, wanted
 
     # --- Select ------------------------------------------------------------------------------
 
@@ -571,29 +220,30 @@ class MysqlBinlogSource(Select):
         settings and grants a reader needs, and no selected table with a cascading foreign key.
         Returns what was found (``mariadb 10.11.19 at HOST:PORT``); raises `SourceError` naming the
         first problem (`setl check`)."""
-        conn = self._connect()
+        conn = self.server.connect()
         try:
-            flavor = self._check_settings(conn)
-            self._refuse_cascades(conn)
-            version = str(self._query(conn, "SELECT VERSION()")[0][0])
+            flavor = self.server.check_settings(conn)
+            self.server.refuse_cascades(conn, self.selects)
+            version = str(self.server.query(conn, "SELECT VERSION()")[0][0])
         except pymysql.MySQLError as exc:
-            raise self._error(f"cannot read the binlog settings of {self.host}:{self.port}: {exc}") from exc
+            raise self.server.error(f"cannot read the binlog settings of {self.host}:{self.port}: {exc}") from exc
         finally:
             conn.close()
         return f"{flavor} {version} at {self.host}:{self.port}"
 
     def open(self, start: Position | None) -> None:
         self.close()
-        conn = self._connect()
+        conn = self.server.connect()
         try:
-            self.detected_flavor = self._check_settings(conn)
-            self._refuse_cascades(conn)
-            position, gtids = self._resolve(conn, start)
-            tables = [(str(schema), str(table)) for schema, table in self._query(
+            self.detected_flavor = self.server.check_settings(conn)
+            self.server.refuse_cascades(conn, self.selects)
+            position, gtids = resolve(self.server, conn, start if start is not None else self.start,
+                                      self.detected_flavor)
+            tables = [(str(schema), str(table)) for schema, table in self.server.query(
                 conn, "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE <> 'VIEW' "
                       "AND TABLE_SCHEMA NOT IN ('information_schema', 'performance_schema', 'sys', 'mysql')")]
         except pymysql.MySQLError as exc:
-            raise self._error(f"cannot read the binlog settings of {self.host}:{self.port}: {exc}") from exc
+            raise self.server.error(f"cannot read the binlog settings of {self.host}:{self.port}: {exc}") from exc
         finally:
             conn.close()
         self._cursor = position
@@ -603,14 +253,14 @@ class MysqlBinlogSource(Select):
         self._queued_rows = 0
         self.table_maps = _TableMapCache() if self.table_map_cache else None
         self.row_decoders = fast.RowDecoders() if self.fast_decoder else None
-        self._connector = _Connector(self.table_maps, tls=self._ssl is not None)
-        self._engines = {}
-        self._modes: dict[int, str | None] = {}
-        assembler = _Assembler(position or Position("", 0), self.max_rows_in_memory, gtids, self._prepared_rows,
-                               self._transactional, self.selects, KnownTables(tables))
-        assembler.kind_of = self._table_kind
+        self._connector = _Connector(self.table_maps, tls=self.server.ssl is not None)
+        lookups = TableLookups(self.server.lookups, pipeline=self.pipeline, sequences=self.sequences)  # fresh caches
+        assembler = _Assembler(position or Position("", 0), self.max_rows_in_memory, gtids,
+                               PreparedXa(self.server, lookups.table_kind, self.pipeline).rows,
+                               lookups.transactional, self.selects, KnownTables(tables))
+        assembler.kind_of = lookups.table_kind
         assembler.sequences = self.sequences
-        assembler.mode_names = self._mode_names
+        assembler.mode_names = lookups.mode_names
         gtid_start = gtids.text if position is None and gtids is not None else None
         self._thread = threading.Thread(
             target=self._read, args=(self._connector, assembler, self._queue, self._stop, position, gtid_start),
@@ -620,160 +270,8 @@ class MysqlBinlogSource(Select):
                  self.detected_flavor, self.host, self.port, position or f"after GTID {gtid_start}",
                  self.server_id)
 
-    def _table_kind(self, schema: str, table: str) -> TableKind:
-        """Whether a table is a SEQUENCE or system-versioned (and its period columns), and its columns
-        whose bytes are handed on as text (UUID, INET6, INET4: the table map shows them as binary
-        strings), asked once per table map the reader decodes."""
-        found, typed = self._lookups.query(
-            ("SELECT TABLE_TYPE FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s",
-             (schema, table)),
-            ("SELECT COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s "
-             "AND TABLE_NAME = %s AND DATA_TYPE IN %s", (schema, table, tuple(sorted(canonical.TEXT_TYPES)))))
-        texts = {str(name): str(of).lower() for name, of in typed}
-        kind = str(found[0][0]).upper() if found else ""
-        if kind == "SEQUENCE":
-            return TableKind(sequence=True, definition=self._sequence_definition(schema, table), texts=texts)
-        if not found:  # dropped since: the table map tells a sequence by its columns
-            return TableKind(found=False, texts=texts)
-        if kind != "SYSTEM VERSIONED":
-            return TableKind(texts=texts)
-        [shown] = self._lookups.query((f"SHOW CREATE TABLE {ddl.quote(schema)}.{ddl.quote(table)}", None))
-        create = str(shown[0][1])
-        match = _PERIOD.search(create)
-        return TableKind(period=(_unquote(match[1]), _unquote(match[2])) if match else ("row_start", "row_end"),
-                         texts=texts)
-
-    def _sequence_definition(self, schema: str, table: str) -> str | None:
-        """``SHOW CREATE SEQUENCE`` of a sequence whose state rows are handed on (None when they are
-        not, or when the source has no such sequence now: dropped later in the binlog). It is the
-        definition as the source holds it now; the state rows carry the state as the binlog had it."""
-        if not self.sequences:
-            return None
-        try:
-            [shown] = self._lookups.query((f"SHOW CREATE SEQUENCE {ddl.quote(schema)}.{ddl.quote(table)}", None))
-        except pymysql.MySQLError as exc:
-            if not (exc.args and exc.args[0] in (1049, 1146, 4090, 4091)):  # no such database or sequence
-                raise
-            log.info("pipeline=%s sequence %s.%s cannot be shown (%s): a target that lacks it creates it "
-                     "from its state row", self.pipeline, schema, table, exc)
-            return None
-        return str(shown[0][1]) if shown else None
-
-    def _mode_names(self, bits: int) -> str | None:
-        """The names of the sql_mode whose bits a query event carries, as the source spells them
-        (asked once per distinct mode; None when the source cannot tell)."""
-        known = self._modes.get(bits)
-        if known is None and bits not in self._modes:
-            try:
-                results = self._lookups.query(("SET @setl_sql_mode = @@SESSION.sql_mode", None),
-                                              ("SET SESSION sql_mode = %s", (bits,)),
-                                              ("SELECT @@SESSION.sql_mode", None),
-                                              ("SET SESSION sql_mode = @setl_sql_mode", None))
-                known = str(results[2][0][0])
-            except pymysql.MySQLError as exc:
-                log.warning("pipeline=%s cannot name sql_mode %d of a DDL (%s): it runs under the target's own",
-                            self.pipeline, bits, exc)
-            self._modes[bits] = known
-        return known
-
-    def _transactional(self, schema: str, table: str) -> bool:
-        """Whether a ROLLBACK TO undoes the table's changes (its engine is transactional)."""
-        engine = self._engines.get((schema, table))
-        if engine is None:
-            [found] = self._lookups.query(("SELECT ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
-                                           "AND TABLE_NAME = %s", (schema, table)))
-            if not found or not found[0][0]:
-                raise SourceError(f"a ROLLBACK TO SAVEPOINT undid changes to {schema}.{table}, which no longer "
-                                  "exists on the server, so setl cannot tell whether they were undone", table=
-                                  f"{schema}.{table}")
-            engine = self._engines[(schema, table)] = str(found[0][0]).lower()
-        return engine in _TRANSACTIONAL_ENGINES
-
-    def _prepared_rows(self, key: XaKey, start: Position | None, commit: Position) -> list[_Item]:
-        """The row changes of prepared XA transaction `key`, read again from the binlog (runs on the
-        reader thread when its XA COMMIT group, starting at `commit`, arrives).
-
-        From `start` when this reader saw its XA PREPARE; else (a restart between XA PREPARE and
-        XA COMMIT) from the last XA PREPARE of `key` before `commit`, searching the binlogs newest
-        first. A prepared transaction no binlog holds any more stops the pipeline.
-        """
-        xid = f"X'{key[1].hex()}',X'{key[2].hex()}',{key[0]}"
-        if start is not None:
-            found = self._scan_for_prepare(key, start, commit, first_only=True)
-        else:
-            conn = self._connect()
-            try:
-                logs = [str(row[0]) for row in self._query(conn, "SHOW BINARY LOGS")]
-            finally:
-                conn.close()
-            found = None
-            for name in reversed(logs[: logs.index(commit.log) + 1] if commit.log in logs else []):
-                found = self._scan_for_prepare(key, Position(name, 4), commit)
-                if found is not None:
-                    log.info("pipeline=%s found the XA PREPARE of %s (committed at %s) in %s", self.pipeline,
-                             xid, commit, name)
-                    break
-        if found is None:
-            raise SourceError(f"XA COMMIT {xid} at {commit}: its XA PREPARE is no longer in the binlogs of "
-                              f"{self.host}:{self.port} (purged?), so its rows cannot be applied; reload the "
-                              "tables it touched and reset the pipeline's position past it", position=commit)
-        return found
-
-    def _scan_for_prepare(self, key: XaKey, start: Position, stop: Position, first_only: bool = False
-                          ) -> list[_Item] | None:
-        """The rows of the last XA PREPARE group of `key` in ``[start, stop)`` of one binlog file."""
-        connector = _Connector(None, tls=self._ssl is not None)
-        settings = self._settings()
-        # server_id 0 with a non-blocking dump, as mariadb-binlog reads: it does not displace the
-        # pipeline's own stream (a second reader with its server_id would).
-        reader = BinLogStreamReader(connection_settings=settings, server_id=0, blocking=False, resume_stream=True,
-                                    log_file=start.log, log_pos=start.offset, is_mariadb=False,
-                                    only_events=_EVENTS, pymysql_wrapper=connector, enable_logging=False)
-        tables: dict[int, _TableInfo] = {}
-        group: list[_Item] = []
-        found: list[_Item] | None = None
-        try:
-            while True:
-                event = reader.fetchone()
-                if event is None:
-                    return found
-                if isinstance(event, RotateEvent):
-                    if event.next_binlog != start.log:
-                        return found
-                    continue
-                if not isinstance(event, _POSITION_EVENTS) and (start.log, event.packet.log_pos) > (
-                        stop.log, stop.offset):
-                    return found
-                if isinstance(event, (MariadbGtidEvent, GtidEvent)):
-                    group = []
-                elif isinstance(event, TableMapEvent):
-                    info = _TableInfo.from_table_map(event)
-                    tables[event.table_id] = info.with_kind(self._table_kind(info.schema, info.table))
-                elif isinstance(event, RowsEvent) and event.table_id in tables:
-                    if not tables[event.table_id].sequence:
-                        group.extend(_row_items(event, tables[event.table_id]))
-                elif isinstance(event, XAPrepareEvent) and not event.one_phase and (
-                        event.xid_format_id, bytes(event.xid_gtrid), bytes(event.xid_bqual)) == key:
-                    found = group
-                    if first_only:
-                        return found
-                elif isinstance(event, QueryEvent):
-                    match = _XA_END.match(event.query)
-                    if match and (int(match["format"]), bytes.fromhex(match["gtrid"]),
-                                  bytes.fromhex(match["bqual"])) == key:
-                        found = None  # finished before: a later XA PREPARE reuses the XID
-                    elif event.query.strip().upper().startswith("XA START"):
-                        group = []
-        except pymysql.MySQLError as exc:
-            raise SourceError(f"cannot read {start.log} of {self.host}:{self.port} again for the XA PREPARE of "
-                              f"the XA COMMIT at {stop}: {exc}", position=stop) from exc
-        finally:
-            with contextlib.suppress(Exception):
-                reader.close()
-            connector.shutdown()
-
     def _stream(self, connector: _Connector, at: Position | None, gtid: str | None) -> BinLogStreamReader:
-        settings = self._settings()
+        settings = self.server.stream_settings()
         common: dict[str, Any] = dict(
             connection_settings=settings, server_id=self.server_id, blocking=True, only_events=_EVENTS,
             slave_heartbeat=self.heartbeat, pymysql_wrapper=connector, enable_logging=False)
@@ -844,9 +342,9 @@ class MysqlBinlogSource(Select):
                     now = time.monotonic()
                     down_since = down_since if down_since is not None else now
                     if now - down_since >= self.reconnect_timeout:
-                        raise self._error(f"the binlog server {self.host}:{self.port} stayed unreachable for "
-                                          f"{now - down_since:.0f}s (reconnect_timeout); last error: {exc}",
-                                          handed) from exc
+                        raise self.server.error(f"the binlog server {self.host}:{self.port} stayed unreachable for "
+                                                f"{now - down_since:.0f}s (reconnect_timeout); last error: {exc}",
+                                                handed) from exc
                     attempt += 1
                     delay = self.backoff.delay(attempt)
                     log.warning("pipeline=%s lost the binlog stream of %s:%s (%s); reconnecting from %s in "
@@ -907,104 +405,35 @@ class MysqlBinlogSource(Select):
                                     position=where)  # type: ignore[return-value]
         cause = tls_failure(exc)
         if cause is not None:
-            return self._error(f"cannot read the binlog of {self.host}:{self.port} over TLS: {cause} "
-                               "(see source.ssl)", where)
+            return self.server.error(f"cannot read the binlog of {self.host}:{self.port} over TLS: {cause} "
+                                     "(see source.ssl)", where)
         if isinstance(exc, pymysql.MySQLError):
             if exc.args and exc.args[0] == _ER_MASTER_FATAL_READING_BINLOG:
-                return self._error(f"the server {self.host}:{self.port} cannot send its binlog after {after} "
-                                   f"(purged, or a GTID it does not have?): {exc.args[-1]}", where,
-                                   cls=PositionPurged)
-            return self._error(f"binlog read from {self.host}:{self.port} failed after {after}: {exc}", where)
-        return self._error(f"cannot decode the binlog of {self.host}:{self.port} after {after}: "
-                           f"{type(exc).__name__}: {exc}", where)
+                return self.server.error(f"the server {self.host}:{self.port} cannot send its binlog after {after} "
+                                         f"(purged, or a GTID it does not have?): {exc.args[-1]}", where,
+                                         cls=PositionPurged)
+            return self.server.error(f"binlog read from {self.host}:{self.port} failed after {after}: {exc}", where)
+        return self.server.error(f"cannot decode the binlog of {self.host}:{self.port} after {after}: "
+                                 f"{type(exc).__name__}: {exc}", where)
 
     def tell(self) -> Position | None:
         return self._cursor
 
     def head(self) -> Position | None:
-        conn = self._connect()
-        try:
-            status = self._status(conn)
-            return status[0] if status else None
-        except pymysql.MySQLError as exc:
-            raise self._error(f"cannot read the binlog status of {self.host}:{self.port}: {exc}") from exc
-        finally:
-            conn.close()
+        """The binlog's end now, on a connection of its own (`SourceServer.head`)."""
+        return self.server.head()
 
     def identity(self) -> dict[str, Any]:
-        """Which server this is (`setl.pipeline.identity`): its ``server_uuid`` (MySQL), ``server_id``
-        and ``gtid_domain_id`` (MariaDB), as the server reports them; a variable it lacks is left out."""
-        conn = self._connect()
-        try:
-            rows = self._query(conn, "SHOW GLOBAL VARIABLES WHERE Variable_name IN "
-                                     "('server_uuid', 'server_id', 'gtid_domain_id')")
-        except pymysql.MySQLError as exc:
-            raise self._error(f"cannot read the server identity of {self.host}:{self.port}: {exc}") from exc
-        finally:
-            conn.close()
-        found = {str(name): str(value) for name, value in rows}
-        return {name: (int(value) if name != "server_uuid" else value) for name, value in sorted(found.items())}
+        """Which server this is (`setl.pipeline.identity`): see `SourceServer.identity`."""
+        return self.server.identity()
 
     def bytes_behind(self, position: Position) -> tuple[Position, int] | None:
         """The log's end and the bytes of binlog after `position` up to it (None: `position`'s file is gone)."""
-        try:
-            [rows] = self._lookups.query(("SHOW BINARY LOGS", None))
-        except pymysql.MySQLError as exc:
-            raise self._error(f"cannot list the binary logs of {self.host}:{self.port}: {exc}") from exc
-        logs = [(str(row[0]), int(row[1])) for row in rows]
-        names = [name for name, _ in logs]
-        if not logs or position.log not in names:
-            return None
-        after = logs[names.index(position.log):]
-        behind = sum(size for _, size in after) - min(position.offset, after[0][1])
-        return Position(*logs[-1]), behind
+        return self.server.bytes_behind(position)
 
     def describe(self) -> tuple[TableSchema, ...]:
         """The selected base tables' columns from information_schema, on a connection of its own."""
-        conn = self._connect()
-        try:
-            tables = self._query(conn, "SELECT TABLE_SCHEMA, TABLE_NAME, CREATE_OPTIONS FROM information_schema.TABLES "
-                                       "WHERE TABLE_TYPE IN ('BASE TABLE', 'SYSTEM VERSIONED') AND TABLE_SCHEMA "
-                                       "NOT IN ('mysql', 'information_schema', 'performance_schema', 'sys')")
-            wanted = {(str(schema), str(table)) for schema, table, _options in tables
-                      if self.selects is None or self.selects(str(schema), str(table))}
-            partitioned = {(str(schema), str(table)) for schema, table, options in tables
-                           if "partitioned" in str(options or "").lower()}
-            if not wanted:
-                return ()
-            schemas = sorted({schema for schema, _ in wanted})
-            marks = ", ".join(["%s"] * len(schemas))
-            columns = self._query(conn, "SELECT TABLE_SCHEMA, TABLE_NAME, COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, "
-                                        "COLUMN_DEFAULT, CHARACTER_SET_NAME, COLLATION_NAME, GENERATION_EXPRESSION, "
-                                        "DATA_TYPE, EXTRA "
-                                        f"FROM information_schema.COLUMNS WHERE TABLE_SCHEMA IN ({marks}) "
-                                        "ORDER BY TABLE_SCHEMA, TABLE_NAME, ORDINAL_POSITION", schemas)
-            json_checked = _json_checked(self._query, conn, marks, schemas)
-            mariadb = "mariadb" in str(self._query(conn, "SELECT VERSION()")[0][0]).lower()
-            keys = self._query(conn, "SELECT TABLE_SCHEMA, TABLE_NAME, COLUMN_NAME FROM "
-                                     f"information_schema.KEY_COLUMN_USAGE WHERE TABLE_SCHEMA IN ({marks}) "
-                                     "AND CONSTRAINT_NAME = 'PRIMARY' ORDER BY TABLE_SCHEMA, TABLE_NAME, "
-                                     "ORDINAL_POSITION", schemas)
-        except pymysql.MySQLError as exc:
-            raise self._error(f"cannot read the selected tables' columns: {exc}") from exc
-        finally:
-            conn.close()
-        found: dict[tuple[str, str], list[ColumnSchema]] = {}
-        for schema, table, name, type_, nullable, default, charset, collation, expression, data_type, extra \
-                in columns:
-            key = (str(schema), str(table))
-            if key in wanted:
-                found.setdefault(key, []).append(_column_schema(
-                    str(name), str(type_), nullable == "YES", default, charset, collation, expression,
-                    str(data_type), str(extra or ""), (*key, str(name)) in json_checked, mariadb))
-        primary: dict[tuple[str, str], list[str]] = {}
-        for schema, table, name in keys:
-            # A system-versioned table's key holds its row end, which COLUMNS lists only when the
-            # period columns are declared: the rows setl hands on carry neither (current rows only).
-            if any(column.name == str(name) for column in found.get((str(schema), str(table)), ())):
-                primary.setdefault((str(schema), str(table)), []).append(str(name))
-        return tuple(TableSchema(TableName(*key), tuple(cols), tuple(primary.get(key, ())), key in partitioned)
-                     for key, cols in sorted(found.items()))
+        return self.server.describe(self.selects)
 
     def close(self, timeout: float = 5.0) -> None:
         self._stop.set()
@@ -1016,66 +445,9 @@ class MysqlBinlogSource(Select):
                 log.warning("pipeline=%s binlog reader thread did not stop within %.0fs", self.pipeline, timeout)
         self._thread = self._connector = self._queue = None
         self._mark = None
-        self._lookups.close()
-
-
-def _json_checked(query: Callable[..., Any], conn: Any, marks: str, schemas: Sequence[str]) -> set[tuple[str, ...]]:
-    """(schema, table, column) of MariaDB's JSON columns: LONGTEXT with a ``json_valid(`col`)`` CHECK."""
-    try:
-        rows = query(conn, "SELECT CONSTRAINT_SCHEMA, TABLE_NAME, CHECK_CLAUSE FROM information_schema."
-                           f"CHECK_CONSTRAINTS WHERE CONSTRAINT_SCHEMA IN ({marks})", schemas)
-    except pymysql.MySQLError:  # a server without CHECK_CONSTRAINTS (MySQL 5.7): JSON is its own type there
-        return set()
-    found: set[tuple[str, ...]] = set()
-    for schema, table, clause in rows:
-        match = re.fullmatch(r"json_valid\(`((?:[^`]|``)+)`\)", str(clause).strip())
-        if match:
-            found.add((str(schema), str(table), match[1].replace("``", "`")))
-    return found
-
-
-def _column_schema(name: str, column_type: str, nullable: bool, default: Any, charset: Any, collation: Any,
-                   expression: Any, data_type: str, extra: str, json: bool, mariadb: bool = True) -> ColumnSchema:
-    """A column from its information_schema.COLUMNS row (MariaDB's and MySQL's spellings)."""
-    # Lower case outside quotes: ENUM and SET members keep their case.
-    lowered = "".join(part if i % 2 else part.lower() for i, part in enumerate(re.split(r"('(?:[^']|'')*')",
-                                                                                      column_type)))
-    generated = str(expression) if expression else None  # MariaDB: NULL, MySQL: '' for a stored column
-    text = None if default is None or generated else str(default)
-    if text is not None and text.upper() == "NULL":
-        text = None  # MariaDB writes a nullable column's absent default as NULL
-    elif text is not None and _NEXT_VALUE.search(text):
-        text = None  # a sequence's next value: the rows carry the values, the target has no such sequence
-    elif text is not None and "DEFAULT_GENERATED" in extra.upper():
-        text = f"({text})" if not text.lower().startswith("current_timestamp") else text
-    elif text is not None and mariadb:
-        # MariaDB quotes every literal and lists an expression as written: `concat('a','b')`
-        if not _LITERAL.fullmatch(text) and not text.lower().startswith("current_timestamp"):
-            text = f"({text})"
-    elif (text is not None and not text.startswith("'") and data_type.lower() in _MYSQL_QUOTED_DEFAULTS
-          and not text.lower().startswith("current_timestamp")):
-        text = "'" + text.replace("\\", "\\\\").replace("'", "''") + "'"  # MySQL 8 gives literals unquoted
-    return ColumnSchema(name, lowered, nullable, text, str(charset) if charset else None,
-                        str(collation) if collation else None, generated, json or data_type.lower() == "json",
-                        "INVISIBLE" in extra.upper())
-
-
-#: A default information_schema lists as a literal: a quoted string, a number, b'..' or x'..'.
-_LITERAL = re.compile(r"'(?:[^'\\]|''|\\.)*'|[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[bBxX]'[0-9a-fA-F]*'")
-#: A default drawing a sequence's value (MariaDB: ``nextval(`s`.`seq`)``, ``NEXT VALUE FOR seq``).
-_NEXT_VALUE = re.compile(r"\b(?:nextval|lastval|setval)\s*\(|\bNEXT\s+VALUE\s+FOR\b|\bPREVIOUS\s+VALUE\s+FOR\b", re.I)
-
-
-#: Types whose literal default MySQL 8 lists unquoted (MariaDB quotes every string literal).
-_MYSQL_QUOTED_DEFAULTS = frozenset({"char", "varchar", "binary", "varbinary", "enum", "set", "date", "datetime",
-                                    "timestamp", "time", "year", "tinytext", "text", "mediumtext", "longtext"})
+        self.server.close()
 
 
 def _weight(item: Transaction | _Failure) -> int:
     """What an item counts for in the reader's queue: its rows, at least one."""
     return max(1, len(item.changes)) if isinstance(item, Transaction) else 1
-
-
-def _log_number(name: str) -> int:
-    suffix = name.rpartition(".")[2]
-    return int(suffix) if suffix.isdigit() else -1
