@@ -16,7 +16,7 @@ None: the library then decodes that event as before.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
-from libc.string cimport memcpy
+from libc.string cimport memcmp, memcpy
 
 import codecs
 import datetime
@@ -464,3 +464,10 @@ def le_int(bytes data, Py_ssize_t pos, int size):
     if pos < 0 or pos + size > PyBytes_GET_SIZE(data) or size > 8:
         raise Truncated("integer")
     return _le(<const unsigned char*>PyBytes_AS_STRING(data) + pos, size)
+
+
+def equal_at(bytes data, Py_ssize_t pos, Py_ssize_t size, bytes other):
+    """Whether `data[pos:pos + size]` equals `other`, without slicing."""
+    if PyBytes_GET_SIZE(other) != size or pos < 0 or pos + size > PyBytes_GET_SIZE(data):
+        return False
+    return memcmp(PyBytes_AS_STRING(data) + pos, PyBytes_AS_STRING(other), size) == 0

@@ -28,7 +28,7 @@ from pymysqlreplication.row_event import DeleteRowsEvent, RowsEvent, TableMapEve
 from setl.sources.mysql_binlog import patches
 
 try:
-    from setl.sources.mysql_binlog._rows import EventHeader, Framer, RowDecoder, full_bitmap, le_int
+    from setl.sources.mysql_binlog._rows import EventHeader, Framer, RowDecoder, equal_at, full_bitmap, le_int
 except ImportError:  # not built: the library decodes every event
     RowDecoder = None  # type: ignore[assignment,misc]
 
@@ -120,6 +120,10 @@ class FastStream:
         self._framer: Any = None
         self._pending: bytes | None = None
         self._settings: tuple[Any, bool, Any, Any, Any] = (None, False, (), None, None)
+        #: what every GTID and XID event holds besides its own header and body (None: to build)
+        self._small_base: dict[str, Any] | None = None
+        #: the last table map of each table id: (its body, its event), reused while the bytes repeat
+        self._last_maps: dict[int, tuple[bytes, Any]] = {}
 
     def fetchone(self) -> Any:
         """The next event, as `BinLogStreamReader.fetchone()` would return it."""
@@ -182,6 +186,7 @@ class FastStream:
 
     def _read_settings(self) -> tuple[Any, bool, Any, Any, Any]:
         """The reader's state the events are built with (it changes only in events the library reads)."""
+        self._small_base = None
         reader = self.reader
         return (reader._ctl_connection, reader._BinLogStreamReader__use_checksum,
                 reader._BinLogStreamReader__allowed_events_in_packet, reader.mysql_version,
@@ -237,7 +242,12 @@ class FastStream:
         decoders = self.decoders
         packet = EventHeader(data)
         size = packet.event_size - (23 if use_checksum else 19)
-        body = bytes(data[20:20 + size])
+        table_id = le_int(data, 20, 6)
+        last = self._last_maps.get(table_id)
+        if last is not None and equal_at(data, 20, size, last[0]):  # the same bytes as this id's last map
+            cache.hits += 1
+            return self._table_map_event(last[1], packet)
+        body = data[20:20 + size]
         event = decoders.table_maps.get(body)
         if event is None:
             state = cache.get(body)
@@ -256,6 +266,12 @@ class FastStream:
             decoders.table_maps[body] = event
         else:
             cache.hits += 1
+        if len(self._last_maps) > 4096:
+            self._last_maps.clear()
+        self._last_maps[table_id] = (body, event)
+        return self._table_map_event(event, packet)
+
+    def _table_map_event(self, event: Any, packet: Any) -> Any:
         table_map = self.reader.table_map
         event.packet, event.table_map, event.event_type, event.timestamp = \
             packet, table_map, packet.event_type, packet.timestamp
@@ -270,15 +286,19 @@ class FastStream:
         size = packet.event_size - (23 if use_checksum else 19)
         if cls not in allowed_events or size < layout.size or len(data) < 20 + layout.size:
             return None
-        decoders = self.decoders
-        if decoders.dbms is None:
-            decoders.dbms = ctl_connection._get_dbms()
+        base = self._small_base
+        if base is None:
+            decoders = self.decoders
+            if decoders.dbms is None:
+                decoders.dbms = ctl_connection._get_dbms()
+            base = self._small_base = {
+                "table_map": self.reader.table_map, "_post_header_lengths": post_header_lengths,
+                "_ctl_connection": ctl_connection, "mysql_version": mysql_version, "_ignore_decode_errors": False,
+                "_verify_checksum": False, "_is_event_valid": None, "_processed": True, "complete": True,
+                "dbms": decoders.dbms}
         event = object.__new__(cls)
-        event.__dict__ = {
-            "packet": packet, "table_map": self.reader.table_map, "event_type": kind, "timestamp": packet.timestamp,
-            "event_size": size, "_post_header_lengths": post_header_lengths, "_ctl_connection": ctl_connection,
-            "mysql_version": mysql_version, "_ignore_decode_errors": False, "_verify_checksum": False,
-            "_is_event_valid": None, "_processed": True, "complete": True, "dbms": decoders.dbms}
+        event.__dict__ = {**base, "packet": packet, "event_type": kind, "timestamp": packet.timestamp,
+                          "event_size": size}
         if cls is XidEvent:
             (event.xid,) = _XID.unpack_from(data, 20)
         else:
