@@ -27,8 +27,6 @@ after a crash is harmless (READ replaces the row).
 from __future__ import annotations
 
 import collections
-import contextlib
-import itertools
 import logging
 import re
 import threading
@@ -40,13 +38,14 @@ import attrs
 import pymysql
 
 from setl import ddl, failpoints
-from setl.errors import ConfigError, SetlError, SourceError
+from setl.errors import ConfigError, SourceError
 from setl.meta.base import MetaStore, RepairRequest
 from setl.model import Batch, DdlChange, Op, Position, RowChange, TableName, Transaction
+from setl.snapshot.copies import Copy, CopyBook
 from setl.snapshot.display import ProgressReporter
 from setl.snapshot.ledger import Chunk, ProgressLedger, Record
-from setl.snapshot.merge import StreamMerge
-from setl.snapshot.reader import ChunkReader, TablePlan
+from setl.snapshot.reader import ChunkReader
+from setl.snapshot.reads import CopyReads
 from setl.snapshot.repair import RepairRefused, absent, query_value, typed_keys
 from setl.stages.layers import find_layer
 from setl.stages.select import A, Select, SelectWrapper
@@ -60,25 +59,6 @@ REQUEST_POLL = 1.0
 #: How often in a row a keyless non-transactional table is copied again after a write while its
 #: read began, before the pipeline stops with an error.
 MAX_REREADS = 5
-#: Server errors of a chunk read on a table altered under it: unknown column, table definition
-#: changed, no such table, key column gone.
-_ALTERED_ERRORS = frozenset({1054, 1412, 1146, 1176})
-
-
-@attrs.define(eq=False)
-class _Copy:
-    """A table being copied, as the reader threads and the poll thread see it."""
-
-    plan: TablePlan
-    progress: TableProgress
-    truncated: bool = False  # its TRUNCATE was handed on: chunks may be read
-    lower: tuple[Any, ...] | None = None  # the next chunk starts after this key
-    exhausted: bool = False  # the final chunk was claimed
-    claiming: bool = False  # a reader is finding the next boundary
-    next_index: int = 0
-    handed_rows: int = 0
-    serial: int = 0  # tells this copy's chunks from those of an earlier copy of the table
-    handed_final: bool = False  # its last chunk was handed on
 
 
 class SnapshotSelect(SelectWrapper):
@@ -113,30 +93,15 @@ class SnapshotSelect(SelectWrapper):
         self.on_done: Callable[[TableProgress], None] | None = None
         self.spark_reads = spark_reads  # a setl.snapshot.spark_engine.SparkReads: chunks read as Spark tasks
         self.reader = ChunkReader(self._connection, pipeline)
-        self._lock = threading.Condition()
-        self._generation = 0
-        self._copies: dict[TableName, _Copy] = {}
-        self._waiting: list[TableName] = []  # tables whose TRUNCATE is to be handed on
-        self._keyless_open: set[TableName] = set()
-        self._serials = itertools.count(1)
-        self._abandoned: set[int] = set()  # serials of copies a DDL started again: their chunks are dropped
-        #: tables whose copy is not done but which no longer exist, with the binlog head when found so:
-        #: the DDL that removed them is still ahead in the stream (and may rename them)
-        self._gone: dict[TableName, Position | None] = {}
-        self._handed: Position | None = None  # the end of the last binlog transaction handed on
-        #: keyless tables the snapshot does not cover (MyISAM), read as of some time in (Pc, head]:
-        #: (Pc, head, copy serial); a write to the table in there may be in the copy and replayed too
-        self._windows: dict[TableName, tuple[Position, Position | None, int]] = {}
+        #: the copies' state, shared with the collaborators below under its one lock
+        self.book = CopyBook()
+        #: the reader threads, which copy they read next and their room (the copy scheduler)
+        self.reads = CopyReads(self.book, reader=self.reader, connection=self._connection, inner=inner,
+                               pipeline=pipeline, where=where, readers=self.readers, chunk_rows=self.chunk_rows,
+                               max_chunks=self.max_chunks, spark_reads=spark_reads)
         self._rereads: collections.Counter[TableName] = collections.Counter()
         self._progress_lock = threading.Lock()  # progress committed and stored, or a copy abandoned
-        self._merge: StreamMerge[Chunk] = StreamMerge()
-        #: chunks (keyless pieces included) in the merge and not handed on, by copy serial
-        self._queued: collections.Counter[int] = collections.Counter()
-        self._out: collections.deque[Transaction] = collections.deque()
         self.ledger = ProgressLedger()
-        self._threads: list[threading.Thread] = []
-        self._stop = threading.Event()
-        self._failure: BaseException | None = None
         self._next_request = 0.0
         self._checked = False
         self._began: float | None = None
@@ -161,56 +126,34 @@ class SnapshotSelect(SelectWrapper):
     # --- Select -------------------------------------------------------------------------------
 
     def open(self, start: Position | None) -> None:
-        self._shutdown()
+        self.reads.shutdown()
         self.inner.open(start)
         fresh = start is None and self.start_mode
         self._restart(self.inner.tell(), fresh=fresh)
 
     def seek(self, position: Position | None) -> None:
-        self._shutdown()
+        self.reads.shutdown()
         self.inner.seek(position)
         self._restart(self.inner.tell() or position, fresh=False)
 
     def close(self) -> None:
-        self._shutdown()
+        self.reads.shutdown()
         self.inner.close()
 
     def backlog(self) -> bool:
-        with self._lock:
+        with self.book.lock:
             # a repair holds `--until-caught-up` until acked
-            waiting = bool(self._waiting or self._repairs or self._repairs_deferred)
+            waiting = bool(self.book.waiting or self._repairs or self._repairs_deferred)
         return waiting or self.ledger.unfinished()
-
-    def _shutdown(self) -> None:
-        self._stop.set()
-        with self._lock:
-            self._generation += 1
-            self._lock.notify_all()
-        for thread in self._threads:
-            thread.join(30.0)
-            if thread.is_alive():
-                log.warning("pipeline=%s snapshot reader %s did not stop within 30s", self.pipeline, thread.name)
-        self._threads = []
 
     def _restart(self, frontier: Position | None, *, fresh: bool) -> None:
         """Forget everything not acked; take the copies up again from the meta store's progress."""
         stored = {p.name: p for p in self.meta.snapshot_progress(self.pipeline)}
-        with self._lock:
-            self._generation += 1
-            self._copies.clear()
-            self._waiting.clear()
-            self._keyless_open.clear()
-            self._abandoned.clear()
-            self._gone.clear()
-            self._windows.clear()
-            self._handed = frontier
-            self._merge.clear(frontier)
-            self._queued.clear()
-            self._out.clear()
-            self._failure = None
+        with self.book.lock:
+            self.book.reset(frontier)
             self._repairs.clear()  # not acked: served again from the meta store's requests
         self.ledger.reset(stored)
-        self._stop = threading.Event()
+        self.reads.stop = threading.Event()
         if fresh:
             tables = self._selected_tables()
             log.info("pipeline=%s stage=select snapshot of %d table(s) starting at %s", self.pipeline,
@@ -222,8 +165,8 @@ class SnapshotSelect(SelectWrapper):
         # A copy requested while the pipeline was stopped starts now: `backlog()` then holds a
         # `--until-caught-up` start until it is done, instead of it ending "caught up" at once.
         self._take_requests()
-        if self._copies or self._waiting:
-            self._start_readers()
+        if self.book.copies or self.book.waiting:
+            self.reads.start()
 
     def _selected_tables(self) -> list[TableName]:
         conn = self._connection()
@@ -249,8 +192,8 @@ class SnapshotSelect(SelectWrapper):
         if replace:
             self.ledger.reset({})
         self.ledger.set(pending)
-        with self._lock:
-            self._waiting.extend(p.name for p in pending)
+        with self.book.lock:
+            self.book.waiting.extend(p.name for p in pending)
         if self._began is None:
             self._began = time.monotonic()
 
@@ -267,8 +210,8 @@ class SnapshotSelect(SelectWrapper):
             else:
                 log.info("pipeline=%s stage=select table=%s snapshot resumes from its start", self.pipeline,
                          progress.name)
-            with self._lock:
-                self._waiting.append(progress.name)
+            with self.book.lock:
+                self.book.waiting.append(progress.name)
         if self._began is None:
             self._began = time.monotonic()
 
@@ -286,14 +229,14 @@ class SnapshotSelect(SelectWrapper):
 
     def _start_waiting(self) -> None:
         """Hand on the TRUNCATE of each waiting table at the current position, and open its copy."""
-        with self._lock:
-            if self._merge.frontier is None:
+        with self.book.lock:
+            if self.book.merge.frontier is None:
                 return  # after a GTID start: wait for the first position
-            waiting, self._waiting = self._waiting, []
-            generation = self._generation
+            waiting, self.book.waiting = self.book.waiting, []
+            generation = self.book.generation
         if not waiting:
             return
-        frontier = self._merge.frontier
+        frontier = self.book.merge.frontier
         conn = self._connection()
         try:
             for name in waiting:
@@ -304,11 +247,11 @@ class SnapshotSelect(SelectWrapper):
                     # it passes (a RENAME then copies the new name), or once the stream reaches
                     # today's head without one.
                     head = self.inner.head()
-                    with self._lock:
-                        if generation == self._generation:
-                            self._gone[name] = head
-                            if self._handed is not None:
-                                self._lost_without_ddl(self._handed)  # already past today's head
+                    with self.book.lock:
+                        if generation == self.book.generation:
+                            self.book.gone[name] = head
+                            if self.book.handed is not None:
+                                self._lost_without_ddl(self.book.handed)  # already past today's head
                     log.info("pipeline=%s stage=select table=%s no longer exists: not copied; waiting for the DDL "
                              "that removed it to pass (by %s)", self.pipeline, name, head)
                     continue
@@ -318,30 +261,30 @@ class SnapshotSelect(SelectWrapper):
                                 "its copy began: copying it again from its start", self.pipeline, name,
                                 ", ".join(plan.key), ", ".join(stored.key))
                     resume = False
-                copy = _Copy(plan, attrs.evolve(stored, estimate=plan.estimate), serial=next(self._serials))
+                copy = Copy(plan, attrs.evolve(stored, estimate=plan.estimate), serial=next(self.book.serials))
                 if resume:
                     copy.truncated, copy.lower = True, stored.last_key
-                    with self._lock:
-                        if generation == self._generation:
-                            self._copies[name] = copy
-                            self._lock.notify_all()
+                    with self.book.lock:
+                        if generation == self.book.generation:
+                            self.book.copies[name] = copy
+                            self.book.lock.notify_all()
                     continue
                 # Empty now: nothing to copy, and any later row arrives through the binlog.
                 empty = not self.reader.has_rows(conn, plan)
                 statement = f"TRUNCATE TABLE {plan.quoted}"
                 change = DdlChange(name.schema, name.table, statement, position=frontier, snapshot=True)
-                with self._lock:
-                    if generation != self._generation:
+                with self.book.lock:
+                    if generation != self.book.generation:
                         return
                     copy.truncated = True
                     copy.exhausted = empty
-                    self._copies[name] = copy
+                    self.book.copies[name] = copy
                     if plan.keyless and not empty:
-                        self._keyless_open.add(name)
+                        self.book.keyless_open.add(name)
                     self.ledger.remember(Record(name, "truncate", change, empty=empty, estimate=plan.estimate,
                                                 key=plan.key, copy=copy.serial))
-                    self._out.append(Transaction((change,), frontier or Position("", 0)))
-                    self._lock.notify_all()
+                    self.book.out.append(Transaction((change,), frontier or Position("", 0)))
+                    self.book.lock.notify_all()
         finally:
             conn.close()
 
@@ -353,8 +296,8 @@ class SnapshotSelect(SelectWrapper):
         requests = self.meta.snapshot_requests(self.pipeline)
         taken = []
         for table in requests:
-            with self._lock:
-                busy = table in self._copies or table in self._waiting
+            with self.book.lock:
+                busy = table in self.book.copies or table in self.book.waiting
             if busy:
                 continue  # copied again once the current copy ends
             if self.selects is not None and not self.selects(table.schema, table.table):
@@ -368,8 +311,8 @@ class SnapshotSelect(SelectWrapper):
             for table in taken:
                 self.meta.drop_snapshot_request(self.pipeline, table)
             log.info("pipeline=%s stage=select snapshot requested for %s: copying at %s", self.pipeline,
-                     ", ".join(map(str, taken)), self._merge.frontier)
-            self._start_readers()
+                     ", ".join(map(str, taken)), self.book.merge.frontier)
+            self.reads.start()
         self._take_repairs()
 
     # --- repairs (poll thread) -----------------------------------------------------------------
@@ -377,15 +320,15 @@ class SnapshotSelect(SelectWrapper):
     def _take_repairs(self) -> None:
         """Serve the meta store's repair requests not in flight (`setl.snapshot.repair`)."""
         requests = self.meta.repair_requests(self.pipeline)
-        with self._lock:
-            self._repairs_deferred = bool(requests) and self._merge.frontier is None
+        with self.book.lock:
+            self._repairs_deferred = bool(requests) and self.book.merge.frontier is None
             if self._repairs_deferred:
                 return  # after a GTID start: wait for the first position
         for request in requests:
-            with self._lock:
+            with self.book.lock:
                 if request.id in self._repairs or request.id in self._repaired:
                     continue
-                if request.table in self._copies or request.table in self._waiting:
+                if request.table in self.book.copies or request.table in self.book.waiting:
                     self._repairs_deferred = True  # a table being copied is repaired once its copy ends
                     continue
             if self.selects is not None and not self.selects(request.table.schema, request.table.table):
@@ -418,30 +361,30 @@ class SnapshotSelect(SelectWrapper):
                             "whole table", self.pipeline, name, request.id, exc)
                 self._begin_tables([name], replace=False)
                 self.meta.drop_repair_request(self.pipeline, request.id)
-                self._start_readers()
+                self.reads.start()
                 return
-            with self._lock:
-                generation = self._generation
-                rid = self._register(generation)
+            with self.book.lock:
+                generation = self.book.generation
+                rid = self.book.register(generation)
             try:
                 rows, position = self.reader.read_keys(conn, plan, [[query_value(v) for v in key] for key in keys],
-                                                       lambda at: self._started(generation, rid, at))
+                                                       lambda at: self.book.started(generation, rid, at))
             except BaseException:
-                with self._lock:
-                    self._ended(generation, rid)
+                with self.book.lock:
+                    self.book.ended(generation, rid)
                 raise
             found = [tuple(row[c] for c in plan.key) for row in rows]
             deletes = tuple(dict(zip(plan.key, key)) for key in absent(keys, found))
             chunk = Chunk(name, generation, 0, tuple(rows), position, None, None, True, repair=request.id,
                           key=plan.key, deletes=deletes)
-            with self._lock:
-                if generation == self._generation:
-                    self._merge.add(position, chunk)
+            with self.book.lock:
+                if generation == self.book.generation:
+                    self.book.merge.add(position, chunk)
                     self._repairs[request.id] = [None, None]
-                self._ended(generation, rid)
+                self.book.ended(generation, rid)
         except pymysql.MySQLError as exc:
             raise SourceError(f"repair read of {self.where} failed: {exc}", pipeline=self.pipeline, stage="select",
-                              table=str(name), position=self._merge.frontier) from exc
+                              table=str(name), position=self.book.merge.frontier) from exc
         finally:
             conn.close()
 
@@ -456,13 +399,13 @@ class SnapshotSelect(SelectWrapper):
             self._repairs[chunk.repair][:] = [changes[-1], None] if changes else [None, -1]
         log.info("pipeline=%s stage=select table=%s position=%s repair %s: %d row(s) copied again, %d deleted",
                  self.pipeline, chunk.table, position, chunk.repair, len(chunk.rows), len(chunk.deletes))
-        frontier = self._merge.frontier
+        frontier = self.book.merge.frontier
         return Transaction(changes, frontier if frontier is not None else position)
 
     def _acked_repairs(self, batch: Batch) -> None:
         """Drop the requests whose repairs `batch` (acked) or an earlier batch holds. A crash before
         a drop serves the request again after the restart: a repeat of an idempotent repair."""
-        with self._lock:
+        with self.book.lock:
             done = [(rid, carrier) for rid, (carrier, held) in self._repairs.items()
                     if held is not None and held <= batch.id]
         for rid, carrier in done:
@@ -473,7 +416,7 @@ class SnapshotSelect(SelectWrapper):
                 log.exception("pipeline=%s stage=termin batch=%d dropping repair request %s failed", self.pipeline,
                               batch.id, rid)
                 continue
-            with self._lock:
+            with self.book.lock:
                 self._repairs.pop(rid, None)
                 self._repaired.add(rid)
             log.info("pipeline=%s stage=termin batch=%d repair %s acked", self.pipeline, batch.id, rid)
@@ -482,72 +425,73 @@ class SnapshotSelect(SelectWrapper):
 
     def poll(self, timeout: float) -> Transaction | None:
         self._take_requests()
-        with self._lock:
-            idle = not (self._copies or self._waiting or self._out or self._gone or self._windows) and self._merge.idle
-            failure = self._failure
+        with self.book.lock:
+            book = self.book
+            idle = not (book.copies or book.waiting or book.out or book.gone or book.windows) and book.merge.idle
+            failure = self.book.failure
         if failure is not None:
             raise failure
         if idle:
             tx = self.inner.poll(timeout)
             if tx is not None:
-                with self._lock:
-                    self._merge.frontier = self._handed = tx.end
+                with self.book.lock:
+                    self.book.merge.frontier = self.book.handed = tx.end
             return tx
-        if self._waiting:
+        if self.book.waiting:
             self._start_waiting()
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
-            with self._lock:
-                if self._out:
-                    return self._out.popleft()
-                wanted = self._merge.lookahead is None
+            with self.book.lock:
+                if self.book.out:
+                    return self.book.out.popleft()
+                wanted = self.book.merge.lookahead is None
             if wanted:
                 tx = self.inner.poll(0)
-                with self._lock:
-                    self._merge.offer(tx)
-            with self._lock:
-                if self._failure is not None:
-                    raise self._failure
+                with self.book.lock:
+                    self.book.merge.offer(tx)
+            with self.book.lock:
+                if self.book.failure is not None:
+                    raise self.book.failure
                 found = self._next()
                 if found is not None:
                     return found
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
-                if self._merge.lookahead is not None:
+                if self.book.merge.lookahead is not None:
                     # held by a read in flight or a chunk not yet placed: wait for a reader
-                    self._lock.wait(min(remaining, 0.02))
+                    self.book.lock.wait(min(remaining, 0.02))
                     continue
             tx = self.inner.poll(min(remaining, 0.02))
-            with self._lock:
-                self._merge.offer(tx)
+            with self.book.lock:
+                self.book.merge.offer(tx)
 
     def _next(self) -> Transaction | None:
         """Under the lock: the next transaction in position order, if it can be told yet."""
-        found = self._merge.next()
+        found = self.book.merge.next()
         if found is None:
             return None
         if isinstance(found, tuple) and found[1].repair is not None:
             return self._hand_repair(found[1])
         if isinstance(found, tuple):
             serial = found[1].copy
-            self._queued[serial] -= 1
-            if self._queued[serial] <= 0:
-                del self._queued[serial]
-            self._lock.notify_all()  # room for another chunk
+            self.book.queued[serial] -= 1
+            if self.book.queued[serial] <= 0:
+                del self.book.queued[serial]
+            self.book.lock.notify_all()  # room for another chunk
             return self._hand_chunk(found[1])
         for change in found.changes:
             if isinstance(change, DdlChange) and not change.snapshot and change.table is not None and (
-                    self._copies or self._gone):
+                    self.book.copies or self.book.gone):
                 self._altered(change)
-        if self._windows:
+        if self.book.windows:
             self._check_windows(found)
-        self._handed = found.end
-        if self._gone:
+        self.book.handed = found.end
+        if self.book.gone:
             self._lost_without_ddl(found.end)
-        if self._keyless_open and found.changes:
+        if self.book.keyless_open and found.changes:
             kept = tuple(c for c in found.changes if not (
-                isinstance(c, RowChange) and TableName(c.schema, c.table) in self._keyless_open))
+                isinstance(c, RowChange) and TableName(c.schema, c.table) in self.book.keyless_open))
             if len(kept) != len(found.changes):
                 found = attrs.evolve(found, changes=kept)
         return found
@@ -563,15 +507,15 @@ class SnapshotSelect(SelectWrapper):
         parsed = ddl.parse(change.statement)
         names = [TableName(ref.schema or change.schema, ref.table) for ref in parsed.tables] or [
             TableName(change.schema, str(change.table))]
-        moving = [n for n in names if n in self._gone
-                  or (n in self._copies and not self._copies[n].handed_final)]
+        moving = [n for n in names if n in self.book.gone
+                  or (n in self.book.copies and not self.book.copies[n].handed_final)]
         if not moving:
             return  # waiting tables are planned after the DDL; a copy all handed on precedes it
         removed, pairs = removed_and_renamed(parsed, names)
         renamed = [new for old, new in pairs if old in moving]
-        ended = [n for n in moving if n in removed or n in self._gone]
+        ended = [n for n in moving if n in removed or n in self.book.gone]
         again = [n for n in moving if n not in ended] + [
-            n for n in renamed if n not in self._copies and n not in self._waiting and n not in moving
+            n for n in renamed if n not in self.book.copies and n not in self.book.waiting and n not in moving
             and (self.selects is None or self.selects(n.schema, n.table))]
         for name in ended + again:
             self._drop_copy(name, again=name not in ended, carrier=change)
@@ -592,12 +536,12 @@ class SnapshotSelect(SelectWrapper):
         gets that progress only with the ack of the batch holding the DDL: a crash before it
         resumes the copy from its last acked chunk, and the DDL, replayed, ends it again. Without
         one (a table gone with no DDL, a keyless re-read) it is written now."""
-        copy = self._copies.pop(name, None)
+        copy = self.book.copies.pop(name, None)
         if copy is not None:
-            self._abandoned.add(copy.serial)
-        self._gone.pop(name, None)
-        self._windows.pop(name, None)
-        self._keyless_open.discard(name)
+            self.book.abandoned.add(copy.serial)
+        self.book.gone.pop(name, None)
+        self.book.windows.pop(name, None)
+        self.book.keyless_open.discard(name)
         now = time.time()
         stored = self.ledger.get(name) or TableProgress(name.schema, name.table)
         progress = (TableProgress(name.schema, name.table, CopyStatus.PENDING, started=now, updated=now) if again
@@ -607,18 +551,18 @@ class SnapshotSelect(SelectWrapper):
             if carrier is None:
                 self.meta.save_snapshot_progress(self.pipeline, [progress])
         if again:
-            self._waiting.append(name)
+            self.book.waiting.append(name)
 
     def _check_windows(self, found: Transaction) -> None:
         """Under the lock, before `found` is handed on: a write to a keyless table the snapshot does
         not cover, committed between its read's snapshot position and the head read once its SELECT
         ran, may be in the copy and would be applied again: copy the table again (its TRUNCATE after
         `found`), at most `MAX_REREADS` times in a row."""
-        for name, (since, until, _serial) in list(self._windows.items()):
+        for name, (since, until, _serial) in list(self.book.windows.items()):
             if found.end <= since:
                 continue
             if until is not None and found.end > until:
-                del self._windows[name]  # past the window with no write to the table: the copy holds
+                del self.book.windows[name]  # past the window with no write to the table: the copy holds
                 self._rereads.pop(name, None)
                 continue
             if not any(isinstance(c, RowChange) and c.schema == name.schema and c.table == name.table
@@ -639,7 +583,7 @@ class SnapshotSelect(SelectWrapper):
     def _lost_without_ddl(self, at: Position) -> None:
         """Under the lock: tables gone without a DDL in the stream up to the head seen when they were
         found gone (removed with the binlog off): their copy ends, with a warning."""
-        for name, head in list(self._gone.items()):
+        for name, head in list(self.book.gone.items()):
             if head is not None and at < head:
                 continue
             self._drop_copy(name, again=False)
@@ -648,9 +592,9 @@ class SnapshotSelect(SelectWrapper):
                         self.pipeline, name, at)
 
     def _hand_chunk(self, chunk: Chunk) -> Transaction:
-        if chunk.copy in self._abandoned:
-            return Transaction((), self._merge.frontier or chunk.position)  # a copy a DDL started again
-        copy = self._copies.get(chunk.table)
+        if chunk.copy in self.book.abandoned:
+            return Transaction((), self.book.merge.frontier or chunk.position)  # a copy a DDL started again
+        copy = self.book.copies.get(chunk.table)
         key = copy.plan.key if copy is not None else ()
         schema, table, position, read = chunk.table.schema, chunk.table.table, chunk.position, Op.READ
         changes = tuple([RowChange(read, schema, table, key, None, row, position) for row in chunk.rows])
@@ -659,183 +603,10 @@ class SnapshotSelect(SelectWrapper):
         if chunk.final and copy is not None:
             copy.handed_final = True
         if chunk.final and not key:
-            self._keyless_open.discard(chunk.table)
+            self.book.keyless_open.discard(chunk.table)
         self.ledger.remember(Record(chunk.table, "chunk", changes[-1] if changes else None, chunk=chunk))
-        frontier = self._merge.frontier
+        frontier = self.book.merge.frontier
         return Transaction(changes, frontier if frontier is not None else chunk.position)
-
-    # --- readers ------------------------------------------------------------------------------
-
-    def _start_readers(self) -> None:
-        self._threads = [t for t in self._threads if t.is_alive()]
-        while len(self._threads) < self.readers:
-            thread = threading.Thread(target=self._read_loop, args=(self._stop,),
-                                      name=f"setl-{self.pipeline}-snapshot-{len(self._threads)}", daemon=True)
-            self._threads.append(thread)
-            thread.start()
-
-    def _claim(self, stop: threading.Event) -> tuple[int, _Copy] | None:
-        """Under the lock, waiting for room: a table with a chunk to read (marked as claiming).
-
-        A claim counts as a chunk from here: a reader finding its boundary has not registered its
-        read with the merge yet, and readers claiming together must not take more than the room."""
-        while not stop.is_set():
-            claims = sum(1 for c in self._copies.values() if c.claiming)
-            if self._merge.pending + claims < self.max_chunks:
-                for copy in self._copies.values():
-                    if copy.truncated and not copy.exhausted and not copy.claiming:
-                        copy.claiming = True
-                        return self._generation, copy
-            self._lock.wait(0.2)
-        return None
-
-    def _read_loop(self, stop: threading.Event) -> None:
-        conn = None
-        copy: _Copy | None = None
-        try:
-            while not stop.is_set():
-                with self._lock:
-                    claimed = self._claim(stop)
-                if claimed is None:
-                    return
-                generation, copy = claimed
-                if conn is None:
-                    conn = self._connection()
-                try:
-                    if copy.plan.keyless:
-                        self._read_keyless(conn, generation, copy)
-                    else:
-                        self._read_chunk(conn, generation, copy)
-                except BaseException:
-                    with self._lock:
-                        copy.claiming = False
-                    raise
-        except BaseException as exc:
-            if not stop.is_set():
-                log.debug("pipeline=%s snapshot reader failed", self.pipeline, exc_info=True)
-                error = exc if isinstance(exc, SetlError) else SourceError(
-                    f"snapshot read failed: {type(exc).__name__}: {exc}", pipeline=self.pipeline, stage="select",
-                    table=str(copy.plan.name) if copy is not None else None, position=self._merge.frontier)
-                with self._lock:
-                    self._failure = error
-                    self._lock.notify_all()
-        finally:
-            if conn is not None:
-                with contextlib.suppress(Exception):  # closing a connection that may be broken already
-                    conn.close()
-
-    def _register(self, generation: int) -> int:
-        """Under the lock: a read about to start (-1 for one no longer wanted)."""
-        return self._merge.read_started() if generation == self._generation else -1
-
-    def _started(self, generation: int, rid: int, position: Position) -> None:
-        with self._lock:
-            if generation == self._generation:
-                self._merge.read_positioned(rid, position)
-                self._lock.notify_all()
-
-    def _ended(self, generation: int, rid: int, chunk: Chunk | None = None) -> None:
-        """Under the lock: a read is over (with its chunk, or its last piece)."""
-        if generation != self._generation:
-            return
-        if chunk is not None:
-            self._merge.add(chunk.position, chunk)
-            self._queued[chunk.copy] += 1
-        self._merge.read_ended(rid)
-        self._lock.notify_all()
-
-    def _read_chunk(self, conn: Any, generation: int, copy: _Copy) -> None:
-        lower = copy.lower
-        try:
-            upper = self.reader.boundary(conn, copy.plan, lower, self.chunk_rows)
-        except pymysql.MySQLError as exc:
-            raise self._read_error(copy, exc)  # noqa: B904 (it sets its own cause)
-        with self._lock:
-            if generation != self._generation:
-                return
-            index = copy.next_index
-            copy.next_index += 1
-            copy.lower, copy.exhausted, copy.claiming = upper, upper is None, False
-            rid = self._register(generation)
-            self._lock.notify_all()
-        try:
-            if self.spark_reads is not None:
-                rows, position = self.spark_reads.read(copy.plan, lower, upper)
-            else:
-                rows, position = self.reader.read(conn, copy.plan, lower, upper,
-                                                  lambda at: self._started(generation, rid, at))
-        except BaseException as exc:
-            with self._lock:
-                self._ended(generation, rid)
-            if isinstance(exc, pymysql.MySQLError):
-                raise self._read_error(copy, exc)  # noqa: B904 (it sets its own cause)
-            raise
-        chunk = Chunk(copy.plan.name, generation, index, tuple(rows), position, lower, upper, upper is None,
-                      copy=copy.serial)
-        with self._lock:
-            self._ended(generation, rid, chunk)
-
-    def _read_keyless(self, conn: Any, generation: int, copy: _Copy) -> None:
-        with self._lock:
-            copy.exhausted = True
-            copy.claiming = False
-            rid = self._register(generation)
-        index = itertools.count()
-        position: list[Position] = []
-
-        def started(at: Position) -> None:
-            position.append(at)
-            self._started(generation, rid, at)
-
-        def piece(rows: list[dict[str, Any]], final: bool) -> None:
-            chunk = Chunk(copy.plan.name, generation, next(index), tuple(rows), position[0], None, None, final,
-                          copy=copy.serial)
-            with self._lock:
-                # Room is counted in this read's own pieces: they are the only chunks that can be
-                # handed on while it runs (its open read holds back everything placed after its
-                # snapshot), so waiting for other chunks to go would wait for ever.
-                while (generation == self._generation and not self._stop.is_set()
-                       and copy.serial not in self._abandoned and self._queued[copy.serial] >= self.max_chunks):
-                    self._lock.wait(0.2)
-                if generation != self._generation or self._stop.is_set() or copy.serial in self._abandoned:
-                    raise _Abandoned()
-                self._merge.add(chunk.position, chunk)
-                self._queued[copy.serial] += 1
-                if final:
-                    self._merge.read_ended(rid)
-                self._lock.notify_all()
-
-        def running() -> None:
-            head = self.inner.head()  # the binlog's end once the SELECT holds its lock
-            with self._lock:
-                if generation == self._generation and copy.serial not in self._abandoned:
-                    self._windows[copy.plan.name] = (position[0], head, copy.serial)
-
-        try:
-            self.reader.read_all(conn, copy.plan, self.chunk_rows, started, piece, running)
-        except _Abandoned:
-            pass
-        except pymysql.MySQLError as exc:
-            raise self._read_error(copy, exc)  # noqa: B904 (it sets its own cause)
-        finally:
-            with self._lock:
-                self._ended(generation, rid)
-
-    def _read_error(self, copy: _Copy, exc: BaseException) -> SourceError:
-        """The error to raise (``from`` it) for a chunk read that failed with `exc`."""
-        error = SourceError(f"snapshot read of {self.where} failed: {exc}", pipeline=self.pipeline, stage="select",
-                            table=str(copy.plan.name), position=self._merge.frontier)
-        code = exc.args[0] if isinstance(exc, pymysql.MySQLError) and exc.args else None
-        if code in _ALTERED_ERRORS:
-            # The server's error would say retrying cannot help (an unknown column), but the next
-            # attempt plans the table again: the copy goes on with its new definition, or starts
-            # again if its key changed. Raised without that cause, so that it is retried.
-            error.message += (" (the table was altered while being copied: the pipeline retries, and the copy "
-                              "goes on with its new definition, or starts again if its primary key changed)")
-            error.__suppress_context__ = True
-            return error
-        error.__cause__ = exc
-        return error
 
     # --- acks (Select and Termin threads) ------------------------------------------------------
 
@@ -843,7 +614,7 @@ class SnapshotSelect(SelectWrapper):
         """Note which of the copies' records `batch` holds (their progress commits with its ack)."""
         self.ledger.handed_on(batch)
         if self._repairs:
-            with self._lock:
+            with self.book.lock:
                 carriers = {id(held[0]): held for held in self._repairs.values()
                             if held[0] is not None and held[1] is None}
                 for change in batch.changes if carriers else ():
@@ -882,12 +653,12 @@ class SnapshotSelect(SelectWrapper):
         copy finished; another copy of the table, begun since, goes on), log them, and report every
         table's progress."""
         finished = [p for p in changed if p.status is CopyStatus.DONE and p.name in copies]
-        with self._lock:
+        with self.book.lock:
             for progress in finished:
-                copy = self._copies.get(progress.name)
+                copy = self.book.copies.get(progress.name)
                 if copy is not None and copy.serial == copies[progress.name]:
-                    del self._copies[progress.name]
-            active = bool(self._copies or self._waiting)
+                    del self.book.copies[progress.name]
+            active = bool(self.book.copies or self.book.waiting)
         for p in finished:
             log.info("pipeline=%s stage=termin table=%s snapshot done: %d rows in %d chunk(s)", self.pipeline,
                      p.name, p.rows, p.chunks)
@@ -919,10 +690,6 @@ def removed_and_renamed(parsed: ddl.Statement, names: list[TableName]
     if parsed.kind == "drop_table":
         return list(names), []
     return [], []
-
-
-class _Abandoned(Exception):
-    """A keyless read whose results are no longer wanted (a rewind, or a stop)."""
 
 
 def find_snapshot(select: Select) -> SnapshotSelect | None:
