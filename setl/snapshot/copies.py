@@ -84,6 +84,7 @@ class CopyBook:
         return self.merge.read_started() if generation == self.generation else -1
 
     def started(self, generation: int, rid: int, position: Position) -> None:
+        """A read's snapshot stands at `position` (the stream may pass what is before it)."""
         with self.lock:
             if generation == self.generation:
                 self.merge.read_positioned(rid, position)
