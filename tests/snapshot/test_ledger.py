@@ -9,7 +9,7 @@ from setl import ddl
 from setl.model import Batch, DdlChange, Op, Position, RowChange, TableName
 from setl.snapshot import CopyStatus, TableProgress
 from setl.snapshot.ledger import Chunk, ProgressLedger, Record
-from setl.snapshot.select import removed_and_renamed
+from setl.snapshot.restarts import removed_and_renamed
 
 T = TableName("s", "t")
 AT = Position("mysql-bin.000001", 100)

@@ -1,0 +1,199 @@
+"""The merge hand-off (`MergeHandOff`): the table copies' TRUNCATEs, chunks and repairs placed in
+the binlog stream in position order, as the poll thread hands them on."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from setl.model import DdlChange, Op, Position, RowChange, TableName, Transaction
+from setl.snapshot.copies import Copy, CopyBook
+from setl.snapshot.ledger import Chunk, ProgressLedger, Record
+from setl.snapshot.reader import ChunkReader
+from setl.snapshot.requests import CopyRequests
+from setl.snapshot.restarts import CopyRestarts
+from setl.stages.select import Select
+from setl.tablecopy import CopyStatus, TableProgress
+
+log = logging.getLogger("setl.snapshot")
+
+
+class MergeHandOff:
+    """`poll` for `SnapshotSelect`, on the poll thread: with no copy, read or repair under way it is
+    the inner source's poll; otherwise it hands on each waiting table's TRUNCATE at the current
+    position (opening its copy for the readers), offers the inner source's transactions to the
+    book's merge and returns whichever comes next by position (`StreamMerge.next`): a binlog
+    transaction (after `CopyRestarts` has seen it, and without the changes of keyless tables being
+    copied), a chunk as READ row changes (remembered in the ledger) or a repair.
+
+    It blocks at most `timeout` seconds, waiting on the book's lock while a read in flight or a
+    chunk not yet placed holds the stream back, and raises a reader's failure. Transactions it
+    makes end at the position of the last binlog transaction handed on before them."""
+
+    def __init__(self, book: CopyBook, ledger: ProgressLedger, restarts: CopyRestarts, requests: CopyRequests, *,
+                 inner: Select, reader: ChunkReader, connection: Callable[[], Any], pipeline: str) -> None:
+        self.book = book
+        self.ledger = ledger
+        self.restarts = restarts
+        self.requests = requests
+        self.inner = inner
+        self.reader = reader
+        self.connection = connection
+        self.pipeline = pipeline
+
+    def poll(self, timeout: float) -> Transaction | None:
+        """The next transaction in position order, or None after `timeout` seconds."""
+        with self.book.lock:
+            book = self.book
+            idle = not (book.copies or book.waiting or book.out or book.gone or book.windows) and book.merge.idle
+            failure = self.book.failure
+        if failure is not None:
+            raise failure
+        if idle:
+            tx = self.inner.poll(timeout)
+            if tx is not None:
+                with self.book.lock:
+                    self.book.merge.frontier = self.book.handed = tx.end
+            return tx
+        if self.book.waiting:
+            self._start_waiting()
+        deadline = time.monotonic() + max(0.0, timeout)
+        while True:
+            with self.book.lock:
+                if self.book.out:
+                    return self.book.out.popleft()
+                wanted = self.book.merge.lookahead is None
+            if wanted:
+                tx = self.inner.poll(0)
+                with self.book.lock:
+                    self.book.merge.offer(tx)
+            with self.book.lock:
+                if self.book.failure is not None:
+                    raise self.book.failure
+                found = self._next()
+                if found is not None:
+                    return found
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                if self.book.merge.lookahead is not None:
+                    # held by a read in flight or a chunk not yet placed: wait for a reader
+                    self.book.lock.wait(min(remaining, 0.02))
+                    continue
+            tx = self.inner.poll(min(remaining, 0.02))
+            with self.book.lock:
+                self.book.merge.offer(tx)
+
+    def _next(self) -> Transaction | None:
+        """Under the lock: the next transaction in position order, if it can be told yet."""
+        found = self.book.merge.next()
+        if found is None:
+            return None
+        if isinstance(found, tuple) and found[1].repair is not None:
+            return self.requests.hand_repair(found[1])
+        if isinstance(found, tuple):
+            serial = found[1].copy
+            self.book.queued[serial] -= 1
+            if self.book.queued[serial] <= 0:
+                del self.book.queued[serial]
+            self.book.lock.notify_all()  # room for another chunk
+            return self._hand_chunk(found[1])
+        for change in found.changes:
+            if isinstance(change, DdlChange) and not change.snapshot and change.table is not None and (
+                    self.book.copies or self.book.gone):
+                self.restarts.altered(change)
+        if self.book.windows:
+            self.restarts.check_windows(found)
+        self.book.handed = found.end
+        if self.book.gone:
+            self.restarts.lost_without_ddl(found.end)
+        if self.book.keyless_open and found.changes:
+            kept = tuple(c for c in found.changes if not (
+                isinstance(c, RowChange) and TableName(c.schema, c.table) in self.book.keyless_open))
+            if len(kept) != len(found.changes):
+                found = attrs.evolve(found, changes=kept)
+        return found
+
+    def _hand_chunk(self, chunk: Chunk) -> Transaction:
+        """Under the lock: a chunk's transaction of READ row changes, its record remembered in the
+        ledger (empty, and not remembered, for a chunk of a copy a DDL started again)."""
+        if chunk.copy in self.book.abandoned:
+            return Transaction((), self.book.merge.frontier or chunk.position)  # a copy a DDL started again
+        copy = self.book.copies.get(chunk.table)
+        key = copy.plan.key if copy is not None else ()
+        schema, table, position, read = chunk.table.schema, chunk.table.table, chunk.position, Op.READ
+        changes = tuple([RowChange(read, schema, table, key, None, row, position) for row in chunk.rows])
+        if copy is not None:
+            copy.handed_rows += len(changes)
+        if chunk.final and copy is not None:
+            copy.handed_final = True
+        if chunk.final and not key:
+            self.book.keyless_open.discard(chunk.table)
+        self.ledger.remember(Record(chunk.table, "chunk", changes[-1] if changes else None, chunk=chunk))
+        frontier = self.book.merge.frontier
+        return Transaction(changes, frontier if frontier is not None else chunk.position)
+
+    def _start_waiting(self) -> None:
+        """Hand on the TRUNCATE of each waiting table at the current position, and open its copy."""
+        with self.book.lock:
+            if self.book.merge.frontier is None:
+                return  # after a GTID start: wait for the first position
+            waiting, self.book.waiting = self.book.waiting, []
+            generation = self.book.generation
+        if not waiting:
+            return
+        frontier = self.book.merge.frontier
+        conn = self.connection()
+        try:
+            for name in waiting:
+                plan = self.reader.plan(conn, name)
+                stored = self.ledger.get(name) or TableProgress(name.schema, name.table)
+                if plan is None:
+                    # Removed after the stream's position: its copy ends when the DDL that removed
+                    # it passes (a RENAME then copies the new name), or once the stream reaches
+                    # today's head without one.
+                    head = self.inner.head()
+                    with self.book.lock:
+                        if generation == self.book.generation:
+                            self.book.gone[name] = head
+                            if self.book.handed is not None:
+                                self.restarts.lost_without_ddl(self.book.handed)  # already past today's head
+                    log.info("pipeline=%s stage=select table=%s no longer exists: not copied; waiting for the DDL "
+                             "that removed it to pass (by %s)", self.pipeline, name, head)
+                    continue
+                resume = stored.status is CopyStatus.COPYING and not plan.keyless
+                if resume and stored.key is not None and stored.key != plan.key:
+                    log.warning("pipeline=%s stage=select table=%s its primary key is (%s) now, not (%s) as when "
+                                "its copy began: copying it again from its start", self.pipeline, name,
+                                ", ".join(plan.key), ", ".join(stored.key))
+                    resume = False
+                copy = Copy(plan, attrs.evolve(stored, estimate=plan.estimate), serial=next(self.book.serials))
+                if resume:
+                    copy.truncated, copy.lower = True, stored.last_key
+                    with self.book.lock:
+                        if generation == self.book.generation:
+                            self.book.copies[name] = copy
+                            self.book.lock.notify_all()
+                    continue
+                # Empty now: nothing to copy, and any later row arrives through the binlog.
+                empty = not self.reader.has_rows(conn, plan)
+                statement = f"TRUNCATE TABLE {plan.quoted}"
+                change = DdlChange(name.schema, name.table, statement, position=frontier, snapshot=True)
+                with self.book.lock:
+                    if generation != self.book.generation:
+                        return
+                    copy.truncated = True
+                    copy.exhausted = empty
+                    self.book.copies[name] = copy
+                    if plan.keyless and not empty:
+                        self.book.keyless_open.add(name)
+                    self.ledger.remember(Record(name, "truncate", change, empty=empty, estimate=plan.estimate,
+                                                key=plan.key, copy=copy.serial))
+                    self.book.out.append(Transaction((change,), frontier or Position("", 0)))
+                    self.book.lock.notify_all()
+        finally:
+            conn.close()
