@@ -68,10 +68,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 #: Arrows up a floor that are known and tolerated for now: (importer, imported) -> why.
-ALLOWED_UP: dict[tuple[str, str], str] = {
-    ("setl.snapshot.spark_engine", "setl"): "`import setl` only to find the package's directory to ship to Spark "
-                                            "executors; Path(__file__).parents[1] removes it",
-}
+ALLOWED_UP: dict[tuple[str, str], str] = {}
 
 #: No class in ``setl/`` is longer than this many lines (its ``class`` line to its last line).
 MAX_CLASS_LINES = 400

@@ -64,9 +64,7 @@ class SparkReads:
         with cls._lock:
             if id(context) in cls._shipped:
                 return
-            import setl
-
-            root = Path(setl.__file__).resolve().parent
+            root = Path(__file__).resolve().parents[1]  # the setl package this module belongs to
             path = Path(tempfile.mkdtemp(prefix="setl-pyfiles-")) / "setl.zip"
             with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
                 for source in sorted(root.rglob("*.py")):
