@@ -453,7 +453,7 @@ def _status_note(row: dict[str, Any], now: float) -> str:
     return row["error"] or ""
 
 
-def _known_pipeline(conf: Path, meta, name: str) -> None:
+def _known_pipeline(conf: Path, meta: MetaStore, name: str) -> None:
     if name not in pipeline_names(conf) and name not in meta.pipelines():
         known = ", ".join(sorted(set(pipeline_names(conf)) | set(meta.pipelines()))) or "none"
         raise UsageError(f"unknown pipeline {name!r} (known: {known})")

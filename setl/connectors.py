@@ -412,34 +412,34 @@ def sqlite_target() -> TargetConnector[Any]:
 
 def mysql_target() -> TargetConnector[Any]:
     from setl.ddltask.actions import MysqlActions
-    from setl.sinks.mysql import MySQLLoad, MysqlTargetConfig
+    from setl.sinks.mysql import MysqlLoad, MysqlTargetConfig
 
     def build(config: MysqlTargetConfig, context: BuildContext) -> Load:
-        return MySQLLoad.from_config(config, pipeline=context.name, ddl=context.settings.ddl)
+        return MysqlLoad.from_config(config, pipeline=context.name, ddl=context.settings.ddl)
 
     def schema(config: MysqlTargetConfig, context: BuildContext) -> SchemaTarget:
         from setl.schema.mysql import MysqlSchema
 
         # The sink's own connect (TLS, timeouts), on a connection of the schema's own.
-        return MysqlSchema(MySQLLoad.from_config(config, pipeline=context.name)._connect, pipeline=context.name)
+        return MysqlSchema(MysqlLoad.from_config(config, pipeline=context.name)._connect, pipeline=context.name)
 
-    return TargetConnector("mysql", MysqlTargetConfig, build, MySQLLoad.capabilities,
+    return TargetConnector("mysql", MysqlTargetConfig, build, MysqlLoad.capabilities,
                            ddl_task_actions=MysqlActions, schema=schema, help="a MySQL or MariaDB server")
 
 
 def postgresql_target() -> TargetConnector[Any]:
-    from setl.sinks.postgresql import PostgresLoad, PostgresqlTargetConfig
+    from setl.sinks.postgresql import PostgresqlLoad, PostgresqlTargetConfig
 
     def build(config: PostgresqlTargetConfig, context: BuildContext) -> Load:
-        return PostgresLoad.from_config(config, pipeline=context.name, ddl=context.settings.ddl)
+        return PostgresqlLoad.from_config(config, pipeline=context.name, ddl=context.settings.ddl)
 
     def schema(config: PostgresqlTargetConfig, context: BuildContext) -> SchemaTarget:
         from setl.schema.postgresql import PostgresqlSchema
 
-        return PostgresqlSchema(PostgresLoad.from_config(config, pipeline=context.name)._connect,
+        return PostgresqlSchema(PostgresqlLoad.from_config(config, pipeline=context.name)._connect,
                                 pipeline=context.name, spatial=config.spatial, partitions=config.partitions)
 
-    return TargetConnector("postgresql", PostgresqlTargetConfig, build, PostgresLoad.capabilities, schema=schema,
+    return TargetConnector("postgresql", PostgresqlTargetConfig, build, PostgresqlLoad.capabilities, schema=schema,
                            help="a PostgreSQL server")
 
 

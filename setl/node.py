@@ -51,7 +51,7 @@ class ProgressLog(Listener):
     """Logs a pipeline's progress every `every` seconds of acks; keeps the changes acked per
     table and the last ack (`setl start --until-caught-up`'s summary)."""
 
-    def __init__(self, pipeline: str, every: float = 10.0, clock=time.monotonic) -> None:
+    def __init__(self, pipeline: str, every: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.pipeline, self.every, self.clock = pipeline, every, clock
         self._since = clock()
         self._rows = 0

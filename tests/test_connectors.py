@@ -190,19 +190,19 @@ def test_declared_capabilities_reach_the_built_load(tmp_path):
 
 def test_a_sink_built_by_hand_declares_what_its_connector_declares(tmp_path):
     """Built-in sinks carry their capabilities as a class attribute, the same the registry declares."""
-    from setl.sinks.mysql import MySQLLoad
+    from setl.sinks.mysql import MysqlLoad
     from setl.sinks.parquet import ParquetLoad
-    from setl.sinks.postgresql import PostgresLoad
+    from setl.sinks.postgresql import PostgresqlLoad
     from setl.sinks.sqlite import SqliteLoad
 
     connectors = ConnectorRegistry()
     by_hand = {"sqlite": SqliteLoad(tmp_path / "t.db", pipeline="p"), "parquet": ParquetLoad(tmp_path / "lake"),
-               "mysql": MySQLLoad, "postgresql": PostgresLoad}
+               "mysql": MysqlLoad, "postgresql": PostgresqlLoad}
     for name, load in by_hand.items():
         assert load.capabilities == connectors.target(name).capabilities, name
     sql = LoadCapabilities(per_table=True, stores_position=True)
-    assert PostgresLoad.capabilities == sql
-    assert MySQLLoad.capabilities == LoadCapabilities(per_table=True, stores_position=True, sequences=True)
+    assert PostgresqlLoad.capabilities == sql
+    assert MysqlLoad.capabilities == LoadCapabilities(per_table=True, stores_position=True, sequences=True)
 
 
 def test_ddl_tasks_need_a_target_with_actions(tmp_path):

@@ -13,8 +13,8 @@ import pytest
 
 from setl.errors import LoadError
 from setl.model import Op, RowChange
-from setl.sinks.mysql import MySQLLoad
-from setl.sinks.postgresql import PostgresLoad
+from setl.sinks.mysql import MysqlLoad
+from setl.sinks.postgresql import PostgresqlLoad
 from setl.testing.connectors import make_batch
 from tests.e2e.setl_process import SetlProcess, binlog_head, mysql_source, mysql_target, postgres_target
 from tests.e2e.test_bad_input import error_line
@@ -143,10 +143,10 @@ def test_mysql_target_accounts_fence_each_other_with_connection_admin(mariadb_ta
     with mysql_account(mariadb_target, grants, db=mysql_db) as old_user, \
             mysql_account(mariadb_target, grants, db=mysql_db) as new_user:
         config = mariadb_target.target_config()
-        old = MySQLLoad(attrs.evolve(config, user=old_user, password=PASSWORD), pipeline="fence",
+        old = MysqlLoad(attrs.evolve(config, user=old_user, password=PASSWORD), pipeline="fence",
                         sleep=lambda seconds: None)
         old.token = "another-process"
-        new = MySQLLoad(attrs.evolve(config, user=new_user, password=PASSWORD), pipeline="fence",
+        new = MysqlLoad(attrs.evolve(config, user=new_user, password=PASSWORD), pipeline="fence",
                         sleep=lambda seconds: None)
         try:
             old.load(make_batch([_insert(mysql_db, 1)], id=1, epoch=1, pipeline="fence"))
@@ -188,9 +188,9 @@ def test_postgresql_target_roles_fence_each_other_with_pg_signal_backend(postgre
             postgres_role(postgres_server, postgres_db, *table_grants) as new_role:
         # The first role creates schema setl; the other needs the rights of a second node's role on it.
         config = attrs.evolve(postgres_server.target_config(postgres_db), password=PASSWORD)
-        old = PostgresLoad(attrs.evolve(config, user=old_role), pipeline="fence", sleep=lambda seconds: None)
+        old = PostgresqlLoad(attrs.evolve(config, user=old_role), pipeline="fence", sleep=lambda seconds: None)
         old.token = "another-process"
-        new = PostgresLoad(attrs.evolve(config, user=new_role), pipeline="fence", sleep=lambda seconds: None)
+        new = PostgresqlLoad(attrs.evolve(config, user=new_role), pipeline="fence", sleep=lambda seconds: None)
         try:
             old.load(make_batch([_insert("app", 1)], id=1, epoch=1, pipeline="fence"))
             for statement in (f'GRANT USAGE ON SCHEMA setl TO "{new_role}"',

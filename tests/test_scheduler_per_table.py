@@ -189,7 +189,7 @@ def test_per_table_is_refused_for_a_target_that_cannot_load_parts():
 def test_per_table_into_postgresql_marks_the_position_only_when_every_table_is_in(postgres_server, postgres_db):
     """On PostgreSQL, a batch whose table b part keeps failing never moves the target's position."""
     from setl.connectors import registry
-    from setl.sinks.postgresql import PostgresLoad
+    from setl.sinks.postgresql import PostgresqlLoad
 
     postgres_server.query("CREATE SCHEMA demo", dbname=postgres_db)
     for table in ("a", "b"):
@@ -214,7 +214,7 @@ def test_per_table_into_postgresql_marks_the_position_only_when_every_table_is_i
         def committed(self):
             return self.inner.committed()
 
-    sink = PostgresLoad.from_config(postgres_server.target_config(postgres_db), pipeline="test")
+    sink = PostgresqlLoad.from_config(postgres_server.target_config(postgres_db), pipeline="test")
     sink.capabilities = registry().target("postgresql").capabilities  # as the connector declares them
     sink.open()
     try:

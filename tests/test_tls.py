@@ -17,8 +17,8 @@ from setl.config import SslConfig, load_pipeline
 from setl.connectors import registry
 from setl.errors import ConfigError
 from setl.retry import Failure, classify
-from setl.sinks.mysql import MySQLLoad
-from setl.sinks.postgresql import PostgresLoad
+from setl.sinks.mysql import MysqlLoad
+from setl.sinks.postgresql import PostgresqlLoad
 from setl.sources.mysql_binlog import MysqlBinlogSource
 from setl.testing.servers import MariaDBServer, PostgresServer
 from tests.e2e.setl_process import SetlProcess, mysql_source, mysql_target, postgres_target
@@ -150,7 +150,7 @@ def test_sessions_setl_opens_are_encrypted(certs, tls_mariadb, tls_postgres):
             assert cur.fetchone()[1]
     finally:
         conn.close()
-    mysql_load = MySQLLoad(_with_ssl(tls_mariadb.target_config(), tls), pipeline="p")
+    mysql_load = MysqlLoad(_with_ssl(tls_mariadb.target_config(), tls), pipeline="p")
     conn = mysql_load._connect()
     try:
         with conn.cursor() as cur:
@@ -158,7 +158,7 @@ def test_sessions_setl_opens_are_encrypted(certs, tls_mariadb, tls_postgres):
             assert cur.fetchone()[1]
     finally:
         conn.close()
-    pg_load = PostgresLoad(_with_ssl(tls_postgres.target_config(), SslConfig(ca=certs.ca)), pipeline="p")
+    pg_load = PostgresqlLoad(_with_ssl(tls_postgres.target_config(), SslConfig(ca=certs.ca)), pipeline="p")
     with contextlib.closing(pg_load._connect()) as pg:
         row = pg.execute("SELECT ssl, version FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone()
     assert row[0] is True and row[1].startswith("TLS")
@@ -258,7 +258,7 @@ def test_certificate_failures_are_permanent_and_dropped_tls_sessions_transient()
 def test_verify_false_encrypts_without_checking_the_certificate(certs, tls_mariadb, tls_postgres):
     """`verify: false` connects over TLS to a server whose certificate the given CA did not sign."""
     unchecked = SslConfig(ca=certs.other_ca, verify=False)
-    mysql_load = MySQLLoad(_with_ssl(tls_mariadb.target_config(), unchecked), pipeline="p")
+    mysql_load = MysqlLoad(_with_ssl(tls_mariadb.target_config(), unchecked), pipeline="p")
     conn = mysql_load._connect()
     try:
         with conn.cursor() as cur:
@@ -266,7 +266,7 @@ def test_verify_false_encrypts_without_checking_the_certificate(certs, tls_maria
             assert cur.fetchone()[1]
     finally:
         conn.close()
-    pg_load = PostgresLoad(_with_ssl(tls_postgres.target_config(), unchecked), pipeline="p")
+    pg_load = PostgresqlLoad(_with_ssl(tls_postgres.target_config(), unchecked), pipeline="p")
     with contextlib.closing(pg_load._connect()) as pg:
         assert pg.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone()[0] is True
 
@@ -284,7 +284,7 @@ def test_a_key_that_does_not_match_its_certificate_is_one_line(tmp_path, certs, 
 def test_without_ssl_the_drivers_encrypt_unverified_when_the_server_offers_tls(tls_mariadb, tls_postgres):
     """Without `ssl` the drivers' default holds (docs/tls.md): a server offering TLS gets an encrypted
     session, so `require_secure_transport` and `hostssl` admit setl; only `ssl` verifies anything."""
-    mysql_load = MySQLLoad(tls_mariadb.target_config(), pipeline="p")
+    mysql_load = MysqlLoad(tls_mariadb.target_config(), pipeline="p")
     conn = mysql_load._connect()
     try:
         with conn.cursor() as cur:
@@ -292,6 +292,6 @@ def test_without_ssl_the_drivers_encrypt_unverified_when_the_server_offers_tls(t
             assert cur.fetchone()[1]
     finally:
         conn.close()
-    pg_load = PostgresLoad(tls_postgres.target_config(), pipeline="p")
+    pg_load = PostgresqlLoad(tls_postgres.target_config(), pipeline="p")
     with contextlib.closing(pg_load._connect()) as pg:
         assert pg.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone()[0] is True

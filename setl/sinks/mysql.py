@@ -7,7 +7,7 @@ position, batch id and epoch in ```setl`.`setl_position``` (see `SqlLoad` for th
 Target tables must exist, named by the batch's schema and table, or be made by replicated DDL:
 under ``pipeline.ddl: apply`` each table DDL runs as Extract rewrote it (names mapped and
 qualified), with a replay mark kept in ```setl`.`setl_position_ddl``` because MySQL commits
-around DDL (see `MySQLLoad._apply_ddl`); a CREATE TABLE first creates its database if missing.
+around DDL (see `MysqlLoad._apply_ddl`); a CREATE TABLE first creates its database if missing.
 Sequences (MariaDB) replicate: their DDL runs as table DDL does (names mapped and qualified), and a
 sequence's state rows (`RowChange.sequence`, handed on by the source because this target declares
 `LoadCapabilities.sequences`) are written as one INSERT of the batch's last state per sequence,
@@ -176,7 +176,7 @@ def _quotes_doubled(text: str) -> str:
 
 @attrs.frozen(eq=False)
 class _Prepared:
-    """What `MySQLLoad.prepare` worked out for one batch object, and what it assumed."""
+    """What `MysqlLoad.prepare` worked out for one batch object, and what it assumed."""
 
     segments: list[Segment]
     #: id(TableChanges) -> (that TableChanges, [(statement head, [rest of each statement])])
@@ -186,7 +186,7 @@ class _Prepared:
     backslashes: bool
 
 
-class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
+class MysqlLoad(SqlLoad[pymysql.connections.Connection]):
     """Loads batches into MySQL or MariaDB (see the module docstring and `SqlLoad`)."""
 
     dialect = "mysql"
@@ -221,7 +221,7 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
                                            describe=self._describe, forget=self._forget_tables)
 
     def __repr__(self) -> str:
-        return f"<MySQLLoad {self.pipeline} -> {self.config.host}:{self.config.port}>"
+        return f"<MysqlLoad {self.pipeline} -> {self.config.host}:{self.config.port}>"
 
     def _segments(self, batch: Batch) -> list[Segment]:
         """DEFAULTs drawing on a sequence are left out of DDL (logged at INFO); sequence DDL is
@@ -513,4 +513,4 @@ class MySQLLoad(SqlLoad[pymysql.connections.Connection]):
         return super()._describe(exc)
 
 
-__all__ = ["MySQLLoad", "TRANSIENT_ERRORS", "quote", "to_db"]
+__all__ = ["MysqlLoad", "TRANSIENT_ERRORS", "quote", "to_db"]

@@ -43,7 +43,7 @@ def _several_statements(statement: Statement) -> bool:
 
 
 class MysqlDdlApplier:
-    """Runs one table DDL of a batch on a connection of `MySQLLoad` (`apply`; see its docstring).
+    """Runs one table DDL of a batch on a connection of `MysqlLoad` (`apply`; see its docstring).
 
     It commits the rows before the DDL with a mark in the ``<position_table>_ddl`` table (`marks`),
     runs the DDL under the source statement's sql_mode, and leaves the connection in a new

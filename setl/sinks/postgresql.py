@@ -165,14 +165,14 @@ _Group = tuple[tuple[str, ...], list[Mapping[str, Any]], list[list[Any]] | None]
 
 @attrs.frozen(eq=False)
 class _Prepared:
-    """What `PostgresLoad.prepare` worked out for one batch object."""
+    """What `PostgresqlLoad.prepare` worked out for one batch object."""
 
     segments: list[Segment]
     #: id(TableChanges) -> (that TableChanges, its upsert groups)
     groups: dict[int, tuple[TableChanges, list[_Group]]]
 
 
-class PostgresLoad(SqlLoad[psycopg.Connection]):
+class PostgresqlLoad(SqlLoad[psycopg.Connection]):
     """Loads batches into PostgreSQL (see the module docstring and `SqlLoad`)."""
 
     dialect = "postgresql"
@@ -226,7 +226,7 @@ class PostgresLoad(SqlLoad[psycopg.Connection]):
                 for columns, images in group_by_columns(table.upserts).items()]
 
     def __repr__(self) -> str:
-        return f"<PostgresLoad {self.pipeline} -> {self.config.host}:{self.config.port}/{self.config.database}>"
+        return f"<PostgresqlLoad {self.pipeline} -> {self.config.host}:{self.config.port}/{self.config.database}>"
 
     # -- connection
 
@@ -521,4 +521,4 @@ def _nul_refused(exc: BaseException) -> bool:
     return isinstance(exc, psycopg.DataError) and "NUL (0x00)" in str(exc)
 
 
-__all__ = ["PostgresLoad", "to_db"]
+__all__ = ["PostgresqlLoad", "to_db"]

@@ -1,4 +1,4 @@
-"""MySQL table DDL translated for PostgreSQL, for `PostgresLoad` under ``pipeline.ddl: apply``.
+"""MySQL table DDL translated for PostgreSQL, for `PostgresqlLoad` under ``pipeline.ddl: apply``.
 
 Translated: CREATE TABLE (columns with the type mapping below, NULL/NOT NULL, simple DEFAULTs,
 PRIMARY KEY and UNIQUE), CREATE TABLE ... LIKE, ALTER TABLE ADD/DROP/MODIFY/CHANGE/ALTER/RENAME
@@ -13,7 +13,7 @@ columns) and x'..'/0x.. (on integer and binary columns): expression defaults ``D
 (or, as MariaDB takes them, ``DEFAULT concat('a','b')``) are left out where rows carry full
 images (CREATE TABLE, MODIFY), but an ADD COLUMN with one, or
 with CURRENT_TIMESTAMP (existing rows get the time of the DDL on the source), is exact only on an
-empty table: `Translator.needs_empty` names it and `PostgresLoad` refuses it if the table has rows.
+empty table: `Translator.needs_empty` names it and `PostgresqlLoad` refuses it if the table has rows.
 CREATE/DROP INDEX statements are not applied.
 Generated columns (``AS (expr) VIRTUAL|STORED|PERSISTENT``, ``GENERATED ALWAYS AS``) become plain
 columns holding the values the source's row events carry (the expression is not translated; an ADD

@@ -15,8 +15,8 @@ from setl.config import ColumnsConfig
 from setl.errors import LoadError
 from setl.model import Batch, DdlChange, Op, Position, RowChange
 from setl.scheduler import Outcome
-from setl.sinks.mysql import MySQLLoad
-from setl.sinks.postgresql import PostgresLoad
+from setl.sinks.mysql import MysqlLoad
+from setl.sinks.postgresql import PostgresqlLoad
 
 from .replicate import binlog_head, replicate, table_rule
 
@@ -75,7 +75,7 @@ def test_ddl_sequence_reaches_mariadb_with_names_mapped(mariadb_source, source_d
     caplog.set_level(logging.INFO)
     start = binlog_head(mariadb_source)
     run_sequence(mariadb_source, source_db)
-    load = MySQLLoad(mariadb_target.target_config(), pipeline="ddl", position_schema=mysql_db)
+    load = MysqlLoad(mariadb_target.target_config(), pipeline="ddl", position_schema=mysql_db)
     replicate(mariadb_source, start, rules(source_db, mysql_db), load, tmp_path)
     tables = {r[0] for r in mariadb_target.query(
         "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (mysql_db,))}
@@ -103,7 +103,7 @@ def test_ddl_sequence_reaches_postgresql_translated(mariadb_source, source_db, p
     """The same sequence reaches PostgreSQL translated, renamed by the table rules, in order."""
     start = binlog_head(mariadb_source)
     run_sequence(mariadb_source, source_db)
-    load = PostgresLoad(postgres_server.target_config(postgres_db), pipeline="ddl")
+    load = PostgresqlLoad(postgres_server.target_config(postgres_db), pipeline="ddl")
     replicate(mariadb_source, start, rules(source_db, "shop"), load, tmp_path)
 
     def query(sql: str) -> list[tuple[Any, ...]]:
@@ -126,7 +126,7 @@ def test_ddl_fail_pauses_the_pipeline_naming_the_statement(mariadb_source, sourc
     table, position and the statement as it would have been applied; nothing from it on is applied."""
     start = binlog_head(mariadb_source)
     run_sequence(mariadb_source, source_db)
-    load = MySQLLoad(mariadb_target.target_config(), pipeline="strict", position_schema=mysql_db, ddl="fail")
+    load = MysqlLoad(mariadb_target.target_config(), pipeline="strict", position_schema=mysql_db, ddl="fail")
     scheduler = replicate(mariadb_source, start, rules(source_db, mysql_db), load, tmp_path, name="strict",
                           outcome=Outcome.PAUSED)
     error = scheduler.error
@@ -160,7 +160,7 @@ def test_add_column_defaults_fill_existing_rows_on_postgresql(mariadb_source, so
         "ALTER TABLE empty_one ADD COLUMN e INT DEFAULT (1+1), ADD t DATETIME DEFAULT CURRENT_TIMESTAMP",
         "ALTER TABLE flags ADD COLUMN e INT DEFAULT (1+1)",
     ])
-    load = PostgresLoad(postgres_server.target_config(postgres_db), pipeline="defaults")
+    load = PostgresqlLoad(postgres_server.target_config(postgres_db), pipeline="defaults")
     scheduler = replicate(mariadb_source, start, [table_rule(rf"{source_db}\..*", "app.{table}")], load, tmp_path,
                           name="defaults", outcome=Outcome.PAUSED)
     assert "has rows and column e DEFAULT (1+1) has no PostgreSQL translation" in str(scheduler.error)
@@ -212,7 +212,7 @@ def test_system_versioned_tables_and_sequences_on_mariadb(mariadb_target, mysql_
     """A MariaDB target keeps system versioning (setl never writes the period columns) and applies sequence
     DDL (sequences replicate there: tests/e2e/test_sequences.py); the current rows equal the source's."""
     caplog.set_level(logging.INFO)
-    load = MySQLLoad(mariadb_target.target_config(), pipeline="versioned", position_schema=mysql_db)
+    load = MysqlLoad(mariadb_target.target_config(), pipeline="versioned", position_schema=mysql_db)
     try:
         for batch in versioned_batches(mysql_db, f"`{mysql_db}`"):
             load.load(batch)
@@ -231,7 +231,7 @@ def test_system_versioned_tables_and_sequences_on_postgresql(postgres_server, po
     """PostgreSQL gets a system-versioned table without versioning or period columns, holding the current
     rows; sequence DDL is skipped with an INFO line."""
     caplog.set_level(logging.INFO)
-    load = PostgresLoad(postgres_server.target_config(postgres_db), pipeline="versioned")
+    load = PostgresqlLoad(postgres_server.target_config(postgres_db), pipeline="versioned")
     try:
         for batch in versioned_batches("app", "`app`"):
             load.load(batch)

@@ -12,7 +12,7 @@ import pytest
 
 from setl.model import Batch, DdlChange, Op, Position, RowChange
 from setl.scheduler import Outcome
-from setl.sinks.mysql import MySQLLoad
+from setl.sinks.mysql import MysqlLoad
 from tests.e2e.setl_process import mysql_target
 from tests.schema.test_schema import make
 
@@ -47,7 +47,7 @@ def test_values_a_non_strict_source_stored_land_as_stored(mariadb_source, source
         "ALTER TABLE t MODIFY s VARCHAR(1)",  # cuts the stored values
         "INSERT INTO t VALUES (4, 'long', 'c', 1, 1, '')",
     ])
-    load = MySQLLoad(mariadb_target.target_config(), pipeline="lenient", position_schema=mysql_db)
+    load = MysqlLoad(mariadb_target.target_config(), pipeline="lenient", position_schema=mysql_db)
     replicate(mariadb_source, start, [table_rule(rf"{source_db}\.(t|loose)", f"{mysql_db}.{{table}}")], load,
               tmp_path)
     for table in ("t", "loose"):
@@ -71,7 +71,7 @@ def test_a_value_the_target_cannot_hold_still_stops_the_pipeline(mariadb_source,
     mariadb_target.query(f"CREATE TABLE `{mysql_db}`.t {TABLE.replace('VARCHAR(3)', 'VARCHAR(2)')}")
     start = binlog_head(mariadb_source)
     _source_session(mariadb_source, source_db, ["INSERT INTO t VALUES (1, 'abc', 'zzz', 1, 1, 'a')"])
-    load = MySQLLoad(mariadb_target.target_config(), pipeline="lenient", position_schema=mysql_db)
+    load = MysqlLoad(mariadb_target.target_config(), pipeline="lenient", position_schema=mysql_db)
     scheduler = replicate(mariadb_source, start, [table_rule(rf"{source_db}\.t", f"{mysql_db}.t")], load, tmp_path,
                           outcome=Outcome.PAUSED)
     assert "Data too long for column 's'" in str(scheduler.error) or "Data truncated for column 's'" in str(
@@ -88,7 +88,7 @@ def test_snapshot_reads_holding_the_enum_error_value_load(mariadb_target, mysql_
             {"id": 2, "s": "x", "e": "b", "n": 1, "d": 1, "c": ""}]
     changes = [RowChange(Op.READ, mysql_db, "t", ("id",), None, row) for row in rows]
     changes += [RowChange(Op.READ, mysql_db, "loose", (), None, {"s": "q", "e": ""})]
-    load = MySQLLoad(mariadb_target.target_config(), pipeline="reads", position_schema=mysql_db)
+    load = MysqlLoad(mariadb_target.target_config(), pipeline="reads", position_schema=mysql_db)
     try:
         for n in (1, 2):
             load.load(Batch("reads", n, 1, Position("snapshot", n - 1), Position("snapshot", n), tuple(changes)))
@@ -107,7 +107,7 @@ def test_a_source_mode_the_target_does_not_know_runs_without_the_unknown_names(m
     alter = DdlChange(mysql_db, "n", f"ALTER TABLE `{mysql_db}`.n MODIFY s VARCHAR(2)", Position("b", 2),
                       sql_mode="NO_SUCH_MODE,NO_ENGINE_SUBSTITUTION")
     insert = RowChange(Op.INSERT, mysql_db, "n", ("id",), None, {"id": 2, "s": "xyz"}, Position("b", 3))
-    load = MySQLLoad(mariadb_target.target_config(), pipeline="modes", position_schema=mysql_db)
+    load = MysqlLoad(mariadb_target.target_config(), pipeline="modes", position_schema=mysql_db)
     try:
         load.load(Batch("modes", 1, 1, Position("b", 1), Position("b", 2), (alter,)))
         assert mariadb_target.query(f"SELECT s FROM `{mysql_db}`.n") == [("ab",)]

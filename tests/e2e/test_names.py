@@ -13,9 +13,9 @@ import pytest
 
 from setl.config import LoadSettings
 from setl.model import Batch, Position
-from setl.sinks.mysql import MySQLLoad
+from setl.sinks.mysql import MysqlLoad
 from setl.sinks.parquet import ParquetLoad, read_table, table_directory
-from setl.sinks.postgresql import PostgresLoad
+from setl.sinks.postgresql import PostgresqlLoad
 from setl.sinks.sqlite import SqliteLoad
 from setl.testing.harness import insert
 
@@ -72,7 +72,7 @@ def test_odd_names_reach_mariadb_whole(mariadb_source, source_db, dotted_schema,
     """Tables named with dots, %, spaces and backticks (and one in a dotted schema) reach MariaDB whole."""
     start = binlog_head(mariadb_source)
     write_source(mariadb_source, source_db, dotted_schema)
-    load = MySQLLoad(mariadb_target.target_config(), pipeline="names", position_schema=mysql_db)
+    load = MysqlLoad(mariadb_target.target_config(), pipeline="names", position_schema=mysql_db)
     settings = attrs.evolve(SETTINGS, load=LoadSettings(mode=mode))
     replicate(mariadb_source, start, rules(source_db, dotted_schema, mysql_db), load, tmp_path, name="names",
               settings=settings)
@@ -91,7 +91,7 @@ def test_odd_names_reach_postgresql_whole(mariadb_source, source_db, dotted_sche
     """The same odd names reach PostgreSQL whole, in the target schema the rules name."""
     start = binlog_head(mariadb_source)
     write_source(mariadb_source, source_db, dotted_schema)
-    load = PostgresLoad(postgres_server.target_config(postgres_db), pipeline="names")
+    load = PostgresqlLoad(postgres_server.target_config(postgres_db), pipeline="names")
     replicate(mariadb_source, start, rules(source_db, dotted_schema, "dw"), load, tmp_path, name="names")
 
     def query(sql: str, params: tuple | None = None) -> list[tuple[Any, ...]]:

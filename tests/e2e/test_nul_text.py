@@ -11,7 +11,7 @@ import pytest
 
 from setl.scheduler import Outcome
 from setl.sinks import rewrites
-from setl.sinks.postgresql import PostgresLoad
+from setl.sinks.postgresql import PostgresqlLoad
 
 from .replicate import SETTINGS, binlog_head, replicate, table_rule
 
@@ -43,7 +43,7 @@ def test_nul_is_stripped_or_escaped_as_configured(policy, replacement, mariadb_s
     start = binlog_head(mariadb_source)
     _write(mariadb_source, source_db)
     config = attrs.evolve(postgres_server.target_config(postgres_db), nul_in_text=policy)
-    load = PostgresLoad(config, pipeline=f"nul_{policy}")
+    load = PostgresqlLoad(config, pipeline=f"nul_{policy}")
     replicate(mariadb_source, start, [table_rule(rf"{source_db}\.(t|loose)", f"{source_db}.{{table}}")], load,
               tmp_path, name=f"nul_{policy}")
     rows = postgres_server.query(f'SELECT id, v, w FROM "{source_db}".t ORDER BY id', dbname=postgres_db)
@@ -62,7 +62,7 @@ def test_nul_is_refused_at_once_by_default(mariadb_source, source_db, postgres_s
     _setup(mariadb_source, source_db, postgres_server, postgres_db)
     start = binlog_head(mariadb_source)
     _write(mariadb_source, source_db)
-    load = PostgresLoad(postgres_server.target_config(postgres_db), pipeline="nul_refuse")
+    load = PostgresqlLoad(postgres_server.target_config(postgres_db), pipeline="nul_refuse")
     settings = attrs.evolve(SETTINGS, retry=attrs.evolve(SETTINGS.retry, max_attempts=50))
     scheduler = replicate(mariadb_source, start, [table_rule(rf"{source_db}\.(t|loose)", f"{source_db}.{{table}}")],
                           load, tmp_path, name="nul_refuse", settings=settings, outcome=Outcome.PAUSED)
@@ -80,7 +80,7 @@ def test_a_key_holding_nul_is_refused_under_every_policy(mariadb_source, source_
     start = binlog_head(mariadb_source)
     mariadb_source.query(f"INSERT INTO `{source_db}`.k VALUES ('a\\0'), ('a')")
     config = attrs.evolve(postgres_server.target_config(postgres_db), nul_in_text="strip")
-    load = PostgresLoad(config, pipeline="nul_key")
+    load = PostgresqlLoad(config, pipeline="nul_key")
     scheduler = replicate(mariadb_source, start, [table_rule(rf"{source_db}\.k", f"{source_db}.k")], load, tmp_path,
                           name="nul_key", outcome=Outcome.PAUSED)
     assert "primary-key column k holds text with NUL" in str(scheduler.error), scheduler.error

@@ -11,7 +11,7 @@ import contextlib
 import pytest
 
 from setl.scheduler import Outcome
-from setl.sinks.postgresql import PostgresLoad
+from setl.sinks.postgresql import PostgresqlLoad
 from tests.e2e.setl_process import postgres_target
 from tests.schema.test_schema import make
 
@@ -40,7 +40,7 @@ def test_partitioned_table_reaches_postgresql_and_drop_partition_stops(mariadb_s
         "UPDATE pt SET v = 'bb' WHERE id = 2",
     ])
     rules = [table_rule(rf"{source_db}\.pt", f"{source_db}.{{table}}")]
-    load = PostgresLoad(postgres_server.target_config(postgres_db), pipeline="parts")
+    load = PostgresqlLoad(postgres_server.target_config(postgres_db), pipeline="parts")
     replicate(mariadb_source, start, rules, load, tmp_path)
     query = f'SELECT id, y, v FROM "{source_db}".pt ORDER BY id'
     assert postgres_server.query(query, dbname=postgres_db) == mariadb_source.query(
@@ -48,7 +48,7 @@ def test_partitioned_table_reaches_postgresql_and_drop_partition_stops(mariadb_s
 
     middle = binlog_head(mariadb_source)
     _run(mariadb_source, source_db, ["ALTER TABLE pt DROP PARTITION p0"])  # rows 1 and 3 go, no row event
-    load = PostgresLoad(postgres_server.target_config(postgres_db), pipeline="parts")
+    load = PostgresqlLoad(postgres_server.target_config(postgres_db), pipeline="parts")
     scheduler = replicate(mariadb_source, middle, rules, load, tmp_path, name="parts2", outcome=Outcome.PAUSED)
     error = str(scheduler.error)
     assert "DROP PARTITION" in error and f"{source_db}.pt" in error and "position=mysql-bin." in error, error

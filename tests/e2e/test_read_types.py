@@ -12,8 +12,8 @@ import pytest
 
 from setl.errors import LoadError
 from setl.model import Batch, Op, Position, RowChange
-from setl.sinks.mysql import MySQLLoad
-from setl.sinks.postgresql import PostgresLoad
+from setl.sinks.mysql import MysqlLoad
+from setl.sinks.postgresql import PostgresqlLoad
 from setl.stages.load import Load, LoadWrapper
 from setl.testing.harness import reference_state
 
@@ -50,12 +50,12 @@ def test_every_type_read_into_mariadb_replaces_stale_rows(mariadb_source, source
     rows leave a MariaDB target equal to the source by value and CHECKSUM TABLE, loaded twice."""
     start = binlog_head(mariadb_source)
     write_source(mariadb_source, source_db)
-    capture = Capture(MySQLLoad(mariadb_target.target_config(), pipeline="types", position_schema=mysql_db))
+    capture = Capture(MysqlLoad(mariadb_target.target_config(), pipeline="types", position_schema=mysql_db))
     replicate(mariadb_source, start, [table_rule(rf"{source_db}\.types", f"{mysql_db}.types")], capture, tmp_path)
     mariadb_target.query(f"UPDATE `{mysql_db}`.types SET ti = 0, vc = 'stale', j = NULL, blb = x'00' WHERE id = 1")
     mariadb_target.query(f"DELETE FROM `{mysql_db}`.types WHERE id > 2")
     batch = as_reads(capture.changes, f"{mysql_db}.types")
-    load = MySQLLoad(mariadb_target.target_config(), pipeline="reads", position_schema=mysql_db, chunk_rows=2)
+    load = MysqlLoad(mariadb_target.target_config(), pipeline="reads", position_schema=mysql_db, chunk_rows=2)
     try:
         load.load(batch)
         load.load(attrs.evolve(batch, id=2))
@@ -77,12 +77,12 @@ def test_every_type_read_into_postgresql_replaces_stale_rows(mariadb_source, sou
     through COPY into a staging table and through multi-row upserts alike, loaded twice."""
     start = binlog_head(mariadb_source)
     write_source(mariadb_source, source_db)
-    capture = Capture(PostgresLoad(postgres_server.target_config(postgres_db), pipeline="types"))
+    capture = Capture(PostgresqlLoad(postgres_server.target_config(postgres_db), pipeline="types"))
     replicate(mariadb_source, start, [table_rule(rf"{source_db}\.types", "app.types")], capture, tmp_path)
     postgres_server.query("UPDATE app.types SET ti = 0, vc = 'stale', j = NULL, blb = '\\x00' WHERE id = 1;"
                           " DELETE FROM app.types WHERE id > 2", dbname=postgres_db)
     batch = as_reads(capture.changes, "app.types")
-    load = PostgresLoad(postgres_server.target_config(postgres_db), pipeline="reads", copy_rows=copy_rows)
+    load = PostgresqlLoad(postgres_server.target_config(postgres_db), pipeline="reads", copy_rows=copy_rows)
     try:
         load.load(batch)
         load.load(attrs.evolve(batch, id=2))
@@ -104,7 +104,7 @@ def test_invalid_dates_read_into_mariadb_are_stored_exactly(mariadb_target, mysq
     """Zero and partial dates in reads reach MariaDB as the source's text."""
     mariadb_target.query(f"CREATE TABLE `{mysql_db}`.dates (id INT PRIMARY KEY, d DATE, dt DATETIME, p DATE,"
                          " ts TIMESTAMP NULL)")
-    load = MySQLLoad(mariadb_target.target_config(), pipeline="dates", position_schema=mysql_db)
+    load = MysqlLoad(mariadb_target.target_config(), pipeline="dates", position_schema=mysql_db)
     try:
         load.load(read_batch(mysql_db))
     finally:
@@ -122,7 +122,7 @@ def test_invalid_dates_read_into_postgresql_follow_the_policy(postgres_server, p
     postgres_server.query("CREATE SCHEMA app; CREATE TABLE app.dates (id int PRIMARY KEY, d date, dt timestamp,"
                           " p date, ts timestamptz)", dbname=postgres_db)
     config = attrs.evolve(postgres_server.target_config(postgres_db), invalid_dates=policy)
-    load = PostgresLoad(config, pipeline="dates", copy_rows=1)
+    load = PostgresqlLoad(config, pipeline="dates", copy_rows=1)
     try:
         if policy == "refuse":
             with pytest.raises(LoadError, match="column d holds '0000-00-00'") as caught:

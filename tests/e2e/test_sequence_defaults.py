@@ -9,8 +9,8 @@ import contextlib
 
 import pytest
 
-from setl.sinks.mysql import MySQLLoad
-from setl.sinks.postgresql import PostgresLoad
+from setl.sinks.mysql import MysqlLoad
+from setl.sinks.postgresql import PostgresqlLoad
 
 from .replicate import binlog_head, replicate, table_rule
 
@@ -38,7 +38,7 @@ def _source(server, db: str):
 
 def test_into_mariadb(mariadb_source, source_db, mariadb_target, mysql_db, tmp_path):
     start = _source(mariadb_source, source_db)
-    load = MySQLLoad(mariadb_target.target_config(), pipeline="seq", position_schema=mysql_db)
+    load = MysqlLoad(mariadb_target.target_config(), pipeline="seq", position_schema=mysql_db)
     replicate(mariadb_source, start, [table_rule(rf"{source_db}\.t2?", f"{mysql_db}.{{table}}")], load, tmp_path)
     for table in ("t", "t2"):
         query = f"SELECT id, v FROM `{{}}`.{table} ORDER BY id"
@@ -49,7 +49,7 @@ def test_into_mariadb(mariadb_source, source_db, mariadb_target, mysql_db, tmp_p
 
 def test_into_postgresql(mariadb_source, source_db, postgres_server, postgres_db, tmp_path):
     start = _source(mariadb_source, source_db)
-    load = PostgresLoad(postgres_server.target_config(postgres_db), pipeline="seq")
+    load = PostgresqlLoad(postgres_server.target_config(postgres_db), pipeline="seq")
     replicate(mariadb_source, start, [table_rule(rf"{source_db}\.t2?", f"{source_db}.{{table}}")], load, tmp_path)
     for table in ("t", "t2"):
         got = postgres_server.query(f'SELECT id, v FROM "{source_db}".{table} ORDER BY id', dbname=postgres_db)

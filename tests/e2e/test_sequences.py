@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from setl.model import Batch, DdlChange, Position
-from setl.sinks.mysql import MySQLLoad
-from setl.sinks.postgresql import PostgresLoad
+from setl.sinks.mysql import MysqlLoad
+from setl.sinks.postgresql import PostgresqlLoad
 from tests.e2e.setl_process import mysql_target, postgres_target
 from tests.schema.test_schema import make
 
@@ -72,7 +72,7 @@ def test_sequences_into_mariadb(mariadb_source, source_db, mariadb_target, mysql
     schema the rules rename; the target sequences then give the source's next values."""
     start = binlog_head(mariadb_source)
     _run(mariadb_source, source_db, WORKLOAD)
-    load = MySQLLoad(mariadb_target.target_config(), pipeline="seqs", position_schema=mysql_db)
+    load = MysqlLoad(mariadb_target.target_config(), pipeline="seqs", position_schema=mysql_db)
     replicate(mariadb_source, start, [table_rule(rf"{source_db}\..*", f"{mysql_db}.{{table}}")], load, tmp_path)
     assert mariadb_target.query("SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND "
                                 "TABLE_TYPE = 'SEQUENCE' ORDER BY 1", (mysql_db,)) == [("s1",), ("s3",)]
@@ -88,7 +88,7 @@ def test_missing_sequence_created_from_source(mariadb_source, source_db, mariadb
     start = binlog_head(mariadb_source)
     _run(mariadb_source, source_db, ["SELECT NEXTVAL(src_seq)", "SELECT NEXTVAL(src_seq)", "SELECT NEXTVAL(src_seq)",
                                      "SELECT SETVAL(src_seq, 40)"])
-    load = MySQLLoad(mariadb_target.target_config(), pipeline="seqnew", position_schema=mysql_db)
+    load = MysqlLoad(mariadb_target.target_config(), pipeline="seqnew", position_schema=mysql_db)
     renamed = f"{mysql_db}_r"
     try:
         replicate(mariadb_source, start, [table_rule(rf"{source_db}\.src_seq", f"{renamed}.dst_seq")], load,
@@ -102,7 +102,7 @@ def test_missing_sequence_created_from_source(mariadb_source, source_db, mariadb
         mariadb_target.query(f"DROP DATABASE IF EXISTS `{renamed}`")
 
 
-class _Twice(MySQLLoad):
+class _Twice(MysqlLoad):
     """Loads every batch twice in a row: a replay of a batch whose ack was lost."""
 
     def load(self, batch: Batch) -> None:
@@ -125,7 +125,7 @@ def test_postgresql_keeps_sequences_out(mariadb_source, source_db, postgres_serv
     the rows drawn from sequences arrive as plain values."""
     start = binlog_head(mariadb_source)
     _run(mariadb_source, source_db, WORKLOAD)
-    load = PostgresLoad(postgres_server.target_config(postgres_db), pipeline="seqpg")
+    load = PostgresqlLoad(postgres_server.target_config(postgres_db), pipeline="seqpg")
     assert not load.capabilities.sequences
     replicate(mariadb_source, start, [table_rule(rf"{source_db}\..*", f"{source_db}.{{table}}")], load, tmp_path)
     got = postgres_server.query(f'SELECT id, v FROM "{source_db}".t ORDER BY id', dbname=postgres_db)
@@ -147,7 +147,7 @@ def test_a_create_sequence_of_an_existing_sequence_counts_only_when_its_options_
         change = DdlChange(mysql_db, statement.split("`.")[1].split()[0].strip("`"), statement, Position("b", n + 1))
         return Batch("seqopts", n, 1, Position("b", n), Position("b", n + 1), (change,))
 
-    load = MySQLLoad(mariadb_target.target_config(), pipeline="seqopts", position_schema=mysql_db)
+    load = MysqlLoad(mariadb_target.target_config(), pipeline="seqopts", position_schema=mysql_db)
     try:
         load.load(ddl(1, f"CREATE SEQUENCE `{mysql_db}`.s START WITH 10 INCREMENT BY 2"))
         with pytest.raises(Exception, match="already exists"):

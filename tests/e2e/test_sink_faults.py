@@ -10,7 +10,7 @@ import pytest
 
 from setl.errors import LoadError
 from setl.scheduler import Outcome
-from setl.sinks.mysql import MySQLLoad
+from setl.sinks.mysql import MysqlLoad
 from setl.testing.servers import wait_until
 
 from .replicate import binlog_head, replicate, table_rule
@@ -28,7 +28,7 @@ def test_sink_connection_killed_mid_batch_is_retried_in_place(mariadb_source, so
         for k in range(20):
             cur.execute("INSERT INTO t VALUES " + ", ".join(f"({k * 10 + i}, 'v{i}')" for i in range(10)))
         cur.execute("UPDATE t SET v = 'changed' WHERE id % 7 = 0")
-    load = MySQLLoad(mariadb_target.target_config(), pipeline="kill", position_schema=mysql_db,
+    load = MysqlLoad(mariadb_target.target_config(), pipeline="kill", position_schema=mysql_db,
                      initial_backoff=0.01)
     # The target table exists already (the replicated CREATE TABLE finds the same shape), and an
     # open transaction holds key 5, so the sink's first row batch waits inside its transaction.
@@ -71,7 +71,7 @@ def test_missing_target_table_pauses_and_applies_nothing(mariadb_source, source_
         cur.execute("INSERT INTO absent VALUES (1)")
         conn.commit()
     mariadb_target.query(f"CREATE TABLE `{mysql_db}`.present (id INT PRIMARY KEY)")
-    load = MySQLLoad(mariadb_target.target_config(), pipeline="missing", position_schema=mysql_db, ddl="skip")
+    load = MysqlLoad(mariadb_target.target_config(), pipeline="missing", position_schema=mysql_db, ddl="skip")
     scheduler = replicate(mariadb_source, start, [table_rule(rf"{source_db}\..*", f"{mysql_db}.{{table}}")],
                           load, tmp_path, name="missing", outcome=Outcome.PAUSED)
     error = scheduler.error

@@ -15,9 +15,9 @@ import pytest
 
 from setl.errors import LoadError
 from setl.model import Batch, Op, Position, RowChange, TableName
-from setl.sinks.mysql import MySQLLoad
+from setl.sinks.mysql import MysqlLoad
 from setl.sinks.parquet import ParquetLoad, read_table
-from setl.sinks.postgresql import PostgresLoad
+from setl.sinks.postgresql import PostgresqlLoad
 from setl.sinks.sqlite import SqliteLoad
 from setl.snapshot.reader import ChunkReader
 from setl.testing.harness import MemorySink
@@ -150,7 +150,7 @@ def test_spatial_values_reach_mariadb_byte_exact(mariadb_source, source_db, mari
     start = binlog_head(mariadb_source)
     _run(mariadb_source, source_db, [CREATE])
     write_rows(mariadb_source, source_db)
-    load = MySQLLoad(mariadb_target.target_config(), pipeline="spatial", position_schema=mysql_db)
+    load = MysqlLoad(mariadb_target.target_config(), pipeline="spatial", position_schema=mysql_db)
     replicate(mariadb_source, start, [table_rule(rf"{source_db}\.shapes", f"{mysql_db}.shapes")], load, tmp_path)
     query = "SELECT id, " + ", ".join(f"HEX({c})" for c in NAMES) + " FROM `{}`.shapes ORDER BY id"
     expected = mariadb_source.query(query.format(source_db))
@@ -169,7 +169,7 @@ def test_spatial_values_become_postgis_geometry(mariadb_source, source_db, postg
     start = binlog_head(mariadb_source)
     _run(mariadb_source, source_db, [CREATE])
     write_rows(mariadb_source, source_db)
-    load = PostgresLoad(postgres_server.target_config(postgres_db), pipeline="spatial")
+    load = PostgresqlLoad(postgres_server.target_config(postgres_db), pipeline="spatial")
     replicate(mariadb_source, start, [table_rule(rf"{source_db}\.shapes", "app.shapes")], load, tmp_path)
     assert postgres_types(postgres_server, postgres_db, "app") == {name: pg for name, (_, pg) in COLUMNS.items()}
     assert postgres_forms(postgres_server, postgres_db, "app", "text") == source_forms(mariadb_source, source_db,
@@ -188,7 +188,7 @@ def test_without_postgis_spatial_values_are_wkb_bytea(spatial, mariadb_source, s
     write_rows(mariadb_source, source_db)
     config = attrs.evolve(postgres_server.target_config(postgres_db), spatial=spatial)
     replicate(mariadb_source, start, [table_rule(rf"{source_db}\.shapes", "app.shapes")],
-              PostgresLoad(config, pipeline="spatial"), tmp_path)
+              PostgresqlLoad(config, pipeline="spatial"), tmp_path)
     assert set(postgres_types(postgres_server, postgres_db, "app").values()) == {"bytea"}
     assert postgres_forms(postgres_server, postgres_db, "app", "raw") == source_forms(mariadb_source, source_db,
                                                                                        "wkb")
@@ -202,7 +202,7 @@ def test_spatial_values_as_wkt_text(mariadb_source, source_db, postgres_server, 
     write_rows(mariadb_source, source_db)
     config = attrs.evolve(postgres_server.target_config(postgres_db), spatial="wkt")
     replicate(mariadb_source, start, [table_rule(rf"{source_db}\.shapes", "app.shapes")],
-              PostgresLoad(config, pipeline="spatial"), tmp_path)
+              PostgresqlLoad(config, pipeline="spatial"), tmp_path)
     assert set(postgres_types(postgres_server, postgres_db, "app").values()) == {"text"}
     got = postgres_forms(postgres_server, postgres_db, "app", "raw")
     expected = source_forms(mariadb_source, source_db, "text")
@@ -219,7 +219,7 @@ def test_postgis_option_without_the_extension_is_one_clear_error(mariadb_source,
                                                                   postgres_db):
     """``spatial: postgis`` on a database without PostGIS fails the load with a line saying what to do."""
     config = attrs.evolve(postgres_server.target_config(postgres_db), spatial="postgis")
-    load = PostgresLoad(config, pipeline="spatial")
+    load = PostgresqlLoad(config, pipeline="spatial")
     batch = Batch("spatial", 1, 1, Position("b.000001", 4), Position("b.000001", 5),
                   (RowChange(Op.INSERT, "app", "t", ("id",), None, {"id": 1}, Position("b.000001", 5)),))
     try:
@@ -304,7 +304,7 @@ def test_copy_sends_spatial_values_in_the_targets_form(spatial, postgres_server,
                               Position("b.000001", 10 + n))
                     for table, key in (("keyed", ("id",)), ("loose", ())) for n in range(3))
     config = attrs.evolve(postgres_server.target_config(postgres_db), spatial=spatial)
-    load = PostgresLoad(config, pipeline="spatial", copy_rows=2)
+    load = PostgresqlLoad(config, pipeline="spatial", copy_rows=2)
     try:
         load.load(Batch("spatial", 1, 1, Position("b.000001", 4), Position("b.000001", 30), changes))
     finally:

@@ -20,9 +20,9 @@ from setl.errors import ConfigError, LoadError
 from setl.model import Batch, InvalidDate, Op, Position, RowChange
 from setl.pipeline import build_load
 from setl.scheduler import Outcome
-from setl.sinks.mysql import MySQLLoad
+from setl.sinks.mysql import MysqlLoad
 from setl.sinks.parquet import ParquetLoad, read_table
-from setl.sinks.postgresql import PostgresLoad
+from setl.sinks.postgresql import PostgresqlLoad
 from setl.sinks.sqlite import SqliteLoad
 from setl.transforms.frames import rows_to_table, table_to_rows
 
@@ -125,7 +125,7 @@ def test_every_type_round_trips_to_mariadb(mariadb_source, source_db, mariadb_ta
     source, through the binlog, the scheduler and a replicated CREATE TABLE."""
     start = binlog_head(mariadb_source)
     write_source(mariadb_source, source_db)
-    load = MySQLLoad(mariadb_target.target_config(), pipeline="types", position_schema=mysql_db)
+    load = MysqlLoad(mariadb_target.target_config(), pipeline="types", position_schema=mysql_db)
     replicate(mariadb_source, start, [table_rule(rf"{source_db}\.types", f"{mysql_db}.types")], load, tmp_path)
     names, expected = mysql_rows(mariadb_source, source_db)
     target_names, got = mysql_rows(mariadb_target, mysql_db)
@@ -141,7 +141,7 @@ def test_every_type_round_trips_to_postgresql(mariadb_source, source_db, postgre
     says: the replicated CREATE TABLE is translated and each value compares equal."""
     start = binlog_head(mariadb_source)
     write_source(mariadb_source, source_db)
-    load = PostgresLoad(postgres_server.target_config(postgres_db), pipeline="types")
+    load = PostgresqlLoad(postgres_server.target_config(postgres_db), pipeline="types")
     replicate(mariadb_source, start, [table_rule(rf"{source_db}\.types", "app.types")], load, tmp_path)
     names, expected = mysql_rows(mariadb_source, source_db)
     got = postgres_server.query("SELECT * FROM app.types ORDER BY id", dbname=postgres_db)
@@ -164,10 +164,10 @@ def test_table_without_primary_key_reaches_both_targets(mariadb_source, source_d
         cur.execute("DELETE FROM loose WHERE note = 'x'")
     rule = rf"{source_db}\.loose"
     replicate(mariadb_source, start, [table_rule(rule, f"{mysql_db}.loose")],
-              MySQLLoad(mariadb_target.target_config(), pipeline="loose", position_schema=mysql_db), tmp_path,
+              MysqlLoad(mariadb_target.target_config(), pipeline="loose", position_schema=mysql_db), tmp_path,
               name="loose_mysql")
     replicate(mariadb_source, start, [table_rule(rule, "app.loose")],
-              PostgresLoad(postgres_server.target_config(postgres_db), pipeline="loose"), tmp_path,
+              PostgresqlLoad(postgres_server.target_config(postgres_db), pipeline="loose"), tmp_path,
               name="loose_pg")
     expected = sorted(mariadb_source.query(f"SELECT * FROM `{source_db}`.loose"), key=repr)
     assert expected == sorted([("a", 1, None), ("a", 1, "y"), (None, None, None), (None, 5, None)], key=repr)
@@ -194,7 +194,7 @@ def test_invalid_dates_are_stored_exactly_in_mariadb(mariadb_target, mysql_db):
     """Zero and partial DATE, DATETIME and TIMESTAMP values reach a MariaDB target as the source's text."""
     mariadb_target.query(f"CREATE TABLE `{mysql_db}`.dates (id INT PRIMARY KEY, d DATE, dt DATETIME, p DATE,"
                          " ts TIMESTAMP NULL, q DATE)")
-    load = MySQLLoad(mariadb_target.target_config(), pipeline="dates", position_schema=mysql_db)
+    load = MysqlLoad(mariadb_target.target_config(), pipeline="dates", position_schema=mysql_db)
     batch = invalid_date_batch(mysql_db)
     impossible = RowChange(Op.INSERT, mysql_db, "dates", ("id",), None, {"id": 3, "q": InvalidDate("2024-02-30")},
                            Position("bin.000001", 150))
@@ -214,7 +214,7 @@ def test_invalid_dates_are_refused_by_postgresql_by_default(postgres_server, pos
     value, and writes nothing."""
     postgres_server.query("CREATE SCHEMA app; CREATE TABLE app.dates (id int PRIMARY KEY, d date, dt timestamp,"
                           " p date, ts timestamptz)", dbname=postgres_db)
-    load = PostgresLoad(postgres_server.target_config(postgres_db), pipeline="dates")
+    load = PostgresqlLoad(postgres_server.target_config(postgres_db), pipeline="dates")
     try:
         with pytest.raises(LoadError) as caught:
             load.load(invalid_date_batch("app"))
@@ -233,7 +233,7 @@ def test_invalid_dates_become_null_in_postgresql_when_configured(postgres_server
     postgres_server.query("CREATE SCHEMA app; CREATE TABLE app.dates (id int PRIMARY KEY, d date, dt timestamp,"
                           " p date, ts timestamptz)", dbname=postgres_db)
     config = attrs.evolve(postgres_server.target_config(postgres_db), invalid_dates="null")
-    load = PostgresLoad(config, pipeline="dates")
+    load = PostgresqlLoad(config, pipeline="dates")
     try:
         load.load(invalid_date_batch("app"))
     finally:
@@ -304,10 +304,10 @@ def test_odd_column_names_reach_both_targets(mariadb_source, source_db, mariadb_
     for table in ("odd", "odd_loose"):
         rule = [table_rule(rf"{source_db}\.{table}", f"{mysql_db}.{table}")]
         replicate(mariadb_source, start, rule,
-                  MySQLLoad(mariadb_target.target_config(), pipeline=f"{table}_m", position_schema=mysql_db),
+                  MysqlLoad(mariadb_target.target_config(), pipeline=f"{table}_m", position_schema=mysql_db),
                   tmp_path, name=f"{table}_m")
         rule = [table_rule(rf"{source_db}\.{table}", f"app.{table}")]
-        replicate(mariadb_source, start, rule, PostgresLoad(postgres_server.target_config(postgres_db),
+        replicate(mariadb_source, start, rule, PostgresqlLoad(postgres_server.target_config(postgres_db),
                                                             pipeline=f"{table}_p"), tmp_path, name=f"{table}_p")
         expected = sorted(mariadb_source.query(f"SELECT * FROM `{source_db}`.{table}"), key=repr)
         assert len(expected) == 3 and ("changed %",) in [(r[-7],) for r in expected]
@@ -329,7 +329,7 @@ def test_binary_collations_and_charsets_reach_postgresql(mariadb_source, source_
                     " (2, 'A', 'zé', 'X', 'e', x'00ff', 'm')")
         cur.execute("ALTER TABLE coll ADD COLUMN g CHAR(2) BINARY NOT NULL")
     replicate(mariadb_source, start, [table_rule(rf"{source_db}\.coll", "app.coll")],
-              PostgresLoad(postgres_server.target_config(postgres_db), pipeline="coll"), tmp_path)
+              PostgresqlLoad(postgres_server.target_config(postgres_db), pipeline="coll"), tmp_path)
     expected = mariadb_source.query(f"SELECT * FROM `{source_db}`.coll ORDER BY id")
     assert postgres_server.query("SELECT * FROM app.coll ORDER BY id", dbname=postgres_db) == expected
     assert [r[0] for r in postgres_server.query("SELECT a FROM app.coll ORDER BY a", dbname=postgres_db)] == ["A", "a"]
@@ -359,10 +359,10 @@ def test_generated_columns_reach_both_targets(mariadb_source, source_db, mariadb
         for statement in GENERATED:
             cur.execute(statement)
     rules = [table_rule(rf"{source_db}\.(gen.*)", f"{mysql_db}.{{table}}")]
-    replicate(mariadb_source, start, rules, MySQLLoad(mariadb_target.target_config(), pipeline="gen_m",
+    replicate(mariadb_source, start, rules, MysqlLoad(mariadb_target.target_config(), pipeline="gen_m",
                                                       position_schema=mysql_db), tmp_path, name="gen_m")
     scheduler = replicate(mariadb_source, start, [table_rule(rf"{source_db}\.(gen.*)", "app.{table}")],
-                          PostgresLoad(postgres_server.target_config(postgres_db), pipeline="gen_p"), tmp_path,
+                          PostgresqlLoad(postgres_server.target_config(postgres_db), pipeline="gen_p"), tmp_path,
                           name="gen_p", outcome=Outcome.PAUSED)
     assert "has rows and generated column w is a plain column on PostgreSQL" in str(scheduler.error)
     for table in ("gen", "gen_loose"):
@@ -404,7 +404,7 @@ def test_invalid_dates_null_policy_finds_keyless_rows_again(postgres_server, pos
                RowChange(Op.INSERT, "app", "loose", (), None, {"n": 2, "d": bad}, pos),
                RowChange(Op.UPDATE, "app", "loose", (), {"n": 1, "d": bad}, {"n": 3, "d": bad}, pos),
                RowChange(Op.DELETE, "app", "loose", (), {"n": 2, "d": bad}, None, pos))
-    load = PostgresLoad(attrs.evolve(postgres_server.target_config(postgres_db), invalid_dates="null"),
+    load = PostgresqlLoad(attrs.evolve(postgres_server.target_config(postgres_db), invalid_dates="null"),
                         pipeline="loose")
     try:
         load.load(Batch("loose", 1, 1, Position("bin.000001", 4), Position("bin.000001", 20), changes))

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from setl.errors import LoadError, TransientLoadError
 from setl.model import DdlChange
-from setl.sinks.mysql import MySQLLoad, MysqlTargetConfig
+from setl.sinks.mysql import MysqlLoad, MysqlTargetConfig
 from setl.sinks.prepared import MAX_PREPARED
 from setl.sinks.sql_common import TargetTableMissing
 from setl.testing.servers import MariaDBServer, free_port
@@ -28,7 +28,7 @@ from .contract import Changes, SinkContract, Target, at, item, make_batch, model
 
 
 class MySQLTarget(Target):
-    load_class = MySQLLoad
+    load_class = MysqlLoad
 
     def __init__(self, server: MariaDBServer, database: str) -> None:
         self.server = server
@@ -62,7 +62,7 @@ class MySQLTarget(Target):
     def load_options(self) -> dict[str, Any]:
         return {"position_schema": self.schema}
 
-    def session_id(self, load: MySQLLoad) -> int:
+    def session_id(self, load: MysqlLoad) -> int:
         return load.pool.idle[-1].thread_id()
 
     def kill(self, session: int) -> None:
@@ -158,8 +158,8 @@ class TestMySQLSink(SinkContract):
             load.prepare(batch)
             assert len(load._prepared) == 1
             built = []
-            original = MySQLLoad._texts
-            monkeypatch.setattr(MySQLLoad, "_texts", lambda *a, **k: built.append(1) or original(*a, **k))
+            original = MysqlLoad._texts
+            monkeypatch.setattr(MysqlLoad, "_texts", lambda *a, **k: built.append(1) or original(*a, **k))
             load.load(batch)
             assert built == [] and len(load._prepared) == 0
             for n in range(3, 3 + 12):  # prepared and never loaded (discarded): at most MAX_PREPARED kept
@@ -257,7 +257,7 @@ class TestMySQLSink(SinkContract):
             old = target.make_load()
             old.token = "another-process"
             old.load(make_batch([items.insert(**item(1))], id=1, epoch=1))
-            weak = MySQLLoad(attrs.evolve(target.config(), user=user, password="pw"), pipeline="p",
+            weak = MysqlLoad(attrs.evolve(target.config(), user=user, password="pw"), pipeline="p",
                              **target.load_options(), sleep=lambda seconds: None)
             try:
                 with pytest.raises(LoadError, match=r"cannot kill session \d+ of a deposed writer to fence the "
@@ -339,13 +339,13 @@ def test_driver_errors_are_classified(code, kind):
     """Deadlocks, lock wait timeouts, refused or lost connections and a server shutting down are
     transient; a missing table is named; anything else (duplicate key, bad value, foreign key,
     syntax, access denied) fails the batch."""
-    load = MySQLLoad(MysqlTargetConfig(type="mysql"), pipeline="p")
+    load = MysqlLoad(MysqlTargetConfig(type="mysql"), pipeline="p")
     assert load._classify(pymysql.err.OperationalError(code, "message")) is kind
 
 
 def test_a_closed_connection_and_a_refused_socket_are_transient():
     """A connection the client already closed, and a refused TCP connection, are transient."""
-    load = MySQLLoad(MysqlTargetConfig(type="mysql"), pipeline="p")
+    load = MysqlLoad(MysqlTargetConfig(type="mysql"), pipeline="p")
     assert load._classify(pymysql.err.InterfaceError(0, "")) is TransientLoadError
     assert load._classify(ConnectionRefusedError()) is TransientLoadError
     assert load._classify(ValueError("not the driver's")) is LoadError
@@ -367,7 +367,7 @@ def test_per_table_pipeline_with_a_part_failing_twice_keeps_a_keyless_table_exac
                        f" IF (SELECT n FROM {db}.fails) <= 2 THEN"
                        "  SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'failing on purpose'; END IF; END")):
         mariadb_target.query(statement)
-    load = MySQLLoad(mariadb_target.target_config(), pipeline="pt", position_schema=mysql_db)
+    load = MysqlLoad(mariadb_target.target_config(), pipeline="pt", position_schema=mysql_db)
     replicate(mariadb_source, start, [table_rule(rf"{source_db}\.(k|loose)", f"{mysql_db}.{{table}}")], load,
               tmp_path, name="pt", settings=PER_TABLE)
     assert mariadb_target.query(f"SELECT n FROM {db}.fails")[0][0] > 2

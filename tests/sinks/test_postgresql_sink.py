@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from setl.errors import LoadError, TransientLoadError
 from setl.model import DdlChange
-from setl.sinks.postgresql import PostgresLoad, PostgresqlTargetConfig
+from setl.sinks.postgresql import PostgresqlLoad, PostgresqlTargetConfig
 from setl.sinks.postgresql_ddl import pg_name
 from setl.sinks.sql_common import TargetTableMissing
 from setl.testing.servers import PostgresServer, free_port
@@ -27,7 +27,7 @@ from .contract import Changes, SinkContract, Target, item, make_batch, model_set
 
 
 class PostgresTarget(Target):
-    load_class = PostgresLoad
+    load_class = PostgresqlLoad
 
     def __init__(self, server: PostgresServer, database: str, schema: str = "app") -> None:
         self.server = server
@@ -61,7 +61,7 @@ class PostgresTarget(Target):
             return PostgresqlTargetConfig(type="postgresql", port=free_port(), database=self.database)
         return self.server.target_config(self.database)
 
-    def session_id(self, load: PostgresLoad) -> int:
+    def session_id(self, load: PostgresqlLoad) -> int:
         return load.pool.idle[-1].info.backend_pid
 
     def kill(self, session: int) -> None:
@@ -137,8 +137,8 @@ class TestPostgresSink(SinkContract):
             load.prepare(batch)
             assert len(load._prepared) == 1
             built = []
-            original = PostgresLoad._copy_rows
-            monkeypatch.setattr(PostgresLoad, "_copy_rows",
+            original = PostgresqlLoad._copy_rows
+            monkeypatch.setattr(PostgresqlLoad, "_copy_rows",
                                 staticmethod(lambda *a: built.append(1) or original(*a)))
             load.load(batch)
             assert built == [] and len(load._prepared) == 0
@@ -215,7 +215,7 @@ class TestPostgresSink(SinkContract):
         for statement in (f'CREATE ROLE "{role}" LOGIN', f'GRANT USAGE ON SCHEMA setl, app TO "{role}"',
                           f'GRANT ALL ON ALL TABLES IN SCHEMA setl, app TO "{role}"'):
             target.execute(statement)
-        weak = PostgresLoad(attrs.evolve(target.config(), user=role), pipeline="p", sleep=lambda seconds: None)
+        weak = PostgresqlLoad(attrs.evolve(target.config(), user=role), pipeline="p", sleep=lambda seconds: None)
         try:
             with pytest.raises(LoadError, match=r"cannot terminate the sessions of a deposed writer to fence "
                                                 r"the target .*pg_signal_backend") as info:
@@ -275,13 +275,13 @@ class TestPostgresSink(SinkContract):
 def test_driver_errors_are_classified(error, kind):
     """Deadlocks, serialization failures, lock timeouts, lost or refused connections and a server
     shutting down or starting up are transient; a missing table is named; anything else fails the batch."""
-    load = PostgresLoad(PostgresqlTargetConfig(type="postgresql"), pipeline="p")
+    load = PostgresqlLoad(PostgresqlTargetConfig(type="postgresql"), pipeline="p")
     assert load._classify(error("message")) is kind
 
 
 def test_a_connection_lost_before_the_server_answered_is_transient():
     """An OperationalError without SQLSTATE (connection refused or broken) is transient."""
-    load = PostgresLoad(PostgresqlTargetConfig(type="postgresql"), pipeline="p")
+    load = PostgresqlLoad(PostgresqlTargetConfig(type="postgresql"), pipeline="p")
     assert load._classify(psycopg.OperationalError("connection refused")) is TransientLoadError
     assert load._classify(psycopg.errors.DataError("bad value")) is LoadError
 
@@ -302,7 +302,7 @@ def test_per_table_pipeline_with_a_part_failing_twice_keeps_a_keyless_table_exac
                       "CREATE TRIGGER fail_twice BEFORE INSERT ON app.k FOR EACH ROW"
                       " EXECUTE FUNCTION app.fail_twice()"):
         postgres_server.query(statement, dbname=postgres_db)
-    load = PostgresLoad(postgres_server.target_config(postgres_db), pipeline="pt")
+    load = PostgresqlLoad(postgres_server.target_config(postgres_db), pipeline="pt")
     replicate(mariadb_source, start, [table_rule(rf"{source_db}\.(k|loose)", "app.{table}")], load,
               tmp_path, name="pt", settings=PER_TABLE)
     assert postgres_server.query("SELECT last_value FROM app.fails", dbname=postgres_db)[0][0] > 2

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from setl.model import Batch, Op, Position, RowChange, TableName
-from setl.sinks.mysql import MySQLLoad
-from setl.sinks.postgresql import PostgresLoad
+from setl.sinks.mysql import MysqlLoad
+from setl.sinks.postgresql import PostgresqlLoad
 from setl.snapshot.reader import ChunkReader
 from setl.testing.harness import MemorySink
 
@@ -140,7 +140,7 @@ def test_a_copied_row_and_its_binlog_changes_merge_by_one_key_into_mariadb(
     and the binlog change of a row carry one key value (no deleted row comes back)."""
     reads, changes = _copy_then_change(mariadb_source, source_db, kind, tmp_path, mysql_db)
     _run(mariadb_target, mysql_db, [f"CREATE TABLE k (k {kind} NOT NULL PRIMARY KEY, v INT NOT NULL)"])
-    load = MySQLLoad(mariadb_target.target_config(), pipeline="keys", position_schema=mysql_db)
+    load = MysqlLoad(mariadb_target.target_config(), pipeline="keys", position_schema=mysql_db)
     try:
         load.load(_one_batch(reads + changes))
     finally:
@@ -160,7 +160,7 @@ def test_a_copied_row_and_its_binlog_changes_merge_by_one_key_into_postgresql(
     postgres_server.query(f'CREATE SCHEMA "{source_db}"', dbname=postgres_db)
     postgres_server.query(f'CREATE TABLE "{source_db}".k (k {PG_TYPES[kind]} NOT NULL PRIMARY KEY, v int NOT NULL)',
                           dbname=postgres_db)
-    load = PostgresLoad(postgres_server.target_config(postgres_db), pipeline="keys")
+    load = PostgresqlLoad(postgres_server.target_config(postgres_db), pipeline="keys")
     try:
         load.load(_one_batch(reads + changes))
     finally:
@@ -283,10 +283,10 @@ def test_every_key_type_from_the_binlog_alone(target_kind, tmp_path, mariadb_sou
             f"DELETE FROM k{n} WHERE {_is(kind, literals[4])}",
         ])
     if target_kind == "mariadb":
-        load: Any = MySQLLoad(mariadb_target.target_config(), pipeline="binkeys", position_schema=mysql_db)
+        load: Any = MysqlLoad(mariadb_target.target_config(), pipeline="binkeys", position_schema=mysql_db)
         schema = mysql_db
     else:
-        load = PostgresLoad(postgres_server.target_config(postgres_db), pipeline="binkeys")
+        load = PostgresqlLoad(postgres_server.target_config(postgres_db), pipeline="binkeys")
         schema = source_db
     replicate(mariadb_source, start, [table_rule(rf"{source_db}\.k\d+", f"{schema}.{{table}}")], load, tmp_path)
     for n, kind in enumerate(KEYS):

@@ -17,7 +17,7 @@ import pytest
 from setl.config import TransformStep
 from setl.meta.sqlite import SqliteMetaStore
 from setl.scheduler import Outcome, Scheduler
-from setl.sinks.mysql import MySQLLoad
+from setl.sinks.mysql import MysqlLoad
 from setl.sources.mysql_binlog import MysqlBinlogSource
 from setl.stages import TableExtract
 from setl.transforms.stage import SparkTransform
@@ -94,7 +94,7 @@ def test_binlog_through_a_spark_chain_into_mariadb(spark, registry, mariadb_sour
                                password=mariadb_source.password, server_id=9100 + random.randrange(800),
                                flavor="mariadb", start=start, pipeline="binlog_spark")
     transform = SparkTransform.from_rules(rules, registry, pipeline="binlog_spark", session=lambda: spark)
-    load = MySQLLoad(mariadb_target.target_config(), pipeline="binlog_spark", position_schema=mysql_db, ddl="skip")
+    load = MysqlLoad(mariadb_target.target_config(), pipeline="binlog_spark", position_schema=mysql_db, ddl="skip")
     meta = SqliteMetaStore(tmp_path / "meta.db")
     scheduler = Scheduler("binlog_spark", SETTINGS, select, TableExtract(rules, pipeline="binlog_spark"),
                           transform, load, meta)

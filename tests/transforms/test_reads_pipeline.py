@@ -14,8 +14,8 @@ import pytest
 from setl.config import BatchSettings, ColumnsConfig, PipelineSettings, RetrySettings, TableRule, TransformStep
 from setl.model import Op, RowChange
 from setl.scheduler import Outcome
-from setl.sinks.mysql import MySQLLoad
-from setl.sinks.postgresql import PostgresLoad
+from setl.sinks.mysql import MysqlLoad
+from setl.sinks.postgresql import PostgresqlLoad
 from setl.stages import TableExtract
 from setl.testing.harness import InvariantListener, ScriptedSource, delete, insert, read, run_pipeline, update
 from setl.transforms.stage import SparkTransform
@@ -104,7 +104,7 @@ def test_reads_through_extract_spark_and_load_into_mariadb(spark, registry, mari
     replacing rows, a replayed chunk idempotent, and keyless reads inserted once each."""
     for table, ddl in (("orders", ORDERS_DDL), ("notes", NOTES_DDL)):
         mariadb_target.query(ddl.format(t=f"`{mysql_db}`.`{table}`"))
-    run(MySQLLoad(mariadb_target.target_config(), pipeline="reads", position_schema=mysql_db), mysql_db, spark,
+    run(MysqlLoad(mariadb_target.target_config(), pipeline="reads", position_schema=mysql_db), mysql_db, spark,
         registry)
     got = mariadb_target.query(f"SELECT * FROM `{mysql_db}`.orders ORDER BY id")
     assert [tuple(r) for r in got] == expected_orders(script())
@@ -116,7 +116,7 @@ def test_reads_through_extract_spark_and_load_into_postgresql(spark, registry, p
     postgres_server.query("CREATE SCHEMA app", dbname=postgres_db)
     for table, ddl in (("orders", ORDERS_DDL), ("notes", NOTES_DDL)):
         postgres_server.query(ddl.format(t=f"app.{table}"), dbname=postgres_db)
-    load = PostgresLoad(postgres_server.target_config(postgres_db), pipeline="reads", copy_rows=100)
+    load = PostgresqlLoad(postgres_server.target_config(postgres_db), pipeline="reads", copy_rows=100)
     with contextlib.closing(load):
         run(load, "app", spark, registry)
     got = postgres_server.query("SELECT * FROM app.orders ORDER BY id", dbname=postgres_db)

@@ -141,8 +141,8 @@ import attrs
 
 from setl.model import Batch, Op, Position, RowChange
 from setl.runtime import SerialExecutorService, hash_slot
-from setl.sinks.mysql import MySQLLoad
-from setl.sinks.postgresql import PostgresLoad
+from setl.sinks.mysql import MysqlLoad
+from setl.sinks.postgresql import PostgresqlLoad
 from setl.sinks.sql_common import SqlLoad
 from setl.testing.servers import MariaDBServer, PostgresServer, free_port
 
@@ -324,11 +324,11 @@ def bench(name: str, server: Any, port: int | None, args: argparse.Namespace, ru
             config = attrs.evolve(config, port=port)
         if name.startswith("mariadb"):
             server.query(f"CREATE DATABASE {schema}")
-            load = MySQLLoad(config, pipeline=f"bench_{mode}_{run}", position_schema=schema,
+            load = MysqlLoad(config, pipeline=f"bench_{mode}_{run}", position_schema=schema,
                              connections=args.connections)
         else:
             server.query(f"CREATE SCHEMA {schema}")
-            load = PostgresLoad(config, pipeline=f"bench_{mode}_{run}", position_schema=schema,
+            load = PostgresqlLoad(config, pipeline=f"bench_{mode}_{run}", position_schema=schema,
                                 connections=args.connections)
         for i in range(TABLES):
             server.query(DDL.format(t=f"{schema}.bench{i}"))

@@ -4,11 +4,11 @@ PostgreSQL, against bare-driver baselines measured in the same run.
 Each run loads the same rows (sysbench-like: int key, int, CHAR(120), CHAR(60)) into a fresh table,
 in batches of ``--batch`` READ changes, one transaction per batch:
 
-* MariaDB: ``sink`` is `MySQLLoad` (merge, fence, multi-row ``INSERT ... ON DUPLICATE KEY UPDATE``,
+* MariaDB: ``sink`` is `MysqlLoad` (merge, fence, multi-row ``INSERT ... ON DUPLICATE KEY UPDATE``,
   position row); ``executemany`` is PyMySQL's ``executemany`` of the same upsert per batch, with
   nothing else; ``client`` is the ``mariadb`` command-line client loading a mysqldump-style file
   (extended INSERTs of about 1 MB, one COMMIT per batch), written before its clock starts.
-* PostgreSQL: ``sink`` is `PostgresLoad` (``COPY`` into a temporary table, then ``INSERT ... SELECT
+* PostgreSQL: ``sink`` is `PostgresqlLoad` (``COPY`` into a temporary table, then ``INSERT ... SELECT
   ... ON CONFLICT DO UPDATE``); ``executemany`` is psycopg's ``executemany`` of the same upsert
   (pipelined by psycopg); ``copy`` is psycopg's plain ``COPY`` of the rows into the empty table,
   the fastest a Python client can send them.
@@ -32,8 +32,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from setl.model import Batch, Op, Position, RowChange
-from setl.sinks.mysql import MySQLLoad
-from setl.sinks.postgresql import PostgresLoad
+from setl.sinks.mysql import MysqlLoad
+from setl.sinks.postgresql import PostgresqlLoad
 from setl.testing.servers import MariaDBServer, PostgresServer
 
 COLUMNS = ("id", "k", "c", "pad")
@@ -131,7 +131,7 @@ def bench_mysql(server: MariaDBServer, rows: int, size: int, run: int) -> dict[s
         server.query((KEYLESS if mode == "sink keyless" else KEYED).format(t=f"{schema}.bench"))
         batches = reads(schema, "bench", rows, size, () if mode == "sink keyless" else ("id",))
         if mode.startswith("sink"):
-            load = MySQLLoad(server.target_config(), pipeline="bench", position_schema=schema)
+            load = MysqlLoad(server.target_config(), pipeline="bench", position_schema=schema)
             load.open()
             results[mode] = rate(rows, load_all(load, batches))
             load.close()
@@ -161,7 +161,7 @@ def bench_postgres(server: PostgresServer, rows: int, size: int, run: int) -> di
         server.query((KEYLESS if mode == "sink keyless" else KEYED).format(t=f"{schema}.bench"))
         batches = reads(schema, "bench", rows, size, () if mode == "sink keyless" else ("id",))
         if mode.startswith("sink"):
-            load = PostgresLoad(server.target_config(), pipeline=f"bench_{run}_{mode.replace(' ', '_')}")
+            load = PostgresqlLoad(server.target_config(), pipeline=f"bench_{run}_{mode.replace(' ', '_')}")
             load.open()
             results[mode] = rate(rows, load_all(load, batches))
             load.close()

@@ -1,4 +1,4 @@
-"""Sink cost: `MySQLLoad` and `PostgresLoad` against a bare driver loop; `ParquetLoad`'s Spark writer against pyarrow.
+"""Sink cost: `MysqlLoad` and `PostgresqlLoad` against a bare driver loop; `ParquetLoad`'s Spark writer against pyarrow.
 
 Each run loads the same batches into a fresh table: inserts of every key, then updates of each
 key in a later batch, then deletes of half of them (sysbench-like rows: int key, int, two
@@ -31,9 +31,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from setl.model import Batch, Op, Position, RowChange
-from setl.sinks.mysql import MySQLLoad
+from setl.sinks.mysql import MysqlLoad
 from setl.sinks.parquet import ParquetLoad
-from setl.sinks.postgresql import PostgresLoad
+from setl.sinks.postgresql import PostgresqlLoad
 from setl.testing.servers import MariaDBServer, PostgresServer
 from setl.testing.spark import local_spark
 
@@ -114,7 +114,7 @@ def bench_mysql(server: MariaDBServer, batches_of: Callable[[str], list], run: i
         server.query(DDL.format(t=f"{schema}.bench"))
         batches = batches_of(schema)
         if mode == "sink":
-            load = MySQLLoad(server.target_config(), pipeline="bench", position_schema=schema)
+            load = MysqlLoad(server.target_config(), pipeline="bench", position_schema=schema)
             results[mode] = timed(batches, sink_apply(load, "bench"))
             load.close()
         else:
@@ -134,7 +134,7 @@ def bench_postgres(server: PostgresServer, batches_of: Callable[[str], list], ru
         server.query(DDL.format(t=f"{schema}.bench"))
         batches = batches_of(schema)
         if mode == "sink":
-            load = PostgresLoad(server.target_config(), pipeline=f"bench_{run}")
+            load = PostgresqlLoad(server.target_config(), pipeline=f"bench_{run}")
             results[mode] = timed(batches, sink_apply(load, f"bench_{run}"))
             load.close()
         else:
