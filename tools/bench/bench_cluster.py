@@ -2,11 +2,12 @@
 the same pipelines; total rows/s, and how long a hand-over takes.
 
 Starts a MariaDB source and target and a ZooKeeper (setl.testing.servers). For each node count,
-a fresh set of `--pipelines` pipelines (the rig of tests/ha/test_cluster.py: each its own keyed
-and keyless source table) gets a backlog of `--rows` keyless inserts each, in transactions of 100
-rows; the nodes are started together and timed until every target equals its source (node
+a fresh set of `--pipelines` pipelines (the rig of tests/ha/test_cluster.py: each its own keyed,
+keyless and sysbench source table) gets a backlog of `--rows` keyless inserts each, in transactions
+of 100 rows, and `--sysbench-seconds` of sysbench ``oltp_write_only`` over the sysbench tables; the
+nodes are started together and timed until every target equals its source (node
 start-up included: also printed alone, as the time to the first pipeline running). With 2 or more
-nodes, under a steady load:
+nodes, under a steady load (the keyless writer and sysbench at a capped rate):
 
 * **move**: ``setl cluster move`` of one pipeline; the time from the request to the first ack by
   the new owner (old owner drains, releases; new owner takes the mainstem and resumes from the ack);
@@ -19,7 +20,7 @@ Every round ends with each target checked equal to its source and its keyless ta
 On one 2-core machine all nodes share the same two cores: the figures show correctness and
 hand-over times, not scaling (see docs/cluster.md for the expected scaling on separate hosts).
 
-    python3 tools/bench/bench_cluster.py [--nodes 1,2,3] [--pipelines 6] [--rows 5000]
+    python3 tools/bench/bench_cluster.py [--nodes 1,2,3] [--pipelines 6] [--rows 5000] [--sysbench-seconds 10]
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from setl.testing.servers import MariaDBServer, ZooKeeperServer, wait_until  # noqa: E402
-from tests.ha.fleet import Fleet  # noqa: E402
+from tests.ha.fleet import SYSBENCH_ROWS, Fleet  # noqa: E402
+from tools import sysbench  # noqa: E402
 
 
 def backlog(fleet: Fleet, rows: int) -> int:
@@ -104,18 +106,26 @@ def one_round(folder: Path, zk: ZooKeeperServer, source: MariaDBServer, target: 
     source.query(f"CREATE DATABASE {tag}")
     target.query(f"CREATE DATABASE {tag}")
     names = tuple(f"n{i + 1}" for i in range(nodes))
-    fleet = Fleet(folder / tag, zk.hosts, source, tag, target, tag, names=names, pipelines=args.pipelines)
+    fleet = Fleet(folder / tag, zk.hosts, source, tag, target, tag, names=names, pipelines=args.pipelines,
+                  with_sysbench=args.sysbench_seconds > 0)
     found: dict[str, float] = {}
     try:
-        total = backlog(fleet, args.rows)
+        keyless = total = backlog(fleet, args.rows)
+        if args.sysbench_seconds > 0:  # a sysbench backlog too: oltp_write_only over one table a pipeline
+            result = sysbench.run(fleet.sysbench_conn(source, tag), seconds=args.sysbench_seconds, threads=4,
+                                  tables=args.pipelines, table_size=SYSBENCH_ROWS)
+            total += result.row_changes
+            print(f"  sysbench backlog: {result.transactions:,} transactions ({result.row_changes:,} row changes) "
+                  f"over {args.pipelines} tables", flush=True)
         began = time.monotonic()
         for name in names:
             fleet.spawn(name)
         wait_until(lambda: any(h is not None for h in fleet.holders().values()), timeout=120, interval=0.05,
                    message="a first pipeline to run")
         found["start"] = time.monotonic() - began
-        wait_until(lambda: loaded(fleet) >= total, timeout=900, interval=0.1,
-                   message=lambda: f"{total} rows in the targets ({loaded(fleet)})\n{fleet.logs()}")
+        wait_until(lambda: loaded(fleet) >= keyless, timeout=900, interval=0.1,
+                   message=lambda: f"{keyless} rows in the targets ({loaded(fleet)})\n{fleet.logs()}")
+        wait_until(fleet.equal, timeout=900, interval=0.5, message=lambda: f"equal tables\n{fleet.logs()}")
         found["catch_up"] = time.monotonic() - began
         found["rows_per_s"] = total / found["catch_up"]
         found["rows_per_s_after_start"] = total / (found["catch_up"] - found["start"])
@@ -172,6 +182,9 @@ def main() -> None:
     parser.add_argument("--pipelines", type=int, default=6, help="pipelines (default 6)")
     parser.add_argument("--rows", type=int, default=5000, help="backlog rows per pipeline (default 5000)")
     parser.add_argument("--rate", type=float, default=60, help="transactions/s during the hand-overs")
+    parser.add_argument("--sysbench-seconds", type=float, default=10,
+                        help="seconds of sysbench oltp_write_only backlog over one table a pipeline, caught up "
+                             "with the keyless rows; sysbench also runs during the hand-overs (0: none)")
     args = parser.parse_args()
     counts = [int(n) for n in args.nodes.split(",")]
     results = {}
