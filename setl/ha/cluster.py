@@ -496,15 +496,17 @@ class ClusterCoordinator:
     def _settling(self, now: float, specs: Mapping[str, PipelineSpec], assignments: Mapping[str, Assignment | None],
                   live: set[str]) -> bool:
         """Whether the start-up grace still holds: it ends when it has lasted `join_grace`, or once
-        every expected node is live (`expected`, pinned nodes, nodes named in the assignments)."""
+        every expected node is live: `expected` (``ha.expected_nodes``) when given, else the pinned
+        nodes and the nodes named in the assignments (docs/cluster.md)."""
         if self._grace_until is None:
             return False
         expected = set(self.expected)
-        for spec in specs.values():
-            expected |= spec.nodes or set()
-        for assignment in assignments.values():
-            if assignment is not None:
-                expected |= {n for n in (assignment.node, assignment.standby) if n is not None}
+        if not expected:
+            for spec in specs.values():
+                expected |= spec.nodes or set()
+            for assignment in assignments.values():
+                if assignment is not None:
+                    expected |= {n for n in (assignment.node, assignment.standby) if n is not None}
         if now < self._grace_until and not (expected and expected <= live):
             return True
         waited = self.join_grace - max(0.0, self._grace_until - now)

@@ -282,6 +282,30 @@ def test_the_start_up_grace_waits_for_the_expected_nodes_then_places_all_at_once
     rig.lead(body)
 
 
+def test_expected_nodes_when_given_are_the_only_ones_the_grace_waits_for(rig):
+    """With ``ha.expected_nodes`` set, a node named only in the assignments left from before (gone
+    since) does not hold the grace: it ends once the expected nodes are live (docs/cluster.md)."""
+    rig.coordinator = ClusterCoordinator(rig.admin, "admin", reassign_after=5.0, join_grace=10.0,
+                                         expected=("a", "b"), clock=rig.clock)
+    rig.coordinator.begin()
+    rig.join("a")
+    rig.join("b")
+
+    def body(election):
+        rig.coordinator.round(election)
+        assert sorted(rig.owners().values()) == ["a", "a", "b", "b"]
+        rig.leave("b")
+        rig.coordinator = ClusterCoordinator(rig.admin, "admin", reassign_after=5.0, join_grace=10.0,
+                                             expected=("a",), clock=rig.clock)
+        rig.coordinator.begin()  # b is still named in the assignments, but not expected
+        rig.coordinator.round(election)  # the grace is over at once: a, the only expected node, is live
+        rig.clock.now += 6  # past reassign_after, well within what the grace would have been
+        rig.coordinator.round(election)
+        assert set(rig.owners().values()) == {"a"}
+
+    rig.lead(body)
+
+
 def test_the_running_coordinator_reacts_to_watches_not_to_its_poll(rig):
     """With the safety poll at 60 s, a node joining is placed on, and a second one given its share,
     within seconds: the rounds are woken by the /nodes watch and the holders' watches."""
