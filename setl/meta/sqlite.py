@@ -70,7 +70,8 @@ CREATE TABLE IF NOT EXISTS pipeline_state (
     error TEXT,
     epoch INTEGER NOT NULL DEFAULT 0,
     node TEXT,
-    updated REAL NOT NULL
+    updated REAL NOT NULL,
+    retrying_since REAL
 );
 """
 
@@ -175,7 +176,13 @@ class SqliteMetaStore(MetaStore):
         for table, column, kind in _ADDED_COLUMNS:
             have = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
             if column not in have:
-                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+                try:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+                except sqlite3.OperationalError as exc:
+                    # Another process opening the same file added it between the look and the ALTER
+                    # (a node and a CLI command starting together): then it is there, as wanted.
+                    if not str(exc).startswith("duplicate column name"):
+                        raise
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:

@@ -151,3 +151,43 @@ def test_repair_requests_and_verify_results_round_trip(tmp_path):
     assert b.verify_result("p") == {"time": 2.5, "equal": False, "tables": [{"table": "s.t"}]}
     a.close()
     b.close()
+
+
+def test_an_older_file_opened_by_many_at_once_gets_its_new_columns_once(tmp_path):
+    """A meta store written before `retrying_since` existed, opened by several processes at once
+    (a node and a CLI command starting together): each adds the missing columns or finds them
+    added, and none fails on the other's ALTER TABLE (a fresh CI run once failed on that race)."""
+    import sqlite3
+    import threading
+
+    path = tmp_path / "meta.db"
+    old = sqlite3.connect(path)
+    old.execute("CREATE TABLE pipeline_state (pipeline TEXT PRIMARY KEY, status TEXT NOT NULL, error TEXT, "
+                "epoch INTEGER NOT NULL DEFAULT 0, node TEXT, updated REAL NOT NULL)")
+    old.execute("INSERT INTO pipeline_state VALUES ('p', ?, NULL, 3, NULL, 1.0)", (Status.RUNNING.value,))
+    old.commit()
+    old.close()
+    start = threading.Barrier(8)
+    errors: list[BaseException] = []
+    stores: list[SqliteMetaStore] = []
+
+    def open_it() -> None:
+        start.wait(timeout=30)
+        try:
+            stores.append(SqliteMetaStore(path))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_it) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    assert len(stores) == 8
+    state = stores[0].state("p")
+    assert state.epoch == 3 and not state.retrying
+    stores[0].set_state("p", Status.RUNNING, error="away", retrying_since=5.0)
+    assert stores[-1].state("p").retrying_since == 5.0
+    for store in stores:
+        store.close()
