@@ -317,6 +317,10 @@ class MysqlBinlogSource(Select):
                             raise _Lost()
                         if not news:
                             news = isinstance(event, HeartbeatLogEvent) or assembler.mark > started_at
+                        if held > last_held:  # the rows held peaked inside the read, before any hand-on
+                            with self._buffer_lock:
+                                buffered = self._queued_rows + held
+                            self.peak_buffered_rows = max(self.peak_buffered_rows, buffered)
                         if txs:
                             stamp: int = getattr(event, "timestamp", 0) or 0
                             if stamp:
@@ -329,11 +333,11 @@ class MysqlBinlogSource(Select):
                                 handed = tx.end
                         if news and not assembler.in_tx and assembler.positioned:
                             self.heard = (assembler.mark, time.time())
-                        if txs or held > last_held:  # only then can the peak have grown
-                            with self._buffer_lock:
-                                buffered = self._queued_rows + held
-                            self.peak_buffered_rows = max(self.peak_buffered_rows, buffered)
                         last_held = len(assembler.rows)
+                        if txs:  # handed on: the queue grew by what the assembler let go of
+                            with self._buffer_lock:
+                                buffered = self._queued_rows + last_held
+                            self.peak_buffered_rows = max(self.peak_buffered_rows, buffered)
                 except _Stopped:
                     raise
                 except BaseException as exc:
