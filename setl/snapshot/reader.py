@@ -162,19 +162,7 @@ class ChunkReader:
             conditions.append(_after(plan.key, False))
             args.extend(_args(upper))
         where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
-        keys = ", ".join(_q(c) for c in plan.key)
-        columns, table = self._select(plan).replace("%", "%%"), plan.quoted.replace("%", "%%")
-        with conn.cursor() as cur:
-            position = self._begin(cur)
-            try:
-                started(position)
-                failpoints.hit("snapshot_read", task=str(plan.name))
-                # always with arguments (maybe none), so always %-formatted: `%` in names doubled
-                rows = fetch_dicts(conn, f"SELECT {columns} FROM {table}{where} ORDER BY {keys}", args,
-                                   plan.columns)
-            finally:
-                cur.execute("COMMIT")
-        return self.converted(plan, rows), position
+        return self._read_where(conn, plan, f"{where} ORDER BY {', '.join(_q(c) for c in plan.key)}", args, started)
 
     def read_keys(self, conn: pymysql.connections.Connection, plan: TablePlan, keys: Sequence[Sequence[Any]],
                   started: Callable[[Position], None]) -> tuple[list[dict[str, Any]], Position]:
@@ -185,14 +173,21 @@ class ChunkReader:
         else:
             one = f"({', '.join(['%s'] * len(plan.key))})"
             where = f"({', '.join(_q(c) for c in plan.key)}) IN ({', '.join([one] * len(keys))})"
-        args = [value for key in keys for value in key]
+        return self._read_where(conn, plan, f" WHERE {where}", [value for key in keys for value in key], started)
+
+    def _read_where(self, conn: pymysql.connections.Connection, plan: TablePlan, where: str, args: list[Any],
+                    started: Callable[[Position], None]) -> tuple[list[dict[str, Any]], Position]:
+        """``SELECT`` the plan's columns with `where` (the rest of the statement, `%s` for `args`) in
+        one consistent snapshot; the rows, and the snapshot's binlog position (passed to `started`
+        as soon as known)."""
         columns, table = self._select(plan).replace("%", "%%"), plan.quoted.replace("%", "%%")
         with conn.cursor() as cur:
             position = self._begin(cur)
             try:
                 started(position)
                 failpoints.hit("snapshot_read", task=str(plan.name))
-                rows = fetch_dicts(conn, f"SELECT {columns} FROM {table} WHERE {where}", args, plan.columns)
+                # always with arguments (maybe none), so always %-formatted: `%` in names doubled
+                rows = fetch_dicts(conn, f"SELECT {columns} FROM {table}{where}", args, plan.columns)
             finally:
                 cur.execute("COMMIT")
         return self.converted(plan, rows), position

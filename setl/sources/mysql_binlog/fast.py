@@ -41,7 +41,6 @@ _ROWS: dict[int, tuple[type[RowsEvent], int, int]] = {
     BINLOG.UPDATE_ROWS_EVENT_V2: (UpdateRowsEvent, 1, 10),
     BINLOG.DELETE_ROWS_EVENT_V2: (DeleteRowsEvent, 2, 10),
 }
-_HEADER = struct.Struct("<IBIIIH")  # timestamp, type, server id, event size, next position, flags
 _GTID = struct.Struct("<QIB")  # a MariaDB GTID event's sequence number, domain id, flags (then more, unread)
 _XID = struct.Struct("<Q")
 
