@@ -11,6 +11,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import tenacity
+
 from setl.errors import MetaStoreError
 from setl.meta.base import (
     FORGOTTEN,
@@ -142,6 +144,14 @@ _ADDED_COLUMNS = (
 #: How many history rows to keep per pipeline.
 HISTORY_KEEP = 1000
 
+#: How long opening the file waits for other processes holding it (each statement and in all).
+_BUSY_SECONDS = 30.0
+
+
+def _is_busy(exc: BaseException) -> bool:
+    """SQLite's "database is locked" / "database is busy": another connection holds the file."""
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc))
+
 
 class SqliteMetaStore(MetaStore):
     """Meta store in one SQLite file.
@@ -160,16 +170,35 @@ class SqliteMetaStore(MetaStore):
             if str(self.path) != ":memory:":
                 self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(
-                str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False
+                str(self.path), timeout=_BUSY_SECONDS, isolation_level=None, check_same_thread=False
             )
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
-            self._create_ddl_task_table()
-            self._db.executescript(_SNAPSHOT_SCHEMA)
-            self._add_columns()
+            for attempt in tenacity.Retrying(
+                retry=tenacity.retry_if_exception(_is_busy),
+                stop=tenacity.stop_after_delay(_BUSY_SECONDS),
+                wait=tenacity.wait_random_exponential(multiplier=0.02, max=0.5),
+                reraise=True,
+            ):
+                with attempt:
+                    self._prepare()
         except sqlite3.Error as exc:
             raise MetaStoreError(f"cannot open meta store {self.path}: {exc}") from exc
+
+    def _prepare(self) -> None:
+        """WAL mode and every table and column; each step idempotent, so a busy one is run again.
+
+        Some of these steps (switching the journal mode, the first look at a WAL file another
+        process is just creating or recovering) fail with "database is locked" at once, without
+        waiting on the connection's busy timeout; several processes opening one file together
+        (a node and CLI commands starting at once) then need the retry around this.
+        """
+        (mode,) = self._db.execute("PRAGMA journal_mode").fetchone()
+        if str(mode).lower() != "wal" and str(self.path) != ":memory:":
+            self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+        self._create_ddl_task_table()
+        self._db.executescript(_SNAPSHOT_SCHEMA)
+        self._add_columns()
 
     def _add_columns(self) -> None:
         """Columns newer than the file: added in place, so an older meta store keeps working."""
