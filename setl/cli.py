@@ -390,11 +390,12 @@ def cmd_repair(args: argparse.Namespace, conf: Path) -> int:
 
 
 def cmd_reload(args: argparse.Namespace, conf: Path) -> int:
-    """Ask the node running the pipeline to re-read its file (SIGHUP to the process its liveness
-    record names, on this host), then wait for its answer in the record's figures (``reload``):
-    0 applied, unchanged or deferred (paused: applied at `setl resume`), 1 refused (the old rules
-    keep running) or no answer."""
-    import socket
+    """Ask the node running the pipeline, on any host, to re-read its file: a request in the meta
+    store (`MetaStore.request_reload`) that the node looks for every second, then wait for its
+    answer to that request in the liveness record's figures (``reload``): 0 applied, unchanged or
+    deferred (paused: applied at `setl resume`), 1 refused (the old rules keep running) or no answer.
+    The node reads its own copy of the file: on another host, change the file there first."""
+    import uuid
 
     config = load_pipeline(conf, args.pipeline, for_node(load_node(conf)))  # a broken file stops here
     with _pipeline_meta(conf, args.pipeline) as meta:
@@ -402,30 +403,24 @@ def cmd_reload(args: argparse.Namespace, conf: Path) -> int:
         if live is None or live.stale(time.time()):
             print(f"{args.pipeline} is not running: its next start runs {config.file or 'its file'} as it is now")
             return 0
-        if live.host != socket.gethostname():
-            raise UsageError(f"pipeline {args.pipeline} runs on host {live.host} (pid {live.pid}): run "
-                             f"`setl reload --pipeline {args.pipeline}` there (or `kill -HUP {live.pid}`)",
-                             pipeline=args.pipeline, stage="reload")
-        asked = time.time()
-        try:
-            os.kill(live.pid, signal.SIGHUP)
-        except OSError as exc:
-            raise SetlError(f"cannot signal pid {live.pid}: {exc}", pipeline=args.pipeline, stage="reload") from exc
-        print(f"{args.pipeline}: asked pid {live.pid} to reload {config.file or 'its file'}", flush=True)
+        request = uuid.uuid4().hex
+        meta.request_reload(args.pipeline, request)
+        print(f"{args.pipeline}: asked the node on {live.host} (pid {live.pid}) to reload "
+              f"{config.file or 'its file'}", flush=True)
         deadline = time.monotonic() + args.timeout
         while time.monotonic() < deadline:
             time.sleep(0.2)
             live = meta.liveness(args.pipeline)
             answer = live.figures.get("reload") if live is not None else None
-            if isinstance(answer, dict) and answer.get("at", 0) >= asked and answer.get("result") != "pending":
+            if isinstance(answer, dict) and answer.get("request") == request and answer.get("result") != "pending":
                 if answer["result"] == "refused":
                     print(f"setl: error: reload refused, the running configuration is kept: {answer['message']}",
                           file=sys.stderr)
                     return 1
                 print(f"{args.pipeline}: reload {answer['result']}: {answer['message']}")
                 return 0
-    raise SetlError(f"no answer from pid {live.pid if live else '?'} within {args.timeout:.0f}s; its log says why",
-                    pipeline=args.pipeline, stage="reload")
+    raise SetlError(f"no answer from the node on {live.host if live else '?'} (pid {live.pid if live else '?'}) "
+                    f"within {args.timeout:.0f}s; its log says why", pipeline=args.pipeline, stage="reload")
 
 
 def _snapshot_lines(rows: list[dict[str, Any]]) -> list[str]:

@@ -288,7 +288,9 @@ class Node:
             self.meta.request_snapshot(name, table)
         self.status.rules[name] = reload.fingerprint
         log.info("pipeline=%s stage=reload applied: %s", name, reload.describe())
-        self.reloads.outcomes[name] = {"at": time.time(), "result": "applied", "message": reload.describe()}
+        request = self.reloads.outcomes.get(name, {}).get("request")  # the `setl reload` it answers, if any
+        self.reloads.outcomes[name] = {"at": time.time(), "result": "applied", "message": reload.describe(),
+                                       **({"request": request} if request else {})}
 
     def _snapshot_done(self, name: str, progress: TableProgress) -> None:
         self.alerts.emit(name, "snapshot_done", table=str(progress.name), rows=progress.rows, chunks=progress.chunks)
@@ -384,6 +386,7 @@ class Node:
                 self.observer.watch_cluster(self.elections.cluster_view)  # any node shows the whole cluster
         runs = [_Supervised(config, stages[config.name], PipelineResult(config.name)) for config in self.pipelines]
         self._runs = runs
+        self.reloads.prime(runs)  # a reload asked for before this start: this start read the file already
         self.tasks, self.serial = shared_services(self.settings)
         self.batch_cap = node_batch_cap(self.settings)
         self._starting = False

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from setl.alerts import Alerts
 from setl.config import NodeSettings, PipelineConfig
-from setl.errors import SetlError
+from setl.errors import MetaStoreError, SetlError
 from setl.meta.base import MetaStore
 from setl.pipeline import Stages
 from setl.pipeline.reload import Reload, ReloadRefused, prepare
@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     from setl.scheduler import Scheduler
 
 log = logging.getLogger("setl.node")
+
+#: Seconds between two looks for `setl reload` requests in the meta store.
+REQUEST_POLL = 1.0
 
 
 class Reloadable(Protocol):
@@ -54,26 +57,56 @@ class Reloads:
         self.reload_config = reload_config
         self._scheduler_of = scheduler_of
         self._asked = threading.Event()
+        self._next_poll = 0.0
+        self._served: dict[str, str] = {}  # per pipeline: the last meta-store request seen
         self.outcomes = outcomes
 
     def request(self) -> None:
-        """Reload every pipeline at the next look (SIGHUP, `setl reload`)."""
+        """Reload every pipeline at the next look (SIGHUP)."""
         self._asked.set()
 
     def if_asked(self, runs: Iterable[Reloadable]) -> None:
-        """When a reload was requested: prepare it for every pipeline that has not ended."""
-        if not self._asked.is_set():
-            return
-        self._asked.clear()
-        for run in runs:
-            if not run.done:
+        """When a reload was asked for: prepare it for every pipeline that has not ended (SIGHUP), or
+        for each pipeline with a new request in the meta store (`setl reload`, from any host; looked
+        for every `REQUEST_POLL` seconds)."""
+        runs = [run for run in runs if not run.done]
+        if self._asked.is_set():
+            self._asked.clear()
+            for run in runs:
                 self.reload(run)
+        now = time.monotonic()
+        if now < self._next_poll:
+            return
+        self._next_poll = now + REQUEST_POLL
+        for run in runs:
+            request = self._new_request(run.config.name)
+            if request is not None:
+                self.reload(run, request=request)
 
-    def reload(self, run: Reloadable) -> None:
+    def prime(self, runs: Iterable[Reloadable]) -> None:
+        """Before the node's pipelines start: the reload requests stored now are served already
+        (this start reads each file as it is), so only later ones reload."""
+        for run in runs:
+            self._new_request(run.config.name)
+
+    def _new_request(self, name: str) -> str | None:
+        """The pipeline's reload request in the meta store if this node has not served it yet."""
+        try:
+            request = self.meta.reload_request(name)
+        except MetaStoreError as exc:  # the next look asks again; the CLI waits for an answer meanwhile
+            log.warning("pipeline=%s stage=reload cannot read reload requests: %s", name, exc)
+            return None
+        if request is None or self._served.get(name) == request:
+            return None
+        self._served[name] = request
+        return request
+
+    def reload(self, run: Reloadable, *, request: str | None = None) -> None:
         """Prepare `run`'s reload and stop its scheduler gracefully: the next one starts on the new
-        stages. A refusal keeps the old configuration running."""
+        stages. A refusal keeps the old configuration running. The outcome names the meta-store
+        `request` it answers, if any (`setl reload` waits for that)."""
         name = run.config.name
-        outcome: dict[str, Any] = {"at": time.time()}
+        outcome: dict[str, Any] = {"at": time.time(), **({"request": request} if request else {})}
         try:
             if self.reload_config is None:
                 raise ReloadRefused("this node was not started from a configuration directory", pipeline=name,

@@ -438,5 +438,18 @@ class MetaStore(abc.ABC):
     def verify_result(self, pipeline: str) -> dict[str, Any] | None:
         """The pipeline's last scheduled check, or None when none ran."""
 
+    # --- reloads (setl reload) ---------------------------------------------------------------------
+    #
+    # A request that the node running a pipeline re-read its file, for a node on any host: each node
+    # running the pipeline (holder and standbys) reloads once per new request id it sees.
+
+    @abc.abstractmethod
+    def request_reload(self, pipeline: str, request_id: str) -> None:
+        """Record an operator's reload request `request_id`, replacing the last one."""
+
+    @abc.abstractmethod
+    def reload_request(self, pipeline: str) -> str | None:
+        """The id of the last reload requested, or None when none was."""
+
     def close(self) -> None:  # noqa: B027 - an optional hook: stores without connections keep it
         """Release connections. Idempotent."""

@@ -126,6 +126,11 @@ CREATE TABLE IF NOT EXISTS verify_result (
     pipeline TEXT NOT NULL PRIMARY KEY,
     result TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS reload_request (
+    pipeline TEXT NOT NULL PRIMARY KEY,
+    request TEXT NOT NULL,
+    time REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS repair_request (
     pipeline TEXT NOT NULL,
     id TEXT NOT NULL,
@@ -559,6 +564,15 @@ class SqliteMetaStore(MetaStore):
     def verify_result(self, pipeline: str) -> dict[str, Any] | None:
         rows = self._query("SELECT result FROM verify_result WHERE pipeline = ?", (pipeline,))
         return dict(json.loads(str(rows[0][0]))) if rows else None
+
+    def request_reload(self, pipeline: str, request_id: str) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO reload_request (pipeline, request, time) VALUES (?, ?, ?)",
+                       (pipeline, request_id, self._clock()))
+
+    def reload_request(self, pipeline: str) -> str | None:
+        rows = self._query("SELECT request FROM reload_request WHERE pipeline = ?", (pipeline,))
+        return str(rows[0][0]) if rows else None
 
     def request_repair(self, pipeline: str, request: RepairRequest) -> None:
         with self._tx() as db:

@@ -29,6 +29,8 @@ nodes (``mainstem``, ``term``, ``standbys``, ``switch``, ``/nodes``) are describ
     an operator's request to copy the table again (``setl snapshot``), until the source takes it.
 ``/pipelines/NAME/verify``
     the last scheduled check (`setl.verify.schedule`) as JSON.
+``/pipelines/NAME/reload``
+    the last reload request (``setl reload``): its id and time as JSON, replaced by the next one.
 ``/pipelines/NAME/repair_requests/ID``
     an operator's request to copy some keys again (``setl repair``): `RepairRequest` as JSON, until
     the batch that carries it is acked.
@@ -422,6 +424,18 @@ class ZooKeeperMetaStore(MetaStore):
 
     def verify_result(self, pipeline: str) -> dict[str, Any] | None:
         return self._read(f"{self._base(pipeline)}/verify") or None
+
+    def request_reload(self, pipeline: str, request_id: str) -> None:
+        self._prepare(pipeline)
+        path, data = f"{self._base(pipeline)}/reload", dumps({"request": request_id, "time": self._clock()})
+        try:
+            self.coordinator.create(path, data)
+        except Conflict:
+            self.coordinator.set(path, data)
+
+    def reload_request(self, pipeline: str) -> str | None:
+        request = self._read(f"{self._base(pipeline)}/reload").get("request")
+        return str(request) if request is not None else None
 
     def request_repair(self, pipeline: str, request: RepairRequest) -> None:
         self._prepare(pipeline)

@@ -194,3 +194,13 @@ def test_an_older_file_opened_by_many_processes_at_once_gets_its_new_columns(tmp
         store.set_state("p", Status.RUNNING, error="away", retrying_since=5.0)
         assert SqliteMetaStore(path).state("p").retrying_since == 5.0
         store.close()
+
+
+def test_reload_requests_replace_each_other_per_pipeline(tmp_path):
+    """`setl reload`'s request: the last id per pipeline, read back from another handle."""
+    a, b = SqliteMetaStore(tmp_path / "m.db"), SqliteMetaStore(tmp_path / "m.db")
+    assert b.reload_request("p") is None
+    a.request_reload("p", "r1")
+    a.request_reload("p", "r2")
+    a.request_reload("q", "r3")
+    assert (b.reload_request("p"), b.reload_request("q"), b.reload_request("other")) == ("r2", "r3", None)

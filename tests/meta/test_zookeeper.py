@@ -254,3 +254,14 @@ def test_repair_requests_and_verify_results_round_trip(zookeeper_server):
         a.save_verify_result("p", {"time": 1.5, "equal": True})
         a.save_verify_result("p", {"time": 2.5, "equal": False})
         assert b.verify_result("p") == {"time": 2.5, "equal": False}
+
+
+def test_reload_requests_replace_each_other_per_pipeline(zookeeper_server):
+    """`setl reload`'s request: the last id per pipeline, read back from another session (a node on
+    another host)."""
+    with stores(zookeeper_server.hosts, 2) as (a, b):
+        assert b.reload_request("p") is None
+        a.request_reload("p", "r1")
+        a.request_reload("p", "r2")
+        a.request_reload("q", "r3")
+        assert (b.reload_request("p"), b.reload_request("q"), b.reload_request("other")) == ("r2", "r3", None)
