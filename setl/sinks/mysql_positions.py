@@ -16,6 +16,8 @@ from setl.model import Batch, Position
 from setl.sinks.mysql_sql import quote, table_name
 from setl.sinks.sql_positions import FenceBusy, PositionStore
 
+_DUPLICATE_COLUMN = 1060  # ER_DUP_FIELDNAME
+
 
 class MysqlPositionStore(PositionStore[Connection]):
     """`PositionStore` for MySQL and MariaDB. Sessions are told apart by ``CONNECTION_ID()`` and
@@ -62,8 +64,14 @@ class MysqlPositionStore(PositionStore[Connection]):
                         (self.schema, self.table))
             found = cur.fetchone()
             if found is None or not found[0]:
-                cur.execute(f"ALTER TABLE {self.position} ADD COLUMN `row` BIGINT NOT NULL"
-                            " DEFAULT 0 AFTER `offset`", ())
+                try:
+                    cur.execute(f"ALTER TABLE {self.position} ADD COLUMN `row` BIGINT NOT NULL"
+                                " DEFAULT 0 AFTER `offset`", ())
+                except pymysql.err.OperationalError as exc:
+                    # Another process opening the same target added it between the look and the
+                    # ALTER (ER_DUP_FIELDNAME): then it is there, as wanted.
+                    if not exc.args or exc.args[0] != _DUPLICATE_COLUMN:
+                        raise
             cur.execute(
                 f"CREATE TABLE IF NOT EXISTS {self.table_position} ("
                 " `pipeline` VARCHAR(191) NOT NULL,"

@@ -74,6 +74,15 @@ class Target:
         """A connection whose open transaction holds row `key` of `table` (call .rollback())."""
         raise NotImplementedError
 
+    def read_in_transaction(self, qualified: str) -> Any:
+        """A connection whose open transaction has read table `qualified` (call .rollback()): DDL on
+        it waits until then."""
+        raise NotImplementedError
+
+    def table_lock_waiters(self) -> int:
+        """How many sessions wait for a table lock (DDL behind `read_in_transaction`)."""
+        raise NotImplementedError
+
     def kill(self, session: int) -> None:
         """Kill a server session from another connection."""
         raise NotImplementedError
@@ -557,6 +566,43 @@ class SinkContract(LoadContract):
             assert load.committed() == Position("mysql-bin.000001", 600, row=4)
         finally:
             load.close()
+
+    def test_an_old_position_table_opened_by_several_sinks_at_once_is_migrated_once(self, target, items):
+        """Nodes and CLI commands opening one old target together: each adds the missing column or
+        finds it added by another, and none fails on the other's ALTER TABLE. A transaction reading
+        the old table holds all four at it until each has begun opening, so they go on together."""
+        target.create_old_position_table("mysql-bin.000001", 504, epoch=3)
+        reader = target.read_in_transaction(target.position_table())  # holds every opener at the table
+        start = threading.Barrier(4)
+        opened: list[Any] = []
+        errors: list[BaseException] = []
+
+        def open_one() -> None:
+            start.wait(timeout=30)
+            try:
+                load = target.make_load()
+                opened.append(load)
+                load.open()  # creates or migrates the position tables
+            except BaseException as exc:  # reported by the assertion below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=open_one) for _ in range(4)]
+        try:
+            for thread in threads:
+                thread.start()
+            wait_until(lambda: target.table_lock_waiters() >= 4 or not any(t.is_alive() for t in threads),
+                       timeout=60, message=lambda: f"four sinks waiting at the position table "
+                                                   f"({target.table_lock_waiters()} waiting)")
+        finally:
+            reader.rollback()
+            for thread in threads:
+                thread.join(timeout=120)
+        try:
+            assert not errors, errors
+            assert [load.committed() for load in opened] == [Position("mysql-bin.000001", 504)] * 4
+        finally:
+            for load in opened:
+                load.close()
 
     # -- fencing a deposed writer
 

@@ -84,6 +84,17 @@ class MySQLTarget(Target):
             cur.execute(f"SELECT * FROM {self.qualified(table)} WHERE id = %s FOR UPDATE", (key,))
         return conn
 
+    def read_in_transaction(self, qualified: str) -> Any:
+        conn = self.server.connect()
+        conn.autocommit(False)
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT * FROM {qualified}")
+        return conn
+
+    def table_lock_waiters(self) -> int:
+        return int(self.server.query("SELECT COUNT(*) FROM information_schema.processlist"
+                                     " WHERE state LIKE 'Waiting for%lock'")[0][0])
+
     def session_alive(self, session: int) -> bool:
         return bool(self.server.query("SELECT 1 FROM information_schema.processlist WHERE id = %s", (session,)))
 

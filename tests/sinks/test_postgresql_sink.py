@@ -81,6 +81,15 @@ class PostgresTarget(Target):
         conn.execute(f"SELECT * FROM {self.qualified(table)} WHERE id = %s FOR UPDATE", (key,))
         return conn
 
+    def read_in_transaction(self, qualified: str) -> Any:
+        conn = self.server.connect(dbname=self.database)
+        conn.autocommit = False
+        conn.execute(f"SELECT * FROM {qualified}")
+        return conn
+
+    def table_lock_waiters(self) -> int:
+        return int(self.server.query("SELECT COUNT(*) FROM pg_locks WHERE NOT granted AND locktype = 'relation'")[0][0])
+
     def session_alive(self, session: int) -> bool:
         return bool(self.server.query("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (session,)))
 
