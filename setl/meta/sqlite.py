@@ -16,7 +16,6 @@ import tenacity
 from setl.errors import MetaStoreError
 from setl.meta.base import (
     FORGOTTEN,
-    OVERWRITTEN_BY,
     STALE_AFTER,
     DdlClaim,
     DdlTask,
@@ -26,9 +25,8 @@ from setl.meta.base import (
     PipelineState,
     RepairRequest,
     Status,
-    finishing_status,
-    never_declared,
 )
+from setl.meta.sqlite_tasks import SqliteDdlTasks
 from setl.model import Ack, Position, TableName
 from setl.tablecopy import TableProgress
 
@@ -77,34 +75,6 @@ CREATE TABLE IF NOT EXISTS pipeline_state (
 );
 """
 
-# Batch DDL tasks (docs/batch-ddl-tasks.md): the seed's table, scoped by pipeline, with the
-# declaring position, the claimant and the reason for a deprecation.
-_DDL_TASK_SCHEMA = """
-CREATE TABLE IF NOT EXISTS ddl_task (
-    pipeline TEXT NOT NULL,
-    task_id TEXT NOT NULL,
-    task_status TEXT NOT NULL,
-    overwrite INTEGER NOT NULL DEFAULT 0,
-    op_id TEXT NOT NULL,
-    op_system TEXT NOT NULL DEFAULT '',
-    op_type TEXT NOT NULL,
-    op_db TEXT NOT NULL,
-    op_table TEXT NOT NULL,
-    op_partition TEXT NOT NULL DEFAULT '',
-    log TEXT NOT NULL,
-    offset INTEGER NOT NULL,
-    owner TEXT,
-    reason TEXT,
-    create_time REAL NOT NULL,
-    update_time REAL NOT NULL,
-    PRIMARY KEY (pipeline, task_id)
-);
-CREATE INDEX IF NOT EXISTS ddl_task_by_op ON ddl_task (pipeline, op_id, task_status);
-"""
-_DDL_TASK_COLUMNS = (
-    "pipeline, task_id, task_status, overwrite, op_id, op_system, op_type, op_db, op_table,"
-    " op_partition, log, offset, owner, reason, create_time, update_time"
-)
 
 # Snapshot progress (setl.snapshot): one row per pipeline and source table, and operators' requests.
 _SNAPSHOT_SCHEMA = """
@@ -171,6 +141,7 @@ class SqliteMetaStore(MetaStore):
         self._clock = clock
         self._lock = threading.RLock()
         self._acks = 0
+        self._tasks = SqliteDdlTasks(self.path, self._tx, self._query, clock)
         try:
             if str(self.path) != ":memory:":
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -201,7 +172,7 @@ class SqliteMetaStore(MetaStore):
             self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
-        self._create_ddl_task_table()
+        self._tasks.create_table(self._db)
         self._db.executescript(_SNAPSHOT_SCHEMA)
         self._add_columns()
 
@@ -405,114 +376,26 @@ class SqliteMetaStore(MetaStore):
         )
         return [r[0] for r in rows]
 
-    # --- batch DDL tasks -------------------------------------------------------------------------
-
-    def _create_ddl_task_table(self) -> None:
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(ddl_task)")}
-        if columns and "pipeline" not in columns:
-            # The placeholder table of earlier builds had no pipeline scope and was never written.
-            (rows,) = self._db.execute("SELECT count(*) FROM ddl_task").fetchone()
-            if rows:
-                raise MetaStoreError(f"meta store {self.path}: table ddl_task has an old layout and "
-                                     f"{rows} rows; move them away and restart")
-            self._db.execute("DROP TABLE ddl_task")
-        self._db.executescript(_DDL_TASK_SCHEMA)
-
-    @staticmethod
-    def _ddl_task(row: tuple) -> DdlTask:
-        (pipeline, task_id, status, overwrite, op_id, op_system, op_type, op_db, op_table,
-         op_partition, log, offset, owner, reason, created, updated) = row
-        return DdlTask(pipeline=pipeline, task_id=task_id, op_type=op_type, op_db=op_db,
-                       op_table=op_table, position=Position(log, int(offset)),
-                       op_partition=op_partition, op_system=op_system, overwrite=bool(overwrite),
-                       op_id=op_id, status=DdlTaskStatus(status), owner=owner, reason=reason,
-                       create_time=created, update_time=updated)
-
-    @staticmethod
-    def _get_ddl_task(db: sqlite3.Connection, pipeline: str, task_id: str) -> DdlTask | None:
-        row = db.execute(f"SELECT {_DDL_TASK_COLUMNS} FROM ddl_task WHERE pipeline = ? AND task_id = ?",
-                         (pipeline, task_id)).fetchone()
-        return SqliteMetaStore._ddl_task(row) if row else None
+    # --- batch DDL tasks (`SqliteDdlTasks`) -----------------------------------------------------------
 
     def declare_ddl_task(self, task: DdlTask) -> DdlTask:
-        now = self._clock()
-        with self._tx() as db:
-            db.execute(
-                f"INSERT INTO ddl_task ({_DDL_TASK_COLUMNS}) VALUES"
-                " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?)"
-                " ON CONFLICT (pipeline, task_id) DO NOTHING",
-                (task.pipeline, task.task_id, DdlTaskStatus.DECLARED.value, int(task.overwrite),
-                 task.op_id, task.op_system, task.op_type, task.op_db, task.op_table,
-                 task.op_partition, task.position.log, task.position.offset, now, now),
-            )
-            stored = self._get_ddl_task(db, task.pipeline, task.task_id)
-        assert stored is not None
-        return stored
+        return self._tasks.declare(task)
 
     def ddl_task(self, pipeline: str, task_id: str) -> DdlTask | None:
-        with self._lock:
-            try:
-                return self._get_ddl_task(self._db, pipeline, task_id)
-            except sqlite3.Error as exc:
-                raise MetaStoreError(f"meta store {self.path}: {exc}") from exc
+        return self._tasks.get(pipeline, task_id)
 
     def ddl_tasks(self, pipeline: str, op_id: str | None = None) -> list[DdlTask]:
-        where, args = "pipeline = ?", [pipeline]
-        if op_id is not None:
-            where, args = where + " AND op_id = ?", [pipeline, op_id]
-        rows = self._query(f"SELECT {_DDL_TASK_COLUMNS} FROM ddl_task WHERE {where}", tuple(args))
-        tasks = [self._ddl_task(row) for row in rows]
-        # Position orders binlog files by name, which the zero-padded sequence makes numeric.
-        return sorted(tasks, key=lambda t: (t.position, t.task_id))
+        return self._tasks.list(pipeline, op_id)
 
     def claim_ddl_task(
         self, pipeline: str, task_id: str, owner: str, *, expected_owner: str | None = None
     ) -> DdlClaim:
-        now = self._clock()
-        with self._tx() as db:
-            task = self._get_ddl_task(db, pipeline, task_id)
-            if task is None:
-                raise never_declared(pipeline, task_id)
-            if not task.claimable(expected_owner):
-                return DdlClaim(False, task)
-            db.execute("UPDATE ddl_task SET task_status = ?, owner = ?, update_time = ?"
-                       " WHERE pipeline = ? AND task_id = ?",
-                       (DdlTaskStatus.RUNNING.value, owner, now, pipeline, task_id))
-            if task.overwrite:
-                for other in self._earlier_live(db, task):
-                    db.execute(
-                        "UPDATE ddl_task SET task_status = ?, owner = NULL, reason = ?, update_time = ?"
-                        " WHERE pipeline = ? AND task_id = ?",
-                        (DdlTaskStatus.DEPRECATED.value, OVERWRITTEN_BY + task_id, now,
-                         pipeline, other.task_id),
-                    )
-            claimed = self._get_ddl_task(db, pipeline, task_id)
-        assert claimed is not None
-        return DdlClaim(True, claimed)
-
-    def _earlier_live(self, db: sqlite3.Connection, task: DdlTask) -> list[DdlTask]:
-        rows = db.execute(
-            f"SELECT {_DDL_TASK_COLUMNS} FROM ddl_task WHERE pipeline = ? AND op_id = ?"
-            " AND task_status != ? AND task_id != ?",
-            (task.pipeline, task.op_id, DdlTaskStatus.DEPRECATED.value, task.task_id),
-        ).fetchall()
-        return [t for t in map(self._ddl_task, rows) if task.overwrites(t)]
+        return self._tasks.claim(pipeline, task_id, owner, expected_owner=expected_owner)
 
     def finish_ddl_task(
         self, pipeline: str, task_id: str, owner: str, status: DdlTaskStatus, reason: str | None = None
     ) -> DdlTask:
-        status = finishing_status(status)
-        with self._tx() as db:
-            db.execute(
-                "UPDATE ddl_task SET task_status = ?, owner = NULL, reason = ?, update_time = ?"
-                " WHERE pipeline = ? AND task_id = ? AND task_status = ? AND owner = ?",
-                (status.value, reason, self._clock(), pipeline, task_id,
-                 DdlTaskStatus.RUNNING.value, owner),
-            )
-            task = self._get_ddl_task(db, pipeline, task_id)
-        if task is None:
-            raise never_declared(pipeline, task_id)
-        return task
+        return self._tasks.finish(pipeline, task_id, owner, status, reason)
 
     def close(self) -> None:
         with self._lock:
