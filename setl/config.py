@@ -378,6 +378,10 @@ class VerifySchedule:
     chunk_rows: int = attrs.field(default=10_000, validator=attrs.validators.ge(1))  # rows per compared chunk
     #: how long a check waits for the acked position to reach a read's before it gives up (no verdict)
     wait_timeout: str = attrs.field(default="5m", validator=_duration)
+    #: pause before each chunk while the pipeline's lag is above this many seconds (0: never)
+    max_lag: float = attrs.field(default=30.0, validator=attrs.validators.ge(0))
+    #: how long a check may pause for the lag in all before it gives up (no verdict)
+    lag_timeout: str = attrs.field(default="30m", validator=_duration)
 
     @property
     def seconds(self) -> float:

@@ -45,7 +45,9 @@ class Verifier:
     """Compares tables of `pipeline`; `acked()` reads the pipeline's acked position (meta store).
 
     `sleep` and `clock` are injectable for tests; `max_rows_per_second` (0: unbounded) throttles
-    the source reads; `wait_timeout` bounds each wait for the acked position."""
+    the source reads; `wait_timeout` bounds each wait for the acked position. `lag()` reads the
+    pipeline's lag in seconds (None: not known, the pipeline not running): before each chunk the
+    check waits while it is above `max_lag` (0: never), at most `lag_timeout` seconds in all."""
 
     pipeline: str
     acked: Callable[[], Position | None]
@@ -65,6 +67,12 @@ class Verifier:
     #: called with (table, rows compared, estimated rows, done) after each window of chunks, e.g.
     #: a progress line on a terminal
     progress: Callable[[str, int, int, bool], None] | None = None
+    lag: Callable[[], float | None] | None = None
+    max_lag: float = 0.0
+    lag_timeout: float = 600.0
+    #: called with (table, lag) while the check pauses for the lag, and with (table, None) when it resumes
+    paused: Callable[[str, float | None], None] | None = None
+    _paused_for: float = 0.0
 
     def wait_acked(self, position: Position | None, table: str) -> None:
         """Return once the pipeline's acked position is at or past `position`."""
@@ -80,6 +88,31 @@ class Verifier:
                                   f"{position} within {self.wait_timeout:.0f}s: start the pipeline (or let it "
                                   "catch up) and verify again", pipeline=self.pipeline, stage="verify", table=table)
             self.sleep(0.02)
+
+    def wait_lag(self, table: str) -> None:
+        """Return once the pipeline's lag is at most `max_lag` (or not known); the time spent waiting
+        over the whole check is bounded by `lag_timeout`."""
+        if self.lag is None or self.max_lag <= 0:
+            return
+        lag = self.lag()
+        if lag is None or lag <= self.max_lag:
+            return
+        began = self.clock()
+        try:
+            while lag is not None and lag > self.max_lag:
+                if self.paused is not None:
+                    self.paused(table, lag)
+                if self._paused_for + self.clock() - began >= self.lag_timeout:
+                    raise VerifyError(f"the pipeline's lag ({lag:.0f}s) stayed above the bound of {self.max_lag:g}s "
+                                      f"for {self.lag_timeout:.0f}s: verify again once it has caught up (or raise "
+                                      "--max-lag / --lag-timeout)", pipeline=self.pipeline, stage="verify",
+                                      table=table, position=self.acked())
+                self.sleep(min(1.0, max(0.05, self.lag_timeout / 20)))
+                lag = self.lag()
+        finally:
+            self._paused_for += self.clock() - began
+        if self.paused is not None:
+            self.paused(table, None)
 
     def _throttle(self, rows: int, started: float) -> None:
         if self.max_rows_per_second > 0:
@@ -119,6 +152,7 @@ class Verifier:
             # their positions (past every one of them), then the target's: one wait per window
             window: list[tuple[Any, Any, tuple[int, int], Position | None]] = []
             while len(window) < self.window and not done:
+                self.wait_lag(name)
                 upper = boundary(lower) if check.ranged else None
                 with source.snapshot() as position:
                     window.append((lower, upper, source.summary(lower, upper), position))
@@ -235,6 +269,7 @@ class Verifier:
 
     def _keyless(self, check: TableCheck, source: End, target: End, report: TableReport) -> None:
         name = str(check.source.name)
+        self.wait_lag(name)
         with source.snapshot() as position:
             ours = source.summary(None, None)
         self.wait_acked(position, name)

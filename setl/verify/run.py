@@ -18,6 +18,7 @@ from setl.model import Position, TableName
 from setl.routing import build_plan
 from setl.snapshot.reader import ChunkReader
 from setl.stages.snapshot import SnapshotCapable
+from setl.status import lag_seconds
 from setl.verify import mariadb, postgresql
 from setl.verify.compare import Verifier, VerifyError
 from setl.verify.ends import End
@@ -38,9 +39,12 @@ def selected_tables(conn: Any, selects: Any) -> list[TableName]:
 def verify_pipeline(settings: NodeSettings, config: PipelineConfig, meta: MetaStore, tables: Sequence[TableName],
                     *, attempts: int = 3, max_rows_per_second: float = 0.0, chunk_rows: int = 10_000,
                     wait_timeout: float = 60.0, progress: Callable[[str, int, int, bool], None] | None = None,
-                    sleep: Callable[[float], None] = time.sleep) -> Report:
+                    sleep: Callable[[float], None] = time.sleep, max_lag: float = 0.0, lag_timeout: float = 600.0,
+                    paused: Callable[[str, float | None], None] | None = None) -> Report:
     """Compare `tables` (all that the rules select when empty) of `config`'s pipeline; `progress`
-    as `Verifier.progress`; `sleep` every wait's (a scheduled check's raises when the node stops)."""
+    and `paused` as `Verifier`'s; `sleep` every wait's (a scheduled check's raises when the node
+    stops); `max_lag` (0: off) and `lag_timeout` pause the check while the pipeline's lag (as
+    `setl status` shows it) is above the bound."""
     name = config.name
     started = time.monotonic()
     plan = build_plan(settings, config)
@@ -63,7 +67,9 @@ def verify_pipeline(settings: NodeSettings, config: PipelineConfig, meta: MetaSt
         return ack.position if ack is not None else None
 
     verifier = Verifier(name, acked, attempts=attempts, max_rows_per_second=max_rows_per_second,
-                        wait_timeout=wait_timeout, progress=progress, sleep=sleep)
+                        wait_timeout=wait_timeout, progress=progress, sleep=sleep,
+                        lag=lambda: lag_seconds(meta, name), max_lag=max_lag, lag_timeout=lag_timeout,
+                        paused=paused)
     current = ""
     try:
         source_conn = select.snapshot_access().connect()
