@@ -10,6 +10,7 @@ import os
 import re
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -696,3 +697,16 @@ def _check_pipeline(config: PipelineConfig, path: str) -> None:
             rule.target.format(schema="s", table="t")
         except (KeyError, IndexError, ValueError) as exc:
             raise fail(f"tables[{i}].target", f"bad name template {rule.target!r}: {exc}") from exc
+    if config.verify is not None:
+        for i, text in enumerate(config.verify.tables):
+            rule = selecting_rule(config.tables, text)
+            if rule is None or config.tables[rule].exclude:
+                why = f"rule tables[{rule}] excludes it" if rule is not None else "no table rule matches it"
+                raise ConfigError(f"not replicated by this pipeline ({why}), so it cannot be checked", file=path,
+                                  pipeline=config.name, key=f"verify.tables[{i}]", table=text)
+
+
+def selecting_rule(rules: Sequence[TableRule], name: str) -> int | None:
+    """The index of the rule that decides source table `name` (SCHEMA.TABLE): the first whose `source`
+    regex matches the whole name (the routing plan's order, `setl.routing`); None when none does."""
+    return next((i for i, rule in enumerate(rules) if re.fullmatch(rule.source, name)), None)
