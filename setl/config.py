@@ -699,9 +699,9 @@ def _check_pipeline(config: PipelineConfig, path: str) -> None:
             raise fail(f"tables[{i}].target", f"bad name template {rule.target!r}: {exc}") from exc
     if config.verify is not None:
         for i, text in enumerate(config.verify.tables):
-            rule = selecting_rule(config.tables, text)
-            if rule is None or config.tables[rule].exclude:
-                why = f"rule tables[{rule}] excludes it" if rule is not None else "no table rule matches it"
+            index = selecting_rule(config.tables, text)
+            if index is None or config.tables[index].exclude:
+                why = f"rule tables[{index}] excludes it" if index is not None else "no table rule matches it"
                 raise ConfigError(f"not replicated by this pipeline ({why}), so it cannot be checked", file=path,
                                   pipeline=config.name, key=f"verify.tables[{i}]", table=text)
 
