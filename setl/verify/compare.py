@@ -24,6 +24,7 @@ from typing import Any
 
 import attrs
 
+from setl import failpoints
 from setl.errors import SetlError
 from setl.model import Position
 from setl.verify.ends import End, KeyText, Texts
@@ -155,6 +156,7 @@ class Verifier:
                 self.wait_lag(name)
                 upper = boundary(lower) if check.ranged else None
                 with source.snapshot() as position:
+                    failpoints.hit("verify_chunk", report.chunks + len(window), task=name)
                     window.append((lower, upper, source.summary(lower, upper), position))
                 done, lower = upper is None, upper
                 read += window[-1][2][0]
