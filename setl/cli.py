@@ -120,6 +120,8 @@ def _parser() -> argparse.ArgumentParser:
                              "never)")
     verify.add_argument("--lag-timeout", type=float, default=600.0, metavar="S",
                         help="give up (exit 2) after pausing for the lag this many seconds in all (default 600)")
+    verify.add_argument("--engine", choices=["local", "spark"], default="local",
+                        help="where chunks are hashed: here, or as Spark tasks on spark.master (default local)")
 
     repair_cmd.add_parser(commands)
 
@@ -666,7 +668,8 @@ def cmd_verify(args: argparse.Namespace, conf: Path) -> int:
         report = verify_pipeline(settings, config, meta, tables, attempts=args.attempts,
                                  max_rows_per_second=args.max_rows_per_second, chunk_rows=args.chunk_rows,
                                  wait_timeout=args.wait_timeout, progress=progress if sys.stderr.isatty() else None,
-                                 max_lag=args.max_lag, lag_timeout=args.lag_timeout, paused=paused)
+                                 max_lag=args.max_lag, lag_timeout=args.lag_timeout, paused=paused,
+                                 engine=args.engine)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

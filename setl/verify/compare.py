@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
@@ -39,6 +39,19 @@ class VerifyError(SetlError):
     """`setl verify` could not reach a verdict (exit 2)."""
 
     exit_code = 2
+
+
+class ChunkHashes(Protocol):
+    """Hashes a window of a table's chunks somewhere else, as `End.summary` does (`Verifier.chunks`)."""
+
+    def source_summaries(self, check: TableCheck, ranges: Sequence[tuple[Any, Any]]
+                         ) -> list[tuple[tuple[int, int], Position | None]]:
+        """Each range's (rows, hash sum) on the source, in a consistent snapshot, with its binlog position."""
+        ...
+
+    def target_summaries(self, check: TableCheck, ranges: Sequence[tuple[Any, Any]]) -> list[tuple[int, int]]:
+        """Each range's (rows, hash sum) on the target."""
+        ...
 
 
 @attrs.define
@@ -73,6 +86,11 @@ class Verifier:
     lag_timeout: float = 600.0
     #: called with (table, lag) while the check pauses for the lag, and with (table, None) when it resumes
     paused: Callable[[str, float | None], None] | None = None
+    #: hashes windows of chunks elsewhere (`setl.verify.spark_engine`, ``--engine spark``); None: here.
+    #: Used for keyed tables hashed server-side in key ranges; the others, and every drill-down, are local
+    chunks: ChunkHashes | None = None
+    #: chunks per remote job and end
+    remote_window: int = 64
     _paused_for: float = 0.0
 
     def wait_acked(self, position: Position | None, table: str) -> None:
@@ -142,9 +160,19 @@ class Verifier:
     def _keyed(self, check: TableCheck, source: End, target: End,
                boundary: Callable[[tuple[Any, ...] | None], tuple[Any, ...] | None], report: TableReport,
                started: float) -> None:
-        name = str(check.source.name)
         state: dict[KeyText, str] = {}
         raws: dict[KeyText, tuple[Any, ...]] = {}
+        if self.chunks is not None and check.mode == "sql" and check.ranged:
+            self._chunks_remote(check, source, target, boundary, report, started, state, raws)
+        else:
+            self._chunks_local(check, source, target, boundary, report, started, state, raws)
+        self._settle(check, source, target, report, state, raws)
+
+    def _chunks_local(self, check: TableCheck, source: End, target: End,
+                      boundary: Callable[[tuple[Any, ...] | None], tuple[Any, ...] | None], report: TableReport,
+                      started: float, state: dict[KeyText, str], raws: dict[KeyText, tuple[Any, ...]]) -> None:
+        """Hash the table's chunks here, a window of them at a time; differing ones into `state`."""
+        name = str(check.source.name)
         lower: tuple[Any, ...] | None = None
         done = False
         read = 0
@@ -171,6 +199,43 @@ class Verifier:
                     self._bisect(check, source, target, low, high, max(ours[0], theirs[0]), state, raws)
             if self.progress is not None:
                 self.progress(name, report.rows, check.source.estimate, False)
+
+    def _chunks_remote(self, check: TableCheck, source: End, target: End,
+                       boundary: Callable[[tuple[Any, ...] | None], tuple[Any, ...] | None], report: TableReport,
+                       started: float, state: dict[KeyText, str], raws: dict[KeyText, tuple[Any, ...]]) -> None:
+        """Hash the table's chunks with `chunks` (Spark tasks), `remote_window` of them per job and end:
+        the boundaries found here, the source's aggregates (each chunk in its own snapshot), one wait
+        for the ack past the last of their positions, the target's; differing chunks drilled down
+        here as with the local engine."""
+        assert self.chunks is not None
+        name = str(check.source.name)
+        lower: tuple[Any, ...] | None = None
+        done = False
+        read = 0
+        while not done:
+            self.wait_lag(name)
+            ranges: list[tuple[Any, Any]] = []
+            while len(ranges) < self.remote_window and not done:
+                upper = boundary(lower)
+                ranges.append((lower, upper))
+                done, lower = upper is None, upper
+            ours = self.chunks.source_summaries(check, ranges)
+            self.wait_acked(max((p for _, p in ours if p is not None), default=None), name)
+            theirs = self.chunks.target_summaries(check, ranges)
+            for (low, high), (mine, _), their in zip(ranges, ours, theirs):
+                report.rows += mine[0]
+                report.chunks += 1
+                read += mine[0]
+                if mine != their:
+                    self._bisect(check, source, target, low, high, max(mine[0], their[0]), state, raws)
+            if self.progress is not None:
+                self.progress(name, report.rows, check.source.estimate, False)
+            self._throttle(read, started)
+
+    def _settle(self, check: TableCheck, source: End, target: End, report: TableReport,
+                state: dict[KeyText, str], raws: dict[KeyText, tuple[Any, ...]]) -> None:
+        """Re-check the candidate keys in `state` and report those that stay different."""
+        name = str(check.source.name)
         seen = collections.Counter(k for k, v in state.items() if v == "different")
         for _ in range(1, self.attempts):
             if not state:
