@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
 
 import pytest
 
@@ -104,19 +105,26 @@ def test_verify_pauses_while_the_pipeline_lags(tmp_path, mariadb_source, mariadb
 
         wait_until(lagging, timeout=60, interval=0.2,
                    message=lambda: f"a lag above 3s: {setl.liveness_figures()} {setl.logs()[-2000:]}")
-        gave_up = setl.run("verify", "--pipeline", setl.name, "--json", "--max-lag", "2", "--lag-timeout", "2",
-                           timeout=90)
-        assert gave_up.returncode == 2, (gave_up.returncode, gave_up.stderr[-3000:])
-        assert "paused: lag" in gave_up.stderr
-        errors = [line for line in gave_up.stderr.splitlines() if "stayed above the bound of 2s for 2s" in line]
-        assert len(errors) == 1 and f"pipeline={setl.name}" in errors[0] and "table=" in errors[0], gave_up.stderr
-        assert setl.acked().position < head  # still behind: the check did not wait it out
-
-        waited = setl.run("verify", "--pipeline", setl.name, "--json", "--max-lag", "2", "--lag-timeout", "120",
-                          "--wait-timeout", "60", timeout=150)
-        assert waited.returncode == 0, (waited.returncode, waited.stderr[-3000:])
-        assert "paused: lag" in waited.stderr and "resumed" in waited.stderr, waited.stderr[-3000:]
-        report = json.loads(waited.stdout)
+        # both checks start while the pipeline lags: one that waits it out, one that gives up first
+        waiting = subprocess.Popen(setl._argv(("verify", "--pipeline", setl.name, "--json", "--max-lag", "2",
+                                               "--lag-timeout", "120", "--wait-timeout", "60")),
+                                   env=setl._env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            gave_up = setl.run("verify", "--pipeline", setl.name, "--json", "--max-lag", "2", "--lag-timeout", "2",
+                               timeout=90)
+            assert gave_up.returncode == 2, (gave_up.returncode, gave_up.stderr[-3000:])
+            assert "paused: lag" in gave_up.stderr
+            errors = [line for line in gave_up.stderr.splitlines() if "stayed above the bound of 2s for 2s" in line]
+            assert len(errors) == 1 and f"pipeline={setl.name}" in errors[0] and "table=" in errors[0], gave_up.stderr
+            assert setl.acked().position < head  # still behind: that check did not wait it out
+            stdout, stderr = waiting.communicate(timeout=150)
+        finally:
+            if waiting.poll() is None:
+                waiting.kill()
+                waiting.wait(10)
+        assert waiting.returncode == 0, (waiting.returncode, stderr[-3000:])
+        assert "paused: lag" in stderr and "resumed" in stderr, stderr[-3000:]
+        report = json.loads(stdout)
         assert report["equal"] and sum(t["rows"] for t in report["tables"]) == 200, report
         assert setl.acked().position >= head
         assert setl.stop(proc) == 0, setl.logs()[-3000:]
