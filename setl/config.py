@@ -383,6 +383,8 @@ class VerifySchedule:
     max_lag: float = attrs.field(default=30.0, validator=attrs.validators.ge(0))
     #: how long a check may pause for the lag in all before it gives up (no verdict)
     lag_timeout: str = attrs.field(default="30m", validator=_duration)
+    #: where the chunks are hashed: here (local) or as Spark tasks on the node's spark.master (spark)
+    engine: Literal["local", "spark"] = "local"
 
     @property
     def seconds(self) -> float:

@@ -134,7 +134,7 @@ class ScheduledChecks:
                                 max_rows_per_second=schedule.max_rows_per_second, chunk_rows=schedule.chunk_rows,
                                 wait_timeout=parse_duration(schedule.wait_timeout), progress=stopping, sleep=sleep,
                                 max_lag=schedule.max_lag, lag_timeout=parse_duration(schedule.lag_timeout),
-                                paused=paused)
+                                paused=paused, engine=schedule.engine)
             result = summary(report, started)
         except _Stopped:
             raise

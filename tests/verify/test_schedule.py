@@ -110,15 +110,18 @@ def test_scheduled_check_finds_drift(tmp_path, mariadb_source, mariadb_target, s
         receiver.close()
 
 
+@pytest.mark.parametrize("engine", ["local", "spark"])
 def test_scheduled_check_finds_drift_in_a_postgresql_target(tmp_path, mariadb_source, postgres_server, source_db,
-                                                           postgres_db):
-    """Into PostgreSQL: a check finds the tables equal, then a drift written into the PostgreSQL target
-    shows in `setl status --json`, `/api/status` and the `setl_verify_differences` metric."""
+                                                           postgres_db, engine):
+    """Into PostgreSQL, chunks hashed here or by Spark tasks (`verify.engine`): a check finds the tables equal,
+    then a drift written into the PostgreSQL target shows in `setl status --json`, `/api/status` and the
+    `setl_verify_differences` metric."""
     fill(mariadb_source, source_db)
     setl = make_setl(tmp_path, mariadb_source, source_db, postgres_target(postgres_server, postgres_db),
                      f"{source_db}.{{table}}", server_id=2222)
     setl.config["verify"] = {"every": "2s", "tables": [f"{source_db}.types", f"{source_db}.docs",
-                                                       f"{source_db}.bag"], "wait_timeout": "30s", "chunk_rows": 15}
+                                                       f"{source_db}.bag"], "wait_timeout": "30s", "chunk_rows": 15,
+                             "engine": engine}
     setl.write_config()
     port = free_port()
     conf = setl.conf / "setl.yaml"
@@ -130,8 +133,10 @@ def test_scheduled_check_finds_drift_in_a_postgresql_target(tmp_path, mariadb_so
             found = setl.status().get("verify")
             return found if found and found["time"] > copied else None
 
-        first = wait_until(checked, timeout=60, interval=0.3, message=lambda: f"a check: {setl.logs()[-3000:]}")
+        first = wait_until(checked, timeout=120, interval=0.3, message=lambda: f"a check: {setl.logs()[-3000:]}")
         assert first["equal"] and first["error"] is None and first["rows"] == 120, first
+        spark_tasks = "types 3 chunk(s) hashed on the target by" in setl.logs()
+        assert spark_tasks == (engine == "spark"), setl.logs()[-3000:]
         injected = time.time()
         for statement in (f'DELETE FROM "{source_db}".types WHERE id = 3',
                           f'UPDATE "{source_db}".types SET dt = dt + interval \'1 microsecond\' WHERE id = 4',

@@ -29,7 +29,18 @@ def test_verify_tables_that_rules_select_load(tmp_path):
     """Tables the rules replicate load, with the lag bound's defaults."""
     config = load_pipeline(_conf(tmp_path, "[shop.orders, crm.people]"), "p", registry())
     assert config.verify is not None and config.verify.tables == ("shop.orders", "crm.people")
-    assert config.verify.max_lag == 30.0 and config.verify.lag_timeout == "30m"
+    assert config.verify.max_lag == 30.0 and config.verify.lag_timeout == "30m" and config.verify.engine == "local"
+
+
+def test_verify_engine_is_local_or_spark(tmp_path):
+    """`verify.engine` takes local or spark; anything else is a config error at its key."""
+    conf = write_conf(tmp_path, "{type: sqlite, path: t.db}",
+                      extra=RULES + "verify: {every: 6h, engine: spark, max_lag: 5}\n")
+    config = load_pipeline(conf, "p", registry())
+    assert config.verify is not None and (config.verify.engine, config.verify.max_lag) == ("spark", 5.0)
+    (conf / "pipelines" / "p.yaml").write_text((conf / "pipelines" / "p.yaml").read_text().replace("spark", "gpu"))
+    with pytest.raises(ConfigError, match="verify.engine"):
+        load_pipeline(conf, "p", registry())
 
 
 @pytest.mark.parametrize(("table", "why"), [
