@@ -91,7 +91,7 @@ class Verifier:
     chunks: ChunkHashes | None = None
     #: chunks per remote job and end
     remote_window: int = 64
-    _paused_for: float = 0.0
+    _paused_for: float = attrs.field(default=0.0, init=False)
 
     def wait_acked(self, position: Position | None, table: str) -> None:
         """Return once the pipeline's acked position is at or past `position`."""
