@@ -115,6 +115,13 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("--chunk-rows", type=int, default=10_000, metavar="N", help="rows per chunk (default 10000)")
     verify.add_argument("--wait-timeout", type=float, default=60.0, metavar="S",
                         help="seconds to wait for the pipeline's acked position to reach a read's (default 60)")
+    verify.add_argument("--max-lag", type=float, default=30.0, metavar="S",
+                        help="pause before each chunk while the pipeline's lag is above S seconds (default 30; 0: "
+                             "never)")
+    verify.add_argument("--lag-timeout", type=float, default=600.0, metavar="S",
+                        help="give up (exit 2) after pausing for the lag this many seconds in all (default 600)")
+    verify.add_argument("--engine", choices=["local", "spark"], default="local",
+                        help="where chunks are hashed: here, or as Spark tasks on spark.master (default local)")
 
     repair_cmd.add_parser(commands)
 
@@ -618,9 +625,10 @@ def cmd_verify(args: argparse.Namespace, conf: Path) -> int:
     `--json`); exit 0 when equal, 1 when a difference persists, 2 when no verdict could be reached."""
     from setl.verify.run import verify_pipeline
 
-    if args.attempts < 1 or args.chunk_rows < 1 or args.max_rows_per_second < 0 or args.wait_timeout <= 0:
-        raise UsageError("--attempts and --chunk-rows must be at least 1, --max-rows-per-second at least 0 and "
-                         "--wait-timeout above 0")
+    if args.attempts < 1 or args.chunk_rows < 1 or args.max_rows_per_second < 0 or args.wait_timeout <= 0 \
+            or args.max_lag < 0 or args.lag_timeout <= 0:
+        raise UsageError("--attempts and --chunk-rows must be at least 1, --max-rows-per-second and --max-lag at "
+                         "least 0, --wait-timeout and --lag-timeout above 0")
     settings = load_node(conf)
     config = load_pipeline(conf, args.pipeline, registry())
     tables = []
@@ -634,10 +642,29 @@ def cmd_verify(args: argparse.Namespace, conf: Path) -> int:
         print(f"\r\x1b[2K{table}: {rows:,} rows{share}" + ("\n" if done else ""), end="", file=sys.stderr,
               flush=True)
 
+    pausing: list[str] = []  # the table a pause is under way for
+
+    def paused(table: str, lag: float | None) -> None:
+        if lag is None:
+            if pausing:
+                log.info("pipeline=%s stage=verify table=%s resumed: lag at most %gs", args.pipeline, table,
+                         args.max_lag)
+            pausing.clear()
+            return
+        if sys.stderr.isatty():
+            print(f"\r\x1b[2K{table}: paused: lag {lag:.0f}s > {args.max_lag:g}s", end="", file=sys.stderr,
+                  flush=True)
+        if not pausing:
+            log.info("pipeline=%s stage=verify table=%s paused: lag %.0fs > %gs", args.pipeline, table, lag,
+                     args.max_lag)
+            pausing.append(table)
+
     with _pipeline_meta(conf, args.pipeline, settings) as meta:
         report = verify_pipeline(settings, config, meta, tables, attempts=args.attempts,
                                  max_rows_per_second=args.max_rows_per_second, chunk_rows=args.chunk_rows,
-                                 wait_timeout=args.wait_timeout, progress=progress if sys.stderr.isatty() else None)
+                                 wait_timeout=args.wait_timeout, progress=progress if sys.stderr.isatty() else None,
+                                 max_lag=args.max_lag, lag_timeout=args.lag_timeout, paused=paused,
+                                 engine=args.engine)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

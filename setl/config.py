@@ -10,6 +10,7 @@ import os
 import re
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -378,6 +379,12 @@ class VerifySchedule:
     chunk_rows: int = attrs.field(default=10_000, validator=attrs.validators.ge(1))  # rows per compared chunk
     #: how long a check waits for the acked position to reach a read's before it gives up (no verdict)
     wait_timeout: str = attrs.field(default="5m", validator=_duration)
+    #: pause before each chunk while the pipeline's lag is above this many seconds (0: never)
+    max_lag: float = attrs.field(default=30.0, validator=attrs.validators.ge(0))
+    #: how long a check may pause for the lag in all before it gives up (no verdict)
+    lag_timeout: str = attrs.field(default="30m", validator=_duration)
+    #: where the chunks are hashed: here (local) or as Spark tasks on the node's spark.master (spark)
+    engine: Literal["local", "spark"] = "local"
 
     @property
     def seconds(self) -> float:
@@ -692,3 +699,16 @@ def _check_pipeline(config: PipelineConfig, path: str) -> None:
             rule.target.format(schema="s", table="t")
         except (KeyError, IndexError, ValueError) as exc:
             raise fail(f"tables[{i}].target", f"bad name template {rule.target!r}: {exc}") from exc
+    if config.verify is not None:
+        for i, text in enumerate(config.verify.tables):
+            index = selecting_rule(config.tables, text)
+            if index is None or config.tables[index].exclude:
+                why = f"rule tables[{index}] excludes it" if index is not None else "no table rule matches it"
+                raise ConfigError(f"not replicated by this pipeline ({why}), so it cannot be checked", file=path,
+                                  pipeline=config.name, key=f"verify.tables[{i}]", table=text)
+
+
+def selecting_rule(rules: Sequence[TableRule], name: str) -> int | None:
+    """The index of the rule that decides source table `name` (SCHEMA.TABLE): the first whose `source`
+    regex matches the whole name (the routing plan's order, `setl.routing`); None when none does."""
+    return next((i for i, rule in enumerate(rules) if re.fullmatch(rule.source, name)), None)

@@ -30,6 +30,9 @@ The failpoints (`FAILPOINTS`):
   (`batch`: the batch).
 * ``snapshot_boundary``: a reader claimed a keyed table's next chunk and is about to ask the server
   for its upper boundary (`task`: the table).
+* ``verify_chunk``: `setl verify` (or a scheduled check) has opened a chunk's consistent snapshot on
+  the source and has not run its hash query yet (`batch`: the chunks of the table so far, from 0;
+  `task`: the table). Strikes in the verifying process, not in the pipeline.
 * ``repair_acked``: the batch holding a repair's rows (`setl repair`) is acked and its request is
   not dropped from the meta store yet (`batch`: the batch; `task`: the table). A repair read
   (before its SELECT) hits ``snapshot_read`` with its table.
@@ -76,6 +79,7 @@ FAILPOINTS: dict[str, str] = {
     "snapshot_ended": "a DDL ending a table's copy is being handed on, not acked yet (task = table)",
     "snapshot_acked": "an ack wrote snapshot progress, the copies it finished are not let go yet",
     "snapshot_boundary": "a keyed table's next snapshot chunk was claimed, its boundary not asked yet (task = table)",
+    "verify_chunk": "a verify chunk's source snapshot is open, its hash not read yet (batch = chunk, task = table)",
     "repair_acked": "the batch holding a repair (setl repair) is acked, its request not dropped yet (task = table)",
 }
 ACTIONS = ("fail", "slow", "crash")

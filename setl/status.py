@@ -85,6 +85,18 @@ def status_rows(meta: MetaStore, names: list[str], *, now: float | None = None) 
     return rows
 
 
+def lag_seconds(meta: MetaStore, name: str, *, now: float | None = None) -> float | None:
+    """The pipeline's lag as `status_rows` reports it (the figure its running process last published
+    with its liveness beat); None when it is not running or has not published one."""
+    now = time.time() if now is None else now
+    state = meta.state(name)
+    live = meta.liveness(name)
+    if state.status is not Status.RUNNING or live is None or live.stale(now, STALE_AFTER):
+        return None
+    lag = live.figures.get("lag_seconds")
+    return None if lag is None else float(lag)
+
+
 def position_text(position: dict[str, Any] | None) -> str:
     """A row's position as an operator types it (``LOG:OFFSET`` or ``LOG:OFFSET+ROW``)."""
     if not position:

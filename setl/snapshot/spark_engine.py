@@ -59,7 +59,7 @@ class SparkReads:
         self.spark = spark  # the node's SparkConfig
 
     @classmethod
-    def _ship(cls, context: Any) -> None:
+    def ship(cls, context: Any) -> None:
         """Add a zip of the running setl package to the context's Python files, once."""
         with cls._lock:
             if id(context) in cls._shipped:
@@ -77,7 +77,7 @@ class SparkReads:
         from setl.spark import get_session
 
         context = get_session(self.spark).sparkContext
-        self._ship(context)
+        self.ship(context)
         task = ChunkTask(self.connect, plan, lower, upper)
         context.setJobDescription(f"setl snapshot {plan.name}")
         ((log, offset, rows),) = context.parallelize([task], 1).map(read_task).collect()

@@ -20,10 +20,11 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
+from setl import failpoints
 from setl.errors import SetlError
 from setl.model import Position
 from setl.verify.ends import End, KeyText, Texts
@@ -40,12 +41,27 @@ class VerifyError(SetlError):
     exit_code = 2
 
 
+class ChunkHashes(Protocol):
+    """Hashes a window of a table's chunks somewhere else, as `End.summary` does (`Verifier.chunks`)."""
+
+    def source_summaries(self, check: TableCheck, ranges: Sequence[tuple[Any, Any]]
+                         ) -> list[tuple[tuple[int, int], Position | None]]:
+        """Each range's (rows, hash sum) on the source, in a consistent snapshot, with its binlog position."""
+        ...
+
+    def target_summaries(self, check: TableCheck, ranges: Sequence[tuple[Any, Any]]) -> list[tuple[int, int]]:
+        """Each range's (rows, hash sum) on the target."""
+        ...
+
+
 @attrs.define
 class Verifier:
     """Compares tables of `pipeline`; `acked()` reads the pipeline's acked position (meta store).
 
     `sleep` and `clock` are injectable for tests; `max_rows_per_second` (0: unbounded) throttles
-    the source reads; `wait_timeout` bounds each wait for the acked position."""
+    the source reads; `wait_timeout` bounds each wait for the acked position. `lag()` reads the
+    pipeline's lag in seconds (None: not known, the pipeline not running): before each chunk the
+    check waits while it is above `max_lag` (0: never), at most `lag_timeout` seconds in all."""
 
     pipeline: str
     acked: Callable[[], Position | None]
@@ -65,6 +81,17 @@ class Verifier:
     #: called with (table, rows compared, estimated rows, done) after each window of chunks, e.g.
     #: a progress line on a terminal
     progress: Callable[[str, int, int, bool], None] | None = None
+    lag: Callable[[], float | None] | None = None
+    max_lag: float = 0.0
+    lag_timeout: float = 600.0
+    #: called with (table, lag) while the check pauses for the lag, and with (table, None) when it resumes
+    paused: Callable[[str, float | None], None] | None = None
+    #: hashes windows of chunks elsewhere (`setl.verify.spark_engine`, ``--engine spark``); None: here.
+    #: Used for keyed tables hashed server-side in key ranges; the others, and every drill-down, are local
+    chunks: ChunkHashes | None = None
+    #: chunks per remote job and end
+    remote_window: int = 64
+    _paused_for: float = attrs.field(default=0.0, init=False)
 
     def wait_acked(self, position: Position | None, table: str) -> None:
         """Return once the pipeline's acked position is at or past `position`."""
@@ -80,6 +107,31 @@ class Verifier:
                                   f"{position} within {self.wait_timeout:.0f}s: start the pipeline (or let it "
                                   "catch up) and verify again", pipeline=self.pipeline, stage="verify", table=table)
             self.sleep(0.02)
+
+    def wait_lag(self, table: str) -> None:
+        """Return once the pipeline's lag is at most `max_lag` (or not known); the time spent waiting
+        over the whole check is bounded by `lag_timeout`."""
+        if self.lag is None or self.max_lag <= 0:
+            return
+        lag = self.lag()
+        if lag is None or lag <= self.max_lag:
+            return
+        began = self.clock()
+        try:
+            while lag is not None and lag > self.max_lag:
+                if self.paused is not None:
+                    self.paused(table, lag)
+                if self._paused_for + self.clock() - began >= self.lag_timeout:
+                    raise VerifyError(f"the pipeline's lag ({lag:.0f}s) stayed above the bound of {self.max_lag:g}s "
+                                      f"for {self.lag_timeout:.0f}s: verify again once it has caught up (or raise "
+                                      "--max-lag / --lag-timeout)", pipeline=self.pipeline, stage="verify",
+                                      table=table, position=self.acked())
+                self.sleep(min(1.0, max(0.05, self.lag_timeout / 20)))
+                lag = self.lag()
+        finally:
+            self._paused_for += self.clock() - began
+        if self.paused is not None:
+            self.paused(table, None)
 
     def _throttle(self, rows: int, started: float) -> None:
         if self.max_rows_per_second > 0:
@@ -108,9 +160,19 @@ class Verifier:
     def _keyed(self, check: TableCheck, source: End, target: End,
                boundary: Callable[[tuple[Any, ...] | None], tuple[Any, ...] | None], report: TableReport,
                started: float) -> None:
-        name = str(check.source.name)
         state: dict[KeyText, str] = {}
         raws: dict[KeyText, tuple[Any, ...]] = {}
+        if self.chunks is not None and check.mode == "sql" and check.ranged:
+            self._chunks_remote(check, source, target, boundary, report, started, state, raws)
+        else:
+            self._chunks_local(check, source, target, boundary, report, started, state, raws)
+        self._settle(check, source, target, report, state, raws)
+
+    def _chunks_local(self, check: TableCheck, source: End, target: End,
+                      boundary: Callable[[tuple[Any, ...] | None], tuple[Any, ...] | None], report: TableReport,
+                      started: float, state: dict[KeyText, str], raws: dict[KeyText, tuple[Any, ...]]) -> None:
+        """Hash the table's chunks here, a window of them at a time; differing ones into `state`."""
+        name = str(check.source.name)
         lower: tuple[Any, ...] | None = None
         done = False
         read = 0
@@ -119,8 +181,10 @@ class Verifier:
             # their positions (past every one of them), then the target's: one wait per window
             window: list[tuple[Any, Any, tuple[int, int], Position | None]] = []
             while len(window) < self.window and not done:
+                self.wait_lag(name)
                 upper = boundary(lower) if check.ranged else None
                 with source.snapshot() as position:
+                    failpoints.hit("verify_chunk", report.chunks + len(window), task=name)
                     window.append((lower, upper, source.summary(lower, upper), position))
                 done, lower = upper is None, upper
                 read += window[-1][2][0]
@@ -135,6 +199,43 @@ class Verifier:
                     self._bisect(check, source, target, low, high, max(ours[0], theirs[0]), state, raws)
             if self.progress is not None:
                 self.progress(name, report.rows, check.source.estimate, False)
+
+    def _chunks_remote(self, check: TableCheck, source: End, target: End,
+                       boundary: Callable[[tuple[Any, ...] | None], tuple[Any, ...] | None], report: TableReport,
+                       started: float, state: dict[KeyText, str], raws: dict[KeyText, tuple[Any, ...]]) -> None:
+        """Hash the table's chunks with `chunks` (Spark tasks), `remote_window` of them per job and end:
+        the boundaries found here, the source's aggregates (each chunk in its own snapshot), one wait
+        for the ack past the last of their positions, the target's; differing chunks drilled down
+        here as with the local engine."""
+        assert self.chunks is not None
+        name = str(check.source.name)
+        lower: tuple[Any, ...] | None = None
+        done = False
+        read = 0
+        while not done:
+            self.wait_lag(name)
+            ranges: list[tuple[Any, Any]] = []
+            while len(ranges) < self.remote_window and not done:
+                upper = boundary(lower)
+                ranges.append((lower, upper))
+                done, lower = upper is None, upper
+            ours = self.chunks.source_summaries(check, ranges)
+            self.wait_acked(max((p for _, p in ours if p is not None), default=None), name)
+            theirs = self.chunks.target_summaries(check, ranges)
+            for (low, high), (mine, _), their in zip(ranges, ours, theirs):
+                report.rows += mine[0]
+                report.chunks += 1
+                read += mine[0]
+                if mine != their:
+                    self._bisect(check, source, target, low, high, max(mine[0], their[0]), state, raws)
+            if self.progress is not None:
+                self.progress(name, report.rows, check.source.estimate, False)
+            self._throttle(read, started)
+
+    def _settle(self, check: TableCheck, source: End, target: End, report: TableReport,
+                state: dict[KeyText, str], raws: dict[KeyText, tuple[Any, ...]]) -> None:
+        """Re-check the candidate keys in `state` and report those that stay different."""
+        name = str(check.source.name)
         seen = collections.Counter(k for k, v in state.items() if v == "different")
         for _ in range(1, self.attempts):
             if not state:
@@ -235,6 +336,7 @@ class Verifier:
 
     def _keyless(self, check: TableCheck, source: End, target: End, report: TableReport) -> None:
         name = str(check.source.name)
+        self.wait_lag(name)
         with source.snapshot() as position:
             ours = source.summary(None, None)
         self.wait_acked(position, name)

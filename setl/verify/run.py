@@ -18,11 +18,14 @@ from setl.model import Position, TableName
 from setl.routing import build_plan
 from setl.snapshot.reader import ChunkReader
 from setl.stages.snapshot import SnapshotCapable
+from setl.status import lag_seconds
 from setl.verify import mariadb, postgresql
 from setl.verify.compare import Verifier, VerifyError
 from setl.verify.ends import End
 from setl.verify.plan import plan_table
 from setl.verify.report import Report
+from setl.verify.spark_engine import EndSpec, SparkChunks
+from setl.verify.spark_engine import target_connect as spark_target
 
 _SYSTEM = ("mysql", "information_schema", "performance_schema", "sys")
 
@@ -38,9 +41,13 @@ def selected_tables(conn: Any, selects: Any) -> list[TableName]:
 def verify_pipeline(settings: NodeSettings, config: PipelineConfig, meta: MetaStore, tables: Sequence[TableName],
                     *, attempts: int = 3, max_rows_per_second: float = 0.0, chunk_rows: int = 10_000,
                     wait_timeout: float = 60.0, progress: Callable[[str, int, int, bool], None] | None = None,
-                    sleep: Callable[[float], None] = time.sleep) -> Report:
+                    sleep: Callable[[float], None] = time.sleep, max_lag: float = 0.0, lag_timeout: float = 600.0,
+                    paused: Callable[[str, float | None], None] | None = None, engine: str = "local") -> Report:
     """Compare `tables` (all that the rules select when empty) of `config`'s pipeline; `progress`
-    as `Verifier.progress`; `sleep` every wait's (a scheduled check's raises when the node stops)."""
+    and `paused` as `Verifier`'s; `sleep` every wait's (a scheduled check's raises when the node
+    stops); `max_lag` (0: off) and `lag_timeout` pause the check while the pipeline's lag (as
+    `setl status` shows it) is above the bound. `engine` ``spark`` hashes the chunks of keyed tables as
+    Spark tasks on the node's ``spark.master`` (`setl.verify.spark_engine`), ``local`` here."""
     name = config.name
     started = time.monotonic()
     plan = build_plan(settings, config)
@@ -52,7 +59,18 @@ def verify_pipeline(settings: NodeSettings, config: PipelineConfig, meta: MetaSt
     if dialect is None:
         raise VerifyError(f"target type {config.target.type} cannot be verified (MariaDB/MySQL and PostgreSQL "
                           "targets can)", pipeline=name, stage="verify")
-    engine = mariadb if dialect == "mysql" else postgresql
+    chunks = None
+    if engine == "spark":
+        source_connect, target_connect = select.snapshot_access().task_connect, spark_target(config.target, dialect)
+        if source_connect is None or target_connect is None:
+            raise VerifyError("--engine spark does not support TLS to the source or the target (source.ssl, "
+                              "target.ssl: the Spark tasks connect without it); use --engine local", pipeline=name,
+                              stage="verify")
+        chunks = SparkChunks(name, settings.spark, EndSpec("source", "mysql", dict(source_connect)),
+                             EndSpec("target", dialect, target_connect))
+    elif engine != "local":
+        raise VerifyError(f"unknown engine {engine!r} (local or spark)", pipeline=name, stage="verify")
+    sql = mariadb if dialect == "mysql" else postgresql
     schema = connectors.build_schema(config, settings)
     assert schema is not None  # both SQL targets create tables
     source_conn: Any = None
@@ -63,13 +81,15 @@ def verify_pipeline(settings: NodeSettings, config: PipelineConfig, meta: MetaSt
         return ack.position if ack is not None else None
 
     verifier = Verifier(name, acked, attempts=attempts, max_rows_per_second=max_rows_per_second,
-                        wait_timeout=wait_timeout, progress=progress, sleep=sleep)
+                        wait_timeout=wait_timeout, progress=progress, sleep=sleep,
+                        lag=lambda: lag_seconds(meta, name), max_lag=max_lag, lag_timeout=lag_timeout,
+                        paused=paused, chunks=chunks)
     current = ""
     try:
         source_conn = select.snapshot_access().connect()
         mariadb.prepare(source_conn)
         target_conn = schema.conn
-        engine.prepare(target_conn)
+        sql.prepare(target_conn)
         reader = ChunkReader(lambda: source_conn, name)
         reader.check(source_conn, select.snapshot_access().where)
         for table in tables or selected_tables(source_conn, plan.selects):
@@ -84,10 +104,10 @@ def verify_pipeline(settings: NodeSettings, config: PipelineConfig, meta: MetaSt
             json = mariadb.json_columns(source_conn, table.schema, table.table) & set(found.columns)
             if json:
                 found = attrs.evolve(found, types={**found.types, **{c: "json" for c in json}})
-            check = plan_table(found, route, engine.columns(target_conn, route.target.schema, route.target.table),
+            check = plan_table(found, route, sql.columns(target_conn, route.target.schema, route.target.table),
                                dialect, pipeline=name)
             source_end = End(source_conn, mariadb, check, "source")
-            target_end = End(target_conn, engine, check, "target")
+            target_end = End(target_conn, sql, check, "target")
 
             def boundary(after: tuple[Any, ...] | None, plan_: Any = found) -> tuple[Any, ...] | None:
                 return reader.boundary(source_conn, plan_, after, chunk_rows)

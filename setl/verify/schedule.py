@@ -117,12 +117,24 @@ class ScheduledChecks:
             if self._stop.wait(seconds):
                 raise _Stopped("the node stops")
 
+        pausing: list[str] = []
+
+        def paused(table: str, lag: float | None) -> None:
+            if lag is not None and not pausing:
+                log.info("pipeline=%s stage=verify table=%s scheduled check paused: lag %.0fs > %gs", config.name,
+                         table, lag, schedule.max_lag)
+            elif lag is None and pausing:
+                log.info("pipeline=%s stage=verify table=%s scheduled check resumed", config.name, table)
+            pausing[:] = [table] if lag is not None else []
+
         log.info("pipeline=%s stage=verify scheduled check of %s starting", config.name,
                  ", ".join(schedule.tables) or "every table")
         try:
             report = self.check(self.settings, config, self.meta, tables, attempts=schedule.attempts,
                                 max_rows_per_second=schedule.max_rows_per_second, chunk_rows=schedule.chunk_rows,
-                                wait_timeout=parse_duration(schedule.wait_timeout), progress=stopping, sleep=sleep)
+                                wait_timeout=parse_duration(schedule.wait_timeout), progress=stopping, sleep=sleep,
+                                max_lag=schedule.max_lag, lag_timeout=parse_duration(schedule.lag_timeout),
+                                paused=paused, engine=schedule.engine)
             result = summary(report, started)
         except _Stopped:
             raise

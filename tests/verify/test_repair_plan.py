@@ -105,6 +105,7 @@ def test_stopping_ends_a_check_waiting_for_the_ack(tmp_path):
 
     def check(settings, config, meta, tables, *, sleep, **kwargs):
         assert tables == [TableName("s", "t")] and kwargs["wait_timeout"] == 300.0
+        assert (kwargs["max_lag"], kwargs["lag_timeout"], kwargs["engine"]) == (30.0, 1800.0, "local")
         waiting.set()
         while True:
             sleep(0.05)

@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 
 from setl.testing.servers import free_port
-from tests.e2e.setl_process import mysql_target
+from tests.e2e.setl_process import mysql_target, postgres_target
 from tests.helpers.receiver import Receiver
 from tests.helpers.wait import wait_until
 from tests.verify.test_verify import fill, make_setl, running
@@ -108,3 +108,54 @@ def test_scheduled_check_finds_drift(tmp_path, mariadb_source, mariadb_target, s
             assert "difference(s) in" in _page_verify_text(f"http://127.0.0.1:{port}/", setl.name)
     finally:
         receiver.close()
+
+
+@pytest.mark.parametrize("engine", ["local", "spark"])
+def test_scheduled_check_finds_drift_in_a_postgresql_target(tmp_path, mariadb_source, postgres_server, source_db,
+                                                           postgres_db, engine):
+    """Into PostgreSQL, chunks hashed here or by Spark tasks (`verify.engine`): a check finds the tables equal,
+    then a drift written into the PostgreSQL target shows in `setl status --json`, `/api/status` and the
+    `setl_verify_differences` metric."""
+    fill(mariadb_source, source_db)
+    setl = make_setl(tmp_path, mariadb_source, source_db, postgres_target(postgres_server, postgres_db),
+                     f"{source_db}.{{table}}", server_id=2222)
+    setl.config["verify"] = {"every": "2s", "tables": [f"{source_db}.types", f"{source_db}.docs",
+                                                       f"{source_db}.bag"], "wait_timeout": "30s", "chunk_rows": 15,
+                             "engine": engine}
+    setl.write_config()
+    port = free_port()
+    conf = setl.conf / "setl.yaml"
+    conf.write_text(conf.read_text() + f"http:\n  listen: 127.0.0.1:{port}\n")
+    with running(setl, mariadb_source):
+        copied = time.time()
+
+        def checked() -> dict | None:
+            found = setl.status().get("verify")
+            return found if found and found["time"] > copied else None
+
+        first = wait_until(checked, timeout=120, interval=0.3, message=lambda: f"a check: {setl.logs()[-3000:]}")
+        assert first["equal"] and first["error"] is None and first["rows"] == 120, first
+        spark_tasks = "types 3 chunk(s) hashed on the target by" in setl.logs()
+        assert spark_tasks == (engine == "spark"), setl.logs()[-3000:]
+        injected = time.time()
+        for statement in (f'DELETE FROM "{source_db}".types WHERE id = 3',
+                          f'UPDATE "{source_db}".types SET dt = dt + interval \'1 microsecond\' WHERE id = 4',
+                          f'UPDATE "{source_db}".docs SET j = \'{{"n": 0}}\'::jsonb WHERE id = 5',
+                          f"INSERT INTO \"{source_db}\".bag VALUES (1, 'y1')"):
+            postgres_server.query(statement, dbname=postgres_db)
+
+        def drifted() -> dict | None:
+            found = setl.status().get("verify")
+            return found if found and found["time"] > injected and not found["equal"] else None
+
+        result = wait_until(drifted, timeout=90, interval=0.3, message=lambda: setl.logs()[-3000:])
+        assert result["differences"] == 4 and result["error"] is None, result
+        tables = {t["table"]: t for t in result["tables"]}
+        assert (tables[f"{source_db}.types"]["missing"], tables[f"{source_db}.types"]["different"]) == (1, 1)
+        assert tables[f"{source_db}.docs"]["different"] == 1 and tables[f"{source_db}.bag"]["extra"] == 1
+        api = json.loads(_get(f"http://127.0.0.1:{port}/api/status"))
+        row = next(r for r in api["pipelines"] if r["pipeline"] == setl.name)
+        assert row["verify"]["differences"] == 4 and not row["verify"]["equal"], row["verify"]
+        metrics = _get(f"http://127.0.0.1:{port}/metrics")
+        assert _metric(metrics, "setl_verify_differences", setl.name) == 4.0, metrics
+        assert (_metric(metrics, "setl_verify_rows_checked_total", setl.name) or 0) >= 240

@@ -17,7 +17,7 @@ Starts a MariaDB source and a MariaDB target (or, with ``--postgres``, a Postgre
 Prints rows/s of each and the ratios verify/select (time), medians over the rounds.
 
     python3 tools/bench/verify.py [--tables 4] [--table-size 250000] [--repeat 3] [--chunk-rows 10000]
-        [--differ-every 100000] [--postgres]
+        [--differ-every 100000] [--postgres] [--engine local|spark]
 
 Measured (``--tables 4 --table-size 100000 --repeat 5 --differ-every 100000``, 2 cores shared with
 other work at load average 11 to 12, so rows/s swing by 3x from round to round; the ratios are the
@@ -86,6 +86,8 @@ def main() -> int:
     parser.add_argument("--chunk-rows", type=int, default=10_000)
     parser.add_argument("--differ-every", type=int, default=100_000)
     parser.add_argument("--postgres", action="store_true", help="a PostgreSQL target instead of MariaDB")
+    parser.add_argument("--engine", choices=["local", "spark"], default="local",
+                        help="verify's --engine (spark: local[*] Spark, its session started before the rounds)")
     args = parser.parse_args()
     rows = args.tables * args.table_size
     with tempfile.TemporaryDirectory(prefix="setl-bench-verify-") as tmp, MariaDBServer() as source, \
@@ -135,7 +137,8 @@ def main() -> int:
             meta = open_meta_store(settings)
             try:
                 began = time.perf_counter()
-                report = verify_pipeline(settings, config, meta, tables, chunk_rows=args.chunk_rows)
+                report = verify_pipeline(settings, config, meta, tables, chunk_rows=args.chunk_rows,
+                                         engine=args.engine)
                 seconds = time.perf_counter() - began
             finally:
                 meta.close()
@@ -154,6 +157,8 @@ def main() -> int:
                         changed += cur.execute(sql)
             return changed
 
+        if args.engine == "spark":
+            verify()  # the Spark session's start-up (once per process) is not counted
         selects, verifies, differing = [], [], []
         for round_ in range(1, args.repeat + 1):
             selects.append(select_all())
@@ -173,7 +178,8 @@ def main() -> int:
         # than the ratio of medians taken over different rounds
         ratio_equal = statistics.median(v / s for v, s in zip(verifies, selects))
         ratio_differing = statistics.median(d / s for d, s in zip(differing, selects))
-        print(f"{'PostgreSQL' if args.postgres else 'MariaDB'} target, {args.tables} x {args.table_size} rows, "
+        print(f"{'PostgreSQL' if args.postgres else 'MariaDB'} target, engine {args.engine}, "
+              f"{args.tables} x {args.table_size} rows, "
               f"medians of {args.repeat}: select of both ends {rows / select:,.0f} rows/s; verify "
               f"{rows / equal:,.0f} rows/s, {ratio_equal:.2f}x the select's time (median of the rounds' ratios); "
               f"one row in {args.differ_every:,} differing {rows / different:,.0f} rows/s, {ratio_differing:.2f}x")
