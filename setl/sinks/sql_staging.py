@@ -11,6 +11,7 @@ import threading
 from typing import Any, Generic, TypeVar
 
 from setl.ddl import Statement
+from setl.errors import RefusedLoadError
 from setl.model import Batch, DdlChange, TableName
 from setl.sinks.merge import TableChanges
 from setl.sinks.sql_positions import PositionStore
@@ -81,7 +82,8 @@ class StagedCopies(Generic[C]):
     * `end` (the copy's end marker): in the batch's transaction, the table's rows are replaced by
       the staging table's and the record is dropped; the staging table is dropped in it too
       (transactional DDL) or right after its COMMIT (`after_commit`). Replayed, it finds no record:
-      a no-op (a staging table left over is dropped).
+      a no-op (a staging table left over is dropped). A recorded staging table that is gone (only
+      a hand outside setl drops one) is refused with a `RefusedLoadError`: the copy's rows are lost.
     * `altered`: a DDL applied to a recorded table (the source copies the table again after it,
       from a new TRUNCATE) drops its staging table and its record.
     * `sweep`: a leader taking the target drops the pipeline's staging tables that no record names
@@ -147,11 +149,18 @@ class StagedCopies(Generic[C]):
             if self.dialect.exists(conn, schema, left):
                 self._drop(conn, schema, left)
             return
-        if self.dialect.exists(conn, schema, staging):
-            rows = self.dialect.switch(conn, schema, table, staging)
-            log.info("pipeline=%s stage=load batch=%d table=%s position=%s copy done: the table switches to "
-                     "the %d rows copied", self.pipeline, batch.id, change.qualified_table,
-                     change.position or batch.end, rows)
+        if not self.dialect.exists(conn, schema, staging):
+            # Only a hand outside setl drops a recorded staging table: the copy's rows are gone, and
+            # switching nothing (or keeping the old rows) would leave the table wrong.
+            raise RefusedLoadError(
+                f"the staging table {schema}.{staging} of this re-copy is gone (dropped outside setl), with the "
+                f"rows copied: delete its row from the target's {self.positions.table}_copy table, resume, and "
+                "copy the table again (setl snapshot --table)", pipeline=self.pipeline, stage="load",
+                table=change.qualified_table, batch=batch.id, position=change.position or batch.end)
+        rows = self.dialect.switch(conn, schema, table, staging)
+        log.info("pipeline=%s stage=load batch=%d table=%s position=%s copy done: the table switches to "
+                 "the %d rows copied", self.pipeline, batch.id, change.qualified_table,
+                 change.position or batch.end, rows)
         self.positions.forget_copy(conn, schema, table)
         self._drop(conn, schema, staging)
 
