@@ -50,10 +50,11 @@ class MysqlStaging(StagingDialect[Connection]):
 
     def switch(self, conn: Connection, schema: str, table: str, staging: str) -> int:
         with conn.cursor() as cur:
-            # Columns the server computes (generated, ROW START/END) take no value.
+            # Columns the server computes (generated, ROW START/END) take no value; MySQL 8's
+            # DEFAULT_GENERATED (an expression DEFAULT) is a stored column like any other.
             cur.execute("SELECT column_name FROM information_schema.columns WHERE table_schema = %s"
-                        " AND table_name = %s AND extra NOT LIKE %s AND extra NOT IN ('ROW START', 'ROW END')"
-                        " ORDER BY ordinal_position", (schema, table, "%GENERATED%"))
+                        " AND table_name = %s AND COALESCE(generation_expression, '') = ''"
+                        " AND extra NOT IN ('ROW START', 'ROW END') ORDER BY ordinal_position", (schema, table))
             columns = ", ".join(plain_quote(str(row[0])) for row in cur.fetchall())
             cur.execute(f"DELETE FROM {_name(schema, table)}")
             return int(cur.execute(f"INSERT INTO {_name(schema, table)} ({columns}) SELECT {columns}"

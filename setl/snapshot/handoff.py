@@ -135,8 +135,6 @@ class MergeHandOff:
         changes = tuple([RowChange(read, schema, table, key, None, row, position) for row in chunk.rows])
         if copy is not None:
             copy.handed_rows += len(changes)
-        if chunk.final and copy is not None:
-            copy.handed_final = True
         if chunk.final and not key:
             self.book.keyless_open.discard(chunk.table)
         self.ledger.remember(Record(chunk.table, "chunk", changes[-1] if changes else None, chunk=chunk))
@@ -145,8 +143,11 @@ class MergeHandOff:
         if copy is not None and chunk.copy == copy.serial:
             if key:
                 copy.handed_chunks += 1
-            # Chunks of a table may be placed out of index order: the marker follows the last one.
-            if copy.handed_final and copy.handed_chunks >= copy.next_index:
+            copy.last_handed = copy.last_handed or chunk.final
+            # Chunks of a table may be placed out of index order: it is all handed on (and its
+            # marker follows) once its last chunk and every chunk claimed before it are.
+            if copy.last_handed and copy.handed_chunks >= copy.next_index:
+                copy.handed_final = True
                 self._mark_end(copy, at)
         return Transaction(changes, at)
 

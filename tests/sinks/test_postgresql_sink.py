@@ -28,6 +28,7 @@ from .contract import Changes, SinkContract, Target, item, make_batch, model_set
 
 class PostgresTarget(Target):
     load_class = PostgresqlLoad
+    generated_ddl = "CREATE TABLE {table} (id INT PRIMARY KEY, v INT, d INT GENERATED ALWAYS AS (v * 2) STORED)"
 
     def __init__(self, server: PostgresServer, database: str, schema: str = "app") -> None:
         self.server = server

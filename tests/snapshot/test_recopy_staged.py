@@ -166,21 +166,24 @@ def mariadb_staging_left(server: Any, pipeline: str) -> list[tuple]:
                         " WHERE LEFT(table_name, %s) = %s", (len(prefix), prefix))
 
 
-def prepare_mariadb(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db, server_id: int) -> Any:
+def prepare_mariadb(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db, server_id: int,
+                    **pipeline: Any) -> Any:
     t.create(mariadb_source, source_db, TABLES)
     t.create(mariadb_target, mysql_db, TABLES)
     fill(mariadb_source, source_db)
     return make_setl(tmp_path, mariadb_source, source_db, mysql_target(mariadb_target), f"{mysql_db}.{{table}}",
-                     server_id=server_id)
+                     server_id=server_id, **pipeline)
 
 
+@pytest.mark.parametrize("mode", ["ordered", "per_table"])
 def test_a_recopy_into_mariadb_keeps_the_old_rows_visible(tmp_path, mariadb_source, mariadb_target, source_db,
-                                                          mysql_db):
-    """A running pipeline re-copies a keyed table of 20k rows and a keyless one while the source is
-    written: the target's counts never drop below their rows (less the source's deletes), the log
-    tells the copy went to a staging table and switched, the staging tables are gone, and CHECKSUM
-    TABLE agrees."""
-    setl = prepare_mariadb(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db, 2131)
+                                                          mysql_db, mode):
+    """A running pipeline (batches loaded whole, or per table) re-copies a keyed table of 20k rows and a
+    keyless one while the source is written: the target's counts never drop below their rows (less the
+    source's deletes), the log tells the copy went to a staging table and switched, the staging tables
+    are gone, and CHECKSUM TABLE agrees."""
+    setl = prepare_mariadb(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db,
+                           2131 if mode == "ordered" else 2135, load={"mode": mode})
     names = list(TABLES)
     with spawned(setl) as proc:
         first = copied(setl, proc, names)
