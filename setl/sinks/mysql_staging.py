@@ -13,6 +13,9 @@ from setl.sinks.mysql_sql import plain_quote
 from setl.sinks.sql_staging import StagingDialect
 
 MISSING = frozenset({1146, 1049})  # no such table, unknown database
+#: Seconds the switch's statements may run (they take as long as the table is large), instead of the
+#: sink's read timeout.
+SWITCH_TIMEOUT = 3600.0
 
 
 def _name(schema: str, table: str) -> str:
@@ -49,6 +52,16 @@ class MysqlStaging(StagingDialect[Connection]):
             cur.execute(f"CREATE TABLE {_name(schema, staging)} LIKE {_name(schema, table)}")
 
     def switch(self, conn: Connection, schema: str, table: str, staging: str) -> int:
+        # PyMySQL applies the connection's read timeout before each read (`_read_timeout`).
+        kept = getattr(conn, "_read_timeout", None)
+        setattr(conn, "_read_timeout", max(kept or 0.0, SWITCH_TIMEOUT))  # noqa: B010 - not in the stubs
+        try:
+            return self._switch(conn, schema, table, staging)
+        finally:
+            setattr(conn, "_read_timeout", kept)  # noqa: B010
+
+    @staticmethod
+    def _switch(conn: Connection, schema: str, table: str, staging: str) -> int:
         with conn.cursor() as cur:
             # Columns the server computes (generated, ROW START/END) take no value; MySQL 8's
             # DEFAULT_GENERATED (an expression DEFAULT) is a stored column like any other.
