@@ -208,7 +208,12 @@ class StagedCopies(Generic[C]):
     def sweep(self, conn: C, commit: Any) -> None:
         """Drop the pipeline's staging tables no record names, then `commit(conn)`."""
         self.forget()
-        recorded = set(self.targets(conn).values())  # a staging name holds its table's schema and name
+        found = self.targets(conn)
+        for (schema, table), staging in sorted(found.items()):
+            log.info("pipeline=%s stage=load table=%s.%s is being re-copied into %s: it switches to the copied rows "
+                     "when its copy ends (if the meta store lost that copy, copy the table again: setl snapshot "
+                     "--table)", self.pipeline, schema, table, staging)
+        recorded = set(found.values())  # a staging name holds its table's schema and name
         for name in self.dialect.named(conn, staging_prefix(self.pipeline)):
             if name.table not in recorded:
                 log.info("pipeline=%s stage=load dropping the staging table %s left by an earlier run",
