@@ -298,7 +298,7 @@ def test_an_alter_table_during_a_recopy(tmp_path, mariadb_source, mariadb_target
     setl = prepare_mariadb(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db, 2134)
     run_until_caught_up(setl)  # the first copy
     first = progress(setl, full=True)["ints"].started
-    setl.faults = f'[{{"stage": "snapshot_read", "action": "slow", "seconds": 0.2, "times": null, ' \
+    setl.faults = f'[{{"stage": "snapshot_read", "action": "slow", "seconds": 0.4, "times": null, ' \
                   f'"task": "{source_db}.ints"}}]'
     baseline = {"ints": ROWS, "nokey": KEYLESS}
     with Writer(mariadb_source, source_db) as writer, \
