@@ -11,7 +11,7 @@ import threading
 from typing import Any, Generic, TypeVar
 
 from setl.ddl import Statement
-from setl.errors import RefusedLoadError
+from setl.errors import RefusedLoadError, SetlError
 from setl.model import Batch, DdlChange, TableName
 from setl.sinks.merge import TableChanges
 from setl.sinks.sql_positions import PositionStore
@@ -157,7 +157,11 @@ class StagedCopies(Generic[C]):
                 f"rows copied: delete its row from the target's {self.positions.table}_copy table, resume, and "
                 "copy the table again (setl snapshot --table)", pipeline=self.pipeline, stage="load",
                 table=change.qualified_table, batch=batch.id, position=change.position or batch.end)
-        rows = self.dialect.switch(conn, schema, table, staging)
+        try:
+            rows = self.dialect.switch(conn, schema, table, staging)
+        except SetlError as exc:  # a dialect's refusal: name the batch and position too
+            exc.with_context(batch=batch.id, position=change.position or batch.end)
+            raise
         log.info("pipeline=%s stage=load batch=%d table=%s position=%s copy done: the table switches to "
                  "the %d rows copied", self.pipeline, batch.id, change.qualified_table,
                  change.position or batch.end, rows)
