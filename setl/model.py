@@ -169,7 +169,11 @@ class DdlChange:
 
     `snapshot` marks the ``TRUNCATE TABLE`` a snapshot emits before copying a table
     (`setl.snapshot`): targets apply it whatever ``pipeline.ddl`` says, since the copy that
-    follows replaces what the target held. `source` is the source table of a routed DDL (set by
+    follows replaces what the target held. `copy_end` marks no statement (`statement` is empty)
+    but the end of a table's copy, handed on right after its last chunk when the target declares
+    `setl.stages.load.LoadCapabilities.copy_end`: an SQL target that copied into a staging table
+    (a re-copy of a table holding rows) switches the table to the copied rows there; any other
+    target ignores it, and a replay of it is harmless. `source` is the source table of a routed DDL (set by
     Extract, as for `RowChange.source`), so that the table a snapshot empties can be created first.
     `sql_mode` is the source session's ``sql_mode`` the statement ran with (names, comma-joined),
     when the source tells it: a MySQL target runs the statement under it, so that an ALTER the
@@ -181,6 +185,7 @@ class DdlChange:
     statement: str
     position: Position | None = None
     snapshot: bool = attrs.field(default=False, kw_only=True)
+    copy_end: bool = attrs.field(default=False, kw_only=True)
     sql_mode: str | None = attrs.field(default=None, kw_only=True, eq=False, repr=False)
     source: TableName | None = attrs.field(default=None, kw_only=True, eq=False, repr=False)
 
@@ -188,6 +193,11 @@ class DdlChange:
     def qualified_table(self) -> str:
         """``schema.table``, or the schema alone for a schema-level statement."""
         return f"{self.schema}.{self.table}" if self.table else self.schema
+
+    @classmethod
+    def end_of_copy(cls, table: TableName, position: Position | None) -> "DdlChange":
+        """The marker a snapshot hands on once `table`'s copy is all handed on (`copy_end`)."""
+        return cls(table.schema, table.table, "", position, copy_end=True)
 
 
 Change = RowChange | DdlChange

@@ -43,6 +43,15 @@ def build_select(node: NodeSettings, config: PipelineConfig, plan: RoutingPlan |
         raise
 
 
+def _takes_copy_end(node: NodeSettings, config: PipelineConfig) -> bool:
+    """Whether the pipeline's target connector declares that it takes a copy's end marker
+    (`setl.stages.load.LoadCapabilities.copy_end`: a re-copy switches tables there)."""
+    try:
+        return connectors.for_node(node).target(config.target.type).capabilities.copy_end
+    except SetlError:
+        return False
+
+
 def _applies_sequences(node: NodeSettings, config: PipelineConfig) -> bool:
     """Whether the pipeline's target connector declares that it applies sequence state rows (an
     unknown target type is refused where its Load is built, not here)."""
@@ -86,7 +95,8 @@ def build_stages(node: NodeSettings, config: PipelineConfig, meta: MetaStore | N
 
     base = Stages(
         select=with_snapshots(build_select(node, config, routing), pipeline=config.name, meta=snapshot_meta,
-                              parallelism=config.pipeline.parallelism, spark=node.spark),
+                              parallelism=config.pipeline.parallelism, spark=node.spark,
+                              copy_end=_takes_copy_end(node, config)),
         extract=TableExtract(pipeline=config.name, plan=routing),
         transform=build_transform(node, config, routing),
         load=build_load(node, config),

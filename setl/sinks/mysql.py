@@ -56,6 +56,7 @@ from setl.sinks.mysql_lenient import execute_one_row, holds_error_value, split_e
 from setl.sinks.mysql_positions import MysqlPositionStore
 from setl.sinks.mysql_sequences import MysqlSequences
 from setl.sinks.mysql_sql import SQL_MODE, plain_quote, quote, table_name, to_db
+from setl.sinks.mysql_staging import MysqlStaging
 from setl.sinks.postgresql_ddl import without_sequence_ddl
 from setl.sinks.prepared import PreparedBatches
 from setl.sinks.sql_common import (
@@ -190,7 +191,7 @@ class MysqlLoad(SqlLoad[pymysql.connections.Connection]):
     """Loads batches into MySQL or MariaDB (see the module docstring and `SqlLoad`)."""
 
     dialect = "mysql"
-    capabilities = LoadCapabilities(per_table=True, stores_position=True, sequences=True)
+    capabilities = LoadCapabilities(per_table=True, stores_position=True, sequences=True, copy_end=True)
     config: MysqlTargetConfig
     positions: MysqlPositionStore
     _prepared: PreparedBatches[_Prepared]  # what `prepare` built (the base makes it and drops after load)
@@ -274,6 +275,14 @@ class MysqlLoad(SqlLoad[pymysql.connections.Connection]):
         return MysqlPositionStore(pipeline=self.pipeline, schema=self.position_schema, table=self.position_table,
                                   token=PROCESS_TOKEN, lock_timeout=self.fence_lock_timeout,
                                   describe=self._describe, on_table=self._name_table)
+
+    def _make_staging(self) -> MysqlStaging:
+        return MysqlStaging(self._forget_table)
+
+    def _forget_table(self, schema: str, table: str) -> None:
+        """A staging table made or dropped: learn its computed and ENUM columns again at next use."""
+        self._unwritable.pop((schema, table), None)
+        self._enums.pop((schema, table), None)
 
     def _connect(self) -> pymysql.connections.Connection:
         conn = pymysql.connect(

@@ -36,6 +36,7 @@ class MysqlPositionStore(PositionStore[Connection]):
         self.fence_table = table_name(self.schema, self.table + "_fence")
         self.sessions = table_name(self.schema, self.table + "_session")
         self.identity = table_name(self.schema, self.table + "_identity")
+        self.copies = table_name(self.schema, self.table + "_copy")
 
     def commit(self, conn: Connection) -> None:
         conn.commit()
@@ -111,6 +112,17 @@ class MysqlPositionStore(PositionStore[Connection]):
                 " `identity` TEXT NOT NULL,"
                 " `updated_at` TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)"
                 "   ON UPDATE CURRENT_TIMESTAMP(6)"
+                ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
+                (),
+            )
+            cur.execute(
+                f"CREATE TABLE IF NOT EXISTS {self.copies} ("
+                " `pipeline` VARCHAR(191) NOT NULL,"
+                " `target_schema` VARCHAR(191) NOT NULL,"
+                " `target_table` VARCHAR(191) NOT NULL,"
+                " `staging` VARCHAR(64) NOT NULL,"
+                " `created_at` TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),"
+                " PRIMARY KEY (`pipeline`, `target_schema`, `target_table`)"
                 ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
                 (),
             )
@@ -230,6 +242,23 @@ class MysqlPositionStore(PositionStore[Connection]):
             cur.execute(f"INSERT INTO {self.identity} (`pipeline`, `identity`) VALUES (%s, %s)"
                         " ON DUPLICATE KEY UPDATE `identity` = VALUES(`identity`)", (self.pipeline, text))
         conn.commit()
+
+    def read_copies(self, conn: Connection) -> dict[tuple[str, str], str]:
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT `target_schema`, `target_table`, `staging` FROM {self.copies}"
+                        " WHERE `pipeline` = %s", (self.pipeline,))
+            return {(str(s), str(t)): str(staging) for s, t, staging in cur.fetchall()}
+
+    def record_copy(self, conn: Connection, schema: str, table: str, staging: str) -> None:
+        with conn.cursor() as cur:
+            cur.execute(f"INSERT INTO {self.copies} (`pipeline`, `target_schema`, `target_table`, `staging`)"
+                        " VALUES (%s, %s, %s, %s) ON DUPLICATE KEY UPDATE `staging` = VALUES(`staging`),"
+                        " `created_at` = CURRENT_TIMESTAMP(6)", (self.pipeline, schema, table, staging))
+
+    def forget_copy(self, conn: Connection, schema: str, table: str) -> None:
+        with conn.cursor() as cur:
+            cur.execute(f"DELETE FROM {self.copies} WHERE `pipeline` = %s AND `target_schema` = %s"
+                        " AND `target_table` = %s", (self.pipeline, schema, table))
 
     @property
     def _write_position_sql(self) -> str:

@@ -255,6 +255,8 @@ class ParquetLoad(Load):
         batch = self._invalid_dates.apply(batch)
         tables: dict[tuple[str, str], list[tuple[int, RowChange]]] = {}
         for seq, change in enumerate(batch.changes):
+            if isinstance(change, DdlChange) and change.copy_end:
+                continue  # a copy's end: every row of the copy is written already
             if isinstance(change, DdlChange):
                 log.info("pipeline=%s stage=load batch=%d parquet target skips DDL on %s: %s",
                          self.pipeline, batch.id, change.qualified_table, change.statement)

@@ -44,6 +44,7 @@ from setl.sinks.nul_text import HINT as NUL_HINT
 from setl.sinks.nul_text import NulTextPolicy
 from setl.sinks.postgresql_ddl import Translator, UnsupportedDdl, pg_name, without_sequence_ddl
 from setl.sinks.postgresql_positions import PostgresPositionStore
+from setl.sinks.postgresql_staging import PostgresStaging
 from setl.sinks.prepared import PreparedBatches
 from setl.sinks.sql_common import (
     PROCESS_TOKEN,
@@ -234,6 +235,9 @@ class PostgresqlLoad(SqlLoad[psycopg.Connection]):
         return PostgresPositionStore(pipeline=self.pipeline, schema=self.position_schema, table=self.position_table,
                                      token=PROCESS_TOKEN, lock_timeout=self.fence_lock_timeout,
                                      describe=self._describe, on_table=self._name_table, text=self._text)
+
+    def _make_staging(self) -> PostgresStaging:
+        return PostgresStaging(self.pipeline)
 
     def _connect(self) -> psycopg.Connection:
         conn = self._open()

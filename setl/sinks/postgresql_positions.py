@@ -31,6 +31,7 @@ class PostgresPositionStore(PositionStore[psycopg.Connection]):
         self.fence_table = sql.Identifier(self.schema, self.table + "_fence")
         self.identity = sql.Identifier(self.schema, self.table + "_identity")
         self.sessions = sql.Identifier(self.schema, self.table + "_session")
+        self.copies = sql.Identifier(self.schema, self.table + "_copy")
 
     def commit(self, conn: psycopg.Connection) -> None:
         conn.commit()
@@ -70,6 +71,9 @@ class PostgresPositionStore(PositionStore[psycopg.Connection]):
             (self.sessions, " pipeline text NOT NULL, session integer NOT NULL, token text NOT NULL,"
                              " started timestamptz, epoch bigint NOT NULL,"
                              " registered_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (pipeline, session)"),
+            (self.copies, " pipeline text NOT NULL, target_schema text NOT NULL, target_table text NOT NULL,"
+                           " staging text NOT NULL, created_at timestamptz NOT NULL DEFAULT now(),"
+                           " PRIMARY KEY (pipeline, target_schema, target_table)"),
         ):
             present = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name.as_string(conn),)).fetchone()
             if not (present and present[0]):
@@ -107,6 +111,21 @@ class PostgresPositionStore(PositionStore[psycopg.Connection]):
         ).format(self.sessions), (self.pipeline, self.token))
         conn.commit()
         return sum(1 for _, done in killed if done)
+
+    def read_copies(self, conn: psycopg.Connection) -> dict[tuple[str, str], str]:
+        rows = conn.execute(sql.SQL("SELECT target_schema, target_table, staging FROM {} WHERE pipeline = %s")
+                            .format(self.copies), (self.pipeline,)).fetchall()
+        return {(str(s), str(t)): str(staging) for s, t, staging in rows}
+
+    def record_copy(self, conn: psycopg.Connection, schema: str, table: str, staging: str) -> None:
+        conn.execute(sql.SQL("INSERT INTO {} (pipeline, target_schema, target_table, staging) VALUES (%s, %s, %s, %s)"
+                             " ON CONFLICT (pipeline, target_schema, target_table) DO UPDATE SET"
+                             " staging = EXCLUDED.staging, created_at = now()").format(self.copies),
+                     (self.pipeline, schema, table, staging))
+
+    def forget_copy(self, conn: psycopg.Connection, schema: str, table: str) -> None:
+        conn.execute(sql.SQL("DELETE FROM {} WHERE pipeline = %s AND target_schema = %s AND target_table = %s")
+                     .format(self.copies), (self.pipeline, schema, table))
 
     def raise_fence(self, conn: psycopg.Connection, epoch: int | None) -> int:
         try:

@@ -27,6 +27,7 @@ from setl.sinks.sql_fence import TargetFence
 from setl.sinks.sql_pool import ConnectionPool
 from setl.sinks.sql_positions import FenceBusy, PositionStore
 from setl.sinks.sql_segments import DdlStep, Segment, SegmentPlanner
+from setl.sinks.sql_staging import StagedCopies, StagingDialect
 from setl.stages.load import Load, LoadCapabilities
 
 log = logging.getLogger(__name__)
@@ -135,10 +136,15 @@ class SqlLoad(Load, Generic[C]):
       logs it and applies the rest of the batch; ``fail`` refuses the batch with a `LoadError`
       naming the table, position and statement, so the pipeline pauses before it. Statements
       that are not table DDL (CREATE DATABASE, GRANT, views, ...) are logged and not applied.
+    * Re-copies (`StagedCopies`, `setl.sinks.sql_staging`): a snapshot's TRUNCATE of a table that
+      holds rows copies into a staging table beside it instead (recorded in the target, in
+      ``<position_table>_copy``); the table's row changes go there until the copy's end marker
+      (`DdlChange.copy_end`), whose batch replaces the table's rows by the staging table's in its
+      one transaction. Readers of the table see its old rows until that COMMIT.
     """
 
     dialect = "sql"
-    capabilities = LoadCapabilities(per_table=True, stores_position=True)
+    capabilities = LoadCapabilities(per_table=True, stores_position=True, copy_end=True)
 
     def __init__(
         self,
@@ -186,6 +192,7 @@ class SqlLoad(Load, Generic[C]):
                                  context=self._context, dialect=self.dialect, timeout=fence_timeout,
                                  on_table=self._name_table)
         self.planner = SegmentPlanner(pipeline, ddl, self._context)
+        self.staged: StagedCopies[C] = StagedCopies(pipeline, self.positions, self._make_staging())
         self.pool: ConnectionPool[C] = ConnectionPool(connections, self._open_connection, self._close)
         self._prepared: PreparedBatches[Any] = PreparedBatches()  # what a dialect's `prepare` worked out
 
@@ -218,6 +225,10 @@ class SqlLoad(Load, Generic[C]):
 
     def _make_positions(self) -> PositionStore[C]:
         """The dialect's store of the position, fence, session and identity tables."""
+        raise NotImplementedError
+
+    def _make_staging(self) -> StagingDialect[C]:
+        """The dialect's handling of staging tables (re-copies, `setl.sinks.sql_staging`)."""
         raise NotImplementedError
 
     def _connect(self) -> C:
@@ -298,6 +309,7 @@ class SqlLoad(Load, Generic[C]):
         def read(conn: C) -> tuple[Position | None, int | None]:
             if not self.fence.epoch or (self.positions.read_position(conn)[1] or 0) != self.fence.epoch:
                 self.fence.take(conn, None)
+                self.staged.sweep(conn, self._commit)  # staging tables an earlier leader left behind
             return self.positions.read_position(conn)
 
         return self._retrying(lambda: self._with_connection(read, None), None)[0]
@@ -363,25 +375,55 @@ class SqlLoad(Load, Generic[C]):
 
     def _apply_batch(self, conn: C, batch: Batch, segments: list[Segment]) -> None:
         self.fence.check(conn, batch)
+        ddl = any(isinstance(segment, DdlStep) for segment in segments)
+        if ddl:  # a batch holding a DDL runs alone: it may start or end a re-copy
+            self.staged.forget()
         self._apply_segments(conn, batch, segments)
         self.positions.record_and_commit(conn, batch, (), pipeline=True)
+        self.staged.after_commit(conn)
+        if ddl:
+            self.staged.forget()
 
     def _apply_segments(self, conn: C, batch: Batch, segments: list[Segment]) -> None:
         for segment in segments:
             if isinstance(segment, list):
                 for table in segment:
                     self._table = f"{table.schema}.{table.table}"
+                    table = self.staged.redirect(conn, table)  # a table being re-copied: its staging table
                     if table.primary_key:
                         self._apply_keyed(conn, table)
                     else:
                         self._apply_sequence(conn, table)
+            elif self._apply_staged(conn, batch, segment):
+                continue
             else:
                 self._table = segment.change.qualified_table
                 self._apply_ddl(conn, batch, segment)
+                if self.staged.altered(conn, segment.change, segment.statement):
+                    self._staging_ddl_done(conn, batch)
                 log.info("pipeline=%s stage=load batch=%d table=%s position=%s DDL applied: %s", self.pipeline,
                          batch.id, segment.change.qualified_table, segment.change.position or batch.end,
                          " ".join(segment.change.statement.split()))
         self._table = None
+
+    def _apply_staged(self, conn: C, batch: Batch, step: DdlStep) -> bool:
+        """A re-copy's start (a snapshot TRUNCATE of a table holding rows) or end (`copy_end`), applied
+        (`StagedCopies`); False for any other DDL, and for a TRUNCATE to apply as it is."""
+        change = step.change
+        self._table = change.qualified_table
+        if change.copy_end:
+            self.staged.end(conn, batch, change)
+        elif not (change.snapshot and step.statement.kind == "truncate_table"
+                  and self.staged.start(conn, batch, change)):
+            return False
+        self._staging_ddl_done(conn, batch)
+        return True
+
+    def _staging_ddl_done(self, conn: C, batch: Batch) -> None:
+        """After a re-copy's staging table was created or dropped: a dialect whose DDL commits takes
+        the fence again, as after any DDL."""
+        if not self.staged.dialect.transactional_ddl:
+            self.fence.check(conn, batch)
 
     def _apply_part(self, conn: C, batch: Batch) -> None:
         """One part: fence, drop what each of its tables holds already, apply, record, COMMIT.
@@ -425,6 +467,7 @@ class SqlLoad(Load, Generic[C]):
         try:
             return work()
         except BaseException as exc:
+            self.staged.discard()
             try:
                 self._rollback(conn)
             except Exception:  # noqa: BLE001 - a dead connection cannot roll back; the server already did

@@ -18,7 +18,8 @@ class FenceBusy(Exception):
 class PositionStore(Generic[C]):
     """The tables ``<position_table>`` (the pipeline's position and epoch), ``_table`` (each target
     table's position, for per-table parts), ``_fence`` (the highest epoch that took the target),
-    ``_session`` (the server sessions of each process writing the pipeline) and ``_identity``, in
+    ``_session`` (the server sessions of each process writing the pipeline), ``_identity`` and
+    ``_copy`` (each target table being re-copied into a staging table, `setl.sinks.sql_staging`), in
     ``position_schema``; a dialect subclass writes the SQL.
 
     Every method runs on a connection the caller holds. The ones documented as "in the open
@@ -100,6 +101,19 @@ class PositionStore(Generic[C]):
 
     def write_table_position(self, conn: C, table: str, batch: Batch) -> None:
         """In the open transaction: record `batch.end` as `table`'s position."""
+        raise NotImplementedError
+
+    def read_copies(self, conn: C) -> dict[tuple[str, str], str]:
+        """In the open transaction: the pipeline's target tables being re-copied, (schema, table) ->
+        the staging table beside them (`setl.sinks.sql_staging`)."""
+        raise NotImplementedError
+
+    def record_copy(self, conn: C, schema: str, table: str, staging: str) -> None:
+        """In the open transaction: `schema`.`table` is re-copied into `staging` (replacing a record)."""
+        raise NotImplementedError
+
+    def forget_copy(self, conn: C, schema: str, table: str) -> None:
+        """In the open transaction: `schema`.`table` is no longer re-copied (no record: nothing)."""
         raise NotImplementedError
 
     def commit(self, conn: C) -> None:

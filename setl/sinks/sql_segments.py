@@ -34,9 +34,10 @@ class SegmentPlanner:
     """Cuts a batch into segments under the pipeline's ``pipeline.ddl`` policy (`ddl`): ``apply``
     keeps each table DDL in its place among the rows; ``skip`` logs it and drops it; ``fail``
     refuses the batch with a `RefusedLoadError` naming the table, position and statement.
-    Statements that are not table DDL are logged and dropped, and a snapshot's TRUNCATE is always
-    kept. A table without a primary key is warned about once per planner. Pure but for that
-    warning: safe to call from many threads (a warning may then be logged twice).
+    Statements that are not table DDL are logged and dropped, and a snapshot's TRUNCATE and a
+    copy's end marker (`DdlChange.copy_end`) are always kept. A table without a primary key is
+    warned about once per planner. Pure but for that warning: safe to call from many threads (a
+    warning may then be logged twice).
     """
 
     def __init__(self, pipeline: str, ddl: str, context: Callable[..., dict[str, Any]]) -> None:
@@ -56,8 +57,8 @@ class SegmentPlanner:
                 continue
             position = change.position or batch.end
             statement = parse(change.statement)
-            if change.snapshot and statement.kind == "truncate_table":
-                pass  # a snapshot's TRUNCATE comes with the copy that replaces the table: always applied
+            if change.copy_end or (change.snapshot and statement.kind == "truncate_table"):
+                pass  # a snapshot's TRUNCATE and end come with the copy that replaces the table: always applied
             elif self.ddl == "fail":
                 raise RefusedLoadError(f"DDL refused (pipeline.ddl is fail): {change.statement}",
                                 **{**self._context(batch, table=change.qualified_table), "position": position})

@@ -133,6 +133,8 @@ class SqliteLoad(Load):
                         if self.db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
                                            (name,)).fetchone():
                             self.db.execute(f'DELETE FROM "{name}"')
+                    elif isinstance(change, DdlChange) and change.copy_end:
+                        pass  # a copy's end: the copy went into the table itself
                     elif isinstance(change, DdlChange):
                         raise LoadError("the SQLite target does not apply DDL",
                                         table=change.qualified_table)

@@ -30,7 +30,10 @@ class Copy:
     next_index: int = 0
     handed_rows: int = 0
     serial: int = 0  # tells this copy's chunks from those of an earlier copy of the table
-    handed_final: bool = False  # its last chunk was handed on
+    handed_final: bool = False  # all its chunks were handed on
+    last_handed: bool = False  # its last chunk (`Chunk.final`) was handed on
+    handed_chunks: int = 0  # its chunks (keyed tables) handed on
+    marked: bool = False  # its end marker (`DdlChange.end_of_copy`) was handed on
 
 
 class CopyBook:

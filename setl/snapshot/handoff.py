@@ -30,13 +30,19 @@ class MergeHandOff:
     transaction (after `CopyRestarts` has seen it, and without the changes of keyless tables being
     copied), a chunk as READ row changes (remembered in the ledger) or a repair.
 
+    With `copy_end`, a copy's end marker (`DdlChange.end_of_copy`) follows, as a transaction of its
+    own, once every chunk of the copy is handed on (or right after the TRUNCATE of a table found
+    empty); its "copied" record finishes the copy in the ledger.
+
     It blocks at most `timeout` seconds, waiting on the book's lock while a read in flight or a
     chunk not yet placed holds the stream back, and raises a reader's failure. Transactions it
     makes end at the position of the last binlog transaction handed on before them."""
 
     def __init__(self, book: CopyBook, ledger: ProgressLedger, restarts: CopyRestarts, requests: CopyRequests, *,
-                 inner: Select, reader: ChunkReader, connection: Callable[[], Any], pipeline: str) -> None:
+                 inner: Select, reader: ChunkReader, connection: Callable[[], Any], pipeline: str,
+                 copy_end: bool = False) -> None:
         self.book = book
+        self.copy_end = copy_end
         self.ledger = ledger
         self.restarts = restarts
         self.requests = requests
@@ -129,13 +135,31 @@ class MergeHandOff:
         changes = tuple([RowChange(read, schema, table, key, None, row, position) for row in chunk.rows])
         if copy is not None:
             copy.handed_rows += len(changes)
-        if chunk.final and copy is not None:
-            copy.handed_final = True
         if chunk.final and not key:
             self.book.keyless_open.discard(chunk.table)
         self.ledger.remember(Record(chunk.table, "chunk", changes[-1] if changes else None, chunk=chunk))
         frontier = self.book.merge.frontier
-        return Transaction(changes, frontier if frontier is not None else chunk.position)
+        at = frontier if frontier is not None else chunk.position
+        if copy is not None and chunk.copy == copy.serial:
+            if key:
+                copy.handed_chunks += 1
+            copy.last_handed = copy.last_handed or chunk.final
+            # Chunks of a table may be placed out of index order: it is all handed on (and its
+            # marker follows) once its last chunk and every chunk claimed before it are.
+            if copy.last_handed and copy.handed_chunks >= copy.next_index:
+                copy.handed_final = True
+                self._mark_end(copy, at)
+        return Transaction(changes, at)
+
+    def _mark_end(self, copy: Copy, at: Position) -> None:
+        """Under the lock: `copy` is all handed on: queue its end marker, as a transaction of its own
+        after the one being handed on (with `copy_end`; once per copy)."""
+        if not self.copy_end or copy.marked:
+            return
+        copy.marked = copy.handed_final = True
+        marker = DdlChange.end_of_copy(copy.plan.name, at)
+        self.ledger.remember(Record(copy.plan.name, "copied", marker, copy=copy.serial))
+        self.book.out.append(Transaction((marker,), at))
 
     def _start_waiting(self) -> None:
         """Hand on the TRUNCATE of each waiting table at the current position, and open its copy."""
@@ -194,6 +218,8 @@ class MergeHandOff:
                     self.ledger.remember(Record(name, "truncate", change, empty=empty, estimate=plan.estimate,
                                                 key=plan.key, copy=copy.serial))
                     self.book.out.append(Transaction((change,), frontier or Position("", 0)))
+                    if empty:
+                        self._mark_end(copy, frontier or Position("", 0))
                     self.book.lock.notify_all()
         finally:
             conn.close()

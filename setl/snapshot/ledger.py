@@ -5,7 +5,9 @@ committed (turned into the table's `TableProgress`, written in the ack's own met
 only when the batch holding its last change is acked, in the order the records were handed on; a
 record without a change (an empty chunk) when every record before it is. Chunks of a table count
 only in a run from the table's start (or its resumed key), whatever order their batches are acked
-in, so a resume never skips a key range.
+in, so a resume never skips a key range. With `ProgressLedger.copy_end` a copy is done only at the
+"copied" record of its end marker (`DdlChange.end_of_copy`), not at its last chunk: a restart
+before the marker is acked reads the last chunk again and hands the marker on again.
 """
 
 from __future__ import annotations
@@ -51,14 +53,16 @@ class Record:
     """Progress a handed-on transaction carries."""
 
     table: TableName
-    kind: str  # "truncate", "chunk", or "end" (a DDL ended or restarted the copy: `progress`)
+    #: "truncate", "chunk", "copied" (the copy's end marker), or "end" (a DDL ended or restarted the
+    #: copy: `progress`)
+    kind: str
     carrier: Any  # the change whose batch must be acked (None: commit once the records before are)
     chunk: Chunk | None = None
     empty: bool = False  # a TRUNCATE of a table found empty: its copy is done
     estimate: int = 0
     key: tuple[str, ...] | None = None  # a TRUNCATE's: the key columns its copy splits on
     batch: int | None = None  # the batch holding `carrier`, once handed on
-    copy: int = 0  # a TRUNCATE's: the serial of the copy it starts (a chunk's is `chunk.copy`)
+    copy: int = 0  # a TRUNCATE's or a marker's: the serial of its copy (a chunk's is `chunk.copy`)
     progress: TableProgress | None = None  # an "end" record's: the progress it commits
 
 
@@ -88,7 +92,9 @@ class ProgressLedger:
     `reset` or `abandon` in between makes the prepared commit stale: `apply` then ignores it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, copy_end: bool = False) -> None:
+        """`copy_end`: each copy hands on an end marker, whose "copied" record finishes it."""
+        self.copy_end = copy_end
         self._lock = threading.Lock()
         self._records: collections.deque[Record] = collections.deque()
         self._carriers: dict[int, list[Record]] = {}  # id(carrier) -> the records it carries
@@ -142,7 +148,7 @@ class ProgressLedger:
                     changed[record.table] = updated
                     if record.kind == "end" or updated.status is not CopyStatus.DONE:
                         finished.pop(record.table, None)
-                    elif record.kind == "truncate":
+                    elif record.kind in ("truncate", "copied"):
                         finished[record.table] = record.copy
                     elif record.chunk is not None:
                         finished[record.table] = record.chunk.copy
@@ -174,10 +180,12 @@ class ProgressLedger:
             return attrs.evolve(record.progress, updated=now)
         if current is None:
             return None
+        if record.kind == "copied":
+            return attrs.evolve(current, status=CopyStatus.DONE, updated=now)
         if record.kind == "truncate":
             chunks[record.table] = {}
             nexts[record.table] = 0
-            status = CopyStatus.DONE if record.empty else CopyStatus.COPYING
+            status = CopyStatus.DONE if record.empty and not self.copy_end else CopyStatus.COPYING
             return attrs.evolve(current, status=status, last_key=None, rows=0, chunks=0,
                                 estimate=record.estimate or current.estimate, updated=now, key=record.key)
         assert record.chunk is not None
@@ -190,7 +198,8 @@ class ProgressLedger:
         while index in waiting:
             done = waiting.pop(index)
             index += 1
-            updated = attrs.evolve(updated, status=CopyStatus.DONE if done.final else CopyStatus.COPYING,
+            last = done.final and not self.copy_end  # else the marker's "copied" record finishes it
+            updated = attrs.evolve(updated, status=CopyStatus.DONE if last else CopyStatus.COPYING,
                                    last_key=done.upper if done.upper is not None else updated.last_key,
                                    rows=updated.rows + len(done.rows), chunks=updated.chunks + 1, updated=now)
         nexts[record.table] = index

@@ -30,7 +30,8 @@ class CopyProgress:
 
     def __init__(self, book: CopyBook, *, meta: Callable[[], MetaStore], pipeline: str,
                  check_server: Callable[[], None],
-                 reporter: Callable[[list[TableProgress], bool], None] | None = None) -> None:
+                 reporter: Callable[[list[TableProgress], bool], None] | None = None,
+                 copy_end: bool = False) -> None:
         self.book = book
         self.meta = meta
         self.pipeline = pipeline
@@ -39,7 +40,7 @@ class CopyProgress:
         #: called with each table whose copy was just acked to its end (the node sends the
         #: ``snapshot_done`` alert); an exception there is logged, never undoes the ack
         self.on_done: Callable[[TableProgress], None] | None = None
-        self.ledger = ProgressLedger()
+        self.ledger = ProgressLedger(copy_end=copy_end)
         self.lock = threading.Lock()  # progress committed and stored, or a copy abandoned
         self.began: float | None = None  # when the copies of this run began (the summary line)
 

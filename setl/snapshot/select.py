@@ -12,6 +12,10 @@ How a table is copied (docs/snapshot.md):
 3. A table without a primary key is one chunk (streamed in pieces from one consistent snapshot, so
    one transaction stays open while it is read), and its binlog changes are dropped until the
    copy has been handed on (they are in it).
+4. When the target takes it, a marker (`DdlChange.end_of_copy`) follows the copy's last chunk (or
+   the TRUNCATE of a table found empty): an SQL target that copied into a staging table, because
+   the table held rows (a re-copy), switches the table to the copied rows there in one
+   transaction, so that readers of the target see the old rows until the copy is done.
 
 A repair (`setl repair`, `setl.snapshot.repair`) is a request in the meta store for some keys of a
 table: the poll thread reads them in one consistent snapshot and places the result like a chunk
@@ -68,14 +72,18 @@ class SnapshotSelect(SelectWrapper):
     Contract additions to `Select`: chunk transactions end at the position of the last binlog
     transaction handed on before them (resuming there re-reads nothing they depend on), and their
     row changes carry the chunk's snapshot position. `backlog()` is true while a copy is not
-    acked to the end, so ``--until-caught-up`` waits for it.
+    acked to the end, so ``--until-caught-up`` waits for it. With `copy_end` (the target takes it,
+    `setl.stages.load.LoadCapabilities.copy_end`) each copy's end marker (`DdlChange.end_of_copy`)
+    follows its last chunk as a transaction of its own, and the copy is done only once the batch
+    holding the marker is acked: a restart before that reads the last chunk again and hands the
+    marker on again.
     """
 
     def __init__(self, inner: Select, *, pipeline: str, meta: Callable[[], MetaStore], connect: Callable[[], Any],
                  where: str, start_mode: bool, selects: Callable[[str, str], bool] | None,
                  settings: SnapshotSettings, parallelism: int = 2, batch_rows: int = 10_000,
                  reporter: Callable[[list[TableProgress], bool], None] | None = None,
-                 spark_reads: Any = None) -> None:
+                 spark_reads: Any = None, copy_end: bool = False) -> None:
         super().__init__(inner)
         self.pipeline = pipeline
         self._meta_factory = meta
@@ -98,7 +106,7 @@ class SnapshotSelect(SelectWrapper):
                                max_chunks=self.max_chunks, spark_reads=spark_reads)
         #: tables begun and resumed, the ledger of what the acks commit, and what a commit reports
         self.progress = CopyProgress(self.book, meta=lambda: self.meta, pipeline=pipeline,
-                                     check_server=self._check_server, reporter=reporter)
+                                     check_server=self._check_server, reporter=reporter, copy_end=copy_end)
         #: what the binlog handed on does to the copies (DDL, keyless windows, tables gone)
         self.restarts = CopyRestarts(self.book, self.progress, pipeline=pipeline, selects=selects)
         #: `setl snapshot` and `setl repair` requests from the meta store
@@ -107,7 +115,8 @@ class SnapshotSelect(SelectWrapper):
                                      where=where, selects=selects)
         #: the poll thread's hand-off of TRUNCATEs, chunks and repairs into the stream
         self.handoff = MergeHandOff(self.book, self.progress.ledger, self.restarts, self.requests, inner=inner,
-                                    reader=self.reader, connection=self._connection, pipeline=pipeline)
+                                    reader=self.reader, connection=self._connection, pipeline=pipeline,
+                                    copy_end=copy_end)
         self._checked = False
 
     @property
@@ -254,11 +263,12 @@ def find_snapshot(select: Select) -> SnapshotSelect | None:
 
 
 def with_snapshots(select: Select, *, pipeline: str, meta: Callable[[], MetaStore], parallelism: int,
-                   spark: Any = None) -> Select:
+                   spark: Any = None, copy_end: bool = False) -> Select:
     """`select` wrapped in a `SnapshotSelect` when its connector declares the snapshots capability
     (`setl.stages.snapshot.SnapshotCapable`: a source that can place a consistent snapshot in its
     log); any other source as it is. `spark` is the node's SparkConfig, for
-    ``source.snapshot.engine: spark``."""
+    ``source.snapshot.engine: spark``; `copy_end`: hand on each copy's end marker (the target takes
+    it: `setl.stages.load.LoadCapabilities.copy_end`)."""
     if not select.capabilities.snapshots:
         return select
     access = cast(SnapshotCapable, select).snapshot_access()  # the registry checked it implements it
@@ -275,5 +285,5 @@ def with_snapshots(select: Select, *, pipeline: str, meta: Callable[[], MetaStor
     return SnapshotSelect(select, pipeline=pipeline, meta=meta, connect=access.connect, where=access.where,
                           start_mode=access.start_mode, selects=access.selects, settings=settings,
                           parallelism=parallelism, batch_rows=access.batch_rows, reporter=reporter,
-                          spark_reads=spark_reads)
+                          spark_reads=spark_reads, copy_end=copy_end)
 

@@ -156,7 +156,12 @@ class TableExtract(Extract):
     def _map_ddl(self, change: DdlChange, plan: Route) -> DdlChange | None:
         """The DDL with every table name mapped and qualified, the rule's column renames, and
         the columns its include/exclude lists leave out cut (see `setl.ddl.rewrite`); None when
-        nothing is left (a DROP of tables no rule replicates, an ALTER of left-out columns)."""
+        nothing is left (a DROP of tables no rule replicates, an ALTER of left-out columns). A copy's
+        end marker (`DdlChange.copy_end`, no statement) is routed to its table's target, as its
+        TRUNCATE is."""
+        if change.copy_end:
+            return attrs.evolve(change, schema=plan.target.schema, table=plan.target.table,
+                                source=TableName(change.schema, change.table or ""))
 
         def target(schema: str, table: str) -> tuple[str, str] | None:
             found = self.plan.route(schema, table)

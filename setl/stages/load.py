@@ -18,12 +18,16 @@ class LoadCapabilities:
     * `creates_tables`: the target creates a table the first time a batch touches it.
     * `sequences`: the target applies a sequence's state rows (`setl.model.RowChange.sequence`):
       pipeline assembly then has the source hand them on (sources drop them otherwise).
+    * `copy_end`: the target takes the end-of-copy marker (`setl.model.DdlChange.copy_end`) a
+      snapshot hands on after a table's last chunk: pipeline assembly then has the snapshot hand
+      it on (and a copy counts as done only once the batch holding it is acked).
     """
 
     per_table: bool = False
     stores_position: bool = False
     creates_tables: bool = False
     sequences: bool = False
+    copy_end: bool = False
 
 
 class Load:

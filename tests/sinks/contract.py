@@ -19,8 +19,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from setl.errors import LoadError, TransientLoadError
-from setl.model import Batch, DdlChange, Op, Position, RowChange
+from setl.model import Batch, DdlChange, Op, Position, RowChange, TableName
 from setl.sinks.sql_common import SqlLoad
+from setl.sinks.sql_staging import staging_name
 from setl.stages.load import Load
 from setl.testing.connectors import LoadContract, TableSpec, TargetProbe
 from setl.testing.servers import wait_until
@@ -35,6 +36,8 @@ class Target:
 
     schema: str
     load_class: type[SqlLoad]
+    #: a keyed table with a column the server computes, d = v * 2 (`{table}`: its qualified name)
+    generated_ddl: str = ""
 
     def execute(self, statement: str) -> None:
         raise NotImplementedError
@@ -253,6 +256,91 @@ class SinkContract(LoadContract):
         load.open()
         yield load
         load.close()
+
+    # -- re-copies into a staging table (setl.sinks.sql_staging)
+
+    @staticmethod
+    def _tables_like(target: Target, prefix: str) -> list[str]:
+        return [str(r[0]) for r in target.query(
+            f"SELECT table_name FROM information_schema.tables WHERE table_schema = '{target.schema}'"
+            f" AND table_name LIKE '{prefix}%'")]
+
+    @staticmethod
+    def _truncate(target: Target, table: str = "items") -> DdlChange:
+        return DdlChange(target.schema, table, f"TRUNCATE TABLE `{target.schema}`.`{table}`", snapshot=True)
+
+    def test_a_recopy_of_a_table_with_rows_goes_to_a_staging_table_until_its_end(self, target, items, load):
+        """A snapshot TRUNCATE of a table holding rows leaves them; the copy's reads and the streamed
+        changes go to a staging table; the copy's end marker switches the table to them and drops the
+        staging table and its record; the marker replayed changes nothing."""
+        load.load(make_batch([items.insert(**item(1, "old")), items.insert(**item(2, "old")),
+                              items.insert(**item(3, "old"))], id=1))
+        load.load(make_batch([self._truncate(target)], id=2))
+        staging = staging_name("p", target.schema, "items")
+        assert self._tables_like(target, staging) == [staging]
+        assert target.rows("items") == [(1, "old", 1, None), (2, "old", 1, None), (3, "old", 1, None)]
+        load.load(make_batch([read(items, item(1, "new")), read(items, item(4, "new")),
+                              items.insert(**item(5, "streamed")), items.delete(**item(4, "new"))], id=3))
+        assert target.rows("items") == [(1, "old", 1, None), (2, "old", 1, None), (3, "old", 1, None)]
+        marker = DdlChange.end_of_copy(TableName(target.schema, "items"), Position("mysql-bin.000001", 400))
+        load.load(make_batch([marker], id=4))
+        assert target.rows("items") == [(1, "new", 1, None), (5, "streamed", 1, None)]
+        assert self._tables_like(target, staging) == []
+        assert target.query(f"SELECT COUNT(*) FROM {target.position_table('_copy')}") == [(0,)]
+        load.load(make_batch([marker], id=5))
+        load.load(make_batch([items.update(item(5, "streamed"), qty=9)], id=6))
+        assert target.rows("items") == [(1, "new", 1, None), (5, "streamed", 9, None)]
+        assert load.committed() == make_batch([], id=6).end
+
+    def test_a_copy_into_an_empty_table_truncates_it_as_before(self, target, items, load):
+        """A first copy (the table empty): no staging table, the reads go to the table, the marker is a no-op."""
+        load.load(make_batch([self._truncate(target)], id=1))
+        load.load(make_batch([read(items, item(1, "a"))], id=2))
+        assert target.rows("items") == [(1, "a", 1, None)]
+        assert self._tables_like(target, "setl_copy_") == []
+        load.load(make_batch([DdlChange.end_of_copy(TableName(target.schema, "items"), None)], id=3))
+        assert target.rows("items") == [(1, "a", 1, None)]
+
+    def test_a_ddl_during_a_recopy_applies_to_the_table_and_drops_the_staging_table(self, target, items, load):
+        """An ALTER of a table being re-copied alters the table and drops its staging table and record
+        (the source copies it again from a new TRUNCATE, which stages it from the altered table)."""
+        load.load(make_batch([items.insert(**item(1, "old"))], id=1))
+        load.load(make_batch([self._truncate(target)], id=2))
+        load.load(make_batch([read(items, item(2, "new"))], id=3))
+        alter = DdlChange(target.schema, "items", f"ALTER TABLE `{target.schema}`.`items` ADD COLUMN `extra` INT")
+        load.load(make_batch([alter], id=4))
+        assert self._tables_like(target, "setl_copy_") == []
+        assert target.columns("items") == ["id", "name", "qty", "note", "extra"]
+        load.load(make_batch([self._truncate(target)], id=5))
+        assert self._tables_like(target, "setl_copy_") == [staging_name("p", target.schema, "items")]
+        load.load(make_batch([read(items, {**item(2, "new"), "extra": 5})], id=6))
+        load.load(make_batch([DdlChange.end_of_copy(TableName(target.schema, "items"), None)], id=7))
+        assert target.rows("items") == [(2, "new", 1, None, 5)]
+        assert self._tables_like(target, "setl_copy_") == []
+
+    def test_a_switch_leaves_generated_columns_to_the_server(self, target, load):
+        """The switch copies every column but those the server computes, which it computes again."""
+        target.create(target.generated_ddl, "gen")
+        gen = Changes(target.schema, "gen")
+        load.load(make_batch([gen.insert(id=1, v=1)], id=1))
+        load.load(make_batch([self._truncate(target, "gen")], id=2))
+        load.load(make_batch([read(gen, {"id": 1, "v": 10}), read(gen, {"id": 2, "v": 20})], id=3))
+        load.load(make_batch([DdlChange.end_of_copy(TableName(target.schema, "gen"), None)], id=4))
+        assert target.rows("gen") == [(1, 10, 20), (2, 20, 40)]
+
+    def test_a_staging_table_no_record_names_is_dropped_by_the_next_leader(self, target, items, load):
+        """A staging table left behind (a crash between a COMMIT and the DROP after it) is dropped when
+        a new leader takes the target; a recorded one is kept."""
+        load.load(make_batch([items.insert(**item(1, "old"))], id=1))
+        load.load(make_batch([self._truncate(target)], id=2))
+        left = staging_name("p", target.schema, "gone")
+        target.execute(f"CREATE TABLE {target.qualified(left)} (id INT)")
+        other = target.make_load()
+        try:
+            other.committed()  # a new leader: takes the fence
+            assert sorted(self._tables_like(target, "setl_copy_")) == [staging_name("p", target.schema, "items")]
+        finally:
+            other.close()
 
     # -- merge semantics
 

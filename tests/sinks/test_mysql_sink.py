@@ -29,6 +29,7 @@ from .contract import Changes, SinkContract, Target, at, item, make_batch, model
 
 class MySQLTarget(Target):
     load_class = MysqlLoad
+    generated_ddl = "CREATE TABLE {table} (id INT PRIMARY KEY, v INT, d INT AS (v * 2) VIRTUAL)"
 
     def __init__(self, server: MariaDBServer, database: str) -> None:
         self.server = server

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from setl.errors import LoadError, TransientLoadError
-from setl.model import DdlChange
+from setl.errors import LoadError, RefusedLoadError, TransientLoadError
+from setl.model import DdlChange, TableName
 from setl.sinks.postgresql import PostgresqlLoad, PostgresqlTargetConfig
 from setl.sinks.postgresql_ddl import pg_name
 from setl.sinks.sql_common import TargetTableMissing
@@ -28,6 +28,7 @@ from .contract import Changes, SinkContract, Target, item, make_batch, model_set
 
 class PostgresTarget(Target):
     load_class = PostgresqlLoad
+    generated_ddl = "CREATE TABLE {table} (id INT PRIMARY KEY, v INT, d INT GENERATED ALWAYS AS (v * 2) STORED)"
 
     def __init__(self, server: PostgresServer, database: str, schema: str = "app") -> None:
         self.server = server
@@ -330,3 +331,45 @@ def test_native_placeholders_number_each_s_and_undouble_percent():
     assert native("%%%s%%%%s") == "%$1%%s"
     with pytest.raises(ValueError):
         native("SELECT %d")
+
+
+def test_a_switch_without_session_replication_role_refuses_a_table_a_foreign_key_refers_to(postgres_server,
+                                                                                          postgres_db):
+    """A role that may not set session_replication_role switches a re-copied table no foreign key
+    refers to, and is refused with one line naming the table and position when one does (the switch's
+    DELETE would fire the key's cascade): the table and its child keep their rows."""
+    role = "r_no_replica_role"
+    postgres_server.query(f'CREATE ROLE "{role}" LOGIN')
+    try:
+        postgres_server.query(f'GRANT CONNECT, CREATE ON DATABASE "{postgres_db}" TO "{role}"')
+        with postgres_server.connect(dbname=postgres_db, user=role) as conn:
+            conn.execute("CREATE SCHEMA app")
+            conn.execute("CREATE TABLE app.parent (id INT PRIMARY KEY, v INT)")
+            conn.execute("CREATE TABLE app.child (id INT PRIMARY KEY, pid INT REFERENCES app.parent ON DELETE CASCADE)")
+            conn.execute("CREATE TABLE app.loose (id INT PRIMARY KEY, v INT)")
+            conn.execute("INSERT INTO app.parent VALUES (1, 1)")
+            conn.execute("INSERT INTO app.child VALUES (1, 1)")
+            conn.execute("INSERT INTO app.loose VALUES (1, 1)")
+        load = PostgresqlLoad(attrs.evolve(postgres_server.target_config(postgres_db), user=role), pipeline="p",
+                              sleep=lambda seconds: None)
+        load.open()
+        try:
+            for offset, name in ((0, "loose"), (3, "parent")):
+                table = Changes("app", name)
+                load.load(make_batch([DdlChange("app", name, f"TRUNCATE TABLE `app`.`{name}`", snapshot=True)],
+                                     id=offset + 1))
+                load.load(make_batch([read(table, {"id": 2, "v": 2})], id=offset + 2))
+            load.load(make_batch([DdlChange.end_of_copy(TableName("app", "loose"), None)], id=3))
+            assert postgres_server.query("SELECT * FROM app.loose", dbname=postgres_db) == [(2, 2)]
+            with pytest.raises(RefusedLoadError) as refused:
+                load.load(make_batch([DdlChange.end_of_copy(TableName("app", "parent"), None)], id=6))
+        finally:
+            load.close()
+        line = str(refused.value)
+        assert "a foreign key refers to it" in line and "table=app.parent" in line and "position=" in line, line
+        assert "\n" not in line
+        assert postgres_server.query("SELECT * FROM app.parent", dbname=postgres_db) == [(1, 1)]
+        assert postgres_server.query("SELECT * FROM app.child", dbname=postgres_db) == [(1, 1)]
+    finally:
+        postgres_server.query(f'DROP OWNED BY "{role}" CASCADE', dbname=postgres_db)
+        postgres_server.query(f'DROP ROLE "{role}"')
