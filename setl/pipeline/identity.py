@@ -72,6 +72,12 @@ def stored(stages: Stages) -> dict[str, Any] | None:
     return load.identity() if load is not None else None
 
 
+def _staged(stages: Stages) -> list[str]:
+    """The target tables the target records as being re-copied (none for a target without staging)."""
+    load = _holder(stages.load, "copies_under_way")
+    return load.copies_under_way() if load is not None else []
+
+
 def save(stages: Stages, identity: dict[str, Any]) -> None:
     load = _holder(stages.load, "save_identity")
     if load is not None:
@@ -107,11 +113,13 @@ def check(config: PipelineConfig, stages: Stages, meta: MetaStore) -> None:
             f"({_differences(theirs.get('source') or {}, mine['source'])}): resuming it here would skip or replay "
             f"arbitrary changes; {ways}", pipeline=name, stage="load")
     if held is not None and not known:
+        staged = _staged(stages)  # a re-copy begun after the identity was written: the target knows it
         matches = (theirs is not None and mine is not None and theirs.get("rules") == mine["rules"]
-                   and not theirs.get("copying", True))
+                   and not theirs.get("copying", True) and not staged)
         if not matches:
             why = ("" if theirs is None or mine is None else
                    " (its table rules differ from this file's)" if theirs.get("rules") != mine["rules"] else
+                   f" (a table copy was under way: {', '.join(staged)})" if staged else
                    " (a table copy was under way)")
             raise ConfigError(
                 f"the target already holds a position of a pipeline named {name} ({held}){why} and this node's "

@@ -321,6 +321,12 @@ class SqlLoad(Load, Generic[C]):
         text = self._retrying(lambda: self._with_connection(self.positions.read_identity, None), None)
         return json.loads(text) if text else None
 
+    def copies_under_way(self) -> list[str]:
+        """The target tables (``schema.table``) the target records as being re-copied into a staging
+        table (`setl.sinks.sql_staging`): their copy has not ended, whatever a meta store says."""
+        found = self._retrying(lambda: self._with_connection(self.positions.read_copies, None), None)
+        return sorted(f"{schema}.{table}" for schema, table in found)
+
     def save_identity(self, identity: dict[str, Any]) -> None:
         """Store `identity` next to the pipeline's position (replacing the one stored)."""
         text = json.dumps(identity, sort_keys=True)

@@ -332,3 +332,37 @@ def test_an_alter_table_during_a_recopy(tmp_path, mariadb_source, mariadb_target
     assert t.checksums(mariadb_source, source_db, list(TABLES)) == t.checksums(mariadb_target, mysql_db, list(TABLES))
     assert mariadb_staging_left(mariadb_target, setl.name) == []
     assert mariadb_target.query("SELECT COUNT(*) FROM `setl`.`setl_position_copy`") == [(0,)]
+
+
+def test_a_wiped_meta_store_during_a_recopy_asked_of_a_running_node_is_refused(
+        tmp_path, mariadb_source, mariadb_target, source_db, mysql_db):
+    """A re-copy asked of a running node is killed -9 halfway and the meta store is deleted: the
+    target says the copy is under way (its staging record names the table), so the start refuses
+    (exit 2, naming the table) instead of adopting the position and leaving the table stale behind
+    its staging table; `--start` then copies it and ends equal."""
+    setl = prepare_mariadb(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db, 2137)
+    run_until_caught_up(setl)  # the first copy; the target's identity says no copy is under way
+    setl.faults = f'[{{"stage": "snapshot_read", "action": "slow", "seconds": 0.3, "times": null, ' \
+                  f'"task": "{source_db}.ints"}}]'
+    with spawned(setl) as proc:
+        recopy(setl, source_db, ["ints"])
+
+        def halfway() -> bool:
+            assert proc.poll() is None, setl.logs()[-3000:]
+            ints = progress(setl).get("ints")
+            return ints is not None and ints[0] == "copying" and ints[2] >= 3
+
+        wait_until(halfway, timeout=120, interval=0.05, message=lambda: f"progress {progress(setl)}")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    assert mariadb_staging_left(mariadb_target, setl.name), "the staging table of the copy under way"
+    setl.faults = None
+    setl.meta_path.unlink()  # rm -rf var/
+    refused = setl.start_until_caught_up(timeout=120)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    [line] = [line for line in refused.stderr.splitlines() if line.startswith("setl: error")]
+    assert f"a table copy was under way: {mysql_db}.ints" in line and "--start" in line, line
+    assert setl.run("position", "reset", "--pipeline", setl.name, "--start").returncode == 0
+    run_until_caught_up(setl)
+    assert t.checksums(mariadb_source, source_db, list(TABLES)) == t.checksums(mariadb_target, mysql_db, list(TABLES))
+    assert mariadb_staging_left(mariadb_target, setl.name) == []
