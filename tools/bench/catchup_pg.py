@@ -20,7 +20,7 @@ PostgreSQL server meanwhile (the source's binlog dump is left out), and peak RSS
 the sum over its three processes).
 
     python3 tools/bench/catchup_pg.py [--seconds 20] [--repeat 3] [--tables 4] [--table-size 10000]
-                                      [--chameleon-venv DIR] [--profile DIR]
+                                      [--chameleon-venv DIR] [--only-setl] [--profile DIR]
 
 ``--profile DIR`` records setl's runs under py-spy as catchup.py does (DIR/NAME.txt).
 """
@@ -202,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--table-size", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--chameleon-venv", metavar="DIR", help="a venv with pg_chameleon to reuse (made if missing)")
+    parser.add_argument("--only-setl", action="store_true", help="no pg_chameleon (setl's figures alone)")
     parser.add_argument("--profile", type=Path, metavar="DIR", help="setl's runs under py-spy (DIR/NAME.txt)")
     args = parser.parse_args(argv)
     tables = [f"sbtest{n}" for n in range(1, args.tables + 1)] + ["marker"]
@@ -214,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         source.query("CREATE TABLE sb.marker (id INT PRIMARY KEY)")  # its row ends the backlog
         p0 = catchup.head(source)
 
-        script, why = snapshot.chameleon_venv(work, args.chameleon_venv)
+        script, why = (None, "--only-setl") if args.only_setl else snapshot.chameleon_venv(work, args.chameleon_venv)
         if script is not None:
             pg.query('CREATE DATABASE "chameleon"')
             took = snapshot.run_chameleon(script, work, source, pg, "chameleon")
