@@ -159,6 +159,7 @@ def chameleon_replica(script: Path, work: Path, pg: PostgresServer, database: st
                                 stderr=subprocess.STDOUT, **user)
         deadline = time.monotonic() + timeout
         rss: dict[int, float] = {}
+        usage = None
         conn = pg.connect(dbname=database)
         try:
             while True:
@@ -173,14 +174,15 @@ def chameleon_replica(script: Path, work: Path, pg: PostgresServer, database: st
                     raise SystemExit(f"pg_chameleon start_replica ended ({proc.returncode}):\n"
                                      f"{log.read_text()[-3000:]}")
                 if time.monotonic() > deadline:
-                    proc.kill()
                     raise SystemExit(f"pg_chameleon did not reach {end} within {timeout:.0f}s")
                 time.sleep(0.05)
             proc.send_signal(signal.SIGINT)  # its handler ends the read and replay processes
-            usage = os.wait4(proc.pid, 0)[2] if _waits(proc, 60) else None
+            if _waits(proc, 60):
+                _, status, usage = os.wait4(proc.pid, 0)
+                proc.returncode = os.waitstatus_to_exitcode(status)
         finally:
             conn.close()
-            if proc.returncode is None and usage is None:  # failed or stuck: its processes go
+            if usage is None:  # failed or stuck: its processes go (the whole tree, while the parent holds it)
                 for pid in tree(proc.pid):
                     with contextlib.suppress(OSError):
                         os.kill(pid, signal.SIGKILL)
