@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 
 from setl.model import Ack, Position, TableName
-from setl.tablecopy import TableProgress
+from setl.tablecopy import CopyStatus, TableProgress
 
 
 class Status(str, enum.Enum):
@@ -409,6 +409,14 @@ class MetaStore(abc.ABC):
     @abc.abstractmethod
     def drop_snapshot_request(self, pipeline: str, table: TableName) -> None:
         """Forget a request once the source has recorded the table as PENDING."""
+
+    def copies_not_done(self, pipeline: str) -> dict[TableName, str]:
+        """The source tables whose copy is requested or under way, with its state (``requested``,
+        or the stored progress's status): their target tables are stale or partial until it is done."""
+        found = {p.name: p.status.value for p in self.snapshot_progress(pipeline) if p.status is not CopyStatus.DONE}
+        for name in self.snapshot_requests(pipeline):
+            found.setdefault(name, "requested")
+        return found
 
     # --- repairs (setl repair) ---------------------------------------------------------------------
     #

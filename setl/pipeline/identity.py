@@ -51,9 +51,7 @@ def copying(config: PipelineConfig, stages: Stages, meta: MetaStore) -> bool:
     name = config.name
     if snapshot.start_mode and (meta.position(name) is None or meta.position_was_reset(name)):
         return True
-    if meta.snapshot_requests(name):
-        return True
-    return any(p.status.value != "done" for p in meta.snapshot_progress(name))
+    return bool(meta.copies_not_done(name))
 
 
 def current(config: PipelineConfig, stages: Stages, meta: MetaStore) -> dict[str, Any] | None:

@@ -19,7 +19,6 @@ from setl.routing import build_plan
 from setl.snapshot.reader import ChunkReader
 from setl.stages.snapshot import SnapshotCapable
 from setl.status import lag_seconds
-from setl.tablecopy import CopyStatus
 from setl.verify import mariadb, postgresql
 from setl.verify.compare import Verifier, VerifyError
 from setl.verify.ends import End
@@ -37,15 +36,6 @@ def selected_tables(conn: Any, selects: Any) -> list[TableName]:
         cur.execute("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE = 'BASE TABLE' "
                     f"AND TABLE_SCHEMA NOT IN ({', '.join(['%s'] * len(_SYSTEM))}) ORDER BY 1, 2", _SYSTEM)
         return [TableName(str(s), str(t)) for s, t in cur.fetchall() if selects(str(s), str(t))]
-
-
-def copies_not_done(meta: MetaStore, pipeline: str) -> dict[TableName, str]:
-    """The source tables whose copy (`setl snapshot`) is requested or under way, with its state:
-    their target tables are stale (or partial) until it is done, which is not drift."""
-    found = {p.name: p.status.value for p in meta.snapshot_progress(pipeline) if p.status is not CopyStatus.DONE}
-    for name in meta.snapshot_requests(pipeline):
-        found.setdefault(name, "requested")
-    return found
 
 
 def verify_pipeline(settings: NodeSettings, config: PipelineConfig, meta: MetaStore, tables: Sequence[TableName],
@@ -102,7 +92,7 @@ def verify_pipeline(settings: NodeSettings, config: PipelineConfig, meta: MetaSt
         sql.prepare(target_conn)
         reader = ChunkReader(lambda: source_conn, name)
         reader.check(source_conn, select.snapshot_access().where)
-        copying = copies_not_done(meta, name)
+        copying = meta.copies_not_done(name)  # their target tables are stale until done: not drift
         for table in tables or selected_tables(source_conn, plan.selects):
             current = str(table)
             route = plan.route(table.schema, table.table)
