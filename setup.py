@@ -1,8 +1,10 @@
 """Build of setl's compiled modules; everything else is declared in setup.cfg.
 
 `setl.sources.mysql_binlog._rows` decodes binlog row images in C (Cython, docs/performance.md);
-`fast` and `assembler`, the rest of the binlog reader's hot loop, are compiled from their .py
-as they are (Python imports the built module before the .py; the .py serves where none is built).
+`fast` and `assembler`, the rest of the binlog reader's hot loop, and the per-row loops of a
+snapshot and of every load (`setl.snapshot.rows`, `setl.sinks.merge`, `setl.sinks.mysql_sql`) are
+compiled from their .py as they are (Python imports the built module before the .py; the .py
+serves where none is built).
 `pip install .` and `pip install -e .` build it with the machine's C compiler (Debian: gcc,
 libc6-dev, python3-dev; tools/setup.sh and .ci/run install them). Where it cannot be compiled the
 install goes on with a warning and setl decodes every event in Python, more slowly
@@ -43,7 +45,11 @@ setup(
         [Extension("setl.sources.mysql_binlog._rows", ["setl/sources/mysql_binlog/_rows.pyx"]),
          # plain Python modules of the reader's hot loop, compiled as they are (the .py is used where not built)
          Extension("setl.sources.mysql_binlog.fast", ["setl/sources/mysql_binlog/fast.py"]),
-         Extension("setl.sources.mysql_binlog.assembler", ["setl/sources/mysql_binlog/assembler.py"])],
+         Extension("setl.sources.mysql_binlog.assembler", ["setl/sources/mysql_binlog/assembler.py"]),
+         # the snapshot's and every load's per-row loops: chunk rows read, merged, written as text
+         Extension("setl.snapshot.rows", ["setl/snapshot/rows.py"]),
+         Extension("setl.sinks.merge", ["setl/sinks/merge.py"]),
+         Extension("setl.sinks.mysql_sql", ["setl/sinks/mysql_sql.py"])],
         # annotation_typing off: the .py modules' type hints stay hints (no runtime type checks)
         compiler_directives={"language_level": "3", "annotation_typing": False}, quiet=True),
     cmdclass={"build_ext": OptionalBuildExt},

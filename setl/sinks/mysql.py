@@ -55,7 +55,7 @@ from setl.sinks.mysql_ddl import MysqlDdlApplier
 from setl.sinks.mysql_lenient import execute_one_row, holds_error_value, split_error_values
 from setl.sinks.mysql_positions import MysqlPositionStore
 from setl.sinks.mysql_sequences import MysqlSequences
-from setl.sinks.mysql_sql import SQL_MODE, plain_quote, quote, table_name, to_db
+from setl.sinks.mysql_sql import SQL_MODE, plain_quote, quote, table_name, to_db, value_lists
 from setl.sinks.mysql_staging import MysqlStaging
 from setl.sinks.postgresql_ddl import without_sequence_ddl
 from setl.sinks.prepared import PreparedBatches
@@ -408,8 +408,8 @@ class MysqlLoad(SqlLoad[pymysql.connections.Connection]):
             for change, added in insert_runs(table.sequence):
                 if change is None:  # a run of inserts and reads: multi-row INSERTs
                     plain = f"{plain_quote(table.schema)}.{plain_quote(table.table)}"
-                    added, lenient = split_error_values(added, self._enums.get((table.schema, table.table), ()))
-                    for columns, images in group_by_columns(self._writable(i, computed) for i in added).items():
+                    usual, lenient = split_error_values(added, self._enums.get((table.schema, table.table), ()))
+                    for columns, images in group_by_columns(self._writable(i, computed) for i in usual).items():
                         head = f"INSERT INTO {plain} ({', '.join(map(plain_quote, columns))}) VALUES "
                         with self._statements(conn, images) as statements:
                             for values in statements:
@@ -446,34 +446,8 @@ class MysqlLoad(SqlLoad[pymysql.connections.Connection]):
     def _texts(self, images: Sequence[Mapping[str, Any]], literal: Callable[[Any], str],
                escape_string: Callable[[str], str], limit: int) -> Iterator[str]:
         """`_values` with a connection's `literal` (its ``escape``) and `escape_string`, statements of
-        about `limit` bytes at most."""
-        rows: list[str] = []
-        size = 0
-        for image in images:
-            parts: list[str] = []
-            add = parts.append
-            for value in image.values():
-                kind = type(value)
-                if kind is str:
-                    # Most text holds nothing to escape: seven scans at C speed cost half a translate.
-                    if ("'" in value or "\\" in value or '"' in value or "\n" in value or "\r" in value
-                            or "\x00" in value or "\x1a" in value):
-                        value = escape_string(value)
-                    add("'" + value + "'")
-                elif kind is int:
-                    add(str(value))
-                elif value is None:
-                    add("NULL")
-                else:
-                    add(literal(to_db(value)))
-            text = "(" + ",".join(parts) + ")"
-            rows.append(text)
-            size += len(text) if text.isascii() else 4 * len(text)  # at most 4 bytes a character in utf8mb4
-            if size >= limit or len(rows) >= self.chunk_rows:
-                yield ",".join(rows)
-                rows, size = [], 0
-        if rows:
-            yield ",".join(rows)
+        about `limit` bytes at most (`setl.sinks.mysql_sql.value_lists`)."""
+        return value_lists(images, literal, escape_string, limit, self.chunk_rows)
 
     def _insert(self, cur: Any, name: str, image: Mapping[str, Any], tail: str, table: tuple[str, str]) -> None:
         """One row's INSERT (+ `tail`, %-escaped); a row holding ENUM's error value goes non-strict

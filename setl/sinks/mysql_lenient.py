@@ -36,12 +36,27 @@ def holds_error_value(image: Mapping[str, Any], enums: Collection[str]) -> bool:
 
 
 def split_error_values(images: Sequence[Mapping[str, Any]], enums: Collection[str]
-                       ) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
-    """`images` as (rows written as usual, rows holding the ENUM error value), each in order."""
+                       ) -> tuple[Sequence[Mapping[str, Any]], list[Mapping[str, Any]]]:
+    """`images` as (rows written as usual, rows holding the ENUM error value), each in order.
+
+    The ordered load runs this on every row it writes: a table without ENUM columns costs nothing,
+    and a row is looked at column by column only where a value is the empty string."""
+    if not enums:
+        return images, []
     usual: list[Mapping[str, Any]] = []
     lenient: list[Mapping[str, Any]] = []
+    is_enum: dict[str, bool] = {}
     for image in images:
-        (lenient if holds_error_value(image, enums) else usual).append(image)
+        held = False
+        for name, value in image.items():
+            if value == ENUM_ERROR_VALUE:
+                enum = is_enum.get(name)
+                if enum is None:
+                    enum = is_enum[name] = name.lower() in enums
+                if enum:
+                    held = True
+                    break
+        (lenient if held else usual).append(image)
     return usual, lenient
 
 
