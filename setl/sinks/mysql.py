@@ -345,6 +345,13 @@ class MysqlLoad(SqlLoad[pymysql.connections.Connection]):
     def _writable(image: Mapping[str, Any], computed: frozenset[str]) -> Mapping[str, Any]:
         return {c: v for c, v in image.items() if c.lower() not in computed} if computed else image
 
+    @classmethod
+    def _all_writable(cls, images: Sequence[Mapping[str, Any]], computed: frozenset[str]
+                      ) -> Sequence[Mapping[str, Any]]:
+        """`_writable` of each image (the images themselves, without a call per row, when the
+        table has no computed column)."""
+        return [cls._writable(i, computed) for i in images] if computed else images
+
     def _apply_keyed(self, conn: pymysql.connections.Connection, table: TableChanges) -> None:
         name = table_name(table.schema, table.table)
         key = table.primary_key
@@ -372,7 +379,7 @@ class MysqlLoad(SqlLoad[pymysql.connections.Connection]):
                         cur.execute(head + text)
                 return
             plain = f"{plain_quote(table.schema)}.{plain_quote(table.table)}"
-            for columns, images in group_by_columns([self._writable(i, computed) for i in upserts]).items():
+            for columns, images in group_by_columns(self._all_writable(upserts, computed)).items():
                 head = f"INSERT INTO {plain} ({', '.join(map(plain_quote, columns))}) VALUES "
                 tail = self._upsert_tail(columns)
                 with self._statements(conn, images) as statements:
@@ -392,7 +399,7 @@ class MysqlLoad(SqlLoad[pymysql.connections.Connection]):
         """`_apply_keyed`'s upserts of `table`, as (head, [VALUES list + tail, ...]) per column list."""
         escape_string = pymysql.converters.escape_string if backslashes else _quotes_doubled
         plain = f"{plain_quote(table.schema)}.{plain_quote(table.table)}"
-        for columns, images in group_by_columns([self._writable(i, computed) for i in table.upserts]).items():
+        for columns, images in group_by_columns(self._all_writable(table.upserts, computed)).items():
             head = f"INSERT INTO {plain} ({', '.join(map(plain_quote, columns))}) VALUES "
             tail = self._upsert_tail(columns)
             yield head, [values + tail for values in self._texts(images, literal, escape_string, limit)]

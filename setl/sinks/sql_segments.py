@@ -50,6 +50,11 @@ class SegmentPlanner:
     def segments(self, batch: Batch) -> list[Segment]:
         """The merged row changes of each run between DDLs, and the DDLs to apply, in batch order."""
         segments: list[Segment] = []
+        if DdlChange not in map(type, batch.changes):  # the common batch, found at C speed: no DDL
+            tables = merge(batch.changes) if batch.changes else []
+            for table in tables:
+                self._warn_unkeyed(table)
+            return [tables] if tables else []
         run: list[RowChange] = []
         for index, change in enumerate(batch.changes):
             if not isinstance(change, DdlChange):

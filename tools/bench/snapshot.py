@@ -28,7 +28,8 @@ shared 2-core machine is noisy):
         [--chunk-rows 10000] [--threads 2] [--load-mode ordered|per_table] [--no-sysbench] [--source-core]
         [--only-setl]
         [--profile FILE [--profile-gil]]   # py-spy raw stacks of the first setl run, per thread, idle
-                                           # included (or only those holding the GIL)
+                                           # included (or only those holding the GIL); FILE-postgres
+        [--postgres --skip-mariadb]        # only the PostgreSQL comparison
     python3 tools/bench/snapshot.py --rss-sizes 500000,2000000
 
 Measured (medians of 3 rounds, 2 shared cores at load average 2 to 4; docs/snapshot.md has the
@@ -259,7 +260,8 @@ def postgres(args: argparse.Namespace, work: Path, source: MariaDBServer, pipeli
         chams: list[float] = []
         for round_ in range(1, args.repeat + 1):
             database = f"setl{round_}"
-            run = run_setl(conf, pipeline(database, pg))
+            profile = f"{args.profile}-postgres" if args.profile and round_ == 1 else None
+            run = run_setl(conf, pipeline(database, pg), profile, args.profile_gil)
             equal = pg_summary(pg, database, "sb", args.tables) == expected
             pg.query(f'DROP DATABASE "{database}"')
             setls.append(run)
@@ -305,7 +307,11 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="rounds of each measurement (medians are printed)")
     parser.add_argument("--threads", type=int, default=2, help="sysbench threads for the tps comparison")
     parser.add_argument("--seconds", type=float, default=15.0, help="length of each sysbench run")
-    parser.add_argument("--profile", metavar="FILE", help="py-spy collapsed stacks of the first setl run")
+    parser.add_argument("--profile", metavar="FILE",
+                        help="py-spy collapsed stacks of the first setl run (with --postgres, of the first run into "
+                             "PostgreSQL too, in FILE-postgres)")
+    parser.add_argument("--skip-mariadb", action="store_true",
+                        help="with --postgres: only the PostgreSQL comparison (no copy into MariaDB, no dump)")
     parser.add_argument("--profile-gil", action="store_true",
                         help="with --profile: only samples holding the GIL (setl's Python CPU), no idle threads")
     parser.add_argument("--only-setl", action="store_true", help="no dump, no sysbench: setl's rows/s and peak RSS")
@@ -383,7 +389,7 @@ def main() -> int:
         ratios: list[float] = []
         dumps: list[float] = []
         setls: list[Run] = []
-        for round_ in range(1, args.repeat + 1):
+        for round_ in range(1, 0 if args.skip_mariadb else args.repeat + 1):
             dump_seconds = 0.0
             costs = ""
             if not args.only_setl:
@@ -413,13 +419,14 @@ def main() -> int:
                   f"{costs}", flush=True)
             if not equal:
                 raise SystemExit("setl's copy differs from the source")
-        setl_rate = median([rows / r.seconds for r in setls])
+        setl_rate = median([rows / r.seconds for r in setls]) if setls else 0.0
         line = f"setl into MariaDB: {rows} rows, median {setl_rate:,.0f} rows/s"
         if ratios:
             line += (f" = {median(ratios):.2f}x the dump (median of {len(ratios)} rounds; dump median "
                      f"{median(dumps):,.0f} rows/s)")
-        print(f"{line}; peak RSS {max(r.rss for r in setls) / 1024:.0f} MiB, CPU "
-              f"{median([r.cpu for r in setls]):.1f}s", flush=True)
+        if setls:
+            print(f"{line}; peak RSS {max(r.rss for r in setls) / 1024:.0f} MiB, CPU "
+                  f"{median([r.cpu for r in setls]):.1f}s", flush=True)
         if args.postgres:
             postgres(args, work, source, pipeline, conf)
         if args.only_setl or args.no_sysbench:
