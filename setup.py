@@ -43,6 +43,8 @@ class OptionalBuildExt(build_ext):
 setup(
     ext_modules=cythonize(
         [Extension("setl.sources.mysql_binlog._rows", ["setl/sources/mysql_binlog/_rows.pyx"]),
+         # snapshot reads built in C (`setl.reads`)
+         Extension("setl._reads", ["setl/_reads.pyx"]),
          # plain Python modules of the reader's hot loop, compiled as they are (the .py is used where not built)
          Extension("setl.sources.mysql_binlog.fast", ["setl/sources/mysql_binlog/fast.py"]),
          Extension("setl.sources.mysql_binlog.assembler", ["setl/sources/mysql_binlog/assembler.py"]),

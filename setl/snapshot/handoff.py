@@ -10,7 +10,8 @@ from typing import Any
 
 import attrs
 
-from setl.model import DdlChange, Op, Position, RowChange, TableName, Transaction
+from setl.model import DdlChange, Position, RowChange, TableName, Transaction
+from setl.reads import new_reads
 from setl.snapshot.copies import Copy, CopyBook
 from setl.snapshot.ledger import Chunk, ProgressLedger, Record
 from setl.snapshot.reader import ChunkReader
@@ -131,8 +132,7 @@ class MergeHandOff:
             return Transaction((), self.book.merge.frontier or chunk.position)  # a copy a DDL started again
         copy = self.book.copies.get(chunk.table)
         key = copy.plan.key if copy is not None else ()
-        schema, table, position, read = chunk.table.schema, chunk.table.table, chunk.position, Op.READ
-        changes = tuple([RowChange(read, schema, table, key, None, row, position) for row in chunk.rows])
+        changes = tuple(new_reads(chunk.table.schema, chunk.table.table, key, chunk.rows, chunk.position))
         if copy is not None:
             copy.handed_rows += len(changes)
         if chunk.final and not key:

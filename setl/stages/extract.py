@@ -12,6 +12,7 @@ from setl.config import TableRule
 from setl.ddl import rewrite
 from setl.errors import ExtractError
 from setl.model import Batch, Change, DdlChange, Op, RowChange, TableName
+from setl.reads import mapped_reads
 from setl.routing import Route, RoutingPlan
 
 log = logging.getLogger(__name__)
@@ -150,8 +151,7 @@ class TableExtract(Extract):
                 if (include is None or column in include) and column not in exclude},
                 r.position, r.commit_time, source) for r in reads])  # type: ignore[union-attr]
         else:
-            out.extend([make(read_op, schema, table, key, None, r.after, r.position,  # type: ignore[union-attr]
-                             r.commit_time, source) for r in reads])  # type: ignore[union-attr]
+            out.extend(mapped_reads(schema, table, key, reads, source))  # type: ignore[arg-type]
 
     def _map_ddl(self, change: DdlChange, plan: Route) -> DdlChange | None:
         """The DDL with every table name mapped and qualified, the rule's column renames, and

@@ -1,0 +1,51 @@
+"""`setl.reads` builds exactly the snapshot reads the `RowChange` constructor builds, compiled or not."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from setl import reads
+from setl.model import Op, Position, RowChange, TableName
+
+ROWS = [{"id": 1, "c": "a"}, {"id": 2, "c": None}, {"id": 3, "c": "\u00e9"}]
+AT = Position("mysql-bin.000001", 120, gtid="0-1-5")
+
+
+def fields(change: RowChange) -> tuple[object, ...]:
+    """Every field, those left out of equality included."""
+    return tuple(getattr(change, f.name) for f in attrs.fields(RowChange))
+
+
+def test_the_compiled_constructors_are_built_and_used():
+    assert reads.COMPILED
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_new_reads_are_the_constructors(monkeypatch, compiled):
+    monkeypatch.setattr(reads, "COMPILED", compiled)
+    made = reads.new_reads("s", "t", ("id",), ROWS, AT)
+    expected = [RowChange(Op.READ, "s", "t", ("id",), None, row, AT) for row in ROWS]
+    assert [fields(c) for c in made] == [fields(c) for c in expected]
+    assert made == expected
+    assert all(type(c) is RowChange for c in made)
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        made[0].op = Op.DELETE  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_mapped_reads_keep_each_reads_image_position_and_time(monkeypatch, compiled):
+    monkeypatch.setattr(reads, "COMPILED", compiled)
+    source = [RowChange(Op.READ, "s", "t", ("id",), None, row, Position("b.1", 4 + i), commit_time=10.0 + i)
+              for i, row in enumerate(ROWS)]
+    made = reads.mapped_reads("s2", "t2", ("id",), source, TableName("s", "t"))
+    expected = [RowChange(Op.READ, "s2", "t2", ("id",), None, r.after, r.position, r.commit_time, TableName("s", "t"))
+                for r in source]
+    assert [fields(c) for c in made] == [fields(c) for c in expected]
+    assert made[1].after is ROWS[1] and made[2].commit_time == 12.0
+
+
+def test_a_changed_row_change_falls_back_to_the_constructor(monkeypatch):
+    """A field the compiled code does not know turns it off, rather than building half a change."""
+    monkeypatch.setattr(reads, "FIELDS", (*reads.FIELDS, "extra"))
+    assert not reads._plain_fields()
