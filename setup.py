@@ -50,6 +50,7 @@ setup(
          Extension("setl.sources.mysql_binlog.assembler", ["setl/sources/mysql_binlog/assembler.py"]),
          # the snapshot's and every load's per-row loops: chunk rows read, merged, written as text
          Extension("setl.snapshot.rows", ["setl/snapshot/rows.py"]),
+         Extension("setl.snapshot._rowparse", ["setl/snapshot/_rowparse.pyx"]),
          Extension("setl.sinks.merge", ["setl/sinks/merge.py"]),
          Extension("setl.sinks.mysql_sql", ["setl/sinks/mysql_sql.py"])],
         # annotation_typing off: the .py modules' type hints stay hints (no runtime type checks)

@@ -82,6 +82,14 @@ def _through_cursor(conn: Any, query: str, names: Sequence[str]) -> list[dict[st
 
 _MySQLResult: Any = pymysql.connections.MySQLResult
 
+_RowParser: Any
+try:  # the per-row parse in C (built by pip install); the loop below where it is not built
+    from setl.snapshot._rowparse import RowParser as _RowParser
+except ImportError:
+    _RowParser = None
+#: whether data rows are parsed by the compiled `RowParser` (the tests turn it off to compare)
+COMPILED = _RowParser is not None
+
 
 class _DictResult(_MySQLResult):
     """A buffered result whose data rows are parsed in one loop into dicts."""
@@ -107,6 +115,7 @@ class _DictResult(_MySQLResult):
         seq = conn._next_seq_id
         out = self.dicts
         append = out.append
+        parse = _RowParser(fields).parse if COMPILED else None
         try:
             while True:
                 header = read(4)
@@ -147,6 +156,9 @@ class _DictResult(_MySQLResult):
                 if first == 0xFF:  # an error in the middle of the result
                     conn._next_seq_id = seq
                     MysqlPacket(data, conn.encoding).raise_for_error()
+                if parse is not None:
+                    append(parse(data))
+                    continue
                 row: dict[str, Any] = {}
                 pos = 0
                 for name, encoding, converter in fields:

@@ -54,9 +54,12 @@ def _connect(server, db: str) -> pymysql.connections.Connection:
     return conn
 
 
-def test_same_values_as_the_cursor(kinds) -> None:
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
+def test_same_values_as_the_cursor(kinds, monkeypatch, compiled) -> None:
     """Every row and value equals what PyMySQL's cursor returns, large rows and NULLs included,
-    and the connection answers the next query."""
+    and the connection answers the next query: rows parsed in C, and by the Python loop."""
+    assert rows.COMPILED, "the compiled row parser is not built"
+    monkeypatch.setattr(rows, "COMPILED", compiled)
     server, db = kinds
     with contextlib.closing(_connect(server, db)) as conn:
         assert rows.supported(conn)
@@ -135,3 +138,23 @@ def test_a_pymysql_release_not_known_reads_through_the_cursor(kinds, monkeypatch
             assert read == ["SELECT id FROM kinds WHERE id = 2"]
         finally:
             rows._known_release.cache_clear()
+
+
+def test_the_compiled_parser_reads_integers_and_refuses_short_packets() -> None:
+    """Integer text as int() reads it (signs, leading zeros, past 18 digits); a packet shorter
+    than its columns or a value running past its end is an error, not a short value."""
+    from setl.snapshot._rowparse import RowParser
+
+    parser = RowParser([("a", None, int), ("b", "utf8", None), ("c", None, None), ("d", "ascii", float)])
+    numbers = [b"0", b"-0", b"007", b"-9223372036854775808", b"18446744073709551615", b"123456789012345678",
+               b"-12345678901234567890123"]
+    for text in numbers:
+        packet = bytes([len(text)]) + text + b"\x02\xc3\xa9" + b"\xfb" + b"\x031.5"
+        assert parser.parse(packet) == {"a": int(text), "b": "\u00e9", "c": None, "d": 1.5}
+        assert type(parser.parse(packet)["a"]) is int
+    with pytest.raises(ValueError):
+        parser.parse(b"\x011")
+    with pytest.raises(ValueError):
+        parser.parse(b"\x011\x05ab")
+    with pytest.raises(UnicodeDecodeError):
+        parser.parse(b"\x011\x01\xff\xfb\x011")
