@@ -42,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -53,11 +54,15 @@ sys.path.insert(0, str(ROOT))
 
 from setl.config import load_node, load_pipeline  # noqa: E402
 from setl.connectors import registry  # noqa: E402
+from setl.errors import SetlError  # noqa: E402
 from setl.meta import open_meta_store  # noqa: E402
 from setl.model import TableName  # noqa: E402
+from setl.status import lag_seconds  # noqa: E402
 from setl.testing.servers import MariaDBServer, PostgresServer  # noqa: E402
+from setl.verify.report import Report  # noqa: E402
 from setl.verify.run import verify_pipeline  # noqa: E402
 from tools import sysbench  # noqa: E402
+from tools.bench.harness import busy, cores, cpu_seconds, following, on, settle  # noqa: E402
 
 
 def chunked_select(conn: Any, table: str, chunk_rows: int, postgres: bool) -> int:
@@ -78,6 +83,149 @@ def chunked_select(conn: Any, table: str, chunk_rows: int, postgres: bool) -> in
         last = rows[-1][0]
 
 
+class _Stopped(SetlError):
+    """The sysbench window ended: the pass under way ends without a report (a SetlError, which
+    verify passes on as it is, as a scheduled check's stop)."""
+
+
+class Checking:
+    """`verify_pipeline` of `tables` over and over on a thread of its own, from `start` until `stop`
+    (which ends the pass under way at its next chunk or wait, as a node's stop ends a scheduled
+    check): what a user running `setl verify` in a loop puts on both ends. Settings as the CLI's
+    defaults, ``--max-lag 30`` included (the pipeline runs, so its lag is published)."""
+
+    def __init__(self, settings: Any, config: Any, tables: list[TableName], chunk_rows: int,
+                 max_rows_per_second: float = 0.0) -> None:
+        self.settings, self.config, self.tables, self.chunk_rows = settings, config, tables, chunk_rows
+        self.max_rows_per_second = max_rows_per_second
+        self.reports: list[Report] = []
+        self.rows = 0  # source rows compared, the pass cut short by `stop` included
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="bench-verify", daemon=True)
+
+    def start(self) -> None:
+        """Start the loop (the thread runs on the CPUs of the thread calling this)."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the loop at the pass's next chunk or wait."""
+        self._stop.set()
+        self._thread.join()
+        if self.error is not None:
+            raise SystemExit(f"verify failed during the sysbench run: {self.error!r}")
+
+    def _loop(self) -> None:
+        meta = open_meta_store(self.settings)
+        done: dict[str, int] = {}
+
+        def progress(table: str, rows: int, estimate: int, finished: bool) -> None:
+            done[table] = rows
+            if self._stop.is_set():
+                raise _Stopped("the sysbench window ended")
+
+        def sleep(seconds: float) -> None:
+            if self._stop.wait(seconds):
+                raise _Stopped("the sysbench window ended")
+
+        try:
+            while not self._stop.is_set():
+                done.clear()
+                try:
+                    self.reports.append(verify_pipeline(
+                        self.settings, self.config, meta, self.tables, chunk_rows=self.chunk_rows, max_lag=30.0,
+                        lag_timeout=600.0, max_rows_per_second=self.max_rows_per_second, progress=progress,
+                        sleep=sleep))
+                finally:
+                    self.rows += sum(done.values())
+        except _Stopped:
+            pass
+        except BaseException as exc:  # reported by stop()
+            self.error = exc
+        finally:
+            meta.close()
+
+    def summary(self) -> str:
+        found = sum(len(t.missing) + len(t.extra) + len(t.different) for r in self.reports for t in r.tables)
+        unsettled = sum(len(t.unsettled) for r in self.reports for t in r.tables)
+        if not self.reports:  # the first pass was cut short: no verdict to show
+            return f"no whole verify pass, {self.rows:,} rows compared"
+        each = statistics.median(r.seconds for r in self.reports)
+        return (f"{len(self.reports)} whole verify passes of {each:.1f}s, {self.rows:,} rows compared; {found} "
+                f"differences, {unsettled} unsettled")
+
+
+def wait_running(settings: Any, name: str, follower: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
+    """Wait until the pipeline's `setl start` publishes its lag (it runs, and verify's lag checks
+    read a figure)."""
+    meta = open_meta_store(settings)
+    try:
+        deadline = time.monotonic() + timeout
+        while lag_seconds(meta, name) is None:
+            if follower.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"setl start --pipeline {name} did not come up within {timeout:.0f}s")
+            time.sleep(0.5)
+    finally:
+        meta.close()
+
+
+def sysbench_rounds(args: argparse.Namespace, src: sysbench.Conn, source: MariaDBServer, target: Any,
+                    settings: Any, config: Any, tables: list[TableName], source_side: set[int],
+                    copy_side: set[int], follower: subprocess.Popen[bytes]) -> list[float]:
+    """sysbench alone, while verify runs in a loop and alone again, in rounds, the pipeline
+    following the binlog throughout and each run started once the servers are idle: the tx/s while
+    verify runs as a ratio of the mean of the two runs alone in the same round; the ratios."""
+    split = source_side != copy_side
+    where = (f"source and sysbench on CPU {sorted(source_side)}; verify, the pipeline and the target on CPU "
+             f"{sorted(copy_side)}" if split else "all on the shared cores")
+    if args.max_rows_per_second:
+        where += f"; verify --max-rows-per-second {args.max_rows_per_second:,.0f}"
+    ratios: list[float] = []
+    meta = open_meta_store(settings)
+    for round_ in range(1, args.repeat + 1):
+        def load() -> sysbench.Running:
+            settle(source, target)
+            with on(source_side):
+                return sysbench.start(src, seconds=args.seconds, threads=args.threads, tables=args.tables,
+                                      table_size=args.table_size)
+
+        def window(running: sysbench.Running) -> tuple[sysbench.RunResult, float, float]:
+            """The run's report; the source server's CPU and the source side's CPUs' busy time
+            (everything on them, sysbench's client included), in cores."""
+            cpu, full = cpu_seconds(source)[0], busy(source_side)
+            result = running.wait()
+            return (result, (cpu_seconds(source)[0] - cpu) / result.seconds,
+                    (busy(source_side) - full) / result.seconds)
+
+        before, cpu_before, full_before = window(load())
+        running = load()
+        checking = Checking(settings, config, tables, args.chunk_rows, args.max_rows_per_second)
+        with on(copy_side):
+            checking.start()
+        during, cpu_during, full_during = window(running)
+        lag = lag_seconds(meta, config.name)
+        checking.stop()
+        after, cpu_after, full_after = window(load())
+        if follower.poll() is not None:
+            raise SystemExit(f"the pipeline's setl start ended ({follower.returncode}) during the rounds")
+        reference = (before.tps + after.tps) / 2
+        ratios.append(during.tps / reference)
+        # the source server's CPU per transaction alone, times the transactions while verify ran:
+        # the rest of its CPU then is what verify's reads cost it
+        per_tx = (cpu_before / before.tps + cpu_after / after.tps) / 2
+        verify_share = cpu_during - per_tx * during.tps
+        print(f"round {round_} ({where}): sysbench {before.tps:,.0f} and {after.tps:,.0f} tx/s alone (before and "
+              f"after), {during.tps:,.0f} while verify runs ({ratios[-1]:.2f}x; {checking.summary()}; pipeline lag "
+              f"{'-' if lag is None else f'{lag:.1f}s'} at the end); source server CPU {cpu_before:.2f}, "
+              f"{cpu_during:.2f} and {cpu_after:.2f} cores (verify's reads about {verify_share:.2f}); CPU "
+              f"{sorted(source_side)} busy {full_before:.2f}, {full_during:.2f} and {full_after:.2f} cores",
+              flush=True)
+    meta.close()
+    print(f"sysbench while verify runs ({where}): median {statistics.median(ratios):.2f}x of alone "
+          f"(rounds {', '.join(f'{r:.2f}' for r in ratios)})", flush=True)
+    return ratios
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tables", type=int, default=4)
@@ -88,6 +236,16 @@ def main() -> int:
     parser.add_argument("--postgres", action="store_true", help="a PostgreSQL target instead of MariaDB")
     parser.add_argument("--engine", choices=["local", "spark"], default="local",
                         help="verify's --engine (spark: local[*] Spark, its session started before the rounds)")
+    parser.add_argument("--sysbench", action="store_true",
+                        help="instead of the timings: the source's sysbench tx/s alone and while verify runs in a "
+                             "loop, the pipeline following the binlog throughout")
+    parser.add_argument("--threads", type=int, default=2, help="with --sysbench: sysbench threads")
+    parser.add_argument("--seconds", type=float, default=20.0, help="with --sysbench: length of each sysbench run")
+    parser.add_argument("--max-rows-per-second", type=float, default=0.0,
+                        help="with --sysbench: verify's --max-rows-per-second (default 0: unbounded, as verify's)")
+    parser.add_argument("--source-core", action="store_true",
+                        help="with --sysbench: once more with the source and sysbench on one core, verify, the "
+                             "pipeline and the target on the other (a source host of its own)")
     args = parser.parse_args()
     rows = args.tables * args.table_size
     with tempfile.TemporaryDirectory(prefix="setl-bench-verify-") as tmp, MariaDBServer() as source, \
@@ -125,6 +283,17 @@ def main() -> int:
         source_conn = source.connect(database="sb")
         target_conn = target.connect(dbname="copied") if args.postgres else target.connect(database="copied")
         target_names = [f'"sb"."{n}"' for n in names] if args.postgres else names
+
+        if args.sysbench:
+            source_conn.close()
+            target_conn.close()
+            with following(conf, "bench") as follower:
+                wait_running(settings, "bench", follower)
+                for split in [False, True] if args.source_core else [False]:
+                    with cores(split, source, target, follower.pid) as (source_side, copy_side):
+                        sysbench_rounds(args, src, source, target, settings, config, tables, source_side,
+                                        copy_side, follower)
+            return 0
 
         def select_all() -> float:
             began = time.perf_counter()
