@@ -16,8 +16,25 @@ Starts a MariaDB source and a MariaDB target (or, with ``--postgres``, a Postgre
 
 Prints rows/s of each and the ratios verify/select (time), medians over the rounds.
 
+With ``--sysbench``, instead: what a check costs the source's writers (the issue's third figure).
+After the copy the pipeline is started (``setl start``, following the binlog) and runs throughout,
+so that the ratio isolates verify's cost and verify's lag checks read a figure; then, in
+`--repeat` rounds, an uncapped sysbench ``oltp_write_only`` run of `--seconds` with `--threads`
+on the source alone, one while verify of the tables runs over and over (`verify_pipeline` on a
+thread of this process, the CLI's defaults with ``--max-lag 30``; the pass under way when the run
+ends is cut at its next chunk, so verify reads through the whole run), and one alone again, each
+started once the servers are idle (tools/bench/harness.py). Prints per round the tx/s, the ratio
+to alone (the mean of before and after), verify's passes and rows compared, the source server's
+CPU and the part of it beyond its CPU per transaction alone (verify's reads), the busy time of the
+source's CPUs split into the server's, sysbench's and the rest, InnoDB's counters per second, and
+the median of the rounds' ratios. ``--source-core`` repeats it with the source and sysbench on one
+core, verify, the pipeline and the target on the other (as tools/bench/snapshot.py), a source host
+of its own; ``--max-rows-per-second`` is verify's throttle.
+
     python3 tools/bench/verify.py [--tables 4] [--table-size 250000] [--repeat 3] [--chunk-rows 10000]
         [--differ-every 100000] [--postgres] [--engine local|spark]
+    python3 tools/bench/verify.py --sysbench [--threads 2] [--seconds 20] [--source-core]
+        [--max-rows-per-second N] [--tables 4] [--table-size 250000] [--repeat 3]
 
 Measured (``--tables 4 --table-size 100000 --repeat 5 --differ-every 100000``, 2 cores shared with
 other work at load average 11 to 12, so rows/s swing by 3x from round to round; the ratios are the
@@ -29,6 +46,38 @@ median of each round's ratio, select and verify run back to back):
 * PostgreSQL target: 0.79x (0.76, 0.77, 0.79, 1.00, 0.81); differing 0.89x (1.20, 0.79, 0.89,
   1.18, 0.83).
 
+``--sysbench --source-core --tables 4 --table-size 250000 --repeat 3`` (2 threads, 20 s runs;
+2026-11-27, 2 cores shared with another engineer's work, load average 1.6 to 4.9), four runs:
+
+* source on a core of its own: medians 0.89x, 0.83x, 0.65x, 0.86x of alone (rounds 0.89, 0.87,
+  1.19; 0.86, 0.82, 0.83; 0.88, 0.65, 0.64; 0.74, 0.86, 0.86): median of the 12 rounds 0.86x.
+  Goal 0.9x: not met. "Alone" is 2,600 to 3,900 tx/s and swings by up to 25% within a round;
+* all on the shared cores: 0.80x, 0.83x, 0.97x, 0.87x (rounds 0.85, 0.79, 0.80; 0.94, 0.83, 0.71;
+  0.99, 0.94, 0.97; 0.92, 0.87, 0.79): 0.86x over the 12 rounds.
+
+Why (the last run splits the source core's time): that core is nearly full, alone too (busy 0.87
+to 0.98: the server 0.55 to 0.67, sysbench's client 0.1, other processes 0.12 to 0.23, the
+machine's other work, which no one pins), and verify's reads take 0.11 to 0.17 of it (0.11 to 0.19
+over the runs; the server's CPU beyond its CPU per transaction alone), a fifth to a quarter of what
+the server had: about what sysbench loses. In the 0.65x run's last two rounds the server itself got
+less CPU while verify ran (0.58 against 0.66, 0.50 against 0.61; that run did not split the core's
+time, other work is the likely taker). Not a lock
+or I/O stall: InnoDB's row lock waits stay at 1/s and free-page waits at 0 (pool misses go from
+about 2,000 to 2,300 pages/s: verify's scans do not fit the test servers' 64 MB pool). Under this
+write rate verify compares only 16,000 to 29,000 rows/s (no pass of the 1M rows ends within a
+20 s run). By the arithmetic (about 10,000 row changes/s over 100 chunks, and at least the
+pipeline's 0.1-0.2 s lag between the source's snapshot and the target's read) nearly every chunk
+has been written in between (the target is past the snapshot's position), so it is drilled down to
+row hashes and re-read by key: more source work per row than an equal chunk (not counted per chunk
+by the bench).
+
+With verify's ``--max-rows-per-second 10000`` (one run): 0.88x on the source's own core (0.75,
+1.23, 0.88), 0.96x shared (0.93, 1.02, 0.96), verify's reads 0.03 to 0.06 of a core, 80,000 rows
+compared per 20 s: within the noise of the goal. The throttle paces the chunk aggregates only, not
+the drill-down and re-check reads, so under a heavy write load it bounds the source's work less
+than its figure says. MariaDB gives a client no CPU priority for its statements (no resource
+groups), so the throttle is the one lever verify has.
+
 Where the time goes (one 100k-row sysbench table, best of 3, same machine): MariaDB hashes it in
 0.35-0.5 s against 0.8-0.9 s to ship it to PyMySQL; PostgreSQL hashes it in 0.23 s against 0.16 s
 to ship it to psycopg (md5 0.075 s, the 60-bit cast 0.056 s, the row text 0.085 s): into
@@ -38,6 +87,7 @@ PostgreSQL the source's share is what makes verify cheaper than shipping rows.
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import subprocess
 import sys
@@ -155,6 +205,24 @@ class Checking:
                 f"differences, {unsettled} unsettled")
 
 
+#: InnoDB's counters that tell a source slowed by something else than CPU: pages read into the
+#: buffer pool (misses), waits for a free page, pages flushed, row lock waits
+INNODB = ("Innodb_buffer_pool_reads", "Innodb_buffer_pool_wait_free", "Innodb_buffer_pool_pages_flushed",
+          "Innodb_row_lock_waits")
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's children that have ended (and were waited for)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def innodb(server: MariaDBServer) -> dict[str, int]:
+    names = ", ".join(f"'{v}'" for v in INNODB)
+    rows = server.query(f"SHOW GLOBAL STATUS WHERE Variable_name IN ({names})")
+    return {name: int(value) for name, value in rows}
+
+
 def wait_running(settings: Any, name: str, follower: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
     """Wait until the pipeline's `setl start` publishes its lag (it runs, and verify's lag checks
     read a figure)."""
@@ -189,23 +257,28 @@ def sysbench_rounds(args: argparse.Namespace, src: sysbench.Conn, source: MariaD
                 return sysbench.start(src, seconds=args.seconds, threads=args.threads, tables=args.tables,
                                       table_size=args.table_size)
 
-        def window(running: sysbench.Running) -> tuple[sysbench.RunResult, float, float]:
-            """The run's report; the source server's CPU and the source side's CPUs' busy time
-            (everything on them, sysbench's client included), in cores."""
-            cpu, full = cpu_seconds(source)[0], busy(source_side)
-            result = running.wait()
-            return (result, (cpu_seconds(source)[0] - cpu) / result.seconds,
-                    (busy(source_side) - full) / result.seconds)
+        def window(running: sysbench.Running) -> tuple[sysbench.RunResult, float, str, str]:
+            """The run's report; the source server's CPU in cores; the source side's CPUs' busy time
+            split into the server's, sysbench's and the rest (other processes the scheduler put
+            there: on a shared machine, not only ours); InnoDB's counters per second."""
+            cpu, full, client, counters = cpu_seconds(source)[0], busy(source_side), children_cpu(), innodb(source)
+            result = running.wait()  # the only child that ends in the window: sysbench
+            now = innodb(source)
+            rates = "/".join(f"{(now[v] - counters[v]) / result.seconds:,.0f}" for v in INNODB)
+            server = (cpu_seconds(source)[0] - cpu) / result.seconds
+            full = (busy(source_side) - full) / result.seconds
+            client = (children_cpu() - client) / result.seconds
+            return result, server, f"{full:.2f} (sysbench {client:.2f}, rest {full - server - client:.2f})", rates
 
-        before, cpu_before, full_before = window(load())
+        before, cpu_before, full_before, io_before = window(load())
         running = load()
         checking = Checking(settings, config, tables, args.chunk_rows, args.max_rows_per_second)
         with on(copy_side):
             checking.start()
-        during, cpu_during, full_during = window(running)
+        during, cpu_during, full_during, io_during = window(running)
         lag = lag_seconds(meta, config.name)
         checking.stop()
-        after, cpu_after, full_after = window(load())
+        after, cpu_after, full_after, io_after = window(load())
         if follower.poll() is not None:
             raise SystemExit(f"the pipeline's setl start ended ({follower.returncode}) during the rounds")
         reference = (before.tps + after.tps) / 2
@@ -218,8 +291,9 @@ def sysbench_rounds(args: argparse.Namespace, src: sysbench.Conn, source: MariaD
               f"after), {during.tps:,.0f} while verify runs ({ratios[-1]:.2f}x; {checking.summary()}; pipeline lag "
               f"{'-' if lag is None else f'{lag:.1f}s'} at the end); source server CPU {cpu_before:.2f}, "
               f"{cpu_during:.2f} and {cpu_after:.2f} cores (verify's reads about {verify_share:.2f}); CPU "
-              f"{sorted(source_side)} busy {full_before:.2f}, {full_during:.2f} and {full_after:.2f} cores",
-              flush=True)
+              f"{sorted(source_side)} busy {full_before}, {full_during} and {full_after} cores; source "
+              f"InnoDB pool reads/free-page waits/pages flushed/row lock waits per s {io_before}, {io_during} and "
+              f"{io_after}", flush=True)
     meta.close()
     print(f"sysbench while verify runs ({where}): median {statistics.median(ratios):.2f}x of alone "
           f"(rounds {', '.join(f'{r:.2f}' for r in ratios)})", flush=True)
