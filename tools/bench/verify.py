@@ -46,6 +46,12 @@ median of each round's ratio, select and verify run back to back):
 * PostgreSQL target: 0.79x (0.76, 0.77, 0.79, 1.00, 0.81); differing 0.89x (1.20, 0.79, 0.89,
   1.18, 0.83).
 
+At the issue's size, ``--tables 4 --table-size 1000000 --repeat 3 --differ-every 100000``
+(2026-11-27, load average 4.8 before, 1.6 after): select of both ends 149,953 rows/s; verify 1.10x
+its time (rounds 1.14, 0.89, 1.10; goal 1.0x, not met), one row in 100,000 differing 1.10x (1.10,
+0.99, 1.23; goal 1.2x, met). An earlier run at the same size under a test suite's load: 1.02x and
+1.16x.
+
 ``--sysbench --source-core --tables 4 --table-size 250000 --repeat 3`` (2 threads, 20 s runs;
 2026-11-27, 2 cores shared with another engineer's work, load average 1.6 to 4.9), four runs:
 
