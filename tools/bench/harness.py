@@ -1,13 +1,14 @@
 """Pieces the benchmarks that measure a source's sysbench throughput share: where the processes run
 (`cores`, `pin`, `on`: the source and sysbench on one core, the rest on the others), when the
-servers are idle (`settle`, `cpu_seconds`, `busy`) and a `setl start` following the binlog in the
-background (`following`).
+servers are idle (`settle`, `cpu_seconds`), what the machine and the clients spent (`busy`,
+`children_cpu`), and a `setl start` following the binlog in the background (`following`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -82,6 +83,12 @@ def busy(cpus: set[int]) -> float:
             values = [int(v) for v in fields[:8]]
             total += sum(values) - values[3] - values[4]  # idle, iowait
     return total / tick
+
+
+def children_cpu() -> float:
+    """CPU seconds (user + system) of this process's children that have ended and were waited for."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def settle(*servers: Any, idle: float = 0.05, timeout: float = 60.0) -> None:

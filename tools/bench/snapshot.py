@@ -56,7 +56,6 @@ from __future__ import annotations
 import argparse
 import os
 import pwd
-import resource
 import statistics
 import subprocess
 import sys
@@ -73,7 +72,7 @@ sys.path.insert(0, str(ROOT))
 
 from setl.testing.servers import MariaDBServer, PostgresServer  # noqa: E402
 from tools import sysbench  # noqa: E402
-from tools.bench.harness import cores, cpu_seconds, following, on, settle  # noqa: E402
+from tools.bench.harness import children_cpu, cores, cpu_seconds, following, on, settle  # noqa: E402
 
 
 @attrs.frozen
@@ -122,11 +121,6 @@ def dump(source: MariaDBServer, target: MariaDBServer) -> float:
                    stdin=dumping.stdout, check=True)
     assert dumping.wait() == 0
     return time.perf_counter() - began
-
-
-def children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 CHAMELEON = "pg_chameleon==2.0.21"

@@ -93,7 +93,6 @@ PostgreSQL the source's share is what makes verify cheaper than shipping rows.
 from __future__ import annotations
 
 import argparse
-import resource
 import statistics
 import subprocess
 import sys
@@ -118,7 +117,7 @@ from setl.testing.servers import MariaDBServer, PostgresServer  # noqa: E402
 from setl.verify.report import Report  # noqa: E402
 from setl.verify.run import verify_pipeline  # noqa: E402
 from tools import sysbench  # noqa: E402
-from tools.bench.harness import busy, cores, cpu_seconds, following, on, settle  # noqa: E402
+from tools.bench.harness import busy, children_cpu, cores, cpu_seconds, following, on, settle  # noqa: E402
 
 
 def chunked_select(conn: Any, table: str, chunk_rows: int, postgres: bool) -> int:
@@ -215,12 +214,6 @@ class Checking:
 #: buffer pool (misses), waits for a free page, pages flushed, row lock waits
 INNODB = ("Innodb_buffer_pool_reads", "Innodb_buffer_pool_wait_free", "Innodb_buffer_pool_pages_flushed",
           "Innodb_row_lock_waits")
-
-
-def children_cpu() -> float:
-    """CPU seconds of this process's children that have ended (and were waited for)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def innodb(server: MariaDBServer) -> dict[str, int]:
