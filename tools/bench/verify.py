@@ -77,11 +77,12 @@ has been written in between (the target is past the snapshot's position), so it 
 row hashes and re-read by key: more source work per row than an equal chunk (not counted per chunk
 by the bench).
 
-With verify's ``--max-rows-per-second 10000`` (one run): 0.88x on the source's own core (0.75,
-1.23, 0.88), 0.96x shared (0.93, 1.02, 0.96), verify's reads 0.03 to 0.06 of a core, 80,000 rows
-compared per 20 s: within the noise of the goal. The throttle paces the chunk aggregates only, not
-the drill-down and re-check reads, so under a heavy write load it bounds the source's work less
-than its figure says. MariaDB gives a client no CPU priority for its statements (no resource
+With verify's ``--max-rows-per-second 10000`` (two runs, load average 1.7 to 5.0): 0.88x and 0.91x
+on the source's own core (0.75, 1.23, 0.88; 1.02, 0.84, 0.91: 0.90x over the 6 rounds), 0.96x and
+1.00x shared (0.93, 1.02, 0.96; 1.03, 0.99, 1.00: 0.99x), verify's reads 0.02 to 0.06 of a core,
+80,000 to 160,000 rows compared per 20 s: at the goal, within the noise. The throttle paces the
+chunk aggregates only, not the drill-down and re-check reads, so under a heavy write load it bounds
+the source's work less than its figure says. MariaDB gives a client no CPU priority for its statements (no resource
 groups), so the throttle is the one lever verify has.
 
 Where the time goes (one 100k-row sysbench table, best of 3, same machine): MariaDB hashes it in
