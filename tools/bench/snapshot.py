@@ -61,16 +61,13 @@ within one round: on these 2 cores each figure is within its noise.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import pwd
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +79,7 @@ sys.path.insert(0, str(ROOT))
 
 from setl.testing.servers import MariaDBServer, PostgresServer  # noqa: E402
 from tools import sysbench  # noqa: E402
+from tools.bench.harness import children_cpu, cores, cpu_seconds, following, on, settle  # noqa: E402
 
 
 @attrs.frozen
@@ -96,18 +94,8 @@ class Run:
 def follow_setl(conf: Path, name: str, seconds: float) -> None:
     """`setl start` (a pipeline that follows the binlog, no copy) for `seconds`, then stopped
     as an operator does (SIGTERM: it drains and exits)."""
-    log = conf.parent / f"{name}.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "setl.cli", "--conf", str(conf), "start", "--pipeline", name],
-                                stdout=out, stderr=subprocess.STDOUT)
+    with following(conf, name):
         time.sleep(seconds)
-        proc.terminate()
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            raise SystemExit(f"setl did not stop within 120 s of SIGTERM:\n{log.read_text()[-3000:]}") from None
 
 
 def run_setl(conf: Path, name: str, profile: str | None = None, gil: bool = False) -> Run:
@@ -140,21 +128,6 @@ def dump(source: MariaDBServer, target: MariaDBServer) -> float:
                    stdin=dumping.stdout, check=True)
     assert dumping.wait() == 0
     return time.perf_counter() - began
-
-
-def cpu_seconds(*servers: Any) -> list[float]:
-    """CPU seconds (user + system) each server process has used so far."""
-    tick = os.sysconf("SC_CLK_TCK")
-    found = []
-    for server in servers:
-        fields = Path(f"/proc/{server._proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        found.append((int(fields[11]) + int(fields[12])) / tick)
-    return found
-
-
-def children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 CHAMELEON = "pg_chameleon==2.0.21"
@@ -447,62 +420,6 @@ def main() -> int:
             with cores(split, source, target) as (source_side, copy_side):
                 sysbench_rounds(args, src, source, target, conf, pipeline, source_side, copy_side)
     return 0
-
-
-@contextlib.contextmanager
-def cores(split: bool, source: MariaDBServer, target: MariaDBServer) -> Iterator[tuple[set[int], set[int]]]:
-    """The CPUs of the source's side (its server, sysbench) and of the copy's (setl or the dump,
-    the target's server): all of them for both, or (`split`) the first for the source and the
-    others for the copy, the servers' threads pinned so until the block ends."""
-    every = set(os.sched_getaffinity(0))
-    if not split:
-        yield every, every
-        return
-    if len(every) < 2:
-        raise SystemExit("--source-core needs at least 2 CPUs")
-    first = {min(every)}
-    rest = every - first
-    pin(source, first)
-    pin(target, rest)
-    try:
-        yield first, rest
-    finally:
-        pin(source, every)
-        pin(target, every)
-
-
-def pin(server: MariaDBServer, cpus: set[int]) -> None:
-    """Every thread of `server`'s process on `cpus` (the threads it starts later inherit it)."""
-    for task in Path(f"/proc/{server.pid}/task").iterdir():
-        try:
-            os.sched_setaffinity(int(task.name), cpus)
-        except ProcessLookupError:  # a thread that ended meanwhile
-            pass
-
-
-@contextlib.contextmanager
-def on(cpus: set[int]) -> Iterator[None]:
-    """Children started in the block run on `cpus` (they inherit this process's affinity)."""
-    every = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, cpus)
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, every)
-
-
-def settle(*servers: MariaDBServer, idle: float = 0.05, timeout: float = 60.0) -> None:
-    """Wait (at most `timeout` seconds) until each server spends under `idle` of a core: what a
-    copy or a DROP DATABASE left behind (purge, page flushing) must not count against the next
-    sysbench run."""
-    deadline = time.monotonic() + timeout
-    before = cpu_seconds(*servers)
-    while time.monotonic() < deadline:
-        time.sleep(1.0)
-        now = cpu_seconds(*servers)
-        if all(b - a < idle for a, b in zip(before, now)):
-            return
-        before = now
 
 
 def sysbench_rounds(args: argparse.Namespace, src: sysbench.Conn, source: MariaDBServer, target: MariaDBServer,
