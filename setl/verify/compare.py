@@ -59,9 +59,11 @@ class Verifier:
     """Compares tables of `pipeline`; `acked()` reads the pipeline's acked position (meta store).
 
     `sleep` and `clock` are injectable for tests; `max_rows_per_second` (0: unbounded) throttles
-    the source reads; `wait_timeout` bounds each wait for the acked position. `lag()` reads the
-    pipeline's lag in seconds (None: not known, the pipeline not running): before each chunk the
-    check waits while it is above `max_lag` (0: never), at most `lag_timeout` seconds in all."""
+    every source read of a table (its chunks' hashes, and the drill-down, re-check and
+    classification reads of those that differ: under heavy writes most of the source's work);
+    `wait_timeout` bounds each wait for the acked position. `lag()` reads the pipeline's lag in
+    seconds (None: not known, the pipeline not running): before each chunk the check waits while
+    it is above `max_lag` (0: never), at most `lag_timeout` seconds in all."""
 
     pipeline: str
     acked: Callable[[], Position | None]
@@ -92,6 +94,9 @@ class Verifier:
     #: chunks per remote job and end
     remote_window: int = 64
     _paused_for: float = attrs.field(default=0.0, init=False)
+    #: source rows read for the table being compared, since `_since` (the throttle's account)
+    _read: int = attrs.field(default=0, init=False)
+    _since: float = attrs.field(default=0.0, init=False)
 
     def wait_acked(self, position: Position | None, table: str) -> None:
         """Return once the pipeline's acked position is at or past `position`."""
@@ -133,9 +138,12 @@ class Verifier:
         if self.paused is not None:
             self.paused(table, None)
 
-    def _throttle(self, rows: int, started: float) -> None:
+    def _charge(self, rows: int) -> None:
+        """Count `rows` more source rows read for this table, and sleep as long as the reads so far
+        are ahead of `max_rows_per_second`."""
+        self._read += rows
         if self.max_rows_per_second > 0:
-            ahead = rows / self.max_rows_per_second - (self.clock() - started)
+            ahead = self._read / self.max_rows_per_second - (self.clock() - self._since)
             if ahead > 0:
                 self.sleep(ahead)
 
@@ -145,11 +153,12 @@ class Verifier:
         (None: the rest of the table is the last chunk)."""
         report = TableReport(str(check.source.name), str(check.target), check.mode, check.why,
                              unchecked=dict(check.unchecked))
-        started = self.clock()
+        started = self._since = self.clock()
+        self._read = 0
         if check.keyless:
             self._keyless(check, source, target, report)
         else:
-            self._keyed(check, source, target, boundary, report, started)
+            self._keyed(check, source, target, boundary, report)
         report.seconds = self.clock() - started
         if self.progress is not None:
             self.progress(str(check.source.name), report.rows, check.source.estimate, True)
@@ -158,24 +167,22 @@ class Verifier:
     # --- keyed tables ---------------------------------------------------------------------
 
     def _keyed(self, check: TableCheck, source: End, target: End,
-               boundary: Callable[[tuple[Any, ...] | None], tuple[Any, ...] | None], report: TableReport,
-               started: float) -> None:
+               boundary: Callable[[tuple[Any, ...] | None], tuple[Any, ...] | None], report: TableReport) -> None:
         state: dict[KeyText, str] = {}
         raws: dict[KeyText, tuple[Any, ...]] = {}
         if self.chunks is not None and check.mode == "sql" and check.ranged:
-            self._chunks_remote(check, source, target, boundary, report, started, state, raws)
+            self._chunks_remote(check, source, target, boundary, report, state, raws)
         else:
-            self._chunks_local(check, source, target, boundary, report, started, state, raws)
+            self._chunks_local(check, source, target, boundary, report, state, raws)
         self._settle(check, source, target, report, state, raws)
 
     def _chunks_local(self, check: TableCheck, source: End, target: End,
                       boundary: Callable[[tuple[Any, ...] | None], tuple[Any, ...] | None], report: TableReport,
-                      started: float, state: dict[KeyText, str], raws: dict[KeyText, tuple[Any, ...]]) -> None:
+                      state: dict[KeyText, str], raws: dict[KeyText, tuple[Any, ...]]) -> None:
         """Hash the table's chunks here, a window of them at a time; differing ones into `state`."""
         name = str(check.source.name)
         lower: tuple[Any, ...] | None = None
         done = False
-        read = 0
         while not done:
             # up to `window` chunks hashed on the source, then one wait for the ack past the last of
             # their positions (past every one of them), then the target's: one wait per window
@@ -187,8 +194,7 @@ class Verifier:
                     failpoints.hit("verify_chunk", report.chunks + len(window), task=name)
                     window.append((lower, upper, source.summary(lower, upper), position))
                 done, lower = upper is None, upper
-                read += window[-1][2][0]
-                self._throttle(read, started)
+                self._charge(window[-1][2][0])
             self.wait_acked(max((p for *_, p in window if p is not None), default=None), name)
             for low, high, ours, _ in window:
                 with target.snapshot():
@@ -202,7 +208,7 @@ class Verifier:
 
     def _chunks_remote(self, check: TableCheck, source: End, target: End,
                        boundary: Callable[[tuple[Any, ...] | None], tuple[Any, ...] | None], report: TableReport,
-                       started: float, state: dict[KeyText, str], raws: dict[KeyText, tuple[Any, ...]]) -> None:
+                       state: dict[KeyText, str], raws: dict[KeyText, tuple[Any, ...]]) -> None:
         """Hash the table's chunks with `chunks` (Spark tasks), `remote_window` of them per job and end:
         the boundaries found here, the source's aggregates (each chunk in its own snapshot), one wait
         for the ack past the last of their positions, the target's; differing chunks drilled down
@@ -211,7 +217,6 @@ class Verifier:
         name = str(check.source.name)
         lower: tuple[Any, ...] | None = None
         done = False
-        read = 0
         while not done:
             self.wait_lag(name)
             ranges: list[tuple[Any, Any]] = []
@@ -225,12 +230,11 @@ class Verifier:
             for (low, high), (mine, _), their in zip(ranges, ours, theirs):
                 report.rows += mine[0]
                 report.chunks += 1
-                read += mine[0]
+                self._charge(mine[0])
                 if mine != their:
                     self._bisect(check, source, target, low, high, max(mine[0], their[0]), state, raws)
             if self.progress is not None:
                 self.progress(name, report.rows, check.source.estimate, False)
-            self._throttle(read, started)
 
     def _settle(self, check: TableCheck, source: End, target: End, report: TableReport,
                 state: dict[KeyText, str], raws: dict[KeyText, tuple[Any, ...]]) -> None:
@@ -276,6 +280,7 @@ class Verifier:
             return
         with source.snapshot() as position:
             ours = source.summaries(lower, upper, splits)
+        self._charge(rows)
         self.wait_acked(position, name)
         with target.snapshot():
             theirs = target.summaries(lower, upper, splits)
@@ -296,6 +301,7 @@ class Verifier:
             theirs = target.rows(lower, upper, keys)
         with source.snapshot():
             second = source.rows(lower, upper, keys)
+        self._charge(len(first) + len(second))
         for found in (theirs, second, first):
             raws.update({k: raw for k, (_, raw) in found.items()})
         different, unsettled, equal = set(), set(), set()
@@ -320,6 +326,7 @@ class Verifier:
         wanted = [raws[k] for k in keys]
         with source.snapshot():
             ours = source.texts(wanted)
+        self._charge(len(wanted))
         with target.snapshot():
             theirs = target.texts(wanted)
         for key in sorted(keys, key=lambda k: tuple("" if t is None else t for t in k)):
@@ -339,6 +346,7 @@ class Verifier:
         self.wait_lag(name)
         with source.snapshot() as position:
             ours = source.summary(None, None)
+        self._charge(ours[0])
         self.wait_acked(position, name)
         with target.snapshot():
             theirs = target.summary(None, None)
@@ -361,6 +369,7 @@ class Verifier:
                 there = target.multiset()
             with source.snapshot():
                 second = source.multiset()
+            self._charge(sum(first.values()) + sum(second.values()))
             # a row whose copies changed on the source meanwhile says nothing this time
             hashes = set(first) | set(there) | set(second) if not attempt else set(state)
             for row_hash in hashes:

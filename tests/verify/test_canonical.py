@@ -95,11 +95,14 @@ def test_wait_for_the_acked_position_and_its_timeout():
 
 
 def test_max_rows_per_second_paces_the_reads():
-    """After N rows the run has taken at least N / max_rows_per_second seconds."""
+    """After N source rows read for a table, whatever read them (chunk hashes, drill-downs,
+    re-checks), the table's check has taken at least N / max_rows_per_second seconds."""
     clock = Clock()
     verifier = Verifier("p1", lambda: None, max_rows_per_second=1000, sleep=clock.sleep, clock=lambda: clock.now)
-    verifier._throttle(500, started=0.0)
+    verifier._charge(500)  # a chunk's hash
     assert clock.now == pytest.approx(0.5)
     clock.now = 2.0
-    verifier._throttle(1000, started=0.0)  # already slower than the bound: no sleep
+    verifier._charge(500)  # already slower than the bound: no sleep
     assert clock.slept == [pytest.approx(0.5)]
+    verifier._charge(2000)  # a differing chunk's rows read twice: 3,000 rows, 3 s
+    assert clock.now == pytest.approx(3.0) and len(clock.slept) == 2
