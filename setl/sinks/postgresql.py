@@ -36,12 +36,13 @@ from psycopg.types.json import Jsonb
 from setl.config import SslConfig
 from setl.ddl import parse
 from setl.errors import LoadError, RefusedLoadError, TransientLoadError
-from setl.model import Batch
+from setl.model import Batch, Op, RowChange
 from setl.sinks import postgresql_spatial as spatial
 from setl.sinks.invalid_dates import InvalidDatePolicy
 from setl.sinks.merge import TableChanges
 from setl.sinks.nul_text import HINT as NUL_HINT
 from setl.sinks.nul_text import NulTextPolicy
+from setl.sinks.postgresql_copy import copy_straight, unique_on_key
 from setl.sinks.postgresql_ddl import Translator, UnsupportedDdl, pg_name, without_sequence_ddl
 from setl.sinks.postgresql_positions import PostgresPositionStore
 from setl.sinks.postgresql_staging import PostgresStaging
@@ -171,6 +172,9 @@ class _Prepared:
     segments: list[Segment]
     #: id(TableChanges) -> (that TableChanges, its upsert groups)
     groups: dict[int, tuple[TableChanges, list[_Group]]]
+    #: the batch holds snapshot reads only: its COPY groups are tried straight into their tables
+    #: (`setl.sinks.postgresql_copy`)
+    reads_only: bool = False
 
 
 class PostgresqlLoad(SqlLoad[psycopg.Connection]):
@@ -197,6 +201,8 @@ class PostgresqlLoad(SqlLoad[psycopg.Connection]):
                                        target="PostgreSQL")
         #: the form of spatial values the last connection opened resolved `config.spatial` to
         self._spatial: spatial.SpatialForm = "wkb"
+        #: tables where a straight COPY of snapshot reads met a row already there: not tried again
+        self._collided: set[tuple[str, str]] = set()
 
     def _segments(self, batch: Batch) -> list[Segment]:
         """Sequence DDL left out, zero and partial dates handled by the ``invalid_dates`` policy and
@@ -219,7 +225,9 @@ class PostgresqlLoad(SqlLoad[psycopg.Connection]):
                 for table in segment:
                     if table.primary_key and table.upserts:
                         groups[id(table)] = (table, self._groups(table))
-        self._prepared.put(batch, _Prepared(segments, groups))
+        read = Op.READ
+        reads_only = all(type(c) is RowChange and c.op is read for c in batch.changes)
+        self._prepared.put(batch, _Prepared(segments, groups, reads_only))
 
     def _groups(self, table: TableChanges) -> list[_Group]:
         """`table`'s upserts by column list, with their ``COPY`` rows when there are `copy_rows` or more."""
@@ -300,21 +308,37 @@ class PostgresqlLoad(SqlLoad[psycopg.Connection]):
                 text = self._text(conn, ("delete", table.schema, table.table, key, len(part)),
                                   functools.partial(self._delete_sql, name, key, len(part)), raw=True)
                 cur.execute(text, values_of(part, key))
-            prepared = None
+            prepared, straight = None, False
             for entry in self._prepared.values():
                 found = entry.groups.get(id(table))
                 if found is not None and found[0] is table:
-                    prepared = found[1]
+                    prepared, straight = found[1], entry.reads_only and not table.deletes
                     break
             for columns, images, rows in prepared if prepared is not None else self._groups(table):
                 if rows is not None:
-                    self._copy_upsert(conn, cur, table, columns, rows)
+                    if not (straight and self._copy_straight(conn, cur, table, columns, rows)):
+                        self._copy_upsert(conn, cur, table, columns, rows)
                     continue
                 size = max(1, min(self.chunk_rows, MAX_PARAMS // len(columns)))
                 for part in chunks(images, size):
                     text = self._text(conn, ("upsert", table.schema, table.table, columns, len(part)),
                                       functools.partial(self._upsert_sql, name, key, columns, len(part)), raw=True)
                     cur.execute(text, values_of(part, columns))
+
+    def _copy_straight(self, conn: psycopg.Connection, cur: psycopg.Cursor, table: TableChanges,
+                       columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> bool:
+        """A group of snapshot reads ``COPY``'d into its table itself, when its key is unique there
+        and none of its rows is there yet (`setl.sinks.postgresql_copy`); False: not done, nothing written."""
+        ident = (table.schema, table.table)
+        if ident in self._collided:
+            return False
+        name = _ident(table.schema, table.table)
+        if not unique_on_key(conn, name.as_string(conn), table.primary_key):
+            return False
+        if copy_straight(cur, lambda: self._copy(cur, name, columns, rows)):
+            return True
+        self._collided.add(ident)
+        return False
 
     def _copy_upsert(self, conn: psycopg.Connection, cur: psycopg.Cursor, table: TableChanges,
                      columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:

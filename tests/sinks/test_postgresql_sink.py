@@ -160,6 +160,66 @@ class TestPostgresSink(SinkContract):
         expected += [(70, "short", None, None)] + [(i, "again", 1, None) for i in range(80, 110)]
         assert target.rows("items") == expected
 
+    def test_a_chunk_of_reads_is_copied_straight_into_its_table_and_a_replay_upserts(self, target, items,
+                                                                                   monkeypatch):
+        """A prepared batch of snapshot reads only goes by one ``COPY`` into the table (no staged
+        upsert); the same batch replayed over its own rows meets them, is rolled back to its
+        savepoint and upserted (nothing doubled, the newer values kept); the table is then not
+        tried straight again. A batch mixing reads and other changes is staged as before."""
+        load = target.make_load(copy_rows=20)
+        staged = []
+        original = PostgresqlLoad._copy_upsert
+        monkeypatch.setattr(PostgresqlLoad, "_copy_upsert", lambda *a: staged.append(1) or original(*a))
+        try:
+            first = make_batch([read(items, item(i, name=f"n{i}")) for i in range(1, 41)])
+            load.prepare(first)
+            load.load(first)
+            assert staged == [] and load._collided == set()
+            again = make_batch([read(items, item(i, name=f"r{i}")) for i in range(1, 41)], id=2)
+            load.prepare(again)
+            load.load(again)
+            assert staged == [1] and load._collided == {(target.schema, "items")}
+            later = make_batch([read(items, item(i, name="later")) for i in range(50, 80)], id=3)
+            load.prepare(later)
+            load.load(later)
+            assert staged == [1, 1]  # not tried straight again
+        finally:
+            load.close()
+        expected = [(i, f"r{i}", 1, None) for i in range(1, 41)] + [(i, "later", 1, None) for i in range(50, 80)]
+        assert target.rows("items") == expected
+        mixed = target.make_load(copy_rows=20)
+        staged.clear()
+        try:
+            batch = make_batch([read(items, item(i, name="m")) for i in range(100, 130)]
+                               + [items.update(item(1, name="r1"), **item(1, name="u"))], id=4)
+            mixed.prepare(batch)
+            mixed.load(batch)
+        finally:
+            mixed.close()
+        assert staged == [1]
+        assert target.rows("items")[0] == (1, "u", 1, None) and len(target.rows("items")) == 100
+
+    def test_only_a_plain_unique_index_on_exactly_the_key_allows_a_straight_copy(self, target):
+        """The catalog check behind the straight ``COPY``: the primary key or a unique index on the key
+        columns (in any order) counts; no index, a wider or partial one, or a deferrable key does not."""
+        from setl.sinks.postgresql_copy import unique_on_key
+
+        cases = {
+            "pk": ("CREATE TABLE {t} (a int, b int, PRIMARY KEY (b, a))", True),
+            "uniq": ("CREATE TABLE {t} (a int, b int); CREATE UNIQUE INDEX ON {t} (a, b)", True),
+            "none": ("CREATE TABLE {t} (a int, b int)", False),
+            "wider": ("CREATE TABLE {t} (a int, b int, c int, PRIMARY KEY (a, b, c))", False),
+            "partial": ("CREATE TABLE {t} (a int, b int); CREATE UNIQUE INDEX ON {t} (a, b) WHERE a > 0", False),
+            "deferred": ("CREATE TABLE {t} (a int, b int, PRIMARY KEY (a, b) DEFERRABLE INITIALLY DEFERRED)",
+                         False),
+        }
+        for name, (ddl, expected) in cases.items():
+            for statement in ddl.format(t=target.qualified(name)).split("; "):
+                target.execute(statement)
+        with contextlib.closing(target.server.connect(dbname=target.database)) as conn:
+            found = {name: unique_on_key(conn, target.qualified(name), ("a", "b")) for name in cases}
+        assert found == {name: expected for name, (_, expected) in cases.items()}
+
     def test_names_with_percent_dollar_and_quote_load_through_native_placeholders(self, target, load):
         """Keyed deletes and multi-row upserts (sent with $n placeholders) reach a table and columns
         whose names hold %, %s, $1 and a double quote."""
