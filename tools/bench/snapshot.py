@@ -48,7 +48,9 @@ Session 14 (docs/snapshot.md: the Python cost per copied row cut by a third), ``
 --repeat 3 --no-sysbench --postgres``: into MariaDB 90,836 rows/s, 0.97x the dump's 93,831 (rounds
 1.03, 0.88, 0.97; setl CPU 4.7-5.0 us/row, target 7.9-8.5, the dump's target 8.1-8.6); into
 PostgreSQL 125,258 rows/s, 0.70x pg_chameleon's 173,853 (0.70, 0.74, 0.68). ``--load-mode
-per_table``: 0.78x (0.78, 0.85, 0.73).
+per_table``: 0.78x (0.78, 0.85, 0.73). With the straight COPY into PostgreSQL, the machine idle:
+into MariaDB 0.91x the dump (0.91, 0.92, 0.90), into PostgreSQL 164,145 rows/s, 0.95x pg_chameleon
+(0.95, 0.96, 0.83).
 
 Later, ``--table-size 500000 --repeat 3 --source-core`` (after the sysbench changes above): setl
 0.80x the dump (0.84, 0.79, 0.80); on the shared cores sysbench ran at 0.77x of alone during the
