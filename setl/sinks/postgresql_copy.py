@@ -31,14 +31,15 @@ _SAVEPOINT = "setl_copy_straight"
 _UNIQUE_ON = (
     "SELECT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = to_regclass(%s) AND i.indisunique"
     " AND i.indimmediate AND i.indpred IS NULL AND i.indexprs IS NULL AND i.indnatts = i.indnkeyatts"
-    " AND i.indnatts = %s AND (SELECT array_agg(a.attname::text ORDER BY a.attname::text) FROM pg_attribute a"
+    " AND i.indnatts = %s AND (SELECT array_agg(a.attname::text ORDER BY a.attname::text COLLATE \"C\")"
+    " FROM pg_attribute a"
     " WHERE a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)) = %s::text[])")
 
 
 def unique_on_key(conn: psycopg.Connection, qualified: str, key: Sequence[str]) -> bool:
     """Whether the table `qualified` (its quoted ``schema.table``) has a unique index on exactly the
     columns `key` (target names, mapped by `pg_name` as the table was made); asked on `conn`, in
-    its open transaction."""
+    its open transaction. Both sides sorted by code point (Python's order, PostgreSQL's "C")."""
     names = sorted(pg_name(c) for c in key)
     row = conn.execute(_UNIQUE_ON, (qualified, len(names), names)).fetchone()
     return bool(row and row[0])

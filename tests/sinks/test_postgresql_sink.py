@@ -213,11 +213,14 @@ class TestPostgresSink(SinkContract):
             "deferred": ("CREATE TABLE {t} (a int, b int, PRIMARY KEY (a, b) DEFERRABLE INITIALLY DEFERRED)",
                          False),
         }
-        for name, (ddl, expected) in cases.items():
+        for name, (ddl, _) in cases.items():
             for statement in ddl.format(t=target.qualified(name)).split("; "):
                 target.execute(statement)
+        target.execute(f'CREATE TABLE {target.qualified("mixed")} ("Y" int, "_x" int, PRIMARY KEY ("_x", "Y"))')
         with contextlib.closing(target.server.connect(dbname=target.database)) as conn:
             found = {name: unique_on_key(conn, target.qualified(name), ("a", "b")) for name in cases}
+            # key names whose order differs between code points and a language collation
+            assert unique_on_key(conn, target.qualified("mixed"), ("Y", "_x"))
         assert found == {name: expected for name, (_, expected) in cases.items()}
 
     def test_names_with_percent_dollar_and_quote_load_through_native_placeholders(self, target, load):
