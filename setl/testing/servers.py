@@ -1088,6 +1088,9 @@ class SparkStandalone(_SparkDaemon):
 
     kind = "spark"
     main_class = "org.apache.spark.deploy.master.Master"
+    #: the master's REST submission server listens on a fixed port (6066) when on: off, so that two
+    #: clusters on one machine (two test runs) do not race for it
+    DEFAULT_OPTIONS: Mapping[str, Any] = {**_SparkDaemon.DEFAULT_OPTIONS, "spark.master.rest.enabled": "false"}
 
     def __init__(self, base_dir: str | os.PathLike[str] | None = None, port: int | None = None,
                  *, worker_cores: int = 1, worker_memory: str = "1g",
