@@ -416,7 +416,7 @@ class MysqlLoad(SqlLoad[pymysql.connections.Connection]):
                 if change is None:  # a run of inserts and reads: multi-row INSERTs
                     plain = f"{plain_quote(table.schema)}.{plain_quote(table.table)}"
                     usual, lenient = split_error_values(added, self._enums.get((table.schema, table.table), ()))
-                    for columns, images in group_by_columns(self._writable(i, computed) for i in usual).items():
+                    for columns, images in group_by_columns(self._all_writable(usual, computed)).items():
                         head = f"INSERT INTO {plain} ({', '.join(map(plain_quote, columns))}) VALUES "
                         with self._statements(conn, images) as statements:
                             for values in statements:

@@ -31,32 +31,23 @@ _TRUNCATED_COLUMN = re.compile(r"Data truncated for column '((?:[^']|'')+)' at r
 
 
 def holds_error_value(image: Mapping[str, Any], enums: Collection[str]) -> bool:
-    """Whether the row holds the ENUM error value in one of the `enums` (lower-cased names)."""
-    return any(value == ENUM_ERROR_VALUE for name, value in image.items() if name.lower() in enums)
+    """Whether the row holds the ENUM error value in one of the `enums` (lower-cased names); a
+    column's name is looked at only where its value is the empty string."""
+    return any(value == ENUM_ERROR_VALUE and name.lower() in enums for name, value in image.items())
 
 
 def split_error_values(images: Sequence[Mapping[str, Any]], enums: Collection[str]
                        ) -> tuple[Sequence[Mapping[str, Any]], list[Mapping[str, Any]]]:
     """`images` as (rows written as usual, rows holding the ENUM error value), each in order.
 
-    The ordered load runs this on every row it writes: a table without ENUM columns costs nothing,
-    and a row is looked at column by column only where a value is the empty string."""
+    The ordered load runs this on every row it writes: a table without ENUM columns costs nothing
+    (`holds_error_value` runs only for a table that has some)."""
     if not enums:
         return images, []
     usual: list[Mapping[str, Any]] = []
     lenient: list[Mapping[str, Any]] = []
-    is_enum: dict[str, bool] = {}
     for image in images:
-        held = False
-        for name, value in image.items():
-            if value == ENUM_ERROR_VALUE:
-                enum = is_enum.get(name)
-                if enum is None:
-                    enum = is_enum[name] = name.lower() in enums
-                if enum:
-                    held = True
-                    break
-        (lenient if held else usual).append(image)
+        (lenient if holds_error_value(image, enums) else usual).append(image)
     return usual, lenient
 
 

@@ -49,12 +49,19 @@ class SegmentPlanner:
 
     def segments(self, batch: Batch) -> list[Segment]:
         """The merged row changes of each run between DDLs, and the DDLs to apply, in batch order."""
+        if DdlChange in map(type, batch.changes):  # found at C speed; the common batch has none
+            segments = self._split(batch)
+        else:
+            segments = [merge(batch.changes)] if batch.changes else []
+        for segment in segments:
+            if isinstance(segment, list):
+                for table in segment:
+                    self._warn_unkeyed(table)
+        return segments
+
+    def _split(self, batch: Batch) -> list[Segment]:
+        """`segments` of a batch holding DDL: each run of row changes merged, and the DDLs between."""
         segments: list[Segment] = []
-        if DdlChange not in map(type, batch.changes):  # the common batch, found at C speed: no DDL
-            tables = merge(batch.changes) if batch.changes else []
-            for table in tables:
-                self._warn_unkeyed(table)
-            return [tables] if tables else []
         run: list[RowChange] = []
         for index, change in enumerate(batch.changes):
             if not isinstance(change, DdlChange):
@@ -79,10 +86,6 @@ class SegmentPlanner:
             segments.append(DdlStep(index, change, statement))
         if run:
             segments.append(merge(run))
-        for segment in segments:
-            if isinstance(segment, list):
-                for table in segment:
-                    self._warn_unkeyed(table)
         return segments
 
     def _warn_unkeyed(self, table: TableChanges) -> None:
