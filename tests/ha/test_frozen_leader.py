@@ -31,6 +31,7 @@ from tests.e2e.setl_process import (
     postgres_target,
 )
 from tests.ha.zk import unique_root
+from tests.helpers.locks import mariadb_lock_waits, postgres_lock_waits
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -54,7 +55,8 @@ class Target:
         """A connection whose open transaction holds row `key` of `table` (call .rollback())."""
         raise NotImplementedError
 
-    def lock_waits(self) -> int:
+    def lock_waits(self, holder: Any) -> int:
+        """Sessions waiting for a lock `holder` (a `lock` connection) holds (`tests.helpers.locks`)."""
         raise NotImplementedError
 
     def diagnose(self) -> str:
@@ -80,9 +82,8 @@ class MariaDBTarget(Target):
             cur.execute(f"SELECT * FROM `{self.database}`.`{table}` WHERE id = %s FOR UPDATE", (key,))
         return conn
 
-    def lock_waits(self) -> int:
-        return int(self.server.query("SELECT COUNT(*) FROM information_schema.INNODB_TRX"
-                                     " WHERE trx_state = 'LOCK WAIT'")[0][0])
+    def lock_waits(self, holder: Any) -> int:
+        return mariadb_lock_waits(self.server, holder)
 
     def diagnose(self) -> str:
         trx = self.server.query("SELECT trx_mysql_thread_id, trx_state, trx_started, trx_query"
@@ -110,8 +111,8 @@ class PostgresTarget(Target):
         conn.execute(f"SELECT * FROM app.{table} WHERE id = %s FOR UPDATE", (key,))
         return conn
 
-    def lock_waits(self) -> int:
-        return int(self.server.query("SELECT count(*) FROM pg_locks WHERE NOT granted")[0][0])
+    def lock_waits(self, holder: Any) -> int:
+        return postgres_lock_waits(self.server, holder)
 
     def diagnose(self) -> str:
         sessions = self.server.query("SELECT pid, datname, state, wait_event_type, wait_event, query"
@@ -243,7 +244,7 @@ def test_leader_frozen_inside_its_transaction_is_fenced(tmp_path, zookeeper_serv
             try:
                 # Polled every 0.3 s: InnoDB refreshes INFORMATION_SCHEMA.INNODB_TRX only after 100 ms
                 # without a read of it, so polling faster than that (a fast machine) never sees a change.
-                pair.wait(lambda: target.lock_waits() >= 1, "node-a's load to wait inside its transaction",
+                pair.wait(lambda: target.lock_waits(blocker) >= 1, "node-a's load to wait inside its transaction",
                           timeout=90, interval=0.3)
             except TimeoutError as exc:  # say why: the target's sessions and node-a's threads
                 pair.procs["node-a"].send_signal(signal.SIGUSR1)

@@ -107,11 +107,14 @@ class Target:
     def create(self, ddl: str, table: str) -> None:
         self.execute(ddl.format(table=self.qualified(table)))
 
-    def lock_waits(self) -> int:
-        """How many sessions wait for a row lock now.
+    def lock_waits(self, holder: Any) -> int:
+        """How many sessions wait now for a lock that `holder` (a `lock_row` connection) holds. Only
+        the holder's waiters: a wait anywhere else on the shared server (another test's leftover
+        session) must not pass for the one a test waits for.
 
-        Poll it at most every 0.3 s: InnoDB refreshes INFORMATION_SCHEMA.INNODB_TRX only after 100 ms
-        without a read of it, so faster polling can see the same stale answer forever."""
+        Poll it at most every 0.3 s: InnoDB refreshes INFORMATION_SCHEMA.INNODB_TRX and
+        INNODB_LOCK_WAITS only after 100 ms without a read of them, so faster polling can see the
+        same stale answer forever."""
         raise NotImplementedError
 
     def create_old_position_table(self, log: str, offset: int, epoch: int) -> None:
@@ -216,7 +219,7 @@ def frozen_and_deposed(target: Target, deposed_write: Callable[[], None], new_wr
     thread = threading.Thread(target=deposed, name=f"deposed-{what}")
     thread.start()
     try:
-        wait_until(lambda: target.lock_waits() >= 1, interval=0.3,  # see TargetProbe.lock_waits
+        wait_until(lambda: target.lock_waits(blocker) >= 1, interval=0.3,  # see TargetProbe.lock_waits
                    message=f"the old {what} to wait inside its transaction")
         started = time.monotonic()
         new_write()
@@ -879,7 +882,7 @@ class SinkContract(LoadContract):
         try:
             load.load_part(span([], 4, 104))  # takes the fence before the race
             thread.start()
-            wait_until(lambda: target.lock_waits() >= 1, interval=0.3,  # see TargetProbe.lock_waits
+            wait_until(lambda: target.lock_waits(blocker) >= 1, interval=0.3,  # see TargetProbe.lock_waits
                        message="the keyed part to wait for its row lock")
             load.load_part(keyless)
             assert target.rows("loose") == [("x", 1)] and thread.is_alive()

@@ -23,6 +23,7 @@ from setl.sinks.prepared import MAX_PREPARED
 from setl.sinks.sql_common import TargetTableMissing
 from setl.testing.servers import MariaDBServer, free_port
 from tests.e2e.replicate import PER_TABLE, replicate, table_rule, write_source
+from tests.helpers.locks import mariadb_lock_waits
 
 from .contract import Changes, SinkContract, Target, at, item, make_batch, model_settings, read, span
 
@@ -99,9 +100,8 @@ class MySQLTarget(Target):
     def session_alive(self, session: int) -> bool:
         return bool(self.server.query("SELECT 1 FROM information_schema.processlist WHERE id = %s", (session,)))
 
-    def lock_waits(self) -> int:
-        return int(self.server.query("SELECT COUNT(*) FROM information_schema.INNODB_TRX"
-                                     " WHERE trx_state = 'LOCK WAIT'")[0][0])
+    def lock_waits(self, holder: Any) -> int:
+        return mariadb_lock_waits(self.server, holder)
 
     def create_old_position_table(self, log: str, offset: int, epoch: int) -> None:
         self.execute(f"CREATE TABLE {self.position_table()} (`pipeline` VARCHAR(191) NOT NULL PRIMARY KEY,"

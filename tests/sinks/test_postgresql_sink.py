@@ -22,6 +22,7 @@ from setl.sinks.postgresql_ddl import pg_name
 from setl.sinks.sql_common import TargetTableMissing
 from setl.testing.servers import PostgresServer, free_port
 from tests.e2e.replicate import PER_TABLE, replicate, table_rule, write_source
+from tests.helpers.locks import postgres_lock_waits
 
 from .contract import Changes, SinkContract, Target, item, make_batch, model_settings, read
 
@@ -89,13 +90,15 @@ class PostgresTarget(Target):
         return conn
 
     def table_lock_waiters(self) -> int:
-        return int(self.server.query("SELECT COUNT(*) FROM pg_locks WHERE NOT granted AND locktype = 'relation'")[0][0])
+        return int(self.server.query("SELECT COUNT(*) FROM pg_locks WHERE NOT granted AND locktype = 'relation'"
+                                     " AND database = (SELECT oid FROM pg_database WHERE datname = %s)",
+                                     (self.database,))[0][0])
 
     def session_alive(self, session: int) -> bool:
         return bool(self.server.query("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (session,)))
 
-    def lock_waits(self) -> int:
-        return int(self.server.query("SELECT count(*) FROM pg_locks WHERE NOT granted")[0][0])
+    def lock_waits(self, holder: Any) -> int:
+        return postgres_lock_waits(self.server, holder)
 
     def create_old_position_table(self, log: str, offset: int, epoch: int) -> None:
         self.execute("CREATE SCHEMA IF NOT EXISTS setl")
