@@ -313,6 +313,30 @@ def test_target_held_position_wins_over_an_older_ack():
     assert sink.tables == reference_state(txs)
 
 
+def test_a_target_held_position_is_acked_at_start_with_nothing_new_to_read():
+    """A new leader meeting a target that committed past the ack acks that position at once, in its
+    own epoch: an idle source must not leave the ack (and the lag, status and a waiting client)
+    behind what the target holds until the next write (seen: a frozen leader's batch that committed
+    just before the freeze, its ack never written)."""
+    txs = single_row_stream(6)
+    sink = MemorySink(holds_position=True)
+    meta = SqliteMetaStore(":memory:")
+    run_pipeline(ScriptedSource(txs), sink, settings=fast_settings(1, max_rows=3), meta=meta)
+    held = sink.committed()
+    assert held is not None and held > Position("scripted", 3)
+    meta.reset_position("test", None)  # as if the last acks were lost
+    first = meta.ack("test", 1, 1, Position("scripted", 3))
+    loads_before = len(sink.loads)
+    result = run_pipeline(ScriptedSource(txs), sink, settings=fast_settings(1, max_rows=3), meta=meta)
+    assert result.outcome is Outcome.CAUGHT_UP
+    assert len(sink.loads) == loads_before  # nothing loaded again
+    ack = meta.position("test")
+    assert ack is not None and ack.position == held
+    assert ack.batch_id == first.batch_id + 1 and ack.epoch > first.epoch
+    assert sink.tables == reference_state(txs)
+    meta.close()
+
+
 def test_stop_drains_in_flight_batches_and_acks_them():
     """stop() lets every handed-on batch be loaded and acked: nothing is left half done."""
     source = ScriptedSource(single_row_stream(5))

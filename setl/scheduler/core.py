@@ -212,9 +212,13 @@ class Scheduler:
 
         Raises what opening the source raises. Call `wait` for the outcome.
         """
-        start, next_id = self._starting_point()
+        acked, start, next_id = self._starting_point()
         # Above any epoch the target already accepted: a rebuilt meta store starts again at 1.
         epoch = self.meta.next_epoch(self.name, at_least=(self.load.committed_epoch() or 0) + 1)
+        # The target holds more than the ack (its batch's ack never came): ack it now, so that the
+        # position, lag and status are right before the source writes again.
+        if start is not None and start != acked and self.termin.ack_target_position(next_id, epoch, acked, start):
+            next_id += 1
         self.ledger.begin(epoch, start, next_id)
         self.meta.set_state(self.name, Status.RUNNING, node=self.node_id)
         self._event("select", None, f"starting at {start or 'the configured start'}, epoch {epoch}")
@@ -275,16 +279,18 @@ class Scheduler:
 
     # --- setup and guards --------------------------------------------------------------------
 
-    def _starting_point(self) -> tuple[Position | None, int]:
+    def _starting_point(self) -> tuple[Position | None, Position | None, int]:
+        """The ack, where to start (the ack, or the target's own position when it holds more and no
+        operator reset the position since) and the next batch id."""
         ack = self.meta.position(self.name)
-        start = ack.position if ack else None
+        acked = start = ack.position if ack else None
         next_id = (ack.batch_id if ack else 0) + 1
         committed = self.load.committed()
         if committed is not None and not self.meta.position_was_reset(self.name):
             if start is None or committed > start:
                 self._event("load", None, f"target already holds {committed}, ahead of the ack {start}")
                 start = committed
-        return start, next_id
+        return acked, start, next_id
 
     def _guard(self, step: Callable[[], Progress]) -> Callable[[], Progress]:
         def call() -> Progress:

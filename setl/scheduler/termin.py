@@ -152,7 +152,7 @@ class Termin:
         # No load runs now (they are blocked until the rollback completes).
         resume = self._replay_from(acked)
         next_id = rolling.failed_id
-        if resume is not None and resume != acked and self._ack_target_position(next_id, rolling.epoch, acked, resume):
+        if resume is not None and resume != acked and self.ack_target_position(next_id, rolling.epoch, acked, resume):
             next_id += 1  # that id is acked: the replay goes on with the next one
         else:
             resume = acked
@@ -197,10 +197,11 @@ class Termin:
                   f"target already holds {committed}, ahead of the ack {acked}: replaying from it")
         return committed
 
-    def _ack_target_position(self, batch_id: int, epoch: int, acked: Position | None,
+    def ack_target_position(self, batch_id: int, epoch: int, acked: Position | None,
                              position: Position) -> bool:
         """Ack `position`, which the target holds though its batch's ack failed, as batch `batch_id`
-        (with no changes); False if the meta store refused it. No table-copy progress is written:
+        (with no changes) of `epoch`; False if the meta store refused it. Called by a rollback, and
+        by the scheduler's start before any task runs. No table-copy progress is written:
         a copy resumes before the batch's chunks, and copies them again (harmless)."""
         try:
             ack = self.meta.ack(self.name, batch_id, epoch, position, rows=0)
