@@ -18,6 +18,7 @@ if it was found different in at least two checks (one when `attempts` is 1) and 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -179,32 +180,55 @@ class Verifier:
     def _chunks_local(self, check: TableCheck, source: End, target: End,
                       boundary: Callable[[tuple[Any, ...] | None], tuple[Any, ...] | None], report: TableReport,
                       state: dict[KeyText, str], raws: dict[KeyText, tuple[Any, ...]]) -> None:
-        """Hash the table's chunks here, a window of them at a time; differing ones into `state`."""
+        """Hash the table's chunks here, a window of them at a time; differing ones into `state`.
+
+        Up to `window` chunks are hashed on the source, then one wait for the ack past the last of
+        their positions (past every one of them) lets the target hash them. The target's hashes of
+        a window run on a thread of their own while the source hashes the next window: the two
+        servers work at the same time (each end's connection is used by one thread at a time). A
+        window's differing chunks are drilled down once its target hashes are in and before the
+        next window goes to the target, so the drill-down has both ends to itself."""
         name = str(check.source.name)
         lower: tuple[Any, ...] | None = None
         done = False
-        while not done:
-            # up to `window` chunks hashed on the source, then one wait for the ack past the last of
-            # their positions (past every one of them), then the target's: one wait per window
-            window: list[tuple[Any, Any, tuple[int, int], Position | None]] = []
-            while len(window) < self.window and not done:
-                self.wait_lag(name)
-                upper = boundary(lower) if check.ranged else None
-                with source.snapshot() as position:
-                    failpoints.hit("verify_chunk", report.chunks + len(window), task=name)
-                    window.append((lower, upper, source.summary(lower, upper), position))
-                done, lower = upper is None, upper
-                self._charge(window[-1][2][0])
-            self.wait_acked(max((p for *_, p in window if p is not None), default=None), name)
-            for low, high, ours, _ in window:
+        hashed = 0  # chunks hashed on the source (the target's lag a window behind)
+        Window = list[tuple[Any, Any, tuple[int, int], Position | None]]
+
+        def target_hashes(window: Window) -> list[tuple[int, int]]:
+            found = []
+            for low, high, _, _ in window:
                 with target.snapshot():
-                    theirs = target.summary(low, high)
+                    found.append(target.summary(low, high))
+            return found
+
+        def compare(window: Window, theirs: list[tuple[int, int]]) -> None:
+            for (low, high, ours, _), their in zip(window, theirs):
                 report.rows += ours[0]
                 report.chunks += 1
-                if ours != theirs:
-                    self._bisect(check, source, target, low, high, max(ours[0], theirs[0]), state, raws)
+                if ours != their:
+                    self._bisect(check, source, target, low, high, max(ours[0], their[0]), state, raws)
             if self.progress is not None:
                 self.progress(name, report.rows, check.source.estimate, False)
+
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"verify-{name}"[:40]) as pool:
+            pending: tuple[Window, concurrent.futures.Future[list[tuple[int, int]]]] | None = None
+            while not done:
+                window: Window = []
+                while len(window) < self.window and not done:
+                    self.wait_lag(name)
+                    upper = boundary(lower) if check.ranged else None
+                    with source.snapshot() as position:
+                        failpoints.hit("verify_chunk", hashed, task=name)
+                        window.append((lower, upper, source.summary(lower, upper), position))
+                    hashed += 1
+                    done, lower = upper is None, upper
+                    self._charge(window[-1][2][0])
+                self.wait_acked(max((p for *_, p in window if p is not None), default=None), name)
+                if pending is not None:
+                    compare(pending[0], pending[1].result())
+                pending = window, pool.submit(target_hashes, window)
+            if pending is not None:
+                compare(pending[0], pending[1].result())
 
     def _chunks_remote(self, check: TableCheck, source: End, target: End,
                        boundary: Callable[[tuple[Any, ...] | None], tuple[Any, ...] | None], report: TableReport,
