@@ -4,9 +4,10 @@ reported.
 
 The consistent point (docs/verify.md): the source chunk is read in a consistent snapshot whose
 binlog position Pc the server tells; the target chunk is read once the pipeline's acked position
-has reached Pc (one wait for a window of chunks), so the target holds at least everything up to
-Pc (it may hold more). Equal aggregates end the chunk. Otherwise it is cut in 16 parts (each
-part's aggregate compared the same way, in one pass per end) down to ranges of `leaf_rows` rows,
+has reached Pc (on a thread of its own, while the source hashes the next chunks), so the target
+holds at least everything up to Pc (it may hold more). Equal aggregates end the chunk. Otherwise
+it is cut in 16 parts (each part's aggregate compared the same way, in one pass per end) down to
+ranges of `leaf_rows` rows,
 and the rows' hashes of each differing one are read in a sandwich: source at Pc1, the target once
 acked past Pc1, the source again at Pc2. A key whose source row is the same at Pc1 and Pc2 did not
 change in between, so the target (somewhere in [Pc1, Pc2] for it) must hold that row: a different
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -77,7 +79,7 @@ class Verifier:
     #: a differing range is cut in `parts` until it holds at most `leaf_rows` rows, then compared row by row
     leaf_rows: int = 1000
     parts: int = 16
-    #: chunks hashed on the source before one wait for the acked position covers them all
+    #: how many chunks the source hashes ahead of the target (which waits for the acked position)
     window: int = 8
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
@@ -99,8 +101,9 @@ class Verifier:
     _read: int = attrs.field(default=0, init=False)
     _since: float = attrs.field(default=0.0, init=False)
 
-    def wait_acked(self, position: Position | None, table: str) -> None:
-        """Return once the pipeline's acked position is at or past `position`."""
+    def wait_acked(self, position: Position | None, table: str, stop: threading.Event | None = None) -> None:
+        """Return once the pipeline's acked position is at or past `position`; raise VerifyError
+        after `wait_timeout` seconds, or as soon as `stop` is set."""
         if position is None:
             return
         deadline = self.clock() + self.wait_timeout
@@ -108,6 +111,8 @@ class Verifier:
             ack = self.acked()
             if ack is not None and ack >= position:
                 return
+            if stop is not None and stop.is_set():
+                raise VerifyError("the check stopped", pipeline=self.pipeline, stage="verify", table=table)
             if self.clock() >= deadline:
                 raise VerifyError(f"the acked position {ack or 'none'} has not reached the source's position "
                                   f"{position} within {self.wait_timeout:.0f}s: start the pipeline (or let it "
@@ -180,55 +185,63 @@ class Verifier:
     def _chunks_local(self, check: TableCheck, source: End, target: End,
                       boundary: Callable[[tuple[Any, ...] | None], tuple[Any, ...] | None], report: TableReport,
                       state: dict[KeyText, str], raws: dict[KeyText, tuple[Any, ...]]) -> None:
-        """Hash the table's chunks here, a window of them at a time; differing ones into `state`.
+        """Hash the table's chunks here; differing ones into `state`.
 
-        Up to `window` chunks are hashed on the source, then one wait for the ack past the last of
-        their positions (past every one of them) lets the target hash them. The target's hashes of
-        a window run on a thread of their own while the source hashes the next window: the two
-        servers work at the same time (each end's connection is used by one thread at a time). A
-        window's differing chunks are drilled down once its target hashes are in and before the
-        next window goes to the target, so the drill-down has both ends to itself."""
+        The source hashes chunk after chunk, each in its own snapshot. The target hashes them in
+        the same order on a thread of its own, each once the pipeline's ack has reached the
+        chunk's position, so the two servers work at the same time; the source runs at most
+        `window` chunks ahead. The differing chunks are drilled down (`_bisect`) once every chunk
+        is hashed on both ends: each end's connection is used by one thread at a time."""
         name = str(check.source.name)
         lower: tuple[Any, ...] | None = None
         done = False
-        hashed = 0  # chunks hashed on the source (the target's lag a window behind)
-        Window = list[tuple[Any, Any, tuple[int, int], Position | None]]
+        hashed = 0  # chunks hashed on the source
+        Summary = tuple[int, int]
+        ahead: collections.deque[tuple[Any, Any, Summary, concurrent.futures.Future[Summary]]] = collections.deque()
+        differing: list[tuple[Any, Any, int]] = []
 
-        def target_hashes(window: Window) -> list[tuple[int, int]]:
-            found = []
-            for low, high, _, _ in window:
-                with target.snapshot():
-                    found.append(target.summary(low, high))
-            return found
+        stop = threading.Event()  # the source side failed: the target side gives up its wait
 
-        def compare(window: Window, theirs: list[tuple[int, int]]) -> None:
-            for (low, high, ours, _), their in zip(window, theirs):
-                report.rows += ours[0]
-                report.chunks += 1
-                if ours != their:
-                    self._bisect(check, source, target, low, high, max(ours[0], their[0]), state, raws)
-            if self.progress is not None:
+        def target_hash(low: Any, high: Any, position: Position | None) -> Summary:
+            self.wait_acked(position, name, stop)
+            with target.snapshot():
+                return target.summary(low, high)
+
+        def compared() -> None:  # the oldest chunk's target hash is in
+            low, high, ours, theirs = ahead.popleft()
+            their = theirs.result()
+            report.rows += ours[0]
+            report.chunks += 1
+            if ours != their:
+                differing.append((low, high, max(ours[0], their[0])))
+            if self.progress is not None and report.chunks % self.window == 0:
                 self.progress(name, report.rows, check.source.estimate, False)
 
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"verify-{name}"[:40]) as pool:
-            pending: tuple[Window, concurrent.futures.Future[list[tuple[int, int]]]] | None = None
-            while not done:
-                window: Window = []
-                while len(window) < self.window and not done:
+            try:
+                while not done:
                     self.wait_lag(name)
                     upper = boundary(lower) if check.ranged else None
                     with source.snapshot() as position:
                         failpoints.hit("verify_chunk", hashed, task=name)
-                        window.append((lower, upper, source.summary(lower, upper), position))
+                        ours = source.summary(lower, upper)
                     hashed += 1
+                    ahead.append((lower, upper, ours, pool.submit(target_hash, lower, upper, position)))
                     done, lower = upper is None, upper
-                    self._charge(window[-1][2][0])
-                self.wait_acked(max((p for *_, p in window if p is not None), default=None), name)
-                if pending is not None:
-                    compare(pending[0], pending[1].result())
-                pending = window, pool.submit(target_hashes, window)
-            if pending is not None:
-                compare(pending[0], pending[1].result())
+                    self._charge(ours[0])
+                    while len(ahead) > self.window:
+                        compared()
+                while ahead:
+                    compared()
+            except BaseException:
+                stop.set()
+                for *_, pending in ahead:
+                    pending.cancel()
+                raise
+        for low, high, rows in differing:
+            self._bisect(check, source, target, low, high, rows, state, raws)
+        if self.progress is not None:
+            self.progress(name, report.rows, check.source.estimate, False)
 
     def _chunks_remote(self, check: TableCheck, source: End, target: End,
                        boundary: Callable[[tuple[Any, ...] | None], tuple[Any, ...] | None], report: TableReport,
