@@ -73,7 +73,9 @@ class End:
             self.key_sql = [self.texts_sql[check.columns.index(c)] for c in check.key]
             # strings and other texts that may hold the separator carry their length
             counted = [c.kind in canonical.STRINGS or c.kind in ("set", "json") for c in check.columns]
-            self.hash = engine.hash_sql(engine.row_sql(self.texts_sql, counted))
+            plain = [engine.plain_sql(c.kind if source else c.target_type, q(n))
+                     for c, n in zip(check.columns, self.names)]
+            self.hash = engine.hash_sql(engine.row_sql(self.texts_sql, counted, plain))
         # python mode: the source reads every column (a row filter may name any); the target the compared ones
         self.fetched = list(check.source.columns) if source else self.names
 

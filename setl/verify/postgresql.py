@@ -58,8 +58,13 @@ def text_sql(kind: str, own: str, column: str) -> str | None:
     return None
 
 
-def row_sql(texts: Sequence[str], counted: Sequence[bool]) -> str:
-    """`setl.verify.mariadb.row_sql`'s text, in PostgreSQL."""
+def plain_sql(own: str, column: str) -> str | None:
+    """None: PostgreSQL's `row_sql` tests and measures the texts themselves."""
+    return None
+
+
+def row_sql(texts: Sequence[str], counted: Sequence[bool], plain: Sequence[str | None] | None = None) -> str:
+    """`setl.verify.mariadb.row_sql`'s text, in PostgreSQL (`plain` is not used)."""
     if not texts:
         return "''"
     nulls = f"concat({', '.join(f'({t} IS NULL)::int' for t in texts)})"

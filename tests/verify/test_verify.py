@@ -185,3 +185,40 @@ def test_verify_postgresql_target(tmp_path, mariadb_source, postgres_server, sou
         code, report = verify(setl, "--chunk-rows", "15")
     assert code == 1
     check_drift(report, postgres=True)
+
+
+def test_mariadb_row_text_from_plain_columns_equals_the_one_from_their_texts(mariadb_source, source_db):
+    """`mariadb.plain_sql`: testing and measuring a column itself instead of its text gives the same
+    row text, byte for byte, for NULLs, '' and values in several character sets (4-byte characters,
+    latin1, sjis, a ``|`` inside a value, trailing spaces), sets, numbers and byte strings."""
+    from setl.verify import mariadb
+
+    columns = {"id": "int", "a": "varchar", "l": "char", "j": "varchar", "t": "text", "e": "enum", "st": "set",
+               "u": "bigint", "d": "decimal", "f": "float", "g": "double", "b": "varbinary", "bl": "blob",
+               "k": "tinyint"}
+    conn = mariadb_source.connect(database=source_db)
+    with contextlib.closing(conn), conn.cursor() as cur:
+        cur.execute("CREATE TABLE plain (id INT NOT NULL PRIMARY KEY, a VARCHAR(20) CHARACTER SET utf8mb4,"
+                    " l CHAR(8) CHARACTER SET latin1, j VARCHAR(10) CHARACTER SET sjis, t TEXT,"
+                    " e ENUM('x','|y'), st SET('p','q'), u BIGINT UNSIGNED, d DECIMAL(65,30), f FLOAT, g DOUBLE,"
+                    " b VARBINARY(8), bl BLOB, k TINYINT)")
+        rows = [
+            (1, None, None, None, None, None, None, None, None, None, None, None, None, None),
+            (2, "", "", "", "", "x", "", 0, "0", 0, 0, b"", b"", 0),
+            (3, "emoji \U0001F600|x", "caf\u00e9  ", "\u30c6\u30b9\u30c8", "a|b,c", "|y", "p,q", 2 ** 64 - 1,
+             "-1.000000000000000000000000000001", -1.5, 1e300, b"\x00|\xff", b"\x00" * 300, -128),
+        ]
+        for row in rows:
+            cur.execute(f"INSERT INTO plain VALUES ({', '.join(['%s'] * len(row))})", row)
+        names = list(columns)
+        texts = [mariadb.text_sql(kind, kind, mariadb.quote(name)) for name, kind in columns.items()]
+        plain = [mariadb.plain_sql(kind, mariadb.quote(name)) for name, kind in columns.items()]
+        assert all(texts) and sum(p is not None for p in plain) == len(names)
+        counted = [kind in ("varchar", "char", "text", "enum", "set") for kind in columns.values()]
+        before, after = mariadb.row_sql(texts, counted), mariadb.row_sql(texts, counted, plain)
+        assert before != after
+        cur.execute(f"SELECT id, BINARY {before}, BINARY {after} FROM plain ORDER BY id".replace("%%", "%"))
+        found = cur.fetchall()
+    assert [r[0] for r in found] == [1, 2, 3]
+    for id_, want, got in found:
+        assert got == want, (id_, want, got)
