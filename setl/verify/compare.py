@@ -1,19 +1,18 @@
-"""The comparison loop of `setl verify` (`Verifier`): each chunk at a consistent point, the chunks
-that differ drilled down to rows, and the rows re-checked at later positions before anything is
-reported.
+"""The comparison loop of `setl verify` (`Verifier`): each chunk at a consistent point, the chunks that
+differ drilled down to rows, and the rows re-checked at later positions before anything is reported.
 
 The consistent point (docs/verify.md): the source chunk is read in a consistent snapshot whose
-binlog position Pc the server tells; the target chunk is read once the pipeline's acked position
-has reached Pc (on a thread of its own, while the source hashes the next chunks), so the target
-holds at least everything up to Pc (it may hold more). Equal aggregates end the chunk. Otherwise
-it is cut in 16 parts (each part's aggregate compared the same way, in one pass per end) down to
-ranges of `leaf_rows` rows,
-and the rows' hashes of each differing one are read in a sandwich: source at Pc1, the target once
-acked past Pc1, the source again at Pc2. A key whose source row is the same at Pc1 and Pc2 did not
-change in between, so the target (somewhere in [Pc1, Pc2] for it) must hold that row: a different
-target row is a difference; a key whose source row changed in between is unsettled and looked at
-again. Every candidate is re-checked the same way `attempts - 1` more times; it is reported only
-if it was found different in at least two checks (one when `attempts` is 1) and never equal.
+binlog position Pc the server tells; the target chunk is read once the pipeline's acked position has
+reached Pc (on a thread of its own, while the source hashes the next chunks), so the target holds at
+least everything up to Pc (it may hold more). Equal aggregates end the chunk. Otherwise it is cut in
+16 parts (each part's aggregate compared the same way, in one pass per end) down to ranges of
+`leaf_rows` rows, and the rows' hashes of each differing one are read in a sandwich: source at Pc1,
+the target once acked past Pc1, the source again at Pc2. A key whose source row is the same at Pc1
+and Pc2 did not change in between, so the target (somewhere in [Pc1, Pc2] for it) must hold that
+row: a different target row is a difference; a key whose source row changed in between is unsettled
+and looked at again. Every candidate is re-checked the same way `attempts - 1` more times; it is
+reported only if it was found different in at least two checks (one when `attempts` is 1) and never
+equal.
 """
 
 from __future__ import annotations
@@ -199,7 +198,6 @@ class Verifier:
         Summary = tuple[int, int]
         ahead: collections.deque[tuple[Any, Any, Summary, concurrent.futures.Future[Summary]]] = collections.deque()
         differing: list[tuple[Any, Any, int]] = []
-
         stop = threading.Event()  # the source side failed: the target side gives up its wait
 
         def target_hash(low: Any, high: Any, position: Position | None) -> Summary:

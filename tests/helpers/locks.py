@@ -1,8 +1,10 @@
 """Who waits on a test's lock: the sessions blocked by one connection's open transaction.
 
 Counted per holder, never server-wide: the MariaDB and PostgreSQL servers are shared by the whole
-test session, and a lock wait of another test's leftover session must not pass for the wait a test
-expects (it once let a frozen-leader test freeze the leader before its load had reached the lock).
+test session, and a lock wait anywhere else must not pass for the wait a test expects. (A CI run
+of the frozen-leader test found the batch it meant to freeze inside its transaction committed in
+the target: the leader cannot have been waiting on the test's lock, so the server-wide count had
+passed on some other wait.)
 """
 
 from __future__ import annotations
