@@ -109,8 +109,8 @@ class Target:
 
     def lock_waits(self, holder: Any) -> int:
         """How many sessions wait now for a lock that `holder` (a `lock_row` connection) holds. Only
-        the holder's waiters: a wait anywhere else on the shared server (another test's leftover
-        session) must not pass for the one a test waits for.
+        the holder's waiters: a wait anywhere else on the shared server must not pass for the one a
+        test waits for (`tests.helpers.locks`).
 
         Poll it at most every 0.3 s: InnoDB refreshes INFORMATION_SCHEMA.INNODB_TRX and
         INNODB_LOCK_WAITS only after 100 ms without a read of them, so faster polling can see the
