@@ -51,8 +51,9 @@ class SegmentPlanner:
         """The merged row changes of each run between DDLs, and the DDLs to apply, in batch order."""
         if DdlChange in map(type, batch.changes):  # found at C speed; the common batch has none
             segments = self._split(batch)
-        else:
-            segments = [merge(batch.changes)] if batch.changes else []
+        else:  # one run: no segment when it merges to nothing (a row inserted and deleted again)
+            tables = merge(batch.changes)
+            segments = [tables] if tables else []
         for segment in segments:
             if isinstance(segment, list):
                 for table in segment:
