@@ -49,7 +49,8 @@ from pymysql.constants import CLIENT, SERVER_STATUS
 
 from setl.config import SslConfig
 from setl.errors import LoadError, TransientLoadError
-from setl.model import Batch
+from setl.model import Batch, Op, RowChange
+from setl.sinks import mysql_load_data
 from setl.sinks.merge import TableChanges
 from setl.sinks.mysql_ddl import MysqlDdlApplier
 from setl.sinks.mysql_lenient import execute_one_row, holds_error_value, split_error_values
@@ -182,6 +183,9 @@ class _Prepared:
     segments: list[Segment]
     #: id(TableChanges) -> (that TableChanges, [(statement head, [rest of each statement])])
     statements: dict[int, tuple[TableChanges, list[tuple[str, list[str]]]]]
+    #: id(TableChanges) -> (that TableChanges, [(LOAD DATA statement, its input, its rows)]): a
+    #: batch of snapshot reads only, into an InnoDB table (`setl.sinks.mysql_load_data`)
+    loads: dict[int, tuple[TableChanges, list[mysql_load_data.Input]]]
     generation: int
     statement_bytes: int
     backslashes: bool
@@ -211,6 +215,8 @@ class MysqlLoad(SqlLoad[pymysql.connections.Connection]):
         # per target table: its ENUM columns, lower-cased (rows holding ENUM's error value '' are
         # written on their own, `setl.sinks.mysql_lenient`); known and forgotten with `_unwritable`
         self._enums: dict[tuple[str, str], frozenset[str]] = {}
+        #: snapshot reads by LOAD DATA; its tables' engines known and forgotten with `_unwritable`
+        self.load_data = mysql_load_data.LoadData(self.pipeline, self._describe)
         self._unwritable_generation = 0  # counts the times `_unwritable` was forgotten (after DDL)
         #: the target's sequences: their state rows, and creating the ones it lacks
         self.sequences = MysqlSequences(self.pipeline, self._connect)
@@ -245,6 +251,9 @@ class MysqlLoad(SqlLoad[pymysql.connections.Connection]):
         generation, limit = self._unwritable_generation, self._statement_bytes
         segments = super()._segments(without_sequence_ddl(batch, self.pipeline, keep_sequences=True))
         statements: dict[int, tuple[TableChanges, list[tuple[str, list[str]]]]] = {}
+        loads: dict[int, tuple[TableChanges, list[mysql_load_data.Input]]] = {}
+        read = Op.READ
+        reads_only = escaper[1] and all(type(c) is RowChange and c.op is read for c in batch.changes)
         for segment in segments:
             if not isinstance(segment, list):
                 break  # a DDL may change the tables after it
@@ -252,8 +261,14 @@ class MysqlLoad(SqlLoad[pymysql.connections.Connection]):
                 computed = self._unwritable.get((table.schema, table.table))
                 if not table.primary_key or not table.upserts or computed is None:
                     continue
+                if reads_only and self.load_data.may((table.schema, table.table)):
+                    found = mysql_load_data.inputs(table.schema, table.table, group_by_columns(
+                        self._all_writable(table.upserts, computed)).items())
+                    if found is not None:
+                        loads[id(table)] = (table, found)
+                        continue
                 statements[id(table)] = (table, list(self._upsert_statements(table, computed, *escaper, limit)))
-        self._prepared.put(batch, _Prepared(segments, statements, generation, limit, escaper[1]))
+        self._prepared.put(batch, _Prepared(segments, statements, loads, generation, limit, escaper[1]))
 
     def _prepared_statements(self, conn: pymysql.connections.Connection,
                              table: TableChanges) -> list[tuple[str, list[str]]] | None:
@@ -266,6 +281,17 @@ class MysqlLoad(SqlLoad[pymysql.connections.Connection]):
                 valid = (prepared.generation == self._unwritable_generation
                          and prepared.statement_bytes == self._statement_bytes
                          and prepared.backslashes == backslashes)
+                return found[1] if valid else None
+        return None
+
+    def _prepared_loads(self, table: TableChanges) -> list[mysql_load_data.Input] | None:
+        """The ``LOAD DATA`` inputs `prepare` made for `table`, if its columns were not forgotten
+        since (a DDL) and the table may still go by ``LOAD DATA``."""
+        for prepared in self._prepared.values():
+            found = prepared.loads.get(id(table))
+            if found is not None and found[0] is table:
+                valid = (prepared.generation == self._unwritable_generation
+                         and self.load_data.may((table.schema, table.table)))
                 return found[1] if valid else None
         return None
 
@@ -283,6 +309,7 @@ class MysqlLoad(SqlLoad[pymysql.connections.Connection]):
         """A staging table made or dropped: learn its computed and ENUM columns again at next use."""
         self._unwritable.pop((schema, table), None)
         self._enums.pop((schema, table), None)
+        self.load_data.forget((schema, table))
 
     def _connect(self) -> pymysql.connections.Connection:
         conn = pymysql.connect(
@@ -297,8 +324,10 @@ class MysqlLoad(SqlLoad[pymysql.connections.Connection]):
             read_timeout=self.read_timeout,
             write_timeout=self.read_timeout,
             ssl=self._ssl,
-            # `MysqlPositionStore.record_and_commit` sends several statements at once.
-            client_flag=CLIENT.MULTI_STATEMENTS,
+            # `MysqlPositionStore.record_and_commit` sends several statements at once; snapshot
+            # reads may go by LOAD DATA LOCAL, whose input only `mysql_load_data` sends (PyMySQL's
+            # own `local_infile`, which opens any file the server names, stays off).
+            client_flag=CLIENT.MULTI_STATEMENTS | CLIENT.LOCAL_FILES,
         )
         if self._ssl is not None:
             require_encrypted(conn, self.config.host, self.config.port)
@@ -337,6 +366,10 @@ class MysqlLoad(SqlLoad[pymysql.connections.Connection]):
             rows = cur.fetchall()
             known = frozenset(row[0].lower() for row in rows if row[1])
             if rows:  # a missing table is asked again next time
+                cur.execute("SELECT engine FROM information_schema.tables WHERE table_schema = %s"
+                            " AND table_name = %s", (schema, table))
+                engine = cur.fetchone()
+                self.load_data.transactional[ident] = bool(engine and str(engine[0]).lower() == "innodb")
                 self._unwritable[ident] = known
                 self._enums[ident] = frozenset(row[0].lower() for row in rows if row[2])
         return known
@@ -372,6 +405,12 @@ class MysqlLoad(SqlLoad[pymysql.connections.Connection]):
                 self._escaper = (conn.escape, not getattr(conn, "server_status", 0)
                                  & SERVER_STATUS.SERVER_STATUS_NO_BACKSLASH_ESCAPES)
             upserts, lenient = split_error_values(table.upserts, self._enums.get((table.schema, table.table), ()))
+            if not lenient and not table.deletes:
+                loads = self._prepared_loads(table)
+                if loads is not None and self.load_data.send(
+                        conn, cur, (table.schema, table.table), loads,
+                        min(mysql_load_data.PACKET_BYTES, self._statement_bytes)):
+                    return
             prepared = self._prepared_statements(conn, table) if not lenient else None
             if prepared is not None:
                 for head, texts in prepared:
@@ -479,6 +518,7 @@ class MysqlLoad(SqlLoad[pymysql.connections.Connection]):
         self._unwritable_generation += 1  # statements prepared before this DDL are not used
         self._unwritable.clear()
         self._enums.clear()
+        self.load_data.forget()
         self.sequences.forget()
 
     # -- errors

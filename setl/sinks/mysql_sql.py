@@ -2,12 +2,16 @@
 sessions run under.
 
 Compiled by Cython as it is (setup.py; the .py serves where it is not built): `value_lists`
-turns every row a batch writes into statement text.
+turns every row a batch writes into statement text, `load_data_text` a chunk of snapshot rows
+into ``LOAD DATA`` input.
 """
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import json
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -82,3 +86,61 @@ def value_lists(images: Sequence[Mapping[str, Any]], literal: Callable[[Any], st
             rows, size = [], 0
     if rows:
         yield ",".join(rows)
+
+
+#: The input format `load_data_text` writes, as a ``LOAD DATA`` clause (a session with backslash
+#: escapes: the target's sessions never set ``NO_BACKSLASH_ESCAPES``).
+LOAD_DATA_FORMAT = "CHARACTER SET utf8mb4 FIELDS TERMINATED BY '\\t' ESCAPED BY '\\\\' LINES TERMINATED BY '\\n'"
+
+
+def _escaped_field(value: str) -> str:
+    return (value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
+            .replace("\r", "\\r").replace("\x00", "\\0"))
+
+
+def load_data_text(images: Sequence[Mapping[str, Any]]) -> bytes | None:
+    """`images` (which share one column order) as ``LOAD DATA`` input in `LOAD_DATA_FORMAT`: one
+    line a row, fields as the text a statement's literal holds (NULL as ``\\N``; backslash, tab,
+    newline, carriage return and NUL escaped), so that the server converts each the same way.
+    None when a value is of a type written otherwise in a statement (bytes, JSON, SET, TIME,
+    zero dates, spatial values, an aware datetime, a float or decimal that is not finite...),
+    or when a row would be an empty line: those rows go by statements."""
+    lines: list[str] = []
+    for image in images:
+        parts: list[str] = []
+        add = parts.append
+        for value in image.values():
+            kind = type(value)
+            if kind is str:
+                if "\\" in value or "\t" in value or "\n" in value or "\r" in value or "\x00" in value:
+                    value = _escaped_field(value)
+                add(value)
+            elif kind is int:
+                add(str(value))
+            elif value is None:
+                add("\\N")
+            elif kind is datetime.datetime:
+                if value.tzinfo is not None:
+                    return None
+                add(value.isoformat(" "))
+            elif kind is datetime.date:
+                add(value.isoformat())
+            elif kind is decimal.Decimal:
+                if not value.is_finite():
+                    return None
+                add(format(value, "f"))
+            elif kind is float:
+                if not math.isfinite(value):
+                    return None
+                add(repr(value))
+            else:
+                return None
+        line = "\t".join(parts)
+        if not line:
+            return None  # one column holding '': an empty line
+        lines.append(line)
+    lines.append("")
+    try:
+        return "\n".join(lines).encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: left to a statement, which refuses it clearly
+        return None
