@@ -2,7 +2,9 @@
 
 Each batch is one transaction: ``DELETE ... WHERE (key) IN (...)`` for the merged deletes, then
 multi-row ``INSERT ... ON DUPLICATE KEY UPDATE`` of the full after-images (snapshot reads among
-them; into a keyless table, runs of inserts and reads as multi-row ``INSERT``), then the batch's end
+them, a batch of reads only into an InnoDB table tried first by ``LOAD DATA LOCAL``,
+`setl.sinks.mysql_load_data`; into a keyless table, runs of inserts and reads as multi-row
+``INSERT``), then the batch's end
 position, batch id and epoch in ```setl`.`setl_position``` (see `SqlLoad` for the guarantees).
 Target tables must exist, named by the batch's schema and table, or be made by replicated DDL:
 under ``pipeline.ddl: apply`` each table DDL runs as Extract rewrote it (names mapped and
