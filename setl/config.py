@@ -124,7 +124,7 @@ class RuntimeConfig:
         default=attrs.Factory(lambda self: 4 * self.workers, takes_self=True),
         validator=attrs.validators.optional(attrs.validators.ge(0)))
     # `setl start`'s first-generation garbage-collector threshold (see setl.node.tune_gc); 0: Python's own.
-    gc_threshold: int = attrs.field(default=20_000, validator=attrs.validators.ge(0))
+    gc_threshold: int = attrs.field(default=500_000, validator=attrs.validators.ge(0))
 
     def __attrs_post_init__(self) -> None:
         if self.max_workers < self.workers:

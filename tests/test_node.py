@@ -29,7 +29,7 @@ def test_binlog_source_splits_transactions_at_the_batch_size(tmp_path):
 
 
 def test_tune_gc_freezes_the_startup_heap_and_raises_the_first_threshold(tmp_path):
-    """`runtime.gc_threshold` (default 20000) is applied after a freeze; 0 leaves Python's settings alone."""
+    """`runtime.gc_threshold` (default 500000) is applied after a freeze; 0 leaves Python's settings alone."""
     conf = tmp_path / "conf"
     conf.mkdir()
     (conf / "setl.yaml").write_text("runtime: {gc_threshold: 0}\n")
@@ -38,7 +38,7 @@ def test_tune_gc_freezes_the_startup_heap_and_raises_the_first_threshold(tmp_pat
         gc.unfreeze()
         tune_gc(load_node(conf).runtime)
         assert gc.get_threshold() == before and gc.get_freeze_count() == 0
-        assert load_node(tmp_path / "none").runtime.gc_threshold == 20_000
+        assert load_node(tmp_path / "none").runtime.gc_threshold == 500_000
         tune_gc(RuntimeConfig(gc_threshold=12_345))
         assert gc.get_threshold() == (12_345, before[1], before[2])
         assert gc.get_freeze_count() > 0
