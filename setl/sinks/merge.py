@@ -7,7 +7,7 @@ nothing more: this is what makes loads idempotent.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -39,8 +39,38 @@ class TableChanges:
         return len(self.deletes) + len(self.upserts) + len(self.sequence)
 
 
+def _reads_of_one_table(changes: Sequence[Change]) -> list[TableChanges] | None:
+    """`merge` of a snapshot chunk: snapshot reads of one keyed table, each key once, merge to
+    their after-images as they are, in order; None for anything else (`merge` then does it)."""
+    if not changes:
+        return None
+    first = changes[0]
+    if type(first) is not RowChange or not first.primary_key:
+        return None
+    read = Op.READ
+    schema, table, pk = first.schema, first.table, first.primary_key
+    afters: list[Any] = []  # a read's after-image: never None
+    add = afters.append
+    for change in changes:
+        if type(change) is not RowChange or change.op is not read or change.table != table or change.schema != schema:
+            return None
+        add(change.after)
+    if len(pk) == 1:
+        column = pk[0]
+        keys = len({after[column] for after in afters})
+    else:
+        keys = len({tuple([after[c] for c in pk]) for after in afters})
+    if keys != len(afters):
+        return None
+    return [TableChanges(schema, table, pk, (), tuple(afters))]
+
+
 def merge(changes: Iterable[Change]) -> list[TableChanges]:
     """Net row changes per table, tables in first-touch order. DDL changes are refused."""
+    if isinstance(changes, (list, tuple)):
+        chunk = _reads_of_one_table(changes)
+        if chunk is not None:
+            return chunk
     # The hot loop of every load: per table, key -> (is_upsert, image). Keys are computed here
     # rather than through `RowChange.key`/`old_key`, without a generator for a one-column key.
     keyed: dict[tuple[str, str], dict[tuple[Any, ...], tuple[bool, Mapping[str, Any]]]] = {}

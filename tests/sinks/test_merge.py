@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from setl.model import DdlChange, Op, RowChange
-from setl.sinks.merge import TableChanges, merge
+from setl.sinks.merge import TableChanges, _reads_of_one_table, merge
 
 TABLES = {("a", "one"): ("id",), ("a", "two"): ("k1", "k2"), ("b", "loose"): ()}
 
@@ -77,3 +77,31 @@ def test_ddl_is_refused():
     """A DDL change in merge's input is a TypeError."""
     with pytest.raises(TypeError):
         merge([DdlChange("a", "one", "DROP TABLE one")])
+
+
+@st.composite
+def read_lists(draw: st.DrawFn) -> list[RowChange]:
+    """Snapshot reads as a chunk hands them on: mostly one keyed table with each key once, sometimes
+    a key read twice, a second table or a keyless one (what the chunk shortcut must leave to merge)."""
+    tables = draw(st.lists(st.sampled_from(sorted(TABLES)), min_size=1, max_size=2, unique=True))
+    ids = draw(st.lists(st.integers(0, 30), max_size=30, unique=not draw(st.integers(0, 3)) == 0))
+    changes = []
+    for n, key_value in enumerate(ids):
+        schema, table = tables[n % len(tables)] if draw(st.integers(0, 4)) == 0 else tables[0]
+        key = TABLES[(schema, table)]
+        row = {"id": key_value, "k1": key_value // 2, "k2": "xy"[key_value % 2], "v": n}
+        after = row if key != ("k1", "k2") else {c: row[c] for c in ("k1", "k2", "v")}
+        changes.append(RowChange(Op.READ, schema, table, key, None, after))
+    return changes
+
+
+@settings(max_examples=300, deadline=None)
+@given(read_lists())
+def test_a_chunk_of_reads_merges_as_the_reference_does(changes):
+    """A chunk of reads (one keyed table, each key once) takes merge's shortcut; reads of a key twice,
+    of two tables or of a keyless table do not: all merge exactly as the reference, as list or tuple."""
+    assert merge(changes) == reference(changes)
+    assert merge(tuple(changes)) == reference(changes)
+    one_table = len({(c.schema, c.table) for c in changes}) == 1 and changes[0].primary_key
+    chunk = one_table and len({c.key for c in changes}) == len(changes)
+    assert (_reads_of_one_table(changes) is not None) == bool(chunk)
