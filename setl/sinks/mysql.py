@@ -51,7 +51,7 @@ from pymysql.constants import CLIENT, SERVER_STATUS
 
 from setl.config import SslConfig
 from setl.errors import LoadError, TransientLoadError
-from setl.model import Batch, Op, RowChange
+from setl.model import Batch
 from setl.sinks import mysql_load_data
 from setl.sinks.merge import TableChanges
 from setl.sinks.mysql_ddl import MysqlDdlApplier
@@ -71,6 +71,7 @@ from setl.sinks.sql_common import (
     chunks,
     group_by_columns,
     insert_runs,
+    reads_only,
 )
 from setl.stages.load import LoadCapabilities
 from setl.tls import mysql_context, require_encrypted
@@ -254,8 +255,7 @@ class MysqlLoad(SqlLoad[pymysql.connections.Connection]):
         segments = super()._segments(without_sequence_ddl(batch, self.pipeline, keep_sequences=True))
         statements: dict[int, tuple[TableChanges, list[tuple[str, list[str]]]]] = {}
         loads: dict[int, tuple[TableChanges, list[mysql_load_data.Input]]] = {}
-        read = Op.READ
-        reads_only = escaper[1] and all(type(c) is RowChange and c.op is read for c in batch.changes)
+        chunk = escaper[1] and reads_only(batch)
         for segment in segments:
             if not isinstance(segment, list):
                 break  # a DDL may change the tables after it
@@ -263,7 +263,7 @@ class MysqlLoad(SqlLoad[pymysql.connections.Connection]):
                 computed = self._unwritable.get((table.schema, table.table))
                 if not table.primary_key or not table.upserts or computed is None:
                     continue
-                if reads_only and self.load_data.may((table.schema, table.table)):
+                if chunk and self.load_data.may((table.schema, table.table)):
                     found = mysql_load_data.inputs(table.schema, table.table, group_by_columns(
                         self._all_writable(table.upserts, computed)).items())
                     if found is not None:

@@ -36,7 +36,7 @@ from psycopg.types.json import Jsonb
 from setl.config import SslConfig
 from setl.ddl import parse
 from setl.errors import LoadError, RefusedLoadError, TransientLoadError
-from setl.model import Batch, Op, RowChange
+from setl.model import Batch
 from setl.sinks import postgresql_spatial as spatial
 from setl.sinks.invalid_dates import InvalidDatePolicy
 from setl.sinks.merge import TableChanges
@@ -56,6 +56,7 @@ from setl.sinks.sql_common import (
     chunks,
     group_by_columns,
     insert_runs,
+    reads_only,
 )
 from setl.tls import libpq_params
 
@@ -225,9 +226,7 @@ class PostgresqlLoad(SqlLoad[psycopg.Connection]):
                 for table in segment:
                     if table.primary_key and table.upserts:
                         groups[id(table)] = (table, self._groups(table))
-        read = Op.READ
-        reads_only = all(type(c) is RowChange and c.op is read for c in batch.changes)
-        self._prepared.put(batch, _Prepared(segments, groups, reads_only))
+        self._prepared.put(batch, _Prepared(segments, groups, reads_only(batch)))
 
     def _groups(self, table: TableChanges) -> list[_Group]:
         """`table`'s upserts by column list, with their ``COPY`` rows when there are `copy_rows` or more."""

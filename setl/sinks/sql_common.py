@@ -50,6 +50,13 @@ def group_by_columns(images: Iterable[Mapping[str, Any]]) -> dict[tuple[str, ...
     return groups
 
 
+def reads_only(batch: Batch) -> bool:
+    """Whether every change of `batch` is a snapshot read (`Op.READ`): a chunk, whose rows the
+    target is not expected to hold yet (what a sink's straight bulk path may assume first)."""
+    read = Op.READ
+    return all(type(c) is RowChange and c.op is read for c in batch.changes)
+
+
 def insert_runs(sequence: Sequence[RowChange]) -> Iterator[tuple[RowChange | None, list[Mapping[str, Any]]]]:
     """A keyless table's changes in order, each run of changes that only add a row (inserts and
     snapshot reads) gathered: ``(None, after-images)`` for such a run, ``(change, [])`` for any
@@ -490,4 +497,4 @@ class SqlLoad(Load, Generic[C]):
 
 
 __all__ = ["PROCESS_TOKEN", "DdlStep", "FenceBusy", "SqlLoad", "TargetTableMissing", "chunks", "group_by_columns",
-           "insert_runs"]
+           "insert_runs", "reads_only"]
