@@ -66,6 +66,13 @@ class PositionPurged(SourceError):
     """The position asked for is no longer available at the source."""
 
 
+class UnreadableEvent(SourceError):
+    """A binlog event setl cannot decode or apply exactly (an unknown kind, a corrupt body): reading
+    it again gives the same, so the pipeline pauses at it instead of retrying."""
+
+    retryable = False
+
+
 class ExtractError(SetlError):
     """A row could not be extracted (filter or mapping failed)."""
 

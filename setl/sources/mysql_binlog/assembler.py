@@ -10,12 +10,14 @@ from typing import Any
 
 import attrs
 from pymysqlreplication.event import (
+    ExecuteLoadQueryEvent,
     FormatDescriptionEvent,
     GtidEvent,
     HeartbeatLogEvent,
     MariadbBinLogCheckPointEvent,
     MariadbGtidEvent,
     MariadbGtidListEvent,
+    NotImplementedEvent,
     PreviousGtidsEvent,
     QueryEvent,
     RotateEvent,
@@ -26,6 +28,7 @@ from pymysqlreplication.event import (
 from pymysqlreplication.gtid import Gtid, GtidSet
 from pymysqlreplication.row_event import (
     DeleteRowsEvent,
+    PartialUpdateRowsEvent,
     RowsEvent,
     TableMapEvent,
     UpdateRowsEvent,
@@ -33,7 +36,7 @@ from pymysqlreplication.row_event import (
 )
 
 from setl import ddl
-from setl.errors import SourceError
+from setl.errors import SourceError, UnreadableEvent
 from setl.model import Change, DdlChange, Position, RowChange, Transaction
 from setl.sources.mysql_binlog.decoding import (
     TableKind,
@@ -60,8 +63,50 @@ log = logging.getLogger("setl.sources.mysql_binlog")
 # Events that only move the read position: outside a transaction they become position marks.
 _POSITION_EVENTS = (RotateEvent, FormatDescriptionEvent, MariadbGtidListEvent, MariadbBinLogCheckPointEvent,
                     PreviousGtidsEvent, HeartbeatLogEvent, StopEvent)
+# Every event the reader asks the library for. The library drops the others before building them:
+# only the kinds in `IGNORED_EVENTS`, which setl may pass over. Every kind the library does not
+# know arrives as a NotImplementedEvent and is judged by `_unknown`: setl never skips an event it
+# has not judged (compressed events arrive inflated: `compressed`).
 _EVENTS = [*_POSITION_EVENTS, MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, XAPrepareEvent, TableMapEvent,
-           WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent]
+           WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent, PartialUpdateRowsEvent, ExecuteLoadQueryEvent,
+           NotImplementedEvent]
+#: The event kinds that the library knows and setl passes over, and why that loses nothing.
+IGNORED_EVENTS: dict[str, str] = {
+    "MariadbAnnotateRowsEvent": "the statement text of the rows events after it (binlog_annotate_row_events)",
+    "RowsQueryLogEvent": "the statement text of the rows events after it (MySQL binlog_rows_query_log_events)",
+    "IntvarEvent": "an auto-increment value for a statement-logged query, which is judged itself",
+    "RandEvent": "RAND()'s seed for a statement-logged query, which is judged itself",
+    "UserVarEvent": "a user variable for a statement-logged query, which is judged itself",
+    "BeginLoadQueryEvent": "the file of a statement-logged LOAD DATA, judged at its EXECUTE_LOAD_QUERY event",
+    "MariadbStartEncryptionEvent": "encrypt_binlog=ON: the server decrypts the events it sends its readers",
+}
+#: Event types the library does not know that setl passes over (type -> name, why).
+_IGNORED_TYPES: dict[int, tuple[str, str]] = {
+    0x09: ("APPEND_BLOCK_EVENT", "a block of a statement-logged LOAD DATA's file, judged at its EXECUTE_LOAD_QUERY"),
+    0x0B: ("DELETE_FILE_EVENT", "a statement-logged LOAD DATA that failed: nothing was loaded"),
+    0x1C: ("IGNORABLE_LOG_EVENT", "an event its server marks as safe for readers to ignore"),
+    0x22: ("ANONYMOUS_GTID_LOG_EVENT", "a transaction's start without a GTID (MySQL gtid_mode=OFF)"),
+    0x29: ("TRANSACTION_CONTEXT_EVENT", "MySQL group replication's certification data"),
+    0x2A: ("VIEW_CHANGE_EVENT", "MySQL group replication's membership change"),
+    0x2C: ("HEARTBEAT_LOG_EVENT_V2", "a heartbeat of an idle server"),
+}
+#: Event types setl refuses: (name, why setl cannot apply it exactly, the fix).
+_REFUSED_TYPES: dict[int, tuple[str, str, str]] = {
+    0x1A: ("INCIDENT_EVENT", "the server recorded an incident: changes may be missing from its binlog",
+           "compare the tables (setl verify) and re-copy them (setl snapshot), then move the position past it "
+           "(setl position reset)"),
+    0x28: ("TRANSACTION_PAYLOAD_EVENT", "a transaction compressed by MySQL's binlog_transaction_compression=ON",
+           "SET GLOBAL binlog_transaction_compression=OFF (and in the writing sessions), then re-copy the "
+           "transaction's tables"),
+    0x27: ("PARTIAL_UPDATE_ROWS_EVENT", "JSON columns updated in place, logged as diffs "
+                                        "(MySQL binlog_row_value_options=PARTIAL_JSON)",
+           "SET GLOBAL binlog_row_value_options='' (and in the writing sessions), then re-copy the table"),
+}
+for _old, _name in ((0x01, "START_EVENT_V3"), (0x06, "LOAD_EVENT"), (0x07, "SLAVE_EVENT"), (0x08, "CREATE_FILE_EVENT"),
+                    (0x0A, "EXEC_LOAD_EVENT"), (0x0C, "NEW_LOAD_EVENT"), (0x14, "PRE_GA_WRITE_ROWS_EVENT"),
+                    (0x15, "PRE_GA_UPDATE_ROWS_EVENT"), (0x16, "PRE_GA_DELETE_ROWS_EVENT")):
+    _REFUSED_TYPES[_old] = (_name, "a binlog format of servers older than MySQL 5.1", "read a binlog written by a "
+                            "supported server (MariaDB 10.5+, MySQL 8.0+)")
 _HOT_ROWS = frozenset({WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent})
 _GTID_STANDALONE = 0x01  # MariaDB GTID flag: one statement, no BEGIN/COMMIT follows
 _GTID_PREPARED_XA = 0x40  # MariaDB GTID flag: the group ends in XA PREPARE
@@ -220,7 +265,7 @@ class _Assembler:
         if isinstance(event, TableMapEvent):
             self._table_map(event)
             return []
-        if isinstance(event, RowsEvent):
+        if isinstance(event, RowsEvent) and not isinstance(event, PartialUpdateRowsEvent):
             return self._rows_event(event)
         if isinstance(event, XidEvent):
             return [self._commit(event.packet.log_pos, event.timestamp)]
@@ -228,7 +273,41 @@ class _Assembler:
             return self._xa_prepared(event)
         if isinstance(event, QueryEvent):
             return self._query(event, event.packet.log_pos)
-        return []
+        if isinstance(event, ExecuteLoadQueryEvent):
+            return self._load_query(event)
+        return self._unknown(event)
+
+    def _unknown(self, event: Any) -> list[Transaction]:
+        """An event of a kind none of the above reads: passed over when `_IGNORED_TYPES` says it
+        loses nothing, else the reader stops at it, naming its type, position and cause."""
+        kind = event.packet.event_type
+        offset = event.packet.log_pos
+        if kind in _IGNORED_TYPES:
+            return []
+        name, cause, fix = _REFUSED_TYPES.get(kind) or (
+            f"{type(event).__name__}" if not isinstance(event, NotImplementedEvent) else f"event type {kind}",
+            "a binlog event kind setl does not know (a newer server, or a server setting setl does not handle)",
+            "see docs/mysql-source.md for the server settings setl reads; exclude the setting or report the case")
+        raise UnreadableEvent(f"binlog event {name} (type {kind:#04x}) ending at {self.log_file}:{offset}: "
+                              f"{cause}; nothing after it is applied: {fix}")
+
+    def _load_query(self, event: ExecuteLoadQueryEvent) -> list[Transaction]:
+        """A LOAD DATA logged as a statement: judged by its table as any statement-logged DML is."""
+        packet, offset = event.packet, event.packet.log_pos
+        packet.read(event.status_vars_length)
+        schema = packet.read(event.schema_length).decode("utf-8", "replace")
+        packet.read(1)
+        rest = event.event_size - 26 - event.status_vars_length - event.schema_length - 1
+        statement = packet.read(rest).decode("utf-8", "replace") if rest > 0 else "LOAD DATA"
+        if self.tx_start is None:
+            self.tx_start = self._position(self.log_file, offset - packet.event_size)
+        if self._statement_dml(statement, schema, offset):  # on a table the rules skip
+            if self.in_tx and not self.standalone:
+                return []
+            self._close_tx(offset)
+            return self._moved_to(self._position(self.log_file, offset))
+        raise UnreadableEvent(f"a LOAD DATA at {self.log_file}:{offset} is logged as a statement, which setl cannot "
+                              "replicate exactly")
 
     def _table_map(self, event: TableMapEvent) -> None:
         # A cached table map shares its Table object: decode our view of it once too.
@@ -417,7 +496,7 @@ class _Assembler:
         if target is not None and self.selects is not None and not self.selects(*target):
             return True
         where = f"{target[0]}.{target[1]}" if target is not None else "a table setl cannot determine"
-        raise SourceError(f"a row change to {where} at {self.log_file}:{offset} is logged as a statement "
+        raise UnreadableEvent(f"a row change to {where} at {self.log_file}:{offset} is logged as a statement "
                           "(the session ran with binlog_format STATEMENT or MIXED), which setl cannot replicate "
                           f"exactly: {' '.join(text.split())[:120]}",
                           table=f"{target[0]}.{target[1]}" if target is not None else None)

@@ -25,7 +25,7 @@ from pymysqlreplication.constants import BINLOG
 from pymysqlreplication.event import BinLogEvent, MariadbGtidEvent, XidEvent
 from pymysqlreplication.row_event import DeleteRowsEvent, RowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
 
-from setl.sources.mysql_binlog import patches
+from setl.sources.mysql_binlog import compressed, patches
 
 try:
     from setl.sources.mysql_binlog._rows import EventHeader, Framer, RowDecoder, equal_at, full_bitmap, le_int
@@ -139,6 +139,9 @@ class FastStream:
             data = self._framer.packet()
             if data[0] == 0 and len(data) > 20:
                 kind = data[5]
+                if kind in compressed.PLAIN_TYPE:  # log_bin_compress: read as the plain event it stands for
+                    data = self._inflate(data, kind)
+                    kind = data[5]
                 event = None
                 if kind in _ROWS:
                     event = self._rows(data, kind)
@@ -155,6 +158,16 @@ class FastStream:
             self._settings = self._read_settings()  # a format description may have changed them
             return event
         return reader.fetchone()
+
+    def _inflate(self, data: bytes, kind: int) -> bytes:
+        """The plain event's packet for a compressed one; a corrupt one stops the reader here."""
+        post_header_lengths, use_checksum = self._settings[4], self._settings[1]
+        post_header = post_header_lengths[kind - 1] if post_header_lengths and len(post_header_lengths) >= kind \
+            else None
+        try:
+            return compressed.inflate(data, use_checksum, post_header)
+        except compressed.CorruptEvent as exc:
+            raise compressed.corrupt(exc, kind, self.reader.log_file, le_int(data, 14, 4)) from exc
 
     def _usable(self) -> bool:
         reader, private = self.reader, "_BinLogStreamReader__"

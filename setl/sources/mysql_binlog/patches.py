@@ -12,12 +12,14 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+from pymysql.protocol import MysqlPacket
 from pymysqlreplication.event import BinLogEvent
 from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import RowsEvent, TableMapEvent
 
 from setl.errors import ConfigError
 from setl.model import InvalidDate
+from setl.sources.mysql_binlog import compressed
 
 
 def _drop_reconnect_notice(record: logging.LogRecord) -> bool:
@@ -183,6 +185,33 @@ _installed = False
 _install_lock = threading.Lock()
 
 
+def _inflating_init(init: Any) -> Any:
+    """`BinLogPacketWrapper.__init__` that reads a compressed event (MariaDB `log_bin_compress`) as the
+    plain event it stands for (`compressed.inflate`); the library knows no compressed kind."""
+
+    def wrapper_init(self: BinLogPacketWrapper, from_packet: Any, table_map: Any, ctl_connection: Any,
+                     mysql_version: Any, use_checksum: bool, *args: Any, **kwargs: Any) -> None:
+        data = from_packet.get_all_data()
+        if compressed.is_compressed(data):
+            kind = data[5]
+            # the library passes everything positionally; post_header_lengths comes last
+            lengths = args[11] if len(args) > 11 else kwargs.get("post_header_lengths")
+            try:
+                data = compressed.inflate(data, use_checksum, lengths[kind - 1] if lengths and len(lengths) >= kind
+                                          else None)
+            except compressed.CorruptEvent as exc:
+                raise compressed.corrupt(exc, kind, None, int.from_bytes(data[14:18], "little")) from exc
+            from_packet = MysqlPacket(data, ctl_connection.encoding)
+        init(self, from_packet, table_map, ctl_connection, mysql_version, use_checksum, *args, **kwargs)
+
+    return wrapper_init
+
+
+def event_classes() -> dict[int, type[BinLogEvent]]:
+    """The library's event class for each binlog event type it parses (others: NotImplementedEvent)."""
+    return dict(BinLogPacketWrapper._BinLogPacketWrapper__event_map)
+
+
 def _version_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
 
@@ -223,4 +252,5 @@ def install() -> None:
         RowsEvent.charset_to_encoding = staticmethod(_charset_to_encoding)
         BinLogPacketWrapper.read_variable_length_string = _read_variable_length_string
         TableMapEvent.__init__ = _table_map_init
+        BinLogPacketWrapper.__init__ = _inflating_init(BinLogPacketWrapper.__init__)
         _installed = True

@@ -274,6 +274,7 @@ class MysqlBinlogSource(Select):
         settings = self.server.stream_settings()
         common: dict[str, Any] = dict(
             connection_settings=settings, server_id=self.server_id, blocking=True, only_events=_EVENTS,
+            filter_non_implemented_events=False,
             slave_heartbeat=self.heartbeat, pymysql_wrapper=connector, enable_logging=False)
         if at is not None:
             # is_mariadb=False on purpose: with is_mariadb=True the library sends an empty file

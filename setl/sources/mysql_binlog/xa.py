@@ -76,7 +76,8 @@ class PreparedXa:
         # pipeline's own stream (a second reader with its server_id would).
         reader = BinLogStreamReader(connection_settings=settings, server_id=0, blocking=False, resume_stream=True,
                                     log_file=start.log, log_pos=start.offset, is_mariadb=False,
-                                    only_events=_EVENTS, pymysql_wrapper=connector, enable_logging=False)
+                                    only_events=_EVENTS, filter_non_implemented_events=False,
+                                    pymysql_wrapper=connector, enable_logging=False)
         tables: dict[int, _TableInfo] = {}
         group: list[_Item] = []
         found: list[_Item] | None = None
