@@ -273,41 +273,11 @@ class _Assembler:
             return self._xa_prepared(event)
         if isinstance(event, QueryEvent):
             return self._query(event, event.packet.log_pos)
-        if isinstance(event, ExecuteLoadQueryEvent):
-            return self._load_query(event)
-        return self._unknown(event)
-
-    def _unknown(self, event: Any) -> list[Transaction]:
-        """An event of a kind none of the above reads: passed over when `_IGNORED_TYPES` says it
-        loses nothing, else the reader stops at it, naming its type, position and cause."""
-        kind = event.packet.event_type
-        offset = event.packet.log_pos
-        if kind in _IGNORED_TYPES:
-            return []
-        name, cause, fix = _REFUSED_TYPES.get(kind) or (
-            f"{type(event).__name__}" if not isinstance(event, NotImplementedEvent) else f"event type {kind}",
-            "a binlog event kind setl does not know (a newer server, or a server setting setl does not handle)",
-            "see docs/mysql-source.md for the server settings setl reads; exclude the setting or report the case")
-        raise UnreadableEvent(f"binlog event {name} (type {kind:#04x}) ending at {self.log_file}:{offset}: "
-                              f"{cause}; nothing after it is applied: {fix}")
-
-    def _load_query(self, event: ExecuteLoadQueryEvent) -> list[Transaction]:
-        """A LOAD DATA logged as a statement: judged by its table as any statement-logged DML is."""
-        packet, offset = event.packet, event.packet.log_pos
-        packet.read(event.status_vars_length)
-        schema = packet.read(event.schema_length).decode("utf-8", "replace")
-        packet.read(1)
-        rest = event.event_size - 26 - event.status_vars_length - event.schema_length - 1
-        statement = packet.read(rest).decode("utf-8", "replace") if rest > 0 else "LOAD DATA"
-        if self.tx_start is None:
-            self.tx_start = self._position(self.log_file, offset - packet.event_size)
-        if self._statement_dml(statement, schema, offset):  # on a table the rules skip
-            if self.in_tx and not self.standalone:
-                return []
-            self._close_tx(offset)
-            return self._moved_to(self._position(self.log_file, offset))
-        raise UnreadableEvent(f"a LOAD DATA at {self.log_file}:{offset} is logged as a statement, which setl cannot "
-                              "replicate exactly")
+        if isinstance(event, ExecuteLoadQueryEvent):  # a statement-logged LOAD DATA, judged by its table
+            event.schema, event.query = load_query_statement(event)
+            return self._query(event, event.packet.log_pos)
+        refuse_unknown(event, self.log_file)
+        return []
 
     def _table_map(self, event: TableMapEvent) -> None:
         # A cached table map shares its Table object: decode our view of it once too.
@@ -543,7 +513,7 @@ class _Assembler:
         self.tx_start = None
         return Transaction(changes, end, nbytes=nbytes)
 
-    def _query(self, event: QueryEvent, offset: int) -> list[Transaction]:
+    def _query(self, event: QueryEvent | ExecuteLoadQueryEvent, offset: int) -> list[Transaction]:
         statement = event.query.strip()
         verb = statement.rstrip(";").strip().upper()
         if verb == "BEGIN":
@@ -589,6 +559,31 @@ class _Assembler:
         bits = getattr(event, "sql_mode", None)
         mode = self.mode_names(bits) if self.mode_names is not None and isinstance(bits, int) else None
         return [Transaction((DdlChange(ddl_schema, table, statement, end, sql_mode=mode),), end, nbytes=nbytes)]
+
+
+def refuse_unknown(event: Any, log_file: str) -> None:
+    """Pass over an event of a kind the assembler does not read when `_IGNORED_TYPES` says it loses
+    nothing; else stop the reader at it, naming its type, position and cause."""
+    kind = event.packet.event_type
+    if kind in _IGNORED_TYPES:
+        return
+    name, cause, fix = _REFUSED_TYPES.get(kind) or (
+        f"{type(event).__name__}" if not isinstance(event, NotImplementedEvent) else f"event type {kind}",
+        "a binlog event kind setl does not know (a newer server, or a server setting setl does not handle)",
+        "see docs/mysql-source.md for the server settings setl reads; exclude the setting or report the case")
+    raise UnreadableEvent(f"binlog event {name} (type {kind:#04x}) ending at {log_file}:{event.packet.log_pos}: "
+                          f"{cause}; nothing after it is applied: {fix}")
+
+
+def load_query_statement(event: ExecuteLoadQueryEvent) -> tuple[str, str]:
+    """A statement-logged LOAD DATA's default schema and statement text (the library reads only the
+    fixed part of its EXECUTE_LOAD_QUERY event)."""
+    packet = event.packet
+    packet.read(event.status_vars_length)
+    schema = packet.read(event.schema_length).decode("utf-8", "replace")
+    packet.read(1)
+    rest = event.event_size - 26 - event.status_vars_length - event.schema_length - 1
+    return schema, (packet.read(rest).decode("utf-8", "replace") if rest > 0 else "LOAD DATA")
 
 
 def read_events(assembler: _Assembler, events: Any, limit: int = 64) -> tuple[Any, list[Transaction], int]:
