@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -202,10 +203,18 @@ def cmd_start(args: argparse.Namespace, conf: Path) -> int:
             log.warning("second %s: exiting now; unacked batches will be replayed", signal.Signals(signum).name)
             os._exit(1)
         node_stopping[0] = True
-        log.info("%s received: stopping gracefully (again to force)", signal.Signals(signum).name)
+        log.info("%s received: stopping gracefully within %.0fs (again to force)", signal.Signals(signum).name,
+                 grace)
         node.stop()
+        # Whatever holds a thread (a server that stopped answering mid-statement), the process ends
+        # within its grace: what was not acked is replayed at the next start, as after a kill.
+        watchdog = threading.Timer(grace, _out_of_grace, args=(grace,))
+        watchdog.daemon = True
+        watchdog.name = "setl-stop-grace"
+        watchdog.start()
 
     node_stopping = [False]
+    grace = stop_grace(configs)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack on stderr
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
@@ -230,6 +239,8 @@ def cmd_start(args: argparse.Namespace, conf: Path) -> int:
             print(f"setl: error: pipeline {result.name} paused, {why}: {result.error}; "
                   f"fix the cause, then `setl resume --pipeline {result.name}`", file=sys.stderr)
             code = max(code, 1)
+        elif result.error is not None and node_stopping[0] and classify(result.error) is Failure.TRANSIENT:
+            log.info("pipeline=%s stopped while retrying its start: %s", result.name, result.error)
         elif result.error is not None:
             print(f"setl: error: {result.error}", file=sys.stderr)
             code = max(code, getattr(result.error, "exit_code", 1))
@@ -239,6 +250,20 @@ def cmd_start(args: argparse.Namespace, conf: Path) -> int:
         elif result.outcome is Outcome.CAUGHT_UP:
             log.info("pipeline=%s caught up", result.name)
     return code
+
+
+def stop_grace(configs: list[Any]) -> float:
+    """How long a stopping node may take before it exits anyway: the longest drain of its
+    pipelines (`pipeline.drain_timeout_ms`) and 30 s to close connections (the systemd unit
+    gives 120 s, docs/deploy.md)."""
+    return max((config.pipeline.drain_timeout_ms for config in configs), default=30_000) / 1000 + 30
+
+
+def _out_of_grace(grace: float) -> None:
+    log.error("not stopped within %.0fs of the signal (a server that does not answer?): exiting now; "
+              "batches not acked are replayed at the next start", grace)
+    logging.shutdown()
+    os._exit(1)
 
 
 def _summary(node: Any, results: list, seconds: float) -> None:
@@ -603,8 +628,9 @@ def cmd_schema(args: argparse.Namespace, conf: Path) -> int:
 
 
 def cmd_check(args: argparse.Namespace, conf: Path) -> int:
-    """One line per finding for each pipeline (`setl.pipeline.preflight`); exit 1 when one is an
-    error (or, with --strict, a warning), 0 otherwise."""
+    """One line per finding for each pipeline (`setl.pipeline.preflight`). Exit codes as `setl start`
+    gives the same failures: 2 when a failing finding (an error; with --strict, a warning too) is a
+    configuration error, 1 when one is any other (a server that cannot be reached), 0 otherwise."""
     from setl.pipeline.preflight import check_pipeline
 
     settings = load_node(conf)
@@ -612,12 +638,13 @@ def cmd_check(args: argparse.Namespace, conf: Path) -> int:
     if not names:
         raise UsageError(f"no pipeline in {conf / 'pipelines'}")
     failing = ("error", "warning") if args.strict else ("error",)
-    bad = 0
+    code = 0
     for name in names:
         for finding in check_pipeline(settings, functools.partial(load_pipeline, conf, name, for_node(settings)), name):
             print(finding.line(), flush=True)
-            bad += finding.level in failing
-    return 1 if bad else 0
+            if finding.level in failing:
+                code = max(code, finding.code)
+    return code
 
 
 def cmd_verify(args: argparse.Namespace, conf: Path) -> int:

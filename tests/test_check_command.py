@@ -20,6 +20,8 @@ def _lines(result: Any) -> list[str]:
 
 def test_a_sound_pipeline_checks_ok_and_nothing_is_written(tmp_path: Path, mariadb_source: Any, source_db: str,
                                                            mariadb_target: Any, mysql_db: str) -> None:
+    """Each problem is one line, and the exit code is `setl start`'s for it: 2 for a configuration
+    error (a table that does not fit, a filter on a missing column), 1 for a server that refuses."""
     run_source(mariadb_source, source_db, ["CREATE TABLE k (id INT PRIMARY KEY, v VARCHAR(5))"])
     setl = make(tmp_path, mariadb_source, mysql_target(mariadb_target),
                 [{"source": rf"{source_db}\.k", "target": f"{mysql_db}.{{table}}"}])
@@ -32,15 +34,17 @@ def test_a_sound_pipeline_checks_ok_and_nothing_is_written(tmp_path: Path, maria
     assert mariadb_target.query(f"SHOW TABLES FROM {q(mysql_db)}") == []  # no table, no position, no fence
 
 
-def test_each_problem_is_one_line_and_exit_1(tmp_path: Path, mariadb_source: Any, source_db: str,
-                                             mariadb_target: Any, mysql_db: str) -> None:
+def test_each_problem_is_one_line_with_starts_exit_code(tmp_path: Path, mariadb_source: Any, source_db: str,
+                                                        mariadb_target: Any, mysql_db: str) -> None:
+    """Each problem is one line, and the exit code is `setl start`'s for it: 2 for a configuration
+    error (a table that does not fit, a filter on a missing column), 1 for a server that refuses."""
     run_source(mariadb_source, source_db, ["CREATE TABLE k (id INT PRIMARY KEY, v VARCHAR(5))"])
     mariadb_target.query(f"CREATE TABLE {q(mysql_db)}.k (id INT PRIMARY KEY, v DATE)")  # does not fit
     setl = make(tmp_path, mariadb_source, mysql_target(mariadb_target),
                 [{"source": rf"{source_db}\.k", "target": f"{mysql_db}.{{table}}"},
                  {"source": rf"{source_db}\.typo", "target": f"{mysql_db}.{{table}}"}])
     result = setl.run("check", "--pipeline", setl.name)
-    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.returncode == 2, result.stdout + result.stderr  # a table that does not fit: configuration
     levels = {line.split()[2].rstrip(":"): line.split()[0] for line in _lines(result)}
     assert levels["target"] == "error" and "column 'v'" in result.stdout
     assert "warning" in [line.split()[0] for line in _lines(result) if "matches no source table" in line]
@@ -54,9 +58,9 @@ def test_each_problem_is_one_line_and_exit_1(tmp_path: Path, mariadb_source: Any
     setl.config["tables"] = [{"source": rf"{source_db}\.k", "target": f"{mysql_db}.{{table}}", "filter": "w > 1"}]
     setl.write_config()
     refused = setl.run("check", "--pipeline", setl.name)
-    assert refused.returncode == 1 and "error   " in refused.stdout and "'w'" in refused.stdout, refused.stdout
+    assert refused.returncode == 2 and "error   " in refused.stdout and "'w'" in refused.stdout, refused.stdout
     setl.config["source"] = {**setl.config["source"], "password": "wrong", "user": "nobody"}
     setl.write_config()
     unreachable = setl.run("check", "--all")
-    assert unreachable.returncode == 1
+    assert unreachable.returncode == 1  # a server that refuses: not the configuration's fault
     assert [line.split()[0] for line in _lines(unreachable)] == ["ok", "error"], unreachable.stdout

@@ -55,7 +55,7 @@ PACKAGE = "setl"
 #: ``setl`` itself is the package ``setl/__init__.py`` (the public API).
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ground", ("errors", "model", "reads", "_reads", "values", "ddl", "tablecopy", "logs", "web")),
-    ("config", ("config", "tls", "spark", "alerts")),
+    ("config", ("config", "tls", "dial", "spark", "alerts")),
     ("plugins", ("registry", "plugins", "routing")),
     ("contracts", ("stages", "failpoints")),
     ("coord", ("ha", "meta", "retry", "status", "liveness")),

@@ -20,6 +20,7 @@ import pymysql.err
 from pymysql.converters import escape_string
 
 from setl.ddltask.signal import split_where
+from setl.dial import mysql_connection
 from setl.errors import LoadError, TransientLoadError
 from setl.meta.base import DdlTask
 from setl.retry import call_with_retries
@@ -141,7 +142,7 @@ class MysqlActions(Actions):
     def _connection(self) -> pymysql.connections.Connection:
         if self._conn is None:
             tls = getattr(self.config, "ssl", None)
-            self._conn = pymysql.connect(host=self.config.host, port=self.config.port,
+            self._conn = mysql_connection(host=self.config.host, port=self.config.port,
                                          user=self.config.user, password=self.config.password,
                                          database=self.config.database, charset="utf8mb4",
                                          autocommit=True, connect_timeout=10,

@@ -81,6 +81,8 @@ class NodeObserver:
             tracker = self.trackers.get(name)
             if tracker is None:
                 tracker = self.trackers[name] = LagTracker(name, select, clock=self.clock)
+            else:
+                tracker.read_from(select)  # a reload's or a restart's new source
             counting = self._listeners.get(name)
             if counting is None and self.metrics is not None:
                 counting = self._listeners[name] = self.metrics.pipeline(name)

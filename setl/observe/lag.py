@@ -83,10 +83,8 @@ class LagTracker(Listener):
     def __init__(self, pipeline: str, select: Any, *, clock: Callable[[], float] = time.time) -> None:
         self.pipeline = pipeline
         self.clock = clock
-        self._reader = _innermost(select, "heard")
-        self._backlogs = _innermost(select, "bytes_behind")
-        self._heads = _innermost(select, "head")
         self._lock = threading.Lock()
+        self.read_from(select)
         self._acked: Position | None = None
         self._acked_commit: float | None = None  # commit time of the last acked row change
         self._caught_up_at: float | None = None  # the last time the ack was seen at the log's end
@@ -150,6 +148,15 @@ class LagTracker(Listener):
         if read_at is not None and commit <= read_at < commit + 1:
             return read_at
         return commit
+
+    def read_from(self, select: Any) -> None:
+        """Take the figures from `select` from now on: a reload or a restart builds a new source, and
+        the old one, closed, is never heard again (its last hearing would age into a false lag)."""
+        with self._lock:
+            self._reader = _innermost(select, "heard")
+            self._backlogs = _innermost(select, "bytes_behind")
+            self._heads = _innermost(select, "head")
+            self._head = None
 
     def _heard(self) -> tuple[Position, float] | None:
         return getattr(self._reader, "heard", None) if self._reader is not None else None

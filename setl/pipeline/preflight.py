@@ -34,6 +34,8 @@ class Finding:
     level: str
     what: str
     text: str
+    #: the exit code `setl start` gives the same failure: 2 a configuration error, 1 any other
+    code: int = 1
 
     def line(self) -> str:
         return f"{self.level:7} {self.pipeline} {self.what}: {self.text}"
@@ -42,13 +44,13 @@ class Finding:
 def check_pipeline(node: NodeSettings, load: Callable[[], PipelineConfig], name: str) -> Iterator[Finding]:
     """The findings for pipeline `name` (its config read by `load`), one at a time, stopping after
     the first error a later check depends on."""
-    def found(level: str, what: str, text: str) -> Finding:
-        return Finding(name, level, what, " ".join(text.split()))
+    def found(level: str, what: str, text: str, code: int = 1) -> Finding:
+        return Finding(name, level, what, " ".join(text.split()), code)
 
     try:
         config = load()
     except SetlError as exc:
-        yield found("error", "config", str(exc))
+        yield found("error", "config", str(exc), exc.exit_code)
         return
     yield found("ok", "config", f"{config.file or name}: source {config.source.type}, target {config.target.type}, "
                                 f"{len(config.tables)} rule(s)")
@@ -56,19 +58,19 @@ def check_pipeline(node: NodeSettings, load: Callable[[], PipelineConfig], name:
         routing = build_plan(node, config)
         select = build_select(node, config, routing)
     except SetlError as exc:
-        yield found("error", "source", str(exc))
+        yield found("error", "source", str(exc), exc.exit_code)
         return
     check: Any = getattr(select, "check", None)
     if check is not None:
         try:
             yield found("ok", "source", str(check()))
         except SetlError as exc:
-            yield found("error", "source", str(exc))
+            yield found("error", "source", str(exc), exc.exit_code)
             return
     try:
         tables = select.describe()
     except SetlError as exc:
-        yield found("error", "source", f"cannot describe the source's tables: {exc}")
+        yield found("error", "source", f"cannot describe the source's tables: {exc}", exc.exit_code)
         return
     if tables is None:
         yield found("warning", "rules", f"source type {config.source.type} cannot list its tables before a start: "
@@ -77,7 +79,7 @@ def check_pipeline(node: NodeSettings, load: Callable[[], PipelineConfig], name:
     try:
         warnings = check_rules(config, tables)
     except SetlError as exc:
-        yield found("error", "rules", str(exc))
+        yield found("error", "rules", str(exc), exc.exit_code)
         return
     for line in warnings:
         yield found("warning", "rules", line)
@@ -87,18 +89,18 @@ def check_pipeline(node: NodeSettings, load: Callable[[], PipelineConfig], name:
         stages = build_stages(node, config, None)
         analysed = analyse_steps(config, stages, tables)
     except SetlError as exc:
-        yield found("error", "transforms", str(exc))
+        yield found("error", "transforms", str(exc), exc.exit_code)
         return
     if analysed:
         yield found("ok", "transforms", f"steps analysed for {analysed} table(s)")
 
 
 def _target(node: NodeSettings, config: PipelineConfig, routing: Any, select: Any, tables: Any,
-            found: Callable[[str, str, str], Finding]) -> Iterator[Finding]:
+            found: Callable[..., Finding]) -> Iterator[Finding]:
     try:
         target = build_schema(config, node)
     except SetlError as exc:
-        yield found("error", "target", str(exc))
+        yield found("error", "target", str(exc), exc.exit_code)
         return
     if target is None:
         if creates_tables(config, node):
@@ -107,6 +109,7 @@ def _target(node: NodeSettings, config: PipelineConfig, routing: Any, select: An
             yield found("warning", "target", NO_TABLES.format(type=config.target.type))
         return
     try:
+        target.open()  # reached, and answering, whether or not a table is planned
         creator = table_creator(config, routing, select, build_transform(node, config, routing), target)
         creator.planner.seed(tables)
         creator.check()  # an existing table that does not fit: ConfigError
@@ -119,11 +122,19 @@ def _target(node: NodeSettings, config: PipelineConfig, routing: Any, select: An
                 yield found("ok", "target", f"table {planned.table}: names over 63 bytes mapped "
                                             f"(docs/sql-targets.md): {', '.join(mapped)}")
     except SetlError as exc:
-        yield found("error", "target", str(exc))
+        yield found("error", "target", str(exc), exc.exit_code)
     except Exception as exc:  # noqa: BLE001 - a driver's error: the target cannot be reached, or refused a read
-        yield found("error", "target", f"{type(exc).__name__}: {exc}")
+        yield found("error", "target", f"cannot reach or read the {config.target.type} target: {_driver_error(exc)}")
     finally:
         target.close()
+
+
+def _driver_error(exc: BaseException) -> str:
+    """A database driver's error as one phrase: PyMySQL's ``(code, text)`` as ``text (MySQL error code)``."""
+    args: tuple[Any, ...] = tuple(getattr(exc, "args", ()))
+    if len(args) == 2 and isinstance(args[0], int) and isinstance(args[1], str):
+        return f"{args[1]} (MySQL error {args[0]})"
+    return str(exc).strip() or type(exc).__name__
 
 
 __all__ = ["Finding", "check_pipeline"]

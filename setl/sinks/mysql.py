@@ -50,6 +50,7 @@ import pymysql.err
 from pymysql.constants import CLIENT, SERVER_STATUS
 
 from setl.config import SslConfig
+from setl.dial import mysql_connection
 from setl.errors import LoadError, TransientLoadError
 from setl.model import Batch
 from setl.sinks import mysql_load_data
@@ -314,7 +315,7 @@ class MysqlLoad(SqlLoad[pymysql.connections.Connection]):
         self.load_data.forget((schema, table))
 
     def _connect(self) -> pymysql.connections.Connection:
-        conn = pymysql.connect(
+        conn = mysql_connection(
             host=self.config.host,
             port=self.config.port,
             user=self.config.user,

@@ -273,8 +273,10 @@ class SqlLoad(Load, Generic[C]):
     # -- the Load contract
 
     def open(self) -> None:
-        """Connect and create the position tables if needed. Retries transient errors."""
-        self._retrying(lambda: self._with_connection(lambda conn: None, None), None)
+        """Connect and create the position tables if needed. A transient failure is raised at once
+        (a `TransientLoadError`): the node retries the start with its backoff, shown by `setl
+        status` as ``retrying`` with the cause, and a stop ends the wait."""
+        self._with_connection(lambda conn: None, None)
 
     def load(self, batch: Batch) -> None:
         """Apply `batch` in one transaction with its position (see the class docstring); what

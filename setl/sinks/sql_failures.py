@@ -99,5 +99,5 @@ class LoadFailures:
                 before_retry=before_retry,
             )
         except TransientLoadError as exc:
-            raise TransientLoadError(f"gave up after {self.max_attempts} attempts: {exc.message}",
+            raise TransientLoadError(f"{self.max_attempts} attempts in a row failed: {exc.message}",
                                      **exc.context) from exc

@@ -20,6 +20,7 @@ from typing import Any
 
 import attrs
 
+from setl.dial import mysql_connection
 from setl.model import Position
 from setl.snapshot.reader import ChunkReader, TablePlan
 
@@ -36,9 +37,8 @@ class ChunkTask:
 
 def read_task(task: ChunkTask) -> tuple[str, int, list[dict[str, Any]]]:
     """Runs on an executor: the chunk's rows and its snapshot's binlog position (file, offset)."""
-    import pymysql
 
-    conn = pymysql.connect(**task.connect)
+    conn = mysql_connection(**task.connect)
     try:
         ChunkReader.prepare(conn)
         rows, position = ChunkReader(lambda: conn, "").read(conn, task.plan, task.lower, task.upper,

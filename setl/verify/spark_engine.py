@@ -21,6 +21,7 @@ from typing import Any
 import attrs
 
 from setl.config import SparkConfig
+from setl.dial import mysql_connection
 from setl.errors import SetlError
 from setl.model import Position
 from setl.verify import mariadb, postgresql
@@ -65,9 +66,8 @@ def hash_chunks(spec: EndSpec, check: TableCheck, chunks: Sequence[tuple[int, An
     """Runs on an executor: (index, rows, hash sum, snapshot log, offset) of each chunk at `spec`'s end,
     each in a transaction of its own (on the source a consistent snapshot, with its binlog position)."""
     if spec.dialect == "mysql":
-        import pymysql
 
-        conn: Any = pymysql.connect(**spec.connect)
+        conn: Any = mysql_connection(**spec.connect)
         engine: Any = mariadb
     else:
         import psycopg

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import signal
+import time
 from typing import Any
 
 import pytest
@@ -79,9 +80,36 @@ def test_a_table_added_by_setl_reload_ends_with_every_row(tmp_path, mariadb_sour
         _equal(setl, proc, mariadb_source, source_db, mariadb_target, mysql_db, ["ints", "strs"])
         assert len(t.mariadb_rows(mariadb_target, mysql_db, "strs")) >= ROWS
         assert progress(setl, full=True)["ints"].started == ints_copy  # ints streamed on, never copied again
+        _lag_is_true_after_the_reload(setl, mariadb_source, source_db)
         assert setl.stop(proc) == 0
     untouched = {name for (name,) in mariadb_target.query(f"SHOW TABLES FROM `{mysql_db}`")}
     assert untouched == {"ints", "strs"}  # the other source tables stay out
+
+
+def _lag_is_true_after_the_reload(setl: SetlProcess, source: Any, source_db: str) -> None:
+    """Caught up after a reload, the lag reads as before it: near zero, the source heard within its
+    heartbeat, and it stays so (the reader the figures came from before the reload is closed; read
+    from it, the lag grew by a second every second)."""
+    source.query(f"CREATE TABLE IF NOT EXISTS `{source_db}`.lag_probe (id INT PRIMARY KEY)")
+    source.query(f"INSERT INTO `{source_db}`.lag_probe VALUES (1)")  # a change after the reload, read by its reader
+
+    def caught_up() -> bool:
+        figures = setl.liveness_figures() or {}
+        return figures.get("caught_up") is True and (figures.get("lag_seconds") or 0) < 3
+
+    wait_until(caught_up, timeout=60, interval=0.5, message=lambda: f"caught up: {setl.liveness_figures()}")
+    until = time.monotonic() + 6  # and so it stays: the figures do not age
+
+    def steady() -> bool:
+        figures = setl.liveness_figures() or {}
+        assert (figures.get("lag_seconds") or 0) < 3, figures
+        heard = figures.get("source_heard_ago")
+        assert heard is not None and heard < 5, figures
+        row = setl.status()
+        assert row["lag_seconds"] is not None and row["lag_seconds"] < 3, row
+        return time.monotonic() >= until
+
+    wait_until(steady, timeout=30, interval=1, message="six seconds of true lag figures")
 
 
 def test_a_changed_target_is_refused_and_sighup_reloads(tmp_path, mariadb_source, mariadb_target, source_db,

@@ -977,7 +977,7 @@ class SinkContract(LoadContract):
         """A target that stays unreachable fails with a TransientLoadError after max_attempts."""
         sleeps: list[float] = []
         load = target.make_load(max_attempts=3, sleep=sleeps.append, unreachable=True)
-        with pytest.raises(TransientLoadError, match="gave up after 3 attempts") as info:
+        with pytest.raises(TransientLoadError, match="3 attempts in a row failed") as info:
             load.load(make_batch([items.insert(**item(1))], id=4))
         assert info.value.context["batch"] == 4 and info.value.context["pipeline"] == "p"
         assert len(sleeps) == 2

@@ -11,6 +11,7 @@ from typing import Any
 
 import pymysql
 
+from setl.dial import mysql_connection
 from setl.sources.mysql_binlog.patches import _TableMapCache
 from setl.tls import require_encrypted, tls_failure
 
@@ -62,11 +63,11 @@ class _Connector:
                 self._stream_opened = True
         conn: pymysql.connections.Connection
         if control:
-            control_conn = _ControlConnection(**kwargs)
+            control_conn = mysql_connection(cls=_ControlConnection, **kwargs)
             control_conn.setl_table_maps = self.table_maps
             conn = control_conn
         else:
-            conn = pymysql.connect(**kwargs)
+            conn = mysql_connection(**kwargs)
             # Nothing is buffered between the handshake and the dump: read the stream in large
             # pieces, so the reader thread releases the GIL (to block in recv) less often.
             stream: Any = conn  # PyMySQL's private socket file (its type stubs leave it out)

@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 import pymysql
 
+from setl.dial import mysql_connection
 from setl.errors import SourceError
 from setl.model import ColumnSchema, Position, TableName, TableSchema
 from setl.sources.mysql_binlog.assembler import _GtidState
@@ -65,7 +66,7 @@ class SourceServer:
     def connect(self) -> pymysql.connections.Connection:
         """A new autocommit connection; raises `SourceError` naming the server (and TLS as the cause)."""
         try:
-            conn = pymysql.connect(host=self.host, port=self.port, user=self.user, password=self._password,
+            conn = mysql_connection(host=self.host, port=self.port, user=self.user, password=self._password,
                                    connect_timeout=self.connect_timeout, autocommit=True, charset="utf8mb4",
                                    ssl=self.ssl)
             if self.ssl is not None:
