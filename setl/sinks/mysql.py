@@ -388,6 +388,8 @@ class MysqlLoad(SqlLoad[pymysql.connections.Connection]):
         return [cls._writable(i, computed) for i in images] if computed else images
 
     def _apply_keyed(self, conn: pymysql.connections.Connection, table: TableChanges) -> None:
+        if table.patches:  # keys none of the deletes and upserts touch: any order
+            self._apply_patches(conn, table)
         name = table_name(table.schema, table.table)
         key = table.primary_key
         with conn.cursor() as cur:
@@ -429,6 +431,22 @@ class MysqlLoad(SqlLoad[pymysql.connections.Connection]):
             for image in lenient:
                 self._insert(cur, name, self._writable(image, computed), self._upsert_tail(
                     list(self._writable(image, computed))).replace("%", "%%"), (table.schema, table.table))
+
+    def _apply_patches(self, conn: pymysql.connections.Connection, table: TableChanges) -> None:
+        """`table.patches` (rows updated only in part: `setl.sinks.merge`) as ``UPDATE ... SET <the
+        patch's other columns> WHERE <key>``, one statement shape per column list; never an insert."""
+        name = table_name(table.schema, table.table)
+        key = table.primary_key
+        where = " AND ".join(f"{quote(c)} = %s" for c in key)
+        with conn.cursor() as cur:
+            computed = self._computed(cur, table.schema, table.table)
+            for columns, images in group_by_columns(self._all_writable(table.patches, computed)).items():
+                sets = [c for c in columns if c not in key]
+                if not sets:
+                    continue  # only the key: nothing to set
+                text = f"UPDATE {name} SET {', '.join(f'{quote(c)} = %s' for c in sets)} WHERE {where}"
+                cur.executemany(text, [[to_db(image[c]) for c in sets] + [to_db(image[c]) for c in key]
+                                       for image in images])
 
     @staticmethod
     def _upsert_tail(columns: Sequence[str]) -> str:
