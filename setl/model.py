@@ -123,11 +123,14 @@ def partial_like(source: Mapping[str, Any] | None, image: dict[str, Any]) -> dic
     return PartialImage(image) if type(source) is PartialImage else image
 
 
-#: The fix an error about a partial row image names (`RowChange.partial`).
-PARTIAL_IMAGE_FIX = ("the source logged a partial row image (binlog_row_image=NOBLOB or MINIMAL in the writing "
-                     "session); fix: SET GLOBAL binlog_row_image=FULL on the source and reconnect the writer's "
-                     "sessions, then re-copy the table with `setl snapshot --pipeline PIPELINE --table "
-                     "SCHEMA.TABLE`")
+def partial_image_refusal(what: str, table: str, cause: str) -> str:
+    """The one-line message of an error refusing a partial row image (`RowChange.partial`): `what`
+    could not be applied exactly to `table` (the source table, when known) because of `cause`, and
+    the fix."""
+    return (f"{what} cannot be applied exactly: {cause}; the source logged a partial row image "
+            f"(binlog_row_image=NOBLOB or MINIMAL in the writing session); fix: SET GLOBAL "
+            f"binlog_row_image=FULL on the source and reconnect the writer's sessions (dropping any SET SESSION "
+            f"binlog_row_image), then re-copy the table with `setl snapshot --pipeline <pipeline> --table {table}`")
 
 
 @attrs.frozen
@@ -140,7 +143,7 @@ class RowChange:
     a partial update as "set these columns of the row with this key", refuses what it cannot apply
     exactly that way (an insert lacking columns, a table without a key, a before-image without the
     whole key) and every stage that needs whole rows (transforms, a filter on an absent column)
-    refuses it too, naming `PARTIAL_IMAGE_FIX`. `primary_key`
+    refuses it too (`partial_image_refusal`). `primary_key`
     names the key columns (empty when the table has none). `position` is the
     position after the transaction that holds the change; for a change of a
     transaction delivered in pieces it is the position after the change itself

@@ -10,7 +10,7 @@ NOBLOB or MINIMAL) is merged column by column: onto a whole image of the batch
 it gives a whole image (an upsert); without one it stays a patch, "set these
 columns of the row with this key", the union of the key's partial updates (a
 later one wins). What cannot be applied exactly that way is refused with a
-`RefusedLoadError` naming the table, the change's position and `PARTIAL_IMAGE_FIX`:
+`RefusedLoadError` naming the table, the change's position, the cause and the fix:
 a table without a key, an image without the whole key, an insert lacking columns
 (the source's defaults are not in the binlog) and a partial change of a key whose
 whole row the batch does not hold.
@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 
 from setl.errors import RefusedLoadError
-from setl.model import PARTIAL_IMAGE_FIX, Change, DdlChange, Op, PartialImage, RowChange
+from setl.model import Change, DdlChange, Op, PartialImage, RowChange, partial_image_refusal
 
 
 @attrs.frozen
@@ -176,7 +176,8 @@ _PARTIAL_INSERT = 3
 
 
 def _refuse(change: RowChange, cause: str) -> None:
-    raise RefusedLoadError(f"a {change.op.value} cannot be applied exactly: {cause}; {PARTIAL_IMAGE_FIX}",
+    raise RefusedLoadError(partial_image_refusal(f"a partial {change.op.value}", str(change.source or
+                                                                                     change.qualified_table), cause),
                            table=change.qualified_table, position=change.position)
 
 

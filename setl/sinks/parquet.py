@@ -86,7 +86,7 @@ import pyarrow.parquet as pq
 
 from setl.config import SparkConfig
 from setl.errors import LoadError, RefusedLoadError, SetlError
-from setl.model import PARTIAL_IMAGE_FIX, Batch, DdlChange, Op, Position, RowChange
+from setl.model import Batch, DdlChange, Op, Position, RowChange, partial_image_refusal
 from setl.routing import flat_name
 from setl.sinks.invalid_dates import InvalidDatePolicy
 from setl.spark import brief, find_java, from_arrow, get_session
@@ -263,9 +263,10 @@ class ParquetLoad(Load):
                 continue
             if change.partial:  # a change log row holds whole images: an absent column would read as NULL
                 raise RefusedLoadError(
-                    f"a {change.op.value} cannot be written exactly: the Parquet change log holds whole row "
-                    f"images; {PARTIAL_IMAGE_FIX}", pipeline=self.pipeline or batch.pipeline, stage="load",
-                    table=change.qualified_table, batch=batch.id, position=change.position or batch.end)
+                    partial_image_refusal(f"a partial {change.op.value}", str(change.source or change.qualified_table),
+                                          "the Parquet change log holds whole row images"),
+                    pipeline=self.pipeline or batch.pipeline, stage="load", table=change.qualified_table,
+                    batch=batch.id, position=change.position or batch.end)
             tables.setdefault((change.schema, change.table), []).append((seq, change))
         written: set[Path] = set()
         for (schema, table), changes in tables.items():

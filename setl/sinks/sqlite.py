@@ -22,7 +22,7 @@ from typing import Any, Literal
 import attrs
 
 from setl.errors import LoadError, RefusedLoadError, TransientLoadError
-from setl.model import PARTIAL_IMAGE_FIX, Batch, Change, DdlChange, InvalidDate, Position, RowChange
+from setl.model import Batch, Change, DdlChange, InvalidDate, Position, RowChange, partial_image_refusal
 from setl.routing import flat_name
 from setl.sinks.merge import TableChanges, merge
 from setl.stages.load import Load, LoadCapabilities
@@ -142,8 +142,9 @@ class SqliteLoad(Load):
                 changes = batch.changes if record else self._unapplied(batch)
                 for table in merge(changes):
                     if table.patches:
-                        raise RefusedLoadError(f"the SQLite target does not apply partial row images; "
-                                               f"{PARTIAL_IMAGE_FIX}", table=f"{table.schema}.{table.table}")
+                        name = f"{table.schema}.{table.table}"
+                        raise RefusedLoadError(partial_image_refusal("a partial update", name, "the SQLite target "
+                                                                     "does not apply partial row images"), table=name)
                     table_name = flat_name(table.schema, table.table)
                     self._ensure_table(table_name, table.primary_key,
                                        [*table.upserts, *(c.after for c in table.sequence if c.after)])

@@ -12,7 +12,6 @@ from setl.config import TableRule
 from setl.ddl import rewrite
 from setl.errors import ExtractError, RefusedExtractError
 from setl.model import (
-    PARTIAL_IMAGE_FIX,
     Batch,
     Change,
     DdlChange,
@@ -20,6 +19,7 @@ from setl.model import (
     PartialImage,
     RowChange,
     TableName,
+    partial_image_refusal,
     partial_like,
 )
 from setl.reads import mapped_reads
@@ -202,8 +202,8 @@ class TableExtract(Extract):
     def _map(self, change: RowChange, plan: Route) -> RowChange | None:
         op, before, after = change.op, change.before, change.after
         if plan.steps and change.partial:
-            raise RefusedExtractError(f"{change.op.value} cannot be routed exactly: its table rule has transforms, "
-                                      f"which need whole rows; {PARTIAL_IMAGE_FIX}")
+            raise RefusedExtractError(partial_image_refusal(f"a partial {change.op.value}", change.qualified_table,
+                                                            "its table rule has transforms, which need whole rows"))
         if plan.filter is None and change.sequence is None:  # most changes: built positionally, no keywords
             target = plan.target
             if plan.reshapes:
@@ -273,8 +273,9 @@ class TableExtract(Extract):
             return bool(eval(plan.filter, {"__builtins__": FILTER_BUILTINS}, dict(image)))
         except NameError as exc:
             if type(image) is PartialImage:  # the filter reads a column the source did not log
-                raise RefusedExtractError(f"the filter of rule tables[{plan.rule_index}] reads a column the row "
-                                          f"image lacks ({exc}); {PARTIAL_IMAGE_FIX}") from exc
+                raise RefusedExtractError(partial_image_refusal(
+                    "a partial change", str(plan.source),
+                    f"the filter of rule tables[{plan.rule_index}] reads a column the image lacks ({exc})")) from exc
             raise ExtractError(
                 f"filter of rule tables[{plan.rule_index}] failed: {type(exc).__name__}: {exc}"
             ) from exc

@@ -110,6 +110,7 @@ def test_inexact_partial_changes_are_refused_in_one_line(changes: list[RowChange
     assert "\n" not in text and not caught.value.retryable
     assert cause in text and "table=s.t" in text and f"position={AT}" in text
     assert "binlog_row_image=NOBLOB or MINIMAL" in text and "SET GLOBAL binlog_row_image=FULL" in text
+    assert "--table s.t" in text and "a partial " in text
     assert "setl snapshot" in text
 
 

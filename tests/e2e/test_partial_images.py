@@ -1,0 +1,142 @@
+"""Partial row images (issue 33.2): sessions with binlog_row_image NOBLOB or MINIMAL, read from a real
+MariaDB binlog, leave a MariaDB or PostgreSQL target equal to the source in every column, or pause the
+pipeline with one line naming table, position, cause and fix."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import pytest
+
+from setl.scheduler import Outcome
+from setl.sinks.mysql import MysqlLoad
+from setl.sinks.postgresql import PostgresqlLoad
+
+from .replicate import binlog_head, replicate, table_rule
+
+pytestmark = pytest.mark.timeout(300)
+
+ROWS = 1200
+COLUMNS = "id, n, s, body, data"
+
+
+def _target(kind: str, request: pytest.FixtureRequest, tables: dict[str, str], name: str) -> tuple[Any, str, Any]:
+    """A load into a fresh database of `kind` holding `tables` (name -> column list), its schema, and a
+    function returning a table's rows (every column, by key)."""
+    if kind == "mariadb":
+        server, db = request.getfixturevalue("mariadb_target"), request.getfixturevalue("mysql_db")
+        for table, columns in tables.items():
+            server.query(f"CREATE TABLE `{db}`.`{table}` ({columns})")
+        load = MysqlLoad(server.target_config(), pipeline=name, position_schema=db)
+        return load, db, lambda table: [tuple(r) for r in server.query(
+            f"SELECT {COLUMNS} FROM `{db}`.`{table}` ORDER BY id")]
+    server, db = request.getfixturevalue("postgres_server"), request.getfixturevalue("postgres_db")
+    server.query('CREATE SCHEMA "s"', dbname=db)
+    for table, columns in tables.items():
+        server.query(f'CREATE TABLE "s"."{table}" ({columns.replace("BLOB", "bytea").replace("TEXT", "text")})',
+                     dbname=db)
+    load = PostgresqlLoad(server.target_config(db), pipeline=name)
+    return load, "s", lambda table: [
+        tuple(bytes(v) if isinstance(v, memoryview) else v for v in r)
+        for r in server.query(f'SELECT {COLUMNS} FROM "s"."{table}" ORDER BY id', dbname=db)]
+
+
+TABLE = "id INT PRIMARY KEY, n INT NOT NULL, s VARCHAR(20), body TEXT, data BLOB"
+
+
+def _source_rows(source: Any, db: str, table: str) -> list[tuple[Any, ...]]:
+    return [tuple(r) for r in source.query(f"SELECT {COLUMNS} FROM `{db}`.`{table}` ORDER BY id")]
+
+
+@pytest.mark.parametrize("kind", ["mariadb", "postgresql"])
+def test_noblob_and_minimal_updates_leave_the_target_equal(kind, request, mariadb_source, source_db, tmp_path):
+    """The issue's case: 1,200 rows with TEXT/BLOB copied, then NOBLOB and MINIMAL updates (non-blob
+    columns, blob columns, two of one row in one transaction, deletes): every column ends equal."""
+    mariadb_source.query(f"CREATE TABLE `{source_db}`.t ({TABLE})")
+    load, schema, rows = _target(kind, request, {"t": TABLE}, f"partial_{kind}")
+    rule = [table_rule(rf"{source_db}\.t", f"{schema}.t")]
+    start = binlog_head(mariadb_source)
+    with contextlib.closing(mariadb_source.connect(database=source_db)) as conn, conn.cursor() as cur:
+        values = ", ".join(f"({i}, {i}, 's{i}', 'body {i}', x'{i:04x}')" for i in range(ROWS))
+        cur.execute(f"INSERT INTO t VALUES {values}")
+        cur.execute("SET SESSION binlog_row_image = NOBLOB")
+        cur.execute("UPDATE t SET n = n + 1 WHERE id < 10")  # in the inserts' batch: onto whole images
+        conn.commit()
+    replicate(mariadb_source, start, rule, load, tmp_path, name=f"partial_{kind}_copy")
+    assert rows("t") == _source_rows(mariadb_source, source_db, "t")
+    start = binlog_head(mariadb_source)
+    with contextlib.closing(mariadb_source.connect(database=source_db, autocommit=False)) as conn, \
+            conn.cursor() as cur:
+        cur.execute("SET SESSION binlog_row_image = NOBLOB")
+        cur.execute("UPDATE t SET n = n * 7 WHERE id % 9 = 0")  # the issue's update: 134 rows, body untouched
+        conn.commit()
+        cur.execute("UPDATE t SET body = CONCAT(body, ' edited'), data = x'ff' WHERE id % 50 = 1")
+        conn.commit()
+        cur.execute("SET SESSION binlog_row_image = MINIMAL")
+        cur.execute("UPDATE t SET s = 'min' WHERE id % 11 = 0")
+        cur.execute("UPDATE t SET n = -1 WHERE id = 22")  # two partial updates of one row in one batch
+        cur.execute("UPDATE t SET body = NULL WHERE id = 22")
+        cur.execute("DELETE FROM t WHERE id % 100 = 5")
+        conn.commit()
+    load, _, _ = _target_again(kind, request, f"partial_{kind}")
+    replicate(mariadb_source, start, rule, load, tmp_path, name=f"partial_{kind}_stream")
+    expected = _source_rows(mariadb_source, source_db, "t")
+    assert len(expected) == ROWS - 12 and rows("t") == expected
+
+
+def _target_again(kind: str, request: pytest.FixtureRequest, name: str) -> tuple[Any, str, None]:
+    """A second load into the database `_target` made (its tables exist already)."""
+    if kind == "mariadb":
+        server, db = request.getfixturevalue("mariadb_target"), request.getfixturevalue("mysql_db")
+        return MysqlLoad(server.target_config(), pipeline=name, position_schema=db), db, None
+    server, db = request.getfixturevalue("postgres_server"), request.getfixturevalue("postgres_db")
+    return PostgresqlLoad(server.target_config(db), pipeline=name), "s", None
+
+
+@pytest.mark.parametrize(("kind", "image", "statement", "cause"), [
+    ("mariadb", "MINIMAL", "INSERT INTO t (id, s) VALUES (5000, 'x')", "the insert's image lacks the columns"),
+    ("postgresql", "NOBLOB", "INSERT INTO t (id, n) VALUES (5000, 1)", "the insert's image lacks the columns"),
+    ("mariadb", "MINIMAL", "UPDATE t SET id = 5000 WHERE id = 3", "changes the row's key"),
+], ids=["minimal-insert", "noblob-insert", "minimal-key-change"])
+def test_partial_changes_that_cannot_be_exact_pause_in_one_line(kind, image, statement, cause, request,
+                                                               mariadb_source, source_db, tmp_path):
+    """An insert lacking columns (their defaults are not in the binlog) or a MINIMAL key change of a row
+    the batch does not hold whole pauses at once, target untouched, with one line naming it all."""
+    mariadb_source.query(f"CREATE TABLE `{source_db}`.t ({TABLE.replace('n INT NOT NULL', 'n INT DEFAULT 7')})")
+    mariadb_source.query(f"INSERT INTO `{source_db}`.t VALUES (3, 3, 'a', 'b', x'01')")
+    load, schema, rows = _target(kind, request, {"t": TABLE}, f"refuse_{kind}")
+    start = binlog_head(mariadb_source)
+    with contextlib.closing(mariadb_source.connect(database=source_db)) as conn, conn.cursor() as cur:
+        cur.execute(f"SET SESSION binlog_row_image = {image}")
+        cur.execute(statement)
+        conn.commit()
+    scheduler = replicate(mariadb_source, start, [table_rule(rf"{source_db}\.t", f"{schema}.t")], load, tmp_path,
+                          name=f"refuse_{kind}", outcome=Outcome.PAUSED)
+    error = str(scheduler.error)
+    assert "\n" not in error and cause in error, error
+    assert f"table={schema}.t" in error and "position=mysql-bin." in error and "stage=load" in error, error
+    assert "SET GLOBAL binlog_row_image=FULL" in error and f"setl snapshot --pipeline <pipeline> --table {source_db}.t" in error, error
+    assert "attempt 2" not in error, error
+    assert rows("t") == []
+
+
+def test_unique_not_null_table_without_primary_key(request, mariadb_source, source_db, tmp_path):
+    """A table keyed only by a UNIQUE NOT NULL column (MINIMAL logs that key alone) is applied exactly
+    by that key, or refused; never a silent difference."""
+    columns = "id INT NOT NULL, n INT, s VARCHAR(20), body TEXT, data BLOB, UNIQUE KEY (id)"
+    mariadb_source.query(f"CREATE TABLE `{source_db}`.u ({columns})")
+    mariadb_source.query(f"INSERT INTO `{source_db}`.u VALUES (1, 1, 'a', 'b', x'01'), (2, 2, 'c', 'd', x'02')")
+    load, schema, rows = _target("mariadb", request, {"u": columns.replace("UNIQUE KEY (id)", "PRIMARY KEY (id)")},
+                                 "unique")
+    request.getfixturevalue("mariadb_target").query(
+        f"INSERT INTO `{schema}`.u SELECT 1, 1, 'a', 'b', x'01' UNION ALL SELECT 2, 2, 'c', 'd', x'02'")
+    start = binlog_head(mariadb_source)
+    with contextlib.closing(mariadb_source.connect(database=source_db)) as conn, conn.cursor() as cur:
+        cur.execute("SET SESSION binlog_row_image = MINIMAL")
+        cur.execute("UPDATE u SET n = 10 WHERE id = 1")
+        conn.commit()
+    scheduler = replicate(mariadb_source, start, [table_rule(rf"{source_db}\.u", f"{schema}.u")], load, tmp_path,
+                          name="unique", outcome=Outcome.CAUGHT_UP)
+    assert scheduler.error is None
+    assert rows("u") == _source_rows(mariadb_source, source_db, "u")
