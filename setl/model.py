@@ -129,8 +129,9 @@ def partial_image_refusal(what: str, table: str, cause: str) -> str:
     the fix."""
     return (f"{what} cannot be applied exactly: {cause}; the source logged a partial row image "
             f"(binlog_row_image=NOBLOB or MINIMAL in the writing session); fix: SET GLOBAL "
-            f"binlog_row_image=FULL on the source and reconnect the writer's sessions (dropping any SET SESSION "
-            f"binlog_row_image), then re-copy the table with `setl snapshot --pipeline <pipeline> --table {table}`")
+            f"binlog_row_image=FULL on the source and reconnect the writer's sessions, exclude {table} in the "
+            f"pipeline's tables until it is past its partial changes, then re-copy it with `setl snapshot "
+            f"--pipeline <pipeline> --table {table}` (docs/mysql-source.md, \"Partial row images\")")
 
 
 @attrs.frozen
