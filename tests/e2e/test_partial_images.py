@@ -18,7 +18,7 @@ from .replicate import binlog_head, replicate, table_rule
 pytestmark = pytest.mark.timeout(300)
 
 ROWS = 1200
-COLUMNS = "id, n, s, body, data"
+COLUMNS = "id, n, s, body, data, d, m"
 
 
 def _target(kind: str, request: pytest.FixtureRequest, tables: dict[str, str], name: str) -> tuple[Any, str, Any]:
@@ -34,15 +34,15 @@ def _target(kind: str, request: pytest.FixtureRequest, tables: dict[str, str], n
     server, db = request.getfixturevalue("postgres_server"), request.getfixturevalue("postgres_db")
     server.query('CREATE SCHEMA "s"', dbname=db)
     for table, columns in tables.items():
-        server.query(f'CREATE TABLE "s"."{table}" ({columns.replace("BLOB", "bytea").replace("TEXT", "text")})',
-                     dbname=db)
+        pg_columns = columns.replace("BLOB", "bytea").replace("TEXT", "text").replace("DATETIME", "timestamp")
+        server.query(f'CREATE TABLE "s"."{table}" ({pg_columns})', dbname=db)
     load = PostgresqlLoad(server.target_config(db), pipeline=name)
     return load, "s", lambda table: [
         tuple(bytes(v) if isinstance(v, memoryview) else v for v in r)
         for r in server.query(f'SELECT {COLUMNS} FROM "s"."{table}" ORDER BY id', dbname=db)]
 
 
-TABLE = "id INT PRIMARY KEY, n INT NOT NULL, s VARCHAR(20), body TEXT, data BLOB"
+TABLE = "id INT PRIMARY KEY, n INT NOT NULL, s VARCHAR(20), body TEXT, data BLOB, d DATETIME(6), m DECIMAL(10,2)"
 
 
 def _source_rows(source: Any, db: str, table: str) -> list[tuple[Any, ...]]:
@@ -58,7 +58,8 @@ def test_noblob_and_minimal_updates_leave_the_target_equal(kind, request, mariad
     rule = [table_rule(rf"{source_db}\.t", f"{schema}.t")]
     start = binlog_head(mariadb_source)
     with contextlib.closing(mariadb_source.connect(database=source_db)) as conn, conn.cursor() as cur:
-        values = ", ".join(f"({i}, {i}, 's{i}', 'body {i}', x'{i:04x}')" for i in range(ROWS))
+        values = ", ".join(f"({i}, {i}, 's{i}', 'body {i}', x'{i:04x}', '2024-01-02 03:04:05.{i:06d}', {i}.25)"
+                           for i in range(ROWS))
         cur.execute(f"INSERT INTO t VALUES {values}")
         cur.execute("SET SESSION binlog_row_image = NOBLOB")
         cur.execute("UPDATE t SET n = n + 1 WHERE id < 10")  # in the inserts' batch: onto whole images
@@ -71,7 +72,8 @@ def test_noblob_and_minimal_updates_leave_the_target_equal(kind, request, mariad
         cur.execute("SET SESSION binlog_row_image = NOBLOB")
         cur.execute("UPDATE t SET n = n * 7 WHERE id % 9 = 0")  # the issue's update: 134 rows, body untouched
         conn.commit()
-        cur.execute("UPDATE t SET body = CONCAT(body, ' edited'), data = x'ff' WHERE id % 50 = 1")
+        cur.execute("UPDATE t SET body = CONCAT(body, ' it''s \\\\ \"é\" 100%'), data = x'ff00' WHERE id % 50 = 1")
+        cur.execute("UPDATE t SET d = d + INTERVAL 1 DAY, m = m * 3, s = 'a''b\\\\c' WHERE id % 13 = 0")
         conn.commit()
         cur.execute("SET SESSION binlog_row_image = MINIMAL")
         cur.execute("UPDATE t SET s = 'min' WHERE id % 11 = 0")
@@ -104,7 +106,7 @@ def test_partial_changes_that_cannot_be_exact_pause_in_one_line(kind, image, sta
     """An insert lacking columns (their defaults are not in the binlog) or a MINIMAL key change of a row
     the batch does not hold whole pauses at once, target untouched, with one line naming it all."""
     mariadb_source.query(f"CREATE TABLE `{source_db}`.t ({TABLE.replace('n INT NOT NULL', 'n INT DEFAULT 7')})")
-    mariadb_source.query(f"INSERT INTO `{source_db}`.t VALUES (3, 3, 'a', 'b', x'01')")
+    mariadb_source.query(f"INSERT INTO `{source_db}`.t VALUES (3, 3, 'a', 'b', x'01', NULL, NULL)")
     load, schema, rows = _target(kind, request, {"t": TABLE}, f"refuse_{kind}")
     start = binlog_head(mariadb_source)
     with contextlib.closing(mariadb_source.connect(database=source_db)) as conn, conn.cursor() as cur:
@@ -125,13 +127,13 @@ def test_partial_changes_that_cannot_be_exact_pause_in_one_line(kind, image, sta
 def test_unique_not_null_table_without_primary_key(request, mariadb_source, source_db, tmp_path):
     """A table keyed only by a UNIQUE NOT NULL column (MINIMAL logs that key alone) is applied exactly
     by that key, or refused; never a silent difference."""
-    columns = "id INT NOT NULL, n INT, s VARCHAR(20), body TEXT, data BLOB, UNIQUE KEY (id)"
+    columns = TABLE.replace("INT PRIMARY KEY", "INT NOT NULL").replace("n INT NOT NULL", "n INT") + ", UNIQUE KEY (id)"
+    rows_sql = "(1, 1, 'a', 'b', x'01', NULL, 1.5), (2, 2, 'c', 'd', x'02', NULL, 2)"
     mariadb_source.query(f"CREATE TABLE `{source_db}`.u ({columns})")
-    mariadb_source.query(f"INSERT INTO `{source_db}`.u VALUES (1, 1, 'a', 'b', x'01'), (2, 2, 'c', 'd', x'02')")
+    mariadb_source.query(f"INSERT INTO `{source_db}`.u VALUES {rows_sql}")
     load, schema, rows = _target("mariadb", request, {"u": columns.replace("UNIQUE KEY (id)", "PRIMARY KEY (id)")},
                                  "unique")
-    request.getfixturevalue("mariadb_target").query(
-        f"INSERT INTO `{schema}`.u SELECT 1, 1, 'a', 'b', x'01' UNION ALL SELECT 2, 2, 'c', 'd', x'02'")
+    request.getfixturevalue("mariadb_target").query(f"INSERT INTO `{schema}`.u VALUES {rows_sql}")
     start = binlog_head(mariadb_source)
     with contextlib.closing(mariadb_source.connect(database=source_db)) as conn, conn.cursor() as cur:
         cur.execute("SET SESSION binlog_row_image = MINIMAL")
