@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from setl.errors import RefusedLoadError
-from setl.model import Op, PartialImage, Position, RowChange
+from setl.model import Batch, Op, PartialImage, Position, RowChange
 from setl.sinks.merge import TableChanges, merge
+from setl.sinks.parquet import ParquetLoad
 
 AT = Position("mysql-bin.000001", 400)
 KEY = ("id",)
@@ -177,3 +178,19 @@ def test_merged_partial_changes_leave_the_target_as_the_source(history: tuple[di
     got = {k: dict(v) for k, v in rows.items()}
     apply(got, merge(changes))
     assert got == expected
+
+
+def test_parquet_target_refuses_a_partial_change_before_writing(tmp_path) -> None:
+    """The Parquet change log holds whole images: a partial update pauses the pipeline, no file written."""
+    load = ParquetLoad(tmp_path / "out", pipeline="pq")
+    whole = change(Op.INSERT, None, {"id": 2, "a": 1, "b": 1, "t": "x"})
+    batch = Batch("pq", 1, 1, Position("mysql-bin.000001", 4), AT, (whole, change(Op.UPDATE, part(id=1), part(a=1))))
+    try:
+        with pytest.raises(RefusedLoadError) as caught:
+            load.load(batch)
+    finally:
+        load.close()
+    text = str(caught.value)
+    assert "\n" not in text and "pipeline=pq stage=load table=s.t" in text and f"position={AT}" in text
+    assert "Parquet change log holds whole row images" in text and "SET GLOBAL binlog_row_image=FULL" in text
+    assert not list((tmp_path / "out").rglob("*.parquet"))
