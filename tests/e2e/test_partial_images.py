@@ -174,3 +174,22 @@ def test_keyless_table_is_logged_whole_and_applied_exactly(image, request, maria
               name=f"keyless_{image}")
     expected = _source_rows(mariadb_source, source_db, "k")
     assert len(expected) == 2 and rows("k") == expected
+
+
+def test_filter_on_a_column_a_minimal_image_lacks_pauses(request, mariadb_source, source_db, tmp_path):
+    """A row filter that reads a column a MINIMAL before-image lacks pauses the pipeline at Extract in one line."""
+    mariadb_source.query(f"CREATE TABLE `{source_db}`.t ({TABLE})")
+    mariadb_source.query(f"INSERT INTO `{source_db}`.t VALUES (3, 3, 'a', 'b', x'01', NULL, NULL)")
+    load, schema, rows = _target("mariadb", request, {"t": TABLE}, "filtered")
+    start = binlog_head(mariadb_source)
+    with contextlib.closing(mariadb_source.connect(database=source_db)) as conn, conn.cursor() as cur:
+        cur.execute("SET SESSION binlog_row_image = MINIMAL")
+        cur.execute("UPDATE t SET s = 'z' WHERE id = 3")
+        conn.commit()
+    scheduler = replicate(mariadb_source, start, [table_rule(rf"{source_db}\.t", f"{schema}.t", filter="n > 0")],
+                          load, tmp_path, name="filtered", outcome=Outcome.PAUSED)
+    error = str(scheduler.error)
+    assert "\n" not in error and "stage=extract" in error and f"table={source_db}.t" in error, error
+    assert "filter of rule tables[0] reads a column the image lacks" in error and "position=mysql-bin." in error
+    assert "SET GLOBAL binlog_row_image=FULL" in error and "attempt 2" not in error, error
+    assert rows("t") == []
