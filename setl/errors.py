@@ -77,6 +77,13 @@ class ExtractError(SetlError):
     """A row could not be extracted (filter or mapping failed)."""
 
 
+class RefusedExtractError(ExtractError):
+    """A change no table rule can route exactly (a partial row image that a filter or a transform
+    would need whole): pause, don't retry."""
+
+    retryable = False
+
+
 class TransformError(SetlError):
     """A transform raised or returned an unusable result."""
 

@@ -105,11 +105,46 @@ class TableName:
         return f"{self.schema}.{self.table}"
 
 
+class PartialImage(dict[str, Any]):
+    """A row image that holds only some of its table's columns: those the source logged.
+
+    MySQL and MariaDB log partial images when the writing session runs with
+    ``binlog_row_image=NOBLOB`` (BLOB/TEXT columns the statement did not need are left out) or
+    ``MINIMAL`` (a before-image of the key columns only, an after-image of the columns the statement
+    set). A column the image lacks is *absent*: its value is not known, which is not NULL. A stage
+    that reshapes a partial image keeps this type (`partial_like`), so that the flag travels.
+    """
+
+    __slots__ = ()
+
+
+def partial_like(source: Mapping[str, Any] | None, image: dict[str, Any]) -> dict[str, Any]:
+    """`image` (built from `source`) as a `PartialImage` when `source` is one, else as it is."""
+    return PartialImage(image) if type(source) is PartialImage else image
+
+
+def partial_image_refusal(what: str, table: str, cause: str) -> str:
+    """The one-line message of an error refusing a partial row image (`RowChange.partial`): `what`
+    could not be applied exactly to `table` (the source table, when known) because of `cause`, and
+    the fix."""
+    return (f"{what} cannot be applied exactly: {cause}; the source logged a partial row image "
+            f"(binlog_row_image=NOBLOB or MINIMAL in the writing session); fix: SET GLOBAL "
+            f"binlog_row_image=FULL on the source and reconnect the writer's sessions, exclude {table} in the "
+            f"pipeline's tables until it is past its partial changes, then re-copy it with `setl snapshot "
+            f"--pipeline <pipeline> --table {table}` (docs/mysql-source.md, \"Partial row images\")")
+
+
 @attrs.frozen
 class RowChange:
-    """One row changed by one statement, with full before and after images.
+    """One row changed by one statement, with its before and after images.
 
-    `before` is None for inserts and `after` is None for deletes. `primary_key`
+    `before` is None for inserts and `after` is None for deletes. An image holds every column of
+    the row, except when it is a `PartialImage` (`partial`): then it holds only the columns the
+    source logged, and a column it lacks is unknown (never None, which is NULL). A target applies
+    a partial update as "set these columns of the row with this key", refuses what it cannot apply
+    exactly that way (an insert lacking columns, a table without a key, a before-image without the
+    whole key) and every stage that needs whole rows (transforms, a filter on an absent column)
+    refuses it too (`partial_image_refusal`). `primary_key`
     names the key columns (empty when the table has none). `position` is the
     position after the transaction that holds the change; for a change of a
     transaction delivered in pieces it is the position after the change itself
@@ -134,6 +169,11 @@ class RowChange:
     #: source could not show it. A target that applies sequences writes the state as a whole and
     #: creates the sequence from this first when it has none. Not part of equality.
     sequence: str | None = attrs.field(default=None, kw_only=True, eq=False, repr=False)
+
+    @property
+    def partial(self) -> bool:
+        """Whether an image lacks some of the table's columns (a `PartialImage`)."""
+        return type(self.after) is PartialImage or type(self.before) is PartialImage
 
     @property
     def image(self) -> Mapping[str, Any]:

@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 
 from setl.errors import RefusedLoadError
-from setl.model import Batch, InvalidDate, RowChange
+from setl.model import Batch, InvalidDate, RowChange, partial_like
 from setl.sinks import rewrites
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,8 @@ class InvalidDatePolicy:
                     batch=batch.id, position=change.position or batch.end)
         table = change.qualified_table
         found[table] = found.get(table, 0) + len(bad)
-        return {column: None if isinstance(value, InvalidDate) else value for column, value in image.items()}
+        return partial_like(image, {column: None if isinstance(value, InvalidDate) else value
+                                    for column, value in image.items()})
 
 
 __all__ = ["POLICIES", "InvalidDatePolicy"]

@@ -389,6 +389,8 @@ class MysqlLoad(SqlLoad[pymysql.connections.Connection]):
         return [cls._writable(i, computed) for i in images] if computed else images
 
     def _apply_keyed(self, conn: pymysql.connections.Connection, table: TableChanges) -> None:
+        if table.patches:  # keys none of the deletes and upserts touch: any order
+            self._apply_patches(conn, table)
         name = table_name(table.schema, table.table)
         key = table.primary_key
         with conn.cursor() as cur:
@@ -430,6 +432,34 @@ class MysqlLoad(SqlLoad[pymysql.connections.Connection]):
             for image in lenient:
                 self._insert(cur, name, self._writable(image, computed), self._upsert_tail(
                     list(self._writable(image, computed))).replace("%", "%%"), (table.schema, table.table))
+
+    def _apply_patches(self, conn: pymysql.connections.Connection, table: TableChanges) -> None:
+        """`table.patches` (rows updated only in part: `setl.sinks.merge`) as ``UPDATE ... SET <the
+        patch's other columns> WHERE <key>``, never an insert: single-row statements, sent many to a
+        round trip (the connection takes several statements at once)."""
+        plain, key, literal = f"{plain_quote(table.schema)}.{plain_quote(table.table)}", table.primary_key, conn.escape
+        with conn.cursor() as cur:
+            computed = self._computed(cur, table.schema, table.table)
+            texts: list[str] = []
+            size = 0
+            for image in self._all_writable(table.patches, computed):
+                sets = ", ".join(f"{plain_quote(c)} = {literal(to_db(v))}" for c, v in image.items() if c not in key)
+                if sets:  # else only the key: nothing to set
+                    texts.append(f"UPDATE {plain} SET {sets} WHERE "
+                                 + " AND ".join(f"{plain_quote(c)} = {literal(to_db(image[c]))}" for c in key))
+                    size += 4 * len(texts[-1])  # at most 4 bytes a character in utf8mb4
+                if size >= self._statement_bytes or len(texts) >= 1000:
+                    self._execute_all(cur, texts)
+                    texts, size = [], 0
+            self._execute_all(cur, texts)
+
+    @staticmethod
+    def _execute_all(cur: Any, texts: list[str]) -> None:
+        """Run `texts` (statements without parameters) in one round trip, reading every result."""
+        if texts:
+            cur.execute(";".join(texts))  # no parameters: the text is sent as it is
+            while cur.nextset():  # each statement's result, and its error if it failed
+                pass
 
     @staticmethod
     def _upsert_tail(columns: Sequence[str]) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 
 from setl.errors import RefusedLoadError
-from setl.model import Batch, RowChange
+from setl.model import Batch, RowChange, partial_like
 from setl.sinks import rewrites
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class NulTextPolicy:
             return image
         assert image is not None
         replacement = "" if self.policy == "strip" else ESCAPED
-        out = dict(image)
+        out = partial_like(image, dict(image))
         for column, value in image.items():
             if type(value) is str and NUL in value:
                 if column in change.primary_key:

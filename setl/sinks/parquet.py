@@ -85,8 +85,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from setl.config import SparkConfig
-from setl.errors import LoadError, SetlError
-from setl.model import Batch, DdlChange, Op, Position, RowChange
+from setl.errors import LoadError, RefusedLoadError, SetlError
+from setl.model import Batch, DdlChange, Op, Position, RowChange, partial_image_refusal
 from setl.routing import flat_name
 from setl.sinks.invalid_dates import InvalidDatePolicy
 from setl.spark import brief, find_java, from_arrow, get_session
@@ -261,6 +261,12 @@ class ParquetLoad(Load):
                 log.info("pipeline=%s stage=load batch=%d parquet target skips DDL on %s: %s",
                          self.pipeline, batch.id, change.qualified_table, change.statement)
                 continue
+            if change.partial:  # a change log row holds whole images: an absent column would read as NULL
+                raise RefusedLoadError(
+                    partial_image_refusal(f"a partial {change.op.value}", str(change.source or change.qualified_table),
+                                          "the Parquet change log holds whole row images"),
+                    pipeline=self.pipeline or batch.pipeline, stage="load", table=change.qualified_table,
+                    batch=batch.id, position=change.position or batch.end)
             tables.setdefault((change.schema, change.table), []).append((seq, change))
         written: set[Path] = set()
         for (schema, table), changes in tables.items():

@@ -299,6 +299,8 @@ class PostgresqlLoad(SqlLoad[psycopg.Connection]):
     # -- rows
 
     def _apply_keyed(self, conn: psycopg.Connection, table: TableChanges) -> None:
+        if table.patches:  # keys none of the deletes and upserts touch: any order
+            self._apply_patches(conn, table)
         name = _TableName(table.schema, table.table)
         key = table.primary_key
         size = max(1, min(self.chunk_rows, MAX_PARAMS // len(key)))
@@ -323,6 +325,21 @@ class PostgresqlLoad(SqlLoad[psycopg.Connection]):
                     text = self._text(conn, ("upsert", table.schema, table.table, columns, len(part)),
                                       functools.partial(self._upsert_sql, name, key, columns, len(part)), raw=True)
                     cur.execute(text, values_of(part, columns))
+
+    def _apply_patches(self, conn: psycopg.Connection, table: TableChanges) -> None:
+        """`table.patches` (rows updated only in part: `setl.sinks.merge`) as ``UPDATE ... SET <the
+        patch's other columns> WHERE <key>``, one statement shape per column list; never an insert."""
+        name = _TableName(table.schema, table.table)
+        key = table.primary_key
+        with conn.cursor() as cur:
+            for columns, images in group_by_columns(table.patches).items():
+                sets = [c for c in columns if c not in key]
+                if not sets:
+                    continue  # only the key: nothing to set
+                text = sql.SQL("UPDATE {} SET {} WHERE {}").format(
+                    name, sql.SQL(", ").join(sql.SQL("{} = %s").format(column(c)) for c in sets),
+                    sql.SQL(" AND ").join(sql.SQL("{} = %s").format(column(c)) for c in key))
+                cur.executemany(text, [values_of([image], [*sets, *key]) for image in images])
 
     def _copy_straight(self, conn: psycopg.Connection, cur: psycopg.Cursor, table: TableChanges,
                        columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> bool:

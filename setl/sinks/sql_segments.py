@@ -49,11 +49,15 @@ class SegmentPlanner:
 
     def segments(self, batch: Batch) -> list[Segment]:
         """The merged row changes of each run between DDLs, and the DDLs to apply, in batch order."""
-        if DdlChange in map(type, batch.changes):  # found at C speed; the common batch has none
-            segments = self._split(batch)
-        else:  # one run: no segment when it merges to nothing (a row inserted and deleted again)
-            tables = merge(batch.changes)
-            segments = [tables] if tables else []
+        try:
+            if DdlChange in map(type, batch.changes):  # found at C speed; the common batch has none
+                segments = self._split(batch)
+            else:  # one run: no segment when it merges to nothing (a row inserted and deleted again)
+                tables = merge(batch.changes)
+                segments = [tables] if tables else []
+        except RefusedLoadError as exc:  # a partial row image merge cannot apply exactly: name the batch
+            exc.context = {**self._context(batch, table=exc.context.get("table")), **exc.context}
+            raise
         for segment in segments:
             if isinstance(segment, list):
                 for table in segment:

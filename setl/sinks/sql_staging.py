@@ -10,6 +10,8 @@ import logging
 import threading
 from typing import Any, Generic, TypeVar
 
+import attrs
+
 from setl.ddl import Statement
 from setl.errors import RefusedLoadError, SetlError
 from setl.model import Batch, DdlChange, TableName
@@ -120,7 +122,7 @@ class StagedCopies(Generic[C]):
         staging = self.targets(conn).get((table.schema, table.table))
         if staging is None:
             return table
-        return TableChanges(table.schema, staging, table.primary_key, table.deletes, table.upserts, table.sequence)
+        return attrs.evolve(table, table=staging)
 
     def start(self, conn: C, batch: Batch, change: DdlChange) -> bool:
         """A snapshot TRUNCATE of `change`'s table: True when its copy goes to a staging table

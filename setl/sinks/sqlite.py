@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 import attrs
 
-from setl.errors import LoadError, TransientLoadError
-from setl.model import Batch, Change, DdlChange, InvalidDate, Position, RowChange
+from setl.errors import LoadError, RefusedLoadError, TransientLoadError
+from setl.model import Batch, Change, DdlChange, InvalidDate, Position, RowChange, partial_image_refusal
 from setl.routing import flat_name
 from setl.sinks.merge import TableChanges, merge
 from setl.stages.load import Load, LoadCapabilities
@@ -141,6 +141,10 @@ class SqliteLoad(Load):
                 batch = batch.replace(tuple(c for c in batch.changes if not isinstance(c, DdlChange)))
                 changes = batch.changes if record else self._unapplied(batch)
                 for table in merge(changes):
+                    if table.patches:
+                        name = f"{table.schema}.{table.table}"
+                        raise RefusedLoadError(partial_image_refusal("a partial update", name, "the SQLite target "
+                                                                     "does not apply partial row images"), table=name)
                     table_name = flat_name(table.schema, table.table)
                     self._ensure_table(table_name, table.primary_key,
                                        [*table.upserts, *(c.after for c in table.sequence if c.after)])

@@ -10,8 +10,18 @@ import attrs
 
 from setl.config import TableRule
 from setl.ddl import rewrite
-from setl.errors import ExtractError
-from setl.model import Batch, Change, DdlChange, Op, RowChange, TableName
+from setl.errors import ExtractError, RefusedExtractError
+from setl.model import (
+    Batch,
+    Change,
+    DdlChange,
+    Op,
+    PartialImage,
+    RowChange,
+    TableName,
+    partial_image_refusal,
+    partial_like,
+)
 from setl.reads import mapped_reads
 from setl.routing import Route, RoutingPlan
 
@@ -52,6 +62,9 @@ class TableExtract(Extract):
     * A snapshot read (`Op.READ`, after image only) is routed, reshaped and filtered as an
       insert is (dropped when its row does not match) and stays a read, so that targets can
       show it; the update rules above do not apply to it.
+    * A partial change (`RowChange.partial`) keeps its images partial; one of a rule with
+      transforms, or whose filter reads a column an image lacks, is refused
+      (`RefusedExtractError`: the pipeline pauses).
 
     Every row change it returns carries its `source` table, the key to its
     route for the stages after it. A sequence's state row (`RowChange.sequence`) is mapped as a
@@ -188,6 +201,9 @@ class TableExtract(Extract):
 
     def _map(self, change: RowChange, plan: Route) -> RowChange | None:
         op, before, after = change.op, change.before, change.after
+        if plan.steps and change.partial:
+            raise RefusedExtractError(partial_image_refusal(f"a partial {change.op.value}", change.qualified_table,
+                                                            "its table rule has transforms, which need whole rows"))
         if plan.filter is None and change.sequence is None:  # most changes: built positionally, no keywords
             target = plan.target
             if plan.reshapes:
@@ -244,17 +260,25 @@ class TableExtract(Extract):
             return None
         if not plan.reshapes:
             return image
-        return {
+        return partial_like(image, {
             plan.rename.get(column, column): value
             for column, value in image.items()
             if (plan.include is None or column in plan.include) and column not in plan.exclude
-        }
+        })
 
     @staticmethod
     def _matches(plan: Route, image: Mapping[str, Any]) -> bool:
         assert plan.filter is not None
         try:
             return bool(eval(plan.filter, {"__builtins__": FILTER_BUILTINS}, dict(image)))
+        except NameError as exc:
+            if type(image) is PartialImage:  # the filter reads a column the source did not log
+                raise RefusedExtractError(partial_image_refusal(
+                    "a partial change", str(plan.source),
+                    f"the filter of rule tables[{plan.rule_index}] reads a column the image lacks ({exc})")) from exc
+            raise ExtractError(
+                f"filter of rule tables[{plan.rule_index}] failed: {type(exc).__name__}: {exc}"
+            ) from exc
         except Exception as exc:  # the expression is user input: any error is theirs to see
             raise ExtractError(
                 f"filter of rule tables[{plan.rule_index}] failed: {type(exc).__name__}: {exc}"

@@ -54,7 +54,7 @@ import pyarrow.compute as pc
 
 from setl.config import NodeSettings, PipelineConfig, SparkConfig, TableRule
 from setl.errors import SetlError, TransformError
-from setl.model import Batch, Change, ColumnSchema, Op, RowChange, TableName, TableSchema
+from setl.model import Batch, Change, ColumnSchema, Op, RowChange, TableName, TableSchema, partial_image_refusal
 from setl.plugins import BoundStep, Registry, TransformContext
 from setl.routing import Route, RoutingPlan, build_plan
 from setl.spark import brief, find_java, from_arrow, get_session, to_arrow
@@ -75,6 +75,13 @@ class StepAnalysisError(TransformError):
     """Spark SQL rejects a step against its table's columns (an unknown column or function, a syntax
     error in a `filter`, `add_column` or `sql` step). Raised by the first batch of the table, at the
     step's eager analysis; the same on every attempt, so the pipeline pauses at once."""
+
+    retryable = False
+
+
+class PartialRowRefused(TransformError):
+    """A partial row image (`RowChange.partial`) of a table with transforms: Spark sees whole rows
+    only, so the change cannot be transformed exactly. The same on every attempt: pause at once."""
 
     retryable = False
 
@@ -337,6 +344,13 @@ class SparkTransform(Transform):
                     plan = plans[key] = self._plan_of(change)
                 indices = None if plan is None else groups.setdefault(key, [])
             if indices is not None:
+                if change.partial:  # Extract refuses it first when its routing plan knows the steps
+                    assert plan is not None
+                    raise PartialRowRefused(partial_image_refusal(
+                        f"a partial {change.op.value}", str(change.source or change.qualified_table),
+                        "the table has transforms, which need whole rows"),
+                        pipeline=self.pipeline or batch.pipeline, stage="transform", table=plan.target,
+                        batch=batch.id, position=change.position or batch.end)
                 indices.append(index)
         if not groups:
             return batch

@@ -18,7 +18,7 @@ from pymysqlreplication.row_event import (
 )
 
 from setl import values as canonical
-from setl.model import InvalidDate, Op
+from setl.model import InvalidDate, Op, PartialImage, partial_like
 
 #: A prepared XA transaction's identity: (formatID, gtrid, bqual).
 XaKey = tuple[int, bytes, bytes]
@@ -38,16 +38,33 @@ def _row_items(event: RowsEvent, info: "_TableInfo") -> list[_Item]:
 def _raw_row_items(event: RowsEvent, info: "_TableInfo") -> list[_Item]:
     if not info.fixes:  # the library's values are setl's: no image to fix
         if isinstance(event, WriteRowsEvent):
-            return [(Op.INSERT, info, None, row["values"]) for row in event.rows]
+            return [(Op.INSERT, info, None, _logged(row["values"], row["none_sources"])) for row in event.rows]
         if isinstance(event, DeleteRowsEvent):
-            return [(Op.DELETE, info, row["values"], None) for row in event.rows]
-        return [(Op.UPDATE, info, row["before_values"], row["after_values"]) for row in event.rows]
+            return [(Op.DELETE, info, _logged(row["values"], row["none_sources"]), None) for row in event.rows]
+        return [(Op.UPDATE, info, _logged(row["before_values"], row["before_none_sources"]),
+                 _logged(row["after_values"], row["after_none_sources"])) for row in event.rows]
     if isinstance(event, WriteRowsEvent):
         return [(Op.INSERT, info, None, info.image(row["values"], row["none_sources"])) for row in event.rows]
     if isinstance(event, DeleteRowsEvent):
         return [(Op.DELETE, info, info.image(row["values"], row["none_sources"]), None) for row in event.rows]
     return [(Op.UPDATE, info, info.image(row["before_values"], row["before_none_sources"]),
              info.image(row["after_values"], row["after_none_sources"])) for row in event.rows]
+
+
+def _logged(values: dict[str, Any], none_sources: Mapping[str, str]) -> dict[str, Any]:
+    """`values` without the columns the event's column bitmap leaves out (a session with
+    ``binlog_row_image`` NOBLOB or MINIMAL), as a `PartialImage`; `values` itself when it has all.
+    The library puts None (NULL) for such a column: handing that on would overwrite the target's
+    value with NULL."""
+    if not none_sources or _ABSENT not in none_sources.values():
+        return values
+    for name, why in none_sources.items():
+        if why == _ABSENT:
+            del values[name]
+    return PartialImage(values)
+
+
+_ABSENT = NONE_SOURCE.COLS_BITMAP
 
 
 #: The row end of a system-versioned table's current rows: TIMESTAMP's maximum, or the largest
@@ -132,7 +149,8 @@ class _TableInfo:
             return (isinstance(value, datetime.datetime) and value >= _TIMESTAMP_MAX) or value == _TRX_ID_MAX
 
         def strip(image: Mapping[str, Any] | None) -> dict[str, Any] | None:
-            return None if image is None else {k: v for k, v in image.items() if k not in (start, end)}
+            return None if image is None else partial_like(
+                image, {k: v for k, v in image.items() if k not in (start, end)})
 
         was, now = live(before), live(after)
         if was and now:
@@ -169,7 +187,9 @@ class _TableInfo:
         )
 
     def image(self, values: dict[str, Any], none_sources: Mapping[str, str]) -> dict[str, Any]:
-        """The row as setl hands it on: the library's values, with its lossy spots undone."""
+        """The row as setl hands it on: the library's values, with its lossy spots undone (and
+        without the columns the event left out: `_logged`)."""
+        values = _logged(values, none_sources)
         for name in self.sets:  # frozensets: a SET may be (part of) a key, and keys are hashed
             value = values.get(name)
             if value is None:
