@@ -135,9 +135,10 @@ class SqlLoad(Load, Generic[C]):
     * Tables without a primary key cannot be merged: each change is applied as it comes (an
       update or delete removes one row equal to the before-image in every column, NULLs equal to
       NULLs; an insert, read or update then inserts the after-image; consecutive inserts and
-      reads go as one multi-row insert). In ``ordered`` mode a batch
-      replayed after it committed (its ack was lost) inserts those rows again; a warning is
-      logged once per table.
+      reads go as one multi-row insert). Each change is applied once all
+      the same: the batch's position commits in its transaction, and a rollback or a restart
+      replays from the position the target holds when it is past the ack (`committed`); a
+      warning is logged once per table.
     * DDL (`ddl`, the pipeline's ``pipeline.ddl``): ``apply`` runs each DDL in batch order with
       the rows around it (see the dialect for how, and how a replay is recognised); ``skip``
       logs it and applies the rest of the batch; ``fail`` refuses the batch with a `LoadError`

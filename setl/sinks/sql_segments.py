@@ -99,7 +99,8 @@ class SegmentPlanner:
             return  # a sequence's state rows: written as its whole state, never matched row by row
         if not table.primary_key and ident not in self._warned_unkeyed:
             self._warned_unkeyed.add(ident)
-            log.warning("pipeline %s: table %s.%s has no primary key; a change is applied to one row "
-                        "equal to its before-image in every column, and a batch replayed after it "
-                        "committed inserts its rows again", self.pipeline, *ident)
+            log.warning("pipeline %s: table %s.%s has no primary key; an update or delete changes one row "
+                        "equal to its before-image in every column (any one of identical rows). Each "
+                        "change is applied once: the batch's position commits with its rows, and a "
+                        "replay starts after what the target holds", self.pipeline, *ident)
 
