@@ -305,14 +305,29 @@ def _status_rows(conf: Path, names: list[str]) -> list[dict[str, Any]]:
         for name in names:
             if name not in configured:
                 raise UsageError(f"unknown pipeline {name!r} (known: {', '.join(configured) or 'none'})")
-        return [stopped_row(name) for name in names or configured]
+        return _invalid_files(conf, settings, [stopped_row(name) for name in names or configured], configured)
     meta = open_meta_store(settings)
     try:
         for name in names:
             _known_pipeline(conf, meta, name)
-        return status_rows(meta, names or sorted(set(configured) | set(meta.pipelines())))
+        rows = status_rows(meta, names or sorted(set(configured) | set(meta.pipelines())))
     finally:
         meta.close()
+    return _invalid_files(conf, settings, rows, configured)
+
+
+def _invalid_files(conf: Path, settings: NodeSettings, rows: list[dict[str, Any]],
+                   configured: list[str]) -> list[dict[str, Any]]:
+    """A stopped pipeline whose file would not start it shows status ``invalid`` and the file's error
+    (`setl start` would refuse it with exit 2), instead of a plain ``stopped``."""
+    for row in rows:
+        if row["status"] != "stopped" or row["pipeline"] not in configured:
+            continue
+        try:
+            load_pipeline(conf, row["pipeline"], for_node(settings))
+        except SetlError as exc:
+            row["status"], row["error"] = "invalid", str(exc)
+    return rows
 
 
 def cmd_status(args: argparse.Namespace, conf: Path) -> int:
@@ -341,7 +356,8 @@ def cmd_status(args: argparse.Namespace, conf: Path) -> int:
     notes = []
     for row in rows:
         lag, rate = row["lag_seconds"], row["rows_per_second"]
-        style = {"paused": "bold red", "running": "green", "dead": "bold red", "retrying": "yellow"}.get(
+        style = {"paused": "bold red", "running": "green", "dead": "bold red", "retrying": "yellow",
+                 "invalid": "bold red"}.get(
             row["status"], "")
         table.add_row(row["pipeline"], Text(str(row["status"]), style=style), position_text(row["position"]),
                       "-" if lag is None else _seconds(lag), "-" if rate is None else f"{rate:,.0f}",

@@ -201,7 +201,12 @@ def check_tables(load: Load, tables: Sequence[TableSchema] | None, *, first_star
     except SetlError as exc:
         if not exc.retryable:
             raise
-        log.warning("pipeline=%s target tables not checked at start (the first batch will): %s", creator.pipeline, exc)
+        if tables is None and exc.context.get("stage") == "select":  # the source's failure, logged once already
+            log.info("pipeline=%s target tables not checked at start: the source's tables were not described "
+                     "(the first batch will)", creator.pipeline)
+        else:
+            log.warning("pipeline=%s target tables not checked at start (the first batch will): %s",
+                        creator.pipeline, exc)
         wrapper.check_first = True
         return 0
     except Exception as exc:  # noqa: BLE001 - the target's driver: away now
