@@ -556,13 +556,18 @@ def cmd_position(args: argparse.Namespace, conf: Path) -> int:
         if args.start:
             meta.reset_position(args.pipeline, None)
             print(f"{args.pipeline}: position forgotten; it restarts from the source's configured start")
-            return 0
-        try:
-            position = Position.parse(args.to)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from exc
-        meta.reset_position(args.pipeline, position)
-        print(f"{args.pipeline}: position reset to {position}")
+        else:
+            try:
+                position = Position.parse(args.to)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from exc
+            meta.reset_position(args.pipeline, position)
+            print(f"{args.pipeline}: position reset to {position}")
+        if state.error:  # it named a position the pipeline no longer stands at: status stops showing it
+            meta.set_state(args.pipeline, state.status, error=None, node=state.node)
+            still = f"; still paused: `setl resume --pipeline {args.pipeline}` continues from there" \
+                if state.status is Status.PAUSED else ""
+            print(f"{args.pipeline}: the earlier error no longer applies ({state.error}){still}")
         return 0
 
 

@@ -212,6 +212,8 @@ class _Assembler:
         self._infos: dict[int, tuple[Any, _TableInfo]] = {}
         self.rows: list[tuple[int, _Item]] = []  # (ordinal in the transaction, item) not yet handed on
         self.savepoints: dict[str, int] = {}  # savepoint name -> row changes read before it
+        #: row changes of the open transaction logged as statements: (table, where, text); refused at its end
+        self.statements: list[tuple[str | None, str, str]] = []
         self.nbytes = 0
         self.in_tx = False
         self.standalone = False
@@ -234,7 +236,7 @@ class _Assembler:
         self.log_file = at.log
         self.rows, self.nbytes, self.in_tx, self.standalone, self.pending_gtid = [], 0, False, False, None
         self.tx_start, self.seen_in_tx, self.xa_pending = None, 0, False
-        self.savepoints, self.handed_undoable = {}, 0
+        self.savepoints, self.handed_undoable, self.statements = {}, 0, []
 
     def _position(self, log: str, offset: int) -> Position:
         return Position(log, offset, self.gtids.text or None if self.gtids is not None else None)
@@ -457,19 +459,18 @@ class _Assembler:
 
     def _statement_dml(self, statement: str, schema: str, offset: int) -> bool:
         """Whether `statement` is a row change logged as a statement (a session with binlog_format
-        STATEMENT or MIXED) to a table the rules skip. setl has no row images for it, so for any
-        other table (or one it cannot determine) it stops."""
+        STATEMENT or MIXED). setl has no row images for it: one on a table the rules skip is passed
+        over; one on any other table (or one it cannot determine) stops the reader at the end of its
+        transaction, naming the tables to copy again (`refuse_statements`)."""
         text = _LEADING_COMMENTS.sub("", statement, count=1)
         if not _DML.match(text):
             return False
         target = dml_target(text, schema)
         if target is not None and self.selects is not None and not self.selects(*target):
             return True
-        where = f"{target[0]}.{target[1]}" if target is not None else "a table setl cannot determine"
-        raise UnreadableEvent(f"a row change to {where} at {self.log_file}:{offset} is logged as a statement "
-                          "(the session ran with binlog_format STATEMENT or MIXED), which setl cannot replicate "
-                          f"exactly: {' '.join(text.split())[:120]}",
-                          table=f"{target[0]}.{target[1]}" if target is not None else None)
+        table = f"{target[0]}.{target[1]}" if target is not None else None
+        self.statements.append((table, f"{self.log_file}:{offset}", " ".join(text.split())[:120]))
+        return True  # refused at the transaction's end (`refuse_statements`), which the fix moves past
 
     def _start(self) -> Position:
         if self.tx_start is None:
@@ -499,10 +500,11 @@ class _Assembler:
             self.gtids.add(self.pending_gtid)
         self.rows, self.nbytes, self.in_tx, self.standalone, self.pending_gtid = [], 0, False, False, None
         self.handed_in_tx = self.skip = self.seen_in_tx = 0
-        self.tx_start = None
+        self.tx_start, self.statements = None, []
         self.positioned = True
 
     def _commit(self, offset: int, timestamp: float | None) -> Transaction:
+        refuse_statements(self.statements, self.rows, self.log_file, offset)
         rows, nbytes = self.rows, self.nbytes
         split = bool(self.handed_in_tx)
         start = self.tx_start
@@ -536,9 +538,10 @@ class _Assembler:
             self._savepoint(statement, offset)
             return []
         schema = event.schema.decode("utf-8", "replace") if isinstance(event.schema, bytes) else event.schema
-        if self._statement_dml(statement, schema or "", offset):  # on a table the rules skip
+        if self._statement_dml(statement, schema or "", offset):
             if self.in_tx and not self.standalone:
                 return []
+            refuse_statements(self.statements, self.rows, self.log_file, offset)
             self._close_tx(offset)
             return self._moved_to(self._position(self.log_file, offset))
         ddl_schema, table = ddl_target(statement, schema or "")
@@ -559,6 +562,28 @@ class _Assembler:
         bits = getattr(event, "sql_mode", None)
         mode = self.mode_names(bits) if self.mode_names is not None and isinstance(bits, int) else None
         return [Transaction((DdlChange(ddl_schema, table, statement, end, sql_mode=mode),), end, nbytes=nbytes)]
+
+
+def refuse_statements(statements: list[tuple[str | None, str, str]], rows: list[tuple[int, _Item]], log_file: str,
+                      end: int) -> None:
+    """Stop the reader at the end (`end`) of a transaction that wrote selected tables by statements
+    (`_Assembler._statement_dml`), before any of its rows is handed on. The line names the first
+    such statement, the tables to copy again (those of the statements, and the tables its rows
+    wrote: passing the transaction skips them too) and the commands that do it."""
+    if not statements:
+        return
+    table, where, text = statements[0]
+    tables = sorted({name for name, _, _ in statements if name is not None}
+                    | {f"{info.schema}.{info.table}" for _, (_, info, _, _) in rows if info is not None})
+    unknown = " (and the tables of its statements setl cannot name)" if any(n is None for n, _, _ in statements) \
+        else ""
+    raise UnreadableEvent(
+        f"a row change to {table or 'a table setl cannot determine'} at {where} is logged as a statement (the "
+        f"session ran with binlog_format STATEMENT or MIXED), which setl cannot replicate exactly: {text}. Fix: SET "
+        "GLOBAL binlog_format=ROW (and in the writing sessions); then pass its transaction and copy the tables it "
+        f"wrote again: `setl position reset --to {log_file}:{end}`, `setl snapshot --table "
+        f"{' --table '.join(tables) or 'SCHEMA.TABLE'}`{unknown}, `setl resume` (each with --pipeline)",
+        table=table)
 
 
 def refuse_unknown(event: Any, log_file: str) -> None:
