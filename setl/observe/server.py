@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -36,9 +37,21 @@ def _static(name: str) -> bytes:
     return resources.files("setl.web").joinpath("static").joinpath(name).read_bytes()
 
 
+#: A browser that went away while it was answered: nothing is wrong with the node.
+_GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A closed browser connection is a DEBUG line; anything else is logged once, with its cause."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, _GONE):
+            log.debug("http %s went away: %s", client_address, exc)
+        else:
+            log.error("http %s: %s", client_address, exc, exc_info=log.isEnabledFor(logging.DEBUG))
 
 
 class _Server6(_Server):
@@ -120,6 +133,8 @@ def _handler(observer: NodeObserver) -> type[BaseHTTPRequestHandler]:
                     self._send(200, _static(name), STATIC[name])
                 else:
                     self._json(404, {"error": f"no such page: {path}"})
+            except _GONE as exc:
+                log.debug("http %s: the browser went away: %s", path, exc)
             except ValueError as exc:
                 self._json(400, {"error": str(exc)})
             except Exception as exc:  # one bad request never takes the endpoint down
