@@ -41,6 +41,16 @@ def _static(name: str) -> bytes:
 _GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
 
 
+def _page(status: Any) -> bytes:
+    """The page with the node's status of now inside it, which the script renders before it first
+    asks for one: a page read at its load (a plain headless screenshot, a slow link) is not blank."""
+    data = json.dumps(status, allow_nan=False, default=str).replace("</", "<\\/")
+    return _static("index.html").replace(
+        b'<script src="/static/status.js">',
+        f'<script id="initial-status" type="application/json">{data}</script>\n'
+        '<script src="/static/status.js">'.encode(), 1)
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -127,7 +137,7 @@ def _handler(observer: NodeObserver) -> type[BaseHTTPRequestHandler]:
                     healthy, body = observer.health()
                     self._json(200 if healthy else 503, body)
                 elif path in ("/", "/index.html"):
-                    self._send(200, _static("index.html"), STATIC["index.html"])
+                    self._send(200, _page(observer.status()), STATIC["index.html"])
                 elif path.startswith("/static/") and path[len("/static/"):] in STATIC:
                     name = path[len("/static/"):]
                     self._send(200, _static(name), STATIC[name])

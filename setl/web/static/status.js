@@ -305,5 +305,10 @@ async function pollHistory() {
   setTimeout(pollHistory, 2000);
 }
 
+// The status the page was served with: shown at once, before the first request for one.
+const initial = document.getElementById("initial-status");
+if (initial) {
+  try { render(JSON.parse(initial.textContent)); } catch (error) { showError(error); }
+}
 pollStatus();
 pollHistory();
