@@ -1,5 +1,8 @@
-"""Start-up checks of a pipeline's table rules against the source's tables, before anything is
-created or written (`setl start`, `setl schema`):
+"""Start-up checks of a pipeline's source and table rules, before anything is created or written
+(`setl start`, `setl schema`, `setl check`):
+
+* the source server's settings that change what its binlog holds (`judge_source`, `check_source`):
+  every refused one, with its fix, stops the start in one line; the others to look at warn;
 
 * a rule that matches no source table is a warning, one line each (a typo in a regex would
   otherwise copy nothing and end with exit 0);
@@ -17,10 +20,11 @@ import hashlib
 import json
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 from setl.config import PipelineConfig
-from setl.errors import ConfigError
-from setl.model import TableSchema
+from setl.errors import ConfigError, SourceError
+from setl.model import Position, TableSchema
 from setl.routing import RoutingPlan
 from setl.stages.extract import FILTER_BUILTINS
 
@@ -63,6 +67,29 @@ def check_rules(config: PipelineConfig, tables: Sequence[TableSchema]) -> list[s
             for i, rule in enumerate(config.tables) if not rule.exclude and not matched[i]]
 
 
+def judge_source(select: Any, position: Position | None) -> Any:
+    """The source's verdicts on its server's settings (a ``SettingsReport``: `judge_settings` of
+    `select` or of a layer it wraps, reading from `position`, else its configured start), or None
+    for a source that has no such check."""
+    while select is not None and not hasattr(select, "judge_settings"):
+        select = getattr(select, "inner", None)
+    return select.judge_settings(position) if select is not None else None
+
+
+def check_source(name: str, select: Any, saved: Position | None) -> list[str]:
+    """What `setl start` asks of pipeline `name`'s source before the first row (`judge_source`):
+    one warning line per setting to look at; raises `SourceError` naming every refused setting
+    and its fix in one line."""
+    report = judge_source(select, saved)
+    if report is None:
+        return []
+    refused = report.refusal()
+    if refused is not None:
+        raise SourceError(f"{refused} (`setl check --pipeline {name}` lists them one a line)",
+                          pipeline=name, stage="select", position=saved)
+    return [verdict.line() for verdict in report.warnings]
+
+
 def rules_fingerprint(config: PipelineConfig) -> str:
     """A short digest of which tables the pipeline's rules select (each rule's `source` regex and
     `exclude`, in order): a running node publishes the one it runs with (in its liveness record's
@@ -73,4 +100,4 @@ def rules_fingerprint(config: PipelineConfig) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-__all__ = ["check_rules", "filter_names", "rules_fingerprint"]
+__all__ = ["check_rules", "check_source", "filter_names", "judge_source", "rules_fingerprint"]
