@@ -16,7 +16,7 @@ import pytest
 from setl.errors import SourceError
 from setl.model import Position
 from setl.sources.mysql_binlog import MysqlBinlogSource
-from setl.sources.mysql_binlog.settings import REFUSED, WARNING, ServerFacts, evaluate
+from setl.sources.mysql_binlog.settings import REFUSED, WARNING, ServerFacts, evaluate, set_global
 from setl.testing.servers import MariaDBServer, wait_until
 from tests.e2e.setl_process import SetlProcess, binlog_head, mysql_source, mysql_target
 from tests.sources.binlog import execute, head, make_source, read
@@ -292,7 +292,8 @@ def test_mysql_settings_are_judged_all_at_once():
     variables = {"log_bin": "ON", "binlog_format": "ROW", "binlog_row_image": "FULL", "binlog_row_metadata": "FULL",
                  "binlog_checksum": "CRC32", "binlog_transaction_compression": "ON",
                  "binlog_row_value_options": "PARTIAL_JSON", "gtid_mode": "OFF", "log_slave_updates": "ON",
-                 "binlog_expire_logs_seconds": "2592000", "binlog_rows_query_log_events": "OFF"}
+                 "binlog_expire_logs_seconds": "2592000", "binlog_rows_query_log_events": "OFF",
+                 "binlog_error_action": "IGNORE_ERROR"}
     facts = ServerFacts("8.0.36", "mysql", variables, do_db=("app",), logs=(("binlog.000003", 157),),
                         schemas=("app", "shop"), position=Position("binlog.000001", 4), gtid_start=True, pipeline="p")
     refused = {v.setting: v for v in evaluate(facts) if v.level == REFUSED}
@@ -301,5 +302,25 @@ def test_mysql_settings_are_judged_all_at_once():
     assert refused["binlog_transaction_compression"].fix.startswith("SET GLOBAL binlog_transaction_compression=OFF")
     assert "schema shop" in refused["binlog_do_db"].text
     assert "setl position reset --pipeline p --start" in refused["position"].fix
+    (warned,) = [v for v in evaluate(facts) if v.level == WARNING]
+    assert (warned.setting, warned.fix) == ("binlog_error_action", set_global("binlog_error_action", "ABORT_SERVER"))
     assert all(v.level == "ok" for v in evaluate(ServerFacts("8.0.36", "mysql", {
-        **variables, "binlog_transaction_compression": "OFF", "binlog_row_value_options": "", "gtid_mode": "ON"})))
+        **variables, "binlog_transaction_compression": "OFF", "binlog_row_value_options": "", "gtid_mode": "ON",
+        "binlog_error_action": "ABORT_SERVER"})))
+
+
+def test_galera_and_newer_mariadb_settings_are_judged():
+    """A Galera node forcing STATEMENT, without log_slave_updates, with a binlog in InnoDB: each refused."""
+    variables = {"log_bin": "ON", "binlog_format": "ROW", "binlog_row_image": "FULL", "binlog_row_metadata": "FULL",
+                 "wsrep_on": "ON", "wsrep_forced_binlog_format": "STATEMENT", "log_slave_updates": "OFF",
+                 "binlog_storage_engine": "innodb", "binlog_legacy_event_pos": "OFF"}
+    verdicts = {v.setting: v for v in evaluate(ServerFacts("12.3.1-MariaDB", "mariadb", variables))}
+    assert {name for name, v in verdicts.items() if v.level == REFUSED} == {
+        "wsrep_forced_binlog_format", "log_slave_updates", "binlog_storage_engine"}
+    assert "Galera node" in verdicts["log_slave_updates"].text
+    assert verdicts["wsrep_forced_binlog_format"].fix.startswith("SET GLOBAL wsrep_forced_binlog_format=ROW")
+    assert verdicts["binlog_legacy_event_pos"].level == WARNING
+    galera_ok = {**variables, "wsrep_forced_binlog_format": "NONE", "log_slave_updates": "ON",
+                 "binlog_storage_engine": ""}
+    galera_ok.pop("binlog_legacy_event_pos")
+    assert all(v.level == "ok" for v in evaluate(ServerFacts("10.11.19-MariaDB", "mariadb", galera_ok)))

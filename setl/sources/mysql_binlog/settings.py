@@ -235,6 +235,32 @@ def _triggers_for_rbr(name: str, value: str, facts: ServerFacts) -> tuple[str, s
             "selected table a trigger writes would differ", set_global("slave_run_triggers_for_rbr", "LOGGING"))
 
 
+def _forced_format(name: str, value: str, facts: ServerFacts) -> tuple[str, str, str]:
+    if value.upper() in ("NONE", "ROW") or facts.variables.get("wsrep_on", "").upper() != "ON":
+        return OK, "", ""
+    return (REFUSED, f"Galera logs every change as {value.upper()} whatever binlog_format says",
+            set_global(name, "ROW"))
+
+
+def _error_action(name: str, value: str, facts: ServerFacts) -> tuple[str, str, str]:
+    if value.upper() != "IGNORE_ERROR":
+        return OK, "", ""
+    return (WARNING, "after an error writing its binlog the server stops logging and goes on: every later change "
+            "is missing from the binlog", set_global(name, "ABORT_SERVER"))
+
+
+def _unverified(name: str, value: str, facts: ServerFacts) -> tuple[str, str, str]:
+    if value.upper() in ("", "OFF", "0", "NONE"):
+        return OK, "", ""
+    return (REFUSED, "setl is not verified with this binlog layout (MariaDB 12.x); refused rather than guessed",
+            f"remove {name} from [mysqld] of the server's config, then restart the server")
+
+
+def _not_on_10_11(name: str, value: str, facts: ServerFacts) -> tuple[str, str, str]:
+    return (WARNING, "a setting MariaDB 10.11 does not have, of how event positions are written: setl is not "
+            "verified with it; compare the target with `setl verify` after a first run", "")
+
+
 def _expire(name: str, value: str, facts: ServerFacts) -> tuple[str, str, str]:
     seconds = _retention(facts)
     if seconds is None or seconds >= 86400:
@@ -282,6 +308,10 @@ SETTINGS: tuple[Setting, ...] = (
     _setting("gtid_strict_mode", _MARIADB, "handled", _always("GTIDs are kept along either way")),
     _setting("log_slave_updates", _BOTH, "ON on a replica", _log_slave_updates),
     _setting("slave_run_triggers_for_rbr", _MARIADB, "NO or LOGGING on a replica", _triggers_for_rbr),
+    _setting("wsrep_forced_binlog_format", _MARIADB, "NONE or ROW", _forced_format),
+    _setting("binlog_error_action", _MYSQL, "ABORT_SERVER", _error_action),
+    _setting("binlog_storage_engine", _MARIADB, "not verified", _unverified),
+    _setting("binlog_legacy_event_pos", _MARIADB, "not verified", _not_on_10_11),
     _setting("binlog_expire_logs_seconds", _BOTH, "warned under a day", _expire),
 )
 
@@ -375,4 +405,4 @@ class SettingsReport:
 
 
 __all__ = ["OK", "REFUSED", "SETTINGS", "WARNING", "ServerFacts", "Setting", "SettingsReport", "Verdict",
-           "evaluate", "refusal"]
+           "evaluate", "in_config", "refusal", "set_global"]
