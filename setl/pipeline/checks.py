@@ -67,26 +67,30 @@ def check_rules(config: PipelineConfig, tables: Sequence[TableSchema]) -> list[s
             for i, rule in enumerate(config.tables) if not rule.exclude and not matched[i]]
 
 
-def judge_source(select: Any, position: Position | None) -> Any:
+def judge_source(config: PipelineConfig, select: Any, position: Position | None) -> Any:
     """The source's verdicts on its server's settings (a ``SettingsReport``: `judge_settings` of
-    `select` or of a layer it wraps, reading from `position`, else its configured start), or None
-    for a source that has no such check."""
+    `select` or of a layer it wraps, reading from `position`, else its configured start; the
+    schema of the batch DDL tasks' signal table is read too), or None for a source that has no
+    such check."""
     while select is not None and not hasattr(select, "judge_settings"):
         select = getattr(select, "inner", None)
-    return select.judge_settings(position) if select is not None else None
+    if select is None:
+        return None
+    signal = config.pipeline.ddl_tasks.signal_table
+    return select.judge_settings(position, (signal.rpartition(".")[0],) if signal else ())
 
 
-def check_source(name: str, select: Any, saved: Position | None) -> list[str]:
-    """What `setl start` asks of pipeline `name`'s source before the first row (`judge_source`):
+def check_source(config: PipelineConfig, select: Any, saved: Position | None) -> list[str]:
+    """What `setl start` asks of the pipeline's source before the first row (`judge_source`):
     one warning line per setting to look at; raises `SourceError` naming every refused setting
     and its fix in one line."""
-    report = judge_source(select, saved)
+    report = judge_source(config, select, saved)
     if report is None:
         return []
     refused = report.refusal()
     if refused is not None:
-        raise SourceError(f"{refused} (`setl check --pipeline {name}` lists them one a line)",
-                          pipeline=name, stage="select", position=saved)
+        raise SourceError(f"{refused} (`setl check --pipeline {config.name}` lists them one a line)",
+                          pipeline=config.name, stage="select", position=saved)
     return [verdict.line() for verdict in report.warnings]
 
 

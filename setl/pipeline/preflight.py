@@ -62,7 +62,7 @@ def check_pipeline(node: NodeSettings, load: Callable[[], PipelineConfig], name:
         yield found("error", "source", str(exc))
         return
     try:
-        report = judge_source(select, saved)
+        report = judge_source(config, select, saved)
     except SetlError as exc:
         yield found("error", "source", str(exc))
         return

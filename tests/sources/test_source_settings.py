@@ -143,6 +143,8 @@ def test_a_filtered_out_selected_schema_is_refused(mariadb_factory):
         ("binlog_ignore_db", WARNING)]
     other.open(None)
     other.close()
+    (signal,) = other.judge_settings(None, ("shop",)).refused  # a ddl_tasks signal table in shop: never logged
+    assert (signal.setting, signal.level) == ("binlog_ignore_db", REFUSED) and "schema shop" in signal.text
 
 
 @pytest.mark.parametrize("checksum", ["NONE", "CRC32"])

@@ -117,10 +117,11 @@ class SourceServer:
         return facts.flavor
 
     def judge_settings(self, conn: pymysql.connections.Connection, selects: Selects = None,
-                       position: Position | None = None, gtid_start: bool = False
+                       position: Position | None = None, gtid_start: bool = False, also: Sequence[str] = ()
                        ) -> tuple[ServerFacts, SettingsReport]:
-        """The server's facts, read once, and setl's verdict on each setting (`settings.evaluate`)."""
-        facts = ServerFacts.read(conn, self.flavor, schemas=self.selected_schemas(conn, selects),
+        """The server's facts, read once, and setl's verdict on each setting (`settings.evaluate`);
+        `also`: schemas the pipeline reads besides its selected tables'."""
+        facts = ServerFacts.read(conn, self.flavor, schemas=[*self.selected_schemas(conn, selects), *also],
                                  position=position, gtid_start=gtid_start, pipeline=self.pipeline)
         return facts, SettingsReport(f"{self.host}:{self.port}", facts.version, tuple(evaluate(facts)))
 

@@ -327,7 +327,8 @@ def _filters(facts: ServerFacts) -> list[Verdict]:
     fix = f"remove {setting.replace('_', '-')} from [mysqld] of the server's config, then restart the server"
     if lost:
         return [Verdict(setting, value, REFUSED, f"the server logs no change of schema {', '.join(lost)}, which "
-                        "the pipeline's rules select", fix)]
+                        "the pipeline reads (its table rules select it, or it holds the ddl_tasks signal table)",
+                        fix)]
     return [Verdict(setting, value, WARNING, "the selected schemas are logged, but a DDL statement is filtered "
                     "by the session's default database (USE): one run from a filtered schema never reaches "
                     "the binlog", fix)]

@@ -14,7 +14,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -233,17 +233,18 @@ class MysqlBinlogSource(Select):
             conn.close()
         return f"{flavor} {version} at {self.host}:{self.port}"
 
-    def judge_settings(self, position: Position | None = None) -> SettingsReport:
+    def judge_settings(self, position: Position | None = None, also: Sequence[str] = ()) -> SettingsReport:
         """setl's verdict on each server setting that changes what the binlog holds
         (`settings.SETTINGS`), on the binlog filters against the selected schemas, and on whether
         the binlog of `position` (else of a configured start by file) is still on the server; every
-        verdict, refused or not (`setl check`, and `setl start` before the first row). Raises
+        verdict, refused or not (`setl check`, and `setl start` before the first row). `also`:
+        schemas the pipeline reads besides its selected tables' (a signal table's). Raises
         `SourceError` only when the server cannot be asked."""
         at = position if position is not None else self.start if isinstance(self.start, Position) else None
         gtid_start = position is None and not isinstance(self.start, (str, Position))
         conn = self.server.connect()
         try:
-            return self.server.judge_settings(conn, self.selects, at, gtid_start)[1]
+            return self.server.judge_settings(conn, self.selects, at, gtid_start, also)[1]
         except pymysql.MySQLError as exc:
             raise self.server.error(f"cannot read the binlog settings of {self.host}:{self.port}: {exc}") from exc
         finally:
