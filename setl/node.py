@@ -412,8 +412,8 @@ class Node:
         analysed, existing target tables checked; a misfit is a configuration error (exit 2)."""
         for config in self.pipelines:
             ack = self.meta.position(config.name)  # the server's settings first: nothing moves when one is refused
-            for line in check_source(config, stages[config.name].select, ack.position if ack else None):
-                log.warning("pipeline=%s source setting %s", config.name, line)
+            check_source(config, stages[config.name].select, ack.position if ack else None,
+                         functools.partial(log.warning, "pipeline=%s source setting %s", config.name))
             tables = describe_tables(config, stages[config.name], always=True)
             if tables is not None:  # a rule matching nothing warns; a filter reading a missing column stops
                 for line in check_rules(config, tables):

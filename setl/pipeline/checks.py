@@ -19,7 +19,7 @@ import ast
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from setl.config import PipelineConfig
@@ -80,18 +80,19 @@ def judge_source(config: PipelineConfig, select: Any, position: Position | None)
     return select.judge_settings(position, (signal.rpartition(".")[0],) if signal else ())
 
 
-def check_source(config: PipelineConfig, select: Any, saved: Position | None) -> list[str]:
+def check_source(config: PipelineConfig, select: Any, saved: Position | None, warn: Callable[[str], Any]) -> None:
     """What `setl start` asks of the pipeline's source before the first row (`judge_source`):
-    one warning line per setting to look at; raises `SourceError` naming every refused setting
+    `warn` gets one line per setting to look at; raises `SourceError` naming every refused setting
     and its fix in one line."""
     report = judge_source(config, select, saved)
     if report is None:
-        return []
+        return
+    for verdict in report.warnings:
+        warn(verdict.line())
     refused = report.refusal()
     if refused is not None:
         raise SourceError(f"{refused} (`setl check --pipeline {config.name}` lists them one a line)",
                           pipeline=config.name, stage="select", position=saved)
-    return [verdict.line() for verdict in report.warnings]
 
 
 def rules_fingerprint(config: PipelineConfig) -> str:

@@ -114,8 +114,10 @@ def test_packaged_defaults_are_listed_with_their_fixes_and_replicate_once_applie
     rows = [(i, f"row {i}") for i in range(1, 21)]
     execute(source, "shop", *[("INSERT INTO items VALUES (%s, %s)", row) for row in rows],
             "UPDATE items SET v = 'changed' WHERE id = 7")
+    source.query("SET GLOBAL binlog_expire_logs_seconds = 3600")  # a warning does not stop a start
     started = setl.start_until_caught_up()
     assert started.returncode == 0, started.stderr[-3000:]
+    assert f"WARNING setl.node: pipeline={setl.name} source setting binlog_expire_logs_seconds=3600" in started.stderr
     expected = [(i, "changed" if i == 7 else v) for i, v in rows]
     assert mariadb_target.query(f"SELECT id, v FROM `{mysql_db}`.items ORDER BY id") == expected
 
