@@ -328,3 +328,23 @@ def test_galera_and_newer_mariadb_settings_are_judged():
                  "binlog_storage_engine": ""}
     galera_ok.pop("binlog_legacy_event_pos")
     assert all(v.level == "ok" for v in evaluate(ServerFacts("10.11.19-MariaDB", "mariadb", galera_ok)))
+
+
+def test_mysql_8_4_replica_names_are_read():
+    """MySQL 8.4 has only log_replica_updates: a replica with it OFF is refused under that name."""
+    variables = {"log_bin": "ON", "binlog_format": "ROW", "binlog_row_image": "FULL", "binlog_row_metadata": "FULL",
+                 "log_replica_updates": "OFF", "binlog_expire_logs_seconds": "2592000"}
+    (verdict,) = [v for v in evaluate(ServerFacts("8.4.3", "mysql", variables, replica=True)) if v.level != "ok"]
+    assert (verdict.setting, verdict.value, verdict.level) == ("log_replica_updates", "OFF", REFUSED)
+    assert verdict.fix.startswith("log_replica_updates=ON in [mysqld]")
+    assert all(v.level == "ok" for v in evaluate(ServerFacts("8.4.3", "mysql", variables, replica=False)))
+
+
+def test_a_server_without_binlog_is_refused_with_the_fix(mariadb_factory):
+    """A server started without log_bin: the check names it with the [mysqld] line and a restart."""
+    source = mariadb_factory(server_id=37, options={"log_bin": None})
+    report = make_source(source).judge_settings()
+    (verdict,) = report.refused
+    assert (verdict.setting, verdict.value) == ("log_bin", "OFF")
+    assert verdict.fix == "log_bin=mysql-bin in [mysqld] of the server's config, then restart the server"
+    assert "1 of " in report.summary()

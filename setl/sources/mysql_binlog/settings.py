@@ -128,27 +128,30 @@ Judge = Callable[[str, str, ServerFacts], tuple[str, str, str]]
 class Setting:
     """One server setting that changes what the binlog holds: where it applies (`flavors`), what
     setl handles (`handles`, as the docs say it) and its `judge`. `required`: a server without the
-    variable is refused (too old)."""
+    variable is refused (too old). `alias`: the variable's other name (MySQL 8.0.26 renamed the
+    replica ones, 8.4 dropped the old names; MariaDB 10.5 has only expire_logs_days)."""
 
     name: str
     flavors: frozenset[str]
     handles: str
     judge: Judge
     required: bool = False
+    alias: str | None = None
 
     def verdict(self, facts: ServerFacts) -> Verdict | None:
         """The verdict on `facts`; None where the setting does not apply (another flavor, or a
         server without it)."""
         if facts.flavor not in self.flavors:
             return None
-        value = facts.variables.get(self.name)
+        name = self.alias if self.alias is not None and self.name not in facts.variables else self.name
+        value = facts.variables.get(name)
         if value is None and not self.required:
             return None
         if value is None:
             return Verdict(self.name, "missing", REFUSED, "the server is too old for setl (it needs MariaDB 10.5+ "
                            "or MySQL 8.0.14+)", "upgrade the server")
-        level, text, fix = self.judge(self.name, value, facts)
-        return Verdict(self.name, value, level, text, fix)
+        level, text, fix = self.judge(name, value, facts)
+        return Verdict(name, value, level, text, fix)
 
 
 def _equals(wanted: str, why: str, *, dynamic: bool = True, note: str = "") -> Judge:
@@ -160,8 +163,9 @@ def _equals(wanted: str, why: str, *, dynamic: bool = True, note: str = "") -> J
     return judge
 
 
-def _setting(name: str, flavors: str, handles: str, judge: Judge, *, required: bool = False) -> Setting:
-    return Setting(name, frozenset(flavors.split()), handles, judge, required)
+def _setting(name: str, flavors: str, handles: str, judge: Judge, *, required: bool = False,
+             alias: str | None = None) -> Setting:
+    return Setting(name, frozenset(flavors.split()), handles, judge, required, alias)
 
 
 def _log_bin(name: str, value: str, facts: ServerFacts) -> tuple[str, str, str]:
@@ -306,13 +310,13 @@ SETTINGS: tuple[Setting, ...] = (
     _setting("binlog_row_value_options", _MYSQL, "empty only", _row_value_options),
     _setting("gtid_mode", _MYSQL, "handled", _gtid_mode),
     _setting("gtid_strict_mode", _MARIADB, "handled", _always("GTIDs are kept along either way")),
-    _setting("log_slave_updates", _BOTH, "ON on a replica", _log_slave_updates),
+    _setting("log_slave_updates", _BOTH, "ON on a replica", _log_slave_updates, alias="log_replica_updates"),
     _setting("slave_run_triggers_for_rbr", _MARIADB, "NO or LOGGING on a replica", _triggers_for_rbr),
     _setting("wsrep_forced_binlog_format", _MARIADB, "NONE or ROW", _forced_format),
     _setting("binlog_error_action", _MYSQL, "ABORT_SERVER", _error_action),
     _setting("binlog_storage_engine", _MARIADB, "not verified", _unverified),
     _setting("binlog_legacy_event_pos", _MARIADB, "not verified", _not_on_10_11),
-    _setting("binlog_expire_logs_seconds", _BOTH, "warned under a day", _expire),
+    _setting("binlog_expire_logs_seconds", _BOTH, "warned under a day", _expire, alias="expire_logs_days"),
 )
 
 
