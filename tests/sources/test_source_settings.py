@@ -338,6 +338,11 @@ def test_mysql_8_4_replica_names_are_read():
     assert (verdict.setting, verdict.value, verdict.level) == ("log_replica_updates", "OFF", REFUSED)
     assert verdict.fix.startswith("log_replica_updates=ON in [mysqld]")
     assert all(v.level == "ok" for v in evaluate(ServerFacts("8.4.3", "mysql", variables, replica=False)))
+    hourly = {**variables, "binlog_expire_logs_seconds": "3600"}  # retention: warned, unless auto purge is off
+    assert [v.setting for v in evaluate(ServerFacts("8.4.3", "mysql", hourly)) if v.level == WARNING] == [
+        "binlog_expire_logs_seconds"]
+    assert all(v.level == "ok" for v in evaluate(ServerFacts("8.4.3", "mysql", {
+        **hourly, "binlog_expire_logs_auto_purge": "OFF"})))
 
 
 def test_a_server_without_binlog_is_refused_with_the_fix(mariadb_factory):

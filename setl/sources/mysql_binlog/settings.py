@@ -276,6 +276,8 @@ def _expire(name: str, value: str, facts: ServerFacts) -> tuple[str, str, str]:
 
 def _retention(facts: ServerFacts) -> float | None:
     """The binlog retention in seconds (None: never purged by age)."""
+    if facts.variables.get("binlog_expire_logs_auto_purge", "ON").upper() == "OFF":  # MySQL 8.0.29+
+        return None
     seconds = float(facts.variables.get("binlog_expire_logs_seconds", "0") or 0)
     days = float(facts.variables.get("expire_logs_days", "0") or 0)
     chosen = seconds or days * 86400
