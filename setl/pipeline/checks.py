@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from setl.config import PipelineConfig
-from setl.errors import ConfigError, SourceError
+from setl.errors import ConfigError, PositionPurged, SourceError
 from setl.model import Position, TableSchema
 from setl.routing import RoutingPlan
 from setl.stages.extract import FILTER_BUILTINS
@@ -82,8 +82,8 @@ def judge_source(config: PipelineConfig, select: Any, position: Position | None)
 
 def check_source(config: PipelineConfig, select: Any, saved: Position | None, warn: Callable[[str], Any]) -> None:
     """What `setl start` asks of the pipeline's source before the first row (`judge_source`):
-    `warn` gets one line per setting to look at; raises `SourceError` naming every refused setting
-    and its fix in one line."""
+    `warn` gets one line per setting to look at; raises `SourceError` (`PositionPurged` when the
+    position's binlog is gone) naming every refused setting and its fix in one line."""
     report = judge_source(config, select, saved)
     if report is None:
         return
@@ -91,8 +91,10 @@ def check_source(config: PipelineConfig, select: Any, saved: Position | None, wa
         warn(verdict.line())
     refused = report.refusal()
     if refused is not None:
-        raise SourceError(f"{refused} (`setl check --pipeline {config.name}` lists them one a line)",
-                          pipeline=config.name, stage="select", position=saved)
+        purged = any(verdict.setting == "position" and "purged" in verdict.text for verdict in report.refused)
+        raise (PositionPurged if purged else SourceError)(
+            f"{refused} (`setl check --pipeline {config.name}` lists them one a line)",
+            pipeline=config.name, stage="select", position=saved)
 
 
 def rules_fingerprint(config: PipelineConfig) -> str:

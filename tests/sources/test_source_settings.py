@@ -13,8 +13,12 @@ from typing import Any
 import pymysql
 import pytest
 
-from setl.errors import SourceError
+from setl.config import load_node, load_pipeline
+from setl.connectors import registry
+from setl.errors import PositionPurged, SourceError
 from setl.model import Position
+from setl.pipeline.build import build_select
+from setl.pipeline.checks import check_source
 from setl.sources.mysql_binlog import MysqlBinlogSource
 from setl.sources.mysql_binlog.settings import REFUSED, WARNING, ServerFacts, evaluate, set_global
 from setl.testing.servers import MariaDBServer, wait_until
@@ -229,6 +233,11 @@ def test_a_purged_position_is_refused_with_the_recopy_fix(tmp_path, mariadb_fact
 
     line = error_line(setl.start_until_caught_up())
     assert "purged" in line and f"setl position reset --pipeline {setl.name} --start" in line
+    node = load_node(setl.conf)
+    config = load_pipeline(setl.conf, setl.name, registry())
+    with pytest.raises(PositionPurged) as caught:  # what the start raised: the public error for it
+        check_source(config, build_select(node, config), saved.position, print)
+    assert "purged" in str(caught.value) and f"pipeline={setl.name}" in str(caught.value)
     assert mariadb_target.query(f"SELECT id FROM `{mysql_db}`.items") == [(1,)]
 
 
