@@ -154,12 +154,12 @@ class Setting:
         return Verdict(name, value, level, text, fix)
 
 
-def _equals(wanted: str, why: str, *, dynamic: bool = True, note: str = "") -> Judge:
+def _equals(wanted: str, why: str, *, note: str = "") -> Judge:
+    """A judge refusing any value but `wanted` (a dynamic setting: its fix is a SET GLOBAL)."""
     def judge(name: str, value: str, facts: ServerFacts) -> tuple[str, str, str]:
         if value.upper() == wanted:
             return OK, "", ""
-        fix = set_global(name, wanted) if dynamic else in_config(name, wanted)
-        return REFUSED, f"setl needs {name}={wanted}: {why}{note}", fix
+        return REFUSED, f"setl needs {name}={wanted}: {why}{note}", set_global(name, wanted)
     return judge
 
 
