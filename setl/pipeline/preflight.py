@@ -9,7 +9,8 @@ missing is planned with the type mapping; each existing one must fit), and the S
 position, no fence, no table.
 
 Each finding is one line (`Finding`); a pipeline is fine when none is an error (`--strict` makes
-warnings errors too).
+warnings errors too). Refused server settings do not stop the checks after them (the source's
+`check()`, its connection and cascades, waits for them to be fixed).
 """
 
 from __future__ import annotations
@@ -69,11 +70,10 @@ def check_pipeline(node: NodeSettings, load: Callable[[], PipelineConfig], name:
     if report is not None:  # one line per setting that is not fine, with its fix, then the summary
         for verdict in (*report.refused, *report.warnings):
             yield found("error" if verdict in report.refused else "warning", "source", verdict.line())
-        if report.refused:
+        if report.refused:  # the rules and the target do not depend on them: checked on
             yield found("error", "source", report.summary())
-            return
     check: Any = getattr(select, "check", None)
-    if check is not None:
+    if check is not None and not (report is not None and report.refused):  # it would refuse them again
         try:
             yield found("ok", "source", str(check()) + (f"; {report.summary()}" if report is not None else ""))
         except SetlError as exc:
