@@ -660,12 +660,31 @@ def cmd_check(args: argparse.Namespace, conf: Path) -> int:
         raise UsageError(f"no pipeline in {conf / 'pipelines'}")
     failing = ("error", "warning") if args.strict else ("error",)
     code = 0
+    saved = _saved_positions(settings, names)
     for name in names:
-        for finding in check_pipeline(settings, functools.partial(load_pipeline, conf, name, for_node(settings)), name):
+        for finding in check_pipeline(settings, functools.partial(load_pipeline, conf, name, for_node(settings)), name,
+                                      saved.get(name)):
             print(finding.line(), flush=True)
             if finding.level in failing:
                 code = max(code, finding.code)
     return code
+
+
+def _saved_positions(settings: NodeSettings, names: list[str]) -> dict[str, Position]:
+    """The stored positions of `names`, where a meta store exists already (a check creates none;
+    a ZooKeeper that cannot be reached leaves the configured starts to be checked)."""
+    if settings.meta.store == "sqlite" and not settings.resolve(settings.meta.path).exists():
+        return {}
+    try:
+        meta = open_meta_store(settings)
+    except SetlError as exc:
+        log.warning("positions not checked: cannot open the meta store: %s", exc)
+        return {}
+    try:
+        acks = {name: meta.position(name) for name in names}
+    finally:
+        meta.close()
+    return {name: ack.position for name, ack in acks.items() if ack is not None}
 
 
 def cmd_verify(args: argparse.Namespace, conf: Path) -> int:

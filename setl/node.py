@@ -27,7 +27,7 @@ from setl.model import Ack, Batch
 from setl.node_reload import Reloads
 from setl.node_status import NodeStatus
 from setl.pipeline import Stages, analyse_steps, build_stages, describe_tables, fenced, identity
-from setl.pipeline.checks import check_rules, rules_fingerprint
+from setl.pipeline.checks import check_rules, check_source, rules_fingerprint
 from setl.pipeline.reload import Reload
 from setl.retry import Backoff, Failure, record_retrying
 from setl.runtime import SerialExecutorService, TaskExecutionService
@@ -407,9 +407,13 @@ class Node:
         return [run.result for run in runs]
 
     def _check_at_start(self, stages: dict[str, Stages]) -> None:
-        """Before leadership or any read: the rules against the source's tables, the transform steps
+        """Before leadership or any read: the source server's settings (every refused one in one
+        `SourceError` line, exit 1), the rules against the source's tables, the transform steps
         analysed, existing target tables checked; a misfit is a configuration error (exit 2)."""
         for config in self.pipelines:
+            ack = self.meta.position(config.name)  # the server's settings first: nothing moves when one is refused
+            check_source(config, stages[config.name].select, ack.position if ack else None,
+                         functools.partial(log.warning, "pipeline=%s source setting %s", config.name))
             tables = describe_tables(config, stages[config.name], always=True)
             if tables is not None:  # a rule matching nothing warns; a filter reading a missing column stops
                 for line in check_rules(config, tables):

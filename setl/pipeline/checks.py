@@ -1,5 +1,8 @@
-"""Start-up checks of a pipeline's table rules against the source's tables, before anything is
-created or written (`setl start`, `setl schema`):
+"""Start-up checks of a pipeline's source and table rules, before anything is created or written
+(`setl start`, `setl schema`, `setl check`):
+
+* the source server's settings that change what its binlog holds (`judge_source`, `check_source`):
+  every refused one, with its fix, stops the start in one line; the others to look at warn;
 
 * a rule that matches no source table is a warning, one line each (a typo in a regex would
   otherwise copy nothing and end with exit 0);
@@ -16,11 +19,12 @@ import ast
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from setl.config import PipelineConfig
-from setl.errors import ConfigError
-from setl.model import TableSchema
+from setl.errors import ConfigError, PositionPurged, SourceError
+from setl.model import Position, TableSchema
 from setl.routing import RoutingPlan
 from setl.stages.extract import FILTER_BUILTINS
 
@@ -63,6 +67,36 @@ def check_rules(config: PipelineConfig, tables: Sequence[TableSchema]) -> list[s
             for i, rule in enumerate(config.tables) if not rule.exclude and not matched[i]]
 
 
+def judge_source(config: PipelineConfig, select: Any, position: Position | None) -> Any:
+    """The source's verdicts on its server's settings (a ``SettingsReport``: `judge_settings` of
+    `select` or of a layer it wraps, reading from `position`, else its configured start; the
+    schema of the batch DDL tasks' signal table is read too), or None for a source that has no
+    such check."""
+    while select is not None and not hasattr(select, "judge_settings"):
+        select = getattr(select, "inner", None)
+    if select is None:
+        return None
+    signal = config.pipeline.ddl_tasks.signal_table
+    return select.judge_settings(position, (signal.rpartition(".")[0],) if signal else ())
+
+
+def check_source(config: PipelineConfig, select: Any, saved: Position | None, warn: Callable[[str], Any]) -> None:
+    """What `setl start` asks of the pipeline's source before the first row (`judge_source`):
+    `warn` gets one line per setting to look at; raises `SourceError` (`PositionPurged` when the
+    position's binlog is gone) naming every refused setting and its fix in one line."""
+    report = judge_source(config, select, saved)
+    if report is None:
+        return
+    for verdict in report.warnings:
+        warn(verdict.line())
+    refused = report.refusal()
+    if refused is not None:
+        purged = any(verdict.setting == "position" and "purged" in verdict.text for verdict in report.refused)
+        raise (PositionPurged if purged else SourceError)(
+            f"{refused} (`setl check --pipeline {config.name}` lists them one a line)",
+            pipeline=config.name, stage="select", position=saved)
+
+
 def rules_fingerprint(config: PipelineConfig) -> str:
     """A short digest of which tables the pipeline's rules select (each rule's `source` regex and
     `exclude`, in order): a running node publishes the one it runs with (in its liveness record's
@@ -73,4 +107,4 @@ def rules_fingerprint(config: PipelineConfig) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-__all__ = ["check_rules", "filter_names", "rules_fingerprint"]
+__all__ = ["check_rules", "check_source", "filter_names", "judge_source", "rules_fingerprint"]

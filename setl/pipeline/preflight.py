@@ -1,14 +1,16 @@
 """`setl check`: everything a start would find wrong with a pipeline, found without starting it.
 
 For each pipeline, in the order a start meets them: its configuration (file, keys, plugins, TLS
-files), the source (connection, binlog settings and grants: `check()` of a source that has one),
+files), the source's server settings (one line per setting that is not fine, with its fix, and a
+summary: `judge_settings()` of a source that has one), the source (connection, grants: `check()`),
 the rules against the source's tables (`setl.pipeline.checks`), the target tables (each one
 missing is planned with the type mapping; each existing one must fit), and the Spark steps
 (analysed against the tables' columns: this starts Spark). Nothing is written anywhere: no
 position, no fence, no table.
 
 Each finding is one line (`Finding`); a pipeline is fine when none is an error (`--strict` makes
-warnings errors too).
+warnings errors too). Refused server settings do not stop the checks after them (the source's
+`check()`, its connection and cascades, waits for them to be fixed).
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ import attrs
 from setl.config import NodeSettings, PipelineConfig
 from setl.connectors import NO_TABLES, build_schema, creates_tables
 from setl.errors import SetlError
+from setl.model import Position
 from setl.pipeline.build import analyse_steps, build_select, build_stages, build_transform, table_creator
-from setl.pipeline.checks import check_rules
+from setl.pipeline.checks import check_rules, judge_source
 from setl.routing import build_plan
 
 
@@ -41,9 +44,10 @@ class Finding:
         return f"{self.level:7} {self.pipeline} {self.what}: {self.text}"
 
 
-def check_pipeline(node: NodeSettings, load: Callable[[], PipelineConfig], name: str) -> Iterator[Finding]:
-    """The findings for pipeline `name` (its config read by `load`), one at a time, stopping after
-    the first error a later check depends on."""
+def check_pipeline(node: NodeSettings, load: Callable[[], PipelineConfig], name: str,
+                   saved: Position | None = None) -> Iterator[Finding]:
+    """The findings for pipeline `name` (its config read by `load`; `saved`: its stored position,
+    if any), one at a time, stopping after the first error a later check depends on."""
     def found(level: str, what: str, text: str, code: int = 1) -> Finding:
         return Finding(name, level, what, " ".join(text.split()), code)
 
@@ -60,10 +64,20 @@ def check_pipeline(node: NodeSettings, load: Callable[[], PipelineConfig], name:
     except SetlError as exc:
         yield found("error", "source", str(exc), exc.exit_code)
         return
+    try:
+        report = judge_source(config, select, saved)
+    except SetlError as exc:
+        yield found("error", "source", str(exc), exc.exit_code)
+        return
+    if report is not None:  # one line per setting that is not fine, with its fix, then the summary
+        for verdict in (*report.refused, *report.warnings):
+            yield found("error" if verdict in report.refused else "warning", "source", verdict.line())
+        if report.refused:  # the rules and the target do not depend on them: checked on
+            yield found("error", "source", report.summary())
     check: Any = getattr(select, "check", None)
-    if check is not None:
+    if check is not None and not (report is not None and report.refused):  # it would refuse them again
         try:
-            yield found("ok", "source", str(check()))
+            yield found("ok", "source", str(check()) + (f"; {report.summary()}" if report is not None else ""))
         except SetlError as exc:
             yield found("error", "source", str(exc), exc.exit_code)
             return

@@ -18,12 +18,14 @@ from setl.errors import SourceError
 from setl.model import ColumnSchema, Position, TableName, TableSchema
 from setl.sources.mysql_binlog.assembler import _GtidState
 from setl.sources.mysql_binlog.lookups import _Lookups
+from setl.sources.mysql_binlog.settings import ServerFacts, SettingsReport, evaluate
 from setl.tls import require_encrypted, tls_failure
 
 #: Whether the pipeline's table rules take (schema, table); None: every table.
 Selects = Callable[[str, str], bool] | None
 
-# What a server must run with, and why: column names and primary keys come from the table map.
+# What a server must run with, and why: column names and primary keys come from the table map
+# (every other setting that changes the binlog: `settings.SETTINGS`).
 REQUIRED_SETTINGS: Mapping[str, str] = {
     "log_bin": "ON",
     "binlog_format": "ROW",
@@ -104,28 +106,32 @@ class SourceServer:
         executed = rows[0][4] if len(rows[0]) > 4 else None
         return Position(rows[0][0], int(rows[0][1])), (executed or None)
 
-    def check_settings(self, conn: pymysql.connections.Connection) -> str:
-        """Refuse a server that cannot give full row images with names; return its flavor."""
-        version = self.query(conn, "SELECT VERSION()")[0][0]
-        flavor = self.flavor if self.flavor != "auto" else ("mariadb" if "mariadb" in version.lower() else "mysql")
-        names = ", ".join(f"'{name}'" for name in REQUIRED_SETTINGS)
-        values = {name.lower(): str(value) for name, value in
-                  self.query(conn, f"SHOW GLOBAL VARIABLES WHERE Variable_name IN ({names})")}
-        for name, wanted in REQUIRED_SETTINGS.items():
-            value = values.get(name)
-            if value is not None and value.upper() == wanted:
-                continue
-            shown = "missing (server too old: needs MariaDB 10.5+ or MySQL 8.0.14+)" if value is None else value
-            fix = ("start the server with log_bin (log-bin=mysql-bin in [mysqld])" if name == "log_bin"
-                   else f"set {name}={wanted} in the server's [mysqld] config (or SET GLOBAL {name}={wanted}) "
-                        "and restart the pipeline")
-            raise self.error(f"server {self.host}:{self.port} ({version}) has {name}={shown}; setl needs "
-                             f"{name}={wanted} to read full row images: {fix}")
-        compressed = self.query(conn, "SHOW GLOBAL VARIABLES LIKE 'binlog_transaction_compression'")
-        if compressed and str(compressed[0][1]).upper() == "ON":  # MySQL 8.0.20+: payload events we cannot read
-            raise self.error(f"server {self.host}:{self.port} ({version}) has binlog_transaction_compression=ON; "
-                             "setl cannot read compressed transactions: set it OFF and restart the pipeline")
-        return flavor
+    def check_settings(self, conn: pymysql.connections.Connection, selects: Selects = None,
+                       position: Position | None = None, gtid_start: bool = False) -> str:
+        """Refuse a server whose settings lose data or change the binlog in ways setl cannot apply
+        exactly (`settings.SETTINGS`), naming every refused setting with its fix in one line;
+        return its flavor."""
+        facts, report = self.judge_settings(conn, selects, position, gtid_start)
+        refused = report.refusal()
+        if refused is not None:
+            raise self.error(refused, position)
+        return facts.flavor
+
+    def judge_settings(self, conn: pymysql.connections.Connection, selects: Selects = None,
+                       position: Position | None = None, gtid_start: bool = False, also: Sequence[str] = ()
+                       ) -> tuple[ServerFacts, SettingsReport]:
+        """The server's facts, read once, and setl's verdict on each setting (`settings.evaluate`);
+        `also`: schemas the pipeline reads besides its selected tables'."""
+        facts = ServerFacts.read(conn, self.flavor, schemas=[*self.selected_schemas(conn, selects), *also],
+                                 position=position, gtid_start=gtid_start, pipeline=self.pipeline)
+        return facts, SettingsReport(f"{self.host}:{self.port}", facts.version, tuple(evaluate(facts)))
+
+    def selected_schemas(self, conn: pymysql.connections.Connection, selects: Selects) -> list[str]:
+        """The schemas holding a table the pipeline's rules select (every schema with a table if all)."""
+        rows = self.query(conn, "SELECT DISTINCT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES "
+                                "WHERE TABLE_TYPE <> 'VIEW' AND TABLE_SCHEMA NOT IN "
+                                "('mysql', 'information_schema', 'performance_schema', 'sys')")
+        return sorted({str(schema) for schema, table in rows if selects is None or selects(str(schema), str(table))})
 
     def refuse_cascades(self, conn: pymysql.connections.Connection, selects: Selects) -> None:
         """Refuse a selected table whose rows a foreign key changes: InnoDB applies ON DELETE/UPDATE

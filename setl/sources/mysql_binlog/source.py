@@ -14,7 +14,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -32,6 +32,7 @@ from setl.sources.mysql_binlog.connector import _Connector, _disconnected, _Lost
 from setl.sources.mysql_binlog.lookups import TableLookups
 from setl.sources.mysql_binlog.patches import _TableMapCache, install
 from setl.sources.mysql_binlog.server import SourceServer
+from setl.sources.mysql_binlog.settings import SettingsReport
 from setl.sources.mysql_binlog.start import parse_start, resolve
 from setl.sources.mysql_binlog.xa import PreparedXa
 from setl.stages.select import Select
@@ -89,8 +90,9 @@ class MysqlBinlogSource(Select):
       (MariaDB ``slave_connect_state``, MySQL ``COM_BINLOG_DUMP_GTID``); `tell` is None until
       the first transaction after it arrives, and every later open or seek is by file and
       position. A GTID set the server has fully executed starts at the head.
-    * `open` refuses a server whose binlog settings lose data (`REQUIRED_SETTINGS`) and a
-      position whose file was purged (`PositionPurged`).
+    * `open` refuses a server whose binlog settings lose data or cannot be applied exactly
+      (`settings.SETTINGS`: every refused one in one line) and a position whose file was purged
+      (`PositionPurged`); `judge_settings` gives every verdict without refusing.
     * `poll` blocks at most `timeout` seconds. When the binlog ends in events that are not
       transactions (rotation, checkpoints, heartbeats), `poll` returns a position mark: a
       Transaction with no changes whose `end` has moved past them, so an ack can reach the head.
@@ -222,7 +224,7 @@ class MysqlBinlogSource(Select):
         first problem (`setl check`)."""
         conn = self.server.connect()
         try:
-            flavor = self.server.check_settings(conn)
+            flavor = self.server.check_settings(conn, self.selects)
             self.server.refuse_cascades(conn, self.selects)
             version = str(self.server.query(conn, "SELECT VERSION()")[0][0])
         except pymysql.MySQLError as exc:
@@ -231,11 +233,28 @@ class MysqlBinlogSource(Select):
             conn.close()
         return f"{flavor} {version} at {self.host}:{self.port}"
 
+    def judge_settings(self, position: Position | None = None, also: Sequence[str] = ()) -> SettingsReport:
+        """setl's verdict on each server setting that changes what the binlog holds
+        (`settings.SETTINGS`), on the binlog filters against the selected schemas, and on whether
+        the binlog of `position` (else of a configured start by file) is still on the server; every
+        verdict, refused or not (`setl check`, and `setl start` before the first row). `also`:
+        schemas the pipeline reads besides its selected tables' (a signal table's). Raises
+        `SourceError` only when the server cannot be asked."""
+        at = position if position is not None else self.start if isinstance(self.start, Position) else None
+        gtid_start = position is None and not isinstance(self.start, (str, Position))
+        conn = self.server.connect()
+        try:
+            return self.server.judge_settings(conn, self.selects, at, gtid_start, also)[1]
+        except pymysql.MySQLError as exc:
+            raise self.server.error(f"cannot read the binlog settings of {self.host}:{self.port}: {exc}") from exc
+        finally:
+            conn.close()
+
     def open(self, start: Position | None) -> None:
         self.close()
         conn = self.server.connect()
         try:
-            self.detected_flavor = self.server.check_settings(conn)
+            self.detected_flavor = self.server.check_settings(conn, self.selects)
             self.server.refuse_cascades(conn, self.selects)
             position, gtids = resolve(self.server, conn, start if start is not None else self.start,
                                       self.detected_flavor)
