@@ -87,6 +87,9 @@ class Mainstem:
         poll = SAFETY_POLL if self.gate is None or self.gate_changes is not None else 0.2
         unsubscribe = self.gate_changes(changed.set) if self.gate_changes is not None else None
         last_holder: str | None = None
+        # When this node first saw the mainstem free (None: held): the standby delay counts from
+        # there, not from each wake-up (a gate or watch change during the wait restarted it).
+        free_since: float | None = None
         try:
             while not stop.is_set():
                 if not co.wait_connected(0.2):
@@ -95,6 +98,7 @@ class Mainstem:
                 try:
                     holder = co.get(self.mainstem_path, watch=on_change)
                     if holder is not None and holder.owner != co.session_id:
+                        free_since = None
                         name = holder.json().get("node")
                         if name != last_holder:
                             log.info("pipeline=%s ha: hot standby; %s holds the mainstem", self.pipeline, name)
@@ -110,10 +114,16 @@ class Mainstem:
                         if delay is None:
                             changed.wait(min(poll, self._handover_left()))
                             continue
-                        if delay > 0:
-                            log.info("pipeline=%s ha: the mainstem is free; contending in %.1fs",
-                                     self.pipeline, delay)
-                            if stop.wait(delay) or changed.is_set():
+                        now = time.monotonic()
+                        first = free_since is None
+                        if free_since is None:
+                            free_since = now
+                        left = delay - (now - free_since)
+                        if left > 0:
+                            if first:
+                                log.info("pipeline=%s ha: the mainstem is free; contending in %.1fs",
+                                         self.pipeline, left)
+                            if stop.wait(left) or changed.is_set():
                                 continue
                     if stop.is_set():  # stopping: a mainstem taken now would only be given back
                         continue

@@ -62,6 +62,36 @@ def test_standby_takes_over_only_after_the_delay(zookeeper_server):
             standby.join()
 
 
+def test_the_standby_delay_counts_from_when_the_mainstem_was_first_seen_free(zookeeper_server):
+    """Wake-ups during the standby delay (a cluster's gate changing as other pipelines move) do not
+    start the delay again: the standby contends one delay after it saw the mainstem free."""
+    callbacks: list = []
+
+    def gate_changes(callback):
+        callbacks.append(callback)
+        return lambda: callbacks.remove(callback)
+
+    with stores(zookeeper_server.hosts, 2) as (a, b):
+        assert Mainstem(a.coordinator, "p", "a").acquire(threading.Event()) is not None
+        standby = Acquirer(Mainstem(b.coordinator, "p", "b", standby_delay=2.0, gate=lambda info: True,
+                                    gate_changes=gate_changes))
+        try:
+            wait_until(lambda: b.members("p") == ("a", ["b"]) and callbacks, timeout=5, message="b standing by")
+            gone = time.monotonic()
+            a.coordinator.stop()
+
+            def nudged() -> bool:  # the gate changes every 0.3 s until b holds it
+                for callback in list(callbacks):
+                    callback()
+                return standby.lease is not None
+
+            wait_until(nudged, timeout=15, interval=0.3, message="b to take over")
+            took = standby.took_at - gone
+            assert 2.0 <= took < 2.0 + 2.0, f"took over {took:.1f}s after the holder went (the delay is 2 s)"
+        finally:
+            standby.join()
+
+
 def test_holder_that_lost_it_takes_it_back_at_once(zookeeper_server):
     """A holder whose session expired re-takes the free mainstem at once, while the standby still waits."""
     with stores(zookeeper_server.hosts, 2) as (a, b):
