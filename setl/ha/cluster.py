@@ -604,7 +604,12 @@ def cluster_view(coordinator: Coordinator) -> dict[str, Any]:
     state_node = coordinator.get(STATE)
     state = state_node.json() if state_node is not None else {}
     view_nodes = {}
-    for name in sorted(set(nodes) | draining):
+    # A node gone from the registrations (its session ended) stays in the view, not live, while
+    # anything still names it: an assignment, a held mainstem, the last rebalance's origin.
+    named = {a[key] for a in pipelines.values() for key in ("node", "standby", "holder", "moving_from") if a[key]}
+    last = state.get("last_rebalance") or {}
+    named |= {str(last[key]) for key in ("from",) if isinstance(last, dict) and last.get(key)}
+    for name in sorted(set(nodes) | draining | named):
         found = nodes.get(name)
         mine = sorted(p for p, a in pipelines.items() if a["node"] == name)
         view_nodes[name] = {

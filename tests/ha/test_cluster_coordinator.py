@@ -91,7 +91,8 @@ def rig(zookeeper_server):
 
 def test_pipelines_are_placed_balanced_and_a_lost_node_s_only_after_the_delay(rig):
     """Two nodes get 2 + 2; when one goes its pipelines stay assigned to it until reassign_after
-    has passed (by the injected clock), then go to the survivor; versions only grow."""
+    has passed (by the injected clock), then go to the survivor; versions only grow. The view
+    shows the lost node (not live) meanwhile and after, rather than dropping it."""
     rig.join("a")
     rig.join("b")
 
@@ -104,6 +105,8 @@ def test_pipelines_are_placed_balanced_and_a_lost_node_s_only_after_the_delay(ri
         rig.leave("b")
         rig.coordinator.round(election)
         assert rig.owners() == owners  # b may come back: nothing moves yet
+        lost = cluster_view(rig.admin)["nodes"].get("b")  # shown as lost with its pipelines, not gone
+        assert lost is not None and lost["live"] is False and len(lost["pipelines"]) == 2, lost
         rig.clock.now += 6
         rig.coordinator.round(election)
         assert set(rig.owners().values()) == {"a"}
@@ -112,6 +115,7 @@ def test_pipelines_are_placed_balanced_and_a_lost_node_s_only_after_the_delay(ri
             assert after is not None and after.version >= before[p].version  # type: ignore[union-attr]
         view = cluster_view(rig.admin)
         assert view["last_rebalance"]["to"] == "a" and view["moves"] == 2
+        assert view["nodes"]["b"]["live"] is False  # still shown, as the node the last move left
 
     rig.lead(body)
 
