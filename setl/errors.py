@@ -66,6 +66,13 @@ class PositionPurged(SourceError):
     """The position asked for is no longer available at the source."""
 
 
+class CorruptEvent(SourceError):
+    """A binlog event setl cannot decode (corrupt, or beyond what its readers know): reading it
+    again gives the same error, so the pipeline pauses at the first one instead of retrying."""
+
+    retryable = False
+
+
 class ExtractError(SetlError):
     """A row could not be extracted (filter or mapping failed)."""
 
