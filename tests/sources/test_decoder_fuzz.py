@@ -122,7 +122,10 @@ def captured(mariadb_source) -> Any:
 
 
 def fast_outcome(payload: bytes, table_map: dict[int, Any], checksum: bool) -> Any:
-    """What the fast path's call site makes of a packet: rows, None (left to the library) or CorruptEvent."""
+    """What the fast path's call site makes of a packet: rows, None (left to the library) or CorruptEvent.
+    Not built (SETL_PURE_PYTHON=1): None, as the library reads every event."""
+    if not fast.available():
+        return None
     reader = types.SimpleNamespace(table_map=table_map, log_file=LOG_FILE, log_pos=4)
     decoders = fast.RowDecoders()
     decoders.dbms = "mariadb"
@@ -162,7 +165,8 @@ def test_the_captured_events_decode_the_same_both_ways(captured):
         quick, plain = check(payload, captured.table_map, captured.checksum)
         assert plain not in (None, "error") and quick != "error"
         taken += quick is not None
-    assert taken >= 5  # the typed table's events all take the fast path (odd's SET and BIT do not)
+    # the typed table's events all take the fast path (odd's SET and BIT do not); none where it is not built
+    assert taken >= 5 if fast.available() else taken == 0
 
 
 def _mutate(payload: bytes, kind: str, at: int, value: int, width: int) -> bytes:
@@ -229,6 +233,7 @@ def test_table_maps_out_of_range_give_the_same_rows_or_a_clean_error(captured, d
 
 def test_an_enum_index_out_of_range_is_a_clean_error_both_ways(captured):
     """An ENUM index past the table map's values: the compiled decoder raises where it once segfaulted."""
+    checked = 0
     for payload in captured.rows:
         table = captured.table(payload)
         if table.table != "typed":
@@ -238,7 +243,9 @@ def test_an_enum_index_out_of_range_is_a_clean_error_both_ways(captured):
         table_map = {**captured.table_map, bent.table_id: bent}
         if any(row.get("values", row.get("after_values", {})).get("e") for row in
                library_event(payload, captured.table_map, captured.checksum).rows):
-            assert check(payload, table_map, captured.checksum) == ("error", "error")
+            assert check(payload, table_map, captured.checksum) == ("error" if fast.available() else None, "error")
+            checked += 1
+    assert checked >= 3
 
 
 
@@ -285,7 +292,7 @@ def test_an_enum_index_out_of_range_in_the_binlog_pauses_the_pipeline_naming_the
     text = str(error)
     assert f"table={source_db}.en" in text and "stage=select" in text and "pipeline=t" in text, text
     assert f"{start.log}:{offset}" in text and f"ends at {event_end}" in text, text
-    assert "ENUM index 9" in text if fast_decoder else "IndexError" in text, text
+    assert "ENUM index 9" in text if fast_decoder and fast.available() else "IndexError" in text, text
     assert "\n" not in text
     assert classify(error) is Failure.PERMANENT
     assert Backoff(initial=0.1, maximum=1.0, max_attempts=10).decide(error, 1).pause
