@@ -26,10 +26,13 @@ from pymysqlreplication.row_event import DeleteRowsEvent, TableMapEvent, UpdateR
 from setl.errors import CorruptEvent, SourceError
 from setl.model import Position
 from setl.retry import Backoff, Failure, classify
+from setl.scheduler import Outcome
 from setl.sources.mysql_binlog import fast, patches
 from setl.sources.mysql_binlog.assembler import UNDECODABLE
+from setl.testing.harness import MemorySink, ScriptedSource, insert, run_pipeline
 from tests.sources.binlog import execute, head
 from tests.sources.test_fast_decoder import typed
+from tests.test_scheduler import fast_settings
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -296,3 +299,28 @@ def test_an_enum_index_out_of_range_in_the_binlog_pauses_the_pipeline_naming_the
     assert "\n" not in text
     assert classify(error) is Failure.PERMANENT
     assert Backoff(initial=0.1, maximum=1.0, max_attempts=10).decide(error, 1).pause
+
+
+class _CorruptAt(ScriptedSource):
+    """A source whose transaction `at` cannot be decoded, however often it is read again."""
+
+    def __init__(self, transactions: list, at: int) -> None:
+        super().__init__(transactions)
+        self.at, self.failures = at, 0
+
+    def poll(self, timeout: float) -> Any:
+        if self.tell().offset == self.at:
+            self.failures += 1
+            raise CorruptEvent("cannot decode the binlog's WriteRowsEvent", position=self.tell())
+        return super().poll(timeout)
+
+
+def test_a_corrupt_event_pauses_the_pipeline_at_the_first_attempt():
+    """The scheduler pauses at a CorruptEvent instead of spending its retries reading the same event again,
+    after acking what came before it."""
+    source = _CorruptAt([[insert("t", {"id": i})] for i in range(6)], at=4)
+    result = run_pipeline(source, MemorySink(), settings=fast_settings(parallelism=2, max_rows=1, attempts=20))
+    assert result.outcome is Outcome.PAUSED
+    assert source.failures == 1
+    assert result.meta.position("test").position == Position("scripted", 4)
+    assert "cannot decode the binlog's WriteRowsEvent" in str(result.meta.state("test").error)
