@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: language_level=3, boundscheck=True, wraparound=False, cdivision=True
 """The binlog source's hot path in C: packet framing, event headers, and row images of ROWS events.
 
 `Framer` reads the binlog stream's packets from a PyMySQL connection's socket buffer, as PyMySQL
