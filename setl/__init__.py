@@ -4,6 +4,7 @@ The public API is what `__all__` names, and the modules `PUBLIC_MODULES` names (
 docs/api.md); everything else may change.
 """
 
+from setl import _compiled  # noqa: F401 - first: chooses compiled modules or their sources
 from setl.connectors import BuildContext, SourceConnector, TargetConnector
 from setl.errors import (
     ConfigError,

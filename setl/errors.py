@@ -67,10 +67,15 @@ class PositionPurged(SourceError):
 
 
 class UnreadableEvent(SourceError):
-    """A binlog event setl cannot decode or apply exactly (an unknown kind, a corrupt body): reading
-    it again gives the same, so the pipeline pauses at it instead of retrying."""
+    """A binlog event setl cannot decode or apply exactly (an unknown kind, a corrupt body, rows
+    logged as statements): reading it again gives the same, so the pipeline pauses at it instead of
+    retrying."""
 
     retryable = False
+
+
+class CorruptEvent(UnreadableEvent):
+    """A binlog event whose bytes setl cannot decode (corrupt, or beyond what its readers know)."""
 
 
 class ExtractError(SetlError):

@@ -54,7 +54,7 @@ PACKAGE = "setl"
 #: The floors, from the ground up: (name, the top-level names under ``setl`` standing on it).
 #: ``setl`` itself is the package ``setl/__init__.py`` (the public API).
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("ground", ("errors", "model", "reads", "_reads", "values", "ddl", "tablecopy", "logs", "web")),
+    ("ground", ("_compiled", "errors", "model", "reads", "_reads", "values", "ddl", "tablecopy", "logs", "web")),
     ("config", ("config", "tls", "dial", "spark", "alerts")),
     ("plugins", ("registry", "plugins", "routing")),
     ("contracts", ("stages", "failpoints")),

@@ -97,7 +97,7 @@ cdef class RowParser:
                     raise ValueError("a row packet ends inside a length")
                 n = <Py_ssize_t>int.from_bytes(data[pos + 1:pos + 9], "little")
                 pos += 9
-            if n > size - pos:
+            if n < 0 or n > size - pos:  # an 8-byte length of 2**63 or more comes out negative
                 raise ValueError(f"a value of {n} bytes runs past its row packet's {size} bytes")
             kind = kinds[i]
             if kind == K_INT:

@@ -3,7 +3,8 @@
 from collections.abc import Callable, Sequence
 from typing import Any
 
-class Truncated(ValueError): ...
+class Corrupt(ValueError): ...
+class Truncated(Corrupt): ...
 
 class RowDecoder:
     def __init__(self, columns: Sequence[Any], charset_to_encoding: Callable[[str], str],

@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: language_level=3, boundscheck=True, wraparound=False, cdivision=True
 """The binlog source's hot path in C: packet framing, event headers, and row images of ROWS events.
 
 `Framer` reads the binlog stream's packets from a PyMySQL connection's socket buffer, as PyMySQL
@@ -13,6 +13,11 @@ both decoders on real servers, type by type). Column types it does not know (SET
 GEOMETRY, the pre-5.6 temporals), a column without a name in the table map, or an image without
 every column (``binlog_row_image`` other than FULL) make `decoder_for` or `decode_rows` answer
 None: the library then decodes that event as before.
+
+No input crashes the process: every index and length read from an event is checked against the
+event's bytes and the table map (ENUM indexes, length prefixes, the bitmaps, DECIMAL and temporal
+sizes; a table map with metadata out of MySQL's ranges is left to the library), and an image the
+table map cannot account for raises `Corrupt` (a ValueError) naming the column.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
@@ -61,7 +66,12 @@ _datetime_cls = datetime.datetime
 _utcfromtimestamp = datetime.datetime.utcfromtimestamp
 
 
-class Truncated(ValueError):
+class Corrupt(ValueError):
+    """A row image its table map cannot account for (a corrupt event): an ENUM index out of range,
+    a value that runs past the event, a value no column of its type holds."""
+
+
+class Truncated(Corrupt):
     """A row image ends before its columns do (a corrupt or cut event)."""
 
 
@@ -102,6 +112,8 @@ cdef class RowDecoder:
     def __init__(self, columns, charset_to_encoding, time2, make_date, make_datetime):
         import array
         n = len(columns)
+        if n < 1:
+            raise LookupError("no columns")
         self.ncols = n
         types, unsigned_, p1, p2 = array.array("i", [0] * n), array.array("i", [0] * n), \
             array.array("i", [0] * n), array.array("i", [0] * n)
@@ -115,15 +127,24 @@ cdef class RowDecoder:
             names.append(column.name)
             encoding = None
             enum_values = None
+            # metadata out of MySQL's ranges (a corrupt table map) is left to the library's verdict
             if kind in (T_VARCHAR, T_STRING):
                 p1[i] = 2 if column.max_length > 255 else 1
             elif kind == T_BLOB:
+                if column.length_size not in (1, 2, 3, 4):
+                    raise LookupError("blob length size")
                 p1[i] = column.length_size
             elif kind in (T_DATETIME2, T_TIMESTAMP2, T_TIME2):
+                if (column.fsp or 0) not in range(7):
+                    raise LookupError("fractional seconds")
                 p1[i] = column.fsp or 0
             elif kind == T_NEWDECIMAL:
+                if column.precision not in range(1, 66) or column.decimals not in range(min(column.precision, 30) + 1):
+                    raise LookupError("decimal size")
                 p1[i], p2[i] = column.precision, column.decimals
             elif kind == T_ENUM:
+                if column.size not in (1, 2) or not column.enum_values:  # no values: the library's None
+                    raise LookupError("enum size")
                 p1[i] = column.size
                 enum_values = column.enum_values
             if kind in (T_VARCHAR, T_STRING, T_BLOB):
@@ -190,9 +211,9 @@ cdef class RowDecoder:
             n = self.p1[i]
             if pos + n > end:
                 raise Truncated(self.names[i])
-            length = <Py_ssize_t>_le(p + pos, n)
+            length = <Py_ssize_t>_le(p + pos, n)  # n <= 4: never negative
             pos += n
-            if pos + length > end:
+            if length > end - pos:
                 raise Truncated(self.names[i])
             at[0] = pos + length
             value = p[pos:pos + length]
@@ -226,9 +247,10 @@ cdef class RowDecoder:
             uv = _le(p + pos, n)
             at[0] = pos + n
             enum_values = self.enums[i]
-            if enum_values:
-                return enum_values[uv]
-            return None
+            if uv >= <unsigned long long>len(enum_values):
+                raise Corrupt(f"{self.names[i]}: ENUM index {uv} out of range (the table map lists "
+                              f"{len(enum_values) - 1} values)")
+            return enum_values[uv]
         raise LookupError(kind)
 
     cdef unsigned long long _fsp(self, int i, const unsigned char* p, Py_ssize_t* at, Py_ssize_t end):
@@ -282,8 +304,8 @@ cdef class RowDecoder:
         cdef long long v
         cdef int k
         cdef list parts
-        if total == 0 or total > 64:
-            raise LookupError("decimal size")
+        if total == 0 or total > 64:  # RowDecoder() refuses such a column
+            raise Corrupt(f"{self.names[i]}: DECIMAL({precision},{decimals}) of {total} bytes")
         if pos + total > end:
             raise Truncated(self.names[i])
         memcpy(buf, p + pos, total)
@@ -338,10 +360,18 @@ cdef class RowDecoder:
         """
         cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(data)
         cdef Py_ssize_t at = pos
+        if pos < 0 or end > PyBytes_GET_SIZE(data) or pos > end:
+            raise Truncated(f"event: rows at {pos}-{end} of {PyBytes_GET_SIZE(data)} bytes")
+        try:
+            return self._rows(p, at, end, kind)
+        except Corrupt:
+            raise
+        except (ValueError, ArithmeticError, LookupError, TypeError) as exc:  # a value no column holds
+            raise Corrupt(f"{type(exc).__name__}: {exc}") from exc
+
+    cdef list _rows(self, const unsigned char* p, Py_ssize_t at, Py_ssize_t end, int kind):
         cdef list rows = []
         cdef dict nones, after_nones
-        if end > PyBytes_GET_SIZE(data):
-            raise Truncated("event")
         while at < end:
             nones = {}
             if kind == 1:
@@ -360,7 +390,7 @@ def full_bitmap(bytes data, Py_ssize_t pos, int ncols):
     """Whether the columns-present bitmap at `pos` names every one of `ncols` columns."""
     cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(data)
     cdef int i
-    if pos + (ncols + 7) // 8 > PyBytes_GET_SIZE(data):
+    if pos < 0 or ncols < 0 or pos + (ncols + 7) // 8 > PyBytes_GET_SIZE(data):
         return False
     for i in range(ncols):
         if not (p[pos + (i >> 3)] & (1 << (i & 7))):
@@ -461,13 +491,13 @@ cdef class EventHeader:
 
 def le_int(bytes data, Py_ssize_t pos, int size):
     """The unsigned little-endian integer of `size` (1-8) bytes at `pos` of `data`."""
-    if pos < 0 or pos + size > PyBytes_GET_SIZE(data) or size > 8:
+    if pos < 0 or size < 0 or size > 8 or pos + size > PyBytes_GET_SIZE(data):
         raise Truncated("integer")
     return _le(<const unsigned char*>PyBytes_AS_STRING(data) + pos, size)
 
 
 def equal_at(bytes data, Py_ssize_t pos, Py_ssize_t size, bytes other):
     """Whether `data[pos:pos + size]` equals `other`, without slicing."""
-    if PyBytes_GET_SIZE(other) != size or pos < 0 or pos + size > PyBytes_GET_SIZE(data):
+    if PyBytes_GET_SIZE(other) != size or pos < 0 or size < 0 or pos + size > PyBytes_GET_SIZE(data):
         return False
     return memcmp(PyBytes_AS_STRING(data) + pos, PyBytes_AS_STRING(other), size) == 0

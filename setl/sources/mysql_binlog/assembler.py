@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import logging
 import re
+import struct
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
+from pymysqlreplication import exceptions as _library_errors
 from pymysqlreplication.event import (
     ExecuteLoadQueryEvent,
     FormatDescriptionEvent,
@@ -36,7 +38,7 @@ from pymysqlreplication.row_event import (
 )
 
 from setl import ddl
-from setl.errors import SourceError, UnreadableEvent
+from setl.errors import CorruptEvent, SetlError, SourceError, UnreadableEvent
 from setl.model import Change, DdlChange, Position, RowChange, Transaction
 from setl.sources.mysql_binlog.decoding import (
     TableKind,
@@ -619,19 +621,57 @@ def read_events(assembler: _Assembler, events: Any, limit: int = 64) -> tuple[An
     peak = len(assembler.rows)
     event: Any = None
     for _ in range(limit):
-        event = events.fetchone()
-        if event is None:
-            break
-        # The library's packet wrapper and its event refer to each other: break the cycle, so
-        # that reference counting frees both (and the rows they hold) here instead of the
-        # cyclic collector, which spent 10% of the reader's time on them.
-        event.packet.event = None
-        txs = assembler.feed(event)
+        event = None
+        try:
+            event = events.fetchone()
+            if event is None:
+                break
+            # The library's packet wrapper and its event refer to each other: break the cycle, so
+            # that reference counting frees both (and the rows they hold) here instead of the
+            # cyclic collector, which spent 10% of the reader's time on them.
+            event.packet.event = None
+            txs = assembler.feed(event)
+        except UNDECODABLE as exc:  # the library's (or the patches') reading of bytes it cannot account for
+            if isinstance(exc, SetlError):
+                raise
+            raise _undecodable(exc, events, event) from exc
         if len(assembler.rows) > peak:
             peak = len(assembler.rows)
         if txs or isinstance(event, HeartbeatLogEvent):
             return event, txs, peak
     return event, [], peak
+
+
+#: What python-mysql-replication raises on bytes it cannot account for: a short read (PyMySQL's bare
+#: AssertionError), struct.error, an ENUM index out of range, a value no codec, date or Decimal takes,
+#: its own malformed-event errors.
+UNDECODABLE: tuple[type[BaseException], ...] = (
+    AssertionError, struct.error, ValueError, ArithmeticError, LookupError, TypeError,
+    *(getattr(_library_errors, name) for name in ("MalformedBinLogEvent", "StatusVariableMismatch")
+      if hasattr(_library_errors, name)))
+
+
+def corrupt_event(exc: BaseException, what: str, log_file: str, start: int, end: int | None,
+                  table: str | None = None) -> CorruptEvent:
+    """The error that stops a pipeline at an event it cannot decode (reading it again would fail again)."""
+    span = f"{log_file}:{start}" + (f" (it ends at {end})" if end is not None else "")
+    stop = f" --stop-position={end}" if end is not None else ""
+    return CorruptEvent(f"cannot decode the binlog's {what} at {span}: {type(exc).__name__}: {exc}; the event is "
+                        f"corrupt or beyond setl's readers, so the pipeline stops here (read it with `mariadb-binlog "
+                        f"--start-position={start}{stop} -vv {log_file}`; `setl position reset` past it skips its "
+                        f"rows)", table=table, position=Position(log_file, start))
+
+
+def _undecodable(exc: BaseException, events: Any, event: Any) -> CorruptEvent:
+    """`corrupt_event` for an event the library could not build (`event` None) or whose rows it could not read."""
+    reader = getattr(events, "reader", events)  # a fast.FastStream reads through the library's reader
+    log_file = str(reader.log_file)
+    if event is None:  # the library failed inside fetchone(): the reader stands at the event's start
+        return corrupt_event(exc, "event", log_file, int(reader.log_pos or 0), None)
+    packet = event.packet
+    table = f"{event.schema}.{event.table}" if isinstance(event, RowsEvent) else None
+    return corrupt_event(exc, type(event).__name__, log_file, packet.log_pos - packet.event_size, packet.log_pos,
+                         table)
 
 
 class KnownTables:

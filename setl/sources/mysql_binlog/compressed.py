@@ -12,7 +12,7 @@ the plain type, the event size of the inflated body, and a CRC32 computed anew w
 has checksums. Both readers of the binlog take every packet through it (the fast path in
 `fast.FastStream`, the library's through `patches.install`), so the rest of setl never sees a
 compressed event. A packet that does not inflate exactly (a corrupt header, a zlib error, an
-inflated length other than the one written) raises `CorruptEvent`; nothing is skipped.
+inflated length other than the one written) raises `InflateError`; nothing is skipped.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import struct
 import zlib
 
-from setl.errors import UnreadableEvent
+from setl.errors import CorruptEvent
 
 #: compressed event type -> the plain type it stands for
 PLAIN_TYPE: dict[int, int] = {
@@ -37,7 +37,7 @@ _TYPE_AT, _SIZE_AT = 5, 10
 _LARGEST = 1 << 30  # max_allowed_packet's ceiling: no event inflates past it
 
 
-class CorruptEvent(ValueError):
+class InflateError(ValueError):
     """A binlog event whose bytes do not hold what its type and lengths say."""
 
 
@@ -51,33 +51,33 @@ def inflate(packet: bytes, checksum: bool, post_header: int | None = None) -> by
 
     `checksum`: whether the stream's events end in a 4-byte CRC32 (`binlog_checksum`);
     `post_header`: the post-header length the format description gives the compressed type
-    (None: MariaDB's). Raises `CorruptEvent` where the bytes do not inflate exactly.
+    (None: MariaDB's). Raises `InflateError` where the bytes do not inflate exactly.
     """
     kind = packet[_TYPE_AT]
     declared = struct.unpack_from("<I", packet, _SIZE_AT)[0]
     end = 1 + declared - (4 if checksum else 0)  # the body's end in the packet
     if declared < 19 + (4 if checksum else 0) or 1 + declared > len(packet):
-        raise CorruptEvent(f"event size {declared} does not fit its packet of {len(packet) - 1} bytes")
+        raise InflateError(f"event size {declared} does not fit its packet of {len(packet) - 1} bytes")
     post = _POST_HEADER[kind] if not post_header else post_header
     at = _HEADER + post
     if kind == 165:
         if at > end:
-            raise CorruptEvent("the query event ends inside its post-header")
+            raise InflateError("the query event ends inside its post-header")
         db_len = packet[_HEADER + 8]
         status_len = struct.unpack_from("<H", packet, _HEADER + 11)[0]
         at += status_len + db_len + 1
     else:
         if post >= 10:  # V2: a variable header, its length counting its own two bytes
             if at + 2 > end:
-                raise CorruptEvent("the rows event ends inside its post-header")
+                raise InflateError("the rows event ends inside its post-header")
             extra = struct.unpack_from("<H", packet, _HEADER + 8)[0]
             if extra < 2:
-                raise CorruptEvent(f"the rows event's extra data length {extra} is below 2")
+                raise InflateError(f"the rows event's extra data length {extra} is below 2")
             at = _HEADER + 8 + extra
         width, at = _packed_int(packet, at, end)
         at += (width + 7) // 8 * (2 if kind in _UPDATES else 1)
     if at >= end:
-        raise CorruptEvent("the event ends before its compressed part")
+        raise InflateError("the event ends before its compressed part")
     body = _inflated(packet[at:end])
     plain = bytearray(packet[:at])
     plain += body
@@ -92,13 +92,13 @@ def inflate(packet: bytes, checksum: bool, post_header: int | None = None) -> by
 def _packed_int(packet: bytes, at: int, end: int) -> tuple[int, int]:
     """A length-encoded integer at `at`, and the offset after it."""
     if at >= end:
-        raise CorruptEvent("the rows event ends before its column count")
+        raise InflateError("the rows event ends before its column count")
     first = packet[at]
     if first < 251:
         return first, at + 1
     size = {252: 2, 253: 3, 254: 8}.get(first)
     if size is None or at + 1 + size > end:
-        raise CorruptEvent(f"the rows event's column count is not a valid length (first byte {first})")
+        raise InflateError(f"the rows event's column count is not a valid length (first byte {first})")
     return int.from_bytes(packet[at + 1:at + 1 + size], "little"), at + 1 + size
 
 
@@ -106,31 +106,31 @@ def _inflated(data: bytes) -> bytes:
     """The bytes of one compressed part: its header byte, its length, its zlib stream."""
     head = data[0]
     if head & 0xE0 != 0x80:
-        raise CorruptEvent(f"the compressed part's header byte {head:#04x} is not 0b100xxxxx")
+        raise InflateError(f"the compressed part's header byte {head:#04x} is not 0b100xxxxx")
     algorithm, lenlen = (head & 0x70) >> 4, head & 0x07
     if algorithm != 0:
-        raise CorruptEvent(f"the compressed part uses algorithm {algorithm}; only zlib (0) exists")
+        raise InflateError(f"the compressed part uses algorithm {algorithm}; only zlib (0) exists")
     if not 1 <= lenlen <= 4 or len(data) < 1 + lenlen:
-        raise CorruptEvent(f"the compressed part's length takes {lenlen} bytes")
+        raise InflateError(f"the compressed part's length takes {lenlen} bytes")
     length = int.from_bytes(data[1:1 + lenlen], "big")
     if length > _LARGEST:
-        raise CorruptEvent(f"the compressed part claims {length} bytes inflated")
+        raise InflateError(f"the compressed part claims {length} bytes inflated")
     inflater = zlib.decompressobj()
     try:
         body = inflater.decompress(data[1 + lenlen:], length + 1)
     except zlib.error as exc:
-        raise CorruptEvent(f"the compressed part does not inflate: {exc}") from None
+        raise InflateError(f"the compressed part does not inflate: {exc}") from None
     if inflater.unused_data:
-        raise CorruptEvent(f"{len(inflater.unused_data)} bytes follow the compressed part's zlib stream")
+        raise InflateError(f"{len(inflater.unused_data)} bytes follow the compressed part's zlib stream")
     if len(body) != length or not inflater.eof:
-        raise CorruptEvent(f"the compressed part inflates to {len(body)}{'+' if not inflater.eof else ''} bytes, "
+        raise InflateError(f"the compressed part inflates to {len(body)}{'+' if not inflater.eof else ''} bytes, "
                            f"not the {length} it claims")
     return body
 
 
-def corrupt(exc: CorruptEvent, kind: int, log_file: str | None, log_pos: int) -> UnreadableEvent:
+def corrupt(exc: InflateError, kind: int, log_file: str | None, log_pos: int) -> CorruptEvent:
     """The error that stops the reader at a compressed event (type `kind`, ending at `log_pos`) that
     does not inflate."""
     where = f"{log_file}:{log_pos}" if log_file else f"offset {log_pos}"
-    return UnreadableEvent(f"compressed binlog event (type {kind}, written with log_bin_compress=ON) ending at "
+    return CorruptEvent(f"compressed binlog event (type {kind}, written with log_bin_compress=ON) ending at "
                            f"{where} is corrupt: {exc}", stage="select")

@@ -26,9 +26,10 @@ from pymysqlreplication.event import BinLogEvent, MariadbGtidEvent, XidEvent
 from pymysqlreplication.row_event import DeleteRowsEvent, RowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
 
 from setl.sources.mysql_binlog import compressed, patches
+from setl.sources.mysql_binlog.assembler import corrupt_event
 
 try:
-    from setl.sources.mysql_binlog._rows import EventHeader, Framer, RowDecoder, equal_at, full_bitmap, le_int
+    from setl.sources.mysql_binlog._rows import Corrupt, EventHeader, Framer, RowDecoder, equal_at, full_bitmap, le_int
 except ImportError:  # not built: the library decodes every event
     RowDecoder = None  # type: ignore[assignment,misc]
 
@@ -166,7 +167,7 @@ class FastStream:
             else None
         try:
             return compressed.inflate(data, use_checksum, post_header)
-        except compressed.CorruptEvent as exc:
+        except compressed.InflateError as exc:
             raise compressed.corrupt(exc, kind, self.reader.log_file, le_int(data, 14, 4)) from exc
 
     def _usable(self) -> bool:
@@ -236,7 +237,13 @@ class FastStream:
                 return None  # a partial image: the library marks the missing columns
             pos += width
         packet = EventHeader(data)
-        rows = decoder.decode(data, pos, 1 + packet.event_size - (4 if use_checksum else 0), change)
+        try:
+            if 1 + packet.event_size != len(data):
+                raise Corrupt(f"its header's size {packet.event_size} is not its packet's {len(data) - 1} bytes")
+            rows = decoder.decode(data, pos, 1 + packet.event_size - (4 if use_checksum else 0), change)
+        except Corrupt as exc:  # stop at it: the library would read it no better, and a retry reads it again
+            raise corrupt_event(exc, f"{cls.__name__} of {table.schema}.{table.table}", self.reader.log_file,
+                                self.reader.log_pos, packet.log_pos, f"{table.schema}.{table.table}") from exc
         event = object.__new__(cls)
         event.__dict__ = {
             **decoders.template(table, kind, ctl_connection, mysql_version, post_header_lengths),

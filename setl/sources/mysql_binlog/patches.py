@@ -199,7 +199,7 @@ def _inflating_init(init: Any) -> Any:
             try:
                 data = compressed.inflate(data, use_checksum, lengths[kind - 1] if lengths and len(lengths) >= kind
                                           else None)
-            except compressed.CorruptEvent as exc:
+            except compressed.InflateError as exc:
                 raise compressed.corrupt(exc, kind, None, int.from_bytes(data[14:18], "little")) from exc
             from_packet = MysqlPacket(data, ctl_connection.encoding)
         init(self, from_packet, table_map, ctl_connection, mysql_version, use_checksum, *args, **kwargs)
