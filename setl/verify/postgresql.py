@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from setl.sinks.postgresql_ddl import pg_name as target_name
+from setl.sinks.postgresql_positions import as_text
 from setl.values import SPATIAL_TYPES
 from setl.verify.canonical import BINARIES, INTEGERS, STRINGS
 
@@ -68,13 +69,15 @@ def row_sql(texts: Sequence[str], counted: Sequence[bool], plain: Sequence[str |
     if not texts:
         return "''"
     nulls = f"concat({', '.join(f'({t} IS NULL)::int' for t in texts)})"
-    lengths = [f"length({t})" for t, c in zip(texts, counted) if c]
+    # characters and bytes as UTF-8, what MariaDB's side counts and hashes, in any server encoding
+    # (length() counts bytes in an SQL_ASCII database, md5(text) hashes a LATIN1 database's bytes)
+    lengths = [f"length(convert_to({t}, 'UTF8'), 'UTF8')" for t, c in zip(texts, counted) if c]
     parts = [nulls, *([f"concat_ws(',', {', '.join(lengths)})"] if lengths else []), *texts]
     return f"concat_ws('|', {', '.join(parts)})"
 
 
 def hash_sql(row: str) -> str:
-    return f"md5({row})"
+    return f"md5(convert_to({row}, 'UTF8'))"
 
 
 def summary_sql(hashed: str, table: str, where: str) -> str:
@@ -106,4 +109,4 @@ def columns(conn: Any, schema: str, table: str) -> dict[str, str] | None:
                         "AND table_name = %s ORDER BY ordinal_position",
                         (target_name(schema), target_name(table))).fetchall()
     conn.rollback()
-    return {str(name): str(kind).lower() for name, kind in rows} or None
+    return {as_text(name): as_text(kind).lower() for name, kind in rows} or None
