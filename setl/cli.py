@@ -613,10 +613,20 @@ def cmd_check(args: argparse.Namespace, conf: Path) -> int:
         raise UsageError(f"no pipeline in {conf / 'pipelines'}")
     failing = ("error", "warning") if args.strict else ("error",)
     bad = 0
-    for name in names:
-        for finding in check_pipeline(settings, functools.partial(load_pipeline, conf, name, for_node(settings)), name):
-            print(finding.line(), flush=True)
-            bad += finding.level in failing
+    try:
+        meta: MetaStore | None = open_meta_store(settings)  # the target's position against the acked one
+    except SetlError as exc:
+        print(f"warning meta store: cannot open it ({exc}): the target's position is not checked", flush=True)
+        meta = None
+    try:
+        for name in names:
+            for finding in check_pipeline(settings, functools.partial(load_pipeline, conf, name, for_node(settings)),
+                                          name, meta):
+                print(finding.line(), flush=True)
+                bad += finding.level in failing
+    finally:
+        if meta is not None:
+            meta.close()
     return 1 if bad else 0
 
 

@@ -21,9 +21,12 @@ import attrs
 from setl.config import NodeSettings, PipelineConfig
 from setl.connectors import NO_TABLES, build_schema, creates_tables
 from setl.errors import SetlError
+from setl.meta.base import MetaStore
+from setl.pipeline import identity
 from setl.pipeline.build import analyse_steps, build_select, build_stages, build_transform, table_creator
 from setl.pipeline.checks import check_rules
 from setl.routing import build_plan
+from setl.schema.create import find_creator
 
 
 @attrs.frozen
@@ -39,9 +42,11 @@ class Finding:
         return f"{self.level:7} {self.pipeline} {self.what}: {self.text}"
 
 
-def check_pipeline(node: NodeSettings, load: Callable[[], PipelineConfig], name: str) -> Iterator[Finding]:
+def check_pipeline(node: NodeSettings, load: Callable[[], PipelineConfig], name: str,
+                   meta: MetaStore | None = None) -> Iterator[Finding]:
     """The findings for pipeline `name` (its config read by `load`), one at a time, stopping after
-    the first error a later check depends on."""
+    the first error a later check depends on. With `meta` (this node's meta store), also whether
+    the target still holds what the meta store says it got (`setl.pipeline.identity.preview`)."""
     def found(level: str, what: str, text: str) -> Finding:
         return Finding(name, level, what, " ".join(text.split()))
 
@@ -85,6 +90,12 @@ def check_pipeline(node: NodeSettings, load: Callable[[], PipelineConfig], name:
     yield from _target(node, config, routing, select, tables, found)
     try:
         stages = build_stages(node, config, None)
+    except SetlError as exc:
+        yield found("error", "transforms", str(exc))
+        return
+    if meta is not None:
+        yield from _resume(node, config, stages, tables, meta, found)
+    try:
         analysed = analyse_steps(config, stages, tables)
     except SetlError as exc:
         yield found("error", "transforms", str(exc))
@@ -124,6 +135,33 @@ def _target(node: NodeSettings, config: PipelineConfig, routing: Any, select: An
         yield found("error", "target", f"{type(exc).__name__}: {exc}")
     finally:
         target.close()
+
+
+def _resume(node: NodeSettings, config: PipelineConfig, stages: Any, tables: Any, meta: MetaStore,
+            found: Callable[[str, str, str], Finding]) -> Iterator[Finding]:
+    """Whether the target still holds what the meta store says it got, read on a connection of the
+    schema target's own (nothing written)."""
+    creator = find_creator(stages.load)
+    try:
+        target = build_schema(config, node)
+    except SetlError as exc:
+        yield found("error", "target", str(exc))
+        return
+    if target is None:
+        return
+    try:
+        if creator is not None:
+            creator.creator.planner.seed(tables)
+        for level, text in identity.preview(config, stages, meta, target.conn):
+            yield found(level, "target", text)
+    except SetlError as exc:
+        yield found("error", "target", str(exc))
+    except Exception as exc:  # noqa: BLE001 - a driver's error: the target cannot be reached, or refused a read
+        yield found("error", "target", f"{type(exc).__name__}: {exc}")
+    finally:
+        target.close()
+        if creator is not None:
+            creator.creator.close()
 
 
 __all__ = ["Finding", "check_pipeline"]

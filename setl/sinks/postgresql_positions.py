@@ -186,6 +186,12 @@ class PostgresPositionStore(PositionStore[psycopg.Connection]):
         epochs = [int(r[-1]) for r in (row, fence) if r]
         return position, max(epochs) if epochs else None
 
+    def has_tables(self, conn: psycopg.Connection) -> bool:
+        row = conn.execute("SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL",
+                           (self.position.as_string(conn), self.fence_table.as_string(conn))).fetchone()
+        conn.rollback()
+        return bool(row and row[0])
+
     def read_identity(self, conn: psycopg.Connection) -> str | None:
         row = conn.execute(sql.SQL("SELECT identity FROM {} WHERE pipeline = %s").format(self.identity),
                            (self.pipeline,)).fetchone()
