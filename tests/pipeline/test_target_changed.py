@@ -7,6 +7,7 @@ commands on; following the line brings the target equal to the source."""
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -71,9 +72,9 @@ def copies_done(setl: Any) -> dict[str, str]:
 def test_a_new_empty_mariadb_database_gets_its_tables_copied_again(
         tmp_path: Path, mariadb_source: Any, source_db: str, mariadb_target: Any, mysql_db: str,
         second_mysql_db: str) -> None:
-    """The rules' target is changed to a new, empty database (the meta store and the target's
-    position kept): the next start copies both tables again online instead of streaming only the
-    new changes, and the new database ends equal to the source."""
+    """The rules' target is changed to a new database (the meta store and the target's position
+    kept) where one table was created empty beforehand: the next start copies both tables again
+    online instead of streaming only the new changes, and the new database ends equal to the source."""
     run_source(mariadb_source, source_db, SEED)
     setl = make(tmp_path, mariadb_source, mysql_target(mariadb_target, database=mysql_db),
                 [{"source": rf"{source_db}\.(k|other)", "target": f"{mysql_db}.{{table}}"}], start="snapshot")
@@ -82,6 +83,7 @@ def test_a_new_empty_mariadb_database_gets_its_tables_copied_again(
     setl.config["target"]["database"] = second_mysql_db
     setl.write_config()
     run_source(mariadb_source, source_db, MORE)
+    mariadb_target.query(f"CREATE TABLE {q(second_mysql_db)}.k (id INT PRIMARY KEY, v INT)")  # created since
     checked = setl.run("check", "--pipeline", setl.name)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "copies them again" in checked.stdout and f"{second_mysql_db}.k" in checked.stdout, checked.stdout
@@ -91,6 +93,11 @@ def test_a_new_empty_mariadb_database_gets_its_tables_copied_again(
     assert mariadb_target.query(QUERY.format(q(second_mysql_db))) == mariadb_source.query(QUERY.format(q(source_db)))
     assert mariadb_target.query(f"SELECT * FROM {q(second_mysql_db)}.other ORDER BY id") == [(1,), (2,)]
     assert copies_done(setl) == {f"{source_db}.k": "done", f"{source_db}.other": "done"}
+    [(stored,)] = mariadb_target.query("SELECT identity FROM setl.setl_position_identity WHERE pipeline = %s",
+                                       (setl.name,))
+    assert json.loads(stored)["copied"] == [f"{second_mysql_db}.k", f"{second_mysql_db}.other"], stored
+    again = started(setl)  # the copies are recorded on the target: the next start copies nothing
+    assert "online, as" not in again and "snapshot of" not in again, again[-3000:]
 
 
 def test_a_dropped_target_table_is_copied_again(tmp_path: Path, mariadb_source: Any, source_db: str,
