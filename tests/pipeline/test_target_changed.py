@@ -194,3 +194,26 @@ def test_a_target_restored_from_an_older_copy_is_refused_then_replayed(
     assert setl.run(*command.split()[1:]).returncode == 0
     started(setl)
     assert mariadb_target.query(QUERY.format(q(mysql_db))) == mariadb_source.query(QUERY.format(q(source_db)))
+
+
+def test_lapse_refuses_only_a_target_behind_the_acked_position() -> None:
+    """`lapse`: no target position or one behind the acked one is a lapse naming both and the
+    commands on; an equal or later one, an operator's reset or nothing acked is not."""
+    from types import SimpleNamespace
+
+    from setl.model import Position
+    from setl.pipeline.identity import lapse
+
+    config: Any = SimpleNamespace(name="p1", target=SimpleNamespace(type="postgresql", host="h", port=5432,
+                                                                    database="shop2"))
+    acked = Position("mysql-bin.000002", 400)
+    none = lapse(config, acked, False, None)
+    assert none is not None and "(postgresql h:5432 database shop2) holds no position of pipeline p1" in none
+    assert "acked mysql-bin.000002:400" in none and "`setl position reset --pipeline p1 --start`" in none, none
+    behind = lapse(config, acked, False, Position("mysql-bin.000001", 999, row=3))
+    assert behind is not None and "holds position mysql-bin.000001:999+3" in behind, behind
+    assert "`setl position reset --pipeline p1 --to mysql-bin.000001:999+3`" in behind, behind
+    assert lapse(config, acked, False, Position("mysql-bin.000002", 400, row=1)) is None
+    assert lapse(config, acked, False, Position("mysql-bin.000003", 4)) is None
+    assert lapse(config, acked, True, None) is None
+    assert lapse(config, None, False, None) is None
