@@ -613,8 +613,10 @@ def cmd_check(args: argparse.Namespace, conf: Path) -> int:
         raise UsageError(f"no pipeline in {conf / 'pipelines'}")
     failing = ("error", "warning") if args.strict else ("error",)
     bad = 0
-    try:
-        meta: MetaStore | None = open_meta_store(settings)  # the target's position against the acked one
+    meta: MetaStore | None = None
+    try:  # the target's position against the acked one; a meta store not made yet has acked nothing
+        if settings.meta.store != "sqlite" or settings.resolve(settings.meta.path).exists():
+            meta = open_meta_store(settings)
     except SetlError as exc:
         print(f"warning meta store: cannot open it ({exc}): the target's position is not checked", flush=True)
         meta = None
