@@ -67,15 +67,17 @@ def copying(config: PipelineConfig, stages: Stages, meta: MetaStore) -> bool:
     return bool(meta.copies_not_done(name))
 
 
-def current(config: PipelineConfig, stages: Stages, meta: MetaStore, *,
+def current(config: PipelineConfig, stages: Stages, meta: MetaStore, *, tables: bool = False,
             recorded: list[str] | None = None) -> dict[str, Any] | None:
-    """This run's identity, or None when the source cannot tell which server it is; with
-    `recorded` (the stored identity's ``copied``, or None), also ``copied``: the target tables that
-    got a finished copy on this target (`copied_tables`)."""
+    """This run's identity, or None when the source cannot tell which server it is; with `tables`
+    also ``copied``: the target tables that got a finished copy on this target (`copied_tables`, one
+    look at the target per table), or else `recorded` (the stored identity's, or None)."""
     source = _holder(stages.select, "identity")
     if source is None:
         return None
     mine = {"source": source.identity(), "rules": rules_fingerprint(config), "copying": copying(config, stages, meta)}
+    if not tables:
+        return mine
     copied = copied_tables(config, stages, meta)
     if copied is None:
         copied = recorded  # nothing to tell from the meta store: the target's record stands
@@ -185,7 +187,7 @@ def check(config: PipelineConfig, stages: Stages, meta: MetaStore) -> None:
     if known and not reset:
         _recopy(config, stages, meta, recorded)
     if mine is not None:
-        mine = current(config, stages, meta, recorded=recorded)  # a re-copy requested: copying again
+        mine = current(config, stages, meta, tables=True, recorded=recorded)  # after a re-copy request: copying
     if mine is not None and mine != theirs:
         save(stages, mine)
 
@@ -293,9 +295,11 @@ def preview(config: PipelineConfig, stages: Stages, meta: MetaStore, conn: Any) 
 def copy_finished(config: PipelineConfig, stages: Stages, meta: MetaStore) -> None:
     """Every table copy is done: record it on the target (a lost meta store may then adopt its
     position)."""
+    if (mine := current(config, stages, meta)) is None or mine["copying"]:
+        return  # cheap: called as each table's copy ends; the tables are looked at after the last
     theirs = stored(stages)
-    mine = current(config, stages, meta, recorded=_recorded(theirs))
-    if mine is not None and not mine["copying"] and mine != theirs:
+    mine = current(config, stages, meta, tables=True, recorded=_recorded(theirs))
+    if mine is not None and mine != theirs:
         save(stages, mine)
 
 
