@@ -278,7 +278,11 @@ def preview(config: PipelineConfig, stages: Stages, meta: MetaStore, conn: Any) 
     if lapsed is not None:
         return [("error", lapsed)]
     out = [("ok", f"the target holds position {held} (this node's meta store acked {acked.position})")]
-    text = store.read_identity(conn)
+    try:
+        text = store.read_identity(conn)
+    except Exception:  # noqa: BLE001 - no identity table yet (a target an older setl wrote): no record
+        conn.rollback()
+        text = None
     lost = missing_copies(config, stages, meta, _recorded(json.loads(text) if text else None))
     if lost:
         listed = ", ".join(f"{target} (from {source})" for source, target in lost)
