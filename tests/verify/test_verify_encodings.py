@@ -5,10 +5,8 @@ compared is an error (exit 2), never equal."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,31 +23,6 @@ TABLES = ["CREATE TABLE k (id INT PRIMARY KEY, name VARCHAR(40) CHARACTER SET ut
           "CREATE TABLE bag (x INT NOT NULL, y VARCHAR(10) CHARACTER SET utf8mb4)",
           *(f"INSERT INTO k VALUES ({i}, '{name}', '{ts}')" for i, name, ts in ROWS),
           "INSERT INTO bag VALUES (1, 'é'), (1, 'é'), (2, 'b')"]
-
-
-@pytest.fixture
-def ascii_db(request: pytest.FixtureRequest, postgres_server: Any) -> Iterator[str]:
-    """A fresh ``SQL_ASCII`` database on `postgres_server` (what ``initdb`` without ``-E UTF8`` makes)."""
-    name = "a_" + re.sub(r"\W", "_", request.node.name)[:40].lower()
-    postgres_server.query(f'CREATE DATABASE "{name}" ENCODING \'SQL_ASCII\' TEMPLATE template0 '
-                          "LC_COLLATE 'C' LC_CTYPE 'C'")
-    try:
-        yield name
-    finally:
-        with contextlib.suppress(Exception):
-            postgres_server.query(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-@pytest.fixture
-def latin1_db(request: pytest.FixtureRequest, mariadb_target: Any) -> Iterator[str]:
-    """A fresh database on `mariadb_target` whose default charset is latin1."""
-    name = "l_" + re.sub(r"\W", "_", request.node.name)[:40].lower()
-    mariadb_target.query(f"CREATE DATABASE `{name}` DEFAULT CHARACTER SET latin1")
-    try:
-        yield name
-    finally:
-        with contextlib.suppress(Exception):
-            mariadb_target.query(f"DROP DATABASE IF EXISTS `{name}`")
 
 
 def pg_rows(server: Any, db: str, query: str) -> list[tuple[Any, ...]]:
@@ -94,22 +67,23 @@ def start_stream_and_check(setl: SetlProcess, source: Any, source_db: str, store
 
 
 def test_a_sql_ascii_postgresql_target_is_copied_streamed_and_verified(
-        tmp_path: Path, mariadb_source: Any, source_db: str, postgres_server: Any, ascii_db: str) -> None:
+        tmp_path: Path, mariadb_source: Any, source_db: str, postgres_server: Any, postgres_ascii_db: str) -> None:
     """Into an SQL_ASCII PostgreSQL database: copy and stream end with the identity recorded (not
     ``copying``), status says done, the text is the source's, verify says equal, and a row changed
     on the target is found different (exit 1)."""
+    assert pg_rows(postgres_server, postgres_ascii_db, "SHOW server_encoding") == [("SQL_ASCII",)]
     run_source(mariadb_source, source_db, TABLES)
-    setl = make(tmp_path, mariadb_source, source_db, postgres_target(postgres_server, ascii_db), "public.{table}",
-                3401)
+    setl = make(tmp_path, mariadb_source, source_db, postgres_target(postgres_server, postgres_ascii_db),
+                "public.{table}", 3401)
 
     def identity() -> Any:
-        [(text,)] = pg_rows(postgres_server, ascii_db, "SELECT identity FROM setl.setl_position_identity")
+        [(text,)] = pg_rows(postgres_server, postgres_ascii_db, "SELECT identity FROM setl.setl_position_identity")
         return text
 
     start_stream_and_check(setl, mariadb_source, source_db, identity)
-    assert pg_rows(postgres_server, ascii_db, "SELECT id, name FROM public.k ORDER BY id") == [
+    assert pg_rows(postgres_server, postgres_ascii_db, "SELECT id, name FROM public.k ORDER BY id") == [
         (2, "crème brûlée"), (3, "日本語 ✓"), (4, "ñandú €")]
-    with postgres_server.connect(dbname=ascii_db, client_encoding="UTF8") as conn:
+    with postgres_server.connect(dbname=postgres_ascii_db, client_encoding="UTF8") as conn:
         conn.execute("UPDATE public.k SET name = 'crème brulée' WHERE id = 2")
     code, report, err = verify(setl, f"{source_db}.k")
     assert code == 1 and report is not None, err[-3000:]
@@ -118,12 +92,14 @@ def test_a_sql_ascii_postgresql_target_is_copied_streamed_and_verified(
 
 
 def test_a_latin1_mariadb_target_is_copied_streamed_and_verified(
-        tmp_path: Path, mariadb_source: Any, source_db: str, mariadb_target: Any, latin1_db: str) -> None:
+        tmp_path: Path, mariadb_source: Any, source_db: str, mariadb_target: Any, mysql_latin1_db: str) -> None:
     """Into a MariaDB database whose default charset is latin1: the same copy, stream and verify,
     the text kept whole (the tables carry the source's charset), and a changed row found."""
+    assert mariadb_target.query("SELECT DEFAULT_CHARACTER_SET_NAME FROM information_schema.SCHEMATA WHERE "
+                                "SCHEMA_NAME = %s", (mysql_latin1_db,)) == [("latin1",)]
     run_source(mariadb_source, source_db, TABLES)
-    setl = make(tmp_path, mariadb_source, source_db, mysql_target(mariadb_target, database=latin1_db),
-                f"{latin1_db}.{{table}}", 3402)
+    setl = make(tmp_path, mariadb_source, source_db, mysql_target(mariadb_target, database=mysql_latin1_db),
+                f"{mysql_latin1_db}.{{table}}", 3402)
 
     def identity() -> Any:
         [(text,)] = mariadb_target.query("SELECT identity FROM setl.setl_position_identity WHERE pipeline = %s",
@@ -131,9 +107,9 @@ def test_a_latin1_mariadb_target_is_copied_streamed_and_verified(
         return text
 
     start_stream_and_check(setl, mariadb_source, source_db, identity)
-    assert mariadb_target.query(f"SELECT id, name FROM {q(latin1_db)}.k ORDER BY id") == [
+    assert mariadb_target.query(f"SELECT id, name FROM {q(mysql_latin1_db)}.k ORDER BY id") == [
         (2, "crème brûlée"), (3, "日本語 ✓"), (4, "ñandú €")]
-    mariadb_target.query(f"UPDATE {q(latin1_db)}.k SET ts = ts + INTERVAL 1 SECOND WHERE id = 3")
+    mariadb_target.query(f"UPDATE {q(mysql_latin1_db)}.k SET ts = ts + INTERVAL 1 SECOND WHERE id = 3")
     code, report, err = verify(setl, f"{source_db}.k")
     assert code == 1 and report is not None, err[-3000:]
     [table] = report["tables"]
