@@ -660,31 +660,25 @@ def cmd_check(args: argparse.Namespace, conf: Path) -> int:
         raise UsageError(f"no pipeline in {conf / 'pipelines'}")
     failing = ("error", "warning") if args.strict else ("error",)
     code = 0
-    saved = _saved_positions(settings, names)
-    for name in names:
-        for finding in check_pipeline(settings, functools.partial(load_pipeline, conf, name, for_node(settings)), name,
-                                      saved.get(name)):
-            print(finding.line(), flush=True)
-            if finding.level in failing:
-                code = max(code, finding.code)
-    return code
-
-
-def _saved_positions(settings: NodeSettings, names: list[str]) -> dict[str, Position]:
-    """The stored positions of `names`, where a meta store exists already (a check creates none;
-    a ZooKeeper that cannot be reached leaves the configured starts to be checked)."""
-    if settings.meta.store == "sqlite" and not settings.resolve(settings.meta.path).exists():
-        return {}
-    try:
-        meta = open_meta_store(settings)
+    meta: MetaStore | None = None
+    try:  # stored positions: the source's retention and the target's position are judged against them
+        if settings.meta.store != "sqlite" or settings.resolve(settings.meta.path).exists():
+            meta = open_meta_store(settings)  # a meta store not made yet has acked nothing (none is made)
     except SetlError as exc:
-        log.warning("positions not checked: cannot open the meta store: %s", exc)
-        return {}
+        print(f"warning meta store: cannot open it ({exc}): stored positions are not checked", flush=True)
+        meta = None
     try:
-        acks = {name: meta.position(name) for name in names}
+        for name in names:
+            ack = meta.position(name) if meta is not None else None
+            for finding in check_pipeline(settings, functools.partial(load_pipeline, conf, name, for_node(settings)),
+                                          name, ack.position if ack is not None else None, meta):
+                print(finding.line(), flush=True)
+                if finding.level in failing:
+                    code = max(code, finding.code)
     finally:
-        meta.close()
-    return {name: ack.position for name, ack in acks.items() if ack is not None}
+        if meta is not None:
+            meta.close()
+    return code
 
 
 def cmd_verify(args: argparse.Namespace, conf: Path) -> int:

@@ -15,20 +15,33 @@ At start (`check`):
   position when the stored identity matches (same source, same rules, no copy under way); any
   other case is refused as before (`Node`'s "a position only the target knows").
 A position stored without an identity (written before identities were) is treated as before.
+
+The target must also still hold what the meta store says it got (`lapse`, `missing_copies`): every
+acked batch was committed in a position-keeping target with its position first, so a target that
+holds no position of the pipeline, or one behind the meta store's (a new or emptied database, a
+changed ``target``, a position table dropped, a restore from an older copy), lacks changes the meta
+store acked: the start is refused (exit 2, one line naming the target, both positions and the
+commands on). A target table whose copy the meta store records as done but which the target lacks, or which the
+identity's ``copied`` (the target tables that got a finished copy on this target) does not list
+(dropped since, created since, or a rule now routing into a new name) is copied again online, as
+`setl snapshot --table` does; refused the same way when the source cannot copy tables.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
 from setl.config import PipelineConfig
 from setl.errors import ConfigError
 from setl.meta.base import MetaStore
-from setl.model import Position
+from setl.model import Position, TableName
 from setl.pipeline.chain import Stages
 from setl.pipeline.checks import rules_fingerprint
+from setl.schema.create import find_creator
 from setl.snapshot.select import find_snapshot
+from setl.tablecopy import CopyStatus
 
 log = logging.getLogger("setl.pipeline")
 
@@ -54,13 +67,50 @@ def copying(config: PipelineConfig, stages: Stages, meta: MetaStore) -> bool:
     return bool(meta.copies_not_done(name))
 
 
-def current(config: PipelineConfig, stages: Stages, meta: MetaStore) -> dict[str, Any] | None:
-    """This run's identity, or None when the source cannot tell which server it is."""
+def current(config: PipelineConfig, stages: Stages, meta: MetaStore, *, tables: bool = False,
+            recorded: list[str] | None = None) -> dict[str, Any] | None:
+    """This run's identity, or None when the source cannot tell which server it is; with `tables`
+    also ``copied``: the target tables that got a finished copy on this target (`copied_tables`, one
+    look at the target per table), or else `recorded` (the stored identity's, or None)."""
     source = _holder(stages.select, "identity")
     if source is None:
         return None
-    return {"source": source.identity(), "rules": rules_fingerprint(config),
-            "copying": copying(config, stages, meta)}
+    mine = {"source": source.identity(), "rules": rules_fingerprint(config), "copying": copying(config, stages, meta)}
+    if not tables:
+        return mine
+    copied = copied_tables(config, stages, meta)
+    if copied is None:
+        copied = recorded  # nothing to tell from the meta store: the target's record stands
+    if copied is not None:
+        mine["copied"] = copied
+    return mine
+
+
+def _copies(config: PipelineConfig, stages: Stages, meta: MetaStore) -> list[tuple[TableName, TableName]] | None:
+    """(source table, target table) of each table whose copy the meta store records as done (not
+    asked again), that a rule still routes and the source still has; None without a table creator
+    or without any finished copy."""
+    creator = find_creator(stages.load)
+    if creator is None:
+        return None
+    done = {p.name for p in meta.snapshot_progress(config.name) if p.status is CopyStatus.DONE}
+    if not done:
+        return None
+    busy = set(meta.copies_not_done(config.name))
+    return [(source, planned.table) for planned in creator.creator.planner.tables()
+            for source in planned.sources if source in done and source not in busy]
+
+
+def copied_tables(config: PipelineConfig, stages: Stages, meta: MetaStore) -> list[str] | None:
+    """The target tables (``schema.table``) whose copy the meta store records as done and that the
+    target has: what the target's identity records as copied on it (None: nothing to tell)."""
+    copies = _copies(config, stages, meta)
+    if copies is None:
+        return None
+    creator = find_creator(stages.load)
+    assert creator is not None
+    targets = {target for _, target in copies}
+    return sorted(str(t) for t in targets - creator.creator.absent(targets))
 
 
 def stored(stages: Stages) -> dict[str, Any] | None:
@@ -128,16 +178,134 @@ def check(config: PipelineConfig, stages: Stages, meta: MetaStore) -> None:
                 pipeline=name, stage="load")
         log.info("pipeline=%s stage=load this node's meta store has no position; the target's %s was written by "
                  "this pipeline (same source server, same table rules, copy finished): resuming from it", name, held)
+    if stages.load.capabilities.stores_position and known and not reset:
+        acked = meta.position(name)
+        lapsed = lapse(config, acked.position if acked is not None else None, False, held)
+        if lapsed is not None:
+            raise ConfigError(lapsed, pipeline=name, stage="load")
+    recorded = _recorded(theirs) if held is not None else None
+    if known and not reset:
+        _recopy(config, stages, meta, recorded)
+    if mine is not None:
+        mine = current(config, stages, meta, tables=True, recorded=recorded)  # after a re-copy request: copying
     if mine is not None and mine != theirs:
         save(stages, mine)
+
+
+def describe_target(config: PipelineConfig) -> str:
+    """The pipeline's target as its file names it (type, server, database), for messages."""
+    target = config.target
+    host, port = getattr(target, "host", None), getattr(target, "port", None)
+    where = f" {host}:{port}" if host else ""
+    database: Any = getattr(target, "database", None) or getattr(target, "path", None)
+    return f"{target.type}{where}" + (f" database {database}" if database else "")
+
+
+def lapse(config: PipelineConfig, acked: Position | None, reset: bool, held: Position | None) -> str | None:
+    """Why the target cannot be resumed into, or None: the meta store acked `acked` (not an
+    operator's `reset`) and the target holds `held` (None: no position of the pipeline)."""
+    name = config.name
+    if acked is None or reset or (held is not None and held >= acked):
+        return None
+    target = describe_target(config)
+    if held is None:
+        what = (f"the target ({target}) holds no position of pipeline {name} while this node's meta store acked "
+                f"{acked}: a new or emptied target, a changed target setting or a dropped position table")
+        on = ""
+    else:
+        what = (f"the target ({target}) holds position {held} of pipeline {name}, behind the {acked} this node's "
+                f"meta store acked: it was restored from an older copy")
+        on = (f"; if no table was copied since and the binlog still holds it, replay from the target's own "
+              f"position with `setl position reset --pipeline {name} --to {_typed(held)}`")
+    return (f"{what}; resuming would skip what the target lacks. To copy every table again from the configured "
+            f"start, `setl position reset --pipeline {name} --start`{on}")
+
+
+def missing_copies(config: PipelineConfig, stages: Stages, meta: MetaStore,
+                   recorded: list[str] | None = None) -> list[tuple[TableName, TableName]]:
+    """(source table, target table) of each table whose copy the meta store records as done, that a
+    rule still routes and the source still has, and which the target lacks or, when the target's
+    identity lists the tables copied on it (`recorded`), did not get the copy (created since,
+    or a rule now routes into a table of another database)."""
+    copies = _copies(config, stages, meta)
+    if not copies:
+        return []
+    creator = find_creator(stages.load)
+    assert creator is not None
+    absent = creator.creator.absent({target for _, target in copies})
+    listed = set(recorded) if recorded is not None else None
+    return [(source, target) for source, target in copies
+            if target in absent or (listed is not None and str(target) not in listed)]
+
+
+def _recorded(identity: dict[str, Any] | None) -> list[str] | None:
+    copied = identity.get("copied") if identity is not None else None
+    return [str(t) for t in copied] if isinstance(copied, list) else None
+
+
+def _recopy(config: PipelineConfig, stages: Stages, meta: MetaStore, recorded: list[str] | None) -> None:
+    """Copy again (online) each table whose finished copy the target lost; refuse when the source cannot."""
+    name = config.name
+    lost = missing_copies(config, stages, meta, recorded)
+    if not lost:
+        return
+    listed = ", ".join(f"{target} (from {source})" for source, target in lost)
+    if find_snapshot(stages.select) is None:
+        raise ConfigError(
+            f"the target ({describe_target(config)}) lacks the copy of table(s) {listed} that this node's meta "
+            f"store records as done, and this pipeline's source cannot copy a table again: resuming would leave them "
+            f"without their rows. To copy every table again from the configured start, `setl position reset "
+            f"--pipeline {name} --start`", pipeline=name, stage="load")
+    for source, _target in lost:
+        meta.request_snapshot(name, source)
+    log.warning("pipeline=%s stage=load the target lacks the finished copy of %s (dropped, or created since): "
+                "copying %s again (online, as `setl snapshot --table`)", name, listed,
+                "it" if len(lost) == 1 else "them")
+
+
+def preview(config: PipelineConfig, stages: Stages, meta: MetaStore, conn: Any) -> list[tuple[str, str]]:
+    """What a start would find about the target (`setl check`), as (level, text) findings, reading
+    only: the target's position through `conn` (a connection of the target's own, such as the
+    schema target's) against the meta store's, then the tables whose finished copy the target lost
+    (the creator's planner seeded with the source tables first)."""
+    name = config.name
+    store = getattr(_holder(stages.load, "positions"), "positions", None)
+    acked = meta.position(name)
+    if store is None or acked is None or meta.position_was_reset(name):
+        return []
+    held = store.peek_position(conn)
+    lapsed = lapse(config, acked.position, False, held)
+    if lapsed is not None:
+        return [("error", lapsed)]
+    out = [("ok", f"the target holds position {held} (this node's meta store acked {acked.position})")]
+    try:
+        text = store.read_identity(conn)
+    except Exception:  # noqa: BLE001 - no identity table yet (a target an older setl wrote): no record
+        conn.rollback()
+        text = None
+    lost = missing_copies(config, stages, meta, _recorded(json.loads(text) if text else None))
+    if lost:
+        listed = ", ".join(f"{target} (from {source})" for source, target in lost)
+        if find_snapshot(stages.select) is None:
+            out.append(("error", f"the target lacks the copy of table(s) {listed} that this node's meta store "
+                                 f"records as done, and the source cannot copy a table again: to copy every table "
+                                 f"again from the configured start, `setl position reset --pipeline {name} --start`"))
+        else:
+            out.append(("warning", f"the target lacks the finished copy of table(s) {listed}: the next start "
+                                   "copies them again (online, as `setl snapshot --table`)"))
+    return out
 
 
 def copy_finished(config: PipelineConfig, stages: Stages, meta: MetaStore) -> None:
     """Every table copy is done: record it on the target (a lost meta store may then adopt its
     position)."""
-    mine = current(config, stages, meta)
-    if mine is not None and not mine["copying"] and mine != stored(stages):
+    if (mine := current(config, stages, meta)) is None or mine["copying"]:
+        return  # cheap: called as each table's copy ends; the tables are looked at after the last
+    theirs = stored(stages)
+    mine = current(config, stages, meta, tables=True, recorded=_recorded(theirs))
+    if mine is not None and mine != theirs:
         save(stages, mine)
 
 
-__all__ = ["check", "copy_finished", "copying", "current", "stored"]
+__all__ = ["check", "copy_finished", "copying", "current", "describe_target", "lapse", "missing_copies", "preview",
+           "stored", "copied_tables"]

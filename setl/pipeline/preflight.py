@@ -23,10 +23,13 @@ import attrs
 from setl.config import NodeSettings, PipelineConfig
 from setl.connectors import NO_TABLES, build_schema, creates_tables
 from setl.errors import SetlError
+from setl.meta.base import MetaStore
 from setl.model import Position
+from setl.pipeline import identity
 from setl.pipeline.build import analyse_steps, build_select, build_stages, build_transform, table_creator
 from setl.pipeline.checks import check_rules, judge_source
 from setl.routing import build_plan
+from setl.schema.create import find_creator
 
 
 @attrs.frozen
@@ -45,9 +48,11 @@ class Finding:
 
 
 def check_pipeline(node: NodeSettings, load: Callable[[], PipelineConfig], name: str,
-                   saved: Position | None = None) -> Iterator[Finding]:
+                   saved: Position | None = None, meta: MetaStore | None = None) -> Iterator[Finding]:
     """The findings for pipeline `name` (its config read by `load`; `saved`: its stored position,
-    if any), one at a time, stopping after the first error a later check depends on."""
+    if any), one at a time, stopping after the first error a later check depends on. With `meta`
+    (this node's meta store), also whether the target still holds what the meta store says it got
+    (`setl.pipeline.identity.preview`)."""
     def found(level: str, what: str, text: str, code: int = 1) -> Finding:
         return Finding(name, level, what, " ".join(text.split()), code)
 
@@ -101,6 +106,12 @@ def check_pipeline(node: NodeSettings, load: Callable[[], PipelineConfig], name:
     yield from _target(node, config, routing, select, tables, found)
     try:
         stages = build_stages(node, config, None)
+    except SetlError as exc:
+        yield found("error", "transforms", str(exc), exc.exit_code)
+        return
+    if meta is not None:
+        yield from _resume(node, config, stages, tables, meta, found)
+    try:
         analysed = analyse_steps(config, stages, tables)
     except SetlError as exc:
         yield found("error", "transforms", str(exc), exc.exit_code)
@@ -149,6 +160,33 @@ def _driver_error(exc: BaseException) -> str:
     if len(args) == 2 and isinstance(args[0], int) and isinstance(args[1], str):
         return f"{args[1]} (MySQL error {args[0]})"
     return str(exc).strip() or type(exc).__name__
+
+
+def _resume(node: NodeSettings, config: PipelineConfig, stages: Any, tables: Any, meta: MetaStore,
+            found: Callable[..., Finding]) -> Iterator[Finding]:
+    """Whether the target still holds what the meta store says it got, read on a connection of the
+    schema target's own (nothing written). A refusal is `setl start`'s exit 2."""
+    creator = find_creator(stages.load)
+    try:
+        target = build_schema(config, node)
+    except SetlError as exc:
+        yield found("error", "target", str(exc), exc.exit_code)
+        return
+    if target is None:
+        return
+    try:
+        if creator is not None:
+            creator.creator.planner.seed(tables)
+        for level, text in identity.preview(config, stages, meta, target.conn):
+            yield found(level, "target", text, 2 if level == "error" else 1)
+    except SetlError as exc:
+        yield found("error", "target", str(exc), exc.exit_code)
+    except Exception as exc:  # noqa: BLE001 - a driver's error: the target cannot be reached, or refused a read
+        yield found("error", "target", f"cannot reach or read the {config.target.type} target: {_driver_error(exc)}")
+    finally:
+        target.close()
+        if creator is not None:
+            creator.creator.close()
 
 
 __all__ = ["Finding", "check_pipeline"]

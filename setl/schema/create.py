@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from setl.ddl import parse
@@ -69,6 +69,11 @@ class TableCreator:
                      "(%d columns, key %s)", self.pipeline, planned.table, len(planned.columns),
                      ", ".join(planned.primary_key) or "none")
             return True
+
+    def absent(self, tables: Iterable[TableName]) -> set[TableName]:
+        """Those of the target tables `tables` the target does not have."""
+        with self._lock:
+            return {table for table in tables if self.target.existing(table) is None}
 
     def close(self) -> None:
         self.target.close()

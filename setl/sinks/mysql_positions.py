@@ -230,6 +230,14 @@ class MysqlPositionStore(PositionStore[Connection]):
         epochs = [int(r[-1]) for r in (row, fence) if r]
         return position, max(epochs) if epochs else None
 
+    def has_tables(self, conn: Connection) -> bool:
+        with conn.cursor() as cur:
+            cur.execute("SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME IN"
+                        " (%s, %s)", (self.schema, self.table, self.table + "_fence"))
+            row = cur.fetchone()
+        conn.commit()
+        return bool(row and int(row[0]) == 2)
+
     def read_identity(self, conn: Connection) -> str | None:
         with conn.cursor() as cur:
             cur.execute(f"SELECT `identity` FROM {self.identity} WHERE `pipeline` = %s", (self.pipeline,))

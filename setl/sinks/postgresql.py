@@ -268,6 +268,7 @@ class PostgresqlLoad(SqlLoad[psycopg.Connection]):
             autocommit=False,
             application_name=f"setl:{self.pipeline}"[:63],
             options="-c TimeZone=UTC",
+            client_encoding="UTF8",  # an SQL_ASCII database would hand names and text back as bytes
             **libpq_params(getattr(self.config, "ssl", None)),
         )
 

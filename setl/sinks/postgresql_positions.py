@@ -15,6 +15,12 @@ from setl.model import Batch, Position
 from setl.sinks.sql_positions import FenceBusy, PositionStore
 
 
+def as_text(value: Any) -> str:
+    """A text value as str: psycopg hands text back as bytes when the connection's client encoding is
+    SQL_ASCII (setl's connections ask for UTF8, whose bytes setl writes in any server encoding)."""
+    return bytes(value).decode("utf-8") if isinstance(value, (bytes, bytearray, memoryview)) else str(value)
+
+
 class PostgresPositionStore(PositionStore[psycopg.Connection]):
     """`PositionStore` for PostgreSQL. Sessions are told apart by backend pid and start time; a
     deposed writer's session is ended with ``pg_terminate_backend``. The statements on the hot
@@ -115,7 +121,7 @@ class PostgresPositionStore(PositionStore[psycopg.Connection]):
     def read_copies(self, conn: psycopg.Connection) -> dict[tuple[str, str], str]:
         rows = conn.execute(sql.SQL("SELECT target_schema, target_table, staging FROM {} WHERE pipeline = %s")
                             .format(self.copies), (self.pipeline,)).fetchall()
-        return {(str(s), str(t)): str(staging) for s, t, staging in rows}
+        return {(as_text(s), as_text(t)): as_text(staging) for s, t, staging in rows}
 
     def record_copy(self, conn: psycopg.Connection, schema: str, table: str, staging: str) -> None:
         conn.execute(sql.SQL("INSERT INTO {} (pipeline, target_schema, target_table, staging) VALUES (%s, %s, %s, %s)"
@@ -180,11 +186,17 @@ class PostgresPositionStore(PositionStore[psycopg.Connection]):
         epochs = [int(r[-1]) for r in (row, fence) if r]
         return position, max(epochs) if epochs else None
 
+    def has_tables(self, conn: psycopg.Connection) -> bool:
+        row = conn.execute("SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL",
+                           (self.position.as_string(conn), self.fence_table.as_string(conn))).fetchone()
+        conn.rollback()
+        return bool(row and row[0])
+
     def read_identity(self, conn: psycopg.Connection) -> str | None:
         row = conn.execute(sql.SQL("SELECT identity FROM {} WHERE pipeline = %s").format(self.identity),
                            (self.pipeline,)).fetchone()
         conn.commit()
-        return str(row[0]) if row else None
+        return as_text(row[0]) if row else None
 
     def write_identity(self, conn: psycopg.Connection, text: str) -> None:
         conn.execute(sql.SQL("INSERT INTO {} (pipeline, identity) VALUES (%s, %s) ON CONFLICT (pipeline)"

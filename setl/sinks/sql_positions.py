@@ -71,6 +71,15 @@ class PositionStore(Generic[C]):
         """The stored position and epoch of the pipeline, outside any batch transaction."""
         raise NotImplementedError
 
+    def has_tables(self, conn: C) -> bool:
+        """Whether the position and fence tables exist (a read only: `setl check` creates nothing)."""
+        raise NotImplementedError
+
+    def peek_position(self, conn: C) -> Position | None:
+        """The stored position of the pipeline, None when there is none or no position table; reads
+        only (`setl check`)."""
+        return self.read_position(conn)[0] if self.has_tables(conn) else None
+
     def write_position(self, conn: C, batch: Batch) -> None:
         """In the open transaction: record `batch.end`, its id and epoch as the pipeline's position."""
         raise NotImplementedError

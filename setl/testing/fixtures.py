@@ -14,6 +14,8 @@ fails, the log tails of the servers it used are added to its report.
 * ``mysql_db``: a fresh database on ``mariadb_target`` (its name), dropped after the test.
 * ``source_db``: the same on ``mariadb_source``.
 * ``postgres_db``: a fresh database on ``postgres_server`` (its name), dropped after the test.
+* ``postgres_ascii_db``, ``mysql_latin1_db``: the same in ``SQL_ASCII`` (what ``initdb`` without
+  ``-E UTF8`` makes) and with a latin1 default charset: targets that are not UTF-8.
 * ``mariadb_factory``: ``mariadb_factory(**kwargs)`` starts an extra `MariaDBServer` (for
   example ``options={"binlog_format": "STATEMENT"}``) that is removed after the test.
 """
@@ -126,6 +128,34 @@ def postgres_db(request: pytest.FixtureRequest, postgres_server: PostgresServer)
         if postgres_server.running:
             with contextlib.suppress(Exception):
                 postgres_server.query(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def postgres_ascii_db(request: pytest.FixtureRequest, postgres_server: PostgresServer) -> Iterator[str]:
+    """A fresh ``SQL_ASCII`` database on `postgres_server` (psycopg hands its text back as bytes
+    unless the client encoding is UTF8); yields its name."""
+    name = _unique_name(request, "a")
+    postgres_server.query(f"CREATE DATABASE \"{name}\" ENCODING 'SQL_ASCII' TEMPLATE template0 LC_COLLATE 'C' "
+                          "LC_CTYPE 'C'")
+    try:
+        yield name
+    finally:
+        if postgres_server.running:
+            with contextlib.suppress(Exception):
+                postgres_server.query(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def mysql_latin1_db(request: pytest.FixtureRequest, mariadb_target: MariaDBServer) -> Iterator[str]:
+    """A fresh database on `mariadb_target` whose default charset is latin1; yields its name."""
+    name = _unique_name(request, "l")
+    mariadb_target.query(f"CREATE DATABASE `{name}` DEFAULT CHARACTER SET latin1")
+    try:
+        yield name
+    finally:
+        if mariadb_target.running:
+            with contextlib.suppress(Exception):
+                mariadb_target.query(f"DROP DATABASE IF EXISTS `{name}`")
 
 
 class ServerFactory:

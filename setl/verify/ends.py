@@ -75,7 +75,8 @@ class End:
             counted = [c.kind in canonical.STRINGS or c.kind in ("set", "json") for c in check.columns]
             plain = [engine.plain_sql(c.kind if source else c.target_type, q(n))
                      for c, n in zip(check.columns, self.names)]
-            self.hash = engine.hash_sql(engine.row_sql(self.texts_sql, counted, plain))
+            recoded = engine.recode(conn)  # a target server keeping text in another encoding than UTF-8
+            self.hash = engine.hash_sql(engine.row_sql(self.texts_sql, counted, plain, recoded), recoded)
         # python mode: the source reads every column (a row filter may name any); the target the compared ones
         self.fetched = list(check.source.columns) if source else self.names
 

@@ -74,7 +74,13 @@ def plain_sql(own: str, column: str) -> str | None:
     return None
 
 
-def row_sql(texts: Sequence[str], counted: Sequence[bool], plain: Sequence[str | None] | None = None) -> str:
+def recode(conn: Any) -> bool:
+    """False: `text_sql` gives strings in utf8mb4 whatever the tables' charsets (a latin1 database too)."""
+    return False
+
+
+def row_sql(texts: Sequence[str], counted: Sequence[bool], plain: Sequence[str | None] | None = None,
+            recoded: bool = False) -> str:
     """A row's text: which columns are NULL (a digit each), the lengths of the `counted` columns'
     texts (those that may hold the separator), then the non-NULL texts, ``|``-separated. `plain`
     gives each column's `plain_sql` (None: its text), tested for NULL and measured instead of its text."""
@@ -87,7 +93,7 @@ def row_sql(texts: Sequence[str], counted: Sequence[bool], plain: Sequence[str |
     return f"CONCAT_WS('|', {', '.join(parts)})"
 
 
-def hash_sql(row: str) -> str:
+def hash_sql(row: str, recoded: bool = False) -> str:
     return f"MD5({row})"
 
 

@@ -93,6 +93,10 @@ def plan_table(source: TablePlan, route: Route, target_types: Mapping[str, str] 
             if c.kind in postgresql.UNCOMPARED:
                 unchecked[c.source] = f"{c.kind} into PostgreSQL is not compared"
                 columns.remove(c)
+    if not columns:  # nothing would be compared but the row count: never a verdict of equal
+        why = "; ".join(f"{name}: {reason}" for name, reason in unchecked.items()) or "it replicates no column"
+        raise SetlError(f"no column of it could be compared with {route.target} ({why}): verify cannot tell "
+                        "whether the tables are equal", stage="verify", **where)
     builder = mariadb if dialect == "mysql" else postgresql
     python = [c.source for c in columns if builder.text_sql(c.kind, c.target_type, "x") is None
               or mariadb.text_sql(c.kind, c.kind, "x") is None]

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from setl.sinks.postgresql_ddl import pg_name as target_name
+from setl.sinks.postgresql_positions import as_text
 from setl.values import SPATIAL_TYPES
 from setl.verify.canonical import BINARIES, INTEGERS, STRINGS
 
@@ -63,18 +64,28 @@ def plain_sql(own: str, column: str) -> str | None:
     return None
 
 
-def row_sql(texts: Sequence[str], counted: Sequence[bool], plain: Sequence[str | None] | None = None) -> str:
-    """`setl.verify.mariadb.row_sql`'s text, in PostgreSQL (`plain` is not used)."""
+def recode(conn: Any) -> bool:
+    """Whether `conn`'s server keeps text in another encoding than UTF-8 (SQL_ASCII, LATIN1, ...):
+    then `row_sql` and `hash_sql` count and hash the texts as UTF-8, what MariaDB's side does
+    (length() counts bytes in an SQL_ASCII database, md5(text) hashes a LATIN1 database's bytes);
+    a UTF8 server's texts are UTF-8 already (the conversion would cost a third of the hashing)."""
+    return bool(conn.info.parameter_status("server_encoding") != "UTF8")
+
+
+def row_sql(texts: Sequence[str], counted: Sequence[bool], plain: Sequence[str | None] | None = None,
+            recoded: bool = False) -> str:
+    """`setl.verify.mariadb.row_sql`'s text, in PostgreSQL (`plain` is not used); `recoded`: see `recode`."""
     if not texts:
         return "''"
     nulls = f"concat({', '.join(f'({t} IS NULL)::int' for t in texts)})"
-    lengths = [f"length({t})" for t, c in zip(texts, counted) if c]
+    lengths = [f"length(convert_to({t}, 'UTF8'), 'UTF8')" if recoded else f"length({t})"
+               for t, c in zip(texts, counted) if c]
     parts = [nulls, *([f"concat_ws(',', {', '.join(lengths)})"] if lengths else []), *texts]
     return f"concat_ws('|', {', '.join(parts)})"
 
 
-def hash_sql(row: str) -> str:
-    return f"md5({row})"
+def hash_sql(row: str, recoded: bool = False) -> str:
+    return f"md5(convert_to({row}, 'UTF8'))" if recoded else f"md5({row})"
 
 
 def summary_sql(hashed: str, table: str, where: str) -> str:
@@ -106,4 +117,4 @@ def columns(conn: Any, schema: str, table: str) -> dict[str, str] | None:
                         "AND table_name = %s ORDER BY ordinal_position",
                         (target_name(schema), target_name(table))).fetchall()
     conn.rollback()
-    return {str(name): str(kind).lower() for name, kind in rows} or None
+    return {as_text(name): as_text(kind).lower() for name, kind in rows} or None

@@ -58,7 +58,8 @@ def target_connect(target: Any, dialect: str) -> dict[str, Any] | None:
         return {**common, "password": target.password or "", "database": target.database, "charset": "utf8mb4",
                 "autocommit": True}
     return {**common, "password": target.password or None, "dbname": target.database, "autocommit": False,
-            "application_name": "setl verify", "options": "-c TimeZone=UTC"}
+            "application_name": "setl verify", "options": "-c TimeZone=UTC",
+            "client_encoding": "UTF8"}
 
 
 def hash_chunks(spec: EndSpec, check: TableCheck, chunks: Sequence[tuple[int, Any, Any]]
