@@ -135,7 +135,7 @@ def test_a_new_empty_postgresql_database_is_refused_then_started_afresh(
     run_source(mariadb_source, source_db, MORE)
 
     checked = setl.run("check", "--pipeline", setl.name)
-    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert checked.returncode == 2, checked.stdout + checked.stderr
     [finding] = [line for line in checked.stdout.splitlines() if line.startswith("error")]
     assert "holds no position" in finding and f"setl position reset --pipeline {setl.name} --start" in finding, finding
     refused = setl.start_until_caught_up(timeout=120)
