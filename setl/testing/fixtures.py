@@ -16,6 +16,8 @@ fails, the log tails of the servers it used are added to its report.
 * ``postgres_db``: a fresh database on ``postgres_server`` (its name), dropped after the test.
 * ``postgres_ascii_db``, ``mysql_latin1_db``: the same in ``SQL_ASCII`` (what ``initdb`` without
   ``-E UTF8`` makes) and with a latin1 default charset: targets that are not UTF-8.
+* ``compressing_mariadb``: a MariaDB of its own per test module that writes compressed binlog
+  events (``log_bin_compress=ON``, from 10 bytes).
 * ``mariadb_factory``: ``mariadb_factory(**kwargs)`` starts an extra `MariaDBServer` (for
   example ``options={"binlog_format": "STATEMENT"}``) that is removed after the test.
 """
@@ -95,14 +97,24 @@ def spark_standalone() -> Iterator[SparkStandalone]:
         server.cleanup()
 
 
-def _mysql_database(server: MariaDBServer, name: str) -> Iterator[str]:
-    server.query(f"CREATE DATABASE `{name}`")
+def _mysql_database(server: MariaDBServer, name: str, options: str = "") -> Iterator[str]:
+    server.query(f"CREATE DATABASE `{name}`{options}")
     try:
         yield name
     finally:
         if server.running:
             with contextlib.suppress(Exception):
                 server.query(f"DROP DATABASE IF EXISTS `{name}`")
+
+
+def _postgres_database(server: PostgresServer, name: str, options: str = "") -> Iterator[str]:
+    server.query(f'CREATE DATABASE "{name}"{options}')
+    try:
+        yield name
+    finally:
+        if server.running:
+            with contextlib.suppress(Exception):
+                server.query(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture
@@ -120,42 +132,34 @@ def source_db(request: pytest.FixtureRequest, mariadb_source: MariaDBServer) -> 
 @pytest.fixture
 def postgres_db(request: pytest.FixtureRequest, postgres_server: PostgresServer) -> Iterator[str]:
     """A fresh database on `postgres_server`; yields its name."""
-    name = _unique_name(request, "t")
-    postgres_server.query(f'CREATE DATABASE "{name}"')
-    try:
-        yield name
-    finally:
-        if postgres_server.running:
-            with contextlib.suppress(Exception):
-                postgres_server.query(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    yield from _postgres_database(postgres_server, _unique_name(request, "t"))
 
 
 @pytest.fixture
 def postgres_ascii_db(request: pytest.FixtureRequest, postgres_server: PostgresServer) -> Iterator[str]:
     """A fresh ``SQL_ASCII`` database on `postgres_server` (psycopg hands its text back as bytes
     unless the client encoding is UTF8); yields its name."""
-    name = _unique_name(request, "a")
-    postgres_server.query(f"CREATE DATABASE \"{name}\" ENCODING 'SQL_ASCII' TEMPLATE template0 LC_COLLATE 'C' "
-                          "LC_CTYPE 'C'")
-    try:
-        yield name
-    finally:
-        if postgres_server.running:
-            with contextlib.suppress(Exception):
-                postgres_server.query(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    yield from _postgres_database(postgres_server, _unique_name(request, "a"),
+                                  " ENCODING 'SQL_ASCII' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'")
 
 
 @pytest.fixture
 def mysql_latin1_db(request: pytest.FixtureRequest, mariadb_target: MariaDBServer) -> Iterator[str]:
     """A fresh database on `mariadb_target` whose default charset is latin1; yields its name."""
-    name = _unique_name(request, "l")
-    mariadb_target.query(f"CREATE DATABASE `{name}` DEFAULT CHARACTER SET latin1")
+    yield from _mysql_database(mariadb_target, _unique_name(request, "l"), " DEFAULT CHARACTER SET latin1")
+
+
+@pytest.fixture(scope="module")
+def compressing_mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDBServer]:
+    """A MariaDB that writes compressed binlog events (``log_bin_compress=ON``), every query and
+    rows event of 10 bytes or more; one per test module."""
+    server = MariaDBServer(tmp_path_factory.mktemp("compressing"),
+                           options={"log_bin_compress": "ON", "log_bin_compress_min_len": 10})
+    server.start()
     try:
-        yield name
+        yield server
     finally:
-        if mariadb_target.running:
-            with contextlib.suppress(Exception):
-                mariadb_target.query(f"DROP DATABASE IF EXISTS `{name}`")
+        server.stop()
 
 
 class ServerFactory:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime
 import decimal
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,18 +15,6 @@ from setl.testing.servers import MariaDBServer
 from tests.e2e.replicate import binlog_head, replicate, table_rule
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def compressing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDBServer]:
-    """A MariaDB at its compression settings as users set them: every event of 10+ bytes compressed."""
-    server = MariaDBServer(tmp_path_factory.mktemp("compressing-e2e"),
-                           options={"log_bin_compress": "ON", "log_bin_compress_min_len": 10})
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _write(server: MariaDBServer, db: str) -> None:
@@ -59,25 +46,26 @@ def _rows(query: Any, table: str) -> list[tuple[Any, ...]]:
 
 
 @pytest.mark.parametrize("target", ["mariadb", "postgresql"])
-def test_a_compressing_source_replicates_every_row_and_ddl(compressing: MariaDBServer, target: str, request: Any,
-                                                           tmp_path: Any) -> None:
+def test_a_compressing_source_replicates_every_row_and_ddl(compressing_mariadb: MariaDBServer, target: str,
+                                                           request: Any, tmp_path: Any) -> None:
     """Every row and the ALTER TABLE written as compressed events reach the target: none is skipped."""
     db = f"shop_{target}"
-    start = binlog_head(compressing)
-    _write(compressing, db)
-    expected = _rows(lambda sql: compressing.query(sql), f"{db}.users")
+    start = binlog_head(compressing_mariadb)
+    _write(compressing_mariadb, db)
+    expected = _rows(lambda sql: compressing_mariadb.query(sql), f"{db}.users")
     assert len(expected) == 2450 - 2450 // 11
     if target == "mariadb":
         server = request.getfixturevalue("mariadb_target")
         target_db = request.getfixturevalue("mysql_db")
         load: Any = MysqlLoad(server.target_config(), pipeline="compressed", position_schema=target_db)
         rules = [table_rule(rf"{db}\.users", f"{target_db}.users")]
-        replicate(compressing, start, rules, load, tmp_path, name="compressed")
+        replicate(compressing_mariadb, start, rules, load, tmp_path, name="compressed")
         got = _rows(lambda sql: server.query(sql), f"`{target_db}`.users")
     else:
         server = request.getfixturevalue("postgres_server")
         target_db = request.getfixturevalue("postgres_db")
         load = PostgresqlLoad(server.target_config(target_db), pipeline="compressed")
-        replicate(compressing, start, [table_rule(rf"{db}\.users", "shop.users")], load, tmp_path, name="compressed")
+        replicate(compressing_mariadb, start, [table_rule(rf"{db}\.users", "shop.users")], load, tmp_path,
+                  name="compressed")
         got = _rows(lambda sql: server.query(sql, dbname=target_db), "shop.users")
     assert got == expected

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Iterator
 from typing import Any
 
 import pymysql
@@ -74,18 +73,6 @@ def _read_all(server: MariaDBServer, start: Any, stop_at: Any, **kwargs: Any) ->
     return got
 
 
-@pytest.fixture(scope="module")
-def compressing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDBServer]:
-    """A MariaDB that compresses every query and rows event of 10 bytes or more."""
-    server = MariaDBServer(tmp_path_factory.mktemp("compressing"),
-                           options={"log_bin_compress": "ON", "log_bin_compress_min_len": 10})
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 def _binlog_text(server: MariaDBServer) -> str:
     """What `mariadb-binlog` shows of the server's binlogs (event type names included)."""
     tool = shutil.which("mariadb-binlog") or shutil.which("mysqlbinlog")
@@ -98,26 +85,26 @@ def _binlog_text(server: MariaDBServer) -> str:
 
 @pytest.mark.parametrize("checksum", ["CRC32", "NONE"])
 @pytest.mark.parametrize("fast_decoder", [True, False], ids=["compiled", "library"])
-def test_compressed_events_read_as_their_plain_forms(compressing: MariaDBServer, fast_decoder: bool,
-                                                      checksum: str) -> None:
+def test_compressed_events_read_as_their_plain_forms(compressing_mariadb: MariaDBServer, fast_decoder: bool,
+                                                   checksum: str) -> None:
     """Rows and DDL written as compressed events give exactly the changes of the same statements
     written uncompressed, by both readers, with and without binlog checksums."""
     db = f"cmp_{'fast' if fast_decoder else 'lib'}_{checksum.lower()}"
-    compressing.query(f"SET GLOBAL binlog_checksum = {checksum}")
-    compressing.query(f"CREATE DATABASE {db}")
-    start = head(compressing)
-    compressing.query("SET GLOBAL log_bin_compress = OFF")
-    execute(compressing, db, *_workload("plain"))
-    compressing.query("SET GLOBAL log_bin_compress = ON")
-    execute(compressing, db, *_workload("packed"))
-    end = head(compressing)
-    got = _read_all(compressing, start, end, fast_decoder=fast_decoder)
+    compressing_mariadb.query(f"SET GLOBAL binlog_checksum = {checksum}")
+    compressing_mariadb.query(f"CREATE DATABASE {db}")
+    start = head(compressing_mariadb)
+    compressing_mariadb.query("SET GLOBAL log_bin_compress = OFF")
+    execute(compressing_mariadb, db, *_workload("plain"))
+    compressing_mariadb.query("SET GLOBAL log_bin_compress = ON")
+    execute(compressing_mariadb, db, *_workload("packed"))
+    end = head(compressing_mariadb)
+    got = _read_all(compressing_mariadb, start, end, fast_decoder=fast_decoder)
     plain, packed = _changes(got, "plain"), _changes(got, "packed")
     assert len(plain) == 1 + 120 + 30 + 17 + 1 + 1 + 42, plain[:3]  # the last UPDATE: ids below 50 not deleted
     assert packed == plain
     assert ("ddl", "ALTER TABLE T ADD COLUMN extra VARCHAR(100) DEFAULT 'a default long enough to compress well'") \
         in packed
-    text = _binlog_text(compressing)
+    text = _binlog_text(compressing_mariadb)
     assert "Write_compressed_rows" in text and "Query_compressed" in text, "the server wrote compressed events"
 
 
@@ -136,13 +123,13 @@ def _file_packets(server: MariaDBServer) -> list[bytes]:
     return packets
 
 
-def test_corrupt_compressed_event_is_a_clean_error(compressing: MariaDBServer) -> None:
+def test_corrupt_compressed_event_is_a_clean_error(compressing_mariadb: MariaDBServer) -> None:
     """A compressed event whose bytes are damaged raises CorruptEvent (never a crash, never a skip)."""
-    compressing.query("SET GLOBAL binlog_checksum = NONE")
-    compressing.query("FLUSH BINARY LOGS")  # a file of events without checksums
-    compressing.query("CREATE DATABASE IF NOT EXISTS cmp_corrupt")
-    execute(compressing, "cmp_corrupt", *_workload("damaged"))
-    packets = [p for p in _file_packets(compressing) if compressed.is_compressed(p)]
+    compressing_mariadb.query("SET GLOBAL binlog_checksum = NONE")
+    compressing_mariadb.query("FLUSH BINARY LOGS")  # a file of events without checksums
+    compressing_mariadb.query("CREATE DATABASE IF NOT EXISTS cmp_corrupt")
+    execute(compressing_mariadb, "cmp_corrupt", *_workload("damaged"))
+    packets = [p for p in _file_packets(compressing_mariadb) if compressed.is_compressed(p)]
     assert len(packets) >= 5
     for packet in packets:
         compressed.inflate(packet, checksum=False)  # the real ones inflate
