@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -123,3 +125,62 @@ def test_sigterm_ends_a_node_whose_target_froze_mid_run_within_its_grace(tmp_pat
     assert result.returncode == 0, result.stderr[-3000:]
     assert target.query("SELECT id, v FROM shop.t ORDER BY id") == mariadb_source.query(
         f"SELECT id, v FROM `{source_db}`.t ORDER BY id")
+
+
+def _zookeeper_conf(tmp_path, silent: SilentListener) -> Any:
+    """A conf dir whose node keeps its meta store in a ZooKeeper that never answers."""
+    conf = tmp_path / "conf"
+    (conf / "pipelines").mkdir(parents=True)
+    (conf / "setl.yaml").write_text(f"meta: {{store: zookeeper}}\nha: {{zookeeper: '{silent.host}:{silent.port}'}}\n")
+    (conf / "pipelines" / "p1.yaml").write_text("source: {type: mysql}\ntarget: {type: mysql}\n"
+                                                "tables: [{source: 'a\\\\.b', target: 'a.b'}]\n")
+    return conf
+
+
+def test_a_zookeeper_that_never_answers_is_an_error_in_time_and_sigterm_stops_the_wait(tmp_path) -> None:
+    """The meta store in a ZooKeeper that accepts and never answers: `setl status` ends with one
+    line within its connect timeout; `setl start` waits for it (retrying) and one SIGTERM ends it."""
+    with SilentListener() as silent:
+        conf = _zookeeper_conf(tmp_path, silent)
+        argv = [sys.executable, "-m", "setl.cli", "--conf", str(conf)]
+        began = time.monotonic()
+        status = subprocess.run([*argv, "status"], capture_output=True, text=True, timeout=120)
+        assert time.monotonic() - began < 60
+        assert status.returncode == 1 and "ZooKeeper" in status.stderr and "Traceback" not in status.stderr, \
+            status.stderr
+        proc = subprocess.Popen([*argv, "start", "--pipeline", "p1"], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        try:
+            wait_until(lambda: len(silent.accepted) >= 2, timeout=60, interval=0.2,
+                       message="start trying the meta store")
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(15)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        assert proc.returncode != 0
+
+
+def test_check_names_a_frozen_postgresql_target_in_time(tmp_path, mariadb_source, source_db, postgres_server,
+                                                        postgres_db) -> None:
+    """A SIGSTOPped PostgreSQL target: `setl check` ends within its connect timeout with one error
+    line naming the target, and the server serves again once thawed."""
+    mariadb_source.query(f"CREATE TABLE `{source_db}`.t (id INT PRIMARY KEY)")
+    setl = SetlProcess(tmp_path, source=mysql_source(mariadb_source),
+                       target={"type": "postgresql", "host": postgres_server.host, "port": postgres_server.port,
+                               "user": postgres_server.user, "database": postgres_db},
+                       tables=[{"source": rf"{source_db}\.t", "target": "shop.t"}])
+    pid = postgres_server.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        result = setl.run("check", "--pipeline", setl.name, timeout=120)
+        assert time.monotonic() - began < 40
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert result.returncode == 1, result.stdout + result.stderr
+    errors = [line for line in result.stdout.splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and "target" in errors[0] and "Error:" not in errors[0], result.stdout
+    assert postgres_server.query("SELECT 1", dbname=postgres_db) == [(1,)]
