@@ -187,6 +187,12 @@ def start_retry(run: _Supervised, exc: BaseException, meta: MetaStore, node_id: 
     return delay
 
 
+def _settings_deferred(name: str, exc: BaseException) -> None:
+    """The source could not be asked at start: its reader judges the settings when it opens (the
+    cause is said once, by the start that fails or retries)."""
+    log.info("pipeline=%s source settings not judged at start (the reader judges them when it opens)", name)
+
+
 def pin_latest_start(config: PipelineConfig, stages: Stages, meta: MetaStore) -> None:
     """`start: latest` is the source's head at the pipeline's first start, resolved once.
 
@@ -413,7 +419,8 @@ class Node:
         for config in self.pipelines:
             ack = self.meta.position(config.name)  # the server's settings first: nothing moves when one is refused
             check_source(config, stages[config.name].select, ack.position if ack else None,
-                         functools.partial(log.warning, "pipeline=%s source setting %s", config.name))
+                         functools.partial(log.warning, "pipeline=%s source setting %s", config.name),
+                         functools.partial(_settings_deferred, config.name))
             tables = describe_tables(config, stages[config.name], always=True)
             if tables is not None:  # a rule matching nothing warns; a filter reading a missing column stops
                 for line in check_rules(config, tables):

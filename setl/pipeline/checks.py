@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from setl.config import PipelineConfig
-from setl.errors import ConfigError, PositionPurged, SourceError
+from setl.errors import ConfigError, PositionPurged, SetlError, SourceError
 from setl.model import Position, TableSchema
 from setl.routing import RoutingPlan
 from setl.stages.extract import FILTER_BUILTINS
@@ -80,11 +80,21 @@ def judge_source(config: PipelineConfig, select: Any, position: Position | None)
     return select.judge_settings(position, (signal.rpartition(".")[0],) if signal else ())
 
 
-def check_source(config: PipelineConfig, select: Any, saved: Position | None, warn: Callable[[str], Any]) -> None:
+def check_source(config: PipelineConfig, select: Any, saved: Position | None, warn: Callable[[str], Any],
+                 unreachable: Callable[[SetlError], Any] | None = None) -> None:
     """What `setl start` asks of the pipeline's source before the first row (`judge_source`):
     `warn` gets one line per setting to look at; raises `SourceError` (`PositionPurged` when the
-    position's binlog is gone) naming every refused setting and its fix in one line."""
-    report = judge_source(config, select, saved)
+    position's binlog is gone) naming every refused setting and its fix in one line. A source
+    that cannot be asked (away, or refusing the credentials) raises its error, or with
+    `unreachable` is handed to it: the reader judges the settings again when it opens, and its
+    start is retried or refused as any start is."""
+    try:
+        report = judge_source(config, select, saved)
+    except SetlError as exc:
+        if unreachable is None:
+            raise
+        unreachable(exc)
+        return
     if report is None:
         return
     for verdict in report.warnings:
