@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from setl.cli import stop_grace
-from tests.e2e.setl_process import SetlProcess, mysql_source, mysql_target
+from tests.e2e.setl_process import SetlProcess, binlog_head, mysql_source, mysql_target
 from tests.helpers.silent import SilentListener
 from tests.helpers.wait import wait_until
 
@@ -91,8 +91,10 @@ def test_sigterm_ends_a_node_whose_target_froze_mid_run_within_its_grace(tmp_pat
     target = mariadb_factory()
     target.query("CREATE DATABASE shop")
     mariadb_source.query(f"CREATE TABLE `{source_db}`.t (id INT PRIMARY KEY, v VARCHAR(20))")
-    setl = SetlProcess(tmp_path, source=mysql_source(mariadb_source), target=mysql_target(target),
-                       tables=[{"source": rf"{source_db}\.t", "target": "shop.t"}],
+    head = binlog_head(mariadb_source)  # its own reader id, from here: not the shared server's history
+    setl = SetlProcess(tmp_path, source=mysql_source(mariadb_source, server_id=1502,
+                                                     start={"file": head.log, "pos": head.offset}),
+                       target=mysql_target(target), tables=[{"source": rf"{source_db}\.t", "target": "shop.t"}],
                        pipeline={"parallelism": 2, "batch": {"max_rows": 100, "max_wait_ms": 50},
                                  "drain_timeout_ms": 2000})
     proc = setl.spawn()

@@ -172,6 +172,22 @@ def test_rolled_back_transaction_with_a_myisam_write_hands_on_no_innodb_row(mari
     assert changes_of(got, source_db) == [("m", "insert", 1), ("t", "insert", 3)]
 
 
+def test_a_rollback_to_savepoint_of_a_skipped_table_since_dropped_does_not_stop_the_reader(mariadb_source, source_db,
+                                                                                           sources):
+    """A ROLLBACK TO SAVEPOINT (logged: the transaction wrote MyISAM) of rows of an InnoDB table the
+    rules skip and which was dropped since: the reader need not know that table's engine, and goes on."""
+    execute(mariadb_source, source_db, "CREATE TABLE t (id INT PRIMARY KEY)", "CREATE TABLE gone (id INT PRIMARY KEY)",
+            "CREATE TABLE m (id INT) ENGINE=MyISAM")
+    start = head(mariadb_source)
+    execute(mariadb_source, source_db, "BEGIN", "INSERT INTO m VALUES (1)", "SAVEPOINT sp",
+            "INSERT INTO gone VALUES (1)", "ROLLBACK TO sp", "COMMIT", "DROP TABLE gone", "INSERT INTO t VALUES (2)")
+    src = sources(mariadb_source, start, selects=lambda schema, table: table != "gone")
+    # MyISAM's row, the savepoint group (the skipped table's rows go on to be dropped by the rules),
+    # the DROP, the insert
+    got = read_until_complete(src, source_db, 4)
+    assert [c for c in changes_of(got, source_db) if c[0] != "gone"] == [("m", "insert", 1), ("t", "insert", 2)]
+
+
 @pytest.mark.parametrize("fmt", ["STATEMENT", "MIXED"])
 def test_statement_logged_dml_on_a_selected_table_stops_naming_table_and_position(mariadb_source, source_db,
                                                                                   sources, fmt):

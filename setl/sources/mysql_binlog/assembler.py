@@ -344,6 +344,8 @@ class _Assembler:
     def _is_transactional(self, info: _TableInfo) -> bool:
         if self.transactional is None:
             return True
+        if self.selects is not None and not self.selects(info.schema, info.table):
+            return False  # a table the rules skip: its rows go nowhere, undone or not (it may be gone)
         return self.transactional(info.schema, info.table)
 
     def _savepoint(self, statement: str, offset: int) -> None:
