@@ -73,13 +73,17 @@ def _read_all(server: MariaDBServer, start: Any, stop_at: Any, **kwargs: Any) ->
     return got
 
 
-def _binlog_text(server: MariaDBServer) -> str:
-    """What `mariadb-binlog` shows of the server's binlogs (event type names included)."""
+def _binlog_text(server: MariaDBServer, start: Position | None = None) -> str:
+    """What `mariadb-binlog` shows of the server's binlogs (event type names included), from `start`
+    (a position of its first file to read) or from the first one."""
     tool = shutil.which("mariadb-binlog") or shutil.which("mysqlbinlog")
     assert tool is not None, "mariadb-binlog is installed with mariadb-client"
     names = [row[0] for row in server.query("SHOW BINARY LOGS")]
+    if start is not None:
+        names = names[names.index(start.log):]
+    where = [f"--start-position={start.offset}"] if start is not None else []
     out = subprocess.run([tool, "--read-from-remote-server", f"--host={server.host}", f"--port={server.port}",
-                          "--user=root", *names], capture_output=True, text=True, timeout=60)
+                          "--user=root", *where, *names], capture_output=True, text=True, timeout=60)
     return out.stdout
 
 
@@ -104,7 +108,7 @@ def test_compressed_events_read_as_their_plain_forms(compressing_mariadb: MariaD
     assert packed == plain
     assert ("ddl", "ALTER TABLE T ADD COLUMN extra VARCHAR(100) DEFAULT 'a default long enough to compress well'") \
         in packed
-    text = _binlog_text(compressing_mariadb)
+    text = _binlog_text(compressing_mariadb, start)
     assert "Write_compressed_rows" in text and "Query_compressed" in text, "the server wrote compressed events"
 
 
@@ -211,7 +215,7 @@ def test_statement_logged_load_data_stops_for_a_selected_table(mariadb_source: M
             cur.execute(f"LOAD DATA LOCAL INFILE '{data}' INTO TABLE t (id, name)")
     finally:
         conn.close()
-    text = _binlog_text(mariadb_source)
+    text = _binlog_text(mariadb_source, start)
     assert "Execute_load_query" in text, "the server logged the LOAD DATA as a statement"
     src = make_source(mariadb_source, "earliest", fast_decoder=fast_decoder,
                       selects=lambda schema, table: table != "skipped")
