@@ -57,17 +57,21 @@ def mysql_connection(*, connect_timeout: float, cls: Any = None, **kwargs: Any) 
     timer.daemon = True
     timer.name = f"setl-handshake-{host}:{port}"
     timer.start()
+    failed: BaseException | None = None
     try:
         conn.connect(sock)
     except (pymysql.MySQLError, OSError) as exc:
-        if guard.finish():
-            raise pymysql.err.OperationalError(
-                _SERVER_LOST, f"MySQL server {host}:{port} accepted the connection but did not finish the "
-                              f"handshake within {connect_timeout:g}s (a frozen server, or not a MySQL port)") from exc
-        raise
+        failed = exc
     finally:
         timer.cancel()
-        guard.finish()
+    if guard.finish():  # cut: also when the handshake ended just as the time ran out
+        if failed is None:
+            conn.close()
+        raise pymysql.err.OperationalError(
+            _SERVER_LOST, f"MySQL server {host}:{port} accepted the connection but did not finish the "
+                          f"handshake within {connect_timeout:g}s (a frozen server, or not a MySQL port)") from failed
+    if failed is not None:
+        raise failed
     return conn
 
 
