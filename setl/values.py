@@ -198,3 +198,9 @@ FROM_TEXT: dict[str, Callable[[Any], Any]] = {
     "uuid": uuid_from_text, "inet6": inet6_from_text, "inet4": inet4_from_text, "float": single,
     **{kind: geometry for kind in SPATIAL_TYPES},
 }
+
+
+def as_text(value: Any) -> str:
+    """A text value as str: psycopg hands text back as bytes when the connection's client encoding is
+    SQL_ASCII (setl's connections ask for UTF8, whose bytes setl writes in any server encoding)."""
+    return bytes(value).decode("utf-8") if isinstance(value, (bytes, bytearray, memoryview)) else str(value)

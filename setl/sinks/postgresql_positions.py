@@ -13,12 +13,7 @@ from psycopg import sql
 from setl.errors import LoadError
 from setl.model import Batch, Position
 from setl.sinks.sql_positions import FenceBusy, PositionStore
-
-
-def as_text(value: Any) -> str:
-    """A text value as str: psycopg hands text back as bytes when the connection's client encoding is
-    SQL_ASCII (setl's connections ask for UTF8, whose bytes setl writes in any server encoding)."""
-    return bytes(value).decode("utf-8") if isinstance(value, (bytes, bytearray, memoryview)) else str(value)
+from setl.values import as_text
 
 
 class PostgresPositionStore(PositionStore[psycopg.Connection]):

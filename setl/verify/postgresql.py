@@ -13,8 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from setl.sinks.postgresql_ddl import pg_name as target_name
-from setl.sinks.postgresql_positions import as_text
-from setl.values import SPATIAL_TYPES
+from setl.values import SPATIAL_TYPES, as_text
 from setl.verify.canonical import BINARIES, INTEGERS, STRINGS
 
 dialect = "postgresql"
