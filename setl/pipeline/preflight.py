@@ -15,7 +15,7 @@ warnings errors too). Refused server settings do not stop the checks after them 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import attrs
@@ -103,13 +103,13 @@ def check_pipeline(node: NodeSettings, load: Callable[[], PipelineConfig], name:
     for line in warnings:
         yield found("warning", "rules", line)
     yield found("ok", "rules", f"{len(tables)} source table(s) selected")
-    yield from _target(node, config, routing, select, tables, found)
+    answered = yield from _target(node, config, routing, select, tables, found)
     try:
         stages = build_stages(node, config, None)
     except SetlError as exc:
         yield found("error", "transforms", str(exc), exc.exit_code)
         return
-    if meta is not None:
+    if meta is not None and answered:
         yield from _resume(node, config, stages, tables, meta, found)
     try:
         analysed = analyse_steps(config, stages, tables)
@@ -121,18 +121,20 @@ def check_pipeline(node: NodeSettings, load: Callable[[], PipelineConfig], name:
 
 
 def _target(node: NodeSettings, config: PipelineConfig, routing: Any, select: Any, tables: Any,
-            found: Callable[..., Finding]) -> Iterator[Finding]:
+            found: Callable[..., Finding]) -> Generator[Finding, None, bool]:
+    """The target's findings; returns whether it answered (a target that did not is not asked again,
+    which would wait out its connect timeout a second time)."""
     try:
         target = build_schema(config, node)
     except SetlError as exc:
         yield found("error", "target", str(exc), exc.exit_code)
-        return
+        return False
     if target is None:
         if creates_tables(config, node):
             yield found("ok", "target", f"target type {config.target.type} makes its tables from the rows")
         else:
             yield found("warning", "target", NO_TABLES.format(type=config.target.type))
-        return
+        return True
     try:
         target.open()  # reached, and answering, whether or not a table is planned
         creator = table_creator(config, routing, select, build_transform(node, config, routing), target)
@@ -150,8 +152,10 @@ def _target(node: NodeSettings, config: PipelineConfig, routing: Any, select: An
         yield found("error", "target", str(exc), exc.exit_code)
     except Exception as exc:  # noqa: BLE001 - a driver's error: the target cannot be reached, or refused a read
         yield found("error", "target", f"cannot reach or read the {config.target.type} target: {_driver_error(exc)}")
+        return False
     finally:
         target.close()
+    return True
 
 
 def _driver_error(exc: BaseException) -> str:
