@@ -146,8 +146,11 @@ class SqliteLoad(Load):
                         raise RefusedLoadError(partial_image_refusal("a partial update", name, "the SQLite target "
                                                                      "does not apply partial row images"), table=name)
                     table_name = flat_name(table.schema, table.table)
+                    # A table first seen through deletes alone (its insert merged away in this
+                    # batch) is created from the deletes' images: they name its key at least.
                     self._ensure_table(table_name, table.primary_key,
-                                       [*table.upserts, *(c.after for c in table.sequence if c.after)])
+                                       [*table.upserts, *(c.after for c in table.sequence if c.after)]
+                                       or [*table.deletes, *(c.before for c in table.sequence if c.before)])
                     self._apply(table_name, table)
                 if record:
                     self.db.execute(

@@ -53,6 +53,18 @@ def test_table_without_key_applies_changes_in_order(tmp_path):
     assert rows(tmp_path / "t.db", "demo.n") == [(1,)]
 
 
+def test_a_table_first_seen_through_a_delete_is_created_and_stays_empty(tmp_path):
+    """A batch whose changes to a new table merge to one delete (insert, update, delete) leaves it empty, and
+    the next batch's rows land in it."""
+    sink = SqliteLoad(tmp_path / "t.db", pipeline="p")
+    sink.load(batch(1, insert("t", {"id": 0, "v": "a"}), update("t", {"id": 0, "v": "a"}, {"id": 0, "v": "a"}),
+                    delete("t", {"id": 0, "v": "a"})))
+    assert rows(tmp_path / "t.db") == []
+    assert sink.committed() == Position("f", 1)
+    sink.load(batch(2, insert("t", {"id": 1, "v": "b"})))
+    assert rows(tmp_path / "t.db") == [(1, "b")]
+
+
 class SqliteProbe(TargetProbe):
     """A fresh SQLite file, through the sqlite connector."""
 
