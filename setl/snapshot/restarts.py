@@ -49,7 +49,7 @@ class CopyRestarts:
         dropped), unless the DDL removed it (DROP, RENAME): then its copy ends. A table a RENAME
         gives one of their names, if the rules select it, is copied (the target's renamed table
         holds only part of the rows)."""
-        parsed = ddl.parse(change.statement)
+        parsed = change.ddl
         names = [TableName(ref.schema or change.schema, ref.table) for ref in parsed.tables] or [
             TableName(change.schema, str(change.table))]
         moving = [n for n in names if n in self.book.gone
