@@ -249,7 +249,9 @@ def _alter_element(clause: list[Token]) -> Element:
         t.word("COLUMN")
         t.words("IF", "NOT", "EXISTS")
         token = t.peek()
-        if token is not None and not (token.kind != "ident" and token.upper in ELEMENT_KEYWORDS | {"PARTITION"}):
+        versioning = t.sees("SYSTEM") and t.sees("VERSIONING", 1)  # MariaDB's ADD SYSTEM VERSIONING
+        if token is not None and not versioning and not (
+                token.kind != "ident" and token.upper in ELEMENT_KEYWORDS | {"PARTITION"}):
             parts = split(t.group()) if token.text == "(" else [t.rest()]
             columns = [column_definition(part) for part in parts]
     elif verb in ("MODIFY", "CHANGE"):
