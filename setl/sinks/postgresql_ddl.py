@@ -1,4 +1,6 @@
-"""MySQL table DDL translated for PostgreSQL, for `PostgresqlLoad` under ``pipeline.ddl: apply``.
+"""MySQL table DDL translated for PostgreSQL, for `PostgresqlLoad` under ``pipeline.ddl: apply``: the
+PostgreSQL rendering of setl's one DDL model (`setl.ddl.Statement`, parsed once at the source; its
+column definitions are `setl.ddl.ColumnDef`), never a parse of the statement's text.
 
 Translated: CREATE TABLE (columns with the type mapping below, NULL/NOT NULL, simple DEFAULTs,
 PRIMARY KEY and UNIQUE), CREATE TABLE ... LIKE, ALTER TABLE ADD/DROP/MODIFY/CHANGE/ALTER/RENAME
