@@ -85,7 +85,8 @@ class Statement:
     list (table options, PARTITION BY, AS SELECT); `like` is set for ``CREATE TABLE ... LIKE``.
     `head` holds the upper-cased words before the statement's table (CREATE, OR, REPLACE, TABLE,
     IF, NOT, EXISTS, ...). `unparsed` says why the elements could not be read (unbalanced
-    parentheses, a statement cut short): a target that renders the model refuses it.
+    parentheses, a statement cut short): a target that renders the model refuses it. `renames`
+    holds the places in `tables` of the new names an ALTER TABLE ... RENAME [TO|AS] gives.
     """
 
     kind: str
@@ -97,6 +98,7 @@ class Statement:
     like: bool = False
     head: tuple[str, ...] = ()
     unparsed: str | None = None
+    renames: tuple[int, ...] = ()
 
     @property
     def text(self) -> str:

@@ -142,7 +142,8 @@ def parse_tokens(tokens: tuple[Token, ...]) -> Statement:
     if kind in SEQUENCE_KINDS:
         return Statement(kind, tokens, tuple(tables), head=head)
     structure = r.at
-    columns = _scan_rest(r, tables, in_create=kind == "create_table")
+    renames: list[int] = []
+    columns = _scan_rest(r, tables, renames, in_create=kind == "create_table")
     r.at = structure
     elements: tuple[Element, ...] = ()
     options: tuple[Token, ...] = ()
@@ -154,11 +155,13 @@ def parse_tokens(tokens: tuple[Token, ...]) -> Statement:
             elements = tuple(_alter_element(clause) for clause in split(r.rest()))
     except ValueError as exc:  # unbalanced parentheses, a statement cut short
         unparsed = str(exc)
-    return Statement(kind, tokens, tuple(tables), tuple(columns), elements, options, like, head, unparsed)
+    return Statement(kind, tokens, tuple(tables), tuple(columns), elements, options, like, head, unparsed,
+                     tuple(renames))
 
 
-def _scan_rest(r: Reader, tables: list[TableRef], in_create: bool) -> list[int]:
-    """After the statement's table: more table names (LIKE, REFERENCES, RENAME TO) and columns."""
+def _scan_rest(r: Reader, tables: list[TableRef], renames: list[int], in_create: bool) -> list[int]:
+    """After the statement's table: more table names (LIKE, REFERENCES, RENAME TO: its place in
+    `tables` noted in `renames`) and columns."""
     columns: list[int] = []
     depth = 0
     expect_column = 0  # how many column names the current ALTER clause still names
@@ -193,6 +196,7 @@ def _scan_rest(r: Reader, tables: list[TableRef], in_create: bool) -> list[int]:
                     r.word("TO", "AS")
                     ref = _table(r)
                     if ref is not None:
+                        renames.append(len(tables))
                         tables.append(ref)
                 continue
             if token.upper in _COLUMN_CLAUSES:

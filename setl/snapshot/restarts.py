@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import re
 import time
 from collections.abc import Callable
 
@@ -134,9 +133,6 @@ class CopyRestarts:
                         self.pipeline, name, at)
 
 
-_RENAME_TABLE = re.compile(r"\bRENAME\s+(?!(?:COLUMN|INDEX|KEY)\b)", re.IGNORECASE)
-
-
 def removed_and_renamed(parsed: ddl.Statement, names: list[TableName]
                         ) -> tuple[list[TableName], list[tuple[TableName, TableName]]]:
     """The tables a DDL removes (DROP, RENAME), and its renames as (old, new): `names` are the
@@ -145,8 +141,8 @@ def removed_and_renamed(parsed: ddl.Statement, names: list[TableName]
     if parsed.kind == "rename_table":
         pairs = list(zip(names[0::2], names[1::2]))
         return [old for old, _ in pairs], pairs
-    if parsed.kind == "alter_table" and len(names) > 1 and _RENAME_TABLE.search(parsed.text):
-        return names[:1], [(names[0], new) for new in names[1:]]
+    if parsed.kind == "alter_table" and parsed.renames:  # RENAME TO u[, RENAME TO v]: the last name stays
+        return names[:1], [(names[0], names[parsed.renames[-1]])]
     if parsed.kind == "drop_table":
         return list(names), []
     return [], []
