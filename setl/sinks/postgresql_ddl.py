@@ -440,6 +440,7 @@ class Translator:
         actions: list[str] = []
         later: list[str] = []  # renames, in order: PostgreSQL runs them as statements of their own
         current = ref
+        new_names = iter([statement.tables[place] for place in statement.renames])  # RENAME [TO|AS] name
         for element in statement.elements:
             t = Reader(element.tokens)
             verb = t.next().upper
@@ -512,8 +513,9 @@ class Translator:
                 elif t.word("INDEX", "KEY"):
                     continue
                 else:
-                    t.word("TO", "AS")
-                    target_ref = _table_ref(t)
+                    target_ref = next(new_names, None)
+                    if target_ref is None:
+                        raise UnsupportedDdl("ALTER TABLE ... RENAME without a new table name")
                     later.extend(self._rename(current, target_ref))
                     current = target_ref
             elif verb in ("ENGINE", "ROW_FORMAT", "CHARSET", "CHARACTER", "COLLATE", "COMMENT",
@@ -597,14 +599,6 @@ def without_sequence_ddl(batch: Batch, pipeline: str, *, keep_sequences: bool = 
                 change, changed = change.with_ddl(model), True
         kept.append(change)
     return batch.replace(tuple(kept)) if changed else batch
-
-
-def _table_ref(t: Reader) -> TableRef:
-    first = t.next()
-    if t.sees("."):
-        t.next()
-        return TableRef(0, 0, first.name, t.next().name)
-    return TableRef(0, 0, None, first.name)
 
 
 __all__ = ["Translator", "UnsupportedDdl", "is_sequence_ddl", "pg_type", "without_sequence_ddl"]
