@@ -95,6 +95,21 @@ def test_every_corpus_statement_renders_for_postgresql_or_is_refused_by_name():
     assert all(is_sequence_ddl(parse(s)) for s, why in refused.items() if "sequence statements" in why)
 
 
+def test_statements_cut_short_are_modelled_and_refused_cleanly():
+    """Each corpus statement cut short or missing a character is modelled exactly and rendered or refused cleanly."""
+    for statement in corpus():
+        for text in {statement[:i] for i in range(0, len(statement), 11)} | {
+                statement[:i] + statement[i + 1:] for i in range(0, len(statement), 13)}:
+            model = parse(text)
+            assert model.text == text
+            rewrite(model, "src", lambda schema, table: ("dst", table), {"id": "ident"}, lambda column: column != "v")
+            try:
+                rendered = Translator("app").translate(model)
+            except UnsupportedDdl:
+                continue
+            assert all(isinstance(s, str) for s in rendered)
+
+
 #: MariaDB-only forms: (statement, the model's (name, invisible, period) per column definition,
 #: the PostgreSQL rendering (None: a sequence's DDL, which PostgreSQL targets skip))
 _MARIADB_ONLY_EXPECTED = {

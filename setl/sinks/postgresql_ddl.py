@@ -367,8 +367,17 @@ class Translator:
 
     def translate(self, statement: Statement) -> list[str]:
         """The PostgreSQL statements that do what `statement` does (empty: nothing to do); see
-        `needs_empty` for what holds only on an empty table."""
+        `needs_empty` for what holds only on an empty table. Raises `UnsupportedDdl` for what it
+        cannot render, a statement cut short included."""
         self.needs_empty = []
+        try:
+            return self._translate(statement)
+        except UnsupportedDdl:
+            raise
+        except ValueError as exc:  # a clause cut short (Reader: the statement ends too early)
+            raise UnsupportedDdl(str(exc)) from exc
+
+    def _translate(self, statement: Statement) -> list[str]:
         refs = statement.tables
         kind = statement.kind
         if statement.unparsed is not None:
@@ -398,6 +407,8 @@ class Translator:
         elif "EXISTS" in words:
             head.append("IF NOT EXISTS")
         if statement.like:
+            if len(refs) < 2:
+                raise UnsupportedDdl("CREATE TABLE ... LIKE names no table")
             return out + [f"{' '.join(head)} {name} (LIKE {self.table(refs[1])} INCLUDING ALL)"]
         elements = []
         for element in statement.elements:
