@@ -9,8 +9,8 @@ from collections.abc import Callable, Mapping, Sequence
 import attrs
 
 from setl.ddl.model import Statement, TableRef
-from setl.ddl.parser import parse_tokens
-from setl.ddl.tokens import Token, quote, tokenize
+from setl.ddl.parser import expression, parse_tokens
+from setl.ddl.tokens import Reader, Token, quote, tokenize
 
 TableMap = Callable[[str, str], "tuple[str, str] | None"]
 
@@ -211,26 +211,17 @@ def without_sequence_defaults(statement: Statement) -> Statement:
 
 
 def _default_end(tokens: Sequence[Token], sig: list[int], n: int) -> int:
-    """The index in `sig` just past the DEFAULT expression starting at sig[n]: a parenthesised group,
-    a function call, NEXT/PREVIOUS VALUE FOR name, or one token."""
-    if n >= len(sig):
+    """The index in `sig` just past the DEFAULT expression starting at sig[n], as the parser reads
+    one (`setl.ddl.parser.expression`): the whole rest for an expression cut short."""
+    reader = Reader(tokens)
+    reader.at = n
+    if reader.done():
         return n
-    first = tokens[sig[n]]
-    if first.upper in ("NEXT", "PREVIOUS"):  # NEXT VALUE FOR [schema.]name
-        end = n + 4
-        if end + 1 < len(sig) and tokens[sig[end]].text == ".":
-            end += 2
-        return min(end, len(sig))
-    if first.text != "(" and not (n + 1 < len(sig) and tokens[sig[n + 1]].text == "("):
-        return n + 1
-    k = n if first.text == "(" else n + 1
-    depth = 0
-    while k < len(sig):
-        depth += {"(": 1, ")": -1}.get(tokens[sig[k]].text, 0)
-        k += 1
-        if depth == 0:
-            break
-    return k
+    try:
+        expression(reader)
+    except ValueError:
+        return len(sig)
+    return reader.at
 
 
 __all__ = ["TableMap", "rewrite", "with_table", "without_sequence_defaults"]
