@@ -8,6 +8,9 @@ from typing import Any
 
 import attrs
 
+from setl.ddl import Statement as DdlStatement
+from setl.ddl import parse as parse_ddl
+
 
 @attrs.frozen(order=True)
 class Position:
@@ -228,11 +231,26 @@ class DdlChange:
     copy_end: bool = attrs.field(default=False, kw_only=True)
     sql_mode: str | None = attrs.field(default=None, kw_only=True, eq=False, repr=False)
     source: TableName | None = attrs.field(default=None, kw_only=True, eq=False, repr=False)
+    #: the statement's one model (`setl.ddl.Statement`), parsed where the change is made (the
+    #: source) and read by every later stage; its text is `statement` (checked), so a change made
+    #: with another statement must bring that statement's model: `with_ddl`
+    ddl: DdlStatement = attrs.field(
+        default=attrs.Factory(lambda self: parse_ddl(self.statement), takes_self=True), kw_only=True, eq=False,
+        repr=False)
+
+    @ddl.validator
+    def _same_statement(self, _: Any, value: DdlStatement) -> None:
+        if value.text != self.statement:
+            raise ValueError(f"a DDL change's model is of another statement: {value.text!r}, not {self.statement!r}")
 
     @property
     def qualified_table(self) -> str:
         """``schema.table``, or the schema alone for a schema-level statement."""
         return f"{self.schema}.{self.table}" if self.table else self.schema
+
+    def with_ddl(self, model: DdlStatement, **changes: Any) -> "DdlChange":
+        """This change with `model` as its statement (the routing's rewrite of it), and `changes`."""
+        return attrs.evolve(self, statement=model.text, ddl=model, **changes)
 
     @classmethod
     def end_of_copy(cls, table: TableName, position: Position | None) -> "DdlChange":

@@ -9,7 +9,6 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from setl.ddl import parse
 from setl.errors import ConfigError, LoadError, RefusedLoadError, SetlError, TransientLoadError
 from setl.model import Batch, DdlChange, RowChange, TableName, TableSchema
 from setl.schema.plan import SchemaPlanner, TargetTable
@@ -171,11 +170,7 @@ class CreateTablesLoad(LoadWrapper):
 
 def _tables_named(change: DdlChange) -> set[tuple[str, str]]:
     """The (schema, table) pairs a replicated DDL statement names (it creates, renames or alters them)."""
-    try:
-        statement = parse(change.statement)
-    except Exception:  # noqa: BLE001 - not parsed: the DDL applies as it can; name only its own table
-        return {(change.schema, change.table)} if change.table else set()
-    found = {(ref.schema or change.schema, ref.table) for ref in statement.tables}
+    found = {(ref.schema or change.schema, ref.table) for ref in change.ddl.tables}
     if change.table:
         found.add((change.schema, change.table))
     return found

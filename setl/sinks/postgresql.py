@@ -34,7 +34,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from setl.config import SslConfig
-from setl.ddl import parse
+from setl.ddl import with_table
 from setl.errors import LoadError, RefusedLoadError, TransientLoadError
 from setl.model import Batch
 from setl.sinks import postgresql_spatial as spatial
@@ -516,16 +516,14 @@ class PostgresqlLoad(SqlLoad[psycopg.Connection]):
     def _same_shape(self, conn: psycopg.Connection, step: DdlStep, name: str) -> bool:
         """Whether table `name` has the columns (names, types, NOT NULL, primary key) the CREATE
         TABLE gives, checked against a scratch temporary table inside a savepoint."""
-        tokens, ref = step.statement.tokens, step.statement.tables[0]
-        scratch = ("".join(t.text for t in tokens[:ref.start]) + "`pg_temp`.`setl_shape_check`"
-                   + "".join(t.text for t in tokens[ref.end:]))
+        scratch = with_table(step.statement, "pg_temp", "setl_shape_check")
         shape = ("SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, i.indrelid IS NOT NULL"
                  " FROM pg_attribute a LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary"
                  " AND a.attnum = ANY(i.indkey)"
                  " WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum")
         conn.execute("SAVEPOINT setl_shape_check")
         try:
-            for statement in Translator(step.change.schema, spatial=self._spatial).translate(parse(scratch)):
+            for statement in Translator(step.change.schema, spatial=self._spatial).translate(scratch):
                 conn.execute(statement)
             return (conn.execute(shape, (name,)).fetchall()
                     == conn.execute(shape, ("pg_temp.setl_shape_check",)).fetchall())

@@ -1,4 +1,6 @@
-"""MySQL table DDL translated for PostgreSQL, for `PostgresqlLoad` under ``pipeline.ddl: apply``.
+"""MySQL table DDL translated for PostgreSQL, for `PostgresqlLoad` under ``pipeline.ddl: apply``: the
+PostgreSQL rendering of setl's one DDL model (`setl.ddl.Statement`, parsed once at the source; its
+column definitions are `setl.ddl.ColumnDef`), never a parse of the statement's text.
 
 Translated: CREATE TABLE (columns with the type mapping below, NULL/NOT NULL, simple DEFAULTs,
 PRIMARY KEY and UNIQUE), CREATE TABLE ... LIKE, ALTER TABLE ADD/DROP/MODIFY/CHANGE/ALTER/RENAME
@@ -65,7 +67,18 @@ from collections.abc import Sequence
 
 import attrs
 
-from setl.ddl import Reader, Statement, TableRef, Token, parse, without_sequence_defaults
+from setl.ddl import (
+    ELEMENT_KEYWORDS,
+    ColumnDef,
+    Reader,
+    Statement,
+    TableRef,
+    Token,
+    column_definition,
+    expression,
+    split,
+    without_sequence_defaults,
+)
 from setl.model import Batch, Change, DdlChange
 
 log = logging.getLogger(__name__)
@@ -173,19 +186,6 @@ def pg_type(base: str, args: Sequence[str], unsigned: bool, spatial: str = "wkb"
     raise UnsupportedDdl(f"MySQL type {base} has no PostgreSQL mapping")
 
 
-def split(tokens: Sequence[Token]) -> list[list[Token]]:
-    """`tokens` cut at commas outside parentheses."""
-    parts: list[list[Token]] = [[]]
-    depth = 0
-    for token in tokens:
-        if token.text == "," and depth == 0:
-            parts.append([])
-            continue
-        depth += {"(": 1, ")": -1}.get(token.text, 0)
-        parts[-1].append(token)
-    return [p for p in parts if p]
-
-
 def _names(tokens: Sequence[Token]) -> str:
     """A key's column list (prefix lengths and ASC/DESC dropped)."""
     return ", ".join(ident(part[0].name) for part in split(tokens))
@@ -194,15 +194,15 @@ def _names(tokens: Sequence[Token]) -> str:
 _INTEGER_KINDS = ("smallint", "integer", "bigint", "numeric(20,0)")
 
 
-def _default(t: Reader, kind: str = "") -> tuple[str | None, str | None]:
-    """A DEFAULT's value in PostgreSQL for a column of PostgreSQL type `kind`, or None to leave the
-    default out; and the MySQL text of a default that is left out (None when nothing is lost)."""
-    start = t.at
-    value = _default_value(t, kind)
-    lost = None
-    if value is None:
-        lost = "".join(token.text for token in t.tokens[t.sig[start]:t.sig[t.at - 1] + 1])
-    return value, lost
+def _default(tokens: Sequence[Token], kind: str = "") -> tuple[str | None, str | None]:
+    """A DEFAULT's value (its tokens: `setl.ddl.expression`) in PostgreSQL for a column of
+    PostgreSQL type `kind`, or None to leave the default out; and the MySQL text of a default that
+    is left out (None when nothing is lost)."""
+    t = Reader(tokens)
+    value = _default_value(t, kind) if tokens else None
+    if value is not None and t.done():
+        return value, None
+    return None, "".join(token.text for token in tokens)
 
 
 def _default_value(t: Reader, kind: str) -> str | None:
@@ -300,98 +300,29 @@ def _implicit(base: str, args: Sequence[Token]) -> str | None:
 
 
 def column(tokens: Sequence[Token], spatial: str = "wkb") -> Column:
-    """A MySQL column definition, translated (spatial types by the `spatial` form: `pg_type`)."""
-    t = Reader(tokens)
-    name = t.next().name
-    base = t.next().upper
-    if base == "NATIONAL":  # NATIONAL CHAR(n), NATIONAL VARCHAR(n): utf8 character types
-        base = {"CHAR": "NCHAR", "CHARACTER": "NCHAR", "VARCHAR": "NVARCHAR"}.get(t.next().upper, "")
-    if base == "NCHAR" and t.word("VARYING"):
-        base = "NVARCHAR"
-    if base == "DOUBLE":
-        t.word("PRECISION")
-    if base in ("CHARACTER", "CHAR") and t.word("VARYING"):
-        base = "VARCHAR"
-    raw: list[Token] = []
-    if t.sees("("):
-        raw = [part[0] for part in split(t.group())]
-    implicit = _implicit(base, raw)
-    args = [] if base in ("ENUM", "SET") else [token.text for token in raw]
-    unsigned = False
-    while (token := t.peek()) is not None and token.upper in ("UNSIGNED", "SIGNED", "ZEROFILL"):
-        unsigned = unsigned or token.upper != "SIGNED"
-        t.next()
-    kind = pg_type(base, args, unsigned, spatial)
-    not_null, default, extra = False, None, ""
-    binary, charset, lost, generated, period = False, "", None, False, False
-    while not t.done():
-        if t.word("NOT"):
-            if not t.word("NULL"):
-                raise UnsupportedDdl(f"column {name}: NOT without NULL")
-            not_null = True
-        elif t.word("NULL", "AUTO_INCREMENT", "INVISIBLE", "VISIBLE", "FIRST", "SIGNED", "UNSIGNED"):
-            pass
-        elif t.word("DEFAULT"):
-            default, lost = _default(t, kind)
-        elif t.word("PRIMARY"):
-            t.word("KEY")
-            extra += " PRIMARY KEY"
-        elif t.word("KEY"):
-            extra += " PRIMARY KEY"
-        elif t.word("UNIQUE"):
-            t.word("KEY")
-            extra += " UNIQUE"
-        elif t.word("BINARY"):
-            binary = True  # CHAR(n) BINARY: the charset's binary collation
-        elif t.word("ASCII", "UNICODE", "BYTE"):
-            pass
-        elif t.word("COLLATE"):
-            collation = t.next().name.lower()
-            binary = binary or collation.endswith("_bin") or collation == "binary"
-        elif t.word("CHARSET"):
-            charset = t.next().name.lower()
-        elif t.word("CHARACTER"):
-            t.word("SET")
-            charset = t.next().name.lower()
-        elif t.word("COMMENT", "AFTER"):
-            t.next()
-        elif t.word("REF_SYSTEM_ID"):  # MariaDB's SRID of a spatial column: each value carries it
-            if t.sees("="):
-                t.next()
-            t.next()
-        elif t.word("SRID"):  # MySQL's
-            t.next()
-        elif t.word("ON"):
-            t.word("UPDATE")
-            _default(t)
-        elif t.word("GENERATED"):  # GENERATED ALWAYS AS (expr): a plain column holding the source's values
-            t.word("ALWAYS")
-            generated = True
-        elif t.words("AS", "ROW"):  # AS ROW START/END: a system-versioning period column
-            t.word("START", "END")
-            period = True
-        elif t.word("AS"):
-            t.group()
-            generated = True
-        elif t.words("WITH", "SYSTEM", "VERSIONING") or t.words("WITHOUT", "SYSTEM", "VERSIONING"):
-            pass
-        elif t.word("VIRTUAL", "STORED", "PERSISTENT"):
-            pass
-        elif t.word("CHECK"):
-            t.group()
-        elif t.word("REFERENCES"):
-            t.at = len(t.sig)
-        else:
-            raise UnsupportedDdl(f"column {name}: {t.next().text} is not translated")
+    """A MySQL column definition (its significant tokens), translated (`render_column`)."""
+    return render_column(column_definition(tokens), spatial)
+
+
+def render_column(definition: ColumnDef, spatial: str = "wkb") -> Column:
+    """A column definition of the model, translated (spatial types by the `spatial` form: `pg_type`)."""
+    name, base = definition.name, definition.base
+    if definition.unknown is not None:
+        raise UnsupportedDdl(f"column {name}: {definition.unknown} is not translated")
+    implicit = _implicit(base, definition.args)
+    args = [] if base in ("ENUM", "SET") else [token.text for token in definition.args]
+    kind = pg_type(base, args, definition.unsigned, spatial)
+    default, lost = _default(definition.default, kind) if definition.default is not None else (None, None)
     if kind in ("text",) or kind.startswith("varchar"):
-        if charset == "binary":  # CHAR(n) CHARACTER SET binary is BINARY(n): bytes, as the binlog has them
+        if definition.charset == "binary":  # CHAR(n) CHARACTER SET binary is BINARY(n): bytes, as the binlog has them
             kind = "bytea"
             implicit = "''::bytea" if implicit == "''" else implicit
             if base in ("CHAR", "NCHAR") and implicit is not None:
                 implicit = f"'\\x{'00' * (int(args[0]) if args else 1)}'::bytea"
-        elif binary:
+        elif definition.binary:
             kind += ' COLLATE "C"'  # a binary collation: byte order, case and accents distinct
-    return Column(name, kind, not_null, default, implicit, extra, lost, generated and not period, period)
+    return Column(name, kind, definition.not_null, default, implicit, definition.key, lost, definition.generated,
+                  definition.period)
 
 
 def _constraint(tokens: Sequence[Token]) -> str | None:
@@ -413,8 +344,7 @@ def _constraint(tokens: Sequence[Token]) -> str | None:
     return f"{kind} ({_names(t.group())})"
 
 
-_ELEMENT_KEYWORDS = {"PRIMARY", "UNIQUE", "CONSTRAINT", "KEY", "INDEX", "FULLTEXT", "SPATIAL", "FOREIGN",
-                     "CHECK", "PERIOD"}
+_ELEMENT_KEYWORDS = ELEMENT_KEYWORDS
 
 
 class Translator:
@@ -437,29 +367,38 @@ class Translator:
 
     def translate(self, statement: Statement) -> list[str]:
         """The PostgreSQL statements that do what `statement` does (empty: nothing to do); see
-        `needs_empty` for what holds only on an empty table."""
+        `needs_empty` for what holds only on an empty table. Raises `UnsupportedDdl` for what it
+        cannot render, a statement cut short included."""
         self.needs_empty = []
-        tokens = [t for t in statement.tokens if t.kind != "ws"]
+        try:
+            return self._translate(statement)
+        except UnsupportedDdl:
+            raise
+        except ValueError as exc:  # a clause cut short (Reader: the statement ends too early)
+            raise UnsupportedDdl(str(exc)) from exc
+
+    def _translate(self, statement: Statement) -> list[str]:
         refs = statement.tables
-        after = [t for t in statement.tokens[refs[0].end:] if t.kind != "ws"]
         kind = statement.kind
+        if statement.unparsed is not None:
+            raise UnsupportedDdl(f"the statement cannot be read ({statement.unparsed})")
         if kind == "create_table":
-            return self._create(tokens, refs, after)
+            return self._create(statement)
         if kind == "alter_table":
-            return self._alter(refs[0], after)
+            return self._alter(statement)
         if kind == "rename_table":
             return [s for old, new in zip(refs[::2], refs[1::2]) for s in self._rename(old, new)]
         if kind == "truncate_table":
             return [f"TRUNCATE TABLE {self.table(refs[0])}"]
         if kind == "drop_table":
-            exists = " IF EXISTS" if [t.upper for t in tokens[2:4]] == ["IF", "EXISTS"] else ""
+            exists = " IF EXISTS" if list(statement.head[2:4]) == ["IF", "EXISTS"] else ""
             return [f"DROP TABLE{exists} {', '.join(self.table(r) for r in refs)}"]
         if kind in ("create_index", "drop_index"):
             return []
         raise UnsupportedDdl(f"{kind} statements are not translated")
 
-    def _create(self, tokens: Sequence[Token], refs: Sequence[TableRef], after: list[Token]) -> list[str]:
-        words = [t.upper for t in tokens[:refs[0].start]]
+    def _create(self, statement: Statement) -> list[str]:
+        refs, words = statement.tables, statement.head
         name = self.table(refs[0])
         head = ["CREATE TABLE"]
         out = []
@@ -467,20 +406,21 @@ class Translator:
             out.append(f"DROP TABLE IF EXISTS {name}")
         elif "EXISTS" in words:
             head.append("IF NOT EXISTS")
-        t = Reader(after)
-        if t.word("LIKE") or (t.sees("(") and t.sees("LIKE", 1)):
+        if statement.like:
+            if len(refs) < 2:
+                raise UnsupportedDdl("CREATE TABLE ... LIKE names no table")
             return out + [f"{' '.join(head)} {name} (LIKE {self.table(refs[1])} INCLUDING ALL)"]
         elements = []
-        for part in split(t.group()):
-            if part[0].kind != "ident" and part[0].upper in _ELEMENT_KEYWORDS:
-                constraint = _constraint(part)
+        for element in statement.elements:
+            if element.word:
+                constraint = _constraint(element.tokens)
                 if constraint is not None:
                     elements.append(constraint)
             else:
-                definition = column(part, self.spatial)
+                definition = render_column(element.columns[0], self.spatial)
                 if not definition.period:
                     elements.append(definition.text())
-        rest = Reader(t.rest())
+        rest = Reader(statement.options)
         while not rest.done():  # table options: ENGINE=..., DEFAULT CHARSET=..., COMMENT='...'
             token = rest.next()
             if token.upper == "PARTITION":
@@ -488,6 +428,8 @@ class Translator:
                 break  # PARTITION BY ... (the last clause): a plain table holds the same rows
             if token.upper in ("AS", "SELECT", "IGNORE", "REPLACE"):
                 raise UnsupportedDdl(f"CREATE TABLE ... {token.text} is not translated")
+        if not statement.elements:
+            raise UnsupportedDdl("CREATE TABLE without a column list is not translated")
         return out + [f"{' '.join(head)} {name} ({', '.join(elements)})"]
 
     def _partitioned(self) -> None:
@@ -503,13 +445,15 @@ class Translator:
             out.append(f"ALTER TABLE {ident(new_schema)}.{ident(old.table)} RENAME TO {ident(new.table)}")
         return out
 
-    def _alter(self, ref: TableRef, after: list[Token]) -> list[str]:
+    def _alter(self, statement: Statement) -> list[str]:
+        ref = statement.tables[0]
         name = self.table(ref)
         actions: list[str] = []
         later: list[str] = []  # renames, in order: PostgreSQL runs them as statements of their own
         current = ref
-        for clause in split(after):
-            t = Reader(clause)
+        new_names = iter([statement.tables[place] for place in statement.renames])  # RENAME [TO|AS] name
+        for element in statement.elements:
+            t = Reader(element.tokens)
             verb = t.next().upper
             if verb in ("ADD", "DROP") and (t.sees("SYSTEM") and t.sees("VERSIONING", 1) or t.sees("PERIOD")):
                 continue  # system versioning is not replicated: PostgreSQL gets the current rows only
@@ -527,7 +471,7 @@ class Translator:
                 # statement, and its own commas (p1, p2) are no further clauses
                 break
             if verb == "ADD":
-                self._add(t, actions, later, name)
+                self._add(t, element.columns, actions, later, name)
             elif verb == "DROP":
                 t.word("COLUMN")
                 if t.word("PRIMARY"):
@@ -543,7 +487,7 @@ class Translator:
                 if t.word("IF"):
                     t.word("EXISTS")
                 old = t.next().name if verb == "CHANGE" else None
-                definition = column(t.rest(), self.spatial)
+                definition = render_column(element.columns[0], self.spatial)
                 target = ident(old or definition.name)
                 if definition.period:
                     continue
@@ -563,7 +507,7 @@ class Translator:
                 target = ident(t.next().name)
                 if t.word("SET"):
                     t.word("DEFAULT")
-                    default, _ = _default(t)
+                    default, _ = _default(expression(t))
                     if default is not None:
                         actions.append(f"ALTER COLUMN {target} SET DEFAULT {default}")
                 elif t.word("DROP"):
@@ -580,8 +524,9 @@ class Translator:
                 elif t.word("INDEX", "KEY"):
                     continue
                 else:
-                    t.word("TO", "AS")
-                    target_ref = _table_ref(t)
+                    target_ref = next(new_names, None)
+                    if target_ref is None:
+                        raise UnsupportedDdl("ALTER TABLE ... RENAME without a new table name")
                     later.extend(self._rename(current, target_ref))
                     current = target_ref
             elif verb in ("ENGINE", "ROW_FORMAT", "CHARSET", "CHARACTER", "COLLATE", "COMMENT",
@@ -593,7 +538,8 @@ class Translator:
         out = [f"ALTER TABLE {name} {', '.join(actions)}"] if actions else []
         return out + later
 
-    def _add(self, t: Reader, actions: list[str], later: list[str], table: str) -> None:
+    def _add(self, t: Reader, columns: Sequence[ColumnDef], actions: list[str], later: list[str],
+             table: str) -> None:
         """ADD COLUMN (MySQL fills existing rows of a NOT NULL column without DEFAULT with its
         implicit default: so does the translation, dropping that default afterwards), or ADD
         PRIMARY KEY / UNIQUE; other ADDs (indexes, foreign keys) are left out."""
@@ -607,8 +553,8 @@ class Translator:
             if constraint is not None:
                 actions.append(f"ADD {constraint}")
             return
-        for part in split(t.group()) if token.text == "(" else [t.rest()]:
-            definition = column(part, self.spatial)
+        for parsed in columns:
+            definition = render_column(parsed, self.spatial)
             if definition.period:
                 continue
             fill = None
@@ -635,14 +581,7 @@ def is_sequence_ddl(statement: Statement) -> bool:
     head = [w for w in words[:6] if w not in ("OR", "REPLACE", "TEMPORARY")]
     if len(head) >= 2 and head[0] in ("CREATE", "ALTER", "DROP") and head[1] == "SEQUENCE":
         return True
-    if statement.kind == "create_table":
-        texts = [t.text for t in statement.tokens[statement.tables[0].end:] if t.kind not in ("ws", "xcomment")]
-        depth = 0
-        for k, text in enumerate(texts):
-            depth += {"(": 1, ")": -1}.get(text, 0)
-            if depth == 0 and text.upper() == "SEQUENCE" and texts[k + 1:k + 3] in (["=", "1"], ["1"]):
-                return True
-    return False
+    return statement.is_sequence
 
 
 def without_sequence_ddl(batch: Batch, pipeline: str, *, keep_sequences: bool = False) -> Batch:
@@ -655,7 +594,7 @@ def without_sequence_ddl(batch: Batch, pipeline: str, *, keep_sequences: bool = 
     changed = False
     for change in batch.changes:
         if isinstance(change, DdlChange):
-            if is_sequence_ddl(parse(change.statement)):
+            if is_sequence_ddl(change.ddl):
                 if keep_sequences:
                     kept.append(change)
                     continue
@@ -663,22 +602,14 @@ def without_sequence_ddl(batch: Batch, pipeline: str, *, keep_sequences: bool = 
                          pipeline, change.qualified_table, change.position or batch.end, change.statement)
                 changed = True
                 continue
-            statement = without_sequence_defaults(change.statement)
-            if statement != change.statement:
+            model = without_sequence_defaults(change.ddl)
+            if model is not change.ddl:
                 log.info("pipeline=%s stage=load table=%s position=%s: a DEFAULT drawing on a sequence is left "
                          "out (the rows carry the values drawn): %s", pipeline, change.qualified_table,
                          change.position or batch.end, change.statement)
-                change, changed = attrs.evolve(change, statement=statement), True
+                change, changed = change.with_ddl(model), True
         kept.append(change)
     return batch.replace(tuple(kept)) if changed else batch
-
-
-def _table_ref(t: Reader) -> TableRef:
-    first = t.next()
-    if t.sees("."):
-        t.next()
-        return TableRef(0, 0, first.name, t.next().name)
-    return TableRef(0, 0, None, first.name)
 
 
 __all__ = ["Translator", "UnsupportedDdl", "is_sequence_ddl", "pg_type", "without_sequence_ddl"]

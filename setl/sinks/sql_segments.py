@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from setl.ddl import Statement, parse
+from setl.ddl import Statement
 from setl.errors import RefusedLoadError
 from setl.model import Batch, DdlChange, RowChange
 from setl.sinks.merge import TableChanges, merge
@@ -73,7 +73,7 @@ class SegmentPlanner:
                 run.append(change)
                 continue
             position = change.position or batch.end
-            statement = parse(change.statement)
+            statement = change.ddl
             if change.copy_end or (change.snapshot and statement.kind == "truncate_table"):
                 pass  # a snapshot's TRUNCATE and end come with the copy that replaces the table: always applied
             elif self.ddl == "fail":

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import re
 import time
 from collections.abc import Callable
 
@@ -49,7 +48,7 @@ class CopyRestarts:
         dropped), unless the DDL removed it (DROP, RENAME): then its copy ends. A table a RENAME
         gives one of their names, if the rules select it, is copied (the target's renamed table
         holds only part of the rows)."""
-        parsed = ddl.parse(change.statement)
+        parsed = change.ddl
         names = [TableName(ref.schema or change.schema, ref.table) for ref in parsed.tables] or [
             TableName(change.schema, str(change.table))]
         moving = [n for n in names if n in self.book.gone
@@ -134,9 +133,6 @@ class CopyRestarts:
                         self.pipeline, name, at)
 
 
-_RENAME_TABLE = re.compile(r"\bRENAME\s+(?!(?:COLUMN|INDEX|KEY)\b)", re.IGNORECASE)
-
-
 def removed_and_renamed(parsed: ddl.Statement, names: list[TableName]
                         ) -> tuple[list[TableName], list[tuple[TableName, TableName]]]:
     """The tables a DDL removes (DROP, RENAME), and its renames as (old, new): `names` are the
@@ -145,8 +141,8 @@ def removed_and_renamed(parsed: ddl.Statement, names: list[TableName]
     if parsed.kind == "rename_table":
         pairs = list(zip(names[0::2], names[1::2]))
         return [old for old, _ in pairs], pairs
-    if parsed.kind == "alter_table" and len(names) > 1 and _RENAME_TABLE.search(parsed.text):
-        return names[:1], [(names[0], new) for new in names[1:]]
+    if parsed.kind == "alter_table" and parsed.renames:  # RENAME TO u[, RENAME TO v]: the last name stays
+        return names[:1], [(names[0], names[parsed.renames[-1]])]
     if parsed.kind == "drop_table":
         return list(names), []
     return [], []

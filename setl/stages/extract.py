@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 
 from setl.config import TableRule
-from setl.ddl import rewrite
+from setl.ddl import parse, rewrite
 from setl.errors import ExtractError, RefusedExtractError
 from setl.model import (
     Batch,
@@ -187,7 +187,7 @@ class TableExtract(Extract):
             name = column.lower()
             return (include is None or name in include) and name not in exclude
 
-        statement = rewrite(change.statement, change.schema, target, plan.rename,
+        statement = rewrite(change.ddl, change.schema, target, plan.rename,
                             keep if include is not None or exclude else None)
         if statement is None:
             log.info("pipeline=%s stage=extract table=%s position=%s DDL skipped (it changes nothing a table "
@@ -195,9 +195,8 @@ class TableExtract(Extract):
                      " ".join(change.statement.split()))
             return None
         # A DDL on a schema only (no table) keeps the rule's target schema.
-        return attrs.evolve(change, schema=plan.target.schema, table=plan.target.table if change.table else None,
-                            statement=statement,
-                            source=TableName(change.schema, change.table) if change.table else None)
+        return change.with_ddl(statement, schema=plan.target.schema, table=plan.target.table if change.table else None,
+                               source=TableName(change.schema, change.table) if change.table else None)
 
     def _map(self, change: RowChange, plan: Route) -> RowChange | None:
         op, before, after = change.op, change.before, change.after
@@ -245,7 +244,8 @@ class TableExtract(Extract):
             found = self.plan.route(schema, table)
             return (found.target.schema, found.target.table) if found is not None else None
 
-        return rewrite(change.sequence, change.schema, target) or ""
+        routed = rewrite(parse(change.sequence), change.schema, target)  # SHOW CREATE SEQUENCE's text, not a DDL event
+        return routed.text if routed is not None else ""
 
     def _target_key(self, plan: Route, key: tuple[str, ...]) -> tuple[str, ...]:
         memo = (plan.source, key)

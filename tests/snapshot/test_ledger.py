@@ -103,6 +103,8 @@ def test_an_abandoned_copy_commits_none_of_its_records_and_keeps_its_key():
     ("ALTER TABLE t ADD FOREIGN KEY (a) REFERENCES p (id)", [], []),
     ("ALTER TABLE t ADD COLUMN c INT, RENAME TO u", ["t"], [("t", "u")]),
     ("ALTER TABLE t RENAME AS x.u", ["t"], [("t", "x.u")]),
+    ("ALTER TABLE t ADD c INT COMMENT 'rename me', ADD FOREIGN KEY (c) REFERENCES o (id)", [], []),
+    ("ALTER TABLE t ADD FOREIGN KEY (c) REFERENCES o (id), RENAME TO u", ["t"], [("t", "u")]),
     ("RENAME TABLE a TO b, c TO d", ["a", "c"], [("a", "b"), ("c", "d")]),
     ("DROP TABLE IF EXISTS a, b", ["a", "b"], []),
     ("TRUNCATE TABLE t", [], []),

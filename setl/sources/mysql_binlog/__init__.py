@@ -14,7 +14,8 @@ compiled rows decoder's stream), `decoding` (row images), `statements` (SQL text
 (fixes to the library, installed by the source).
 """
 
-from setl.sources.mysql_binlog.assembler import KnownTables, gtid_flavor
+from setl.sources.mysql_binlog.assembler import gtid_flavor
+from setl.sources.mysql_binlog.ddl_events import KnownTables
 from setl.sources.mysql_binlog.decoding import TableKind
 from setl.sources.mysql_binlog.patches import SUPPORTED_LIBRARY, install
 from setl.sources.mysql_binlog.server import REQUIRED_SETTINGS

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import re
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -37,9 +37,9 @@ from pymysqlreplication.row_event import (
     WriteRowsEvent,
 )
 
-from setl import ddl
 from setl.errors import CorruptEvent, SetlError, SourceError, UnreadableEvent
-from setl.model import Change, DdlChange, Position, RowChange, Transaction
+from setl.model import Change, Position, RowChange, Transaction
+from setl.sources.mysql_binlog.ddl_events import DdlEvents, KnownTables
 from setl.sources.mysql_binlog.decoding import (
     TableKind,
     XaKey,
@@ -48,14 +48,12 @@ from setl.sources.mysql_binlog.decoding import (
     _TableInfo,
 )
 from setl.sources.mysql_binlog.statements import (
-    _DDL_DATABASE,
     _DML,
     _IGNORED_IN_TX,
     _LEADING_COMMENTS,
     _SAVEPOINT,
     _XA_END,
     _unquote,
-    ddl_target,
     dml_target,
 )
 
@@ -190,10 +188,9 @@ class _Assembler:
                  transactional: Callable[[str, str], bool] | None = None,
                  selects: Callable[[str, str], bool] | None = None, tables_of: KnownTables | None = None
                  ) -> None:
-        self.tables_of = tables_of if tables_of is not None else KnownTables()
+        #: the DDL this reader reads: parsed once, the tables each schema holds, the session's sql_mode
+        self.ddl_events = DdlEvents(tables_of)
         self.kind_of: Callable[[str, str], TableKind] | None = None
-        #: a query event's sql_mode bits -> the mode's names (asked of the source), for DDL
-        self.mode_names: Callable[[int], str | None] | None = None
         self.sequences_seen: set[tuple[str, str]] = set()
         #: whether a sequence's state rows are handed on (the pipeline's target applies them), or dropped
         self.sequences = False
@@ -446,13 +443,13 @@ class _Assembler:
                  split: bool = False) -> tuple[Change, ...]:
         """The changes of `rows`. Those of a split transaction each carry the transaction's start
         with `row` = their 1-based ordinal among the row changes it logged, the others `position`."""
-        # A DDL item is (None, None, statement, (schema, table)).
+        # A DDL item is (None, None, statement, its DdlRead).
         start = self._start() if split else position
         changes: list[Change] = []
         for o, (op, info, before, after) in rows:
             at = attrs.evolve(start, row=o) if split else position
             if op is None:
-                changes.append(DdlChange(after[0], after[1], before, at))
+                changes.append(after.change(at))
             elif info.sequence:
                 changes.append(RowChange(op, info.schema, info.table, info.primary_key, before, after, at,
                                          commit_time, sequence=info.definition or ""))
@@ -548,24 +545,17 @@ class _Assembler:
             refuse_statements(self.statements, self.rows, self.log_file, offset)
             self._close_tx(offset)
             return self._moved_to(self._position(self.log_file, offset))
-        ddl_schema, table = ddl_target(statement, schema or "")
+        read = self.ddl_events.read(statement, schema or "")
         if self.in_tx and (self.rows or self.handed_in_tx):
             # A statement logged inside a transaction: keep it ordered with the rows around it.
-            self._append((None, None, statement, (ddl_schema, table)))
+            self._append((None, None, statement, read))
             return []
         nbytes = self.nbytes
         self._close_tx(offset)
         end = self.mark = self._position(self.log_file, offset)
         self.kinds.clear()
-        dropped = self.tables_of.track(statement, schema or "")
-        if dropped is not None and dropped[1]:
-            # DROP DATABASE: one DROP TABLE per table it held, each for the table rules to decide.
-            return [Transaction(tuple(DdlChange(dropped[0], name, f"DROP TABLE IF EXISTS {ddl.quote(dropped[0])}."
-                                                f"{ddl.quote(name)}", end) for name in dropped[1]), end,
-                                nbytes=nbytes)]
-        bits = getattr(event, "sql_mode", None)
-        mode = self.mode_names(bits) if self.mode_names is not None and isinstance(bits, int) else None
-        return [Transaction((DdlChange(ddl_schema, table, statement, end, sql_mode=mode),), end, nbytes=nbytes)]
+        changes = self.ddl_events.changes(read, schema or "", end, getattr(event, "sql_mode", None))
+        return [Transaction(changes, end, nbytes=nbytes)]
 
 
 def refuse_statements(statements: list[tuple[str | None, str, str]], rows: list[tuple[int, _Item]], log_file: str,
@@ -674,34 +664,3 @@ def _undecodable(exc: BaseException, events: Any, event: Any) -> CorruptEvent:
     table = f"{event.schema}.{event.table}" if isinstance(event, RowsEvent) else None
     return corrupt_event(exc, type(event).__name__, log_file, packet.log_pos - packet.event_size, packet.log_pos,
                          table)
-
-
-class KnownTables:
-    """The tables of each schema, as of the binlog read so far: loaded from the server when the
-    reader opens, then kept up to date by CREATE, DROP and RENAME TABLE and DROP DATABASE."""
-
-    def __init__(self, tables: Iterable[tuple[str, str]] = ()) -> None:
-        self._schemas: dict[str, set[str]] = {}
-        for schema, table in tables:
-            self._schemas.setdefault(schema, set()).add(table)
-
-    def track(self, statement: str, default_schema: str) -> tuple[str, list[str]] | None:
-        """Note what `statement` does to the set; for DROP DATABASE, ``(schema, its tables)``."""
-        match = _DDL_DATABASE.match(_LEADING_COMMENTS.sub("", statement, count=1))
-        if match:
-            name = _unquote(match["name"])
-            if statement.lstrip().upper().startswith("DROP"):
-                return name, sorted(self._schemas.pop(name, ()))
-            return None
-        parsed = ddl.parse(statement)
-        refs = [(ref.schema or default_schema, ref.table) for ref in parsed.tables]
-        if parsed.kind in ("create_table", "create_sequence") and refs:
-            self._schemas.setdefault(refs[0][0], set()).add(refs[0][1])
-        elif parsed.kind in ("drop_table", "drop_sequence"):
-            for schema, table in refs:
-                self._schemas.get(schema, set()).discard(table)
-        elif parsed.kind == "rename_table":
-            for (old_schema, old), (new_schema, new) in zip(refs[::2], refs[1::2]):
-                self._schemas.get(old_schema, set()).discard(old)
-                self._schemas.setdefault(new_schema, set()).add(new)
-        return None

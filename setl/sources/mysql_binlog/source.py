@@ -27,8 +27,9 @@ from setl.errors import ConfigError, PositionPurged, SourceError
 from setl.model import Position, TableSchema, Transaction
 from setl.retry import Backoff
 from setl.sources.mysql_binlog import fast
-from setl.sources.mysql_binlog.assembler import _EVENTS, KnownTables, _Assembler, read_events
+from setl.sources.mysql_binlog.assembler import _EVENTS, _Assembler, read_events
 from setl.sources.mysql_binlog.connector import _Connector, _disconnected, _Lost, _Stopped
+from setl.sources.mysql_binlog.ddl_events import KnownTables
 from setl.sources.mysql_binlog.lookups import TableLookups
 from setl.sources.mysql_binlog.patches import _TableMapCache, install
 from setl.sources.mysql_binlog.server import SourceServer
@@ -279,7 +280,7 @@ class MysqlBinlogSource(Select):
                                lookups.transactional, self.selects, KnownTables(tables))
         assembler.kind_of = lookups.table_kind
         assembler.sequences = self.sequences
-        assembler.mode_names = lookups.mode_names
+        assembler.ddl_events.mode_names = lookups.mode_names
         gtid_start = gtids.text if position is None and gtids is not None else None
         self._thread = threading.Thread(
             target=self._read, args=(self._connector, assembler, self._queue, self._stop, position, gtid_start),

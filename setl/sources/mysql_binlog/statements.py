@@ -26,13 +26,15 @@ def _unquote(name: str) -> str:
     return name[1:-1].replace("``", "`") if name.startswith("`") else name
 
 
-def ddl_target(statement: str, default_schema: str) -> tuple[str, str | None]:
+def ddl_target(statement: str, default_schema: str, parsed: ddl.Statement | None = None) -> tuple[str, str | None]:
     """``(schema, table or None)`` a DDL statement acts on: the database of CREATE/ALTER/DROP
-    DATABASE, else the first table `setl.ddl` finds (None for a statement that is not a table DDL)."""
+    DATABASE, else the first table of its model `parsed` (`setl.ddl`; parsed here when not given;
+    None for a statement that is not a table DDL)."""
     match = _DDL_DATABASE.match(_LEADING_COMMENTS.sub("", statement, count=1))
     if match:
         return _unquote(match["name"]), None
-    parsed = ddl.parse(statement)
+    if parsed is None:
+        parsed = ddl.parse(statement)
     if not parsed.tables:
         return default_schema, None
     first = parsed.tables[0]
