@@ -330,11 +330,11 @@ class MysqlPositionStore(PositionStore[Connection]):
             statements.append(self._write_position_sql)
             args += (self.pipeline, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch)
         statements.append("COMMIT")
-        self._on_table(", ".join(tables) or None)
+        self._writing.table = ", ".join(tables) or None
         with conn.cursor() as cur:
             cur.execute(";\n".join(statements), args)
             self._results(cur, len(statements))
-        self._on_table(None)
+        self._writing.table = None
 
     def table_position_locked(self, conn: Connection, table: str) -> Position | None:
         with conn.cursor() as cur:
