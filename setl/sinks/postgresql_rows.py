@@ -95,6 +95,16 @@ def native(text: str) -> str:
     return "%".join(pieces)
 
 
+def _on_conflict(key: Sequence[str], columns: Sequence[str], name: Callable[[str], sql.Composable]) -> sql.Composable:
+    """An upsert's ``ON CONFLICT (key)`` action: every column but the key's set from the row
+    proposed (``EXCLUDED``), or nothing when the row is only its key; `name` quotes a column."""
+    others = [c for c in columns if c not in key]
+    if not others:
+        return sql.SQL("DO NOTHING")
+    return sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
+        sql.SQL("{0} = EXCLUDED.{0}").format(name(c)) for c in others))
+
+
 def _marks(count: int) -> str:
     return "(" + ", ".join(["%s"] * count) + ")"
 
@@ -284,16 +294,10 @@ class PostgresqlRows:
     @staticmethod
     def _upsert_select_sql(name: sql.Identifier, stage: sql.Identifier, key: Sequence[str],
                            columns: Sequence[str]) -> sql.Composable:
-        others = [c for c in columns if c not in key]
-        action: sql.Composable
-        if others:
-            action = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
-                sql.SQL("{0} = EXCLUDED.{0}").format(identifier(c)) for c in others))
-        else:
-            action = sql.SQL("DO NOTHING")
         listed = sql.SQL(", ").join(map(identifier, columns))
         return sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ON CONFLICT ({}) {}").format(
-            name, listed, listed, stage, sql.SQL(", ").join(map(identifier, key)), action)
+            name, listed, listed, stage, sql.SQL(", ").join(map(identifier, key)),
+            _on_conflict(key, columns, identifier))
 
     @staticmethod
     def _delete_sql(name: sql.Identifier, key: Sequence[str], rows: int) -> sql.Composable:
@@ -306,19 +310,12 @@ class PostgresqlRows:
 
     @staticmethod
     def _upsert_sql(name: sql.Identifier, key: Sequence[str], columns: Sequence[str], rows: int) -> sql.Composable:
-        others = [c for c in columns if c not in key]
-        action: sql.Composable
-        if others:
-            action = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
-                sql.SQL("{0} = EXCLUDED.{0}").format(column(c)) for c in others))
-        else:
-            action = sql.SQL("DO NOTHING")
         values = ", ".join([_marks(len(columns))] * rows)
         return sql.SQL("INSERT INTO {} ({}) VALUES " + values + " ON CONFLICT ({}) {}").format(
             name,
             sql.SQL(", ").join(map(column, columns)),
             sql.SQL(", ").join(map(column, key)),
-            action,
+            _on_conflict(key, columns, column),
         )
 
     def in_order(self, conn: psycopg.Connection, table: TableChanges) -> None:
