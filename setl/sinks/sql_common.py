@@ -42,7 +42,9 @@ PROCESS_TOKEN = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 class SqlLoad(Load, Generic[C]):
     """Applies each batch in one target transaction: per table, the merged deletes, then
     multi-row upserts of the full after-images, then an upsert of the batch's end position (with
-    its batch id and epoch) into the target's own position table, and COMMIT.
+    its batch id and epoch) into the target's own position table, and COMMIT. The transaction is
+    the load path's steps (`setl.sinks.sql_load_path`), on a pooled connection, retried in place;
+    what differs between targets is the `SqlDialect` given.
 
     * `committed()` reads that position back (``row`` included, for a batch that ends inside a
       transaction delivered in pieces), so a target that committed a batch whose ack was lost is
