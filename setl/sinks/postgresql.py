@@ -89,9 +89,9 @@ class PostgresqlDialect:
         self.connect_timeout = connect_timeout
         self.statements = StatementCache()
         self.rows = PostgresqlRows(chunk_rows=chunk_rows, copy_rows=copy_rows, statements=self.statements)
-        self._invalid_dates = InvalidDatePolicy(getattr(config, "invalid_dates", "refuse"),
+        self.invalid_dates = InvalidDatePolicy(getattr(config, "invalid_dates", "refuse"),
                                                 pipeline=pipeline, target="PostgreSQL")
-        self._nul_text = NulTextPolicy(getattr(config, "nul_in_text", "refuse"), pipeline=pipeline,
+        self.nul_text = NulTextPolicy(getattr(config, "nul_in_text", "refuse"), pipeline=pipeline,
                                        target="PostgreSQL")
         #: the form of spatial values the last connection opened resolved `config.spatial` to
         self._spatial: spatial.SpatialForm = "wkb"
@@ -108,7 +108,7 @@ class PostgresqlDialect:
     def narrow(self, batch: Batch) -> Batch:
         """Sequence DDL left out, zero and partial dates handled by the ``invalid_dates`` policy and
         text holding NUL by ``nul_in_text``."""
-        return self._nul_text.apply(self._invalid_dates.apply(without_sequence_ddl(batch, self.pipeline)))
+        return self.nul_text.apply(self.invalid_dates.apply(without_sequence_ddl(batch, self.pipeline)))
 
     def connect(self) -> psycopg.Connection:
         conn = self._open()
