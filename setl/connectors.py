@@ -421,7 +421,7 @@ def mysql_target() -> TargetConnector[Any]:
         from setl.schema.mysql import MysqlSchema
 
         # The sink's own connect (TLS, timeouts), on a connection of the schema's own.
-        return MysqlSchema(MysqlLoad.from_config(config, pipeline=context.name)._connect, pipeline=context.name)
+        return MysqlSchema(MysqlLoad.from_config(config, pipeline=context.name).sql.connect, pipeline=context.name)
 
     return TargetConnector("mysql", MysqlTargetConfig, build, MysqlLoad.capabilities,
                            ddl_task_actions=MysqlActions, schema=schema, help="a MySQL or MariaDB server")
@@ -436,7 +436,7 @@ def postgresql_target() -> TargetConnector[Any]:
     def schema(config: PostgresqlTargetConfig, context: BuildContext) -> SchemaTarget:
         from setl.schema.postgresql import PostgresqlSchema
 
-        return PostgresqlSchema(PostgresqlLoad.from_config(config, pipeline=context.name)._connect,
+        return PostgresqlSchema(PostgresqlLoad.from_config(config, pipeline=context.name).sql.connect,
                                 pipeline=context.name, spatial=config.spatial, partitions=config.partitions)
 
     return TargetConnector("postgresql", PostgresqlTargetConfig, build, PostgresqlLoad.capabilities, schema=schema,

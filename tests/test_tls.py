@@ -151,7 +151,7 @@ def test_sessions_setl_opens_are_encrypted(certs, tls_mariadb, tls_postgres):
     finally:
         conn.close()
     mysql_load = MysqlLoad(_with_ssl(tls_mariadb.target_config(), tls), pipeline="p")
-    conn = mysql_load._connect()
+    conn = mysql_load.sql.connect()
     try:
         with conn.cursor() as cur:
             cur.execute("SHOW STATUS LIKE 'Ssl_cipher'")
@@ -159,7 +159,7 @@ def test_sessions_setl_opens_are_encrypted(certs, tls_mariadb, tls_postgres):
     finally:
         conn.close()
     pg_load = PostgresqlLoad(_with_ssl(tls_postgres.target_config(), SslConfig(ca=certs.ca)), pipeline="p")
-    with contextlib.closing(pg_load._connect()) as pg:
+    with contextlib.closing(pg_load.sql.connect()) as pg:
         row = pg.execute("SELECT ssl, version FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone()
     assert row[0] is True and row[1].startswith("TLS")
 
@@ -259,7 +259,7 @@ def test_verify_false_encrypts_without_checking_the_certificate(certs, tls_maria
     """`verify: false` connects over TLS to a server whose certificate the given CA did not sign."""
     unchecked = SslConfig(ca=certs.other_ca, verify=False)
     mysql_load = MysqlLoad(_with_ssl(tls_mariadb.target_config(), unchecked), pipeline="p")
-    conn = mysql_load._connect()
+    conn = mysql_load.sql.connect()
     try:
         with conn.cursor() as cur:
             cur.execute("SHOW STATUS LIKE 'Ssl_cipher'")
@@ -267,7 +267,7 @@ def test_verify_false_encrypts_without_checking_the_certificate(certs, tls_maria
     finally:
         conn.close()
     pg_load = PostgresqlLoad(_with_ssl(tls_postgres.target_config(), unchecked), pipeline="p")
-    with contextlib.closing(pg_load._connect()) as pg:
+    with contextlib.closing(pg_load.sql.connect()) as pg:
         assert pg.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone()[0] is True
 
 
@@ -285,7 +285,7 @@ def test_without_ssl_the_drivers_encrypt_unverified_when_the_server_offers_tls(t
     """Without `ssl` the drivers' default holds (docs/tls.md): a server offering TLS gets an encrypted
     session, so `require_secure_transport` and `hostssl` admit setl; only `ssl` verifies anything."""
     mysql_load = MysqlLoad(tls_mariadb.target_config(), pipeline="p")
-    conn = mysql_load._connect()
+    conn = mysql_load.sql.connect()
     try:
         with conn.cursor() as cur:
             cur.execute("SHOW STATUS LIKE 'Ssl_cipher'")
@@ -293,5 +293,5 @@ def test_without_ssl_the_drivers_encrypt_unverified_when_the_server_offers_tls(t
     finally:
         conn.close()
     pg_load = PostgresqlLoad(tls_postgres.target_config(), pipeline="p")
-    with contextlib.closing(pg_load._connect()) as pg:
+    with contextlib.closing(pg_load.sql.connect()) as pg:
         assert pg.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone()[0] is True

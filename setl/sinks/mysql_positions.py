@@ -17,6 +17,9 @@ from setl.sinks.mysql_sql import quote, table_name
 from setl.sinks.sql_positions import FenceBusy, PositionStore
 
 _DUPLICATE_COLUMN = 1060  # ER_DUP_FIELDNAME
+#: The columns of a recorded position (the pipeline's, and each target table's).
+_POSITION_COLUMNS = (" `log` VARCHAR(512) NOT NULL, `offset` BIGINT NOT NULL, `row` BIGINT NOT NULL DEFAULT 0,"
+                     " `gtid` TEXT NULL, `batch_id` BIGINT NOT NULL, `epoch` BIGINT NOT NULL,")
 
 
 class MysqlPositionStore(PositionStore[Connection]):
@@ -46,13 +49,7 @@ class MysqlPositionStore(PositionStore[Connection]):
             cur.execute(f"CREATE DATABASE IF NOT EXISTS {quote(self.schema)}", ())
             cur.execute(
                 f"CREATE TABLE IF NOT EXISTS {self.position} ("
-                " `pipeline` VARCHAR(191) NOT NULL PRIMARY KEY,"
-                " `log` VARCHAR(512) NOT NULL,"
-                " `offset` BIGINT NOT NULL,"
-                " `row` BIGINT NOT NULL DEFAULT 0,"
-                " `gtid` TEXT NULL,"
-                " `batch_id` BIGINT NOT NULL,"
-                " `epoch` BIGINT NOT NULL,"
+                " `pipeline` VARCHAR(191) NOT NULL PRIMARY KEY," + _POSITION_COLUMNS +
                 " `updated_at` TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)"
                 "   ON UPDATE CURRENT_TIMESTAMP(6)"
                 ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
@@ -76,13 +73,7 @@ class MysqlPositionStore(PositionStore[Connection]):
             cur.execute(
                 f"CREATE TABLE IF NOT EXISTS {self.table_position} ("
                 " `pipeline` VARCHAR(191) NOT NULL,"
-                " `target_table` VARCHAR(400) NOT NULL,"
-                " `log` VARCHAR(512) NOT NULL,"
-                " `offset` BIGINT NOT NULL,"
-                " `row` BIGINT NOT NULL DEFAULT 0,"
-                " `gtid` TEXT NULL,"
-                " `batch_id` BIGINT NOT NULL,"
-                " `epoch` BIGINT NOT NULL,"
+                " `target_table` VARCHAR(400) NOT NULL," + _POSITION_COLUMNS +
                 " PRIMARY KEY (`pipeline`, `target_table`)"
                 ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
                 (),
@@ -330,11 +321,11 @@ class MysqlPositionStore(PositionStore[Connection]):
             statements.append(self._write_position_sql)
             args += (self.pipeline, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch)
         statements.append("COMMIT")
-        self._on_table(", ".join(tables) or None)
+        self._writing.table = ", ".join(tables) or None
         with conn.cursor() as cur:
             cur.execute(";\n".join(statements), args)
             self._results(cur, len(statements))
-        self._on_table(None)
+        self._writing.table = None
 
     def table_position_locked(self, conn: Connection, table: str) -> Position | None:
         with conn.cursor() as cur:

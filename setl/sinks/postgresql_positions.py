@@ -23,7 +23,7 @@ class PostgresPositionStore(PositionStore[psycopg.Connection]):
     """
 
     def __init__(self, *, text: Callable[..., str], **options: Any) -> None:
-        """`text(conn, key, build)`: a statement rendered once per key (`PostgresqlLoad._text`);
+        """`text(conn, key, build)`: a statement rendered once per key (`postgresql_rows.StatementCache`);
         `options` are `PositionStore`'s."""
         super().__init__(**options)
         self._text = text

@@ -1,10 +1,12 @@
-"""How an SQL target names its failures and retries the transient ones (`LoadFailures`)."""
+"""How an SQL target names its failures and retries the transient ones (`LoadFailures`), and which
+table a thread is writing, for those names (`CurrentTable`)."""
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from setl.errors import LoadError, RefusedLoadError, TransientLoadError
 from setl.model import Batch
@@ -20,8 +22,46 @@ class TargetTableMissing(Exception):
     """Raised by a dialect's error classifier: the statement named a table that does not exist."""
 
 
-#: What a dialect's classifier says of a driver error (`LoadFailures`).
-Classify = Callable[[BaseException], "type[LoadError] | type[TargetTableMissing] | None"]
+class DriverErrors(Protocol):
+    """What a dialect says of its driver's errors (the part of `setl.sinks.sql_dialect.SqlDialect`
+    that `LoadFailures` reads)."""
+
+    name: str  # mysql, postgresql: named in messages
+
+    def classify(self, exc: BaseException) -> type[LoadError] | type[TargetTableMissing] | None:
+        """TransientLoadError for errors worth a replay, TargetTableMissing for a missing table,
+        RefusedLoadError for rows the target refuses whatever the retry, LoadError for other driver
+        errors, None for errors that are not the driver's."""
+
+    def describe(self, exc: BaseException) -> str:
+        """One line for a driver error."""
+
+
+class CurrentTable:
+    """The target table the calling thread is writing (None: none, or not known), for the messages
+    of its failures. One per sink, shared by its steps, fence and position store."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    @property
+    def table(self) -> str | None:
+        return getattr(self._local, "table", None)
+
+    @table.setter
+    def table(self, table: str | None) -> None:
+        self._local.table = table
+
+
+def load_context(pipeline: str, batch: Batch | None, table: str | None = None) -> dict[str, Any]:
+    """The context of a setl error of `pipeline`'s load about `batch` (and `table`)."""
+    return {
+        "pipeline": pipeline,
+        "stage": "load",
+        "table": table,
+        "batch": batch.id if batch is not None else None,
+        "position": batch.end if batch is not None else None,
+    }
 
 
 class LoadFailures:
@@ -37,13 +77,13 @@ class LoadFailures:
     sink's threads.
     """
 
-    def __init__(self, *, pipeline: str, dialect: str, classify: Classify, describe: Callable[[BaseException], str],
-                 max_attempts: int, initial_backoff: float, max_backoff: float,
-                 sleep: Callable[[float], None]) -> None:
+    def __init__(self, *, pipeline: str, errors: DriverErrors, max_attempts: int, initial_backoff: float,
+                 max_backoff: float, sleep: Callable[[float], None]) -> None:
+        """`errors`: the dialect's `classify` and `describe` of its driver's errors."""
         self.pipeline = pipeline
-        self.dialect = dialect
-        self._classify = classify
-        self._describe = describe
+        self.dialect = errors.name
+        self._classify = errors.classify
+        self._describe = errors.describe
         self.max_attempts = max_attempts
         self.initial_backoff = initial_backoff
         self.max_backoff = max_backoff
@@ -51,13 +91,7 @@ class LoadFailures:
 
     def context(self, batch: Batch | None, table: str | None = None) -> dict[str, Any]:
         """The context of a setl error about `batch` (and `table`)."""
-        return {
-            "pipeline": self.pipeline,
-            "stage": "load",
-            "table": table,
-            "batch": batch.id if batch is not None else None,
-            "position": batch.end if batch is not None else None,
-        }
+        return load_context(self.pipeline, batch, table)
 
     def translate(self, exc: Exception, batch: Batch | None, table: str | None) -> LoadError:
         """A driver error raised while writing `table` (None: not known) for `batch`, as a setl error."""

@@ -6,11 +6,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from setl.errors import LoadError, TransientLoadError
 from setl.model import Batch, Position
+from setl.sinks.sql_dialect import SqlDialect
+from setl.sinks.sql_failures import CurrentTable, LoadFailures
 from setl.sinks.sql_positions import FenceBusy, PositionStore
 
 log = logging.getLogger(__name__)
@@ -40,24 +41,21 @@ class TargetFence(Generic[C]):
     for an epoch, the others see it taken. Safe for the threads of one sink.
     """
 
-    def __init__(self, store: PositionStore[C], *, commit: Callable[[C], None], rollback: Callable[[C], None],
-                 context: Callable[[Batch | None], dict[str, Any]], dialect: str, timeout: float,
-                 on_table: Callable[[str | None], None] = lambda table: None) -> None:
-        """`commit`/`rollback` end the transaction on a connection, `context` names a batch in an
-        error, `on_table` is told the table whose position is read (None when done)."""
+    def __init__(self, store: PositionStore[C], dialect: SqlDialect[C], failures: LoadFailures, *,
+                 timeout: float, writing: CurrentTable) -> None:
+        """`dialect` ends the transaction on a connection, `failures` names a batch in an error,
+        `writing` is set to the table whose position is read (None when done)."""
         self.store = store
         self.epoch = 0
         self.timeout = timeout
-        self._commit = commit
-        self._rollback = rollback
-        self._context = context
         self._dialect = dialect
-        self._on_table = on_table
+        self._failures = failures
+        self._writing = writing
         self._lock = threading.Lock()
 
     def _refused(self, batch: Batch, stored: int) -> LoadError:
         return LoadError(f"refused: batch epoch {batch.epoch} is older than epoch {stored} the target "
-                         f"holds for this pipeline (a newer writer owns it)", **self._context(batch))
+                         f"holds for this pipeline (a newer writer owns it)", **self._failures.context(batch))
 
     def check(self, conn: C, batch: Batch, table: str | None = None) -> Position | None:
         """In the open transaction: take the fence first if `batch` has a newer epoch than any
@@ -65,15 +63,15 @@ class TargetFence(Generic[C]):
         With a `table`, its position is read with the fence (`fence_and_table_position`) and
         returned, locked to COMMIT."""
         if batch.epoch > self.epoch:
-            self._commit(conn)  # nothing is written yet; the fence is taken outside this transaction
+            self._dialect.commit(conn)  # nothing is written yet; the fence is taken outside this transaction
             self.take(conn, batch)
         table_at = None
         if table is None:
             stored = self.store.shared_epoch(conn)
         else:
-            self._on_table(table)
+            self._writing.table = table
             stored, table_at = self.store.fence_and_table_position(conn, table)
-            self._on_table(None)
+            self._writing.table = None
         if stored is not None and batch.epoch < stored:
             raise self._refused(batch, stored)
         return table_at
@@ -96,15 +94,15 @@ class TargetFence(Generic[C]):
                     stored = self.store.raise_fence(conn, batch.epoch if batch is not None else None)
                     break
                 except FenceBusy:
-                    self._rollback(conn)
+                    self._dialect.rollback(conn)
                     if time.monotonic() > deadline:
                         raise TransientLoadError(
                             f"could not take the fence for epoch "
                             f"{batch.epoch if batch else 'above the stored one'} within "
                             f"{self.timeout:.0f} s: its row stays locked by a session setl "
-                            f"cannot kill", **self._context(batch)) from None
+                            f"cannot kill", **self._failures.context(batch)) from None
             if batch is not None and stored > batch.epoch:
                 raise self._refused(batch, stored)
             self.epoch = stored
             log.info("pipeline=%s stage=load: took the %s target's fence for epoch %d (%d other "
-                     "session(s) killed)", self.store.pipeline, self._dialect, stored, killed)
+                     "session(s) killed)", self.store.pipeline, self._dialect.name, stored, killed)

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
 from setl.model import Batch, Position
+from setl.sinks.sql_failures import CurrentTable
 
 C = TypeVar("C")  # a driver connection
 
@@ -29,10 +30,9 @@ class PositionStore(Generic[C]):
     """
 
     def __init__(self, *, pipeline: str, schema: str, table: str, token: str, lock_timeout: float,
-                 describe: Callable[[BaseException], str],
-                 on_table: Callable[[str | None], None] = lambda table: None) -> None:
+                 describe: Callable[[BaseException], str], writing: CurrentTable | None = None) -> None:
         """`lock_timeout`: how long `raise_fence` waits for the fence row's lock (seconds);
-        `describe`: one line for a driver error; `on_table`: told which target table's position
+        `describe`: one line for a driver error; `writing`: set to the target table whose position
         is being written (None when done), for error messages."""
         self.pipeline = pipeline
         self.schema = schema
@@ -40,7 +40,7 @@ class PositionStore(Generic[C]):
         self.token = token
         self.lock_timeout = lock_timeout
         self._describe = describe
-        self._on_table = on_table
+        self._writing = writing if writing is not None else CurrentTable()
 
     def create_tables(self, conn: C) -> None:
         """Create (or migrate) the position, fence, session and per-table position tables, and commit."""
@@ -134,9 +134,9 @@ class PositionStore(Generic[C]):
         round trip where it can, provided that a write that fails stops the rest (COMMIT
         included) and raises: the caller then rolls the transaction back."""
         for table in tables:
-            self._on_table(table)
+            self._writing.table = table
             self.write_table_position(conn, table, batch)
-        self._on_table(None)
+        self._writing.table = None
         if pipeline:
             self.write_position(conn, batch)
         self.commit(conn)

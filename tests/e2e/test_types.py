@@ -387,8 +387,9 @@ def test_invalid_dates_policy_comes_from_the_target_config(tmp_path):
     for name, target in targets.items():
         (conf / "pipelines" / f"{name}.yaml").write_text(f"source: {{type: file, path: in.jsonl}}\ntarget: {target}\n")
     node = load_node(conf)
-    policies = {name: build_load(node, load_pipeline(conf, name, registry()))._invalid_dates.policy
-                for name in ("pg", "pq", "pqn")}
+    loads = {name: build_load(node, load_pipeline(conf, name, registry())) for name in ("pg", "pq", "pqn")}
+    policies = {"pg": loads["pg"].sql.invalid_dates.policy,
+                **{name: loads[name]._invalid_dates.policy for name in ("pq", "pqn")}}
     assert policies == {"pg": "null", "pq": "refuse", "pqn": "null"}
     with pytest.raises(ConfigError, match="invalid_dates"):
         load_pipeline(conf, "bad", registry())

@@ -443,6 +443,33 @@ class SinkContract(LoadContract):
         load.load(make_batch([read(loose, {"name": f"r{i}", "qty": i}) for i in range(1500)], id=2))
         assert len(target.rows("loose")) == 1503
 
+    def test_a_batch_runs_the_load_path_s_steps_in_order(self, target, items, load, monkeypatch):
+        """One batch runs fence; per segment each keyed table's deletes then upserts, a keyless table
+        in order, a DDL in its place (the fence held again where DDL commits); positions and COMMIT."""
+        target.create(LOOSE_DDL, "loose")
+        loose = Changes(target.schema, "loose", ())
+        load.load(make_batch([items.insert(**item(1)), items.insert(**item(2))], id=1))
+        steps: list[tuple[str, str | None]] = []
+
+        def record(owner: Any, name: str, label: Callable[..., str | None]) -> None:
+            real = getattr(owner, name)
+            monkeypatch.setattr(owner, name, lambda *a, **k: steps.append((name, label(*a, **k))) or real(*a, **k))
+
+        record(load.fence, "check", lambda conn, batch, table=None: None)
+        for name in ("patch", "delete", "upsert", "in_order"):
+            record(load.sql.rows, name, lambda conn, table: table.table)
+        record(load.sql, "apply_ddl", lambda conn, batch, step: step.change.table)
+        record(load.positions, "record_and_commit", lambda conn, batch, tables, pipeline: None)
+        alter = DdlChange(target.schema, "items", f"ALTER TABLE `{target.schema}`.`items` ADD COLUMN `extra` INT")
+        load.load(make_batch([items.delete(**item(1)), items.update(item(2), qty=5), loose.insert(name="x", qty=1),
+                              alter, items.insert(**item(3))], id=2))
+        refence = [] if load.sql.transactional_ddl else [("check", None)]
+        assert steps == [("check", None), ("delete", "items"), ("upsert", "items"), ("in_order", "loose"),
+                         ("apply_ddl", "items"), *refence, ("delete", "items"), ("upsert", "items"),
+                         ("record_and_commit", None)]
+        assert target.rows("items") == [(2, "n", 5, None, None), (3, "n", 1, None, None)]
+        assert target.rows("loose") == [("x", 1)] and load.committed() == make_batch([], id=2).end
+
     # -- idempotency, position, atomicity
 
     def test_position_is_committed_with_the_batch(self, target, items, load):

@@ -75,7 +75,7 @@ def test_reads_by_load_data_land_exactly_as_the_upserts_write_them(target, sent)
         target.execute(f"CREATE TABLE {target.qualified(name)} {TYPED}")
     rows = [typed_row(n) for n in range(200)]
     fast, plain = target.make_load(), target.make_load()
-    plain.load_data.refused = True  # as on a server that refuses LOCAL: statements only
+    plain.sql.rows.load_data.refused = True  # as on a server that refuses LOCAL: statements only
     try:
         copy(fast, Changes(target.schema, "by_load"), rows)
         copy(plain, Changes(target.schema, "by_upsert"), rows)
@@ -83,7 +83,7 @@ def test_reads_by_load_data_land_exactly_as_the_upserts_write_them(target, sent)
         fast.close()
         plain.close()
     assert len(sent) == 5 and all("`by_load`" in text for text in sent)
-    assert not fast.load_data.collided and not fast.load_data.refused
+    assert not fast.sql.rows.load_data.collided and not fast.sql.rows.load_data.refused
     columns = "id, i, d, f, r, ts, t0, day, stamp, HEX(s), HEX(l), HEX(c), HEX(txt), e, u"
     by_load = target.query(f"SELECT {columns} FROM {target.qualified('by_load')} ORDER BY id")
     assert len(by_load) == 200
@@ -110,7 +110,7 @@ def test_a_replayed_chunk_rolls_its_load_back_and_goes_by_upserts(target, sent):
         assert load.committed() == later.end
     finally:
         load.close()
-    assert len(sent) == 3 and load.load_data.collided == {(target.schema, "t")}
+    assert len(sent) == 3 and load.sql.rows.load_data.collided == {(target.schema, "t")}
     rows = dict(target.rows("t"))
     assert len(rows) == 120
     assert {rows[i] for i in range(1, 60)} == {"old"} and {rows[i] for i in range(60, 101)} == {"new"}
@@ -164,7 +164,7 @@ def test_a_server_that_refuses_local_makes_the_sink_write_statements(target, sen
     finally:
         load.close()
         target.execute(f"SET GLOBAL local_infile = {int(before)}")
-    assert len(sent) == 1 and load.load_data.refused
+    assert len(sent) == 1 and load.sql.rows.load_data.refused
     assert target.rows("t") == [(i, i) for i in range(1, 122)]
 
 

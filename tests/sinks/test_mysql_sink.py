@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 from setl.errors import LoadError, TransientLoadError
 from setl.model import DdlChange
 from setl.sinks.mysql import MysqlLoad, MysqlTargetConfig
+from setl.sinks.mysql_rows import MysqlRows
 from setl.sinks.prepared import MAX_PREPARED
-from setl.sinks.sql_common import TargetTableMissing
+from setl.sinks.sql_failures import TargetTableMissing
 from setl.testing.servers import MariaDBServer, free_port
 from tests.e2e.replicate import PER_TABLE, replicate, table_rule, write_source
 from tests.helpers.locks import mariadb_lock_waits
@@ -168,15 +169,15 @@ class TestMySQLSink(SinkContract):
             changes += [items.update(item(3), **item(3, name="upd")), items.delete(**item(4))]
             batch = make_batch(changes, id=2)
             load.prepare(batch)
-            assert len(load._prepared) == 1
+            assert len(load.sql.rows.prepared) == 1
             built = []
-            original = MysqlLoad._texts
-            monkeypatch.setattr(MysqlLoad, "_texts", lambda *a, **k: built.append(1) or original(*a, **k))
+            original = MysqlRows._texts
+            monkeypatch.setattr(MysqlRows, "_texts", lambda *a, **k: built.append(1) or original(*a, **k))
             load.load(batch)
-            assert built == [] and len(load._prepared) == 0
+            assert built == [] and len(load.sql.rows.prepared) == 0
             for n in range(3, 3 + 12):  # prepared and never loaded (discarded): at most MAX_PREPARED kept
                 load.prepare(make_batch([read(items, item(100 + n))], id=n))
-            assert len(load._prepared) == MAX_PREPARED
+            assert len(load.sql.rows.prepared) == MAX_PREPARED
         finally:
             load.close()
         expected = [(i, "upd" if i == 3 else f"n'{i}\\", 1, None) for i in range(1, 60) if i != 4]
@@ -352,15 +353,15 @@ def test_driver_errors_are_classified(code, kind):
     transient; a missing table is named; anything else (duplicate key, bad value, foreign key,
     syntax, access denied) fails the batch."""
     load = MysqlLoad(MysqlTargetConfig(type="mysql"), pipeline="p")
-    assert load._classify(pymysql.err.OperationalError(code, "message")) is kind
+    assert load.sql.classify(pymysql.err.OperationalError(code, "message")) is kind
 
 
 def test_a_closed_connection_and_a_refused_socket_are_transient():
     """A connection the client already closed, and a refused TCP connection, are transient."""
     load = MysqlLoad(MysqlTargetConfig(type="mysql"), pipeline="p")
-    assert load._classify(pymysql.err.InterfaceError(0, "")) is TransientLoadError
-    assert load._classify(ConnectionRefusedError()) is TransientLoadError
-    assert load._classify(ValueError("not the driver's")) is LoadError
+    assert load.sql.classify(pymysql.err.InterfaceError(0, "")) is TransientLoadError
+    assert load.sql.classify(ConnectionRefusedError()) is TransientLoadError
+    assert load.sql.classify(ValueError("not the driver's")) is LoadError
 
 
 def test_per_table_pipeline_with_a_part_failing_twice_keeps_a_keyless_table_exact(

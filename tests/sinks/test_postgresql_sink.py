@@ -19,7 +19,8 @@ from setl.errors import LoadError, RefusedLoadError, TransientLoadError
 from setl.model import DdlChange, TableName
 from setl.sinks.postgresql import PostgresqlLoad, PostgresqlTargetConfig
 from setl.sinks.postgresql_ddl import pg_name
-from setl.sinks.sql_common import TargetTableMissing
+from setl.sinks.postgresql_rows import PostgresqlRows
+from setl.sinks.sql_failures import TargetTableMissing
 from setl.testing.servers import PostgresServer, free_port
 from tests.e2e.replicate import PER_TABLE, replicate, table_rule, write_source
 from tests.helpers.locks import postgres_lock_waits
@@ -148,13 +149,13 @@ class TestPostgresSink(SinkContract):
                         read(items, {"id": 70, "name": "short"})]  # another shape: a group of one
             batch = make_batch(changes)
             load.prepare(batch)
-            assert len(load._prepared) == 1
+            assert len(load.sql.rows.prepared) == 1
             built = []
-            original = PostgresqlLoad._copy_rows
-            monkeypatch.setattr(PostgresqlLoad, "_copy_rows",
+            original = PostgresqlRows._copy_rows
+            monkeypatch.setattr(PostgresqlRows, "_copy_rows",
                                 staticmethod(lambda *a: built.append(1) or original(*a)))
             load.load(batch)
-            assert built == [] and len(load._prepared) == 0
+            assert built == [] and len(load.sql.rows.prepared) == 0
             load.load(make_batch([read(items, item(i, name="again")) for i in range(80, 110)], id=2))
             assert built == [1]  # not prepared: built at its load
         finally:
@@ -171,17 +172,17 @@ class TestPostgresSink(SinkContract):
         tried straight again. A batch mixing reads and other changes is staged as before."""
         load = target.make_load(copy_rows=20)
         staged = []
-        original = PostgresqlLoad._copy_upsert
-        monkeypatch.setattr(PostgresqlLoad, "_copy_upsert", lambda *a: staged.append(1) or original(*a))
+        original = PostgresqlRows._copy_upsert
+        monkeypatch.setattr(PostgresqlRows, "_copy_upsert", lambda *a: staged.append(1) or original(*a))
         try:
             first = make_batch([read(items, item(i, name=f"n{i}")) for i in range(1, 41)])
             load.prepare(first)
             load.load(first)
-            assert staged == [] and load._collided == set()
+            assert staged == [] and load.sql.rows.collided == set()
             again = make_batch([read(items, item(i, name=f"r{i}")) for i in range(1, 41)], id=2)
             load.prepare(again)
             load.load(again)
-            assert staged == [1] and load._collided == {(target.schema, "items")}
+            assert staged == [1] and load.sql.rows.collided == {(target.schema, "items")}
             later = make_batch([read(items, item(i, name="later")) for i in range(50, 80)], id=3)
             load.prepare(later)
             load.load(later)
@@ -352,14 +353,14 @@ def test_driver_errors_are_classified(error, kind):
     """Deadlocks, serialization failures, lock timeouts, lost or refused connections and a server
     shutting down or starting up are transient; a missing table is named; anything else fails the batch."""
     load = PostgresqlLoad(PostgresqlTargetConfig(type="postgresql"), pipeline="p")
-    assert load._classify(error("message")) is kind
+    assert load.sql.classify(error("message")) is kind
 
 
 def test_a_connection_lost_before_the_server_answered_is_transient():
     """An OperationalError without SQLSTATE (connection refused or broken) is transient."""
     load = PostgresqlLoad(PostgresqlTargetConfig(type="postgresql"), pipeline="p")
-    assert load._classify(psycopg.OperationalError("connection refused")) is TransientLoadError
-    assert load._classify(psycopg.errors.DataError("bad value")) is LoadError
+    assert load.sql.classify(psycopg.OperationalError("connection refused")) is TransientLoadError
+    assert load.sql.classify(psycopg.errors.DataError("bad value")) is LoadError
 
 
 def test_per_table_pipeline_with_a_part_failing_twice_keeps_a_keyless_table_exact(

@@ -1,4 +1,4 @@
-"""What a per-table part of an SQL target skips on a replay (`setl.sinks.sql_common.not_yet_applied`),
+"""What a per-table part of an SQL target skips on a replay (`setl.sinks.sql_load_path.not_yet_applied`),
 without a server: the target's recorded positions decide."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import attrs
 
 from setl.model import Op, Position, RowChange
-from setl.sinks.sql_common import not_yet_applied
+from setl.sinks.sql_load_path import not_yet_applied
 from tests.sinks.contract import Changes, at, span
 
 ITEMS = Changes("s", "items")

@@ -1,0 +1,218 @@
+"""The load path of an SQL target, top to bottom: what one batch (`load_batch`) or one per-table part
+(`load_part`) does in its transaction on its connection, each step one function below.
+
+``load_batch``: `hold_fence`; for each segment (`apply_segments`): its tables' rows
+(`apply_rows`: `stage`, then `write_table`: patches, deletes, upserts, or a keyless table in order)
+or its DDL (`apply_ddl`, or a re-copy's start or end: `apply_staged`); `record_and_commit` (the
+position and COMMIT); `after_commit`. ``load_part`` is the same with `fence_part` and
+`skip_applied` first. What differs between targets is the `SqlDialect` (and its `RowWriter`);
+retries, the connection and rollback on failure are `setl.sinks.sql_common.SqlLoad`'s.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Generic, TypeVar
+
+import attrs
+
+from setl.model import Batch, Change, Op, Position, RowChange
+from setl.routing import flat_name
+from setl.sinks.merge import TableChanges
+from setl.sinks.sql_dialect import RowWriter, SqlDialect
+from setl.sinks.sql_failures import CurrentTable
+from setl.sinks.sql_fence import TargetFence
+from setl.sinks.sql_positions import PositionStore
+from setl.sinks.sql_segments import DdlStep, Segment
+from setl.sinks.sql_staging import StagedCopies
+
+log = logging.getLogger(__name__)
+
+C = TypeVar("C")  # a driver connection
+
+#: Per target table of a part: (the pipeline's recorded position, read only when needed; the table's).
+TablePositions = dict[str, tuple[Position | None, Position | None]]
+#: Cuts a batch into segments (`setl.sinks.sql_segments`, narrowed by the dialect).
+PlanSegments = Callable[[Batch], list[Segment]]
+
+
+@attrs.frozen
+class LoadPath(Generic[C]):
+    """What the steps work with: one sink's dialect, fence, position store and re-copies, and the
+    table each thread is writing (for error messages)."""
+
+    pipeline: str
+    dialect: SqlDialect[C]
+    fence: TargetFence[C]
+    positions: PositionStore[C]
+    staged: StagedCopies[C]
+    writing: CurrentTable
+
+
+def load_batch(path: LoadPath[C], conn: C, batch: Batch, segments: list[Segment]) -> None:
+    """One batch in its transaction: fence, segments, positions and COMMIT (see the module)."""
+    hold_fence(path, conn, batch)
+    ddl = any(isinstance(segment, DdlStep) for segment in segments)
+    if ddl:  # a batch holding a DDL runs alone: it may start or end a re-copy
+        path.staged.forget()
+    apply_segments(path, conn, batch, segments)
+    record_and_commit(path, conn, batch, (), pipeline=True)
+    after_commit(path, conn, forget=ddl)
+
+
+def load_part(path: LoadPath[C], conn: C, batch: Batch, plan: PlanSegments) -> None:
+    """One per-table part in its transaction: fence and its tables' positions, the changes they
+    hold already dropped, segments (`plan` cuts them), its tables' positions and COMMIT."""
+    # unambiguous with dots in names; in the order the part names them
+    names = {ident: flat_name(*ident) for ident in dict.fromkeys((c.schema, c.table or "") for c in batch.changes)}
+    tables = fence_part(path, conn, batch, list(names.values()))
+    batch = skip_applied(path, batch, names, tables)
+    apply_segments(path, conn, batch, plan(batch))
+    # Never backwards: after a rollback, a replay's first batches end before what parts of the
+    # discarded batches after them committed already.
+    moved = [table for table, (_, table_at) in tables.items() if table_at is None or batch.end > table_at]
+    record_and_commit(path, conn, batch, moved, pipeline=False)
+
+
+# -- the steps, in the order they run
+
+
+def hold_fence(path: LoadPath[C], conn: C, batch: Batch) -> None:
+    """In the open transaction: hold the fence row shared to COMMIT; refuse an older epoch, take
+    the fence for a newer one (`TargetFence.check`)."""
+    path.fence.check(conn, batch)
+
+
+def fence_part(path: LoadPath[C], conn: C, batch: Batch, tables: Sequence[str]) -> TablePositions:
+    """`hold_fence` for a part, reading its first table's position with the fence in one round trip
+    (`PositionStore.fence_and_table_position`) and the others' apart, locked to COMMIT. A table at
+    or before the batch's start holds none of its changes: then the pipeline's position is not read
+    (a round trip less per part in the common case)."""
+    first = tables[0] if tables else None
+    first_at = path.fence.check(conn, batch, first)
+    found: TablePositions = {}
+    for table in tables:
+        path.writing.table = table
+        table_at = first_at if table == first else path.positions.table_position_locked(conn, table)
+        check = table_at is not None and table_at > batch.start  # may it hold some changes already?
+        found[table] = (path.positions.pipeline_position(conn) if check else None, table_at)
+    path.writing.table = None
+    return found
+
+
+def skip_applied(path: LoadPath[C], batch: Batch, names: Mapping[tuple[str, str], str],
+                 tables: TablePositions) -> Batch:
+    """`batch` without the changes its tables hold already (`not_yet_applied`), logged."""
+    checked = {table: at for table, at in tables.items() if at[1] is not None and at[1] > batch.start}
+    keep = not_yet_applied(batch, names, checked) if checked else batch.changes
+    if len(keep) < len(batch.changes):
+        log.info("pipeline=%s stage=load batch=%s: %d of %d changes of %s are in the target "
+                 "already; skipped", path.pipeline, batch.id, len(batch.changes) - len(keep),
+                 len(batch.changes), ", ".join(tables))
+    return batch.replace(tuple(keep)) if keep is not batch.changes else batch
+
+
+def apply_segments(path: LoadPath[C], conn: C, batch: Batch, segments: list[Segment]) -> None:
+    """Each segment in batch order: the merged rows of its tables, or one DDL."""
+    for segment in segments:
+        if isinstance(segment, list):
+            apply_rows(path, conn, segment)
+        elif not apply_staged(path, conn, batch, segment):
+            apply_ddl(path, conn, batch, segment)
+    path.writing.table = None
+
+
+def apply_rows(path: LoadPath[C], conn: C, tables: list[TableChanges]) -> None:
+    """Each table's merged changes: aimed at its staging table while it is re-copied (`stage`),
+    then written (`write_table`)."""
+    for table in tables:
+        path.writing.table = f"{table.schema}.{table.table}"
+        write_table(path.dialect.rows, conn, stage(path, conn, table))
+
+
+def stage(path: LoadPath[C], conn: C, table: TableChanges) -> TableChanges:
+    """`table`'s changes, renamed to its staging table while it is being re-copied (`StagedCopies`)."""
+    return path.staged.redirect(conn, table)
+
+
+def write_table(rows: RowWriter[C], conn: C, table: TableChanges) -> None:
+    """A keyed table's patches (keys none of its deletes and upserts touch: any order), deletes,
+    then upserts; a keyless table's changes in order."""
+    if not table.primary_key:
+        rows.in_order(conn, table)
+        return
+    if table.patches:
+        rows.patch(conn, table)
+    rows.delete(conn, table)
+    rows.upsert(conn, table)
+
+
+def apply_staged(path: LoadPath[C], conn: C, batch: Batch, step: DdlStep) -> bool:
+    """A re-copy's start (a snapshot TRUNCATE of a table holding rows) or end (`copy_end`), applied
+    (`StagedCopies`); False for any other DDL, and for a TRUNCATE to apply as it is."""
+    change = step.change
+    path.writing.table = change.qualified_table
+    if change.copy_end:
+        path.staged.end(conn, batch, change)
+    elif not (change.snapshot and step.statement.kind == "truncate_table"
+              and path.staged.start(conn, batch, change)):
+        return False
+    refence_after_ddl(path, conn, batch)
+    return True
+
+
+def apply_ddl(path: LoadPath[C], conn: C, batch: Batch, step: DdlStep) -> None:
+    """One table DDL (`SqlDialect.apply_ddl`), the fence taken again where DDL commits, and the
+    re-copy of a table it alters dropped (`StagedCopies.altered`)."""
+    change = step.change
+    path.writing.table = change.qualified_table
+    path.dialect.apply_ddl(conn, batch, step)
+    refence_after_ddl(path, conn, batch)
+    if path.staged.altered(conn, change, step.statement):
+        refence_after_ddl(path, conn, batch)
+    log.info("pipeline=%s stage=load batch=%d table=%s position=%s DDL applied: %s", path.pipeline,
+             batch.id, change.qualified_table, change.position or batch.end, " ".join(change.statement.split()))
+
+
+def refence_after_ddl(path: LoadPath[C], conn: C, batch: Batch) -> None:
+    """After DDL (a staging table's included): a target whose DDL commits (MySQL) holds the fence
+    again in the new transaction."""
+    if not path.dialect.transactional_ddl:
+        path.fence.check(conn, batch)
+
+
+def record_and_commit(path: LoadPath[C], conn: C, batch: Batch, tables: Sequence[str], *, pipeline: bool) -> None:
+    """The batch's end position for `tables` (a part's) or the pipeline, then COMMIT, in one round
+    trip where the dialect can (`PositionStore.record_and_commit`)."""
+    path.positions.record_and_commit(conn, batch, tables, pipeline=pipeline)
+
+
+def after_commit(path: LoadPath[C], conn: C, *, forget: bool) -> None:
+    """Drop the staging tables the batch let go where DDL is not transactional; `forget` (a batch
+    that held DDL): read the re-copies again at next use."""
+    path.staged.after_commit(conn)
+    if forget:
+        path.staged.forget()
+
+
+def not_yet_applied(batch: Batch, names: Mapping[tuple[str, str], str],
+                    tables: Mapping[str, tuple[Position | None, Position | None]]) -> Sequence[Change]:
+    """The changes of a per-table part `batch` its tables do not hold yet. `names` maps each
+    (schema, table) of the batch to its target table; `tables` gives the (pipeline position,
+    table position) recorded for the target tables to check (the others are kept whole). A row
+    change is in already when its position is after the pipeline's recorded position and at or
+    before its table's: an earlier part of a discarded batch committed it. A snapshot row (READ)
+    is the table's state at its place in the stream: never skipped."""
+    keep: list[Change] = []
+    for change in batch.changes:
+        pipeline_at, table_at = tables.get(names[(change.schema, change.table or "")], (None, None))
+        if (table_at is not None and isinstance(change, RowChange) and change.position is not None
+                and change.op is not Op.READ and change.position <= table_at
+                and (pipeline_at is None or change.position > pipeline_at)):
+            continue
+        keep.append(change)
+    return keep
+
+
+__all__ = ["LoadPath", "load_batch", "load_part", "not_yet_applied"]
