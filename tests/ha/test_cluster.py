@@ -16,6 +16,8 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from setl.ha.cluster import request_move
+from setl.status import status_rows
 from setl.testing.servers import ZooKeeperServer, free_port, wait_until
 from tests.ha.fleet import REASSIGN_AFTER_MS, SESSION_TIMEOUT_MS, STANDBY_DELAY_MS, Fleet
 from tests.helpers.receiver import Receiver
@@ -266,3 +268,52 @@ def test_a_zookeeper_outage_shorter_than_the_session_moves_nothing(make_fleet):
         assert "expired" not in fleet.logs(tail=None)
         finish(fleet)
 
+
+
+def test_a_node_setl_status_calls_dead_is_never_shown_as_owner_and_stays_lost(make_fleet):
+    """kill -9 of one of 3 nodes: from the first moment `setl status` reports one of its pipelines
+    dead, neither the cluster view (`setl cluster status`) nor the page shows that node as live or as
+    any pipeline's owner or holder; once its pipelines run elsewhere and a later move rewrites the
+    last rebalance, the node is still shown, lost (CLI, page)."""
+    nodes = ("d1", "d2", "d3")
+    port = free_port()
+    fleet = make_fleet(names=nodes, pipelines=3, node_extra={"d1": {"http": {"listen": f"127.0.0.1:{port}"}}})
+    for node in nodes:
+        fleet.spawn(node)
+    fleet.start_load(rate=30)
+    fleet.wait_spread(nodes, 1, 1, timeout=120)
+    settled(fleet)
+    fleet.wait_equal()
+    victim = next(p for p, h in fleet.holders().items() if h == "d3")
+    epoch = fleet.store.state(victim).epoch
+    fleet.kill("d3")
+    seen_dead = 0
+
+    def checked() -> bool:
+        nonlocal seen_dead
+        fleet._alive()
+        rows = {row["pipeline"]: row for row in status_rows(fleet.store, fleet.pipelines)}
+        view = fleet.view()
+        for name, row in rows.items():
+            if row["status"] == "dead" and row["node"] == "d3":
+                seen_dead += 1
+                assert view["pipelines"][name]["node"] != "d3" and view["pipelines"][name]["holder"] != "d3", view
+                assert not view["nodes"]["d3"]["live"] and view["nodes"]["d3"]["lost"], view
+        ack = fleet.store.position(victim)
+        return ack is not None and ack.epoch > epoch
+
+    wait_until(checked, timeout=30, interval=0.05, message=lambda: f"{victim} to run elsewhere\n{fleet.logs()}")
+    assert seen_dead > 0  # the window this test is about was observed
+    settled(fleet)
+    mover = next(p for p, h in fleet.holders().items() if h == "d1")
+    request_move(fleet.store.coordinator, mover, "d2")
+    wait_until(lambda: fleet.view()["last_rebalance"]["from"] == "d1", timeout=30,
+               message=lambda: f"the move of {mover} ({fleet.view()})")
+    status = fleet.cli("d1", "cluster", "status", "--json")
+    assert status.returncode == 0, status.stderr
+    cli = json.loads(status.stdout)["nodes"]["d3"]
+    assert cli["lost"] and not cli["live"] and cli["pipelines"] == [], cli
+    assert "d3               lost" in fleet.cli("d1", "cluster", "status").stdout
+    page = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status", timeout=10).read())
+    assert page["cluster"]["nodes"]["d3"]["lost"] and not page["cluster"]["nodes"]["d3"]["live"], page["cluster"]
+    finish(fleet)
