@@ -270,6 +270,63 @@ def test_a_zookeeper_outage_shorter_than_the_session_moves_nothing(make_fleet):
 
 
 
+def taken_and_acked(fleet: Fleet, epochs: dict[str, int], since: float, timeout: float
+                    ) -> tuple[dict[str, float], dict[str, float]]:
+    """Per pipeline in `epochs`: the seconds from `since` until another live node held its mainstem,
+    and until it acked in an epoch above the one given."""
+    taken: dict[str, float] = {}
+    acked: dict[str, float] = {}
+    gone = {name: fleet.holders()[name] for name in epochs}
+
+    def again() -> bool:
+        fleet._alive()
+        for name, epoch in epochs.items():
+            now = time.monotonic() - since
+            if name not in taken and fleet.store.members(name)[0] not in (None, gone[name]):
+                taken[name] = now
+            if name not in acked and (a := fleet.store.position(name)) is not None and a.epoch > epoch:
+                acked[name] = now
+                taken.setdefault(name, now)
+        return len(acked) == len(epochs)
+
+    wait_until(again, timeout=timeout, interval=0.05,
+               message=lambda: f"{sorted(set(epochs) - set(acked))} to ack in a new epoch ({fleet.holders()})\n"
+                               f"{fleet.logs()}")
+    return taken, acked
+
+
+def test_a_killed_node_s_pipelines_are_all_handed_over_in_one_step(make_fleet):
+    """kill -9 of one of 3 nodes: each of its pipelines waits the standby delay once (none waits
+    again after another is taken), is taken by its standby within session timeout + standby delay
+    + 1.5 s and acks again within + 3 s; targets equal, keyless rows once, epochs monotonic."""
+    nodes = ("k1", "k2", "k3")
+    fleet = make_fleet(names=nodes, pipelines=6)
+    for node in nodes:
+        fleet.spawn(node)
+    fleet.start_load(rate=60)
+    fleet.wait_spread(nodes, 2, 2, timeout=120)
+    settled(fleet)
+    wait_until(lambda: all(row["standby"] for row in fleet.view()["pipelines"].values()), timeout=30,
+               message=lambda: f"every pipeline to have a standby ({fleet.view()['pipelines']})")
+    fleet.wait_equal()  # every pipeline acking steadily: the kill interrupts running work
+    victims = [p for p, h in fleet.holders().items() if h == "k3"]
+    assert len(victims) == 2, fleet.holders()
+    epochs = {name: fleet.store.state(name).epoch for name in victims}
+    logs = {path: path.stat().st_size for path in fleet.root.glob("setl-*.log")}
+    killed = time.monotonic()
+    fleet.kill("k3")
+    taken, acked = taken_and_acked(fleet, epochs, killed, timeout=60)
+    failover = (SESSION_TIMEOUT_MS + STANDBY_DELAY_MS) / 1000
+    after = "".join(path.read_bytes()[size:].decode(errors="replace") for path, size in logs.items())
+    waits = {name: after.count(f"pipeline={name} ha: the mainstem is free; contending in") for name in victims}
+    print(f"\nkill -9 of k3: its pipelines taken after {', '.join(f'{t:.2f}s' for t in sorted(taken.values()))}, "
+          f"acking again after {', '.join(f'{t:.2f}s' for t in sorted(acked.values()))} (session + delay "
+          f"{failover:.1f}s); standby delays waited {waits}")
+    assert waits == dict.fromkeys(victims, 1), (waits, after)
+    assert max(taken.values()) < failover + 1.5, (taken, after[-6000:])  # the ZooKeeper tick is 0.5 s
+    assert max(acked.values()) < failover + 3, (acked, after[-6000:])
+    finish(fleet)
+
 def test_a_node_setl_status_calls_dead_is_never_shown_as_owner_and_stays_lost(make_fleet):
     """kill -9 of one of 3 nodes: from the first moment `setl status` reports one of its pipelines
     dead, neither the cluster view (`setl cluster status`) nor the page shows that node as live or as
