@@ -4,6 +4,7 @@ read and asked through `setl.ha.cluster`; `setl.cli` hands the ``cluster`` comma
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from collections.abc import Iterator
@@ -49,9 +50,15 @@ def _coordinator(conf: Path) -> Iterator[Any]:
 
 
 def cmd_cluster(args: argparse.Namespace, conf: Path) -> int:
-    from setl.ha.cluster import cluster_view, request_drain, request_move
+    from setl.ha.cluster import cluster_view as read_view
+    from setl.ha.cluster import request_drain, request_move
+    from setl.meta.zookeeper import ZooKeeperMetaStore
+    from setl.status import dead_runs
 
     with _coordinator(conf) as co:
+        # a node `setl status` reports dead is lost in this view too (the same liveness records)
+        meta = ZooKeeperMetaStore(co, owns_session=False)
+        cluster_view = functools.partial(read_view, dead=functools.partial(dead_runs, meta))
         if args.action == "status":
             view = cluster_view(co)
             print(json.dumps(view, indent=2, sort_keys=True) if args.json else "\n".join(status_lines(view)))
@@ -108,16 +115,16 @@ def status_lines(view: dict[str, Any]) -> list[str]:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last.get("time", 0)))
         lines.append(f"last rebalance: {when} {last.get('pipeline')} {last.get('from')} -> {last.get('to')} "
                      f"({last.get('reason')})")
-    lines.append(f"{'NODE':<16} {'LIVE':<5} {'CAPACITY':<9} {'WEIGHT':<7} PIPELINES")
+    lines.append(f"{'NODE':<16} {'LIVE':<5} {'CAPACITY':<9} {'WEIGHT':<7} PIPELINES")  # LIVE: yes or lost
     for name, node in view["nodes"].items():
-        state = "yes" if node["live"] else "no"
+        state = "yes" if node["live"] else "lost"
         if node["draining"]:
             state += ",draining"
         capacity = "-" if node["capacity"] is None else str(node["capacity"])
         lines.append(f"{name:<16} {state:<5} {capacity:<9} {node['weight']:<7} {', '.join(node['pipelines']) or '-'}")
     lines.append(f"{'PIPELINE':<24} {'WEIGHT':<7} {'NODE':<16} {'RUNS ON':<16} STANDBY")
     for name, row in view["pipelines"].items():
-        node = row["node"] or "(unassigned)"
+        node = row["node"] or (f"(lost: {row['lost']})" if row.get("lost") else "(unassigned)")
         if row["moving_from"]:
             node += f" <- {row['moving_from']}"
         lines.append(f"{name:<24} {row['weight']:<7} {node:<16} {row['holder'] or '-':<16} {row['standby'] or '-'}")

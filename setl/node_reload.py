@@ -26,7 +26,7 @@ REQUEST_POLL = 1.0
 
 
 class Reloadable(Protocol):
-    """A pipeline the node runs, as a reload sees it (`setl.node._Supervised`)."""
+    """A pipeline the node runs, as a reload sees it (`setl.node_runs.Supervised`)."""
 
     config: PipelineConfig
     stages: Stages

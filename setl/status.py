@@ -14,12 +14,31 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from setl.meta.base import STALE_AFTER, MetaStore, Status
+from setl.meta.base import STALE_AFTER, Liveness, MetaStore, PipelineState, Status
 
 #: The status of a pipeline whose state says running but whose process has stopped beating.
 DEAD = "dead"
 #: The status of a running pipeline riding out a transient failure (its cause in ``retrying``).
 RETRYING = "retrying"
+
+
+def is_dead(state: PipelineState, live: Liveness | None, now: float) -> bool:
+    """Whether `setl status` reports a pipeline ``dead``: its state says running, and the process
+    running it stopped beating (or, on this host, is gone)."""
+    return state.status is Status.RUNNING and (live is None or live.stale(now, STALE_AFTER))
+
+
+def dead_runs(meta: MetaStore, names: list[str], *, now: float | None = None) -> dict[str, tuple[str, str, int]]:
+    """The pipelines of `names` that `setl status` reports ``dead`` (`is_dead`) with a liveness record
+    naming a node: per pipeline, that node, its host and its pid (what the cluster view judges its
+    nodes by, `setl.ha.cluster.cluster_view`)."""
+    now = time.time() if now is None else now
+    found = {}
+    for name in names:
+        live = meta.liveness(name)
+        if live is not None and live.node and is_dead(meta.state(name), live, now):
+            found[name] = (live.node, live.host, live.pid)
+    return found
 
 
 def stopped_row(name: str) -> dict[str, Any]:
@@ -56,7 +75,7 @@ def status_rows(meta: MetaStore, names: list[str], *, now: float | None = None) 
         live = meta.liveness(name)
         holder, standbys = members(name) if members else (None, [])
         status = state.status.value
-        if state.status is Status.RUNNING and (live is None or live.stale(now, STALE_AFTER)):
+        if is_dead(state, live, now):
             status = DEAD
         elif state.status is Status.RUNNING and state.retrying:
             status = RETRYING  # the word the page and /api/status use too

@@ -110,7 +110,7 @@ def test_a_paused_and_a_failing_pipeline_do_not_disturb_the_others(tmp_path):
         wait_until(lambda: conf.caught_up("steady"), timeout=60, message="steady took the new rows")
 
         meta.set_state("paused", Status.PAUSED)  # what `setl pause` does
-        wait_until(lambda: "paused" not in node._running, timeout=60, message="paused stopped")
+        wait_until(lambda: "paused" not in node.runs.running(), timeout=60, message="paused stopped")
         conf.append("paused", more_rows(0, 5))
         conf.append("steady", more_rows(30, 30))
         wait_until(lambda: conf.caught_up("steady"), timeout=60, message="steady went on alone")
@@ -151,7 +151,7 @@ def test_forty_pipelines_in_one_node_run_on_a_bounded_number_of_threads(tmp_path
         for name in names[:5]:
             conf.append(name, more_rows(0, 10))
         wait_until(all_caught_up, timeout=60, interval=0.05, message="new rows replicated")
-        assert set(node._running) == set(names), "every pipeline is still running"
+        assert node.runs.running() == set(names), "every pipeline is still running"
     finally:
         node.stop()
         runner.join(60)

@@ -6,7 +6,7 @@ ground up; docs/architecture.md draws them)::
 
     10 entry      cli (and its cluster_cmd, repair_cmd), the public API (setl/__init__), testing (nothing in
                   setl imports it)
-     9 node       node (and its node_reload, node_status)
+     9 node       node (and its node_elected, node_reload, node_runs, node_status)
      8 observe    observe (metrics, lag, the HTTP page)
      7 scheduler  scheduler, runtime
      6 pipeline   pipeline (assembly of the stages from the config), verify (the consistency check)
@@ -63,7 +63,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("pipeline", ("pipeline", "verify")),
     ("scheduler", ("scheduler", "runtime")),
     ("observe", ("observe",)),
-    ("node", ("node", "node_reload", "node_status")),
+    ("node", ("node", "node_elected", "node_reload", "node_runs", "node_status")),
     ("entry", ("cli", "cluster_cmd", "repair_cmd", "setl", "testing")),
 )
 

@@ -228,6 +228,8 @@ class NodeInfo:
     name: str
     capacity: int | None
     pipelines: dict[str, dict[str, Any]]
+    host: str = ""
+    pid: int = 0
 
 
 def read_nodes(coordinator: Coordinator) -> dict[str, NodeInfo]:
@@ -238,7 +240,8 @@ def read_nodes(coordinator: Coordinator) -> dict[str, NodeInfo]:
         if znode is None:
             continue
         data = znode.json()
-        found[name] = NodeInfo(name, data.get("capacity"), dict(data.get("pipelines") or {}))
+        found[name] = NodeInfo(name, data.get("capacity"), dict(data.get("pipelines") or {}),
+                               str(data.get("host") or ""), int(data.get("pid") or 0))
     return found
 
 
@@ -403,6 +406,7 @@ class ClusterCoordinator:
 
         for gone in [n for n in self._gone_since if n in nodes]:
             del self._gone_since[gone]
+        self._remember_lost(assignments, holders, set(nodes), election)
         current: dict[str, str | None] = {}
         standbys: dict[str, str | None] = {}
         updates: dict[str, tuple[Assignment, str]] = {}  # pipeline -> (new assignment, why)
@@ -493,6 +497,20 @@ class ClusterCoordinator:
                 if old is not None:  # a first placement is no rebalance
                     self._rebalanced(name, details, election)
 
+    def _remember_lost(self, assignments: Mapping[str, Assignment | None], holders: Mapping[str, str | None],
+                       live: set[str], election: LeaderElection) -> None:
+        """Keep the nodes that left while an assignment or a mainstem named them in the state's
+        ``lost`` (with when they were first missed) until they register again, so that the view
+        shows them lost after their pipelines went elsewhere, rather than dropping them."""
+        named = {n for a in assignments.values() if a is not None for n in (a.node, a.standby, a.source) if n}
+        named |= {h for h in holders.values() if h}
+        znode = self.coordinator.get(STATE)
+        known: dict[str, float] = dict((znode.json() if znode is not None else {}).get("lost") or {})
+        lost = {n: since for n, since in known.items() if n not in live}
+        lost.update({n: time.time() for n in named - live if n not in lost})
+        if lost != known:
+            self._write_state({"lost": lost}, election)
+
     def _settling(self, now: float, specs: Mapping[str, PipelineSpec], assignments: Mapping[str, Assignment | None],
                   live: set[str]) -> bool:
         """Whether the start-up grace still holds: it ends when it has lasted `join_grace`, or once
@@ -578,9 +596,18 @@ class ClusterCoordinator:
 # --- reading and asking (CLI, status page) ------------------------------------------------------
 
 
-def cluster_view(coordinator: Coordinator) -> dict[str, Any]:
+def cluster_view(coordinator: Coordinator, *,
+                 dead: Callable[[list[str]], Mapping[str, tuple[str, str, int]]] | None = None) -> dict[str, Any]:
     """The whole cluster as any node or the CLI sees it: nodes (capacity, draining, pipelines and
-    their weights), each pipeline's assignment and holder, the coordinator and the last rebalance."""
+    their weights), each pipeline's assignment and holder, the coordinator and the last rebalance.
+
+    A node is *lost* when it is no longer registered (its session ended), or when `setl status`
+    reports a pipeline of it ``dead``: `dead(names)` gives, per pipeline so reported, the node, host
+    and pid of its stale liveness record (`setl.status.dead_runs`), and the registered node of that
+    host and pid is the process that stopped. A lost node is never shown as a pipeline's owner,
+    holder or standby (the row's ``lost`` names it instead); it stays in the view, not live, while
+    anything names it or the coordinator remembers it (the state's ``lost``) until it registers again.
+    """
     nodes = read_nodes(coordinator)
     draining = set(coordinator.children(DRAIN))
     names = sorted(set(coordinator.children(ASSIGNMENTS)) | {p for n in nodes.values() for p in n.pipelines})
@@ -588,6 +615,8 @@ def cluster_view(coordinator: Coordinator) -> dict[str, Any]:
     for info in nodes.values():
         for name, spec in info.pipelines.items():
             weights.setdefault(name, int(spec.get("weight") or 1))
+    state_node = coordinator.get(STATE)
+    state = state_node.json() if state_node is not None else {}
     pipelines: dict[str, dict[str, Any]] = {}
     for name in names:
         assignment = Assignment.from_znode(coordinator.get(f"{ASSIGNMENTS}/{name}"))
@@ -600,23 +629,39 @@ def cluster_view(coordinator: Coordinator) -> dict[str, Any]:
             "version": assignment.version if assignment else None,
             "holder": holder_of(coordinator, name),
             "weight": weights.get(name, 1),
+            "lost": None,
         }
-    state_node = coordinator.get(STATE)
-    state = state_node.json() if state_node is not None else {}
-    view_nodes = {}
-    # A node gone from the registrations (its session ended) stays in the view, not live, while
-    # anything still names it: an assignment, a held mainstem, the last rebalance's origin.
+    stopped = set()  # registered nodes whose process `setl status` reports dead
+    for node, host, pid in (dead(names) if dead is not None else {}).values():
+        found = nodes.get(node)
+        if found is not None and (found.host, found.pid) == (host, pid):
+            stopped.add(node)
+    # A node gone from the registrations stays in the view, not live, while anything still names it:
+    # an assignment, a held mainstem, the last rebalance's origin, the coordinator's memory of it.
     named = {a[key] for a in pipelines.values() for key in ("node", "standby", "holder", "moving_from") if a[key]}
     last = state.get("last_rebalance") or {}
     named |= {str(last[key]) for key in ("from",) if isinstance(last, dict) and last.get(key)}
+    named |= set(state.get("lost") or {})
+    lost = stopped | (named - set(nodes))
+    was: dict[str, list[str]] = {}
+    for name, row in pipelines.items():
+        for key in ("node", "holder", "standby"):
+            if row[key] in lost:
+                if key != "standby":
+                    row["lost"] = row[key]
+                    was.setdefault(row[key], []).append(name)
+                row[key] = None
+    view_nodes = {}
     for name in sorted(set(nodes) | draining | named):
         found = nodes.get(name)
         mine = sorted(p for p, a in pipelines.items() if a["node"] == name)
         view_nodes[name] = {
-            "live": found is not None,
+            "live": name not in lost and found is not None,
+            "lost": name in lost or found is None,
             "capacity": found.capacity if found else None,
             "draining": name in draining,
             "pipelines": mine,
+            "lost_pipelines": sorted(set(was.get(name, []))),
             "weight": sum(pipelines[p]["weight"] for p in mine),
         }
     return {"coordinator": state.get("coordinator"), "nodes": view_nodes, "pipelines": pipelines,

@@ -34,6 +34,7 @@ from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 from kazoo.retry import KazooRetry
 
 from setl.errors import ConfigError, MetaStoreError
+from setl.ha.keeper import Keeper
 
 log = logging.getLogger("setl.ha")
 
@@ -129,7 +130,7 @@ class Coordinator:
     (default twice the session timeout; ``math.inf`` for a node, which rides out a ZooKeeper
     outage) without a connection it raises `MetaStoreError`. Writes are safe to repeat because they are conditional or
     idempotent. Listeners run on kazoo's thread and only set events. Ephemeral nodes registered
-    with `keep` are re-created on every new session by one owned thread.
+    with `keep` are re-created on every new session by the session's `Keeper` (`setl.ha.keeper`).
     """
 
     def __init__(
@@ -161,15 +162,12 @@ class Coordinator:
         self._client.add_listener(self._on_state)
         self._lock = threading.Lock()
         self._connected = threading.Event()
-        self._new_session = threading.Event()
         self._closing = threading.Event()
         self._session_id = 0
         self._suspended_at: float | None = None
         self._leases: dict[str, Fence] = {}  # the leases the meta store fences writes with
         self._taken: weakref.WeakSet[Fence] = weakref.WeakSet()  # every live lease: lost with the session
-        self._kept: dict[str, bytes] = {}
-        self._keep_lock = threading.Lock()  # the keeper's check-and-create vs unkeep's remove-and-delete
-        self._keeper: threading.Thread | None = None
+        self._keeper = Keeper(self)
 
     # -- lifecycle
 
@@ -186,7 +184,6 @@ class Coordinator:
             self._on_state(KazooState.CONNECTED)
         if self.root:
             self.ensure("")
-        self._keeper = threading.Thread(target=self._keep_loop, name="setl-ha-keeper", daemon=True)
         self._keeper.start()
         return self
 
@@ -195,9 +192,7 @@ class Coordinator:
         if self._closing.is_set():
             return
         self._closing.set()
-        self._new_session.set()
-        if self._keeper is not None:
-            self._keeper.join(timeout=5)
+        self._keeper.stop()
         try:
             self._client.stop()
             self._client.close()
@@ -234,7 +229,7 @@ class Coordinator:
                 # The first session is routine (the CLI opens one per command); a later one is news.
                 log.log(logging.INFO if was_suspended else logging.DEBUG,
                         "ha: ZooKeeper session 0x%x at %s", session, self.hosts)
-                self._new_session.set()
+                self._keeper.new_session()
             elif was_suspended:
                 log.info("ha: ZooKeeper connection is back (session 0x%x)", session)
         elif state == KazooState.SUSPENDED:
@@ -257,46 +252,21 @@ class Coordinator:
     # -- ephemeral registrations
 
     def keep(self, path: str, data: bytes) -> None:
-        """Hold ephemeral node `path` on this and every later session, until `unkeep`."""
-        with self._lock:
-            self._kept[path] = data
-        self._new_session.set()
+        """Hold ephemeral node `path` on this and every later session, until `unkeep` (`Keeper.keep`)."""
+        self._keeper.keep(path, data)
 
     def unkeep(self, path: str) -> None:
-        """Stop holding `path` and delete it. Serialised with the keeper's re-registration
-        (`_keep_lock`): a keeper that read `path` among the kept ones before this call must not
-        create it again after it (a new holder would be listed among its own standbys)."""
-        with self._keep_lock:
-            with self._lock:
-                self._kept.pop(path, None)
-            try:
-                node = self.get(path)
-                if node is not None and node.owner == self._session_id:
-                    self.delete(path, node.version)
-            except MetaStoreError:  # it goes with the session anyway
-                log.debug("ha: could not delete %s", path, exc_info=True)
+        """Stop holding `path` and delete it (`Keeper.unkeep`)."""
+        self._keeper.unkeep(path)
 
-    def _keep_loop(self) -> None:
-        while not self._closing.is_set():
-            self._new_session.wait()
-            self._new_session.clear()
-            if self._closing.is_set():
-                return
-            with self._lock:
-                kept = dict(self._kept)
-            for path, data in kept.items():
-                try:
-                    with self._keep_lock:
-                        with self._lock:
-                            if path not in self._kept:
-                                continue  # unkept since the snapshot: do not bring it back
-                        self.claim(path, data)
-                except MetaStoreError as exc:
-                    log.warning("ha: cannot register %s: %s", path, exc)
-                    self._closing.wait(0.5)
-                    self._new_session.set()
-                except Exception:  # never let the keeper die silently
-                    log.exception("ha: registering %s failed", path)
+    def unclaim(self, path: str) -> None:
+        """Delete ephemeral `path` if this session holds it (it goes with the session anyway)."""
+        try:
+            node = self.get(path)
+            if node is not None and node.owner == self._session_id:
+                self.delete(path, node.version)
+        except MetaStoreError:  # it goes with the session anyway
+            log.debug("ha: could not delete %s", path, exc_info=True)
 
     def claim(self, path: str, data: bytes, *, wait: float = 0.0) -> None:
         """Create ephemeral `path` for this session (or keep ours). If another live session

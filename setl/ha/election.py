@@ -29,6 +29,7 @@ from setl.ha.coordinator import (
     dumps,
 )
 from setl.ha.fencing import Lease
+from setl.status import dead_runs
 
 log = logging.getLogger("setl.ha")
 
@@ -260,6 +261,8 @@ class Elections:
         self.cluster_coordinator: ClusterCoordinator | None = None
         self._mainstems: dict[str, Mainstem] = {}
         self._published: dict[str, Any] = {}
+        #: the pipelines `setl status` reports dead, with the node of each (`setl.status.dead_runs`)
+        self._dead: Callable[[list[str]], Any] | None = None
 
     @classmethod
     def for_node(cls, settings: Any, meta: Any, pipelines: Sequence[Any] = (),
@@ -277,6 +280,7 @@ class Elections:
         member = ClusterMember(coordinator, settings.node.id, [config.name for config in pipelines])
         elections = cls(coordinator, settings.node.id, standby_delay=settings.ha.standby_delay_ms / 1000.0,
                         cluster=member)
+        elections._dead = functools.partial(dead_runs, meta)
         elections._published = node_data(settings.node.capacity, {
             config.name: (config.pipeline.weight, config.pipeline.nodes) for config in pipelines})
         elections.register()
@@ -291,7 +295,7 @@ class Elections:
 
     def cluster_view(self) -> dict[str, Any]:
         """The whole cluster (`setl.ha.cluster.cluster_view`): what `/api/status` and the metrics show."""
-        return cluster_view(self.coordinator)
+        return cluster_view(self.coordinator, dead=self._dead)
 
     def close(self) -> None:
         """Leave the cluster's coordinator election and stop watching assignments (the node's

@@ -6,6 +6,7 @@ sysbench table) from one MariaDB source into one MariaDB target: the rig of the 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import random
 import re
@@ -23,6 +24,7 @@ import yaml
 from setl.ha import Coordinator
 from setl.ha.cluster import cluster_view
 from setl.meta.zookeeper import ZooKeeperMetaStore
+from setl.status import dead_runs
 from setl.testing.servers import wait_until
 from tests.e2e.setl_process import binlog_head, mysql_source, mysql_target
 from tests.ha.zk import unique_root
@@ -217,7 +219,7 @@ class Fleet:
     # -- observations
 
     def view(self) -> dict[str, Any]:
-        return cluster_view(self.store.coordinator)
+        return cluster_view(self.store.coordinator, dead=functools.partial(dead_runs, self.store))
 
     def holders(self) -> dict[str, str | None]:
         return {name: self.store.members(name)[0] for name in self.pipelines}

@@ -16,6 +16,8 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from setl.ha.cluster import request_move
+from setl.status import status_rows
 from setl.testing.servers import ZooKeeperServer, free_port, wait_until
 from tests.ha.fleet import REASSIGN_AFTER_MS, SESSION_TIMEOUT_MS, STANDBY_DELAY_MS, Fleet
 from tests.helpers.receiver import Receiver
@@ -266,3 +268,109 @@ def test_a_zookeeper_outage_shorter_than_the_session_moves_nothing(make_fleet):
         assert "expired" not in fleet.logs(tail=None)
         finish(fleet)
 
+
+
+def taken_and_acked(fleet: Fleet, epochs: dict[str, int], since: float, timeout: float
+                    ) -> tuple[dict[str, float], dict[str, float]]:
+    """Per pipeline in `epochs`: the seconds from `since` until another live node held its mainstem,
+    and until it acked in an epoch above the one given."""
+    taken: dict[str, float] = {}
+    acked: dict[str, float] = {}
+    gone = {name: fleet.holders()[name] for name in epochs}
+
+    def again() -> bool:
+        fleet._alive()
+        for name, epoch in epochs.items():
+            now = time.monotonic() - since
+            if name not in taken and fleet.store.members(name)[0] not in (None, gone[name]):
+                taken[name] = now
+            if name not in acked and (a := fleet.store.position(name)) is not None and a.epoch > epoch:
+                acked[name] = now
+                taken.setdefault(name, now)
+        return len(acked) == len(epochs)
+
+    wait_until(again, timeout=timeout, interval=0.05,
+               message=lambda: f"{sorted(set(epochs) - set(acked))} to ack in a new epoch ({fleet.holders()})\n"
+                               f"{fleet.logs()}")
+    return taken, acked
+
+
+def test_a_killed_node_s_pipelines_are_all_handed_over_in_one_step(make_fleet):
+    """kill -9 of one of 3 nodes: each of its pipelines waits the standby delay once (none waits
+    again after another is taken), is taken by its standby within session timeout + standby delay
+    + 1.5 s and acks again within + 3 s; targets equal, keyless rows once, epochs monotonic."""
+    nodes = ("k1", "k2", "k3")
+    fleet = make_fleet(names=nodes, pipelines=6)
+    for node in nodes:
+        fleet.spawn(node)
+    fleet.start_load(rate=60)
+    fleet.wait_spread(nodes, 2, 2, timeout=120)
+    settled(fleet)
+    wait_until(lambda: all(row["standby"] for row in fleet.view()["pipelines"].values()), timeout=30,
+               message=lambda: f"every pipeline to have a standby ({fleet.view()['pipelines']})")
+    fleet.wait_equal()  # every pipeline acking steadily: the kill interrupts running work
+    victims = [p for p, h in fleet.holders().items() if h == "k3"]
+    assert len(victims) == 2, fleet.holders()
+    epochs = {name: fleet.store.state(name).epoch for name in victims}
+    logs = {path: path.stat().st_size for path in fleet.root.glob("setl-*.log")}
+    killed = time.monotonic()
+    fleet.kill("k3")
+    taken, acked = taken_and_acked(fleet, epochs, killed, timeout=60)
+    failover = (SESSION_TIMEOUT_MS + STANDBY_DELAY_MS) / 1000
+    after = "".join(path.read_bytes()[size:].decode(errors="replace") for path, size in logs.items())
+    waits = {name: after.count(f"pipeline={name} ha: the mainstem is free; contending in") for name in victims}
+    print(f"\nkill -9 of k3: its pipelines taken after {', '.join(f'{t:.2f}s' for t in sorted(taken.values()))}, "
+          f"acking again after {', '.join(f'{t:.2f}s' for t in sorted(acked.values()))} (session + delay "
+          f"{failover:.1f}s); standby delays waited {waits}")
+    assert waits == dict.fromkeys(victims, 1), (waits, after)
+    assert max(taken.values()) < failover + 1.5, (taken, after[-6000:])  # the ZooKeeper tick is 0.5 s
+    assert max(acked.values()) < failover + 3, (acked, after[-6000:])
+    finish(fleet)
+
+def test_a_node_setl_status_calls_dead_is_never_shown_as_owner_and_stays_lost(make_fleet):
+    """kill -9 of one of 3 nodes: from the first moment `setl status` reports one of its pipelines
+    dead, neither the cluster view (`setl cluster status`) nor the page shows that node as live or as
+    any pipeline's owner or holder; once its pipelines run elsewhere and a later move rewrites the
+    last rebalance, the node is still shown, lost (CLI, page)."""
+    nodes = ("d1", "d2", "d3")
+    port = free_port()
+    fleet = make_fleet(names=nodes, pipelines=3, node_extra={"d1": {"http": {"listen": f"127.0.0.1:{port}"}}})
+    for node in nodes:
+        fleet.spawn(node)
+    fleet.start_load(rate=30)
+    fleet.wait_spread(nodes, 1, 1, timeout=120)
+    settled(fleet)
+    fleet.wait_equal()
+    victim = next(p for p, h in fleet.holders().items() if h == "d3")
+    epoch = fleet.store.state(victim).epoch
+    fleet.kill("d3")
+    seen_dead = 0
+
+    def checked() -> bool:
+        nonlocal seen_dead
+        fleet._alive()
+        rows = {row["pipeline"]: row for row in status_rows(fleet.store, fleet.pipelines)}
+        view = fleet.view()
+        for name, row in rows.items():
+            if row["status"] == "dead" and row["node"] == "d3":
+                seen_dead += 1
+                assert view["pipelines"][name]["node"] != "d3" and view["pipelines"][name]["holder"] != "d3", view
+                assert not view["nodes"]["d3"]["live"] and view["nodes"]["d3"]["lost"], view
+        ack = fleet.store.position(victim)
+        return ack is not None and ack.epoch > epoch
+
+    wait_until(checked, timeout=30, interval=0.05, message=lambda: f"{victim} to run elsewhere\n{fleet.logs()}")
+    assert seen_dead > 0  # the window this test is about was observed
+    settled(fleet)
+    mover = next(p for p, h in fleet.holders().items() if h == "d1")
+    request_move(fleet.store.coordinator, mover, "d2")
+    wait_until(lambda: fleet.view()["last_rebalance"]["from"] == "d1", timeout=30,
+               message=lambda: f"the move of {mover} ({fleet.view()})")
+    status = fleet.cli("d1", "cluster", "status", "--json")
+    assert status.returncode == 0, status.stderr
+    cli = json.loads(status.stdout)["nodes"]["d3"]
+    assert cli["lost"] and not cli["live"] and cli["pipelines"] == [], cli
+    assert "d3               lost" in fleet.cli("d1", "cluster", "status").stdout
+    page = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status", timeout=10).read())
+    assert page["cluster"]["nodes"]["d3"]["lost"] and not page["cluster"]["nodes"]["d3"]["live"], page["cluster"]
+    finish(fleet)

@@ -58,7 +58,8 @@ class Rig:
         self.sessions.pop(node).stop()
 
     def owners(self) -> dict[str, str | None]:
-        return {p: row["node"] for p, row in cluster_view(self.admin)["pipelines"].items()}
+        return {p: a.node if (a := Assignment.from_znode(self.admin.get(f"{ASSIGNMENTS}/{p}"))) else None
+                for p in self.names}
 
     def close(self) -> None:
         for co in self.sessions.values():
@@ -105,8 +106,10 @@ def test_pipelines_are_placed_balanced_and_a_lost_node_s_only_after_the_delay(ri
         rig.leave("b")
         rig.coordinator.round(election)
         assert rig.owners() == owners  # b may come back: nothing moves yet
-        lost = cluster_view(rig.admin)["nodes"].get("b")  # shown as lost with its pipelines, not gone
-        assert lost is not None and lost["live"] is False and len(lost["pipelines"]) == 2, lost
+        view = cluster_view(rig.admin)
+        lost = view["nodes"].get("b")  # shown as lost with the pipelines it had, not gone, and owning none
+        assert lost is not None and lost["live"] is False and lost["lost"] and len(lost["lost_pipelines"]) == 2, lost
+        assert lost["pipelines"] == [] and all(row["node"] != "b" for row in view["pipelines"].values()), view
         rig.clock.now += 6
         rig.coordinator.round(election)
         assert set(rig.owners().values()) == {"a"}
@@ -115,7 +118,12 @@ def test_pipelines_are_placed_balanced_and_a_lost_node_s_only_after_the_delay(ri
             assert after is not None and after.version >= before[p].version  # type: ignore[union-attr]
         view = cluster_view(rig.admin)
         assert view["last_rebalance"]["to"] == "a" and view["moves"] == 2
-        assert view["nodes"]["b"]["live"] is False  # still shown, as the node the last move left
+        assert view["nodes"]["b"]["live"] is False and view["nodes"]["b"]["lost"]  # still shown: lost, not gone
+        rig.coordinator.round(election)
+        assert cluster_view(rig.admin)["nodes"]["b"]["lost"]  # remembered by the coordinator until it is back
+        rig.join("b")
+        rig.coordinator.round(election)
+        assert cluster_view(rig.admin)["nodes"]["b"]["live"]
 
     rig.lead(body)
 

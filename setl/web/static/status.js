@@ -178,9 +178,10 @@ function renderCluster(cluster, now) {
     el("tr", {}, ...["node", "live", "capacity", "weight", "pipelines"].map((h) => el("th", {}, h))));
   for (const [name, node] of Object.entries(cluster.nodes)) {
     table.append(el("tr", { "data-node": name },
-      el("td", {}, name), el("td", {}, node.live ? (node.draining ? "draining" : "yes") : "no"),
+      el("td", {}, name), el("td", {}, node.live ? (node.draining ? "draining" : "yes") : "lost"),
       el("td", {}, node.capacity === null ? "–" : String(node.capacity)), el("td", {}, String(node.weight)),
-      el("td", { class: "mono" }, node.pipelines.join(", ") || "–")));
+      el("td", { class: "mono" }, node.pipelines.join(", ") ||
+        (node.lost_pipelines && node.lost_pipelines.length ? `(had ${node.lost_pipelines.join(", ")})` : "–"))));
   }
   box.replaceChildren(head, table);
 }
