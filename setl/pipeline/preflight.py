@@ -44,7 +44,7 @@ class Finding:
     code: int = 1
 
     def line(self) -> str:
-        return f"{self.level:7} {self.pipeline} {self.what}: {self.text}"
+        return f"{self.level:7} pipeline={self.pipeline} {self.what}: {self.text}"
 
 
 def check_pipeline(node: NodeSettings, load: Callable[[], PipelineConfig], name: str,
@@ -54,7 +54,9 @@ def check_pipeline(node: NodeSettings, load: Callable[[], PipelineConfig], name:
     (this node's meta store), also whether the target still holds what the meta store says it got
     (`setl.pipeline.identity.preview`)."""
     def found(level: str, what: str, text: str, code: int = 1) -> Finding:
-        return Finding(name, level, what, " ".join(text.split()), code)
+        text = " ".join(text.split())
+        text = text.removeprefix(f"pipeline={name} ").removeprefix(f"pipeline={name}: ")  # named once, up front
+        return Finding(name, level, what, text, code)
 
     try:
         config = load()
