@@ -172,6 +172,8 @@ def _resume(node: NodeSettings, config: PipelineConfig, stages: Any, tables: Any
             found: Callable[..., Finding]) -> Iterator[Finding]:
     """Whether the target still holds what the meta store says it got, read on a connection of the
     schema target's own (nothing written). A refusal is `setl start`'s exit 2."""
+    for level, text in identity.preview_output(config, stages, meta):  # a target of files
+        yield found(level, "target", text, 2 if level == "error" else 1)
     creator = find_creator(stages.load)
     try:
         target = build_schema(config, node)
