@@ -158,6 +158,17 @@ class _Supervised:
     reload: Reload | None = None  # new rules to swap in before the next scheduler starts
 
 
+def refused_start(meta: MetaStore, name: str, exc: SetlError, node_id: str | None) -> None:
+    """A start the checks before any read refused (a purged position, a source setting, a target
+    table that does not fit): `setl status` shows its error on the stopped pipeline, unless the
+    pipeline is paused or another process runs it."""
+    try:
+        if meta.state(name).status not in (Status.PAUSED, Status.RUNNING):
+            meta.set_state(name, Status.STOPPED, error=str(exc), node=node_id)
+    except Exception as error:  # noqa: BLE001 - the meta store may be what failed; the start's error is logged
+        log.error("pipeline=%s cannot record the refused start: %s", name, error)
+
+
 def start_retry(run: _Supervised, exc: BaseException, meta: MetaStore, node_id: str | None, *,
                 stopping: bool) -> float | None:
     """After a failed start of `run`'s scheduler: the seconds to wait before the next try, or None
@@ -380,8 +391,10 @@ class Node:
         self.status.start([c.name for c in self.pipelines])
         try:
             self._check_at_start(stages)
-        except BaseException:
+        except BaseException as exc:
             self.status.stop()
+            if isinstance(exc, SetlError) and exc.context.get("pipeline") in {c.name for c in self.pipelines}:
+                refused_start(self.meta, str(exc.context["pipeline"]), exc, self.settings.node.id)
             raise
         if self.settings.meta.store == "zookeeper":  # HA: run only what this node holds
             from setl.ha import Elections
