@@ -256,13 +256,15 @@ class ParquetLoad(Load):
     def holds_output(self) -> bool:
         """Whether the directory held this pipeline's output (its owner marker) when first opened,
         or, not opened yet, holds it now (`setl.pipeline.identity`: a changed path, or files gone)."""
-        if self._found is not None:
-            return self._found
+        if self._found is not None or not self.pipeline:  # no pipeline name: nothing is claimed or judged
+            return self._found is not False
         return (self.root / OWNER_FILE).is_file()
 
     def own(self) -> None:
-        """An accepted start: the directory is the pipeline's output from now on (`holds_output`)."""
+        """An accepted start: the directory is the pipeline's output from now on (`holds_output`),
+        its marker kept."""
         self._found = True
+        self._marked = False
 
     def disown(self) -> None:
         """A refused start: remove the owner marker this process wrote, so the directory is left as

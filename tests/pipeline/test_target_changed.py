@@ -356,3 +356,30 @@ def test_a_parquet_target_whose_path_changed_is_refused_then_copied_afresh(
     assert _replay(second, "shop.k") == mariadb_source.query(QUERY.format(q(source_db)))
     assert (second / ".setl-pipeline").read_text().strip() == setl.name
     started(setl)  # the new directory is the pipeline's own now: not refused again
+
+
+def test_a_parquet_directory_holds_output_only_once_owned(tmp_path: Path) -> None:
+    """`ParquetLoad.holds_output`: a fresh directory holds nothing (before and after the open that
+    marks it), a refused start's `disown` removes the marker it wrote, `own` accepts the directory,
+    and a marker left by an earlier run counts; a load without a pipeline name judges nothing."""
+    from setl.sinks.parquet import OWNER_FILE, ParquetLoad
+
+    fresh = ParquetLoad(tmp_path / "out", pipeline="p1")
+    assert fresh.holds_output() is False
+    fresh.open()
+    assert fresh.holds_output() is False and (tmp_path / "out" / OWNER_FILE).is_file()
+    fresh.disown()
+    assert not (tmp_path / "out" / OWNER_FILE).exists()
+    again = ParquetLoad(tmp_path / "out", pipeline="p1")
+    again.open()
+    assert again.holds_output() is False
+    again.own()
+    again.disown()  # an accepted directory keeps its marker
+    assert again.holds_output() is True and (tmp_path / "out" / OWNER_FILE).is_file()
+    later = ParquetLoad(tmp_path / "out2", pipeline="p1")
+    (tmp_path / "out2").mkdir()
+    (tmp_path / "out2" / OWNER_FILE).write_text("p1\n")
+    assert later.holds_output() is True
+    later.open()
+    assert later.holds_output() is True
+    assert ParquetLoad(tmp_path / "out3").holds_output() is True
