@@ -19,7 +19,7 @@ from setl.alerts import Alerts
 from setl.config import NodeSettings, PipelineConfig, RuntimeConfig
 from setl.errors import ConfigError, SetlError
 from setl.liveness import Heartbeat
-from setl.meta.base import Liveness, MetaStore
+from setl.meta.base import Liveness, MetaStore, Status
 from setl.model import Ack, Batch
 from setl.node_elected import ElectedSupervision
 from setl.node_reload import Reloads
@@ -105,6 +105,17 @@ def node_batch_cap(settings: NodeSettings) -> BatchCap | None:
     """The cap on batches in flight that every pipeline of a node shares (`runtime.max_batches_in_flight`)."""
     limit = settings.runtime.batch_cap
     return BatchCap(limit) if limit else None
+
+
+def refused_start(meta: MetaStore, name: str, exc: SetlError, node_id: str | None) -> None:
+    """A start the checks before any read refused (a purged position, a source setting, a target
+    table that does not fit): `setl status` shows its error on the stopped pipeline, unless the
+    pipeline is paused or another process runs it."""
+    try:
+        if meta.state(name).status not in (Status.PAUSED, Status.RUNNING):
+            meta.set_state(name, Status.STOPPED, error=str(exc), node=node_id)
+    except Exception as error:  # noqa: BLE001 - the meta store may be what failed; the start's error is logged
+        log.error("pipeline=%s cannot record the refused start: %s", name, error)
 
 
 def _settings_deferred(name: str, exc: BaseException) -> None:
@@ -237,8 +248,10 @@ class Node:
         self.status.start([c.name for c in self.pipelines])
         try:
             self._check_at_start(stages)
-        except BaseException:
+        except BaseException as exc:
             self.status.stop()
+            if isinstance(exc, SetlError) and exc.context.get("pipeline") in {c.name for c in self.pipelines}:
+                refused_start(self.meta, str(exc.context["pipeline"]), exc, self.settings.node.id)
             raise
         if self.settings.meta.store == "zookeeper":  # HA: run only what this node holds
             from setl.ha import Elections

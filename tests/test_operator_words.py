@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import subprocess
 import sys
 
@@ -60,3 +61,31 @@ def test_the_keyless_warning_says_each_change_is_applied_once(tmp_path, mariadb_
     warnings = [r.getMessage() for r in caplog.records if "has no primary key" in r.getMessage()]
     assert len(warnings) == 1 and "applied once" in warnings[0] and "again" not in warnings[0], warnings
     assert sorted(mariadb_target.query(f"SELECT v FROM `{mysql_db}`.bag")) == [(1,), (1,), (2,)]
+
+
+def test_every_check_line_about_a_pipeline_names_it_once(tmp_path) -> None:
+    """`setl check` names the pipeline as ``pipeline=NAME`` on every line about it, once, like the
+    rest of setl's one-line errors: a good file's lines, a source that refuses the connection, and
+    a file with an unknown key."""
+    conf = tmp_path / "conf"
+    (conf / "pipelines").mkdir(parents=True)
+    (conf / "setl.yaml").write_text(f"meta: {{store: sqlite, path: {tmp_path / 'meta.db'}}}\n")
+    with socket.socket() as probe:  # a loopback port nothing listens on: refused at once
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    (conf / "pipelines" / "p1.yaml").write_text(
+        f"source: {{type: mysql, host: 127.0.0.1, port: {port}, user: root, server_id: 77}}\n"
+        "target: {type: parquet, path: out}\ntables: [{source: 'a\\\\.b', target: 'a.b'}]\n")
+    (conf / "pipelines" / "p2.yaml").write_text("source: {type: mysql, bogus: 1}\ntarget: {type: mysql}\n"
+                                                "tables: [{source: 'a\\\\.b', target: 'a.b'}]\n")
+    result = subprocess.run([sys.executable, "-m", "setl.cli", "--conf", str(conf), "check", "--all"],
+                            capture_output=True, text=True, timeout=120)
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    assert result.returncode == 2, result.stdout + result.stderr
+    by_pipeline = {name: [line for line in lines if f" pipeline={name} " in line] for name in ("p1", "p2")}
+    assert len(by_pipeline["p1"]) + len(by_pipeline["p2"]) == len(lines), lines
+    assert any(line.startswith("error") and " source: " in line and str(port) in line
+               for line in by_pipeline["p1"]), lines
+    assert any(line.startswith("error") and " config: " in line and "bogus" in line
+               for line in by_pipeline["p2"]), lines
+    assert all(line.count("pipeline=") == 1 for line in lines), lines

@@ -16,6 +16,13 @@ At start (`check`):
   other case is refused as before (`Node`'s "a position only the target knows").
 A position stored without an identity (written before identities were) is treated as before.
 
+The identity also names the target server it was written on (`target_server`: MySQL's
+``server_uuid``; MariaDB's ``hostname``, ``port`` and ``server_id``; PostgreSQL's system identifier):
+a position table found on another server (copied by a dump or a restore, or ``target`` now naming
+another server that holds one) is refused like another source's, unless an operator reset the
+position. A target of files (Parquet) keeps no position: one that holds nothing of the pipeline
+(no owner marker: a changed path, files gone) once the meta store acked a position is refused.
+
 The target must also still hold what the meta store says it got (`lapse`, `missing_copies`): every
 acked batch was committed in a position-keeping target with its position first, so a target that
 holds no position of the pipeline, or one behind the meta store's (a new or emptied database, a
@@ -76,6 +83,9 @@ def current(config: PipelineConfig, stages: Stages, meta: MetaStore, *, tables: 
     if source is None:
         return None
     mine = {"source": source.identity(), "rules": rules_fingerprint(config), "copying": copying(config, stages, meta)}
+    server = target_server(stages)
+    if server is not None:
+        mine["target"] = server
     if not tables:
         return mine
     copied = copied_tables(config, stages, meta)
@@ -120,6 +130,48 @@ def stored(stages: Stages) -> dict[str, Any] | None:
     return load.identity() if load is not None else None
 
 
+def target_server(stages: Stages) -> dict[str, Any] | None:
+    """Which server the target is (`PositionStore.read_server`); None for a target that keeps no identity."""
+    load = _holder(stages.load, "server_identity")
+    return load.server_identity() if load is not None else None
+
+
+def _other_server(config: PipelineConfig, held: Position, written: Any, live: dict[str, Any]) -> str:
+    """The line refusing a target position written on another target server."""
+    name = config.name
+    old = written if isinstance(written, dict) else {"server": written}
+    return (f"the target ({describe_target(config)}) holds position {held} of pipeline {name}, but that position was "
+            f"written on another {config.target.type} server ({_differences(old, live)}): the position table was "
+            f"copied here (a dump, a restore, a replica) or `target:` now names another server; its tables may not "
+            f"hold what that position says. If `target:` changed by mistake, point it back at the server that "
+            f"wrote the position; if this server's tables are a complete copy up to that position, take it with "
+            f"`setl position reset --pipeline {name} --to {_typed(held)}`; otherwise copy every table again from the "
+            f"configured start with `setl position reset --pipeline {name} --start`")
+
+
+def _no_output(config: PipelineConfig, acked: Position) -> str:
+    """The line refusing a file target that holds nothing of what the meta store acked."""
+    name = config.name
+    return (f"the target ({describe_target(config)}) holds no output of pipeline {name} while this node's meta store "
+            f"acked {acked}: a new or emptied directory, or a changed target path; resuming would leave out every "
+            f"change before it. If the path changed by mistake, point `target:` back at the directory that holds "
+            f"the output; to copy every table again from the configured start into this one, `setl position reset "
+            f"--pipeline {name} --start`")
+
+
+def _check_output(config: PipelineConfig, stages: Stages, meta: MetaStore, reset: bool) -> None:
+    """A target of files (no position of its own) must hold the pipeline's output once the meta store
+    acked a position; refuse it otherwise (leaving the directory as it was found)."""
+    output = _holder(stages.load, "holds_output")
+    if output is None:
+        return
+    acked = meta.position(config.name)
+    if acked is not None and not reset and not output.holds_output():
+        output.disown()
+        raise ConfigError(_no_output(config, acked.position), pipeline=config.name, stage="load")
+    output.own()
+
+
 def _staged(stages: Stages) -> list[str]:
     """The target tables the target records as being re-copied (none for a target without staging)."""
     load = _holder(stages.load, "copies_under_way")
@@ -160,6 +212,10 @@ def check(config: PipelineConfig, stages: Stages, meta: MetaStore) -> None:
             f"the target's position of pipeline {name} ({held}) was written reading another source server "
             f"({_differences(theirs.get('source') or {}, mine['source'])}): resuming it here would skip or replay "
             f"arbitrary changes; {ways}", pipeline=name, stage="load")
+    live = target_server(stages)
+    if held is not None and theirs is not None and live is not None and theirs.get("target") not in (None, live):
+        raise ConfigError(_other_server(config, held, theirs.get("target"), live), pipeline=name, stage="load")
+    _check_output(config, stages, meta, reset)
     if held is not None and not known:
         staged = _staged(stages)  # a re-copy begun after the identity was written: the target knows it
         matches = (theirs is not None and mine is not None and theirs.get("rules") == mine["rules"]
@@ -197,8 +253,9 @@ def describe_target(config: PipelineConfig) -> str:
     target = config.target
     host, port = getattr(target, "host", None), getattr(target, "port", None)
     where = f" {host}:{port}" if host else ""
-    database: Any = getattr(target, "database", None) or getattr(target, "path", None)
-    return f"{target.type}{where}" + (f" database {database}" if database else "")
+    database: Any = getattr(target, "database", None)
+    path: Any = getattr(target, "path", None)
+    return f"{target.type}{where}" + (f" database {database}" if database else f" path {path}" if path else "")
 
 
 def lapse(config: PipelineConfig, acked: Position | None, reset: bool, held: Position | None) -> str | None:
@@ -283,7 +340,12 @@ def preview(config: PipelineConfig, stages: Stages, meta: MetaStore, conn: Any) 
     except Exception:  # noqa: BLE001 - no identity table yet (a target an older setl wrote): no record
         conn.rollback()
         text = None
-    lost = missing_copies(config, stages, meta, _recorded(json.loads(text) if text else None))
+    theirs = json.loads(text) if text else None
+    if held is not None and theirs is not None and theirs.get("target") is not None:
+        live = store.read_server(conn)
+        if theirs["target"] != live:
+            return [("error", _other_server(config, held, theirs["target"], live))]
+    lost = missing_copies(config, stages, meta, _recorded(theirs))
     if lost:
         listed = ", ".join(f"{target} (from {source})" for source, target in lost)
         if find_snapshot(stages.select) is None:
@@ -294,6 +356,19 @@ def preview(config: PipelineConfig, stages: Stages, meta: MetaStore, conn: Any) 
             out.append(("warning", f"the target lacks the finished copy of table(s) {listed}: the next start "
                                    "copies them again (online, as `setl snapshot --table`)"))
     return out
+
+
+def preview_output(config: PipelineConfig, stages: Stages, meta: MetaStore) -> list[tuple[str, str]]:
+    """`setl check` for a target of files: whether it holds the pipeline's output once the meta
+    store acked a position (nothing written)."""
+    output = _holder(stages.load, "holds_output")
+    acked = meta.position(config.name)
+    if output is None or acked is None or meta.position_was_reset(config.name):
+        return []
+    if not output.holds_output():
+        return [("error", _no_output(config, acked.position))]
+    return [("ok", f"the target holds the output of pipeline {config.name} (this node's meta store acked "
+                   f"{acked.position})")]
 
 
 def copy_finished(config: PipelineConfig, stages: Stages, meta: MetaStore) -> None:
@@ -308,4 +383,4 @@ def copy_finished(config: PipelineConfig, stages: Stages, meta: MetaStore) -> No
 
 
 __all__ = ["check", "copy_finished", "copying", "current", "describe_target", "lapse", "missing_copies", "preview",
-           "stored", "copied_tables"]
+           "preview_output", "stored", "copied_tables", "target_server"]

@@ -44,7 +44,7 @@ class Finding:
     code: int = 1
 
     def line(self) -> str:
-        return f"{self.level:7} {self.pipeline} {self.what}: {self.text}"
+        return f"{self.level:7} pipeline={self.pipeline} {self.what}: {self.text}"
 
 
 def check_pipeline(node: NodeSettings, load: Callable[[], PipelineConfig], name: str,
@@ -54,7 +54,9 @@ def check_pipeline(node: NodeSettings, load: Callable[[], PipelineConfig], name:
     (this node's meta store), also whether the target still holds what the meta store says it got
     (`setl.pipeline.identity.preview`)."""
     def found(level: str, what: str, text: str, code: int = 1) -> Finding:
-        return Finding(name, level, what, " ".join(text.split()), code)
+        text = " ".join(text.split())
+        text = text.removeprefix(f"pipeline={name} ").removeprefix(f"pipeline={name}: ")  # named once, up front
+        return Finding(name, level, what, text, code)
 
     try:
         config = load()
@@ -170,6 +172,8 @@ def _resume(node: NodeSettings, config: PipelineConfig, stages: Any, tables: Any
             found: Callable[..., Finding]) -> Iterator[Finding]:
     """Whether the target still holds what the meta store says it got, read on a connection of the
     schema target's own (nothing written). A refusal is `setl start`'s exit 2."""
+    for level, text in identity.preview_output(config, stages, meta):  # a target of files
+        yield found(level, "target", text, 2 if level == "error" else 1)
     creator = find_creator(stages.load)
     try:
         target = build_schema(config, node)

@@ -236,6 +236,17 @@ class MysqlPositionStore(PositionStore[Connection]):
         conn.commit()
         return str(row[0]) if row else None
 
+    def read_server(self, conn: Connection) -> dict[str, Any]:
+        """MySQL's ``server_uuid``; MariaDB has none: its ``hostname``, ``port`` and ``server_id``."""
+        with conn.cursor() as cur:
+            cur.execute("SHOW GLOBAL VARIABLES WHERE Variable_name IN ('server_uuid', 'hostname', 'port', 'server_id')")
+            found = {str(name): str(value) for name, value in cur.fetchall()}
+        conn.commit()
+        if found.get("server_uuid"):
+            return {"server_uuid": found["server_uuid"]}
+        return {"hostname": found.get("hostname"), "port": int(found.get("port") or 0),
+                "server_id": int(found.get("server_id") or 0)}
+
     def write_identity(self, conn: Connection, text: str) -> None:
         with conn.cursor() as cur:
             cur.execute(f"INSERT INTO {self.identity} (`pipeline`, `identity`) VALUES (%s, %s)"

@@ -181,6 +181,8 @@ class ParquetLoad(Load):
         # Spark holds decimals of up to 38 digits; wider ones go as text (the codec of frames.py)
         self._max_precision = SPARK_MAX_PRECISION if writer == "spark" else PARQUET_MAX_PRECISION
         self._opened = False
+        self._found: bool | None = None  # the directory held this pipeline's output at the first open
+        self._marked = False  # this process wrote the directory's owner marker
         # start (log, offset, row) of every file under root, sorted, and the files per start
         self._starts: list[tuple[str, int, int]] = []
         self._files: dict[tuple[str, int, int], set[Path]] = {}
@@ -238,13 +240,38 @@ class ParquetLoad(Load):
             owner = marker.read_text(encoding="utf-8").strip()
         except FileNotFoundError:
             marker.write_text(self.pipeline + "\n", encoding="utf-8")
+            self._marked = True
+            if self._found is None:
+                self._found = False
             return
+        if self._found is None:
+            self._found = True
         if owner != self.pipeline:
             raise LoadError(f"{self.root} holds the output of pipeline {owner!r}; give each pipeline its own path",
                             pipeline=self.pipeline, stage="load")
 
     def committed(self) -> Position | None:
         return None
+
+    def holds_output(self) -> bool:
+        """Whether the directory held this pipeline's output (its owner marker) when first opened,
+        or, not opened yet, holds it now (`setl.pipeline.identity`: a changed path, or files gone)."""
+        if self._found is not None or not self.pipeline:  # no pipeline name: nothing is claimed or judged
+            return self._found is not False
+        return (self.root / OWNER_FILE).is_file()
+
+    def own(self) -> None:
+        """An accepted start: the directory is the pipeline's output from now on (`holds_output`),
+        its marker kept."""
+        self._found = True
+        self._marked = False
+
+    def disown(self) -> None:
+        """A refused start: remove the owner marker this process wrote, so the directory is left as
+        it was found (the next start sees it still holds nothing of the pipeline)."""
+        if self._marked:
+            (self.root / OWNER_FILE).unlink(missing_ok=True)
+            self._marked = False
 
     def close(self) -> None:
         self._opened = False

@@ -193,6 +193,20 @@ class PostgresPositionStore(PositionStore[psycopg.Connection]):
         conn.commit()
         return as_text(row[0]) if row else None
 
+    def read_server(self, conn: psycopg.Connection) -> dict[str, Any]:
+        """The cluster's ``system_identifier`` (kept by its physical replicas, new at each initdb);
+        without the right to read it (pg_control_system() is the superuser's and pg_monitor's),
+        the server's address and port."""
+        try:
+            row = conn.execute("SELECT system_identifier::text FROM pg_control_system()").fetchone()
+            conn.commit()
+            return {"system_identifier": as_text(row[0]) if row else None}
+        except psycopg.errors.InsufficientPrivilege:
+            conn.rollback()
+        row = conn.execute("SELECT host(inet_server_addr()), inet_server_port()").fetchone()
+        conn.commit()
+        return {"address": row[0] if row else None, "port": row[1] if row else None}
+
     def write_identity(self, conn: psycopg.Connection, text: str) -> None:
         conn.execute(sql.SQL("INSERT INTO {} (pipeline, identity) VALUES (%s, %s) ON CONFLICT (pipeline)"
                              " DO UPDATE SET identity = EXCLUDED.identity, updated_at = now()").format(self.identity),

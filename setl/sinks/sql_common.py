@@ -225,15 +225,16 @@ class SqlLoad(Load, Generic[C]):
         return self._retrying(lambda: self._with_connection(read, None), None)[0]
 
     def identity(self) -> dict[str, Any] | None:
-        """The identity stored next to the pipeline's position (`setl.pipeline.identity`): the source
-        server and the rules fingerprint of the run that wrote it; None when none was stored (a
-        position written before identities were)."""
+        """The identity stored next to the pipeline's position (`setl.pipeline.identity`); None: none stored."""
         text = self._retrying(lambda: self._with_connection(self.positions.read_identity, None), None)
         return json.loads(text) if text else None
 
+    def server_identity(self) -> dict[str, Any]:
+        """Which target server this is (`PositionStore.read_server`), for the pipeline's identity."""
+        return self._retrying(lambda: self._with_connection(self.positions.read_server, None), None)
+
     def copies_under_way(self) -> list[str]:
-        """The target tables (``schema.table``) the target records as being re-copied into a staging
-        table (`setl.sinks.sql_staging`): their copy has not ended, whatever a meta store says."""
+        """The target tables (``schema.table``) being re-copied into a staging table (`setl.sinks.sql_staging`)."""
         found = self._retrying(lambda: self._with_connection(self.positions.read_copies, None), None)
         return sorted(f"{schema}.{table}" for schema, table in found)
 

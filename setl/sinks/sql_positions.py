@@ -4,7 +4,7 @@ and identity tables of a pipeline, as a dialect writes and reads them (`Position
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from setl.model import Batch, Position
 from setl.sinks.sql_failures import CurrentTable
@@ -90,6 +90,11 @@ class PositionStore(Generic[C]):
 
     def write_identity(self, conn: C, text: str) -> None:
         """Store the pipeline's identity record (JSON text) and commit."""
+        raise NotImplementedError
+
+    def read_server(self, conn: C) -> dict[str, Any]:
+        """Which server `conn` is on, as the server reports it (`setl.pipeline.identity`: a position
+        table copied to another server is not taken for its own); reads only."""
         raise NotImplementedError
 
     def table_position_locked(self, conn: C, table: str) -> Position | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -217,3 +218,168 @@ def test_lapse_refuses_only_a_target_behind_the_acked_position() -> None:
     assert lapse(config, acked, False, Position("mysql-bin.000003", 4)) is None
     assert lapse(config, acked, True, None) is None
     assert lapse(config, None, False, None) is None
+
+
+POSITION_TABLES = ("setl_position", "setl_position_fence", "setl_position_identity")
+
+
+def _copy_table(source: Any, target: Any, schema: str, table: str, where: str = "", args: tuple = ()) -> None:
+    """Copy `schema.table`'s definition (if `target` lacks it) and its rows matching `where` from one
+    MariaDB server to another, as a dump and restore would."""
+    [(_name, ddl)] = source.query(f"SHOW CREATE TABLE {q(schema)}.{q(table)}")
+    target.query(f"CREATE DATABASE IF NOT EXISTS {q(schema)}")
+    with contextlib.closing(target.connect(database=schema)) as conn, conn.cursor() as cur:
+        cur.execute(ddl.replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1))
+        rows = source.query(f"SELECT * FROM {q(schema)}.{q(table)} {where}", args)
+        if rows:
+            marks = ", ".join(["%s"] * len(rows[0]))
+            cur.executemany(f"REPLACE INTO {q(table)} VALUES ({marks})", rows)
+        conn.commit()
+
+
+def test_another_target_server_holding_a_copied_position_is_refused_then_copied_afresh(
+        tmp_path: Path, mariadb_source: Any, source_db: str, mariadb_target: Any, mysql_db: str) -> None:
+    """``target:`` is moved to another MariaDB server that holds a database of the same name and the
+    pipeline's position and identity, copied there by an incomplete dump (a row missing): `setl check`
+    and `setl start` refuse it with one line naming both servers and the commands on, nothing is
+    loaded; after `setl position reset --start` the other server ends equal to the source."""
+    run_source(mariadb_source, source_db, SEED)
+    setl = make(tmp_path, mariadb_source, mysql_target(mariadb_target, database=mysql_db),
+                [{"source": rf"{source_db}\.k", "target": f"{mysql_db}.{{table}}"}], start="snapshot")
+    started(setl)
+    other = mariadb_source  # the one other MariaDB server of the test session
+    try:
+        _copy_table(mariadb_target, other, mysql_db, "k", "WHERE id <> 7")  # the dump missed a row
+        for table in POSITION_TABLES:
+            _copy_table(mariadb_target, other, "setl", table, "WHERE pipeline = %s", (setl.name,))
+        setl.config["target"]["port"] = other.port
+        setl.write_config()
+        run_source(mariadb_source, source_db, MORE)
+
+        checked = setl.run("check", "--pipeline", setl.name)
+        assert checked.returncode == 2, checked.stdout + checked.stderr
+        [finding] = [line for line in checked.stdout.splitlines() if line.startswith("error")]
+        assert "written on another mysql server" in finding and f"port {mariadb_target.port} -> {other.port}" in finding
+        refused = setl.start_until_caught_up(timeout=120)
+        assert refused.returncode == 2, refused.stderr[-3000:]
+        line = error_line(refused.stderr)
+        assert f"pipeline={setl.name} stage=load" in line and f"mysql {other.host}:{other.port}" in line, line
+        assert f"port {mariadb_target.port} -> {other.port}" in line and "server_id 2 -> 1" in line, line
+        assert f"`setl position reset --pipeline {setl.name} --start`" in line, line
+        assert (1001, 1) not in other.query(QUERY.format(q(mysql_db)))
+
+        assert setl.run("position", "reset", "--pipeline", setl.name, "--start").returncode == 0
+        started(setl)
+        assert other.query(QUERY.format(q(mysql_db))) == mariadb_source.query(QUERY.format(q(source_db)))
+        assert started(setl)  # the identity now names this server: the next start takes it
+    finally:
+        other.query(f"DROP DATABASE IF EXISTS {q(mysql_db)}")
+        for table in POSITION_TABLES:
+            with contextlib.suppress(Exception):
+                other.query(f"DELETE FROM setl.{table} WHERE pipeline = %s", (setl.name,))
+
+
+def test_a_postgresql_position_restored_from_another_cluster_is_refused(
+        tmp_path: Path, mariadb_source: Any, source_db: str, postgres_server: Any, postgres_db: str) -> None:
+    """The PostgreSQL target's identity records its cluster's system identifier; one naming another
+    cluster (a position table restored from that cluster's dump) is refused at start with one line
+    naming both identifiers; `setl position reset --to` the position it names takes it."""
+    run_source(mariadb_source, source_db, SEED)
+    setl = make(tmp_path, mariadb_source, postgres_target(postgres_server, postgres_db),
+                [{"source": rf"{source_db}\.k", "target": "public.{table}"}], start="snapshot")
+    started(setl)
+    [(text,)] = postgres_server.query("SELECT identity FROM setl.setl_position_identity WHERE pipeline = %s",
+                                      (setl.name,), dbname=postgres_db)
+    stored = json.loads(text)
+    [(system,)] = postgres_server.query("SELECT system_identifier::text FROM pg_control_system()")
+    assert stored["target"] == {"system_identifier": system}, stored
+    stored["target"] = {"system_identifier": "7000000000000000001"}
+    postgres_server.query("UPDATE setl.setl_position_identity SET identity = %s WHERE pipeline = %s",
+                          (json.dumps(stored), setl.name), dbname=postgres_db)
+    run_source(mariadb_source, source_db, MORE)
+    refused = setl.start_until_caught_up(timeout=120)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    line = error_line(refused.stderr)
+    assert f"system_identifier 7000000000000000001 -> {system}" in line, line
+    [command] = re.findall(r"`(setl position reset --pipeline \S+ --to \S+)`", line)
+    assert setl.run(*command.split()[1:]).returncode == 0
+    started(setl)
+    assert pg_k(postgres_server, postgres_db) == mariadb_source.query(QUERY.format(q(source_db)))
+
+
+def _replay(root: Path, table: str) -> list[tuple[Any, ...]]:
+    """A Parquet change log replayed in position order: the table's rows, by key."""
+    import pyarrow.parquet as pq
+
+    rows = [r for f in sorted((root / table).rglob("part-*.parquet")) for r in pq.read_table(f).to_pylist()]
+    rows.sort(key=lambda r: (r["_setl_log"], r["_setl_offset"], r["_setl_row"], r["_setl_seq"]))
+    state: dict[Any, tuple[Any, ...]] = {}
+    for row in rows:
+        if row["_setl_op"] == "delete":
+            state.pop(row["id"], None)
+        else:
+            state[row["id"]] = (row["id"], row["v"])
+    return [state[key] for key in sorted(state)]
+
+
+def test_a_parquet_target_whose_path_changed_is_refused_then_copied_afresh(
+        tmp_path: Path, mariadb_source: Any, source_db: str) -> None:
+    """``target.path`` is changed to an empty directory with the meta store kept: `setl check` and
+    `setl start` refuse it with one line (no output there, the acked position, the `--start`
+    command), nothing is written there, a second start refuses again; after `setl position reset
+    --start` the new directory's log replays to the source's rows."""
+    run_source(mariadb_source, source_db, SEED)
+    first, second = tmp_path / "out1", tmp_path / "out2"
+    setl = make(tmp_path, mariadb_source, {"type": "parquet", "path": str(first)},
+                [{"source": rf"{source_db}\.k", "target": "shop.{table}"}], start="snapshot")
+    started(setl)
+    acked = setl.acked()
+    setl.config["target"]["path"] = str(second)
+    setl.write_config()
+    run_source(mariadb_source, source_db, MORE)
+
+    checked = setl.run("check", "--pipeline", setl.name)
+    assert checked.returncode == 2, checked.stdout + checked.stderr
+    [finding] = [line for line in checked.stdout.splitlines() if line.startswith("error")]
+    assert "holds no output" in finding and f"path {second}" in finding, finding
+    for _ in range(2):  # a refused start leaves the directory as it found it: refused again
+        refused = setl.start_until_caught_up(timeout=120)
+        assert refused.returncode == 2, refused.stderr[-3000:]
+        line = error_line(refused.stderr)
+        assert f"(parquet path {second}) holds no output of pipeline {setl.name}" in line, line
+        assert str(acked.position) in line and f"`setl position reset --pipeline {setl.name} --start`" in line, line
+        assert not list(second.rglob("*.parquet")) and not (second / ".setl-pipeline").exists()
+    assert setl.acked() == acked
+
+    assert setl.run("position", "reset", "--pipeline", setl.name, "--start").returncode == 0
+    started(setl)
+    assert _replay(second, "shop.k") == mariadb_source.query(QUERY.format(q(source_db)))
+    assert (second / ".setl-pipeline").read_text().strip() == setl.name
+    started(setl)  # the new directory is the pipeline's own now: not refused again
+
+
+def test_a_parquet_directory_holds_output_only_once_owned(tmp_path: Path) -> None:
+    """`ParquetLoad.holds_output`: a fresh directory holds nothing (before and after the open that
+    marks it), a refused start's `disown` removes the marker it wrote, `own` accepts the directory,
+    and a marker left by an earlier run counts; a load without a pipeline name judges nothing."""
+    from setl.sinks.parquet import OWNER_FILE, ParquetLoad
+
+    fresh = ParquetLoad(tmp_path / "out", pipeline="p1")
+    assert fresh.holds_output() is False
+    fresh.open()
+    assert fresh.holds_output() is False and (tmp_path / "out" / OWNER_FILE).is_file()
+    fresh.disown()
+    assert not (tmp_path / "out" / OWNER_FILE).exists()
+    again = ParquetLoad(tmp_path / "out", pipeline="p1")
+    again.open()
+    assert again.holds_output() is False
+    again.own()
+    again.disown()  # an accepted directory keeps its marker
+    assert again.holds_output() is True and (tmp_path / "out" / OWNER_FILE).is_file()
+    later = ParquetLoad(tmp_path / "out2", pipeline="p1")
+    (tmp_path / "out2").mkdir()
+    (tmp_path / "out2" / OWNER_FILE).write_text("p1\n")
+    assert later.holds_output() is True
+    later.open()
+    assert later.holds_output() is True
+    assert ParquetLoad(tmp_path / "out3").holds_output() is True

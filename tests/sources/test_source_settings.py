@@ -99,7 +99,7 @@ def test_packaged_defaults_are_listed_with_their_fixes_and_replicate_once_applie
     assert "binlog_format=MIXED" in errors[0] and "SET GLOBAL binlog_format=ROW" in errors[0]
     assert "binlog_row_metadata=NO_LOG" in errors[1] and "SET GLOBAL binlog_row_metadata=FULL" in errors[1]
     assert "in [mysqld] of the server's config" in errors[0] and "2 of " in errors[2]
-    assert "ok      " + setl.name + " rules: 1 source table(s) selected" in check.stdout  # checked on
+    assert "ok      pipeline=" + setl.name + " rules: 1 source table(s) selected" in check.stdout  # checked on
 
     line = error_line(setl.start_until_caught_up())
     assert "(1) binlog_format=MIXED" in line and "(2) binlog_row_metadata=NO_LOG" in line
