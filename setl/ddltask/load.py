@@ -66,11 +66,8 @@ class DdlTaskLoad(LoadWrapper):
 
     # -- the Load contract
 
-    def close(self) -> None:
-        try:
-            self.actions.close()
-        finally:
-            self.inner.close()
+    def close_own(self) -> None:
+        self.actions.close()
 
     def load(self, batch: Batch) -> None:
         self._apply(batch, self.inner.load)

@@ -8,7 +8,7 @@ import hashlib
 import os
 import socket
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
@@ -461,3 +461,44 @@ class MetaStore(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - an optional hook: stores without connections keep it
         """Release connections. Idempotent."""
+
+
+class DdlTaskTable(Protocol):
+    """The ``ddl_task`` table of a meta store, kept by a part of its own (`SqliteDdlTasks`,
+    `ZooKeeperDdlTasks`): the `MetaStore` calls of the same names, as documented there."""
+
+    def declare(self, task: DdlTask) -> DdlTask: ...
+
+    def get(self, pipeline: str, task_id: str) -> DdlTask | None: ...
+
+    def list(self, pipeline: str, op_id: str | None = None) -> list[DdlTask]: ...
+
+    def claim(self, pipeline: str, task_id: str, owner: str, *, expected_owner: str | None = None) -> DdlClaim: ...
+
+    def finish(self, pipeline: str, task_id: str, owner: str, status: DdlTaskStatus,
+               reason: str | None = None) -> DdlTask: ...
+
+
+class DdlTasksInPart(MetaStore, abc.ABC):
+    """A meta store whose batch DDL tasks are its `_tasks` part (`DdlTaskTable`)."""
+
+    _tasks: DdlTaskTable
+
+    def declare_ddl_task(self, task: DdlTask) -> DdlTask:
+        return self._tasks.declare(task)
+
+    def ddl_task(self, pipeline: str, task_id: str) -> DdlTask | None:
+        return self._tasks.get(pipeline, task_id)
+
+    def ddl_tasks(self, pipeline: str, op_id: str | None = None) -> list[DdlTask]:
+        return self._tasks.list(pipeline, op_id)
+
+    def claim_ddl_task(
+        self, pipeline: str, task_id: str, owner: str, *, expected_owner: str | None = None
+    ) -> DdlClaim:
+        return self._tasks.claim(pipeline, task_id, owner, expected_owner=expected_owner)
+
+    def finish_ddl_task(
+        self, pipeline: str, task_id: str, owner: str, status: DdlTaskStatus, reason: str | None = None
+    ) -> DdlTask:
+        return self._tasks.finish(pipeline, task_id, owner, status, reason)

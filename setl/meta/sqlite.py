@@ -17,11 +17,8 @@ from setl.errors import MetaStoreError
 from setl.meta.base import (
     FORGOTTEN,
     STALE_AFTER,
-    DdlClaim,
-    DdlTask,
-    DdlTaskStatus,
+    DdlTasksInPart,
     Liveness,
-    MetaStore,
     PipelineState,
     RepairRequest,
     Status,
@@ -128,13 +125,15 @@ def _is_busy(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc))
 
 
-class SqliteMetaStore(MetaStore):
+class SqliteMetaStore(DdlTasksInPart):
     """Meta store in one SQLite file.
 
     WAL mode lets the CLI read while a node writes. `synchronous=NORMAL` may
     lose the last acks on a power failure, never corrupt them: a lost ack only
     replays batches, which loads make harmless.
     """
+
+    _tasks: SqliteDdlTasks
 
     def __init__(self, path: str | Path, *, clock: Callable[[], float] = time.time) -> None:
         self.path = Path(path)
@@ -375,27 +374,6 @@ class SqliteMetaStore(MetaStore):
             "SELECT pipeline FROM pipeline_state UNION SELECT pipeline FROM position ORDER BY 1"
         )
         return [r[0] for r in rows]
-
-    # --- batch DDL tasks (`SqliteDdlTasks`) -----------------------------------------------------------
-
-    def declare_ddl_task(self, task: DdlTask) -> DdlTask:
-        return self._tasks.declare(task)
-
-    def ddl_task(self, pipeline: str, task_id: str) -> DdlTask | None:
-        return self._tasks.get(pipeline, task_id)
-
-    def ddl_tasks(self, pipeline: str, op_id: str | None = None) -> list[DdlTask]:
-        return self._tasks.list(pipeline, op_id)
-
-    def claim_ddl_task(
-        self, pipeline: str, task_id: str, owner: str, *, expected_owner: str | None = None
-    ) -> DdlClaim:
-        return self._tasks.claim(pipeline, task_id, owner, expected_owner=expected_owner)
-
-    def finish_ddl_task(
-        self, pipeline: str, task_id: str, owner: str, status: DdlTaskStatus, reason: str | None = None
-    ) -> DdlTask:
-        return self._tasks.finish(pipeline, task_id, owner, status, reason)
 
     def close(self) -> None:
         with self._lock:

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -55,16 +54,14 @@ from setl.ha import Check, Conflict, Coordinator, Create, Delete, Fence, SetData
 from setl.meta.base import (
     FORGOTTEN,
     STALE_AFTER,
-    DdlClaim,
-    DdlTask,
-    DdlTaskStatus,
+    DdlTasksInPart,
     Liveness,
-    MetaStore,
     PipelineState,
     RepairRequest,
     Status,
 )
 from setl.meta.zookeeper_liveness import ZooKeeperLiveness
+from setl.meta.zookeeper_requests import ZooKeeperRequests, table_node
 from setl.meta.zookeeper_tasks import ZooKeeperDdlTasks
 from setl.model import Ack, Position, TableName
 from setl.tablecopy import TableProgress
@@ -74,11 +71,12 @@ HISTORY_KEEP = 1000
 PRUNE_EVERY = 100
 
 
-class ZooKeeperMetaStore(MetaStore):
+class ZooKeeperMetaStore(DdlTasksInPart):
     """Meta store on a `Coordinator` session; safe for many threads, nodes and CLI processes.
 
     It keeps positions, acks, state, epochs and snapshot progress itself (the fenced writes), and
-    hands the batch DDL tasks to a `ZooKeeperDdlTasks` and the run claims to a `ZooKeeperLiveness`
+    hands the batch DDL tasks to a `ZooKeeperDdlTasks`, the run claims to a `ZooKeeperLiveness` and
+    the operators' requests (copies, repairs, reloads, switches) and views to a `ZooKeeperRequests`,
     on the same session.
     """
 
@@ -93,6 +91,7 @@ class ZooKeeperMetaStore(MetaStore):
         self._acks = 0
         self._tasks = ZooKeeperDdlTasks(coordinator, clock, self._prepare)
         self._liveness = ZooKeeperLiveness(coordinator, clock, self._prepare)
+        self._requests = ZooKeeperRequests(coordinator, clock, self._prepare)
 
     @classmethod
     def from_settings(cls, settings: Any) -> "ZooKeeperMetaStore":
@@ -281,26 +280,7 @@ class ZooKeeperMetaStore(MetaStore):
     def pipelines(self) -> list[str]:
         return self.coordinator.children("/pipelines")
 
-    # -- batch DDL tasks (`ZooKeeperDdlTasks`) and liveness (`ZooKeeperLiveness`)
-
-    def declare_ddl_task(self, task: DdlTask) -> DdlTask:
-        return self._tasks.declare(task)
-
-    def ddl_task(self, pipeline: str, task_id: str) -> DdlTask | None:
-        return self._tasks.get(pipeline, task_id)
-
-    def ddl_tasks(self, pipeline: str, op_id: str | None = None) -> list[DdlTask]:
-        return self._tasks.list(pipeline, op_id)
-
-    def claim_ddl_task(
-        self, pipeline: str, task_id: str, owner: str, *, expected_owner: str | None = None
-    ) -> DdlClaim:
-        return self._tasks.claim(pipeline, task_id, owner, expected_owner=expected_owner)
-
-    def finish_ddl_task(
-        self, pipeline: str, task_id: str, owner: str, status: DdlTaskStatus, reason: str | None = None
-    ) -> DdlTask:
-        return self._tasks.finish(pipeline, task_id, owner, status, reason)
+    # -- liveness (`ZooKeeperLiveness`; the batch DDL tasks are `ZooKeeperDdlTasks`, through `DdlTasksInPart`)
 
     def claim_run(self, live: Liveness, stale_after: float = STALE_AFTER) -> Liveness | None:
         return self._liveness.claim_run(live, stale_after)
@@ -314,47 +294,47 @@ class ZooKeeperMetaStore(MetaStore):
     def liveness(self, pipeline: str) -> Liveness | None:
         return self._liveness.liveness(pipeline)
 
-    # -- HA views for the CLI
+    # -- operators' requests and views (`ZooKeeperRequests`)
 
     def members(self, pipeline: str) -> tuple[str | None, list[str]]:
         """The node holding the pipeline's mainstem (or None) and the nodes standing by."""
-        base = self._base(pipeline)
-        holder = self._read(f"{base}/mainstem").get("node")
-        # The holder is never its own standby, even in the moment before its registration is gone.
-        return holder, [name for name in self.coordinator.children(f"{base}/standbys") if name != holder]
+        return self._requests.members(pipeline)
 
     def request_switch(self, pipeline: str, to: str | None = None) -> str:
         """Ask the holder to hand the pipeline over (to `to`, or any standby); returns the holder."""
-        holder, standbys = self.members(pipeline)
-        if holder is None:
-            raise MetaStoreError("nobody holds the mainstem; nothing to switch", pipeline=pipeline)
-        if not standbys:
-            raise MetaStoreError(f"no node stands by for it (holder {holder}); nothing to switch to",
-                                 pipeline=pipeline)
-        if to is not None and to not in standbys:
-            raise MetaStoreError(f"node {to!r} is not standing by (standbys: {', '.join(standbys)})",
-                                 pipeline=pipeline)
-        request = dumps({"from": holder, "to": to, "time": self._clock()})
-        path = f"{self._base(pipeline)}/switch"
-        try:
-            self.coordinator.create(path, request)
-        except Conflict:
-            self.coordinator.set(path, request)
-        return holder
+        return self._requests.request_switch(pipeline, to)
+
+    def request_snapshot(self, pipeline: str, table: TableName) -> None:
+        self._requests.request_snapshot(pipeline, table)
+
+    def snapshot_requests(self, pipeline: str) -> list[TableName]:
+        return self._requests.snapshot_requests(pipeline)
+
+    def drop_snapshot_request(self, pipeline: str, table: TableName) -> None:
+        self._requests.drop_snapshot_request(pipeline, table)
+
+    def save_verify_result(self, pipeline: str, result: Mapping[str, Any]) -> None:
+        self._requests.save_verify_result(pipeline, result)
+
+    def verify_result(self, pipeline: str) -> dict[str, Any] | None:
+        return self._requests.verify_result(pipeline)
+
+    def request_reload(self, pipeline: str, request_id: str) -> None:
+        self._requests.request_reload(pipeline, request_id)
+
+    def reload_request(self, pipeline: str) -> str | None:
+        return self._requests.reload_request(pipeline)
+
+    def request_repair(self, pipeline: str, request: RepairRequest) -> None:
+        self._requests.request_repair(pipeline, request)
+
+    def repair_requests(self, pipeline: str) -> list[RepairRequest]:
+        return self._requests.repair_requests(pipeline)
+
+    def drop_repair_request(self, pipeline: str, request_id: str) -> None:
+        self._requests.drop_repair_request(pipeline, request_id)
 
     # -- snapshots
-
-    @staticmethod
-    def _table_node(table: TableName) -> str:
-        def part(name: str) -> str:  # a dot separates the two parts, so none is left inside one
-            return urllib.parse.quote(name, safe="").replace(".", "%2E")
-
-        return f"{part(table.schema)}.{part(table.table)}"
-
-    @staticmethod
-    def _node_table(name: str) -> TableName:
-        schema, _, table = name.partition(".")
-        return TableName(urllib.parse.unquote(schema), urllib.parse.unquote(table))
 
     def snapshot_progress(self, pipeline: str) -> list[TableProgress]:
         folder = f"{self._base(pipeline)}/snapshot"
@@ -375,7 +355,7 @@ class ZooKeeperMetaStore(MetaStore):
         self.coordinator.ensure(folder)
         ops: list[Any] = []
         for table in progress:
-            path = f"{folder}/{self._table_node(table.name)}"
+            path = f"{folder}/{table_node(table.name)}"
             if self.coordinator.get(path) is None:
                 try:
                     self.coordinator.create(path, b"")
@@ -394,73 +374,6 @@ class ZooKeeperMetaStore(MetaStore):
             self._fenced(lease, ops, "record snapshot progress")
         else:
             self.coordinator.commit(ops)
-
-    def request_snapshot(self, pipeline: str, table: TableName) -> None:
-        self._prepare(pipeline)
-        path = f"{self._base(pipeline)}/snapshot_requests/{self._table_node(table)}"
-        try:
-            self.coordinator.create(path, dumps({"time": self._clock()}), makepath=True)
-        except Conflict:
-            pass
-
-    def snapshot_requests(self, pipeline: str) -> list[TableName]:
-        folder = f"{self._base(pipeline)}/snapshot_requests"
-        return sorted(self._node_table(name) for name in self.coordinator.children(folder))
-
-    def drop_snapshot_request(self, pipeline: str, table: TableName) -> None:
-        path = f"{self._base(pipeline)}/snapshot_requests/{self._table_node(table)}"
-        try:
-            self.coordinator.delete(path)
-        except Conflict:
-            pass  # taken already
-
-    def save_verify_result(self, pipeline: str, result: Mapping[str, Any]) -> None:
-        self._prepare(pipeline)
-        path = f"{self._base(pipeline)}/verify"
-        try:
-            self.coordinator.create(path, dumps(dict(result)))
-        except Conflict:
-            self.coordinator.set(path, dumps(dict(result)))
-
-    def verify_result(self, pipeline: str) -> dict[str, Any] | None:
-        return self._read(f"{self._base(pipeline)}/verify") or None
-
-    def request_reload(self, pipeline: str, request_id: str) -> None:
-        self._prepare(pipeline)
-        path, data = f"{self._base(pipeline)}/reload", dumps({"request": request_id, "time": self._clock()})
-        try:
-            self.coordinator.create(path, data)
-        except Conflict:
-            self.coordinator.set(path, data)
-
-    def reload_request(self, pipeline: str) -> str | None:
-        request = self._read(f"{self._base(pipeline)}/reload").get("request")
-        return str(request) if request is not None else None
-
-    def request_repair(self, pipeline: str, request: RepairRequest) -> None:
-        self._prepare(pipeline)
-        path = f"{self._base(pipeline)}/repair_requests/{urllib.parse.quote(request.id, safe='')}"
-        self.coordinator.ensure(f"{self._base(pipeline)}/repair_requests")
-        try:
-            self.coordinator.create(path, dumps(request.to_dict()))
-        except Conflict:
-            self.coordinator.set(path, dumps(request.to_dict()))
-
-    def repair_requests(self, pipeline: str) -> list[RepairRequest]:
-        folder = f"{self._base(pipeline)}/repair_requests"
-        found = []
-        for name in self.coordinator.children(folder):
-            data = self._read(f"{folder}/{name}")
-            if data:
-                found.append(RepairRequest.from_dict(data))
-        return sorted(found, key=lambda r: r.id)
-
-    def drop_repair_request(self, pipeline: str, request_id: str) -> None:
-        path = f"{self._base(pipeline)}/repair_requests/{urllib.parse.quote(request_id, safe='')}"
-        try:
-            self.coordinator.delete(path)
-        except Conflict:
-            pass  # dropped already
 
     def close(self) -> None:
         if self._owns:

@@ -3,16 +3,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import attrs
 
 from setl.errors import MetaStoreError
-from setl.ha import Conflict, Coordinator, Delete, SetData, dumps
+from setl.ha import Conflict, Delete, SetData, dumps
 from setl.meta.base import STALE_AFTER, Liveness
+from setl.meta.zookeeper_part import StorePart
 
 
-class ZooKeeperLiveness:
+class ZooKeeperLiveness(StorePart):
     """The liveness records of `ZooKeeperMetaStore` on its `Coordinator` session.
 
     Every write is a versioned set (or a create) after a read, retried a bounded number of times
@@ -20,12 +19,6 @@ class ZooKeeperLiveness:
     only while the node is still this run's; a release only deletes the run's own record. It keeps
     no state but the session.
     """
-
-    def __init__(self, coordinator: Coordinator, clock: Callable[[], float],
-                 prepare: Callable[[str], None]) -> None:
-        self.coordinator = coordinator
-        self._clock = clock
-        self._prepare = prepare  # creates a pipeline's persistent nodes (the meta store's, shared)
 
     @staticmethod
     def _path(pipeline: str) -> str:

@@ -4,17 +4,17 @@
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Callable
 from typing import Any
 
 import attrs
 
-from setl.ha import Conflict, Coordinator, SetData, dumps
+from setl.ha import Conflict, SetData, dumps
 from setl.meta.base import OVERWRITTEN_BY, DdlClaim, DdlTask, DdlTaskStatus, finishing_status, never_declared
+from setl.meta.zookeeper_part import StorePart
 from setl.model import Position
 
 
-class ZooKeeperDdlTasks:
+class ZooKeeperDdlTasks(StorePart):
     """The ``ddl_task`` table of `ZooKeeperMetaStore` on its `Coordinator` session.
 
     A declare is a create (the stored task wins when one exists); claims and finishes are
@@ -22,12 +22,6 @@ class ZooKeeperDdlTasks:
     task; an overwrite's deprecations of earlier tasks go in the claim's own transaction. Safe for
     many threads and processes: it keeps no state but the session.
     """
-
-    def __init__(self, coordinator: Coordinator, clock: Callable[[], float],
-                 prepare: Callable[[str], None]) -> None:
-        self.coordinator = coordinator
-        self._clock = clock
-        self._prepare = prepare  # creates a pipeline's persistent nodes (the meta store's, shared)
 
     @staticmethod
     def path(pipeline: str, task_id: str) -> str:

@@ -150,6 +150,61 @@ class _Worker:
     idle_since: float = 0.0
 
 
+class _RunQueue:
+    """Which task a shared worker calls next: the urgent ones (woken, or submitted ``first``) in
+    FIFO order, then the queue in FIFO order; a task parked with a deadline (a NO_PROGRESS back-off)
+    joins the queue's tail once due, one parked without one (BLOCKED) only through `queue`. It owns
+    the queues, the deadlines and the parking tickets (a ticket left behind by a task queued or
+    finished since is skipped); the service calls it under its lock."""
+
+    def __init__(self) -> None:
+        self._queue: collections.deque[TaskHandle] = collections.deque()
+        self._urgent: collections.deque[TaskHandle] = collections.deque()
+        self._parked: list[tuple[float, int, TaskHandle]] = []
+        self._tickets = itertools.count()
+
+    def __len__(self) -> int:
+        """Tasks queued (urgent ones included), parked ones not."""
+        return len(self._queue) + len(self._urgent)
+
+    def queue(self, handle: TaskHandle, *, urgent: bool = False) -> None:
+        """`handle` waits for a worker: ahead of the queue when `urgent`."""
+        handle._state = _State.QUEUED
+        (self._urgent if urgent else self._queue).append(handle)
+
+    def park(self, handle: TaskHandle, until: float | None) -> None:
+        """`handle` waits until `until` (None: until it is queued again)."""
+        handle._state = _State.PARKED
+        handle._park_seq = next(self._tickets)
+        if until is not None:
+            heapq.heappush(self._parked, (until, handle._park_seq, handle))
+
+    def take(self, now: float) -> TaskHandle | None:
+        """The next task to call at `now` (the parked ones due first join the queue), if any."""
+        while self._parked and self._parked[0][0] <= now:
+            _, ticket, handle = heapq.heappop(self._parked)
+            if handle._state is _State.PARKED and handle._park_seq == ticket:
+                self.queue(handle)
+        if self._urgent:
+            return self._urgent.popleft()
+        if self._queue:
+            return self._queue.popleft()
+        return None
+
+    def due_in(self, now: float) -> float | None:
+        """Seconds from `now` until the first parked task is due (None: none has a deadline)."""
+        return max(0.0, self._parked[0][0] - now) if self._parked else None
+
+    def remove(self, handle: TaskHandle) -> None:
+        """Take the queued `handle` out (it is cancelled)."""
+        (self._urgent if handle in self._urgent else self._queue).remove(handle)
+
+    def clear(self) -> None:
+        self._queue.clear()
+        self._urgent.clear()
+        self._parked.clear()
+
+
 @attrs.define(eq=False)
 class TaskExecutionService:
     """Drives `Task`s on `core_workers` shared threads, growing to `max_workers` when calls overrun.
@@ -188,10 +243,7 @@ class TaskExecutionService:
     name: str = attrs.field(default="setl-task", kw_only=True)
 
     _cond: threading.Condition = attrs.field(init=False, repr=False, factory=threading.Condition)
-    _queue: collections.deque[TaskHandle] = attrs.field(init=False, repr=False, factory=collections.deque)
-    # Woken tasks and those submitted `first`: served before `_queue`, in their own FIFO order.
-    _urgent: collections.deque[TaskHandle] = attrs.field(init=False, repr=False, factory=collections.deque)
-    _parked: list[tuple[float, int, TaskHandle]] = attrs.field(init=False, repr=False, factory=list)
+    _runs: _RunQueue = attrs.field(init=False, repr=False, factory=_RunQueue)
     _live: dict[TaskHandle, None] = attrs.field(init=False, repr=False, factory=dict)  # unfinished, in order
     _workers: list[_Worker] = attrs.field(init=False, repr=False, factory=list)
     _dedicated: dict[TaskHandle, threading.Thread] = attrs.field(init=False, repr=False, factory=dict)
@@ -200,7 +252,6 @@ class TaskExecutionService:
     _started: bool = attrs.field(init=False, repr=False, default=False)
     _stopping: bool = attrs.field(init=False, repr=False, default=False)
     _stop: threading.Event = attrs.field(init=False, repr=False, factory=threading.Event)
-    _seq: Iterator[int] = attrs.field(init=False, repr=False, factory=itertools.count)
     _task_ids: Iterator[int] = attrs.field(init=False, repr=False, factory=lambda: itertools.count(1))
     _worker_ids: Iterator[int] = attrs.field(init=False, repr=False, factory=lambda: itertools.count(1))
     _dedicated_ids: Iterator[int] = attrs.field(init=False, repr=False, factory=lambda: itertools.count(1))
@@ -233,11 +284,8 @@ class TaskExecutionService:
                 self._start()
             if blocking:
                 self._start_dedicated(handle)
-            elif first:
-                self._urgent.append(handle)
-                self._cond.notify()
             else:
-                self._queue.append(handle)
+                self._runs.queue(handle, urgent=first)
                 self._cond.notify()
             return handle
 
@@ -250,8 +298,7 @@ class TaskExecutionService:
                 handle._wake_event.set()
             elif handle._state is _State.PARKED:
                 # Ahead of the rest: it waited for this event, and whoever sent it waits on it in turn.
-                handle._state = _State.QUEUED
-                self._urgent.append(handle)
+                self._runs.queue(handle, urgent=True)
                 self._cond.notify()
             else:
                 # Queued or in a call: remember it, so a NO_PROGRESS answer does not park it.
@@ -265,7 +312,7 @@ class TaskExecutionService:
             if handle.dedicated:
                 handle._wake_event.set()
             elif handle._state is _State.QUEUED:
-                (self._urgent if handle in self._urgent else self._queue).remove(handle)
+                self._runs.remove(handle)
                 self._finish(handle, _State.CANCELLED)
             elif handle._state is _State.PARKED:
                 self._finish(handle, _State.CANCELLED)  # its heap entry is skipped later
@@ -296,7 +343,7 @@ class TaskExecutionService:
             return ExecutionStats(
                 workers=len(self._workers),
                 dedicated=len(self._dedicated),
-                queued=len(self._queue) + len(self._urgent),
+                queued=len(self._runs),
                 parked=sum(1 for h in self._live if h._state is _State.PARKED and not h.dedicated),
                 overrunning=self._overrunning,
                 overruns={h.name: h.overruns for h in self._live},
@@ -356,15 +403,9 @@ class TaskExecutionService:
         """Under the lock: the next task for `worker`, or None when it should exit."""
         while not self._stopping:
             now = self._clock()
-            while self._parked and self._parked[0][0] <= now:
-                _, seq, handle = heapq.heappop(self._parked)
-                if handle._state is _State.PARKED and handle._park_seq == seq:
-                    handle._state = _State.QUEUED
-                    self._queue.append(handle)
-            if self._urgent:
-                return self._urgent.popleft()
-            if self._queue:
-                return self._queue.popleft()
+            handle = self._runs.take(now)
+            if handle is not None:
+                return handle
             timeout = None
             if len(self._workers) - self._overrunning > self.core_workers:
                 idle_for = now - worker.idle_since
@@ -372,8 +413,8 @@ class TaskExecutionService:
                     self._workers.remove(worker)  # retire: capacity is back without us
                     return None
                 timeout = min(_MAX_IDLE_WAIT, self.idle_timeout - idle_for)
-            if self._parked:
-                due_in = max(0.0, self._parked[0][0] - now)
+            due_in = self._runs.due_in(now)
+            if due_in is not None:
                 timeout = min(_MAX_IDLE_WAIT, due_in if timeout is None else min(timeout, due_in))
             self._cond.wait(timeout)
         return None
@@ -451,19 +492,13 @@ class TaskExecutionService:
             log.info("%s: %s overran %d times; giving it its own thread", self.name, handle.name, handle.overruns)
             self._start_dedicated(handle)
         elif outcome is Progress.BLOCKED and not woken:
-            handle._state = _State.PARKED  # no deadline: only wake() queues it again
-            handle._park_seq = next(self._seq)
+            self._runs.park(handle, None)  # no deadline: only wake() queues it again
         elif outcome is Progress.NO_PROGRESS and not woken and self.idle_backoff > 0:
-            handle._state = _State.PARKED
-            handle._park_seq = next(self._seq)
-            heapq.heappush(self._parked, (self._clock() + self.idle_backoff, handle._park_seq, handle))
+            self._runs.park(handle, self._clock() + self.idle_backoff)
             self._cond.notify()  # a waiting worker must shorten its wait to the new deadline
         else:
-            handle._state = _State.QUEUED
-            if woken and outcome is not Progress.PROGRESS:
-                self._urgent.append(handle)  # as in wake(): the event came while it was in a call
-            else:
-                self._queue.append(handle)
+            # as in wake() when woken: the event came while it was in a call
+            self._runs.queue(handle, urgent=woken and outcome is not Progress.PROGRESS)
             self._cond.notify()
         return outcome
 
@@ -498,9 +533,7 @@ class TaskExecutionService:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             self._stopping = True
-            self._queue.clear()
-            self._urgent.clear()
-            self._parked.clear()
+            self._runs.clear()
             for handle in list(self._live):
                 if handle.dedicated:
                     handle._wake_event.set()

@@ -39,6 +39,7 @@ from setl.runtime import (
     TaskHandle,
 )
 from setl.scheduler.cutter import BatchCutter
+from setl.scheduler.ending import RunEnd
 from setl.scheduler.events import Listener, Outcome, log_event
 from setl.scheduler.ledger import Ledger, Permits, Slot
 from setl.scheduler.loading import LoadDispatcher
@@ -106,8 +107,9 @@ class Scheduler:
     next ids to load and ack, acked position, rollback and rewind) and `Permits`; `selector`
     (`Selector`) owns the source's cursor; `worker` (`Worker`, Extract/Transform), `loader`
     (`LoadDispatcher`) and `termin` (`Termin`) hold the ledger and move it through its
-    transitions. The scheduler itself owns the lifecycle: the tasks, the stop, drain and
-    halt, the outcome and `error`. One lock (`_cond`) guards all of it.
+    transitions; `end` (`RunEnd`) owns how the run ends: the outcome, `error`, the drain and halt
+    deadlines and the result. The scheduler itself owns the tasks and drives the end through its
+    transitions. One lock (`_cond`) guards all of it.
     """
 
     def __init__(
@@ -154,19 +156,14 @@ class Scheduler:
         self._permits = Permits(settings.parallelism, batch_cap, self._cond, self._wake_select,
                                 lambda batch, live: self.listener.on_retire(batch, live))
         self.ledger = Ledger(self._permits, self._cond, self.backoff, clock)
-        self._stopping = threading.Event()
-        self._outcome: Outcome | None = None
-        self._finished = threading.Event()
-        self._result: Outcome | None = None
+        #: how the run ends: outcome, error, drain and halt deadlines, result
+        self.end = RunEnd(settings.drain_timeout_ms / 1000.0)
         self._handles: dict[str, TaskHandle] = {}
         self._etl_tasks: set[TaskHandle] = set()
         self._closer: TaskHandle | None = None
-        self._drain_deadline: float | None = None
-        self._halt_deadline: float | None = None
-        self.error: BaseException | None = None
         cutter = BatchCutter(name, select, settings.batch, clock, self._permits.node_permit)
         self.selector = Selector(self.ledger, self._permits, select, cutter, lock=self._cond,
-                                 listener=self.listener, clock=clock, stopping=self._stopping,
+                                 listener=self.listener, clock=clock, stopping=self.end.stopping,
                                  hand_on=self._hand_on, wake=self._wake, wrap=self._wrap)
         self.loader = LoadDispatcher(self.ledger, load, name=name, lock=self._cond, listener=self.listener,
                                      per_table=self.per_table, serial=self.serial, wake=self._wake,
@@ -194,6 +191,15 @@ class Scheduler:
     def acked_rows(self) -> int:
         """Row changes acked since the start."""
         return self.termin.acked_rows
+
+    @property
+    def error(self) -> BaseException | None:
+        """The error the run ended with, if any (`RunEnd.error`)."""
+        return self.end.error
+
+    @error.setter
+    def error(self, error: BaseException | None) -> None:
+        self.end.error = error  # the node records a leadership lost while starting
 
     @property
     def in_flight(self) -> int:
@@ -251,8 +257,7 @@ class Scheduler:
                 self._event("termin", None, f"already caught up at {start}")
                 self.meta.set_state(self.name, Status.STOPPED, node=self.node_id)
                 self.select.close()
-                self._result = Outcome.CAUGHT_UP
-                self._finished.set()
+                self.end.finished(Outcome.CAUGHT_UP)
                 return
         cutter = self.selector.cutter
         cutter.reset(start, next_id)
@@ -266,16 +271,16 @@ class Scheduler:
         with self._cond:
             for role, step in steps.items():
                 self._handles[role] = self.tasks.submit(step, name=f"{self.name}-{role}")
-            stopped_early = self._stopping.is_set()
+            stopped_early = self.end.stopping.is_set()
         if stopped_early:  # stop() came before the tasks existed: start the drain now
-            self._finish(self._outcome or Outcome.STOPPED)
+            self._finish(self.end.outcome or Outcome.STOPPED)
 
     def wait(self, timeout: float | None = None) -> Outcome | None:
         """Block until the pipeline has ended and been torn down; its outcome, or None on timeout."""
-        if not self._finished.wait(timeout):
+        if not self.end.wait(timeout):
             return None
         self._close_private()
-        return self._result
+        return self.end.result
 
     # --- setup and guards --------------------------------------------------------------------
 
@@ -345,17 +350,12 @@ class Scheduler:
 
     def _finish(self, outcome: Outcome, error: BaseException | None = None) -> None:
         """End the pipeline with `outcome` (recording `error`): stop Select, drain, tear down."""
-        if error is not None:
-            self.error = error
         with self._cond:
-            # A pause or a lost leadership outranks a stop that was already draining.
-            if self._outcome is None or outcome in (Outcome.PAUSED, Outcome.LOST):
-                self._outcome = outcome
-            self._stopping.set()
+            self.end.ask(outcome, error)  # a pause or a lost leadership outranks a stop already draining
             self._cond.notify_all()
             start_closer = self._closer is None and bool(self._handles)
             if start_closer:
-                self._drain_deadline = self.clock() + self.settings.drain_timeout_ms / 1000.0
+                self.end.drain_from(self.clock())
                 try:
                     self._closer = self.tasks.submit(_Step(self._close_step), name=f"{self.name}-closer")
                 except RejectedTask:
@@ -372,7 +372,7 @@ class Scheduler:
         """After a stop: let in-flight batches be acked, within the drain timeout; then tear down."""
         with self._cond:
             if not self.ledger.halted:
-                if self._draining():
+                if self.end.draining(self.clock(), len(self.ledger), self.ledger.rolling_back):
                     return Progress.NO_PROGRESS
                 if len(self.ledger):
                     log.warning("pipeline=%s stopped with %d batches not acked; they will be replayed",
@@ -381,25 +381,17 @@ class Scheduler:
             self._halt_now()
         with self._cond:
             busy = self.ledger.load_tasks or any(not h.done() for h in [*self._handles.values(), *self._etl_tasks])
-        if busy and self.clock() < (self._halt_deadline or 0.0):
+        if busy and not self.end.halt_over(self.clock()):
             return Progress.NO_PROGRESS
         if busy:
             log.warning("pipeline=%s some tasks did not stop in time", self.name)
         self._teardown()
         return Progress.DONE
 
-    def _draining(self) -> bool:
-        """Under the lock: whether a stop should keep waiting for in-flight batches."""
-        if self._outcome in (Outcome.PAUSED, Outcome.LOST) or not len(self.ledger):
-            return False
-        if self.ledger.rolling_back:
-            return False  # a batch failed while draining: nothing after the ack survives
-        return self.clock() < (self._drain_deadline or 0.0)
-
     def _halt_now(self) -> None:
         with self._cond:
             self.ledger.halt()
-            self._halt_deadline = self.clock() + self.settings.drain_timeout_ms / 1000.0
+            self.end.halt(self.clock())
             self._cond.notify_all()
         self._wake("select", "load", "termin")
 
@@ -409,7 +401,7 @@ class Scheduler:
         except Exception:
             log.exception("pipeline=%s closing the source failed", self.name)
         self._permits.close()  # retire the batches it abandoned; give back Select's node permit
-        outcome = self._outcome or Outcome.STOPPED
+        outcome = self.end.outcome or Outcome.STOPPED
         try:
             # An operator's pause, written while we drained, must survive the stop.
             if outcome in (Outcome.STOPPED, Outcome.CAUGHT_UP) and (
@@ -419,8 +411,7 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001 - the outcome is already decided; recording it is best effort
             log.error("pipeline=%s cannot record the stop: %s", self.name, exc)
         self._event("termin", None, f"finished: {outcome.value}")
-        self._result = outcome
-        self._finished.set()
+        self.end.finished(outcome)
 
     def _record_failed_start(self, error: BaseException) -> None:
         """A start that failed leaves the pipeline STOPPED with the error, not RUNNING with no process."""

@@ -110,11 +110,8 @@ class CreateTablesLoad(LoadWrapper):
     def mark_loaded(self, batch: Batch) -> None:
         self.inner.mark_loaded(batch)
 
-    def close(self) -> None:
-        try:
-            self.creator.close()
-        finally:
-            self.inner.close()
+    def close_own(self) -> None:
+        self.creator.close()
 
     def _ensure(self, batch: Batch) -> None:
         named: set[tuple[str, str]] = set()

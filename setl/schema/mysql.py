@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from setl.model import TableName
-from setl.schema.plan import TargetColumn, TargetTable, unsupported
-from setl.schema.target import ExistingColumn, SchemaTarget, create_table, mysql_family
+from setl.schema.plan import TargetColumn, TargetTable
+from setl.schema.target import ExistingColumn, SchemaTarget, added_column, create_table, mysql_family
 
 #: Spark type -> MySQL type, for columns a transform adds.
 SPARK_TYPES = {
@@ -45,10 +45,7 @@ class MysqlSchema(SchemaTarget):
 
     def column(self, table: TargetTable, column: TargetColumn) -> str:
         if column.source is None:
-            kind = spark_type(column.spark_type or "")
-            if kind is None:
-                raise unsupported(self.pipeline, table, column, "MySQL", "has no type mapping (add a cast step)")
-            return f"{quote(column.name)} {kind}" + ("" if column.nullable else " NOT NULL")
+            return added_column(self.pipeline, table, column, quote=quote, types=spark_type, product="MySQL")
         source = column.source
         text = f"{quote(column.name)} {'json' if source.json else source.type}"
         if source.charset and source.base in _CHARACTER and not source.json:

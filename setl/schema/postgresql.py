@@ -22,7 +22,7 @@ from setl.errors import ConfigError
 from setl.model import TableName
 from setl.schema.mysql import quote as mysql_quote
 from setl.schema.plan import TargetColumn, TargetTable, unsupported
-from setl.schema.target import ExistingColumn, SchemaTarget, create_table
+from setl.schema.target import ExistingColumn, SchemaTarget, added_column, create_table
 from setl.sinks import postgresql_spatial
 from setl.sinks.postgresql_ddl import PARTITIONS_REFUSED, SPATIAL, UnsupportedDdl, column, ident, pg_name
 
@@ -74,10 +74,7 @@ class PostgresqlSchema(SchemaTarget):
 
     def column(self, table: TargetTable, target: TargetColumn) -> str:
         if target.source is None:
-            kind = spark_type(target.spark_type or "")
-            if kind is None:
-                raise unsupported(self.pipeline, table, target, "PostgreSQL", "has no type mapping (add a cast step)")
-            return f"{ident(target.name)} {kind}" + ("" if target.nullable else " NOT NULL")
+            return added_column(self.pipeline, table, target, quote=ident, types=spark_type, product="PostgreSQL")
         source = target.source
         definition = f"{mysql_quote(target.name)} {'json' if source.json else source.type}"
         if source.charset and not source.json:

@@ -12,7 +12,7 @@ import attrs
 
 from setl.errors import ConfigError
 from setl.model import TableName
-from setl.schema.plan import TargetColumn, TargetTable
+from setl.schema.plan import TargetColumn, TargetTable, unsupported
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,16 @@ def spark_family(kind: str) -> str | None:
         return "integer"
     return {"boolean": "boolean", "decimal": "decimal", "float": "float", "double": "float", "date": "date",
             "timestamp": "datetime", "timestamp_ntz": "datetime", "string": "text", "binary": "binary"}.get(base)
+
+
+def added_column(pipeline: str, table: TargetTable, column: TargetColumn, *, quote: Callable[[str], str],
+                 types: Callable[[str], str | None], product: str) -> str:
+    """The definition of a column a transform adds (no source column): its Spark type as `types`
+    maps it on the target (`product`), refused when it has no mapping there."""
+    kind = types(column.spark_type or "")
+    if kind is None:
+        raise unsupported(pipeline, table, column, product, "has no type mapping (add a cast step)")
+    return f"{quote(column.name)} {kind}" + ("" if column.nullable else " NOT NULL")
 
 
 def create_table(name: str, columns: Sequence[str], primary_key: Sequence[str], quote: Callable[[str], str]) -> str:

@@ -55,8 +55,7 @@ class MergeHandOff:
     def poll(self, timeout: float) -> Transaction | None:
         """The next transaction in position order, or None after `timeout` seconds."""
         with self.book.lock:
-            book = self.book
-            idle = not (book.copies or book.waiting or book.out or book.gone or book.windows) and book.merge.idle
+            idle = self.book.idle
             failure = self.book.failure
         if failure is not None:
             raise failure
@@ -64,15 +63,17 @@ class MergeHandOff:
             tx = self.inner.poll(timeout)
             if tx is not None:
                 with self.book.lock:
-                    self.book.merge.frontier = self.book.handed = tx.end
+                    self.book.merge.frontier = tx.end
+                    self.book.passed(tx)
             return tx
         if self.book.waiting:
             self._start_waiting()
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
             with self.book.lock:
-                if self.book.out:
-                    return self.book.out.popleft()
+                queued = self.book.next_out()
+                if queued is not None:
+                    return queued
                 wanted = self.book.merge.lookahead is None
             if wanted:
                 tx = self.inner.poll(0)
@@ -103,11 +104,7 @@ class MergeHandOff:
         if isinstance(found, tuple) and found[1].repair is not None:
             return self.requests.hand_repair(found[1])
         if isinstance(found, tuple):
-            serial = found[1].copy
-            self.book.queued[serial] -= 1
-            if self.book.queued[serial] <= 0:
-                del self.book.queued[serial]
-            self.book.lock.notify_all()  # room for another chunk
+            self.book.taken(found[1])  # room for another chunk
             return self._hand_chunk(found[1])
         for change in found.changes:
             if isinstance(change, DdlChange) and not change.snapshot and change.table is not None and (
@@ -115,7 +112,7 @@ class MergeHandOff:
                 self.restarts.altered(change)
         if self.book.windows:
             self.restarts.check_windows(found)
-        self.book.handed = found.end
+        self.book.passed(found)
         if self.book.gone:
             self.restarts.lost_without_ddl(found.end)
         if self.book.keyless_open and found.changes:
@@ -133,40 +130,32 @@ class MergeHandOff:
         copy = self.book.copies.get(chunk.table)
         key = copy.plan.key if copy is not None else ()
         changes = tuple(new_reads(chunk.table.schema, chunk.table.table, key, chunk.rows, chunk.position))
-        if copy is not None:
-            copy.handed_rows += len(changes)
         if chunk.final and not key:
-            self.book.keyless_open.discard(chunk.table)
+            self.book.keyless_read(chunk.table)
         self.ledger.remember(Record(chunk.table, "chunk", changes[-1] if changes else None, chunk=chunk))
         frontier = self.book.merge.frontier
         at = frontier if frontier is not None else chunk.position
-        if copy is not None and chunk.copy == copy.serial:
-            if key:
-                copy.handed_chunks += 1
-            copy.last_handed = copy.last_handed or chunk.final
-            # Chunks of a table may be placed out of index order: it is all handed on (and its
-            # marker follows) once its last chunk and every chunk claimed before it are.
-            if copy.last_handed and copy.handed_chunks >= copy.next_index:
-                copy.handed_final = True
-                self._mark_end(copy, at)
+        # Chunks of a table may be placed out of index order: it is all handed on (and its marker
+        # follows) once its last chunk and every chunk claimed before it are.
+        if copy is not None and chunk.copy == copy.serial and copy.handed(keyed=bool(key), final=chunk.final):
+            self._mark_end(copy, at)
         return Transaction(changes, at)
 
     def _mark_end(self, copy: Copy, at: Position) -> None:
         """Under the lock: `copy` is all handed on: queue its end marker, as a transaction of its own
         after the one being handed on (with `copy_end`; once per copy)."""
-        if not self.copy_end or copy.marked:
+        if not self.copy_end or not copy.mark():
             return
-        copy.marked = copy.handed_final = True
         marker = DdlChange.end_of_copy(copy.plan.name, at)
         self.ledger.remember(Record(copy.plan.name, "copied", marker, copy=copy.serial))
-        self.book.out.append(Transaction((marker,), at))
+        self.book.then(Transaction((marker,), at))
 
     def _start_waiting(self) -> None:
         """Hand on the TRUNCATE of each waiting table at the current position, and open its copy."""
         with self.book.lock:
             if self.book.merge.frontier is None:
                 return  # after a GTID start: wait for the first position
-            waiting, self.book.waiting = self.book.waiting, []
+            waiting = self.book.take_waiting()
             generation = self.book.generation
         if not waiting:
             return
@@ -183,7 +172,7 @@ class MergeHandOff:
                     head = self.inner.head()
                     with self.book.lock:
                         if generation == self.book.generation:
-                            self.book.gone[name] = head
+                            self.book.gone_since(name, head)
                             if self.book.handed is not None:
                                 self.restarts.lost_without_ddl(self.book.handed)  # already past today's head
                     log.info("pipeline=%s stage=select table=%s no longer exists: not copied; waiting for the DDL "
@@ -195,13 +184,11 @@ class MergeHandOff:
                                 "its copy began: copying it again from its start", self.pipeline, name,
                                 ", ".join(plan.key), ", ".join(stored.key))
                     resume = False
-                copy = Copy(plan, attrs.evolve(stored, estimate=plan.estimate), serial=next(self.book.serials))
                 if resume:
-                    copy.truncated, copy.lower = True, stored.last_key
+                    copy = self.book.new_copy(plan, after=stored.last_key)
                     with self.book.lock:
                         if generation == self.book.generation:
-                            self.book.copies[name] = copy
-                            self.book.lock.notify_all()
+                            self.book.open(copy)
                     continue
                 # Empty now: nothing to copy, and any later row arrives through the binlog.
                 empty = not self.reader.has_rows(conn, plan)
@@ -210,16 +197,12 @@ class MergeHandOff:
                 with self.book.lock:
                     if generation != self.book.generation:
                         return
-                    copy.truncated = True
-                    copy.exhausted = empty
-                    self.book.copies[name] = copy
-                    if plan.keyless and not empty:
-                        self.book.keyless_open.add(name)
+                    copy = self.book.new_copy(plan, empty=empty)
+                    self.book.open(copy, keyless_open=plan.keyless and not empty)
                     self.ledger.remember(Record(name, "truncate", change, empty=empty, estimate=plan.estimate,
                                                 key=plan.key, copy=copy.serial))
-                    self.book.out.append(Transaction((change,), frontier or Position("", 0)))
+                    self.book.then(Transaction((change,), frontier or Position("", 0)))
                     if empty:
                         self._mark_end(copy, frontier or Position("", 0))
-                    self.book.lock.notify_all()
         finally:
             conn.close()

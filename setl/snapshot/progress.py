@@ -57,7 +57,8 @@ class CopyProgress:
             self.ledger.reset({})
         self.ledger.set(pending)
         with self.book.lock:
-            self.book.waiting.extend(p.name for p in pending)
+            for p in pending:
+                self.book.queue(p.name)
         if self.began is None:
             self.began = time.monotonic()
 
@@ -76,7 +77,7 @@ class CopyProgress:
                 log.info("pipeline=%s stage=select table=%s snapshot resumes from its start", self.pipeline,
                          progress.name)
             with self.book.lock:
-                self.book.waiting.append(progress.name)
+                self.book.queue(progress.name)
         if self.began is None:
             self.began = time.monotonic()
 
@@ -87,10 +88,8 @@ class CopyProgress:
         finished = [p for p in changed if p.status is CopyStatus.DONE and p.name in copies]
         with self.book.lock:
             for progress in finished:
-                copy = self.book.copies.get(progress.name)
-                if copy is not None and copy.serial == copies[progress.name]:
-                    del self.book.copies[progress.name]
-            active = bool(self.book.copies or self.book.waiting)
+                self.book.finished(progress.name, copies[progress.name])
+            active = self.book.active
         for p in finished:
             log.info("pipeline=%s stage=termin table=%s snapshot done: %d rows in %d chunk(s)", self.pipeline,
                      p.name, p.rows, p.chunks)

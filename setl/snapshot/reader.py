@@ -57,13 +57,13 @@ def _q(name: str) -> str:
     return ddl.quote(name).replace("%", "%%")
 
 
-def _after(columns: Sequence[str], strict: bool) -> str:
+def _after(columns: Sequence[str], strict: bool, quote: Callable[[str], str] = _q) -> str:
     """``(columns) > (%s, ...)`` (or ``<=`` when not `strict`), expanded so that the range
     optimizer uses the key: ``c1 > v1 OR (c1 = v1 AND (c2 > v2 ...))``."""
-    first = _q(columns[0])
+    first = quote(columns[0])
     if len(columns) == 1:
         return f"{first} > %s" if strict else f"{first} <= %s"
-    rest = _after(columns[1:], strict)
+    rest = _after(columns[1:], strict, quote)
     return f"({first} {'>' if strict else '<'} %s OR ({first} = %s AND ({rest})))"
 
 
@@ -74,6 +74,22 @@ def _args(values: Sequence[Any]) -> list[Any]:
         out.extend((value, value))
     out.append(values[-1])
     return out
+
+
+def key_range(names: Sequence[str], lower: tuple[Any, ...] | None, upper: tuple[Any, ...] | None,
+              quote: Callable[[str], str] = _q) -> tuple[list[str], list[Any]]:
+    """Conditions (to join with AND) and their ``%s`` arguments for keys in (`lower`, `upper`]
+    (an open end when None), each expanded as `_after` does so that a key index serves them;
+    `quote` quotes a column name for the statement."""
+    conditions: list[str] = []
+    arguments: list[Any] = []
+    if lower is not None:
+        conditions.append(_after(names, True, quote))
+        arguments.extend(_args(lower))
+    if upper is not None:
+        conditions.append(_after(names, False, quote))
+        arguments.extend(_args(upper))
+    return conditions, arguments
 
 
 class ChunkReader:
@@ -154,13 +170,7 @@ class ChunkReader:
                                                                                          Position]:
         """The rows with key in (`after`, `upper`] (open ends when None), in key order, read in one
         consistent snapshot; and its binlog position (also passed to `started` as soon as known)."""
-        conditions, args = [], []
-        if after is not None:
-            conditions.append(_after(plan.key, True))
-            args.extend(_args(after))
-        if upper is not None:
-            conditions.append(_after(plan.key, False))
-            args.extend(_args(upper))
+        conditions, args = key_range(plan.key, after, upper)
         where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
         return self._read_where(conn, plan, f"{where} ORDER BY {', '.join(_q(c) for c in plan.key)}", args, started)
 

@@ -65,8 +65,7 @@ class CopyReads:
         """Stop the readers (their reads in flight are no longer wanted) and join them."""
         self.stop.set()
         with self.book.lock:
-            self.book.generation += 1
-            self.book.lock.notify_all()
+            self.book.stop_reads()
         for thread in self.threads:
             thread.join(30.0)
             if thread.is_alive():
@@ -74,18 +73,12 @@ class CopyReads:
         self.threads = []
 
     def _claim(self, stop: threading.Event) -> tuple[int, Copy] | None:
-        """Under the lock, waiting for room: a table with a chunk to read (marked as claiming).
-
-        A claim counts as a chunk from here: a reader finding its boundary has not registered its
-        read with the merge yet, and readers claiming together must not take more than the room."""
+        """Under the lock, waiting for room: a copy with a chunk to read, claimed (`CopyBook.claim`)."""
         book = self.book
         while not stop.is_set():
-            claims = sum(1 for c in book.copies.values() if c.claiming)
-            if book.merge.pending + claims < self.max_chunks:
-                for copy in book.copies.values():
-                    if copy.truncated and not copy.exhausted and not copy.claiming:
-                        copy.claiming = True
-                        return book.generation, copy
+            copy = book.claim(self.max_chunks)
+            if copy is not None:
+                return book.generation, copy
             book.lock.wait(0.2)
         return None
 
@@ -108,7 +101,7 @@ class CopyReads:
                         self._read_chunk(conn, generation, copy)
                 except BaseException:
                     with self.book.lock:
-                        copy.claiming = False
+                        copy.released()
                     raise
         except BaseException as exc:
             if not stop.is_set():
@@ -117,8 +110,7 @@ class CopyReads:
                     f"snapshot read failed: {type(exc).__name__}: {exc}", pipeline=self.pipeline, stage="select",
                     table=str(copy.plan.name) if copy is not None else None, position=self.book.merge.frontier)
                 with self.book.lock:
-                    self.book.failure = error
-                    self.book.lock.notify_all()
+                    self.book.fail(error)
         finally:
             if conn is not None:
                 with contextlib.suppress(Exception):  # closing a connection that may be broken already
@@ -134,9 +126,7 @@ class CopyReads:
         with book.lock:
             if generation != book.generation:
                 return
-            index = copy.next_index
-            copy.next_index += 1
-            copy.lower, copy.exhausted, copy.claiming = upper, upper is None, False
+            index = copy.claimed(upper)
             rid = book.register(generation)
             book.lock.notify_all()
         try:
@@ -159,8 +149,7 @@ class CopyReads:
     def _read_keyless(self, conn: Any, generation: int, copy: Copy) -> None:
         book = self.book
         with book.lock:
-            copy.exhausted = True
-            copy.claiming = False
+            copy.claimed_whole()
             rid = book.register(generation)
         index = itertools.count()
         position: list[Position] = []
@@ -181,8 +170,7 @@ class CopyReads:
                     book.lock.wait(0.2)
                 if generation != book.generation or self.stop.is_set() or copy.serial in book.abandoned:
                     raise _Abandoned()
-                book.merge.add(chunk.position, chunk)
-                book.queued[copy.serial] += 1
+                book.place(chunk)
                 if final:
                     book.merge.read_ended(rid)
                 book.lock.notify_all()
@@ -190,8 +178,7 @@ class CopyReads:
         def running() -> None:
             head = self.inner.head()  # the binlog's end once the SELECT holds its lock
             with book.lock:
-                if generation == book.generation and copy.serial not in book.abandoned:
-                    book.windows[copy.plan.name] = (position[0], head, copy.serial)
+                book.window(copy, position[0], head, generation)
 
         try:
             self.reader.read_all(conn, copy.plan, self.chunk_rows, started, piece, running)

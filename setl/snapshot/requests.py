@@ -69,7 +69,7 @@ class CopyRequests:
         taken = []
         for table in requests:
             with self.book.lock:
-                busy = table in self.book.copies or table in self.book.waiting
+                busy = self.book.busy(table)
             if busy:
                 continue  # copied again once the current copy ends
             if self.selects is not None and not self.selects(table.schema, table.table):
@@ -98,7 +98,7 @@ class CopyRequests:
             with self.book.lock:
                 if request.id in self.repairs or request.id in self.repaired:
                     continue
-                if request.table in self.book.copies or request.table in self.book.waiting:
+                if self.book.busy(request.table):
                     self.deferred = True  # a table being copied is repaired once its copy ends
                     continue
             if self.selects is not None and not self.selects(request.table.schema, request.table.table):
@@ -149,7 +149,7 @@ class CopyRequests:
                           key=plan.key, deletes=deletes)
             with self.book.lock:
                 if generation == self.book.generation:
-                    self.book.merge.add(position, chunk)
+                    self.book.merge.add(position, chunk)  # not a copy's: no room counted
                     self.repairs[request.id] = [None, None]
                 self.book.ended(generation, rid)
         except pymysql.MySQLError as exc:

@@ -52,7 +52,7 @@ class CopyRestarts:
         names = [TableName(ref.schema or change.schema, ref.table) for ref in parsed.tables] or [
             TableName(change.schema, str(change.table))]
         moving = [n for n in names if n in self.book.gone
-                  or (n in self.book.copies and not self.book.copies[n].handed_final)]
+                  or (n in self.book.copies and not self.book.copies[n].handed_on)]
         if not moving:
             return  # waiting tables are planned after the DDL; a copy all handed on precedes it
         removed, pairs = removed_and_renamed(parsed, names)
@@ -80,19 +80,14 @@ class CopyRestarts:
         gets that progress only with the ack of the batch holding the DDL: a crash before it
         resumes the copy from its last acked chunk, and the DDL, replayed, ends it again. Without
         one (a table gone with no DDL, a keyless re-read) it is written now."""
-        copy = self.book.copies.pop(name, None)
-        if copy is not None:
-            self.book.abandoned.add(copy.serial)
-        self.book.gone.pop(name, None)
-        self.book.windows.pop(name, None)
-        self.book.keyless_open.discard(name)
+        self.book.drop(name)
         now = time.time()
         stored = self.progress.ledger.get(name) or TableProgress(name.schema, name.table)
         progress = (TableProgress(name.schema, name.table, CopyStatus.PENDING, started=now, updated=now) if again
                     else attrs.evolve(stored, status=CopyStatus.DONE, updated=now))
         self.progress.abandon(progress, carrier)
         if again:
-            self.book.waiting.append(name)
+            self.book.queue(name)
 
     def check_windows(self, found: Transaction) -> None:
         """Under the lock, before `found` is handed on: a write to a keyless table the snapshot does
@@ -103,7 +98,7 @@ class CopyRestarts:
             if found.end <= since:
                 continue
             if until is not None and found.end > until:
-                del self.book.windows[name]  # past the window with no write to the table: the copy holds
+                self.book.window_closed(name)  # past the window with no write to the table: the copy holds
                 self.rereads.pop(name, None)
                 continue
             if not any(isinstance(c, RowChange) and c.schema == name.schema and c.table == name.table

@@ -190,7 +190,9 @@ class SnapshotSelect(SelectWrapper):
         # A copy requested while the pipeline was stopped starts now: `backlog()` then holds a
         # `--until-caught-up` start until it is done, instead of it ending "caught up" at once.
         self.requests.take()
-        if self.book.copies or self.book.waiting:
+        with self.book.lock:
+            active = self.book.active
+        if active:
             self.reads.start()
 
     def _selected_tables(self) -> list[TableName]:

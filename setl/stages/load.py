@@ -152,7 +152,14 @@ class LoadWrapper(Load):
         return self.inner.committed_epoch()
 
     def close(self) -> None:
-        self.inner.close()
+        """Close what this layer holds itself (`close_own`), then the inner Load, whatever the first does."""
+        try:
+            self.close_own()
+        finally:
+            self.inner.close()
+
+    def close_own(self) -> None:
+        """Close what this layer holds itself (nothing here)."""
 
 
 def supports_per_table(load: Load) -> bool:

@@ -40,11 +40,7 @@ Tables without transforms never reach Spark: no session is even created.
 
 from __future__ import annotations
 
-import datetime as dt
-import decimal
 import logging
-import re
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -54,106 +50,47 @@ import pyarrow.compute as pc
 
 from setl.config import NodeSettings, PipelineConfig, SparkConfig, TableRule
 from setl.errors import SetlError, TransformError
-from setl.model import Batch, Change, ColumnSchema, Op, RowChange, TableName, TableSchema, partial_image_refusal
+from setl.model import Batch, Change, Op, RowChange, TableName, TableSchema, partial_image_refusal
 from setl.plugins import BoundStep, Registry, TransformContext
-from setl.routing import Route, RoutingPlan, build_plan
+from setl.routing import RoutingPlan, build_plan
 from setl.spark import brief, find_java, from_arrow, get_session, to_arrow
 from setl.stages.transform import Transform
+from setl.transforms.analysis import ChainAnalysis, OutputColumn
+from setl.transforms.chains import (
+    AFTER,
+    BEFORE,
+    COMMIT_TIME,
+    IMAGE,
+    INFORMATIONAL_META,
+    META_PREFIX,
+    OP,
+    POSITION,
+    REQUIRED_META,
+    SEQ,
+    ChainPlans,
+    PartialRowRefused,
+    StartupAnalysisError,
+    StepAnalysisError,
+    TablePlan,
+    is_analysis_error,
+)
 from setl.transforms.frames import SchemaCache, TableTypes, table_columns, table_to_rows
 
 log = logging.getLogger(__name__)
-
-META_PREFIX = "_setl_"
-OP, IMAGE, SEQ, COMMIT_TIME, POSITION = "_setl_op", "_setl_image", "_setl_seq", "_setl_commit_time", "_setl_position"
-BEFORE, AFTER = "before", "after"
-REQUIRED_META = (SEQ, IMAGE)
-INFORMATIONAL_META = (OP, COMMIT_TIME, POSITION)
 _UNKNOWN: Any = object()
 
-
-class StepAnalysisError(TransformError):
-    """Spark SQL rejects a step against its table's columns (an unknown column or function, a syntax
-    error in a `filter`, `add_column` or `sql` step). Raised by the first batch of the table, at the
-    step's eager analysis; the same on every attempt, so the pipeline pauses at once."""
-
-    retryable = False
-
-
-class PartialRowRefused(TransformError):
-    """A partial row image (`RowChange.partial`) of a table with transforms: Spark sees whole rows
-    only, so the change cannot be transformed exactly. The same on every attempt: pause at once."""
-
-    retryable = False
-
-
-class StartupAnalysisError(StepAnalysisError):
-    """A `StepAnalysisError` found at startup, before anything is read or written: a configuration
-    error (``setl start`` exits 2)."""
-
-    exit_code = 2
-
-
-def _is_analysis_error(exc: BaseException) -> bool:
-    """Whether `exc` is Spark's analysis or parse error (classic or Spark Connect)."""
-    try:
-        from pyspark.errors import AnalysisException
-    except ImportError:  # pragma: no cover - pyspark < 3.4
-        return False
-    return isinstance(exc, AnalysisException)
-
-
-@attrs.frozen
-class TablePlan:
-    """The validated transform chain of one table's rows: one route's, or one named target's.
-
-    `types_key` names the column types cache entry (per source table when routed: two source
-    tables routed into one target table may differ in columns).
-    """
-
-    target: str
-    steps: tuple[BoundStep, ...]
-    source: str | None = None
-    types_key: str = ""
-
-    @property
-    def may_drop_deletes(self) -> bool:
-        return any(step.may_drop_deletes for step in self.steps)
-
-    @property
-    def names(self) -> str:
-        return ",".join(step.name for step in self.steps)
-
-    @classmethod
-    def of_route(cls, route: Route) -> TablePlan | None:
-        if not route.steps:
-            return None
-        return cls(str(route.target), route.steps, str(route.source),
-                   repr((route.source.schema, route.source.table)))
-
-
-@attrs.frozen
-class OutputColumn:
-    """A column a transform chain returns (`SparkTransform.output_columns`): its name, its Spark
-    type (``simpleString``: ``int``, ``string``, ``decimal(10,2)``) and the input column it carries
-    unchanged, if it does."""
-
-    name: str
-    spark_type: str
-    input: str | None = None
-
+__all__ = ["OutputColumn", "PartialRowRefused", "SparkTransform", "StartupAnalysisError", "StepAnalysisError",
+           "TablePlan", "build_transform"]
 
 class SparkTransform(Transform):
     """Runs each table's validated transform chain on Spark.
 
-    A row change's chain is its route's in `routing` (the pipeline's
-    `setl.routing.RoutingPlan`), found by the change's `source` table: rows of
-    two source tables routed into one target table keep their own chains. No
-    chain is ever found by inverting a target name. `tables` names chains
-    for changes that carry no `source` (made by hand, as `setl.testing` does),
-    by their qualified name. `session` returns the SparkSession and is only
-    called for a batch that has rows of a table with transforms; by default it
-    is `setl.spark.get_session(spark)`. Safe to call from several threads at
-    once: it keeps no per-batch state, only each table's column types
+    A row change's chain is found by `plans` (`setl.transforms.chains.ChainPlans`: its route's in
+    `routing`, or one named in `tables` for changes that carry no `source`); `analysis`
+    (`setl.transforms.analysis.ChainAnalysis`) runs the chains at startup. `session` returns the
+    SparkSession and is only called for a batch that has rows of a table with transforms; by
+    default it is `setl.spark.get_session(spark)`. Safe to call from several threads at once: it
+    keeps no per-batch state, only each table's column types
     (`setl.transforms.frames.SchemaCache`), derived from its first batch.
     """
 
@@ -170,14 +107,8 @@ class SparkTransform(Transform):
         self.pipeline = pipeline
         self._spark_settings = spark
         self._session_factory = session
-        self._plans: dict[str, TablePlan | None] = {
-            name: TablePlan(name, tuple(steps), (sources or {}).get(name), name)
-            for name, steps in (tables or {}).items()
-            if steps
-        }
-        self.routing = routing
-        self._route_plans: dict[int, TablePlan | None] = {}
-        self._lock = threading.Lock()
+        self.plans = ChainPlans(tables, sources=sources, routing=routing)
+        self.analysis = ChainAnalysis(self.plans, pipeline=pipeline, session=self.session)
         self._types = SchemaCache()
 
     @classmethod
@@ -196,128 +127,26 @@ class SparkTransform(Transform):
         plan = RoutingPlan.compile(rules, pipeline=pipeline, registry=registry, file=file)
         return cls(pipeline=pipeline, spark=spark, session=session, routing=plan)
 
-    # --- planning -------------------------------------------------------------------------
+    @property
+    def routing(self) -> RoutingPlan | None:
+        """The pipeline's routing plan, if the stage was given one."""
+        return self.plans.routing
 
     def plan_for(self, table: str) -> TablePlan | None:
-        """The chain given for a target table by name (`tables`), or None when it has none.
-
-        Only for changes that carry no `source` (not routed by Extract); a routed change's
-        chain is always its route's (`plan_for_source`), whatever its target name.
-        """
-        return self._plans.get(table)
+        """The chain given for a target table by name (`ChainPlans.plan_for`)."""
+        return self.plans.plan_for(table)
 
     def plan_for_source(self, source: TableName) -> TablePlan | None:
-        """The chain of a source table's route in the routing plan, or None when it has none."""
-        if self.routing is None:
-            return None
-        route = self.routing.route(source.schema, source.table)
-        if route is None:
-            return None
-        plan = self._route_plans.get(id(route), _UNKNOWN)
-        if plan is _UNKNOWN:
-            with self._lock:
-                plan = self._route_plans.setdefault(id(route), TablePlan.of_route(route))
-        return plan
-
-    def _plan_of(self, change: RowChange) -> TablePlan | None:
-        if change.source is not None:
-            return self.plan_for_source(change.source)
-        # Not routed by Extract (a pass-through Extract, or a batch made by hand): its names are
-        # the source's own, or a target named in `tables`.
-        named = self.plan_for(change.qualified_table)
-        return named if named is not None else self.plan_for_source(TableName(change.schema, change.table))
+        """The chain of a source table's route (`ChainPlans.plan_for_source`)."""
+        return self.plans.plan_for_source(source)
 
     def analyse(self, tables: Sequence[TableSchema]) -> int:
-        """Analyse every chain against its source tables' columns now, before any row: an empty
-        DataFrame with the columns a batch of the table would have (after Extract's column rules
-        and renames, typed as `_Rows.table` types a batch), run through the chain with each
-        step's result analysed. Raises the `StepAnalysisError` the first batch would raise.
-        Returns how many (table, chain) pairs were analysed; no Spark session without one."""
-        work = []
-        for described in tables:
-            plan = self.plan_for_source(described.table)
-            if plan is None or self.routing is None:
-                continue
-            route = self.routing.route(described.table.schema, described.table.table)
-            assert route is not None
-            work.append((described, plan, route))
-        if not work:
-            return 0
-        spark = self.session()
-        for described, plan, route in work:
-            sample = {route.rename.get(c.name, c.name): _sample_value(c)
-                      for c in described.columns if route.keeps(c.name)}
-            table, _ = TableTypes().table([sample], extra=_sample_meta())
-            df = from_arrow(spark, table.slice(0, 0))
-            for step in plan.steps:
-                context = TransformContext(
-                    pipeline=self.pipeline, source_table=plan.source, target_table=plan.target, batch_id=0,
-                    epoch=0, params=step.params, spark=spark, step=step.name,
-                    may_drop_deletes=step.may_drop_deletes)
-                try:
-                    df = step.plugin.func(df, step.params, context)
-                    df.schema  # noqa: B018 - forces Spark's analysis of the step
-                    df.drop(*INFORMATIONAL_META).schema  # noqa: B018
-                except Exception as exc:
-                    if not _is_analysis_error(exc):
-                        # Not Spark SQL's verdict on the columns (a plugin that needs rows): the first batch tells.
-                        log.debug("pipeline=%s table=%s step %s not analysed at startup: %s", self.pipeline,
-                                  plan.target, step.name, brief(exc))
-                        break
-                    raise StartupAnalysisError(
-                        f"step {step.index + 1} ({step.name}) cannot run on the columns of source table "
-                        f"{described.table}: {brief(exc)}",
-                        pipeline=self.pipeline, stage="transform", table=plan.target, plugin=step.name,
-                    ) from exc
-        return len(work)
+        """Analyse every chain against its source tables' columns now (`ChainAnalysis.analyse`)."""
+        return self.analysis.analyse(tables)
 
     def output_columns(self, described: TableSchema) -> tuple[OutputColumn, ...] | None:
-        """The columns the chain of source table `described` writes to the target, in order, found
-        by running the chain on an empty DataFrame of the columns a batch of the table would have
-        (after Extract's column rules and renames); None when the table has no chain.
-
-        Each column names its Spark type and the input column it carries unchanged (same type,
-        same name or renamed by a step that declares its renames), or None for a column the
-        chain adds or recomputes with another type. Raises `StepAnalysisError` for a chain
-        Spark SQL rejects, and whatever a step raises otherwise.
-        """
-        plan = self.plan_for_source(described.table)
-        if plan is None or self.routing is None:
-            return None
-        route = self.routing.route(described.table.schema, described.table.table)
-        assert route is not None
-        spark = self.session()
-        sample = {route.rename.get(c.name, c.name): _sample_value(c) for c in described.columns if route.keeps(c.name)}
-        table, _ = TableTypes().table([sample], extra=_sample_meta())
-        df = from_arrow(spark, table.slice(0, 0))
-        inputs = {field.name: field.dataType.simpleString() for field in df.schema.fields}
-        origin = {name: name for name in sample}
-        for step in plan.steps:
-            context = TransformContext(
-                pipeline=self.pipeline, source_table=plan.source, target_table=plan.target, batch_id=0,
-                epoch=0, params=step.params, spark=spark, step=step.name, may_drop_deletes=step.may_drop_deletes)
-            try:
-                df = step.plugin.func(df, step.params, context)
-                df.schema  # noqa: B018 - forces Spark's analysis of the step
-            except Exception as exc:
-                if not _is_analysis_error(exc):
-                    raise
-                raise StartupAnalysisError(
-                    f"step {step.index + 1} ({step.name}) cannot run on the columns of source table "
-                    f"{described.table}: {brief(exc)}",
-                    pipeline=self.pipeline, stage="transform", table=plan.target, plugin=step.name) from exc
-            renamed = step.renames()
-            if renamed:
-                origin = {renamed.get(name, name): source for name, source in origin.items()}
-        out = []
-        for field in df.schema.fields:
-            if field.name.startswith(META_PREFIX):
-                continue
-            kind = field.dataType.simpleString()
-            source = origin.get(field.name)
-            out.append(OutputColumn(field.name, kind, source if source is not None and inputs.get(source) == kind
-                                    else None))
-        return tuple(out)
+        """The columns the chain of `described` writes (`ChainAnalysis.output_columns`)."""
+        return self.analysis.output_columns(described)
 
     def session(self) -> Any:
         if self._session_factory is not None:
@@ -341,7 +170,7 @@ class SparkTransform(Transform):
                 last = key
                 plan = plans.get(key, _UNKNOWN)
                 if plan is _UNKNOWN:
-                    plan = plans[key] = self._plan_of(change)
+                    plan = plans[key] = self.plans.plan_of(change)
                 indices = None if plan is None else groups.setdefault(key, [])
             if indices is not None:
                 if change.partial:  # Extract refuses it first when its routing plan knows the steps
@@ -380,6 +209,16 @@ class SparkTransform(Transform):
                               table=plan.target, batch=batch.id, plugin=plugin or plan.names,
                               position=batch.start)
 
+    def _step_error(self, batch: Batch, plan: TablePlan, step: BoundStep, exc: Exception) -> TransformError:
+        """The error to raise (``from`` `exc`) for `step` failing with `exc` on a batch."""
+        if is_analysis_error(exc):
+            # Spark rejected the step's SQL against the table's columns: no retry can change that.
+            return StepAnalysisError(
+                f"step {step.index + 1} ({step.name}) cannot run on the table's columns: {brief(exc)}",
+                pipeline=self.pipeline or batch.pipeline, stage="transform", table=plan.target,
+                batch=batch.id, plugin=step.name, position=batch.start)
+        return self._error(batch, plan, f"step {step.index + 1} ({step.name}) failed: {brief(exc)}", step.name)
+
     def _run_table(
         self, spark: Any, batch: Batch, plan: TablePlan, indices: list[int],
     ) -> list[RowChange | list[RowChange]]:
@@ -407,14 +246,7 @@ class SparkTransform(Transform):
                                  table=plan.target, batch=batch.id, plugin=step.name)
                 raise
             except Exception as exc:
-                if _is_analysis_error(exc):
-                    # Spark rejected the step's SQL against the table's columns: no retry can change that.
-                    raise StepAnalysisError(
-                        f"step {step.index + 1} ({step.name}) cannot run on the table's columns: {brief(exc)}",
-                        pipeline=self.pipeline or batch.pipeline, stage="transform", table=plan.target,
-                        batch=batch.id, plugin=step.name, position=batch.start) from exc
-                raise self._error(batch, plan, f"step {step.index + 1} ({step.name}) failed: {brief(exc)}",
-                                  step.name) from exc
+                raise self._step_error(batch, plan, step, exc) from exc
             renames = step.renames()
             primary_key = [renames.get(c, c) for c in primary_key]
             missing = [c for c in primary_key if c not in columns]
@@ -431,14 +263,7 @@ class SparkTransform(Transform):
             # The informational columns are not needed back; leaving them in Spark saves converting them.
             result_table = to_arrow(df.drop(*INFORMATIONAL_META))
         except Exception as exc:
-            culprit = self._culprit(frames, plan)
-            if _is_analysis_error(exc):
-                raise StepAnalysisError(
-                    f"step {culprit.index + 1} ({culprit.name}) cannot run on the table's columns: {brief(exc)}",
-                    pipeline=self.pipeline or batch.pipeline, stage="transform", table=plan.target,
-                    batch=batch.id, plugin=culprit.name, position=batch.start) from exc
-            raise self._error(batch, plan, f"step {culprit.index + 1} ({culprit.name}) failed: {brief(exc)}",
-                              culprit.name) from exc
+            raise self._step_error(batch, plan, self._culprit(frames, plan), exc) from exc
         return self._changes(batch, plan, rows, table, result_table, codecs, tuple(primary_key))
 
     @staticmethod
@@ -585,43 +410,6 @@ class _Rows:
             POSITION: pa.array(positions, pa.string()),
         }
         return types.table(self.images, extra=extra)
-
-
-def _sample_meta() -> dict[str, pa.Array]:
-    """setl's metadata columns of one row, typed as `_Rows.table` types them."""
-    return {
-        OP: pa.array(["insert"], pa.string()), IMAGE: pa.array([AFTER], pa.string()),
-        SEQ: pa.array([0], pa.int64()), COMMIT_TIME: pa.array([0], pa.timestamp("us", tz="UTC")),
-        POSITION: pa.array(["x"], pa.string()),
-    }
-
-
-def _sample_value(column: ColumnSchema) -> Any:
-    """A value of a MySQL column type as the binlog source decodes it (what a batch's rows hold)."""
-    kind = column.type.split("(")[0].split()[0].lower()
-    if kind in ("tinyint", "smallint", "mediumint", "int", "integer", "bigint", "year", "bit"):
-        return 0
-    if kind in ("decimal", "numeric", "dec", "fixed"):
-        shape = re.search(r"\((\d+)(?:,(\d+))?\)", column.type)
-        precision, scale = (int(shape[1]), int(shape[2] or 0)) if shape else (10, 0)
-        digits = "9" * max(precision - scale, 1) + ("." + "9" * scale if scale else "")
-        return decimal.Decimal(digits)
-    if kind in ("float", "double", "real"):
-        return 0.5
-    if kind == "date":
-        return dt.date(2000, 1, 1)
-    if kind in ("datetime", "timestamp"):
-        return dt.datetime(2000, 1, 1)
-    if kind == "time":
-        return dt.timedelta(0)
-    if kind == "json":
-        return {}
-    if kind == "set":
-        return {"a"}
-    if kind in ("binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob", "geometry", "point",
-                "linestring", "polygon", "multipoint", "multilinestring", "multipolygon", "geometrycollection"):
-        return b""
-    return ""  # char, varchar, text, enum, inet, uuid...
 
 
 def _origins(rows: "_Rows", seqs: list[Any], kinds: list[Any]) -> list[int] | None:

@@ -27,20 +27,14 @@ from typing import Any, Protocol
 import attrs
 
 from setl import failpoints
-from setl.errors import SetlError
 from setl.model import Position
 from setl.verify.ends import End, KeyText, Texts
+from setl.verify.pace import Pace
 from setl.verify.plan import TableCheck
 from setl.verify.report import TableReport
 
 #: keyless rows reported with their column texts (the others by their row hash)
 SAMPLES = 100
-
-
-class VerifyError(SetlError):
-    """`setl verify` could not reach a verdict (exit 2)."""
-
-    exit_code = 2
 
 
 class ChunkHashes(Protocol):
@@ -95,62 +89,14 @@ class Verifier:
     chunks: ChunkHashes | None = None
     #: chunks per remote job and end
     remote_window: int = 64
-    _paused_for: float = attrs.field(default=0.0, init=False)
-    #: source rows read for the table being compared, since `_since` (the throttle's account)
-    _read: int = attrs.field(default=0, init=False)
-    _since: float = attrs.field(default=0.0, init=False)
+    #: waits for the acked position and the lag, and throttles the source reads (made from the fields above)
+    pace: Pace = attrs.field(init=False)
 
-    def wait_acked(self, position: Position | None, table: str, stop: threading.Event | None = None) -> None:
-        """Return once the pipeline's acked position is at or past `position`; raise VerifyError
-        after `wait_timeout` seconds, or as soon as `stop` is set."""
-        if position is None:
-            return
-        deadline = self.clock() + self.wait_timeout
-        while True:
-            ack = self.acked()
-            if ack is not None and ack >= position:
-                return
-            if stop is not None and stop.is_set():
-                raise VerifyError("the check stopped", pipeline=self.pipeline, stage="verify", table=table)
-            if self.clock() >= deadline:
-                raise VerifyError(f"the acked position {ack or 'none'} has not reached the source's position "
-                                  f"{position} within {self.wait_timeout:.0f}s: start the pipeline (or let it "
-                                  "catch up) and verify again", pipeline=self.pipeline, stage="verify", table=table)
-            self.sleep(0.02)
+    def __attrs_post_init__(self) -> None:
+        self.pace = Pace(self.pipeline, self.acked, max_rows_per_second=self.max_rows_per_second,
+                         wait_timeout=self.wait_timeout, sleep=self.sleep, clock=self.clock, lag=self.lag,
+                         max_lag=self.max_lag, lag_timeout=self.lag_timeout, paused=self.paused)
 
-    def wait_lag(self, table: str) -> None:
-        """Return once the pipeline's lag is at most `max_lag` (or not known); the time spent waiting
-        over the whole check is bounded by `lag_timeout`."""
-        if self.lag is None or self.max_lag <= 0:
-            return
-        lag = self.lag()
-        if lag is None or lag <= self.max_lag:
-            return
-        began = self.clock()
-        try:
-            while lag is not None and lag > self.max_lag:
-                if self.paused is not None:
-                    self.paused(table, lag)
-                if self._paused_for + self.clock() - began >= self.lag_timeout:
-                    raise VerifyError(f"the pipeline's lag ({lag:.0f}s) stayed above the bound of {self.max_lag:g}s "
-                                      f"for {self.lag_timeout:.0f}s: verify again once it has caught up (or raise "
-                                      "--max-lag / --lag-timeout)", pipeline=self.pipeline, stage="verify",
-                                      table=table, position=self.acked())
-                self.sleep(min(1.0, max(0.05, self.lag_timeout / 20)))
-                lag = self.lag()
-        finally:
-            self._paused_for += self.clock() - began
-        if self.paused is not None:
-            self.paused(table, None)
-
-    def _charge(self, rows: int) -> None:
-        """Count `rows` more source rows read for this table, and sleep as long as the reads so far
-        are ahead of `max_rows_per_second`."""
-        self._read += rows
-        if self.max_rows_per_second > 0:
-            ahead = self._read / self.max_rows_per_second - (self.clock() - self._since)
-            if ahead > 0:
-                self.sleep(ahead)
 
     def table(self, check: TableCheck, source: End, target: End,
               boundary: Callable[[tuple[Any, ...] | None], tuple[Any, ...] | None]) -> TableReport:
@@ -158,8 +104,7 @@ class Verifier:
         (None: the rest of the table is the last chunk)."""
         report = TableReport(str(check.source.name), str(check.target), check.mode, check.why,
                              unchecked=dict(check.unchecked))
-        started = self._since = self.clock()
-        self._read = 0
+        started = self.pace.begin()
         if check.keyless:
             self._keyless(check, source, target, report)
         else:
@@ -201,7 +146,7 @@ class Verifier:
         stop = threading.Event()  # the source side failed: the target side gives up its wait
 
         def target_hash(low: Any, high: Any, position: Position | None) -> Summary:
-            self.wait_acked(position, name, stop)
+            self.pace.wait_acked(position, name, stop)
             with target.snapshot():
                 return target.summary(low, high)
 
@@ -218,7 +163,7 @@ class Verifier:
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"verify-{name}"[:40]) as pool:
             try:
                 while not done:
-                    self.wait_lag(name)
+                    self.pace.wait_lag(name)
                     upper = boundary(lower) if check.ranged else None
                     with source.snapshot() as position:
                         failpoints.hit("verify_chunk", hashed, task=name)
@@ -226,7 +171,7 @@ class Verifier:
                     hashed += 1
                     ahead.append((lower, upper, ours, pool.submit(target_hash, lower, upper, position)))
                     done, lower = upper is None, upper
-                    self._charge(ours[0])
+                    self.pace.charge(ours[0])
                     while len(ahead) > self.window:
                         compared()
                 while ahead:
@@ -253,19 +198,19 @@ class Verifier:
         lower: tuple[Any, ...] | None = None
         done = False
         while not done:
-            self.wait_lag(name)
+            self.pace.wait_lag(name)
             ranges: list[tuple[Any, Any]] = []
             while len(ranges) < self.remote_window and not done:
                 upper = boundary(lower)
                 ranges.append((lower, upper))
                 done, lower = upper is None, upper
             ours = self.chunks.source_summaries(check, ranges)
-            self.wait_acked(max((p for _, p in ours if p is not None), default=None), name)
+            self.pace.wait_acked(max((p for _, p in ours if p is not None), default=None), name)
             theirs = self.chunks.target_summaries(check, ranges)
             for (low, high), (mine, _), their in zip(ranges, ours, theirs):
                 report.rows += mine[0]
                 report.chunks += 1
-                self._charge(mine[0])
+                self.pace.charge(mine[0])
                 if mine != their:
                     self._bisect(check, source, target, low, high, max(mine[0], their[0]), state, raws)
             if self.progress is not None:
@@ -315,8 +260,8 @@ class Verifier:
             return
         with source.snapshot() as position:
             ours = source.summaries(lower, upper, splits)
-        self._charge(rows)
-        self.wait_acked(position, name)
+        self.pace.charge(rows)
+        self.pace.wait_acked(position, name)
         with target.snapshot():
             theirs = target.summaries(lower, upper, splits)
         bounds = [lower, *splits, upper]
@@ -331,12 +276,12 @@ class Verifier:
         """(different, unsettled, equal) keys of a range or of `keys`: source, target, source again."""
         with source.snapshot() as position:
             first = source.rows(lower, upper, keys)
-        self.wait_acked(position, name)
+        self.pace.wait_acked(position, name)
         with target.snapshot():
             theirs = target.rows(lower, upper, keys)
         with source.snapshot():
             second = source.rows(lower, upper, keys)
-        self._charge(len(first) + len(second))
+        self.pace.charge(len(first) + len(second))
         for found in (theirs, second, first):
             raws.update({k: raw for k, (_, raw) in found.items()})
         different, unsettled, equal = set(), set(), set()
@@ -361,7 +306,7 @@ class Verifier:
         wanted = [raws[k] for k in keys]
         with source.snapshot():
             ours = source.texts(wanted)
-        self._charge(len(wanted))
+        self.pace.charge(len(wanted))
         with target.snapshot():
             theirs = target.texts(wanted)
         for key in sorted(keys, key=lambda k: tuple("" if t is None else t for t in k)):
@@ -378,11 +323,11 @@ class Verifier:
 
     def _keyless(self, check: TableCheck, source: End, target: End, report: TableReport) -> None:
         name = str(check.source.name)
-        self.wait_lag(name)
+        self.pace.wait_lag(name)
         with source.snapshot() as position:
             ours = source.summary(None, None)
-        self._charge(ours[0])
-        self.wait_acked(position, name)
+        self.pace.charge(ours[0])
+        self.pace.wait_acked(position, name)
         with target.snapshot():
             theirs = target.summary(None, None)
         report.rows, report.chunks = ours[0], 1
@@ -399,12 +344,12 @@ class Verifier:
                     self.sleep(self.recheck_delay)
             with source.snapshot() as position:
                 first = source.multiset()
-            self.wait_acked(position, name)
+            self.pace.wait_acked(position, name)
             with target.snapshot():
                 there = target.multiset()
             with source.snapshot():
                 second = source.multiset()
-            self._charge(sum(first.values()) + sum(second.values()))
+            self.pace.charge(sum(first.values()) + sum(second.values()))
             # a row whose copies changed on the source meanwhile says nothing this time
             hashes = set(first) | set(there) | set(second) if not attempt else set(state)
             for row_hash in hashes:

@@ -16,7 +16,7 @@ from types import ModuleType
 from typing import Any
 
 from setl.model import Position
-from setl.snapshot.reader import ChunkReader
+from setl.snapshot.reader import ChunkReader, key_range
 from setl.stages.extract import FILTER_BUILTINS
 from setl.verify import canonical
 from setl.verify.plan import TableCheck
@@ -25,34 +25,6 @@ KeyText = tuple[str | None, ...]
 Texts = tuple[str | None, ...]
 #: keys per `IN (...)` list
 IN_BATCH = 500
-
-
-def _range(quote: Any, names: Sequence[str], lower: tuple[Any, ...] | None, upper: tuple[Any, ...] | None
-           ) -> tuple[list[str], list[Any]]:
-    """Conditions and arguments for keys in (`lower`, `upper`], expanded so that a key index serves
-    them: ``c1 > v1 OR (c1 = v1 AND (c2 > v2 ...))``."""
-    def after(i: int, strict: bool) -> str:
-        first = quote(names[i])
-        if i == len(names) - 1:
-            return f"{first} > %s" if strict else f"{first} <= %s"
-        return f"({first} {'>' if strict else '<'} %s OR ({first} = %s AND ({after(i + 1, strict)})))"
-
-    def args(values: Sequence[Any]) -> list[Any]:
-        out: list[Any] = []
-        for value in values[:-1]:
-            out.extend((value, value))
-        out.append(values[-1])
-        return out
-
-    conditions: list[str] = []
-    arguments: list[Any] = []
-    if lower is not None:
-        conditions.append(after(0, True))
-        arguments.extend(args(lower))
-    if upper is not None:
-        conditions.append(after(0, False))
-        arguments.extend(args(upper))
-    return conditions, arguments
 
 
 class End:
@@ -108,7 +80,7 @@ class End:
             one = "(" + ", ".join(["%s"] * len(self.key_names)) + ")"
             columns = "(" + ", ".join(q(n) for n in self.key_names) + ")"
             return f" WHERE {columns} IN ({', '.join([one] * len(keys))})", [v for k in keys for v in k]
-        conditions, args = _range(q, self.key_names, lower, upper)
+        conditions, args = key_range(self.key_names, lower, upper, q)
         return (f" WHERE {' AND '.join(conditions)}" if conditions else ""), args
 
     def _batches(self, keys: Sequence[tuple[Any, ...]] | None) -> Iterator[Sequence[tuple[Any, ...]] | None]:
@@ -175,7 +147,7 @@ class End:
         q = self.engine.quote
         cases, args = [], []
         for i, split in enumerate(splits):
-            conditions, values = _range(q, self.key_names, None, split)
+            conditions, values = key_range(self.key_names, None, split, q)
             cases.append(f"WHEN {conditions[0]} THEN {i}")
             args.extend(values)
         part = f"CASE {' '.join(cases)} ELSE {len(splits)} END" if cases else "0"

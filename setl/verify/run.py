@@ -20,8 +20,9 @@ from setl.snapshot.reader import ChunkReader
 from setl.stages.snapshot import SnapshotCapable
 from setl.status import lag_seconds
 from setl.verify import mariadb, postgresql
-from setl.verify.compare import Verifier, VerifyError
+from setl.verify.compare import Verifier
 from setl.verify.ends import End
+from setl.verify.pace import VerifyError
 from setl.verify.plan import plan_table
 from setl.verify.report import Report
 from setl.verify.spark_engine import EndSpec, SparkChunks

@@ -12,7 +12,8 @@ import pytest
 from setl.model import Position
 from setl.values import Geometry
 from setl.verify import canonical
-from setl.verify.compare import Verifier, VerifyError
+from setl.verify.compare import Verifier
+from setl.verify.pace import VerifyError
 
 
 def test_null_and_empty_string_differ_and_no_two_rows_share_a_text():
@@ -83,12 +84,12 @@ def test_wait_for_the_acked_position_and_its_timeout():
     clock = Clock()
     acks = iter([None, Position("b.000001", 100), Position("b.000001", 400)])
     verifier = Verifier("p1", lambda: next(acks), wait_timeout=5, sleep=clock.sleep, clock=lambda: clock.now)
-    verifier.wait_acked(Position("b.000001", 400), "s.t")
+    verifier.pace.wait_acked(Position("b.000001", 400), "s.t")
     assert len(clock.slept) == 2
     stuck = Verifier("p1", lambda: Position("b.000001", 100), wait_timeout=5, sleep=clock.sleep,
                      clock=lambda: clock.now)
     with pytest.raises(VerifyError) as caught:
-        stuck.wait_acked(Position("b.000002", 4), "s.t")
+        stuck.pace.wait_acked(Position("b.000002", 4), "s.t")
     text = str(caught.value)
     assert "pipeline=p1" in text and "table=s.t" in text and "b.000001:100" in text and "b.000002:4" in text
     assert caught.value.exit_code == 2
@@ -99,10 +100,10 @@ def test_max_rows_per_second_paces_the_reads():
     re-checks), the table's check has taken at least N / max_rows_per_second seconds."""
     clock = Clock()
     verifier = Verifier("p1", lambda: None, max_rows_per_second=1000, sleep=clock.sleep, clock=lambda: clock.now)
-    verifier._charge(500)  # a chunk's hash
+    verifier.pace.charge(500)  # a chunk's hash
     assert clock.now == pytest.approx(0.5)
     clock.now = 2.0
-    verifier._charge(500)  # already slower than the bound: no sleep
+    verifier.pace.charge(500)  # already slower than the bound: no sleep
     assert clock.slept == [pytest.approx(0.5)]
-    verifier._charge(2000)  # a differing chunk's rows read twice: 3,000 rows, 3 s
+    verifier.pace.charge(2000)  # a differing chunk's rows read twice: 3,000 rows, 3 s
     assert clock.now == pytest.approx(3.0) and len(clock.slept) == 2

@@ -11,7 +11,8 @@ import subprocess
 import pytest
 
 from setl.model import Position
-from setl.verify.compare import Verifier, VerifyError
+from setl.verify.compare import Verifier
+from setl.verify.pace import VerifyError
 from tests.e2e.setl_process import binlog_head, mysql_target, spawned
 from tests.helpers.wait import wait_until
 from tests.verify.test_verify import make_setl, running
@@ -44,7 +45,7 @@ def test_wait_lag_pauses_until_the_lag_falls():
     """Lag above the bound: the verifier sleeps and reports the pause, then resumes once it is at most the bound."""
     clock = Clock()
     verifier, seen = _verifier([12.0, 9.0, 3.0], clock, max_lag=5.0, lag_timeout=60.0)
-    verifier.wait_lag("s.t")
+    verifier.pace.wait_lag("s.t")
     assert seen == [("s.t", 12.0), ("s.t", 9.0), ("s.t", None)]
     assert clock.now > 0
 
@@ -53,9 +54,9 @@ def test_wait_lag_not_known_or_off_never_pauses():
     """No lag figure (pipeline not running) or `max_lag` 0: no pause."""
     clock = Clock()
     verifier, seen = _verifier([None], clock, max_lag=5.0)
-    verifier.wait_lag("s.t")
+    verifier.pace.wait_lag("s.t")
     off, seen_off = _verifier([100.0], clock, max_lag=0.0)
-    off.wait_lag("s.t")
+    off.pace.wait_lag("s.t")
     assert seen == seen_off == [] and clock.now == 0
 
 
@@ -64,9 +65,9 @@ def test_wait_lag_gives_up_after_the_timeout_in_all():
     table and acked position."""
     clock = Clock()
     verifier, _ = _verifier([50.0, 50.0, 1.0] + [50.0] * 1000, clock, max_lag=5.0, lag_timeout=10.0)
-    verifier.wait_lag("s.t")
+    verifier.pace.wait_lag("s.t")
     with pytest.raises(VerifyError) as caught:
-        verifier.wait_lag("s.t")
+        verifier.pace.wait_lag("s.t")
     assert caught.value.exit_code == 2
     text = str(caught.value)
     assert "pipeline=p" in text and "table=s.t" in text and "position=b.000001:4" in text
