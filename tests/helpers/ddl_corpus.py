@@ -49,8 +49,10 @@ MARIADB_ONLY = (
 
 
 def _fragment(text: str) -> bool:
-    """A piece of a statement the test completes (``"CREATE TABLE t (" + ...``), not a statement."""
+    """A piece of a statement the test completes (``"CREATE TABLE t (" + ...``, or the leading words alone,
+    ``"CREATE TABLE IF NOT EXISTS"`` as a replacement), not a statement."""
     return (text != text.rstrip() or text.endswith(("(", ",", "`", '"', "."))
+            or re.search(r"\b(?:TABLES?|EXISTS|INDEX|SEQUENCE)$", text, re.I) is not None
             or text.count("(") != text.count(")") or text.count("`") % 2 == 1 or len(text.split()) < 3)
 
 
