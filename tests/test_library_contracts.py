@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -51,6 +53,23 @@ def test_another_release_is_named_in_one_warning_line(caplog: pytest.LogCaptureF
     assert record.levelno == logging.WARNING and "\n" not in line
     assert f"PyMySQL {pymysql_io.INSTALLED} is installed" in line and "written for 0.9.3" in line
     assert "pip install 'PyMySQL==0.9.3'" in line
+
+
+def test_importing_an_adapter_checks_the_installed_release() -> None:
+    """Importing an adapter over another release logs the one WARNING line at import, and the
+    adapter still loads."""
+    code = ("import importlib.metadata, logging\n"
+            "logging.basicConfig(format='%(levelname)s %(message)s')\n"
+            "real = importlib.metadata.version\n"
+            "importlib.metadata.version = lambda name: '9.9.9' if name == 'mysql-replication' else real(name)\n"
+            "from setl.adapters import replication\n"
+            "print(replication.INSTALLED)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "9.9.9", done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("WARNING")]
+    assert lines == [f"WARNING mysql-replication 9.9.9 is installed, but setl's use of its internals was written "
+                     f"for {replication.WRITTEN_FOR} exactly: run tests/test_library_contracts.py against it, or "
+                     f"pip install 'mysql-replication=={replication.WRITTEN_FOR}'"]
 
 
 def test_a_command_and_its_packets_leave_the_connection_usable(conn: Any) -> None:
