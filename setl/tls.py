@@ -15,6 +15,7 @@ import re
 import ssl
 from typing import TYPE_CHECKING, Any
 
+from setl.adapters import pymysql as pymysql_io
 from setl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ def libpq_params(config: SslConfig | None) -> dict[str, Any]:
 
 def encrypted(conn: Any) -> bool:
     """Whether a PyMySQL connection's socket is a TLS one."""
-    return isinstance(getattr(conn, "_sock", None), ssl.SSLSocket)
+    return isinstance(pymysql_io.socket_of(conn), ssl.SSLSocket)
 
 
 class NotEncrypted(ConnectionError):

@@ -31,6 +31,7 @@ import pymysql
 from pymysql.constants import COMMAND
 from pymysql.protocol import OKPacketWrapper
 
+from setl.adapters import pymysql as pymysql_io
 from setl.sinks.mysql_sql import LOAD_DATA_FORMAT, load_data_text, plain_quote
 
 log = logging.getLogger(__name__)
@@ -55,8 +56,8 @@ def load_local(connection: pymysql.connections.Connection, text: str, data: byte
     packets of at most `packet` bytes: (rows written, warnings). A server error is raised as
     PyMySQL raises it; the connection stays usable."""
     conn: Any = connection
-    conn._execute_command(COMMAND.COM_QUERY, text)  # PyMySQL has no hook for a file in memory
-    first = conn._read_packet()  # raises the server's error
+    pymysql_io.send_command(conn, COMMAND.COM_QUERY, text)  # PyMySQL has no hook for a file in memory
+    first = pymysql_io.read_packet(conn)  # raises the server's error
     if not first.is_load_local_packet():
         raise pymysql.err.OperationalError(2014, "LOAD DATA LOCAL: the server did not ask for the data")
     view = memoryview(data)
@@ -65,7 +66,7 @@ def load_local(connection: pymysql.connections.Connection, text: str, data: byte
             conn.write_packet(bytes(view[start:start + packet]))
     finally:
         conn.write_packet(b"")  # the end of the file: the server answers either way
-    ok = OKPacketWrapper(conn._read_packet())
+    ok = OKPacketWrapper(pymysql_io.read_packet(conn))
     conn.server_status = ok.server_status
     return ok.affected_rows, ok.warning_count
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pymysql.err
 from pymysql.connections import Connection
 
+from setl.adapters import pymysql as pymysql_io
 from setl.model import TableName
 from setl.sinks.mysql_sql import plain_quote
 from setl.sinks.sql_staging import StagingDialect
@@ -52,13 +53,8 @@ class MysqlStaging(StagingDialect[Connection]):
             cur.execute(f"CREATE TABLE {_name(schema, staging)} LIKE {_name(schema, table)}")
 
     def switch(self, conn: Connection, schema: str, table: str, staging: str) -> int:
-        # PyMySQL applies the connection's read timeout before each read (`_read_timeout`).
-        kept = getattr(conn, "_read_timeout", None)
-        setattr(conn, "_read_timeout", max(kept or 0.0, SWITCH_TIMEOUT))  # noqa: B010 - not in the stubs
-        try:
+        with pymysql_io.read_timeout_at_least(conn, SWITCH_TIMEOUT):
             return self._switch(conn, schema, table, staging)
-        finally:
-            setattr(conn, "_read_timeout", kept)  # noqa: B010
 
     @staticmethod
     def _switch(conn: Connection, schema: str, table: str, staging: str) -> int:

@@ -2,55 +2,30 @@
 conversions, without its per-row packet objects and per-column method calls (about half of the
 CPU a chunk costs setl to read).
 
-This is the one place that reaches into PyMySQL's private reading machinery (``_execute_command``,
-``_rfile``, ``_next_seq_id``, `MySQLResult`), checked against the releases it was written for
-(`SUPPORTED_PYMYSQL`); another release, a connection without those internals, or a server
-speaking a protocol variant it does not read (``CLIENT_DEPRECATE_EOF``) goes through PyMySQL's own
-cursor instead, with the same values.
+The data rows are read here from the connection's packets, through PyMySQL's reading machinery as
+`setl.adapters.pymysql` reaches it (`query_rows`, `PacketIO`); a connection without those
+internals, or a server speaking a protocol variant this does not read (``CLIENT_DEPRECATE_EOF``),
+goes through PyMySQL's own cursor instead, with the same values.
 """
 
 from __future__ import annotations
 
 import errno
-import functools
-import importlib.metadata
-import re
 from collections.abc import Sequence
 from typing import Any
 
-import pymysql
-import pymysql.connections
 from pymysql import err
-from pymysql.constants import CLIENT, COMMAND, CR
+from pymysql.constants import CR
 from pymysql.protocol import MysqlPacket
+
+from setl.adapters import pymysql as pymysql_io
 
 _MAX_PACKET = 0xFFFFFF
 
-#: The PyMySQL releases whose private reading machinery `fetch_dicts` was written and tested
-#: against (>= the first, < the second); setup.cfg allows a wider range, read through the cursor.
-SUPPORTED_PYMYSQL = ("1.1", "1.3")
-
-
-@functools.cache
-def _known_release() -> bool:
-    def numbers(text: str) -> tuple[int, ...]:
-        return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
-
-    try:
-        version = importlib.metadata.version("PyMySQL")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    low, high = SUPPORTED_PYMYSQL
-    return numbers(low) <= numbers(version) < numbers(high)
-
 
 def supported(conn: Any) -> bool:
-    """Whether `conn` is of a PyMySQL release `fetch_dicts` knows and has the internals it reads
-    through."""
-    internals = ("_execute_command", "_rfile", "_next_seq_id", "_force_close")
-    return _known_release() and all(hasattr(conn, name) for name in internals) \
-        and hasattr(pymysql.connections, "MySQLResult") and not getattr(conn, "client_flag", 0) & \
-        getattr(CLIENT, "DEPRECATE_EOF", 1 << 24)
+    """Whether `conn` has the PyMySQL internals `fetch_dicts` reads through, and the protocol it reads."""
+    return pymysql_io.reads_packets(conn)
 
 
 def fetch_dicts(conn: Any, sql: str, args: Sequence[Any],
@@ -62,15 +37,7 @@ def fetch_dicts(conn: Any, sql: str, args: Sequence[Any],
         query = cur.mogrify(sql, args)
     if not supported(conn):
         return _through_cursor(conn, query, names)
-    conn._execute_command(COMMAND.COM_QUERY, query.encode(conn.encoding))
-    result = _DictResult(conn, tuple(names))
-    conn._result = None
-    result.read()
-    conn._result = result
-    if result.server_status is not None:
-        conn.server_status = result.server_status
-    conn._affected_rows = result.affected_rows
-    rows: list[dict[str, Any]] = result.dicts
+    rows: list[dict[str, Any]] = pymysql_io.query_rows(conn, query, _DictRows(tuple(names)).read)
     return rows
 
 
@@ -79,8 +46,6 @@ def _through_cursor(conn: Any, query: str, names: Sequence[str]) -> list[dict[st
         cur.execute(query)
         return [dict(zip(names, row)) for row in cur.fetchall()]
 
-
-_MySQLResult: Any = pymysql.connections.MySQLResult
 
 _RowParser: Any
 try:  # the per-row parse in C (built by pip install); the loop below where it is not built
@@ -91,29 +56,26 @@ except ImportError:
 COMPILED = _RowParser is not None
 
 
-class _DictResult(_MySQLResult):
-    """A buffered result whose data rows are parsed in one loop into dicts."""
+class _DictRows:
+    """A result's data rows, parsed in one loop into dicts keyed by `names` (a `pymysql_io.RowsReader`)."""
 
-    connection: Any
-
-    def __init__(self, connection: Any, names: tuple[str, ...]) -> None:
-        super().__init__(connection)
+    def __init__(self, names: tuple[str, ...]) -> None:
         self.names = names
-        self.dicts: list[dict[str, Any]] = []
 
-    def _read_rowdata_packet(self) -> None:
-        conn: Any = self.connection
-        if len(self.converters) != len(self.names):
-            raise err.ProgrammingError(f"{len(self.converters)} columns selected, {len(self.names)} names given")
+    def read(self, io: pymysql_io.PacketIO, converters: Sequence[tuple[Any, Any]]
+             ) -> tuple[list[dict[str, Any]], bytes]:
+        """The rows up to the EOF packet, and that packet's payload."""
+        if len(converters) != len(self.names):
+            raise err.ProgrammingError(f"{len(converters)} columns selected, {len(self.names)} names given")
         fields = []
-        for name, (encoding, converter) in zip(self.names, self.converters):
+        for name, (encoding, converter) in zip(self.names, converters):
             if converter is int and encoding == "ascii":
                 fields.append((name, None, int))  # int() takes the ASCII bytes as they are
             else:
                 fields.append((name, encoding, converter))
-        read = conn._rfile.read
-        seq = conn._next_seq_id
-        out = self.dicts
+        read = io.read
+        seq = io.seq
+        out: list[dict[str, Any]] = []
         append = out.append
         parse = _RowParser(fields).parse if COMPILED else None
         try:
@@ -123,8 +85,8 @@ class _DictResult(_MySQLResult):
                     raise _Lost()
                 length = header[0] | header[1] << 8 | header[2] << 16
                 if header[3] != seq:
-                    conn._next_seq_id = seq
-                    conn._force_close()
+                    io.seq = seq
+                    io.force_close()
                     raise err.InternalError(f"Packet sequence number wrong - got {header[3]} expected {seq}")
                 seq = (seq + 1) & 0xFF
                 data = read(length)
@@ -138,8 +100,8 @@ class _DictResult(_MySQLResult):
                             raise _Lost()
                         length = header[0] | header[1] << 8 | header[2] << 16
                         if header[3] != seq:
-                            conn._next_seq_id = seq
-                            conn._force_close()
+                            io.seq = seq
+                            io.force_close()
                             raise err.InternalError(
                                 f"Packet sequence number wrong - got {header[3]} expected {seq}")
                         seq = (seq + 1) & 0xFF
@@ -150,12 +112,11 @@ class _DictResult(_MySQLResult):
                     data = b"".join(parts)
                 first = data[0]
                 if first == 0xFE and len(data) < 9:  # EOF: the end of the rows
-                    conn._next_seq_id = seq
-                    self._check_packet_is_eof(MysqlPacket(data, conn.encoding))
-                    break
+                    io.seq = seq
+                    return out, data
                 if first == 0xFF:  # an error in the middle of the result
-                    conn._next_seq_id = seq
-                    MysqlPacket(data, conn.encoding).raise_for_error()
+                    io.seq = seq
+                    MysqlPacket(data, io.encoding).raise_for_error()
                 if parse is not None:
                     append(parse(data))
                     continue
@@ -187,17 +148,14 @@ class _DictResult(_MySQLResult):
                     row[name] = value
                 append(row)
         except _Lost:
-            conn._force_close()
+            io.force_close()
             raise err.OperationalError(CR.CR_SERVER_LOST, "Lost connection to MySQL server during query") from None
         except OSError as exc:
-            conn._force_close()
+            io.force_close()
             if exc.errno == errno.EINTR:  # BufferedReader retries EINTR itself; never seen here
                 raise err.OperationalError(CR.CR_SERVER_LOST, f"Interrupted read ({exc})") from exc
             raise err.OperationalError(CR.CR_SERVER_LOST,
                                        f"Lost connection to MySQL server during query ({exc})") from exc
-        self.connection = None
-        self.affected_rows = len(out)
-        self.rows = ()
 
 
 class _Lost(Exception):

@@ -12,11 +12,12 @@ import pytest
 from pymysql.protocol import MysqlPacket
 from pymysqlreplication.packet import BinLogPacketWrapper
 
+from setl.adapters.replication import event_classes
 from setl.errors import UnreadableEvent
 from setl.model import DdlChange, Position, RowChange, Transaction
 from setl.sources.mysql_binlog import compressed
 from setl.sources.mysql_binlog.assembler import _EVENTS, _IGNORED_TYPES, IGNORED_EVENTS, _Assembler
-from setl.sources.mysql_binlog.patches import event_classes, install
+from setl.sources.mysql_binlog.patches import install
 from setl.testing.servers import MariaDBServer
 from tests.helpers.wait import wait_until
 from tests.sources.binlog import execute, head, make_source

@@ -331,10 +331,11 @@ def test_column_names_and_enum_values_of_128_bytes_and_more_decode(mariadb_sourc
 def test_library_fixes_are_installed_when_a_source_is_built_not_at_import():
     """Importing the module leaves python-mysql-replication alone; building a source installs the fixes once."""
     code = ("import setl.sources.mysql_binlog as m\n"
+            "from setl.adapters import replication\n"
             "from pymysqlreplication.row_event import TableMapEvent\n"
-            "assert TableMapEvent.__init__ is not m.patches._table_map_init\n"
+            "assert TableMapEvent.__init__ is not replication._table_map_init\n"
             "m.MysqlBinlogSource(); m.MysqlBinlogSource()\n"
-            "assert TableMapEvent.__init__ is m.patches._table_map_init\n"
+            "assert TableMapEvent.__init__ is replication._table_map_init\n"
             "print('ok')\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "ok", done.stderr

@@ -1,6 +1,7 @@
 """A MySQL or MariaDB binary log as a Select: whole transactions of full-image row changes and DDL.
 
-This package is the only importer of pymysqlreplication; nothing it returns holds a library object.
+This package and its adapter (`setl.adapters.replication`, the library's internals) are the only
+importers of pymysqlreplication; nothing the package returns holds a library object.
 A background thread reads the binlog with a blocking stream, reconnects when the server goes away,
 and hands assembled transactions to `poll` through a bounded queue, so `poll` honours its timeout
 and `close` interrupts the read.
@@ -11,16 +12,16 @@ configured start, resolved to a checked position), `connector` (the library's co
 stream, cut on close), `lookups` (the kept connection and the reader's table questions), `xa`
 (prepared XA transactions read again), `assembler` (events into transactions), `fast` (the
 compiled rows decoder's stream), `decoding` (row images), `statements` (SQL text), `patches`
-(fixes to the library, installed by the source).
+(the adapter's fixes to the library, installed by the source).
 """
 
 from setl.sources.mysql_binlog.assembler import gtid_flavor
 from setl.sources.mysql_binlog.ddl_events import KnownTables
 from setl.sources.mysql_binlog.decoding import TableKind
-from setl.sources.mysql_binlog.patches import SUPPORTED_LIBRARY, install
+from setl.sources.mysql_binlog.patches import install
 from setl.sources.mysql_binlog.server import REQUIRED_SETTINGS
 from setl.sources.mysql_binlog.source import MysqlBinlogSource, MysqlSourceConfig
 from setl.sources.mysql_binlog.statements import ddl_target, dml_target
 
-__all__ = ["REQUIRED_SETTINGS", "SUPPORTED_LIBRARY", "KnownTables", "MysqlBinlogSource", "MysqlSourceConfig",
+__all__ = ["REQUIRED_SETTINGS", "KnownTables", "MysqlBinlogSource", "MysqlSourceConfig",
            "TableKind", "ddl_target", "dml_target", "gtid_flavor", "install"]

@@ -402,22 +402,22 @@ _LOST = "Lost connection to MySQL server during query"  # PyMySQL's words, which
 
 
 cdef class Framer:
-    """The packets of a PyMySQL connection, read from its buffered socket file (`_rfile`) as
-    PyMySQL's `_read_packet` reads them: the sequence number checked (and kept here: `sync()`
-    writes it back), payloads of 16 MiB and more joined, a lost connection force-closed and
-    raised as PyMySQL raises it (OperationalError 2013)."""
+    """The packets of a PyMySQL connection, read from its buffered socket file as PyMySQL's
+    `_read_packet` reads them, through `setl.adapters.pymysql.PacketIO` (`io`): the sequence number
+    checked (and kept here: `sync()` writes it back), payloads of 16 MiB and more joined, a lost
+    connection force-closed and raised as PyMySQL raises it (OperationalError 2013)."""
 
-    cdef object conn, read
+    cdef object io, read
     cdef int seq
 
-    def __init__(self, conn):
-        self.conn = conn
-        self.read = conn._rfile.read
-        self.seq = conn._next_seq_id
+    def __init__(self, io):
+        self.io = io
+        self.read = io.read
+        self.seq = io.seq
 
     def sync(self):
         """Write the sequence number back to the connection (before PyMySQL reads from it)."""
-        self.conn._next_seq_id = self.seq
+        self.io.seq = self.seq
 
     cdef bytes _bytes(self, Py_ssize_t size):
         while True:
@@ -427,13 +427,13 @@ cdef class Framer:
             except InterruptedError:
                 continue
             except OSError as exc:
-                self.conn._force_close()
+                self.io.force_close()
                 raise pymysql.err.OperationalError(CR.CR_SERVER_LOST, f"{_LOST} ({exc})") from exc
             except BaseException:
-                self.conn._force_close()
+                self.io.force_close()
                 raise
         if data is None or PyBytes_GET_SIZE(data) < size:
-            self.conn._force_close()
+            self.io.force_close()
             raise pymysql.err.OperationalError(CR.CR_SERVER_LOST, _LOST)
         return data
 
@@ -448,7 +448,7 @@ cdef class Framer:
             h = <const unsigned char*>PyBytes_AS_STRING(header)
             size = h[0] | (h[1] << 8) | (h[2] << 16)
             if h[3] != self.seq:
-                self.conn._force_close()
+                self.io.force_close()
                 if h[3] == 0:  # MariaDB sends an error packet numbered 0 when it shuts down
                     raise pymysql.err.OperationalError(CR.CR_SERVER_LOST, _LOST)
                 raise pymysql.err.InternalError(f"Packet sequence number wrong - got {h[3]} expected {self.seq}")

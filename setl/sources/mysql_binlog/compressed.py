@@ -10,9 +10,10 @@ big-endian bytes of its inflated length (`binlog_buf_compress` in MariaDB's log_
 `inflate` turns the packet of such an event into the packet of the plain event it stands for:
 the plain type, the event size of the inflated body, and a CRC32 computed anew when the stream
 has checksums. Both readers of the binlog take every packet through it (the fast path in
-`fast.FastStream`, the library's through `patches.install`), so the rest of setl never sees a
-compressed event. A packet that does not inflate exactly (a corrupt header, a zlib error, an
-inflated length other than the one written) raises `InflateError`; nothing is skipped.
+`fast.FastStream`, the library's through `plain_packet`, which `patches.install` hands it), so
+the rest of setl never sees a compressed event. A packet that does not inflate exactly (a corrupt
+header, a zlib error, an inflated length other than the one written) raises `InflateError`;
+nothing is skipped.
 """
 
 from __future__ import annotations
@@ -134,3 +135,16 @@ def corrupt(exc: InflateError, kind: int, log_file: str | None, log_pos: int) ->
     where = f"{log_file}:{log_pos}" if log_file else f"offset {log_pos}"
     return CorruptEvent(f"compressed binlog event (type {kind}, written with log_bin_compress=ON) ending at "
                            f"{where} is corrupt: {exc}", stage="select")
+
+
+def plain_packet(packet: bytes, checksum: bool, post_header_lengths: bytes | None) -> bytes:
+    """The packet the library parses for `packet`: `packet` itself, or the plain event a compressed
+    one stands for; a compressed event that does not inflate raises CorruptEvent."""
+    if not is_compressed(packet):
+        return packet
+    kind = packet[_TYPE_AT]
+    post_header = post_header_lengths[kind - 1] if post_header_lengths and len(post_header_lengths) >= kind else None
+    try:
+        return inflate(packet, checksum, post_header)
+    except InflateError as exc:
+        raise corrupt(exc, kind, None, int.from_bytes(packet[14:18], "little")) from exc

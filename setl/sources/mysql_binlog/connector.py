@@ -11,8 +11,9 @@ from typing import Any
 
 import pymysql
 
+from setl.adapters import pymysql as pymysql_io
+from setl.adapters.replication import TableMapCache
 from setl.dial import mysql_connection
-from setl.sources.mysql_binlog.patches import _TableMapCache
 from setl.tls import require_encrypted, tls_failure
 
 
@@ -28,7 +29,7 @@ class _Lost(Exception):
 class _ControlConnection(pymysql.connections.Connection):
     """A control connection, carrying the reader's table-map cache for the patched TableMapEvent."""
 
-    setl_table_maps: _TableMapCache | None = None
+    setl_table_maps: TableMapCache | None = None
 
 
 _STREAM_BUFFER = 1 << 20  # bytes the binlog stream's socket file reads at most at once
@@ -40,7 +41,7 @@ class _Connector:
     Control connections carry the reader's table-map cache (`setl_table_maps`) when it has one.
     """
 
-    def __init__(self, table_maps: _TableMapCache | None, tls: bool = False) -> None:
+    def __init__(self, table_maps: TableMapCache | None, tls: bool = False) -> None:
         self.tls = tls  # refuse a connection the server did not encrypt
         self._lock = threading.Lock()
         self._connections: list[pymysql.connections.Connection] = []
@@ -70,8 +71,7 @@ class _Connector:
             conn = mysql_connection(**kwargs)
             # Nothing is buffered between the handshake and the dump: read the stream in large
             # pieces, so the reader thread releases the GIL (to block in recv) less often.
-            stream: Any = conn  # PyMySQL's private socket file (its type stubs leave it out)
-            stream._rfile = stream._sock.makefile("rb", buffering=_STREAM_BUFFER)
+            pymysql_io.buffer_reads(conn, _STREAM_BUFFER)
         if self.tls:
             require_encrypted(conn, kwargs.get("host", "?"), kwargs.get("port", 0))
         with self._lock:
@@ -89,7 +89,7 @@ class _Connector:
 
     @staticmethod
     def _cut(conn: pymysql.connections.Connection) -> None:
-        sock = getattr(conn, "_sock", None)
+        sock = pymysql_io.socket_of(conn)
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)

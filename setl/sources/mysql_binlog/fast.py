@@ -2,8 +2,9 @@
 
 python-mysql-replication reads every packet through PyMySQL's packet object, wraps it in a packet
 wrapper, builds an event object with a reader call per value, and checks every event in its own
-`fetchone`: most of a catch-up's CPU. `FastStream` reads the stream connection's packets itself
-once the library has connected, and builds the events that make up nearly all of a busy binlog
+`fetchone`: most of a catch-up's CPU. `FastStream` frames the stream connection's packets itself
+once the library has connected (every packet: the library reads the ones handed back to it from
+the framer too), and builds the events that make up nearly all of a busy binlog
 from their bytes: WRITE/UPDATE/DELETE_ROWS of a table whose columns the compiled
 `_rows.RowDecoder` knows, decoded straight from the packet into the library's own event class with
 the same rows; table maps already decoded once (answered from setl's table-map cache); MariaDB
@@ -12,7 +13,8 @@ a table with a column type the decoder does not know, a partial row image) goes 
 `fetchone` unchanged.
 
 Without the compiled module (a source tree that was not built), `available()` is False and the
-library reads every event as before.
+library reads every event as before. The library's internals this uses (its reader's state, its
+event objects' fields, PyMySQL's packet reads) are reached through `setl.adapters`.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from pymysql.protocol import MysqlPacket
 from pymysqlreplication.constants import BINLOG
 from pymysqlreplication.event import BinLogEvent, MariadbGtidEvent, XidEvent
 from pymysqlreplication.row_event import DeleteRowsEvent, RowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
 
-from setl.sources.mysql_binlog import compressed, patches
+from setl.adapters import pymysql as pymysql_io
+from setl.adapters import replication
+from setl.sources.mysql_binlog import compressed
 from setl.sources.mysql_binlog.assembler import corrupt_event
 
 try:
@@ -44,6 +47,7 @@ _ROWS: dict[int, tuple[type[RowsEvent], int, int]] = {
 }
 _GTID = struct.Struct("<QIB")  # a MariaDB GTID event's sequence number, domain id, flags (then more, unread)
 _XID = struct.Struct("<Q")
+_ROWS_FIELD = replication.ROWS_FIELD
 
 
 def available() -> bool:
@@ -69,8 +73,8 @@ class RowDecoders:
         if known is not None and known[0] is table:
             return known[1]
         try:
-            decoder = RowDecoder(table.columns, RowsEvent.charset_to_encoding, patches.time2_value,
-                                       patches.date_value, patches.datetime_value)
+            decoder = RowDecoder(table.columns, RowsEvent.charset_to_encoding, replication.time2_value,
+                                 replication.date_value, replication.datetime_value)
         except LookupError:
             decoder = None
         if len(self._by_table) > 4096:
@@ -85,11 +89,9 @@ class RowDecoders:
         known = self.templates.get((id(table), event_type))
         if known is not None and known[0] is table:
             return known[1]
-        shared = dict(event_type=event_type, _post_header_lengths=post_header_lengths,
-                      _ctl_connection=ctl_connection, mysql_version=mysql_version, _ignore_decode_errors=False,
-                      _verify_checksum=False, _is_event_valid=None, _processed=True, complete=True, dbms=self.dbms,
-                      schema=table.schema, table=table.table, number_of_columns=len(table.columns),
-                      columns=table.columns)
+        shared = {**replication.event_fields(ctl_connection, mysql_version, post_header_lengths, self.dbms),
+                  "event_type": event_type, "schema": table.schema, "table": table.table,
+                  "number_of_columns": len(table.columns), "columns": table.columns}
         self.templates[(id(table), event_type)] = (table, shared)
         return shared
 
@@ -98,7 +100,7 @@ class FastStream:
     """A `BinLogStreamReader` whose stream packets setl frames itself, once the library connected.
 
     `fetchone()` is the reader's: it reads each packet from the stream connection's socket buffer
-    (PyMySQL's own `_rfile`, so nothing is read twice or skipped), and builds the events that make
+    (`pymysql_io.PacketIO`: PyMySQL's own, so nothing is read twice or skipped), and builds the events that make
     up nearly all of a busy binlog straight from the bytes: WRITE/UPDATE/DELETE_ROWS of a table the
     compiled `RowDecoder` knows, table maps already in the reader's cache, MariaDB GTID and XID
     events. Every other packet (rotation, format description, queries, heartbeats, errors, the
@@ -128,9 +130,8 @@ class FastStream:
     def fetchone(self) -> Any:
         """The next event, as `BinLogStreamReader.fetchone()` would return it."""
         reader = self.reader
-        if self.usable is not False and reader._BinLogStreamReader__connected_stream and \
-                reader._BinLogStreamReader__connected_ctl:
-            conn = reader._stream_connection
+        if self.usable is not False and replication.stream_ready(reader):
+            conn = replication.stream_connection(reader)
             if conn is not self._conn:
                 self.usable = self._usable()
                 if not self.usable:
@@ -171,39 +172,26 @@ class FastStream:
             raise compressed.corrupt(exc, kind, self.reader.log_file, le_int(data, 14, 4)) from exc
 
     def _usable(self) -> bool:
-        reader, private = self.reader, "_BinLogStreamReader__"
-        settings = {name: getattr(reader, private + name, None) for name in (
-            "optional_meta_data", "verify_checksum", "ignore_decode_errors", "only_tables", "ignored_tables",
-            "only_schemas", "ignored_schemas", "freeze_schema")}
-        return (RowDecoder is not None and settings.pop("optional_meta_data") is True and not any(settings.values())
-                and not getattr(reader, "end_log_pos", None) and not getattr(reader, "skip_to_timestamp", None))
+        return RowDecoder is not None and replication.plain_settings(self.reader)
 
     def _attach(self, conn: Any) -> None:
-        """Read `conn`'s packets from here on, the library's reads included."""
-        if conn._current_timeout != conn._read_timeout:
-            conn._sock.settimeout(conn._read_timeout)
-            conn._current_timeout = conn._read_timeout
-        self._conn, self._framer, self._pending = conn, Framer(conn), None
-        conn._read_packet = self._library_packet
+        """Frame `conn`'s packets from here on, the library's reads included."""
+        pymysql_io.apply_read_timeout(conn)
+        self._conn, self._framer, self._pending = conn, Framer(pymysql_io.PacketIO(conn)), None
+        pymysql_io.route_packets(conn, self._library_packet)
 
-    def _library_packet(self, packet_type: Any = MysqlPacket) -> Any:
-        """PyMySQL's `_read_packet` for the library: the packet handed back first, then the next."""
+    def _library_packet(self, packet_type: Any = None) -> Any:
+        """The packet the library reads next: the one handed back first, then the framer's next."""
         data, self._pending = self._pending, None
         if data is None:
             data = self._framer.packet()
         self._framer.sync()
-        packet = packet_type(data, self._conn.encoding)
-        if packet.is_error_packet():
-            packet.raise_for_error()
-        return packet
+        return pymysql_io.packet_of(data, self._conn.encoding, packet_type)
 
     def _read_settings(self) -> tuple[Any, bool, Any, Any, Any]:
         """The reader's state the events are built with (it changes only in events the library reads)."""
         self._small_base = None
-        reader = self.reader
-        return (reader._ctl_connection, reader._BinLogStreamReader__use_checksum,
-                reader._BinLogStreamReader__allowed_events_in_packet, reader.mysql_version,
-                reader._BinLogStreamReader__post_header_lengths)
+        return replication.reader_state(self.reader)
 
     def _rows(self, data: bytes, kind: int) -> Any:
         cls, change, post_header = _ROWS[kind]
@@ -244,18 +232,17 @@ class FastStream:
         except Corrupt as exc:  # stop at it: the library would read it no better, and a retry reads it again
             raise corrupt_event(exc, f"{cls.__name__} of {table.schema}.{table.table}", self.reader.log_file,
                                 self.reader.log_pos, packet.log_pos, f"{table.schema}.{table.table}") from exc
-        event = object.__new__(cls)
-        event.__dict__ = {
+        event = replication.new_event(cls, {
             **decoders.template(table, kind, ctl_connection, mysql_version, post_header_lengths),
             "packet": packet, "table_map": table_map, "timestamp": packet.timestamp,
             "event_size": packet.event_size - (23 if use_checksum else 19), "table_id": table_id,
-            "flags": le_int(data, 26, 2), "_RowsEvent__rows": rows}
+            "flags": le_int(data, 26, 2), _ROWS_FIELD: rows})
         decoders.fast += 1
         return event
 
     def _table_map(self, data: bytes) -> Any:
         ctl_connection, use_checksum, allowed_events, mysql_version, post_header_lengths = self._settings
-        cache: patches._TableMapCache | None = getattr(ctl_connection, "setl_table_maps", None)
+        cache: replication.TableMapCache | None = getattr(ctl_connection, "setl_table_maps", None)
         if cache is None or TableMapEvent not in allowed_events:
             return None
         decoders = self.decoders
@@ -273,13 +260,10 @@ class FastStream:
             if state is None:
                 return None
             if decoders.dbms is None:
-                decoders.dbms = ctl_connection._get_dbms()
-            event = object.__new__(TableMapEvent)
-            event.__dict__.update(
-                event_size=size, _post_header_lengths=post_header_lengths, _ctl_connection=ctl_connection,
-                mysql_version=mysql_version, _ignore_decode_errors=False, _verify_checksum=False,
-                _is_event_valid=None, _processed=True, complete=True, dbms=decoders.dbms)
-            event.__dict__.update(state)
+                decoders.dbms = replication.server_flavor(ctl_connection)
+            event = replication.new_event(TableMapEvent, {
+                **replication.event_fields(ctl_connection, mysql_version, post_header_lengths, decoders.dbms),
+                "event_size": size, **state})
             if len(decoders.table_maps) > 4096:
                 decoders.table_maps.clear()
             decoders.table_maps[body] = event
@@ -309,15 +293,12 @@ class FastStream:
         if base is None:
             decoders = self.decoders
             if decoders.dbms is None:
-                decoders.dbms = ctl_connection._get_dbms()
+                decoders.dbms = replication.server_flavor(ctl_connection)
             base = self._small_base = {
-                "table_map": self.reader.table_map, "_post_header_lengths": post_header_lengths,
-                "_ctl_connection": ctl_connection, "mysql_version": mysql_version, "_ignore_decode_errors": False,
-                "_verify_checksum": False, "_is_event_valid": None, "_processed": True, "complete": True,
-                "dbms": decoders.dbms}
-        event = object.__new__(cls)
-        event.__dict__ = {**base, "packet": packet, "event_type": kind, "timestamp": packet.timestamp,
-                          "event_size": size}
+                **replication.event_fields(ctl_connection, mysql_version, post_header_lengths, decoders.dbms),
+                "table_map": self.reader.table_map}
+        event = replication.new_event(cls, {**base, "packet": packet, "event_type": kind,
+                                            "timestamp": packet.timestamp, "event_size": size})
         if cls is XidEvent:
             (event.xid,) = _XID.unpack_from(data, 20)
         else:

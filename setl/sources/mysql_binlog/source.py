@@ -22,6 +22,7 @@ import pymysql
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.event import HeartbeatLogEvent
 
+from setl.adapters.replication import TableMapCache
 from setl.config import SslConfig
 from setl.errors import ConfigError, PositionPurged, SourceError
 from setl.model import Position, TableSchema, Transaction
@@ -31,7 +32,7 @@ from setl.sources.mysql_binlog.assembler import _EVENTS, _Assembler, read_events
 from setl.sources.mysql_binlog.connector import _Connector, _disconnected, _Lost, _Stopped
 from setl.sources.mysql_binlog.ddl_events import KnownTables
 from setl.sources.mysql_binlog.lookups import TableLookups
-from setl.sources.mysql_binlog.patches import _TableMapCache, install
+from setl.sources.mysql_binlog.patches import install
 from setl.sources.mysql_binlog.server import SourceServer
 from setl.sources.mysql_binlog.settings import SettingsReport
 from setl.sources.mysql_binlog.start import parse_start, resolve
@@ -185,7 +186,7 @@ class MysqlBinlogSource(Select):
         self.peak_buffered_rows = 0
         self.reconnects = 0
         self.detected_flavor: str | None = None
-        self.table_maps: _TableMapCache | None = None
+        self.table_maps: TableMapCache | None = None
         #: (position, time.time()): where the reader last stood between transactions, and when.
         #: A heartbeat from an idle server renews the time: the log ended there then (lag figures).
         self.heard: tuple[Position, float] | None = None
@@ -271,7 +272,7 @@ class MysqlBinlogSource(Select):
         self._stop = threading.Event()
         self._queue = queue.Queue()  # bounded by rows: see _read's put
         self._queued_rows = 0
-        self.table_maps = _TableMapCache() if self.table_map_cache else None
+        self.table_maps = TableMapCache() if self.table_map_cache else None
         self.row_decoders = fast.RowDecoders() if self.fast_decoder else None
         self._connector = _Connector(self.table_maps, tls=self.server.ssl is not None)
         lookups = TableLookups(self.server.lookups, pipeline=self.pipeline, sequences=self.sequences)  # fresh caches

@@ -1,0 +1,310 @@
+"""python-mysql-replication's internals, the one place setl reaches into them: the fixes `install()`
+puts into its event classes (setl's binlog source installs them when it is built), the stream
+reader's private state and the fields of its event objects that `fast.FastStream` reads and builds.
+
+Written for mysql-replication `WRITTEN_FOR` exactly (a WARNING at import names another release);
+tests/test_library_contracts.py pins the behaviours setl relies on against a real server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from pymysql.protocol import MysqlPacket
+from pymysqlreplication.event import BinLogEvent
+from pymysqlreplication.packet import BinLogPacketWrapper
+from pymysqlreplication.row_event import RowsEvent, TableMapEvent
+
+from setl.adapters import check_version
+from setl.errors import ConfigError
+from setl.model import InvalidDate
+
+#: The mysql-replication release this module was written and tested against.
+WRITTEN_FOR = "1.0.17"
+INSTALLED = check_version("mysql-replication", WRITTEN_FOR)
+
+
+def _drop_reconnect_notice(record: logging.LogRecord) -> bool:
+    # The library logs this on every lost stream, ours included when close() cuts it; a real
+    # loss surfaces as a SourceError from poll() instead.
+    return "Re-request the connection" not in record.getMessage()
+
+
+def _read_time2(self: RowsEvent, column: Any) -> datetime.timedelta:
+    """TIME(fsp) as MySQL packs it (``my_time_packed_from_binary``).
+
+    The library decodes the whole and the fractional part of a negative TIME separately and gets
+    the fraction wrong (-00:00:01.5 comes back as -00:00:01.000005).
+    """
+    return time2_value(self.packet.read(3 + (column.fsp + 1) // 2), column.fsp)
+
+
+def time2_value(data: bytes, fsp: int) -> datetime.timedelta:
+    """The TIME(fsp) packed in `data` (3 bytes and the fraction's (fsp + 1) // 2)."""
+    nfrac = (fsp + 1) // 2
+    if nfrac == 3:
+        packed = int.from_bytes(data, "big") - (0x800000 << 24)
+    else:
+        intpart = int.from_bytes(data[:3], "big") - 0x800000
+        frac = int.from_bytes(data[3:], "big")
+        if intpart < 0 and frac:
+            intpart, frac = intpart + 1, frac - (1 << (8 * nfrac))
+        packed = (intpart << 24) + frac * (10_000 if nfrac == 1 else 100)
+    sign, packed = (-1 if packed < 0 else 1), abs(packed)
+    hms, micros = packed >> 24, packed % (1 << 24)
+    return sign * datetime.timedelta(hours=(hms >> 12) % 1024, minutes=(hms >> 6) % 64, seconds=hms % 64,
+                                     microseconds=micros)
+
+
+
+def _read_date(self: RowsEvent) -> datetime.date | InvalidDate:
+    """DATE; a zero or partial date (``0000-00-00``, ``2024-00-15``) as `InvalidDate` (the library: None)."""
+    raw = self.packet.read_uint24()
+    return date_value(raw >> 9, (raw >> 5) & 15, raw & 31)
+
+
+def date_value(year: int, month: int, day: int) -> datetime.date | InvalidDate:
+    """A DATE's value: a calendar date, else `InvalidDate` with its text."""
+    try:
+        return datetime.date(year, month, day)
+    except ValueError:
+        return InvalidDate(f"{year:04d}-{month:02d}-{day:02d}")
+
+
+def datetime_value(year: int, month: int, day: int, hour: int, minute: int, second: int, micros: int, fsp: int
+                   ) -> datetime.datetime | InvalidDate:
+    date = date_value(year, month, day)
+    if isinstance(date, datetime.date):
+        with contextlib.suppress(ValueError):
+            return datetime.datetime(year, month, day, hour, minute, second, micros)
+    fraction = f".{micros:06d}"[: fsp + 1] if fsp else ""
+    return InvalidDate(f"{year:04d}-{month:02d}-{day:02d} {hour:02d}:{minute:02d}:{second:02d}{fraction}")
+
+
+def _read_datetime(self: RowsEvent) -> datetime.datetime | InvalidDate:
+    """DATETIME of the old format (YYYYMMDDhhmmss as an integer)."""
+    value = self.packet.read_uint64()
+    date, time_ = divmod(value, 1_000_000)
+    return datetime_value(date // 10000, date // 100 % 100, date % 100, time_ // 10000, time_ // 100 % 100,
+                     time_ % 100, 0, 0)
+
+
+def _read_datetime2(self: RowsEvent, column: Any) -> datetime.datetime | InvalidDate:
+    """DATETIME(fsp); a zero or partial one as `InvalidDate` (the library: None)."""
+    data = self.packet.read_int_be_by_size(5)
+    year_month = (data >> 22) & ((1 << 17) - 1)
+    micros = self._RowsEvent__read_fsp(column)
+    return datetime_value(year_month // 13, year_month % 13, (data >> 17) & 31, (data >> 12) & 31, (data >> 6) & 63,
+                     data & 63, micros, column.fsp or 0)
+
+def _read_variable_length_string(self: BinLogPacketWrapper) -> bytes:
+    """A string of the table map's optional metadata (a column name, an ENUM or SET value).
+
+    The server prefixes it with a packed integer (``net_store_length``: one byte below 251, else
+    252/253/254 and 2, 3 or 8 bytes); the library reads a 7-bit varint, which is the same below
+    128 bytes and fails on a longer name (64 two-byte characters) with a bare AssertionError.
+    """
+    length = self.read_length_coded_binary()
+    return self.read(length) if length else b""
+
+
+
+#: The UTF-16/32 family, which PyMySQL does not map: utf16, utf32 and ucs2 are big-endian in
+#: MySQL (Python's "utf16"/"utf32" would look for a byte-order mark), utf16le is little-endian.
+#: Unmapped, the library hands such a column on as raw bytes, or fails to decode it.
+_WIDE_CHARSETS = {"utf16": "utf-16-be", "utf32": "utf-32-be", "ucs2": "utf-16-be", "utf16le": "utf-16-le"}
+_library_encoding = RowsEvent.charset_to_encoding
+
+
+def _charset_to_encoding(name: str) -> str:
+    return _WIDE_CHARSETS.get(name) or _library_encoding(name)
+
+
+
+
+class TableMapCache:
+    """Decoded table maps of one reader, by the raw bytes of their event body (which start with
+    the table id): the library re-decodes the full column metadata of every table-map event,
+    one of which precedes every rows event, and that is most of its parse time."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._entries: OrderedDict[bytes, dict[str, Any]] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def get(self, body: bytes) -> dict[str, Any] | None:
+        state = self._entries.get(body)
+        if state is not None:
+            self._entries.move_to_end(body)
+            self.hits += 1
+        return state
+
+    def put(self, body: bytes, state: dict[str, Any]) -> None:
+        self.misses += 1
+        self._entries[body] = state
+        if len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+
+
+_decode_table_map = TableMapEvent.__init__
+_FILTERS = ("only_tables", "ignored_tables", "only_schemas", "ignored_schemas", "freeze_schema")
+
+
+def _table_map_init(self: TableMapEvent, from_packet: Any, event_size: int, table_map: dict, ctl_connection: Any,
+                    **kwargs: Any) -> None:
+    """`TableMapEvent.__init__`, answered from the reader's `TableMapCache` when it has one.
+
+    Only readers whose control connection carries a cache (this module's) use it, and only with
+    full row metadata (column names come from the event, not from a query) and no filters.
+    """
+    cache: TableMapCache | None = getattr(ctl_connection, "setl_table_maps", None)
+    if cache is None or not kwargs.get("optional_meta_data") or any(map(kwargs.get, _FILTERS)):
+        _decode_table_map(self, from_packet, event_size, table_map, ctl_connection, **kwargs)
+        return
+    # The packet is the OK byte, the 19-byte event header, the body and maybe a checksum.
+    body = bytes(from_packet.packet.get_all_data()[20:20 + event_size])
+    state = cache.get(body)
+    if state is None:
+        _decode_table_map(self, from_packet, event_size, table_map, ctl_connection, **kwargs)
+        if self._processed:
+            cache.put(body, {k: v for k, v in vars(self).items() if k not in _PER_EVENT})
+        return
+    BinLogEvent.__init__(self, from_packet, event_size, table_map, ctl_connection, **kwargs)
+    vars(self).update(state)  # the decoded table: shared, and read-only once decoded
+    table_map[self.table_id] = self.table_obj
+
+
+_installed = False
+_install_lock = threading.Lock()
+
+#: What `install` does with each packet before the library parses it: the packet's payload (the OK
+#: byte, the event header and body), whether events end in a checksum, and the reader's post-header
+#: lengths by event type (None: not known yet) -> the payload to parse (the same object when unchanged).
+Inflate = Callable[[bytes, bool, Any], bytes]
+
+
+def _inflating_init(init: Any, inflate: Inflate) -> Any:
+    """`BinLogPacketWrapper.__init__` that parses the packet `inflate` gives for each (MariaDB's
+    compressed events: the plain event each stands for; the library knows no compressed kind)."""
+
+    def wrapper_init(self: BinLogPacketWrapper, from_packet: Any, table_map: Any, ctl_connection: Any,
+                     mysql_version: Any, use_checksum: bool, *args: Any, **kwargs: Any) -> None:
+        data = from_packet.get_all_data()
+        # the library passes everything positionally; post_header_lengths comes last
+        plain = inflate(data, use_checksum, args[11] if len(args) > 11 else kwargs.get("post_header_lengths"))
+        if plain is not data:
+            from_packet = MysqlPacket(plain, ctl_connection.encoding)
+        init(self, from_packet, table_map, ctl_connection, mysql_version, use_checksum, *args, **kwargs)
+
+    return wrapper_init
+
+
+def event_classes() -> dict[int, type[BinLogEvent]]:
+    """The library's event class for each binlog event type it parses (others: NotImplementedEvent)."""
+    return dict(BinLogPacketWrapper._BinLogPacketWrapper__event_map)
+
+
+#: The library's private functions `install` replaces: (owner, name).
+REPLACED = ((RowsEvent, "_RowsEvent__read_time2"), (RowsEvent, "_RowsEvent__read_date"),
+            (RowsEvent, "_RowsEvent__read_datetime"), (RowsEvent, "_RowsEvent__read_datetime2"),
+            (RowsEvent, "_RowsEvent__read_fsp"), (BinLogPacketWrapper, "read_variable_length_string"))
+
+
+def install(inflate: Inflate) -> None:
+    """Apply setl's fixes to python-mysql-replication, once per process (the binlog source calls it
+    when it is built, not at import), with `inflate` applied to every packet the library parses.
+
+    The library decodes a negative TIME(fsp) wrongly, returns None for zero and partial dates,
+    maps no UTF-16/32 charset, misreads names of 128+ bytes, re-decodes every table map and knows
+    no compressed event; each fix replaces one of its functions. A release without one of those
+    functions is refused (ConfigError): setl could not read its events exactly.
+    """
+    global _installed
+    with _install_lock:
+        if _installed:
+            return
+        for owner, name in REPLACED:
+            if not hasattr(owner, name):
+                raise ConfigError(f"python-mysql-replication {INSTALLED} has no {owner.__name__}.{name} to fix; "
+                                  f"install mysql-replication=={WRITTEN_FOR}")
+        logging.getLogger("pymysqlreplication").addFilter(_drop_reconnect_notice)
+        RowsEvent._RowsEvent__read_time2 = _read_time2
+        RowsEvent._RowsEvent__read_date = _read_date
+        RowsEvent._RowsEvent__read_datetime = _read_datetime
+        RowsEvent._RowsEvent__read_datetime2 = _read_datetime2
+        RowsEvent.charset_to_encoding = staticmethod(_charset_to_encoding)
+        BinLogPacketWrapper.read_variable_length_string = _read_variable_length_string
+        TableMapEvent.__init__ = _table_map_init
+        BinLogPacketWrapper.__init__ = _inflating_init(BinLogPacketWrapper.__init__, inflate)
+        _installed = True
+
+
+# -- The stream reader's private state and its events' fields, for `fast.FastStream`.
+
+_PRIVATE = "_BinLogStreamReader__"
+
+
+def stream_ready(reader: Any) -> bool:
+    """Whether `reader` (a `BinLogStreamReader`) has connected its stream and control connections."""
+    return bool(getattr(reader, _PRIVATE + "connected_stream") and getattr(reader, _PRIVATE + "connected_ctl"))
+
+
+def stream_connection(reader: Any) -> Any:
+    """The reader's stream connection (a PyMySQL connection)."""
+    return reader._stream_connection
+
+
+def plain_settings(reader: Any) -> bool:
+    """Whether `reader` reads as setl's source asks: full row metadata, no table or schema filters,
+    no frozen schema, no checksum verification or ignored decode errors, no end position and no
+    start timestamp (the only settings `fast.FastStream` builds events for)."""
+    settings = {name: getattr(reader, _PRIVATE + name, None) for name in (
+        "optional_meta_data", "verify_checksum", "ignore_decode_errors", "only_tables", "ignored_tables",
+        "only_schemas", "ignored_schemas", "freeze_schema")}
+    return settings.pop("optional_meta_data") is True and not any(settings.values()) \
+        and not getattr(reader, "end_log_pos", None) and not getattr(reader, "skip_to_timestamp", None)
+
+
+def reader_state(reader: Any) -> tuple[Any, bool, Any, Any, Any]:
+    """What the reader builds events with: (control connection, whether events end in a checksum,
+    the event classes it returns, the server version, the post-header lengths by event type)."""
+    return (reader._ctl_connection, getattr(reader, _PRIVATE + "use_checksum"),
+            getattr(reader, _PRIVATE + "allowed_events_in_packet"), reader.mysql_version,
+            getattr(reader, _PRIVATE + "post_header_lengths"))
+
+
+def server_flavor(ctl_connection: Any) -> str:
+    """What the library's control connection calls its server ("mysql" or "mariadb")."""
+    flavor: str = ctl_connection._get_dbms()
+    return flavor
+
+
+def event_fields(ctl_connection: Any, mysql_version: Any, post_header_lengths: Any, dbms: str | None
+                 ) -> dict[str, Any]:
+    """The fields `BinLogEvent.__init__` sets on an event read with setl's settings, besides its own
+    packet, table map, type, timestamp and size."""
+    return {"_post_header_lengths": post_header_lengths, "_ctl_connection": ctl_connection,
+            "mysql_version": mysql_version, "_ignore_decode_errors": False, "_verify_checksum": False,
+            "_is_event_valid": None, "_processed": True, "complete": True, "dbms": dbms}
+
+
+#: The field of a rows event that holds its decoded rows (what `RowsEvent.rows` returns).
+ROWS_FIELD = "_RowsEvent__rows"
+
+
+def new_event(cls: type[BinLogEvent], fields: dict[str, Any]) -> Any:
+    """An event of `cls` holding exactly `fields`, without running the library's parsing."""
+    event = object.__new__(cls)
+    event.__dict__ = fields
+    return event
+
+
+# What BinLogEvent.__init__ sets for each event; everything else a table map decodes is cacheable.
+_PER_EVENT = frozenset({"packet", "table_map", "event_type", "timestamp", "event_size",
+                        *event_fields(None, None, None, None)})

@@ -1,0 +1,238 @@
+"""The behaviours of PyMySQL's and python-mysql-replication's internals that setl relies on, through
+their adapters (`setl.adapters.pymysql`, `setl.adapters.replication`), against a real MariaDB: run
+these against a release other than the one an adapter was written for before trusting it."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pymysql
+import pytest
+from pymysql.constants import COMMAND
+from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.constants import BINLOG
+from pymysqlreplication.event import BinLogEvent, XidEvent
+from pymysqlreplication.row_event import RowsEvent, WriteRowsEvent
+
+from setl import adapters
+from setl.adapters import pymysql as pymysql_io
+from setl.adapters import replication
+from setl.testing.servers import MariaDBServer
+from tests.sources.binlog import execute, head, next_server_id
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def conn(mariadb_source: MariaDBServer) -> Iterator[Any]:
+    """A plain PyMySQL connection to the test server."""
+    with contextlib.closing(mariadb_source.connect()) as connection:
+        yield connection
+
+
+def test_the_adapters_are_written_for_the_installed_releases() -> None:
+    """The releases the adapters pin are the ones installed here, which these tests exercise."""
+    assert pymysql_io.INSTALLED == pymysql_io.WRITTEN_FOR
+    assert replication.INSTALLED == replication.WRITTEN_FOR
+
+
+def test_another_release_is_named_in_one_warning_line(caplog: pytest.LogCaptureFixture) -> None:
+    """A release other than the one written for logs one WARNING naming the library, both releases
+    and the fix; the pinned release logs nothing; setl goes on either way."""
+    with caplog.at_level(logging.WARNING, logger="setl.adapters"):
+        assert adapters.check_version("PyMySQL", pymysql_io.WRITTEN_FOR) == pymysql_io.WRITTEN_FOR
+        assert caplog.records == []
+        assert adapters.check_version("PyMySQL", "0.9.3") == pymysql_io.INSTALLED
+    (record,) = caplog.records
+    line = record.getMessage()
+    assert record.levelno == logging.WARNING and "\n" not in line
+    assert f"PyMySQL {pymysql_io.INSTALLED} is installed" in line and "written for 0.9.3" in line
+    assert "pip install 'PyMySQL==0.9.3'" in line
+
+
+def test_importing_an_adapter_checks_the_installed_release() -> None:
+    """Importing an adapter over another release logs the one WARNING line at import, and the
+    adapter still loads."""
+    code = ("import importlib.metadata, logging\n"
+            "logging.basicConfig(format='%(levelname)s %(message)s')\n"
+            "real = importlib.metadata.version\n"
+            "importlib.metadata.version = lambda name: '9.9.9' if name == 'mysql-replication' else real(name)\n"
+            "from setl.adapters import replication\n"
+            "print(replication.INSTALLED)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "9.9.9", done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("WARNING")]
+    assert lines == [f"WARNING mysql-replication 9.9.9 is installed, but setl's use of its internals was written "
+                     f"for {replication.WRITTEN_FOR} exactly: run tests/test_library_contracts.py against it, or "
+                     f"pip install 'mysql-replication=={replication.WRITTEN_FOR}'"]
+
+
+def test_a_command_and_its_packets_leave_the_connection_usable(conn: Any) -> None:
+    """A command sent with `send_command` is answered by `read_packet`, a server error is raised as
+    PyMySQL raises it, and PyMySQL's own queries go on after both."""
+    assert pymysql_io.reads_packets(conn)
+    pymysql_io.send_command(conn, COMMAND.COM_QUERY, "DO 1")
+    assert pymysql_io.read_packet(conn).is_ok_packet()
+    pymysql_io.send_query(conn, "SELEC 1")
+    with pytest.raises(pymysql.err.ProgrammingError) as raised:
+        pymysql_io.read_packet(conn)
+    assert raised.value.args[0] == 1064
+    with conn.cursor() as cur:
+        cur.execute("SELECT 41 + 1")
+        assert cur.fetchone() == (42,)
+
+
+def test_packet_io_reads_the_result_pymysql_would(conn: Any) -> None:
+    """`query_rows` hands a reader the connection's packets (`PacketIO`: the buffered reads, the
+    next sequence number) and one converter per column; rows read with them end at the EOF packet,
+    and the connection's next query reads from where they stopped."""
+    seen: dict[str, Any] = {}
+
+    def read_rows(io: pymysql_io.PacketIO, converters: Any) -> tuple[list[Any], bytes]:
+        seen["converters"] = list(converters)
+        rows = []
+        while True:
+            header = io.read(4)
+            assert header[3] == io.seq  # the sequence number PyMySQL expects next
+            io.seq = (io.seq + 1) % 256
+            data = io.read(header[0] | header[1] << 8 | header[2] << 16)
+            if data[0] == 0xFE and len(data) < 9:
+                return rows, data
+            rows.append(data)
+
+    got = pymysql_io.query_rows(conn, "SELECT 7, 'ab' UNION ALL SELECT NULL, 'c'", read_rows)
+    assert got == [b"\x017\x02ab", b"\xfb\x01c"]
+    assert len(seen["converters"]) == 2 and seen["converters"][0][1] is int
+    with conn.cursor() as cur:
+        cur.execute("SELECT 'next'")
+        assert cur.fetchone() == ("next",)
+
+
+def test_pymysql_reads_every_packet_through_the_routed_reader(conn: Any) -> None:
+    """After `route_packets`, PyMySQL (and a library on it) reads every packet through the reader
+    given, with `packet_of` making the packet it expects: what the binlog framer relies on."""
+    pymysql_io.buffer_reads(conn, 1 << 16)
+    io = pymysql_io.PacketIO(conn)
+    calls: list[Any] = []
+
+    def read(packet_type: Any = None) -> Any:
+        header = io.read(4)
+        io.seq = header[3] + 1
+        calls.append(packet_type)
+        return pymysql_io.packet_of(io.read(header[0] | header[1] << 8 | header[2] << 16), io.encoding, packet_type)
+
+    pymysql_io.route_packets(conn, read)
+    with conn.cursor() as cur:
+        cur.execute("SELECT 1 UNION ALL SELECT 2")
+        assert cur.fetchall() == ((1,), (2,))
+    assert len(calls) >= 5  # the column count, a column, its EOF, two rows, the EOF
+    with conn.cursor() as cur, pytest.raises(pymysql.err.ProgrammingError):
+        cur.execute("SELEC 1")
+
+
+def test_the_socket_and_the_read_timeout(mariadb_source: MariaDBServer) -> None:
+    """`socket_of` is the connection's socket (None once closed); `read_timeout_at_least` lifts the
+    read timeout PyMySQL applies before each read for the block only, and `apply_read_timeout`
+    sets it on the socket."""
+    conn = mariadb_source.connect(read_timeout=1)
+    try:
+        sock = pymysql_io.socket_of(conn)
+        assert sock is not None
+        pymysql_io.apply_read_timeout(conn)
+        assert sock.gettimeout() == 1
+        with pymysql_io.read_timeout_at_least(conn, 5), conn.cursor() as cur:
+            cur.execute("SELECT SLEEP(1.3)")
+            assert cur.fetchone() == (0,)
+        with pytest.raises(pymysql.err.OperationalError) as raised, conn.cursor() as cur:
+            cur.execute("SELECT SLEEP(1.3)")
+        assert raised.value.args[0] == 2013
+    finally:
+        conn.close()
+    assert pymysql_io.socket_of(conn) is None
+
+
+@pytest.fixture
+def reader(mariadb_source: MariaDBServer, source_db: str) -> Iterator[tuple[BinLogStreamReader, str]]:
+    """A stream reader with setl's settings (full row metadata, no filters) from the binlog's end,
+    and the events of one insert ahead of it."""
+    start = head(mariadb_source)
+    execute(mariadb_source, source_db, "CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(10))",
+            "INSERT INTO t VALUES (1, 'one')")
+    settings = {k: v for k, v in mariadb_source.connect_args().items() if k != "ssl"}
+    stream = BinLogStreamReader(connection_settings=settings, server_id=next_server_id(), blocking=False,
+                                resume_stream=True, log_file=start.log, log_pos=start.offset,
+                                only_events=[WriteRowsEvent, XidEvent], enable_logging=False)
+    try:
+        yield stream, source_db
+    finally:
+        stream.close()
+
+
+def _next(stream: BinLogStreamReader, cls: type[BinLogEvent]) -> Any:
+    for _ in range(50):
+        event = stream.fetchone()
+        assert event is not None, f"no {cls.__name__}"
+        if isinstance(event, cls):
+            return event
+    raise AssertionError(f"no {cls.__name__} in 50 events")
+
+
+def test_the_stream_reader_state_setl_reads(reader: tuple[BinLogStreamReader, str]) -> None:
+    """Once connected, the reader's private state is what `fast.FastStream` builds events from, and
+    the library's stream reads go through the stream connection's ``_read_packet``."""
+    stream, db = reader
+    assert not replication.stream_ready(stream)
+    event = _next(stream, WriteRowsEvent)
+    assert replication.stream_ready(stream) and replication.plain_settings(stream)
+    assert (event.schema, event.table, event.rows[0]["values"]) == (db, "t", {"id": 1, "v": "one"})
+    conn = replication.stream_connection(stream)
+    assert isinstance(conn, pymysql.connections.Connection)
+    ctl, use_checksum, allowed, version, post_header_lengths = replication.reader_state(stream)
+    assert ctl is stream._ctl_connection and isinstance(use_checksum, bool) and version == stream.mysql_version
+    assert WriteRowsEvent in allowed and XidEvent in allowed
+    assert len(post_header_lengths) >= BINLOG.DELETE_ROWS_EVENT_V2
+    assert replication.server_flavor(ctl) == "mariadb"
+    reads: list[Any] = []
+    library_read = conn._read_packet
+
+    def counted(*args: Any) -> Any:
+        reads.append(args)
+        return library_read(*args)
+
+    pymysql_io.route_packets(conn, counted)
+    xid = _next(stream, XidEvent)
+    assert reads and xid.xid > 0
+    setattr(stream, "_BinLogStreamReader__only_tables", ["other"])  # noqa: B010 - a filter set after the fact
+    assert not replication.plain_settings(stream)
+
+
+def test_events_hold_the_fields_setl_builds_them_with(reader: tuple[BinLogStreamReader, str]) -> None:
+    """A library-parsed event holds exactly the values `event_fields` names, its rows under
+    `ROWS_FIELD`; an event `new_event` builds from them reads back the same."""
+    stream, _ = reader
+    event = _next(stream, WriteRowsEvent)
+    rows = event.rows
+    fields = vars(event)
+    ctl, _, _, version, post_header_lengths = replication.reader_state(stream)
+    expected = replication.event_fields(ctl, version, post_header_lengths, replication.server_flavor(ctl))
+    assert {name: fields[name] for name in expected} == expected
+    assert fields[replication.ROWS_FIELD] is rows
+    copy = replication.new_event(WriteRowsEvent, dict(fields))
+    assert type(copy) is WriteRowsEvent and copy.rows == rows and copy.table == event.table
+    assert copy.packet.log_pos == event.packet.log_pos
+
+
+def test_the_functions_setl_replaces_exist() -> None:
+    """Every library function `install` replaces is where the adapter looks for it, and the event
+    class map names the rows and table-map events."""
+    for owner, name in replication.REPLACED:
+        assert callable(getattr(owner, name)), f"{owner.__name__}.{name}"
+    assert issubclass(WriteRowsEvent, RowsEvent)
+    classes = replication.event_classes()
+    assert classes[BINLOG.WRITE_ROWS_EVENT_V2] is WriteRowsEvent
+    assert classes[BINLOG.XID_EVENT] is XidEvent
