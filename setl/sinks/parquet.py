@@ -16,8 +16,10 @@ id does: two batches never share a name. One directory belongs to one pipeline (
 Each row is one change, in these columns:
 
 * the table's columns: the after image, or the before image for a delete;
-* ``_setl_op`` (string): ``insert``, ``update``, ``delete`` or ``read`` (a row
-  an initial snapshot copied, as Debezium's ``r``);
+* ``_setl_op`` (string): ``insert``, ``update``, ``delete``, ``read`` (a row
+  an initial snapshot copied, as Debezium's ``r``) or ``truncate`` (a ``TRUNCATE
+  TABLE``: the one a snapshot hands on before copying a table, or the source's;
+  its image columns are NULL, and with ``partition_by`` it is in the NULL partition);
 * ``_setl_batch`` (int64): the id of the batch that wrote the row;
 * ``_setl_position`` (string): the source position after the change's
   transaction, as text (``LOG:OFFSET``, with its GTID when it has one;
@@ -35,12 +37,15 @@ Each row is one change, in these columns:
 
 Applying the log: read every file (``pyarrow.parquet.read_table(PATH/SCHEMA.TABLE,
 partitioning="hive")``), order rows by (``_setl_log``, ``_setl_offset``,
-``_setl_row``, ``_setl_seq``), and for each
+``_setl_row``, ``_setl_batch``, ``_setl_seq``), and for each
 row: ``insert`` or ``read``: put the image under its key (a read replaces the
 row the key holds; a source stamps reads with positions in stream order like
 any change, so they sort where they came); ``update``: remove the row under the
 ``_setl_before_*`` key, then put the image under its key; ``delete``: remove the
-row under its key.
+row under its key; ``truncate``: remove every row (a re-copy's rows follow it).
+``_setl_batch`` orders rows of one position written by different batches: a
+snapshot's TRUNCATE and chunks sit at the position of the binlog transaction
+before them, whose changes have that position too.
 
 Replays: every start and every rollback reads again from the acknowledged
 position in a new epoch (epochs only grow: the meta store hands them out), with
@@ -123,6 +128,8 @@ log = logging.getLogger(__name__)
 
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 BEFORE_PREFIX = "_setl_before_"
+#: ``_setl_op`` of a TRUNCATE TABLE (the snapshot's before a copy, or the source's): the table is empty after it
+TRUNCATE = "truncate"
 OWNER_FILE = ".setl-pipeline"
 WRITERS = ("arrow", "spark")
 #: Spark SQL settings of the writer's own session: timestamps as INT64 micros, as pyarrow writes them.
@@ -304,10 +311,14 @@ class ParquetLoad(Load):
         if not self._opened:
             self.open()
         batch = self._invalid_dates.apply(batch)
-        tables: dict[tuple[str, str], list[tuple[int, RowChange]]] = {}
+        tables: dict[tuple[str, str], list[tuple[int, RowChange | DdlChange]]] = {}
         for seq, change in enumerate(batch.changes):
             if isinstance(change, DdlChange) and change.copy_end:
                 continue  # a copy's end: every row of the copy is written already
+            if isinstance(change, DdlChange) and change.ddl.kind == "truncate_table" and change.table is not None:
+                # a snapshot's (the copy that follows replaces the table) or the source's: a truncate row
+                tables.setdefault((change.schema, change.table), []).append((seq, change))
+                continue
             if isinstance(change, DdlChange):
                 log.info("pipeline=%s stage=load batch=%d parquet target skips DDL on %s: %s",
                          self.pipeline, batch.id, change.qualified_table, change.statement)
@@ -340,34 +351,32 @@ class ParquetLoad(Load):
 
     # --- writing ----------------------------------------------------------------------------
 
-    def _write_table(self, batch: Batch, name: str, changes: list[tuple[int, RowChange]]) -> list[Path]:
-        images = [change.after if change.op is not Op.DELETE else change.before for _, change in changes]
+    def _write_table(self, batch: Batch, name: str, changes: list[tuple[int, RowChange | DdlChange]]) -> list[Path]:
+        # a truncate row (a DDL is a batch of its own) has no image: NULL partition values, no columns
+        truncate = isinstance(changes[0][1], DdlChange)
+        row_changes = [(seq, c) for seq, c in changes if isinstance(c, RowChange)]
+        images = ([dict.fromkeys(self.partition_by) for _ in changes] if truncate else
+                  [change.after if change.op is not Op.DELETE else change.before for _, change in row_changes])
         missing = [c for c in self.partition_by if not c.startswith("_setl_")
                    and any(c not in image for image in images)]  # type: ignore[operator]
         if missing:
             raise LoadError(f"partition column {', '.join(missing)} is not in the table's rows")
-        meta = {
-            "_setl_op": pa.array([change.op.value for _, change in changes], pa.string()),
-            "_setl_batch": pa.array([batch.id] * len(changes), pa.int64()),
-            "_setl_position": pa.array([str(change.position) if change.position else None for _, change in changes],
-                                       pa.string()),
-            "_setl_log": pa.array([change.position.log if change.position else None for _, change in changes],
-                                  pa.string()),
-            "_setl_offset": pa.array([change.position.offset if change.position else None for _, change in changes],
-                                     pa.int64()),
-            "_setl_row": pa.array([change.position.row if change.position else None for _, change in changes],
-                                  pa.int64()),
-            "_setl_seq": pa.array([seq for seq, _ in changes], pa.int64()),
-        }
+        meta = _meta_columns(batch, changes, [TRUNCATE] * len(changes) if truncate else
+                             [change.op.value for _, change in row_changes])
         types = TableTypes(max_precision=self._max_precision, widen_decimals=True)
         table, codecs = types.table(images, extra=meta)  # type: ignore[arg-type]
         for column, codec in codecs.items():
             if codec == GEOMETRY:
                 at = table.column_names.index(column)
                 table = table.set_column(at, column, _wkb(table.column(at)))
-        for column, array in _before_key(changes, types):
-            table = table.append_column(column, array)
+        if not truncate:
+            for column, array in _before_key(row_changes, types):
+                table = table.append_column(column, array)
         table = self._conform(name, table)
+        if truncate:  # every column the table's files have, all NULL: a reader may take its schema from this file
+            known = self._schemas[name]
+            for column in [c for c in known if c not in table.column_names and c not in self.partition_by]:
+                table = table.append_column(column, pa.nulls(table.num_rows, known[column]))
         directory = self.root / name
         if not self.partition_by:
             return [self._write_file(directory, table, batch)]
@@ -564,6 +573,21 @@ class ParquetLoad(Load):
             for folder in {path.parent for _, path in stale}:
                 _fsync(folder)
         self._swept = (batch.epoch, batch.id)
+
+
+def _meta_columns(batch: Batch, changes: list[tuple[int, RowChange | DdlChange]],
+                  ops: list[str]) -> dict[str, pa.Array]:
+    """The ``_setl_*`` columns of `changes` (a truncate without a position takes its batch's end)."""
+    positions = [change.position or (batch.end if isinstance(change, DdlChange) else None) for _, change in changes]
+    return {
+        "_setl_op": pa.array(ops, pa.string()),
+        "_setl_batch": pa.array([batch.id] * len(changes), pa.int64()),
+        "_setl_position": pa.array([str(p) if p else None for p in positions], pa.string()),
+        "_setl_log": pa.array([p.log if p else None for p in positions], pa.string()),
+        "_setl_offset": pa.array([p.offset if p else None for p in positions], pa.int64()),
+        "_setl_row": pa.array([p.row if p else None for p in positions], pa.int64()),
+        "_setl_seq": pa.array([seq for seq, _ in changes], pa.int64()),
+    }
 
 
 def _before_key(changes: list[tuple[int, RowChange]], types: TableTypes) -> list[tuple[str, pa.Array]]:

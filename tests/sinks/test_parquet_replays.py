@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from setl.model import Batch, Op, Position, RowChange
+from setl.model import Batch, DdlChange, Op, Position, RowChange
 from setl.sinks.parquet import ParquetLoad, file_name
 from setl.stages.load import supports_per_table
 from setl.testing.harness import parquet_rows, parquet_state
@@ -207,3 +207,57 @@ def test_a_sweep_never_removes_files_of_earlier_batches_or_older_names(tmp_path)
 def test_the_target_does_not_load_per_table(tmp_path):
     """The replay rule needs batches loaded in id order: the target does not declare ``per_table``."""
     assert not supports_per_table(ParquetLoad(tmp_path / "lake", pipeline="p"))
+
+
+def fields(path: Path) -> frozenset[tuple[str, str]]:
+    """A file's columns and their types (readers match columns by name)."""
+    return frozenset((f.name, str(f.type)) for f in pq.read_schema(path))
+
+
+def truncate(table: str, at: Position) -> DdlChange:
+    return DdlChange("s", table, f"TRUNCATE TABLE `s`.`{table}`", position=at, snapshot=True)
+
+
+def test_a_truncate_empties_the_table_for_a_reader_and_the_copy_after_it_is_exact(tmp_path):
+    """A snapshot's TRUNCATE is a ``truncate`` row: the re-copy after it replaces the table's rows
+    (no keyless row twice, no row the source lost kept), even at the position of the changes before it."""
+    root = tmp_path / "lake"
+    load = ParquetLoad(root, pipeline="p", fsync=False)
+    p200 = Position(LOG, 200)
+    load.load(Batch("p", 1, 1, P0, p200, (row(Op.INSERT, "k", {"id": 1, "v": 1}, p200),
+                                          row(Op.INSERT, "k", {"id": 2, "v": 2}, p200),
+                                          row(Op.INSERT, "log", {"msg": "a"}, p200))))
+    load.load(Batch("p", 2, 1, p200, p200, (truncate("k", p200),)))
+    load.load(Batch("p", 3, 1, p200, p200, (truncate("log", p200),)))
+    load.load(Batch("p", 4, 1, p200, p200, (row(Op.READ, "k", {"id": 2, "v": 2}, p200),
+                                            row(Op.READ, "log", {"msg": "a"}, p200))))
+    assert parquet_state(root, "s.k") == {(2,): {"id": 2, "v": 2}}
+    assert parquet_rows(root, "s.log") == [{"msg": "a"}]
+    ops = sorted(r["_setl_op"] for p in (root / "s.k").glob("*.parquet") for r in pq.read_table(p).to_pylist())
+    assert ops == ["insert", "insert", "read", "truncate"]
+    schemas = {fields(p) for p in (root / "s.k").glob("*.parquet")}
+    assert len(schemas) == 1  # the truncate file has every column, typed: a reader may take its schema
+
+
+def test_a_truncate_before_any_row_gets_the_columns_the_rows_bring(tmp_path):
+    """A first copy's TRUNCATE, written before the table has any file, gains the columns of the rows
+    after it (all NULL), so every file of the table reads with one schema."""
+    root = tmp_path / "lake"
+    load = ParquetLoad(root, pipeline="p", fsync=False)
+    load.load(Batch("p", 1, 1, P0, P0, (truncate("k", P0),)))
+    load.load(Batch("p", 2, 1, P0, P0, (row(Op.READ, "k", {"id": 1, "v": 1}, P0),)))
+    assert {fields(p) for p in (root / "s.k").glob("*.parquet")} == {fields(root / "s.k" / file_name(P0, 2, 1))}
+    assert parquet_state(root, "s.k") == {(1,): {"id": 1, "v": 1}}
+
+
+def test_a_truncate_of_a_partitioned_table_is_in_the_null_partition(tmp_path):
+    """With ``partition_by`` a truncate row (no image) goes to the NULL partition, and still empties
+    every partition for a reader."""
+    root = tmp_path / "lake"
+    load = ParquetLoad(root, pipeline="p", fsync=False, partition_by=("v",))
+    load.load(Batch("p", 1, 1, P0, P0, (row(Op.READ, "k", {"id": 1, "v": 1}, P0),
+                                        row(Op.READ, "k", {"id": 2, "v": 2}, P0))))
+    load.load(Batch("p", 2, 1, P0, P0, (truncate("k", P0),)))
+    load.load(Batch("p", 3, 1, P0, P0, (row(Op.READ, "k", {"id": 2, "v": 2}, P0),)))
+    assert (root / "s.k" / "v=__HIVE_DEFAULT_PARTITION__" / file_name(P0, 2, 1)).is_file()
+    assert parquet_state(root, "s.k") == {(2,): {"id": 2, "v": 2}}

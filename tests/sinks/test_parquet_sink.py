@@ -541,3 +541,18 @@ class TestParquetLoadContract(LoadContract):
     @pytest.fixture
     def probe(self, tmp_path):
         return ParquetProbe(tmp_path / "lake")
+
+
+def test_a_truncate_row_is_written_by_either_writer(tmp_path, make):
+    """A snapshot's TRUNCATE is a ``truncate`` row with NULL image columns, by either writer, and a
+    reader applying the log empties the table there."""
+    root = tmp_path / "out"
+    load = make(root, pipeline="p1")
+    load.load(batch([change(Op.INSERT, "orders", {"id": 1, "v": "a"}, 10)], 0, 10))
+    ddl = DdlChange("shop", "orders", "TRUNCATE TABLE `shop`.`orders`", position=Position("bin.000001", 10),
+                    snapshot=True)
+    load.load(batch([ddl], 10, 10, batch_id=2))
+    load.load(batch([change(Op.READ, "orders", {"id": 2, "v": "b"}, 10)], 10, 10, batch_id=3))
+    assert [(r["_setl_op"], r["id"], r["v"]) for r in rows(root)] == [
+        ("insert", 1, "a"), ("truncate", None, None), ("read", 2, "b")]
+    assert parquet_state(root, "shop.orders") == {(2,): {"id": 2, "v": "b"}}
