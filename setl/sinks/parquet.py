@@ -216,7 +216,7 @@ class ParquetLoad(Load):
         self._marked = False  # this process wrote the directory's owner marker
         self._files: dict[Path, FileKey] = {}  # every file under root, with its place
         self._swept: tuple[int, int] | None = None  # (epoch, batch id) of the last replay sweep (`_sweep`)
-        self._lock = threading.Lock()  # the index, for loads of one batch's tables at once
+        self._lock = threading.Lock()  # guards the file index `_files`
         self._schemas: dict[str, dict[str, pa.DataType]] = {}
         self._invalid_dates = InvalidDatePolicy(invalid_dates, pipeline=pipeline, target="Parquet")
 
