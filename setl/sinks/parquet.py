@@ -1,19 +1,25 @@
 """A directory of Parquet files as the target: the change log of every table, one file per batch.
 
-Layout: ``PATH/SCHEMA.TABLE/[COL=VALUE/...]part-LOG-OFFSET[_ROW].parquet`` (`table_directory`:
-``%``, ``.``, ``/``, ``\\`` and control characters in SCHEMA and TABLE are %XX-quoted, so
-``s``.``a.b`` and ``s.a``.``b`` get directories of their own), where
+Layout: ``PATH/SCHEMA.TABLE/[COL=VALUE/...]part-LOG-OFFSET[_ROW]-bBATCH-eEPOCH.parquet``
+(`table_directory`: ``%``, ``.``, ``/``, ``\\`` and control characters in SCHEMA and TABLE are
+%XX-quoted, so ``s``.``a.b`` and ``s.a``.``b`` get directories of their own), where
 ``LOG-OFFSET`` is the batch's *start* position (the log name URL-quoted, the
 offset zero-padded to 20 digits; ``_ROW``, zero-padded to 10 digits, only for a
-batch that starts inside a transaction delivered in pieces) and ``COL=VALUE`` are hive partitions of the
-``partition_by`` columns (``__HIVE_DEFAULT_PARTITION__`` for NULL). One directory
-belongs to one pipeline (recorded in ``PATH/.setl-pipeline``).
+batch that starts inside a transaction delivered in pieces), ``BATCH`` the batch's id (20 digits)
+and ``EPOCH`` the epoch of the attempt that wrote it (10 digits), and ``COL=VALUE`` are hive
+partitions of the ``partition_by`` columns (``__HIVE_DEFAULT_PARTITION__`` for NULL). The start
+position alone does not tell batches apart: a snapshot's chunks are handed on where the stream
+is, so several batches (and the streamed batch after them) can start at one position. The batch
+id does: two batches never share a name. One directory belongs to one pipeline (recorded in
+``PATH/.setl-pipeline``).
 
 Each row is one change, in these columns:
 
 * the table's columns: the after image, or the before image for a delete;
-* ``_setl_op`` (string): ``insert``, ``update``, ``delete`` or ``read`` (a row
-  an initial snapshot copied, as Debezium's ``r``);
+* ``_setl_op`` (string): ``insert``, ``update``, ``delete``, ``read`` (a row
+  an initial snapshot copied, as Debezium's ``r``) or ``truncate`` (a ``TRUNCATE
+  TABLE``: the one a snapshot hands on before copying a table, or the source's;
+  its image columns are NULL, and with ``partition_by`` it is in the NULL partition);
 * ``_setl_batch`` (int64): the id of the batch that wrote the row;
 * ``_setl_position`` (string): the source position after the change's
   transaction, as text (``LOG:OFFSET``, with its GTID when it has one;
@@ -31,24 +37,37 @@ Each row is one change, in these columns:
 
 Applying the log: read every file (``pyarrow.parquet.read_table(PATH/SCHEMA.TABLE,
 partitioning="hive")``), order rows by (``_setl_log``, ``_setl_offset``,
-``_setl_row``, ``_setl_seq``), and for each
+``_setl_row``, ``_setl_batch``, ``_setl_seq``), and for each
 row: ``insert`` or ``read``: put the image under its key (a read replaces the
 row the key holds; a source stamps reads with positions in stream order like
 any change, so they sort where they came); ``update``: remove the row under the
 ``_setl_before_*`` key, then put the image under its key; ``delete``: remove the
-row under its key.
+row under its key; ``truncate``: remove every row (a re-copy's rows follow it).
+``_setl_batch`` orders rows of one position written by different batches: a
+snapshot's TRUNCATE and chunks sit at the position of the binlog transaction
+before them, whose changes have that position too.
 
-Replays: a replayed batch starts at the same position, so it overwrites its own
-files instead of adding duplicates, whatever id it has now; files an earlier,
-differently cut run of the same range left behind (starting inside the range,
-or at its start for a table the batch no longer touches) are removed after the
-new files are in place. Each file is written to a hidden temp file that is
-fsynced and renamed into place, so a reader never sees half a file. A batch's
-files are replaced one by one, not together: after a crash in the middle of a
-batch, some of its files may be the new attempt's and some the old's until the
-replay has run; the batch's position is acked only after all of them are
-written, so everything up to the acked position is exact. A temp file a crash
-left behind is removed the next time the target is opened.
+Replays: every start and every rollback reads again from the acknowledged
+position in a new epoch (epochs only grow: the meta store hands them out), with
+the batch id after the acknowledged one, and loads batches in id order. So a
+file whose batch id is at least the loading batch's and whose epoch is older
+was written by an attempt that was never acknowledged, and its changes are read
+again in this epoch. Before writing its files, the first batch an epoch loads
+removes exactly those files, in every table directory (a differently cut
+earlier attempt may have written tables this one does not touch); files of
+lower batch ids (acknowledged) and of the current epoch are never removed. The
+same attempt loaded twice writes the same names and replaces its own files.
+Files named before batch ids and epochs were part of the name
+(``part-LOG-OFFSET[_ROW].parquet``) count as acknowledged and are never
+removed. Each file is written to a hidden temp file that is fsynced and renamed
+into place, so a reader never sees half a file. After a crash (kill -9 at any
+point) the directory holds the acknowledged batches' files, intact, plus
+possibly files of the unacknowledged attempt, which the replay's first load
+removes; the position is acked only after all of a batch's files are written,
+so the files of batches up to the acked position are exact. A temp file a crash
+left behind is removed the next time the target is opened. The sweep sees the
+files indexed at `open` and those this process wrote: a file a deposed leader
+would write after the new leader's first load is not among them.
 
 Spatial columns (`setl.values.Geometry`) are written as binary holding the OGC WKB of each value
 (readable by GeoPandas, DuckDB's ``ST_GeomFromWKB``, ...); the SRID is not kept.
@@ -75,7 +94,6 @@ import shutil
 import threading
 import urllib.parse
 import uuid
-from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -110,19 +128,25 @@ log = logging.getLogger(__name__)
 
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 BEFORE_PREFIX = "_setl_before_"
+#: ``_setl_op`` of a TRUNCATE TABLE (the snapshot's before a copy, or the source's): the table is empty after it
+TRUNCATE = "truncate"
 OWNER_FILE = ".setl-pipeline"
 WRITERS = ("arrow", "spark")
 #: Spark SQL settings of the writer's own session: timestamps as INT64 micros, as pyarrow writes them.
 SPARK_WRITER_CONF = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"}
-_FILE = re.compile(r"^part-(?P<log>.+)-(?P<offset>\d{20})(?:_(?P<row>\d{10}))?\.parquet$")
+_FILE = re.compile(r"^part-(?P<log>.+)-(?P<offset>\d{20})(?:_(?P<row>\d{10}))?"
+                   r"(?:-b(?P<batch>\d{20})-e(?P<epoch>\d{10}))?\.parquet$")
 #: What an interrupted write leaves: a hidden temp file, or the Spark writer's staging directory beside it.
 _LEFTOVER = re.compile(r"^\.part-.+\.parquet\.[0-9a-f]{32}\.(?:tmp|spark)$")
 
 
-def file_name(start: Position) -> str:
-    """The file name of a batch's output: its start position, sortable by offset (and row)."""
+def file_name(start: Position, batch: int, epoch: int) -> str:
+    """The file name of a batch's output: its start position (sortable by offset and row), then its
+    batch id and epoch, so no two batches (a copy's chunks at one position, the stream after them)
+    and no two attempts of one batch share a name."""
     row = f"_{start.row:010d}" if start.row else ""
-    return f"part-{urllib.parse.quote(start.log, safe='.-_')}-{start.offset:020d}{row}.parquet"
+    return (f"part-{urllib.parse.quote(start.log, safe='.-_')}-{start.offset:020d}{row}"
+            f"-b{batch:020d}-e{epoch:010d}.parquet")
 
 
 def table_directory(schema: str, table: str) -> str:
@@ -131,11 +155,17 @@ def table_directory(schema: str, table: str) -> str:
     return flat_name(schema, table)
 
 
-def _start_of(name: str) -> tuple[str, int, int] | None:
+#: A file's place: its batch's start (log, offset, row), then the batch id and epoch (0 and 0 for a
+#: file named before ids and epochs were part of the name: never removed by a replay).
+FileKey = tuple[str, int, int, int, int]
+
+
+def _key_of(name: str) -> FileKey | None:
     match = _FILE.match(name)
     if match is None:
         return None
-    return urllib.parse.unquote(match.group("log")), int(match.group("offset")), int(match.group("row") or 0)
+    return (urllib.parse.unquote(match.group("log")), int(match.group("offset")), int(match.group("row") or 0),
+            int(match.group("batch") or 0), int(match.group("epoch") or 0))
 
 
 def _partition_segment(column: str, value: Any) -> str:
@@ -153,6 +183,7 @@ class ParquetLoad(Load):
     session's settings stay as they are.
     """
 
+    # Not per_table: the replay sweep (`_sweep`) relies on batches loading in id order.
     capabilities = LoadCapabilities(creates_tables=True)
 
     def __init__(
@@ -183,9 +214,9 @@ class ParquetLoad(Load):
         self._opened = False
         self._found: bool | None = None  # the directory held this pipeline's output at the first open
         self._marked = False  # this process wrote the directory's owner marker
-        # start (log, offset, row) of every file under root, sorted, and the files per start
-        self._starts: list[tuple[str, int, int]] = []
-        self._files: dict[tuple[str, int, int], set[Path]] = {}
+        self._files: dict[Path, FileKey] = {}  # every file under root, with its place
+        self._swept: tuple[int, int] | None = None  # (epoch, batch id) of the last replay sweep (`_sweep`)
+        self._lock = threading.Lock()  # guards the file index `_files`
         self._schemas: dict[str, dict[str, pa.DataType]] = {}
         self._invalid_dates = InvalidDatePolicy(invalid_dates, pipeline=pipeline, target="Parquet")
 
@@ -213,7 +244,7 @@ class ParquetLoad(Load):
         except OSError as exc:
             raise LoadError(f"cannot create {self.root}: {exc.strerror}", pipeline=self.pipeline or None) from exc
         self._claim()
-        self._starts, self._files = [], {}
+        self._files, self._swept = {}, None
         for folder, dirs, names in os.walk(self.root):
             for name in [d for d in dirs if _LEFTOVER.match(d)]:
                 log.info("pipeline=%s stage=load removing %s, left by an interrupted write", self.pipeline,
@@ -226,9 +257,9 @@ class ParquetLoad(Load):
                              Path(folder) / name)
                     (Path(folder) / name).unlink(missing_ok=True)
                     continue
-                start = _start_of(name)
-                if start is not None:
-                    self._remember(start, Path(folder) / name)
+                key = _key_of(name)
+                if key is not None:
+                    self._files[Path(folder) / name] = key
         self._opened = True
 
     def _claim(self) -> None:
@@ -280,10 +311,14 @@ class ParquetLoad(Load):
         if not self._opened:
             self.open()
         batch = self._invalid_dates.apply(batch)
-        tables: dict[tuple[str, str], list[tuple[int, RowChange]]] = {}
+        tables: dict[tuple[str, str], list[tuple[int, RowChange | DdlChange]]] = {}
         for seq, change in enumerate(batch.changes):
             if isinstance(change, DdlChange) and change.copy_end:
                 continue  # a copy's end: every row of the copy is written already
+            if isinstance(change, DdlChange) and change.ddl.kind == "truncate_table" and change.table is not None:
+                # a snapshot's (the copy that follows replaces the table) or the source's: a truncate row
+                tables.setdefault((change.schema, change.table), []).append((seq, change))
+                continue
             if isinstance(change, DdlChange):
                 log.info("pipeline=%s stage=load batch=%d parquet target skips DDL on %s: %s",
                          self.pipeline, batch.id, change.qualified_table, change.statement)
@@ -295,11 +330,16 @@ class ParquetLoad(Load):
                     pipeline=self.pipeline or batch.pipeline, stage="load", table=change.qualified_table,
                     batch=batch.id, position=change.position or batch.end)
             tables.setdefault((change.schema, change.table), []).append((seq, change))
-        written: set[Path] = set()
+        try:
+            self._sweep(batch)
+        except OSError as exc:
+            raise LoadError(f"removing a file of an unacknowledged earlier attempt failed: {exc}",
+                            pipeline=self.pipeline or batch.pipeline, stage="load", batch=batch.id,
+                            position=batch.start) from exc
         for (schema, table), changes in tables.items():
             name = table_directory(schema, table)
             try:
-                written.update(self._write_table(batch, name, changes))
+                self._write_table(batch, name, changes)
             except SetlError as exc:  # a LoadError, or Spark failing to start for writer: spark
                 exc.with_context(pipeline=self.pipeline or batch.pipeline, stage="load", table=name,
                                  batch=batch.id, position=batch.start)
@@ -308,41 +348,38 @@ class ParquetLoad(Load):
                 raise LoadError(f"writing Parquet failed: {type(exc).__name__}: {exc}",
                                 pipeline=self.pipeline or batch.pipeline, stage="load", table=name,
                                 batch=batch.id, position=batch.start) from exc
-        self._remove_stale(batch, written)
 
     # --- writing ----------------------------------------------------------------------------
 
-    def _write_table(self, batch: Batch, name: str, changes: list[tuple[int, RowChange]]) -> list[Path]:
-        images = [change.after if change.op is not Op.DELETE else change.before for _, change in changes]
+    def _write_table(self, batch: Batch, name: str, changes: list[tuple[int, RowChange | DdlChange]]) -> list[Path]:
+        # a truncate row (a DDL is a batch of its own) has no image: NULL partition values, no columns
+        truncate = isinstance(changes[0][1], DdlChange)
+        row_changes = [(seq, c) for seq, c in changes if isinstance(c, RowChange)]
+        images = ([dict.fromkeys(self.partition_by) for _ in changes] if truncate else
+                  [change.after if change.op is not Op.DELETE else change.before for _, change in row_changes])
         missing = [c for c in self.partition_by if not c.startswith("_setl_")
                    and any(c not in image for image in images)]  # type: ignore[operator]
         if missing:
             raise LoadError(f"partition column {', '.join(missing)} is not in the table's rows")
-        meta = {
-            "_setl_op": pa.array([change.op.value for _, change in changes], pa.string()),
-            "_setl_batch": pa.array([batch.id] * len(changes), pa.int64()),
-            "_setl_position": pa.array([str(change.position) if change.position else None for _, change in changes],
-                                       pa.string()),
-            "_setl_log": pa.array([change.position.log if change.position else None for _, change in changes],
-                                  pa.string()),
-            "_setl_offset": pa.array([change.position.offset if change.position else None for _, change in changes],
-                                     pa.int64()),
-            "_setl_row": pa.array([change.position.row if change.position else None for _, change in changes],
-                                  pa.int64()),
-            "_setl_seq": pa.array([seq for seq, _ in changes], pa.int64()),
-        }
+        meta = _meta_columns(batch, changes, [TRUNCATE] * len(changes) if truncate else
+                             [change.op.value for _, change in row_changes])
         types = TableTypes(max_precision=self._max_precision, widen_decimals=True)
         table, codecs = types.table(images, extra=meta)  # type: ignore[arg-type]
         for column, codec in codecs.items():
             if codec == GEOMETRY:
                 at = table.column_names.index(column)
                 table = table.set_column(at, column, _wkb(table.column(at)))
-        for column, array in _before_key(changes, types):
-            table = table.append_column(column, array)
+        if not truncate:
+            for column, array in _before_key(row_changes, types):
+                table = table.append_column(column, array)
         table = self._conform(name, table)
+        if truncate:  # every column the table's files have, all NULL: a reader may take its schema from this file
+            known = self._schemas[name]
+            for column in [c for c in known if c not in table.column_names and c not in self.partition_by]:
+                table = table.append_column(column, pa.nulls(table.num_rows, known[column]))
         directory = self.root / name
         if not self.partition_by:
-            return [self._write_file(directory, table, batch.start)]
+            return [self._write_file(directory, table, batch)]
         groups: dict[tuple[Any, ...], list[int]] = {}
         columns = [table.column(c).to_pylist() for c in self.partition_by]
         for row in range(table.num_rows):
@@ -351,7 +388,7 @@ class ParquetLoad(Load):
         paths = []
         for values, rows in groups.items():
             folder = directory.joinpath(*(_partition_segment(c, v) for c, v in zip(self.partition_by, values)))
-            paths.append(self._write_file(folder, data.take(pa.array(rows, pa.int64())), batch.start))
+            paths.append(self._write_file(folder, data.take(pa.array(rows, pa.int64())), batch))
         return paths
 
     def _conform(self, name: str, table: pa.Table) -> pa.Table:
@@ -393,7 +430,9 @@ class ParquetLoad(Load):
     def _table_files(self, name: str) -> list[Path]:
         """The table's files, oldest start first."""
         directory = self.root / name
-        return [path for start in self._starts for path in sorted(self._files[start]) if directory in path.parents]
+        with self._lock:
+            found = [(key, path) for path, key in self._files.items() if directory in path.parents]
+        return [path for _, path in sorted(found)]
 
     def _schema_on_disk(self, name: str) -> dict[str, pa.DataType]:
         """Each column's type in the table's files (the newest file's, where they differ); ``null`` ones left out."""
@@ -446,9 +485,10 @@ class ParquetLoad(Load):
             if self.fsync:
                 _fsync(path.parent)
 
-    def _write_file(self, folder: Path, table: pa.Table, start: Position) -> Path:
+    def _write_file(self, folder: Path, table: pa.Table, batch: Batch) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
-        final = folder / file_name(start)
+        start = batch.start
+        final = folder / file_name(start, batch.id, batch.epoch)
         temp = folder / f".{final.name}.{uuid.uuid4().hex}.tmp"
         try:
             if self.writer == "spark":
@@ -461,7 +501,8 @@ class ParquetLoad(Load):
             raise
         if self.fsync:
             _fsync(folder)
-        self._remember((start.log, start.offset, start.row), final)
+        with self._lock:
+            self._files[final] = (start.log, start.offset, start.row, batch.id, batch.epoch)
         return final
 
     def _write_arrow(self, table: pa.Table, temp: Path) -> None:
@@ -505,32 +546,48 @@ class ParquetLoad(Load):
 
     # --- replays ----------------------------------------------------------------------------
 
-    def _remember(self, start: tuple[str, int, int], path: Path) -> None:
-        files = self._files.get(start)
-        if files is None:
-            files = self._files[start] = set()
-            insort(self._starts, start)
-        files.add(path)
+    def _sweep(self, batch: Batch) -> None:
+        """Delete every file of an earlier epoch whose batch id is `batch`'s or later, before its files are written.
 
-    def _remove_stale(self, batch: Batch, written: Iterable[Path]) -> None:
-        """Delete files an earlier cut of this batch's range left: started in [start, end), not rewritten."""
-        keep = set(written)
-        low = (batch.start.log, batch.start.offset, batch.start.row)
-        high = (batch.end.log, batch.end.offset, batch.end.row)
-        i = bisect_left(self._starts, low)
-        while i < len(self._starts) and self._starts[i] < high:
-            start = self._starts[i]
-            files = self._files[start]
-            for path in [p for p in files if p not in keep]:
-                log.info("pipeline=%s stage=load batch=%d removing %s, left by an earlier run of the same range",
-                         self.pipeline, batch.id, path)
-                path.unlink(missing_ok=True)
-                files.discard(path)
-            if not files:
-                del self._files[start]
-                del self._starts[i]
-            else:
-                i += 1
+        Epochs only grow (each start and each rollback takes a new one from the
+        meta store), and a new epoch reads again from the ack with the next
+        batch id after the acked one, loading batches in id order: such a file
+        was written by an attempt never acknowledged, whose changes this epoch
+        reads again. Files of an earlier batch id (acknowledged, or replaced by
+        an earlier sweep) and of this epoch are never touched. After an epoch's
+        first sweep nothing older is left to find, so later batches skip it.
+        """
+        swept = self._swept
+        if swept is not None and swept[0] == batch.epoch and swept[1] <= batch.id:
+            return
+        with self._lock:
+            stale = [(key, path) for path, key in self._files.items()
+                     if key[3] >= batch.id and 0 < key[4] < batch.epoch]
+        for key, path in sorted(stale):
+            log.info("pipeline=%s stage=load batch=%d epoch=%d removing %s, written by batch %d of epoch %d and "
+                     "never acknowledged", self.pipeline, batch.id, batch.epoch, path, key[3], key[4])
+            path.unlink(missing_ok=True)
+            with self._lock:
+                self._files.pop(path, None)
+        if stale and self.fsync:
+            for folder in {path.parent for _, path in stale}:
+                _fsync(folder)
+        self._swept = (batch.epoch, batch.id)
+
+
+def _meta_columns(batch: Batch, changes: list[tuple[int, RowChange | DdlChange]],
+                  ops: list[str]) -> dict[str, pa.Array]:
+    """The ``_setl_*`` columns of `changes` (a truncate without a position takes its batch's end)."""
+    positions = [change.position or (batch.end if isinstance(change, DdlChange) else None) for _, change in changes]
+    return {
+        "_setl_op": pa.array(ops, pa.string()),
+        "_setl_batch": pa.array([batch.id] * len(changes), pa.int64()),
+        "_setl_position": pa.array([str(p) if p else None for p in positions], pa.string()),
+        "_setl_log": pa.array([p.log if p else None for p in positions], pa.string()),
+        "_setl_offset": pa.array([p.offset if p else None for p in positions], pa.int64()),
+        "_setl_row": pa.array([p.row if p else None for p in positions], pa.int64()),
+        "_setl_seq": pa.array([seq for seq, _ in changes], pa.int64()),
+    }
 
 
 def _before_key(changes: list[tuple[int, RowChange]], types: TableTypes) -> list[tuple[str, pa.Array]]:

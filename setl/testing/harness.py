@@ -88,17 +88,22 @@ def parquet_state(root: str | os.PathLike[str], table: str) -> dict[tuple[Any, .
     """A table's rows, ``{key: row}``, from the Parquet target's change log under `root`.
 
     Applied as `setl.sinks.parquet` tells a reader to, with plain pyarrow: rows
-    in (``_setl_log``, ``_setl_offset``, ``_setl_row``, ``_setl_seq``) order; the key is the
-    columns that have a ``_setl_before_*`` column, in name order.
+    in (``_setl_log``, ``_setl_offset``, ``_setl_row``, ``_setl_batch``, ``_setl_seq``) order
+    (a ``truncate`` empties the table); the key is the columns that have a ``_setl_before_*``
+    column, in name order.
     """
     import pyarrow.parquet as pq
 
     from setl.sinks.parquet import BEFORE_PREFIX
 
     data = pq.read_table(os.path.join(root, table), partitioning="hive").to_pylist()
-    data.sort(key=lambda r: (r["_setl_log"], r["_setl_offset"], r.get("_setl_row") or 0, r["_setl_seq"]))
+    data.sort(key=lambda r: (r["_setl_log"], r["_setl_offset"], r.get("_setl_row") or 0, r["_setl_batch"],
+                             r["_setl_seq"]))
     state: dict[tuple[Any, ...], dict[str, Any]] = {}
     for row in data:
+        if row["_setl_op"] == "truncate":
+            state.clear()
+            continue
         image = {c: v for c, v in row.items() if not c.startswith("_setl_")}
         before = tuple(v for c, v in sorted(row.items()) if c.startswith(BEFORE_PREFIX))
         key = tuple(v for c, v in sorted(image.items()) if BEFORE_PREFIX + c in row)
@@ -115,15 +120,19 @@ def parquet_rows(root: str | os.PathLike[str], table: str) -> list[dict[str, Any
     """Every row of a table without a primary key, duplicates included, from the Parquet target's
     change log under `root`, in the order `parquet_state` applies it: an insert or read adds its
     image, a delete removes one equal row, an update removes one row equal to its before-image
-    (its ``_setl_before_*`` columns) and adds its image."""
+    (its ``_setl_before_*`` columns) and adds its image, a truncate removes every row."""
     import pyarrow.parquet as pq
 
     from setl.sinks.parquet import BEFORE_PREFIX
 
     data = pq.read_table(os.path.join(root, table), partitioning="hive").to_pylist()
-    data.sort(key=lambda r: (r["_setl_log"], r["_setl_offset"], r.get("_setl_row") or 0, r["_setl_seq"]))
+    data.sort(key=lambda r: (r["_setl_log"], r["_setl_offset"], r.get("_setl_row") or 0, r["_setl_batch"],
+                             r["_setl_seq"]))
     rows: list[dict[str, Any]] = []
     for row in data:
+        if row["_setl_op"] == "truncate":
+            rows.clear()
+            continue
         image = {c: v for c, v in row.items() if not c.startswith("_setl_")}
         op = row["_setl_op"]
         gone = image if op == "delete" else None

@@ -312,10 +312,12 @@ def _replay(root: Path, table: str) -> list[tuple[Any, ...]]:
     import pyarrow.parquet as pq
 
     rows = [r for f in sorted((root / table).rglob("part-*.parquet")) for r in pq.read_table(f).to_pylist()]
-    rows.sort(key=lambda r: (r["_setl_log"], r["_setl_offset"], r["_setl_row"], r["_setl_seq"]))
+    rows.sort(key=lambda r: (r["_setl_log"], r["_setl_offset"], r["_setl_row"], r["_setl_batch"], r["_setl_seq"]))
     state: dict[Any, tuple[Any, ...]] = {}
     for row in rows:
-        if row["_setl_op"] == "delete":
+        if row["_setl_op"] == "truncate":
+            state.clear()
+        elif row["_setl_op"] == "delete":
             state.pop(row["id"], None)
         else:
             state[row["id"]] = (row["id"], row["v"])

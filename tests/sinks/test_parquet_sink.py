@@ -1,4 +1,4 @@
-"""The Parquet target: per-table files named by start position, replays overwrite, hive partitions.
+"""The Parquet target: per-table files named by start position, batch and epoch, replays replace, hive partitions.
 
 The contract tests run with both writers (pyarrow and Spark, on the shared local session).
 """
@@ -93,8 +93,10 @@ def test_writes_changes_with_metadata_readable_by_pyarrow(sink, tmp_path):
     ], 0, 20, batch_id=3)
     sink.load(b)
     root = tmp_path / "out"
-    assert files(root) == [f"shop.customers/{file_name(b.start)}", f"shop.orders/{file_name(b.start)}"]
-    table = pq.read_table(root / "shop.orders" / file_name(b.start))
+    name = file_name(b.start, 3, 1)
+    assert name == "part-bin.000001-00000000000000000000-b00000000000000000003-e0000000001.parquet"
+    assert files(root) == [f"shop.customers/{name}", f"shop.orders/{name}"]
+    table = pq.read_table(root / "shop.orders" / name)
     assert table.to_pylist() == [
         {"id": 1, "total": decimal.Decimal("9.99"), "_setl_op": "insert", "_setl_batch": 3,
          "_setl_position": "bin.000001:10", "_setl_log": "bin.000001", "_setl_offset": 10, "_setl_row": 0,
@@ -130,12 +132,15 @@ def test_types_are_kept(arrow_sink, tmp_path):
 
 
 def test_replayed_batch_overwrites_its_own_output(sink, tmp_path):
-    """A batch replayed from the same start position (even with another id) replaces its files, no duplicates."""
+    """A batch replayed in a later epoch replaces its earlier attempt's file, and the same attempt loaded
+    twice overwrites its own file: no duplicates either way."""
     first = batch([change(Op.INSERT, "orders", {"id": 1, "v": "old"}, 10)], 0, 10, batch_id=1)
     sink.load(first)
-    replay = batch([change(Op.INSERT, "orders", {"id": 1, "v": "new"}, 10)], 0, 10, batch_id=5, epoch=2)
+    sink.load(first)
+    replay = batch([change(Op.INSERT, "orders", {"id": 1, "v": "new"}, 10)], 0, 10, batch_id=1, epoch=2)
     sink.load(replay)
-    assert [(r["id"], r["v"], r["_setl_batch"]) for r in rows(tmp_path / "out")] == [(1, "new", 5)]
+    assert [(r["id"], r["v"]) for r in rows(tmp_path / "out")] == [(1, "new")]
+    assert files(tmp_path / "out") == [f"shop.orders/{file_name(replay.start, 1, 2)}"]
 
 
 def test_replay_with_a_different_cut_leaves_no_stale_files(sink, tmp_path):
@@ -146,7 +151,7 @@ def test_replay_with_a_different_cut_leaves_no_stale_files(sink, tmp_path):
     # after a rollback the same range comes back as one bigger batch without `items`
     sink.load(batch([change(Op.INSERT, "orders", {"id": 1}, 10), change(Op.INSERT, "orders", {"id": 2}, 20)],
                     0, 20, batch_id=1, epoch=2))
-    assert files(root) == [f"shop.orders/{file_name(Position('bin.000001', 0))}"]
+    assert files(root) == [f"shop.orders/{file_name(Position('bin.000001', 0), 1, 2)}"]
     assert [r["id"] for r in rows(root)] == [1, 2]
 
 
@@ -159,7 +164,7 @@ def test_a_reopened_sink_still_cleans_up_replays(tmp_path, make):
     restarted = make(root, pipeline="p1")
     restarted.open()
     restarted.load(batch([change(Op.INSERT, "orders", {"id": 1}, 10), change(Op.INSERT, "orders", {"id": 2}, 20)],
-                         0, 20))
+                         0, 20, epoch=2))
     assert len(files(root)) == 1 and [r["id"] for r in rows(root)] == [1, 2]
 
 
@@ -175,7 +180,7 @@ def test_partition_columns_become_hive_directories(tmp_path, writer):
         change(Op.INSERT, "orders", {"id": 3, "country": None}, 10),
         change(Op.INSERT, "orders", {"id": 4, "country": "a/b c"}, 10),
     ], 0, 10))
-    name = file_name(Position("bin.000001", 0))
+    name = file_name(Position("bin.000001", 0), 1, 1)
     assert files(root) == sorted([
         f"shop.orders/country=DE/{name}", f"shop.orders/country=FR/{name}",
         f"shop.orders/country=__HIVE_DEFAULT_PARTITION__/{name}", f"shop.orders/country=a%2Fb%20c/{name}",
@@ -264,7 +269,7 @@ def test_tables_without_a_key_carry_the_whole_before_image(sink, tmp_path):
     sink.load(batch([change(Op.INSERT, "log", old, 10, key=())], 0, 10))
     sink.load(batch([RowChange(Op.UPDATE, "shop", "log", (), old, new, Position("bin.000001", 20))], 10, 20,
                     batch_id=2))
-    last = pq.read_table(tmp_path / "out" / "shop.log" / file_name(Position("bin.000001", 10))).to_pylist()
+    last = pq.read_table(tmp_path / "out" / "shop.log" / file_name(Position("bin.000001", 10), 2, 1)).to_pylist()
     assert last == [{"msg": "a", "n": 2, "_setl_op": "update", "_setl_batch": 2, "_setl_position": "bin.000001:20",
                      "_setl_log": "bin.000001", "_setl_offset": 20, "_setl_row": 0, "_setl_seq": 0,
                      "_setl_before_msg": "a", "_setl_before_n": 1}]
@@ -294,7 +299,7 @@ def test_a_batch_interrupted_between_files_is_exact_after_its_replay(arrow_sink,
         arrow_sink.load(batch(replay, 0, 10, epoch=2))
     monkeypatch.setattr(module.pq, "write_table", real)
     arrow_sink.load(batch(replay, 0, 10, epoch=3))
-    assert files(root) == [f"shop.{t}/{file_name(Position('bin.000001', 0))}" for t in ("items", "orders")]
+    assert files(root) == [f"shop.{t}/{file_name(Position('bin.000001', 0), 1, 3)}" for t in ("items", "orders")]
     assert [(r["id"], r["_setl_op"]) for r in rows(root)] == [(1, "insert"), (1, "update")]
     assert [r["id"] for r in rows(root, "shop.items")] == [5]
 
@@ -411,9 +416,9 @@ def test_open_removes_what_an_interrupted_write_left(tmp_path):
                   0, 10)
     sink.load(first)
     folder = root / "shop.orders"
-    kept = folder / file_name(first.start)
-    temp = folder / f".{file_name(Position('bin.000001', 10))}.{'a' * 32}.tmp"
-    staging = folder / f".{file_name(Position('bin.000001', 10))}.{'b' * 32}.spark"
+    kept = folder / file_name(first.start, 1, 1)
+    temp = folder / f".{file_name(Position('bin.000001', 10), 2, 1)}.{'a' * 32}.tmp"
+    staging = folder / f".{file_name(Position('bin.000001', 10), 2, 1)}.{'b' * 32}.spark"
     temp.write_bytes(b"half a file")
     staging.mkdir()
     (staging / "part-00000.snappy.parquet").write_bytes(b"half a file")
@@ -435,8 +440,8 @@ def test_batches_starting_inside_a_split_transaction_keep_their_own_files(tmp_pa
     sink.load(Batch("p", 1, 1, start, Position("bin.000001", 10, row=2), (change(1), change(2))))
     sink.load(Batch("p", 2, 1, Position("bin.000001", 10, row=2), Position("bin.000001", 90), (change(3),)))
     names = sorted(p.name for p in (tmp_path / "out" / "s.t").glob("*.parquet"))
-    assert names == ["part-bin.000001-00000000000000000010.parquet",
-                     "part-bin.000001-00000000000000000010_0000000002.parquet"]
+    assert names == ["part-bin.000001-00000000000000000010-b00000000000000000001-e0000000001.parquet",
+                     "part-bin.000001-00000000000000000010_0000000002-b00000000000000000002-e0000000001.parquet"]
     rows = read_table(tmp_path / "out", "s.t").to_pylist()
     assert sorted((r["id"], r["_setl_row"], r["_setl_position"]) for r in rows) == [
         (1, 1, "bin.000001:10+1"), (2, 2, "bin.000001:10+2"), (3, 3, "bin.000001:10+3")]
@@ -536,3 +541,18 @@ class TestParquetLoadContract(LoadContract):
     @pytest.fixture
     def probe(self, tmp_path):
         return ParquetProbe(tmp_path / "lake")
+
+
+def test_a_truncate_row_is_written_by_either_writer(tmp_path, make):
+    """A snapshot's TRUNCATE is a ``truncate`` row with NULL image columns, by either writer, and a
+    reader applying the log empties the table there."""
+    root = tmp_path / "out"
+    load = make(root, pipeline="p1")
+    load.load(batch([change(Op.INSERT, "orders", {"id": 1, "v": "a"}, 10)], 0, 10))
+    ddl = DdlChange("shop", "orders", "TRUNCATE TABLE `shop`.`orders`", position=Position("bin.000001", 10),
+                    snapshot=True)
+    load.load(batch([ddl], 10, 10, batch_id=2))
+    load.load(batch([change(Op.READ, "orders", {"id": 2, "v": "b"}, 10)], 10, 10, batch_id=3))
+    assert [(r["_setl_op"], r["id"], r["v"]) for r in rows(root)] == [
+        ("insert", 1, "a"), ("truncate", None, None), ("read", 2, "b")]
+    assert parquet_state(root, "shop.orders") == {(2,): {"id": 2, "v": "b"}}
