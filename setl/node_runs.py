@@ -26,6 +26,7 @@ from setl.pipeline.reload import Reload
 from setl.retry import Backoff, Failure, record_retrying
 from setl.runtime import SerialExecutorService, TaskExecutionService
 from setl.scheduler import BatchCap, Fanout, Forwarding, Listener, Outcome, Scheduler
+from setl.scheduler.opening import EarlyOpen
 from setl.snapshot.select import find_snapshot
 from setl.tablecopy import TableProgress
 
@@ -253,16 +254,26 @@ class PipelineRuns:
             return None
         if run.reload is not None:
             self.swap_in(run)
-        if not run.opened:
-            run.stages.load.open()
-            run.opened = True
-        if self.held_by_pause(run, until_caught_up):
-            return None
-        # a target position another source server wrote is refused; one only the target knows is
-        # taken when its stored identity matches (a wiped meta store), refused otherwise
-        identity.check(run.config, run.stages, self.meta)
-        pin_latest_start(run.config, run.stages, self.meta)
         stages = run.stages if lease is None else fenced(run.stages, lease)  # the chain's outermost layer
+        # A new leader opens its source at the ack while it opens, fences and checks the target.
+        ack = self.meta.position(name) if lease is not None else None
+        opening = EarlyOpen(name, stages.select, ack.position) if ack is not None else None
+        try:
+            if not run.opened:
+                run.stages.load.open()
+                run.opened = True
+            if self.held_by_pause(run, until_caught_up):
+                if opening is not None:
+                    opening.abandon()
+                return None
+            # a target position another source server wrote is refused; one only the target knows is
+            # taken when its stored identity matches (a wiped meta store), refused otherwise
+            identity.check(run.config, run.stages, self.meta)
+            pin_latest_start(run.config, run.stages, self.meta)
+        except BaseException:
+            if opening is not None:
+                opening.abandon()
+            raise
         progress: Listener = self.progress[name]
         observer = self._observer()
         if observer is not None:
@@ -272,10 +283,12 @@ class PipelineRuns:
                               self.meta,
                               node_id=self.node_id,
                               listener=listener,
-                              tasks=self.tasks, serial=self.serial, batch_cap=self.batch_cap)
+                              tasks=self.tasks, serial=self.serial, batch_cap=self.batch_cap, opening=opening)
         with self._lock:
             self._running[name] = scheduler
         if self._stop.is_set():  # stop() may have missed it
+            if opening is not None:
+                opening.abandon()
             self.close(run)
             return None
         run.scheduler = scheduler

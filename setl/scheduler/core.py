@@ -28,7 +28,7 @@ from setl.errors import (
     TransformError,
 )
 from setl.meta.base import MetaStore, Status
-from setl.model import Batch, Position
+from setl.model import Ack, Batch, Position
 from setl.retry import Backoff
 from setl.runtime import (
     BatchCap,
@@ -43,6 +43,7 @@ from setl.scheduler.ending import RunEnd
 from setl.scheduler.events import Listener, Outcome, log_event
 from setl.scheduler.ledger import Ledger, Permits, Slot
 from setl.scheduler.loading import LoadDispatcher
+from setl.scheduler.opening import EarlyOpen
 from setl.scheduler.selecting import Selector
 from setl.scheduler.termin import Termin
 from setl.scheduler.working import Worker
@@ -128,8 +129,11 @@ class Scheduler:
         tasks: TaskExecutionService | None = None,
         serial: SerialExecutorService | None = None,
         batch_cap: BatchCap | None = None,
+        opening: EarlyOpen | None = None,
     ) -> None:
+        """`opening`: `select` being opened already at the ack (`EarlyOpen`); `start` takes it over."""
         self.name = name
+        self.opening = opening
         self.settings = settings
         self.select = select
         self.extract = extract
@@ -218,18 +222,27 @@ class Scheduler:
 
         Raises what opening the source raises. Call `wait` for the outcome.
         """
-        acked, start, next_id = self._starting_point()
-        # Above any epoch the target already accepted: a rebuilt meta store starts again at 1.
-        epoch = self.meta.next_epoch(self.name, at_least=(self.load.committed_epoch() or 0) + 1)
-        # The target holds more than the ack (its batch's ack never came): ack it now, so that the
-        # position, lag and status are right before the source writes again.
-        if start is not None and start != acked and self.termin.ack_target_position(next_id, epoch, acked, start):
-            next_id += 1
-        self.ledger.begin(epoch, start, next_id)
-        self.meta.set_state(self.name, Status.RUNNING, node=self.node_id)
-        self._event("select", None, f"starting at {start or 'the configured start'}, epoch {epoch}")
+        early, self.opening = self.opening, None
         try:
-            self.select.open(start)
+            acked, start, next_id = self._starting_point(self.meta.position(self.name))
+            # Above any epoch the target already accepted: a rebuilt meta store starts again at 1.
+            epoch = self.meta.next_epoch(self.name, at_least=(self.load.committed_epoch() or 0) + 1)
+            # The target holds more than the ack (its batch's ack never came): ack it now, so that the
+            # position, lag and status are right before the source writes again.
+            if start is not None and start != acked and self.termin.ack_target_position(next_id, epoch, acked, start):
+                next_id += 1
+            self.ledger.begin(epoch, start, next_id)
+            self.meta.set_state(self.name, Status.RUNNING, node=self.node_id)
+            self._event("select", None, f"starting at {start or 'the configured start'}, epoch {epoch}")
+        except BaseException:
+            if early is not None:
+                early.abandon()
+            raise
+        try:
+            if early is None:
+                self.select.open(start)
+            else:
+                early.open_at(start)
         except BaseException as exc:
             self._close_private()
             error = self._wrap(exc, "select", None)
@@ -284,10 +297,9 @@ class Scheduler:
 
     # --- setup and guards --------------------------------------------------------------------
 
-    def _starting_point(self) -> tuple[Position | None, Position | None, int]:
-        """The ack, where to start (the ack, or the target's own position when it holds more and no
-        operator reset the position since) and the next batch id."""
-        ack = self.meta.position(self.name)
+    def _starting_point(self, ack: Ack | None) -> tuple[Position | None, Position | None, int]:
+        """The ack's position, where to start (the ack, or the target's own position when it holds
+        more and no operator reset the position since) and the next batch id."""
         acked = start = ack.position if ack else None
         next_id = (ack.batch_id if ack else 0) + 1
         committed = self.load.committed()

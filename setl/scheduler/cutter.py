@@ -48,6 +48,10 @@ class BatchCutter:
     batch cap queued this pipeline, and `read` returns BLOCKED keeping the transaction for
     the next call. A source error after some transactions were read hands those on first
     and is kept in `deferred_error` for the next call.
+
+    The first batch after a start or a rewind (`reset`) does not wait for more: it is cut as soon
+    as the source has nothing more ready, so a new leader (or a retry) acks its first batch
+    without lingering `max_wait_ms` over a backlog it has already read.
     """
 
     def __init__(self, name: str, select: Select, limits: BatchSettings, clock: Callable[[], float],
@@ -63,6 +67,7 @@ class BatchCutter:
         self.deferred_error: BaseException | None = None
         self._cut: _Cut | None = None
         self._pending: list[Transaction] = []
+        self._eager = True  # the first batch since `reset`: cut once the source has nothing ready
 
     def reset(self, position: Position | None, next_id: int) -> None:
         """Cut again from `position` with id `next_id` (a start or a rewind): nothing read is kept."""
@@ -70,6 +75,7 @@ class BatchCutter:
         self._pending.clear()
         self._cut = None
         self.deferred_error = None
+        self._eager = True
 
     @property
     def cutting(self) -> bool:
@@ -91,6 +97,7 @@ class BatchCutter:
     def handed_on(self, batch: Batch) -> None:
         """`batch` (the last `read` returned) is in flight: the next one follows it."""
         self._cut = None
+        self._eager = False
         self.next_id = batch.id + 1
         self.end = batch.end
 
@@ -124,6 +131,8 @@ class BatchCutter:
                     self.deferred_error = exc
                     break
                 if polled is None:
+                    if self._eager and cut.taken:
+                        break
                     return Progress.PROGRESS if progressed else Progress.NO_PROGRESS
                 tx = polled
             if not cut.taken and not self.node_permit():

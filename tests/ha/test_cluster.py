@@ -298,7 +298,7 @@ def taken_and_acked(fleet: Fleet, epochs: dict[str, int], since: float, timeout:
 def test_a_killed_node_s_pipelines_are_all_handed_over_in_one_step(make_fleet):
     """kill -9 of one of 3 nodes: each of its pipelines waits the standby delay once (none waits
     again after another is taken), is taken by its standby within session timeout + standby delay
-    + 1.5 s and acks again within + 3 s; targets equal, keyless rows once, epochs monotonic."""
+    + 1.5 s and acks again within + 2 s; targets equal, keyless rows once, epochs monotonic."""
     nodes = ("k1", "k2", "k3")
     fleet = make_fleet(names=nodes, pipelines=6)
     for node in nodes:
@@ -324,7 +324,8 @@ def test_a_killed_node_s_pipelines_are_all_handed_over_in_one_step(make_fleet):
           f"{failover:.1f}s); standby delays waited {waits}")
     assert waits == dict.fromkeys(victims, 1), (waits, after)
     assert max(taken.values()) < failover + 1.5, (taken, after[-6000:])  # the ZooKeeper tick is 0.5 s
-    assert max(acked.values()) < failover + 3, (acked, after[-6000:])
+    # the new owner opens its source while it fences the target, and cuts its first batch at once
+    assert max(acked.values()) < failover + 2, (acked, after[-6000:])
     finish(fleet)
 
 def test_a_node_setl_status_calls_dead_is_never_shown_as_owner_and_stays_lost(make_fleet):

@@ -1,0 +1,85 @@
+"""Batch cutting (`setl.scheduler.cutter.BatchCutter`), driven without threads on a scripted source
+and a hand-moved clock: the first batch after a start or a rewind is cut as soon as the source has
+nothing ready; every later one waits up to `max_wait_ms` for more."""
+
+from __future__ import annotations
+
+from setl.config import BatchSettings
+from setl.model import Batch, Position
+from setl.runtime import Progress
+from setl.scheduler.cutter import BatchCutter
+from setl.testing.harness import ScriptedSource, insert
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def rig(transactions: int, max_wait_ms: int = 1000) -> tuple[ScriptedSource, BatchCutter, Clock]:
+    source = ScriptedSource([[insert("t", {"id": i})] for i in range(transactions)])
+    source.open(None)
+    clock = Clock()
+    cutter = BatchCutter("p", source, BatchSettings(max_rows=100, max_wait_ms=max_wait_ms), clock, lambda: True)
+    cutter.reset(None, 1)
+    return source, cutter, clock
+
+
+def cut(cutter: BatchCutter, epoch: int = 1) -> Batch | Progress:
+    if not cutter.cutting:
+        cutter.begin(epoch)
+    return cutter.read()
+
+
+def test_the_first_batch_after_a_start_is_cut_once_the_source_has_nothing_ready():
+    """The first batch takes every transaction the source has ready and is cut at once, though
+    its `max_wait_ms` (1 s on a clock that does not move) has not passed."""
+    _, cutter, _ = rig(3)
+    batch = cut(cutter)
+    assert isinstance(batch, Batch)
+    assert (batch.id, len(batch), batch.end) == (1, 3, Position("scripted", 3))
+
+
+def test_a_later_batch_still_waits_max_wait_for_more():
+    """After the first batch is handed on, a batch with the source drained waits: no batch until
+    `max_wait_ms` has passed, then one holding what arrived meanwhile."""
+    source, cutter, clock = rig(1)
+    first = cut(cutter)
+    assert isinstance(first, Batch)
+    cutter.handed_on(first)
+    source.append([insert("t", {"id": 10})])
+    assert cut(cutter) is Progress.PROGRESS  # read one transaction, waits for more
+    source.append([insert("t", {"id": 11})])
+    assert cut(cutter) is Progress.PROGRESS
+    assert cut(cutter) is Progress.NO_PROGRESS
+    clock.now += 1.0
+    second = cut(cutter)
+    assert isinstance(second, Batch)
+    assert (second.id, len(second), second.start, second.end) == (2, 2, first.end, Position("scripted", 3))
+
+
+def test_a_rewind_makes_the_next_batch_a_first_one_again():
+    """`reset` (a rollback's rewind) cuts its first batch without lingering too."""
+    source, cutter, _ = rig(2)
+    first = cut(cutter)
+    assert isinstance(first, Batch)
+    cutter.handed_on(first)
+    source.seek(Position("scripted", 1))
+    cutter.reset(Position("scripted", 1), 2)
+    again = cut(cutter, epoch=2)
+    assert isinstance(again, Batch)
+    assert (again.id, again.epoch, len(again), again.end) == (2, 2, 1, Position("scripted", 2))
+
+
+def test_a_first_batch_with_nothing_to_read_waits_for_its_first_transaction():
+    """With nothing ready, the first batch is not cut empty: it waits for a transaction, then is cut
+    as soon as the source has nothing more."""
+    source, cutter, _ = rig(0)
+    assert cut(cutter) is Progress.NO_PROGRESS
+    source.append([insert("t", {"id": 1})])
+    batch = cut(cutter)
+    assert isinstance(batch, Batch)
+    assert (batch.id, len(batch)) == (1, 1)
