@@ -17,7 +17,7 @@ At start (`check`):
 A position stored without an identity (written before identities were) is treated as before.
 
 The identity also names the target server it was written on (`target_server`: MySQL's
-``server_uuid``; MariaDB's ``hostname``, ``port`` and ``server_id``; PostgreSQL's system identifier):
+``server_uuid``; MariaDB's ``hostname``, ``datadir`` and ``server_id``; PostgreSQL's system identifier):
 a position table found on another server (copied by a dump or a restore, or ``target`` now naming
 another server that holds one) is refused like another source's, unless an operator reset the
 position. A target of files (Parquet) keeps no position: one that holds nothing of the pipeline

@@ -237,14 +237,16 @@ class MysqlPositionStore(PositionStore[Connection]):
         return str(row[0]) if row else None
 
     def read_server(self, conn: Connection) -> dict[str, Any]:
-        """MySQL's ``server_uuid``; MariaDB has none: its ``hostname``, ``port`` and ``server_id``."""
+        """MySQL's ``server_uuid``; MariaDB has none: its ``hostname``, ``datadir`` and ``server_id``
+        (where its data lives, not the port it listens on: a server moved to another port is the same)."""
         with conn.cursor() as cur:
-            cur.execute("SHOW GLOBAL VARIABLES WHERE Variable_name IN ('server_uuid', 'hostname', 'port', 'server_id')")
+            cur.execute("SHOW GLOBAL VARIABLES WHERE Variable_name IN ('server_uuid', 'hostname', 'datadir', "
+                        "'server_id')")
             found = {str(name): str(value) for name, value in cur.fetchall()}
         conn.commit()
         if found.get("server_uuid"):
             return {"server_uuid": found["server_uuid"]}
-        return {"hostname": found.get("hostname"), "port": int(found.get("port") or 0),
+        return {"hostname": found.get("hostname"), "datadir": found.get("datadir"),
                 "server_id": int(found.get("server_id") or 0)}
 
     def write_identity(self, conn: Connection, text: str) -> None:
