@@ -107,6 +107,16 @@ class RefusedLoadError(LoadError):
     retryable = False
 
 
+class TableRefused(LoadError):
+    """One table's change that its target cannot take and retrying cannot change: a value or a DDL
+    the target refuses, a missing privilege, a schema change the table's `schema_changes` policy
+    refuses. The context names the table and the position. Under the pipeline's
+    `on_table_error: pause` (the default) the pipeline pauses; under `quarantine` only that table
+    stops and the others go on (docs/quarantine.md)."""
+
+    retryable = False
+
+
 class LeadershipLost(SetlError):
     """This node no longer holds the mainstem; it must stop writing."""
 
