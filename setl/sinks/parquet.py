@@ -87,6 +87,7 @@ needs the target path at the same place on the driver and the executors
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -475,35 +476,30 @@ class ParquetLoad(Load):
                     data = data.append_column(column, pa.nulls(data.num_rows, wanted[column]))
             log.info("pipeline=%s stage=load table=%s adding typed column %s to %s", self.pipeline, name,
                      ", ".join(missing), path)
-            temp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
-            try:
-                self._write_arrow(data, temp)
-                os.replace(temp, path)
-            except BaseException:
-                temp.unlink(missing_ok=True)
-                raise
-            if self.fsync:
-                _fsync(path.parent)
+            self._replace_whole(path, functools.partial(self._write_arrow, data))
 
     def _write_file(self, folder: Path, table: pa.Table, batch: Batch) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         start = batch.start
         final = folder / file_name(start, batch.id, batch.epoch)
-        temp = folder / f".{final.name}.{uuid.uuid4().hex}.tmp"
+        write = self._write_spark if self.writer == "spark" else self._write_arrow
+        self._replace_whole(final, functools.partial(write, table))
+        with self._lock:
+            self._files[final] = (start.log, start.offset, start.row, batch.id, batch.epoch)
+        return final
+
+    def _replace_whole(self, path: Path, write: Callable[[Path], None]) -> None:
+        """Put a file at `path` whole or not at all: `write` fills a hidden temp file beside it, which then
+        replaces `path` (a reader or a crash sees the old file or the new one, never part of one)."""
+        temp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
         try:
-            if self.writer == "spark":
-                self._write_spark(table, temp)
-            else:
-                self._write_arrow(table, temp)
-            os.replace(temp, final)
+            write(temp)
+            os.replace(temp, path)
         except BaseException:
             temp.unlink(missing_ok=True)
             raise
         if self.fsync:
-            _fsync(folder)
-        with self._lock:
-            self._files[final] = (start.log, start.offset, start.row, batch.id, batch.epoch)
-        return final
+            _fsync(path.parent)
 
     def _write_arrow(self, table: pa.Table, temp: Path) -> None:
         with open(temp, "wb") as fh:
