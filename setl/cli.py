@@ -726,11 +726,7 @@ def cmd_verify(args: argparse.Namespace, conf: Path) -> int:
                                  wait_timeout=args.wait_timeout, progress=progress if sys.stderr.isatty() else None,
                                  max_lag=args.max_lag, lag_timeout=args.lag_timeout, paused=paused,
                                  engine=args.engine)
-    if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
-    else:
-        for line in report.lines():
-            print(line)
+    print(report.text(args.json))
     return 0 if report.equal else 1
 
 

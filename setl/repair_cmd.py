@@ -5,7 +5,6 @@ running node serves the requests, or the next `setl start`), then verify the rep
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -105,9 +104,5 @@ def cmd_repair(args: argparse.Namespace, conf: Path, pipeline_meta: Any, refuse_
         wait_served(meta, config.name, plan, before, args.timeout, alive=alive)
         print(f"{config.name}: repair served and acked; verifying {', '.join(map(str, plan.tables))}", flush=True)
         final = verify_pipeline(settings, config, meta, plan.tables, wait_timeout=args.wait_timeout)
-    if args.json:
-        print(json.dumps(final.to_dict(), indent=2))
-    else:
-        for line in final.lines():
-            print(line)
+    print(final.text(args.json))
     return 0 if final.equal else 1

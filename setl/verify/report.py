@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import attrs
@@ -73,6 +74,10 @@ class Report:
         return {"pipeline": self.pipeline, "equal": self.equal, "seconds": round(self.seconds, 3),
                 "rows": sum(t.rows for t in self.tables), "tables": [t.to_dict() for t in self.tables],
                 "skipped": [{"source": name, "why": why} for name, why in self.skipped.items()]}
+
+    def text(self, as_json: bool = False) -> str:
+        """The report as `setl verify` prints it: indented JSON, or its lines."""
+        return json.dumps(self.to_dict(), indent=2) if as_json else "\n".join(self.lines())
 
     def lines(self) -> list[str]:
         out = [line for table in self.tables for line in table.lines()]
