@@ -400,14 +400,10 @@ def cmd_snapshot(args: argparse.Namespace, conf: Path) -> int:
                          "the snapshots capability); setl snapshot needs a source that does, such as mysql",
                          pipeline=config.name, stage="select")
     plan = RoutingPlan.compile(config.tables, pipeline=config.name, file=config.file or None)
-    tables = []
-    for text in args.table:
-        schema, dot, name = text.partition(".")
-        if not dot or not schema or not name:
-            raise UsageError(f"--table {text!r} is not SCHEMA.TABLE")
-        if not plan.selects(schema, name):
-            raise UsageError(f"pipeline {args.pipeline}: no table rule selects {text}; add one first")
-        tables.append(TableName(schema, name))
+    tables = _table_options(args.table)
+    for table in tables:
+        if not plan.selects(table.schema, table.table):
+            raise UsageError(f"pipeline {args.pipeline}: no table rule selects {table}; add one first")
     with _pipeline_meta(conf, args.pipeline) as meta:
         running = meta.state(args.pipeline).status is Status.RUNNING
         if running:
@@ -681,6 +677,14 @@ def cmd_check(args: argparse.Namespace, conf: Path) -> int:
     return code
 
 
+def _table_options(texts: list[str]) -> list[TableName]:
+    """The tables of `--table SCHEMA.TABLE` options."""
+    try:
+        return [TableName.parse(text) for text in texts]
+    except ValueError as exc:
+        raise UsageError(f"--table {exc}") from None
+
+
 def cmd_verify(args: argparse.Namespace, conf: Path) -> int:
     """Compare the pipeline's source and target tables (`setl.verify`): the report on stdout (text or
     `--json`); exit 0 when equal, 1 when a difference persists, 2 when no verdict could be reached."""
@@ -692,12 +696,8 @@ def cmd_verify(args: argparse.Namespace, conf: Path) -> int:
                          "least 0, --wait-timeout and --lag-timeout above 0")
     settings = load_node(conf)
     config = load_pipeline(conf, args.pipeline, registry())
-    tables = []
-    for text in args.table:
-        schema, dot, name = text.partition(".")
-        if not dot or not schema or not name:
-            raise UsageError(f"--table {text!r} is not SCHEMA.TABLE")
-        tables.append(TableName(schema, name))
+    tables = _table_options(args.table)
+
     def progress(table: str, rows: int, estimate: int, done: bool) -> None:
         share = f" ({min(99, 100 * rows // estimate)}%)" if estimate and not done else ""
         print(f"\r\x1b[2K{table}: {rows:,} rows{share}" + ("\n" if done else ""), end="", file=sys.stderr,

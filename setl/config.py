@@ -18,6 +18,7 @@ import attrs
 import yaml
 
 from setl.errors import ConfigError, PluginError
+from setl.model import TableName
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -360,9 +361,10 @@ def _duration(instance: Any, attribute: Any, value: str) -> None:
 
 def _table_names(instance: Any, attribute: Any, value: tuple[str, ...]) -> None:
     for text in value:
-        schema, dot, table = text.partition(".")
-        if not (dot and schema and table):
-            raise ValueError(f"tables: {text!r} is not SCHEMA.TABLE")
+        try:
+            TableName.parse(text)
+        except ValueError as exc:
+            raise ValueError(f"tables: {exc}") from None
 
 
 @attrs.frozen

@@ -107,6 +107,15 @@ class TableName:
     def __str__(self) -> str:
         return f"{self.schema}.{self.table}"
 
+    @classmethod
+    def parse(cls, text: str) -> TableName:
+        """The table an operator names as ``SCHEMA.TABLE`` (on a command line, in a config list),
+        split at its first dot; a `ValueError` when either side is empty."""
+        schema, dot, table = text.partition(".")
+        if not (dot and schema and table):
+            raise ValueError(f"{text!r} is not SCHEMA.TABLE")
+        return cls(schema, table)
+
 
 class PartialImage(dict[str, Any]):
     """A row image that holds only some of its table's columns: those the source logged.

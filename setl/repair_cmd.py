@@ -54,12 +54,10 @@ def cmd_repair(args: argparse.Namespace, conf: Path, pipeline_meta: Any, refuse_
         raise UsageError(f"target type {config.target.type} cannot be verified, so not repaired either (MariaDB/MySQL "
                          "and PostgreSQL targets can); `setl snapshot --table` copies a table again",
                          pipeline=config.name, stage="repair")
-    only = []
-    for text in args.table:
-        schema, dot, name = text.partition(".")
-        if not dot or not schema or not name:
-            raise UsageError(f"--table {text!r} is not SCHEMA.TABLE")
-        only.append(TableName(schema, name))
+    try:
+        only = [TableName.parse(text) for text in args.table]
+    except ValueError as exc:
+        raise UsageError(f"--table {exc}") from None
     routes = build_plan(settings, config)
 
     def whole_reason(table: TableName) -> str | None:

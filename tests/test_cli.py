@@ -396,6 +396,16 @@ def test_snapshot_of_a_source_without_the_capability_is_one_line_exit_2(tmp_path
     assert not setup.meta_path.exists() or SqliteMetaStore(setup.meta_path).snapshot_requests("p") == []
 
 
+@pytest.mark.parametrize("word", ["items", "demo.", ".items"])
+def test_verify_of_a_table_not_schema_dot_table_is_one_line_exit_2(tmp_path, word):
+    """`setl verify --table` with a word lacking a schema or a table exits 2 with one line naming the word."""
+    setup = Setup(tmp_path, make_stream(5))
+    result = setup.run("verify", "--pipeline", "p", "--table", "demo.items", "--table", word)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert f"--table {word!r} is not SCHEMA.TABLE" in line
+
+
 def test_version_names_the_installed_release():
     result = subprocess.run([sys.executable, "-m", "setl.cli", "--version"], capture_output=True, text=True,
                             timeout=60)

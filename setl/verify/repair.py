@@ -64,10 +64,10 @@ def load_report(path: Path, pipeline: str) -> dict[str, Any]:
 
 
 def _table(text: str) -> TableName:
-    schema, dot, table = text.partition(".")
-    if not dot:
-        raise UsageError(f"report table {text!r} is not SCHEMA.TABLE")
-    return TableName(schema, table)
+    try:
+        return TableName.parse(text)
+    except ValueError as exc:
+        raise UsageError(f"report table {exc}") from None
 
 
 def plan_repairs(report: Mapping[str, Any], whole_reason: Callable[[TableName], str | None],

@@ -106,7 +106,7 @@ class ScheduledChecks:
         """Check `config`'s pipeline now, store and hand on the result."""
         assert config.verify is not None
         schedule = config.verify
-        tables = [TableName(*text.split(".", 1)) for text in schedule.tables]
+        tables = [TableName.parse(text) for text in schedule.tables]
         started, began = self.clock(), time.monotonic()
 
         def stopping(table: str, rows: int, estimate: int, done: bool) -> None:

@@ -3,6 +3,7 @@ rule of the pipeline replicates is a configuration error naming the pipeline, th
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import pytest
@@ -59,6 +60,13 @@ def test_a_verify_table_no_rule_replicates_is_a_config_error(tmp_path, table, wh
     result = setl_cli(conf, "start", "--pipeline", "p")
     assert result.returncode == 2 and expected in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("table", ["orders", "shop.", ".orders"])
+def test_a_verify_table_not_schema_dot_table_is_a_config_error(tmp_path, table):
+    """A verify.tables word lacking a schema or a table is a config error naming the key and the word."""
+    with pytest.raises(ConfigError, match=re.escape(f"p.yaml: verify: tables: {table!r} is not SCHEMA.TABLE")):
+        load_pipeline(_conf(tmp_path, f"[shop.orders, {table}]"), "p", registry())
 
 
 def test_selecting_rule_agrees_with_the_routing_plan(tmp_path):
