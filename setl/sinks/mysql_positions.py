@@ -14,7 +14,7 @@ from pymysql.connections import Connection
 from setl.errors import LoadError
 from setl.model import Batch, Position
 from setl.sinks.mysql_sql import quote, table_name
-from setl.sinks.sql_positions import FenceBusy, PositionStore
+from setl.sinks.sql_positions import FenceBusy, PositionStore, end_values, stored_position
 
 _DUPLICATE_COLUMN = 1060  # ER_DUP_FIELDNAME
 #: The columns of a recorded position (the pipeline's, and each target table's).
@@ -281,17 +281,15 @@ class MysqlPositionStore(PositionStore[Connection]):
                 " `updated_at` = CURRENT_TIMESTAMP(6)")
 
     def write_position(self, conn: Connection, batch: Batch) -> None:
-        end = batch.end
         with conn.cursor() as cur:
-            cur.execute(self._write_position_sql,
-                        (self.pipeline, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch))
+            cur.execute(self._write_position_sql, (self.pipeline, *end_values(batch)))
 
     def pipeline_position(self, conn: Connection) -> Position | None:
         with conn.cursor() as cur:
             cur.execute(f"SELECT `log`, `offset`, `row` FROM {self.position} WHERE `pipeline` = %s",
                         (self.pipeline,))
             r = cur.fetchone()
-        return Position(r[0], int(r[1]), row=int(r[2])) if r else None
+        return stored_position(r)
 
     def fence_and_table_position(self, conn: Connection,
                                   table: str) -> tuple[int | None, Position | None]:
@@ -306,7 +304,7 @@ class MysqlPositionStore(PositionStore[Connection]):
             row = cur.fetchone()
         assert row is not None  # the outer (SELECT 1) gives one row
         epoch = int(row[0]) if row[0] is not None else None
-        return epoch, Position(row[1], int(row[2]), row=int(row[3])) if row[1] is not None else None
+        return epoch, stored_position(row[1:]) if row[1] is not None else None
 
     @staticmethod
     def _results(cur: Any, count: int) -> list[tuple[Any, ...]]:
@@ -324,15 +322,15 @@ class MysqlPositionStore(PositionStore[Connection]):
                            pipeline: bool) -> None:
         """The position writes and the COMMIT in one multi-statement round trip: the server stops
         at a write that fails, so nothing after it (the COMMIT included) runs, and its error is raised."""
-        end = batch.end
+        end = end_values(batch)
         statements: list[str] = []
         args: list[Any] = []
         for table in tables:
             statements.append(self._write_table_position_sql)
-            args += (self.pipeline, table, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch)
+            args += (self.pipeline, table, *end)
         if pipeline:
             statements.append(self._write_position_sql)
-            args += (self.pipeline, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch)
+            args += (self.pipeline, *end)
         statements.append("COMMIT")
         self._writing.table = ", ".join(tables) or None
         with conn.cursor() as cur:
@@ -345,7 +343,7 @@ class MysqlPositionStore(PositionStore[Connection]):
             cur.execute(f"SELECT `log`, `offset`, `row` FROM {self.table_position}"
                         " WHERE `pipeline` = %s AND `target_table` = %s FOR UPDATE", (self.pipeline, table))
             r = cur.fetchone()
-        return Position(r[0], int(r[1]), row=int(r[2])) if r else None
+        return stored_position(r)
 
     @property
     def _write_table_position_sql(self) -> str:
@@ -355,7 +353,5 @@ class MysqlPositionStore(PositionStore[Connection]):
                 " `gtid` = VALUES(`gtid`), `batch_id` = VALUES(`batch_id`), `epoch` = VALUES(`epoch`)")
 
     def write_table_position(self, conn: Connection, table: str, batch: Batch) -> None:
-        end = batch.end
         with conn.cursor() as cur:
-            cur.execute(self._write_table_position_sql,
-                        (self.pipeline, table, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch))
+            cur.execute(self._write_table_position_sql, (self.pipeline, table, *end_values(batch)))

@@ -12,7 +12,7 @@ from psycopg import sql
 
 from setl.errors import LoadError
 from setl.model import Batch, Position
-from setl.sinks.sql_positions import FenceBusy, PositionStore
+from setl.sinks.sql_positions import FenceBusy, PositionStore, end_values, stored_position
 from setl.values import as_text
 
 
@@ -167,7 +167,7 @@ class PostgresPositionStore(PositionStore[psycopg.Connection]):
         row = conn.execute(text, (self.pipeline, self.pipeline, table)).fetchone()
         assert row is not None  # the outer (SELECT) gives one row
         epoch = int(row[0]) if row[0] is not None else None
-        return epoch, Position(row[1], int(row[2]), row=int(row[3])) if row[1] is not None else None
+        return epoch, stored_position(row[1:]) if row[1] is not None else None
 
     def read_position(self, conn: psycopg.Connection) -> tuple[Position | None, int | None]:
         row = conn.execute(
@@ -214,34 +214,32 @@ class PostgresPositionStore(PositionStore[psycopg.Connection]):
         conn.commit()
 
     def write_position(self, conn: psycopg.Connection, batch: Batch) -> None:
-        end = batch.end
         text = self._text(conn, ("write-position",), lambda: sql.SQL(
             'INSERT INTO {} (pipeline, log, "offset", "row", gtid, batch_id, epoch)'
             " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (pipeline) DO UPDATE SET"
             ' log = EXCLUDED.log, "offset" = EXCLUDED."offset", "row" = EXCLUDED."row", gtid = EXCLUDED.gtid,'
             " batch_id = EXCLUDED.batch_id, epoch = EXCLUDED.epoch, updated_at = now()"
         ).format(self.position))
-        conn.execute(text, (self.pipeline, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch))
+        conn.execute(text, (self.pipeline, *end_values(batch)))
 
     def pipeline_position(self, conn: psycopg.Connection) -> Position | None:
         text = self._text(conn, ("pipeline-position",), lambda: sql.SQL(
             'SELECT log, "offset", "row" FROM {} WHERE pipeline = %s').format(self.position))
         row = conn.execute(text, (self.pipeline,)).fetchone()
-        return Position(row[0], int(row[1]), row=int(row[2])) if row else None
+        return stored_position(row)
 
     def table_position_locked(self, conn: psycopg.Connection, table: str) -> Position | None:
         text = self._text(conn, ("table-position",), lambda: sql.SQL(
             'SELECT log, "offset", "row" FROM {} WHERE pipeline = %s AND target_table = %s FOR UPDATE'
         ).format(self.table_position))
         row = conn.execute(text, (self.pipeline, table)).fetchone()
-        return Position(row[0], int(row[1]), row=int(row[2])) if row else None
+        return stored_position(row)
 
     def write_table_position(self, conn: psycopg.Connection, table: str, batch: Batch) -> None:
-        end = batch.end
         text = self._text(conn, ("write-table-position",), lambda: sql.SQL(
             'INSERT INTO {} (pipeline, target_table, log, "offset", "row", gtid, batch_id, epoch)'
             " VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (pipeline, target_table) DO UPDATE SET"
             ' log = EXCLUDED.log, "offset" = EXCLUDED."offset", "row" = EXCLUDED."row",'
             " gtid = EXCLUDED.gtid, batch_id = EXCLUDED.batch_id, epoch = EXCLUDED.epoch"
         ).format(self.table_position))
-        conn.execute(text, (self.pipeline, table, end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch))
+        conn.execute(text, (self.pipeline, table, *end_values(batch)))

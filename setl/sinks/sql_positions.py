@@ -12,6 +12,17 @@ from setl.sinks.sql_failures import CurrentTable
 C = TypeVar("C")  # a driver connection
 
 
+def end_values(batch: Batch) -> tuple[Any, ...]:
+    """`batch`'s end as a position row stores it after its key: log, offset, row, gtid, batch id, epoch."""
+    end = batch.end
+    return (end.log, end.offset, end.row, end.gtid, batch.id, batch.epoch)
+
+
+def stored_position(row: Sequence[Any] | None) -> Position | None:
+    """The position a row read as (log, offset, row) holds; None for no row."""
+    return Position(row[0], int(row[1]), row=int(row[2])) if row else None
+
+
 class FenceBusy(Exception):
     """Raised by `PositionStore.raise_fence`: the fence row stayed locked past the short lock timeout."""
 
