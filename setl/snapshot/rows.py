@@ -80,34 +80,12 @@ class _DictRows:
         parse = _RowParser(fields).parse if COMPILED else None
         try:
             while True:
-                header = read(4)
-                if len(header) < 4:
-                    raise _Lost()
-                length = header[0] | header[1] << 8 | header[2] << 16
-                if header[3] != seq:
-                    io.seq = seq
-                    io.force_close()
-                    raise err.InternalError(f"Packet sequence number wrong - got {header[3]} expected {seq}")
-                seq = (seq + 1) & 0xFF
-                data = read(length)
-                if len(data) < length:
-                    raise _Lost()
-                if length == _MAX_PACKET:  # a row in several packets
+                data, seq = _packet(read, io, seq)
+                if len(data) == _MAX_PACKET:  # a row in several packets
                     parts = [data]
-                    while length == _MAX_PACKET:
-                        header = read(4)
-                        if len(header) < 4:
-                            raise _Lost()
-                        length = header[0] | header[1] << 8 | header[2] << 16
-                        if header[3] != seq:
-                            io.seq = seq
-                            io.force_close()
-                            raise err.InternalError(
-                                f"Packet sequence number wrong - got {header[3]} expected {seq}")
-                        seq = (seq + 1) & 0xFF
-                        part = read(length)
-                        if len(part) < length:
-                            raise _Lost()
+                    part = data
+                    while len(part) == _MAX_PACKET:
+                        part, seq = _packet(read, io, seq)
                         parts.append(part)
                     data = b"".join(parts)
                 first = data[0]
@@ -156,6 +134,24 @@ class _DictRows:
                 raise err.OperationalError(CR.CR_SERVER_LOST, f"Interrupted read ({exc})") from exc
             raise err.OperationalError(CR.CR_SERVER_LOST,
                                        f"Lost connection to MySQL server during query ({exc})") from exc
+
+
+def _packet(read: Any, io: Any, seq: int) -> tuple[bytes, int]:
+    """The payload of the next packet, and the sequence number the packet after it carries; `_Lost`
+    when the connection ends first, an `InternalError` (the connection closed) when the packet
+    carries another number than `seq`."""
+    header = read(4)
+    if len(header) < 4:
+        raise _Lost()
+    length = header[0] | header[1] << 8 | header[2] << 16
+    if header[3] != seq:
+        io.seq = seq
+        io.force_close()
+        raise err.InternalError(f"Packet sequence number wrong - got {header[3]} expected {seq}")
+    data = read(length)
+    if len(data) < length:
+        raise _Lost()
+    return data, (seq + 1) & 0xFF
 
 
 class _Lost(Exception):
