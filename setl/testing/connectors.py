@@ -413,6 +413,14 @@ class SelectContract:
                     found.append(whole)
         return found
 
+    def write_and_read(self, probe: SourceProbe, items: TableSpec, select: Select,
+                       count: int) -> tuple[list[list[RowChange]], list[Transaction]]:
+        """`count` transactions (`txs`) written, and what `select`, opened at the start, reads of them."""
+        written = self.txs(items, 1, count)
+        probe.write(written)
+        select.open(None)
+        return written, self.read(select, probe, count)
+
     def nothing_more(self, select: Select, probe: SourceProbe, seconds: float = 0.5) -> bool:
         """Whether no transaction of the suite's arrives within `seconds`."""
         deadline = time.monotonic() + seconds
@@ -430,11 +438,7 @@ class SelectContract:
 
     def test_transactions_in_order_once(self, probe, kit_items, kit_select):
         """Written transactions come out whole, in order, with ascending ends, and nothing after them."""
-        items = kit_items
-        written = self.txs(items, 1, 4)
-        probe.write(written)
-        kit_select.open(None)
-        got = self.read(kit_select, probe, 4)
+        written, got = self.write_and_read(probe, kit_items, kit_select, 4)
         assert [_rows(tx) for tx in got] == [_rows(tx) for tx in written]
         ends = [tx.end for tx in got]
         assert ends == sorted(set(ends))
@@ -442,13 +446,9 @@ class SelectContract:
 
     def test_open_after_an_end_resumes_there(self, probe, kit_items, kit_select):
         """Opening at a transaction's end yields the transactions after it and none before."""
-        items = kit_items
-        written = self.txs(items, 1, 4)
-        probe.write(written)
-        kit_select.open(None)
-        ends = [tx.end for tx in self.read(kit_select, probe, 4)]
+        written, got = self.write_and_read(probe, kit_items, kit_select, 4)
         again = probe.make_select()
-        again.open(ends[1])
+        again.open(got[1].end)
         try:
             assert [_rows(tx) for tx in self.read(again, probe, 2)] == [_rows(tx) for tx in written[2:]]
         finally:
@@ -456,12 +456,8 @@ class SelectContract:
 
     def test_seek_rewinds(self, probe, kit_items, kit_select):
         """`seek` to an earlier end replays the transactions after it, as the scheduler's rollback needs."""
-        items = kit_items
-        written = self.txs(items, 1, 3)
-        probe.write(written)
-        kit_select.open(None)
-        ends = [tx.end for tx in self.read(kit_select, probe, 3)]
-        kit_select.seek(ends[0])
+        written, got = self.write_and_read(probe, kit_items, kit_select, 3)
+        kit_select.seek(got[0].end)
         assert [_rows(tx) for tx in self.read(kit_select, probe, 2)] == [_rows(tx) for tx in written[1:]]
 
     def test_transactions_written_later_arrive(self, probe, kit_items, kit_select):
@@ -476,13 +472,10 @@ class SelectContract:
 
     def test_head_when_declared(self, probe, kit_items, kit_select):
         """With `reports_head`, `head()` is at or past the last transaction's end; without it, None."""
-        items = kit_items
-        probe.write(self.txs(items, 1, 2))
-        kit_select.open(None)
-        ends = [tx.end for tx in self.read(kit_select, probe, 2)]
+        _, got = self.write_and_read(probe, kit_items, kit_select, 2)
         head = kit_select.head()
         if probe.capabilities.reports_head:
-            assert head is not None and head >= ends[-1]
+            assert head is not None and head >= got[-1].end
         else:
             assert head is None
 
