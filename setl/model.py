@@ -262,7 +262,7 @@ class DdlChange:
         line naming the table, the position, the policy and the statement, and what to do."""
         source = f" (source {self.source})" if self.source is not None else ""
         return TableRefused(
-            f"schema change refused{source}: {self.refused}; not applied: {' '.join(self.statement.split())}; "
+            f"{SCHEMA_REFUSED}{source}: {self.refused}; not applied: {' '.join(self.statement.split())}; "
             "the target is left as it was before it. To take it, set a schema_changes policy that applies it on "
             "the table's rule (or pipeline.schema_changes) and resume; docs/schema-changes.md",
             pipeline=pipeline or None, stage="load", table=self.qualified_table, batch=batch, position=position)
@@ -274,6 +274,10 @@ class DdlChange:
 
 
 Change = RowChange | DdlChange
+
+#: How every error of a statement refused by its table's ``schema_changes`` policy begins (after
+#: its context): what `setl verify` knows a stopped table by.
+SCHEMA_REFUSED = "schema change refused"
 
 
 @attrs.frozen
