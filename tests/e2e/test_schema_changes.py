@@ -195,3 +195,33 @@ def test_ignore_drops_refuses_a_statement_that_drops_and_re_adds_a_column(mariad
     assert isinstance(scheduler.error, TableRefused)
     assert "drops and names again column(s) gone" in str(scheduler.error)
     assert target.rows("t", "id, gone") == [(1, "x1"), (2, "x2"), (3, "x3")]
+
+
+def test_ignore_drops_of_a_key_column_keeps_it_outside_the_new_key_or_stops(mariadb_source, source_db, target,
+                                                                            tmp_path):
+    """Under ignore_drops a key column dropped with the key redefined in the same ALTER stays as a
+    plain column (the new key applies; an update reaches the old row, an insert fills the default);
+    a table's only key column dropped (the source table becomes keyless) stops at the second new
+    row's duplicate default key instead of overwriting a row."""
+    start = prepared(mariadb_source, source_db, target, tmp_path, [
+        "CREATE TABLE t (id INT, c INT NOT NULL DEFAULT 0, v INT, PRIMARY KEY (id, c))",
+        "INSERT INTO t VALUES (1, 5, 1)",
+        "CREATE TABLE u (id INT NOT NULL DEFAULT 0 PRIMARY KEY, v INT)", "INSERT INTO u VALUES (1, 1)"])
+    run(mariadb_source, source_db, ["ALTER TABLE t DROP PRIMARY KEY, DROP COLUMN c, ADD PRIMARY KEY (id)",
+                                    "UPDATE t SET v = 2 WHERE id = 1", "INSERT INTO t VALUES (2, 2)"])
+    replicate(mariadb_source, start, policy_rules(source_db, target, "ignore_drops"), target.load("key"), tmp_path,
+              name="key")
+    assert target.rows("t", "id, c, v") == [(1, 5, 2), (2, 0, 2)]
+    key = target.query("SELECT column_name FROM information_schema.key_column_usage WHERE table_schema = %s"
+                       " AND table_name = 't'", (target.schema,))
+    assert key == [("id",)]
+
+    again = binlog_head(mariadb_source)
+    run(mariadb_source, source_db, ["ALTER TABLE u DROP COLUMN id", "INSERT INTO u VALUES (2)",
+                                    "INSERT INTO u VALUES (3)"])
+    scheduler = replicate(mariadb_source, again, [table_rule(rf"{source_db}\..*", f"{target.schema}.{{table}}",
+                                                             schema_changes="ignore_drops")],
+                          target.load("keyless"), tmp_path, name="keyless", outcome=Outcome.PAUSED)
+    assert isinstance(scheduler.error, LoadError) and "uplicate" in str(scheduler.error)
+    # the first new row lands (default key 0) unless it shares the stopped batch; the second never overwrites it
+    assert target.rows("u", "id, v") in ([(1, 1)], [(0, 2), (1, 1)])
