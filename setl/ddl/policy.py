@@ -42,7 +42,7 @@ def decide(policy: str, statement: Statement) -> Decision:
     * ``apply``: applied as it is;
     * ``ignore_drops``: an ALTER TABLE's DROP [COLUMN] clauses are cut (None when nothing is left);
       one that drops a column and names it again (re-adds it) is refused; anything else applies;
-    * ``additive_only``: applied when `additive` says so, refused otherwise;
+    * ``additive_only``: applied when `not_additive` finds nothing against it, refused otherwise;
     * ``refuse``: every schema change is refused.
 
     A TRUNCATE (data, not schema) and a statement that is no table DDL pass under every policy.
