@@ -109,7 +109,8 @@ def test_additive_only_applies_additions_and_refuses_the_first_other_change(mari
                                                                            tmp_path):
     """Under additive_only an ADD COLUMN (nullable, or with a DEFAULT) and an ADD INDEX apply; a MODIFY
     stops the pipeline with one line naming pipeline, table, position, policy and statement, and
-    nothing from it on reaches the target (its rows, another table's rows)."""
+    nothing from it on reaches the target (its rows, another table's rows); with the policy set to
+    apply, the pipeline run again applies it and goes on."""
     start = prepared(mariadb_source, source_db, target, tmp_path, BASE)
     before_modify = run(mariadb_source, source_db, [
         "ALTER TABLE t ADD COLUMN w INT NULL, ADD COLUMN d INT NOT NULL DEFAULT 7, ADD INDEX by_a (a)",
@@ -131,8 +132,17 @@ def test_additive_only_applies_additions_and_refuses_the_first_other_change(mari
                                                   (4, 4, 4, 40, 7)]
     type_of_a = target.query("SELECT data_type FROM information_schema.columns WHERE table_schema = %s"
                              " AND table_name = 't' AND column_name = 'a'", (target.schema,))
-    assert type_of_a == [("int",)] if target.kind == "mariadb" else [("integer",)]
+    assert type_of_a == ([("int",)] if target.kind == "mariadb" else [("integer",)])
     assert target.rows("other", "id, v") == []
+
+    # the fix the line names: a policy that takes it, and the same pipeline run again from its acked position
+    replicate(mariadb_source, start, policy_rules(source_db, target, "apply"), target.load("adds"), tmp_path,
+              name="adds")
+    assert target.rows("t", "id, a, v, w, d")[-1] == (5, 5, None, None, 7)
+    assert target.rows("other", "id, v") == [(1, 1)]
+    type_of_a = target.query("SELECT data_type FROM information_schema.columns WHERE table_schema = %s"
+                             " AND table_name = 't' AND column_name = 'a'", (target.schema,))
+    assert type_of_a == [("bigint",)]
 
 
 def test_refuse_stops_at_any_schema_change_and_applies_truncate(mariadb_source, source_db, target, tmp_path):
