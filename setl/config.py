@@ -272,6 +272,11 @@ class TransformStep:
     params: dict[str, Any] = attrs.Factory(dict)  # not a key: the entry's other keys are the transform's parameters
 
 
+#: A table's schema-change policy (docs/schema-changes.md): apply every DDL, keep dropped columns
+#: (ignore_drops), apply additions only (additive_only), or stop at any schema change (refuse).
+SchemaChanges = Literal["apply", "ignore_drops", "additive_only", "refuse"]
+
+
 @attrs.frozen
 class TableRule:
     """Which source tables a rule takes (`source` regex on ``schema.table``) and how."""
@@ -283,6 +288,9 @@ class TableRule:
     rename: dict[str, str] = attrs.Factory(dict)  # source column -> target column
     filter: str | None = None  # Python expression over the row's columns; an update leaving it is a delete
     transforms: tuple[TransformStep, ...] = ()  # applied in order, on Spark
+    #: what its replicated DDL may change on the target (docs/schema-changes.md); not set: the
+    #: pipeline's ``pipeline.schema_changes``
+    schema_changes: SchemaChanges | None = None
 
 
 @attrs.frozen
@@ -335,6 +343,8 @@ class PipelineSettings:
     load: LoadSettings = attrs.Factory(LoadSettings)
     retry: RetrySettings = attrs.Factory(RetrySettings)
     ddl: Literal["apply", "skip", "fail"] = "apply"  # replicated DDL: apply it, skip it (logged), or pause before it
+    #: each table's schema-change policy unless its rule sets one (docs/schema-changes.md); needs ddl: apply
+    schema_changes: SchemaChanges = "apply"
     create_tables: bool = True  # create each missing target table from the source's definition (docs/schema.md)
     ddl_tasks: DdlTaskSettings = attrs.Factory(DdlTaskSettings)
     drain_timeout_ms: int = 30000  # on stop, how long batches in flight may take to finish
@@ -685,7 +695,13 @@ def _check_pipeline(config: PipelineConfig, path: str) -> None:
         raise fail("pipeline.nodes", "must name at least one node id (or be left out: any node)")
     if settings.retry.max_elapsed_ms < 0:
         raise fail("pipeline.retry.max_elapsed_ms", "must not be negative")
+    policies = [("pipeline.schema_changes", settings.schema_changes)]
     for i, rule in enumerate(config.tables):
+        if rule.schema_changes is not None and rule.exclude:
+            raise fail(f"tables[{i}].schema_changes", "an excluded table has no schema changes to decide: "
+                       "leave it out, or drop exclude: true")
+        if rule.schema_changes is not None:
+            policies.append((f"tables[{i}].schema_changes", rule.schema_changes))
         try:
             re.compile(rule.source)
         except re.error as exc:
@@ -701,6 +717,10 @@ def _check_pipeline(config: PipelineConfig, path: str) -> None:
             rule.target.format(schema="s", table="t")
         except (KeyError, IndexError, ValueError) as exc:
             raise fail(f"tables[{i}].target", f"bad name template {rule.target!r}: {exc}") from exc
+    for key, policy in policies:
+        if policy != "apply" and settings.ddl != "apply":
+            raise fail(key, f"{policy} decides which DDL is applied, but pipeline.ddl is {settings.ddl} "
+                       "(no DDL is applied): set pipeline.ddl: apply, or leave schema_changes out")
     if config.verify is not None:
         for i, text in enumerate(config.verify.tables):
             index = selecting_rule(config.tables, text)

@@ -10,6 +10,7 @@ import attrs
 
 from setl.ddl import Statement as DdlStatement
 from setl.ddl import parse as parse_ddl
+from setl.errors import TableRefused
 
 
 @attrs.frozen(order=True)
@@ -230,6 +231,9 @@ class DdlChange:
     `sql_mode` is the source session's ``sql_mode`` the statement ran with (names, comma-joined),
     when the source tells it: a MySQL target runs the statement under it, so that an ALTER the
     source ran non-strict (cutting existing values) is not refused by a strict target session.
+    `refused` says why the table's ``schema_changes`` policy refuses the statement (decided once,
+    where Extract routes it: `setl.ddl.policy`): every target raises `refusal` at it, applying
+    nothing of it.
     """
 
     schema: str
@@ -240,6 +244,7 @@ class DdlChange:
     copy_end: bool = attrs.field(default=False, kw_only=True)
     sql_mode: str | None = attrs.field(default=None, kw_only=True, eq=False, repr=False)
     source: TableName | None = attrs.field(default=None, kw_only=True, eq=False, repr=False)
+    refused: str | None = attrs.field(default=None, kw_only=True)
     #: the statement's one model (`setl.ddl.Statement`), parsed where the change is made (the
     #: source) and read by every later stage; its text is `statement` (checked), so a change made
     #: with another statement must bring that statement's model: `with_ddl`
@@ -261,6 +266,16 @@ class DdlChange:
         """This change with `model` as its statement (the routing's rewrite of it), and `changes`."""
         return attrs.evolve(self, statement=model.text, ddl=model, **changes)
 
+    def refusal(self, pipeline: str, batch: int, position: Position | None) -> TableRefused:
+        """The error a target raises at a statement its table's policy refuses (`refused`): one
+        line naming the table, the position, the policy and the statement, and what to do."""
+        source = f" (source {self.source})" if self.source is not None else ""
+        return TableRefused(
+            f"{SCHEMA_REFUSED}{source}: {self.refused}; not applied: {' '.join(self.statement.split())}; "
+            "the target is left as it was before it. To take it, set a schema_changes policy that applies it on "
+            "the table's rule (or pipeline.schema_changes) and resume; docs/schema-changes.md",
+            pipeline=pipeline or None, stage="load", table=self.qualified_table, batch=batch, position=position)
+
     @classmethod
     def end_of_copy(cls, table: TableName, position: Position | None) -> "DdlChange":
         """The marker a snapshot hands on once `table`'s copy is all handed on (`copy_end`)."""
@@ -268,6 +283,10 @@ class DdlChange:
 
 
 Change = RowChange | DdlChange
+
+#: How every error of a statement refused by its table's ``schema_changes`` policy begins (after
+#: its context): what `setl verify` knows a stopped table by.
+SCHEMA_REFUSED = "schema change refused"
 
 
 @attrs.frozen

@@ -73,7 +73,9 @@ class Route:
     * `include`/`exclude`/`rename`: the source columns kept, and their target names;
     * `filter`: the compiled row filter (a Python expression over the source columns), or None;
     * `steps`: the validated transform chain (empty when the plan was compiled without a registry,
-      or the rule has no transforms).
+      or the rule has no transforms);
+    * `schema_changes`: its schema-change policy (`setl.ddl.policy`): the rule's, else the
+      pipeline's ``pipeline.schema_changes``.
 
     Routes compare by identity: a plan hands out one per source table.
     """
@@ -86,6 +88,7 @@ class Route:
     rename: Mapping[str, str]
     filter: CodeType | None
     steps: tuple[BoundStep, ...] = ()
+    schema_changes: str = "apply"
 
     @property
     def reshapes(self) -> bool:
@@ -123,6 +126,7 @@ class _Rule:
     rename: Mapping[str, str]
     filter: CodeType | None
     steps: tuple[BoundStep, ...]
+    schema_changes: str
 
 
 class RoutingPlan:
@@ -141,8 +145,9 @@ class RoutingPlan:
 
     @classmethod
     def compile(cls, rules: Sequence[TableRule], *, pipeline: str = "", registry: Registry | None = None,
-                file: str | None = None) -> RoutingPlan:
+                file: str | None = None, schema_changes: str = "apply") -> RoutingPlan:
         """Compile `rules`; with a `registry`, validate every transform step against it now.
+        `schema_changes` is the policy of a rule that sets none (``pipeline.schema_changes``).
 
         Raises `ConfigError` for a bad regex, filter or target, `PluginError` for a bad step.
         """
@@ -175,7 +180,7 @@ class RoutingPlan:
                 index=i, pattern=pattern, exclude=rule.exclude, target=target,
                 include=frozenset(rule.columns.include) if rule.columns.include is not None else None,
                 excluded_columns=frozenset(rule.columns.exclude), rename=dict(rule.rename), filter=code,
-                steps=tuple(steps),
+                steps=tuple(steps), schema_changes=rule.schema_changes or schema_changes,
             ))
         return cls(compiled, pipeline=pipeline)
 
@@ -211,7 +216,7 @@ class RoutingPlan:
                 raise ExtractError(f"rule tables[{rule.index}] maps to an empty target name {target}",
                                    pipeline=self.pipeline or None, table=str(source))
             return Route(rule.index, source, target, rule.include, rule.excluded_columns, rule.rename,
-                         rule.filter, rule.steps)
+                         rule.filter, rule.steps, rule.schema_changes)
         return None
 
 
@@ -222,7 +227,8 @@ def build_plan(node: NodeSettings, config: PipelineConfig) -> RoutingPlan:
         from setl.plugins import load_registry
 
         registry = load_registry(node.plugins.dirs, base=node.conf_dir, blocked=node.plugins.blocked)
-    return RoutingPlan.compile(config.tables, pipeline=config.name, registry=registry, file=config.file or None)
+    return RoutingPlan.compile(config.tables, pipeline=config.name, registry=registry, file=config.file or None,
+                               schema_changes=config.pipeline.schema_changes)
 
 
 def flat_name(schema: str, table: str) -> str:

@@ -110,10 +110,26 @@ class MysqlDdlApplier:
                 elif not (code == 1050 and (
                         (step.statement.kind == "create_table" and self._same_shape(cur, step))
                         or (step.statement.kind == "create_sequence" and self._same_sequence(cur, step)))):
+                    if not replay and isinstance(code, int) and code < 2000:
+                        self._unmark(conn, cur, row[0] if row else None)
                     raise
             finally:
                 if mode is not None:
                     cur.execute("SET SESSION sql_mode = %s", (SQL_MODE,))
+
+    def _unmark(self, conn: Connection, cur: Any, before: str | None) -> None:
+        """The server refused the DDL (an error it answered, not a lost connection): nothing of it
+        ran, so its mark goes back to what it was. Otherwise the batch's next attempt (a retry, a
+        `setl resume`) would take the same refusal (a duplicate column, say) for a replay of a DDL
+        that ran, and pass over it."""
+        try:
+            if before is None:
+                cur.execute(f"DELETE FROM {self.marks} WHERE `pipeline` = %s", (self.pipeline,))
+            else:
+                cur.execute(f"UPDATE {self.marks} SET `mark` = %s WHERE `pipeline` = %s", (before, self.pipeline))
+            conn.commit()
+        except pymysql.err.MySQLError:  # the refusal is what the caller reports; the next attempt is a replay then
+            log.warning("pipeline=%s: the mark of a refused DDL could not be taken back", self.pipeline, exc_info=True)
 
     def _source_mode(self, cur: Any, mode: str, step: DdlStep) -> None:
         """Set the session to the source statement's sql_mode; a mode the target does not know

@@ -321,8 +321,7 @@ class ParquetLoad(Load):
                 tables.setdefault((change.schema, change.table), []).append((seq, change))
                 continue
             if isinstance(change, DdlChange):
-                log.info("pipeline=%s stage=load batch=%d parquet target skips DDL on %s: %s",
-                         self.pipeline, batch.id, change.qualified_table, change.statement)
+                _skip_ddl(self.pipeline or batch.pipeline, batch, change)
                 continue
             if change.partial:  # a change log row holds whole images: an absent column would read as NULL
                 raise RefusedLoadError(
@@ -569,6 +568,15 @@ class ParquetLoad(Load):
             for folder in {path.parent for _, path in stale}:
                 _fsync(folder)
         self._swept = (batch.epoch, batch.id)
+
+
+def _skip_ddl(pipeline: str, batch: Batch, change: DdlChange) -> None:
+    """A DDL the Parquet target does not apply (its files take each batch's columns as they come):
+    logged; one its table's ``schema_changes`` policy refuses raises `TableRefused`, as on every target."""
+    if change.refused is not None:
+        raise change.refusal(pipeline, batch.id, change.position or batch.end)
+    log.info("pipeline=%s stage=load batch=%d parquet target skips DDL on %s: %s", pipeline, batch.id,
+             change.qualified_table, change.statement)
 
 
 def _meta_columns(batch: Batch, changes: list[tuple[int, RowChange | DdlChange]],

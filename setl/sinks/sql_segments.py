@@ -33,7 +33,8 @@ Segment = list[TableChanges] | DdlStep
 class SegmentPlanner:
     """Cuts a batch into segments under the pipeline's ``pipeline.ddl`` policy (`ddl`): ``apply``
     keeps each table DDL in its place among the rows; ``skip`` logs it and drops it; ``fail``
-    refuses the batch with a `RefusedLoadError` naming the table, position and statement.
+    refuses the batch with a `RefusedLoadError` naming the table, position and statement. A DDL
+    its table's ``schema_changes`` policy refused (`DdlChange.refused`) raises `TableRefused`.
     Statements that are not table DDL are logged and dropped, and a snapshot's TRUNCATE and a
     copy's end marker (`DdlChange.copy_end`) are always kept. A table without a primary key is
     warned about once per planner. Pure but for that warning: safe to call from many threads (a
@@ -76,6 +77,10 @@ class SegmentPlanner:
             statement = change.ddl
             if change.copy_end or (change.snapshot and statement.kind == "truncate_table"):
                 pass  # a snapshot's TRUNCATE and end come with the copy that replaces the table: always applied
+            elif change.refused is not None:  # its table's schema_changes policy refuses it
+                error = change.refusal(self.pipeline, batch.id, position)
+                error.context = {**self._context(batch, table=change.qualified_table), **error.context}
+                raise error
             elif self.ddl == "fail":
                 raise RefusedLoadError(f"DDL refused (pipeline.ddl is fail): {change.statement}",
                                 **{**self._context(batch, table=change.qualified_table), "position": position})

@@ -135,6 +135,8 @@ class SqliteLoad(Load):
                             self.db.execute(f'DELETE FROM "{name}"')
                     elif isinstance(change, DdlChange) and change.copy_end:
                         pass  # a copy's end: the copy went into the table itself
+                    elif isinstance(change, DdlChange) and change.refused is not None:
+                        raise change.refusal(self.pipeline, batch.id, change.position or batch.end)
                     elif isinstance(change, DdlChange):
                         raise LoadError("the SQLite target does not apply DDL",
                                         table=change.qualified_table)

@@ -10,6 +10,7 @@ import attrs
 
 from setl.config import TableRule
 from setl.ddl import parse, rewrite
+from setl.ddl.policy import POLICIES, decide
 from setl.errors import ExtractError, RefusedExtractError
 from setl.model import (
     Batch,
@@ -195,8 +196,30 @@ class TableExtract(Extract):
                      " ".join(change.statement.split()))
             return None
         # A DDL on a schema only (no table) keeps the rule's target schema.
-        return change.with_ddl(statement, schema=plan.target.schema, table=plan.target.table if change.table else None,
-                               source=TableName(change.schema, change.table) if change.table else None)
+        where = {"schema": plan.target.schema, "table": plan.target.table if change.table else None,
+                 "source": TableName(change.schema, change.table) if change.table else None}
+        ruling = self._ruling(change, plan)
+        decision = decide(ruling.schema_changes, statement)
+        if decision.refused is not None:
+            return change.with_ddl(statement, **where, refused=f"{decision.refused} (rule tables[{ruling.rule_index}])")
+        if decision.kept:
+            log.info("pipeline=%s stage=extract table=%s position=%s DROP of column(s) %s not applied: the target "
+                     "keeps them (schema_changes is ignore_drops, rule tables[%d])", self.pipeline,
+                     change.qualified_table, change.position, ", ".join(decision.kept), ruling.rule_index)
+        if decision.statement is None:
+            return None
+        return change.with_ddl(decision.statement, **where)
+
+    def _ruling(self, change: DdlChange, plan: Route) -> Route:
+        """The route whose ``schema_changes`` decides `change`: of every replicated table the
+        statement names (a RENAME or DROP of several, a CREATE ... LIKE), the strictest policy's,
+        so that no table's policy is bypassed through another's statement."""
+        ruling = plan
+        for ref in change.ddl.tables:
+            found = self.plan.route(ref.schema or change.schema, ref.table)
+            if found is not None and POLICIES.index(found.schema_changes) > POLICIES.index(ruling.schema_changes):
+                ruling = found
+        return ruling
 
     def _map(self, change: RowChange, plan: Route) -> RowChange | None:
         op, before, after = change.op, change.before, change.after

@@ -61,6 +61,20 @@ class TableCheck:
         return self.source.name
 
 
+def _target_only(columns: list[Column], target_types: Mapping[str, str], route: Route,
+                 dialect: str) -> dict[str, str]:
+    """The target's columns no compared source column maps to, each with why it is not a difference:
+    a column the source dropped that ``schema_changes: ignore_drops`` keeps (docs/schema-changes.md),
+    or one the target has of its own."""
+    matched = {c.target.lower() if dialect == "mysql" else c.target for c in columns}
+    if dialect == "postgresql":
+        matched |= {postgresql.target_name(c.target) for c in columns}
+    why = ("kept on the target by schema_changes: ignore_drops (not in the source)"
+           if route.schema_changes == "ignore_drops" else "only in the target (not in the source)")
+    return {name: why for name in target_types
+            if (name.lower() if dialect == "mysql" else name) not in matched}
+
+
 def plan_table(source: TablePlan, route: Route, target_types: Mapping[str, str] | None, dialect: str, *,
                pipeline: str) -> TableCheck:
     """The check of `source` along `route`, given the target table's column types (None: it does
@@ -82,6 +96,7 @@ def plan_table(source: TablePlan, route: Route, target_types: Mapping[str, str] 
             unchecked[name] = f"no column {target_name!r} in {route.target}"
             continue
         columns.append(Column(name, target_name, source.types[name], found))
+    unchecked.update(_target_only(columns, target_types, route, dialect))
     by_name = {c.source: c for c in columns}
     key = []
     for name in source.key:

@@ -58,22 +58,25 @@ class TableReport:
 
 @attrs.define
 class Report:
-    """The run's tables compared, and those `skipped` (source table -> why: a copy not done, whose
-    target table is stale until it is, is not drift)."""
+    """The run's tables compared, those `skipped` (source table -> why: a copy not done, whose
+    target table is stale until it is, is not drift), and those `stopped` at a DDL their
+    ``schema_changes`` policy refuses (source table -> the refusal): not compared, and never equal."""
 
     pipeline: str
     tables: list[TableReport] = attrs.Factory(list)
     seconds: float = 0.0
     skipped: dict[str, str] = attrs.Factory(dict)
+    stopped: dict[str, str] = attrs.Factory(dict)
 
     @property
     def equal(self) -> bool:
-        return all(t.equal for t in self.tables)
+        return all(t.equal for t in self.tables) and not self.stopped
 
     def to_dict(self) -> dict[str, Any]:
         return {"pipeline": self.pipeline, "equal": self.equal, "seconds": round(self.seconds, 3),
                 "rows": sum(t.rows for t in self.tables), "tables": [t.to_dict() for t in self.tables],
-                "skipped": [{"source": name, "why": why} for name, why in self.skipped.items()]}
+                "skipped": [{"source": name, "why": why} for name, why in self.skipped.items()],
+                "stopped": [{"source": name, "why": why} for name, why in self.stopped.items()]}
 
     def text(self, as_json: bool = False) -> str:
         """The report as `setl verify` prints it: indented JSON, or its lines."""
@@ -82,7 +85,8 @@ class Report:
     def lines(self) -> list[str]:
         out = [line for table in self.tables for line in table.lines()]
         out += [f"{name}: skipped, {why}" for name, why in self.skipped.items()]
-        bad = sum(not t.equal for t in self.tables)
+        out += [f"{name}: STOPPED, {why}" for name, why in self.stopped.items()]
+        bad = sum(not t.equal for t in self.tables) + len(self.stopped)
         out.append(f"{self.pipeline}: {len(self.tables)} table(s), {sum(t.rows for t in self.tables):,} rows, "
                    + ("equal" if not bad else f"{bad} table(s) differ")
                    + (f", {len(self.skipped)} skipped" if self.skipped else "") + f" in {self.seconds:.1f}s")
