@@ -60,7 +60,13 @@ class NodeStatus:
         if listen:
             from setl.observe.server import StatusServer
 
-            self.http = StatusServer(self.observer, listen)
+            api = None
+            if self.settings.http.api is not None:
+                from setl.observe.api import Api
+
+                api = Api(self.settings, self.meta, self.observer.status, self.observer.cluster_view)
+            timeout = self.settings.http.api.timeout_s if self.settings.http.api is not None else 30.0
+            self.http = StatusServer(self.observer, listen, api=api, tls=self.settings.http.tls, timeout=timeout)
             self.http.start()
         self.observer.start()
 
