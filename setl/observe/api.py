@@ -141,6 +141,8 @@ P = PREFIX + "/pipelines/{name}"
 #: ``{P}/quarantine``, once the meta store holds them.)
 ROUTES: tuple[Route, ...] = (
     Route("GET", PREFIX + "/openapi.json", None, "this document", "openapi"),
+    Route("GET", PREFIX + "/whoami", "viewer", "the token's name and role (the page shows actions to operators)",
+          "whoami"),
     Route("GET", PREFIX + "/pipelines", "viewer", "every pipeline with its status row", "list_pipelines"),
     Route("GET", P, "viewer", "one pipeline: its status row and position", "describe"),
     Route("POST", P + "/pause", "operator", "pause (a running node stops it gracefully)", "pause"),
@@ -340,6 +342,10 @@ class Api:
 
     def _openapi(self, request: Request) -> dict[str, Any]:
         return openapi()
+
+    def _whoami(self, request: Request) -> dict[str, Any]:
+        assert request.who is not None  # the route needs a token
+        return {"token": request.who.name, "role": request.who.role}
 
     def _list_pipelines(self, request: Request) -> dict[str, Any]:
         status = self.status()

@@ -266,3 +266,72 @@ def test_cli_gives_the_same_answers_through_the_node(api: ApiNode, tmp_path: Pat
     assert api.status() == "running"
     unsupported = _setl(api, "schema", "--pipeline", name, node=True)
     assert unsupported.returncode == 2 and "does not act through --node" in unsupported.stderr
+
+
+def test_page_actions_for_an_operator_only(api: ApiNode) -> None:
+    """In Chromium: without a token and with a viewer's the page has no action button; an
+    operator's shows them, each asks for confirmation (a dismissed one changes nothing), and pause,
+    resume, re-copy and verify run with their progress and the verify report shown."""
+    from playwright.sync_api import sync_playwright
+
+    from .test_page import ARGS, CHROMIUM
+
+    name = api.node.name
+    answers = {"confirm": False}
+    problems: list[str] = []
+
+    def dialog(d: Any) -> None:
+        if d.type == "prompt":
+            d.accept(f"{api.node.source_db}.t")
+        elif answers["confirm"]:
+            d.accept()
+        else:
+            d.dismiss()
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.on("dialog", dialog)
+            page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
+            page.goto(api.node.url + "/")
+            card = page.locator(f'article.card[data-pipeline="{name}"]')
+            card.wait_for(timeout=15_000)
+            buttons = page.locator("button[data-action]")
+            assert buttons.count() == 0
+            for token, role in ((VIEWER, "viewer"), (OPERATOR, "operator")):
+                page.fill("#token", token)
+                page.click("#signin button")
+                wait_until(lambda role=role: page.locator("#role").inner_text() == role, 10, 0.1)
+                page.wait_for_timeout(1200)  # a status poll re-renders the cards meanwhile
+                if role == "viewer":
+                    assert buttons.count() == 0 and page.locator("body").get_attribute("data-role") == "viewer"
+            wait_until(lambda: card.locator("button[data-action=pause]").count() == 1, 10, 0.1)
+            assert card.locator("button[data-action=verify]").count() == 1
+            card.locator("button[data-action=pause]").click()  # dismissed
+            page.wait_for_timeout(1500)
+            assert api.meta_state()[0] == "running" and page.locator(".operation").count() == 0
+            answers["confirm"] = True
+            card.locator("button[data-action=pause]").click()
+            op = page.locator(".operation").first
+            wait_until(lambda: op.get_attribute("data-state") == "done", 15, 0.1, message="the pause to answer")
+            assert op.inner_text().startswith(f"pause {name}") and f"{name} paused" in op.inner_text()
+            wait_until(lambda: card.get_attribute("data-state") == "paused", 15, 0.2, message="the card paused")
+            assert api.meta_state()[0] == "paused"
+            card.locator("button[data-action=resume]").click()
+            wait_until(lambda: page.locator(".operation").first.get_attribute("data-state") == "done"
+                       and api.meta_state()[0] != "paused", 15, 0.1, message="the resume")
+            wait_until(lambda: api.status() == "running", 30, 0.2)
+            card.locator("button[data-action=snapshot]").click()
+            wait_until(lambda: page.locator(".operation").first.get_attribute("data-state") == "done", 60, 0.2,
+                       message=lambda: f"the re-copy, got {page.locator('.operation').first.inner_text()}")
+            assert page.locator(".operation").first.inner_text().startswith(f"re-copy {api.node.source_db}.t")
+            card.locator("button[data-action=verify]").click()
+            wait_until(lambda: page.locator(".operation").first.get_attribute("data-state") == "done", 60, 0.2,
+                       message=lambda: f"the verify, got {page.locator('.operation').first.inner_text()}")
+            report = page.locator(".operation").first.locator("[data-role=report]").inner_text()
+            assert f"{api.node.source_db}.t" in report and "equal" in report and "DIFFERENT" not in report
+            assert problems == []
+        finally:
+            browser.close()
+    assert [e["path"].rsplit("/", 1)[1] for e in api.audited()[-4:]] == ["pause", "resume", "snapshot", "verify"]
