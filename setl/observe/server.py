@@ -140,7 +140,7 @@ def _handler(observer: NodeObserver, api: Api | None, read_timeout: float) -> ty
                 return True
             response = api.handle(method, url.path, parse_qs(url.query), self.headers, self.rfile.read,
                                   self.address_string())
-            if response.status in (400, 413):  # a body not read (or not all of it): the connection cannot go on
+            if method == "POST" and response.status >= 400:  # its body may be unread: the connection cannot go on
                 self.close_connection = True
             self._answer(response)
             return True
