@@ -240,6 +240,9 @@ class Api:
             response = Response(400, {"error": str(exc), "status": 400})
         except SetlError as exc:
             response = Response(500, {"error": str(exc), "status": 500})
+        except Exception as exc:  # a bug: one line to the client, the traceback in the node's log
+            log.exception("api %s %s failed", method, path)
+            response = Response(500, {"error": f"{type(exc).__name__}: {exc}", "status": 500})
         if method == "POST":
             self.audit.write({"time": round(time.time(), 3), "token": who.name if who else None,
                               "role": who.role if who else None, "client": client, "method": method, "path": path,
