@@ -56,6 +56,9 @@ def _page(status: Any) -> bytes:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # socketserver's default backlog of 5 drops the connections of a burst of clients (50 scripts
+    # polling at once), which then wait the kernel's 1 s SYN retransmit: tail latency, not work
+    request_queue_size = 128
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A closed browser connection is a DEBUG line; anything else is logged once, with its cause."""
