@@ -321,7 +321,9 @@ def test_page_actions_for_an_operator_only(api: ApiNode) -> None:
             card.locator("button[data-action=resume]").click()
             wait_until(lambda: page.locator(".operation").first.get_attribute("data-state") == "done"
                        and api.meta_state()[0] != "paused", 15, 0.1, message="the resume")
-            wait_until(lambda: api.status() == "running", 30, 0.2)
+            rows = api.node.target_rows("t")
+            api.node.source_exec("INSERT INTO t VALUES (200, 'r')")
+            wait_until(lambda: api.node.target_rows("t") == rows + 1, 60, 0.2, message="a row after the resume")
             card.locator("button[data-action=snapshot]").click()
             wait_until(lambda: page.locator(".operation").first.get_attribute("data-state") == "done", 60, 0.2,
                        message=lambda: f"the re-copy, got {page.locator('.operation').first.inner_text()}")
