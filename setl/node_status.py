@@ -73,6 +73,8 @@ class NodeStatus:
     def stop(self) -> None:
         if self.http is not None:
             self.http.stop()
+            if self.http.api is not None:  # a verify or copy follower still reading: not past the meta store's close
+                self.http.api.operations.join(5.0)
             self.http = None
         if self.observer is not None:
             self.observer.stop()
