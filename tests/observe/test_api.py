@@ -337,3 +337,28 @@ def test_page_actions_for_an_operator_only(api: ApiNode) -> None:
         finally:
             browser.close()
     assert [e["path"].rsplit("/", 1)[1] for e in api.audited()[-4:]] == ["pause", "resume", "snapshot", "verify"]
+
+
+def test_position_reset_through_the_api_and_the_cli_keeps_the_guard(api: ApiNode) -> None:
+    """While paused, a reset to the acked position is taken through the API (and `setl --node`),
+    marked as set by reset; resumed, the pipeline applies what the source writes next."""
+    name = api.node.name
+    assert api.call("POST", f"/pipelines/{name}/pause")[0] == 200
+    assert api.meta_state()[0] == "paused"  # the guard refuses RUNNING only, as the CLI's
+    acked = api.position()
+    to = f"{acked['log']}:{acked['offset']}"
+    status, body, _ = api.call("POST", f"/pipelines/{name}/position/reset", {"to": to, "force": "yes"})
+    assert status == 400 and "force must be true or false" in body["error"]
+    status, body, _ = api.call("POST", f"/pipelines/{name}/position/reset", {"to": to, "start": True})
+    assert status == 400 and "exactly one" in body["error"]
+    status, body, _ = api.call("POST", f"/pipelines/{name}/position/reset", {"to": to})
+    assert status == 200 and body["message"].startswith(f"{name}: position reset to {to}"), body
+    shown = api.call("GET", f"/pipelines/{name}/position?history=2", token=VIEWER)[1]
+    assert shown["reset"] is True and shown["position"]["log"] == acked["log"]
+    assert shown["position"]["offset"] == acked["offset"]
+    through = _setl(api, "position", "reset", "--pipeline", name, "--to", to, node=True)
+    assert through.returncode == 0 and through.stdout.startswith(f"{name}: position reset to {to}"), through.stderr
+    assert api.call("POST", f"/pipelines/{name}/resume")[0] == 200
+    rows = api.node.target_rows("t")
+    api.node.source_exec("INSERT INTO t VALUES (300, 'z')")
+    wait_until(lambda: api.node.target_rows("t") == rows + 1, 60, 0.2, message="a row after the reset and resume")
