@@ -100,6 +100,7 @@ class ApiConfig:
     tokens_file: str | None = None  # relative to the conf directory; keep it mode 0600
     tokens_env: str = "SETL_API_TOKENS"  # the same lines (newline or ';' between them)
     audit_log: str = "api-audit.jsonl"  # every state-changing request, one JSON object a line
+    #: a request body longer than this is refused (413) before it is read
     max_body_bytes: int = attrs.field(default=65536, validator=attrs.validators.ge(2))
     timeout_s: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))  # a slow client is cut off
 
@@ -108,8 +109,8 @@ class ApiConfig:
 class HttpTlsConfig:
     """HTTPS for the node's endpoint: the PEM certificate chain and its private key."""
 
-    cert: str
-    key: str
+    cert: str  # PEM certificate chain, relative to the conf directory
+    key: str  # PEM private key of `cert`, relative to the conf directory
 
 
 @attrs.frozen

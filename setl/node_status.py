@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from setl.alerts import Alerts
-from setl.config import NodeSettings
+from setl.config import HttpTlsConfig, NodeSettings
 from setl.meta.base import MetaStore
 
 if TYPE_CHECKING:
@@ -66,7 +66,10 @@ class NodeStatus:
 
                 api = Api(self.settings, self.meta, self.observer.status, self.observer.cluster_view)
             timeout = self.settings.http.api.timeout_s if self.settings.http.api is not None else 30.0
-            self.http = StatusServer(self.observer, listen, api=api, tls=self.settings.http.tls, timeout=timeout)
+            tls = self.settings.http.tls
+            if tls is not None:  # its files are named relative to the conf directory
+                tls = HttpTlsConfig(str(self.settings.resolve(tls.cert)), str(self.settings.resolve(tls.key)))
+            self.http = StatusServer(self.observer, listen, api=api, tls=tls, timeout=timeout)
             self.http.start()
         self.observer.start()
 
