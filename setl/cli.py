@@ -19,18 +19,20 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
 from setl import cluster_cmd, repair_cmd
 from setl.config import NodeSettings, default_conf_dir, load_node, load_pipeline, pipeline_names
 from setl.connectors import for_node, registry
+from setl.control import actions
+from setl.control.client import ApiClient, read_token
 from setl.errors import SetlError, UsageError
 from setl.logs import setup as setup_logging
 from setl.meta import open_meta_store
-from setl.meta.base import MetaStore, Status
-from setl.model import Position, TableName
+from setl.meta.base import MetaStore
+from setl.model import Position
 from setl.retry import Failure, classify
 from setl.scheduler import Outcome
 from setl.status import dead_note, position_text, status_rows, stopped_row, verify_line
@@ -44,6 +46,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="configuration directory (default: $SETL_CONF or ./conf)")
     parser.add_argument("--debug", action="store_true", help="debug logs and tracebacks")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--node", dest="api_node", metavar="URL", default=None,
+                        help="act through this node's HTTP control API instead of the meta store (status, pause, "
+                             "resume, position, snapshot, verify; token from $SETL_API_TOKEN or --token-file)")
+    parser.add_argument("--token-file", type=Path, default=None, metavar="FILE",
+                        help="the API token for --node (first line of FILE)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     start = commands.add_parser("start", help="run pipelines until stopped")
@@ -144,7 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(args.debug)
     try:
         conf = args.conf or default_conf_dir()
-        if not Path(conf).is_dir() and args.command != "plugins":
+        if args.api_node and args.command not in API_COMMANDS:
+            raise UsageError(f"setl {args.command} does not act through --node yet: run it where the "
+                             "configuration directory is (it works on the meta store)")
+        if not Path(conf).is_dir() and args.command != "plugins" and not args.api_node:
             raise UsageError(f"configuration directory {conf} does not exist (give --conf DIR or set $SETL_CONF)")
         handler = {
             "start": cmd_start, "status": cmd_status, "pause": cmd_pause, "resume": cmd_resume,
@@ -166,6 +176,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"setl: internal error: {type(exc).__name__}: {exc} (run with --debug for a traceback)",
               file=sys.stderr)
         return 1
+
+
+#: The commands that act through a node's control API with ``--node URL``.
+API_COMMANDS = ("status", "pause", "resume", "position", "snapshot", "verify")
+
+
+def _client(args: argparse.Namespace) -> ApiClient:
+    return ApiClient(args.api_node, read_token(args.token_file))
+
+
+def _print_api(answer: dict[str, Any]) -> int:
+    """Print an action's answer from the API (its ``message``); exit 0."""
+    print(answer.get("message", ""), flush=True)
+    return 0
 
 
 def _setup_logging(debug: bool) -> None:
@@ -331,7 +355,12 @@ def _invalid_files(conf: Path, settings: NodeSettings, rows: list[dict[str, Any]
 
 
 def cmd_status(args: argparse.Namespace, conf: Path) -> int:
-    rows = _status_rows(conf, args.pipeline)
+    if args.api_node:
+        client = _client(args)
+        rows = [client.call("GET", f"/pipelines/{name}") for name in args.pipeline] if args.pipeline \
+            else client.call("GET", "/pipelines")["pipelines"]
+    else:
+        rows = _status_rows(conf, args.pipeline)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -392,41 +421,18 @@ def _seconds(value: float) -> str:
 
 
 def cmd_snapshot(args: argparse.Namespace, conf: Path) -> int:
-    from setl.routing import RoutingPlan
-
-    config = load_pipeline(conf, args.pipeline, for_node(load_node(conf)))
-    if not registry().source(config.source.type).capabilities.snapshots:
-        raise UsageError(f"source type {config.source.type} cannot copy tables (its connector does not declare "
-                         "the snapshots capability); setl snapshot needs a source that does, such as mysql",
-                         pipeline=config.name, stage="select")
-    plan = RoutingPlan.compile(config.tables, pipeline=config.name, file=config.file or None)
-    tables = _table_options(args.table)
-    for table in tables:
-        if not plan.selects(table.schema, table.table):
-            raise UsageError(f"pipeline {args.pipeline}: no table rule selects {table}; add one first")
+    if args.api_node:
+        started = _client(args).call("POST", f"/pipelines/{args.pipeline}/snapshot", {"tables": args.table})
+        print(f"{args.pipeline}: snapshot of {', '.join(args.table)} requested: operation {started['id']} on "
+              f"{args.api_node} follows the copies")
+        return 0
+    config, tables = actions.snapshot_config(conf, args.pipeline, args.table)
     with _pipeline_meta(conf, args.pipeline) as meta:
-        running = meta.state(args.pipeline).status is Status.RUNNING
-        if running:
-            _refuse_stale_rules(meta, config)
-        for table in tables:
-            meta.request_snapshot(args.pipeline, table)
-    print(f"snapshot of {', '.join(map(str, tables))} requested for {args.pipeline}: "
-          + ("its node starts it within seconds" if running else "it starts when the pipeline starts"))
-    return 0
+        return _print(actions.request_snapshot(meta, config, tables))
 
 
 def _refuse_stale_rules(meta: MetaStore, config: Any) -> None:
-    """Refuse a request for a running pipeline whose node runs other table rules than its file has
-    now: the node compiled the rules of its start and would drop a table only the new rules select."""
-    from setl.pipeline.checks import rules_fingerprint
-
-    live = meta.liveness(config.name)
-    runs_with = live.figures.get("rules") if live is not None else None
-    if live is not None and runs_with is not None and runs_with != rules_fingerprint(config):
-        raise UsageError(f"pipeline {config.name} runs on {live.node or live.host} (pid {live.pid}) with "
-                         f"other table rules than {config.file or 'its file'} has now (changed since it "
-                         f"started): restart the pipeline (or `setl reload --pipeline {config.name}`) so "
-                         f"that it runs with them, then request it again", pipeline=config.name, stage="select")
+    actions.refuse_stale_rules(meta, config)
 
 
 def cmd_repair(args: argparse.Namespace, conf: Path) -> int:
@@ -434,37 +440,20 @@ def cmd_repair(args: argparse.Namespace, conf: Path) -> int:
 
 
 def cmd_reload(args: argparse.Namespace, conf: Path) -> int:
-    """Ask the node running the pipeline, on any host, to re-read its file: a request in the meta
-    store (`MetaStore.request_reload`) that the node looks for every second, then wait for its
-    answer to that request in the liveness record's figures (``reload``): 0 applied, unchanged or
-    deferred (paused: applied at `setl resume`), 1 refused (the old rules keep running) or no answer.
-    The node reads its own copy of the file: on another host, change the file there first."""
-    import uuid
-
+    """Ask the node running the pipeline, on any host, to re-read its file (`actions.reload`): 0
+    applied, unchanged or deferred (paused: applied at `setl resume`), 1 refused (the old rules keep
+    running) or no answer. The node reads its own copy of the file: on another host, change the
+    file there first."""
     config = load_pipeline(conf, args.pipeline, for_node(load_node(conf)))  # a broken file stops here
     with _pipeline_meta(conf, args.pipeline) as meta:
-        live = meta.liveness(args.pipeline)  # a paused pipeline's node keeps beating, waiting for `setl resume`
-        if live is None or live.stale(time.time()):
-            print(f"{args.pipeline} is not running: its next start runs {config.file or 'its file'} as it is now")
-            return 0
-        request = uuid.uuid4().hex
-        meta.request_reload(args.pipeline, request)
-        print(f"{args.pipeline}: asked the node on {live.host} (pid {live.pid}) to reload "
-              f"{config.file or 'its file'}", flush=True)
-        deadline = time.monotonic() + args.timeout
-        while time.monotonic() < deadline:
-            time.sleep(0.2)
-            live = meta.liveness(args.pipeline)
-            answer = live.figures.get("reload") if live is not None else None
-            if isinstance(answer, dict) and answer.get("request") == request and answer.get("result") != "pending":
-                if answer["result"] == "refused":
-                    print(f"setl: error: reload refused, the running configuration is kept: {answer['message']}",
-                          file=sys.stderr)
-                    return 1
-                print(f"{args.pipeline}: reload {answer['result']}: {answer['message']}")
-                return 0
-    raise SetlError(f"no answer from the node on {live.host if live else '?'} (pid {live.pid if live else '?'}) "
-                    f"within {args.timeout:.0f}s; its log says why", pipeline=args.pipeline, stage="reload")
+        progress, printed = _progress_printer()
+        try:
+            return _print(actions.reload(meta, config, args.timeout, progress), printed)
+        except SetlError as exc:
+            if exc.message.startswith("reload refused"):
+                print(f"setl: error: {exc.message}", file=sys.stderr)
+                return 1
+            raise
 
 
 def _snapshot_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -493,101 +482,81 @@ def _status_note(row: dict[str, Any], now: float) -> str:
 
 
 def _known_pipeline(conf: Path, meta: MetaStore, name: str) -> None:
-    if name not in pipeline_names(conf) and name not in meta.pipelines():
-        known = ", ".join(sorted(set(pipeline_names(conf)) | set(meta.pipelines()))) or "none"
-        raise UsageError(f"unknown pipeline {name!r} (known: {known})")
+    actions.known_pipeline(conf, meta, name)
+
+
+def _print(result: actions.ActionResult, printed: Collection[str] = ()) -> int:
+    """Print an action's lines (those a progress callback has not printed already); exit 0."""
+    for line in result.lines:
+        if line not in printed:
+            print(line, flush=True)
+    return 0
+
+
+def _progress_printer() -> tuple[Callable[[dict[str, Any]], None], list[str]]:
+    """A progress callback for an action that prints each event's message, and what it printed."""
+    printed: list[str] = []
+
+    def progress(event: dict[str, Any]) -> None:
+        if "message" in event:
+            print(event["message"], flush=True)
+            printed.append(event["message"])
+
+    return progress, printed
 
 
 def cmd_pause(args: argparse.Namespace, conf: Path) -> int:
+    if args.api_node:
+        return _print_api(_client(args).call("POST", f"/pipelines/{args.pipeline}/pause"))
     with _pipeline_meta(conf, args.pipeline) as meta:
-        state = meta.state(args.pipeline)
-        if state.status is Status.PAUSED:
-            print(f"{args.pipeline} is already paused")
-            return 0
-        meta.set_state(args.pipeline, Status.PAUSED, error=None, node=state.node)
-        running = state.status is Status.RUNNING
-        print(f"{args.pipeline} paused" + (" (its node stops it within a second)" if running else ""))
-        return 0
+        return _print(actions.pause(meta, args.pipeline))
 
 
 def cmd_resume(args: argparse.Namespace, conf: Path) -> int:
+    if args.api_node:
+        return _print_api(_client(args).call("POST", f"/pipelines/{args.pipeline}/resume"))
     with _pipeline_meta(conf, args.pipeline) as meta:
-        state = meta.state(args.pipeline)
-        if state.status is not Status.PAUSED:
-            print(f"{args.pipeline} is not paused ({state.status.value})")
-            return 0
-        meta.set_state(args.pipeline, Status.STOPPED, error=None, node=state.node)
-        print(f"{args.pipeline} resumed" + (f" (was paused: {state.error})" if state.error else ""))
-        return 0
+        return _print(actions.resume(meta, args.pipeline))
 
 
 def cmd_position(args: argparse.Namespace, conf: Path) -> int:
+    if args.api_node:
+        client = _client(args)
+        if args.action == "show":
+            shown = client.call("GET", f"/pipelines/{args.pipeline}/position?history={args.history}")
+            _show_position(shown, args.json)
+            return 0
+        body: dict[str, Any] = {"force": args.force, **({"start": True} if args.start else {"to": args.to})}
+        return _print_api(client.call("POST", f"/pipelines/{args.pipeline}/position/reset", body))
     with _pipeline_meta(conf, args.pipeline) as meta:
         if args.action == "show":
-            ack = meta.position(args.pipeline)
-            history = meta.history(args.pipeline, args.history)
-            if args.json:
-                print(json.dumps({
-                    "pipeline": args.pipeline,
-                    "position": ack.position.to_dict() if ack else None,
-                    "batch": ack.batch_id if ack else None,
-                    "reset": meta.position_was_reset(args.pipeline),
-                    "history": [{"batch": a.batch_id, "epoch": a.epoch, "position": a.position.to_dict(),
-                                 "time": a.time} for a in history],
-                }, indent=2))
-                return 0
-            if ack is None:
-                print(f"{args.pipeline}: no position yet (starts at the source's configured start)")
-                return 0
-            origin = " (set by reset)" if meta.position_was_reset(args.pipeline) else ""
-            print(f"{args.pipeline}: {ack.position}{origin}, batch {ack.batch_id}, epoch {ack.epoch}")
-            for a in history:
-                when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a.time))
-                print(f"  {when}  batch {a.batch_id:>8}  epoch {a.epoch:>4}  {a.position}")
+            _show_position(actions.position_show(meta, args.pipeline, args.history), args.json)
             return 0
-        state = meta.state(args.pipeline)
-        if state.status is Status.RUNNING and not args.force:
-            raise UsageError(f"{args.pipeline} looks running (node {state.node}); stop or pause it first, "
-                             "or pass --force")
-        if args.start:
-            meta.reset_position(args.pipeline, None)
-            print(f"{args.pipeline}: position forgotten; it restarts from the source's configured start")
-        else:
-            try:
-                position = Position.parse(args.to)
-            except ValueError as exc:
-                raise UsageError(str(exc)) from exc
-            meta.reset_position(args.pipeline, position)
-            print(f"{args.pipeline}: position reset to {position}")
-        if state.error:  # it named a position the pipeline no longer stands at: status stops showing it
-            meta.set_state(args.pipeline, state.status, error=None, node=state.node)
-            still = f"; still paused: `setl resume --pipeline {args.pipeline}` continues from there" \
-                if state.status is Status.PAUSED else ""
-            print(f"{args.pipeline}: the earlier error no longer applies ({state.error}){still}")
-        return 0
+        return _print(actions.position_reset(meta, args.pipeline, to=args.to, start=args.start, force=args.force))
+
+
+def _show_position(shown: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(shown, indent=2))
+        return
+    name = shown["pipeline"]
+    if shown["position"] is None:
+        print(f"{name}: no position yet (starts at the source's configured start)")
+        return
+    origin = " (set by reset)" if shown["reset"] else ""
+    print(f"{name}: {Position.from_dict(shown['position'])}{origin}, batch {shown['batch']}, epoch {shown['epoch']}")
+    for a in shown["history"]:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a["time"]))
+        print(f"  {when}  batch {a['batch']:>8}  epoch {a['epoch']:>4}  {Position.from_dict(a['position'])}")
 
 
 def cmd_switch(args: argparse.Namespace, conf: Path) -> int:
     settings = load_node(conf)
     if settings.meta.store != "zookeeper":
         raise UsageError("setl switch needs HA: meta.store: zookeeper in setl.yaml")
-    from setl.meta.zookeeper import ZooKeeperMetaStore  # imports kazoo: only when asked for
-
     with _pipeline_meta(conf, args.pipeline, settings) as meta:
-        assert isinstance(meta, ZooKeeperMetaStore)  # meta.store: zookeeper, checked above
-        holder = meta.request_switch(args.pipeline, args.to)
-        print(f"{args.pipeline}: asked {holder} to hand over" + (f" to {args.to}" if args.to else ""))
-        deadline = time.monotonic() + args.timeout
-        while args.timeout > 0:
-            now_holder, _ = meta.members(args.pipeline)
-            if now_holder is not None and now_holder != holder:
-                print(f"{args.pipeline}: {now_holder} holds the mainstem now")
-                return 0
-            if time.monotonic() >= deadline:
-                raise SetlError(f"{holder} still holds the mainstem after {args.timeout:.0f}s "
-                                "(it finishes in-flight batches first)", pipeline=args.pipeline)
-            time.sleep(0.1)
-        return 0
+        progress, printed = _progress_printer()
+        return _print(actions.switch(meta, args.pipeline, args.to, args.timeout, progress), printed)
 
 
 def cmd_schema(args: argparse.Namespace, conf: Path) -> int:
@@ -677,14 +646,6 @@ def cmd_check(args: argparse.Namespace, conf: Path) -> int:
     return code
 
 
-def _table_options(texts: list[str]) -> list[TableName]:
-    """The tables of `--table SCHEMA.TABLE` options."""
-    try:
-        return [TableName.parse(text) for text in texts]
-    except ValueError as exc:
-        raise UsageError(f"--table {exc}") from None
-
-
 def cmd_verify(args: argparse.Namespace, conf: Path) -> int:
     """Compare the pipeline's source and target tables (`setl.verify`): the report on stdout (text or
     `--json`); exit 0 when equal, 1 when a difference persists, 2 when no verdict could be reached."""
@@ -694,9 +655,11 @@ def cmd_verify(args: argparse.Namespace, conf: Path) -> int:
             or args.max_lag < 0 or args.lag_timeout <= 0:
         raise UsageError("--attempts and --chunk-rows must be at least 1, --max-rows-per-second and --max-lag at "
                          "least 0, --wait-timeout and --lag-timeout above 0")
+    if args.api_node:
+        return _verify_through(args)
     settings = load_node(conf)
     config = load_pipeline(conf, args.pipeline, registry())
-    tables = _table_options(args.table)
+    tables = actions.parse_tables(args.table)
 
     def progress(table: str, rows: int, estimate: int, done: bool) -> None:
         share = f" ({min(99, 100 * rows // estimate)}%)" if estimate and not done else ""
@@ -728,6 +691,29 @@ def cmd_verify(args: argparse.Namespace, conf: Path) -> int:
                                  engine=args.engine)
     print(report.text(args.json))
     return 0 if report.equal else 1
+
+
+def _verify_through(args: argparse.Namespace) -> int:
+    """`setl --node URL verify`: start the node's verify operation, follow its events, print its report."""
+    client = _client(args)
+    started = client.call("POST", f"/pipelines/{args.pipeline}/verify", {
+        "tables": args.table, "attempts": args.attempts, "chunk_rows": args.chunk_rows,
+        "wait_timeout_s": args.wait_timeout, "max_lag_s": args.max_lag})
+    print(f"{args.pipeline}: verify is operation {started['id']} on {args.api_node}", file=sys.stderr, flush=True)
+    end: dict[str, Any] = {}
+    for event in client.events(started["id"]):
+        if event.get("event") == "end":
+            end = event
+    if end.get("state") != "done":
+        raise SetlError(f"verify failed on {args.api_node}: {end.get('error') or 'the stream ended early'}",
+                        pipeline=args.pipeline, stage="verify")
+    report = end["result"]
+    if args.json:
+        print(json.dumps({k: v for k, v in report.items() if k != "lines"}, indent=2))
+    else:
+        for line in report["lines"]:
+            print(line)
+    return 0 if report["equal"] else 1
 
 
 def cmd_plugins(args: argparse.Namespace, conf: Path) -> int:

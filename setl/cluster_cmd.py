@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from setl.config import load_node
-from setl.errors import SetlError, UsageError
+from setl.control import actions
+from setl.errors import UsageError
 
 
 def add_parser(commands: Any) -> None:
@@ -51,7 +52,6 @@ def _coordinator(conf: Path) -> Iterator[Any]:
 
 def cmd_cluster(args: argparse.Namespace, conf: Path) -> int:
     from setl.ha.cluster import cluster_view as read_view
-    from setl.ha.cluster import request_drain, request_move
     from setl.meta.zookeeper import ZooKeeperMetaStore
     from setl.status import dead_runs
 
@@ -63,48 +63,18 @@ def cmd_cluster(args: argparse.Namespace, conf: Path) -> int:
             view = cluster_view(co)
             print(json.dumps(view, indent=2, sort_keys=True) if args.json else "\n".join(status_lines(view)))
             return 0
+
+        def progress(event: dict[str, Any]) -> None:
+            if "message" in event:
+                print(event["message"], flush=True)
+
         if args.action == "drain":
-            view = cluster_view(co)
-            if args.node not in view["nodes"] and not args.undo:
-                raise UsageError(f"no node {args.node} in the cluster (known: {', '.join(view['nodes']) or 'none'})")
-            request_drain(co, args.node, undo=args.undo)
-            if args.undo:
-                print(f"{args.node}: no longer draining; the coordinator gives it a share again")
-                return 0
-            print(f"{args.node}: draining; its pipelines move away one at a time")
-            return _wait(args.timeout, lambda: not _runs(cluster_view(co), args.node),
-                         f"{args.node} runs nothing", f"{args.node} still runs pipelines")
-        view = cluster_view(co)
-        if args.pipeline not in view["pipelines"]:
-            raise UsageError(f"no pipeline {args.pipeline} in the cluster", pipeline=args.pipeline)
-        node = view["nodes"].get(args.to)
-        if node is None or not node["live"]:
-            raise UsageError(f"node {args.to} is not live in the cluster", pipeline=args.pipeline)
-        request_move(co, args.pipeline, args.to)
-        print(f"{args.pipeline}: asked the coordinator to move it to {args.to}")
-
-        def moved() -> bool:
-            row = cluster_view(co)["pipelines"][args.pipeline]
-            return row["node"] == args.to and row["holder"] in (args.to, None) and not row["moving_from"]
-
-        return _wait(args.timeout, moved, f"{args.to} runs {args.pipeline}",
-                     f"{args.pipeline} is not on {args.to} yet (it finishes in-flight batches first)")
-
-
-def _runs(view: dict[str, Any], node: str) -> list[str]:
-    return [name for name, row in view["pipelines"].items() if node in (row["node"], row["holder"])]
-
-
-def _wait(timeout: float, done: Any, ok: str, late: str) -> int:
-    deadline = time.monotonic() + timeout
-    while timeout > 0:
-        if done():
-            print(ok)
-            return 0
-        if time.monotonic() >= deadline:
-            raise SetlError(f"{late} after {timeout:.0f}s", stage="cluster")
-        time.sleep(0.2)
-    return 0
+            result = actions.drain(co, meta, args.node, args.undo, args.timeout, progress)
+        else:
+            result = actions.move(co, meta, args.pipeline, args.to, args.timeout, progress)
+        for line in result.lines[1:] if not (args.action == "drain" and args.undo) else result.lines:
+            print(line)
+        return 0
 
 
 def status_lines(view: dict[str, Any]) -> list[str]:

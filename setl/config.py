@@ -93,11 +93,36 @@ class LogConfig:
 
 
 @attrs.frozen
+class ApiConfig:
+    """The HTTP control API (``/api/v1``, docs/http-api.md): off unless `http.api` is set. Its tokens
+    are never in a config file: lines ``NAME ROLE TOKEN`` (role viewer or operator) in `tokens_file`
+    and/or in the environment variable `tokens_env`."""
+
+    tokens_file: str | None = None  # relative to the conf directory; keep it mode 0600
+    tokens_env: str = "SETL_API_TOKENS"  # the same lines (newline or ';' between them)
+    audit_log: str = "api-audit.jsonl"  # every state-changing request, one JSON object a line
+    #: a request body longer than this is refused (413) before it is read
+    max_body_bytes: int = attrs.field(default=65536, validator=attrs.validators.ge(2))
+    timeout_s: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))  # a slow client is cut off
+
+
+@attrs.frozen
+class HttpTlsConfig:
+    """HTTPS for the node's endpoint: the PEM certificate chain and its private key."""
+
+    cert: str  # PEM certificate chain, relative to the conf directory
+    key: str  # PEM private key of `cert`, relative to the conf directory
+
+
+@attrs.frozen
 class HttpConfig:
-    """The node's HTTP endpoint: status page, /metrics, /api/status, /healthz (docs/status-page.md)."""
+    """The node's HTTP endpoint: status page, /metrics, /api/status, /healthz (docs/status-page.md),
+    and with `api` the control API (docs/http-api.md)."""
 
     #: HOST:PORT to serve on; not set: no endpoint. Loopback unless you name another address.
     listen: str | None = None
+    api: ApiConfig | None = None  # the control API; not set: none (the endpoint stays read-only)
+    tls: HttpTlsConfig | None = None  # serve HTTPS; strongly advised with `api` off loopback
 
 
 def parse_listen(text: str) -> tuple[str, int]:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from setl.alerts import Alerts
-from setl.config import NodeSettings
+from setl.config import HttpTlsConfig, NodeSettings
 from setl.meta.base import MetaStore
 
 if TYPE_CHECKING:
@@ -60,13 +60,24 @@ class NodeStatus:
         if listen:
             from setl.observe.server import StatusServer
 
-            self.http = StatusServer(self.observer, listen)
+            api = None
+            if self.settings.http.api is not None:
+                from setl.observe.api import Api
+
+                api = Api(self.settings, self.meta, self.observer.status, self.observer.cluster_view)
+            timeout = self.settings.http.api.timeout_s if self.settings.http.api is not None else 30.0
+            tls = self.settings.http.tls
+            if tls is not None:  # its files are named relative to the conf directory
+                tls = HttpTlsConfig(str(self.settings.resolve(tls.cert)), str(self.settings.resolve(tls.key)))
+            self.http = StatusServer(self.observer, listen, api=api, tls=tls, timeout=timeout)
             self.http.start()
         self.observer.start()
 
     def stop(self) -> None:
         if self.http is not None:
             self.http.stop()
+            if self.http.api is not None:  # a verify or copy follower still reading: not past the meta store's close
+                self.http.api.operations.join(5.0)
             self.http = None
         if self.observer is not None:
             self.observer.stop()

@@ -43,6 +43,18 @@ def mysql_context(config: SslConfig, *, where: str = "ssl", pipeline: str | None
     return context
 
 
+def server_context(cert: str, key: str, *, where: str = "http.tls") -> ssl.SSLContext:
+    """The context the node's HTTP endpoint serves HTTPS with (TLS 1.2 at least); a ConfigError
+    naming `where` if the certificate or key cannot be loaded."""
+    try:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(cert, keyfile=key)
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        raise ConfigError(f"{where}: cannot load the TLS files: {exc}") from exc
+    return context
+
+
 def libpq_params(config: SslConfig | None) -> dict[str, Any]:
     """libpq's connection parameters for `config`: ``sslmode`` verify-full (verify: true) or
     require (verify: false), and the files; none without `ssl` (libpq's default, or PGSSLMODE)."""

@@ -4,10 +4,11 @@ and exit 1 if there is one.
 setl's modules stand on floors and import only from their own floor or below (`FLOORS`, from the
 ground up; docs/architecture.md draws them)::
 
-    10 entry      cli (and its cluster_cmd, repair_cmd), the public API (setl/__init__), testing (nothing in
+    11 entry      cli (and its cluster_cmd, repair_cmd), the public API (setl/__init__), testing (nothing in
                   setl imports it)
-     9 node       node (and its node_elected, node_reload, node_runs, node_status)
-     8 observe    observe (metrics, lag, the HTTP page)
+    10 node       node (and its node_elected, node_reload, node_runs, node_status)
+     9 observe    observe (metrics, lag, the HTTP page)
+     8 control    control (the actions the CLI and the HTTP control API share, and long operations)
      7 scheduler  scheduler, runtime
      6 pipeline   pipeline (assembly of the stages from the config), verify (the consistency check)
      5 connectors connectors, sources, sinks, schema, transforms, ddltask, snapshot
@@ -63,6 +64,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("connectors", ("connectors", "sources", "sinks", "schema", "transforms", "ddltask", "snapshot")),
     ("pipeline", ("pipeline", "verify")),
     ("scheduler", ("scheduler", "runtime")),
+    ("control", ("control",)),
     ("observe", ("observe",)),
     ("node", ("node", "node_elected", "node_reload", "node_runs", "node_status")),
     ("entry", ("cli", "cluster_cmd", "repair_cmd", "setl", "testing")),

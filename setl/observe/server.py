@@ -5,7 +5,8 @@ threading HTTP server (docs/status-page.md says why).
 * ``/metrics``: Prometheus text format, from the node's own registry;
 * ``/api/status``: JSON, the rows of ``setl status --json`` with live figures;
 * ``/api/history?since=T&step=N``: an hour of lag, rate and bytes behind, one sample a second;
-* ``/healthz``: 200 while every pipeline of the node is healthy (not paused nor failed), else 503.
+* ``/healthz``: 200 while every pipeline of the node is healthy (not paused nor failed), else 503;
+* ``/api/v1/...``: with ``http.api``, the authenticated control API (`setl.observe.api`).
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from setl.config import parse_listen
+from setl.config import HttpTlsConfig, parse_listen
 from setl.errors import ConfigError
 from setl.observe import NodeObserver
+from setl.observe.api import PREFIX, Api, Response
 
 log = logging.getLogger("setl.observe")
 
@@ -54,6 +56,9 @@ def _page(status: Any) -> bytes:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # socketserver's default backlog of 5 drops the connections of a burst of clients (50 scripts
+    # polling at once), which then wait the kernel's 1 s SYN retransmit: tail latency, not work
+    request_queue_size = 128
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A closed browser connection is a DEBUG line; anything else is logged once, with its cause."""
@@ -71,14 +76,26 @@ class _Server6(_Server):
 class StatusServer:
     """Serves `observer` on `listen` (``HOST:PORT``) from a thread of its own until `stop`."""
 
-    def __init__(self, observer: NodeObserver, listen: str) -> None:
+    def __init__(self, observer: NodeObserver, listen: str, api: Api | None = None,
+                 tls: HttpTlsConfig | None = None, timeout: float = 30.0) -> None:
         self.observer = observer
+        self.api = api
         host, port = parse_listen(listen)
         server_class = _Server6 if ":" in host else _Server
         try:
-            self._server = server_class((host, port), _handler(observer))
+            self._server = server_class((host, port), _handler(observer, api, timeout))
         except OSError as exc:
             raise ConfigError(f"http.listen: cannot listen on {listen}: {exc.strerror or exc}") from exc
+        self.scheme = "http"
+        if tls is not None:
+            from setl.tls import server_context
+
+            context = server_context(tls.cert, tls.key)
+            # the handshake happens in the request's thread, under its timeout: a slow client never
+            # holds the accepting thread
+            self._server.socket = context.wrap_socket(self._server.socket, server_side=True,
+                                                      do_handshake_on_connect=False)
+            self.scheme = "https"
         self._thread: threading.Thread | None = None
 
     @property
@@ -89,13 +106,14 @@ class StatusServer:
     @property
     def url(self) -> str:
         host, port = self.address
-        return f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
+        return f"{self.scheme}://{'[' + host + ']' if ':' in host else host}:{port}/"
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
                                         name="setl-http", daemon=True)
         self._thread.start()
-        log.info("status page and metrics on %s (/metrics, /api/status, /healthz)", self.url)
+        log.info("status page and metrics on %s (/metrics, /api/status, /healthz%s)", self.url,
+                 ", control API /api/v1" if self.api is not None else "")
 
     def stop(self) -> None:
         if self._thread is not None:
@@ -105,13 +123,56 @@ class StatusServer:
         self._server.server_close()
 
 
-def _handler(observer: NodeObserver) -> type[BaseHTTPRequestHandler]:
+def _handler(observer: NodeObserver, api: Api | None, read_timeout: float) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         """One HTTP request to the node's page: the static page, ``/api/status``, ``/metrics``,
-        answered from `observer` (read-only; a request never blocks a pipeline)."""
+        answered from `observer` (read-only; a request never blocks a pipeline), and the control
+        API under ``/api/v1`` (`api`) when it is on."""
 
         server_version = "setl"
         protocol_version = "HTTP/1.1"
+        timeout = read_timeout  # a client that sends nothing for this long is cut off
+
+        def _api(self, method: str) -> bool:
+            """Answer a request under ``/api/v1``; False when it is not one."""
+            url = urlsplit(self.path)
+            if not (url.path == PREFIX or url.path.startswith(PREFIX + "/")):
+                return False
+            if api is None:
+                self._json(404, {"error": "the control API is off on this node (http.api in setl.yaml turns it on)"})
+                return True
+            response = api.handle(method, url.path, parse_qs(url.query), self.headers, self.rfile.read,
+                                  self.address_string())
+            if method == "POST" and response.status >= 400:  # its body may be unread: the connection cannot go on
+                self.close_connection = True
+            self._answer(response)
+            return True
+
+        def _answer(self, response: Response) -> None:
+            if response.stream is None:
+                body = json.dumps(response.body, allow_nan=False, default=str).encode()
+                self.send_response(response.status)
+                for key, value in {"Content-Type": "application/json", **response.headers}.items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Cache-Control", "no-store")
+                self.send_header("X-Content-Type-Options", "nosniff")
+                if self.close_connection:
+                    self.send_header("Connection", "close")
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+                return
+            self.close_connection = True  # the stream ends with the connection
+            self.send_response(response.status)
+            for key, value in response.headers.items():
+                self.send_header(key, value)
+            self.send_header("Cache-Control", "no-store")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            for line in response.stream:
+                self.wfile.write(line)
+                self.wfile.flush()
 
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("http %s %s", self.address_string(), format % args)
@@ -120,6 +181,12 @@ def _handler(observer: NodeObserver) -> type[BaseHTTPRequestHandler]:
             self.do_GET()
 
         def do_GET(self) -> None:
+            try:
+                if self._api("GET"):
+                    return
+            except _GONE as exc:
+                log.debug("http %s: the client went away: %s", self.path, exc)
+                return
             url = urlsplit(self.path)
             query = parse_qs(url.query)
             path = url.path
@@ -152,7 +219,15 @@ def _handler(observer: NodeObserver) -> type[BaseHTTPRequestHandler]:
                 self._json(500, {"error": f"{type(exc).__name__}: {exc}"})
 
         def do_POST(self) -> None:
-            self._json(405, {"error": "the endpoint is read-only"})
+            try:
+                if self._api("POST"):
+                    return
+            except _GONE as exc:
+                log.debug("http %s: the client went away: %s", self.path, exc)
+                return
+            self.close_connection = True  # its body is not read
+            self._json(405, {"error": "the endpoint is read-only" + ("" if api is not None else
+                                                                    " (http.api in setl.yaml turns on /api/v1)")})
 
         def _json(self, code: int, body: Any) -> None:
             self._send(code, json.dumps(body, allow_nan=False, default=str).encode(), "application/json")

@@ -139,6 +139,8 @@ function card(row, now) {
   if (bars) node.append(bars);
   const checked = verifyBox(row.verify, now);
   if (checked) node.append(checked);
+  const buttons = actionButtons(row);
+  if (buttons) node.append(buttons);
   if (row.recent_rollbacks && row.recent_rollbacks.length) {
     const list = el("ul", { class: "rollbacks" });
     for (const rb of row.recent_rollbacks.slice(-5).reverse()) {
@@ -181,7 +183,10 @@ function renderCluster(cluster, now) {
       el("td", {}, name), el("td", {}, node.live ? (node.draining ? "draining" : "yes") : "lost"),
       el("td", {}, node.capacity === null ? "–" : String(node.capacity)), el("td", {}, String(node.weight)),
       el("td", { class: "mono" }, node.pipelines.join(", ") ||
-        (node.lost_pipelines && node.lost_pipelines.length ? `(had ${node.lost_pipelines.join(", ")})` : "–"))));
+        (node.lost_pipelines && node.lost_pipelines.length ? `(had ${node.lost_pipelines.join(", ")})` : "–")),
+      api.role === "operator" && node.live && !node.draining
+        ? el("td", {}, actionButton("Drain", "drain", `Drain node ${name}: move every pipeline it runs away?`,
+          () => act("POST", `/cluster/nodes/${encodeURIComponent(name)}/drain`, {}, `drain ${name}`))) : null));
   }
   box.replaceChildren(head, table);
 }
@@ -292,7 +297,7 @@ function showError(error) {
 }
 
 async function pollStatus() {
-  try { render(await getJSON("/api/status")); showError(null); } catch (error) { showError(error); }
+  await pollOnce();
   setTimeout(pollStatus, 1000);
 }
 
@@ -306,10 +311,128 @@ async function pollHistory() {
   setTimeout(pollHistory, 2000);
 }
 
+// Actions (the control API, /api/v1): for an operator's token only. The token is kept for this
+// tab (sessionStorage) and sent as a bearer token; a viewer's token or none shows no button.
+const api = { token: sessionStorage.getItem("setl-api-token") || "", role: null };
+let lastStatus = null;
+
+async function callApi(method, path, body) {
+  const response = await fetch("/api/v1" + path, {
+    method, cache: "no-store", body: body === undefined ? undefined : JSON.stringify(body),
+    headers: { "Authorization": `Bearer ${api.token}`, "Content-Type": "application/json" },
+  });
+  const data = await response.json().catch(() => ({}));
+  if (!response.ok) throw new Error(data.error || `HTTP ${response.status}`);
+  return data;
+}
+
+async function signIn(token) {
+  api.token = token;
+  api.role = null;
+  const role = document.getElementById("role");
+  role.textContent = "";
+  if (token) {
+    try {
+      api.role = (await callApi("GET", "/whoami")).role;
+      sessionStorage.setItem("setl-api-token", token);
+      role.textContent = api.role;
+    } catch (error) {
+      sessionStorage.removeItem("setl-api-token");
+      role.textContent = `refused: ${error.message}`;
+    }
+  }
+  document.body.dataset.role = api.role || "none";
+  if (lastStatus) render(lastStatus);
+}
+
+function actionButton(label, action, question, run) {
+  const button = el("button", { type: "button", "data-action": action }, label);
+  button.addEventListener("click", () => { if (window.confirm(question)) run(); });
+  return button;
+}
+
+function actionButtons(row) {
+  if (api.role !== "operator") return null;
+  const name = row.pipeline;
+  const path = `/pipelines/${encodeURIComponent(name)}`;
+  const paused = row.status === "paused";
+  const recopy = el("button", { type: "button", "data-action": "snapshot" }, "Re-copy a table…");
+  recopy.addEventListener("click", () => {
+    const table = window.prompt(`Copy which table of ${name} again, online? (SCHEMA.TABLE)`);
+    if (table && window.confirm(`Copy ${table} again into the target of ${name}?`)) {
+      act("POST", `${path}/snapshot`, { tables: [table] }, `re-copy ${table}`);
+    }
+  });
+  return el("div", { class: "actions" },
+    paused
+      ? actionButton("Resume", "resume", `Resume ${name}?`, () => act("POST", `${path}/resume`, {}, `resume ${name}`))
+      : actionButton("Pause", "pause", `Pause ${name}? Its node stops it at a batch boundary.`,
+        () => act("POST", `${path}/pause`, {}, `pause ${name}`)),
+    recopy,
+    actionButton("Verify", "verify", `Compare the source and target tables of ${name} now?`,
+      () => act("POST", `${path}/verify`, {}, `verify ${name}`)));
+}
+
+function operationBox(title) {
+  const box = el("div", { class: "operation", "data-state": "running" }, el("strong", {}, title), " ",
+    el("span", { "data-role": "progress" }, "…"));
+  const list = document.getElementById("operations");
+  list.hidden = false;
+  list.prepend(box);
+  return box;
+}
+
+function progressText(op) {
+  const p = op.progress || {};
+  if (p.message) return p.message;
+  if (p.table !== undefined) return `${p.table}: ${count(p.rows)} rows` + (p.estimate ? ` of ~${count(p.estimate)}` : "");
+  if (p.tables) return p.tables.map((t) => `${t.table} ${t.status} ${count(t.rows)} rows`).join(", ");
+  return op.state;
+}
+
+async function act(method, path, body, title) {
+  const box = operationBox(title);
+  const progress = box.querySelector("[data-role=progress]");
+  const finish = (state, text, report) => {
+    box.dataset.state = state;
+    progress.textContent = text;
+    if (report) box.append(el("pre", { "data-role": "report" }, report));
+  };
+  try {
+    let answer = await callApi(method, path, body);
+    if (answer.id && answer.state) {
+      box.dataset.op = answer.id;
+      while (answer.state === "running") {
+        progress.textContent = progressText(answer);
+        await new Promise((resolve) => setTimeout(resolve, 500));
+        answer = await callApi("GET", `/operations/${answer.id}`);
+      }
+      if (answer.state === "failed") finish("failed", answer.error);
+      else finish("done", answer.result.message || "done", (answer.result.lines || []).join("\n") || null);
+    } else {
+      finish("done", answer.message || "done");
+    }
+  } catch (error) {
+    finish("failed", error.message);
+  }
+  pollOnce();
+}
+
+async function pollOnce() {
+  try { lastStatus = await getJSON("/api/status"); render(lastStatus); showError(null); } catch (error) { showError(error); }
+}
+
+document.getElementById("signin").addEventListener("submit", (event) => {
+  event.preventDefault();
+  signIn(document.getElementById("token").value.trim());
+});
+document.body.dataset.role = "none";
+if (api.token) signIn(api.token);
+
 // The status the page was served with: shown at once, before the first request for one.
 const initial = document.getElementById("initial-status");
 if (initial) {
-  try { render(JSON.parse(initial.textContent)); } catch (error) { showError(error); }
+  try { lastStatus = JSON.parse(initial.textContent); render(lastStatus); } catch (error) { showError(error); }
 }
 pollStatus();
 pollHistory();
