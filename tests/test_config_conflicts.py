@@ -1,4 +1,4 @@
-"""The ``conflicts:`` block and ``site:`` key of a pipeline (docs/conflicts.md): validated at load, handed to its target."""
+"""A pipeline's ``conflicts:`` block and ``site:`` key (docs/conflicts.md): validated, handed to its target."""
 
 from __future__ import annotations
 
