@@ -138,7 +138,7 @@ class RuntimeConfig:
 
 #: The events an alert can be sent on, besides thresholds (``FIGURE > N``, docs/runbook.md#alerts).
 ALERT_EVENTS = ("paused", "leader_changed", "snapshot_done", "caught_up", "rebalanced", "reload_refused",
-                "verify_failed")
+                "verify_failed", "conflict")
 _THRESHOLD = re.compile(r"^\s*([a-z_]+)\s*(>=|>)\s*([0-9]+(?:\.[0-9]+)?)\s*$")
 
 
@@ -164,8 +164,9 @@ class AlertConfig:
     """One webhook and the events it is sent (a JSON POST each; docs/runbook.md#alerts)."""
 
     webhook: str  # http:// or https:// URL the alerts are POSTed to
-    #: events: paused, leader_changed, snapshot_done, caught_up, rebalanced, reload_refused, verify_failed, or a
-    #: threshold on a live figure such as 'lag_seconds > 30' (firing when crossed upwards, resolved when it falls back)
+    #: events: paused, leader_changed, snapshot_done, caught_up, rebalanced, reload_refused, verify_failed,
+    #: conflict, or a threshold on a live figure such as 'lag_seconds > 30' (firing when crossed upwards,
+    #: resolved when it falls back)
     events: tuple[str, ...] = attrs.field(default=("paused",), validator=_alert_events)
     pipelines: tuple[str, ...] = ()  # only these pipelines (every pipeline when empty)
     timeout_ms: int = attrs.field(default=5000, validator=attrs.validators.ge(1))  # per POST

@@ -168,7 +168,7 @@ def subscribe(listener: Callable[[Conflict], None]) -> Callable[[], None]:
     return unsubscribe
 
 
-def _published(found: Sequence[Conflict]) -> None:
+def publish(found: Sequence[Conflict]) -> None:
     with _lock:
         for conflict in found:
             _counts[(conflict.pipeline, conflict.table, conflict.decision)] += 1
@@ -278,7 +278,7 @@ class ConflictStep:
         found = getattr(self._pending, "found", [])
         self._pending.found = []
         if found:
-            _published(found)
+            publish(found)
 
     def forget(self) -> None:
         """After DDL: learn the tables' columns again."""
