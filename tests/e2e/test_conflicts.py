@@ -1,4 +1,4 @@
-"""Conflicts found on a real binlog's row images: a source and a target both writing the same rows (docs/conflicts.md)."""
+"""Conflicts found on a real binlog's row images: a source and a target writing the same rows (docs/conflicts.md)."""
 
 from __future__ import annotations
 
@@ -50,8 +50,8 @@ def test_target_writes_racing_source_writes_are_found_and_settled(
         cur.execute("UPDATE t SET name = CONCAT(name, '-a'), updated_at = '2024-06-02' WHERE id <= 4")
         cur.execute("DELETE FROM t WHERE id = 5")
     replicate(mariadb_source, middle, rules, load(), tmp_path, name="a_to_b", settings=settings)
-    found = mariadb_target.query(f"SELECT row_key, decision, source_row, target_row, policy FROM {mysql_db}.setl_conflicts "
-                                 "ORDER BY id")
+    found = mariadb_target.query(f"SELECT row_key, decision, source_row, target_row, policy "
+                                 f"FROM {mysql_db}.setl_conflicts ORDER BY id")
     assert [(json.loads(k), d) for k, d, *_ in found] == [([2], TARGET_WON), ([3], SOURCE_WON)]
     assert [json.loads(r[3])["name"] for r in found] == ["b-wins", "NAME3"]
     assert [json.loads(r[2])["name"] for r in found] == ["Name2-a", "Name3-a"]
