@@ -245,6 +245,9 @@ class _Columns:
 
     expressions: dict[str, str]  # lower-cased column -> SQL expression compared with a literal
     names: dict[str, str]  # lower-cased column -> its name
+    #: lower-cased columns whose value as read back may not tell two stored values apart (FLOAT and
+    #: DOUBLE are printed rounded; BIT, SET, ENUM, JSON and spatial values come back in other types)
+    inexact: frozenset[str] = frozenset()
 
 
 class ConflictStep:
@@ -346,18 +349,20 @@ class ConflictStep:
                     " WHERE l.collation_name = CONCAT(c.character_set_name, '_bin')) "
                     "FROM information_schema.columns c WHERE c.table_schema = %s AND c.table_name = %s",
                     (schema, table))
-        expressions, names = {}, {}
+        expressions, names, inexact = {}, {}, set()
         for column, data_type, charset, extra, nopad, binary in cur.fetchall():
             if "GENERATED" in str(extra).upper() or str(extra).upper() in ("ROW START", "ROW END"):
                 continue  # computed by the server from the others: never written, never compared
             names[column.lower()] = column
+            if str(data_type).lower() not in _EXACT_TYPES:
+                inexact.add(column.lower())
             expression = quote(column)
             if charset:  # text: exact, case and trailing spaces included (CHAR is read without its padding)
                 collation = binary if str(data_type).lower() == "char" else (nopad or binary)
                 if collation:
                     expression = f"{expression} COLLATE {collation}"
             expressions[column.lower()] = expression
-        found = _Columns(expressions, names)
+        found = _Columns(expressions, names, frozenset(inexact))
         if names:
             self._columns[(schema, table)] = found
         return found
@@ -366,7 +371,55 @@ class ConflictStep:
                  keys: Sequence[tuple[Any, ...]], firsts: Mapping[tuple[Any, ...], Any],
                  desired: Mapping[tuple[Any, ...], Any]) -> dict[tuple[Any, ...], tuple[Any, bool, bool, int | None]]:
         """Key -> (the target's row, whether it is the first before-image, whether it is the batch's
-        last after-image, `decide`'s `newer`), for the keys the target has a row of; locked to COMMIT."""
+        last after-image, `decide`'s `newer`), for the keys the target has a row of; locked to COMMIT.
+
+        The rows are read locked first, a chunk of keys a statement, and compared here where that
+        is exact (`_py_same`: a column type whose value read back is the stored value, equal in
+        type and value to the image's); the keys left (a difference, or a value that cannot be
+        compared here) are compared by the server (`_server_compare`)."""
+        literal = cur.connection.escape
+        name = f"{quote(table.schema)}.{quote(table.table)}"
+        pk = table.primary_key
+        read = list(columns.names.values())
+        select = ", ".join(quote(c) for c in read)
+        at = [read.index(columns.names[c.lower()]) for c in pk]
+        found: dict[tuple[Any, ...], tuple[Any, bool, bool, int | None]] = {}
+        suspects: list[tuple[Any, ...]] = []
+        for start in range(0, len(keys), CHUNK_KEYS):
+            part = keys[start:start + CHUNK_KEYS]
+            if len(pk) == 1:
+                where = f"{quote(pk[0])} IN ({', '.join(literal(to_db(k[0])) for k in part)})"
+            else:
+                where = (f"({', '.join(quote(c) for c in pk)}) IN ("
+                         + ", ".join("(" + ", ".join(literal(to_db(v)) for v in k) + ")" for k in part) + ")")
+            cur.execute(f"SELECT {select} FROM {name} WHERE {where} FOR UPDATE")
+            rows = {tuple(row[i] for i in at): dict(zip(read, row)) for row in cur.fetchall()}
+            wanted = set(part)
+            if any(key not in wanted for key in rows):  # a key the target's collation matches otherwise
+                suspects.extend(part)
+                continue
+            for key in part:
+                row = rows.get(key)
+                first, want = firsts[key], desired[key]
+                if row is None:
+                    found[key] = (ABSENT, first is ABSENT, want is ABSENT, None)
+                elif _py_same(row, first, columns):
+                    found[key] = (row, True, False, None)
+                elif _py_same(row, want, columns):
+                    found[key] = (row, False, True, None)
+                else:
+                    suspects.append(key)
+        if suspects:
+            found.update(self._server_compare(cur, table, columns, policy, suspects, firsts, desired))
+        return found
+
+    def _server_compare(self, cur: Any, table: TableChanges, columns: _Columns, policy: TablePolicy,
+                        keys: Sequence[tuple[Any, ...]], firsts: Mapping[tuple[Any, ...], Any],
+                        desired: Mapping[tuple[Any, ...], Any]) -> dict[tuple[Any, ...],
+                                                                          tuple[Any, bool, bool, int | None]]:
+        """`_compare` of `keys` by the server: a UNION ALL of one locked single-key SELECT per key,
+        each comparing the row with both images column by column (`<=>`, text in a binary no-pad
+        collation) and, for last writer wins, the timestamps."""
         literal = cur.connection.escape
         name = f"{quote(table.schema)}.{quote(table.table)}"
         pk = table.primary_key
@@ -438,6 +491,35 @@ CONFLICTS_DDL = """CREATE TABLE IF NOT EXISTS {table} (
   batch BIGINT NOT NULL,
   KEY by_table (pipeline, table_name(191))
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"""
+
+
+#: Column types whose value PyMySQL reads back is the stored value itself, so that equal Python
+#: values of the same type mean equal stored values (text: exactly, case and spaces included).
+_EXACT_TYPES = frozenset({"tinyint", "smallint", "mediumint", "int", "bigint", "decimal", "date", "datetime",
+                          "time", "year", "char", "varchar", "tinytext", "text", "mediumtext", "longtext",
+                          "binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"})
+_EXACT_VALUES = (int, str, bytes, decimal.Decimal, datetime.datetime, datetime.date, datetime.timedelta)
+
+
+def _py_same(row: Mapping[str, Any], image: Any, columns: _Columns) -> bool:
+    """Whether the target's `row` is `image`, where that can be told here for sure; False also
+    when it cannot (the server then compares). Only the image's columns the table has count."""
+    if image is ABSENT or image is ANY:
+        return False
+    for column, value in image.items():
+        lower = column.lower()
+        if lower not in columns.names:
+            continue
+        if lower in columns.inexact:
+            return False
+        mine = row[columns.names[lower]]
+        if value is None or mine is None:
+            if value is not mine:
+                return False
+            continue
+        if type(value) is not type(mine) or not isinstance(value, _EXACT_VALUES) or value != mine:
+            return False
+    return True
 
 
 def _same_image(first: Any, want: Any) -> bool:
