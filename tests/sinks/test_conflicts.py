@@ -9,6 +9,7 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
+import attrs
 import pymysql.cursors
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 
 from setl.config import ConfigError
 from setl.errors import RefusedLoadError
-from setl.model import Batch, Op, PartialImage, Position, RowChange
+from setl.model import Batch, DdlChange, Op, PartialImage, Position, RowChange
 from setl.sinks import conflicts as conflicts_module
 from setl.sinks.conflicts import (
     ABSENT,
@@ -136,13 +137,14 @@ class Site:
             return
         other.receive([RowChange(c.op, other.db, c.table, c.primary_key, c.before, c.after) for c in take])
 
-    def receive(self, changes: list[RowChange]) -> Batch:
+    def receive(self, changes: list[Any]) -> Batch:
+        """`changes` (row changes, DDL) loaded as one batch of this site's pipeline."""
         self.batches += 1
         start = Position("sim-bin.000001", self.offset)
         self.offset += 100
         end = Position("sim-bin.000001", self.offset)
-        placed = [RowChange(c.op, c.schema, c.table, c.primary_key, c.before, c.after,
-                            Position("sim-bin.000001", self.offset - 50, row=0)) for c in changes]
+        at = Position("sim-bin.000001", self.offset - 50, row=0)
+        placed = [attrs.evolve(c, position=at) for c in changes]
         batch = Batch(self.load.pipeline, self.batches, 1, start, end, tuple(placed))
         self.load.load(batch)
         return batch
@@ -265,6 +267,28 @@ def test_conflicts_are_published_after_commit(sites: tuple[Site, Site]) -> None:
         unsubscribe()
     assert [(c.table, c.key, c.decision) for c in seen] == [(f"{b.db}.t", (3,), SOURCE_WON)]
     assert conflicts_module.counts()[(b.load.pipeline, f"{b.db}.t", SOURCE_WON)] == before + 1
+
+
+def test_a_ddl_between_changes_of_a_key_raises_no_false_conflict(sites: tuple[Site, Site]) -> None:
+    """Changes of one key before and after a DDL in one batch are compared segment by segment: the
+    second with the state the first left, no conflict; a target change before the batch still is one."""
+    a, b = sites
+    a.write(1, image(1, "v0", T0))
+    a.write(2, image(2, "v0", T0))
+    a.ship_to(b)
+    b.write(2, image(2, "b-edit", T0))  # the target changes key 2 only
+    a.write(1, image(1, "v1", T0))
+    a.write(2, image(2, "v1", T0))
+    first = list(a.log)
+    a.log.clear()
+    a.write(1, image(1, "v2", T0))
+    second = list(a.log)
+    a.log.clear()
+    alter = DdlChange(b.db, "t", f"ALTER TABLE `{b.db}`.`t` ADD COLUMN extra INT NULL")
+    b.receive([RowChange(c.op, b.db, c.table, c.primary_key, c.before, c.after) for c in first] + [alter]
+              + [RowChange(c.op, b.db, c.table, c.primary_key, c.before, c.after) for c in second])
+    assert [(json.loads(r["row_key"]), r["decision"]) for r in b.conflicts()] == [([2], SOURCE_WON)]
+    assert b.row(1)["v"] == "v2" and b.row(2)["v"] == "v1"  # type: ignore[index]
 
 
 def test_a_partial_image_is_refused(sites: tuple[Site, Site]) -> None:
