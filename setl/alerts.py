@@ -15,7 +15,8 @@ runs the pipeline); `table`, `rows` and `chunks` for ``snapshot_done`` (one per 
 copy was acked to its end); `from`, `to` and `reason` for ``rebalanced`` (sent by the cluster's
 coordinator when a pipeline changes node, docs/cluster.md); `differences`, `tables` (those that
 differ) and `error` (a check that reached no verdict) for ``verify_failed`` (a scheduled check,
-docs/verify.md#scheduled-checks).
+docs/verify.md#scheduled-checks); `table`, `key`, `decision`, `policy`, `reason` and `position` for
+``conflict`` (one per conflict a pipeline settled and committed, docs/conflicts.md).
 """
 
 from __future__ import annotations

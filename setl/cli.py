@@ -35,7 +35,7 @@ from setl.meta.base import MetaStore
 from setl.model import Position
 from setl.retry import Failure, classify
 from setl.scheduler import Outcome
-from setl.status import dead_note, position_text, status_rows, stopped_row, verify_line
+from setl.status import conflicts_line, dead_note, position_text, status_rows, stopped_row, verify_line
 
 log = logging.getLogger("setl")
 
@@ -406,6 +406,8 @@ def cmd_status(args: argparse.Namespace, conf: Path) -> int:
         if row.get("verify"):
             console.print(Text(verify_line(row["pipeline"], row["verify"], now),
                                style="" if row["verify"]["equal"] else "red"), overflow="fold")
+        if row.get("conflicts"):
+            console.print(Text(conflicts_line(row["pipeline"], row["conflicts"]), style="yellow"), overflow="fold")
     return 0
 
 

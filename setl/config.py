@@ -164,7 +164,7 @@ class RuntimeConfig:
 
 #: The events an alert can be sent on, besides thresholds (``FIGURE > N``, docs/runbook.md#alerts).
 ALERT_EVENTS = ("paused", "leader_changed", "snapshot_done", "caught_up", "rebalanced", "reload_refused",
-                "verify_failed")
+                "verify_failed", "conflict")
 _THRESHOLD = re.compile(r"^\s*([a-z_]+)\s*(>=|>)\s*([0-9]+(?:\.[0-9]+)?)\s*$")
 
 
@@ -190,8 +190,9 @@ class AlertConfig:
     """One webhook and the events it is sent (a JSON POST each; docs/runbook.md#alerts)."""
 
     webhook: str  # http:// or https:// URL the alerts are POSTed to
-    #: events: paused, leader_changed, snapshot_done, caught_up, rebalanced, reload_refused, verify_failed, or a
-    #: threshold on a live figure such as 'lag_seconds > 30' (firing when crossed upwards, resolved when it falls back)
+    #: events: paused, leader_changed, snapshot_done, caught_up, rebalanced, reload_refused, verify_failed,
+    #: conflict, or a threshold on a live figure such as 'lag_seconds > 30' (firing when crossed upwards,
+    #: resolved when it falls back)
     events: tuple[str, ...] = attrs.field(default=("paused",), validator=_alert_events)
     pipelines: tuple[str, ...] = ()  # only these pipelines (every pipeline when empty)
     timeout_ms: int = attrs.field(default=5000, validator=attrs.validators.ge(1))  # per POST
@@ -428,6 +429,34 @@ class VerifySchedule:
         return parse_duration(self.every)
 
 
+ConflictPolicyName = Literal["last_writer_wins", "site_wins", "keep_target"]
+
+
+@attrs.frozen
+class TableConflicts:
+    """One target table's conflict settlement, over the block's (a key left out: the block's)."""
+
+    policy: ConflictPolicyName | None = None  # last_writer_wins, site_wins or keep_target
+    column: str | None = None  # last_writer_wins: the table's timestamp column every write sets
+    site: str | None = None  # site_wins: the site whose version always wins
+
+
+@attrs.frozen
+class ConflictSettings:
+    """Conflicts of a two-way channel (docs/conflicts.md): a row changed on both sides before
+    either change reached the other, detected where a batch is applied (MySQL targets), settled by
+    `policy` and recorded in the target's ``setl_conflicts`` table. Not set: no detection, and no
+    extra reads."""
+
+    #: last_writer_wins: the later `column` wins, a tie goes to the site of the smaller priority in
+    #: `sites`, a delete wins over an update; site_wins: `site` always wins; keep_target: the target's row stays
+    policy: ConflictPolicyName = "last_writer_wins"
+    column: str | None = None  # last_writer_wins: the timestamp column every write sets (e.g. updated_at)
+    site: str | None = None  # site_wins: the site whose version always wins
+    sites: dict[str, int] = attrs.Factory(dict)  # the channel's two sites and their priorities (1 wins ties over 2)
+    tables: dict[str, TableConflicts] = attrs.Factory(dict)  # per target table SCHEMA.TABLE: its own policy
+
+
 @attrs.frozen
 class PipelineConfig:
     """`conf/pipelines/NAME.yaml`: one pipeline from a source to a target."""
@@ -438,6 +467,8 @@ class PipelineConfig:
     tables: tuple[TableRule, ...] = (TableRule(source=r".*"),)  # table rules; unmatched tables are skipped
     pipeline: PipelineSettings = attrs.Factory(PipelineSettings)
     verify: VerifySchedule | None = None  # scheduled consistency checks (off when not set)
+    site: str | None = None  # two-way sync: the site this pipeline's source is (a name in conflicts.sites)
+    conflicts: ConflictSettings | None = None  # two-way sync: detect, settle and record conflicts (docs/conflicts.md)
     file: str = attrs.field(default="", metadata={"internal": True})
 
 
@@ -679,6 +710,7 @@ def load_pipeline(conf_dir: str | Path, name: str, connectors: ConnectorResolver
     data = _read_yaml(path)
     config = _Builder(str(path), connectors).build_attrs(PipelineConfig, data, "", name=name, file=str(path))
     _check_pipeline(config, str(path))
+    _check_conflicts(config, str(path))
     return _resolve_ssl(config, Path(conf_dir), str(path))
 
 
@@ -753,6 +785,40 @@ def _check_pipeline(config: PipelineConfig, path: str) -> None:
                 why = f"rule tables[{index}] excludes it" if index is not None else "no table rule matches it"
                 raise ConfigError(f"not replicated by this pipeline ({why}), so it cannot be checked", file=path,
                                   pipeline=config.name, key=f"verify.tables[{i}]", table=text)
+
+
+def _check_conflicts(config: PipelineConfig, path: str) -> None:
+    """The ``conflicts:`` block against the pipeline's `site`: every policy it names can be decided
+    the same way on both sides of the channel."""
+    settings = config.conflicts
+    if settings is None:
+        return
+
+    def fail(key: str, message: str) -> ConfigError:
+        return ConfigError(f"{key}: {message}", file=path, pipeline=config.name)
+
+    sites = settings.sites
+    if config.site is None:
+        raise fail("site", "required with conflicts: the site this pipeline's source is (a name in conflicts.sites)")
+    if sites and config.site not in sites:
+        raise fail("site", f"{config.site!r} is not one of conflicts.sites ({', '.join(sites)})")
+    rules = [("conflicts", settings.policy, settings.column, settings.site)]
+    for name, table in settings.tables.items():
+        schema, dot, rest = name.partition(".")
+        if not (dot and schema and rest):
+            raise fail(f"conflicts.tables.{name}", "is not SCHEMA.TABLE (the target table)")
+        rules.append((f"conflicts.tables.{name}", table.policy or settings.policy, table.column or settings.column,
+                      table.site or settings.site))
+    for key, policy, column, site in rules:
+        if policy == "last_writer_wins":
+            if not column:
+                raise fail(f"{key}.column", "required by last_writer_wins: the timestamp column every write sets")
+            if len(sites) != 2 or len(set(sites.values())) != 2:
+                raise fail("conflicts.sites", "last_writer_wins needs the channel's two sites with different "
+                           "priorities, to break a tie the same way on both sides (e.g. {a: 1, b: 2})")
+        if policy == "site_wins" and (not site or site not in sites):
+            raise fail(f"{key}.site", f"site_wins needs the winning site, one of conflicts.sites "
+                       f"({', '.join(sites) or 'none given'})")
 
 
 def selecting_rule(rules: Sequence[TableRule], name: str) -> int | None:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 import attrs
 
-from setl.errors import PluginError
+from setl.errors import ConfigError, PluginError
 from setl.registry import SOURCES, TARGETS, PluginGroup, blocked
 from setl.stages.load import Load, LoadCapabilities
 from setl.stages.select import Select, SelectCapabilities
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from setl.config import NodeSettings, PipelineConfig, PipelineSettings
     from setl.ddltask.actions import Actions
     from setl.schema.target import SchemaTarget
+    from setl.sinks.conflicts import ConflictPolicy
 
 Kind = Literal["source", "target"]
 GROUPS: dict[Kind, str] = {"source": SOURCES, "target": TARGETS}
@@ -67,10 +68,17 @@ class BuildContext:
     node: NodeSettings = attrs.field(factory=_default_node)
     selects: Callable[[str, str], bool] = attrs.field(default=lambda schema, table: True, eq=False)
     sequences: bool = False
+    #: the pipeline's ``conflicts:`` block and ``site`` as its target applies them (None: no detection)
+    conflicts: ConflictPolicy | None = None
 
     @classmethod
     def of(cls, pipeline: PipelineConfig, node: NodeSettings) -> BuildContext:
-        return cls(pipeline.name, pipeline.pipeline, node)
+        conflicts = None
+        if pipeline.conflicts is not None and pipeline.site is not None:
+            from setl.sinks.conflicts import ConflictPolicy
+
+            conflicts = ConflictPolicy.from_config(pipeline.conflicts, pipeline.site)
+        return cls(pipeline.name, pipeline.pipeline, node, conflicts=conflicts)
 
     def resolve(self, path: str) -> Path:
         """A path from the config, relative to the config directory."""
@@ -335,7 +343,11 @@ def build_select(config: PipelineConfig, node: NodeSettings,
 
 
 def build_load(config: PipelineConfig, node: NodeSettings) -> Load:
-    """The pipeline's target, built by its connector (not opened), carrying its declared capabilities."""
+    """The pipeline's target, built by its connector (not opened), carrying its declared capabilities.
+    A ``conflicts:`` block needs a target that detects conflicts (type mysql)."""
+    if config.conflicts is not None and config.target.type != "mysql":
+        raise ConfigError(f"conflicts: detected on a mysql target only, not {config.target.type}",
+                          pipeline=config.name, file=config.file or None)
     return for_node(node).target(config.target.type).create(config.target, BuildContext.of(config, node))
 
 
@@ -415,7 +427,8 @@ def mysql_target() -> TargetConnector[Any]:
     from setl.sinks.mysql import MysqlLoad, MysqlTargetConfig
 
     def build(config: MysqlTargetConfig, context: BuildContext) -> Load:
-        return MysqlLoad.from_config(config, pipeline=context.name, ddl=context.settings.ddl)
+        return MysqlLoad.from_config(config, pipeline=context.name, ddl=context.settings.ddl,
+                                     conflicts=context.conflicts)
 
     def schema(config: MysqlTargetConfig, context: BuildContext) -> SchemaTarget:
         from setl.schema.mysql import MysqlSchema

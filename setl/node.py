@@ -30,6 +30,7 @@ from setl.pipeline.checks import check_rules, check_source, rules_fingerprint
 from setl.runtime import SerialExecutorService, TaskExecutionService
 from setl.scheduler import BatchCap, Listener, supports_per_table
 from setl.schema import check_tables
+from setl.sinks import conflicts
 from setl.verify.schedule import ScheduledChecks
 
 if TYPE_CHECKING:
@@ -229,10 +230,21 @@ class Node:
             if self.settings.meta.store != "zookeeper":
                 for config in self.pipelines:
                     self.heartbeat.claim(config.name)
-            return self._run(until_caught_up)
+            unsubscribe = conflicts.subscribe(self._conflict)  # each settled conflict: the conflict alert
+            try:
+                return self._run(until_caught_up)
+            finally:
+                unsubscribe()
         finally:
             self.heartbeat.close()
             self.alerts.close()
+
+    def _conflict(self, found: conflicts.Conflict) -> None:
+        """A conflict one of this node's pipelines settled (and committed): the ``conflict`` alert."""
+        if any(config.name == found.pipeline for config in self.pipelines):
+            self.alerts.emit(found.pipeline, "conflict", table=found.table, key=list(found.key),
+                             decision=found.decision, policy=found.policy, reason=found.reason,
+                             position=found.position)
 
     def _run(self, until_caught_up: bool) -> list[PipelineResult]:
         stages = {config.name: build_stages(self.settings, config, self.meta) for config in self.pipelines}

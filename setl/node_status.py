@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from setl.alerts import Alerts
 from setl.config import HttpTlsConfig, NodeSettings
 from setl.meta.base import MetaStore
+from setl.sinks import conflicts
 
 if TYPE_CHECKING:
     from setl.observe import NodeObserver
@@ -47,6 +48,9 @@ class NodeStatus:
         figures = {k: v for k, v in found.to_dict().items() if k != "position"} if found is not None else {}
         self.alerts.observe(name, figures)
         rules = self.rules.get(name)
+        settled = conflicts_of(name)
+        if settled:
+            figures = {**figures, "conflicts": settled}
         if name in self.reloads:
             figures = {**figures, "reload": self.reloads[name]}
         return {**figures, "rules": rules} if rules is not None else figures
@@ -81,3 +85,12 @@ class NodeStatus:
             self.http = None
         if self.observer is not None:
             self.observer.stop()
+
+
+def conflicts_of(pipeline: str) -> dict[str, int]:
+    """The conflicts `pipeline` settled in this process, by decision (`setl.sinks.conflicts.counts`)."""
+    found: dict[str, int] = {}
+    for (name, _table, decision), n in conflicts.counts().items():
+        if name == pipeline:
+            found[decision] = found.get(decision, 0) + n
+    return found

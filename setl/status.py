@@ -46,7 +46,8 @@ def stopped_row(name: str) -> dict[str, Any]:
     return {"pipeline": name, "status": Status.STOPPED.value, "position": None, "batch": None,
             "acked_at": None, "epoch": 0, "node": None, "error": None, "retrying": None,
             "retrying_since": None, "last_seen": None, "host": None, "pid": None,
-            "lag_seconds": None, "rows_per_second": None, "snapshot": [], "snapshot_requested": [], "verify": None}
+            "lag_seconds": None, "rows_per_second": None, "snapshot": [], "snapshot_requested": [], "verify": None,
+            "conflicts": None}
 
 
 def snapshot_rows(meta: MetaStore, name: str) -> dict[str, Any]:
@@ -97,6 +98,7 @@ def status_rows(meta: MetaStore, names: list[str], *, now: float | None = None) 
             "pid": live.pid if live is not None else None,
             "lag_seconds": figures.get("lag_seconds"),
             "rows_per_second": figures.get("rows_per_second"),
+            "conflicts": figures.get("conflicts"),  # by decision, settled by the running process (docs/conflicts.md)
             **({"holder": holder, "standbys": standbys} if members else {}),
             **snapshot_rows(meta, name),
             "verify": meta.verify_result(name),  # the last scheduled check (setl.verify.schedule), or None
@@ -131,6 +133,14 @@ def dead_note(row: dict[str, Any], now: float | None = None) -> str:
     now = time.time() if now is None else now
     where = row.get("node") or row.get("host") or "?"
     return f"last seen {max(0.0, now - row['last_seen']):.0f}s ago on {where}"
+
+
+def conflicts_line(pipeline: str, settled: dict[str, int]) -> str:
+    """The conflicts a running pipeline settled, on one line: how many, by decision, and where the record is."""
+    total = sum(settled.values())
+    parts = ", ".join(f"{decision} {n}" for decision, n in sorted(settled.items()))
+    return (f"{pipeline}: {total} conflict{'s' if total != 1 else ''} settled since it started ({parts}); "
+            f"both versions of each are in the target's setl_conflicts table (docs/conflicts.md)")
 
 
 def verify_line(pipeline: str, result: dict[str, Any], now: float | None = None) -> str:

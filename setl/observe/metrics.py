@@ -19,7 +19,7 @@ from setl.model import Ack, Batch, DdlChange, Op
 from setl.observe.lag import Figures
 from setl.observe.memory import jvm_rss_bytes, rss_bytes
 from setl.scheduler.events import Listener
-from setl.sinks import rewrites
+from setl.sinks import conflicts, rewrites
 
 log = logging.getLogger("setl.observe")
 
@@ -184,7 +184,13 @@ class _LiveCollector(Collector):
         for (pipeline, table, kind), n in sorted(rewrites.counts().items()):
             if pipeline in live:  # this node's pipelines only (tests run several nodes in one process)
                 rewritten.add_metric([pipeline, table, kind], n)
-        yield from (lag, behind, events, rate, caught, heard, leader, threads, memory, rewritten)
+        settled = CounterMetricFamily("setl_conflicts", "Conflicts (a row changed on both sides) detected and "
+                                      "settled, by target table and decision: source_won, target_won",
+                                      labels=["pipeline", "table", "decision"])
+        for (pipeline, table, decision), n in sorted(conflicts.counts().items()):
+            if pipeline in live:
+                settled.add_metric([pipeline, table, decision], n)
+        yield from (lag, behind, events, rate, caught, heard, leader, threads, memory, rewritten, settled)
 
 
 class _ClusterCollector(Collector):

@@ -18,9 +18,10 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from setl.errors import SetlError
+from setl.errors import ConfigError, SetlError
 from setl.model import Batch, Position
 from setl.routing import flat_name
+from setl.sinks.conflicts import ConflictPolicy, ConflictStep
 from setl.sinks.sql_dialect import SqlDialect
 from setl.sinks.sql_failures import CurrentTable, LoadFailures
 from setl.sinks.sql_fence import TargetFence
@@ -114,8 +115,10 @@ class SqlLoad(Load, Generic[C]):
         fence_timeout: float = 60.0,
         fence_lock_timeout: float = 2.0,
         sleep: Callable[[float], None] = time.sleep,
+        conflicts: ConflictPolicy | None = None,
     ) -> None:
-        """`sql`: the target's dialect (its session, row writer, DDL and driver errors)."""
+        """`sql`: the target's dialect (its session, row writer, DDL and driver errors); `conflicts`:
+        detect, settle and record conflicts (a MySQL target: `setl.sinks.conflicts`)."""
         if chunk_rows < 1:
             raise ValueError("chunk_rows must be at least 1")
         if connections < 1:
@@ -147,7 +150,10 @@ class SqlLoad(Load, Generic[C]):
         self.planner = SegmentPlanner(pipeline, ddl, self.failures.context)
         self.staged: StagedCopies[C] = StagedCopies(pipeline, self.positions, sql.staging())
         self.pool: ConnectionPool[C] = ConnectionPool(connections, self._open_connection, self._close)
-        self.path = LoadPath(pipeline, sql, self.fence, self.positions, self.staged, self.writing)
+        if conflicts is not None and sql.name != "mysql":
+            raise ConfigError(f"pipeline {pipeline}: conflicts: needs a mysql target, not {sql.name}")
+        self.conflicts = None if conflicts is None else ConflictStep(pipeline, conflicts, position_schema)
+        self.path = LoadPath(pipeline, sql, self.fence, self.positions, self.staged, self.writing, self.conflicts)
 
     @classmethod
     def from_config(cls, config: Any, *, pipeline: str, **options: Any) -> "SqlLoad[C]":

@@ -1,8 +1,9 @@
 """The load path of an SQL target, top to bottom: what one batch (`load_batch`) or one per-table part
 (`load_part`) does in its transaction on its connection, each step one function below.
 
-``load_batch``: `hold_fence`; for each segment (`apply_segments`): its tables' rows
-(`apply_rows`: `stage`, then `write_table`: patches, deletes, upserts, or a keyless table in order)
+``load_batch``: `begin_conflicts` (a conflicts pipeline only), `hold_fence`; for each segment
+(`apply_segments`): its tables' rows (`apply_rows`: `stage`, `settle_conflicts` in a conflicts
+pipeline, then `write_table`: patches, deletes, upserts, or a keyless table in order)
 or its DDL (`apply_ddl`, or a re-copy's start or end: `apply_staged`); `record_and_commit` (the
 position and COMMIT); `after_commit`. ``load_part`` is the same with `fence_part` and
 `skip_applied` first. What differs between targets is the `SqlDialect` (and its `RowWriter`);
@@ -13,12 +14,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import attrs
 
 from setl.model import Batch, Change, Op, Position, RowChange
 from setl.routing import flat_name
+from setl.sinks.conflicts import ConflictStep, first_images
 from setl.sinks.merge import TableChanges
 from setl.sinks.sql_dialect import RowWriter, SqlDialect
 from setl.sinks.sql_failures import CurrentTable
@@ -48,10 +50,13 @@ class LoadPath(Generic[C]):
     positions: PositionStore[C]
     staged: StagedCopies[C]
     writing: CurrentTable
+    #: conflicts detected, settled and recorded (a pipeline with a ``conflicts:`` block); None: none
+    conflicts: ConflictStep | None = None
 
 
 def load_batch(path: LoadPath[C], conn: C, batch: Batch, segments: list[Segment]) -> None:
     """One batch in its transaction: fence, segments, positions and COMMIT (see the module)."""
+    begin_conflicts(path, conn)
     hold_fence(path, conn, batch)
     ddl = any(isinstance(segment, DdlStep) for segment in segments)
     if ddl:  # a batch holding a DDL runs alone: it may start or end a re-copy
@@ -66,6 +71,7 @@ def load_part(path: LoadPath[C], conn: C, batch: Batch, plan: PlanSegments) -> N
     hold already dropped, segments (`plan` cuts them), its tables' positions and COMMIT."""
     # unambiguous with dots in names; in the order the part names them
     names = {ident: flat_name(*ident) for ident in dict.fromkeys((c.schema, c.table or "") for c in batch.changes)}
+    begin_conflicts(path, conn)
     tables = fence_part(path, conn, batch, list(names.values()))
     batch = skip_applied(path, batch, names, tables)
     apply_segments(path, conn, batch, plan(batch))
@@ -73,9 +79,17 @@ def load_part(path: LoadPath[C], conn: C, batch: Batch, plan: PlanSegments) -> N
     # discarded batches after them committed already.
     moved = [table for table, (_, table_at) in tables.items() if table_at is None or batch.end > table_at]
     record_and_commit(path, conn, batch, moved, pipeline=False)
+    if path.conflicts is not None:
+        path.conflicts.after_commit()
 
 
 # -- the steps, in the order they run
+
+
+def begin_conflicts(path: LoadPath[C], conn: C) -> None:
+    """A conflicts pipeline: its table made once, the transaction REPEATABLE READ (`ConflictStep.begin`)."""
+    if path.conflicts is not None:
+        path.conflicts.begin(conn)
 
 
 def hold_fence(path: LoadPath[C], conn: C, batch: Batch) -> None:
@@ -114,21 +128,43 @@ def skip_applied(path: LoadPath[C], batch: Batch, names: Mapping[tuple[str, str]
 
 
 def apply_segments(path: LoadPath[C], conn: C, batch: Batch, segments: list[Segment]) -> None:
-    """Each segment in batch order: the merged rows of its tables, or one DDL."""
-    for segment in segments:
+    """Each segment in batch order: the merged rows of its tables, or one DDL. A conflicts pipeline
+    compares the target with each key's state before the segment's changes (`first_images`)."""
+    changes = None if path.conflicts is None else path.dialect.narrow(batch).changes
+    start = 0  # where the segment's changes start in `changes`
+    for n, segment in enumerate(segments):
         if isinstance(segment, list):
-            apply_rows(path, conn, segment)
-        elif not apply_staged(path, conn, batch, segment):
+            expected = None
+            if changes is not None:
+                end = next((s.index for s in segments[n + 1:] if isinstance(s, DdlStep)), len(changes))
+                expected = first_images(changes[start:end], path.pipeline)
+            apply_rows(path, conn, segment, batch, expected)
+            continue
+        start = segment.index + 1
+        if not apply_staged(path, conn, batch, segment):
             apply_ddl(path, conn, batch, segment)
     path.writing.table = None
 
 
-def apply_rows(path: LoadPath[C], conn: C, tables: list[TableChanges]) -> None:
+def apply_rows(path: LoadPath[C], conn: C, tables: list[TableChanges], batch: Batch,
+               expected: dict[tuple[str, str], dict[tuple[Any, ...], Any]] | None = None) -> None:
     """Each table's merged changes: aimed at its staging table while it is re-copied (`stage`),
-    then written (`write_table`)."""
+    settled against the target's rows in a conflicts pipeline (`settle_conflicts`), then written
+    (`write_table`)."""
     for table in tables:
         path.writing.table = f"{table.schema}.{table.table}"
-        write_table(path.dialect.rows, conn, stage(path, conn, table))
+        staged = stage(path, conn, table)
+        if expected is not None and staged is table:  # a table being re-copied takes its copy's rows
+            staged = settle_conflicts(path, conn, batch, table, expected)
+        write_table(path.dialect.rows, conn, staged)
+
+
+def settle_conflicts(path: LoadPath[C], conn: C, batch: Batch, table: TableChanges,
+                     expected: dict[tuple[str, str], dict[tuple[Any, ...], Any]]) -> TableChanges:
+    """`table`'s changes less those the target's row wins, every conflict recorded in the same
+    transaction (`ConflictStep.settle`)."""
+    assert path.conflicts is not None
+    return path.conflicts.settle(conn, batch, table, expected)
 
 
 def stage(path: LoadPath[C], conn: C, table: TableChanges) -> TableChanges:
@@ -168,6 +204,8 @@ def apply_ddl(path: LoadPath[C], conn: C, batch: Batch, step: DdlStep) -> None:
     change = step.change
     path.writing.table = change.qualified_table
     path.dialect.apply_ddl(conn, batch, step)
+    if path.conflicts is not None:
+        path.conflicts.forget()
     refence_after_ddl(path, conn, batch)
     if path.staged.altered(conn, change, step.statement):
         refence_after_ddl(path, conn, batch)
@@ -192,6 +230,8 @@ def after_commit(path: LoadPath[C], conn: C, *, forget: bool) -> None:
     """Drop the staging tables the batch let go where DDL is not transactional; `forget` (a batch
     that held DDL): read the re-copies again at next use."""
     path.staged.after_commit(conn)
+    if path.conflicts is not None:
+        path.conflicts.after_commit()
     if forget:
         path.staged.forget()
 

@@ -139,6 +139,13 @@ function card(row, now) {
   if (bars) node.append(bars);
   const checked = verifyBox(row.verify, now);
   if (checked) node.append(checked);
+  if (row.conflicts) {
+    // conflicts settled by the running process, by decision (docs/conflicts.md); the record is the target's setl_conflicts
+    const parts = Object.entries(row.conflicts).sort().map(([decision, n]) => `${decision} ${count(n)}`);
+    const total = Object.values(row.conflicts).reduce((a, b) => a + b, 0);
+    node.append(el("div", { class: "retry-box", "data-role": "conflicts" },
+      `${count(total)} conflict(s) settled since it started (${parts.join(", ")}); see the target's setl_conflicts table`));
+  }
   const buttons = actionButtons(row);
   if (buttons) node.append(buttons);
   if (row.recent_rollbacks && row.recent_rollbacks.length) {
