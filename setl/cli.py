@@ -24,7 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from setl import cluster_cmd, repair_cmd
-from setl.config import NodeSettings, default_conf_dir, load_node, load_pipeline, pipeline_names
+from setl.config import (
+    NodeSettings,
+    channel_names,
+    channel_pipelines,
+    default_conf_dir,
+    load_channel,
+    load_node,
+    load_pipeline,
+    pipeline_names,
+)
 from setl.connectors import for_node, registry
 from setl.errors import SetlError, UsageError
 from setl.logs import setup as setup_logging
@@ -85,7 +94,9 @@ def _parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check", help="everything a start would find wrong, found without starting")
     chosen = check.add_mutually_exclusive_group(required=True)
     chosen.add_argument("--pipeline", action="append", default=[], metavar="NAME")
-    chosen.add_argument("--all", action="store_true", help="every pipeline of the conf directory")
+    chosen.add_argument("--channel", action="append", default=[], metavar="NAME",
+                        help="a two-way channel (conf/channels/NAME.yaml): both sites, then each direction")
+    chosen.add_argument("--all", action="store_true", help="every pipeline and channel of the conf directory")
     check.add_argument("--strict", action="store_true", help="warnings count as errors (exit 1)")
     schema = commands.add_parser("schema", help="print (or --apply) the DDL of missing target tables")
     schema.add_argument("--pipeline", required=True, metavar="NAME")
@@ -652,14 +663,27 @@ def cmd_check(args: argparse.Namespace, conf: Path) -> int:
     """One line per finding for each pipeline (`setl.pipeline.preflight`). Exit codes as `setl start`
     gives the same failures: 2 when a failing finding (an error; with --strict, a warning too) is a
     configuration error, 1 when one is any other (a server that cannot be reached), 0 otherwise."""
-    from setl.pipeline.preflight import check_pipeline
+    from setl.pipeline.channel_checks import check_channel
+    from setl.pipeline.preflight import Finding, check_pipeline
 
     settings = load_node(conf)
+    channels = channel_names(conf) if args.all else list(args.channel)
     names = sorted(pipeline_names(conf)) if args.all else list(args.pipeline)
-    if not names:
-        raise UsageError(f"no pipeline in {conf / 'pipelines'}")
+    for channel in args.channel:  # its two directions, checked as any pipeline
+        names += [name for name in channel_pipelines(conf, channel) if name not in names]
+    if not names and not channels:
+        raise UsageError(f"no pipeline in {conf / 'pipelines'} and no channel in {conf / 'channels'}")
     failing = ("error", "warning") if args.strict else ("error",)
     code = 0
+    for channel in channels:
+        try:
+            findings = list(check_channel(load_channel(conf, channel)))
+        except SetlError as exc:
+            findings = [Finding(f"channel:{channel}", "error", "config", str(exc), exc.exit_code)]
+        for finding in findings:
+            print(finding.line(), flush=True)
+            if finding.level in failing:
+                code = max(code, finding.code)
     meta: MetaStore | None = None
     try:  # stored positions: the source's retention and the target's position are judged against them
         if settings.meta.store != "sqlite" or settings.resolve(settings.meta.path).exists():

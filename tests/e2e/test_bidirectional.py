@@ -1,0 +1,179 @@
+"""A two-way channel between two live MariaDB primaries (docs/bidirectional.md): users write both
+sides at once, each direction's loader marks its writes with the channel's reserved server_id, the
+other direction's reader drops them whole. Both sides end equal, and both binlogs stop growing
+once the writers stop: no change, row or DDL, returns to where it started."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from setl.meta import SqliteMetaStore
+from setl.model import Position
+from setl.testing.servers import MariaDBServer, wait_until
+
+SPLIT = 200  # pipeline.batch.max_rows: a bigger transaction is read and loaded in pieces
+
+
+@pytest.fixture(scope="module")
+def sites(tmp_path_factory: pytest.TempPathFactory):
+    """Two primaries with binlogs, distinct server_ids and GTID domains, and interleaved auto-increments."""
+    servers = [MariaDBServer(tmp_path_factory.mktemp(f"site{i}"), server_id=10 + i,
+                             options={"gtid_domain_id": i, "auto_increment_increment": 2,
+                                      "auto_increment_offset": i}) for i in (1, 2)]
+    try:
+        for server in servers:
+            server.start()
+        yield servers
+    finally:
+        for server in servers:
+            server.cleanup()
+
+
+class Channel:
+    """`conf/channels/NAME.yaml` over two sites, and `setl` run on it as a subprocess."""
+
+    def __init__(self, root: Path, name: str, east: MariaDBServer, west: MariaDBServer, schema: str,
+                 **extra: Any) -> None:
+        self.root, self.name, self.schema = root, name, schema
+        self.conf = root / "conf"
+        (self.conf / "channels").mkdir(parents=True, exist_ok=True)
+        self.meta_path = root / "meta.db"
+        (self.conf / "setl.yaml").write_text(yaml.safe_dump({"meta": {"store": "sqlite",
+                                                                       "path": str(self.meta_path)}}))
+        self.servers = {"east": east, "west": west}
+        self.config: dict[str, Any] = {
+            "sites": {site: {"host": s.host, "port": s.port, "user": s.user, "password": s.password,
+                             "setl_server_id": 4000 + i, "setl_gtid_domain_id": 40 + i}
+                      for i, (site, s) in enumerate(self.servers.items(), 1)},
+            "tables": [{"source": rf"{schema}\..*"}],
+            "pipeline": {"parallelism": 2, "batch": {"max_rows": SPLIT, "max_wait_ms": 50},
+                         "retry": {"max_attempts": 3, "initial_backoff_ms": 50, "max_backoff_ms": 500}},
+            **extra}
+        self.write()
+        self.pipelines = [f"{name}.east-to-west", f"{name}.west-to-east"]
+        self.spawned = 0
+
+    def write(self) -> None:
+        (self.conf / "channels" / f"{self.name}.yaml").write_text(yaml.safe_dump(self.config, sort_keys=False))
+
+    def argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "setl.cli", "--conf", str(self.conf), *args]
+
+    def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run(self.argv(*args), capture_output=True, text=True, timeout=timeout)
+
+    def spawn(self) -> subprocess.Popen:
+        """`setl start` of both directions in one node, logging to a file."""
+        self.spawned += 1
+        with open(self.root / f"setl-{self.spawned}.log", "w") as log:
+            return subprocess.Popen(self.argv("start", *(a for p in self.pipelines for a in ("--pipeline", p))),
+                                    stdout=log, stderr=subprocess.STDOUT, text=True)
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace")[-6000:] for p in sorted(self.root.glob("setl-*.log")))
+
+    def acked(self, pipeline: str) -> Position | None:
+        if not self.meta_path.exists():
+            return None
+        meta = SqliteMetaStore(self.meta_path)
+        try:
+            ack = meta.position(pipeline)
+        finally:
+            meta.close()
+        return ack.position if ack is not None else None
+
+
+def head(server: MariaDBServer) -> Position:
+    log, offset = server.query("SHOW MASTER STATUS")[0][:2]
+    return Position(log, int(offset))
+
+
+def rows(server: MariaDBServer, table: str) -> list[tuple]:
+    return [tuple(r) for r in server.query(f"SELECT * FROM {table} ORDER BY 1")]
+
+
+def columns(server: MariaDBServer, schema: str, table: str) -> list[str]:
+    return [r[0] for r in server.query("SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s "
+                                       "AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION", (schema, table))]
+
+
+def settled(channel: Channel, east: MariaDBServer, west: MariaDBServer, proc: subprocess.Popen,
+            timeout: float = 90) -> tuple[Position, Position]:
+    """Wait until both directions acked their source's head and the heads stood still meanwhile (a
+    loop-back would have written the other side before its ack); the heads then."""
+    seen: list[tuple] = []
+
+    def still() -> bool:
+        assert proc.poll() is None, channel.logs()
+        heads = (head(east), head(west))
+        acks = (channel.acked(channel.pipelines[0]), channel.acked(channel.pipelines[1]))
+        state = (heads, acks)
+        caught_up = acks[0] is not None and acks[1] is not None and acks[0].log == heads[0].log \
+            and acks[0].offset == heads[0].offset and acks[1].log == heads[1].log and acks[1].offset == heads[1].offset
+        seen.append(state)
+        return caught_up and len(seen) >= 2 and seen[-2] == state
+
+    wait_until(still, timeout=timeout, interval=0.5, message=lambda: f"not settled: {seen[-3:]}\n{channel.logs()}")
+    return seen[-1][0]
+
+
+def running(proc: subprocess.Popen, channel: Channel) -> bool:
+    assert proc.poll() is None, channel.logs()
+    return True
+
+
+def stop(proc: subprocess.Popen) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait(10)
+
+
+def test_writes_on_both_sides_end_equal_and_nothing_returns(tmp_path, sites):
+    """Rows, a DDL on each side and a transaction split in pieces cross once each way; then both binlogs stand still."""
+    east, west = sites
+    schema = "app_both"
+    for server in (east, west):  # the table exists on both sides before the channel starts
+        server.query(f"CREATE DATABASE {schema}")
+        server.query(f"CREATE TABLE {schema}.t (id INT AUTO_INCREMENT PRIMARY KEY, site VARCHAR(8), n INT)")
+    channel = Channel(tmp_path, "both", east, west, schema)
+    for site, server in channel.servers.items():  # equal sites: each direction starts at its site's head
+        at = head(server)
+        channel.config["sites"][site]["start"] = {"file": at.log, "pos": at.offset}
+    channel.write()
+    proc = channel.spawn()
+    try:
+        for i in range(20):  # auto-increment hands out odd keys on east, even on west
+            east.query(f"INSERT INTO {schema}.t (site, n) VALUES ('east', {i})")
+            west.query(f"INSERT INTO {schema}.t (site, n) VALUES ('west', {i})")
+        east.query(f"UPDATE {schema}.t SET n = n + 100 WHERE site = 'east' AND n < 5")
+        west.query(f"DELETE FROM {schema}.t WHERE site = 'west' AND n >= 15")
+        east.query(f"ALTER TABLE {schema}.t ADD COLUMN note VARCHAR(20) NULL")  # DDL on east ...
+        west.query(f"CREATE TABLE {schema}.u (id INT PRIMARY KEY, v VARCHAR(10))")  # ... and on west
+        wait_until(lambda: running(proc, channel) and "note" in columns(west, schema, "t")
+                   and columns(east, schema, "u") == ["id", "v"], timeout=60, message=channel.logs)
+        west.query(f"INSERT INTO {schema}.t (site, n, note) VALUES ('west', 99, 'after ddl')")
+        big = ", ".join(f"({k}, 'v{k % 10}')" for k in range(1, 3 * SPLIT + 51))
+        east.query(f"INSERT INTO {schema}.u (id, v) VALUES {big}")  # one transaction of 650 rows: 4 pieces
+        heads = settled(channel, east, west, proc)
+        for table in ("t", "u"):
+            assert rows(east, f"{schema}.{table}") == rows(west, f"{schema}.{table}"), table
+        assert len(rows(east, f"{schema}.u")) == 3 * SPLIT + 50
+        assert len(rows(east, f"{schema}.t")) == 20 + 15 + 1
+        assert columns(east, schema, "t") == columns(west, schema, "t") == ["id", "site", "n", "note"]
+        time.sleep(2)  # several heartbeats and batch waits: a returning change would move a head
+        assert (head(east), head(west)) == heads, channel.logs()
+        assert proc.poll() is None, channel.logs()
+    finally:
+        assert stop(proc) == 0, channel.logs()
