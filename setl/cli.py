@@ -64,6 +64,8 @@ def _parser() -> argparse.ArgumentParser:
 
     status = commands.add_parser("status", help="show pipelines, positions and errors")
     status.add_argument("--pipeline", action="append", default=[], metavar="NAME")
+    status.add_argument("--channel", action="append", default=[], metavar="NAME",
+                        help="a two-way channel's two directions, and its lag each way")
     status.add_argument("--json", action="store_true", help="machine-readable output")
 
     for verb, text in (("pause", "pause a pipeline (a running node stops it gracefully)"),
@@ -116,7 +118,10 @@ def _parser() -> argparse.ArgumentParser:
     cluster_cmd.add_parser(commands)
     verify = commands.add_parser("verify", help="compare source and target tables, online, chunk by chunk "
                                                 "(exit 0 equal, 1 different, 2 error)")
-    verify.add_argument("--pipeline", required=True, metavar="NAME")
+    verified = verify.add_mutually_exclusive_group(required=True)
+    verified.add_argument("--pipeline", metavar="NAME")
+    verified.add_argument("--channel", metavar="NAME", help="a two-way channel: both sites compared, each direction "
+                                                            "in turn (exit 0 when both are equal)")
     verify.add_argument("--table", action="append", default=[], metavar="SCHEMA.TABLE",
                         help="a source table the pipeline's rules select (repeatable; default: all of them)")
     verify.add_argument("--json", action="store_true", help="the report as JSON on stdout")
@@ -342,7 +347,13 @@ def _invalid_files(conf: Path, settings: NodeSettings, rows: list[dict[str, Any]
 
 
 def cmd_status(args: argparse.Namespace, conf: Path) -> int:
-    rows = _status_rows(conf, args.pipeline)
+    names = list(args.pipeline)
+    for channel in args.channel:
+        directions = channel_pipelines(conf, channel)
+        if not directions:
+            load_channel(conf, channel)  # names what is wrong with the file
+        names += [name for name in directions if name not in names]
+    rows = _status_rows(conf, names)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -384,11 +395,28 @@ def cmd_status(args: argparse.Namespace, conf: Path) -> int:
         console.print(line, overflow="fold")
     for text in _snapshot_lines(rows):
         console.print(Text(text, no_wrap=True, overflow="ellipsis"), no_wrap=True, overflow="ellipsis")
+    for channel in args.channel or channel_names(conf):
+        summary = _channel_line(channel, channel_pipelines(conf, channel), {row["pipeline"]: row for row in rows})
+        if summary:
+            console.print(Text(summary), overflow="fold")
     for row in rows:
         if row.get("verify"):
             console.print(Text(verify_line(row["pipeline"], row["verify"], now),
                                style="" if row["verify"]["equal"] else "red"), overflow="fold")
     return 0
+
+
+def _channel_line(channel: str, directions: list[str], rows: dict[str, dict[str, Any]]) -> str | None:
+    """A two-way channel's directions and the lag each way, on one line (None: neither is in `rows`)."""
+    parts = []
+    for name in directions:
+        row = rows.get(name)
+        if row is None:
+            continue
+        lag = row["lag_seconds"]
+        way = name.removeprefix(f"{channel}.").replace("-to-", " -> ")
+        parts.append(f"{way} {row['status']}, lag {'-' if lag is None else _seconds(lag)}")
+    return f"channel {channel}: " + "; ".join(parts) if parts else None
 
 
 def _seconds(value: float) -> str:
@@ -707,15 +735,40 @@ def cmd_check(args: argparse.Namespace, conf: Path) -> int:
 
 def cmd_verify(args: argparse.Namespace, conf: Path) -> int:
     """Compare the pipeline's source and target tables (`setl.verify`): the report on stdout (text or
-    `--json`); exit 0 when equal, 1 when a difference persists, 2 when no verdict could be reached."""
-    from setl.verify.run import verify_pipeline
-
+    `--json`); exit 0 when equal, 1 when a difference persists, 2 when no verdict could be reached.
+    `--channel`: both directions of a two-way channel in turn, equal when both are."""
     if args.attempts < 1 or args.chunk_rows < 1 or args.max_rows_per_second < 0 or args.wait_timeout <= 0 \
             or args.max_lag < 0 or args.lag_timeout <= 0:
         raise UsageError("--attempts and --chunk-rows must be at least 1, --max-rows-per-second and --max-lag at "
                          "least 0, --wait-timeout and --lag-timeout above 0")
+    if args.channel:
+        names = channel_pipelines(conf, args.channel)
+        if not names:
+            load_channel(conf, args.channel)  # names what is wrong with the file
+        reports = [_verify_one(args, conf, name) for name in names]
+        if args.json:
+            print(json.dumps([report.to_dict() for report in reports], indent=2))
+        else:
+            for name, report in zip(names, reports):
+                print(f"-- {name}")
+                for line in report.lines():
+                    print(line)
+        return 0 if all(report.equal for report in reports) else 1
+    report = _verify_one(args, conf, args.pipeline)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        for line in report.lines():
+            print(line)
+    return 0 if report.equal else 1
+
+
+def _verify_one(args: argparse.Namespace, conf: Path, pipeline: str) -> Any:
+    """`setl verify` of one pipeline: its report."""
+    from setl.verify.run import verify_pipeline
+
     settings = load_node(conf)
-    config = load_pipeline(conf, args.pipeline, registry())
+    config = load_pipeline(conf, pipeline, registry())
     tables = []
     for text in args.table:
         schema, dot, name = text.partition(".")
@@ -732,7 +785,7 @@ def cmd_verify(args: argparse.Namespace, conf: Path) -> int:
     def paused(table: str, lag: float | None) -> None:
         if lag is None:
             if pausing:
-                log.info("pipeline=%s stage=verify table=%s resumed: lag at most %gs", args.pipeline, table,
+                log.info("pipeline=%s stage=verify table=%s resumed: lag at most %gs", pipeline, table,
                          args.max_lag)
             pausing.clear()
             return
@@ -740,22 +793,17 @@ def cmd_verify(args: argparse.Namespace, conf: Path) -> int:
             print(f"\r\x1b[2K{table}: paused: lag {lag:.0f}s > {args.max_lag:g}s", end="", file=sys.stderr,
                   flush=True)
         if not pausing:
-            log.info("pipeline=%s stage=verify table=%s paused: lag %.0fs > %gs", args.pipeline, table, lag,
+            log.info("pipeline=%s stage=verify table=%s paused: lag %.0fs > %gs", pipeline, table, lag,
                      args.max_lag)
             pausing.append(table)
 
-    with _pipeline_meta(conf, args.pipeline, settings) as meta:
+    with _pipeline_meta(conf, pipeline, settings) as meta:
         report = verify_pipeline(settings, config, meta, tables, attempts=args.attempts,
                                  max_rows_per_second=args.max_rows_per_second, chunk_rows=args.chunk_rows,
                                  wait_timeout=args.wait_timeout, progress=progress if sys.stderr.isatty() else None,
                                  max_lag=args.max_lag, lag_timeout=args.lag_timeout, paused=paused,
                                  engine=args.engine)
-    if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
-    else:
-        for line in report.lines():
-            print(line)
-    return 0 if report.equal else 1
+    return report
 
 
 def cmd_plugins(args: argparse.Namespace, conf: Path) -> int:

@@ -5,6 +5,8 @@ once the writers stop: no change, row or DDL, returns to where it started."""
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import subprocess
 import sys
@@ -70,12 +72,15 @@ class Channel:
     def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         return subprocess.run(self.argv(*args), capture_output=True, text=True, timeout=timeout)
 
-    def spawn(self) -> subprocess.Popen:
-        """`setl start` of both directions in one node, logging to a file."""
+    def spawn(self, faults: list[dict] | None = None) -> subprocess.Popen:
+        """`setl start` of both directions in one node (with `faults`: SETL_FAULTS), logging to a file."""
         self.spawned += 1
+        env = {k: v for k, v in os.environ.items() if k != "SETL_FAULTS"}
+        if faults:
+            env["SETL_FAULTS"] = json.dumps(faults)
         with open(self.root / f"setl-{self.spawned}.log", "w") as log:
             return subprocess.Popen(self.argv("start", *(a for p in self.pipelines for a in ("--pipeline", p))),
-                                    stdout=log, stderr=subprocess.STDOUT, text=True)
+                                    stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
 
     def logs(self) -> str:
         return "\n".join(p.read_text(errors="replace")[-6000:] for p in sorted(self.root.glob("setl-*.log")))
@@ -140,18 +145,27 @@ def stop(proc: subprocess.Popen) -> int:
     return proc.wait(10)
 
 
+def equal_sites(tmp_path: Path, name: str, east: MariaDBServer, west: MariaDBServer, schema: str,
+                *tables: str) -> Channel:
+    """`tables` made on both sites alike, and a channel over them whose directions start at each site's head."""
+    for server in (east, west):
+        server.query(f"CREATE DATABASE {schema}")
+        for table in tables:
+            server.query(f"CREATE TABLE {schema}.{table}")
+    channel = Channel(tmp_path, name, east, west, schema)
+    for site, server in channel.servers.items():
+        at = head(server)
+        channel.config["sites"][site]["start"] = {"file": at.log, "pos": at.offset}
+    channel.write()
+    return channel
+
+
 def test_writes_on_both_sides_end_equal_and_nothing_returns(tmp_path, sites):
     """Rows, a DDL on each side and a transaction split in pieces cross once each way; then both binlogs stand still."""
     east, west = sites
     schema = "app_both"
-    for server in (east, west):  # the table exists on both sides before the channel starts
-        server.query(f"CREATE DATABASE {schema}")
-        server.query(f"CREATE TABLE {schema}.t (id INT AUTO_INCREMENT PRIMARY KEY, site VARCHAR(8), n INT)")
-    channel = Channel(tmp_path, "both", east, west, schema)
-    for site, server in channel.servers.items():  # equal sites: each direction starts at its site's head
-        at = head(server)
-        channel.config["sites"][site]["start"] = {"file": at.log, "pos": at.offset}
-    channel.write()
+    channel = equal_sites(tmp_path, "both", east, west, schema,
+                          "t (id INT AUTO_INCREMENT PRIMARY KEY, site VARCHAR(8), n INT)")
     proc = channel.spawn()
     try:
         for i in range(20):  # auto-increment hands out odd keys on east, even on west
@@ -175,5 +189,53 @@ def test_writes_on_both_sides_end_equal_and_nothing_returns(tmp_path, sites):
         time.sleep(2)  # several heartbeats and batch waits: a returning change would move a head
         assert (head(east), head(west)) == heads, channel.logs()
         assert proc.poll() is None, channel.logs()
+        status = channel.run("status", "--channel", "both", "--json")
+        assert status.returncode == 0, status.stderr
+        assert [(r["pipeline"], r["status"]) for r in json.loads(status.stdout)] == [
+            ("both.east-to-west", "running"), ("both.west-to-east", "running")]
+        assert all(r["lag_seconds"] is not None for r in json.loads(status.stdout)), status.stdout
+        text = channel.run("status", "--channel", "both")
+        assert "channel both: east -> west running, lag" in text.stdout, text.stdout
+        assert "west -> east running, lag" in text.stdout, text.stdout
+        verify = channel.run("verify", "--channel", "both")
+        assert verify.returncode == 0, verify.stdout + verify.stderr
+        assert verify.stdout.count("-- both.") == 2, verify.stdout
+    finally:
+        assert stop(proc) == 0, channel.logs()
+
+
+def test_kill_9_inside_a_split_transaction_then_restart_ends_equal_without_a_loop(tmp_path, sites):
+    """SIGKILL of the node while it loads a transaction's pieces into the other site; a restart ends equal and still."""
+    east, west = sites
+    schema = "app_kill"
+    channel = equal_sites(tmp_path, "kill", east, west, schema, "u (id INT PRIMARY KEY, v VARCHAR(10))")
+    proc = channel.spawn(faults=[{"stage": "load", "action": "slow", "seconds": 0.3, "times": None}])
+    try:
+        west.query(f"INSERT INTO {schema}.u VALUES (0, 'west')")
+        big = ", ".join(f"({k}, 'v{k % 10}')" for k in range(1, 10 * SPLIT + 1))
+        east.query(f"INSERT INTO {schema}.u (id, v) VALUES {big}")  # one transaction: 10 pieces of SPLIT rows
+
+        def inside() -> bool:
+            assert proc.poll() is None, channel.logs()
+            count = west.query(f"SELECT COUNT(*) FROM {schema}.u")[0][0]
+            return SPLIT < count < 9 * SPLIT
+
+        wait_until(inside, timeout=60, interval=0.02, message=channel.logs)
+        proc.kill()
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    ack = channel.acked(channel.pipelines[0])
+    assert ack is not None and ack.row > 0, ack  # the kill struck inside the transaction, after a piece's ack
+    east.query(f"UPDATE {schema}.u SET v = 'after' WHERE id = 1")
+    proc = channel.spawn()
+    try:
+        heads = settled(channel, east, west, proc)
+        assert rows(east, f"{schema}.u") == rows(west, f"{schema}.u")
+        assert len(rows(west, f"{schema}.u")) == 10 * SPLIT + 1
+        time.sleep(2)  # several heartbeats and batch waits: a returning change would move a head
+        assert (head(east), head(west)) == heads, channel.logs()
     finally:
         assert stop(proc) == 0, channel.logs()
