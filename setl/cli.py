@@ -396,8 +396,7 @@ def cmd_status(args: argparse.Namespace, conf: Path) -> int:
     for text in _snapshot_lines(rows):
         console.print(Text(text, no_wrap=True, overflow="ellipsis"), no_wrap=True, overflow="ellipsis")
     for channel in args.channel or channel_names(conf):
-        summary = _channel_line(channel, channel_pipelines(conf, channel), {row["pipeline"]: row for row in rows})
-        if summary:
+        for summary in _channel_lines(channel, channel_pipelines(conf, channel), {r["pipeline"]: r for r in rows}):
             console.print(Text(summary), overflow="fold")
     for row in rows:
         if row.get("verify"):
@@ -406,17 +405,16 @@ def cmd_status(args: argparse.Namespace, conf: Path) -> int:
     return 0
 
 
-def _channel_line(channel: str, directions: list[str], rows: dict[str, dict[str, Any]]) -> str | None:
-    """A two-way channel's directions and the lag each way, on one line (None: neither is in `rows`)."""
-    parts = []
+def _channel_lines(channel: str, directions: list[str], rows: dict[str, dict[str, Any]]) -> list[str]:
+    """A line per direction of a two-way channel in `rows`: its way, its status and its lag."""
+    lines = []
     for name in directions:
         row = rows.get(name)
-        if row is None:
-            continue
-        lag = row["lag_seconds"]
-        way = name.removeprefix(f"{channel}.").replace("-to-", " -> ")
-        parts.append(f"{way} {row['status']}, lag {'-' if lag is None else _seconds(lag)}")
-    return f"channel {channel}: " + "; ".join(parts) if parts else None
+        if row is not None:
+            lag = row["lag_seconds"]
+            way = name.removeprefix(f"{channel}.").replace("-to-", " -> ")
+            lines.append(f"channel {channel}: {way} {row['status']}, lag {'-' if lag is None else _seconds(lag)}")
+    return lines
 
 
 def _seconds(value: float) -> str:

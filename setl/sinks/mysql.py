@@ -261,9 +261,13 @@ class MysqlLoad(SqlLoad[Connection]):
         batch without changes: its position row would enter the target's binlog, come back to the
         other direction as a position mark, and so on for ever. The target's position then lags
         the meta store's ack, which a start and a rollback take (the later of the two)."""
-        if not batch.changes and self.config.session_server_id is not None:
-            return
-        super().load(batch)
+        if batch.changes or self.config.session_server_id is None:
+            super().load(batch)
+
+    def mark_loaded(self, batch: Batch) -> None:
+        """As `SqlLoad.mark_loaded`; on a marked target, only for a batch with changes (see `load`)."""
+        if batch.changes or self.config.session_server_id is None:
+            SqlLoad.load(self, batch.replace(()))
 
 
 __all__ = ["MysqlDialect", "MysqlLoad", "TRANSIENT_ERRORS", "quote", "to_db"]

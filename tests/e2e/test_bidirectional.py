@@ -160,12 +160,15 @@ def equal_sites(tmp_path: Path, name: str, east: MariaDBServer, west: MariaDBSer
     return channel
 
 
-def test_writes_on_both_sides_end_equal_and_nothing_returns(tmp_path, sites):
+@pytest.mark.parametrize("mode", ["ordered", "per_table"])
+def test_writes_on_both_sides_end_equal_and_nothing_returns(tmp_path, sites, mode):
     """Rows, a DDL on each side and a transaction split in pieces cross once each way; then both binlogs stand still."""
     east, west = sites
-    schema = "app_both"
-    channel = equal_sites(tmp_path, "both", east, west, schema,
+    schema = f"app_both_{mode}"
+    channel = equal_sites(tmp_path, f"both_{mode}", east, west, schema,
                           "t (id INT AUTO_INCREMENT PRIMARY KEY, site VARCHAR(8), n INT)")
+    channel.config["pipeline"]["load"] = {"mode": mode}
+    channel.write()
     proc = channel.spawn()
     try:
         for i in range(20):  # auto-increment hands out odd keys on east, even on west
@@ -189,17 +192,17 @@ def test_writes_on_both_sides_end_equal_and_nothing_returns(tmp_path, sites):
         time.sleep(2)  # several heartbeats and batch waits: a returning change would move a head
         assert (head(east), head(west)) == heads, channel.logs()
         assert proc.poll() is None, channel.logs()
-        status = channel.run("status", "--channel", "both", "--json")
+        status = channel.run("status", "--channel", channel.name, "--json")
         assert status.returncode == 0, status.stderr
         assert [(r["pipeline"], r["status"]) for r in json.loads(status.stdout)] == [
-            ("both.east-to-west", "running"), ("both.west-to-east", "running")]
+            (channel.pipelines[0], "running"), (channel.pipelines[1], "running")]
         assert all(r["lag_seconds"] is not None for r in json.loads(status.stdout)), status.stdout
-        text = channel.run("status", "--channel", "both")
-        assert "channel both: east -> west running, lag" in text.stdout, text.stdout
-        assert "west -> east running, lag" in text.stdout, text.stdout
-        verify = channel.run("verify", "--channel", "both")
+        text = channel.run("status", "--channel", channel.name)
+        assert f"channel {channel.name}: east -> west running, lag" in text.stdout, text.stdout
+        assert f"channel {channel.name}: west -> east running, lag" in text.stdout, text.stdout
+        verify = channel.run("verify", "--channel", channel.name)
         assert verify.returncode == 0, verify.stdout + verify.stderr
-        assert verify.stdout.count("-- both.") == 2, verify.stdout
+        assert verify.stdout.count(f"-- {channel.name}.") == 2, verify.stdout
     finally:
         assert stop(proc) == 0, channel.logs()
 
