@@ -192,6 +192,8 @@ def test_writes_on_both_sides_end_equal_and_nothing_returns(tmp_path, sites, mod
         time.sleep(2)  # several heartbeats and batch waits: a returning change would move a head
         assert (head(east), head(west)) == heads, channel.logs()
         assert proc.poll() is None, channel.logs()
+        if mode != "ordered":
+            return  # the channel's status and verify: once is enough
         status = channel.run("status", "--channel", channel.name, "--json")
         assert status.returncode == 0, status.stderr
         assert [(r["pipeline"], r["status"]) for r in json.loads(status.stdout)] == [
