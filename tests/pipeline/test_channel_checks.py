@@ -101,3 +101,22 @@ def test_a_channel_file_names_each_mistake(tmp_path):
     conf = write_channel(tmp_path, {"a": {"setl_server_id": 7}, "b": {}}, "x")
     with pytest.raises(ConfigError, match="sites.b.setl_server_id: required"):
         load_channel(conf, "ch")
+
+
+def test_a_loader_that_may_not_mark_its_writes_stops_with_the_grant(tmp_path, mariadb_source, mariadb_target):
+    """`setl start` of a direction whose target user lacks BINLOG REPLAY stops at once, one line naming the GRANT."""
+    mariadb_target.query("CREATE USER IF NOT EXISTS unmarked@'%' IDENTIFIED BY 'pw'")
+    mariadb_target.query("GRANT ALL ON *.* TO unmarked@'%'")
+    mariadb_target.query("REVOKE SUPER, BINLOG REPLAY ON *.* FROM unmarked@'%'")
+    at = mariadb_source.query("SHOW MASTER STATUS")[0]
+    conf = write_channel(tmp_path, {"east": site(mariadb_source, 4401, start={"file": at[0], "pos": int(at[1])}),
+                                    "west": {**site(mariadb_target, 4402), "user": "unmarked", "password": "pw"}},
+                         "chk_nomark")
+    result = subprocess.run([sys.executable, "-m", "setl.cli", "--conf", str(conf), "start", "--pipeline",
+                             "ch.east-to-west", "--until-caught-up"], capture_output=True, text=True, timeout=180)
+    assert result.returncode == 1, result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("setl: error")]
+    assert len(errors) == 1, result.stderr
+    assert "pipeline=ch.east-to-west" in errors[0] and "user 'unmarked' may not set its session's server_id" \
+        in errors[0] and "GRANT BINLOG REPLAY ON *.* TO 'unmarked'@'%'" in errors[0], errors
+    assert "Traceback" not in result.stderr
