@@ -59,6 +59,7 @@ from setl.sinks.mysql_staging import MysqlStaging
 from setl.sinks.postgresql_ddl import without_sequence_ddl
 from setl.sinks.sql_common import SqlLoad
 from setl.sinks.sql_failures import CurrentTable, TargetTableMissing, load_context
+from setl.sinks.sql_load_path import load_batch
 from setl.sinks.sql_segments import DdlStep
 from setl.stages.load import LoadCapabilities
 from setl.tls import mysql_context, require_encrypted
@@ -91,7 +92,8 @@ def mark_session(conn: Connection, config: MysqlTargetConfig, pipeline: str) -> 
     event setl writes, DDL included, carries them; a user without the privilege is refused with the
     GRANT to run."""
     settings = [(name, value) for name, value in (("server_id", config.session_server_id),
-                                                  ("gtid_domain_id", config.session_gtid_domain_id))
+                                                  ("gtid_domain_id", config.session_gtid_domain_id),
+                                                  ("sql_log_bin", 1 if config.session_server_id else None))
                 if value is not None]
     if not settings:
         return
@@ -102,10 +104,11 @@ def mark_session(conn: Connection, config: MysqlTargetConfig, pipeline: str) -> 
     except pymysql.err.OperationalError as exc:
         if exc.args and exc.args[0] == _ER_SPECIFIC_ACCESS_DENIED:
             raise RefusedLoadError(
-                f"user {config.user!r} may not set its session's {' and '.join(n for n, _ in settings)} on the "
+                f"user {config.user!r} may not set its session's {', '.join(n for n, _ in settings)} on the "
                 f"target {config.host}:{config.port} ({exc.args[1]}), so the other direction could not tell "
-                f"setl's writes from the users': GRANT BINLOG REPLAY ON *.* TO '{config.user}'@'%' (MariaDB 10.11; "
-                "SUPER elsewhere), see docs/bidirectional.md", pipeline=pipeline, stage="load") from exc
+                f"setl's writes from the users': GRANT BINLOG REPLAY, BINLOG ADMIN ON *.* TO '{config.user}'@'%' "
+                "(MariaDB 10.11; SUPER elsewhere), see docs/bidirectional.md", pipeline=pipeline,
+                stage="load") from exc
         raise
 
 
@@ -257,17 +260,30 @@ class MysqlLoad(SqlLoad[Connection]):
         return f"<MysqlLoad {self.pipeline} -> {self.config.host}:{self.config.port}>"
 
     def load(self, batch: Batch) -> None:
-        """As `SqlLoad.load`; but a marked target (a two-way channel's, `session_server_id`) takes no
-        batch without changes: its position row would enter the target's binlog, come back to the
-        other direction as a position mark, and so on for ever. The target's position then lags
-        the meta store's ack, which a start and a rollback take (the later of the two)."""
+        """As `SqlLoad.load`; but on a marked target (a two-way channel's, `session_server_id`) the
+        position of a batch without changes is recorded outside the binlog (``sql_log_bin = 0``):
+        logged, it would come back to the other direction as a position mark, whose position would
+        be recorded on the first site, and so on for ever."""
         if batch.changes or self.config.session_server_id is None:
             super().load(batch)
+            return
+        try:
+            self._retrying(lambda: self._with_connection(lambda conn: self._unlogged(conn, batch), batch), batch)
+        finally:
+            self.sql.rows.prepared.drop(batch)
 
-    def mark_loaded(self, batch: Batch) -> None:
-        """As `SqlLoad.mark_loaded`; on a marked target, only for a batch with changes (see `load`)."""
-        if batch.changes or self.config.session_server_id is None:
-            SqlLoad.load(self, batch.replace(()))
+    def _unlogged(self, conn: Connection, batch: Batch) -> None:
+        """`batch` (no changes: its position) in a transaction kept out of the binlog. A connection
+        that fails meanwhile is not reused: its session may still have the binlog off."""
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SET SESSION sql_log_bin = 0")
+            load_batch(self.path, conn, batch, self.segments(batch))
+            with conn.cursor() as cur:
+                cur.execute("SET SESSION sql_log_bin = 1")
+        except BaseException:
+            self.pool.mark_broken()
+            raise
 
 
 __all__ = ["MysqlDialect", "MysqlLoad", "TRANSIENT_ERRORS", "quote", "to_db"]

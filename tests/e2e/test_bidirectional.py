@@ -11,13 +11,16 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from setl.ha import Coordinator
 from setl.meta import SqliteMetaStore
+from setl.meta.zookeeper import ZooKeeperMetaStore
 from setl.model import Position
 from setl.testing.servers import MariaDBServer, wait_until
 
@@ -43,13 +46,14 @@ class Channel:
     """`conf/channels/NAME.yaml` over two sites, and `setl` run on it as a subprocess."""
 
     def __init__(self, root: Path, name: str, east: MariaDBServer, west: MariaDBServer, schema: str,
-                 **extra: Any) -> None:
-        self.root, self.name, self.schema = root, name, schema
-        self.conf = root / "conf"
+                 node: str = "conf", settings: dict | None = None, **extra: Any) -> None:
+        self.root, self.name, self.schema, self.node = root, name, schema, node
+        self.conf = root / node
         (self.conf / "channels").mkdir(parents=True, exist_ok=True)
         self.meta_path = root / "meta.db"
-        (self.conf / "setl.yaml").write_text(yaml.safe_dump({"meta": {"store": "sqlite",
-                                                                       "path": str(self.meta_path)}}))
+        self.store: Any = None  # the meta store the acks are read from (None: the SQLite file)
+        (self.conf / "setl.yaml").write_text(yaml.safe_dump(settings or {"meta": {"store": "sqlite",
+                                                                                   "path": str(self.meta_path)}}))
         self.servers = {"east": east, "west": west}
         self.config: dict[str, Any] = {
             "sites": {site: {"host": s.host, "port": s.port, "user": s.user, "password": s.password,
@@ -78,7 +82,7 @@ class Channel:
         env = {k: v for k, v in os.environ.items() if k != "SETL_FAULTS"}
         if faults:
             env["SETL_FAULTS"] = json.dumps(faults)
-        with open(self.root / f"setl-{self.spawned}.log", "w") as log:
+        with open(self.root / f"setl-{self.node}-{self.spawned}.log", "w") as log:
             return subprocess.Popen(self.argv("start", *(a for p in self.pipelines for a in ("--pipeline", p))),
                                     stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
 
@@ -86,6 +90,9 @@ class Channel:
         return "\n".join(p.read_text(errors="replace")[-6000:] for p in sorted(self.root.glob("setl-*.log")))
 
     def acked(self, pipeline: str) -> Position | None:
+        if self.store is not None:
+            ack = self.store.position(pipeline)
+            return ack.position if ack is not None else None
         if not self.meta_path.exists():
             return None
         meta = SqliteMetaStore(self.meta_path)
@@ -146,13 +153,13 @@ def stop(proc: subprocess.Popen) -> int:
 
 
 def equal_sites(tmp_path: Path, name: str, east: MariaDBServer, west: MariaDBServer, schema: str,
-                *tables: str) -> Channel:
+                *tables: str, **kwargs: Any) -> Channel:
     """`tables` made on both sites alike, and a channel over them whose directions start at each site's head."""
     for server in (east, west):
         server.query(f"CREATE DATABASE {schema}")
         for table in tables:
             server.query(f"CREATE TABLE {schema}.{table}")
-    channel = Channel(tmp_path, name, east, west, schema)
+    channel = Channel(tmp_path, name, east, west, schema, **kwargs)
     for site, server in channel.servers.items():
         at = head(server)
         channel.config["sites"][site]["start"] = {"file": at.log, "pos": at.offset}
@@ -244,3 +251,54 @@ def test_kill_9_inside_a_split_transaction_then_restart_ends_equal_without_a_loo
         assert (head(east), head(west)) == heads, channel.logs()
     finally:
         assert stop(proc) == 0, channel.logs()
+
+
+def test_kill_9_of_the_leader_hands_both_directions_to_the_standby(tmp_path, sites, zookeeper_server):
+    """Both directions fail over to the standby node (ZooKeeper) after a kill -9 under writes: equal, then still."""
+    east, west = sites
+    schema = "app_ha"
+    chroot = f"/setl-channel-{uuid.uuid4().hex[:8]}"
+
+    def node(name: str) -> dict:
+        return {"node": {"id": name}, "meta": {"store": "zookeeper"},
+                "ha": {"zookeeper": zookeeper_server.hosts, "chroot": chroot, "session_timeout_ms": 2000,
+                       "standby_delay_ms": 500, "join_grace_ms": 0}}
+
+    a = equal_sites(tmp_path, "ha", east, west, schema, "t (id INT AUTO_INCREMENT PRIMARY KEY, site VARCHAR(8), n INT)",
+                    node="node-a", settings=node("node-a"))
+    b = Channel(tmp_path, "ha", east, west, schema, node="node-b", settings=node("node-b"))
+    b.config = a.config
+    b.write()
+    store = ZooKeeperMetaStore(Coordinator(zookeeper_server.hosts, root=chroot, session_timeout=5,
+                                           give_up_after=30).start())
+    a.store = b.store = store
+    first = a.spawn()
+    second = None
+    try:
+        wait_until(lambda: running(first, a) and all(store.members(p)[0] == "node-a" for p in a.pipelines),
+                   timeout=60, message=a.logs)
+        second = b.spawn()
+        wait_until(lambda: running(second, b) and all("node-b" in store.members(p)[1] for p in b.pipelines),
+                   timeout=60, message=b.logs)
+        for i in range(30):
+            east.query(f"INSERT INTO {schema}.t (site, n) VALUES ('east', {i})")
+            west.query(f"INSERT INTO {schema}.t (site, n) VALUES ('west', {i})")
+        first.kill()
+        first.wait(10)
+        for i in range(30, 60):
+            east.query(f"INSERT INTO {schema}.t (site, n) VALUES ('east', {i})")
+            west.query(f"UPDATE {schema}.t SET n = n + 1000 WHERE site = 'west' AND n = {i - 30}")
+        wait_until(lambda: running(second, b) and all(store.members(p)[0] == "node-b" for p in b.pipelines),
+                   timeout=60, message=b.logs)
+        heads = settled(b, east, west, second)
+        assert rows(east, f"{schema}.t") == rows(west, f"{schema}.t")
+        assert len(rows(east, f"{schema}.t")) == 90
+        time.sleep(2)  # several heartbeats and batch waits: a returning change would move a head
+        assert (head(east), head(west)) == heads, b.logs()
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait(10)
+        code = stop(second) if second is not None else 0
+        store.close()
+        assert code == 0, b.logs()

@@ -63,7 +63,7 @@ def test_each_unsafe_setting_is_refused_with_its_fix(tmp_path, mariadb_source, m
         "site west filters its binlog": "remove binlog_do_db and binlog_ignore_db",
         f"{schema}.keyless have no primary key": "ADD PRIMARY KEY",
         f"hand out the same AUTO_INCREMENT keys to {schema}.counted": "auto_increment_increment = 2",
-        "may not set its session's server_id": "GRANT BINLOG REPLAY ON *.* TO 'plain'",
+        "may not set its session's server_id": "GRANT BINLOG REPLAY, BINLOG ADMIN ON *.* TO 'plain'",
     }
     for cause, fix in expected.items():
         found = [line for line in lines if cause in line]
@@ -107,7 +107,7 @@ def test_a_loader_that_may_not_mark_its_writes_stops_with_the_grant(tmp_path, ma
     """`setl start` of a direction whose target user lacks BINLOG REPLAY stops at once, one line naming the GRANT."""
     mariadb_target.query("CREATE USER IF NOT EXISTS unmarked@'%' IDENTIFIED BY 'pw'")
     mariadb_target.query("GRANT ALL ON *.* TO unmarked@'%'")
-    mariadb_target.query("REVOKE SUPER, BINLOG REPLAY ON *.* FROM unmarked@'%'")
+    mariadb_target.query("REVOKE SUPER, BINLOG REPLAY, BINLOG ADMIN ON *.* FROM unmarked@'%'")
     at = mariadb_source.query("SHOW MASTER STATUS")[0]
     conf = write_channel(tmp_path, {"east": site(mariadb_source, 4401, start={"file": at[0], "pos": int(at[1])}),
                                     "west": {**site(mariadb_target, 4402), "user": "unmarked", "password": "pw"}},
@@ -118,5 +118,5 @@ def test_a_loader_that_may_not_mark_its_writes_stops_with_the_grant(tmp_path, ma
     errors = [line for line in result.stderr.splitlines() if line.startswith("setl: error")]
     assert len(errors) == 1, result.stderr
     assert "pipeline=ch.east-to-west" in errors[0] and "user 'unmarked' may not set its session's server_id" \
-        in errors[0] and "GRANT BINLOG REPLAY ON *.* TO 'unmarked'@'%'" in errors[0], errors
+        in errors[0] and "GRANT BINLOG REPLAY, BINLOG ADMIN ON *.* TO 'unmarked'@'%'" in errors[0], errors
     assert "Traceback" not in result.stderr
