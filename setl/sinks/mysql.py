@@ -77,8 +77,8 @@ class MysqlTargetConfig:
     database: str | None = None  # the connection's default database; tables are named SCHEMA.TABLE anyway
     ssl: SslConfig | None = None  # TLS for every connection to the target (docs/tls.md)
     #: the server_id every write of setl's sessions carries into the target's binlog (a two-way
-    #: channel's mark, which the other direction's reader drops: docs/bidirectional.md); needs SUPER
-    #: or BINLOG REPLAY (MariaDB 10.11)
+    #: channel's mark, which the other direction's reader drops: docs/bidirectional.md); needs SUPER,
+    #: or BINLOG REPLAY and BINLOG ADMIN (MariaDB 10.11)
     session_server_id: int | None = None
     #: the gtid_domain_id of setl's sessions (MariaDB): its writes in a GTID domain of their own
     session_gtid_domain_id: int | None = None
