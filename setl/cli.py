@@ -24,7 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from setl import cluster_cmd, repair_cmd
-from setl.config import NodeSettings, default_conf_dir, load_node, load_pipeline, pipeline_names
+from setl.config import (
+    NodeSettings,
+    channel_names,
+    channel_pipelines,
+    default_conf_dir,
+    load_channel,
+    load_node,
+    load_pipeline,
+    pipeline_names,
+)
 from setl.connectors import for_node, registry
 from setl.control import actions
 from setl.control.client import ApiClient, read_token
@@ -62,6 +71,8 @@ def _parser() -> argparse.ArgumentParser:
 
     status = commands.add_parser("status", help="show pipelines, positions and errors")
     status.add_argument("--pipeline", action="append", default=[], metavar="NAME")
+    status.add_argument("--channel", action="append", default=[], metavar="NAME",
+                        help="a two-way channel's two directions, and its lag each way")
     status.add_argument("--json", action="store_true", help="machine-readable output")
 
     for verb, text in (("pause", "pause a pipeline (a running node stops it gracefully)"),
@@ -92,7 +103,9 @@ def _parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check", help="everything a start would find wrong, found without starting")
     chosen = check.add_mutually_exclusive_group(required=True)
     chosen.add_argument("--pipeline", action="append", default=[], metavar="NAME")
-    chosen.add_argument("--all", action="store_true", help="every pipeline of the conf directory")
+    chosen.add_argument("--channel", action="append", default=[], metavar="NAME",
+                        help="a two-way channel (conf/channels/NAME.yaml): both sites, then each direction")
+    chosen.add_argument("--all", action="store_true", help="every pipeline and channel of the conf directory")
     check.add_argument("--strict", action="store_true", help="warnings count as errors (exit 1)")
     schema = commands.add_parser("schema", help="print (or --apply) the DDL of missing target tables")
     schema.add_argument("--pipeline", required=True, metavar="NAME")
@@ -112,7 +125,10 @@ def _parser() -> argparse.ArgumentParser:
     cluster_cmd.add_parser(commands)
     verify = commands.add_parser("verify", help="compare source and target tables, online, chunk by chunk "
                                                 "(exit 0 equal, 1 different, 2 error)")
-    verify.add_argument("--pipeline", required=True, metavar="NAME")
+    verified = verify.add_mutually_exclusive_group(required=True)
+    verified.add_argument("--pipeline", metavar="NAME")
+    verified.add_argument("--channel", metavar="NAME", help="a two-way channel: both sites compared, each direction "
+                                                            "in turn (exit 0 when both are equal)")
     verify.add_argument("--table", action="append", default=[], metavar="SCHEMA.TABLE",
                         help="a source table the pipeline's rules select (repeatable; default: all of them)")
     verify.add_argument("--json", action="store_true", help="the report as JSON on stdout")
@@ -360,7 +376,13 @@ def cmd_status(args: argparse.Namespace, conf: Path) -> int:
         rows = [client.call("GET", f"/pipelines/{name}") for name in args.pipeline] if args.pipeline \
             else client.call("GET", "/pipelines")["pipelines"]
     else:
-        rows = _status_rows(conf, args.pipeline)
+        names = list(args.pipeline)
+        for channel in args.channel:
+            directions = channel_pipelines(conf, channel)
+            if not directions:
+                load_channel(conf, channel)  # names what is wrong with the file
+            names += [name for name in directions if name not in names]
+        rows = _status_rows(conf, names)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -402,6 +424,9 @@ def cmd_status(args: argparse.Namespace, conf: Path) -> int:
         console.print(line, overflow="fold")
     for text in _snapshot_lines(rows):
         console.print(Text(text, no_wrap=True, overflow="ellipsis"), no_wrap=True, overflow="ellipsis")
+    for channel in args.channel or channel_names(conf):
+        for summary in _channel_lines(channel, channel_pipelines(conf, channel), {r["pipeline"]: r for r in rows}):
+            console.print(Text(summary), overflow="fold")
     for row in rows:
         if row.get("verify"):
             console.print(Text(verify_line(row["pipeline"], row["verify"], now),
@@ -409,6 +434,18 @@ def cmd_status(args: argparse.Namespace, conf: Path) -> int:
         if row.get("conflicts"):
             console.print(Text(conflicts_line(row["pipeline"], row["conflicts"]), style="yellow"), overflow="fold")
     return 0
+
+
+def _channel_lines(channel: str, directions: list[str], rows: dict[str, dict[str, Any]]) -> list[str]:
+    """A line per direction of a two-way channel in `rows`: its way, its status and its lag."""
+    lines = []
+    for name in directions:
+        row = rows.get(name)
+        if row is not None:
+            lag = row["lag_seconds"]
+            way = name.removeprefix(f"{channel}.").replace("-to-", " -> ")
+            lines.append(f"channel {channel}: {way} {row['status']}, lag {'-' if lag is None else _seconds(lag)}")
+    return lines
 
 
 def _seconds(value: float) -> str:
@@ -619,14 +656,27 @@ def cmd_check(args: argparse.Namespace, conf: Path) -> int:
     """One line per finding for each pipeline (`setl.pipeline.preflight`). Exit codes as `setl start`
     gives the same failures: 2 when a failing finding (an error; with --strict, a warning too) is a
     configuration error, 1 when one is any other (a server that cannot be reached), 0 otherwise."""
-    from setl.pipeline.preflight import check_pipeline
+    from setl.pipeline.channel_checks import check_channel
+    from setl.pipeline.preflight import Finding, check_pipeline
 
     settings = load_node(conf)
+    channels = channel_names(conf) if args.all else list(args.channel)
     names = sorted(pipeline_names(conf)) if args.all else list(args.pipeline)
-    if not names:
-        raise UsageError(f"no pipeline in {conf / 'pipelines'}")
+    for channel in args.channel:  # its two directions, checked as any pipeline
+        names += [name for name in channel_pipelines(conf, channel) if name not in names]
+    if not names and not channels:
+        raise UsageError(f"no pipeline in {conf / 'pipelines'} and no channel in {conf / 'channels'}")
     failing = ("error", "warning") if args.strict else ("error",)
     code = 0
+    for channel in channels:
+        try:
+            findings = list(check_channel(load_channel(conf, channel)))
+        except SetlError as exc:
+            findings = [Finding(f"channel:{channel}", "error", "config", str(exc), exc.exit_code)]
+        for finding in findings:
+            print(finding.line(), flush=True)
+            if finding.level in failing:
+                code = max(code, finding.code)
     meta: MetaStore | None = None
     try:  # stored positions: the source's retention and the target's position are judged against them
         if settings.meta.store != "sqlite" or settings.resolve(settings.meta.path).exists():
@@ -650,17 +700,37 @@ def cmd_check(args: argparse.Namespace, conf: Path) -> int:
 
 def cmd_verify(args: argparse.Namespace, conf: Path) -> int:
     """Compare the pipeline's source and target tables (`setl.verify`): the report on stdout (text or
-    `--json`); exit 0 when equal, 1 when a difference persists, 2 when no verdict could be reached."""
-    from setl.verify.run import verify_pipeline
-
+    `--json`); exit 0 when equal, 1 when a difference persists, 2 when no verdict could be reached.
+    `--channel`: both directions of a two-way channel in turn, equal when both are."""
     if args.attempts < 1 or args.chunk_rows < 1 or args.max_rows_per_second < 0 or args.wait_timeout <= 0 \
             or args.max_lag < 0 or args.lag_timeout <= 0:
         raise UsageError("--attempts and --chunk-rows must be at least 1, --max-rows-per-second and --max-lag at "
                          "least 0, --wait-timeout and --lag-timeout above 0")
     if args.api_node:
         return _verify_through(args)
+    if args.channel:
+        names = channel_pipelines(conf, args.channel)
+        if not names:
+            load_channel(conf, args.channel)  # names what is wrong with the file
+        reports = [_verify_one(args, conf, name) for name in names]
+        if args.json:
+            print(json.dumps([report.to_dict() for report in reports], indent=2))
+        else:
+            for name, report in zip(names, reports):
+                print(f"-- {name}")
+                print(report.text())
+        return 0 if all(report.equal for report in reports) else 1
+    report = _verify_one(args, conf, args.pipeline)
+    print(report.text(args.json))
+    return 0 if report.equal else 1
+
+
+def _verify_one(args: argparse.Namespace, conf: Path, pipeline: str) -> Any:
+    """`setl verify` of one pipeline: its report."""
+    from setl.verify.run import verify_pipeline
+
     settings = load_node(conf)
-    config = load_pipeline(conf, args.pipeline, registry())
+    config = load_pipeline(conf, pipeline, registry())
     tables = actions.parse_tables(args.table)
 
     def progress(table: str, rows: int, estimate: int, done: bool) -> None:
@@ -673,7 +743,7 @@ def cmd_verify(args: argparse.Namespace, conf: Path) -> int:
     def paused(table: str, lag: float | None) -> None:
         if lag is None:
             if pausing:
-                log.info("pipeline=%s stage=verify table=%s resumed: lag at most %gs", args.pipeline, table,
+                log.info("pipeline=%s stage=verify table=%s resumed: lag at most %gs", pipeline, table,
                          args.max_lag)
             pausing.clear()
             return
@@ -681,18 +751,17 @@ def cmd_verify(args: argparse.Namespace, conf: Path) -> int:
             print(f"\r\x1b[2K{table}: paused: lag {lag:.0f}s > {args.max_lag:g}s", end="", file=sys.stderr,
                   flush=True)
         if not pausing:
-            log.info("pipeline=%s stage=verify table=%s paused: lag %.0fs > %gs", args.pipeline, table, lag,
+            log.info("pipeline=%s stage=verify table=%s paused: lag %.0fs > %gs", pipeline, table, lag,
                      args.max_lag)
             pausing.append(table)
 
-    with _pipeline_meta(conf, args.pipeline, settings) as meta:
+    with _pipeline_meta(conf, pipeline, settings) as meta:
         report = verify_pipeline(settings, config, meta, tables, attempts=args.attempts,
                                  max_rows_per_second=args.max_rows_per_second, chunk_rows=args.chunk_rows,
                                  wait_timeout=args.wait_timeout, progress=progress if sys.stderr.isatty() else None,
                                  max_lag=args.max_lag, lag_timeout=args.lag_timeout, paused=paused,
                                  engine=args.engine)
-    print(report.text(args.json))
-    return 0 if report.equal else 1
+    return report
 
 
 def _verify_through(args: argparse.Namespace) -> int:

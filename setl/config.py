@@ -470,6 +470,8 @@ class PipelineConfig:
     site: str | None = None  # two-way sync: the site this pipeline's source is (a name in conflicts.sites)
     conflicts: ConflictSettings | None = None  # two-way sync: detect, settle and record conflicts (docs/conflicts.md)
     file: str = attrs.field(default="", metadata={"internal": True})
+    #: the two-way channel this pipeline is a direction of (`conf/channels/NAME.yaml`), if any
+    channel: str | None = attrs.field(default=None, metadata={"internal": True})
 
 
 # --- loading --------------------------------------------------------------------------------
@@ -691,8 +693,132 @@ def load_node(conf_dir: str | Path) -> NodeSettings:
 
 
 def pipeline_names(conf_dir: str | Path) -> list[str]:
+    """The pipelines of `conf/pipelines/*.yaml` and the two directions of each `conf/channels/*.yaml`."""
     folder = Path(conf_dir) / "pipelines"
+    names = {p.stem for p in folder.glob("*.yaml")} if folder.is_dir() else set()
+    for channel in channel_names(conf_dir):
+        names.update(channel_pipelines(conf_dir, channel))
+    return sorted(names)
+
+
+# --- two-way channels (docs/bidirectional.md) -----------------------------------------------
+
+
+@attrs.frozen
+class ChannelSite:
+    """One of a channel's two MariaDB primaries: read by one direction, written by the other."""
+
+    host: str = "127.0.0.1"
+    port: int = 3306
+    user: str = "root"  # needs docs/grants.md's source and target grants, and BINLOG REPLAY (or SUPER)
+    password: str = attrs.field(default="", repr=False)  # may be "${ENV_VAR}"; never logged
+    #: the server_id setl's writes into this site carry in its binlog (the session's server_id), which the
+    #: direction reading this site drops: unused by any server or session of the topology
+    setl_server_id: int = 0
+    #: the gtid_domain_id of setl's writes into this site (MariaDB): a domain no server uses
+    setl_gtid_domain_id: int | None = None
+    reader_server_id: int = 1001  # the binlog reader's id on this site (unique among its replicas)
+    #: the conflicts policy's tie-break (docs/conflicts.md): the site of the smaller number wins a tie;
+    #: given to both directions as `conflicts.sites` unless the channel's `conflicts:` block names them
+    priority: int = 0
+    start: Any = "earliest"  # where the direction reading this site starts (as a pipeline's source.start)
+    ssl: SslConfig | None = None
+
+
+@attrs.frozen
+class ChannelConfig:
+    """`conf/channels/NAME.yaml`: two sites written by users at once, kept equal by two pipelines,
+    one per direction, which share their table rules, settings, verify and conflict policy."""
+
+    name: str = attrs.field(metadata={"internal": True})
+    sites: dict[str, ChannelSite]  # exactly two: site name -> its server
+    tables: tuple[TableRule, ...] = (TableRule(source=r".*"),)  # selected on both sites alike
+    pipeline: PipelineSettings = attrs.Factory(PipelineSettings)
+    verify: VerifySchedule | None = None
+    conflicts: dict[str, Any] | None = None  # carried verbatim into both pipelines
+    file: str = attrs.field(default="", metadata={"internal": True})
+    #: the file's mapping: its tables, pipeline, verify and conflicts go to both pipelines as written
+    raw: dict[str, Any] = attrs.field(factory=dict, metadata={"internal": True}, repr=False)
+
+    def directions(self) -> list[tuple[str, str, str]]:
+        """(pipeline name, source site, target site) of each direction, in site order."""
+        a, b = list(self.sites)
+        return [(f"{self.name}.{a}-to-{b}", a, b), (f"{self.name}.{b}-to-{a}", b, a)]
+
+
+def channel_names(conf_dir: str | Path) -> list[str]:
+    folder = Path(conf_dir) / "channels"
     return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def channel_pipelines(conf_dir: str | Path, channel: str) -> list[str]:
+    """The names of `channel`'s two pipelines (read from its file's site names; none if unreadable)."""
+    try:
+        data = _read_yaml(Path(conf_dir) / "channels" / f"{channel}.yaml")
+    except ConfigError:
+        return []
+    sites = data.get("sites") if isinstance(data, dict) else None
+    if not isinstance(sites, dict) or len(sites) != 2:
+        return []
+    a, b = (str(name) for name in sites)
+    return [f"{channel}.{a}-to-{b}", f"{channel}.{b}-to-{a}"]
+
+
+def load_channel(conf_dir: str | Path, name: str) -> ChannelConfig:
+    """Read and validate `channels/NAME.yaml` under `conf_dir`."""
+    if not _NAME.match(name):
+        raise ConfigError(f"channel name {name!r} must be letters, digits, '_', '.' or '-'")
+    path = Path(conf_dir) / "channels" / f"{name}.yaml"
+    if not path.exists():
+        known = ", ".join(channel_names(conf_dir)) or "none"
+        raise ConfigError(f"no such channel (configured: {known})", file=str(path))
+    data = _read_yaml(path)
+    config = _Builder(str(path)).build_attrs(ChannelConfig, data, "", name=name, file=str(path), raw=data)
+    if len(config.sites) != 2:
+        raise ConfigError(f"sites: a channel has exactly two sites, got {len(config.sites)}", file=str(path))
+    for site, spec in config.sites.items():
+        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_]{0,20}$", site):
+            raise ConfigError(f"sites.{site}: a site name is letters, digits or '_' (at most 21)", file=str(path))
+        if spec.setl_server_id < 1:
+            raise ConfigError(f"sites.{site}.setl_server_id: required: the server_id setl's writes into {site} "
+                              "carry, unused by any server of the topology (docs/bidirectional.md)", file=str(path))
+    (a, first), (b, second) = config.sites.items()
+    if first.setl_server_id == second.setl_server_id:
+        raise ConfigError(f"sites.{b}.setl_server_id: {second.setl_server_id} is also {a}'s: each direction "
+                          "needs its own", file=str(path))
+    if first.setl_gtid_domain_id is not None and first.setl_gtid_domain_id == second.setl_gtid_domain_id:
+        raise ConfigError(f"sites.{b}.setl_gtid_domain_id: {second.setl_gtid_domain_id} is also {a}'s: each "
+                          "direction needs its own", file=str(path))
+    return config
+
+
+def channel_pipeline_data(channel: ChannelConfig, source: str, target: str) -> dict[str, Any]:
+    """The `pipelines/NAME.yaml` mapping of the direction from site `source` to site `target`: it
+    reads `source`, dropping the transactions setl wrote there (marked with `source`'s
+    setl_server_id), and writes `target` in sessions marked with `target`'s."""
+    src, dst = channel.sites[source], channel.sites[target]
+
+    def server(site: ChannelSite) -> dict[str, Any]:
+        data: dict[str, Any] = {"type": "mysql", "host": site.host, "port": site.port, "user": site.user,
+                                "password": site.password}
+        if site.ssl is not None:
+            data["ssl"] = attrs.asdict(site.ssl)
+        return data
+
+    target_data = {**server(dst), "session_server_id": dst.setl_server_id}
+    if dst.setl_gtid_domain_id is not None:
+        target_data["session_gtid_domain_id"] = dst.setl_gtid_domain_id
+    data: dict[str, Any] = {
+        "source": {**server(src), "server_id": src.reader_server_id, "ignore_server_ids": [src.setl_server_id],
+                   "start": src.start},
+        "target": target_data,
+        **{key: channel.raw[key] for key in ("tables", "pipeline", "verify") if key in channel.raw},
+        "site": source,
+    }
+    if isinstance(channel.raw.get("conflicts"), dict):
+        data["conflicts"] = {"sites": {name: site.priority for name, site in channel.sites.items()},
+                             **channel.raw["conflicts"]}
+    return data
 
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -704,6 +830,16 @@ def load_pipeline(conf_dir: str | Path, name: str, connectors: ConnectorResolver
     if not _NAME.match(name):
         raise ConfigError(f"pipeline name {name!r} must be letters, digits, '_', '.' or '-'")
     path = Path(conf_dir) / "pipelines" / f"{name}.yaml"
+    channel = name.partition(".")[0]
+    if not path.exists() and name in channel_pipelines(conf_dir, channel):
+        spec = load_channel(conf_dir, channel)
+        path = Path(spec.file)
+        direction = next(d for d in spec.directions() if d[0] == name)
+        data = channel_pipeline_data(spec, direction[1], direction[2])
+        config = _Builder(str(path), connectors).build_attrs(PipelineConfig, data, "", name=name, file=str(path),
+                                                             channel=channel)
+        _check_pipeline(config, str(path))
+        return _resolve_ssl(config, Path(conf_dir), str(path))
     if not path.exists():
         known = ", ".join(pipeline_names(conf_dir)) or "none"
         raise ConfigError(f"no such pipeline (configured: {known})", file=str(path), pipeline=name)

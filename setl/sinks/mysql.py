@@ -47,7 +47,7 @@ from pymysql.constants import CLIENT
 
 from setl.config import SslConfig
 from setl.dial import mysql_connection
-from setl.errors import LoadError, TransientLoadError
+from setl.errors import LoadError, RefusedLoadError, TransientLoadError
 from setl.model import Batch
 from setl.sinks import mysql_load_data
 from setl.sinks.mysql_ddl import MysqlDdlApplier
@@ -59,6 +59,7 @@ from setl.sinks.mysql_staging import MysqlStaging
 from setl.sinks.postgresql_ddl import without_sequence_ddl
 from setl.sinks.sql_common import SqlLoad
 from setl.sinks.sql_failures import CurrentTable, TargetTableMissing, load_context
+from setl.sinks.sql_load_path import load_batch
 from setl.sinks.sql_segments import DdlStep
 from setl.stages.load import LoadCapabilities
 from setl.tls import mysql_context, require_encrypted
@@ -75,6 +76,40 @@ class MysqlTargetConfig:
     password: str = attrs.field(default="", repr=False)  # may be "${ENV_VAR}"; never logged
     database: str | None = None  # the connection's default database; tables are named SCHEMA.TABLE anyway
     ssl: SslConfig | None = None  # TLS for every connection to the target (docs/tls.md)
+    #: the server_id every write of setl's sessions carries into the target's binlog (a two-way
+    #: channel's mark, which the other direction's reader drops: docs/bidirectional.md); needs SUPER,
+    #: or BINLOG REPLAY and BINLOG ADMIN (MariaDB 10.11)
+    session_server_id: int | None = None
+    #: the gtid_domain_id of setl's sessions (MariaDB): its writes in a GTID domain of their own
+    session_gtid_domain_id: int | None = None
+
+
+_ER_SPECIFIC_ACCESS_DENIED = 1227
+
+
+def mark_session(conn: Connection, config: MysqlTargetConfig, pipeline: str) -> None:
+    """Set the session's `server_id` and `gtid_domain_id` to the config's (when given), so that every
+    event setl writes, DDL included, carries them; a user without the privilege is refused with the
+    GRANT to run."""
+    settings = [(name, value) for name, value in (("server_id", config.session_server_id),
+                                                  ("gtid_domain_id", config.session_gtid_domain_id),
+                                                  ("sql_log_bin", 1 if config.session_server_id else None))
+                if value is not None]
+    if not settings:
+        return
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET SESSION " + ", ".join(f"{name} = %s" for name, _ in settings),
+                        tuple(value for _, value in settings))
+    except pymysql.err.OperationalError as exc:
+        if exc.args and exc.args[0] == _ER_SPECIFIC_ACCESS_DENIED:
+            raise RefusedLoadError(
+                f"user {config.user!r} may not set its session's {', '.join(n for n, _ in settings)} on the "
+                f"target {config.host}:{config.port} ({exc.args[1]}), so the other direction could not tell "
+                f"setl's writes from the users': GRANT BINLOG REPLAY, BINLOG ADMIN ON *.* TO '{config.user}'@'%' "
+                "(MariaDB 10.11; SUPER elsewhere), see docs/bidirectional.md", pipeline=pipeline,
+                stage="load") from exc
+        raise
 
 
 # Server errors worth a reconnect and replay: lock wait timeout, deadlock, connection killed or
@@ -166,6 +201,7 @@ class MysqlDialect:
             cur.execute("SET SESSION sql_mode = %s, time_zone = '+00:00', foreign_key_checks = 0",
                         (SQL_MODE,))
             cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED", ())
+            mark_session(conn, self.config, self.pipeline)
             cur.execute("SELECT @@max_allowed_packet", ())
             found = cur.fetchone()
         conn.commit()
@@ -222,6 +258,32 @@ class MysqlLoad(SqlLoad[Connection]):
 
     def __repr__(self) -> str:
         return f"<MysqlLoad {self.pipeline} -> {self.config.host}:{self.config.port}>"
+
+    def load(self, batch: Batch) -> None:
+        """As `SqlLoad.load`; but on a marked target (a two-way channel's, `session_server_id`) the
+        position of a batch without changes is recorded outside the binlog (``sql_log_bin = 0``):
+        logged, it would come back to the other direction as a position mark, whose position would
+        be recorded on the first site, and so on for ever."""
+        if batch.changes or self.config.session_server_id is None:
+            super().load(batch)
+            return
+        try:
+            self._retrying(lambda: self._with_connection(lambda conn: self._unlogged(conn, batch), batch), batch)
+        finally:
+            self.sql.rows.prepared.drop(batch)
+
+    def _unlogged(self, conn: Connection, batch: Batch) -> None:
+        """`batch` (no changes: its position) in a transaction kept out of the binlog. A connection
+        that fails meanwhile is not reused: its session may still have the binlog off."""
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SET SESSION sql_log_bin = 0")
+            load_batch(self.path, conn, batch, self.segments(batch))
+            with conn.cursor() as cur:
+                cur.execute("SET SESSION sql_log_bin = 1")
+        except BaseException:
+            self.pool.mark_broken()
+            raise
 
 
 __all__ = ["MysqlDialect", "MysqlLoad", "TRANSIENT_ERRORS", "quote", "to_db"]

@@ -107,7 +107,10 @@ class LoadFailures:
 
     def connect_failed(self, exc: Exception, batch: Batch | None, config: Any) -> LoadError:
         """A failure to connect to the target of `config`: a TLS failure is permanent, a transient
-        one is a `TransientLoadError`."""
+        one is a `TransientLoadError`; a setl error raised while preparing the session stands."""
+        if isinstance(exc, LoadError):
+            exc.with_context(**self.context(batch))
+            return exc
         cause = tls_failure(exc)
         if cause is not None:  # permanent (setl.retry.classify): no reconnecting
             host = f"{getattr(config, 'host', '?')}:{getattr(config, 'port', '?')}"

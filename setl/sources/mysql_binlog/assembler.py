@@ -181,6 +181,9 @@ class _Assembler:
     start with `row` = its 1-based ordinal. Reading again from such a position (a reconnect, or
     `open` at an acknowledged piece end) re-reads the transaction and drops its first `skip`
     row changes.
+
+    A transaction whose first event carries a server_id in `ignore_server_ids` (a two-way channel's
+    other direction wrote it) is dropped whole, DDL included: only its end is handed on.
     """
 
     def __init__(self, start: Position, max_rows: int, gtids: _GtidState | None,
@@ -194,6 +197,8 @@ class _Assembler:
         self.sequences_seen: set[tuple[str, str]] = set()
         #: whether a sequence's state rows are handed on (the pipeline's target applies them), or dropped
         self.sequences = False
+        self.ignore_server_ids: frozenset[int] = frozenset()  # whose transactions are dropped whole
+        self.ignoring = False  # the open transaction is one of theirs
         self.kinds: dict[tuple[str, str], TableKind] = {}  # asked of the server once, until the next DDL
         self.transactional = transactional
         self.selects = selects  # whether the pipeline's table rules take schema.table (None: all)
@@ -234,7 +239,7 @@ class _Assembler:
                      "already handed on", at, self.skip)
         self.log_file = at.log
         self.rows, self.nbytes, self.in_tx, self.standalone, self.pending_gtid = [], 0, False, False, None
-        self.tx_start, self.seen_in_tx, self.xa_pending = None, 0, False
+        self.tx_start, self.seen_in_tx, self.xa_pending, self.ignoring = None, 0, False, False
         self.savepoints, self.handed_undoable, self.statements = {}, 0, []
 
     def _position(self, log: str, offset: int) -> Position:
@@ -254,6 +259,7 @@ class _Assembler:
         self.nbytes += event.packet.event_size
         if self.tx_start is None and isinstance(event, (MariadbGtidEvent, GtidEvent, QueryEvent)):
             self.tx_start = self._position(self.log_file, event.packet.log_pos - event.packet.event_size)
+            self.ignoring = bool(self.ignore_server_ids) and event.packet.server_id in self.ignore_server_ids
         if isinstance(event, MariadbGtidEvent):
             self.xa_pending = bool(event.flags & _GTID_PREPARED_XA)
             self.standalone = bool(event.flags & _GTID_STANDALONE)
@@ -387,6 +393,8 @@ class _Assembler:
         self.rows = kept
 
     def _add_rows(self, event: RowsEvent) -> None:
+        if self.ignoring:
+            return  # the other direction's write: dropped with its whole transaction
         info = self.tables.get(event.table_id)
         if info is None:
             raise SourceError(f"rows event for table id {event.table_id} ({event.schema}.{event.table}) "
@@ -501,7 +509,7 @@ class _Assembler:
             self.gtids.add(self.pending_gtid)
         self.rows, self.nbytes, self.in_tx, self.standalone, self.pending_gtid = [], 0, False, False, None
         self.handed_in_tx = self.skip = self.seen_in_tx = 0
-        self.tx_start, self.statements = None, []
+        self.tx_start, self.statements, self.ignoring = None, [], False
         self.positioned = True
 
     def _commit(self, offset: int, timestamp: float | None) -> Transaction:
@@ -535,11 +543,11 @@ class _Assembler:
             # server undid its transactional rows, not the others.
             self._undo(0, statement, offset)
             return [self._commit(offset, event.timestamp)]
-        if self.in_tx and not self.standalone and _IGNORED_IN_TX.match(statement):
-            self._savepoint(statement, offset)
+        if self.in_tx and not self.standalone and (self.ignoring or _IGNORED_IN_TX.match(statement)):
+            self._savepoint(statement, offset)  # nothing of an ignored transaction's statements is kept
             return []
         schema = event.schema.decode("utf-8", "replace") if isinstance(event.schema, bytes) else event.schema
-        if self._statement_dml(statement, schema or "", offset):
+        if not self.ignoring and self._statement_dml(statement, schema or "", offset):
             if self.in_tx and not self.standalone:
                 return []
             refuse_statements(self.statements, self.rows, self.log_file, offset)
@@ -550,12 +558,12 @@ class _Assembler:
             # A statement logged inside a transaction: keep it ordered with the rows around it.
             self._append((None, None, statement, read))
             return []
-        nbytes = self.nbytes
+        nbytes, ignoring = self.nbytes, self.ignoring
         self._close_tx(offset)
         end = self.mark = self._position(self.log_file, offset)
         self.kinds.clear()
         changes = self.ddl_events.changes(read, schema or "", end, getattr(event, "sql_mode", None))
-        return [Transaction(changes, end, nbytes=nbytes)]
+        return [Transaction(() if ignoring else changes, end, nbytes=nbytes)]
 
 
 def refuse_statements(statements: list[tuple[str | None, str, str]], rows: list[tuple[int, _Item]], log_file: str,

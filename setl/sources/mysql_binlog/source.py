@@ -61,6 +61,9 @@ class MysqlSourceConfig:
     snapshot: SnapshotSettings = attrs.Factory(SnapshotSettings)  # how `start: snapshot` and `setl snapshot` copy
     #: how often an idle server sends a heartbeat event: the longest an idle source goes unheard (lag figures)
     heartbeat_ms: int = attrs.field(default=1000, validator=attrs.validators.ge(100))
+    #: transactions written by sessions with these server_ids are dropped whole, DDL included (a
+    #: two-way channel's other direction: docs/bidirectional.md)
+    ignore_server_ids: tuple[int, ...] = ()
 
 
 log = logging.getLogger("setl.sources.mysql_binlog")
@@ -119,6 +122,8 @@ class MysqlBinlogSource(Select):
       never). After a restart between the two, the XA PREPARE is searched for in the binlogs,
       newest first; if it was purged the pipeline stops naming the XA COMMIT's position.
     * `server_id` must be unique among the server's replicas and readers.
+    * A transaction whose events carry a server_id in `ignore_server_ids` is dropped whole (its
+      rows, its DDL, every piece of it), only its end is handed on as a position mark.
     * It is `SnapshotCapable`: `snapshot_access` gives `setl.snapshot` its connections, so that
       tables can be copied into its stream (docs/snapshot.md).
     """
@@ -144,6 +149,7 @@ class MysqlBinlogSource(Select):
         ssl: SslConfig | None = None,
         snapshot: SnapshotSettings | None = None,
         sequences: bool = False,
+        ignore_server_ids: Sequence[int] = (),
     ) -> None:
         if flavor not in ("auto", "mariadb", "mysql"):
             raise ConfigError(f"source.flavor {flavor!r} is not auto, mariadb or mysql", pipeline=pipeline)
@@ -173,6 +179,7 @@ class MysqlBinlogSource(Select):
         #: hand on a sequence's state rows (`setl.model.RowChange.sequence`): set when the pipeline's
         #: target applies them (`setl.stages.load.LoadCapabilities.sequences`); dropped otherwise
         self.sequences = sequences
+        self.ignore_server_ids = frozenset(ignore_server_ids)
         self.backoff = Backoff(initial=0.1, maximum=2.0, max_attempts=0)
         self._queue: queue.Queue[Transaction | _Failure] | None = None
         self._thread: threading.Thread | None = None
@@ -196,6 +203,7 @@ class MysqlBinlogSource(Select):
 
     @classmethod
     def from_config(cls, cfg: MysqlSourceConfig, *, pipeline: str, **kwargs: Any) -> "MysqlBinlogSource":
+        kwargs.setdefault("ignore_server_ids", cfg.ignore_server_ids)
         return cls(host=cfg.host, port=cfg.port, user=cfg.user, password=cfg.password,
                    server_id=cfg.server_id, flavor=cfg.flavor, start=cfg.start, pipeline=pipeline,
                    ssl=cfg.ssl, snapshot=cfg.snapshot, heartbeat=cfg.heartbeat_ms / 1000.0, **kwargs)
@@ -281,6 +289,7 @@ class MysqlBinlogSource(Select):
                                lookups.transactional, self.selects, KnownTables(tables))
         assembler.kind_of = lookups.table_kind
         assembler.sequences = self.sequences
+        assembler.ignore_server_ids = self.ignore_server_ids
         assembler.ddl_events.mode_names = lookups.mode_names
         gtid_start = gtids.text if position is None and gtids is not None else None
         self._thread = threading.Thread(

@@ -1,0 +1,60 @@
+"""`conf/channels/NAME.yaml` (docs/bidirectional.md): one file makes two pipelines, one per direction,
+each reading one site and dropping what setl wrote there, writing the other in marked sessions, with
+the channel's rules, settings and `conflicts:` block carried to both as written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from setl.config import load_pipeline, pipeline_names
+from setl.connectors import registry
+from setl.errors import ConfigError
+
+CONFLICTS = {"policy": "site_wins", "site": "east",
+             "tables": {"shop.orders": {"policy": "last_writer_wins", "column": "updated_at"}}}
+
+
+def conf_dir(tmp_path: Path, channel: dict) -> Path:
+    (tmp_path / "channels").mkdir()
+    (tmp_path / "channels" / "shop.yaml").write_text(yaml.safe_dump(channel, sort_keys=False))
+    return tmp_path
+
+
+def test_a_channel_makes_two_mirrored_pipelines(tmp_path):
+    """Each direction reads one site ignoring its marked writes, and writes the other marked with that site's id."""
+    conf = conf_dir(tmp_path, {
+        "sites": {"east": {"host": "10.0.0.1", "port": 3307, "user": "u", "password": "p", "setl_server_id": 4001,
+                           "setl_gtid_domain_id": 41, "priority": 2, "start": {"file": "b.000003", "pos": 4}},
+                  "west": {"host": "10.0.0.2", "setl_server_id": 4002, "reader_server_id": 1700, "priority": 1}},
+        "tables": [{"source": r"shop\..*", "columns": {"exclude": ["secret"]}, "transforms": []}],
+        "pipeline": {"batch": {"max_rows": 300}},
+        "conflicts": CONFLICTS})
+    assert pipeline_names(conf) == ["shop.east-to-west", "shop.west-to-east"]
+    ew = load_pipeline(conf, "shop.east-to-west", registry())
+    we = load_pipeline(conf, "shop.west-to-east", registry())
+    assert (ew.source.host, ew.source.port, ew.source.server_id, ew.source.ignore_server_ids) == \
+        ("10.0.0.1", 3307, 1001, (4001,))
+    assert ew.source.start == {"file": "b.000003", "pos": 4}
+    assert (ew.target.host, ew.target.session_server_id, ew.target.session_gtid_domain_id) == ("10.0.0.2", 4002, None)
+    assert (we.source.host, we.source.server_id, we.source.ignore_server_ids) == ("10.0.0.2", 1700, (4002,))
+    assert (we.target.host, we.target.port, we.target.session_server_id, we.target.session_gtid_domain_id) == \
+        ("10.0.0.1", 3307, 4001, 41)
+    for config, site in ((ew, "east"), (we, "west")):
+        assert config.channel == "shop" and config.site == site
+        assert config.conflicts is not None
+        assert (config.conflicts.policy, config.conflicts.site) == ("site_wins", "east")
+        assert config.conflicts.sites == {"east": 2, "west": 1}  # the sites' priorities, for the tie-break
+        assert config.conflicts.tables["shop.orders"].column == "updated_at"
+        assert config.tables[0].columns.exclude == ("secret",)
+        assert config.pipeline.batch.max_rows == 300
+
+
+def test_a_mistake_in_the_channel_names_its_file_and_key(tmp_path):
+    """A wrong key of the shared rules is reported against the channel file, with its key path."""
+    conf = conf_dir(tmp_path, {"sites": {"a": {"setl_server_id": 1}, "b": {"setl_server_id": 2}},
+                               "pipeline": {"batch": {"max_rows": "ten"}}})
+    with pytest.raises(ConfigError, match=r"channels/shop.yaml: pipeline.batch.max_rows: expected an integer"):
+        load_pipeline(conf, "shop.a-to-b", registry())
