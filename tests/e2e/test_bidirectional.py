@@ -278,8 +278,11 @@ def test_kill_9_of_the_leader_hands_both_directions_to_the_standby(tmp_path, sit
         wait_until(lambda: running(first, a) and all(store.members(p)[0] == "node-a" for p in a.pipelines),
                    timeout=60, message=a.logs)
         second = b.spawn()
-        wait_until(lambda: running(second, b) and all("node-b" in store.members(p)[1] for p in b.pipelines),
-                   timeout=60, message=b.logs)
+        # the cluster may move one direction to node-b on its join (rebalanced): node-a holds one or both
+        both = {"node-a", "node-b"}
+        wait_until(lambda: running(second, b) and all({store.members(p)[0], *store.members(p)[1]} == both
+                                                      for p in b.pipelines), timeout=60, message=b.logs)
+        assert any(store.members(p)[0] == "node-a" for p in a.pipelines)
         for i in range(30):
             east.query(f"INSERT INTO {schema}.t (site, n) VALUES ('east', {i})")
             west.query(f"INSERT INTO {schema}.t (site, n) VALUES ('west', {i})")
