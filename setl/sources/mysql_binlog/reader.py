@@ -12,7 +12,6 @@ import time
 from typing import Any
 
 import pymysql
-from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.event import HeartbeatLogEvent
 
 from setl.adapters.replication import TableMapCache
@@ -24,6 +23,7 @@ from setl.sources.mysql_binlog.assembler import _EVENTS, _Assembler, read_events
 from setl.sources.mysql_binlog.connector import _Connector, _disconnected, _Lost
 from setl.sources.mysql_binlog.handoff import Failure, Handoff, ReaderFigures, Stopped
 from setl.sources.mysql_binlog.server import SourceServer
+from setl.sources.mysql_binlog.stream import BinlogStream
 from setl.tls import tls_failure
 
 log = logging.getLogger("setl.sources.mysql_binlog")
@@ -34,7 +34,8 @@ _ER_MASTER_FATAL_READING_BINLOG = 1236
 class BinlogReader:
     """One open's reader thread and its stream connections; `start` once, `stop` once.
 
-    Owns the thread, its stop event and its connections (`_Connector`); what it reads goes to
+    Owns the thread, its stop event and its stream connections (`_Connector`, one
+    `stream.BinlogStream` at a time); what it reads goes to
     `handoff`, what it did to `figures`. `table_maps` and `row_decoders` are the decoded-table-map
     cache and the compiled decoders of this open (None: not used).
     """
@@ -52,7 +53,7 @@ class BinlogReader:
         self.pipeline = pipeline
         self.table_maps = table_maps
         self.row_decoders = row_decoders
-        self.connector = _Connector(table_maps, tls=server.ssl is not None)
+        self.connector = _Connector(tls=server.ssl is not None)
         self.thread: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -71,18 +72,10 @@ class BinlogReader:
             if self.thread.is_alive():
                 log.warning("pipeline=%s binlog reader thread did not stop within %.0fs", self.pipeline, timeout)
 
-    def _stream(self, at: Position | None, gtid: str | None) -> BinLogStreamReader:
-        common: dict[str, Any] = dict(
-            connection_settings=self.server.stream_settings(), server_id=self.server_id, blocking=True,
-            only_events=_EVENTS, filter_non_implemented_events=False,
-            slave_heartbeat=self.server.heartbeat, pymysql_wrapper=self.connector, enable_logging=False)
-        if at is not None:
-            # is_mariadb=False on purpose: with is_mariadb=True the library sends an empty file
-            # name (the server's first binlog) unless given a GTID; the classic COM_BINLOG_DUMP
-            # serves both flavors by file+pos, and resume_stream=True makes it send log_pos.
-            return BinLogStreamReader(resume_stream=True, log_file=at.log, log_pos=at.offset, is_mariadb=False,
-                                      **common)
-        return BinLogStreamReader(auto_position=gtid, is_mariadb=self.flavor == "mariadb", **common)
+    def _stream(self, at: Position | None, gtid: str | None) -> BinlogStream:
+        return BinlogStream(self.connector, self.server.stream_settings(), server_id=self.server_id, at=at, gtid=gtid,
+                            flavor=self.flavor, events=_EVENTS, table_maps=self.table_maps,
+                            heartbeat=self.server.heartbeat)
 
     def _put(self, item: Any) -> None:
         self.handoff.put(item, self._stop)
@@ -95,8 +88,8 @@ class BinlogReader:
         attempt = 0
         try:
             while not stop.is_set():
-                reader = self._stream(handed, gtid_start)
-                events = reader if self.row_decoders is None else fast.FastStream(reader, self.row_decoders)
+                stream = self._stream(handed, gtid_start)
+                events = fast.FastStream(stream, self.row_decoders)
                 # Where a stream starts (a rollback's rewind, a reconnect) says nothing of where the
                 # log ends: the reader is heard there only once it has read past it, or once an
                 # idle server's heartbeat says the log ends there. Else an ack at the rewind point
@@ -104,6 +97,7 @@ class BinlogReader:
                 started_at, news = assembler.mark, False
                 last_held = 0
                 try:
+                    stream.connect()
                     while not stop.is_set():
                         event, txs, held = read_events(assembler, events)
                         if event is None:
@@ -153,7 +147,7 @@ class BinlogReader:
                         assembler.restart(Position(assembler.log_file, 0))
                 finally:
                     with contextlib.suppress(Exception):
-                        reader.close()
+                        stream.close()
         except Stopped:
             pass
         except BaseException as exc:  # noqa: BLE001 - every failure reaches poll(); none kills the thread silently

@@ -93,8 +93,10 @@ class MysqlBinlogSource(Select):
       many small transactions and never holds more than about twice that (`peak_buffered_rows`).
     * With `table_map_cache` (the default) a table-map event whose bytes were seen before reuses
       the decoded table instead of decoding its column metadata again (`table_maps` counts hits).
-    * With `fast_decoder` (the default, where the compiled `_rows` module is built) the reader
-      frames the stream's packets itself and rows events of tables whose column types it knows are
+    * setl opens the binlog stream itself (`stream.BinlogStream`: the dump by file and position or
+      by GTID, packets framed by the compiled `_rows.Framer` where it is built); the library parses
+      the event bodies setl does not build itself. With `fast_decoder` (the default, where the
+      compiled `_rows` module is built) rows events of tables whose column types it knows are
       decoded in C into the same rows (`fast.FastStream`; `row_decoders` counts events each way).
     * Values are pymysqlreplication's, except: an empty SET is ``set()``, BIT is an int, BINARY(n)
       keeps its trailing zero bytes, YEAR 0 is 0. MariaDB's JSON is text and stays a str.
