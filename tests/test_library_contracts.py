@@ -172,6 +172,8 @@ def test_the_library_parses_the_packets_of_setls_stream(reader: tuple[FastStream
     assert event.dbms == "mariadb" and event.table_id in stream.table_map
     assert len(stream.post_header_lengths) >= BINLOG.DELETE_ROWS_EVENT_V2 and stream.mysql_version >= (10, 0)
     assert stream.log_pos == event.packet.log_pos
+    assert "_read_packet" not in vars(stream.conn)  # nothing of PyMySQL's is swapped on the stream connection
+    assert (stream.context.encoding, stream.context.charset) == (stream.conn.encoding, stream.conn.charset)
     xid = _next(events, XidEvent)
     assert xid.xid > 0 and stream.log_pos == xid.packet.log_pos
     assert events.fetchone() is None and stream.ended  # a non-blocking dump ends at the log's end

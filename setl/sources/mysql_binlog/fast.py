@@ -1,20 +1,18 @@
-"""The binlog reader's fast path: packets framed and hot events built by setl, rows decoded in C.
+"""The binlog reader's fast path: hot events built by setl from their bytes, rows decoded in C.
 
-python-mysql-replication reads every packet through PyMySQL's packet object, wraps it in a packet
-wrapper, builds an event object with a reader call per value, and checks every event in its own
-`fetchone`: most of a catch-up's CPU. `FastStream` frames the stream connection's packets itself
-once the library has connected (every packet: the library reads the ones handed back to it from
-the framer too), and builds the events that make up nearly all of a busy binlog
-from their bytes: WRITE/UPDATE/DELETE_ROWS of a table whose columns the compiled
-`_rows.RowDecoder` knows, decoded straight from the packet into the library's own event class with
-the same rows; table maps already decoded once (answered from setl's table-map cache); MariaDB
-GTID and XID events (two a transaction), read from their few bytes. Everything else (other events,
-a table with a column type the decoder does not know, a partial row image) goes to the library's
-`fetchone` unchanged.
+The library builds an event object with a reader call per value: most of a catch-up's CPU.
+`FastStream` takes each packet of setl's own stream (`stream.BinlogStream`, framed by the
+compiled `_rows.Framer`) and builds the events that make up nearly all of a busy binlog from their
+bytes: WRITE/UPDATE/DELETE_ROWS of a table whose columns the compiled `_rows.RowDecoder` knows,
+decoded straight from the packet into the library's own event class with the same rows; table
+maps already decoded once (answered from setl's table-map cache); MariaDB GTID and XID events (two
+a transaction), read from their few bytes. Everything else (other events, a table with a column
+type the decoder does not know, a partial row image) goes to the stream's `parse`, where the
+library parses it.
 
-Without the compiled module (a source tree that was not built), `available()` is False and the
-library reads every event as before. The library's internals this uses (its reader's state, its
-event objects' fields, PyMySQL's packet reads) are reached through `setl.adapters`.
+Without the compiled module (a source tree that was not built, or ``SETL_PURE_PYTHON=1``),
+`available()` is False and the library parses every event. The library's internals this uses
+(its event objects' fields) are reached through `setl.adapters.replication`.
 """
 
 from __future__ import annotations
