@@ -14,7 +14,6 @@ from typing import Any
 import pymysql
 import pytest
 from pymysql.constants import COMMAND
-from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.constants import BINLOG
 from pymysqlreplication.event import BinLogEvent, XidEvent
 from pymysqlreplication.row_event import RowsEvent, WriteRowsEvent
@@ -22,6 +21,9 @@ from pymysqlreplication.row_event import RowsEvent, WriteRowsEvent
 from setl import adapters
 from setl.adapters import pymysql as pymysql_io
 from setl.adapters import replication
+from setl.sources.mysql_binlog.connector import _Connector
+from setl.sources.mysql_binlog.fast import FastStream
+from setl.sources.mysql_binlog.stream import BinlogStream
 from setl.testing.servers import MariaDBServer
 from tests.sources.binlog import execute, head, next_server_id
 
@@ -113,28 +115,6 @@ def test_packet_io_reads_the_result_pymysql_would(conn: Any) -> None:
         assert cur.fetchone() == ("next",)
 
 
-def test_pymysql_reads_every_packet_through_the_routed_reader(conn: Any) -> None:
-    """After `route_packets`, PyMySQL (and a library on it) reads every packet through the reader
-    given, with `packet_of` making the packet it expects: what the binlog framer relies on."""
-    pymysql_io.buffer_reads(conn, 1 << 16)
-    io = pymysql_io.PacketIO(conn)
-    calls: list[Any] = []
-
-    def read(packet_type: Any = None) -> Any:
-        header = io.read(4)
-        io.seq = header[3] + 1
-        calls.append(packet_type)
-        return pymysql_io.packet_of(io.read(header[0] | header[1] << 8 | header[2] << 16), io.encoding, packet_type)
-
-    pymysql_io.route_packets(conn, read)
-    with conn.cursor() as cur:
-        cur.execute("SELECT 1 UNION ALL SELECT 2")
-        assert cur.fetchall() == ((1,), (2,))
-    assert len(calls) >= 5  # the column count, a column, its EOF, two rows, the EOF
-    with conn.cursor() as cur, pytest.raises(pymysql.err.ProgrammingError):
-        cur.execute("SELEC 1")
-
-
 def test_the_socket_and_the_read_timeout(mariadb_source: MariaDBServer) -> None:
     """`socket_of` is the connection's socket (None once closed); `read_timeout_at_least` lifts the
     read timeout PyMySQL applies before each read for the block only, and `apply_read_timeout`
@@ -157,69 +137,58 @@ def test_the_socket_and_the_read_timeout(mariadb_source: MariaDBServer) -> None:
 
 
 @pytest.fixture
-def reader(mariadb_source: MariaDBServer, source_db: str) -> Iterator[tuple[BinLogStreamReader, str]]:
-    """A stream reader with setl's settings (full row metadata, no filters) from the binlog's end,
-    and the events of one insert ahead of it."""
+def reader(mariadb_source: MariaDBServer, source_db: str) -> Iterator[tuple[FastStream, str]]:
+    """setl's own stream from the binlog's end, every event parsed by the library (no compiled
+    decoders), and the events of one insert ahead of it."""
     start = head(mariadb_source)
     execute(mariadb_source, source_db, "CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(10))",
             "INSERT INTO t VALUES (1, 'one')")
-    settings = {k: v for k, v in mariadb_source.connect_args().items() if k != "ssl"}
-    stream = BinLogStreamReader(connection_settings=settings, server_id=next_server_id(), blocking=False,
-                                resume_stream=True, log_file=start.log, log_pos=start.offset,
-                                only_events=[WriteRowsEvent, XidEvent], enable_logging=False)
+    settings = {"connect_timeout": 5.0, **{k: v for k, v in mariadb_source.connect_args().items() if k != "ssl"}}
+    stream = BinlogStream(_Connector(), settings, server_id=next_server_id(), at=start, gtid=None, flavor="mariadb",
+                          events=[WriteRowsEvent, XidEvent], table_maps=None, blocking=False)
+    stream.connect()
     try:
-        yield stream, source_db
+        yield FastStream(stream, None), source_db
     finally:
         stream.close()
 
 
-def _next(stream: BinLogStreamReader, cls: type[BinLogEvent]) -> Any:
+def _next(events: FastStream, cls: type[BinLogEvent]) -> Any:
     for _ in range(50):
-        event = stream.fetchone()
+        event = events.fetchone()
         assert event is not None, f"no {cls.__name__}"
         if isinstance(event, cls):
             return event
     raise AssertionError(f"no {cls.__name__} in 50 events")
 
 
-def test_the_stream_reader_state_setl_reads(reader: tuple[BinLogStreamReader, str]) -> None:
-    """Once connected, the reader's private state is what `fast.FastStream` builds events from, and
-    the library's stream reads go through the stream connection's ``_read_packet``."""
-    stream, db = reader
-    assert not replication.stream_ready(stream)
-    event = _next(stream, WriteRowsEvent)
-    assert replication.stream_ready(stream) and replication.plain_settings(stream)
+def test_the_library_parses_the_packets_of_setls_stream(reader: tuple[FastStream, str]) -> None:
+    """`parse_packet` with a `ParseContext` (no control connection) gives the library's events of the
+    stream's packets, with the stream's state (format description, table map, position) kept up."""
+    events, db = reader
+    stream = events.reader
+    event = _next(events, WriteRowsEvent)
     assert (event.schema, event.table, event.rows[0]["values"]) == (db, "t", {"id": 1, "v": "one"})
-    conn = replication.stream_connection(stream)
-    assert isinstance(conn, pymysql.connections.Connection)
-    ctl, use_checksum, allowed, version, post_header_lengths = replication.reader_state(stream)
-    assert ctl is stream._ctl_connection and isinstance(use_checksum, bool) and version == stream.mysql_version
-    assert WriteRowsEvent in allowed and XidEvent in allowed
-    assert len(post_header_lengths) >= BINLOG.DELETE_ROWS_EVENT_V2
-    assert replication.server_flavor(ctl) == "mariadb"
-    reads: list[Any] = []
-    library_read = conn._read_packet
-
-    def counted(*args: Any) -> Any:
-        reads.append(args)
-        return library_read(*args)
-
-    pymysql_io.route_packets(conn, counted)
-    xid = _next(stream, XidEvent)
-    assert reads and xid.xid > 0
-    setattr(stream, "_BinLogStreamReader__only_tables", ["other"])  # noqa: B010 - a filter set after the fact
-    assert not replication.plain_settings(stream)
+    assert event.dbms == "mariadb" and event.table_id in stream.table_map
+    assert len(stream.post_header_lengths) >= BINLOG.DELETE_ROWS_EVENT_V2 and stream.mysql_version >= (10, 0)
+    assert stream.log_pos == event.packet.log_pos
+    assert "_read_packet" not in vars(stream.conn)  # nothing of PyMySQL's is swapped on the stream connection
+    assert (stream.context.encoding, stream.context.charset) == (stream.conn.encoding, stream.conn.charset)
+    xid = _next(events, XidEvent)
+    assert xid.xid > 0 and stream.log_pos == xid.packet.log_pos
+    assert events.fetchone() is None and stream.ended  # a non-blocking dump ends at the log's end
 
 
-def test_events_hold_the_fields_setl_builds_them_with(reader: tuple[BinLogStreamReader, str]) -> None:
+def test_events_hold_the_fields_setl_builds_them_with(reader: tuple[FastStream, str]) -> None:
     """A library-parsed event holds exactly the values `event_fields` names, its rows under
     `ROWS_FIELD`; an event `new_event` builds from them reads back the same."""
-    stream, _ = reader
-    event = _next(stream, WriteRowsEvent)
+    events, _ = reader
+    stream = events.reader
+    event = _next(events, WriteRowsEvent)
     rows = event.rows
     fields = vars(event)
-    ctl, _, _, version, post_header_lengths = replication.reader_state(stream)
-    expected = replication.event_fields(ctl, version, post_header_lengths, replication.server_flavor(ctl))
+    expected = replication.event_fields(stream.context, stream.mysql_version, stream.post_header_lengths,
+                                        replication.server_flavor(stream.context))
     assert {name: fields[name] for name in expected} == expected
     assert fields[replication.ROWS_FIELD] is rows
     copy = replication.new_event(WriteRowsEvent, dict(fields))

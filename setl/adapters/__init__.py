@@ -3,10 +3,10 @@ touches one library's private names, and it checks at import that the installed 
 one it was written for (`check_version`).
 
 - `setl.adapters.pymysql`: PyMySQL's packet machinery (commands, packet reads, sequence ids, its
-  socket and read timeout, its buffered result), for the binlog framer, the snapshot row reader,
-  ``LOAD DATA LOCAL`` and TLS checks.
-- `setl.adapters.replication`: python-mysql-replication's reader state, event objects and the
-  fixes setl installs into it.
+  socket and read timeout, its buffered result), for the binlog stream's dump and framer, the
+  snapshot row reader, ``LOAD DATA LOCAL`` and TLS checks.
+- `setl.adapters.replication`: python-mysql-replication's packet parser (called by setl's own
+  binlog stream), its event objects' fields and the fixes setl installs into it.
 """
 
 from __future__ import annotations

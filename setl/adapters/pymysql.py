@@ -118,12 +118,6 @@ def packet_of(data: bytes, encoding: str, packet_type: Any = None) -> Any:
     return packet
 
 
-def route_packets(conn: Any, read: Callable[..., MysqlPacket]) -> None:
-    """Every packet PyMySQL (and a library on top of it) reads from `conn` comes from `read`
-    (called as PyMySQL calls ``_read_packet``: with an optional packet class) from here on."""
-    conn._read_packet = read
-
-
 #: A reader of a result's data rows: (the connection's packets, one (encoding, converter) per
 #: column) -> (the rows, the payload of the EOF packet that ended them). It raises a server error.
 RowsReader = Callable[[PacketIO, Sequence[tuple[Any, Any]]], tuple[list[Any], bytes]]

@@ -1,6 +1,7 @@
 """python-mysql-replication's internals, the one place setl reaches into them: the fixes `install()`
-puts into its event classes (setl's binlog source installs them when it is built), the stream
-reader's private state and the fields of its event objects that `fast.FastStream` reads and builds.
+puts into its event classes (setl's binlog source installs them when it is built), its packet
+parser as setl's stream calls it (`parse_packet`, with a `ParseContext` in place of a control
+connection) and the fields of its event objects that `fast.FastStream` builds.
 
 Written for mysql-replication `WRITTEN_FOR` exactly (a WARNING at import names another release);
 tests/test_library_contracts.py pins the behaviours setl relies on against a real server.
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -28,12 +28,6 @@ from setl.model import InvalidDate
 #: The mysql-replication release this module was written and tested against.
 WRITTEN_FOR = "1.0.17"
 INSTALLED = check_version("mysql-replication", WRITTEN_FOR)
-
-
-def _drop_reconnect_notice(record: logging.LogRecord) -> bool:
-    # The library logs this on every lost stream, ours included when close() cuts it; a real
-    # loss surfaces as a SourceError from poll() instead.
-    return "Re-request the connection" not in record.getMessage()
 
 
 def _read_time2(self: RowsEvent, column: Any) -> datetime.timedelta:
@@ -233,7 +227,6 @@ def install(inflate: Inflate) -> None:
             if not hasattr(owner, name):
                 raise ConfigError(f"python-mysql-replication {INSTALLED} has no {owner.__name__}.{name} to fix; "
                                   f"install mysql-replication=={WRITTEN_FOR}")
-        logging.getLogger("pymysqlreplication").addFilter(_drop_reconnect_notice)
         RowsEvent._RowsEvent__read_time2 = _read_time2
         RowsEvent._RowsEvent__read_date = _read_date
         RowsEvent._RowsEvent__read_datetime = _read_datetime
@@ -245,42 +238,39 @@ def install(inflate: Inflate) -> None:
         _installed = True
 
 
-# -- The stream reader's private state and its events' fields, for `fast.FastStream`.
-
-_PRIVATE = "_BinLogStreamReader__"
+# -- The library as a parser of event bodies, for setl's own stream (`sources.mysql_binlog.stream`).
 
 
-def stream_ready(reader: Any) -> bool:
-    """Whether `reader` (a `BinLogStreamReader`) has connected its stream and control connections."""
-    return bool(getattr(reader, _PRIVATE + "connected_stream") and getattr(reader, _PRIVATE + "connected_ctl"))
+class ParseContext:
+    """What the library's event parsers take as their "control connection": the connection's charset
+    and encoding (`install`'s inflating packet wrapper makes packets in it), the server's flavor
+    (``_get_dbms``) and setl's table-map cache (`setl_table_maps`, read by the patched
+    `TableMapEvent.__init__`). With full row metadata and no column-name cache the library
+    asks that connection nothing, so setl's stream opens none (tests/test_library_contracts.py)."""
+
+    def __init__(self, dbms: str, table_maps: TableMapCache | None, charset: str = "utf8mb4",
+                 encoding: str = "utf8") -> None:
+        self.dbms = dbms
+        self.charset = charset
+        self.encoding = encoding
+        self.setl_table_maps = table_maps
+
+    def _get_dbms(self) -> str:
+        return self.dbms
 
 
-def stream_connection(reader: Any) -> Any:
-    """The reader's stream connection (a PyMySQL connection)."""
-    return reader._stream_connection
-
-
-def plain_settings(reader: Any) -> bool:
-    """Whether `reader` reads as setl's source asks: full row metadata, no table or schema filters,
-    no frozen schema, no checksum verification or ignored decode errors, no end position and no
-    start timestamp (the only settings `fast.FastStream` builds events for)."""
-    settings = {name: getattr(reader, _PRIVATE + name, None) for name in (
-        "optional_meta_data", "verify_checksum", "ignore_decode_errors", "only_tables", "ignored_tables",
-        "only_schemas", "ignored_schemas", "freeze_schema")}
-    return settings.pop("optional_meta_data") is True and not any(settings.values()) \
-        and not getattr(reader, "end_log_pos", None) and not getattr(reader, "skip_to_timestamp", None)
-
-
-def reader_state(reader: Any) -> tuple[Any, bool, Any, Any, Any]:
-    """What the reader builds events with: (control connection, whether events end in a checksum,
-    the event classes it returns, the server version, the post-header lengths by event type)."""
-    return (reader._ctl_connection, getattr(reader, _PRIVATE + "use_checksum"),
-            getattr(reader, _PRIVATE + "allowed_events_in_packet"), reader.mysql_version,
-            getattr(reader, _PRIVATE + "post_header_lengths"))
+def parse_packet(data: bytes, encoding: str, table_map: dict[int, Any], context: ParseContext, mysql_version: Any,
+                 use_checksum: bool, allowed: frozenset[type[BinLogEvent]], post_header_lengths: Any) -> Any:
+    """The library's `BinLogPacketWrapper` of payload `data` (the OK byte, the event header and body):
+    its `event` is None for a kind outside `allowed`. Read with setl's settings: no table or schema
+    filters, full row metadata, no column-name cache, checksums not verified by the library."""
+    return BinLogPacketWrapper(MysqlPacket(data, encoding), table_map, context, mysql_version, use_checksum,
+                               allowed, None, None, None, None, False, False, False, True, False, False,
+                               post_header_lengths)
 
 
 def server_flavor(ctl_connection: Any) -> str:
-    """What the library's control connection calls its server ("mysql" or "mariadb")."""
+    """What the library's events call their server ("mysql" or "mariadb")."""
     flavor: str = ctl_connection._get_dbms()
     return flavor
 

@@ -153,7 +153,7 @@ def test_poll_honours_timeout_and_close_is_prompt(mariadb_source, sources):
     began = time.monotonic()
     assert src.poll(0.3) is None
     assert 0.25 <= time.monotonic() - began < 1.5
-    thread = src._thread
+    thread = src._reader.thread if src._reader is not None else None
     began = time.monotonic()
     src.close()
     assert time.monotonic() - began < 2 and thread is not None and not thread.is_alive()

@@ -1,18 +1,22 @@
 """A MySQL or MariaDB binary log as a Select: whole transactions of full-image row changes and DDL.
 
 This package and its adapter (`setl.adapters.replication`, the library's internals) are the only
-importers of pymysqlreplication; nothing the package returns holds a library object.
+importers of pymysqlreplication, which only parses event bodies (setl opens the stream, asks for
+the dump and frames the packets); nothing the package returns holds a library object.
 A background thread reads the binlog with a blocking stream, reconnects when the server goes away,
 and hands assembled transactions to `poll` through a bounded queue, so `poll` honours its timeout
 and `close` interrupts the read.
 
-The package: `source` (the Select: the reader thread and the queue `poll` takes from), `server`
-(connecting to the server, its settings checks and plain queries, `describe`), `start` (the
-configured start, resolved to a checked position), `connector` (the library's connections: one
-stream, cut on close), `lookups` (the kept connection and the reader's table questions), `xa`
-(prepared XA transactions read again), `assembler` (events into transactions), `fast` (the
-compiled rows decoder's stream), `decoding` (row images), `statements` (SQL text), `patches`
-(the adapter's fixes to the library, installed by the source).
+The package: `source` (the Select, wiring the parts below), `opening` (settings judgment and where
+an open starts), `reader` (the reading thread of one open and its failures), `handoff` (the queue
+bounded by rows between that thread and `poll`, and the reader's figures), `server` (connecting to
+the server, its settings checks and plain queries, `describe`), `start` (the configured start,
+resolved to a checked position), `stream` (setl's binlog stream: the dump asked for, packets framed,
+the library a parser of event bodies), `connector` (the stream's connections: one, cut on close),
+`lookups` (the kept connection and the reader's table questions), `xa` (prepared XA transactions
+read again), `assembler` (events into transactions), `fast` (the compiled rows decoder's stream),
+`decoding` (row images), `statements` (SQL text), `patches` (the adapter's fixes to the library,
+installed by the source).
 """
 
 from setl.sources.mysql_binlog.assembler import gtid_flavor

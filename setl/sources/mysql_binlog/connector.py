@@ -1,6 +1,6 @@
-"""The reader's connections to the server as pymysqlreplication opens them: `_Connector`, the
-`pymysql_wrapper` that allows one stream connection and can cut it, and which failures are a lost
-connection (`_disconnected`) rather than an error."""
+"""The binlog stream's connections: `_Connector` opens one stream connection at a time through
+`setl.dial` (TLS required when configured) and can cut it from another thread; `_disconnected`
+tells a lost connection (reconnect) from an error (stop)."""
 
 from __future__ import annotations
 
@@ -12,68 +12,43 @@ from typing import Any
 import pymysql
 
 from setl.adapters import pymysql as pymysql_io
-from setl.adapters.replication import TableMapCache
 from setl.dial import mysql_connection
+from setl.sources.mysql_binlog.handoff import Stopped as _Stopped
 from setl.tls import require_encrypted, tls_failure
 
 
-class _Stopped(Exception):
-    """The reader was closed; its thread ends quietly."""
-
-
 class _Lost(Exception):
-    """The stream connection dropped. The library would reconnect by itself from the middle of a
-    transaction (or from its first GTID), so the connector refuses and the reader reconnects."""
-
-
-class _ControlConnection(pymysql.connections.Connection):
-    """A control connection, carrying the reader's table-map cache for the patched TableMapEvent."""
-
-    setl_table_maps: TableMapCache | None = None
+    """The stream connection dropped, or a second stream was asked for before `reset`: the reader
+    reconnects itself, from the end of the last complete transaction."""
 
 
 _STREAM_BUFFER = 1 << 20  # bytes the binlog stream's socket file reads at most at once
 
 
 class _Connector:
-    """The `pymysql_wrapper` handed to the library: one stream connection, and a way to cut it.
+    """The stream connections of one reader: at most one open until `reset`, and a way to cut it."""
 
-    Control connections carry the reader's table-map cache (`setl_table_maps`) when it has one.
-    """
-
-    def __init__(self, table_maps: TableMapCache | None, tls: bool = False) -> None:
+    def __init__(self, tls: bool = False) -> None:
         self.tls = tls  # refuse a connection the server did not encrypt
         self._lock = threading.Lock()
         self._connections: list[pymysql.connections.Connection] = []
         self._stream_opened = False
-        self.table_maps = table_maps
         self.closed = False
 
-    def __call__(self, **kwargs: Any) -> pymysql.connections.Connection:
-        if "db" in kwargs:  # the library still uses PyMySQL's deprecated names
-            kwargs["database"] = kwargs.pop("db")
-        if "passwd" in kwargs:
-            kwargs["password"] = kwargs.pop("passwd")
-        control = kwargs.get("database") == "information_schema"
+    def open(self, **settings: Any) -> pymysql.connections.Connection:
+        """A new stream connection with `settings` (`SourceServer.stream_settings`)."""
         with self._lock:
             if self.closed:
                 raise _Stopped()
-            if not control:
-                if self._stream_opened:
-                    raise _Lost()
-                self._stream_opened = True
-        conn: pymysql.connections.Connection
-        if control:
-            control_conn = mysql_connection(cls=_ControlConnection, **kwargs)
-            control_conn.setl_table_maps = self.table_maps
-            conn = control_conn
-        else:
-            conn = mysql_connection(**kwargs)
-            # Nothing is buffered between the handshake and the dump: read the stream in large
-            # pieces, so the reader thread releases the GIL (to block in recv) less often.
-            pymysql_io.buffer_reads(conn, _STREAM_BUFFER)
+            if self._stream_opened:
+                raise _Lost()
+            self._stream_opened = True
+        conn = mysql_connection(**settings)
+        # Nothing is buffered between the handshake and the dump: read the stream in large
+        # pieces, so the reader thread releases the GIL (to block in recv) less often.
+        pymysql_io.buffer_reads(conn, _STREAM_BUFFER)
         if self.tls:
-            require_encrypted(conn, kwargs.get("host", "?"), kwargs.get("port", 0))
+            require_encrypted(conn, settings.get("host", "?"), settings.get("port", 0))
         with self._lock:
             self._connections.append(conn)
             if self.closed:

@@ -1,20 +1,18 @@
-"""The binlog reader's fast path: packets framed and hot events built by setl, rows decoded in C.
+"""The binlog reader's fast path: hot events built by setl from their bytes, rows decoded in C.
 
-python-mysql-replication reads every packet through PyMySQL's packet object, wraps it in a packet
-wrapper, builds an event object with a reader call per value, and checks every event in its own
-`fetchone`: most of a catch-up's CPU. `FastStream` frames the stream connection's packets itself
-once the library has connected (every packet: the library reads the ones handed back to it from
-the framer too), and builds the events that make up nearly all of a busy binlog
-from their bytes: WRITE/UPDATE/DELETE_ROWS of a table whose columns the compiled
-`_rows.RowDecoder` knows, decoded straight from the packet into the library's own event class with
-the same rows; table maps already decoded once (answered from setl's table-map cache); MariaDB
-GTID and XID events (two a transaction), read from their few bytes. Everything else (other events,
-a table with a column type the decoder does not know, a partial row image) goes to the library's
-`fetchone` unchanged.
+The library builds an event object with a reader call per value: most of a catch-up's CPU.
+`FastStream` takes each packet of setl's own stream (`stream.BinlogStream`, framed by the
+compiled `_rows.Framer`) and builds the events that make up nearly all of a busy binlog from their
+bytes: WRITE/UPDATE/DELETE_ROWS of a table whose columns the compiled `_rows.RowDecoder` knows,
+decoded straight from the packet into the library's own event class with the same rows; table
+maps already decoded once (answered from setl's table-map cache); MariaDB GTID and XID events (two
+a transaction), read from their few bytes. Everything else (other events, a table with a column
+type the decoder does not know, a partial row image) goes to the stream's `parse`, where the
+library parses it.
 
-Without the compiled module (a source tree that was not built), `available()` is False and the
-library reads every event as before. The library's internals this uses (its reader's state, its
-event objects' fields, PyMySQL's packet reads) are reached through `setl.adapters`.
+Without the compiled module (a source tree that was not built, or ``SETL_PURE_PYTHON=1``),
+`available()` is False and the library parses every event. The library's internals this uses
+(its event objects' fields) are reached through `setl.adapters.replication`.
 """
 
 from __future__ import annotations
@@ -26,13 +24,12 @@ from pymysqlreplication.constants import BINLOG
 from pymysqlreplication.event import BinLogEvent, MariadbGtidEvent, XidEvent
 from pymysqlreplication.row_event import DeleteRowsEvent, RowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
 
-from setl.adapters import pymysql as pymysql_io
 from setl.adapters import replication
 from setl.sources.mysql_binlog import compressed
 from setl.sources.mysql_binlog.assembler import corrupt_event
 
 try:
-    from setl.sources.mysql_binlog._rows import Corrupt, EventHeader, Framer, RowDecoder, equal_at, full_bitmap, le_int
+    from setl.sources.mysql_binlog._rows import Corrupt, EventHeader, RowDecoder, equal_at, full_bitmap, le_int
 except ImportError:  # not built: the library decodes every event
     RowDecoder = None  # type: ignore[assignment,misc]
 
@@ -47,6 +44,8 @@ _ROWS: dict[int, tuple[type[RowsEvent], int, int]] = {
 }
 _GTID = struct.Struct("<QIB")  # a MariaDB GTID event's sequence number, domain id, flags (then more, unread)
 _XID = struct.Struct("<Q")
+#: the events after which the stream's state the fast path reads may have changed
+_SETTINGS_EVENTS = frozenset({BINLOG.FORMAT_DESCRIPTION_EVENT, BINLOG.ROTATE_EVENT})
 _ROWS_FIELD = replication.ROWS_FIELD
 
 
@@ -97,30 +96,22 @@ class RowDecoders:
 
 
 class FastStream:
-    """A `BinLogStreamReader` whose stream packets setl frames itself, once the library connected.
+    """The events of a `stream.BinlogStream`, the hot ones built here from their bytes.
 
-    `fetchone()` is the reader's: it reads each packet from the stream connection's socket buffer
-    (`pymysql_io.PacketIO`: PyMySQL's own, so nothing is read twice or skipped), and builds the events that make
-    up nearly all of a busy binlog straight from the bytes: WRITE/UPDATE/DELETE_ROWS of a table the
-    compiled `RowDecoder` knows, table maps already in the reader's cache, MariaDB GTID and XID
-    events. Every other packet (rotation, format description, queries, heartbeats, errors, the
-    end of the stream, rows events the decoder leaves to the library) is handed to the library's
-    own `fetchone()`, which reads it as if from the connection, with everything it keeps
-    (`log_pos`, `log_file`, the table map, the format description) up to date.
-
-    The fast path is taken only with the settings setl's source uses: full row metadata, no
-    filters, no checksum verification, no end position and no start timestamp; with any other,
-    and before the library has connected, every call is the library's.
+    `fetchone()` takes each packet from the stream (framed by the compiled `Framer`) and builds the
+    events that make up nearly all of a busy binlog straight from the bytes: WRITE/UPDATE/DELETE_ROWS
+    of a table the compiled `RowDecoder` knows, table maps already in the reader's cache, MariaDB
+    GTID and XID events. Every other packet (rotation, format description, queries, heartbeats,
+    errors, the end of the stream, rows events the decoder leaves to the library) goes to the
+    stream's `parse`, which has the library parse it and keeps the stream's state (`log_pos`,
+    `log_file`, the table map, the format description) up to date. Without `decoders` (or the
+    compiled module) every packet goes to `parse`.
     """
 
-    def __init__(self, reader: Any, decoders: RowDecoders) -> None:
-        self.reader = reader
-        self.decoders = decoders
-        #: whether the reader's settings allow the fast path (known once it has connected)
-        self.usable: bool | None = None
-        self._conn: Any = None
-        self._framer: Any = None
-        self._pending: bytes | None = None
+    def __init__(self, reader: Any, decoders: RowDecoders | None) -> None:
+        self.reader = reader  # the stream: its table map, file and position, `packet` and `parse`
+        self.decoders = decoders if decoders is not None else RowDecoders()
+        self.fast = decoders is not None and RowDecoder is not None  # whether the hot events are built here
         self._settings: tuple[Any, bool, Any, Any, Any] = (None, False, (), None, None)
         #: what every GTID and XID event holds besides its own header and body (None: to build)
         self._small_base: dict[str, Any] | None = None
@@ -128,18 +119,12 @@ class FastStream:
         self._last_maps: dict[int, tuple[bytes, Any]] = {}
 
     def fetchone(self) -> Any:
-        """The next event, as `BinLogStreamReader.fetchone()` would return it."""
-        reader = self.reader
-        if self.usable is not False and replication.stream_ready(reader):
-            conn = replication.stream_connection(reader)
-            if conn is not self._conn:
-                self.usable = self._usable()
-                if not self.usable:
-                    return reader.fetchone()
-                self._attach(conn)
-                self._settings = self._read_settings()
-            data = self._framer.packet()
-            if data[0] == 0 and len(data) > 20:
+        """The next event; None once a non-blocking dump has ended."""
+        stream = self.reader
+        fast = self.fast
+        while True:
+            data = stream.packet()
+            if fast and data[0] == 0 and len(data) > 20:
                 kind = data[5]
                 if kind in compressed.PLAIN_TYPE:  # log_bin_compress: read as the plain event it stands for
                     data = self._inflate(data, kind)
@@ -153,13 +138,15 @@ class FastStream:
                     event = self._small(data, kind)
                 if event is not None:
                     if event.packet.log_pos:
-                        reader.log_pos = event.packet.log_pos
+                        stream.log_pos = event.packet.log_pos
                     return event
-            self._pending = data
-            event = reader.fetchone()
-            self._settings = self._read_settings()  # a format description may have changed them
-            return event
-        return reader.fetchone()
+            event = stream.parse(data)
+            if fast and data[0] == 0 and len(data) > 5 and data[5] in _SETTINGS_EVENTS:
+                self._read_settings()  # a format description or rotation changes them
+            if event is not None:
+                return event
+            if stream.ended:
+                return None
 
     def _inflate(self, data: bytes, kind: int) -> bytes:
         """The plain event's packet for a compressed one; a corrupt one stops the reader here."""
@@ -171,27 +158,12 @@ class FastStream:
         except compressed.InflateError as exc:
             raise compressed.corrupt(exc, kind, self.reader.log_file, le_int(data, 14, 4)) from exc
 
-    def _usable(self) -> bool:
-        return RowDecoder is not None and replication.plain_settings(self.reader)
-
-    def _attach(self, conn: Any) -> None:
-        """Frame `conn`'s packets from here on, the library's reads included."""
-        pymysql_io.apply_read_timeout(conn)
-        self._conn, self._framer, self._pending = conn, Framer(pymysql_io.PacketIO(conn)), None
-        pymysql_io.route_packets(conn, self._library_packet)
-
-    def _library_packet(self, packet_type: Any = None) -> Any:
-        """The packet the library reads next: the one handed back first, then the framer's next."""
-        data, self._pending = self._pending, None
-        if data is None:
-            data = self._framer.packet()
-        self._framer.sync()
-        return pymysql_io.packet_of(data, self._conn.encoding, packet_type)
-
-    def _read_settings(self) -> tuple[Any, bool, Any, Any, Any]:
-        """The reader's state the events are built with (it changes only in events the library reads)."""
+    def _read_settings(self) -> None:
+        """The stream's state the events are built with (it changes only in events `parse` reads)."""
         self._small_base = None
-        return replication.reader_state(self.reader)
+        stream = self.reader
+        self._settings = (stream.context, stream.use_checksum, stream.in_packet, stream.mysql_version,
+                          stream.post_header_lengths)
 
     def _rows(self, data: bytes, kind: int) -> Any:
         cls, change, post_header = _ROWS[kind]

@@ -1,46 +1,45 @@
 """A MySQL or MariaDB binary log as a Select: whole transactions of full-image row changes and DDL.
 
-This package is the only importer of pymysqlreplication; nothing it returns holds a library object.
-A background thread reads the binlog with a blocking stream, reconnects when the server goes away,
-and hands assembled transactions to `poll` through a bounded queue, so `poll` honours its timeout
-and `close` interrupts the read.
+`MysqlBinlogSource` is the Select stage's face and the wiring of its parts, each the one owner of
+its state: `opening.SourceChecks` (settings judgment and where an open starts), `reader.BinlogReader`
+(the reading thread of one open and its failures), `handoff.Handoff` (the queue bounded by rows
+between that thread and `poll`) and `handoff.ReaderFigures` (what the reader has done, for the lag
+figures), and `server.SourceServer` (connections and the position, identity and head questions).
+`poll` owns only the cursor and the pending position mark.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
-import queue
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import attrs
 import pymysql
-from pymysqlreplication import BinLogStreamReader
-from pymysqlreplication.event import HeartbeatLogEvent
 
 from setl.adapters.replication import TableMapCache
 from setl.config import SslConfig
-from setl.errors import ConfigError, PositionPurged, SourceError
+from setl.errors import ConfigError
 from setl.model import Position, TableSchema, Transaction
 from setl.retry import Backoff
 from setl.sources.mysql_binlog import fast
-from setl.sources.mysql_binlog.assembler import _EVENTS, _Assembler, read_events
-from setl.sources.mysql_binlog.connector import _Connector, _disconnected, _Lost, _Stopped
+from setl.sources.mysql_binlog.assembler import _Assembler
 from setl.sources.mysql_binlog.ddl_events import KnownTables
+from setl.sources.mysql_binlog.handoff import Failure, Handoff, ReaderFigures
 from setl.sources.mysql_binlog.lookups import TableLookups
+from setl.sources.mysql_binlog.opening import SourceChecks
 from setl.sources.mysql_binlog.patches import install
+from setl.sources.mysql_binlog.reader import BinlogReader, failure_error
 from setl.sources.mysql_binlog.server import SourceServer
 from setl.sources.mysql_binlog.settings import SettingsReport
-from setl.sources.mysql_binlog.start import parse_start, resolve
+from setl.sources.mysql_binlog.start import parse_start
 from setl.sources.mysql_binlog.xa import PreparedXa
 from setl.stages.select import Select
 from setl.stages.snapshot import SnapshotAccess
 from setl.tablecopy import SnapshotSettings
-from setl.tls import mysql_context, tls_failure
+from setl.tls import mysql_context
 
 
 @attrs.frozen
@@ -67,21 +66,6 @@ class MysqlSourceConfig:
 
 
 log = logging.getLogger("setl.sources.mysql_binlog")
-
-
-#: Arrival times kept for the lag figures (a reader that nobody asks drops the oldest).
-ARRIVALS = 10_000
-
-
-@attrs.frozen
-class _Failure:
-    """The reader thread's end by an error, queued for `poll` to raise; `position`: the last end handed on."""
-
-    error: BaseException
-    position: Position | None
-
-
-_ER_MASTER_FATAL_READING_BINLOG = 1236
 
 
 class MysqlBinlogSource(Select):
@@ -112,8 +96,10 @@ class MysqlBinlogSource(Select):
       many small transactions and never holds more than about twice that (`peak_buffered_rows`).
     * With `table_map_cache` (the default) a table-map event whose bytes were seen before reuses
       the decoded table instead of decoding its column metadata again (`table_maps` counts hits).
-    * With `fast_decoder` (the default, where the compiled `_rows` module is built) the reader
-      frames the stream's packets itself and rows events of tables whose column types it knows are
+    * setl opens the binlog stream itself (`stream.BinlogStream`: the dump by file and position or
+      by GTID, packets framed by the compiled `_rows.Framer` where it is built); the library parses
+      the event bodies setl does not build itself. With `fast_decoder` (the default, where the
+      compiled `_rows` module is built) rows events of tables whose column types it knows are
       decoded in C into the same rows (`fast.FastStream`; `row_decoders` counts events each way).
     * Values are pymysqlreplication's, except: an empty SET is ``set()``, BIT is an int, BINARY(n)
       keeps its trailing zero bytes, YEAR 0 is 0. MariaDB's JSON is text and stays a str.
@@ -181,25 +167,15 @@ class MysqlBinlogSource(Select):
         self.sequences = sequences
         self.ignore_server_ids = frozenset(ignore_server_ids)
         self.backoff = Backoff(initial=0.1, maximum=2.0, max_attempts=0)
-        self._queue: queue.Queue[Transaction | _Failure] | None = None
-        self._thread: threading.Thread | None = None
-        self._connector: _Connector | None = None
-        self._stop = threading.Event()
-        self._cursor: Position | None = None
-        self._mark: Transaction | None = None
-        self._buffer_lock = threading.Lock()
-        self._room = threading.Condition(self._buffer_lock)  # the reader waits here for the queue to drain
-        self._queued_rows = 0  # rows in the queue, a transaction without rows counting as one
-        self.peak_buffered_rows = 0
-        self.reconnects = 0
+        self.checks = SourceChecks(self.server, selects, self.start)  # settings judgment, where an open starts
+        self.figures = ReaderFigures()  # what the reader threads did, across opens (lag figures, tests)
         self.detected_flavor: str | None = None
-        self.table_maps: TableMapCache | None = None
-        #: (position, time.time()): where the reader last stood between transactions, and when.
-        #: A heartbeat from an idle server renews the time: the log ended there then (lag figures).
-        self.heard: tuple[Position, float] | None = None
-        #: (end, time.time()) of transactions read within the second of their commit timestamp, oldest
-        #: first: the binlog's timestamps have whole seconds, the time read refines them (lag figures).
-        self.arrivals: collections.deque[tuple[Position, float]] = collections.deque(maxlen=ARRIVALS)
+        self.table_maps: TableMapCache | None = None  # the open reader's decoded-table-map cache
+        self.row_decoders: fast.RowDecoders | None = None  # the open reader's compiled decoders
+        self._reader: BinlogReader | None = None  # the open reader thread
+        self._handoff: Handoff | None = None  # its queue to poll (None: closed, or its failure raised)
+        self._cursor: Position | None = None  # after the last transaction or mark poll returned
+        self._mark: Transaction | None = None  # a position mark poll holds back while more may come
 
     @classmethod
     def from_config(cls, cfg: MysqlSourceConfig, *, pipeline: str, **kwargs: Any) -> "MysqlBinlogSource":
@@ -210,6 +186,28 @@ class MysqlBinlogSource(Select):
 
     def __repr__(self) -> str:
         return f"<MysqlBinlogSource {self.host}:{self.port} server_id={self.server_id} at {self._cursor}>"
+
+    # --- what the reader did (ReaderFigures) ----------------------------------------------------
+
+    @property
+    def peak_buffered_rows(self) -> int:
+        """The most rows queued for `poll` and held by the assembler at once (see the class)."""
+        return self.figures.peak_buffered_rows
+
+    @property
+    def reconnects(self) -> int:
+        """Streams re-established after a lost connection."""
+        return self.figures.reconnects
+
+    @property
+    def heard(self) -> tuple[Position, float] | None:
+        """(position, time.time()) where the reader last stood between transactions, and when."""
+        return self.figures.heard
+
+    @property
+    def arrivals(self) -> collections.deque[tuple[Position, float]]:
+        """(end, time.time()) of transactions read within their commit's second, oldest first."""
+        return self.figures.arrivals
 
     # --- connections -------------------------------------------------------------------------
 
@@ -232,16 +230,7 @@ class MysqlBinlogSource(Select):
         settings and grants a reader needs, and no selected table with a cascading foreign key.
         Returns what was found (``mariadb 10.11.19 at HOST:PORT``); raises `SourceError` naming the
         first problem (`setl check`)."""
-        conn = self.server.connect()
-        try:
-            flavor = self.server.check_settings(conn, self.selects)
-            self.server.refuse_cascades(conn, self.selects)
-            version = str(self.server.query(conn, "SELECT VERSION()")[0][0])
-        except pymysql.MySQLError as exc:
-            raise self.server.error(f"cannot read the binlog settings of {self.host}:{self.port}: {exc}") from exc
-        finally:
-            conn.close()
-        return f"{flavor} {version} at {self.host}:{self.port}"
+        return self.checks.check()
 
     def judge_settings(self, position: Position | None = None, also: Sequence[str] = ()) -> SettingsReport:
         """setl's verdict on each server setting that changes what the binlog holds
@@ -250,181 +239,50 @@ class MysqlBinlogSource(Select):
         verdict, refused or not (`setl check`, and `setl start` before the first row). `also`:
         schemas the pipeline reads besides its selected tables' (a signal table's). Raises
         `SourceError` only when the server cannot be asked."""
-        at = position if position is not None else self.start if isinstance(self.start, Position) else None
-        gtid_start = position is None and not isinstance(self.start, (str, Position))
-        conn = self.server.connect()
-        try:
-            return self.server.judge_settings(conn, self.selects, at, gtid_start, also)[1]
-        except pymysql.MySQLError as exc:
-            raise self.server.error(f"cannot read the binlog settings of {self.host}:{self.port}: {exc}") from exc
-        finally:
-            conn.close()
+        return self.checks.judge(position, also)
 
     def open(self, start: Position | None) -> None:
         self.close()
-        conn = self.server.connect()
-        try:
-            self.detected_flavor = self.server.check_settings(conn, self.selects)
-            self.server.refuse_cascades(conn, self.selects)
-            position, gtids = resolve(self.server, conn, start if start is not None else self.start,
-                                      self.detected_flavor)
-            tables = [(str(schema), str(table)) for schema, table in self.server.query(
-                conn, "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE <> 'VIEW' "
-                      "AND TABLE_SCHEMA NOT IN ('information_schema', 'performance_schema', 'sys', 'mysql')")]
-        except pymysql.MySQLError as exc:
-            raise self.server.error(f"cannot read the binlog settings of {self.host}:{self.port}: {exc}") from exc
-        finally:
-            conn.close()
+        opening = self.checks.opening(start)
+        self.detected_flavor, position, gtids = opening.flavor, opening.position, opening.gtids
         self._cursor = position
         self._mark = None
-        self._stop = threading.Event()
-        self._queue = queue.Queue()  # bounded by rows: see _read's put
-        self._queued_rows = 0
+        self._handoff = Handoff(self.max_rows_in_memory)
         self.table_maps = TableMapCache() if self.table_map_cache else None
         self.row_decoders = fast.RowDecoders() if self.fast_decoder else None
-        self._connector = _Connector(self.table_maps, tls=self.server.ssl is not None)
         lookups = TableLookups(self.server.lookups, pipeline=self.pipeline, sequences=self.sequences)  # fresh caches
         assembler = _Assembler(position or Position("", 0), self.max_rows_in_memory, gtids,
                                PreparedXa(self.server, lookups.table_kind, self.pipeline).rows,
-                               lookups.transactional, self.selects, KnownTables(tables))
+                               lookups.transactional, self.selects, KnownTables(opening.tables))
         assembler.kind_of = lookups.table_kind
         assembler.sequences = self.sequences
         assembler.ignore_server_ids = self.ignore_server_ids
         assembler.ddl_events.mode_names = lookups.mode_names
         gtid_start = gtids.text if position is None and gtids is not None else None
-        self._thread = threading.Thread(
-            target=self._read, args=(self._connector, assembler, self._queue, self._stop, position, gtid_start),
-            name=f"setl-{self.pipeline or 'mysql'}-binlog", daemon=True)
-        self._thread.start()
+        self._reader = BinlogReader(self.server, self._handoff, self.figures, server_id=self.server_id,
+                                    flavor=opening.flavor, reconnect_timeout=self.reconnect_timeout,
+                                    backoff=self.backoff, pipeline=self.pipeline, table_maps=self.table_maps,
+                                    row_decoders=self.row_decoders)
+        self._reader.start(assembler, position, gtid_start)
         log.info("pipeline=%s reading the %s binlog of %s:%s from %s (server_id %d)", self.pipeline,
                  self.detected_flavor, self.host, self.port, position or f"after GTID {gtid_start}",
                  self.server_id)
 
-    def _stream(self, connector: _Connector, at: Position | None, gtid: str | None) -> BinLogStreamReader:
-        settings = self.server.stream_settings()
-        common: dict[str, Any] = dict(
-            connection_settings=settings, server_id=self.server_id, blocking=True, only_events=_EVENTS,
-            filter_non_implemented_events=False,
-            slave_heartbeat=self.heartbeat, pymysql_wrapper=connector, enable_logging=False)
-        if at is not None:
-            # is_mariadb=False on purpose: with is_mariadb=True the library sends an empty file
-            # name (the server's first binlog) unless given a GTID; the classic COM_BINLOG_DUMP
-            # serves both flavors by file+pos, and resume_stream=True makes it send log_pos.
-            return BinLogStreamReader(resume_stream=True, log_file=at.log, log_pos=at.offset, is_mariadb=False,
-                                      **common)
-        return BinLogStreamReader(auto_position=gtid, is_mariadb=self.detected_flavor == "mariadb", **common)
-
-    def _read(self, connector: _Connector, assembler: _Assembler, out: queue.Queue, stop: threading.Event,
-              start: Position | None, gtid_start: str | None) -> None:
-        """The reader thread: events → transactions → `out`, reconnecting from the last end handed on."""
-        handed = start  # end of the last complete transaction handed on (None: still the GTID start)
-        down_since: float | None = None
-        attempt = 0
-
-        def put(item: Transaction | _Failure) -> None:
-            weight = _weight(item)
-            with self._room:
-                while self._queued_rows and self._queued_rows + weight > self.max_rows_in_memory:
-                    if stop.is_set():
-                        raise _Stopped()
-                    self._room.wait(0.1)
-                self._queued_rows += weight
-            out.put(item)
-
-        try:
-            while not stop.is_set():
-                reader = self._stream(connector, handed, gtid_start)
-                events = reader if self.row_decoders is None else fast.FastStream(reader, self.row_decoders)
-                # Where a stream starts (a rollback's rewind, a reconnect) says nothing of where the
-                # log ends: the reader is heard there only once it has read past it, or once an
-                # idle server's heartbeat says the log ends there. Else an ack at the rewind point
-                # would look caught up for a moment and reset the lag of a pipeline far behind.
-                started_at, news = assembler.mark, False
-                last_held = 0
-                try:
-                    while not stop.is_set():
-                        event, txs, held = read_events(assembler, events)
-                        if event is None:
-                            raise _Lost()
-                        if not news:
-                            news = isinstance(event, HeartbeatLogEvent) or assembler.mark > started_at
-                        if held > last_held:  # the rows held peaked inside the read, before any hand-on
-                            with self._buffer_lock:
-                                buffered = self._queued_rows + held
-                            self.peak_buffered_rows = max(self.peak_buffered_rows, buffered)
-                        if txs:
-                            stamp: int = getattr(event, "timestamp", 0) or 0
-                            if stamp:
-                                now = time.time()
-                                if stamp <= now < stamp + 1:
-                                    self.arrivals.append((txs[-1].end, now))
-                            for tx in txs:
-                                put(tx)
-                                down_since, attempt = None, 0  # progress: the retry budget starts afresh
-                                handed = tx.end
-                        if news and not assembler.in_tx and assembler.positioned:
-                            self.heard = (assembler.mark, time.time())
-                        last_held = len(assembler.rows)
-                        if txs:  # handed on: the queue grew by what the assembler let go of
-                            with self._buffer_lock:
-                                buffered = self._queued_rows + last_held
-                            self.peak_buffered_rows = max(self.peak_buffered_rows, buffered)
-                except _Stopped:
-                    raise
-                except BaseException as exc:
-                    if stop.is_set() or not _disconnected(exc):
-                        raise
-                    now = time.monotonic()
-                    down_since = down_since if down_since is not None else now
-                    if now - down_since >= self.reconnect_timeout:
-                        raise self.server.error(f"the binlog server {self.host}:{self.port} stayed unreachable for "
-                                                f"{now - down_since:.0f}s (reconnect_timeout); last error: {exc}",
-                                                handed) from exc
-                    attempt += 1
-                    delay = self.backoff.delay(attempt)
-                    log.warning("pipeline=%s lost the binlog stream of %s:%s (%s); reconnecting from %s in "
-                                "%.1fs", self.pipeline, self.host, self.port, exc,
-                                handed or f"GTID {gtid_start}", delay)
-                    if stop.wait(delay):
-                        raise _Stopped() from None
-                    self.reconnects += 1
-                    connector.reset()
-                    if handed is not None:
-                        assembler.restart(handed)  # a piece's end restarts at its transaction's start
-                    else:
-                        assembler.restart(Position(assembler.log_file, 0))
-                finally:
-                    with contextlib.suppress(Exception):
-                        reader.close()
-        except _Stopped:
-            pass
-        except BaseException as exc:  # noqa: BLE001 - every failure reaches poll(); none kills the thread silently
-            if not stop.is_set():
-                with contextlib.suppress(_Stopped):
-                    put(_Failure(exc, handed))
-
     def poll(self, timeout: float) -> Transaction | None:
         """The next transaction; a position mark only when nothing else is ready (see the class)."""
-        if self._queue is None:
+        if self._handoff is None:
             raise RuntimeError("poll() before open()")
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
-            try:
-                if self._mark is not None:
-                    item = self._queue.get_nowait()
-                else:
-                    item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
+            item = self._handoff.take(None if self._mark is not None else deadline - time.monotonic())
+            if item is None:
                 mark, self._mark = self._mark, None
                 if mark is not None:
                     self._cursor = mark.end
                 return mark
-            with self._room:
-                self._queued_rows -= _weight(item)
-                self._room.notify()
-            if isinstance(item, _Failure):
-                self._queue = None  # this stream is dead; seek or open starts a new one
-                raise self._failure(item) from item.error
+            if isinstance(item, Failure):
+                self._handoff = None  # this stream is dead; seek or open starts a new one
+                raise failure_error(item, self.server, self.pipeline) from item.error
             if not item.changes and item.complete:
                 self._mark = item  # a later mark or transaction supersedes it
                 continue
@@ -432,27 +290,10 @@ class MysqlBinlogSource(Select):
             self._cursor = item.end
             return item
 
-    def _failure(self, failure: _Failure) -> SourceError:
-        exc, where = failure.error, failure.position
-        after = where or "the configured start"
-        if isinstance(exc, SourceError):
-            return exc.with_context(pipeline=self.pipeline or None, stage="select",
-                                    position=where)  # type: ignore[return-value]
-        cause = tls_failure(exc)
-        if cause is not None:
-            return self.server.error(f"cannot read the binlog of {self.host}:{self.port} over TLS: {cause} "
-                                     "(see source.ssl)", where)
-        if isinstance(exc, pymysql.MySQLError):
-            if exc.args and exc.args[0] == _ER_MASTER_FATAL_READING_BINLOG:
-                return self.server.error(f"the server {self.host}:{self.port} cannot send its binlog after {after} "
-                                         f"(purged, or a GTID it does not have?): {exc.args[-1]}", where,
-                                         cls=PositionPurged)
-            return self.server.error(f"binlog read from {self.host}:{self.port} failed after {after}: {exc}", where)
-        return self.server.error(f"cannot decode the binlog of {self.host}:{self.port} after {after}: "
-                                 f"{type(exc).__name__}: {exc}", where)
-
     def tell(self) -> Position | None:
         return self._cursor
+
+    # --- the server's position, identity and tables (SourceServer) --------------------------------
 
     def head(self) -> Position | None:
         """The binlog's end now, on a connection of its own (`SourceServer.head`)."""
@@ -471,18 +312,8 @@ class MysqlBinlogSource(Select):
         return self.server.describe(self.selects)
 
     def close(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._connector is not None:
-            self._connector.shutdown()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                log.warning("pipeline=%s binlog reader thread did not stop within %.0fs", self.pipeline, timeout)
-        self._thread = self._connector = self._queue = None
+        if self._reader is not None:
+            self._reader.stop(timeout)
+        self._reader = self._handoff = None
         self._mark = None
         self.server.close()
-
-
-def _weight(item: Transaction | _Failure) -> int:
-    """What an item counts for in the reader's queue: its rows, at least one."""
-    return max(1, len(item.changes)) if isinstance(item, Transaction) else 1

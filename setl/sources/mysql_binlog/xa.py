@@ -3,12 +3,10 @@ binlog when its XA COMMIT arrives (`PreparedXa`)."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable
 
 import pymysql
-from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.event import GtidEvent, MariadbGtidEvent, QueryEvent, RotateEvent, XAPrepareEvent
 from pymysqlreplication.row_event import RowsEvent, TableMapEvent
 
@@ -17,8 +15,10 @@ from setl.model import Position
 from setl.sources.mysql_binlog.assembler import _EVENTS, _POSITION_EVENTS
 from setl.sources.mysql_binlog.connector import _Connector
 from setl.sources.mysql_binlog.decoding import TableKind, XaKey, _Item, _row_items, _TableInfo
+from setl.sources.mysql_binlog.fast import FastStream
 from setl.sources.mysql_binlog.server import SourceServer
 from setl.sources.mysql_binlog.statements import _XA_END
+from setl.sources.mysql_binlog.stream import BinlogStream
 
 log = logging.getLogger("setl.sources.mysql_binlog")
 
@@ -70,18 +70,17 @@ class PreparedXa:
 
     def _scan(self, key: XaKey, start: Position, stop: Position, first_only: bool = False) -> list[_Item] | None:
         """The rows of the last XA PREPARE group of `key` in ``[start, stop)`` of one binlog file."""
-        connector = _Connector(None, tls=self.server.ssl is not None)
-        settings = self.server.stream_settings()
+        connector = _Connector(tls=self.server.ssl is not None)
         # server_id 0 with a non-blocking dump, as mariadb-binlog reads: it does not displace the
         # pipeline's own stream (a second reader with its server_id would).
-        reader = BinLogStreamReader(connection_settings=settings, server_id=0, blocking=False, resume_stream=True,
-                                    log_file=start.log, log_pos=start.offset, is_mariadb=False,
-                                    only_events=_EVENTS, filter_non_implemented_events=False,
-                                    pymysql_wrapper=connector, enable_logging=False)
+        stream = BinlogStream(connector, self.server.stream_settings(), server_id=0, at=start, gtid=None,
+                              flavor="", events=_EVENTS, table_maps=None, blocking=False)
+        reader = FastStream(stream, None)
         tables: dict[int, _TableInfo] = {}
         group: list[_Item] = []
         found: list[_Item] | None = None
         try:
+            stream.connect()
             while True:
                 event = reader.fetchone()
                 if event is None:
@@ -117,6 +116,5 @@ class PreparedXa:
             raise SourceError(f"cannot read {start.log} of {self.server.host}:{self.server.port} again for the XA "
                               f"PREPARE of the XA COMMIT at {stop}: {exc}", position=stop) from exc
         finally:
-            with contextlib.suppress(Exception):
-                reader.close()
+            stream.close()
             connector.shutdown()

@@ -1,0 +1,113 @@
+"""What passes from the binlog reader thread to `poll`: `Handoff`, the queue bounded by rows between
+them, `Failure`, the thread's end by an error, and `ReaderFigures`, what the reader has done so far
+(the lag figures' "heard" and arrival times, reconnects, the most rows held).
+
+Each is one owner of its state with a narrow interface, so the hand-off and the figures can be
+driven without a server or a thread (tests/sources/test_binlog_handoff.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+
+import attrs
+
+from setl.model import Position, Transaction
+
+#: Arrival times kept for the lag figures (a reader that nobody asks drops the oldest).
+ARRIVALS = 10_000
+
+
+class Stopped(Exception):
+    """The reader was closed; its thread ends quietly."""
+
+
+@attrs.frozen
+class Failure:
+    """The reader thread's end by an error, queued for `poll` to raise; `position`: the last end handed on."""
+
+    error: BaseException
+    position: Position | None
+
+
+Item = Transaction | Failure
+
+
+def weight(item: Item) -> int:
+    """What an item counts for in the queue: its rows, at least one."""
+    return max(1, len(item.changes)) if isinstance(item, Transaction) else 1
+
+
+class ReaderFigures:
+    """What a source's reader threads have done, kept across opens (a rewind keeps them): written by
+    the reader thread through its methods, read by the lag figures and by tests."""
+
+    def __init__(self) -> None:
+        self.peak_buffered_rows = 0  # the most rows queued and held by the assembler at once
+        self.reconnects = 0  # streams re-established after a lost connection
+        #: (position, time.time()): where the reader last stood between transactions, and when.
+        #: A heartbeat from an idle server renews the time: the log ended there then (lag figures).
+        self.heard: tuple[Position, float] | None = None
+        #: (end, time.time()) of transactions read within the second of their commit timestamp, oldest
+        #: first: the binlog's timestamps have whole seconds, the time read refines them (lag figures).
+        self.arrivals: collections.deque[tuple[Position, float]] = collections.deque(maxlen=ARRIVALS)
+
+    def buffered(self, rows: int) -> None:
+        """`rows` are queued or held at once now."""
+        if rows > self.peak_buffered_rows:
+            self.peak_buffered_rows = rows
+
+    def reconnected(self) -> None:
+        self.reconnects += 1
+
+    def hear(self, position: Position, now: float) -> None:
+        """The reader stood at `position` between transactions at `now`, and the log ended there."""
+        self.heard = (position, now)
+
+    def arrived(self, end: Position, now: float) -> None:
+        """A transaction ending at `end` was read at `now`, within its commit's second."""
+        self.arrivals.append((end, now))
+
+
+class Handoff:
+    """The queue of one open between the reader thread (`put`) and `poll` (`take`), bounded by rows.
+
+    The reader runs ahead by up to `max_rows` rows (an item without rows counting as one); an item
+    that would pass the bound waits until the queue is empty enough, so one bigger than the bound
+    waits for an empty queue. `put` gives up with `Stopped` once `stop` is set.
+    """
+
+    def __init__(self, max_rows: int) -> None:
+        self.max_rows = max_rows
+        self._queue: queue.Queue[Item] = queue.Queue()
+        self._room = threading.Condition(threading.Lock())  # the reader waits here for the queue to drain
+        self._queued = 0  # rows in the queue
+
+    def put(self, item: Item, stop: threading.Event) -> None:
+        """Queue `item` once there is room for it (blocks; raises `Stopped` when `stop` is set)."""
+        rows = weight(item)
+        with self._room:
+            while self._queued and self._queued + rows > self.max_rows:
+                if stop.is_set():
+                    raise Stopped()
+                self._room.wait(0.1)
+            self._queued += rows
+        self._queue.put(item)
+
+    def take(self, timeout: float | None) -> Item | None:
+        """The next item, waiting at most `timeout` seconds (None: not at all); None when there is none."""
+        try:
+            item = self._queue.get_nowait() if timeout is None else self._queue.get(timeout=max(0.0, timeout))
+        except queue.Empty:
+            return None
+        with self._room:
+            self._queued -= weight(item)
+            self._room.notify()
+        return item
+
+    def queued_with(self, held: int) -> int:
+        """The rows queued, plus `held` (the rows the assembler holds)."""
+        with self._room:
+            return self._queued + held

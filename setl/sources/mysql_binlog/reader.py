@@ -1,0 +1,174 @@
+"""The binlog reader thread of one open: the stream from a position or a GTID start, events fed to
+the assembler, its transactions handed to `poll` (`handoff.Handoff`), a lost connection re-made with
+backoff from the last transaction end handed on, and every other end turned into one `SourceError`
+for `poll` to raise (`failure_error`)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from typing import Any
+
+import pymysql
+from pymysqlreplication.event import HeartbeatLogEvent
+
+from setl.adapters.replication import TableMapCache
+from setl.errors import PositionPurged, SourceError
+from setl.model import Position
+from setl.retry import Backoff
+from setl.sources.mysql_binlog import fast
+from setl.sources.mysql_binlog.assembler import _EVENTS, _Assembler, read_events
+from setl.sources.mysql_binlog.connector import _Connector, _disconnected, _Lost
+from setl.sources.mysql_binlog.handoff import Failure, Handoff, ReaderFigures, Stopped
+from setl.sources.mysql_binlog.server import SourceServer
+from setl.sources.mysql_binlog.stream import BinlogStream
+from setl.tls import tls_failure
+
+log = logging.getLogger("setl.sources.mysql_binlog")
+
+_ER_MASTER_FATAL_READING_BINLOG = 1236
+
+
+class BinlogReader:
+    """One open's reader thread and its stream connections; `start` once, `stop` once.
+
+    Owns the thread, its stop event and its stream connections (`_Connector`, one
+    `stream.BinlogStream` at a time); what it reads goes to
+    `handoff`, what it did to `figures`. `table_maps` and `row_decoders` are the decoded-table-map
+    cache and the compiled decoders of this open (None: not used).
+    """
+
+    def __init__(self, server: SourceServer, handoff: Handoff, figures: ReaderFigures, *, server_id: int,
+                 flavor: str, reconnect_timeout: float, backoff: Backoff, pipeline: str,
+                 table_maps: TableMapCache | None, row_decoders: fast.RowDecoders | None) -> None:
+        self.server = server
+        self.handoff = handoff
+        self.figures = figures
+        self.server_id = server_id
+        self.flavor = flavor  # the server's, detected: how a GTID start is sent
+        self.reconnect_timeout = reconnect_timeout
+        self.backoff = backoff
+        self.pipeline = pipeline
+        self.table_maps = table_maps
+        self.row_decoders = row_decoders
+        self.connector = _Connector(tls=server.ssl is not None)
+        self.thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def start(self, assembler: _Assembler, position: Position | None, gtid_start: str | None) -> None:
+        """Read from `position` (None: from GTID `gtid_start`) in a thread of its own."""
+        self.thread = threading.Thread(target=self._read, args=(assembler, position, gtid_start),
+                                       name=f"setl-{self.pipeline or 'mysql'}-binlog", daemon=True)
+        self.thread.start()
+
+    def stop(self, timeout: float) -> None:
+        """End the thread: cut its connections (a blocked read wakes) and join it for up to `timeout`."""
+        self._stop.set()
+        self.connector.shutdown()
+        if self.thread is not None:
+            self.thread.join(timeout)
+            if self.thread.is_alive():
+                log.warning("pipeline=%s binlog reader thread did not stop within %.0fs", self.pipeline, timeout)
+
+    def _stream(self, at: Position | None, gtid: str | None) -> BinlogStream:
+        return BinlogStream(self.connector, self.server.stream_settings(), server_id=self.server_id, at=at, gtid=gtid,
+                            flavor=self.flavor, events=_EVENTS, table_maps=self.table_maps,
+                            heartbeat=self.server.heartbeat)
+
+    def _put(self, item: Any) -> None:
+        self.handoff.put(item, self._stop)
+
+    def _read(self, assembler: _Assembler, start: Position | None, gtid_start: str | None) -> None:
+        """The thread: events → transactions → the hand-off, reconnecting from the last end handed on."""
+        stop, figures, handoff = self._stop, self.figures, self.handoff
+        handed = start  # end of the last complete transaction handed on (None: still the GTID start)
+        down_since: float | None = None
+        attempt = 0
+        try:
+            while not stop.is_set():
+                stream = self._stream(handed, gtid_start)
+                events = fast.FastStream(stream, self.row_decoders)
+                # Where a stream starts (a rollback's rewind, a reconnect) says nothing of where the
+                # log ends: the reader is heard there only once it has read past it, or once an
+                # idle server's heartbeat says the log ends there. Else an ack at the rewind point
+                # would look caught up for a moment and reset the lag of a pipeline far behind.
+                started_at, news = assembler.mark, False
+                last_held = 0
+                try:
+                    stream.connect()
+                    while not stop.is_set():
+                        event, txs, held = read_events(assembler, events)
+                        if event is None:
+                            raise _Lost()
+                        if not news:
+                            news = isinstance(event, HeartbeatLogEvent) or assembler.mark > started_at
+                        if held > last_held:  # the rows held peaked inside the read, before any hand-on
+                            figures.buffered(handoff.queued_with(held))
+                        if txs:
+                            stamp: int = getattr(event, "timestamp", 0) or 0
+                            if stamp:
+                                now = time.time()
+                                if stamp <= now < stamp + 1:
+                                    figures.arrived(txs[-1].end, now)
+                            for tx in txs:
+                                self._put(tx)
+                                down_since, attempt = None, 0  # progress: the retry budget starts afresh
+                                handed = tx.end
+                        if news and not assembler.in_tx and assembler.positioned:
+                            figures.hear(assembler.mark, time.time())
+                        last_held = len(assembler.rows)
+                        if txs:  # handed on: the queue grew by what the assembler let go of
+                            figures.buffered(handoff.queued_with(last_held))
+                except Stopped:
+                    raise
+                except BaseException as exc:
+                    if stop.is_set() or not _disconnected(exc):
+                        raise
+                    now = time.monotonic()
+                    down_since = down_since if down_since is not None else now
+                    if now - down_since >= self.reconnect_timeout:
+                        raise self.server.error(
+                            f"the binlog server {self.server.host}:{self.server.port} stayed unreachable for "
+                            f"{now - down_since:.0f}s (reconnect_timeout); last error: {exc}", handed) from exc
+                    attempt += 1
+                    delay = self.backoff.delay(attempt)
+                    log.warning("pipeline=%s lost the binlog stream of %s:%s (%s); reconnecting from %s in "
+                                "%.1fs", self.pipeline, self.server.host, self.server.port, exc,
+                                handed or f"GTID {gtid_start}", delay)
+                    if stop.wait(delay):
+                        raise Stopped() from None
+                    figures.reconnected()
+                    self.connector.reset()
+                    if handed is not None:
+                        assembler.restart(handed)  # a piece's end restarts at its transaction's start
+                    else:
+                        assembler.restart(Position(assembler.log_file, 0))
+                finally:
+                    with contextlib.suppress(Exception):
+                        stream.close()
+        except Stopped:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - every failure reaches poll(); none kills the thread silently
+            if not stop.is_set():
+                with contextlib.suppress(Stopped):
+                    self._put(Failure(exc, handed))
+
+
+def failure_error(failure: Failure, server: SourceServer, pipeline: str) -> SourceError:
+    """The one-line error `poll` raises for the reader thread's end by `failure`."""
+    exc, where = failure.error, failure.position
+    after = where or "the configured start"
+    at = f"{server.host}:{server.port}"
+    if isinstance(exc, SourceError):
+        return exc.with_context(pipeline=pipeline or None, stage="select", position=where)  # type: ignore[return-value]
+    cause = tls_failure(exc)
+    if cause is not None:
+        return server.error(f"cannot read the binlog of {at} over TLS: {cause} (see source.ssl)", where)
+    if isinstance(exc, pymysql.MySQLError):
+        if exc.args and exc.args[0] == _ER_MASTER_FATAL_READING_BINLOG:
+            return server.error(f"the server {at} cannot send its binlog after {after} "
+                                f"(purged, or a GTID it does not have?): {exc.args[-1]}", where, cls=PositionPurged)
+        return server.error(f"binlog read from {at} failed after {after}: {exc}", where)
+    return server.error(f"cannot decode the binlog of {at} after {after}: {type(exc).__name__}: {exc}", where)
