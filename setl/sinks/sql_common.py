@@ -18,14 +18,15 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from setl.errors import SetlError
-from setl.model import Batch, Position
+from setl.errors import LoadError, SetlError, TableRefused
+from setl.model import Batch, DdlChange, Position
 from setl.routing import flat_name
 from setl.sinks.sql_dialect import SqlDialect
 from setl.sinks.sql_failures import CurrentTable, LoadFailures
 from setl.sinks.sql_fence import TargetFence
-from setl.sinks.sql_load_path import LoadPath, load_batch, load_part
+from setl.sinks.sql_load_path import LoadPath, apply_segments, load_batch, load_part
 from setl.sinks.sql_pool import ConnectionPool
+from setl.sinks.sql_quarantine import Quarantine, Quarantined, QuarantineStore
 from setl.sinks.sql_segments import Segment, SegmentPlanner
 from setl.sinks.sql_staging import StagedCopies
 from setl.stages.load import Load, LoadCapabilities
@@ -113,15 +114,23 @@ class SqlLoad(Load, Generic[C]):
         connections: int = 8,
         fence_timeout: float = 60.0,
         fence_lock_timeout: float = 2.0,
+        on_table_error: str = "pause",
+        quarantine_max_rows: int = 1_000_000,
+        quarantine_max_bytes: int = 1 << 30,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        """`sql`: the target's dialect (its session, row writer, DDL and driver errors)."""
+        """`sql`: the target's dialect (its session, row writer, DDL and driver errors);
+        `on_table_error`: pause, or quarantine a table whose change the target refuses
+        (docs/quarantine.md), keeping at most `quarantine_max_rows` changes / `_bytes` per table."""
         if chunk_rows < 1:
             raise ValueError("chunk_rows must be at least 1")
         if connections < 1:
             raise ValueError("connections must be at least 1")
         if ddl not in ("apply", "skip", "fail"):
             raise ValueError(f"ddl must be apply, skip or fail, not {ddl!r}")
+        if on_table_error not in ("pause", "quarantine"):
+            raise ValueError(f"on_table_error must be pause or quarantine, not {on_table_error!r}")
+        self.on_table_error = on_table_error
         self.config = config
         self.pipeline = pipeline
         self.ddl = ddl
@@ -147,7 +156,12 @@ class SqlLoad(Load, Generic[C]):
         self.planner = SegmentPlanner(pipeline, ddl, self.failures.context)
         self.staged: StagedCopies[C] = StagedCopies(pipeline, self.positions, sql.staging())
         self.pool: ConnectionPool[C] = ConnectionPool(connections, self._open_connection, self._close)
-        self.path = LoadPath(pipeline, sql, self.fence, self.positions, self.staged, self.writing)
+        # Always read: a table quarantined under an earlier `on_table_error: quarantine` stays so.
+        self.quarantine: Quarantine[C] | None = Quarantine(QuarantineStore(
+            pipeline=pipeline, schema=position_schema, table=position_table, dialect=self.dialect,
+            max_rows=quarantine_max_rows, max_bytes=quarantine_max_bytes)) if QuarantineStore.supports(
+                self.dialect) else None
+        self.path = LoadPath(pipeline, sql, self.fence, self.positions, self.staged, self.writing, self.quarantine)
 
     @classmethod
     def from_config(cls, config: Any, *, pipeline: str, **options: Any) -> "SqlLoad[C]":
@@ -179,10 +193,91 @@ class SqlLoad(Load, Generic[C]):
         retried in place); what `prepare` kept for it is dropped then, loaded or not."""
         try:
             segments = self.segments(batch)
-            self._retrying(lambda: self._with_connection(
-                lambda conn: load_batch(self.path, conn, batch, segments), batch), batch)
+            for _ in range(len(batch.tables) + 1):
+                try:
+                    self._retrying(lambda: self._with_connection(
+                        lambda conn: load_batch(self.path, conn, batch, segments, self._plan), batch), batch)
+                    return
+                except TableRefused as exc:
+                    if not self._quarantines(exc):
+                        raise
         finally:
             self.sql.rows.prepared.drop(batch)
+
+    def _quarantines(self, exc: TableRefused) -> bool:
+        """Under ``on_table_error: quarantine``: the refused table is to be quarantined when `batch`
+        is loaded again (`divert_quarantined`); False: pause (the policy, or no table named)."""
+        table = exc.context.get("table")
+        if self.on_table_error != "quarantine" or not table or self.quarantine is None:
+            return False
+        log.warning("pipeline=%s stage=load table=%s batch=%s: the target refuses this table's change (%s); "
+                    "quarantining it and loading the batch again without it", self.pipeline, table,
+                    exc.context.get("batch"), exc.message)
+        return self.quarantine.refuse(str(table), exc.message)
+
+    # -- quarantined tables (docs/quarantine.md)
+
+    def quarantined(self) -> list[Quarantined]:
+        """The pipeline's quarantined tables, as the target records them."""
+        found = self._retrying(lambda: self._with_connection(self._read_quarantine, None), None)
+        return [found[name] for name in sorted(found)]
+
+    def _read_quarantine(self, conn: C) -> dict[str, Quarantined]:
+        if self.quarantine is None:
+            return {}
+        found = self.quarantine.store.read(conn)
+        self.sql.commit(conn)
+        return found
+
+    def replay(self, table: str, *, chunk: int = 1000,
+               progress: Callable[[int, int], None] | None = None) -> int:
+        """Apply the changes kept for quarantined `table` in order, `chunk` per transaction, each
+        with its kept rows dropped; the transaction that finds none left ends the quarantine, so the
+        table's next change in the stream applies as any table's (no gap, no duplicate). Each
+        transaction holds the fence row exclusively: no batch of the pipeline commits meanwhile.
+        Returns the number applied; a change the target still refuses raises (nothing of that
+        transaction applied, the table stays quarantined). `progress(applied, left)` after each."""
+        applied = 0
+        while True:
+            done, count, left = self._retrying(lambda: self._with_connection(
+                lambda conn: self._replay_chunk(conn, table, chunk), None), None)
+            applied += count
+            if progress is not None:
+                progress(applied, left)
+            if done:
+                return applied
+
+    def _replay_chunk(self, conn: C, table: str, chunk: int) -> tuple[bool, int, int]:
+        """One replay transaction (see `replay`): (quarantine ended, changes applied, changes left)."""
+        if self.quarantine is None:
+            raise LoadError(f"a {self.dialect} target keeps no quarantine", pipeline=self.pipeline, stage="load")
+        store = self.quarantine.store
+        epoch = store.lock_loads(conn) or 0
+        found = store.read(conn).get(table)
+        if found is None:
+            raise LoadError(f"table {table} is not quarantined (nothing to replay)", pipeline=self.pipeline,
+                            stage="load", table=table)
+        kept = store.first_kept(conn, table, chunk)
+        # A DDL commits on some targets: it goes alone, and never in the transaction that ends the quarantine.
+        ddl = next((i for i, k in enumerate(kept) if isinstance(k.change, DdlChange)), None)
+        if ddl is not None:
+            kept = kept[:max(ddl, 1)]
+        if not kept:
+            store.release(conn, table)
+            self.sql.commit(conn)
+            log.warning("pipeline=%s stage=load table=%s: replay done, quarantine ended; the table follows the "
+                        "stream again", self.pipeline, table)
+            return True, 0, 0
+        changes = tuple(k.change for k in kept)
+        end = next((c.position for c in reversed(changes) if c.position is not None), found.first)
+        batch = Batch(self.pipeline, 0, epoch, found.first, end, changes)
+        self.fence.epoch = max(self.fence.epoch, epoch)  # the replay never takes the fence from the pipeline
+        apply_segments(self.path, conn, batch, self._plan(batch))
+        if not self.sql.transactional_ddl and ddl is not None:
+            store.lock_loads(conn)  # the DDL committed: hold the loads off again for the bookkeeping
+        left = store.drop_kept(conn, found, kept[-1].seq, len(kept), sum(k.nbytes for k in kept))
+        self.sql.commit(conn)
+        return False, len(kept), left.changes
 
     def load_part(self, batch: Batch) -> None:
         """One target table's share of a batch (load.mode per_table), in its own transaction on
@@ -280,6 +375,8 @@ class SqlLoad(Load, Generic[C]):
             ready = self._position_table_ready
         if not ready:
             self.positions.create_tables(conn)
+            if self.quarantine is not None:
+                self.quarantine.store.create_tables(conn)
             with self._lock:
                 self._position_table_ready = True
         self.positions.register(conn, self.fence.epoch)

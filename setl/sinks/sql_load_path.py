@@ -1,7 +1,8 @@
 """The load path of an SQL target, top to bottom: what one batch (`load_batch`) or one per-table part
 (`load_part`) does in its transaction on its connection, each step one function below.
 
-``load_batch``: `hold_fence`; for each segment (`apply_segments`): its tables' rows
+``load_batch``: `hold_fence`; `divert_quarantined` (the changes of quarantined tables kept, not
+applied: `setl.sinks.sql_quarantine`); for each segment (`apply_segments`): its tables' rows
 (`apply_rows`: `stage`, then `write_table`: patches, deletes, upserts, or a keyless table in order)
 or its DDL (`apply_ddl`, or a re-copy's start or end: `apply_staged`); `record_and_commit` (the
 position and COMMIT); `after_commit`. ``load_part`` is the same with `fence_part` and
@@ -17,13 +18,14 @@ from typing import Generic, TypeVar
 
 import attrs
 
-from setl.model import Batch, Change, Op, Position, RowChange
+from setl.model import Batch, Change, DdlChange, Op, Position, RowChange
 from setl.routing import flat_name
 from setl.sinks.merge import TableChanges
 from setl.sinks.sql_dialect import RowWriter, SqlDialect
 from setl.sinks.sql_failures import CurrentTable
 from setl.sinks.sql_fence import TargetFence
 from setl.sinks.sql_positions import PositionStore
+from setl.sinks.sql_quarantine import Quarantine, Quarantined
 from setl.sinks.sql_segments import DdlStep, Segment
 from setl.sinks.sql_staging import StagedCopies
 
@@ -48,11 +50,15 @@ class LoadPath(Generic[C]):
     positions: PositionStore[C]
     staged: StagedCopies[C]
     writing: CurrentTable
+    quarantine: Quarantine[C] | None = None  # None: the target keeps no quarantine (never diverts)
 
 
-def load_batch(path: LoadPath[C], conn: C, batch: Batch, segments: list[Segment]) -> None:
-    """One batch in its transaction: fence, segments, positions and COMMIT (see the module)."""
+def load_batch(path: LoadPath[C], conn: C, batch: Batch, segments: list[Segment],
+               plan: PlanSegments | None = None) -> None:
+    """One batch in its transaction: fence, quarantined tables' changes kept, segments, positions and
+    COMMIT (see the module). `plan` cuts the segments again when changes are diverted."""
     hold_fence(path, conn, batch)
+    batch, segments = divert_quarantined(path, conn, batch, segments, plan)
     ddl = any(isinstance(segment, DdlStep) for segment in segments)
     if ddl:  # a batch holding a DDL runs alone: it may start or end a re-copy
         path.staged.forget()
@@ -82,6 +88,60 @@ def hold_fence(path: LoadPath[C], conn: C, batch: Batch) -> None:
     """In the open transaction: hold the fence row shared to COMMIT; refuse an older epoch, take
     the fence for a newer one (`TargetFence.check`)."""
     path.fence.check(conn, batch)
+
+
+def divert_quarantined(path: LoadPath[C], conn: C, batch: Batch, segments: list[Segment],
+                       plan: PlanSegments | None) -> tuple[Batch, list[Segment]]:
+    """In the open transaction, after the fence: the changes of each quarantined table (and of each
+    table refused in a rolled-back attempt of this batch, marked quarantined here, from its first
+    change in the batch) kept in order with their positions (`QuarantineStore.keep`), and `batch`
+    without them, its segments cut again by `plan`. A re-copy's start (a snapshot TRUNCATE) of a
+    quarantined table ends its quarantine, dropping what was kept: the copy brings the table to
+    that point of the stream, and its later changes apply as any table's."""
+    quarantine = path.quarantine
+    if quarantine is None:
+        return batch, segments
+    path.writing.table = None  # a failure keeping changes is not the table's own
+    found = quarantine.store.read(conn)
+    refused = quarantine.refused()
+    if not found and not refused:
+        return batch, segments
+    held: dict[str, list[Change]] = {}
+    rest: list[Change] = []
+    for change in batch.changes:
+        name = change.qualified_table if change.table else None
+        if name is not None and (name in found or name in refused):
+            if isinstance(change, DdlChange) and change.snapshot and name in found:
+                quarantine.store.release(conn, name)  # `setl snapshot --table`: copied again from here
+                log.warning("pipeline=%s stage=load table=%s position=%s: quarantine ended by a re-copy; %d "
+                            "kept changes dropped", path.pipeline, name, change.position or batch.end,
+                            found[name].changes)
+                del found[name]
+                held.pop(name, None)
+                refused.pop(name, None)
+                rest.append(change)
+                continue
+            held.setdefault(name, []).append(change)
+        else:
+            rest.append(change)
+    if not held:
+        return batch, segments
+    for name, changes in held.items():
+        record = found.get(name)
+        if record is None:
+            first = changes[0].position or batch.start
+            quarantine.store.mark(conn, name, refused[name], first)
+            quarantine.marked(name)
+            record = Quarantined(name, refused[name], first, 0, 0)
+            log.error("pipeline=%s stage=load table=%s position=%s: quarantined (%s); its changes are kept on "
+                      "the target from here, the other tables go on. Fix the cause, then `setl resume "
+                      "--pipeline %s --table %s`", path.pipeline, name, first, refused[name], path.pipeline, name)
+        quarantine.store.keep(conn, record, changes, context={
+            "pipeline": path.pipeline, "stage": "load", "table": name, "batch": batch.id, "position": batch.end})
+    narrowed = batch.replace(tuple(rest))
+    if plan is None:
+        raise AssertionError("a batch with quarantined changes needs its segments cut again")
+    return narrowed, plan(narrowed)
 
 
 def fence_part(path: LoadPath[C], conn: C, batch: Batch, tables: Sequence[str]) -> TablePositions:
@@ -215,4 +275,4 @@ def not_yet_applied(batch: Batch, names: Mapping[tuple[str, str], str],
     return keep
 
 
-__all__ = ["LoadPath", "load_batch", "load_part", "not_yet_applied"]
+__all__ = ["LoadPath", "apply_segments", "load_batch", "load_part", "not_yet_applied"]

@@ -1,0 +1,239 @@
+"""Quarantined tables of an SQL target (issue 37, docs/quarantine.md): a table whose change the target
+refused is marked with its cause and first position, and its later changes are kept in order, with
+their positions, on the target itself, in the batch's transaction (`QuarantineStore`).
+
+Two setl-owned tables sit next to the position table: ``<position_table>_quarantine`` (one row per
+quarantined target table: cause, first position, changes kept and their bytes) and
+``<position_table>_kept`` (the kept changes, numbered in stream order). A change is kept as the
+pickled `setl.model.RowChange` or `DdlChange` it was: its full images, types included, come back
+exactly at replay.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+import attrs
+
+from setl.errors import LoadError
+from setl.model import Change, Position
+
+C = TypeVar("C")  # a driver connection
+
+
+def _backticks(name: str) -> str:
+    return "`" + name.replace("`", "``").replace("%", "%%") + "`"
+
+
+def _double_quotes(name: str) -> str:
+    return '"' + name.replace('"', '""').replace("%", "%%") + '"'
+
+
+#: Per dialect: how an identifier is quoted (for a %s-parameterised statement), the binary column
+#: type, what follows CREATE TABLE.
+_DIALECTS: dict[str, tuple[Callable[[str], str], str, str]] = {
+    "mysql": (_backticks, "LONGBLOB", " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"),
+    "postgresql": (_double_quotes, "bytea", ""),
+}
+
+
+@attrs.frozen
+class Quarantined:
+    """One quarantined target table: why, from which position on, and what is kept for it."""
+
+    table: str  # the target table, schema.table
+    cause: str
+    first: Position  # the position of its first change not applied (kept from there on)
+    changes: int  # changes kept
+    nbytes: int  # their size as kept
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"table": self.table, "state": "quarantined", "cause": self.cause, "first_position": str(self.first),
+                "changes": self.changes, "bytes": self.nbytes}
+
+
+@attrs.frozen
+class KeptChange:
+    """A change kept for a quarantined table, with its number in the table's stream."""
+
+    seq: int
+    change: Change
+    nbytes: int
+
+
+class QuarantineFull(LoadError):
+    """What may be kept for quarantined tables (``pipeline.quarantine.max_rows`` / ``max_bytes``) is
+    reached: the pipeline pauses, nothing is dropped."""
+
+    retryable = False
+
+
+class QuarantineStore(Generic[C]):
+    """The quarantine and kept tables of one pipeline (see the module). Every method runs in the
+    caller's open transaction and neither commits nor rolls back, except `create_tables`.
+
+    `quote` quotes an identifier for the target; `blob` is its binary column type. The SQL is the
+    same for MariaDB and PostgreSQL otherwise (``%s`` placeholders in both drivers).
+    """
+
+    def __init__(self, *, pipeline: str, schema: str, table: str, dialect: str, max_rows: int,
+                 max_bytes: int) -> None:
+        """`dialect`: mysql or postgresql; `table`: the position table (the tables are named after it);
+        `max_rows`, `max_bytes`: what may be kept in all for one table before the pipeline pauses."""
+        self.pipeline = pipeline
+        quote, self.blob, self._options = _DIALECTS[dialect]
+        self._q = quote
+        self.max_rows = max_rows
+        self.max_bytes = max_bytes
+        self.marks = f"{quote(schema)}.{quote(table + '_quarantine')}"
+        self.kept = f"{quote(schema)}.{quote(table + '_kept')}"
+        self.fence = f"{quote(schema)}.{quote(table + '_fence')}"
+
+    @staticmethod
+    def supports(dialect: str) -> bool:
+        """Whether a target of `dialect` can keep a quarantine."""
+        return dialect in _DIALECTS
+
+    def _columns(self) -> str:
+        q = self._q
+        return f"{q('log')} VARCHAR(512) NOT NULL, {q('offset')} BIGINT NOT NULL, {q('row')} BIGINT NOT NULL,"
+
+    def create_tables(self, conn: Any) -> None:
+        """Create both tables if missing (the position schema exists already); commit."""
+        q = self._q
+        with conn.cursor() as cur:
+            cur.execute(f"CREATE TABLE IF NOT EXISTS {self.marks} ({q('pipeline')} VARCHAR(191) NOT NULL,"
+                        f" {q('target_table')} VARCHAR(400) NOT NULL, {q('cause')} TEXT NOT NULL,"
+                        f" {self._columns()} {q('changes')} BIGINT NOT NULL, {q('nbytes')} BIGINT NOT NULL,"
+                        f" PRIMARY KEY ({q('pipeline')}, {q('target_table')})){self._options}")
+            cur.execute(f"CREATE TABLE IF NOT EXISTS {self.kept} ({q('pipeline')} VARCHAR(191) NOT NULL,"
+                        f" {q('target_table')} VARCHAR(400) NOT NULL, {q('seq')} BIGINT NOT NULL,"
+                        f" {self._columns()} {q('change')} {self.blob} NOT NULL,"
+                        f" PRIMARY KEY ({q('pipeline')}, {q('target_table')}, {q('seq')})){self._options}")
+        conn.commit()
+
+    def read(self, conn: Any) -> dict[str, Quarantined]:
+        """The pipeline's quarantined tables. In a batch's transaction it is read after the fence row
+        is held shared: a replay holds that row exclusively (`lock_loads`), so no batch reads a
+        quarantine a replay is ending."""
+        q = self._q
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT {q('target_table')}, {q('cause')}, {q('log')}, {q('offset')}, {q('row')},"
+                        f" {q('changes')}, {q('nbytes')} FROM {self.marks} WHERE {q('pipeline')} = %s",
+                        (self.pipeline,))
+            rows = cur.fetchall()
+        return {str(r[0]): Quarantined(str(r[0]), str(r[1]), Position(str(r[2]), int(r[3]), row=int(r[4])),
+                                       int(r[5]), int(r[6])) for r in rows}
+
+    def mark(self, conn: Any, table: str, cause: str, first: Position) -> None:
+        """`table` is quarantined from `first` on, for `cause` (nothing kept yet)."""
+        q = self._q
+        with conn.cursor() as cur:
+            cur.execute(f"INSERT INTO {self.marks} ({q('pipeline')}, {q('target_table')}, {q('cause')}, {q('log')},"
+                        f" {q('offset')}, {q('row')}, {q('changes')}, {q('nbytes')}) VALUES (%s, %s, %s, %s, %s, %s,"
+                        f" 0, 0)", (self.pipeline, table, cause[:4000], first.log, first.offset, first.row))
+
+    def keep(self, conn: Any, found: Quarantined, changes: Sequence[Change], *,
+             context: dict[str, Any]) -> Quarantined:
+        """Append `changes` (in stream order) to what is kept for `found`'s table; the record as it
+        is then. `QuarantineFull` (nothing written) when the pipeline's bound would be passed."""
+        q = self._q
+        blobs = [pickle.dumps(change, protocol=5) for change in changes]
+        kept = attrs.evolve(found, changes=found.changes + len(blobs), nbytes=found.nbytes + sum(map(len, blobs)))
+        if kept.changes > self.max_rows or kept.nbytes > self.max_bytes:
+            raise QuarantineFull(
+                f"quarantined table {found.table} would keep {kept.changes} changes ({kept.nbytes} bytes), above "
+                f"pipeline.quarantine max_rows {self.max_rows} / max_bytes {self.max_bytes}: paused, nothing "
+                f"dropped; fix the cause ({found.cause}) and run `setl resume --pipeline {self.pipeline} "
+                f"--table {found.table}`, or `setl snapshot`, or raise the bound", **context)
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT COALESCE(MAX({q('seq')}), 0) FROM {self.kept} WHERE {q('pipeline')} = %s"
+                        f" AND {q('target_table')} = %s", (self.pipeline, found.table))
+            row = cur.fetchone()
+            seq = int(row[0]) if row else 0
+            params = []
+            for i, (change, blob) in enumerate(zip(changes, blobs, strict=True)):
+                at = change.position or Position("", 0)
+                params.append((self.pipeline, found.table, seq + 1 + i, at.log, at.offset, at.row, blob))
+            cur.executemany(f"INSERT INTO {self.kept} ({q('pipeline')}, {q('target_table')}, {q('seq')}, {q('log')},"
+                            f" {q('offset')}, {q('row')}, {q('change')}) VALUES (%s, %s, %s, %s, %s, %s, %s)", params)
+            cur.execute(f"UPDATE {self.marks} SET {q('changes')} = %s, {q('nbytes')} = %s WHERE {q('pipeline')} = %s"
+                        f" AND {q('target_table')} = %s", (kept.changes, kept.nbytes, self.pipeline, found.table))
+        return kept
+
+    def lock_loads(self, conn: Any) -> int | None:
+        """Hold the pipeline's fence row exclusively to COMMIT: no batch of the pipeline commits
+        meanwhile (each holds it shared, `setl.sinks.sql_fence`). Its epoch (None: no fence yet)."""
+        q = self._q
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT {q('epoch')} FROM {self.fence} WHERE {q('pipeline')} = %s FOR UPDATE",
+                        (self.pipeline,))
+            row = cur.fetchone()
+        return int(row[0]) if row else None
+
+    def first_kept(self, conn: Any, table: str, limit: int) -> list[KeptChange]:
+        """The first `limit` changes kept for `table`, in stream order."""
+        q = self._q
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT {q('seq')}, {q('change')} FROM {self.kept} WHERE {q('pipeline')} = %s AND"
+                        f" {q('target_table')} = %s ORDER BY {q('seq')} LIMIT {int(limit)}", (self.pipeline, table))
+            rows = cur.fetchall()
+        return [KeptChange(int(seq), pickle.loads(bytes(blob)), len(blob)) for seq, blob in rows]
+
+    def drop_kept(self, conn: Any, found: Quarantined, upto: int, changes: int, nbytes: int) -> Quarantined:
+        """Forget the changes kept for `found`'s table up to number `upto` (`changes` of them,
+        `nbytes`): they are applied."""
+        q = self._q
+        left = attrs.evolve(found, changes=found.changes - changes, nbytes=found.nbytes - nbytes)
+        with conn.cursor() as cur:
+            cur.execute(f"DELETE FROM {self.kept} WHERE {q('pipeline')} = %s AND {q('target_table')} = %s AND"
+                        f" {q('seq')} <= %s", (self.pipeline, found.table, upto))
+            cur.execute(f"UPDATE {self.marks} SET {q('changes')} = %s, {q('nbytes')} = %s WHERE {q('pipeline')} = %s"
+                        f" AND {q('target_table')} = %s", (left.changes, left.nbytes, self.pipeline, found.table))
+        return left
+
+    def release(self, conn: Any, table: str) -> None:
+        """`table` is no longer quarantined; what is kept for it is dropped."""
+        q = self._q
+        with conn.cursor() as cur:
+            cur.execute(f"DELETE FROM {self.kept} WHERE {q('pipeline')} = %s AND {q('target_table')} = %s",
+                        (self.pipeline, table))
+            cur.execute(f"DELETE FROM {self.marks} WHERE {q('pipeline')} = %s AND {q('target_table')} = %s",
+                        (self.pipeline, table))
+
+
+
+
+class Quarantine(Generic[C]):
+    """One sink's quarantine: its store, and the tables refused in a transaction that was rolled back
+    (`refused`), to mark in the next one. Safe for the sink's threads (a refusal is recorded by the
+    thread whose transaction failed; the set is only read and emptied in a transaction)."""
+
+    def __init__(self, store: QuarantineStore[C]) -> None:
+        self.store = store
+        self._refused: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def refuse(self, table: str, cause: str) -> bool:
+        """Quarantine `table` for `cause` in the next transaction; False when it was refused already
+        and is still waiting (its refusal is then not one quarantine can answer)."""
+        with self._lock:
+            if table in self._refused:
+                return False
+            self._refused[table] = cause
+            return True
+
+    def refused(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._refused)
+
+    def marked(self, table: str) -> None:
+        """`table`'s quarantine is written in the open transaction."""
+        with self._lock:
+            self._refused.pop(table, None)
+
+
+__all__ = ["KeptChange", "Quarantine", "Quarantined", "QuarantineFull", "QuarantineStore"]
