@@ -15,7 +15,9 @@ runs the pipeline); `table`, `rows` and `chunks` for ``snapshot_done`` (one per 
 copy was acked to its end); `from`, `to` and `reason` for ``rebalanced`` (sent by the cluster's
 coordinator when a pipeline changes node, docs/cluster.md); `differences`, `tables` (those that
 differ) and `error` (a check that reached no verdict) for ``verify_failed`` (a scheduled check,
-docs/verify.md#scheduled-checks).
+docs/verify.md#scheduled-checks); `table`, `cause`, `first_position` and `changes` for ``quarantined``
+(a table whose changes the target refuses is quarantined, docs/quarantine.md; the live figures
+``quarantined_tables`` and ``quarantine_changes`` take thresholds too).
 """
 
 from __future__ import annotations

@@ -138,7 +138,7 @@ class RuntimeConfig:
 
 #: The events an alert can be sent on, besides thresholds (``FIGURE > N``, docs/runbook.md#alerts).
 ALERT_EVENTS = ("paused", "leader_changed", "snapshot_done", "caught_up", "rebalanced", "reload_refused",
-                "verify_failed")
+                "verify_failed", "quarantined")
 _THRESHOLD = re.compile(r"^\s*([a-z_]+)\s*(>=|>)\s*([0-9]+(?:\.[0-9]+)?)\s*$")
 
 

@@ -8,6 +8,8 @@ target's `setl.sinks.sql_dialect.SqlDialect`.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import logging
 import os
@@ -18,6 +20,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from setl import failpoints
 from setl.errors import LoadError, SetlError, TableRefused
 from setl.model import Batch, DdlChange, Position
 from setl.routing import flat_name
@@ -193,13 +196,13 @@ class SqlLoad(Load, Generic[C]):
         retried in place); what `prepare` kept for it is dropped then, loaded or not."""
         try:
             segments = self.segments(batch)
-            for _ in range(len(batch.tables) + 1):
+            for attempt in itertools.count(1):  # each attempt quarantines one more table, or raises
                 try:
                     self._retrying(lambda: self._with_connection(
                         lambda conn: load_batch(self.path, conn, batch, segments, self._plan), batch), batch)
                     return
                 except TableRefused as exc:
-                    if not self._quarantines(exc):
+                    if attempt > len(batch.tables) or not self._quarantines(exc):
                         raise
         finally:
             self.sql.rows.prepared.drop(batch)
@@ -222,6 +225,10 @@ class SqlLoad(Load, Generic[C]):
         found = self._retrying(lambda: self._with_connection(self._read_quarantine, None), None)
         return [found[name] for name in sorted(found)]
 
+    def quarantine_view(self) -> list[Quarantined]:
+        """The quarantined tables as the last batch transaction saw them (no I/O)."""
+        return self.quarantine.view() if self.quarantine is not None else []
+
     def _read_quarantine(self, conn: C) -> dict[str, Quarantined]:
         if self.quarantine is None:
             return {}
@@ -238,16 +245,17 @@ class SqlLoad(Load, Generic[C]):
         Returns the number applied; a change the target still refuses raises (nothing of that
         transaction applied, the table stays quarantined). `progress(applied, left)` after each."""
         applied = 0
-        while True:
-            done, count, left = self._retrying(lambda: self._with_connection(
-                lambda conn: self._replay_chunk(conn, table, chunk), None), None)
+        for number in itertools.count():
+            work = functools.partial(self._replay_chunk, table=table, chunk=chunk, number=number)
+            done, count, left = self._retrying(functools.partial(self._with_connection, work, None), None)
             applied += count
             if progress is not None:
                 progress(applied, left)
             if done:
-                return applied
+                break
+        return applied
 
-    def _replay_chunk(self, conn: C, table: str, chunk: int) -> tuple[bool, int, int]:
+    def _replay_chunk(self, conn: C, table: str, chunk: int, number: int) -> tuple[bool, int, int]:
         """One replay transaction (see `replay`): (quarantine ended, changes applied, changes left)."""
         if self.quarantine is None:
             raise LoadError(f"a {self.dialect} target keeps no quarantine", pipeline=self.pipeline, stage="load")
@@ -264,6 +272,7 @@ class SqlLoad(Load, Generic[C]):
             kept = kept[:max(ddl, 1)]
         if not kept:
             store.release(conn, table)
+            failpoints.hit("quarantine_replay", number, task=table)
             self.sql.commit(conn)
             log.warning("pipeline=%s stage=load table=%s: replay done, quarantine ended; the table follows the "
                         "stream again", self.pipeline, table)
@@ -276,6 +285,7 @@ class SqlLoad(Load, Generic[C]):
         if not self.sql.transactional_ddl and ddl is not None:
             store.lock_loads(conn)  # the DDL committed: hold the loads off again for the bookkeeping
         left = store.drop_kept(conn, found, kept[-1].seq, len(kept), sum(k.nbytes for k in kept))
+        failpoints.hit("quarantine_replay", number, task=table)
         self.sql.commit(conn)
         return False, len(kept), left.changes
 

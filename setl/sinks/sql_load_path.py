@@ -18,6 +18,7 @@ from typing import Generic, TypeVar
 
 import attrs
 
+from setl import failpoints
 from setl.model import Batch, Change, DdlChange, Op, Position, RowChange
 from setl.routing import flat_name
 from setl.sinks.merge import TableChanges
@@ -105,6 +106,7 @@ def divert_quarantined(path: LoadPath[C], conn: C, batch: Batch, segments: list[
     found = quarantine.store.read(conn)
     refused = quarantine.refused()
     if not found and not refused:
+        quarantine.seen(found)
         return batch, segments
     held: dict[str, list[Change]] = {}
     rest: list[Change] = []
@@ -125,6 +127,7 @@ def divert_quarantined(path: LoadPath[C], conn: C, batch: Batch, segments: list[
         else:
             rest.append(change)
     if not held:
+        quarantine.seen(found)
         return batch, segments
     for name, changes in held.items():
         record = found.get(name)
@@ -136,8 +139,10 @@ def divert_quarantined(path: LoadPath[C], conn: C, batch: Batch, segments: list[
             log.error("pipeline=%s stage=load table=%s position=%s: quarantined (%s); its changes are kept on "
                       "the target from here, the other tables go on. Fix the cause, then `setl resume "
                       "--pipeline %s --table %s`", path.pipeline, name, first, refused[name], path.pipeline, name)
-        quarantine.store.keep(conn, record, changes, context={
+        found[name] = quarantine.store.keep(conn, record, changes, context={
             "pipeline": path.pipeline, "stage": "load", "table": name, "batch": batch.id, "position": batch.end})
+        failpoints.hit("quarantine_kept", batch.id, task=name)
+    quarantine.seen(found)
     narrowed = batch.replace(tuple(rest))
     if plan is None:
         raise AssertionError("a batch with quarantined changes needs its segments cut again")

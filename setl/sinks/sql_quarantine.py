@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar
 import attrs
 
 from setl.errors import LoadError
-from setl.model import Change, Position
+from setl.model import Change, Position, Quarantined
 
 C = TypeVar("C")  # a driver connection
 
@@ -38,21 +38,6 @@ _DIALECTS: dict[str, tuple[Callable[[str], str], str, str]] = {
     "mysql": (_backticks, "LONGBLOB", " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"),
     "postgresql": (_double_quotes, "bytea", ""),
 }
-
-
-@attrs.frozen
-class Quarantined:
-    """One quarantined target table: why, from which position on, and what is kept for it."""
-
-    table: str  # the target table, schema.table
-    cause: str
-    first: Position  # the position of its first change not applied (kept from there on)
-    changes: int  # changes kept
-    nbytes: int  # their size as kept
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"table": self.table, "state": "quarantined", "cause": self.cause, "first_position": str(self.first),
-                "changes": self.changes, "bytes": self.nbytes}
 
 
 @attrs.frozen
@@ -215,7 +200,19 @@ class Quarantine(Generic[C]):
     def __init__(self, store: QuarantineStore[C]) -> None:
         self.store = store
         self._refused: dict[str, str] = {}
+        self._view: dict[str, Quarantined] = {}
         self._lock = threading.Lock()
+
+    def seen(self, found: dict[str, Quarantined]) -> None:
+        """What a batch transaction found and kept (the view `view` gives, no I/O)."""
+        with self._lock:
+            self._view = dict(found)
+
+    def view(self) -> list[Quarantined]:
+        """The quarantined tables as the last batch transaction saw them (a replay that ended since
+        shows at the next batch)."""
+        with self._lock:
+            return [self._view[name] for name in sorted(self._view)]
 
     def refuse(self, table: str, cause: str) -> bool:
         """Quarantine `table` for `cause` in the next transaction; False when it was refused already

@@ -5,6 +5,8 @@ replay after the fix ends equal, with no gap and no duplicate, on MariaDB and Po
 from __future__ import annotations
 
 import contextlib
+import json
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +19,7 @@ from setl.scheduler import Outcome
 from setl.sinks.mysql import MysqlLoad
 from setl.sinks.postgresql import PostgresqlLoad
 from setl.sinks.sql_quarantine import QuarantineFull
+from tests.e2e.setl_process import SetlProcess, mysql_source, mysql_target
 
 from .replicate import SETTINGS, binlog_head, replicate, table_rule
 
@@ -198,3 +201,96 @@ def test_postgresql_check_constraint_quarantines_one_table_and_replay_ends_equal
     run(mariadb_source, start, source_db, "dw", load(), tmp_path)
     assert_equal(mariadb_source, source_db, rows)
     assert load().quarantined() == []
+
+
+def kept_positions(server, database: str) -> list[tuple]:
+    """The positions of the changes kept for `database`.bad (by pipelines with the default position
+    table), in their kept order."""
+    return server.query("SELECT `log`, `offset`, `row` FROM setl.setl_position_kept WHERE target_table = %s"
+                        " ORDER BY seq", (f"{database}.bad",))
+
+
+def test_kill_9_during_quarantine_and_during_replay_ends_exact(mariadb_source, source_db, mariadb_target, mysql_db,
+                                                               tmp_path):
+    """`setl start` killed -9 while it keeps a quarantined table's changes (before COMMIT), then right
+    after a batch that quarantined it (before its ack), then `setl resume --table` killed -9 inside
+    its second replay transaction: the other tables end equal, nothing is kept twice or out of order
+    (`setl check` names the table and what is kept), and the replay run again ends every table equal."""
+    make_source(mariadb_source, source_db)
+    make_mysql_targets(mariadb_target, mysql_db)
+    start = binlog_head(mariadb_source)
+    write(mariadb_source, source_db, 1)
+    write(mariadb_source, source_db, 100, long_at=115)
+    write(mariadb_source, source_db, 200)
+    setl = SetlProcess(tmp_path, source=mysql_source(mariadb_source, start={"file": start.log, "pos": start.offset}),
+                       target=mysql_target(mariadb_target),
+                       tables=[{"source": rf"{source_db}\..*", "target": f"{mysql_db}.{{table}}"}],
+                       pipeline={"on_table_error": "quarantine", "create_tables": False,
+                                 "batch": {"max_rows": 20, "max_wait_ms": 20},
+                                 "retry": {"max_attempts": 2, "initial_backoff_ms": 10, "max_backoff_ms": 20}})
+    setl.faults = json.dumps([{"stage": "quarantine_kept", "action": "crash"}])
+    crashed = setl.start_until_caught_up()
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    assert kept_positions(mariadb_target, mysql_db) == []  # the quarantining transaction never committed
+    setl.faults = json.dumps([{"stage": "termin", "action": "crash"}])
+    crashed = setl.start_until_caught_up()
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    assert kept_positions(mariadb_target, mysql_db), "the batch that quarantined the table committed"
+    setl.faults = None
+    done = setl.start_until_caught_up()
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = mysql_target_rows(mariadb_target, mysql_db)
+    assert_equal(mariadb_source, source_db, rows, ("a", "b"))
+    kept = kept_positions(mariadb_target, mysql_db)
+    assert kept == sorted(kept) and len(kept) > 10, kept  # in stream order, none kept twice
+    checked = setl.run("check", "--pipeline", setl.name)
+    assert f"table {mysql_db}.bad is quarantined since" in checked.stdout, checked.stdout + checked.stderr
+    assert f"{len(kept)} changes" in checked.stdout and "Data too long" in checked.stdout, checked.stdout
+
+    mariadb_target.query(f"ALTER TABLE `{mysql_db}`.bad MODIFY v VARCHAR(20)")
+    setl.faults = json.dumps([{"stage": "quarantine_replay", "action": "crash", "batch": 1}])
+    crashed = setl.run("resume", "--pipeline", setl.name, "--table", f"{mysql_db}.bad", "--chunk-rows", "5")
+    assert crashed.returncode == -signal.SIGKILL, crashed.stdout + crashed.stderr[-3000:]
+    assert kept_positions(mariadb_target, mysql_db) == kept[5:]  # the first transaction only
+    setl.faults = None
+    resumed = setl.run("resume", "--pipeline", setl.name, "--table", f"{mysql_db}.bad", "--chunk-rows", "5")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr[-3000:]
+    assert f"{mysql_db}.bad replayed ({len(kept) - 5} changes applied)" in resumed.stdout, resumed.stdout
+    assert_equal(mariadb_source, source_db, rows)
+    write(mariadb_source, source_db, 300)
+    done = setl.start_until_caught_up()
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_equal(mariadb_source, source_db, rows)
+    assert kept_positions(mariadb_target, mysql_db) == []
+
+
+def test_snapshot_of_a_quarantined_table_ends_its_quarantine_and_drops_what_was_kept(
+        mariadb_source, source_db, mariadb_target, mysql_db, tmp_path):
+    """`setl snapshot --table` is the other way back: after the fix, the table is copied again online,
+    its quarantine ends at the copy's start with what was kept dropped, and every table ends equal,
+    also after later changes."""
+    make_source(mariadb_source, source_db)
+    make_mysql_targets(mariadb_target, mysql_db)
+    start = binlog_head(mariadb_source)
+    write(mariadb_source, source_db, 100, long_at=105)
+    setl = SetlProcess(tmp_path, source=mysql_source(mariadb_source, start={"file": start.log, "pos": start.offset}),
+                       target=mysql_target(mariadb_target),
+                       tables=[{"source": rf"{source_db}\..*", "target": f"{mysql_db}.{{table}}"}],
+                       pipeline={"on_table_error": "quarantine", "create_tables": False,
+                                 "batch": {"max_rows": 20, "max_wait_ms": 20}})
+    done = setl.start_until_caught_up()
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert kept_positions(mariadb_target, mysql_db), "the table is quarantined"
+    mariadb_target.query(f"ALTER TABLE `{mysql_db}`.bad MODIFY v VARCHAR(20)")
+    asked = setl.run("snapshot", "--pipeline", setl.name, "--table", f"{source_db}.bad")
+    assert asked.returncode == 0, asked.stdout + asked.stderr
+    write(mariadb_source, source_db, 200)
+    done = setl.start_until_caught_up()
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "quarantine ended by a re-copy" in done.stderr, done.stderr[-3000:]
+    assert kept_positions(mariadb_target, mysql_db) == []
+    assert_equal(mariadb_source, source_db, mysql_target_rows(mariadb_target, mysql_db))
+    write(mariadb_source, source_db, 300)
+    done = setl.start_until_caught_up()
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_equal(mariadb_source, source_db, mysql_target_rows(mariadb_target, mysql_db))
