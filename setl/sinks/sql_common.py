@@ -230,7 +230,7 @@ class SqlLoad(Load, Generic[C]):
         return self.quarantine.view() if self.quarantine is not None else []
 
     def _read_quarantine(self, conn: C) -> dict[str, Quarantined]:
-        if self.quarantine is None:
+        if self.quarantine is None or not self.quarantine.store.available:
             return {}
         found = self.quarantine.store.read(conn)
         self.sql.commit(conn)
@@ -386,10 +386,27 @@ class SqlLoad(Load, Generic[C]):
         if not ready:
             self.positions.create_tables(conn)
             if self.quarantine is not None:
-                self.quarantine.store.create_tables(conn)
+                self._quarantine_tables(conn)
             with self._lock:
                 self._position_table_ready = True
         self.positions.register(conn, self.fence.epoch)
+
+    def _quarantine_tables(self, conn: C) -> None:
+        """The quarantine's tables (`QuarantineStore.create_tables`). An account that may not create
+        them: under ``on_table_error: pause`` nothing can have been quarantined, so the sink goes on
+        without (logged); under ``quarantine`` the policy cannot be honoured: a clear error."""
+        assert self.quarantine is not None
+        try:
+            self.quarantine.store.create_tables(conn)
+        except Exception as exc:
+            if self.on_table_error == "quarantine":
+                raise LoadError(f"on_table_error: quarantine needs the tables {self.position_table}_quarantine and "
+                                f"_kept in schema {self.position_schema} on the target, and they cannot be created "
+                                f"({self.sql.describe(exc)}): grant the target account CREATE there (docs/grants.md)",
+                                pipeline=self.pipeline, stage="load") from exc
+            log.warning("pipeline=%s stage=load: cannot create the quarantine tables in %s (%s); under "
+                        "on_table_error: pause none is needed", self.pipeline, self.position_schema,
+                        self.sql.describe(exc))
 
     def _close(self, conn: C) -> None:
         try:

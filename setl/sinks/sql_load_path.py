@@ -100,7 +100,7 @@ def divert_quarantined(path: LoadPath[C], conn: C, batch: Batch, segments: list[
     quarantined table ends its quarantine, dropping what was kept: the copy brings the table to
     that point of the stream, and its later changes apply as any table's."""
     quarantine = path.quarantine
-    if quarantine is None:
+    if quarantine is None or not quarantine.store.available:  # no quarantine table: none quarantined
         return batch, segments
     path.writing.table = None  # a failure keeping changes is not the table's own
     found = quarantine.store.read(conn)

@@ -69,6 +69,10 @@ class QuarantineStore(Generic[C]):
         """`dialect`: mysql or postgresql; `table`: the position table (the tables are named after it);
         `max_rows`, `max_bytes`: what may be kept in all for one table before the pipeline pauses."""
         self.pipeline = pipeline
+        self.dialect = dialect
+        self.schema, self.table = schema, table
+        #: whether the tables exist (`create_tables`); without them nothing can be quarantined
+        self.available = False
         quote, self.blob, self._options = _DIALECTS[dialect]
         self._q = quote
         self.max_rows = max_rows
@@ -87,18 +91,43 @@ class QuarantineStore(Generic[C]):
         return f"{q('log')} VARCHAR(512) NOT NULL, {q('offset')} BIGINT NOT NULL, {q('row')} BIGINT NOT NULL,"
 
     def create_tables(self, conn: Any) -> None:
-        """Create both tables if missing (the position schema exists already); commit."""
+        """Create both tables where missing (the position schema exists already), each committed; a
+        concurrent creator's win is taken. Raises when one is missing and cannot be created (the
+        account may not create tables in the position schema): `available` stays False."""
         q = self._q
+        for name, table, columns in (
+                (self.table + "_quarantine", self.marks,
+                 f"{q('pipeline')} VARCHAR(191) NOT NULL, {q('target_table')} VARCHAR(400) NOT NULL,"
+                 f" {q('cause')} TEXT NOT NULL, {self._columns()} {q('changes')} BIGINT NOT NULL,"
+                 f" {q('nbytes')} BIGINT NOT NULL, PRIMARY KEY ({q('pipeline')}, {q('target_table')})"),
+                (self.table + "_kept", self.kept,
+                 f"{q('pipeline')} VARCHAR(191) NOT NULL, {q('target_table')} VARCHAR(400) NOT NULL,"
+                 f" {q('seq')} BIGINT NOT NULL, {self._columns()} {q('change')} {self.blob} NOT NULL,"
+                 f" PRIMARY KEY ({q('pipeline')}, {q('target_table')}, {q('seq')})")):
+            if self._exists(conn, name):
+                continue
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(f"CREATE TABLE IF NOT EXISTS {table} ({columns}){self._options}")
+                conn.commit()
+            except Exception:
+                conn.rollback()
+                if not self._exists(conn, name):  # not a concurrent creator's win
+                    raise
+        self.available = True
+
+    def _exists(self, conn: Any, name: str) -> bool:
+        """Whether table `name` of the position schema exists (read only, committed)."""
         with conn.cursor() as cur:
-            cur.execute(f"CREATE TABLE IF NOT EXISTS {self.marks} ({q('pipeline')} VARCHAR(191) NOT NULL,"
-                        f" {q('target_table')} VARCHAR(400) NOT NULL, {q('cause')} TEXT NOT NULL,"
-                        f" {self._columns()} {q('changes')} BIGINT NOT NULL, {q('nbytes')} BIGINT NOT NULL,"
-                        f" PRIMARY KEY ({q('pipeline')}, {q('target_table')})){self._options}")
-            cur.execute(f"CREATE TABLE IF NOT EXISTS {self.kept} ({q('pipeline')} VARCHAR(191) NOT NULL,"
-                        f" {q('target_table')} VARCHAR(400) NOT NULL, {q('seq')} BIGINT NOT NULL,"
-                        f" {self._columns()} {q('change')} {self.blob} NOT NULL,"
-                        f" PRIMARY KEY ({q('pipeline')}, {q('target_table')}, {q('seq')})){self._options}")
+            if self.dialect == "postgresql":
+                cur.execute("SELECT to_regclass(%s) IS NOT NULL",
+                            (f"{_double_quotes(self.schema)}.{_double_quotes(name)}".replace("%%", "%"),))
+            else:
+                cur.execute("SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s"
+                            " AND TABLE_NAME = %s", (self.schema, name))
+            row = cur.fetchone()
         conn.commit()
+        return bool(row and row[0])
 
     def read(self, conn: Any) -> dict[str, Quarantined]:
         """The pipeline's quarantined tables. In a batch's transaction it is read after the fence row

@@ -46,7 +46,7 @@ def write(server, database: str, first: int, *, long_at: int | None = None) -> N
             for table in TABLES:
                 rows = [(i, "x" * 12 if table == "bad" and i == long_at else f"{i % 1000}")
                         for i in range(base, base + 10)]
-                cur.executemany(f"INSERT INTO `{database}`.`{table}` VALUES (%s, %s)", rows)
+                cur.executemany(f"INSERT INTO `{database}`.`{table}` (id, v) VALUES (%s, %s)", rows)
                 cur.execute(f"UPDATE `{database}`.`{table}` SET v = CONCAT('u', MOD(id, 100)) WHERE id = %s",
                             (base + 1,))
                 cur.execute(f"DELETE FROM `{database}`.`{table}` WHERE id = %s", (base + 2,))
@@ -117,6 +117,53 @@ def test_mariadb_refused_value_quarantines_one_table_and_replay_ends_equal(maria
     assert_equal(mariadb_source, source_db, rows)
     assert mysql_load(mariadb_target, mysql_db).quarantined() == []
     assert mariadb_target.query(f"SELECT COUNT(*) FROM `{mysql_db}`.setl_position_kept")[0][0] == 0
+
+
+def test_mariadb_dropped_privilege_quarantines_one_table_and_its_ddl_waits_too(mariadb_source, source_db,
+                                                                              mariadb_target, mysql_db, tmp_path):
+    """A target account without the right to write one table: that table is quarantined (MariaDB
+    1142), a later ALTER of it is kept with its rows while the other tables go on; once the grant is
+    back, the replay applies the ALTER, then the rows, in order, and every table ends equal."""
+    make_source(mariadb_source, source_db)
+    data, user = f"{mysql_db}_d", f"q{mysql_db[-12:]}"
+    mariadb_target.query(f"CREATE DATABASE `{data}`")
+    make_mysql_targets(mariadb_target, data, bad="v VARCHAR(20)")
+    mariadb_target.query(f"CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'")
+    try:
+        mariadb_target.query(f"GRANT ALL ON `{mysql_db}`.* TO '{user}'@'%'")
+        for table in ("a", "b"):
+            mariadb_target.query(f"GRANT SELECT, INSERT, UPDATE, DELETE, ALTER ON `{data}`.`{table}` TO '{user}'@'%'")
+        mariadb_target.query(f"GRANT SELECT ON `{data}`.bad TO '{user}'@'%'")
+        start = binlog_head(mariadb_source)
+        write(mariadb_source, source_db, 1)
+        mariadb_source.query(f"ALTER TABLE `{source_db}`.bad ADD COLUMN w INT NOT NULL DEFAULT 7")
+        write(mariadb_source, source_db, 100)
+        config = attrs.evolve(mariadb_target.target_config(), user=user, password="pw")
+
+        def load() -> MysqlLoad:
+            return MysqlLoad(config, pipeline="q", position_schema=mysql_db, initial_backoff=0.01,
+                             on_table_error="quarantine")
+
+        run(mariadb_source, start, source_db, data, load(), tmp_path)
+        rows = mysql_target_rows(mariadb_target, data)
+        assert_equal(mariadb_source, source_db, rows, ("a", "b"))
+        sink = load()
+        [found] = sink.quarantined()
+        assert found.table == f"{data}.bad" and "denied" in found.cause and "1142" in found.cause, found
+        assert rows("bad") == []  # its first change was refused already
+        mariadb_target.query(f"GRANT ALL ON `{data}`.bad TO '{user}'@'%'")
+        assert sink.replay(found.table, chunk=8) == found.changes
+        sink.close()
+        assert_equal(mariadb_source, source_db, rows)
+        assert mariadb_target.query(f"SELECT id, w FROM `{data}`.bad ORDER BY id") == mariadb_source.query(
+            f"SELECT id, w FROM `{source_db}`.bad ORDER BY id")
+        write(mariadb_source, source_db, 300)
+        run(mariadb_source, start, source_db, data, load(), tmp_path)
+        assert_equal(mariadb_source, source_db, rows)
+        assert load().quarantined() == []
+    finally:
+        mariadb_target.query(f"DROP USER '{user}'@'%'")
+        mariadb_target.query(f"DROP DATABASE `{data}`")
 
 
 def test_mariadb_refused_value_pauses_by_default(mariadb_source, source_db, mariadb_target, mysql_db, tmp_path):
