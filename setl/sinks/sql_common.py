@@ -24,10 +24,11 @@ from setl import failpoints
 from setl.errors import LoadError, SetlError, TableRefused
 from setl.model import Batch, DdlChange, Position
 from setl.routing import flat_name
+from setl.sinks.prepared import PreparedBatches
 from setl.sinks.sql_dialect import SqlDialect
 from setl.sinks.sql_failures import CurrentTable, LoadFailures
 from setl.sinks.sql_fence import TargetFence
-from setl.sinks.sql_load_path import LoadPath, apply_segments, load_batch, load_part
+from setl.sinks.sql_load_path import LoadPath, apply_segments, load_batch, load_part, without_tables
 from setl.sinks.sql_pool import ConnectionPool
 from setl.sinks.sql_quarantine import Quarantine, Quarantined, QuarantineStore
 from setl.sinks.sql_segments import Segment, SegmentPlanner
@@ -164,6 +165,8 @@ class SqlLoad(Load, Generic[C]):
             pipeline=pipeline, schema=position_schema, table=position_table, dialect=self.dialect,
             max_rows=quarantine_max_rows, max_bytes=quarantine_max_bytes)) if QuarantineStore.supports(
                 self.dialect) else None
+        #: per prepared batch object: the tables its prepared segments leave out (quarantined then)
+        self._planned_without: PreparedBatches[frozenset[str]] = PreparedBatches()
         self.path = LoadPath(pipeline, sql, self.fence, self.positions, self.staged, self.writing, self.quarantine)
 
     @classmethod
@@ -188,24 +191,42 @@ class SqlLoad(Load, Generic[C]):
         self._with_connection(lambda conn: None, None)
 
     def prepare(self, batch: Batch) -> None:
-        """Work out ahead, on the calling worker, what the dialect's row writer can (`RowWriter.prepare`)."""
-        self.sql.rows.prepare(batch, self._plan)
+        """Work out ahead, on the calling worker, what the dialect's row writer can (`RowWriter.prepare`),
+        without the tables quarantined as last seen (`divert_quarantined` takes the work as it is when
+        the same tables are diverted at load, and cuts the segments again otherwise)."""
+        without = self._quarantined_in(batch)
+        if not without:
+            self.sql.rows.prepare(batch, self._plan)
+            return
+        self._planned_without.put(batch, without)
+        self.sql.rows.prepare(batch, lambda whole: self._plan(without_tables(whole, without)))
+
+    def _quarantined_in(self, batch: Batch) -> frozenset[str]:
+        """The tables of `batch` quarantined (or refused) as this sink last saw them."""
+        if self.quarantine is None:
+            return frozenset()
+        names = {q.table for q in self.quarantine.view()} | set(self.quarantine.refused())
+        return frozenset(table for table in batch.tables if table in names) if names else frozenset()
 
     def load(self, batch: Batch) -> None:
         """Apply `batch` in one transaction with its position (`setl.sinks.sql_load_path.load_batch`,
         retried in place); what `prepare` kept for it is dropped then, loaded or not."""
         try:
-            segments = self.segments(batch)
+            prepared = self.sql.rows.prepared.get(batch)
+            segments = prepared.segments if prepared is not None else self._plan(batch)
+            planned_without = (self._planned_without.get(batch) if prepared is not None else None) or frozenset()
             for attempt in itertools.count(1):  # each attempt quarantines one more table, or raises
                 try:
                     self._retrying(lambda: self._with_connection(
-                        lambda conn: load_batch(self.path, conn, batch, segments, self._plan), batch), batch)
+                        lambda conn: load_batch(self.path, conn, batch, segments, self._plan, planned_without),
+                        batch), batch)
                     return
                 except TableRefused as exc:
                     if attempt > len(batch.tables) or not self._quarantines(exc):
                         raise
         finally:
             self.sql.rows.prepared.drop(batch)
+            self._planned_without.drop(batch)
 
     def _quarantines(self, exc: TableRefused) -> bool:
         """Under ``on_table_error: quarantine``: the refused table is to be quarantined when `batch`

@@ -55,11 +55,12 @@ class LoadPath(Generic[C]):
 
 
 def load_batch(path: LoadPath[C], conn: C, batch: Batch, segments: list[Segment],
-               plan: PlanSegments | None = None) -> None:
+               plan: PlanSegments | None = None, planned_without: frozenset[str] = frozenset()) -> None:
     """One batch in its transaction: fence, quarantined tables' changes kept, segments, positions and
-    COMMIT (see the module). `plan` cuts the segments again when changes are diverted."""
+    COMMIT (see the module). `segments` were cut without the tables `planned_without`; `plan` cuts
+    them again when other tables are diverted."""
     hold_fence(path, conn, batch)
-    batch, segments = divert_quarantined(path, conn, batch, segments, plan)
+    batch, segments = divert_quarantined(path, conn, batch, segments, plan, planned_without)
     ddl = any(isinstance(segment, DdlStep) for segment in segments)
     if ddl:  # a batch holding a DDL runs alone: it may start or end a re-copy
         path.staged.forget()
@@ -92,22 +93,25 @@ def hold_fence(path: LoadPath[C], conn: C, batch: Batch) -> None:
 
 
 def divert_quarantined(path: LoadPath[C], conn: C, batch: Batch, segments: list[Segment],
-                       plan: PlanSegments | None) -> tuple[Batch, list[Segment]]:
+                       plan: PlanSegments | None, planned_without: frozenset[str] = frozenset()
+                       ) -> tuple[Batch, list[Segment]]:
     """In the open transaction, after the fence: the changes of each quarantined table (and of each
     table refused in a rolled-back attempt of this batch, marked quarantined here, from its first
     change in the batch) kept in order with their positions (`QuarantineStore.keep`), and `batch`
     without them, its segments cut again by `plan`. A re-copy's start (a snapshot TRUNCATE) of a
     quarantined table ends its quarantine, dropping what was kept: the copy brings the table to
-    that point of the stream, and its later changes apply as any table's."""
+    that point of the stream, and its later changes apply as any table's (its changes before that
+    point in the batch are in the copy: dropped with what was kept). `segments` are taken as they are
+    when they were cut without exactly the tables diverted (`planned_without`)."""
     quarantine = path.quarantine
     if quarantine is None or not quarantine.store.available:  # no quarantine table: none quarantined
-        return batch, segments
+        return batch, replanned(batch, segments, plan, planned_without, frozenset())
     path.writing.table = None  # a failure keeping changes is not the table's own
     found = quarantine.store.read(conn)
     refused = quarantine.refused()
     if not found and not refused:
         quarantine.seen(found)
-        return batch, segments
+        return batch, replanned(batch, segments, plan, planned_without, frozenset())
     held: dict[str, list[Change]] = {}
     rest: list[Change] = []
     for change in batch.changes:
@@ -128,7 +132,7 @@ def divert_quarantined(path: LoadPath[C], conn: C, batch: Batch, segments: list[
             rest.append(change)
     if not held:
         quarantine.seen(found)
-        return batch, segments
+        return batch, replanned(batch, segments, plan, planned_without, frozenset())
     for name, changes in held.items():
         record = found.get(name)
         if record is None:
@@ -144,9 +148,23 @@ def divert_quarantined(path: LoadPath[C], conn: C, batch: Batch, segments: list[
         failpoints.hit("quarantine_kept", batch.id, task=name)
     quarantine.seen(found)
     narrowed = batch.replace(tuple(rest))
+    return narrowed, replanned(narrowed, segments, plan, planned_without, frozenset(held))
+
+
+def replanned(batch: Batch, segments: list[Segment], plan: PlanSegments | None, planned_without: frozenset[str],
+              diverted: frozenset[str]) -> list[Segment]:
+    """`segments` when they were cut without exactly the tables `diverted`, else `batch` (the batch
+    without those tables) cut again by `plan`."""
+    if diverted == planned_without:
+        return segments
     if plan is None:
         raise AssertionError("a batch with quarantined changes needs its segments cut again")
-    return narrowed, plan(narrowed)
+    return plan(batch)
+
+
+def without_tables(batch: Batch, tables: frozenset[str]) -> Batch:
+    """`batch` without the changes of `tables` (as `divert_quarantined` leaves them out)."""
+    return batch.replace(tuple(c for c in batch.changes if not (c.table and c.qualified_table in tables)))
 
 
 def fence_part(path: LoadPath[C], conn: C, batch: Batch, tables: Sequence[str]) -> TablePositions:
@@ -280,4 +298,4 @@ def not_yet_applied(batch: Batch, names: Mapping[tuple[str, str], str],
     return keep
 
 
-__all__ = ["LoadPath", "apply_segments", "load_batch", "load_part", "not_yet_applied"]
+__all__ = ["LoadPath", "apply_segments", "load_batch", "load_part", "not_yet_applied", "without_tables"]
