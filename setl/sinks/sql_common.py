@@ -20,15 +20,14 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from setl import failpoints
 from setl.errors import LoadError, SetlError, TableRefused
-from setl.model import Batch, DdlChange, Position
+from setl.model import Batch, Position
 from setl.routing import flat_name
 from setl.sinks.prepared import PreparedBatches
 from setl.sinks.sql_dialect import SqlDialect
 from setl.sinks.sql_failures import CurrentTable, LoadFailures
 from setl.sinks.sql_fence import TargetFence
-from setl.sinks.sql_load_path import LoadPath, apply_segments, load_batch, load_part, without_tables
+from setl.sinks.sql_load_path import LoadPath, load_batch, load_part, replay_kept, without_tables
 from setl.sinks.sql_pool import ConnectionPool
 from setl.sinks.sql_quarantine import Quarantine, Quarantined, QuarantineStore
 from setl.sinks.sql_segments import Segment, SegmentPlanner
@@ -267,7 +266,7 @@ class SqlLoad(Load, Generic[C]):
         transaction applied, the table stays quarantined). `progress(applied, left)` after each."""
         applied = 0
         for number in itertools.count():
-            work = functools.partial(self._replay_chunk, table=table, chunk=chunk, number=number)
+            work = functools.partial(replay_kept, self.path, table=table, chunk=chunk, number=number, plan=self._plan)
             done, count, left = self._retrying(functools.partial(self._with_connection, work, None), None)
             applied += count
             if progress is not None:
@@ -275,40 +274,6 @@ class SqlLoad(Load, Generic[C]):
             if done:
                 break
         return applied
-
-    def _replay_chunk(self, conn: C, table: str, chunk: int, number: int) -> tuple[bool, int, int]:
-        """One replay transaction (see `replay`): (quarantine ended, changes applied, changes left)."""
-        if self.quarantine is None:
-            raise LoadError(f"a {self.dialect} target keeps no quarantine", pipeline=self.pipeline, stage="load")
-        store = self.quarantine.store
-        epoch = store.lock_loads(conn) or 0
-        found = store.read(conn).get(table)
-        if found is None:
-            raise LoadError(f"table {table} is not quarantined (nothing to replay)", pipeline=self.pipeline,
-                            stage="load", table=table)
-        kept = store.first_kept(conn, table, chunk)
-        # A DDL commits on some targets: it goes alone, and never in the transaction that ends the quarantine.
-        ddl = next((i for i, k in enumerate(kept) if isinstance(k.change, DdlChange)), None)
-        if ddl is not None:
-            kept = kept[:max(ddl, 1)]
-        if not kept:
-            store.release(conn, table)
-            failpoints.hit("quarantine_replay", number, task=table)
-            self.sql.commit(conn)
-            log.warning("pipeline=%s stage=load table=%s: replay done, quarantine ended; the table follows the "
-                        "stream again", self.pipeline, table)
-            return True, 0, 0
-        changes = tuple(k.change for k in kept)
-        end = next((c.position for c in reversed(changes) if c.position is not None), found.first)
-        batch = Batch(self.pipeline, 0, epoch, found.first, end, changes)
-        self.fence.epoch = max(self.fence.epoch, epoch)  # the replay never takes the fence from the pipeline
-        apply_segments(self.path, conn, batch, self._plan(batch))
-        if not self.sql.transactional_ddl and ddl is not None:
-            store.lock_loads(conn)  # the DDL committed: hold the loads off again for the bookkeeping
-        left = store.drop_kept(conn, found, kept[-1].seq, len(kept), sum(k.nbytes for k in kept))
-        failpoints.hit("quarantine_replay", number, task=table)
-        self.sql.commit(conn)
-        return False, len(kept), left.changes
 
     def load_part(self, batch: Batch) -> None:
         """One target table's share of a batch (load.mode per_table), in its own transaction on

@@ -6,8 +6,9 @@ applied: `setl.sinks.sql_quarantine`); for each segment (`apply_segments`): its 
 (`apply_rows`: `stage`, then `write_table`: patches, deletes, upserts, or a keyless table in order)
 or its DDL (`apply_ddl`, or a re-copy's start or end: `apply_staged`); `record_and_commit` (the
 position and COMMIT); `after_commit`. ``load_part`` is the same with `fence_part` and
-`skip_applied` first. What differs between targets is the `SqlDialect` (and its `RowWriter`);
-retries, the connection and rollback on failure are `setl.sinks.sql_common.SqlLoad`'s.
+`skip_applied` first. ``replay_kept`` is one transaction of a quarantined table's replay. What
+differs between targets is the `SqlDialect` (and its `RowWriter`); retries, the connection and
+rollback on failure are `setl.sinks.sql_common.SqlLoad`'s.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Generic, TypeVar
 import attrs
 
 from setl import failpoints
+from setl.errors import LoadError
 from setl.model import Batch, Change, DdlChange, Op, Position, RowChange
 from setl.routing import flat_name
 from setl.sinks.merge import TableChanges
@@ -167,6 +169,45 @@ def without_tables(batch: Batch, tables: frozenset[str]) -> Batch:
     return batch.replace(tuple(c for c in batch.changes if not (c.table and c.qualified_table in tables)))
 
 
+def replay_kept(path: LoadPath[C], conn: C, table: str, chunk: int, number: int, plan: PlanSegments
+                ) -> tuple[bool, int, int]:
+    """One transaction of `SqlLoad.replay` (`number`, from 0): with the fence row held exclusively
+    (no batch commits meanwhile), the first `chunk` changes kept for quarantined `table` applied in
+    order (`apply_segments` of them as one batch, cut by `plan`) and dropped; when none is left, the
+    quarantine ended. Returns (quarantine ended, changes applied, changes left)."""
+    if path.quarantine is None:
+        raise LoadError(f"a {path.dialect.name} target keeps no quarantine", pipeline=path.pipeline, stage="load")
+    store = path.quarantine.store
+    epoch = store.lock_loads(conn) or 0
+    found = store.read(conn).get(table)
+    if found is None:
+        raise LoadError(f"table {table} is not quarantined (nothing to replay)", pipeline=path.pipeline,
+                        stage="load", table=table)
+    kept = store.first_kept(conn, table, chunk)
+    # A DDL commits on some targets: it goes alone, and never in the transaction that ends the quarantine.
+    ddl = next((i for i, k in enumerate(kept) if isinstance(k.change, DdlChange)), None)
+    if ddl is not None:
+        kept = kept[:max(ddl, 1)]
+    if not kept:
+        store.release(conn, table)
+        failpoints.hit("quarantine_replay", number, task=table)
+        path.dialect.commit(conn)
+        log.warning("pipeline=%s stage=load table=%s: replay done, quarantine ended; the table follows the "
+                    "stream again", path.pipeline, table)
+        return True, 0, 0
+    changes = tuple(k.change for k in kept)
+    end = next((c.position for c in reversed(changes) if c.position is not None), found.first)
+    batch = Batch(path.pipeline, 0, epoch, found.first, end, changes)
+    path.fence.epoch = max(path.fence.epoch, epoch)  # the replay never takes the fence from the pipeline
+    apply_segments(path, conn, batch, plan(batch))
+    if not path.dialect.transactional_ddl and ddl is not None:
+        store.lock_loads(conn)  # the DDL committed: hold the loads off again for the bookkeeping
+    left = store.drop_kept(conn, found, kept[-1].seq, len(kept), sum(k.nbytes for k in kept))
+    failpoints.hit("quarantine_replay", number, task=table)
+    path.dialect.commit(conn)
+    return False, len(kept), left.changes
+
+
 def fence_part(path: LoadPath[C], conn: C, batch: Batch, tables: Sequence[str]) -> TablePositions:
     """`hold_fence` for a part, reading its first table's position with the fence in one round trip
     (`PositionStore.fence_and_table_position`) and the others' apart, locked to COMMIT. A table at
@@ -298,4 +339,5 @@ def not_yet_applied(batch: Batch, names: Mapping[tuple[str, str], str],
     return keep
 
 
-__all__ = ["LoadPath", "apply_segments", "load_batch", "load_part", "not_yet_applied", "without_tables"]
+__all__ = ["LoadPath", "apply_segments", "load_batch", "load_part", "not_yet_applied", "replay_kept",
+           "without_tables"]

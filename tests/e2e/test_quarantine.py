@@ -262,7 +262,8 @@ def test_kill_9_during_quarantine_and_during_replay_ends_exact(mariadb_source, s
     """`setl start` killed -9 while it keeps a quarantined table's changes (before COMMIT), then right
     after a batch that quarantined it (before its ack), then `setl resume --table` killed -9 inside
     its second replay transaction: the other tables end equal, nothing is kept twice or out of order
-    (`setl check` names the table and what is kept), and the replay run again ends every table equal."""
+    (`setl check` names the table and what is kept), and the replay run again ends every table equal
+    (a third run, with nothing quarantined, exits 2 saying so)."""
     make_source(mariadb_source, source_db)
     make_mysql_targets(mariadb_target, mysql_db)
     start = binlog_head(mariadb_source)
@@ -309,6 +310,8 @@ def test_kill_9_during_quarantine_and_during_replay_ends_exact(mariadb_source, s
     assert done.returncode == 0, done.stderr[-3000:]
     assert_equal(mariadb_source, source_db, rows)
     assert kept_positions(mariadb_target, mysql_db) == []
+    again = setl.run("resume", "--pipeline", setl.name, "--table", f"{mysql_db}.bad")
+    assert again.returncode == 2 and f"target table {mysql_db}.bad is not quarantined" in again.stderr, again.stderr
 
 
 def test_snapshot_of_a_quarantined_table_ends_its_quarantine_and_drops_what_was_kept(
