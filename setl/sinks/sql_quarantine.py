@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar
 import attrs
 
 from setl.errors import LoadError
-from setl.model import Change, Position, Quarantined
+from setl.model import Change, Op, Position, Quarantined, RowChange, TableName
 
 C = TypeVar("C")  # a driver connection
 
@@ -38,6 +38,31 @@ _DIALECTS: dict[str, tuple[Callable[[str], str], str, str]] = {
     "mysql": (_backticks, "LONGBLOB", " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"),
     "postgresql": (_double_quotes, "bytea", ""),
 }
+
+
+_ROW = "row-1"  # the kept form of a RowChange (its fields as a tuple: pickling the attrs object is 5x slower)
+
+
+def encode(change: Change) -> bytes:
+    """A change as kept: a RowChange's fields as a tuple, anything else (a DDL) pickled as it is."""
+    if type(change) is RowChange:
+        at, source = change.position, change.source
+        return pickle.dumps((_ROW, change.op.value, change.schema, change.table, change.primary_key, change.before,
+                             change.after, None if at is None else (at.log, at.offset, at.gtid, at.row),
+                             change.commit_time, None if source is None else (source.schema, source.table),
+                             change.sequence), protocol=5)
+    return pickle.dumps(change, protocol=5)
+
+
+def decode(blob: bytes) -> Change:
+    """The change `encode` kept, the same in every field."""
+    value = pickle.loads(blob)
+    if type(value) is tuple and value and value[0] == _ROW:
+        _, op, schema, table, key, before, after, at, commit_time, source, sequence = value
+        return RowChange(Op(op), schema, table, tuple(key), before, after,
+                         None if at is None else Position(at[0], at[1], at[2], row=at[3]), commit_time,
+                         None if source is None else TableName(*source), sequence=sequence)
+    return value
 
 
 @attrs.frozen
@@ -155,7 +180,7 @@ class QuarantineStore(Generic[C]):
         """Append `changes` (in stream order) to what is kept for `found`'s table; the record as it
         is then. `QuarantineFull` (nothing written) when the pipeline's bound would be passed."""
         q = self._q
-        blobs = [pickle.dumps(change, protocol=5) for change in changes]
+        blobs = [encode(change) for change in changes]
         kept = attrs.evolve(found, changes=found.changes + len(blobs), nbytes=found.nbytes + sum(map(len, blobs)))
         if kept.changes > self.max_rows or kept.nbytes > self.max_bytes:
             raise QuarantineFull(
@@ -195,7 +220,7 @@ class QuarantineStore(Generic[C]):
             cur.execute(f"SELECT {q('seq')}, {q('change')} FROM {self.kept} WHERE {q('pipeline')} = %s AND"
                         f" {q('target_table')} = %s ORDER BY {q('seq')} LIMIT {int(limit)}", (self.pipeline, table))
             rows = cur.fetchall()
-        return [KeptChange(int(seq), pickle.loads(bytes(blob)), len(blob)) for seq, blob in rows]
+        return [KeptChange(int(seq), decode(bytes(blob)), len(blob)) for seq, blob in rows]
 
     def drop_kept(self, conn: Any, found: Quarantined, upto: int, changes: int, nbytes: int) -> Quarantined:
         """Forget the changes kept for `found`'s table up to number `upto` (`changes` of them,

@@ -44,3 +44,26 @@ def test_a_batch_prepared_while_a_table_was_quarantined_applies_it_when_the_repl
         assert mariadb_target.query(f"SELECT id FROM `{mysql_db}`.bad ORDER BY id") == [(1,), (2,)]
     finally:
         load.close()
+
+
+def test_a_kept_change_comes_back_the_same_in_every_field() -> None:
+    """`encode`/`decode` give back a row change with its images (a partial one, NULLs, bytes, a
+    decimal, a date), position, commit time, source table and sequence, and a DDL, unchanged."""
+    import datetime
+    import decimal
+
+    from setl.model import DdlChange, Op, PartialImage, Position, RowChange, TableName
+    from setl.sinks.sql_quarantine import decode, encode
+
+    row = RowChange(Op.UPDATE, "db", "t", ("id",), PartialImage({"id": 1, "b": b"\x00\xff"}),
+                    {"id": 1, "b": None, "d": decimal.Decimal("1.50"), "at": datetime.date(2026, 11, 28)},
+                    Position("bin.000002", 77, "0-1-9", row=4), 1764300000.25, TableName("src", "t"), sequence="")
+    ddl = DdlChange("db", "t", "ALTER TABLE `t` ADD COLUMN w INT", Position("bin.000002", 99))
+    for change in (row, ddl, RowChange(Op.DELETE, "db", "t", (), {"x": 1}, None)):
+        back = decode(encode(change))
+        assert back == change and type(back) is type(change)
+        assert getattr(back, "source", None) == getattr(change, "source", None)
+        assert getattr(back, "sequence", None) == getattr(change, "sequence", None)
+        if isinstance(change, RowChange):
+            assert type(back.before) is type(change.before) and back.position == change.position
+            assert back.position is None or back.position.gtid == change.position.gtid
