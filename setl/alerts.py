@@ -16,7 +16,10 @@ copy was acked to its end); `from`, `to` and `reason` for ``rebalanced`` (sent b
 coordinator when a pipeline changes node, docs/cluster.md); `differences`, `tables` (those that
 differ) and `error` (a check that reached no verdict) for ``verify_failed`` (a scheduled check,
 docs/verify.md#scheduled-checks); `table`, `key`, `decision`, `policy`, `reason` and `position` for
-``conflict`` (one per conflict a pipeline settled and committed, docs/conflicts.md).
+``conflict`` (one per conflict a pipeline settled and committed, docs/conflicts.md); `table`, `cause`,
+`first_position` and `changes` for ``quarantined`` (a table whose changes the target refuses is
+quarantined, docs/quarantine.md; the live figures ``quarantined_tables`` and ``quarantine_changes``
+take thresholds too).
 """
 
 from __future__ import annotations

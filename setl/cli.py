@@ -79,6 +79,12 @@ def _parser() -> argparse.ArgumentParser:
                        ("resume", "resume a paused pipeline")):
         sub = commands.add_parser(verb, help=text)
         sub.add_argument("--pipeline", required=True, metavar="NAME")
+        if verb == "resume":
+            sub.add_argument("--table", metavar="SCHEMA.TABLE",
+                             help="replay a quarantined target table's kept changes, then let it follow the "
+                                  "stream again (docs/quarantine.md)")
+            sub.add_argument("--chunk-rows", type=int, default=1000, metavar="N",
+                             help="kept changes applied per replay transaction (default 1000)")
 
     position = commands.add_parser("position", help="show or reset a pipeline's position")
     actions = position.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -427,6 +433,8 @@ def cmd_status(args: argparse.Namespace, conf: Path) -> int:
     for channel in args.channel or channel_names(conf):
         for summary in _channel_lines(channel, channel_pipelines(conf, channel), {r["pipeline"]: r for r in rows}):
             console.print(Text(summary), overflow="fold")
+    for kept in quarantine_lines(rows):
+        console.print(Text(kept, style="red"), overflow="fold")
     for row in rows:
         if row.get("verify"):
             console.print(Text(verify_line(row["pipeline"], row["verify"], now),
@@ -495,6 +503,13 @@ def cmd_reload(args: argparse.Namespace, conf: Path) -> int:
             raise
 
 
+def quarantine_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per quarantined table of each pipeline (docs/quarantine.md)."""
+    return [f"{row['pipeline']}: {t['table']} quarantined since {t['first_position']}, {t['changes']} changes "
+            f"({t['bytes']} bytes) kept: {t['cause']}; fix it, then `setl resume --pipeline {row['pipeline']} "
+            f"--table {t['table']}`" for row in rows for t in row.get("quarantined") or []]
+
+
 def _snapshot_lines(rows: list[dict[str, Any]]) -> list[str]:
     """One line per table copy of each pipeline that has snapshot progress."""
     lines = []
@@ -554,8 +569,37 @@ def cmd_pause(args: argparse.Namespace, conf: Path) -> int:
 def cmd_resume(args: argparse.Namespace, conf: Path) -> int:
     if args.api_node:
         return _print_api(_client(args).call("POST", f"/pipelines/{args.pipeline}/resume"))
+    if args.table:
+        if args.chunk_rows < 1:
+            raise UsageError("--chunk-rows must be at least 1")
+        _replay_table(args.pipeline, args.table, conf, args.chunk_rows)
     with _pipeline_meta(conf, args.pipeline) as meta:
         return _print(actions.resume(meta, args.pipeline))
+
+
+def _replay_table(pipeline: str, table: str, conf: Path, chunk: int) -> None:
+    """`setl resume --table`: apply what the target keeps for quarantined `table` (a target table,
+    as `setl status` names it), in order, then end its quarantine (`setl.stages.load.Load.replay`).
+    Safe while the pipeline runs: each replay transaction holds its batches off."""
+    from setl.connectors import build_load
+
+    node = load_node(conf)
+    config = load_pipeline(conf, pipeline, for_node(node))
+    with _pipeline_meta(conf, pipeline):
+        pass  # a known pipeline
+    load = build_load(config, node)
+    try:
+        found = {q.table: q for q in load.quarantined()}
+        if table not in found:
+            raise UsageError(f"pipeline {pipeline}: target table {table} is not quarantined (quarantined: "
+                             f"{', '.join(found) or 'none'})", pipeline=pipeline, table=table)
+        print(f"{pipeline}: replaying {found[table].changes} kept changes of {table} (quarantined at "
+              f"{found[table].first}: {found[table].cause})")
+        applied = load.replay(table, chunk=chunk, progress=lambda done, left: log.info(
+            "pipeline=%s table=%s replay: %d applied, %d left", pipeline, table, done, left))
+    finally:
+        load.close()
+    print(f"{pipeline}: {table} replayed ({applied} changes applied); it follows the stream again")
 
 
 def cmd_position(args: argparse.Namespace, conf: Path) -> int:

@@ -164,7 +164,7 @@ class RuntimeConfig:
 
 #: The events an alert can be sent on, besides thresholds (``FIGURE > N``, docs/runbook.md#alerts).
 ALERT_EVENTS = ("paused", "leader_changed", "snapshot_done", "caught_up", "rebalanced", "reload_refused",
-                "verify_failed", "conflict")
+                "verify_failed", "conflict", "quarantined")
 _THRESHOLD = re.compile(r"^\s*([a-z_]+)\s*(>=|>)\s*([0-9]+(?:\.[0-9]+)?)\s*$")
 
 
@@ -361,6 +361,15 @@ class DdlTaskSettings:
 
 
 @attrs.frozen
+class QuarantineSettings:
+    """What may be kept for one quarantined table (docs/quarantine.md): reaching either bound pauses
+    the pipeline, nothing is dropped."""
+
+    max_rows: int = 1_000_000  # changes kept for one quarantined table
+    max_bytes: int = 1 << 30  # their size as kept (bytes)
+
+
+@attrs.frozen
 class PipelineSettings:
     """How the pipeline runs."""
 
@@ -376,6 +385,10 @@ class PipelineSettings:
     drain_timeout_ms: int = 30000  # on stop, how long batches in flight may take to finish
     weight: int = 1  # cluster: this pipeline's share of a node's work, e.g. its rows/s in thousands (docs/cluster.md)
     nodes: tuple[str, ...] | None = None  # cluster: the node ids it may run on (pinning); not set: any node
+    #: a table whose change the target refuses (a value, a privilege): pause the pipeline, or quarantine
+    #: the table, keeping its changes on the target while the others go on (docs/quarantine.md)
+    on_table_error: Literal["pause", "quarantine"] = "pause"
+    quarantine: QuarantineSettings = attrs.Factory(QuarantineSettings)
 
 
 _DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(s|m|h|d)\s*$")
@@ -888,6 +901,11 @@ def _check_pipeline(config: PipelineConfig, path: str) -> None:
         raise fail("pipeline.nodes", "must name at least one node id (or be left out: any node)")
     if settings.retry.max_elapsed_ms < 0:
         raise fail("pipeline.retry.max_elapsed_ms", "must not be negative")
+    if settings.quarantine.max_rows < 1 or settings.quarantine.max_bytes < 1:
+        raise fail("pipeline.quarantine", "max_rows and max_bytes must be at least 1")
+    if settings.on_table_error == "quarantine" and settings.load.mode == "per_table":
+        raise fail("pipeline.on_table_error", "quarantine needs load.mode ordered (per-table parts are not "
+                   "supported yet, docs/quarantine.md)")
     policies = [("pipeline.schema_changes", settings.schema_changes)]
     for i, rule in enumerate(config.tables):
         if rule.schema_changes is not None and rule.exclude:

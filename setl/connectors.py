@@ -422,13 +422,19 @@ def sqlite_target() -> TargetConnector[Any]:
                            help="an SQLite database file (the embedded demo target)")
 
 
+def quarantine_options(settings: Any) -> dict[str, Any]:
+    """An SQL sink's options for the pipeline's ``on_table_error`` and ``quarantine`` bounds."""
+    return {"on_table_error": settings.on_table_error, "quarantine_max_rows": settings.quarantine.max_rows,
+            "quarantine_max_bytes": settings.quarantine.max_bytes}
+
+
 def mysql_target() -> TargetConnector[Any]:
     from setl.ddltask.actions import MysqlActions
     from setl.sinks.mysql import MysqlLoad, MysqlTargetConfig
 
     def build(config: MysqlTargetConfig, context: BuildContext) -> Load:
         return MysqlLoad.from_config(config, pipeline=context.name, ddl=context.settings.ddl,
-                                     conflicts=context.conflicts)
+                                     conflicts=context.conflicts, **quarantine_options(context.settings))
 
     def schema(config: MysqlTargetConfig, context: BuildContext) -> SchemaTarget:
         from setl.schema.mysql import MysqlSchema
@@ -444,7 +450,8 @@ def postgresql_target() -> TargetConnector[Any]:
     from setl.sinks.postgresql import PostgresqlLoad, PostgresqlTargetConfig
 
     def build(config: PostgresqlTargetConfig, context: BuildContext) -> Load:
-        return PostgresqlLoad.from_config(config, pipeline=context.name, ddl=context.settings.ddl)
+        return PostgresqlLoad.from_config(config, pipeline=context.name, ddl=context.settings.ddl,
+                                     **quarantine_options(context.settings))
 
     def schema(config: PostgresqlTargetConfig, context: BuildContext) -> SchemaTarget:
         from setl.schema.postgresql import PostgresqlSchema

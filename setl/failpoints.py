@@ -33,6 +33,10 @@ The failpoints (`FAILPOINTS`):
 * ``verify_chunk``: `setl verify` (or a scheduled check) has opened a chunk's consistent snapshot on
   the source and has not run its hash query yet (`batch`: the chunks of the table so far, from 0;
   `task`: the table). Strikes in the verifying process, not in the pipeline.
+* ``quarantine_kept``: a quarantined table's changes of a batch are kept on the target, in the batch's
+  open transaction (`task`: the target table; docs/quarantine.md).
+* ``quarantine_replay``: a replay transaction (`setl resume --table`) applied kept changes and has not
+  committed (`batch`: the transaction's number from 0; `task`: the target table).
 * ``repair_acked``: the batch holding a repair's rows (`setl repair`) is acked and its request is
   not dropped from the meta store yet (`batch`: the batch; `task`: the table). A repair read
   (before its SELECT) hits ``snapshot_read`` with its table.
@@ -81,6 +85,9 @@ FAILPOINTS: dict[str, str] = {
     "snapshot_boundary": "a keyed table's next snapshot chunk was claimed, its boundary not asked yet (task = table)",
     "verify_chunk": "a verify chunk's source snapshot is open, its hash not read yet (batch = chunk, task = table)",
     "repair_acked": "the batch holding a repair (setl repair) is acked, its request not dropped yet (task = table)",
+    "quarantine_kept": "a quarantined table's changes of a batch are kept, not committed yet (task = table)",
+    "quarantine_replay": "a replay transaction applied kept changes, not committed yet (batch = its number from 0, "
+                         "task = table)",
 }
 ACTIONS = ("fail", "slow", "crash")
 

@@ -315,6 +315,22 @@ class Transaction:
 
 
 @attrs.frozen
+class Quarantined:
+    """One quarantined target table (docs/quarantine.md): why, from which position on, and what is
+    kept for it on the target."""
+
+    table: str  # the target table, schema.table
+    cause: str
+    first: Position  # the position of its first change not applied (kept from there on)
+    changes: int  # changes kept
+    nbytes: int  # their size as kept
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"table": self.table, "state": "quarantined", "cause": self.cause, "first_position": str(self.first),
+                "changes": self.changes, "bytes": self.nbytes}
+
+
+@attrs.frozen
 class Batch:
     """A run of whole transactions that moves through Extract, Transform and Load together.
 

@@ -20,7 +20,7 @@ from setl.config import NodeSettings, PipelineConfig, RuntimeConfig
 from setl.errors import ConfigError, SetlError
 from setl.liveness import Heartbeat
 from setl.meta.base import Liveness, MetaStore, Status
-from setl.model import Ack, Batch
+from setl.model import Ack, Batch, Quarantined
 from setl.node_elected import ElectedSupervision
 from setl.node_reload import Reloads
 from setl.node_runs import PipelineResult, PipelineRuns, Supervised
@@ -153,7 +153,7 @@ class Node:
         self.progress = {config.name: ProgressLog(config.name) for config in pipelines}
         self.alerts = Alerts(settings.alerts, settings.node.id)
         #: lag figures, metrics and the status page (`NodeStatus.figures` go with the liveness beats)
-        self.status = NodeStatus(settings, meta, self.alerts, self.live)
+        self.status = NodeStatus(settings, meta, self.alerts, self.live, quarantine=self._quarantine_view)
         self.heartbeat = Heartbeat(meta, settings.node.id, figures=self.figures, on_lost=self._lost_record)
         self._starting = False  # checking the pipelines at start (the status endpoint says "starting")
         self.status.rules.update({config.name: rules_fingerprint(config) for config in pipelines})
@@ -177,6 +177,11 @@ class Node:
     def observer(self) -> NodeObserver | None:
         """Each pipeline's lag figures (`figures()`), and with `http.listen` its metrics and history."""
         return self.status.observer
+
+    def _quarantine_view(self, name: str) -> list[Quarantined] | None:
+        """The quarantined tables `name`'s running Load last saw (None: it runs no scheduler here now)."""
+        scheduler = self.runs.scheduler_of(name)
+        return scheduler.load.quarantine_view() if scheduler is not None else None
 
     def figures(self, name: str) -> dict[str, Any]:
         """A pipeline's live figures, stored with its liveness beats (`NodeStatus.figures`)."""

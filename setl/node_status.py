@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from setl.alerts import Alerts
 from setl.config import HttpTlsConfig, NodeSettings
 from setl.meta.base import MetaStore
+from setl.model import Quarantined
 from setl.sinks import conflicts
 
 if TYPE_CHECKING:
@@ -29,8 +30,13 @@ class NodeStatus:
     """
 
     def __init__(self, settings: NodeSettings, meta: MetaStore, alerts: Alerts,
-                 live: Callable[[], dict[str, dict[str, Any]]]) -> None:
+                 live: Callable[[], dict[str, dict[str, Any]]],
+                 quarantine: Callable[[str], list[Quarantined] | None] = lambda name: None) -> None:
+        """`quarantine(name)`: the pipeline's quarantined tables as its running Load last saw them
+        (None: it runs no Load here now; the last ones seen are kept)."""
         self.settings = settings
+        self._quarantine = quarantine
+        self._quarantined: dict[str, list[dict[str, Any]]] = {}  # per pipeline, as last seen
         self.meta = meta
         self.alerts = alerts
         self._live = live
@@ -46,6 +52,7 @@ class NodeStatus:
         stored with its liveness beats and checked against the alerts' thresholds."""
         found = self.observer.figures_of(name) if self.observer is not None else None
         figures = {k: v for k, v in found.to_dict().items() if k != "position"} if found is not None else {}
+        figures.update(self._quarantine_figures(name))
         self.alerts.observe(name, figures)
         rules = self.rules.get(name)
         settled = conflicts_of(name)
@@ -54,6 +61,26 @@ class NodeStatus:
         if name in self.reloads:
             figures = {**figures, "reload": self.reloads[name]}
         return {**figures, "rules": rules} if rules is not None else figures
+
+    def _quarantine_figures(self, name: str) -> dict[str, Any]:
+        """The pipeline's quarantined tables (``quarantined``: each one's state, cause, first position,
+        changes kept and their bytes) and their totals, for the figures, the metrics and the
+        ``quarantined`` alert (sent once per table quarantined)."""
+        seen = self._quarantine(name)
+        before = {t["table"] for t in self._quarantined.get(name, [])}
+        if seen is not None:
+            self._quarantined[name] = [q.to_dict() for q in seen]
+        tables = self._quarantined.get(name, [])
+        for table in tables:
+            if table["table"] not in before:
+                self.alerts.emit(name, "quarantined", table=table["table"], cause=table["cause"],
+                                 first_position=table["first_position"], changes=table["changes"])
+        metrics = self.observer.metrics if self.observer is not None else None
+        if metrics is not None:
+            metrics.quarantine(name, tables)
+        return {"quarantined": tables, "quarantined_tables": len(tables),
+                "quarantine_changes": sum(t["changes"] for t in tables),
+                "quarantine_bytes": sum(t["bytes"] for t in tables)}
 
     def start(self, pipelines: list[str]) -> None:
         """Lag figures for every pipeline; metrics and the status page on `http.listen` when it is set."""

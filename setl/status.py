@@ -65,7 +65,8 @@ def status_rows(meta: MetaStore, names: list[str], *, now: float | None = None) 
     `position` is the acked position as fields (``log``, ``offset``, and ``gtid``, ``row`` when
     set), as `setl position show --json` gives it. `last_seen`, `host` and `pid` come from the
     liveness record of the process that runs (or last ran) it; `lag_seconds` and
-    `rows_per_second` are the figures that process last reported, None when it is not running.
+    `rows_per_second` are the figures that process last reported, None when it is not running;
+    `quarantined` its quarantined tables (`setl.model.Quarantined.to_dict`), empty when it is not running.
     """
     now = time.time() if now is None else now
     rows = []
@@ -99,6 +100,8 @@ def status_rows(meta: MetaStore, names: list[str], *, now: float | None = None) 
             "lag_seconds": figures.get("lag_seconds"),
             "rows_per_second": figures.get("rows_per_second"),
             "conflicts": figures.get("conflicts"),  # by decision, settled by the running process (docs/conflicts.md)
+            # the target tables quarantined (docs/quarantine.md), as its running process last saw them
+            "quarantined": list(figures.get("quarantined") or []),
             **({"holder": holder, "standbys": standbys} if members else {}),
             **snapshot_rows(meta, name),
             "verify": meta.verify_result(name),  # the last scheduled check (setl.verify.schedule), or None

@@ -248,6 +248,10 @@ def test_position_reset_replays_from_the_given_position(tmp_path):
         ("pipeline: {parallelism: 0}\n", "pipeline.parallelism: must be between 1 and 64"),
         ("tables: [{source: '(unclosed'}]\n", "tables[0].source: invalid regex"),
         ("pipeline: {load: {mode: sideways}}\n", "pipeline.load.mode: expected one of ordered, per_table"),
+        ("pipeline: {on_table_error: skip}\n", "pipeline.on_table_error: expected one of pause, quarantine"),
+        ("pipeline: {on_table_error: quarantine, load: {mode: per_table}}\n",
+         "pipeline.on_table_error: quarantine needs load.mode ordered"),
+        ("pipeline: {quarantine: {max_rows: 0}}\n", "pipeline.quarantine: max_rows and max_bytes must be at least 1"),
     ],
 )
 def test_bad_config_is_one_line_with_file_and_key_path_and_exit_2(tmp_path, body, expected):

@@ -62,6 +62,11 @@ class NodeMetrics:
         self.verify_differences = Gauge("setl_verify_differences", "Keys (or keyless rows) the last scheduled "
                                         "check found different, missing, extra or unsettled", ["pipeline"],
                                         registry=r)
+        self.table_quarantined = Gauge("setl_table_quarantined", "1 for each target table quarantined "
+                                       "(docs/quarantine.md)", ["pipeline", "table"], registry=r)
+        self.quarantine_changes = Gauge("setl_quarantine_changes", "Changes kept on the target for a quarantined "
+                                        "table", ["pipeline", "table"], registry=r)
+        self._quarantined: dict[str, set[str]] = {}
         self.info = Gauge("setl_node_info", "This node (value 1)", ["node"], registry=r)
         self.info.labels(node_id).set(1)
         ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, ...
@@ -75,6 +80,17 @@ class NodeMetrics:
         """A scheduled check ended (`setl.verify.schedule`): `rows` compared, `differences` found."""
         self.verify_rows.labels(pipeline).inc(rows)
         self.verify_differences.labels(pipeline).set(differences)
+
+    def quarantine(self, pipeline: str, tables: list[dict[str, Any]]) -> None:
+        """`pipeline`'s quarantined tables now (`setl.model.Quarantined.to_dict`); the ones gone are unlabelled."""
+        now = {str(t["table"]): int(t["changes"]) for t in tables}
+        for gone in self._quarantined.get(pipeline, set()) - set(now):
+            self.table_quarantined.remove(pipeline, gone)
+            self.quarantine_changes.remove(pipeline, gone)
+        for table, changes in now.items():
+            self.table_quarantined.labels(pipeline, table).set(1)
+            self.quarantine_changes.labels(pipeline, table).set(changes)
+        self._quarantined[pipeline] = set(now)
 
     def pipeline(self, name: str) -> PipelineMetrics:
         return PipelineMetrics(self, name)

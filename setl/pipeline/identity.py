@@ -320,6 +320,22 @@ def _recopy(config: PipelineConfig, stages: Stages, meta: MetaStore, recorded: l
                 "it" if len(lost) == 1 else "them")
 
 
+def _quarantined(name: str, quarantine: Any, conn: Any) -> list[tuple[str, str]]:
+    """A warning per quarantined table of the target (docs/quarantine.md), read through `conn`; none
+    when the target keeps no quarantine table yet."""
+    if quarantine is None:
+        return []
+    try:
+        found = quarantine.store.read(conn)
+        conn.commit()
+    except Exception:  # noqa: BLE001 - no quarantine table yet (nothing was ever quarantined there)
+        conn.rollback()
+        return []
+    return [("warning", f"table {q.table} is quarantined since {q.first}, {q.changes} changes ({q.nbytes} bytes) "
+                        f"kept: {q.cause}; fix it, then `setl resume --pipeline {name} --table {q.table}`")
+            for q in found.values()]
+
+
 def preview(config: PipelineConfig, stages: Stages, meta: MetaStore, conn: Any) -> list[tuple[str, str]]:
     """What a start would find about the target (`setl check`), as (level, text) findings, reading
     only: the target's position through `conn` (a connection of the target's own, such as the
@@ -335,6 +351,7 @@ def preview(config: PipelineConfig, stages: Stages, meta: MetaStore, conn: Any) 
     if lapsed is not None:
         return [("error", lapsed)]
     out = [("ok", f"the target holds position {held} (this node's meta store acked {acked.position})")]
+    out += _quarantined(name, getattr(_holder(stages.load, "quarantine"), "quarantine", None), conn)
     try:
         text = store.read_identity(conn)
     except Exception:  # noqa: BLE001 - no identity table yet (a target an older setl wrote): no record

@@ -47,7 +47,7 @@ from pymysql.constants import CLIENT
 
 from setl.config import SslConfig
 from setl.dial import mysql_connection
-from setl.errors import LoadError, RefusedLoadError, TransientLoadError
+from setl.errors import LoadError, RefusedLoadError, TableRefused, TransientLoadError
 from setl.model import Batch
 from setl.sinks import mysql_load_data
 from setl.sinks.mysql_ddl import MysqlDdlApplier
@@ -132,6 +132,20 @@ TRANSIENT_ERRORS = frozenset({
     4031,  # disconnected by the server for inactivity (MySQL 8)
 })
 MISSING_TABLE_ERRORS = frozenset({1146, 1049})  # no such table, unknown database
+# Errors about one table's rows that no retry changes: a value or a shape the target refuses, a missing
+# privilege on the table (`setl.errors.TableRefused`: quarantine or pause, docs/quarantine.md). Not a
+# deadlock, a lock wait or a lost connection (TRANSIENT_ERRORS), nor a foreign key, which names
+# another table's state.
+TABLE_REFUSED_ERRORS = frozenset({
+    1048,  # column cannot be null
+    1054,  # unknown column (the target table lacks it)
+    1142, 1143,  # command denied for the table, column
+    1264, 1690,  # value out of range
+    1265, 1292, 1366, 1367,  # data truncated, incorrect value
+    1406,  # data too long for the column
+    3819, 4025,  # CHECK constraint violated (MySQL, MariaDB)
+    3140,  # invalid JSON text (MySQL)
+})
 log = logging.getLogger(__name__)
 
 
@@ -227,6 +241,8 @@ class MysqlDialect:
                 return TransientLoadError
             if code in MISSING_TABLE_ERRORS:
                 return TargetTableMissing
+            if code in TABLE_REFUSED_ERRORS:
+                return TableRefused
             return LoadError
         if isinstance(exc, (ConnectionError, TimeoutError)):
             return TransientLoadError

@@ -30,7 +30,7 @@ from psycopg import sql
 
 from setl.config import SslConfig
 from setl.ddl import with_table
-from setl.errors import LoadError, RefusedLoadError, TransientLoadError
+from setl.errors import LoadError, RefusedLoadError, TableRefused, TransientLoadError
 from setl.model import Batch
 from setl.sinks import postgresql_spatial as spatial
 from setl.sinks.invalid_dates import InvalidDatePolicy
@@ -72,6 +72,11 @@ log = logging.getLogger(__name__)
 # SQLSTATE classes and codes worth a reconnect and replay.
 TRANSIENT_STATES = ("08", "40", "57P01", "57P02", "57P03", "53300", "55P03")
 MISSING_TABLE_STATES = ("42P01", "3F000")  # undefined table, invalid schema name
+# One table's rows that no retry changes (`setl.errors.TableRefused`, docs/quarantine.md): a data
+# exception (class 22: too long, out of range, invalid text), a NOT NULL or CHECK violation, a
+# missing privilege, an undefined column. Not a serialization failure, a deadlock or a lost
+# connection (TRANSIENT_STATES), nor a foreign key (another table's state).
+TABLE_REFUSED_STATES = ("22", "23502", "23514", "42501", "42703")
 
 
 class PostgresqlDialect:
@@ -215,6 +220,8 @@ class PostgresqlDialect:
                 return TargetTableMissing
             if state and state.startswith(TRANSIENT_STATES):
                 return TransientLoadError
+            if state and state.startswith(TABLE_REFUSED_STATES):
+                return TableRefused
             if not state and isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
                 return TransientLoadError  # the connection broke before the server answered
             return LoadError

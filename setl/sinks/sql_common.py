@@ -8,6 +8,8 @@ target's `setl.sinks.sql_dialect.SqlDialect`.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import logging
 import os
@@ -18,15 +20,17 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from setl.errors import ConfigError, SetlError
+from setl.errors import ConfigError, LoadError, SetlError, TableRefused
 from setl.model import Batch, Position
 from setl.routing import flat_name
 from setl.sinks.conflicts import ConflictPolicy, ConflictStep
+from setl.sinks.prepared import PreparedBatches
 from setl.sinks.sql_dialect import SqlDialect
 from setl.sinks.sql_failures import CurrentTable, LoadFailures
 from setl.sinks.sql_fence import TargetFence
-from setl.sinks.sql_load_path import LoadPath, load_batch, load_part
+from setl.sinks.sql_load_path import LoadPath, load_batch, load_part, replay_kept, without_tables
 from setl.sinks.sql_pool import ConnectionPool
+from setl.sinks.sql_quarantine import Quarantine, Quarantined, QuarantineStore
 from setl.sinks.sql_segments import Segment, SegmentPlanner
 from setl.sinks.sql_staging import StagedCopies
 from setl.stages.load import Load, LoadCapabilities
@@ -114,17 +118,25 @@ class SqlLoad(Load, Generic[C]):
         connections: int = 8,
         fence_timeout: float = 60.0,
         fence_lock_timeout: float = 2.0,
+        on_table_error: str = "pause",
+        quarantine_max_rows: int = 1_000_000,
+        quarantine_max_bytes: int = 1 << 30,
         sleep: Callable[[float], None] = time.sleep,
         conflicts: ConflictPolicy | None = None,
     ) -> None:
-        """`sql`: the target's dialect (its session, row writer, DDL and driver errors); `conflicts`:
-        detect, settle and record conflicts (a MySQL target: `setl.sinks.conflicts`)."""
+        """`sql`: the target's dialect (its session, row writer, DDL and driver errors);
+        `on_table_error`: pause, or quarantine a table whose change the target refuses
+        (docs/quarantine.md), keeping at most `quarantine_max_rows` changes / `_bytes` per table;
+        `conflicts`: detect, settle and record conflicts (a MySQL target: `setl.sinks.conflicts`)."""
         if chunk_rows < 1:
             raise ValueError("chunk_rows must be at least 1")
         if connections < 1:
             raise ValueError("connections must be at least 1")
         if ddl not in ("apply", "skip", "fail"):
             raise ValueError(f"ddl must be apply, skip or fail, not {ddl!r}")
+        if on_table_error not in ("pause", "quarantine"):
+            raise ValueError(f"on_table_error must be pause or quarantine, not {on_table_error!r}")
+        self.on_table_error = on_table_error
         self.config = config
         self.pipeline = pipeline
         self.ddl = ddl
@@ -153,7 +165,15 @@ class SqlLoad(Load, Generic[C]):
         if conflicts is not None and sql.name != "mysql":
             raise ConfigError(f"pipeline {pipeline}: conflicts: needs a mysql target, not {sql.name}")
         self.conflicts = None if conflicts is None else ConflictStep(pipeline, conflicts, position_schema)
-        self.path = LoadPath(pipeline, sql, self.fence, self.positions, self.staged, self.writing, self.conflicts)
+        # Always read: a table quarantined under an earlier `on_table_error: quarantine` stays so.
+        self.quarantine: Quarantine[C] | None = Quarantine(QuarantineStore(
+            pipeline=pipeline, schema=position_schema, table=position_table, dialect=self.dialect,
+            max_rows=quarantine_max_rows, max_bytes=quarantine_max_bytes)) if QuarantineStore.supports(
+                self.dialect) else None
+        #: per prepared batch object: the tables its prepared segments leave out (quarantined then)
+        self._planned_without: PreparedBatches[frozenset[str]] = PreparedBatches()
+        self.path = LoadPath(pipeline, sql, self.fence, self.positions, self.staged, self.writing,
+                             conflicts=self.conflicts, quarantine=self.quarantine)
 
     @classmethod
     def from_config(cls, config: Any, *, pipeline: str, **options: Any) -> "SqlLoad[C]":
@@ -177,18 +197,90 @@ class SqlLoad(Load, Generic[C]):
         self._with_connection(lambda conn: None, None)
 
     def prepare(self, batch: Batch) -> None:
-        """Work out ahead, on the calling worker, what the dialect's row writer can (`RowWriter.prepare`)."""
-        self.sql.rows.prepare(batch, self._plan)
+        """Work out ahead, on the calling worker, what the dialect's row writer can (`RowWriter.prepare`),
+        without the tables quarantined as last seen (`divert_quarantined` takes the work as it is when
+        the same tables are diverted at load, and cuts the segments again otherwise)."""
+        without = self._quarantined_in(batch)
+        if not without:
+            self.sql.rows.prepare(batch, self._plan)
+            return
+        self._planned_without.put(batch, without)
+        self.sql.rows.prepare(batch, lambda whole: self._plan(without_tables(whole, without)))
+
+    def _quarantined_in(self, batch: Batch) -> frozenset[str]:
+        """The tables of `batch` quarantined (or refused) as this sink last saw them."""
+        if self.quarantine is None:
+            return frozenset()
+        names = {q.table for q in self.quarantine.view()} | set(self.quarantine.refused())
+        return frozenset(table for table in batch.tables if table in names) if names else frozenset()
 
     def load(self, batch: Batch) -> None:
         """Apply `batch` in one transaction with its position (`setl.sinks.sql_load_path.load_batch`,
         retried in place); what `prepare` kept for it is dropped then, loaded or not."""
         try:
-            segments = self.segments(batch)
-            self._retrying(lambda: self._with_connection(
-                lambda conn: load_batch(self.path, conn, batch, segments), batch), batch)
+            prepared = self.sql.rows.prepared.get(batch)
+            segments = prepared.segments if prepared is not None else self._plan(batch)
+            planned_without = (self._planned_without.get(batch) if prepared is not None else None) or frozenset()
+            for attempt in itertools.count(1):  # each attempt quarantines one more table, or raises
+                try:
+                    self._retrying(lambda: self._with_connection(
+                        lambda conn: load_batch(self.path, conn, batch, segments, self._plan, planned_without),
+                        batch), batch)
+                    return
+                except TableRefused as exc:
+                    if attempt > len(batch.tables) or not self._quarantines(exc):
+                        raise
         finally:
             self.sql.rows.prepared.drop(batch)
+            self._planned_without.drop(batch)
+
+    def _quarantines(self, exc: TableRefused) -> bool:
+        """Under ``on_table_error: quarantine``: the refused table is to be quarantined when `batch`
+        is loaded again (`divert_quarantined`); False: pause (the policy, or no table named)."""
+        table = exc.context.get("table")
+        if self.on_table_error != "quarantine" or not table or self.quarantine is None:
+            return False
+        log.warning("pipeline=%s stage=load table=%s batch=%s: the target refuses this table's change (%s); "
+                    "quarantining it and loading the batch again without it", self.pipeline, table,
+                    exc.context.get("batch"), exc.message)
+        return self.quarantine.refuse(str(table), exc.message)
+
+    # -- quarantined tables (docs/quarantine.md)
+
+    def quarantined(self) -> list[Quarantined]:
+        """The pipeline's quarantined tables, as the target records them."""
+        found = self._retrying(lambda: self._with_connection(self._read_quarantine, None), None)
+        return [found[name] for name in sorted(found)]
+
+    def quarantine_view(self) -> list[Quarantined]:
+        """The quarantined tables as the last batch transaction saw them (no I/O)."""
+        return self.quarantine.view() if self.quarantine is not None else []
+
+    def _read_quarantine(self, conn: C) -> dict[str, Quarantined]:
+        if self.quarantine is None or not self.quarantine.store.available:
+            return {}
+        found = self.quarantine.store.read(conn)
+        self.sql.commit(conn)
+        return found
+
+    def replay(self, table: str, *, chunk: int = 1000,
+               progress: Callable[[int, int], None] | None = None) -> int:
+        """Apply the changes kept for quarantined `table` in order, `chunk` per transaction, each
+        with its kept rows dropped; the transaction that finds none left ends the quarantine, so the
+        table's next change in the stream applies as any table's (no gap, no duplicate). Each
+        transaction holds the fence row exclusively: no batch of the pipeline commits meanwhile.
+        Returns the number applied; a change the target still refuses raises (nothing of that
+        transaction applied, the table stays quarantined). `progress(applied, left)` after each."""
+        applied = 0
+        for number in itertools.count():
+            work = functools.partial(replay_kept, self.path, table=table, chunk=chunk, number=number, plan=self._plan)
+            done, count, left = self._retrying(functools.partial(self._with_connection, work, None), None)
+            applied += count
+            if progress is not None:
+                progress(applied, left)
+            if done:
+                break
+        return applied
 
     def load_part(self, batch: Batch) -> None:
         """One target table's share of a batch (load.mode per_table), in its own transaction on
@@ -286,9 +378,28 @@ class SqlLoad(Load, Generic[C]):
             ready = self._position_table_ready
         if not ready:
             self.positions.create_tables(conn)
+            if self.quarantine is not None:
+                self._quarantine_tables(conn)
             with self._lock:
                 self._position_table_ready = True
         self.positions.register(conn, self.fence.epoch)
+
+    def _quarantine_tables(self, conn: C) -> None:
+        """The quarantine's tables (`QuarantineStore.create_tables`). An account that may not create
+        them: under ``on_table_error: pause`` nothing can have been quarantined, so the sink goes on
+        without (logged); under ``quarantine`` the policy cannot be honoured: a clear error."""
+        assert self.quarantine is not None
+        try:
+            self.quarantine.store.create_tables(conn)
+        except Exception as exc:
+            if self.on_table_error == "quarantine":
+                raise LoadError(f"on_table_error: quarantine needs the tables {self.position_table}_quarantine and "
+                                f"_kept in schema {self.position_schema} on the target, and they cannot be created "
+                                f"({self.sql.describe(exc)}): grant the target account CREATE there (docs/grants.md)",
+                                pipeline=self.pipeline, stage="load") from exc
+            log.warning("pipeline=%s stage=load: cannot create the quarantine tables in %s (%s); under "
+                        "on_table_error: pause none is needed", self.pipeline, self.position_schema,
+                        self.sql.describe(exc))
 
     def _close(self, conn: C) -> None:
         try:

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from setl.errors import LoadError, RefusedLoadError, TransientLoadError
+from setl.errors import LoadError, RefusedLoadError, TableRefused, TransientLoadError
 from setl.model import Batch
 from setl.retry import call_with_retries
 from setl.tls import tls_failure
@@ -30,7 +30,8 @@ class DriverErrors(Protocol):
 
     def classify(self, exc: BaseException) -> type[LoadError] | type[TargetTableMissing] | None:
         """TransientLoadError for errors worth a replay, TargetTableMissing for a missing table,
-        RefusedLoadError for rows the target refuses whatever the retry, LoadError for other driver
+        RefusedLoadError for rows the target refuses whatever the retry, TableRefused for one table's
+        rows the target refuses whatever the retry (a value, a privilege), LoadError for other driver
         errors, None for errors that are not the driver's."""
 
     def describe(self, exc: BaseException) -> str:
@@ -101,6 +102,10 @@ class LoadFailures:
                              **self.context(batch, table=table))
         if kind is TransientLoadError:
             return TransientLoadError(self._describe(exc), **self.context(batch, table=table))
+        if kind is TableRefused:  # one table's rows fail the same way: quarantine it or pause
+            if table:
+                return TableRefused(self._describe(exc), **self.context(batch, table=table))
+            return RefusedLoadError(self._describe(exc), **self.context(batch, table=table))
         if kind is RefusedLoadError:  # the same rows would fail the same way: no retries
             return RefusedLoadError(self._describe(exc), **self.context(batch, table=table))
         return LoadError(self._describe(exc), **self.context(batch, table=table))

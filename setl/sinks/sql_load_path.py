@@ -1,13 +1,15 @@
 """The load path of an SQL target, top to bottom: what one batch (`load_batch`) or one per-table part
 (`load_part`) does in its transaction on its connection, each step one function below.
 
-``load_batch``: `begin_conflicts` (a conflicts pipeline only), `hold_fence`; for each segment
+``load_batch``: `begin_conflicts` (a conflicts pipeline only), `hold_fence`; `divert_quarantined`
+(the changes of quarantined tables kept, not applied: `setl.sinks.sql_quarantine`); for each segment
 (`apply_segments`): its tables' rows (`apply_rows`: `stage`, `settle_conflicts` in a conflicts
 pipeline, then `write_table`: patches, deletes, upserts, or a keyless table in order)
 or its DDL (`apply_ddl`, or a re-copy's start or end: `apply_staged`); `record_and_commit` (the
 position and COMMIT); `after_commit`. ``load_part`` is the same with `fence_part` and
-`skip_applied` first. What differs between targets is the `SqlDialect` (and its `RowWriter`);
-retries, the connection and rollback on failure are `setl.sinks.sql_common.SqlLoad`'s.
+`skip_applied` first. ``replay_kept`` is one transaction of a quarantined table's replay. What
+differs between targets is the `SqlDialect` (and its `RowWriter`); retries, the connection and
+rollback on failure are `setl.sinks.sql_common.SqlLoad`'s.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from typing import Any, Generic, TypeVar
 
 import attrs
 
-from setl.model import Batch, Change, Op, Position, RowChange
+from setl import failpoints
+from setl.errors import LoadError
+from setl.model import Batch, Change, DdlChange, Op, Position, RowChange
 from setl.routing import flat_name
 from setl.sinks.conflicts import ConflictStep, first_images
 from setl.sinks.merge import TableChanges
@@ -26,6 +30,7 @@ from setl.sinks.sql_dialect import RowWriter, SqlDialect
 from setl.sinks.sql_failures import CurrentTable
 from setl.sinks.sql_fence import TargetFence
 from setl.sinks.sql_positions import PositionStore
+from setl.sinks.sql_quarantine import Quarantine, Quarantined
 from setl.sinks.sql_segments import DdlStep, Segment
 from setl.sinks.sql_staging import StagedCopies
 
@@ -52,12 +57,17 @@ class LoadPath(Generic[C]):
     writing: CurrentTable
     #: conflicts detected, settled and recorded (a pipeline with a ``conflicts:`` block); None: none
     conflicts: ConflictStep | None = None
+    quarantine: Quarantine[C] | None = None  # None: the target keeps no quarantine (never diverts)
 
 
-def load_batch(path: LoadPath[C], conn: C, batch: Batch, segments: list[Segment]) -> None:
-    """One batch in its transaction: fence, segments, positions and COMMIT (see the module)."""
+def load_batch(path: LoadPath[C], conn: C, batch: Batch, segments: list[Segment],
+               plan: PlanSegments | None = None, planned_without: frozenset[str] = frozenset()) -> None:
+    """One batch in its transaction: fence, quarantined tables' changes kept, segments, positions and
+    COMMIT (see the module). `segments` were cut without the tables `planned_without`; `plan` cuts
+    them again when other tables are diverted."""
     begin_conflicts(path, conn)
     hold_fence(path, conn, batch)
+    batch, segments = divert_quarantined(path, conn, batch, segments, plan, planned_without)
     ddl = any(isinstance(segment, DdlStep) for segment in segments)
     if ddl:  # a batch holding a DDL runs alone: it may start or end a re-copy
         path.staged.forget()
@@ -96,6 +106,120 @@ def hold_fence(path: LoadPath[C], conn: C, batch: Batch) -> None:
     """In the open transaction: hold the fence row shared to COMMIT; refuse an older epoch, take
     the fence for a newer one (`TargetFence.check`)."""
     path.fence.check(conn, batch)
+
+
+def divert_quarantined(path: LoadPath[C], conn: C, batch: Batch, segments: list[Segment],
+                       plan: PlanSegments | None, planned_without: frozenset[str] = frozenset()
+                       ) -> tuple[Batch, list[Segment]]:
+    """In the open transaction, after the fence: the changes of each quarantined table (and of each
+    table refused in a rolled-back attempt of this batch, marked quarantined here, from its first
+    change in the batch) kept in order with their positions (`QuarantineStore.keep`), and `batch`
+    without them, its segments cut again by `plan`. A re-copy's start (a snapshot TRUNCATE) of a
+    quarantined table ends its quarantine, dropping what was kept: the copy brings the table to
+    that point of the stream, and its later changes apply as any table's (its changes before that
+    point in the batch are in the copy: dropped with what was kept). `segments` are taken as they are
+    when they were cut without exactly the tables diverted (`planned_without`)."""
+    quarantine = path.quarantine
+    if quarantine is None or not quarantine.store.available:  # no quarantine table: none quarantined
+        return batch, replanned(batch, segments, plan, planned_without, frozenset())
+    path.writing.table = None  # a failure keeping changes is not the table's own
+    found = quarantine.store.read(conn)
+    refused = quarantine.refused()
+    if not found and not refused:
+        quarantine.seen(found)
+        return batch, replanned(batch, segments, plan, planned_without, frozenset())
+    held: dict[str, list[Change]] = {}
+    rest: list[Change] = []
+    for change in batch.changes:
+        name = change.qualified_table if change.table else None
+        if name is not None and (name in found or name in refused):
+            if isinstance(change, DdlChange) and change.snapshot and name in found:
+                quarantine.store.release(conn, name)  # `setl snapshot --table`: copied again from here
+                log.warning("pipeline=%s stage=load table=%s position=%s: quarantine ended by a re-copy; %d "
+                            "kept changes dropped", path.pipeline, name, change.position or batch.end,
+                            found[name].changes)
+                del found[name]
+                held.pop(name, None)
+                refused.pop(name, None)
+                rest.append(change)
+                continue
+            held.setdefault(name, []).append(change)
+        else:
+            rest.append(change)
+    if not held:
+        quarantine.seen(found)
+        return batch, replanned(batch, segments, plan, planned_without, frozenset())
+    for name, changes in held.items():
+        record = found.get(name)
+        if record is None:
+            first = changes[0].position or batch.start
+            quarantine.store.mark(conn, name, refused[name], first)
+            quarantine.marked(name)
+            record = Quarantined(name, refused[name], first, 0, 0)
+            log.error("pipeline=%s stage=load table=%s position=%s: quarantined (%s); its changes are kept on "
+                      "the target from here, the other tables go on. Fix the cause, then `setl resume "
+                      "--pipeline %s --table %s`", path.pipeline, name, first, refused[name], path.pipeline, name)
+        found[name] = quarantine.store.keep(conn, record, changes, context={
+            "pipeline": path.pipeline, "stage": "load", "table": name, "batch": batch.id, "position": batch.end})
+        failpoints.hit("quarantine_kept", batch.id, task=name)
+    quarantine.seen(found)
+    narrowed = batch.replace(tuple(rest))
+    return narrowed, replanned(narrowed, segments, plan, planned_without, frozenset(held))
+
+
+def replanned(batch: Batch, segments: list[Segment], plan: PlanSegments | None, planned_without: frozenset[str],
+              diverted: frozenset[str]) -> list[Segment]:
+    """`segments` when they were cut without exactly the tables `diverted`, else `batch` (the batch
+    without those tables) cut again by `plan`."""
+    if diverted == planned_without:
+        return segments
+    if plan is None:
+        raise AssertionError("a batch with quarantined changes needs its segments cut again")
+    return plan(batch)
+
+
+def without_tables(batch: Batch, tables: frozenset[str]) -> Batch:
+    """`batch` without the changes of `tables` (as `divert_quarantined` leaves them out)."""
+    return batch.replace(tuple(c for c in batch.changes if not (c.table and c.qualified_table in tables)))
+
+
+def replay_kept(path: LoadPath[C], conn: C, table: str, chunk: int, number: int, plan: PlanSegments
+                ) -> tuple[bool, int, int]:
+    """One transaction of `SqlLoad.replay` (`number`, from 0): with the fence row held exclusively
+    (no batch commits meanwhile), the first `chunk` changes kept for quarantined `table` applied in
+    order (`apply_segments` of them as one batch, cut by `plan`) and dropped; when none is left, the
+    quarantine ended. Returns (quarantine ended, changes applied, changes left)."""
+    if path.quarantine is None:
+        raise LoadError(f"a {path.dialect.name} target keeps no quarantine", pipeline=path.pipeline, stage="load")
+    store = path.quarantine.store
+    epoch = store.lock_loads(conn) or 0
+    found = store.read(conn).get(table)
+    if found is None:
+        raise LoadError(f"table {table} is not quarantined (nothing to replay)", pipeline=path.pipeline,
+                        stage="load", table=table)
+    kept = store.first_kept(conn, table, chunk)
+    # A DDL commits on some targets: it goes alone, and never in the transaction that ends the quarantine.
+    ddl = next((i for i, k in enumerate(kept) if isinstance(k.change, DdlChange)), None)
+    if ddl is not None:
+        kept = kept[:max(ddl, 1)]
+    if not kept:
+        store.release(conn, table)
+        failpoints.hit("quarantine_replay", number, task=table)
+        path.dialect.commit(conn)
+        log.warning("pipeline=%s stage=load table=%s: replay done, quarantine ended; the table follows the "
+                    "stream again", path.pipeline, table)
+        return True, 0, 0
+    changes = tuple(k.change for k in kept)
+    end = next((c.position for c in reversed(changes) if c.position is not None), found.first)
+    batch = Batch(path.pipeline, 0, epoch, found.first, end, changes)
+    path.fence.epoch = max(path.fence.epoch, epoch)  # the replay never takes the fence from the pipeline
+    apply_segments(path, conn, batch, plan(batch))
+    if not path.dialect.transactional_ddl and ddl is not None:
+        store.lock_loads(conn)  # the DDL committed: hold the loads off again for the bookkeeping
+    left = store.drop_kept(conn, found, kept[-1].seq, len(kept), sum(k.nbytes for k in kept))
+    failpoints.hit("quarantine_replay", number, task=table)
+    path.dialect.commit(conn)
+    return False, len(kept), left.changes
 
 
 def fence_part(path: LoadPath[C], conn: C, batch: Batch, tables: Sequence[str]) -> TablePositions:
@@ -255,4 +379,5 @@ def not_yet_applied(batch: Batch, names: Mapping[tuple[str, str], str],
     return keep
 
 
-__all__ = ["LoadPath", "load_batch", "load_part", "not_yet_applied"]
+__all__ = ["LoadPath", "apply_segments", "load_batch", "load_part", "not_yet_applied", "replay_kept",
+           "without_tables"]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 
-from setl.model import Batch, Position
+from setl.errors import LoadError
+from setl.model import Batch, Position, Quarantined
 
 
 @attrs.frozen
@@ -110,6 +113,20 @@ class Load:
         """
         return None
 
+    def quarantined(self) -> list[Quarantined]:
+        """The pipeline's quarantined tables as the target records them (docs/quarantine.md); a
+        target that keeps no quarantine has none."""
+        return []
+
+    def quarantine_view(self) -> list[Quarantined]:
+        """The quarantined tables as this Load last saw them in a batch (no I/O: for live figures)."""
+        return []
+
+    def replay(self, table: str, *, chunk: int = 1000, progress: Callable[[int, int], None] | None = None) -> int:
+        """Apply the changes kept for quarantined `table` in order, then end its quarantine (`setl
+        resume --table`); the number applied."""
+        raise LoadError(f"this target keeps no quarantine: {table} cannot be quarantined", stage="load", table=table)
+
     def close(self) -> None:
         """Release resources. Idempotent."""
 
@@ -150,6 +167,15 @@ class LoadWrapper(Load):
 
     def committed_epoch(self) -> int | None:
         return self.inner.committed_epoch()
+
+    def quarantined(self) -> list[Quarantined]:
+        return self.inner.quarantined()
+
+    def quarantine_view(self) -> list[Quarantined]:
+        return self.inner.quarantine_view()
+
+    def replay(self, table: str, *, chunk: int = 1000, progress: Callable[[int, int], None] | None = None) -> int:
+        return self.inner.replay(table, chunk=chunk, progress=progress)
 
     def close(self) -> None:
         """Close what this layer holds itself (`close_own`), then the inner Load, whatever the first does."""

@@ -81,7 +81,8 @@ def test_ddl_sequence_reaches_mariadb_with_names_mapped(mariadb_source, source_d
         "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (mysql_db,))}
     assert tables == {"purchases", "items_old", "items_copy", "setl_position", "setl_position_ddl",
                       "setl_position_table", "setl_position_fence", "setl_position_session",
-                      "setl_position_identity", "setl_position_copy"}
+                      "setl_position_identity", "setl_position_copy", "setl_position_quarantine",
+                      "setl_position_kept"}
     columns = mariadb_target.query(
         "SELECT column_name, column_type, is_nullable FROM information_schema.columns"
         " WHERE table_schema = %s AND table_name = 'purchases' ORDER BY ordinal_position", (mysql_db,))

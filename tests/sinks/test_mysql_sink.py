@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from setl.errors import LoadError, TransientLoadError
+from setl.errors import LoadError, TableRefused, TransientLoadError
 from setl.model import DdlChange
 from setl.sinks.mysql import MysqlLoad, MysqlTargetConfig
 from setl.sinks.mysql_rows import MysqlRows
@@ -345,13 +345,15 @@ class TestMySQLSink(SinkContract):
     (1213, TransientLoadError), (1205, TransientLoadError), (2013, TransientLoadError), (2006, TransientLoadError),
     (1927, TransientLoadError), (2003, TransientLoadError), (1053, TransientLoadError), (1040, TransientLoadError),
     (1077, TransientLoadError), (1080, TransientLoadError), (1158, TransientLoadError), (1161, TransientLoadError),
-    (1146, TargetTableMissing), (1062, LoadError), (1406, LoadError), (1452, LoadError), (1064, LoadError),
-    (1045, LoadError), (1142, LoadError),
+    (1146, TargetTableMissing), (1062, LoadError), (1406, TableRefused), (1452, LoadError), (1064, LoadError),
+    (1045, LoadError), (1142, TableRefused), (4025, TableRefused), (1048, TableRefused), (1264, TableRefused),
+    (1366, TableRefused),
 ])
 def test_driver_errors_are_classified(code, kind):
     """Deadlocks, lock wait timeouts, refused or lost connections and a server shutting down are
-    transient; a missing table is named; anything else (duplicate key, bad value, foreign key,
-    syntax, access denied) fails the batch."""
+    transient; a missing table is named; a value, a CHECK or a table privilege the target refuses is
+    the table's (TableRefused: quarantine or pause); anything else (duplicate key, foreign key,
+    syntax, login denied) fails the batch."""
     load = MysqlLoad(MysqlTargetConfig(type="mysql"), pipeline="p")
     assert load.sql.classify(pymysql.err.OperationalError(code, "message")) is kind
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from setl.errors import LoadError, RefusedLoadError, TransientLoadError
+from setl.errors import LoadError, RefusedLoadError, TableRefused, TransientLoadError
 from setl.model import DdlChange, TableName
 from setl.sinks.postgresql import PostgresqlLoad, PostgresqlTargetConfig
 from setl.sinks.postgresql_ddl import pg_name
@@ -346,12 +346,17 @@ class TestPostgresSink(SinkContract):
     (psycopg.errors.CrashShutdown, TransientLoadError), (psycopg.errors.CannotConnectNow, TransientLoadError),
     (psycopg.errors.TooManyConnections, TransientLoadError), (psycopg.errors.ConnectionFailure, TransientLoadError),
     (psycopg.errors.UndefinedTable, TargetTableMissing), (psycopg.errors.UniqueViolation, LoadError),
-    (psycopg.errors.NotNullViolation, LoadError), (psycopg.errors.InsufficientPrivilege, LoadError),
+    (psycopg.errors.NotNullViolation, TableRefused), (psycopg.errors.InsufficientPrivilege, TableRefused),
+    (psycopg.errors.CheckViolation, TableRefused), (psycopg.errors.StringDataRightTruncation, TableRefused),
+    (psycopg.errors.NumericValueOutOfRange, TableRefused), (psycopg.errors.UndefinedColumn, TableRefused),
+    (psycopg.errors.ForeignKeyViolation, LoadError),
     (psycopg.errors.SyntaxError, LoadError), (psycopg.errors.QueryCanceled, LoadError),
 ])
 def test_driver_errors_are_classified(error, kind):
     """Deadlocks, serialization failures, lock timeouts, lost or refused connections and a server
-    shutting down or starting up are transient; a missing table is named; anything else fails the batch."""
+    shutting down or starting up are transient; a missing table is named; a value, a constraint, a
+    column or a privilege the target refuses is the table's (TableRefused: quarantine or pause);
+    anything else (a foreign key, a duplicate key, syntax) fails the batch."""
     load = PostgresqlLoad(PostgresqlTargetConfig(type="postgresql"), pipeline="p")
     assert load.sql.classify(error("message")) is kind
 

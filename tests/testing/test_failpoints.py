@@ -34,7 +34,8 @@ def test_faults_json_keeps_its_format_and_names_the_failpoints():
         failpoints.from_env({"SETL_FAULTS": json.dumps({"stage": "load"})})
     assert set(failpoints.FAILPOINTS) == {"select", "extract", "transform", "load", "termin", "ddl_action",
                                           "snapshot_read", "snapshot_boundary", "snapshot_ended", "snapshot_acked",
-                                          "repair_acked", "verify_chunk"}
+                                          "repair_acked", "verify_chunk", "quarantine_kept",
+                                          "quarantine_replay"}
 
 
 def test_a_ddl_action_crash_marker_strikes_its_task_only():

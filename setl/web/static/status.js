@@ -107,6 +107,17 @@ function verifyBox(result, now) {
   return el("div", { class: result.equal ? "verify muted" : "verify error-box", "data-role": "verify" }, text);
 }
 
+function quarantineBox(tables, pipeline) {
+  // `quarantined` of a status row: [{table, state, cause, first_position, changes, bytes}] (docs/quarantine.md)
+  if (!Array.isArray(tables) || !tables.length) return null;
+  const box = el("div", { class: "error-box", "data-role": "quarantined" });
+  for (const t of tables) {
+    box.append(el("div", {}, `${t.table} quarantined since ${t.first_position}: ${count(t.changes)} changes ` +
+      `(${bytes(t.bytes)}) kept. ${t.cause}. Fix it, then setl resume --pipeline ${pipeline} --table ${t.table}`));
+  }
+  return box;
+}
+
 function card(row, now) {
   const state = stateOf(row);
   const f = row.figures || {};
@@ -135,6 +146,8 @@ function card(row, now) {
     node.append(el("div", { class: "retry-box" }, `retrying since ${ago(row.retrying_since, now)}: ${row.retrying}`));
   }
   if (row.error) node.append(el("div", { class: "error-box", "data-role": "error" }, row.error));
+  const kept = quarantineBox(row.quarantined, row.pipeline);
+  if (kept) node.append(kept);
   const bars = snapshotBars(row.snapshot);
   if (bars) node.append(bars);
   const checked = verifyBox(row.verify, now);

@@ -1,0 +1,290 @@
+"""Quarantined tables of an SQL target (issue 37, docs/quarantine.md): a table whose change the target
+refused is marked with its cause and first position, and its later changes are kept in order, with
+their positions, on the target itself, in the batch's transaction (`QuarantineStore`).
+
+Two setl-owned tables sit next to the position table: ``<position_table>_quarantine`` (one row per
+quarantined target table: cause, first position, changes kept and their bytes) and
+``<position_table>_kept`` (the kept changes, numbered in stream order). A change is kept as the
+pickled `setl.model.RowChange` or `DdlChange` it was: its full images, types included, come back
+exactly at replay.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+import attrs
+
+from setl.errors import LoadError
+from setl.model import Change, Op, Position, Quarantined, RowChange, TableName
+
+C = TypeVar("C")  # a driver connection
+
+
+def _backticks(name: str) -> str:
+    return "`" + name.replace("`", "``").replace("%", "%%") + "`"
+
+
+def _double_quotes(name: str) -> str:
+    return '"' + name.replace('"', '""').replace("%", "%%") + '"'
+
+
+#: Per dialect: how an identifier is quoted (for a %s-parameterised statement), the binary column
+#: type, what follows CREATE TABLE.
+_DIALECTS: dict[str, tuple[Callable[[str], str], str, str]] = {
+    "mysql": (_backticks, "LONGBLOB", " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"),
+    "postgresql": (_double_quotes, "bytea", ""),
+}
+
+
+_ROW = "row-1"  # the kept form of a RowChange (its fields as a tuple: pickling the attrs object is 5x slower)
+
+
+def encode(change: Change) -> bytes:
+    """A change as kept: a RowChange's fields as a tuple, anything else (a DDL) pickled as it is."""
+    if type(change) is RowChange:
+        at, source = change.position, change.source
+        return pickle.dumps((_ROW, change.op.value, change.schema, change.table, change.primary_key, change.before,
+                             change.after, None if at is None else (at.log, at.offset, at.gtid, at.row),
+                             change.commit_time, None if source is None else (source.schema, source.table),
+                             change.sequence), protocol=5)
+    return pickle.dumps(change, protocol=5)
+
+
+def decode(blob: bytes) -> Change:
+    """The change `encode` kept, the same in every field."""
+    value = pickle.loads(blob)
+    if type(value) is tuple and value and value[0] == _ROW:
+        _, op, schema, table, key, before, after, at, commit_time, source, sequence = value
+        return RowChange(Op(op), schema, table, tuple(key), before, after,
+                         None if at is None else Position(at[0], at[1], at[2], row=at[3]), commit_time,
+                         None if source is None else TableName(*source), sequence=sequence)
+    return value
+
+
+@attrs.frozen
+class KeptChange:
+    """A change kept for a quarantined table, with its number in the table's stream."""
+
+    seq: int
+    change: Change
+    nbytes: int
+
+
+class QuarantineFull(LoadError):
+    """What may be kept for quarantined tables (``pipeline.quarantine.max_rows`` / ``max_bytes``) is
+    reached: the pipeline pauses, nothing is dropped."""
+
+    retryable = False
+
+
+class QuarantineStore(Generic[C]):
+    """The quarantine and kept tables of one pipeline (see the module). Every method runs in the
+    caller's open transaction and neither commits nor rolls back, except `create_tables`.
+
+    `quote` quotes an identifier for the target; `blob` is its binary column type. The SQL is the
+    same for MariaDB and PostgreSQL otherwise (``%s`` placeholders in both drivers).
+    """
+
+    def __init__(self, *, pipeline: str, schema: str, table: str, dialect: str, max_rows: int,
+                 max_bytes: int) -> None:
+        """`dialect`: mysql or postgresql; `table`: the position table (the tables are named after it);
+        `max_rows`, `max_bytes`: what may be kept in all for one table before the pipeline pauses."""
+        self.pipeline = pipeline
+        self.dialect = dialect
+        self.schema, self.table = schema, table
+        #: whether the tables exist (`create_tables`); without them nothing can be quarantined
+        self.available = False
+        quote, self.blob, self._options = _DIALECTS[dialect]
+        self._q = quote
+        self.max_rows = max_rows
+        self.max_bytes = max_bytes
+        self.marks = f"{quote(schema)}.{quote(table + '_quarantine')}"
+        self.kept = f"{quote(schema)}.{quote(table + '_kept')}"
+        self.fence = f"{quote(schema)}.{quote(table + '_fence')}"
+
+    @staticmethod
+    def supports(dialect: str) -> bool:
+        """Whether a target of `dialect` can keep a quarantine."""
+        return dialect in _DIALECTS
+
+    def _columns(self) -> str:
+        q = self._q
+        return f"{q('log')} VARCHAR(512) NOT NULL, {q('offset')} BIGINT NOT NULL, {q('row')} BIGINT NOT NULL,"
+
+    def create_tables(self, conn: Any) -> None:
+        """Create both tables where missing (the position schema exists already), each committed; a
+        concurrent creator's win is taken. Raises when one is missing and cannot be created (the
+        account may not create tables in the position schema): `available` stays False."""
+        q = self._q
+        for name, table, columns in (
+                (self.table + "_quarantine", self.marks,
+                 f"{q('pipeline')} VARCHAR(191) NOT NULL, {q('target_table')} VARCHAR(400) NOT NULL,"
+                 f" {q('cause')} TEXT NOT NULL, {self._columns()} {q('changes')} BIGINT NOT NULL,"
+                 f" {q('nbytes')} BIGINT NOT NULL, PRIMARY KEY ({q('pipeline')}, {q('target_table')})"),
+                (self.table + "_kept", self.kept,
+                 f"{q('pipeline')} VARCHAR(191) NOT NULL, {q('target_table')} VARCHAR(400) NOT NULL,"
+                 f" {q('seq')} BIGINT NOT NULL, {self._columns()} {q('change')} {self.blob} NOT NULL,"
+                 f" PRIMARY KEY ({q('pipeline')}, {q('target_table')}, {q('seq')})")):
+            if self._exists(conn, name):
+                continue
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(f"CREATE TABLE IF NOT EXISTS {table} ({columns}){self._options}")
+                conn.commit()
+            except Exception:
+                conn.rollback()
+                if not self._exists(conn, name):  # not a concurrent creator's win
+                    raise
+        self.available = True
+
+    def _exists(self, conn: Any, name: str) -> bool:
+        """Whether table `name` of the position schema exists (read only, committed)."""
+        with conn.cursor() as cur:
+            if self.dialect == "postgresql":
+                cur.execute("SELECT to_regclass(%s) IS NOT NULL",
+                            (f"{_double_quotes(self.schema)}.{_double_quotes(name)}".replace("%%", "%"),))
+            else:
+                cur.execute("SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s"
+                            " AND TABLE_NAME = %s", (self.schema, name))
+            row = cur.fetchone()
+        conn.commit()
+        return bool(row and row[0])
+
+    def read(self, conn: Any) -> dict[str, Quarantined]:
+        """The pipeline's quarantined tables. In a batch's transaction it is read after the fence row
+        is held shared: a replay holds that row exclusively (`lock_loads`), so no batch reads a
+        quarantine a replay is ending."""
+        q = self._q
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT {q('target_table')}, {q('cause')}, {q('log')}, {q('offset')}, {q('row')},"
+                        f" {q('changes')}, {q('nbytes')} FROM {self.marks} WHERE {q('pipeline')} = %s",
+                        (self.pipeline,))
+            rows = cur.fetchall()
+        return {str(r[0]): Quarantined(str(r[0]), str(r[1]), Position(str(r[2]), int(r[3]), row=int(r[4])),
+                                       int(r[5]), int(r[6])) for r in rows}
+
+    def mark(self, conn: Any, table: str, cause: str, first: Position) -> None:
+        """`table` is quarantined from `first` on, for `cause` (nothing kept yet)."""
+        q = self._q
+        with conn.cursor() as cur:
+            cur.execute(f"INSERT INTO {self.marks} ({q('pipeline')}, {q('target_table')}, {q('cause')}, {q('log')},"
+                        f" {q('offset')}, {q('row')}, {q('changes')}, {q('nbytes')}) VALUES (%s, %s, %s, %s, %s, %s,"
+                        f" 0, 0)", (self.pipeline, table, cause[:4000], first.log, first.offset, first.row))
+
+    def keep(self, conn: Any, found: Quarantined, changes: Sequence[Change], *,
+             context: dict[str, Any]) -> Quarantined:
+        """Append `changes` (in stream order) to what is kept for `found`'s table; the record as it
+        is then. `QuarantineFull` (nothing written) when the pipeline's bound would be passed."""
+        q = self._q
+        blobs = [encode(change) for change in changes]
+        kept = attrs.evolve(found, changes=found.changes + len(blobs), nbytes=found.nbytes + sum(map(len, blobs)))
+        if kept.changes > self.max_rows or kept.nbytes > self.max_bytes:
+            raise QuarantineFull(
+                f"quarantined table {found.table} would keep {kept.changes} changes ({kept.nbytes} bytes), above "
+                f"pipeline.quarantine max_rows {self.max_rows} / max_bytes {self.max_bytes}: paused, nothing "
+                f"dropped; fix the cause ({found.cause}) and run `setl resume --pipeline {self.pipeline} "
+                f"--table {found.table}`, or `setl snapshot`, or raise the bound", **context)
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT COALESCE(MAX({q('seq')}), 0) FROM {self.kept} WHERE {q('pipeline')} = %s"
+                        f" AND {q('target_table')} = %s", (self.pipeline, found.table))
+            row = cur.fetchone()
+            seq = int(row[0]) if row else 0
+            params = []
+            for i, (change, blob) in enumerate(zip(changes, blobs, strict=True)):
+                at = change.position or Position("", 0)
+                params.append((self.pipeline, found.table, seq + 1 + i, at.log, at.offset, at.row, blob))
+            cur.executemany(f"INSERT INTO {self.kept} ({q('pipeline')}, {q('target_table')}, {q('seq')}, {q('log')},"
+                            f" {q('offset')}, {q('row')}, {q('change')}) VALUES (%s, %s, %s, %s, %s, %s, %s)", params)
+            cur.execute(f"UPDATE {self.marks} SET {q('changes')} = %s, {q('nbytes')} = %s WHERE {q('pipeline')} = %s"
+                        f" AND {q('target_table')} = %s", (kept.changes, kept.nbytes, self.pipeline, found.table))
+        return kept
+
+    def lock_loads(self, conn: Any) -> int | None:
+        """Hold the pipeline's fence row exclusively to COMMIT: no batch of the pipeline commits
+        meanwhile (each holds it shared, `setl.sinks.sql_fence`). Its epoch (None: no fence yet)."""
+        q = self._q
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT {q('epoch')} FROM {self.fence} WHERE {q('pipeline')} = %s FOR UPDATE",
+                        (self.pipeline,))
+            row = cur.fetchone()
+        return int(row[0]) if row else None
+
+    def first_kept(self, conn: Any, table: str, limit: int) -> list[KeptChange]:
+        """The first `limit` changes kept for `table`, in stream order."""
+        q = self._q
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT {q('seq')}, {q('change')} FROM {self.kept} WHERE {q('pipeline')} = %s AND"
+                        f" {q('target_table')} = %s ORDER BY {q('seq')} LIMIT {int(limit)}", (self.pipeline, table))
+            rows = cur.fetchall()
+        return [KeptChange(int(seq), decode(bytes(blob)), len(blob)) for seq, blob in rows]
+
+    def drop_kept(self, conn: Any, found: Quarantined, upto: int, changes: int, nbytes: int) -> Quarantined:
+        """Forget the changes kept for `found`'s table up to number `upto` (`changes` of them,
+        `nbytes`): they are applied."""
+        q = self._q
+        left = attrs.evolve(found, changes=found.changes - changes, nbytes=found.nbytes - nbytes)
+        with conn.cursor() as cur:
+            cur.execute(f"DELETE FROM {self.kept} WHERE {q('pipeline')} = %s AND {q('target_table')} = %s AND"
+                        f" {q('seq')} <= %s", (self.pipeline, found.table, upto))
+            cur.execute(f"UPDATE {self.marks} SET {q('changes')} = %s, {q('nbytes')} = %s WHERE {q('pipeline')} = %s"
+                        f" AND {q('target_table')} = %s", (left.changes, left.nbytes, self.pipeline, found.table))
+        return left
+
+    def release(self, conn: Any, table: str) -> None:
+        """`table` is no longer quarantined; what is kept for it is dropped."""
+        q = self._q
+        with conn.cursor() as cur:
+            cur.execute(f"DELETE FROM {self.kept} WHERE {q('pipeline')} = %s AND {q('target_table')} = %s",
+                        (self.pipeline, table))
+            cur.execute(f"DELETE FROM {self.marks} WHERE {q('pipeline')} = %s AND {q('target_table')} = %s",
+                        (self.pipeline, table))
+
+
+
+
+class Quarantine(Generic[C]):
+    """One sink's quarantine: its store, and the tables refused in a transaction that was rolled back
+    (`refused`), to mark in the next one. Safe for the sink's threads (a refusal is recorded by the
+    thread whose transaction failed; the set is only read and emptied in a transaction)."""
+
+    def __init__(self, store: QuarantineStore[C]) -> None:
+        self.store = store
+        self._refused: dict[str, str] = {}
+        self._view: dict[str, Quarantined] = {}
+        self._lock = threading.Lock()
+
+    def seen(self, found: dict[str, Quarantined]) -> None:
+        """What a batch transaction found and kept (the view `view` gives, no I/O)."""
+        with self._lock:
+            self._view = dict(found)
+
+    def view(self) -> list[Quarantined]:
+        """The quarantined tables as the last batch transaction saw them (a replay that ended since
+        shows at the next batch)."""
+        with self._lock:
+            return [self._view[name] for name in sorted(self._view)]
+
+    def refuse(self, table: str, cause: str) -> bool:
+        """Quarantine `table` for `cause` in the next transaction; False when it was refused already
+        and is still waiting (its refusal is then not one quarantine can answer)."""
+        with self._lock:
+            if table in self._refused:
+                return False
+            self._refused[table] = cause
+            return True
+
+    def refused(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._refused)
+
+    def marked(self, table: str) -> None:
+        """`table`'s quarantine is written in the open transaction."""
+        with self._lock:
+            self._refused.pop(table, None)
+
+
+__all__ = ["KeptChange", "Quarantine", "Quarantined", "QuarantineFull", "QuarantineStore"]
