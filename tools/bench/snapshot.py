@@ -30,7 +30,8 @@ shared 2-core machine is noisy):
         [--profile FILE [--profile-gil]]   # py-spy raw stacks of the first setl run, per thread, idle
                                            # included (or only those holding the GIL); FILE-postgres
         [--postgres --skip-mariadb]        # only the PostgreSQL comparison
-        [--compare-tree DIR]               # each setl copy once more by another checkout's code
+        [--compare-tree DIR]               # each setl copy once more by another checkout's code (after
+                                           # it in odd rounds, before it in even ones)
     python3 tools/bench/snapshot.py --rss-sizes 500000,2000000
 
 Measured (medians of 3 rounds, 2 shared cores at load average 2 to 4; docs/snapshot.md has the
@@ -247,6 +248,12 @@ def postgres(args: argparse.Namespace, work: Path, source: MariaDBServer, pipeli
         for round_ in range(1, args.repeat + 1):
             database = f"setl{round_}"
             profile = f"{args.profile}-postgres" if args.profile and round_ == 1 else None
+
+            def old_copy(db: str = f"old{round_}", n: int = round_) -> Run:
+                return other_code(args, conf, pipeline(db, pg), n, rows,
+                                  lambda: pg_summary(pg, db, "sb", args.tables) == expected,
+                                  lambda: pg.query(f'DROP DATABASE "{db}"'))
+            old = old_copy() if args.compare_tree and round_ % 2 == 0 else None
             run = run_setl(conf, pipeline(database, pg), profile, args.profile_gil)
             equal = pg_summary(pg, database, "sb", args.tables) == expected
             pg.query(f'DROP DATABASE "{database}"')
@@ -273,10 +280,10 @@ def postgres(args: argparse.Namespace, work: Path, source: MariaDBServer, pipeli
             if not equal:
                 raise SystemExit("setl's copy into PostgreSQL differs from the source")
             if args.compare_tree:
-                database = f"old{round_}"
-                olds.append(compare(args, conf, pipeline(database, pg), run, round_, rows,
-                                    lambda db=database: pg_summary(pg, db, "sb", args.tables) == expected,
-                                    lambda db=database: pg.query(f'DROP DATABASE "{db}"')))
+                old = old or old_copy()
+                olds.append(old.seconds / run.seconds)
+                print(f"round {round_}: this code {olds[-1]:.2f}x the code of {args.compare_tree} (CPU "
+                      f"{run.cpu:.1f}s against {old.cpu:.1f}s)", flush=True)
         if olds:
             print(f"into PostgreSQL, this code / the code of {args.compare_tree}: median {median(olds):.2f}x "
                   f"({', '.join(f'{r:.2f}' for r in olds)})", flush=True)
@@ -289,18 +296,18 @@ def postgres(args: argparse.Namespace, work: Path, source: MariaDBServer, pipeli
             print(f"pg_chameleon not measured: {why}", flush=True)
 
 
-def compare(args: argparse.Namespace, conf: Path, name: str, new: Run, round_: int, rows: int,
-            equal: Callable[[], bool], drop: Callable[[], None]) -> float:
-    """The same copy (pipeline `name`) by the code of ``--compare-tree``, right after this code's
-    `new` run: checked with `equal`, dropped with `drop`; this code's speed over the other's."""
+def other_code(args: argparse.Namespace, conf: Path, name: str, round_: int, rows: int,
+               equal: Callable[[], bool], drop: Callable[[], None]) -> Run:
+    """The same copy (pipeline `name`) by the code of ``--compare-tree``: checked with `equal`,
+    dropped with `drop`. Odd rounds run it right after this code's copy, even rounds right before."""
     old = run_setl(conf, name, tree=args.compare_tree)
     same = equal()
     drop()
     print(f"round {round_}: the code of {args.compare_tree} {rows / old.seconds:,.0f} rows/s (CPU {old.cpu:.1f}s, "
-          f"target {'equal' if same else 'DIFFERENT'}): this code {old.seconds / new.seconds:.2f}x", flush=True)
+          f"target {'equal' if same else 'DIFFERENT'})", flush=True)
     if not same:
         raise SystemExit(f"the copy by {args.compare_tree} differs from the source")
-    return old.seconds / new.seconds
+    return old
 
 
 def median(values: list[float]) -> float:
@@ -412,6 +419,12 @@ def main() -> int:
                          f"{(after[0] - before[0]) / rows * 1e6:.1f}, target {(after[1] - before[1]) / rows * 1e6:.1f}")
                 dumps.append(rows / dump_seconds)
                 target.query("DROP DATABASE dumped")
+
+            def old_copy(n: int = round_) -> Run:
+                return other_code(args, conf, pipeline("copied"), n, rows,
+                                  lambda: expected == sysbench.checksums(sysbench.Conn.from_server(target, "copied")),
+                                  lambda: target.query("DROP DATABASE copied"))
+            old = old_copy() if args.compare_tree and round_ % 2 == 0 else None
             name = pipeline("copied")
             before = cpu_seconds(source, target)
             run = run_setl(conf, name, args.profile if round_ == 1 else None, args.profile_gil)
@@ -432,9 +445,10 @@ def main() -> int:
             if not equal:
                 raise SystemExit("setl's copy differs from the source")
             if args.compare_tree:
-                olds.append(compare(args, conf, pipeline("copied"), run, round_, rows,
-                                    lambda: expected == sysbench.checksums(sysbench.Conn.from_server(target, "copied")),
-                                    lambda: target.query("DROP DATABASE copied")))
+                old = old or old_copy()
+                olds.append(old.seconds / run.seconds)
+                print(f"round {round_}: this code {olds[-1]:.2f}x the code of {args.compare_tree} (CPU "
+                      f"{run.cpu:.1f}s against {old.cpu:.1f}s)", flush=True)
         if olds:
             print(f"into MariaDB, this code / the code of {args.compare_tree}: median {median(olds):.2f}x "
                   f"({', '.join(f'{r:.2f}' for r in olds)})", flush=True)
