@@ -4,7 +4,7 @@
 `fast` and `assembler`, the rest of the binlog reader's hot loop, and the per-row loops of a
 snapshot and of every load (`setl.snapshot.rows`, `setl.sinks.merge`, `setl.sinks.mysql_sql`) are
 compiled from their .py as they are (Python imports the built module before the .py; the .py
-serves where none is built).
+serves where none is built); `setl.sinks._loaddata` writes a chunk's ``LOAD DATA`` input in C.
 `pip install .` and `pip install -e .` build it with the machine's C compiler (Debian: gcc,
 libc6-dev, python3-dev; tools/setup.sh and .ci/run install them). Where it cannot be compiled the
 install goes on with a warning and setl decodes every event in Python, more slowly
@@ -52,7 +52,9 @@ setup(
          Extension("setl.snapshot.rows", ["setl/snapshot/rows.py"]),
          Extension("setl.snapshot._rowparse", ["setl/snapshot/_rowparse.pyx"]),
          Extension("setl.sinks.merge", ["setl/sinks/merge.py"]),
-         Extension("setl.sinks.mysql_sql", ["setl/sinks/mysql_sql.py"])],
+         Extension("setl.sinks.mysql_sql", ["setl/sinks/mysql_sql.py"]),
+         # a chunk of snapshot rows as LOAD DATA input, text and integers in C (`setl.sinks.mysql_sql`)
+         Extension("setl.sinks._loaddata", ["setl/sinks/_loaddata.pyx"])],
         # annotation_typing off: the .py modules' type hints stay hints (no runtime type checks)
         compiler_directives={"language_level": "3", "annotation_typing": False}, quiet=True),
     cmdclass={"build_ext": OptionalBuildExt},

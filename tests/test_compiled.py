@@ -26,7 +26,8 @@ from setl.sources.mysql_binlog import assembler, fast
 import setl.sinks.merge  # again: still one warning
 print(json.dumps({"merge": setl.sinks.merge.__file__, "mysql_sql": setl.sinks.mysql_sql.__file__,
                   "assembler": assembler.__file__, "fast": fast.__file__, "fast_available": fast.available(),
-                  "reads": setl.reads.COMPILED, "rowparse": setl.snapshot.rows.COMPILED}))
+                  "reads": setl.reads.COMPILED, "rowparse": setl.snapshot.rows.COMPILED,
+                  "loaddata": setl.sinks.mysql_sql.COMPILED}))
 """
 
 
@@ -46,6 +47,7 @@ def test_pure_python_runs_every_compiled_modules_source():
     for name in ("merge", "mysql_sql", "assembler", "fast"):
         assert found[name].endswith(".py"), found
     assert found["fast_available"] is False and found["reads"] is False and found["rowparse"] is False
+    assert found["loaddata"] is False
     assert "older than its source" not in stderr
 
 
@@ -55,6 +57,7 @@ def test_without_the_switch_the_built_modules_run():
     for name in ("merge", "mysql_sql", "assembler", "fast"):
         assert found[name].endswith(".so"), found
     assert found["fast_available"] is True and found["reads"] is not False and found["rowparse"] is True
+    assert found["loaddata"] is True
     assert "older than its source" not in stderr
 
 

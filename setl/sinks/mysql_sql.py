@@ -98,6 +98,30 @@ def _escaped_field(value: str) -> str:
             .replace("\r", "\\r").replace("\x00", "\\0"))
 
 
+def _other_field(value: Any) -> str | None:
+    """The ``LOAD DATA`` field of a value that is neither text, a plain int nor None (no character
+    of it needs escaping); None when its type is written otherwise in a statement."""
+    kind = type(value)
+    if kind is datetime.datetime:
+        return None if value.tzinfo is not None else value.isoformat(" ")
+    if kind is datetime.date:
+        return value.isoformat()
+    if kind is decimal.Decimal:
+        return format(value, "f") if value.is_finite() else None
+    if kind is float:
+        return repr(value) if math.isfinite(value) else None
+    return None
+
+
+_LoadData: Any
+try:  # text and integers written in C (built by pip install); the loop below where it is not built
+    from setl.sinks._loaddata import load_data_text as _LoadData
+except ImportError:
+    _LoadData = None
+#: whether `load_data_text` runs in C (the tests turn it off to compare)
+COMPILED = _LoadData is not None
+
+
 def load_data_text(images: Sequence[Mapping[str, Any]]) -> bytes | None:
     """`images` (which share one column order) as ``LOAD DATA`` input in `LOAD_DATA_FORMAT`: one
     line a row, fields as the text a statement's literal holds (NULL as ``\\N``; backslash, tab,
@@ -105,6 +129,9 @@ def load_data_text(images: Sequence[Mapping[str, Any]]) -> bytes | None:
     None when a value is of a type written otherwise in a statement (bytes, JSON, SET, TIME,
     zero dates, spatial values, an aware datetime, a float or decimal that is not finite...),
     or when a row would be an empty line: those rows go by statements."""
+    if COMPILED:
+        found: bytes | None = _LoadData(images, _other_field)
+        return found
     lines: list[str] = []
     for image in images:
         parts: list[str] = []
@@ -119,22 +146,11 @@ def load_data_text(images: Sequence[Mapping[str, Any]]) -> bytes | None:
                 add(str(value))
             elif value is None:
                 add("\\N")
-            elif kind is datetime.datetime:
-                if value.tzinfo is not None:
-                    return None
-                add(value.isoformat(" "))
-            elif kind is datetime.date:
-                add(value.isoformat())
-            elif kind is decimal.Decimal:
-                if not value.is_finite():
-                    return None
-                add(format(value, "f"))
-            elif kind is float:
-                if not math.isfinite(value):
-                    return None
-                add(repr(value))
             else:
-                return None
+                text = _other_field(value)
+                if text is None:
+                    return None
+                add(text)
         line = "\t".join(parts)
         if not line:
             return None  # one column holding '': an empty line

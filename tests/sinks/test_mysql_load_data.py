@@ -9,9 +9,11 @@ import decimal
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from setl.errors import LoadError
-from setl.sinks import mysql_load_data
+from setl.sinks import mysql_load_data, mysql_sql
 from setl.sinks.mysql import MysqlLoad
 from setl.sinks.mysql_sql import load_data_text
 
@@ -42,6 +44,14 @@ def target(mariadb_target, mysql_db) -> MySQLTarget:
     return MySQLTarget(mariadb_target, mysql_db)
 
 
+@pytest.fixture(params=[True, False], ids=["compiled", "pure"])
+def compiled(request, monkeypatch) -> bool:
+    """`load_data_text` in C (`setl.sinks._loaddata`), then by its Python loop."""
+    assert mysql_sql.COMPILED, "the compiled LOAD DATA writer is not built"
+    monkeypatch.setattr(mysql_sql, "COMPILED", request.param)
+    return bool(request.param)
+
+
 @pytest.fixture
 def sent(monkeypatch) -> list[str]:
     """The LOAD DATA statements sent, whatever came of them."""
@@ -66,7 +76,7 @@ def copy(load: MysqlLoad, changes: Changes, rows: list[dict[str, Any]], first_id
         load.load(batch)
 
 
-def test_reads_by_load_data_land_exactly_as_the_upserts_write_them(target, sent):
+def test_reads_by_load_data_land_exactly_as_the_upserts_write_them(target, sent, compiled):
     """Every supported type (unsigned and signed integers, DECIMAL(65,30), DOUBLE, FLOAT, DATETIME with
     and without fractions, dates from year 1, TIMESTAMP, utf8mb4 and latin1 text with every character
     the input format escapes, CHAR, TEXT, ENUM, UUID, NULLs) copied once by LOAD DATA and once by the
@@ -168,7 +178,7 @@ def test_a_server_that_refuses_local_makes_the_sink_write_statements(target, sen
     assert target.rows("t") == [(i, i) for i in range(1, 122)]
 
 
-def test_the_input_format_escapes_and_refuses_what_it_must():
+def test_the_input_format_escapes_and_refuses_what_it_must(compiled):
     """Fields as a literal's text, the format's special characters escaped; a row of one empty
     field, a lone surrogate or a value of another type is left to statements (None)."""
     assert load_data_text([{"a": 1, "b": "t\tn\nr\rb\\z\x00", "c": None}]) == b"1\tt\\tn\\nr\\rb\\\\z\\0\t\\N\n"
@@ -177,3 +187,26 @@ def test_the_input_format_escapes_and_refuses_what_it_must():
     for refused in ("", "\udc80", b"x", True, datetime.timedelta(1), {"j": 1}, frozenset("a"), float("nan"),
                     decimal.Decimal("NaN"), datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc)):
         assert load_data_text([{"a": refused}]) is None, refused
+
+
+VALUES = st.one_of(
+    st.text(), st.text(alphabet="\\\t\n\r\x00a\u00e9\U0001F600", max_size=12),
+    st.sampled_from(["", "\udc80", "x\ud800y"]),
+    st.integers(), st.integers(min_value=-2**64, max_value=2**64), st.none(), st.booleans(), st.floats(),
+    st.decimals(), st.datetimes(), st.dates(), st.binary(max_size=4), st.timedeltas(),
+    st.datetimes(timezones=st.just(datetime.timezone.utc)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.dictionaries(st.sampled_from("abcd"), VALUES, max_size=4), max_size=5))
+def test_the_compiled_input_is_the_pure_loops_byte_for_byte(images):
+    """For any rows of any values (text with every escaped character and lone surrogates, integers of
+    any size, bools, floats and decimals finite or not, naive and aware datetimes, dates, bytes,
+    empty rows), the C writer gives the Python loop's bytes, or None where it does."""
+    assert mysql_sql.COMPILED, "the compiled LOAD DATA writer is not built"
+    compiled = mysql_sql.load_data_text(images)
+    mysql_sql.COMPILED = False
+    try:
+        assert compiled == mysql_sql.load_data_text(images)
+    finally:
+        mysql_sql.COMPILED = True

@@ -30,6 +30,8 @@ shared 2-core machine is noisy):
         [--profile FILE [--profile-gil]]   # py-spy raw stacks of the first setl run, per thread, idle
                                            # included (or only those holding the GIL); FILE-postgres
         [--postgres --skip-mariadb]        # only the PostgreSQL comparison
+        [--compare-tree DIR]               # each setl copy once more by another checkout's code (after
+                                           # it in odd rounds, before it in even ones)
     python3 tools/bench/snapshot.py --rss-sizes 500000,2000000
 
 Measured (medians of 3 rounds, 2 shared cores at load average 2 to 4; docs/snapshot.md has the
@@ -70,6 +72,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,10 +103,10 @@ def follow_setl(conf: Path, name: str, seconds: float) -> None:
         time.sleep(seconds)
 
 
-def run_setl(conf: Path, name: str, profile: str | None = None, gil: bool = False) -> Run:
+def run_setl(conf: Path, name: str, profile: str | None = None, gil: bool = False, tree: Path | None = None) -> Run:
     """`setl start --until-caught-up` (`profile`: py-spy's collapsed stacks, per thread and idle
     included, to that file, or with `gil` only the samples of the thread holding the GIL: where
-    setl's one Python core goes; the RSS and CPU are then py-spy's)."""
+    setl's one Python core goes; the RSS and CPU are then py-spy's; `tree`: another checkout's code)."""
     log = conf.parent / f"{name}.log"
     which = ["--gil"] if gil else ["--idle"]
     spy = ["py-spy", "record", "-r", "100", "--threads", *which, "-f", "raw", "-o", profile, "--"] if profile else []
@@ -111,7 +114,9 @@ def run_setl(conf: Path, name: str, profile: str | None = None, gil: bool = Fals
         began = time.perf_counter()
         argv = [*spy, sys.executable, "-m", "setl.cli", "--conf", str(conf), "start", "--pipeline", name,
                 "--until-caught-up"]
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        env = {**os.environ, "PYTHONPATH": str(tree)} if tree is not None else None
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                cwd=str(tree) if tree is not None else None)
         _, status, usage = os.wait4(proc.pid, 0)
         seconds = time.perf_counter() - began
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -239,9 +244,16 @@ def postgres(args: argparse.Namespace, work: Path, source: MariaDBServer, pipeli
         ratios: list[float] = []
         setls: list[Run] = []
         chams: list[float] = []
+        olds: list[float] = []
         for round_ in range(1, args.repeat + 1):
             database = f"setl{round_}"
             profile = f"{args.profile}-postgres" if args.profile and round_ == 1 else None
+
+            def old_copy(db: str = f"old{round_}", n: int = round_) -> Run:
+                return other_code(args, conf, pipeline(db, pg), n, rows,
+                                  lambda: pg_summary(pg, db, "sb", args.tables) == expected,
+                                  lambda: pg.query(f'DROP DATABASE "{db}"'))
+            old = old_copy() if args.compare_tree and round_ % 2 == 0 else None
             run = run_setl(conf, pipeline(database, pg), profile, args.profile_gil)
             equal = pg_summary(pg, database, "sb", args.tables) == expected
             pg.query(f'DROP DATABASE "{database}"')
@@ -267,6 +279,14 @@ def postgres(args: argparse.Namespace, work: Path, source: MariaDBServer, pipeli
             print(line, flush=True)
             if not equal:
                 raise SystemExit("setl's copy into PostgreSQL differs from the source")
+            if args.compare_tree:
+                old = old or old_copy()
+                olds.append(old.seconds / run.seconds)
+                print(f"round {round_}: this code {olds[-1]:.2f}x the code of {args.compare_tree} (CPU "
+                      f"{run.cpu:.1f}s against {old.cpu:.1f}s)", flush=True)
+        if olds:
+            print(f"into PostgreSQL, this code / the code of {args.compare_tree}: median {median(olds):.2f}x "
+                  f"({', '.join(f'{r:.2f}' for r in olds)})", flush=True)
         line = f"setl into PostgreSQL: median {median([rows / r.seconds for r in setls]):,.0f} rows/s"
         if ratios:
             line += (f" = {median(ratios):.2f}x pg_chameleon 2.0.21 init_replica (median {median(chams):,.0f} rows/s, "
@@ -274,6 +294,20 @@ def postgres(args: argparse.Namespace, work: Path, source: MariaDBServer, pipeli
         print(line, flush=True)
         if why:
             print(f"pg_chameleon not measured: {why}", flush=True)
+
+
+def other_code(args: argparse.Namespace, conf: Path, name: str, round_: int, rows: int,
+               equal: Callable[[], bool], drop: Callable[[], None]) -> Run:
+    """The same copy (pipeline `name`) by the code of ``--compare-tree``: checked with `equal`,
+    dropped with `drop`. Odd rounds run it right after this code's copy, even rounds right before."""
+    old = run_setl(conf, name, tree=args.compare_tree)
+    same = equal()
+    drop()
+    print(f"round {round_}: the code of {args.compare_tree} {rows / old.seconds:,.0f} rows/s (CPU {old.cpu:.1f}s, "
+          f"target {'equal' if same else 'DIFFERENT'})", flush=True)
+    if not same:
+        raise SystemExit(f"the copy by {args.compare_tree} differs from the source")
+    return old
 
 
 def median(values: list[float]) -> float:
@@ -305,6 +339,9 @@ def main() -> int:
     parser.add_argument("--postgres", action="store_true",
                         help="also setl into PostgreSQL against pg_chameleon 2.0.21 init_replica (in a throwaway venv)")
     parser.add_argument("--chameleon-venv", metavar="DIR", help="a venv with pg_chameleon to reuse (made if missing)")
+    parser.add_argument("--compare-tree", type=Path, metavar="DIR",
+                        help="each round, the same setl copy once more by another checkout's code (built in place), "
+                             "right after this code's: the ratio of the two")
     parser.add_argument("--rss-sizes", metavar="N,N", help="only setl's peak RSS, one copy per table size "
                         "(e.g. 500000,2000000 rows per table): bounded memory as tables grow")
     args = parser.parse_args()
@@ -370,6 +407,7 @@ def main() -> int:
         ratios: list[float] = []
         dumps: list[float] = []
         setls: list[Run] = []
+        olds: list[float] = []  # --compare-tree: this code's speed / the other's, per round
         for round_ in range(1, 0 if args.skip_mariadb else args.repeat + 1):
             dump_seconds = 0.0
             costs = ""
@@ -381,6 +419,12 @@ def main() -> int:
                          f"{(after[0] - before[0]) / rows * 1e6:.1f}, target {(after[1] - before[1]) / rows * 1e6:.1f}")
                 dumps.append(rows / dump_seconds)
                 target.query("DROP DATABASE dumped")
+
+            def old_copy(n: int = round_) -> Run:
+                return other_code(args, conf, pipeline("copied"), n, rows,
+                                  lambda: expected == sysbench.checksums(sysbench.Conn.from_server(target, "copied")),
+                                  lambda: target.query("DROP DATABASE copied"))
+            old = old_copy() if args.compare_tree and round_ % 2 == 0 else None
             name = pipeline("copied")
             before = cpu_seconds(source, target)
             run = run_setl(conf, name, args.profile if round_ == 1 else None, args.profile_gil)
@@ -400,6 +444,14 @@ def main() -> int:
                   f"{costs}", flush=True)
             if not equal:
                 raise SystemExit("setl's copy differs from the source")
+            if args.compare_tree:
+                old = old or old_copy()
+                olds.append(old.seconds / run.seconds)
+                print(f"round {round_}: this code {olds[-1]:.2f}x the code of {args.compare_tree} (CPU "
+                      f"{run.cpu:.1f}s against {old.cpu:.1f}s)", flush=True)
+        if olds:
+            print(f"into MariaDB, this code / the code of {args.compare_tree}: median {median(olds):.2f}x "
+                  f"({', '.join(f'{r:.2f}' for r in olds)})", flush=True)
         setl_rate = median([rows / r.seconds for r in setls]) if setls else 0.0
         line = f"setl into MariaDB: {rows} rows, median {setl_rate:,.0f} rows/s"
         if ratios:
