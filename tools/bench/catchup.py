@@ -6,7 +6,11 @@ backlog on 4 tables, then, on that same binlog range and each in its own process
 * ``raw``: a bare pymysqlreplication loop that only parses the rows (the baseline);
 * ``source``: setl's binlog source alone, with and without its table-map cache;
 * ``setl``: ``setl start --pipeline ... --until-caught-up`` into the MariaDB target (a generated
-  conf dir), checked afterwards with CHECKSUM TABLE against the source.
+  conf dir), checked afterwards with CHECKSUM TABLE against the source;
+* with ``--native``, MariaDB's own replica of the same range from the same starting state, twice:
+  one SQL thread (``native-1``, the default) and ``slave_parallel_threads=4``,
+  ``slave_parallel_mode=optimistic`` (``native-4-optimistic``), each timed to the backlog's end,
+  checked with CHECKSUM TABLE, its server's CPU counted, and setl's rate given as a ratio to each.
 
 With ``--big-transaction ROWS`` the source alone also reads one transaction of ROWS rows and
 reports the most row changes it held at once (its queue plus the piece being assembled).
@@ -297,11 +301,25 @@ def write_tables(target, database: str, rows: dict[str, list[tuple]], *, replace
         dst.close()
 
 
+#: MariaDB's own replica in each mode catchup.py --native runs: label -> slave_parallel_threads
+#: (0: the one SQL thread applies every event, the default) and slave_parallel_mode
+NATIVE_MODES: dict[str, tuple[int, str]] = {
+    "native-1": (0, "optimistic"),
+    "native-4-optimistic": (4, "optimistic"),
+}
+NATIVE_LABELS = {
+    "native-1": "MariaDB's own replication (one SQL thread)",
+    "native-4-optimistic": "MariaDB's own replication (4 threads, optimistic)",
+}
+
+
 def native_catch_up(replica, source, start: tuple[str, int], end: tuple[str, int], p0: dict[str, list[tuple]],
-                    timeout: float = 3600) -> float:
+                    timeout: float = 3600, *, threads: int = 0, mode: str = "optimistic") -> float:
     """MariaDB's own replication of the backlog: the replica reset to the backlog's starting state,
-    then ``CHANGE MASTER TO`` its start and ``START SLAVE UNTIL`` its end, one SQL thread (the
-    default), timed until the SQL thread has executed the last event. Returns wall seconds."""
+    then ``CHANGE MASTER TO`` its start and ``START SLAVE UNTIL`` its end, with `threads` parallel
+    applier threads in `mode` (``slave_parallel_threads``, ``slave_parallel_mode``; 0 threads is the
+    default, one SQL thread), timed until the SQL thread has executed, in order, the last event.
+    Returns wall seconds."""
     import pymysql.cursors
 
     conn = replica.connect(cursorclass=pymysql.cursors.DictCursor, autocommit=True)
@@ -309,6 +327,14 @@ def native_catch_up(replica, source, start: tuple[str, int], end: tuple[str, int
         with conn.cursor() as cur:
             cur.execute("STOP SLAVE")
             cur.execute("RESET SLAVE ALL")
+            # both are read when the slave starts; they can only change while it is stopped
+            cur.execute(f"SET GLOBAL slave_parallel_threads = {int(threads)}")
+            cur.execute("SET GLOBAL slave_parallel_mode = %s", (mode,))
+            cur.execute("SELECT @@slave_parallel_threads AS threads, @@slave_parallel_mode AS mode")
+            now = cur.fetchone()
+            if (int(now["threads"]), now["mode"]) != (threads, mode):
+                raise SystemExit(f"the native replica kept slave_parallel_threads={now['threads']}, "
+                                 f"slave_parallel_mode={now['mode']} (asked {threads}, {mode})")
         write_tables(replica, "sbtest", p0, replace=True)
         with conn.cursor() as cur:
             cur.execute(f"CHANGE MASTER TO MASTER_HOST='{source.host}', MASTER_PORT={source.port}, "
@@ -317,12 +343,15 @@ def native_catch_up(replica, source, start: tuple[str, int], end: tuple[str, int
             began = time.perf_counter()
             cur.execute(f"START SLAVE UNTIL MASTER_LOG_FILE='{end[0]}', MASTER_LOG_POS={end[1]}")
             deadline = time.monotonic() + timeout
+            workers = 0  # the most parallel applier threads seen while it applied
             while True:
                 cur.execute("SHOW SLAVE STATUS")
                 status = cur.fetchone()
                 failure = status["Last_SQL_Error"] or status["Last_IO_Error"]
                 if failure:
                     raise SystemExit(f"the native replica failed: {failure}")
+                if workers < threads:
+                    workers = max(workers, native_workers(cur))
                 if (_log_number(status["Relay_Master_Log_File"]), int(status["Exec_Master_Log_Pos"])) >= \
                         (_log_number(end[0]), end[1]):
                     wall = time.perf_counter() - began
@@ -331,9 +360,19 @@ def native_catch_up(replica, source, start: tuple[str, int], end: tuple[str, int
                     raise SystemExit("the native replica did not reach the backlog's end in time")
                 time.sleep(0.005)
             cur.execute("STOP SLAVE")
+        if workers != threads:  # a parallel run that applied on the SQL thread alone measures nothing new
+            raise SystemExit(f"the native replica ran {workers} parallel applier threads, not {threads}")
         return wall
     finally:
         conn.close()
+
+
+def native_workers(cur) -> int:
+    """The replica's parallel applier threads running now (``slave_parallel_threads`` of them while
+    a slave runs in parallel mode, none otherwise)."""
+    cur.execute("SELECT COUNT(*) AS n FROM information_schema.PROCESSLIST WHERE USER = 'system user' "
+                "AND COMMAND = 'Slave_worker'")
+    return int(cur.fetchone()["n"])
 
 
 def _log_number(name: str) -> int:
@@ -436,7 +475,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-readers", action="store_true", help="no source-only runs (the raw parse stays)")
     parser.add_argument("--lag", action=argparse.BooleanOptionalAction, default=True, help="the lag phase")
     parser.add_argument("--native", action="store_true",
-                        help="also replay the backlog with MariaDB's own replication (a replica at its start)")
+                        help="also replay the backlog with MariaDB's own replication (a replica at its start), "
+                             "with one SQL thread and with 4 optimistic parallel threads; ratios setl / each")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="record each catch-up under py-spy (collapsed stacks per thread in DIR/NAME.txt)")
     parser.add_argument("--profile-idle", action="store_true",
@@ -525,15 +565,18 @@ def main(argv: list[str] | None = None) -> int:
                     label = ("setl start --until-caught-up (MariaDB target)" + (", HTTP + metrics on" if http else "")
                              + ("" if mode == "ordered" else f", load.mode {mode}"))
                     runs.setdefault(label, []).append((rows / wall, rss))
-            if replica is not None:
-                applied = process_cpu(replica.pid)
-                wall = native_catch_up(replica, source, start, end, p0)
-                CPU.setdefault("native", []).append((0.0, process_cpu(replica.pid) - applied))
-                runs.setdefault("MariaDB's own replication (one SQL thread)", []).append((rows / wall, 0.0))
-                if n == 0:
+            if replica is not None:  # each mode from the same starting state; alternate which goes first
+                for key in list(NATIVE_MODES) if n % 2 == 0 else list(reversed(NATIVE_MODES)):
+                    threads, mode = NATIVE_MODES[key]
+                    applied = process_cpu(replica.pid)
+                    wall = native_catch_up(replica, source, start, end, p0, threads=threads, mode=mode)
+                    CPU.setdefault(key, []).append((0.0, process_cpu(replica.pid) - applied))
+                    runs.setdefault(NATIVE_LABELS[key], []).append((rows / wall, 0.0))
                     same = sysbench.checksums(sysbench.Conn.from_server(source), tables) == \
                         sysbench.checksums(sysbench.Conn.from_server(replica), tables)
-                    print(f"native replica equals source after catch-up (CHECKSUM TABLE): {same}", flush=True)
+                    print(f"{key} replica equals source after catch-up (CHECKSUM TABLE): {same}", flush=True)
+                    if not same:
+                        raise SystemExit(f"the {key} replica differs from the source after its catch-up")
             if args.compare_tree:  # the same catch-up by another checkout's code (python -m imports from cwd)
                 conf = write_conf(Path(tmp) / f"old{n}", f"old{n}", source, target, start, max_wait_ms=args.max_wait_ms)
                 applied = process_cpu(target.pid)
@@ -550,17 +593,17 @@ def main(argv: list[str] | None = None) -> int:
 
         baseline = statistics.median(r for r, _ in runs["raw parse (pymysqlreplication)"])
         print(f"\n{rows} row changes; medians of {args.repeat} runs (wall time of each process, start-up included)")
-        print(f"{'reader':<48} {'rows/s':>9} {'ratio':>6} {'peak RSS':>9}")
+        print(f"{'reader':<52} {'rows/s':>9} {'ratio':>6} {'peak RSS':>9}")
         for label, values in runs.items():
             rate = statistics.median(r for r, _ in values)
             rss = statistics.median(m for _, m in values)
-            print(f"{label:<48} {rate:>9.0f} {rate / baseline:>6.2f} {rss:>7.0f}MB")
-        if args.native:
-            native = statistics.median(r for r, _ in runs["MariaDB's own replication (one SQL thread)"])
-            for label, values in runs.items():
-                if label.startswith("setl start") or label.startswith("the same, code of"):
-                    print(f"{label} / MariaDB's own replication: "
-                          f"{statistics.median(r for r, _ in values) / native:.2f}")
+            print(f"{label:<52} {rate:>9.0f} {rate / baseline:>6.2f} {rss:>7.0f}MB")
+        if args.native:  # setl against each native mode, from the medians of this run
+            for key, native_label in NATIVE_LABELS.items():
+                native = statistics.median(r for r, _ in runs[native_label])
+                for label, values in runs.items():
+                    if label.startswith("setl start") or label.startswith("the same, code of"):
+                        print(f"{label} / {key}: {statistics.median(r for r, _ in values) / native:.2f}")
         if CPU:
             print(f"\nCPU per row change, µs (medians; the applying server is setl's target or the replica; "
                   f"the source's binlog dump is left out)\n{'consumer':<48} {'process':>9} {'applying server':>16} "

@@ -18,18 +18,21 @@ from typing import Any
 
 
 @contextlib.contextmanager
-def cores(split: bool, source: Any, target: Any, *others: int) -> Iterator[tuple[set[int], set[int]]]:
+def cores(split: bool, source: Any, target: Any, *others: int,
+          source_cpu: int | None = None) -> Iterator[tuple[set[int], set[int]]]:
     """The CPUs of the source's side (its server, sysbench) and of the copy's (setl, the dump or
-    verify, the target's server, the processes `others`): all of them for both, or (`split`) the
-    first for the source and the others for the copy, the servers' threads and `others` pinned so
-    until the block ends."""
+    verify, the target's server, the processes `others`): all of them for both, or (`split`) CPU
+    `source_cpu` (the first this process may use when None) for the source and the others for the
+    copy, the servers' threads and `others` pinned so until the block ends."""
     every = set(os.sched_getaffinity(0))
     if not split:
         yield every, every
         return
     if len(every) < 2:
         raise SystemExit("--source-core needs at least 2 CPUs")
-    first = {min(every)}
+    if source_cpu is not None and source_cpu not in every:
+        raise SystemExit(f"--source-core {source_cpu}: not one of this process's CPUs {sorted(every)}")
+    first = {min(every) if source_cpu is None else source_cpu}
     rest = every - first
     pin(source.pid, first)
     for pid in (target.pid, *others):
