@@ -1,0 +1,394 @@
+"""One binlog read per (node, source): the pipelines of a node that read the same MySQL or MariaDB
+server share one binlog stream, and each keeps its own position, acks and rollbacks.
+
+A `SharedReader` owns one `MysqlBinlogSource` and a pump thread that hands each transaction to
+every `_Subscription`, cut down to the rows of the tables its pipeline selects and to what lies
+after its own position. A pipeline's Select is a `SharedBinlogSource`: a `MysqlBinlogSource` that
+reads through a subscription when it can and with a stream of its own when it cannot (a start
+without a position, a start far behind the shared stream, a subscription dropped because its
+pipeline fell a whole buffer behind), and joins the shared stream again once close to it.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import attrs
+
+from setl.errors import SetlError, SourceError
+from setl.model import Position, RowChange, Transaction
+from setl.sources.mysql_binlog import MysqlBinlogSource
+
+log = logging.getLogger("setl.sources.shared")
+
+#: A pipeline at most this many bytes behind the shared stream (in the same binlog file) rewinds
+#: it to its own position instead of reading alone: the others re-read that much and skip it.
+REWIND_BYTES = 16 << 20
+#: How often a pipeline reading alone checks whether it can join the shared stream (seconds).
+MERGE_EVERY = 1.0
+
+
+@attrs.frozen
+class _Failed:
+    """The shared stream's end by an error, queued for each subscriber to raise as its own."""
+
+    error: SetlError
+
+
+_DETACHED = object()  # `_Subscription.take`: the pump dropped this subscriber (its buffer was full)
+
+
+def _weight(tx: Transaction) -> int:
+    return max(1, len(tx.changes))
+
+
+def _is_mark(item: object) -> bool:
+    return isinstance(item, Transaction) and not item.changes and item.complete
+
+
+class _Subscription:
+    """One pipeline's part of a shared stream: the transactions queued for it after `after`, at
+    most `limit` rows of them. The pump thread calls `offer` and `fail`; the pipeline's Select
+    thread calls `take`. A full buffer detaches the subscription instead of stalling the pump."""
+
+    def __init__(self, pipeline: str, after: Position, limit: int, keep: Callable[[str, str], bool] | None) -> None:
+        self.pipeline = pipeline
+        self.after = after  # the end of the last transaction queued (or passed over) for it
+        self.limit = limit
+        self.keep = keep
+        self._kept: dict[tuple[str, str], bool] = {}
+        self._items: collections.deque[Transaction | _Failed] = collections.deque()
+        self._rows = 0
+        self.detached = False
+        self._ready = threading.Condition()
+
+    def _selected(self, change: object) -> bool:
+        if self.keep is None or type(change) is not RowChange:
+            return True  # DDL and marks reach every pipeline: Extract judges DDL against its rules
+        name = (change.schema, change.table)
+        kept = self._kept.get(name)
+        if kept is None:
+            kept = self._kept[name] = self.keep(*name)
+        return kept
+
+    def offer(self, tx: Transaction) -> None:
+        """Queue what of `tx` this pipeline reads (pump thread); never blocks."""
+        if self.detached or tx.end <= self.after:
+            return
+        changes = tx.changes
+        if self.after.row:  # resuming inside a split transaction: its first `row` changes were handed on
+            changes = tuple(c for c in changes if c.position is None or c.position > self.after)
+        if self.keep is not None:
+            changes = tuple(c for c in changes if self._selected(c))
+        self.after = tx.end
+        if not changes and not tx.complete:
+            return  # a piece with nothing for this pipeline: its next piece or its end says more
+        if len(changes) != len(tx.changes):
+            tx = Transaction(changes, tx.end, tx.complete, tx.nbytes)
+        with self._ready:
+            if self._rows and self._rows + _weight(tx) > self.limit:
+                self.detached = True
+                self._items.clear()  # what it has not taken it reads again on its own, from its tell
+                self._rows = 0
+            else:
+                self._items.append(tx)
+                self._rows += _weight(tx)
+            self._ready.notify()
+
+    def fail(self, error: SetlError) -> None:
+        """The shared stream failed: the pipeline raises `error` (as its own) once it took what came before."""
+        with self._ready:
+            self._items.append(_Failed(error))
+            self._ready.notify()
+
+    def take(self, timeout: float) -> Transaction | _Failed | object | None:
+        """The next item, None when none arrived within `timeout`, or `_DETACHED`."""
+        with self._ready:
+            if not self._items and not self.detached:
+                self._ready.wait(max(0.0, timeout))
+            if self.detached:
+                return _DETACHED
+            if not self._items:
+                return None
+            item = self._items.popleft()
+            while _is_mark(item) and self._items and _is_mark(self._items[0]):
+                item = self._items.popleft()  # a later mark supersedes it
+            if isinstance(item, Transaction):
+                self._rows -= _weight(item)
+            return item
+
+
+class SharedReader:
+    """One binlog stream of a source shared by the subscriptions of a node's pipelines.
+
+    It reads from the earliest position it was asked for: a subscription at or after the stream's
+    position joins as it is; one behind it by at most `REWIND_BYTES` in the same file rewinds the
+    stream (the others skip what they had); one further behind is refused (its pipeline reads
+    alone until it is close). It stops when its last subscription leaves or the stream fails."""
+
+    def __init__(self, key: Hashable, source: MysqlBinlogSource, start: Position) -> None:
+        self.key = key
+        self.source = source
+        self.pumped = start  # the end of the last transaction handed to the subscriptions
+        self._rewind: Position | None = None
+        self._subs: list[_Subscription] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.ended = False
+        self.rewinds = 0
+        self._thread = threading.Thread(target=self._pump, name=f"setl-shared-binlog-{source.host}:{source.port}",
+                                        daemon=True)
+
+    def start(self) -> None:
+        """Open the stream (raising to the first pipeline when it cannot start) and start the pump."""
+        self.source.open(self.pumped)
+        self._thread.start()
+
+    def selects(self, schema: str, table: str) -> bool:
+        """Whether any subscriber's pipeline selects `schema.table` (the stream's refusals judge those)."""
+        with self._lock:
+            subs = list(self._subs)
+        return any(s.keep is None or s.keep(schema, table) for s in subs)
+
+    def attach(self, pipeline: str, at: Position, limit: int,
+               keep: Callable[[str, str], bool] | None) -> _Subscription | None:
+        """A subscription for what follows `at`, or None when `at` is too far behind (or the stream ended)."""
+        with self._lock:
+            if self.ended:
+                return None
+            if at < self.pumped:
+                if at.log != self.pumped.log or self.pumped.offset - at.offset > REWIND_BYTES:
+                    return None
+                self._rewind = at if self._rewind is None else min(self._rewind, at)
+            sub = _Subscription(pipeline, at, limit, keep)
+            self._subs.append(sub)
+            return sub
+
+    def detach(self, sub: _Subscription) -> bool:
+        """Drop `sub`; True when it was the last (the stream then stops, see `stop`)."""
+        with self._lock:
+            if sub in self._subs:
+                self._subs.remove(sub)
+            if not self._subs:
+                self.ended = True
+            return self.ended
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the pump and close the stream."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def _pump(self) -> None:
+        try:
+            while not self._stop.is_set():
+                with self._lock:
+                    rewind, self._rewind = self._rewind, None
+                    if rewind is not None:
+                        self.pumped = min(self.pumped, rewind)
+                if rewind is not None:
+                    self.rewinds += 1
+                    log.info("shared binlog reader of %s:%s rewinds to %s for a pipeline joining there",
+                             self.source.host, self.source.port, rewind)
+                    self.source.seek(rewind)
+                tx = self.source.poll(0.2)
+                if tx is None:
+                    continue
+                with self._lock:
+                    if self._rewind is not None:
+                        continue  # read again from the rewind: nothing is lost by dropping it
+                    self.pumped = tx.end
+                    subs = list(self._subs)
+                for sub in subs:
+                    sub.offer(tx)
+        except SetlError as exc:
+            self._end(exc)
+        except Exception as exc:  # every failure reaches each subscriber, none kills the thread silently
+            log.exception("shared binlog reader of %s:%s failed", self.source.host, self.source.port)
+            self._end(SourceError(f"the shared binlog reader of {self.source.host}:{self.source.port} failed after "
+                                  f"{self.pumped}: {type(exc).__name__}: {exc}", position=self.pumped))
+        finally:
+            self.source.close()
+
+    def _end(self, error: SetlError) -> None:
+        with self._lock:
+            self.ended = True
+            subs = list(self._subs)
+        for sub in subs:
+            sub.fail(error)
+
+
+class _Readers:
+    """The node's shared readers, one per source key (a process runs one node)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._readers: dict[Hashable, SharedReader] = {}
+
+    def attach(self, key: Hashable, make: Callable[[Callable[[str, str], bool]], MysqlBinlogSource],
+               pipeline: str, at: Position, limit: int, keep: Callable[[str, str], bool] | None
+               ) -> tuple[SharedReader, _Subscription] | None:
+        """A subscription to the key's reader (started at `at` when there is none), or None."""
+        with self._lock:
+            known = self._readers.get(key)
+            fresh = known is None or known.ended
+            if known is None or known.ended:
+                holder: list[SharedReader] = []
+                reader = SharedReader(key, make(lambda schema, table: holder[0].selects(schema, table)), at)
+                holder.append(reader)
+            else:
+                reader = known
+            sub = reader.attach(pipeline, at, limit, keep)
+            if sub is None:
+                return None
+            if fresh:
+                try:
+                    reader.start()
+                except BaseException:
+                    reader.detach(sub)
+                    raise
+                self._readers[key] = reader
+            return reader, sub
+
+    def detach(self, reader: SharedReader, sub: _Subscription) -> None:
+        """Drop `sub`; the reader stops when it was its last."""
+        with self._lock:
+            last = reader.detach(sub)
+            if last and self._readers.get(reader.key) is reader:
+                del self._readers[reader.key]
+        if last:
+            reader.stop()
+
+    def count(self) -> int:
+        """How many shared readers run now."""
+        with self._lock:
+            return len(self._readers)
+
+
+READERS = _Readers()
+
+
+class SharedBinlogSource(MysqlBinlogSource):
+    """A pipeline's binlog Select that reads through the node's `SharedReader` of its server.
+
+    Same contract as `MysqlBinlogSource` (positions, pieces of split transactions, refusals); only
+    how the rows arrive differs. `open` at a position joins the shared stream when it is close;
+    `open` without one (the configured start) reads alone until the first position, then joins.
+    A pipeline that falls `max_rows_in_memory` rows behind the stream is dropped from it and reads
+    alone from its own position, joining again once close: it never holds the others back.
+    The shared stream reads with `shared_server_id`; reading alone uses the pipeline's own."""
+
+    def __init__(self, *, shared_server_id: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.shared_server_id = shared_server_id
+        self._kwargs = kwargs
+        self._reader: SharedReader | None = None
+        self._sub: _Subscription | None = None
+        self._after: Position | None = None
+        self._next_merge = 0.0
+        self.joins = 0  # times it joined a shared stream
+        self.drops = 0  # times the shared stream dropped it (a full buffer)
+
+    @classmethod
+    def from_config(cls, cfg: Any, *, pipeline: str, **kwargs: Any) -> "SharedBinlogSource":
+        return cls(host=cfg.host, port=cfg.port, user=cfg.user, password=cfg.password,
+                   server_id=cfg.server_id, flavor=cfg.flavor, start=cfg.start, pipeline=pipeline,
+                   ssl=cfg.ssl, snapshot=cfg.snapshot, heartbeat=cfg.heartbeat_ms / 1000.0, **kwargs)
+
+    @property
+    def shared(self) -> bool:
+        """Whether it reads through the shared stream now."""
+        return self._sub is not None
+
+    def _key(self) -> Hashable:
+        k = self._kwargs
+        return (self.host, self.port, self.user, k.get("password", ""), k.get("ssl"), self.flavor, self.sequences,
+                self.max_rows_in_memory, self.heartbeat, self.table_map_cache, self.fast_decoder,
+                self.shared_server_id)
+
+    def _make_shared(self, selects: Callable[[str, str], bool]) -> MysqlBinlogSource:
+        kwargs = dict(self._kwargs, server_id=self.shared_server_id, pipeline="", selects=selects, start="earliest")
+        return MysqlBinlogSource(**kwargs)
+
+    def _join(self, at: Position) -> bool:
+        got = READERS.attach(self._key(), self._make_shared, self.pipeline, at, self.max_rows_in_memory, self.selects)
+        if got is None:
+            return False
+        self._reader, self._sub = got
+        self._after = at
+        self.detected_flavor = self._reader.source.detected_flavor
+        self.arrivals = self._reader.source.arrivals
+        self.joins += 1
+        log.info("pipeline=%s stage=select reads the shared binlog stream of %s:%s from %s", self.pipeline,
+                 self.host, self.port, at)
+        return True
+
+    def _leave(self) -> None:
+        reader, sub = self._reader, self._sub
+        self._reader = self._sub = None
+        if reader is not None and sub is not None:
+            READERS.detach(reader, sub)
+
+    def open(self, start: Position | None) -> None:
+        self.close()
+        if start is None and isinstance(self.start, Position):
+            start = self.start  # a configured start by file and position joins at once
+        if start is not None:
+            self.check()  # what the pipeline's own open refuses (settings, cascades of its tables)
+            if self._join(start):
+                return
+        super().open(start)
+        self._after = super().tell()
+        self._next_merge = time.monotonic() + MERGE_EVERY
+
+    def poll(self, timeout: float) -> Transaction | None:
+        if self._sub is not None:
+            return self._poll_shared(timeout)
+        tx = super().poll(timeout)
+        if tx is not None:
+            self._after = tx.end
+        now = time.monotonic()
+        if self._after is not None and now >= self._next_merge:
+            self._next_merge = now + MERGE_EVERY
+            after = self._after
+            if self._join(after):
+                MysqlBinlogSource.close(self)  # its own stream only: the shared one continues after `after`
+        return tx
+
+    def _poll_shared(self, timeout: float) -> Transaction | None:
+        assert self._sub is not None and self._reader is not None
+        item = self._sub.take(timeout)
+        if item is _DETACHED:
+            self.drops += 1
+            log.warning("pipeline=%s stage=select position=%s fell %d rows behind the shared binlog stream of %s:%s:"
+                        " reading alone until it is close again", self.pipeline, self._after,
+                        self.max_rows_in_memory, self.host, self.port)
+            self._leave()
+            super().open(self._after)
+            self._next_merge = time.monotonic() + MERGE_EVERY
+            return None
+        if isinstance(item, _Failed):
+            self._leave()
+            error = copy.copy(item.error)
+            error.context = dict(item.error.context)
+            raise error.with_context(pipeline=self.pipeline or None, stage="select") from item.error
+        if item is not None:
+            assert isinstance(item, Transaction)
+            self._after = item.end
+        heard = self._reader.source.heard
+        if heard is not None and self._after is not None and heard[0] <= self._after:
+            self.heard = heard  # the stream stood where this pipeline stands now, then (lag figures)
+        return item
+
+    def tell(self) -> Position | None:
+        return self._after if self._sub is not None else super().tell()
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._leave()
+        super().close(timeout)
