@@ -29,7 +29,11 @@ log = logging.getLogger("setl.sources.shared")
 
 #: A pipeline at most this many bytes behind the shared stream (in the same binlog file) rewinds
 #: it to its own position instead of reading alone: the others re-read that much and skip it.
-REWIND_BYTES = 16 << 20
+REWIND_BYTES = 32 << 20
+#: A pipeline's buffer in the shared stream holds this many batches (batch.max_rows) of its rows.
+BUFFER_BATCHES = 4
+#: How long a pipeline with a full buffer may keep another waiting for rows before it is dropped.
+HOLD_SECONDS = 1.0
 #: How often a pipeline reading alone checks whether it can join the shared stream (seconds).
 MERGE_EVERY = 1.0
 
@@ -54,8 +58,8 @@ def _is_mark(item: object) -> bool:
 
 class _Subscription:
     """One pipeline's part of a shared stream: the transactions queued for it after `after`, at
-    most `limit` rows of them. The pump thread calls `offer` and `fail`; the pipeline's Select
-    thread calls `take`. A full buffer detaches the subscription instead of stalling the pump."""
+    most `limit` rows of them (a bigger transaction alone). The pump thread calls `cut`, `put`,
+    `drop` and `fail`; the pipeline's Select thread calls `take`."""
 
     def __init__(self, pipeline: str, after: Position, limit: int, keep: Callable[[str, str], bool] | None) -> None:
         self.pipeline = pipeline
@@ -77,10 +81,10 @@ class _Subscription:
             kept = self._kept[name] = self.keep(*name)
         return kept
 
-    def offer(self, tx: Transaction) -> None:
-        """Queue what of `tx` this pipeline reads (pump thread); never blocks."""
+    def cut(self, tx: Transaction) -> Transaction | None:
+        """What of `tx` this pipeline reads (pump thread), None for nothing; moves `after` past it."""
         if self.detached or tx.end <= self.after:
-            return
+            return None
         changes = tx.changes
         if self.after.row:  # resuming inside a split transaction: its first `row` changes were handed on
             changes = tuple(c for c in changes if c.position is None or c.position > self.after)
@@ -88,17 +92,32 @@ class _Subscription:
             changes = tuple(c for c in changes if self._selected(c))
         self.after = tx.end
         if not changes and not tx.complete:
-            return  # a piece with nothing for this pipeline: its next piece or its end says more
-        if len(changes) != len(tx.changes):
-            tx = Transaction(changes, tx.end, tx.complete, tx.nbytes)
+            return None  # a piece with nothing for this pipeline: its next piece or its end says more
+        return tx if len(changes) == len(tx.changes) else Transaction(changes, tx.end, tx.complete, tx.nbytes)
+
+    def full(self, tx: Transaction) -> bool:
+        """Whether queuing `tx` would pass the limit (an empty buffer takes anything)."""
         with self._ready:
-            if self._rows and self._rows + _weight(tx) > self.limit:
-                self.detached = True
-                self._items.clear()  # what it has not taken it reads again on its own, from its tell
-                self._rows = 0
-            else:
-                self._items.append(tx)
-                self._rows += _weight(tx)
+            return bool(self._rows) and self._rows + _weight(tx) > self.limit
+
+    def starving(self) -> bool:
+        """Whether its pipeline has taken everything queued and waits for more."""
+        with self._ready:
+            return not self._items and not self.detached
+
+    def put(self, tx: Transaction) -> None:
+        """Queue `tx` (pump thread); never blocks."""
+        with self._ready:
+            self._items.append(tx)
+            self._rows += _weight(tx)
+            self._ready.notify()
+
+    def drop(self) -> None:
+        """Detach it (pump thread): its pipeline reads alone from what it took last."""
+        with self._ready:
+            self.detached = True
+            self._items.clear()
+            self._rows = 0
             self._ready.notify()
 
     def fail(self, error: SetlError) -> None:
@@ -205,8 +224,7 @@ class SharedReader:
                         continue  # read again from the rewind: nothing is lost by dropping it
                     self.pumped = tx.end
                     subs = list(self._subs)
-                for sub in subs:
-                    sub.offer(tx)
+                self._hand_on(tx, subs)
         except SetlError as exc:
             self._end(exc)
         except Exception as exc:  # every failure reaches each subscriber, none kills the thread silently
@@ -215,6 +233,30 @@ class SharedReader:
                                   f"{self.pumped}: {type(exc).__name__}: {exc}", position=self.pumped))
         finally:
             self.source.close()
+
+    def _hand_on(self, tx: Transaction, subs: list[_Subscription]) -> None:
+        """Queue what of `tx` each subscription reads. A full buffer makes the pump wait while no
+        other pipeline waits for rows; once another has waited `HOLD_SECONDS` the full ones are
+        dropped (they read alone), so a slow or paused pipeline holds the others back no longer."""
+        cuts = [(sub, cut) for sub in subs if (cut := sub.cut(tx)) is not None]
+        held_since: float | None = None
+        while not self._stop.is_set():
+            full = [sub for sub, cut in cuts if sub.full(cut)]
+            if not full:
+                break
+            if any(sub.starving() for sub in subs if sub not in full):
+                now = time.monotonic()
+                held_since = now if held_since is None else held_since
+                if now - held_since >= HOLD_SECONDS:
+                    for sub in full:
+                        sub.drop()
+                    break
+            else:
+                held_since = None
+            time.sleep(0.005)
+        for sub, cut in cuts:
+            if not sub.detached:
+                sub.put(cut)
 
     def _end(self, error: SetlError) -> None:
         with self._lock:
@@ -317,7 +359,8 @@ class SharedBinlogSource(MysqlBinlogSource):
         return MysqlBinlogSource(**kwargs)
 
     def _join(self, at: Position) -> bool:
-        got = READERS.attach(self._key(), self._make_shared, self.pipeline, at, self.max_rows_in_memory, self.selects)
+        limit = BUFFER_BATCHES * self.max_rows_in_memory
+        got = READERS.attach(self._key(), self._make_shared, self.pipeline, at, limit, self.selects)
         if got is None:
             return False
         self._reader, self._sub = got

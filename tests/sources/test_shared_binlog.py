@@ -121,6 +121,30 @@ def test_a_paused_pipeline_is_dropped_and_reads_alone_exactly(mariadb_source, so
     assert [c[2] for c in rows(poll_until(fast, end))] == list(range(61, 66))
 
 
+def test_pipelines_all_slower_than_the_stream_make_it_wait_instead_of_being_dropped(mariadb_source, source_db,
+                                                                                   subscribers):
+    """When every pipeline has rows queued (a catch-up), a full buffer makes the stream wait: nobody is dropped."""
+    setup_tables(mariadb_source, source_db, "a")
+    start = head(mariadb_source)
+    subs = [subscribers(None, pipeline=f"s{n}", max_rows_in_memory=5) for n in range(2)]
+    for src in subs:
+        src.open(start)
+    execute(mariadb_source, source_db, *(f"INSERT INTO a VALUES ({i}, 'x')" for i in range(1, 201)))
+    end = head(mariadb_source)
+    got: list[list[Transaction]] = [[], []]
+
+    def both() -> bool:  # one thread polls both in turn, each a transaction at a time
+        for n, src in enumerate(subs):
+            tx = src.poll(0.05)
+            if tx is not None:
+                got[n].append(tx)
+        return all(src.tell() is not None and src.tell() >= end for src in subs)  # type: ignore[operator]
+
+    wait_until(both, timeout=30, interval=0, message="both pipelines at the end")
+    assert [c[2] for c in rows(got[0])] == [c[2] for c in rows(got[1])] == list(range(1, 201))
+    assert [src.drops for src in subs] == [0, 0] and all(src.shared for src in subs)
+
+
 def test_a_pipeline_started_behind_catches_up_exactly(mariadb_source, source_db, subscribers, monkeypatch):
     """A pipeline far behind the shared stream reads alone, gets exactly its own reader's rows, then joins."""
     monkeypatch.setattr(shared_binlog, "REWIND_BYTES", 0)  # any gap is "far"
