@@ -16,6 +16,7 @@ import copy
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -34,6 +35,8 @@ REWIND_BYTES = 32 << 20
 BUFFER_BATCHES = 4
 #: How long a pipeline with a full buffer may keep another waiting for rows before it is dropped.
 HOLD_SECONDS = 1.0
+#: How long after a pipeline's source is built a new shared stream waits for it to open (and join).
+SIBLINGS_SECONDS = 5.0
 #: How often a pipeline reading alone checks whether it can join the shared stream (seconds).
 MERGE_EVERY = 1.0
 
@@ -151,10 +154,13 @@ class SharedReader:
     stream (the others skip what they had); one further behind is refused (its pipeline reads
     alone until it is close). It stops when its last subscription leaves or the stream fails."""
 
-    def __init__(self, key: Hashable, source: MysqlBinlogSource, start: Position) -> None:
+    def __init__(self, key: Hashable, source: MysqlBinlogSource, start: Position,
+                 siblings_until: Callable[[], float] = lambda: 0.0) -> None:
         self.key = key
         self.source = source
         self.pumped = start  # the end of the last transaction handed to the subscriptions
+        self.siblings_until = siblings_until  # when to stop waiting for pipelines that have not opened yet
+        self.opened = False
         self._rewind: Position | None = None
         self._subs: list[_Subscription] = []
         self._lock = threading.Lock()
@@ -165,8 +171,9 @@ class SharedReader:
                                         daemon=True)
 
     def start(self) -> None:
-        """Open the stream (raising to the first pipeline when it cannot start) and start the pump."""
-        self.source.open(self.pumped)
+        """Start the pump: it opens the stream once the node's other pipelines of this source that
+        have not opened yet did (at most `SIBLINGS_SECONDS` after they were built), at the earliest
+        position asked for by then, so that pipelines started together read it once."""
         self._thread.start()
 
     def selects(self, schema: str, table: str) -> bool:
@@ -181,7 +188,9 @@ class SharedReader:
         with self._lock:
             if self.ended:
                 return None
-            if at < self.pumped:
+            if at < self.pumped and not self.opened:
+                self.pumped = at  # nothing read yet: the stream starts there
+            elif at < self.pumped:
                 if at.log != self.pumped.log or self.pumped.offset - at.offset > REWIND_BYTES:
                     return None
                 self._rewind = at if self._rewind is None else min(self._rewind, at)
@@ -206,6 +215,13 @@ class SharedReader:
 
     def _pump(self) -> None:
         try:
+            while not self._stop.is_set() and time.monotonic() < self.siblings_until():
+                time.sleep(0.02)
+            with self._lock:
+                self.opened = True
+                start = self.pumped
+            if not self._stop.is_set():
+                self.source.open(start)
             while not self._stop.is_set():
                 with self._lock:
                     rewind, self._rewind = self._rewind, None
@@ -272,6 +288,22 @@ class _Readers:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._readers: dict[Hashable, SharedReader] = {}
+        #: per key, the sources built and not opened yet, and when each was built
+        self._unopened: dict[Hashable, weakref.WeakKeyDictionary[SharedBinlogSource, float]] = {}
+
+    def built(self, key: Hashable, source: SharedBinlogSource) -> None:
+        """`source` was built: a reader of `key` starting soon waits for it to open (`SIBLINGS_SECONDS`)."""
+        with self._lock:
+            self._unopened.setdefault(key, weakref.WeakKeyDictionary())[source] = time.monotonic()
+
+    def opening(self, key: Hashable, source: SharedBinlogSource) -> None:
+        with self._lock:
+            self._unopened.get(key, {}).pop(source, None)  # type: ignore[call-overload]
+
+    def siblings_until(self, key: Hashable) -> float:
+        """Until when a reader of `key` waits for the sources built and not opened yet."""
+        with self._lock:
+            return max((t + SIBLINGS_SECONDS for t in self._unopened.get(key, {}).values()), default=0.0)
 
     def attach(self, key: Hashable, make: Callable[[Callable[[str, str], bool]], MysqlBinlogSource],
                pipeline: str, at: Position, limit: int, keep: Callable[[str, str], bool] | None
@@ -282,7 +314,8 @@ class _Readers:
             fresh = known is None or known.ended
             if known is None or known.ended:
                 holder: list[SharedReader] = []
-                reader = SharedReader(key, make(lambda schema, table: holder[0].selects(schema, table)), at)
+                reader = SharedReader(key, make(lambda schema, table: holder[0].selects(schema, table)), at,
+                                      lambda: self.siblings_until(key))
                 holder.append(reader)
             else:
                 reader = known
@@ -290,11 +323,7 @@ class _Readers:
             if sub is None:
                 return None
             if fresh:
-                try:
-                    reader.start()
-                except BaseException:
-                    reader.detach(sub)
-                    raise
+                reader.start()
                 self._readers[key] = reader
             return reader, sub
 
@@ -336,6 +365,7 @@ class SharedBinlogSource(MysqlBinlogSource):
         self._next_merge = 0.0
         self.joins = 0  # times it joined a shared stream
         self.drops = 0  # times the shared stream dropped it (a full buffer)
+        READERS.built(self._key(), self)
 
     @classmethod
     def from_config(cls, cfg: Any, *, pipeline: str, **kwargs: Any) -> "SharedBinlogSource":
@@ -380,6 +410,7 @@ class SharedBinlogSource(MysqlBinlogSource):
 
     def open(self, start: Position | None) -> None:
         self.close()
+        READERS.opening(self._key(), self)
         if start is None and isinstance(self.start, Position):
             start = self.start  # a configured start by file and position joins at once
         if start is not None:
