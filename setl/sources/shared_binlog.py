@@ -35,7 +35,8 @@ REWIND_BYTES = 32 << 20
 BUFFER_BATCHES = 4
 #: How long a pipeline with a full buffer may keep another waiting for rows before it is dropped.
 HOLD_SECONDS = 1.0
-#: How long after a pipeline's source is built a new shared stream waits for it to open (and join).
+#: A new shared stream waits for the pipelines of its source built and not opened yet while one of
+#: them was built or opened within this many seconds (a node opens its pipelines one by one).
 SIBLINGS_SECONDS = 5.0
 #: How often a pipeline reading alone checks whether it can join the shared stream (seconds).
 MERGE_EVERY = 1.0
@@ -171,9 +172,9 @@ class SharedReader:
                                         daemon=True)
 
     def start(self) -> None:
-        """Start the pump: it opens the stream once the node's other pipelines of this source that
-        have not opened yet did (at most `SIBLINGS_SECONDS` after they were built), at the earliest
-        position asked for by then, so that pipelines started together read it once."""
+        """Start the pump: it opens the stream once the node's other pipelines of this source built
+        and not opened yet did (or none opened for `SIBLINGS_SECONDS`), at the earliest position
+        asked for by then, so that pipelines started together read the binlog once."""
         self._thread.start()
 
     def selects(self, schema: str, table: str) -> bool:
@@ -288,22 +289,28 @@ class _Readers:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._readers: dict[Hashable, SharedReader] = {}
-        #: per key, the sources built and not opened yet, and when each was built
-        self._unopened: dict[Hashable, weakref.WeakKeyDictionary[SharedBinlogSource, float]] = {}
+        #: per key, the sources built and not opened yet (a node starts its pipelines one by one)
+        self._unopened: dict[Hashable, weakref.WeakSet[SharedBinlogSource]] = {}
+        self._last_news: dict[Hashable, float] = {}  # per key, when a source was last built or opened
 
     def built(self, key: Hashable, source: SharedBinlogSource) -> None:
-        """`source` was built: a reader of `key` starting soon waits for it to open (`SIBLINGS_SECONDS`)."""
+        """`source` was built: a reader of `key` starting now waits for it to open (`SIBLINGS_SECONDS`)."""
         with self._lock:
-            self._unopened.setdefault(key, weakref.WeakKeyDictionary())[source] = time.monotonic()
+            self._unopened.setdefault(key, weakref.WeakSet()).add(source)
+            self._last_news[key] = time.monotonic()
 
     def opening(self, key: Hashable, source: SharedBinlogSource) -> None:
         with self._lock:
-            self._unopened.get(key, {}).pop(source, None)  # type: ignore[call-overload]
+            self._unopened.get(key, weakref.WeakSet()).discard(source)
+            self._last_news[key] = time.monotonic()
 
     def siblings_until(self, key: Hashable) -> float:
-        """Until when a reader of `key` waits for the sources built and not opened yet."""
+        """Until when a reader of `key` waits: while sources of it built and not opened yet remain,
+        until `SIBLINGS_SECONDS` after the last one was built or opened."""
         with self._lock:
-            return max((t + SIBLINGS_SECONDS for t in self._unopened.get(key, {}).values()), default=0.0)
+            if not self._unopened.get(key):
+                return 0.0
+            return self._last_news.get(key, 0.0) + SIBLINGS_SECONDS
 
     def attach(self, key: Hashable, make: Callable[[Callable[[str, str], bool]], MysqlBinlogSource],
                pipeline: str, at: Position, limit: int, keep: Callable[[str, str], bool] | None
@@ -449,8 +456,11 @@ class SharedBinlogSource(MysqlBinlogSource):
             return None
         if isinstance(item, _Failed):
             self._leave()
-            error = copy.copy(item.error)
-            error.context = dict(item.error.context)
+            try:
+                error = copy.copy(item.error)  # each pipeline raises its own: with_context fills it in
+                error.context = dict(item.error.context)
+            except (TypeError, AttributeError):  # a subclass that cannot be copied: the same words, plainly
+                error = SourceError(item.error.message, **item.error.context)
             raise error.with_context(pipeline=self.pipeline or None, stage="select") from item.error
         if item is not None:
             assert isinstance(item, Transaction)
