@@ -33,7 +33,8 @@ log = logging.getLogger("setl.sources.shared")
 REWIND_BYTES = 32 << 20
 #: A pipeline's buffer in the shared stream holds this many batches (batch.max_rows) of its rows.
 BUFFER_BATCHES = 4
-#: How long a pipeline with a full buffer may keep another waiting for rows before it is dropped.
+#: How long a pipeline with a full buffer may go without asking for rows, while another waits for
+#: rows, before it is dropped from the shared stream.
 HOLD_SECONDS = 1.0
 #: A new shared stream waits for the pipelines of its source built and not opened yet while one of
 #: them was built or opened within this many seconds (a node opens its pipelines one by one).
@@ -74,6 +75,7 @@ class _Subscription:
         self._items: collections.deque[Transaction | _Failed] = collections.deque()
         self._rows = 0
         self.detached = False
+        self.asked = time.monotonic()  # when its pipeline last asked for rows (`take`)
         self._ready = threading.Condition()
 
     def _selected(self, change: object) -> bool:
@@ -104,6 +106,10 @@ class _Subscription:
         with self._ready:
             return bool(self._rows) and self._rows + _weight(tx) > self.limit
 
+    def stalled(self, now: float) -> bool:
+        """Whether its pipeline has not asked for rows for `HOLD_SECONDS` (paused, stuck, retrying)."""
+        return now - self.asked >= HOLD_SECONDS
+
     def starving(self) -> bool:
         """Whether its pipeline has taken everything queued and waits for more."""
         with self._ready:
@@ -132,6 +138,7 @@ class _Subscription:
 
     def take(self, timeout: float) -> Transaction | _Failed | object | None:
         """The next item, None when none arrived within `timeout`, or `_DETACHED`."""
+        self.asked = time.monotonic()
         with self._ready:
             if not self._items and not self.detached:
                 self._ready.wait(max(0.0, timeout))
@@ -252,24 +259,22 @@ class SharedReader:
             self.source.close()
 
     def _hand_on(self, tx: Transaction, subs: list[_Subscription]) -> None:
-        """Queue what of `tx` each subscription reads. A full buffer makes the pump wait while no
-        other pipeline waits for rows; once another has waited `HOLD_SECONDS` the full ones are
-        dropped (they read alone), so a slow or paused pipeline holds the others back no longer."""
+        """Queue what of `tx` each subscription reads. A full buffer makes the pump wait: the
+        pipelines go at the pace of the slowest one still asking for rows (in a catch-up they share
+        the CPU, and a second stream would only take more of it). A full one whose pipeline has not
+        asked for rows for `HOLD_SECONDS` (paused, stuck on its target, retrying) while another
+        waits with nothing queued is dropped and reads alone: it holds the others back no longer."""
         cuts = [(sub, cut) for sub in subs if (cut := sub.cut(tx)) is not None]
-        held_since: float | None = None
         while not self._stop.is_set():
             full = [sub for sub, cut in cuts if sub.full(cut)]
             if not full:
                 break
-            if any(sub.starving() for sub in subs if sub not in full):
-                now = time.monotonic()
-                held_since = now if held_since is None else held_since
-                if now - held_since >= HOLD_SECONDS:
-                    for sub in full:
-                        sub.drop()
-                    break
-            else:
-                held_since = None
+            now = time.monotonic()
+            stalled = [sub for sub in full if sub.stalled(now)]
+            if stalled and any(sub.starving() for sub in subs if sub not in full):
+                for sub in stalled:
+                    sub.drop()
+                continue
             time.sleep(0.005)
         for sub, cut in cuts:
             if not sub.detached:
@@ -447,9 +452,10 @@ class SharedBinlogSource(MysqlBinlogSource):
         item = self._sub.take(timeout)
         if item is _DETACHED:
             self.drops += 1
-            log.warning("pipeline=%s stage=select position=%s fell %d rows behind the shared binlog stream of %s:%s:"
-                        " reading alone until it is close again", self.pipeline, self._after,
-                        self.max_rows_in_memory, self.host, self.port)
+            log.warning("pipeline=%s stage=select position=%s asked for no rows for %.0fs with %d rows queued: "
+                        "dropped from the shared binlog stream of %s:%s, reading alone until it is close again",
+                        self.pipeline, self._after, HOLD_SECONDS, BUFFER_BATCHES * self.max_rows_in_memory,
+                        self.host, self.port)
             self._leave()
             super().open(self._after)
             self._next_merge = time.monotonic() + MERGE_EVERY

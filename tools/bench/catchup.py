@@ -303,14 +303,17 @@ def pipelines_bench(source, target, start, tmp: Path, rows: int, tables: list[st
             assert conf is not None
             names = [arg for name, _ in variants[label] for arg in ("--pipeline", f"{name}_{n}")]
             applied = process_cpu(target.pid)
-            _, wall, _, _ = run_child([sys.executable, "-m", "setl.cli", "--conf", str(conf), "start", *names,
-                                       "--until-caught-up"])
+            _, wall, _, out = run_child([sys.executable, "-m", "setl.cli", "--conf", str(conf), "start", *names,
+                                         "--until-caught-up"])
+            streams = out.count("reading the mariadb binlog")  # the binlog streams it opened
+            drops, rewinds = out.count("dropped from the shared binlog stream"), out.count("rewinds to")
             cpu.setdefault(label, []).append((LAST_CHILD_CPU[0], process_cpu(target.pid) - applied, wall))
             selected = tables if "one table" not in label else tables[:1]
             same = sysbench.checksums(sysbench.Conn.from_server(source), selected) == \
                 sysbench.checksums(sysbench.Conn.from_server(target), selected)
-            print(f"repeat {n + 1}: {label}: {LAST_CHILD_CPU[0]:.1f} CPU s, {wall:.1f} s wall, "
-                  f"target equals source (CHECKSUM TABLE): {same}", flush=True)
+            print(f"repeat {n + 1}: {label}: {LAST_CHILD_CPU[0]:.1f} CPU s, {wall:.1f} s wall, {streams} binlog "
+                  f"stream(s) opened, {drops} drop(s), {rewinds} rewind(s); target equals source (CHECKSUM TABLE): "
+                  f"{same}", flush=True)
             if not same:
                 raise SystemExit(f"{label}: the target differs from the source")
     base = statistics.median(c for c, _, _ in cpu["1 pipeline, every table (baseline)"])
