@@ -36,6 +36,8 @@ BUFFER_BATCHES = 4
 #: How long a pipeline with a full buffer may go without asking for rows, while another waits for
 #: rows, before it is dropped from the shared stream.
 HOLD_SECONDS = 1.0
+#: The longest the stream waits on pipelines that ask for no rows, even when no other waits for rows.
+STUCK_SECONDS = 5.0
 #: A new shared stream waits for the pipelines of its source built and not opened yet while one of
 #: them was built or opened within this many seconds (a node opens its pipelines one by one).
 SIBLINGS_SECONDS = 5.0
@@ -263,15 +265,19 @@ class SharedReader:
         pipelines go at the pace of the slowest one still asking for rows (in a catch-up they share
         the CPU, and a second stream would only take more of it). A full one whose pipeline has not
         asked for rows for `HOLD_SECONDS` (paused, stuck on its target, retrying) while another
-        waits with nothing queued is dropped and reads alone: it holds the others back no longer."""
+        waits with nothing queued (or for `STUCK_SECONDS` in any case) is dropped and reads alone:
+        it holds the others back no longer."""
         cuts = [(sub, cut) for sub in subs if (cut := sub.cut(tx)) is not None]
+        since = time.monotonic()
         while not self._stop.is_set():
             full = [sub for sub, cut in cuts if sub.full(cut)]
             if not full:
                 break
             now = time.monotonic()
             stalled = [sub for sub in full if sub.stalled(now)]
-            if stalled and any(sub.starving() for sub in subs if sub not in full):
+            # Waiting on stalled pipelines past STUCK_SECONDS drops them even if nobody starves: what
+            # they wait for (the node's cap on batches in flight) may itself wait for this stream.
+            if stalled and (now - since >= STUCK_SECONDS or any(sub.starving() for sub in subs if sub not in full)):
                 for sub in stalled:
                     sub.drop()
                 continue

@@ -145,6 +145,25 @@ def test_pipelines_all_slower_than_the_stream_make_it_wait_instead_of_being_drop
     assert [src.drops for src in subs] == [0, 0] and all(src.shared for src in subs)
 
 
+def test_pipelines_that_all_stop_asking_are_dropped_and_resume_exactly(mariadb_source, source_db, subscribers,
+                                                                       monkeypatch):
+    """When every pipeline stops asking for rows with its buffer full, the stream drops them all after STUCK_SECONDS."""
+    monkeypatch.setattr(shared_binlog, "STUCK_SECONDS", 1.0)
+    setup_tables(mariadb_source, source_db, "a")
+    start = head(mariadb_source)
+    subs = [subscribers(None, pipeline=f"s{n}", max_rows_in_memory=5) for n in range(2)]
+    for src in subs:
+        src.open(start)
+    execute(mariadb_source, source_db, *(f"INSERT INTO a VALUES ({i}, 'x')" for i in range(1, 61)))
+    end = head(mariadb_source)
+    reader = subs[0]._reader
+    assert reader is not None
+    wait_until(lambda: reader.pumped >= end, timeout=20, message="the stream past the inserts")  # nobody polls
+    for src in subs:
+        assert [c[2] for c in rows(poll_until(src, end))] == list(range(1, 61))
+        assert src.drops == 1
+
+
 def test_a_pipeline_started_behind_catches_up_exactly(mariadb_source, source_db, subscribers, monkeypatch):
     """A pipeline far behind the shared stream reads alone, gets exactly its own reader's rows, then joins."""
     monkeypatch.setattr(shared_binlog, "REWIND_BYTES", 0)  # any gap is "far"
