@@ -150,10 +150,16 @@ class _Subscription:
                 return None
             item = self._items.popleft()
             while _is_mark(item) and self._items and _is_mark(self._items[0]):
+                self._rows -= 1  # a mark weighs 1 (`_weight`)
                 item = self._items.popleft()  # a later mark supersedes it
             if isinstance(item, Transaction):
                 self._rows -= _weight(item)
             return item
+
+    def queued_rows(self) -> int:
+        """The rows its buffer counts now (0 once it is empty)."""
+        with self._ready:
+            return self._rows
 
 
 class SharedReader:

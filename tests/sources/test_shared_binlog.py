@@ -145,6 +145,21 @@ def test_pipelines_all_slower_than_the_stream_make_it_wait_instead_of_being_drop
     assert [src.drops for src in subs] == [0, 0] and all(src.shared for src in subs)
 
 
+def test_position_marks_passed_over_free_their_room_in_the_buffer(mariadb_source, source_db, subscribers):
+    """Marks a later mark supersedes leave the buffer's count with it: an emptied buffer counts nothing."""
+    setup_tables(mariadb_source, source_db, "a", "b")
+    start = head(mariadb_source)
+    src = subscribers(("a",), pipeline="marks")
+    src.open(start)
+    reader = src._reader
+    assert reader is not None
+    execute(mariadb_source, source_db, *(f"INSERT INTO b VALUES ({i}, 'x')" for i in range(1, 41)))  # marks for it
+    end = head(mariadb_source)
+    wait_until(lambda: reader.pumped >= end, timeout=20, message="the stream past the inserts")
+    poll_until(src, end)
+    assert src._sub is not None and src._sub.queued_rows() == 0
+
+
 def test_pipelines_that_all_stop_asking_are_dropped_and_resume_exactly(mariadb_source, source_db, subscribers,
                                                                        monkeypatch):
     """When every pipeline stops asking for rows with its buffer full, the stream drops them all after STUCK_SECONDS."""
