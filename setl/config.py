@@ -205,6 +205,16 @@ class AlertConfig:
 
 
 @attrs.frozen
+class SourcesConfig:
+    """How the node's pipelines read their sources."""
+
+    #: the node's pipelines that read one MySQL or MariaDB server share one binlog stream, read with this
+    #: server_id (unique among the server's replicas and readers; docs/performance.md); not set: one stream each
+    shared_reader_server_id: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))
+
+
+@attrs.frozen
 class NodeSettings:
     """`conf/setl.yaml`: one node's identity and shared services."""
 
@@ -215,6 +225,7 @@ class NodeSettings:
     plugins: PluginsConfig = attrs.Factory(PluginsConfig)
     log: LogConfig = attrs.Factory(LogConfig)
     runtime: RuntimeConfig = attrs.Factory(RuntimeConfig)
+    sources: SourcesConfig = attrs.Factory(SourcesConfig)
     alerts: tuple[AlertConfig, ...] = ()  # webhooks told of pauses, failovers, snapshots, thresholds
     http: HttpConfig = attrs.Factory(HttpConfig)
     conf_dir: str = attrs.field(default=".", metadata={"internal": True})

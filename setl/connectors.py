@@ -391,6 +391,13 @@ def mysql_source() -> SourceConnector[Any]:
 
     def build(config: MysqlSourceConfig, context: BuildContext) -> Select:
         # A transaction larger than a batch comes in batch-sized pieces, each acknowledged (LOG:OFFSET+ROW).
+        shared = context.node.sources.shared_reader_server_id
+        if shared is not None:  # one binlog stream for all of the node's pipelines on this server
+            from setl.sources.shared_binlog import SharedBinlogSource
+
+            return SharedBinlogSource.from_config(config, pipeline=context.name, shared_server_id=shared,
+                                                  max_rows_in_memory=context.settings.batch.max_rows,
+                                                  selects=context.selects, sequences=context.sequences)
         return MysqlBinlogSource.from_config(config, pipeline=context.name,
                                              max_rows_in_memory=context.settings.batch.max_rows,
                                              selects=context.selects, sequences=context.sequences)

@@ -39,6 +39,13 @@ bounds a catch-up (the sink alone takes 140,000+ rows/s, `bench_per_table.py`): 
 and the stages before the load are, and per_table's extra transactions (a part per table per
 batch, then `mark_loaded`) take CPU from them.
 
+With ``--pipelines K`` (issue 35, goal 2) the backlog is caught up by one node in four ways, each
+in its own ``setl start --until-caught-up`` and in alternating order per repeat: one pipeline
+selecting every table (the baseline), one pipeline selecting one table (what decoding the rows of
+unselected tables costs), K pipelines each selecting its share of the tables with a binlog stream
+each, and the same K pipelines with ``sources.shared_reader_server_id`` (one stream). It prints
+each one's process CPU seconds (user + system) and its ratio to the baseline, and checks the target.
+
 With ``--compare-tree DIR`` each repeat also catches up with the code of another checkout (for
 example ``git worktree add /tmp/old c1bc4f4``), so that old and new are measured in the same run.
 The other checkout always goes second in a repeat, which favoured it by 3-5% here (2026-11-26:
@@ -178,11 +185,14 @@ def run_child(argv: list[str], timeout: float = 3600, cwd: Path = ROOT) -> tuple
 
 
 def write_conf(folder: Path, name: str, source, target, start, *, max_wait_ms: int, http: str | None = None,
-               load_mode: str = "ordered") -> Path:
+               load_mode: str = "ordered", tables: tuple[str, ...] = (r"sbtest\..*", r"bench\..*"),
+               shared: int | None = None) -> Path:
     conf = folder / "conf"
     (conf / "pipelines").mkdir(parents=True, exist_ok=True)
     (conf / "setl.yaml").write_text(f"node:\n  id: bench\nmeta:\n  store: sqlite\n  path: {folder / 'meta.db'}\n"
-                                    + (f"http:\n  listen: {http}\n" if http else ""))
+                                    + (f"http:\n  listen: {http}\n" if http else "")
+                                    + (f"sources:\n  shared_reader_server_id: {shared}\n" if shared else ""))
+    rules = "".join(f"  - source: '{t}'\n" for t in tables)
     (conf / "pipelines" / f"{name}.yaml").write_text(f"""\
 source:
   type: mysql
@@ -197,9 +207,7 @@ target:
   port: {target.port}
   user: root
 tables:
-  - source: 'sbtest\\..*'
-  - source: 'bench\\..*'
-pipeline:
+{rules}pipeline:
   parallelism: 3
   batch:
     max_rows: 5000
@@ -264,6 +272,62 @@ def catch_up(folder: Path, name: str, source, target, start, args: argparse.Name
     if scraper.scrapes == 0:
         raise SystemExit("the node's endpoint never answered")
     return wall, rss
+
+
+def pipelines_bench(source, target, start, tmp: Path, rows: int, tables: list[str], args: argparse.Namespace
+                    ) -> None:
+    """``--pipelines K``: the CPU of K pipelines on one source, each selecting its share of the
+    tables, with a stream each and with the shared reader, against one pipeline selecting all."""
+    import sysbench
+
+    k = args.pipelines
+    if k > len(tables):
+        raise SystemExit(f"--pipelines {k} needs at least as many --tables")
+
+    def share(i: int) -> tuple[str, ...]:
+        mine = "|".join(t.removeprefix("sbtest") for n, t in enumerate(tables) if n % k == i)
+        return (rf"sbtest\.sbtest({mine})$",)
+
+    variants: dict[str, list[tuple[str, tuple[str, ...]]]] = {
+        "1 pipeline, every table (baseline)": [("all", (r"sbtest\..*",))],
+        "1 pipeline, one table": [("one", (r"sbtest\.sbtest1$",))],
+        f"{k} pipelines, a stream each": [(f"own{i}", share(i)) for i in range(k)],
+        f"{k} pipelines, shared reader": [(f"shared{i}", share(i)) for i in range(k)],
+    }
+    cpu: dict[str, list[tuple[float, float, float]]] = {}  # label -> [(process CPU s, target CPU s, wall s)]
+    for n in range(args.repeat):
+        order = list(variants) if n % 2 == 0 else list(reversed(variants))
+        for label in order:
+            folder = tmp / f"k{n}-{len(cpu.get(label, []))}-{label.split(',')[0].replace(' ', '')}"
+            shared = 4999 if "shared" in label else None
+            conf = None
+            for name, rules in variants[label]:
+                conf = write_conf(folder, f"{name}_{n}", source, target, start, max_wait_ms=args.max_wait_ms,
+                                  tables=rules, shared=shared)
+            assert conf is not None
+            names = [arg for name, _ in variants[label] for arg in ("--pipeline", f"{name}_{n}")]
+            applied = process_cpu(target.pid)
+            _, wall, _, out = run_child([sys.executable, "-m", "setl.cli", "--conf", str(conf), "start", *names,
+                                         "--until-caught-up"])
+            streams = out.count("reading the mariadb binlog")  # the binlog streams it opened
+            drops, rewinds = out.count("dropped from the shared binlog stream"), out.count("rewinds to")
+            cpu.setdefault(label, []).append((LAST_CHILD_CPU[0], process_cpu(target.pid) - applied, wall))
+            selected = tables if "one table" not in label else tables[:1]
+            same = sysbench.checksums(sysbench.Conn.from_server(source), selected) == \
+                sysbench.checksums(sysbench.Conn.from_server(target), selected)
+            print(f"repeat {n + 1}: {label}: {LAST_CHILD_CPU[0]:.1f} CPU s, {wall:.1f} s wall, {streams} binlog "
+                  f"stream(s) opened, {drops} drop(s), {rewinds} rewind(s); target equals source (CHECKSUM TABLE): "
+                  f"{same}", flush=True)
+            if not same:
+                raise SystemExit(f"{label}: the target differs from the source")
+    base = statistics.median(c for c, _, _ in cpu["1 pipeline, every table (baseline)"])
+    print(f"\n{rows} row changes on {len(tables)} tables; medians of {args.repeat} runs (setl start "
+          f"--until-caught-up, start-up included)\n{'consumer':<40} {'CPU s':>7} {'µs/row':>7} {'ratio':>6} "
+          f"{'target CPU s':>13} {'wall s':>7}")
+    for label, values in cpu.items():
+        own = statistics.median(c for c, _, _ in values)
+        print(f"{label:<40} {own:>7.1f} {own / rows * 1e6:>7.1f} {own / base:>6.2f} "
+              f"{statistics.median(a for _, a, _ in values):>13.1f} {statistics.median(w for _, _, w in values):>7.1f}")
 
 
 def head(server) -> tuple[str, int]:
@@ -492,6 +556,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     parser.add_argument("--max-rows", type=int, default=5000,
                         help="the source's max_rows_in_memory (pieces of a larger transaction)")
+    parser.add_argument("--pipelines", type=int, default=0, metavar="K",
+                        help="measure K pipelines on the source (a stream each, and shared) against one; only that")
     parser.add_argument("--big-transaction", type=int, default=0, metavar="ROWS",
                         help="also read one transaction of ROWS rows with the source alone (e.g. 1000000)")
     args = parser.parse_args(argv)
@@ -533,6 +599,10 @@ def main(argv: list[str] | None = None) -> int:
         span = ["--port", str(source.port), "--start-file", start[0], "--start-pos", str(start[1]),
                 "--end-file", end[0], "--end-pos", str(end[1])]
         me = [sys.executable, str(Path(__file__).resolve())]
+        if args.pipelines:
+            result, _, _, _ = run_child([*me, "--child", "raw", *span, "--server-id", "4100"])
+            pipelines_bench(source, target, start, Path(tmp), result["rows"], tables, args)
+            return 0
         runs: dict[str, list[tuple[float, float]]] = {}  # name -> [(rows/s, rss MiB)]
         rows = 0
         for n in range(args.repeat):

@@ -1,0 +1,496 @@
+"""One binlog read per (node, source): the pipelines of a node that read the same MySQL or MariaDB
+server share one binlog stream, and each keeps its own position, acks and rollbacks.
+
+A `SharedReader` owns one `MysqlBinlogSource` and a pump thread that hands each transaction to
+every `_Subscription`, cut down to the rows of the tables its pipeline selects and to what lies
+after its own position. A pipeline's Select is a `SharedBinlogSource`: a `MysqlBinlogSource` that
+reads through a subscription when it can and with a stream of its own when it cannot (a start
+without a position, a start far behind the shared stream, a subscription dropped because its
+pipeline fell a whole buffer behind), and joins the shared stream again once close to it.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import attrs
+
+from setl.errors import SetlError, SourceError
+from setl.model import Position, RowChange, Transaction
+from setl.sources.mysql_binlog import MysqlBinlogSource
+
+log = logging.getLogger("setl.sources.shared")
+
+#: A pipeline at most this many bytes behind the shared stream (in the same binlog file) rewinds
+#: it to its own position instead of reading alone: the others re-read that much and skip it.
+REWIND_BYTES = 32 << 20
+#: A pipeline's buffer in the shared stream holds this many batches (batch.max_rows) of its rows.
+BUFFER_BATCHES = 4
+#: How long a pipeline with a full buffer may go without asking for rows, while another waits for
+#: rows, before it is dropped from the shared stream.
+HOLD_SECONDS = 1.0
+#: The longest the stream waits on pipelines that ask for no rows, even when no other waits for rows.
+STUCK_SECONDS = 5.0
+#: A new shared stream waits for the pipelines of its source built and not opened yet while one of
+#: them was built or opened within this many seconds (a node opens its pipelines one by one).
+SIBLINGS_SECONDS = 5.0
+#: How often a pipeline reading alone checks whether it can join the shared stream (seconds).
+MERGE_EVERY = 1.0
+
+
+@attrs.frozen
+class _Failed:
+    """The shared stream's end by an error, queued for each subscriber to raise as its own."""
+
+    error: SetlError
+
+
+_DETACHED = object()  # `_Subscription.take`: the pump dropped this subscriber (its buffer was full)
+
+
+def _weight(tx: Transaction) -> int:
+    return max(1, len(tx.changes))
+
+
+def _is_mark(item: object) -> bool:
+    return isinstance(item, Transaction) and not item.changes and item.complete
+
+
+class _Subscription:
+    """One pipeline's part of a shared stream: the transactions queued for it after `after`, at
+    most `limit` rows of them (a bigger transaction alone). The pump thread calls `cut`, `put`,
+    `drop` and `fail`; the pipeline's Select thread calls `take`."""
+
+    def __init__(self, pipeline: str, after: Position, limit: int, keep: Callable[[str, str], bool] | None) -> None:
+        self.pipeline = pipeline
+        self.after = after  # the end of the last transaction queued (or passed over) for it
+        self.limit = limit
+        self.keep = keep
+        self._kept: dict[tuple[str, str], bool] = {}
+        self._items: collections.deque[Transaction | _Failed] = collections.deque()
+        self._rows = 0
+        self.detached = False
+        self.asked = time.monotonic()  # when its pipeline last asked for rows (`take`)
+        self._ready = threading.Condition()
+
+    def _selected(self, change: object) -> bool:
+        if self.keep is None or type(change) is not RowChange:
+            return True  # DDL and marks reach every pipeline: Extract judges DDL against its rules
+        name = (change.schema, change.table)
+        kept = self._kept.get(name)
+        if kept is None:
+            kept = self._kept[name] = self.keep(*name)
+        return kept
+
+    def cut(self, tx: Transaction) -> Transaction | None:
+        """What of `tx` this pipeline reads (pump thread), None for nothing; moves `after` past it."""
+        if self.detached or tx.end <= self.after:
+            return None
+        changes = tx.changes
+        if self.after.row:  # resuming inside a split transaction: its first `row` changes were handed on
+            changes = tuple(c for c in changes if c.position is None or c.position > self.after)
+        if self.keep is not None:
+            changes = tuple(c for c in changes if self._selected(c))
+        self.after = tx.end
+        if not changes and not tx.complete:
+            return None  # a piece with nothing for this pipeline: its next piece or its end says more
+        return tx if len(changes) == len(tx.changes) else Transaction(changes, tx.end, tx.complete, tx.nbytes)
+
+    def full(self, tx: Transaction) -> bool:
+        """Whether queuing `tx` would pass the limit (an empty buffer takes anything)."""
+        with self._ready:
+            return bool(self._rows) and self._rows + _weight(tx) > self.limit
+
+    def stalled(self, now: float) -> bool:
+        """Whether its pipeline has not asked for rows for `HOLD_SECONDS` (paused, stuck, retrying)."""
+        return now - self.asked >= HOLD_SECONDS
+
+    def starving(self) -> bool:
+        """Whether its pipeline has taken everything queued and waits for more."""
+        with self._ready:
+            return not self._items and not self.detached
+
+    def put(self, tx: Transaction) -> None:
+        """Queue `tx` (pump thread); never blocks."""
+        with self._ready:
+            self._items.append(tx)
+            self._rows += _weight(tx)
+            self._ready.notify()
+
+    def drop(self) -> None:
+        """Detach it (pump thread): its pipeline reads alone from what it took last."""
+        with self._ready:
+            self.detached = True
+            self._items.clear()
+            self._rows = 0
+            self._ready.notify()
+
+    def fail(self, error: SetlError) -> None:
+        """The shared stream failed: the pipeline raises `error` (as its own) once it took what came before."""
+        with self._ready:
+            self._items.append(_Failed(error))
+            self._ready.notify()
+
+    def take(self, timeout: float) -> Transaction | _Failed | object | None:
+        """The next item, None when none arrived within `timeout`, or `_DETACHED`."""
+        self.asked = time.monotonic()
+        with self._ready:
+            if not self._items and not self.detached:
+                self._ready.wait(max(0.0, timeout))
+            if self.detached:
+                return _DETACHED
+            if not self._items:
+                return None
+            item = self._items.popleft()
+            while _is_mark(item) and self._items and _is_mark(self._items[0]):
+                self._rows -= 1  # a mark weighs 1 (`_weight`)
+                item = self._items.popleft()  # a later mark supersedes it
+            if isinstance(item, Transaction):
+                self._rows -= _weight(item)
+            return item
+
+    def queued_rows(self) -> int:
+        """The rows its buffer counts now (0 once it is empty)."""
+        with self._ready:
+            return self._rows
+
+
+class SharedReader:
+    """One binlog stream of a source shared by the subscriptions of a node's pipelines.
+
+    It reads from the earliest position it was asked for: a subscription at or after the stream's
+    position joins as it is; one behind it by at most `REWIND_BYTES` in the same file rewinds the
+    stream (the others skip what they had); one further behind is refused (its pipeline reads
+    alone until it is close). It stops when its last subscription leaves or the stream fails."""
+
+    def __init__(self, key: Hashable, source: MysqlBinlogSource, start: Position,
+                 siblings_until: Callable[[], float] = lambda: 0.0) -> None:
+        self.key = key
+        self.source = source
+        self.pumped = start  # the end of the last transaction handed to the subscriptions
+        self.siblings_until = siblings_until  # when to stop waiting for pipelines that have not opened yet
+        self.opened = False
+        self._rewind: Position | None = None
+        self._subs: list[_Subscription] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.ended = False
+        self.rewinds = 0
+        self._thread = threading.Thread(target=self._pump, name=f"setl-shared-binlog-{source.host}:{source.port}",
+                                        daemon=True)
+
+    def start(self) -> None:
+        """Start the pump: it opens the stream once the node's other pipelines of this source built
+        and not opened yet did (or none opened for `SIBLINGS_SECONDS`), at the earliest position
+        asked for by then, so that pipelines started together read the binlog once."""
+        self._thread.start()
+
+    def selects(self, schema: str, table: str) -> bool:
+        """Whether any subscriber's pipeline selects `schema.table` (the stream's refusals judge those)."""
+        with self._lock:
+            subs = list(self._subs)
+        return any(s.keep is None or s.keep(schema, table) for s in subs)
+
+    def attach(self, pipeline: str, at: Position, limit: int,
+               keep: Callable[[str, str], bool] | None) -> _Subscription | None:
+        """A subscription for what follows `at`, or None when `at` is too far behind (or the stream ended)."""
+        with self._lock:
+            if self.ended:
+                return None
+            if at < self.pumped and not self.opened:
+                self.pumped = at  # nothing read yet: the stream starts there
+            elif at < self.pumped:
+                if at.log != self.pumped.log or self.pumped.offset - at.offset > REWIND_BYTES:
+                    return None
+                self._rewind = at if self._rewind is None else min(self._rewind, at)
+            sub = _Subscription(pipeline, at, limit, keep)
+            self._subs.append(sub)
+            return sub
+
+    def detach(self, sub: _Subscription) -> bool:
+        """Drop `sub`; True when it was the last (the stream then stops, see `stop`)."""
+        with self._lock:
+            if sub in self._subs:
+                self._subs.remove(sub)
+            if not self._subs:
+                self.ended = True
+            return self.ended
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the pump and close the stream."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def _pump(self) -> None:
+        try:
+            while not self._stop.is_set() and time.monotonic() < self.siblings_until():
+                time.sleep(0.02)
+            with self._lock:
+                self.opened = True
+                start = self.pumped
+            if not self._stop.is_set():
+                self.source.open(start)
+            while not self._stop.is_set():
+                with self._lock:
+                    rewind, self._rewind = self._rewind, None
+                    if rewind is not None:
+                        self.pumped = min(self.pumped, rewind)
+                if rewind is not None:
+                    self.rewinds += 1
+                    log.info("shared binlog reader of %s:%s rewinds to %s for a pipeline joining there",
+                             self.source.host, self.source.port, rewind)
+                    self.source.seek(rewind)
+                tx = self.source.poll(0.2)
+                if tx is None:
+                    continue
+                with self._lock:
+                    if self._rewind is not None:
+                        continue  # read again from the rewind: nothing is lost by dropping it
+                    self.pumped = tx.end
+                    subs = list(self._subs)
+                self._hand_on(tx, subs)
+        except SetlError as exc:
+            self._end(exc)
+        except Exception as exc:  # every failure reaches each subscriber, none kills the thread silently
+            log.exception("shared binlog reader of %s:%s failed", self.source.host, self.source.port)
+            self._end(SourceError(f"the shared binlog reader of {self.source.host}:{self.source.port} failed after "
+                                  f"{self.pumped}: {type(exc).__name__}: {exc}", position=self.pumped))
+        finally:
+            self.source.close()
+
+    def _hand_on(self, tx: Transaction, subs: list[_Subscription]) -> None:
+        """Queue what of `tx` each subscription reads. A full buffer makes the pump wait: the
+        pipelines go at the pace of the slowest one still asking for rows (in a catch-up they share
+        the CPU, and a second stream would only take more of it). A full one whose pipeline has not
+        asked for rows for `HOLD_SECONDS` (paused, stuck on its target, retrying) while another
+        waits with nothing queued (or for `STUCK_SECONDS` in any case) is dropped and reads alone:
+        it holds the others back no longer."""
+        cuts = [(sub, cut) for sub in subs if (cut := sub.cut(tx)) is not None]
+        since = time.monotonic()
+        while not self._stop.is_set():
+            full = [sub for sub, cut in cuts if sub.full(cut)]
+            if not full:
+                break
+            now = time.monotonic()
+            stalled = [sub for sub in full if sub.stalled(now)]
+            # Waiting on stalled pipelines past STUCK_SECONDS drops them even if nobody starves: what
+            # they wait for (the node's cap on batches in flight) may itself wait for this stream.
+            if stalled and (now - since >= STUCK_SECONDS or any(sub.starving() for sub in subs if sub not in full)):
+                for sub in stalled:
+                    sub.drop()
+                continue
+            time.sleep(0.005)
+        for sub, cut in cuts:
+            if not sub.detached:
+                sub.put(cut)
+
+    def _end(self, error: SetlError) -> None:
+        with self._lock:
+            self.ended = True
+            subs = list(self._subs)
+        for sub in subs:
+            sub.fail(error)
+
+
+class _Readers:
+    """The node's shared readers, one per source key (a process runs one node)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._readers: dict[Hashable, SharedReader] = {}
+        #: per key, the sources built and not opened yet (a node starts its pipelines one by one)
+        self._unopened: dict[Hashable, weakref.WeakSet[SharedBinlogSource]] = {}
+        self._last_news: dict[Hashable, float] = {}  # per key, when a source was last built or opened
+
+    def built(self, key: Hashable, source: SharedBinlogSource) -> None:
+        """`source` was built: a reader of `key` starting now waits for it to open (`SIBLINGS_SECONDS`)."""
+        with self._lock:
+            self._unopened.setdefault(key, weakref.WeakSet()).add(source)
+            self._last_news[key] = time.monotonic()
+
+    def opening(self, key: Hashable, source: SharedBinlogSource) -> None:
+        with self._lock:
+            self._unopened.get(key, weakref.WeakSet()).discard(source)
+            self._last_news[key] = time.monotonic()
+
+    def siblings_until(self, key: Hashable) -> float:
+        """Until when a reader of `key` waits: while sources of it built and not opened yet remain,
+        until `SIBLINGS_SECONDS` after the last one was built or opened."""
+        with self._lock:
+            if not self._unopened.get(key):
+                return 0.0
+            return self._last_news.get(key, 0.0) + SIBLINGS_SECONDS
+
+    def attach(self, key: Hashable, make: Callable[[Callable[[str, str], bool]], MysqlBinlogSource],
+               pipeline: str, at: Position, limit: int, keep: Callable[[str, str], bool] | None
+               ) -> tuple[SharedReader, _Subscription] | None:
+        """A subscription to the key's reader (started at `at` when there is none), or None."""
+        with self._lock:
+            known = self._readers.get(key)
+            fresh = known is None or known.ended
+            if known is None or known.ended:
+                holder: list[SharedReader] = []
+                reader = SharedReader(key, make(lambda schema, table: holder[0].selects(schema, table)), at,
+                                      lambda: self.siblings_until(key))
+                holder.append(reader)
+            else:
+                reader = known
+            sub = reader.attach(pipeline, at, limit, keep)
+            if sub is None:
+                return None
+            if fresh:
+                reader.start()
+                self._readers[key] = reader
+            return reader, sub
+
+    def detach(self, reader: SharedReader, sub: _Subscription) -> None:
+        """Drop `sub`; the reader stops when it was its last."""
+        with self._lock:
+            last = reader.detach(sub)
+            if last and self._readers.get(reader.key) is reader:
+                del self._readers[reader.key]
+        if last:
+            reader.stop()
+
+    def count(self) -> int:
+        """How many shared readers run now."""
+        with self._lock:
+            return len(self._readers)
+
+
+READERS = _Readers()
+
+
+class SharedBinlogSource(MysqlBinlogSource):
+    """A pipeline's binlog Select that reads through the node's `SharedReader` of its server.
+
+    Same contract as `MysqlBinlogSource` (positions, pieces of split transactions, refusals); only
+    how the rows arrive differs. `open` at a position joins the shared stream when it is close;
+    `open` without one (the configured start) reads alone until the first position, then joins.
+    A pipeline that falls `max_rows_in_memory` rows behind the stream is dropped from it and reads
+    alone from its own position, joining again once close: it never holds the others back.
+    The shared stream reads with `shared_server_id`; reading alone uses the pipeline's own."""
+
+    def __init__(self, *, shared_server_id: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.shared_server_id = shared_server_id
+        self._kwargs = kwargs
+        self._reader: SharedReader | None = None
+        self._sub: _Subscription | None = None
+        self._after: Position | None = None
+        self._next_merge = 0.0
+        self.joins = 0  # times it joined a shared stream
+        self.drops = 0  # times the shared stream dropped it (a full buffer)
+        READERS.built(self._key(), self)
+
+    @classmethod
+    def from_config(cls, cfg: Any, *, pipeline: str, **kwargs: Any) -> "SharedBinlogSource":
+        return cls(host=cfg.host, port=cfg.port, user=cfg.user, password=cfg.password,
+                   server_id=cfg.server_id, flavor=cfg.flavor, start=cfg.start, pipeline=pipeline,
+                   ssl=cfg.ssl, snapshot=cfg.snapshot, heartbeat=cfg.heartbeat_ms / 1000.0, **kwargs)
+
+    @property
+    def shared(self) -> bool:
+        """Whether it reads through the shared stream now."""
+        return self._sub is not None
+
+    def _key(self) -> Hashable:
+        k = self._kwargs
+        return (self.host, self.port, self.user, k.get("password", ""), k.get("ssl"), self.flavor, self.sequences,
+                self.max_rows_in_memory, self.heartbeat, self.table_map_cache, self.fast_decoder,
+                self.shared_server_id)
+
+    def _make_shared(self, selects: Callable[[str, str], bool]) -> MysqlBinlogSource:
+        kwargs = dict(self._kwargs, server_id=self.shared_server_id, pipeline="", selects=selects, start="earliest")
+        return MysqlBinlogSource(**kwargs)
+
+    def _join(self, at: Position) -> bool:
+        limit = BUFFER_BATCHES * self.max_rows_in_memory
+        got = READERS.attach(self._key(), self._make_shared, self.pipeline, at, limit, self.selects)
+        if got is None:
+            return False
+        self._reader, self._sub = got
+        self._after = at
+        self.detected_flavor = self._reader.source.detected_flavor
+        self.arrivals = self._reader.source.arrivals
+        self.joins += 1
+        log.info("pipeline=%s stage=select reads the shared binlog stream of %s:%s from %s", self.pipeline,
+                 self.host, self.port, at)
+        return True
+
+    def _leave(self) -> None:
+        reader, sub = self._reader, self._sub
+        self._reader = self._sub = None
+        if reader is not None and sub is not None:
+            READERS.detach(reader, sub)
+
+    def open(self, start: Position | None) -> None:
+        self.close()
+        READERS.opening(self._key(), self)
+        if start is None and isinstance(self.start, Position):
+            start = self.start  # a configured start by file and position joins at once
+        if start is not None:
+            self.check()  # what the pipeline's own open refuses (settings, cascades of its tables)
+            if self._join(start):
+                return
+        super().open(start)
+        self._after = super().tell()
+        self._next_merge = time.monotonic() + MERGE_EVERY
+
+    def poll(self, timeout: float) -> Transaction | None:
+        if self._sub is not None:
+            return self._poll_shared(timeout)
+        tx = super().poll(timeout)
+        if tx is not None:
+            self._after = tx.end
+        now = time.monotonic()
+        if self._after is not None and now >= self._next_merge:
+            self._next_merge = now + MERGE_EVERY
+            after = self._after
+            if self._join(after):
+                MysqlBinlogSource.close(self)  # its own stream only: the shared one continues after `after`
+        return tx
+
+    def _poll_shared(self, timeout: float) -> Transaction | None:
+        assert self._sub is not None and self._reader is not None
+        item = self._sub.take(timeout)
+        if item is _DETACHED:
+            self.drops += 1
+            log.warning("pipeline=%s stage=select position=%s asked for no rows for %.0fs with %d rows queued: "
+                        "dropped from the shared binlog stream of %s:%s, reading alone until it is close again",
+                        self.pipeline, self._after, HOLD_SECONDS, BUFFER_BATCHES * self.max_rows_in_memory,
+                        self.host, self.port)
+            self._leave()
+            super().open(self._after)
+            self._next_merge = time.monotonic() + MERGE_EVERY
+            return None
+        if isinstance(item, _Failed):
+            self._leave()
+            try:
+                error = copy.copy(item.error)  # each pipeline raises its own: with_context fills it in
+                error.context = dict(item.error.context)
+            except (TypeError, AttributeError):  # a subclass that cannot be copied: the same words, plainly
+                error = SourceError(item.error.message, **item.error.context)
+            raise error.with_context(pipeline=self.pipeline or None, stage="select") from item.error
+        if item is not None:
+            assert isinstance(item, Transaction)
+            self._after = item.end
+        heard = self._reader.source.heard
+        if heard is not None and self._after is not None and heard[0] <= self._after:
+            self.heard = heard  # the stream stood where this pipeline stands now, then (lag figures)
+        return item
+
+    def tell(self) -> Position | None:
+        return self._after if self._sub is not None else super().tell()
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._leave()
+        super().close(timeout)

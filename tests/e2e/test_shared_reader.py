@@ -1,0 +1,103 @@
+"""Three pipelines of one `setl start` on one source with `sources.shared_reader_server_id`: one
+binlog connection on the server, each target equal to its source table (split transactions
+included), through a SIGKILL of the node mid-run and a restart."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from setl.meta import SqliteMetaStore
+from setl.model import Position
+from setl.testing.servers import wait_until
+from tests.e2e.setl_process import SetlProcess, binlog_head, mysql_source, mysql_target
+
+pytestmark = pytest.mark.timeout(240)
+
+TABLES = ("a", "b", "c")
+
+
+def dumps(server) -> int:
+    """The binlog streams `server` serves now."""
+    return int(server.query("SELECT COUNT(*) FROM information_schema.PROCESSLIST "
+                            "WHERE COMMAND LIKE 'Binlog Dump%'")[0][0])
+
+
+def write(server, db: str, first: int, count: int) -> None:
+    """`count` rows into each table in small transactions, then one transaction over all three tables
+    large enough to be split into pieces, with updates and deletes."""
+    conn = server.connect(database=db)
+    try:
+        with conn.cursor() as cur:
+            for start in range(first, first + count, 50):
+                ids = range(start, min(start + 50, first + count))
+                for t in TABLES:
+                    cur.execute(f"INSERT INTO {t} (id, v) VALUES " + ", ".join(f"({i}, '{t}{i}')" for i in ids))
+            cur.execute("BEGIN")
+            for t in TABLES:
+                cur.execute(f"UPDATE {t} SET v = CONCAT(v, '+') WHERE MOD(id, 3) = 0 AND id >= %s", (first,))
+                cur.execute(f"DELETE FROM {t} WHERE MOD(id, 7) = 0 AND id >= %s", (first,))
+            cur.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+def contents(server, table: str) -> list[tuple]:
+    return [tuple(r) for r in server.query(f"SELECT id, v FROM {table} ORDER BY id")]
+
+
+def acked(setl: SetlProcess, name: str) -> Position | None:
+    if not setl.meta_path.exists():
+        return None
+    meta = SqliteMetaStore(setl.meta_path)
+    try:
+        ack = meta.position(name)
+    finally:
+        meta.close()
+    return None if ack is None else ack.position
+
+
+def test_three_pipelines_share_one_stream_and_survive_a_sigkill(tmp_path, mariadb_source, source_db,
+                                                                   mariadb_target, mysql_db):
+    """One binlog connection serves three pipelines; after a SIGKILL and a restart every target table is equal."""
+    for t in TABLES:
+        mariadb_source.query(f"CREATE TABLE `{source_db}`.{t} (id INT PRIMARY KEY, v VARCHAR(40))")
+        mariadb_target.query(f"CREATE TABLE `{mysql_db}`.{t} (id INT PRIMARY KEY, v VARCHAR(40))")
+    start = binlog_head(mariadb_source)
+    write(mariadb_source, source_db, 1, 600)
+    setl = SetlProcess(tmp_path, source=mysql_source(mariadb_source, server_id=2101,
+                                                     start={"file": start.log, "pos": start.offset}),
+                       target=mysql_target(mariadb_target), tables=[], name="pa",
+                       pipeline={"parallelism": 2, "batch": {"max_rows": 200, "max_wait_ms": 20},
+                                 "retry": {"max_attempts": 3, "initial_backoff_ms": 50, "max_backoff_ms": 500}})
+    names = {t: f"p{t}" for t in TABLES}
+    for i, (t, name) in enumerate(names.items()):
+        setl.name = name
+        setl.config["source"]["server_id"] = 2101 + i
+        setl.config["tables"] = [{"source": rf"{source_db}\.{t}", "target": f"{mysql_db}.{t}"}]
+        setl.write_config()
+    node = yaml.safe_load((setl.conf / "setl.yaml").read_text())
+    node["sources"] = {"shared_reader_server_id": 2199}
+    (setl.conf / "setl.yaml").write_text(yaml.safe_dump(node))
+    args = [arg for name in names.values() for arg in ("--pipeline", name)]
+    wait_until(lambda: dumps(mariadb_source) == 0, timeout=15, message="no other binlog reader")
+
+    proc = setl.spawn("start", *args)
+    try:
+        wait_until(lambda: all(acked(setl, n) is not None for n in names.values()), timeout=60,
+                   message=f"every pipeline acked once; log:\n{setl.logs()[-3000:]}")
+        wait_until(lambda: dumps(mariadb_source) == 1, timeout=20, message="one binlog stream")
+        write(mariadb_source, source_db, 2000, 600)  # more while running: the kill strikes in the middle of it
+    finally:
+        proc.kill()
+        proc.wait(10)
+    head = binlog_head(mariadb_source)
+    behind = [n for n in names.values() if (acked(setl, n) or start) < head]
+    assert behind, "the kill struck after every pipeline had caught up: nothing left to prove"
+
+    write(mariadb_source, source_db, 4000, 300)
+    final = setl.run("start", *args, "--until-caught-up", timeout=120)
+    assert final.returncode == 0, final.stderr[-3000:]
+    for t in TABLES:
+        assert contents(mariadb_target, f"`{mysql_db}`.{t}") == contents(mariadb_source, f"`{source_db}`.{t}")
+        assert len(contents(mariadb_target, f"`{mysql_db}`.{t}")) > 1000

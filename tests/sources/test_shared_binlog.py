@@ -1,0 +1,275 @@
+"""The shared binlog reader on real MariaDB: one stream for many pipelines, each getting exactly what
+its own reader would, however it joins, falls behind, resumes or fails."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from setl.errors import SourceError
+from setl.model import Position, RowChange, Transaction
+from setl.sources import shared_binlog
+from setl.sources.shared_binlog import READERS, SharedBinlogSource
+from setl.testing.servers import wait_until
+from tests.sources.binlog import execute, head, make_source, next_server_id
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture
+def subscribers(mariadb_source) -> Iterator[Callable[..., SharedBinlogSource]]:
+    """Makes shared-reader subscribers of `mariadb_source` (one shared server_id per test), closing them after."""
+    made: list[SharedBinlogSource] = []
+    shared_id = next_server_id()
+
+    def make(tables: tuple[str, ...] | None, *, pipeline: str = "p", **kwargs: Any) -> SharedBinlogSource:
+        cfg = mariadb_source.source_config(next_server_id(), "latest")
+        selects = None if tables is None else (lambda schema, table: table in tables)
+        src = SharedBinlogSource.from_config(cfg, pipeline=pipeline, shared_server_id=shared_id, selects=selects,
+                                             **kwargs)
+        made.append(src)
+        return src
+
+    yield make
+    for src in made:
+        src.close()
+    wait_until(lambda: READERS.count() == 0, timeout=10, message="every shared reader stopped")
+
+
+def dumps(server: Any) -> int:
+    """The binlog streams the server serves now."""
+    return int(server.query("SELECT COUNT(*) FROM information_schema.PROCESSLIST "
+                            "WHERE COMMAND LIKE 'Binlog Dump%'")[0][0])
+
+
+def rows(transactions: list[Transaction]) -> list[tuple[str, str, int, Position | None]]:
+    """Every row change as (table, op, id, its position)."""
+    return [(c.table, c.op, c.image["id"], c.position) for tx in transactions for c in tx.changes
+            if isinstance(c, RowChange)]
+
+
+def poll_until(src: Any, end: Position, timeout: float = 20) -> list[Transaction]:
+    """Poll `src`, keeping what it hands on, until its tell reaches `end`."""
+    got: list[Transaction] = []
+
+    def done() -> bool:
+        tx = src.poll(0.1)
+        if tx is not None:
+            got.append(tx)
+        at = src.tell()
+        return at is not None and at.log == end.log and at.offset >= end.offset and at.row == 0
+
+    wait_until(done, timeout=timeout, interval=0, message=f"the reader at {end}")
+    return got
+
+
+def alone(server: Any, start: Position, end: Position, tables: tuple[str, ...], **kwargs: Any) -> list[Transaction]:
+    """What a pipeline's own reader hands on from `start` to `end` in transactions touching `tables`."""
+    src = make_source(server, **kwargs)
+    try:
+        src.open(start)
+        return [tx for tx in poll_until(src, end) if any(getattr(c, "table", None) in tables for c in tx.changes)]
+    finally:
+        src.close()
+
+
+def setup_tables(server: Any, db: str, *names: str) -> None:
+    execute(server, db, *(f"CREATE TABLE {name} (id INT PRIMARY KEY, v VARCHAR(20))" for name in names))
+
+
+def test_three_pipelines_read_one_stream_and_each_gets_its_tables(mariadb_source, source_db, subscribers):
+    """Three pipelines on different tables share one binlog connection; each gets exactly its own reader's rows."""
+    setup_tables(mariadb_source, source_db, "a", "b", "c")
+    wait_until(lambda: dumps(mariadb_source) == 0, timeout=15, message="no other binlog reader")
+    start = head(mariadb_source)
+    subs = {name: subscribers((name,), pipeline=f"p_{name}") for name in "abc"}
+    for src in subs.values():
+        src.open(start)
+    execute(mariadb_source, source_db, *(f"INSERT INTO {t} VALUES ({i}, 'x')" for i in range(1, 21) for t in "abc"),
+            "UPDATE a SET v = 'y' WHERE id < 5", "DELETE FROM c WHERE id > 15",
+            "INSERT INTO b VALUES (100, 'z')")
+    end = head(mariadb_source)
+    got = {name: poll_until(src, end) for name, src in subs.items()}
+    assert dumps(mariadb_source) == 1 and READERS.count() == 1
+    for name, transactions in got.items():
+        assert {c[0] for c in rows(transactions)} == {name}
+        assert rows(transactions) == [r for r in rows(alone(mariadb_source, start, end, (name,))) if r[0] == name]
+        assert all(src.shared for src in subs.values())
+
+
+def test_a_paused_pipeline_is_dropped_and_reads_alone_exactly(mariadb_source, source_db, subscribers):
+    """A pipeline that stops polling is dropped once its buffer fills; the other goes on; it then resumes exactly."""
+    setup_tables(mariadb_source, source_db, "a")
+    start = head(mariadb_source)
+    fast, slow = subscribers(None, pipeline="fast", max_rows_in_memory=10), \
+        subscribers(None, pipeline="slow", max_rows_in_memory=10)
+    fast.open(start)
+    slow.open(start)
+    execute(mariadb_source, source_db, *(f"INSERT INTO a VALUES ({i}, 'x')" for i in range(1, 61)))
+    end = head(mariadb_source)
+    got_fast = poll_until(fast, end)  # `slow` polls nothing meanwhile: a paused pipeline
+    assert [c[2] for c in rows(got_fast)] == list(range(1, 61))
+    got_slow = poll_until(slow, end)
+    assert slow.drops == 1 and rows(got_slow) == rows(got_fast)
+    execute(mariadb_source, source_db, *(f"INSERT INTO a VALUES ({i}, 'x')" for i in range(61, 66)))
+    end = head(mariadb_source)
+    assert [c[2] for c in rows(poll_until(slow, end))] == list(range(61, 66))
+    wait_until(lambda: slow.poll(0.1) is None and slow.shared, timeout=10, message="the dropped pipeline rejoined")
+    assert [c[2] for c in rows(poll_until(fast, end))] == list(range(61, 66))
+
+
+def test_pipelines_all_slower_than_the_stream_make_it_wait_instead_of_being_dropped(mariadb_source, source_db,
+                                                                                   subscribers):
+    """When every pipeline has rows queued (a catch-up), a full buffer makes the stream wait: nobody is dropped."""
+    setup_tables(mariadb_source, source_db, "a")
+    start = head(mariadb_source)
+    subs = [subscribers(None, pipeline=f"s{n}", max_rows_in_memory=5) for n in range(2)]
+    for src in subs:
+        src.open(start)
+    execute(mariadb_source, source_db, *(f"INSERT INTO a VALUES ({i}, 'x')" for i in range(1, 201)))
+    end = head(mariadb_source)
+    got: list[list[Transaction]] = [[], []]
+
+    def both() -> bool:  # one thread polls both in turn, each a transaction at a time
+        for n, src in enumerate(subs):
+            tx = src.poll(0.05)
+            if tx is not None:
+                got[n].append(tx)
+        return all(src.tell() is not None and src.tell() >= end for src in subs)  # type: ignore[operator]
+
+    wait_until(both, timeout=30, interval=0, message="both pipelines at the end")
+    assert [c[2] for c in rows(got[0])] == [c[2] for c in rows(got[1])] == list(range(1, 201))
+    assert [src.drops for src in subs] == [0, 0] and all(src.shared for src in subs)
+
+
+def test_position_marks_passed_over_free_their_room_in_the_buffer(mariadb_source, source_db, subscribers):
+    """Marks a later mark supersedes leave the buffer's count with it: an emptied buffer counts nothing."""
+    setup_tables(mariadb_source, source_db, "a", "b")
+    start = head(mariadb_source)
+    src = subscribers(("a",), pipeline="marks")
+    src.open(start)
+    reader = src._reader
+    assert reader is not None
+    execute(mariadb_source, source_db, *(f"INSERT INTO b VALUES ({i}, 'x')" for i in range(1, 41)))  # marks for it
+    end = head(mariadb_source)
+    wait_until(lambda: reader.pumped >= end, timeout=20, message="the stream past the inserts")
+    poll_until(src, end)
+    assert src._sub is not None and src._sub.queued_rows() == 0
+
+
+def test_pipelines_that_all_stop_asking_are_dropped_and_resume_exactly(mariadb_source, source_db, subscribers,
+                                                                       monkeypatch):
+    """When every pipeline stops asking for rows with its buffer full, the stream drops them all after STUCK_SECONDS."""
+    monkeypatch.setattr(shared_binlog, "STUCK_SECONDS", 1.0)
+    setup_tables(mariadb_source, source_db, "a")
+    start = head(mariadb_source)
+    subs = [subscribers(None, pipeline=f"s{n}", max_rows_in_memory=5) for n in range(2)]
+    for src in subs:
+        src.open(start)
+    execute(mariadb_source, source_db, *(f"INSERT INTO a VALUES ({i}, 'x')" for i in range(1, 61)))
+    end = head(mariadb_source)
+    reader = subs[0]._reader
+    assert reader is not None
+    wait_until(lambda: reader.pumped >= end, timeout=20, message="the stream past the inserts")  # nobody polls
+    for src in subs:
+        assert [c[2] for c in rows(poll_until(src, end))] == list(range(1, 61))
+        assert src.drops == 1
+
+
+def test_a_pipeline_started_behind_catches_up_exactly(mariadb_source, source_db, subscribers, monkeypatch):
+    """A pipeline far behind the shared stream reads alone, gets exactly its own reader's rows, then joins."""
+    monkeypatch.setattr(shared_binlog, "REWIND_BYTES", 0)  # any gap is "far"
+    monkeypatch.setattr(shared_binlog, "MERGE_EVERY", 0.05)
+    setup_tables(mariadb_source, source_db, "a", "b")
+    early = head(mariadb_source)
+    execute(mariadb_source, source_db, *(f"INSERT INTO {t} VALUES ({i}, 'x')" for i in range(1, 11) for t in "ab"))
+    middle = head(mariadb_source)
+    ahead, behind = subscribers(("a",), pipeline="ahead"), subscribers(("b",), pipeline="behind")
+    ahead.open(middle)
+    behind.open(early)
+    assert ahead.shared and not behind.shared
+    execute(mariadb_source, source_db, *(f"INSERT INTO {t} VALUES ({i}, 'x')" for i in range(11, 16) for t in "ab"))
+    end = head(mariadb_source)
+    got = poll_until(behind, end)  # read alone: every table's rows, as a pipeline's own reader hands them on
+    expected = [r for r in rows(alone(mariadb_source, early, end, ("b",))) if r[0] == "b"]
+    assert [r for r in rows(got) if r[0] == "b"] == expected and len(expected) == 15
+    assert [c[2] for c in rows(poll_until(ahead, end))] == list(range(11, 16))
+    wait_until(lambda: behind.poll(0.05) is None and behind.shared, timeout=10, message="the late pipeline joined")
+    execute(mariadb_source, source_db, "INSERT INTO b VALUES (99, 'late')")
+    assert [c[2] for c in rows(poll_until(behind, head(mariadb_source)))] == [99]
+    # the server drops the dump thread of a closed stream when it next writes to it: wait for that
+    wait_until(lambda: dumps(mariadb_source) == 1, timeout=10, message="one binlog stream")
+
+
+def test_a_pipeline_joining_a_little_behind_rewinds_the_stream_and_nobody_repeats(mariadb_source, source_db,
+                                                                                    subscribers):
+    """A pipeline joining close behind rewinds the shared stream: it gets its rows, the other gets no row twice."""
+    setup_tables(mariadb_source, source_db, "a")
+    early = head(mariadb_source)
+    first = subscribers(None, pipeline="first")
+    first.open(early)
+    execute(mariadb_source, source_db, *(f"INSERT INTO a VALUES ({i}, 'x')" for i in range(1, 11)))
+    middle = head(mariadb_source)
+    assert [c[2] for c in rows(poll_until(first, middle))] == list(range(1, 11))
+    second = subscribers(None, pipeline="second")
+    second.open(early)
+    assert second.shared
+    execute(mariadb_source, source_db, "INSERT INTO a VALUES (11, 'x')")
+    end = head(mariadb_source)
+    assert [c[2] for c in rows(poll_until(second, end))] == list(range(1, 12))
+    assert [c[2] for c in rows(poll_until(first, end))] == [11]
+    assert second._reader is not None and second._reader.rewinds == 1
+
+
+def test_a_resume_inside_a_split_transaction_is_exact(mariadb_source, source_db, subscribers):
+    """A pipeline resuming at a piece end inside a split transaction gets exactly the transaction's later rows."""
+    setup_tables(mariadb_source, source_db, "a", "b")
+    start = head(mariadb_source)
+    statements = ["BEGIN", *(f"INSERT INTO {t} VALUES ({i}, 'x')" for i in range(1, 8) for t in "ab"), "COMMIT",
+                  "INSERT INTO a VALUES (100, 'after')"]
+    execute(mariadb_source, source_db, *statements)
+    end = head(mariadb_source)
+    everything = alone(mariadb_source, start, end, ("a", "b"), max_rows_in_memory=4)
+    pieces = [tx for tx in everything if not tx.complete]
+    assert len(pieces) >= 2
+    for piece in pieces:
+        resumed = subscribers(("a",), pipeline=f"r{piece.end.row}", max_rows_in_memory=4)
+        resumed.open(piece.end)
+        got = poll_until(resumed, end)
+        expected = [r for r in rows(everything) if r[0] == "a" and r[3] is not None and r[3] > piece.end]
+        assert rows(got) == expected and [r[2] for r in rows(got)][-1] == 100
+        resumed.close()
+
+
+def test_a_source_failure_reaches_every_pipeline_as_its_own_error(mariadb_source, source_db, subscribers):
+    """A refusal of the shared stream (a statement-logged write) stops each pipeline with an error naming it."""
+    setup_tables(mariadb_source, source_db, "a")
+    start = head(mariadb_source)
+    subs = [subscribers(None, pipeline=name) for name in ("one", "two")]
+    for src in subs:
+        src.open(start)
+    execute(mariadb_source, source_db, "INSERT INTO a VALUES (1, 'row')", "SET SESSION binlog_format = 'STATEMENT'",
+            "INSERT INTO a VALUES (2, 'statement')")
+    for src in subs:
+        seen, error = poll_until_error(src)
+        assert error.context.get("pipeline") == src.pipeline and error.context.get("stage") == "select"
+        assert "statement" in str(error).lower()
+        assert [c[2] for c in rows(seen)] == [1]
+    assert subs[0]._reader is None and subs[1]._reader is None
+
+
+def poll_until_error(src: Any, timeout: float = 15) -> tuple[list[Transaction], SourceError]:
+    """Poll `src` until it raises; what it handed on before, and the error."""
+    got: list[Transaction] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            tx = src.poll(0.1)
+        except SourceError as exc:
+            return got, exc
+        if tx is not None:
+            got.append(tx)
+    raise AssertionError(f"no error within {timeout}s")
