@@ -383,7 +383,7 @@ class SharedBinlogSource(MysqlBinlogSource):
         super().__init__(**kwargs)
         self.shared_server_id = shared_server_id
         self._kwargs = kwargs
-        self._reader: SharedReader | None = None
+        self._shared_reader: SharedReader | None = None  # the node's shared stream, while joined
         self._sub: _Subscription | None = None
         self._after: Position | None = None
         self._next_merge = 0.0
@@ -417,18 +417,20 @@ class SharedBinlogSource(MysqlBinlogSource):
         got = READERS.attach(self._key(), self._make_shared, self.pipeline, at, limit, self.selects)
         if got is None:
             return False
-        self._reader, self._sub = got
+        self._shared_reader, self._sub = got
         self._after = at
-        self.detected_flavor = self._reader.source.detected_flavor
-        self.arrivals = self._reader.source.arrivals
+        self.detected_flavor = self._shared_reader.source.detected_flavor
+        self.figures.arrivals = self._shared_reader.source.arrivals  # the shared stream's (lag figures)
         self.joins += 1
         log.info("pipeline=%s stage=select reads the shared binlog stream of %s:%s from %s", self.pipeline,
                  self.host, self.port, at)
         return True
 
     def _leave(self) -> None:
-        reader, sub = self._reader, self._sub
-        self._reader = self._sub = None
+        reader, sub = self._shared_reader, self._sub
+        self._shared_reader = self._sub = None
+        if reader is not None:  # its own reader from now on: a copy, not the shared stream's figures
+            self.figures.arrivals = collections.deque(self.figures.arrivals, maxlen=self.figures.arrivals.maxlen)
         if reader is not None and sub is not None:
             READERS.detach(reader, sub)
 
@@ -460,7 +462,7 @@ class SharedBinlogSource(MysqlBinlogSource):
         return tx
 
     def _poll_shared(self, timeout: float) -> Transaction | None:
-        assert self._sub is not None and self._reader is not None
+        assert self._sub is not None and self._shared_reader is not None
         item = self._sub.take(timeout)
         if item is _DETACHED:
             self.drops += 1
@@ -483,9 +485,9 @@ class SharedBinlogSource(MysqlBinlogSource):
         if item is not None:
             assert isinstance(item, Transaction)
             self._after = item.end
-        heard = self._reader.source.heard
+        heard = self._shared_reader.source.heard
         if heard is not None and self._after is not None and heard[0] <= self._after:
-            self.heard = heard  # the stream stood where this pipeline stands now, then (lag figures)
+            self.figures.hear(*heard)  # the stream stood where this pipeline stands now, then (lag figures)
         return item
 
     def tell(self) -> Position | None:

@@ -151,7 +151,7 @@ def test_position_marks_passed_over_free_their_room_in_the_buffer(mariadb_source
     start = head(mariadb_source)
     src = subscribers(("a",), pipeline="marks")
     src.open(start)
-    reader = src._reader
+    reader = src._shared_reader
     assert reader is not None
     execute(mariadb_source, source_db, *(f"INSERT INTO b VALUES ({i}, 'x')" for i in range(1, 41)))  # marks for it
     end = head(mariadb_source)
@@ -171,7 +171,7 @@ def test_pipelines_that_all_stop_asking_are_dropped_and_resume_exactly(mariadb_s
         src.open(start)
     execute(mariadb_source, source_db, *(f"INSERT INTO a VALUES ({i}, 'x')" for i in range(1, 61)))
     end = head(mariadb_source)
-    reader = subs[0]._reader
+    reader = subs[0]._shared_reader
     assert reader is not None
     wait_until(lambda: reader.pumped >= end, timeout=20, message="the stream past the inserts")  # nobody polls
     for src in subs:
@@ -221,7 +221,7 @@ def test_a_pipeline_joining_a_little_behind_rewinds_the_stream_and_nobody_repeat
     end = head(mariadb_source)
     assert [c[2] for c in rows(poll_until(second, end))] == list(range(1, 12))
     assert [c[2] for c in rows(poll_until(first, end))] == [11]
-    assert second._reader is not None and second._reader.rewinds == 1
+    assert second._shared_reader is not None and second._shared_reader.rewinds == 1
 
 
 def test_a_resume_inside_a_split_transaction_is_exact(mariadb_source, source_db, subscribers):
@@ -258,7 +258,7 @@ def test_a_source_failure_reaches_every_pipeline_as_its_own_error(mariadb_source
         assert error.context.get("pipeline") == src.pipeline and error.context.get("stage") == "select"
         assert "statement" in str(error).lower()
         assert [c[2] for c in rows(seen)] == [1]
-    assert subs[0]._reader is None and subs[1]._reader is None
+    assert subs[0]._shared_reader is None and subs[1]._shared_reader is None
 
 
 def poll_until_error(src: Any, timeout: float = 15) -> tuple[list[Transaction], SourceError]:
