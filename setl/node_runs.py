@@ -230,15 +230,9 @@ class PipelineRuns:
         with self._lock:
             running = dict(self._running)
         for name, scheduler in running.items():
-            status = self.meta.state(name).status
-            if status is Status.PAUSED:
+            if self.meta.state(name).status is Status.PAUSED:
                 log.info("pipeline=%s paused by an operator; stopping gracefully", name)
                 scheduler.stop()
-            elif status is Status.STOPPED and scheduler.streaming and not self._stop.is_set():
-                # `setl resume` came before this node saw the pause: it never stopped, so it is running.
-                self.meta.set_state(name, Status.RUNNING, node=self.node_id)
-                if not scheduler.streaming and self.meta.state(name).status is Status.RUNNING:
-                    self.meta.set_state(name, Status.STOPPED, node=self.node_id)  # it ended meanwhile
 
     def retry_start(self, run: Supervised, exc: BaseException) -> float | None:
         """After a failed start: the seconds to wait before the next try, or None to give up

@@ -162,7 +162,6 @@ class Scheduler:
         self.ledger = Ledger(self._permits, self._cond, self.backoff, clock)
         #: how the run ends: outcome, error, drain and halt deadlines, result
         self.end = RunEnd(settings.drain_timeout_ms / 1000.0)
-        self.began = False  # RUNNING written by `start`
         self._handles: dict[str, TaskHandle] = {}
         self._etl_tasks: set[TaskHandle] = set()
         self._closer: TaskHandle | None = None
@@ -207,11 +206,6 @@ class Scheduler:
         self.end.error = error  # the node records a leadership lost while starting
 
     @property
-    def streaming(self) -> bool:
-        """Started (RUNNING recorded) and not ending: the state a running node stands by."""
-        return self.began and self.end.outcome is None
-
-    @property
     def in_flight(self) -> int:
         with self._cond:
             return self._permits.live
@@ -239,7 +233,6 @@ class Scheduler:
                 next_id += 1
             self.ledger.begin(epoch, start, next_id)
             self.meta.set_state(self.name, Status.RUNNING, node=self.node_id)
-            self.began = True
             self._event("select", None, f"starting at {start or 'the configured start'}, epoch {epoch}")
         except BaseException:
             if early is not None:
