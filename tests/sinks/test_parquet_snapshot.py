@@ -133,11 +133,12 @@ def test_a_kill_between_load_and_ack_during_the_copy_leaves_each_change_once(tmp
     crashed = setl.start_until_caught_up(timeout=120)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
     acked = setl.acked()
-    assert acked is not None and acked.batch_id == 2
+    # acks written before the crash: batch 2's, or none after batch 1 when Termin acks them together
+    assert acked is None or acked.batch_id < 3, acked
     written = {pq.read_metadata(p).num_rows for p in (tmp_path / "lake").rglob("*.parquet")}
     assert written  # the killed batch's files are there, not acked
     run_source(mariadb_source, source_db, ["UPDATE k SET v = -1 WHERE id = 7"])
-    setl.faults = json.dumps([{"stage": "termin", "action": "crash", "batch": acked.batch_id + 4}])
+    setl.faults = json.dumps([{"stage": "termin", "action": "crash", "batch": (acked.batch_id if acked else 0) + 4}])
     again = setl.start_until_caught_up(timeout=120)
     assert again.returncode in (0, -signal.SIGKILL), again.stderr[-3000:]
     run_source(mariadb_source, source_db, ["DELETE FROM k WHERE id = 8"])
