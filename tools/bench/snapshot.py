@@ -281,12 +281,9 @@ def postgres(args: argparse.Namespace, work: Path, source: MariaDBServer, pipeli
                 raise SystemExit("setl's copy into PostgreSQL differs from the source")
             if args.compare_tree:
                 old = old or old_copy()
-                olds.append(old.seconds / run.seconds)
-                print(f"round {round_}: this code {olds[-1]:.2f}x the code of {args.compare_tree} (CPU "
-                      f"{run.cpu:.1f}s against {old.cpu:.1f}s)", flush=True)
+                olds.append(_against_tree(args.compare_tree, round_, run, old))
         if olds:
-            print(f"into PostgreSQL, this code / the code of {args.compare_tree}: median {median(olds):.2f}x "
-                  f"({', '.join(f'{r:.2f}' for r in olds)})", flush=True)
+            print(f"into PostgreSQL, {_tree_median(args.compare_tree, olds)}", flush=True)
         line = f"setl into PostgreSQL: median {median([rows / r.seconds for r in setls]):,.0f} rows/s"
         if ratios:
             line += (f" = {median(ratios):.2f}x pg_chameleon 2.0.21 init_replica (median {median(chams):,.0f} rows/s, "
@@ -312,6 +309,19 @@ def other_code(args: argparse.Namespace, conf: Path, name: str, round_: int, row
 
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
+
+
+def _against_tree(tree: str, round_: int, run: Any, old: Any) -> float:
+    """One round's ratio of this code's copy to `tree`'s (its seconds over ours), printed."""
+    ratio = old.seconds / run.seconds
+    print(f"round {round_}: this code {ratio:.2f}x the code of {tree} (CPU {run.cpu:.1f}s against {old.cpu:.1f}s)",
+          flush=True)
+    return ratio
+
+
+def _tree_median(tree: str, ratios: list[float]) -> str:
+    """The rounds' ratios of this code to `tree`'s: their median, then each."""
+    return f"this code / the code of {tree}: median {median(ratios):.2f}x ({', '.join(f'{r:.2f}' for r in ratios)})"
 
 
 def main() -> int:
@@ -446,12 +456,9 @@ def main() -> int:
                 raise SystemExit("setl's copy differs from the source")
             if args.compare_tree:
                 old = old or old_copy()
-                olds.append(old.seconds / run.seconds)
-                print(f"round {round_}: this code {olds[-1]:.2f}x the code of {args.compare_tree} (CPU "
-                      f"{run.cpu:.1f}s against {old.cpu:.1f}s)", flush=True)
+                olds.append(_against_tree(args.compare_tree, round_, run, old))
         if olds:
-            print(f"into MariaDB, this code / the code of {args.compare_tree}: median {median(olds):.2f}x "
-                  f"({', '.join(f'{r:.2f}' for r in olds)})", flush=True)
+            print(f"into MariaDB, {_tree_median(args.compare_tree, olds)}", flush=True)
         setl_rate = median([rows / r.seconds for r in setls]) if setls else 0.0
         line = f"setl into MariaDB: {rows} rows, median {setl_rate:,.0f} rows/s"
         if ratios:
