@@ -57,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument("--node", dest="api_node", metavar="URL", default=None,
                         help="act through this node's HTTP control API instead of the meta store (status, pause, "
-                             "stop, resume, position, snapshot, verify, reload, switch, cluster; token from "
+                             "stop, resume, position, snapshot, verify, repair, reload, switch, cluster; token from "
                              "$SETL_API_TOKEN or --token-file)")
     parser.add_argument("--token-file", type=Path, default=None, metavar="FILE",
                         help="the API token for --node (first line of FILE)")
@@ -208,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 #: The commands that act through a node's control API with ``--node URL``.
-API_COMMANDS = ("status", "pause", "stop", "resume", "position", "snapshot", "verify", "reload", "switch", "cluster")
+API_COMMANDS = ("status", "pause", "stop", "resume", "position", "snapshot", "verify", "reload", "switch", "cluster",
+                "repair")
 
 
 def _client(args: argparse.Namespace) -> ApiClient:
@@ -490,12 +491,8 @@ def cmd_snapshot(args: argparse.Namespace, conf: Path) -> int:
         return _print(actions.request_snapshot(meta, config, tables))
 
 
-def _refuse_stale_rules(meta: MetaStore, config: Any) -> None:
-    actions.refuse_stale_rules(meta, config)
-
-
 def cmd_repair(args: argparse.Namespace, conf: Path) -> int:
-    return repair_cmd.cmd_repair(args, conf, _pipeline_meta, _refuse_stale_rules)
+    return repair_cmd.cmd_repair(args, conf, _pipeline_meta)
 
 
 def cmd_reload(args: argparse.Namespace, conf: Path) -> int:

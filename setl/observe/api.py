@@ -7,7 +7,7 @@ state-changing request written to an audit log.
 
 Any node answers for any pipeline: an action is a request in the shared meta store (as the CLI's
 is, from any host), which the node holding the pipeline acts on within a second; a long operation
-(verify, snapshot, reload, switch, drain, move) runs on the node that was asked, and its id is
+(verify, snapshot, repair, replay, reload, switch, drain, move) runs on the node that was asked, and its id is
 polled there. A stop is an operation too: it ends once no process runs the pipeline.
 """
 
@@ -159,6 +159,9 @@ ROUTES: tuple[Route, ...] = (
           "report", "verify", body=("tables", "attempts", "chunk_rows", "wait_timeout_s", "max_lag_s"),
           operation=True),
     Route("GET", P + "/verify", "viewer", "the last verify report of the pipeline", "verify_result"),
+    Route("POST", P + "/repair", "operator", "copy the keys a verify report finds different again, through the "
+          "pipeline, then verify them (`report`: a verify report to repair from; default: verify first)", "repair",
+          body=("tables", "report", "timeout_s", "wait_timeout_s"), operation=True),
     Route("POST", P + "/reload", "operator", "the running node re-reads the pipeline's file", "reload",
           body=("timeout_s",), operation=True),
     Route("POST", P + "/switch", "operator", "hand the mainstem to a standby (HA)", "switch",
@@ -460,6 +463,25 @@ class Api:
     def _verify_result(self, request: Request) -> dict[str, Any]:
         name = self._pipeline(request)
         return {"pipeline": name, "verify": self.meta.verify_result(name)}
+
+    def _repair(self, request: Request) -> Response:
+        from setl.control import repair
+        from setl.verify.repair import check_report
+
+        name = self._pipeline(request)
+        body = request.body
+        only = actions.parse_tables(_strings(body, "tables", required=False), "tables")
+        timeout = _number(body, "timeout_s", 300.0, minimum=0.001)
+        wait_timeout = _number(body, "wait_timeout_s", 60.0, minimum=0.001)
+        report = check_report(body["report"], name, "report") if "report" in body else None
+        config = load_pipeline(self.conf, name, for_node(self.settings))
+        repair.check(config)  # refused before an operation starts
+
+        def work(progress: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+            return repair.repair(self.settings, config, self.meta, only, report=report, timeout=timeout,
+                                 wait_timeout=wait_timeout, progress=progress).to_dict()
+
+        return self._start("repair", name, request, work)
 
     def _reload(self, request: Request) -> Response:
         name = self._pipeline(request)

@@ -457,3 +457,26 @@ def test_cli_reload_switch_and_cluster_go_through_the_node(api: ApiNode) -> None
         assert refused.returncode == 2 and words in refused.stderr, (args, refused)
     assert [e["status"] for e in api.audited()[audited:]] == [400, 400, 400]
     assert api.meta_state() == ("running", None)
+
+
+def test_repair_is_an_operation_that_restores_a_row_and_verifies(api: ApiNode) -> None:
+    """A row changed and one deleted in the target behind setl's back: POST repair verifies first,
+    copies those keys again through the pipeline and ends done with an equal report; `setl --node
+    URL repair` then finds nothing to repair (exit 0); a report of another pipeline is a 400."""
+    name, source_db, target_db = api.node.name, api.node.source_db, api.node.target_db
+    wait_until(lambda: api.status() == "running", 30, 0.2)
+    api.node.target.query(f"DELETE FROM `{target_db}`.t WHERE id = 5")
+    api.node.target.query(f"UPDATE `{target_db}`.t SET v = 'wrong' WHERE id = 6")
+    status, body, _ = api.call("POST", f"/pipelines/{name}/repair", {"report": {"pipeline": "other", "tables": []}})
+    assert status == 400 and "a report of pipeline 'other'" in body["error"], body
+    status, started, _ = api.call("POST", f"/pipelines/{name}/repair", {"tables": [f"{source_db}.t"],
+                                                                        "timeout_s": 60})
+    assert status == 202 and started["kind"] == "repair", started
+    op = _operation_end(api, started["id"], 120)
+    assert op["state"] == "done" and op["result"]["state"] == "verified" and op["result"]["equal"] is True, op
+    assert any("verifying first" in e.get("message", "") for e in op["events"]), op["events"]
+    expected = api.node.source.query(f"SELECT id, v FROM `{source_db}`.t ORDER BY id")
+    assert api.node.target.query(f"SELECT id, v FROM `{target_db}`.t ORDER BY id") == expected
+    assert (5, "a") in expected and (6, "a") in expected
+    again = _setl(api, "repair", "--pipeline", name, "--table", f"{source_db}.t", node=True)
+    assert again.returncode == 0 and f"{name}: nothing to repair" in again.stdout, again
