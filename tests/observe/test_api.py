@@ -376,10 +376,19 @@ def _operation_end(api: ApiNode, op_id: str, timeout: float = 60) -> dict[str, A
 
 def test_stop_ends_once_nothing_runs_the_pipeline_and_holds_until_resumed(api: ApiNode) -> None:
     """POST stop is an operation that ends done only once the node runs the pipeline no more (the
-    status row says so at that moment); a row written then is not applied until resume; a viewer's
-    stop is refused; `setl --node` and `setl` stop a stopped pipeline again without changing it."""
+    status row says so at that moment), and fails with one line when given no time to (paused all
+    the same); a row written while stopped is not applied until resume; a viewer's stop is refused;
+    `setl --node` and `setl` stop a stopped pipeline again at once."""
     name = api.node.name
     assert api.call("POST", f"/pipelines/{name}/stop", {}, token=VIEWER)[0] == 403
+    status, early, _ = api.call("POST", f"/pipelines/{name}/stop", {"timeout_s": 0})  # no time to stop in
+    assert status == 202, early
+    failed = _operation_end(api, early["id"])
+    assert failed["state"] == "failed" and f"{name} is paused but its node still runs it" in failed["error"], failed
+    assert api.meta_state()[0] == "paused"  # as a pause: it stops once its batches in flight end
+    assert api.call("POST", f"/pipelines/{name}/resume")[0] == 200
+    wait_until(lambda: api.call("GET", f"/pipelines/{name}", token=VIEWER)[1]["running_here"], 30, 0.2,
+               message="running again after the first stop")
     status, started, _ = api.call("POST", f"/pipelines/{name}/stop", {"timeout_s": 30})
     assert status == 202 and started["kind"] == "stop", started
     op = _operation_end(api, started["id"])
