@@ -1,7 +1,7 @@
 """setl: change data capture from MySQL/MariaDB binlogs through Select, Extract, Transform (Spark) and Load.
 
 The public API is what `__all__` names, and the modules `PUBLIC_MODULES` names (documented in
-docs/api.md); everything else may change.
+docs/python-api.md); everything else may change.
 """
 
 from setl import _compiled  # noqa: F401 - first: chooses compiled modules or their sources

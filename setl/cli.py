@@ -57,7 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument("--node", dest="api_node", metavar="URL", default=None,
                         help="act through this node's HTTP control API instead of the meta store (status, pause, "
-                             "resume, position, snapshot, verify; token from $SETL_API_TOKEN or --token-file)")
+                             "stop, resume, position, snapshot, verify, repair, reload, switch, cluster; token from "
+                             "$SETL_API_TOKEN or --token-file)")
     parser.add_argument("--token-file", type=Path, default=None, metavar="FILE",
                         help="the API token for --node (first line of FILE)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -85,6 +86,12 @@ def _parser() -> argparse.ArgumentParser:
                                   "stream again (docs/quarantine.md)")
             sub.add_argument("--chunk-rows", type=int, default=1000, metavar="N",
                              help="kept changes applied per replay transaction (default 1000)")
+
+    stop = commands.add_parser("stop", help="pause a pipeline and wait until no process runs it (it stays stopped "
+                                            "until `setl resume`)")
+    stop.add_argument("--pipeline", required=True, metavar="NAME")
+    stop.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                      help="seconds to wait for its node to stop it (default 60)")
 
     position = commands.add_parser("position", help="show or reset a pipeline's position")
     actions = position.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -179,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         if not Path(conf).is_dir() and args.command != "plugins" and not args.api_node:
             raise UsageError(f"configuration directory {conf} does not exist (give --conf DIR or set $SETL_CONF)")
         handler = {
-            "start": cmd_start, "status": cmd_status, "pause": cmd_pause, "resume": cmd_resume,
+            "start": cmd_start, "status": cmd_status, "pause": cmd_pause, "stop": cmd_stop, "resume": cmd_resume,
             "position": cmd_position, "plugins": cmd_plugins, "switch": cmd_switch, "schema": cmd_schema,
             "snapshot": cmd_snapshot, "check": cmd_check, "cluster": cluster_cmd.cmd_cluster,
             "verify": cmd_verify, "reload": cmd_reload, "repair": cmd_repair,
@@ -201,11 +208,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 #: The commands that act through a node's control API with ``--node URL``.
-API_COMMANDS = ("status", "pause", "resume", "position", "snapshot", "verify")
+API_COMMANDS = ("status", "pause", "stop", "resume", "position", "snapshot", "verify", "reload", "switch", "cluster",
+                "repair")
 
 
 def _client(args: argparse.Namespace) -> ApiClient:
     return ApiClient(args.api_node, read_token(args.token_file))
+
+
+def follow_operation(client: ApiClient, started: dict[str, Any], what: str) -> dict[str, Any]:
+    """`ApiClient.follow`, printing the operation's progress messages as they come."""
+    return client.follow(started, what, lambda message: print(message, flush=True))
 
 
 def _print_api(answer: dict[str, Any]) -> int:
@@ -478,12 +491,8 @@ def cmd_snapshot(args: argparse.Namespace, conf: Path) -> int:
         return _print(actions.request_snapshot(meta, config, tables))
 
 
-def _refuse_stale_rules(meta: MetaStore, config: Any) -> None:
-    actions.refuse_stale_rules(meta, config)
-
-
 def cmd_repair(args: argparse.Namespace, conf: Path) -> int:
-    return repair_cmd.cmd_repair(args, conf, _pipeline_meta, _refuse_stale_rules)
+    return repair_cmd.cmd_repair(args, conf, _pipeline_meta)
 
 
 def cmd_reload(args: argparse.Namespace, conf: Path) -> int:
@@ -491,6 +500,17 @@ def cmd_reload(args: argparse.Namespace, conf: Path) -> int:
     applied, unchanged or deferred (paused: applied at `setl resume`), 1 refused (the old rules keep
     running) or no answer. The node reads its own copy of the file: on another host, change the
     file there first."""
+    if args.api_node:
+        client = _client(args)
+        started = client.call("POST", f"/pipelines/{args.pipeline}/reload", {"timeout_s": args.timeout})
+        try:
+            result = follow_operation(client, started, "reload")
+        except SetlError as exc:
+            if "reload refused" in exc.message:
+                print(f"setl: error: {exc.message}", file=sys.stderr)
+                return 1
+            raise
+        return _print_api({"message": result["message"].splitlines()[-1]})
     config = load_pipeline(conf, args.pipeline, for_node(load_node(conf)))  # a broken file stops here
     with _pipeline_meta(conf, args.pipeline) as meta:
         progress, printed = _progress_printer()
@@ -566,9 +586,30 @@ def cmd_pause(args: argparse.Namespace, conf: Path) -> int:
         return _print(actions.pause(meta, args.pipeline))
 
 
+def cmd_stop(args: argparse.Namespace, conf: Path) -> int:
+    """Exit 0 once no process runs the pipeline (`actions.stop`); 1 when its node has not stopped it in time."""
+    if args.timeout < 0:
+        raise UsageError("--timeout must be at least 0")
+    if args.api_node:
+        client = _client(args)
+        started = client.call("POST", f"/pipelines/{args.pipeline}/stop", {"timeout_s": args.timeout})
+        return _print_api(follow_operation(client, started, "stop"))
+    with _pipeline_meta(conf, args.pipeline) as meta:
+        progress, printed = _progress_printer()
+        return _print(actions.stop(meta, args.pipeline, args.timeout, progress), printed)
+
+
 def cmd_resume(args: argparse.Namespace, conf: Path) -> int:
     if args.api_node:
-        return _print_api(_client(args).call("POST", f"/pipelines/{args.pipeline}/resume"))
+        client = _client(args)
+        if args.table:
+            if args.chunk_rows < 1:
+                raise UsageError("--chunk-rows must be at least 1")
+            started = client.call("POST", f"/pipelines/{args.pipeline}/quarantine/{args.table}/replay",
+                                  {"chunk_rows": args.chunk_rows})
+            print(follow_operation(client, started, f"the replay of {args.table}")["message"].splitlines()[-1],
+                  flush=True)
+        return _print_api(client.call("POST", f"/pipelines/{args.pipeline}/resume"))
     if args.table:
         if args.chunk_rows < 1:
             raise UsageError("--chunk-rows must be at least 1")
@@ -578,28 +619,20 @@ def cmd_resume(args: argparse.Namespace, conf: Path) -> int:
 
 
 def _replay_table(pipeline: str, table: str, conf: Path, chunk: int) -> None:
-    """`setl resume --table`: apply what the target keeps for quarantined `table` (a target table,
-    as `setl status` names it), in order, then end its quarantine (`setl.stages.load.Load.replay`).
-    Safe while the pipeline runs: each replay transaction holds its batches off."""
-    from setl.connectors import build_load
-
+    """`setl resume --table`: `actions.replay_table` on the pipeline's target, its progress logged."""
     node = load_node(conf)
     config = load_pipeline(conf, pipeline, for_node(node))
     with _pipeline_meta(conf, pipeline):
         pass  # a known pipeline
-    load = build_load(config, node)
-    try:
-        found = {q.table: q for q in load.quarantined()}
-        if table not in found:
-            raise UsageError(f"pipeline {pipeline}: target table {table} is not quarantined (quarantined: "
-                             f"{', '.join(found) or 'none'})", pipeline=pipeline, table=table)
-        print(f"{pipeline}: replaying {found[table].changes} kept changes of {table} (quarantined at "
-              f"{found[table].first}: {found[table].cause})")
-        applied = load.replay(table, chunk=chunk, progress=lambda done, left: log.info(
-            "pipeline=%s table=%s replay: %d applied, %d left", pipeline, table, done, left))
-    finally:
-        load.close()
-    print(f"{pipeline}: {table} replayed ({applied} changes applied); it follows the stream again")
+
+    def progress(event: dict[str, Any]) -> None:
+        if "message" in event:
+            print(event["message"], flush=True)
+        else:
+            log.info("pipeline=%s table=%s replay: %d applied, %d left", pipeline, table, event["applied"],
+                     event["left"])
+
+    print(actions.replay_table(node, config, table, chunk, progress).lines[-1], flush=True)
 
 
 def cmd_position(args: argparse.Namespace, conf: Path) -> int:
@@ -634,6 +667,14 @@ def _show_position(shown: dict[str, Any], as_json: bool) -> None:
 
 
 def cmd_switch(args: argparse.Namespace, conf: Path) -> int:
+    if args.api_node:
+        client = _client(args)
+        body: dict[str, Any] = {"timeout_s": args.timeout, **({"to": args.to} if args.to else {})}
+        started = client.call("POST", f"/pipelines/{args.pipeline}/switch", body)
+        result = follow_operation(client, started, "switch")
+        for line in result["message"].splitlines()[1:]:  # the first was streamed
+            print(line, flush=True)
+        return 0
     settings = load_node(conf)
     if settings.meta.store != "zookeeper":
         raise UsageError("setl switch needs HA: meta.store: zookeeper in setl.yaml")

@@ -51,6 +51,8 @@ def _coordinator(conf: Path) -> Iterator[Any]:
 
 
 def cmd_cluster(args: argparse.Namespace, conf: Path) -> int:
+    if args.api_node:
+        return _through_node(args)
     from setl.ha.cluster import cluster_view as read_view
     from setl.meta.zookeeper import ZooKeeperMetaStore
     from setl.status import dead_runs
@@ -75,6 +77,28 @@ def cmd_cluster(args: argparse.Namespace, conf: Path) -> int:
         for line in result.lines[1:] if not (args.action == "drain" and args.undo) else result.lines:
             print(line)
         return 0
+
+
+def _through_node(args: argparse.Namespace) -> int:
+    """`setl --node URL cluster ...`: the node's ``/cluster`` routes, drain and move followed to their end."""
+    from setl.control.client import ApiClient, read_token
+
+    client = ApiClient(args.api_node, read_token(args.token_file))
+    if args.action == "status":
+        view = client.call("GET", "/cluster")
+        print(json.dumps(view, indent=2, sort_keys=True) if args.json else "\n".join(status_lines(view)))
+        return 0
+    if args.action == "drain":
+        started = client.call("POST", f"/cluster/nodes/{args.node}/drain",
+                              {"undo": args.undo, "timeout_s": args.timeout})
+    else:
+        started = client.call("POST", f"/cluster/pipelines/{args.pipeline}/move",
+                              {"to": args.to, "timeout_s": args.timeout})
+    result = client.follow(started, f"cluster {args.action}", lambda message: print(message, flush=True))
+    lines = result["message"].splitlines()
+    for line in lines[1:] if not (args.action == "drain" and args.undo) else lines:
+        print(line)
+    return 0
 
 
 def status_lines(view: dict[str, Any]) -> list[str]:

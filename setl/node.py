@@ -184,8 +184,9 @@ class Node:
         return scheduler.load.quarantine_view() if scheduler is not None else None
 
     def figures(self, name: str) -> dict[str, Any]:
-        """A pipeline's live figures, stored with its liveness beats (`NodeStatus.figures`)."""
-        return self.status.figures(name)
+        """A pipeline's live figures, stored with its liveness beats (`NodeStatus.figures`), and
+        ``streaming``: whether a scheduler runs it here now (`setl stop` waits for false)."""
+        return {**self.status.figures(name), "streaming": name in self.runs.running()}
 
     def request_reload(self) -> None:
         """Re-read every pipeline's file and apply new table rules at the next batch boundary

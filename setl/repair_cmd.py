@@ -1,19 +1,19 @@
 """`setl repair`: copy the keys a verify report found different again, through the pipeline (the
 running node serves the requests, or the next `setl start`), then verify the repaired tables
-(`setl.verify.repair`, docs/verify.md); `setl.cli` hands the ``repair`` command here."""
+(`setl.control.repair`, the API's too, docs/verify.md); `setl.cli` hands the ``repair`` command here."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from setl.config import load_node, load_pipeline
-from setl.connectors import for_node, registry
+from setl.connectors import for_node
+from setl.control import repair
 from setl.errors import UsageError
-from setl.meta.base import Status
 from setl.model import TableName
 
 
@@ -32,75 +32,54 @@ def add_parser(commands: Any) -> None:
                         help="verify's wait for the acked position to reach a read's (default 60)")
 
 
-def cmd_repair(args: argparse.Namespace, conf: Path, pipeline_meta: Any, refuse_stale_rules: Any) -> int:
-    """Exit 0 once the repaired tables verify equal; 1 when they do not, or when the pipeline is
-    not running (the requests wait for its next start, and nothing is verified yet); 2 on bad usage
-    or no verdict. `pipeline_meta(conf, name, settings)` opens the meta store once the pipeline is
-    known (the CLI's); `refuse_stale_rules(meta, config)` is the CLI's check that a running node
-    runs the file's rules (as for `setl snapshot`)."""
-    from setl.routing import build_plan
-    from setl.verify.repair import copies_begun, describe, load_report, plan_repairs, submit, wait_served
-    from setl.verify.run import verify_pipeline
+def cmd_repair(args: argparse.Namespace, conf: Path, pipeline_meta: Any) -> int:
+    """Exit 0 once the repaired tables verify equal (or nothing differs); 1 when they do not, or when
+    the pipeline is not running (the requests wait for its next start, and nothing is verified yet);
+    2 on bad usage or no verdict. `pipeline_meta(conf, name, settings)` opens the meta store once
+    the pipeline is known (the CLI's). The work is `setl.control.repair.repair`, as the API's."""
+    from setl.verify.repair import load_report
 
     if args.timeout <= 0 or args.wait_timeout <= 0:
         raise UsageError("--timeout and --wait-timeout must be above 0")
+    if args.api_node:
+        return _through_node(args)
     settings = load_node(conf)
     config = load_pipeline(conf, args.pipeline, for_node(settings))
-    if not registry().source(config.source.type).capabilities.snapshots:
-        raise UsageError(f"source type {config.source.type} cannot read tables again (its connector does not "
-                         "declare the snapshots capability); setl repair needs a source that does, such as mysql",
-                         pipeline=config.name, stage="repair")
-    if config.target.type not in ("mysql", "postgresql"):
-        raise UsageError(f"target type {config.target.type} cannot be verified, so not repaired either (MariaDB/MySQL "
-                         "and PostgreSQL targets can); `setl snapshot --table` copies a table again",
-                         pipeline=config.name, stage="repair")
+    repair.check(config)
     try:
         only = [TableName.parse(text) for text in args.table]
     except ValueError as exc:
         raise UsageError(f"--table {exc}") from None
-    routes = build_plan(settings, config)
+    report = load_report(args.from_report, config.name) if args.from_report is not None else None
 
-    def whole_reason(table: TableName) -> str | None:
-        route = routes.route(table.schema, table.table)
-        if route is None:
-            raise UsageError(f"pipeline {config.name}: no table rule selects {table}", pipeline=config.name,
-                             stage="repair")
-        if route.filter is not None:
-            return f"its rule tables[{route.rule_index}] has a row filter"
-        if config.tables[route.rule_index].transforms:
-            return f"its rule tables[{route.rule_index}] has transforms"
-        return None
+    def progress(event: dict[str, Any]) -> None:
+        print(event["message"], file=sys.stderr if event.get("note") else sys.stdout, flush=True)
 
     with pipeline_meta(conf, config.name, settings) as meta:
-        if args.from_report is not None:
-            report = load_report(args.from_report, config.name)
-        else:
-            print(f"{config.name}: verifying first", file=sys.stderr, flush=True)
-            report = verify_pipeline(settings, config, meta, only, wait_timeout=args.wait_timeout).to_dict()
-        plan = plan_repairs(report, whole_reason, only)
-        if not plan.tables:
-            print(f"{config.name}: nothing to repair: the report lists no difference"
-                  + (f" in {', '.join(map(str, only))}" if only else ""))
-            return 0
-        running = meta.state(config.name).status is Status.RUNNING
-        if running:
-            refuse_stale_rules(meta, config)
-        before = copies_begun(meta, config.name)
-        submit(meta, config.name, plan)
-        for line in describe(plan):
-            print(f"{config.name}: {line}", flush=True)
-        if not running:
-            print(f"{config.name} is not running: the repair is served by its next start (`setl start "
-                  f"--pipeline {config.name}`, --until-caught-up included); then run setl verify", flush=True)
-            return 1
+        result = repair.repair(settings, config, meta, only, report=report, timeout=args.timeout,
+                               wait_timeout=args.wait_timeout, progress=progress)
+    return _finish(result.data, result.lines, args.json)
 
-        def alive() -> bool:
-            live = meta.liveness(config.name)
-            return meta.state(config.name).status is Status.RUNNING and live is not None and not live.stale(
-                time.time())
 
-        wait_served(meta, config.name, plan, before, args.timeout, alive=alive)
-        print(f"{config.name}: repair served and acked; verifying {', '.join(map(str, plan.tables))}", flush=True)
-        final = verify_pipeline(settings, config, meta, plan.tables, wait_timeout=args.wait_timeout)
-    print(final.text(args.json))
-    return 0 if final.equal else 1
+def _through_node(args: argparse.Namespace) -> int:
+    """`setl --node URL repair`: the node's repair operation, followed to its end."""
+    from setl.control.client import ApiClient, read_token
+    from setl.verify.repair import load_report
+
+    client = ApiClient(args.api_node, read_token(args.token_file))
+    body: dict[str, Any] = {"tables": args.table, "timeout_s": args.timeout, "wait_timeout_s": args.wait_timeout}
+    if args.from_report is not None:
+        body["report"] = load_report(args.from_report, args.pipeline)
+    started = client.call("POST", f"/pipelines/{args.pipeline}/repair", body)
+    result = client.follow(started, "repair", lambda message: print(message, flush=True))
+    return _finish(result, tuple(result["message"].splitlines()), args.json)
+
+
+def _finish(data: dict[str, Any], lines: tuple[str, ...], as_json: bool) -> int:
+    state = data["state"]
+    if state == "verified":
+        print(json.dumps(data["report"], indent=2) if as_json else "\n".join(lines))
+        return 0 if data["equal"] else 1
+    print("\n".join(lines), flush=True)
+    return 0 if state == "nothing" else 1
+

@@ -14,8 +14,8 @@ from typing import Any
 
 import attrs
 
-from setl.config import PipelineConfig, load_node, load_pipeline, pipeline_names
-from setl.connectors import for_node, registry
+from setl.config import NodeSettings, PipelineConfig, load_node, load_pipeline, pipeline_names
+from setl.connectors import build_load, for_node, registry
 from setl.errors import SetlError, UsageError
 from setl.meta.base import MetaStore, Status
 from setl.model import Position, TableName
@@ -77,6 +77,34 @@ def resume(meta: MetaStore, name: str) -> ActionResult:
     meta.set_state(name, Status.STOPPED, error=None, node=state.node)
     return ActionResult(name, "resume", (f"{name} resumed" + (f" (was paused: {state.error})" if state.error
                                                                 else ""),), data={"status": "stopped"})
+
+
+def stop(meta: MetaStore, name: str, timeout: float, progress: Progress, interval: float = 0.2) -> ActionResult:
+    """Pause, then wait up to `timeout` seconds until no process runs the pipeline: its node has
+    acked or rolled back every batch in flight and closed its scheduler (the liveness record says
+    ``streaming`` false in a beat after the request, or it is gone or stale). Like a pause it is
+    persisted: it stays stopped, across restarts, until resumed (docs/http-api.md). A SetlError when
+    the node has not stopped it in time (it stays paused: it stops once its in-flight batches end)."""
+    asked = time.time()
+    paused = pause(meta, name)
+    progress({"message": paused.lines[0]})
+
+    def stopped() -> bool:
+        live = meta.liveness(name)
+        if live is None or live.stale(time.time()):
+            return True
+        return live.time > asked and live.figures.get("streaming") is False
+
+    deadline = time.monotonic() + timeout
+    while not stopped():
+        if time.monotonic() >= deadline:
+            raise SetlError(f"{name} is paused but its node still runs it after {timeout:.0f}s (it stops once its "
+                            "in-flight batches are acked or rolled back; `setl status` shows it)", pipeline=name,
+                            stage="stop")
+        time.sleep(interval)
+    return ActionResult(name, "stop", (f"{name} stopped: no process runs it; it stays stopped until "
+                                       f"`setl resume --pipeline {name}`",), changed=paused.changed,
+                        data={"status": "paused", "streaming": False})
 
 
 def position_show(meta: MetaStore, name: str, history: int = 5) -> dict[str, Any]:
@@ -344,3 +372,39 @@ def move(coordinator: Any, meta: MetaStore, name: str, to: str, timeout: float, 
     _wait(timeout, moved, f"{name} is not on {to} yet (it finishes in-flight batches first)", stage="cluster")
     return ActionResult(name, "move", (f"{name}: asked the coordinator to move it to {to}",
                                        *((f"{to} runs {name}",) if timeout > 0 else ())))
+
+
+def quarantined(settings: NodeSettings, config: PipelineConfig) -> list[dict[str, Any]]:
+    """The pipeline's quarantined target tables as its target records them (docs/quarantine.md):
+    read from the target, so a stopped pipeline's are listed too."""
+    load = build_load(config, settings)
+    try:
+        return [q.to_dict() for q in load.quarantined()]
+    finally:
+        load.close()
+
+
+def replay_table(settings: NodeSettings, config: PipelineConfig, table: str, chunk: int,
+                 progress: Progress) -> ActionResult:
+    """Apply what the target keeps for quarantined `table` (a target table, as `setl status` names
+    it), in order, then end its quarantine (`setl.stages.load.Load.replay`). Safe while the pipeline
+    runs: each replay transaction holds its batches off. A UsageError when `table` is not quarantined."""
+    name = config.name
+    if chunk < 1:
+        raise UsageError("chunk rows must be at least 1", pipeline=name)
+    load = build_load(config, settings)
+    try:
+        found = {q.table: q for q in load.quarantined()}
+        if table not in found:
+            raise UsageError(f"pipeline {name}: target table {table} is not quarantined (quarantined: "
+                             f"{', '.join(found) or 'none'})", pipeline=name, table=table)
+        kept = found[table]
+        first = (f"{name}: replaying {kept.changes} kept changes of {table} (quarantined at {kept.first}: "
+                 f"{kept.cause})")
+        progress({"message": first})
+        applied = load.replay(table, chunk=chunk, progress=lambda done, left: progress(
+            {"table": table, "applied": done, "left": left}))
+    finally:
+        load.close()
+    return ActionResult(name, "replay", (first, f"{name}: {table} replayed ({applied} changes applied); it follows "
+                                                "the stream again"), data={"table": table, "applied": applied})

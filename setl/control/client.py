@@ -8,7 +8,7 @@ import os
 import ssl
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,21 @@ class ApiClient:
         except (urllib.error.URLError, OSError) as exc:
             raise SetlError(f"lost the node at {self.url} while following operation {op_id}: "
                             f"{getattr(exc, 'reason', exc)}", stage="api") from exc
+
+    def follow(self, started: dict[str, Any], what: str, on_message: Callable[[str], None]) -> dict[str, Any]:
+        """Follow the operation the node `started` to its end, each progress message to `on_message`;
+        its result once done, a SetlError with the node's one line when it failed (or the stream
+        ended early)."""
+        end: dict[str, Any] = {}
+        for event in self.events(started["id"]):
+            if event.get("event") == "progress" and "message" in event:
+                on_message(str(event["message"]))
+            elif event.get("event") == "end":
+                end = event
+        if end.get("state") != "done":
+            raise SetlError(f"{what} failed on {self.url} (operation {started['id']}): "
+                            f"{end.get('error') or 'the stream ended early'}", stage="api")
+        return dict(end.get("result") or {})
 
     def _refused(self, exc: urllib.error.HTTPError) -> SetlError:
         try:

@@ -7,8 +7,8 @@ state-changing request written to an audit log.
 
 Any node answers for any pipeline: an action is a request in the shared meta store (as the CLI's
 is, from any host), which the node holding the pipeline acts on within a second; a long operation
-(verify, snapshot, reload, switch, drain, move) runs on the node that was asked, and its id is
-polled there.
+(verify, snapshot, repair, replay, reload, switch, drain, move) runs on the node that was asked, and its id is
+polled there. A stop is an operation too: it ends once no process runs the pipeline.
 """
 
 from __future__ import annotations
@@ -137,8 +137,7 @@ class Route:
 
 P = PREFIX + "/pipelines/{name}"
 
-#: Every route of the API. (Issue 37's quarantined tables get their routes here, under
-#: ``{P}/quarantine``, once the meta store holds them.)
+#: Every route of the API.
 ROUTES: tuple[Route, ...] = (
     Route("GET", PREFIX + "/openapi.json", None, "this document", "openapi"),
     Route("GET", PREFIX + "/whoami", "viewer", "the token's name and role (the page shows actions to operators)",
@@ -146,7 +145,10 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", PREFIX + "/pipelines", "viewer", "every pipeline with its status row", "list_pipelines"),
     Route("GET", P, "viewer", "one pipeline: its status row and position", "describe"),
     Route("POST", P + "/pause", "operator", "pause (a running node stops it gracefully)", "pause"),
-    Route("POST", P + "/resume", "operator", "resume a paused pipeline", "resume"),
+    Route("POST", P + "/resume", "operator", "resume a paused (or stopped) pipeline", "resume"),
+    Route("POST", P + "/stop", "operator", "pause, and end once no process runs the pipeline (its batches in "
+          "flight acked or rolled back); it stays stopped until resumed", "stop", body=("timeout_s",),
+          operation=True),
     Route("GET", P + "/position", "viewer", "the acked position and recent acks", "position_show",),
     Route("POST", P + "/position/reset", "operator", "restart a stopped pipeline from another position "
           "(`to` LOG:OFFSET, or `start` true; `force` even if it looks running)", "position_reset",
@@ -157,10 +159,18 @@ ROUTES: tuple[Route, ...] = (
           "report", "verify", body=("tables", "attempts", "chunk_rows", "wait_timeout_s", "max_lag_s"),
           operation=True),
     Route("GET", P + "/verify", "viewer", "the last verify report of the pipeline", "verify_result"),
+    Route("POST", P + "/repair", "operator", "copy the keys a verify report finds different again, through the "
+          "pipeline, then verify them (`report`: a verify report to repair from; default: verify first)", "repair",
+          body=("tables", "report", "timeout_s", "wait_timeout_s"), operation=True),
     Route("POST", P + "/reload", "operator", "the running node re-reads the pipeline's file", "reload",
           body=("timeout_s",), operation=True),
     Route("POST", P + "/switch", "operator", "hand the mainstem to a standby (HA)", "switch",
           body=("to", "timeout_s"), operation=True),
+    Route("GET", P + "/quarantine", "viewer", "the pipeline's quarantined target tables, as its target keeps "
+          "them (docs/quarantine.md)", "quarantined"),
+    Route("POST", P + "/quarantine/{table}/replay", "operator", "replay a quarantined target table's kept changes "
+          "in order, then let it follow the stream again (`setl resume --table`)", "replay",
+          body=("chunk_rows",), operation=True),
     Route("GET", PREFIX + "/cluster", "viewer", "the cluster's nodes and assignments (HA)", "cluster"),
     Route("POST", PREFIX + "/cluster/nodes/{node}/drain", "operator", "move a node's pipelines away (`undo`: "
           "let it run pipelines again)", "drain", body=("undo", "timeout_s"), operation=True),
@@ -386,6 +396,15 @@ class Api:
     def _resume(self, request: Request) -> dict[str, Any]:
         return actions.resume(self.meta, self._pipeline(request)).to_dict()
 
+    def _stop(self, request: Request) -> Response:
+        name = self._pipeline(request)
+        timeout = _number(request.body, "timeout_s", 60.0)
+
+        def work(progress: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+            return actions.stop(self.meta, name, timeout, progress).to_dict()
+
+        return self._start("stop", name, request, work)
+
     def _position_show(self, request: Request) -> dict[str, Any]:
         history = _int(request.query.get("history", ["5"])[0], "history", 0, 1000)
         return actions.position_show(self.meta, self._pipeline(request), history)
@@ -445,6 +464,25 @@ class Api:
         name = self._pipeline(request)
         return {"pipeline": name, "verify": self.meta.verify_result(name)}
 
+    def _repair(self, request: Request) -> Response:
+        from setl.control import repair
+        from setl.verify.repair import check_report
+
+        name = self._pipeline(request)
+        body = request.body
+        only = actions.parse_tables(_strings(body, "tables", required=False), "tables")
+        timeout = _number(body, "timeout_s", 300.0, minimum=0.001)
+        wait_timeout = _number(body, "wait_timeout_s", 60.0, minimum=0.001)
+        report = check_report(body["report"], name, "report") if "report" in body else None
+        config = load_pipeline(self.conf, name, for_node(self.settings))
+        repair.check(config)  # refused before an operation starts
+
+        def work(progress: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+            return repair.repair(self.settings, config, self.meta, only, report=report, timeout=timeout,
+                                 wait_timeout=wait_timeout, progress=progress).to_dict()
+
+        return self._start("repair", name, request, work)
+
     def _reload(self, request: Request) -> Response:
         name = self._pipeline(request)
         timeout = _number(request.body, "timeout_s", 120.0, minimum=0.001)
@@ -467,6 +505,26 @@ class Api:
 
         actions.zookeeper_meta(self.meta, "switch")
         return self._start("switch", name, request, work)
+
+    def _quarantined(self, request: Request) -> dict[str, Any]:
+        name = self._pipeline(request)
+        config = load_pipeline(self.conf, name, for_node(self.settings))
+        return {"pipeline": name, "quarantined": actions.quarantined(self.settings, config)}
+
+    def _replay(self, request: Request) -> Response:
+        name = self._pipeline(request)
+        table = request.params["table"]
+        chunk = int(_number(request.body, "chunk_rows", 1000, minimum=1))
+        config = load_pipeline(self.conf, name, for_node(self.settings))
+        tables = [q["table"] for q in actions.quarantined(self.settings, config)]
+        if table not in tables:  # refused before an operation starts: nothing to replay
+            raise UsageError(f"pipeline {name}: target table {table} is not quarantined (quarantined: "
+                             f"{', '.join(tables) or 'none'})", pipeline=name, table=table)
+
+        def work(progress: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+            return actions.replay_table(self.settings, config, table, chunk, progress).to_dict()
+
+        return self._start("replay", name, request, work)
 
     def _cluster(self, request: Request) -> dict[str, Any]:
         view = self.cluster_view() if self.cluster_view is not None else None

@@ -56,10 +56,15 @@ def load_report(path: Path, pipeline: str) -> dict[str, Any]:
         report = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise UsageError(f"--from-report {path}: cannot read a setl verify --json report: {exc}") from exc
+    return check_report(report, pipeline, f"--from-report {path}")
+
+
+def check_report(report: Any, pipeline: str, where: str) -> dict[str, Any]:
+    """`report` if it is a `setl verify --json` report of `pipeline`; a UsageError naming `where` otherwise."""
     if not isinstance(report, dict) or not isinstance(report.get("tables"), list):
-        raise UsageError(f"--from-report {path}: not a setl verify --json report (no tables list)")
+        raise UsageError(f"{where}: not a setl verify --json report (no tables list)")
     if report.get("pipeline") != pipeline:
-        raise UsageError(f"--from-report {path} is a report of pipeline {report.get('pipeline')!r}, not {pipeline!r}")
+        raise UsageError(f"{where} is a report of pipeline {report.get('pipeline')!r}, not {pipeline!r}")
     return report
 
 

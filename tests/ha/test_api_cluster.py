@@ -4,7 +4,10 @@ answers for every pipeline, moves and drains run as operations, and nothing is l
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from typing import Any
@@ -52,10 +55,63 @@ def finished(fleet: Fleet, op_id: str, timeout: float = 120) -> dict[str, Any]:
     return wait_until(ended, timeout, 0.3, message=f"operation {op_id} to end")
 
 
+def setl_through(fleet: Fleet, *args: str) -> subprocess.CompletedProcess:
+    """`setl --node URL ARGS` against m2's API, with the operator's token."""
+    url = fleet.api_url.removesuffix("/api/v1")  # type: ignore[attr-defined]
+    return subprocess.run([sys.executable, "-m", "setl.cli", "--node", url, *args], capture_output=True, text=True,
+                          env={**os.environ, "SETL_API_TOKEN": TOKEN}, timeout=150)
+
+
+def drain_on_the_page(fleet: Fleet, node: str) -> None:
+    """In Chromium on m2's page: no Drain button before sign-in; an operator's Drain of `node`
+    dismissed changes nothing; confirmed, its operation ends done with `node` running nothing."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.observe.test_page import ARGS, CHROMIUM
+
+    answers = {"confirm": False}
+    problems: list[str] = []
+
+    def draining() -> bool:
+        return bool(call(fleet, "GET", "/cluster")[1]["nodes"][node]["draining"])
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.on("dialog", lambda d: d.accept() if answers["confirm"] else d.dismiss())
+            page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
+            page.goto(fleet.api_url.removesuffix("/api/v1") + "/")  # type: ignore[attr-defined]
+            row = page.locator(f'table.cluster-nodes tr[data-node="{node}"]')
+            row.wait_for(timeout=15_000)
+            assert page.locator("button[data-action=drain]").count() == 0
+            page.fill("#token", TOKEN)
+            page.click("#signin button")
+            button = row.locator("button[data-action=drain]")
+            wait_until(lambda: button.count() == 1, 15, 0.1, message="the Drain button")
+            button.click()  # dismissed
+            page.wait_for_timeout(1500)
+            assert not draining() and page.locator(".operation").count() == 0
+            answers["confirm"] = True
+            row.locator("button[data-action=drain]").click()
+            op = page.locator(".operation").first
+            wait_until(lambda: op.get_attribute("data-state") != "running" and op.get_attribute("data-state"),
+                       120, 0.2, message=lambda: f"the drain, got {op.inner_text()}")
+            assert op.get_attribute("data-state") == "done", op.inner_text()
+            assert op.inner_text().startswith(f"drain {node}") and f"{node} runs nothing" in op.inner_text()
+            assert draining()
+            wait_until(lambda: "draining" in row.inner_text() and row.locator("button").count() == 0, 15, 0.2,
+                       message=lambda: f"the row to show draining, got {row.inner_text()}")
+            assert problems == []
+        finally:
+            browser.close()
+
+
 def test_one_node_answers_for_the_cluster(fleet: Fleet) -> None:
-    """Through m2's API: the cluster view, a pause and resume of a pipeline m1 runs, a move to m2
-    and a drain of m2 (operations that end done), its undo; an unknown node is a 400; the target
-    ends equal to the source with epochs never going back."""
+    """Through m2's API: the cluster view, a pause and resume of a pipeline m1 runs, `setl --node`
+    cluster move to m2, the page's Drain button on m2 (confirmed in Chromium, an operation that ends
+    done), `setl --node` drain undo; an unknown node is a 400; the target ends equal to the source
+    with epochs never going back."""
     nodes = ("m1", "m2")
     fleet.spawn("m1")
     fleet.wait_spread(("m1",), 2, 2)
@@ -74,20 +130,15 @@ def test_one_node_answers_for_the_cluster(fleet: Fleet) -> None:
     assert status == 200 and body["changed"], body
     wait_until(lambda: (ack := fleet.store.position(on_m1)) is not None and ack.batch_id > paused_at.batch_id, 60,
                0.2, message=lambda: f"acks after the resume: {fleet.store.state(on_m1)}\n{fleet.logs()}")
-    status, started = call(fleet, "POST", f"/cluster/pipelines/{on_m1}/move", {"to": "m2", "timeout_s": 90})
-    assert status == 202, started
-    op = finished(fleet, started["id"])
-    assert op["state"] == "done" and op["result"]["message"].endswith(f"m2 runs {on_m1}"), op
+    moved = setl_through(fleet, "cluster", "move", "--pipeline", on_m1, "--to", "m2", "--timeout", "90")
+    assert moved.returncode == 0 and moved.stdout.strip().endswith(f"m2 runs {on_m1}"), moved
     assert fleet.holders()[on_m1] == "m2"
     status, body = call(fleet, "POST", "/cluster/nodes/nosuch/drain", {})
     assert status == 400 and "no node nosuch in the cluster" in body["error"]
-    status, started = call(fleet, "POST", "/cluster/nodes/m2/drain", {"timeout_s": 90})
-    assert status == 202, started
-    op = finished(fleet, started["id"])
-    assert op["state"] == "done" and "m2 runs nothing" in op["result"]["message"], op
+    drain_on_the_page(fleet, "m2")
     fleet.wait_spread(("m1",), 2, 2, timeout=60)
-    status, started = call(fleet, "POST", "/cluster/nodes/m2/drain", {"undo": True})
-    assert status == 202 and finished(fleet, started["id"])["state"] == "done"
+    undone = setl_through(fleet, "cluster", "drain", "--node", "m2", "--undo")
+    assert undone.returncode == 0 and "m2: no longer draining" in undone.stdout, undone
     fleet.wait_spread(nodes, 1, 1, timeout=90)
     fleet.stop_load()
     fleet.wait_equal()

@@ -42,6 +42,8 @@ class ApiNode:
         settings["http"]["api"] = {"tokens_file": "tokens", "audit_log": str(self.audit), "max_body_bytes": 4096,
                                    "timeout_s": 2}
         (self.conf / "setl.yaml").write_text(yaml.safe_dump(settings))
+        node.setl.config["pipeline"]["on_table_error"] = "quarantine"  # a refused table is set aside
+        node.setl.write_config()
         (self.conf / "tokens").write_text(f"# name role token\nalice operator {OPERATOR}\nbob viewer {VIEWER}\n"
                                           f"ci operator {CLI}\n")
 
@@ -362,3 +364,128 @@ def test_position_reset_through_the_api_and_the_cli_keeps_the_guard(api: ApiNode
     rows = api.node.target_rows("t")
     api.node.source_exec("INSERT INTO t VALUES (300, 'z')")
     wait_until(lambda: api.node.target_rows("t") == rows + 1, 60, 0.2, message="a row after the reset and resume")
+
+
+def _operation_end(api: ApiNode, op_id: str, timeout: float = 60) -> dict[str, Any]:
+    def ended() -> dict[str, Any] | None:
+        op = api.call("GET", f"/operations/{op_id}", token=VIEWER)[1]
+        return op if op["state"] != "running" else None
+
+    return wait_until(ended, timeout, 0.2, message=f"operation {op_id} to end")
+
+
+def test_stop_ends_once_nothing_runs_the_pipeline_and_holds_until_resumed(api: ApiNode) -> None:
+    """POST stop is an operation that ends done only once the node runs the pipeline no more (the
+    status row says so at that moment), and fails with one line when given no time to (paused all
+    the same); a row written while stopped is not applied until resume; a viewer's stop is refused;
+    `setl --node` and `setl` stop a stopped pipeline again at once."""
+    name = api.node.name
+    assert api.call("POST", f"/pipelines/{name}/stop", {}, token=VIEWER)[0] == 403
+    status, early, _ = api.call("POST", f"/pipelines/{name}/stop", {"timeout_s": 0})  # no time to stop in
+    assert status == 202, early
+    failed = _operation_end(api, early["id"])
+    assert failed["state"] == "failed" and f"{name} is paused but its node still runs it" in failed["error"], failed
+    assert api.meta_state()[0] == "paused"  # as a pause: it stops once its batches in flight end
+    assert api.call("POST", f"/pipelines/{name}/resume")[0] == 200
+    wait_until(lambda: api.call("GET", f"/pipelines/{name}", token=VIEWER)[1]["running_here"], 30, 0.2,
+               message="running again after the first stop")
+    status, started, _ = api.call("POST", f"/pipelines/{name}/stop", {"timeout_s": 30})
+    assert status == 202 and started["kind"] == "stop", started
+    op = _operation_end(api, started["id"])
+    assert op["state"] == "done" and op["result"]["message"].startswith(f"{name} stopped"), op
+    assert op["events"][0]["message"].startswith(f"{name} paused")
+    row = api.call("GET", f"/pipelines/{name}", token=VIEWER)[1]
+    assert row["running_here"] is False and api.meta_state()[0] == "paused", row
+    rows = api.node.target_rows("t")
+    api.node.source_exec("INSERT INTO t VALUES (400, 's')")
+    time.sleep(1.0)  # long enough for a running pipeline to apply it: a stopped one must not
+    assert api.node.target_rows("t") == rows
+    for node in (True, False):
+        again = _setl(api, "stop", "--pipeline", name, "--timeout", "20", node=node)
+        assert again.returncode == 0 and again.stdout.strip().endswith(f"`setl resume --pipeline {name}`"), again
+    assert api.call("POST", f"/pipelines/{name}/resume")[0] == 200
+    wait_until(lambda: api.node.target_rows("t") == rows + 1, 60, 0.2, message="the row written while stopped")
+    wait_until(lambda: api.status() == "running", 30, 0.2, message="running again")
+
+
+def test_quarantined_table_listed_and_replayed_through_the_api(api: ApiNode) -> None:
+    """A table the target refuses is listed by GET quarantine while the others go on; a replay
+    before the fix fails and keeps everything; unknown tables and viewers are refused; after the
+    fix, `setl --node URL resume --table` replays it and the target table equals the source's."""
+    name, source_db, target_db = api.node.name, api.node.source_db, api.node.target_db
+    assert api.call("GET", f"/pipelines/{name}/quarantine", token=VIEWER)[1] == {"pipeline": name,
+                                                                                  "quarantined": []}
+    api.node.source_exec("CREATE TABLE q (id INT PRIMARY KEY, v VARCHAR(16))", "INSERT INTO q VALUES (1, 'a')")
+    wait_until(lambda: api.node.target_has("q") and api.node.target_rows("q") == 1, 60, 0.2, message="q copied")
+    api.node.target.query(f"ALTER TABLE `{target_db}`.q MODIFY v VARCHAR(2)")  # the target now refuses long values
+    api.node.source_exec("INSERT INTO q VALUES (2, 'much too long'), (3, 'b')", "UPDATE q SET v = 'c' WHERE id = 1")
+    rows = api.node.target_rows("t")
+    api.node.source_exec("INSERT INTO t VALUES (500, 'q')")
+    wait_until(lambda: api.node.target_rows("t") == rows + 1, 60, 0.2, message="t goes on")
+
+    def listed() -> list[dict[str, Any]]:
+        return list(api.call("GET", f"/pipelines/{name}/quarantine", token=VIEWER)[1]["quarantined"])
+
+    [kept] = wait_until(listed, 60, 0.2, message="q quarantined")
+    table = f"{target_db}.q"
+    assert kept["table"] == table and "Data too long" in kept["cause"] and kept["changes"] >= 2, kept
+    assert api.call("POST", f"/pipelines/{name}/quarantine/{table}/replay", {}, token=VIEWER)[0] == 403
+    status, body, _ = api.call("POST", f"/pipelines/{name}/quarantine/{target_db}.t/replay", {})
+    assert status == 400 and f"{target_db}.t is not quarantined (quarantined: {table})" in body["error"], body
+    status, started, _ = api.call("POST", f"/pipelines/{name}/quarantine/{table}/replay", {"chunk_rows": 1})
+    assert status == 202, started
+    failed = _operation_end(api, started["id"])
+    assert failed["state"] == "failed" and "Data too long" in failed["error"], failed
+    assert listed() == [kept] and api.node.target_rows("q") == 1
+    api.node.target.query(f"ALTER TABLE `{target_db}`.q MODIFY v VARCHAR(16)")
+    replayed = _setl(api, "resume", "--pipeline", name, "--table", table, "--chunk-rows", "1", node=True)
+    assert replayed.returncode == 0, replayed.stderr
+    assert f"{table} replayed ({kept['changes']} changes applied)" in replayed.stdout, replayed.stdout
+    assert listed() == []
+    expected = api.node.source.query(f"SELECT id, v FROM `{source_db}`.q ORDER BY id")
+    assert api.node.target.query(f"SELECT id, v FROM `{target_db}`.q ORDER BY id") == expected
+    assert expected == [(1, "c"), (2, "much too long"), (3, "b")]
+    api.node.source_exec("INSERT INTO q VALUES (4, 'd')")  # it follows the stream again
+    wait_until(lambda: api.node.target_rows("q") == 4, 60, 0.2, message="q follows the stream")
+
+
+def test_cli_reload_switch_and_cluster_go_through_the_node(api: ApiNode) -> None:
+    """`setl --node URL reload` follows the node's reload operation to its answer (the rules are
+    unchanged); switch and cluster drain/move/status reach the node, which refuses them on a node
+    without HA with a clear exit 2 and changes nothing."""
+    name = api.node.name
+    reloaded = _setl(api, "reload", "--pipeline", name, "--timeout", "30", node=True)
+    assert reloaded.returncode == 0, reloaded.stderr
+    assert reloaded.stdout.strip().endswith(f"{name}: reload unchanged: the table rules are unchanged"), reloaded
+    audited = len(api.audited())
+    for args, words in ((("switch", "--pipeline", name), "setl switch needs HA"),
+                        (("cluster", "drain", "--node", "obs-node"), "setl cluster drain needs HA"),
+                        (("cluster", "move", "--pipeline", name, "--to", "x"), "setl cluster move needs HA"),
+                        (("cluster", "status"), "answered 404: this node is not in a cluster")):
+        refused = _setl(api, *args, node=True)
+        assert refused.returncode == 2 and words in refused.stderr, (args, refused)
+    assert [e["status"] for e in api.audited()[audited:]] == [400, 400, 400]
+    assert api.meta_state() == ("running", None)
+
+
+def test_repair_is_an_operation_that_restores_a_row_and_verifies(api: ApiNode) -> None:
+    """A row changed and one deleted in the target behind setl's back: POST repair verifies first,
+    copies those keys again through the pipeline and ends done with an equal report; `setl --node
+    URL repair` then finds nothing to repair (exit 0); a report of another pipeline is a 400."""
+    name, source_db, target_db = api.node.name, api.node.source_db, api.node.target_db
+    wait_until(lambda: api.status() == "running", 30, 0.2)
+    api.node.target.query(f"DELETE FROM `{target_db}`.t WHERE id = 5")
+    api.node.target.query(f"UPDATE `{target_db}`.t SET v = 'wrong' WHERE id = 6")
+    status, body, _ = api.call("POST", f"/pipelines/{name}/repair", {"report": {"pipeline": "other", "tables": []}})
+    assert status == 400 and "a report of pipeline 'other'" in body["error"], body
+    status, started, _ = api.call("POST", f"/pipelines/{name}/repair", {"tables": [f"{source_db}.t"],
+                                                                        "timeout_s": 60})
+    assert status == 202 and started["kind"] == "repair", started
+    op = _operation_end(api, started["id"], 120)
+    assert op["state"] == "done" and op["result"]["state"] == "verified" and op["result"]["equal"] is True, op
+    assert any("verifying first" in e.get("message", "") for e in op["events"]), op["events"]
+    expected = api.node.source.query(f"SELECT id, v FROM `{source_db}`.t ORDER BY id")
+    assert api.node.target.query(f"SELECT id, v FROM `{target_db}`.t ORDER BY id") == expected
+    assert (5, "a") in expected and (6, "a") in expected
+    again = _setl(api, "repair", "--pipeline", name, "--table", f"{source_db}.t", node=True)
+    assert again.returncode == 0 and f"{name}: nothing to repair" in again.stdout, again
