@@ -1,7 +1,8 @@
 """python-mysql-replication's internals, the one place setl reaches into them: the fixes `install()`
 puts into its event classes (setl's binlog source installs them when it is built), its packet
 parser as setl's stream calls it (`parse_packet`, with a `ParseContext` in place of a control
-connection) and the fields of its event objects that `fast.FastStream` builds.
+connection), and its events converted into setl's own values (`event_value`, `setl.binlog_events`):
+no library event leaves this module and the stream that calls it.
 
 Written for mysql-replication `WRITTEN_FOR` exactly (a WARNING at import names another release);
 tests/test_library_contracts.py pins the behaviours setl relies on against a real server.
@@ -11,16 +12,42 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 from pymysql.protocol import MysqlPacket
-from pymysqlreplication.event import BinLogEvent
+from pymysqlreplication import exceptions as _library_errors
+from pymysqlreplication.event import (
+    BinLogEvent,
+    ExecuteLoadQueryEvent,
+    FormatDescriptionEvent,
+    GtidEvent,
+    HeartbeatLogEvent,
+    MariadbBinLogCheckPointEvent,
+    MariadbGtidEvent,
+    MariadbGtidListEvent,
+    NotImplementedEvent,
+    PreviousGtidsEvent,
+    QueryEvent,
+    RotateEvent,
+    StopEvent,
+    XAPrepareEvent,
+    XidEvent,
+)
 from pymysqlreplication.packet import BinLogPacketWrapper
-from pymysqlreplication.row_event import RowsEvent, TableMapEvent
+from pymysqlreplication.row_event import (
+    DeleteRowsEvent,
+    PartialUpdateRowsEvent,
+    RowsEvent,
+    TableMapEvent,
+    UpdateRowsEvent,
+    WriteRowsEvent,
+)
 
+from setl import binlog_events as ev
 from setl.adapters import check_version
 from setl.errors import ConfigError
 from setl.model import InvalidDate
@@ -147,6 +174,10 @@ class TableMapCache:
 
 
 _decode_table_map = TableMapEvent.__init__
+# What BinLogEvent.__init__ sets for each event; everything else a table map decodes is cacheable.
+_PER_EVENT = frozenset({"packet", "table_map", "event_type", "timestamp", "event_size", "_post_header_lengths",
+                        "_ctl_connection", "mysql_version", "_ignore_decode_errors", "_verify_checksum",
+                        "_is_event_valid", "_processed", "complete", "dbms"})
 _FILTERS = ("only_tables", "ignored_tables", "only_schemas", "ignored_schemas", "freeze_schema")
 
 
@@ -269,32 +300,102 @@ def parse_packet(data: bytes, encoding: str, table_map: dict[int, Any], context:
                                post_header_lengths)
 
 
-def server_flavor(ctl_connection: Any) -> str:
-    """What the library's events call their server ("mysql" or "mariadb")."""
-    flavor: str = ctl_connection._get_dbms()
-    return flavor
+# -- The library's events as setl's values (`setl.binlog_events`): the one door they pass.
+
+#: Every event kind setl's stream asks the library for. The library drops the others before building
+#: them: only kinds setl may pass over (`sources.mysql_binlog.assembler.IGNORED_EVENTS`). Every kind
+#: the library does not know arrives as a NotImplementedEvent, judged by its type.
+READ_EVENTS: tuple[type[BinLogEvent], ...] = (
+    RotateEvent, FormatDescriptionEvent, MariadbGtidListEvent, MariadbBinLogCheckPointEvent, PreviousGtidsEvent,
+    HeartbeatLogEvent, StopEvent, MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, XAPrepareEvent, TableMapEvent,
+    WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent, PartialUpdateRowsEvent, ExecuteLoadQueryEvent,
+    NotImplementedEvent)
+
+#: What the library raises on bytes it cannot account for: a short read (PyMySQL's bare AssertionError),
+#: struct.error, an ENUM index out of range, a value no codec, date or Decimal takes, its own
+#: malformed-event errors.
+UNDECODABLE: tuple[type[BaseException], ...] = (
+    AssertionError, struct.error, ValueError, ArithmeticError, LookupError, TypeError,
+    *(getattr(_library_errors, name) for name in ("MalformedBinLogEvent", "StatusVariableMismatch")
+      if hasattr(_library_errors, name)))
+
+_ROWS_KINDS: dict[type[BinLogEvent], int] = {WriteRowsEvent: ev.WRITE, UpdateRowsEvent: ev.UPDATE,
+                                              DeleteRowsEvent: ev.DELETE}
+_MARKS = (FormatDescriptionEvent, MariadbGtidListEvent, MariadbBinLogCheckPointEvent, PreviousGtidsEvent, StopEvent)
 
 
-def event_fields(ctl_connection: Any, mysql_version: Any, post_header_lengths: Any, dbms: str | None
-                 ) -> dict[str, Any]:
-    """The fields `BinLogEvent.__init__` sets on an event read with setl's settings, besides its own
-    packet, table map, type, timestamp and size."""
-    return {"_post_header_lengths": post_header_lengths, "_ctl_connection": ctl_connection,
-            "mysql_version": mysql_version, "_ignore_decode_errors": False, "_verify_checksum": False,
-            "_is_event_valid": None, "_processed": True, "complete": True, "dbms": dbms}
+def header_of(wrapper: BinLogPacketWrapper) -> ev.Header:
+    """The common header of the event `wrapper` holds."""
+    return ev.Header(wrapper.timestamp, wrapper.event_type, wrapper.server_id, wrapper.event_size, wrapper.log_pos)
 
 
-#: The field of a rows event that holds its decoded rows (what `RowsEvent.rows` returns).
-ROWS_FIELD = "_RowsEvent__rows"
+def table_layout(table_id: int, schema: str, table: str, columns: Any, optional_metadata: Any, description: Any
+                 ) -> ev.TableLayout:
+    """setl's `TableLayout` of a table map the library decoded (its columns, optional metadata and table)."""
+    indexes = list(optional_metadata.simple_primary_key_list) or list(optional_metadata.primary_keys_with_prefix)
+    if indexes:
+        key = tuple(columns[i].name for i in indexes)
+    else:
+        pk = description.primary_key
+        key = tuple(pk) if isinstance(pk, tuple) else ((pk,) if pk else ())
+    return ev.TableLayout(table_id, schema, table, columns, key, description)
 
 
-def new_event(cls: type[BinLogEvent], fields: dict[str, Any]) -> Any:
-    """An event of `cls` holding exactly `fields`, without running the library's parsing."""
-    event = object.__new__(cls)
-    event.__dict__ = fields
-    return event
+def cached_layout(state: dict[str, Any]) -> ev.TableLayout:
+    """The `TableLayout` of a table map `TableMapCache` holds (the decoded fields of its library event)."""
+    return table_layout(state["table_id"], state["schema"], state["table"], state["columns"],
+                        state["optional_metadata"], state["table_obj"])
 
 
-# What BinLogEvent.__init__ sets for each event; everything else a table map decodes is cacheable.
-_PER_EVENT = frozenset({"packet", "table_map", "event_type", "timestamp", "event_size",
-                        *event_fields(None, None, None, None)})
+def load_query_statement(event: ExecuteLoadQueryEvent) -> tuple[str, str]:
+    """A statement-logged LOAD DATA's default schema and statement text (the library reads only the
+    fixed part of its EXECUTE_LOAD_QUERY event)."""
+    packet = event.packet
+    packet.read(event.status_vars_length)
+    schema = packet.read(event.schema_length).decode("utf-8", "replace")
+    packet.read(1)
+    rest = event.event_size - 26 - event.status_vars_length - event.schema_length - 1
+    return schema, (packet.read(rest).decode("utf-8", "replace") if rest > 0 else "LOAD DATA")
+
+
+def event_value(wrapper: BinLogPacketWrapper) -> Any:
+    """setl's value (`setl.binlog_events`) of the event the library parsed into `wrapper` (not None).
+
+    Rows are read here (the library reads them lazily): an undecodable body raises one of
+    `UNDECODABLE`. The wrapper and its event no longer refer to each other afterwards, so reference
+    counting frees both here instead of the cyclic collector."""
+    event = wrapper.event
+    header = header_of(wrapper)
+    kind = type(event)
+    try:
+        change = _ROWS_KINDS.get(kind)
+        if change is not None:
+            return ev.Rows(header, change, event.table_id, event.schema, event.table, event.rows)
+        if kind is TableMapEvent:
+            return ev.TableMap(header, table_layout(event.table_id, event.schema, event.table, event.columns,
+                                                    event.optional_metadata, event.table_obj))
+        if kind is MariadbGtidEvent:
+            return ev.MariadbGtid(header, event.gtid, event.flags)
+        if kind is GtidEvent:
+            return ev.MysqlGtid(header, event.gtid)
+        if kind is XidEvent:
+            return ev.Xid(header, event.xid)
+        if kind is QueryEvent:
+            schema = event.schema.decode("utf-8", "replace") if isinstance(event.schema, bytes) else event.schema
+            return ev.Query(header, event.query, schema or "", getattr(event, "sql_mode", None))
+        if kind is ExecuteLoadQueryEvent:
+            schema, statement = load_query_statement(event)
+            return ev.Query(header, statement, schema, None)
+        if kind is XAPrepareEvent:
+            return ev.XaPrepare(header, bool(event.one_phase), event.xid_format_id, bytes(event.xid_gtrid),
+                                bytes(event.xid_bqual))
+        if kind is RotateEvent:
+            return ev.Rotate(header, event.next_binlog, event.position)
+        if kind is HeartbeatLogEvent:
+            return ev.Heartbeat(header, event.ident.rstrip("\0"))
+        if isinstance(event, _MARKS):
+            return ev.Mark(header, kind.__name__)
+        return ev.Unknown(header, None if kind is NotImplementedEvent else kind.__name__)
+    finally:
+        wrapper.event = None
+        event.packet = None
