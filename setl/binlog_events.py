@@ -12,6 +12,7 @@ Each value's `header` is the event's header: `timestamp`, `event_type`, `server_
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ import attrs
 
 #: A rows event's kind of change.
 WRITE, UPDATE, DELETE = 0, 1, 2
+_HEADER = struct.Struct("<IBIII")
 
 
 @attrs.frozen(slots=True)
@@ -30,6 +32,11 @@ class Header:
     server_id: int
     event_size: int
     log_pos: int
+
+    @classmethod
+    def of(cls, payload: bytes) -> Header:
+        """The header of an event packet's payload (the OK byte, then the header; at least 20 bytes)."""
+        return cls(*_HEADER.unpack_from(payload, 1))
 
 
 @attrs.frozen(slots=True)

@@ -24,6 +24,7 @@ from setl.adapters import pymysql as pymysql_io
 from setl.adapters import replication
 from setl.sources.mysql_binlog.connector import _Connector
 from setl.sources.mysql_binlog.fast import FastStream
+from setl.sources.mysql_binlog.patches import install
 from setl.sources.mysql_binlog.stream import BinlogStream
 from setl.testing.servers import MariaDBServer
 from tests.sources.binlog import execute, head, next_server_id
@@ -202,3 +203,29 @@ def test_the_functions_setl_replaces_exist() -> None:
     classes = replication.event_classes()
     assert classes[BINLOG.WRITE_ROWS_EVENT_V2] is WriteRowsEvent
     assert classes[BINLOG.XID_EVENT] is XidEvent
+
+
+def test_the_stream_answers_a_repeated_table_map_from_its_cache(mariadb_source: MariaDBServer,
+                                                                 source_db: str) -> None:
+    """A table map whose bytes the stream's `TableMapCache` holds is answered without the library (the
+    same layout, a hit counted), and the library's own `TableMapEvent.__init__` is left unpatched."""
+    start = head(mariadb_source)
+    execute(mariadb_source, source_db, "CREATE TABLE c (id INT PRIMARY KEY, v VARCHAR(10))",
+            "INSERT INTO c VALUES (1, 'one')", "INSERT INTO c VALUES (2, 'two')")
+    settings = {"connect_timeout": 5.0, **{k: v for k, v in mariadb_source.connect_args().items() if k != "ssl"}}
+    cache = replication.TableMapCache()
+    stream = BinlogStream(_Connector(), settings, server_id=next_server_id(), at=start, gtid=None, flavor="mariadb",
+                          events=[TableMapEvent, WriteRowsEvent], table_maps=cache, blocking=False)
+    stream.connect()
+    try:
+        events = FastStream(stream, None)  # every packet through the stream's `parse`
+        first, second = _next(events, ev.TableMap), _next(events, ev.TableMap)
+        rows = _next(events, ev.Rows)
+    finally:
+        stream.close()
+    assert second.layout is first.layout and (cache.misses, cache.hits) == (1, 1)
+    assert second.header.log_pos > first.header.log_pos and stream.log_pos == rows.header.log_pos
+    assert rows.rows[0]["values"] == {"id": 2, "v": "two"} and first.layout.primary_key == ("id",)
+    install()  # setl's fixes, as a source installs them: none replaces the table map's decoding
+    assert (TableMapEvent.__init__.__module__, TableMapEvent.__init__.__qualname__) == (
+        "pymysqlreplication.row_event", "TableMapEvent.__init__")

@@ -150,59 +150,28 @@ def _charset_to_encoding(name: str) -> str:
 
 
 class TableMapCache:
-    """Decoded table maps of one reader, by the raw bytes of their event body (which start with
-    the table id): the library re-decodes the full column metadata of every table-map event,
-    one of which precedes every rows event, and that is most of its parse time."""
+    """Decoded table maps of one reader (`TableLayout`), by the raw bytes of their event body (which
+    start with the table id): the library re-decodes the full column metadata of every table-map
+    event, one of which precedes every rows event, and that is most of its parse time. setl's
+    stream answers a table map from here before asking the library (`sources.mysql_binlog.stream`)."""
 
     def __init__(self, size: int = 4096) -> None:
         self.size = size
-        self._entries: OrderedDict[bytes, dict[str, Any]] = OrderedDict()
+        self._entries: OrderedDict[bytes, ev.TableLayout] = OrderedDict()
         self.hits = self.misses = 0
 
-    def get(self, body: bytes) -> dict[str, Any] | None:
-        state = self._entries.get(body)
-        if state is not None:
+    def get(self, body: bytes) -> ev.TableLayout | None:
+        layout = self._entries.get(body)
+        if layout is not None:
             self._entries.move_to_end(body)
             self.hits += 1
-        return state
+        return layout
 
-    def put(self, body: bytes, state: dict[str, Any]) -> None:
+    def put(self, body: bytes, layout: ev.TableLayout) -> None:
         self.misses += 1
-        self._entries[body] = state
+        self._entries[body] = layout
         if len(self._entries) > self.size:
             self._entries.popitem(last=False)
-
-
-_decode_table_map = TableMapEvent.__init__
-# What BinLogEvent.__init__ sets for each event; everything else a table map decodes is cacheable.
-_PER_EVENT = frozenset({"packet", "table_map", "event_type", "timestamp", "event_size", "_post_header_lengths",
-                        "_ctl_connection", "mysql_version", "_ignore_decode_errors", "_verify_checksum",
-                        "_is_event_valid", "_processed", "complete", "dbms"})
-_FILTERS = ("only_tables", "ignored_tables", "only_schemas", "ignored_schemas", "freeze_schema")
-
-
-def _table_map_init(self: TableMapEvent, from_packet: Any, event_size: int, table_map: dict, ctl_connection: Any,
-                    **kwargs: Any) -> None:
-    """`TableMapEvent.__init__`, answered from the reader's `TableMapCache` when it has one.
-
-    Only readers whose control connection carries a cache (this module's) use it, and only with
-    full row metadata (column names come from the event, not from a query) and no filters.
-    """
-    cache: TableMapCache | None = getattr(ctl_connection, "setl_table_maps", None)
-    if cache is None or not kwargs.get("optional_meta_data") or any(map(kwargs.get, _FILTERS)):
-        _decode_table_map(self, from_packet, event_size, table_map, ctl_connection, **kwargs)
-        return
-    # The packet is the OK byte, the 19-byte event header, the body and maybe a checksum.
-    body = bytes(from_packet.packet.get_all_data()[20:20 + event_size])
-    state = cache.get(body)
-    if state is None:
-        _decode_table_map(self, from_packet, event_size, table_map, ctl_connection, **kwargs)
-        if self._processed:
-            cache.put(body, {k: v for k, v in vars(self).items() if k not in _PER_EVENT})
-        return
-    BinLogEvent.__init__(self, from_packet, event_size, table_map, ctl_connection, **kwargs)
-    vars(self).update(state)  # the decoded table: shared, and read-only once decoded
-    table_map[self.table_id] = self.table_obj
 
 
 _installed = False
@@ -246,8 +215,9 @@ def install(inflate: Inflate) -> None:
     when it is built, not at import), with `inflate` applied to every packet the library parses.
 
     The library decodes a negative TIME(fsp) wrongly, returns None for zero and partial dates,
-    maps no UTF-16/32 charset, misreads names of 128+ bytes, re-decodes every table map and knows
-    no compressed event; each fix replaces one of its functions. A release without one of those
+    maps no UTF-16/32 charset, misreads names of 128+ bytes and knows no compressed event; each fix
+    replaces one of its functions. (Its re-decoding of every table map is not patched: setl's stream
+    answers table maps from its `TableMapCache` before asking the library.) A release without one of those
     functions is refused (ConfigError): setl could not read its events exactly.
     """
     global _installed
@@ -264,7 +234,6 @@ def install(inflate: Inflate) -> None:
         RowsEvent._RowsEvent__read_datetime2 = _read_datetime2
         RowsEvent.charset_to_encoding = staticmethod(_charset_to_encoding)
         BinLogPacketWrapper.read_variable_length_string = _read_variable_length_string
-        TableMapEvent.__init__ = _table_map_init
         BinLogPacketWrapper.__init__ = _inflating_init(BinLogPacketWrapper.__init__, inflate)
         _installed = True
 
@@ -275,16 +244,13 @@ def install(inflate: Inflate) -> None:
 class ParseContext:
     """What the library's event parsers take as their "control connection": the connection's charset
     and encoding (`install`'s inflating packet wrapper makes packets in it), the server's flavor
-    (``_get_dbms``) and setl's table-map cache (`setl_table_maps`, read by the patched
-    `TableMapEvent.__init__`). With full row metadata and no column-name cache the library
-    asks that connection nothing, so setl's stream opens none (tests/test_library_contracts.py)."""
+    (``_get_dbms``). With full row metadata and no column-name cache the library asks that
+    connection nothing, so setl's stream opens none (tests/test_library_contracts.py)."""
 
-    def __init__(self, dbms: str, table_maps: TableMapCache | None, charset: str = "utf8mb4",
-                 encoding: str = "utf8") -> None:
+    def __init__(self, dbms: str, charset: str = "utf8mb4", encoding: str = "utf8") -> None:
         self.dbms = dbms
         self.charset = charset
         self.encoding = encoding
-        self.setl_table_maps = table_maps
 
     def _get_dbms(self) -> str:
         return self.dbms
@@ -339,12 +305,6 @@ def table_layout(table_id: int, schema: str, table: str, columns: Any, optional_
         pk = description.primary_key
         key = tuple(pk) if isinstance(pk, tuple) else ((pk,) if pk else ())
     return ev.TableLayout(table_id, schema, table, columns, key, description)
-
-
-def cached_layout(state: dict[str, Any]) -> ev.TableLayout:
-    """The `TableLayout` of a table map `TableMapCache` holds (the decoded fields of its library event)."""
-    return table_layout(state["table_id"], state["schema"], state["table"], state["columns"],
-                        state["optional_metadata"], state["table_obj"])
 
 
 def load_query_statement(event: ExecuteLoadQueryEvent) -> tuple[str, str]:

@@ -58,8 +58,6 @@ class RowDecoders:
 
     def __init__(self) -> None:
         self._by_table: dict[int, tuple[Any, Any]] = {}
-        #: decoded table maps by the bytes of their body, reused (they are read-only)
-        self.table_maps: dict[bytes, ev.TableLayout] = {}
         self.fast = self.slow = 0
 
     def get(self, table: Any) -> Any:
@@ -189,11 +187,10 @@ class FastStream:
         return ev.Rows(packet, change, table_id, table.schema, table.table, rows)
 
     def _table_map(self, data: bytes) -> Any:
-        ctl_connection, use_checksum, allowed_events = self._settings[:3]
-        cache: replication.TableMapCache | None = getattr(ctl_connection, "setl_table_maps", None)
+        use_checksum, allowed_events = self._settings[1:3]
+        cache: replication.TableMapCache | None = getattr(self.reader, "table_maps", None)
         if cache is None or TableMapEvent not in allowed_events:
             return None
-        decoders = self.decoders
         packet = EventHeader(data)
         size = packet.event_size - (23 if use_checksum else 19)
         table_id = le_int(data, 20, 6)
@@ -202,17 +199,9 @@ class FastStream:
             cache.hits += 1
             return self._table_map_event(last[1], packet)
         body = data[20:20 + size]
-        layout = decoders.table_maps.get(body)
+        layout = cache.get(body)
         if layout is None:
-            state = cache.get(body)
-            if state is None:
-                return None
-            layout = replication.cached_layout(state)
-            if len(decoders.table_maps) > 4096:
-                decoders.table_maps.clear()
-            decoders.table_maps[body] = layout
-        else:
-            cache.hits += 1
+            return None  # the stream's `parse` has the library decode it, and caches it
         if len(self._last_maps) > 4096:
             self._last_maps.clear()
         self._last_maps[table_id] = (body, layout)

@@ -28,6 +28,7 @@ from pymysqlreplication.row_event import RowsEvent, TableMapEvent
 from setl.adapters import pymysql as pymysql_io
 from setl.adapters import replication
 from setl.adapters.replication import TableMapCache
+from setl.binlog_events import Header, TableMap
 from setl.errors import SetlError
 from setl.model import Position
 from setl.sources.mysql_binlog.assembler import corrupt_event
@@ -71,7 +72,8 @@ class BinlogStream:
         self.mysql_version: Any = (0, 0, 0)
         self.post_header_lengths: Any = None
         self.use_checksum = False
-        self.context = replication.ParseContext(flavor, table_maps)
+        self.table_maps = table_maps  # decoded table maps, answered before the library is asked
+        self.context = replication.ParseContext(flavor)
         self.conn: pymysql.connections.Connection | None = None
         self.encoding = "utf8"
         self.ended = False  # a non-blocking dump reached the log's end
@@ -135,6 +137,16 @@ class BinlogStream:
             return None
         if first != 0 or len(data) < 20:
             return None
+        body = None
+        if data[5] == BINLOG.TABLE_MAP_EVENT and self.table_maps is not None:
+            header = Header.of(data)
+            body = data[20:header.event_size + 1 - (4 if self.use_checksum else 0)]
+            layout = self.table_maps.get(body)
+            if layout is not None:  # decoded before: the library is not asked again
+                if header.log_pos:
+                    self.log_pos = header.log_pos
+                self.table_map[layout.table_id] = layout.description
+                return TableMap(header, layout) if TableMapEvent in self.allowed else None
         wrapper = replication.parse_packet(data, self.encoding, self.table_map, self.context, self.mysql_version,
                                            self.use_checksum, self.in_packet, self.post_header_lengths)
         event = wrapper.event
@@ -152,6 +164,10 @@ class BinlogStream:
             self.mysql_version, self.post_header_lengths = event.mysql_version, event.post_header_len
         elif wrapper.event_type == BINLOG.TABLE_MAP_EVENT:
             self.table_map[event.table_id] = event.get_table()
+            if body is not None and self.table_maps is not None:
+                value = replication.event_value(wrapper)
+                self.table_maps.put(body, value.layout)
+                return value if TableMapEvent in self.allowed else None
         if type(event) not in self.allowed:
             return None
         try:
