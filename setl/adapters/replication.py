@@ -15,7 +15,6 @@ import datetime
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
 
 from pymysql.protocol import MysqlPacket
@@ -177,28 +176,6 @@ class TableMapCache:
 _installed = False
 _install_lock = threading.Lock()
 
-#: What `install` does with each packet before the library parses it: the packet's payload (the OK
-#: byte, the event header and body), whether events end in a checksum, and the reader's post-header
-#: lengths by event type (None: not known yet) -> the payload to parse (the same object when unchanged).
-Inflate = Callable[[bytes, bool, Any], bytes]
-
-
-def _inflating_init(init: Any, inflate: Inflate) -> Any:
-    """`BinLogPacketWrapper.__init__` that parses the packet `inflate` gives for each (MariaDB's
-    compressed events: the plain event each stands for; the library knows no compressed kind)."""
-
-    def wrapper_init(self: BinLogPacketWrapper, from_packet: Any, table_map: Any, ctl_connection: Any,
-                     mysql_version: Any, use_checksum: bool, *args: Any, **kwargs: Any) -> None:
-        data = from_packet.get_all_data()
-        # the library passes everything positionally; post_header_lengths comes last
-        plain = inflate(data, use_checksum, args[11] if len(args) > 11 else kwargs.get("post_header_lengths"))
-        if plain is not data:
-            from_packet = MysqlPacket(plain, ctl_connection.encoding)
-        init(self, from_packet, table_map, ctl_connection, mysql_version, use_checksum, *args, **kwargs)
-
-    return wrapper_init
-
-
 def event_classes() -> dict[int, type[BinLogEvent]]:
     """The library's event class for each binlog event type it parses (others: NotImplementedEvent)."""
     return dict(BinLogPacketWrapper._BinLogPacketWrapper__event_map)
@@ -210,14 +187,15 @@ REPLACED = ((RowsEvent, "_RowsEvent__read_time2"), (RowsEvent, "_RowsEvent__read
             (RowsEvent, "_RowsEvent__read_fsp"), (BinLogPacketWrapper, "read_variable_length_string"))
 
 
-def install(inflate: Inflate) -> None:
+def install() -> None:
     """Apply setl's fixes to python-mysql-replication, once per process (the binlog source calls it
-    when it is built, not at import), with `inflate` applied to every packet the library parses.
+    when it is built, not at import).
 
     The library decodes a negative TIME(fsp) wrongly, returns None for zero and partial dates,
-    maps no UTF-16/32 charset, misreads names of 128+ bytes and knows no compressed event; each fix
-    replaces one of its functions. (Its re-decoding of every table map is not patched: setl's stream
-    answers table maps from its `TableMapCache` before asking the library.) A release without one of those
+    maps no UTF-16/32 charset and misreads names of 128+ bytes; each fix replaces one of its
+    functions. Its re-decoding of every table map and its not knowing MariaDB's compressed events are
+    not patched: setl's stream answers table maps from its `TableMapCache` and inflates compressed
+    events before it asks the library. A release without one of those
     functions is refused (ConfigError): setl could not read its events exactly.
     """
     global _installed
@@ -234,7 +212,6 @@ def install(inflate: Inflate) -> None:
         RowsEvent._RowsEvent__read_datetime2 = _read_datetime2
         RowsEvent.charset_to_encoding = staticmethod(_charset_to_encoding)
         BinLogPacketWrapper.read_variable_length_string = _read_variable_length_string
-        BinLogPacketWrapper.__init__ = _inflating_init(BinLogPacketWrapper.__init__, inflate)
         _installed = True
 
 
@@ -243,7 +220,7 @@ def install(inflate: Inflate) -> None:
 
 class ParseContext:
     """What the library's event parsers take as their "control connection": the connection's charset
-    and encoding (`install`'s inflating packet wrapper makes packets in it), the server's flavor
+    and encoding, the server's flavor
     (``_get_dbms``). With full row metadata and no column-name cache the library asks that
     connection nothing, so setl's stream opens none (tests/test_library_contracts.py)."""
 

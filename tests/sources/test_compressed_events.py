@@ -157,11 +157,6 @@ def _wrapper(packet: bytes, conn: Any) -> Any:
                                None, None, None, False, False, False, True, False, False, None)
 
 
-def _wrapped(packet: bytes, conn: Any) -> Any:
-    """The library's event for `packet`, with setl's patches and setl's allowed events."""
-    return _wrapper(packet, conn).event
-
-
 @pytest.mark.parametrize("kind", sorted(set(range(0x01, 0x2D)) | set(range(0xA0, 0xAC)) | {0xB0, 0xFE}))
 def test_every_event_type_is_read_or_refused(mariadb_source: MariaDBServer, kind: int) -> None:
     """Every event type a server can write (and unknown ones) is one setl reads, one it knows to
@@ -181,7 +176,7 @@ def test_every_event_type_is_read_or_refused(mariadb_source: MariaDBServer, kind
                   + (19 + len(body)).to_bytes(4, "little") + (12345).to_bytes(4, "little") + b"\0\0")
         if kind in compressed.PLAIN_TYPE:  # read as its plain form: these zero bytes do not inflate
             with pytest.raises(UnreadableEvent, match=f"type {kind}, written with log_bin_compress=ON"):
-                _wrapped(header + body, conn)
+                compressed.plain_packet(header + body, False, None)  # what setl's stream does before parsing
             return
         wrapper = _wrapper(header + body, conn)
         assert type(wrapper.event).__name__ == "NotImplementedEvent", "the reader asks for unknown kinds too"

@@ -31,6 +31,7 @@ from setl.adapters.replication import TableMapCache
 from setl.binlog_events import Header, TableMap
 from setl.errors import SetlError
 from setl.model import Position
+from setl.sources.mysql_binlog import compressed
 from setl.sources.mysql_binlog.assembler import corrupt_event
 from setl.sources.mysql_binlog.connector import _Connector
 
@@ -137,6 +138,8 @@ class BinlogStream:
             return None
         if first != 0 or len(data) < 20:
             return None
+        if data[5] in compressed.PLAIN_TYPE:  # log_bin_compress: the library parses the plain event
+            data = compressed.plain_packet(data, self.use_checksum, self.post_header_lengths)
         body = None
         if data[5] == BINLOG.TABLE_MAP_EVENT and self.table_maps is not None:
             header = Header.of(data)
