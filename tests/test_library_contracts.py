@@ -15,14 +15,16 @@ import pymysql
 import pytest
 from pymysql.constants import COMMAND
 from pymysqlreplication.constants import BINLOG
-from pymysqlreplication.event import BinLogEvent, XidEvent
-from pymysqlreplication.row_event import RowsEvent, WriteRowsEvent
+from pymysqlreplication.event import XidEvent
+from pymysqlreplication.row_event import RowsEvent, TableMapEvent, WriteRowsEvent
 
 from setl import adapters
+from setl import binlog_events as ev
 from setl.adapters import pymysql as pymysql_io
 from setl.adapters import replication
 from setl.sources.mysql_binlog.connector import _Connector
 from setl.sources.mysql_binlog.fast import FastStream
+from setl.sources.mysql_binlog.patches import install
 from setl.sources.mysql_binlog.stream import BinlogStream
 from setl.testing.servers import MariaDBServer
 from tests.sources.binlog import execute, head, next_server_id
@@ -145,7 +147,7 @@ def reader(mariadb_source: MariaDBServer, source_db: str) -> Iterator[tuple[Fast
             "INSERT INTO t VALUES (1, 'one')")
     settings = {"connect_timeout": 5.0, **{k: v for k, v in mariadb_source.connect_args().items() if k != "ssl"}}
     stream = BinlogStream(_Connector(), settings, server_id=next_server_id(), at=start, gtid=None, flavor="mariadb",
-                          events=[WriteRowsEvent, XidEvent], table_maps=None, blocking=False)
+                          events=[TableMapEvent, WriteRowsEvent, XidEvent], table_maps=None, blocking=False)
     stream.connect()
     try:
         yield FastStream(stream, None), source_db
@@ -153,7 +155,7 @@ def reader(mariadb_source: MariaDBServer, source_db: str) -> Iterator[tuple[Fast
         stream.close()
 
 
-def _next(events: FastStream, cls: type[BinLogEvent]) -> Any:
+def _next(events: FastStream, cls: type) -> Any:
     for _ in range(50):
         event = events.fetchone()
         assert event is not None, f"no {cls.__name__}"
@@ -163,37 +165,33 @@ def _next(events: FastStream, cls: type[BinLogEvent]) -> Any:
 
 
 def test_the_library_parses_the_packets_of_setls_stream(reader: tuple[FastStream, str]) -> None:
-    """`parse_packet` with a `ParseContext` (no control connection) gives the library's events of the
-    stream's packets, with the stream's state (format description, table map, position) kept up."""
+    """`parse_packet` with a `ParseContext` (no control connection) parses the stream's packets into
+    setl's values (`event_value`), with the stream's state (format description, table map, position) kept up."""
     events, db = reader
     stream = events.reader
-    event = _next(events, WriteRowsEvent)
-    assert (event.schema, event.table, event.rows[0]["values"]) == (db, "t", {"id": 1, "v": "one"})
-    assert event.dbms == "mariadb" and event.table_id in stream.table_map
+    event = _next(events, ev.Rows)
+    assert (event.schema, event.table, event.kind, event.rows[0]["values"]) == (db, "t", ev.WRITE,
+                                                                               {"id": 1, "v": "one"})
+    assert event.table_id in stream.table_map
     assert len(stream.post_header_lengths) >= BINLOG.DELETE_ROWS_EVENT_V2 and stream.mysql_version >= (10, 0)
-    assert stream.log_pos == event.packet.log_pos
+    assert stream.log_pos == event.header.log_pos and event.header.event_type == BINLOG.WRITE_ROWS_EVENT_V1
     assert "_read_packet" not in vars(stream.conn)  # nothing of PyMySQL's is swapped on the stream connection
     assert (stream.context.encoding, stream.context.charset) == (stream.conn.encoding, stream.conn.charset)
-    xid = _next(events, XidEvent)
-    assert xid.xid > 0 and stream.log_pos == xid.packet.log_pos
+    xid = _next(events, ev.Xid)
+    assert xid.xid > 0 and stream.log_pos == xid.header.log_pos
     assert events.fetchone() is None and stream.ended  # a non-blocking dump ends at the log's end
 
 
-def test_events_hold_the_fields_setl_builds_them_with(reader: tuple[FastStream, str]) -> None:
-    """A library-parsed event holds exactly the values `event_fields` names, its rows under
-    `ROWS_FIELD`; an event `new_event` builds from them reads back the same."""
-    events, _ = reader
+def test_library_table_maps_become_setls_layouts(reader: tuple[FastStream, str]) -> None:
+    """The library's decoded table map becomes a `TableLayout` with the table's names, columns and key,
+    and the stream's table map holds the same decoded table the layout describes."""
+    events, db = reader
     stream = events.reader
-    event = _next(events, WriteRowsEvent)
-    rows = event.rows
-    fields = vars(event)
-    expected = replication.event_fields(stream.context, stream.mysql_version, stream.post_header_lengths,
-                                        replication.server_flavor(stream.context))
-    assert {name: fields[name] for name in expected} == expected
-    assert fields[replication.ROWS_FIELD] is rows
-    copy = replication.new_event(WriteRowsEvent, dict(fields))
-    assert type(copy) is WriteRowsEvent and copy.rows == rows and copy.table == event.table
-    assert copy.packet.log_pos == event.packet.log_pos
+    event = _next(events, ev.TableMap)
+    layout = event.layout
+    assert (layout.schema, layout.table, layout.primary_key) == (db, "t", ("id",))
+    assert [column.name for column in layout.columns] == ["id", "v"]
+    assert stream.table_map[layout.table_id] is layout.description
 
 
 def test_the_functions_setl_replaces_exist() -> None:
@@ -205,3 +203,29 @@ def test_the_functions_setl_replaces_exist() -> None:
     classes = replication.event_classes()
     assert classes[BINLOG.WRITE_ROWS_EVENT_V2] is WriteRowsEvent
     assert classes[BINLOG.XID_EVENT] is XidEvent
+
+
+def test_the_stream_answers_a_repeated_table_map_from_its_cache(mariadb_source: MariaDBServer,
+                                                                 source_db: str) -> None:
+    """A table map whose bytes the stream's `TableMapCache` holds is answered without the library (the
+    same layout, a hit counted), and the library's own `TableMapEvent.__init__` is left unpatched."""
+    start = head(mariadb_source)
+    execute(mariadb_source, source_db, "CREATE TABLE c (id INT PRIMARY KEY, v VARCHAR(10))",
+            "INSERT INTO c VALUES (1, 'one')", "INSERT INTO c VALUES (2, 'two')")
+    settings = {"connect_timeout": 5.0, **{k: v for k, v in mariadb_source.connect_args().items() if k != "ssl"}}
+    cache = replication.TableMapCache()
+    stream = BinlogStream(_Connector(), settings, server_id=next_server_id(), at=start, gtid=None, flavor="mariadb",
+                          events=[TableMapEvent, WriteRowsEvent], table_maps=cache, blocking=False)
+    stream.connect()
+    try:
+        events = FastStream(stream, None)  # every packet through the stream's `parse`
+        first, second = _next(events, ev.TableMap), _next(events, ev.TableMap)
+        rows = _next(events, ev.Rows)
+    finally:
+        stream.close()
+    assert second.layout is first.layout and (cache.misses, cache.hits) == (1, 1)
+    assert second.header.log_pos > first.header.log_pos and stream.log_pos == rows.header.log_pos
+    assert rows.rows[0]["values"] == {"id": 2, "v": "two"} and first.layout.primary_key == ("id",)
+    install()  # setl's fixes, as a source installs them: none replaces the table map's decoding
+    assert (TableMapEvent.__init__.__module__, TableMapEvent.__init__.__qualname__) == (
+        "pymysqlreplication.row_event", "TableMapEvent.__init__")

@@ -6,7 +6,8 @@ one it was written for (`check_version`).
   socket and read timeout, its buffered result), for the binlog stream's dump and framer, the
   snapshot row reader, ``LOAD DATA LOCAL`` and TLS checks.
 - `setl.adapters.replication`: python-mysql-replication's packet parser (called by setl's own
-  binlog stream), its event objects' fields and the fixes setl installs into it.
+  binlog stream), its events converted into setl's values (`setl.binlog_events`) and the fixes setl
+  installs into it.
 """
 
 from __future__ import annotations

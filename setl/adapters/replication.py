@@ -1,7 +1,8 @@
 """python-mysql-replication's internals, the one place setl reaches into them: the fixes `install()`
 puts into its event classes (setl's binlog source installs them when it is built), its packet
 parser as setl's stream calls it (`parse_packet`, with a `ParseContext` in place of a control
-connection) and the fields of its event objects that `fast.FastStream` builds.
+connection), and its events converted into setl's own values (`event_value`, `setl.binlog_events`):
+no library event leaves this module and the stream that calls it.
 
 Written for mysql-replication `WRITTEN_FOR` exactly (a WARNING at import names another release);
 tests/test_library_contracts.py pins the behaviours setl relies on against a real server.
@@ -11,16 +12,41 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
 
 from pymysql.protocol import MysqlPacket
-from pymysqlreplication.event import BinLogEvent
+from pymysqlreplication import exceptions as _library_errors
+from pymysqlreplication.event import (
+    BinLogEvent,
+    ExecuteLoadQueryEvent,
+    FormatDescriptionEvent,
+    GtidEvent,
+    HeartbeatLogEvent,
+    MariadbBinLogCheckPointEvent,
+    MariadbGtidEvent,
+    MariadbGtidListEvent,
+    NotImplementedEvent,
+    PreviousGtidsEvent,
+    QueryEvent,
+    RotateEvent,
+    StopEvent,
+    XAPrepareEvent,
+    XidEvent,
+)
 from pymysqlreplication.packet import BinLogPacketWrapper
-from pymysqlreplication.row_event import RowsEvent, TableMapEvent
+from pymysqlreplication.row_event import (
+    DeleteRowsEvent,
+    PartialUpdateRowsEvent,
+    RowsEvent,
+    TableMapEvent,
+    UpdateRowsEvent,
+    WriteRowsEvent,
+)
 
+from setl import binlog_events as ev
 from setl.adapters import check_version
 from setl.errors import ConfigError
 from setl.model import InvalidDate
@@ -123,81 +149,32 @@ def _charset_to_encoding(name: str) -> str:
 
 
 class TableMapCache:
-    """Decoded table maps of one reader, by the raw bytes of their event body (which start with
-    the table id): the library re-decodes the full column metadata of every table-map event,
-    one of which precedes every rows event, and that is most of its parse time."""
+    """Decoded table maps of one reader (`TableLayout`), by the raw bytes of their event body (which
+    start with the table id): the library re-decodes the full column metadata of every table-map
+    event, one of which precedes every rows event, and that is most of its parse time. setl's
+    stream answers a table map from here before asking the library (`sources.mysql_binlog.stream`)."""
 
     def __init__(self, size: int = 4096) -> None:
         self.size = size
-        self._entries: OrderedDict[bytes, dict[str, Any]] = OrderedDict()
+        self._entries: OrderedDict[bytes, ev.TableLayout] = OrderedDict()
         self.hits = self.misses = 0
 
-    def get(self, body: bytes) -> dict[str, Any] | None:
-        state = self._entries.get(body)
-        if state is not None:
+    def get(self, body: bytes) -> ev.TableLayout | None:
+        layout = self._entries.get(body)
+        if layout is not None:
             self._entries.move_to_end(body)
             self.hits += 1
-        return state
+        return layout
 
-    def put(self, body: bytes, state: dict[str, Any]) -> None:
+    def put(self, body: bytes, layout: ev.TableLayout) -> None:
         self.misses += 1
-        self._entries[body] = state
+        self._entries[body] = layout
         if len(self._entries) > self.size:
             self._entries.popitem(last=False)
 
 
-_decode_table_map = TableMapEvent.__init__
-_FILTERS = ("only_tables", "ignored_tables", "only_schemas", "ignored_schemas", "freeze_schema")
-
-
-def _table_map_init(self: TableMapEvent, from_packet: Any, event_size: int, table_map: dict, ctl_connection: Any,
-                    **kwargs: Any) -> None:
-    """`TableMapEvent.__init__`, answered from the reader's `TableMapCache` when it has one.
-
-    Only readers whose control connection carries a cache (this module's) use it, and only with
-    full row metadata (column names come from the event, not from a query) and no filters.
-    """
-    cache: TableMapCache | None = getattr(ctl_connection, "setl_table_maps", None)
-    if cache is None or not kwargs.get("optional_meta_data") or any(map(kwargs.get, _FILTERS)):
-        _decode_table_map(self, from_packet, event_size, table_map, ctl_connection, **kwargs)
-        return
-    # The packet is the OK byte, the 19-byte event header, the body and maybe a checksum.
-    body = bytes(from_packet.packet.get_all_data()[20:20 + event_size])
-    state = cache.get(body)
-    if state is None:
-        _decode_table_map(self, from_packet, event_size, table_map, ctl_connection, **kwargs)
-        if self._processed:
-            cache.put(body, {k: v for k, v in vars(self).items() if k not in _PER_EVENT})
-        return
-    BinLogEvent.__init__(self, from_packet, event_size, table_map, ctl_connection, **kwargs)
-    vars(self).update(state)  # the decoded table: shared, and read-only once decoded
-    table_map[self.table_id] = self.table_obj
-
-
 _installed = False
 _install_lock = threading.Lock()
-
-#: What `install` does with each packet before the library parses it: the packet's payload (the OK
-#: byte, the event header and body), whether events end in a checksum, and the reader's post-header
-#: lengths by event type (None: not known yet) -> the payload to parse (the same object when unchanged).
-Inflate = Callable[[bytes, bool, Any], bytes]
-
-
-def _inflating_init(init: Any, inflate: Inflate) -> Any:
-    """`BinLogPacketWrapper.__init__` that parses the packet `inflate` gives for each (MariaDB's
-    compressed events: the plain event each stands for; the library knows no compressed kind)."""
-
-    def wrapper_init(self: BinLogPacketWrapper, from_packet: Any, table_map: Any, ctl_connection: Any,
-                     mysql_version: Any, use_checksum: bool, *args: Any, **kwargs: Any) -> None:
-        data = from_packet.get_all_data()
-        # the library passes everything positionally; post_header_lengths comes last
-        plain = inflate(data, use_checksum, args[11] if len(args) > 11 else kwargs.get("post_header_lengths"))
-        if plain is not data:
-            from_packet = MysqlPacket(plain, ctl_connection.encoding)
-        init(self, from_packet, table_map, ctl_connection, mysql_version, use_checksum, *args, **kwargs)
-
-    return wrapper_init
-
 
 def event_classes() -> dict[int, type[BinLogEvent]]:
     """The library's event class for each binlog event type it parses (others: NotImplementedEvent)."""
@@ -210,13 +187,15 @@ REPLACED = ((RowsEvent, "_RowsEvent__read_time2"), (RowsEvent, "_RowsEvent__read
             (RowsEvent, "_RowsEvent__read_fsp"), (BinLogPacketWrapper, "read_variable_length_string"))
 
 
-def install(inflate: Inflate) -> None:
+def install() -> None:
     """Apply setl's fixes to python-mysql-replication, once per process (the binlog source calls it
-    when it is built, not at import), with `inflate` applied to every packet the library parses.
+    when it is built, not at import).
 
     The library decodes a negative TIME(fsp) wrongly, returns None for zero and partial dates,
-    maps no UTF-16/32 charset, misreads names of 128+ bytes, re-decodes every table map and knows
-    no compressed event; each fix replaces one of its functions. A release without one of those
+    maps no UTF-16/32 charset and misreads names of 128+ bytes; each fix replaces one of its
+    functions. Its re-decoding of every table map and its not knowing MariaDB's compressed events are
+    not patched: setl's stream answers table maps from its `TableMapCache` and inflates compressed
+    events before it asks the library. A release without one of those
     functions is refused (ConfigError): setl could not read its events exactly.
     """
     global _installed
@@ -233,8 +212,6 @@ def install(inflate: Inflate) -> None:
         RowsEvent._RowsEvent__read_datetime2 = _read_datetime2
         RowsEvent.charset_to_encoding = staticmethod(_charset_to_encoding)
         BinLogPacketWrapper.read_variable_length_string = _read_variable_length_string
-        TableMapEvent.__init__ = _table_map_init
-        BinLogPacketWrapper.__init__ = _inflating_init(BinLogPacketWrapper.__init__, inflate)
         _installed = True
 
 
@@ -243,17 +220,14 @@ def install(inflate: Inflate) -> None:
 
 class ParseContext:
     """What the library's event parsers take as their "control connection": the connection's charset
-    and encoding (`install`'s inflating packet wrapper makes packets in it), the server's flavor
-    (``_get_dbms``) and setl's table-map cache (`setl_table_maps`, read by the patched
-    `TableMapEvent.__init__`). With full row metadata and no column-name cache the library
-    asks that connection nothing, so setl's stream opens none (tests/test_library_contracts.py)."""
+    and encoding, the server's flavor
+    (``_get_dbms``). With full row metadata and no column-name cache the library asks that
+    connection nothing, so setl's stream opens none (tests/test_library_contracts.py)."""
 
-    def __init__(self, dbms: str, table_maps: TableMapCache | None, charset: str = "utf8mb4",
-                 encoding: str = "utf8") -> None:
+    def __init__(self, dbms: str, charset: str = "utf8mb4", encoding: str = "utf8") -> None:
         self.dbms = dbms
         self.charset = charset
         self.encoding = encoding
-        self.setl_table_maps = table_maps
 
     def _get_dbms(self) -> str:
         return self.dbms
@@ -269,32 +243,96 @@ def parse_packet(data: bytes, encoding: str, table_map: dict[int, Any], context:
                                post_header_lengths)
 
 
-def server_flavor(ctl_connection: Any) -> str:
-    """What the library's events call their server ("mysql" or "mariadb")."""
-    flavor: str = ctl_connection._get_dbms()
-    return flavor
+# -- The library's events as setl's values (`setl.binlog_events`): the one door they pass.
+
+#: Every event kind setl's stream asks the library for. The library drops the others before building
+#: them: only kinds setl may pass over (`sources.mysql_binlog.assembler.IGNORED_EVENTS`). Every kind
+#: the library does not know arrives as a NotImplementedEvent, judged by its type.
+READ_EVENTS: tuple[type[BinLogEvent], ...] = (
+    RotateEvent, FormatDescriptionEvent, MariadbGtidListEvent, MariadbBinLogCheckPointEvent, PreviousGtidsEvent,
+    HeartbeatLogEvent, StopEvent, MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, XAPrepareEvent, TableMapEvent,
+    WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent, PartialUpdateRowsEvent, ExecuteLoadQueryEvent,
+    NotImplementedEvent)
+
+#: What the library raises on bytes it cannot account for: a short read (PyMySQL's bare AssertionError),
+#: struct.error, an ENUM index out of range, a value no codec, date or Decimal takes, its own
+#: malformed-event errors.
+UNDECODABLE: tuple[type[BaseException], ...] = (
+    AssertionError, struct.error, ValueError, ArithmeticError, LookupError, TypeError,
+    *(getattr(_library_errors, name) for name in ("MalformedBinLogEvent", "StatusVariableMismatch")
+      if hasattr(_library_errors, name)))
+
+_ROWS_KINDS: dict[type[BinLogEvent], int] = {WriteRowsEvent: ev.WRITE, UpdateRowsEvent: ev.UPDATE,
+                                              DeleteRowsEvent: ev.DELETE}
+_MARKS = (FormatDescriptionEvent, MariadbGtidListEvent, MariadbBinLogCheckPointEvent, PreviousGtidsEvent, StopEvent)
 
 
-def event_fields(ctl_connection: Any, mysql_version: Any, post_header_lengths: Any, dbms: str | None
-                 ) -> dict[str, Any]:
-    """The fields `BinLogEvent.__init__` sets on an event read with setl's settings, besides its own
-    packet, table map, type, timestamp and size."""
-    return {"_post_header_lengths": post_header_lengths, "_ctl_connection": ctl_connection,
-            "mysql_version": mysql_version, "_ignore_decode_errors": False, "_verify_checksum": False,
-            "_is_event_valid": None, "_processed": True, "complete": True, "dbms": dbms}
+def header_of(wrapper: BinLogPacketWrapper) -> ev.Header:
+    """The common header of the event `wrapper` holds."""
+    return ev.Header(wrapper.timestamp, wrapper.event_type, wrapper.server_id, wrapper.event_size, wrapper.log_pos)
 
 
-#: The field of a rows event that holds its decoded rows (what `RowsEvent.rows` returns).
-ROWS_FIELD = "_RowsEvent__rows"
+def table_layout(table_id: int, schema: str, table: str, columns: Any, optional_metadata: Any, description: Any
+                 ) -> ev.TableLayout:
+    """setl's `TableLayout` of a table map the library decoded (its columns, optional metadata and table)."""
+    indexes = list(optional_metadata.simple_primary_key_list) or list(optional_metadata.primary_keys_with_prefix)
+    if indexes:
+        key = tuple(columns[i].name for i in indexes)
+    else:
+        pk = description.primary_key
+        key = tuple(pk) if isinstance(pk, tuple) else ((pk,) if pk else ())
+    return ev.TableLayout(table_id, schema, table, columns, key, description)
 
 
-def new_event(cls: type[BinLogEvent], fields: dict[str, Any]) -> Any:
-    """An event of `cls` holding exactly `fields`, without running the library's parsing."""
-    event = object.__new__(cls)
-    event.__dict__ = fields
-    return event
+def load_query_statement(event: ExecuteLoadQueryEvent) -> tuple[str, str]:
+    """A statement-logged LOAD DATA's default schema and statement text (the library reads only the
+    fixed part of its EXECUTE_LOAD_QUERY event)."""
+    packet = event.packet
+    packet.read(event.status_vars_length)
+    schema = packet.read(event.schema_length).decode("utf-8", "replace")
+    packet.read(1)
+    rest = event.event_size - 26 - event.status_vars_length - event.schema_length - 1
+    return schema, (packet.read(rest).decode("utf-8", "replace") if rest > 0 else "LOAD DATA")
 
 
-# What BinLogEvent.__init__ sets for each event; everything else a table map decodes is cacheable.
-_PER_EVENT = frozenset({"packet", "table_map", "event_type", "timestamp", "event_size",
-                        *event_fields(None, None, None, None)})
+def event_value(wrapper: BinLogPacketWrapper) -> Any:
+    """setl's value (`setl.binlog_events`) of the event the library parsed into `wrapper` (not None).
+
+    Rows are read here (the library reads them lazily): an undecodable body raises one of
+    `UNDECODABLE`. The wrapper and its event no longer refer to each other afterwards, so reference
+    counting frees both here instead of the cyclic collector."""
+    event = wrapper.event
+    header = header_of(wrapper)
+    kind = type(event)
+    try:
+        change = _ROWS_KINDS.get(kind)
+        if change is not None:
+            return ev.Rows(header, change, event.table_id, event.schema, event.table, event.rows)
+        if kind is TableMapEvent:
+            return ev.TableMap(header, table_layout(event.table_id, event.schema, event.table, event.columns,
+                                                    event.optional_metadata, event.table_obj))
+        if kind is MariadbGtidEvent:
+            return ev.MariadbGtid(header, event.gtid, event.flags)
+        if kind is GtidEvent:
+            return ev.MysqlGtid(header, event.gtid)
+        if kind is XidEvent:
+            return ev.Xid(header, event.xid)
+        if kind is QueryEvent:
+            schema = event.schema.decode("utf-8", "replace") if isinstance(event.schema, bytes) else event.schema
+            return ev.Query(header, event.query, schema or "", getattr(event, "sql_mode", None))
+        if kind is ExecuteLoadQueryEvent:
+            schema, statement = load_query_statement(event)
+            return ev.Query(header, statement, schema, None)
+        if kind is XAPrepareEvent:
+            return ev.XaPrepare(header, bool(event.one_phase), event.xid_format_id, bytes(event.xid_gtrid),
+                                bytes(event.xid_bqual))
+        if kind is RotateEvent:
+            return ev.Rotate(header, event.next_binlog, event.position)
+        if kind is HeartbeatLogEvent:
+            return ev.Heartbeat(header, event.ident.rstrip("\0"))
+        if isinstance(event, _MARKS):
+            return ev.Mark(header, kind.__name__)
+        return ev.Unknown(header, None if kind is NotImplementedEvent else kind.__name__)
+    finally:
+        wrapper.event = None
+        event.packet = None

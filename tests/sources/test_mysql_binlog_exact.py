@@ -332,10 +332,10 @@ def test_library_fixes_are_installed_when_a_source_is_built_not_at_import():
     """Importing the module leaves python-mysql-replication alone; building a source installs the fixes once."""
     code = ("import setl.sources.mysql_binlog as m\n"
             "from setl.adapters import replication\n"
-            "from pymysqlreplication.row_event import TableMapEvent\n"
-            "assert TableMapEvent.__init__ is not replication._table_map_init\n"
+            "from pymysqlreplication.row_event import RowsEvent\n"
+            "assert RowsEvent._RowsEvent__read_date is not replication._read_date\n"
             "m.MysqlBinlogSource(); m.MysqlBinlogSource()\n"
-            "assert TableMapEvent.__init__ is replication._table_map_init\n"
+            "assert RowsEvent._RowsEvent__read_date is replication._read_date\n"
             "print('ok')\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "ok", done.stderr

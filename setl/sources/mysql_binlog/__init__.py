@@ -2,7 +2,8 @@
 
 This package and its adapter (`setl.adapters.replication`, the library's internals) are the only
 importers of pymysqlreplication, which only parses event bodies (setl opens the stream, asks for
-the dump and frames the packets); nothing the package returns holds a library object.
+the dump and frames the packets, and reads setl's own event values, `setl.binlog_events`); nothing
+the package returns holds a library object.
 A background thread reads the binlog with a blocking stream, reconnects when the server goes away,
 and hands assembled transactions to `poll` through a bounded queue, so `poll` honours its timeout
 and `close` interrupts the read.

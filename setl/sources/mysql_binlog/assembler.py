@@ -5,38 +5,27 @@ from __future__ import annotations
 
 import logging
 import re
-import struct
 from collections.abc import Callable
 from typing import Any
 
 import attrs
-from pymysqlreplication import exceptions as _library_errors
-from pymysqlreplication.event import (
-    ExecuteLoadQueryEvent,
-    FormatDescriptionEvent,
-    GtidEvent,
-    HeartbeatLogEvent,
-    MariadbBinLogCheckPointEvent,
-    MariadbGtidEvent,
-    MariadbGtidListEvent,
-    NotImplementedEvent,
-    PreviousGtidsEvent,
-    QueryEvent,
-    RotateEvent,
-    StopEvent,
-    XAPrepareEvent,
-    XidEvent,
-)
 from pymysqlreplication.gtid import Gtid, GtidSet
-from pymysqlreplication.row_event import (
-    DeleteRowsEvent,
-    PartialUpdateRowsEvent,
-    RowsEvent,
-    TableMapEvent,
-    UpdateRowsEvent,
-    WriteRowsEvent,
-)
 
+from setl.adapters import replication
+from setl.binlog_events import (
+    POSITION_EVENTS,
+    Heartbeat,
+    MariadbGtid,
+    MysqlGtid,
+    Query,
+    Rotate,
+    Rows,
+    TableLayout,
+    TableMap,
+    Unknown,
+    XaPrepare,
+    Xid,
+)
 from setl.errors import CorruptEvent, SetlError, SourceError, UnreadableEvent
 from setl.model import Change, Position, RowChange, Transaction
 from setl.sources.mysql_binlog.ddl_events import DdlEvents, KnownTables
@@ -61,15 +50,13 @@ log = logging.getLogger("setl.sources.mysql_binlog")
 
 
 # Events that only move the read position: outside a transaction they become position marks.
-_POSITION_EVENTS = (RotateEvent, FormatDescriptionEvent, MariadbGtidListEvent, MariadbBinLogCheckPointEvent,
-                    PreviousGtidsEvent, HeartbeatLogEvent, StopEvent)
-# Every event the reader asks the library for. The library drops the others before building them:
-# only the kinds in `IGNORED_EVENTS`, which setl may pass over. Every kind the library does not
-# know arrives as a NotImplementedEvent and is judged by `_unknown`: setl never skips an event it
-# has not judged (compressed events arrive inflated: `compressed`).
-_EVENTS = [*_POSITION_EVENTS, MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, XAPrepareEvent, TableMapEvent,
-           WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent, PartialUpdateRowsEvent, ExecuteLoadQueryEvent,
-           NotImplementedEvent]
+_POSITION_EVENTS = POSITION_EVENTS
+# Every event the reader asks the library for (`setl.adapters.replication.READ_EVENTS`): the library
+# drops the others before building them, only the kinds in `IGNORED_EVENTS`, which setl may pass
+# over. Every kind the library does not know arrives as an `Unknown` and is judged by
+# `refuse_unknown`: setl never skips an event it has not judged (compressed events arrive inflated:
+# `compressed`).
+_EVENTS = list(replication.READ_EVENTS)
 #: The event kinds that the library knows and setl passes over, and why that loses nothing.
 IGNORED_EVENTS: dict[str, str] = {
     "MariadbAnnotateRowsEvent": "the statement text of the rows events after it (binlog_annotate_row_events)",
@@ -107,7 +94,6 @@ for _old, _name in ((0x01, "START_EVENT_V3"), (0x06, "LOAD_EVENT"), (0x07, "SLAV
                     (0x15, "PRE_GA_UPDATE_ROWS_EVENT"), (0x16, "PRE_GA_DELETE_ROWS_EVENT")):
     _REFUSED_TYPES[_old] = (_name, "a binlog format of servers older than MySQL 5.1", "read a binlog written by a "
                             "supported server (MariaDB 10.5+, MySQL 8.0+)")
-_HOT_ROWS = frozenset({WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent})
 _GTID_STANDALONE = 0x01  # MariaDB GTID flag: one statement, no BEGIN/COMMIT follows
 _GTID_PREPARED_XA = 0x40  # MariaDB GTID flag: the group ends in XA PREPARE
 
@@ -246,81 +232,74 @@ class _Assembler:
         return Position(log, offset, self.gtids.text or None if self.gtids is not None else None)
 
     def feed(self, event: Any) -> list[Transaction]:
+        """The transactions (and position marks) that event value `event` (`setl.binlog_events`) completes."""
         kind = type(event)
-        if kind in _HOT_ROWS:  # the events of a busy binlog first, by their exact type
-            self.nbytes += event.packet.event_size
+        if kind is Rows:  # the events of a busy binlog first, by their exact type
+            self.nbytes += event.header.event_size
             return self._rows_event(event)
-        if kind is TableMapEvent:
-            self.nbytes += event.packet.event_size
-            self._table_map(event)
+        if kind is TableMap:
+            self.nbytes += event.header.event_size
+            self._table_map(event.layout)
             return []
         if isinstance(event, _POSITION_EVENTS):
             return self._moved(event)
-        self.nbytes += event.packet.event_size
-        if self.tx_start is None and isinstance(event, (MariadbGtidEvent, GtidEvent, QueryEvent)):
-            self.tx_start = self._position(self.log_file, event.packet.log_pos - event.packet.event_size)
-            self.ignoring = bool(self.ignore_server_ids) and event.packet.server_id in self.ignore_server_ids
-        if isinstance(event, MariadbGtidEvent):
+        header = event.header
+        self.nbytes += header.event_size
+        if self.tx_start is None and kind in (MariadbGtid, MysqlGtid, Query):
+            self.tx_start = self._position(self.log_file, header.log_pos - header.event_size)
+            self.ignoring = bool(self.ignore_server_ids) and header.server_id in self.ignore_server_ids
+        if kind is MariadbGtid:
             self.xa_pending = bool(event.flags & _GTID_PREPARED_XA)
             self.standalone = bool(event.flags & _GTID_STANDALONE)
             self.in_tx = not self.standalone
             self.pending_gtid = event.gtid
             return []
-        if isinstance(event, GtidEvent):
+        if kind is MysqlGtid:
             self.pending_gtid = event.gtid
             return []
-        if isinstance(event, TableMapEvent):
-            self._table_map(event)
-            return []
-        if isinstance(event, RowsEvent) and not isinstance(event, PartialUpdateRowsEvent):
-            return self._rows_event(event)
-        if isinstance(event, XidEvent):
-            return [self._commit(event.packet.log_pos, event.timestamp)]
-        if isinstance(event, XAPrepareEvent):
+        if kind is Xid:
+            return [self._commit(header.log_pos, header.timestamp)]
+        if kind is XaPrepare:
             return self._xa_prepared(event)
-        if isinstance(event, QueryEvent):
-            return self._query(event, event.packet.log_pos)
-        if isinstance(event, ExecuteLoadQueryEvent):  # a statement-logged LOAD DATA, judged by its table
-            event.schema, event.query = load_query_statement(event)
-            return self._query(event, event.packet.log_pos)
+        if kind is Query:
+            return self._query(event, header.log_pos)
         refuse_unknown(event, self.log_file)
         return []
 
-    def _table_map(self, event: TableMapEvent) -> None:
-        # A cached table map shares its Table object: decode our view of it once too.
-        known = self._infos.get(event.table_id)
-        if known is None or known[0] is not event.table_obj:
-            info = _TableInfo.from_table_map(event)
+    def _table_map(self, layout: TableLayout) -> None:
+        # A cached table map shares its decoded table: decode our view of it once too.
+        known = self._infos.get(layout.table_id)
+        if known is None or known[0] is not layout.description:
+            info = _TableInfo.from_table_map(layout)
             if self.kind_of is not None:
                 kind = self.kinds.get((info.schema, info.table))
                 if kind is None:
                     kind = self.kinds[(info.schema, info.table)] = self.kind_of(info.schema, info.table)
                 info = info.with_kind(kind)
-            known = self._infos[event.table_id] = (event.table_obj, info)
-        self.tables[event.table_id] = known[1]
+            known = self._infos[layout.table_id] = (layout.description, info)
+        self.tables[layout.table_id] = known[1]
 
-    def _rows_event(self, event: RowsEvent) -> list[Transaction]:
+    def _rows_event(self, event: Rows) -> list[Transaction]:
         self._add_rows(event)
         if len(self.rows) >= self.max_rows:
             return self._pieces()
         return []
 
     def _moved(self, event: Any) -> list[Transaction]:
-        if isinstance(event, RotateEvent):
+        if isinstance(event, Rotate):
             self.log_file = event.next_binlog
-            if event.timestamp:  # a real rotation: table ids may be reused in the next file
+            if event.header.timestamp:  # a real rotation: table ids may be reused in the next file
                 self.tables.clear()
                 self._infos.clear()
             end = self._position(event.next_binlog, event.position)
-        elif isinstance(event, HeartbeatLogEvent):
-            log_file = event.ident.rstrip("\0")
-            if log_file != self.log_file or not event.packet.log_pos:
+        elif isinstance(event, Heartbeat):
+            if event.log_file != self.log_file or not event.header.log_pos:
                 return []
-            end = self._position(log_file, event.packet.log_pos)
+            end = self._position(event.log_file, event.header.log_pos)
         else:
-            if not event.packet.log_pos:
+            if not event.header.log_pos:
                 return []
-            end = self._position(self.log_file, event.packet.log_pos)
+            end = self._position(self.log_file, event.header.log_pos)
         return self._moved_to(end)
 
     def _moved_to(self, end: Position) -> list[Transaction]:
@@ -392,7 +371,7 @@ class _Assembler:
                      offset, len(self.rows) - len(kept))
         self.rows = kept
 
-    def _add_rows(self, event: RowsEvent) -> None:
+    def _add_rows(self, event: Rows) -> None:
         if self.ignoring:
             return  # the other direction's write: dropped with its whole transaction
         info = self.tables.get(event.table_id)
@@ -415,12 +394,12 @@ class _Assembler:
             self.rows.extend(enumerate(items, self.seen_in_tx + 1))
             self.seen_in_tx += len(items)
 
-    def _xa_prepared(self, event: XAPrepareEvent) -> list[Transaction]:
+    def _xa_prepared(self, event: XaPrepare) -> list[Transaction]:
         """The end of a group: XA PREPARE (its rows wait for XA COMMIT), or XA COMMIT ONE PHASE."""
         if event.one_phase:
-            return [self._commit(event.packet.log_pos, event.timestamp)]
-        key = (event.xid_format_id, bytes(event.xid_gtrid), bytes(event.xid_bqual))
-        offset = event.packet.log_pos
+            return [self._commit(event.header.log_pos, event.header.timestamp)]
+        key = (event.format_id, event.gtrid, event.bqual)
+        offset = event.header.log_pos
         if self.handed_in_tx:  # MySQL marks an XA group only at its end
             raise SourceError(f"XA PREPARE at {self.log_file}:{offset} of a transaction of which "
                               f"{self.handed_in_tx} row changes were already handed on as committed; "
@@ -524,7 +503,7 @@ class _Assembler:
         self.tx_start = None
         return Transaction(changes, end, nbytes=nbytes)
 
-    def _query(self, event: QueryEvent | ExecuteLoadQueryEvent, offset: int) -> list[Transaction]:
+    def _query(self, event: Query, offset: int) -> list[Transaction]:
         statement = event.query.strip()
         verb = statement.rstrip(";").strip().upper()
         if verb == "BEGIN":
@@ -535,18 +514,18 @@ class _Assembler:
             return []
         xa_end = _XA_END.match(statement)
         if xa_end:
-            return self._xa_finished(xa_end, offset, event.timestamp)
+            return self._xa_finished(xa_end, offset, event.header.timestamp)
         if verb == "COMMIT":  # non-transactional tables, or a server that sends BEGIN/COMMIT
-            return [self._commit(offset, event.timestamp)]
+            return [self._commit(offset, event.header.timestamp)]
         if verb == "ROLLBACK":
             # Only a transaction that wrote a non-transactional table is logged this way: the
             # server undid its transactional rows, not the others.
             self._undo(0, statement, offset)
-            return [self._commit(offset, event.timestamp)]
+            return [self._commit(offset, event.header.timestamp)]
         if self.in_tx and not self.standalone and (self.ignoring or _IGNORED_IN_TX.match(statement)):
             self._savepoint(statement, offset)  # nothing of an ignored transaction's statements is kept
             return []
-        schema = event.schema.decode("utf-8", "replace") if isinstance(event.schema, bytes) else event.schema
+        schema = event.schema
         if not self.ignoring and self._statement_dml(statement, schema or "", offset):
             if self.in_tx and not self.standalone:
                 return []
@@ -562,7 +541,7 @@ class _Assembler:
         self._close_tx(offset)
         end = self.mark = self._position(self.log_file, offset)
         self.kinds.clear()
-        changes = self.ddl_events.changes(read, schema or "", end, getattr(event, "sql_mode", None))
+        changes = self.ddl_events.changes(read, schema or "", end, event.sql_mode)
         return [Transaction(() if ignoring else changes, end, nbytes=nbytes)]
 
 
@@ -591,26 +570,15 @@ def refuse_statements(statements: list[tuple[str | None, str, str]], rows: list[
 def refuse_unknown(event: Any, log_file: str) -> None:
     """Pass over an event of a kind the assembler does not read when `_IGNORED_TYPES` says it loses
     nothing; else stop the reader at it, naming its type, position and cause."""
-    kind = event.packet.event_type
+    kind = event.header.event_type
     if kind in _IGNORED_TYPES:
         return
     name, cause, fix = _REFUSED_TYPES.get(kind) or (
-        f"{type(event).__name__}" if not isinstance(event, NotImplementedEvent) else f"event type {kind}",
+        event.name if isinstance(event, Unknown) and event.name else f"event type {kind}",
         "a binlog event kind setl does not know (a newer server, or a server setting setl does not handle)",
         "see docs/mysql-source.md for the server settings setl reads; exclude the setting or report the case")
-    raise UnreadableEvent(f"binlog event {name} (type {kind:#04x}) ending at {log_file}:{event.packet.log_pos}: "
+    raise UnreadableEvent(f"binlog event {name} (type {kind:#04x}) ending at {log_file}:{event.header.log_pos}: "
                           f"{cause}; nothing after it is applied: {fix}")
-
-
-def load_query_statement(event: ExecuteLoadQueryEvent) -> tuple[str, str]:
-    """A statement-logged LOAD DATA's default schema and statement text (the library reads only the
-    fixed part of its EXECUTE_LOAD_QUERY event)."""
-    packet = event.packet
-    packet.read(event.status_vars_length)
-    schema = packet.read(event.schema_length).decode("utf-8", "replace")
-    packet.read(1)
-    rest = event.event_size - 26 - event.status_vars_length - event.schema_length - 1
-    return schema, (packet.read(rest).decode("utf-8", "replace") if rest > 0 else "LOAD DATA")
 
 
 def read_events(assembler: _Assembler, events: Any, limit: int = 64) -> tuple[Any, list[Transaction], int]:
@@ -626,10 +594,6 @@ def read_events(assembler: _Assembler, events: Any, limit: int = 64) -> tuple[An
             event = events.fetchone()
             if event is None:
                 break
-            # The library's packet wrapper and its event refer to each other: break the cycle, so
-            # that reference counting frees both (and the rows they hold) here instead of the
-            # cyclic collector, which spent 10% of the reader's time on them.
-            event.packet.event = None
             txs = assembler.feed(event)
         except UNDECODABLE as exc:  # the library's (or the patches') reading of bytes it cannot account for
             if isinstance(exc, SetlError):
@@ -637,18 +601,13 @@ def read_events(assembler: _Assembler, events: Any, limit: int = 64) -> tuple[An
             raise _undecodable(exc, events, event) from exc
         if len(assembler.rows) > peak:
             peak = len(assembler.rows)
-        if txs or isinstance(event, HeartbeatLogEvent):
+        if txs or isinstance(event, Heartbeat):
             return event, txs, peak
     return event, [], peak
 
 
-#: What python-mysql-replication raises on bytes it cannot account for: a short read (PyMySQL's bare
-#: AssertionError), struct.error, an ENUM index out of range, a value no codec, date or Decimal takes,
-#: its own malformed-event errors.
-UNDECODABLE: tuple[type[BaseException], ...] = (
-    AssertionError, struct.error, ValueError, ArithmeticError, LookupError, TypeError,
-    *(getattr(_library_errors, name) for name in ("MalformedBinLogEvent", "StatusVariableMismatch")
-      if hasattr(_library_errors, name)))
+#: What python-mysql-replication raises on bytes it cannot account for (`setl.adapters.replication`).
+UNDECODABLE = replication.UNDECODABLE
 
 
 def corrupt_event(exc: BaseException, what: str, log_file: str, start: int, end: int | None,
@@ -668,7 +627,7 @@ def _undecodable(exc: BaseException, events: Any, event: Any) -> CorruptEvent:
     log_file = str(reader.log_file)
     if event is None:  # the library failed inside fetchone(): the reader stands at the event's start
         return corrupt_event(exc, "event", log_file, int(reader.log_pos or 0), None)
-    packet = event.packet
-    table = f"{event.schema}.{event.table}" if isinstance(event, RowsEvent) else None
-    return corrupt_event(exc, type(event).__name__, log_file, packet.log_pos - packet.event_size, packet.log_pos,
+    header = event.header
+    table = f"{event.schema}.{event.table}" if isinstance(event, Rows) else None
+    return corrupt_event(exc, type(event).__name__, log_file, header.log_pos - header.event_size, header.log_pos,
                          table)

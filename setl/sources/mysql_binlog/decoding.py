@@ -10,14 +10,9 @@ from typing import Any
 
 import attrs
 from pymysqlreplication.constants import FIELD_TYPE, NONE_SOURCE
-from pymysqlreplication.row_event import (
-    DeleteRowsEvent,
-    RowsEvent,
-    TableMapEvent,
-    WriteRowsEvent,
-)
 
 from setl import values as canonical
+from setl.binlog_events import DELETE, WRITE, Rows, TableLayout
 from setl.model import InvalidDate, Op, PartialImage, partial_like
 
 #: A prepared XA transaction's identity: (formatID, gtrid, bqual).
@@ -26,7 +21,7 @@ XaKey = tuple[int, bytes, bytes]
 _Item = tuple[Any, Any, Any, Any]
 
 
-def _row_items(event: RowsEvent, info: "_TableInfo") -> list[_Item]:
+def _row_items(event: Rows, info: "_TableInfo") -> list[_Item]:
     """The row changes of one rows event, with setl's images (of a system-versioned table: its
     current rows only)."""
     items = _raw_row_items(event, info)
@@ -35,17 +30,18 @@ def _row_items(event: RowsEvent, info: "_TableInfo") -> list[_Item]:
     return [current for current in map(info.current, items) if current is not None]
 
 
-def _raw_row_items(event: RowsEvent, info: "_TableInfo") -> list[_Item]:
-    if not info.fixes:  # the library's values are setl's: no image to fix
-        if isinstance(event, WriteRowsEvent):
+def _raw_row_items(event: Rows, info: "_TableInfo") -> list[_Item]:
+    kind = event.kind
+    if not info.fixes:  # the decoded values are setl's: no image to fix
+        if kind == WRITE:
             return [(Op.INSERT, info, None, _logged(row["values"], row["none_sources"])) for row in event.rows]
-        if isinstance(event, DeleteRowsEvent):
+        if kind == DELETE:
             return [(Op.DELETE, info, _logged(row["values"], row["none_sources"]), None) for row in event.rows]
         return [(Op.UPDATE, info, _logged(row["before_values"], row["before_none_sources"]),
                  _logged(row["after_values"], row["after_none_sources"])) for row in event.rows]
-    if isinstance(event, WriteRowsEvent):
+    if kind == WRITE:
         return [(Op.INSERT, info, None, info.image(row["values"], row["none_sources"])) for row in event.rows]
-    if isinstance(event, DeleteRowsEvent):
+    if kind == DELETE:
         return [(Op.DELETE, info, info.image(row["values"], row["none_sources"]), None) for row in event.rows]
     return [(Op.UPDATE, info, info.image(row["before_values"], row["before_none_sources"]),
              info.image(row["after_values"], row["after_none_sources"])) for row in event.rows]
@@ -162,17 +158,11 @@ class _TableInfo:
         return None
 
     @classmethod
-    def from_table_map(cls, event: TableMapEvent) -> "_TableInfo":
-        columns = event.columns
-        meta = event.optional_metadata
-        indexes = list(meta.simple_primary_key_list) or list(meta.primary_keys_with_prefix)
-        if indexes:
-            key = tuple(columns[i].name for i in indexes)
-        else:
-            pk = event.get_table().primary_key
-            key = tuple(pk) if isinstance(pk, tuple) else ((pk,) if pk else ())
+    def from_table_map(cls, layout: TableLayout) -> "_TableInfo":
+        columns = layout.columns
+        key = layout.primary_key
         return cls(
-            event.schema, event.table, key,
+            layout.schema, layout.table, key,
             frozenset(c.name for c in columns if c.type == FIELD_TYPE.SET),
             frozenset(c.name for c in columns if c.type == FIELD_TYPE.BIT),
             frozenset(c.name for c in columns if c.type == FIELD_TYPE.YEAR),

@@ -2,17 +2,16 @@
 
 The library builds an event object with a reader call per value: most of a catch-up's CPU.
 `FastStream` takes each packet of setl's own stream (`stream.BinlogStream`, framed by the
-compiled `_rows.Framer`) and builds the events that make up nearly all of a busy binlog from their
-bytes: WRITE/UPDATE/DELETE_ROWS of a table whose columns the compiled `_rows.RowDecoder` knows,
-decoded straight from the packet into the library's own event class with the same rows; table
-maps already decoded once (answered from setl's table-map cache); MariaDB GTID and XID events (two
-a transaction), read from their few bytes. Everything else (other events, a table with a column
+compiled `_rows.Framer`) and builds setl's own values (`setl.binlog_events`) of the events that
+make up nearly all of a busy binlog from their bytes: WRITE/UPDATE/DELETE_ROWS of a table whose
+columns the compiled `_rows.RowDecoder` knows, decoded straight from the packet; table maps
+already decoded once (answered from setl's table-map cache); MariaDB GTID and XID events (two a
+transaction), read from their few bytes. Everything else (other events, a table with a column
 type the decoder does not know, a partial row image) goes to the stream's `parse`, where the
-library parses it.
+library parses it and `setl.adapters.replication.event_value` converts it into setl's value.
 
 Without the compiled module (a source tree that was not built, or ``SETL_PURE_PYTHON=1``),
-`available()` is False and the library parses every event. The library's internals this uses
-(its event objects' fields) are reached through `setl.adapters.replication`.
+`available()` is False and the library parses every event.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from pymysqlreplication.constants import BINLOG
 from pymysqlreplication.event import BinLogEvent, MariadbGtidEvent, XidEvent
 from pymysqlreplication.row_event import DeleteRowsEvent, RowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
 
+from setl import binlog_events as ev
 from setl.adapters import replication
 from setl.sources.mysql_binlog import compressed
 from setl.sources.mysql_binlog.assembler import corrupt_event
@@ -46,7 +46,6 @@ _GTID = struct.Struct("<QIB")  # a MariaDB GTID event's sequence number, domain 
 _XID = struct.Struct("<Q")
 #: the events after which the stream's state the fast path reads may have changed
 _SETTINGS_EVENTS = frozenset({BINLOG.FORMAT_DESCRIPTION_EVENT, BINLOG.ROTATE_EVENT})
-_ROWS_FIELD = replication.ROWS_FIELD
 
 
 def available() -> bool:
@@ -59,12 +58,7 @@ class RowDecoders:
 
     def __init__(self) -> None:
         self._by_table: dict[int, tuple[Any, Any]] = {}
-        #: the attributes every rows event of a table and type shares, by (table, event type)
-        self.templates: dict[tuple[int, int], tuple[Any, dict[str, Any]]] = {}
-        #: table-map events by the bytes of their body, reused (their table is read-only)
-        self.table_maps: dict[bytes, TableMapEvent] = {}
         self.fast = self.slow = 0
-        self.dbms: str | None = None
 
     def get(self, table: Any) -> Any:
         """The table's decoder, or None when one of its columns needs the library."""
@@ -78,21 +72,8 @@ class RowDecoders:
             decoder = None
         if len(self._by_table) > 4096:
             self._by_table.clear()
-            self.templates.clear()
         self._by_table[id(table)] = (table, decoder)
         return decoder
-
-    def template(self, table: Any, event_type: int, ctl_connection: Any, mysql_version: Any,
-                 post_header_lengths: Any) -> dict[str, Any]:
-        """What a rows event of `table` and `event_type` holds besides its own header and rows."""
-        known = self.templates.get((id(table), event_type))
-        if known is not None and known[0] is table:
-            return known[1]
-        shared = {**replication.event_fields(ctl_connection, mysql_version, post_header_lengths, self.dbms),
-                  "event_type": event_type, "schema": table.schema, "table": table.table,
-                  "number_of_columns": len(table.columns), "columns": table.columns}
-        self.templates[(id(table), event_type)] = (table, shared)
-        return shared
 
 
 class FastStream:
@@ -113,9 +94,7 @@ class FastStream:
         self.decoders = decoders if decoders is not None else RowDecoders()
         self.fast = decoders is not None and RowDecoder is not None  # whether the hot events are built here
         self._settings: tuple[Any, bool, Any, Any, Any] = (None, False, (), None, None)
-        #: what every GTID and XID event holds besides its own header and body (None: to build)
-        self._small_base: dict[str, Any] | None = None
-        #: the last table map of each table id: (its body, its event), reused while the bytes repeat
+        #: the last table map of each table id: (its body, its layout), reused while the bytes repeat
         self._last_maps: dict[int, tuple[bytes, Any]] = {}
 
     def fetchone(self) -> Any:
@@ -137,8 +116,8 @@ class FastStream:
                 elif kind in _SMALL:
                     event = self._small(data, kind)
                 if event is not None:
-                    if event.packet.log_pos:
-                        stream.log_pos = event.packet.log_pos
+                    if event.header.log_pos:
+                        stream.log_pos = event.header.log_pos
                     return event
             event = stream.parse(data)
             if fast and data[0] == 0 and len(data) > 5 and data[5] in _SETTINGS_EVENTS:
@@ -160,14 +139,14 @@ class FastStream:
 
     def _read_settings(self) -> None:
         """The stream's state the events are built with (it changes only in events `parse` reads)."""
-        self._small_base = None
         stream = self.reader
         self._settings = (stream.context, stream.use_checksum, stream.in_packet, stream.mysql_version,
                           stream.post_header_lengths)
 
     def _rows(self, data: bytes, kind: int) -> Any:
         cls, change, post_header = _ROWS[kind]
-        ctl_connection, use_checksum, allowed_events, mysql_version, post_header_lengths = self._settings
+        settings = self._settings
+        use_checksum, allowed_events, post_header_lengths = settings[1], settings[2], settings[4]
         if cls not in allowed_events:
             return None
         if post_header_lengths and len(post_header_lengths) >= kind and post_header_lengths[kind - 1] != post_header:
@@ -204,20 +183,14 @@ class FastStream:
         except Corrupt as exc:  # stop at it: the library would read it no better, and a retry reads it again
             raise corrupt_event(exc, f"{cls.__name__} of {table.schema}.{table.table}", self.reader.log_file,
                                 self.reader.log_pos, packet.log_pos, f"{table.schema}.{table.table}") from exc
-        event = replication.new_event(cls, {
-            **decoders.template(table, kind, ctl_connection, mysql_version, post_header_lengths),
-            "packet": packet, "table_map": table_map, "timestamp": packet.timestamp,
-            "event_size": packet.event_size - (23 if use_checksum else 19), "table_id": table_id,
-            "flags": le_int(data, 26, 2), _ROWS_FIELD: rows})
         decoders.fast += 1
-        return event
+        return ev.Rows(packet, change, table_id, table.schema, table.table, rows)
 
     def _table_map(self, data: bytes) -> Any:
-        ctl_connection, use_checksum, allowed_events, mysql_version, post_header_lengths = self._settings
-        cache: replication.TableMapCache | None = getattr(ctl_connection, "setl_table_maps", None)
+        use_checksum, allowed_events = self._settings[1:3]
+        cache: replication.TableMapCache | None = getattr(self.reader, "table_maps", None)
         if cache is None or TableMapEvent not in allowed_events:
             return None
-        decoders = self.decoders
         packet = EventHeader(data)
         size = packet.event_size - (23 if use_checksum else 19)
         table_id = le_int(data, 20, 6)
@@ -226,61 +199,33 @@ class FastStream:
             cache.hits += 1
             return self._table_map_event(last[1], packet)
         body = data[20:20 + size]
-        event = decoders.table_maps.get(body)
-        if event is None:
-            state = cache.get(body)
-            if state is None:
-                return None
-            if decoders.dbms is None:
-                decoders.dbms = replication.server_flavor(ctl_connection)
-            event = replication.new_event(TableMapEvent, {
-                **replication.event_fields(ctl_connection, mysql_version, post_header_lengths, decoders.dbms),
-                "event_size": size, **state})
-            if len(decoders.table_maps) > 4096:
-                decoders.table_maps.clear()
-            decoders.table_maps[body] = event
-        else:
-            cache.hits += 1
+        layout = cache.get(body)
+        if layout is None:
+            return None  # the stream's `parse` has the library decode it, and caches it
         if len(self._last_maps) > 4096:
             self._last_maps.clear()
-        self._last_maps[table_id] = (body, event)
-        return self._table_map_event(event, packet)
+        self._last_maps[table_id] = (body, layout)
+        return self._table_map_event(layout, packet)
 
-    def _table_map_event(self, event: Any, packet: Any) -> Any:
-        table_map = self.reader.table_map
-        event.packet, event.table_map, event.event_type, event.timestamp = \
-            packet, table_map, packet.event_type, packet.timestamp
-        table_map[event.table_id] = event.table_obj
-        return event
+    def _table_map_event(self, layout: ev.TableLayout, packet: Any) -> ev.TableMap:
+        self.reader.table_map[layout.table_id] = layout.description
+        return ev.TableMap(packet, layout)
 
     def _small(self, data: bytes, kind: int) -> Any:
-        """A MariaDB GTID or an XID event, read as the library reads it."""
+        """A MariaDB GTID or an XID event, read from its few bytes."""
         cls, layout = _SMALL[kind]
-        ctl_connection, use_checksum, allowed_events, mysql_version, post_header_lengths = self._settings
+        use_checksum, allowed_events = self._settings[1:3]
         packet = EventHeader(data)
         size = packet.event_size - (23 if use_checksum else 19)
         if cls not in allowed_events or size < layout.size or len(data) < 20 + layout.size:
             return None
-        base = self._small_base
-        if base is None:
-            decoders = self.decoders
-            if decoders.dbms is None:
-                decoders.dbms = replication.server_flavor(ctl_connection)
-            base = self._small_base = {
-                **replication.event_fields(ctl_connection, mysql_version, post_header_lengths, decoders.dbms),
-                "table_map": self.reader.table_map}
-        event = replication.new_event(cls, {**base, "packet": packet, "event_type": kind,
-                                            "timestamp": packet.timestamp, "event_size": size})
         if cls is XidEvent:
-            (event.xid,) = _XID.unpack_from(data, 20)
-        else:
-            event.server_id = packet.server_id
-            event.gtid_seq_no, event.domain_id, event.flags = _GTID.unpack_from(data, 20)
-            event.gtid = f"{event.domain_id}-{event.server_id}-{event.gtid_seq_no}"
-        return event
+            return ev.Xid(packet, _XID.unpack_from(data, 20)[0])
+        sequence, domain, flags = _GTID.unpack_from(data, 20)
+        return ev.MariadbGtid(packet, f"{domain}-{packet.server_id}-{sequence}", flags)
 
 
-#: the small events read here: type -> (event class, the part of its body the library reads)
+#: the small events read here: type -> (event class, the part of its body read)
 _SMALL: dict[int, tuple[type[BinLogEvent], struct.Struct]] = {
     BINLOG.MARIADB_GTID_EVENT: (MariadbGtidEvent, _GTID),
     BINLOG.XID_EVENT: (XidEvent, _XID),

@@ -12,9 +12,9 @@ import time
 from typing import Any
 
 import pymysql
-from pymysqlreplication.event import HeartbeatLogEvent
 
 from setl.adapters.replication import TableMapCache
+from setl.binlog_events import Heartbeat
 from setl.errors import PositionPurged, SourceError
 from setl.model import Position
 from setl.retry import Backoff
@@ -103,7 +103,7 @@ class BinlogReader:
                         if event is None:
                             raise _Lost()
                         if not news:
-                            news = isinstance(event, HeartbeatLogEvent) or assembler.mark > started_at
+                            news = isinstance(event, Heartbeat) or assembler.mark > started_at
                         if held > last_held:  # the rows held peaked inside the read, before any hand-on
                             figures.buffered(handoff.queued_with(held))
                         if txs:

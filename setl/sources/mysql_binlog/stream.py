@@ -4,7 +4,8 @@ GTID set (``COM_BINLOG_DUMP_GTID``), and the stream's state (file, position, tab
 description, checksums) kept here as each event passes.
 
 `BinlogStream.packet` is the next packet's payload (framed by the compiled `_rows.Framer`, or by
-PyMySQL where it is not built); `parse` makes the library's event of a payload and follows it.
+PyMySQL where it is not built); `parse` has the library parse a payload, follows it and gives
+setl's value of it (`setl.binlog_events`, converted by `setl.adapters.replication.event_value`).
 `fast.FastStream` reads through it: it builds the hot events itself and hands the rest to `parse`.
 No library reader or connection object is swapped or half-built: the library parses event bodies
 only (`setl.adapters.replication.parse_packet`).
@@ -22,12 +23,16 @@ from pymysql.constants import COMMAND
 from pymysqlreplication.constants import BINLOG
 from pymysqlreplication.event import BinLogEvent, FormatDescriptionEvent, RotateEvent
 from pymysqlreplication.gtid import GtidSet
-from pymysqlreplication.row_event import TableMapEvent
+from pymysqlreplication.row_event import RowsEvent, TableMapEvent
 
 from setl.adapters import pymysql as pymysql_io
 from setl.adapters import replication
 from setl.adapters.replication import TableMapCache
+from setl.binlog_events import Header, TableMap
+from setl.errors import SetlError
 from setl.model import Position
+from setl.sources.mysql_binlog import compressed
+from setl.sources.mysql_binlog.assembler import corrupt_event
 from setl.sources.mysql_binlog.connector import _Connector
 
 try:
@@ -68,7 +73,8 @@ class BinlogStream:
         self.mysql_version: Any = (0, 0, 0)
         self.post_header_lengths: Any = None
         self.use_checksum = False
-        self.context = replication.ParseContext(flavor, table_maps)
+        self.table_maps = table_maps  # decoded table maps, answered before the library is asked
+        self.context = replication.ParseContext(flavor)
         self.conn: pymysql.connections.Connection | None = None
         self.encoding = "utf8"
         self.ended = False  # a non-blocking dump reached the log's end
@@ -120,9 +126,10 @@ class BinlogStream:
             self.packet = lambda: read(conn).get_all_data()
 
     def parse(self, data: bytes) -> Any:
-        """The library's event of payload `data`, with the stream's state brought past it; None for an
-        event of a kind not returned, a packet that is no event, or the end of a non-blocking dump
-        (`ended` is then True). An error packet raises the server's error."""
+        """setl's value (`setl.binlog_events`) of the event of payload `data`, which the library parses,
+        with the stream's state brought past it; None for an event of a kind not returned, a packet
+        that is no event, or the end of a non-blocking dump (`ended` is then True). An error packet
+        raises the server's error; a body the library cannot read, `CorruptEvent`."""
         first = data[0]
         if first == 0xFF:
             pymysql_io.packet_of(data, self.encoding)  # raises the server's error
@@ -131,6 +138,18 @@ class BinlogStream:
             return None
         if first != 0 or len(data) < 20:
             return None
+        if data[5] in compressed.PLAIN_TYPE:  # log_bin_compress: the library parses the plain event
+            data = compressed.plain_packet(data, self.use_checksum, self.post_header_lengths)
+        body = None
+        if data[5] == BINLOG.TABLE_MAP_EVENT and self.table_maps is not None:
+            header = Header.of(data)
+            body = data[20:header.event_size + 1 - (4 if self.use_checksum else 0)]
+            layout = self.table_maps.get(body)
+            if layout is not None:  # decoded before: the library is not asked again
+                if header.log_pos:
+                    self.log_pos = header.log_pos
+                self.table_map[layout.table_id] = layout.description
+                return TableMap(header, layout) if TableMapEvent in self.allowed else None
         wrapper = replication.parse_packet(data, self.encoding, self.table_map, self.context, self.mysql_version,
                                            self.use_checksum, self.in_packet, self.post_header_lengths)
         event = wrapper.event
@@ -148,7 +167,21 @@ class BinlogStream:
             self.mysql_version, self.post_header_lengths = event.mysql_version, event.post_header_len
         elif wrapper.event_type == BINLOG.TABLE_MAP_EVENT:
             self.table_map[event.table_id] = event.get_table()
-        return event if type(event) in self.allowed else None
+            if body is not None and self.table_maps is not None:
+                value = replication.event_value(wrapper)
+                self.table_maps.put(body, value.layout)
+                return value if TableMapEvent in self.allowed else None
+        if type(event) not in self.allowed:
+            return None
+        try:
+            return replication.event_value(wrapper)
+        except replication.UNDECODABLE as exc:  # rows the library cannot read: stop at their event
+            if isinstance(exc, SetlError):
+                raise
+            table = f"{event.schema}.{event.table}" if isinstance(event, RowsEvent) else None
+            what = type(event).__name__ + (f" of {table}" if table else "")
+            raise corrupt_event(exc, what, str(self.log_file), wrapper.log_pos - wrapper.event_size,
+                                wrapper.log_pos, table) from exc
 
     def close(self) -> None:
         conn, self.conn = self.conn, None

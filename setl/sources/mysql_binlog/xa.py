@@ -7,9 +7,8 @@ import logging
 from collections.abc import Callable
 
 import pymysql
-from pymysqlreplication.event import GtidEvent, MariadbGtidEvent, QueryEvent, RotateEvent, XAPrepareEvent
-from pymysqlreplication.row_event import RowsEvent, TableMapEvent
 
+from setl.binlog_events import MariadbGtid, MysqlGtid, Query, Rotate, Rows, TableMap, XaPrepare
 from setl.errors import SourceError
 from setl.model import Position
 from setl.sources.mysql_binlog.assembler import _EVENTS, _POSITION_EVENTS
@@ -85,27 +84,27 @@ class PreparedXa:
                 event = reader.fetchone()
                 if event is None:
                     return found
-                if isinstance(event, RotateEvent):
+                if isinstance(event, Rotate):
                     if event.next_binlog != start.log:
                         return found
                     continue
-                if not isinstance(event, _POSITION_EVENTS) and (start.log, event.packet.log_pos) > (
+                if not isinstance(event, _POSITION_EVENTS) and (start.log, event.header.log_pos) > (
                         stop.log, stop.offset):
                     return found
-                if isinstance(event, (MariadbGtidEvent, GtidEvent)):
+                if isinstance(event, (MariadbGtid, MysqlGtid)):
                     group = []
-                elif isinstance(event, TableMapEvent):
-                    info = _TableInfo.from_table_map(event)
-                    tables[event.table_id] = info.with_kind(self.table_kind(info.schema, info.table))
-                elif isinstance(event, RowsEvent) and event.table_id in tables:
+                elif isinstance(event, TableMap):
+                    info = _TableInfo.from_table_map(event.layout)
+                    tables[event.layout.table_id] = info.with_kind(self.table_kind(info.schema, info.table))
+                elif isinstance(event, Rows) and event.table_id in tables:
                     if not tables[event.table_id].sequence:
                         group.extend(_row_items(event, tables[event.table_id]))
-                elif isinstance(event, XAPrepareEvent) and not event.one_phase and (
-                        event.xid_format_id, bytes(event.xid_gtrid), bytes(event.xid_bqual)) == key:
+                elif isinstance(event, XaPrepare) and not event.one_phase and (
+                        event.format_id, event.gtrid, event.bqual) == key:
                     found = group
                     if first_only:
                         return found
-                elif isinstance(event, QueryEvent):
+                elif isinstance(event, Query):
                     match = _XA_END.match(event.query)
                     if match and (int(match["format"]), bytes.fromhex(match["gtrid"]),
                                   bytes.fromhex(match["bqual"])) == key:
