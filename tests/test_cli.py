@@ -214,6 +214,25 @@ def test_operator_pause_stops_a_running_pipeline_and_resume_restarts_it(tmp_path
     assert proc.returncode == 0
 
 
+def test_a_resume_before_the_node_saw_the_pause_shows_running(tmp_path):
+    """`setl pause` then `setl resume` at once: the pipeline that never stopped shows running again, and acks."""
+    setup = Setup(tmp_path, make_stream(20000), follow=True)
+    proc = setup.spawn("start", "--pipeline", "p", faults=SLOW_LOADS)
+    try:
+        wait_until(lambda: (a := setup.acked()) is not None and a.batch_id >= 3, timeout=60, message="3 acks")
+        assert setup.run("pause", "--pipeline", "p").returncode == 0
+        assert setup.run("resume", "--pipeline", "p").returncode == 0
+        wait_until(lambda: json.loads(setup.run("status", "--json").stdout)[0]["status"] == "running", timeout=20,
+                   message="status running after the resume")
+        before = setup.acked()
+        wait_until(lambda: setup.acked().batch_id > before.batch_id, timeout=30, message="acks after resume")
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0
+
+
 def _stable_ack(setup: Setup):
     """The ack, if it has not moved for 1.5 s (the node stopped acking)."""
     import time

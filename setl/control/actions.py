@@ -74,9 +74,16 @@ def resume(meta: MetaStore, name: str) -> ActionResult:
     if state.status is not Status.PAUSED:
         return ActionResult(name, "resume", (f"{name} is not paused ({state.status.value})",), changed=False,
                             data={"status": state.status.value})
-    meta.set_state(name, Status.STOPPED, error=None, node=state.node)
+    # A resume that comes before the node saw the pause: the process still runs the pipeline (its
+    # fresh beat says streaming), so it is running, not stopped. Should the node be stopping it
+    # meanwhile, its teardown writes STOPPED over this and the node starts it again at once.
+    live = meta.liveness(name)
+    streaming = (live is not None and not live.stale(time.time()) and live.figures.get("streaming") is True
+                 and state.error is None)
+    status = Status.RUNNING if streaming else Status.STOPPED
+    meta.set_state(name, status, error=None, node=live.node if streaming and live is not None else state.node)
     return ActionResult(name, "resume", (f"{name} resumed" + (f" (was paused: {state.error})" if state.error
-                                                                else ""),), data={"status": "stopped"})
+                                                                else ""),), data={"status": status.value})
 
 
 def stop(meta: MetaStore, name: str, timeout: float, progress: Progress, interval: float = 0.2) -> ActionResult:
