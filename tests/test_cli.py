@@ -196,7 +196,7 @@ def test_sigterm_drains_in_flight_batches_and_exits_zero(tmp_path):
 
 def test_operator_pause_stops_a_running_pipeline_and_resume_restarts_it(tmp_path):
     """`setl pause` stops a running pipeline within seconds; `setl resume` makes the same node go on."""
-    setup = Setup(tmp_path, make_stream(2000), follow=True)
+    setup = Setup(tmp_path, make_stream(20000), follow=True)
     proc = setup.spawn("start", "--pipeline", "p", faults=SLOW_LOADS)
     try:
         wait_until(lambda: (a := setup.acked()) is not None and a.batch_id >= 3, timeout=60, message="3 acks")
