@@ -206,6 +206,7 @@ def test_random_concurrent_writes_on_both_sites_converge_and_every_lost_write_is
     event(f"lost writes: {len(lost_writes(writes, versions))}")  # --hypothesis-show-statistics
     verify = chan.run("verify", "--channel", chan.name, "--table", table)
     assert verify.returncode == 0, f"{where}: {verify.stdout}{verify.stderr}"
+    assert verify.stdout.count(f": 1 table(s), {len(final)} rows, equal") == 2, verify.stdout  # each direction
 
 
 def test_lost_writes_are_the_versions_no_write_replaced() -> None:
