@@ -175,7 +175,8 @@ class MysqlDialect:
         store = MysqlPositionStore(pipeline=pipeline, schema=schema, table=table, token=token,
                                    lock_timeout=lock_timeout, describe=self.describe, writing=writing)
         self.ddl_applier = MysqlDdlApplier(pipeline, store.ddl_marks, context=functools.partial(load_context, pipeline),
-                                           describe=self.describe, forget=self.rows.forget_tables)
+                                           describe=self.describe, forget=self.rows.forget_tables,
+                                           refuses=self.refuses)
         return store
 
     def staging(self) -> MysqlStaging:
@@ -247,6 +248,11 @@ class MysqlDialect:
         if isinstance(exc, (ConnectionError, TimeoutError)):
             return TransientLoadError
         return LoadError
+
+    def refuses(self, exc: BaseException) -> bool:
+        """Whether the server's answer to a DDL is one no retry changes: not transient, not a missing
+        table (`MysqlDdlApplier` raises it as the table's refusal, `ddl_refused`)."""
+        return self.classify(exc) in (LoadError, TableRefused, RefusedLoadError)
 
     def describe(self, exc: BaseException) -> str:
         if isinstance(exc, pymysql.err.MySQLError) and len(exc.args) >= 2:
