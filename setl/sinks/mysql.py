@@ -146,6 +146,13 @@ TABLE_REFUSED_ERRORS = frozenset({
     3819, 4025,  # CHECK constraint violated (MySQL, MariaDB)
     3140,  # invalid JSON text (MySQL)
 })
+# A DDL's failure that says nothing of its table: the server short of resources, or the statement
+# interrupted. Not quarantined (`MysqlDialect.refuses`): it pauses, or is retried, as before.
+NOT_A_TABLES_REFUSAL = frozenset({
+    1021, 1114, 1030,  # disk full, table full, the storage engine's own error
+    1037, 1038, 1041,  # out of memory
+    1317, 3024,  # query interrupted, max_execution_time (MySQL)
+})
 log = logging.getLogger(__name__)
 
 
@@ -252,7 +259,8 @@ class MysqlDialect:
     def refuses(self, exc: BaseException) -> bool:
         """Whether the server's answer to a DDL is one no retry changes: not transient, not a missing
         table (`MysqlDdlApplier` raises it as the table's refusal, `ddl_refused`)."""
-        return self.classify(exc) in (LoadError, TableRefused, RefusedLoadError)
+        code = exc.args[0] if isinstance(exc, pymysql.err.MySQLError) and exc.args else None
+        return code not in NOT_A_TABLES_REFUSAL and self.classify(exc) in (LoadError, TableRefused, RefusedLoadError)
 
     def describe(self, exc: BaseException) -> str:
         if isinstance(exc, pymysql.err.MySQLError) and len(exc.args) >= 2:

@@ -77,6 +77,9 @@ MISSING_TABLE_STATES = ("42P01", "3F000")  # undefined table, invalid schema nam
 # missing privilege, an undefined column. Not a serialization failure, a deadlock or a lost
 # connection (TRANSIENT_STATES), nor a foreign key (another table's state).
 TABLE_REFUSED_STATES = ("22", "23502", "23514", "42501", "42703")
+# A DDL's failure that says nothing of its table: insufficient resources, an operator's or a
+# timeout's cancel, a system or internal error. Not quarantined: it pauses, or is retried, as before.
+NOT_A_TABLES_REFUSAL = ("53", "57", "58", "XX")
 
 
 class PostgresqlDialect:
@@ -190,7 +193,7 @@ class PostgresqlDialect:
             try:
                 conn.execute(statement)
             except psycopg.Error as exc:
-                if exc.sqlstate and self.classify(exc) in (LoadError, TableRefused, RefusedLoadError):
+                if self.refuses(exc):
                     raise ddl_refused(self.describe(exc), change, step.statement, context) from exc
                 raise  # transient, or a missing table: as any statement's
 
@@ -228,6 +231,13 @@ class PostgresqlDialect:
         if isinstance(exc, (ConnectionError, TimeoutError)):
             return TransientLoadError
         return LoadError
+
+    def refuses(self, exc: BaseException) -> bool:
+        """Whether the server's answer to a DDL statement is one no retry changes and that is its
+        table's (`ddl_refused`): not transient, not a missing table, not `NOT_A_TABLES_REFUSAL`."""
+        state = getattr(exc, "sqlstate", None) if isinstance(exc, psycopg.Error) else None
+        return bool(state) and not str(state).startswith(NOT_A_TABLES_REFUSAL) and self.classify(exc) in (
+            LoadError, TableRefused, RefusedLoadError)
 
     def describe(self, exc: BaseException) -> str:
         if _nul_refused(exc):

@@ -9,14 +9,16 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+import psycopg
+import pymysql
 import pytest
 
 from setl.ddl import parse
 from setl.errors import RefusedLoadError, TableRefused
 from setl.model import DdlChange
 from setl.scheduler import Outcome
-from setl.sinks.mysql import MysqlLoad
-from setl.sinks.postgresql import PostgresqlLoad
+from setl.sinks.mysql import MysqlLoad, MysqlTargetConfig
+from setl.sinks.postgresql import PostgresqlLoad, PostgresqlTargetConfig
 from setl.sinks.sql_failures import changes_one_table, ddl_refused
 
 from .replicate import binlog_head
@@ -159,3 +161,31 @@ def test_only_a_ddl_that_changes_its_own_table_alone_is_a_table_refusal():
     altered = DdlChange("s", "t", "ALTER TABLE t ADD c INT", None)
     refused = ddl_refused("denied", altered, parse(altered.statement), context)
     assert type(refused) is TableRefused and refused.context["table"] == "s.t"
+
+
+@pytest.mark.parametrize("code, refused", [
+    (1060, True), (1142, True), (1265, True), (1050, True), (1091, True), (1062, True),
+    (1205, False), (1213, False), (2013, False), (1146, False), (1021, False), (1114, False), (1317, False),
+    (1037, False),
+])
+def test_mariadb_ddl_errors_that_are_the_tables_refusal(code, refused):
+    """A MariaDB error answered to a DDL is its table's refusal unless it is transient (a lock wait, a
+    deadlock, a lost connection), a missing table, or says nothing of the table (disk or memory short,
+    the statement interrupted)."""
+    sql = MysqlLoad(MysqlTargetConfig(type="mysql"), pipeline="p").sql
+    assert sql.refuses(pymysql.err.OperationalError(code, "message")) is refused
+
+
+@pytest.mark.parametrize("error, refused", [
+    (psycopg.errors.DuplicateColumn, True), (psycopg.errors.FeatureNotSupported, True),
+    (psycopg.errors.InsufficientPrivilege, True), (psycopg.errors.UniqueViolation, True),
+    (psycopg.errors.NotNullViolation, True), (psycopg.errors.DeadlockDetected, False),
+    (psycopg.errors.LockNotAvailable, False), (psycopg.errors.UndefinedTable, False),
+    (psycopg.errors.QueryCanceled, False), (psycopg.errors.DiskFull, False), (psycopg.errors.InternalError_, False),
+])
+def test_postgresql_ddl_errors_that_are_the_tables_refusal(error, refused):
+    """A PostgreSQL error answered to a DDL is its table's refusal unless it is transient, a missing
+    table, or says nothing of the table (resources, a cancel, a system or internal error)."""
+    sql = PostgresqlLoad(PostgresqlTargetConfig(type="postgresql"), pipeline="p").sql
+    assert sql.refuses(error("message")) is refused
+    assert not sql.refuses(psycopg.OperationalError("connection refused"))  # no SQLSTATE: never answered
