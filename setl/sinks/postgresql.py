@@ -165,7 +165,8 @@ class PostgresqlDialect:
         try:
             statements = translator.translate(step.statement)
         except (UnsupportedDdl, ValueError) as exc:
-            raise ddl_refused(f"PostgreSQL cannot express it: {exc}", change, step.statement, context) from exc
+            raise ddl_refused(f"cannot translate this DDL for PostgreSQL: {exc}", change, step.statement,
+                              context) from exc
         if not statements:
             log.warning("pipeline=%s stage=load table=%s position=%s: index DDL is not applied to "
                         "PostgreSQL: %s", self.pipeline, change.qualified_table, change.position or batch.end,
