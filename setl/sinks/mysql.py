@@ -146,6 +146,13 @@ TABLE_REFUSED_ERRORS = frozenset({
     3819, 4025,  # CHECK constraint violated (MySQL, MariaDB)
     3140,  # invalid JSON text (MySQL)
 })
+# A DDL's failure that says nothing of its table: the server short of resources, or the statement
+# interrupted. Not quarantined (`MysqlDialect.refuses`): it pauses, or is retried, as before.
+NOT_A_TABLES_REFUSAL = frozenset({
+    1021, 1114, 1030,  # disk full, table full, the storage engine's own error
+    1037, 1038, 1041,  # out of memory
+    1317, 3024,  # query interrupted, max_execution_time (MySQL)
+})
 log = logging.getLogger(__name__)
 
 
@@ -175,7 +182,8 @@ class MysqlDialect:
         store = MysqlPositionStore(pipeline=pipeline, schema=schema, table=table, token=token,
                                    lock_timeout=lock_timeout, describe=self.describe, writing=writing)
         self.ddl_applier = MysqlDdlApplier(pipeline, store.ddl_marks, context=functools.partial(load_context, pipeline),
-                                           describe=self.describe, forget=self.rows.forget_tables)
+                                           describe=self.describe, forget=self.rows.forget_tables,
+                                           refuses=self.refuses)
         return store
 
     def staging(self) -> MysqlStaging:
@@ -247,6 +255,12 @@ class MysqlDialect:
         if isinstance(exc, (ConnectionError, TimeoutError)):
             return TransientLoadError
         return LoadError
+
+    def refuses(self, exc: BaseException) -> bool:
+        """Whether the server's answer to a DDL is one no retry changes: not transient, not a missing
+        table (`MysqlDdlApplier` raises it as the table's refusal, `ddl_refused`)."""
+        code = exc.args[0] if isinstance(exc, pymysql.err.MySQLError) and exc.args else None
+        return code not in NOT_A_TABLES_REFUSAL and self.classify(exc) in (LoadError, TableRefused, RefusedLoadError)
 
     def describe(self, exc: BaseException) -> str:
         if isinstance(exc, pymysql.err.MySQLError) and len(exc.args) >= 2:

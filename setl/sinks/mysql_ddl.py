@@ -16,6 +16,7 @@ from setl.ddl import Statement
 from setl.errors import LoadError
 from setl.model import Batch
 from setl.sinks.mysql_sql import SQL_MODE, plain_quote, quote, table_name
+from setl.sinks.sql_failures import ddl_refused
 from setl.sinks.sql_segments import DdlStep
 
 log = logging.getLogger(__name__)
@@ -53,14 +54,17 @@ class MysqlDdlApplier:
     """
 
     def __init__(self, pipeline: str, marks: str, *, context: Callable[..., dict[str, Any]],
-                 describe: Callable[[BaseException], str], forget: Callable[[], None]) -> None:
+                 describe: Callable[[BaseException], str], forget: Callable[[], None],
+                 refuses: Callable[[BaseException], bool] = lambda exc: False) -> None:
         """`context(batch, table=...)` names a batch in an error; `describe` gives one line for a
-        driver error."""
+        driver error; `refuses(exc)`: whether a server error the statement met is one no retry
+        changes (not a lock wait, a deadlock or a lost connection), raised as `ddl_refused`."""
         self.pipeline = pipeline
         self.marks = marks
         self._context = context
         self._describe = describe
         self._forget = forget
+        self._refuses = refuses
 
     def apply(self, conn: Connection, batch: Batch, step: DdlStep) -> None:
         """MySQL commits around every DDL, so the rows before it commit with a mark naming this DDL
@@ -110,8 +114,12 @@ class MysqlDdlApplier:
                 elif not (code == 1050 and (
                         (step.statement.kind == "create_table" and self._same_shape(cur, step))
                         or (step.statement.kind == "create_sequence" and self._same_sequence(cur, step)))):
-                    if not replay and isinstance(code, int) and code < 2000:
+                    answered = isinstance(code, int) and code < 2000
+                    if not replay and answered:
                         self._unmark(conn, cur, row[0] if row else None)
+                    if answered and self._refuses(exc):  # the table's own: quarantine it or pause
+                        raise ddl_refused(self._describe(exc), step.change, step.statement,
+                                          self._context(batch, table=step.change.qualified_table)) from exc
                     raise
             finally:
                 if mode is not None:

@@ -41,7 +41,7 @@ from setl.sinks.postgresql_positions import PostgresPositionStore
 from setl.sinks.postgresql_rows import CHUNK_ROWS, PostgresqlRows, StatementCache, identifier, native, to_db
 from setl.sinks.postgresql_staging import PostgresStaging
 from setl.sinks.sql_common import SqlLoad
-from setl.sinks.sql_failures import CurrentTable, TargetTableMissing, load_context
+from setl.sinks.sql_failures import CurrentTable, TargetTableMissing, ddl_refused, load_context
 from setl.sinks.sql_segments import DdlStep
 from setl.tls import libpq_params
 
@@ -77,6 +77,9 @@ MISSING_TABLE_STATES = ("42P01", "3F000")  # undefined table, invalid schema nam
 # missing privilege, an undefined column. Not a serialization failure, a deadlock or a lost
 # connection (TRANSIENT_STATES), nor a foreign key (another table's state).
 TABLE_REFUSED_STATES = ("22", "23502", "23514", "42501", "42703")
+# A DDL's failure that says nothing of its table: insufficient resources, an operator's or a
+# timeout's cancel, a system or internal error. Not quarantined: it pauses, or is retried, as before.
+NOT_A_TABLES_REFUSAL = ("53", "57", "58", "XX")
 
 
 class PostgresqlDialect:
@@ -156,14 +159,14 @@ class PostgresqlDialect:
         transaction: PostgreSQL DDL is transactional, so a replay finds it undone or committed
         with the batch's position. A statement it cannot translate fails the batch."""
         change = step.change
+        context = load_context(self.pipeline, batch, change.qualified_table)
         translator = Translator(change.schema, spatial=self._spatial,
                                 partitions=getattr(self.config, "partitions", "plain"))
         try:
             statements = translator.translate(step.statement)
         except (UnsupportedDdl, ValueError) as exc:
-            raise LoadError(f"cannot translate this DDL for PostgreSQL ({exc}): {change.statement}",
-                            **{**load_context(self.pipeline, batch, change.qualified_table),
-                               "position": change.position or batch.end}) from exc
+            raise ddl_refused(f"cannot translate this DDL for PostgreSQL: {exc}", change, step.statement,
+                              context) from exc
         if not statements:
             log.warning("pipeline=%s stage=load table=%s position=%s: index DDL is not applied to "
                         "PostgreSQL: %s", self.pipeline, change.qualified_table, change.position or batch.end,
@@ -177,22 +180,23 @@ class PostgresqlDialect:
             exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name,)).fetchone()
             if plain and exists and exists[0]:
                 if not self._same_shape(conn, step, name):
-                    raise LoadError(f"table {schema}.{ref.table} already exists with another shape: "
-                                    f"{change.statement}",
-                                    **{**load_context(self.pipeline, batch, change.qualified_table),
-                                       "position": change.position or batch.end})
+                    raise ddl_refused(f"table {schema}.{ref.table} already exists with another shape", change,
+                                      step.statement, context)
                 log.info("pipeline=%s stage=load table=%s: table exists with the same shape; CREATE "
                          "TABLE counts as applied", self.pipeline, change.qualified_table)
                 return
         for table, why in translator.needs_empty:
             row = conn.execute(f"SELECT EXISTS (SELECT 1 FROM {table})").fetchone()
             if row and row[0]:
-                raise RefusedLoadError(f"cannot apply this DDL exactly on PostgreSQL: {table} has rows and {why}: "
-                                       f"{change.statement}",
-                                       **{**load_context(self.pipeline, batch, change.qualified_table),
-                                          "position": change.position or batch.end})
+                raise ddl_refused(f"it cannot apply exactly on PostgreSQL: {table} has rows and {why}", change,
+                                  step.statement, context)
         for statement in statements:
-            conn.execute(statement)
+            try:
+                conn.execute(statement)
+            except psycopg.Error as exc:
+                if self.refuses(exc):
+                    raise ddl_refused(self.describe(exc), change, step.statement, context) from exc
+                raise  # transient, or a missing table: as any statement's
 
     def _same_shape(self, conn: psycopg.Connection, step: DdlStep, name: str) -> bool:
         """Whether table `name` has the columns (names, types, NOT NULL, primary key) the CREATE
@@ -228,6 +232,13 @@ class PostgresqlDialect:
         if isinstance(exc, (ConnectionError, TimeoutError)):
             return TransientLoadError
         return LoadError
+
+    def refuses(self, exc: BaseException) -> bool:
+        """Whether the server's answer to a DDL statement is one no retry changes and that is its
+        table's (`ddl_refused`): not transient, not a missing table, not `NOT_A_TABLES_REFUSAL`."""
+        state = getattr(exc, "sqlstate", None) if isinstance(exc, psycopg.Error) else None
+        return bool(state) and not str(state).startswith(NOT_A_TABLES_REFUSAL) and self.classify(exc) in (
+            LoadError, TableRefused, RefusedLoadError)
 
     def describe(self, exc: BaseException) -> str:
         if _nul_refused(exc):

@@ -219,13 +219,15 @@ class SqlLoad(Load, Generic[C]):
         retried in place); what `prepare` kept for it is dropped then, loaded or not."""
         try:
             prepared = self.sql.rows.prepared.get(batch)
-            segments = prepared.segments if prepared is not None else self._plan(batch)
+            segments = prepared.segments if prepared is not None else None
             planned_without = (self._planned_without.get(batch) if prepared is not None else None) or frozenset()
             for attempt in itertools.count(1):  # each attempt quarantines one more table, or raises
                 try:
-                    self._retrying(lambda: self._with_connection(
-                        lambda conn: load_batch(self.path, conn, batch, segments, self._plan, planned_without),
-                        batch), batch)
+                    if segments is None:  # cut here, so that a refusal the plan raises (a policy's) quarantines too
+                        planned_without = self._quarantined_in(batch)
+                        segments = self._plan(without_tables(batch, planned_without) if planned_without else batch)
+                    work = functools.partial(self._load_on, batch=batch, segments=segments, without=planned_without)
+                    self._retrying(functools.partial(self._with_connection, work, batch), batch)
                     return
                 except TableRefused as exc:
                     if attempt > len(batch.tables) or not self._quarantines(exc):
@@ -233,6 +235,10 @@ class SqlLoad(Load, Generic[C]):
         finally:
             self.sql.rows.prepared.drop(batch)
             self._planned_without.drop(batch)
+
+    def _load_on(self, conn: C, *, batch: Batch, segments: list[Segment], without: frozenset[str]) -> None:
+        """`load_batch` of `batch` on `conn`, its `segments` cut without the tables `without`."""
+        load_batch(self.path, conn, batch, segments, self._plan, without)
 
     def _quarantines(self, exc: TableRefused) -> bool:
         """Under ``on_table_error: quarantine``: the refused table is to be quarantined when `batch`

@@ -8,8 +8,9 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
+from setl.ddl import Statement
 from setl.errors import LoadError, RefusedLoadError, TableRefused, TransientLoadError
-from setl.model import Batch
+from setl.model import Batch, DdlChange
 from setl.retry import call_with_retries
 from setl.tls import tls_failure
 
@@ -63,6 +64,37 @@ def load_context(pipeline: str, batch: Batch | None, table: str | None = None) -
         "batch": batch.id if batch is not None else None,
         "position": batch.end if batch is not None else None,
     }
+
+
+#: DDL kinds whose only table is the statement's own: quarantining that table holds back all it changes.
+_ONE_TABLE_DDL = frozenset({"alter_table", "create_table", "drop_table", "create_index", "drop_index",
+                            "truncate_table"})
+
+
+def changes_one_table(statement: Statement) -> bool:
+    """Whether `statement` changes its own table only (it names no other and renames none), so that
+    holding back that table's changes from it on (quarantine) holds back everything it touches."""
+    return (statement.kind in _ONE_TABLE_DDL and len(statement.tables) == 1 and not statement.renames
+            and not statement.like)
+
+
+def ddl_refused(cause: str, change: DdlChange, statement: Statement, context: dict[str, Any]) -> LoadError:
+    """The error for a table DDL the target refuses whatever the retry (`cause`: the target's one line,
+    or why it cannot be expressed there): a `TableRefused` of its table (quarantine or pause,
+    docs/quarantine.md) when the statement changes its own table only (`changes_one_table`), a
+    `RefusedLoadError` (pause) when it names or renames others. `context` names the batch; the position
+    is the statement's."""
+    text = " ".join(change.statement.split())
+    context = {**context, "table": change.qualified_table, "position": change.position or context.get("position")}
+    if not changes_one_table(statement):
+        return RefusedLoadError(
+            f"the target refuses this DDL ({cause}): {text}; nothing of it is applied. It names more than one table,"
+            " so it pauses the pipeline whatever on_table_error says: fix the cause on the target, then `setl "
+            "resume`", **context)
+    return TableRefused(
+        f"the target refuses this DDL ({cause}): {text}; nothing of it is applied. Fix the cause on the target, then "
+        "resume (a quarantined table: `setl resume --table` applies it first, then its kept rows); "
+        "docs/quarantine.md", **context)
 
 
 class LoadFailures:

@@ -28,7 +28,7 @@ class Target:
 
     kind: str
     schema: str
-    load: Callable[[str], Any]
+    load: Callable[..., Any]  # (pipeline name, **Load options)
     query: Callable[..., list[tuple[Any, ...]]]
 
     def columns(self, table: str) -> list[str]:
@@ -45,10 +45,12 @@ class Target:
 def target(request: pytest.FixtureRequest) -> Target:
     if request.param == "mariadb":
         server, db = request.getfixturevalue("mariadb_target"), request.getfixturevalue("mysql_db")
-        return Target("mariadb", db, lambda name: MysqlLoad(server.target_config(), pipeline=name, position_schema=db),
+        return Target("mariadb", db, lambda name, **options: MysqlLoad(server.target_config(), pipeline=name,
+                                                                       position_schema=db, **options),
                       lambda sql, args=None: server.query(sql, args))
     server, db = request.getfixturevalue("postgres_server"), request.getfixturevalue("postgres_db")
-    return Target("postgresql", "app", lambda name: PostgresqlLoad(server.target_config(db), pipeline=name),
+    return Target("postgresql", "app", lambda name, **options: PostgresqlLoad(server.target_config(db), pipeline=name,
+                                                                              **options),
                   lambda sql, args=None: server.query(sql, args, dbname=db))
 
 
@@ -236,3 +238,29 @@ def test_ignore_drops_of_a_key_column_keeps_it_outside_the_new_key_or_stops(mari
     assert isinstance(scheduler.error, LoadError) and "uplicate" in str(scheduler.error)
     # the first new row lands (default key 0) unless it shares the stopped batch; the second never overwrites it
     assert target.rows("u", "id, v") in ([(1, 1)], [(0, 2), (1, 1)])
+
+
+def test_a_refused_schema_change_under_quarantine_stops_only_its_table(mariadb_source, source_db, target, tmp_path):
+    """Under ``on_table_error: quarantine`` a statement the table's policy refuses (additive_only, a
+    MODIFY) quarantines that table at it, its later rows kept, while another table goes on; the kept
+    statement is refused again at replay (the policy decided it where it was read), so the table
+    stays quarantined and its column keeps its type."""
+    start = prepared(mariadb_source, source_db, target, tmp_path, BASE)
+    before_modify = run(mariadb_source, source_db, ["INSERT INTO t VALUES (4, 4, 'x4', 4)"])
+    run(mariadb_source, source_db, ["ALTER TABLE t MODIFY a BIGINT", "INSERT INTO t VALUES (5, 5, 'x5', 5)",
+                                    "INSERT INTO other VALUES (1, 1)", "INSERT INTO other VALUES (2, 2)"])
+    replicate(mariadb_source, start, policy_rules(source_db, target, "additive_only"),
+              target.load("qadds", on_table_error="quarantine", initial_backoff=0.01), tmp_path, name="qadds")
+    assert target.rows("other", "id, v") == [(1, 1), (2, 2)]
+    assert target.rows("t", "id, a") == [(1, 1), (2, 2), (3, 3), (4, 4)]
+    sink = target.load("qadds", on_table_error="quarantine")
+    [found] = sink.quarantined()
+    assert found.table == f"{target.schema}.t" and "schema_changes is additive_only" in found.cause, found
+    assert found.first > before_modify and found.changes == 2, found
+    with pytest.raises(TableRefused, match="additive_only: MODIFY is not an addition"):
+        sink.replay(found.table)
+    sink.close()
+    assert target.load("qadds").quarantined() == [found]
+    type_of_a = target.query("SELECT data_type FROM information_schema.columns WHERE table_schema = %s"
+                             " AND table_name = 't' AND column_name = 'a'", (target.schema,))
+    assert type_of_a == ([("int",)] if target.kind == "mariadb" else [("integer",)])
