@@ -18,7 +18,6 @@ from setl.errors import UnreadableEvent
 from setl.model import DdlChange, Position, RowChange, Transaction
 from setl.sources.mysql_binlog import compressed
 from setl.sources.mysql_binlog.assembler import _EVENTS, _IGNORED_TYPES, IGNORED_EVENTS, _Assembler
-from setl.sources.mysql_binlog.patches import install
 from setl.testing.servers import MariaDBServer
 from tests.helpers.wait import wait_until
 from tests.sources.binlog import execute, head, make_source
@@ -151,8 +150,7 @@ def test_corrupt_compressed_event_is_a_clean_error(compressing_mariadb: MariaDBS
 
 
 def _wrapper(packet: bytes, conn: Any) -> Any:
-    """The library's packet wrapper (and event) for `packet`, with setl's patches and setl's allowed events."""
-    install()
+    """The library's packet wrapper (and event) for `packet`, with setl's allowed events."""
     return BinLogPacketWrapper(MysqlPacket(packet, "utf8"), {}, conn, None, False, frozenset(_EVENTS), None,
                                None, None, None, False, False, False, True, False, False, None)
 
