@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from setl import _compiled
+from setl.errors import CorruptEvent
 from setl.model import Transaction
 from setl.sources.mysql_binlog import fast
 from tests.sources.binlog import bare, execute, head
@@ -244,3 +245,25 @@ def test_an_event_larger_than_one_packet_is_joined_from_its_pieces(mariadb_sourc
 
 def changes_of(transactions: list[Transaction]) -> list[Any]:
     return [c for tx in transactions for c in tx.changes]
+
+
+@pytest.mark.parametrize("fsp", [0, 3])
+@pytest.mark.parametrize("fast_decoder", [True, False], ids=["compiled", "python"])
+def test_mariadb_pre_10_1_temporal_formats_stop_the_reader_naming_the_column(mariadb_source, source_db, sources,
+                                                                              fast_decoder, fsp):
+    """A TIME of MariaDB's old formats (mysql56_temporal_format=OFF) is logged without its precision, so
+    neither decoder can read its row exactly: the reader stops at the event, in one line naming the
+    table, the column, the position and the fix, instead of guessing."""
+    mariadb_source.query("SET GLOBAL mysql56_temporal_format = OFF")
+    try:
+        execute(mariadb_source, source_db, f"CREATE TABLE old_t (id INT PRIMARY KEY, tm TIME({fsp}), v INT)")
+    finally:
+        mariadb_source.query("SET GLOBAL mysql56_temporal_format = ON")
+    start = head(mariadb_source)
+    execute(mariadb_source, source_db, "INSERT INTO old_t VALUES (1, '-01:02:03.456', 7)")
+    src = sources(mariadb_source, start, fast_decoder=fast_decoder)
+    with pytest.raises(CorruptEvent) as caught:
+        drain(src, lambda got: False, timeout=15)
+    text = str(caught.value)
+    assert f"table={source_db}.old_t" in text and f"{start.log}:" in text and "\n" not in text, text
+    assert "tm: a TIME, DATETIME or TIMESTAMP of MariaDB's pre-10.1 formats" in text and "FORCE" in text, text

@@ -71,8 +71,12 @@ class RowDecoders:
         self._by_table: dict[int, tuple[Any, Any]] = {}
         self.fast = self.slow = 0
 
-    def get(self, table: Any) -> Any:
-        """The table's decoder; `rowcodec.Unreadable` when one of its columns is beyond setl's readers."""
+    def get(self, table: Any, mariadb: bool = False) -> Any:
+        """The table's decoder; `rowcodec.Unreadable` when one of its columns is beyond setl's readers.
+
+        On a MariaDB server (`mariadb`) a TIME, DATETIME or TIMESTAMP of the pre-5.6 formats is one:
+        MariaDB logs its own fractional formats (``mysql56_temporal_format=OFF``, tables of 5.3-10.0)
+        under the same types without their precision, so the row's bytes cannot be read exactly."""
         known = self._by_table.get(id(table))
         if known is not None and known[0] is table:
             if isinstance(known[1], Unreadable):
@@ -81,6 +85,11 @@ class RowDecoders:
         make = RowDecoder if self.compiled else rowcodec.RowDecoder
         decoder: Any
         try:
+            old = [c.name for c in table.columns if c.type in rowcodec.OLD_TEMPORALS] if mariadb else []
+            if old:
+                raise Unreadable(f"{old[0]}: a TIME, DATETIME or TIMESTAMP of MariaDB's pre-10.1 formats, whose "
+                                 "fractional digits its table map does not give (ALTER TABLE ... FORCE with "
+                                 "mysql56_temporal_format=ON rewrites it in the current format)")
             decoder = make(table.columns, replication.charset_to_encoding, rowcodec.time2_value,
                            replication.date_value, replication.datetime_value, replication.json_value)
         except Unreadable as exc:
@@ -209,7 +218,8 @@ class FastStream:
             if ncols != len(table.columns):
                 raise Corrupt(f"{ncols} columns where its table map has {len(table.columns)}")
             decoders = self.decoders
-            decoder = decoders.get(table)
+            context = getattr(self.reader, "context", None)
+            decoder = decoders.get(table, getattr(context, "dbms", "") == "mariadb")
             width = (ncols + 7) // 8
             second = pos + width if change == 1 else pos
             if second + width > end:

@@ -30,6 +30,9 @@ T_JSON, T_NEWDECIMAL, T_ENUM, T_SET, T_BLOB, T_STRING, T_GEOMETRY = 245, 246, 24
 SUPPORTED = frozenset({T_TINY, T_SHORT, T_LONG, T_FLOAT, T_DOUBLE, T_TIMESTAMP, T_LONGLONG, T_INT24, T_DATE,
                        T_TIME, T_DATETIME, T_YEAR, T_VARCHAR, T_BIT, T_TIMESTAMP2, T_DATETIME2, T_TIME2, T_JSON,
                        T_NEWDECIMAL, T_ENUM, T_SET, T_BLOB, T_STRING, T_GEOMETRY})
+#: the pre-5.6 TIME, DATETIME and TIMESTAMP (MySQL 5.5's, without fractions; MariaDB logs its own
+#: fractional formats under the same types: `fast.RowDecoders` refuses them there)
+OLD_TEMPORALS = frozenset({T_TIME, T_DATETIME, T_TIMESTAMP})
 _INTS = {T_TINY: 1, T_SHORT: 2, T_INT24: 3, T_LONG: 4, T_LONGLONG: 8}
 _COMPRESSED_BYTES = (0, 1, 1, 2, 2, 3, 3, 4, 4, 4)
 _NULL = NONE_SOURCE.NULL
