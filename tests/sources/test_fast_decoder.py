@@ -267,3 +267,33 @@ def test_mariadb_pre_10_1_temporal_formats_stop_the_reader_naming_the_column(mar
     text = str(caught.value)
     assert f"table={source_db}.old_t" in text and f"{start.log}:" in text and "\n" not in text, text
     assert "tm: a TIME, DATETIME or TIMESTAMP of MariaDB's pre-10.1 formats" in text and "FORCE" in text, text
+
+
+def test_mysql_55_temporal_formats_decode_alike_in_both_decoders():
+    """MySQL 5.5's TIME (a signed hhmmss), DATETIME (yyyymmddhhmmss) and TIMESTAMP (epoch seconds), as a
+    MySQL server logs them: both decoders read the values packed, a zero DATETIME as `InvalidDate`."""
+    from types import SimpleNamespace
+
+    from setl.model import InvalidDate
+
+    columns = [SimpleNamespace(type=3, name="id", unsigned=False), SimpleNamespace(type=11, name="tm"),
+               SimpleNamespace(type=12, name="dt"), SimpleNamespace(type=7, name="ts")]
+    table = SimpleNamespace(columns=columns)
+    cases = [((-1, 838, 59, 59), (2024, 2, 29, 12, 34, 56), 1_000_000_000),
+             ((1, 0, 0, 1), (0, 0, 0, 0, 0, 0), 0),
+             ((-1, 0, 0, 1), (9999, 12, 31, 23, 59, 59), 2_147_483_647)]
+    body = b""
+    for i, ((sign, h, m, s), (y, mo, d, hh, mi, ss), ts) in enumerate(cases):
+        packed_dt = ((y * 100 + mo) * 100 + d) * 1_000_000 + (hh * 100 + mi) * 100 + ss
+        body += b"\0" + i.to_bytes(4, "little") + (sign * (h * 10000 + m * 100 + s)).to_bytes(3, "little", signed=True)
+        body += packed_dt.to_bytes(8, "little") + ts.to_bytes(4, "little")
+    got = [fast.RowDecoders(compiled=compiled).get(table).decode(body, 0, len(body), 0) for compiled in (True, False)]
+    assert typed(got[0]) == typed(got[1])
+    for row, ((sign, h, m, s), (y, mo, d, hh, mi, ss), ts) in zip(got[0], cases):
+        values = row["values"]
+        assert values["tm"] == sign * datetime.timedelta(hours=h, minutes=m, seconds=s)
+        expected = datetime.datetime(y, mo, d, hh, mi, ss) if y else InvalidDate("0000-00-00 00:00:00")
+        assert values["dt"] == expected and type(values["dt"]) is type(expected)
+        assert values["ts"] == datetime.datetime(1970, 1, 1) + datetime.timedelta(seconds=ts)
+    with pytest.raises(fast.Unreadable, match="tm: a TIME, DATETIME or TIMESTAMP of MariaDB's pre-10.1"):
+        fast.RowDecoders().get(table, mariadb=True)
