@@ -89,12 +89,12 @@ def _binlog_text(server: MariaDBServer, start: Position | None = None) -> str:
 
 
 @pytest.mark.parametrize("checksum", ["CRC32", "NONE"])
-@pytest.mark.parametrize("fast_decoder", [True, False], ids=["compiled", "library"])
+@pytest.mark.parametrize("fast_decoder", [True, False], ids=["compiled", "python"])
 def test_compressed_events_read_as_their_plain_forms(compressing_mariadb: MariaDBServer, fast_decoder: bool,
                                                    checksum: str) -> None:
     """Rows and DDL written as compressed events give exactly the changes of the same statements
-    written uncompressed, by both readers, with and without binlog checksums."""
-    db = f"cmp_{'fast' if fast_decoder else 'lib'}_{checksum.lower()}"
+    written uncompressed, with both row decoders (compiled and Python), with and without binlog checksums."""
+    db = f"cmp_{'fast' if fast_decoder else 'py'}_{checksum.lower()}"
     compressing_mariadb.query(f"SET GLOBAL binlog_checksum = {checksum}")
     compressing_mariadb.query(f"CREATE DATABASE {db}")
     start = head(compressing_mariadb)
