@@ -1,9 +1,9 @@
 """setl's own binlog event values: what the binlog reader hands its assembler, one frozen value per event.
 
-The compiled fast path (`sources.mysql_binlog.fast`) builds the hot ones (rows, table maps, GTID,
-XID) from their bytes; every other body is parsed by python-mysql-replication and converted into one
-of these at its one door (`setl.adapters.replication.event_value`). No library event object leaves
-the adapter and the stream.
+setl's reader (`sources.mysql_binlog.fast`) builds the hot ones (every rows event, repeated table
+maps, GTID, XID) from their bytes; every other body is parsed by python-mysql-replication and
+converted into one of these at its one door (`setl.adapters.replication.event_value`). No library
+event object leaves the adapter and the stream.
 
 Each value's `header` is the event's header: `timestamp`, `event_type`, `server_id`, `event_size`
 (the whole event's, header included) and `log_pos` (where the next event starts): the compiled
@@ -44,7 +44,7 @@ class TableLayout:
     """A table map's decoded body, shared by every table-map event of the same bytes.
 
     `columns` are the column descriptions the row decoders read (name, type, charset, metadata);
-    `description` is the decoded table the library parses a rare rows body against (opaque here).
+    `description` is the library's decoded table the stream's table map holds (opaque here).
     """
 
     table_id: int

@@ -16,6 +16,7 @@ import pytest
 from pymysql.constants import COMMAND
 from pymysqlreplication.constants import BINLOG
 from pymysqlreplication.event import XidEvent
+from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import RowsEvent, TableMapEvent, WriteRowsEvent
 
 from setl import adapters
@@ -24,7 +25,6 @@ from setl.adapters import pymysql as pymysql_io
 from setl.adapters import replication
 from setl.sources.mysql_binlog.connector import _Connector
 from setl.sources.mysql_binlog.fast import FastStream
-from setl.sources.mysql_binlog.patches import install
 from setl.sources.mysql_binlog.stream import BinlogStream
 from setl.testing.servers import MariaDBServer
 from tests.sources.binlog import execute, head, next_server_id
@@ -194,11 +194,13 @@ def test_library_table_maps_become_setls_layouts(reader: tuple[FastStream, str])
     assert stream.table_map[layout.table_id] is layout.description
 
 
-def test_the_functions_setl_replaces_exist() -> None:
-    """Every library function `install` replaces is where the adapter looks for it, and the event
-    class map names the rows and table-map events."""
-    for owner, name in replication.REPLACED:
-        assert callable(getattr(owner, name)), f"{owner.__name__}.{name}"
+def test_the_library_parts_setl_uses_exist() -> None:
+    """The packet wrapper's table-map string reader setl's own wrapper replaces, the binary-JSON parser
+    setl calls for MySQL's JSON columns, and the event class map naming the rows and table-map events."""
+    assert callable(BinLogPacketWrapper.read_variable_length_string)
+    assert replication._Packet.read_variable_length_string is not BinLogPacketWrapper.read_variable_length_string
+    # a JSON object {"a": 1} in MySQL's binary format: small object, one key, an inlined int16
+    assert replication.json_value(bytes([0, 1, 0, 12, 0, 11, 0, 1, 0, 5, 1, 0, 97])) == {b"a": 1}
     assert issubclass(WriteRowsEvent, RowsEvent)
     classes = replication.event_classes()
     assert classes[BINLOG.WRITE_ROWS_EVENT_V2] is WriteRowsEvent
@@ -226,6 +228,5 @@ def test_the_stream_answers_a_repeated_table_map_from_its_cache(mariadb_source: 
     assert second.layout is first.layout and (cache.misses, cache.hits) == (1, 1)
     assert second.header.log_pos > first.header.log_pos and stream.log_pos == rows.header.log_pos
     assert rows.rows[0]["values"] == {"id": 2, "v": "two"} and first.layout.primary_key == ("id",)
-    install()  # setl's fixes, as a source installs them: none replaces the table map's decoding
     assert (TableMapEvent.__init__.__module__, TableMapEvent.__init__.__qualname__) == (
         "pymysqlreplication.row_event", "TableMapEvent.__init__")

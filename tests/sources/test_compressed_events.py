@@ -18,7 +18,6 @@ from setl.errors import UnreadableEvent
 from setl.model import DdlChange, Position, RowChange, Transaction
 from setl.sources.mysql_binlog import compressed
 from setl.sources.mysql_binlog.assembler import _EVENTS, _IGNORED_TYPES, IGNORED_EVENTS, _Assembler
-from setl.sources.mysql_binlog.patches import install
 from setl.testing.servers import MariaDBServer
 from tests.helpers.wait import wait_until
 from tests.sources.binlog import execute, head, make_source
@@ -90,12 +89,12 @@ def _binlog_text(server: MariaDBServer, start: Position | None = None) -> str:
 
 
 @pytest.mark.parametrize("checksum", ["CRC32", "NONE"])
-@pytest.mark.parametrize("fast_decoder", [True, False], ids=["compiled", "library"])
+@pytest.mark.parametrize("fast_decoder", [True, False], ids=["compiled", "python"])
 def test_compressed_events_read_as_their_plain_forms(compressing_mariadb: MariaDBServer, fast_decoder: bool,
                                                    checksum: str) -> None:
     """Rows and DDL written as compressed events give exactly the changes of the same statements
-    written uncompressed, by both readers, with and without binlog checksums."""
-    db = f"cmp_{'fast' if fast_decoder else 'lib'}_{checksum.lower()}"
+    written uncompressed, with both row decoders (compiled and Python), with and without binlog checksums."""
+    db = f"cmp_{'fast' if fast_decoder else 'py'}_{checksum.lower()}"
     compressing_mariadb.query(f"SET GLOBAL binlog_checksum = {checksum}")
     compressing_mariadb.query(f"CREATE DATABASE {db}")
     start = head(compressing_mariadb)
@@ -151,8 +150,7 @@ def test_corrupt_compressed_event_is_a_clean_error(compressing_mariadb: MariaDBS
 
 
 def _wrapper(packet: bytes, conn: Any) -> Any:
-    """The library's packet wrapper (and event) for `packet`, with setl's patches and setl's allowed events."""
-    install()
+    """The library's packet wrapper (and event) for `packet`, with setl's allowed events."""
     return BinLogPacketWrapper(MysqlPacket(packet, "utf8"), {}, conn, None, False, frozenset(_EVENTS), None,
                                None, None, None, False, False, False, True, False, False, None)
 

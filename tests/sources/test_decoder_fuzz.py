@@ -1,12 +1,13 @@
 """No binlog input crashes the reader: mutated real rows events give the same rows or a clean error.
 
-Real WRITE/UPDATE/DELETE_ROWS events of tables with every type the compiled decoder knows (and SET
-and BIT, which the library reads) are read from a real MariaDB's binlog file, then mutated
-(truncated bodies, flipped and overwritten bytes, huge length prefixes, out-of-range ENUM indexes,
-header sizes that lie, table maps with DECIMAL, temporal, BLOB and ENUM metadata out of range) and
-fed to both readers: the fast path's call site (`fast.FastStream._rows`, the compiled
-`RowDecoder`) and python-mysql-replication's row parsing with setl's patches. Each gives the same
-rows or a clean exception; a segfault or a hang fails the run (every test has a timeout).
+Real WRITE/UPDATE/DELETE_ROWS events of tables with every column type (SET, BIT, JSON and spatial
+ones, partial images of MINIMAL and NOBLOB sessions) are read from a real MariaDB's binlog file, then
+mutated (truncated bodies, flipped and overwritten bytes, huge length prefixes, out-of-range ENUM
+indexes and SET bits, header sizes that lie, table maps with DECIMAL, temporal, BLOB, ENUM, SET and
+BIT metadata out of range) and fed to setl's two decoders through the reader's call site
+(`fast.FastStream._rows`): the compiled `_rows.RowDecoder` and the Python `rowcodec.RowDecoder`.
+Both give the same rows or both a clean `CorruptEvent`; a segfault or a hang fails the run (every
+test has a timeout). Under SETL_PURE_PYTHON=1 the Python decoder alone: rows or a clean error.
 """
 
 from __future__ import annotations
@@ -19,16 +20,14 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from pymysql.protocol import MysqlPacket
-from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import DeleteRowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
 
+from setl.adapters import replication
 from setl.errors import CorruptEvent, SourceError
 from setl.model import Position
 from setl.retry import Backoff, Failure, classify
 from setl.scheduler import Outcome
-from setl.sources.mysql_binlog import fast, patches
-from setl.sources.mysql_binlog.assembler import UNDECODABLE
+from setl.sources.mysql_binlog import fast
 from setl.testing.harness import MemorySink, ScriptedSource, insert, run_pipeline
 from tests.sources.binlog import execute, head
 from tests.sources.test_fast_decoder import typed
@@ -42,7 +41,9 @@ TYPED = """CREATE TABLE typed (
   dt DATE, dtt DATETIME(6), ts TIMESTAMP(3) NULL DEFAULT NULL, tm TIME(6), y YEAR,
   vc VARCHAR(300), c CHAR(10), vcs VARCHAR(20) CHARACTER SET latin1, t TEXT, b BLOB, e ENUM('a','b','ccc')
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"""
-ODD = "CREATE TABLE odd (id INT PRIMARY KEY, s SET('x','y','z'), bt BIT(10), e ENUM('p','q'), v VARCHAR(5))"
+ODD = ("CREATE TABLE odd (id INT PRIMARY KEY, s SET('x','y','z'), bt BIT(10), e ENUM('p','q'), v VARCHAR(5), "
+       "s64 SET(" + ", ".join(f"'m{i}'" for i in range(64)) + "), b1 BIT(1), b64 BIT(64), j JSON, g POINT, "
+       "t TEXT)")
 STATEMENTS = [
     "SET SESSION sql_mode = ''",
     "INSERT INTO typed VALUES (1, -128, 65535, -8388608, -9223372036854775808, 18446744073709551615, -3.4e38, "
@@ -58,9 +59,15 @@ STATEMENTS = [
     "NULL, '-12:00:00.25', 1901, 'x', NULL, 'z', NULL, 0x02, 'b')",
     "UPDATE typed SET vc = CONCAT(vc, '!'), dc = -dc, tm = '-01:02:03.456789', e = 'b' WHERE id IN (1, 2, 4)",
     "DELETE FROM typed WHERE id IN (2, 5)",
-    "INSERT INTO odd VALUES (1, 'x,z', b'1010101010', 'q', 'v'), (2, '', b'0', NULL, NULL)",
-    "UPDATE odd SET s = 'y', e = 'p' WHERE id = 1",
+    "INSERT INTO odd VALUES (1, 'x,z', b'1010101010', 'q', 'v', 'm0,m63', b'1', 0xFFFFFFFFFFFFFFFF, '[1, \"x\"]', "
+    "POINT(1, 2), 'text'), (2, '', b'0', NULL, NULL, '', b'0', 1, NULL, NULL, NULL)",
+    "UPDATE odd SET s = 'y', e = 'p', s64 = 'm5' WHERE id = 1",
+    "SET SESSION binlog_row_image = 'MINIMAL'",
+    "UPDATE odd SET b64 = 7, s = 'x' WHERE id = 1",
+    "SET SESSION binlog_row_image = 'NOBLOB'",
+    "UPDATE odd SET e = 'q' WHERE id = 1",
     "DELETE FROM odd WHERE id = 2",
+    "SET SESSION binlog_row_image = 'FULL'",
 ]
 ROWS_TYPES = {23: 0, 24: 1, 25: 2, 30: 0, 31: 1, 32: 2}  # WRITE/UPDATE/DELETE_ROWS, V1 and V2
 ALLOWED = frozenset({TableMapEvent, WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent})
@@ -83,18 +90,17 @@ def binlog_events(server: Any, start: Position, end: Position) -> list[tuple[int
     return events
 
 
-def library_event(payload: bytes, table_map: dict[int, Any], checksum: bool) -> Any:
-    """python-mysql-replication's event of one packet (setl's patches installed), or None if it skips it."""
-    wrapper = BinLogPacketWrapper(MysqlPacket(payload, "utf8"), table_map, _CTL, _VERSION, checksum, ALLOWED,
-                                  None, None, None, None, False, False, False, True, False)
-    return wrapper.event
+def table_map_event(payload: bytes, table_map: dict[int, Any], checksum: bool) -> None:
+    """Decode a table map as setl's stream does (the library, through the adapter) into `table_map`."""
+    wrapper = replication.parse_packet(payload, "utf8", table_map, replication.ParseContext("mariadb"), _VERSION,
+                                       checksum, frozenset({TableMapEvent}), None)
+    table_map[wrapper.event.table_id] = wrapper.event.get_table()
 
 
 class Captured:
     """Real rows events of the tables above, and the library's tables of their table maps."""
 
     def __init__(self, server: Any, db: str) -> None:
-        patches.install()
         execute(server, db, TYPED, ODD)
         start = head(server)
         execute(server, db, *STATEMENTS)
@@ -104,7 +110,7 @@ class Captured:
         self.rows: list[bytes] = []
         for _, payload in binlog_events(server, start, end):
             if payload[5] == 19:  # TABLE_MAP_EVENT
-                library_event(payload, self.table_map, self.checksum)
+                table_map_event(payload, self.table_map, self.checksum)
             elif payload[5] in ROWS_TYPES:
                 self.rows.append(payload)
 
@@ -124,14 +130,12 @@ def captured(mariadb_source) -> Any:
         mariadb_source.query(f"DROP DATABASE IF EXISTS {db}")
 
 
-def fast_outcome(payload: bytes, table_map: dict[int, Any], checksum: bool) -> Any:
-    """What the fast path's call site makes of a packet: rows, None (left to the library) or CorruptEvent.
-    Not built (SETL_PURE_PYTHON=1): None, as the library reads every event."""
-    if not fast.available():
-        return None
+def outcome(payload: bytes, table_map: dict[int, Any], checksum: bool, compiled: bool) -> Any:
+    """What the reader's call site makes of a packet with one of the decoders: its rows (typed), or
+    "error" for a CorruptEvent naming the event's position (anything else raises here)."""
     reader = types.SimpleNamespace(table_map=table_map, log_file=LOG_FILE, log_pos=4)
-    decoders = fast.RowDecoders()
-    decoders.dbms = "mariadb"
+    decoders = fast.RowDecoders(compiled=compiled)
+    assert decoders.compiled is compiled
     stream = fast.FastStream(reader, decoders)
     stream._settings = (_CTL, checksum, ALLOWED, _VERSION, None)
     try:
@@ -139,37 +143,27 @@ def fast_outcome(payload: bytes, table_map: dict[int, Any], checksum: bool) -> A
     except CorruptEvent as exc:
         assert f"{LOG_FILE}:4" in str(exc), exc  # names the position of the event
         return "error"
-    return None if event is None else typed(event.rows)
+    assert event is not None, "a rows event of an allowed kind was left to the library"
+    return typed(event.rows)
 
 
-def library_outcome(payload: bytes, table_map: dict[int, Any], checksum: bool) -> Any:
-    """What the library makes of it: rows, None (skipped) or "error" for the exceptions setl stops at."""
-    try:
-        event = library_event(payload, table_map, checksum)
-        return None if event is None else typed(event.rows)
-    except UNDECODABLE:
-        return "error"
-
-
-def check(payload: bytes, table_map: dict[int, Any], checksum: bool) -> tuple[Any, Any]:
-    """Both readers give the same rows, or each a clean error (anything else raises here)."""
-    quick = fast_outcome(payload, table_map, checksum)
-    plain = library_outcome(payload, table_map, checksum)
-    if quick is not None and quick != "error":
-        assert quick == plain, "the fast path decoded rows the library does not give"
-    return quick, plain
+def check(payload: bytes, table_map: dict[int, Any], checksum: bool) -> Any:
+    """Both decoders give the same rows, or both a clean error; the Python one alone where nothing is built."""
+    plain = outcome(payload, table_map, checksum, compiled=False)
+    if fast.available():
+        assert outcome(payload, table_map, checksum, compiled=True) == plain, "the decoders disagree"
+    return plain
 
 
 def test_the_captured_events_decode_the_same_both_ways(captured):
-    """Unmutated, every captured event decodes to the same rows both ways (the fuzz starts from real rows)."""
-    assert len(captured.rows) >= 8
-    taken = 0
-    for payload in captured.rows:
-        quick, plain = check(payload, captured.table_map, captured.checksum)
-        assert plain not in (None, "error") and quick != "error"
-        taken += quick is not None
-    # the typed table's events all take the fast path (odd's SET and BIT do not); none where it is not built
-    assert taken >= 5 if fast.available() else taken == 0
+    """Unmutated, every captured event decodes to the same rows both ways (the fuzz starts from real rows),
+    partial images among them."""
+    assert len(captured.rows) >= 11
+    results = [check(payload, captured.table_map, captured.checksum) for payload in captured.rows]
+    assert "error" not in results
+    partial = [row for rows in results for row in rows
+               if ("str", "'cols bitmap'") in row.get("before_none_sources", {}).values()]
+    assert len(partial) == 2  # the MINIMAL and the NOBLOB update
 
 
 def _mutate(payload: bytes, kind: str, at: int, value: int, width: int) -> bytes:
@@ -213,19 +207,20 @@ def _bent(table: Any, index: int, field: str, value: Any) -> Any:
 @settings(max_examples=1000, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(st.data())
 def test_table_maps_out_of_range_give_the_same_rows_or_a_clean_error(captured, data):
-    """DECIMAL precision and scale, fractional seconds, BLOB length sizes, ENUM sizes and values out of
-    range: the compiled decoder refuses the table (the library reads it) or both stop cleanly."""
+    """DECIMAL precision and scale, fractional seconds, BLOB length sizes, ENUM and SET sizes and values,
+    BIT sizes out of range: both decoders refuse the table or give the same rows."""
     payload = data.draw(st.sampled_from(captured.rows))
     table = captured.table(payload)
     index = data.draw(st.integers(0, len(table.columns) - 1))
     column = table.columns[index]
-    fields = [name for name in ("precision", "decimals", "fsp", "length_size", "size", "max_length")
+    fields = [name for name in ("precision", "decimals", "fsp", "length_size", "size", "max_length", "bits", "bytes")
               if isinstance(getattr(column, name, None), int)]
-    if column.type == 247 or getattr(column, "enum_values", None):  # ENUM: fewer values than the rows index
-        fields.append("enum_values")
+    for values in ("enum_values", "set_values"):  # fewer values than the rows index or name
+        if getattr(column, values, None):
+            fields.append(values)
     assume(fields)  # a column of a type without sizes (INT, DATE): nothing to bend
     field = data.draw(st.sampled_from(fields))
-    if field == "enum_values":
+    if field in ("enum_values", "set_values"):
         value: Any = data.draw(st.sampled_from([[""], [], None, ["", "a"]]))
     else:
         value = data.draw(st.sampled_from([-1, 0, 1, 7, 9, 31, 66, 255, 1 << 31]))
@@ -235,7 +230,7 @@ def test_table_maps_out_of_range_give_the_same_rows_or_a_clean_error(captured, d
 
 
 def test_an_enum_index_out_of_range_is_a_clean_error_both_ways(captured):
-    """An ENUM index past the table map's values: the compiled decoder raises where it once segfaulted."""
+    """An ENUM index past the table map's values: both decoders raise (the compiled one once segfaulted)."""
     checked = 0
     for payload in captured.rows:
         table = captured.table(payload)
@@ -244,9 +239,10 @@ def test_an_enum_index_out_of_range_is_a_clean_error_both_ways(captured):
         index = [column.name for column in table.columns].index("e")
         bent = _bent(table, index, "enum_values", [""])  # only index 0: every non-empty value is out of range
         table_map = {**captured.table_map, bent.table_id: bent}
-        if any(row.get("values", row.get("after_values", {})).get("e") for row in
-               library_event(payload, captured.table_map, captured.checksum).rows):
-            assert check(payload, table_map, captured.checksum) == ("error" if fast.available() else None, "error")
+        rows = outcome(payload, captured.table_map, captured.checksum, compiled=False)
+        empty = (("NoneType", "None"), ("str", "''"))
+        if any(row.get("values", row.get("after_values", {})).get("e") not in empty for row in rows):
+            assert check(payload, table_map, captured.checksum) == "error"
             checked += 1
     assert checked >= 3
 
@@ -263,12 +259,12 @@ def _poll_until_error(src: Any, timeout: float = 15.0) -> BaseException:
     raise AssertionError(f"no error from poll within {timeout}s")
 
 
-@pytest.mark.parametrize("fast_decoder", [True, False], ids=["compiled", "library"])
+@pytest.mark.parametrize("fast_decoder", [True, False], ids=["compiled", "python"])
 def test_an_enum_index_out_of_range_in_the_binlog_pauses_the_pipeline_naming_the_event(
         mariadb_source, source_db, sources, fast_decoder):
     """A rows event whose ENUM index is past the column's values, as the server sends it from a binlog file
     corrupted on disk: the source stops with a CorruptEvent (not retryable) naming the table and the
-    event's position, on the compiled path and on the library's, instead of killing the process."""
+    event's position, with the compiled decoder and with the Python one, instead of killing the process."""
     execute(mariadb_source, source_db, "CREATE TABLE en (id INT PRIMARY KEY, e ENUM('a','b','c'))")
     start = head(mariadb_source)
     execute(mariadb_source, source_db, "INSERT INTO en VALUES (1234567890, 'b')", "INSERT INTO en VALUES (2, 'a')")
@@ -295,7 +291,7 @@ def test_an_enum_index_out_of_range_in_the_binlog_pauses_the_pipeline_naming_the
     text = str(error)
     assert f"table={source_db}.en" in text and "stage=select" in text and "pipeline=t" in text, text
     assert f"{start.log}:{offset}" in text and f"ends at {event_end}" in text, text
-    assert "ENUM index 9" in text if fast_decoder and fast.available() else "IndexError" in text, text
+    assert "ENUM index 9" in text, text
     assert "\n" not in text
     assert classify(error) is Failure.PERMANENT
     assert Backoff(initial=0.1, maximum=1.0, max_attempts=10).decide(error, 1).pause

@@ -1,10 +1,12 @@
-"""The compiled row decoder (`setl.sources.mysql_binlog.fast`) hands on exactly what the library does.
+"""The compiled row decoder (`setl.sources.mysql_binlog._rows`) hands on exactly what setl's Python
+decoder (`rowcodec`) does.
 
-Each test writes rows of every type the decoder knows (edge values: extremes, NULLs, zero and
-partial dates, negative times with fractions, DECIMAL(65,30), every charset family, empty and
-long values) to a real MariaDB, reads the same binlog range with the fast path and without it,
-and compares every value with its Python type (``1 == 1.0 == True`` and ``Decimal('1.0') ==
-Decimal('1.00')`` would hide a difference, so values are compared by type and repr).
+Each test writes rows of every column type (edge values: extremes, NULLs, zero and partial dates,
+negative times with fractions, DECIMAL(65,30), every charset family, SET of 64 members, BIT(1..64),
+empty and long values, partial images) to a real MariaDB, reads the same binlog range with the
+compiled decoder and with the Python one, and compares every value with its Python type
+(``1 == 1.0 == True`` and ``Decimal('1.0') == Decimal('1.00')`` would hide a difference, so values
+are compared by type and repr).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import pytest
 
 from setl import _compiled
+from setl.errors import CorruptEvent
 from setl.model import Transaction
 from setl.sources.mysql_binlog import fast
 from tests.sources.binlog import bare, execute, head
@@ -23,8 +26,8 @@ from tests.sources.test_mysql_binlog_stream import drain
 
 pytestmark = pytest.mark.timeout(120)
 
-#: SETL_PURE_PYTHON=1 (.ci/run's second pass): nothing is compiled, both reads are the library's and
-#: every test checks that no compiled decoder ran instead of counting its events
+#: SETL_PURE_PYTHON=1 (.ci/run's second pass): nothing is compiled, both reads are the Python decoder's
+#: and every test checks that no compiled decoder ran
 PURE = _compiled.pure_python()
 
 WIDE = """CREATE TABLE wide (
@@ -110,10 +113,17 @@ def changes(transactions: list[Transaction]) -> list[Any]:
 def read_both(server, sources, start, end, **kwargs) -> tuple[list[Transaction], list[Transaction], Any]:
     quick = sources(server, start, fast_decoder=True, **kwargs)
     plain = sources(server, start, fast_decoder=False, **kwargs)
-    assert (quick.row_decoders is None) == PURE and plain.row_decoders is None
     got_fast = drain(quick, lambda got: bool(got) and bare(got[-1].end) == end)
     got_plain = drain(plain, lambda got: bool(got) and bare(got[-1].end) == end)
+    assert quick.row_decoders.compiled is not PURE and plain.row_decoders.compiled is False
+    assert plain.row_decoders.fast == 0 and plain.row_decoders.slow > 0  # every rows event read in Python
     return got_fast, got_plain, quick.row_decoders
+
+
+def decoded(decoders: Any) -> tuple[int, int]:
+    """(rows events the decoder of this build read, those the other one read): the compiled one's, or
+    under SETL_PURE_PYTHON=1 the Python one's, first."""
+    return (decoders.slow, decoders.fast) if PURE else (decoders.fast, decoders.slow)
 
 
 def test_the_decoder_is_built():
@@ -128,7 +138,8 @@ def test_the_decoder_is_built():
         assert str(module.__file__).endswith(".py") is PURE, module.__file__
 
 
-def test_every_supported_type_decodes_exactly_as_the_library(mariadb_source, source_db, sources):
+def test_every_supported_type_decodes_exactly_as_the_python_decoder(mariadb_source, source_db, sources):
+    """Every common type at its edges: the compiled decoder's rows equal the Python decoder's, value and type."""
     execute(mariadb_source, source_db, "SET SESSION sql_mode = ''", WIDE)
     start = head(mariadb_source)
     marks = ", ".join(["%s"] * len(COLUMNS))
@@ -142,7 +153,8 @@ def test_every_supported_type_decodes_exactly_as_the_library(mariadb_source, sou
     execute(mariadb_source, source_db, *statements)
     end = head(mariadb_source)
     got_fast, got_plain, decoders = read_both(mariadb_source, sources, start, end)
-    assert PURE or (decoders.fast >= len(statements) - 1 and decoders.slow == 0), (decoders.fast, decoders.slow)
+    ours, others = decoded(decoders)
+    assert ours >= len(statements) - 1 and others == 0, (decoders.fast, decoders.slow)
     # GTID and XID events (read by the fast path too) end the same transactions at the same positions
     assert [(tx.end, tx.complete) for tx in got_fast] == [(tx.end, tx.complete) for tx in got_plain]
     assert all(tx.end.gtid for tx in got_fast)
@@ -157,27 +169,38 @@ def test_every_supported_type_decodes_exactly_as_the_library(mariadb_source, sou
     assert first["tm1"] == -datetime.timedelta(seconds=1, microseconds=500000)
 
 
-def test_tables_the_decoder_does_not_know_go_through_the_library(mariadb_source, source_db, sources):
-    """SET, BIT, JSON and spatial columns: the library decodes those events; values stay exact."""
+SET64 = ", ".join(f"'m{i}'" for i in range(64))
+
+
+def test_set_bit_json_and_spatial_columns_decode_the_same_both_ways(mariadb_source, source_db, sources):
+    """SET (to 64 members), BIT(1..64), JSON and spatial columns: setl's decoders read them (never the
+    library), into the same values, and the values are the ones written."""
     execute(mariadb_source, source_db,
-            "CREATE TABLE odd (id INT PRIMARY KEY, s SET('x','y','z'), b BIT(10), j JSON, g POINT, "
-            "dt0 DATETIME, v VARCHAR(5))",
+            f"CREATE TABLE odd (id INT PRIMARY KEY, s SET('x','y','z'), s64 SET({SET64}), b BIT(10), b1 BIT(1), "
+            "b64 BIT(64), j JSON, g POINT, gg GEOMETRY, dt0 DATETIME, v VARCHAR(5))",
             "CREATE TABLE plainer (id INT PRIMARY KEY, v VARCHAR(5))")
     start = head(mariadb_source)
     execute(mariadb_source, source_db,
-            "INSERT INTO odd VALUES (1, 'x,z', b'1010101010', '{\"a\": [1, 2.5]}', POINT(1, 2), '2020-01-01', 'v')",
-            "INSERT INTO odd VALUES (2, '', b'0', NULL, NULL, NULL, NULL)",
+            "INSERT INTO odd VALUES (1, 'x,z', 'm0,m63', b'1010101010', b'1', 0xFFFFFFFFFFFFFFFF, "
+            "'{\"a\": [1, 2.5]}', POINT(1, 2), ST_GeomFromText('LINESTRING(0 0, 1 1)'), '2020-01-01', 'v')",
+            "INSERT INTO odd VALUES (2, '', '', b'0', b'0', 0, NULL, NULL, NULL, NULL, NULL)",
             "INSERT INTO plainer VALUES (1, 'p')",
-            "UPDATE odd SET s = 'y' WHERE id = 1", "DELETE FROM odd WHERE id = 2")
+            "UPDATE odd SET s = 'y', s64 = 'm31,m32,m62' WHERE id = 1", "DELETE FROM odd WHERE id = 2")
     end = head(mariadb_source)
     got_fast, got_plain, decoders = read_both(mariadb_source, sources, start, end)
-    assert PURE or (decoders.slow == 4 and decoders.fast == 1), (decoders.fast, decoders.slow)
+    assert decoded(decoders) == (5, 0), (decoders.fast, decoders.slow)
     assert changes(got_fast) == changes(got_plain) and len(changes(got_fast)) == 5
-    assert got_fast[0].changes[0].after["s"] == frozenset({"x", "z"})
+    first = got_fast[0].changes[0].after
+    assert first["s"] == frozenset({"x", "z"}) and first["s64"] == frozenset({"m0", "m63"})
+    assert (first["b"], first["b1"], first["b64"]) == (0b1010101010, 1, (1 << 64) - 1)
+    assert first["j"] == '{"a": [1, 2.5]}' and first["dt0"] == datetime.datetime(2020, 1, 1)
+    empty = got_fast[1].changes[0].after
+    assert (empty["s"], empty["s64"], empty["b"], empty["b64"], empty["j"]) == (frozenset(), frozenset(), 0, 0, None)
+    assert got_fast[3].changes[0].after["s64"] == frozenset({"m31", "m32", "m62"})
 
 
-def test_minimal_row_images_are_left_to_the_library(mariadb_source, source_db, sources):
-    """A session with binlog_row_image=MINIMAL logs partial images: the fast path does not take them."""
+def test_minimal_row_images_decode_the_same_both_ways(mariadb_source, source_db, sources):
+    """A session with binlog_row_image=MINIMAL logs partial images: both decoders read them, alike."""
     execute(mariadb_source, source_db, "CREATE TABLE mini (id INT PRIMARY KEY, a INT, b VARCHAR(5))",
             "INSERT INTO mini VALUES (1, 1, 'a')")
     start = head(mariadb_source)
@@ -188,14 +211,12 @@ def test_minimal_row_images_are_left_to_the_library(mariadb_source, source_db, s
     quick = sources(mariadb_source, start, fast_decoder=True)
     plain = sources(mariadb_source, start, fast_decoder=False)
 
-    def outcome(src) -> Any:
-        try:
-            return changes(drain(src, lambda got: bool(got) and bare(got[-1].end) == end))
-        except Exception as exc:  # the library's verdict on a partial image, whatever it is
-            return (type(exc).__name__, str(exc))
-
-    assert outcome(quick) == outcome(plain)
-    assert (quick.row_decoders is None) if PURE else quick.row_decoders.fast <= 1
+    got = drain(quick, lambda got: bool(got) and bare(got[-1].end) == end)
+    assert changes(got) == changes(drain(plain, lambda got: bool(got) and bare(got[-1].end) == end))
+    minimal, full = (tx.changes[0] for tx in got)
+    assert (dict(minimal.before), dict(minimal.after)) == ({"id": 1}, {"a": 2}) and minimal.partial
+    assert (full.before, full.after) == ({"id": 1, "a": 2, "b": "a"}, {"id": 1, "a": 3, "b": "a"})
+    assert decoded(quick.row_decoders) == (2, 0)
 
 
 def test_an_event_larger_than_one_packet_is_joined_from_its_pieces(mariadb_source, source_db, sources):
@@ -214,7 +235,7 @@ def test_an_event_larger_than_one_packet_is_joined_from_its_pieces(mariadb_sourc
         mariadb_source.query(f"SET GLOBAL max_allowed_packet = {int(old)}")
     assert end.offset - start.offset > 2 * len(big)  # the insert and the update's two images
     got_fast, got_plain, decoders = read_both(mariadb_source, sources, start, end)
-    assert PURE or (decoders.fast == 3 and decoders.slow == 0), (decoders.fast, decoders.slow)
+    assert decoded(decoders) == (3, 0), (decoders.fast, decoders.slow)
     fast_rows = [(c.op, c.after or c.before) for c in changes_of(got_fast)]
     plain_rows = [(c.op, c.after or c.before) for c in changes_of(got_plain)]
     assert fast_rows == plain_rows
@@ -224,3 +245,55 @@ def test_an_event_larger_than_one_packet_is_joined_from_its_pieces(mariadb_sourc
 
 def changes_of(transactions: list[Transaction]) -> list[Any]:
     return [c for tx in transactions for c in tx.changes]
+
+
+@pytest.mark.parametrize("fsp", [0, 3])
+@pytest.mark.parametrize("fast_decoder", [True, False], ids=["compiled", "python"])
+def test_mariadb_pre_10_1_temporal_formats_stop_the_reader_naming_the_column(mariadb_source, source_db, sources,
+                                                                              fast_decoder, fsp):
+    """A TIME of MariaDB's old formats (mysql56_temporal_format=OFF) is logged without its precision, so
+    neither decoder can read its row exactly: the reader stops at the event, in one line naming the
+    table, the column, the position and the fix, instead of guessing."""
+    mariadb_source.query("SET GLOBAL mysql56_temporal_format = OFF")
+    try:
+        execute(mariadb_source, source_db, f"CREATE TABLE old_t (id INT PRIMARY KEY, tm TIME({fsp}), v INT)")
+    finally:
+        mariadb_source.query("SET GLOBAL mysql56_temporal_format = ON")
+    start = head(mariadb_source)
+    execute(mariadb_source, source_db, "INSERT INTO old_t VALUES (1, '-01:02:03.456', 7)")
+    src = sources(mariadb_source, start, fast_decoder=fast_decoder)
+    with pytest.raises(CorruptEvent) as caught:
+        drain(src, lambda got: False, timeout=15)
+    text = str(caught.value)
+    assert f"table={source_db}.old_t" in text and f"{start.log}:" in text and "\n" not in text, text
+    assert "tm: a TIME, DATETIME or TIMESTAMP of MariaDB's pre-10.1 formats" in text and "FORCE" in text, text
+
+
+def test_mysql_55_temporal_formats_decode_alike_in_both_decoders():
+    """MySQL 5.5's TIME (a signed hhmmss), DATETIME (yyyymmddhhmmss) and TIMESTAMP (epoch seconds), as a
+    MySQL server logs them: both decoders read the values packed, a zero DATETIME as `InvalidDate`."""
+    from types import SimpleNamespace
+
+    from setl.model import InvalidDate
+
+    columns = [SimpleNamespace(type=3, name="id", unsigned=False), SimpleNamespace(type=11, name="tm"),
+               SimpleNamespace(type=12, name="dt"), SimpleNamespace(type=7, name="ts")]
+    table = SimpleNamespace(columns=columns)
+    cases = [((-1, 838, 59, 59), (2024, 2, 29, 12, 34, 56), 1_000_000_000),
+             ((1, 0, 0, 1), (0, 0, 0, 0, 0, 0), 0),
+             ((-1, 0, 0, 1), (9999, 12, 31, 23, 59, 59), 2_147_483_647)]
+    body = b""
+    for i, ((sign, h, m, s), (y, mo, d, hh, mi, ss), ts) in enumerate(cases):
+        packed_dt = ((y * 100 + mo) * 100 + d) * 1_000_000 + (hh * 100 + mi) * 100 + ss
+        body += b"\0" + i.to_bytes(4, "little") + (sign * (h * 10000 + m * 100 + s)).to_bytes(3, "little", signed=True)
+        body += packed_dt.to_bytes(8, "little") + ts.to_bytes(4, "little")
+    got = [fast.RowDecoders(compiled=compiled).get(table).decode(body, 0, len(body), 0) for compiled in (True, False)]
+    assert typed(got[0]) == typed(got[1])
+    for row, ((sign, h, m, s), (y, mo, d, hh, mi, ss), ts) in zip(got[0], cases):
+        values = row["values"]
+        assert values["tm"] == sign * datetime.timedelta(hours=h, minutes=m, seconds=s)
+        expected = datetime.datetime(y, mo, d, hh, mi, ss) if y else InvalidDate("0000-00-00 00:00:00")
+        assert values["dt"] == expected and type(values["dt"]) is type(expected)
+        assert values["ts"] == datetime.datetime(1970, 1, 1) + datetime.timedelta(seconds=ts)
+    with pytest.raises(fast.Unreadable, match="tm: a TIME, DATETIME or TIMESTAMP of MariaDB's pre-10.1"):
+        fast.RowDecoders().get(table, mariadb=True)

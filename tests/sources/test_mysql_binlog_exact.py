@@ -328,14 +328,17 @@ def test_column_names_and_enum_values_of_128_bytes_and_more_decode(mariadb_sourc
     assert tx.changes[0].after == {"id": 1, long_name: 2, "e": long_value}
 
 
-def test_library_fixes_are_installed_when_a_source_is_built_not_at_import():
-    """Importing the module leaves python-mysql-replication alone; building a source installs the fixes once."""
+def test_neither_importing_nor_building_a_source_patches_the_library():
+    """python-mysql-replication's classes keep their own functions, at import and once sources are built:
+    setl decodes rows itself and reads table-map strings through its own packet class."""
     code = ("import setl.sources.mysql_binlog as m\n"
-            "from setl.adapters import replication\n"
-            "from pymysqlreplication.row_event import RowsEvent\n"
-            "assert RowsEvent._RowsEvent__read_date is not replication._read_date\n"
+            "from pymysqlreplication import packet, row_event\n"
+            "def own():\n"
+            "    return all(getattr(f, '__module__', None) in (None, c.__module__) for c in (row_event.RowsEvent,"
+            " row_event.TableMapEvent, packet.BinLogPacketWrapper) for f in vars(c).values() if callable(f))\n"
+            "assert own()\n"
             "m.MysqlBinlogSource(); m.MysqlBinlogSource()\n"
-            "assert RowsEvent._RowsEvent__read_date is replication._read_date\n"
+            "assert own()\n"
             "print('ok')\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "ok", done.stderr

@@ -7,12 +7,12 @@ keeps of it).
 
 `RowDecoder` is built once per table map from python-mysql-replication's `Table` (column types,
 metadata, names, charsets) and turns the body of a WRITE/UPDATE/DELETE_ROWS event into exactly the
-rows the library yields with setl's fixes installed (`patches.install`): the same dicts of
-``values`` and ``none_sources``, the same Python types and values (the exactness tests compare
-both decoders on real servers, type by type). Column types it does not know (SET, BIT, JSON,
-GEOMETRY, the pre-5.6 temporals), a column without a name in the table map, or an image without
-every column (``binlog_row_image`` other than FULL) make `decoder_for` or `decode_rows` answer
-None: the library then decodes that event as before.
+rows of setl's Python decoder (`rowcodec.RowDecoder`): the same dicts of ``values`` and
+``none_sources``, the same Python types and values (the exactness tests compare both decoders on
+real servers, type by type). It reads every column type MariaDB 10.11 and MySQL 8 write, and
+partial images (``binlog_row_image`` NOBLOB or MINIMAL: `present` bitmaps); MySQL's binary JSON
+value is read by the `json_value` it is given. A table map it cannot read (a column type no rows
+event holds, metadata out of MySQL's ranges, a column without a name) raises `rowcodec.Unreadable`.
 
 No input crashes the process: every index and length read from an event is checked against the
 event's bytes and the table map (ENUM indexes, length prefixes, the bitmaps, DECIMAL and temporal
@@ -31,6 +31,8 @@ import pymysql
 from pymysql.constants import CR
 from pymysqlreplication.constants import NONE_SOURCE
 
+from setl.sources.mysql_binlog.rowcodec import Corrupt, Truncated, Unreadable, bit_value, old_time_value
+
 # field types (pymysqlreplication.constants.FIELD_TYPE), and how a string column's bytes become its
 # value: S_DECODE bytes.decode(encoding, "strict"); S_RAW no such codec, the bytes as they are
 # (an empty value stays "")
@@ -41,38 +43,39 @@ cdef enum:
     T_LONG = 3
     T_FLOAT = 4
     T_DOUBLE = 5
+    T_TIMESTAMP = 7
     T_LONGLONG = 8
     T_INT24 = 9
     T_DATE = 10
+    T_TIME = 11
+    T_DATETIME = 12
     T_YEAR = 13
     T_VARCHAR = 15
+    T_BIT = 16
     T_TIMESTAMP2 = 17
     T_DATETIME2 = 18
     T_TIME2 = 19
+    T_JSON = 245
     T_NEWDECIMAL = 246
     T_ENUM = 247
+    T_SET = 248
     T_BLOB = 252
     T_STRING = 254
+    T_GEOMETRY = 255
     S_DECODE = 0
     S_RAW = 1
 
-_SUPPORTED = frozenset({T_TINY, T_SHORT, T_LONG, T_FLOAT, T_DOUBLE, T_LONGLONG, T_INT24, T_DATE, T_YEAR,
-                        T_VARCHAR, T_TIMESTAMP2, T_DATETIME2, T_TIME2, T_NEWDECIMAL, T_ENUM, T_BLOB, T_STRING})
+_SUPPORTED = frozenset({T_TINY, T_SHORT, T_LONG, T_FLOAT, T_DOUBLE, T_TIMESTAMP, T_LONGLONG, T_INT24, T_DATE,
+                        T_TIME, T_DATETIME, T_YEAR, T_VARCHAR, T_BIT, T_TIMESTAMP2, T_DATETIME2, T_TIME2, T_JSON,
+                        T_NEWDECIMAL, T_ENUM, T_SET, T_BLOB, T_STRING, T_GEOMETRY})
 _COMPRESSED_BYTES = (0, 1, 1, 2, 2, 3, 3, 4, 4, 4)
 _NULL = NONE_SOURCE.NULL
+_ABSENT = NONE_SOURCE.COLS_BITMAP
+_EMPTY_SET = NONE_SOURCE.EMPTY_SET
 _Decimal = decimal.Decimal
 _date = datetime.date
 _datetime_cls = datetime.datetime
 _utcfromtimestamp = datetime.datetime.utcfromtimestamp
-
-
-class Corrupt(ValueError):
-    """A row image its table map cannot account for (a corrupt event): an ENUM index out of range,
-    a value that runs past the event, a value no column of its type holds."""
-
-
-class Truncated(Corrupt):
-    """A row image ends before its columns do (a corrupt or cut event)."""
 
 
 cdef inline unsigned long long _le(const unsigned char* p, int n):
@@ -100,53 +103,67 @@ cdef class RowDecoder:
     cdef int ncols
     cdef int[:] types
     cdef int[:] unsigned_
-    cdef int[:] p1          # length prefix size / fsp / precision / enum size
-    cdef int[:] p2          # string mode / decimals
+    cdef int[:] p1          # length prefix size / fsp / precision / enum or set size / bit bytes
+    cdef int[:] p2          # string mode / decimals / bits
     cdef tuple names
     cdef list encodings
-    cdef list enums
+    cdef list enums         # ENUM and SET values
     cdef object time2
     cdef object make_date
     cdef object make_datetime
+    cdef object json_value
 
-    def __init__(self, columns, charset_to_encoding, time2, make_date, make_datetime):
+    def __init__(self, columns, charset_to_encoding, time2, make_date, make_datetime, json_value=None):
         import array
         n = len(columns)
         if n < 1:
-            raise LookupError("no columns")
+            raise Unreadable("a table map without columns")
         self.ncols = n
         types, unsigned_, p1, p2 = array.array("i", [0] * n), array.array("i", [0] * n), \
             array.array("i", [0] * n), array.array("i", [0] * n)
         names, encodings, enums = [], [], []
         for i, column in enumerate(columns):
             kind = column.type
-            if kind not in _SUPPORTED or not column.name:
-                raise LookupError(kind)
+            if not column.name:
+                raise Unreadable(f"column of type {kind} has no name in the table map (binlog_row_metadata=FULL "
+                                 "names every column)")
+            if kind not in _SUPPORTED or (kind == T_JSON and json_value is None):
+                raise Unreadable(f"{column.name}: column type {kind} is not one setl decodes")
             types[i] = kind
             unsigned_[i] = 1 if getattr(column, "unsigned", False) else 0
             names.append(column.name)
             encoding = None
             enum_values = None
-            # metadata out of MySQL's ranges (a corrupt table map) is left to the library's verdict
+            # metadata out of MySQL's ranges (a corrupt table map) is refused
             if kind in (T_VARCHAR, T_STRING):
                 p1[i] = 2 if column.max_length > 255 else 1
-            elif kind == T_BLOB:
+            elif kind in (T_BLOB, T_GEOMETRY, T_JSON):
                 if column.length_size not in (1, 2, 3, 4):
-                    raise LookupError("blob length size")
+                    raise Unreadable(f"{column.name}: length size {column.length_size}")
                 p1[i] = column.length_size
             elif kind in (T_DATETIME2, T_TIMESTAMP2, T_TIME2):
                 if (column.fsp or 0) not in range(7):
-                    raise LookupError("fractional seconds")
+                    raise Unreadable(f"{column.name}: fractional seconds {column.fsp}")
                 p1[i] = column.fsp or 0
             elif kind == T_NEWDECIMAL:
                 if column.precision not in range(1, 66) or column.decimals not in range(min(column.precision, 30) + 1):
-                    raise LookupError("decimal size")
+                    raise Unreadable(f"{column.name}: DECIMAL({column.precision},{column.decimals})")
                 p1[i], p2[i] = column.precision, column.decimals
             elif kind == T_ENUM:
-                if column.size not in (1, 2) or not column.enum_values:  # no values: the library's None
-                    raise LookupError("enum size")
+                if column.size not in (1, 2) or not column.enum_values:
+                    raise Unreadable(f"{column.name}: ENUM of {column.size} bytes, values {column.enum_values!r}")
                 p1[i] = column.size
-                enum_values = column.enum_values
+                enum_values = tuple(column.enum_values)
+            elif kind == T_SET:
+                if column.size not in range(1, 9) or not column.set_values \
+                        or len(column.set_values) > 8 * column.size:
+                    raise Unreadable(f"{column.name}: SET of {column.size} bytes, values {column.set_values!r}")
+                p1[i] = column.size
+                enum_values = tuple(column.set_values)
+            elif kind == T_BIT:
+                if column.bits not in range(1, 65) or column.bytes != (column.bits + 7) // 8:
+                    raise Unreadable(f"{column.name}: BIT({column.bits}) of {column.bytes} bytes")
+                p1[i], p2[i] = column.bytes, column.bits
             if kind in (T_VARCHAR, T_STRING, T_BLOB):
                 name = column.character_set_name
                 encoding = charset_to_encoding(name) if name is not None else "utf-8"
@@ -160,6 +177,7 @@ cdef class RowDecoder:
         self.types, self.unsigned_, self.p1, self.p2 = types, unsigned_, p1, p2
         self.names, self.encodings, self.enums = tuple(names), encodings, enums
         self.time2, self.make_date, self.make_datetime = time2, make_date, make_datetime
+        self.json_value = json_value
 
     cdef object _value(self, int i, const unsigned char* p, Py_ssize_t* at, Py_ssize_t end):
         cdef int kind = self.types[i]
@@ -185,6 +203,12 @@ cdef class RowDecoder:
             n = 1
         elif kind == T_DATE:
             n = 3
+        elif kind == T_TIMESTAMP:
+            n = 4
+        elif kind == T_TIME:
+            n = 3
+        elif kind == T_DATETIME:
+            n = 8
         else:
             n = 0
         if n:
@@ -202,12 +226,21 @@ cdef class RowDecoder:
                 return <long>uv + 1900
             if kind == T_DATE:
                 return self.make_date(<long>(uv >> 9), <long>((uv >> 5) & 15), <long>(uv & 31))
+            if kind == T_TIMESTAMP:
+                return _utcfromtimestamp(uv)
+            if kind == T_TIME:
+                return old_time_value(uv)
+            if kind == T_DATETIME:
+                sv = <long long>(uv // 1000000)
+                uv = uv % 1000000
+                return self.make_datetime(<long>(sv // 10000), <long>(sv // 100 % 100), <long>(sv % 100),
+                                          <long>(uv // 10000), <long>(uv // 100 % 100), <long>(uv % 100), 0, 0)
             if self.unsigned_[i] or (uv >> (8 * n - 1)) == 0:
                 return uv
             if n == 8:
                 return <long long>uv
             return <long long>uv - <long long>(1ULL << (8 * n))
-        if kind == T_VARCHAR or kind == T_STRING or kind == T_BLOB:
+        if kind == T_VARCHAR or kind == T_STRING or kind == T_BLOB or kind == T_GEOMETRY or kind == T_JSON:
             n = self.p1[i]
             if pos + n > end:
                 raise Truncated(self.names[i])
@@ -217,6 +250,10 @@ cdef class RowDecoder:
                 raise Truncated(self.names[i])
             at[0] = pos + length
             value = p[pos:pos + length]
+            if kind == T_GEOMETRY:
+                return value
+            if kind == T_JSON:
+                return self.json_value(value) if length else None
             if self.p2[i] == S_DECODE:
                 return value.decode(self.encodings[i], "strict")
             return value if length else ""
@@ -251,7 +288,28 @@ cdef class RowDecoder:
                 raise Corrupt(f"{self.names[i]}: ENUM index {uv} out of range (the table map lists "
                               f"{len(enum_values) - 1} values)")
             return enum_values[uv]
-        raise LookupError(kind)
+        if kind == T_SET:
+            n = self.p1[i]
+            if pos + n > end:
+                raise Truncated(self.names[i])
+            uv = _le(p + pos, n)
+            at[0] = pos + n
+            set_values = self.enums[i]
+            if len(set_values) < 64 and (uv >> len(set_values)):
+                raise Corrupt(f"{self.names[i]}: SET bits {uv:#x} name members beyond the table map's "
+                              f"{len(set_values)}")
+            members = set()
+            for n in range(len(set_values)):
+                if uv & (1ULL << n):
+                    members.add(set_values[n])
+            return members or None
+        if kind == T_BIT:
+            n = self.p1[i]
+            if pos + n > end:
+                raise Truncated(self.names[i])
+            at[0] = pos + n
+            return bit_value(p[pos:pos + n], self.p2[i])
+        raise Corrupt(f"{self.names[i]}: column type {kind}")
 
     cdef unsigned long long _fsp(self, int i, const unsigned char* p, Py_ssize_t* at, Py_ssize_t end):
         """The fraction of a temporal value in microseconds (the library's ``__read_fsp``)."""
@@ -270,7 +328,10 @@ cdef class RowDecoder:
             v = <long long>(<double>v / 10)  # int(microsecond / 10), as the library computes it
         for k in range(6 - fsp):
             scale *= 10
-        return <unsigned long long>(v * scale)
+        v *= scale
+        if v < 0 or v >= 1000000:
+            raise Corrupt(f"{self.names[i]}: a fraction of {v} microseconds")
+        return <unsigned long long>v
 
     cdef object _datetime2(self, int i, const unsigned char* p, Py_ssize_t* at, Py_ssize_t end):
         cdef Py_ssize_t pos = at[0]
@@ -336,52 +397,81 @@ cdef class RowDecoder:
             parts.append(f"{v:0{comp_fractional}d}")
         return _Decimal("".join(parts))
 
-    cdef object _image(self, const unsigned char* p, Py_ssize_t* at, Py_ssize_t end, dict nones):
-        cdef int nbitmap = (self.ncols + 7) // 8
+    cdef object _image(self, const unsigned char* p, Py_ssize_t* at, Py_ssize_t end, dict nones,
+                       const unsigned char* present):
+        cdef int logged = self.ncols
+        cdef int nbitmap
         cdef Py_ssize_t bitmap = at[0]
         cdef dict values = {}
         cdef int i
+        cdef int index = 0
+        if present != NULL:
+            logged = 0
+            for i in range(self.ncols):
+                if present[i >> 3] & (1 << (i & 7)):
+                    logged += 1
+        nbitmap = (logged + 7) // 8
         if bitmap + nbitmap > end:
             raise Truncated("null bitmap")
         at[0] = bitmap + nbitmap
         for i in range(self.ncols):
             name = self.names[i]
-            if p[bitmap + (i >> 3)] & (1 << (i & 7)):
+            if present != NULL and not (present[i >> 3] & (1 << (i & 7))):
+                values[name] = None
+                nones[name] = _ABSENT
+                continue
+            if p[bitmap + (index >> 3)] & (1 << (index & 7)):
                 values[name] = None
                 nones[name] = _NULL
             else:
-                values[name] = self._value(i, p, at, end)
+                value = values[name] = self._value(i, p, at, end)
+                if value is None:  # an empty SET, a JSON of no bytes
+                    nones[name] = _EMPTY_SET if self.types[i] == T_SET else _NULL
+            index += 1
         return values
 
-    def decode(self, bytes data, Py_ssize_t pos, Py_ssize_t end, int kind):
+    def decode(self, bytes data, Py_ssize_t pos, Py_ssize_t end, int kind, present=None):
         """The rows of one event body: `data[pos:end]` holds the row images (after the bitmaps).
 
-        kind: 0 WRITE, 1 UPDATE, 2 DELETE. Returns the library's list of row dicts.
+        kind: 0 WRITE, 1 UPDATE, 2 DELETE; `present`: the columns-present bitmaps (before, after: bytes)
+        of a partial image, None for full images. Returns the list of row dicts.
         """
         cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(data)
         cdef Py_ssize_t at = pos
+        cdef bytes before = None
+        cdef bytes after = None
         if pos < 0 or end > PyBytes_GET_SIZE(data) or pos > end:
             raise Truncated(f"event: rows at {pos}-{end} of {PyBytes_GET_SIZE(data)} bytes")
+        if present is not None:
+            before, after = present
+            if PyBytes_GET_SIZE(before) < (self.ncols + 7) // 8 or PyBytes_GET_SIZE(after) < (self.ncols + 7) // 8:
+                raise Truncated("columns-present bitmap")
         try:
-            return self._rows(p, at, end, kind)
+            return self._rows(p, at, end, kind, before, after)
         except Corrupt:
             raise
-        except (ValueError, ArithmeticError, LookupError, TypeError) as exc:  # a value no column holds
+        except (ValueError, ArithmeticError, LookupError, TypeError, IndexError) as exc:  # a value no column holds
             raise Corrupt(f"{type(exc).__name__}: {exc}") from exc
 
-    cdef list _rows(self, const unsigned char* p, Py_ssize_t at, Py_ssize_t end, int kind):
+    cdef list _rows(self, const unsigned char* p, Py_ssize_t at, Py_ssize_t end, int kind, bytes before_map,
+                    bytes after_map):
         cdef list rows = []
         cdef dict nones, after_nones
+        cdef const unsigned char* first = NULL
+        cdef const unsigned char* second = NULL
+        if before_map is not None:
+            first = <const unsigned char*>PyBytes_AS_STRING(before_map)
+            second = <const unsigned char*>PyBytes_AS_STRING(after_map)
         while at < end:
             nones = {}
             if kind == 1:
                 after_nones = {}
-                before = self._image(p, &at, end, nones)
-                after = self._image(p, &at, end, after_nones)
+                before = self._image(p, &at, end, nones, first)
+                after = self._image(p, &at, end, after_nones, second)
                 rows.append({"before_values": before, "before_none_sources": nones,
                              "after_values": after, "after_none_sources": after_nones})
             else:
-                values = self._image(p, &at, end, nones)
+                values = self._image(p, &at, end, nones, first)
                 rows.append({"values": values, "none_sources": nones})
         return rows
 

@@ -9,8 +9,8 @@ big-endian bytes of its inflated length (`binlog_buf_compress` in MariaDB's log_
 
 `inflate` turns the packet of such an event into the packet of the plain event it stands for:
 the plain type, the event size of the inflated body, and a CRC32 computed anew when the stream
-has checksums. Both readers of the binlog take every packet through it (the fast path in
-`fast.FastStream`, the library's through `plain_packet`, which `patches.install` hands it), so
+has checksums. Both ways into an event take every packet through it (setl's in `fast.FastStream`,
+the library's parse of other bodies through `plain_packet`, in `stream.BinlogStream.parse`), so
 the rest of setl never sees a compressed event. A packet that does not inflate exactly (a corrupt
 header, a zlib error, an inflated length other than the one written) raises `InflateError`;
 nothing is skipped.

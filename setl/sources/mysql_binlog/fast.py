@@ -1,17 +1,18 @@
-"""The binlog reader's fast path: hot events built by setl from their bytes, rows decoded in C.
+"""The binlog reader's events built by setl from their bytes; every rows event decoded by setl.
 
-The library builds an event object with a reader call per value: most of a catch-up's CPU.
 `FastStream` takes each packet of setl's own stream (`stream.BinlogStream`, framed by the
 compiled `_rows.Framer`) and builds setl's own values (`setl.binlog_events`) of the events that
-make up nearly all of a busy binlog from their bytes: WRITE/UPDATE/DELETE_ROWS of a table whose
-columns the compiled `_rows.RowDecoder` knows, decoded straight from the packet; table maps
-already decoded once (answered from setl's table-map cache); MariaDB GTID and XID events (two a
-transaction), read from their few bytes. Everything else (other events, a table with a column
-type the decoder does not know, a partial row image) goes to the stream's `parse`, where the
-library parses it and `setl.adapters.replication.event_value` converts it into setl's value.
+make up nearly all of a busy binlog from their bytes: every WRITE/UPDATE/DELETE_ROWS event,
+decoded straight from the packet by the compiled `_rows.RowDecoder` (every column type, partial
+images too); table maps already decoded once (answered from setl's table-map cache); MariaDB GTID
+and XID events (two a transaction), read from their few bytes. The other events (rotations, format
+descriptions, queries, XA, GTID lists, a table map seen for the first time) go to the stream's
+`parse`, where the library parses the body and `setl.adapters.replication.event_value` converts
+it into setl's value. No rows event reaches the library: a rows event setl cannot decode stops
+the reader with one line naming its table, position and cause.
 
 Without the compiled module (a source tree that was not built, or ``SETL_PURE_PYTHON=1``),
-`available()` is False and the library parses every event.
+`available()` is False and the same events are built by setl's Python twins (`rowcodec`).
 """
 
 from __future__ import annotations
@@ -25,13 +26,20 @@ from pymysqlreplication.row_event import DeleteRowsEvent, RowsEvent, TableMapEve
 
 from setl import binlog_events as ev
 from setl.adapters import replication
-from setl.sources.mysql_binlog import compressed
+from setl.sources.mysql_binlog import compressed, rowcodec
 from setl.sources.mysql_binlog.assembler import corrupt_event
+from setl.sources.mysql_binlog.rowcodec import Corrupt, Unreadable
 
 try:
-    from setl.sources.mysql_binlog._rows import Corrupt, EventHeader, RowDecoder, equal_at, full_bitmap, le_int
-except ImportError:  # not built: the library decodes every event
+    from setl.sources.mysql_binlog._rows import EventHeader, RowDecoder, equal_at, full_bitmap, le_int
+except ImportError:  # not built: setl's Python decoder reads every rows event
     RowDecoder = None  # type: ignore[assignment,misc]
+    from setl.sources.mysql_binlog.rowcodec import (  # type: ignore[assignment]
+        EventHeader,
+        equal_at,
+        full_bitmap,
+        le_int,
+    )
 
 #: rows event type -> (event class, 0 write / 1 update / 2 delete, post-header length)
 _ROWS: dict[int, tuple[type[RowsEvent], int, int]] = {
@@ -54,26 +62,62 @@ def available() -> bool:
 
 
 class RowDecoders:
-    """One reader's compiled decoders, by table map (`Table` object), and counts of their use."""
+    """One reader's row decoders, by table map (`Table` object), and counts of their use: `fast` the
+    rows events the compiled decoder read, `slow` those setl's Python decoder read (`compiled`
+    False, or the compiled module not built)."""
 
-    def __init__(self) -> None:
+    def __init__(self, compiled: bool = True) -> None:
+        self.compiled = compiled and RowDecoder is not None
         self._by_table: dict[int, tuple[Any, Any]] = {}
         self.fast = self.slow = 0
 
-    def get(self, table: Any) -> Any:
-        """The table's decoder, or None when one of its columns needs the library."""
+    def get(self, table: Any, mariadb: bool = False) -> Any:
+        """The table's decoder; `rowcodec.Unreadable` when one of its columns is beyond setl's readers.
+
+        On a MariaDB server (`mariadb`) a TIME, DATETIME or TIMESTAMP of the pre-5.6 formats is one:
+        MariaDB logs its own fractional formats (``mysql56_temporal_format=OFF``, tables of 5.3-10.0)
+        under the same types without their precision, so the row's bytes cannot be read exactly."""
         known = self._by_table.get(id(table))
         if known is not None and known[0] is table:
+            if isinstance(known[1], Unreadable):
+                raise known[1]
             return known[1]
+        make = RowDecoder if self.compiled else rowcodec.RowDecoder
+        decoder: Any
         try:
-            decoder = RowDecoder(table.columns, RowsEvent.charset_to_encoding, replication.time2_value,
-                                 replication.date_value, replication.datetime_value)
-        except LookupError:
-            decoder = None
+            old = [c.name for c in table.columns if c.type in rowcodec.OLD_TEMPORALS] if mariadb else []
+            if old:
+                raise Unreadable(f"{old[0]}: a TIME, DATETIME or TIMESTAMP of MariaDB's pre-10.1 formats, whose "
+                                 "fractional digits its table map does not give (ALTER TABLE ... FORCE with "
+                                 "mysql56_temporal_format=ON rewrites it in the current format)")
+            decoder = make(table.columns, replication.charset_to_encoding, rowcodec.time2_value,
+                           replication.date_value, replication.datetime_value, replication.json_value)
+        except Unreadable as exc:
+            decoder = exc
         if len(self._by_table) > 4096:
             self._by_table.clear()
         self._by_table[id(table)] = (table, decoder)
+        if isinstance(decoder, Unreadable):
+            raise decoder
         return decoder
+
+    def count(self) -> None:
+        """Count one rows event decoded."""
+        if self.compiled:
+            self.fast += 1
+        else:
+            self.slow += 1
+
+
+def _packed_int(data: bytes, pos: int) -> tuple[int, int]:
+    """The packed integer at `pos` (``net_store_length``) and where it ends."""
+    first = le_int(data, pos, 1)
+    if first < 251:
+        return first, pos + 1
+    size = {252: 2, 253: 3, 254: 8}.get(first)
+    if size is None:
+        raise Corrupt(f"a column count that starts with byte {first}")
+    return le_int(data, pos + 1, size), pos + 1 + size
 
 
 class FastStream:
@@ -85,14 +129,13 @@ class FastStream:
     GTID and XID events. Every other packet (rotation, format description, queries, heartbeats,
     errors, the end of the stream, rows events the decoder leaves to the library) goes to the
     stream's `parse`, which has the library parse it and keeps the stream's state (`log_pos`,
-    `log_file`, the table map, the format description) up to date. Without `decoders` (or the
-    compiled module) every packet goes to `parse`.
+    `log_file`, the table map, the format description) up to date. Without `decoders`, a reader's
+    own (`RowDecoders()`) decode the rows.
     """
 
     def __init__(self, reader: Any, decoders: RowDecoders | None) -> None:
         self.reader = reader  # the stream: its table map, file and position, `packet` and `parse`
         self.decoders = decoders if decoders is not None else RowDecoders()
-        self.fast = decoders is not None and RowDecoder is not None  # whether the hot events are built here
         self._settings: tuple[Any, bool, Any, Any, Any] = (None, False, (), None, None)
         #: the last table map of each table id: (its body, its layout), reused while the bytes repeat
         self._last_maps: dict[int, tuple[bytes, Any]] = {}
@@ -100,10 +143,9 @@ class FastStream:
     def fetchone(self) -> Any:
         """The next event; None once a non-blocking dump has ended."""
         stream = self.reader
-        fast = self.fast
         while True:
             data = stream.packet()
-            if fast and data[0] == 0 and len(data) > 20:
+            if data[0] == 0 and len(data) > 20:
                 kind = data[5]
                 if kind in compressed.PLAIN_TYPE:  # log_bin_compress: read as the plain event it stands for
                     data = self._inflate(data, kind)
@@ -120,7 +162,7 @@ class FastStream:
                         stream.log_pos = event.header.log_pos
                     return event
             event = stream.parse(data)
-            if fast and data[0] == 0 and len(data) > 5 and data[5] in _SETTINGS_EVENTS:
+            if data[0] == 0 and len(data) > 5 and data[5] in _SETTINGS_EVENTS:
                 self._read_settings()  # a format description or rotation changes them
             if event is not None:
                 return event
@@ -140,50 +182,57 @@ class FastStream:
     def _read_settings(self) -> None:
         """The stream's state the events are built with (it changes only in events `parse` reads)."""
         stream = self.reader
-        self._settings = (stream.context, stream.use_checksum, stream.in_packet, stream.mysql_version,
-                          stream.post_header_lengths)
+        self._settings = (stream.context, stream.use_checksum, stream.in_packet | stream.allowed,
+                          stream.mysql_version, stream.post_header_lengths)
 
     def _rows(self, data: bytes, kind: int) -> Any:
+        """A WRITE/UPDATE/DELETE_ROWS event, its rows decoded here; one setl cannot decode stops the
+        reader here (`CorruptEvent` naming its table, position and cause): reading it again would
+        fail again, and no other reader would read it better."""
         cls, change, post_header = _ROWS[kind]
         settings = self._settings
         use_checksum, allowed_events, post_header_lengths = settings[1], settings[2], settings[4]
         if cls not in allowed_events:
-            return None
-        if post_header_lengths and len(post_header_lengths) >= kind and post_header_lengths[kind - 1] != post_header:
-            return None
-        table_map = self.reader.table_map
-        table_id = le_int(data, 20, 6)
-        table = table_map.get(table_id)
-        if table is None:
-            return None
-        pos = 28
-        if post_header == 10:
-            if le_int(data, 28, 2) != 2:  # NDB or partition information: the library reads it
-                return None
-            pos = 30
-        ncols = data[pos]
-        if ncols >= 251 or ncols != len(table.columns):
-            return None
-        pos += 1
-        decoders = self.decoders
-        decoder = decoders.get(table)
-        if decoder is None:
-            decoders.slow += 1
-            return None
-        width = (ncols + 7) // 8
-        for _ in range(2 if change == 1 else 1):
-            if not full_bitmap(data, pos, ncols):
-                return None  # a partial image: the library marks the missing columns
-            pos += width
+            return None  # the stream's `parse` moves past it
         packet = EventHeader(data)
+        table: Any = None
+        table_id = le_int(data, 20, 6)
         try:
             if 1 + packet.event_size != len(data):
                 raise Corrupt(f"its header's size {packet.event_size} is not its packet's {len(data) - 1} bytes")
-            rows = decoder.decode(data, pos, 1 + packet.event_size - (4 if use_checksum else 0), change)
-        except Corrupt as exc:  # stop at it: the library would read it no better, and a retry reads it again
-            raise corrupt_event(exc, f"{cls.__name__} of {table.schema}.{table.table}", self.reader.log_file,
-                                self.reader.log_pos, packet.log_pos, f"{table.schema}.{table.table}") from exc
-        decoders.fast += 1
+            end = 1 + packet.event_size - (4 if use_checksum else 0)
+            if post_header_lengths and len(post_header_lengths) >= kind and \
+                    post_header_lengths[kind - 1] != post_header:
+                raise Corrupt(f"its format description gives it a {post_header_lengths[kind - 1]}-byte post-header, "
+                              f"not {post_header}")
+            table = self.reader.table_map.get(table_id)
+            if table is None:
+                raise Corrupt(f"no table map before it names its table id {table_id}")
+            pos = 28
+            if post_header == 10:  # the extra data's length counts its own 2 bytes (NDB, partition ids)
+                extra = le_int(data, 28, 2)
+                if extra < 2:
+                    raise Corrupt(f"an extra-data length of {extra}")
+                pos = 28 + extra
+            ncols, pos = _packed_int(data, pos)
+            if ncols != len(table.columns):
+                raise Corrupt(f"{ncols} columns where its table map has {len(table.columns)}")
+            decoders = self.decoders
+            context = getattr(self.reader, "context", None)
+            decoder = decoders.get(table, getattr(context, "dbms", "") == "mariadb")
+            width = (ncols + 7) // 8
+            second = pos + width if change == 1 else pos
+            if second + width > end:
+                raise rowcodec.Truncated("columns-present bitmap")
+            present = None
+            if not (full_bitmap(data, pos, ncols) and full_bitmap(data, second, ncols)):
+                present = (data[pos:pos + width], data[second:second + width])  # a partial image
+            rows = decoder.decode(data, second + width, end, change, present)
+        except (Corrupt, Unreadable) as exc:
+            name = f"{table.schema}.{table.table}" if table is not None else None
+            raise corrupt_event(exc, cls.__name__ + (f" of {name}" if name else ""), self.reader.log_file,
+                                self.reader.log_pos, packet.log_pos, name) from exc
+        decoders.count()
         return ev.Rows(packet, change, table_id, table.schema, table.table, rows)
 
     def _table_map(self, data: bytes) -> Any:

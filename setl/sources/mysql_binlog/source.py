@@ -30,7 +30,6 @@ from setl.sources.mysql_binlog.ddl_events import KnownTables
 from setl.sources.mysql_binlog.handoff import Failure, Handoff, ReaderFigures
 from setl.sources.mysql_binlog.lookups import TableLookups
 from setl.sources.mysql_binlog.opening import SourceChecks
-from setl.sources.mysql_binlog.patches import install
 from setl.sources.mysql_binlog.reader import BinlogReader, failure_error
 from setl.sources.mysql_binlog.server import SourceServer
 from setl.sources.mysql_binlog.settings import SettingsReport
@@ -97,10 +96,10 @@ class MysqlBinlogSource(Select):
     * With `table_map_cache` (the default) a table-map event whose bytes were seen before reuses
       the decoded table instead of decoding its column metadata again (`table_maps` counts hits).
     * setl opens the binlog stream itself (`stream.BinlogStream`: the dump by file and position or
-      by GTID, packets framed by the compiled `_rows.Framer` where it is built); the library parses
-      the event bodies setl does not build itself. With `fast_decoder` (the default, where the
-      compiled `_rows` module is built) rows events of tables whose column types it knows are
-      decoded in C into the same rows (`fast.FastStream`; `row_decoders` counts events each way).
+      by GTID, packets framed by the compiled `_rows.Framer` where it is built), and decodes every
+      rows event itself (`fast.FastStream`): in C with `fast_decoder` (the default, where the
+      compiled `_rows` module is built), else in Python (`rowcodec`), into the same rows
+      (`row_decoders` counts events each way). The library parses the other event bodies.
     * Values are pymysqlreplication's, except: an empty SET is ``set()``, BIT is an int, BINARY(n)
       keeps its trailing zero bytes, YEAR 0 is 0. MariaDB's JSON is text and stays a str.
     * Two-phase XA: an XA PREPARE group hands nothing on (its end may be acknowledged); its rows
@@ -141,8 +140,7 @@ class MysqlBinlogSource(Select):
             raise ConfigError(f"source.flavor {flavor!r} is not auto, mariadb or mysql", pipeline=pipeline)
         if max_rows_in_memory < 1:
             raise ConfigError("max_rows_in_memory must be at least 1", pipeline=pipeline)
-        install()
-        #: rows events decoded by the compiled decoder (`fast`), where it is built and knows the table
+        #: rows events decoded by the compiled decoder (`fast`) where it is built; else by its Python twin
         self.fast_decoder = fast_decoder and fast.available()
         # One context for every connection: the binlog stream's, its control connections', ours.
         context = mysql_context(ssl, where="source.ssl", pipeline=pipeline or None) if ssl else None
@@ -249,7 +247,7 @@ class MysqlBinlogSource(Select):
         self._mark = None
         self._handoff = Handoff(self.max_rows_in_memory)
         self.table_maps = TableMapCache() if self.table_map_cache else None
-        self.row_decoders = fast.RowDecoders() if self.fast_decoder else None
+        self.row_decoders = fast.RowDecoders(compiled=self.fast_decoder)
         lookups = TableLookups(self.server.lookups, pipeline=self.pipeline, sequences=self.sequences)  # fresh caches
         assembler = _Assembler(position or Position("", 0), self.max_rows_in_memory, gtids,
                                PreparedXa(self.server, lookups.table_kind, self.pipeline).rows,

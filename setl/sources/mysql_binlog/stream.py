@@ -6,9 +6,9 @@ description, checksums) kept here as each event passes.
 `BinlogStream.packet` is the next packet's payload (framed by the compiled `_rows.Framer`, or by
 PyMySQL where it is not built); `parse` has the library parse a payload, follows it and gives
 setl's value of it (`setl.binlog_events`, converted by `setl.adapters.replication.event_value`).
-`fast.FastStream` reads through it: it builds the hot events itself and hands the rest to `parse`.
-No library reader or connection object is swapped or half-built: the library parses event bodies
-only (`setl.adapters.replication.parse_packet`).
+`fast.FastStream` reads through it: it builds the hot events (every rows event among them) itself
+and hands the rest to `parse`. No library reader or connection object is swapped or half-built: the
+library parses the bodies of events that are not rows only (`setl.adapters.replication.parse_packet`).
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ try:
 except ImportError:  # not built: PyMySQL frames the packets
     Framer = None  # type: ignore[assignment,misc]
 
+#: rows event type -> its library class: the kinds `parse` never hands to the library
+_ROWS_CLASSES = {kind: cls for kind, cls in replication.event_classes().items() if cls in replication.ROWS_EVENTS}
 _DUMP_NON_BLOCK = 0x01  # the server ends the stream at the log's end instead of waiting
 _DUMP_THROUGH_GTID = 0x04
 
@@ -66,7 +68,9 @@ class BinlogStream:
         self.heartbeat = heartbeat
         self.blocking = blocking
         self.allowed = frozenset(events)
-        self.in_packet = self.allowed | {FormatDescriptionEvent, TableMapEvent, RotateEvent}
+        # the kinds the library builds: rows events are setl's to decode (`fast.FastStream`), never its
+        self.in_packet = (self.allowed | {FormatDescriptionEvent, TableMapEvent, RotateEvent}) - set(
+            replication.ROWS_EVENTS)
         self.log_file: str | None = at.log if at is not None else None
         self.log_pos: int | None = at.offset if at is not None else None
         self.table_map: dict[int, Any] = {}
@@ -129,7 +133,9 @@ class BinlogStream:
         """setl's value (`setl.binlog_events`) of the event of payload `data`, which the library parses,
         with the stream's state brought past it; None for an event of a kind not returned, a packet
         that is no event, or the end of a non-blocking dump (`ended` is then True). An error packet
-        raises the server's error; a body the library cannot read, `CorruptEvent`."""
+        raises the server's error; a body the library cannot read, `CorruptEvent`. A rows event of a
+        kind returned is not the library's to read: it is refused (TypeError; `fast.FastStream` reads
+        those), one of a kind not returned is passed over."""
         first = data[0]
         if first == 0xFF:
             pymysql_io.packet_of(data, self.encoding)  # raises the server's error
@@ -140,6 +146,9 @@ class BinlogStream:
             return None
         if data[5] in compressed.PLAIN_TYPE:  # log_bin_compress: the library parses the plain event
             data = compressed.plain_packet(data, self.use_checksum, self.post_header_lengths)
+        rows = _ROWS_CLASSES.get(data[5])
+        if rows is not None and rows in self.allowed:
+            raise TypeError(f"{rows.__name__} handed to the library: setl decodes rows events (fast.FastStream)")
         body = None
         if data[5] == BINLOG.TABLE_MAP_EVENT and self.table_maps is not None:
             header = Header.of(data)
