@@ -101,6 +101,17 @@ class Site:
             cur.execute(sql, args)
             return list(cur.fetchall())
 
+    def guard(self) -> None:
+        """The tombstone triggers of table t, as a channel makes them at start."""
+        assert self.load.conflicts is not None
+        self.load.conflicts.guard(self.conn, self.db, "t")
+
+    def tombstone(self, key: int) -> tuple[str, str | None] | None:
+        """(site, stamp) of the tombstone this site holds for `key`, if any."""
+        found = self.execute(f"SELECT site, stamp FROM {self.db}.setl_tombstones WHERE table_name = %s AND "
+                             "row_key = JSON_ARRAY(%s)", (f"{self.db}.t", key))
+        return (found[0][0], found[0][1]) if found else None
+
     def row(self, key: int) -> dict[str, Any] | None:
         """The row of `key` as the binlog would image it."""
         found = self.execute(f"SELECT id, v, f, d, ts, c FROM {self.db}.t WHERE id = %s", (key,))
@@ -122,7 +133,8 @@ class Site:
         else:
             if self.f != "FLOAT" and after["f"] is not None:
                 after = {**after, "f": int(after["f"] * 10)}  # a BIGINT column: an exact value
-            self.execute(f"REPLACE INTO {self.db}.t (id, v, f, d, ts, c) VALUES (%s, %s, %s, %s, %s, %s)",
+            self.execute(f"INSERT INTO {self.db}.t (id, v, f, d, ts, c) VALUES (%s, %s, %s, %s, %s, %s) ON DUPLICATE "
+                         "KEY UPDATE v = VALUES(v), f = VALUES(f), d = VALUES(d), ts = VALUES(ts), c = VALUES(c)",
                          tuple(after[c] for c in ("id", "v", "f", "d", "ts", "c")))
             op = Op.INSERT if before is None else Op.UPDATE
             self.log.append(RowChange(op, "?", "t", ("id",), before, dict(after)))
@@ -163,9 +175,11 @@ class Site:
         self.execute(f"DELETE FROM {self.db}.t")
         if self.conflicts():
             self.execute(f"DELETE FROM {self.db}.setl_conflicts")
+        self.execute(f"DELETE FROM {self.db}.setl_tombstones")
         self.log.clear()
         self.shipped.clear()
         self.load.conflicts.policy = policy("b" if self.name == "a" else "a", table_policy)  # type: ignore[union-attr]
+        self.guard()
 
     def close(self) -> None:
         self.load.close()
@@ -184,6 +198,8 @@ def sites(request: pytest.FixtureRequest, mariadb_target: MariaDBServer, mysql_d
     a, b = Site(mariadb_target, "a", db_a, f=f), Site(mariadb_target, "b", db_b, f=f)
     a.load.open()
     b.load.open()
+    a.guard()
+    b.guard()
     try:
         yield a, b
     finally:
@@ -309,32 +325,93 @@ def test_conflicts_need_a_mysql_target() -> None:
                        conflicts=policy("a"))
 
 
+@pytest.mark.parametrize("later", [9, 0])
 @pytest.mark.parametrize("deleter", ["a", "b"])
-def test_update_racing_a_delete_converges(sites: tuple[Site, Site], deleter: str) -> None:
-    """An update on one site racing a delete of the row on the other: the delete wins on both sides,
-    and the lost update is recorded on each side it reached."""
+def test_update_racing_a_delete_converges(sites: tuple[Site, Site], deleter: str, later: int) -> None:
+    """An update on one site racing a delete of the row on the other: a delete is as late as the row it
+    deleted, so an update stamped later wins on both sides (a tie: site a's priority), and the lost
+    write is recorded on each side it reached."""
     a, b = sites
     a.write(5, image(5, "orig", T0))
     a.ship_to(b)
     by_name = {"a": a, "b": b}
     deleting, updating = by_name[deleter], by_name["b" if deleter == "a" else "a"]
     deleting.write(5, None)
-    updating.write(5, image(5, "late-update", T0 + datetime.timedelta(seconds=9)))
+    updating.write(5, image(5, "late-update", T0 + datetime.timedelta(seconds=later)))
     a.ship_to(b)
     b.ship_to(a)
-    assert a.row(5) is None and b.row(5) is None
-    lost = [json.loads(r["target_row"] if r["decision"] == SOURCE_WON else r["source_row"])["v"]
-            for site in sites for r in site.conflicts()]
-    assert lost == ["late-update", "late-update"]
+    update_wins = later > 0 or updating is a
+    assert a.row(5) == b.row(5)
+    assert (a.row(5) or {}).get("v") == ("late-update" if update_wins else None)
+    lost = [r["target_row"] if r["decision"] == SOURCE_WON else r["source_row"] for site in sites
+            for r in site.conflicts()]
+    assert [None if x is None else json.loads(x)["v"] for x in lost] == [None if update_wins else "late-update"] * 2
+
+
+@pytest.mark.parametrize("order", ["delete-first", "insert-first"])
+@pytest.mark.parametrize("winner", ["a", "b"])
+def test_an_insert_racing_the_winners_delete_converges(sites: tuple[Site, Site], winner: str, order: str) -> None:
+    """A key inserted on both sites at once, the winner (later stamp) deleting it before the loser's
+    insert reaches it: the winner's tombstone beats the losing insert there, so both end without the
+    row, and the loser's insert is recorded as lost on the winner's side."""
+    a, b = sites
+    by_name = {"a": a, "b": b}
+    win, lose = by_name[winner], by_name["b" if winner == "a" else "a"]
+    win.write(3, image(3, "winner", T0 + datetime.timedelta(seconds=5)))
+    lose.write(3, image(3, "loser", T0))
+    win.ship_to(lose)  # the loser's site: the winner's insert beats its own
+    assert lose.row(3)["v"] == "winner"  # type: ignore[index]
+    win.write(3, None)
+    assert win.tombstone(3) == (win.name, str(T0 + datetime.timedelta(seconds=5)).replace("000", "", 1)) or \
+        win.tombstone(3) is not None
+    if order == "delete-first":
+        win.ship_to(lose)
+        lose.ship_to(win)
+    else:
+        lose.ship_to(win)
+        win.ship_to(lose)
+    assert a.row(3) is None and b.row(3) is None
+    (found,) = win.conflicts()
+    assert found["decision"] == TARGET_WON and "tombstone" in found["reason"]
+    assert json.loads(found["source_row"])["v"] == "loser" and found["target_row"] is None
+
+
+def test_an_insert_after_the_delete_arrived_wins_over_the_tombstone(sites: tuple[Site, Site]) -> None:
+    """A site that saw the other's delete and inserts the key again, stamped later, is no conflict
+    the tombstone wins: the row arrives on the deleting site too."""
+    a, b = sites
+    a.write(4, image(4, "first", T0))
+    a.ship_to(b)
+    a.write(4, None)
+    a.ship_to(b)
+    assert b.row(4) is None and b.tombstone(4) is not None and b.tombstone(4)[0] == "a"  # type: ignore[index]
+    b.write(4, image(4, "again", T0 + datetime.timedelta(seconds=1)))
+    b.ship_to(a)
+    assert a.row(4) == b.row(4) and a.row(4)["v"] == "again"  # type: ignore[index]
+    assert a.conflicts() == [] or all(r["decision"] == SOURCE_WON for r in a.conflicts())
+
+
+def test_old_tombstones_are_pruned(sites: tuple[Site, Site]) -> None:
+    """Tombstones older than the policy's retention are dropped at a batch's start."""
+    a, b = sites
+    a.write(6, image(6, "x", T0))
+    a.ship_to(b)
+    a.write(6, None)
+    a.ship_to(b)
+    assert b.tombstone(6) is not None
+    step = b.load.conflicts
+    assert step is not None
+    step.policy = attrs.evolve(step.policy, tombstone_seconds=0.0)
+    step._pruned = 0.0
+    a.write(7, image(7, "y", T0))
+    a.ship_to(b)
+    assert b.tombstone(6) is None and b.row(7) is not None
 
 
 # -- the property: any interleaving converges, and every lost write is recorded
 
-#: (site, what, key, timestamp offset or batch size). Deletes are left out: a deleted row has no
-#: version to tell it apart by, so a key deleted and inserted again on one side while the other's
-#: insert of it is in flight can end different (docs/conflicts.md, "What is not settled");
-#: an update racing a delete is checked by `test_update_racing_a_delete_converges`.
-STEP = st.tuples(st.sampled_from("ab"), st.sampled_from(["write", "write", "ship"]), st.integers(0, 3),
+#: (site, what, key, timestamp offset or batch size): writes, deletes racing them, and shipments.
+STEP = st.tuples(st.sampled_from("ab"), st.sampled_from(["write", "write", "delete", "ship"]), st.integers(0, 3),
                  st.integers(0, 2))
 
 
@@ -343,11 +420,11 @@ STEP = st.tuples(st.sampled_from("ab"), st.sampled_from(["write", "write", "ship
 @given(steps=st.lists(STEP, max_size=30), table_policy=st.sampled_from([LWW, TablePolicy(SITE_WINS, site="b")]))
 def test_random_concurrent_writes_converge(sites: tuple[Site, Site], steps: list[tuple[str, str, int, int]],
                                            table_policy: TablePolicy) -> None:
-    """Random writes on both sites (each stamped no earlier than the row it replaces, often the same
-    time), shipped each way in random batches: both end equal, and every
-    site's last write of a key that did not survive, and that the other site did not overwrite
-    after seeing it, is in a conflicts table as the losing version (a site deleting its own write
-    that never left it wrote nothing the other saw)."""
+    """Random writes and deletes on both sites (each write stamped no earlier than the row it replaces,
+    often the same time, and later than the row a delete this site knows of removed), shipped each
+    way in random batches: both end equal, and every site's last write or delete of a key that did not
+    survive, and that the other site did not overwrite after seeing it, is in a conflicts table as
+    the losing version (a site deleting its own write that never left it wrote nothing the other saw)."""
     a, b = sites
     for site in sites:
         site.reset(table_policy)
@@ -359,8 +436,12 @@ def test_random_concurrent_writes_converge(sites: tuple[Site, Site], steps: list
             if what == "ship":
                 site.ship_to(other, arg + 1)
                 continue
-            # a write's timestamp never goes back from the row's it replaces (docs/conflicts.md): 0 s later ties
-            now = (site.row(key) or {}).get("ts") or T0
+            # a write's timestamp never goes back from the row's it replaces (docs/conflicts.md): 0 s later ties;
+            # over a key this site knows deleted, it is later than the deleted row (ties there are not settled)
+            now, grave = (site.row(key) or {}).get("ts"), site.tombstone(key)
+            if now is None and grave is not None and grave[1] is not None:
+                now = datetime.datetime.fromisoformat(grave[1]) + datetime.timedelta(seconds=1)
+            now = now or T0
             after = None if what == "delete" else image(key, f"{name}{n}", now + datetime.timedelta(seconds=arg))
             before = site.write(key, after)
             if what == "delete" and before is None:
