@@ -25,6 +25,7 @@ import decimal
 import hashlib
 import json
 import logging
+import re
 import threading
 import time
 from collections import Counter
@@ -89,6 +90,9 @@ class ConflictPolicy:
     tables: Mapping[str, TablePolicy] = attrs.Factory(dict)
     #: how long a deleted key's tombstone is kept (pruned after; docs/conflicts.md)
     tombstone_seconds: float = 7 * 86400.0
+    #: the pipeline's table rules as (regex on SCHEMA.TABLE, whether a table it takes first keeps its
+    #: name): the target tables whose tombstone triggers the load makes when it opens (`guard_all`)
+    rules: tuple[tuple[str, bool], ...] = attrs.field(default=(), eq=False)
 
     def of(self, table: str) -> TablePolicy:
         return self.tables.get(table, self.default)
@@ -263,6 +267,115 @@ class _Columns:
     inexact: frozenset[str] = frozenset()
 
 
+class Tombstones:
+    """The tombstones of one target (`TOMBSTONES` in the pipeline's position schema): a deleted key's
+    last version (the deleted row's timestamp) and the site that deleted it, written in the deleting
+    transaction (by the triggers `triggers` makes for users' deletes, by the loader, `bury`, for the
+    deletes it applies), read when a write meets no row (`find`), pruned by age (`prune`)."""
+
+    def __init__(self, pipeline: str, schema: str) -> None:
+        self.pipeline = pipeline
+        self.table = f"{quote(schema)}.{quote(TOMBSTONES)}"
+        self._pruned = 0.0  # when tombstones were last pruned (monotonic)
+        self._lock = threading.Lock()
+
+    def triggers(self, cur: Any, policy: ConflictPolicy, columns: _Columns, schema: str, table: str,
+                 pk: Sequence[str], position: str | None) -> None:
+        """The triggers of `schema.table` that write a tombstone for each delete of a row by a user of
+        the site (a DELETE, and an UPDATE that changes the key), made where missing or changed."""
+        name = f"{schema}.{table}"
+        site = policy.target_site or ""
+        table_policy = policy.of(name)
+        column = columns.names.get((table_policy.column or "").lower(), "x")
+        stamp = _stamp_text(columns, table_policy, "OLD." + quote(column))
+        key = f"JSON_ARRAY({', '.join('OLD.' + quote(c) for c in pk)})"
+        named, site = cur.connection.escape(name), cur.connection.escape(site)
+        insert = (f"INSERT INTO {self.table} (key_md5, table_name, row_key, stamp, site) SELECT "
+                  f"MD5(CONCAT({named}, ' ', {key})), {named}, {key}, {stamp}, {site} FROM DUAL "
+                  "WHERE @setl_origin IS NULL "
+                  "ON DUPLICATE KEY UPDATE row_key = VALUES(row_key), stamp = VALUES(stamp), "
+                  "site = VALUES(site), deleted_at = CURRENT_TIMESTAMP(6)")
+        moved = " OR ".join(f"NOT (OLD.{quote(c)} <=> NEW.{quote(c)})" for c in pk)
+        target = f"{quote(schema)}.{quote(table)}"
+        bodies = {_trigger(table, "d"): ("DELETE", insert),
+                  _trigger(table, "u"): ("UPDATE", f"BEGIN IF {moved} THEN {insert}; END IF; END")}
+        cur.execute("SELECT trigger_name, action_statement FROM information_schema.triggers WHERE "
+                    "event_object_schema = %s AND event_object_table = %s", (schema, table))
+        made = dict(cur.fetchall())
+        try:
+            for trigger, (event, body) in bodies.items():
+                if made.get(trigger) != body:  # made, or made again after a change (DDL, policy)
+                    cur.execute(f"CREATE OR REPLACE TRIGGER {quote(schema)}.{quote(trigger)} AFTER {event} ON "
+                                f"{target} FOR EACH ROW {body}")
+        except Exception as exc:  # a missing privilege: one line with the fix
+            raise RefusedLoadError(
+                f"conflicts: cannot make the tombstone triggers of {name} ({exc}); a deleted row must leave a "
+                "tombstone on its site for a delete racing an insert to settle the same on both sides; fix: "
+                "GRANT TRIGGER on the tables (and SUPER, or log_bin_trust_function_creators=1, where the "
+                "binlog is on), see docs/conflicts.md", pipeline=self.pipeline, stage="load", table=name,
+                position=position) from exc
+
+    def prune(self, conn: Any, keep: float) -> None:
+        """Drop the tombstones older than `keep` seconds, now and then."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._pruned < min(3600.0, keep / 2):
+                return
+            self._pruned = now
+        with conn.cursor() as cur:
+            cur.execute(f"DELETE FROM {self.table} WHERE deleted_at < NOW(6) - INTERVAL %s MICROSECOND",
+                        (int(keep * 1e6),))
+            if cur.rowcount:
+                log.info("pipeline=%s stage=load pruned %d tombstones older than %ss", self.pipeline,
+                         cur.rowcount, keep)
+        conn.commit()
+
+    def find(self, cur: Any, name: str, pk: Sequence[str], columns: _Columns, policy: TablePolicy,
+             keys: Sequence[tuple[Any, ...]], versions: Mapping[tuple[Any, ...], Any]
+             ) -> dict[tuple[Any, ...], tuple[str, int | None]]:
+        """Key -> (the site that deleted it, `decide`'s `newer` of the batch's version against the
+        deleted row's: None where not last writer wins), for the `keys` the target holds a tombstone of."""
+        found: dict[tuple[Any, ...], tuple[str, int | None]] = {}
+        literal = cur.connection.escape
+        for start in range(0, len(keys), CHUNK_KEYS):
+            part = keys[start:start + CHUNK_KEYS]
+            branches = []
+            for n, key in enumerate(part):
+                compare = "NULL"
+                if policy.policy == LAST_WRITER_WINS and versions.get(key) is not None:
+                    value = next((v for c, v in versions[key].items() if c.lower() == (policy.column or "").lower()),
+                                 None)
+                    mine = _stamp_value(columns, policy, _stamp_text(columns, policy, literal(to_db(value))))
+                    theirs = _stamp_value(columns, policy, "t.stamp")
+                    compare = (f"CASE WHEN {mine} <=> {theirs} THEN 0 WHEN {theirs} IS NULL THEN 1 WHEN {mine} IS NULL "
+                               f"THEN -1 WHEN {mine} > {theirs} THEN 1 ELSE -1 END")
+                branches.append(f"(SELECT {n}, t.site, {compare} FROM {self.table} t WHERE t.key_md5 = "
+                                f"{_key_md5(cur, name, pk, columns, key)})")
+            cur.execute(" UNION ALL ".join(branches))
+            for n, site, newer in cur.fetchall():
+                found[part[n]] = (site, None if newer is None else int(newer))
+        return found
+
+    def bury(self, conn: Any, site: str, name: str, pk: Sequence[str], columns: _Columns, policy: TablePolicy,
+             deletes: Sequence[tuple[tuple[Any, ...], Any]]) -> None:
+        """A tombstone for each of the batch's deletes (the deleted row's version, the source's site),
+        in the batch's transaction."""
+        with conn.cursor() as cur:
+            literal = cur.connection.escape
+            rows = []
+            for key, image in deletes:
+                value = None if image is None else next(
+                    (v for c, v in image.items() if c.lower() == (policy.column or "").lower()), None)
+                stamp = _stamp_text(columns, policy, literal(to_db(value)))
+                rows.append(f"({_key_md5(cur, name, pk, columns, key)}, {literal(name)}, "
+                            f"{_key_json(cur, pk, columns, key)}, {stamp}, {literal(site)})")
+            for start in range(0, len(rows), CHUNK_KEYS):
+                cur.execute(f"INSERT INTO {self.table} (key_md5, table_name, row_key, stamp, site) VALUES "
+                            + ", ".join(rows[start:start + CHUNK_KEYS])
+                            + " ON DUPLICATE KEY UPDATE row_key = VALUES(row_key), stamp = VALUES(stamp), "
+                            "site = VALUES(site), deleted_at = CURRENT_TIMESTAMP(6)")
+
+
 class ConflictStep:
     """The conflicts step of one MySQL sink: `begin` each batch's transaction, `settle` each table's
     merged changes before they are written, `after_commit` to publish what was settled."""
@@ -274,8 +387,7 @@ class ConflictStep:
         self._ready = False
         self._columns: dict[tuple[str, str], _Columns] = {}
         self._guarded: set[tuple[str, str]] = set()  # tables whose delete triggers this process made
-        self._pruned = 0.0  # when tombstones were last pruned (monotonic)
-        self._lock = threading.Lock()
+        self.tombstones = Tombstones(pipeline, schema)
         self._pending = threading.local()
 
     # -- the transaction
@@ -293,7 +405,7 @@ class ConflictStep:
                 if (isinstance(change, RowChange) and change.primary_key and change.sequence is None
                         and (change.schema, change.table) not in self._guarded):
                     self.guard(conn, change.schema, change.table, position=str(batch.end))
-        self._prune(conn)
+        self.tombstones.prune(conn, self.policy.tombstone_seconds)
         with conn.cursor() as cur:
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         self._pending.found = []
@@ -303,15 +415,15 @@ class ConflictStep:
         if self._ready:
             return
         with conn.cursor() as cur:
-            cur.execute(f"CREATE DATABASE IF NOT EXISTS {quote(self.schema)}")
-            cur.execute(CONFLICTS_DDL.format(table=f"{quote(self.schema)}.{quote(TABLE)}"))
-            cur.execute(TOMBSTONES_DDL.format(table=self._tombstones))
+            # DDL only where a table is missing: a restart writes nothing into the binlog
+            cur.execute("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = %s AND table_name IN "
+                        "(%s, %s)", (self.schema, TABLE, TOMBSTONES))
+            if cur.fetchone()[0] < 2:
+                cur.execute(f"CREATE DATABASE IF NOT EXISTS {quote(self.schema)}")
+                cur.execute(CONFLICTS_DDL.format(table=f"{quote(self.schema)}.{quote(TABLE)}"))
+                cur.execute(TOMBSTONES_DDL.format(table=self.tombstones.table))
         conn.commit()
         self._ready = True
-
-    @property
-    def _tombstones(self) -> str:
-        return f"{quote(self.schema)}.{quote(TOMBSTONES)}"
 
     def guard(self, conn: Any, schema: str, table: str, position: str | None = None) -> None:
         """Make (or make again) the triggers that write a tombstone for every delete of a row of
@@ -328,50 +440,29 @@ class ConflictStep:
                         "k.table_name = c.table_name WHERE c.table_schema = %s AND c.table_name = %s AND "
                         "c.constraint_type = 'PRIMARY KEY' ORDER BY k.ordinal_position", (schema, table))
             pk = tuple(row[0] for row in cur.fetchall())
-            name = f"{schema}.{table}"
             if not pk:
                 return  # keyless: refused by `first_images` at its first change
-            policy = self.policy.of(name)
-            stamp = _stamp_text(columns, policy, "OLD." + quote(columns.names.get((policy.column or "").lower(), "x")))
-            key = f"JSON_ARRAY({', '.join('OLD.' + quote(c) for c in pk)})"
-            named, site = cur.connection.escape(name), cur.connection.escape(self.policy.target_site or "")
-            insert = (f"INSERT INTO {self._tombstones} (key_md5, table_name, row_key, stamp, site) SELECT "
-                      f"MD5(CONCAT({named}, ' ', {key})), {named}, {key}, {stamp}, {site} FROM DUAL "
-                      "WHERE @setl_origin IS NULL "
-                      "ON DUPLICATE KEY UPDATE row_key = VALUES(row_key), stamp = VALUES(stamp), "
-                      "site = VALUES(site), deleted_at = CURRENT_TIMESTAMP(6)")
-            moved = " OR ".join(f"NOT (OLD.{quote(c)} <=> NEW.{quote(c)})" for c in pk)
-            target = f"{quote(schema)}.{quote(table)}"
-            try:
-                cur.execute(f"CREATE OR REPLACE TRIGGER {quote(schema)}.{quote(_trigger(table, 'd'))} AFTER DELETE "
-                            f"ON {target} FOR EACH ROW {insert}")
-                cur.execute(f"CREATE OR REPLACE TRIGGER {quote(schema)}.{quote(_trigger(table, 'u'))} AFTER UPDATE "
-                            f"ON {target} FOR EACH ROW BEGIN IF {moved} THEN {insert}; END IF; END")
-            except Exception as exc:  # a missing privilege: one line with the fix
-                raise RefusedLoadError(
-                    f"conflicts: cannot make the tombstone triggers of {name} ({exc}); a deleted row must leave a "
-                    "tombstone on its site for a delete racing an insert to settle the same on both sides; fix: "
-                    "GRANT TRIGGER on the tables (and SUPER, or log_bin_trust_function_creators=1, where the "
-                    "binlog is on), see docs/conflicts.md", pipeline=self.pipeline, stage="load", table=name,
-                    position=position) from exc
-            conn.commit()
+            self.tombstones.triggers(cur, self.policy, columns, schema, table, pk, position)
+        conn.commit()
         self._guarded.add((schema, table))
 
-    def _prune(self, conn: Any) -> None:
-        """Drop the tombstones older than the policy's `tombstone_seconds`, now and then."""
-        keep = self.policy.tombstone_seconds
-        now = time.monotonic()
-        with self._lock:
-            if now - self._pruned < min(3600.0, keep / 2):
-                return
-            self._pruned = now
+    def guard_all(self, conn: Any) -> None:
+        """`guard` every table of the target the pipeline writes under its own name (its table rules,
+        `ConflictPolicy.rules`), so that a user's delete leaves a tombstone from the start, before
+        the first batch of the table arrives."""
+        if not self.policy.rules:
+            return
+        self._make_tables(conn)
         with conn.cursor() as cur:
-            cur.execute(f"DELETE FROM {self._tombstones} WHERE deleted_at < NOW(6) - INTERVAL %s MICROSECOND",
-                        (int(keep * 1e6),))
-            if cur.rowcount:
-                log.info("pipeline=%s stage=load pruned %d tombstones older than %ss", self.pipeline,
-                         cur.rowcount, keep)
-        conn.commit()
+            cur.execute("SELECT t.table_schema, t.table_name FROM information_schema.tables t WHERE t.table_type = "
+                        "'BASE TABLE' AND t.table_schema NOT IN ('mysql', 'information_schema', "
+                        "'performance_schema', 'sys', %s)", (self.schema,))
+            tables = [(row[0], row[1]) for row in cur.fetchall()]
+        for schema, table in tables:
+            name = f"{schema}.{table}"
+            rule = next((keeps for regex, keeps in self.policy.rules if re.fullmatch(regex, name)), False)
+            if rule and (schema, table) not in self._guarded:
+                self.guard(conn, schema, table)
 
     def after_commit(self) -> None:
         """The batch committed: count and publish its conflicts."""
@@ -424,7 +515,7 @@ class ConflictStep:
                                        position=batch.end)
             found = self._compare(cur, table, columns, policy, keys, firsts, desired, versions)
             absent = [key for key in keys if found.get(key, (ABSENT,))[0] is ABSENT]
-            graves = self._graves(cur, name, pk, columns, policy, absent, versions) if absent else {}
+            graves = self.tombstones.find(cur, name, pk, columns, policy, absent, versions) if absent else {}
         kept: set[tuple[Any, ...]] = set(unchanged)
         conflicts: list[Conflict] = []
         buried: list[tuple[Any, ...]] = []  # deletes whose tombstone the loader writes
@@ -461,7 +552,8 @@ class ConflictStep:
         if conflicts:
             self._record(conn, batch, conflicts)
         if buried:
-            self._bury(conn, name, pk, columns, policy, [(key, deleted[key]) for key in buried])
+            self.tombstones.bury(conn, self.policy.site, name, pk, columns, policy,
+                                 [(key, deleted[key]) for key in buried])
         if not kept:
             return table
         return attrs.evolve(table, deletes=tuple(i for i in table.deletes if tuple(i[c] for c in pk) not in kept),
@@ -476,51 +568,6 @@ class ConflictStep:
         mine = self.policy.sites.get(self.policy.site)
         theirs = self.policy.sites.get(self.policy.target_site or "")
         return mine is not None and theirs is not None and mine < theirs
-
-    def _graves(self, cur: Any, name: str, pk: Sequence[str], columns: _Columns, policy: TablePolicy,
-                keys: Sequence[tuple[Any, ...]], versions: Mapping[tuple[Any, ...], Any]
-                ) -> dict[tuple[Any, ...], tuple[str, int | None]]:
-        """Key -> (the site that deleted it, `decide`'s `newer` of the batch's version against the
-        deleted row's: None where not last writer wins), for the `keys` the target holds a tombstone of."""
-        found: dict[tuple[Any, ...], tuple[str, int | None]] = {}
-        literal = cur.connection.escape
-        for start in range(0, len(keys), CHUNK_KEYS):
-            part = keys[start:start + CHUNK_KEYS]
-            branches = []
-            for n, key in enumerate(part):
-                compare = "NULL"
-                if policy.policy == LAST_WRITER_WINS and versions.get(key) is not None:
-                    value = next((v for c, v in versions[key].items() if c.lower() == (policy.column or "").lower()),
-                                 None)
-                    mine = _stamp_value(columns, policy, _stamp_text(columns, policy, literal(to_db(value))))
-                    theirs = _stamp_value(columns, policy, "t.stamp")
-                    compare = (f"CASE WHEN {mine} <=> {theirs} THEN 0 WHEN {theirs} IS NULL THEN 1 WHEN {mine} IS NULL "
-                               f"THEN -1 WHEN {mine} > {theirs} THEN 1 ELSE -1 END")
-                branches.append(f"(SELECT {n}, t.site, {compare} FROM {self._tombstones} t WHERE t.key_md5 = "
-                                f"{_key_md5(cur, name, pk, columns, key)})")
-            cur.execute(" UNION ALL ".join(branches))
-            for n, site, newer in cur.fetchall():
-                found[part[n]] = (site, None if newer is None else int(newer))
-        return found
-
-    def _bury(self, conn: Any, name: str, pk: Sequence[str], columns: _Columns, policy: TablePolicy,
-              deletes: Sequence[tuple[tuple[Any, ...], Any]]) -> None:
-        """A tombstone for each of the batch's deletes (the deleted row's version, the source's site),
-        in the batch's transaction."""
-        with conn.cursor() as cur:
-            literal = cur.connection.escape
-            rows = []
-            for key, image in deletes:
-                value = None if image is None else next(
-                    (v for c, v in image.items() if c.lower() == (policy.column or "").lower()), None)
-                stamp = _stamp_text(columns, policy, literal(to_db(value)))
-                rows.append(f"({_key_md5(cur, name, pk, columns, key)}, {literal(name)}, "
-                            f"{_key_json(cur, pk, columns, key)}, {stamp}, {literal(self.policy.site)})")
-            for start in range(0, len(rows), CHUNK_KEYS):
-                cur.execute(f"INSERT INTO {self._tombstones} (key_md5, table_name, row_key, stamp, site) VALUES "
-                            + ", ".join(rows[start:start + CHUNK_KEYS])
-                            + " ON DUPLICATE KEY UPDATE row_key = VALUES(row_key), stamp = VALUES(stamp), "
-                            "site = VALUES(site), deleted_at = CURRENT_TIMESTAMP(6)")
 
     def _table_columns(self, cur: Any, schema: str, table: str) -> _Columns:
         """How each column of the table compares exactly (read once per table, until `forget`)."""

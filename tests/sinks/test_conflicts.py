@@ -68,6 +68,18 @@ def test_a_delete_wins_over_an_update_on_both_sides() -> None:
     assert decide(LWW, "b", "a", SITES, row, ABSENT, None)[0] == TARGET_WON
 
 
+def test_a_delete_ranks_as_the_row_it_deleted() -> None:
+    """With the deleted row's timestamp compared, a delete (or a tombstone) wins or loses by it, ties
+    by site priority, the same decision on both sides."""
+    row = {"id": 1}
+    assert decide(LWW, "a", "b", SITES, ABSENT, row, 1)[0] == SOURCE_WON  # a's delete of a later row, on b
+    assert decide(LWW, "b", "a", SITES, row, ABSENT, -1)[0] == TARGET_WON  # the same pair on a: the tombstone
+    assert decide(LWW, "a", "b", SITES, ABSENT, row, -1)[0] == TARGET_WON  # a later update beats the delete
+    assert decide(LWW, "b", "a", SITES, row, ABSENT, 1)[0] == SOURCE_WON  # on both sides
+    assert decide(LWW, "b", "a", SITES, ABSENT, row, 0)[0] == TARGET_WON  # a tie: site a's row, on a
+    assert decide(LWW, "a", "b", SITES, row, ABSENT, 0)[0] == SOURCE_WON  # and a's row over b's tombstone, on b
+
+
 def test_site_wins_and_keep_target() -> None:
     """Site wins takes the named site's version on either side; keep_target always keeps the target's row."""
     row = {"id": 1}
