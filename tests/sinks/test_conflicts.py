@@ -482,3 +482,27 @@ def test_random_concurrent_writes_converge(sites: tuple[Site, Site], steps: list
             if final.get(key) == version or superseded:
                 continue
             assert (key, version) in recorded, f"site {name}'s last write {version!r} of key {key} lost unrecorded"
+
+
+def test_a_loader_that_may_not_make_triggers_is_refused(mariadb_target: MariaDBServer, mysql_db: str) -> None:
+    """A conflicts load whose user lacks TRIGGER stops at the table's first batch with one line naming
+    the table, the position and the GRANT, before anything is written."""
+    mariadb_target.query(DDL.format(db=mysql_db, f="FLOAT"))
+    user = f"nt_{mysql_db[-6:]}"
+    mariadb_target.query(f"CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'")
+    try:
+        mariadb_target.query(f"GRANT SELECT, INSERT, UPDATE, DELETE, CREATE, ALTER, DROP, INDEX ON *.* TO '{user}'@'%'")
+        config = attrs.evolve(mariadb_target.target_config(), user=user, password="pw")
+        load = MysqlLoad(config, pipeline="b_to_a", position_schema=mysql_db, conflicts=policy("b"))
+        load.open()
+        try:
+            change = RowChange(Op.INSERT, mysql_db, "t", ("id",), None, image(1, "x", T0))
+            batch = Batch("b_to_a", 1, 1, Position("sim-bin.000001", 4), Position("sim-bin.000001", 104),
+                          (attrs.evolve(change, position=Position("sim-bin.000001", 50)),))
+            with pytest.raises(RefusedLoadError, match=r"table=.*\.t position=sim-bin.000001:104: .*GRANT TRIGGER"):
+                load.load(batch)
+        finally:
+            load.close()
+        assert mariadb_target.query(f"SELECT COUNT(*) FROM {mysql_db}.t") == [(0,)]
+    finally:
+        mariadb_target.query(f"DROP USER '{user}'@'%'")
