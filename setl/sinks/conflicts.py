@@ -45,6 +45,8 @@ LAST_WRITER_WINS, SITE_WINS, KEEP_TARGET = "last_writer_wins", "site_wins", "kee
 POLICIES = (LAST_WRITER_WINS, SITE_WINS, KEEP_TARGET)
 #: The decisions: the batch's (the source's) version written, or the target's row kept.
 SOURCE_WON, TARGET_WON = "source_won", "target_won"
+#: The start of the reason of a conflict recorded but not settled exactly (docs/conflicts.md).
+UNSETTLED = "unsettled"
 #: Keys a conflicts statement checks at once (each is one branch of a UNION ALL).
 CHUNK_KEYS = 200
 #: The conflicts table, in the pipeline's position schema on the target.
@@ -334,26 +336,39 @@ class Tombstones:
              keys: Sequence[tuple[Any, ...]], versions: Mapping[tuple[Any, ...], Any]
              ) -> dict[tuple[Any, ...], tuple[str, int | None]]:
         """Key -> (the site that deleted it, `decide`'s `newer` of the batch's version against the
-        deleted row's: None where not last writer wins), for the `keys` the target holds a tombstone of."""
+        deleted row's: None where not last writer wins), for the `keys` the target holds a tombstone
+        of. Most keys have none: their hashes are worked out and looked up a chunk at a time, and
+        only the keys found are compared."""
         found: dict[tuple[Any, ...], tuple[str, int | None]] = {}
         literal = cur.connection.escape
         for start in range(0, len(keys), CHUNK_KEYS):
             part = keys[start:start + CHUNK_KEYS]
+            keyed = " UNION ALL ".join(f"SELECT {n} AS n, {_key_md5(cur, name, pk, columns, key)} AS h"
+                                       for n, key in enumerate(part))
+            cur.execute(f"SELECT k.n, k.h, t.site FROM ({keyed}) k JOIN {self.table} t "
+                        "ON t.key_md5 = CONVERT(k.h USING ascii)")
+            hashes, graves = {}, {}
+            for n, digest, site in cur.fetchall():
+                hashes[digest] = part[n]
+                graves[part[n]] = site
+            compared = [key for key in graves if policy.policy == LAST_WRITER_WINS and versions.get(key) is not None]
+            for key in graves:
+                found[key] = (graves[key], None)
+            if not compared:
+                continue
             branches = []
-            for n, key in enumerate(part):
-                compare = "NULL"
-                if policy.policy == LAST_WRITER_WINS and versions.get(key) is not None:
-                    value = next((v for c, v in versions[key].items() if c.lower() == (policy.column or "").lower()),
-                                 None)
-                    mine = _stamp_value(columns, policy, _stamp_text(columns, policy, literal(to_db(value))))
-                    theirs = _stamp_value(columns, policy, "t.stamp")
-                    compare = (f"CASE WHEN {mine} <=> {theirs} THEN 0 WHEN {theirs} IS NULL THEN 1 WHEN {mine} IS NULL "
-                               f"THEN -1 WHEN {mine} > {theirs} THEN 1 ELSE -1 END")
-                branches.append(f"(SELECT {n}, t.site, {compare} FROM {self.table} t WHERE t.key_md5 = "
-                                f"{_key_md5(cur, name, pk, columns, key)})")
+            theirs = _stamp_value(columns, policy, "t.stamp")
+            for n, key in enumerate(compared):
+                value = next((v for c, v in versions[key].items() if c.lower() == (policy.column or "").lower()), None)
+                mine = _stamp_value(columns, policy, _stamp_text(columns, policy, literal(to_db(value))))
+                compare = (f"CASE WHEN {mine} <=> {theirs} THEN 0 WHEN {theirs} IS NULL THEN 1 WHEN {mine} IS NULL "
+                           f"THEN -1 WHEN {mine} > {theirs} THEN 1 ELSE -1 END")
+                branches.append(f"(SELECT {n}, {compare} FROM {self.table} t WHERE t.key_md5 = "
+                                f"{literal(next(h for h, k in hashes.items() if k == key))})")
             cur.execute(" UNION ALL ".join(branches))
-            for n, site, newer in cur.fetchall():
-                found[part[n]] = (site, None if newer is None else int(newer))
+            for n, newer in cur.fetchall():
+                key = compared[n]
+                found[key] = (found[key][0], None if newer is None else int(newer))
         return found
 
     def bury(self, conn: Any, site: str, name: str, pk: Sequence[str], columns: _Columns, policy: TablePolicy,
@@ -369,9 +384,9 @@ class Tombstones:
                 stamp = _stamp_text(columns, policy, literal(to_db(value)))
                 rows.append(f"({_key_md5(cur, name, pk, columns, key)}, {literal(name)}, "
                             f"{_key_json(cur, pk, columns, key)}, {stamp}, {literal(site)})")
-            for start in range(0, len(rows), CHUNK_KEYS):
+            for start in range(0, len(rows), 5 * CHUNK_KEYS):
                 cur.execute(f"INSERT INTO {self.table} (key_md5, table_name, row_key, stamp, site) VALUES "
-                            + ", ".join(rows[start:start + CHUNK_KEYS])
+                            + ", ".join(rows[start:start + 5 * CHUNK_KEYS])
                             + " ON DUPLICATE KEY UPDATE row_key = VALUES(row_key), stamp = VALUES(stamp), "
                             "site = VALUES(site), deleted_at = CURRENT_TIMESTAMP(6)")
 
@@ -526,14 +541,26 @@ class ConflictStep:
             if row is ABSENT:
                 grave = graves.get(key)
                 if want is ABSENT:
-                    # Nothing to delete: the target deleted it too. The later of the two deletes stays its tombstone.
-                    if grave is None or grave[0] == self.policy.site or self._later(grave[1]):
+                    # Nothing to delete: the target deleted it too. The later of the two deletes stays its
+                    # tombstone (last writer wins); without timestamps, the source's: a write the source
+                    # makes after its delete is no conflict here, as on the source.
+                    if (grave is None or grave[0] == self.policy.site or policy.policy != LAST_WRITER_WINS
+                            or self._later(grave[1])):
                         buried.append(key)
                     continue
                 if grave is None or grave[0] == self.policy.site:
                     if first is ABSENT:
                         continue  # an insert of a key never deleted here, or deleted by the source before it
                     newer = None  # an update of a row deleted here without a tombstone (pruned, or before the triggers)
+                elif policy.policy == SITE_WINS and self.policy.site != policy.site:
+                    # No version tells a write that raced the winning site's delete from one made after
+                    # it arrived: applied, and recorded as unsettled (docs/conflicts.md).
+                    conflicts.append(Conflict(
+                        self.pipeline, name, key, policy.policy, SOURCE_WON, f"{UNSETTLED}: site_wins cannot rank a "
+                        f"write against site {grave[0]}'s delete (tombstone); applied: if it raced the delete, the "
+                        "sites differ (setl verify)", self.policy.site, self.policy.target_site, first, want, row,
+                        str(batch.end)))
+                    continue
                 else:
                     newer = grave[1]  # a tombstone of the target's own delete: the write raced it
                     reason_tail = f" (tombstone of site {grave[0]}'s delete)"
