@@ -5,10 +5,13 @@ state-changing request written to an audit log.
 `ROUTES` is the one route table: the dispatcher, the role checks and the OpenAPI document
 (`openapi`, served at ``/api/v1/openapi.json``) are all read from it.
 
-Any node answers for any pipeline: an action is a request in the shared meta store (as the CLI's
-is, from any host), which the node holding the pipeline acts on within a second; a long operation
-(verify, snapshot, repair, replay, reload, switch, drain, move) runs on the node that was asked, and its id is
-polled there. A stop is an operation too: it ends once no process runs the pipeline.
+Any node answers for any pipeline. Under HA, a state-changing request for a pipeline that another
+live node holds is forwarded to that node (one hop, `setl.control.forward`; docs/api.md says why
+not a redirect), and its answer passed back; the holder that cannot be reached is a 503 naming it,
+and nothing is changed here. A pipeline nobody holds is acted on through the shared meta store, as
+the CLI does from any host. A long operation (verify, snapshot, repair, replay, reload, switch,
+drain, move) runs on the node that acts on it, and its id is polled through either node. A stop is
+an operation too: it ends once no process runs the pipeline.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import attrs
 from setl.config import ApiConfig, NodeSettings, load_pipeline
 from setl.connectors import for_node, registry
 from setl.control import actions
+from setl.control.forward import FORWARDED_FROM, FORWARDED_TO, Forwarding, trust
 from setl.control.operations import OperationRunning, Operations
 from setl.errors import ConfigError, SetlError, UsageError
 from setl.meta.base import MetaStore
@@ -114,6 +118,10 @@ class Request:
     body: dict[str, Any]
     query: dict[str, list[str]]
     who: Token | None
+    path: str = ""
+    #: what a forward passes on: Authorization and Idempotency-Key (never logged)
+    passed: dict[str, str] = attrs.field(factory=dict, repr=False)
+    forwarded_from: str | None = None  # the node that forwarded this request here
 
 
 @attrs.frozen
@@ -201,6 +209,40 @@ class Audit:
                 log.error("cannot write the API audit log %s: %s", self.path, exc)
 
 
+class Replies:
+    """The answers kept for ``Idempotency-Key`` (the last `keep`, in memory): the first answer to
+    (token, key) is given again to a replay, which changes nothing; the same key on another request
+    is refused (422)."""
+
+    def __init__(self, keep: int = 1000) -> None:
+        self.keep = keep
+        self._replies: OrderedDict[tuple[str, str], tuple[str, Response]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def answer(self, key: str | None, who: Token | None, method: str, path: str, body: dict[str, Any],
+               call: Callable[[], Response]) -> Response:
+        """`call`'s answer, or with `key` the one kept for it."""
+        if key is None:
+            return call()
+        if not 1 <= len(key) <= 200:
+            raise ApiError(400, "Idempotency-Key must have 1 to 200 characters")
+        fingerprint = hashlib.sha256(json.dumps([method, path, body], sort_keys=True).encode()).hexdigest()
+        slot = (who.name if who else "", key)
+        with self._lock:  # held across the call: a concurrent replay waits for the first answer
+            kept = self._replies.get(slot)
+            if kept is not None:
+                if kept[0] != fingerprint:
+                    raise ApiError(422, f"Idempotency-Key {key!r} was used for another request; use a new key")
+                first = kept[1]
+                return attrs.evolve(first, headers={**first.headers, "Idempotent-Replayed": "true"})
+            response = call()
+            if response.status < 500:
+                self._replies[slot] = (fingerprint, response)
+                while len(self._replies) > self.keep:
+                    self._replies.popitem(last=False)
+            return response
+
+
 class Api:
     """The control API of one node: `handle` answers one request under `PREFIX`. `meta` is the
     node's open meta store; `status` gives the status rows (`NodeObserver.status`)."""
@@ -218,10 +260,15 @@ class Api:
         self.operations = operations or Operations()
         self.tokens = tokens if tokens is not None else load_tokens(self.config, settings)
         self.audit = Audit(settings.resolve(self.config.audit_log))
-        self._replies: OrderedDict[tuple[str, str], tuple[str, Response]] = OrderedDict()
-        self._replies_lock = threading.Lock()
+        self.replies = Replies()
         self._status: tuple[float, dict[str, Any]] | None = None
         self._status_lock = threading.Lock()
+        tls = settings.http.tls
+        self.forwarding = Forwarding(settings.node.id, meta, timeout=self.FORWARD_TIMEOUT, tls=tls is not None,
+                                     context=trust(str(settings.resolve(tls.cert)) if tls is not None else None))
+
+    #: how long a request forwarded to the holder may take (connect and answer) before a 503
+    FORWARD_TIMEOUT = 10.0
 
     #: how long one reading of the status rows answers every client: 50 scripts polling twice a
     #: second cost one reading, not 100, of the CPU the pipelines run on (tools/bench/bench_api.py)
@@ -253,9 +300,13 @@ class Api:
             if unknown:
                 raise ApiError(400, f"unknown key(s) in the body: {', '.join(unknown)} (known: "
                                     f"{', '.join(route.body) or 'none'})")
-            request = Request(params, body, query, who)
             key = headers.get("Idempotency-Key") if method == "POST" else None
-            response = self._idempotent(key, who, method, path, body, lambda: self._call(route, request))
+            passed = {"Authorization": headers.get("Authorization") or ""}
+            if key is not None:
+                passed["Idempotency-Key"] = key
+            request = Request(params, body, query, who, path + _query_string(query), passed,
+                              headers.get(FORWARDED_FROM) or None)
+            response = self.replies.answer(key, who, method, path, body, lambda: self._call(route, request))
         except ApiError as exc:
             response = Response(exc.status, {"error": str(exc), "status": exc.status}, exc.headers)
         except actions.StateConflict as exc:
@@ -268,11 +319,16 @@ class Api:
             log.exception("api %s %s failed", method, path)
             response = Response(500, {"error": f"{type(exc).__name__}: {exc}", "status": 500})
         if method == "POST":
-            self.audit.write({"time": round(time.time(), 3), "token": who.name if who else None,
-                              "role": who.role if who else None, "client": client, "method": method, "path": path,
-                              "body": body if isinstance(body, dict) else None, "status": response.status,
-                              "replayed": response.headers.get("Idempotent-Replayed") == "true",
-                              "result": _summary(response)})
+            entry = {"time": round(time.time(), 3), "token": who.name if who else None,
+                     "role": who.role if who else None, "client": client, "method": method, "path": path,
+                     "body": body if isinstance(body, dict) else None, "status": response.status,
+                     "replayed": response.headers.get("Idempotent-Replayed") == "true",
+                     "result": _summary(response)}
+            if headers.get(FORWARDED_FROM):
+                entry["forwarded_from"] = str(headers.get(FORWARDED_FROM))[:200]
+            if response.headers.get(FORWARDED_TO):
+                entry["forwarded_to"] = response.headers[FORWARDED_TO]
+            self.audit.write(entry)
         return response
 
     def _route(self, method: str, path: str) -> tuple[Route, dict[str, str]]:
@@ -322,32 +378,16 @@ class Api:
             raise ApiError(400, "the body must be a JSON object")
         return body
 
-    def _idempotent(self, key: str | None, who: Token | None, method: str, path: str, body: dict[str, Any],
-                    call: Callable[[], Response]) -> Response:
-        """With an ``Idempotency-Key``, the first answer to (token, key) is kept and given again to
-        a replay, which changes nothing; the same key on another request is refused (422)."""
-        if key is None:
-            return call()
-        if not 1 <= len(key) <= 200:
-            raise ApiError(400, "Idempotency-Key must have 1 to 200 characters")
-        fingerprint = hashlib.sha256(json.dumps([method, path, body], sort_keys=True).encode()).hexdigest()
-        slot = (who.name if who else "", key)
-        with self._replies_lock:  # held across the call: a concurrent replay waits for the first answer
-            kept = self._replies.get(slot)
-            if kept is not None:
-                if kept[0] != fingerprint:
-                    raise ApiError(422, f"Idempotency-Key {key!r} was used for another request; use a new key")
-                first = kept[1]
-                return attrs.evolve(first, headers={**first.headers, "Idempotent-Replayed": "true"})
-            response = call()
-            if response.status < 500:
-                self._replies[slot] = (fingerprint, response)
-                while len(self._replies) > 1000:
-                    self._replies.popitem(last=False)
-            return response
-
     def _call(self, route: Route, request: Request) -> Response:
-        result = getattr(self, "_" + route.handler)(request)
+        # a POST on one pipeline another node holds is its holder's to answer (a forwarded one is answered here)
+        holder = None
+        if route.method == "POST" and route.path.startswith(P + "/") and request.forwarded_from is None:
+            holder = self.forwarding.elsewhere(request.params["name"])
+        if holder is not None:
+            answer = self.forwarding.send(holder, request.params["name"], request.path, request.body, request.passed)
+            result: Any = Response(answer.status, answer.body, answer.headers)
+        else:
+            result = getattr(self, "_" + route.handler)(request)
         if route.method == "POST":
             with self._status_lock:
                 self._status = None  # the next reading shows what the action changed
@@ -388,7 +428,9 @@ class Api:
             from setl.status import status_rows
 
             rows = status_rows(self.meta, [name])
-        return {**rows[0], "acked": actions.position_show(self.meta, name, 5)}
+        holder = self.forwarding.holder(name)
+        held = {"node": holder.node, "api": holder.api} if holder is not None else None
+        return {**rows[0], "acked": actions.position_show(self.meta, name, 5), "held_by": held}
 
     def _pause(self, request: Request) -> dict[str, Any]:
         return actions.pause(self.meta, self._pipeline(request)).to_dict()
@@ -561,8 +603,11 @@ class Api:
     def _operations(self, request: Request) -> dict[str, Any]:
         return {"operations": [op.to_dict(events=False) for op in self.operations.list()]}
 
-    def _operation(self, request: Request) -> dict[str, Any]:
+    def _operation(self, request: Request) -> dict[str, Any] | Response:
         op = self.operations.get(request.params["id"])
+        answer = self.forwarding.operation(request.params["id"], request.path, request.passed) if op is None else None
+        if answer is not None:  # started on its holder through this node
+            return Response(answer.status, answer.body, answer.headers)
         if op is None:
             raise ApiError(404, f"no operation {request.params['id']} on this node (operations live on the node "
                                 "that started them, until it restarts)")
@@ -570,6 +615,11 @@ class Api:
 
     def _operation_events(self, request: Request) -> Response:
         op_id = request.params["id"]
+        found = self.forwarding.events(op_id, request.path, request.passed) if self.operations.get(op_id) is None \
+            else None
+        if found is not None:  # started on its holder through this node
+            answer, stream = found
+            return Response(answer.status, answer.body, answer.headers, stream=stream if answer.status == 200 else None)
         if self.operations.get(op_id) is None:
             raise ApiError(404, f"no operation {op_id} on this node")
 
@@ -590,6 +640,12 @@ class Api:
                     yield b'{"event": "alive"}\n'  # a quiet operation: the client knows the node is there
 
         return Response(200, None, {"Content-Type": "application/x-ndjson"}, stream=lines())
+
+
+def _query_string(query: dict[str, list[str]]) -> str:
+    from urllib.parse import urlencode
+
+    return "?" + urlencode(query, doseq=True) if query else ""
 
 
 def _summary(response: Response) -> str:
@@ -649,6 +705,8 @@ def openapi() -> dict[str, Any]:
             item["parameters"].append({"name": "Idempotency-Key", "in": "header", "required": False,
                                        "schema": {"type": "string"}})
             item["responses"].update({"409": error, "413": error, "422": error})
+            if route.path.startswith(P + "/"):  # forwarded to the pipeline's holder, which may not answer
+                item["responses"]["503"] = error
         paths.setdefault(route.path, {})[route.method.lower()] = item
     return {
         "openapi": "3.0.3",

@@ -108,6 +108,15 @@ class StatusServer:
         host, port = self.address
         return f"{self.scheme}://{'[' + host + ']' if ':' in host else host}:{port}/"
 
+    @property
+    def advertised_url(self) -> str:
+        """`url` as the other nodes of a cluster reach it (registered with the node, docs/api.md):
+        a wildcard address (``0.0.0.0``, ``::``) becomes this host's name."""
+        host, port = self.address
+        if host in ("0.0.0.0", "::", ""):
+            host = socket.getfqdn()
+        return f"{self.scheme}://{'[' + host + ']' if ':' in host else host}:{port}"
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
                                         name="setl-http", daemon=True)
