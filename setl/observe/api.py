@@ -16,6 +16,7 @@ an operation too: it ends once no process runs the pipeline.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -102,12 +103,14 @@ class ApiError(Exception):
 
 @attrs.frozen
 class Response:
-    """What the endpoint sends: JSON `body`, or `stream` (JSON lines, written as they come)."""
+    """What the endpoint sends: JSON `body` (or `encoded`, the same already as JSON bytes), or
+    `stream` (JSON lines, written as they come)."""
 
     status: int
     body: Any = None
     headers: dict[str, str] = attrs.field(factory=dict)
     stream: Iterator[bytes] | None = None
+    encoded: bytes | None = attrs.field(default=None, repr=False)
 
 
 @attrs.frozen
@@ -139,8 +142,14 @@ class Route:
 
     @property
     def pattern(self) -> re.Pattern[str]:
-        return re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", re.escape(self.path).replace(r"\{", "{")
-                                       .replace(r"\}", "}")) + "$")
+        return _pattern(self.path)
+
+
+@functools.cache
+def _pattern(path: str) -> re.Pattern[str]:
+    """A route's path as a regex, built once (every request is matched against the routes)."""
+    return re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", re.escape(path).replace(r"\{", "{")
+                                   .replace(r"\}", "}")) + "$")
 
 
 P = PREFIX + "/pipelines/{name}"
@@ -243,6 +252,43 @@ class Replies:
             return response
 
 
+class PolledStatus:
+    """The node's status rows as the API's clients poll them: read at most once per `TTL` seconds
+    (and again at once after an action), and the listing of `GET /api/v1/pipelines` encoded once
+    per reading, for every poller."""
+
+    #: 50 scripts polling twice a second cost one reading, not 100, of the CPU the pipelines run on
+    #: (tools/bench/bench_api.py)
+    TTL = 0.5
+
+    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
+        self.status = status
+        self._read: tuple[float, dict[str, Any]] | None = None
+        self._listed: tuple[dict[str, Any], bytes] | None = None
+        self._lock = threading.Lock()
+
+    def now(self) -> dict[str, Any]:
+        """The status rows, read at most `TTL` seconds ago."""
+        with self._lock:
+            now = time.monotonic()
+            if self._read is None or now - self._read[0] >= self.TTL:
+                self._read = (now, self.status())
+            return self._read[1]
+
+    def changed(self) -> None:
+        with self._lock:
+            self._read = None
+
+    def listing(self) -> bytes:
+        """``{"node", "time", "pipelines"}`` of the current reading, as JSON."""
+        status = self.now()
+        listed = self._listed
+        if listed is None or listed[0] is not status:
+            body = {"node": status.get("node"), "time": status.get("time"), "pipelines": status["pipelines"]}
+            listed = self._listed = (status, json.dumps(body, allow_nan=False, default=str).encode())
+        return listed[1]
+
+
 class Api:
     """The control API of one node: `handle` answers one request under `PREFIX`. `meta` is the
     node's open meta store; `status` gives the status rows (`NodeObserver.status`)."""
@@ -261,26 +307,13 @@ class Api:
         self.tokens = tokens if tokens is not None else load_tokens(self.config, settings)
         self.audit = Audit(settings.resolve(self.config.audit_log))
         self.replies = Replies()
-        self._status: tuple[float, dict[str, Any]] | None = None
-        self._status_lock = threading.Lock()
+        self.polled = PolledStatus(status)
         tls = settings.http.tls
         self.forwarding = Forwarding(settings.node.id, meta, timeout=self.FORWARD_TIMEOUT, tls=tls is not None,
                                      context=trust(str(settings.resolve(tls.cert)) if tls is not None else None))
 
     #: how long a request forwarded to the holder may take (connect and answer) before a 503
     FORWARD_TIMEOUT = 10.0
-
-    #: how long one reading of the status rows answers every client: 50 scripts polling twice a
-    #: second cost one reading, not 100, of the CPU the pipelines run on (tools/bench/bench_api.py)
-    STATUS_TTL = 0.5
-
-    def status_now(self) -> dict[str, Any]:
-        """The node's status rows, read at most once per `STATUS_TTL` seconds (after an action, at once)."""
-        with self._status_lock:
-            now = time.monotonic()
-            if self._status is None or now - self._status[0] >= self.STATUS_TTL:
-                self._status = (now, self.status())
-            return self._status[1]
 
     # --- the request ------------------------------------------------------------------------
 
@@ -301,11 +334,13 @@ class Api:
                 raise ApiError(400, f"unknown key(s) in the body: {', '.join(unknown)} (known: "
                                     f"{', '.join(route.body) or 'none'})")
             key = headers.get("Idempotency-Key") if method == "POST" else None
-            passed = {"Authorization": headers.get("Authorization") or ""}
+            passed = {}  # what a forward to another node passes on: only a POST, or an operation's polls, go there
+            if method == "POST" or route.handler.startswith("operation"):
+                passed["Authorization"] = headers.get("Authorization") or ""
             if key is not None:
                 passed["Idempotency-Key"] = key
             request = Request(params, body, query, who, path + _query_string(query), passed,
-                              headers.get(FORWARDED_FROM) or None)
+                              (headers.get(FORWARDED_FROM) or None) if method == "POST" else None)
             response = self.replies.answer(key, who, method, path, body, lambda: self._call(route, request))
         except ApiError as exc:
             response = Response(exc.status, {"error": str(exc), "status": exc.status}, exc.headers)
@@ -389,8 +424,7 @@ class Api:
         else:
             result = getattr(self, "_" + route.handler)(request)
         if route.method == "POST":
-            with self._status_lock:
-                self._status = None  # the next reading shows what the action changed
+            self.polled.changed()  # the next reading shows what the action changed
         if isinstance(result, Response):
             return result
         return Response(200, result)
@@ -417,13 +451,12 @@ class Api:
         assert request.who is not None  # the route needs a token
         return {"token": request.who.name, "role": request.who.role}
 
-    def _list_pipelines(self, request: Request) -> dict[str, Any]:
-        status = self.status_now()
-        return {"node": status.get("node"), "time": status.get("time"), "pipelines": status["pipelines"]}
+    def _list_pipelines(self, request: Request) -> Response:
+        return Response(200, None, encoded=self.polled.listing())
 
     def _describe(self, request: Request) -> dict[str, Any]:
         name = self._pipeline(request)
-        rows = [row for row in self.status_now()["pipelines"] if row["pipeline"] == name]
+        rows = [row for row in self.polled.now()["pipelines"] if row["pipeline"] == name]
         if not rows:
             from setl.status import status_rows
 
