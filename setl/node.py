@@ -274,8 +274,10 @@ class Node:
         if self.settings.meta.store == "zookeeper":  # HA: run only what this node holds
             from setl.ha import Elections
 
+            http = self.status.http
+            api_url = http.advertised_url if http is not None and http.api is not None else None
             self.elections = Elections.for_node(self.settings, self.meta, self.pipelines,
-                                                on_rebalanced=self._rebalanced)
+                                                on_rebalanced=self._rebalanced, api_url=api_url)
             if self.elections is not None and self.observer is not None:
                 self.observer.watch_cluster(self.elections.cluster_view)  # any node shows the whole cluster
         self.tasks, self.serial = shared_services(self.settings)

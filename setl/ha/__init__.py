@@ -5,7 +5,8 @@ acking.
 Every ZooKeeper path setl uses (under the configured root, ``ha.chroot``, ``/setl`` by default):
 
 ``/nodes/ID``
-    ephemeral, one per running node: ``{"host", "pid", "started", "capacity", "pipelines"}``.
+    ephemeral, one per running node: ``{"host", "pid", "started", "capacity", "pipelines"}``, and
+    ``"api"`` (its control API's base URL) when it serves one.
 ``/cluster/...``
     the cluster's coordinator election, assignments, drain marks and move requests
     (`setl.ha.cluster`, docs/cluster.md).

@@ -11,7 +11,9 @@ term fence (`setl.ha.election`) stay what decides who writes, so a hand-over nev
 ZooKeeper paths (under ``ha.chroot``):
 
 ``/nodes/ID``
-    ephemeral (`Elections.register`), now with ``{"capacity", "pipelines": {NAME: {"weight", "nodes"}}}``.
+    ephemeral (`Elections.register`), now with ``{"capacity", "pipelines": {NAME: {"weight", "nodes"}}}``
+    and, when the node serves the control API, ``"api"``: its base URL (scheme, host, port), which
+    the other nodes forward requests for the pipelines it holds to (`holder_api`).
 ``/cluster/leader``
     the coordinator's election (kazoo's lock nodes).
 ``/cluster/assignments/NAME``
@@ -230,6 +232,7 @@ class NodeInfo:
     pipelines: dict[str, dict[str, Any]]
     host: str = ""
     pid: int = 0
+    api: str | None = None  # the base URL of its control API; None: it serves none
 
 
 def read_nodes(coordinator: Coordinator) -> dict[str, NodeInfo]:
@@ -241,13 +244,37 @@ def read_nodes(coordinator: Coordinator) -> dict[str, NodeInfo]:
             continue
         data = znode.json()
         found[name] = NodeInfo(name, data.get("capacity"), dict(data.get("pipelines") or {}),
-                               str(data.get("host") or ""), int(data.get("pid") or 0))
+                               str(data.get("host") or ""), int(data.get("pid") or 0),
+                               str(data["api"]) if data.get("api") else None)
     return found
 
 
 def holder_of(coordinator: Coordinator, pipeline: str) -> str | None:
     znode = coordinator.get(f"/pipelines/{pipeline}/mainstem")
     return None if znode is None else znode.json().get("node")
+
+
+@attrs.frozen
+class Holder:
+    """The node that holds a pipeline's mainstem now, and its control API's base URL as it
+    registered it (None: it serves no API, or it is no longer registered)."""
+
+    node: str
+    api: str | None
+    registered: bool
+
+
+def holder_api(coordinator: Coordinator, pipeline: str) -> Holder | None:
+    """Who holds `pipeline` now and where its API answers; None when nobody holds it (stopped,
+    or between two holders)."""
+    node = holder_of(coordinator, pipeline)
+    if node is None:
+        return None
+    znode = coordinator.get(f"/nodes/{node}")
+    if znode is None:
+        return Holder(str(node), None, False)
+    api = znode.json().get("api")
+    return Holder(str(node), str(api) if api else None, True)
 
 
 class ClusterCoordinator:

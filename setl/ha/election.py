@@ -252,7 +252,9 @@ class Elections:
     only while this node holds its mainstem."""
 
     def __init__(self, coordinator: Coordinator, node_id: str, *, standby_delay: float = 3.0,
-                 cluster: ClusterMember | None = None) -> None:
+                 cluster: ClusterMember | None = None, api_url: str | None = None) -> None:
+        """`api_url`: the base URL of this node's control API, registered with the node so that the
+        other nodes forward the requests for the pipelines it holds here (docs/api.md)."""
         self.coordinator = coordinator
         self.node_id = node_id
         self.standby_delay = standby_delay
@@ -260,13 +262,14 @@ class Elections:
         self.cluster = cluster
         self.cluster_coordinator: ClusterCoordinator | None = None
         self._mainstems: dict[str, Mainstem] = {}
-        self._published: dict[str, Any] = {}
+        self._published: dict[str, Any] = {"api": api_url} if api_url else {}
         #: the pipelines `setl status` reports dead, with the node of each (`setl.status.dead_runs`)
         self._dead: Callable[[list[str]], Any] | None = None
 
     @classmethod
     def for_node(cls, settings: Any, meta: Any, pipelines: Sequence[Any] = (),
-                 on_rebalanced: Callable[[str, dict[str, Any]], None] | None = None) -> "Elections | None":
+                 on_rebalanced: Callable[[str, dict[str, Any]], None] | None = None,
+                 api_url: str | None = None) -> "Elections | None":
         """The elections of a node whose meta store is ZooKeeper; None in single-node mode.
 
         The node joins the cluster (`setl.ha.cluster`): it publishes its capacity and its
@@ -279,10 +282,10 @@ class Elections:
         coordinator.give_up_after = math.inf  # a node rides out a ZooKeeper outage; its holders stop meanwhile
         member = ClusterMember(coordinator, settings.node.id, [config.name for config in pipelines])
         elections = cls(coordinator, settings.node.id, standby_delay=settings.ha.standby_delay_ms / 1000.0,
-                        cluster=member)
+                        cluster=member, api_url=api_url)
         elections._dead = functools.partial(dead_runs, meta)
-        elections._published = node_data(settings.node.capacity, {
-            config.name: (config.pipeline.weight, config.pipeline.nodes) for config in pipelines})
+        elections._published.update(node_data(settings.node.capacity, {
+            config.name: (config.pipeline.weight, config.pipeline.nodes) for config in pipelines}))
         elections.register()
         member.start()
         elections.cluster_coordinator = ClusterCoordinator(coordinator, settings.node.id,

@@ -5,14 +5,18 @@ state-changing request written to an audit log.
 `ROUTES` is the one route table: the dispatcher, the role checks and the OpenAPI document
 (`openapi`, served at ``/api/v1/openapi.json``) are all read from it.
 
-Any node answers for any pipeline: an action is a request in the shared meta store (as the CLI's
-is, from any host), which the node holding the pipeline acts on within a second; a long operation
-(verify, snapshot, repair, replay, reload, switch, drain, move) runs on the node that was asked, and its id is
-polled there. A stop is an operation too: it ends once no process runs the pipeline.
+Any node answers for any pipeline. Under HA, a state-changing request for a pipeline that another
+live node holds is forwarded to that node (one hop, `setl.control.forward`; docs/api.md says why
+not a redirect), and its answer passed back; the holder that cannot be reached is a 503 naming it,
+and nothing is changed here. A pipeline nobody holds is acted on through the shared meta store, as
+the CLI does from any host. A long operation (verify, snapshot, repair, replay, reload, switch,
+drain, move) runs on the node that acts on it, and its id is polled through either node. A stop is
+an operation too: it ends once no process runs the pipeline.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -31,6 +35,7 @@ import attrs
 from setl.config import ApiConfig, NodeSettings, load_pipeline
 from setl.connectors import for_node, registry
 from setl.control import actions
+from setl.control.forward import FORWARDED_FROM, FORWARDED_TO, Forwarding, trust
 from setl.control.operations import OperationRunning, Operations
 from setl.errors import ConfigError, SetlError, UsageError
 from setl.meta.base import MetaStore
@@ -98,12 +103,14 @@ class ApiError(Exception):
 
 @attrs.frozen
 class Response:
-    """What the endpoint sends: JSON `body`, or `stream` (JSON lines, written as they come)."""
+    """What the endpoint sends: JSON `body` (or `encoded`, the same already as JSON bytes), or
+    `stream` (JSON lines, written as they come)."""
 
     status: int
     body: Any = None
     headers: dict[str, str] = attrs.field(factory=dict)
     stream: Iterator[bytes] | None = None
+    encoded: bytes | None = attrs.field(default=None, repr=False)
 
 
 @attrs.frozen
@@ -114,6 +121,10 @@ class Request:
     body: dict[str, Any]
     query: dict[str, list[str]]
     who: Token | None
+    path: str = ""
+    #: what a forward passes on: Authorization and Idempotency-Key (never logged)
+    passed: dict[str, str] = attrs.field(factory=dict, repr=False)
+    forwarded_from: str | None = None  # the node that forwarded this request here
 
 
 @attrs.frozen
@@ -131,8 +142,14 @@ class Route:
 
     @property
     def pattern(self) -> re.Pattern[str]:
-        return re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", re.escape(self.path).replace(r"\{", "{")
-                                       .replace(r"\}", "}")) + "$")
+        return _pattern(self.path)
+
+
+@functools.cache
+def _pattern(path: str) -> re.Pattern[str]:
+    """A route's path as a regex, built once (every request is matched against the routes)."""
+    return re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", re.escape(path).replace(r"\{", "{")
+                                   .replace(r"\}", "}")) + "$")
 
 
 P = PREFIX + "/pipelines/{name}"
@@ -201,6 +218,77 @@ class Audit:
                 log.error("cannot write the API audit log %s: %s", self.path, exc)
 
 
+class Replies:
+    """The answers kept for ``Idempotency-Key`` (the last `keep`, in memory): the first answer to
+    (token, key) is given again to a replay, which changes nothing; the same key on another request
+    is refused (422)."""
+
+    def __init__(self, keep: int = 1000) -> None:
+        self.keep = keep
+        self._replies: OrderedDict[tuple[str, str], tuple[str, Response]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def answer(self, key: str | None, who: Token | None, method: str, path: str, body: dict[str, Any],
+               call: Callable[[], Response]) -> Response:
+        """`call`'s answer, or with `key` the one kept for it."""
+        if key is None:
+            return call()
+        if not 1 <= len(key) <= 200:
+            raise ApiError(400, "Idempotency-Key must have 1 to 200 characters")
+        fingerprint = hashlib.sha256(json.dumps([method, path, body], sort_keys=True).encode()).hexdigest()
+        slot = (who.name if who else "", key)
+        with self._lock:  # held across the call: a concurrent replay waits for the first answer
+            kept = self._replies.get(slot)
+            if kept is not None:
+                if kept[0] != fingerprint:
+                    raise ApiError(422, f"Idempotency-Key {key!r} was used for another request; use a new key")
+                first = kept[1]
+                return attrs.evolve(first, headers={**first.headers, "Idempotent-Replayed": "true"})
+            response = call()
+            if response.status < 500:
+                self._replies[slot] = (fingerprint, response)
+                while len(self._replies) > self.keep:
+                    self._replies.popitem(last=False)
+            return response
+
+
+class PolledStatus:
+    """The node's status rows as the API's clients poll them: read at most once per `TTL` seconds
+    (and again at once after an action), and the listing of `GET /api/v1/pipelines` encoded once
+    per reading, for every poller."""
+
+    #: 50 scripts polling twice a second cost one reading, not 100, of the CPU the pipelines run on
+    #: (tools/bench/bench_api.py)
+    TTL = 0.5
+
+    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
+        self.status = status
+        self._read: tuple[float, dict[str, Any]] | None = None
+        self._listed: tuple[dict[str, Any], bytes] | None = None
+        self._lock = threading.Lock()
+
+    def now(self) -> dict[str, Any]:
+        """The status rows, read at most `TTL` seconds ago."""
+        with self._lock:
+            now = time.monotonic()
+            if self._read is None or now - self._read[0] >= self.TTL:
+                self._read = (now, self.status())
+            return self._read[1]
+
+    def changed(self) -> None:
+        with self._lock:
+            self._read = None
+
+    def listing(self) -> bytes:
+        """``{"node", "time", "pipelines"}`` of the current reading, as JSON."""
+        status = self.now()
+        listed = self._listed
+        if listed is None or listed[0] is not status:
+            body = {"node": status.get("node"), "time": status.get("time"), "pipelines": status["pipelines"]}
+            listed = self._listed = (status, json.dumps(body, allow_nan=False, default=str).encode())
+        return listed[1]
+
+
 class Api:
     """The control API of one node: `handle` answers one request under `PREFIX`. `meta` is the
     node's open meta store; `status` gives the status rows (`NodeObserver.status`)."""
@@ -218,22 +306,14 @@ class Api:
         self.operations = operations or Operations()
         self.tokens = tokens if tokens is not None else load_tokens(self.config, settings)
         self.audit = Audit(settings.resolve(self.config.audit_log))
-        self._replies: OrderedDict[tuple[str, str], tuple[str, Response]] = OrderedDict()
-        self._replies_lock = threading.Lock()
-        self._status: tuple[float, dict[str, Any]] | None = None
-        self._status_lock = threading.Lock()
+        self.replies = Replies()
+        self.polled = PolledStatus(status)
+        tls = settings.http.tls
+        self.forwarding = Forwarding(settings.node.id, meta, timeout=self.FORWARD_TIMEOUT, tls=tls is not None,
+                                     context=trust(str(settings.resolve(tls.cert)) if tls is not None else None))
 
-    #: how long one reading of the status rows answers every client: 50 scripts polling twice a
-    #: second cost one reading, not 100, of the CPU the pipelines run on (tools/bench/bench_api.py)
-    STATUS_TTL = 0.5
-
-    def status_now(self) -> dict[str, Any]:
-        """The node's status rows, read at most once per `STATUS_TTL` seconds (after an action, at once)."""
-        with self._status_lock:
-            now = time.monotonic()
-            if self._status is None or now - self._status[0] >= self.STATUS_TTL:
-                self._status = (now, self.status())
-            return self._status[1]
+    #: how long a request forwarded to the holder may take (connect and answer) before a 503
+    FORWARD_TIMEOUT = 10.0
 
     # --- the request ------------------------------------------------------------------------
 
@@ -253,9 +333,15 @@ class Api:
             if unknown:
                 raise ApiError(400, f"unknown key(s) in the body: {', '.join(unknown)} (known: "
                                     f"{', '.join(route.body) or 'none'})")
-            request = Request(params, body, query, who)
             key = headers.get("Idempotency-Key") if method == "POST" else None
-            response = self._idempotent(key, who, method, path, body, lambda: self._call(route, request))
+            passed = {}  # what a forward to another node passes on: only a POST, or an operation's polls, go there
+            if method == "POST" or route.handler.startswith("operation"):
+                passed["Authorization"] = headers.get("Authorization") or ""
+            if key is not None:
+                passed["Idempotency-Key"] = key
+            request = Request(params, body, query, who, path + _query_string(query), passed,
+                              (headers.get(FORWARDED_FROM) or None) if method == "POST" else None)
+            response = self.replies.answer(key, who, method, path, body, lambda: self._call(route, request))
         except ApiError as exc:
             response = Response(exc.status, {"error": str(exc), "status": exc.status}, exc.headers)
         except actions.StateConflict as exc:
@@ -268,11 +354,16 @@ class Api:
             log.exception("api %s %s failed", method, path)
             response = Response(500, {"error": f"{type(exc).__name__}: {exc}", "status": 500})
         if method == "POST":
-            self.audit.write({"time": round(time.time(), 3), "token": who.name if who else None,
-                              "role": who.role if who else None, "client": client, "method": method, "path": path,
-                              "body": body if isinstance(body, dict) else None, "status": response.status,
-                              "replayed": response.headers.get("Idempotent-Replayed") == "true",
-                              "result": _summary(response)})
+            entry = {"time": round(time.time(), 3), "token": who.name if who else None,
+                     "role": who.role if who else None, "client": client, "method": method, "path": path,
+                     "body": body if isinstance(body, dict) else None, "status": response.status,
+                     "replayed": response.headers.get("Idempotent-Replayed") == "true",
+                     "result": _summary(response)}
+            if headers.get(FORWARDED_FROM):
+                entry["forwarded_from"] = str(headers.get(FORWARDED_FROM))[:200]
+            if response.headers.get(FORWARDED_TO):
+                entry["forwarded_to"] = response.headers[FORWARDED_TO]
+            self.audit.write(entry)
         return response
 
     def _route(self, method: str, path: str) -> tuple[Route, dict[str, str]]:
@@ -322,35 +413,18 @@ class Api:
             raise ApiError(400, "the body must be a JSON object")
         return body
 
-    def _idempotent(self, key: str | None, who: Token | None, method: str, path: str, body: dict[str, Any],
-                    call: Callable[[], Response]) -> Response:
-        """With an ``Idempotency-Key``, the first answer to (token, key) is kept and given again to
-        a replay, which changes nothing; the same key on another request is refused (422)."""
-        if key is None:
-            return call()
-        if not 1 <= len(key) <= 200:
-            raise ApiError(400, "Idempotency-Key must have 1 to 200 characters")
-        fingerprint = hashlib.sha256(json.dumps([method, path, body], sort_keys=True).encode()).hexdigest()
-        slot = (who.name if who else "", key)
-        with self._replies_lock:  # held across the call: a concurrent replay waits for the first answer
-            kept = self._replies.get(slot)
-            if kept is not None:
-                if kept[0] != fingerprint:
-                    raise ApiError(422, f"Idempotency-Key {key!r} was used for another request; use a new key")
-                first = kept[1]
-                return attrs.evolve(first, headers={**first.headers, "Idempotent-Replayed": "true"})
-            response = call()
-            if response.status < 500:
-                self._replies[slot] = (fingerprint, response)
-                while len(self._replies) > 1000:
-                    self._replies.popitem(last=False)
-            return response
-
     def _call(self, route: Route, request: Request) -> Response:
-        result = getattr(self, "_" + route.handler)(request)
+        # a POST on one pipeline another node holds is its holder's to answer (a forwarded one is answered here)
+        holder = None
+        if route.method == "POST" and route.path.startswith(P + "/") and request.forwarded_from is None:
+            holder = self.forwarding.elsewhere(request.params["name"])
+        if holder is not None:
+            answer = self.forwarding.send(holder, request.params["name"], request.path, request.body, request.passed)
+            result: Any = Response(answer.status, answer.body, answer.headers)
+        else:
+            result = getattr(self, "_" + route.handler)(request)
         if route.method == "POST":
-            with self._status_lock:
-                self._status = None  # the next reading shows what the action changed
+            self.polled.changed()  # the next reading shows what the action changed
         if isinstance(result, Response):
             return result
         return Response(200, result)
@@ -377,18 +451,19 @@ class Api:
         assert request.who is not None  # the route needs a token
         return {"token": request.who.name, "role": request.who.role}
 
-    def _list_pipelines(self, request: Request) -> dict[str, Any]:
-        status = self.status_now()
-        return {"node": status.get("node"), "time": status.get("time"), "pipelines": status["pipelines"]}
+    def _list_pipelines(self, request: Request) -> Response:
+        return Response(200, None, encoded=self.polled.listing())
 
     def _describe(self, request: Request) -> dict[str, Any]:
         name = self._pipeline(request)
-        rows = [row for row in self.status_now()["pipelines"] if row["pipeline"] == name]
+        rows = [row for row in self.polled.now()["pipelines"] if row["pipeline"] == name]
         if not rows:
             from setl.status import status_rows
 
             rows = status_rows(self.meta, [name])
-        return {**rows[0], "acked": actions.position_show(self.meta, name, 5)}
+        holder = self.forwarding.holder(name)
+        held = {"node": holder.node, "api": holder.api} if holder is not None else None
+        return {**rows[0], "acked": actions.position_show(self.meta, name, 5), "held_by": held}
 
     def _pause(self, request: Request) -> dict[str, Any]:
         return actions.pause(self.meta, self._pipeline(request)).to_dict()
@@ -561,8 +636,11 @@ class Api:
     def _operations(self, request: Request) -> dict[str, Any]:
         return {"operations": [op.to_dict(events=False) for op in self.operations.list()]}
 
-    def _operation(self, request: Request) -> dict[str, Any]:
+    def _operation(self, request: Request) -> dict[str, Any] | Response:
         op = self.operations.get(request.params["id"])
+        answer = self.forwarding.operation(request.params["id"], request.path, request.passed) if op is None else None
+        if answer is not None:  # started on its holder through this node
+            return Response(answer.status, answer.body, answer.headers)
         if op is None:
             raise ApiError(404, f"no operation {request.params['id']} on this node (operations live on the node "
                                 "that started them, until it restarts)")
@@ -570,6 +648,11 @@ class Api:
 
     def _operation_events(self, request: Request) -> Response:
         op_id = request.params["id"]
+        found = self.forwarding.events(op_id, request.path, request.passed) if self.operations.get(op_id) is None \
+            else None
+        if found is not None:  # started on its holder through this node
+            answer, stream = found
+            return Response(answer.status, answer.body, answer.headers, stream=stream if answer.status == 200 else None)
         if self.operations.get(op_id) is None:
             raise ApiError(404, f"no operation {op_id} on this node")
 
@@ -590,6 +673,12 @@ class Api:
                     yield b'{"event": "alive"}\n'  # a quiet operation: the client knows the node is there
 
         return Response(200, None, {"Content-Type": "application/x-ndjson"}, stream=lines())
+
+
+def _query_string(query: dict[str, list[str]]) -> str:
+    from urllib.parse import urlencode
+
+    return "?" + urlencode(query, doseq=True) if query else ""
 
 
 def _summary(response: Response) -> str:
@@ -649,6 +738,8 @@ def openapi() -> dict[str, Any]:
             item["parameters"].append({"name": "Idempotency-Key", "in": "header", "required": False,
                                        "schema": {"type": "string"}})
             item["responses"].update({"409": error, "413": error, "422": error})
+            if route.path.startswith(P + "/"):  # forwarded to the pipeline's holder, which may not answer
+                item["responses"]["503"] = error
         paths.setdefault(route.path, {})[route.method.lower()] = item
     return {
         "openapi": "3.0.3",

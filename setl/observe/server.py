@@ -54,11 +54,64 @@ def _page(status: Any) -> bytes:
 
 
 class _Server(ThreadingHTTPServer):
+    """One thread per connection, as ThreadingHTTPServer, but a thread that finished its connection
+    waits `IDLE_S` for the next one instead of ending: 50 clients polling twice a second, each on a
+    new connection, cost the node half the CPU (starting a thread per poll was the other half,
+    tools/bench/bench_api.py). A connection is only ever handed to an idle thread, never queued
+    behind a busy one, so an event stream or a slow client holds up no one."""
+
     daemon_threads = True
     allow_reuse_address = True
     # socketserver's default backlog of 5 drops the connections of a burst of clients (50 scripts
     # polling at once), which then wait the kernel's 1 s SYN retransmit: tail latency, not work
     request_queue_size = 128
+    #: how long a thread waits for another connection, and how many may wait at once
+    IDLE_S = 10.0
+    MAX_IDLE = 16
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._idle: list[_Worker] = []
+        self._idle_lock = threading.Lock()
+        self._closed = False
+        self._started = 0
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._idle_lock:
+            worker = self._idle.pop() if self._idle else None
+            if worker is not None:
+                worker.give((request, client_address))
+                return
+            self._started += 1
+            number = self._started
+        thread = threading.Thread(target=self._work, args=((request, client_address),),
+                                  name=f"setl-http-{number}", daemon=True)
+        thread.start()
+
+    def _work(self, job: tuple[Any, Any] | None) -> None:
+        worker = _Worker()
+        while job is not None:
+            self.process_request_thread(*job)  # answers the connection and closes it, whatever happens
+            with self._idle_lock:
+                if self._closed or len(self._idle) >= self.MAX_IDLE:
+                    return
+                self._idle.append(worker)
+            handed, job = worker.take(self.IDLE_S)
+            if not handed:
+                with self._idle_lock:
+                    if worker in self._idle:  # nobody handed it a connection: it ends
+                        self._idle.remove(worker)
+                        return
+                # handed one (or the end) just as it timed out, under the lock: it is in the slot
+                handed, job = worker.take(None)
+
+    def server_close(self) -> None:
+        super().server_close()
+        with self._idle_lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for worker in idle:
+            worker.give(None)  # ends it
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A closed browser connection is a DEBUG line; anything else is logged once, with its cause."""
@@ -67,6 +120,27 @@ class _Server(ThreadingHTTPServer):
             log.debug("http %s went away: %s", client_address, exc)
         else:
             log.error("http %s: %s", client_address, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+
+
+class _Worker:
+    """An idle connection thread's slot: the server hands it the next connection (or None: end)."""
+
+    def __init__(self) -> None:
+        self._ready = threading.Event()
+        self._job: tuple[Any, Any] | None = None
+
+    def give(self, job: tuple[Any, Any] | None) -> None:
+        self._job = job
+        self._ready.set()
+
+    def take(self, timeout: float | None) -> tuple[bool, tuple[Any, Any] | None]:
+        """(True, the connection handed over, or None: end), or (False, None) when nothing was
+        handed within `timeout`."""
+        if not self._ready.wait(timeout):
+            return False, None
+        self._ready.clear()
+        job, self._job = self._job, None
+        return True, job
 
 
 class _Server6(_Server):
@@ -107,6 +181,15 @@ class StatusServer:
     def url(self) -> str:
         host, port = self.address
         return f"{self.scheme}://{'[' + host + ']' if ':' in host else host}:{port}/"
+
+    @property
+    def advertised_url(self) -> str:
+        """`url` as the other nodes of a cluster reach it (registered with the node, docs/api.md):
+        a wildcard address (``0.0.0.0``, ``::``) becomes this host's name."""
+        host, port = self.address
+        if host in ("0.0.0.0", "::", ""):
+            host = socket.getfqdn()
+        return f"{self.scheme}://{'[' + host + ']' if ':' in host else host}:{port}"
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
@@ -150,7 +233,8 @@ def _handler(observer: NodeObserver, api: Api | None, read_timeout: float) -> ty
 
         def _answer(self, response: Response) -> None:
             if response.stream is None:
-                body = json.dumps(response.body, allow_nan=False, default=str).encode()
+                body = response.encoded if response.encoded is not None else \
+                    json.dumps(response.body, allow_nan=False, default=str).encode()
                 self.send_response(response.status)
                 for key, value in {"Content-Type": "application/json", **response.headers}.items():
                     self.send_header(key, value)
@@ -175,7 +259,8 @@ def _handler(observer: NodeObserver, api: Api | None, read_timeout: float) -> ty
                 self.wfile.flush()
 
         def log_message(self, format: str, *args: Any) -> None:
-            log.debug("http %s %s", self.address_string(), format % args)
+            if log.isEnabledFor(logging.DEBUG):  # called for every request: nothing formatted for nothing
+                log.debug("http %s %s", self.address_string(), format % args)
 
         def do_HEAD(self) -> None:
             self.do_GET()

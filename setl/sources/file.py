@@ -95,13 +95,15 @@ class FileSource(Select):
         file.seek(self._offset)
 
     def _complete_end(self) -> int:
-        """The offset after the last complete line."""
+        """The offset after the last complete line. It never moves the reader's file position:
+        the node's sampler asks for the `head` from its own thread while Select polls, and a seek
+        between Select's seek and readline would make it read from the wrong offset."""
         assert self._file is not None
-        size = os.fstat(self._file.fileno()).st_size
+        fd = self._file.fileno()
+        size = os.fstat(fd).st_size
         if size == 0:
             return 0
-        self._file.seek(max(0, size - 1))
-        if self._file.read(1) == b"\n":
+        if os.pread(fd, 1, size - 1) == b"\n":
             return size
         data = self.path.read_bytes()[:size]
         return data.rfind(b"\n") + 1
@@ -151,9 +153,7 @@ class FileSource(Select):
     def head(self) -> Position:
         if self._file is None:
             raise RuntimeError("head() before open()")
-        end = self._complete_end()
-        self._file.seek(self._offset)
-        return Position(self.log, end)
+        return Position(self.log, self._complete_end())
 
     def close(self) -> None:
         if self._file is not None:

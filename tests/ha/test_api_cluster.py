@@ -1,5 +1,6 @@
-"""The control API of one node of an HA fleet (ZooKeeper, two nodes, two pipelines): any node
-answers for every pipeline, moves and drains run as operations, and nothing is lost or repeated."""
+"""The control API of an HA fleet (ZooKeeper, two nodes, two pipelines, both serving the API): any
+node answers for every pipeline (forwarding to the holder), moves and drains run as operations, and
+nothing is lost or repeated."""
 
 from __future__ import annotations
 
@@ -28,12 +29,19 @@ def fleet(tmp_path, zookeeper_server, mariadb_source, source_db, mariadb_target,
     port = free_port()
     made = Fleet(tmp_path, zookeeper_server.hosts, mariadb_source, source_db, mariadb_target, mysql_db,
                  names=("m1", "m2"), pipelines=2,
-                 node_extra={"m2": {"http": {"listen": f"127.0.0.1:{port}",
+                 node_extra={"m1": {"http": {"listen": f"127.0.0.1:{free_port()}", "api": {"tokens_file": "tokens"}}},
+                             "m2": {"http": {"listen": f"127.0.0.1:{port}",
                                              "api": {"tokens_file": "tokens"}}}})
-    (made.conf("m2") / "tokens").write_text(f"ops operator {TOKEN}\n")
+    for name in ("m1", "m2"):
+        (made.conf(name) / "tokens").write_text(f"ops operator {TOKEN}\n")
     made.api_url = f"http://127.0.0.1:{port}/api/v1"  # type: ignore[attr-defined]
     yield made
     made.close()
+
+
+def audited(fleet: Fleet, node: str) -> list[dict[str, Any]]:
+    path = fleet.conf(node) / "api-audit.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def call(fleet: Fleet, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
@@ -108,7 +116,8 @@ def drain_on_the_page(fleet: Fleet, node: str) -> None:
 
 
 def test_one_node_answers_for_the_cluster(fleet: Fleet) -> None:
-    """Through m2's API: the cluster view, a pause and resume of a pipeline m1 runs, `setl --node`
+    """Through m2's API: the cluster view, a pause and resume of a pipeline m1 runs (forwarded to m1,
+    audited on both nodes), `setl --node`
     cluster move to m2, the page's Drain button on m2 (confirmed in Chromium, an operation that ends
     done), `setl --node` drain undo; an unknown node is a 400; the target ends equal to the source
     with epochs never going back."""
@@ -123,6 +132,10 @@ def test_one_node_answers_for_the_cluster(fleet: Fleet) -> None:
     on_m1 = next(p for p, h in fleet.holders().items() if h == "m1")
     status, body = call(fleet, "POST", f"/pipelines/{on_m1}/pause")
     assert status == 200 and body["changed"], body
+    [forwarded] = [e for e in audited(fleet, "m1") if e["path"].endswith(f"/{on_m1}/pause")]
+    assert forwarded["forwarded_from"] == "m2" and forwarded["status"] == 200, forwarded
+    [asked] = [e for e in audited(fleet, "m2") if e["path"].endswith(f"/{on_m1}/pause")]
+    assert asked["forwarded_to"] == "m1" and asked["status"] == 200, asked
     wait_until(lambda: fleet.store.state(on_m1).status is Status.PAUSED
                and fleet.store.liveness(on_m1) is not None, 30, 0.2, message="m1's pipeline paused")
     paused_at = fleet.store.position(on_m1)

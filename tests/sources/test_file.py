@@ -103,3 +103,37 @@ def test_snapshot_reads_round_trip_and_a_read_with_a_before_image_is_refused(tmp
     source.open(None)
     with pytest.raises(SourceError, match="read change with a before image"):
         source.poll(0)
+
+
+class _NoMoving:
+    """A file object whose position must not move: it has a descriptor and nothing else."""
+
+    def __init__(self, file) -> None:
+        self._fd = file.fileno()
+
+    def fileno(self) -> int:
+        return self._fd
+
+
+def test_head_never_moves_the_position_select_reads_from(tmp_path):
+    """`head()` (asked from the node's sampler thread while Select polls) reads the file's end
+    without seeking or reading the shared file object, so Select never reads from a wrong offset;
+    with a half-written last line it still ends after the last complete one."""
+    path = tmp_path / "s.jsonl"
+    write(path, [[insert("t", {"id": i})] for i in range(3)])
+    complete = path.stat().st_size
+    with path.open("a") as out:
+        out.write('{"changes": [')
+    source = FileSource(path, follow=True)
+    source.open(None)
+    first = source.poll(0)
+    assert first is not None
+    reader = source._file
+    source._file = _NoMoving(reader)  # any seek, read or readline would raise AttributeError
+    try:
+        assert source.head() == Position("s.jsonl", complete)
+    finally:
+        source._file = reader
+    rest = [source.poll(0), source.poll(0)]
+    assert [tx.changes[0].after["id"] for tx in rest] == [1, 2] and rest[-1].end == Position("s.jsonl", complete)
+    source.close()
