@@ -376,11 +376,18 @@ def main() -> int:
     threading.Thread(target=watch, name="setl-binlog-process-parent", daemon=True).start()
     write = threading.Lock()
     selects: Callable[[str, str], bool] | None = _Questions(out, write, answers) if setup.selects else None
-    server = setup.server.server()
     handoff = Handoff(setup.settings.max_rows_in_memory)
     figures = ReaderFigures()
-    start_reader(server, setup.opening, setup.settings, handoff, figures, Backoff(initial=0.1, maximum=2.0,
-                 max_attempts=0), selects)
+    try:
+        server = setup.server.server()
+        start_reader(server, setup.opening, setup.settings, handoff, figures,
+                     Backoff(initial=0.1, maximum=2.0, max_attempts=0), selects)
+    except Exception as exc:  # noqa: BLE001 - the parent says it in one line (a TLS file, say)
+        text = exc.message if isinstance(exc, errors.SetlError) else f"{type(exc).__name__}: {exc}"
+        with write:
+            _write(out, (_FAILURE, "SourceError", f"the binlog reader process could not start: {text}", {},
+                         setup.opening.position))
+        return 1
     encoder = Encoder()
     while True:
         item = handoff.take(0.2)
