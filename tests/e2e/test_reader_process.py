@@ -13,12 +13,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from setl.config import SourcesConfig
+from setl.config import NodeSettings, SourcesConfig
+from setl.connectors import BuildContext, registry
 from setl.model import DdlChange, Op, PartialImage, Position, RowChange, Transaction
 from setl.sources.mysql_binlog import MysqlBinlogSource
 from setl.sources.mysql_binlog.process import Decoder, Encoder
+from setl.testing.connectors import SelectContract
 from setl.testing.servers import wait_until
 from tests.e2e.setl_process import SetlProcess, binlog_head, mysql_source, mysql_target, spawned
+from tests.sources import test_mysql_binlog_contract as contract
+from tests.sources.binlog import next_server_id
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -206,3 +210,22 @@ def test_reader_process_and_the_shared_reader_are_refused_together():
     assert SourcesConfig(reader_process=True).reader_process
     with pytest.raises(ValueError, match="reader_process does not work with shared_reader_server_id"):
         SourcesConfig(reader_process=True, shared_reader_server_id=9)
+
+
+class ReaderProcessProbe(contract.BinlogProbe):
+    """The binlog contract's probe, its source built by the connector for a node with `sources.reader_process`."""
+
+    def make_select(self, pipeline="p"):
+        config = self.server.source_config(next_server_id(), self.start)
+        node = NodeSettings(sources=SourcesConfig(reader_process=True))
+        select = registry().source("mysql").create(config, BuildContext(pipeline, node=node))
+        assert select.reader_process
+        return select
+
+
+class TestReaderProcessSelectContract(SelectContract):
+    """setl's Select contract suite, run against the binlog source with its reader in a process of its own."""
+
+    @pytest.fixture
+    def probe(self, mariadb_source, source_db):
+        return ReaderProcessProbe(mariadb_source, source_db)

@@ -53,7 +53,7 @@ from setl.tls import mysql_context
 log = logging.getLogger("setl.sources.mysql_binlog")
 
 _ITEMS, _SELECTS, _FAILURE = 1, 2, 3
-_HEADER = struct.Struct("<I")
+_HEADER = struct.Struct("<Q")  # a frame may hold a piece of max_rows_in_memory large rows
 #: rows the child gathers into one frame at most (fewer when its queue runs dry)
 FRAME_ROWS = 2_000
 #: the repository root the parent imports setl from: the child imports the same code
