@@ -108,7 +108,8 @@ def child_source(args: argparse.Namespace) -> dict:
         raise SystemExit(f"setl was imported from {sys.modules['setl'].__file__}, not from {args.root}")
 
     src = MysqlBinlogSource(port=args.port, server_id=args.server_id, start="earliest",
-                            table_map_cache=not args.no_cache, max_rows_in_memory=args.max_rows)
+                            table_map_cache=not args.no_cache, max_rows_in_memory=args.max_rows,
+                            reader_process=args.child_reader_process)
     end = Position(args.end_file, args.end_pos)
     began = time.perf_counter()
     src.open(Position(args.start_file, args.start_pos))
@@ -596,6 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--end-file", help=argparse.SUPPRESS)
     parser.add_argument("--end-pos", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--no-cache", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child-reader-process", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     parser.add_argument("--max-rows", type=int, default=5000,
                         help="the source's max_rows_in_memory (pieces of a larger transaction)")
@@ -666,6 +668,14 @@ def main(argv: list[str] | None = None) -> int:
                 label = f"setl source only, table-map cache {'on' if cache else 'off'}"
                 runs.setdefault(label, []).append((result["rows"] / wall, rss))
                 CPU.setdefault(label, []).append((LAST_CHILD_CPU[0], 0.0))
+                if args.reader_process and cache:  # the source alone, its reader in a process of its own
+                    result, wall, rss, _ = run_child([*me, "--child", "source", *span, "--server-id",
+                                                      str(4600 + n), "--child-reader-process"])
+                    label = "setl source only, reader process"
+                    runs.setdefault(label, []).append((result["rows"] / wall, rss))
+                    CPU.setdefault(label, []).append((LAST_CHILD_CPU[0], 0.0))
+                    if len(LAST_GRANDCHILDREN) == 1:
+                        READER_PROCESS.setdefault(label, []).append(next(iter(LAST_GRANDCHILDREN.values())))
                 if args.compare_tree and cache:  # the same reader with the other checkout's code
                     result, wall, rss, _ = run_child([*me, "--child", "source", *span, "--server-id",
                                                       str(4400 + n), "--root", str(args.compare_tree)])

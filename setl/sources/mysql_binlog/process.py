@@ -33,6 +33,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -54,8 +55,10 @@ log = logging.getLogger("setl.sources.mysql_binlog")
 
 _ITEMS, _SELECTS, _FAILURE = 1, 2, 3
 _HEADER = struct.Struct("<Q")  # a frame may hold a piece of max_rows_in_memory large rows
-#: rows the child gathers into one frame at most (fewer when its queue runs dry)
+#: rows the child gathers into one frame at most, waiting up to `FRAME_WAIT` seconds for them: a frame
+#: costs tens of µs each side, which frames of one small transaction each would pay per transaction
 FRAME_ROWS = 2_000
+FRAME_WAIT = 0.005
 #: the repository root the parent imports setl from: the child imports the same code
 _ROOT = Path(__file__).resolve().parents[3]
 
@@ -393,6 +396,7 @@ def main() -> int:
         item = handoff.take(0.2)
         items: list[Transaction] = []
         rows = 0
+        gather_until = time.monotonic() + FRAME_WAIT  # a frame costs both sides; a few ms fill it
         while item is not None:
             if isinstance(item, Failure):
                 if items:
@@ -404,7 +408,11 @@ def main() -> int:
                 return 0
             items.append(item)
             rows += weight(item)
-            item = handoff.take(None) if rows < FRAME_ROWS else None
+            item = None
+            if rows < FRAME_ROWS:
+                item = handoff.take(None)
+                if item is None and (left := gather_until - time.monotonic()) > 0:
+                    item = handoff.take(left)
         with write:
             _write(out, (_ITEMS, encoder.frame(items), _figures(figures)))
 
