@@ -5,4 +5,5 @@ import sys
 
 from setl.sources.mysql_binlog.process import main
 
-sys.exit(main())
+if __name__ == "__main__":  # importing it (docs, a module walk) starts nothing
+    sys.exit(main())
