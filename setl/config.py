@@ -212,6 +212,13 @@ class SourcesConfig:
     #: server_id (unique among the server's replicas and readers; docs/performance.md); not set: one stream each
     shared_reader_server_id: int | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))
+    #: each pipeline's binlog reader (socket, framing, decoding, transaction assembly) runs in a process of
+    #: its own, on another core, handing transactions on as columns (docs/performance.md); off: a thread
+    reader_process: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.reader_process and self.shared_reader_server_id is not None:
+            raise ValueError("reader_process does not work with shared_reader_server_id yet: set one of them")
 
 
 @attrs.frozen

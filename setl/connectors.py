@@ -400,7 +400,8 @@ def mysql_source() -> SourceConnector[Any]:
                                                   selects=context.selects, sequences=context.sequences)
         return MysqlBinlogSource.from_config(config, pipeline=context.name,
                                              max_rows_in_memory=context.settings.batch.max_rows,
-                                             selects=context.selects, sequences=context.sequences)
+                                             selects=context.selects, sequences=context.sequences,
+                                             reader_process=context.node.sources.reader_process)
 
     return SourceConnector("mysql", MysqlSourceConfig, build, SelectCapabilities(reports_head=True, snapshots=True),
                            help="a MySQL or MariaDB server's binary log")

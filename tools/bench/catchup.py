@@ -46,6 +46,11 @@ unselected tables costs), K pipelines each selecting its share of the tables wit
 each, and the same K pipelines with ``sources.shared_reader_server_id`` (one stream). It prints
 each one's process CPU seconds (user + system) and its ratio to the baseline, and checks the target.
 
+With ``--reader-process`` each repeat also catches up with ``sources.reader_process: true`` (the
+binlog reader in a process of its own), in alternating order with the run without; it prints both
+rates, their ratio (and to the native replica with ``--native``), and each process's CPU and peak
+RSS (the node's, and its reader process's, sampled every 10 ms from /proc).
+
 With ``--compare-tree DIR`` each repeat also catches up with the code of another checkout (for
 example ``git worktree add /tmp/old c1bc4f4``), so that old and new are measured in the same run.
 The other checkout always goes second in a repeat, which favoured it by 3-5% here (2026-11-26:
@@ -103,7 +108,8 @@ def child_source(args: argparse.Namespace) -> dict:
         raise SystemExit(f"setl was imported from {sys.modules['setl'].__file__}, not from {args.root}")
 
     src = MysqlBinlogSource(port=args.port, server_id=args.server_id, start="earliest",
-                            table_map_cache=not args.no_cache, max_rows_in_memory=args.max_rows)
+                            table_map_cache=not args.no_cache, max_rows_in_memory=args.max_rows,
+                            reader_process=args.child_reader_process)
     end = Position(args.end_file, args.end_pos)
     began = time.perf_counter()
     src.open(Position(args.start_file, args.start_pos))
@@ -149,6 +155,17 @@ def process_cpu(pid: int | None) -> float:
 #: label -> [(CPU seconds of the consumer process, CPU seconds of the server that applied)], per run
 CPU: dict[str, list[tuple[float, float]]] = {}
 LAST_CHILD_CPU = [0.0]  # the CPU seconds (user + system, its children's included) of the last run_child
+#: the last run_child's own children (a reader process): pid -> (CPU seconds, peak RSS MiB), as last sampled
+LAST_GRANDCHILDREN: dict[int, tuple[float, float]] = {}
+
+
+def child_pids(pid: int) -> list[int]:
+    """The live children of process `pid` (from /proc)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError, ValueError):
+            found += [int(c) for c in (task / "children").read_text().split()]
+    return found
 
 
 def run_child(argv: list[str], timeout: float = 3600, cwd: Path = ROOT) -> tuple[dict | None, float, float, str]:
@@ -161,8 +178,13 @@ def run_child(argv: list[str], timeout: float = 3600, cwd: Path = ROOT) -> tuple
     reader.start()
     deadline = time.monotonic() + timeout
     rss = 0.0
+    LAST_GRANDCHILDREN.clear()
     while True:
         rss = max(rss, peak_rss_mib(proc.pid))  # sampled until the child exits (a zombie has none)
+        for kid in child_pids(proc.pid):  # its reader process: the last sample before it ends
+            cpu, kid_rss = process_cpu(kid), peak_rss_mib(kid)
+            if cpu or kid_rss:
+                LAST_GRANDCHILDREN[kid] = (cpu, max(kid_rss, LAST_GRANDCHILDREN.get(kid, (0.0, 0.0))[1]))
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             LAST_CHILD_CPU[0] = usage.ru_utime + usage.ru_stime
@@ -186,12 +208,13 @@ def run_child(argv: list[str], timeout: float = 3600, cwd: Path = ROOT) -> tuple
 
 def write_conf(folder: Path, name: str, source, target, start, *, max_wait_ms: int, http: str | None = None,
                load_mode: str = "ordered", tables: tuple[str, ...] = (r"sbtest\..*", r"bench\..*"),
-               shared: int | None = None) -> Path:
+               shared: int | None = None, reader_process: bool = False) -> Path:
     conf = folder / "conf"
     (conf / "pipelines").mkdir(parents=True, exist_ok=True)
     (conf / "setl.yaml").write_text(f"node:\n  id: bench\nmeta:\n  store: sqlite\n  path: {folder / 'meta.db'}\n"
                                     + (f"http:\n  listen: {http}\n" if http else "")
-                                    + (f"sources:\n  shared_reader_server_id: {shared}\n" if shared else ""))
+                                    + (f"sources:\n  shared_reader_server_id: {shared}\n" if shared else "")
+                                    + ("sources:\n  reader_process: true\n" if reader_process else ""))
     rules = "".join(f"  - source: '{t}'\n" for t in tables)
     (conf / "pipelines" / f"{name}.yaml").write_text(f"""\
 source:
@@ -247,14 +270,19 @@ class Scraper:
         self._thread.join(10)
 
 
+#: label -> [(the reader process's CPU seconds, its peak RSS MiB)], per run with `--reader-process`
+READER_PROCESS: dict[str, list[tuple[float, float]]] = {}
+
+
 def catch_up(folder: Path, name: str, source, target, start, args: argparse.Namespace,
-             http: bool, load_mode: str = "ordered") -> tuple[float, float]:
+             http: bool, load_mode: str = "ordered", reader_process: bool = False) -> tuple[float, float]:
     """One `setl start --until-caught-up` of the backlog; (wall seconds, peak RSS MiB)."""
     from setl.testing.servers import free_port
 
     port = free_port() if http else None
     conf = write_conf(folder, name, source, target, start, max_wait_ms=args.max_wait_ms,
-                      http=f"127.0.0.1:{port}" if port else None, load_mode=load_mode)
+                      http=f"127.0.0.1:{port}" if port else None, load_mode=load_mode,
+                      reader_process=reader_process)
     argv = [sys.executable, "-m", "setl.cli", "--conf", str(conf), "start", "--pipeline", name, "--until-caught-up"]
     if args.profile:  # sampled stacks per thread, for `tools/bench/profile_split.py`
         args.profile.mkdir(parents=True, exist_ok=True)
@@ -264,14 +292,30 @@ def catch_up(folder: Path, name: str, source, target, start, args: argparse.Name
     if not http:
         applied = process_cpu(target.pid)
         _, wall, rss, _ = run_child(argv)
-        CPU.setdefault("setl" if not args.profile else "setl (under py-spy)", []).append(
-            (LAST_CHILD_CPU[0], process_cpu(target.pid) - applied))
+        label = ("setl" if not args.profile else "setl (under py-spy)") + (", reader process" if reader_process else "")
+        CPU.setdefault(label, []).append((LAST_CHILD_CPU[0], process_cpu(target.pid) - applied))
+        if reader_process:
+            if len(LAST_GRANDCHILDREN) != 1:
+                raise SystemExit(f"expected one reader process, saw {sorted(LAST_GRANDCHILDREN)}")
+            READER_PROCESS.setdefault(label, []).append(next(iter(LAST_GRANDCHILDREN.values())))
         return wall, rss
     with Scraper(f"http://127.0.0.1:{port}") as scraper:
         _, wall, rss, _ = run_child(argv)
     if scraper.scrapes == 0:
         raise SystemExit("the node's endpoint never answered")
     return wall, rss
+
+
+def reader_process_catch_up(n: int, source, target, start, args: argparse.Namespace, tmp: Path, mode: str,
+                            rows: int, runs: dict[str, list[tuple[float, float]]], equal) -> None:
+    """``--reader-process``: one catch-up with ``sources.reader_process: true``, its rate into `runs`;
+    the target checked against the source after it (`equal`)."""
+    wall, rss = catch_up(tmp / f"proc{n}", f"proc{n}", source, target, start, args, False, mode, reader_process=True)
+    runs.setdefault("setl start --until-caught-up, sources.reader_process", []).append((rows / wall, rss))
+    same = equal()
+    print(f"target equals source after the reader-process catch-up (CHECKSUM TABLE): {same}", flush=True)
+    if not same:
+        raise SystemExit("the target differs from the source after the reader-process catch-up")
 
 
 def pipelines_bench(source, target, start, tmp: Path, rows: int, tables: list[str], args: argparse.Namespace
@@ -553,9 +597,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--end-file", help=argparse.SUPPRESS)
     parser.add_argument("--end-pos", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--no-cache", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child-reader-process", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     parser.add_argument("--max-rows", type=int, default=5000,
                         help="the source's max_rows_in_memory (pieces of a larger transaction)")
+    parser.add_argument("--reader-process", action="store_true",
+                        help="also catch up with sources.reader_process on (the reader in a process of its own)")
     parser.add_argument("--pipelines", type=int, default=0, metavar="K",
                         help="measure K pipelines on the source (a stream each, and shared) against one; only that")
     parser.add_argument("--big-transaction", type=int, default=0, metavar="ROWS",
@@ -604,6 +651,11 @@ def main(argv: list[str] | None = None) -> int:
             pipelines_bench(source, target, start, Path(tmp), result["rows"], tables, args)
             return 0
         runs: dict[str, list[tuple[float, float]]] = {}  # name -> [(rows/s, rss MiB)]
+
+        def equal() -> bool:
+            return sysbench.checksums(sysbench.Conn.from_server(source), tables) == \
+                sysbench.checksums(sysbench.Conn.from_server(target), tables)
+
         rows = 0
         for n in range(args.repeat):
             result, wall, rss, _ = run_child([*me, "--child", "raw", *span, "--server-id", str(4100 + n)])
@@ -616,6 +668,14 @@ def main(argv: list[str] | None = None) -> int:
                 label = f"setl source only, table-map cache {'on' if cache else 'off'}"
                 runs.setdefault(label, []).append((result["rows"] / wall, rss))
                 CPU.setdefault(label, []).append((LAST_CHILD_CPU[0], 0.0))
+                if args.reader_process and cache:  # the source alone, its reader in a process of its own
+                    result, wall, rss, _ = run_child([*me, "--child", "source", *span, "--server-id",
+                                                      str(4600 + n), "--child-reader-process"])
+                    label = "setl source only, reader process"
+                    runs.setdefault(label, []).append((result["rows"] / wall, rss))
+                    CPU.setdefault(label, []).append((LAST_CHILD_CPU[0], 0.0))
+                    if len(LAST_GRANDCHILDREN) == 1:
+                        READER_PROCESS.setdefault(label, []).append(next(iter(LAST_GRANDCHILDREN.values())))
                 if args.compare_tree and cache:  # the same reader with the other checkout's code
                     result, wall, rss, _ = run_child([*me, "--child", "source", *span, "--server-id",
                                                       str(4400 + n), "--root", str(args.compare_tree)])
@@ -626,6 +686,8 @@ def main(argv: list[str] | None = None) -> int:
             modes = ["ordered", "per_table"] if args.load_mode == "both" else [args.load_mode]
             if n % 2:  # every run after the first applies updates only: alternate which goes first
                 modes.reverse()
+            if args.reader_process and n % 2:  # and before in odd ones
+                reader_process_catch_up(n, source, target, start, args, Path(tmp), modes[0], rows, runs, equal)
             for mode in modes:
                 for http in ((False, True) if n % 2 == 0 else (True, False)) if args.http else (False,):
                     suffix = "" if mode == "ordered" else f"_{mode}"
@@ -635,6 +697,8 @@ def main(argv: list[str] | None = None) -> int:
                     label = ("setl start --until-caught-up (MariaDB target)" + (", HTTP + metrics on" if http else "")
                              + ("" if mode == "ordered" else f", load.mode {mode}"))
                     runs.setdefault(label, []).append((rows / wall, rss))
+            if args.reader_process and n % 2 == 0:  # the reader in a process of its own: after in even repeats
+                reader_process_catch_up(n, source, target, start, args, Path(tmp), modes[0], rows, runs, equal)
             if replica is not None:  # each mode from the same starting state; alternate which goes first
                 for key in list(NATIVE_MODES) if n % 2 == 0 else list(reversed(NATIVE_MODES)):
                     threads, mode = NATIVE_MODES[key]
@@ -682,6 +746,17 @@ def main(argv: list[str] | None = None) -> int:
                 own = statistics.median(c for c, _ in values) / rows * 1e6
                 server = statistics.median(a for _, a in values) / rows * 1e6
                 print(f"{label:<48} {own:>9.1f} {server:>16.1f} {own + server:>7.1f}")
+        if args.reader_process:
+            off = [r for r, _ in runs["setl start --until-caught-up (MariaDB target)"]]
+            on = [r for r, _ in runs["setl start --until-caught-up, sources.reader_process"]]
+            print(f"sources.reader_process on / off: {statistics.median(on) / statistics.median(off):.2f} "
+                  f"(medians; runs off {[round(r) for r in off]}, on {[round(r) for r in on]})")
+            for label, values in READER_PROCESS.items():
+                node = statistics.median(c for c, _ in CPU[label]) / rows * 1e6
+                child = statistics.median(c for c, _ in values) / rows * 1e6
+                print(f"{label}: CPU µs per row change: node process {node - child:.1f} (its reader process "
+                      f"counted out), reader process {child:.1f}; reader process peak RSS "
+                      f"{statistics.median(m for _, m in values):.0f} MB")
         if args.http:
             off = [r for r, _ in runs["setl start --until-caught-up (MariaDB target)"]]
             on = [r for r, _ in runs["setl start --until-caught-up (MariaDB target), HTTP + metrics on"]]

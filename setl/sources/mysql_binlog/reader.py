@@ -11,6 +11,7 @@ import threading
 import time
 from typing import Any
 
+import attrs
 import pymysql
 
 from setl.adapters.replication import TableMapCache
@@ -21,14 +22,55 @@ from setl.retry import Backoff
 from setl.sources.mysql_binlog import fast
 from setl.sources.mysql_binlog.assembler import _EVENTS, _Assembler, read_events
 from setl.sources.mysql_binlog.connector import _Connector, _disconnected, _Lost
+from setl.sources.mysql_binlog.ddl_events import KnownTables
 from setl.sources.mysql_binlog.handoff import Failure, Handoff, ReaderFigures, Stopped
-from setl.sources.mysql_binlog.server import SourceServer
+from setl.sources.mysql_binlog.lookups import TableLookups
+from setl.sources.mysql_binlog.opening import Opening
+from setl.sources.mysql_binlog.server import Selects, SourceServer
 from setl.sources.mysql_binlog.stream import BinlogStream
+from setl.sources.mysql_binlog.xa import PreparedXa
 from setl.tls import tls_failure
 
 log = logging.getLogger("setl.sources.mysql_binlog")
 
 _ER_MASTER_FATAL_READING_BINLOG = 1236
+
+
+@attrs.frozen
+class ReaderSettings:
+    """What an open's reader is built from besides its server, its start and its table rules: plain
+    values, so that a reader process (`setl.sources.reader_process`) is given them whole."""
+
+    server_id: int
+    pipeline: str
+    max_rows_in_memory: int
+    reconnect_timeout: float
+    table_map_cache: bool
+    fast_decoder: bool  # where the compiled module is built (`fast.available()`)
+    sequences: bool
+    ignore_server_ids: frozenset[int]
+
+
+def start_reader(server: SourceServer, opening: Opening, settings: ReaderSettings, handoff: Handoff,
+                 figures: ReaderFigures, backoff: Backoff, selects: Selects) -> "BinlogReader":
+    """An open's reader thread, started from `opening` with fresh caches, handing on to `handoff`."""
+    position, gtids = opening.position, opening.gtids
+    pipeline = settings.pipeline
+    lookups = TableLookups(server.lookups, pipeline=pipeline, sequences=settings.sequences)  # fresh caches
+    assembler = _Assembler(position or Position("", 0), settings.max_rows_in_memory, gtids,
+                           PreparedXa(server, lookups.table_kind, pipeline).rows,
+                           lookups.transactional, selects, KnownTables(opening.tables))
+    assembler.kind_of = lookups.table_kind
+    assembler.sequences = settings.sequences
+    assembler.ignore_server_ids = settings.ignore_server_ids
+    assembler.ddl_events.mode_names = lookups.mode_names
+    gtid_start = gtids.text if position is None and gtids is not None else None
+    reader = BinlogReader(server, handoff, figures, server_id=settings.server_id, flavor=opening.flavor,
+                          reconnect_timeout=settings.reconnect_timeout, backoff=backoff, pipeline=pipeline,
+                          table_maps=TableMapCache() if settings.table_map_cache else None,
+                          row_decoders=fast.RowDecoders(compiled=settings.fast_decoder))
+    reader.start(assembler, position, gtid_start)
+    return reader
 
 
 class BinlogReader:

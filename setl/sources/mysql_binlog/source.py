@@ -25,16 +25,13 @@ from setl.errors import ConfigError
 from setl.model import Position, TableSchema, Transaction
 from setl.retry import Backoff
 from setl.sources.mysql_binlog import fast
-from setl.sources.mysql_binlog.assembler import _Assembler
-from setl.sources.mysql_binlog.ddl_events import KnownTables
 from setl.sources.mysql_binlog.handoff import Failure, Handoff, ReaderFigures
-from setl.sources.mysql_binlog.lookups import TableLookups
 from setl.sources.mysql_binlog.opening import SourceChecks
-from setl.sources.mysql_binlog.reader import BinlogReader, failure_error
+from setl.sources.mysql_binlog.process import ReaderProcess, ServerSpec
+from setl.sources.mysql_binlog.reader import BinlogReader, ReaderSettings, failure_error, start_reader
 from setl.sources.mysql_binlog.server import SourceServer
 from setl.sources.mysql_binlog.settings import SettingsReport
 from setl.sources.mysql_binlog.start import parse_start
-from setl.sources.mysql_binlog.xa import PreparedXa
 from setl.stages.select import Select
 from setl.stages.snapshot import SnapshotAccess
 from setl.tablecopy import SnapshotSettings
@@ -135,6 +132,7 @@ class MysqlBinlogSource(Select):
         snapshot: SnapshotSettings | None = None,
         sequences: bool = False,
         ignore_server_ids: Sequence[int] = (),
+        reader_process: bool = False,
     ) -> None:
         if flavor not in ("auto", "mariadb", "mysql"):
             raise ConfigError(f"source.flavor {flavor!r} is not auto, mariadb or mysql", pipeline=pipeline)
@@ -164,13 +162,16 @@ class MysqlBinlogSource(Select):
         #: target applies them (`setl.stages.load.LoadCapabilities.sequences`); dropped otherwise
         self.sequences = sequences
         self.ignore_server_ids = frozenset(ignore_server_ids)
+        #: read in a process of its own (`process.ReaderProcess`): the reader's CPU on the other core
+        self.reader_process = reader_process
+        self._spec = ServerSpec(host, port, user, password, ssl, connect_timeout, heartbeat, flavor, pipeline)
         self.backoff = Backoff(initial=0.1, maximum=2.0, max_attempts=0)
         self.checks = SourceChecks(self.server, selects, self.start)  # settings judgment, where an open starts
         self.figures = ReaderFigures()  # what the reader threads did, across opens (lag figures, tests)
         self.detected_flavor: str | None = None
         self.table_maps: TableMapCache | None = None  # the open reader's decoded-table-map cache
         self.row_decoders: fast.RowDecoders | None = None  # the open reader's compiled decoders
-        self._reader: BinlogReader | None = None  # the open reader thread
+        self._reader: BinlogReader | ReaderProcess | None = None  # the open reader thread (or process)
         self._handoff: Handoff | None = None  # its queue to poll (None: closed, or its failure raised)
         self._cursor: Position | None = None  # after the last transaction or mark poll returned
         self._mark: Transaction | None = None  # a position mark poll holds back while more may come
@@ -246,22 +247,20 @@ class MysqlBinlogSource(Select):
         self._cursor = position
         self._mark = None
         self._handoff = Handoff(self.max_rows_in_memory)
-        self.table_maps = TableMapCache() if self.table_map_cache else None
-        self.row_decoders = fast.RowDecoders(compiled=self.fast_decoder)
-        lookups = TableLookups(self.server.lookups, pipeline=self.pipeline, sequences=self.sequences)  # fresh caches
-        assembler = _Assembler(position or Position("", 0), self.max_rows_in_memory, gtids,
-                               PreparedXa(self.server, lookups.table_kind, self.pipeline).rows,
-                               lookups.transactional, self.selects, KnownTables(opening.tables))
-        assembler.kind_of = lookups.table_kind
-        assembler.sequences = self.sequences
-        assembler.ignore_server_ids = self.ignore_server_ids
-        assembler.ddl_events.mode_names = lookups.mode_names
+        settings = ReaderSettings(self.server_id, self.pipeline, self.max_rows_in_memory, self.reconnect_timeout,
+                                  self.table_map_cache, self.fast_decoder, self.sequences, self.ignore_server_ids)
+        if self.reader_process:  # socket, framing, decoding and assembly on the other core
+            process = ReaderProcess(self._spec, opening, settings, self._handoff, self.figures,
+                                    self.selects)
+            process.start()
+            self._reader = process
+            self.table_maps = self.row_decoders = None  # the child's
+        else:
+            reader = start_reader(self.server, opening, settings, self._handoff, self.figures, self.backoff,
+                                  self.selects)
+            self._reader = reader
+            self.table_maps, self.row_decoders = reader.table_maps, reader.row_decoders
         gtid_start = gtids.text if position is None and gtids is not None else None
-        self._reader = BinlogReader(self.server, self._handoff, self.figures, server_id=self.server_id,
-                                    flavor=opening.flavor, reconnect_timeout=self.reconnect_timeout,
-                                    backoff=self.backoff, pipeline=self.pipeline, table_maps=self.table_maps,
-                                    row_decoders=self.row_decoders)
-        self._reader.start(assembler, position, gtid_start)
         log.info("pipeline=%s reading the %s binlog of %s:%s from %s (server_id %d)", self.pipeline,
                  self.detected_flavor, self.host, self.port, position or f"after GTID {gtid_start}",
                  self.server_id)

@@ -1,0 +1,418 @@
+"""The binlog reader in a process of its own (`sources.reader_process`): socket, framing, decoding
+and transaction assembly run in a child Python process, on the other core, and its transactions
+reach the parent's `poll` as columns (values per column of each run of like rows), never as pickled
+row objects.
+
+`ReaderProcess` is the parent's side, in place of the reader thread (`reader.BinlogReader`): it
+starts the child (`python -m setl.sources.mysql_binlog.reader_child`, never a fork: the parent has
+threads and a JVM), answers its table-rule questions, and feeds the open's `handoff.Handoff` from
+a receiving thread. The child's side is `main`. The two talk over the child's stdin and stdout in
+frames (`_write`, `_read`) of pickled plain values:
+
+* parent -> child: `Setup` once, then the answers to `selects` questions. The end of stdin (the
+  parent closed it, or died) ends the child at once: no child outlives its parent.
+* child -> parent: `_ITEMS` (encoded transactions, each with its end, and the reader's figures),
+  `_SELECTS` (a table-rule question) and `_FAILURE` (the reader's end by an error, already one line).
+
+Back-pressure: the child's reader runs ahead into its own `Handoff` (bounded by rows), its sender
+blocks on the pipe, and the parent's receiver blocks on the parent's `Handoff`: memory stays
+bounded by about twice `max_rows_in_memory` rows in each process. A child that dies is a `Failure`
+at the end of the last transaction it handed on: `poll` raises, the scheduler rolls back to the
+last ack and opens again (a new child). Nothing is acked that the parent did not take.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import queue
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import attrs
+
+from setl import errors
+from setl.config import SslConfig
+from setl.errors import SourceError
+from setl.model import Change, Position, RowChange, Transaction
+from setl.retry import Backoff
+from setl.sources.mysql_binlog.handoff import Failure, Handoff, ReaderFigures, Stopped, weight
+from setl.sources.mysql_binlog.opening import Opening
+from setl.sources.mysql_binlog.reader import ReaderSettings, failure_error, start_reader
+from setl.sources.mysql_binlog.server import Selects, SourceServer
+from setl.tls import mysql_context
+
+log = logging.getLogger("setl.sources.mysql_binlog")
+
+_ITEMS, _SELECTS, _FAILURE = 1, 2, 3
+_HEADER = struct.Struct("<Q")  # a frame may hold a piece of max_rows_in_memory large rows
+#: rows the child gathers into one frame at most, waiting up to `FRAME_WAIT` seconds for them: a frame
+#: costs tens of µs each side, which frames of one small transaction each would pay per transaction
+FRAME_ROWS = 2_000
+FRAME_WAIT = 0.005
+#: the repository root the parent imports setl from: the child imports the same code
+_ROOT = Path(__file__).resolve().parents[3]
+
+
+@attrs.frozen
+class ServerSpec:
+    """How the child reaches the server (`SourceServer` with its TLS context rebuilt from `ssl`)."""
+
+    host: str
+    port: int
+    user: str
+    password: str = attrs.field(repr=False)
+    ssl: SslConfig | None
+    connect_timeout: float
+    heartbeat: float
+    flavor: str
+    pipeline: str
+
+    def server(self) -> SourceServer:
+        context = mysql_context(self.ssl, where="source.ssl", pipeline=self.pipeline or None) if self.ssl else None
+        return SourceServer(self.host, self.port, self.user, password=self.password, ssl=context,
+                            connect_timeout=self.connect_timeout, heartbeat=self.heartbeat, flavor=self.flavor,
+                            pipeline=self.pipeline)
+
+
+@attrs.frozen
+class Setup:
+    """What the child reads first: the server, where the open starts, the reader's settings, and
+    whether the pipeline has table rules to ask about (`selects`)."""
+
+    server: ServerSpec
+    opening: Opening
+    settings: ReaderSettings
+    selects: bool
+
+
+# --- frames ------------------------------------------------------------------------------------
+
+
+def _write(out: IO[bytes], message: Any) -> None:
+    data = pickle.dumps(message, protocol=5)
+    out.write(_HEADER.pack(len(data)))
+    out.write(data)
+    out.flush()
+
+
+def _read(inp: IO[bytes]) -> Any:
+    """The next message, or None at the end of the stream (a cut frame counts as the end)."""
+    head = inp.read(_HEADER.size)
+    if len(head) < _HEADER.size:
+        return None
+    (size,) = _HEADER.unpack(head)
+    data = inp.read(size)
+    if len(data) < size:
+        return None
+    return pickle.loads(data)
+
+
+# --- transactions as columns -------------------------------------------------------------------
+
+
+class Encoder:
+    """The child's side of the columns: a frame of transactions as plain values. Each row change is
+    a shape (op, table, key, the kind and column names of each image: sent once, then known by its
+    number), a position and a commit time; the images' values travel as columns per shape and frame.
+    A change of any other kind (DDL, a sequence's state, one with a `source`) is one object (rare)."""
+
+    def __init__(self) -> None:
+        self.shapes: dict[tuple[Any, ...], int] = {}
+
+    def frame(self, txs: list[Transaction]) -> tuple[Any, ...]:
+        shapes = self.shapes
+        new: list[tuple[int, tuple[Any, ...]]] = []
+        befores: dict[int, list[tuple[Any, ...]]] = {}
+        afters: dict[int, list[tuple[Any, ...]]] = {}
+        row_shapes: list[int] = []
+        row_positions: list[int] = []
+        row_times: list[float | None] = []
+        positions: dict[Position | None, int] = {}
+        heads: list[tuple[Any, ...]] = []
+        for tx in txs:
+            objects: list[tuple[int, Any]] = []
+            for i, change in enumerate(tx.changes):
+                if type(change) is not RowChange or change.sequence is not None or change.source is not None:
+                    objects.append((i, change))
+                    continue
+                before, after = change.before, change.after
+                key = (change.op, change.schema, change.table, change.primary_key,
+                       type(before), None if before is None else tuple(before),
+                       type(after), None if after is None else tuple(after))
+                shape = shapes.get(key)
+                if shape is None:
+                    shape = shapes[key] = len(shapes)
+                    new.append((shape, key))
+                    befores[shape], afters[shape] = [], []
+                elif shape not in befores:
+                    befores[shape], afters[shape] = [], []
+                if before is not None:
+                    befores[shape].append(tuple(before.values()))
+                if after is not None:
+                    afters[shape].append(tuple(after.values()))
+                at = change.position
+                p = positions.get(at)
+                if p is None:
+                    p = positions[at] = len(positions)
+                row_shapes.append(shape)
+                row_positions.append(p)
+                row_times.append(change.commit_time)
+            heads.append((tx.end, tx.complete, tx.nbytes, len(tx.changes), objects))
+        columns = {shape: (list(zip(*befores[shape])), list(zip(*afters[shape]))) for shape in befores}
+        places = [None if at is None else (at.log, at.offset, at.gtid, at.row) for at in positions]
+        return (new, heads, columns, row_shapes, row_positions, row_times, places)
+
+
+class Decoder:
+    """The parent's side of the columns: the transactions of a frame `Encoder.frame` made."""
+
+    def __init__(self) -> None:
+        self.shapes: dict[int, tuple[Any, ...]] = {}
+
+    def frame(self, frame: tuple[Any, ...]) -> list[Transaction]:
+        new, heads, columns, row_shapes, row_positions, row_times, places = frame
+        self.shapes.update(new)
+        images: dict[int, tuple[Any, Any, tuple[Any, ...]]] = {}
+        for shape, (before_columns, after_columns) in columns.items():
+            key = self.shapes[shape]
+            n = row_shapes.count(shape)
+            images[shape] = (iter(_images(key[4], key[5], before_columns, n)),
+                             iter(_images(key[6], key[7], after_columns, n)), key[:4])
+        positions = [None if p is None else Position(p[0], p[1], p[2], row=p[3]) for p in places]
+        rows = zip(row_shapes, row_positions, row_times)
+        txs = []
+        for end, complete, nbytes, count, objects in heads:
+            changes: list[Change] = []
+            add = changes.append
+            o = 0
+            for i in range(count):
+                if o < len(objects) and objects[o][0] == i:
+                    add(objects[o][1])
+                    o += 1
+                    continue
+                shape, p, commit_time = next(rows)
+                befores, afters, (op, schema, table, primary_key) = images[shape]
+                add(RowChange(op, schema, table, primary_key, next(befores), next(afters), positions[p],
+                              commit_time))
+            txs.append(Transaction(tuple(changes), end, complete, nbytes))
+        return txs
+
+
+def _images(kind: type, names: tuple[str, ...] | None, columns: list[tuple[Any, ...]], n: int) -> list[Any]:
+    """`n` images of `kind` with columns `names` (None: no image) from their values by column."""
+    if names is None:
+        return [None] * n
+    if not names:
+        return [kind() for _ in range(n)]
+    return [kind(zip(names, values)) for values in zip(*columns)]
+
+
+# --- the parent's side -------------------------------------------------------------------------
+
+
+class ReaderProcess:
+    """One open's reader process and the parent's thread that receives from it; `start` once,
+    `stop` once (as `reader.BinlogReader`). What it receives goes to `handoff`, what the child's
+    reader did to `figures`; `selects` answers the child's table-rule questions."""
+
+    def __init__(self, server: ServerSpec, opening: Opening, settings: ReaderSettings, handoff: Handoff,
+                 figures: ReaderFigures, selects: Selects) -> None:
+        self.setup = Setup(server, opening, settings, selects is not None)
+        self.handoff = handoff
+        self.figures = figures
+        self.selects = selects
+        self.pipeline = settings.pipeline
+        self.process: subprocess.Popen[bytes] | None = None
+        self.thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._answer = threading.Lock()  # stdin: the receiver's answers against stop's close
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process id (None: not started)."""
+        return self.process.pid if self.process is not None else None
+
+    def start(self) -> None:
+        """Start the child and hand it the setup; a thread of its own receives what it reads."""
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
+        self.process = subprocess.Popen([sys.executable, "-m", "setl.sources.mysql_binlog.reader_child"],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
+        assert self.process.stdin is not None
+        _write(self.process.stdin, self.setup)
+        self.thread = threading.Thread(target=self._receive, name=f"setl-{self.pipeline or 'mysql'}-binlog-process",
+                                       daemon=True)
+        self.thread.start()
+        log.info("pipeline=%s binlog reader process started (pid %d)", self.pipeline, self.process.pid)
+
+    def stop(self, timeout: float) -> None:
+        """End the child (its stdin closed: it exits at once), then the receiving thread."""
+        self._stop.set()
+        process = self.process
+        if process is None:
+            return
+        with self._answer, contextlib.suppress(OSError):
+            assert process.stdin is not None
+            process.stdin.close()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log.warning("pipeline=%s binlog reader process %d did not exit within %.0fs; killed", self.pipeline,
+                        process.pid, timeout)
+            process.kill()
+            process.wait()
+        if self.thread is not None:
+            self.thread.join(timeout)
+        if process.stdout is not None:
+            process.stdout.close()
+
+    def _receive(self) -> None:
+        """The thread: the child's frames into the hand-off, until the child's end."""
+        process = self.process
+        assert process is not None and process.stdout is not None
+        handed: Position | None = self.setup.opening.position
+        reconnects = 0
+        decoder = Decoder()
+        try:
+            while True:
+                message = _read(process.stdout)
+                if message is None:
+                    break
+                if message[0] == _ITEMS:
+                    _, frame, (heard, arrivals, child_reconnects, peak) = message
+                    for tx in decoder.frame(frame):
+                        self.handoff.put(tx, self._stop)
+                        handed = tx.end
+                    # after the transactions they follow: "heard" never runs ahead of what poll can take
+                    if heard is not None:
+                        self.figures.heard = heard
+                    self.figures.arrivals.extend(arrivals)
+                    self.figures.reconnects += child_reconnects - reconnects
+                    reconnects = child_reconnects
+                    self.figures.buffered(self.handoff.queued_with(peak))
+                elif message[0] == _SELECTS:
+                    answer = self.selects is None or bool(self.selects(message[1], message[2]))
+                    with self._answer, contextlib.suppress(OSError, ValueError):
+                        assert process.stdin is not None
+                        _write(process.stdin, answer)
+                else:  # _FAILURE: the reader's end, already one line
+                    _, name, text, context, position = message
+                    cls = getattr(errors, name, SourceError)
+                    if not (isinstance(cls, type) and issubclass(cls, SourceError)):
+                        cls = SourceError
+                    self.handoff.put(Failure(cls(text, **context), position), self._stop)
+                    return
+            if self._stop.is_set():
+                return
+            code = process.wait()
+            cause = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+            error = SourceError(f"the binlog reader process (pid {process.pid}) {cause} after {handed or 'the start'}"
+                                "; the pipeline rolls back to its last ack and reads again from there",
+                                pipeline=self.pipeline or None, stage="select", position=handed)
+            self.handoff.put(Failure(error, handed), self._stop)
+        except Stopped:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - every failure reaches poll(); none kills the thread silently
+            if not self._stop.is_set():
+                with contextlib.suppress(Stopped):
+                    self.handoff.put(Failure(exc, handed), self._stop)
+
+
+# --- the child's side --------------------------------------------------------------------------
+
+
+class _Questions:
+    """The child's table rules: each (schema, table) asked of the parent once, then remembered (the
+    parent's routing plan keeps its answers too)."""
+
+    def __init__(self, out: IO[bytes], write: threading.Lock, answers: queue.Queue[Any]) -> None:
+        self.out, self.write, self.answers = out, write, answers
+        self.known: dict[tuple[str, str], bool] = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, schema: str, table: str) -> bool:
+        key = (schema, table)
+        with self.lock:
+            if key not in self.known:
+                with self.write:
+                    _write(self.out, (_SELECTS, schema, table))
+                self.known[key] = bool(self.answers.get())
+            return self.known[key]
+
+
+def _figures(figures: ReaderFigures) -> tuple[Any, ...]:
+    arrivals = []
+    while figures.arrivals:
+        arrivals.append(figures.arrivals.popleft())
+    return (figures.heard, arrivals, figures.reconnects, figures.peak_buffered_rows)
+
+
+def main() -> int:
+    """The child: read the setup, start the reader thread, send what it hands on until the end."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops it (stdin's end); a ^C is the parent's
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format=f"%(asctime)s binlog-reader[{os.getpid()}] %(levelname)s %(name)s: %(message)s")
+    inp = sys.stdin.buffer
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print must not corrupt the frames
+    setup: Setup | None = _read(inp)
+    if setup is None:
+        return 0
+    answers: queue.Queue[Any] = queue.Queue()
+
+    def watch() -> None:  # the parent's answers; the end of stdin is the parent's stop or death
+        while (message := _read(inp)) is not None:
+            answers.put(message)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="setl-binlog-process-parent", daemon=True).start()
+    write = threading.Lock()
+    selects: Callable[[str, str], bool] | None = _Questions(out, write, answers) if setup.selects else None
+    handoff = Handoff(setup.settings.max_rows_in_memory)
+    figures = ReaderFigures()
+    try:
+        server = setup.server.server()
+        start_reader(server, setup.opening, setup.settings, handoff, figures,
+                     Backoff(initial=0.1, maximum=2.0, max_attempts=0), selects)
+    except Exception as exc:  # noqa: BLE001 - the parent says it in one line (a TLS file, say)
+        text = exc.message if isinstance(exc, errors.SetlError) else f"{type(exc).__name__}: {exc}"
+        with write:
+            _write(out, (_FAILURE, "SourceError", f"the binlog reader process could not start: {text}", {},
+                         setup.opening.position))
+        return 1
+    encoder = Encoder()
+    while True:
+        item = handoff.take(0.2)
+        items: list[Transaction] = []
+        rows = 0
+        gather_until = time.monotonic() + FRAME_WAIT  # a frame costs both sides; a few ms fill it
+        while item is not None:
+            if isinstance(item, Failure):
+                if items:
+                    with write:
+                        _write(out, (_ITEMS, encoder.frame(items), _figures(figures)))
+                error = failure_error(item, server, setup.settings.pipeline)
+                with write:
+                    _write(out, (_FAILURE, type(error).__name__, error.message, error.context, item.position))
+                return 0
+            items.append(item)
+            rows += weight(item)
+            item = None
+            if rows < FRAME_ROWS:
+                item = handoff.take(None)
+                if item is None and (left := gather_until - time.monotonic()) > 0:
+                    item = handoff.take(left)
+        with write:
+            _write(out, (_ITEMS, encoder.frame(items), _figures(figures)))
+

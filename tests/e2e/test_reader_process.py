@@ -1,0 +1,231 @@
+"""`sources.reader_process`: the binlog reader in a process of its own. Its transactions equal the
+reader thread's on a real binlog (split transactions, DDL, table rules), travel as columns, and a
+kill -9 of either process ends in a target equal to the source, with no gap and no duplicate."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import yaml
+
+from setl.config import NodeSettings, SourcesConfig
+from setl.connectors import BuildContext, registry
+from setl.model import DdlChange, Op, PartialImage, Position, RowChange, Transaction
+from setl.sources.mysql_binlog import MysqlBinlogSource
+from setl.sources.mysql_binlog.process import Decoder, Encoder
+from setl.testing.connectors import SelectContract
+from setl.testing.servers import wait_until
+from tests.e2e.setl_process import SetlProcess, binlog_head, mysql_source, mysql_target, spawned
+from tests.sources import test_mysql_binlog_contract as contract
+from tests.sources.binlog import next_server_id
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def children(pid: int) -> list[int]:
+    """The live child processes of `pid` (from /proc)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def contents(server, table: str) -> list[tuple]:
+    return [tuple(r) for r in server.query(f"SELECT id, v, n FROM {table} ORDER BY id")]
+
+
+def write(server, db: str, first: int, count: int) -> None:
+    """`count` rows in transactions of 20, then updates and deletes of some of them in one transaction."""
+    conn = server.connect(database=db)
+    try:
+        with conn.cursor() as cur:
+            for start in range(first, first + count, 20):
+                ids = range(start, min(start + 20, first + count))
+                cur.execute("INSERT INTO t (id, v, n) VALUES " + ", ".join(f"({i}, 'v{i}', {i}.5)" for i in ids))
+            cur.execute("BEGIN")
+            cur.execute("UPDATE t SET v = CONCAT(v, '+'), n = n + 1 WHERE MOD(id, 3) = 0 AND id >= %s", (first,))
+            cur.execute("DELETE FROM t WHERE MOD(id, 7) = 0 AND id >= %s", (first,))
+            cur.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+def kept(*ranges: tuple[int, int]) -> int:
+    """The rows `write` leaves for its calls with (first, count): every id but multiples of 7."""
+    return sum(1 for first, count in ranges for i in range(first, first + count) if i % 7)
+
+
+def test_columns_round_trip_every_change_kind_exactly():
+    """Frames of row changes (full, partial and missing images, split positions, any value type) and
+    DDL decode to equal transactions, a shape sent in one frame known in the next."""
+    at = Position("b.000001", 400, "0-1-9")
+    values = {"id": 1, "d": decimal.Decimal("1.10"), "t": datetime.datetime(2026, 1, 2, 3, 4, 5, 6),
+              "b": b"\x00\xff", "s": {"a", "b"}, "n": None, "f": -0.0, "j": "{\"k\": 1}"}
+    first = [
+        Transaction((RowChange(Op.INSERT, "s", "t", ("id",), None, dict(values), at, 1.5),
+                     RowChange(Op.UPDATE, "s", "t", ("id",), dict(values), {**values, "n": 7}, at, 1.5),
+                     DdlChange("s", "t", "ALTER TABLE t ADD c INT", at),
+                     RowChange(Op.DELETE, "s", "u", (), PartialImage(id=2), None, at, None)), at, True, 99),
+        Transaction((), Position("b.000002", 4), True, 0),
+    ]
+    split = Position("b.000002", 10)
+    second = [Transaction(tuple(RowChange(Op.INSERT, "s", "t", ("id",), None, {**values, "id": i},
+                                          Position("b.000002", 10, row=i), 2.0) for i in range(1, 4))
+                          + (RowChange(Op.UPDATE, "s", "v", ("k",), {}, {}, split, 2.0),), split, False, 10)]
+    encoder, decoder = Encoder(), Decoder()
+    for frame in (first, second):
+        got = decoder.frame(encoder.frame(frame))
+        assert got == frame
+        for tx, back in zip(frame, got):  # types the attrs equality does not look at
+            for change, change_back in zip(tx.changes, back.changes):
+                assert type(change_back) is type(change)
+                if isinstance(change, RowChange):
+                    assert type(change_back.before) is type(change.before)
+                    assert change_back.position.row == change.position.row
+                    assert {k: type(v) for k, v in (change.after or {}).items()} == \
+                        {k: type(v) for k, v in (change_back.after or {}).items()}
+    assert len(encoder.shapes) == 4  # the second frame's inserts reuse the first's shape
+
+
+def test_reader_process_hands_on_what_the_reader_thread_does(mariadb_source, source_db):
+    """The same binlog range through the reader process and the reader thread gives equal transactions
+    and ends: split pieces, DDL, and a table the rules leave out."""
+    mariadb_source.query(f"CREATE TABLE `{source_db}`.t (id INT PRIMARY KEY, v VARCHAR(40), n DECIMAL(10,2))")
+    mariadb_source.query(f"CREATE TABLE `{source_db}`.skip (id INT PRIMARY KEY)")
+    start = binlog_head(mariadb_source)
+    write(mariadb_source, source_db, 1, 300)
+    mariadb_source.query(f"INSERT INTO `{source_db}`.skip VALUES (1), (2)")
+    mariadb_source.query(f"ALTER TABLE `{source_db}`.t ADD COLUMN w INT")
+    mariadb_source.query(f"UPDATE `{source_db}`.t SET w = id WHERE id < 50")
+    end = binlog_head(mariadb_source)
+
+    def read(process: bool, server_id: int) -> list[Transaction]:
+        src = MysqlBinlogSource.from_config(mariadb_source.source_config(server_id, "earliest"), pipeline="rp",
+                                            max_rows_in_memory=60, reader_process=process,
+                                            selects=lambda schema, table: table != "skip")
+        got: list[Transaction] = []
+        src.open(start)
+        try:
+            def more() -> bool:
+                tx = src.poll(0.2)
+                if tx is not None:
+                    got.append(tx)
+                return bool(got) and got[-1].complete and got[-1].end >= end
+            wait_until(more, timeout=60, interval=0, message="the range read")
+        finally:
+            src.close()
+        return got
+
+    thread, process = read(False, 7901), read(True, 7902)
+    assert [c for tx in process for c in tx.changes] == [c for tx in thread for c in tx.changes]
+    assert [(tx.end, tx.complete) for tx in process if tx.changes] == \
+        [(tx.end, tx.complete) for tx in thread if tx.changes]
+    assert any(not tx.complete for tx in process), "no split transaction: the range proves less"
+    assert any(isinstance(c, DdlChange) for tx in process for c in tx.changes)
+    # the assembler hands on a skipped table's rows (Extract drops them): the rules judge what it refuses
+    assert any(c.table == "skip" for tx in process for c in tx.changes if isinstance(c, RowChange))
+
+
+def setl_with_reader_process(tmp_path, mariadb_source, source_db, mariadb_target, mysql_db,
+                             server_id: int) -> SetlProcess:
+    for server, db in ((mariadb_source, source_db), (mariadb_target, mysql_db)):
+        server.query(f"CREATE TABLE `{db}`.t (id INT PRIMARY KEY, v VARCHAR(40), n DECIMAL(10,2))")
+    start = binlog_head(mariadb_source)
+    setl = SetlProcess(tmp_path, source=mysql_source(mariadb_source, server_id=server_id,
+                                                     start={"file": start.log, "pos": start.offset}),
+                       target=mysql_target(mariadb_target),
+                       tables=[{"source": rf"{source_db}\.t", "target": f"{mysql_db}.t"}],
+                       pipeline={"parallelism": 2, "batch": {"max_rows": 100, "max_wait_ms": 20},
+                                 "retry": {"max_attempts": 10, "initial_backoff_ms": 50, "max_backoff_ms": 300}})
+    node = yaml.safe_load((setl.conf / "setl.yaml").read_text())
+    node["sources"] = {"reader_process": True}
+    (setl.conf / "setl.yaml").write_text(yaml.safe_dump(node))
+    return setl
+
+
+def test_kill_9_of_the_reader_process_rolls_back_and_reads_again(tmp_path, mariadb_source, source_db,
+                                                                 mariadb_target, mysql_db):
+    """A SIGKILL of the reader process mid-run: the pipeline names it in one line, rolls back to its
+    last ack, starts a new reader process and ends equal to the source."""
+    setl = setl_with_reader_process(tmp_path, mariadb_source, source_db, mariadb_target, mysql_db, 7911)
+    write(mariadb_source, source_db, 1, 400)
+    with spawned(setl) as proc:
+        wait_until(lambda: setl.acked() is not None and len(children(proc.pid)) == 1, timeout=60,
+                   message=f"a first ack and one reader process; log:\n{setl.logs()[-3000:]}")
+        (child,) = children(proc.pid)
+        write(mariadb_source, source_db, 1000, 600)
+        os.kill(child, signal.SIGKILL)
+        write(mariadb_source, source_db, 3000, 200)
+        wait_until(lambda: any(c != child for c in children(proc.pid)), timeout=60,
+                   message=f"a new reader process; log:\n{setl.logs()[-3000:]}")
+        head = binlog_head(mariadb_source)
+        wait_until(lambda: (setl.acked().position if setl.acked() else head) >= head, timeout=60,
+                   message=f"caught up after the kill; log:\n{setl.logs()[-3000:]}")
+        assert proc.poll() is None
+        assert SetlProcess.stop(proc) == 0
+    assert f"the binlog reader process (pid {child}) was killed by signal 9" in setl.logs()
+    assert contents(mariadb_target, f"`{mysql_db}`.t") == contents(mariadb_source, f"`{source_db}`.t")
+    assert len(contents(mariadb_target, f"`{mysql_db}`.t")) == kept((1, 400), (1000, 600), (3000, 200))
+
+
+def test_kill_9_of_the_node_ends_its_reader_process(tmp_path, mariadb_source, source_db, mariadb_target, mysql_db):
+    """A SIGKILL of the node: its reader process sees its stdin end and exits within seconds; a restart
+    catches up to a target equal to the source."""
+    setl = setl_with_reader_process(tmp_path, mariadb_source, source_db, mariadb_target, mysql_db, 7921)
+    write(mariadb_source, source_db, 1, 400)
+    with spawned(setl) as proc:
+        wait_until(lambda: setl.acked() is not None and len(children(proc.pid)) == 1, timeout=60,
+                   message=f"a first ack and one reader process; log:\n{setl.logs()[-3000:]}")
+        (child,) = children(proc.pid)
+        write(mariadb_source, source_db, 1000, 600)
+        proc.kill()
+        proc.wait(10)
+    wait_until(lambda: not alive(child), timeout=10, message=f"reader process {child} still running")
+    assert setl.acked().position < binlog_head(mariadb_source), "the kill struck after the catch-up: it proves less"
+    final = setl.start_until_caught_up()
+    assert final.returncode == 0, final.stderr[-3000:]
+    assert contents(mariadb_target, f"`{mysql_db}`.t") == contents(mariadb_source, f"`{source_db}`.t")
+    assert len(contents(mariadb_target, f"`{mysql_db}`.t")) == kept((1, 400), (1000, 600))
+
+
+def test_reader_process_and_the_shared_reader_are_refused_together():
+    """`sources.reader_process` with `shared_reader_server_id` is a configuration error, not a silent choice."""
+    assert SourcesConfig(reader_process=True).reader_process
+    with pytest.raises(ValueError, match="reader_process does not work with shared_reader_server_id"):
+        SourcesConfig(reader_process=True, shared_reader_server_id=9)
+
+
+class ReaderProcessProbe(contract.BinlogProbe):
+    """The binlog contract's probe, its source built by the connector for a node with `sources.reader_process`."""
+
+    def make_select(self, pipeline="p"):
+        config = self.server.source_config(next_server_id(), self.start)
+        node = NodeSettings(sources=SourcesConfig(reader_process=True))
+        select = registry().source("mysql").create(config, BuildContext(pipeline, node=node))
+        assert select.reader_process
+        return select
+
+
+class TestReaderProcessSelectContract(SelectContract):
+    """setl's Select contract suite, run against the binlog source with its reader in a process of its own."""
+
+    @pytest.fixture
+    def probe(self, mariadb_source, source_db):
+        return ReaderProcessProbe(mariadb_source, source_db)
