@@ -30,7 +30,7 @@ from setl.sinks.sql_failures import CurrentTable, LoadFailures
 from setl.sinks.sql_fence import TargetFence
 from setl.sinks.sql_load_path import LoadPath, load_batch, load_part, replay_kept, without_tables
 from setl.sinks.sql_pool import ConnectionPool
-from setl.sinks.sql_quarantine import Quarantine, Quarantined, QuarantineStore
+from setl.sinks.sql_quarantine import Quarantine, Quarantined, QuarantineEnded, QuarantineStore
 from setl.sinks.sql_segments import Segment, SegmentPlanner
 from setl.sinks.sql_staging import StagedCopies
 from setl.stages.load import Load, LoadCapabilities
@@ -221,6 +221,7 @@ class SqlLoad(Load, Generic[C]):
             prepared = self.sql.rows.prepared.get(batch)
             segments = prepared.segments if prepared is not None else self._plan(batch)
             planned_without = (self._planned_without.get(batch) if prepared is not None else None) or frozenset()
+            ended = 0
             for attempt in itertools.count(1):  # each attempt quarantines one more table, or raises
                 try:
                     self._retrying(lambda: self._with_connection(
@@ -228,8 +229,13 @@ class SqlLoad(Load, Generic[C]):
                         batch), batch)
                     return
                 except TableRefused as exc:
-                    if attempt > len(batch.tables) or not self._quarantines(exc):
+                    if attempt > len(batch.tables) + ended or not self._quarantines(exc):
                         raise
+                except QuarantineEnded:
+                    ended += 1  # a replay or re-copy elsewhere ended a quarantine: read the set again
+                    if self.quarantine is None or ended > len(batch.tables):
+                        raise
+                    self.quarantine.forget()
         finally:
             self.sql.rows.prepared.drop(batch)
             self._planned_without.drop(batch)

@@ -73,6 +73,8 @@ def load_batch(path: LoadPath[C], conn: C, batch: Batch, segments: list[Segment]
         path.staged.forget()
     apply_segments(path, conn, batch, segments)
     record_and_commit(path, conn, batch, (), pipeline=True)
+    if path.quarantine is not None:
+        path.quarantine.committed(path.fence.epoch)  # what this batch changed of the quarantine is known
     after_commit(path, conn, forget=ddl)
 
 
@@ -123,32 +125,39 @@ def divert_quarantined(path: LoadPath[C], conn: C, batch: Batch, segments: list[
     if quarantine is None or not quarantine.store.available:  # no quarantine table: none quarantined
         return batch, replanned(batch, segments, plan, planned_without, frozenset())
     path.writing.table = None  # a failure keeping changes is not the table's own
-    found = quarantine.store.read(conn)
+    found, seqs = quarantine.known(conn, path.fence.epoch)  # no I/O but once per fence epoch
     refused = quarantine.refused()
     if not found and not refused:
         quarantine.seen(found)
         return batch, replanned(batch, segments, plan, planned_without, frozenset())
     held: dict[str, list[Change]] = {}
     rest: list[Change] = []
+    released = False
     for change in batch.changes:
         name = change.qualified_table if change.table else None
         if name is not None and (name in found or name in refused):
             if isinstance(change, DdlChange) and change.snapshot and name in found:
+                quarantine.settle(found, seqs)  # the set changes in this transaction
                 quarantine.store.release(conn, name)  # `setl snapshot --table`: copied again from here
                 log.warning("pipeline=%s stage=load table=%s position=%s: quarantine ended by a re-copy; %d "
                             "kept changes dropped", path.pipeline, name, change.position or batch.end,
                             found[name].changes)
                 del found[name]
+                seqs.pop(name, None)
                 held.pop(name, None)
                 refused.pop(name, None)
+                released = True
                 rest.append(change)
                 continue
             held.setdefault(name, []).append(change)
         else:
             rest.append(change)
     if not held:
+        if released:
+            quarantine.settle(found, seqs)
         quarantine.seen(found)
         return batch, replanned(batch, segments, plan, planned_without, frozenset())
+    quarantine.settle(found, seqs)  # from here the open transaction writes the quarantine
     for name, changes in held.items():
         record = found.get(name)
         if record is None:
@@ -156,12 +165,15 @@ def divert_quarantined(path: LoadPath[C], conn: C, batch: Batch, segments: list[
             quarantine.store.mark(conn, name, refused[name], first)
             quarantine.marked(name)
             record = Quarantined(name, refused[name], first, 0, 0)
+            seqs[name] = 0  # a table quarantined anew has nothing kept (a release drops all)
             log.error("pipeline=%s stage=load table=%s position=%s: quarantined (%s); its changes are kept on "
                       "the target from here, the other tables go on. Fix the cause, then `setl resume "
                       "--pipeline %s --table %s`", path.pipeline, name, first, refused[name], path.pipeline, name)
-        found[name] = quarantine.store.keep(conn, record, changes, context={
+        found[name] = quarantine.store.keep(conn, record, changes, last_seq=seqs.get(name, 0), context={
             "pipeline": path.pipeline, "stage": "load", "table": name, "batch": batch.id, "position": batch.end})
+        seqs[name] = seqs.get(name, 0) + len(changes)
         failpoints.hit("quarantine_kept", batch.id, task=name)
+    quarantine.settle(found, seqs)
     quarantine.seen(found)
     narrowed = batch.replace(tuple(rest))
     return narrowed, replanned(narrowed, segments, plan, planned_without, frozenset(held))
@@ -206,6 +218,7 @@ def replay_kept(path: LoadPath[C], conn: C, table: str, chunk: int, number: int,
         store.release(conn, table)
         failpoints.hit("quarantine_replay", number, task=table)
         path.dialect.commit(conn)
+        path.quarantine.forget()
         log.warning("pipeline=%s stage=load table=%s: replay done, quarantine ended; the table follows the "
                     "stream again", path.pipeline, table)
         return True, 0, 0
@@ -219,6 +232,7 @@ def replay_kept(path: LoadPath[C], conn: C, table: str, chunk: int, number: int,
     left = store.drop_kept(conn, found, kept[-1].seq, len(kept), sum(k.nbytes for k in kept))
     failpoints.hit("quarantine_replay", number, task=table)
     path.dialect.commit(conn)
+    path.quarantine.forget()
     return False, len(kept), left.changes
 
 
