@@ -28,7 +28,7 @@ from setl.sinks.prepared import PreparedBatches
 from setl.sinks.sql_dialect import SqlDialect
 from setl.sinks.sql_failures import CurrentTable, LoadFailures
 from setl.sinks.sql_fence import TargetFence
-from setl.sinks.sql_load_path import LoadPath, load_batch, load_part, replay_kept, without_tables
+from setl.sinks.sql_load_path import LoadPath, encode_ahead, load_batch, load_part, replay_kept, without_tables
 from setl.sinks.sql_pool import ConnectionPool
 from setl.sinks.sql_quarantine import Quarantine, Quarantined, QuarantineEnded, QuarantineStore
 from setl.sinks.sql_segments import Segment, SegmentPlanner
@@ -172,6 +172,8 @@ class SqlLoad(Load, Generic[C]):
                 self.dialect) else None
         #: per prepared batch object: the tables its prepared segments leave out (quarantined then)
         self._planned_without: PreparedBatches[frozenset[str]] = PreparedBatches()
+        #: per prepared batch object: those tables' changes, encoded as kept (`encode_ahead`)
+        self._encoded: PreparedBatches[dict[str, list[bytes]]] = PreparedBatches()
         self.path = LoadPath(pipeline, sql, self.fence, self.positions, self.staged, self.writing,
                              conflicts=self.conflicts, quarantine=self.quarantine)
 
@@ -204,6 +206,7 @@ class SqlLoad(Load, Generic[C]):
         if not without:
             self.sql.rows.prepare(batch, self._plan)
             return
+        self._encoded.put(batch, encode_ahead(batch, without))
         self._planned_without.put(batch, without)
         self.sql.rows.prepare(batch, lambda whole: self._plan(without_tables(whole, without)))
 
@@ -221,11 +224,12 @@ class SqlLoad(Load, Generic[C]):
             prepared = self.sql.rows.prepared.get(batch)
             segments = prepared.segments if prepared is not None else self._plan(batch)
             planned_without = (self._planned_without.get(batch) if prepared is not None else None) or frozenset()
+            encoded = self._encoded.get(batch) if planned_without else None
             ended = 0
             for attempt in itertools.count(1):  # each attempt quarantines one more table, or raises
                 try:
                     self._retrying(lambda: self._with_connection(
-                        lambda conn: load_batch(self.path, conn, batch, segments, self._plan, planned_without),
+                        lambda conn: load_batch(self.path, conn, batch, segments, self._plan, planned_without, encoded),
                         batch), batch)
                     return
                 except TableRefused as exc:
@@ -239,6 +243,7 @@ class SqlLoad(Load, Generic[C]):
         finally:
             self.sql.rows.prepared.drop(batch)
             self._planned_without.drop(batch)
+            self._encoded.drop(batch)
 
     def _quarantines(self, exc: TableRefused) -> bool:
         """Under ``on_table_error: quarantine``: the refused table is to be quarantined when `batch`

@@ -30,7 +30,7 @@ from setl.sinks.sql_dialect import RowWriter, SqlDialect
 from setl.sinks.sql_failures import CurrentTable
 from setl.sinks.sql_fence import TargetFence
 from setl.sinks.sql_positions import PositionStore
-from setl.sinks.sql_quarantine import Quarantine, Quarantined
+from setl.sinks.sql_quarantine import Quarantine, Quarantined, encode
 from setl.sinks.sql_segments import DdlStep, Segment
 from setl.sinks.sql_staging import StagedCopies
 
@@ -61,13 +61,15 @@ class LoadPath(Generic[C]):
 
 
 def load_batch(path: LoadPath[C], conn: C, batch: Batch, segments: list[Segment],
-               plan: PlanSegments | None = None, planned_without: frozenset[str] = frozenset()) -> None:
+               plan: PlanSegments | None = None, planned_without: frozenset[str] = frozenset(),
+               encoded: Mapping[str, Sequence[bytes]] | None = None) -> None:
     """One batch in its transaction: fence, quarantined tables' changes kept, segments, positions and
     COMMIT (see the module). `segments` were cut without the tables `planned_without`; `plan` cuts
-    them again when other tables are diverted."""
+    them again when other tables are diverted. `encoded`: per table of `planned_without`, its changes
+    in the batch encoded ahead (`encode_ahead`)."""
     begin_conflicts(path, conn)
     hold_fence(path, conn, batch)
-    batch, segments = divert_quarantined(path, conn, batch, segments, plan, planned_without)
+    batch, segments = divert_quarantined(path, conn, batch, segments, plan, planned_without, encoded)
     ddl = any(isinstance(segment, DdlStep) for segment in segments)
     if ddl:  # a batch holding a DDL runs alone: it may start or end a re-copy
         path.staged.forget()
@@ -111,8 +113,8 @@ def hold_fence(path: LoadPath[C], conn: C, batch: Batch) -> None:
 
 
 def divert_quarantined(path: LoadPath[C], conn: C, batch: Batch, segments: list[Segment],
-                       plan: PlanSegments | None, planned_without: frozenset[str] = frozenset()
-                       ) -> tuple[Batch, list[Segment]]:
+                       plan: PlanSegments | None, planned_without: frozenset[str] = frozenset(),
+                       encoded: Mapping[str, Sequence[bytes]] | None = None) -> tuple[Batch, list[Segment]]:
     """In the open transaction, after the fence: the changes of each quarantined table (and of each
     table refused in a rolled-back attempt of this batch, marked quarantined here, from its first
     change in the batch) kept in order with their positions (`QuarantineStore.keep`), and `batch`
@@ -120,7 +122,8 @@ def divert_quarantined(path: LoadPath[C], conn: C, batch: Batch, segments: list[
     quarantined table ends its quarantine, dropping what was kept: the copy brings the table to
     that point of the stream, and its later changes apply as any table's (its changes before that
     point in the batch are in the copy: dropped with what was kept). `segments` are taken as they are
-    when they were cut without exactly the tables diverted (`planned_without`)."""
+    when they were cut without exactly the tables diverted (`planned_without`); a table's changes
+    `encoded` ahead are kept as they are (a table held is held whole: all its changes in the batch)."""
     quarantine = path.quarantine
     if quarantine is None or not quarantine.store.available:  # no quarantine table: none quarantined
         return batch, replanned(batch, segments, plan, planned_without, frozenset())
@@ -169,8 +172,10 @@ def divert_quarantined(path: LoadPath[C], conn: C, batch: Batch, segments: list[
             log.error("pipeline=%s stage=load table=%s position=%s: quarantined (%s); its changes are kept on "
                       "the target from here, the other tables go on. Fix the cause, then `setl resume "
                       "--pipeline %s --table %s`", path.pipeline, name, first, refused[name], path.pipeline, name)
-        found[name] = quarantine.store.keep(conn, record, changes, last_seq=seqs.get(name, 0), context={
-            "pipeline": path.pipeline, "stage": "load", "table": name, "batch": batch.id, "position": batch.end})
+        found[name] = quarantine.store.keep(
+            conn, record, changes, last_seq=seqs.get(name, 0), blobs=(encoded or {}).get(name),
+            context={"pipeline": path.pipeline, "stage": "load", "table": name, "batch": batch.id,
+                     "position": batch.end})
         seqs[name] = seqs.get(name, 0) + len(changes)
         failpoints.hit("quarantine_kept", batch.id, task=name)
     quarantine.settle(found, seqs)
@@ -188,6 +193,16 @@ def replanned(batch: Batch, segments: list[Segment], plan: PlanSegments | None, 
     if plan is None:
         raise AssertionError("a batch with quarantined changes needs its segments cut again")
     return plan(batch)
+
+
+def encode_ahead(batch: Batch, tables: frozenset[str]) -> dict[str, list[bytes]]:
+    """Per table of `tables`, its changes in `batch` as `divert_quarantined` would keep them, encoded
+    (on a worker, ahead of the load)."""
+    found: dict[str, list[bytes]] = {name: [] for name in tables}
+    for change in batch.changes:
+        if change.table and (blobs := found.get(change.qualified_table)) is not None:
+            blobs.append(encode(change))
+    return found
 
 
 def without_tables(batch: Batch, tables: frozenset[str]) -> Batch:
@@ -393,5 +408,5 @@ def not_yet_applied(batch: Batch, names: Mapping[tuple[str, str], str],
     return keep
 
 
-__all__ = ["LoadPath", "apply_segments", "load_batch", "load_part", "not_yet_applied", "replay_kept",
+__all__ = ["LoadPath", "apply_segments", "encode_ahead", "load_batch", "load_part", "not_yet_applied", "replay_kept",
            "without_tables"]

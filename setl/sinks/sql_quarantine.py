@@ -90,6 +90,10 @@ class QuarantineEnded(LoadError):
 
 #: kept changes per INSERT statement (7 parameters each: PostgreSQL takes at most 65535 per statement)
 _KEEP_ROWS = 1000
+#: a kept INSERT stops adding changes past this size (MariaDB's max_allowed_packet is 16 MiB by default)
+_KEEP_BYTES = 1 << 20
+#: a larger kept change goes as the driver escapes it, not as a hex literal (twice its size)
+_HEX_BYTES = 1 << 16
 _NOWHERE = Position("", 0)
 
 
@@ -197,16 +201,19 @@ class QuarantineStore(Generic[C]):
         return {str(r[0]): int(r[1]) for r in rows}
 
     def keep(self, conn: Any, found: Quarantined, changes: Sequence[Change], *,
-             context: dict[str, Any], last_seq: int | None = None) -> Quarantined:
+             context: dict[str, Any], last_seq: int | None = None,
+             blobs: Sequence[bytes] | None = None) -> Quarantined:
         """Append `changes` (in stream order) to what is kept for `found`'s table, numbered after
         `last_seq` (None: read from the kept table); the record as it is then, counted from `found`'s.
-        The mark's counts are raised relative to what the target holds (a replay elsewhere may have
-        lowered them), and only within the bound, in one statement; then the changes go in as
-        multi-row INSERTs. `QuarantineFull` when the pipeline's bound would be passed, `QuarantineEnded`
-        when the table is no longer quarantined on the target (a replay or a re-copy ended it since
-        `found` was read); nothing is written then."""
+        `blobs`: the changes already `encode`d (ahead, on a worker), else encoded here. The mark's
+        counts are raised relative to what the target holds (a replay elsewhere may have lowered
+        them), and only within the bound, in one statement; then the changes go in as multi-row
+        INSERTs (`_insert_kept`). `QuarantineFull` when the pipeline's bound would be passed,
+        `QuarantineEnded` when the table is no longer quarantined on the target (a replay or a
+        re-copy ended it since `found` was read); nothing is written then."""
         q = self._q
-        blobs = [encode(change) for change in changes]
+        if blobs is None or len(blobs) != len(changes):
+            blobs = [encode(change) for change in changes]
         count, size = len(blobs), sum(map(len, blobs))
         with conn.cursor() as cur:
             cur.execute(f"UPDATE {self.marks} SET {q('changes')} = {q('changes')} + %s, {q('nbytes')} = {q('nbytes')}"
@@ -220,15 +227,52 @@ class QuarantineStore(Generic[C]):
                             f" AND {q('target_table')} = %s", (self.pipeline, found.table))
                 row = cur.fetchone()
                 last_seq = int(row[0]) if row else 0
-            head = (f"INSERT INTO {self.kept} ({q('pipeline')}, {q('target_table')}, {q('seq')}, {q('log')},"
-                    f" {q('offset')}, {q('row')}, {q('change')}) VALUES ")
-            for first in range(0, count, _KEEP_ROWS):  # one statement per _KEEP_ROWS changes
-                params: list[Any] = []
-                for i in range(first, min(first + _KEEP_ROWS, count)):
-                    at = changes[i].position or _NOWHERE
-                    params += (self.pipeline, found.table, last_seq + 1 + i, at.log, at.offset, at.row, blobs[i])
-                cur.execute(head + ", ".join(["(%s, %s, %s, %s, %s, %s, %s)"] * (len(params) // 7)), params)
+            self._insert_kept(cur, found.table, last_seq, changes, blobs)
         return attrs.evolve(found, changes=found.changes + count, nbytes=found.nbytes + size)
+
+    def _insert_kept(self, cur: Any, table: str, last_seq: int, changes: Sequence[Change],
+                     blobs: Sequence[bytes]) -> None:
+        """The kept rows, numbered from `last_seq` + 1, as multi-row INSERTs of at most `_KEEP_ROWS`
+        rows and about `_KEEP_BYTES` each. MariaDB: the values are written into the statement (each
+        distinct string escaped once by the driver, a change as a hex literal, or escaped by the
+        driver when large), so the driver does not escape 7 parameters per row; PostgreSQL binds them."""
+        q = self._q
+        head = (f"INSERT INTO {self.kept} ({q('pipeline')}, {q('target_table')}, {q('seq')}, {q('log')},"
+                f" {q('offset')}, {q('row')}, {q('change')}) VALUES ")
+        count = len(blobs)
+        first = 0
+        if self.dialect != "mysql":
+            while first < count:
+                params: list[Any] = []
+                end, size = first, 0
+                while end < count and end - first < _KEEP_ROWS and (size < _KEEP_BYTES or end == first):
+                    at = changes[end].position or _NOWHERE
+                    params += (self.pipeline, table, last_seq + 1 + end, at.log, at.offset, at.row, blobs[end])
+                    size += len(blobs[end])
+                    end += 1
+                cur.execute(head + ", ".join(["(%s, %s, %s, %s, %s, %s, %s)"] * (end - first)), params)
+                first = end
+            return
+
+        def literal(value: Any) -> str:  # the driver's escaping, `%` doubled for the statement's formatting
+            return str(cur.mogrify("%s", (value,))).replace("%", "%%")
+
+        fixed = f"({literal(self.pipeline)}, {literal(table)}, "
+        logs: dict[str, str] = {}
+        while first < count:
+            rows: list[str] = []
+            end, size = first, 0
+            while end < count and end - first < _KEEP_ROWS and (size < _KEEP_BYTES or end == first):
+                at, blob = changes[end].position or _NOWHERE, blobs[end]
+                log = logs.get(at.log)
+                if log is None:
+                    log = logs[at.log] = literal(at.log)
+                value = f"X'{blob.hex()}'" if len(blob) <= _HEX_BYTES else literal(blob)
+                rows.append(f"{fixed}{last_seq + 1 + end:d}, {log}, {int(at.offset):d}, {int(at.row):d}, {value})")
+                size += len(value)
+                end += 1
+            cur.execute(head + ", ".join(rows), ())  # () formats the statement: `%%` in names becomes `%`
+            first = end
 
     def _not_kept(self, cur: Any, found: Quarantined, count: int, size: int, context: dict[str, Any]) -> None:
         """Why `keep`'s raise of the mark's counts matched no row: the table's quarantine ended

@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 
 from setl.sinks.mysql import MysqlLoad
+from setl.sinks.postgresql import PostgresqlLoad
+from setl.sinks.sql_common import SqlLoad
 
 from .contract import Changes, make_batch
 
@@ -148,3 +150,59 @@ def test_a_quarantine_made_or_ended_by_another_process_is_seen(mariadb_target, m
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.parametrize("kind", ["mariadb", "postgresql"])
+def test_kept_changes_large_many_and_oddly_named_come_back_exact_at_replay(
+        kind, mariadb_target, mysql_db, postgres_server, postgres_db) -> None:
+    """A quarantined table keeps, in one batch, 2,500 changes (more than one INSERT's worth), some
+    of 100 KB and 300 KB (past the hex and statement sizes), under a pipeline name holding ``%``
+    and a quote; prepared ahead or not, the replay after the fix brings every row back exact."""
+    pipeline = "p%'q"
+    if kind == "mariadb":
+        schema, query = mysql_db, mariadb_target.query
+        for table, width in (("good", "LONGTEXT"), ("bad", "VARCHAR(3)")):
+            query(f"CREATE TABLE `{schema}`.`{table}` (id INT PRIMARY KEY, v {width})")
+
+        def sink() -> SqlLoad:
+            return MysqlLoad(mariadb_target.target_config(), pipeline=pipeline, position_schema=mysql_db,
+                             on_table_error="quarantine", initial_backoff=0.01)
+        fix = f"ALTER TABLE `{schema}`.bad MODIFY v LONGTEXT"
+    else:
+        schema = "dw"
+
+        def query(sql: str) -> list[tuple]:
+            return postgres_server.query(sql, dbname=postgres_db)
+        query("CREATE SCHEMA dw")
+        query("CREATE TABLE dw.good (id integer PRIMARY KEY, v text)")
+        query("CREATE TABLE dw.bad (id integer PRIMARY KEY, v varchar(3))")
+
+        def sink() -> SqlLoad:
+            return PostgresqlLoad(postgres_server.target_config(postgres_db), pipeline=pipeline,
+                                  on_table_error="quarantine", initial_backoff=0.01)
+        fix = "ALTER TABLE dw.bad ALTER COLUMN v TYPE text"
+    good, bad = Changes(schema, "good"), Changes(schema, "bad")
+
+    def value(i: int) -> str:
+        return {7: "x" * 100_000, 1500: "y" * 300_000}.get(i, f"v{i}%'\\")
+
+    load = sink()
+    try:
+        load.load(make_batch([good.insert(id=0, v="a"), bad.insert(id=0, v="far too long")], id=1,
+                             pipeline=pipeline))
+        changes = [c for i in range(1, 1251) for c in (bad.insert(id=i, v=value(i)), good.insert(id=i, v=value(i)))]
+        changes += [bad.update({"id": i, "v": value(i)}, v=value(i) + "!") for i in range(1, 1251)]
+        second = make_batch(changes, id=2, pipeline=pipeline)
+        load.prepare(second)  # encoded ahead on this thread, as a worker would
+        load.load(second)
+        [found] = load.quarantined()
+        assert found.changes == 1 + 2500, found
+        query(fix)
+        assert load.replay(found.table, chunk=900) == found.changes
+        want = [(0, "far too long")] + [(i, value(i) + "!") for i in range(1, 1251)]
+        assert [tuple(r) for r in query(f"SELECT id, v FROM {schema}.bad ORDER BY id")] == want
+        assert [tuple(r) for r in query(f"SELECT id, v FROM {schema}.good ORDER BY id")] == [(0, "a")] + [
+            (i, value(i)) for i in range(1, 1251)]
+        assert load.quarantined() == []
+    finally:
+        load.close()
