@@ -342,12 +342,13 @@ class Quarantine(Generic[C]):
     the set is only read and emptied in a transaction).
 
     The set is read from the target once per fence epoch (`known`: at the first batch, and after
-    any takeover, when another node may have changed it) and then changes only by this sink's own
-    batches: each that changes it installs the result after its COMMIT (`settle`, `committed`), and
-    a transaction that fails after changing it leaves it unknown, read again at the next batch. So
-    a pipeline with no quarantined table sends no quarantine statement per batch. The one change
-    made elsewhere while this sink holds the fence, a replay or re-copy ending a quarantine, is
-    seen by `QuarantineStore.keep` (its mark is gone: `QuarantineEnded`, the batch loaded again)."""
+    any takeover, when another node may have changed it). Only this sink's own batches add to it
+    while it holds the fence: each that changes it installs the result after its COMMIT (`settle`,
+    `committed`), and a transaction that fails after changing it leaves it unknown, read again at the
+    next batch. So a pipeline with no quarantined table sends no quarantine statement per batch.
+    While some table is quarantined, each batch reads the marks again (a replay elsewhere lowers
+    their counts and ends them); a replay that ends one between that read and the keep is seen by
+    `QuarantineStore.keep` (the mark is gone: `QuarantineEnded`, the batch loaded again)."""
 
     def __init__(self, store: QuarantineStore[C]) -> None:
         self.store = store
@@ -363,12 +364,19 @@ class Quarantine(Generic[C]):
 
     def known(self, conn: C, epoch: int) -> tuple[dict[str, Quarantined], dict[str, int]]:
         """In a batch transaction holding the fence of `epoch`: the quarantined tables and the last
-        number kept for each, as known (no I/O) or read from the target (see the class)."""
+        number kept for each (see the class). None quarantined as known: no I/O. Some: their marks
+        are read again (one statement, after the fence), so a replay elsewhere that ended one or kept
+        fewer shows at once; the numbers stay known (a replay drops the first ones only)."""
         with self._lock:
             self._settled = None
-            if self._known is not None and self._epoch == epoch:
-                return dict(self._known[0]), dict(self._known[1])
-        found, seqs = self.store.read(conn), self.store.last_seqs(conn)
+            known = self._known if self._known is not None and self._epoch == epoch else None
+        if known is not None and not known[0]:
+            return {}, {}
+        found = self.store.read(conn)
+        if known is not None and found.keys() <= known[0].keys():
+            seqs = {name: seq for name, seq in known[1].items() if name in found}
+        else:
+            seqs = self.store.last_seqs(conn)
         with self._lock:
             self.reads += 1
             self._known, self._epoch = (dict(found), dict(seqs)), epoch
@@ -399,8 +407,7 @@ class Quarantine(Generic[C]):
 
     def view(self) -> list[Quarantined]:
         """The quarantined tables as the last batch transaction saw them (a replay that ended since
-        shows at the next batch that keeps a change of that table, or after a takeover; its counts are
-        this sink's own)."""
+        shows at the next batch)."""
         with self._lock:
             return [self._view[name] for name in sorted(self._view)]
 

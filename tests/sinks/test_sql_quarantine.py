@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from setl.model import Position, Quarantined
 from setl.sinks.mysql import MysqlLoad
 from setl.sinks.postgresql import PostgresqlLoad
 from setl.sinks.sql_common import SqlLoad
+from setl.sinks.sql_quarantine import QuarantineEnded, QuarantineFull
 
 from .contract import Changes, make_batch
 
@@ -204,5 +206,38 @@ def test_kept_changes_large_many_and_oddly_named_come_back_exact_at_replay(
         assert [tuple(r) for r in query(f"SELECT id, v FROM {schema}.good ORDER BY id")] == [(0, "a")] + [
             (i, value(i)) for i in range(1, 1251)]
         assert load.quarantined() == []
+    finally:
+        load.close()
+
+
+def test_keeping_for_a_table_whose_quarantine_ended_raises_and_writes_nothing(mariadb_target, mysql_db) -> None:
+    """`QuarantineStore.keep` for a table whose mark is gone (a replay ended it) raises
+    `QuarantineEnded` and keeps nothing; past the bound it raises `QuarantineFull`, naming the counts."""
+    load = MysqlLoad(mariadb_target.target_config(), pipeline="pk", position_schema=mysql_db,
+                     on_table_error="quarantine", max_attempts=1, quarantine_max_rows=3)
+    good = Changes(mysql_db, "good")
+    mariadb_target.query(f"CREATE TABLE `{mysql_db}`.good (id INT PRIMARY KEY)")
+    try:
+        load.load(make_batch([good.insert(id=1)], id=1, pipeline="pk"))  # the quarantine tables exist
+        assert load.quarantine is not None
+        store = load.quarantine.store
+        conn = mariadb_target.connect()
+        try:
+            first = Position("mysql-bin.000001", 4)
+            store.mark(conn, "x.t", "refused", first)
+            record = Quarantined("x.t", "refused", first, 0, 0)
+            record = store.keep(conn, record, [good.insert(id=2), good.insert(id=3)], context={}, last_seq=0)
+            with pytest.raises(QuarantineFull, match="would keep 4 changes"):
+                store.keep(conn, record, [good.insert(id=4), good.insert(id=5)], context={}, last_seq=2)
+            store.release(conn, "x.t")
+            with pytest.raises(QuarantineEnded, match="x.t"):
+                store.keep(conn, record, [good.insert(id=6)], context={}, last_seq=2)
+            with conn.cursor() as cur:  # what this transaction sees: nothing kept, no mark
+                cur.execute(f"SELECT (SELECT COUNT(*) FROM `{mysql_db}`.setl_position_kept),"
+                            f" (SELECT COUNT(*) FROM `{mysql_db}`.setl_position_quarantine)")
+                assert cur.fetchone() == (0, 0)
+        finally:
+            conn.rollback()
+            conn.close()
     finally:
         load.close()
