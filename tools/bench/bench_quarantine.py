@@ -10,12 +10,18 @@ target, one pair (none and quarantined, which goes first alternating by round). 
 the other tables equal to the source and, when quarantined, that every change of ``t4`` is kept.
 
 Per run it prints the other tables' rows/s (wall time of the whole command, its start included),
+the CPU seconds of the setl process and of the target server, per other-table row (a steadier
+measure than wall time on a shared machine),
 the latency as the time between two acks on the target (the target's position row polled every
 10 ms: one batch's commit cycle; p50 and p99) and the process's peak RSS; per pair the ratio
 quarantined/none; per target the medians and the median of the pairs' ratios.
 
     python3 tools/bench/bench_quarantine.py [--transactions 1500] [--rows 10] [--repeat 3]
-                                            [--targets mariadb,postgresql]
+                                            [--targets mariadb,postgresql] [--compare-tree DIR]
+
+With ``--compare-tree DIR`` each pair is run once more with another checkout's code (its compiled
+modules built), in alternating order with this one's, and the medians of both are printed with
+the ratios new/old of each mode.
 
 Figures: docs/performance.md ("Quarantine").
 """
@@ -108,6 +114,15 @@ def peak_rss_mib(pid: int) -> float:
     return 0.0
 
 
+def server_cpu(pid: int | None) -> float:
+    """CPU seconds a server has used, its reaped children's included (PostgreSQL's backends)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
 def watch_acks(target: Target, pipeline: str, stop: threading.Event, acks: list[float]) -> None:
     """Append the time of each change of `pipeline`'s position row on the target until `stop`."""
     columns = '"offset", "row"' if target.kind == "postgresql" else "`offset`, `row`"
@@ -128,8 +143,11 @@ def watch_acks(target: Target, pipeline: str, stop: threading.Event, acks: list[
             time.sleep(0.01)
 
 
+HERE = Path(__file__).resolve().parents[2]
+
+
 def one_run(root: Path, source: MariaDBServer, target: Target, mode: str, number: int,
-            args: argparse.Namespace) -> dict[str, float]:
+            args: argparse.Namespace, tree: Path = HERE) -> dict[str, float]:
     """One catch-up: the other tables' rows/s, the ack intervals' p50/p99 (ms), the peak RSS (MiB)."""
     src, dst, name = f"bq_src_{number}", f"bq_dst_{number}", f"bq{number}"
     head = source.query("SHOW MASTER STATUS")[0]
@@ -151,18 +169,24 @@ def one_run(root: Path, source: MariaDBServer, target: Target, mode: str, number
     watcher = threading.Thread(target=watch_acks, args=(target, name, stop, acks), name="bench-acks")
     watcher.start()
     began = time.monotonic()
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    applied = server_cpu(target.server.pid)
     proc = subprocess.Popen([sys.executable, "-m", "setl.cli", "--conf", str(conf), "start", "--pipeline", name,
-                             "--until-caught-up"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--until-caught-up"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            cwd=tree, env=env)
     rss = 0.0
     while True:
         rss = max(rss, peak_rss_mib(proc.pid))  # sampled until the child exits (a zombie has none)
-        pid, status, _ = os.wait4(proc.pid, os.WNOHANG)
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             break
         time.sleep(0.01)
     seconds = time.monotonic() - began
     stop.set()
-    watcher.join()
+    watcher.join()  # its connection closed: the server's CPU below has no more of it
+    time.sleep(0.3)  # PostgreSQL's backends of the run exited and reaped
+    cpu = usage.ru_utime + usage.ru_stime
+    cpu_target = server_cpu(target.server.pid) - applied
     stderr = proc.stderr.read() if proc.stderr else ""
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{target.kind} {mode} run {number} failed: {stderr[-3000:]}")
@@ -180,12 +204,19 @@ def one_run(root: Path, source: MariaDBServer, target: Target, mode: str, number
     p50 = statistics.median(gaps) if gaps else float("nan")
     p99 = sorted(gaps)[min(len(gaps) - 1, int(len(gaps) * 0.99))] if gaps else float("nan")
     rate = 3 * per_table / seconds
-    print(f"{target.kind:>10} {mode:>11} run {number}: {seconds:6.2f}s, other tables {rate:9,.0f} rows/s, ack every "
-          f"{p50:5.1f} ms p50 / {p99:6.1f} ms p99 ({len(acks)} acks), peak RSS {rss:5.1f} MiB, kept {kept:,}",
+    us_row = (cpu + cpu_target) * 1e6 / (3 * per_table)
+    label = "" if tree == HERE else f" ({tree})"
+    print(f"{target.kind:>10} {mode:>11}{label} run {number}: {seconds:6.2f}s, other tables {rate:9,.0f} rows/s, "
+          f"ack every {p50:5.1f} ms p50 / {p99:6.1f} ms p99 ({len(acks)} acks), peak RSS {rss:5.1f} MiB, CPU "
+          f"{cpu:5.1f}s + target {cpu_target:5.1f}s = {us_row:5.1f} us per other-table row, kept {kept:,}",
           flush=True)
     source.query(f"DROP DATABASE `{src}`")
     target.drop(dst)
-    return {"rate": rate, "p50": p50, "p99": p99, "rss": rss}
+    return {"rate": rate, "p50": p50, "p99": p99, "rss": rss, "cpu": us_row}
+
+
+def medians(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(r[key] for r in runs) for key in ("rate", "p50", "p99", "rss", "cpu")}
 
 
 def main() -> None:
@@ -194,11 +225,13 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=10, help="rows inserted per table per transaction")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--targets", default="mariadb,postgresql", help="comma-separated: mariadb, postgresql")
+    parser.add_argument("--compare-tree", type=Path, help="another checkout of setl, run in the same rounds")
     args = parser.parse_args()
     kinds = [k.strip() for k in args.targets.split(",") if k.strip()]
     if not kinds or set(kinds) - {"mariadb", "postgresql"}:
         parser.error("--targets takes mariadb and/or postgresql")
-    found: dict[str, dict[str, list[dict[str, float]]]] = {k: {"none": [], "quarantined": []} for k in kinds}
+    trees = [HERE] + ([args.compare_tree.resolve()] if args.compare_tree else [])
+    found = {(kind, tree, mode): [] for kind in kinds for tree in trees for mode in ("none", "quarantined")}
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory(prefix="setl-bench-q-") as folder:
         source = stack.enter_context(MariaDBServer(server_id=1))
         targets = {}
@@ -211,22 +244,32 @@ def main() -> None:
         number = 0
         for round_ in range(args.repeat):
             for kind in kinds:
-                modes = ("none", "quarantined") if round_ % 2 == 0 else ("quarantined", "none")
-                for mode in modes:
-                    found[kind][mode].append(one_run(Path(folder), source, targets[kind], mode, number, args))
-                    number += 1
-                pair = found[kind]["quarantined"][-1]["rate"] / found[kind]["none"][-1]["rate"]
-                print(f"{kind:>10} round {round_}: ratio quarantined/none {pair:.2f}", flush=True)
+                for tree in (trees if round_ % 2 == 0 else trees[::-1]):
+                    modes = ("none", "quarantined") if round_ % 2 == 0 else ("quarantined", "none")
+                    for mode in modes:
+                        found[kind, tree, mode].append(
+                            one_run(Path(folder), source, targets[kind], mode, number, args, tree))
+                        number += 1
+                    pair = found[kind, tree, "quarantined"][-1]["rate"] / found[kind, tree, "none"][-1]["rate"]
+                    print(f"{kind:>10} round {round_}{'' if tree == HERE else f' ({tree})'}: ratio quarantined/none "
+                          f"{pair:.2f}", flush=True)
     for kind in kinds:
-        runs = found[kind]
-        ratios = [q["rate"] / n["rate"] for n, q in zip(runs["none"], runs["quarantined"])]
-        line = []
-        for mode in ("none", "quarantined"):
-            med = {key: statistics.median(r[key] for r in runs[mode]) for key in ("rate", "p50", "p99", "rss")}
-            line.append(f"{mode} {med['rate']:,.0f} rows/s, ack {med['p50']:.1f}/{med['p99']:.1f} ms p50/p99, "
-                        f"RSS {med['rss']:.0f} MiB")
-        print(f"{kind} medians: {'; '.join(line)}; ratio of pairs median {statistics.median(ratios):.2f} "
-              f"(pairs {', '.join(f'{r:.2f}' for r in ratios)})")
+        for tree in trees:
+            none, quarantined = found[kind, tree, "none"], found[kind, tree, "quarantined"]
+            ratios = [q["rate"] / n["rate"] for n, q in zip(none, quarantined)]
+            line = []
+            for mode, runs in (("none", none), ("quarantined", quarantined)):
+                med = medians(runs)
+                line.append(f"{mode} {med['rate']:,.0f} rows/s, ack {med['p50']:.0f}/{med['p99']:.0f} ms p50/p99, "
+                            f"RSS {med['rss']:.0f} MiB, {med['cpu']:.1f} us CPU per row")
+            print(f"{kind}{'' if tree == HERE else f' ({tree})'} medians: {'; '.join(line)}; ratio quarantined/none: "
+                  f"median of pairs {statistics.median(ratios):.2f} (pairs {', '.join(f'{r:.2f}' for r in ratios)}), "
+                  f"of medians {medians(quarantined)['rate'] / medians(none)['rate']:.2f}; in CPU per row "
+                  f"(none/quarantined) {medians(none)['cpu'] / medians(quarantined)['cpu']:.2f}")
+        if len(trees) > 1:
+            print(f"{kind} new/old rows/s: " + ", ".join(
+                f"{mode} {medians(found[kind, HERE, mode])['rate'] / medians(found[kind, trees[1], mode])['rate']:.2f}"
+                for mode in ("none", "quarantined")))
 
 
 if __name__ == "__main__":
