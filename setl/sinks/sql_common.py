@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from setl.errors import ConfigError, LoadError, SetlError, TableRefused
@@ -28,9 +28,9 @@ from setl.sinks.prepared import PreparedBatches
 from setl.sinks.sql_dialect import SqlDialect
 from setl.sinks.sql_failures import CurrentTable, LoadFailures
 from setl.sinks.sql_fence import TargetFence
-from setl.sinks.sql_load_path import LoadPath, load_batch, load_part, replay_kept, without_tables
+from setl.sinks.sql_load_path import LoadPath, encode_ahead, load_batch, load_part, replay_kept, without_tables
 from setl.sinks.sql_pool import ConnectionPool
-from setl.sinks.sql_quarantine import Quarantine, Quarantined, QuarantineStore
+from setl.sinks.sql_quarantine import Quarantine, Quarantined, QuarantineEnded, QuarantineStore
 from setl.sinks.sql_segments import Segment, SegmentPlanner
 from setl.sinks.sql_staging import StagedCopies
 from setl.stages.load import Load, LoadCapabilities
@@ -172,6 +172,8 @@ class SqlLoad(Load, Generic[C]):
                 self.dialect) else None
         #: per prepared batch object: the tables its prepared segments leave out (quarantined then)
         self._planned_without: PreparedBatches[frozenset[str]] = PreparedBatches()
+        #: per prepared batch object: those tables' changes, encoded as kept (`encode_ahead`)
+        self._encoded: PreparedBatches[dict[str, list[bytes]]] = PreparedBatches()
         self.path = LoadPath(pipeline, sql, self.fence, self.positions, self.staged, self.writing,
                              conflicts=self.conflicts, quarantine=self.quarantine)
 
@@ -204,6 +206,7 @@ class SqlLoad(Load, Generic[C]):
         if not without:
             self.sql.rows.prepare(batch, self._plan)
             return
+        self._encoded.put(batch, encode_ahead(batch, without))
         self._planned_without.put(batch, without)
         self.sql.rows.prepare(batch, lambda whole: self._plan(without_tables(whole, without)))
 
@@ -221,24 +224,35 @@ class SqlLoad(Load, Generic[C]):
             prepared = self.sql.rows.prepared.get(batch)
             segments = prepared.segments if prepared is not None else None
             planned_without = (self._planned_without.get(batch) if prepared is not None else None) or frozenset()
+            encoded = self._encoded.get(batch) if planned_without else None
+            ended = 0
             for attempt in itertools.count(1):  # each attempt quarantines one more table, or raises
                 try:
                     if segments is None:  # cut here, so that a refusal the plan raises (a policy's) quarantines too
                         planned_without = self._quarantined_in(batch)
                         segments = self._plan(without_tables(batch, planned_without) if planned_without else batch)
-                    work = functools.partial(self._load_on, batch=batch, segments=segments, without=planned_without)
+                    work = functools.partial(self._load_on, batch=batch, segments=segments, without=planned_without,
+                                             encoded=encoded)
                     self._retrying(functools.partial(self._with_connection, work, batch), batch)
                     return
                 except TableRefused as exc:
-                    if attempt > len(batch.tables) or not self._quarantines(exc):
+                    if attempt > len(batch.tables) + ended or not self._quarantines(exc):
                         raise
+                except QuarantineEnded:
+                    ended += 1  # a replay or re-copy elsewhere ended a quarantine: read the set again
+                    if self.quarantine is None or ended > len(batch.tables):
+                        raise
+                    self.quarantine.forget()
         finally:
             self.sql.rows.prepared.drop(batch)
             self._planned_without.drop(batch)
+            self._encoded.drop(batch)
 
-    def _load_on(self, conn: C, *, batch: Batch, segments: list[Segment], without: frozenset[str]) -> None:
-        """`load_batch` of `batch` on `conn`, its `segments` cut without the tables `without`."""
-        load_batch(self.path, conn, batch, segments, self._plan, without)
+    def _load_on(self, conn: C, *, batch: Batch, segments: list[Segment], without: frozenset[str],
+                 encoded: Mapping[str, Sequence[bytes]] | None) -> None:
+        """`load_batch` of `batch` on `conn`, its `segments` cut without the tables `without` (their
+        changes `encoded` ahead, or None)."""
+        load_batch(self.path, conn, batch, segments, self._plan, without, encoded)
 
     def _quarantines(self, exc: TableRefused) -> bool:
         """Under ``on_table_error: quarantine``: the refused table is to be quarantined when `batch`

@@ -30,7 +30,7 @@ from setl.sinks.sql_dialect import RowWriter, SqlDialect
 from setl.sinks.sql_failures import CurrentTable
 from setl.sinks.sql_fence import TargetFence
 from setl.sinks.sql_positions import PositionStore
-from setl.sinks.sql_quarantine import Quarantine, Quarantined
+from setl.sinks.sql_quarantine import Quarantine, Quarantined, encode
 from setl.sinks.sql_segments import DdlStep, Segment
 from setl.sinks.sql_staging import StagedCopies
 
@@ -61,18 +61,22 @@ class LoadPath(Generic[C]):
 
 
 def load_batch(path: LoadPath[C], conn: C, batch: Batch, segments: list[Segment],
-               plan: PlanSegments | None = None, planned_without: frozenset[str] = frozenset()) -> None:
+               plan: PlanSegments | None = None, planned_without: frozenset[str] = frozenset(),
+               encoded: Mapping[str, Sequence[bytes]] | None = None) -> None:
     """One batch in its transaction: fence, quarantined tables' changes kept, segments, positions and
     COMMIT (see the module). `segments` were cut without the tables `planned_without`; `plan` cuts
-    them again when other tables are diverted."""
+    them again when other tables are diverted. `encoded`: per table of `planned_without`, its changes
+    in the batch encoded ahead (`encode_ahead`)."""
     begin_conflicts(path, conn)
     hold_fence(path, conn, batch)
-    batch, segments = divert_quarantined(path, conn, batch, segments, plan, planned_without)
+    batch, segments = divert_quarantined(path, conn, batch, segments, plan, planned_without, encoded)
     ddl = any(isinstance(segment, DdlStep) for segment in segments)
     if ddl:  # a batch holding a DDL runs alone: it may start or end a re-copy
         path.staged.forget()
     apply_segments(path, conn, batch, segments)
     record_and_commit(path, conn, batch, (), pipeline=True)
+    if path.quarantine is not None:
+        path.quarantine.committed(path.fence.epoch)  # what this batch changed of the quarantine is known
     after_commit(path, conn, forget=ddl)
 
 
@@ -109,8 +113,8 @@ def hold_fence(path: LoadPath[C], conn: C, batch: Batch) -> None:
 
 
 def divert_quarantined(path: LoadPath[C], conn: C, batch: Batch, segments: list[Segment],
-                       plan: PlanSegments | None, planned_without: frozenset[str] = frozenset()
-                       ) -> tuple[Batch, list[Segment]]:
+                       plan: PlanSegments | None, planned_without: frozenset[str] = frozenset(),
+                       encoded: Mapping[str, Sequence[bytes]] | None = None) -> tuple[Batch, list[Segment]]:
     """In the open transaction, after the fence: the changes of each quarantined table (and of each
     table refused in a rolled-back attempt of this batch, marked quarantined here, from its first
     change in the batch) kept in order with their positions (`QuarantineStore.keep`), and `batch`
@@ -118,37 +122,45 @@ def divert_quarantined(path: LoadPath[C], conn: C, batch: Batch, segments: list[
     quarantined table ends its quarantine, dropping what was kept: the copy brings the table to
     that point of the stream, and its later changes apply as any table's (its changes before that
     point in the batch are in the copy: dropped with what was kept). `segments` are taken as they are
-    when they were cut without exactly the tables diverted (`planned_without`)."""
+    when they were cut without exactly the tables diverted (`planned_without`); a table's changes
+    `encoded` ahead are kept as they are (a table held is held whole: all its changes in the batch)."""
     quarantine = path.quarantine
     if quarantine is None or not quarantine.store.available:  # no quarantine table: none quarantined
         return batch, replanned(batch, segments, plan, planned_without, frozenset())
     path.writing.table = None  # a failure keeping changes is not the table's own
-    found = quarantine.store.read(conn)
+    found, seqs = quarantine.known(conn, path.fence.epoch)  # no I/O but once per fence epoch
     refused = quarantine.refused()
     if not found and not refused:
         quarantine.seen(found)
         return batch, replanned(batch, segments, plan, planned_without, frozenset())
     held: dict[str, list[Change]] = {}
     rest: list[Change] = []
+    released = False
     for change in batch.changes:
         name = change.qualified_table if change.table else None
         if name is not None and (name in found or name in refused):
             if isinstance(change, DdlChange) and change.snapshot and name in found:
+                quarantine.settle(found, seqs)  # the set changes in this transaction
                 quarantine.store.release(conn, name)  # `setl snapshot --table`: copied again from here
                 log.warning("pipeline=%s stage=load table=%s position=%s: quarantine ended by a re-copy; %d "
                             "kept changes dropped", path.pipeline, name, change.position or batch.end,
                             found[name].changes)
                 del found[name]
+                seqs.pop(name, None)
                 held.pop(name, None)
                 refused.pop(name, None)
+                released = True
                 rest.append(change)
                 continue
             held.setdefault(name, []).append(change)
         else:
             rest.append(change)
     if not held:
+        if released:
+            quarantine.settle(found, seqs)
         quarantine.seen(found)
         return batch, replanned(batch, segments, plan, planned_without, frozenset())
+    quarantine.settle(found, seqs)  # from here the open transaction writes the quarantine
     for name, changes in held.items():
         record = found.get(name)
         if record is None:
@@ -156,12 +168,17 @@ def divert_quarantined(path: LoadPath[C], conn: C, batch: Batch, segments: list[
             quarantine.store.mark(conn, name, refused[name], first)
             quarantine.marked(name)
             record = Quarantined(name, refused[name], first, 0, 0)
+            seqs[name] = 0  # a table quarantined anew has nothing kept (a release drops all)
             log.error("pipeline=%s stage=load table=%s position=%s: quarantined (%s); its changes are kept on "
                       "the target from here, the other tables go on. Fix the cause, then `setl resume "
                       "--pipeline %s --table %s`", path.pipeline, name, first, refused[name], path.pipeline, name)
-        found[name] = quarantine.store.keep(conn, record, changes, context={
-            "pipeline": path.pipeline, "stage": "load", "table": name, "batch": batch.id, "position": batch.end})
+        found[name] = quarantine.store.keep(
+            conn, record, changes, last_seq=seqs.get(name, 0), blobs=(encoded or {}).get(name),
+            context={"pipeline": path.pipeline, "stage": "load", "table": name, "batch": batch.id,
+                     "position": batch.end})
+        seqs[name] = seqs.get(name, 0) + len(changes)
         failpoints.hit("quarantine_kept", batch.id, task=name)
+    quarantine.settle(found, seqs)
     quarantine.seen(found)
     narrowed = batch.replace(tuple(rest))
     return narrowed, replanned(narrowed, segments, plan, planned_without, frozenset(held))
@@ -176,6 +193,16 @@ def replanned(batch: Batch, segments: list[Segment], plan: PlanSegments | None, 
     if plan is None:
         raise AssertionError("a batch with quarantined changes needs its segments cut again")
     return plan(batch)
+
+
+def encode_ahead(batch: Batch, tables: frozenset[str]) -> dict[str, list[bytes]]:
+    """Per table of `tables`, its changes in `batch` as `divert_quarantined` would keep them, encoded
+    (on a worker, ahead of the load)."""
+    found: dict[str, list[bytes]] = {name: [] for name in tables}
+    for change in batch.changes:
+        if change.table and (blobs := found.get(change.qualified_table)) is not None:
+            blobs.append(encode(change))
+    return found
 
 
 def without_tables(batch: Batch, tables: frozenset[str]) -> Batch:
@@ -206,6 +233,7 @@ def replay_kept(path: LoadPath[C], conn: C, table: str, chunk: int, number: int,
         store.release(conn, table)
         failpoints.hit("quarantine_replay", number, task=table)
         path.dialect.commit(conn)
+        path.quarantine.forget()
         log.warning("pipeline=%s stage=load table=%s: replay done, quarantine ended; the table follows the "
                     "stream again", path.pipeline, table)
         return True, 0, 0
@@ -219,6 +247,7 @@ def replay_kept(path: LoadPath[C], conn: C, table: str, chunk: int, number: int,
     left = store.drop_kept(conn, found, kept[-1].seq, len(kept), sum(k.nbytes for k in kept))
     failpoints.hit("quarantine_replay", number, task=table)
     path.dialect.commit(conn)
+    path.quarantine.forget()
     return False, len(kept), left.changes
 
 
@@ -379,5 +408,5 @@ def not_yet_applied(batch: Batch, names: Mapping[tuple[str, str], str],
     return keep
 
 
-__all__ = ["LoadPath", "apply_segments", "load_batch", "load_part", "not_yet_applied", "replay_kept",
+__all__ = ["LoadPath", "apply_segments", "encode_ahead", "load_batch", "load_part", "not_yet_applied", "replay_kept",
            "without_tables"]

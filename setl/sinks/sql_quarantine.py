@@ -81,6 +81,22 @@ class QuarantineFull(LoadError):
     retryable = False
 
 
+class QuarantineEnded(LoadError):
+    """A table this sink knew quarantined is not any more on the target (a replay or a re-copy by
+    another process ended it): the batch is loaded again, the quarantined tables read afresh."""
+
+    retryable = False
+
+
+#: kept changes per INSERT statement (7 parameters each: PostgreSQL takes at most 65535 per statement)
+_KEEP_ROWS = 1000
+#: a kept INSERT stops adding changes past this size (MariaDB's max_allowed_packet is 16 MiB by default)
+_KEEP_BYTES = 1 << 20
+#: a larger kept change goes as the driver escapes it, not as a hex literal (twice its size)
+_HEX_BYTES = 1 << 16
+_NOWHERE = Position("", 0)
+
+
 class QuarantineStore(Generic[C]):
     """The quarantine and kept tables of one pipeline (see the module). Every method runs in the
     caller's open transaction and neither commits nor rolls back, except `create_tables`.
@@ -175,33 +191,106 @@ class QuarantineStore(Generic[C]):
                         f" {q('offset')}, {q('row')}, {q('changes')}, {q('nbytes')}) VALUES (%s, %s, %s, %s, %s, %s,"
                         f" 0, 0)", (self.pipeline, table, cause[:4000], first.log, first.offset, first.row))
 
-    def keep(self, conn: Any, found: Quarantined, changes: Sequence[Change], *,
-             context: dict[str, Any]) -> Quarantined:
-        """Append `changes` (in stream order) to what is kept for `found`'s table; the record as it
-        is then. `QuarantineFull` (nothing written) when the pipeline's bound would be passed."""
+    def last_seqs(self, conn: Any) -> dict[str, int]:
+        """The highest number kept per quarantined table of the pipeline (tables with none kept: absent)."""
         q = self._q
-        blobs = [encode(change) for change in changes]
-        kept = attrs.evolve(found, changes=found.changes + len(blobs), nbytes=found.nbytes + sum(map(len, blobs)))
-        if kept.changes > self.max_rows or kept.nbytes > self.max_bytes:
-            raise QuarantineFull(
-                f"quarantined table {found.table} would keep {kept.changes} changes ({kept.nbytes} bytes), above "
-                f"pipeline.quarantine max_rows {self.max_rows} / max_bytes {self.max_bytes}: paused, nothing "
-                f"dropped; fix the cause ({found.cause}) and run `setl resume --pipeline {self.pipeline} "
-                f"--table {found.table}`, or `setl snapshot`, or raise the bound", **context)
         with conn.cursor() as cur:
-            cur.execute(f"SELECT COALESCE(MAX({q('seq')}), 0) FROM {self.kept} WHERE {q('pipeline')} = %s"
-                        f" AND {q('target_table')} = %s", (self.pipeline, found.table))
-            row = cur.fetchone()
-            seq = int(row[0]) if row else 0
-            params = []
-            for i, (change, blob) in enumerate(zip(changes, blobs, strict=True)):
-                at = change.position or Position("", 0)
-                params.append((self.pipeline, found.table, seq + 1 + i, at.log, at.offset, at.row, blob))
-            cur.executemany(f"INSERT INTO {self.kept} ({q('pipeline')}, {q('target_table')}, {q('seq')}, {q('log')},"
-                            f" {q('offset')}, {q('row')}, {q('change')}) VALUES (%s, %s, %s, %s, %s, %s, %s)", params)
-            cur.execute(f"UPDATE {self.marks} SET {q('changes')} = %s, {q('nbytes')} = %s WHERE {q('pipeline')} = %s"
-                        f" AND {q('target_table')} = %s", (kept.changes, kept.nbytes, self.pipeline, found.table))
-        return kept
+            cur.execute(f"SELECT {q('target_table')}, MAX({q('seq')}) FROM {self.kept} WHERE {q('pipeline')} = %s"
+                        f" GROUP BY {q('target_table')}", (self.pipeline,))
+            rows = cur.fetchall()
+        return {str(r[0]): int(r[1]) for r in rows}
+
+    def keep(self, conn: Any, found: Quarantined, changes: Sequence[Change], *,
+             context: dict[str, Any], last_seq: int | None = None,
+             blobs: Sequence[bytes] | None = None) -> Quarantined:
+        """Append `changes` (in stream order) to what is kept for `found`'s table, numbered after
+        `last_seq` (None: read from the kept table); the record as it is then, counted from `found`'s.
+        `blobs`: the changes already `encode`d (ahead, on a worker), else encoded here. The mark's
+        counts are raised relative to what the target holds (a replay elsewhere may have lowered
+        them), and only within the bound, in one statement; then the changes go in as multi-row
+        INSERTs (`_insert_kept`). `QuarantineFull` when the pipeline's bound would be passed,
+        `QuarantineEnded` when the table is no longer quarantined on the target (a replay or a
+        re-copy ended it since `found` was read); nothing is written then."""
+        q = self._q
+        if blobs is None or len(blobs) != len(changes):
+            blobs = [encode(change) for change in changes]
+        count, size = len(blobs), sum(map(len, blobs))
+        with conn.cursor() as cur:
+            cur.execute(f"UPDATE {self.marks} SET {q('changes')} = {q('changes')} + %s, {q('nbytes')} = {q('nbytes')}"
+                        f" + %s WHERE {q('pipeline')} = %s AND {q('target_table')} = %s AND {q('changes')} + %s <= %s"
+                        f" AND {q('nbytes')} + %s <= %s",
+                        (count, size, self.pipeline, found.table, count, self.max_rows, size, self.max_bytes))
+            if cur.rowcount != 1:
+                self._not_kept(cur, found, count, size, context)
+            if last_seq is None:
+                cur.execute(f"SELECT COALESCE(MAX({q('seq')}), 0) FROM {self.kept} WHERE {q('pipeline')} = %s"
+                            f" AND {q('target_table')} = %s", (self.pipeline, found.table))
+                row = cur.fetchone()
+                last_seq = int(row[0]) if row else 0
+            self._insert_kept(cur, found.table, last_seq, changes, blobs)
+        return attrs.evolve(found, changes=found.changes + count, nbytes=found.nbytes + size)
+
+    def _insert_kept(self, cur: Any, table: str, last_seq: int, changes: Sequence[Change],
+                     blobs: Sequence[bytes]) -> None:
+        """The kept rows, numbered from `last_seq` + 1, as multi-row INSERTs of at most `_KEEP_ROWS`
+        rows and about `_KEEP_BYTES` each. MariaDB: the values are written into the statement (each
+        distinct string escaped once by the driver, a change as a hex literal, or escaped by the
+        driver when large), so the driver does not escape 7 parameters per row; PostgreSQL binds them."""
+        q = self._q
+        head = (f"INSERT INTO {self.kept} ({q('pipeline')}, {q('target_table')}, {q('seq')}, {q('log')},"
+                f" {q('offset')}, {q('row')}, {q('change')}) VALUES ")
+        count = len(blobs)
+        first = 0
+        if self.dialect != "mysql":
+            while first < count:
+                params: list[Any] = []
+                end, size = first, 0
+                while end < count and end - first < _KEEP_ROWS and (size < _KEEP_BYTES or end == first):
+                    at = changes[end].position or _NOWHERE
+                    params += (self.pipeline, table, last_seq + 1 + end, at.log, at.offset, at.row, blobs[end])
+                    size += len(blobs[end])
+                    end += 1
+                cur.execute(head + ", ".join(["(%s, %s, %s, %s, %s, %s, %s)"] * (end - first)), params)
+                first = end
+            return
+
+        def literal(value: Any) -> str:  # the driver's escaping, `%` doubled for the statement's formatting
+            return str(cur.mogrify("%s", (value,))).replace("%", "%%")
+
+        fixed = f"({literal(self.pipeline)}, {literal(table)}, "
+        logs: dict[str, str] = {}
+        while first < count:
+            rows: list[str] = []
+            end, size = first, 0
+            while end < count and end - first < _KEEP_ROWS and (size < _KEEP_BYTES or end == first):
+                at, blob = changes[end].position or _NOWHERE, blobs[end]
+                log = logs.get(at.log)
+                if log is None:
+                    log = logs[at.log] = literal(at.log)
+                value = f"X'{blob.hex()}'" if len(blob) <= _HEX_BYTES else literal(blob)
+                rows.append(f"{fixed}{last_seq + 1 + end:d}, {log}, {int(at.offset):d}, {int(at.row):d}, {value})")
+                size += len(value)
+                end += 1
+            cur.execute(head + ", ".join(rows), ())  # () formats the statement: `%%` in names becomes `%`
+            first = end
+
+    def _not_kept(self, cur: Any, found: Quarantined, count: int, size: int, context: dict[str, Any]) -> None:
+        """Why `keep`'s raise of the mark's counts matched no row: the table's quarantine ended
+        (`QuarantineEnded`), or the bound would be passed (`QuarantineFull`)."""
+        q = self._q
+        cur.execute(f"SELECT {q('changes')}, {q('nbytes')} FROM {self.marks} WHERE {q('pipeline')} = %s"
+                    f" AND {q('target_table')} = %s", (self.pipeline, found.table))
+        row = cur.fetchone()
+        if row is None:
+            raise QuarantineEnded(f"the quarantine of {found.table} ended on the target meanwhile (a replay or a "
+                                  f"re-copy): the batch is loaded again with the quarantined tables read afresh",
+                                  **context)
+        changes, nbytes = int(row[0]) + count, int(row[1]) + size
+        raise QuarantineFull(
+            f"quarantined table {found.table} would keep {changes} changes ({nbytes} bytes), above "
+            f"pipeline.quarantine max_rows {self.max_rows} / max_bytes {self.max_bytes}: paused, nothing "
+            f"dropped; fix the cause ({found.cause}) and run `setl resume --pipeline {self.pipeline} "
+            f"--table {found.table}`, or `setl snapshot`, or raise the bound", **context)
 
     def lock_loads(self, conn: Any) -> int | None:
         """Hold the pipeline's fence row exclusively to COMMIT: no batch of the pipeline commits
@@ -247,15 +336,69 @@ class QuarantineStore(Generic[C]):
 
 
 class Quarantine(Generic[C]):
-    """One sink's quarantine: its store, and the tables refused in a transaction that was rolled back
-    (`refused`), to mark in the next one. Safe for the sink's threads (a refusal is recorded by the
-    thread whose transaction failed; the set is only read and emptied in a transaction)."""
+    """One sink's quarantine: its store, what this sink knows of the quarantined tables (`known`),
+    and the tables refused in a transaction that was rolled back (`refused`), to mark in the next
+    one. Safe for the sink's threads (a refusal is recorded by the thread whose transaction failed;
+    the set is only read and emptied in a transaction).
+
+    The set is read from the target once per fence epoch (`known`: at the first batch, and after
+    any takeover, when another node may have changed it). Only this sink's own batches add to it
+    while it holds the fence: each that changes it installs the result after its COMMIT (`settle`,
+    `committed`), and a transaction that fails after changing it leaves it unknown, read again at the
+    next batch. So a pipeline with no quarantined table sends no quarantine statement per batch.
+    While some table is quarantined, each batch reads the marks again (a replay elsewhere lowers
+    their counts and ends them); a replay that ends one between that read and the keep is seen by
+    `QuarantineStore.keep` (the mark is gone: `QuarantineEnded`, the batch loaded again)."""
 
     def __init__(self, store: QuarantineStore[C]) -> None:
         self.store = store
         self._refused: dict[str, str] = {}
         self._view: dict[str, Quarantined] = {}
         self._lock = threading.Lock()
+        #: the quarantined tables and their last kept numbers as of fence epoch `_epoch`; None: unknown
+        self._known: tuple[dict[str, Quarantined], dict[str, int]] | None = None
+        self._epoch = 0
+        self._settled: tuple[dict[str, Quarantined], dict[str, int]] | None = None
+        #: the times the set was read from the target in a batch transaction (tests and benchmarks)
+        self.reads = 0
+
+    def known(self, conn: C, epoch: int) -> tuple[dict[str, Quarantined], dict[str, int]]:
+        """In a batch transaction holding the fence of `epoch`: the quarantined tables and the last
+        number kept for each (see the class). None quarantined as known: no I/O. Some: their marks
+        are read again (one statement, after the fence), so a replay elsewhere that ended one or kept
+        fewer shows at once; the numbers stay known (a replay drops the first ones only)."""
+        with self._lock:
+            self._settled = None
+            known = self._known if self._known is not None and self._epoch == epoch else None
+        if known is not None and not known[0]:
+            return {}, {}
+        found = self.store.read(conn)
+        if known is not None and found.keys() <= known[0].keys():
+            seqs = {name: seq for name, seq in known[1].items() if name in found}
+        else:
+            seqs = self.store.last_seqs(conn)
+        with self._lock:
+            self.reads += 1
+            self._known, self._epoch = (dict(found), dict(seqs)), epoch
+        return found, seqs
+
+    def settle(self, found: dict[str, Quarantined], seqs: dict[str, int]) -> None:
+        """The open transaction changes the set (or what is kept) to `found`, `seqs`: unknown until
+        its COMMIT (`committed`), unknown for good if it fails."""
+        with self._lock:
+            self._known = None
+            self._settled = (dict(found), dict(seqs))
+
+    def committed(self, epoch: int) -> None:
+        """The batch transaction that `settle`d (if any) committed, holding the fence of `epoch`."""
+        with self._lock:
+            if self._settled is not None:
+                self._known, self._epoch, self._settled = self._settled, epoch, None
+
+    def forget(self) -> None:
+        """Read the set from the target at the next batch (it may have changed elsewhere)."""
+        with self._lock:
+            self._known = self._settled = None
 
     def seen(self, found: dict[str, Quarantined]) -> None:
         """What a batch transaction found and kept (the view `view` gives, no I/O)."""
@@ -287,4 +430,4 @@ class Quarantine(Generic[C]):
             self._refused.pop(table, None)
 
 
-__all__ = ["KeptChange", "Quarantine", "Quarantined", "QuarantineFull", "QuarantineStore"]
+__all__ = ["KeptChange", "Quarantine", "Quarantined", "QuarantineEnded", "QuarantineFull", "QuarantineStore"]
