@@ -210,6 +210,10 @@ class SharedReader:
                 if at.log != self.pumped.log or self.pumped.offset - at.offset > REWIND_BYTES:
                     return None
                 self._rewind = at if self._rewind is None else min(self._rewind, at)
+            elif self.opened:
+                # The stream passed over the rows of tables none of its pipelines read (`skipping`),
+                # maybe this one's, in what it read after `pumped`: it reads that again, knowing.
+                self._rewind = self.pumped if self._rewind is None else min(self._rewind, self.pumped)
             sub = _Subscription(pipeline, at, limit, keep)
             self._subs.append(sub)
             return sub
@@ -409,12 +413,13 @@ class SharedBinlogSource(MysqlBinlogSource):
                 self.shared_server_id)
 
     def _make_shared(self, selects: Callable[[str, str], bool]) -> MysqlBinlogSource:
-        kwargs = dict(self._kwargs, server_id=self.shared_server_id, pipeline="", selects=selects, start="earliest")
+        kwargs = dict(self._kwargs, server_id=self.shared_server_id, pipeline="", selects=selects, reads=selects,
+                      start="earliest")
         return MysqlBinlogSource(**kwargs)
 
     def _join(self, at: Position) -> bool:
         limit = BUFFER_BATCHES * self.max_rows_in_memory
-        got = READERS.attach(self._key(), self._make_shared, self.pipeline, at, limit, self.selects)
+        got = READERS.attach(self._key(), self._make_shared, self.pipeline, at, limit, self.reads)
         if got is None:
             return False
         self._shared_reader, self._sub = got

@@ -27,6 +27,7 @@ from setl import binlog_events as ev
 from setl.adapters import replication
 from setl.sources.mysql_binlog import compressed
 from setl.sources.mysql_binlog.assembler import corrupt_event
+from setl.sources.mysql_binlog.skipping import RowCounter
 
 try:
     from setl.sources.mysql_binlog._rows import Corrupt, EventHeader, RowDecoder, equal_at, full_bitmap, le_int
@@ -87,12 +88,19 @@ class FastStream:
     stream's `parse`, which has the library parse it and keeps the stream's state (`log_pos`,
     `log_file`, the table map, the format description) up to date. Without `decoders` (or the
     compiled module) every packet goes to `parse`.
+
+    A rows event whose table id is in `skip` (the ids the assembler's table maps gave to tables the
+    reader does not hand on) is passed over by length, compiled or not (`skipping`): its row count
+    only, unless it cannot be counted exactly, when it is decoded as any other.
     """
 
-    def __init__(self, reader: Any, decoders: RowDecoders | None) -> None:
+    def __init__(self, reader: Any, decoders: RowDecoders | None, skip: set[int] | frozenset[int] = frozenset(),
+                 counter: RowCounter | None = None) -> None:
         self.reader = reader  # the stream: its table map, file and position, `packet` and `parse`
         self.decoders = decoders if decoders is not None else RowDecoders()
         self.fast = decoders is not None and RowDecoder is not None  # whether the hot events are built here
+        self.skip = skip  # table ids whose rows events are counted, not decoded (the assembler's, live)
+        self.counter = counter if counter is not None else RowCounter(self.fast)
         self._settings: tuple[Any, bool, Any, Any, Any] = (None, False, (), None, None)
         #: the last table map of each table id: (its body, its layout), reused while the bytes repeat
         self._last_maps: dict[int, tuple[bytes, Any]] = {}
@@ -110,11 +118,23 @@ class FastStream:
                     kind = data[5]
                 event = None
                 if kind in _ROWS:
-                    event = self._rows(data, kind)
+                    if self.skip and le_int(data, 20, 6) in self.skip:
+                        event = self.counter.skipped_rows(data, stream.table_map, self._settings[1],
+                                                          self._settings[4], EventHeader)
+                    if event is None:
+                        event = self._rows(data, kind)
                 elif kind == BINLOG.TABLE_MAP_EVENT:
                     event = self._table_map(data)
                 elif kind in _SMALL:
                     event = self._small(data, kind)
+                if event is not None:
+                    if event.header.log_pos:
+                        stream.log_pos = event.header.log_pos
+                    return event
+            elif self.skip and data[0] == 0 and len(data) > 26 and data[5] in _ROWS \
+                    and int.from_bytes(data[20:26], "little") in self.skip:
+                event = self.counter.skipped_rows(data, stream.table_map, stream.use_checksum,
+                                                  stream.post_header_lengths)
                 if event is not None:
                     if event.header.log_pos:
                         stream.log_pos = event.header.log_pos

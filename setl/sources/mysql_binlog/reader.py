@@ -23,6 +23,7 @@ from setl.sources.mysql_binlog.assembler import _EVENTS, _Assembler, read_events
 from setl.sources.mysql_binlog.connector import _Connector, _disconnected, _Lost
 from setl.sources.mysql_binlog.handoff import Failure, Handoff, ReaderFigures, Stopped
 from setl.sources.mysql_binlog.server import SourceServer
+from setl.sources.mysql_binlog.skipping import RowCounter
 from setl.sources.mysql_binlog.stream import BinlogStream
 from setl.tls import tls_failure
 
@@ -42,7 +43,8 @@ class BinlogReader:
 
     def __init__(self, server: SourceServer, handoff: Handoff, figures: ReaderFigures, *, server_id: int,
                  flavor: str, reconnect_timeout: float, backoff: Backoff, pipeline: str,
-                 table_maps: TableMapCache | None, row_decoders: fast.RowDecoders | None) -> None:
+                 table_maps: TableMapCache | None, row_decoders: fast.RowDecoders | None,
+                 row_counter: RowCounter | None = None) -> None:
         self.server = server
         self.handoff = handoff
         self.figures = figures
@@ -53,6 +55,7 @@ class BinlogReader:
         self.pipeline = pipeline
         self.table_maps = table_maps
         self.row_decoders = row_decoders
+        self.row_counter = row_counter  # counts the rows events of tables not read (`skipping`)
         self.connector = _Connector(tls=server.ssl is not None)
         self.thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -89,7 +92,7 @@ class BinlogReader:
         try:
             while not stop.is_set():
                 stream = self._stream(handed, gtid_start)
-                events = fast.FastStream(stream, self.row_decoders)
+                events = fast.FastStream(stream, self.row_decoders, assembler.unselected, self.row_counter)
                 # Where a stream starts (a rollback's rewind, a reconnect) says nothing of where the
                 # log ends: the reader is heard there only once it has read past it, or once an
                 # idle server's heartbeat says the log ends there. Else an ack at the rewind point

@@ -34,6 +34,7 @@ from setl.sources.mysql_binlog.patches import install
 from setl.sources.mysql_binlog.reader import BinlogReader, failure_error
 from setl.sources.mysql_binlog.server import SourceServer
 from setl.sources.mysql_binlog.settings import SettingsReport
+from setl.sources.mysql_binlog.skipping import RowCounter
 from setl.sources.mysql_binlog.start import parse_start
 from setl.sources.mysql_binlog.xa import PreparedXa
 from setl.stages.select import Select
@@ -101,6 +102,8 @@ class MysqlBinlogSource(Select):
       the event bodies setl does not build itself. With `fast_decoder` (the default, where the
       compiled `_rows` module is built) rows events of tables whose column types it knows are
       decoded in C into the same rows (`fast.FastStream`; `row_decoders` counts events each way).
+    * Rows events of tables `reads` refuses (default: those `selects` refuses) are passed over by
+      length: counted, never decoded (`skipping`), so a split transaction's resume point is the same.
     * Values are pymysqlreplication's, except: an empty SET is ``set()``, BIT is an int, BINARY(n)
       keeps its trailing zero bytes, YEAR 0 is 0. MariaDB's JSON is text and stays a str.
     * Two-phase XA: an XA PREPARE group hands nothing on (its end may be acknowledged); its rows
@@ -132,6 +135,7 @@ class MysqlBinlogSource(Select):
         table_map_cache: bool = True,
         fast_decoder: bool = True,
         selects: Callable[[str, str], bool] | None = None,
+        reads: Callable[[str, str], bool] | None = None,
         ssl: SslConfig | None = None,
         snapshot: SnapshotSettings | None = None,
         sequences: bool = False,
@@ -162,6 +166,9 @@ class MysqlBinlogSource(Select):
         self.table_map_cache = table_map_cache
         self.snapshot_settings = snapshot or SnapshotSettings()  # given to setl.snapshot by snapshot_access()
         self.selects = selects  # whether the pipeline's table rules take (schema, table); None: every table
+        #: whether the reader hands on rows of (schema, table) at all (default `selects`; a signal table
+        #: too): the rows events of the others are counted by length, never decoded (`skipping`)
+        self.reads = reads if reads is not None else selects
         #: hand on a sequence's state rows (`setl.model.RowChange.sequence`): set when the pipeline's
         #: target applies them (`setl.stages.load.LoadCapabilities.sequences`); dropped otherwise
         self.sequences = sequences
@@ -172,6 +179,7 @@ class MysqlBinlogSource(Select):
         self.detected_flavor: str | None = None
         self.table_maps: TableMapCache | None = None  # the open reader's decoded-table-map cache
         self.row_decoders: fast.RowDecoders | None = None  # the open reader's compiled decoders
+        self.row_counter: RowCounter | None = None  # the open reader's counts of tables not read
         self._reader: BinlogReader | None = None  # the open reader thread
         self._handoff: Handoff | None = None  # its queue to poll (None: closed, or its failure raised)
         self._cursor: Position | None = None  # after the last transaction or mark poll returned
@@ -250,11 +258,13 @@ class MysqlBinlogSource(Select):
         self._handoff = Handoff(self.max_rows_in_memory)
         self.table_maps = TableMapCache() if self.table_map_cache else None
         self.row_decoders = fast.RowDecoders() if self.fast_decoder else None
+        self.row_counter = RowCounter(self.fast_decoder)
         lookups = TableLookups(self.server.lookups, pipeline=self.pipeline, sequences=self.sequences)  # fresh caches
         assembler = _Assembler(position or Position("", 0), self.max_rows_in_memory, gtids,
                                PreparedXa(self.server, lookups.table_kind, self.pipeline).rows,
                                lookups.transactional, self.selects, KnownTables(opening.tables))
         assembler.kind_of = lookups.table_kind
+        assembler.reads = self.reads
         assembler.sequences = self.sequences
         assembler.ignore_server_ids = self.ignore_server_ids
         assembler.ddl_events.mode_names = lookups.mode_names
@@ -262,7 +272,7 @@ class MysqlBinlogSource(Select):
         self._reader = BinlogReader(self.server, self._handoff, self.figures, server_id=self.server_id,
                                     flavor=opening.flavor, reconnect_timeout=self.reconnect_timeout,
                                     backoff=self.backoff, pipeline=self.pipeline, table_maps=self.table_maps,
-                                    row_decoders=self.row_decoders)
+                                    row_decoders=self.row_decoders, row_counter=self.row_counter)
         self._reader.start(assembler, position, gtid_start)
         log.info("pipeline=%s reading the %s binlog of %s:%s from %s (server_id %d)", self.pipeline,
                  self.detected_flavor, self.host, self.port, position or f"after GTID {gtid_start}",
