@@ -324,6 +324,11 @@ class MysqlBinlogSource(Select):
     def close(self, timeout: float = 5.0) -> None:
         if self._reader is not None:
             self._reader.stop(timeout)
+        counter, self.row_counter = self.row_counter, None
+        if counter is not None and counter.skipped:
+            log.info("pipeline=%s binlog reader of %s:%s passed over %d rows events of tables it does not read "
+                     "(counted, not decoded; %d left to the decoders)", self.pipeline, self.host, self.port,
+                     counter.skipped, counter.decoded)
         self._reader = self._handoff = None
         self._mark = None
         self.server.close()
