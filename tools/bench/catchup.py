@@ -310,8 +310,12 @@ def pipelines_bench(source, target, start, tmp: Path, rows: int, tables: list[st
             assert conf is not None
             names = [arg for name, _ in variants[label] for arg in ("--pipeline", f"{name}_{n}")]
             applied = process_cpu(target.pid)
-            _, wall, _, out = run_child([sys.executable, "-m", "setl.cli", "--conf", str(conf), "start", *names,
-                                         "--until-caught-up"])
+            argv = [sys.executable, "-m", "setl.cli", "--conf", str(conf), "start", *names, "--until-caught-up"]
+            if args.profile:  # sampled stacks of the thread holding the GIL (py-spy raw format)
+                args.profile.mkdir(parents=True, exist_ok=True)
+                argv = ["py-spy", "record", "--threads", "--gil", "--rate", "200", "--format", "raw", "-o",
+                        str(args.profile / f"{folder.name}.txt"), "--", *argv]
+            _, wall, _, out = run_child(argv)
             streams = out.count("reading the mariadb binlog")  # the binlog streams it opened
             drops, rewinds = out.count("dropped from the shared binlog stream"), out.count("rewinds to")
             cpu.setdefault(label, []).append((LAST_CHILD_CPU[0], process_cpu(target.pid) - applied, wall))
