@@ -238,9 +238,10 @@ class SharedReader:
                 if at.log != self.pumped.log or self.pumped.offset - at.offset > REWIND_BYTES:
                     return None
                 self._rewind = at if self._rewind is None else min(self._rewind, at)
-            elif self.opened:
+            elif self.opened and self.source.passes_over():
                 # The stream passed over the rows of tables none of its pipelines read (`skipping`),
-                # maybe this one's, in what it read after `pumped`: it reads that again, knowing.
+                # maybe this one's, in what it read after `pumped`: it reads that again, knowing. (A
+                # stream that passed over nothing yet asks `selects`, which sees this one, first.)
                 self._rewind = self.pumped if self._rewind is None else min(self._rewind, self.pumped)
             sub = _Subscription(pipeline, at, limit, keep)
             self._subs.append(sub)

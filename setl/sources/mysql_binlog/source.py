@@ -180,6 +180,7 @@ class MysqlBinlogSource(Select):
         self.table_maps: TableMapCache | None = None  # the open reader's decoded-table-map cache
         self.row_decoders: fast.RowDecoders | None = None  # the open reader's compiled decoders
         self.row_counter: RowCounter | None = None  # the open reader's counts of tables not read
+        self._unread: set[int] = set()  # the open reader's table ids of tables not read (its assembler's)
         self._reader: BinlogReader | None = None  # the open reader thread
         self._handoff: Handoff | None = None  # its queue to poll (None: closed, or its failure raised)
         self._cursor: Position | None = None  # after the last transaction or mark poll returned
@@ -265,6 +266,7 @@ class MysqlBinlogSource(Select):
                                lookups.transactional, self.selects, KnownTables(opening.tables))
         assembler.kind_of = lookups.table_kind
         assembler.reads = self.reads
+        self._unread = assembler.unselected
         assembler.sequences = self.sequences
         assembler.ignore_server_ids = self.ignore_server_ids
         assembler.ddl_events.mode_names = lookups.mode_names
@@ -302,6 +304,12 @@ class MysqlBinlogSource(Select):
 
     def tell(self) -> Position | None:
         return self._cursor
+
+    def passes_over(self) -> bool:
+        """Whether this open's reader passed over rows events of tables it does not read, or has
+        table maps of such tables at hand (`skipping`): a wider `reads` must then read again."""
+        counter = self.row_counter
+        return bool(self._unread) or (counter is not None and counter.skipped > 0)
 
     # --- the server's position, identity and tables (SourceServer) --------------------------------
 
