@@ -78,6 +78,20 @@ class Rows:
 
 
 @attrs.frozen(slots=True)
+class SkippedRows:
+    """WRITE/UPDATE/DELETE_ROWS of a table the reader does not hand on, passed over by length: its
+    row count (a split transaction's resume point counts them), no rows decoded
+    (`sources.mysql_binlog.skipping`)."""
+
+    header: Any
+    kind: int
+    table_id: int
+    schema: str
+    table: str
+    count: int
+
+
+@attrs.frozen(slots=True)
 class MariadbGtid:
     """MariaDB's GTID event: a transaction (or one standalone statement) starts."""
 

@@ -386,21 +386,32 @@ def file_source() -> SourceConnector[Any]:
                            help="a JSON-lines file of transactions (demo and tests)")
 
 
+def _reads(context: BuildContext) -> Callable[[str, str], bool]:
+    """Which source tables' rows a binlog reader hands on: those the rules select, and the batch
+    DDL tasks' signal table (`setl.ddltask.select` reads its rows; the rules need not route it)."""
+    selects, signal = context.selects, context.settings.ddl_tasks.signal_table
+    if not signal or "." not in signal:
+        return selects
+    schema, _, table = signal.rpartition(".")
+    return lambda s, t: (s, t) == (schema, table) or selects(s, t)
+
+
 def mysql_source() -> SourceConnector[Any]:
     from setl.sources.mysql_binlog import MysqlBinlogSource, MysqlSourceConfig
 
     def build(config: MysqlSourceConfig, context: BuildContext) -> Select:
         # A transaction larger than a batch comes in batch-sized pieces, each acknowledged (LOG:OFFSET+ROW).
         shared = context.node.sources.shared_reader_server_id
+        reads = _reads(context)
         if shared is not None:  # one binlog stream for all of the node's pipelines on this server
             from setl.sources.shared_binlog import SharedBinlogSource
 
             return SharedBinlogSource.from_config(config, pipeline=context.name, shared_server_id=shared,
                                                   max_rows_in_memory=context.settings.batch.max_rows,
-                                                  selects=context.selects, sequences=context.sequences)
+                                                  selects=context.selects, reads=reads, sequences=context.sequences)
         return MysqlBinlogSource.from_config(config, pipeline=context.name,
                                              max_rows_in_memory=context.settings.batch.max_rows,
-                                             selects=context.selects, sequences=context.sequences,
+                                             selects=context.selects, reads=reads, sequences=context.sequences,
                                              reader_process=context.node.sources.reader_process)
 
     return SourceConnector("mysql", MysqlSourceConfig, build, SelectCapabilities(reports_head=True, snapshots=True),

@@ -494,3 +494,28 @@ def test_a_target_that_creates_no_tables_is_warned_about(tmp_path, monkeypatch, 
     warned = warnings(LoadCapabilities(per_table=True, stores_position=True))
     assert len(warned) == 1 and "pipeline=p target type bare creates no tables and setl cannot create them" in warned[0]
     assert warnings(LoadCapabilities(per_table=True, stores_position=True, creates_tables=True)) == []
+
+
+def test_the_binlog_source_reads_the_signal_table_the_rules_do_not_select(tmp_path):
+    """A mysql source built for batch DDL tasks reads (decodes) its signal table's rows, which no rule selects."""
+    from setl.config import load_node, load_pipeline
+    from setl.connectors import build_select, registry
+
+    conf = tmp_path / "conf"
+    (conf / "pipelines").mkdir(parents=True)
+    (conf / "setl.yaml").write_text(f"meta: {{store: sqlite, path: {tmp_path / 'meta.db'}}}\n")
+    (conf / "pipelines" / "p.yaml").write_text(textwrap.dedent("""\
+        source: {type: mysql, host: 127.0.0.1, port: 1, user: root, server_id: 77}
+        target: {type: mysql, host: 127.0.0.1, port: 1, user: root}
+        tables:
+          - {source: 'app\\.orders', target: 'dw.orders'}
+        pipeline:
+          ddl_tasks: {signal_table: ops.signals}
+        """))
+    config = load_pipeline(conf, "p", registry())
+    from setl.sources.mysql_binlog import MysqlBinlogSource
+
+    source = build_select(config, load_node(conf), selects=lambda schema, table: (schema, table) == ("app", "orders"))
+    assert isinstance(source, MysqlBinlogSource) and source.reads is not None and source.selects is not None
+    assert source.reads("ops", "signals") and source.reads("app", "orders")
+    assert not source.reads("app", "other") and not source.selects("ops", "signals")

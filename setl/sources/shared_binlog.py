@@ -59,6 +59,21 @@ def _weight(tx: Transaction) -> int:
     return max(1, len(tx.changes))
 
 
+def _groups(tx: Transaction) -> dict[tuple[str, str], list[RowChange]] | None:
+    """The row changes of `tx` by table, each in binlog order; None when it holds a DDL change."""
+    groups: dict[tuple[str, str], list[RowChange]] = {}
+    for change in tx.changes:
+        if type(change) is not RowChange:
+            return None
+        name = (change.schema, change.table)
+        group = groups.get(name)
+        if group is None:
+            groups[name] = [change]
+        else:
+            group.append(change)
+    return groups
+
+
 def _is_mark(item: object) -> bool:
     return isinstance(item, Transaction) and not item.changes and item.complete
 
@@ -80,24 +95,39 @@ class _Subscription:
         self.asked = time.monotonic()  # when its pipeline last asked for rows (`take`)
         self._ready = threading.Condition()
 
-    def _selected(self, change: object) -> bool:
-        if self.keep is None or type(change) is not RowChange:
-            return True  # DDL and marks reach every pipeline: Extract judges DDL against its rules
-        name = (change.schema, change.table)
+    def _keeps(self, name: tuple[str, str]) -> bool:
         kept = self._kept.get(name)
         if kept is None:
+            assert self.keep is not None
             kept = self._kept[name] = self.keep(*name)
         return kept
 
-    def cut(self, tx: Transaction) -> Transaction | None:
-        """What of `tx` this pipeline reads (pump thread), None for nothing; moves `after` past it."""
-        if self.detached or tx.end <= self.after:
+    def _selected(self, change: object) -> bool:
+        if self.keep is None or type(change) is not RowChange:
+            return True  # DDL and marks reach every pipeline: Extract judges DDL against its rules
+        return self._keeps((change.schema, change.table))
+
+    def cut(self, tx: Transaction, groups: dict[tuple[str, str], list[RowChange]] | None = None
+            ) -> Transaction | None:
+        """What of `tx` this pipeline reads (pump thread), None for nothing; moves `after` past it.
+        `groups`: the row changes of `tx` by table (`_groups`), so that a pipeline reading one of its
+        tables takes that table's changes as they are instead of testing every change."""
+        end, after = tx.end, self.after
+        # `tx.end <= self.after`, without attrs' generated comparison (asked per pipeline per transaction)
+        if self.detached or (end.log, end.offset, end.row) <= (after.log, after.offset, after.row):
             return None
         changes = tx.changes
         if self.after.row:  # resuming inside a split transaction: its first `row` changes were handed on
             changes = tuple(c for c in changes if c.position is None or c.position > self.after)
+            groups = None
         if self.keep is not None:
-            changes = tuple(c for c in changes if self._selected(c))
+            kept = None if groups is None else [group for name, group in groups.items() if self._keeps(name)]
+            if kept is None or 1 < len(kept) < len(groups or ()):
+                changes = tuple(c for c in changes if self._selected(c))
+            elif len(kept) == 1 and len(groups or ()) > 1:
+                changes = tuple(kept[0])
+            elif not kept:
+                changes = ()
         self.after = tx.end
         if not changes and not tx.complete:
             return None  # a piece with nothing for this pipeline: its next piece or its end says more
@@ -210,6 +240,11 @@ class SharedReader:
                 if at.log != self.pumped.log or self.pumped.offset - at.offset > REWIND_BYTES:
                     return None
                 self._rewind = at if self._rewind is None else min(self._rewind, at)
+            elif self.opened and self.source.passes_over():
+                # The stream passed over the rows of tables none of its pipelines read (`skipping`),
+                # maybe this one's, in what it read after `pumped`: it reads that again, knowing. (A
+                # stream that passed over nothing yet asks `selects`, which sees this one, first.)
+                self._rewind = self.pumped if self._rewind is None else min(self._rewind, self.pumped)
             sub = _Subscription(pipeline, at, limit, keep)
             self._subs.append(sub)
             return sub
@@ -273,7 +308,8 @@ class SharedReader:
         asked for rows for `HOLD_SECONDS` (paused, stuck on its target, retrying) while another
         waits with nothing queued (or for `STUCK_SECONDS` in any case) is dropped and reads alone:
         it holds the others back no longer."""
-        cuts = [(sub, cut) for sub in subs if (cut := sub.cut(tx)) is not None]
+        groups = _groups(tx) if len(subs) > 1 else None
+        cuts = [(sub, cut) for sub in subs if (cut := sub.cut(tx, groups)) is not None]
         since = time.monotonic()
         while not self._stop.is_set():
             full = [sub for sub, cut in cuts if sub.full(cut)]
@@ -409,12 +445,13 @@ class SharedBinlogSource(MysqlBinlogSource):
                 self.shared_server_id)
 
     def _make_shared(self, selects: Callable[[str, str], bool]) -> MysqlBinlogSource:
-        kwargs = dict(self._kwargs, server_id=self.shared_server_id, pipeline="", selects=selects, start="earliest")
+        kwargs = dict(self._kwargs, server_id=self.shared_server_id, pipeline="", selects=selects, reads=selects,
+                      start="earliest")
         return MysqlBinlogSource(**kwargs)
 
     def _join(self, at: Position) -> bool:
         limit = BUFFER_BATCHES * self.max_rows_in_memory
-        got = READERS.attach(self._key(), self._make_shared, self.pipeline, at, limit, self.selects)
+        got = READERS.attach(self._key(), self._make_shared, self.pipeline, at, limit, self.reads)
         if got is None:
             return False
         self._shared_reader, self._sub = got

@@ -273,3 +273,41 @@ def poll_until_error(src: Any, timeout: float = 15) -> tuple[list[Transaction], 
         if tx is not None:
             got.append(tx)
     raise AssertionError(f"no error within {timeout}s")
+
+
+def test_a_pipeline_joining_a_stream_that_passed_over_its_table_gets_every_row(mariadb_source, source_db,
+                                                                                 subscribers, monkeypatch):
+    """A stream that passed over the rows of tables nobody read rewinds to its last hand-on when a
+    pipeline reading one of them joins there: the rows read ahead and skipped are read again for it."""
+    monkeypatch.setattr(shared_binlog, "STUCK_SECONDS", 60.0)  # the pump waits on `first` until `second` joins
+    setup_tables(mariadb_source, source_db, "a", "b")
+    start = head(mariadb_source)
+    first = subscribers(("a",), pipeline="first", max_rows_in_memory=2)
+    first.open(start)
+    reader = first._shared_reader
+    assert reader is not None
+    execute(mariadb_source, source_db, *(f"INSERT INTO {t} VALUES ({i}, 'x')" for i in range(1, 31) for t in "ab"))
+    end = head(mariadb_source)
+    # `first` polls nothing: the pump waits on its full buffer with b's rows read ahead and passed over
+    wait_until(lambda: reader.pumped > start and reader.source.passes_over(), timeout=20,
+               message="the stream passed over b's rows")
+    joined_at = reader.pumped
+    time.sleep(0.3)  # the reader reads ahead meanwhile; the pump stays where it is (asserted below)
+    assert reader.pumped == joined_at
+    second = subscribers(("b",), pipeline="second", max_rows_in_memory=2)
+    second.open(joined_at)
+    assert second.shared and reader.rewinds == 0
+    got = {"a": [], "b": []}  # type: dict[str, list[Transaction]]
+
+    def both() -> bool:
+        for name, src in (("a", first), ("b", second)):
+            tx = src.poll(0.05)
+            if tx is not None:
+                got[name].append(tx)
+        return all(src.tell() is not None and src.tell() >= end for src in (first, second))  # type: ignore[operator]
+
+    wait_until(both, timeout=30, interval=0, message="both pipelines at the end")
+    expected = [r for r in rows(alone(mariadb_source, start, end, ("b",))) if r[0] == "b" and r[3] > joined_at]
+    assert rows(got["b"]) == expected and len(expected) >= 10
+    assert reader.rewinds == 1
+    assert [c[2] for c in rows(got["a"])] == list(range(1, 31))

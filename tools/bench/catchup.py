@@ -39,11 +39,12 @@ bounds a catch-up (the sink alone takes 140,000+ rows/s, `bench_per_table.py`): 
 and the stages before the load are, and per_table's extra transactions (a part per table per
 batch, then `mark_loaded`) take CPU from them.
 
-With ``--pipelines K`` (issue 35, goal 2) the backlog is caught up by one node in four ways, each
-in its own ``setl start --until-caught-up`` and in alternating order per repeat: one pipeline
-selecting every table (the baseline), one pipeline selecting one table (what decoding the rows of
-unselected tables costs), K pipelines each selecting its share of the tables with a binlog stream
-each, and the same K pipelines with ``sources.shared_reader_server_id`` (one stream). It prints
+With ``--pipelines K`` (issue 35, goal 2; ``--pipelines 2,4,8`` for several counts) the backlog is
+caught up by one node in several ways, each in its own ``setl start --until-caught-up`` and in
+alternating order per repeat: one pipeline selecting every table (the baseline), one pipeline
+selecting one table (what reading past the rows of unselected tables costs), K pipelines each
+selecting its share of the tables with a binlog stream each (the largest K), and K pipelines with
+``sources.shared_reader_server_id`` (one stream) for each K. It prints
 each one's process CPU seconds (user + system) and its ratio to the baseline, and checks the target.
 
 With ``--reader-process`` each repeat also catches up with ``sources.reader_process: true`` (the
@@ -324,25 +325,27 @@ def pipelines_bench(source, target, start, tmp: Path, rows: int, tables: list[st
     tables, with a stream each and with the shared reader, against one pipeline selecting all."""
     import sysbench
 
-    k = args.pipelines
+    counts = pipeline_counts(args.pipelines)
+    k = max(counts)
     if k > len(tables):
         raise SystemExit(f"--pipelines {k} needs at least as many --tables")
 
-    def share(i: int) -> tuple[str, ...]:
+    def share(i: int, k: int) -> tuple[str, ...]:
         mine = "|".join(t.removeprefix("sbtest") for n, t in enumerate(tables) if n % k == i)
         return (rf"sbtest\.sbtest({mine})$",)
 
     variants: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         "1 pipeline, every table (baseline)": [("all", (r"sbtest\..*",))],
         "1 pipeline, one table": [("one", (r"sbtest\.sbtest1$",))],
-        f"{k} pipelines, a stream each": [(f"own{i}", share(i)) for i in range(k)],
-        f"{k} pipelines, shared reader": [(f"shared{i}", share(i)) for i in range(k)],
+        f"{k} pipelines, a stream each": [(f"own{i}", share(i, k)) for i in range(k)],
     }
+    for count in counts:
+        variants[f"{count} pipelines, shared reader"] = [(f"shared{count}x{i}", share(i, count)) for i in range(count)]
     cpu: dict[str, list[tuple[float, float, float]]] = {}  # label -> [(process CPU s, target CPU s, wall s)]
     for n in range(args.repeat):
         order = list(variants) if n % 2 == 0 else list(reversed(variants))
         for label in order:
-            folder = tmp / f"k{n}-{len(cpu.get(label, []))}-{label.split(',')[0].replace(' ', '')}"
+            folder = tmp / f"k{n}-{len(cpu.get(label, []))}-{label.replace(',', '').replace(' ', '')}"
             shared = 4999 if "shared" in label else None
             conf = None
             for name, rules in variants[label]:
@@ -351,8 +354,12 @@ def pipelines_bench(source, target, start, tmp: Path, rows: int, tables: list[st
             assert conf is not None
             names = [arg for name, _ in variants[label] for arg in ("--pipeline", f"{name}_{n}")]
             applied = process_cpu(target.pid)
-            _, wall, _, out = run_child([sys.executable, "-m", "setl.cli", "--conf", str(conf), "start", *names,
-                                         "--until-caught-up"])
+            argv = [sys.executable, "-m", "setl.cli", "--conf", str(conf), "start", *names, "--until-caught-up"]
+            if args.profile:  # sampled stacks of the thread holding the GIL (py-spy raw format)
+                args.profile.mkdir(parents=True, exist_ok=True)
+                argv = ["py-spy", "record", "--threads", "--gil", "--rate", "200", "--format", "raw", "-o",
+                        str(args.profile / f"{folder.name}.txt"), "--", *argv]
+            _, wall, _, out = run_child(argv)
             streams = out.count("reading the mariadb binlog")  # the binlog streams it opened
             drops, rewinds = out.count("dropped from the shared binlog stream"), out.count("rewinds to")
             cpu.setdefault(label, []).append((LAST_CHILD_CPU[0], process_cpu(target.pid) - applied, wall))
@@ -372,6 +379,17 @@ def pipelines_bench(source, target, start, tmp: Path, rows: int, tables: list[st
         own = statistics.median(c for c, _, _ in values)
         print(f"{label:<40} {own:>7.1f} {own / rows * 1e6:>7.1f} {own / base:>6.2f} "
               f"{statistics.median(a for _, a, _ in values):>13.1f} {statistics.median(w for _, _, w in values):>7.1f}")
+
+
+def pipeline_counts(text: str) -> list[int]:
+    """The pipeline counts of ``--pipelines`` (``8`` or ``2,4,8``)."""
+    try:
+        counts = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise SystemExit(f"--pipelines {text!r}: expected K or K,K,...") from None
+    if not counts or counts[0] < 1:
+        raise SystemExit(f"--pipelines {text!r}: expected counts of at least 1")
+    return counts
 
 
 def head(server) -> tuple[str, int]:
@@ -603,8 +621,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the source's max_rows_in_memory (pieces of a larger transaction)")
     parser.add_argument("--reader-process", action="store_true",
                         help="also catch up with sources.reader_process on (the reader in a process of its own)")
-    parser.add_argument("--pipelines", type=int, default=0, metavar="K",
-                        help="measure K pipelines on the source (a stream each, and shared) against one; only that")
+    parser.add_argument("--pipelines", default="", metavar="K[,K...]",
+                        help="measure K pipelines on the source (a stream each for the largest K, and shared for "
+                             "each K) against one; only that")
     parser.add_argument("--big-transaction", type=int, default=0, metavar="ROWS",
                         help="also read one transaction of ROWS rows with the source alone (e.g. 1000000)")
     args = parser.parse_args(argv)

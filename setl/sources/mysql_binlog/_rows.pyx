@@ -591,3 +591,47 @@ def equal_at(bytes data, Py_ssize_t pos, Py_ssize_t size, bytes other):
     if PyBytes_GET_SIZE(other) != size or pos < 0 or size < 0 or pos + size > PyBytes_GET_SIZE(data):
         return False
     return memcmp(PyBytes_AS_STRING(data) + pos, PyBytes_AS_STRING(other), size) == 0
+
+
+def count_rows(bytes data, Py_ssize_t pos, Py_ssize_t end, int kind, const int[:] widths):
+    """How many row changes the full row images in `data[pos:end]` hold, read by length only: no
+    value is built (`skipping`: the rows events of tables no pipeline reads). `widths[i]` is column
+    i's size in bytes when positive, the size of its length prefix when negative; kind 1 (UPDATE)
+    has two images a row. An image that runs past `end` raises `Truncated`."""
+    cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t ncols = widths.shape[0]
+    cdef Py_ssize_t nbitmap = (ncols + 7) // 8
+    cdef Py_ssize_t at = pos
+    cdef Py_ssize_t bitmap, length
+    cdef Py_ssize_t count = 0
+    cdef int images = 2 if kind == 1 else 1
+    cdef int image, w
+    cdef Py_ssize_t i
+    if ncols < 1 or pos < 0 or end > PyBytes_GET_SIZE(data) or pos > end:
+        raise Truncated(f"event: rows at {pos}-{end} of {PyBytes_GET_SIZE(data)} bytes")
+    while at < end:
+        for image in range(images):
+            bitmap = at
+            if nbitmap > end - at:
+                raise Truncated("null bitmap")
+            at += nbitmap
+            for i in range(ncols):
+                if p[bitmap + (i >> 3)] & (1 << (i & 7)):
+                    continue
+                w = widths[i]
+                if w > 0:
+                    if w > end - at:
+                        raise Truncated(f"column {i}")
+                    at += w
+                elif w < 0 and -w <= 4:
+                    if -w > end - at:
+                        raise Truncated(f"column {i}")
+                    length = <Py_ssize_t>_le(p + at, -w)
+                    at += -w
+                    if length > end - at:
+                        raise Truncated(f"column {i}")
+                    at += length
+                else:
+                    raise Corrupt(f"column {i}: width {w}")
+        count += 1
+    return count

@@ -20,6 +20,7 @@ from setl.binlog_events import (
     Query,
     Rotate,
     Rows,
+    SkippedRows,
     TableLayout,
     TableMap,
     Unknown,
@@ -36,6 +37,7 @@ from setl.sources.mysql_binlog.decoding import (
     _row_items,
     _TableInfo,
 )
+from setl.sources.mysql_binlog.skipping import unread
 from setl.sources.mysql_binlog.statements import (
     _DML,
     _IGNORED_IN_TX,
@@ -188,6 +190,8 @@ class _Assembler:
         self.kinds: dict[tuple[str, str], TableKind] = {}  # asked of the server once, until the next DDL
         self.transactional = transactional
         self.selects = selects  # whether the pipeline's table rules take schema.table (None: all)
+        self.reads: Callable[[str, str], bool] | None = None  # whose rows are handed on at all (None: all)
+        self.unselected: set[int] = set()  # ids of the others' tables: counted, not decoded (`FastStream.skip`)
         self.handed_undoable = 0  # the last ordinal of a transactional row handed on after a savepoint
         self.log_file = start.log
         # XA PREPARE groups seen by this reader (where each starts), and how to read a prepared
@@ -199,7 +203,7 @@ class _Assembler:
         self.max_rows = max_rows
         self.gtids = gtids
         self.tables: dict[int, _TableInfo] = {}
-        self._infos: dict[int, tuple[Any, _TableInfo]] = {}
+        self._infos: dict[int, tuple[Any, _TableInfo, bool]] = {}
         self.rows: list[tuple[int, _Item]] = []  # (ordinal in the transaction, item) not yet handed on
         self.savepoints: dict[str, int] = {}  # savepoint name -> row changes read before it
         #: row changes of the open transaction logged as statements: (table, where, text); refused at its end
@@ -234,9 +238,9 @@ class _Assembler:
     def feed(self, event: Any) -> list[Transaction]:
         """The transactions (and position marks) that event value `event` (`setl.binlog_events`) completes."""
         kind = type(event)
-        if kind is Rows:  # the events of a busy binlog first, by their exact type
+        if kind is Rows or kind is SkippedRows:  # the events of a busy binlog first, by their exact type
             self.nbytes += event.header.event_size
-            return self._rows_event(event)
+            return self._rows_event(event) if kind is Rows else self._skipped(event)
         if kind is TableMap:
             self.nbytes += event.header.event_size
             self._table_map(event.layout)
@@ -276,8 +280,16 @@ class _Assembler:
                 if kind is None:
                     kind = self.kinds[(info.schema, info.table)] = self.kind_of(info.schema, info.table)
                 info = info.with_kind(kind)
-            known = self._infos[layout.table_id] = (layout.description, info)
+            known = self._infos[layout.table_id] = (layout.description, info, unread(info, self.reads))
         self.tables[layout.table_id] = known[1]
+        (self.unselected.add if known[2] else self.unselected.discard)(layout.table_id)
+
+    def _skipped(self, event: SkippedRows) -> list[Transaction]:
+        """`_add_rows` for a table not read: only its row count moves the ordinals (`skipping`)."""
+        if not self.ignoring and not self.xa_pending:  # else nothing of it is counted, as in `_add_rows`
+            self.seen_in_tx += event.count
+            self.skip -= min(self.skip, event.count)  # resuming inside a split transaction: counted before
+        return []
 
     def _rows_event(self, event: Rows) -> list[Transaction]:
         self._add_rows(event)
@@ -291,6 +303,7 @@ class _Assembler:
             if event.header.timestamp:  # a real rotation: table ids may be reused in the next file
                 self.tables.clear()
                 self._infos.clear()
+                self.unselected.clear()
             end = self._position(event.next_binlog, event.position)
         elif isinstance(event, Heartbeat):
             if event.log_file != self.log_file or not event.header.log_pos:

@@ -29,6 +29,7 @@ from setl.adapters import replication
 from setl.sources.mysql_binlog import compressed, rowcodec
 from setl.sources.mysql_binlog.assembler import corrupt_event
 from setl.sources.mysql_binlog.rowcodec import Corrupt, Unreadable
+from setl.sources.mysql_binlog.skipping import RowCounter
 
 try:
     from setl.sources.mysql_binlog._rows import EventHeader, RowDecoder, equal_at, full_bitmap, le_int
@@ -131,11 +132,18 @@ class FastStream:
     stream's `parse`, which has the library parse it and keeps the stream's state (`log_pos`,
     `log_file`, the table map, the format description) up to date. Without `decoders`, a reader's
     own (`RowDecoders()`) decode the rows.
+
+    A rows event whose table id is in `skip` (the ids the assembler's table maps gave to tables the
+    reader does not hand on) is passed over by length, compiled or not (`skipping`): its row count
+    only, unless it cannot be counted exactly, when it is decoded as any other.
     """
 
-    def __init__(self, reader: Any, decoders: RowDecoders | None) -> None:
+    def __init__(self, reader: Any, decoders: RowDecoders | None, skip: set[int] | frozenset[int] = frozenset(),
+                 counter: RowCounter | None = None) -> None:
         self.reader = reader  # the stream: its table map, file and position, `packet` and `parse`
         self.decoders = decoders if decoders is not None else RowDecoders()
+        self.skip = skip  # table ids whose rows events are counted, not decoded (the assembler's, live)
+        self.counter = counter if counter is not None else RowCounter(self.decoders.compiled)
         self._settings: tuple[Any, bool, Any, Any, Any] = (None, False, (), None, None)
         #: the last table map of each table id: (its body, its layout), reused while the bytes repeat
         self._last_maps: dict[int, tuple[bytes, Any]] = {}
@@ -152,7 +160,11 @@ class FastStream:
                     kind = data[5]
                 event = None
                 if kind in _ROWS:
-                    event = self._rows(data, kind)
+                    if self.skip and le_int(data, 20, 6) in self.skip:
+                        event = self.counter.skipped_rows(data, stream.table_map, self._settings[1],
+                                                          self._settings[4], EventHeader)
+                    if event is None:
+                        event = self._rows(data, kind)
                 elif kind == BINLOG.TABLE_MAP_EVENT:
                     event = self._table_map(data)
                 elif kind in _SMALL:

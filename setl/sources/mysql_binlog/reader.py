@@ -9,6 +9,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -27,6 +28,7 @@ from setl.sources.mysql_binlog.handoff import Failure, Handoff, ReaderFigures, S
 from setl.sources.mysql_binlog.lookups import TableLookups
 from setl.sources.mysql_binlog.opening import Opening
 from setl.sources.mysql_binlog.server import Selects, SourceServer
+from setl.sources.mysql_binlog.skipping import RowCounter
 from setl.sources.mysql_binlog.stream import BinlogStream
 from setl.sources.mysql_binlog.xa import PreparedXa
 from setl.tls import tls_failure
@@ -52,8 +54,10 @@ class ReaderSettings:
 
 
 def start_reader(server: SourceServer, opening: Opening, settings: ReaderSettings, handoff: Handoff,
-                 figures: ReaderFigures, backoff: Backoff, selects: Selects) -> "BinlogReader":
-    """An open's reader thread, started from `opening` with fresh caches, handing on to `handoff`."""
+                 figures: ReaderFigures, backoff: Backoff, selects: Selects,
+                 reads: Callable[[str, str], bool] | None = None) -> "BinlogReader":
+    """An open's reader thread, started from `opening` with fresh caches, handing on to `handoff`.
+    Rows events of tables `reads` refuses are counted, not decoded (`skipping`; None: all are read)."""
     position, gtids = opening.position, opening.gtids
     pipeline = settings.pipeline
     lookups = TableLookups(server.lookups, pipeline=pipeline, sequences=settings.sequences)  # fresh caches
@@ -61,6 +65,7 @@ def start_reader(server: SourceServer, opening: Opening, settings: ReaderSetting
                            PreparedXa(server, lookups.table_kind, pipeline).rows,
                            lookups.transactional, selects, KnownTables(opening.tables))
     assembler.kind_of = lookups.table_kind
+    assembler.reads = reads
     assembler.sequences = settings.sequences
     assembler.ignore_server_ids = settings.ignore_server_ids
     assembler.ddl_events.mode_names = lookups.mode_names
@@ -68,7 +73,9 @@ def start_reader(server: SourceServer, opening: Opening, settings: ReaderSetting
     reader = BinlogReader(server, handoff, figures, server_id=settings.server_id, flavor=opening.flavor,
                           reconnect_timeout=settings.reconnect_timeout, backoff=backoff, pipeline=pipeline,
                           table_maps=TableMapCache() if settings.table_map_cache else None,
-                          row_decoders=fast.RowDecoders(compiled=settings.fast_decoder))
+                          row_decoders=fast.RowDecoders(compiled=settings.fast_decoder),
+                          row_counter=RowCounter(settings.fast_decoder))
+    reader.unselected = assembler.unselected
     reader.start(assembler, position, gtid_start)
     return reader
 
@@ -84,7 +91,8 @@ class BinlogReader:
 
     def __init__(self, server: SourceServer, handoff: Handoff, figures: ReaderFigures, *, server_id: int,
                  flavor: str, reconnect_timeout: float, backoff: Backoff, pipeline: str,
-                 table_maps: TableMapCache | None, row_decoders: fast.RowDecoders | None) -> None:
+                 table_maps: TableMapCache | None, row_decoders: fast.RowDecoders | None,
+                 row_counter: RowCounter | None = None) -> None:
         self.server = server
         self.handoff = handoff
         self.figures = figures
@@ -95,6 +103,8 @@ class BinlogReader:
         self.pipeline = pipeline
         self.table_maps = table_maps
         self.row_decoders = row_decoders
+        self.row_counter = row_counter  # counts the rows events of tables not read (`skipping`)
+        self.unselected: set[int] = set()  # its assembler's table ids of tables not read (`skipping`)
         self.connector = _Connector(tls=server.ssl is not None)
         self.thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -131,7 +141,7 @@ class BinlogReader:
         try:
             while not stop.is_set():
                 stream = self._stream(handed, gtid_start)
-                events = fast.FastStream(stream, self.row_decoders)
+                events = fast.FastStream(stream, self.row_decoders, assembler.unselected, self.row_counter)
                 # Where a stream starts (a rollback's rewind, a reconnect) says nothing of where the
                 # log ends: the reader is heard there only once it has read past it, or once an
                 # idle server's heartbeat says the log ends there. Else an ack at the rewind point

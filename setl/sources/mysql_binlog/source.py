@@ -31,6 +31,7 @@ from setl.sources.mysql_binlog.process import ReaderProcess, ServerSpec
 from setl.sources.mysql_binlog.reader import BinlogReader, ReaderSettings, failure_error, start_reader
 from setl.sources.mysql_binlog.server import SourceServer
 from setl.sources.mysql_binlog.settings import SettingsReport
+from setl.sources.mysql_binlog.skipping import RowCounter
 from setl.sources.mysql_binlog.start import parse_start
 from setl.stages.select import Select
 from setl.stages.snapshot import SnapshotAccess
@@ -97,6 +98,8 @@ class MysqlBinlogSource(Select):
       rows event itself (`fast.FastStream`): in C with `fast_decoder` (the default, where the
       compiled `_rows` module is built), else in Python (`rowcodec`), into the same rows
       (`row_decoders` counts events each way). The library parses the other event bodies.
+    * Rows events of tables `reads` refuses (default: those `selects` refuses) are passed over by
+      length: counted, never decoded (`skipping`), so a split transaction's resume point is the same.
     * Values are pymysqlreplication's, except: an empty SET is ``set()``, BIT is an int, BINARY(n)
       keeps its trailing zero bytes, YEAR 0 is 0. MariaDB's JSON is text and stays a str.
     * Two-phase XA: an XA PREPARE group hands nothing on (its end may be acknowledged); its rows
@@ -128,6 +131,7 @@ class MysqlBinlogSource(Select):
         table_map_cache: bool = True,
         fast_decoder: bool = True,
         selects: Callable[[str, str], bool] | None = None,
+        reads: Callable[[str, str], bool] | None = None,
         ssl: SslConfig | None = None,
         snapshot: SnapshotSettings | None = None,
         sequences: bool = False,
@@ -158,6 +162,9 @@ class MysqlBinlogSource(Select):
         self.table_map_cache = table_map_cache
         self.snapshot_settings = snapshot or SnapshotSettings()  # given to setl.snapshot by snapshot_access()
         self.selects = selects  # whether the pipeline's table rules take (schema, table); None: every table
+        #: whether the reader hands on rows of (schema, table) at all (default `selects`; a signal table
+        #: too): the rows events of the others are counted by length, never decoded (`skipping`)
+        self.reads = reads if reads is not None else selects
         #: hand on a sequence's state rows (`setl.model.RowChange.sequence`): set when the pipeline's
         #: target applies them (`setl.stages.load.LoadCapabilities.sequences`); dropped otherwise
         self.sequences = sequences
@@ -171,6 +178,8 @@ class MysqlBinlogSource(Select):
         self.detected_flavor: str | None = None
         self.table_maps: TableMapCache | None = None  # the open reader's decoded-table-map cache
         self.row_decoders: fast.RowDecoders | None = None  # the open reader's compiled decoders
+        self.row_counter: RowCounter | None = None  # the open reader's counts of tables not read
+        self._unread: set[int] = set()  # the open reader's table ids of tables not read (its assembler's)
         self._reader: BinlogReader | ReaderProcess | None = None  # the open reader thread (or process)
         self._handoff: Handoff | None = None  # its queue to poll (None: closed, or its failure raised)
         self._cursor: Position | None = None  # after the last transaction or mark poll returned
@@ -255,11 +264,13 @@ class MysqlBinlogSource(Select):
             process.start()
             self._reader = process
             self.table_maps = self.row_decoders = None  # the child's
+            self.row_counter, self._unread = None, set()  # the child reads every table's rows (no skipping)
         else:
             reader = start_reader(self.server, opening, settings, self._handoff, self.figures, self.backoff,
-                                  self.selects)
+                                  self.selects, self.reads)
             self._reader = reader
             self.table_maps, self.row_decoders = reader.table_maps, reader.row_decoders
+            self.row_counter, self._unread = reader.row_counter, reader.unselected
         gtid_start = gtids.text if position is None and gtids is not None else None
         log.info("pipeline=%s reading the %s binlog of %s:%s from %s (server_id %d)", self.pipeline,
                  self.detected_flavor, self.host, self.port, position or f"after GTID {gtid_start}",
@@ -290,6 +301,12 @@ class MysqlBinlogSource(Select):
     def tell(self) -> Position | None:
         return self._cursor
 
+    def passes_over(self) -> bool:
+        """Whether this open's reader passed over rows events of tables it does not read, or has
+        table maps of such tables at hand (`skipping`): a wider `reads` must then read again."""
+        counter = self.row_counter
+        return bool(self._unread) or (counter is not None and counter.skipped > 0)
+
     # --- the server's position, identity and tables (SourceServer) --------------------------------
 
     def head(self) -> Position | None:
@@ -311,6 +328,11 @@ class MysqlBinlogSource(Select):
     def close(self, timeout: float = 5.0) -> None:
         if self._reader is not None:
             self._reader.stop(timeout)
+        counter, self.row_counter = self.row_counter, None
+        if counter is not None and counter.skipped:
+            log.info("pipeline=%s binlog reader of %s:%s passed over %d rows events of tables it does not read "
+                     "(counted, not decoded; %d left to the decoders)", self.pipeline, self.host, self.port,
+                     counter.skipped, counter.decoded)
         self._reader = self._handoff = None
         self._mark = None
         self.server.close()
