@@ -12,7 +12,8 @@ frames (`_write`, `_read`) of pickled plain values:
 * parent -> child: `Setup` once, then the answers to `selects` questions. The end of stdin (the
   parent closed it, or died) ends the child at once: no child outlives its parent.
 * child -> parent: `_ITEMS` (encoded transactions, each with its end, and the reader's figures),
-  `_SELECTS` (a table-rule question) and `_FAILURE` (the reader's end by an error, already one line).
+  `_SELECTS` (a table-rule question: of `selects`, or of `reads` when its last field is
+  true) and `_FAILURE` (the reader's end by an error, already one line).
 
 Back-pressure: the child's reader runs ahead into its own `Handoff` (bounded by rows), its sender
 blocks on the pipe, and the parent's receiver blocks on the parent's `Handoff`: memory stays
@@ -87,12 +88,14 @@ class ServerSpec:
 @attrs.frozen
 class Setup:
     """What the child reads first: the server, where the open starts, the reader's settings, and
-    whether the pipeline has table rules to ask about (`selects`)."""
+    whether the pipeline has table rules to ask about (`selects`), and which tables' rows it reads at
+    all (`reads`: else every table's rows are decoded)."""
 
     server: ServerSpec
     opening: Opening
     settings: ReaderSettings
     selects: bool
+    reads: bool = False
 
 
 # --- frames ------------------------------------------------------------------------------------
@@ -226,8 +229,9 @@ class ReaderProcess:
     reader did to `figures`; `selects` answers the child's table-rule questions."""
 
     def __init__(self, server: ServerSpec, opening: Opening, settings: ReaderSettings, handoff: Handoff,
-                 figures: ReaderFigures, selects: Selects) -> None:
-        self.setup = Setup(server, opening, settings, selects is not None)
+                 figures: ReaderFigures, selects: Selects, reads: Callable[[str, str], bool] | None = None) -> None:
+        self.setup = Setup(server, opening, settings, selects is not None, reads is not None)
+        self.reads = reads
         self.handoff = handoff
         self.figures = figures
         self.selects = selects
@@ -301,7 +305,8 @@ class ReaderProcess:
                     reconnects = child_reconnects
                     self.figures.buffered(self.handoff.queued_with(peak))
                 elif message[0] == _SELECTS:
-                    answer = self.selects is None or bool(self.selects(message[1], message[2]))
+                    rules = self.reads if message[3] else self.selects
+                    answer = rules is None or bool(rules(message[1], message[2]))
                     with self._answer, contextlib.suppress(OSError, ValueError):
                         assert process.stdin is not None
                         _write(process.stdin, answer)
@@ -335,17 +340,19 @@ class _Questions:
     """The child's table rules: each (schema, table) asked of the parent once, then remembered (the
     parent's routing plan keeps its answers too)."""
 
-    def __init__(self, out: IO[bytes], write: threading.Lock, answers: queue.Queue[Any]) -> None:
+    def __init__(self, out: IO[bytes], write: threading.Lock, answers: queue.Queue[Any], lock: threading.Lock,
+                 reads: bool = False) -> None:
         self.out, self.write, self.answers = out, write, answers
         self.known: dict[tuple[str, str], bool] = {}
-        self.lock = threading.Lock()
+        self.lock = lock  # one question at a time across the child's rule sets: they share `answers`
+        self.reads = reads  # asks whose rows are read at all, not whose changes are handed on
 
     def __call__(self, schema: str, table: str) -> bool:
         key = (schema, table)
         with self.lock:
             if key not in self.known:
                 with self.write:
-                    _write(self.out, (_SELECTS, schema, table))
+                    _write(self.out, (_SELECTS, schema, table, self.reads))
                 self.known[key] = bool(self.answers.get())
             return self.known[key]
 
@@ -378,13 +385,16 @@ def main() -> int:
 
     threading.Thread(target=watch, name="setl-binlog-process-parent", daemon=True).start()
     write = threading.Lock()
-    selects: Callable[[str, str], bool] | None = _Questions(out, write, answers) if setup.selects else None
+    asking = threading.Lock()
+    selects: Callable[[str, str], bool] | None = _Questions(out, write, answers, asking) if setup.selects else None
+    reads: Callable[[str, str], bool] | None = (_Questions(out, write, answers, asking, reads=True) if setup.reads
+                                                 else None)
     handoff = Handoff(setup.settings.max_rows_in_memory)
     figures = ReaderFigures()
     try:
         server = setup.server.server()
         start_reader(server, setup.opening, setup.settings, handoff, figures,
-                     Backoff(initial=0.1, maximum=2.0, max_attempts=0), selects)
+                     Backoff(initial=0.1, maximum=2.0, max_attempts=0), selects, reads)
     except Exception as exc:  # noqa: BLE001 - the parent says it in one line (a TLS file, say)
         text = exc.message if isinstance(exc, errors.SetlError) else f"{type(exc).__name__}: {exc}"
         with write:

@@ -260,11 +260,11 @@ class MysqlBinlogSource(Select):
                                   self.table_map_cache, self.fast_decoder, self.sequences, self.ignore_server_ids)
         if self.reader_process:  # socket, framing, decoding and assembly on the other core
             process = ReaderProcess(self._spec, opening, settings, self._handoff, self.figures,
-                                    self.selects)
+                                    self.selects, self.reads)
             process.start()
             self._reader = process
             self.table_maps = self.row_decoders = None  # the child's
-            self.row_counter, self._unread = None, set()  # the child reads every table's rows (no skipping)
+            self.row_counter, self._unread = None, set()  # the child's (it passes over what `reads` refuses)
         else:
             reader = start_reader(self.server, opening, settings, self._handoff, self.figures, self.backoff,
                                   self.selects, self.reads)
@@ -304,6 +304,8 @@ class MysqlBinlogSource(Select):
     def passes_over(self) -> bool:
         """Whether this open's reader passed over rows events of tables it does not read, or has
         table maps of such tables at hand (`skipping`): a wider `reads` must then read again."""
+        if isinstance(self._reader, ReaderProcess):
+            return True  # its child's counts are not known here
         counter = self.row_counter
         return bool(self._unread) or (counter is not None and counter.skipped > 0)
 
