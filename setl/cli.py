@@ -36,7 +36,7 @@ from setl.config import (
 )
 from setl.connectors import for_node, registry
 from setl.control import actions
-from setl.control.client import ApiClient, read_token
+from setl.control.client import REGISTRY, ApiClient, read_token, registered_node
 from setl.errors import SetlError, UsageError
 from setl.logs import setup as setup_logging
 from setl.meta import open_meta_store
@@ -58,7 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--node", dest="api_node", metavar="URL", default=None,
                         help="act through this node's HTTP control API instead of the meta store (status, pause, "
                              "stop, resume, position, snapshot, verify, repair, reload, switch, cluster; token from "
-                             "$SETL_API_TOKEN or --token-file)")
+                             "$SETL_API_TOKEN or --token-file); zk://HOSTS/CHROOT: the node the cluster's registry "
+                             "names (the pipeline's holder, else any node serving the API)")
     parser.add_argument("--token-file", type=Path, default=None, metavar="FILE",
                         help="the API token for --node (first line of FILE)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -213,7 +214,12 @@ API_COMMANDS = ("status", "pause", "stop", "resume", "position", "snapshot", "ve
 
 
 def _client(args: argparse.Namespace) -> ApiClient:
-    return ApiClient(args.api_node, read_token(args.token_file))
+    """The client of ``--node``: a node's URL, or the node the cluster's registry names (``zk://``)."""
+    url = args.api_node
+    if url.startswith(REGISTRY):
+        pipeline = getattr(args, "pipeline", None)
+        url = registered_node(url, pipeline if isinstance(pipeline, str) else None)
+    return ApiClient(url, read_token(args.token_file))
 
 
 def follow_operation(client: ApiClient, started: dict[str, Any], what: str) -> dict[str, Any]:

@@ -1,5 +1,9 @@
 """A client of a node's HTTP control API (`setl --node URL ...`): JSON in, JSON out, a refusal
-as a `SetlError` with the node's one line. The token comes from ``$SETL_API_TOKEN`` or a file."""
+as a `SetlError` with the node's one line. The token comes from ``$SETL_API_TOKEN`` or a file.
+
+``--node zk://HOSTS/CHROOT`` finds the node in the cluster's registry (`registered_node`): the
+node that holds the pipeline acted on, else the first live node (by name) that serves an API.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +17,36 @@ from pathlib import Path
 from typing import Any
 
 from setl.errors import SetlError, UsageError
+from setl.ha.cluster import holder_api, read_nodes
+from setl.ha.coordinator import Coordinator
 
 PREFIX = "/api/v1"
+#: ``--node`` names the cluster's ZooKeeper instead of one node's URL.
+REGISTRY = "zk://"
+
+
+def registered_node(spec: str, pipeline: str | None, *, connect_timeout: float = 10.0) -> str:
+    """The base URL of a node's API, from the registry of the cluster at `spec` (``zk://HOSTS`` and
+    optionally ``/CHROOT``, the nodes' ``ha.chroot``; default ``/setl``): the holder of `pipeline`
+    when it registered an API, else the first live node by name that did. A UsageError naming the
+    cluster when none did; a MetaStoreError when ZooKeeper cannot be reached in `connect_timeout`."""
+    rest = spec[len(REGISTRY):]
+    hosts, slash, chroot = rest.partition("/")
+    if not hosts:
+        raise UsageError(f"--node {spec!r}: give zk://HOST:PORT[,HOST:PORT...][/CHROOT]")
+    coordinator = Coordinator(hosts, root="/" + chroot if slash and chroot else "/setl",
+                              connect_timeout=connect_timeout, give_up_after=connect_timeout).start()
+    try:
+        if pipeline is not None:
+            holder = holder_api(coordinator, pipeline)
+            if holder is not None and holder.api:
+                return holder.api
+        for _, node in sorted(read_nodes(coordinator).items()):
+            if node.api:
+                return node.api
+    finally:
+        coordinator.stop()
+    raise UsageError(f"--node {spec}: no live node of that cluster serves a control API (http.api in its setl.yaml)")
 
 
 def read_token(token_file: Path | None) -> str:

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -109,7 +112,7 @@ def cluster(tmp_path: Path, zookeeper_server: Any) -> Iterator[dict[str, Any]]:
             leases = [hold(store_a, "pa", "A"), hold(store_c, "gone", "C"), hold(store_m, "mute", "M"),
                       hold(store_d, "noapi", "D")]
             store_a.set_state("free", Status.RUNNING)
-            yield {"A": nodes["A"], "B": nodes["B"], "leases": leases}
+            yield {"A": nodes["A"], "B": nodes["B"], "leases": leases, "registry": f"zk://{zookeeper_server.hosts}{chroot}"}
         finally:
             for node in nodes.values():
                 node.server.stop()
@@ -208,3 +211,25 @@ def test_holder_without_api_acts_through_the_meta_store(cluster: dict[str, Any])
     assert status == 200 and body["changed"] and "X-Setl-Forwarded-To" not in headers, body
     assert a.store.state("noapi").status is Status.PAUSED
     assert b.call("GET", "/pipelines/noapi", token=VIEWER)[1]["held_by"] == {"node": "D", "api": None}
+
+
+def test_cli_node_from_the_cluster_registry_acts_on_the_holder(cluster: dict[str, Any], tmp_path: Path) -> None:
+    """`setl --node zk://HOSTS/CHROOT pause --pipeline pa` finds pa's holder (A) in the registry and
+    acts there directly (A audits it, not as forwarded); `status` goes to the first live node by name
+    that serves an API; a cluster where none does is one line, exit 2."""
+    a = cluster["A"]
+    env = {**os.environ, "SETL_API_TOKEN": TOKEN}
+    done = subprocess.run([sys.executable, "-m", "setl.cli", "--node", cluster["registry"], "pause",
+                           "--pipeline", "pa"], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert a.store.state("pa").status is Status.PAUSED
+    [entry] = a.audited()
+    assert entry["path"] == "/api/v1/pipelines/pa/pause" and "forwarded_from" not in entry, entry
+    shown = subprocess.run([sys.executable, "-m", "setl.cli", "--node", cluster["registry"], "status", "--json",
+                            "--pipeline", "pa"], capture_output=True, text=True, env=env, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    [row] = json.loads(shown.stdout)
+    assert row["pipeline"] == "pa" and row["status"] == "paused" and row["held_by"]["node"] == "A", row
+    empty = subprocess.run([sys.executable, "-m", "setl.cli", "--node", cluster["registry"] + "-none", "status"],
+                           capture_output=True, text=True, env=env, timeout=60)
+    assert empty.returncode == 2 and "no live node of that cluster serves a control API" in empty.stderr, empty.stderr
