@@ -11,6 +11,7 @@ are compared by type and repr).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import decimal
 from typing import Any
@@ -19,8 +20,9 @@ import pytest
 
 from setl import _compiled
 from setl.errors import CorruptEvent
-from setl.model import Transaction
+from setl.model import InvalidDate, Transaction
 from setl.sources.mysql_binlog import fast
+from tests.helpers.wait import wait_until
 from tests.sources.binlog import bare, execute, head
 from tests.sources.test_mysql_binlog_stream import drain
 
@@ -247,18 +249,81 @@ def changes_of(transactions: list[Transaction]) -> list[Any]:
     return [c for tx in transactions for c in tx.changes]
 
 
-@pytest.mark.parametrize("fsp", [0, 3])
+def old_format_table(server: Any, db: str, create: str) -> None:
+    """`create` run under ``mysql56_temporal_format=OFF`` (MariaDB 5.3-10.0's temporal formats), then a
+    wait until the server's clock has left the second that wrote the table's definition (setl reads
+    an old-format column only from events written after it)."""
+    server.query("SET GLOBAL mysql56_temporal_format = OFF")
+    try:
+        execute(server, db, create)
+    finally:
+        server.query("SET GLOBAL mysql56_temporal_format = ON")
+    table = create.split()[2]
+    made = server.query("SELECT UNIX_TIMESTAMP(CREATE_TIME) FROM information_schema.TABLES "
+                        f"WHERE TABLE_SCHEMA = '{db}' AND TABLE_NAME = '{table}'")[0][0]
+    assert made is not None
+    wait_until(lambda: server.query("SELECT UNIX_TIMESTAMP()")[0][0] > made, timeout=5, interval=0.05,
+               message="the server's clock past the table's definition")
+
+
+def source_rows(server: Any, db: str, table: str) -> dict[int, dict[str, Any]]:
+    """The table's rows as the source holds them (TIMESTAMPs in UTC), by id; zero dates as their text."""
+    with contextlib.closing(server.connect(database=db, init_command="SET time_zone = '+00:00'")) as conn:
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT * FROM `{table}` ORDER BY id")
+            names = [d[0] for d in cur.description]
+            return {row[0]: dict(zip(names, row)) for row in cur.fetchall()}
+
+
+def plain(image: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An image with `InvalidDate` as its text, as PyMySQL reads a zero date."""
+    if image is None:
+        return None
+    return {k: v.text if isinstance(v, InvalidDate) else v for k, v in image.items()}
+
+
+OLD_ROWS = [(1, "-838:59:59", "0000-00-00 00:00:00", "1970-01-01 00:00:01"),
+            (2, "838:59:59", "9999-12-31 23:59:59", "2038-01-19 03:14:07"),
+            (3, "00:00:00", "1000-01-01 00:00:00", None),
+            (4, "-00:00:01", "2024-02-29 12:34:56", "2024-02-29 12:34:56"),
+            (5, None, "2024-00-15 01:02:03", 0)]
+
+
+@pytest.mark.parametrize("fast_decoder", [True, False], ids=["compiled", "python"])
+def test_mariadb_pre_10_1_whole_second_temporals_decode_as_the_source_holds_them(mariadb_source, source_db, sources,
+                                                                                   fast_decoder):
+    """A TIME, DATETIME and TIMESTAMP of MariaDB's pre-10.1 formats of precision 0 (information_schema)
+    are MySQL 5.5's: both decoders read their inserts, updates and deletes equal to the source's values,
+    at the edges (negative and 838-hour TIMEs, zero and partial dates, a zero TIMESTAMP)."""
+    old_format_table(mariadb_source, source_db, "CREATE TABLE old0 (id INT PRIMARY KEY, tm TIME, dt DATETIME, "
+                                                "ts TIMESTAMP NULL DEFAULT NULL)")
+    start = head(mariadb_source)
+    execute(mariadb_source, source_db, "SET SESSION sql_mode = ''", "SET SESSION time_zone = '+00:00'",
+            *[("INSERT INTO old0 VALUES (%s, %s, %s, %s)", row) for row in OLD_ROWS])
+    inserted = source_rows(mariadb_source, source_db, "old0")
+    execute(mariadb_source, source_db, "SET SESSION time_zone = '+00:00'",
+            "UPDATE old0 SET tm = '-12:34:56', dt = '2001-02-03 04:05:06', ts = '2001-02-03 04:05:06' WHERE id = 3",
+            "DELETE FROM old0 WHERE id = 1")
+    end = head(mariadb_source)
+    src = sources(mariadb_source, start, fast_decoder=fast_decoder)
+    got = changes_of(drain(src, lambda got: bool(got) and bare(got[-1].end) == end))
+    compiled = fast_decoder and not PURE
+    assert (src.row_decoders.fast, src.row_decoders.slow) == ((7, 0) if compiled else (0, 7))
+    now = source_rows(mariadb_source, source_db, "old0")
+    assert [(c.op.value, plain(c.before), plain(c.after)) for c in got] == \
+        [("insert", None, inserted[i]) for i in sorted(inserted)] + \
+        [("update", inserted[3], now[3]), ("delete", inserted[1], None)]
+    assert now[3]["tm"] == -datetime.timedelta(hours=12, minutes=34, seconds=56)  # the comparison compares values
+    assert inserted[5]["ts"] == "0000-00-00 00:00:00" and inserted[1]["dt"] == "0000-00-00 00:00:00"
+
+
 @pytest.mark.parametrize("fast_decoder", [True, False], ids=["compiled", "python"])
 def test_mariadb_pre_10_1_temporal_formats_stop_the_reader_naming_the_column(mariadb_source, source_db, sources,
-                                                                              fast_decoder, fsp):
-    """A TIME of MariaDB's old formats (mysql56_temporal_format=OFF) is logged without its precision, so
-    neither decoder can read its row exactly: the reader stops at the event, in one line naming the
-    table, the column, the position and the fix, instead of guessing."""
-    mariadb_source.query("SET GLOBAL mysql56_temporal_format = OFF")
-    try:
-        execute(mariadb_source, source_db, f"CREATE TABLE old_t (id INT PRIMARY KEY, tm TIME({fsp}), v INT)")
-    finally:
-        mariadb_source.query("SET GLOBAL mysql56_temporal_format = ON")
+                                                                              fast_decoder):
+    """A TIME of MariaDB's old fractional formats (mysql56_temporal_format=OFF, TIME(3)) is logged without
+    its precision and is not one setl decodes: the reader stops at the event, in one line naming the
+    table, the column, its precision, the position and the fix, instead of guessing."""
+    old_format_table(mariadb_source, source_db, "CREATE TABLE old_t (id INT PRIMARY KEY, tm TIME(3), v INT)")
     start = head(mariadb_source)
     execute(mariadb_source, source_db, "INSERT INTO old_t VALUES (1, '-01:02:03.456', 7)")
     src = sources(mariadb_source, start, fast_decoder=fast_decoder)
@@ -266,15 +331,40 @@ def test_mariadb_pre_10_1_temporal_formats_stop_the_reader_naming_the_column(mar
         drain(src, lambda got: False, timeout=15)
     text = str(caught.value)
     assert f"table={source_db}.old_t" in text and f"{start.log}:" in text and "\n" not in text, text
-    assert "tm: a TIME, DATETIME or TIMESTAMP of MariaDB's pre-10.1 formats" in text and "FORCE" in text, text
+    assert "tm: a TIME(3) of MariaDB's pre-10.1 fractional formats" in text and "FORCE" in text, text
+
+
+@pytest.mark.parametrize("fast_decoder", [True, False], ids=["compiled", "python"])
+def test_an_old_temporal_column_altered_after_its_event_stops_the_reader(mariadb_source, source_db, sources,
+                                                                          fast_decoder):
+    """An old-format DATETIME(6) whose rows were logged before an ALTER made it DATETIME (precision 0,
+    still the old format: the same table map) is not read with today's precision: the reader stops at
+    the first event older than the table's definition, naming the column and why, instead of reading
+    the fractional format's bytes as MySQL 5.5's."""
+    old_format_table(mariadb_source, source_db, "CREATE TABLE old_a (id INT PRIMARY KEY, dt DATETIME(6))")
+    start = head(mariadb_source)
+    execute(mariadb_source, source_db, "INSERT INTO old_a VALUES (1, '2024-02-29 12:34:56.654321')")
+    mariadb_source.query("SET GLOBAL mysql56_temporal_format = OFF")
+    try:
+        execute(mariadb_source, source_db, "ALTER TABLE old_a MODIFY dt DATETIME")
+    finally:
+        mariadb_source.query("SET GLOBAL mysql56_temporal_format = ON")
+    precision = mariadb_source.query("SELECT DATETIME_PRECISION FROM information_schema.COLUMNS WHERE "
+                                     f"TABLE_SCHEMA = '{source_db}' AND TABLE_NAME = 'old_a' AND COLUMN_NAME = 'dt'")
+    assert [tuple(row) for row in precision] == [(0,)]
+    src = sources(mariadb_source, start, fast_decoder=fast_decoder)
+    with pytest.raises(CorruptEvent) as caught:
+        drain(src, lambda got: False, timeout=15)
+    text = str(caught.value)
+    assert f"table={source_db}.old_a" in text and f"{start.log}:" in text and "\n" not in text, text
+    assert "dt: a TIME, DATETIME or TIMESTAMP of MariaDB's pre-10.1 formats, whose table the server redefined" \
+        in text, text
 
 
 def test_mysql_55_temporal_formats_decode_alike_in_both_decoders():
     """MySQL 5.5's TIME (a signed hhmmss), DATETIME (yyyymmddhhmmss) and TIMESTAMP (epoch seconds), as a
     MySQL server logs them: both decoders read the values packed, a zero DATETIME as `InvalidDate`."""
     from types import SimpleNamespace
-
-    from setl.model import InvalidDate
 
     columns = [SimpleNamespace(type=3, name="id", unsigned=False), SimpleNamespace(type=11, name="tm"),
                SimpleNamespace(type=12, name="dt"), SimpleNamespace(type=7, name="ts")]

@@ -18,6 +18,7 @@ Without the compiled module (a source tree that was not built, or ``SETL_PURE_PY
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any
 
 from pymysqlreplication.constants import BINLOG
@@ -65,42 +66,76 @@ def available() -> bool:
 class RowDecoders:
     """One reader's row decoders, by table map (`Table` object), and counts of their use: `fast` the
     rows events the compiled decoder read, `slow` those setl's Python decoder read (`compiled`
-    False, or the compiled module not built)."""
+    False, or the compiled module not built). `precisions` (`lookups.TableLookups.temporal_precisions`)
+    tells the precision of MariaDB's pre-10.1 temporal columns; without it they are refused."""
 
-    def __init__(self, compiled: bool = True) -> None:
+    def __init__(self, compiled: bool = True, precisions: Callable[[str, str], Any] | None = None) -> None:
         self.compiled = compiled and RowDecoder is not None
-        self._by_table: dict[int, tuple[Any, Any]] = {}
+        self.precisions = precisions
+        #: id(table) -> (table, its decoder or why not, when its definition was written: None, or the
+        #: ``CREATE_TIME`` its old temporal columns' precision was read from)
+        self._by_table: dict[int, tuple[Any, Any, int | None]] = {}
         self.fast = self.slow = 0
 
-    def get(self, table: Any, mariadb: bool = False) -> Any:
-        """The table's decoder; `rowcodec.Unreadable` when one of its columns is beyond setl's readers.
+    def get(self, table: Any, mariadb: bool = False, written: int = 0) -> Any:
+        """The table's decoder for a rows event `written` at that Unix time; `rowcodec.Unreadable` when
+        one of its columns is beyond setl's readers.
 
-        On a MariaDB server (`mariadb`) a TIME, DATETIME or TIMESTAMP of the pre-5.6 formats is one:
-        MariaDB logs its own fractional formats (``mysql56_temporal_format=OFF``, tables of 5.3-10.0)
-        under the same types without their precision, so the row's bytes cannot be read exactly."""
+        On a MariaDB server (`mariadb`) a TIME, DATETIME or TIMESTAMP of the pre-10.1 formats
+        (``mysql56_temporal_format=OFF``, tables of 5.3-10.0) is logged without its precision: MariaDB
+        logs its own fractional formats under MySQL 5.5's types. Its precision is asked of the server
+        (`precisions`): of precision 0 it is MySQL 5.5's format, read as such; of another, or of a
+        table whose definition the server wrote at or after the event (an ALTER since: the precision
+        now may not be the event's), it is refused."""
         known = self._by_table.get(id(table))
-        if known is not None and known[0] is table:
-            if isinstance(known[1], Unreadable):
-                raise known[1]
-            return known[1]
+        if known is None or known[0] is not table:
+            known = self._make(table, mariadb)
+            if len(self._by_table) > 4096:
+                self._by_table.clear()
+            self._by_table[id(table)] = known
+        decoder, defined = known[1], known[2]
+        if isinstance(decoder, Unreadable):
+            raise decoder
+        if defined is not None and defined >= written:
+            raise Unreadable(f"{_old_temporals(table)[0]}: a TIME, DATETIME or TIMESTAMP of MariaDB's pre-10.1 "
+                             f"formats, whose table the server redefined (at Unix time {defined}) at or after "
+                             f"this event was written (at {written}), so the precision it was logged with, "
+                             "which its table map does not give, is unknown (reset the position past it, or "
+                             "copy the table again)")
+        return decoder
+
+    def _make(self, table: Any, mariadb: bool) -> tuple[Any, Any, int | None]:
         make = RowDecoder if self.compiled else rowcodec.RowDecoder
-        decoder: Any
+        defined: int | None = None
         try:
-            old = [c.name for c in table.columns if c.type in rowcodec.OLD_TEMPORALS] if mariadb else []
+            old = _old_temporals(table) if mariadb else []
             if old:
-                raise Unreadable(f"{old[0]}: a TIME, DATETIME or TIMESTAMP of MariaDB's pre-10.1 formats, whose "
-                                 "fractional digits its table map does not give (ALTER TABLE ... FORCE with "
-                                 "mysql56_temporal_format=ON rewrites it in the current format)")
+                defined = self._whole_seconds(table, old)
             decoder = make(table.columns, replication.charset_to_encoding, rowcodec.time2_value,
                            replication.date_value, replication.datetime_value, replication.json_value)
         except Unreadable as exc:
-            decoder = exc
-        if len(self._by_table) > 4096:
-            self._by_table.clear()
-        self._by_table[id(table)] = (table, decoder)
-        if isinstance(decoder, Unreadable):
-            raise decoder
-        return decoder
+            return table, exc, None
+        return table, decoder, defined
+
+    def _whole_seconds(self, table: Any, old: list[str]) -> int:
+        """When the server wrote the definition whose old temporal columns `old` are all of precision
+        0 (MySQL 5.5's formats); `Unreadable` naming the first that is not, or cannot be told."""
+        fix = ("(ALTER TABLE ... FORCE with mysql56_temporal_format=ON rewrites it in the current format)")
+        if self.precisions is None:
+            raise Unreadable(f"{old[0]}: a TIME, DATETIME or TIMESTAMP of MariaDB's pre-10.1 formats, whose "
+                             f"fractional digits its table map does not give {fix}")
+        columns, defined = self.precisions(table.schema, table.table)
+        types = {c.name: c.type for c in table.columns}
+        for name in old:
+            of, digits = columns.get(name, (None, None))
+            if of != _OLD_TYPE_NAMES[types[name]] or defined is None:
+                raise Unreadable(f"{name}: a {_OLD_TYPE_NAMES[types[name]].upper()} of MariaDB's pre-10.1 "
+                                 f"formats, whose precision neither its table map nor the server (which has "
+                                 f"{'no such column' if of is None else of.upper()} there now) gives")
+            if digits != 0:
+                raise Unreadable(f"{name}: a {of.upper()}({digits}) of MariaDB's pre-10.1 fractional formats, "
+                                 f"which setl does not decode {fix}")
+        return defined
 
     def count(self) -> None:
         """Count one rows event decoded."""
@@ -108,6 +143,15 @@ class RowDecoders:
             self.fast += 1
         else:
             self.slow += 1
+
+
+#: MariaDB's pre-10.1 temporal types -> information_schema's DATA_TYPE of a column of that type
+_OLD_TYPE_NAMES = {rowcodec.T_TIME: "time", rowcodec.T_DATETIME: "datetime", rowcodec.T_TIMESTAMP: "timestamp"}
+
+
+def _old_temporals(table: Any) -> list[str]:
+    """The names of the table map's TIME, DATETIME and TIMESTAMP columns of the pre-5.6 types."""
+    return [c.name for c in table.columns if c.type in rowcodec.OLD_TEMPORALS]
 
 
 def _packed_int(data: bytes, pos: int) -> tuple[int, int]:
@@ -231,7 +275,7 @@ class FastStream:
                 raise Corrupt(f"{ncols} columns where its table map has {len(table.columns)}")
             decoders = self.decoders
             context = getattr(self.reader, "context", None)
-            decoder = decoders.get(table, getattr(context, "dbms", "") == "mariadb")
+            decoder = decoders.get(table, getattr(context, "dbms", "") == "mariadb", packet.timestamp)
             width = (ncols + 7) // 8
             second = pos + width if change == 1 else pos
             if second + width > end:
