@@ -84,9 +84,9 @@ class RowDecoders:
         On a MariaDB server (`mariadb`) a TIME, DATETIME or TIMESTAMP of the pre-10.1 formats
         (``mysql56_temporal_format=OFF``, tables of 5.3-10.0) is logged without its precision: MariaDB
         logs its own fractional formats under MySQL 5.5's types. Its precision is asked of the server
-        (`precisions`): of precision 0 it is MySQL 5.5's format, read as such; of another, or of a
-        table whose definition the server wrote at or after the event (an ALTER since: the precision
-        now may not be the event's), it is refused."""
+        (`precisions`): of precision 0 it is MySQL 5.5's format, of 1-6 MariaDB's ``Field_*_hires``
+        format of that width. One of a table whose definition the server wrote at or after the event
+        (an ALTER since: the precision now may not be the event's) is refused."""
         known = self._by_table.get(id(table))
         if known is None or known[0] is not table:
             known = self._make(table, mariadb)
@@ -107,35 +107,37 @@ class RowDecoders:
     def _make(self, table: Any, mariadb: bool) -> tuple[Any, Any, int | None]:
         make = RowDecoder if self.compiled else rowcodec.RowDecoder
         defined: int | None = None
+        columns = table.columns
         try:
             old = _old_temporals(table) if mariadb else []
             if old:
-                defined = self._whole_seconds(table, old)
-            decoder = make(table.columns, replication.charset_to_encoding, rowcodec.time2_value,
+                defined, digits = self._precisions(table, old)
+                columns = [_Hires(c, digits[c.name]) if digits.get(c.name) else c for c in columns]
+            decoder = make(columns, replication.charset_to_encoding, rowcodec.time2_value,
                            replication.date_value, replication.datetime_value, replication.json_value)
         except Unreadable as exc:
             return table, exc, None
         return table, decoder, defined
 
-    def _whole_seconds(self, table: Any, old: list[str]) -> int:
-        """When the server wrote the definition whose old temporal columns `old` are all of precision
-        0 (MySQL 5.5's formats); `Unreadable` naming the first that is not, or cannot be told."""
-        fix = ("(ALTER TABLE ... FORCE with mysql56_temporal_format=ON rewrites it in the current format)")
+    def _precisions(self, table: Any, old: list[str]) -> tuple[int, dict[str, int]]:
+        """When the server wrote the table's definition, and the precision (0-6) of each of its old
+        temporal columns `old` there; `Unreadable` naming the first whose precision cannot be told."""
         if self.precisions is None:
             raise Unreadable(f"{old[0]}: a TIME, DATETIME or TIMESTAMP of MariaDB's pre-10.1 formats, whose "
-                             f"fractional digits its table map does not give {fix}")
+                             "fractional digits its table map does not give (ALTER TABLE ... FORCE with "
+                             "mysql56_temporal_format=ON rewrites it in the current format)")
         columns, defined = self.precisions(table.schema, table.table)
         types = {c.name: c.type for c in table.columns}
+        digits: dict[str, int] = {}
         for name in old:
-            of, digits = columns.get(name, (None, None))
-            if of != _OLD_TYPE_NAMES[types[name]] or defined is None:
+            of, fsp = columns.get(name, (None, None))
+            if of != _OLD_TYPE_NAMES[types[name]] or defined is None or fsp not in range(7):
                 raise Unreadable(f"{name}: a {_OLD_TYPE_NAMES[types[name]].upper()} of MariaDB's pre-10.1 "
                                  f"formats, whose precision neither its table map nor the server (which has "
-                                 f"{'no such column' if of is None else of.upper()} there now) gives")
-            if digits != 0:
-                raise Unreadable(f"{name}: a {of.upper()}({digits}) of MariaDB's pre-10.1 fractional formats, "
-                                 f"which setl does not decode {fix}")
-        return defined
+                                 f"{'no such column' if of is None else f'{of.upper()}({fsp})'} there now) gives")
+            digits[name] = fsp
+        assert defined is not None
+        return defined, digits
 
     def count(self) -> None:
         """Count one rows event decoded."""
@@ -147,6 +149,18 @@ class RowDecoders:
 
 #: MariaDB's pre-10.1 temporal types -> information_schema's DATA_TYPE of a column of that type
 _OLD_TYPE_NAMES = {rowcodec.T_TIME: "time", rowcodec.T_DATETIME: "datetime", rowcodec.T_TIMESTAMP: "timestamp"}
+
+
+class _Hires:
+    """A table map's column of MariaDB's pre-10.1 fractional formats, with the precision the server
+    gave (`hires_fsp`, which both decoders read)."""
+
+    def __init__(self, column: Any, fsp: int) -> None:
+        self._column = column
+        self.hires_fsp = fsp
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._column, name)
 
 
 def _old_temporals(table: Any) -> list[str]:
