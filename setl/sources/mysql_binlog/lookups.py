@@ -72,8 +72,9 @@ class _Lookups:
 
 class TableLookups:
     """What the reader asks the server about the tables and statements it decodes, on the kept
-    connection (`_Lookups`): a table's kind (`table_kind`), a sequence's definition, a sql_mode's
-    names and whether a table's engine is transactional.
+    connection (`_Lookups`): a table's kind (`table_kind`), its old temporal columns' precision
+    (`temporal_precisions`), a sequence's definition, a sql_mode's names and whether a table's
+    engine is transactional.
 
     Engines and mode names are asked once and cached for the life of this object (one stream:
     the source builds a new one at every `open`); table kinds are asked once per table map decoded.

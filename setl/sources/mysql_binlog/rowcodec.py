@@ -33,7 +33,7 @@ SUPPORTED = frozenset({T_TINY, T_SHORT, T_LONG, T_FLOAT, T_DOUBLE, T_TIMESTAMP, 
                        T_TIME, T_DATETIME, T_YEAR, T_VARCHAR, T_BIT, T_TIMESTAMP2, T_DATETIME2, T_TIME2, T_JSON,
                        T_NEWDECIMAL, T_ENUM, T_SET, T_BLOB, T_STRING, T_GEOMETRY})
 #: the pre-5.6 TIME, DATETIME and TIMESTAMP (MySQL 5.5's, without fractions; MariaDB logs its own
-#: fractional formats under the same types: `fast.RowDecoders` refuses them there)
+#: fractional formats under the same types: `fast.RowDecoders` gives their precision, `hires_fsp`)
 OLD_TEMPORALS = frozenset({T_TIME, T_DATETIME, T_TIMESTAMP})
 #: MariaDB's pre-10.1 fractional TIME, DATETIME and TIMESTAMP (``Field_*_hires``): bytes by precision 1-6
 TIME_HIRES_BYTES = (3, 4, 4, 5, 5, 5, 6)
