@@ -377,6 +377,22 @@ def test_mariadb_pre_10_1_temporals_of_a_dropped_table_stop_the_reader_naming_th
         "(which has no such column there now) gives" in text, text
 
 
+def test_mariadb_pre_10_1_temporals_of_a_prepared_xa_transaction_decode_at_its_commit(mariadb_source, source_db,
+                                                                                      sources):
+    """The rows of an XA PREPARE, read again from the binlog at its XA COMMIT, decode MariaDB's pre-10.1
+    fractional temporals as the reader's own stream does: equal to the source's values."""
+    old_format_table(mariadb_source, source_db, "CREATE TABLE old_x (id INT PRIMARY KEY, tm TIME(2), dt DATETIME(5))")
+    start = head(mariadb_source)
+    execute(mariadb_source, source_db, "XA START 'ox'", "INSERT INTO old_x VALUES (1, '-00:00:01.25', "
+            "'2024-02-29 12:34:56.12345')", "XA END 'ox'", "XA PREPARE 'ox'")
+    execute(mariadb_source, source_db, "XA COMMIT 'ox'")
+    end = head(mariadb_source)
+    src = sources(mariadb_source, start)
+    got = changes_of(drain(src, lambda got: bool(got) and bare(got[-1].end) == end))
+    assert [(c.op.value, c.after) for c in got] == [("insert", source_rows(mariadb_source, source_db, "old_x")[1])]
+    assert got[0].after["tm"] == -datetime.timedelta(seconds=1, microseconds=250000)
+
+
 @pytest.mark.parametrize("fast_decoder", [True, False], ids=["compiled", "python"])
 def test_an_old_temporal_column_altered_after_its_event_stops_the_reader(mariadb_source, source_db, sources,
                                                                           fast_decoder):

@@ -62,7 +62,7 @@ def start_reader(server: SourceServer, opening: Opening, settings: ReaderSetting
     pipeline = settings.pipeline
     lookups = TableLookups(server.lookups, pipeline=pipeline, sequences=settings.sequences)  # fresh caches
     assembler = _Assembler(position or Position("", 0), settings.max_rows_in_memory, gtids,
-                           PreparedXa(server, lookups.table_kind, pipeline).rows,
+                           PreparedXa(server, lookups.table_kind, pipeline, lookups.temporal_precisions).rows,
                            lookups.transactional, selects, KnownTables(opening.tables))
     assembler.kind_of = lookups.table_kind
     assembler.reads = reads
