@@ -165,7 +165,7 @@ def outcome(payload: bytes, table_map: dict[int, Any], checksum: bool, compiled:
     than every event."""
     reader = types.SimpleNamespace(table_map=table_map, log_file=LOG_FILE, log_pos=4, context=_CTL)
     known = PRECISIONS if precisions is None else precisions
-    decoders = fast.RowDecoders(compiled=compiled, precisions=lambda schema, table: (known.get(table, {}), 0))
+    decoders = fast.RowDecoders(compiled=compiled, precisions=lambda schema, table: (known.get(table, {}), 0, "InnoDB"))
     assert decoders.compiled is compiled
     stream = fast.FastStream(reader, decoders)
     stream._settings = (_CTL, checksum, ALLOWED, _VERSION, None)

@@ -393,6 +393,42 @@ def test_mariadb_pre_10_1_temporals_of_a_prepared_xa_transaction_decode_at_its_c
     assert got[0].after["tm"] == -datetime.timedelta(seconds=1, microseconds=250000)
 
 
+def test_an_innodb_table_swapped_in_by_rename_after_the_event_stops_the_reader(mariadb_source, source_db, sources):
+    """An old-format DATETIME(6) table renamed away after its rows were logged, and an older DATETIME
+    (precision 0, the same table map) renamed into its name: InnoDB dates the rename (CREATE_TIME), so
+    the reader stops at the event instead of reading the fractional bytes as MySQL 5.5's."""
+    old_format_table(mariadb_source, source_db, "CREATE TABLE swap_b (id INT PRIMARY KEY, dt DATETIME)")
+    old_format_table(mariadb_source, source_db, "CREATE TABLE swap_a (id INT PRIMARY KEY, dt DATETIME(6))")
+    start = head(mariadb_source)
+    execute(mariadb_source, source_db, "INSERT INTO swap_a VALUES (1, '2024-02-29 12:34:56.654321')",
+            "RENAME TABLE swap_a TO swap_old, swap_b TO swap_a")
+    src = sources(mariadb_source, start)
+    with pytest.raises(CorruptEvent) as caught:
+        drain(src, lambda got: False, timeout=15)
+    text = str(caught.value)
+    assert f"table={source_db}.swap_a" in text and f"{start.log}:" in text and "\n" not in text, text
+    assert "dt: a TIME, DATETIME or TIMESTAMP of MariaDB's pre-10.1 formats, whose table the server redefined" \
+        in text, text
+
+
+@pytest.mark.parametrize("engine", ["MyISAM", "Aria"])
+def test_mariadb_pre_10_1_temporals_of_a_table_a_rename_leaves_undated_stop_the_reader(mariadb_source, source_db,
+                                                                                     sources, engine):
+    """An old-format DATETIME in a MyISAM or Aria table, whose CREATE_TIME a RENAME TABLE keeps (a table
+    swapped in under the name later would look as old as the event): the reader stops at the event in one
+    line naming the table, the column, the engine and the fix, instead of trusting today's precision."""
+    old_format_table(mariadb_source, source_db, f"CREATE TABLE old_m (id INT PRIMARY KEY, dt DATETIME) ENGINE={engine}")
+    start = head(mariadb_source)
+    execute(mariadb_source, source_db, "INSERT INTO old_m VALUES (1, '2024-02-29 12:34:56')")
+    src = sources(mariadb_source, start)
+    with pytest.raises(CorruptEvent) as caught:
+        drain(src, lambda got: False, timeout=15)
+    text = str(caught.value)
+    assert f"table={source_db}.old_m" in text and f"{start.log}:" in text and "\n" not in text, text
+    assert f"dt: a TIME, DATETIME or TIMESTAMP of MariaDB's pre-10.1 formats in a {engine} table" in text, text
+    assert "ENGINE=InnoDB" in text, text
+
+
 @pytest.mark.parametrize("fast_decoder", [True, False], ids=["compiled", "python"])
 def test_an_old_temporal_column_altered_after_its_event_stops_the_reader(mariadb_source, source_db, sources,
                                                                           fast_decoder):

@@ -126,7 +126,13 @@ class RowDecoders:
             raise Unreadable(f"{old[0]}: a TIME, DATETIME or TIMESTAMP of MariaDB's pre-10.1 formats, whose "
                              "fractional digits its table map does not give (ALTER TABLE ... FORCE with "
                              "mysql56_temporal_format=ON rewrites it in the current format)")
-        columns, defined = self.precisions(table.schema, table.table)
+        columns, defined, engine = self.precisions(table.schema, table.table)
+        if columns and engine.lower() not in _RENAME_DATED:
+            raise Unreadable(f"{old[0]}: a TIME, DATETIME or TIMESTAMP of MariaDB's pre-10.1 formats in a {engine} "
+                             "table, whose definition time (CREATE_TIME) a RENAME TABLE does not rewrite, so "
+                             "setl cannot tell that the precision the server gives now is the one the event "
+                             "was logged with (ALTER TABLE ... ENGINE=InnoDB, or FORCE with "
+                             "mysql56_temporal_format=ON, makes later events readable)")
         types = {c.name: c.type for c in table.columns}
         digits: dict[str, int] = {}
         for name in old:
@@ -147,6 +153,9 @@ class RowDecoders:
             self.slow += 1
 
 
+#: the engines whose CREATE_TIME every ALTER and RENAME TABLE rewrites (InnoDB's is its .frm's ctime;
+#: MyISAM's, Aria's and MEMORY's survive a RENAME): only there is the server's definition dated
+_RENAME_DATED = frozenset({"innodb"})
 #: MariaDB's pre-10.1 temporal types -> information_schema's DATA_TYPE of a column of that type
 _OLD_TYPE_NAMES = {rowcodec.T_TIME: "time", rowcodec.T_DATETIME: "datetime", rowcodec.T_TIMESTAMP: "timestamp"}
 
