@@ -482,3 +482,37 @@ def test_mysql_55_temporal_formats_decode_alike_in_both_decoders():
         assert values["ts"] == datetime.datetime(1970, 1, 1) + datetime.timedelta(seconds=ts)
     with pytest.raises(fast.Unreadable, match="tm: a TIME, DATETIME or TIMESTAMP of MariaDB's pre-10.1"):
         fast.RowDecoders().get(table, mariadb=True)
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
+def test_old_temporal_precisions_are_asked_again_in_each_binlog_file(compiled):
+    """What the server said of a table's old temporal columns holds for one binlog file only (a restarted
+    server starts a new one, reuses table ids and may have altered the table): a new file asks again,
+    while the decoders of other tables are kept; a definition at or after the event refuses it."""
+    from types import SimpleNamespace
+
+    asked: list[str] = []
+    answers = {"old": ({"dt": ("datetime", 6)}, 100, "InnoDB")}
+
+    def precisions(schema: str, table: str) -> Any:
+        asked.append(table)
+        return answers[table]
+
+    old = SimpleNamespace(schema="s", table="old", columns=[SimpleNamespace(type=3, name="id", unsigned=False),
+                                                            SimpleNamespace(type=12, name="dt")])
+    plain_table = SimpleNamespace(schema="s", table="new", columns=[SimpleNamespace(type=3, name="id", unsigned=False)])
+    decoders = fast.RowDecoders(compiled=compiled, precisions=precisions)
+    first, other = decoders.get(old, True, 101), decoders.get(plain_table, True, 101)
+    assert decoders.get(old, True, 102) is first and asked == ["old"]
+    packed = ((((((2024 * 13 + 2) * 32 + 29) * 24 + 12) * 60 + 34) * 60 + 56) * 1_000_000 + 654321).to_bytes(8, "big")
+    row = b"\0" + (7).to_bytes(4, "little") + packed
+    assert first.decode(row, 0, len(row), 0)[0]["values"] == {"id": 7, "dt": datetime.datetime(2024, 2, 29, 12, 34,
+                                                                                               56, 654321)}
+    answers["old"] = ({"dt": ("datetime", 0)}, 100, "InnoDB")
+    decoders.new_file()
+    again = decoders.get(old, True, 103)
+    assert asked == ["old", "old"] and again is not first and decoders.get(plain_table, True, 103) is other
+    classic = b"\0" + (7).to_bytes(4, "little") + (20240229123456).to_bytes(8, "little")
+    assert again.decode(classic, 0, len(classic), 0)[0]["values"]["dt"] == datetime.datetime(2024, 2, 29, 12, 34, 56)
+    with pytest.raises(fast.Unreadable, match="whose table the server redefined"):
+        decoders.get(old, True, 100)

@@ -145,6 +145,14 @@ class RowDecoders:
         assert defined is not None
         return defined, digits
 
+    def new_file(self) -> None:
+        """Forget what the server said of old temporal columns: a new binlog file may come from a server
+        restarted since (table ids start again, and a table map's bytes may repeat an earlier one's
+        while the table it names was altered in between)."""
+        for key, (_, decoder, defined) in list(self._by_table.items()):
+            if defined is not None or isinstance(decoder, Unreadable):
+                del self._by_table[key]
+
     def count(self) -> None:
         """Count one rows event decoded."""
         if self.compiled:
@@ -243,6 +251,8 @@ class FastStream:
             event = stream.parse(data)
             if data[0] == 0 and len(data) > 5 and data[5] in _SETTINGS_EVENTS:
                 self._read_settings()  # a format description or rotation changes them
+                if data[5] == BINLOG.FORMAT_DESCRIPTION_EVENT:  # a binlog file's start
+                    self.decoders.new_file()
             if event is not None:
                 return event
             if stream.ended:
