@@ -25,6 +25,8 @@ from setl.sinks.parquet import ParquetLoad, read_table
 from setl.sinks.postgresql import PostgresqlLoad
 from setl.sinks.sqlite import SqliteLoad
 from setl.transforms.frames import rows_to_table, table_to_rows
+from tests.e2e.setl_process import SetlProcess, mysql_source, mysql_target
+from tests.helpers.wait import wait_until
 
 from .replicate import binlog_head, replicate, table_rule
 
@@ -415,3 +417,59 @@ def test_invalid_dates_null_policy_finds_keyless_rows_again(postgres_server, pos
     finally:
         load.close()
     assert postgres_server.query("SELECT n, d FROM app.loose", dbname=postgres_db) == [(3, None)]
+
+
+def write_old_temporals(server: Any, schema: str, fraction: int = 0) -> None:
+    """A table of MariaDB's pre-10.1 temporal formats (``mysql56_temporal_format=OFF``, as 5.3-10.0 made
+    them: TIME, DATETIME and TIMESTAMP of `fraction` digits), then, a second later, rows at the edges
+    (zero and partial dates, negative and 838-hour TIMEs, fractions the column may cut), an update and a
+    delete."""
+    server.query("SET GLOBAL mysql56_temporal_format = OFF")
+    try:
+        digits = f"({fraction})" if fraction else ""
+        with contextlib.closing(server.connect(database=schema)) as conn, conn.cursor() as cur:
+            cur.execute(f"CREATE TABLE old_times (id INT PRIMARY KEY, tm TIME{digits}, dt DATETIME{digits}, "
+                        f"ts TIMESTAMP{digits} NULL DEFAULT NULL)")
+    finally:
+        server.query("SET GLOBAL mysql56_temporal_format = ON")
+    made = server.query("SELECT UNIX_TIMESTAMP(CREATE_TIME) FROM information_schema.TABLES "
+                        f"WHERE TABLE_SCHEMA = '{schema}' AND TABLE_NAME = 'old_times'")[0][0]
+    wait_until(lambda: server.query("SELECT UNIX_TIMESTAMP()")[0][0] > made, timeout=5, interval=0.05,
+               message="the server's clock past the table's definition")
+    init = "SET time_zone = '+00:00', sql_mode = ''"
+    with contextlib.closing(server.connect(database=schema, init_command=init)) as conn, conn.cursor() as cur:
+        cur.executemany("INSERT INTO old_times VALUES (%s, %s, %s, %s)",
+                        [(1, "-838:59:59", "0000-00-00 00:00:00", "1970-01-01 00:00:01.5"),
+                         (2, "838:59:59", "9999-12-31 23:59:59.999999", "2038-01-19 03:14:07.999999"),
+                         (3, "-00:00:01.5", "2024-00-15 01:02:03.25", 0),
+                         (4, None, "1000-01-01 00:00:00", None)])
+        cur.execute("UPDATE old_times SET tm = '-12:34:56.123456', dt = '2024-02-29 12:34:56.654321', "
+                    "ts = '2024-02-29 12:34:56.654321' WHERE id = 4")
+        cur.execute("DELETE FROM old_times WHERE id = 2")
+        conn.commit()
+
+
+def old_times_rows(server: Any, schema: str) -> list[tuple[Any, ...]]:
+    with contextlib.closing(server.connect(database=schema, init_command="SET time_zone = '+00:00'")) as conn:
+        with conn.cursor() as cur:
+            cur.execute("SELECT * FROM old_times ORDER BY id")
+            return list(cur.fetchall())
+
+
+@pytest.mark.parametrize("fraction", [0, 4])
+def test_mariadb_pre_10_1_temporals_replicate_through_setl_start(mariadb_source, source_db, mariadb_target, mysql_db,
+                                                                 tmp_path, fraction):
+    """`setl start` copies a table of MariaDB's pre-10.1 TIME, DATETIME and TIMESTAMP (a table of MariaDB
+    5.3-10.0 never rebuilt), whole-second and fractional, into MariaDB equal to the source, edge values
+    included."""
+    start = binlog_head(mariadb_source)
+    write_old_temporals(mariadb_source, source_db, fraction)
+    setl = SetlProcess(tmp_path, source=mysql_source(mariadb_source, start={"file": start.log, "pos": start.offset}),
+                       target=mysql_target(mariadb_target),
+                       tables=[{"source": rf"{source_db}\.old_times", "target": f"{mysql_db}.{{table}}"}])
+    result = setl.start_until_caught_up()
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = old_times_rows(mariadb_source, source_db)
+    assert [r[0] for r in expected] == [1, 3, 4]
+    assert (expected[2][1] % datetime.timedelta(seconds=1) != datetime.timedelta(0)) is bool(fraction)  # a fraction
+    assert old_times_rows(mariadb_target, mysql_db) == expected

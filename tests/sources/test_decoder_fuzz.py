@@ -69,9 +69,27 @@ STATEMENTS = [
     "DELETE FROM odd WHERE id = 2",
     "SET SESSION binlog_row_image = 'FULL'",
 ]
+#: MariaDB's pre-10.1 temporal formats (created under mysql56_temporal_format=OFF): whole-second ones
+#: (MySQL 5.5's) and fractional ones (``Field_*_hires``), sized by the precision the server gives
+OLD = ("CREATE TABLE oldt (id INT PRIMARY KEY, tm0 TIME, tm3 TIME(3), tm6 TIME(6), dt0 DATETIME, dt1 DATETIME(1), "
+       "dt6 DATETIME(6), ts0 TIMESTAMP NULL DEFAULT NULL, ts2 TIMESTAMP(2) NULL DEFAULT NULL, "
+       "ts5 TIMESTAMP(5) NULL DEFAULT NULL)")
+OLD_STATEMENTS = [
+    "SET SESSION sql_mode = ''",
+    "INSERT INTO oldt VALUES (1, '-838:59:59', '-838:59:59.999', '838:59:59.999999', '0000-00-00 00:00:00', "
+    "'9999-12-31 23:59:59.9', '2024-00-15 01:02:03.000001', 0, '2038-01-19 03:14:07.99', '1970-01-01 00:00:01.5'), "
+    "(2, '-00:00:01', '-00:00:00.001', '-00:00:00.000001', '1000-01-01 00:00:00', '0000-00-00 00:00:00', "
+    "'2024-02-29 12:34:56.654321', '2001-09-09 01:46:40', 0, '2001-09-09 01:46:40.12345'), (3, NULL, NULL, NULL, "
+    "NULL, NULL, NULL, NULL, NULL, NULL)",
+    "UPDATE oldt SET tm3 = '12:34:56.789', dt6 = '1999-12-31 23:59:59.999999', ts5 = '2024-02-29 12:34:56.54321' "
+    "WHERE id IN (1, 3)",
+    "DELETE FROM oldt WHERE id = 2",
+]
+#: the precision information_schema gives each captured table's old temporal columns (filled at capture)
+PRECISIONS: dict[str, dict[str, tuple[str, int | None]]] = {}
 ROWS_TYPES = {23: 0, 24: 1, 25: 2, 30: 0, 31: 1, 32: 2}  # WRITE/UPDATE/DELETE_ROWS, V1 and V2
 ALLOWED = frozenset({TableMapEvent, WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent})
-_CTL = types.SimpleNamespace(charset="utf8mb4", _get_dbms=lambda: "mariadb")
+_CTL = types.SimpleNamespace(charset="utf8mb4", _get_dbms=lambda: "mariadb", dbms="mariadb")
 _VERSION = (10, 11, 0)
 LOG_FILE = "mysql-bin.000001"
 
@@ -102,9 +120,18 @@ class Captured:
 
     def __init__(self, server: Any, db: str) -> None:
         execute(server, db, TYPED, ODD)
+        server.query("SET GLOBAL mysql56_temporal_format = OFF")
+        try:
+            execute(server, db, OLD)
+        finally:
+            server.query("SET GLOBAL mysql56_temporal_format = ON")
         start = head(server)
-        execute(server, db, *STATEMENTS)
+        execute(server, db, *STATEMENTS, *OLD_STATEMENTS)
         end = head(server)
+        for name, of, digits in server.query("SELECT COLUMN_NAME, DATA_TYPE, DATETIME_PRECISION FROM "
+                                             f"information_schema.COLUMNS WHERE TABLE_SCHEMA = '{db}' AND "
+                                             "DATA_TYPE IN ('time', 'datetime', 'timestamp') AND TABLE_NAME = 'oldt'"):
+            PRECISIONS.setdefault("oldt", {})[name] = (of, digits)
         self.checksum = server.query("SELECT @@GLOBAL.binlog_checksum")[0][0] == "CRC32"
         self.table_map: dict[int, Any] = {}
         self.rows: list[bytes] = []
@@ -130,11 +157,15 @@ def captured(mariadb_source) -> Any:
         mariadb_source.query(f"DROP DATABASE IF EXISTS {db}")
 
 
-def outcome(payload: bytes, table_map: dict[int, Any], checksum: bool, compiled: bool) -> Any:
+def outcome(payload: bytes, table_map: dict[int, Any], checksum: bool, compiled: bool,
+            precisions: dict[str, dict[str, tuple[str, int | None]]] | None = None) -> Any:
     """What the reader's call site makes of a packet with one of the decoders: its rows (typed), or
-    "error" for a CorruptEvent naming the event's position (anything else raises here)."""
-    reader = types.SimpleNamespace(table_map=table_map, log_file=LOG_FILE, log_pos=4)
-    decoders = fast.RowDecoders(compiled=compiled)
+    "error" for a CorruptEvent naming the event's position (anything else raises here). The old
+    temporal columns' precisions are `precisions` (the server's by default), of a definition older
+    than every event."""
+    reader = types.SimpleNamespace(table_map=table_map, log_file=LOG_FILE, log_pos=4, context=_CTL)
+    known = PRECISIONS if precisions is None else precisions
+    decoders = fast.RowDecoders(compiled=compiled, precisions=lambda schema, table: (known.get(table, {}), 0, "InnoDB"))
     assert decoders.compiled is compiled
     stream = fast.FastStream(reader, decoders)
     stream._settings = (_CTL, checksum, ALLOWED, _VERSION, None)
@@ -147,18 +178,21 @@ def outcome(payload: bytes, table_map: dict[int, Any], checksum: bool, compiled:
     return typed(event.rows)
 
 
-def check(payload: bytes, table_map: dict[int, Any], checksum: bool) -> Any:
+def check(payload: bytes, table_map: dict[int, Any], checksum: bool,
+          precisions: dict[str, dict[str, tuple[str, int | None]]] | None = None) -> Any:
     """Both decoders give the same rows, or both a clean error; the Python one alone where nothing is built."""
-    plain = outcome(payload, table_map, checksum, compiled=False)
+    plain = outcome(payload, table_map, checksum, compiled=False, precisions=precisions)
     if fast.available():
-        assert outcome(payload, table_map, checksum, compiled=True) == plain, "the decoders disagree"
+        assert outcome(payload, table_map, checksum, compiled=True, precisions=precisions) == plain, \
+            "the decoders disagree"
     return plain
 
 
 def test_the_captured_events_decode_the_same_both_ways(captured):
     """Unmutated, every captured event decodes to the same rows both ways (the fuzz starts from real rows),
     partial images among them."""
-    assert len(captured.rows) >= 11
+    assert len(captured.rows) >= 14
+    assert sum(captured.table(payload).table == "oldt" for payload in captured.rows) == 3
     results = [check(payload, captured.table_map, captured.checksum) for payload in captured.rows]
     assert "error" not in results
     partial = [row for rows in results for row in rows
@@ -227,6 +261,22 @@ def test_table_maps_out_of_range_give_the_same_rows_or_a_clean_error(captured, d
     bent = _bent(table, index, field, value)
     table_map = {**captured.table_map, bent.table_id: bent}
     check(payload, table_map, captured.checksum)
+
+
+def test_old_temporals_read_with_a_wrong_precision_give_the_same_rows_or_a_clean_error(captured):
+    """MariaDB's pre-10.1 temporal columns read with every other precision (0-7, or none) than the one
+    they were logged with: both decoders give the same rows or both stop cleanly, never crash."""
+    checked = 0
+    for payload in captured.rows:
+        if captured.table(payload).table != "oldt":
+            continue
+        for name, (of, right) in PRECISIONS["oldt"].items():
+            for wrong in (0, 1, 2, 3, 4, 5, 6, 7, None):
+                if wrong != right:
+                    check(payload, captured.table_map, captured.checksum,
+                          {"oldt": {**PRECISIONS["oldt"], name: (of, wrong)}})
+                    checked += 1
+    assert checked == 3 * 9 * 8
 
 
 def test_an_enum_index_out_of_range_is_a_clean_error_both_ways(captured):

@@ -11,6 +11,7 @@ are compared by type and repr).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import decimal
 from typing import Any
@@ -19,8 +20,9 @@ import pytest
 
 from setl import _compiled
 from setl.errors import CorruptEvent
-from setl.model import Transaction
+from setl.model import InvalidDate, Transaction
 from setl.sources.mysql_binlog import fast
+from tests.helpers.wait import wait_until
 from tests.sources.binlog import bare, execute, head
 from tests.sources.test_mysql_binlog_stream import drain
 
@@ -247,34 +249,217 @@ def changes_of(transactions: list[Transaction]) -> list[Any]:
     return [c for tx in transactions for c in tx.changes]
 
 
-@pytest.mark.parametrize("fsp", [0, 3])
-@pytest.mark.parametrize("fast_decoder", [True, False], ids=["compiled", "python"])
-def test_mariadb_pre_10_1_temporal_formats_stop_the_reader_naming_the_column(mariadb_source, source_db, sources,
-                                                                              fast_decoder, fsp):
-    """A TIME of MariaDB's old formats (mysql56_temporal_format=OFF) is logged without its precision, so
-    neither decoder can read its row exactly: the reader stops at the event, in one line naming the
-    table, the column, the position and the fix, instead of guessing."""
-    mariadb_source.query("SET GLOBAL mysql56_temporal_format = OFF")
+def old_format_table(server: Any, db: str, create: str) -> None:
+    """`create` run under ``mysql56_temporal_format=OFF`` (MariaDB 5.3-10.0's temporal formats), then a
+    wait until the server's clock has left the second that wrote the table's definition (setl reads
+    an old-format column only from events written after it)."""
+    server.query("SET GLOBAL mysql56_temporal_format = OFF")
     try:
-        execute(mariadb_source, source_db, f"CREATE TABLE old_t (id INT PRIMARY KEY, tm TIME({fsp}), v INT)")
+        execute(server, db, create)
     finally:
-        mariadb_source.query("SET GLOBAL mysql56_temporal_format = ON")
+        server.query("SET GLOBAL mysql56_temporal_format = ON")
+    table = create.split()[2]
+    made = server.query("SELECT UNIX_TIMESTAMP(CREATE_TIME) FROM information_schema.TABLES "
+                        f"WHERE TABLE_SCHEMA = '{db}' AND TABLE_NAME = '{table}'")[0][0]
+    assert made is not None
+    wait_until(lambda: server.query("SELECT UNIX_TIMESTAMP()")[0][0] > made, timeout=5, interval=0.05,
+               message="the server's clock past the table's definition")
+
+
+def source_rows(server: Any, db: str, table: str) -> dict[int, dict[str, Any]]:
+    """The table's rows as the source holds them (TIMESTAMPs in UTC), by id; zero dates as their text."""
+    with contextlib.closing(server.connect(database=db, init_command="SET time_zone = '+00:00'")) as conn:
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT * FROM `{table}` ORDER BY id")
+            names = [d[0] for d in cur.description]
+            return {row[0]: dict(zip(names, row)) for row in cur.fetchall()}
+
+
+def plain(image: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An image with `InvalidDate` as its text, as PyMySQL reads a zero date."""
+    if image is None:
+        return None
+    return {k: v.text if isinstance(v, InvalidDate) else v for k, v in image.items()}
+
+
+OLD_ROWS = [(1, "-838:59:59", "0000-00-00 00:00:00", "1970-01-01 00:00:01"),
+            (2, "838:59:59", "9999-12-31 23:59:59", "2038-01-19 03:14:07"),
+            (3, "00:00:00", "1000-01-01 00:00:00", None),
+            (4, "-00:00:01", "2024-02-29 12:34:56", "2024-02-29 12:34:56"),
+            (5, None, "2024-00-15 01:02:03", 0)]
+
+
+@pytest.mark.parametrize("fast_decoder", [True, False], ids=["compiled", "python"])
+def test_mariadb_pre_10_1_whole_second_temporals_decode_as_the_source_holds_them(mariadb_source, source_db, sources,
+                                                                                   fast_decoder):
+    """A TIME, DATETIME and TIMESTAMP of MariaDB's pre-10.1 formats of precision 0 (information_schema)
+    are MySQL 5.5's: both decoders read their inserts, updates and deletes equal to the source's values,
+    at the edges (negative and 838-hour TIMEs, zero and partial dates, a zero TIMESTAMP)."""
+    old_format_table(mariadb_source, source_db, "CREATE TABLE old0 (id INT PRIMARY KEY, tm TIME, dt DATETIME, "
+                                                "ts TIMESTAMP NULL DEFAULT NULL)")
     start = head(mariadb_source)
-    execute(mariadb_source, source_db, "INSERT INTO old_t VALUES (1, '-01:02:03.456', 7)")
+    execute(mariadb_source, source_db, "SET SESSION sql_mode = ''", "SET SESSION time_zone = '+00:00'",
+            *[("INSERT INTO old0 VALUES (%s, %s, %s, %s)", row) for row in OLD_ROWS])
+    inserted = source_rows(mariadb_source, source_db, "old0")
+    execute(mariadb_source, source_db, "SET SESSION time_zone = '+00:00'",
+            "UPDATE old0 SET tm = '-12:34:56', dt = '2001-02-03 04:05:06', ts = '2001-02-03 04:05:06' WHERE id = 3",
+            "DELETE FROM old0 WHERE id = 1")
+    end = head(mariadb_source)
+    src = sources(mariadb_source, start, fast_decoder=fast_decoder)
+    got = changes_of(drain(src, lambda got: bool(got) and bare(got[-1].end) == end))
+    compiled = fast_decoder and not PURE
+    assert (src.row_decoders.fast, src.row_decoders.slow) == ((7, 0) if compiled else (0, 7))
+    now = source_rows(mariadb_source, source_db, "old0")
+    assert [(c.op.value, plain(c.before), plain(c.after)) for c in got] == \
+        [("insert", None, inserted[i]) for i in sorted(inserted)] + \
+        [("update", inserted[3], now[3]), ("delete", inserted[1], None)]
+    assert now[3]["tm"] == -datetime.timedelta(hours=12, minutes=34, seconds=56)  # the comparison compares values
+    assert inserted[5]["ts"] == "0000-00-00 00:00:00" and inserted[1]["dt"] == "0000-00-00 00:00:00"
+
+
+HIRES_COLUMNS = ", ".join(f"{name}{n} {kind}({n})" + (" NULL DEFAULT NULL" if kind == "TIMESTAMP" else "")
+                          for name, kind in (("tm", "TIME"), ("dt", "DATETIME"), ("ts", "TIMESTAMP"))
+                          for n in range(7))
+HIRES_ROWS = [(1, "-838:59:59.999999", "9999-12-31 23:59:59.999999", "2038-01-19 03:14:07.999999"),
+              (2, "-00:00:01.5", "0000-00-00 00:00:00", 0),
+              (3, "-00:00:00.000001", "1000-01-01 00:00:00.000001", "1970-01-01 00:00:01.000001"),
+              (4, "838:59:59.999999", "2024-00-15 01:02:03.5", "2024-02-29 12:34:56.654321"),
+              (5, "00:00:00", "2024-02-29 12:34:56.654321", None)]
+
+
+@pytest.mark.parametrize("fast_decoder", [True, False], ids=["compiled", "python"])
+def test_mariadb_pre_10_1_fractional_temporals_of_every_precision_decode_as_the_source_holds_them(
+        mariadb_source, source_db, sources, fast_decoder):
+    """MariaDB's pre-10.1 TIME, DATETIME and TIMESTAMP of every precision 0-6 (its own fractional formats,
+    sized by the precision information_schema gives): both decoders read inserts, an update and a delete
+    equal to the source's values (negative and extreme TIMEs, zero and partial dates, a zero TIMESTAMP)."""
+    old_format_table(mariadb_source, source_db, f"CREATE TABLE hires (id INT PRIMARY KEY, {HIRES_COLUMNS})")
+    start = head(mariadb_source)
+    inserts = [(f"INSERT INTO hires VALUES (%s{', %s' * 21})", (key, *[t] * 7, *[d] * 7, *[ts] * 7))
+               for key, t, d, ts in HIRES_ROWS]
+    execute(mariadb_source, source_db, "SET SESSION sql_mode = ''", "SET SESSION time_zone = '+00:00'", *inserts)
+    inserted = source_rows(mariadb_source, source_db, "hires")
+    sets = ", ".join(f"tm{n} = '-12:34:56.123456', dt{n} = '2001-02-03 04:05:06.789012', "
+                     f"ts{n} = '2001-02-03 04:05:06.789012'" for n in range(7))
+    execute(mariadb_source, source_db, "SET SESSION time_zone = '+00:00'",
+            f"UPDATE hires SET {sets} WHERE id = 5", "DELETE FROM hires WHERE id = 1")
+    end = head(mariadb_source)
+    src = sources(mariadb_source, start, fast_decoder=fast_decoder)
+    got = changes_of(drain(src, lambda got: bool(got) and bare(got[-1].end) == end))
+    compiled = fast_decoder and not PURE
+    assert (src.row_decoders.fast, src.row_decoders.slow) == ((7, 0) if compiled else (0, 7))
+    now = source_rows(mariadb_source, source_db, "hires")
+    assert [(c.op.value, plain(c.before), plain(c.after)) for c in got] == \
+        [("insert", None, inserted[i]) for i in sorted(inserted)] + \
+        [("update", inserted[5], now[5]), ("delete", inserted[1], None)]
+    # the comparison compares values of every width
+    assert now[5]["tm6"] == -datetime.timedelta(hours=12, minutes=34, seconds=56, microseconds=123456)
+    assert now[5]["dt3"] == datetime.datetime(2001, 2, 3, 4, 5, 6, 789000)
+    assert inserted[1]["tm5"] == -datetime.timedelta(hours=838, minutes=59, seconds=59, microseconds=999990)
+    assert inserted[2]["ts4"] == "0000-00-00 00:00:00.0000" and inserted[4]["dt2"] == "2024-00-15 01:02:03.50"
+
+
+@pytest.mark.parametrize("fast_decoder", [True, False], ids=["compiled", "python"])
+def test_mariadb_pre_10_1_temporals_of_a_dropped_table_stop_the_reader_naming_the_column(mariadb_source, source_db,
+                                                                                        sources, fast_decoder):
+    """An old-format TIME whose table has since been dropped has no precision to read it by (its table
+    map does not give it): the reader stops at the event, in one line naming the table, the column, the
+    position and why, instead of guessing."""
+    old_format_table(mariadb_source, source_db, "CREATE TABLE old_t (id INT PRIMARY KEY, tm TIME(3), v INT)")
+    start = head(mariadb_source)
+    execute(mariadb_source, source_db, "INSERT INTO old_t VALUES (1, '-01:02:03.456', 7)", "DROP TABLE old_t")
     src = sources(mariadb_source, start, fast_decoder=fast_decoder)
     with pytest.raises(CorruptEvent) as caught:
         drain(src, lambda got: False, timeout=15)
     text = str(caught.value)
     assert f"table={source_db}.old_t" in text and f"{start.log}:" in text and "\n" not in text, text
-    assert "tm: a TIME, DATETIME or TIMESTAMP of MariaDB's pre-10.1 formats" in text and "FORCE" in text, text
+    assert "tm: a TIME of MariaDB's pre-10.1 formats, whose precision neither its table map nor the server " \
+        "(which has no such column there now) gives" in text, text
+
+
+def test_mariadb_pre_10_1_temporals_of_a_prepared_xa_transaction_decode_at_its_commit(mariadb_source, source_db,
+                                                                                      sources):
+    """The rows of an XA PREPARE, read again from the binlog at its XA COMMIT, decode MariaDB's pre-10.1
+    fractional temporals as the reader's own stream does: equal to the source's values."""
+    old_format_table(mariadb_source, source_db, "CREATE TABLE old_x (id INT PRIMARY KEY, tm TIME(2), dt DATETIME(5))")
+    start = head(mariadb_source)
+    execute(mariadb_source, source_db, "XA START 'ox'", "INSERT INTO old_x VALUES (1, '-00:00:01.25', "
+            "'2024-02-29 12:34:56.12345')", "XA END 'ox'", "XA PREPARE 'ox'")
+    execute(mariadb_source, source_db, "XA COMMIT 'ox'")
+    end = head(mariadb_source)
+    src = sources(mariadb_source, start)
+    got = changes_of(drain(src, lambda got: bool(got) and bare(got[-1].end) == end))
+    assert [(c.op.value, c.after) for c in got] == [("insert", source_rows(mariadb_source, source_db, "old_x")[1])]
+    assert got[0].after["tm"] == -datetime.timedelta(seconds=1, microseconds=250000)
+
+
+def test_an_innodb_table_swapped_in_by_rename_after_the_event_stops_the_reader(mariadb_source, source_db, sources):
+    """An old-format DATETIME(6) table renamed away after its rows were logged, and an older DATETIME
+    (precision 0, the same table map) renamed into its name: InnoDB dates the rename (CREATE_TIME), so
+    the reader stops at the event instead of reading the fractional bytes as MySQL 5.5's."""
+    old_format_table(mariadb_source, source_db, "CREATE TABLE swap_b (id INT PRIMARY KEY, dt DATETIME)")
+    old_format_table(mariadb_source, source_db, "CREATE TABLE swap_a (id INT PRIMARY KEY, dt DATETIME(6))")
+    start = head(mariadb_source)
+    execute(mariadb_source, source_db, "INSERT INTO swap_a VALUES (1, '2024-02-29 12:34:56.654321')",
+            "RENAME TABLE swap_a TO swap_old, swap_b TO swap_a")
+    src = sources(mariadb_source, start)
+    with pytest.raises(CorruptEvent) as caught:
+        drain(src, lambda got: False, timeout=15)
+    text = str(caught.value)
+    assert f"table={source_db}.swap_a" in text and f"{start.log}:" in text and "\n" not in text, text
+    assert "dt: a TIME, DATETIME or TIMESTAMP of MariaDB's pre-10.1 formats, whose table the server redefined" \
+        in text, text
+
+
+@pytest.mark.parametrize("engine", ["MyISAM", "Aria"])
+def test_mariadb_pre_10_1_temporals_of_a_table_a_rename_leaves_undated_stop_the_reader(mariadb_source, source_db,
+                                                                                     sources, engine):
+    """An old-format DATETIME in a MyISAM or Aria table, whose CREATE_TIME a RENAME TABLE keeps (a table
+    swapped in under the name later would look as old as the event): the reader stops at the event in one
+    line naming the table, the column, the engine and the fix, instead of trusting today's precision."""
+    old_format_table(mariadb_source, source_db, f"CREATE TABLE old_m (id INT PRIMARY KEY, dt DATETIME) ENGINE={engine}")
+    start = head(mariadb_source)
+    execute(mariadb_source, source_db, "INSERT INTO old_m VALUES (1, '2024-02-29 12:34:56')")
+    src = sources(mariadb_source, start)
+    with pytest.raises(CorruptEvent) as caught:
+        drain(src, lambda got: False, timeout=15)
+    text = str(caught.value)
+    assert f"table={source_db}.old_m" in text and f"{start.log}:" in text and "\n" not in text, text
+    assert f"dt: a TIME, DATETIME or TIMESTAMP of MariaDB's pre-10.1 formats in a {engine} table" in text, text
+    assert "ENGINE=InnoDB" in text, text
+
+
+@pytest.mark.parametrize("fast_decoder", [True, False], ids=["compiled", "python"])
+def test_an_old_temporal_column_altered_after_its_event_stops_the_reader(mariadb_source, source_db, sources,
+                                                                          fast_decoder):
+    """An old-format DATETIME(6) whose rows were logged before an ALTER made it DATETIME (precision 0,
+    still the old format: the same table map) is not read with today's precision: the reader stops at
+    the first event older than the table's definition, naming the column and why, instead of reading
+    the fractional format's bytes as MySQL 5.5's."""
+    old_format_table(mariadb_source, source_db, "CREATE TABLE old_a (id INT PRIMARY KEY, dt DATETIME(6))")
+    start = head(mariadb_source)
+    execute(mariadb_source, source_db, "INSERT INTO old_a VALUES (1, '2024-02-29 12:34:56.654321')")
+    mariadb_source.query("SET GLOBAL mysql56_temporal_format = OFF")
+    try:
+        execute(mariadb_source, source_db, "ALTER TABLE old_a MODIFY dt DATETIME")
+    finally:
+        mariadb_source.query("SET GLOBAL mysql56_temporal_format = ON")
+    precision = mariadb_source.query("SELECT DATETIME_PRECISION FROM information_schema.COLUMNS WHERE "
+                                     f"TABLE_SCHEMA = '{source_db}' AND TABLE_NAME = 'old_a' AND COLUMN_NAME = 'dt'")
+    assert [tuple(row) for row in precision] == [(0,)]
+    src = sources(mariadb_source, start, fast_decoder=fast_decoder)
+    with pytest.raises(CorruptEvent) as caught:
+        drain(src, lambda got: False, timeout=15)
+    text = str(caught.value)
+    assert f"table={source_db}.old_a" in text and f"{start.log}:" in text and "\n" not in text, text
+    assert "dt: a TIME, DATETIME or TIMESTAMP of MariaDB's pre-10.1 formats, whose table the server redefined" \
+        in text, text
 
 
 def test_mysql_55_temporal_formats_decode_alike_in_both_decoders():
     """MySQL 5.5's TIME (a signed hhmmss), DATETIME (yyyymmddhhmmss) and TIMESTAMP (epoch seconds), as a
     MySQL server logs them: both decoders read the values packed, a zero DATETIME as `InvalidDate`."""
     from types import SimpleNamespace
-
-    from setl.model import InvalidDate
 
     columns = [SimpleNamespace(type=3, name="id", unsigned=False), SimpleNamespace(type=11, name="tm"),
                SimpleNamespace(type=12, name="dt"), SimpleNamespace(type=7, name="ts")]
@@ -297,3 +482,37 @@ def test_mysql_55_temporal_formats_decode_alike_in_both_decoders():
         assert values["ts"] == datetime.datetime(1970, 1, 1) + datetime.timedelta(seconds=ts)
     with pytest.raises(fast.Unreadable, match="tm: a TIME, DATETIME or TIMESTAMP of MariaDB's pre-10.1"):
         fast.RowDecoders().get(table, mariadb=True)
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
+def test_old_temporal_precisions_are_asked_again_in_each_binlog_file(compiled):
+    """What the server said of a table's old temporal columns holds for one binlog file only (a restarted
+    server starts a new one, reuses table ids and may have altered the table): a new file asks again,
+    while the decoders of other tables are kept; a definition at or after the event refuses it."""
+    from types import SimpleNamespace
+
+    asked: list[str] = []
+    answers = {"old": ({"dt": ("datetime", 6)}, 100, "InnoDB")}
+
+    def precisions(schema: str, table: str) -> Any:
+        asked.append(table)
+        return answers[table]
+
+    old = SimpleNamespace(schema="s", table="old", columns=[SimpleNamespace(type=3, name="id", unsigned=False),
+                                                            SimpleNamespace(type=12, name="dt")])
+    plain_table = SimpleNamespace(schema="s", table="new", columns=[SimpleNamespace(type=3, name="id", unsigned=False)])
+    decoders = fast.RowDecoders(compiled=compiled, precisions=precisions)
+    first, other = decoders.get(old, True, 101), decoders.get(plain_table, True, 101)
+    assert decoders.get(old, True, 102) is first and asked == ["old"]
+    packed = ((((((2024 * 13 + 2) * 32 + 29) * 24 + 12) * 60 + 34) * 60 + 56) * 1_000_000 + 654321).to_bytes(8, "big")
+    row = b"\0" + (7).to_bytes(4, "little") + packed
+    assert first.decode(row, 0, len(row), 0)[0]["values"] == {"id": 7, "dt": datetime.datetime(2024, 2, 29, 12, 34,
+                                                                                               56, 654321)}
+    answers["old"] = ({"dt": ("datetime", 0)}, 100, "InnoDB")
+    decoders.new_file()
+    again = decoders.get(old, True, 103)
+    assert asked == ["old", "old"] and again is not first and decoders.get(plain_table, True, 103) is other
+    classic = b"\0" + (7).to_bytes(4, "little") + (20240229123456).to_bytes(8, "little")
+    assert again.decode(classic, 0, len(classic), 0)[0]["values"]["dt"] == datetime.datetime(2024, 2, 29, 12, 34, 56)
+    with pytest.raises(fast.Unreadable, match="whose table the server redefined"):
+        decoders.get(old, True, 100)

@@ -31,7 +31,19 @@ import pymysql
 from pymysql.constants import CR
 from pymysqlreplication.constants import NONE_SOURCE
 
-from setl.sources.mysql_binlog.rowcodec import Corrupt, Truncated, Unreadable, bit_value, old_time_value
+from setl.sources.mysql_binlog.rowcodec import (
+    DATETIME_HIRES_BYTES,
+    TIME_HIRES_BYTES,
+    TIMESTAMP_HIRES_BYTES,
+    Corrupt,
+    Truncated,
+    Unreadable,
+    bit_value,
+    hires_datetime_parts,
+    hires_timestamp_value,
+    hires_time_value,
+    old_time_value,
+)
 
 # field types (pymysqlreplication.constants.FIELD_TYPE), and how a string column's bytes become its
 # value: S_DECODE bytes.decode(encoding, "strict"); S_RAW no such codec, the bytes as they are
@@ -83,6 +95,14 @@ cdef inline unsigned long long _le(const unsigned char* p, int n):
     cdef int i
     for i in range(n - 1, -1, -1):
         v = (v << 8) | p[i]
+    return v
+
+
+cdef inline unsigned long long _be_unsigned(const unsigned char* p, int n):
+    cdef unsigned long long v = 0
+    cdef int k
+    for k in range(n):
+        v = (v << 8) | p[k]
     return v
 
 
@@ -141,6 +161,10 @@ cdef class RowDecoder:
                 if column.length_size not in (1, 2, 3, 4):
                     raise Unreadable(f"{column.name}: length size {column.length_size}")
                 p1[i] = column.length_size
+            elif kind in (T_TIME, T_DATETIME, T_TIMESTAMP):  # MariaDB's fractional formats: beside the map
+                if (getattr(column, "hires_fsp", 0) or 0) not in range(7):
+                    raise Unreadable(f"{column.name}: fractional seconds {column.hires_fsp}")
+                p1[i] = getattr(column, "hires_fsp", 0) or 0
             elif kind in (T_DATETIME2, T_TIMESTAMP2, T_TIME2):
                 if (column.fsp or 0) not in range(7):
                     raise Unreadable(f"{column.name}: fractional seconds {column.fsp}")
@@ -204,10 +228,16 @@ cdef class RowDecoder:
         elif kind == T_DATE:
             n = 3
         elif kind == T_TIMESTAMP:
+            if self.p1[i]:
+                return self._hires(i, p, at, end)
             n = 4
         elif kind == T_TIME:
+            if self.p1[i]:
+                return self._hires(i, p, at, end)
             n = 3
         elif kind == T_DATETIME:
+            if self.p1[i]:
+                return self._hires(i, p, at, end)
             n = 8
         else:
             n = 0
@@ -310,6 +340,34 @@ cdef class RowDecoder:
             at[0] = pos + n
             return bit_value(p[pos:pos + n], self.p2[i])
         raise Corrupt(f"{self.names[i]}: column type {kind}")
+
+    cdef object _hires(self, int i, const unsigned char* p, Py_ssize_t* at, Py_ssize_t end):
+        """A TIME, DATETIME or TIMESTAMP of MariaDB's pre-10.1 fractional formats (as `rowcodec`)."""
+        cdef int fsp = self.p1[i]
+        cdef int kind = self.types[i]
+        cdef Py_ssize_t pos = at[0]
+        cdef int n
+        cdef unsigned long long micros
+        cdef int k
+        if kind == T_TIMESTAMP:
+            n = TIMESTAMP_HIRES_BYTES[fsp]
+        elif kind == T_TIME:
+            n = TIME_HIRES_BYTES[fsp]
+        else:
+            n = DATETIME_HIRES_BYTES[fsp]
+        if pos + n > end:
+            raise Truncated(self.names[i])
+        at[0] = pos + n
+        if kind == T_TIMESTAMP:
+            micros = _be_unsigned(p + pos + 4, n - 4)
+            for k in range(6 - fsp):
+                micros *= 10
+            if micros >= 1000000:
+                raise Corrupt(f"{self.names[i]}: a fraction of {micros} microseconds")
+            return hires_timestamp_value(_be_unsigned(p + pos, 4), micros, fsp)
+        if kind == T_TIME:
+            return hires_time_value(_be_unsigned(p + pos, n), fsp)
+        return self.make_datetime(*hires_datetime_parts(_be_unsigned(p + pos, n), fsp), fsp)
 
     cdef unsigned long long _fsp(self, int i, const unsigned char* p, Py_ssize_t* at, Py_ssize_t end):
         """The fraction of a temporal value in microseconds (the library's ``__read_fsp``)."""

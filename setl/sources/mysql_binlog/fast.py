@@ -18,6 +18,7 @@ Without the compiled module (a source tree that was not built, or ``SETL_PURE_PY
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any
 
 from pymysqlreplication.constants import BINLOG
@@ -65,42 +66,92 @@ def available() -> bool:
 class RowDecoders:
     """One reader's row decoders, by table map (`Table` object), and counts of their use: `fast` the
     rows events the compiled decoder read, `slow` those setl's Python decoder read (`compiled`
-    False, or the compiled module not built)."""
+    False, or the compiled module not built). `precisions` (`lookups.TableLookups.temporal_precisions`)
+    tells the precision of MariaDB's pre-10.1 temporal columns; without it they are refused."""
 
-    def __init__(self, compiled: bool = True) -> None:
+    def __init__(self, compiled: bool = True, precisions: Callable[[str, str], Any] | None = None) -> None:
         self.compiled = compiled and RowDecoder is not None
-        self._by_table: dict[int, tuple[Any, Any]] = {}
+        self.precisions = precisions
+        #: id(table) -> (table, its decoder or why not, when its definition was written: None, or the
+        #: ``CREATE_TIME`` its old temporal columns' precision was read from)
+        self._by_table: dict[int, tuple[Any, Any, int | None]] = {}
         self.fast = self.slow = 0
 
-    def get(self, table: Any, mariadb: bool = False) -> Any:
-        """The table's decoder; `rowcodec.Unreadable` when one of its columns is beyond setl's readers.
+    def get(self, table: Any, mariadb: bool = False, written: int = 0) -> Any:
+        """The table's decoder for a rows event `written` at that Unix time; `rowcodec.Unreadable` when
+        one of its columns is beyond setl's readers.
 
-        On a MariaDB server (`mariadb`) a TIME, DATETIME or TIMESTAMP of the pre-5.6 formats is one:
-        MariaDB logs its own fractional formats (``mysql56_temporal_format=OFF``, tables of 5.3-10.0)
-        under the same types without their precision, so the row's bytes cannot be read exactly."""
+        On a MariaDB server (`mariadb`) a TIME, DATETIME or TIMESTAMP of the pre-10.1 formats
+        (``mysql56_temporal_format=OFF``, tables of 5.3-10.0) is logged without its precision: MariaDB
+        logs its own fractional formats under MySQL 5.5's types. Its precision is asked of the server
+        (`precisions`): of precision 0 it is MySQL 5.5's format, of 1-6 MariaDB's ``Field_*_hires``
+        format of that width. One of a table whose definition the server wrote at or after the event
+        (an ALTER since: the precision now may not be the event's) is refused."""
         known = self._by_table.get(id(table))
-        if known is not None and known[0] is table:
-            if isinstance(known[1], Unreadable):
-                raise known[1]
-            return known[1]
-        make = RowDecoder if self.compiled else rowcodec.RowDecoder
-        decoder: Any
-        try:
-            old = [c.name for c in table.columns if c.type in rowcodec.OLD_TEMPORALS] if mariadb else []
-            if old:
-                raise Unreadable(f"{old[0]}: a TIME, DATETIME or TIMESTAMP of MariaDB's pre-10.1 formats, whose "
-                                 "fractional digits its table map does not give (ALTER TABLE ... FORCE with "
-                                 "mysql56_temporal_format=ON rewrites it in the current format)")
-            decoder = make(table.columns, replication.charset_to_encoding, rowcodec.time2_value,
-                           replication.date_value, replication.datetime_value, replication.json_value)
-        except Unreadable as exc:
-            decoder = exc
-        if len(self._by_table) > 4096:
-            self._by_table.clear()
-        self._by_table[id(table)] = (table, decoder)
+        if known is None or known[0] is not table:
+            known = self._make(table, mariadb)
+            if len(self._by_table) > 4096:
+                self._by_table.clear()
+            self._by_table[id(table)] = known
+        decoder, defined = known[1], known[2]
         if isinstance(decoder, Unreadable):
             raise decoder
+        if defined is not None and defined >= written:
+            raise Unreadable(f"{_old_temporals(table)[0]}: a TIME, DATETIME or TIMESTAMP of MariaDB's pre-10.1 "
+                             f"formats, whose table the server redefined (at Unix time {defined}) at or after "
+                             f"this event was written (at {written}), so the precision it was logged with, "
+                             "which its table map does not give, is unknown (reset the position past it, or "
+                             "copy the table again)")
         return decoder
+
+    def _make(self, table: Any, mariadb: bool) -> tuple[Any, Any, int | None]:
+        make = RowDecoder if self.compiled else rowcodec.RowDecoder
+        defined: int | None = None
+        columns = table.columns
+        try:
+            old = _old_temporals(table) if mariadb else []
+            if old:
+                defined, digits = self._precisions(table, old)
+                columns = [_Hires(c, digits[c.name]) if digits.get(c.name) else c for c in columns]
+            decoder = make(columns, replication.charset_to_encoding, rowcodec.time2_value,
+                           replication.date_value, replication.datetime_value, replication.json_value)
+        except Unreadable as exc:
+            return table, exc, None
+        return table, decoder, defined
+
+    def _precisions(self, table: Any, old: list[str]) -> tuple[int, dict[str, int]]:
+        """When the server wrote the table's definition, and the precision (0-6) of each of its old
+        temporal columns `old` there; `Unreadable` naming the first whose precision cannot be told."""
+        if self.precisions is None:
+            raise Unreadable(f"{old[0]}: a TIME, DATETIME or TIMESTAMP of MariaDB's pre-10.1 formats, whose "
+                             "fractional digits its table map does not give (ALTER TABLE ... FORCE with "
+                             "mysql56_temporal_format=ON rewrites it in the current format)")
+        columns, defined, engine = self.precisions(table.schema, table.table)
+        if columns and engine.lower() not in _RENAME_DATED:
+            raise Unreadable(f"{old[0]}: a TIME, DATETIME or TIMESTAMP of MariaDB's pre-10.1 formats in a {engine} "
+                             "table, whose definition time (CREATE_TIME) a RENAME TABLE does not rewrite, so "
+                             "setl cannot tell that the precision the server gives now is the one the event "
+                             "was logged with (ALTER TABLE ... ENGINE=InnoDB, or FORCE with "
+                             "mysql56_temporal_format=ON, makes later events readable)")
+        types = {c.name: c.type for c in table.columns}
+        digits: dict[str, int] = {}
+        for name in old:
+            of, fsp = columns.get(name, (None, None))
+            if of != _OLD_TYPE_NAMES[types[name]] or defined is None or fsp not in range(7):
+                raise Unreadable(f"{name}: a {_OLD_TYPE_NAMES[types[name]].upper()} of MariaDB's pre-10.1 "
+                                 f"formats, whose precision neither its table map nor the server (which has "
+                                 f"{'no such column' if of is None else f'{of.upper()}({fsp})'} there now) gives")
+            digits[name] = fsp
+        assert defined is not None
+        return defined, digits
+
+    def new_file(self) -> None:
+        """Forget what the server said of old temporal columns: a new binlog file may come from a server
+        restarted since (table ids start again, and a table map's bytes may repeat an earlier one's
+        while the table it names was altered in between)."""
+        for key, (_, decoder, defined) in list(self._by_table.items()):
+            if defined is not None or isinstance(decoder, Unreadable):
+                del self._by_table[key]
 
     def count(self) -> None:
         """Count one rows event decoded."""
@@ -108,6 +159,30 @@ class RowDecoders:
             self.fast += 1
         else:
             self.slow += 1
+
+
+#: the engines whose CREATE_TIME every ALTER and RENAME TABLE rewrites (InnoDB's is its .frm's ctime;
+#: MyISAM's, Aria's and MEMORY's survive a RENAME): only there is the server's definition dated
+_RENAME_DATED = frozenset({"innodb"})
+#: MariaDB's pre-10.1 temporal types -> information_schema's DATA_TYPE of a column of that type
+_OLD_TYPE_NAMES = {rowcodec.T_TIME: "time", rowcodec.T_DATETIME: "datetime", rowcodec.T_TIMESTAMP: "timestamp"}
+
+
+class _Hires:
+    """A table map's column of MariaDB's pre-10.1 fractional formats, with the precision the server
+    gave (`hires_fsp`, which both decoders read)."""
+
+    def __init__(self, column: Any, fsp: int) -> None:
+        self._column = column
+        self.hires_fsp = fsp
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._column, name)
+
+
+def _old_temporals(table: Any) -> list[str]:
+    """The names of the table map's TIME, DATETIME and TIMESTAMP columns of the pre-5.6 types."""
+    return [c.name for c in table.columns if c.type in rowcodec.OLD_TEMPORALS]
 
 
 def _packed_int(data: bytes, pos: int) -> tuple[int, int]:
@@ -176,6 +251,8 @@ class FastStream:
             event = stream.parse(data)
             if data[0] == 0 and len(data) > 5 and data[5] in _SETTINGS_EVENTS:
                 self._read_settings()  # a format description or rotation changes them
+                if data[5] == BINLOG.FORMAT_DESCRIPTION_EVENT:  # a binlog file's start
+                    self.decoders.new_file()
             if event is not None:
                 return event
             if stream.ended:
@@ -231,7 +308,7 @@ class FastStream:
                 raise Corrupt(f"{ncols} columns where its table map has {len(table.columns)}")
             decoders = self.decoders
             context = getattr(self.reader, "context", None)
-            decoder = decoders.get(table, getattr(context, "dbms", "") == "mariadb")
+            decoder = decoders.get(table, getattr(context, "dbms", "") == "mariadb", packet.timestamp)
             width = (ncols + 7) // 8
             second = pos + width if change == 1 else pos
             if second + width > end:

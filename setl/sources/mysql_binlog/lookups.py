@@ -72,8 +72,9 @@ class _Lookups:
 
 class TableLookups:
     """What the reader asks the server about the tables and statements it decodes, on the kept
-    connection (`_Lookups`): a table's kind (`table_kind`), a sequence's definition, a sql_mode's
-    names and whether a table's engine is transactional.
+    connection (`_Lookups`): a table's kind (`table_kind`), its old temporal columns' precision
+    (`temporal_precisions`), a sequence's definition, a sql_mode's names and whether a table's
+    engine is transactional.
 
     Engines and mode names are asked once and cached for the life of this object (one stream:
     the source builds a new one at every `open`); table kinds are asked once per table map decoded.
@@ -109,6 +110,22 @@ class TableLookups:
         match = _PERIOD.search(create)
         return TableKind(period=(_unquote(match[1]), _unquote(match[2])) if match else ("row_start", "row_end"),
                          texts=texts)
+
+    def temporal_precisions(self, schema: str, table: str
+                            ) -> tuple[dict[str, tuple[str, int | None]], int | None, str]:
+        """Each TIME, DATETIME and TIMESTAMP column's (DATA_TYPE, DATETIME_PRECISION) as the server holds
+        the table now, when its definition was last written (``CREATE_TIME``, a Unix time; None when the
+        server has no such table or cannot tell) and its engine: asked once per table map with MariaDB's
+        pre-10.1 temporal columns, whose precision the table map does not give."""
+        typed, made = self._lookups.query(
+            ("SELECT COLUMN_NAME, DATA_TYPE, DATETIME_PRECISION FROM information_schema.COLUMNS "
+             "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s AND DATA_TYPE IN ('time', 'datetime', 'timestamp')",
+             (schema, table)),
+            ("SELECT UNIX_TIMESTAMP(CREATE_TIME), ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
+             "AND TABLE_NAME = %s", (schema, table)))
+        columns = {str(name): (str(of).lower(), None if digits is None else int(digits)) for name, of, digits in typed}
+        return (columns, int(made[0][0]) if made and made[0][0] is not None else None,
+                str(made[0][1] or "") if made else "")
 
     def sequence_definition(self, schema: str, table: str) -> str | None:
         """``SHOW CREATE SEQUENCE`` of a sequence whose state rows are handed on (None when they are

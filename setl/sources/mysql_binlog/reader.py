@@ -62,7 +62,7 @@ def start_reader(server: SourceServer, opening: Opening, settings: ReaderSetting
     pipeline = settings.pipeline
     lookups = TableLookups(server.lookups, pipeline=pipeline, sequences=settings.sequences)  # fresh caches
     assembler = _Assembler(position or Position("", 0), settings.max_rows_in_memory, gtids,
-                           PreparedXa(server, lookups.table_kind, pipeline).rows,
+                           PreparedXa(server, lookups.table_kind, pipeline, lookups.temporal_precisions).rows,
                            lookups.transactional, selects, KnownTables(opening.tables))
     assembler.kind_of = lookups.table_kind
     assembler.reads = reads
@@ -73,7 +73,7 @@ def start_reader(server: SourceServer, opening: Opening, settings: ReaderSetting
     reader = BinlogReader(server, handoff, figures, server_id=settings.server_id, flavor=opening.flavor,
                           reconnect_timeout=settings.reconnect_timeout, backoff=backoff, pipeline=pipeline,
                           table_maps=TableMapCache() if settings.table_map_cache else None,
-                          row_decoders=fast.RowDecoders(compiled=settings.fast_decoder),
+                          row_decoders=fast.RowDecoders(settings.fast_decoder, lookups.temporal_precisions),
                           row_counter=RowCounter(settings.fast_decoder))
     reader.unselected = assembler.unselected
     reader.start(assembler, position, gtid_start)

@@ -20,6 +20,8 @@ from typing import Any
 
 from pymysqlreplication.constants import NONE_SOURCE
 
+from setl.model import InvalidDate
+
 # field types (pymysqlreplication.constants.FIELD_TYPE)
 T_DECIMAL, T_TINY, T_SHORT, T_LONG, T_FLOAT, T_DOUBLE, T_NULL, T_TIMESTAMP = 0, 1, 2, 3, 4, 5, 6, 7
 T_LONGLONG, T_INT24, T_DATE, T_TIME, T_DATETIME, T_YEAR, T_VARCHAR, T_BIT = 8, 9, 10, 11, 12, 13, 15, 16
@@ -31,8 +33,14 @@ SUPPORTED = frozenset({T_TINY, T_SHORT, T_LONG, T_FLOAT, T_DOUBLE, T_TIMESTAMP, 
                        T_TIME, T_DATETIME, T_YEAR, T_VARCHAR, T_BIT, T_TIMESTAMP2, T_DATETIME2, T_TIME2, T_JSON,
                        T_NEWDECIMAL, T_ENUM, T_SET, T_BLOB, T_STRING, T_GEOMETRY})
 #: the pre-5.6 TIME, DATETIME and TIMESTAMP (MySQL 5.5's, without fractions; MariaDB logs its own
-#: fractional formats under the same types: `fast.RowDecoders` refuses them there)
+#: fractional formats under the same types: `fast.RowDecoders` gives their precision, `hires_fsp`)
 OLD_TEMPORALS = frozenset({T_TIME, T_DATETIME, T_TIMESTAMP})
+#: MariaDB's pre-10.1 fractional TIME, DATETIME and TIMESTAMP (``Field_*_hires``): bytes by precision 1-6
+TIME_HIRES_BYTES = (3, 4, 4, 5, 5, 5, 6)
+DATETIME_HIRES_BYTES = (5, 6, 6, 7, 7, 7, 8)
+TIMESTAMP_HIRES_BYTES = (4, 5, 5, 6, 6, 7, 7)
+#: a fractional TIME's bias (``zero_point``): TIME's largest value, 838:59:59, plus one second, in micros
+_TIME_ZERO = 3_020_400 * 1_000_000
 _INTS = {T_TINY: 1, T_SHORT: 2, T_INT24: 3, T_LONG: 4, T_LONGLONG: 8}
 _COMPRESSED_BYTES = (0, 1, 1, 2, 2, 3, 3, 4, 4, 4)
 _NULL = NONE_SOURCE.NULL
@@ -74,6 +82,34 @@ def time2_value(data: bytes, fsp: int) -> datetime.timedelta:
                                      microseconds=micros)
 
 
+def hires_time_value(packed: int, fsp: int) -> datetime.timedelta:
+    """A TIME(fsp) of MariaDB's pre-10.1 format (``Field_time_hires``): its big-endian bytes hold the
+    microseconds (negative below zero) divided by 10^(6-fsp), plus the bias `_TIME_ZERO` so divided."""
+    scale = 10 ** (6 - fsp)
+    return datetime.timedelta(microseconds=(packed - _TIME_ZERO // scale) * scale)
+
+
+def hires_timestamp_value(seconds: int, micros: int, fsp: int) -> datetime.datetime | InvalidDate:
+    """A TIMESTAMP(fsp) of MariaDB's pre-10.1 format (``Field_timestamp_hires``) from its seconds since
+    the epoch and its microseconds: a zero TIMESTAMP as `InvalidDate` with the server's text."""
+    if not seconds and not micros:
+        return InvalidDate("0000-00-00 00:00:00." + "0" * fsp)
+    moment = datetime.datetime.utcfromtimestamp(seconds)
+    return moment.replace(microsecond=micros) if micros > 0 else moment
+
+
+def hires_datetime_parts(packed: int, fsp: int) -> tuple[int, int, int, int, int, int, int]:
+    """A DATETIME(fsp) of MariaDB's pre-10.1 format (``Field_datetime_hires``, ``pack_time``): year,
+    month, day, hour, minute, second, microseconds."""
+    rest, micros = divmod(packed * 10 ** (6 - fsp), 1_000_000)
+    rest, second = divmod(rest, 60)
+    rest, minute = divmod(rest, 60)
+    rest, hour = divmod(rest, 24)
+    rest, day = divmod(rest, 32)
+    year, month = divmod(rest, 13)
+    return year, month, day, hour, minute, second, micros
+
+
 def bit_value(data: bytes, bits: int) -> str:
     """BIT(bits) as the string of its bits, most significant first (what setl's images turn into an int)."""
     return format(int.from_bytes(data, "big") & ((1 << bits) - 1), f"0{bits}b")
@@ -113,6 +149,10 @@ class _Column:
             if column.length_size not in (1, 2, 3, 4):
                 raise Unreadable(f"{name}: length size {column.length_size}")
             self.size = column.length_size
+        elif kind in OLD_TEMPORALS:  # MariaDB's fractional formats carry it beside the table map
+            if (getattr(column, "hires_fsp", 0) or 0) not in range(7):
+                raise Unreadable(f"{name}: fractional seconds {column.hires_fsp}")
+            self.fsp = getattr(column, "hires_fsp", 0) or 0
         elif kind in (T_DATETIME2, T_TIMESTAMP2, T_TIME2):
             if (column.fsp or 0) not in range(7):
                 raise Unreadable(f"{name}: fractional seconds {column.fsp}")
@@ -293,6 +333,8 @@ class RowDecoder:
         if kind == T_BIT:
             pos = self._take(column, at, column.size, end)
             return bit_value(data[pos:pos + column.size], column.bits)
+        if column.fsp and kind in OLD_TEMPORALS:
+            return self._hires(column, data, at, end)
         if kind == T_TIMESTAMP:
             pos = self._take(column, at, 4, end)
             return datetime.datetime.utcfromtimestamp(int.from_bytes(data[pos:pos + 4], "little"))
@@ -305,6 +347,23 @@ class RowDecoder:
             pos = self._take(column, at, 3, end)
             return old_time_value(int.from_bytes(data[pos:pos + 3], "little"))
         raise Corrupt(f"{column.name}: column type {kind}")
+
+    def _hires(self, column: _Column, data: bytes, at: list[int], end: int) -> Any:
+        """A TIME, DATETIME or TIMESTAMP of MariaDB's pre-10.1 fractional formats (sql/field.cc)."""
+        fsp, kind = column.fsp, column.kind
+        if kind == T_TIMESTAMP:  # seconds, then the fraction divided by 10^(6-fsp), both big-endian
+            n = TIMESTAMP_HIRES_BYTES[fsp]
+            pos = self._take(column, at, n, end)
+            micros = int.from_bytes(data[pos + 4:pos + n], "big") * 10 ** (6 - fsp)
+            if micros >= 1_000_000:
+                raise Corrupt(f"{column.name}: a fraction of {micros} microseconds")
+            return hires_timestamp_value(int.from_bytes(data[pos:pos + 4], "big"), micros, fsp)
+        n = (TIME_HIRES_BYTES if kind == T_TIME else DATETIME_HIRES_BYTES)[fsp]
+        pos = self._take(column, at, n, end)
+        packed = int.from_bytes(data[pos:pos + n], "big")
+        if kind == T_TIME:
+            return hires_time_value(packed, fsp)
+        return self.make_datetime(*hires_datetime_parts(packed, fsp), fsp)
 
     def _fsp(self, column: _Column, data: bytes, at: list[int], end: int) -> int:
         """The fraction of a temporal value in microseconds."""

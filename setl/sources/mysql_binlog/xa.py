@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import pymysql
 
@@ -14,7 +15,7 @@ from setl.model import Position
 from setl.sources.mysql_binlog.assembler import _EVENTS, _POSITION_EVENTS
 from setl.sources.mysql_binlog.connector import _Connector
 from setl.sources.mysql_binlog.decoding import TableKind, XaKey, _Item, _row_items, _TableInfo
-from setl.sources.mysql_binlog.fast import FastStream
+from setl.sources.mysql_binlog.fast import FastStream, RowDecoders
 from setl.sources.mysql_binlog.server import SourceServer
 from setl.sources.mysql_binlog.statements import _XA_END
 from setl.sources.mysql_binlog.stream import BinlogStream
@@ -32,10 +33,12 @@ class PreparedXa:
     any more is a `SourceError` naming the XA COMMIT's position.
     """
 
-    def __init__(self, server: SourceServer, table_kind: Callable[[str, str], TableKind], pipeline: str = "") -> None:
+    def __init__(self, server: SourceServer, table_kind: Callable[[str, str], TableKind], pipeline: str = "",
+                 precisions: Callable[[str, str], Any] | None = None) -> None:
         self.server = server
         self.table_kind = table_kind
         self.pipeline = pipeline
+        self.precisions = precisions  # MariaDB's pre-10.1 temporal columns' (`fast.RowDecoders`)
 
     def rows(self, key: XaKey, start: Position | None, commit: Position) -> list[_Item]:
         """The row changes of prepared XA transaction `key`, read again from the binlog (runs on the
@@ -74,7 +77,7 @@ class PreparedXa:
         # pipeline's own stream (a second reader with its server_id would).
         stream = BinlogStream(connector, self.server.stream_settings(), server_id=0, at=start, gtid=None,
                               flavor="", events=_EVENTS, table_maps=None, blocking=False)
-        reader = FastStream(stream, None)
+        reader = FastStream(stream, RowDecoders(precisions=self.precisions))
         tables: dict[int, _TableInfo] = {}
         group: list[_Item] = []
         found: list[_Item] | None = None
