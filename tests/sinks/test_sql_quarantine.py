@@ -182,7 +182,7 @@ def test_kept_changes_large_many_and_oddly_named_come_back_exact_at_replay(
         def sink() -> SqlLoad:
             return PostgresqlLoad(postgres_server.target_config(postgres_db), pipeline=pipeline,
                                   on_table_error="quarantine", initial_backoff=0.01)
-        fix = "ALTER TABLE dw.bad ALTER COLUMN v TYPE text"
+        fix = 'ALTER TABLE "dw"."bad" ALTER COLUMN "v" TYPE text'  # quoted: PostgreSQL, not the DDL corpus
     good, bad = Changes(schema, "good"), Changes(schema, "bad")
 
     def value(i: int) -> str:
