@@ -160,6 +160,14 @@ def setl_with_reader_process(tmp_path, mariadb_source, source_db, mariadb_target
     return setl
 
 
+def first_reader_process(setl: SetlProcess, proc) -> int:
+    """The pid of the node's one reader process, once the pipeline has acked a first batch."""
+    wait_until(lambda: setl.acked() is not None and len(children(proc.pid)) == 1, timeout=60,
+               message=f"a first ack and one reader process; log:\n{setl.logs()[-3000:]}")
+    (child,) = children(proc.pid)
+    return child
+
+
 def test_kill_9_of_the_reader_process_rolls_back_and_reads_again(tmp_path, mariadb_source, source_db,
                                                                  mariadb_target, mysql_db):
     """A SIGKILL of the reader process mid-run: the pipeline names it in one line, rolls back to its
@@ -167,9 +175,7 @@ def test_kill_9_of_the_reader_process_rolls_back_and_reads_again(tmp_path, maria
     setl = setl_with_reader_process(tmp_path, mariadb_source, source_db, mariadb_target, mysql_db, 7911)
     write(mariadb_source, source_db, 1, 400)
     with spawned(setl) as proc:
-        wait_until(lambda: setl.acked() is not None and len(children(proc.pid)) == 1, timeout=60,
-                   message=f"a first ack and one reader process; log:\n{setl.logs()[-3000:]}")
-        (child,) = children(proc.pid)
+        child = first_reader_process(setl, proc)
         write(mariadb_source, source_db, 1000, 600)
         os.kill(child, signal.SIGKILL)
         write(mariadb_source, source_db, 3000, 200)
@@ -191,9 +197,7 @@ def test_kill_9_of_the_node_ends_its_reader_process(tmp_path, mariadb_source, so
     setl = setl_with_reader_process(tmp_path, mariadb_source, source_db, mariadb_target, mysql_db, 7921)
     write(mariadb_source, source_db, 1, 400)
     with spawned(setl) as proc:
-        wait_until(lambda: setl.acked() is not None and len(children(proc.pid)) == 1, timeout=60,
-                   message=f"a first ack and one reader process; log:\n{setl.logs()[-3000:]}")
-        (child,) = children(proc.pid)
+        child = first_reader_process(setl, proc)
         write(mariadb_source, source_db, 1000, 600)
         proc.kill()
         proc.wait(10)

@@ -159,8 +159,7 @@ class BinlogReader:
                         if held > last_held:  # the rows held peaked inside the read, before any hand-on
                             figures.buffered(handoff.queued_with(held))
                         if txs:
-                            # the commit's whole second, from the event's header (setl's values keep it there)
-                            stamp: int = getattr(getattr(event, "header", None), "timestamp", 0) or 0
+                            stamp: int = event.header.timestamp or 0  # the commit's whole second
                             if stamp:
                                 now = time.time()
                                 if stamp <= now < stamp + 1:
