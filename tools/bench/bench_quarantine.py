@@ -45,6 +45,9 @@ import yaml
 
 from setl.testing.servers import MariaDBServer, PostgresServer
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from catchup import peak_rss_mib  # the same VmHWM reading for every bench
+
 TABLES = ("t1", "t2", "t3", "t4")
 PG_DATABASE = "bench_q"
 
@@ -101,17 +104,6 @@ class Target:
         if self.kind == "postgresql":
             return self.server.connect(dbname=PG_DATABASE)
         return pymysql.connect(**self.server.connect_args(autocommit=True))
-
-
-def peak_rss_mib(pid: int) -> float:
-    """The process's peak resident set (VmHWM)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
 
 
 def server_cpu(pid: int | None) -> float:
