@@ -75,10 +75,12 @@ def resume(meta: MetaStore, name: str) -> ActionResult:
         return ActionResult(name, "resume", (f"{name} is not paused ({state.status.value})",), changed=False,
                             data={"status": state.status.value})
     # A resume that comes before the node saw the pause: the process still runs the pipeline (its
-    # fresh beat says streaming), so it is running, not stopped. Should the node be stopping it
-    # meanwhile, its teardown writes STOPPED over this and the node starts it again at once.
+    # beat is fresh and does not say it stopped; the first beat of a start carries no figures yet),
+    # so it is running, not stopped. Should the node be stopping it meanwhile, its teardown writes
+    # STOPPED over this and the node starts it again at once; a node that already stopped it and
+    # waits on the pause sees no pause at its next look and starts it.
     live = meta.liveness(name)
-    streaming = (live is not None and not live.stale(time.time()) and live.figures.get("streaming") is True
+    streaming = (live is not None and not live.stale(time.time()) and live.figures.get("streaming") is not False
                  and state.error is None)
     status = Status.RUNNING if streaming else Status.STOPPED
     meta.set_state(name, status, error=None, node=live.node if streaming and live is not None else state.node)
