@@ -23,7 +23,7 @@ from setl.sinks.mysql import MysqlLoad
 from setl.sources.mysql_binlog import MysqlBinlogSource
 from setl.stages.extract import TableExtract
 from setl.stages.transform import Transform
-from tests.e2e.setl_process import SetlProcess, mysql_source, mysql_target, spawned
+from tests.e2e.setl_process import SetlProcess, spawned
 
 from .replicate import binlog_head, table_rule
 from .test_quarantine import SETTINGS_SMALL, TABLES, make_mysql_targets, make_source, source_rows, write
@@ -321,45 +321,48 @@ def test_three_tables_under_writes_stay_equal_while_a_statement_quarantines_one_
     assert sql_target.kept("bad") == []
 
 
-def test_kill_9_during_a_statement_quarantine_ends_exact(mariadb_source, source_db, mariadb_target, mysql_db,
-                                                         tmp_path):
+@pytest.fixture(params=["mariadb", "postgresql"])
+def three_tables(request: pytest.FixtureRequest) -> Target:
+    return make_target(request, request.param, TABLES)
+
+
+def test_kill_9_during_a_statement_quarantine_ends_exact(mariadb_source, source_db, three_tables: Target, tmp_path):
     """`setl start` killed -9 while it keeps the changes of a table a STATEMENT-logged UPDATE quarantines
     (before COMMIT), then right after that batch (before its ack): the other tables end equal, the table
-    is kept from the statement once and in order, and `setl snapshot --table` ends every table equal."""
+    is kept from the statement on, once and in order, and `setl snapshot --table` ends every table equal
+    (MariaDB and PostgreSQL)."""
+    target = three_tables
     make_source(mariadb_source, source_db)
-    make_mysql_targets(mariadb_target, mysql_db, bad="v VARCHAR(20)")
     start = binlog_head(mariadb_source)
     write(mariadb_source, source_db, 1)
     statement_update(mariadb_source, source_db)
     after = binlog_head(mariadb_source)
     write(mariadb_source, source_db, 100)
-    setl = SetlProcess(tmp_path, source=mysql_source(mariadb_source, start={"file": start.log, "pos": start.offset}),
-                       target=mysql_target(mariadb_target),
-                       tables=[{"source": rf"{source_db}\..*", "target": f"{mysql_db}.{{table}}"}],
-                       pipeline={"on_table_error": "quarantine", "create_tables": False,
-                                 "batch": {"max_rows": 20, "max_wait_ms": 20},
-                                 "retry": {"max_attempts": 2, "initial_backoff_ms": 10, "max_backoff_ms": 20}})
+    setl = setl_for(tmp_path, mariadb_source, start, source_db, target,
+                    retry={"max_attempts": 2, "initial_backoff_ms": 10, "max_backoff_ms": 20})
+    setl.config["pipeline"]["batch"] = {"max_rows": 20, "max_wait_ms": 20}
+    setl.write_config()
     setl.faults = json.dumps([{"stage": "quarantine_kept", "action": "crash"}])
     crashed = setl.start_until_caught_up()
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
-    assert kept(mariadb_target, mysql_db, "bad", "setl") == []  # the quarantining transaction never committed
+    assert target.kept("bad") == []  # the quarantining transaction never committed
     setl.faults = json.dumps([{"stage": "termin", "action": "crash"}])
     crashed = setl.start_until_caught_up()
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
-    assert kept(mariadb_target, mysql_db, "bad", "setl") != [], "the batch that quarantined the table committed"
+    assert target.kept("bad") != [], "the batch that quarantined the table committed"
     setl.faults = None
     done = setl.start_until_caught_up()
     assert done.returncode == 0, done.stderr[-3000:]
     for table in ("a", "b"):
-        assert target_rows(mariadb_target, mysql_db, table) == source_rows(mariadb_source, source_db, table), table
-    positions = kept(mariadb_target, mysql_db, "bad", "setl")
+        assert target.rows(table) == source_rows(mariadb_source, source_db, table), table
+    positions = [tuple(p) for p in target.kept("bad")]
     assert positions == sorted(positions) and len(set(positions)) == len(positions), positions
     assert positions[0] == (after.log, after.offset, 0), (positions[0], after)  # kept from the statement on
-    assert target_rows(mariadb_target, mysql_db, "bad") != source_rows(mariadb_source, source_db, "bad")
+    assert target.rows("bad") != source_rows(mariadb_source, source_db, "bad")
     asked = setl.run("snapshot", "--pipeline", setl.name, "--table", f"{source_db}.bad")
     assert asked.returncode == 0, asked.stdout + asked.stderr
     done = setl.start_until_caught_up()
     assert done.returncode == 0, done.stderr[-3000:]
     for table in TABLES:
-        assert target_rows(mariadb_target, mysql_db, table) == source_rows(mariadb_source, source_db, table), table
-    assert kept(mariadb_target, mysql_db, "bad", "setl") == []
+        assert target.rows(table) == source_rows(mariadb_source, source_db, table), table
+    assert target.kept("bad") == []
