@@ -15,7 +15,7 @@ from typing import Any
 import pymysql
 import pytest
 
-from setl.errors import SourceError
+from setl.errors import SourceError, TableRefused
 from setl.meta.sqlite import SqliteMetaStore
 from setl.model import STATEMENT_LOGGED, Position
 from setl.scheduler import Outcome, Scheduler
@@ -146,6 +146,38 @@ def test_a_statement_inside_a_split_transaction_quarantines_its_table_at_its_own
     assert positions[:11] == [(tx_start.log, tx_start.offset, n) for n in [26, *range(37, 47)]], positions
     assert len(positions) > 11 and positions == sorted(positions), positions  # the later transactions' rows
     assert all(not v.startswith("s") for _, v in target_rows(mariadb_target, mysql_db, "bad"))
+
+
+def test_a_statement_kept_for_a_table_quarantined_for_a_value_stops_its_replay_there(
+        mariadb_source, source_db, mariadb_target, mysql_db, tmp_path):
+    """A table quarantined for a value the target refuses, then written by a STATEMENT-logged UPDATE:
+    the marker is kept in order among its changes; after the fix the replay applies what precedes
+    it and stops at it with the one line naming the statement and `setl snapshot`, the table still
+    quarantined with the marker first among what is left."""
+    make_source(mariadb_source, source_db)
+    make_mysql_targets(mariadb_target, mysql_db)  # bad.v is VARCHAR(5)
+    start = binlog_head(mariadb_source)
+    write(mariadb_source, source_db, 1, long_at=5)
+    at = binlog_head(mariadb_source)
+    statement_update(mariadb_source, source_db)
+    after = binlog_head(mariadb_source)
+    write(mariadb_source, source_db, 100)
+    run(mariadb_source, start, source_db, mysql_db, mysql_load(mariadb_target, mysql_db), tmp_path)
+    load = mysql_load(mariadb_target, mysql_db)
+    [found] = load.quarantined()
+    assert "Data too long" in found.cause, found
+    held = kept(mariadb_target, mysql_db, "bad")
+    assert (after.log, after.offset, 0) in held, (held, after)
+    mariadb_target.query(f"ALTER TABLE `{mysql_db}`.bad MODIFY v VARCHAR(20)")
+    with pytest.raises(TableRefused, match=STATEMENT_LOGGED) as refused:
+        load.replay(f"{mysql_db}.bad", chunk=1000)
+    load.close()
+    assert "\n" not in str(refused.value) and "setl snapshot --table" in str(refused.value), refused.value
+    left = kept(mariadb_target, mysql_db, "bad")
+    assert left == held[held.index((after.log, after.offset, 0)):], (left, held)
+    assert all(p[:2] <= (at.log, at.offset) for p in held[:held.index(left[0])]), held
+    [still] = mysql_load(mariadb_target, mysql_db).quarantined()
+    assert still.table == f"{mysql_db}.bad", still
 
 
 def test_statements_setl_cannot_give_one_table_still_stop_the_pipeline(mariadb_source, source_db, mariadb_target,
