@@ -46,14 +46,16 @@ def statement_session(server: Any, *, autocommit: bool = False) -> Iterator[Any]
 
 
 def run(source: Any, start: Position, source_db: str, target_db: str, load: MysqlLoad, tmp_path: Any, *,
-        markers: bool = True, tables: str = ".*", outcome: Outcome = Outcome.CAUGHT_UP) -> Scheduler:
+        markers: bool = True, tables: str = ".*", outcome: Outcome = Outcome.CAUGHT_UP,
+        reader_process: bool = False) -> Scheduler:
     """Pipeline `load.pipeline` from `start` (or the target's position) until it acked the binlog's end,
     its source handing on statement markers as under ``on_table_error: quarantine`` with an SQL target
-    (`markers`), or not (``pause``)."""
+    (`markers`), or not (``pause``); its reader in a process of its own with `reader_process`."""
     name = load.pipeline
     select = MysqlBinlogSource(host=source.host, port=source.port, user=source.user, password=source.password,
                                server_id=next(_server_ids), flavor="mariadb", start=start, pipeline=name,
-                               statement_markers=markers, max_rows_in_memory=SETTINGS_SMALL.batch.max_rows)
+                               statement_markers=markers, max_rows_in_memory=SETTINGS_SMALL.batch.max_rows,
+                               reader_process=reader_process)
     meta = SqliteMetaStore(tmp_path / f"{name}.db")
     rules = [table_rule(rf"{source_db}\.{tables}", f"{target_db}.{{table}}")]
     scheduler = Scheduler(name, SETTINGS_SMALL, select, TableExtract(rules, pipeline=name), Transform(), load, meta)
@@ -114,12 +116,14 @@ def test_under_pause_a_row_logged_as_a_statement_stops_the_pipeline(mariadb_sour
     assert mysql_load(mariadb_target, mysql_db).quarantined() == []
 
 
+@pytest.mark.parametrize("reader_process", [False, True], ids=["reader_thread", "reader_process"])
 def test_a_statement_inside_a_split_transaction_quarantines_its_table_at_its_own_position(
-        mariadb_source, source_db, mariadb_target, mysql_db, tmp_path):
-    """A transaction setl splits (45 row changes, batches of 20) holding a STATEMENT-logged UPDATE of one
+        mariadb_source, source_db, mariadb_target, mysql_db, tmp_path, reader_process):
+    """A transaction setl splits (45 row changes, batches of 20) holding a MIXED-logged UPDATE of one
     table after 25 rows: that table is quarantined at the statement's ordinal in the transaction
     (LOG:START+26) with the rows after it kept, the other tables end equal, the cause names the
-    statement and a snapshot; a later transaction's rows of the table are kept too."""
+    statement and a snapshot; a later transaction's rows of the table are kept too (the reader in the
+    node's process, and in a process of its own)."""
     make_source(mariadb_source, source_db)
     make_mysql_targets(mariadb_target, mysql_db, bad="v VARCHAR(20)")
     start = binlog_head(mariadb_source)
@@ -135,7 +139,8 @@ def test_a_statement_inside_a_split_transaction_quarantines_its_table_at_its_own
                         [(i,) for i in range(500, 510)])
         conn.commit()
     write(mariadb_source, source_db, 100)
-    run(mariadb_source, start, source_db, mysql_db, mysql_load(mariadb_target, mysql_db), tmp_path)
+    run(mariadb_source, start, source_db, mysql_db, mysql_load(mariadb_target, mysql_db), tmp_path,
+        reader_process=reader_process)
     for table in ("a", "b"):
         assert target_rows(mariadb_target, mysql_db, table) == source_rows(mariadb_source, source_db, table), table
     [found] = mysql_load(mariadb_target, mysql_db).quarantined()
