@@ -68,6 +68,9 @@ class BuildContext:
     node: NodeSettings = attrs.field(factory=_default_node)
     selects: Callable[[str, str], bool] = attrs.field(default=lambda schema, table: True, eq=False)
     sequences: bool = False
+    #: whether a binlog source hands on a row change logged as a statement as a marker that
+    #: quarantines its table (``on_table_error: quarantine`` and a target that keeps a quarantine)
+    statement_markers: bool = False
     #: the pipeline's ``conflicts:`` block and ``site`` as its target applies them (None: no detection)
     conflicts: ConflictPolicy | None = None
 
@@ -332,11 +335,13 @@ def for_node(node: NodeSettings) -> ConnectorRegistry:
 
 
 def build_select(config: PipelineConfig, node: NodeSettings,
-                 selects: Callable[[str, str], bool] | None = None, sequences: bool = False) -> Select:
+                 selects: Callable[[str, str], bool] | None = None, sequences: bool = False,
+                 statement_markers: bool = False) -> Select:
     """The pipeline's source, built by its connector (not opened); `selects(schema, table)` tells
     which source tables the pipeline's rules replicate (all, when not given); `sequences`, whether
-    the pipeline's target applies sequence state rows (`BuildContext.sequences`)."""
-    context = attrs.evolve(BuildContext.of(config, node), sequences=sequences)
+    the pipeline's target applies sequence state rows (`BuildContext.sequences`); `statement_markers`,
+    whether a row change logged as a statement quarantines its table (`BuildContext.statement_markers`)."""
+    context = attrs.evolve(BuildContext.of(config, node), sequences=sequences, statement_markers=statement_markers)
     if selects is not None:
         context = attrs.evolve(context, selects=selects)
     return for_node(node).source(config.source.type).create(config.source, context)
@@ -412,7 +417,8 @@ def mysql_source() -> SourceConnector[Any]:
         return MysqlBinlogSource.from_config(config, pipeline=context.name,
                                              max_rows_in_memory=context.settings.batch.max_rows,
                                              selects=context.selects, reads=reads, sequences=context.sequences,
-                                             reader_process=context.node.sources.reader_process)
+                                             reader_process=context.node.sources.reader_process,
+                                             statement_markers=context.statement_markers)
 
     return SourceConnector("mysql", MysqlSourceConfig, build, SelectCapabilities(reports_head=True, snapshots=True),
                            help="a MySQL or MariaDB server's binary log")

@@ -233,7 +233,10 @@ class DdlChange:
     source ran non-strict (cutting existing values) is not refused by a strict target session.
     `refused` says why the table's ``schema_changes`` policy refuses the statement (decided once,
     where Extract routes it: `setl.ddl.policy`): every target raises `refusal` at it, applying
-    nothing of it.
+    nothing of it. `logged_rows` marks no DDL but a row change logged as a statement (`statement`
+    is its text, `refused` why), handed on in its place by a source under ``on_table_error:
+    quarantine`` (docs/quarantine.md): every target raises `refusal` at it too, and Extract routes
+    it to its table's target as it is.
     """
 
     schema: str
@@ -245,6 +248,7 @@ class DdlChange:
     sql_mode: str | None = attrs.field(default=None, kw_only=True, eq=False, repr=False)
     source: TableName | None = attrs.field(default=None, kw_only=True, eq=False, repr=False)
     refused: str | None = attrs.field(default=None, kw_only=True)
+    logged_rows: bool = attrs.field(default=False, kw_only=True)
     #: the statement's one model (`setl.ddl.Statement`), parsed where the change is made (the
     #: source) and read by every later stage; its text is `statement` (checked), so a change made
     #: with another statement must bring that statement's model: `with_ddl`
@@ -270,6 +274,15 @@ class DdlChange:
         """The error a target raises at a statement its table's policy refuses (`refused`): one
         line naming the table, the position, the policy and the statement, and what to do."""
         source = f" (source {self.source})" if self.source is not None else ""
+        if self.logged_rows:
+            copy = self.source or self.qualified_table
+            return TableRefused(
+                f"{STATEMENT_LOGGED} (the session ran with binlog_format STATEMENT or MIXED){source}: "
+                f"{' '.join(self.statement.split())[:200]}; {self.refused}. Its table stops here (quarantined, its "
+                "later changes kept) and only a copy brings it back: SET GLOBAL binlog_format=ROW (and in the writing "
+                f"sessions), then `setl snapshot --table {copy}` (a replay of what is kept is refused); "
+                "docs/quarantine.md", pipeline=pipeline or None, stage="load", table=self.qualified_table, batch=batch,
+                position=position)
         return TableRefused(
             f"{SCHEMA_REFUSED}{source}: {self.refused}; not applied: {' '.join(self.statement.split())}; "
             "the target is left as it was before it. To take it, set a schema_changes policy that applies it on "
@@ -281,12 +294,24 @@ class DdlChange:
         """The marker a snapshot hands on once `table`'s copy is all handed on (`copy_end`)."""
         return cls(table.schema, table.table, "", position, copy_end=True)
 
+    @classmethod
+    def rows_logged_as_statement(cls, schema: str, table: str, statement: str, position: Position | None
+                                 ) -> "DdlChange":
+        """The marker a source hands on in the place of a row change to `schema`.`table` logged as
+        `statement` (`logged_rows`): setl has no row images for it."""
+        return cls(schema, table, statement, position, logged_rows=True, refused=STATEMENT_UNKNOWN)
+
 
 Change = RowChange | DdlChange
 
 #: How every error of a statement refused by its table's ``schema_changes`` policy begins (after
 #: its context): what `setl verify` knows a stopped table by.
 SCHEMA_REFUSED = "schema change refused"
+#: How every error of a row change logged as a statement begins (after its context), and the cause a
+#: quarantine of its table records: what a replay knows a table only a copy brings back by.
+STATEMENT_LOGGED = "a row change logged as a statement"
+#: Why setl cannot apply such a change (`DdlChange.refused` of its marker).
+STATEMENT_UNKNOWN = "setl has no row images for it, so what it changed on the source is unknown"
 
 
 @attrs.frozen

@@ -200,10 +200,10 @@ def test_a_sink_built_by_hand_declares_what_its_connector_declares(tmp_path):
                "mysql": MysqlLoad, "postgresql": PostgresqlLoad}
     for name, load in by_hand.items():
         assert load.capabilities == connectors.target(name).capabilities, name
-    sql = LoadCapabilities(per_table=True, stores_position=True, copy_end=True)
+    sql = LoadCapabilities(per_table=True, stores_position=True, copy_end=True, quarantine=True)
     assert PostgresqlLoad.capabilities == sql
     assert MysqlLoad.capabilities == LoadCapabilities(per_table=True, stores_position=True, sequences=True,
-                                                      copy_end=True)
+                                                      copy_end=True, quarantine=True)
 
 
 def test_ddl_tasks_need_a_target_with_actions(tmp_path):

@@ -37,7 +37,8 @@ def build_select(node: NodeSettings, config: PipelineConfig, plan: RoutingPlan |
     if plan is None:  # only which tables the rules select; transform steps are not needed here
         plan = RoutingPlan.compile(config.tables, pipeline=config.name, file=config.file or None)
     try:
-        return connectors.build_select(config, node, selects=plan.selects, sequences=_applies_sequences(node, config))
+        return connectors.build_select(config, node, selects=plan.selects, sequences=_applies_sequences(node, config),
+                                       statement_markers=_marks_statements(node, config))
     except SetlError as exc:
         exc.with_context(file=config.file, pipeline=config.name)
         raise
@@ -48,6 +49,18 @@ def _takes_copy_end(node: NodeSettings, config: PipelineConfig) -> bool:
     (`setl.stages.load.LoadCapabilities.copy_end`: a re-copy switches tables there)."""
     try:
         return connectors.for_node(node).target(config.target.type).capabilities.copy_end
+    except SetlError:
+        return False
+
+
+def _marks_statements(node: NodeSettings, config: PipelineConfig) -> bool:
+    """Whether a row change logged as a statement is to quarantine its table rather than stop the
+    pipeline: ``on_table_error: quarantine`` with a target connector that keeps a quarantine
+    (`setl.stages.load.LoadCapabilities.quarantine`; docs/quarantine.md)."""
+    if config.pipeline.on_table_error != "quarantine":
+        return False
+    try:
+        return connectors.for_node(node).target(config.target.type).capabilities.quarantine
     except SetlError:
         return False
 

@@ -273,7 +273,8 @@ class MysqlLoad(SqlLoad[Connection]):
     """Loads batches into MySQL or MariaDB (see the module docstring and `SqlLoad`)."""
 
     dialect = "mysql"
-    capabilities = LoadCapabilities(per_table=True, stores_position=True, sequences=True, copy_end=True)
+    capabilities = LoadCapabilities(per_table=True, stores_position=True, sequences=True, copy_end=True,
+                                    quarantine=True)
     config: MysqlTargetConfig
     sql: MysqlDialect
     positions: MysqlPositionStore

@@ -100,7 +100,7 @@ class SqlLoad(Load, Generic[C]):
     """
 
     dialect = "sql"
-    capabilities = LoadCapabilities(per_table=True, stores_position=True, copy_end=True)
+    capabilities = LoadCapabilities(per_table=True, stores_position=True, copy_end=True, quarantine=True)
 
     def __init__(
         self,

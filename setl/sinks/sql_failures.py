@@ -10,7 +10,7 @@ from typing import Any, Protocol, TypeVar
 
 from setl.ddl import Statement
 from setl.errors import LoadError, RefusedLoadError, TableRefused, TransientLoadError
-from setl.model import Batch, DdlChange
+from setl.model import STATEMENT_LOGGED, Batch, DdlChange, Quarantined
 from setl.retry import call_with_retries
 from setl.tls import tls_failure
 
@@ -95,6 +95,16 @@ def ddl_refused(cause: str, change: DdlChange, statement: Statement, context: di
         f"the target refuses this DDL ({cause}): {text}; nothing of it is applied. Fix the cause on the target, then "
         "resume (a quarantined table: `setl resume --table` applies it first, then its kept rows); "
         "docs/quarantine.md", **context)
+
+
+def refuse_replay(pipeline: str, found: Quarantined) -> None:
+    """Raise a `TableRefused` when quarantined table `found` cannot be replayed: its quarantine began
+    at a row change logged as a statement (`setl.model.DdlChange.logged_rows`), whose rows setl never
+    had, so nothing kept can stand in for it; only a copy (`setl snapshot --table`) brings it back."""
+    if found.cause.startswith(STATEMENT_LOGGED):
+        raise TableRefused(f"{found.table} cannot be replayed, a snapshot is needed (`setl snapshot --table` of its "
+                           f"source table): its quarantine began at {found.first} with {found.cause}",
+                           pipeline=pipeline, stage="load", table=found.table, position=found.first)
 
 
 class LoadFailures:

@@ -27,7 +27,7 @@ from setl.routing import flat_name
 from setl.sinks.conflicts import ConflictStep, first_images
 from setl.sinks.merge import TableChanges
 from setl.sinks.sql_dialect import RowWriter, SqlDialect
-from setl.sinks.sql_failures import CurrentTable
+from setl.sinks.sql_failures import CurrentTable, refuse_replay
 from setl.sinks.sql_fence import TargetFence
 from setl.sinks.sql_positions import PositionStore
 from setl.sinks.sql_quarantine import Quarantine, Quarantined, encode
@@ -224,6 +224,7 @@ def replay_kept(path: LoadPath[C], conn: C, table: str, chunk: int, number: int,
     if found is None:
         raise LoadError(f"table {table} is not quarantined (nothing to replay)", pipeline=path.pipeline,
                         stage="load", table=table)
+    refuse_replay(path.pipeline, found)
     kept = store.first_kept(conn, table, chunk)
     # A DDL commits on some targets: it goes alone, and never in the transaction that ends the quarantine.
     ddl = next((i for i, k in enumerate(kept) if isinstance(k.change, DdlChange)), None)

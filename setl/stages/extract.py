@@ -172,8 +172,9 @@ class TableExtract(Extract):
         the columns its include/exclude lists leave out cut (see `setl.ddl.rewrite`); None when
         nothing is left (a DROP of tables no rule replicates, an ALTER of left-out columns). A copy's
         end marker (`DdlChange.copy_end`, no statement) is routed to its table's target, as its
-        TRUNCATE is."""
-        if change.copy_end:
+        TRUNCATE is, and so is a row change logged as a statement (`DdlChange.logged_rows`: its
+        target refuses it, quarantining the table)."""
+        if change.copy_end or change.logged_rows:
             return attrs.evolve(change, schema=plan.target.schema, table=plan.target.table,
                                 source=TableName(change.schema, change.table or ""))
 

@@ -24,6 +24,9 @@ class LoadCapabilities:
     * `copy_end`: the target takes the end-of-copy marker (`setl.model.DdlChange.copy_end`) a
       snapshot hands on after a table's last chunk: pipeline assembly then has the snapshot hand
       it on (and a copy counts as done only once the batch holding it is acked).
+    * `quarantine`: the target keeps a quarantine (``on_table_error: quarantine``, docs/quarantine.md):
+      pipeline assembly then has a binlog source hand on a row change logged as a statement as a
+      marker that quarantines its table (`setl.model.DdlChange.logged_rows`), not stop.
     """
 
     per_table: bool = False
@@ -31,6 +34,7 @@ class LoadCapabilities:
     creates_tables: bool = False
     sequences: bool = False
     copy_end: bool = False
+    quarantine: bool = False
 
 
 class Load:

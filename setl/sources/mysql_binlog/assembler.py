@@ -44,8 +44,11 @@ from setl.sources.mysql_binlog.statements import (
     _LEADING_COMMENTS,
     _SAVEPOINT,
     _XA_END,
+    LoggedStatement,
+    StatementJudge,
+    StatementMarker,
     _unquote,
-    dml_target,
+    undone,
 )
 
 log = logging.getLogger("setl.sources.mysql_binlog")
@@ -208,6 +211,7 @@ class _Assembler:
         self.savepoints: dict[str, int] = {}  # savepoint name -> row changes read before it
         #: row changes of the open transaction logged as statements: (table, where, text); refused at its end
         self.statements: list[tuple[str | None, str, str]] = []
+        self.judge = StatementJudge()  # a row change logged as a statement: passed over, a marker, or refused
         self.nbytes = 0
         self.in_tx = False
         self.standalone = False
@@ -378,7 +382,8 @@ class _Assembler:
                               f"transaction too large to hold ({self.max_rows}+ rows) that were already "
                               "handed on; raise source.max_rows_in_memory above its size")
         kept = [(o, item) for o, item in self.rows
-                if o <= mark or item[0] is None or not self._is_transactional(item[1])]
+                if o <= mark or (not self._is_transactional(item[1]) if item[0] is not None
+                                 else not undone(item[3], self.transactional))]
         if len(kept) < len(self.rows):
             log.info("%s at %s:%d: dropping the %d row changes it undid", statement.strip(), self.log_file,
                      offset, len(self.rows) - len(kept))
@@ -434,44 +439,32 @@ class _Assembler:
         if self.prepared_rows is None:
             raise SourceError(f"XA COMMIT at {self.log_file}:{offset} of a prepared transaction this reader "
                               "cannot read again")
+        self.in_tx, self.standalone = True, False  # its statements are judged as inside its transaction
         for item in self.prepared_rows(key, start, self._start()):
-            self._append(item)
+            if isinstance(item[3], LoggedStatement):  # a row change logged as a statement, judged as if read here
+                self._statement_dml(item[3].text, item[3].schema, offset, item[3].where)
+            else:
+                self._append(item)
         pieces = self._pieces() if len(self.rows) >= self.max_rows else []
         return [*pieces, self._commit(offset, timestamp)]
 
-    def _changes(self, rows: list[tuple[int, _Item]], position: Position, commit_time: float | None,
-                 split: bool = False) -> tuple[Change, ...]:
-        """The changes of `rows`. Those of a split transaction each carry the transaction's start
-        with `row` = their 1-based ordinal among the row changes it logged, the others `position`."""
-        # A DDL item is (None, None, statement, its DdlRead).
-        start = self._start() if split else position
-        changes: list[Change] = []
-        for o, (op, info, before, after) in rows:
-            at = attrs.evolve(start, row=o) if split else position
-            if op is None:
-                changes.append(after.change(at))
-            elif info.sequence:
-                changes.append(RowChange(op, info.schema, info.table, info.primary_key, before, after, at,
-                                         commit_time, sequence=info.definition or ""))
-            else:  # positional: a keyword argument costs the attrs __init__ a slower call
-                changes.append(RowChange(op, info.schema, info.table, info.primary_key, before, after, at,
-                                         commit_time))
-        return tuple(changes)
-
-    def _statement_dml(self, statement: str, schema: str, offset: int) -> bool:
+    def _statement_dml(self, statement: str, schema: str, offset: int, where: str | None = None) -> bool:
         """Whether `statement` is a row change logged as a statement (a session with binlog_format
-        STATEMENT or MIXED). setl has no row images for it: one on a table the rules skip is passed
-        over; one on any other table (or one it cannot determine) stops the reader at the end of its
-        transaction, naming the tables to copy again (`refuse_statements`)."""
+        STATEMENT or MIXED), judged by `judge` (`StatementJudge`): passed over, held in its place among
+        the transaction's rows as a marker, or stopping the reader at the end of its transaction,
+        naming the tables to copy again (`refuse_statements`). In a prepared XA group it is read again
+        and judged at the group's XA COMMIT (`_xa_finished`; `where`: where it was read)."""
         text = _LEADING_COMMENTS.sub("", statement, count=1)
         if not _DML.match(text):
             return False
-        target = dml_target(text, schema)
-        if target is not None and self.selects is not None and not self.selects(*target):
-            return True
-        table = f"{target[0]}.{target[1]}" if target is not None else None
-        self.statements.append((table, f"{self.log_file}:{offset}", " ".join(text.split())[:120]))
-        return True  # refused at the transaction's end (`refuse_statements`), which the fix moves past
+        if self.xa_pending:
+            return True  # read again from the binlog at its XA COMMIT, and judged there (never at XA ROLLBACK)
+        verdict = self.judge.judge(text, schema, self.selects, self.in_tx and not self.standalone)
+        if isinstance(verdict, StatementMarker):
+            self._append((None, None, text, verdict))
+        elif verdict is not None:  # refused at the transaction's end, which the fix moves past
+            self.statements.append((verdict[0], where or f"{self.log_file}:{offset}", verdict[1]))
+        return True
 
     def _start(self) -> Position:
         if self.tx_start is None:
@@ -487,7 +480,8 @@ class _Assembler:
             self._handing_on(chunk)
             self.handed_in_tx = chunk[-1][0]
             end = attrs.evolve(self._start(), row=self.handed_in_tx)
-            pieces.append(Transaction(self._changes(chunk, end, None, True), end, complete=False, nbytes=self.nbytes))
+            pieces.append(Transaction(tx_changes(chunk, end, None, self._start()), end, complete=False,
+                                      nbytes=self.nbytes))
             self.nbytes = 0
         return pieces
 
@@ -507,14 +501,10 @@ class _Assembler:
     def _commit(self, offset: int, timestamp: float | None) -> Transaction:
         refuse_statements(self.statements, self.rows, self.log_file, offset)
         rows, nbytes = self.rows, self.nbytes
-        split = bool(self.handed_in_tx)
-        start = self.tx_start
+        start = self._start() if self.handed_in_tx else None  # for the ordinals of a split transaction's last changes
         self._close_tx(offset)
         end = self.mark = self._position(self.log_file, offset)
-        self.tx_start = start  # for the ordinals of a split transaction's last changes
-        changes = self._changes(rows, end, float(timestamp) if timestamp else None, split)
-        self.tx_start = None
-        return Transaction(changes, end, nbytes=nbytes)
+        return Transaction(tx_changes(rows, end, float(timestamp) if timestamp else None, start), end, nbytes=nbytes)
 
     def _query(self, event: Query, offset: int) -> list[Transaction]:
         statement = event.query.strip()
@@ -556,6 +546,25 @@ class _Assembler:
         self.kinds.clear()
         changes = self.ddl_events.changes(read, schema or "", end, event.sql_mode)
         return [Transaction(() if ignoring else changes, end, nbytes=nbytes)]
+
+
+def tx_changes(rows: list[tuple[int, _Item]], position: Position, commit_time: float | None,
+               start: Position | None = None) -> tuple[Change, ...]:
+    """The changes of `rows`. Those of a split transaction (`start`: where it starts) each carry its
+    start with `row` = their 1-based ordinal among the row changes it logged, the others `position`."""
+    # A DDL item is (None, None, statement, its DdlRead); a statement marker (None, None, text, StatementMarker).
+    changes: list[Change] = []
+    for o, (op, info, before, after) in rows:
+        at = attrs.evolve(start, row=o) if start is not None else position
+        if op is None:
+            changes.append(after.change(at))
+        elif info.sequence:
+            changes.append(RowChange(op, info.schema, info.table, info.primary_key, before, after, at,
+                                     commit_time, sequence=info.definition or ""))
+        else:  # positional: a keyword argument costs the attrs __init__ a slower call
+            changes.append(RowChange(op, info.schema, info.table, info.primary_key, before, after, at,
+                                     commit_time))
+    return tuple(changes)
 
 
 def refuse_statements(statements: list[tuple[str | None, str, str]], rows: list[tuple[int, _Item]], log_file: str,

@@ -160,6 +160,25 @@ class TableLookups:
             self._modes[bits] = known
         return known
 
+    def writes_elsewhere(self, schema: str, table: str, called: frozenset[str]) -> str | None:
+        """Why a row change to `schema`.`table` logged as a statement that calls the functions named
+        `called` may write other tables too (a trigger on the table, a stored function of one of
+        those names, as the server holds them now), or None. Asked at each such statement: they are
+        rare, and a trigger may come or go between two."""
+        statements: list[tuple[str, Any]] = [
+            ("SELECT TRIGGER_NAME FROM information_schema.TRIGGERS WHERE EVENT_OBJECT_SCHEMA = %s "
+             "AND EVENT_OBJECT_TABLE = %s", (schema, table))]
+        if called:
+            statements.append(("SELECT CONCAT(ROUTINE_SCHEMA, '.', ROUTINE_NAME) FROM information_schema.ROUTINES "
+                               "WHERE ROUTINE_TYPE = 'FUNCTION' AND LOWER(ROUTINE_NAME) IN %s",
+                               (tuple(sorted(called)),)))
+        found = self._lookups.query(*statements)
+        if found[0]:
+            return f"the table has trigger(s) {', '.join(str(row[0]) for row in found[0])}"
+        if len(found) > 1 and found[1]:
+            return f"it calls stored function(s) {', '.join(sorted(str(row[0]) for row in found[1]))}"
+        return None
+
     def transactional(self, schema: str, table: str) -> bool:
         """Whether a ROLLBACK TO undoes the table's changes (its engine is transactional)."""
         engine = self._engines.get((schema, table))

@@ -51,6 +51,8 @@ class ReaderSettings:
     fast_decoder: bool  # where the compiled module is built (`fast.available()`)
     sequences: bool
     ignore_server_ids: frozenset[int]
+    #: a row change logged as a statement on one read table is handed on as a marker (`_Assembler.statement_markers`)
+    statement_markers: bool = False
 
 
 def start_reader(server: SourceServer, opening: Opening, settings: ReaderSettings, handoff: Handoff,
@@ -68,6 +70,8 @@ def start_reader(server: SourceServer, opening: Opening, settings: ReaderSetting
     assembler.reads = reads
     assembler.sequences = settings.sequences
     assembler.ignore_server_ids = settings.ignore_server_ids
+    assembler.judge.markers = settings.statement_markers
+    assembler.judge.writes_elsewhere = lookups.writes_elsewhere
     assembler.ddl_events.mode_names = lookups.mode_names
     gtid_start = gtids.text if position is None and gtids is not None else None
     reader = BinlogReader(server, handoff, figures, server_id=settings.server_id, flavor=opening.flavor,

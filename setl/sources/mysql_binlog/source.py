@@ -137,6 +137,7 @@ class MysqlBinlogSource(Select):
         sequences: bool = False,
         ignore_server_ids: Sequence[int] = (),
         reader_process: bool = False,
+        statement_markers: bool = False,
     ) -> None:
         if flavor not in ("auto", "mariadb", "mysql"):
             raise ConfigError(f"source.flavor {flavor!r} is not auto, mariadb or mysql", pipeline=pipeline)
@@ -169,6 +170,11 @@ class MysqlBinlogSource(Select):
         #: target applies them (`setl.stages.load.LoadCapabilities.sequences`); dropped otherwise
         self.sequences = sequences
         self.ignore_server_ids = frozenset(ignore_server_ids)
+        #: a row change logged as a statement that writes one selected table alone is handed on as a
+        #: marker in its place (`setl.model.DdlChange.logged_rows`), which quarantines that table at
+        #: the target, rather than stopping the reader (set under ``on_table_error: quarantine`` with a
+        #: target that keeps a quarantine; docs/quarantine.md)
+        self.statement_markers = statement_markers
         #: read in a process of its own (`process.ReaderProcess`): the reader's CPU on the other core
         self.reader_process = reader_process
         self._spec = ServerSpec(host, port, user, password, ssl, connect_timeout, heartbeat, flavor, pipeline)
@@ -257,7 +263,8 @@ class MysqlBinlogSource(Select):
         self._mark = None
         self._handoff = Handoff(self.max_rows_in_memory)
         settings = ReaderSettings(self.server_id, self.pipeline, self.max_rows_in_memory, self.reconnect_timeout,
-                                  self.table_map_cache, self.fast_decoder, self.sequences, self.ignore_server_ids)
+                                  self.table_map_cache, self.fast_decoder, self.sequences, self.ignore_server_ids,
+                                  self.statement_markers)
         if self.reader_process:  # socket, framing, decoding and assembly on the other core
             process = ReaderProcess(self._spec, opening, settings, self._handoff, self.figures,
                                     self.selects, self.reads)

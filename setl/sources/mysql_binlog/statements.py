@@ -4,8 +4,12 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+
+import attrs
 
 from setl import ddl
+from setl.model import DdlChange, Position
 
 _IGNORED_IN_TX = re.compile(r"^\s*(SAVEPOINT|ROLLBACK\s+(?:WORK\s+)?TO|RELEASE\s+SAVEPOINT|XA\s)", re.I)
 # How the server logs the second phase of a prepared XA transaction (its own event group).
@@ -63,3 +67,106 @@ def dml_target(statement: str, default_schema: str) -> tuple[str, str] | None:
                 return _unquote(parts[0]), _unquote(parts[1])
             return default_schema, _unquote(parts[0])
     return None
+
+
+# What a statement writing one table may not hold to be that table's alone: a SELECT (INSERT ...
+# SELECT, a subquery), a join, a sequence drawn on, a LOAD.
+_OTHER_TABLES = re.compile(r"\b(?:SELECT|JOIN|TABLE|NEXT\s+VALUE|PREVIOUS\s+VALUE|NEXTVAL|LASTVAL|SETVAL)\b", re.I)
+_LITERALS = re.compile(r"'(?:[^'\\]|\\.|'')*'|\"(?:[^\"\\]|\\.|\"\")*\"|`(?:[^`]|``)*`", re.S)
+_CALLED = re.compile(r"([A-Za-z_$][\w$]*)\s*\(")
+_NOT_CALLS = frozenset({"VALUES", "VALUE", "IN", "AND", "OR", "NOT", "AS", "SET", "WHERE", "ON", "INTO", "PARTITION",
+                        "EXISTS", "ANY", "ALL", "SOME", "IS", "LIKE", "BETWEEN", "CASE", "WHEN", "THEN", "ELSE"})
+
+
+def one_table_dml(statement: str, default_schema: str) -> tuple[tuple[str, str], frozenset[str]] | None:
+    """For an INSERT, REPLACE, UPDATE or DELETE logged as a statement that names one table only (its
+    target: no SELECT, join, second table or sequence in it; not LOAD DATA), ``((schema, table), the
+    names it calls as functions)``, for the source to ask whether a stored function or a trigger
+    could write elsewhere; None for any other statement (its tables cannot be told for sure)."""
+    if re.match(r"\s*LOAD\s", statement, re.I):
+        return None
+    target = dml_target(statement, default_schema)
+    if target is None:
+        return None
+    bare = _LITERALS.sub("''", _LEADING_COMMENTS.sub("", statement, count=1))
+    if "/*" in bare or "#" in bare or "-- " in bare or _OTHER_TABLES.search(bare):
+        return None  # a comment may hide what follows from these checks: not judged
+    called = {name.lower() for name in _CALLED.findall(bare) if name.upper() not in _NOT_CALLS}
+    called.discard(target[1].lower())  # INSERT INTO t(a, b)
+    return target, frozenset(called)
+
+
+@attrs.frozen
+class LoggedStatement:
+    """A row change logged as a statement, as read again from the binlog (a prepared XA
+    transaction's, `setl.sources.mysql_binlog.xa`): its text, the session's default schema and where
+    it was read (``LOG:OFFSET``), for the assembler to judge at XA COMMIT as if read there."""
+
+    schema: str
+    text: str
+    where: str
+
+
+@attrs.frozen
+class StatementMarker:
+    """A row change to `schema`.`table` logged as statement `text`, held in its place among the rows of
+    its transaction (the assembler's item): handed on as the marker `DdlChange.rows_logged_as_statement`."""
+
+    schema: str
+    table: str
+    text: str
+
+    def change(self, at: Position) -> DdlChange:
+        return DdlChange.rows_logged_as_statement(self.schema, self.table, self.text, at)
+
+
+def undone(read: object, transactional: Callable[[str, str], bool] | None) -> bool:
+    """Whether a ROLLBACK (TO SAVEPOINT) undid what a transaction item holding `read` stands for: a
+    statement marker of a table whose engine is `transactional` (None: every table's); a DDL item is
+    never undone."""
+    if not isinstance(read, StatementMarker):
+        return False
+    return transactional is None or transactional(read.schema, read.table)
+
+
+@attrs.define
+class StatementJudge:
+    """What the binlog source does with a row change logged as a statement (a session with
+    binlog_format STATEMENT or MIXED), for which setl has no row images. One on a table the rules skip
+    is passed over. Under `markers` (``on_table_error: quarantine``, docs/quarantine.md), one inside a
+    transaction that writes one read table alone (`one_table_dml`, and `writes_elsewhere` finds no
+    trigger or stored function) becomes a `StatementMarker` held in its place, which quarantines that
+    table at the target. Any other is refused at the end of its transaction."""
+
+    markers: bool = False
+    #: why such a statement may write other tables as well, asked of the server
+    #: (`TableLookups.writes_elsewhere`); None: it cannot be asked, so no marker is made
+    writes_elsewhere: Callable[[str, str, frozenset[str]], str | None] | None = None
+
+    def judge(self, text: str, schema: str, selects: Callable[[str, str], bool] | None, in_tx: bool
+              ) -> StatementMarker | tuple[str | None, str] | None:
+        """None: passed over (a table `selects` refuses); a marker; else (its table or None, the text
+        to show) to refuse."""
+        target = dml_target(text, schema)
+        if target is not None and selects is not None and not selects(*target):
+            return None
+        shown = " ".join(text.split())[:120]
+        if self.markers:
+            why = self._not_alone(text, schema, in_tx)
+            if why is None and target is not None:
+                return StatementMarker(target[0], target[1], text)
+            shown = f"{shown} (it cannot quarantine its table alone: {why})"
+        return (f"{target[0]}.{target[1]}" if target is not None else None), shown
+
+    def _not_alone(self, text: str, schema: str, in_tx: bool) -> str | None:
+        """Why statement `text` cannot be the marker of one table, or None."""
+        if not in_tx:
+            return "it is not inside a transaction"
+        found = one_table_dml(text, schema)
+        if found is None:
+            return "it names more than one table, or setl cannot tell which tables it writes"
+        if self.writes_elsewhere is None:
+            return "setl cannot ask the source whether it writes other tables"
+        (target_schema, table), called = found
+        why = self.writes_elsewhere(target_schema, table, called)
+        return f"{why}, which may write other tables" if why is not None else None

@@ -17,7 +17,7 @@ from setl.sources.mysql_binlog.connector import _Connector
 from setl.sources.mysql_binlog.decoding import TableKind, XaKey, _Item, _row_items, _TableInfo
 from setl.sources.mysql_binlog.fast import FastStream, RowDecoders
 from setl.sources.mysql_binlog.server import SourceServer
-from setl.sources.mysql_binlog.statements import _XA_END
+from setl.sources.mysql_binlog.statements import _DML, _LEADING_COMMENTS, _XA_END, LoggedStatement
 from setl.sources.mysql_binlog.stream import BinlogStream
 
 log = logging.getLogger("setl.sources.mysql_binlog")
@@ -42,7 +42,9 @@ class PreparedXa:
 
     def rows(self, key: XaKey, start: Position | None, commit: Position) -> list[_Item]:
         """The row changes of prepared XA transaction `key`, read again from the binlog (runs on the
-        reader thread when its XA COMMIT group, starting at `commit`, arrives).
+        reader thread when its XA COMMIT group, starting at `commit`, arrives), in their order with its
+        row changes logged as statements (items ``(None, None, None, LoggedStatement)``), for the
+        assembler to judge.
 
         From `start` when this reader saw its XA PREPARE; else (a restart between XA PREPARE and
         XA COMMIT) from the last XA PREPARE of `key` before `commit`, searching the binlogs newest
@@ -114,6 +116,10 @@ class PreparedXa:
                         found = None  # finished before: a later XA PREPARE reuses the XID
                     elif event.query.strip().upper().startswith("XA START"):
                         group = []
+                    elif _DML.match(_LEADING_COMMENTS.sub("", event.query, count=1)):
+                        # a row change logged as a statement: the assembler judges it at the XA COMMIT
+                        where = f"{start.log}:{event.header.log_pos - event.header.event_size}"
+                        group.append((None, None, None, LoggedStatement(event.schema or "", event.query, where)))
         except pymysql.MySQLError as exc:
             raise SourceError(f"cannot read {start.log} of {self.server.host}:{self.server.port} again for the XA "
                               f"PREPARE of the XA COMMIT at {stop}: {exc}", position=stop) from exc
