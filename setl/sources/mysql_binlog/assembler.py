@@ -28,6 +28,7 @@ from setl.binlog_events import (
     Xid,
 )
 from setl.errors import CorruptEvent, SetlError, SourceError, UnreadableEvent
+from setl.loop_marks import MARK_SCHEMA, MARK_TABLE, row_mark, row_session, statement_mark
 from setl.model import Change, Position, RowChange, Transaction
 from setl.sources.mysql_binlog.ddl_events import DdlEvents, KnownTables
 from setl.sources.mysql_binlog.decoding import (
@@ -171,7 +172,11 @@ class _Assembler:
     row changes.
 
     A transaction whose first event carries a server_id in `ignore_server_ids` (a two-way channel's
-    other direction wrote it) is dropped whole, DDL included: only its end is handed on.
+    other direction wrote it) is dropped whole, DDL included: only its end is handed on. So is one
+    with a rows event on setl's mark table (`setl.loop_marks`) whose mark is in `ignore_marks` (the
+    marker-row loop guard): its rows held so far are dropped with it; one whose pieces were already
+    handed on stops the reader (its mark did not come first, so it cannot be dropped exactly). A
+    query event carrying such a mark's comment (a marked loader's DDL) is dropped the same way.
     """
 
     def __init__(self, start: Position, max_rows: int, gtids: _GtidState | None,
@@ -187,6 +192,14 @@ class _Assembler:
         self.sequences = False
         self.ignore_server_ids: frozenset[int] = frozenset()  # whose transactions are dropped whole
         self.ignoring = False  # the open transaction is one of theirs
+        self.ignore_marks: frozenset[str] = frozenset()  # marks (`setl.loop_marks`) whose transactions are dropped
+        self.by_mark = False  # the open transaction is dropped for its mark row
+        #: the connection ids of the sessions that wrote an ignored mark since the last rotation: their
+        #: DDL is the other direction's too, also where MariaDB rewrote its text (DROP TABLE loses comments)
+        self.mark_sessions: set[int] = set()
+        self.foreign = False  # ... and it wrote rows outside setl's own schema (not only an echo)
+        #: an echo (`_commit`) was dropped since the last transaction handed on: no position mark until the next
+        self.echo_hold = False
         self.kinds: dict[tuple[str, str], TableKind] = {}  # asked of the server once, until the next DDL
         self.transactional = transactional
         self.selects = selects  # whether the pipeline's table rules take schema.table (None: all)
@@ -230,6 +243,7 @@ class _Assembler:
         self.log_file = at.log
         self.rows, self.nbytes, self.in_tx, self.standalone, self.pending_gtid = [], 0, False, False, None
         self.tx_start, self.seen_in_tx, self.xa_pending, self.ignoring = None, 0, False, False
+        self.by_mark = self.foreign = self.echo_hold = False
         self.savepoints, self.handed_undoable, self.statements = {}, 0, []
 
     def _position(self, log: str, offset: int) -> Position:
@@ -262,7 +276,7 @@ class _Assembler:
             self.pending_gtid = event.gtid
             return []
         if kind is Xid:
-            return [self._commit(header.log_pos, header.timestamp)]
+            return self._commit(header.log_pos, header.timestamp)
         if kind is XaPrepare:
             return self._xa_prepared(event)
         if kind is Query:
@@ -280,25 +294,65 @@ class _Assembler:
                 if kind is None:
                     kind = self.kinds[(info.schema, info.table)] = self.kind_of(info.schema, info.table)
                 info = info.with_kind(kind)
-            known = self._infos[layout.table_id] = (layout.description, info, unread(info, self.reads))
+            skipped = unread(info, self.reads) and not (self.ignore_marks and _is_mark_table(info.schema, info.table))
+            known = self._infos[layout.table_id] = (layout.description, info, skipped)
         self.tables[layout.table_id] = known[1]
         (self.unselected.add if known[2] else self.unselected.discard)(layout.table_id)
 
     def _skipped(self, event: SkippedRows) -> list[Transaction]:
         """`_add_rows` for a table not read: only its row count moves the ordinals (`skipping`)."""
+        if self.by_mark and event.schema != MARK_SCHEMA:
+            self.foreign = True
         if not self.ignoring and not self.xa_pending:  # else nothing of it is counted, as in `_add_rows`
             self.seen_in_tx += event.count
             self.skip -= min(self.skip, event.count)  # resuming inside a split transaction: counted before
         return []
 
     def _rows_event(self, event: Rows) -> list[Transaction]:
+        if self.ignore_marks and event.table == MARK_TABLE and event.schema == MARK_SCHEMA:
+            self._marked(event)
+            return []
         self._add_rows(event)
         if len(self.rows) >= self.max_rows:
             return self._pieces()
         return []
 
+    def _marked(self, event: Rows) -> None:
+        """A rows event on the mark table: the open transaction is dropped whole when one of its
+        marks is ignored; else its rows are counted, as an unread table's, and not handed on."""
+        marks = set()
+        for row in event.rows:
+            mark = row_mark(row)
+            if mark in self.ignore_marks:
+                marks.add(mark)
+                self.mark_sessions.add(row_session(row))
+        if not self.ignoring and marks:
+            self._ignore_open(f"a rows event on {MARK_SCHEMA}.{MARK_TABLE} with mark {min(marks)!r}",
+                              event.header.log_pos)
+            return
+        if not self.ignoring and not self.xa_pending:
+            self.seen_in_tx += len(event.rows)
+            self.skip -= min(self.skip, len(event.rows))
+
+    def _ignore_open(self, what: str, offset: int, statement: bool = False) -> None:
+        """Drop the open transaction whole, from its start: the other direction of a channel wrote it."""
+        if self.xa_pending:
+            raise SourceError(f"{what} at {self.log_file}:{offset} is inside an XA PREPARE group: setl's loader "
+                              "never writes its marks in XA, so this transaction cannot be judged; fix: write "
+                              f"{MARK_SCHEMA}.{MARK_TABLE} only through setl, then move past it (setl position reset)")
+        if self.handed_in_tx:
+            raise SourceError(f"{what} at {self.log_file}:{offset} comes after {self.handed_in_tx} row changes of "
+                              f"its transaction (started at {self._start()}) were handed on in pieces: setl's loader "
+                              "writes its mark first, so this transaction was not written by it as a whole and "
+                              "cannot be dropped exactly; fix: raise source.max_rows_in_memory above its size, or "
+                              f"write {MARK_SCHEMA}.{MARK_TABLE} only through setl")
+        self.ignoring = self.by_mark = True
+        self.foreign = self.foreign or bool(self.rows) or self.seen_in_tx > 0 or statement
+        self.rows, self.statements, self.savepoints = [], [], {}
+
     def _moved(self, event: Any) -> list[Transaction]:
         if isinstance(event, Rotate):
+            self.mark_sessions.clear()  # connection ids start again when the server does (in a new file)
             self.log_file = event.next_binlog
             if event.header.timestamp:  # a real rotation: table ids may be reused in the next file
                 self.tables.clear()
@@ -316,7 +370,7 @@ class _Assembler:
         return self._moved_to(end)
 
     def _moved_to(self, end: Position) -> list[Transaction]:
-        if not self.positioned or self.in_tx or self.rows or self.handed_in_tx or end <= self.mark:
+        if not self.positioned or self.in_tx or self.rows or self.handed_in_tx or end <= self.mark or self.echo_hold:
             return []
         self.mark = end
         return [Transaction((), end)]
@@ -386,6 +440,8 @@ class _Assembler:
 
     def _add_rows(self, event: Rows) -> None:
         if self.ignoring:
+            if self.by_mark and event.schema != MARK_SCHEMA:
+                self.foreign = True
             return  # the other direction's write: dropped with its whole transaction
         info = self.tables.get(event.table_id)
         if info is None:
@@ -410,7 +466,7 @@ class _Assembler:
     def _xa_prepared(self, event: XaPrepare) -> list[Transaction]:
         """The end of a group: XA PREPARE (its rows wait for XA COMMIT), or XA COMMIT ONE PHASE."""
         if event.one_phase:
-            return [self._commit(event.header.log_pos, event.header.timestamp)]
+            return self._commit(event.header.log_pos, event.header.timestamp)
         key = (event.format_id, event.gtrid, event.bqual)
         offset = event.header.log_pos
         if self.handed_in_tx:  # MySQL marks an XA group only at its end
@@ -437,7 +493,7 @@ class _Assembler:
         for item in self.prepared_rows(key, start, self._start()):
             self._append(item)
         pieces = self._pieces() if len(self.rows) >= self.max_rows else []
-        return [*pieces, self._commit(offset, timestamp)]
+        return [*pieces, *self._commit(offset, timestamp)]
 
     def _changes(self, rows: list[tuple[int, _Item]], position: Position, commit_time: float | None,
                  split: bool = False) -> tuple[Change, ...]:
@@ -502,9 +558,20 @@ class _Assembler:
         self.rows, self.nbytes, self.in_tx, self.standalone, self.pending_gtid = [], 0, False, False, None
         self.handed_in_tx = self.skip = self.seen_in_tx = 0
         self.tx_start, self.statements, self.ignoring = None, [], False
+        self.by_mark = self.foreign = False
         self.positioned = True
 
-    def _commit(self, offset: int, timestamp: float | None) -> Transaction:
+    def _commit(self, offset: int, timestamp: float | None) -> list[Transaction]:
+        """The transaction ending at `offset`; none for an echo: one dropped for its mark that wrote
+        only setl's own tables (a loader recording a batch without changes). Handing its end on
+        would make the other direction record that position on the first site, whose reader would
+        hand that on in turn, for ever; so no position mark passes it until a transaction is handed
+        on (the acked position rests before it: reading it again drops it again)."""
+        if self.by_mark and not self.foreign:
+            self._close_tx(offset)
+            self.echo_hold = True
+            return []
+        self.echo_hold = False
         refuse_statements(self.statements, self.rows, self.log_file, offset)
         rows, nbytes = self.rows, self.nbytes
         split = bool(self.handed_in_tx)
@@ -514,7 +581,7 @@ class _Assembler:
         self.tx_start = start  # for the ordinals of a split transaction's last changes
         changes = self._changes(rows, end, float(timestamp) if timestamp else None, split)
         self.tx_start = None
-        return Transaction(changes, end, nbytes=nbytes)
+        return [Transaction(changes, end, nbytes=nbytes)]
 
     def _query(self, event: Query, offset: int) -> list[Transaction]:
         statement = event.query.strip()
@@ -529,15 +596,25 @@ class _Assembler:
         if xa_end:
             return self._xa_finished(xa_end, offset, event.header.timestamp)
         if verb == "COMMIT":  # non-transactional tables, or a server that sends BEGIN/COMMIT
-            return [self._commit(offset, event.header.timestamp)]
+            return self._commit(offset, event.header.timestamp)
         if verb == "ROLLBACK":
             # Only a transaction that wrote a non-transactional table is logged this way: the
             # server undid its transactional rows, not the others.
             self._undo(0, statement, offset)
-            return [self._commit(offset, event.header.timestamp)]
+            return self._commit(offset, event.header.timestamp)
         if self.in_tx and not self.standalone and (self.ignoring or _IGNORED_IN_TX.match(statement)):
             self._savepoint(statement, offset)  # nothing of an ignored transaction's statements is kept
             return []
+        mark = statement_mark(statement) if self.ignore_marks else None
+        if mark is not None and mark in self.ignore_marks and not self.ignoring:
+            self._ignore_open(f"a statement marked {mark!r}", offset, True)
+            if self.in_tx and not self.standalone:
+                return []
+        elif self.mark_sessions and event.thread_id in self.mark_sessions and not self.ignoring:
+            # a statement whose text the server rewrote, losing the comment (DROP TABLE), by a marked session
+            self._ignore_open(f"a statement of session {event.thread_id}, which wrote a mark", offset, True)
+            if self.in_tx and not self.standalone:
+                return []
         schema = event.schema
         if not self.ignoring and self._statement_dml(statement, schema or "", offset):
             if self.in_tx and not self.standalone:
@@ -552,10 +629,15 @@ class _Assembler:
             return []
         nbytes, ignoring = self.nbytes, self.ignoring
         self._close_tx(offset)
+        self.echo_hold = False
         end = self.mark = self._position(self.log_file, offset)
         self.kinds.clear()
         changes = self.ddl_events.changes(read, schema or "", end, event.sql_mode)
         return [Transaction(() if ignoring else changes, end, nbytes=nbytes)]
+
+
+def _is_mark_table(schema: str, table: str) -> bool:
+    return table == MARK_TABLE and schema == MARK_SCHEMA
 
 
 def refuse_statements(statements: list[tuple[str | None, str, str]], rows: list[tuple[int, _Item]], log_file: str,
