@@ -28,7 +28,6 @@ from setl.binlog_events import (
     Xid,
 )
 from setl.errors import CorruptEvent, SetlError, SourceError, UnreadableEvent
-from setl.loop_marks import MARK_SCHEMA, MARK_TABLE, row_mark, row_session, statement_mark
 from setl.model import Change, Position, RowChange, Transaction
 from setl.sources.mysql_binlog.ddl_events import DdlEvents, KnownTables
 from setl.sources.mysql_binlog.decoding import (
@@ -38,6 +37,7 @@ from setl.sources.mysql_binlog.decoding import (
     _row_items,
     _TableInfo,
 )
+from setl.sources.mysql_binlog.marks import MarkGuard
 from setl.sources.mysql_binlog.skipping import unread
 from setl.sources.mysql_binlog.statements import (
     _DML,
@@ -173,10 +173,7 @@ class _Assembler:
 
     A transaction whose first event carries a server_id in `ignore_server_ids` (a two-way channel's
     other direction wrote it) is dropped whole, DDL included: only its end is handed on. So is one
-    with a rows event on setl's mark table (`setl.loop_marks`) whose mark is in `ignore_marks` (the
-    marker-row loop guard): its rows held so far are dropped with it; one whose pieces were already
-    handed on stops the reader (its mark did not come first, so it cannot be dropped exactly). A
-    query event carrying such a mark's comment (a marked loader's DDL) is dropped the same way.
+    that `marks` (the marker-row loop guard) finds marked: a mark after handed-on pieces stops it.
     """
 
     def __init__(self, start: Position, max_rows: int, gtids: _GtidState | None,
@@ -192,14 +189,7 @@ class _Assembler:
         self.sequences = False
         self.ignore_server_ids: frozenset[int] = frozenset()  # whose transactions are dropped whole
         self.ignoring = False  # the open transaction is one of theirs
-        self.ignore_marks: frozenset[str] = frozenset()  # marks (`setl.loop_marks`) whose transactions are dropped
-        self.by_mark = False  # the open transaction is dropped for its mark row
-        #: the connection ids of the sessions that wrote an ignored mark since the last rotation: their
-        #: DDL is the other direction's too, also where MariaDB rewrote its text (DROP TABLE loses comments)
-        self.mark_sessions: set[int] = set()
-        self.foreign = False  # ... and it wrote rows outside setl's own schema (not only an echo)
-        #: an echo (`_commit`) was dropped since the last transaction handed on: no position mark until the next
-        self.echo_hold = False
+        self.marks = MarkGuard()  # a channel's marks whose transactions are dropped whole
         self.kinds: dict[tuple[str, str], TableKind] = {}  # asked of the server once, until the next DDL
         self.transactional = transactional
         self.selects = selects  # whether the pipeline's table rules take schema.table (None: all)
@@ -243,7 +233,7 @@ class _Assembler:
         self.log_file = at.log
         self.rows, self.nbytes, self.in_tx, self.standalone, self.pending_gtid = [], 0, False, False, None
         self.tx_start, self.seen_in_tx, self.xa_pending, self.ignoring = None, 0, False, False
-        self.by_mark = self.foreign = self.echo_hold = False
+        self.marks.restart()
         self.savepoints, self.handed_undoable, self.statements = {}, 0, []
 
     def _position(self, log: str, offset: int) -> Position:
@@ -294,65 +284,46 @@ class _Assembler:
                 if kind is None:
                     kind = self.kinds[(info.schema, info.table)] = self.kind_of(info.schema, info.table)
                 info = info.with_kind(kind)
-            skipped = unread(info, self.reads) and not (self.ignore_marks and _is_mark_table(info.schema, info.table))
-            known = self._infos[layout.table_id] = (layout.description, info, skipped)
+            known = self._infos[layout.table_id] = (layout.description, info, unread(info, self.reads)
+                                                    and not self.marks.is_mark(info.schema, info.table))
         self.tables[layout.table_id] = known[1]
         (self.unselected.add if known[2] else self.unselected.discard)(layout.table_id)
 
     def _skipped(self, event: SkippedRows) -> list[Transaction]:
         """`_add_rows` for a table not read: only its row count moves the ordinals (`skipping`)."""
-        if self.by_mark and event.schema != MARK_SCHEMA:
-            self.foreign = True
         if not self.ignoring and not self.xa_pending:  # else nothing of it is counted, as in `_add_rows`
             self.seen_in_tx += event.count
             self.skip -= min(self.skip, event.count)  # resuming inside a split transaction: counted before
+        elif self.ignoring:
+            self.marks.saw(event.schema)
         return []
 
     def _rows_event(self, event: Rows) -> list[Transaction]:
-        if self.ignore_marks and event.table == MARK_TABLE and event.schema == MARK_SCHEMA:
-            self._marked(event)
-            return []
+        if self.marks.is_mark(event.schema, event.table):
+            return self._marked(event)
         self._add_rows(event)
         if len(self.rows) >= self.max_rows:
             return self._pieces()
         return []
 
-    def _marked(self, event: Rows) -> None:
-        """A rows event on the mark table: the open transaction is dropped whole when one of its
-        marks is ignored; else its rows are counted, as an unread table's, and not handed on."""
-        marks = set()
-        for row in event.rows:
-            mark = row_mark(row)
-            if mark in self.ignore_marks:
-                marks.add(mark)
-                self.mark_sessions.add(row_session(row))
-        if not self.ignoring and marks:
-            self._ignore_open(f"a rows event on {MARK_SCHEMA}.{MARK_TABLE} with mark {min(marks)!r}",
-                              event.header.log_pos)
-            return
-        if not self.ignoring and not self.xa_pending:
+    def _marked(self, event: Rows) -> list[Transaction]:
+        """The mark table's rows: an ignored mark drops the open transaction whole; others are only counted."""
+        if (mark := self.marks.row_marks(event.rows)) is not None and not self.ignoring:
+            self._drop_open(f"a mark table row with mark {mark!r}", event.header.log_pos, False)
+        elif not self.ignoring and not self.xa_pending:
             self.seen_in_tx += len(event.rows)
             self.skip -= min(self.skip, len(event.rows))
+        return []
 
-    def _ignore_open(self, what: str, offset: int, statement: bool = False) -> None:
+    def _drop_open(self, what: str, offset: int, statement: bool) -> None:
         """Drop the open transaction whole, from its start: the other direction of a channel wrote it."""
-        if self.xa_pending:
-            raise SourceError(f"{what} at {self.log_file}:{offset} is inside an XA PREPARE group: setl's loader "
-                              "never writes its marks in XA, so this transaction cannot be judged; fix: write "
-                              f"{MARK_SCHEMA}.{MARK_TABLE} only through setl, then move past it (setl position reset)")
-        if self.handed_in_tx:
-            raise SourceError(f"{what} at {self.log_file}:{offset} comes after {self.handed_in_tx} row changes of "
-                              f"its transaction (started at {self._start()}) were handed on in pieces: setl's loader "
-                              "writes its mark first, so this transaction was not written by it as a whole and "
-                              "cannot be dropped exactly; fix: raise source.max_rows_in_memory above its size, or "
-                              f"write {MARK_SCHEMA}.{MARK_TABLE} only through setl")
-        self.ignoring = self.by_mark = True
-        self.foreign = self.foreign or bool(self.rows) or self.seen_in_tx > 0 or statement
-        self.rows, self.statements, self.savepoints = [], [], {}
+        self.marks.dropping(what, f"{self.log_file}:{offset}", self.handed_in_tx, self.tx_start, self.xa_pending,
+                            statement or bool(self.rows) or self.seen_in_tx > 0)
+        self.ignoring, self.rows, self.statements, self.savepoints = True, [], [], {}
 
     def _moved(self, event: Any) -> list[Transaction]:
         if isinstance(event, Rotate):
-            self.mark_sessions.clear()  # connection ids start again when the server does (in a new file)
+            self.marks.sessions.clear()  # connection ids start again with the server (in a new file)
             self.log_file = event.next_binlog
             if event.header.timestamp:  # a real rotation: table ids may be reused in the next file
                 self.tables.clear()
@@ -370,7 +341,7 @@ class _Assembler:
         return self._moved_to(end)
 
     def _moved_to(self, end: Position) -> list[Transaction]:
-        if not self.positioned or self.in_tx or self.rows or self.handed_in_tx or end <= self.mark or self.echo_hold:
+        if not self.positioned or self.in_tx or self.rows or self.handed_in_tx or end <= self.mark or self.marks.hold:
             return []
         self.mark = end
         return [Transaction((), end)]
@@ -440,8 +411,7 @@ class _Assembler:
 
     def _add_rows(self, event: Rows) -> None:
         if self.ignoring:
-            if self.by_mark and event.schema != MARK_SCHEMA:
-                self.foreign = True
+            self.marks.saw(event.schema)
             return  # the other direction's write: dropped with its whole transaction
         info = self.tables.get(event.table_id)
         if info is None:
@@ -495,40 +465,6 @@ class _Assembler:
         pieces = self._pieces() if len(self.rows) >= self.max_rows else []
         return [*pieces, *self._commit(offset, timestamp)]
 
-    def _changes(self, rows: list[tuple[int, _Item]], position: Position, commit_time: float | None,
-                 split: bool = False) -> tuple[Change, ...]:
-        """The changes of `rows`. Those of a split transaction each carry the transaction's start
-        with `row` = their 1-based ordinal among the row changes it logged, the others `position`."""
-        # A DDL item is (None, None, statement, its DdlRead).
-        start = self._start() if split else position
-        changes: list[Change] = []
-        for o, (op, info, before, after) in rows:
-            at = attrs.evolve(start, row=o) if split else position
-            if op is None:
-                changes.append(after.change(at))
-            elif info.sequence:
-                changes.append(RowChange(op, info.schema, info.table, info.primary_key, before, after, at,
-                                         commit_time, sequence=info.definition or ""))
-            else:  # positional: a keyword argument costs the attrs __init__ a slower call
-                changes.append(RowChange(op, info.schema, info.table, info.primary_key, before, after, at,
-                                         commit_time))
-        return tuple(changes)
-
-    def _statement_dml(self, statement: str, schema: str, offset: int) -> bool:
-        """Whether `statement` is a row change logged as a statement (a session with binlog_format
-        STATEMENT or MIXED). setl has no row images for it: one on a table the rules skip is passed
-        over; one on any other table (or one it cannot determine) stops the reader at the end of its
-        transaction, naming the tables to copy again (`refuse_statements`)."""
-        text = _LEADING_COMMENTS.sub("", statement, count=1)
-        if not _DML.match(text):
-            return False
-        target = dml_target(text, schema)
-        if target is not None and self.selects is not None and not self.selects(*target):
-            return True
-        table = f"{target[0]}.{target[1]}" if target is not None else None
-        self.statements.append((table, f"{self.log_file}:{offset}", " ".join(text.split())[:120]))
-        return True  # refused at the transaction's end (`refuse_statements`), which the fix moves past
-
     def _start(self) -> Position:
         if self.tx_start is None:
             raise SourceError(f"a transaction too large to hold ({self.max_rows}+ row changes) at {self.log_file} "
@@ -543,7 +479,8 @@ class _Assembler:
             self._handing_on(chunk)
             self.handed_in_tx = chunk[-1][0]
             end = attrs.evolve(self._start(), row=self.handed_in_tx)
-            pieces.append(Transaction(self._changes(chunk, end, None, True), end, complete=False, nbytes=self.nbytes))
+            changes = _changes(chunk, end, None, self._start())
+            pieces.append(Transaction(changes, end, complete=False, nbytes=self.nbytes))
             self.nbytes = 0
         return pieces
 
@@ -558,30 +495,20 @@ class _Assembler:
         self.rows, self.nbytes, self.in_tx, self.standalone, self.pending_gtid = [], 0, False, False, None
         self.handed_in_tx = self.skip = self.seen_in_tx = 0
         self.tx_start, self.statements, self.ignoring = None, [], False
-        self.by_mark = self.foreign = False
+        self.marks.closed()
         self.positioned = True
 
     def _commit(self, offset: int, timestamp: float | None) -> list[Transaction]:
-        """The transaction ending at `offset`; none for an echo: one dropped for its mark that wrote
-        only setl's own tables (a loader recording a batch without changes). Handing its end on
-        would make the other direction record that position on the first site, whose reader would
-        hand that on in turn, for ever; so no position mark passes it until a transaction is handed
-        on (the acked position rests before it: reading it again drops it again)."""
-        if self.by_mark and not self.foreign:
+        """The transaction ending at `offset`, or none: an echo (`MarkGuard.echo`)."""
+        if self.marks.echo():
             self._close_tx(offset)
-            self.echo_hold = True
             return []
-        self.echo_hold = False
         refuse_statements(self.statements, self.rows, self.log_file, offset)
         rows, nbytes = self.rows, self.nbytes
-        split = bool(self.handed_in_tx)
-        start = self.tx_start
+        start = self._start() if self.handed_in_tx else None  # for the ordinals of a split one's last changes
         self._close_tx(offset)
         end = self.mark = self._position(self.log_file, offset)
-        self.tx_start = start  # for the ordinals of a split transaction's last changes
-        changes = self._changes(rows, end, float(timestamp) if timestamp else None, split)
-        self.tx_start = None
-        return [Transaction(changes, end, nbytes=nbytes)]
+        return [Transaction(_changes(rows, end, float(timestamp) if timestamp else None, start), end, nbytes=nbytes)]
 
     def _query(self, event: Query, offset: int) -> list[Transaction]:
         statement = event.query.strip()
@@ -605,18 +532,14 @@ class _Assembler:
         if self.in_tx and not self.standalone and (self.ignoring or _IGNORED_IN_TX.match(statement)):
             self._savepoint(statement, offset)  # nothing of an ignored transaction's statements is kept
             return []
-        mark = statement_mark(statement) if self.ignore_marks else None
-        if mark is not None and mark in self.ignore_marks and not self.ignoring:
-            self._ignore_open(f"a statement marked {mark!r}", offset, True)
-            if self.in_tx and not self.standalone:
-                return []
-        elif self.mark_sessions and event.thread_id in self.mark_sessions and not self.ignoring:
-            # a statement whose text the server rewrote, losing the comment (DROP TABLE), by a marked session
-            self._ignore_open(f"a statement of session {event.thread_id}, which wrote a mark", offset, True)
+        dropped = self.marks.statement(statement, event.thread_id) if self.marks.ignore and not self.ignoring else None
+        if dropped is not None:
+            self._drop_open(dropped, offset, True)
             if self.in_tx and not self.standalone:
                 return []
         schema = event.schema
-        if not self.ignoring and self._statement_dml(statement, schema or "", offset):
+        if not self.ignoring and statement_dml(statement, schema or "", f"{self.log_file}:{offset}",
+                                                   self.selects, self.statements):
             if self.in_tx and not self.standalone:
                 return []
             refuse_statements(self.statements, self.rows, self.log_file, offset)
@@ -629,15 +552,47 @@ class _Assembler:
             return []
         nbytes, ignoring = self.nbytes, self.ignoring
         self._close_tx(offset)
-        self.echo_hold = False
+        self.marks.hold = False
         end = self.mark = self._position(self.log_file, offset)
         self.kinds.clear()
         changes = self.ddl_events.changes(read, schema or "", end, event.sql_mode)
         return [Transaction(() if ignoring else changes, end, nbytes=nbytes)]
 
 
-def _is_mark_table(schema: str, table: str) -> bool:
-    return table == MARK_TABLE and schema == MARK_SCHEMA
+def _changes(rows: list[tuple[int, _Item]], position: Position, commit_time: float | None,
+             start: Position | None = None) -> tuple[Change, ...]:
+    """The changes of `rows`. Those of a split transaction (starting at `start`) each carry its start
+    with `row` = their 1-based ordinal among the row changes it logged, the others `position`."""
+    # A DDL item is (None, None, statement, its DdlRead).
+    changes: list[Change] = []
+    for o, (op, info, before, after) in rows:
+        at = attrs.evolve(start, row=o) if start is not None else position
+        if op is None:
+            changes.append(after.change(at))
+        elif info.sequence:
+            changes.append(RowChange(op, info.schema, info.table, info.primary_key, before, after, at,
+                                     commit_time, sequence=info.definition or ""))
+        else:  # positional: a keyword argument costs the attrs __init__ a slower call
+            changes.append(RowChange(op, info.schema, info.table, info.primary_key, before, after, at,
+                                     commit_time))
+    return tuple(changes)
+
+
+def statement_dml(statement: str, schema: str, where: str, selects: Callable[[str, str], bool] | None,
+                  statements: list[tuple[str | None, str, str]]) -> bool:
+    """Whether `statement` is a row change logged as a statement (a session with binlog_format
+    STATEMENT or MIXED). setl has no row images for it: one on a table the rules skip is passed
+    over; one on any other table (or one it cannot determine) is added to `statements`, and stops
+    the reader at the end of its transaction, naming the tables to copy again (`refuse_statements`)."""
+    text = _LEADING_COMMENTS.sub("", statement, count=1)
+    if not _DML.match(text):
+        return False
+    target = dml_target(text, schema)
+    if target is not None and selects is not None and not selects(*target):
+        return True
+    table = f"{target[0]}.{target[1]}" if target is not None else None
+    statements.append((table, where, " ".join(text.split())[:120]))
+    return True  # refused at the transaction's end (`refuse_statements`), which the fix moves past
 
 
 def refuse_statements(statements: list[tuple[str | None, str, str]], rows: list[tuple[int, _Item]], log_file: str,

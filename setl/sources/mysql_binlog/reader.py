@@ -69,7 +69,7 @@ def start_reader(server: SourceServer, opening: Opening, settings: ReaderSetting
     assembler.reads = reads
     assembler.sequences = settings.sequences
     assembler.ignore_server_ids = settings.ignore_server_ids
-    assembler.ignore_marks = settings.ignore_marks
+    assembler.marks.ignore = settings.ignore_marks
     assembler.ddl_events.mode_names = lookups.mode_names
     gtid_start = gtids.text if position is None and gtids is not None else None
     reader = BinlogReader(server, handoff, figures, server_id=settings.server_id, flavor=opening.flavor,
