@@ -135,6 +135,7 @@ class Query:
     query: str
     schema: str  # the session's default schema
     sql_mode: int | None  # the session's sql_mode bits, when the event carries them
+    thread_id: int = 0  # the connection id of the session that ran it (a channel's marker guard knows its loader's)
 
 
 @attrs.frozen(slots=True)

@@ -18,6 +18,7 @@ import attrs
 import yaml
 
 from setl.errors import ConfigError, PluginError
+from setl.loop_marks import LOOP_GUARDS, mark_name
 from setl.model import TableName
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -767,6 +768,11 @@ class ChannelConfig:
     pipeline: PipelineSettings = attrs.Factory(PipelineSettings)
     verify: VerifySchedule | None = None
     conflicts: dict[str, Any] | None = None  # carried verbatim into both pipelines
+    #: how each direction's writes are marked so the other's reader drops them (docs/bidirectional.md):
+    #: `server_id` (the loader's session server_id: needs BINLOG REPLAY), `marker` (a row of
+    #: setl.setl_channel_mark in every transaction, a comment on every DDL), or `auto`: server_id where
+    #: the site's user may set it, else marker
+    loop_guard: str = "auto"
     file: str = attrs.field(default="", metadata={"internal": True})
     #: the file's mapping: its tables, pipeline, verify and conflicts go to both pipelines as written
     raw: dict[str, Any] = attrs.field(factory=dict, metadata={"internal": True}, repr=False)
@@ -817,6 +823,8 @@ def load_channel(conf_dir: str | Path, name: str) -> ChannelConfig:
     if first.setl_server_id == second.setl_server_id:
         raise ConfigError(f"sites.{b}.setl_server_id: {second.setl_server_id} is also {a}'s: each direction "
                           "needs its own", file=str(path))
+    if config.loop_guard not in LOOP_GUARDS:
+        raise ConfigError(f"loop_guard: {config.loop_guard!r} is not one of {', '.join(LOOP_GUARDS)}", file=str(path))
     if first.setl_gtid_domain_id is not None and first.setl_gtid_domain_id == second.setl_gtid_domain_id:
         raise ConfigError(f"sites.{b}.setl_gtid_domain_id: {second.setl_gtid_domain_id} is also {a}'s: each "
                           "direction needs its own", file=str(path))
@@ -836,12 +844,14 @@ def channel_pipeline_data(channel: ChannelConfig, source: str, target: str) -> d
             data["ssl"] = attrs.asdict(site.ssl)
         return data
 
-    target_data = {**server(dst), "session_server_id": dst.setl_server_id}
+    target_data = {**server(dst), "session_server_id": dst.setl_server_id, "loop_guard": channel.loop_guard,
+                   "loop_mark": mark_name(channel.name, source, target)}
     if dst.setl_gtid_domain_id is not None:
         target_data["session_gtid_domain_id"] = dst.setl_gtid_domain_id
+    # The reader drops both marks of the other direction's writes, whichever guard its loader chose.
     data: dict[str, Any] = {
         "source": {**server(src), "server_id": src.reader_server_id, "ignore_server_ids": [src.setl_server_id],
-                   "start": src.start},
+                   "ignore_marks": [mark_name(channel.name, target, source)], "start": src.start},
         "target": target_data,
         **{key: channel.raw[key] for key in ("tables", "pipeline", "verify") if key in channel.raw},
         "site": source,

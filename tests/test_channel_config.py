@@ -42,6 +42,11 @@ def test_a_channel_makes_two_mirrored_pipelines(tmp_path):
     assert (we.source.host, we.source.server_id, we.source.ignore_server_ids) == ("10.0.0.2", 1700, (4002,))
     assert (we.target.host, we.target.port, we.target.session_server_id, we.target.session_gtid_domain_id) == \
         ("10.0.0.1", 3307, 4001, 41)
+    # the marker fallback: each loader's mark, dropped by the reader of the site it writes
+    assert (ew.target.loop_guard, ew.target.loop_mark, we.source.ignore_marks) == \
+        ("auto", "shop:east-to-west", ("shop:east-to-west",))
+    assert (we.target.loop_guard, we.target.loop_mark, ew.source.ignore_marks) == \
+        ("auto", "shop:west-to-east", ("shop:west-to-east",))
     for config, site in ((ew, "east"), (we, "west")):
         assert config.channel == "shop" and config.site == site
         assert config.conflicts is not None

@@ -17,7 +17,7 @@ ground up; docs/architecture.md draws them)::
      2 plugins    registry, plugins, routing
      1 config     config, tls, spark, alerts
      0 ground     errors, model, reads, values, ddl, tablecopy, logs, web, binlog_events (setl's binlog event
-                  values), adapters (the libraries' internals)
+                  values), adapters (the libraries' internals), loop_marks (a channel's marker rows)
 
 A module's floor is that of its top-level name under ``setl`` (``setl.sinks.mysql``: ``sinks``);
 a module on no floor is an error, so a new package is placed deliberately. Within a floor any
@@ -57,7 +57,7 @@ PACKAGE = "setl"
 #: ``setl`` itself is the package ``setl/__init__.py`` (the public API).
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ground", ("_compiled", "errors", "model", "reads", "_reads", "values", "ddl", "tablecopy", "logs", "web",
-                "binlog_events", "adapters")),
+                "binlog_events", "adapters", "loop_marks")),
     ("config", ("config", "tls", "dial", "spark", "alerts")),
     ("plugins", ("registry", "plugins", "routing")),
     ("contracts", ("stages", "failpoints")),

@@ -248,7 +248,8 @@ def event_value(wrapper: BinLogPacketWrapper) -> Any:
             return ev.Xid(header, event.xid)
         if kind is QueryEvent:
             schema = event.schema.decode("utf-8", "replace") if isinstance(event.schema, bytes) else event.schema
-            return ev.Query(header, event.query, schema or "", getattr(event, "sql_mode", None))
+            return ev.Query(header, event.query, schema or "", getattr(event, "sql_mode", None),
+                            int(getattr(event, "slave_proxy_id", 0) or 0))
         if kind is ExecuteLoadQueryEvent:
             schema, statement = load_query_statement(event)
             return ev.Query(header, statement, schema, None)

@@ -32,6 +32,7 @@ class SiteFacts:
     increment: int
     offset: int
     tables: tuple[tuple[str, str, bool, bool], ...]  # (schema, table, has a primary key, has AUTO_INCREMENT)
+    binlog_format: str = "ROW"
 
 
 def read_site(site: ChannelSite) -> SiteFacts:
@@ -40,8 +41,8 @@ def read_site(site: ChannelSite) -> SiteFacts:
     try:
         with conn.cursor() as cur:
             cur.execute("SELECT @@global.server_id, @@global.gtid_domain_id, @@global.auto_increment_increment, "
-                        "@@global.auto_increment_offset")
-            server_id, domain, increment, offset = cur.fetchone() or (0, 0, 1, 1)
+                        "@@global.auto_increment_offset, @@global.binlog_format")
+            server_id, domain, increment, offset, binlog_format = cur.fetchone() or (0, 0, 1, 1, "")
             cur.execute("SHOW MASTER STATUS")
             status = cur.fetchone() or ("", 0, "", "")
             cur.execute(
@@ -60,7 +61,7 @@ def read_site(site: ChannelSite) -> SiteFacts:
         return tuple(n.strip() for n in str(text or "").split(",") if n.strip())
 
     return SiteFacts(int(server_id), int(domain), names(status[2]), names(status[3]), int(increment), int(offset),
-                     tables)
+                     tables, str(binlog_format).upper())
 
 
 def _connect(site: ChannelSite) -> pymysql.connections.Connection:
@@ -83,12 +84,20 @@ def check_channel(channel: ChannelConfig) -> Iterator[Finding]:
     if len(facts) < 2:
         return
     yield from (found("error", line, 2) for line in refusals(channel, facts))
+    guards: list[str] = []
     for name, site in channel.sites.items():
-        line = _privilege(name, site)
+        guard, line = _guard(channel, name, site)
+        if line is None and guard == "marker" and facts[name].binlog_format != "ROW":
+            line = (f"site {name} logs with binlog_format {facts[name].binlog_format}: the marker loop guard needs ROW "
+                    "(the mark rows and the rows they mark must be row events). Fix: SET GLOBAL binlog_format = ROW "
+                    "(and in my.cnf), or grant the user BINLOG REPLAY, BINLOG ADMIN and set loop_guard: server_id")
         if line is not None:
             yield found("error", line, 2)
+        else:
+            guards.append(f"{name} {guard}")
     sites = ", ".join(f"{n} (server_id {f.server_id}, gtid_domain_id {f.gtid_domain_id})" for n, f in facts.items())
-    yield found("ok", f"sites {sites}: each direction's writes are marked and dropped by the other's reader")
+    yield found("ok", f"sites {sites}: each direction's writes are marked and dropped by the other's reader "
+                      f"(loop_guard {channel.loop_guard}: {', '.join(guards)})")
 
 
 def refusals(channel: ChannelConfig, facts: dict[str, SiteFacts]) -> list[str]:
@@ -153,24 +162,30 @@ def _same_keys(a: SiteFacts, b: SiteFacts) -> bool:
     return a.offset % a.increment == b.offset % b.increment
 
 
-def _privilege(name: str, site: ChannelSite) -> str | None:
-    """A line when the site's user may not mark its writes (set its session's server_id), else None."""
+def _guard(channel: ChannelConfig, name: str, site: ChannelSite) -> tuple[str, str | None]:
+    """The loop guard the loader writing `site` would use (`MysqlTargetConfig.loop_guard`; `auto`:
+    server_id when the site's user may set its session's, else marker), and a line when it cannot
+    mark its writes that way (else None). Nothing is written: the session's settings are only tried."""
+    if channel.loop_guard == "marker":
+        return "marker", None
     config = MysqlTargetConfig(type="mysql", host=site.host, port=site.port, user=site.user, password=site.password,
                                session_server_id=site.setl_server_id,
                                session_gtid_domain_id=site.setl_gtid_domain_id)
     try:
         conn = _connect(site)
     except pymysql.MySQLError as exc:
-        return f"cannot connect to site {name} as {site.user!r}: {exc}"
+        return "server_id", f"cannot connect to site {name} as {site.user!r}: {exc}"
     try:
         mark_session(conn, config, f"channel {name}")
     except RefusedLoadError as exc:  # it names the GRANT
-        return f"site {name}: {exc.message}"
+        if channel.loop_guard == "auto":
+            return "marker", None
+        return "server_id", f"site {name}: {exc.message}"
     except pymysql.MySQLError as exc:
-        return f"site {name}: cannot mark setl's session: {exc}"
+        return "server_id", f"site {name}: cannot mark setl's session: {exc}"
     finally:
         conn.close()
-    return None
+    return "server_id", None
 
 
 __all__ = ["SiteFacts", "check_channel", "read_site", "refusals"]

@@ -51,6 +51,7 @@ from setl.errors import LoadError, RefusedLoadError, TableRefused, TransientLoad
 from setl.model import Batch
 from setl.sinks import mysql_load_data
 from setl.sinks.mysql_ddl import MysqlDdlApplier
+from setl.sinks.mysql_loop_guard import MarkedConnection, start_marking
 from setl.sinks.mysql_positions import MysqlPositionStore
 from setl.sinks.mysql_rows import CHUNK_ROWS, MAX_STATEMENT, MysqlRows
 from setl.sinks.mysql_sequences import MysqlSequences
@@ -82,26 +83,41 @@ class MysqlTargetConfig:
     session_server_id: int | None = None
     #: the gtid_domain_id of setl's sessions (MariaDB): its writes in a GTID domain of their own
     session_gtid_domain_id: int | None = None
+    #: how a channel's writes are marked: `server_id` (the session's, above), `marker` (a row of
+    #: setl.setl_channel_mark first in every transaction, a comment on every DDL: `loop_mark`), or
+    #: `auto`: server_id where the user may set it, else marker (docs/bidirectional.md)
+    loop_guard: Literal["auto", "server_id", "marker"] = "server_id"
+    #: the mark of this direction's writes (`setl.loop_marks.mark_name`), for the marker guard
+    loop_mark: str | None = None
 
 
 _ER_SPECIFIC_ACCESS_DENIED = 1227
 
 
-def mark_session(conn: Connection, config: MysqlTargetConfig, pipeline: str) -> None:
-    """Set the session's `server_id` and `gtid_domain_id` to the config's (when given), so that every
-    event setl writes, DDL included, carries them; a user without the privilege is refused with the
-    GRANT to run."""
+def mark_session(conn: Connection, config: MysqlTargetConfig, pipeline: str) -> tuple[str | None, str]:
+    """Mark the session's writes as the config's loop guard says: set the session's `server_id` and
+    `gtid_domain_id` to the config's (when given), so that every event setl writes, DDL included,
+    carries them; or, under `marker` (and `auto` when the user may not set them), mark each
+    transaction with a row of the mark table (`conn` is then a `MarkedConnection`). A user without
+    the privilege for `server_id` is refused with the GRANT to run. Answers (the guard in use or
+    None, why), for the log line and `setl check --channel`."""
+    if config.loop_guard == "marker":
+        return _marker(conn, config, pipeline), "loop_guard: marker"
     settings = [(name, value) for name, value in (("server_id", config.session_server_id),
                                                   ("gtid_domain_id", config.session_gtid_domain_id),
                                                   ("sql_log_bin", 1 if config.session_server_id else None))
                 if value is not None]
     if not settings:
-        return
+        return None, "no loop guard"
     try:
         with conn.cursor() as cur:
             cur.execute("SET SESSION " + ", ".join(f"{name} = %s" for name, _ in settings),
                         tuple(value for _, value in settings))
+        return "server_id", f"user {config.user!r} may set its session's server_id"
     except pymysql.err.OperationalError as exc:
+        if exc.args and exc.args[0] == _ER_SPECIFIC_ACCESS_DENIED and config.loop_guard == "auto" \
+                and config.loop_mark:
+            return _marker(conn, config, pipeline), f"user {config.user!r} may not set its session's server_id"
         if exc.args and exc.args[0] == _ER_SPECIFIC_ACCESS_DENIED:
             raise RefusedLoadError(
                 f"user {config.user!r} may not set its session's {', '.join(n for n, _ in settings)} on the "
@@ -110,6 +126,26 @@ def mark_session(conn: Connection, config: MysqlTargetConfig, pipeline: str) -> 
                 "(MariaDB 10.11; SUPER elsewhere), see docs/bidirectional.md", pipeline=pipeline,
                 stage="load") from exc
         raise
+
+
+def _marker(conn: Connection, config: MysqlTargetConfig, pipeline: str) -> str:
+    """Start the marker guard on `conn` (`mysql_loop_guard.start_marking`): it needs row-based
+    logging, or the mark row and the rows around it would be logged as statements."""
+    if config.loop_mark is None or not isinstance(conn, MarkedConnection):
+        raise RefusedLoadError(f"target {config.host}:{config.port}: loop_guard marker needs the channel's mark "
+                               "(target.loop_mark), which a channel's pipelines are given", pipeline=pipeline,
+                               stage="load")
+    with conn.cursor() as cur:
+        cur.execute("SELECT @@session.binlog_format", ())
+        found = cur.fetchone()
+    if not found or str(found[0]).upper() != "ROW":
+        raise RefusedLoadError(f"target {config.host}:{config.port} logs with binlog_format "
+                               f"{found[0] if found else '?'}: the marker loop guard needs ROW (its mark rows and "
+                               "the rows they mark must be row events). Fix: SET GLOBAL binlog_format = ROW (and in "
+                               "my.cnf), or grant the user BINLOG REPLAY, BINLOG ADMIN for loop_guard server_id",
+                               pipeline=pipeline, stage="load")
+    start_marking(conn, config.loop_mark)
+    return "marker"
 
 
 # Server errors worth a reconnect and replay: lock wait timeout, deadlock, connection killed or
@@ -175,6 +211,7 @@ class MysqlDialect:
         self.rows = MysqlRows(pipeline, chunk_rows=chunk_rows, sequences=MysqlSequences(pipeline, self.connect),
                               load_data=mysql_load_data.LoadData(pipeline, self.describe))
         self.ddl_applier: MysqlDdlApplier | None = None  # made with the position store, whose table it marks
+        self.loop_guard: tuple[str | None, str] = (None, "")  # the loop guard in use, and why (`mark_session`)
 
     def position_store(self, *, pipeline: str, schema: str, table: str, token: str, lock_timeout: float,
                        writing: CurrentTable) -> MysqlPositionStore:
@@ -216,6 +253,7 @@ class MysqlDialect:
             # reads may go by LOAD DATA LOCAL, whose input only `mysql_load_data` sends (PyMySQL's
             # own `local_infile`, which opens any file the server names, stays off).
             client_flag=CLIENT.MULTI_STATEMENTS | CLIENT.LOCAL_FILES,
+            cls=MarkedConnection,
         )
         if self._ssl is not None:
             require_encrypted(conn, self.config.host, self.config.port)
@@ -223,7 +261,11 @@ class MysqlDialect:
             cur.execute("SET SESSION sql_mode = %s, time_zone = '+00:00', foreign_key_checks = 0",
                         (SQL_MODE,))
             cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED", ())
-            mark_session(conn, self.config, self.pipeline)
+            guard, why = mark_session(conn, self.config, self.pipeline)
+            if guard is not None and (guard, why) != self.loop_guard:
+                log.info("pipeline=%s stage=load: loop guard %s on target %s:%s (%s)", self.pipeline, guard,
+                         self.config.host, self.config.port, why)
+                self.loop_guard = guard, why
             cur.execute("SELECT @@max_allowed_packet", ())
             found = cur.fetchone()
         conn.commit()
@@ -306,6 +348,9 @@ class MysqlLoad(SqlLoad[Connection]):
     def _unlogged(self, conn: Connection, batch: Batch) -> None:
         """`batch` (no changes: its position) in a transaction kept out of the binlog. A connection
         that fails meanwhile is not reused: its session may still have the binlog off."""
+        if getattr(conn, "loop_mark", None) is not None:  # the marker guard: its mark row drops it
+            load_batch(self.path, conn, batch, self.segments(batch))
+            return
         try:
             with conn.cursor() as cur:
                 cur.execute("SET SESSION sql_log_bin = 0")

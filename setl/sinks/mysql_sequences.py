@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pymysql.connections import Connection
 
 from setl.ddl import parse
-from setl.errors import LoadError
+from setl.errors import LoadError, RefusedLoadError
 from setl.model import RowChange
 from setl.sinks.merge import TableChanges
 from setl.sinks.mysql_sql import plain_quote, quote, table_name, to_db
@@ -51,6 +51,13 @@ class MysqlSequences:
         last: RowChange | None = next((c for c in reversed(table.sequence) if c.after is not None), None)
         if last is None or last.after is None:
             return  # a sequence's state is never deleted; nothing to write
+        if getattr(conn, "loop_mark", None) is not None:
+            raise RefusedLoadError(f"sequence {table.schema}.{table.table}: a two-way channel with the marker loop "
+                            "guard cannot mark a sequence's state (MariaDB logs it outside the transaction holding the "
+                            "mark), so it would loop between the sites. Fix: grant the loader's user BINLOG REPLAY, "
+                            "BINLOG ADMIN (loop_guard server_id), or exclude the sequence from the channel",
+                            pipeline=self.pipeline, stage="load", table=f"{table.schema}.{table.table}",
+                            position=last.position)
         self.ensure(conn, table.schema, table.table, last.sequence or "")
         image = last.after
         with conn.cursor() as cur:

@@ -17,12 +17,12 @@ from setl.errors import ConfigError
 pytestmark = pytest.mark.timeout(240)
 
 
-def write_channel(root: Path, sites: dict[str, dict[str, Any]], schema: str) -> Path:
+def write_channel(root: Path, sites: dict[str, dict[str, Any]], schema: str, **top: Any) -> Path:
     conf = root / "conf"
     (conf / "channels").mkdir(parents=True, exist_ok=True)
     (conf / "setl.yaml").write_text(yaml.safe_dump({"meta": {"store": "sqlite", "path": str(root / "meta.db")}}))
     rules = [{"source": rf"{schema}\..*"}]
-    (conf / "channels" / "ch.yaml").write_text(yaml.safe_dump({"sites": sites, "tables": rules}))
+    (conf / "channels" / "ch.yaml").write_text(yaml.safe_dump({"sites": sites, "tables": rules, **top}))
     return conf
 
 
@@ -49,7 +49,8 @@ def test_each_unsafe_setting_is_refused_with_its_fix(tmp_path, mariadb_source, m
     other.query("GRANT ALL ON *.* TO plain@'%'")
     other.query("REVOKE SUPER, BINLOG REPLAY ON *.* FROM plain@'%'")
     conf = write_channel(tmp_path, {"east": site(mariadb_source, 4201),
-                                    "west": {**site(other, 1), "user": "plain", "password": "pw"}}, schema)
+                                    "west": {**site(other, 1), "user": "plain", "password": "pw"}}, schema,
+                         loop_guard="server_id")
     try:
         result = check(conf)
     finally:
@@ -101,17 +102,20 @@ def test_a_channel_file_names_each_mistake(tmp_path):
     conf = write_channel(tmp_path, {"a": {"setl_server_id": 7}, "b": {}}, "x")
     with pytest.raises(ConfigError, match="sites.b.setl_server_id: required"):
         load_channel(conf, "ch")
+    conf = write_channel(tmp_path, {"a": {"setl_server_id": 7}, "b": {"setl_server_id": 8}}, "x", loop_guard="row")
+    with pytest.raises(ConfigError, match="loop_guard: 'row' is not one of auto, server_id, marker"):
+        load_channel(conf, "ch")
 
 
 def test_a_loader_that_may_not_mark_its_writes_stops_with_the_grant(tmp_path, mariadb_source, mariadb_target):
-    """`setl start` of a direction whose target user lacks BINLOG REPLAY stops at once, one line naming the GRANT."""
+    """`setl start` of a loop_guard server_id direction whose user lacks BINLOG REPLAY stops, naming the GRANT."""
     mariadb_target.query("CREATE USER IF NOT EXISTS unmarked@'%' IDENTIFIED BY 'pw'")
     mariadb_target.query("GRANT ALL ON *.* TO unmarked@'%'")
     mariadb_target.query("REVOKE SUPER, BINLOG REPLAY, BINLOG ADMIN ON *.* FROM unmarked@'%'")
     at = mariadb_source.query("SHOW MASTER STATUS")[0]
     conf = write_channel(tmp_path, {"east": site(mariadb_source, 4401, start={"file": at[0], "pos": int(at[1])}),
                                     "west": {**site(mariadb_target, 4402), "user": "unmarked", "password": "pw"}},
-                         "chk_nomark")
+                         "chk_nomark", loop_guard="server_id")
     result = subprocess.run([sys.executable, "-m", "setl.cli", "--conf", str(conf), "start", "--pipeline",
                              "ch.east-to-west", "--until-caught-up"], capture_output=True, text=True, timeout=180)
     assert result.returncode == 1, result.stdout + result.stderr

@@ -161,6 +161,20 @@ def test_rollback_to_savepoint_of_rows_already_handed_on_stops_clearly(mariadb_s
     assert "ROLLBACK TO" in message and "already handed on" in message and "mysql-bin" in message
 
 
+def test_a_split_transaction_does_not_bar_a_later_transaction_s_rollback_to_savepoint(mariadb_source, source_db,
+                                                                                     sources):
+    """A transaction split into pieces, then another that writes MyISAM and rolls back to a savepoint:
+    the later one's undone InnoDB rows are dropped, not refused as rows of the split one handed on."""
+    execute(mariadb_source, source_db, "CREATE TABLE t (id INT PRIMARY KEY)", "CREATE TABLE m (id INT) ENGINE=MyISAM")
+    start = head(mariadb_source)
+    execute(mariadb_source, source_db, "INSERT INTO t SELECT seq FROM seq_1_to_10",
+            "BEGIN", "INSERT INTO t VALUES (100)", "SAVEPOINT sp", "INSERT INTO m VALUES (1)",
+            "INSERT INTO t VALUES (101)", "ROLLBACK TO sp", "COMMIT")
+    got = read_until_complete(sources(mariadb_source, start, max_rows_in_memory=4), source_db, 3)
+    assert [c for c in changes_of(got, source_db) if c[0] == "m"] == [("m", "insert", 1)]
+    assert sorted(c.after["id"] for c in rows(got) if c.table == "t") == [*range(1, 11), 100]
+
+
 def test_rolled_back_transaction_with_a_myisam_write_hands_on_no_innodb_row(mariadb_source, source_db, sources):
     """A transaction logged with ROLLBACK (it wrote MyISAM) hands on its MyISAM rows but none of its InnoDB rows."""
     execute(mariadb_source, source_db, "CREATE TABLE t (id INT PRIMARY KEY)", "CREATE TABLE m (id INT) ENGINE=MyISAM")

@@ -37,18 +37,16 @@ from setl.sources.mysql_binlog.decoding import (
     _row_items,
     _TableInfo,
 )
+from setl.sources.mysql_binlog.marks import MarkGuard
+from setl.sources.mysql_binlog.rollbacks import Rollbacks
 from setl.sources.mysql_binlog.skipping import unread
 from setl.sources.mysql_binlog.statements import (
-    _DML,
     _IGNORED_IN_TX,
-    _LEADING_COMMENTS,
-    _SAVEPOINT,
     _XA_END,
     LoggedStatement,
     StatementJudge,
     StatementMarker,
-    _unquote,
-    undone,
+    dml_text,
 )
 
 log = logging.getLogger("setl.sources.mysql_binlog")
@@ -174,7 +172,8 @@ class _Assembler:
     row changes.
 
     A transaction whose first event carries a server_id in `ignore_server_ids` (a two-way channel's
-    other direction wrote it) is dropped whole, DDL included: only its end is handed on.
+    other direction wrote it) is dropped whole, DDL included: only its end is handed on. So is one
+    that `marks` (the marker-row loop guard) finds marked: a mark after handed-on pieces stops it.
     """
 
     def __init__(self, start: Position, max_rows: int, gtids: _GtidState | None,
@@ -190,12 +189,12 @@ class _Assembler:
         self.sequences = False
         self.ignore_server_ids: frozenset[int] = frozenset()  # whose transactions are dropped whole
         self.ignoring = False  # the open transaction is one of theirs
+        self.marks = MarkGuard()  # a channel's marks whose transactions are dropped whole
         self.kinds: dict[tuple[str, str], TableKind] = {}  # asked of the server once, until the next DDL
-        self.transactional = transactional
         self.selects = selects  # whether the pipeline's table rules take schema.table (None: all)
         self.reads: Callable[[str, str], bool] | None = None  # whose rows are handed on at all (None: all)
         self.unselected: set[int] = set()  # ids of the others' tables: counted, not decoded (`FastStream.skip`)
-        self.handed_undoable = 0  # the last ordinal of a transactional row handed on after a savepoint
+        self.rollbacks = Rollbacks(transactional, selects)  # what a ROLLBACK (TO SAVEPOINT) undid
         self.log_file = start.log
         # XA PREPARE groups seen by this reader (where each starts), and how to read a prepared
         # transaction's rows again when its XA COMMIT arrives.
@@ -208,7 +207,6 @@ class _Assembler:
         self.tables: dict[int, _TableInfo] = {}
         self._infos: dict[int, tuple[Any, _TableInfo, bool]] = {}
         self.rows: list[tuple[int, _Item]] = []  # (ordinal in the transaction, item) not yet handed on
-        self.savepoints: dict[str, int] = {}  # savepoint name -> row changes read before it
         #: row changes of the open transaction logged as statements: (table, where, text); refused at its end
         self.statements: list[tuple[str | None, str, str]] = []
         self.judge = StatementJudge()  # a row change logged as a statement: passed over, a marker, or refused
@@ -232,9 +230,15 @@ class _Assembler:
             log.info("re-reading a transaction split across a reconnect from %s: skipping the %d changes "
                      "already handed on", at, self.skip)
         self.log_file = at.log
+        self._forget_tx()
+        self.xa_pending = False
+        self.marks.restart()
+
+    def _forget_tx(self) -> None:
+        """Forget the open transaction's rows, statements, savepoints and state (at its end, or a restart)."""
         self.rows, self.nbytes, self.in_tx, self.standalone, self.pending_gtid = [], 0, False, False, None
-        self.tx_start, self.seen_in_tx, self.xa_pending, self.ignoring = None, 0, False, False
-        self.savepoints, self.handed_undoable, self.statements = {}, 0, []
+        self.tx_start, self.seen_in_tx, self.ignoring, self.statements = None, 0, False, []
+        self.rollbacks.clear()
 
     def _position(self, log: str, offset: int) -> Position:
         return Position(log, offset, self.gtids.text or None if self.gtids is not None else None)
@@ -266,7 +270,7 @@ class _Assembler:
             self.pending_gtid = event.gtid
             return []
         if kind is Xid:
-            return [self._commit(header.log_pos, header.timestamp)]
+            return self._commit(header.log_pos, header.timestamp)
         if kind is XaPrepare:
             return self._xa_prepared(event)
         if kind is Query:
@@ -284,7 +288,8 @@ class _Assembler:
                 if kind is None:
                     kind = self.kinds[(info.schema, info.table)] = self.kind_of(info.schema, info.table)
                 info = info.with_kind(kind)
-            known = self._infos[layout.table_id] = (layout.description, info, unread(info, self.reads))
+            known = self._infos[layout.table_id] = (layout.description, info, unread(info, self.reads)
+                                                    and not self.marks.is_mark(info.schema, info.table))
         self.tables[layout.table_id] = known[1]
         (self.unselected.add if known[2] else self.unselected.discard)(layout.table_id)
 
@@ -293,16 +298,37 @@ class _Assembler:
         if not self.ignoring and not self.xa_pending:  # else nothing of it is counted, as in `_add_rows`
             self.seen_in_tx += event.count
             self.skip -= min(self.skip, event.count)  # resuming inside a split transaction: counted before
+        elif self.ignoring:
+            self.marks.saw(event.schema)
         return []
 
     def _rows_event(self, event: Rows) -> list[Transaction]:
+        if self.marks.is_mark(event.schema, event.table):
+            return self._marked(event)
         self._add_rows(event)
         if len(self.rows) >= self.max_rows:
             return self._pieces()
         return []
 
+    def _marked(self, event: Rows) -> list[Transaction]:
+        """The mark table's rows: an ignored mark drops the open transaction whole; others are only counted."""
+        if (mark := self.marks.row_marks(event.rows)) is not None and not self.ignoring:
+            self._drop_open(f"a mark table row with mark {mark!r}", event.header.log_pos, False)
+        elif not self.ignoring and not self.xa_pending:
+            self.seen_in_tx += len(event.rows)
+            self.skip -= min(self.skip, len(event.rows))
+        return []
+
+    def _drop_open(self, what: str, offset: int, statement: bool) -> None:
+        """Drop the open transaction whole, from its start: the other direction of a channel wrote it."""
+        self.marks.dropping(what, f"{self.log_file}:{offset}", self.handed_in_tx, self.tx_start, self.xa_pending,
+                            statement or bool(self.rows) or self.seen_in_tx > 0)
+        self.ignoring, self.rows, self.statements = True, [], []
+        self.rollbacks.clear()
+
     def _moved(self, event: Any) -> list[Transaction]:
         if isinstance(event, Rotate):
+            self.marks.sessions.clear()  # connection ids start again with the server (in a new file)
             self.log_file = event.next_binlog
             if event.header.timestamp:  # a real rotation: table ids may be reused in the next file
                 self.tables.clear()
@@ -320,7 +346,7 @@ class _Assembler:
         return self._moved_to(end)
 
     def _moved_to(self, end: Position) -> list[Transaction]:
-        if not self.positioned or self.in_tx or self.rows or self.handed_in_tx or end <= self.mark:
+        if not self.positioned or self.in_tx or self.rows or self.handed_in_tx or end <= self.mark or self.marks.hold:
             return []
         self.mark = end
         return [Transaction((), end)]
@@ -329,68 +355,23 @@ class _Assembler:
         self.seen_in_tx += 1
         if self.skip:
             self.skip -= 1
-            self._handing_on([(self.seen_in_tx, item)])
+            self.rollbacks.handing_on([(self.seen_in_tx, item)])
         else:
             self.rows.append((self.seen_in_tx, item))
 
-    def _handing_on(self, rows: list[tuple[int, _Item]]) -> None:
-        """Note the transactional rows among `rows`, handed on (or skipped as handed on before): a
-        later ROLLBACK (TO SAVEPOINT) cannot take them back."""
-        for ordinal, (op, info, _, _) in rows:
-            if op is not None and ordinal > self.handed_undoable and self._is_transactional(info):
-                self.handed_undoable = ordinal
-
-    def _is_transactional(self, info: _TableInfo) -> bool:
-        if self.transactional is None:
-            return True
-        if self.selects is not None and not self.selects(info.schema, info.table):
-            return False  # a table the rules skip: its rows go nowhere, undone or not (it may be gone)
-        return self.transactional(info.schema, info.table)
-
     def _savepoint(self, statement: str, offset: int) -> None:
-        """SAVEPOINT, ROLLBACK TO and RELEASE SAVEPOINT inside a transaction.
-
-        The server logs them only when the transaction also wrote a non-transactional table; the
-        rows a ROLLBACK TO undid are still in the binlog before it, so the transactional ones
-        after the savepoint are dropped here (the non-transactional ones were not undone).
-        """
-        match = _SAVEPOINT.match(statement)
-        if match is None:
-            return
-        name = _unquote(match["name"]).lower()
-        verb = match["verb"].upper()
-        if verb == "SAVEPOINT":
-            self.savepoints.pop(name, None)
-            self.savepoints[name] = self.seen_in_tx
-            return
-        mark = self.savepoints.get(name)
-        if mark is None:
-            raise SourceError(f"{statement.strip()} at {self.log_file}:{offset}: the savepoint is not in the "
-                              "binlog before it, so the rows it undid cannot be told apart")
-        # savepoints set after this one are gone (for RELEASE, this one too)
-        names = list(self.savepoints)
-        for later in names[names.index(name) + (1 if verb.startswith("ROLLBACK") else 0):]:
-            del self.savepoints[later]
-        if not verb.startswith("ROLLBACK"):
-            return
-        self._undo(mark, statement, offset)
+        """SAVEPOINT, ROLLBACK TO and RELEASE SAVEPOINT inside a transaction (`Rollbacks`)."""
+        mark = self.rollbacks.savepoint(statement, self.seen_in_tx, f"{self.log_file}:{offset}")
+        if mark is not None:
+            self._undo(mark, statement, offset)
 
     def _undo(self, mark: int, statement: str, offset: int) -> None:
         """Drop the transactional row changes read after the first `mark` (the server undid them)."""
-        if self.handed_undoable > mark:
-            raise SourceError(f"{statement.strip()} at {self.log_file}:{offset} undoes row changes of a "
-                              f"transaction too large to hold ({self.max_rows}+ rows) that were already "
-                              "handed on; raise source.max_rows_in_memory above its size")
-        kept = [(o, item) for o, item in self.rows
-                if o <= mark or (not self._is_transactional(item[1]) if item[0] is not None
-                                 else not undone(item[3], self.transactional))]
-        if len(kept) < len(self.rows):
-            log.info("%s at %s:%d: dropping the %d row changes it undid", statement.strip(), self.log_file,
-                     offset, len(self.rows) - len(kept))
-        self.rows = kept
+        self.rows = self.rollbacks.kept(self.rows, mark, statement, f"{self.log_file}:{offset}", self.max_rows)
 
     def _add_rows(self, event: Rows) -> None:
         if self.ignoring:
+            self.marks.saw(event.schema)
             return  # the other direction's write: dropped with its whole transaction
         info = self.tables.get(event.table_id)
         if info is None:
@@ -415,7 +396,7 @@ class _Assembler:
     def _xa_prepared(self, event: XaPrepare) -> list[Transaction]:
         """The end of a group: XA PREPARE (its rows wait for XA COMMIT), or XA COMMIT ONE PHASE."""
         if event.one_phase:
-            return [self._commit(event.header.log_pos, event.header.timestamp)]
+            return self._commit(event.header.log_pos, event.header.timestamp)
         key = (event.format_id, event.gtrid, event.bqual)
         offset = event.header.log_pos
         if self.handed_in_tx:  # MySQL marks an XA group only at its end
@@ -446,7 +427,7 @@ class _Assembler:
             else:
                 self._append(item)
         pieces = self._pieces() if len(self.rows) >= self.max_rows else []
-        return [*pieces, self._commit(offset, timestamp)]
+        return [*pieces, *self._commit(offset, timestamp)]
 
     def _statement_dml(self, statement: str, schema: str, offset: int, where: str | None = None) -> bool:
         """Whether `statement` is a row change logged as a statement (a session with binlog_format
@@ -454,8 +435,8 @@ class _Assembler:
         the transaction's rows as a marker, or stopping the reader at the end of its transaction,
         naming the tables to copy again (`refuse_statements`). In a prepared XA group it is read again
         and judged at the group's XA COMMIT (`_xa_finished`; `where`: where it was read)."""
-        text = _LEADING_COMMENTS.sub("", statement, count=1)
-        if not _DML.match(text):
+        text = dml_text(statement)
+        if text is None:
             return False
         if self.xa_pending:
             return True  # read again from the binlog at its XA COMMIT, and judged there (never at XA ROLLBACK)
@@ -477,7 +458,7 @@ class _Assembler:
         pieces = []
         while len(self.rows) >= self.max_rows:
             chunk, self.rows = self.rows[: self.max_rows], self.rows[self.max_rows:]
-            self._handing_on(chunk)
+            self.rollbacks.handing_on(chunk)
             self.handed_in_tx = chunk[-1][0]
             end = attrs.evolve(self._start(), row=self.handed_in_tx)
             pieces.append(Transaction(tx_changes(chunk, end, None, self._start()), end, complete=False,
@@ -493,18 +474,22 @@ class _Assembler:
                               "belong to this binlog")
         if self.pending_gtid is not None and self.gtids is not None:
             self.gtids.add(self.pending_gtid)
-        self.rows, self.nbytes, self.in_tx, self.standalone, self.pending_gtid = [], 0, False, False, None
-        self.handed_in_tx = self.skip = self.seen_in_tx = 0
-        self.tx_start, self.statements, self.ignoring = None, [], False
+        self._forget_tx()  # a split transaction's rows handed on no longer bar a later one's ROLLBACK
+        self.handed_in_tx = self.skip = 0
+        self.marks.closed()
         self.positioned = True
 
-    def _commit(self, offset: int, timestamp: float | None) -> Transaction:
+    def _commit(self, offset: int, timestamp: float | None) -> list[Transaction]:
+        """The transaction ending at `offset`, or none: an echo (`MarkGuard.echo`)."""
+        if self.marks.echo():
+            self._close_tx(offset)
+            return []
         refuse_statements(self.statements, self.rows, self.log_file, offset)
         rows, nbytes = self.rows, self.nbytes
-        start = self._start() if self.handed_in_tx else None  # for the ordinals of a split transaction's last changes
+        start = self._start() if self.handed_in_tx else None  # for the ordinals of a split one's last changes
         self._close_tx(offset)
         end = self.mark = self._position(self.log_file, offset)
-        return Transaction(tx_changes(rows, end, float(timestamp) if timestamp else None, start), end, nbytes=nbytes)
+        return [Transaction(tx_changes(rows, end, float(timestamp) if timestamp else None, start), end, nbytes=nbytes)]
 
     def _query(self, event: Query, offset: int) -> list[Transaction]:
         statement = event.query.strip()
@@ -519,15 +504,20 @@ class _Assembler:
         if xa_end:
             return self._xa_finished(xa_end, offset, event.header.timestamp)
         if verb == "COMMIT":  # non-transactional tables, or a server that sends BEGIN/COMMIT
-            return [self._commit(offset, event.header.timestamp)]
+            return self._commit(offset, event.header.timestamp)
         if verb == "ROLLBACK":
             # Only a transaction that wrote a non-transactional table is logged this way: the
             # server undid its transactional rows, not the others.
             self._undo(0, statement, offset)
-            return [self._commit(offset, event.header.timestamp)]
+            return self._commit(offset, event.header.timestamp)
         if self.in_tx and not self.standalone and (self.ignoring or _IGNORED_IN_TX.match(statement)):
             self._savepoint(statement, offset)  # nothing of an ignored transaction's statements is kept
             return []
+        dropped = self.marks.statement(statement, event.thread_id) if self.marks.ignore and not self.ignoring else None
+        if dropped is not None:
+            self._drop_open(dropped, offset, True)
+            if self.in_tx and not self.standalone:
+                return []
         schema = event.schema
         if not self.ignoring and self._statement_dml(statement, schema or "", offset):
             if self.in_tx and not self.standalone:
@@ -542,6 +532,7 @@ class _Assembler:
             return []
         nbytes, ignoring = self.nbytes, self.ignoring
         self._close_tx(offset)
+        self.marks.hold = False
         end = self.mark = self._position(self.log_file, offset)
         self.kinds.clear()
         changes = self.ddl_events.changes(read, schema or "", end, event.sql_mode)

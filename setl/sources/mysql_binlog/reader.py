@@ -53,6 +53,7 @@ class ReaderSettings:
     ignore_server_ids: frozenset[int]
     #: a row change logged as a statement on one read table is handed on as a marker (`_Assembler.statement_markers`)
     statement_markers: bool = False
+    ignore_marks: frozenset[str] = frozenset()  # a channel's marks (`setl.loop_marks`) whose transactions are dropped
 
 
 def start_reader(server: SourceServer, opening: Opening, settings: ReaderSettings, handoff: Handoff,
@@ -72,6 +73,7 @@ def start_reader(server: SourceServer, opening: Opening, settings: ReaderSetting
     assembler.ignore_server_ids = settings.ignore_server_ids
     assembler.judge.markers = settings.statement_markers
     assembler.judge.writes_elsewhere = lookups.writes_elsewhere
+    assembler.marks.ignore = settings.ignore_marks
     assembler.ddl_events.mode_names = lookups.mode_names
     gtid_start = gtids.text if position is None and gtids is not None else None
     reader = BinlogReader(server, handoff, figures, server_id=settings.server_id, flavor=opening.flavor,

@@ -60,6 +60,9 @@ class MysqlSourceConfig:
     #: transactions written by sessions with these server_ids are dropped whole, DDL included (a
     #: two-way channel's other direction: docs/bidirectional.md)
     ignore_server_ids: tuple[int, ...] = ()
+    #: transactions holding a row of setl's mark table with one of these marks, and DDL carrying one in
+    #: its comment, are dropped whole (a two-way channel's marker-row loop guard: docs/bidirectional.md)
+    ignore_marks: tuple[str, ...] = ()
 
 
 log = logging.getLogger("setl.sources.mysql_binlog")
@@ -108,7 +111,8 @@ class MysqlBinlogSource(Select):
       newest first; if it was purged the pipeline stops naming the XA COMMIT's position.
     * `server_id` must be unique among the server's replicas and readers.
     * A transaction whose events carry a server_id in `ignore_server_ids` is dropped whole (its
-      rows, its DDL, every piece of it), only its end is handed on as a position mark.
+      rows, its DDL, every piece of it), only its end is handed on as a position mark; so is one
+      marked with a mark in `ignore_marks` (`setl.loop_marks`).
     * It is `SnapshotCapable`: `snapshot_access` gives `setl.snapshot` its connections, so that
       tables can be copied into its stream (docs/snapshot.md).
     """
@@ -136,6 +140,7 @@ class MysqlBinlogSource(Select):
         snapshot: SnapshotSettings | None = None,
         sequences: bool = False,
         ignore_server_ids: Sequence[int] = (),
+        ignore_marks: Sequence[str] = (),
         reader_process: bool = False,
         statement_markers: bool = False,
     ) -> None:
@@ -175,6 +180,7 @@ class MysqlBinlogSource(Select):
         #: the target, rather than stopping the reader (set under ``on_table_error: quarantine`` with a
         #: target that keeps a quarantine; docs/quarantine.md)
         self.statement_markers = statement_markers
+        self.ignore_marks = frozenset(ignore_marks)
         #: read in a process of its own (`process.ReaderProcess`): the reader's CPU on the other core
         self.reader_process = reader_process
         self._spec = ServerSpec(host, port, user, password, ssl, connect_timeout, heartbeat, flavor, pipeline)
@@ -194,6 +200,7 @@ class MysqlBinlogSource(Select):
     @classmethod
     def from_config(cls, cfg: MysqlSourceConfig, *, pipeline: str, **kwargs: Any) -> "MysqlBinlogSource":
         kwargs.setdefault("ignore_server_ids", cfg.ignore_server_ids)
+        kwargs.setdefault("ignore_marks", cfg.ignore_marks)
         return cls(host=cfg.host, port=cfg.port, user=cfg.user, password=cfg.password,
                    server_id=cfg.server_id, flavor=cfg.flavor, start=cfg.start, pipeline=pipeline,
                    ssl=cfg.ssl, snapshot=cfg.snapshot, heartbeat=cfg.heartbeat_ms / 1000.0, **kwargs)
@@ -264,7 +271,7 @@ class MysqlBinlogSource(Select):
         self._handoff = Handoff(self.max_rows_in_memory)
         settings = ReaderSettings(self.server_id, self.pipeline, self.max_rows_in_memory, self.reconnect_timeout,
                                   self.table_map_cache, self.fast_decoder, self.sequences, self.ignore_server_ids,
-                                  self.statement_markers)
+                                  self.statement_markers, self.ignore_marks)
         if self.reader_process:  # socket, framing, decoding and assembly on the other core
             process = ReaderProcess(self._spec, opening, settings, self._handoff, self.figures,
                                     self.selects, self.reads)

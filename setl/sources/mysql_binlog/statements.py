@@ -56,6 +56,13 @@ _DML_TARGETS = [
 ]
 
 
+def dml_text(statement: str) -> str | None:
+    """`statement` without its leading comments when it may change rows (INSERT, REPLACE, UPDATE,
+    DELETE, LOAD DATA/XML, a WITH or a CALL: a row change logged as a statement), else None."""
+    text = _LEADING_COMMENTS.sub("", statement, count=1)
+    return text if _DML.match(text) else None
+
+
 def dml_target(statement: str, default_schema: str) -> tuple[str, str] | None:
     """``(schema, table)`` a single-table DML statement writes, or None when it cannot be told
     (a multi-table UPDATE or DELETE, a CTE, a procedure call)."""

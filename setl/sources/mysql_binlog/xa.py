@@ -17,7 +17,7 @@ from setl.sources.mysql_binlog.connector import _Connector
 from setl.sources.mysql_binlog.decoding import TableKind, XaKey, _Item, _row_items, _TableInfo
 from setl.sources.mysql_binlog.fast import FastStream, RowDecoders
 from setl.sources.mysql_binlog.server import SourceServer
-from setl.sources.mysql_binlog.statements import _DML, _LEADING_COMMENTS, _XA_END, LoggedStatement
+from setl.sources.mysql_binlog.statements import _XA_END, LoggedStatement, dml_text
 from setl.sources.mysql_binlog.stream import BinlogStream
 
 log = logging.getLogger("setl.sources.mysql_binlog")
@@ -116,7 +116,7 @@ class PreparedXa:
                         found = None  # finished before: a later XA PREPARE reuses the XID
                     elif event.query.strip().upper().startswith("XA START"):
                         group = []
-                    elif _DML.match(_LEADING_COMMENTS.sub("", event.query, count=1)):
+                    elif dml_text(event.query) is not None:
                         # a row change logged as a statement: the assembler judges it at the XA COMMIT
                         where = f"{start.log}:{event.header.log_pos - event.header.event_size}"
                         group.append((None, None, None, LoggedStatement(event.schema or "", event.query, where)))
