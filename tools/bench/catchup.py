@@ -156,6 +156,7 @@ def process_cpu(pid: int | None) -> float:
 #: label -> [(CPU seconds of the consumer process, CPU seconds of the server that applied)], per run
 CPU: dict[str, list[tuple[float, float]]] = {}
 LAST_CHILD_CPU = [0.0]  # the CPU seconds (user + system, its children's included) of the last run_child
+LAST_CHILD_SYS = [0.0]  # of which system (kernel) CPU seconds
 #: the last run_child's own children (a reader process): pid -> (CPU seconds, peak RSS MiB), as last sampled
 LAST_GRANDCHILDREN: dict[int, tuple[float, float]] = {}
 
@@ -189,6 +190,7 @@ def run_child(argv: list[str], timeout: float = 3600, cwd: Path = ROOT) -> tuple
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             LAST_CHILD_CPU[0] = usage.ru_utime + usage.ru_stime
+            LAST_CHILD_SYS[0] = usage.ru_stime
             break
         if time.monotonic() > deadline:
             proc.kill()
@@ -370,7 +372,8 @@ def pipelines_bench(source, target, start, tmp: Path, rows: int, tables: list[st
             selected = tables if "one table" not in label else tables[:1]
             same = sysbench.checksums(sysbench.Conn.from_server(source), selected) == \
                 sysbench.checksums(sysbench.Conn.from_server(target), selected)
-            print(f"repeat {n + 1}: {label}: {LAST_CHILD_CPU[0]:.1f} CPU s, {wall:.1f} s wall, {streams} binlog "
+            print(f"repeat {n + 1}: {label}: {LAST_CHILD_CPU[0]:.1f} CPU s (system {LAST_CHILD_SYS[0]:.1f}), "
+                  f"{wall:.1f} s wall, {streams} binlog "
                   f"stream(s) opened, {drops} drop(s), {rewinds} rewind(s); target equals source (CHECKSUM TABLE): "
                   f"{same}", flush=True)
             if not same:
