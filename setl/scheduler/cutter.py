@@ -19,6 +19,10 @@ from setl.stages import Select
 SELECT_SLICE = 0.02
 #: Longest a blocking Select waits in one poll: bounds how long a stop waits for it.
 BLOCKING_POLL = 0.02
+#: A batch that holds no change yet (transactions of tables the pipeline does not read, which only
+#: move its position) waits this long (or `max_wait_ms` if longer) for one: an idle pipeline writes
+#: its position at most about once a second, not once per `max_wait_ms`. A change cuts it as usual.
+IDLE_ACK_SECONDS = 1.0
 
 
 @attrs.define(eq=False)
@@ -146,18 +150,23 @@ class BatchCutter:
             if not cut.taken:
                 cut.first_at = time.perf_counter()
             cut.taken = True
-            cut.changes.extend(tx.changes)
-            cut.rows += len(tx.changes)
+            changes = tx.changes
+            if changes:
+                if not cut.rows:  # its first change: `max_wait_ms` from now at most
+                    wait = self.clock() + limits.max_wait_ms / 1000.0
+                    cut.deadline = wait if cut.deadline is None else min(cut.deadline, wait)
+                cut.changes.extend(changes)
+                cut.rows += len(changes)
+            elif cut.deadline is None:
+                cut.deadline = self.clock() + max(IDLE_ACK_SECONDS, limits.max_wait_ms / 1000.0)
             cut.size += tx.nbytes
             # A piece of a split transaction ends at a checkpoint too (Position.row).
             cut.end = tx.end
-            if cut.deadline is None:
-                cut.deadline = self.clock() + limits.max_wait_ms / 1000.0
             if ddl:
                 break
             if cut.rows >= limits.max_rows or cut.size >= limits.max_bytes:
                 break
-            if self.clock() >= cut.deadline:
+            if cut.deadline is not None and self.clock() >= cut.deadline:
                 break
         assert cut.end is not None
         return Batch(

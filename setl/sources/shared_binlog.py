@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import itertools
 import logging
 import threading
 import time
@@ -43,6 +44,9 @@ STUCK_SECONDS = 5.0
 SIBLINGS_SECONDS = 5.0
 #: How often a pipeline reading alone checks whether it can join the shared stream (seconds).
 MERGE_EVERY = 1.0
+#: `take` hands a pipeline its queued whole transactions of rows as one, up to this share of its
+#: batch (`max_rows_in_memory`): one poll and one cut step for many small transactions.
+MERGE_SHARE = 8
 
 
 @attrs.frozen
@@ -80,17 +84,27 @@ def _is_mark(item: object) -> bool:
 
 class _Subscription:
     """One pipeline's part of a shared stream: the transactions queued for it after `after`, at
-    most `limit` rows of them (a bigger transaction alone). The pump thread calls `cut`, `put`,
-    `drop` and `fail`; the pipeline's Select thread calls `take`."""
+    most `limit` rows of them (a bigger transaction alone). The pump thread calls `cut`,
+    `pass_over`, `put`, `drop` and `fail`; the pipeline's Select thread calls `take`.
 
-    def __init__(self, pipeline: str, after: Position, limit: int, keep: Callable[[str, str], bool] | None) -> None:
+    A transaction with nothing for it is not queued: `pass_over` only notes its end (`passed`),
+    and `take` hands that on as one position mark once everything queued before it was taken."""
+
+    def __init__(self, pipeline: str, after: Position, limit: int, keep: Callable[[str, str], bool] | None,
+                 merge: int = 1) -> None:
         self.pipeline = pipeline
         self.after = after  # the end of the last transaction queued (or passed over) for it
         self.limit = limit
         self.keep = keep
+        self.merge = merge  # `take` joins queued whole transactions of rows up to this many rows
         self._kept: dict[tuple[str, str], bool] = {}
-        self._items: collections.deque[Transaction | _Failed] = collections.deque()
+        # (transaction, whether it is whole and of rows only, so that `take` may join it to the next)
+        self._items: collections.deque[tuple[Transaction, bool] | _Failed] = collections.deque()
         self._rows = 0
+        # The end of the last whole transaction passed over after everything queued: written by the
+        # pump alone (a plain store, no lock), cleared by `put`; `take` hands it on once as a mark.
+        self.passed: Position | None = None
+        self._marked: Position | None = None  # the last `passed` handed on
         self.detached = False
         self.asked = time.monotonic()  # when its pipeline last asked for rows (`take`)
         self._ready = threading.Condition()
@@ -133,6 +147,20 @@ class _Subscription:
             return None  # a piece with nothing for this pipeline: its next piece or its end says more
         return tx if len(changes) == len(tx.changes) else Transaction(changes, tx.end, tx.complete, tx.nbytes)
 
+    def keeps(self, name: tuple[str, str]) -> bool:
+        """Whether its pipeline reads table `name` (`keep` None: every table)."""
+        return self.keep is None or self._keeps(name)
+
+    def pass_over(self, end: Position, complete: bool) -> None:
+        """A transaction (or piece) ending at `end` holds nothing for it (pump thread): move `after`
+        past it and, for a whole one, note `end` for `take`'s mark. Queues nothing, takes no lock."""
+        after = self.after
+        if self.detached or (end.log, end.offset, end.row) <= (after.log, after.offset, after.row):
+            return
+        self.after = end
+        if complete:
+            self.passed = end
+
     def full(self, tx: Transaction) -> bool:
         """Whether queuing `tx` would pass the limit (an empty buffer takes anything)."""
         with self._ready:
@@ -147,11 +175,13 @@ class _Subscription:
         with self._ready:
             return not self._items and not self.detached
 
-    def put(self, tx: Transaction) -> None:
-        """Queue `tx` (pump thread); never blocks."""
+    def put(self, tx: Transaction, plain: bool = False) -> None:
+        """Queue `tx` (pump thread); never blocks. `plain`: whole and of row changes only (`take` may
+        join it to the transactions queued next to it)."""
         with self._ready:
-            self._items.append(tx)
+            self._items.append((tx, plain))
             self._rows += _weight(tx)
+            self.passed = None  # `tx` ends after it: its end says as much
             self._ready.notify()
 
     def drop(self) -> None:
@@ -169,22 +199,54 @@ class _Subscription:
             self._ready.notify()
 
     def take(self, timeout: float) -> Transaction | _Failed | object | None:
-        """The next item, None when none arrived within `timeout`, or `_DETACHED`."""
+        """The next item, None when none arrived within `timeout`, or `_DETACHED`. Whole transactions
+        of rows queued one after another come as one (up to `merge` rows): the same changes in the
+        same order, ending where the last ends, so every position handed on is still a
+        transaction's end."""
         self.asked = time.monotonic()
         with self._ready:
-            if not self._items and not self.detached:
+            items = self._items
+            if not items and not self.detached and self._unmarked() is None:
                 self._ready.wait(max(0.0, timeout))
             if self.detached:
                 return _DETACHED
-            if not self._items:
-                return None
-            item = self._items.popleft()
-            while _is_mark(item) and self._items and _is_mark(self._items[0]):
-                self._rows -= 1  # a mark weighs 1 (`_weight`)
-                item = self._items.popleft()  # a later mark supersedes it
-            if isinstance(item, Transaction):
-                self._rows -= _weight(item)
-            return item
+            if not items:
+                passed = self._unmarked()
+                if passed is None:
+                    return None
+                self._marked = passed
+                return Transaction((), passed, True, 0)
+            item = items.popleft()
+            if isinstance(item, _Failed):
+                return item
+            tx, plain = item
+            self._rows -= _weight(tx)
+            if _is_mark(tx):
+                while items and not isinstance(items[0], _Failed) and _is_mark(items[0][0]):
+                    self._rows -= 1  # a mark weighs 1 (`_weight`)
+                    tx = items.popleft()[0]  # type: ignore[index]  # a later mark supersedes it
+                return tx
+            if not plain or not items:
+                return tx
+            joined: list[Transaction] = [tx]
+            rows = len(tx.changes)
+            while items:
+                nxt = items[0]
+                if isinstance(nxt, _Failed) or not nxt[1] or rows + len(nxt[0].changes) > self.merge:
+                    break
+                items.popleft()
+                joined.append(nxt[0])
+                rows += len(nxt[0].changes)
+                self._rows -= _weight(nxt[0])
+            if len(joined) == 1:
+                return tx
+            changes = tuple(itertools.chain.from_iterable(t.changes for t in joined))
+            return Transaction(changes, joined[-1].end, True, sum(t.nbytes for t in joined))
+
+    def _unmarked(self) -> Position | None:
+        """`passed` when it was not handed on yet (under `_ready`)."""
+        passed = self.passed
+        return passed if passed is not None and passed is not self._marked else None
 
     def queued_rows(self) -> int:
         """The rows its buffer counts now (0 once it is empty)."""
@@ -208,7 +270,9 @@ class SharedReader:
         self.siblings_until = siblings_until  # when to stop waiting for pipelines that have not opened yet
         self.opened = False
         self._rewind: Position | None = None
-        self._subs: list[_Subscription] = []
+        self._subs: tuple[_Subscription, ...] = ()  # replaced, never changed in place (`_routes` keys on it)
+        self._routed: tuple[_Subscription, ...] = ()  # the subscriptions `_routes` was built for
+        self._routes: dict[tuple[str, str], tuple[_Subscription, ...]] = {}  # per table, who reads it
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.ended = False
@@ -245,15 +309,14 @@ class SharedReader:
                 # maybe this one's, in what it read after `pumped`: it reads that again, knowing. (A
                 # stream that passed over nothing yet asks `selects`, which sees this one, first.)
                 self._rewind = self.pumped if self._rewind is None else min(self._rewind, self.pumped)
-            sub = _Subscription(pipeline, at, limit, keep)
-            self._subs.append(sub)
+            sub = _Subscription(pipeline, at, limit, keep, merge=max(1, limit // BUFFER_BATCHES // MERGE_SHARE))
+            self._subs = (*self._subs, sub)
             return sub
 
     def detach(self, sub: _Subscription) -> bool:
         """Drop `sub`; True when it was the last (the stream then stops, see `stop`)."""
         with self._lock:
-            if sub in self._subs:
-                self._subs.remove(sub)
+            self._subs = tuple(s for s in self._subs if s is not sub)
             if not self._subs:
                 self.ended = True
             return self.ended
@@ -290,7 +353,7 @@ class SharedReader:
                     if self._rewind is not None:
                         continue  # read again from the rewind: nothing is lost by dropping it
                     self.pumped = tx.end
-                    subs = list(self._subs)
+                    subs = self._subs
                 self._hand_on(tx, subs)
         except SetlError as exc:
             self._end(exc)
@@ -301,18 +364,39 @@ class SharedReader:
         finally:
             self.source.close()
 
-    def _hand_on(self, tx: Transaction, subs: list[_Subscription]) -> None:
+    def _hand_on(self, tx: Transaction, subs: tuple[_Subscription, ...]) -> None:
         """Queue what of `tx` each subscription reads. A full buffer makes the pump wait: the
         pipelines go at the pace of the slowest one still asking for rows (in a catch-up they share
         the CPU, and a second stream would only take more of it). A full one whose pipeline has not
         asked for rows for `HOLD_SECONDS` (paused, stuck on its target, retrying) while another
         waits with nothing queued (or for `STUCK_SECONDS` in any case) is dropped and reads alone:
         it holds the others back no longer."""
-        groups = _groups(tx) if len(subs) > 1 else None
-        cuts = [(sub, cut) for sub in subs if (cut := sub.cut(tx, groups)) is not None]
+        groups = _groups(tx)
+        cuts: list[tuple[_Subscription, Transaction, bool]] = []
+        if groups is None:  # a DDL: every pipeline's Extract judges it against its rules
+            cuts = [(sub, cut, False) for sub in subs if (cut := sub.cut(tx, None)) is not None]
+        else:
+            # Only the pipelines reading one of its tables cut it; the others just pass over its end.
+            if subs is not self._routed:
+                self._routed, self._routes = subs, {}
+            routes = self._routes
+            takers: set[_Subscription] = set()
+            for name in groups:
+                route = routes.get(name)
+                if route is None:
+                    route = routes[name] = tuple(sub for sub in subs if sub.keeps(name))
+                takers.update(route)
+            end, complete = tx.end, tx.complete
+            for sub in subs:
+                if sub in takers:
+                    cut = sub.cut(tx, groups)
+                    if cut is not None:
+                        cuts.append((sub, cut, complete))
+                else:
+                    sub.pass_over(end, complete)
         since = time.monotonic()
         while not self._stop.is_set():
-            full = [sub for sub, cut in cuts if sub.full(cut)]
+            full = [sub for sub, cut, _ in cuts if sub.full(cut)]
             if not full:
                 break
             now = time.monotonic()
@@ -324,9 +408,9 @@ class SharedReader:
                     sub.drop()
                 continue
             time.sleep(0.005)
-        for sub, cut in cuts:
+        for sub, cut, plain in cuts:
             if not sub.detached:
-                sub.put(cut)
+                sub.put(cut, plain)
 
     def _end(self, error: SetlError) -> None:
         with self._lock:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from setl.config import BatchSettings
 from setl.model import Batch, Position
 from setl.runtime import Progress
-from setl.scheduler.cutter import BatchCutter
+from setl.scheduler.cutter import IDLE_ACK_SECONDS, BatchCutter
 from setl.testing.harness import ScriptedSource, insert
 
 
@@ -83,3 +83,33 @@ def test_a_first_batch_with_nothing_to_read_waits_for_its_first_transaction():
     batch = cut(cutter)
     assert isinstance(batch, Batch)
     assert (batch.id, len(batch)) == (1, 1)
+
+
+def test_a_batch_of_position_marks_only_waits_the_idle_interval_and_a_change_cuts_it_at_max_wait():
+    """A batch holding only transactions with no change (an idle pipeline) is cut after
+    `IDLE_ACK_SECONDS`, not `max_wait_ms`; its first change brings the cut back to `max_wait_ms`."""
+    source, cutter, clock = rig(1, max_wait_ms=100)
+    first = cut(cutter)
+    assert isinstance(first, Batch)
+    cutter.handed_on(first)
+    for _ in range(3):
+        source.append([])  # transactions of tables the pipeline does not read: position marks
+    assert cut(cutter) is Progress.PROGRESS
+    clock.now += 0.5  # past max_wait_ms, short of the idle interval
+    assert cut(cutter) is Progress.NO_PROGRESS
+    clock.now += IDLE_ACK_SECONDS - 0.5
+    idle = cut(cutter)
+    assert isinstance(idle, Batch)
+    assert (idle.id, len(idle), idle.end) == (2, 0, Position("scripted", 4))
+    cutter.handed_on(idle)
+    source.append([])
+    assert cut(cutter) is Progress.PROGRESS
+    clock.now += 0.5
+    source.append([insert("t", {"id": 20})])
+    assert cut(cutter) is Progress.PROGRESS  # a change: max_wait_ms from now, not the idle interval
+    clock.now += 0.05
+    assert cut(cutter) is Progress.NO_PROGRESS
+    clock.now += 0.05
+    busy = cut(cutter)
+    assert isinstance(busy, Batch)
+    assert (busy.id, len(busy), busy.end) == (3, 1, Position("scripted", 6))

@@ -311,3 +311,27 @@ def test_a_pipeline_joining_a_stream_that_passed_over_its_table_gets_every_row(m
     assert rows(got["b"]) == expected and len(expected) >= 10
     assert reader.rewinds == 1
     assert [c[2] for c in rows(got["a"])] == list(range(1, 31))
+
+
+def test_queued_transactions_come_joined_and_other_tables_queue_nothing(mariadb_source, source_db, subscribers):
+    """A pipeline behind the stream takes its queued transactions joined (the same rows in order,
+    each end a transaction's end); one whose tables got no rows has nothing queued and takes one mark."""
+    setup_tables(mariadb_source, source_db, "a", "b", "c")
+    start = head(mariadb_source)
+    busy, idle = subscribers(("a",), pipeline="busy"), subscribers(("c",), pipeline="idle")
+    busy.open(start)
+    idle.open(start)
+    execute(mariadb_source, source_db, *(f"INSERT INTO {t} VALUES ({i}, 'x')" for i in range(1, 31) for t in "ab"))
+    end = head(mariadb_source)
+    reader = busy._shared_reader
+    assert reader is not None and idle._sub is not None
+    wait_until(lambda: reader.pumped >= end, timeout=20, message="the stream past the inserts")  # nobody polls
+    assert idle._sub.queued_rows() == 0 and idle._sub.passed == reader.pumped
+    own = alone(mariadb_source, start, end, ("a",))
+    got = poll_until(busy, end)
+    assert rows(got) == [r for r in rows(own) if r[0] == "a"] and len(rows(got)) == 30
+    assert len(got) < len(own)  # joined: fewer polls than transactions
+    assert {tx.end for tx in got if tx.changes} <= {tx.end for tx in own} and all(tx.complete for tx in got)
+    marks = poll_until(idle, end)
+    assert [(tx.changes, tx.end) for tx in marks] == [((), reader.pumped)]
+    assert idle.poll(0.05) is None  # handed on once

@@ -156,6 +156,7 @@ def process_cpu(pid: int | None) -> float:
 #: label -> [(CPU seconds of the consumer process, CPU seconds of the server that applied)], per run
 CPU: dict[str, list[tuple[float, float]]] = {}
 LAST_CHILD_CPU = [0.0]  # the CPU seconds (user + system, its children's included) of the last run_child
+LAST_CHILD_SYS = [0.0]  # of which system (kernel) CPU seconds
 #: the last run_child's own children (a reader process): pid -> (CPU seconds, peak RSS MiB), as last sampled
 LAST_GRANDCHILDREN: dict[int, tuple[float, float]] = {}
 
@@ -189,6 +190,7 @@ def run_child(argv: list[str], timeout: float = 3600, cwd: Path = ROOT) -> tuple
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             LAST_CHILD_CPU[0] = usage.ru_utime + usage.ru_stime
+            LAST_CHILD_SYS[0] = usage.ru_stime
             break
         if time.monotonic() > deadline:
             proc.kill()
@@ -336,11 +338,15 @@ def pipelines_bench(source, target, start, tmp: Path, rows: int, tables: list[st
 
     variants: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         "1 pipeline, every table (baseline)": [("all", (r"sbtest\..*",))],
-        "1 pipeline, one table": [("one", (r"sbtest\.sbtest1$",))],
-        f"{k} pipelines, a stream each": [(f"own{i}", share(i, k)) for i in range(k)],
     }
+    if args.stream_each:
+        variants["1 pipeline, one table"] = [("one", (r"sbtest\.sbtest1$",))]
+        variants[f"{k} pipelines, a stream each"] = [(f"own{i}", share(i, k)) for i in range(k)]
     for count in counts:
         variants[f"{count} pipelines, shared reader"] = [(f"shared{count}x{i}", share(i, count)) for i in range(count)]
+    before = f"{k} pipelines, shared reader, code of {args.compare_tree}"
+    if args.compare_tree:  # the same K pipelines by another checkout's code, on the same backlog
+        variants[before] = [(f"before{k}x{i}", share(i, k)) for i in range(k)]
     cpu: dict[str, list[tuple[float, float, float]]] = {}  # label -> [(process CPU s, target CPU s, wall s)]
     for n in range(args.repeat):
         order = list(variants) if n % 2 == 0 else list(reversed(variants))
@@ -359,14 +365,15 @@ def pipelines_bench(source, target, start, tmp: Path, rows: int, tables: list[st
                 args.profile.mkdir(parents=True, exist_ok=True)
                 argv = ["py-spy", "record", "--threads", "--gil", "--rate", "200", "--format", "raw", "-o",
                         str(args.profile / f"{folder.name}.txt"), "--", *argv]
-            _, wall, _, out = run_child(argv)
+            _, wall, _, out = run_child(argv, cwd=args.compare_tree if label == before else ROOT)
             streams = out.count("reading the mariadb binlog")  # the binlog streams it opened
             drops, rewinds = out.count("dropped from the shared binlog stream"), out.count("rewinds to")
             cpu.setdefault(label, []).append((LAST_CHILD_CPU[0], process_cpu(target.pid) - applied, wall))
             selected = tables if "one table" not in label else tables[:1]
             same = sysbench.checksums(sysbench.Conn.from_server(source), selected) == \
                 sysbench.checksums(sysbench.Conn.from_server(target), selected)
-            print(f"repeat {n + 1}: {label}: {LAST_CHILD_CPU[0]:.1f} CPU s, {wall:.1f} s wall, {streams} binlog "
+            print(f"repeat {n + 1}: {label}: {LAST_CHILD_CPU[0]:.1f} CPU s (system {LAST_CHILD_SYS[0]:.1f}), "
+                  f"{wall:.1f} s wall, {streams} binlog "
                   f"stream(s) opened, {drops} drop(s), {rewinds} rewind(s); target equals source (CHECKSUM TABLE): "
                   f"{same}", flush=True)
             if not same:
@@ -624,6 +631,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pipelines", default="", metavar="K[,K...]",
                         help="measure K pipelines on the source (a stream each for the largest K, and shared for "
                              "each K) against one; only that")
+    parser.add_argument("--stream-each", action=argparse.BooleanOptionalAction, default=True,
+                        help="with --pipelines: also one pipeline of one table and K pipelines with a stream each "
+                             "(--no-stream-each: only the baseline and the shared reader)")
     parser.add_argument("--big-transaction", type=int, default=0, metavar="ROWS",
                         help="also read one transaction of ROWS rows with the source alone (e.g. 1000000)")
     args = parser.parse_args(argv)
