@@ -78,6 +78,9 @@ class BuildContext:
             from setl.sinks.conflicts import ConflictPolicy
 
             conflicts = ConflictPolicy.from_config(pipeline.conflicts, pipeline.site)
+            rules = tuple((rule.source, not rule.exclude and rule.target == "{schema}.{table}")
+                          for rule in pipeline.tables)
+            conflicts = attrs.evolve(conflicts, rules=rules)
         return cls(pipeline.name, pipeline.pipeline, node, conflicts=conflicts)
 
     def resolve(self, path: str) -> Path:
