@@ -595,11 +595,12 @@ class ConflictStep:
         sites different (docs/conflicts.md, "What is not settled")."""
         here, there = self.policy.target_site or "target", self.policy.site
         raise RefusedLoadError(
-            f"conflicts: an update of key {list(key)} from site {there} meets no row and no tombstone on site "
-            f"{here}: the key was deleted there by a delete that left no tombstone (made before setl's triggers "
-            f"existed on the table, or older than conflicts.tombstone_days), which last writer wins cannot rank "
-            f"against the update; fix: on site {here} write the key as it must end on both sites (the update's "
-            f"row; or a row stamped later than it, then delete it), then resume (docs/conflicts.md)",
+            f"conflicts: an update of key {list(key)} from site {there} meets no row and no tombstone of site "
+            f"{here}'s delete: the key was deleted on {here} by a delete that left no tombstone (made before "
+            f"setl's triggers existed on the table, or older than conflicts.tombstone_days), which last writer "
+            f"wins cannot rank against the update; fix: on site {here} write the key as it must end on both "
+            f"sites (the update's row; or a row stamped later than it, then delete it), then resume "
+            f"(docs/conflicts.md)",
             pipeline=self.pipeline, stage="load", table=name, position=batch.end)
 
     def _later(self, newer: int | None) -> bool:
