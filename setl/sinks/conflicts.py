@@ -551,7 +551,9 @@ class ConflictStep:
                 if grave is None or grave[0] == self.policy.site:
                     if first is ABSENT:
                         continue  # an insert of a key never deleted here, or deleted by the source before it
-                    newer = None  # an update of a row deleted here without a tombstone (pruned, or before the triggers)
+                    if policy.policy == LAST_WRITER_WINS:
+                        self._unranked(batch, name, key)
+                    newer = None  # site wins needs no version; keep the target's row keeps its own
                 elif policy.policy == SITE_WINS and self.policy.site != policy.site:
                     # No version tells a write that raced the winning site's delete from one made after
                     # it arrived: applied, and recorded as unsettled (docs/conflicts.md).
@@ -585,6 +587,21 @@ class ConflictStep:
             return table
         return attrs.evolve(table, deletes=tuple(i for i in table.deletes if tuple(i[c] for c in pk) not in kept),
                             upserts=tuple(i for i in table.upserts if tuple(i[c] for c in pk) not in kept))
+
+    def _unranked(self, batch: Batch, name: str, key: tuple[Any, ...]) -> None:
+        """Stop: an update meets no row and no tombstone of the target's delete. The delete's version
+        (the row it deleted) is nowhere on this site, so last writer wins cannot rank the update
+        against it, while the other site ranks them by that version: any choice here may leave the
+        sites different (docs/conflicts.md, "What is not settled")."""
+        here, there = self.policy.target_site or "target", self.policy.site
+        raise RefusedLoadError(
+            f"conflicts: an update of key {list(key)} from site {there} meets no row and no tombstone of site "
+            f"{here}'s delete: the key was deleted on {here} by a delete that left no tombstone (made before "
+            f"setl's triggers existed on the table, or older than conflicts.tombstone_days), which last writer "
+            f"wins cannot rank against the update; fix: on site {here} write the key as it must end on both "
+            f"sites (the update's row; or a row stamped later than it, then delete it), then resume "
+            f"(docs/conflicts.md)",
+            pipeline=self.pipeline, stage="load", table=name, position=batch.end)
 
     def _later(self, newer: int | None) -> bool:
         """Whether the batch's delete ranks after the target's own delete of the key (last writer wins)."""

@@ -536,3 +536,37 @@ def test_a_loader_that_may_not_make_triggers_is_refused(mariadb_target: MariaDBS
         assert mariadb_target.query(f"SELECT COUNT(*) FROM {mysql_db}.t") == [(0,)]
     finally:
         mariadb_target.query(f"DROP USER '{user}'@'%'")
+
+
+
+@pytest.mark.parametrize("deleter", ["a", "b"])
+def test_an_update_racing_a_delete_that_left_no_tombstone_stops_until_decided(sites: tuple[Site, Site],
+                                                                              deleter: str) -> None:
+    """A delete made before the site's triggers existed leaves no tombstone: an update racing it, stamped
+    later, wins on the updating site, and on the deleting site stops the load with one line (key, table,
+    position, fix) instead of keeping the delete; once the key is written there by hand, both are equal."""
+    a, b = sites
+    by_name = {"a": a, "b": b}
+    deleting, updating = by_name[deleter], by_name["b" if deleter == "a" else "a"]
+    a.write(5, image(5, "orig", T0))
+    a.ship_to(b)
+    for (trigger,) in deleting.execute("SELECT trigger_name FROM information_schema.triggers WHERE "
+                                       "event_object_schema = %s", (deleting.db,)):
+        deleting.execute(f"DROP TRIGGER {deleting.db}.{trigger}")  # as on a table made after the channel opened
+    deleting.write(5, None)
+    assert deleting.tombstone(5) is None
+    updating.write(5, image(5, "late-update", T0 + datetime.timedelta(seconds=9)))
+    deleting.ship_to(updating)  # ranked there by the deleted row's stamp: the update stays
+    assert updating.row(5)["v"] == "late-update"  # type: ignore[index]
+    racing = [RowChange(c.op, deleting.db, c.table, c.primary_key, c.before, c.after) for c in updating.log]
+    updating.log.clear()
+    with pytest.raises(RefusedLoadError) as refused:
+        deleting.receive(racing)
+    line = str(refused.value)
+    assert "\n" not in line and f"{deleting.db}.t" in line and "key [5]" in line and "no tombstone" in line
+    assert "sim-bin.000001" in line and "fix:" in line, line
+    assert deleting.row(5) is None and deleting.conflicts() == []  # nothing of the batch written
+    deleting.execute(f"INSERT INTO {deleting.db}.t (id, v, f, d, ts, c) VALUES (5, 'late-update', %s, 1.5, %s, 'x')",
+                     (1.1, T0 + datetime.timedelta(seconds=9)))  # the fix: the update's row, by hand
+    deleting.receive(racing)
+    assert deleting.row(5) == updating.row(5) and deleting.row(5)["v"] == "late-update"  # type: ignore[index]
