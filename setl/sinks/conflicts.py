@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
+import pymysql
 
 from setl.errors import RefusedLoadError
 from setl.model import Batch, DdlChange, Op, PartialImage, RowChange
@@ -92,9 +93,18 @@ class ConflictPolicy:
     tables: Mapping[str, TablePolicy] = attrs.Factory(dict)
     #: how long a deleted key's tombstone is kept (pruned after; docs/conflicts.md)
     tombstone_seconds: float = 7 * 86400.0
+    #: tombstones on (``conflicts.tombstones``): triggers, tombstones written and read, a delete ranked
+    #: by the row it deleted; off: none of it, a delete wins over an update (docs/conflicts.md)
+    tombstones: bool = False
     #: the pipeline's table rules as (regex on SCHEMA.TABLE, whether a table it takes first keeps its
     #: name): the target tables whose tombstone triggers the load makes when it opens (`guard_all`)
     rules: tuple[tuple[str, bool], ...] = attrs.field(default=(), eq=False)
+    #: tombstones on: a new connection to the pipeline's source site, where a delete the load applies over
+    #: the target's own write must have left its tombstone (`ConflictStep.settle`); None: not asked
+    source_dial: Callable[[], Any] | None = attrs.field(default=None, eq=False)
+    #: where the source site keeps the table and its tombstones, when not as the target does (None: as in
+    #: a channel, same names on both sites); a test playing both sites on one server, a schema each, sets it
+    source_schema: str | None = None
 
     def of(self, table: str) -> TablePolicy:
         return self.tables.get(table, self.default)
@@ -107,7 +117,7 @@ class ConflictPolicy:
         tables = {name: TablePolicy(t.policy or default.policy, t.column or default.column, t.site or default.site)
                   for name, t in settings.tables.items()}
         return cls(site, others[0] if len(others) == 1 else None, dict(settings.sites), default, tables,
-                   float(settings.tombstone_days) * 86400.0)
+                   float(settings.tombstone_days) * 86400.0, bool(getattr(settings, "tombstones", False)))
 
 
 @attrs.frozen
@@ -147,7 +157,7 @@ def decide(policy: TablePolicy, conflict_site: str, target_site: str | None, sit
         if source_row is ABSENT:
             return SOURCE_WON, "a delete wins over an update"
         if target_row is ABSENT:
-            return TARGET_WON, "a delete wins over an update (the target's delete left no tombstone)"
+            return TARGET_WON, "a delete wins over an update"
         raise ValueError("last writer wins needs the timestamps compared")
     what = "the deleted row's " if source_row is ABSENT or target_row is ABSENT else ""
     if newer:
@@ -279,6 +289,7 @@ class Tombstones:
         self.pipeline = pipeline
         self.table = f"{quote(schema)}.{quote(TOMBSTONES)}"
         self._pruned = 0.0  # when tombstones were last pruned (monotonic)
+        self._source: Any = None  # the connection to the source site (`left_on_source`), once asked
         self._lock = threading.Lock()
 
     def triggers(self, cur: Any, policy: ConflictPolicy, columns: _Columns, schema: str, table: str,
@@ -391,6 +402,60 @@ class Tombstones:
                             "site = VALUES(site), deleted_at = CURRENT_TIMESTAMP(6)")
 
 
+    def left_on_source(self, policy: ConflictPolicy, batch: Batch, name: str, pk: Sequence[str], columns: _Columns,
+                       table_policy: TablePolicy, keys: Sequence[tuple[Any, ...]],
+                       versions: Mapping[tuple[Any, ...], Any]) -> None:
+        """Stop unless each of the source's deletes in `keys`, which win over the target's own write of
+        the key, left its tombstone on the source site. The other direction carries that write to the
+        source, where it meets no row: only the source's tombstone of the delete lets it rank the two
+        as here. A delete made before setl's triggers existed on the source's table (a table created
+        while the channel runs, before the other direction applied its DDL or its first rows) left
+        none: there the write would be applied while here the delete wins, and the sites would end
+        different. `policy` is the pipeline's."""
+        if policy.source_dial is None:
+            raise RefusedLoadError(
+                f"conflicts: tombstones need the source site {policy.site} to be asked whether its delete of "
+                f"key {list(keys[0])} left a tombstone, and this pipeline's source is not a MySQL server; fix: "
+                "set conflicts.tombstones: false, or run the pipeline as a channel direction",
+                pipeline=self.pipeline, stage="load", table=name, position=batch.end)
+        found: dict[tuple[Any, ...], tuple[str, int | None]] = {}
+        for attempt in (1, 2):
+            try:
+                if self._source is None:
+                    self._source = policy.source_dial()
+                with self._source.cursor() as cur:
+                    graves = Tombstones(self.pipeline, policy.source_schema) if policy.source_schema else self
+                    named = f"{policy.source_schema}.{name.partition('.')[2]}" if policy.source_schema else name
+                    found = graves.find(cur, named, pk, columns, table_policy, keys, versions)
+                break
+            except (pymysql.MySQLError, OSError) as exc:
+                source, self._source = self._source, None
+                if source is not None:
+                    try:
+                        source.close()
+                    except (pymysql.MySQLError, OSError):
+                        pass  # gone already: a new one is made
+                if exc.args and exc.args[0] == 1146:  # no tombstones table there: no triggers yet
+                    break
+                if attempt == 2:
+                    raise
+        for key in keys:
+            grave = found.get(key)
+            newer = None if grave is None else grave[1]
+            if (grave is not None and grave[0] == policy.site
+                    and (table_policy.policy != LAST_WRITER_WINS or (newer is not None and newer <= 0))):
+                continue
+            here, there = policy.site, policy.target_site or "target"
+            raise RefusedLoadError(
+                f"conflicts: a delete of key {list(key)} on site {here} wins over site {there}'s own write of the "
+                f"key, but left no tombstone on {here} (made before setl's triggers existed on the table there, "
+                f"e.g. a table created while the channel runs, or older than conflicts.tombstone_days): the write "
+                f"cannot be ranked against it on {here}, so the sites could end different; fix: on site {there}, "
+                f"delete the key by hand (the delete's outcome) or write it again stamped later than the delete "
+                f"(the write's), then resume (docs/conflicts.md)",
+                pipeline=self.pipeline, stage="load", table=name, position=batch.end)
+
+
 class ConflictStep:
     """The conflicts step of one MySQL sink: `begin` each batch's transaction, `settle` each table's
     merged changes before they are written, `after_commit` to publish what was settled."""
@@ -413,6 +478,11 @@ class ConflictStep:
         and then, and run the batch's transaction REPEATABLE READ (see the module), its deletes
         marked as the source site's (``@setl_origin``: the triggers leave them to the loader)."""
         self._make_tables(conn)
+        if not self.policy.tombstones:  # main's conflicts: no triggers, no tombstones
+            with conn.cursor() as cur:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            self._pending.found = []
+            return
         with conn.cursor() as cur:
             cur.execute("SET @setl_origin = %s", (self.policy.site,))
         if batch is not None:
@@ -431,12 +501,14 @@ class ConflictStep:
             return
         with conn.cursor() as cur:
             # DDL only where a table is missing: a restart writes nothing into the binlog
-            cur.execute("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = %s AND table_name IN "
-                        "(%s, %s)", (self.schema, TABLE, TOMBSTONES))
-            if cur.fetchone()[0] < 2:
+            wanted = (TABLE, TOMBSTONES) if self.policy.tombstones else (TABLE, TABLE)
+            cur.execute("SELECT COUNT(DISTINCT table_name) FROM information_schema.tables WHERE table_schema = %s "
+                        "AND table_name IN (%s, %s)", (self.schema, *wanted))
+            if cur.fetchone()[0] < len(set(wanted)):
                 cur.execute(f"CREATE DATABASE IF NOT EXISTS {quote(self.schema)}")
                 cur.execute(CONFLICTS_DDL.format(table=f"{quote(self.schema)}.{quote(TABLE)}"))
-                cur.execute(TOMBSTONES_DDL.format(table=self.tombstones.table))
+                if self.policy.tombstones:
+                    cur.execute(TOMBSTONES_DDL.format(table=self.tombstones.table))
         conn.commit()
         self._ready = True
 
@@ -465,7 +537,7 @@ class ConflictStep:
         """`guard` every table of the target the pipeline writes under its own name (its table rules,
         `ConflictPolicy.rules`), so that a user's delete leaves a tombstone from the start, before
         the first batch of the table arrives."""
-        if not self.policy.rules:
+        if not self.policy.rules or not self.policy.tombstones:
             return
         self._make_tables(conn)
         with conn.cursor() as cur:
@@ -478,6 +550,31 @@ class ConflictStep:
             rule = next((keeps for regex, keeps in self.policy.rules if re.fullmatch(regex, name)), False)
             if rule and (schema, table) not in self._guarded:
                 self.guard(conn, schema, table)
+
+    def guard_created(self, conn: Any, schema: str, table: str, position: str | None) -> None:
+        """Tombstones on: right after a DDL the load applied (a CREATE TABLE, an ALTER), the triggers of
+        its table, when the pipeline writes it under its own name, on the target (before its users
+        write it) and on the source site, whose users' deletes since the CREATE left no tombstone (a
+        race with one of them stops the load: `Tombstones.left_on_source`)."""
+        name = f"{schema}.{table}"
+        if not (self.policy.tombstones and table and any(
+                keeps for regex, keeps in self.policy.rules if re.fullmatch(regex, name))):
+            return
+        sites = [(conn, self)]
+        if self.policy.source_dial is not None:  # the source's triggers write its own site's name
+            there = attrs.evolve(self.policy, site=self.policy.target_site or "", target_site=self.policy.site)
+            sites.append((self.policy.source_dial(), ConflictStep(self.pipeline, there, self.schema)))
+        for server, step in sites:
+            try:
+                with server.cursor() as cur:
+                    cur.execute("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = %s AND "
+                                "table_name = %s AND table_type = 'BASE TABLE'", (schema, table))
+                    exists = bool(cur.fetchone()[0])
+                if exists:
+                    step.guard(server, schema, table, position=position)
+            finally:
+                if server is not conn:
+                    server.close()
 
     def after_commit(self) -> None:
         """The batch committed: count and publish its conflicts."""
@@ -513,7 +610,10 @@ class ConflictStep:
             deleted[key] = image
         for image in table.upserts:
             desired[tuple(image[c] for c in pk)] = image
-        versions = {key: deleted.get(key) if want is ABSENT else want for key, want in desired.items()}
+        tombstones = self.policy.tombstones
+        # tombstones on: a delete's version is the row it deleted; off: it has none (a delete wins)
+        versions = {key: deleted.get(key) if want is ABSENT else want for key, want in desired.items()} \
+            if tombstones else dict(desired)
         # A key the batch changes back to what it found changes nothing on the source: it is not
         # written, lest it undo the target's own change of the row. A key inserted and deleted again
         # is a delete all the same: of a version that may rank after the target's row (last writer
@@ -530,25 +630,30 @@ class ConflictStep:
                                        position=batch.end)
             found = self._compare(cur, table, columns, policy, keys, firsts, desired, versions)
             absent = [key for key in keys if found.get(key, (ABSENT,))[0] is ABSENT]
-            graves = self.tombstones.find(cur, name, pk, columns, policy, absent, versions) if absent else {}
+            graves = (self.tombstones.find(cur, name, pk, columns, policy, absent, versions)
+                      if absent and tombstones else {})
         kept: set[tuple[Any, ...]] = set(unchanged)
         conflicts: list[Conflict] = []
         buried: list[tuple[Any, ...]] = []  # deletes whose tombstone the loader writes
+        beaten: list[tuple[Any, ...]] = []  # deletes that win over the target's own write of the key
         for key in keys:
             first, want = firsts[key], desired[key]
             row, same_before, same_after, newer = found.get(key, (ABSENT, first is ABSENT, want is ABSENT, None))
             reason_tail = ""
             if row is ABSENT:
                 grave = graves.get(key)
-                if want is ABSENT:
+                if not tombstones:
+                    if same_before or same_after:
+                        continue  # main's conflicts: an update meeting no row loses to the target's delete
+                elif want is ABSENT:
                     # Nothing to delete: the target deleted it too. The later of the two deletes stays its
                     # tombstone (last writer wins); without timestamps, the source's: a write the source
                     # makes after its delete is no conflict here, as on the source.
                     if (grave is None or grave[0] == self.policy.site or policy.policy != LAST_WRITER_WINS
-                            or self._later(grave[1])):
+                            or _later(self.policy, grave[1])):
                         buried.append(key)
                     continue
-                if grave is None or grave[0] == self.policy.site:
+                elif grave is None or grave[0] == self.policy.site:
                     if first is ABSENT:
                         continue  # an insert of a key never deleted here, or deleted by the source before it
                     if policy.policy == LAST_WRITER_WINS:
@@ -567,17 +672,21 @@ class ConflictStep:
                     newer = grave[1]  # a tombstone of the target's own delete: the write raced it
                     reason_tail = f" (tombstone of site {grave[0]}'s delete)"
             elif same_before or same_after:
-                if want is ABSENT and same_before:
+                if want is ABSENT and same_before and tombstones:
                     buried.append(key)
                 continue
             decision, reason = decide(policy, self.policy.site, self.policy.target_site, self.policy.sites,
                                       want, row, newer)
             if decision == TARGET_WON:
                 kept.add(key)
-            elif want is ABSENT:
+            elif want is ABSENT and tombstones:
                 buried.append(key)
+                if row is not ABSENT:
+                    beaten.append(key)
             conflicts.append(Conflict(self.pipeline, name, key, policy.policy, decision, reason + reason_tail,
                                       self.policy.site, self.policy.target_site, first, want, row, str(batch.end)))
+        if beaten:
+            self.tombstones.left_on_source(self.policy, batch, name, pk, columns, policy, beaten, versions)
         if conflicts:
             self._record(conn, batch, conflicts)
         if buried:
@@ -602,16 +711,6 @@ class ConflictStep:
             f"sites (the update's row; or a row stamped later than it, then delete it), then resume "
             f"(docs/conflicts.md)",
             pipeline=self.pipeline, stage="load", table=name, position=batch.end)
-
-    def _later(self, newer: int | None) -> bool:
-        """Whether the batch's delete ranks after the target's own delete of the key (last writer wins)."""
-        if newer is None or newer < 0:
-            return False
-        if newer > 0:
-            return True
-        mine = self.policy.sites.get(self.policy.site)
-        theirs = self.policy.sites.get(self.policy.target_site or "")
-        return mine is not None and theirs is not None and mine < theirs
 
     def _table_columns(self, cur: Any, schema: str, table: str) -> _Columns:
         """How each column of the table compares exactly (read once per table, until `forget`)."""
@@ -750,6 +849,17 @@ class ConflictStep:
             log.warning("pipeline=%s stage=load table=%s position=%s conflict on key %s: %s (%s, %s)", c.pipeline,
                         c.table, c.position, list(c.key), c.decision, c.policy, c.reason)
         self._pending.found = [*getattr(self._pending, "found", []), *conflicts]
+
+
+def _later(policy: ConflictPolicy, newer: int | None) -> bool:
+    """Whether the batch's delete ranks after the target's own delete of the key (last writer wins)."""
+    if newer is None or newer < 0:
+        return False
+    if newer > 0:
+        return True
+    mine = policy.sites.get(policy.site)
+    theirs = policy.sites.get(policy.target_site or "")
+    return mine is not None and theirs is not None and mine < theirs
 
 
 CONFLICTS_DDL = """CREATE TABLE IF NOT EXISTS {table} (

@@ -360,6 +360,7 @@ def apply_ddl(path: LoadPath[C], conn: C, batch: Batch, step: DdlStep) -> None:
     path.dialect.apply_ddl(conn, batch, step)
     if path.conflicts is not None:
         path.conflicts.forget()
+        path.conflicts.guard_created(conn, change.schema, change.table or "", str(change.position or batch.end))
     refence_after_ddl(path, conn, batch)
     if path.staged.altered(conn, change, step.statement):
         refence_after_ddl(path, conn, batch)

@@ -7,15 +7,18 @@ import decimal
 import json
 import struct
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import attrs
 import pymysql.cursors
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from setl.config import ConfigError
+from setl.config import ConfigError, NodeSettings, load_pipeline
+from setl.connectors import BuildContext, registry
 from setl.errors import RefusedLoadError
 from setl.model import Batch, DdlChange, Op, PartialImage, Position, RowChange
 from setl.sinks import conflicts as conflicts_module
@@ -44,9 +47,10 @@ def f32(x: float) -> float:
     return float(struct.unpack("<f", struct.pack("<f", x))[0])
 
 
-def policy(site: str, table: TablePolicy = LWW) -> ConflictPolicy:
+def policy(site: str, table: TablePolicy = LWW, tombstones: bool = True, **source: Any) -> ConflictPolicy:
+    """Site `site`'s pipeline's policy; `source`: how it reaches the source site (`source_dial`, `source_schema`)."""
     other = "b" if site == "a" else "a"
-    return ConflictPolicy(site, other, SITES, table)
+    return ConflictPolicy(site, other, SITES, table, tombstones=tombstones, **source)
 
 
 # -- the decision, on its own
@@ -97,12 +101,13 @@ class Site:
     the other site's changes into it, and the log of its own users' changes not yet shipped."""
 
     def __init__(self, server: MariaDBServer, name: str, db: str, table_policy: TablePolicy = LWW,
-                 f: str = "FLOAT") -> None:
+                 f: str = "FLOAT", tombstones: bool = True, other_db: str = "") -> None:
         self.server, self.name, self.db, self.f = server, name, db, f
+        self.tombstones, self.other_db = tombstones, other_db
         self.conn = server.connect()
         other = "b" if name == "a" else "a"
         self.load = MysqlLoad(server.target_config(), pipeline=f"{other}_to_{name}", position_schema=db,
-                              conflicts=policy(other, table_policy))
+                              conflicts=self.policy(table_policy))
         self.log: list[RowChange] = []
         self.shipped: set[str] = set()  # versions (v) of this site's writes that left it
         self.batches = 0
@@ -113,10 +118,16 @@ class Site:
             cur.execute(sql, args)
             return list(cur.fetchall())
 
+    def policy(self, table_policy: TablePolicy) -> ConflictPolicy:
+        """The policy of the pipeline into this site: its source is the other site's schema on the same server."""
+        return policy("b" if self.name == "a" else "a", table_policy, self.tombstones,
+                      source_dial=self.server.connect, source_schema=self.other_db or None)
+
     def guard(self) -> None:
-        """The tombstone triggers of table t, as a channel makes them at start."""
+        """The tombstone triggers of table t, as a channel makes them at start (tombstones on)."""
         assert self.load.conflicts is not None
-        self.load.conflicts.guard(self.conn, self.db, "t")
+        if self.tombstones:
+            self.load.conflicts.guard(self.conn, self.db, "t")
 
     def tombstone(self, key: int) -> tuple[str, str | None] | None:
         """(site, stamp) of the tombstone this site holds for `key`, if any."""
@@ -187,10 +198,11 @@ class Site:
         self.execute(f"DELETE FROM {self.db}.t")
         if self.conflicts():
             self.execute(f"DELETE FROM {self.db}.setl_conflicts")
-        self.execute(f"DELETE FROM {self.db}.setl_tombstones")
+        if self.tombstones:
+            self.execute(f"DELETE FROM {self.db}.setl_tombstones")
         self.log.clear()
         self.shipped.clear()
-        self.load.conflicts.policy = policy("b" if self.name == "a" else "a", table_policy)  # type: ignore[union-attr]
+        self.load.conflicts.policy = self.policy(table_policy)  # type: ignore[union-attr]
         self.guard()
 
     def close(self) -> None:
@@ -199,7 +211,14 @@ class Site:
 
 
 @pytest.fixture
-def sites(request: pytest.FixtureRequest, mariadb_target: MariaDBServer, mysql_db: str) -> Iterator[tuple[Site, Site]]:
+def tombstones() -> bool:
+    """Whether the sites' pipelines run with ``conflicts.tombstones`` (a test parametrizes it to say otherwise)."""
+    return True
+
+
+@pytest.fixture
+def sites(request: pytest.FixtureRequest, mariadb_target: MariaDBServer, mysql_db: str,
+          tombstones: bool) -> Iterator[tuple[Site, Site]]:
     """Sites a and b; ``f`` is a FLOAT column (rows compared by the server) unless the test asks for
     BIGINT (``indirect`` parameter: every column exact, rows compared by setl where it can)."""
     f = getattr(request, "param", "FLOAT")
@@ -207,7 +226,8 @@ def sites(request: pytest.FixtureRequest, mariadb_target: MariaDBServer, mysql_d
     mariadb_target.query(f"CREATE DATABASE {db_b}")
     for db in (db_a, db_b):
         mariadb_target.query(DDL.format(db=db, f=f))
-    a, b = Site(mariadb_target, "a", db_a, f=f), Site(mariadb_target, "b", db_b, f=f)
+    a = Site(mariadb_target, "a", db_a, f=f, tombstones=tombstones, other_db=db_b)
+    b = Site(mariadb_target, "b", db_b, f=f, tombstones=tombstones, other_db=db_a)
     a.load.open()
     b.load.open()
     a.guard()
@@ -337,6 +357,31 @@ def test_conflicts_need_a_mysql_target() -> None:
                        conflicts=policy("a"))
 
 
+@pytest.mark.parametrize("tombstones", [False])
+@pytest.mark.parametrize("deleter", ["a", "b"])
+def test_without_tombstones_a_delete_wins_over_a_racing_update(sites: tuple[Site, Site], deleter: str) -> None:
+    """Tombstones off (main's conflicts): an update racing a delete of the row loses to the delete on
+    both sides, however late it is stamped, the lost update is recorded on each side it reached, and no
+    trigger or tombstones table is made."""
+    a, b = sites
+    a.write(5, image(5, "orig", T0))
+    a.ship_to(b)
+    by_name = {"a": a, "b": b}
+    deleting, updating = by_name[deleter], by_name["b" if deleter == "a" else "a"]
+    deleting.write(5, None)
+    updating.write(5, image(5, "late-update", T0 + datetime.timedelta(seconds=9)))
+    a.ship_to(b)
+    b.ship_to(a)
+    assert a.row(5) is None and b.row(5) is None
+    lost = [json.loads(r["target_row"] if r["decision"] == SOURCE_WON else r["source_row"])["v"]
+            for site in sites for r in site.conflicts()]
+    assert lost == ["late-update", "late-update"]
+    assert a.execute("SELECT COUNT(*) FROM information_schema.triggers WHERE event_object_schema IN (%s, %s)",
+                     (a.db, b.db)) == [(0,)]
+    assert a.execute("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema IN (%s, %s) AND "
+                     "table_name = 'setl_tombstones'", (a.db, b.db)) == [(0,)]
+
+
 @pytest.mark.parametrize("later", [9, 0])
 @pytest.mark.parametrize("deleter", ["a", "b"])
 def test_update_racing_a_delete_converges(sites: tuple[Site, Site], deleter: str, later: int) -> None:
@@ -452,6 +497,7 @@ STEP = st.tuples(st.sampled_from("ab"), st.sampled_from(["write", "write", "dele
                  st.integers(0, 2))
 
 
+@pytest.mark.parametrize("tombstones", [True, False])
 @pytest.mark.parametrize("sites", ["FLOAT", "BIGINT"], indirect=True)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=st.lists(STEP, max_size=30), table_policy=st.sampled_from([LWW, TablePolicy(SITE_WINS, site="b")]))
@@ -461,7 +507,8 @@ def test_random_concurrent_writes_converge(sites: tuple[Site, Site], steps: list
     often the same time, and later than the row a delete this site knows of removed), shipped each
     way in random batches: both end equal, and every site's last write or delete of a key that did not
     survive, and that the other site did not overwrite after seeing it, is in a conflicts table as
-    the losing version (a site deleting its own write that never left it wrote nothing the other saw)."""
+    the losing version (a site deleting its own write that never left it wrote nothing the other saw).
+    Tombstones off, writes only: a delete racing an insert is what only tombstones settle."""
     a, b = sites
     for site in sites:
         site.reset(table_policy)
@@ -473,9 +520,10 @@ def test_random_concurrent_writes_converge(sites: tuple[Site, Site], steps: list
             if what == "ship":
                 site.ship_to(other, arg + 1)
                 continue
+            what = what if site.tombstones else "write"
             # a write's timestamp never goes back from the row's it replaces (docs/conflicts.md): 0 s later ties;
             # over a key this site knows deleted, it is later than the deleted row (ties there are not settled)
-            now, grave = (site.row(key) or {}).get("ts"), site.tombstone(key)
+            now, grave = (site.row(key) or {}).get("ts"), site.tombstone(key) if site.tombstones else None
             if now is None and grave is not None and grave[1] is not None:
                 now = datetime.datetime.fromisoformat(grave[1]) + datetime.timedelta(seconds=1)
             now = now or T0
@@ -570,3 +618,87 @@ def test_an_update_racing_a_delete_that_left_no_tombstone_stops_until_decided(si
                      (1.1, T0 + datetime.timedelta(seconds=9)))  # the fix: the update's row, by hand
     deleting.receive(racing)
     assert deleting.row(5) == updating.row(5) and deleting.row(5)["v"] == "late-update"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("order", ["insert-first", "delete-first"])
+def test_an_insert_racing_a_delete_that_left_no_tombstone_stops_until_decided(sites: tuple[Site, Site],
+                                                                              order: str) -> None:
+    """A key inserted and deleted on site a before a's triggers existed (a table created while the channel
+    runs) races site b's insert of it: a's delete, later and winning on b, stops a's direction with one
+    line (table, key, position, fix) instead of leaving b without the row that reaches a; once b's row is
+    deleted there by hand (the fix), both sites end without it."""
+    a, b = sites
+    a.execute(f"DROP TRIGGER {a.db}.{conflicts_module._trigger('t', 'd')}")  # as on a table made after the start
+    a.write(3, image(3, "a-row", T0 + datetime.timedelta(seconds=5)))
+    a.write(3, None)
+    assert a.tombstone(3) is None
+    b.write(3, image(3, "b-row", T0))
+    if order == "insert-first":
+        b.ship_to(a)  # no row, no tombstone on a: an insert as any
+        assert (a.row(3) or {}).get("v") == "b-row"
+    racing = [RowChange(c.op, b.db, c.table, c.primary_key, c.before, c.after) for c in a.log]
+    a.log.clear()
+    with pytest.raises(RefusedLoadError) as refused:
+        b.receive(racing)
+    line = str(refused.value)
+    assert "\n" not in line and f"{b.db}.t" in line and "key [3]" in line and "no tombstone" in line, line
+    assert "sim-bin.000001" in line and "fix:" in line, line
+    assert (b.row(3) or {}).get("v") == "b-row" and b.conflicts() == []  # nothing of the batch written
+    b.write(3, None)  # the fix: the delete's outcome, by hand on b (its triggers leave b's tombstone)
+    b.receive(racing)
+    b.ship_to(a)
+    assert a.row(3) is None and b.row(3) is None
+
+
+def test_a_delete_that_left_its_tombstone_wins_over_a_racing_insert_on_both_sides(sites: tuple[Site, Site]) -> None:
+    """The same race with a's triggers in place: a's later delete wins on b (its tombstone found on a) and
+    on a (b's insert meets that tombstone), with no stop, and b's lost insert is recorded on both sides."""
+    a, b = sites
+    a.write(3, image(3, "a-row", T0 + datetime.timedelta(seconds=5)))
+    a.write(3, None)
+    b.write(3, image(3, "b-row", T0))
+    a.ship_to(b)
+    b.ship_to(a)
+    assert a.row(3) is None and b.row(3) is None
+    lost = [json.loads(r["target_row"] if r["decision"] == SOURCE_WON else r["source_row"])["v"]
+            for site in sites for r in site.conflicts()]
+    assert lost == ["b-row", "b-row"]
+
+
+def test_without_tombstones_a_load_needs_no_trigger_privilege(mariadb_target: MariaDBServer, mysql_db: str) -> None:
+    """Tombstones off: a conflicts load whose user lacks TRIGGER (and SUPER) loads as before, making no trigger."""
+    mariadb_target.query(DDL.format(db=mysql_db, f="FLOAT"))
+    user = f"nu_{mysql_db[-6:]}"
+    mariadb_target.query(f"CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'")
+    try:
+        mariadb_target.query(f"GRANT SELECT, INSERT, UPDATE, DELETE, CREATE, ALTER, DROP, INDEX ON *.* TO '{user}'@'%'")
+        config = attrs.evolve(mariadb_target.target_config(), user=user, password="pw")
+        load = MysqlLoad(config, pipeline="b_to_a", position_schema=mysql_db, conflicts=policy("b", tombstones=False))
+        load.open()
+        try:
+            change = RowChange(Op.INSERT, mysql_db, "t", ("id",), None, image(1, "x", T0))
+            load.load(Batch("b_to_a", 1, 1, Position("sim-bin.000001", 4), Position("sim-bin.000001", 104),
+                            (attrs.evolve(change, position=Position("sim-bin.000001", 50)),)))
+        finally:
+            load.close()
+        assert mariadb_target.query(f"SELECT COUNT(*) FROM {mysql_db}.t") == [(1,)]
+        assert mariadb_target.query("SELECT COUNT(*) FROM information_schema.triggers WHERE event_object_schema = %s",
+                                    (mysql_db,)) == [(0,)]
+    finally:
+        mariadb_target.query(f"DROP USER '{user}'@'%'")
+
+
+def test_the_tombstones_key_reaches_the_policy_with_a_way_to_the_source(tmp_path: Path) -> None:
+    """``conflicts.tombstones: true`` turns tombstones on in the target's policy, which can then reach the
+    pipeline's MySQL source; left out, they are off and the source is never asked."""
+    conf = tmp_path / "conf"
+    (conf / "pipelines").mkdir(parents=True)
+    block = {"policy": "last_writer_wins", "column": "ts", "sites": {"a": 1, "b": 2}}
+    for name, extra in (("on", {"tombstones": True}), ("off", {})):
+        (conf / "pipelines" / f"{name}.yaml").write_text(yaml.safe_dump({
+            "source": {"type": "mysql", "ignore_server_ids": [4001]}, "target": {"type": "mysql"}, "site": "a",
+            "conflicts": {**block, **extra}}))
+    on = BuildContext.of(load_pipeline(conf, "on", registry()), NodeSettings()).conflicts
+    off = BuildContext.of(load_pipeline(conf, "off", registry()), NodeSettings()).conflicts
+    assert on is not None and on.tombstones and on.source_dial is not None
+    assert off is not None and not off.tombstones and off.source_dial is None
