@@ -481,12 +481,20 @@ class ConflictSettings:
     extra reads."""
 
     #: last_writer_wins: the later `column` wins, a tie goes to the site of the smaller priority in
-    #: `sites`, a delete wins over an update; site_wins: `site` always wins; keep_target: the target's row stays
+    #: `sites`, a delete wins over an update (with `tombstones`: is as late as the row it deleted);
+    #: site_wins: `site` always wins; keep_target: the target's row stays
     policy: ConflictPolicyName = "last_writer_wins"
     column: str | None = None  # last_writer_wins: the timestamp column every write sets (e.g. updated_at)
     site: str | None = None  # site_wins: the site whose version always wins
     sites: dict[str, int] = attrs.Factory(dict)  # the channel's two sites and their priorities (1 wins ties over 2)
     tables: dict[str, TableConflicts] = attrs.Factory(dict)  # per target table SCHEMA.TABLE: its own policy
+    #: tombstones (docs/conflicts.md): each site's deletes leave the deleted row's version in the deleting
+    #: transaction (triggers: SUPER or log_bin_trust_function_creators=1), so that last writer wins ranks a
+    #: delete racing an insert or update; off: a delete wins over an update, and an insert racing a delete
+    #: is not seen
+    tombstones: bool = False
+    #: days a deleted key's tombstone is kept (docs/conflicts.md): more than the longest lag either way
+    tombstone_days: float = 7.0
 
 
 @attrs.frozen
@@ -825,6 +833,11 @@ def load_channel(conf_dir: str | Path, name: str) -> ChannelConfig:
                           "needs its own", file=str(path))
     if config.loop_guard not in LOOP_GUARDS:
         raise ConfigError(f"loop_guard: {config.loop_guard!r} is not one of {', '.join(LOOP_GUARDS)}", file=str(path))
+    if config.loop_guard == "marker" and isinstance(config.conflicts, dict) and config.conflicts.get("tombstones"):
+        raise ConfigError("conflicts.tombstones: needs loop_guard server_id (or auto where the users may set their "
+                          "session's server_id): the tombstone triggers setl makes on a site are marked by the "
+                          "session's server_id, which the marker guard cannot carry (docs/conflicts.md)",
+                          file=str(path))
     if first.setl_gtid_domain_id is not None and first.setl_gtid_domain_id == second.setl_gtid_domain_id:
         raise ConfigError(f"sites.{b}.setl_gtid_domain_id: {second.setl_gtid_domain_id} is also {a}'s: each "
                           "direction needs its own", file=str(path))

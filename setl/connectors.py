@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 import attrs
 
-from setl.errors import ConfigError, PluginError
+from setl.errors import ConfigError, PluginError, RefusedLoadError
 from setl.registry import SOURCES, TARGETS, PluginGroup, blocked
 from setl.stages.load import Load, LoadCapabilities
 from setl.stages.select import Select, SelectCapabilities
@@ -81,11 +81,47 @@ class BuildContext:
             from setl.sinks.conflicts import ConflictPolicy
 
             conflicts = ConflictPolicy.from_config(pipeline.conflicts, pipeline.site)
+            rules = tuple((rule.source, not rule.exclude and rule.target == "{schema}.{table}")
+                          for rule in pipeline.tables)
+            conflicts = attrs.evolve(conflicts, rules=rules, source_dial=_source_dial(pipeline))
         return cls(pipeline.name, pipeline.pipeline, node, conflicts=conflicts)
 
     def resolve(self, path: str) -> Path:
         """A path from the config, relative to the config directory."""
         return self.node.resolve(path)
+
+
+def _source_dial(pipeline: PipelineConfig) -> Callable[[], Any] | None:
+    """A tombstones pipeline's way to its source server (a MySQL source), where the load asks whether a
+    delete it applies left its tombstone there (`setl.sinks.conflicts`); None otherwise."""
+    source: Any = pipeline.source
+    if pipeline.conflicts is None or not pipeline.conflicts.tombstones or source.type != "mysql":
+        return None
+
+    def dial() -> Any:
+        import pymysql
+
+        from setl.dial import mysql_connection
+        from setl.tls import mysql_context
+
+        context = mysql_context(source.ssl, where="source.ssl", pipeline=pipeline.name) if source.ssl else None
+        conn = mysql_connection(host=source.host, port=source.port, user=source.user, password=source.password,
+                                connect_timeout=10.0, read_timeout=60.0, autocommit=True, charset="utf8mb4",
+                                ssl=context)
+        if source.ignore_server_ids:  # what setl writes there (triggers) is setl's, dropped by this pipeline
+            try:
+                with conn.cursor() as cur:
+                    cur.execute("SET SESSION server_id = %s", (source.ignore_server_ids[0],))
+            except pymysql.err.OperationalError as exc:
+                conn.close()
+                raise RefusedLoadError(
+                    f"conflicts.tombstones: user {source.user!r} may not set its session's server_id on the source "
+                    f"{source.host}:{source.port} ({exc.args[-1] if exc.args else exc}), which marks the tombstone "
+                    "triggers setl makes there (the marker loop guard cannot carry them). Fix: GRANT BINLOG "
+                    "REPLAY, BINLOG ADMIN ON *.* to it, or set conflicts.tombstones: false (docs/conflicts.md)",
+                    pipeline=pipeline.name, stage="load") from exc
+        return conn
+    return dial
 
 
 @attrs.frozen

@@ -85,6 +85,7 @@ def check_channel(channel: ChannelConfig) -> Iterator[Finding]:
         return
     yield from (found("error", line, 2) for line in refusals(channel, facts))
     guards: list[str] = []
+    tombstones = isinstance(channel.conflicts, dict) and channel.conflicts.get("tombstones") is True
     for name, site in channel.sites.items():
         guard, line = _guard(channel, name, site)
         if line is None and guard == "marker" and facts[name].binlog_format != "ROW":
@@ -95,6 +96,13 @@ def check_channel(channel: ChannelConfig) -> Iterator[Finding]:
             yield found("error", line, 2)
         else:
             guards.append(f"{name} {guard}")
+        trigger_line = _trigger_privilege(name, site) if tombstones else None
+        if tombstones and guard == "marker" and trigger_line is None:
+            trigger_line = (f"site {name}: conflicts.tombstones needs loop_guard server_id: user {site.user!r} may "
+                            "not set its session's server_id, which marks the tombstone triggers setl makes there. "
+                            "Fix: GRANT BINLOG REPLAY, BINLOG ADMIN ON *.* to it, or set conflicts.tombstones: false")
+        if trigger_line is not None:
+            yield found("error", trigger_line, 2)
     sites = ", ".join(f"{n} (server_id {f.server_id}, gtid_domain_id {f.gtid_domain_id})" for n, f in facts.items())
     yield found("ok", f"sites {sites}: each direction's writes are marked and dropped by the other's reader "
                       f"(loop_guard {channel.loop_guard}: {', '.join(guards)})")
@@ -186,6 +194,35 @@ def _guard(channel: ChannelConfig, name: str, site: ChannelSite) -> tuple[str, s
     finally:
         conn.close()
     return "server_id", None
+
+
+def _trigger_privilege(name: str, site: ChannelSite) -> str | None:
+    """Tombstones on: a line when the site's user could not make setl's tombstone triggers (with the
+    binlog on, MariaDB asks SUPER or log_bin_trust_function_creators=1 of a trigger's creator, error
+    1419), else None."""
+    try:
+        conn = _connect(site)
+    except pymysql.MySQLError as exc:
+        return f"cannot connect to site {name} as {site.user!r}: {exc}"
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT @@global.log_bin, @@global.log_bin_trust_function_creators, CURRENT_USER()")
+            log_bin, trusted, user = cur.fetchone() or (0, 0, "")
+            account, _, host = str(user).rpartition("@")
+            cur.execute("SELECT COUNT(*) FROM information_schema.USER_PRIVILEGES WHERE GRANTEE = %s AND "
+                        "PRIVILEGE_TYPE = 'SUPER'", (f"'{account}'@'{host}'",))
+            superuser = bool((cur.fetchone() or (0,))[0])
+    except pymysql.MySQLError as exc:
+        return f"site {name}: cannot read whether {site.user!r} may make triggers: {exc}"
+    finally:
+        conn.close()
+    if not int(log_bin or 0) or int(trusted or 0) or superuser:
+        return None
+    return (f"site {name}: conflicts.tombstones needs setl's tombstone triggers on every table of the channel, and "
+            f"user {site.user!r} may not make them there (binlog on, no SUPER, log_bin_trust_function_creators=0: "
+            "error 1419). Fix: SET GLOBAL log_bin_trust_function_creators = 1 (and in my.cnf), or GRANT SUPER "
+            f"ON *.* TO '{account}'@'{host}', besides GRANT TRIGGER on the tables; or set conflicts.tombstones: "
+            "false (docs/conflicts.md)")
 
 
 __all__ = ["SiteFacts", "check_channel", "read_site", "refusals"]

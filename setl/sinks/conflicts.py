@@ -22,14 +22,18 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import hashlib
 import json
 import logging
+import re
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
+import pymysql
 
 from setl.errors import RefusedLoadError
 from setl.model import Batch, DdlChange, Op, PartialImage, RowChange
@@ -42,10 +46,14 @@ LAST_WRITER_WINS, SITE_WINS, KEEP_TARGET = "last_writer_wins", "site_wins", "kee
 POLICIES = (LAST_WRITER_WINS, SITE_WINS, KEEP_TARGET)
 #: The decisions: the batch's (the source's) version written, or the target's row kept.
 SOURCE_WON, TARGET_WON = "source_won", "target_won"
+#: The start of the reason of a conflict recorded but not settled exactly (docs/conflicts.md).
+UNSETTLED = "unsettled"
 #: Keys a conflicts statement checks at once (each is one branch of a UNION ALL).
 CHUNK_KEYS = 200
 #: The conflicts table, in the pipeline's position schema on the target.
 TABLE = "setl_conflicts"
+#: The tombstones table (same schema): a deleted key's last version, the site that deleted it.
+TOMBSTONES = "setl_tombstones"
 
 
 class _Marker:
@@ -83,6 +91,20 @@ class ConflictPolicy:
     sites: Mapping[str, int]
     default: TablePolicy
     tables: Mapping[str, TablePolicy] = attrs.Factory(dict)
+    #: how long a deleted key's tombstone is kept (pruned after; docs/conflicts.md)
+    tombstone_seconds: float = 7 * 86400.0
+    #: tombstones on (``conflicts.tombstones``): triggers, tombstones written and read, a delete ranked
+    #: by the row it deleted; off: none of it, a delete wins over an update (docs/conflicts.md)
+    tombstones: bool = False
+    #: the pipeline's table rules as (regex on SCHEMA.TABLE, whether a table it takes first keeps its
+    #: name): the target tables whose tombstone triggers the load makes when it opens (`guard_all`)
+    rules: tuple[tuple[str, bool], ...] = attrs.field(default=(), eq=False)
+    #: tombstones on: a new connection to the pipeline's source site, where a delete the load applies over
+    #: the target's own write must have left its tombstone (`ConflictStep.settle`); None: not asked
+    source_dial: Callable[[], Any] | None = attrs.field(default=None, eq=False)
+    #: where the source site keeps the table and its tombstones, when not as the target does (None: as in
+    #: a channel, same names on both sites); a test playing both sites on one server, a schema each, sets it
+    source_schema: str | None = None
 
     def of(self, table: str) -> TablePolicy:
         return self.tables.get(table, self.default)
@@ -94,7 +116,8 @@ class ConflictPolicy:
         default = TablePolicy(settings.policy, settings.column, settings.site)
         tables = {name: TablePolicy(t.policy or default.policy, t.column or default.column, t.site or default.site)
                   for name, t in settings.tables.items()}
-        return cls(site, others[0] if len(others) == 1 else None, dict(settings.sites), default, tables)
+        return cls(site, others[0] if len(others) == 1 else None, dict(settings.sites), default, tables,
+                   float(settings.tombstone_days) * 86400.0, bool(getattr(settings, "tombstones", False)))
 
 
 @attrs.frozen
@@ -117,30 +140,34 @@ class Conflict:
 
 def decide(policy: TablePolicy, conflict_site: str, target_site: str | None, sites: Mapping[str, int],
            source_row: Any, target_row: Any, newer: int | None) -> tuple[str, str]:
-    """(decision, reason) for a conflict. `newer` (last writer wins, both rows present): 1 if the
-    source's timestamp is later than the target's, -1 if earlier, 0 if equal (NULL is earlier than
-    any time). The same on both sides of a channel: last writer wins ranks (timestamp, site
-    priority) and a delete over any update; site wins names one site; keep the target's row keeps
-    each side's own (two sides that both keep their own rows stay different: docs/conflicts.md)."""
+    """(decision, reason) for a conflict. `newer` (last writer wins): 1 if the source's version is
+    later than the target's, -1 if earlier, 0 if equal (NULL is earlier than any time), None when
+    one side has no version to compare. A delete's version is the row it deleted (its timestamp);
+    a key's tombstone (`TOMBSTONES`) is the target's delete. The same on both sides of a channel:
+    last writer wins ranks (timestamp, site priority); site wins names one site; keep the target's
+    row keeps each side's own (two sides that both keep their own rows stay different:
+    docs/conflicts.md). Without a version to compare (a delete that left no tombstone), a delete
+    wins."""
     if policy.policy == KEEP_TARGET:
         return TARGET_WON, "keep_target"
     if policy.policy == SITE_WINS:
         won = conflict_site == policy.site
         return (SOURCE_WON if won else TARGET_WON), f"site {policy.site} wins"
-    if source_row is ABSENT:
-        return SOURCE_WON, "a delete wins over an update"
-    if target_row is ABSENT:
-        return TARGET_WON, "a delete wins over an update"
     if newer is None:
+        if source_row is ABSENT:
+            return SOURCE_WON, "a delete wins over an update"
+        if target_row is ABSENT:
+            return TARGET_WON, "a delete wins over an update"
         raise ValueError("last writer wins needs the timestamps compared")
+    what = "the deleted row's " if source_row is ABSENT or target_row is ABSENT else ""
     if newer:
-        return (SOURCE_WON if newer > 0 else TARGET_WON), f"{policy.column} is later on the " + (
+        return (SOURCE_WON if newer > 0 else TARGET_WON), f"{what}{policy.column} is later on the " + (
             "source" if newer > 0 else "target")
     mine, theirs = sites[conflict_site], sites[target_site] if target_site is not None else None
     if theirs is None or mine == theirs:
         raise ValueError("a tie of last writer wins needs two sites of different priorities")
     first = conflict_site if mine < theirs else target_site
-    return (SOURCE_WON if mine < theirs else TARGET_WON), f"{policy.column} ties; site {first} has priority"
+    return (SOURCE_WON if mine < theirs else TARGET_WON), f"{what}{policy.column} ties; site {first} has priority"
 
 
 # -- what the whole process counted (the node's metrics, status and alerts read it)
@@ -245,9 +272,188 @@ class _Columns:
 
     expressions: dict[str, str]  # lower-cased column -> SQL expression compared with a literal
     names: dict[str, str]  # lower-cased column -> its name
+    #: lower-cased column -> (data type, column type), as information_schema gives them
+    types: dict[str, tuple[str, str]] = attrs.Factory(dict)
     #: lower-cased columns whose value as read back may not tell two stored values apart (FLOAT and
     #: DOUBLE are printed rounded; BIT, SET, ENUM, JSON and spatial values come back in other types)
     inexact: frozenset[str] = frozenset()
+
+
+class Tombstones:
+    """The tombstones of one target (`TOMBSTONES` in the pipeline's position schema): a deleted key's
+    last version (the deleted row's timestamp) and the site that deleted it, written in the deleting
+    transaction (by the triggers `triggers` makes for users' deletes, by the loader, `bury`, for the
+    deletes it applies), read when a write meets no row (`find`), pruned by age (`prune`)."""
+
+    def __init__(self, pipeline: str, schema: str) -> None:
+        self.pipeline = pipeline
+        self.table = f"{quote(schema)}.{quote(TOMBSTONES)}"
+        self._pruned = 0.0  # when tombstones were last pruned (monotonic)
+        self._source: Any = None  # the connection to the source site (`left_on_source`), once asked
+        self._lock = threading.Lock()
+
+    def triggers(self, cur: Any, policy: ConflictPolicy, columns: _Columns, schema: str, table: str,
+                 pk: Sequence[str], position: str | None) -> None:
+        """The triggers of `schema.table` that write a tombstone for each delete of a row by a user of
+        the site (a DELETE, and an UPDATE that changes the key), made where missing or changed."""
+        name = f"{schema}.{table}"
+        site = policy.target_site or ""
+        table_policy = policy.of(name)
+        column = columns.names.get((table_policy.column or "").lower(), "x")
+        stamp = _stamp_text(columns, table_policy, "OLD." + quote(column))
+        key = f"JSON_ARRAY({', '.join('OLD.' + quote(c) for c in pk)})"
+        named, site = cur.connection.escape(name), cur.connection.escape(site)
+        insert = (f"INSERT INTO {self.table} (key_md5, table_name, row_key, stamp, site) SELECT "
+                  f"MD5(CONCAT({named}, ' ', {key})), {named}, {key}, {stamp}, {site} FROM DUAL "
+                  "WHERE @setl_origin IS NULL "
+                  "ON DUPLICATE KEY UPDATE row_key = VALUES(row_key), stamp = VALUES(stamp), "
+                  "site = VALUES(site), deleted_at = CURRENT_TIMESTAMP(6)")
+        moved = " OR ".join(f"NOT (OLD.{quote(c)} <=> NEW.{quote(c)})" for c in pk)
+        target = f"{quote(schema)}.{quote(table)}"
+        bodies = {_trigger(table, "d"): ("DELETE", insert),
+                  _trigger(table, "u"): ("UPDATE", f"BEGIN IF {moved} THEN {insert}; END IF; END")}
+        cur.execute("SELECT trigger_name, action_statement FROM information_schema.triggers WHERE "
+                    "event_object_schema = %s AND event_object_table = %s", (schema, table))
+        made = dict(cur.fetchall())
+        try:
+            for trigger, (event, body) in bodies.items():
+                if made.get(trigger) != body:  # made, or made again after a change (DDL, policy)
+                    cur.execute(f"CREATE OR REPLACE TRIGGER {quote(schema)}.{quote(trigger)} AFTER {event} ON "
+                                f"{target} FOR EACH ROW {body}")
+        except Exception as exc:  # a missing privilege: one line with the fix
+            raise RefusedLoadError(
+                f"conflicts: cannot make the tombstone triggers of {name} ({exc}); a deleted row must leave a "
+                "tombstone on its site for a delete racing an insert to settle the same on both sides; fix: "
+                "GRANT TRIGGER on the tables (and SUPER, or log_bin_trust_function_creators=1, where the "
+                "binlog is on), see docs/conflicts.md", pipeline=self.pipeline, stage="load", table=name,
+                position=position) from exc
+
+    def prune(self, conn: Any, keep: float) -> None:
+        """Drop the tombstones older than `keep` seconds, now and then."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._pruned < min(3600.0, keep / 2):
+                return
+            self._pruned = now
+        with conn.cursor() as cur:
+            cur.execute(f"DELETE FROM {self.table} WHERE deleted_at < NOW(6) - INTERVAL %s MICROSECOND",
+                        (int(keep * 1e6),))
+            if cur.rowcount:
+                log.info("pipeline=%s stage=load pruned %d tombstones older than %ss", self.pipeline,
+                         cur.rowcount, keep)
+        conn.commit()
+
+    def find(self, cur: Any, name: str, pk: Sequence[str], columns: _Columns, policy: TablePolicy,
+             keys: Sequence[tuple[Any, ...]], versions: Mapping[tuple[Any, ...], Any]
+             ) -> dict[tuple[Any, ...], tuple[str, int | None]]:
+        """Key -> (the site that deleted it, `decide`'s `newer` of the batch's version against the
+        deleted row's: None where not last writer wins), for the `keys` the target holds a tombstone
+        of. Most keys have none: their hashes are worked out and looked up a chunk at a time, and
+        only the keys found are compared."""
+        found: dict[tuple[Any, ...], tuple[str, int | None]] = {}
+        literal = cur.connection.escape
+        for start in range(0, len(keys), CHUNK_KEYS):
+            part = keys[start:start + CHUNK_KEYS]
+            keyed = " UNION ALL ".join(f"SELECT {n} AS n, {_key_md5(cur, name, pk, columns, key)} AS h"
+                                       for n, key in enumerate(part))
+            cur.execute(f"SELECT k.n, k.h, t.site FROM ({keyed}) k JOIN {self.table} t "
+                        "ON t.key_md5 = CONVERT(k.h USING ascii)")
+            hashes, graves = {}, {}
+            for n, digest, site in cur.fetchall():
+                hashes[digest] = part[n]
+                graves[part[n]] = site
+            compared = [key for key in graves if policy.policy == LAST_WRITER_WINS and versions.get(key) is not None]
+            for key in graves:
+                found[key] = (graves[key], None)
+            if not compared:
+                continue
+            branches = []
+            theirs = _stamp_value(columns, policy, "t.stamp")
+            for n, key in enumerate(compared):
+                value = next((v for c, v in versions[key].items() if c.lower() == (policy.column or "").lower()), None)
+                mine = _stamp_value(columns, policy, _stamp_text(columns, policy, literal(to_db(value))))
+                compare = (f"CASE WHEN {mine} <=> {theirs} THEN 0 WHEN {theirs} IS NULL THEN 1 WHEN {mine} IS NULL "
+                           f"THEN -1 WHEN {mine} > {theirs} THEN 1 ELSE -1 END")
+                branches.append(f"(SELECT {n}, {compare} FROM {self.table} t WHERE t.key_md5 = "
+                                f"{literal(next(h for h, k in hashes.items() if k == key))})")
+            cur.execute(" UNION ALL ".join(branches))
+            for n, newer in cur.fetchall():
+                key = compared[n]
+                found[key] = (found[key][0], None if newer is None else int(newer))
+        return found
+
+    def bury(self, conn: Any, site: str, name: str, pk: Sequence[str], columns: _Columns, policy: TablePolicy,
+             deletes: Sequence[tuple[tuple[Any, ...], Any]]) -> None:
+        """A tombstone for each of the batch's deletes (the deleted row's version, the source's site),
+        in the batch's transaction."""
+        with conn.cursor() as cur:
+            literal = cur.connection.escape
+            rows = []
+            for key, image in deletes:
+                value = None if image is None else next(
+                    (v for c, v in image.items() if c.lower() == (policy.column or "").lower()), None)
+                stamp = _stamp_text(columns, policy, literal(to_db(value)))
+                rows.append(f"({_key_md5(cur, name, pk, columns, key)}, {literal(name)}, "
+                            f"{_key_json(cur, pk, columns, key)}, {stamp}, {literal(site)})")
+            for start in range(0, len(rows), 5 * CHUNK_KEYS):
+                cur.execute(f"INSERT INTO {self.table} (key_md5, table_name, row_key, stamp, site) VALUES "
+                            + ", ".join(rows[start:start + 5 * CHUNK_KEYS])
+                            + " ON DUPLICATE KEY UPDATE row_key = VALUES(row_key), stamp = VALUES(stamp), "
+                            "site = VALUES(site), deleted_at = CURRENT_TIMESTAMP(6)")
+
+
+    def left_on_source(self, policy: ConflictPolicy, batch: Batch, name: str, pk: Sequence[str], columns: _Columns,
+                       table_policy: TablePolicy, keys: Sequence[tuple[Any, ...]],
+                       versions: Mapping[tuple[Any, ...], Any]) -> None:
+        """Stop unless each of the source's deletes in `keys`, which win over the target's own write of
+        the key, left its tombstone on the source site. The other direction carries that write to the
+        source, where it meets no row: only the source's tombstone of the delete lets it rank the two
+        as here. A delete made before setl's triggers existed on the source's table (a table created
+        while the channel runs, before the other direction applied its DDL or its first rows) left
+        none: there the write would be applied while here the delete wins, and the sites would end
+        different. `policy` is the pipeline's."""
+        if policy.source_dial is None:
+            raise RefusedLoadError(
+                f"conflicts: tombstones need the source site {policy.site} to be asked whether its delete of "
+                f"key {list(keys[0])} left a tombstone, and this pipeline's source is not a MySQL server; fix: "
+                "set conflicts.tombstones: false, or run the pipeline as a channel direction",
+                pipeline=self.pipeline, stage="load", table=name, position=batch.end)
+        found: dict[tuple[Any, ...], tuple[str, int | None]] = {}
+        for attempt in (1, 2):
+            try:
+                if self._source is None:
+                    self._source = policy.source_dial()
+                with self._source.cursor() as cur:
+                    graves = Tombstones(self.pipeline, policy.source_schema) if policy.source_schema else self
+                    named = f"{policy.source_schema}.{name.partition('.')[2]}" if policy.source_schema else name
+                    found = graves.find(cur, named, pk, columns, table_policy, keys, versions)
+                break
+            except (pymysql.MySQLError, OSError) as exc:
+                source, self._source = self._source, None
+                if source is not None:
+                    try:
+                        source.close()
+                    except (pymysql.MySQLError, OSError):
+                        pass  # gone already: a new one is made
+                if exc.args and exc.args[0] == 1146:  # no tombstones table there: no triggers yet
+                    break
+                if attempt == 2:
+                    raise
+        for key in keys:
+            grave = found.get(key)
+            newer = None if grave is None else grave[1]
+            if (grave is not None and grave[0] == policy.site
+                    and (table_policy.policy != LAST_WRITER_WINS or (newer is not None and newer <= 0))):
+                continue
+            here, there = policy.site, policy.target_site or "target"
+            raise RefusedLoadError(
+                f"conflicts: a delete of key {list(key)} on site {here} wins over site {there}'s own write of the "
+                f"key, but left no tombstone on {here} (made before setl's triggers existed on the table there, "
+                f"e.g. a table created while the channel runs, or older than conflicts.tombstone_days): the write "
+                f"cannot be ranked against it on {here}, so the sites could end different; fix: on site {there}, "
+                f"delete the key by hand (the delete's outcome) or write it again stamped later than the delete "
+                f"(the write's), then resume (docs/conflicts.md)",
+                pipeline=self.pipeline, stage="load", table=name, position=batch.end)
 
 
 class ConflictStep:
@@ -260,21 +466,115 @@ class ConflictStep:
         self.schema = schema
         self._ready = False
         self._columns: dict[tuple[str, str], _Columns] = {}
+        self._guarded: set[tuple[str, str]] = set()  # tables whose delete triggers this process made
+        self.tombstones = Tombstones(pipeline, schema)
         self._pending = threading.local()
 
     # -- the transaction
 
-    def begin(self, conn: Any) -> None:
-        """Before the batch's first statement: make the conflicts table (once), and run the batch's
-        transaction REPEATABLE READ (see the module)."""
+    def begin(self, conn: Any, batch: Batch | None = None) -> None:
+        """Before the batch's first statement: make the conflicts and tombstones tables (once), the
+        delete triggers of the batch's tables (`guard`, once per table), prune old tombstones now
+        and then, and run the batch's transaction REPEATABLE READ (see the module), its deletes
+        marked as the source site's (``@setl_origin``: the triggers leave them to the loader)."""
+        self._make_tables(conn)
+        if not self.policy.tombstones:  # main's conflicts: no triggers, no tombstones
+            with conn.cursor() as cur:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            self._pending.found = []
+            return
         with conn.cursor() as cur:
-            if not self._ready:
-                cur.execute(f"CREATE DATABASE IF NOT EXISTS {quote(self.schema)}")
-                cur.execute(CONFLICTS_DDL.format(table=f"{quote(self.schema)}.{quote(TABLE)}"))
-                conn.commit()
-                self._ready = True
+            cur.execute("SET @setl_origin = %s", (self.policy.site,))
+        if batch is not None:
+            for change in batch.changes:
+                if (isinstance(change, RowChange) and change.primary_key and change.sequence is None
+                        and (change.schema, change.table) not in self._guarded):
+                    self.guard(conn, change.schema, change.table, position=str(batch.end))
+        self.tombstones.prune(conn, self.policy.tombstone_seconds)
+        with conn.cursor() as cur:
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         self._pending.found = []
+
+    def _make_tables(self, conn: Any) -> None:
+        """The conflicts and tombstones tables, made once."""
+        if self._ready:
+            return
+        with conn.cursor() as cur:
+            # DDL only where a table is missing: a restart writes nothing into the binlog
+            wanted = (TABLE, TOMBSTONES) if self.policy.tombstones else (TABLE, TABLE)
+            cur.execute("SELECT COUNT(DISTINCT table_name) FROM information_schema.tables WHERE table_schema = %s "
+                        "AND table_name IN (%s, %s)", (self.schema, *wanted))
+            if cur.fetchone()[0] < len(set(wanted)):
+                cur.execute(f"CREATE DATABASE IF NOT EXISTS {quote(self.schema)}")
+                cur.execute(CONFLICTS_DDL.format(table=f"{quote(self.schema)}.{quote(TABLE)}"))
+                if self.policy.tombstones:
+                    cur.execute(TOMBSTONES_DDL.format(table=self.tombstones.table))
+        conn.commit()
+        self._ready = True
+
+    def guard(self, conn: Any, schema: str, table: str, position: str | None = None) -> None:
+        """Make (or make again) the triggers that write a tombstone for every delete of a row of
+        `schema.table` by a user of this site, in the deleting transaction: a DELETE, and an UPDATE
+        that changes the primary key (the loader writes its own deletes' tombstones). DDL: it
+        commits. Run at the first batch of each table; a channel runs it for its tables at start."""
+        self._make_tables(conn)
+        with conn.cursor() as cur:
+            self._columns.pop((schema, table), None)
+            columns = self._table_columns(cur, schema, table)
+            cur.execute("SELECT k.column_name FROM information_schema.table_constraints c JOIN "
+                        "information_schema.key_column_usage k ON k.constraint_schema = c.constraint_schema "
+                        "AND k.constraint_name = c.constraint_name AND k.table_schema = c.table_schema AND "
+                        "k.table_name = c.table_name WHERE c.table_schema = %s AND c.table_name = %s AND "
+                        "c.constraint_type = 'PRIMARY KEY' ORDER BY k.ordinal_position", (schema, table))
+            pk = tuple(row[0] for row in cur.fetchall())
+            if not pk:
+                return  # keyless: refused by `first_images` at its first change
+            self.tombstones.triggers(cur, self.policy, columns, schema, table, pk, position)
+        conn.commit()
+        self._guarded.add((schema, table))
+
+    def guard_all(self, conn: Any) -> None:
+        """`guard` every table of the target the pipeline writes under its own name (its table rules,
+        `ConflictPolicy.rules`), so that a user's delete leaves a tombstone from the start, before
+        the first batch of the table arrives."""
+        if not self.policy.rules or not self.policy.tombstones:
+            return
+        self._make_tables(conn)
+        with conn.cursor() as cur:
+            cur.execute("SELECT t.table_schema, t.table_name FROM information_schema.tables t WHERE t.table_type = "
+                        "'BASE TABLE' AND t.table_schema NOT IN ('mysql', 'information_schema', "
+                        "'performance_schema', 'sys', %s)", (self.schema,))
+            tables = [(row[0], row[1]) for row in cur.fetchall()]
+        for schema, table in tables:
+            name = f"{schema}.{table}"
+            rule = next((keeps for regex, keeps in self.policy.rules if re.fullmatch(regex, name)), False)
+            if rule and (schema, table) not in self._guarded:
+                self.guard(conn, schema, table)
+
+    def guard_created(self, conn: Any, schema: str, table: str, position: str | None) -> None:
+        """Tombstones on: right after a DDL the load applied (a CREATE TABLE, an ALTER), the triggers of
+        its table, when the pipeline writes it under its own name, on the target (before its users
+        write it) and on the source site, whose users' deletes since the CREATE left no tombstone (a
+        race with one of them stops the load: `Tombstones.left_on_source`)."""
+        name = f"{schema}.{table}"
+        if not (self.policy.tombstones and table and any(
+                keeps for regex, keeps in self.policy.rules if re.fullmatch(regex, name))):
+            return
+        sites = [(conn, self)]
+        if self.policy.source_dial is not None:  # the source's triggers write its own site's name
+            there = attrs.evolve(self.policy, site=self.policy.target_site or "", target_site=self.policy.site)
+            sites.append((self.policy.source_dial(), ConflictStep(self.pipeline, there, self.schema)))
+        for server, step in sites:
+            try:
+                with server.cursor() as cur:
+                    cur.execute("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = %s AND "
+                                "table_name = %s AND table_type = 'BASE TABLE'", (schema, table))
+                    exists = bool(cur.fetchone()[0])
+                if exists:
+                    step.guard(server, schema, table, position=position)
+            finally:
+                if server is not conn:
+                    server.close()
 
     def after_commit(self) -> None:
         """The batch committed: count and publish its conflicts."""
@@ -284,15 +584,17 @@ class ConflictStep:
             publish(found)
 
     def forget(self) -> None:
-        """After DDL: learn the tables' columns again."""
+        """After DDL: learn the tables' columns again, and make their triggers again."""
         self._columns.clear()
+        self._guarded.clear()
 
     # -- one table
 
     def settle(self, conn: Any, batch: Batch, table: TableChanges,
                expected: dict[tuple[str, str], dict[tuple[Any, ...], Any]]) -> TableChanges:
-        """`table`'s changes without those whose conflict the target's row wins, every conflict
-        written to the conflicts table. `expected`: `first_images` of the segment's changes."""
+        """`table`'s changes without those whose conflict the target's row (or tombstone) wins, every
+        conflict written to the conflicts table, and a tombstone for every delete written.
+        `expected`: `first_images` of the segment's changes."""
         if not table.primary_key:
             return table  # a sequence's state (keyless rows were refused by `first_images`)
         ident = (table.schema, table.table)
@@ -301,13 +603,23 @@ class ConflictStep:
         pk = table.primary_key
         firsts = expected.setdefault(ident, {})
         desired: dict[tuple[Any, ...], Any] = {}
+        deleted: dict[tuple[Any, ...], Any] = {}  # key -> the row a delete removes (its version)
         for image in table.deletes:
-            desired[tuple(image[c] for c in pk)] = ABSENT
+            key = tuple(image[c] for c in pk)
+            desired[key] = ABSENT
+            deleted[key] = image
         for image in table.upserts:
             desired[tuple(image[c] for c in pk)] = image
-        # A key the batch leaves as it found it (inserted and deleted again, or changed back) changes
-        # nothing on the source: it is not written, lest it undo the target's own change of the row.
-        unchanged = {key for key, want in desired.items() if _same_image(firsts.get(key, ANY), want)}
+        tombstones = self.policy.tombstones
+        # tombstones on: a delete's version is the row it deleted; off: it has none (a delete wins)
+        versions = {key: deleted.get(key) if want is ABSENT else want for key, want in desired.items()} \
+            if tombstones else dict(desired)
+        # A key the batch changes back to what it found changes nothing on the source: it is not
+        # written, lest it undo the target's own change of the row. A key inserted and deleted again
+        # is a delete all the same: of a version that may rank after the target's row (last writer
+        # wins, site wins), as on the source, where it replaced whatever the target's row races with.
+        unchanged = {key for key, want in desired.items() if _same_image(firsts.get(key, ANY), want)
+                     and not (want is ABSENT and key in deleted)}
         keys = [key for key in desired if firsts.get(key, ANY) is not ANY and key not in unchanged]
         with conn.cursor() as cur:
             columns = self._table_columns(cur, table.schema, table.table)
@@ -316,41 +628,105 @@ class ConflictStep:
                                        f"last writer wins compares; fix: add it, or set another column or policy "
                                        f"for the table", pipeline=self.pipeline, stage="load", table=name,
                                        position=batch.end)
-            found = self._compare(cur, table, columns, policy, keys, firsts, desired)
+            found = self._compare(cur, table, columns, policy, keys, firsts, desired, versions)
+            absent = [key for key in keys if found.get(key, (ABSENT,))[0] is ABSENT]
+            graves = (self.tombstones.find(cur, name, pk, columns, policy, absent, versions)
+                      if absent and tombstones else {})
         kept: set[tuple[Any, ...]] = set(unchanged)
         conflicts: list[Conflict] = []
+        buried: list[tuple[Any, ...]] = []  # deletes whose tombstone the loader writes
+        beaten: list[tuple[Any, ...]] = []  # deletes that win over the target's own write of the key
         for key in keys:
             first, want = firsts[key], desired[key]
             row, same_before, same_after, newer = found.get(key, (ABSENT, first is ABSENT, want is ABSENT, None))
-            if same_before or same_after:
+            reason_tail = ""
+            if row is ABSENT:
+                grave = graves.get(key)
+                if not tombstones:
+                    if same_before or same_after:
+                        continue  # main's conflicts: an update meeting no row loses to the target's delete
+                elif want is ABSENT:
+                    # Nothing to delete: the target deleted it too. The later of the two deletes stays its
+                    # tombstone (last writer wins); without timestamps, the source's: a write the source
+                    # makes after its delete is no conflict here, as on the source.
+                    if (grave is None or grave[0] == self.policy.site or policy.policy != LAST_WRITER_WINS
+                            or _later(self.policy, grave[1])):
+                        buried.append(key)
+                    continue
+                elif grave is None or grave[0] == self.policy.site:
+                    if first is ABSENT:
+                        continue  # an insert of a key never deleted here, or deleted by the source before it
+                    if policy.policy == LAST_WRITER_WINS:
+                        self._unranked(batch, name, key)
+                    newer = None  # site wins needs no version; keep the target's row keeps its own
+                elif policy.policy == SITE_WINS and self.policy.site != policy.site:
+                    # No version tells a write that raced the winning site's delete from one made after
+                    # it arrived: applied, and recorded as unsettled (docs/conflicts.md).
+                    conflicts.append(Conflict(
+                        self.pipeline, name, key, policy.policy, SOURCE_WON, f"{UNSETTLED}: site_wins cannot rank a "
+                        f"write against site {grave[0]}'s delete (tombstone); applied: if it raced the delete, the "
+                        "sites differ (setl verify)", self.policy.site, self.policy.target_site, first, want, row,
+                        str(batch.end)))
+                    continue
+                else:
+                    newer = grave[1]  # a tombstone of the target's own delete: the write raced it
+                    reason_tail = f" (tombstone of site {grave[0]}'s delete)"
+            elif same_before or same_after:
+                if want is ABSENT and same_before and tombstones:
+                    buried.append(key)
                 continue
             decision, reason = decide(policy, self.policy.site, self.policy.target_site, self.policy.sites,
                                       want, row, newer)
             if decision == TARGET_WON:
                 kept.add(key)
-            conflicts.append(Conflict(self.pipeline, name, key, policy.policy, decision, reason, self.policy.site,
-                                      self.policy.target_site, first, want, row, str(batch.end)))
+            elif want is ABSENT and tombstones:
+                buried.append(key)
+                if row is not ABSENT:
+                    beaten.append(key)
+            conflicts.append(Conflict(self.pipeline, name, key, policy.policy, decision, reason + reason_tail,
+                                      self.policy.site, self.policy.target_site, first, want, row, str(batch.end)))
+        if beaten:
+            self.tombstones.left_on_source(self.policy, batch, name, pk, columns, policy, beaten, versions)
         if conflicts:
             self._record(conn, batch, conflicts)
+        if buried:
+            self.tombstones.bury(conn, self.policy.site, name, pk, columns, policy,
+                                 [(key, deleted[key]) for key in buried])
         if not kept:
             return table
         return attrs.evolve(table, deletes=tuple(i for i in table.deletes if tuple(i[c] for c in pk) not in kept),
                             upserts=tuple(i for i in table.upserts if tuple(i[c] for c in pk) not in kept))
+
+    def _unranked(self, batch: Batch, name: str, key: tuple[Any, ...]) -> None:
+        """Stop: an update meets no row and no tombstone of the target's delete. The delete's version
+        (the row it deleted) is nowhere on this site, so last writer wins cannot rank the update
+        against it, while the other site ranks them by that version: any choice here may leave the
+        sites different (docs/conflicts.md, "What is not settled")."""
+        here, there = self.policy.target_site or "target", self.policy.site
+        raise RefusedLoadError(
+            f"conflicts: an update of key {list(key)} from site {there} meets no row and no tombstone of site "
+            f"{here}'s delete: the key was deleted on {here} by a delete that left no tombstone (made before "
+            f"setl's triggers existed on the table, or older than conflicts.tombstone_days), which last writer "
+            f"wins cannot rank against the update; fix: on site {here} write the key as it must end on both "
+            f"sites (the update's row; or a row stamped later than it, then delete it), then resume "
+            f"(docs/conflicts.md)",
+            pipeline=self.pipeline, stage="load", table=name, position=batch.end)
 
     def _table_columns(self, cur: Any, schema: str, table: str) -> _Columns:
         """How each column of the table compares exactly (read once per table, until `forget`)."""
         known = self._columns.get((schema, table))
         if known is not None:
             return known
-        cur.execute("SELECT c.column_name, c.data_type, c.character_set_name, c.extra, "
+        cur.execute("SELECT c.column_name, c.data_type, c.character_set_name, c.extra, c.column_type, "
                     "(SELECT MAX(l.collation_name) FROM information_schema.collations l "
                     " WHERE l.collation_name = CONCAT(c.character_set_name, '_nopad_bin')), "
                     "(SELECT MAX(l.collation_name) FROM information_schema.collations l "
                     " WHERE l.collation_name = CONCAT(c.character_set_name, '_bin')) "
                     "FROM information_schema.columns c WHERE c.table_schema = %s AND c.table_name = %s",
                     (schema, table))
-        expressions, names, inexact = {}, {}, set()
-        for column, data_type, charset, extra, nopad, binary in cur.fetchall():
+        expressions, names, inexact, types = {}, {}, set(), {}
+        for column, data_type, charset, extra, column_type, nopad, binary in cur.fetchall():
+            types[column.lower()] = (str(data_type).lower(), str(column_type).lower())
             if "GENERATED" in str(extra).upper() or str(extra).upper() in ("ROW START", "ROW END"):
                 continue  # computed by the server from the others: never written, never compared
             names[column.lower()] = column
@@ -362,14 +738,15 @@ class ConflictStep:
                 if collation:
                     expression = f"{expression} COLLATE {collation}"
             expressions[column.lower()] = expression
-        found = _Columns(expressions, names, frozenset(inexact))
+        found = _Columns(expressions, names, types, frozenset(inexact))
         if names:
             self._columns[(schema, table)] = found
         return found
 
     def _compare(self, cur: Any, table: TableChanges, columns: _Columns, policy: TablePolicy,
                  keys: Sequence[tuple[Any, ...]], firsts: Mapping[tuple[Any, ...], Any],
-                 desired: Mapping[tuple[Any, ...], Any]) -> dict[tuple[Any, ...], tuple[Any, bool, bool, int | None]]:
+                 desired: Mapping[tuple[Any, ...], Any], versions: Mapping[tuple[Any, ...], Any]
+                 ) -> dict[tuple[Any, ...], tuple[Any, bool, bool, int | None]]:
         """Key -> (the target's row, whether it is the first before-image, whether it is the batch's
         last after-image, `decide`'s `newer`), for the keys the target has a row of; locked to COMMIT.
 
@@ -410,16 +787,17 @@ class ConflictStep:
                 else:
                     suspects.append(key)
         if suspects:
-            found.update(self._server_compare(cur, table, columns, policy, suspects, firsts, desired))
+            found.update(self._server_compare(cur, table, columns, policy, suspects, firsts, desired, versions))
         return found
 
     def _server_compare(self, cur: Any, table: TableChanges, columns: _Columns, policy: TablePolicy,
                         keys: Sequence[tuple[Any, ...]], firsts: Mapping[tuple[Any, ...], Any],
-                        desired: Mapping[tuple[Any, ...], Any]) -> dict[tuple[Any, ...],
-                                                                          tuple[Any, bool, bool, int | None]]:
+                        desired: Mapping[tuple[Any, ...], Any], versions: Mapping[tuple[Any, ...], Any]
+                        ) -> dict[tuple[Any, ...], tuple[Any, bool, bool, int | None]]:
         """`_compare` of `keys` by the server: a UNION ALL of one locked single-key SELECT per key,
         each comparing the row with both images column by column (`<=>`, text in a binary no-pad
-        collation) and, for last writer wins, the timestamps."""
+        collation) and, for last writer wins, the timestamps (of the batch's `versions`: a delete's is
+        the row it deleted)."""
         literal = cur.connection.escape
         name = f"{quote(table.schema)}.{quote(table.table)}"
         pk = table.primary_key
@@ -435,7 +813,7 @@ class ConflictStep:
             return "(" + " AND ".join(parts or ["1"]) + ")"
 
         def newer(image: Any) -> str:
-            if stamp is None or image is ABSENT:
+            if stamp is None or image is ABSENT or image is None:
                 return "NULL"
             value = next((v for c, v in image.items() if c.lower() == (policy.column or "").lower()), None)
             mine = literal(to_db(value))
@@ -448,7 +826,7 @@ class ConflictStep:
             branches = []
             for n, key in enumerate(part):
                 where = " AND ".join(f"{quote(c)} = {literal(to_db(v))}" for c, v in zip(pk, key))
-                branches.append(f"(SELECT {n}, {same(firsts[key])}, {same(desired[key])}, {newer(desired[key])}, "
+                branches.append(f"(SELECT {n}, {same(firsts[key])}, {same(desired[key])}, {newer(versions.get(key))}, "
                                 f"{select} FROM {name} WHERE {where} FOR UPDATE)")
             cur.execute(" UNION ALL ".join(branches))  # no parameters: sent as it is
             for row in cur.fetchall():
@@ -473,6 +851,17 @@ class ConflictStep:
         self._pending.found = [*getattr(self._pending, "found", []), *conflicts]
 
 
+def _later(policy: ConflictPolicy, newer: int | None) -> bool:
+    """Whether the batch's delete ranks after the target's own delete of the key (last writer wins)."""
+    if newer is None or newer < 0:
+        return False
+    if newer > 0:
+        return True
+    mine = policy.sites.get(policy.site)
+    theirs = policy.sites.get(policy.target_site or "")
+    return mine is not None and theirs is not None and mine < theirs
+
+
 CONFLICTS_DDL = """CREATE TABLE IF NOT EXISTS {table} (
   id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
   detected_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
@@ -491,6 +880,83 @@ CONFLICTS_DDL = """CREATE TABLE IF NOT EXISTS {table} (
   batch BIGINT NOT NULL,
   KEY by_table (pipeline, table_name(191))
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"""
+
+
+TOMBSTONES_DDL = """CREATE TABLE IF NOT EXISTS {table} (
+  key_md5 CHAR(32) CHARACTER SET ascii NOT NULL PRIMARY KEY,
+  table_name VARCHAR(512) NOT NULL,
+  row_key LONGTEXT NOT NULL,
+  stamp VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
+  site VARCHAR(255) NOT NULL,
+  deleted_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+  KEY by_age (deleted_at)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"""
+
+_INTEGERS = frozenset({"tinyint", "smallint", "mediumint", "int", "bigint"})
+
+
+def _sql_type(columns: _Columns, column: str) -> str | None:
+    """The CAST type a value of `column` compares as exactly (None: as text; "timestamp": by its epoch)."""
+    data_type, column_type = columns.types.get(column.lower(), ("", ""))
+    if data_type in ("datetime", "time"):
+        return column_type.upper()
+    if data_type == "date":
+        return "DATE"
+    if data_type == "decimal":
+        return column_type.replace("unsigned", "").replace("zerofill", "").strip().upper()
+    if data_type in _INTEGERS:
+        return "DECIMAL(65,0)"
+    if data_type == "year":
+        return "SIGNED"
+    if data_type in ("float", "double"):
+        return "DOUBLE"
+    if data_type == "timestamp":
+        return "timestamp"
+    return None
+
+
+def _stamp_text(columns: _Columns, policy: TablePolicy, expression: str) -> str:
+    """The tombstone's `stamp` for a deleted row whose timestamp column is `expression` (NULL where
+    the table's policy compares no timestamps): text the server casts back exactly (`_stamp_value`)."""
+    if policy.policy != LAST_WRITER_WINS or (policy.column or "").lower() not in columns.names:
+        return "NULL"
+    kind = _sql_type(columns, policy.column or "")
+    if kind == "timestamp":  # an instant, whatever the session's time zone
+        return f"UNIX_TIMESTAMP({expression})"
+    if kind is None:
+        return f"CAST({expression} AS CHAR)"
+    return f"CAST(CAST({expression} AS {kind}) AS CHAR)"
+
+
+def _stamp_value(columns: _Columns, policy: TablePolicy, text: str) -> str:
+    """A tombstone's `stamp` text as a value that compares as the timestamp column does."""
+    kind = _sql_type(columns, policy.column or "")
+    if kind == "timestamp":
+        return f"CAST({text} AS DECIMAL(30,6))"
+    if kind is None:
+        return f"CAST({text} AS CHAR CHARACTER SET utf8mb4) COLLATE utf8mb4_bin"
+    return f"CAST({text} AS {kind})"
+
+
+def _key_json(cur: Any, pk: Sequence[str], columns: _Columns, key: Sequence[Any]) -> str:
+    """The key as the triggers write it (``JSON_ARRAY`` of the key columns' values, typed as stored)."""
+    parts = []
+    for column, value in zip(pk, key):
+        literal = cur.connection.escape(to_db(value))
+        data_type, column_type = columns.types.get(column.lower(), ("", ""))
+        if data_type in ("datetime", "time", "date", "decimal"):
+            literal = f"CAST({literal} AS {_sql_type(columns, column)})"
+        parts.append(literal)
+    return f"JSON_ARRAY({', '.join(parts)})"
+
+
+def _key_md5(cur: Any, name: str, pk: Sequence[str], columns: _Columns, key: Sequence[Any]) -> str:
+    return f"MD5(CONCAT({cur.connection.escape(name)}, ' ', {_key_json(cur, pk, columns, key)}))"
+
+
+def _trigger(table: str, kind: str) -> str:
+    """The name of a table's tombstone trigger (`kind`: d for delete, u for update)."""
+    return f"setl_tombstone_{kind}_{hashlib.md5(table.encode()).hexdigest()[:16]}"
 
 
 #: Column types whose value PyMySQL reads back is the stored value itself, so that equal Python

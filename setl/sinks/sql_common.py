@@ -196,7 +196,7 @@ class SqlLoad(Load, Generic[C]):
         """Connect and create the position tables if needed. A transient failure is raised at once
         (a `TransientLoadError`): the node retries the start with its backoff, shown by `setl
         status` as ``retrying`` with the cause, and a stop ends the wait."""
-        self._with_connection(lambda conn: None, None)
+        self._with_connection(self.conflicts.guard_all if self.conflicts else lambda conn: None, None)
 
     def prepare(self, batch: Batch) -> None:
         """Work out ahead, on the calling worker, what the dialect's row writer can (`RowWriter.prepare`),

@@ -67,7 +67,7 @@ def load_batch(path: LoadPath[C], conn: C, batch: Batch, segments: list[Segment]
     COMMIT (see the module). `segments` were cut without the tables `planned_without`; `plan` cuts
     them again when other tables are diverted. `encoded`: per table of `planned_without`, its changes
     in the batch encoded ahead (`encode_ahead`)."""
-    begin_conflicts(path, conn)
+    begin_conflicts(path, conn, batch)
     hold_fence(path, conn, batch)
     batch, segments = divert_quarantined(path, conn, batch, segments, plan, planned_without, encoded)
     ddl = any(isinstance(segment, DdlStep) for segment in segments)
@@ -85,7 +85,7 @@ def load_part(path: LoadPath[C], conn: C, batch: Batch, plan: PlanSegments) -> N
     hold already dropped, segments (`plan` cuts them), its tables' positions and COMMIT."""
     # unambiguous with dots in names; in the order the part names them
     names = {ident: flat_name(*ident) for ident in dict.fromkeys((c.schema, c.table or "") for c in batch.changes)}
-    begin_conflicts(path, conn)
+    begin_conflicts(path, conn, batch)
     tables = fence_part(path, conn, batch, list(names.values()))
     batch = skip_applied(path, batch, names, tables)
     apply_segments(path, conn, batch, plan(batch))
@@ -100,10 +100,11 @@ def load_part(path: LoadPath[C], conn: C, batch: Batch, plan: PlanSegments) -> N
 # -- the steps, in the order they run
 
 
-def begin_conflicts(path: LoadPath[C], conn: C) -> None:
-    """A conflicts pipeline: its table made once, the transaction REPEATABLE READ (`ConflictStep.begin`)."""
+def begin_conflicts(path: LoadPath[C], conn: C, batch: Batch) -> None:
+    """A conflicts pipeline: its tables and the batch's tables' tombstone triggers made once, the
+    transaction REPEATABLE READ (`ConflictStep.begin`)."""
     if path.conflicts is not None:
-        path.conflicts.begin(conn)
+        path.conflicts.begin(conn, batch)
 
 
 def hold_fence(path: LoadPath[C], conn: C, batch: Batch) -> None:
@@ -360,6 +361,7 @@ def apply_ddl(path: LoadPath[C], conn: C, batch: Batch, step: DdlStep) -> None:
     path.dialect.apply_ddl(conn, batch, step)
     if path.conflicts is not None:
         path.conflicts.forget()
+        path.conflicts.guard_created(conn, change.schema, change.table or "", str(change.position or batch.end))
     refence_after_ddl(path, conn, batch)
     if path.staged.altered(conn, change, step.statement):
         refence_after_ddl(path, conn, batch)
