@@ -18,6 +18,8 @@ from typing import Any, TypeVar, overload
 
 import pymysql
 
+from setl.adapters import pymysql as pymysql_io
+
 C = TypeVar("C", bound=pymysql.connections.Connection)
 
 #: CR_SERVER_LOST: the error a reader of a cut connection gets, which setl's retries treat as transient
@@ -35,13 +37,14 @@ def mysql_connection(*, connect_timeout: float, cls: type[C], **kwargs: Any) -> 
 
 
 def mysql_connection(*, connect_timeout: float, cls: Any = None, **kwargs: Any) -> Any:
-    """A connected `cls` (PyMySQL's `Connection` by default) built from PyMySQL's `kwargs`.
+    """A connected `cls` (PyMySQL's `Connection` by default, its preferred mode's TLS context built
+    once per process: `setl.adapters.pymysql.Connection`) built from PyMySQL's `kwargs`.
 
     The TCP connect and the handshake each end within `connect_timeout` seconds, or raise
     `pymysql.err.OperationalError` (2003 can't connect, 2013 no handshake) naming the server and
     the time waited. Blocks at most about twice `connect_timeout`.
     """
-    factory: Any = cls or pymysql.connections.Connection
+    factory: Any = cls or pymysql_io.Connection
     if kwargs.get("unix_socket"):
         return factory(connect_timeout=connect_timeout, **kwargs)
     conn = factory(defer_connect=True, connect_timeout=connect_timeout, **kwargs)

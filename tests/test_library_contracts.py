@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from setl import adapters
 from setl import binlog_events as ev
 from setl.adapters import pymysql as pymysql_io
 from setl.adapters import replication
+from setl.dial import mysql_connection
 from setl.sources.mysql_binlog.connector import _Connector
 from setl.sources.mysql_binlog.fast import FastStream
 from setl.sources.mysql_binlog.stream import BinlogStream
@@ -115,6 +117,31 @@ def test_packet_io_reads_the_result_pymysql_would(conn: Any) -> None:
     with conn.cursor() as cur:
         cur.execute("SELECT 'next'")
         assert cur.fetchone() == ("next",)
+
+
+def test_connections_share_the_preferred_modes_tls_context(mariadb_source: MariaDBServer) -> None:
+    """`mysql_connection` without TLS settings builds PyMySQL's preferred mode (TLS if offered, no
+    certificate checked) with one context per process, the one PyMySQL would build; explicit TLS
+    settings still get a context of their own; the connections work."""
+    plain = pymysql.connections.Connection(defer_connect=True)
+    shared = pymysql_io.preferred_tls_context()
+    assert plain.ssl and not plain._ssl_required and shared is not plain.ctx
+    assert (shared.verify_mode, shared.check_hostname, shared.options, shared.verify_flags) == (
+        plain.ctx.verify_mode, plain.ctx.check_hostname, plain.ctx.options, plain.ctx.verify_flags)
+    args = mariadb_source.connect_args()
+    connections = [mysql_connection(connect_timeout=5, **args) for _ in range(2)]
+    try:
+        assert [type(c) for c in connections] == [pymysql_io.Connection] * 2
+        assert all(c.ctx is shared and c.ssl and not c._ssl_required for c in connections)
+        for c in connections:
+            with c.cursor() as cur:
+                cur.execute("SELECT 1")
+                assert cur.fetchone() == (1,)
+    finally:
+        for c in connections:
+            c.close()
+    own = pymysql_io.Connection(defer_connect=True, ssl={"verify_mode": "required"})
+    assert own.ctx is not shared and own.ctx.verify_mode == ssl.CERT_REQUIRED
 
 
 def test_the_socket_and_the_read_timeout(mariadb_source: MariaDBServer) -> None:

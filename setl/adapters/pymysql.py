@@ -1,7 +1,8 @@
-"""PyMySQL's internals, the one place setl reaches into them: the connection's command and packet
-reads (``_execute_command``, ``_read_packet``), its buffered socket file and sequence id
-(``_rfile``, ``_next_seq_id``, ``_force_close``) for readers that frame packets themselves, its
-socket and read timeout, and its buffered result (`MySQLResult`) for a result read into dicts.
+"""PyMySQL's internals, the one place setl reaches into them: the TLS context of its preferred mode
+(`Connection`), the connection's command and packet reads (``_execute_command``, ``_read_packet``),
+its buffered socket file and sequence id (``_rfile``, ``_next_seq_id``, ``_force_close``) for
+readers that frame packets themselves, its socket and read timeout, and its buffered result
+(`MySQLResult`) for a result read into dicts.
 
 Written for PyMySQL `WRITTEN_FOR` exactly (a WARNING at import names another release);
 tests/test_library_contracts.py pins every behaviour below against a real server.
@@ -10,7 +11,9 @@ tests/test_library_contracts.py pins every behaviour below against a real server
 from __future__ import annotations
 
 import contextlib
+import functools
 import socket
+import ssl
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -26,6 +29,29 @@ INSTALLED = check_version("PyMySQL", WRITTEN_FOR)
 
 #: The internals `PacketIO` and `query_rows` read through.
 _PACKET_INTERNALS = ("_execute_command", "_read_packet", "_rfile", "_next_seq_id", "_force_close")
+
+
+@functools.cache
+def preferred_tls_context() -> ssl.SSLContext:
+    """The context PyMySQL builds for its preferred mode (no TLS settings given: TLS when the server
+    offers it, no certificate checked), built once per process: `ssl.create_default_context` loads
+    the system's CA certificates, about 30 ms of CPU, and PyMySQL builds one for every connection
+    (a snapshot opens one per chunk reader, per table done, per load connection)."""
+    connection: Any = pymysql.connections.Connection  # the method does not use its instance
+    built: ssl.SSLContext = connection._create_ssl_ctx(None, {})
+    return built
+
+
+class Connection(pymysql.connections.Connection):
+    """PyMySQL's connection with its preferred mode's TLS context shared (`preferred_tls_context`);
+    any TLS setting given builds its own as PyMySQL does."""
+
+    def _create_ssl_ctx(self, sslp: Any) -> ssl.SSLContext:
+        if isinstance(sslp, dict) and not sslp:  # the preferred mode's empty settings
+            return preferred_tls_context()
+        parent: Any = super()
+        built: ssl.SSLContext = parent._create_ssl_ctx(sslp)
+        return built
 
 
 def send_command(conn: Any, command: int, payload: str | bytes) -> None:

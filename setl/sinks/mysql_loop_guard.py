@@ -14,8 +14,7 @@ import logging
 import re
 from typing import Any
 
-import pymysql.connections
-
+from setl.adapters import pymysql as pymysql_io
 from setl.loop_marks import MARK_DDL, MARK_SCHEMA, MARK_TABLE, ddl_comment
 
 log = logging.getLogger("setl.sinks.mysql")
@@ -39,7 +38,7 @@ def _verb(text: str) -> str:
     return found[0].upper() if found else ""
 
 
-class MarkedConnection(pymysql.connections.Connection):
+class MarkedConnection(pymysql_io.Connection):
     """A PyMySQL connection that, once `loop_mark` is set (`start_marking`), upserts its row of the
     mark table before the first write of each transaction, and prefixes DDL with the mark's comment.
 

@@ -31,6 +31,7 @@ from setl.sinks.sql_failures import CurrentTable, refuse_replay
 from setl.sinks.sql_fence import TargetFence
 from setl.sinks.sql_positions import PositionStore
 from setl.sinks.sql_quarantine import Quarantine, Quarantined, encode
+from setl.sinks.sql_rows import reads_only
 from setl.sinks.sql_segments import DdlStep, Segment
 from setl.sinks.sql_staging import StagedCopies
 
@@ -82,13 +83,22 @@ def load_batch(path: LoadPath[C], conn: C, batch: Batch, segments: list[Segment]
 
 def load_part(path: LoadPath[C], conn: C, batch: Batch, plan: PlanSegments) -> None:
     """One per-table part in its transaction: fence and its tables' positions, the changes they
-    hold already dropped, segments (`plan` cuts them), its tables' positions and COMMIT."""
+    hold already dropped, segments (`plan` cuts them), its tables' positions and COMMIT. A part of
+    snapshot reads only (a chunk's share) is prepared here, on its loading thread (the scheduler
+    prepares whole batches, not parts), so that it takes the dialect's bulk path for chunks (MySQL
+    ``LOAD DATA``, PostgreSQL straight ``COPY``) as an ordered load does."""
     # unambiguous with dots in names; in the order the part names them
     names = {ident: flat_name(*ident) for ident in dict.fromkeys((c.schema, c.table or "") for c in batch.changes)}
     begin_conflicts(path, conn, batch)
     tables = fence_part(path, conn, batch, list(names.values()))
     batch = skip_applied(path, batch, names, tables)
-    apply_segments(path, conn, batch, plan(batch))
+    rows = path.dialect.rows
+    if reads_only(batch):
+        rows.prepare(batch, plan)
+    try:
+        apply_segments(path, conn, batch, plan(batch))
+    finally:
+        rows.prepared.drop(batch)
     # Never backwards: after a rollback, a replay's first batches end before what parts of the
     # discarded batches after them committed already.
     moved = [table for table, (_, table_at) in tables.items() if table_at is None or batch.end > table_at]

@@ -17,7 +17,7 @@ from setl.sinks import mysql_load_data, mysql_sql
 from setl.sinks.mysql import MysqlLoad
 from setl.sinks.mysql_sql import load_data_text
 
-from .contract import Changes, make_batch, read
+from .contract import Changes, make_batch, parts, read
 from .test_mysql_sink import MySQLTarget
 
 TYPED = ("(id BIGINT UNSIGNED PRIMARY KEY, i INT, d DECIMAL(65,30), f DOUBLE, r FLOAT, ts DATETIME(6),"
@@ -125,6 +125,42 @@ def test_a_replayed_chunk_rolls_its_load_back_and_goes_by_upserts(target, sent):
     assert len(rows) == 120
     assert {rows[i] for i in range(1, 60)} == {"old"} and {rows[i] for i in range(60, 101)} == {"new"}
     assert {rows[i] for i in range(101, 121)} == {"later"}
+
+
+def test_per_table_parts_of_chunks_go_by_load_data_and_land_exactly(target, sent):
+    """load.mode per_table: each table's part of a chunk batch (every supported type, NULLs, escapes,
+    latin1) goes by LOAD DATA in its own transaction, lands as the statements write the same rows, and
+    a part whose rows are there already (a replay) rolls its load back and goes by upserts."""
+    for name in ("a", "b", "by_upsert"):
+        target.execute(f"CREATE TABLE {target.qualified(name)} {TYPED}")
+    rows = [typed_row(n) for n in range(120)]
+    a, b = Changes(target.schema, "a"), Changes(target.schema, "b")
+    load, plain = target.make_load(), target.make_load()
+    plain.sql.rows.load_data.refused = True  # statements only
+    try:
+        copy(plain, Changes(target.schema, "by_upsert"), rows)
+        for n, start in enumerate(range(0, 120, 40)):  # the first batch teaches the sink the tables
+            batch = make_batch([read(t, row) for row in rows[start:start + 40] for t in (a, b)], id=1 + n)
+            for part in parts(batch):
+                load.load_part(part)
+            load.mark_loaded(batch)
+        assert len(sent) == 4 and {text.split()[7] for text in sent} == {f"`{target.schema}`.`a`",
+                                                                           f"`{target.schema}`.`b`"}
+        again = make_batch([read(a, {**row, "i": 7}) for row in rows[30:50]], id=4)
+        load.load_part(parts(again)[0])
+        load.mark_loaded(again)
+        assert load.committed() == again.end
+    finally:
+        load.close()
+        plain.close()
+    assert len(sent) == 5 and load.sql.rows.load_data.collided == {(target.schema, "a")}
+    columns = "id, i, d, f, r, ts, t0, day, stamp, HEX(s), HEX(l), HEX(c), HEX(txt), e, u"
+    expected = target.query(f"SELECT {columns} FROM {target.qualified('by_upsert')} ORDER BY id")
+    assert len(expected) == 120
+    assert target.query(f"SELECT {columns} FROM {target.qualified('b')} ORDER BY id") == expected
+    in_a = target.query(f"SELECT {columns} FROM {target.qualified('a')} ORDER BY id")
+    assert [r[:1] + r[2:] for r in in_a] == [r[:1] + r[2:] for r in expected]
+    assert [r[1] for r in in_a] == [7 if 30 <= n < 50 else e[1] for n, e in enumerate(expected)]
 
 
 @pytest.mark.parametrize("value, error", [("x" * 9, "(?i)too long"), ("c", "(?i)truncated")])

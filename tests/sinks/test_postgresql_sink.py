@@ -25,7 +25,7 @@ from setl.testing.servers import PostgresServer, free_port
 from tests.e2e.replicate import PER_TABLE, replicate, table_rule, write_source
 from tests.helpers.locks import postgres_lock_waits
 
-from .contract import Changes, SinkContract, Target, item, make_batch, model_settings, read
+from .contract import Changes, SinkContract, Target, item, make_batch, model_settings, parts, read
 
 
 class PostgresTarget(Target):
@@ -202,6 +202,28 @@ class TestPostgresSink(SinkContract):
             mixed.close()
         assert staged == [1]
         assert target.rows("items")[0] == (1, "u", 1, None) and len(target.rows("items")) == 100
+
+    def test_per_table_parts_of_chunks_are_copied_straight_and_a_replayed_part_upserts(self, target, items,
+                                                                                        monkeypatch):
+        """load.mode per_table: a table's part of a chunk batch goes by one ``COPY`` straight into the
+        table in its own transaction (no staged upsert); a part replayed over its rows is rolled back to
+        its savepoint and upserted (nothing doubled, the newer values kept)."""
+        load = target.make_load(copy_rows=20)
+        staged = []
+        original = PostgresqlRows._copy_upsert
+        monkeypatch.setattr(PostgresqlRows, "_copy_upsert", lambda *a: staged.append(1) or original(*a))
+        try:
+            for n, (low, name) in enumerate([(1, "n"), (41, "n"), (21, "r")]):
+                batch = make_batch([read(items, item(i, name=f"{name}{i}")) for i in range(low, low + 40)], id=1 + n)
+                (part,) = parts(batch)
+                load.load_part(part)
+                load.mark_loaded(batch)
+                assert staged == ([] if n < 2 else [1]), n
+            assert load.committed() == batch.end
+        finally:
+            load.close()
+        expected = [(i, f"n{i}" if i < 21 or i > 60 else f"r{i}", 1, None) for i in range(1, 81)]
+        assert target.rows("items") == expected
 
     def test_only_a_plain_unique_index_on_exactly_the_key_allows_a_straight_copy(self, target):
         """The catalog check behind the straight ``COPY``: the primary key or a unique index on the key
