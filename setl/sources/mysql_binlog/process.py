@@ -44,8 +44,9 @@ import attrs
 from setl import errors
 from setl.config import SslConfig
 from setl.errors import SourceError
-from setl.model import Change, Position, RowChange, Transaction
+from setl.model import Position, Transaction
 from setl.retry import Backoff
+from setl.sources.mysql_binlog.frames import Decoder, Encoder
 from setl.sources.mysql_binlog.handoff import Failure, Handoff, ReaderFigures, Stopped, weight
 from setl.sources.mysql_binlog.opening import Opening
 from setl.sources.mysql_binlog.reader import ReaderSettings, failure_error, start_reader
@@ -118,106 +119,6 @@ def _read(inp: IO[bytes]) -> Any:
     if len(data) < size:
         return None
     return pickle.loads(data)
-
-
-# --- transactions as columns -------------------------------------------------------------------
-
-
-class Encoder:
-    """The child's side of the columns: a frame of transactions as plain values. Each row change is
-    a shape (op, table, key, the kind and column names of each image: sent once, then known by its
-    number), a position and a commit time; the images' values travel as columns per shape and frame.
-    A change of any other kind (DDL, a sequence's state, one with a `source`) is one object (rare)."""
-
-    def __init__(self) -> None:
-        self.shapes: dict[tuple[Any, ...], int] = {}
-
-    def frame(self, txs: list[Transaction]) -> tuple[Any, ...]:
-        shapes = self.shapes
-        new: list[tuple[int, tuple[Any, ...]]] = []
-        befores: dict[int, list[tuple[Any, ...]]] = {}
-        afters: dict[int, list[tuple[Any, ...]]] = {}
-        row_shapes: list[int] = []
-        row_positions: list[int] = []
-        row_times: list[float | None] = []
-        positions: dict[Position | None, int] = {}
-        heads: list[tuple[Any, ...]] = []
-        for tx in txs:
-            objects: list[tuple[int, Any]] = []
-            for i, change in enumerate(tx.changes):
-                if type(change) is not RowChange or change.sequence is not None or change.source is not None:
-                    objects.append((i, change))
-                    continue
-                before, after = change.before, change.after
-                key = (change.op, change.schema, change.table, change.primary_key,
-                       type(before), None if before is None else tuple(before),
-                       type(after), None if after is None else tuple(after))
-                shape = shapes.get(key)
-                if shape is None:
-                    shape = shapes[key] = len(shapes)
-                    new.append((shape, key))
-                    befores[shape], afters[shape] = [], []
-                elif shape not in befores:
-                    befores[shape], afters[shape] = [], []
-                if before is not None:
-                    befores[shape].append(tuple(before.values()))
-                if after is not None:
-                    afters[shape].append(tuple(after.values()))
-                at = change.position
-                p = positions.get(at)
-                if p is None:
-                    p = positions[at] = len(positions)
-                row_shapes.append(shape)
-                row_positions.append(p)
-                row_times.append(change.commit_time)
-            heads.append((tx.end, tx.complete, tx.nbytes, len(tx.changes), objects))
-        columns = {shape: (list(zip(*befores[shape])), list(zip(*afters[shape]))) for shape in befores}
-        places = [None if at is None else (at.log, at.offset, at.gtid, at.row) for at in positions]
-        return (new, heads, columns, row_shapes, row_positions, row_times, places)
-
-
-class Decoder:
-    """The parent's side of the columns: the transactions of a frame `Encoder.frame` made."""
-
-    def __init__(self) -> None:
-        self.shapes: dict[int, tuple[Any, ...]] = {}
-
-    def frame(self, frame: tuple[Any, ...]) -> list[Transaction]:
-        new, heads, columns, row_shapes, row_positions, row_times, places = frame
-        self.shapes.update(new)
-        images: dict[int, tuple[Any, Any, tuple[Any, ...]]] = {}
-        for shape, (before_columns, after_columns) in columns.items():
-            key = self.shapes[shape]
-            n = row_shapes.count(shape)
-            images[shape] = (iter(_images(key[4], key[5], before_columns, n)),
-                             iter(_images(key[6], key[7], after_columns, n)), key[:4])
-        positions = [None if p is None else Position(p[0], p[1], p[2], row=p[3]) for p in places]
-        rows = zip(row_shapes, row_positions, row_times)
-        txs = []
-        for end, complete, nbytes, count, objects in heads:
-            changes: list[Change] = []
-            add = changes.append
-            o = 0
-            for i in range(count):
-                if o < len(objects) and objects[o][0] == i:
-                    add(objects[o][1])
-                    o += 1
-                    continue
-                shape, p, commit_time = next(rows)
-                befores, afters, (op, schema, table, primary_key) = images[shape]
-                add(RowChange(op, schema, table, primary_key, next(befores), next(afters), positions[p],
-                              commit_time))
-            txs.append(Transaction(tuple(changes), end, complete, nbytes))
-        return txs
-
-
-def _images(kind: type, names: tuple[str, ...] | None, columns: list[tuple[Any, ...]], n: int) -> list[Any]:
-    """`n` images of `kind` with columns `names` (None: no image) from their values by column."""
-    if names is None:
-        return [None] * n
-    if not names:
-        return [kind() for _ in range(n)]
-    return [kind(zip(names, values)) for values in zip(*columns)]
 
 
 # --- the parent's side -------------------------------------------------------------------------
