@@ -200,6 +200,46 @@ def test_every_type_crosses_the_reader_process_exactly(mariadb_source, source_db
     assert len(partial) == 3, "MINIMAL images did not reach the comparison"
 
 
+def test_the_first_opens_reader_process_starts_with_the_source(mariadb_source, source_db):
+    """The source starts its first open's reader process when it is built (a spare, importing setl
+    meanwhile): the open takes that one, a reopen starts a new one, and a source closed without an open
+    ends its spare."""
+    def source(server_id: int) -> MysqlBinlogSource:
+        return MysqlBinlogSource.from_config(mariadb_source.source_config(server_id, "earliest"), pipeline="rp",
+                                             reader_process=True)
+
+    unopened = source(7905)
+    spare = unopened._spare._child
+    assert spare is not None and alive(spare.pid) and spare.pid in children(os.getpid())
+    unopened.close()
+    assert not alive(spare.pid)
+
+    src = source(7906)
+    spare = src._spare._child
+    assert spare is not None
+    start = binlog_head(mariadb_source)
+    try:
+        src.open(start)
+        first = src._reader.pid
+        assert first == spare.pid and src._spare._child is None
+        src.open(start)  # a rollback's reopen: a new child, the first one ended
+        assert src._reader.pid not in (None, first) and not alive(first)
+        mariadb_source.query(f"CREATE TABLE `{source_db}`.sp (id INT PRIMARY KEY)")
+        mariadb_source.query(f"INSERT INTO `{source_db}`.sp VALUES (1)")
+        got: list[RowChange] = []
+
+        def row() -> bool:
+            tx = src.poll(0.2)
+            got.extend(c for c in (tx.changes if tx else ()) if isinstance(c, RowChange))
+            return bool(got)
+        wait_until(row, timeout=30, interval=0, message="the insert through the second reader process")
+        assert got[0].after == {"id": 1}
+    finally:
+        second = src._reader.pid
+        src.close()
+    assert not alive(second)
+
+
 def setl_with_reader_process(tmp_path, mariadb_source, source_db, mariadb_target, mysql_db,
                              server_id: int) -> SetlProcess:
     for server, db in ((mariadb_source, source_db), (mariadb_target, mysql_db)):

@@ -121,6 +121,63 @@ def _read(inp: IO[bytes]) -> Any:
     return pickle.loads(data)
 
 
+# --- starting a child ---------------------------------------------------------------------------
+
+
+def spawn() -> subprocess.Popen[bytes]:
+    """A reader process: it imports setl, then waits for its `Setup` (its stdin's first frame)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
+    return subprocess.Popen([sys.executable, "-m", "setl.sources.mysql_binlog.reader_child"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
+
+
+def _end(child: subprocess.Popen[bytes], timeout: float) -> None:
+    """End a child: its stdin closed (it exits at once), killed if it does not within `timeout`."""
+    with contextlib.suppress(OSError):
+        assert child.stdin is not None
+        child.stdin.close()
+    try:
+        child.wait(timeout)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+    if child.stdout is not None:
+        child.stdout.close()
+
+
+class Spare:
+    """A reader process started ahead of an open (`start`), so that its start-up (Python and setl's
+    imports: 0.3 to 1 s of CPU) runs on the other core while the node gets ready, not between the
+    open and its first rows. `take` hands it to one open; `close` ends it if no open took it. The
+    spare waits for its setup on stdin: a node that dies ends it as it ends any reader process."""
+
+    def __init__(self) -> None:
+        self._child: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Start the spare (once: a spare already waiting is kept)."""
+        with self._lock:
+            if self._child is None:
+                self._child = spawn()
+
+    def take(self) -> subprocess.Popen[bytes] | None:
+        """The spare, if one is waiting and alive (then none is until the next `start`)."""
+        with self._lock:
+            child, self._child = self._child, None
+        if child is not None and child.poll() is not None:
+            _end(child, 1.0)
+            return None
+        return child
+
+    def close(self, timeout: float = 5.0) -> None:
+        """End the spare no open took."""
+        child = self.take()
+        if child is not None:
+            _end(child, timeout)
+
+
 # --- the parent's side -------------------------------------------------------------------------
 
 
@@ -147,14 +204,20 @@ class ReaderProcess:
         """The child's process id (None: not started)."""
         return self.process.pid if self.process is not None else None
 
-    def start(self) -> None:
-        """Start the child and hand it the setup; a thread of its own receives what it reads."""
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
-        self.process = subprocess.Popen([sys.executable, "-m", "setl.sources.mysql_binlog.reader_child"],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
-        assert self.process.stdin is not None
-        _write(self.process.stdin, self.setup)
+    def start(self, spare: subprocess.Popen[bytes] | None = None) -> None:
+        """Start the child (or take `spare`, one `Spare` started ahead) and hand it the setup; a thread
+        of its own receives what it reads."""
+        self.process = spare if spare is not None else spawn()
+        try:
+            assert self.process.stdin is not None
+            _write(self.process.stdin, self.setup)
+        except OSError:
+            if spare is None:
+                raise
+            _end(spare, 1.0)  # the spare died meanwhile: a new child
+            self.process = spawn()
+            assert self.process.stdin is not None
+            _write(self.process.stdin, self.setup)
         self.thread = threading.Thread(target=self._receive, name=f"setl-{self.pipeline or 'mysql'}-binlog-process",
                                        daemon=True)
         self.thread.start()
