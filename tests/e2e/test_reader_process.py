@@ -137,6 +137,26 @@ def test_columns_round_trip_every_change_kind_exactly():
     assert len(encoder.shapes) == 4  # the second frame's inserts reuse the first's shape
 
 
+def test_the_childs_plain_rows_make_the_frames_its_row_changes_make():
+    """The child's assembler hands on a table's row change as a plain tuple (`plain_rows`): the frame
+    of those tuples is the frame of the equal `RowChange`s, and decodes to them."""
+    at = Position("b.000003", 800, "0-1-3")
+    split = Position("b.000003", 900, row=2)
+    changes = (RowChange(Op.INSERT, "s", "t", ("id",), None, {"id": 1, "v": decimal.Decimal("2.50")}, at, 3.0),
+               RowChange(Op.UPDATE, "s", "t", ("id",), {"id": 1, "v": None}, PartialImage(id=1, v=b"x"), split, None),
+               DdlChange("s", "t", "ALTER TABLE t ADD w INT", at),
+               RowChange(Op.DELETE, "s", "u", (), {"a": frozenset({"x"})}, None, at, 3.0))
+    plain = tuple(c if isinstance(c, DdlChange) else (c.op, c.schema, c.table, c.primary_key, c.before, c.after,
+                                                        c.position, c.commit_time) for c in changes)
+    objects = [Transaction(changes, at, True, 50)]
+    tuples = [Transaction(plain, at, True, 50)]  # type: ignore[arg-type]
+    frame = Encoder().frame(tuples)
+    assert frame == Encoder().frame(objects)
+    back = Decoder().frame(frame)
+    assert back == objects
+    assert [typed_change(c) for c in back[0].changes] == [typed_change(c) for c in changes]
+
+
 def test_reader_process_hands_on_what_the_reader_thread_does(mariadb_source, source_db):
     """The same binlog range through the reader process and the reader thread gives equal transactions
     and ends: split pieces, DDL, and a table the rules leave out."""

@@ -213,6 +213,9 @@ class _Assembler:
         self.standalone = False
         self.pending_gtid: str | None = None
         self.handed_in_tx = start.row  # row changes of the open transaction already handed on in pieces
+        #: hand on a table's row change as a plain tuple (op, schema, table, key, before, after, position,
+        #: commit time), not a `RowChange`: a reader process's frames take the values apart again at once
+        self.plain_rows = False
         self.seen_in_tx = 0  # row changes of the open transaction read so far (skipped ones included)
         self.skip = start.row
         self.mark = start  # the last end handed on; a position mark must be past it
@@ -446,10 +449,14 @@ class _Assembler:
         # A DDL item is (None, None, statement, its DdlRead).
         start = self._start() if split else position
         changes: list[Change] = []
+        plain = self.plain_rows
         for o, (op, info, before, after) in rows:
             at = attrs.evolve(start, row=o) if split else position
             if op is None:
                 changes.append(after.change(at))
+            elif plain and not info.sequence:
+                changes.append((op, info.schema, info.table, info.primary_key, before, after, at,  # type: ignore[arg-type]
+                                commit_time))
             elif info.sequence:
                 changes.append(RowChange(op, info.schema, info.table, info.primary_key, before, after, at,
                                          commit_time, sequence=info.definition or ""))

@@ -55,11 +55,15 @@ class Encoder:
         for tx in txs:
             objects: list[tuple[int, Any]] = []
             for i, change in enumerate(tx.changes):
-                if type(change) is not row_change or change.sequence is not None or change.source is not None:
+                if type(change) is tuple:  # the child's assembler's (`_Assembler.plain_rows`)
+                    op, schema, table, primary_key, before, after, at, commit_time = change
+                elif type(change) is not row_change or change.sequence is not None or change.source is not None:
                     objects.append((i, change))
                     continue
-                before, after = change.before, change.after
-                key = (change.op, change.schema, change.table, change.primary_key,
+                else:
+                    op, schema, table, primary_key = change.op, change.schema, change.table, change.primary_key
+                    before, after, at, commit_time = change.before, change.after, change.position, change.commit_time
+                key = (op, schema, table, primary_key,
                        type(before), None if before is None else tuple(before),
                        type(after), None if after is None else tuple(after))
                 shape = shapes.get(key)
@@ -72,13 +76,12 @@ class Encoder:
                     befores[shape].append(tuple(before.values()))
                 if after is not None:
                     afters[shape].append(tuple(after.values()))
-                at = change.position
                 p = positions.get(at)
                 if p is None:
                     p = positions[at] = len(positions)
                 row_shapes.append(shape)
                 row_positions.append(p)
-                row_times.append(change.commit_time)
+                row_times.append(commit_time)
             heads.append((tx.end, tx.complete, tx.nbytes, len(tx.changes), objects))
         columns = {shape: (list(zip(*befores[shape])), list(zip(*afters[shape]))) for shape in befores}
         places = [None if at is None else (at.log, at.offset, at.gtid, at.row) for at in positions]

@@ -357,7 +357,7 @@ def main() -> int:
     figures = ReaderFigures()
     try:
         server = setup.server.server()
-        start_reader(server, setup.opening, setup.settings, handoff, figures,
+        start_reader(server, setup.opening, attrs.evolve(setup.settings, plain_rows=True), handoff, figures,
                      Backoff(initial=0.1, maximum=2.0, max_attempts=0), selects, reads)
     except Exception as exc:  # noqa: BLE001 - the parent says it in one line (a TLS file, say)
         text = exc.message if isinstance(exc, errors.SetlError) else f"{type(exc).__name__}: {exc}"

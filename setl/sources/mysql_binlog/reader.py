@@ -51,6 +51,8 @@ class ReaderSettings:
     fast_decoder: bool  # where the compiled module is built (`fast.available()`)
     sequences: bool
     ignore_server_ids: frozenset[int]
+    #: table row changes handed on as plain tuples (`_Assembler.plain_rows`): a reader process's only
+    plain_rows: bool = False
 
 
 def start_reader(server: SourceServer, opening: Opening, settings: ReaderSettings, handoff: Handoff,
@@ -68,6 +70,7 @@ def start_reader(server: SourceServer, opening: Opening, settings: ReaderSetting
     assembler.reads = reads
     assembler.sequences = settings.sequences
     assembler.ignore_server_ids = settings.ignore_server_ids
+    assembler.plain_rows = settings.plain_rows
     assembler.ddl_events.mode_names = lookups.mode_names
     gtid_start = gtids.text if position is None and gtids is not None else None
     reader = BinlogReader(server, handoff, figures, server_id=settings.server_id, flavor=opening.flavor,
