@@ -11,7 +11,7 @@ frames (`_write`, `_read`) of pickled plain values:
 
 * parent -> child: `Setup` once, then the answers to `selects` questions. The end of stdin (the
   parent closed it, or died) ends the child at once: no child outlives its parent.
-* child -> parent: `_ITEMS` (encoded transactions, each with its end, and the reader's figures),
+* child -> parent: `_ITEMS` (transactions as `frames.Encoder` encodes them, and the reader's figures),
   `_SELECTS` (a table-rule question: of `selects`, or of `reads` when its last field is
   true) and `_FAILURE` (the reader's end by an error, already one line).
 
@@ -20,6 +20,7 @@ blocks on the pipe, and the parent's receiver blocks on the parent's `Handoff`: 
 bounded by about twice `max_rows_in_memory` rows in each process. A child that dies is a `Failure`
 at the end of the last transaction it handed on: `poll` raises, the scheduler rolls back to the
 last ack and opens again (a new child). Nothing is acked that the parent did not take.
+The first open's child is started with the source (`Spare`), so that its start-up overlaps the node's.
 """
 
 from __future__ import annotations
