@@ -185,6 +185,7 @@ class _Assembler:
         self.sequences_seen: set[tuple[str, str]] = set()
         #: whether a sequence's state rows are handed on (the pipeline's target applies them), or dropped
         self.sequences = False
+        self.plain_rows = False  # table row changes as plain tuples (a reader process's frames: `_changes`)
         self.ignore_server_ids: frozenset[int] = frozenset()  # whose transactions are dropped whole
         self.ignoring = False  # the open transaction is one of theirs
         self.kinds: dict[tuple[str, str], TableKind] = {}  # asked of the server once, until the next DDL
@@ -213,9 +214,6 @@ class _Assembler:
         self.standalone = False
         self.pending_gtid: str | None = None
         self.handed_in_tx = start.row  # row changes of the open transaction already handed on in pieces
-        #: hand on a table's row change as a plain tuple (op, schema, table, key, before, after, position,
-        #: commit time), not a `RowChange`: a reader process's frames take the values apart again at once
-        self.plain_rows = False
         self.seen_in_tx = 0  # row changes of the open transaction read so far (skipped ones included)
         self.skip = start.row
         self.mark = start  # the last end handed on; a position mark must be past it
@@ -446,23 +444,18 @@ class _Assembler:
                  split: bool = False) -> tuple[Change, ...]:
         """The changes of `rows`. Those of a split transaction each carry the transaction's start
         with `row` = their 1-based ordinal among the row changes it logged, the others `position`."""
-        # A DDL item is (None, None, statement, its DdlRead).
         start = self._start() if split else position
         changes: list[Change] = []
-        plain = self.plain_rows
         for o, (op, info, before, after) in rows:
             at = attrs.evolve(start, row=o) if split else position
-            if op is None:
+            if op is None:  # a DDL item: (None, None, statement, its DdlRead)
                 changes.append(after.change(at))
-            elif plain and not info.sequence:
-                changes.append((op, info.schema, info.table, info.primary_key, before, after, at,  # type: ignore[arg-type]
-                                commit_time))
             elif info.sequence:
                 changes.append(RowChange(op, info.schema, info.table, info.primary_key, before, after, at,
                                          commit_time, sequence=info.definition or ""))
             else:  # positional: a keyword argument costs the attrs __init__ a slower call
-                changes.append(RowChange(op, info.schema, info.table, info.primary_key, before, after, at,
-                                         commit_time))
+                row = (op, info.schema, info.table, info.primary_key, before, after, at, commit_time)
+                changes.append(row if self.plain_rows else RowChange(*row))  # type: ignore[arg-type]
         return tuple(changes)
 
     def _statement_dml(self, statement: str, schema: str, offset: int) -> bool:
