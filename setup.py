@@ -48,6 +48,8 @@ setup(
          # plain Python modules of the reader's hot loop, compiled as they are (the .py is used where not built)
          Extension("setl.sources.mysql_binlog.fast", ["setl/sources/mysql_binlog/fast.py"]),
          Extension("setl.sources.mysql_binlog.assembler", ["setl/sources/mysql_binlog/assembler.py"]),
+         # the reader process's frames, decoded in the node for every row change it hands on
+         Extension("setl.sources.mysql_binlog.frames", ["setl/sources/mysql_binlog/frames.py"]),
          # the snapshot's and every load's per-row loops: chunk rows read, merged, written as text
          Extension("setl.snapshot.rows", ["setl/snapshot/rows.py"]),
          Extension("setl.snapshot._rowparse", ["setl/snapshot/_rowparse.pyx"]),

@@ -66,7 +66,7 @@ def test_a_mistake_in_the_channel_names_its_file_and_key(tmp_path):
 
 
 def test_tombstones_under_the_marker_loop_guard_are_refused_naming_the_key(tmp_path):
-    """conflicts.tombstones with loop_guard marker is refused: the triggers setl makes on a site need a marked session."""
+    """conflicts.tombstones with loop_guard marker is refused: setl's triggers on a site need a marked session."""
     conf = conf_dir(tmp_path, {"sites": {"a": {"setl_server_id": 1}, "b": {"setl_server_id": 2}},
                                "loop_guard": "marker", "conflicts": {"policy": "last_writer_wins", "tombstones": True}})
     with pytest.raises(ConfigError, match=r"channels/shop.yaml: conflicts.tombstones: needs loop_guard server_id"):

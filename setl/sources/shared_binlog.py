@@ -485,6 +485,11 @@ class _Readers:
         with self._lock:
             return len(self._readers)
 
+    def reading(self) -> int:
+        """How many shared readers have opened their stream (no longer wait for their siblings)."""
+        with self._lock:
+            return sum(1 for reader in self._readers.values() if reader.opened)
+
 
 READERS = _Readers()
 

@@ -9,20 +9,22 @@ import decimal
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from setl.config import NodeSettings, SourcesConfig
 from setl.connectors import BuildContext, registry
-from setl.model import DdlChange, Op, PartialImage, Position, RowChange, Transaction
+from setl.model import Change, DdlChange, Op, PartialImage, Position, RowChange, Transaction
 from setl.sources.mysql_binlog import MysqlBinlogSource
-from setl.sources.mysql_binlog.process import Decoder, Encoder
+from setl.sources.mysql_binlog.frames import Decoder, Encoder
 from setl.testing.connectors import SelectContract
 from setl.testing.servers import wait_until
 from tests.e2e.setl_process import SetlProcess, binlog_head, mysql_source, mysql_target, spawned
 from tests.sources import test_mysql_binlog_contract as contract
-from tests.sources.binlog import next_server_id
+from tests.sources.binlog import execute, next_server_id
+from tests.sources.test_fast_decoder import COLUMNS, ROWS, SET64, WIDE, typed
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -72,6 +74,35 @@ def kept(*ranges: tuple[int, int]) -> int:
     return sum(1 for first, count in ranges for i in range(first, first + count) if i % 7)
 
 
+def read_range(server, start: Position, end: Position, process: bool, server_id: int,
+               selects=None) -> list[Transaction]:
+    """The transactions of the binlog range from `start` to `end`, through the reader process or thread."""
+    src = MysqlBinlogSource.from_config(server.source_config(server_id, "earliest"), pipeline="rp",
+                                        max_rows_in_memory=60, reader_process=process, selects=selects)
+    got: list[Transaction] = []
+    src.open(start)
+    try:
+        def more() -> bool:
+            tx = src.poll(0.2)
+            if tx is not None:
+                got.append(tx)
+            return bool(got) and got[-1].complete and got[-1].end >= end
+        wait_until(more, timeout=60, interval=0, message="the range read")
+    finally:
+        src.close()
+    return got
+
+
+def typed_change(change: Change) -> Any:
+    """Every field of a change with each value's type (attrs equality ignores `source`, `sequence` and
+    the types of equal values: 1 == 1.0 == True, a set == a frozenset)."""
+    if not isinstance(change, RowChange):
+        return ("object", type(change).__name__, repr(change))
+    return (change.op, change.schema, change.table, change.primary_key, type(change.before).__name__,
+            type(change.after).__name__, typed(change.before), typed(change.after), change.position,
+            change.position.row if change.position else None, change.commit_time, change.source, change.sequence)
+
+
 def test_columns_round_trip_every_change_kind_exactly():
     """Frames of row changes (full, partial and missing images, split positions, any value type) and
     DDL decode to equal transactions, a shape sent in one frame known in the next."""
@@ -89,19 +120,41 @@ def test_columns_round_trip_every_change_kind_exactly():
     second = [Transaction(tuple(RowChange(Op.INSERT, "s", "t", ("id",), None, {**values, "id": i},
                                           Position("b.000002", 10, row=i), 2.0) for i in range(1, 4))
                           + (RowChange(Op.UPDATE, "s", "v", ("k",), {}, {}, split, 2.0),), split, False, 10)]
+    slow = Decoder()
+    slow.fast = False  # the attrs constructor: what the slot-by-slot build must equal
     encoder, decoder = Encoder(), Decoder()
+    assert decoder.fast, "RowChange changed shape: the frames' fast build is off (frames._FIELDS)"
     for frame in (first, second):
-        got = decoder.frame(encoder.frame(frame))
-        assert got == frame
-        for tx, back in zip(frame, got):  # types the attrs equality does not look at
-            for change, change_back in zip(tx.changes, back.changes):
-                assert type(change_back) is type(change)
-                if isinstance(change, RowChange):
-                    assert type(change_back.before) is type(change.before)
-                    assert change_back.position.row == change.position.row
-                    assert {k: type(v) for k, v in (change.after or {}).items()} == \
-                        {k: type(v) for k, v in (change_back.after or {}).items()}
+        encoded = encoder.frame(frame)
+        got, built = decoder.frame(encoded), slow.frame(encoded)
+        assert got == frame == built
+        def fields(txs: list[Transaction]) -> list[Any]:
+            return [typed_change(c) for tx in txs for c in tx.changes]
+        assert fields(got) == fields(frame) == fields(built)
+        for tx, back in zip(frame, got):
+            assert (back.end, back.complete, back.nbytes) == (tx.end, tx.complete, tx.nbytes)
+            assert [type(c) for c in back.changes] == [type(c) for c in tx.changes]
     assert len(encoder.shapes) == 4  # the second frame's inserts reuse the first's shape
+
+
+def test_the_childs_plain_rows_make_the_frames_its_row_changes_make():
+    """The child's assembler hands on a table's row change as a plain tuple (`plain_rows`): the frame
+    of those tuples is the frame of the equal `RowChange`s, and decodes to them."""
+    at = Position("b.000003", 800, "0-1-3")
+    split = Position("b.000003", 900, row=2)
+    changes = (RowChange(Op.INSERT, "s", "t", ("id",), None, {"id": 1, "v": decimal.Decimal("2.50")}, at, 3.0),
+               RowChange(Op.UPDATE, "s", "t", ("id",), {"id": 1, "v": None}, PartialImage(id=1, v=b"x"), split, None),
+               DdlChange("s", "t", "ALTER TABLE t ADD w INT", at),
+               RowChange(Op.DELETE, "s", "u", (), {"a": frozenset({"x"})}, None, at, 3.0))
+    plain = tuple(c if isinstance(c, DdlChange) else (c.op, c.schema, c.table, c.primary_key, c.before, c.after,
+                                                        c.position, c.commit_time) for c in changes)
+    objects = [Transaction(changes, at, True, 50)]
+    tuples = [Transaction(plain, at, True, 50)]  # type: ignore[arg-type]
+    frame = Encoder().frame(tuples)
+    assert frame == Encoder().frame(objects)
+    back = Decoder().frame(frame)
+    assert back == objects
+    assert [typed_change(c) for c in back[0].changes] == [typed_change(c) for c in changes]
 
 
 def test_reader_process_hands_on_what_the_reader_thread_does(mariadb_source, source_db):
@@ -116,24 +169,11 @@ def test_reader_process_hands_on_what_the_reader_thread_does(mariadb_source, sou
     mariadb_source.query(f"UPDATE `{source_db}`.t SET w = id WHERE id < 50")
     end = binlog_head(mariadb_source)
 
-    def read(process: bool, server_id: int) -> list[Transaction]:
-        src = MysqlBinlogSource.from_config(mariadb_source.source_config(server_id, "earliest"), pipeline="rp",
-                                            max_rows_in_memory=60, reader_process=process,
-                                            selects=lambda schema, table: table != "skip")
-        got: list[Transaction] = []
-        src.open(start)
-        try:
-            def more() -> bool:
-                tx = src.poll(0.2)
-                if tx is not None:
-                    got.append(tx)
-                return bool(got) and got[-1].complete and got[-1].end >= end
-            wait_until(more, timeout=60, interval=0, message="the range read")
-        finally:
-            src.close()
-        return got
+    def rules(schema: str, table: str) -> bool:
+        return table != "skip"
 
-    thread, process = read(False, 7901), read(True, 7902)
+    thread = read_range(mariadb_source, start, end, False, 7901, rules)
+    process = read_range(mariadb_source, start, end, True, 7902, rules)
     assert [c for tx in process for c in tx.changes] == [c for tx in thread for c in tx.changes]
     assert [(tx.end, tx.complete) for tx in process if tx.changes] == \
         [(tx.end, tx.complete) for tx in thread if tx.changes]
@@ -141,6 +181,83 @@ def test_reader_process_hands_on_what_the_reader_thread_does(mariadb_source, sou
     assert any(isinstance(c, DdlChange) for tx in process for c in tx.changes)
     # rows of a table the rules leave out are passed over in the child as in the thread (`skipping`)
     assert not any(c.table == "skip" for tx in process + thread for c in tx.changes if isinstance(c, RowChange))
+
+
+def test_every_type_crosses_the_reader_process_exactly(mariadb_source, source_db):
+    """Every column type at its edges (the compiled decoder's corpus), SET, BIT, JSON, spatial, partial
+    images (MINIMAL) and a row over 4 MB: the reader process hands on the reader thread's changes, each
+    field and each value's type equal, in the same transactions."""
+    execute(mariadb_source, source_db, "SET SESSION sql_mode = ''", WIDE,
+            f"CREATE TABLE odd (id INT PRIMARY KEY, s SET('x','y','z'), s64 SET({SET64}), b BIT(10), b1 BIT(1), "
+            "b64 BIT(64), j JSON, g POINT, gg GEOMETRY, dt0 DATETIME, v VARCHAR(5))")
+    start = binlog_head(mariadb_source)
+    marks = ", ".join(["%s"] * len(COLUMNS))
+    execute(mariadb_source, source_db, "SET SESSION sql_mode = ''",
+            *[(f"INSERT INTO wide VALUES ({marks})", row) for row in ROWS],
+            "UPDATE wide SET vc = CONCAT(vc, '!'), dc = -dc, tm = '-01:02:03.456789' WHERE id IN (1, 2, 5)",
+            "UPDATE wide SET ti = NULL, e = 'b', u = NULL WHERE id = 3",
+            "DELETE FROM wide WHERE id IN (2, 4)",
+            "INSERT INTO wide (id, lb) VALUES (6, REPEAT('z', 4 * 1024 * 1024))",
+            "INSERT INTO odd VALUES (1, 'x,z', 'm0,m63', b'1010101010', b'1', 0xFFFFFFFFFFFFFFFF, "
+            "'{\"a\": [1, 2.5]}', POINT(1, 2), ST_GeomFromText('LINESTRING(0 0, 1 1)'), '2020-01-01', 'v')",
+            "INSERT INTO odd VALUES (2, '', '', b'0', b'0', 0, NULL, NULL, NULL, NULL, NULL)",
+            "SET SESSION binlog_row_image = 'MINIMAL'",
+            "UPDATE odd SET s = 'y', s64 = 'm31,m32,m62' WHERE id = 1",
+            "UPDATE wide SET vc = 'minimal' WHERE id = 1",
+            "DELETE FROM odd WHERE id = 2")
+    end = binlog_head(mariadb_source)
+    thread = read_range(mariadb_source, start, end, False, 7903)
+    process = read_range(mariadb_source, start, end, True, 7904)
+    want = [typed_change(c) for tx in thread for c in tx.changes]
+    got = [typed_change(c) for tx in process for c in tx.changes]
+    assert len(want) == len(ROWS) + 3 + 1 + 2 + 1 + 2 + 3
+    for have, expected in zip(got, want):
+        assert have == expected
+    assert got == want
+    assert [(tx.end, tx.complete, len(tx.changes)) for tx in process if tx.changes] == \
+        [(tx.end, tx.complete, len(tx.changes)) for tx in thread if tx.changes]
+    partial = [c for tx in process for c in tx.changes if isinstance(c, RowChange) and c.partial]
+    assert len(partial) == 3, "MINIMAL images did not reach the comparison"
+
+
+def test_the_first_opens_reader_process_starts_with_the_source(mariadb_source, source_db):
+    """The source starts its first open's reader process when it is built (a spare, importing setl
+    meanwhile): the open takes that one, a reopen starts a new one, and a source closed without an open
+    ends its spare."""
+    def source(server_id: int) -> MysqlBinlogSource:
+        return MysqlBinlogSource.from_config(mariadb_source.source_config(server_id, "earliest"), pipeline="rp",
+                                             reader_process=True)
+
+    unopened = source(7905)
+    spare = unopened._spare._child
+    assert spare is not None and alive(spare.pid) and spare.pid in children(os.getpid())
+    unopened.close()
+    assert not alive(spare.pid)
+
+    src = source(7906)
+    spare = src._spare._child
+    assert spare is not None
+    start = binlog_head(mariadb_source)
+    try:
+        src.open(start)
+        first = src._reader.pid
+        assert first == spare.pid and src._spare._child is None
+        src.open(start)  # a rollback's reopen: a new child, the first one ended
+        assert src._reader.pid not in (None, first) and not alive(first)
+        mariadb_source.query(f"CREATE TABLE `{source_db}`.sp (id INT PRIMARY KEY)")
+        mariadb_source.query(f"INSERT INTO `{source_db}`.sp VALUES (1)")
+        got: list[RowChange] = []
+
+        def row() -> bool:
+            tx = src.poll(0.2)
+            got.extend(c for c in (tx.changes if tx else ()) if isinstance(c, RowChange))
+            return bool(got)
+        wait_until(row, timeout=30, interval=0, message="the insert through the second reader process")
+        assert got[0].after == {"id": 1}
+    finally:
+        second = src._reader.pid
+        src.close()
+    assert not alive(second)
 
 
 def setl_with_reader_process(tmp_path, mariadb_source, source_db, mariadb_target, mysql_db,

@@ -133,10 +133,10 @@ def test_the_decoder_is_built():
     Under SETL_PURE_PYTHON=1 every one of them runs from its .py instead."""
     from setl.sinks import merge, mysql_sql
     from setl.snapshot import rows
-    from setl.sources.mysql_binlog import assembler
+    from setl.sources.mysql_binlog import assembler, frames
 
     assert fast.available() is not PURE
-    for module in (fast, assembler, rows, merge, mysql_sql):
+    for module in (fast, assembler, frames, rows, merge, mysql_sql):
         assert str(module.__file__).endswith(".py") is PURE, module.__file__
 
 

@@ -187,8 +187,11 @@ def test_a_pipeline_started_behind_catches_up_exactly(mariadb_source, source_db,
     early = head(mariadb_source)
     execute(mariadb_source, source_db, *(f"INSERT INTO {t} VALUES ({i}, 'x')" for i in range(1, 11) for t in "ab"))
     middle = head(mariadb_source)
-    ahead, behind = subscribers(("a",), pipeline="ahead"), subscribers(("b",), pipeline="behind")
+    ahead = subscribers(("a",), pipeline="ahead")
     ahead.open(middle)
+    # the stream reads from `middle` (it no longer waits for siblings built and not opened yet)
+    wait_until(lambda: READERS.reading() == 1, timeout=10, message="the shared stream open")
+    behind = subscribers(("b",), pipeline="behind")
     behind.open(early)
     assert ahead.shared and not behind.shared
     execute(mariadb_source, source_db, *(f"INSERT INTO {t} VALUES ({i}, 'x')" for i in range(11, 16) for t in "ab"))

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     import pyarrow as pa
 
-    from setl.sources.mysql_binlog.process import Decoder, Encoder
+    from setl.sources.mysql_binlog.frames import Decoder, Encoder
 
     txs = transactions(args.transactions)
     rows = 4 * len(txs)

@@ -187,6 +187,7 @@ class _Assembler:
         self.sequences_seen: set[tuple[str, str]] = set()
         #: whether a sequence's state rows are handed on (the pipeline's target applies them), or dropped
         self.sequences = False
+        self.plain_rows = False  # table row changes as plain tuples (a reader process's frames: `tx_changes`)
         self.ignore_server_ids: frozenset[int] = frozenset()  # whose transactions are dropped whole
         self.ignoring = False  # the open transaction is one of theirs
         self.marks = MarkGuard()  # a channel's marks whose transactions are dropped whole
@@ -461,8 +462,8 @@ class _Assembler:
             self.rollbacks.handing_on(chunk)
             self.handed_in_tx = chunk[-1][0]
             end = attrs.evolve(self._start(), row=self.handed_in_tx)
-            pieces.append(Transaction(tx_changes(chunk, end, None, self._start()), end, complete=False,
-                                      nbytes=self.nbytes))
+            changes = tx_changes(chunk, end, None, self._start(), self.plain_rows)
+            pieces.append(Transaction(changes, end, complete=False, nbytes=self.nbytes))
             self.nbytes = 0
         return pieces
 
@@ -489,7 +490,8 @@ class _Assembler:
         start = self._start() if self.handed_in_tx else None  # for the ordinals of a split one's last changes
         self._close_tx(offset)
         end = self.mark = self._position(self.log_file, offset)
-        return [Transaction(tx_changes(rows, end, float(timestamp) if timestamp else None, start), end, nbytes=nbytes)]
+        changes = tx_changes(rows, end, float(timestamp) if timestamp else None, start, self.plain_rows)
+        return [Transaction(changes, end, nbytes=nbytes)]
 
     def _query(self, event: Query, offset: int) -> list[Transaction]:
         statement = event.query.strip()
@@ -540,9 +542,11 @@ class _Assembler:
 
 
 def tx_changes(rows: list[tuple[int, _Item]], position: Position, commit_time: float | None,
-               start: Position | None = None) -> tuple[Change, ...]:
+               start: Position | None = None, plain: bool = False) -> tuple[Change, ...]:
     """The changes of `rows`. Those of a split transaction (`start`: where it starts) each carry its
-    start with `row` = their 1-based ordinal among the row changes it logged, the others `position`."""
+    start with `row` = their 1-based ordinal among the row changes it logged, the others `position`.
+    `plain`: a table's row change is the tuple of `RowChange`'s first fields, not one (a reader
+    process's frames take them so, `frames.py`)."""
     # A DDL item is (None, None, statement, its DdlRead); a statement marker (None, None, text, StatementMarker).
     changes: list[Change] = []
     for o, (op, info, before, after) in rows:
@@ -553,8 +557,8 @@ def tx_changes(rows: list[tuple[int, _Item]], position: Position, commit_time: f
             changes.append(RowChange(op, info.schema, info.table, info.primary_key, before, after, at,
                                      commit_time, sequence=info.definition or ""))
         else:  # positional: a keyword argument costs the attrs __init__ a slower call
-            changes.append(RowChange(op, info.schema, info.table, info.primary_key, before, after, at,
-                                     commit_time))
+            row = (op, info.schema, info.table, info.primary_key, before, after, at, commit_time)
+            changes.append(row if plain else RowChange(*row))  # type: ignore[arg-type]
     return tuple(changes)
 
 

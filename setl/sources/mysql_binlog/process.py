@@ -11,7 +11,7 @@ frames (`_write`, `_read`) of pickled plain values:
 
 * parent -> child: `Setup` once, then the answers to `selects` questions. The end of stdin (the
   parent closed it, or died) ends the child at once: no child outlives its parent.
-* child -> parent: `_ITEMS` (encoded transactions, each with its end, and the reader's figures),
+* child -> parent: `_ITEMS` (transactions as `frames.Encoder` encodes them, and the reader's figures),
   `_SELECTS` (a table-rule question: of `selects`, or of `reads` when its last field is
   true) and `_FAILURE` (the reader's end by an error, already one line).
 
@@ -20,6 +20,7 @@ blocks on the pipe, and the parent's receiver blocks on the parent's `Handoff`: 
 bounded by about twice `max_rows_in_memory` rows in each process. A child that dies is a `Failure`
 at the end of the last transaction it handed on: `poll` raises, the scheduler rolls back to the
 last ack and opens again (a new child). Nothing is acked that the parent did not take.
+The first open's child is started with the source (`Spare`), so that its start-up overlaps the node's.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ import attrs
 from setl import errors
 from setl.config import SslConfig
 from setl.errors import SourceError
-from setl.model import Change, Position, RowChange, Transaction
+from setl.model import Position, Transaction
 from setl.retry import Backoff
+from setl.sources.mysql_binlog.frames import Decoder, Encoder
 from setl.sources.mysql_binlog.handoff import Failure, Handoff, ReaderFigures, Stopped, weight
 from setl.sources.mysql_binlog.opening import Opening
 from setl.sources.mysql_binlog.reader import ReaderSettings, failure_error, start_reader
@@ -120,104 +122,61 @@ def _read(inp: IO[bytes]) -> Any:
     return pickle.loads(data)
 
 
-# --- transactions as columns -------------------------------------------------------------------
+# --- starting a child ---------------------------------------------------------------------------
 
 
-class Encoder:
-    """The child's side of the columns: a frame of transactions as plain values. Each row change is
-    a shape (op, table, key, the kind and column names of each image: sent once, then known by its
-    number), a position and a commit time; the images' values travel as columns per shape and frame.
-    A change of any other kind (DDL, a sequence's state, one with a `source`) is one object (rare)."""
-
-    def __init__(self) -> None:
-        self.shapes: dict[tuple[Any, ...], int] = {}
-
-    def frame(self, txs: list[Transaction]) -> tuple[Any, ...]:
-        shapes = self.shapes
-        new: list[tuple[int, tuple[Any, ...]]] = []
-        befores: dict[int, list[tuple[Any, ...]]] = {}
-        afters: dict[int, list[tuple[Any, ...]]] = {}
-        row_shapes: list[int] = []
-        row_positions: list[int] = []
-        row_times: list[float | None] = []
-        positions: dict[Position | None, int] = {}
-        heads: list[tuple[Any, ...]] = []
-        for tx in txs:
-            objects: list[tuple[int, Any]] = []
-            for i, change in enumerate(tx.changes):
-                if type(change) is not RowChange or change.sequence is not None or change.source is not None:
-                    objects.append((i, change))
-                    continue
-                before, after = change.before, change.after
-                key = (change.op, change.schema, change.table, change.primary_key,
-                       type(before), None if before is None else tuple(before),
-                       type(after), None if after is None else tuple(after))
-                shape = shapes.get(key)
-                if shape is None:
-                    shape = shapes[key] = len(shapes)
-                    new.append((shape, key))
-                    befores[shape], afters[shape] = [], []
-                elif shape not in befores:
-                    befores[shape], afters[shape] = [], []
-                if before is not None:
-                    befores[shape].append(tuple(before.values()))
-                if after is not None:
-                    afters[shape].append(tuple(after.values()))
-                at = change.position
-                p = positions.get(at)
-                if p is None:
-                    p = positions[at] = len(positions)
-                row_shapes.append(shape)
-                row_positions.append(p)
-                row_times.append(change.commit_time)
-            heads.append((tx.end, tx.complete, tx.nbytes, len(tx.changes), objects))
-        columns = {shape: (list(zip(*befores[shape])), list(zip(*afters[shape]))) for shape in befores}
-        places = [None if at is None else (at.log, at.offset, at.gtid, at.row) for at in positions]
-        return (new, heads, columns, row_shapes, row_positions, row_times, places)
+def spawn() -> subprocess.Popen[bytes]:
+    """A reader process: it imports setl, then waits for its `Setup` (its stdin's first frame)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
+    return subprocess.Popen([sys.executable, "-m", "setl.sources.mysql_binlog.reader_child"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
 
 
-class Decoder:
-    """The parent's side of the columns: the transactions of a frame `Encoder.frame` made."""
+def _end(child: subprocess.Popen[bytes], timeout: float) -> None:
+    """End a child: its stdin closed (it exits at once), killed if it does not within `timeout`."""
+    with contextlib.suppress(OSError):
+        assert child.stdin is not None
+        child.stdin.close()
+    try:
+        child.wait(timeout)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+    if child.stdout is not None:
+        child.stdout.close()
+
+
+class Spare:
+    """A reader process started ahead of an open (`start`), so that its start-up (Python and setl's
+    imports: 0.3 to 1 s of CPU) runs on the other core while the node gets ready, not between the
+    open and its first rows. `take` hands it to one open; `close` ends it if no open took it. The
+    spare waits for its setup on stdin: a node that dies ends it as it ends any reader process."""
 
     def __init__(self) -> None:
-        self.shapes: dict[int, tuple[Any, ...]] = {}
+        self._child: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
 
-    def frame(self, frame: tuple[Any, ...]) -> list[Transaction]:
-        new, heads, columns, row_shapes, row_positions, row_times, places = frame
-        self.shapes.update(new)
-        images: dict[int, tuple[Any, Any, tuple[Any, ...]]] = {}
-        for shape, (before_columns, after_columns) in columns.items():
-            key = self.shapes[shape]
-            n = row_shapes.count(shape)
-            images[shape] = (iter(_images(key[4], key[5], before_columns, n)),
-                             iter(_images(key[6], key[7], after_columns, n)), key[:4])
-        positions = [None if p is None else Position(p[0], p[1], p[2], row=p[3]) for p in places]
-        rows = zip(row_shapes, row_positions, row_times)
-        txs = []
-        for end, complete, nbytes, count, objects in heads:
-            changes: list[Change] = []
-            add = changes.append
-            o = 0
-            for i in range(count):
-                if o < len(objects) and objects[o][0] == i:
-                    add(objects[o][1])
-                    o += 1
-                    continue
-                shape, p, commit_time = next(rows)
-                befores, afters, (op, schema, table, primary_key) = images[shape]
-                add(RowChange(op, schema, table, primary_key, next(befores), next(afters), positions[p],
-                              commit_time))
-            txs.append(Transaction(tuple(changes), end, complete, nbytes))
-        return txs
+    def start(self) -> None:
+        """Start the spare (once: a spare already waiting is kept)."""
+        with self._lock:
+            if self._child is None:
+                self._child = spawn()
 
+    def take(self) -> subprocess.Popen[bytes] | None:
+        """The spare, if one is waiting and alive (then none is until the next `start`)."""
+        with self._lock:
+            child, self._child = self._child, None
+        if child is not None and child.poll() is not None:
+            _end(child, 1.0)
+            return None
+        return child
 
-def _images(kind: type, names: tuple[str, ...] | None, columns: list[tuple[Any, ...]], n: int) -> list[Any]:
-    """`n` images of `kind` with columns `names` (None: no image) from their values by column."""
-    if names is None:
-        return [None] * n
-    if not names:
-        return [kind() for _ in range(n)]
-    return [kind(zip(names, values)) for values in zip(*columns)]
+    def close(self, timeout: float = 5.0) -> None:
+        """End the spare no open took."""
+        child = self.take()
+        if child is not None:
+            _end(child, timeout)
 
 
 # --- the parent's side -------------------------------------------------------------------------
@@ -246,14 +205,20 @@ class ReaderProcess:
         """The child's process id (None: not started)."""
         return self.process.pid if self.process is not None else None
 
-    def start(self) -> None:
-        """Start the child and hand it the setup; a thread of its own receives what it reads."""
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
-        self.process = subprocess.Popen([sys.executable, "-m", "setl.sources.mysql_binlog.reader_child"],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
-        assert self.process.stdin is not None
-        _write(self.process.stdin, self.setup)
+    def start(self, spare: subprocess.Popen[bytes] | None = None) -> None:
+        """Start the child (or take `spare`, one `Spare` started ahead) and hand it the setup; a thread
+        of its own receives what it reads."""
+        self.process = spare if spare is not None else spawn()
+        try:
+            assert self.process.stdin is not None
+            _write(self.process.stdin, self.setup)
+        except OSError:
+            if spare is None:
+                raise
+            _end(spare, 1.0)  # the spare died meanwhile: a new child
+            self.process = spawn()
+            assert self.process.stdin is not None
+            _write(self.process.stdin, self.setup)
         self.thread = threading.Thread(target=self._receive, name=f"setl-{self.pipeline or 'mysql'}-binlog-process",
                                        daemon=True)
         self.thread.start()
@@ -393,7 +358,7 @@ def main() -> int:
     figures = ReaderFigures()
     try:
         server = setup.server.server()
-        start_reader(server, setup.opening, setup.settings, handoff, figures,
+        start_reader(server, setup.opening, attrs.evolve(setup.settings, plain_rows=True), handoff, figures,
                      Backoff(initial=0.1, maximum=2.0, max_attempts=0), selects, reads)
     except Exception as exc:  # noqa: BLE001 - the parent says it in one line (a TLS file, say)
         text = exc.message if isinstance(exc, errors.SetlError) else f"{type(exc).__name__}: {exc}"

@@ -54,6 +54,8 @@ class ReaderSettings:
     #: a row change logged as a statement on one read table is handed on as a marker (`_Assembler.statement_markers`)
     statement_markers: bool = False
     ignore_marks: frozenset[str] = frozenset()  # a channel's marks (`setl.loop_marks`) whose transactions are dropped
+    #: table row changes handed on as plain tuples (`_Assembler.plain_rows`): a reader process's only
+    plain_rows: bool = False
 
 
 def start_reader(server: SourceServer, opening: Opening, settings: ReaderSettings, handoff: Handoff,
@@ -74,6 +76,7 @@ def start_reader(server: SourceServer, opening: Opening, settings: ReaderSetting
     assembler.judge.markers = settings.statement_markers
     assembler.judge.writes_elsewhere = lookups.writes_elsewhere
     assembler.marks.ignore = settings.ignore_marks
+    assembler.plain_rows = settings.plain_rows
     assembler.ddl_events.mode_names = lookups.mode_names
     gtid_start = gtids.text if position is None and gtids is not None else None
     reader = BinlogReader(server, handoff, figures, server_id=settings.server_id, flavor=opening.flavor,

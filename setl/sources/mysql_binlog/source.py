@@ -27,7 +27,7 @@ from setl.retry import Backoff
 from setl.sources.mysql_binlog import fast
 from setl.sources.mysql_binlog.handoff import Failure, Handoff, ReaderFigures
 from setl.sources.mysql_binlog.opening import SourceChecks
-from setl.sources.mysql_binlog.process import ReaderProcess, ServerSpec
+from setl.sources.mysql_binlog.process import ReaderProcess, ServerSpec, Spare
 from setl.sources.mysql_binlog.reader import BinlogReader, ReaderSettings, failure_error, start_reader
 from setl.sources.mysql_binlog.server import SourceServer
 from setl.sources.mysql_binlog.settings import SettingsReport
@@ -184,6 +184,10 @@ class MysqlBinlogSource(Select):
         #: read in a process of its own (`process.ReaderProcess`): the reader's CPU on the other core
         self.reader_process = reader_process
         self._spec = ServerSpec(host, port, user, password, ssl, connect_timeout, heartbeat, flavor, pipeline)
+        #: the reader process of the first open, started now: its start-up overlaps the node's
+        self._spare = Spare()
+        if reader_process:
+            self._spare.start()
         self.backoff = Backoff(initial=0.1, maximum=2.0, max_attempts=0)
         self.checks = SourceChecks(self.server, selects, self.start)  # settings judgment, where an open starts
         self.figures = ReaderFigures()  # what the reader threads did, across opens (lag figures, tests)
@@ -263,7 +267,7 @@ class MysqlBinlogSource(Select):
         return self.checks.judge(position, also)
 
     def open(self, start: Position | None) -> None:
-        self.close()
+        self._close_reader()
         opening = self.checks.opening(start)
         self.detected_flavor, position, gtids = opening.flavor, opening.position, opening.gtids
         self._cursor = position
@@ -275,8 +279,8 @@ class MysqlBinlogSource(Select):
         if self.reader_process:  # socket, framing, decoding and assembly on the other core
             process = ReaderProcess(self._spec, opening, settings, self._handoff, self.figures,
                                     self.selects, self.reads)
-            process.start()
             self._reader = process
+            process.start(self._spare.take())
             self.table_maps = self.row_decoders = None  # the child's
             self.row_counter, self._unread = None, set()  # the child's (it passes over what `reads` refuses)
         else:
@@ -342,6 +346,10 @@ class MysqlBinlogSource(Select):
         return self.server.describe(self.selects)
 
     def close(self, timeout: float = 5.0) -> None:
+        self._spare.close(timeout)  # no open took it
+        self._close_reader(timeout)
+
+    def _close_reader(self, timeout: float = 5.0) -> None:
         if self._reader is not None:
             self._reader.stop(timeout)
         counter, self.row_counter = self.row_counter, None
