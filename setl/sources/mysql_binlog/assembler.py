@@ -527,6 +527,7 @@ class _Assembler:
             refuse_statements(self.statements, self.rows, self.log_file, offset)
             self._close_tx(offset)
             return self._moved_to(self._position(self.log_file, offset))
+        self.judge.forget()  # a DDL may make or drop a trigger: a skipped table's statements are asked again
         read = self.ddl_events.read(statement, schema or "")
         if self.in_tx and (self.rows or self.handed_in_tx):
             # A statement logged inside a transaction: keep it ordered with the rows around it.

@@ -149,21 +149,44 @@ class StatementJudge:
     #: why such a statement may write other tables as well, asked of the server
     #: (`TableLookups.writes_elsewhere`); None: it cannot be asked, so no marker is made
     writes_elsewhere: Callable[[str, str, frozenset[str]], str | None] | None = None
+    #: what `writes_elsewhere` answered for a skipped table's statements, until the next DDL (`forget`)
+    skipped: dict[tuple[str, str, frozenset[str]], str | None] = attrs.field(factory=dict)
+
+    def forget(self) -> None:
+        """A DDL was read (it may make or drop a trigger or a function): ask the server again."""
+        self.skipped.clear()
 
     def judge(self, text: str, schema: str, selects: Callable[[str, str], bool] | None, in_tx: bool
               ) -> StatementMarker | tuple[str | None, str] | None:
-        """None: passed over (a table `selects` refuses); a marker; else (its table or None, the text
-        to show) to refuse."""
+        """None: passed over (a table `selects` refuses, which has no trigger and calls no stored
+        function that might write another table); a marker; else (its table or None, the text to
+        show) to refuse."""
         target = dml_target(text, schema)
-        if target is not None and selects is not None and not selects(*target):
-            return None
         shown = " ".join(text.split())[:120]
+        if target is not None and selects is not None and not selects(*target):
+            why = self._skipped_writes_elsewhere(text, schema, target)
+            # its trigger or function ran on the source and wrote what setl cannot see (statement
+            # logging logs the statement only): the tables it wrote are unknown
+            return None if why is None else (None, f"{shown} (on {target[0]}.{target[1]}, which the rules skip, but "
+                                                   f"{why}, which may write tables the pipeline reads)")
         if self.markers:
             why = self._not_alone(text, schema, in_tx)
             if why is None and target is not None:
                 return StatementMarker(target[0], target[1], text)
             shown = f"{shown} (it cannot quarantine its table alone: {why})"
         return (f"{target[0]}.{target[1]}" if target is not None else None), shown
+
+    def _skipped_writes_elsewhere(self, text: str, schema: str, target: tuple[str, str]) -> str | None:
+        """Why a statement on a table the rules skip may write other tables (`writes_elsewhere`), or
+        None; asked once per table and the functions it calls until the next DDL."""
+        if self.writes_elsewhere is None:
+            return None
+        found = one_table_dml(text, schema)
+        called = found[1] if found is not None else frozenset()
+        key = (target[0], target[1], called)
+        if key not in self.skipped:
+            self.skipped[key] = self.writes_elsewhere(target[0], target[1], called)
+        return self.skipped[key]
 
     def _not_alone(self, text: str, schema: str, in_tx: bool) -> str | None:
         """Why statement `text` cannot be the marker of one table, or None."""
