@@ -5,6 +5,7 @@ once the writers stop: no change, row or DDL, returns to where it started."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,19 +29,32 @@ from setl.testing.servers import MariaDBServer, wait_until
 SPLIT = 200  # pipeline.batch.max_rows: a bigger transaction is read and loaded in pieces
 
 
-@pytest.fixture(scope="module")
-def sites(tmp_path_factory: pytest.TempPathFactory):
-    """Two primaries with binlogs, distinct server_ids and GTID domains, and interleaved auto-increments."""
-    servers = [MariaDBServer(tmp_path_factory.mktemp(f"site{i}"), server_id=10 + i,
-                             options={"gtid_domain_id": i, "auto_increment_increment": 2,
-                                      "auto_increment_offset": i}) for i in (1, 2)]
+@contextlib.contextmanager
+def two_primaries(tmp_path_factory: pytest.TempPathFactory, name: str, first_id: int, *, domains: int = 0,
+                  interleaved: bool = True, setup: Callable[[MariaDBServer], None] | None = None
+                  ) -> Iterator[list[MariaDBServer]]:
+    """Two started primaries with binlogs (dirs `name`1 and `name`2), server_ids `first_id` + 1 and + 2,
+    GTID domains `domains` + 1 and + 2, auto-increments interleaved unless told not; `setup` run on each."""
+    servers = [MariaDBServer(tmp_path_factory.mktemp(f"{name}{i}"), server_id=first_id + i,
+                             options={"gtid_domain_id": domains + i, **({"auto_increment_increment": 2,
+                                                                        "auto_increment_offset": i}
+                                                                       if interleaved else {})}) for i in (1, 2)]
     try:
         for server in servers:
             server.start()
+            if setup is not None:
+                setup(server)
         yield servers
     finally:
         for server in servers:
             server.cleanup()
+
+
+@pytest.fixture(scope="module")
+def sites(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[MariaDBServer]]:
+    """Two primaries with binlogs, distinct server_ids and GTID domains, and interleaved auto-increments."""
+    with two_primaries(tmp_path_factory, "site", 10) as servers:
+        yield servers
 
 
 class Channel:

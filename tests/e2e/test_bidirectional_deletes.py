@@ -10,29 +10,23 @@ from __future__ import annotations
 
 import datetime
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from setl.testing.servers import MariaDBServer, wait_until
-from tests.e2e.test_bidirectional import Channel, equal_sites, head, settled, stop
+from tests.e2e.test_bidirectional import Channel, equal_sites, head, settled, stop, two_primaries
 
 TABLE = "t (id INT PRIMARY KEY, v VARCHAR(20), ts DATETIME(6) NOT NULL)"
 T0 = datetime.datetime(2025, 1, 2, 3, 4, 5, 678901)
 
 
 @pytest.fixture(scope="module")
-def sites(tmp_path_factory: pytest.TempPathFactory):
+def sites(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[MariaDBServer]]:
     """Two primaries with binlogs, distinct server_ids and GTID domains."""
-    servers = [MariaDBServer(tmp_path_factory.mktemp(f"site{i}"), server_id=20 + i, options={"gtid_domain_id": i})
-               for i in (1, 2)]
-    try:
-        for server in servers:
-            server.start()
+    with two_primaries(tmp_path_factory, "site", 20, interleaved=False) as servers:
         yield servers
-    finally:
-        for server in servers:
-            server.cleanup()
 
 
 def follow(channel: Channel, *pipelines: str, code: int = 0) -> str:

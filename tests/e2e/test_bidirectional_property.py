@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, Phase, event, example, given, settings
 from hypothesis import strategies as st
 
 from setl.testing.servers import MariaDBServer, wait_until
-from tests.e2e.test_bidirectional import Channel, equal_sites, head, rows, settled, stop
+from tests.e2e.test_bidirectional import Channel, equal_sites, head, rows, settled, stop, two_primaries
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -36,15 +36,8 @@ STAMP = "GREATEST(NOW(6), updated_at + INTERVAL 1 MICROSECOND)"  # a row's stamp
 @pytest.fixture(scope="module")
 def two_sites(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[MariaDBServer]]:
     """Two primaries with binlogs, distinct server_ids and GTID domains."""
-    servers = [MariaDBServer(tmp_path_factory.mktemp(f"prop{i}"), server_id=20 + i, options={"gtid_domain_id": i})
-               for i in (1, 2)]
-    try:
-        for server in servers:
-            server.start()
+    with two_primaries(tmp_path_factory, "prop", 20, interleaved=False) as servers:
         yield servers
-    finally:
-        for server in servers:
-            server.cleanup()
 
 
 @pytest.fixture(scope="module", params=["off", "on"])

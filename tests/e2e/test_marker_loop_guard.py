@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from setl.testing.servers import MariaDBServer, wait_until
-from tests.e2e.test_bidirectional import SPLIT, Channel, columns, equal_sites, head, rows, stop
+from tests.e2e.test_bidirectional import SPLIT, Channel, columns, equal_sites, head, rows, stop, two_primaries
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -21,19 +21,13 @@ USER, PASSWORD = "plain", "pw"
 @pytest.fixture(scope="module")
 def unprivileged_sites(tmp_path_factory: pytest.TempPathFactory):
     """Two primaries as `test_bidirectional`'s, each with a user that may not set its session's server_id."""
-    servers = [MariaDBServer(tmp_path_factory.mktemp(f"msite{i}"), server_id=20 + i,
-                             options={"gtid_domain_id": 10 + i, "auto_increment_increment": 2,
-                                      "auto_increment_offset": i}) for i in (1, 2)]
-    try:
-        for server in servers:
-            server.start()
-            server.query(f"CREATE USER {USER}@'%' IDENTIFIED BY '{PASSWORD}'")
-            server.query(f"GRANT ALL ON *.* TO {USER}@'%'")
-            server.query(f"REVOKE SUPER, BINLOG REPLAY, BINLOG ADMIN ON *.* FROM {USER}@'%'")
+    def unprivileged_user(server: MariaDBServer) -> None:
+        server.query(f"CREATE USER {USER}@'%' IDENTIFIED BY '{PASSWORD}'")
+        server.query(f"GRANT ALL ON *.* TO {USER}@'%'")
+        server.query(f"REVOKE SUPER, BINLOG REPLAY, BINLOG ADMIN ON *.* FROM {USER}@'%'")
+
+    with two_primaries(tmp_path_factory, "msite", 20, domains=10, setup=unprivileged_user) as servers:
         yield servers
-    finally:
-        for server in servers:
-            server.cleanup()
 
 
 def unprivileged(channel: Channel, **extra: Any) -> Channel:
