@@ -3,6 +3,7 @@ sysbench-loaded MariaDB source into a MariaDB target: the rig of the HA fault-in
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -98,10 +99,13 @@ class Cluster:
 
     # -- processes
 
-    def spawn(self, name: str) -> subprocess.Popen:
+    def spawn(self, name: str, faults: list[dict] | None = None) -> subprocess.Popen:
+        """`setl start` of the pipeline on node `name`, with `faults` (`setl.failpoints`) if given."""
         self._spawned += 1
         env = dict(os.environ)
         env.pop("SETL_FAULTS", None)
+        if faults:
+            env["SETL_FAULTS"] = json.dumps(faults)
         with open(self.root / f"setl-{self._spawned:02d}-{name}.log", "w") as log:
             proc = subprocess.Popen([sys.executable, "-m", "setl.cli", "--conf", str(self.conf(name)), "start",
                                      "--pipeline", self.name], env=env, stdout=log, stderr=subprocess.STDOUT, text=True)

@@ -11,7 +11,7 @@ import yaml
 
 from setl.snapshot import CopyStatus
 from setl.testing.servers import wait_until
-from tests.ha.test_failover import make_cluster, start_pair  # noqa: F401 - make_cluster is a fixture
+from tests.ha.test_failover import make_cluster  # noqa: F401 - make_cluster is a fixture
 from tests.snapshot import tables as t
 
 pytestmark = pytest.mark.timeout(300)
@@ -32,7 +32,12 @@ def test_failover_during_a_snapshot_resumes_on_the_standby(zookeeper_server, mak
         pipeline = yaml.safe_load(path.read_text())
         pipeline["source"].update(start="snapshot", snapshot={"chunk_rows": 1000, "readers": 2})
         path.write_text(yaml.safe_dump(pipeline, sort_keys=False))
-    start_pair(cluster)
+    # node-a copies `ints` slowly enough to be killed mid-copy, however fast the copy and the load's start
+    slow = {"stage": "snapshot_read", "action": "slow", "seconds": 0.3, "task": f"{source_db}.ints", "times": None}
+    cluster.spawn("node-a", faults=[slow])
+    cluster.wait_holder("node-a")
+    cluster.spawn("node-b")
+    cluster.wait_standby("node-b")
     running = cluster.load(seconds=12)
 
     def ints() -> tuple[str, int]:
@@ -61,6 +66,7 @@ def test_failover_during_a_snapshot_resumes_on_the_standby(zookeeper_server, mak
         cluster.logs()
     cluster.assert_epochs_never_go_back()
     logs = cluster.logs(tail=None)
+    assert "failpoint snapshot_read: sleeping" in logs, logs[-3000:]  # node-a copied ints slowly
     resumed = [int(n) for n in re.findall(r"table=\S+\.ints snapshot resumes after chunk (\d+)", logs)]
     assert resumed and resumed[0] >= at_kill, logs[-6000:]
     final = {p.table: p for p in cluster.store.snapshot_progress(cluster.name)}["ints"]
