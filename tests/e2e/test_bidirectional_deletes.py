@@ -40,6 +40,19 @@ def follow(channel: Channel, *pipelines: str, code: int = 0) -> str:
 
 # (the other order, the loser's insert reaching the winner before the delete reaches the loser, and
 # every other interleaving are the sink property's: tests/sinks/test_conflicts.py)
+def nothing_returns(channel: Channel, east: MariaDBServer, west: MariaDBServer) -> None:
+    """Run both directions until they settle, then 3 s more: neither binlog head moves (no change
+    returns to where it started); the node then stops with exit 0."""
+    proc = channel.spawn()
+    try:
+        heads = settled(channel, east, west, proc)
+        deadline = datetime.datetime.now() + datetime.timedelta(seconds=3)
+        wait_until(lambda: datetime.datetime.now() > deadline or (head(east), head(west)) != heads, timeout=10)
+        assert (head(east), head(west)) == heads, "a change returned to where it started"
+    finally:
+        assert stop(proc) == 0, channel.logs()
+
+
 @pytest.mark.parametrize("order", ["delete-reaches-the-loser-first"])
 def test_an_insert_racing_the_winners_delete_ends_deleted_on_both_sites(tmp_path: Path, sites: list[MariaDBServer],
                                                                          order: str) -> None:
@@ -80,14 +93,7 @@ def test_an_insert_racing_the_winners_delete_ends_deleted_on_both_sites(tmp_path
     won = west.query("SELECT decision, target_row FROM setl.setl_conflicts WHERE table_name = %s", (f"{schema}.t",))
     assert [(d, json.loads(t)["v"]) for d, t in won] == [("source_won", "west-loses")]
 
-    proc = channel.spawn()  # both directions running: once settled, neither binlog grows
-    try:
-        heads = settled(channel, east, west, proc)
-        deadline = datetime.datetime.now() + datetime.timedelta(seconds=3)
-        wait_until(lambda: datetime.datetime.now() > deadline or (head(east), head(west)) != heads, timeout=10)
-        assert (head(east), head(west)) == heads, "a change returned to where it started"
-    finally:
-        assert stop(proc) == 0, channel.logs()
+    nothing_returns(channel, east, west)  # both directions running: once settled, neither binlog grows
     assert east.query(f"SELECT * FROM {schema}.t") == [] and west.query(f"SELECT * FROM {schema}.t") == []
 
 
@@ -129,11 +135,4 @@ def test_a_delete_before_the_new_tables_triggers_racing_an_insert_stops_with_the
     follow(channel, east_to_west)
     follow(channel, west_to_east)
     assert east.query(f"SELECT * FROM {schema}.u") == [] and west.query(f"SELECT * FROM {schema}.u") == []
-    proc = channel.spawn()
-    try:
-        heads = settled(channel, east, west, proc)
-        deadline = datetime.datetime.now() + datetime.timedelta(seconds=3)
-        wait_until(lambda: datetime.datetime.now() > deadline or (head(east), head(west)) != heads, timeout=10)
-        assert (head(east), head(west)) == heads, "a change returned to where it started"
-    finally:
-        assert stop(proc) == 0, channel.logs()
+    nothing_returns(channel, east, west)
