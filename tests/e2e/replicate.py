@@ -42,14 +42,14 @@ def table_rule(source: str, target: str, **options: Any) -> TableRule:
 
 def replicate(source: MariaDBServer, start: Position, rules: list[TableRule], load: Load, meta_dir: Path,
               name: str = "e2e", settings: PipelineSettings = SETTINGS,
-              outcome: Outcome = Outcome.CAUGHT_UP) -> Scheduler:
+              outcome: Outcome = Outcome.CAUGHT_UP, **source_options: Any) -> Scheduler:
     """Run the pipeline from `start` until it has acked the binlog's end as it stands now; return the
     scheduler (its `acked_batches`, `error`). Fails the test if it ends other than `outcome`. The
     source hands on sequence state rows when `load` declares it applies them, as pipeline assembly
-    has it do."""
+    has it do; `source_options` are more of `MysqlBinlogSource`'s settings."""
     select = MysqlBinlogSource(host=source.host, port=source.port, user=source.user, password=source.password,
                                server_id=next(_server_ids), flavor="mariadb", start=start, pipeline=name,
-                               sequences=load.capabilities.sequences)
+                               sequences=load.capabilities.sequences, **source_options)
     meta = SqliteMetaStore(meta_dir / f"{name}.db")
     scheduler = Scheduler(name, settings, select, TableExtract(rules, pipeline=name), Transform(), load, meta)
     try:

@@ -16,22 +16,16 @@ import pymysql
 import pytest
 
 from setl.errors import SourceError, TableRefused
-from setl.meta.sqlite import SqliteMetaStore
 from setl.model import STATEMENT_LOGGED, Position
 from setl.scheduler import Outcome, Scheduler
 from setl.sinks.mysql import MysqlLoad
-from setl.sources.mysql_binlog import MysqlBinlogSource
-from setl.stages.extract import TableExtract
-from setl.stages.transform import Transform
 from tests.e2e.setl_process import SetlProcess, spawned
 
-from .replicate import binlog_head, table_rule
+from .replicate import binlog_head, replicate, table_rule
 from .test_quarantine import SETTINGS_SMALL, TABLES, make_mysql_targets, make_source, source_rows, write
 from .test_quarantine_live import LIVE_TABLES, Target, Writer, caught_up, make_live_source, make_target, setl_for
 
 pytestmark = pytest.mark.timeout(180)
-
-_server_ids = iter(range(7300, 7400))
 
 
 @contextlib.contextmanager
@@ -51,21 +45,10 @@ def run(source: Any, start: Position, source_db: str, target_db: str, load: Mysq
     """Pipeline `load.pipeline` from `start` (or the target's position) until it acked the binlog's end,
     its source handing on statement markers as under ``on_table_error: quarantine`` with an SQL target
     (`markers`), or not (``pause``); its reader in a process of its own with `reader_process`."""
-    name = load.pipeline
-    select = MysqlBinlogSource(host=source.host, port=source.port, user=source.user, password=source.password,
-                               server_id=next(_server_ids), flavor="mariadb", start=start, pipeline=name,
-                               statement_markers=markers, max_rows_in_memory=SETTINGS_SMALL.batch.max_rows,
-                               reader_process=reader_process)
-    meta = SqliteMetaStore(tmp_path / f"{name}.db")
     rules = [table_rule(rf"{source_db}\.{tables}", f"{target_db}.{{table}}")]
-    scheduler = Scheduler(name, SETTINGS_SMALL, select, TableExtract(rules, pipeline=name), Transform(), load, meta)
-    try:
-        ended = scheduler.run(until_caught_up=True)
-    finally:
-        load.close()
-        meta.close()
-    assert ended is outcome, f"pipeline ended {ended}: {scheduler.error}"
-    return scheduler
+    return replicate(source, start, rules, load, tmp_path, name=load.pipeline, settings=SETTINGS_SMALL,
+                     outcome=outcome, statement_markers=markers, max_rows_in_memory=SETTINGS_SMALL.batch.max_rows,
+                     reader_process=reader_process)
 
 
 def mysql_load(server: Any, database: str, policy: str = "quarantine", name: str = "q") -> MysqlLoad:
