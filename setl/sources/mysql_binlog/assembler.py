@@ -557,9 +557,12 @@ def tx_changes(rows: list[tuple[int, _Item]], position: Position, commit_time: f
         elif info.sequence:
             changes.append(RowChange(op, info.schema, info.table, info.primary_key, before, after, at,
                                      commit_time, sequence=info.definition or ""))
-        else:  # positional: a keyword argument costs the attrs __init__ a slower call
-            row = (op, info.schema, info.table, info.primary_key, before, after, at, commit_time)
-            changes.append(row if plain else RowChange(*row))  # type: ignore[arg-type]
+        elif plain:
+            changes.append((op, info.schema, info.table, info.primary_key, before, after, at,  # type: ignore[arg-type]
+                            commit_time))
+        else:  # positional: a keyword argument (or a tuple spread) costs the attrs __init__ a slower call
+            changes.append(RowChange(op, info.schema, info.table, info.primary_key, before, after, at,
+                                     commit_time))
     return tuple(changes)
 
 
