@@ -55,13 +55,38 @@ def encode(change: Change) -> bytes:
 
 
 def decode(blob: bytes) -> Change:
-    """The change `encode` kept, the same in every field."""
+    """The change `encode` kept, the same in every field. A DDL kept by an earlier build, whose class
+    had fewer fields, comes back with those fields at their defaults (`_completed`)."""
     value = pickle.loads(blob)
     if type(value) is tuple and value and value[0] == _ROW:
         _, op, schema, table, key, before, after, at, commit_time, source, sequence = value
         return RowChange(Op(op), schema, table, tuple(key), before, after,
                          None if at is None else Position(at[0], at[1], at[2], row=at[3]), commit_time,
                          None if source is None else TableName(*source), sequence=sequence)
+    return _completed(value)
+
+
+def _completed(value: Any) -> Any:
+    """`value`, and the attrs values among its fields, with each field that unpickling left unset (the
+    class gained it after `value` was kept: attrs' ``__setstate__`` sets only the fields the state
+    holds) set to its default, in field order (a ``takes_self`` factory sees the fields before it).
+    A missing field without a default is an error naming it: that change cannot come back exactly."""
+    if not attrs.has(type(value)):
+        return value
+    for field in attrs.fields(type(value)):
+        try:
+            _completed(getattr(value, field.name))
+            continue
+        except AttributeError:
+            pass
+        default = field.default
+        if default is attrs.NOTHING:
+            raise LoadError(f"a kept change ({type(value).__name__}) lacks field {field.name!r}, which has no "
+                            "default: it was kept by an incompatible build of setl; re-copy the table "
+                            "(`setl snapshot --table`)", stage="load")
+        if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+            default = default.factory(value) if default.takes_self else default.factory()
+        object.__setattr__(value, field.name, default)
     return value
 
 

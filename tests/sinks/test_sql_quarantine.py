@@ -75,6 +75,37 @@ def test_a_kept_change_comes_back_the_same_in_every_field() -> None:
             assert back.position is None or back.position.gtid == change.position.gtid
 
 
+class _KeptByAnOlderBuild:
+    """Pickles as a DdlChange whose state lacks `missing`: what a build whose DdlChange had fewer
+    fields kept (attrs' ``__setstate__`` then leaves those slots unset)."""
+
+    def __init__(self, change: object, missing: tuple[str, ...]) -> None:
+        import attrs
+
+        self.state = {f.name: getattr(change, f.name) for f in attrs.fields(type(change)) if f.name not in missing}
+        self.cls = type(change)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return object.__new__, (self.cls,), self.state
+
+
+def test_a_ddl_kept_by_an_older_build_comes_back_with_its_new_fields_at_their_defaults() -> None:
+    """A DDL kept before its class gained fields (`logged_rows`, `ddl`) decodes with those fields at
+    their defaults (the parsed model built from its statement); one lacking a field without a default
+    is refused with a line naming the field, never handed on half-built."""
+    import pickle
+
+    from setl.errors import LoadError
+    from setl.model import DdlChange, Position
+    from setl.sinks.sql_quarantine import decode
+
+    ddl = DdlChange("db", "t", "ALTER TABLE `t` ADD COLUMN w INT", Position("bin.000002", 99), refused="x")
+    back = decode(pickle.dumps(_KeptByAnOlderBuild(ddl, ("logged_rows", "ddl")), protocol=5))
+    assert back == ddl and back.logged_rows is False and back.ddl == ddl.ddl and back.refused == "x"
+    with pytest.raises(LoadError, match="lacks field 'statement'"):
+        decode(pickle.dumps(_KeptByAnOlderBuild(ddl, ("statement",)), protocol=5))
+
+
 def _quarantine_statements(server, database: str) -> int:
     """The statements the general log holds that name `database`'s quarantine or kept table (this
     count's own statements left out)."""
