@@ -250,6 +250,60 @@ def test_postgresql_check_constraint_quarantines_one_table_and_replay_ends_equal
     assert load().quarantined() == []
 
 
+def test_postgresql_dropped_privilege_quarantines_one_table_and_replay_ends_equal(
+        mariadb_source, source_db, postgres_server, postgres_db, tmp_path):
+    """On PostgreSQL a target role without the right to write one table (42501): that table is
+    quarantined with the cause naming the privilege, the others end equal; the replay is refused
+    while the grant is missing, and once it is back the replay and the next changes end every table
+    equal, with nothing left kept."""
+    make_source(mariadb_source, source_db)
+    role = f"q_{postgres_db}"[:60]
+
+    def query(sql: str) -> list[tuple]:
+        return postgres_server.query(sql, dbname=postgres_db)
+
+    query("CREATE SCHEMA dw")
+    for table in TABLES:
+        query(f"CREATE TABLE dw.{table} (id integer PRIMARY KEY, v varchar(20))")
+    query(f'CREATE ROLE "{role}" LOGIN')
+    try:
+        query(f'GRANT CREATE, CONNECT, TEMPORARY ON DATABASE "{postgres_db}" TO "{role}"')
+        query(f'GRANT USAGE ON SCHEMA dw TO "{role}"')
+        query(f'GRANT SELECT, INSERT, UPDATE, DELETE ON dw.a, dw.b TO "{role}"')
+        query(f'GRANT SELECT ON dw.bad TO "{role}"')
+        config = attrs.evolve(postgres_server.target_config(postgres_db), user=role)
+
+        def load() -> PostgresqlLoad:
+            return PostgresqlLoad(config, pipeline="q", initial_backoff=0.01, on_table_error="quarantine")
+
+        def rows(table: str) -> list[tuple]:
+            return query(f"SELECT id, v FROM dw.{table} ORDER BY id")
+
+        start = binlog_head(mariadb_source)
+        write(mariadb_source, source_db, 1)
+        write(mariadb_source, source_db, 100)
+        run(mariadb_source, start, source_db, "dw", load(), tmp_path)
+        assert_equal(mariadb_source, source_db, rows, ("a", "b"))
+        sink = load()
+        [found] = sink.quarantined()
+        assert found.table == "dw.bad" and "permission denied" in found.cause and found.changes > 0, found
+        assert rows("bad") == []  # its first change was refused already
+        with pytest.raises(TableRefused, match="permission denied"):
+            sink.replay("dw.bad", chunk=7)
+        assert sink.quarantined() == [found]
+        query(f'GRANT INSERT, UPDATE, DELETE ON dw.bad TO "{role}"')
+        assert sink.replay("dw.bad", chunk=7) == found.changes
+        sink.close()
+        assert_equal(mariadb_source, source_db, rows)
+        write(mariadb_source, source_db, 300)
+        run(mariadb_source, start, source_db, "dw", load(), tmp_path)
+        assert_equal(mariadb_source, source_db, rows)
+        assert load().quarantined() == []
+    finally:
+        query(f'DROP OWNED BY "{role}" CASCADE')
+        query(f'DROP ROLE "{role}"')
+
+
 def kept_positions(server, database: str) -> list[tuple]:
     """The positions of the changes kept for `database`.bad (by pipelines with the default position
     table), in their kept order."""
