@@ -140,3 +140,34 @@ def test_snapshot_progress_bars_show_each_copied_table(tmp_path, browser_page, m
         assert not problems, problems
     finally:
         node.stop()
+
+
+def test_a_quarantined_table_shows_on_its_pipelines_card(tmp_path, browser_page, mariadb_source, source_db,
+                                                          mariadb_target, mysql_db):
+    """Under ``on_table_error: quarantine`` a table whose value the target refuses shows on its
+    pipeline's card, in the browser: the table, the first position, the changes kept, the cause and
+    the command that replays it, while the card stays running and the other table goes on."""
+    page, problems = browser_page
+    node = ObservedNode(tmp_path, mariadb_source, source_db, mariadb_target, mysql_db)
+    node.setl.config["pipeline"]["on_table_error"] = "quarantine"
+    node.setl.write_config()
+    node.start()
+    try:
+        node.source_exec("CREATE TABLE q (id INT PRIMARY KEY, v VARCHAR(16))", "CREATE TABLE t (id INT PRIMARY KEY)",
+                         "INSERT INTO q VALUES (1, 'a')")
+        wait_until(lambda: node.target_has("q") and node.target_rows("q") == 1, 60, 0.2, message="q copied")
+        mariadb_target.query(f"ALTER TABLE `{mysql_db}`.q MODIFY v VARCHAR(2)")  # the target refuses long values
+        node.source_exec("INSERT INTO q VALUES (2, 'much too long'), (3, 'b')", "INSERT INTO t VALUES (1)")
+        page.goto(node.url + "/")
+        card = _card(page, node.name)
+        card.wait_for(timeout=15_000)
+        box = card.locator('[data-role="quarantined"]')
+        wait_until(lambda: box.count() == 1, 60, 0.3, message="the quarantine box on the card")
+        text = box.inner_text()
+        assert f"{mysql_db}.q quarantined since " in text and "Data too long" in text, text
+        assert "2 changes" in text and f"setl resume --pipeline {node.name} --table {mysql_db}.q" in text, text
+        assert card.get_attribute("data-state") == "running"
+        wait_until(lambda: node.target_has("t") and node.target_rows("t") == 1, 30, 0.2, message="t goes on")
+        assert problems == [], problems
+    finally:
+        node.stop()
