@@ -98,7 +98,9 @@ class MarkedConnection(pymysql_io.Connection):
 
 def start_marking(conn: MarkedConnection, mark: str) -> None:
     """Make the mark table if missing (its DDL carrying the mark's comment), then mark every
-    transaction of `conn`, starting with one that names its session."""
+    transaction of `conn`, starting with one that deletes the rows of `mark` left by sessions that
+    are gone (`GONE`), if any: the table holds about a row per live loader session, not one per
+    connection ever opened."""
     conn.loop_mark = None
     with conn.cursor() as cur:
         cur.execute("SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s",
@@ -109,6 +111,22 @@ def start_marking(conn: MarkedConnection, mark: str) -> None:
             cur.execute(f"{ddl_comment(mark)} {MARK_DDL}")
     conn.commit()
     conn.loop_mark = mark
+    with conn.cursor() as cur:
+        cur.execute(GONE, (mark,))  # a consistent read: no lock on a live session's row
+        gone = [int(r[0]) for r in cur.fetchall()]
+        if gone:  # marked first (`query`): the other reader drops it whole, an echo
+            cur.execute(f"DELETE FROM `{MARK_SCHEMA}`.`{MARK_TABLE}` WHERE `mark` = %s AND `session` IN "
+                        f"({', '.join(['%s'] * len(gone))})", (mark, *gone))
+    conn.commit()
 
 
-__all__ = ["MarkedConnection", "start_marking"]
+#: The sessions of one mark that are gone, whose rows `start_marking` deletes. Safe at any time: in a
+#: transaction marked first, of this direction's mark only, and a session's row is only a carrier:
+#: each marked transaction upserts it again, which logs a rows event whether the row was there or
+#: not. The rows are deleted by key, so a live session's open transaction is never waited for (a
+#: DELETE scanning the mark's rows would wait on the row lock of a loader's open batch).
+GONE = (f"SELECT `session` FROM `{MARK_SCHEMA}`.`{MARK_TABLE}` WHERE `mark` = %s AND `session` <> CONNECTION_ID() "
+        "AND `session` NOT IN (SELECT `ID` FROM information_schema.PROCESSLIST)")
+
+
+__all__ = ["GONE", "MarkedConnection", "start_marking"]
