@@ -14,6 +14,7 @@ import logging
 import re
 from typing import Any
 
+from setl import failpoints
 from setl.adapters import pymysql as pymysql_io
 from setl.loop_marks import MARK_DDL, MARK_SCHEMA, MARK_TABLE, ddl_comment
 
@@ -64,15 +65,19 @@ class MarkedConnection(pymysql_io.Connection):
             if not self._marked:
                 self._mark()
             self.commit()
+            failpoints.hit("loop_mark_ddl", task=f"{self.loop_mark} {verb}")
             return int(super().query(f"{ddl_comment(self.loop_mark)} {text}", unbuffered))
         if verb not in _QUIET_VERBS and not self._marked:
             self._mark()
+        ends = verb in ("COMMIT", "ROLLBACK") or (";" in text[-40:] and _ENDS_TX.search(text[-40:]) is not None)
+        if ends and self._marked and "COMMIT" in text[-40:].upper():
+            failpoints.hit("loop_mark_commit", task=self.loop_mark)
         try:
             result = int(super().query(sql, unbuffered))
         except BaseException:
             self._marked = False
             raise
-        if verb in ("COMMIT", "ROLLBACK") or (";" in text[-40:] and _ENDS_TX.search(text[-40:])):
+        if ends:
             self._marked = False
         return result
 
@@ -88,6 +93,8 @@ class MarkedConnection(pymysql_io.Connection):
         super().begin()
 
     def commit(self) -> None:
+        if self._marked and self.loop_mark is not None:
+            failpoints.hit("loop_mark_commit", task=self.loop_mark)
         self._marked = False
         super().commit()
 
