@@ -5,6 +5,7 @@ once each; both sites end equal and both binlogs stop growing once the writers s
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -207,3 +208,39 @@ def test_kill_9_mid_piece_and_between_a_ddls_mark_and_the_ddl_restarts_equal_and
     finally:
         assert stop(proc) == 0, channel.logs()
 
+
+def app_rows_events(server: MariaDBServer, since: Any, schema: str) -> list[str]:
+    """The table maps of `schema`'s tables in `server`'s binlog after `since` (a row change written there)."""
+    return [str(e[5]) for e in server.query("SHOW BINLOG EVENTS IN %s FROM %s", (since.log, since.offset))
+            if e[2] == "Table_map" and f"`{schema}`." in str(e[5])]
+
+
+def test_the_trailing_echo_after_an_idle_ack_is_dropped_again_and_shows_no_lag(tmp_path, unprivileged_sites):
+    """An idle marker channel's acks rest before its echoes: a restart drops them again, applies nothing, no lag."""
+    east, west = unprivileged_sites
+    schema = "app_trail"
+    channel = unprivileged(equal_sites(tmp_path, "mtr", east, west, schema, "t (id INT PRIMARY KEY, site VARCHAR(8))"),
+                           loop_guard="marker")
+    proc = channel.spawn()
+    try:
+        east.query(f"INSERT INTO {schema}.t VALUES (1, 'east')")
+        west.query(f"INSERT INTO {schema}.t VALUES (2, 'west')")
+        before = still(channel, east, west, [f"{schema}.t"], proc)
+        acks = [channel.acked(p) for p in channel.pipelines]
+        # each ack rests before the other direction's trailing echoes (its position writes), never past the head
+        assert all(a is not None and a.log == h.log and a.offset <= h.offset
+                   for a, h in zip(acks, before, strict=True)), (acks, before)
+    finally:
+        assert stop(proc) == 0, channel.logs()
+    proc = channel.spawn()
+    try:
+        still(channel, east, west, [f"{schema}.t"], proc)
+        # the restart read the echoes after each ack again and dropped them: no row of the schema written anywhere
+        assert app_rows_events(east, before[0], schema) == [] == app_rows_events(west, before[1], schema)
+        status = channel.run("status", "--channel", channel.name, "--json")
+        figures = json.loads(status.stdout)
+        assert [r["status"] for r in figures] == ["running", "running"]
+        # still() waited 3 s after the last change: a lag counted from it (the ack behind the echoes) is more
+        assert all(r["lag_seconds"] is not None and r["lag_seconds"] < 2 for r in figures), status.stdout
+    finally:
+        assert stop(proc) == 0, channel.logs()
