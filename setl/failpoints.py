@@ -37,6 +37,10 @@ The failpoints (`FAILPOINTS`):
   open transaction (`task`: the target table; docs/quarantine.md).
 * ``quarantine_replay``: a replay transaction (`setl resume --table`) applied kept changes and has not
   committed (`batch`: the transaction's number from 0; `task`: the target table).
+* ``loop_mark_commit``: a loader transaction under a channel's marker loop guard holds its mark row
+  and its writes, its COMMIT not sent yet (`task`: the mark, ``channel:east-to-west``).
+* ``loop_mark_ddl``: such a loader committed the marked transaction that names its session before a
+  DDL, and has not sent the DDL yet (`task`: the mark and the DDL's verb, ``channel:east-to-west DROP``).
 * ``repair_acked``: the batch holding a repair's rows (`setl repair`) is acked and its request is
   not dropped from the meta store yet (`batch`: the batch; `task`: the table). A repair read
   (before its SELECT) hits ``snapshot_read`` with its table.
@@ -84,6 +88,8 @@ FAILPOINTS: dict[str, str] = {
     "snapshot_acked": "an ack wrote snapshot progress, the copies it finished are not let go yet",
     "snapshot_boundary": "a keyed table's next snapshot chunk was claimed, its boundary not asked yet (task = table)",
     "verify_chunk": "a verify chunk's source snapshot is open, its hash not read yet (batch = chunk, task = table)",
+    "loop_mark_commit": "a marker-guarded loader transaction holds its mark and rows, not committed (task = mark)",
+    "loop_mark_ddl": "a marker-guarded loader committed the mark naming its session, no DDL sent (task = mark verb)",
     "repair_acked": "the batch holding a repair (setl repair) is acked, its request not dropped yet (task = table)",
     "quarantine_kept": "a quarantined table's changes of a batch are kept, not committed yet (task = table)",
     "quarantine_replay": "a replay transaction applied kept changes, not committed yet (batch = its number from 0, "

@@ -14,6 +14,7 @@ import logging
 import re
 from typing import Any
 
+from setl import failpoints
 from setl.adapters import pymysql as pymysql_io
 from setl.loop_marks import MARK_DDL, MARK_SCHEMA, MARK_TABLE, ddl_comment
 
@@ -64,15 +65,19 @@ class MarkedConnection(pymysql_io.Connection):
             if not self._marked:
                 self._mark()
             self.commit()
+            failpoints.hit("loop_mark_ddl", task=f"{self.loop_mark} {verb}")
             return int(super().query(f"{ddl_comment(self.loop_mark)} {text}", unbuffered))
         if verb not in _QUIET_VERBS and not self._marked:
             self._mark()
+        ends = verb in ("COMMIT", "ROLLBACK") or (";" in text[-40:] and _ENDS_TX.search(text[-40:]) is not None)
+        if ends and self._marked and "COMMIT" in text[-40:].upper():
+            failpoints.hit("loop_mark_commit", task=self.loop_mark)
         try:
             result = int(super().query(sql, unbuffered))
         except BaseException:
             self._marked = False
             raise
-        if verb in ("COMMIT", "ROLLBACK") or (";" in text[-40:] and _ENDS_TX.search(text[-40:])):
+        if ends:
             self._marked = False
         return result
 
@@ -88,6 +93,8 @@ class MarkedConnection(pymysql_io.Connection):
         super().begin()
 
     def commit(self) -> None:
+        if self._marked and self.loop_mark is not None:
+            failpoints.hit("loop_mark_commit", task=self.loop_mark)
         self._marked = False
         super().commit()
 
@@ -98,7 +105,9 @@ class MarkedConnection(pymysql_io.Connection):
 
 def start_marking(conn: MarkedConnection, mark: str) -> None:
     """Make the mark table if missing (its DDL carrying the mark's comment), then mark every
-    transaction of `conn`, starting with one that names its session."""
+    transaction of `conn`, starting with one that deletes the rows of `mark` left by sessions that
+    are gone (`GONE`), if any: the table holds about a row per live loader session, not one per
+    connection ever opened."""
     conn.loop_mark = None
     with conn.cursor() as cur:
         cur.execute("SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s",
@@ -109,6 +118,22 @@ def start_marking(conn: MarkedConnection, mark: str) -> None:
             cur.execute(f"{ddl_comment(mark)} {MARK_DDL}")
     conn.commit()
     conn.loop_mark = mark
+    with conn.cursor() as cur:
+        cur.execute(GONE, (mark,))  # a consistent read: no lock on a live session's row
+        gone = [int(r[0]) for r in cur.fetchall()]
+        if gone:  # marked first (`query`): the other reader drops it whole, an echo
+            cur.execute(f"DELETE FROM `{MARK_SCHEMA}`.`{MARK_TABLE}` WHERE `mark` = %s AND `session` IN "
+                        f"({', '.join(['%s'] * len(gone))})", (mark, *gone))
+    conn.commit()
 
 
-__all__ = ["MarkedConnection", "start_marking"]
+#: The sessions of one mark that are gone, whose rows `start_marking` deletes. Safe at any time: in a
+#: transaction marked first, of this direction's mark only, and a session's row is only a carrier:
+#: each marked transaction upserts it again, which logs a rows event whether the row was there or
+#: not. The rows are deleted by key, so a live session's open transaction is never waited for (a
+#: DELETE scanning the mark's rows would wait on the row lock of a loader's open batch).
+GONE = (f"SELECT `session` FROM `{MARK_SCHEMA}`.`{MARK_TABLE}` WHERE `mark` = %s AND `session` <> CONNECTION_ID() "
+        "AND `session` NOT IN (SELECT `ID` FROM information_schema.PROCESSLIST)")
+
+
+__all__ = ["GONE", "MarkedConnection", "start_marking"]

@@ -5,6 +5,7 @@ once each; both sites end equal and both binlogs stop growing once the writers s
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -113,3 +114,133 @@ def test_marker_mode_refuses_a_site_logging_statements(tmp_path, unprivileged_si
     assert result.returncode == 2, result.stdout + result.stderr
     assert len(lines) == 1 and "site east logs with binlog_format STATEMENT: the marker loop guard needs ROW" \
         in lines[0] and "SET GLOBAL binlog_format = ROW" in lines[0], lines
+
+
+def no_loader_sessions(*servers: MariaDBServer) -> bool:
+    """Whether no session of the channel's user is left on `servers` (a killed node's are closed)."""
+    return all(not s.query("SELECT ID FROM information_schema.PROCESSLIST WHERE USER = %s", (USER,)) for s in servers)
+
+
+def dead_marks(server: MariaDBServer, mark: str) -> list[tuple]:
+    """The rows of `mark` in `server`'s mark table whose session is gone."""
+    return [tuple(r) for r in server.query(
+        "SELECT session, seq FROM setl.setl_channel_mark WHERE mark = %s AND session NOT IN "
+        "(SELECT ID FROM information_schema.PROCESSLIST)", (mark,))]
+
+
+def checksums(server: MariaDBServer, schema: str, tables: list[str]) -> list[int]:
+    return [int(r[1]) for r in server.query(f"CHECKSUM TABLE {', '.join(f'{schema}.{t}' for t in tables)} EXTENDED")]
+
+
+def test_kill_9_mid_piece_and_between_a_ddls_mark_and_the_ddl_restarts_equal_and_still(tmp_path, unprivileged_sites):
+    """kill -9 in a split transaction's uncommitted piece, then between a DDL's mark and the DDL: equal, then still."""
+    east, west = unprivileged_sites
+    schema, tables = "app_mkill", ["t", "u"]
+    channel = unprivileged(equal_sites(tmp_path, "mkk", east, west, schema,
+                                       "t (id INT AUTO_INCREMENT PRIMARY KEY, site VARCHAR(8), n INT)",
+                                       "u (id INT PRIMARY KEY, v VARCHAR(10))", "gone (id INT PRIMARY KEY)"),
+                           loop_guard="marker")
+    mark = "mkk:east-to-west"
+    # every marked commit of east-to-west waits 0.3 s: a piece's rows sit written and uncommitted on west
+    proc = channel.spawn(faults=[{"stage": "loop_mark_commit", "action": "slow", "seconds": 0.3, "times": None,
+                                  "task": mark}])
+    try:
+        for i in range(5):
+            east.query(f"INSERT INTO {schema}.t (site, n) VALUES ('east', {i})")
+            west.query(f"INSERT INTO {schema}.t (site, n) VALUES ('west', {i})")
+        big = ", ".join(f"({k}, 'v{k % 10}')" for k in range(1, 10 * SPLIT + 1))
+        east.query(f"INSERT INTO {schema}.u (id, v) VALUES {big}")  # one transaction: 10 pieces of SPLIT rows
+        for i in range(5, 10):  # both sites keep writing while the pieces cross
+            east.query(f"INSERT INTO {schema}.t (site, n) VALUES ('east', {i})")
+            west.query(f"INSERT INTO {schema}.t (site, n) VALUES ('west', {i})")
+
+        def mid_piece() -> bool:
+            assert proc.poll() is None, channel.logs()
+            count = west.query(f"SELECT COUNT(*) FROM {schema}.u")[0][0]
+            open_rows = [r[0] for r in west.query(
+                "SELECT trx_rows_modified FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id IN "
+                "(SELECT ID FROM information_schema.PROCESSLIST WHERE USER = %s)", (USER,))]
+            seen.append((count, open_rows))
+            return SPLIT <= count < 8 * SPLIT and any(n > SPLIT for n in open_rows)
+
+        seen: list[tuple] = []
+        wait_until(mid_piece, timeout=90, interval=0.02, message=lambda: f"{seen[-5:]}\n{channel.logs()}")
+        proc.kill()
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    ack = channel.acked(channel.pipelines[0])
+    assert ack is not None and ack.row > 0, ack  # the kill struck inside the source transaction
+    assert west.query(f"SELECT COUNT(*) FROM {schema}.u")[0][0] < 10 * SPLIT  # the open piece was rolled back
+    wait_until(lambda: no_loader_sessions(east, west), timeout=10, message="a killed node's sessions linger")
+
+    proc = channel.spawn(faults=[{"stage": "loop_mark_ddl", "action": "crash", "task": f"{mark} DROP"}])
+    try:
+        east.query(f"UPDATE {schema}.u SET v = 'after' WHERE id = 1")
+        west.query(f"INSERT INTO {schema}.t (site, n) VALUES ('west', 10)")
+        wait_until(lambda: proc.poll() is None and rows(west, f"{schema}.u")[:1] == [(1, "after")]
+                   and len(rows(east, f"{schema}.t")) == 10 + 11,  # alive until the DROP comes
+                   timeout=90, message=channel.logs)
+        east.query(f"DROP TABLE {schema}.gone")  # logged rewritten, without the comment
+        assert proc.wait(120) == -9, channel.logs()  # crashed between the DROP's marked commit and the DROP
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert columns(west, schema, "gone") == ["id"]  # the DROP was never sent
+    wait_until(lambda: no_loader_sessions(east, west), timeout=10, message="a killed node's sessions linger")
+
+    proc = channel.spawn()
+    try:
+        west.query(f"INSERT INTO {schema}.t (site, n) VALUES ('west', 11)")
+        heads = still(channel, east, west, [f"{schema}.{t}" for t in tables], proc)
+        assert len(rows(west, f"{schema}.u")) == 10 * SPLIT
+        assert rows(west, f"{schema}.u")[0] == (1, "after")
+        assert len(rows(east, f"{schema}.t")) == 10 + 12
+        assert checksums(east, schema, tables) == checksums(west, schema, tables)
+        assert columns(west, schema, "gone") == [] == columns(east, schema, "gone")
+        time.sleep(2)  # several heartbeats and batch waits more: a returning change would move a head
+        assert (head(east), head(west)) == heads, channel.logs()
+        # three starts, several connections each: only live sessions keep a mark row
+        assert dead_marks(west, mark) == [] and dead_marks(east, "mkk:west-to-east") == []
+    finally:
+        assert stop(proc) == 0, channel.logs()
+
+
+def app_rows_events(server: MariaDBServer, since: Any, schema: str) -> list[str]:
+    """The table maps of `schema`'s tables in `server`'s binlog after `since` (a row change written there)."""
+    return [str(e[5]) for e in server.query("SHOW BINLOG EVENTS IN %s FROM %s", (since.log, since.offset))
+            if e[2] == "Table_map" and f"`{schema}`." in str(e[5])]
+
+
+def test_the_trailing_echo_after_an_idle_ack_is_dropped_again_and_shows_no_lag(tmp_path, unprivileged_sites):
+    """An idle marker channel's acks rest before its echoes: a restart drops them again, applies nothing, no lag."""
+    east, west = unprivileged_sites
+    schema = "app_trail"
+    channel = unprivileged(equal_sites(tmp_path, "mtr", east, west, schema, "t (id INT PRIMARY KEY, site VARCHAR(8))"),
+                           loop_guard="marker")
+    proc = channel.spawn()
+    try:
+        east.query(f"INSERT INTO {schema}.t VALUES (1, 'east')")
+        west.query(f"INSERT INTO {schema}.t VALUES (2, 'west')")
+        before = still(channel, east, west, [f"{schema}.t"], proc)
+        acks = [channel.acked(p) for p in channel.pipelines]
+        # each ack rests before the other direction's trailing echoes (its position writes), never past the head
+        assert all(a is not None and a.log == h.log and a.offset <= h.offset
+                   for a, h in zip(acks, before, strict=True)), (acks, before)
+    finally:
+        assert stop(proc) == 0, channel.logs()
+    proc = channel.spawn()
+    try:
+        still(channel, east, west, [f"{schema}.t"], proc)
+        # the restart read the echoes after each ack again and dropped them: no row of the schema written anywhere
+        assert app_rows_events(east, before[0], schema) == [] == app_rows_events(west, before[1], schema)
+        status = channel.run("status", "--channel", channel.name, "--json")
+        figures = json.loads(status.stdout)
+        assert [r["status"] for r in figures] == ["running", "running"]
+        # still() waited 3 s after the last change: a lag counted from it (the ack behind the echoes) is more
+        assert all(r["lag_seconds"] is not None and r["lag_seconds"] < 2 for r in figures), status.stdout
+    finally:
+        assert stop(proc) == 0, channel.logs()

@@ -14,6 +14,7 @@ from setl.errors import SourceError
 from setl.loop_marks import MARK_DDL
 from setl.model import DdlChange, RowChange
 from setl.sinks.mysql_loop_guard import MarkedConnection, start_marking
+from setl.testing.servers import wait_until
 from tests.sources.binlog import execute, head, read
 
 THEIRS, OTHER = "ch:west-to-east", "other:a-to-b"  # the mark this reader drops; another channel's
@@ -120,3 +121,55 @@ def test_a_mark_after_handed_on_pieces_stops_the_reader(mariadb_source, source_d
                 got.append(tx)
     handed = [c.after["id"] for tx in got for c in tx.changes if isinstance(c, RowChange)]
     assert handed == list(range(1, 21)), handed  # the two pieces before the mark; not 500, 501
+
+
+def test_mark_rows_stay_bounded_and_their_pruning_never_crosses(mariadb_source, source_db, sources):
+    """Loader connections that come and go leave a mark row per live session only, and nothing marked comes out."""
+    mark = "prune:west-to-east"
+    execute(mariadb_source, source_db, "CREATE DATABASE IF NOT EXISTS setl", MARK_DDL,
+            "CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(10))")
+    start = head(mariadb_source)
+    src = sources(mariadb_source, start, ignore_marks=(mark,), max_rows_in_memory=10)
+
+    def marks() -> list[int]:
+        return [r[0] for r in mariadb_source.query(
+            "SELECT session FROM setl.setl_channel_mark WHERE mark = %s ORDER BY session", (mark,))]
+
+    def live(sessions: list[int]) -> set[int]:  # those of `sessions` the server still lists
+        ids = {r[0] for r in mariadb_source.query("SELECT ID FROM information_schema.PROCESSLIST")}
+        return ids & set(sessions)
+
+    kept = [loader(mariadb_source, source_db, mark) for _ in range(2)]  # live all along: their rows stay
+    closed: list[int] = []
+    try:
+        for k, conn in enumerate(kept):  # a session's row appears with its first marked transaction
+            run(conn, f"INSERT INTO t VALUES ({200 + k}, 'kept')")
+            conn.commit()
+        for n in range(25):  # connections that write once and go (a loader's reconnects, restarts)
+            conn = loader(mariadb_source, source_db, mark)
+            closed.append(conn.thread_id())
+            run(conn, f"INSERT INTO t VALUES ({n}, 'c{n}') ON DUPLICATE KEY UPDATE v = 'again'")
+            conn.commit()
+            conn.close()
+            # bounded: the kept two, this one, and at most the last two gone ones (still closing at the prune)
+            assert len(marks()) <= 5, (n, marks(), closed)
+        wait_until(lambda: not live(closed), timeout=10, message="closed sessions still listed")
+        last = loader(mariadb_source, source_db, mark)
+        try:
+            run(last, "INSERT INTO t VALUES (100, 'last')")
+            last.commit()
+            assert marks() == sorted([c.thread_id() for c in kept] + [last.thread_id()])
+            run(last, "CREATE TABLE pruned (id INT PRIMARY KEY)", "DROP TABLE pruned")  # DROP: known by session
+            for k, conn in enumerate(kept):  # a kept session's row still carries its marks
+                run(conn, f"UPDATE t SET v = 'kept again' WHERE id = {200 + k}")
+                conn.commit()
+        finally:
+            last.close()
+    finally:
+        for conn in kept:
+            conn.close()
+    execute(mariadb_source, source_db, "INSERT INTO t (id, v) VALUES (999, 'user')")
+    got = read(src, 1, source_db)
+    changes = [c for tx in got for c in tx.changes]
+    assert [(c.table, c.after) for c in changes] == [("t", {"id": 999, "v": "user"})], changes
+    assert len(mariadb_source.query(f"SELECT * FROM {source_db}.t")) == 25 + 1 + 2 + 1

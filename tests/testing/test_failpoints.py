@@ -35,7 +35,7 @@ def test_faults_json_keeps_its_format_and_names_the_failpoints():
     assert set(failpoints.FAILPOINTS) == {"select", "extract", "transform", "load", "termin", "ddl_action",
                                           "snapshot_read", "snapshot_boundary", "snapshot_ended", "snapshot_acked",
                                           "repair_acked", "verify_chunk", "quarantine_kept",
-                                          "quarantine_replay"}
+                                          "quarantine_replay", "loop_mark_commit", "loop_mark_ddl"}
 
 
 def test_a_ddl_action_crash_marker_strikes_its_task_only():
