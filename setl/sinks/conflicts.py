@@ -117,7 +117,7 @@ class ConflictPolicy:
         tables = {name: TablePolicy(t.policy or default.policy, t.column or default.column, t.site or default.site)
                   for name, t in settings.tables.items()}
         return cls(site, others[0] if len(others) == 1 else None, dict(settings.sites), default, tables,
-                   float(settings.tombstone_days) * 86400.0, bool(getattr(settings, "tombstones", False)))
+                   float(settings.tombstone_days) * 86400.0, bool(settings.tombstones_on()))
 
 
 @attrs.frozen
@@ -324,8 +324,10 @@ class Tombstones:
             raise RefusedLoadError(
                 f"conflicts: cannot make the tombstone triggers of {name} ({exc}); a deleted row must leave a "
                 "tombstone on its site for a delete racing an insert to settle the same on both sides; fix: "
-                "GRANT TRIGGER on the tables (and SUPER, or log_bin_trust_function_creators=1, where the "
-                "binlog is on), see docs/conflicts.md", pipeline=self.pipeline, stage="load", table=name,
+                "GRANT TRIGGER on the tables (and SUPER, or SET GLOBAL log_bin_trust_function_creators=1, where "
+                "the binlog is on), or set conflicts.tombstones: false, accepting that an insert racing a delete "
+                "of its key is then found only by setl verify --channel (docs/conflicts.md)",
+                pipeline=self.pipeline, stage="load", table=name,
                 position=position) from exc
 
     def prune(self, conn: Any, keep: float) -> None:
@@ -469,6 +471,10 @@ class ConflictStep:
         self._guarded: set[tuple[str, str]] = set()  # tables whose delete triggers this process made
         self.tombstones = Tombstones(pipeline, schema)
         self._pending = threading.local()
+        if not policy.tombstones and policy.default.policy != KEEP_TARGET:
+            log.warning("pipeline=%s stage=load conflicts: runs WITHOUT tombstones (conflicts.tombstones: false): "
+                        "an insert racing a delete of its key can leave the sites different, found only by setl "
+                        "verify --channel (docs/conflicts.md)", pipeline)
 
     # -- the transaction
 
