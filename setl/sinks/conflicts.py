@@ -358,8 +358,12 @@ class Tombstones:
             part = keys[start:start + CHUNK_KEYS]
             keyed = " UNION ALL ".join(f"SELECT {n} AS n, {_key_md5(cur, name, pk, columns, key)} AS h"
                                        for n, key in enumerate(part))
+            # A locking read, as the rows' (`_compare`): it sees the latest committed tombstone. A plain
+            # read would see the transaction's snapshot, taken at its first plain read (another table's
+            # lookup, earlier in the batch), before a user's delete that committed since, whose row
+            # the locking read already finds gone: "no row and no tombstone", a false stop.
             cur.execute(f"SELECT k.n, k.h, t.site FROM ({keyed}) k JOIN {self.table} t "
-                        "ON t.key_md5 = CONVERT(k.h USING ascii)")
+                        "ON t.key_md5 = CONVERT(k.h USING ascii) LOCK IN SHARE MODE")
             hashes, graves = {}, {}
             for n, digest, site in cur.fetchall():
                 hashes[digest] = part[n]
@@ -377,7 +381,7 @@ class Tombstones:
                 compare = (f"CASE WHEN {mine} <=> {theirs} THEN 0 WHEN {theirs} IS NULL THEN 1 WHEN {mine} IS NULL "
                            f"THEN -1 WHEN {mine} > {theirs} THEN 1 ELSE -1 END")
                 branches.append(f"(SELECT {n}, {compare} FROM {self.table} t WHERE t.key_md5 = "
-                                f"{literal(next(h for h, k in hashes.items() if k == key))})")
+                                f"{literal(next(h for h, k in hashes.items() if k == key))} LOCK IN SHARE MODE)")
             cur.execute(" UNION ALL ".join(branches))
             for n, newer in cur.fetchall():
                 key = compared[n]

@@ -6,6 +6,7 @@ import datetime
 import decimal
 import json
 import struct
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from setl.sinks.conflicts import (
     decide,
 )
 from setl.sinks.mysql import MysqlLoad
-from setl.testing.servers import MariaDBServer
+from setl.testing.servers import MariaDBServer, wait_until
 
 DDL = ("CREATE TABLE {db}.t (id INT PRIMARY KEY, v VARCHAR(20) COLLATE utf8mb4_general_ci, f {f}, "
        "d DECIMAL(8,3), ts DATETIME(3), c CHAR(4))")
@@ -403,6 +404,55 @@ def test_update_racing_a_delete_converges(sites: tuple[Site, Site], deleter: str
     lost = [r["target_row"] if r["decision"] == SOURCE_WON else r["source_row"] for site in sites
             for r in site.conflicts()]
     assert [None if x is None else json.loads(x)["v"] for x in lost] == [None if update_wins else "late-update"] * 2
+
+
+def test_an_update_meeting_a_delete_committed_during_its_batch_is_ranked_not_stopped(sites: tuple[Site, Site]
+                                                                                     ) -> None:
+    """A user's delete on the target that commits while the batch waits for its row lock, after the batch
+    read tombstones of another table: the update ranks against the delete's tombstone (the latest, read
+    locked as the row is), never "meets no row and no tombstone", and both sites end equal."""
+    a, b = sites
+    b.execute(f"CREATE TABLE {b.db}.u (id INT PRIMARY KEY, v VARCHAR(20), ts DATETIME(3))")
+    assert b.load.conflicts is not None
+    b.load.conflicts.guard(b.conn, b.db, "u")  # its triggers made before the user's transaction opens
+    a.write(5, image(5, "orig", T0))
+    a.ship_to(b)
+    orig = b.row(5)
+    a.write(5, image(5, "late-update", T0 + datetime.timedelta(seconds=9)))
+    user = b.server.connect()
+    failed: list[BaseException] = []
+    try:
+        with user.cursor() as cur:
+            cur.execute("BEGIN")
+            cur.execute(f"DELETE FROM {b.db}.t WHERE id = 5")  # its tombstone written, not committed yet
+        # The batch: a new key of u first (its tombstone lookup opens the transaction's snapshot), then
+        # a's update of key 5, whose locked read waits for the user's delete.
+        new_u = RowChange(Op.INSERT, b.db, "u", ("id",), None, {"id": 1, "v": "u1", "ts": T0})
+
+        def load() -> None:
+            try:
+                b.receive([new_u, *(attrs.evolve(c, schema=b.db) for c in a.log)])
+            except BaseException as exc:  # asserted below
+                failed.append(exc)
+
+        loader = threading.Thread(target=load, name="test-loader")
+        loader.start()
+        wait_until(lambda: not loader.is_alive() or b.execute(
+            "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE "
+            "'%FOR UPDATE%'")[0][0] >= 1, timeout=30, message=lambda: str(b.execute("SHOW FULL PROCESSLIST")))
+        with user.cursor() as cur:
+            cur.execute("COMMIT")
+        loader.join(60)
+    finally:
+        user.close()
+    a.log.clear()
+    assert not loader.is_alive() and not failed, failed
+    assert (b.row(5) or {}).get("v") == "late-update"  # stamped later than the row the delete removed
+    assert [(r["decision"], r["target_row"]) for r in b.conflicts()] == [(SOURCE_WON, None)]  # the delete lost
+    b.log.append(RowChange(Op.DELETE, "?", "t", ("id",), orig, None))
+    b.ship_to(a)
+    assert a.row(5) == b.row(5)
+    assert [r["decision"] for r in a.conflicts()] == [TARGET_WON]
 
 
 @pytest.mark.parametrize("order", ["delete-first", "insert-first"])
