@@ -669,8 +669,15 @@ class ConflictStep:
                     if policy.policy == LAST_WRITER_WINS:
                         self._unranked(batch, name, key)
                     newer = None  # site wins needs no version; keep the target's row keeps its own
+                elif policy.policy == SITE_WINS and self.policy.site != policy.site and first is not ABSENT:
+                    # An update of the losing site meeting the winning site's tombstone raced that delete:
+                    # the row it updated still stood on its site, which the delete had not reached (a key
+                    # written again after the delete arrived comes first as an insert). The delete wins,
+                    # as it does there when it arrives (docs/conflicts.md).
+                    newer = None
+                    reason_tail = f" (tombstone of site {grave[0]}'s delete)"
                 elif policy.policy == SITE_WINS and self.policy.site != policy.site:
-                    # No version tells a write that raced the winning site's delete from one made after
+                    # No version tells an insert that raced the winning site's delete from one made after
                     # it arrived: applied, and recorded as unsettled (docs/conflicts.md).
                     conflicts.append(Conflict(
                         self.pipeline, name, key, policy.policy, SOURCE_WON, f"{UNSETTLED}: site_wins cannot rank a "
