@@ -476,9 +476,8 @@ class ConflictStep:
         self.tombstones = Tombstones(pipeline, schema)
         self._pending = threading.local()
         if not policy.tombstones and policy.default.policy != KEEP_TARGET:
-            log.warning("pipeline=%s stage=load conflicts: runs WITHOUT tombstones (conflicts.tombstones: false): "
-                        "an insert racing a delete of its key can leave the sites different, found only by setl "
-                        "verify --channel (docs/conflicts.md)", pipeline)
+            log.warning("pipeline=%s stage=load conflicts: runs WITHOUT tombstones (conflicts.tombstones: false): an "
+                        "insert racing a delete may leave the sites different (setl verify --channel)", pipeline)
 
     # -- the transaction
 
@@ -670,12 +669,9 @@ class ConflictStep:
                         self._unranked(batch, name, key)
                     newer = None  # site wins needs no version; keep the target's row keeps its own
                 elif policy.policy == SITE_WINS and self.policy.site != policy.site and first is not ABSENT:
-                    # An update of the losing site meeting the winning site's tombstone raced that delete:
-                    # the row it updated still stood on its site, which the delete had not reached (a key
-                    # written again after the delete arrived comes first as an insert). The delete wins,
-                    # as it does there when it arrives (docs/conflicts.md).
-                    newer = None
-                    reason_tail = f" (tombstone of site {grave[0]}'s delete)"
+                    # An update of the loser meeting the winner's tombstone raced that delete (a key written
+                    # after the delete arrived comes as an insert): the delete wins, as there (docs/conflicts.md)
+                    newer, reason_tail = None, f" (tombstone of site {grave[0]}'s delete)"
                 elif policy.policy == SITE_WINS and self.policy.site != policy.site:
                     # No version tells an insert that raced the winning site's delete from one made after
                     # it arrived: applied, and recorded as unsettled (docs/conflicts.md).
