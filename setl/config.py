@@ -489,12 +489,38 @@ class ConflictSettings:
     sites: dict[str, int] = attrs.Factory(dict)  # the channel's two sites and their priorities (1 wins ties over 2)
     tables: dict[str, TableConflicts] = attrs.Factory(dict)  # per target table SCHEMA.TABLE: its own policy
     #: tombstones (docs/conflicts.md): each site's deletes leave the deleted row's version in the deleting
-    #: transaction (triggers: SUPER or log_bin_trust_function_creators=1), so that last writer wins ranks a
-    #: delete racing an insert or update; off: a delete wins over an update, and an insert racing a delete
-    #: is not seen
-    tombstones: bool = False
+    #: transaction (triggers: TRIGGER, and SUPER or log_bin_trust_function_creators=1), so that a delete
+    #: racing an insert or update is ranked alike on both sites. Not set: on unless every table is
+    #: keep_target; false (explicit): a delete wins over an update, and an insert racing a delete is found
+    #: only by `setl verify --channel`
+    tombstones: bool | None = None
     #: days a deleted key's tombstone is kept (docs/conflicts.md): more than the longest lag either way
     tombstone_days: float = 7.0
+
+    def tombstones_on(self) -> bool:
+        """Whether deletes leave tombstones: as `tombstones` says, else `tombstones_default`."""
+        return self.tombstones if self.tombstones is not None else tombstones_default(
+            [self.policy, *(table.policy or self.policy for table in self.tables.values())])
+
+
+def tombstones_default(policies: Sequence[str | None]) -> bool:
+    """``conflicts.tombstones`` not set: on where a table's deletes can race its writes and end the sites
+    different without them (last_writer_wins, site_wins); off where every table keeps the target's row
+    (keep_target: each site keeps its own anyway, docs/conflicts.md)."""
+    return any((policy or "last_writer_wins") != "keep_target" for policy in policies)
+
+
+def channel_tombstones(conflicts: Any) -> bool | None:
+    """A channel's raw ``conflicts:`` block: whether its directions run with tombstones (None: no block)."""
+    if not isinstance(conflicts, dict):
+        return None
+    if isinstance(conflicts.get("tombstones"), bool):
+        return bool(conflicts["tombstones"])
+    given = conflicts.get("tables")
+    tables: dict[Any, Any] = given if isinstance(given, dict) else {}
+    default = conflicts.get("policy")
+    return tombstones_default([default, *((t.get("policy") if isinstance(t, dict) else None) or default
+                                          for t in tables.values())])
 
 
 @attrs.frozen
@@ -833,11 +859,6 @@ def load_channel(conf_dir: str | Path, name: str) -> ChannelConfig:
                           "needs its own", file=str(path))
     if config.loop_guard not in LOOP_GUARDS:
         raise ConfigError(f"loop_guard: {config.loop_guard!r} is not one of {', '.join(LOOP_GUARDS)}", file=str(path))
-    if config.loop_guard == "marker" and isinstance(config.conflicts, dict) and config.conflicts.get("tombstones"):
-        raise ConfigError("conflicts.tombstones: needs loop_guard server_id (or auto where the users may set their "
-                          "session's server_id): the tombstone triggers setl makes on a site are marked by the "
-                          "session's server_id, which the marker guard cannot carry (docs/conflicts.md)",
-                          file=str(path))
     if first.setl_gtid_domain_id is not None and first.setl_gtid_domain_id == second.setl_gtid_domain_id:
         raise ConfigError(f"sites.{b}.setl_gtid_domain_id: {second.setl_gtid_domain_id} is also {a}'s: each "
                           "direction needs its own", file=str(path))

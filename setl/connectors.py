@@ -93,32 +93,53 @@ class BuildContext:
 
 def _source_dial(pipeline: PipelineConfig) -> Callable[[], Any] | None:
     """A tombstones pipeline's way to its source server (a MySQL source), where the load asks whether a
-    delete it applies left its tombstone there (`setl.sinks.conflicts`); None otherwise."""
+    delete it applies left its tombstone there, and makes the triggers of a table created while the
+    channel runs (`setl.sinks.conflicts`); None otherwise. What it writes there (the triggers' DDL) is
+    marked as the channel's loop guard marks the other direction's writes, so that this pipeline's own
+    reader drops it: the session's server_id, or (loop_guard marker, or auto where the user may not
+    set it) the other direction's mark row and comment (`setl.sinks.mysql_loop_guard`)."""
     source: Any = pipeline.source
-    if pipeline.conflicts is None or not pipeline.conflicts.tombstones or source.type != "mysql":
+    if pipeline.conflicts is None or not pipeline.conflicts.tombstones_on() or source.type != "mysql":
         return None
+    guard = getattr(pipeline.target, "loop_guard", "server_id")
+    marks = tuple(getattr(source, "ignore_marks", ()) or ())
 
     def dial() -> Any:
         import pymysql
 
         from setl.dial import mysql_connection
+        from setl.sinks.mysql_loop_guard import MarkedConnection, start_marking
         from setl.tls import mysql_context
 
         context = mysql_context(source.ssl, where="source.ssl", pipeline=pipeline.name) if source.ssl else None
-        conn = mysql_connection(host=source.host, port=source.port, user=source.user, password=source.password,
-                                connect_timeout=10.0, read_timeout=60.0, autocommit=True, charset="utf8mb4",
-                                ssl=context)
+        options = dict(host=source.host, port=source.port, user=source.user, password=source.password,
+                       connect_timeout=10.0, read_timeout=60.0, autocommit=True, charset="utf8mb4", ssl=context)
+
+        def marked() -> Any:
+            conn = mysql_connection(cls=MarkedConnection, **options)
+            try:
+                start_marking(conn, marks[0])
+            except BaseException:
+                conn.close()
+                raise
+            return conn
+
+        if guard == "marker" and marks:
+            return marked()
+        conn = mysql_connection(**options)
         if source.ignore_server_ids:  # what setl writes there (triggers) is setl's, dropped by this pipeline
             try:
                 with conn.cursor() as cur:
                     cur.execute("SET SESSION server_id = %s", (source.ignore_server_ids[0],))
             except pymysql.err.OperationalError as exc:
                 conn.close()
+                if guard == "auto" and marks and exc.args and exc.args[0] == 1227:
+                    return marked()
                 raise RefusedLoadError(
                     f"conflicts.tombstones: user {source.user!r} may not set its session's server_id on the source "
                     f"{source.host}:{source.port} ({exc.args[-1] if exc.args else exc}), which marks the tombstone "
-                    "triggers setl makes there (the marker loop guard cannot carry them). Fix: GRANT BINLOG "
-                    "REPLAY, BINLOG ADMIN ON *.* to it, or set conflicts.tombstones: false (docs/conflicts.md)",
+                    "triggers setl makes there under loop_guard server_id. Fix: GRANT BINLOG REPLAY, BINLOG ADMIN "
+                    "ON *.* to it, or set the channel's loop_guard: auto (docs/conflicts.md)",
                     pipeline=pipeline.name, stage="load") from exc
         return conn
     return dial

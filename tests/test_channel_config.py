@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from setl.config import load_pipeline, pipeline_names
+from setl.config import channel_tombstones, load_pipeline, pipeline_names
 from setl.connectors import registry
 from setl.errors import ConfigError
 
@@ -65,9 +65,28 @@ def test_a_mistake_in_the_channel_names_its_file_and_key(tmp_path):
         load_pipeline(conf, "shop.a-to-b", registry())
 
 
-def test_tombstones_under_the_marker_loop_guard_are_refused_naming_the_key(tmp_path):
-    """conflicts.tombstones with loop_guard marker is refused: setl's triggers on a site need a marked session."""
+@pytest.mark.parametrize(("conflicts", "expected"), [
+    ({"policy": "last_writer_wins", "column": "ts"}, True),
+    ({"policy": "site_wins", "site": "a"}, True),
+    ({"policy": "keep_target", "tables": {"s.t": {"policy": "last_writer_wins", "column": "ts"}}}, True),
+    ({"policy": "keep_target"}, False),
+    ({"policy": "last_writer_wins", "column": "ts", "tombstones": False}, False),
+    ({"policy": "keep_target", "tombstones": True}, True),
+])
+def test_tombstones_are_on_unless_turned_off_or_every_table_keeps_the_target(tmp_path, conflicts, expected):
+    """A channel's directions run with tombstones unless ``tombstones: false`` or every table is keep_target."""
+    conf = conf_dir(tmp_path, {"sites": {"a": {"setl_server_id": 1, "priority": 1},
+                                         "b": {"setl_server_id": 2, "priority": 2}}, "conflicts": conflicts})
+    for name in ("shop.a-to-b", "shop.b-to-a"):
+        settings = load_pipeline(conf, name, registry()).conflicts
+        assert settings is not None and settings.tombstones_on() is expected, (name, settings)
+    assert channel_tombstones(conflicts) is expected
+
+
+def test_tombstones_under_the_marker_loop_guard_are_accepted(tmp_path):
+    """Tombstones with loop_guard marker load: the triggers' DDL goes through the marked sessions."""
     conf = conf_dir(tmp_path, {"sites": {"a": {"setl_server_id": 1}, "b": {"setl_server_id": 2}},
-                               "loop_guard": "marker", "conflicts": {"policy": "last_writer_wins", "tombstones": True}})
-    with pytest.raises(ConfigError, match=r"channels/shop.yaml: conflicts.tombstones: needs loop_guard server_id"):
-        load_pipeline(conf, "shop.a-to-b", registry())
+                               "loop_guard": "marker", "conflicts": {"policy": "site_wins", "site": "a"}})
+    config = load_pipeline(conf, "shop.a-to-b", registry())
+    assert config.conflicts is not None and config.conflicts.tombstones_on()
+    assert config.target.loop_guard == "marker"  # type: ignore[attr-defined]

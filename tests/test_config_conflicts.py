@@ -27,11 +27,11 @@ def write(tmp_path: Path, extra: dict[str, Any], target: str = "mysql") -> Path:
 
 
 def test_a_channel_block_reaches_the_target_as_its_policy(tmp_path: Path) -> None:
-    """A valid block and site load, and the target's load path gets the policy with the other site and table rules."""
+    """A valid block and site load; the load path gets its policy, other site, table rules and tombstones (on)."""
     config = load_pipeline(write(tmp_path, {"site": "a", "conflicts": CHANNEL}), "p", registry())
     policy = BuildContext.of(config, NodeSettings()).conflicts
     assert policy == ConflictPolicy("a", "b", {"a": 1, "b": 2}, TablePolicy(LAST_WRITER_WINS, "updated_at"),
-                                    {"db.t": TablePolicy(SITE_WINS, "updated_at", "a")})
+                                    {"db.t": TablePolicy(SITE_WINS, "updated_at", "a")}, tombstones=True)
     assert build_load(config, NodeSettings()).conflicts.policy == policy  # type: ignore[attr-defined]
 
 

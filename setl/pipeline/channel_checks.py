@@ -10,7 +10,7 @@ from typing import Any
 import attrs
 import pymysql
 
-from setl.config import ChannelConfig, ChannelSite, selecting_rule
+from setl.config import ChannelConfig, ChannelSite, channel_tombstones, selecting_rule
 from setl.dial import mysql_connection
 from setl.errors import RefusedLoadError
 from setl.pipeline.preflight import Finding
@@ -85,7 +85,7 @@ def check_channel(channel: ChannelConfig) -> Iterator[Finding]:
         return
     yield from (found("error", line, 2) for line in refusals(channel, facts))
     guards: list[str] = []
-    tombstones = isinstance(channel.conflicts, dict) and channel.conflicts.get("tombstones") is True
+    tombstones = channel_tombstones(channel.conflicts) is True
     for name, site in channel.sites.items():
         guard, line = _guard(channel, name, site)
         if line is None and guard == "marker" and facts[name].binlog_format != "ROW":
@@ -96,13 +96,17 @@ def check_channel(channel: ChannelConfig) -> Iterator[Finding]:
             yield found("error", line, 2)
         else:
             guards.append(f"{name} {guard}")
-        trigger_line = _trigger_privilege(name, site) if tombstones else None
-        if tombstones and guard == "marker" and trigger_line is None:
-            trigger_line = (f"site {name}: conflicts.tombstones needs loop_guard server_id: user {site.user!r} may "
-                            "not set its session's server_id, which marks the tombstone triggers setl makes there. "
-                            "Fix: GRANT BINLOG REPLAY, BINLOG ADMIN ON *.* to it, or set conflicts.tombstones: false")
+        trigger_line = _trigger_privilege(channel, name, site, facts[name]) if tombstones else None
         if trigger_line is not None:
             yield found("error", trigger_line, 2)
+    if isinstance(channel.conflicts, dict):
+        if tombstones:
+            yield found("ok", "conflicts: tombstones on: a delete racing an insert or update of its key is settled "
+                              "alike on both sites (docs/conflicts.md)")
+        else:
+            yield found("warning", "conflicts: the channel runs WITHOUT tombstones (conflicts.tombstones: false, or "
+                                "every table keep_target): an insert racing a delete of its key can leave the sites "
+                                "different, found only by setl verify --channel (docs/conflicts.md)")
     sites = ", ".join(f"{n} (server_id {f.server_id}, gtid_domain_id {f.gtid_domain_id})" for n, f in facts.items())
     yield found("ok", f"sites {sites}: each direction's writes are marked and dropped by the other's reader "
                       f"(loop_guard {channel.loop_guard}: {', '.join(guards)})")
@@ -196,33 +200,49 @@ def _guard(channel: ChannelConfig, name: str, site: ChannelSite) -> tuple[str, s
     return "server_id", None
 
 
-def _trigger_privilege(name: str, site: ChannelSite) -> str | None:
-    """Tombstones on: a line when the site's user could not make setl's tombstone triggers (with the
-    binlog on, MariaDB asks SUPER or log_bin_trust_function_creators=1 of a trigger's creator, error
-    1419), else None."""
+def _trigger_privilege(channel: ChannelConfig, name: str, site: ChannelSite, fact: SiteFacts) -> str | None:
+    """Tombstones on: a line when the site's user could not make setl's tombstone triggers on the
+    channel's tables, else None: it needs TRIGGER on them (globally, on their schemas or on each), and
+    with the binlog on SUPER or log_bin_trust_function_creators=1 (else MariaDB refuses CREATE TRIGGER
+    with error 1419, TRIGGER or not)."""
     try:
         conn = _connect(site)
     except pymysql.MySQLError as exc:
         return f"cannot connect to site {name} as {site.user!r}: {exc}"
+    tables = sorted({(s, t) for s, t, pk, _ in fact.tables if pk and _selected(channel, s, t)})
     try:
         with conn.cursor() as cur:
             cur.execute("SELECT @@global.log_bin, @@global.log_bin_trust_function_creators, CURRENT_USER()")
             log_bin, trusted, user = cur.fetchone() or (0, 0, "")
             account, _, host = str(user).rpartition("@")
-            cur.execute("SELECT COUNT(*) FROM information_schema.USER_PRIVILEGES WHERE GRANTEE = %s AND "
-                        "PRIVILEGE_TYPE = 'SUPER'", (f"'{account}'@'{host}'",))
-            superuser = bool((cur.fetchone() or (0,))[0])
+            grantee = f"'{account}'@'{host}'"
+            cur.execute("SELECT PRIVILEGE_TYPE FROM information_schema.USER_PRIVILEGES WHERE GRANTEE = %s AND "
+                        "PRIVILEGE_TYPE IN ('SUPER', 'TRIGGER')", (grantee,))
+            global_privileges = {str(row[0]) for row in cur.fetchall()}
+            cur.execute("SELECT TABLE_SCHEMA FROM information_schema.SCHEMA_PRIVILEGES WHERE GRANTEE = %s AND "
+                        "PRIVILEGE_TYPE = 'TRIGGER'", (grantee,))
+            schemas = {str(row[0]) for row in cur.fetchall()}
+            cur.execute("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLE_PRIVILEGES WHERE GRANTEE = %s "
+                        "AND PRIVILEGE_TYPE = 'TRIGGER'", (grantee,))
+            granted = {(str(row[0]), str(row[1])) for row in cur.fetchall()}
     except pymysql.MySQLError as exc:
         return f"site {name}: cannot read whether {site.user!r} may make triggers: {exc}"
     finally:
         conn.close()
-    if not int(log_bin or 0) or int(trusted or 0) or superuser:
+    off = ("or set conflicts.tombstones: false, accepting that an insert racing a delete of its key is then found "
+           "only by setl verify --channel (docs/conflicts.md)")
+    if "TRIGGER" not in global_privileges:
+        missing = [f"{s}.{t}" for s, t in tables if s not in schemas and (s, t) not in granted]
+        if missing:
+            return (f"site {name}: conflicts.tombstones needs setl's tombstone triggers on every table of the "
+                    f"channel, and user {site.user!r} lacks the TRIGGER privilege on {', '.join(missing[:5])}"
+                    f"{' ...' if len(missing) > 5 else ''}. Fix: GRANT TRIGGER ON <schema>.* TO {grantee}; {off}")
+    if not int(log_bin or 0) or int(trusted or 0) or "SUPER" in global_privileges:
         return None
     return (f"site {name}: conflicts.tombstones needs setl's tombstone triggers on every table of the channel, and "
             f"user {site.user!r} may not make them there (binlog on, no SUPER, log_bin_trust_function_creators=0: "
             "error 1419). Fix: SET GLOBAL log_bin_trust_function_creators = 1 (and in my.cnf), or GRANT SUPER "
-            f"ON *.* TO '{account}'@'{host}', besides GRANT TRIGGER on the tables; or set conflicts.tombstones: "
-            "false (docs/conflicts.md)")
+            f"ON *.* TO {grantee}; {off}")
 
 
 __all__ = ["SiteFacts", "check_channel", "read_site", "refusals"]

@@ -117,7 +117,7 @@ class ConflictPolicy:
         tables = {name: TablePolicy(t.policy or default.policy, t.column or default.column, t.site or default.site)
                   for name, t in settings.tables.items()}
         return cls(site, others[0] if len(others) == 1 else None, dict(settings.sites), default, tables,
-                   float(settings.tombstone_days) * 86400.0, bool(getattr(settings, "tombstones", False)))
+                   float(settings.tombstone_days) * 86400.0, bool(settings.tombstones_on()))
 
 
 @attrs.frozen
@@ -324,8 +324,10 @@ class Tombstones:
             raise RefusedLoadError(
                 f"conflicts: cannot make the tombstone triggers of {name} ({exc}); a deleted row must leave a "
                 "tombstone on its site for a delete racing an insert to settle the same on both sides; fix: "
-                "GRANT TRIGGER on the tables (and SUPER, or log_bin_trust_function_creators=1, where the "
-                "binlog is on), see docs/conflicts.md", pipeline=self.pipeline, stage="load", table=name,
+                "GRANT TRIGGER on the tables (and SUPER, or SET GLOBAL log_bin_trust_function_creators=1, where "
+                "the binlog is on), or set conflicts.tombstones: false, accepting that an insert racing a delete "
+                "of its key is then found only by setl verify --channel (docs/conflicts.md)",
+                pipeline=self.pipeline, stage="load", table=name,
                 position=position) from exc
 
     def prune(self, conn: Any, keep: float) -> None:
@@ -356,8 +358,12 @@ class Tombstones:
             part = keys[start:start + CHUNK_KEYS]
             keyed = " UNION ALL ".join(f"SELECT {n} AS n, {_key_md5(cur, name, pk, columns, key)} AS h"
                                        for n, key in enumerate(part))
+            # A locking read, as the rows' (`_compare`): it sees the latest committed tombstone. A plain
+            # read would see the transaction's snapshot, taken at its first plain read (another table's
+            # lookup, earlier in the batch), before a user's delete that committed since, whose row
+            # the locking read already finds gone: "no row and no tombstone", a false stop.
             cur.execute(f"SELECT k.n, k.h, t.site FROM ({keyed}) k JOIN {self.table} t "
-                        "ON t.key_md5 = CONVERT(k.h USING ascii)")
+                        "ON t.key_md5 = CONVERT(k.h USING ascii) LOCK IN SHARE MODE")
             hashes, graves = {}, {}
             for n, digest, site in cur.fetchall():
                 hashes[digest] = part[n]
@@ -375,7 +381,7 @@ class Tombstones:
                 compare = (f"CASE WHEN {mine} <=> {theirs} THEN 0 WHEN {theirs} IS NULL THEN 1 WHEN {mine} IS NULL "
                            f"THEN -1 WHEN {mine} > {theirs} THEN 1 ELSE -1 END")
                 branches.append(f"(SELECT {n}, {compare} FROM {self.table} t WHERE t.key_md5 = "
-                                f"{literal(next(h for h, k in hashes.items() if k == key))})")
+                                f"{literal(next(h for h, k in hashes.items() if k == key))} LOCK IN SHARE MODE)")
             cur.execute(" UNION ALL ".join(branches))
             for n, newer in cur.fetchall():
                 key = compared[n]
@@ -469,6 +475,9 @@ class ConflictStep:
         self._guarded: set[tuple[str, str]] = set()  # tables whose delete triggers this process made
         self.tombstones = Tombstones(pipeline, schema)
         self._pending = threading.local()
+        if not policy.tombstones and policy.default.policy != KEEP_TARGET:
+            log.warning("pipeline=%s stage=load conflicts: runs WITHOUT tombstones (conflicts.tombstones: false): an "
+                        "insert racing a delete may leave the sites different (setl verify --channel)", pipeline)
 
     # -- the transaction
 
@@ -659,8 +668,12 @@ class ConflictStep:
                     if policy.policy == LAST_WRITER_WINS:
                         self._unranked(batch, name, key)
                     newer = None  # site wins needs no version; keep the target's row keeps its own
+                elif policy.policy == SITE_WINS and self.policy.site != policy.site and first is not ABSENT:
+                    # An update of the loser meeting the winner's tombstone raced that delete (a key written
+                    # after the delete arrived comes as an insert): the delete wins, as there (docs/conflicts.md)
+                    newer, reason_tail = None, f" (tombstone of site {grave[0]}'s delete)"
                 elif policy.policy == SITE_WINS and self.policy.site != policy.site:
-                    # No version tells a write that raced the winning site's delete from one made after
+                    # No version tells an insert that raced the winning site's delete from one made after
                     # it arrived: applied, and recorded as unsettled (docs/conflicts.md).
                     conflicts.append(Conflict(
                         self.pipeline, name, key, policy.policy, SOURCE_WON, f"{UNSETTLED}: site_wins cannot rank a "

@@ -6,6 +6,7 @@ import datetime
 import decimal
 import json
 import struct
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from setl.sinks.conflicts import (
     decide,
 )
 from setl.sinks.mysql import MysqlLoad
-from setl.testing.servers import MariaDBServer
+from setl.testing.servers import MariaDBServer, wait_until
 
 DDL = ("CREATE TABLE {db}.t (id INT PRIMARY KEY, v VARCHAR(20) COLLATE utf8mb4_general_ci, f {f}, "
        "d DECIMAL(8,3), ts DATETIME(3), c CHAR(4))")
@@ -405,6 +406,78 @@ def test_update_racing_a_delete_converges(sites: tuple[Site, Site], deleter: str
     assert [None if x is None else json.loads(x)["v"] for x in lost] == [None if update_wins else "late-update"] * 2
 
 
+def test_an_update_meeting_a_delete_committed_during_its_batch_is_ranked_not_stopped(sites: tuple[Site, Site]
+                                                                                     ) -> None:
+    """A user's delete on the target that commits while the batch waits for its row lock, after the batch
+    read tombstones of another table: the update ranks against the delete's tombstone (the latest, read
+    locked as the row is), never "meets no row and no tombstone", and both sites end equal."""
+    a, b = sites
+    b.execute(f"CREATE TABLE {b.db}.u (id INT PRIMARY KEY, v VARCHAR(20), ts DATETIME(3))")
+    assert b.load.conflicts is not None
+    b.load.conflicts.guard(b.conn, b.db, "u")  # its triggers made before the user's transaction opens
+    a.write(5, image(5, "orig", T0))
+    a.ship_to(b)
+    orig = b.row(5)
+    a.write(5, image(5, "late-update", T0 + datetime.timedelta(seconds=9)))
+    user = b.server.connect()
+    failed: list[BaseException] = []
+    try:
+        with user.cursor() as cur:
+            cur.execute("BEGIN")
+            cur.execute(f"DELETE FROM {b.db}.t WHERE id = 5")  # its tombstone written, not committed yet
+        # The batch: a new key of u first (its tombstone lookup opens the transaction's snapshot), then
+        # a's update of key 5, whose locked read waits for the user's delete.
+        new_u = RowChange(Op.INSERT, b.db, "u", ("id",), None, {"id": 1, "v": "u1", "ts": T0})
+
+        def load() -> None:
+            try:
+                b.receive([new_u, *(attrs.evolve(c, schema=b.db) for c in a.log)])
+            except BaseException as exc:  # asserted below
+                failed.append(exc)
+
+        loader = threading.Thread(target=load, name="test-loader")
+        loader.start()
+        wait_until(lambda: not loader.is_alive() or b.execute(
+            "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE "
+            "'%FOR UPDATE%'")[0][0] >= 1, timeout=30, message=lambda: str(b.execute("SHOW FULL PROCESSLIST")))
+        with user.cursor() as cur:
+            cur.execute("COMMIT")
+        loader.join(60)
+    finally:
+        user.close()
+    a.log.clear()
+    assert not loader.is_alive() and not failed, failed
+    assert (b.row(5) or {}).get("v") == "late-update"  # stamped later than the row the delete removed
+    assert [(r["decision"], r["target_row"]) for r in b.conflicts()] == [(SOURCE_WON, None)]  # the delete lost
+    b.log.append(RowChange(Op.DELETE, "?", "t", ("id",), orig, None))
+    b.ship_to(a)
+    assert a.row(5) == b.row(5)
+    assert [r["decision"] for r in a.conflicts()] == [TARGET_WON]
+
+
+@pytest.mark.parametrize("order", ["update-first", "delete-first"])
+def test_site_wins_an_update_racing_the_winners_delete_is_settled_not_unsettled(sites: tuple[Site, Site],
+                                                                               order: str) -> None:
+    """Site wins (a): b's update racing a's delete meets no row and a's tombstone on a: the delete wins
+    there as it does on b, both sites end without the row, the lost update recorded, none unsettled."""
+    a, b = sites
+    wins_a = TablePolicy(SITE_WINS, None, "a")
+    a.reset(wins_a)
+    b.reset(wins_a)
+    a.write(5, image(5, "orig", T0))
+    a.ship_to(b)
+    a.write(5, None)
+    b.write(5, image(5, "b-update", T0 + datetime.timedelta(seconds=9)))
+    for source, target in ((b, a), (a, b)) if order == "update-first" else ((a, b), (b, a)):
+        source.ship_to(target)
+    assert a.row(5) is None and b.row(5) is None
+    found = [(site.name, r["decision"], r["reason"]) for site in sites for r in site.conflicts()]
+    assert not [f for f in found if f[2].startswith(conflicts_module.UNSETTLED)], found
+    lost = [r["source_row"] if r["decision"] == TARGET_WON else r["target_row"] for site in sites
+            for r in site.conflicts()]
+    assert any(x is not None and json.loads(x)["v"] == "b-update" for x in lost), found
+
+
 @pytest.mark.parametrize("order", ["delete-first", "insert-first"])
 @pytest.mark.parametrize("winner", ["a", "b"])
 def test_an_insert_racing_the_winners_delete_converges(sites: tuple[Site, Site], winner: str, order: str) -> None:
@@ -689,16 +762,18 @@ def test_without_tombstones_a_load_needs_no_trigger_privilege(mariadb_target: Ma
 
 
 def test_the_tombstones_key_reaches_the_policy_with_a_way_to_the_source(tmp_path: Path) -> None:
-    """``conflicts.tombstones: true`` turns tombstones on in the target's policy, which can then reach the
-    pipeline's MySQL source; left out, they are off and the source is never asked."""
+    """Tombstones (set, or left out: the default) are on in the target's policy, which can then reach the
+    pipeline's MySQL source; ``tombstones: false`` turns them off and the source is never asked."""
     conf = tmp_path / "conf"
     (conf / "pipelines").mkdir(parents=True)
     block = {"policy": "last_writer_wins", "column": "ts", "sites": {"a": 1, "b": 2}}
-    for name, extra in (("on", {"tombstones": True}), ("off", {})):
+    for name, extra in (("on", {"tombstones": True}), ("default", {}), ("off", {"tombstones": False})):
         (conf / "pipelines" / f"{name}.yaml").write_text(yaml.safe_dump({
             "source": {"type": "mysql", "ignore_server_ids": [4001]}, "target": {"type": "mysql"}, "site": "a",
             "conflicts": {**block, **extra}}))
     on = BuildContext.of(load_pipeline(conf, "on", registry()), NodeSettings()).conflicts
     off = BuildContext.of(load_pipeline(conf, "off", registry()), NodeSettings()).conflicts
+    default = BuildContext.of(load_pipeline(conf, "default", registry()), NodeSettings()).conflicts
     assert on is not None and on.tombstones and on.source_dial is not None
+    assert default is not None and default.tombstones and default.source_dial is not None
     assert off is not None and not off.tombstones and off.source_dial is None
