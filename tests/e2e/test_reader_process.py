@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import os
+import pickle
 import signal
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,20 @@ def test_columns_round_trip_every_change_kind_exactly():
             assert (back.end, back.complete, back.nbytes) == (tx.end, tx.complete, tx.nbytes)
             assert [type(c) for c in back.changes] == [type(c) for c in tx.changes]
     assert len(encoder.shapes) == 4  # the second frame's inserts reuse the first's shape
+    assert b"setl.model" not in pickle.dumps(encoder.frame(second), protocol=5)  # ends travel by number
+
+
+def test_a_transactions_end_keeps_its_own_gtid_and_row_in_a_frame():
+    """A transaction's end equal to a row's position but for its GTID, or a piece's row ordinal, decodes
+    to its own end, not the row's."""
+    row_at = Position("b.000003", 50, "0-1-7")
+    ends = [Position("b.000003", 50, "0-1-8"), Position("b.000003", 50, "0-1-7", row=2), Position("b.000003", 50)]
+    txs = [Transaction((RowChange(Op.INSERT, "s", "t", ("id",), None, {"id": i}, row_at, 1.0),), end, i != 1, 5)
+           for i, end in enumerate(ends)]
+    got = Decoder().frame(pickle.loads(pickle.dumps(Encoder().frame(txs), protocol=5)))
+    assert [(tx.end, tx.end.gtid, tx.end.row, tx.complete) for tx in got] == \
+        [(end, end.gtid, end.row, i != 1) for i, end in enumerate(ends)]
+    assert [tx.changes[0].position.gtid for tx in got] == ["0-1-7"] * 3
 
 
 def test_the_childs_plain_rows_make_the_frames_its_row_changes_make():
