@@ -365,3 +365,19 @@ class TestReaderProcessSelectContract(SelectContract):
     @pytest.fixture
     def probe(self, mariadb_source, source_db):
         return ReaderProcessProbe(mariadb_source, source_db)
+
+
+def test_the_frames_pipe_holds_a_whole_frame():
+    """A reader process's frames cross a pipe widened to `PIPE_BYTES` (1 MiB), not the kernel's 64 KiB
+    default that made a 600 KB frame ten writes, each waiting for the node to read."""
+    import fcntl
+
+    from setl.sources.mysql_binlog import process
+
+    child = process.spawn()
+    try:
+        assert child.stdout is not None
+        allowed = int(Path("/proc/sys/fs/pipe-max-size").read_text())
+        assert fcntl.fcntl(child.stdout.fileno(), fcntl.F_GETPIPE_SZ) == min(process.PIPE_BYTES, allowed)
+    finally:
+        process._end(child, 5.0)
