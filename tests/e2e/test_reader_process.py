@@ -381,3 +381,20 @@ def test_the_frames_pipe_holds_a_whole_frame():
         assert fcntl.fcntl(child.stdout.fileno(), fcntl.F_GETPIPE_SZ) == min(process.PIPE_BYTES, allowed)
     finally:
         process._end(child, 5.0)
+
+
+def test_a_reader_process_imports_the_reader_not_the_node():
+    """The reader process's entry, run by its path as `spawn` runs it, imports the reader's modules
+    without the `setl` package's scheduler, stages and connectors, and ends at once on an empty stdin."""
+    import subprocess
+    import sys
+
+    from setl.sources.mysql_binlog import process
+
+    entry = Path(process.__file__).with_name("reader_child.py")
+    done = subprocess.run([sys.executable, "-X", "importtime", str(entry)], input=b"", capture_output=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(process._ROOT)})
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.decode().splitlines() if "|" in line}
+    assert "setl.sources.mysql_binlog.process" in imported and "setl.sources.mysql_binlog.fast" in imported
+    assert not {"setl.scheduler", "setl.connectors", "setl.stages", "setl.sources.mysql_binlog.source"} & imported

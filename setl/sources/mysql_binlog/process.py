@@ -4,10 +4,10 @@ reach the parent's `poll` as columns (values per column of each run of like rows
 row objects.
 
 `ReaderProcess` is the parent's side, in place of the reader thread (`reader.BinlogReader`): it
-starts the child (`python -m setl.sources.mysql_binlog.reader_child`, never a fork: the parent has
-threads and a JVM), answers its table-rule questions, and feeds the open's `handoff.Handoff` from
-a receiving thread. The child's side is `main`. The two talk over the child's stdin and stdout in
-frames (`_write`, `_read`) of pickled plain values:
+starts the child (`python .../reader_child.py`: the reader's modules without the packages'
+``__init__``s; never a fork: the parent has threads and a JVM), answers its table-rule questions,
+and feeds the open's `handoff.Handoff` from a receiving thread. The child's side is `main`. The two
+talk over the child's stdin and stdout in frames (`_write`, `_read`) of pickled plain values:
 
 * parent -> child: `Setup` once, then the answers to `selects` questions. The end of stdin (the
   parent closed it, or died) ends the child at once: no child outlives its parent.
@@ -143,10 +143,11 @@ def widen(pipe: IO[bytes]) -> int:
 
 
 def spawn() -> subprocess.Popen[bytes]:
-    """A reader process: it imports setl, then waits for its `Setup` (its stdin's first frame)."""
+    """A reader process: it imports the reader's modules (`reader_child`), then waits for its `Setup` (its
+    stdin's first frame)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
-    child = subprocess.Popen([sys.executable, "-m", "setl.sources.mysql_binlog.reader_child"],
+    child = subprocess.Popen([sys.executable, str(Path(__file__).with_name("reader_child.py"))],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
     assert child.stdout is not None
     widen(child.stdout)  # the frames' pipe: a whole frame in one write
