@@ -385,7 +385,8 @@ def test_the_frames_pipe_holds_a_whole_frame():
 
 def test_a_reader_process_imports_the_reader_not_the_node():
     """The reader process's entry, run by its path as `spawn` runs it, imports the reader's modules
-    without the `setl` package's scheduler, stages and connectors, and ends at once on an empty stdin."""
+    without the `setl` package's scheduler, stages, connectors and config, and ends at once on an
+    empty stdin."""
     import subprocess
     import sys
 
@@ -397,4 +398,5 @@ def test_a_reader_process_imports_the_reader_not_the_node():
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.decode().splitlines() if "|" in line}
     assert "setl.sources.mysql_binlog.process" in imported and "setl.sources.mysql_binlog.fast" in imported
-    assert not {"setl.scheduler", "setl.connectors", "setl.stages", "setl.sources.mysql_binlog.source"} & imported
+    assert not {"setl.scheduler", "setl.connectors", "setl.stages", "setl.sources.mysql_binlog.source",
+                "setl.config"} & imported

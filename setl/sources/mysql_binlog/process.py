@@ -39,12 +39,11 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import attrs
 
 from setl import errors
-from setl.config import SslConfig
 from setl.errors import SourceError
 from setl.model import Position, Transaction
 from setl.retry import Backoff
@@ -54,6 +53,9 @@ from setl.sources.mysql_binlog.opening import Opening
 from setl.sources.mysql_binlog.reader import ReaderSettings, failure_error, start_reader
 from setl.sources.mysql_binlog.server import Selects, SourceServer
 from setl.tls import mysql_context
+
+if TYPE_CHECKING:  # a type only: the reader process imports setl.config only to unpickle a TLS setting
+    from setl.config import SslConfig
 
 log = logging.getLogger("setl.sources.mysql_binlog")
 
