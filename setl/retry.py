@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, TypeVar, cast
 import attrs
 import tenacity
 
-from setl.config import RetrySettings
 from setl.errors import ConfigError, PluginError, PositionPurged, SetlError, TransientLoadError
 from setl.tls import tls_failure
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # setl.config only as a type: a reader process imports this module, not the config's
+    from setl.config import RetrySettings
     from setl.meta.base import MetaStore
 
 T = TypeVar("T")

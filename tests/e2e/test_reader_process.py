@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import os
+import pickle
 import signal
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,20 @@ def test_columns_round_trip_every_change_kind_exactly():
             assert (back.end, back.complete, back.nbytes) == (tx.end, tx.complete, tx.nbytes)
             assert [type(c) for c in back.changes] == [type(c) for c in tx.changes]
     assert len(encoder.shapes) == 4  # the second frame's inserts reuse the first's shape
+    assert b"setl.model" not in pickle.dumps(encoder.frame(second), protocol=5)  # ends travel by number
+
+
+def test_a_transactions_end_keeps_its_own_gtid_and_row_in_a_frame():
+    """A transaction's end equal to a row's position but for its GTID, or a piece's row ordinal, decodes
+    to its own end, not the row's."""
+    row_at = Position("b.000003", 50, "0-1-7")
+    ends = [Position("b.000003", 50, "0-1-8"), Position("b.000003", 50, "0-1-7", row=2), Position("b.000003", 50)]
+    txs = [Transaction((RowChange(Op.INSERT, "s", "t", ("id",), None, {"id": i}, row_at, 1.0),), end, i != 1, 5)
+           for i, end in enumerate(ends)]
+    got = Decoder().frame(pickle.loads(pickle.dumps(Encoder().frame(txs), protocol=5)))
+    assert [(tx.end, tx.end.gtid, tx.end.row, tx.complete) for tx in got] == \
+        [(end, end.gtid, end.row, i != 1) for i, end in enumerate(ends)]
+    assert [tx.changes[0].position.gtid for tx in got] == ["0-1-7"] * 3
 
 
 def test_the_childs_plain_rows_make_the_frames_its_row_changes_make():
@@ -350,3 +365,38 @@ class TestReaderProcessSelectContract(SelectContract):
     @pytest.fixture
     def probe(self, mariadb_source, source_db):
         return ReaderProcessProbe(mariadb_source, source_db)
+
+
+def test_the_frames_pipe_holds_a_whole_frame():
+    """A reader process's frames cross a pipe widened to `PIPE_BYTES` (1 MiB), not the kernel's 64 KiB
+    default that made a 600 KB frame ten writes, each waiting for the node to read."""
+    import fcntl
+
+    from setl.sources.mysql_binlog import process
+
+    child = process.spawn()
+    try:
+        assert child.stdout is not None
+        allowed = int(Path("/proc/sys/fs/pipe-max-size").read_text())
+        assert fcntl.fcntl(child.stdout.fileno(), fcntl.F_GETPIPE_SZ) == min(process.PIPE_BYTES, allowed)
+    finally:
+        process._end(child, 5.0)
+
+
+def test_a_reader_process_imports_the_reader_not_the_node():
+    """The reader process's entry, run by its path as `spawn` runs it, imports the reader's modules
+    without the `setl` package's scheduler, stages, connectors and config, and ends at once on an
+    empty stdin."""
+    import subprocess
+    import sys
+
+    from setl.sources.mysql_binlog import process
+
+    entry = Path(process.__file__).with_name("reader_child.py")
+    done = subprocess.run([sys.executable, "-X", "importtime", str(entry)], input=b"", capture_output=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(process._ROOT)})
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.decode().splitlines() if "|" in line}
+    assert "setl.sources.mysql_binlog.process" in imported and "setl.sources.mysql_binlog.fast" in imported
+    assert not {"setl.scheduler", "setl.connectors", "setl.stages", "setl.sources.mysql_binlog.source",
+                "setl.config"} & imported

@@ -98,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'setl frames (columns per shape, pickled)':<44} {frame_us + dump_us:>15.2f} {load_us + decode_us:>8.2f}")
     print(f"{'pickled RowChange objects (baseline)':<44} {obj_dump_us:>15.2f} {obj_load_us:>8.2f}")
     print(f"{'Arrow IPC, no RowChange built':<44} {arrow_child_us:>15.2f} {arrow_parent_us:>8.2f}")
+    print(f"setl frames by step: encode {frame_us:.2f}, pickle {dump_us:.2f} | unpickle {load_us:.2f}, "
+          f"decode {decode_us:.2f}")
     print(f"node side, setl frames / pickled objects: {(load_us + decode_us) / obj_load_us:.2f}")
     return 0
 

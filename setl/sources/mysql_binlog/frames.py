@@ -82,7 +82,12 @@ class Encoder:
                 row_shapes.append(shape)
                 row_positions.append(p)
                 row_times.append(commit_time)
-            heads.append((tx.end, tx.complete, tx.nbytes, len(tx.changes), objects))
+            # the end by its number among the frame's positions, as the rows' positions: a `Position`
+            # object pickled costs its slots' getstate in Python (about 40% of a frame's pickling)
+            end = positions.get(tx.end)
+            if end is None:
+                end = positions[tx.end] = len(positions)
+            heads.append((end, tx.complete, tx.nbytes, len(tx.changes), objects))
         columns = {shape: (list(zip(*befores[shape])), list(zip(*afters[shape]))) for shape in befores}
         places = [None if at is None else (at.log, at.offset, at.gtid, at.row) for at in positions]
         return (new, heads, columns, row_shapes, row_positions, row_times, places)
@@ -145,7 +150,7 @@ class Decoder:
                 else:
                     add(row_change(op, schema, table, primary_key, next(befores), next(afters), positions[p],
                                    commit_time))
-            txs.append(Transaction(tuple(changes), end, complete, nbytes))
+            txs.append(Transaction(tuple(changes), positions[end], complete, nbytes))
         return txs
 
 
