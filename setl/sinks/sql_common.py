@@ -28,7 +28,15 @@ from setl.sinks.prepared import PreparedBatches
 from setl.sinks.sql_dialect import SqlDialect
 from setl.sinks.sql_failures import CurrentTable, LoadFailures
 from setl.sinks.sql_fence import TargetFence
-from setl.sinks.sql_load_path import LoadPath, encode_ahead, load_batch, load_part, replay_kept, without_tables
+from setl.sinks.sql_load_path import (
+    LoadPath,
+    divert_ahead,
+    load_batch,
+    load_part,
+    replay_kept,
+    split_tables,
+    without_tables,
+)
 from setl.sinks.sql_pool import ConnectionPool
 from setl.sinks.sql_quarantine import Quarantine, Quarantined, QuarantineEnded, QuarantineStore
 from setl.sinks.sql_segments import Segment, SegmentPlanner
@@ -172,7 +180,7 @@ class SqlLoad(Load, Generic[C]):
                 self.dialect) else None
         #: per prepared batch object: the tables its prepared segments leave out (quarantined then)
         self._planned_without: PreparedBatches[frozenset[str]] = PreparedBatches()
-        #: per prepared batch object: those tables' changes, encoded as kept (`encode_ahead`)
+        #: per prepared batch object: those tables' changes, encoded as kept (`sql_quarantine.encode`)
         self._encoded: PreparedBatches[dict[str, list[bytes]]] = PreparedBatches()
         self.path = LoadPath(pipeline, sql, self.fence, self.positions, self.staged, self.writing,
                              conflicts=self.conflicts, quarantine=self.quarantine)
@@ -202,20 +210,20 @@ class SqlLoad(Load, Generic[C]):
         """Work out ahead, on the calling worker, what the dialect's row writer can (`RowWriter.prepare`),
         without the tables quarantined as last seen (`divert_quarantined` takes the work as it is when
         the same tables are diverted at load, and cuts the segments again otherwise)."""
-        without = self._quarantined_in(batch)
-        if not without:
+        if (ahead := divert_ahead(batch, self._quarantined())) is None:
             self.sql.rows.prepare(batch, self._plan)
             return
-        self._encoded.put(batch, encode_ahead(batch, without))
+        without, encoded, narrowed = ahead
+        self._encoded.put(batch, encoded)
         self._planned_without.put(batch, without)
-        self.sql.rows.prepare(batch, lambda whole: self._plan(without_tables(whole, without)))
+        self.sql.rows.prepare(batch, lambda whole: self._plan(narrowed if whole is batch
+                                                              else without_tables(whole, without)))
 
-    def _quarantined_in(self, batch: Batch) -> frozenset[str]:
-        """The tables of `batch` quarantined (or refused) as this sink last saw them."""
+    def _quarantined(self) -> frozenset[str]:
+        """The tables quarantined (or refused) as this sink last saw them."""
         if self.quarantine is None:
             return frozenset()
-        names = {q.table for q in self.quarantine.view()} | set(self.quarantine.refused())
-        return frozenset(table for table in batch.tables if table in names) if names else frozenset()
+        return frozenset({q.table for q in self.quarantine.view()} | set(self.quarantine.refused()))
 
     def load(self, batch: Batch) -> None:
         """Apply `batch` in one transaction with its position (`setl.sinks.sql_load_path.load_batch`,
@@ -229,7 +237,7 @@ class SqlLoad(Load, Generic[C]):
             for attempt in itertools.count(1):  # each attempt quarantines one more table, or raises
                 try:
                     if segments is None:  # cut here, so that a refusal the plan raises (a policy's) quarantines too
-                        planned_without = self._quarantined_in(batch)
+                        planned_without = frozenset(split_tables(batch.changes, self._quarantined())[0])
                         segments = self._plan(without_tables(batch, planned_without) if planned_without else batch)
                     work = functools.partial(self._load_on, batch=batch, segments=segments, without=planned_without,
                                              encoded=encoded)

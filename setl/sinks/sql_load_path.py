@@ -15,7 +15,7 @@ rollback on failure are `setl.sinks.sql_common.SqlLoad`'s.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 import attrs
@@ -67,7 +67,7 @@ def load_batch(path: LoadPath[C], conn: C, batch: Batch, segments: list[Segment]
     """One batch in its transaction: fence, quarantined tables' changes kept, segments, positions and
     COMMIT (see the module). `segments` were cut without the tables `planned_without`; `plan` cuts
     them again when other tables are diverted. `encoded`: per table of `planned_without`, its changes
-    in the batch encoded ahead (`encode_ahead`)."""
+    in the batch encoded ahead (`SqlLoad.prepare`)."""
     begin_conflicts(path, conn, batch)
     hold_fence(path, conn, batch)
     batch, segments = divert_quarantined(path, conn, batch, segments, plan, planned_without, encoded)
@@ -147,9 +147,10 @@ def divert_quarantined(path: LoadPath[C], conn: C, batch: Batch, segments: list[
     held: dict[str, list[Change]] = {}
     rest: list[Change] = []
     released = False
+    named = table_names([*found, *refused])
     for change in batch.changes:
-        name = change.qualified_table if change.table else None
-        if name is not None and (name in found or name in refused):
+        name = named(change)
+        if name is not None:
             if isinstance(change, DdlChange) and change.snapshot and name in found:
                 quarantine.settle(found, seqs)  # the set changes in this transaction
                 quarantine.store.release(conn, name)  # `setl snapshot --table`: copied again from here
@@ -206,19 +207,53 @@ def replanned(batch: Batch, segments: list[Segment], plan: PlanSegments | None, 
     return plan(batch)
 
 
-def encode_ahead(batch: Batch, tables: frozenset[str]) -> dict[str, list[bytes]]:
-    """Per table of `tables`, its changes in `batch` as `divert_quarantined` would keep them, encoded
-    (on a worker, ahead of the load)."""
-    found: dict[str, list[bytes]] = {name: [] for name in tables}
-    for change in batch.changes:
-        if change.table and (blobs := found.get(change.qualified_table)) is not None:
-            blobs.append(encode(change))
-    return found
+def table_names(tables: Iterable[str]) -> Callable[[Change], str | None]:
+    """A test of a change against the qualified names `tables`: its `qualified_table` when it is one of
+    them, else None. A change whose bare table name ends none of them (almost every change of a batch:
+    one set lookup) builds no qualified name."""
+    wanted = frozenset(tables)
+    # every part after a dot of each name: a superset of the bare table names, whatever dots names hold
+    ends = frozenset(name[i + 1:] for name in wanted for i, char in enumerate(name) if char == ".")
+
+    def named(change: Change) -> str | None:
+        table = change.table
+        if not table or table not in ends:
+            return None
+        name = change.qualified_table
+        return name if name in wanted else None
+    return named
+
+
+def split_tables(changes: Sequence[Change], tables: Collection[str]) -> tuple[dict[str, list[Change]], list[Change]]:
+    """The changes of `tables` by table, in order, and the others, in order (one pass, `table_names`)."""
+    if not tables:
+        return {}, list(changes)
+    named = table_names(tables)
+    held: dict[str, list[Change]] = {}
+    rest: list[Change] = []
+    for change in changes:
+        name = named(change)
+        if name is None:
+            rest.append(change)
+        else:
+            held.setdefault(name, []).append(change)
+    return held, rest
+
+
+def divert_ahead(batch: Batch, tables: frozenset[str]) -> tuple[frozenset[str], dict[str, list[bytes]], Batch] | None:
+    """On a worker, ahead of the load: which of `tables` (quarantined as last seen) `batch` touches,
+    their changes encoded as `divert_quarantined` keeps them, and `batch` without them; None when it
+    touches none of them."""
+    held, rest = split_tables(batch.changes, tables)
+    if not held:
+        return None
+    encoded = {name: [encode(change) for change in changes] for name, changes in held.items()}
+    return frozenset(held), encoded, batch.replace(tuple(rest))
 
 
 def without_tables(batch: Batch, tables: frozenset[str]) -> Batch:
     """`batch` without the changes of `tables` (as `divert_quarantined` leaves them out)."""
-    return batch.replace(tuple(c for c in batch.changes if not (c.table and c.qualified_table in tables)))
+    return batch.replace(tuple(split_tables(batch.changes, tables)[1]))
 
 
 def replay_kept(path: LoadPath[C], conn: C, table: str, chunk: int, number: int, plan: PlanSegments
@@ -421,5 +456,5 @@ def not_yet_applied(batch: Batch, names: Mapping[tuple[str, str], str],
     return keep
 
 
-__all__ = ["LoadPath", "apply_segments", "encode_ahead", "load_batch", "load_part", "not_yet_applied", "replay_kept",
-           "without_tables"]
+__all__ = ["LoadPath", "apply_segments", "load_batch", "load_part", "not_yet_applied", "replay_kept",
+           "divert_ahead", "split_tables", "table_names", "without_tables"]

@@ -272,3 +272,21 @@ def test_keeping_for_a_table_whose_quarantine_ended_raises_and_writes_nothing(ma
             conn.close()
     finally:
         load.close()
+
+
+def test_the_changes_of_quarantined_tables_are_told_apart_by_their_whole_qualified_names() -> None:
+    """`split_tables` keeps each change of a named table by its qualified name, dots in schema and
+    table names included, in order, and leaves every other change (another schema's table of the same
+    bare name, a schema-level DDL) in the rest, in order."""
+    from setl.model import DdlChange, Op, RowChange
+    from setl.sinks.sql_load_path import split_tables
+
+    def row(schema: str, table: str, i: int) -> RowChange:
+        return RowChange(Op.INSERT, schema, table, ("id",), None, {"id": i})
+
+    changes = [row("a.b", "c", 1), row("a", "b.c", 2), row("x", "c", 3), row("a.b", "c", 4),
+               DdlChange("a.b.c", "", "CREATE DATABASE `a.b.c`"), row("a", "b", 5), row("a.b", "c.d", 6)]
+    held, rest = split_tables(changes, {"a.b.c", "a.b"})
+    assert held == {"a.b.c": [changes[0], changes[1], changes[3]], "a.b": [changes[5]]}
+    assert rest == [changes[2], changes[4], changes[6]]
+    assert split_tables(changes, set()) == ({}, changes)
