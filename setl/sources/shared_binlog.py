@@ -376,18 +376,25 @@ class SharedReader:
                     continue
                 txs = [tx]  # with what else is ready now (`PUMP_BULK`)
                 rows, most = len(tx.changes), max(1, self.source.max_rows_in_memory // MERGE_SHARE)
+                failure: Exception | None = None
                 while len(txs) < PUMP_BULK and rows < most and not self._stop.is_set():
-                    more = self.source.poll(0.0)
+                    try:
+                        more = self.source.poll(0.0)
+                    except Exception as exc:  # noqa: BLE001 - raised below, once what came before it is handed on
+                        failure = exc
+                        break
                     if more is None:
                         break
                     txs.append(more)
                     rows += len(more.changes)
                 with self._lock:
                     if self._rewind is not None:
-                        continue  # read again from the rewind: nothing is lost by dropping them
+                        continue  # read again from the rewind (a failure too): nothing is lost by dropping them
                     self.pumped = txs[-1].end
                     subs = self._subs
                 self._hand_on(txs, subs)
+                if failure is not None:
+                    raise failure
         except SetlError as exc:
             self._end(exc)
         except Exception as exc:  # every failure reaches each subscriber, none kills the thread silently

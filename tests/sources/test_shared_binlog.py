@@ -384,3 +384,43 @@ def test_the_pump_hands_on_ready_transactions_in_one_step_with_the_same_items_as
     assert [end for _, end in bulk["all"]] == [t.end for t in txs]
     assert bulk_steps == {"a": 1, "c": 1, "all": 1, "none": 0}
     assert single_steps == {"a": 3, "c": 2, "all": 8, "none": 0}
+
+
+def test_a_failure_right_after_ready_transactions_comes_after_them(mariadb_source):
+    """A stream that fails while the pump gathers what is ready (one bulk) first hands on the
+    transactions read before the failure, then the failure: nothing read before it is lost."""
+    from setl.testing.harness import insert
+
+    start = Position("mysql-bin.000001", 4)
+    ready = [Transaction((insert("a", {"id": n}),), Position("mysql-bin.000001", 100 * n), True, 10) for n in (1, 2)]
+    script: list[Transaction | SourceError] = [*ready, SourceError("refused: a statement-logged write")]
+    source = make_source(mariadb_source)
+
+    def poll(timeout: float) -> Transaction | None:
+        if not script:
+            time.sleep(min(timeout, 0.01))
+            return None
+        item = script.pop(0)
+        if isinstance(item, SourceError):
+            raise item
+        return item
+
+    source.open, source.poll, source.close = (lambda at: None), poll, (lambda timeout=5.0: None)  # type: ignore[method-assign]
+    reader = shared_binlog.SharedReader("failing", source, start)
+    sub = reader.attach("p", start, 1000, None)
+    assert sub is not None
+    reader.start()
+    try:
+        taken: list[object] = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(isinstance(item, shared_binlog._Failed) for item in taken):
+            item = sub.take(0.1)
+            if item is not None:
+                taken.append(item)
+        got = [item for item in taken[:-1] if isinstance(item, Transaction)]
+        assert len(got) == len(taken) - 1 and got[-1].end == ready[-1].end  # maybe joined: the same rows, in order
+        assert [c.after["id"] for tx in got for c in tx.changes] == [1, 2]
+        assert isinstance(taken[-1], shared_binlog._Failed)
+        assert "statement-logged" in str(taken[-1].error)
+    finally:
+        reader.stop()
