@@ -47,6 +47,10 @@ MERGE_EVERY = 1.0
 #: `take` hands a pipeline its queued whole transactions of rows as one, up to this share of its
 #: batch (`max_rows_in_memory`): one poll and one cut step for many small transactions.
 MERGE_SHARE = 8
+#: The pump hands on at most this many transactions the stream has ready at once (and at most
+#: `max_rows_in_memory / MERGE_SHARE` rows after the first): each pipeline gets its share of them
+#: in one queue step and one wake-up instead of one per transaction.
+PUMP_BULK = 64
 
 
 @attrs.frozen
@@ -151,20 +155,29 @@ class _Subscription:
         """Whether its pipeline reads table `name` (`keep` None: every table)."""
         return self.keep is None or self._keeps(name)
 
-    def pass_over(self, end: Position, complete: bool) -> None:
+    def pass_over(self, end: Position, complete: bool, note: bool = True) -> Position | None:
         """A transaction (or piece) ending at `end` holds nothing for it (pump thread): move `after`
-        past it and, for a whole one, note `end` for `take`'s mark. Queues nothing, takes no lock."""
+        past it and, for a whole one, note `end` for `take`'s mark (`note` False: return it instead,
+        for the pump to note once what it queued before it is queued). Takes no lock."""
         after = self.after
         if self.detached or (end.log, end.offset, end.row) <= (after.log, after.offset, after.row):
-            return
+            return None
         self.after = end
-        if complete:
+        if not complete:
+            return None
+        if note:
             self.passed = end
+        return end
 
     def full(self, tx: Transaction) -> bool:
         """Whether queuing `tx` would pass the limit (an empty buffer takes anything)."""
+        return self.full_for(_weight(tx))
+
+    def full_for(self, weight: int) -> bool:
+        """Whether queuing transactions of `weight` (`_weight` summed) would pass the limit (an empty
+        buffer takes anything)."""
         with self._ready:
-            return bool(self._rows) and self._rows + _weight(tx) > self.limit
+            return bool(self._rows) and self._rows + weight > self.limit
 
     def stalled(self, now: float) -> bool:
         """Whether its pipeline has not asked for rows for `HOLD_SECONDS` (paused, stuck, retrying)."""
@@ -183,6 +196,18 @@ class _Subscription:
             self._rows += _weight(tx)
             self.passed = None  # `tx` ends after it: its end says as much
             self._ready.notify()
+
+    def put_all(self, items: list[tuple[Transaction, bool]], passed: Position | None = None) -> None:
+        """Queue `items` ((transaction, plain) as `put` takes them, in order) in one step and one
+        wake-up (pump thread); never blocks. `passed`: the end of a whole transaction passed over
+        after the last of them, noted for `take`'s mark."""
+        with self._ready:
+            self._items.extend(items)
+            self._rows += sum(_weight(tx) for tx, _ in items)
+            self.passed = None  # they end after it
+            self._ready.notify()
+        if passed is not None:
+            self.passed = passed
 
     def drop(self) -> None:
         """Detach it (pump thread): its pipeline reads alone from what it took last."""
@@ -349,12 +374,27 @@ class SharedReader:
                 tx = self.source.poll(0.2)
                 if tx is None:
                     continue
+                txs = [tx]  # with what else is ready now (`PUMP_BULK`)
+                rows, most = len(tx.changes), max(1, self.source.max_rows_in_memory // MERGE_SHARE)
+                failure: Exception | None = None
+                while len(txs) < PUMP_BULK and rows < most and not self._stop.is_set():
+                    try:
+                        more = self.source.poll(0.0)
+                    except Exception as exc:  # noqa: BLE001 - raised below, once what came before it is handed on
+                        failure = exc
+                        break
+                    if more is None:
+                        break
+                    txs.append(more)
+                    rows += len(more.changes)
                 with self._lock:
                     if self._rewind is not None:
-                        continue  # read again from the rewind: nothing is lost by dropping it
-                    self.pumped = tx.end
+                        continue  # read again from the rewind (a failure too): nothing is lost by dropping them
+                    self.pumped = txs[-1].end
                     subs = self._subs
-                self._hand_on(tx, subs)
+                self._hand_on(txs, subs)
+                if failure is not None:
+                    raise failure
         except SetlError as exc:
             self._end(exc)
         except Exception as exc:  # every failure reaches each subscriber, none kills the thread silently
@@ -364,18 +404,24 @@ class SharedReader:
         finally:
             self.source.close()
 
-    def _hand_on(self, tx: Transaction, subs: tuple[_Subscription, ...]) -> None:
-        """Queue what of `tx` each subscription reads. A full buffer makes the pump wait: the
-        pipelines go at the pace of the slowest one still asking for rows (in a catch-up they share
-        the CPU, and a second stream would only take more of it). A full one whose pipeline has not
-        asked for rows for `HOLD_SECONDS` (paused, stuck on its target, retrying) while another
-        waits with nothing queued (or for `STUCK_SECONDS` in any case) is dropped and reads alone:
-        it holds the others back no longer."""
-        groups = _groups(tx)
-        cuts: list[tuple[_Subscription, Transaction, bool]] = []
-        if groups is None:  # a DDL: every pipeline's Extract judges it against its rules
-            cuts = [(sub, cut, False) for sub in subs if (cut := sub.cut(tx, None)) is not None]
-        else:
+    def _hand_on(self, txs: list[Transaction], subs: tuple[_Subscription, ...]) -> None:
+        """Queue what of each of `txs` (in binlog order) each subscription reads: each one's share in
+        one step. A full buffer makes the pump wait: the pipelines go at the pace of the slowest one
+        still asking for rows (in a catch-up they share the CPU, and a second stream would only take
+        more of it). A full one whose pipeline has not asked for rows for `HOLD_SECONDS` (paused,
+        stuck on its target, retrying) while another waits with nothing queued (or for
+        `STUCK_SECONDS` in any case) is dropped and reads alone: it holds the others back no longer."""
+        shares: dict[_Subscription, list[tuple[Transaction, bool]]] = {}
+        marks: dict[_Subscription, Position | None] = {}  # a whole end passed over after its share
+        for tx in txs:
+            groups = _groups(tx)
+            if groups is None:  # a DDL: every pipeline's Extract judges it against its rules
+                for sub in subs:
+                    cut = sub.cut(tx, None)
+                    if cut is not None:
+                        shares.setdefault(sub, []).append((cut, False))
+                        marks[sub] = None
+                continue
             # Only the pipelines reading one of its tables cut it; the others just pass over its end.
             if subs is not self._routed:
                 self._routed, self._routes = subs, {}
@@ -391,12 +437,20 @@ class SharedReader:
                 if sub in takers:
                     cut = sub.cut(tx, groups)
                     if cut is not None:
-                        cuts.append((sub, cut, complete))
+                        shares.setdefault(sub, []).append((cut, complete))
+                        marks[sub] = None
+                elif sub in shares:  # its mark waits for its share, queued below
+                    passed = sub.pass_over(end, complete, note=False)
+                    if passed is not None:
+                        marks[sub] = passed
                 else:
                     sub.pass_over(end, complete)
+        if not shares:
+            return
+        weights = {sub: sum(_weight(cut) for cut, _ in share) for sub, share in shares.items()}
         since = time.monotonic()
         while not self._stop.is_set():
-            full = [sub for sub, cut, _ in cuts if sub.full(cut)]
+            full = [sub for sub, weight in weights.items() if sub.full_for(weight)]
             if not full:
                 break
             now = time.monotonic()
@@ -408,9 +462,9 @@ class SharedReader:
                     sub.drop()
                 continue
             time.sleep(0.005)
-        for sub, cut, plain in cuts:
+        for sub, share in shares.items():
             if not sub.detached:
-                sub.put(cut, plain)
+                sub.put_all(share, marks.get(sub))
 
     def _end(self, error: SetlError) -> None:
         with self._lock:

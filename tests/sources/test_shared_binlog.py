@@ -338,3 +338,89 @@ def test_queued_transactions_come_joined_and_other_tables_queue_nothing(mariadb_
     marks = poll_until(idle, end)
     assert [(tx.changes, tx.end) for tx in marks] == [((), reader.pumped)]
     assert idle.poll(0.05) is None  # handed on once
+
+
+def test_the_pump_hands_on_ready_transactions_in_one_step_with_the_same_items_as_one_by_one(mariadb_source):
+    """Transactions the stream has ready are queued for each pipeline in one step (one `put_all` each),
+    and each pipeline takes the same transactions, joins and position marks, in the same order, as
+    when they are handed on one at a time: a mark after a pipeline's share comes after that share."""
+    from setl.testing.harness import insert
+
+    def tx(n: int, *tables: str) -> Transaction:
+        return Transaction(tuple(insert(t, {"id": n}) for t in tables), Position("mysql-bin.000001", 100 * n), True, 10)
+
+    txs = [tx(1, "a"), tx(2, "b"), tx(3, "a", "b"), tx(4, "b"), tx(5, "c"), tx(6, "b"), tx(7, "a", "c"), tx(8, "b")]
+    start = Position("mysql-bin.000001", 4)
+
+    def run(bulks: list[list[Transaction]]) -> tuple[dict[str, list[tuple[tuple[Any, ...], Position]]], dict[str, int]]:
+        reader = shared_binlog.SharedReader("k", make_source(mariadb_source), start)
+        subs = {name: shared_binlog._Subscription(name, start, 1000, keep) for name, keep in (
+            ("a", lambda s, t: t == "a"), ("c", lambda s, t: t == "c"), ("all", None), ("none", lambda s, t: False))}
+        steps = dict.fromkeys(subs, 0)
+        for name, sub in subs.items():
+            put_all = sub.put_all
+
+            def counted(items: Any, passed: Any = None, name: str = name, put_all: Any = put_all) -> None:
+                steps[name] += 1
+                put_all(items, passed)
+            sub.put_all = counted  # type: ignore[method-assign]
+        for bulk in bulks:
+            reader._hand_on(bulk, tuple(subs.values()))
+        taken: dict[str, list[tuple[tuple[Any, ...], Position]]] = {}
+        for name, sub in subs.items():
+            items = taken[name] = []
+            while (item := sub.take(0.0)) is not None:
+                assert isinstance(item, Transaction)
+                items.append((tuple((c.table, c.after["id"]) for c in item.changes), item.end))
+        return taken, steps
+
+    bulk, bulk_steps = run([txs])
+    single, single_steps = run([[t] for t in txs])
+    assert bulk == single
+    assert bulk["a"] == [((("a", 1),), txs[0].end), ((("a", 3),), txs[2].end), ((("a", 7),), txs[6].end),
+                         ((), txs[7].end)]
+    assert bulk["c"] == [((("c", 5),), txs[4].end), ((("c", 7),), txs[6].end), ((), txs[7].end)]
+    assert bulk["none"] == [((), txs[7].end)]
+    assert [end for _, end in bulk["all"]] == [t.end for t in txs]
+    assert bulk_steps == {"a": 1, "c": 1, "all": 1, "none": 0}
+    assert single_steps == {"a": 3, "c": 2, "all": 8, "none": 0}
+
+
+def test_a_failure_right_after_ready_transactions_comes_after_them(mariadb_source):
+    """A stream that fails while the pump gathers what is ready (one bulk) first hands on the
+    transactions read before the failure, then the failure: nothing read before it is lost."""
+    from setl.testing.harness import insert
+
+    start = Position("mysql-bin.000001", 4)
+    ready = [Transaction((insert("a", {"id": n}),), Position("mysql-bin.000001", 100 * n), True, 10) for n in (1, 2)]
+    script: list[Transaction | SourceError] = [*ready, SourceError("refused: a statement-logged write")]
+    source = make_source(mariadb_source)
+
+    def poll(timeout: float) -> Transaction | None:
+        if not script:
+            time.sleep(min(timeout, 0.01))
+            return None
+        item = script.pop(0)
+        if isinstance(item, SourceError):
+            raise item
+        return item
+
+    source.open, source.poll, source.close = (lambda at: None), poll, (lambda timeout=5.0: None)  # type: ignore[method-assign]
+    reader = shared_binlog.SharedReader("failing", source, start)
+    sub = reader.attach("p", start, 1000, None)
+    assert sub is not None
+    reader.start()
+    try:
+        taken: list[object] = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(isinstance(item, shared_binlog._Failed) for item in taken):
+            item = sub.take(0.1)
+            if item is not None:
+                taken.append(item)
+        got = [item for item in taken[:-1] if isinstance(item, Transaction)]
+        assert len(got) == len(taken) - 1 and got[-1].end == ready[-1].end  # maybe joined: the same rows, in order
+        assert [c.after["id"] for tx in got for c in tx.changes] == [1, 2]
+        assert isinstance(taken[-1], shared_binlog._Failed)
+        assert "statement-logged" in str(taken[-1].error)
+    finally:
+        reader.stop()

@@ -369,11 +369,13 @@ def pipelines_bench(source, target, start, tmp: Path, rows: int, tables: list[st
             streams = out.count("reading the mariadb binlog")  # the binlog streams it opened
             drops, rewinds = out.count("dropped from the shared binlog stream"), out.count("rewinds to")
             cpu.setdefault(label, []).append((LAST_CHILD_CPU[0], process_cpu(target.pid) - applied, wall))
+            batches = acked_batches(folder / "meta.db")
+            BATCHES.setdefault(label, []).append(batches)
             selected = tables if "one table" not in label else tables[:1]
             same = sysbench.checksums(sysbench.Conn.from_server(source), selected) == \
                 sysbench.checksums(sysbench.Conn.from_server(target), selected)
             print(f"repeat {n + 1}: {label}: {LAST_CHILD_CPU[0]:.1f} CPU s (system {LAST_CHILD_SYS[0]:.1f}), "
-                  f"{wall:.1f} s wall, {streams} binlog "
+                  f"{wall:.1f} s wall, {batches} batches acked, {streams} binlog "
                   f"stream(s) opened, {drops} drop(s), {rewinds} rewind(s); target equals source (CHECKSUM TABLE): "
                   f"{same}", flush=True)
             if not same:
@@ -381,11 +383,25 @@ def pipelines_bench(source, target, start, tmp: Path, rows: int, tables: list[st
     base = statistics.median(c for c, _, _ in cpu["1 pipeline, every table (baseline)"])
     print(f"\n{rows} row changes on {len(tables)} tables; medians of {args.repeat} runs (setl start "
           f"--until-caught-up, start-up included)\n{'consumer':<40} {'CPU s':>7} {'µs/row':>7} {'ratio':>6} "
-          f"{'target CPU s':>13} {'wall s':>7}")
+          f"{'target CPU s':>13} {'wall s':>7} {'batches':>8}")
     for label, values in cpu.items():
         own = statistics.median(c for c, _, _ in values)
         print(f"{label:<40} {own:>7.1f} {own / rows * 1e6:>7.1f} {own / base:>6.2f} "
-              f"{statistics.median(a for _, a, _ in values):>13.1f} {statistics.median(w for _, _, w in values):>7.1f}")
+              f"{statistics.median(a for _, a, _ in values):>13.1f} {statistics.median(w for _, _, w in values):>7.1f} "
+              f"{statistics.median(BATCHES[label]):>8.0f}")
+
+
+#: label -> the batches its pipelines acked, per run (``--pipelines``)
+BATCHES: dict[str, list[int]] = {}
+
+
+def acked_batches(meta: Path) -> int:
+    """The batches the pipelines of a run acked, from its SQLite meta store: each pipeline's last
+    acked batch id (ids count from 1 at a start with no position)."""
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(meta)) as conn:
+        return int(conn.execute("SELECT COALESCE(SUM(batch_id), 0) FROM position").fetchone()[0])
 
 
 def pipeline_counts(text: str) -> list[int]:
