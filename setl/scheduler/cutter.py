@@ -118,16 +118,12 @@ class BatchCutter:
                 tx = pending.pop()
             else:
                 now = self.clock()
-                # Past its wait, a batch still takes what the source has ready now (a pipeline behind
-                # the stream, as in a catch-up): those rows would only wait `max_wait_ms` again in the
-                # next batch. It is cut once the source has nothing ready (or at max_rows, max_bytes).
-                due = cut.deadline is not None and now >= cut.deadline and cut.taken
-                if due and not cut.rows:
-                    break  # position marks only: their idle ack is due, whatever else is ready
+                if cut.deadline is not None and now >= cut.deadline and cut.taken:
+                    break
                 if time.perf_counter() >= slice_end:
                     return Progress.PROGRESS if progressed else Progress.NO_PROGRESS
                 timeout = 0.0
-                if self.blocking and not due:
+                if self.blocking:
                     timeout = BLOCKING_POLL if cut.deadline is None else min(
                         BLOCKING_POLL, max(0.0, cut.deadline - now))
                 try:
@@ -139,7 +135,7 @@ class BatchCutter:
                     self.deferred_error = exc
                     break
                 if polled is None:
-                    if due or (self._eager and cut.taken):
+                    if self._eager and cut.taken:
                         break
                     return Progress.PROGRESS if progressed else Progress.NO_PROGRESS
                 tx = polled
@@ -169,6 +165,8 @@ class BatchCutter:
             if ddl:
                 break
             if cut.rows >= limits.max_rows or cut.size >= limits.max_bytes:
+                break
+            if cut.deadline is not None and self.clock() >= cut.deadline:
                 break
         assert cut.end is not None
         return Batch(

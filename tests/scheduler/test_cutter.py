@@ -113,29 +113,3 @@ def test_a_batch_of_position_marks_only_waits_the_idle_interval_and_a_change_cut
     busy = cut(cutter)
     assert isinstance(busy, Batch)
     assert (busy.id, len(busy), busy.end) == (3, 1, Position("scripted", 6))
-
-
-def test_a_batch_past_its_wait_takes_what_is_ready_then_is_cut_once_nothing_is():
-    """A batch whose `max_wait_ms` passed while the source still has transactions ready (a pipeline
-    behind, as in a catch-up) takes them on, up to `max_rows`, and is cut as soon as nothing is ready:
-    it does not wait again, and the next batch starts where it ended."""
-    source, cutter, clock = rig(1)
-    first = cut(cutter)
-    assert isinstance(first, Batch)
-    cutter.handed_on(first)
-    source.append([insert("t", {"id": 10})])
-    assert cut(cutter) is Progress.PROGRESS
-    clock.now += 1.0  # its wait is over
-    for i in range(150):  # arrived meanwhile, all ready now: more than max_rows (100)
-        source.append([insert("t", {"id": 100 + i})])
-    full = cut(cutter)
-    assert isinstance(full, Batch)
-    assert (full.id, len(full), full.end) == (2, 100, Position("scripted", 101))
-    cutter.handed_on(full)
-    assert cut(cutter) is Progress.PROGRESS  # the next batch has its own wait: 51 rows read, not cut yet
-    clock.now += 1.0
-    rest = cut(cutter)
-    assert isinstance(rest, Batch)
-    assert (rest.id, len(rest), rest.start, rest.end) == (3, 51, full.end, Position("scripted", 152))
-    cutter.handed_on(rest)
-    assert cut(cutter) is Progress.NO_PROGRESS  # nothing ready: nothing cut
