@@ -309,10 +309,15 @@ def test_until_caught_up_applies_a_change_written_after_the_echoes_before_it_end
     east, west = unprivileged_sites
     schema = f"app_late_{int(process)}"
     channel, heads, acks = idle_marker_channel(tmp_path, f"mlt{int(process)}", east, west, schema, process)
-    # after the echoes: 400 rows in one transaction on east (a batch that takes a while), one row on west
+    # after the echoes: 400 rows in one transaction on east (a batch that takes a while), one row on west ...
     east.query(f"INSERT INTO {schema}.t SELECT seq, 'late' FROM {schema}.seq_10_to_409")
     west.query(f"INSERT INTO {schema}.t VALUES (3, 'west')")
     ends = (head(east), head(west))
+    # and echoes again after them, before the target: as the other direction's loader writes its mark
+    for server, mark in ((east, f"{channel.name}:west-to-east"), (west, f"{channel.name}:east-to-west")):
+        for _ in range(20):
+            server.query("INSERT INTO setl.setl_channel_mark (mark, session, seq) VALUES (%s, CONNECTION_ID(), 1) "
+                         "ON DUPLICATE KEY UPDATE seq = seq + 1", (mark,))
     assert all(a < e for a, e in zip(acks, ends, strict=True)) and heads[0] < ends[0] and heads[1] < ends[1]
     done, seconds = until_caught_up(channel)
     assert done.returncode == 0, (done.stdout, done.stderr, channel.logs())
