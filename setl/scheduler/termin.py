@@ -140,7 +140,7 @@ class Termin:
         """Whether, with no batch in flight and the ack at `acked`, only echoes lie between the ack
         and `until` (`Select.passed`): acked at or past the last end handed on before them, read
         past them to `until`, and no backlog. Such echoes hand on no position (docs/bidirectional.md,
-        "the trailing ack"), so the ack itself never reaches `until`."""
+        "Echoes"), so the ack itself never reaches `until`."""
         until = self.until
         passed = self.select.passed() if until is not None else None
         if until is None or passed is None or acked is None:
