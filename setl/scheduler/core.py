@@ -266,7 +266,8 @@ class Scheduler:
                 self._close_private()
                 self._record_failed_start(exc)
                 raise
-            if start is not None and start >= self.termin.until and not self.select.backlog():
+            if start is not None and (start >= self.termin.until or self.termin.passed_until(start)) \
+                    and not self.select.backlog():
                 self._event("termin", None, f"already caught up at {start}")
                 self.meta.set_state(self.name, Status.STOPPED, node=self.node_id)
                 self.select.close()

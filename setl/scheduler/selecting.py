@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 
 from setl.errors import LeadershipLost
-from setl.model import Batch
+from setl.model import Batch, Position
 from setl.runtime import Progress
 from setl.scheduler.cutter import BatchCutter
 from setl.scheduler.events import Listener
@@ -58,6 +58,7 @@ class Selector:
         self._wrap = wrap
         self._rewind: Rewind | None = None  # taken from the ledger, applied once its delay is over
         self._permit_wait_since: float | None = None  # when Select found every permit taken
+        self._passed: tuple[Position, Position] | None = None  # the source's `passed` Termin was last woken for
 
     def step(self) -> Progress:
         """One slice of Select: rewind if asked, take a permit, read, hand a batch on."""
@@ -103,6 +104,10 @@ class Selector:
             self._source_failed(exc)
             return Progress.PROGRESS
         if isinstance(batch, Progress):
+            passed = self.select.passed()
+            if passed is not None and passed != self._passed:  # read past echoes: Termin may be caught up
+                self._passed = passed
+                self._wake("termin")
             return batch
         selected_in = self.cutter.age()
         self.cutter.drop()

@@ -67,6 +67,7 @@ class Termin:
         self.until: Position | None = None
         self.acked_batches = 0
         self.acked_rows = 0
+        self._caught_up = False  # finished CAUGHT_UP past echoes (`passed_until`)
         self._lock = lock
         self._wake = wake
         self._wrap = wrap
@@ -89,11 +90,18 @@ class Termin:
                 error = ledger.source_failure()
                 slot = None if error is not None else ledger.result()
                 if error is None and slot is None:
-                    return Progress.BLOCKED
+                    if self.until is None or len(ledger) or self._caught_up:
+                        return Progress.BLOCKED
+                    acked = ledger.acked  # nothing in flight: caught up past echoes only?
                 if slot is not None:
                     error = slot.error
         if rolling:
             return self._continue_rollback()
+        if error is None and slot is None:
+            if self.passed_until(acked):
+                self._caught_up = True
+                self._finish(Outcome.CAUGHT_UP, None)
+            return Progress.BLOCKED
         if slot is None:
             return self._begin_rollback(ledger.next_ack, error)
         batch = slot.batch
@@ -127,6 +135,22 @@ class Termin:
         if self.until is not None and batch.end >= self.until and not self.select.backlog():
             self._finish(Outcome.CAUGHT_UP, None)
         return Progress.PROGRESS
+
+    def passed_until(self, acked: Position | None) -> bool:
+        """Whether, with no batch in flight and the ack at `acked`, only echoes lie between the ack
+        and `until` (`Select.passed`): acked at or past the last end handed on before them, read
+        past them to `until`, and no backlog. Such echoes hand on no position (docs/bidirectional.md,
+        "Echoes"), so the ack itself never reaches `until`."""
+        until = self.until
+        passed = self.select.passed() if until is not None else None
+        if until is None or passed is None or acked is None:
+            return False
+        after, through = passed
+        if not (acked >= after and through >= until) or self.select.backlog():
+            return False
+        log_event(self.name, "termin", None, f"caught up: acked {acked}, only echoes of the channel's other "
+                  f"direction up to {through} (the target {until})")
+        return True
 
     # --- rollback ----------------------------------------------------------------------------
 

@@ -85,6 +85,13 @@ class Select(abc.ABC):
         """The end of the source log now, if the source can tell."""
         return None
 
+    def passed(self) -> tuple[Position, Position] | None:
+        """(after, through): the source read from `after`, an end it handed on, up to `through` and
+        found nothing to hand on, not even a position (a two-way channel's echoes, which must not be
+        acked: docs/bidirectional.md); None if it has not, or cannot tell. ``--until-caught-up`` ends
+        once the ack reached `after`, `through` is at its target and no batch is in flight."""
+        return None
+
     def describe(self) -> tuple[TableSchema, ...] | None:
         """The columns of every source table the pipeline selects as they stand now, before any row
         arrives, on a short-lived connection of its own; None when the source cannot tell.
@@ -152,6 +159,9 @@ class SelectWrapper(Select):
 
     def head(self) -> Position | None:
         return self.inner.head()
+
+    def passed(self) -> tuple[Position, Position] | None:
+        return self.inner.passed()
 
     def describe(self) -> tuple[TableSchema, ...] | None:
         return self.inner.describe()

@@ -244,3 +244,92 @@ def test_the_trailing_echo_after_an_idle_ack_is_dropped_again_and_shows_no_lag(t
         assert all(r["lag_seconds"] is not None and r["lag_seconds"] < 2 for r in figures), status.stdout
     finally:
         assert stop(proc) == 0, channel.logs()
+
+
+def echoes(channel: Channel, east: MariaDBServer, west: MariaDBServer, n: int) -> None:
+    """`n` echoes on each site: transactions writing only setl's mark row, under the other direction's mark."""
+    for server, mark in ((east, f"{channel.name}:west-to-east"), (west, f"{channel.name}:east-to-west")):
+        for _ in range(n):
+            server.query("INSERT INTO setl.setl_channel_mark (mark, session, seq) VALUES (%s, CONNECTION_ID(), 1) "
+                         "ON DUPLICATE KEY UPDATE seq = seq + 1", (mark,))
+
+
+def idle_marker_channel(tmp_path: Any, name: str, east: MariaDBServer, west: MariaDBServer, schema: str,
+                        process: bool) -> tuple[Channel, tuple[Any, Any], list[Any]]:
+    """A marker channel (its readers in a process when `process`) run until idle after a row each way, then
+    stopped: the channel, both heads, and both acks (each strictly before the other direction's trailing echoes)."""
+    settings = {"meta": {"store": "sqlite", "path": str(tmp_path / "meta.db")}, "sources": {"reader_process": process}}
+    channel = unprivileged(equal_sites(tmp_path, name, east, west, schema, "t (id INT PRIMARY KEY, site VARCHAR(8))",
+                                       settings=settings), loop_guard="marker")
+    proc = channel.spawn()
+    try:
+        east.query(f"INSERT INTO {schema}.t VALUES (1, 'east')")
+        west.query(f"INSERT INTO {schema}.t VALUES (2, 'west')")
+        still(channel, east, west, [f"{schema}.t"], proc)
+        acks = [channel.acked(p) for p in channel.pipelines]
+    finally:
+        assert stop(proc) == 0, channel.logs()
+    # the last batch each way may have carried rows (then no echo follows its ack): echoes as a loader writes them
+    echoes(channel, east, west, 3)
+    heads = (head(east), head(west))
+    # the bug's ground: each ack rests strictly before echoes at the end of its source's binlog
+    assert all(a is not None and a.log == h.log and a.offset < h.offset for a, h in zip(acks, heads, strict=True)), \
+        (acks, heads)
+    return channel, heads, acks
+
+
+def only_echoes_after(server: MariaDBServer, ack: Any) -> bool:
+    """Whether `server`'s binlog after `ack` holds transactions (at least one) writing only setl's own tables."""
+    events = server.query("SHOW BINLOG EVENTS IN %s FROM %s", (ack.log, ack.offset))
+    maps = [str(e[5]) for e in events if e[2] == "Table_map"]
+    queries = [str(e[5]) for e in events if e[2] == "Query"]
+    return bool(maps) and all("(setl." in m for m in maps) and all(q in ("BEGIN", "COMMIT") for q in queries)
+
+
+def until_caught_up(channel: Channel) -> tuple[Any, float]:
+    """`setl start --until-caught-up` of both directions: the finished process and its seconds."""
+    began = time.monotonic()
+    done = channel.run("start", *(a for p in channel.pipelines for a in ("--pipeline", p)), "--until-caught-up",
+                       timeout=60)
+    return done, time.monotonic() - began
+
+
+@pytest.mark.parametrize("process", [False, True], ids=["reader_thread", "reader_process"])
+def test_until_caught_up_ends_on_an_idle_marker_channel_whose_binlogs_end_in_echoes(tmp_path, unprivileged_sites,
+                                                                                    process):
+    """--until-caught-up exits 0 within seconds on both directions when only echoes follow each ack, acking none."""
+    east, west = unprivileged_sites
+    schema = f"app_idle_{int(process)}"
+    channel, heads, acks = idle_marker_channel(tmp_path, f"mid{int(process)}", east, west, schema, process)
+    for _ in range(2):  # and again: the saved positions are still before the echoes, which are dropped again
+        done, seconds = until_caught_up(channel)
+        assert done.returncode == 0, (done.stdout, done.stderr, channel.logs())
+        assert seconds < 20, seconds
+        # each saved position rests before echoes only (a position is handed on for no echo), still behind the head
+        for server, ack in zip((east, west), [channel.acked(p) for p in channel.pipelines], strict=True):
+            assert only_echoes_after(server, ack), (ack, server.query("SHOW BINLOG EVENTS IN %s FROM %s",
+                                                                       (ack.log, ack.offset)))
+        assert rows(east, f"{schema}.t") == [(1, "east"), (2, "west")] == rows(west, f"{schema}.t")
+        assert app_rows_events(east, heads[0], schema) == [] == app_rows_events(west, heads[1], schema)
+
+
+@pytest.mark.parametrize("process", [False, True], ids=["reader_thread", "reader_process"])
+def test_until_caught_up_applies_a_change_written_after_the_echoes_before_it_ends(tmp_path, unprivileged_sites,
+                                                                                 process):
+    """A user transaction after an idle channel's echoes, before --until-caught-up's target, is applied first."""
+    east, west = unprivileged_sites
+    schema = f"app_late_{int(process)}"
+    channel, heads, acks = idle_marker_channel(tmp_path, f"mlt{int(process)}", east, west, schema, process)
+    # after the echoes: 400 rows in one transaction on east (a batch that takes a while), one row on west ...
+    east.query(f"INSERT INTO {schema}.t SELECT seq, 'late' FROM {schema}.seq_10_to_409")
+    west.query(f"INSERT INTO {schema}.t VALUES (3, 'west')")
+    ends = (head(east), head(west))
+    echoes(channel, east, west, 20)  # and echoes again after them, before the target
+    assert all(a < e for a, e in zip(acks, ends, strict=True)) and heads[0] < ends[0] and heads[1] < ends[1]
+    done, seconds = until_caught_up(channel)
+    assert done.returncode == 0, (done.stdout, done.stderr, channel.logs())
+    assert seconds < 20, seconds
+    expected = [(1, "east"), (2, "west"), (3, "west"), *((i, "late") for i in range(10, 410))]
+    assert rows(east, f"{schema}.t") == expected == rows(west, f"{schema}.t")
+    # no early end: each direction acked past its source's late transaction
+    assert all(channel.acked(p) >= e for p, e in zip(channel.pipelines, ends, strict=True))

@@ -235,6 +235,14 @@ class _Assembler:
         self.xa_pending = False
         self.marks.restart()
 
+    def passed(self) -> tuple[Position, Position] | None:
+        """(the last end handed on, where reading stands past it) when only echoes (and position
+        events) lie between them and reading stands between transactions; else None."""
+        through = self.marks.through
+        if through is None or self.in_tx or not self.marks.hold or not through > self.mark:
+            return None
+        return self.mark, through
+
     def _forget_tx(self) -> None:
         """Forget the open transaction's rows, statements, savepoints and state (at its end, or a restart)."""
         self.rows, self.nbytes, self.in_tx, self.standalone, self.pending_gtid = [], 0, False, False, None
@@ -347,7 +355,10 @@ class _Assembler:
         return self._moved_to(end)
 
     def _moved_to(self, end: Position) -> list[Transaction]:
-        if not self.positioned or self.in_tx or self.rows or self.handed_in_tx or end <= self.mark or self.marks.hold:
+        if not self.positioned or self.in_tx or self.rows or self.handed_in_tx or end <= self.mark:
+            return []
+        if self.marks.hold:  # past echoes: no position is handed on, but reading got this far (`passed`)
+            self.marks.passing(end)
             return []
         self.mark = end
         return [Transaction((), end)]
@@ -484,6 +495,7 @@ class _Assembler:
         """The transaction ending at `offset`, or none: an echo (`MarkGuard.echo`)."""
         if self.marks.echo():
             self._close_tx(offset)
+            self.marks.passing(self._position(self.log_file, offset))
             return []
         refuse_statements(self.statements, self.rows, self.log_file, offset)
         rows, nbytes = self.rows, self.nbytes
@@ -535,7 +547,7 @@ class _Assembler:
             return []
         nbytes, ignoring = self.nbytes, self.ignoring
         self._close_tx(offset)
-        self.marks.hold = False
+        self.marks.handed()
         end = self.mark = self._position(self.log_file, offset)
         self.kinds.clear()
         changes = self.ddl_events.changes(read, schema or "", end, event.sql_mode)

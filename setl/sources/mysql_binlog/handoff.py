@@ -53,6 +53,11 @@ class ReaderFigures:
         #: (end, time.time()) of transactions read within the second of their commit timestamp, oldest
         #: first: the binlog's timestamps have whole seconds, the time read refines them (lag figures).
         self.arrivals: collections.deque[tuple[Position, float]] = collections.deque(maxlen=ARRIVALS)
+        #: (after, through): the reader read from `after`, an end it handed on, to `through` and found
+        #: only echoes of a marker loop guard (`marks.MarkGuard.passing`), which hand on no position.
+        #: A fact of the binlog, true across rewinds: `--until-caught-up` ends once the ack reached
+        #: `after` and `through` its target (`setl.stages.Select.passed`).
+        self.passed: tuple[Position, Position] | None = None
 
     def buffered(self, rows: int) -> None:
         """`rows` are queued or held at once now."""
@@ -65,6 +70,11 @@ class ReaderFigures:
     def hear(self, position: Position, now: float) -> None:
         """The reader stood at `position` between transactions at `now`, and the log ended there."""
         self.heard = (position, now)
+
+    def passing(self, passed: tuple[Position, Position] | None) -> None:
+        """The reader read past echoes (`passed`, see the attribute; None: nothing new)."""
+        if passed is not None:
+            self.passed = passed
 
     def arrived(self, end: Position, now: float) -> None:
         """A transaction ending at `end` was read at `now`, within its commit's second."""

@@ -30,6 +30,9 @@ class MarkGuard:
     by_mark: bool = False  # the open transaction is dropped for its mark
     foreign: bool = False  # ... and it wrote rows (or a statement) outside setl's own schema
     hold: bool = False  # an echo was dropped since the last transaction handed on: no position mark passes it
+    #: while `hold`: where reading stands past the echoes, with nothing but echoes and position events
+    #: since the last end handed on (`passing`); None otherwise
+    through: Position | None = None
 
     def is_mark(self, schema: str, table: str) -> bool:
         """Whether rows of `schema`.`table` are the mark table's (read, never handed on)."""
@@ -75,7 +78,20 @@ class MarkGuard:
         rests before it; reading it again drops it again."""
         self.hold = self.by_mark and not self.foreign
         self.by_mark = self.foreign = False
+        if not self.hold:
+            self.through = None
         return self.hold
+
+    def passing(self, end: Position) -> None:
+        """While `hold`: reading reached `end` (an echo's end, or a position event after it) with no
+        transaction handed on since the last end handed on. Nothing between them is to be applied:
+        ``--until-caught-up`` may end there (`setl.stages.Select.passed`), though no position is handed on."""
+        if self.hold and (self.through is None or end > self.through):
+            self.through = end
+
+    def handed(self) -> None:
+        """A transaction's end was handed on (not by `echo`): positions may pass again."""
+        self.hold, self.through = False, None
 
     def closed(self) -> None:
         """The open transaction ended (not by `echo`)."""
@@ -83,6 +99,7 @@ class MarkGuard:
 
     def restart(self) -> None:
         self.by_mark = self.foreign = self.hold = False
+        self.through = None
 
 
 def late_mark(what: str, where: str, handed: int, start: Position | None, xa: bool) -> SourceError:

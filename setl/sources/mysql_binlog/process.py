@@ -281,13 +281,14 @@ class ReaderProcess:
                 if message is None:
                     break
                 if message[0] == _ITEMS:
-                    _, frame, (heard, arrivals, child_reconnects, peak) = message
+                    _, frame, (heard, arrivals, child_reconnects, peak, passed) = message
                     for tx in decoder.frame(frame):
                         self.handoff.put(tx, self._stop)
                         handed = tx.end
                     # after the transactions they follow: "heard" never runs ahead of what poll can take
                     if heard is not None:
                         self.figures.heard = heard
+                    self.figures.passing(passed)
                     self.figures.arrivals.extend(arrivals)
                     self.figures.reconnects += child_reconnects - reconnects
                     reconnects = child_reconnects
@@ -349,7 +350,7 @@ def _figures(figures: ReaderFigures) -> tuple[Any, ...]:
     arrivals = []
     while figures.arrivals:
         arrivals.append(figures.arrivals.popleft())
-    return (figures.heard, arrivals, figures.reconnects, figures.peak_buffered_rows)
+    return (figures.heard, arrivals, figures.reconnects, figures.peak_buffered_rows, figures.passed)
 
 
 def main() -> int:
@@ -390,8 +391,14 @@ def main() -> int:
                          setup.opening.position))
         return 1
     encoder = Encoder()
+    sent_passed = None
     while True:
         item = handoff.take(0.2)
+        if item is None and figures.passed != sent_passed:  # read past echoes only: the figures alone
+            sent_passed = figures.passed
+            with write:
+                _write(out, (_ITEMS, encoder.frame([]), _figures(figures)))
+            continue
         items: list[Transaction] = []
         rows = 0
         gather_until = time.monotonic() + FRAME_WAIT  # a frame costs both sides; a few ms fill it

@@ -179,6 +179,8 @@ class BinlogReader:
                                 handed = tx.end
                         if news and not assembler.in_tx and assembler.positioned:
                             figures.hear(assembler.mark, time.time())
+                        if assembler.marks.hold:  # read past echoes, which hand on no position
+                            figures.passing(assembler.passed())
                         last_held = len(assembler.rows)
                         if txs:  # handed on: the queue grew by what the assembler let go of
                             figures.buffered(handoff.queued_with(last_held))

@@ -333,6 +333,10 @@ class MysqlBinlogSource(Select):
         """The binlog's end now, on a connection of its own (`SourceServer.head`)."""
         return self.server.head()
 
+    def passed(self) -> tuple[Position, Position] | None:
+        """Where the reader read past a marker loop guard's echoes (`ReaderFigures.passed`)."""
+        return self.figures.passed
+
     def identity(self) -> dict[str, Any]:
         """Which server this is (`setl.pipeline.identity`): see `SourceServer.identity`."""
         return self.server.identity()
