@@ -8,7 +8,7 @@ import pytest
 from setl.loop_marks import MARK_DDL
 from setl.testing.servers import wait_until
 from tests.sources.binlog import execute, head, read
-from tests.sources.test_ignore_marks import THEIRS, loader, run
+from tests.sources.test_ignore_marks import THEIRS, write_echoes
 
 
 @pytest.mark.parametrize("process", [False, True], ids=["reader_thread", "reader_process"])
@@ -20,13 +20,7 @@ def test_passed_spans_the_echoes_from_the_last_end_handed_on(mariadb_source, sou
     start = head(mariadb_source)
     src = sources(mariadb_source, start, ignore_marks=(THEIRS,), reader_process=process)
     assert src.passed() is None
-    conn = loader(mariadb_source, source_db, THEIRS)
-    try:
-        for n in range(3):
-            run(conn, f"INSERT INTO setl.echo_pos VALUES (1, {n}) ON DUPLICATE KEY UPDATE n = {n}")
-            conn.commit()
-    finally:
-        conn.close()
+    write_echoes(mariadb_source, source_db)
     echoes_end = head(mariadb_source)
 
     def polled_past_echoes() -> bool:

@@ -35,6 +35,17 @@ def run(conn: MarkedConnection, *statements: str) -> None:
             cur.execute(statement)
 
 
+def write_echoes(server: Any, db: str, count: int = 3) -> None:
+    """`count` position writes of the other direction's loader (marked `THEIRS`): echoes, each its own transaction."""
+    conn = loader(server, db, THEIRS)
+    try:
+        for n in range(count):
+            run(conn, f"INSERT INTO setl.echo_pos VALUES (1, {n}) ON DUPLICATE KEY UPDATE n = {n}")
+            conn.commit()
+    finally:
+        conn.close()
+
+
 def test_marked_transactions_are_dropped_whole_and_others_pass(mariadb_source, source_db, sources):
     """Rows, DDL and a split transaction written under the ignored mark never come out; other marks' rows do."""
     execute(mariadb_source, source_db, "CREATE DATABASE IF NOT EXISTS setl", MARK_DDL,
@@ -85,13 +96,7 @@ def test_an_echo_moves_no_position_until_a_transaction_passes(mariadb_source, so
             "CREATE TABLE t (id INT PRIMARY KEY)")
     start = head(mariadb_source)
     src = sources(mariadb_source, start, ignore_marks=(THEIRS,))
-    conn = loader(mariadb_source, source_db, THEIRS)
-    try:
-        for n in range(3):
-            run(conn, f"INSERT INTO setl.echo_pos VALUES (1, {n}) ON DUPLICATE KEY UPDATE n = {n}")
-            conn.commit()
-    finally:
-        conn.close()
+    write_echoes(mariadb_source, source_db)
     echoes_end = head(mariadb_source)
     assert echoes_end.offset > start.offset
     for _ in range(15):  # three heartbeats' worth of polling: nothing may move past the echoes
