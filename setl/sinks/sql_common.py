@@ -180,8 +180,8 @@ class SqlLoad(Load, Generic[C]):
                 self.dialect) else None
         #: per prepared batch object: the tables its prepared segments leave out (quarantined then)
         self._planned_without: PreparedBatches[frozenset[str]] = PreparedBatches()
-        #: per prepared batch object: those tables' changes, encoded as kept (`sql_quarantine.encode`)
-        self._encoded: PreparedBatches[dict[str, list[bytes]]] = PreparedBatches()
+        #: per prepared batch object: those tables' changes, encoded as kept (`sql_quarantine.encode_runs`)
+        self._encoded: PreparedBatches[dict[str, list[tuple[int, bytes]]]] = PreparedBatches()
         self.path = LoadPath(pipeline, sql, self.fence, self.positions, self.staged, self.writing,
                              conflicts=self.conflicts, quarantine=self.quarantine)
 
@@ -257,7 +257,7 @@ class SqlLoad(Load, Generic[C]):
             self._encoded.drop(batch)
 
     def _load_on(self, conn: C, *, batch: Batch, segments: list[Segment], without: frozenset[str],
-                 encoded: Mapping[str, Sequence[bytes]] | None) -> None:
+                 encoded: Mapping[str, Sequence[tuple[int, bytes]]] | None) -> None:
         """`load_batch` of `batch` on `conn`, its `segments` cut without the tables `without` (their
         changes `encoded` ahead, or None)."""
         load_batch(self.path, conn, batch, segments, self._plan, without, encoded)

@@ -30,7 +30,7 @@ from setl.sinks.sql_dialect import RowWriter, SqlDialect
 from setl.sinks.sql_failures import CurrentTable, refuse_replay
 from setl.sinks.sql_fence import TargetFence
 from setl.sinks.sql_positions import PositionStore
-from setl.sinks.sql_quarantine import Quarantine, Quarantined, encode
+from setl.sinks.sql_quarantine import Quarantine, Quarantined, encode_runs
 from setl.sinks.sql_rows import reads_only
 from setl.sinks.sql_segments import DdlStep, Segment
 from setl.sinks.sql_staging import StagedCopies
@@ -63,7 +63,7 @@ class LoadPath(Generic[C]):
 
 def load_batch(path: LoadPath[C], conn: C, batch: Batch, segments: list[Segment],
                plan: PlanSegments | None = None, planned_without: frozenset[str] = frozenset(),
-               encoded: Mapping[str, Sequence[bytes]] | None = None) -> None:
+               encoded: Mapping[str, Sequence[tuple[int, bytes]]] | None = None) -> None:
     """One batch in its transaction: fence, quarantined tables' changes kept, segments, positions and
     COMMIT (see the module). `segments` were cut without the tables `planned_without`; `plan` cuts
     them again when other tables are diverted. `encoded`: per table of `planned_without`, its changes
@@ -125,7 +125,7 @@ def hold_fence(path: LoadPath[C], conn: C, batch: Batch) -> None:
 
 def divert_quarantined(path: LoadPath[C], conn: C, batch: Batch, segments: list[Segment],
                        plan: PlanSegments | None, planned_without: frozenset[str] = frozenset(),
-                       encoded: Mapping[str, Sequence[bytes]] | None = None) -> tuple[Batch, list[Segment]]:
+                       encoded: Mapping[str, Sequence[tuple[int, bytes]]] | None = None) -> tuple[Batch, list[Segment]]:
     """In the open transaction, after the fence: the changes of each quarantined table (and of each
     table refused in a rolled-back attempt of this batch, marked quarantined here, from its first
     change in the batch) kept in order with their positions (`QuarantineStore.keep`), and `batch`
@@ -185,7 +185,7 @@ def divert_quarantined(path: LoadPath[C], conn: C, batch: Batch, segments: list[
                       "the target from here, the other tables go on. Fix the cause, then `setl resume "
                       "--pipeline %s --table %s`", path.pipeline, name, first, refused[name], path.pipeline, name)
         found[name] = quarantine.store.keep(
-            conn, record, changes, last_seq=seqs.get(name, 0), blobs=(encoded or {}).get(name),
+            conn, record, changes, last_seq=seqs.get(name, 0), runs=(encoded or {}).get(name),
             context={"pipeline": path.pipeline, "stage": "load", "table": name, "batch": batch.id,
                      "position": batch.end})
         seqs[name] = seqs.get(name, 0) + len(changes)
@@ -240,14 +240,15 @@ def split_tables(changes: Sequence[Change], tables: Collection[str]) -> tuple[di
     return held, rest
 
 
-def divert_ahead(batch: Batch, tables: frozenset[str]) -> tuple[frozenset[str], dict[str, list[bytes]], Batch] | None:
+def divert_ahead(batch: Batch, tables: frozenset[str]
+                 ) -> tuple[frozenset[str], dict[str, list[tuple[int, bytes]]], Batch] | None:
     """On a worker, ahead of the load: which of `tables` (quarantined as last seen) `batch` touches,
     their changes encoded as `divert_quarantined` keeps them, and `batch` without them; None when it
     touches none of them."""
     held, rest = split_tables(batch.changes, tables)
     if not held:
         return None
-    encoded = {name: [encode(change) for change in changes] for name, changes in held.items()}
+    encoded = {name: encode_runs(changes) for name, changes in held.items()}
     return frozenset(held), encoded, batch.replace(tuple(rest))
 
 
@@ -271,7 +272,8 @@ def replay_kept(path: LoadPath[C], conn: C, table: str, chunk: int, number: int,
         raise LoadError(f"table {table} is not quarantined (nothing to replay)", pipeline=path.pipeline,
                         stage="load", table=table)
     refuse_replay(path.pipeline, found)
-    kept = store.first_kept(conn, table, chunk)
+    read = store.first_kept(conn, table, chunk)  # whole kept rows: at most one run more than `chunk`
+    kept = read[:chunk]
     # A DDL commits on some targets: it goes alone, and never in the transaction that ends the quarantine.
     ddl = next((i for i, k in enumerate(kept) if isinstance(k.change, DdlChange)), None)
     if ddl is not None:
@@ -291,7 +293,7 @@ def replay_kept(path: LoadPath[C], conn: C, table: str, chunk: int, number: int,
     apply_segments(path, conn, batch, plan(batch))
     if not path.dialect.transactional_ddl and ddl is not None:
         store.lock_loads(conn)  # the DDL committed: hold the loads off again for the bookkeeping
-    left = store.drop_kept(conn, found, kept[-1].seq, len(kept), sum(k.nbytes for k in kept))
+    left = store.drop_kept(conn, found, read, len(kept))
     failpoints.hit("quarantine_replay", number, task=table)
     path.dialect.commit(conn)
     path.quarantine.forget()

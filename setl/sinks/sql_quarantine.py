@@ -6,7 +6,11 @@ Two setl-owned tables sit next to the position table: ``<position_table>_quarant
 quarantined target table: cause, first position, changes kept and their bytes) and
 ``<position_table>_kept`` (the kept changes, numbered in stream order). A change is kept as the
 pickled `setl.model.RowChange` or `DdlChange` it was: its full images, types included, come back
-exactly at replay.
+exactly at replay. A row of the kept table holds a *run*: up to `_RUN_ROWS` consecutive row changes
+of one batch (about `_RUN_BYTES` at most) in one pickle, numbered up to its ``seq`` and placed at its
+first change's position; a DDL is always a row of its own. One row a change cost the target an
+InnoDB insert of a wide key and setl a pickle and a hex literal each (the quarantine bench's other
+tables ran at 0.73-0.86x of none); a row a run costs about one each a batch.
 """
 
 from __future__ import annotations
@@ -41,17 +45,68 @@ _DIALECTS: dict[str, tuple[Callable[[str], str], str, str]] = {
 
 
 _ROW = "row-1"  # the kept form of a RowChange (its fields as a tuple: pickling the attrs object is 5x slower)
+_RUN = "run-1"  # the kept form of a run of RowChanges (a list of their fields, in one pickle)
+#: row changes in one row of the kept table at most
+_RUN_ROWS = 1000
+#: a run of a pickle larger than this is cut in two (MariaDB's max_allowed_packet is 16 MiB by default)
+_RUN_BYTES = 1 << 20
+
+
+def _fields(change: RowChange) -> tuple[Any, ...]:
+    at, source = change.position, change.source
+    return (change.op.value, change.schema, change.table, change.primary_key, change.before, change.after,
+            None if at is None else (at.log, at.offset, at.gtid, at.row), change.commit_time,
+            None if source is None else (source.schema, source.table), change.sequence)
+
+
+def _row_change(fields: Sequence[Any]) -> RowChange:
+    op, schema, table, key, before, after, at, commit_time, source, sequence = fields
+    return RowChange(Op(op), schema, table, tuple(key), before, after,
+                     None if at is None else Position(at[0], at[1], at[2], row=at[3]), commit_time,
+                     None if source is None else TableName(*source), sequence=sequence)
 
 
 def encode(change: Change) -> bytes:
     """A change as kept: a RowChange's fields as a tuple, anything else (a DDL) pickled as it is."""
     if type(change) is RowChange:
-        at, source = change.position, change.source
-        return pickle.dumps((_ROW, change.op.value, change.schema, change.table, change.primary_key, change.before,
-                             change.after, None if at is None else (at.log, at.offset, at.gtid, at.row),
-                             change.commit_time, None if source is None else (source.schema, source.table),
-                             change.sequence), protocol=5)
+        return pickle.dumps((_ROW, *_fields(change)), protocol=5)
     return pickle.dumps(change, protocol=5)
+
+
+def encode_runs(changes: Sequence[Change]) -> list[tuple[int, bytes]]:
+    """`changes` (in stream order) as the kept table's rows, each (how many changes, its blob):
+    consecutive row changes together, at most `_RUN_ROWS` and about `_RUN_BYTES` a row (a longer
+    pickle is cut in two until it fits or holds one change); anything else (a DDL) alone."""
+    runs: list[tuple[int, bytes]] = []
+    start, count = 0, len(changes)
+    while start < count:
+        if type(changes[start]) is not RowChange:
+            runs.append((1, encode(changes[start])))
+            start += 1
+            continue
+        end = start + 1
+        while end < count and end - start < _RUN_ROWS and type(changes[end]) is RowChange:
+            end += 1
+        runs.extend(_packed(changes[start:end]))
+        start = end
+    return runs
+
+
+def _packed(rows: Sequence[Change]) -> list[tuple[int, bytes]]:
+    if len(rows) == 1:
+        return [(1, encode(rows[0]))]
+    blob = pickle.dumps((_RUN, [_fields(change) for change in rows]), protocol=5)  # type: ignore[arg-type]
+    if len(blob) <= _RUN_BYTES:
+        return [(len(rows), blob)]
+    half = len(rows) // 2
+    return _packed(rows[:half]) + _packed(rows[half:])
+
+
+def _packed_whole(changes: Sequence[Change]) -> bytes:
+    """`changes` (the rest of one run, or one DDL) as one row's blob, however large."""
+    if len(changes) == 1:
+        return encode(changes[0])
+    return pickle.dumps((_RUN, [_fields(change) for change in changes]), protocol=5)  # type: ignore[arg-type]
 
 
 def decode(blob: bytes) -> Change:
@@ -59,11 +114,19 @@ def decode(blob: bytes) -> Change:
     had fewer fields, comes back with those fields at their defaults (`_completed`)."""
     value = pickle.loads(blob)
     if type(value) is tuple and value and value[0] == _ROW:
-        _, op, schema, table, key, before, after, at, commit_time, source, sequence = value
-        return RowChange(Op(op), schema, table, tuple(key), before, after,
-                         None if at is None else Position(at[0], at[1], at[2], row=at[3]), commit_time,
-                         None if source is None else TableName(*source), sequence=sequence)
+        return _row_change(value[1:])
     return _completed(value)
+
+
+def decode_run(blob: bytes) -> list[Change]:
+    """The changes of one row of the kept table, in order: a run (`encode_runs`), or one change as
+    `encode` kept it (by this build or an earlier one, which kept a change a row)."""
+    value = pickle.loads(blob)
+    if type(value) is tuple and value and value[0] == _RUN:
+        return [_row_change(fields) for fields in value[1]]
+    if type(value) is tuple and value and value[0] == _ROW:
+        return [_row_change(value[1:])]
+    return [_completed(value)]
 
 
 def _completed(value: Any) -> Any:
@@ -92,11 +155,14 @@ def _completed(value: Any) -> Any:
 
 @attrs.frozen
 class KeptChange:
-    """A change kept for a quarantined table, with its number in the table's stream."""
+    """A change kept for a quarantined table, with its number in the table's stream, the number of
+    its row of the kept table (`row`: its run's last change's) and, on a row's last change only,
+    that row's bytes (`nbytes`, 0 on the others: the sum over whole rows is what they hold)."""
 
     seq: int
     change: Change
     nbytes: int
+    row: int
 
 
 class QuarantineFull(LoadError):
@@ -113,11 +179,11 @@ class QuarantineEnded(LoadError):
     retryable = False
 
 
-#: kept changes per INSERT statement (MariaDB; PostgreSQL takes them all in one COPY)
+#: kept rows per INSERT statement (MariaDB; PostgreSQL takes them all in one COPY)
 _KEEP_ROWS = 1000
-#: a kept INSERT stops adding changes past this size (MariaDB's max_allowed_packet is 16 MiB by default)
+#: a kept INSERT stops adding rows past this size (MariaDB's max_allowed_packet is 16 MiB by default)
 _KEEP_BYTES = 1 << 20
-#: a larger kept change goes as the driver escapes it, not as a hex literal (twice its size)
+#: a larger kept row goes as the driver escapes it, not as a hex literal (twice its size)
 _HEX_BYTES = 1 << 16
 _NOWHERE = Position("", 0)
 
@@ -227,19 +293,19 @@ class QuarantineStore(Generic[C]):
 
     def keep(self, conn: Any, found: Quarantined, changes: Sequence[Change], *,
              context: dict[str, Any], last_seq: int | None = None,
-             blobs: Sequence[bytes] | None = None) -> Quarantined:
+             runs: Sequence[tuple[int, bytes]] | None = None) -> Quarantined:
         """Append `changes` (in stream order) to what is kept for `found`'s table, numbered after
         `last_seq` (None: read from the kept table); the record as it is then, counted from `found`'s.
-        `blobs`: the changes already `encode`d (ahead, on a worker), else encoded here. The mark's
+        `runs`: the changes already `encode_runs`d (ahead, on a worker), else encoded here. The mark's
         counts are raised relative to what the target holds (a replay elsewhere may have lowered
-        them), and only within the bound, in one statement; then the changes go in as multi-row
+        them), and only within the bound, in one statement; then the runs go in as multi-row
         INSERTs (`_insert_kept`). `QuarantineFull` when the pipeline's bound would be passed,
         `QuarantineEnded` when the table is no longer quarantined on the target (a replay or a
         re-copy ended it since `found` was read); nothing is written then."""
         q = self._q
-        if blobs is None or len(blobs) != len(changes):
-            blobs = [encode(change) for change in changes]
-        count, size = len(blobs), sum(map(len, blobs))
+        if runs is None or sum(count for count, _ in runs) != len(changes):
+            runs = encode_runs(changes)
+        count, size = len(changes), sum(len(blob) for _, blob in runs)
         with conn.cursor() as cur:
             cur.execute(f"UPDATE {self.marks} SET {q('changes')} = {q('changes')} + %s, {q('nbytes')} = {q('nbytes')}"
                         f" + %s WHERE {q('pipeline')} = %s AND {q('target_table')} = %s AND {q('changes')} + %s <= %s"
@@ -252,49 +318,53 @@ class QuarantineStore(Generic[C]):
                             f" AND {q('target_table')} = %s", (self.pipeline, found.table))
                 row = cur.fetchone()
                 last_seq = int(row[0]) if row else 0
-            self._insert_kept(cur, found.table, last_seq, changes, blobs)
+            self._insert_kept(cur, found.table, last_seq, changes, runs)
         return attrs.evolve(found, changes=found.changes + count, nbytes=found.nbytes + size)
 
     def _insert_kept(self, cur: Any, table: str, last_seq: int, changes: Sequence[Change],
-                     blobs: Sequence[bytes]) -> None:
-        """The kept rows, numbered from `last_seq` + 1, as multi-row INSERTs of at most `_KEEP_ROWS`
-        rows and about `_KEEP_BYTES` each. MariaDB: the values are written into the statement (each
-        distinct string escaped once by the driver, a change as a hex literal, or escaped by the
-        driver when large), so the driver does not escape 7 parameters per row. PostgreSQL: one ``COPY``
-        of all of them (no statement to parse and no placeholders for the driver to convert)."""
+                     runs: Sequence[tuple[int, bytes]]) -> None:
+        """The kept rows, one a run, each numbered by its last change (from `last_seq` + 1 on) and
+        placed at its first change's position. MariaDB: multi-row INSERTs of at most `_KEEP_ROWS` rows
+        and about `_KEEP_BYTES` each, the values written into the statement (each distinct string
+        escaped once by the driver, a run as a hex literal, or escaped by the driver when large), so
+        the driver does not escape 7 parameters per row. PostgreSQL: one ``COPY`` of all of them (no
+        statement to parse and no placeholders for the driver to convert)."""
         q = self._q
         columns = (f"({q('pipeline')}, {q('target_table')}, {q('seq')}, {q('log')}, {q('offset')}, {q('row')},"
                    f" {q('change')})")
-        head = f"INSERT INTO {self.kept} {columns} VALUES "
-        count = len(blobs)
+        rows: list[tuple[int, Position, bytes]] = []  # (seq, position, blob) of each kept row
         first = 0
+        for number, blob in runs:
+            rows.append((last_seq + first + number, changes[first].position or _NOWHERE, blob))
+            first += number
         if self.dialect != "mysql":  # one COPY: a multi-row INSERT's 7000 placeholders cost psycopg more than the rows
             # not a %s-formatted statement: the names' `%%` are `%` again
             with cur.copy(f"COPY {self.kept} {columns} FROM STDIN".replace("%%", "%")) as copy:
-                for number, (change, blob) in enumerate(zip(changes, blobs), last_seq + 1):
-                    at = change.position or _NOWHERE
-                    copy.write_row((self.pipeline, table, number, at.log, at.offset, at.row, blob))
+                for seq, at, blob in rows:
+                    copy.write_row((self.pipeline, table, seq, at.log, at.offset, at.row, blob))
             return
 
         def literal(value: Any) -> str:  # the driver's escaping, `%` doubled for the statement's formatting
             return str(cur.mogrify("%s", (value,))).replace("%", "%%")
 
+        head = f"INSERT INTO {self.kept} {columns} VALUES "
         fixed = f"({literal(self.pipeline)}, {literal(table)}, "
         logs: dict[str, str] = {}
-        while first < count:
-            rows: list[str] = []
-            end, size = first, 0
-            while end < count and end - first < _KEEP_ROWS and (size < _KEEP_BYTES or end == first):
-                at, blob = changes[end].position or _NOWHERE, blobs[end]
+        start = 0
+        while start < len(rows):
+            values: list[str] = []
+            end, size = start, 0
+            while end < len(rows) and end - start < _KEEP_ROWS and (size < _KEEP_BYTES or end == start):
+                seq, at, blob = rows[end]
                 log = logs.get(at.log)
                 if log is None:
                     log = logs[at.log] = literal(at.log)
                 value = f"X'{blob.hex()}'" if len(blob) <= _HEX_BYTES else literal(blob)
-                rows.append(f"{fixed}{last_seq + 1 + end:d}, {log}, {int(at.offset):d}, {int(at.row):d}, {value})")
+                values.append(f"{fixed}{seq:d}, {log}, {int(at.offset):d}, {int(at.row):d}, {value})")
                 size += len(value)
                 end += 1
-            cur.execute(head + ", ".join(rows), ())  # () formats the statement: `%%` in names becomes `%`
-            first = end
+            cur.execute(head + ", ".join(values), ())  # () formats the statement: `%%` in names becomes `%`
+            start = end
 
     def _not_kept(self, cur: Any, found: Quarantined, count: int, size: int, context: dict[str, Any]) -> None:
         """Why `keep`'s raise of the mark's counts matched no row: the table's quarantine ended
@@ -325,25 +395,48 @@ class QuarantineStore(Generic[C]):
         return int(row[0]) if row else None
 
     def first_kept(self, conn: Any, table: str, limit: int) -> list[KeptChange]:
-        """The first `limit` changes kept for `table`, in stream order."""
+        """The changes of the first kept rows of `table`, in stream order: whole rows, the first one
+        and those numbered below its number + `limit` (so at most `limit` changes and one row's more)."""
         q = self._q
+        where = f"{q('pipeline')} = %s AND {q('target_table')} = %s"
         with conn.cursor() as cur:
-            cur.execute(f"SELECT {q('seq')}, {q('change')} FROM {self.kept} WHERE {q('pipeline')} = %s AND"
-                        f" {q('target_table')} = %s ORDER BY {q('seq')} LIMIT {int(limit)}", (self.pipeline, table))
+            cur.execute(f"SELECT {q('seq')}, {q('change')} FROM {self.kept} WHERE {where} AND {q('seq')} < %s +"
+                        f" (SELECT MIN({q('seq')}) FROM {self.kept} WHERE {where}) ORDER BY {q('seq')}",
+                        (self.pipeline, table, int(limit), self.pipeline, table))
             rows = cur.fetchall()
-        return [KeptChange(int(seq), decode(bytes(blob)), len(blob)) for seq, blob in rows]
+        kept: list[KeptChange] = []
+        for seq, blob in rows:
+            changes = decode_run(bytes(blob))
+            row, first = int(seq), int(seq) - len(changes) + 1
+            kept.extend(KeptChange(first + i, change, len(blob) if first + i == row else 0, row)
+                        for i, change in enumerate(changes))
+        return kept
 
-    def drop_kept(self, conn: Any, found: Quarantined, upto: int, changes: int, nbytes: int) -> Quarantined:
-        """Forget the changes kept for `found`'s table up to number `upto` (`changes` of them,
-        `nbytes`): they are applied."""
+    def drop_kept(self, conn: Any, found: Quarantined, kept: Sequence[KeptChange], applied: int) -> Quarantined:
+        """Forget the first `applied` of `kept` (whole rows, as `first_kept` read them) for `found`'s
+        table: they are applied. A row applied in part keeps the rest of its changes, written again
+        under its number at its new first change's position."""
         q = self._q
-        left = attrs.evolve(found, changes=found.changes - changes, nbytes=found.nbytes - nbytes)
+        done, rest = kept[:applied], kept[applied:]
+        freed = sum(k.nbytes for k in done)  # the rows applied whole (a row's bytes are on its last change)
         with conn.cursor() as cur:
-            cur.execute(f"DELETE FROM {self.kept} WHERE {q('pipeline')} = %s AND {q('target_table')} = %s AND"
-                        f" {q('seq')} <= %s", (self.pipeline, found.table, upto))
+            if done and rest and rest[0].row == done[-1].row:  # the run of done's last change goes on in rest
+                row = done[-1].row
+                left = [k for k in rest if k.row == row]
+                blob = _packed_whole([k.change for k in left])
+                freed += left[-1].nbytes - len(blob)
+                at = left[0].change.position or _NOWHERE
+                cur.execute(f"UPDATE {self.kept} SET {q('change')} = %s, {q('log')} = %s, {q('offset')} = %s,"
+                            f" {q('row')} = %s WHERE {q('pipeline')} = %s AND {q('target_table')} = %s AND"
+                            f" {q('seq')} = %s", (blob, at.log, at.offset, at.row, self.pipeline, found.table, row))
+            if done:
+                cur.execute(f"DELETE FROM {self.kept} WHERE {q('pipeline')} = %s AND {q('target_table')} = %s AND"
+                            f" {q('seq')} <= %s", (self.pipeline, found.table, done[-1].seq))
+            left_record = attrs.evolve(found, changes=found.changes - len(done), nbytes=found.nbytes - freed)
             cur.execute(f"UPDATE {self.marks} SET {q('changes')} = %s, {q('nbytes')} = %s WHERE {q('pipeline')} = %s"
-                        f" AND {q('target_table')} = %s", (left.changes, left.nbytes, self.pipeline, found.table))
-        return left
+                        f" AND {q('target_table')} = %s",
+                        (left_record.changes, left_record.nbytes, self.pipeline, found.table))
+        return left_record
 
     def release(self, conn: Any, table: str) -> None:
         """`table` is no longer quarantined; what is kept for it is dropped."""

@@ -19,7 +19,7 @@ import pytest
 from tests.e2e.setl_process import SetlProcess, binlog_head, mysql_source, mysql_target, postgres_target, spawned
 from tests.helpers.wait import wait_until
 
-from .test_quarantine import assert_equal, make_source, write
+from .test_quarantine import assert_equal, make_source, positions_of_kept, write
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -43,8 +43,8 @@ class Target:
     def kept(self, table: str) -> list[tuple[Any, ...]]:
         """The positions kept for quarantined `table` (pipelines with the default position table), in order."""
         q = "`" if self.kind == "mariadb" else '"'
-        return self.query(f"SELECT {q}log{q}, {q}offset{q}, {q}row{q} FROM setl.setl_position_kept"
-                          f" WHERE target_table = %s ORDER BY seq", (f"{self.schema}.{table}",))
+        return positions_of_kept(self.query(f"SELECT {q}change{q} FROM setl.setl_position_kept"
+                                            f" WHERE target_table = %s ORDER BY seq", (f"{self.schema}.{table}",)))
 
     def widen(self, table: str) -> None:
         if self.kind == "mariadb":

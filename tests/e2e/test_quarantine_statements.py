@@ -22,7 +22,15 @@ from setl.sinks.mysql import MysqlLoad
 from tests.e2e.setl_process import SetlProcess, spawned
 
 from .replicate import binlog_head, replicate, table_rule
-from .test_quarantine import SETTINGS_SMALL, TABLES, make_mysql_targets, make_source, source_rows, write
+from .test_quarantine import (
+    SETTINGS_SMALL,
+    TABLES,
+    make_mysql_targets,
+    make_source,
+    positions_of_kept,
+    source_rows,
+    write,
+)
 from .test_quarantine_live import LIVE_TABLES, Target, Writer, caught_up, make_live_source, make_target, setl_for
 
 pytestmark = pytest.mark.timeout(180)
@@ -63,8 +71,8 @@ def target_rows(server: Any, database: str, table: str) -> list[tuple]:
 def kept(server: Any, database: str, table: str, position_schema: str | None = None) -> list[tuple]:
     """The positions kept for quarantined `database`.`table` (position table in `position_schema`,
     default `database`), in their kept order."""
-    return server.query(f"SELECT `log`, `offset`, `row` FROM `{position_schema or database}`.setl_position_kept "
-                        "WHERE target_table = %s ORDER BY seq", (f"{database}.{table}",))
+    return positions_of_kept(server.query(f"SELECT `change` FROM `{position_schema or database}`.setl_position_kept"
+                                          " WHERE target_table = %s ORDER BY seq", (f"{database}.{table}",)))
 
 
 @pytest.fixture(params=["mariadb", "postgresql"])

@@ -12,7 +12,7 @@ from setl.sinks.postgresql import PostgresqlLoad
 from setl.sinks.sql_common import SqlLoad
 from setl.sinks.sql_quarantine import QuarantineEnded, QuarantineFull
 
-from .contract import Changes, make_batch
+from .contract import Changes, at, make_batch
 
 
 def test_a_batch_prepared_while_a_table_was_quarantined_applies_it_when_the_replay_ended_before_its_load(
@@ -73,6 +73,83 @@ def test_a_kept_change_comes_back_the_same_in_every_field() -> None:
         if isinstance(change, RowChange):
             assert type(back.before) is type(change.before) and back.position == change.position
             assert back.position is None or back.position.gtid == change.position.gtid
+
+
+def test_runs_of_kept_changes_come_back_in_order_with_each_ddl_alone() -> None:
+    """`encode_runs` keeps consecutive row changes together (at most `_RUN_ROWS` a row, a pickle over
+    `_RUN_BYTES` cut in two) and a DDL alone; `decode_run` gives every change back in order, and reads
+    a row kept one change a row (by an earlier build) as a run of one."""
+    from setl.model import DdlChange, Op, Position, RowChange
+    from setl.sinks import sql_quarantine
+    from setl.sinks.sql_quarantine import _RUN_BYTES, _RUN_ROWS, decode_run, encode, encode_runs
+
+    def row(i: int, size: int = 8) -> RowChange:
+        return RowChange(Op.INSERT, "db", "t", ("id",), None, {"id": i, "v": "x" * size},
+                         Position("bin.000003", 100 + i, row=i % 3))
+
+    ddl = DdlChange("db", "t", "ALTER TABLE `t` ADD COLUMN w INT", Position("bin.000003", 99))
+    changes = [*(row(i) for i in range(_RUN_ROWS + 5)), ddl, ddl, row(-1),
+               *(row(i, _RUN_BYTES // 3) for i in range(4))]
+    runs = encode_runs(changes)
+    assert [count for count, _ in runs] == [_RUN_ROWS, 5, 1, 1, 2, 1, 2]
+    assert all(len(blob) <= _RUN_BYTES for count, blob in runs if count > 1)
+    assert [change for _, blob in runs for change in decode_run(blob)] == changes
+    assert decode_run(encode(changes[0])) == [changes[0]] and decode_run(encode(ddl)) == [ddl]
+    assert sql_quarantine.decode(encode(ddl)) == ddl
+
+
+def test_a_replay_that_ends_inside_a_run_keeps_the_rest_of_it_numbered_and_counted(mariadb_target, mysql_db,
+                                                                                 monkeypatch) -> None:
+    """Kept in runs of 10, a replay of 5 changes rewrites the first run with its 5 last changes
+    under the same number at its new first change's position; the mark's counts stay equal to what
+    the kept table holds (changes and bytes), and the next read numbers the changes on from 6."""
+    from setl.sinks import sql_quarantine
+
+    monkeypatch.setattr(sql_quarantine, "_RUN_ROWS", 10)
+    load = MysqlLoad(mariadb_target.target_config(), pipeline="pr", position_schema=mysql_db,
+                     on_table_error="quarantine", max_attempts=1)
+    good = Changes(mysql_db, "good")
+    mariadb_target.query(f"CREATE TABLE `{mysql_db}`.good (id INT PRIMARY KEY)")
+    kept_table, marks = f"`{mysql_db}`.setl_position_kept", f"`{mysql_db}`.setl_position_quarantine"
+    try:
+        load.load(make_batch([good.insert(id=0)], id=1, pipeline="pr"))  # the quarantine tables exist
+        assert load.quarantine is not None
+        store = load.quarantine.store
+        changes = [at(good.insert(id=i), 1000 + i, i % 2) for i in range(1, 26)]
+        conn = mariadb_target.connect()
+        try:
+            first = Position("mysql-bin.000001", 4)
+            store.mark(conn, "x.t", "refused", first)
+            record = store.keep(conn, Quarantined("x.t", "refused", first, 0, 0), changes, context={}, last_seq=0)
+            conn.commit()
+
+            def held() -> tuple:
+                with conn.cursor() as cur:
+                    cur.execute(f"SELECT (SELECT COUNT(*) FROM {kept_table}), (SELECT SUM(LENGTH(`change`)) FROM"
+                                f" {kept_table}), (SELECT changes FROM {marks}), (SELECT nbytes FROM {marks}),"
+                                f" (SELECT GROUP_CONCAT(seq, '@', `offset` ORDER BY seq) FROM {kept_table})")
+                    return cur.fetchone()
+
+            rows, size, counted, nbytes, seqs = held()
+            assert (rows, counted, nbytes, seqs) == (3, 25, size, "10@1001,20@1011,25@1021")
+            assert record.changes == 25 and record.nbytes == size
+            read = store.first_kept(conn, "x.t", 5)
+            assert [k.seq for k in read] == list(range(1, 11)) and [k.change for k in read] == changes[:10]
+            left = store.drop_kept(conn, record, read, 5)
+            conn.commit()
+            rows, size, counted, nbytes, seqs = held()
+            assert (rows, counted, nbytes, seqs) == (3, 20, size, "10@1006,20@1011,25@1021")
+            assert (left.changes, left.nbytes) == (20, size)
+            rest = store.first_kept(conn, "x.t", 100)
+            assert [k.seq for k in rest] == list(range(6, 26)) and [k.change for k in rest] == changes[5:]
+            assert sum(k.nbytes for k in rest) == size
+            store.drop_kept(conn, left, rest, len(rest))
+            assert held()[0] == 0 and held()[2:4] == (0, 0)
+        finally:
+            conn.rollback()
+            conn.close()
+    finally:
+        load.close()
 
 
 class _KeptByAnOlderBuild:
