@@ -856,3 +856,33 @@ def test_site_wins_an_insert_after_one_delete_racing_the_next_is_recorded(sites:
     assert [(r["decision"], json.loads(r["target_row"])["v"]) for r in b.conflicts()] == [
         (SOURCE_WON, "b-after-first")]  # a's insert beat b's row on b, recorded there
     assert [json.loads(r["source_row"])["v"] for r in a.conflicts()] == ["b-after-first"]
+
+
+def test_site_wins_a_losers_delete_replacing_the_winners_tombstone_stops_with_its_cause(sites: tuple[Site, Site]
+                                                                                      ) -> None:
+    """Site wins (a): b deletes a key and inserts it again before a's delete reaches b, b's delete reaching
+    a alone first (it replaces a's tombstone there); when a's delete then removes b's row on b, the load
+    stops with one line naming the key, table, position, that cause and the fix, nothing written; once
+    the key is deleted on b by hand, both sites end without it."""
+    a, b = sites
+    for site in sites:
+        site.reset(WINS_A)
+    a.write(5, image(5, "orig", T0))
+    a.ship_to(b)
+    a.write(5, None)  # a's delete, in flight to b
+    b.write(5, None)
+    b.ship_to(a, 1)  # b's delete alone: a deleted the key too
+    b.write(5, image(5, "b-again", T0 + datetime.timedelta(seconds=3)))
+    b.ship_to(a)
+    racing = [RowChange(c.op, b.db, c.table, c.primary_key, c.before, c.after) for c in a.log]
+    a.log.clear()
+    with pytest.raises(RefusedLoadError) as refused:
+        b.receive(racing)
+    line = str(refused.value)
+    assert "\n" not in line and f"{b.db}.t" in line and "key [5]" in line and "sim-bin.000001" in line, line
+    assert "replaced by site b's delete" in line and "fix:" in line and "made before" not in line, line
+    assert (b.row(5) or {}).get("v") == "b-again" and b.conflicts() == []
+    b.write(5, None)  # the fix: the delete's outcome, by hand on b
+    b.receive(racing)
+    b.ship_to(a)
+    assert a.row(5) is None and b.row(5) is None
