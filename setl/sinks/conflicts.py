@@ -452,10 +452,16 @@ class Tombstones:
                     and (table_policy.policy != LAST_WRITER_WINS or (newer is not None and newer <= 0))):
                 continue
             here, there = policy.site, policy.target_site or "target"
+            # The source's tombstone of the key is another site's: a delete there that raced this one and
+            # reached the source first replaced it (docs/conflicts.md, "Settling it exactly").
+            cause = (f"left no tombstone on {here} (made before setl's triggers existed on the table there, "
+                     f"e.g. a table created while the channel runs, or older than conflicts.tombstone_days)"
+                     if grave is None or grave[0] == policy.site else
+                     f"its tombstone on {here} was replaced by site {grave[0]}'s delete of the key, which raced it "
+                     f"and reached {here} first")
             raise RefusedLoadError(
                 f"conflicts: a delete of key {list(key)} on site {here} wins over site {there}'s own write of the "
-                f"key, but left no tombstone on {here} (made before setl's triggers existed on the table there, "
-                f"e.g. a table created while the channel runs, or older than conflicts.tombstone_days): the write "
+                f"key, but {cause}: the write "
                 f"cannot be ranked against it on {here}, so the sites could end different; fix: on site {there}, "
                 f"delete the key by hand (the delete's outcome) or write it again stamped later than the delete "
                 f"(the write's), then resume (docs/conflicts.md)",
