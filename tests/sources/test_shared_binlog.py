@@ -10,11 +10,13 @@ from typing import Any
 import pytest
 
 from setl.errors import SourceError
+from setl.loop_marks import MARK_DDL
 from setl.model import Position, RowChange, Transaction
 from setl.sources import shared_binlog
 from setl.sources.shared_binlog import READERS, SharedBinlogSource
 from setl.testing.servers import wait_until
 from tests.sources.binlog import execute, head, make_source, next_server_id
+from tests.sources.test_ignore_marks import THEIRS, write_echoes
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -424,3 +426,55 @@ def test_a_failure_right_after_ready_transactions_comes_after_them(mariadb_sourc
         assert "statement-logged" in str(taken[-1].error)
     finally:
         reader.stop()
+
+
+def test_a_channel_loop_guard_holds_on_the_shared_stream_and_passed_spans_its_echoes(mariadb_source, source_db,
+                                                                                     subscribers):
+    """A marker-guarded pipeline on the shared stream drops echoes, passed() spans them, a later row still comes."""
+    execute(mariadb_source, source_db, "CREATE DATABASE IF NOT EXISTS setl", MARK_DDL,
+            "CREATE TABLE IF NOT EXISTS setl.echo_pos (id INT PRIMARY KEY, n INT)",
+            "CREATE TABLE t (id INT PRIMARY KEY)")
+    start = head(mariadb_source)
+    src = subscribers(None, pipeline="guarded", ignore_marks=(THEIRS,))
+    src.open(start)
+    assert src.shared and src.passed() is None
+    write_echoes(mariadb_source, source_db)
+    echoes_end = head(mariadb_source)
+
+    def polled_past_echoes() -> bool:
+        tx = src.poll(0.1)
+        assert tx is None or tx.end <= start, tx  # an echo hands on nothing, not even a position
+        passed = src.passed()
+        return passed is not None and passed[1] >= echoes_end
+
+    wait_until(polled_past_echoes, timeout=10, interval=0, message=lambda: f"passed: {src.passed()}")
+    after, through = src.passed()
+    assert (after.log, after.offset) <= (start.log, start.offset) and through >= echoes_end
+    execute(mariadb_source, source_db, "INSERT INTO t VALUES (7)")
+    got = [tx for tx in poll_until(src, head(mariadb_source)) if tx.changes]
+    assert [(c.table, c.after) for tx in got for c in tx.changes] == [("t", {"id": 7})]
+    assert got[0].end > echoes_end and src.shared
+
+
+def test_pipelines_of_different_loop_guards_on_one_server_do_not_share_a_stream(mariadb_source, source_db,
+                                                                                subscribers):
+    """A pipeline whose guard differs from the shared stream's reads alone: each drops exactly its own echoes."""
+    execute(mariadb_source, source_db, "CREATE DATABASE IF NOT EXISTS setl", MARK_DDL,
+            "CREATE TABLE IF NOT EXISTS setl.echo_pos (id INT PRIMARY KEY, n INT)",
+            "CREATE TABLE t (id INT PRIMARY KEY)")
+    start = head(mariadb_source)
+    guarded = subscribers(None, pipeline="guarded", ignore_marks=(THEIRS,))
+    plain = subscribers(None, pipeline="plain")
+    guarded.open(start)
+    plain.open(start)
+    assert guarded.shared and not plain.shared and READERS.count() == 1
+    write_echoes(mariadb_source, source_db, count=2)
+    execute(mariadb_source, source_db, "INSERT INTO t VALUES (8)")
+    end = head(mariadb_source)
+    seen = {name: [(c.table, c.after) for tx in poll_until(src, end) for c in tx.changes]
+            for name, src in (("guarded", guarded), ("plain", plain))}
+    assert seen["guarded"] == [("t", {"id": 8})]
+    assert seen["plain"][-1] == ("t", {"id": 8}) and ("echo_pos", {"id": 1, "n": 1}) in seen["plain"]
+    time.sleep(shared_binlog.MERGE_EVERY + 0.2)
+    plain.poll(0.1)  # its merge check: still refused while the other guard's stream runs
+    assert not plain.shared and READERS.count() == 1
