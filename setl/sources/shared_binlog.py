@@ -688,6 +688,13 @@ class SharedBinlogSource(MysqlBinlogSource):
     def tell(self) -> Position | None:
         return self._after if self._sub is not None else super().tell()
 
+    def behind(self) -> bool:
+        """Whether the stream it reads (the shared one while joined) reads a backlog now."""
+        reader = self._shared_reader
+        if reader is not None:
+            return reader.source.behind()
+        return super().behind()
+
     def passed(self) -> tuple[Position, Position] | None:
         """Where the shared stream read past the loop guard's echoes while joined (its own reader's
         otherwise): a fact of the binlog under this pipeline's guard (`_key` shares a stream only

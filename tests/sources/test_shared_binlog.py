@@ -13,6 +13,7 @@ from setl.errors import SourceError
 from setl.loop_marks import MARK_DDL
 from setl.model import Position, RowChange, Transaction
 from setl.sources import shared_binlog
+from setl.sources.mysql_binlog.handoff import LATE_FRESH, LATE_SECONDS
 from setl.sources.shared_binlog import READERS, SharedBinlogSource
 from setl.testing.servers import wait_until
 from tests.sources.binlog import execute, head, make_source, next_server_id
@@ -478,3 +479,20 @@ def test_pipelines_of_different_loop_guards_on_one_server_do_not_share_a_stream(
     time.sleep(shared_binlog.MERGE_EVERY + 0.2)
     plain.poll(0.1)  # its merge check: still refused while the other guard's stream runs
     assert not plain.shared and READERS.count() == 1
+
+
+def test_a_pipeline_on_the_shared_stream_is_behind_while_the_stream_reads_a_backlog(mariadb_source, source_db,
+                                                                                   subscribers):
+    """behind() of a joined pipeline is the shared stream's: True on a backlog, False once it reads at the end."""
+    setup_tables(mariadb_source, source_db, "a")
+    start = head(mariadb_source)
+    execute(mariadb_source, source_db, *(f"INSERT INTO a VALUES ({i}, 'x')" for i in range(1, 31)))
+    end = head(mariadb_source)
+    time.sleep(LATE_SECONDS + 1.0)
+    src = subscribers(("a",), pipeline="late")
+    src.open(start)
+    assert src.shared
+    first = src.poll(5.0)
+    assert first is not None and first.changes and src.behind()
+    poll_until(src, end)
+    wait_until(lambda: not src.behind(), timeout=LATE_FRESH + 1.0, interval=0.05, message="not behind")
