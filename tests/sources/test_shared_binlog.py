@@ -490,9 +490,13 @@ def test_a_pipeline_on_the_shared_stream_is_behind_while_the_stream_reads_a_back
     end = head(mariadb_source)
     time.sleep(LATE_SECONDS + 1.0)
     src = subscribers(("a",), pipeline="late")
+    opened = time.time()
     src.open(start)
-    assert src.shared
+    assert src.shared and not src.figures.late
     first = src.poll(5.0)
-    assert first is not None and first.changes and src.behind()
+    stream = src._shared_reader
+    assert first is not None and first.changes and stream is not None and stream.source.figures.late >= opened
     poll_until(src, end)
     wait_until(lambda: not src.behind(), timeout=LATE_FRESH + 1.0, interval=0.05, message="not behind")
+    stream.source.figures.late = time.time()  # the stream reads late again: the pipeline says so, its own reader unused
+    assert src.behind() and not src.figures.late
