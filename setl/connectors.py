@@ -470,7 +470,8 @@ def mysql_source() -> SourceConnector[Any]:
 
             return SharedBinlogSource.from_config(config, pipeline=context.name, shared_server_id=shared,
                                                   max_rows_in_memory=context.settings.batch.max_rows,
-                                                  selects=context.selects, reads=reads, sequences=context.sequences)
+                                                  selects=context.selects, reads=reads, sequences=context.sequences,
+                                                  statement_markers=context.statement_markers)
         return MysqlBinlogSource.from_config(config, pipeline=context.name,
                                              max_rows_in_memory=context.settings.batch.max_rows,
                                              selects=context.selects, reads=reads, sequences=context.sequences,

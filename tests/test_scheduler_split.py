@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 from hypothesis import HealthCheck, given, settings
@@ -179,3 +180,29 @@ def test_a_failed_ack_after_the_target_committed_replays_from_the_target_positio
     assert len(sink.loads) == 3  # the batch whose ack failed was not loaded again
     assert [a.position for a in listener.acks] == [Position("scripted", 0, row=2), Position("scripted", 0, row=4),
                                                    Position("scripted", 1)]
+
+
+class SlowRollbackListener(InvariantListener):
+    """Holds Termin in `on_rollback` (after the rollback completed, before a pause ends the run)."""
+
+    def on_rollback(self, batch_id, epoch, error, attempt) -> None:
+        super().on_rollback(batch_id, epoch, error, attempt)
+        time.sleep(0.3)
+
+
+def test_a_pause_hands_no_batch_on_after_its_rollback_so_no_part_is_loaded_twice():
+    """A rollback that pauses lets Select hand nothing on: no part of a keyless table is applied without its mark."""
+    txs = [[insert("k", {"n": n, "v": 0}, key=()) for n in range(6)], [insert("k", {"n": 9, "v": 0}, key=())]]
+    plan = FaultPlan([Fault("transform", batch=1, times=1)])
+    sink = MemorySink(holds_position=True)
+    meta = SqliteMetaStore(":memory:")
+    listener = SlowRollbackListener(1, sink)
+    result = run_pipeline(ScriptedSource(txs, max_rows=2), FaultyLoad(plan, sink),
+                          settings=split_settings(1, 4, 1, "per_table"), transform=FaultyTransform(plan), meta=meta,
+                          listener=listener)
+    assert result.outcome is Outcome.PAUSED and listener.violations == []
+    assert sink.keyless_rows.get("demo.k", []) == [] and sink.loads == []  # nothing applied after the failure
+    result = run_pipeline(ScriptedSource(txs, max_rows=2), FaultyLoad(plan, sink),
+                          settings=split_settings(1, 4, 1, "per_table"), meta=meta)
+    assert result.outcome is Outcome.CAUGHT_UP
+    assert_exact(sink, txs)

@@ -23,6 +23,13 @@ BLOCKING_POLL = 0.02
 #: move its position) waits this long (or `max_wait_ms` if longer) for one: an idle pipeline writes
 #: its position at most about once a second, not once per `max_wait_ms`. A change cuts it as usual.
 IDLE_ACK_SECONDS = 1.0
+#: While the source reads a backlog (`Select.behind`: a catch-up), a batch of changes past its
+#: `max_wait_ms` keeps taking transactions until this long after its first change (or `max_rows`,
+#: `max_bytes`): fewer, larger batches (each costs a target transaction, a position write and an
+#: ack), where waiting adds nothing to the lag. At the log's end it is cut at `max_wait_ms` as ever.
+BEHIND_WAIT_SECONDS = 1.0
+#: How often a batch held past its `max_wait_ms` asks the source again whether it is still behind.
+BEHIND_RECHECK = 0.05
 
 
 @attrs.define(eq=False)
@@ -37,6 +44,7 @@ class _Cut:
     rows: int = 0
     size: int = 0
     deadline: float | None = None
+    late_deadline: float | None = None  # the latest a batch of changes is cut while the source is behind
     taken: bool = False  # a transaction was read, maybe one with no changes that only moves the position
     first_at: float = 0.0  # when it was (perf_counter): the batch's age, for the select stage's latency
 
@@ -105,6 +113,20 @@ class BatchCutter:
         self.next_id = batch.id + 1
         self.end = batch.end
 
+    def _due(self, cut: _Cut, now: float) -> bool:
+        """Whether the batch is due at `now`: past its deadline, and not a batch of changes that the
+        source, still behind its log's end, fills on until `late_deadline` (its deadline then moves
+        on by `BEHIND_RECHECK`, so that the source is asked again soon and the batch is cut as soon
+        as it is no longer behind)."""
+        deadline = cut.deadline
+        if deadline is None or now < deadline:
+            return False
+        late = cut.late_deadline
+        if cut.rows and late is not None and now < late and self.select.behind():
+            cut.deadline = min(late, now + BEHIND_RECHECK)
+            return False
+        return True
+
     def read(self) -> Batch | Progress:
         """Read transactions into the current cut: the batch if it is complete, else how the call went."""
         cut = self._cut
@@ -118,7 +140,7 @@ class BatchCutter:
                 tx = pending.pop()
             else:
                 now = self.clock()
-                if cut.deadline is not None and now >= cut.deadline and cut.taken:
+                if cut.taken and self._due(cut, now):
                     break
                 if time.perf_counter() >= slice_end:
                     return Progress.PROGRESS if progressed else Progress.NO_PROGRESS
@@ -153,8 +175,10 @@ class BatchCutter:
             changes = tx.changes
             if changes:
                 if not cut.rows:  # its first change: `max_wait_ms` from now at most
-                    wait = self.clock() + limits.max_wait_ms / 1000.0
+                    now = self.clock()
+                    wait = now + limits.max_wait_ms / 1000.0
                     cut.deadline = wait if cut.deadline is None else min(cut.deadline, wait)
+                    cut.late_deadline = max(wait, now + BEHIND_WAIT_SECONDS)
                 cut.changes.extend(changes)
                 cut.rows += len(changes)
             elif cut.deadline is None:
@@ -166,7 +190,7 @@ class BatchCutter:
                 break
             if cut.rows >= limits.max_rows or cut.size >= limits.max_bytes:
                 break
-            if cut.deadline is not None and self.clock() >= cut.deadline:
+            if self._due(cut, self.clock()):
                 break
         assert cut.end is not None
         return Batch(

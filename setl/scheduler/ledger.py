@@ -10,6 +10,7 @@ drive the Termin state machine without threads (the scheduler's tasks only call 
 from __future__ import annotations
 
 import enum
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -469,11 +470,12 @@ class Ledger:
         with self._lock:
             return not self._load_tasks and not any(s.state is SlotState.LOADING for s in self._slots.values())
 
-    def complete_rollback(self, resume: Position | None, next_id: int) -> tuple[int, float]:
+    def complete_rollback(self, resume: Position | None, next_id: int, rewind: bool = True) -> tuple[int, float]:
         """Complete the rollback: discard every batch from the failed one on (a discarded batch
         whose worker is done gives its permits back now, the others when it ends), switch to the
         rollback's epoch, load and ack again from `next_id`, and ask Select to rewind to `resume`
-        after the backoff's delay. Returns the attempt number and that delay."""
+        after the backoff's delay (`rewind` False: a pause ends the run, and Select hands nothing
+        on again). Returns the attempt number and that delay."""
         with self._lock:
             rolling = self._rolling
             assert rolling is not None
@@ -491,7 +493,8 @@ class Ledger:
             delay = self._backoff.delay(self._attempt)
             # Set together with the new epoch: otherwise Select could hand on a batch cut from
             # its old cursor under the new epoch.
-            self._rewind = Rewind(resume, next_id, self._clock() + delay)
+            # Never due without `rewind`: Select drops what it cut and waits for the end of the run.
+            self._rewind = Rewind(resume, next_id, self._clock() + delay if rewind else math.inf)
             self._retry_from = resume
             self._lock.notify_all()
             return self._attempt, delay

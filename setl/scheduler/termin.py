@@ -11,7 +11,7 @@ from collections.abc import Callable
 from setl.errors import LeadershipLost
 from setl.meta.base import MetaStore, Status
 from setl.model import Batch, Position
-from setl.retry import Backoff, record_retrying
+from setl.retry import Backoff, Verdict, record_retrying
 from setl.runtime import Progress
 from setl.scheduler.events import Listener, Outcome, log_event
 from setl.scheduler.ledger import Ledger, SlotState
@@ -180,16 +180,21 @@ class Termin:
             next_id += 1  # that id is acked: the replay goes on with the next one
         else:
             resume = acked
-        attempt, delay = ledger.complete_rollback(resume, next_id)
+        # Decided before the rollback completes: a pause asks Select for no rewind, so no batch is
+        # handed on and loaded before the run ends. A pause does not drain: a batch it abandoned
+        # mid-load (a per_table part applied, its mark not) would be applied again at the next start,
+        # a keyless table's rows twice.
+        verdict = self.backoff.decide(rolling.error, ledger.attempt + 1)  # setl/retry.py
+        attempt, delay = ledger.complete_rollback(resume, next_id, rewind=not verdict.pause)
         self._wake("select", "load")
         self.listener.on_rollback(rolling.failed_id, rolling.epoch, rolling.error, attempt)
-        self._pause_or_retry(rolling.failed_id, rolling.error, attempt, delay)
+        self._pause_or_retry(rolling.failed_id, rolling.error, attempt, delay, verdict)
         return Progress.PROGRESS
 
-    def _pause_or_retry(self, failed_id: int, error: BaseException, attempt: int, delay: float) -> None:
-        """After a rollback: pause the pipeline when `self.backoff` says retrying is over (or cannot
-        help), else let the replay go on after `delay` (Select waits for it)."""
-        verdict = self.backoff.decide(error, attempt)  # setl/retry.py: transient, permanent or other
+    def _pause_or_retry(self, failed_id: int, error: BaseException, attempt: int, delay: float,
+                        verdict: Verdict) -> None:
+        """After a rollback: pause the pipeline when `verdict` (`self.backoff`'s) says retrying is
+        over (or cannot help), else let the replay go on after `delay` (Select waits for it)."""
         if verdict.pause:
             self.listener.on_pause(failed_id, error)
             log.error("pipeline=%s stage=termin batch=%d %s", self.name, failed_id, verdict.message)

@@ -506,10 +506,16 @@ class _Readers:
     def attach(self, key: Hashable, make: Callable[[Callable[[str, str], bool]], MysqlBinlogSource],
                pipeline: str, at: Position, limit: int, keep: Callable[[str, str], bool] | None
                ) -> tuple[SharedReader, _Subscription] | None:
-        """A subscription to the key's reader (started at `at` when there is none), or None."""
+        """A subscription to the key's reader (started at `at` when there is none), or None. None too
+        while another reader of the same server (`_server`), for pipelines of other reader settings (a
+        channel's loop guard, batch.max_rows), runs: a second stream with the same server_id would
+        make the server disconnect the first, and each reconnect the other."""
         with self._lock:
             known = self._readers.get(key)
             fresh = known is None or known.ended
+            if fresh and any(_server(other) == _server(key) and not reader.ended
+                             for other, reader in self._readers.items() if other != key):
+                return None
             if known is None or known.ended:
                 holder: list[SharedReader] = []
                 reader = SharedReader(key, make(lambda schema, table: holder[0].selects(schema, table)), at,
@@ -545,6 +551,11 @@ class _Readers:
             return sum(1 for reader in self._readers.values() if reader.opened)
 
 
+def _server(key: Hashable) -> Hashable:
+    """The server of a shared reader's key (`SharedBinlogSource._key`: host and port first)."""
+    return key[:2] if isinstance(key, tuple) else key
+
+
 READERS = _Readers()
 
 
@@ -572,6 +583,10 @@ class SharedBinlogSource(MysqlBinlogSource):
 
     @classmethod
     def from_config(cls, cfg: Any, *, pipeline: str, **kwargs: Any) -> "SharedBinlogSource":
+        # A two-way channel's loop guard, as `MysqlBinlogSource.from_config` sets it: the shared stream
+        # of these pipelines drops the other direction's writes (`_key` keeps other guards apart).
+        kwargs.setdefault("ignore_server_ids", cfg.ignore_server_ids)
+        kwargs.setdefault("ignore_marks", cfg.ignore_marks)
         return cls(host=cfg.host, port=cfg.port, user=cfg.user, password=cfg.password,
                    server_id=cfg.server_id, flavor=cfg.flavor, start=cfg.start, pipeline=pipeline,
                    ssl=cfg.ssl, snapshot=cfg.snapshot, heartbeat=cfg.heartbeat_ms / 1000.0, **kwargs)
@@ -585,7 +600,7 @@ class SharedBinlogSource(MysqlBinlogSource):
         k = self._kwargs
         return (self.host, self.port, self.user, k.get("password", ""), k.get("ssl"), self.flavor, self.sequences,
                 self.max_rows_in_memory, self.heartbeat, self.table_map_cache, self.fast_decoder,
-                self.shared_server_id)
+                self.shared_server_id, self.ignore_server_ids, self.ignore_marks, self.statement_markers)
 
     def _make_shared(self, selects: Callable[[str, str], bool]) -> MysqlBinlogSource:
         kwargs = dict(self._kwargs, server_id=self.shared_server_id, pipeline="", selects=selects, reads=selects,
@@ -672,6 +687,23 @@ class SharedBinlogSource(MysqlBinlogSource):
 
     def tell(self) -> Position | None:
         return self._after if self._sub is not None else super().tell()
+
+    def behind(self) -> bool:
+        """Whether the stream it reads (the shared one while joined) reads a backlog now."""
+        reader = self._shared_reader
+        if reader is not None:
+            return reader.source.behind()
+        return super().behind()
+
+    def passed(self) -> tuple[Position, Position] | None:
+        """Where the shared stream read past the loop guard's echoes while joined (its own reader's
+        otherwise): a fact of the binlog under this pipeline's guard (`_key` shares a stream only
+        among equal guards), and each end the stream hands on reaches every subscription, as rows
+        or as a position mark, so the ack Termin compares with `after` is this pipeline's own."""
+        reader = self._shared_reader
+        if reader is not None:
+            return reader.source.passed()
+        return super().passed()
 
     def close(self, timeout: float = 5.0) -> None:
         self._leave()

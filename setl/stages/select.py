@@ -85,6 +85,13 @@ class Select(abc.ABC):
         """The end of the source log now, if the source can tell."""
         return None
 
+    def behind(self) -> bool:
+        """Whether the source reads a backlog now, well behind its log's end (a catch-up); False
+        when it reads at the end or cannot tell. The batch cutter then lets a batch of changes fill
+        past `max_wait_ms` (`setl.scheduler.cutter.BEHIND_WAIT_SECONDS`). Asked on the Select thread
+        at most every few tens of milliseconds per batch; it must be cheap and must not block."""
+        return False
+
     def passed(self) -> tuple[Position, Position] | None:
         """(after, through): the source read from `after`, an end it handed on, up to `through` and
         found nothing to hand on, not even a position (a two-way channel's echoes, which must not be
@@ -159,6 +166,9 @@ class SelectWrapper(Select):
 
     def head(self) -> Position | None:
         return self.inner.head()
+
+    def behind(self) -> bool:
+        return self.inner.behind()
 
     def passed(self) -> tuple[Position, Position] | None:
         return self.inner.passed()

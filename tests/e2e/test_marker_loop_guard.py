@@ -256,11 +256,17 @@ def echoes(channel: Channel, east: MariaDBServer, west: MariaDBServer, n: int) -
                          "ON DUPLICATE KEY UPDATE seq = seq + 1", (mark,))
 
 
+#: How each direction reads its site: a reader thread, a reader process, or the node's shared reader
+#: (`sources.shared_reader_server_id`, one stream per site) whose subscription carries `passed`.
+READERS = {"reader_thread": {"reader_process": False}, "reader_process": {"reader_process": True},
+           "shared_reader": {"shared_reader_server_id": 4_000_021}}
+
+
 def idle_marker_channel(tmp_path: Any, name: str, east: MariaDBServer, west: MariaDBServer, schema: str,
-                        process: bool) -> tuple[Channel, tuple[Any, Any], list[Any]]:
-    """A marker channel (its readers in a process when `process`) run until idle after a row each way, then
+                        reader: str) -> tuple[Channel, tuple[Any, Any], list[Any]]:
+    """A marker channel (its readers as `READERS[reader]`) run until idle after a row each way, then
     stopped: the channel, both heads, and both acks (each strictly before the other direction's trailing echoes)."""
-    settings = {"meta": {"store": "sqlite", "path": str(tmp_path / "meta.db")}, "sources": {"reader_process": process}}
+    settings = {"meta": {"store": "sqlite", "path": str(tmp_path / "meta.db")}, "sources": READERS[reader]}
     channel = unprivileged(equal_sites(tmp_path, name, east, west, schema, "t (id INT PRIMARY KEY, site VARCHAR(8))",
                                        settings=settings), loop_guard="marker")
     proc = channel.spawn()
@@ -296,13 +302,14 @@ def until_caught_up(channel: Channel) -> tuple[Any, float]:
     return done, time.monotonic() - began
 
 
-@pytest.mark.parametrize("process", [False, True], ids=["reader_thread", "reader_process"])
+@pytest.mark.parametrize("reader", list(READERS))
 def test_until_caught_up_ends_on_an_idle_marker_channel_whose_binlogs_end_in_echoes(tmp_path, unprivileged_sites,
-                                                                                    process):
+                                                                                    reader):
     """--until-caught-up exits 0 within seconds on both directions when only echoes follow each ack, acking none."""
     east, west = unprivileged_sites
-    schema = f"app_idle_{int(process)}"
-    channel, heads, acks = idle_marker_channel(tmp_path, f"mid{int(process)}", east, west, schema, process)
+    n = list(READERS).index(reader)
+    schema = f"app_idle_{n}"
+    channel, heads, acks = idle_marker_channel(tmp_path, f"mid{n}", east, west, schema, reader)
     for _ in range(2):  # and again: the saved positions are still before the echoes, which are dropped again
         done, seconds = until_caught_up(channel)
         assert done.returncode == 0, (done.stdout, done.stderr, channel.logs())
@@ -315,13 +322,14 @@ def test_until_caught_up_ends_on_an_idle_marker_channel_whose_binlogs_end_in_ech
         assert app_rows_events(east, heads[0], schema) == [] == app_rows_events(west, heads[1], schema)
 
 
-@pytest.mark.parametrize("process", [False, True], ids=["reader_thread", "reader_process"])
+@pytest.mark.parametrize("reader", list(READERS))
 def test_until_caught_up_applies_a_change_written_after_the_echoes_before_it_ends(tmp_path, unprivileged_sites,
-                                                                                 process):
+                                                                                 reader):
     """A user transaction after an idle channel's echoes, before --until-caught-up's target, is applied first."""
     east, west = unprivileged_sites
-    schema = f"app_late_{int(process)}"
-    channel, heads, acks = idle_marker_channel(tmp_path, f"mlt{int(process)}", east, west, schema, process)
+    n = list(READERS).index(reader)
+    schema = f"app_late_{n}"
+    channel, heads, acks = idle_marker_channel(tmp_path, f"mlt{n}", east, west, schema, reader)
     # after the echoes: 400 rows in one transaction on east (a batch that takes a while), one row on west ...
     east.query(f"INSERT INTO {schema}.t SELECT seq, 'late' FROM {schema}.seq_10_to_409")
     west.query(f"INSERT INTO {schema}.t VALUES (3, 'west')")

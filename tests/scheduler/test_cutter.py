@@ -5,9 +5,9 @@ nothing ready; every later one waits up to `max_wait_ms` for more."""
 from __future__ import annotations
 
 from setl.config import BatchSettings
-from setl.model import Batch, Position
+from setl.model import Batch, Position, Transaction
 from setl.runtime import Progress
-from setl.scheduler.cutter import IDLE_ACK_SECONDS, BatchCutter
+from setl.scheduler.cutter import BEHIND_RECHECK, BEHIND_WAIT_SECONDS, IDLE_ACK_SECONDS, BatchCutter
 from setl.testing.harness import ScriptedSource, insert
 
 
@@ -113,3 +113,103 @@ def test_a_batch_of_position_marks_only_waits_the_idle_interval_and_a_change_cut
     busy = cut(cutter)
     assert isinstance(busy, Batch)
     assert (busy.id, len(busy), busy.end) == (3, 1, Position("scripted", 6))
+
+
+class BehindSource(ScriptedSource):
+    """A scripted source that says it reads a backlog while `is_behind` is set (`Select.behind`)."""
+
+    is_behind = False
+
+    def behind(self) -> bool:
+        return self.is_behind
+
+
+def behind_rig(max_wait_ms: int = 100, max_rows: int = 100) -> tuple[BehindSource, BatchCutter, Clock, Batch]:
+    """A cutter past its first batch on a `BehindSource` said to be behind."""
+    source = BehindSource([[insert("t", {"id": 0})]])
+    source.open(None)
+    clock = Clock()
+    cutter = BatchCutter("p", source, BatchSettings(max_rows=max_rows, max_wait_ms=max_wait_ms), clock, lambda: True)
+    cutter.reset(None, 1)
+    first = cut(cutter)
+    assert isinstance(first, Batch)
+    cutter.handed_on(first)
+    source.is_behind = True
+    return source, cutter, clock, first
+
+
+def test_a_source_behind_fills_a_batch_past_max_wait_until_the_behind_wait():
+    """While the source is behind, a batch past max_wait_ms keeps taking transactions, cut at BEHIND_WAIT_SECONDS."""
+    source, cutter, clock, first = behind_rig(max_wait_ms=100)
+    for k in range(1, 6):
+        source.append([insert("t", {"id": k})])
+        assert cut(cutter) is Progress.PROGRESS
+        clock.now += 0.15  # each arrival is past the batch's max_wait_ms (0.1 s) after its first change
+    assert cut(cutter) is Progress.NO_PROGRESS  # 0.75 s: still short of the behind wait, nothing ready
+    clock.now += BEHIND_WAIT_SECONDS - 0.75
+    batch = cut(cutter)
+    assert isinstance(batch, Batch)
+    assert (batch.id, len(batch), batch.start, batch.end) == (2, 5, first.end, Position("scripted", 6))
+
+
+def test_a_batch_held_while_behind_is_cut_as_soon_as_the_source_is_no_longer_behind():
+    """A batch held past max_wait_ms is cut at the next check once the source reaches its log's end."""
+    source, cutter, clock, _ = behind_rig(max_wait_ms=100)
+    source.append([insert("t", {"id": 1})])
+    assert cut(cutter) is Progress.PROGRESS
+    clock.now += 0.2
+    source.append([insert("t", {"id": 2})])
+    assert cut(cutter) is Progress.PROGRESS  # behind: past max_wait_ms, it takes the next one too
+    source.is_behind = False
+    clock.now += BEHIND_RECHECK
+    batch = cut(cutter)
+    assert isinstance(batch, Batch) and len(batch) == 2
+    assert clock.now - 100.0 < BEHIND_WAIT_SECONDS / 2
+
+
+def test_a_source_at_its_end_is_cut_at_max_wait_as_before():
+    """Not behind, a later batch is cut at max_wait_ms, whatever BEHIND_WAIT_SECONDS says."""
+    source, cutter, clock, _ = behind_rig(max_wait_ms=100)
+    source.is_behind = False
+    source.append([insert("t", {"id": 1})])
+    assert cut(cutter) is Progress.PROGRESS
+    clock.now += 0.1
+    source.append([insert("t", {"id": 2})])
+    batch = cut(cutter)
+    assert isinstance(batch, Batch) and len(batch) == 1
+
+
+def test_a_batch_held_while_behind_still_stops_at_max_rows_and_keeps_a_split_piece_exact():
+    """Behind, a batch still ends at max_rows, and a transaction in pieces is cut at its pieces' checkpoints."""
+    source = BehindSource([[insert("t", {"id": 0})]], max_rows=3)
+    source.open(None)
+    clock = Clock()
+    cutter = BatchCutter("p", source, BatchSettings(max_rows=4, max_wait_ms=100), clock, lambda: True)
+    cutter.reset(None, 1)
+    first = cut(cutter)
+    assert isinstance(first, Batch)
+    cutter.handed_on(first)
+    source.is_behind = True
+    source.append([insert("t", {"id": k}) for k in range(10, 17)])  # 7 rows: pieces of 3, 3, 1
+    clock.now += 0.5
+    batches = []
+    while len(batches) < 2:
+        got = cut(cutter)
+        if isinstance(got, Batch):
+            batches.append(got)
+            cutter.handed_on(got)
+        else:
+            clock.now += 0.5
+    assert [len(b) for b in batches] == [6, 1]  # 3 + 3 reach max_rows 4; the rest waits for its own cut
+    assert batches[0].end == Position("scripted", 1, row=6) and batches[1].end == Position("scripted", 2)
+    assert [c.after["id"] for b in batches for c in b.changes] == list(range(10, 17))
+
+
+def test_a_batch_of_position_marks_is_not_held_by_a_source_behind():
+    """Position marks only (no change) are cut at their idle ack whether or not the source is behind."""
+    source, cutter, clock, _ = behind_rig(max_wait_ms=100)
+    source.append(Transaction((), Position("scripted", 2)))
+    assert cut(cutter) is Progress.PROGRESS
+    clock.now += IDLE_ACK_SECONDS
+    batch = cut(cutter)
+    assert isinstance(batch, Batch) and len(batch) == 0

@@ -10,11 +10,14 @@ from typing import Any
 import pytest
 
 from setl.errors import SourceError
+from setl.loop_marks import MARK_DDL
 from setl.model import Position, RowChange, Transaction
 from setl.sources import shared_binlog
+from setl.sources.mysql_binlog.handoff import LATE_FRESH, LATE_SECONDS
 from setl.sources.shared_binlog import READERS, SharedBinlogSource
 from setl.testing.servers import wait_until
 from tests.sources.binlog import execute, head, make_source, next_server_id
+from tests.sources.test_ignore_marks import THEIRS, write_echoes
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -424,3 +427,76 @@ def test_a_failure_right_after_ready_transactions_comes_after_them(mariadb_sourc
         assert "statement-logged" in str(taken[-1].error)
     finally:
         reader.stop()
+
+
+def test_a_channel_loop_guard_holds_on_the_shared_stream_and_passed_spans_its_echoes(mariadb_source, source_db,
+                                                                                     subscribers):
+    """A marker-guarded pipeline on the shared stream drops echoes, passed() spans them, a later row still comes."""
+    execute(mariadb_source, source_db, "CREATE DATABASE IF NOT EXISTS setl", MARK_DDL,
+            "CREATE TABLE IF NOT EXISTS setl.echo_pos (id INT PRIMARY KEY, n INT)",
+            "CREATE TABLE t (id INT PRIMARY KEY)")
+    start = head(mariadb_source)
+    src = subscribers(None, pipeline="guarded", ignore_marks=(THEIRS,))
+    src.open(start)
+    assert src.shared and src.passed() is None
+    write_echoes(mariadb_source, source_db)
+    echoes_end = head(mariadb_source)
+
+    def polled_past_echoes() -> bool:
+        tx = src.poll(0.1)
+        assert tx is None or tx.end <= start, tx  # an echo hands on nothing, not even a position
+        passed = src.passed()
+        return passed is not None and passed[1] >= echoes_end
+
+    wait_until(polled_past_echoes, timeout=10, interval=0, message=lambda: f"passed: {src.passed()}")
+    after, through = src.passed()
+    assert (after.log, after.offset) <= (start.log, start.offset) and through >= echoes_end
+    execute(mariadb_source, source_db, "INSERT INTO t VALUES (7)")
+    got = [tx for tx in poll_until(src, head(mariadb_source)) if tx.changes]
+    assert [(c.table, c.after) for tx in got for c in tx.changes] == [("t", {"id": 7})]
+    assert got[0].end > echoes_end and src.shared
+
+
+def test_pipelines_of_different_loop_guards_on_one_server_do_not_share_a_stream(mariadb_source, source_db,
+                                                                                subscribers):
+    """A pipeline whose guard differs from the shared stream's reads alone: each drops exactly its own echoes."""
+    execute(mariadb_source, source_db, "CREATE DATABASE IF NOT EXISTS setl", MARK_DDL,
+            "CREATE TABLE IF NOT EXISTS setl.echo_pos (id INT PRIMARY KEY, n INT)",
+            "CREATE TABLE t (id INT PRIMARY KEY)")
+    start = head(mariadb_source)
+    guarded = subscribers(None, pipeline="guarded", ignore_marks=(THEIRS,))
+    plain = subscribers(None, pipeline="plain")
+    guarded.open(start)
+    plain.open(start)
+    assert guarded.shared and not plain.shared and READERS.count() == 1
+    write_echoes(mariadb_source, source_db, count=2)
+    execute(mariadb_source, source_db, "INSERT INTO t VALUES (8)")
+    end = head(mariadb_source)
+    seen = {name: [(c.table, c.after) for tx in poll_until(src, end) for c in tx.changes]
+            for name, src in (("guarded", guarded), ("plain", plain))}
+    assert seen["guarded"] == [("t", {"id": 8})]
+    assert seen["plain"][-1] == ("t", {"id": 8}) and ("echo_pos", {"id": 1, "n": 1}) in seen["plain"]
+    time.sleep(shared_binlog.MERGE_EVERY + 0.2)
+    plain.poll(0.1)  # its merge check: still refused while the other guard's stream runs
+    assert not plain.shared and READERS.count() == 1
+
+
+def test_a_pipeline_on_the_shared_stream_is_behind_while_the_stream_reads_a_backlog(mariadb_source, source_db,
+                                                                                   subscribers):
+    """behind() of a joined pipeline is the shared stream's: True on a backlog, False once it reads at the end."""
+    setup_tables(mariadb_source, source_db, "a")
+    start = head(mariadb_source)
+    execute(mariadb_source, source_db, *(f"INSERT INTO a VALUES ({i}, 'x')" for i in range(1, 31)))
+    end = head(mariadb_source)
+    time.sleep(LATE_SECONDS + 1.0)
+    src = subscribers(("a",), pipeline="late")
+    opened = time.time()
+    src.open(start)
+    assert src.shared and not src.figures.late
+    first = src.poll(5.0)
+    stream = src._shared_reader
+    assert first is not None and first.changes and stream is not None and stream.source.figures.late >= opened
+    poll_until(src, end)
+    wait_until(lambda: not src.behind(), timeout=LATE_FRESH + 1.0, interval=0.05, message="not behind")
+    stream.source.figures.late = time.time()  # the stream reads late again: the pipeline says so, its own reader unused
+    assert src.behind() and not src.figures.late

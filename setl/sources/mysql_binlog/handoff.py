@@ -18,6 +18,11 @@ from setl.model import Position, Transaction
 
 #: Arrival times kept for the lag figures (a reader that nobody asks drops the oldest).
 ARRIVALS = 10_000
+#: A transaction read this many seconds or more after its commit's second was read from a backlog.
+LATE_SECONDS = 2.0
+#: The reader counts as behind its log's end (`ReaderFigures.behind`) while it handed on such a
+#: transaction within this many seconds.
+LATE_FRESH = 0.5
 
 
 class Stopped(Exception):
@@ -58,6 +63,16 @@ class ReaderFigures:
         #: A fact of the binlog, true across rewinds: `--until-caught-up` ends once the ack reached
         #: `after` and `through` its target (`setl.stages.Select.passed`).
         self.passed: tuple[Position, Position] | None = None
+        #: time.time() when the reader last handed on a transaction read `LATE_SECONDS` or more after
+        #: its commit's second (a backlog); 0.0: never
+        self.late = 0.0
+
+    def behind(self, now: float) -> bool:
+        """Whether the reader reads a backlog at `now`: it handed on a transaction read late
+        (`LATE_SECONDS` after its commit) within `LATE_FRESH`. A reader at the log's end reads each
+        transaction within its commit's second (assuming the server's and node's clocks agree to
+        about a second, as the lag figures do); an idle one hands on nothing late."""
+        return now - self.late < LATE_FRESH
 
     def buffered(self, rows: int) -> None:
         """`rows` are queued or held at once now."""

@@ -24,7 +24,7 @@ from setl.sources.mysql_binlog import fast
 from setl.sources.mysql_binlog.assembler import _EVENTS, _Assembler, read_events
 from setl.sources.mysql_binlog.connector import _Connector, _disconnected, _Lost
 from setl.sources.mysql_binlog.ddl_events import KnownTables
-from setl.sources.mysql_binlog.handoff import Failure, Handoff, ReaderFigures, Stopped
+from setl.sources.mysql_binlog.handoff import LATE_SECONDS, Failure, Handoff, ReaderFigures, Stopped
 from setl.sources.mysql_binlog.lookups import TableLookups
 from setl.sources.mysql_binlog.opening import Opening
 from setl.sources.mysql_binlog.server import Selects, SourceServer
@@ -173,6 +173,8 @@ class BinlogReader:
                                 now = time.time()
                                 if stamp <= now < stamp + 1:
                                     figures.arrived(txs[-1].end, now)
+                                elif now >= stamp + LATE_SECONDS:  # read from a backlog (`behind`)
+                                    figures.late = now
                             for tx in txs:
                                 self._put(tx)
                                 down_since, attempt = None, 0  # progress: the retry budget starts afresh

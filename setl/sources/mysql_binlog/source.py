@@ -337,6 +337,10 @@ class MysqlBinlogSource(Select):
         """Where the reader read past a marker loop guard's echoes (`ReaderFigures.passed`)."""
         return self.figures.passed
 
+    def behind(self) -> bool:
+        """Whether the reader reads a backlog now (`ReaderFigures.behind`; a reader process does not tell)."""
+        return self.figures.behind(time.time())
+
     def identity(self) -> dict[str, Any]:
         """Which server this is (`setl.pipeline.identity`): see `SourceServer.identity`."""
         return self.server.identity()
