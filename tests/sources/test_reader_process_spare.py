@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -97,7 +98,7 @@ def test_no_reader_process_outlives_a_closed_source(mariadb_source, source_db):
     before = reader_processes()
     start = head(mariadb_source)
     unopened = source(mariadb_source)
-    assert len(reader_processes() - before) == 1
+    wait_until(lambda: len(reader_processes() - before) == 1, timeout=30, message="the spare running")
     unopened.close()
     assert reader_processes() == before
 
@@ -153,4 +154,28 @@ def test_a_collected_spare_ends_its_child():
         pid = dropped(begin)
         wait_until(lambda: pid not in reader_processes(), timeout=10,  # noqa: B023 - used at once
                    message=f"a collected spare's child ({begin.__name__}) still running")
+    assert reader_processes() == before
+
+
+def test_a_rollback_passes_over_a_spare_killed_while_waiting(mariadb_source, source_db):
+    """A spare killed (-9) while it waited is not handed the setup: the rollback's reopen starts a reader
+    process of its own and reads the same rows again."""
+    before = reader_processes()
+    src = source(mariadb_source)
+    mariadb_source.query(f"CREATE TABLE `{source_db}`.kp (id INT PRIMARY KEY)")
+    start = head(mariadb_source)
+    mariadb_source.query(f"INSERT INTO `{source_db}`.kp VALUES (7)")
+    try:
+        src.open(start)
+        assert first_row(src).after == {"id": 7}
+        wait_until(lambda: src._spare.pid in reader_processes(), timeout=30, message="the next spare")
+        killed = src._spare.pid
+        assert killed is not None
+        os.kill(killed, signal.SIGKILL)
+        wait_until(lambda: killed not in reader_processes(), timeout=10, message="the killed spare gone")
+        src.seek(start)
+        assert src._reader.pid not in (None, killed)
+        assert first_row(src).after == {"id": 7}
+    finally:
+        src.close()
     assert reader_processes() == before

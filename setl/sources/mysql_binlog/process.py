@@ -47,6 +47,7 @@ from typing import IO, TYPE_CHECKING, Any
 import attrs
 
 from setl import errors
+from setl.adapters.pymysql import preferred_tls_context
 from setl.errors import SourceError
 from setl.model import Position, Transaction
 from setl.retry import Backoff
@@ -428,6 +429,9 @@ def main() -> int:
     inp = sys.stdin.buffer
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print must not corrupt the frames
+    # While it waits as a spare: the TLS context of PyMySQL's preferred mode (the system's CA certificates
+    # loaded, once per process) that its first connection would otherwise build after the setup
+    preferred_tls_context()
     setup: Setup | None = _read(inp)
     if setup is None:
         return 0
