@@ -343,7 +343,11 @@ class SourceProbe:
 
     @property
     def capabilities(self) -> SelectCapabilities:
-        return self.make_select().capabilities
+        select = self.make_select()  # built only to be asked: closed, as a built Select may hold a process
+        try:
+            return select.capabilities
+        finally:
+            select.close()
 
     def create(self, table: TableSpec) -> None:
         """Create `table` at the source if it must exist before rows are written."""

@@ -8,6 +8,7 @@ import datetime
 import decimal
 import os
 import pickle
+import re
 import signal
 from pathlib import Path
 from typing import Any
@@ -237,28 +238,30 @@ def test_every_type_crosses_the_reader_process_exactly(mariadb_source, source_db
 
 def test_the_first_opens_reader_process_starts_with_the_source(mariadb_source, source_db):
     """The source starts its first open's reader process when it is built (a spare, importing setl
-    meanwhile): the open takes that one, a reopen starts a new one, and a source closed without an open
-    ends its spare."""
+    meanwhile): the open takes that one and starts the next spare, a reopen takes that next one, and a
+    source closed without an open ends its spare."""
     def source(server_id: int) -> MysqlBinlogSource:
         return MysqlBinlogSource.from_config(mariadb_source.source_config(server_id, "earliest"), pipeline="rp",
                                              reader_process=True)
 
     unopened = source(7905)
-    spare = unopened._spare._child
-    assert spare is not None and alive(spare.pid) and spare.pid in children(os.getpid())
+    spare = unopened._spare.pid
+    assert spare is not None and alive(spare) and spare in children(os.getpid())
     unopened.close()
-    assert not alive(spare.pid)
+    assert not alive(spare)
 
     src = source(7906)
-    spare = src._spare._child
+    spare = src._spare.pid
     assert spare is not None
     start = binlog_head(mariadb_source)
     try:
         src.open(start)
         first = src._reader.pid
-        assert first == spare.pid and src._spare._child is None
-        src.open(start)  # a rollback's reopen: a new child, the first one ended
-        assert src._reader.pid not in (None, first) and not alive(first)
+        assert first == spare
+        wait_until(lambda: src._spare.pid is not None, timeout=30, message="the next spare")
+        waiting = src._spare.pid
+        src.open(start)  # a rollback's reopen: the spare that waited, the first one ended
+        assert src._reader.pid == waiting and waiting != first and not alive(first)
         mariadb_source.query(f"CREATE TABLE `{source_db}`.sp (id INT PRIMARY KEY)")
         mariadb_source.query(f"INSERT INTO `{source_db}`.sp VALUES (1)")
         got: list[RowChange] = []
@@ -292,18 +295,28 @@ def setl_with_reader_process(tmp_path, mariadb_source, source_db, mariadb_target
     return setl
 
 
+def reader_pid(setl: SetlProcess, after: int = 0) -> int | None:
+    """The pid of the reader process the node's log names last as started, if it is not `after`."""
+    started = re.findall(r"binlog reader process started \(pid (\d+)\)", setl.logs())
+    pid = int(started[-1]) if started else None
+    return pid if pid != after else None
+
+
 def first_reader_process(setl: SetlProcess, proc) -> int:
-    """The pid of the node's one reader process, once the pipeline has acked a first batch."""
-    wait_until(lambda: setl.acked() is not None and len(children(proc.pid)) == 1, timeout=60,
-               message=f"a first ack and one reader process; log:\n{setl.logs()[-3000:]}")
-    (child,) = children(proc.pid)
-    return child
+    """The pid of the node's reader process (one of its two children with the spare that waits for the
+    next open), once the pipeline has acked a first batch."""
+    wait_until(lambda: setl.acked() is not None and reader_pid(setl) in children(proc.pid), timeout=60,
+               message=f"a first ack and a reader process; log:\n{setl.logs()[-3000:]}")
+    pid = reader_pid(setl)
+    assert pid is not None
+    wait_until(lambda: len(children(proc.pid)) == 2, timeout=30, message="the spare beside the reader process")
+    return pid
 
 
 def test_kill_9_of_the_reader_process_rolls_back_and_reads_again(tmp_path, mariadb_source, source_db,
                                                                  mariadb_target, mysql_db):
     """A SIGKILL of the reader process mid-run: the pipeline names it in one line, rolls back to its
-    last ack, starts a new reader process and ends equal to the source."""
+    last ack, reads again through the spare that waited and ends equal to the source."""
     setl = setl_with_reader_process(tmp_path, mariadb_source, source_db, mariadb_target, mysql_db, 7911)
     write(mariadb_source, source_db, 1, 400)
     with spawned(setl) as proc:
@@ -311,8 +324,10 @@ def test_kill_9_of_the_reader_process_rolls_back_and_reads_again(tmp_path, maria
         write(mariadb_source, source_db, 1000, 600)
         os.kill(child, signal.SIGKILL)
         write(mariadb_source, source_db, 3000, 200)
-        wait_until(lambda: any(c != child for c in children(proc.pid)), timeout=60,
+        spare = next(c for c in children(proc.pid) if c != child)
+        wait_until(lambda: reader_pid(setl, after=child) is not None, timeout=60,
                    message=f"a new reader process; log:\n{setl.logs()[-3000:]}")
+        assert reader_pid(setl) == spare, "the rollback started a child, not the spare that waited"
         head = binlog_head(mariadb_source)
         wait_until(lambda: (setl.acked().position if setl.acked() else head) >= head, timeout=60,
                    message=f"caught up after the kill; log:\n{setl.logs()[-3000:]}")
@@ -324,16 +339,18 @@ def test_kill_9_of_the_reader_process_rolls_back_and_reads_again(tmp_path, maria
 
 
 def test_kill_9_of_the_node_ends_its_reader_process(tmp_path, mariadb_source, source_db, mariadb_target, mysql_db):
-    """A SIGKILL of the node: its reader process sees its stdin end and exits within seconds; a restart
+    """A SIGKILL of the node: its reader process and its spare see their stdin end and exit within seconds; a restart
     catches up to a target equal to the source."""
     setl = setl_with_reader_process(tmp_path, mariadb_source, source_db, mariadb_target, mysql_db, 7921)
     write(mariadb_source, source_db, 1, 400)
     with spawned(setl) as proc:
         child = first_reader_process(setl, proc)
         write(mariadb_source, source_db, 1000, 600)
+        both = children(proc.pid)
+        assert child in both and len(both) == 2
         proc.kill()
         proc.wait(10)
-    wait_until(lambda: not alive(child), timeout=10, message=f"reader process {child} still running")
+    wait_until(lambda: not any(alive(c) for c in both), timeout=10, message=f"reader processes {both} still running")
     assert setl.acked().position < binlog_head(mariadb_source), "the kill struck after the catch-up: it proves less"
     final = setl.start_until_caught_up()
     assert final.returncode == 0, final.stderr[-3000:]

@@ -20,7 +20,9 @@ blocks on the pipe, and the parent's receiver blocks on the parent's `Handoff`: 
 bounded by about twice `max_rows_in_memory` rows in each process. A child that dies is a `Failure`
 at the end of the last transaction it handed on: `poll` raises, the scheduler rolls back to the
 last ack and opens again (a new child). Nothing is acked that the parent did not take.
-The first open's child is started with the source (`Spare`), so that its start-up overlaps the node's.
+Every open's child was started ahead (`Spare`): the first with the source, so that its start-up
+overlaps the node's, and each next one while the open before it reads, so that a rollback's reopen
+waits for no interpreter start.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -44,6 +47,7 @@ from typing import IO, TYPE_CHECKING, Any
 import attrs
 
 from setl import errors
+from setl.adapters.pymysql import preferred_tls_context
 from setl.errors import SourceError
 from setl.model import Position, Transaction
 from setl.retry import Backoff
@@ -170,36 +174,99 @@ def _end(child: subprocess.Popen[bytes], timeout: float) -> None:
         child.stdout.close()
 
 
-class Spare:
-    """A reader process started ahead of an open (`start`), so that its start-up (Python and setl's
-    imports: 0.3 to 1 s of CPU) runs on the other core while the node gets ready, not between the
-    open and its first rows. `take` hands it to one open; `close` ends it if no open took it. The
-    spare waits for its setup on stdin: a node that dies ends it as it ends any reader process."""
+def _end_waiting(slot: list[subprocess.Popen[bytes]]) -> None:
+    """End the spares in `slot` (`Spare`'s finalizer: its owner was collected without closing it)."""
+    while slot:
+        _end(slot.pop(), 1.0)
 
-    def __init__(self) -> None:
-        self._child: subprocess.Popen[bytes] | None = None
+
+class Spare:
+    """A reader process started ahead of an open, so that its start-up (Python and setl's imports: 0.3
+    to 1 s of CPU) runs on the other core while the node gets ready or reads, not between an open and
+    its first rows. `start` starts the first one with the source; `take` hands the waiting one to an
+    open (a rollback's too) and starts the next in the background, so that no open waits for a start;
+    `close` ends the waiting one and any start under way. After `close`, and once its owner is
+    collected, no child of it lives; a later `take` (an open after a close) takes nothing and starts
+    the next again. A spare waits for its setup on stdin: a node that dies ends it as it ends any
+    reader process. It never had a setup, so nothing of an earlier open reaches a later one."""
+
+    def __init__(self, pipeline: str = "") -> None:
+        self.pipeline = pipeline
+        self._slot: list[subprocess.Popen[bytes]] = []  # the waiting child (one at most), shared with the finalizer
         self._lock = threading.Lock()
+        self._generation = 0  # bumped by `close`: a start under way from before it ends its child
+        self._starting: threading.Thread | None = None
+        self._finalizer = weakref.finalize(self, _end_waiting, self._slot)
+
+    @property
+    def pid(self) -> int | None:
+        """The waiting spare's process id (None: none waits, or it is still being started)."""
+        with self._lock:
+            return self._slot[0].pid if self._slot else None
 
     def start(self) -> None:
-        """Start the spare (once: a spare already waiting is kept)."""
+        """Start the spare now (once: a spare already waiting, or being started, is kept)."""
         with self._lock:
-            if self._child is None:
-                self._child = spawn()
+            if self._slot or self._starting is not None:
+                return
+            self._slot.append(spawn())
 
     def take(self) -> subprocess.Popen[bytes] | None:
-        """The spare, if one is waiting and alive (then none is until the next `start`)."""
+        """The waiting spare, if one is alive (None: the open starts its own); the next is started
+        meanwhile, on a thread of its own."""
         with self._lock:
-            child, self._child = self._child, None
+            child = self._slot.pop() if self._slot else None
+            thread = None
+            if self._starting is None:
+                thread = self._starting = threading.Thread(target=_refill, args=(weakref.ref(self), self._generation),
+                                                           name=f"setl-{self.pipeline or 'mysql'}-binlog-spare",
+                                                           daemon=True)
+        if thread is not None:
+            thread.start()
         if child is not None and child.poll() is not None:
             _end(child, 1.0)
             return None
         return child
 
     def close(self, timeout: float = 5.0) -> None:
-        """End the spare no open took."""
-        child = self.take()
-        if child is not None:
+        """End the waiting spare and any start under way (joined)."""
+        with self._lock:
+            self._generation += 1
+            waiting, self._slot[:] = list(self._slot), []
+            thread = self._starting
+        if thread is not None:
+            thread.join(timeout)  # it ends the child it started itself
+        for child in waiting:
             _end(child, timeout)
+
+    def _keep(self, child: subprocess.Popen[bytes] | None, generation: int) -> subprocess.Popen[bytes] | None:
+        """Keep a child `_refill` started as the waiting spare, unless `close` came meanwhile (then it
+        is returned, to be ended)."""
+        with self._lock:
+            self._starting = None
+            if child is not None and generation == self._generation and not self._slot:
+                self._slot.append(child)
+                return None
+        return child
+
+
+def _refill(owner: weakref.ref[Spare], generation: int) -> None:
+    """A `Spare`'s thread: the next spare, kept unless `close` came meanwhile or the `Spare` was
+    collected (it holds its `Spare` weakly, so that an owner dropped unclosed is collected)."""
+    spare = owner()
+    pipeline = spare.pipeline if spare is not None else ""
+    del spare
+    try:
+        child: subprocess.Popen[bytes] | None = spawn()
+    except Exception as exc:  # noqa: BLE001 - the next open starts its own child (and says why it cannot)
+        log.warning("pipeline=%s could not start a spare binlog reader process: %s", pipeline, exc)
+        child = None
+    spare = owner()
+    if spare is not None:
+        child = spare._keep(child, generation)
+    del spare
+    if child is not None:
+        _end(child, 1.0)
 
 
 # --- the parent's side -------------------------------------------------------------------------
@@ -362,6 +429,9 @@ def main() -> int:
     inp = sys.stdin.buffer
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print must not corrupt the frames
+    # While it waits as a spare: the TLS context of PyMySQL's preferred mode (the system's CA certificates
+    # loaded, once per process) that its first connection would otherwise build after the setup
+    preferred_tls_context()
     setup: Setup | None = _read(inp)
     if setup is None:
         return 0

@@ -185,7 +185,7 @@ class MysqlBinlogSource(Select):
         self.reader_process = reader_process
         self._spec = ServerSpec(host, port, user, password, ssl, connect_timeout, heartbeat, flavor, pipeline)
         #: the reader process of the first open, started now: its start-up overlaps the node's
-        self._spare = Spare()
+        self._spare = Spare(pipeline)
         if reader_process:
             self._spare.start()
         self.backoff = Backoff(initial=0.1, maximum=2.0, max_attempts=0)
@@ -315,6 +315,11 @@ class MysqlBinlogSource(Select):
             self._mark = None
             self._cursor = item.end
             return item
+
+    def seek(self, position: Position | None) -> None:
+        """Read again after `position` (a rollback): `open` there, which ends the open reader first; unlike
+        `close` then `open`, a reader process's spare is kept for it (`process.Spare`)."""
+        self.open(position)
 
     def tell(self) -> Position | None:
         return self._cursor
