@@ -1,5 +1,6 @@
 """Load dispatch: batches go to the target in id order, whole (ordered) or split by target table
-onto the serial executor's slots (per_table), with a latch telling Termin when all are in."""
+onto the serial executor's slots (per_table, and a snapshot's chunks in ordered mode), with a
+latch telling Termin when all are in."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 from collections.abc import Callable
 
 from setl.errors import LeadershipLost, LoadError, SetlError
-from setl.model import Batch, Change, DdlChange, TableName
+from setl.model import Batch, Change, DdlChange, Op, RowChange, TableName
 from setl.runtime import (
     BatchLatch,
     Progress,
@@ -19,6 +20,13 @@ from setl.runtime import (
 from setl.scheduler.events import Listener
 from setl.scheduler.ledger import Ledger, Slot, SlotState
 from setl.stages import Load
+
+
+def chunks_only(batch: Batch) -> bool:
+    """Whether `batch` holds snapshot reads (`Op.READ`) only, at least one: chunks, which
+    `chunk_parts` loads as per-table parts in ordered mode."""
+    read = Op.READ
+    return bool(batch.changes) and all(type(c) is RowChange and c.op is read for c in batch.changes)
 
 
 class _Discarded(Exception):
@@ -37,6 +45,13 @@ class LoadDispatcher:
     `wake(*roles)` wakes the scheduler's tasks ("termin", "load"); `wrap(exc, stage, batch)`
     makes a failure a `SetlError` naming pipeline, stage and batch; `lost(exc)` ends the
     pipeline when a part finds the leadership gone.
+
+    `chunk_parts` (ordered mode, a target that loads per table): a batch of snapshot reads only
+    (`chunks_only`) is loaded as per_table parts too, so that chunks of different tables load on
+    their own connections while the next batches are read. A whole batch then waits until every
+    part has run (a key's changes stay in binlog order) and every batch that went by parts is
+    acked (Termin records such a batch's position at its ack: `mark_loaded` must not move the
+    target's position back past a whole batch's).
     """
 
     def __init__(
@@ -49,6 +64,7 @@ class LoadDispatcher:
         listener: Listener,
         per_table: bool,
         serial: SerialExecutorService | None,
+        chunk_parts: bool = False,
         wake: Callable[..., None],
         wrap: Callable[[BaseException, str, Batch | None], BaseException],
         lost: Callable[[BaseException], None],
@@ -58,6 +74,7 @@ class LoadDispatcher:
         self.name = name
         self.listener = listener
         self.per_table = per_table
+        self.chunk_parts = chunk_parts and not per_table and serial is not None
         self.serial = serial
         self._lock = lock
         self._wake = wake
@@ -77,13 +94,14 @@ class LoadDispatcher:
                 ledger.block_load()
                 self._wake("termin")
                 return Progress.PROGRESS
-            has_ddl = any(isinstance(c, DdlChange) for c in slot.batch.changes)
-            if self.per_table and not has_ddl:
+            if self.by_parts(slot.batch):
                 ledger.begin_load(slot, parts=True)
                 self._dispatch_parts(slot)
                 return Progress.PROGRESS
-            if self.per_table and ledger.load_tasks:
-                return Progress.BLOCKED  # a DDL batch waits for every earlier part
+            if (self.per_table or self.chunk_parts) and ledger.load_tasks:
+                return Progress.BLOCKED  # a DDL batch (a whole one, chunk_parts) waits for every earlier part
+            if self.chunk_parts and ledger.parts_unacked(slot.batch.id):
+                return Progress.BLOCKED  # woken by Termin's ack of it
             ledger.begin_load(slot)
         error = None
         began = time.perf_counter()
@@ -98,6 +116,12 @@ class LoadDispatcher:
         ledger.loaded(slot, error)
         self._wake("termin")
         return Progress.PROGRESS
+
+    def by_parts(self, batch: Batch) -> bool:
+        """Whether `batch` loads as per-table parts on the load slots (otherwise whole, here)."""
+        if self.per_table:
+            return not any(isinstance(c, DdlChange) for c in batch.changes)
+        return self.chunk_parts and chunks_only(batch)
 
     def _dispatch_parts(self, slot: Slot) -> None:
         """Under the lock: submit each target table's part, then its EOF, to the table's slot."""
@@ -164,4 +188,4 @@ class LoadDispatcher:
         return callback
 
 
-__all__ = ["LoadDispatcher"]
+__all__ = ["LoadDispatcher", "chunks_only"]
