@@ -4,6 +4,7 @@ latch telling Termin when all are in."""
 
 from __future__ import annotations
 
+import operator
 import threading
 import time
 from collections.abc import Callable
@@ -21,12 +22,28 @@ from setl.scheduler.events import Listener
 from setl.scheduler.ledger import Ledger, Slot, SlotState
 from setl.stages import Load
 
+_SCHEMA_TABLE = operator.attrgetter("schema", "table")
+
 
 def chunks_only(batch: Batch) -> bool:
     """Whether `batch` holds snapshot reads (`Op.READ`) only, at least one: chunks, which
     `chunk_parts` loads as per-table parts in ordered mode."""
     read = Op.READ
     return bool(batch.changes) and all(type(c) is RowChange and c.op is read for c in batch.changes)
+
+
+def _split_by_table(batch: Batch) -> dict[TableName, Batch]:
+    """`batch`'s changes split by (schema, table), each part in binlog order: the batch itself
+    when it holds one table (a chunk's), found without a Python step per change."""
+    tables = dict.fromkeys(map(_SCHEMA_TABLE, batch.changes))
+    if len(tables) == 1:
+        schema, table = next(iter(tables))
+        return {TableName(schema, table or ""): batch}
+    changes: dict[tuple[str, str | None], list[Change]] = {key: [] for key in tables}
+    for change in batch.changes:
+        changes[(change.schema, change.table)].append(change)
+    # a (schema, table) pair: either part may hold a dot
+    return {TableName(schema, table or ""): batch.replace(tuple(part)) for (schema, table), part in changes.items()}
 
 
 class _Discarded(Exception):
@@ -126,19 +143,15 @@ class LoadDispatcher:
     def _dispatch_parts(self, slot: Slot) -> None:
         """Under the lock: submit each target table's part, then its EOF, to the table's slot."""
         batch = slot.batch
-        parts: dict[TableName, list[Change]] = {}
-        for change in batch.changes:
-            # a (schema, table) pair: either part may hold a dot
-            parts.setdefault(TableName(change.schema, change.table or ""), []).append(change)
+        parts = _split_by_table(batch)
         if not parts:
             self.ledger.parts_settled(slot)
             self._wake("termin")
             return
         latch = BatchLatch(parts)
         assert self.serial is not None
-        for table, changes in parts.items():
+        for table, part in parts.items():
             index = hash_slot((self.name, table.schema, table.table), self.serial.num_slots)
-            part = batch.replace(tuple(changes))
             self.ledger.parts_submitted(2)
             self.serial.submit(self._run_part, slot, part, slot=index,
                                callback=self._part_done(slot, latch, table, eof=False))
