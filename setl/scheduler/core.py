@@ -346,14 +346,14 @@ class Scheduler:
         return call
 
     def _prepare_whole(self, prepare: Callable[[Batch], object] | None) -> Callable[[Batch], object] | None:
-        """The target's `prepare` for the batches that load whole: chunks going by parts are
-        prepared on their loading thread (`Load.load_part`), so not here."""
+        """The target's `prepare` for the batches a worker may prepare (`LoadDispatcher.prepared_whole`):
+        parts of several tables are prepared on their loading threads (`Load.load_part`), not here."""
         if prepare is None or not self.loader.chunk_parts:
             return prepare
-        by_parts = self.loader.by_parts
+        prepared_whole = self.loader.prepared_whole
 
         def whole(batch: Batch) -> object:
-            return None if by_parts(batch) else prepare(batch)
+            return prepare(batch) if prepared_whole(batch) else None
 
         return whole
 

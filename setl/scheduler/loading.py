@@ -140,6 +140,11 @@ class LoadDispatcher:
             return not any(isinstance(c, DdlChange) for c in batch.changes)
         return self.chunk_parts and chunks_only(batch)
 
+    def prepared_whole(self, batch: Batch) -> bool:
+        """Whether a worker may prepare `batch`'s load: a whole batch, or a batch of parts that is its
+        own one part (one table: a chunk's); other parts are prepared on their loading threads."""
+        return not self.by_parts(batch) or len(dict.fromkeys(map(_SCHEMA_TABLE, batch.changes))) == 1
+
     def _dispatch_parts(self, slot: Slot) -> None:
         """Under the lock: submit each target table's part, then its EOF, to the table's slot."""
         batch = slot.batch
