@@ -148,9 +148,9 @@ class Scheduler:
         if self.per_table and not supports_per_table(load):
             raise ConfigError(f"target {type(load).__name__} cannot load per table; use pipeline.load.mode: ordered",
                               pipeline=name, stage="load")
-        # ordered mode: a snapshot's chunks still load per table (`LoadDispatcher`'s chunk_parts)
-        chunk_parts = (not self.per_table and settings.on_table_error != "quarantine"
-                       and supports_per_table(load))
+        # ordered mode with load.chunks per_table: a snapshot's chunks load per table (`LoadDispatcher`)
+        chunk_parts = (not self.per_table and settings.load.chunks == "per_table"
+                       and settings.on_table_error != "quarantine" and supports_per_table(load))
         self._own_tasks = tasks is None
         self._own_serial = serial is None and (self.per_table or chunk_parts)
         self.tasks = tasks if tasks is not None else TaskExecutionService(

@@ -1,6 +1,6 @@
-"""Ordered mode loads a snapshot's chunks (batches of reads only) as per-table parts on the load
-slots; whole batches wait for those parts and their acks, so key order and the target's position
-stay exact."""
+"""Ordered mode with `load.chunks: per_table` loads a snapshot's chunks (batches of reads only) as
+per-table parts on the load slots; whole batches wait for those parts and their acks, so key order
+and the target's position stay exact."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from setl.config import PipelineSettings
+from setl.config import LoadSettings, PipelineSettings
 from setl.model import Batch, Op, Position, RowChange
 from setl.scheduler import Outcome
 from setl.scheduler.loading import chunks_only
@@ -111,9 +111,7 @@ faults = st.lists(
 
 
 def ordered(parallelism: int, max_rows: int) -> PipelineSettings:
-    settings = fast_settings(parallelism, max_rows)
-    assert settings.load.mode == "ordered"
-    return settings
+    return attrs.evolve(fast_settings(parallelism, max_rows), load=LoadSettings(mode="ordered", chunks="per_table"))
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -154,6 +152,16 @@ def test_a_chunk_loads_by_parts_and_a_binlog_batch_after_it_waits_for_its_ack():
     assert sink.parts == [1, 1] and sink.whole == [2]
     assert sink.held == sorted(sink.held) and len(sink.held) == 2
     assert sink.committed() == source.head()
+    assert sink.tables == reference_state(txs)
+
+
+def test_chunks_load_whole_by_default():
+    """Without `load.chunks: per_table` a batch of reads loads whole, as every ordered batch does."""
+    txs = [[read("a", {"id": 1, "v": 1}), read("b", {"id": 1, "v": 1})]]
+    sink = PositionRecordingSink()
+    result = run_pipeline(ScriptedSource(txs), sink, settings=fast_settings(3, max_rows=2))
+    assert result.outcome is Outcome.CAUGHT_UP
+    assert sink.parts == [] and sink.whole == [1]
     assert sink.tables == reference_state(txs)
 
 

@@ -128,15 +128,15 @@ def test_kill_9_during_a_per_table_snapshot(tmp_path, mariadb_source, mariadb_ta
 
 def test_kill_9_while_ordered_mode_loads_chunks_by_parts(tmp_path, mariadb_source, mariadb_target, source_db,
                                                         mysql_db):
-    """Default load.mode ordered loads chunks as per-table parts (their tables' positions are in the
-    target): a kill -9 mid-copy under writes, then a restart, resumes after the acked chunks, no chunk
-    counted twice, and CHECKSUM TABLE equal after the switch to streaming."""
+    """load.chunks per_table (ordered mode) loads chunks as per-table parts, their tables' positions in
+    the target: a kill -9 mid-copy under writes, then a restart, resumes after the acked chunks, no
+    chunk counted twice, and CHECKSUM TABLE equal after the switch to streaming."""
     rows, chunk = 60_000, 2000
     t.create(mariadb_source, source_db)
     t.create(mariadb_target, mysql_db)
     t.fill(mariadb_source, source_db, rows, binlog=False)
     setl = make_setl(tmp_path, mariadb_source, source_db, mysql_target(mariadb_target), f"{mysql_db}.{{table}}",
-                     server_id=2111, chunk_rows=chunk)
+                     server_id=2111, chunk_rows=chunk, load={"chunks": "per_table"})
     with t.Writer(mariadb_source, source_db, rows, seed=11):
         with spawned(setl) as proc:
             def moved() -> bool:
