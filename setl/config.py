@@ -353,6 +353,9 @@ class LoadSettings:
 
     #: ordered: one batch at a time, in order; per_table: each target table its own channel (SQL targets)
     mode: Literal["ordered", "per_table"] = "ordered"
+    #: ordered mode: a snapshot's chunks (batches of reads only) loaded in order (ordered), or as per-table
+    #: parts on the load slots (per_table: chunks of different tables at once; docs/snapshot.md)
+    chunks: Literal["ordered", "per_table"] = "ordered"
 
 
 @attrs.frozen
@@ -965,9 +968,9 @@ def _check_pipeline(config: PipelineConfig, path: str) -> None:
         raise fail("pipeline.retry.max_elapsed_ms", "must not be negative")
     if settings.quarantine.max_rows < 1 or settings.quarantine.max_bytes < 1:
         raise fail("pipeline.quarantine", "max_rows and max_bytes must be at least 1")
-    if settings.on_table_error == "quarantine" and settings.load.mode == "per_table":
-        raise fail("pipeline.on_table_error", "quarantine needs load.mode ordered (per-table parts are not "
-                   "supported yet, docs/quarantine.md)")
+    if settings.on_table_error == "quarantine" and "per_table" in (settings.load.mode, settings.load.chunks):
+        raise fail("pipeline.on_table_error", "quarantine needs load.mode ordered and load.chunks ordered "
+                   "(per-table parts are not supported yet, docs/quarantine.md)")
     policies = [("pipeline.schema_changes", settings.schema_changes)]
     for i, rule in enumerate(config.tables):
         if rule.schema_changes is not None and rule.exclude:

@@ -270,6 +270,8 @@ def test_position_reset_replays_from_the_given_position(tmp_path):
         ("pipeline: {on_table_error: skip}\n", "pipeline.on_table_error: expected one of pause, quarantine"),
         ("pipeline: {on_table_error: quarantine, load: {mode: per_table}}\n",
          "pipeline.on_table_error: quarantine needs load.mode ordered"),
+        ("pipeline: {on_table_error: quarantine, load: {chunks: per_table}}\n",
+         "pipeline.on_table_error: quarantine needs load.mode ordered and load.chunks ordered"),
         ("pipeline: {quarantine: {max_rows: 0}}\n", "pipeline.quarantine: max_rows and max_bytes must be at least 1"),
     ],
 )

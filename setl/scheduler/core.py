@@ -148,11 +148,14 @@ class Scheduler:
         if self.per_table and not supports_per_table(load):
             raise ConfigError(f"target {type(load).__name__} cannot load per table; use pipeline.load.mode: ordered",
                               pipeline=name, stage="load")
+        # ordered mode with load.chunks per_table: a snapshot's chunks load per table (`LoadDispatcher`)
+        chunk_parts = (not self.per_table and settings.load.chunks == "per_table"
+                       and settings.on_table_error != "quarantine" and supports_per_table(load))
         self._own_tasks = tasks is None
-        self._own_serial = serial is None and self.per_table
+        self._own_serial = serial is None and (self.per_table or chunk_parts)
         self.tasks = tasks if tasks is not None else TaskExecutionService(
             settings.parallelism + 4, settings.parallelism + 8, idle_backoff=0.002, name=f"setl-{name}")
-        self.serial = serial if serial is not None or not self.per_table else SerialExecutorService(
+        self.serial = serial if serial is not None or not self._own_serial else SerialExecutorService(
             8, 4, name=f"setl-{name}-load")
 
         self._cond = threading.Condition()
@@ -170,10 +173,11 @@ class Scheduler:
                                  listener=self.listener, clock=clock, stopping=self.end.stopping,
                                  hand_on=self._hand_on, wake=self._wake, wrap=self._wrap)
         self.loader = LoadDispatcher(self.ledger, load, name=name, lock=self._cond, listener=self.listener,
-                                     per_table=self.per_table, serial=self.serial, wake=self._wake,
-                                     wrap=self._wrap, lost=lambda exc: self._finish(Outcome.LOST, exc))
+                                     per_table=self.per_table, serial=self.serial, chunk_parts=chunk_parts,
+                                     wake=self._wake, wrap=self._wrap,
+                                     lost=lambda exc: self._finish(Outcome.LOST, exc))
         # per_table loads parts (other batch objects): nothing prepared would be used
-        prepare = None if self.per_table else getattr(load, "prepare", None)
+        prepare = None if self.per_table else self._prepare_whole(getattr(load, "prepare", None))
         self.worker = Worker(self.ledger, extract, transform, name=name, listener=self.listener, prepare=prepare,
                              wake=self._wake, wrap=self._wrap)
         self.termin = Termin(self.ledger, name=name, node_id=node_id, lock=self._cond, load=load, select=select,
@@ -340,6 +344,18 @@ class Scheduler:
                     return progress
 
         return call
+
+    def _prepare_whole(self, prepare: Callable[[Batch], object] | None) -> Callable[[Batch], object] | None:
+        """The target's `prepare` for the batches a worker may prepare (`LoadDispatcher.prepared_whole`):
+        parts of several tables are prepared on their loading threads (`Load.load_part`), not here."""
+        if prepare is None or not self.loader.chunk_parts:
+            return prepare
+        prepared_whole = self.loader.prepared_whole
+
+        def whole(batch: Batch) -> object:
+            return prepare(batch) if prepared_whole(batch) else None
+
+        return whole
 
     def _wake(self, *roles: str) -> None:
         for role in roles:

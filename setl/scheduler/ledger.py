@@ -43,6 +43,7 @@ class Slot:
     worker_done: bool = False
     retired: bool = False
     loading_since: float = 0.0  # per_table: when its parts were handed to the load slots (perf_counter)
+    parts: bool = False  # loaded as parts on the load slots: Termin records its position (`mark_loaded`)
 
 
 class Permits:
@@ -366,6 +367,7 @@ class Ledger:
             assert slot.batch.id == self._next_load
             slot.state = SlotState.LOADING
             if parts:
+                slot.parts = True
                 slot.loading_since = time.perf_counter()
                 self._next_load += 1
 
@@ -382,6 +384,12 @@ class Ledger:
             if slot.discarded:
                 self.permits.retire(slot)
             self._lock.notify_all()
+
+    def parts_unacked(self, before: int) -> bool:
+        """Whether a batch before id `before` went by parts and is not acked yet: its position is
+        recorded only at its ack (`mark_loaded`), which must not overwrite a later batch's."""
+        with self._lock:
+            return any(slot.parts for batch_id, slot in self._slots.items() if batch_id < before)
 
     def parts_submitted(self, tasks: int) -> None:
         """per_table: `tasks` part or EOF tasks were submitted to the load slots."""

@@ -109,7 +109,7 @@ class Termin:
         if slot.state is SlotState.FAILED:
             return self._begin_rollback(batch.id, error)
         try:
-            if self.per_table:
+            if self.per_table or slot.parts:
                 self.load.mark_loaded(batch)
         except LeadershipLost:
             raise
@@ -126,6 +126,8 @@ class Termin:
             return self._begin_rollback(batch.id, self._wrap(exc, "termin", batch))
         acked_in = time.perf_counter() - began
         ledger.ack(slot)
+        if slot.parts and not self.per_table:
+            self._wake("load")  # a whole batch may wait for this ack (`LoadDispatcher.step`)
         self.acked_batches += 1
         self.acked_rows += len(batch)
         self.listener.on_ack(ack, batch)

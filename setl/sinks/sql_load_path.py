@@ -93,7 +93,7 @@ def load_part(path: LoadPath[C], conn: C, batch: Batch, plan: PlanSegments) -> N
     tables = fence_part(path, conn, batch, list(names.values()))
     batch = skip_applied(path, batch, names, tables)
     rows = path.dialect.rows
-    if reads_only(batch):
+    if reads_only(batch) and rows.prepared.get(batch) is None:  # a one-table chunk batch is prepared by its worker
         rows.prepare(batch, plan)
     try:
         apply_segments(path, conn, batch, plan(batch))

@@ -297,7 +297,16 @@ def other_code(args: argparse.Namespace, conf: Path, name: str, round_: int, row
                equal: Callable[[], bool], drop: Callable[[], None]) -> Run:
     """The same copy (pipeline `name`) by the code of ``--compare-tree``: checked with `equal`,
     dropped with `drop`. Odd rounds run it right after this code's copy, even rounds right before."""
-    old = run_setl(conf, name, tree=args.compare_tree)
+    pipeline = conf / "pipelines" / f"{name}.yaml"
+    mine = pipeline.read_text()
+    if args.load_chunks != "ordered":  # a checkout before load.chunks refuses the key: it loads chunks in order
+        settings = yaml.safe_load(mine)
+        settings["pipeline"]["load"].pop("chunks")
+        pipeline.write_text(yaml.safe_dump(settings, sort_keys=False))
+    try:
+        old = run_setl(conf, name, tree=args.compare_tree)
+    finally:
+        pipeline.write_text(mine)
     same = equal()
     drop()
     print(f"round {round_}: the code of {args.compare_tree} {rows / old.seconds:,.0f} rows/s (CPU {old.cpu:.1f}s, "
@@ -346,6 +355,9 @@ def main() -> int:
                              "and the target on the other (a source host of its own)")
     parser.add_argument("--load-mode", choices=["ordered", "per_table"], default="ordered",
                         help="the pipelines' load.mode")
+    parser.add_argument("--load-chunks", choices=["ordered", "per_table"], default="ordered",
+                        help="the pipelines' load.chunks (ordered mode: a snapshot's chunks as per-table parts); "
+                             "--compare-tree's code runs without the key")
     parser.add_argument("--postgres", action="store_true",
                         help="also setl into PostgreSQL against pg_chameleon 2.0.21 init_replica (in a throwaway venv)")
     parser.add_argument("--chameleon-venv", metavar="DIR", help="a venv with pg_chameleon to reuse (made if missing)")
@@ -394,7 +406,8 @@ def main() -> int:
                 "target": into,
                 "tables": [{"source": r"sb\..*", "target": template}],
                 "pipeline": {"parallelism": 4, "batch": {"max_rows": args.chunk_rows, "max_wait_ms": 100},
-                             "load": {"mode": args.load_mode}},
+                             "load": {"mode": args.load_mode, **(
+                                 {"chunks": args.load_chunks} if args.load_chunks != "ordered" else {})}},
             }, sort_keys=False))
             return name
 
