@@ -90,7 +90,11 @@ class TargetProbe:
 
     @property
     def capabilities(self) -> LoadCapabilities:
-        return self.make_load("capabilities").capabilities
+        load = self.make_load("capabilities")  # built only to be asked: closed, as a built Load may hold connections
+        try:
+            return load.capabilities
+        finally:
+            load.close()
 
     def make_load(self, pipeline: str = "p") -> Load:
         raise NotImplementedError
