@@ -93,10 +93,8 @@ def encode_runs(changes: Sequence[Change]) -> list[tuple[int, bytes]]:
 
 
 def _packed(rows: Sequence[Change]) -> list[tuple[int, bytes]]:
-    if len(rows) == 1:
-        return [(1, encode(rows[0]))]
-    blob = pickle.dumps((_RUN, [_fields(change) for change in rows]), protocol=5)  # type: ignore[arg-type]
-    if len(blob) <= _RUN_BYTES:
+    blob = _packed_whole(rows)
+    if len(rows) == 1 or len(blob) <= _RUN_BYTES:
         return [(len(rows), blob)]
     half = len(rows) // 2
     return _packed(rows[:half]) + _packed(rows[half:])
