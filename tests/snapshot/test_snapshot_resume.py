@@ -7,6 +7,7 @@ import contextlib
 import re
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -43,6 +44,43 @@ def stuck(setl, proc) -> str:
     return f"progress {progress(setl)}\n{setl.logs()[-20000:]}"
 
 
+def finish_copy(setl) -> None:
+    """Start `setl` again and let it copy until every table's snapshot is done, then stop it cleanly."""
+    with spawned(setl) as proc:
+        def done() -> bool:
+            assert proc.poll() is None, setl.logs()[-3000:]
+            found = progress(setl)
+            return len(found) == len(t.TABLES) and all(s == "done" for s, _, _ in found.values())
+
+        wait_until(done, timeout=180, interval=0.2, message=lambda: f"progress {progress(setl)}")
+        assert setl.stop(proc) == 0
+
+
+def kill_once_mid_copy(setl, source, source_db: str, target, target_db: str, rows: int, chunk: int, seed: int,
+                       ready: Callable[[], bool] = lambda: True) -> None:
+    """Under writes: kill -9 once the ints table has acked 4 chunks (and `ready()`), restart until
+    the copy is done, catch up; then CHECKSUM TABLE equal, the restart resumed after the chunks acked
+    before the kill, and no chunk counted twice."""
+    with t.Writer(source, source_db, rows, seed=seed):
+        with spawned(setl) as proc:
+            def moved() -> bool:
+                assert proc.poll() is None, setl.logs()[-3000:]
+                ints = progress(setl).get("ints")
+                return ints is not None and ints[0] == "copying" and ints[2] >= 4 and ready()
+
+            wait_until(moved, timeout=120, interval=0.02, message=lambda: stuck(setl, proc))
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+        acked = progress(setl)["ints"][2]
+        finish_copy(setl)
+    run_until_caught_up(setl)
+    assert t.checksums(source, source_db) == t.checksums(target, target_db), setl.logs()[-3000:]
+    resumes = [int(m) for m in re.findall(r"table=\S+\.ints snapshot resumes after chunk (\d+)", setl.logs())]
+    assert resumes and resumes[0] >= acked >= 4, setl.logs()[-3000:]
+    final = progress(setl)["ints"]
+    assert -(-rows // chunk) <= final[2] <= -(-rows // chunk) + 4, final
+
+
 def test_kill_9_twice_during_a_snapshot(tmp_path, mariadb_source, mariadb_target, source_db, mysql_db):
     """Two kill -9 in the middle of a copy of ~1M rows under writes: each restart logs the chunk it
     resumes from, the ints table's acked chunk count never restarts from zero, and CHECKSUM TABLE agrees."""
@@ -66,14 +104,7 @@ def test_kill_9_twice_during_a_snapshot(tmp_path, mariadb_source, mariadb_target
                 proc.wait(10)
             chunks = progress(setl)["ints"][2]
             resumed_at.append(chunks)
-        with spawned(setl) as proc:
-            def done() -> bool:
-                assert proc.poll() is None, setl.logs()[-3000:]
-                found = progress(setl)
-                return len(found) == len(t.TABLES) and all(s == "done" for s, _, _ in found.values())
-
-            wait_until(done, timeout=180, interval=0.2, message=lambda: f"progress {progress(setl)}")
-            assert setl.stop(proc) == 0
+        finish_copy(setl)
     run_until_caught_up(setl)
     assert t.row_count(mariadb_target, mysql_db) >= 1_000_000
     assert t.checksums(mariadb_source, source_db) == t.checksums(mariadb_target, mysql_db), setl.logs()[-3000:]
@@ -99,31 +130,7 @@ def test_kill_9_during_a_per_table_snapshot(tmp_path, mariadb_source, mariadb_ta
     t.fill(mariadb_source, source_db, rows, binlog=False)
     setl = make_setl(tmp_path, mariadb_source, source_db, mysql_target(mariadb_target), f"{mysql_db}.{{table}}",
                      server_id=2107, chunk_rows=chunk, load={"mode": "per_table"})
-    with t.Writer(mariadb_source, source_db, rows, seed=5):
-        with spawned(setl) as proc:
-            def moved() -> bool:
-                assert proc.poll() is None, setl.logs()[-3000:]
-                ints = progress(setl).get("ints")
-                return ints is not None and ints[0] == "copying" and ints[2] >= 4
-
-            wait_until(moved, timeout=120, interval=0.02, message=lambda: stuck(setl, proc))
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(10)
-        acked = progress(setl)["ints"][2]
-        with spawned(setl) as proc:
-            def done() -> bool:
-                assert proc.poll() is None, setl.logs()[-3000:]
-                found = progress(setl)
-                return len(found) == len(t.TABLES) and all(s == "done" for s, _, _ in found.values())
-
-            wait_until(done, timeout=180, interval=0.2, message=lambda: f"progress {progress(setl)}")
-            assert setl.stop(proc) == 0
-    run_until_caught_up(setl)
-    assert t.checksums(mariadb_source, source_db) == t.checksums(mariadb_target, mysql_db), setl.logs()[-3000:]
-    resumes = [int(m) for m in re.findall(r"table=\S+\.ints snapshot resumes after chunk (\d+)", setl.logs())]
-    assert resumes and resumes[0] >= acked >= 4, setl.logs()[-3000:]
-    final = progress(setl)["ints"]
-    assert -(-rows // chunk) <= final[2] <= -(-rows // chunk) + 4, final
+    kill_once_mid_copy(setl, mariadb_source, source_db, mariadb_target, mysql_db, rows, chunk, seed=5)
 
 
 def test_kill_9_while_ordered_mode_loads_chunks_by_parts(tmp_path, mariadb_source, mariadb_target, source_db,
@@ -137,34 +144,12 @@ def test_kill_9_while_ordered_mode_loads_chunks_by_parts(tmp_path, mariadb_sourc
     t.fill(mariadb_source, source_db, rows, binlog=False)
     setl = make_setl(tmp_path, mariadb_source, source_db, mysql_target(mariadb_target), f"{mysql_db}.{{table}}",
                      server_id=2111, chunk_rows=chunk, load={"chunks": "per_table"})
-    with t.Writer(mariadb_source, source_db, rows, seed=11):
-        with spawned(setl) as proc:
-            def by_parts() -> list[tuple]:  # this test's tables whose position a part wrote
-                return mariadb_target.query("SELECT target_table FROM `setl`.`setl_position_table` WHERE"
-                                            " target_table LIKE %s", (f"{mysql_db}.%",))
 
-            def moved() -> bool:
-                assert proc.poll() is None, setl.logs()[-3000:]
-                ints = progress(setl).get("ints")
-                # a batch of chunks only goes by parts: under the writer some batches mix chunks and
-                # binlog changes and go whole, so the kill waits for a part to have loaded
-                return ints is not None and ints[0] == "copying" and ints[2] >= 4 and bool(by_parts())
+    def by_parts() -> bool:
+        # A batch of chunks only goes by parts: under the writer some batches mix chunks and binlog
+        # changes and go whole, so the kill waits for a part (of this test's tables) to have loaded.
+        return bool(mariadb_target.query("SELECT target_table FROM `setl`.`setl_position_table` WHERE"
+                                         " target_table LIKE %s", (f"{mysql_db}.%",)))
 
-            wait_until(moved, timeout=120, interval=0.02, message=lambda: stuck(setl, proc))
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(10)
-        acked = progress(setl)["ints"][2]
-        with spawned(setl) as proc:
-            def done() -> bool:
-                assert proc.poll() is None, setl.logs()[-3000:]
-                found = progress(setl)
-                return len(found) == len(t.TABLES) and all(s == "done" for s, _, _ in found.values())
-
-            wait_until(done, timeout=180, interval=0.2, message=lambda: f"progress {progress(setl)}")
-            assert setl.stop(proc) == 0
-    run_until_caught_up(setl)
-    assert t.checksums(mariadb_source, source_db) == t.checksums(mariadb_target, mysql_db), setl.logs()[-3000:]
-    resumes = [int(m) for m in re.findall(r"table=\S+\.ints snapshot resumes after chunk (\d+)", setl.logs())]
-    assert resumes and resumes[0] >= acked >= 4, setl.logs()[-3000:]
-    final = progress(setl)["ints"]
-    assert -(-rows // chunk) <= final[2] <= -(-rows // chunk) + 4, final
+    kill_once_mid_copy(setl, mariadb_source, source_db, mariadb_target, mysql_db, rows, chunk, seed=11,
+                       ready=by_parts)
