@@ -980,3 +980,64 @@ def test_site_wins_a_losers_delete_replacing_the_winners_tombstone_stops_with_it
     b.receive(racing)
     b.ship_to(a)
     assert a.row(5) is None and b.row(5) is None
+
+
+def test_site_wins_a_loader_that_may_not_read_its_binlog_position_is_refused(mariadb_target: MariaDBServer,
+                                                                             mysql_db: str) -> None:
+    """Site wins (a), the loader of a's changes into b, whose user lacks BINLOG MONITOR: a's delete cannot be
+    recorded with b's binlog position, so the load stops with one line naming the table, the position,
+    the privilege and the fix, nothing written."""
+    mariadb_target.query(DDL.format(db=mysql_db, f="FLOAT"))
+    mariadb_target.query(f"INSERT INTO {mysql_db}.t (id, v) VALUES (1, 'x')")
+    user = f"nm_{mysql_db[-6:]}"
+    mariadb_target.query(f"CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'")
+    (trusted,), = mariadb_target.query("SELECT @@GLOBAL.log_bin_trust_function_creators")
+    try:
+        mariadb_target.query(f"GRANT ALL ON *.* TO '{user}'@'%'")
+        mariadb_target.query(f"REVOKE SUPER, BINLOG MONITOR ON *.* FROM '{user}'@'%'")
+        mariadb_target.query("SET GLOBAL log_bin_trust_function_creators = 1")  # the triggers: made without SUPER
+        config = attrs.evolve(mariadb_target.target_config(), user=user, password="pw")
+        load = MysqlLoad(config, pipeline="a_to_b", position_schema=mysql_db, conflicts=policy("a", WINS_A))
+        load.open()
+        try:
+            row, = mariadb_target.query(f"SELECT id, v, f, d, ts, c FROM {mysql_db}.t")
+            before = dict(zip(("id", "v", "f", "d", "ts", "c"), row))
+            change = RowChange(Op.DELETE, mysql_db, "t", ("id",), before, None, Position("sim-bin.000001", 50))
+            with pytest.raises(RefusedLoadError, match=r"table=.*\.t position=sim-bin.000001:104: .*GRANT BINLOG "
+                                                       r"MONITOR.*docs/grants.md") as refused:
+                load.load(Batch("a_to_b", 1, 1, Position("sim-bin.000001", 4), Position("sim-bin.000001", 104),
+                                (change,)))
+            assert "\n" not in str(refused.value)
+        finally:
+            load.close()
+        assert mariadb_target.query(f"SELECT COUNT(*) FROM {mysql_db}.t") == [(1,)]
+    finally:
+        mariadb_target.query(f"SET GLOBAL log_bin_trust_function_creators = {int(trusted)}")
+        mariadb_target.query(f"DROP USER '{user}'@'%'")
+
+
+def test_an_older_tombstones_table_gets_the_delete_gtid_column_once(sites: tuple[Site, Site]) -> None:
+    """A tombstones table an older setl made (no deleted_gtid) gets the column when a load opens, which the
+    triggers fill; opening once more writes no DDL into the binlog."""
+    a, _ = sites
+    a.execute(f"ALTER TABLE {a.db}.setl_tombstones DROP COLUMN deleted_gtid")
+    written = []
+    for _ in range(2):
+        start = a.binlog()
+        again = Site(a.server, "a", a.db, other_db=a.other_db)
+        try:
+            again.load.open()
+            again.guard()
+        finally:
+            again.close()
+        columns = a.execute("SELECT column_name FROM information_schema.columns WHERE table_schema = %s AND "
+                            "table_name = 'setl_tombstones'", (a.db,))
+        assert ("deleted_gtid",) in columns
+        written.append([str(e[5]) for e in a.execute(f"SHOW BINLOG EVENTS IN '{start.log}' FROM {start.offset}")
+                        if e[2] == "Query" and ("TRIGGER" in str(e[5]) or "ALTER TABLE" in str(e[5]))])
+    assert any("ADD COLUMN deleted_gtid" in q for q in written[0]), written
+    assert written[1] == []  # the second open: no DDL, no trigger made again
+    a.write(1, image(1, "x", T0))
+    a.write(1, None)
+    (gtid,), = a.execute(f"SELECT deleted_gtid FROM {a.db}.setl_tombstones")
+    assert gtid is not None and conflicts_module._gtid_seqs(gtid) is not None
