@@ -284,9 +284,10 @@ class _Columns:
 
 class Tombstones:
     """The tombstones of one target (`TOMBSTONES` in the pipeline's position schema): a deleted key's
-    last version (the deleted row's timestamp) and the site that deleted it, written in the deleting
-    transaction (by the triggers `triggers` makes for users' deletes, by the loader, `bury`, for the
-    deletes it applies), read when a write meets no row (`find`), pruned by age (`prune`)."""
+    last version (the deleted row's timestamp), the site that deleted it and, for a user's delete, the
+    site's binlog GTID position at it (`deleted_gtid`: `origins`), written in the deleting transaction
+    (by the triggers `triggers` makes for users' deletes, by the loader, `bury`, for the deletes it
+    applies), read when a write meets no row (`find`), pruned by age with `Arrivals`' (`prune`)."""
 
     def __init__(self, pipeline: str, schema: str) -> None:
         self.pipeline = pipeline
@@ -551,8 +552,7 @@ class Arrivals:
                         "arrived_offset = VALUES(arrived_offset), arrived_at = CURRENT_TIMESTAMP(6)")
 
     def on_source(self, policy: ConflictPolicy, name: str, pk: Sequence[str], columns: _Columns,
-                           keys: Sequence[tuple[Any, ...]]
-                           ) -> dict[tuple[Any, ...], tuple[str | None, bool, Position]] | None:
+                  keys: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], tuple[str | None, bool, Position]] | None:
         """Key -> (origin_gtid, origin_piece, where the source's binlog stood) of the source site's record
         of this site's latest delete of the key that reached it (`arrived`); None where the source has no
         such table (an older setl). A plain read: a locking one would wait across the two servers."""
