@@ -36,7 +36,7 @@ import attrs
 import pymysql
 
 from setl.errors import RefusedLoadError
-from setl.model import Batch, DdlChange, Op, PartialImage, RowChange
+from setl.model import Batch, DdlChange, Op, PartialImage, Position, RowChange
 from setl.sinks.merge import TableChanges
 from setl.sinks.mysql_sql import quote, to_db
 
@@ -54,6 +54,9 @@ CHUNK_KEYS = 200
 TABLE = "setl_conflicts"
 #: The tombstones table (same schema): a deleted key's last version, the site that deleted it.
 TOMBSTONES = "setl_tombstones"
+#: The delete arrivals table (same schema, on the losing site of a site-wins table): where in this
+#: site's binlog the winner's last delete of a key was applied (docs/conflicts.md, "Settling it exactly").
+ARRIVALS = "setl_delete_arrivals"
 
 
 class _Marker:
@@ -281,13 +284,15 @@ class _Columns:
 
 class Tombstones:
     """The tombstones of one target (`TOMBSTONES` in the pipeline's position schema): a deleted key's
-    last version (the deleted row's timestamp) and the site that deleted it, written in the deleting
-    transaction (by the triggers `triggers` makes for users' deletes, by the loader, `bury`, for the
-    deletes it applies), read when a write meets no row (`find`), pruned by age (`prune`)."""
+    last version (the deleted row's timestamp), the site that deleted it and, for a user's delete, the
+    site's binlog GTID position at it (`deleted_gtid`: `origins`), written in the deleting transaction
+    (by the triggers `triggers` makes for users' deletes, by the loader, `bury`, for the deletes it
+    applies), read when a write meets no row (`find`), pruned by age with `Arrivals`' (`prune`)."""
 
     def __init__(self, pipeline: str, schema: str) -> None:
         self.pipeline = pipeline
         self.table = f"{quote(schema)}.{quote(TOMBSTONES)}"
+        self.arrivals = f"{quote(schema)}.{quote(ARRIVALS)}"
         self._pruned = 0.0  # when tombstones were last pruned (monotonic)
         self._source: Any = None  # the connection to the source site (`left_on_source`), once asked
         self._lock = threading.Lock()
@@ -303,11 +308,13 @@ class Tombstones:
         stamp = _stamp_text(columns, table_policy, "OLD." + quote(column))
         key = f"JSON_ARRAY({', '.join('OLD.' + quote(c) for c in pk)})"
         named, site = cur.connection.escape(name), cur.connection.escape(site)
-        insert = (f"INSERT INTO {self.table} (key_md5, table_name, row_key, stamp, site) SELECT "
-                  f"MD5(CONCAT({named}, ' ', {key})), {named}, {key}, {stamp}, {site} FROM DUAL "
-                  "WHERE @setl_origin IS NULL "
+        # deleted_gtid: the site's binlog GTID position before this delete (after every earlier one), which
+        # names this delete to the other site's record of its arrival (`_names_current`)
+        insert = (f"INSERT INTO {self.table} (key_md5, table_name, row_key, stamp, site, deleted_gtid) SELECT "
+                  f"MD5(CONCAT({named}, ' ', {key})), {named}, {key}, {stamp}, {site}, @@GLOBAL.gtid_binlog_pos "
+                  "FROM DUAL WHERE @setl_origin IS NULL "
                   "ON DUPLICATE KEY UPDATE row_key = VALUES(row_key), stamp = VALUES(stamp), "
-                  "site = VALUES(site), deleted_at = CURRENT_TIMESTAMP(6)")
+                  "site = VALUES(site), deleted_at = CURRENT_TIMESTAMP(6), deleted_gtid = VALUES(deleted_gtid)")
         moved = " OR ".join(f"NOT (OLD.{quote(c)} <=> NEW.{quote(c)})" for c in pk)
         target = f"{quote(schema)}.{quote(table)}"
         bodies = {_trigger(table, "d"): ("DELETE", insert),
@@ -343,6 +350,8 @@ class Tombstones:
             if cur.rowcount:
                 log.info("pipeline=%s stage=load pruned %d tombstones older than %ss", self.pipeline,
                          cur.rowcount, keep)
+            cur.execute(f"DELETE FROM {self.arrivals} WHERE arrived_at < NOW(6) - INTERVAL %s MICROSECOND",
+                        (int(keep * 1e6),))
         conn.commit()
 
     def find(self, cur: Any, name: str, pk: Sequence[str], columns: _Columns, policy: TablePolicy,
@@ -401,12 +410,54 @@ class Tombstones:
                 stamp = _stamp_text(columns, policy, literal(to_db(value)))
                 rows.append(f"({_key_md5(cur, name, pk, columns, key)}, {literal(name)}, "
                             f"{_key_json(cur, pk, columns, key)}, {stamp}, {literal(site)})")
-            for start in range(0, len(rows), 5 * CHUNK_KEYS):
+            for start in range(0, len(rows), 5 * CHUNK_KEYS):  # deleted_gtid NULL: a delete of the other site
                 cur.execute(f"INSERT INTO {self.table} (key_md5, table_name, row_key, stamp, site) VALUES "
                             + ", ".join(rows[start:start + 5 * CHUNK_KEYS])
                             + " ON DUPLICATE KEY UPDATE row_key = VALUES(row_key), stamp = VALUES(stamp), "
-                            "site = VALUES(site), deleted_at = CURRENT_TIMESTAMP(6)")
+                            "site = VALUES(site), deleted_at = CURRENT_TIMESTAMP(6), deleted_gtid = NULL")
 
+
+    def ask_source(self, policy: ConflictPolicy, name: str, ask: Callable[[Any, Tombstones, str], Any]) -> Any:
+        """`ask`(cursor, the source's `Tombstones`, the table's name there) on the source site, over the
+        connection kept for it (made again once if it broke); None where the table asked for is missing
+        there (error 1146). A transaction left open by an earlier question is ended first, so that the
+        read sees the latest committed rows."""
+        assert policy.source_dial is not None
+        graves = Tombstones(self.pipeline, policy.source_schema) if policy.source_schema else self
+        named = f"{policy.source_schema}.{name.partition('.')[2]}" if policy.source_schema else name
+        for attempt in (1, 2):
+            try:
+                if self._source is None:
+                    self._source = policy.source_dial()
+                self._source.commit()
+                with self._source.cursor() as cur:
+                    return ask(cur, graves, named)
+            except (pymysql.MySQLError, OSError) as exc:
+                source, self._source = self._source, None
+                if source is not None:
+                    try:
+                        source.close()
+                    except (pymysql.MySQLError, OSError):
+                        pass  # gone already: a new one is made
+                if exc.args and exc.args[0] == 1146:
+                    return None
+                if attempt == 2:
+                    raise
+        return None
+
+    def origins(self, cur: Any, name: str, pk: Sequence[str], columns: _Columns, keys: Sequence[tuple[Any, ...]]
+                ) -> dict[tuple[Any, ...], str | None]:
+        """Key -> its tombstone's `deleted_gtid` (None: written by the loader or an older setl), read locked."""
+        found: dict[tuple[Any, ...], str | None] = {}
+        for start in range(0, len(keys), CHUNK_KEYS):
+            part = keys[start:start + CHUNK_KEYS]
+            keyed = " UNION ALL ".join(f"SELECT {n} AS n, {_key_md5(cur, name, pk, columns, key)} AS h"
+                                       for n, key in enumerate(part))
+            cur.execute(f"SELECT k.n, t.deleted_gtid FROM ({keyed}) k JOIN {self.table} t "
+                        "ON t.key_md5 = CONVERT(k.h USING ascii) LOCK IN SHARE MODE")
+            for n, gtid in cur.fetchall():
+                found[part[n]] = gtid
+        return found
 
     def left_on_source(self, policy: ConflictPolicy, batch: Batch, name: str, pk: Sequence[str], columns: _Columns,
                        table_policy: TablePolicy, keys: Sequence[tuple[Any, ...]],
@@ -424,27 +475,10 @@ class Tombstones:
                 f"key {list(keys[0])} left a tombstone, and this pipeline's source is not a MySQL server; fix: "
                 "set conflicts.tombstones: false, or run the pipeline as a channel direction",
                 pipeline=self.pipeline, stage="load", table=name, position=batch.end)
-        found: dict[tuple[Any, ...], tuple[str, int | None]] = {}
-        for attempt in (1, 2):
-            try:
-                if self._source is None:
-                    self._source = policy.source_dial()
-                with self._source.cursor() as cur:
-                    graves = Tombstones(self.pipeline, policy.source_schema) if policy.source_schema else self
-                    named = f"{policy.source_schema}.{name.partition('.')[2]}" if policy.source_schema else name
-                    found = graves.find(cur, named, pk, columns, table_policy, keys, versions)
-                break
-            except (pymysql.MySQLError, OSError) as exc:
-                source, self._source = self._source, None
-                if source is not None:
-                    try:
-                        source.close()
-                    except (pymysql.MySQLError, OSError):
-                        pass  # gone already: a new one is made
-                if exc.args and exc.args[0] == 1146:  # no tombstones table there: no triggers yet
-                    break
-                if attempt == 2:
-                    raise
+        def ask(cur: Any, graves: Tombstones, named: str) -> dict[tuple[Any, ...], tuple[str, int | None]]:
+            return graves.find(cur, named, pk, columns, table_policy, keys, versions)
+
+        found = self.ask_source(policy, name, ask) or {}  # None: no tombstones table there, no triggers yet
         for key in keys:
             grave = found.get(key)
             newer = None if grave is None else grave[1]
@@ -468,6 +502,138 @@ class Tombstones:
                 pipeline=self.pipeline, stage="load", table=name, position=batch.end)
 
 
+class Arrivals:
+    """Site wins with tombstones: when the winning site's deletes reached the losing site, so that an
+    insert of the losing site meeting the winner's tombstone is ranked exactly (docs/conflicts.md,
+    "Settling it exactly"). On the losing site, the loader of the winner's changes records each delete
+    it applies (`arrived`) with where that site's binlog stood once the batch held its keys' locks
+    (`binlog_end`); on the winning site, the loader of the loser's changes asks for that record
+    (`on_source`) and `rank`s the insert by it."""
+
+    def __init__(self, pipeline: str, schema: str, tombstones: Tombstones) -> None:
+        self.pipeline = pipeline
+        self.table = f"{quote(schema)}.{quote(ARRIVALS)}"
+        self.tombstones = tombstones
+
+    def binlog_end(self, cur: Any, policy: ConflictPolicy, batch: Batch, name: str) -> Position:
+        """Where this site's binlog ends now (``SHOW MASTER STATUS``); refused (no BINLOG MONITOR) or
+        empty (binlog off): stop, one line with the fix."""
+        try:
+            cur.execute("SHOW MASTER STATUS")
+            row = cur.fetchone()
+        except pymysql.MySQLError as exc:
+            cause: str = f"it was refused ({exc})"
+        else:
+            if row and row[0]:
+                return Position(str(row[0]), int(row[1]))
+            cause = "the binlog is off there"
+        raise RefusedLoadError(
+            f"conflicts: site_wins with tombstones records where site {policy.site}'s deletes reach site "
+            f"{policy.target_site or 'target'} in its binlog (SHOW MASTER STATUS), and {cause}; fix: GRANT "
+            f"BINLOG MONITOR ON *.* to the loader's user there (SUPER before MariaDB 10.5) and run it with the binlog "
+            f"on (log_bin), or use last_writer_wins for the table (docs/grants.md)",
+            pipeline=self.pipeline, stage="load", table=name, position=batch.end)
+
+    def arrived(self, cur: Any, name: str, pk: Sequence[str], columns: _Columns,
+                deletes: Sequence[tuple[tuple[Any, ...], Position | None]], at: Position) -> None:
+        """Record, in the batch's transaction, that the winning site's delete of each key (its change
+        position there: `origin_gtid`, and whether it is a piece of a split transaction) was applied here
+        with this site's binlog at `at` (read after the batch locked the keys): an insert of the key by a
+        user here ends at or before `at` in this binlog if it raced the delete, after it if not."""
+        literal = cur.connection.escape
+        rows = [f"({_key_md5(cur, name, pk, columns, key)}, {literal(name)}, {_key_json(cur, pk, columns, key)}, "
+                f"{literal(None if origin is None else origin.gtid)}, {int(origin is not None and origin.row > 0)}, "
+                f"{literal(at.log)}, {int(at.offset)})" for key, origin in deletes]
+        for start in range(0, len(rows), 5 * CHUNK_KEYS):
+            cur.execute(f"INSERT INTO {self.table} (key_md5, table_name, row_key, origin_gtid, origin_piece, "
+                        "arrived_log, arrived_offset) VALUES " + ", ".join(rows[start:start + 5 * CHUNK_KEYS])
+                        + " ON DUPLICATE KEY UPDATE row_key = VALUES(row_key), origin_gtid = VALUES(origin_gtid), "
+                        "origin_piece = VALUES(origin_piece), arrived_log = VALUES(arrived_log), "
+                        "arrived_offset = VALUES(arrived_offset), arrived_at = CURRENT_TIMESTAMP(6)")
+
+    def on_source(self, policy: ConflictPolicy, name: str, pk: Sequence[str], columns: _Columns,
+                  keys: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], tuple[str | None, bool, Position]] | None:
+        """Key -> (origin_gtid, origin_piece, where the source's binlog stood) of the source site's record
+        of this site's latest delete of the key that reached it (`arrived`); None where the source has no
+        such table (an older setl). A plain read: a locking one would wait across the two servers."""
+
+        def ask(cur: Any, graves: Tombstones, named: str) -> dict[tuple[Any, ...], tuple[str | None, bool, Position]]:
+            found: dict[tuple[Any, ...], tuple[str | None, bool, Position]] = {}
+            for start in range(0, len(keys), CHUNK_KEYS):
+                part = keys[start:start + CHUNK_KEYS]
+                keyed = " UNION ALL ".join(f"SELECT {n} AS n, {_key_md5(cur, named, pk, columns, key)} AS h"
+                                           for n, key in enumerate(part))
+                cur.execute(f"SELECT k.n, r.origin_gtid, r.origin_piece, r.arrived_log, r.arrived_offset FROM "
+                            f"({keyed}) k JOIN {graves.arrivals} r ON r.key_md5 = CONVERT(k.h USING ascii)")
+                for n, gtid, piece, log_name, offset in cur.fetchall():
+                    found[part[n]] = (gtid, bool(piece), Position(str(log_name), int(offset)))
+            return found
+
+        return self.tombstones.ask_source(policy, name, ask)
+
+    def record(self, cur: Any, policy: ConflictPolicy, batch: Batch, ident: tuple[str, str], pk: Sequence[str],
+               columns: _Columns, keys: Sequence[tuple[Any, ...]]) -> None:
+        """On the losing site, after the batch locked `keys` (deleted by the winning site): record each
+        delete's arrival with where this site's binlog stands now (`arrived`)."""
+        name = f"{ident[0]}.{ident[1]}"
+        at = self.binlog_end(cur, policy, batch, name)
+        origins = _changed_at(batch, ident, pk)[0]
+        self.arrived(cur, name, pk, columns, [(key, origins.get(key)) for key in keys], at)
+
+    def rank(self, conn: Any, policy: ConflictPolicy, batch: Batch, ident: tuple[str, str], pk: Sequence[str],
+             columns: _Columns, inserts: Sequence[tuple[tuple[Any, ...], Any, Any, str]]) -> list[Conflict]:
+        """On the winning site: the conflicts of the inserts (key, the source's state before, the insert,
+        the tombstone's site) of the losing (source) site that meet the winner's tombstone. The source
+        records where in its binlog the winner's latest delete of the key arrived (`arrived`); the insert
+        raced that delete iff its position in the source's binlog is at or before it: it lost there and
+        loses here (`TARGET_WON`), else it is applied and is no conflict. No record of the delete this
+        tombstone holds: it had not arrived when the insert was made, which lost likewise. A tombstone of
+        an older setl, an insert without a GTID position, sets that cannot be compared or no record
+        table there: applied and recorded `UNSETTLED`, with the cause (docs/conflicts.md)."""
+        name = f"{ident[0]}.{ident[1]}"
+        made = _changed_at(batch, ident, pk)[1]
+        winner = inserts[0][3]
+        here, there = policy.target_site or "target", policy.site
+        with conn.cursor() as cur:
+            tombs = self.tombstones.origins(cur, name, pk, columns, [key for key, *_ in inserts])
+        asked = [key for key, *_ in inserts if tombs.get(key) is not None and _gtid_known(made.get(key))]
+        records = (self.on_source(policy, name, pk, columns, asked)
+                   if asked and policy.source_dial is not None else None)
+        out: list[Conflict] = []
+
+        def unsettled(why: str) -> tuple[str, str]:
+            return SOURCE_WON, (f"{UNSETTLED}: site_wins cannot rank an insert against site {winner}'s delete ({why}); "
+                                "applied: if it raced the delete, the sites differ (setl verify)")
+
+        for key, first, want, _ in inserts:
+            p, x = tombs.get(key), made.get(key)
+            record = None if records is None else records.get(key)
+            current = None if record is None or p is None else _names_current(record[0], record[1], p)
+            if p is None:
+                decision, reason = unsettled("its tombstone was written by an older setl")
+            elif x is None or not _gtid_known(x):
+                decision, reason = unsettled("the insert has no binlog position with a GTID")
+            elif policy.source_dial is None:
+                decision, reason = unsettled(f"site {there} cannot be asked: the pipeline's source is not MySQL")
+            elif records is None:
+                decision, reason = unsettled(f"site {there} keeps no record of the deletes that reached it "
+                                             f"({ARRIVALS} missing there: an older setl)")
+            elif record is not None and current is None:
+                decision, reason = unsettled(f"the GTID sets {record[0]!r} and {p!r} cannot be compared")
+            elif record is not None and current and x > record[2]:
+                continue  # made after the delete reached the loser's site: applied, no conflict
+            elif record is not None and current:
+                decision, reason = TARGET_WON, (f"site {winner} wins: the insert raced site {winner}'s delete (written "
+                                                f"on {there} before the delete arrived there at {record[2]})")
+            else:
+                decision, reason = TARGET_WON, (f"site {winner} wins: the insert was written on {there} before "
+                                                f"site {winner}'s latest delete of the key arrived there "
+                                                f"(tombstone on {here})")
+            out.append(Conflict(self.pipeline, name, key, policy.of(name).policy, decision, reason, policy.site,
+                                policy.target_site, first, want, ABSENT, str(batch.end)))
+        return out
+
+
 class ConflictStep:
     """The conflicts step of one MySQL sink: `begin` each batch's transaction, `settle` each table's
     merged changes before they are written, `after_commit` to publish what was settled."""
@@ -480,6 +646,7 @@ class ConflictStep:
         self._columns: dict[tuple[str, str], _Columns] = {}
         self._guarded: set[tuple[str, str]] = set()  # tables whose delete triggers this process made
         self.tombstones = Tombstones(pipeline, schema)
+        self.arrivals = Arrivals(pipeline, schema, self.tombstones)
         self._pending = threading.local()
         if not policy.tombstones and policy.default.policy != KEEP_TARGET:
             log.warning("pipeline=%s stage=load conflicts: runs WITHOUT tombstones (conflicts.tombstones: false): an "
@@ -515,15 +682,21 @@ class ConflictStep:
         if self._ready:
             return
         with conn.cursor() as cur:
-            # DDL only where a table is missing: a restart writes nothing into the binlog
-            wanted = (TABLE, TOMBSTONES) if self.policy.tombstones else (TABLE, TABLE)
+            # DDL only where a table or column is missing: a restart writes nothing into the binlog
+            wanted = (TABLE, TOMBSTONES, ARRIVALS) if self.policy.tombstones else (TABLE, TABLE, TABLE)
             cur.execute("SELECT COUNT(DISTINCT table_name) FROM information_schema.tables WHERE table_schema = %s "
-                        "AND table_name IN (%s, %s)", (self.schema, *wanted))
+                        "AND table_name IN (%s, %s, %s)", (self.schema, *wanted))
             if cur.fetchone()[0] < len(set(wanted)):
                 cur.execute(f"CREATE DATABASE IF NOT EXISTS {quote(self.schema)}")
                 cur.execute(CONFLICTS_DDL.format(table=f"{quote(self.schema)}.{quote(TABLE)}"))
                 if self.policy.tombstones:
                     cur.execute(TOMBSTONES_DDL.format(table=self.tombstones.table))
+                    cur.execute(ARRIVALS_DDL.format(table=self.arrivals.table))
+            if self.policy.tombstones:
+                cur.execute("SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = %s AND table_name = "
+                            "%s AND column_name = 'deleted_gtid'", (self.schema, TOMBSTONES))
+                if not cur.fetchone()[0]:  # a tombstones table of an older setl
+                    cur.execute(TOMBSTONES_GTID_DDL.format(table=self.tombstones.table))
         conn.commit()
         self._ready = True
 
@@ -647,9 +820,15 @@ class ConflictStep:
             absent = [key for key in keys if found.get(key, (ABSENT,))[0] is ABSENT]
             graves = (self.tombstones.find(cur, name, pk, columns, policy, absent, versions)
                       if absent and tombstones else {})
+            arriving = [key for key in keys if desired[key] is ABSENT and key in deleted]
+            if tombstones and arriving and policy.policy == SITE_WINS and policy.site == self.policy.site:
+                # The winner's deletes reach the losing site: where its binlog stands now, with every key
+                # locked, tells a user's insert that raced each delete from one made after (`arrived`)
+                self.arrivals.record(cur, self.policy, batch, ident, pk, columns, arriving)
         kept: set[tuple[Any, ...]] = set(unchanged)
         conflicts: list[Conflict] = []
         buried: list[tuple[Any, ...]] = []  # deletes whose tombstone the loader writes
+        inserts: list[tuple[tuple[Any, ...], Any, Any, str]] = []  # site wins: the loser's inserts over a tombstone
         beaten: list[tuple[Any, ...]] = []  # deletes that win over the target's own write of the key
         for key in keys:
             first, want = firsts[key], desired[key]
@@ -672,20 +851,16 @@ class ConflictStep:
                     if first is ABSENT:
                         continue  # an insert of a key never deleted here, or deleted by the source before it
                     if policy.policy == LAST_WRITER_WINS:
-                        self._unranked(batch, name, key)
+                        _unranked(self.pipeline, self.policy, batch, name, key)
                     newer = None  # site wins needs no version; keep the target's row keeps its own
                 elif policy.policy == SITE_WINS and self.policy.site != policy.site and first is not ABSENT:
                     # An update of the loser meeting the winner's tombstone raced that delete (a key written
                     # after the delete arrived comes as an insert): the delete wins, as there (docs/conflicts.md)
                     newer, reason_tail = None, f" (tombstone of site {grave[0]}'s delete)"
                 elif policy.policy == SITE_WINS and self.policy.site != policy.site:
-                    # No version tells an insert that raced the winning site's delete from one made after
-                    # it arrived: applied, and recorded as unsettled (docs/conflicts.md).
-                    conflicts.append(Conflict(
-                        self.pipeline, name, key, policy.policy, SOURCE_WON, f"{UNSETTLED}: site_wins cannot rank a "
-                        f"write against site {grave[0]}'s delete (tombstone); applied: if it raced the delete, the "
-                        "sites differ (setl verify)", self.policy.site, self.policy.target_site, first, want, row,
-                        str(batch.end)))
+                    # An insert of the loser meeting the winner's tombstone: ranked by when that delete
+                    # reached the loser's site, after the loop (`_ranked_inserts`)
+                    inserts.append((key, first, want, grave[0]))
                     continue
                 else:
                     newer = grave[1]  # a tombstone of the target's own delete: the write raced it
@@ -704,6 +879,10 @@ class ConflictStep:
                     beaten.append(key)
             conflicts.append(Conflict(self.pipeline, name, key, policy.policy, decision, reason + reason_tail,
                                       self.policy.site, self.policy.target_site, first, want, row, str(batch.end)))
+        if inserts:
+            ranked = self.arrivals.rank(conn, self.policy, batch, ident, pk, columns, inserts)
+            conflicts.extend(ranked)
+            kept.update(c.key for c in ranked if c.decision == TARGET_WON)
         if beaten:
             self.tombstones.left_on_source(self.policy, batch, name, pk, columns, policy, beaten, versions)
         if conflicts:
@@ -715,21 +894,6 @@ class ConflictStep:
             return table
         return attrs.evolve(table, deletes=tuple(i for i in table.deletes if tuple(i[c] for c in pk) not in kept),
                             upserts=tuple(i for i in table.upserts if tuple(i[c] for c in pk) not in kept))
-
-    def _unranked(self, batch: Batch, name: str, key: tuple[Any, ...]) -> None:
-        """Stop: an update meets no row and no tombstone of the target's delete. The delete's version
-        (the row it deleted) is nowhere on this site, so last writer wins cannot rank the update
-        against it, while the other site ranks them by that version: any choice here may leave the
-        sites different (docs/conflicts.md, "What is not settled")."""
-        here, there = self.policy.target_site or "target", self.policy.site
-        raise RefusedLoadError(
-            f"conflicts: an update of key {list(key)} from site {there} meets no row and no tombstone of site "
-            f"{here}'s delete: the key was deleted on {here} by a delete that left no tombstone (made before "
-            f"setl's triggers existed on the table, or older than conflicts.tombstone_days), which last writer "
-            f"wins cannot rank against the update; fix: on site {here} write the key as it must end on both "
-            f"sites (the update's row; or a row stamped later than it, then delete it), then resume "
-            f"(docs/conflicts.md)",
-            pipeline=self.pipeline, stage="load", table=name, position=batch.end)
 
     def _table_columns(self, cur: Any, schema: str, table: str) -> _Columns:
         """How each column of the table compares exactly (read once per table, until `forget`)."""
@@ -870,6 +1034,73 @@ class ConflictStep:
         self._pending.found = [*getattr(self._pending, "found", []), *conflicts]
 
 
+def _unranked(pipeline: str, policy: ConflictPolicy, batch: Batch, name: str, key: tuple[Any, ...]) -> None:
+    """Stop: an update meets no row and no tombstone of the target's delete. The delete's version
+    (the row it deleted) is nowhere on this site, so last writer wins cannot rank the update
+    against it, while the other site ranks them by that version: any choice here may leave the
+    sites different (docs/conflicts.md, "What is not settled")."""
+    here, there = policy.target_site or "target", policy.site
+    raise RefusedLoadError(
+        f"conflicts: an update of key {list(key)} from site {there} meets no row and no tombstone of site "
+        f"{here}'s delete: the key was deleted on {here} by a delete that left no tombstone (made before "
+        f"setl's triggers existed on the table, or older than conflicts.tombstone_days), which last writer "
+        f"wins cannot rank against the update; fix: on site {here} write the key as it must end on both "
+        f"sites (the update's row; or a row stamped later than it, then delete it), then resume "
+        f"(docs/conflicts.md)",
+        pipeline=pipeline, stage="load", table=name, position=batch.end)
+
+
+def _changed_at(batch: Batch, ident: tuple[str, str], pk: Sequence[str]
+                ) -> tuple[dict[tuple[Any, ...], Position | None], dict[tuple[Any, ...], Position | None]]:
+    """Per key of table `ident` in `batch`: the position of its last delete, and of its last creation
+    (an insert, or an update that moves a row to the key)."""
+    deletes: dict[tuple[Any, ...], Position | None] = {}
+    creations: dict[tuple[Any, ...], Position | None] = {}
+    for change in batch.changes:
+        if not isinstance(change, RowChange) or (change.schema, change.table) != ident or change.op is Op.READ:
+            continue
+        before, after = change.before, change.after
+        old = None if before is None else tuple(before[c] for c in pk)
+        new = None if after is None else tuple(after[c] for c in pk)
+        if old is not None and old != new:
+            deletes[old] = change.position
+        if new is not None and old != new:
+            creations[new] = change.position
+    return deletes, creations
+
+
+def _gtid_seqs(text: str | None) -> dict[int, int] | None:
+    """A MariaDB GTID list (``domain-server-seq,...``) as domain -> its highest seq; None: not one."""
+    if text is None:
+        return None
+    seqs: dict[int, int] = {}
+    for part in filter(None, (g.strip() for g in text.split(","))):
+        bits = part.split("-")
+        if len(bits) != 3 or not all(b.isdigit() for b in bits):
+            return None
+        domain, seq = int(bits[0]), int(bits[2])
+        seqs[domain] = max(seqs.get(domain, seq), seq)
+    return seqs
+
+
+def _gtid_known(position: Position | None) -> bool:
+    return position is not None and _gtid_seqs(position.gtid) is not None
+
+
+def _names_current(origin: str | None, piece: bool, deleted: str) -> bool | None:
+    """Whether a record of the winner's delete whose change position had GTID set `origin` (after its
+    transaction; before it where `piece`, a change of a split transaction) is of the delete that left
+    the tombstone whose `deleted_gtid` is `deleted` (the binlog's set read inside that delete, so
+    before it and after every earlier delete of the key); None: the sets cannot be compared. Per
+    domain, as seqs increase in each (gtid_strict_mode)."""
+    mine, theirs = _gtid_seqs(origin), _gtid_seqs(deleted)
+    if mine is None or theirs is None:
+        return None
+    if piece:
+        return all(mine.get(d, -1) >= seq for d, seq in theirs.items())
+    return not all(theirs.get(d, -1) >= seq for d, seq in mine.items())
+
+
 def _later(policy: ConflictPolicy, newer: int | None) -> bool:
     """Whether the batch's delete ranks after the target's own delete of the key (last writer wins)."""
     if newer is None or newer < 0:
@@ -908,7 +1139,23 @@ TOMBSTONES_DDL = """CREATE TABLE IF NOT EXISTS {table} (
   stamp VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
   site VARCHAR(255) NOT NULL,
   deleted_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+  deleted_gtid VARCHAR(4096) CHARACTER SET ascii NULL,
   KEY by_age (deleted_at)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"""
+
+#: `deleted_gtid`, added to a tombstones table an older setl made (only where missing)
+TOMBSTONES_GTID_DDL = "ALTER TABLE {table} ADD COLUMN deleted_gtid VARCHAR(4096) CHARACTER SET ascii NULL"
+
+ARRIVALS_DDL = """CREATE TABLE IF NOT EXISTS {table} (
+  key_md5 CHAR(32) CHARACTER SET ascii NOT NULL PRIMARY KEY,
+  table_name VARCHAR(512) NOT NULL,
+  row_key LONGTEXT NOT NULL,
+  origin_gtid VARCHAR(4096) CHARACTER SET ascii NULL,
+  origin_piece TINYINT(1) NOT NULL,
+  arrived_log VARCHAR(512) NOT NULL,
+  arrived_offset BIGINT UNSIGNED NOT NULL,
+  arrived_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+  KEY by_age (arrived_at)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"""
 
 _INTEGERS = frozenset({"tinyint", "smallint", "mediumint", "int", "bigint"})

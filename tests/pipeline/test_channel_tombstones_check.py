@@ -17,12 +17,14 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def check(root: Path, sites: dict[str, dict[str, Any]], tombstones: bool | None,
-          level: str = "error") -> list[str]:
-    """The `level` lines `setl check --channel ch` prints about the channel itself (tombstones None: not set)."""
-    conf = root / f"conf_{tombstones}"
+          level: str = "error", site_wins: str | None = None) -> list[str]:
+    """The `level` lines `setl check --channel ch` prints about the channel itself (tombstones None: not set;
+    `site_wins`: that policy, the site named winning, instead of last writer wins)."""
+    conf = root / f"conf_{tombstones}_{site_wins}"
     (conf / "channels").mkdir(parents=True, exist_ok=True)
     (conf / "setl.yaml").write_text(yaml.safe_dump({"meta": {"store": "sqlite", "path": str(root / "meta.db")}}))
-    conflicts: dict[str, Any] = {"policy": "last_writer_wins", "column": "ts"}
+    conflicts: dict[str, Any] = ({"policy": "last_writer_wins", "column": "ts"} if site_wins is None
+                                 else {"policy": "site_wins", "site": site_wins})
     if tombstones is not None:
         conflicts["tombstones"] = tombstones
     (conf / "channels" / "ch.yaml").write_text(yaml.safe_dump({
@@ -86,3 +88,26 @@ def test_tombstones_need_the_trigger_privilege(tmp_path, mariadb_source, mariadb
     finally:
         mariadb_source.query(f"DROP USER IF EXISTS {user}@'%'")
         mariadb_source.query("DROP DATABASE IF EXISTS chk_tomb")
+
+
+def test_site_wins_needs_the_losers_binlog_position(tmp_path, mariadb_source, mariadb_target):
+    """Site wins with tombstones: the loader into the losing site records its binlog position (SHOW MASTER
+    STATUS, BINLOG MONITOR) with each winning delete it applies. The site's user, which reads that site's
+    binlog as the other direction's source, needs the privilege already: without it the check refuses
+    the site in a line naming it and the privilege; granted, no such line."""
+    user = "nomonitor"
+    mariadb_source.query(f"CREATE USER IF NOT EXISTS {user}@'%' IDENTIFIED BY 'pw'")
+    mariadb_source.query(f"GRANT ALL ON *.* TO {user}@'%'")
+    mariadb_source.query(f"REVOKE SUPER, BINLOG MONITOR ON *.* FROM {user}@'%'")
+    sites = {"east": {"host": mariadb_target.host, "port": mariadb_target.port, "user": mariadb_target.user,
+                      "password": mariadb_target.password, "setl_server_id": 4521},
+             "west": {"host": mariadb_source.host, "port": mariadb_source.port, "user": user, "password": "pw",
+                      "setl_server_id": 4522}}
+    try:
+        refused = [line for line in check(tmp_path, sites, None, site_wins="east") if "BINLOG MONITOR" in line]
+        assert len(refused) == 1 and "site west" in refused[0], refused
+        mariadb_source.query(f"GRANT BINLOG MONITOR ON *.* TO {user}@'%'")
+        assert not [line for line in check(tmp_path / "granted", sites, None, site_wins="east")
+                    if "BINLOG MONITOR" in line or "cannot read site west" in line]
+    finally:
+        mariadb_source.query(f"DROP USER IF EXISTS {user}@'%'")

@@ -146,14 +146,23 @@ class Site:
             f = f32(f)
         return {"id": id_, "v": v, "f": f, "d": d, "ts": ts, "c": c}
 
-    def write(self, key: int, after: dict[str, Any] | None) -> dict[str, Any] | None:
-        """A user's write of `key` (None: delete), logged as the binlog would; returns the before-image."""
+    def binlog(self) -> Position:
+        """Where the server's binlog ends now, with its GTID set (both sites share the server's binlog)."""
+        (file, offset, *_), = self.execute("SHOW MASTER STATUS")
+        (gtid,), = self.execute("SELECT @@GLOBAL.gtid_binlog_pos")
+        return Position(file, int(offset), gtid)
+
+    def write(self, key: int, after: dict[str, Any] | None, piece: bool = False) -> dict[str, Any] | None:
+        """A user's write of `key` (None: delete), logged as the binlog would, at its real position in the
+        binlog (after it; `piece`: as a change of a transaction delivered in pieces, its start with row 1
+        and the GTID set before it); returns the before-image."""
         before = self.row(key)
+        start = self.binlog() if piece else None
         if after is None:
             if before is None:
                 return None
             self.execute(f"DELETE FROM {self.db}.t WHERE id = %s", (key,))
-            self.log.append(RowChange(Op.DELETE, "?", "t", ("id",), before, None))
+            change = RowChange(Op.DELETE, "?", "t", ("id",), before, None)
         else:
             if self.f != "FLOAT" and after["f"] is not None:
                 after = {**after, "f": int(after["f"] * 10)}  # a BIGINT column: an exact value
@@ -161,7 +170,9 @@ class Site:
                          "KEY UPDATE v = VALUES(v), f = VALUES(f), d = VALUES(d), ts = VALUES(ts), c = VALUES(c)",
                          tuple(after[c] for c in ("id", "v", "f", "d", "ts", "c")))
             op = Op.INSERT if before is None else Op.UPDATE
-            self.log.append(RowChange(op, "?", "t", ("id",), before, dict(after)))
+            change = RowChange(op, "?", "t", ("id",), before, dict(after))
+        at = attrs.evolve(start, row=1) if start is not None else self.binlog()
+        self.log.append(attrs.evolve(change, position=at))
         return before
 
     def ship_to(self, other: Site, count: int | None = None) -> None:
@@ -171,16 +182,18 @@ class Site:
         self.shipped.update(c.after["v"] for c in take if c.after is not None)
         if not take:
             return
-        other.receive([RowChange(c.op, other.db, c.table, c.primary_key, c.before, c.after) for c in take])
+        other.receive([RowChange(c.op, other.db, c.table, c.primary_key, c.before, c.after, c.position)
+                       for c in take])
 
     def receive(self, changes: list[Any]) -> Batch:
-        """`changes` (row changes, DDL) loaded as one batch of this site's pipeline."""
+        """`changes` (row changes, DDL) loaded as one batch of this site's pipeline; a change without a
+        position (a test's own) is placed at a synthetic one, as is the batch."""
         self.batches += 1
         start = Position("sim-bin.000001", self.offset)
         self.offset += 100
         end = Position("sim-bin.000001", self.offset)
         at = Position("sim-bin.000001", self.offset - 50, row=0)
-        placed = [attrs.evolve(c, position=at) for c in changes]
+        placed = [c if getattr(c, "position", None) is not None else attrs.evolve(c, position=at) for c in changes]
         batch = Batch(self.load.pipeline, self.batches, 1, start, end, tuple(placed))
         self.load.load(batch)
         return batch
@@ -619,13 +632,13 @@ def test_random_concurrent_writes_converge(sites: tuple[Site, Site], steps: list
             last[(name, key)] = [mine, False]
         a.ship_to(b)
         b.ship_to(a)
-        # site_wins cannot rank a write against the winning site's delete: such keys are recorded as
-        # unsettled (never with last writer wins), and only they may differ
+        # every write is ranked exactly: site wins too, by when the winner's delete reached the loser
+        # (issue 36), so no key is recorded unsettled and none may differ
         unsettled = {json.loads(r["row_key"])[0] for site in sites for r in site.conflicts()
                      if r["reason"].startswith(conflicts_module.UNSETTLED)}
-        assert not unsettled or table_policy.policy == SITE_WINS
-        rows_a = [r for r in a.execute(f"SELECT * FROM {a.db}.t ORDER BY id") if r[0] not in unsettled]
-        rows_b = [r for r in b.execute(f"SELECT * FROM {b.db}.t ORDER BY id") if r[0] not in unsettled]
+        assert not unsettled
+        rows_a = a.execute(f"SELECT * FROM {a.db}.t ORDER BY id")
+        rows_b = b.execute(f"SELECT * FROM {b.db}.t ORDER BY id")
         assert rows_a == rows_b
         final = {row[0]: row[1] for row in rows_a}
         recorded = set()
@@ -634,7 +647,7 @@ def test_random_concurrent_writes_converge(sites: tuple[Site, Site], steps: list
                 lost = r["target_row"] if r["decision"] == SOURCE_WON else r["source_row"]
                 recorded.add((json.loads(r["row_key"])[0], None if lost is None else json.loads(lost)["v"]))
         for (name, key), (version, superseded) in last.items():
-            if final.get(key) == version or superseded or key in unsettled:
+            if final.get(key) == version or superseded:
                 continue
             assert (key, version) in recorded, f"site {name}'s last write {version!r} of key {key} lost unrecorded"
 
@@ -800,62 +813,143 @@ def _differing(sites: tuple[Site, Site], keys: range = range(10)) -> set[int]:
     return {key for key in keys if a.row(key) != b.row(key)}
 
 
-def test_site_wins_an_insert_made_after_the_winners_delete_arrived_ends_equal(sites: tuple[Site, Site]) -> None:
+def _arrival(site: Site, key: int) -> tuple[str | None, int, str, int] | None:
+    """(origin_gtid, origin_piece, arrived_log, arrived_offset) of `site`'s record of the other site's
+    delete of `key` arriving, if any."""
+    found = site.execute(f"SELECT origin_gtid, origin_piece, arrived_log, arrived_offset FROM "
+                         f"{site.db}.setl_delete_arrivals WHERE table_name = %s AND row_key = JSON_ARRAY(%s)",
+                         (f"{site.db}.t", key))
+    return (found[0][0], int(found[0][1]), found[0][2], int(found[0][3])) if found else None
+
+
+@pytest.mark.parametrize("piece", [False, True])
+def test_site_wins_an_insert_made_after_the_winners_delete_arrived_ends_equal(sites: tuple[Site, Site],
+                                                                              piece: bool) -> None:
     """Site wins (a), history 1 of issue 36: b inserts a key again after a's delete of it was applied on
-    b; the insert meets a's tombstone on a and is applied there: both sites end with b's row."""
+    b (whole, or a change of a transaction delivered in pieces); b recorded where its binlog stood when
+    the delete arrived, the insert comes after that, so on a it is applied over a's tombstone: both
+    sites end with b's row, and nothing is recorded as a conflict."""
     a, b = sites
     for site in sites:
         site.reset(WINS_A)
     a.write(5, image(5, "orig", T0))
     a.ship_to(b)
-    a.write(5, None)
+    a.write(5, None, piece=piece)
+    d = a.log[-1].position
     a.ship_to(b)
     assert b.row(5) is None and b.tombstone(5) is not None and b.tombstone(5)[0] == "a"  # type: ignore[index]
+    record = _arrival(b, 5)
+    assert record is not None and record[0] == d.gtid and record[1] == int(piece)  # type: ignore[union-attr]
     b.write(5, image(5, "b-after", T0 + datetime.timedelta(seconds=3)))
+    assert b.log[-1].position > Position(record[2], record[3])  # type: ignore[operator]
     b.ship_to(a)
     assert a.row(5) == b.row(5) and (a.row(5) or {}).get("v") == "b-after"
+    assert a.conflicts() == [] and b.conflicts() == []
 
 
+@pytest.mark.parametrize("piece", [False, True])
 @pytest.mark.parametrize("order", ["insert-first", "delete-first"])
-def test_site_wins_an_insert_racing_the_winners_delete_is_recorded(sites: tuple[Site, Site], order: str) -> None:
+def test_site_wins_an_insert_racing_the_winners_delete_loses_on_both_sides(sites: tuple[Site, Site], order: str,
+                                                                           piece: bool) -> None:
     """Site wins (a), history 2 of issue 36: b inserts a key a has inserted and deleted, before a's delete
-    reaches b; whichever direction ships first, the sites end equal or the key is recorded as unsettled
-    on a (never different with nothing recorded)."""
+    reaches b. Whichever direction ships first, the insert loses on a (recorded target_won: with no
+    record on b of the delete arriving, or one made at or after the insert in b's binlog) as it does on b
+    (the delete removes its row there): both sites end without the row, nothing unsettled."""
     a, b = sites
     for site in sites:
         site.reset(WINS_A)
     a.write(5, image(5, "a-row", T0))
-    a.write(5, None)
+    a.write(5, None, piece=piece)
     b.write(5, image(5, "b-race", T0 + datetime.timedelta(seconds=3)))
     for source, target in ((b, a), (a, b)) if order == "insert-first" else ((a, b), (b, a)):
         source.ship_to(target)
-    assert _differing(sites) <= _unsettled(sites), (a.row(5), b.row(5), [s.conflicts() for s in sites])
+    assert a.row(5) is None and b.row(5) is None, (a.row(5), b.row(5), [s.conflicts() for s in sites])
+    assert _unsettled(sites) == set()
     assert a.tombstone(5) is not None and a.tombstone(5)[0] == "a"  # type: ignore[index]
-    assert [json.loads(r["source_row"])["v"] for r in a.conflicts()] == ["b-race"]  # b's insert, recorded on a
+    ((decision, reason, lost),) = [(r["decision"], r["reason"], json.loads(r["source_row"])["v"])
+                                   for r in a.conflicts()]
+    assert decision == TARGET_WON and lost == "b-race", reason
+    assert ("raced" if order == "delete-first" else "before site a's latest delete") in reason, reason
+    assert [(r["decision"], json.loads(r["target_row"])["v"]) for r in b.conflicts()] == [(SOURCE_WON, "b-race")]
+    assert _arrival(b, 5) is not None
 
 
-def test_site_wins_an_insert_after_one_delete_racing_the_next_is_recorded(sites: tuple[Site, Site]) -> None:
-    """Site wins (a): b inserts a key after a's first delete of it arrived, while a inserts and deletes it
-    again before b's insert arrives (the case a per-key "made after the winner's delete" flag cannot
-    tell from history 1: b saw a delete, not the one a's tombstone now holds); the sites end equal or
-    the key is recorded as unsettled."""
+@pytest.mark.parametrize("piece", [False, True])
+def test_site_wins_an_insert_after_one_delete_racing_the_next_is_settled(sites: tuple[Site, Site],
+                                                                         piece: bool) -> None:
+    """Site wins (a), the counterexample to a per-key flag: b inserts a key after a's first delete of it
+    arrived, while a inserts and deletes it again before b's insert arrives. b's record of the first
+    delete must not be taken for a's tombstone of the second (the GTID sets tell them apart, whole or in
+    pieces): b's insert loses on a as it did on b, and both sites end without the row."""
+    a, b = sites
+    for site in sites:
+        site.reset(WINS_A)
+    a.write(5, image(5, "orig", T0))
+    a.ship_to(b)
+    a.write(5, None, piece=piece)
+    a.ship_to(b)  # b records a's first delete arriving
+    first = _arrival(b, 5)
+    b.write(5, image(5, "b-after-first", T0 + datetime.timedelta(seconds=3)))
+    a.write(5, image(5, "a-again", T0 + datetime.timedelta(seconds=4)))
+    a.write(5, None, piece=piece)  # a's second delete: b's insert races it
+    (p,), = a.execute(f"SELECT deleted_gtid FROM {a.db}.setl_tombstones WHERE table_name = %s", (f"{a.db}.t",))
+    assert conflicts_module._names_current(first[0], bool(first[1]), p) is False  # type: ignore[index]
+    b.ship_to(a)  # b's record is of the first delete: the insert was made before the second arrived
+    assert a.row(5) is None
+    a.ship_to(b)  # a's insert beats b's row on b (a wins), a's delete removes it
+    assert b.row(5) is None and _unsettled(sites) == set()
+    second = _arrival(b, 5)
+    assert conflicts_module._names_current(second[0], bool(second[1]), p) is True  # type: ignore[index]
+    assert [(r["decision"], json.loads(r["target_row"])["v"]) for r in b.conflicts()] == [
+        (SOURCE_WON, "b-after-first")]  # a's insert beat b's row on b, recorded there
+    assert [(r["decision"], json.loads(r["source_row"])["v"]) for r in a.conflicts()] == [
+        (TARGET_WON, "b-after-first")]
+
+
+def test_site_wins_a_tombstone_of_an_older_setl_is_still_recorded_unsettled(sites: tuple[Site, Site]) -> None:
+    """A tombstone written before its delete's GTID was kept (an older setl's trigger: deleted_gtid NULL)
+    names no delete: b's insert meeting it is applied and recorded unsettled, with that cause."""
     a, b = sites
     for site in sites:
         site.reset(WINS_A)
     a.write(5, image(5, "orig", T0))
     a.ship_to(b)
     a.write(5, None)
-    a.ship_to(b)  # b holds a's tombstone: a's first delete arrived
-    b.write(5, image(5, "b-after-first", T0 + datetime.timedelta(seconds=3)))
-    a.write(5, image(5, "a-again", T0 + datetime.timedelta(seconds=4)))
-    a.write(5, None)  # a's second delete: b's insert races it
-    a.ship_to(b)  # a's insert beats b's row on b (a wins), a's delete removes it
-    assert b.row(5) is None
+    a.ship_to(b)
+    a.execute(f"UPDATE {a.db}.setl_tombstones SET deleted_gtid = NULL")
+    b.write(5, image(5, "b-after", T0 + datetime.timedelta(seconds=3)))
     b.ship_to(a)
-    assert _differing(sites) <= _unsettled(sites), (a.row(5), b.row(5), [s.conflicts() for s in sites])
-    assert [(r["decision"], json.loads(r["target_row"])["v"]) for r in b.conflicts()] == [
-        (SOURCE_WON, "b-after-first")]  # a's insert beat b's row on b, recorded there
-    assert [json.loads(r["source_row"])["v"] for r in a.conflicts()] == ["b-after-first"]
+    assert a.row(5) == b.row(5)
+    ((decision, reason),) = [(r["decision"], r["reason"]) for r in a.conflicts()]
+    assert decision == SOURCE_WON and reason.startswith(conflicts_module.UNSETTLED) and "older setl" in reason
+
+
+def test_site_wins_a_rolled_back_batch_leaves_no_arrival(sites: tuple[Site, Site],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record of a delete's arrival is written in the batch's transaction: a batch that fails after
+    writing it leaves none, and its replay records the delete with where the binlog stands then."""
+    a, b = sites
+    for site in sites:
+        site.reset(WINS_A)
+    a.write(5, image(5, "orig", T0))
+    a.ship_to(b)
+    a.write(5, None)
+    changes = [RowChange(c.op, b.db, c.table, c.primary_key, c.before, c.after, c.position) for c in a.log]
+    a.log.clear()
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise pymysql.err.OperationalError(2013, "Lost connection to MySQL server during query")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(conflicts_module.Tombstones, "bury", broken)
+        with pytest.raises(Exception):
+            b.receive(changes)
+    assert _arrival(b, 5) is None and b.row(5) is not None
+    before = b.binlog()
+    b.receive(changes)
+    record = _arrival(b, 5)
+    assert record is not None and Position(record[2], record[3]) >= Position(before.log, before.offset)
+    assert b.row(5) is None
 
 
 def test_site_wins_a_losers_delete_replacing_the_winners_tombstone_stops_with_its_cause(sites: tuple[Site, Site]
@@ -886,3 +980,64 @@ def test_site_wins_a_losers_delete_replacing_the_winners_tombstone_stops_with_it
     b.receive(racing)
     b.ship_to(a)
     assert a.row(5) is None and b.row(5) is None
+
+
+def test_site_wins_a_loader_that_may_not_read_its_binlog_position_is_refused(mariadb_target: MariaDBServer,
+                                                                             mysql_db: str) -> None:
+    """Site wins (a), the loader of a's changes into b, whose user lacks BINLOG MONITOR: a's delete cannot be
+    recorded with b's binlog position, so the load stops with one line naming the table, the position,
+    the privilege and the fix, nothing written."""
+    mariadb_target.query(DDL.format(db=mysql_db, f="FLOAT"))
+    mariadb_target.query(f"INSERT INTO {mysql_db}.t (id, v) VALUES (1, 'x')")
+    user = f"nm_{mysql_db[-6:]}"
+    mariadb_target.query(f"CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'")
+    (trusted,), = mariadb_target.query("SELECT @@GLOBAL.log_bin_trust_function_creators")
+    try:
+        mariadb_target.query(f"GRANT ALL ON *.* TO '{user}'@'%'")
+        mariadb_target.query(f"REVOKE SUPER, BINLOG MONITOR ON *.* FROM '{user}'@'%'")
+        mariadb_target.query("SET GLOBAL log_bin_trust_function_creators = 1")  # the triggers: made without SUPER
+        config = attrs.evolve(mariadb_target.target_config(), user=user, password="pw")
+        load = MysqlLoad(config, pipeline="a_to_b", position_schema=mysql_db, conflicts=policy("a", WINS_A))
+        load.open()
+        try:
+            row, = mariadb_target.query(f"SELECT id, v, f, d, ts, c FROM {mysql_db}.t")
+            before = dict(zip(("id", "v", "f", "d", "ts", "c"), row))
+            change = RowChange(Op.DELETE, mysql_db, "t", ("id",), before, None, Position("sim-bin.000001", 50))
+            with pytest.raises(RefusedLoadError, match=r"table=.*\.t position=sim-bin.000001:104: .*GRANT BINLOG "
+                                                       r"MONITOR.*docs/grants.md") as refused:
+                load.load(Batch("a_to_b", 1, 1, Position("sim-bin.000001", 4), Position("sim-bin.000001", 104),
+                                (change,)))
+            assert "\n" not in str(refused.value)
+        finally:
+            load.close()
+        assert mariadb_target.query(f"SELECT COUNT(*) FROM {mysql_db}.t") == [(1,)]
+    finally:
+        mariadb_target.query(f"SET GLOBAL log_bin_trust_function_creators = {int(trusted)}")
+        mariadb_target.query(f"DROP USER '{user}'@'%'")
+
+
+def test_an_older_tombstones_table_gets_the_delete_gtid_column_once(sites: tuple[Site, Site]) -> None:
+    """A tombstones table an older setl made (no deleted_gtid) gets the column when a load opens, which the
+    triggers fill; opening once more writes no DDL into the binlog."""
+    a, _ = sites
+    a.execute(f"ALTER TABLE {a.db}.setl_tombstones DROP COLUMN deleted_gtid")
+    written = []
+    for _ in range(2):
+        start = a.binlog()
+        again = Site(a.server, "a", a.db, other_db=a.other_db)
+        try:
+            again.load.open()
+            again.guard()
+        finally:
+            again.close()
+        columns = a.execute("SELECT column_name FROM information_schema.columns WHERE table_schema = %s AND "
+                            "table_name = 'setl_tombstones'", (a.db,))
+        assert ("deleted_gtid",) in columns
+        written.append([str(e[5]) for e in a.execute(f"SHOW BINLOG EVENTS IN '{start.log}' FROM {start.offset}")
+                        if e[2] == "Query" and ("TRIGGER" in str(e[5]) or "ALTER TABLE" in str(e[5]))])
+    assert any("ADD COLUMN deleted_gtid" in q for q in written[0]), written
+    assert written[1] == []  # the second open: no DDL, no trigger made again
+    a.write(1, image(1, "x", T0))
+    a.write(1, None)
+    (gtid,), = a.execute(f"SELECT deleted_gtid FROM {a.db}.setl_tombstones")
+    assert gtid is not None and conflicts_module._gtid_seqs(gtid) is not None
