@@ -389,6 +389,61 @@ def test_the_pump_hands_on_ready_transactions_in_one_step_with_the_same_items_as
     assert single_steps == {"a": 3, "c": 2, "all": 8, "none": 0}
 
 
+def test_the_pump_wakes_a_pipeline_when_its_empty_queue_gets_rows_not_per_transaction(mariadb_source):
+    """A subscription calls its `ready` (its Select's wake) when rows land in its empty queue, a drop
+    or a failure; not again while what was queued is not taken, and never for position marks (the
+    Select polls for those at `NOTIFIED_IDLE`)."""
+    from setl.testing.harness import insert
+
+    def tx(n: int, *tables: str) -> Transaction:
+        return Transaction(tuple(insert(t, {"id": n}) for t in tables), Position("mysql-bin.000001", 100 * n), True, 10)
+
+    start = Position("mysql-bin.000001", 4)
+    reader = shared_binlog.SharedReader("k", make_source(mariadb_source), start)
+    woken = {"a": 0, "none": 0}
+    subs = {name: shared_binlog._Subscription(name, start, 1000, keep, ready=lambda name=name: woken.__setitem__(
+        name, woken[name] + 1)) for name, keep in (("a", lambda s, t: t == "a"), ("none", lambda s, t: False))}
+    reader._hand_on([tx(1, "a"), tx(2, "b")], tuple(subs.values()))
+    assert woken == {"a": 1, "none": 0}
+    reader._hand_on([tx(3, "a")], tuple(subs.values()))  # "a" has not taken yet: woken already
+    reader._hand_on([tx(4, "b")], tuple(subs.values()))
+    assert woken == {"a": 1, "none": 0}
+    while subs["a"].take(0.0) is not None:
+        pass
+    assert subs["none"].take(0.0) == Transaction((), tx(4).end, True, 0)  # its mark, polled
+    reader._hand_on([tx(5, "a", "b")], tuple(subs.values()))
+    assert woken == {"a": 2, "none": 0}
+    subs["none"].fail(SourceError("gone"))
+    subs["a"].drop()
+    assert woken == {"a": 3, "none": 1}
+
+
+def test_a_pipeline_joined_to_the_stream_is_woken_by_its_rows(mariadb_source, source_db, subscribers):
+    """`listen`: while joined, the shared stream calls the pipeline's wake when its table's rows are
+    queued for it (`notifies` is then true), and not for another table's; reading alone it does not
+    notify."""
+    setup_tables(mariadb_source, source_db, "a", "b")
+    start = head(mariadb_source)
+    src = subscribers(("a",))
+    woken: list[float] = []
+    src.listen(lambda: woken.append(time.monotonic()))
+    assert not src.notifies()
+    src.open(start)
+    assert src.shared and src.notifies()
+    reader = src._shared_reader
+    assert reader is not None
+    execute(mariadb_source, source_db, "INSERT INTO b VALUES (1, 'x')")
+    wait_until(lambda: reader.pumped >= head(mariadb_source), timeout=20, message="the stream past b's insert")
+    assert woken == []
+    execute(mariadb_source, source_db, "INSERT INTO a VALUES (1, 'x')")
+    end = head(mariadb_source)
+    wait_until(lambda: len(woken) == 1, timeout=20, message="the pipeline woken by a's row")
+    got = poll_until(src, end)
+    assert [(table, key) for table, _, key, _ in rows(got)] == [("a", 1)] and len(woken) == 1
+    src.close()
+    assert not src.notifies()
+
+
 def test_a_failure_right_after_ready_transactions_comes_after_them(mariadb_source):
     """A stream that fails while the pump gathers what is ready (one bulk) first hands on the
     transactions read before the failure, then the failure: nothing read before it is lost."""
