@@ -433,38 +433,53 @@ class SharedReader:
         `STUCK_SECONDS` in any case) is dropped and reads alone: it holds the others back no longer."""
         shares: dict[_Subscription, list[tuple[Transaction, bool]]] = {}
         marks: dict[_Subscription, Position | None] = {}  # a whole end passed over after its share
-        for tx in txs:
+        last_cut: dict[_Subscription, int] = {}  # per pipeline, the last of `txs` it cut
+        if subs is not self._routed:
+            self._routed, self._routes = subs, {}
+        routes = self._routes
+        for i, tx in enumerate(txs):
             groups = _groups(tx)
+            takers: tuple[_Subscription, ...] | list[_Subscription]
             if groups is None:  # a DDL: every pipeline's Extract judges it against its rules
-                for sub in subs:
-                    cut = sub.cut(tx, None)
-                    if cut is not None:
-                        shares.setdefault(sub, []).append((cut, False))
-                        marks[sub] = None
-                continue
-            # Only the pipelines reading one of its tables cut it; the others just pass over its end.
-            if subs is not self._routed:
-                self._routed, self._routes = subs, {}
-            routes = self._routes
-            takers: set[_Subscription] = set()
-            for name in groups:
-                route = routes.get(name)
-                if route is None:
-                    route = routes[name] = tuple(sub for sub in subs if sub.keeps(name))
-                takers.update(route)
-            end, complete = tx.end, tx.complete
-            for sub in subs:
-                if sub in takers:
-                    cut = sub.cut(tx, groups)
-                    if cut is not None:
-                        shares.setdefault(sub, []).append((cut, complete))
-                        marks[sub] = None
-                elif sub in shares:  # its mark waits for its share, queued below
-                    passed = sub.pass_over(end, complete, note=False)
-                    if passed is not None:
-                        marks[sub] = passed
+                takers, plain = subs, False
+            else:  # only the pipelines reading one of its tables cut it
+                plain = tx.complete
+                if len(groups) == 1:
+                    name = next(iter(groups))
+                    takers = routes.get(name) or ()
+                    if name not in routes:
+                        takers = routes[name] = tuple(sub for sub in subs if sub.keeps(name))
                 else:
-                    sub.pass_over(end, complete)
+                    reading: set[_Subscription] = set()
+                    for name in groups:
+                        route = routes.get(name)
+                        if route is None:
+                            route = routes[name] = tuple(sub for sub in subs if sub.keeps(name))
+                        reading.update(route)
+                    takers = [sub for sub in subs if sub in reading]
+            for sub in takers:
+                last_cut[sub] = i
+                cut = sub.cut(tx, groups)
+                if cut is not None:
+                    shares.setdefault(sub, []).append((cut, plain))
+                    marks[sub] = None
+        # The others pass over the transactions after the last one they cut, once for the bulk: the
+        # last whole one's end (their position mark), then the end of the pieces after it, if any.
+        last = len(txs) - 1
+        whole = last
+        while whole >= 0 and not txs[whole].complete:
+            whole -= 1
+        for sub in subs:
+            first = last_cut.get(sub, -1) + 1
+            if first > last:
+                continue
+            queued = sub in shares  # its mark waits for its share, queued below
+            if whole >= first:
+                passed = sub.pass_over(txs[whole].end, True, note=not queued)
+                if queued and passed is not None:
+                    marks[sub] = passed
+            if whole != last:
+                sub.pass_over(txs[last].end, False)
         if not shares:
             return
         weights = {sub: sum(_weight(cut) for cut, _ in share) for sub, share in shares.items()}
