@@ -112,10 +112,12 @@ class _Subscription:
         self.detached = False
         self.asked = time.monotonic()  # when its pipeline last asked for rows (`take`)
         self._ready = threading.Condition()
-        #: called (pump thread, no lock held) when something is queued for `take` in an empty queue
-        #: (`_announce`), a failure or a drop: it wakes the pipeline's Select task (`Select.listen`),
-        #: which otherwise waits (`setl.scheduler.cutter.NOTIFIED_IDLE` at most) instead of polling
+        #: called (pump thread, no lock held) when something is queued for `take` after its last
+        #: `take` found nothing (`_announce`), a failure or a drop: it wakes the pipeline's Select
+        #: task (`Select.listen`), which otherwise waits (`setl.scheduler.cutter.NOTIFIED_IDLE` at
+        #: most) instead of polling
         self.ready = ready
+        self._waiting = True  # its last `take` found nothing (under `_ready`): the next queuing wakes it
 
     def _keeps(self, name: tuple[str, str]) -> bool:
         kept = self._kept.get(name)
@@ -196,7 +198,7 @@ class _Subscription:
         """Queue `tx` (pump thread); never blocks. `plain`: whole and of row changes only (`take` may
         join it to the transactions queued next to it)."""
         with self._ready:
-            idle = not self._items
+            idle, self._waiting = self._waiting, False
             self._items.append((tx, plain))
             self._rows += _weight(tx)
             self.passed = None  # `tx` ends after it: its end says as much
@@ -209,7 +211,7 @@ class _Subscription:
         wake-up (pump thread); never blocks. `passed`: the end of a whole transaction passed over
         after the last of them, noted for `take`'s mark."""
         with self._ready:
-            idle = not self._items
+            idle, self._waiting = self._waiting, False
             self._items.extend(items)
             self._rows += sum(_weight(tx) for tx, _ in items)
             self.passed = None  # they end after it
@@ -220,8 +222,9 @@ class _Subscription:
             self._announce()
 
     def _announce(self) -> None:
-        """Wake its pipeline's Select (`ready`). Queuing calls it only when the queue was empty:
-        with items queued, its Select was woken already and takes them before it waits again."""
+        """Wake its pipeline's Select (`ready`). Queuing calls it only when its last `take` found
+        nothing (or it took nothing yet): otherwise its Select was woken already, or is still
+        taking, and takes what was queued before it waits again."""
         ready = self.ready
         if ready is not None:
             ready()
@@ -257,6 +260,7 @@ class _Subscription:
             if not items:
                 passed = self._unmarked()
                 if passed is None:
+                    self._waiting = True
                     return None
                 self._marked = passed
                 return Transaction((), passed, True, 0)

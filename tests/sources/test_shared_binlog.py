@@ -459,9 +459,10 @@ def test_the_pump_passes_over_a_bulk_once_per_pipeline_with_the_same_marks_and_r
 
 
 def test_the_pump_wakes_a_pipeline_when_its_empty_queue_gets_rows_not_per_transaction(mariadb_source):
-    """A subscription calls its `ready` (its Select's wake) when rows land in its empty queue, a drop
-    or a failure; not again while what was queued is not taken, and never for position marks (the
-    Select polls for those at `NOTIFIED_IDLE`)."""
+    """A subscription calls its `ready` (its Select's wake) when rows are queued after its last `take`
+    found nothing (or before any), on a drop or a failure; not again while what was queued is not
+    taken, not while its Select still takes (its last `take` returned something, so it asks again
+    before it waits), and never for position marks (the Select polls for those at `NOTIFIED_IDLE`)."""
     from setl.testing.harness import insert
 
     def tx(n: int, *tables: str) -> Transaction:
@@ -482,9 +483,15 @@ def test_the_pump_wakes_a_pipeline_when_its_empty_queue_gets_rows_not_per_transa
     assert subs["none"].take(0.0) == Transaction((), tx(4).end, True, 0)  # its mark, polled
     reader._hand_on([tx(5, "a", "b")], tuple(subs.values()))
     assert woken == {"a": 2, "none": 0}
+    assert subs["a"].take(0.0) is not None  # it took the last one, and has not found the queue empty yet
+    reader._hand_on([tx(6, "a")], tuple(subs.values()))
+    assert woken == {"a": 2, "none": 0}
+    assert [tx.end for tx in iter(lambda: subs["a"].take(0.0), None)] == [tx(6).end]
+    reader._hand_on([tx(7, "a")], tuple(subs.values()))
+    assert woken == {"a": 3, "none": 0}
     subs["none"].fail(SourceError("gone"))
     subs["a"].drop()
-    assert woken == {"a": 3, "none": 1}
+    assert woken == {"a": 4, "none": 1}
 
 
 def test_a_pipeline_joined_to_the_stream_is_woken_by_its_rows(mariadb_source, source_db, subscribers):
