@@ -35,6 +35,9 @@ class DdlTaskSelect(SelectWrapper):
     * Updates and deletes of signal rows are ignored (a job may clean its signal table).
     """
 
+    forward_ready = True  # it hands on the inner's transactions (less the signal table), within the same poll
+
+
     def __init__(self, inner: Select, tasks: DdlTasks, signal_table: str, *, pipeline: str = "") -> None:
         schema, dot, table = signal_table.rpartition(".")
         if not dot or not schema or not table:

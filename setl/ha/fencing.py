@@ -101,6 +101,8 @@ class FencedSelect(SelectWrapper):
     """Select that only reads while its lease holds: a poll during a lost connection returns
     nothing, and any call after the lease is lost raises `LeadershipLost`."""
 
+    forward_ready = True  # it returns the inner's transactions or nothing (a lease back is seen by the next poll)
+
     def __init__(self, lease: Lease, inner: Select) -> None:
         super().__init__(inner)
         self.lease = lease

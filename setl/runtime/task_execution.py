@@ -54,6 +54,10 @@ class Task(Protocol):
     threshold holds a thread, and a task that does so repeatedly is given its own thread.
     A task may also define `blocking` (a bool attribute, or a method returning one); a
     blocking task, such as one reading a socket, gets its own thread from the start.
+    A task may also define `idle_for()`: after a NO_PROGRESS call, how long (seconds) to leave it
+    parked unless woken, instead of the service's `idle_backoff` (None: `idle_backoff`). It is
+    called under the service's lock, so it must be cheap and take no lock a task may hold while
+    it calls `wake`.
     `call()` raising ends the task: it is not called again.
     """
 
@@ -431,11 +435,12 @@ class TaskExecutionService:
                 error = self._call(handle)
                 with self._cond:
                     progress = self._settle(handle, error)
+                    backoff = self._backoff(handle) if progress is Progress.NO_PROGRESS else 0.0
                 self._report(handle, error)
                 if handle._state in _FINAL:
                     return
                 if progress is Progress.NO_PROGRESS:
-                    handle._wake_event.wait(self.idle_backoff)
+                    handle._wake_event.wait(backoff)
                 elif progress is Progress.BLOCKED:
                     handle._wake_event.wait()
         finally:
@@ -493,14 +498,20 @@ class TaskExecutionService:
             self._start_dedicated(handle)
         elif outcome is Progress.BLOCKED and not woken:
             self._runs.park(handle, None)  # no deadline: only wake() queues it again
-        elif outcome is Progress.NO_PROGRESS and not woken and self.idle_backoff > 0:
-            self._runs.park(handle, self._clock() + self.idle_backoff)
+        elif outcome is Progress.NO_PROGRESS and not woken and (backoff := self._backoff(handle)) > 0:
+            self._runs.park(handle, self._clock() + backoff)
             self._cond.notify()  # a waiting worker must shorten its wait to the new deadline
         else:
             # as in wake() when woken: the event came while it was in a call
             self._runs.queue(handle, urgent=woken and outcome is not Progress.PROGRESS)
             self._cond.notify()
         return outcome
+
+    def _backoff(self, handle: TaskHandle) -> float:
+        """How long a task that made no progress stays parked unless woken (`Task.idle_for`)."""
+        idle_for = getattr(handle.task, "idle_for", None)
+        wait = idle_for() if idle_for is not None else None
+        return self.idle_backoff if wait is None else wait
 
     def _finish(self, handle: TaskHandle, state: _State, error: BaseException | None = None) -> None:
         handle._state = state

@@ -70,9 +70,13 @@ class _Step:
 
     step: Callable[[], Progress]
     blocking: bool = False
+    idle: Callable[[], float | None] | None = None  # `Task.idle_for`: None, the service's back-off
 
     def call(self) -> Progress:
         return self.step()
+
+    def idle_for(self) -> float | None:
+        return None if self.idle is None else self.idle()
 
 
 class Scheduler:
@@ -282,7 +286,7 @@ class Scheduler:
         # With private services every activity has a thread: Select's waits in the source's poll.
         cutter.blocking = self._own_tasks or bool(getattr(self.select, "blocking", False))
         steps = {
-            "select": _Step(self._guard(self.selector.step), blocking=cutter.blocking),
+            "select": _Step(self._guard(self.selector.step), blocking=cutter.blocking, idle=self.selector.idle_for),
             "load": _Step(self._guard(self._repeat(self.loader.step))),
             "termin": _Step(self._guard(self._repeat(self.termin.step))),
         }

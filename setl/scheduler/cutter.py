@@ -19,6 +19,11 @@ from setl.stages import Select
 SELECT_SLICE = 0.02
 #: Longest a blocking Select waits in one poll: bounds how long a stop waits for it.
 BLOCKING_POLL = 0.02
+#: Longest the Select task of a source that announces new rows (`Select.notifies`) stays parked with
+#: nothing to read, unless the source wakes it or its batch falls due first: it still polls this
+#: often for position marks (acked at most once a second, `IDLE_ACK_SECONDS`) and for what the
+#: source does not announce. A source that does not announce is polled every `idle_backoff_ms`.
+NOTIFIED_IDLE = 0.25
 #: A batch that holds no change yet (transactions of tables the pipeline does not read, which only
 #: move its position) waits this long (or `max_wait_ms` if longer) for one: an idle pipeline writes
 #: its position at most about once a second, not once per `max_wait_ms`. A change cuts it as usual.
@@ -112,6 +117,19 @@ class BatchCutter:
         self._eager = False
         self.next_id = batch.id + 1
         self.end = batch.end
+
+    def idle_for(self) -> float | None:
+        """After a read that found nothing: how long the Select task may wait for the source to wake
+        it (`Select.notifies`), until the batch being cut falls due and at most `NOTIFIED_IDLE`;
+        None (poll again after the usual back-off) when the source does not announce new rows or
+        polls block in the source itself (`blocking`)."""
+        if self.blocking or not self.select.notifies():
+            return None
+        cut = self._cut
+        deadline = None if cut is None else cut.deadline
+        if deadline is None:
+            return NOTIFIED_IDLE
+        return max(0.0, min(NOTIFIED_IDLE, deadline - self.clock()))
 
     def _due(self, cut: _Cut, now: float) -> bool:
         """Whether the batch is due at `now`: past its deadline, and not a batch of changes that the

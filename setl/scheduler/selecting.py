@@ -59,6 +59,17 @@ class Selector:
         self._rewind: Rewind | None = None  # taken from the ledger, applied once its delay is over
         self._permit_wait_since: float | None = None  # when Select found every permit taken
         self._passed: tuple[Position, Position] | None = None  # the source's `passed` Termin was last woken for
+        select.listen(self._ready)  # a source that announces new rows wakes the Select task (`Select.notifies`)
+
+    def _ready(self) -> None:
+        self._wake("select")
+
+    def idle_for(self) -> float | None:
+        """How long the Select task may stay parked after a slice that read nothing, unless woken
+        (`BatchCutter.idle_for`); None (the service's back-off) while a rewind waits for its time."""
+        if self._rewind is not None:
+            return None
+        return self.cutter.idle_for()
 
     def step(self) -> Progress:
         """One slice of Select: rewind if asked, take a permit, read, hand a batch on."""

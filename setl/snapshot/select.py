@@ -156,6 +156,16 @@ class SnapshotSelect(SelectWrapper):
         fresh = start is None and self.start_mode
         self._restart(self.inner.tell(), fresh=fresh)
 
+    def listen(self, ready: Callable[[], None]) -> None:
+        self.inner.listen(ready)
+
+    def notifies(self) -> bool:
+        """The inner source's while no copy, read or repair is under way (`MergeHandOff.poll` is then
+        its poll); False otherwise. A snapshot request is seen at the next poll (they are looked
+        for once a second). Read without the book's lock (this is asked under the scheduler's): a
+        stale answer only delays a poll, by `NOTIFIED_IDLE` at most."""
+        return self.book.idle and self.inner.notifies()
+
     def seek(self, position: Position | None) -> None:
         self.reads.shutdown()
         self.inner.seek(position)

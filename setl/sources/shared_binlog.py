@@ -95,7 +95,7 @@ class _Subscription:
     and `take` hands that on as one position mark once everything queued before it was taken."""
 
     def __init__(self, pipeline: str, after: Position, limit: int, keep: Callable[[str, str], bool] | None,
-                 merge: int = 1) -> None:
+                 merge: int = 1, ready: Callable[[], None] | None = None) -> None:
         self.pipeline = pipeline
         self.after = after  # the end of the last transaction queued (or passed over) for it
         self.limit = limit
@@ -112,6 +112,12 @@ class _Subscription:
         self.detached = False
         self.asked = time.monotonic()  # when its pipeline last asked for rows (`take`)
         self._ready = threading.Condition()
+        #: called (pump thread, no lock held) when something is queued for `take` after its last
+        #: `take` found nothing (`_announce`), a failure or a drop: it wakes the pipeline's Select
+        #: task (`Select.listen`), which otherwise waits (`setl.scheduler.cutter.NOTIFIED_IDLE` at
+        #: most) instead of polling
+        self.ready = ready
+        self._waiting = True  # its last `take` found nothing (under `_ready`): the next queuing wakes it
 
     def _keeps(self, name: tuple[str, str]) -> bool:
         kept = self._kept.get(name)
@@ -192,22 +198,36 @@ class _Subscription:
         """Queue `tx` (pump thread); never blocks. `plain`: whole and of row changes only (`take` may
         join it to the transactions queued next to it)."""
         with self._ready:
+            idle, self._waiting = self._waiting, False
             self._items.append((tx, plain))
             self._rows += _weight(tx)
             self.passed = None  # `tx` ends after it: its end says as much
             self._ready.notify()
+        if idle:
+            self._announce()
 
     def put_all(self, items: list[tuple[Transaction, bool]], passed: Position | None = None) -> None:
         """Queue `items` ((transaction, plain) as `put` takes them, in order) in one step and one
         wake-up (pump thread); never blocks. `passed`: the end of a whole transaction passed over
         after the last of them, noted for `take`'s mark."""
         with self._ready:
+            idle, self._waiting = self._waiting, False
             self._items.extend(items)
             self._rows += sum(_weight(tx) for tx, _ in items)
             self.passed = None  # they end after it
             self._ready.notify()
         if passed is not None:
             self.passed = passed
+        if idle:
+            self._announce()
+
+    def _announce(self) -> None:
+        """Wake its pipeline's Select (`ready`). Queuing calls it only when its last `take` found
+        nothing (or it took nothing yet): otherwise its Select was woken already, or is still
+        taking, and takes what was queued before it waits again."""
+        ready = self.ready
+        if ready is not None:
+            ready()
 
     def drop(self) -> None:
         """Detach it (pump thread): its pipeline reads alone from what it took last."""
@@ -216,12 +236,14 @@ class _Subscription:
             self._items.clear()
             self._rows = 0
             self._ready.notify()
+        self._announce()
 
     def fail(self, error: SetlError) -> None:
         """The shared stream failed: the pipeline raises `error` (as its own) once it took what came before."""
         with self._ready:
             self._items.append(_Failed(error))
             self._ready.notify()
+        self._announce()
 
     def take(self, timeout: float) -> Transaction | _Failed | object | None:
         """The next item, None when none arrived within `timeout`, or `_DETACHED`. Whole transactions
@@ -238,6 +260,7 @@ class _Subscription:
             if not items:
                 passed = self._unmarked()
                 if passed is None:
+                    self._waiting = True
                     return None
                 self._marked = passed
                 return Transaction((), passed, True, 0)
@@ -317,8 +340,8 @@ class SharedReader:
             subs = list(self._subs)
         return any(s.keep is None or s.keep(schema, table) for s in subs)
 
-    def attach(self, pipeline: str, at: Position, limit: int,
-               keep: Callable[[str, str], bool] | None) -> _Subscription | None:
+    def attach(self, pipeline: str, at: Position, limit: int, keep: Callable[[str, str], bool] | None,
+               ready: Callable[[], None] | None = None) -> _Subscription | None:
         """A subscription for what follows `at`, or None when `at` is too far behind (or the stream ended)."""
         with self._lock:
             if self.ended:
@@ -334,7 +357,8 @@ class SharedReader:
                 # maybe this one's, in what it read after `pumped`: it reads that again, knowing. (A
                 # stream that passed over nothing yet asks `selects`, which sees this one, first.)
                 self._rewind = self.pumped if self._rewind is None else min(self._rewind, self.pumped)
-            sub = _Subscription(pipeline, at, limit, keep, merge=max(1, limit // BUFFER_BATCHES // MERGE_SHARE))
+            sub = _Subscription(pipeline, at, limit, keep, merge=max(1, limit // BUFFER_BATCHES // MERGE_SHARE),
+                                ready=ready)
             self._subs = (*self._subs, sub)
             return sub
 
@@ -413,38 +437,53 @@ class SharedReader:
         `STUCK_SECONDS` in any case) is dropped and reads alone: it holds the others back no longer."""
         shares: dict[_Subscription, list[tuple[Transaction, bool]]] = {}
         marks: dict[_Subscription, Position | None] = {}  # a whole end passed over after its share
-        for tx in txs:
+        last_cut: dict[_Subscription, int] = {}  # per pipeline, the last of `txs` it cut
+        if subs is not self._routed:
+            self._routed, self._routes = subs, {}
+        routes = self._routes
+        for i, tx in enumerate(txs):
             groups = _groups(tx)
+            takers: tuple[_Subscription, ...] | list[_Subscription]
             if groups is None:  # a DDL: every pipeline's Extract judges it against its rules
-                for sub in subs:
-                    cut = sub.cut(tx, None)
-                    if cut is not None:
-                        shares.setdefault(sub, []).append((cut, False))
-                        marks[sub] = None
-                continue
-            # Only the pipelines reading one of its tables cut it; the others just pass over its end.
-            if subs is not self._routed:
-                self._routed, self._routes = subs, {}
-            routes = self._routes
-            takers: set[_Subscription] = set()
-            for name in groups:
-                route = routes.get(name)
-                if route is None:
-                    route = routes[name] = tuple(sub for sub in subs if sub.keeps(name))
-                takers.update(route)
-            end, complete = tx.end, tx.complete
-            for sub in subs:
-                if sub in takers:
-                    cut = sub.cut(tx, groups)
-                    if cut is not None:
-                        shares.setdefault(sub, []).append((cut, complete))
-                        marks[sub] = None
-                elif sub in shares:  # its mark waits for its share, queued below
-                    passed = sub.pass_over(end, complete, note=False)
-                    if passed is not None:
-                        marks[sub] = passed
+                takers, plain = subs, False
+            else:  # only the pipelines reading one of its tables cut it
+                plain = tx.complete
+                if len(groups) == 1:
+                    name = next(iter(groups))
+                    takers = routes.get(name) or ()
+                    if name not in routes:
+                        takers = routes[name] = tuple(sub for sub in subs if sub.keeps(name))
                 else:
-                    sub.pass_over(end, complete)
+                    reading: set[_Subscription] = set()
+                    for name in groups:
+                        route = routes.get(name)
+                        if route is None:
+                            route = routes[name] = tuple(sub for sub in subs if sub.keeps(name))
+                        reading.update(route)
+                    takers = [sub for sub in subs if sub in reading]
+            for sub in takers:
+                last_cut[sub] = i
+                cut = sub.cut(tx, groups)
+                if cut is not None:
+                    shares.setdefault(sub, []).append((cut, plain))
+                    marks[sub] = None
+        # The others pass over the transactions after the last one they cut, once for the bulk: the
+        # last whole one's end (their position mark), then the end of the pieces after it, if any.
+        last = len(txs) - 1
+        whole = last
+        while whole >= 0 and not txs[whole].complete:
+            whole -= 1
+        for sub in subs:
+            first = last_cut.get(sub, -1) + 1
+            if first > last:
+                continue
+            queued = sub in shares  # its mark waits for its share, queued below
+            if whole >= first:
+                passed = sub.pass_over(txs[whole].end, True, note=not queued)
+                if queued and passed is not None:
+                    marks[sub] = passed
+            if whole != last:
+                sub.pass_over(txs[last].end, False)
         if not shares:
             return
         weights = {sub: sum(_weight(cut) for cut, _ in share) for sub, share in shares.items()}
@@ -504,8 +543,8 @@ class _Readers:
             return self._last_news.get(key, 0.0) + SIBLINGS_SECONDS
 
     def attach(self, key: Hashable, make: Callable[[Callable[[str, str], bool]], MysqlBinlogSource],
-               pipeline: str, at: Position, limit: int, keep: Callable[[str, str], bool] | None
-               ) -> tuple[SharedReader, _Subscription] | None:
+               pipeline: str, at: Position, limit: int, keep: Callable[[str, str], bool] | None,
+               ready: Callable[[], None] | None = None) -> tuple[SharedReader, _Subscription] | None:
         """A subscription to the key's reader (started at `at` when there is none), or None. None too
         while another reader of the same server (`_server`), for pipelines of other reader settings (a
         channel's loop guard, batch.max_rows), runs: a second stream with the same server_id would
@@ -523,7 +562,7 @@ class _Readers:
                 holder.append(reader)
             else:
                 reader = known
-            sub = reader.attach(pipeline, at, limit, keep)
+            sub = reader.attach(pipeline, at, limit, keep, ready)
             if sub is None:
                 return None
             if fresh:
@@ -577,6 +616,7 @@ class SharedBinlogSource(MysqlBinlogSource):
         self._sub: _Subscription | None = None
         self._after: Position | None = None
         self._next_merge = 0.0
+        self._ready: Callable[[], None] | None = None  # `listen`'s: the scheduler's wake of its Select task
         self.joins = 0  # times it joined a shared stream
         self.drops = 0  # times the shared stream dropped it (a full buffer)
         READERS.built(self._key(), self)
@@ -609,7 +649,7 @@ class SharedBinlogSource(MysqlBinlogSource):
 
     def _join(self, at: Position) -> bool:
         limit = BUFFER_BATCHES * self.max_rows_in_memory
-        got = READERS.attach(self._key(), self._make_shared, self.pipeline, at, limit, self.reads)
+        got = READERS.attach(self._key(), self._make_shared, self.pipeline, at, limit, self.reads, self._ready)
         if got is None:
             return False
         self._shared_reader, self._sub = got
@@ -680,13 +720,27 @@ class SharedBinlogSource(MysqlBinlogSource):
         if item is not None:
             assert isinstance(item, Transaction)
             self._after = item.end
-        heard = self._shared_reader.source.heard
-        if heard is not None and self._after is not None and heard[0] <= self._after:
+        heard, after = self._shared_reader.source.heard, self._after
+        # `heard[0] <= after` without attrs' generated comparison (asked at every poll)
+        if heard is not None and after is not None and \
+                (heard[0].log, heard[0].offset, heard[0].row) <= (after.log, after.offset, after.row):
             self.figures.hear(*heard)  # the stream stood where this pipeline stands now, then (lag figures)
         return item
 
     def tell(self) -> Position | None:
         return self._after if self._sub is not None else super().tell()
+
+    def listen(self, ready: Callable[[], None]) -> None:
+        """While joined, the shared stream calls `ready` whenever it queues rows (or a DDL, a
+        failure, a drop) for this pipeline: its Select waits for that instead of polling."""
+        self._ready = ready
+        sub = self._sub
+        if sub is not None:
+            sub.ready = ready
+
+    def notifies(self) -> bool:
+        """Whether it reads the shared stream now (reading alone, it does not announce rows)."""
+        return self._sub is not None and self._ready is not None
 
     def behind(self) -> bool:
         """Whether the stream it reads (the shared one while joined) reads a backlog now."""

@@ -99,6 +99,20 @@ class Select(abc.ABC):
         once the ack reached `after`, `through` is at its target and no batch is in flight."""
         return None
 
+    def listen(self, ready: Callable[[], None]) -> None:  # noqa: B027 - an optional hook
+        """Register `ready`: while `notifies()` is true, the source calls it (from any thread; it
+        must be cheap and never block) whenever a `poll` may return something it would not have
+        returned before: rows, a failure, a change of stream. Position marks need not call it.
+        Called once, by the scheduler built for it (maybe after `open`); by default ignored."""
+
+    def notifies(self) -> bool:
+        """Whether the source calls `listen`'s `ready` now (see there), so that a caller with
+        nothing to read may wait for it instead of polling again soon (it still polls at least
+        every `setl.scheduler.cutter.NOTIFIED_IDLE` seconds, for position marks and whatever
+        else does not call `ready`). Asked on the scheduler's threads after each empty slice;
+        it must be cheap, lock-free and must not block. False by default."""
+        return False
+
     def describe(self) -> tuple[TableSchema, ...] | None:
         """The columns of every source table the pipeline selects as they stand now, before any row
         arrives, on a short-lived connection of its own; None when the source cannot tell.
@@ -139,7 +153,21 @@ class Select(abc.ABC):
 
 class SelectWrapper(Select):
     """A Select around another (`inner`) that forwards every call and the inner's `blocking`
-    hint; subclasses override what they change (fencing, signal rows)."""
+    hint; subclasses override what they change (fencing, signal rows).
+
+    `listen` and `notifies` are not forwarded: a wrapper may hand on what its inner source never
+    announces (copies, injected faults), so only one whose `poll` is the inner's (or less) forwards
+    them (`forward_ready`)."""
+
+    #: Whether `poll` returns nothing the inner source would not announce by `ready` (`listen`).
+    forward_ready: bool = False
+
+    def listen(self, ready: Callable[[], None]) -> None:
+        if self.forward_ready:
+            self.inner.listen(ready)
+
+    def notifies(self) -> bool:
+        return self.forward_ready and self.inner.notifies()
 
     def __init__(self, inner: Select) -> None:
         self.inner = inner

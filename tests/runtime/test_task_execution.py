@@ -451,6 +451,36 @@ def test_blocked_task_waits_for_a_wake_however_far_the_clock_moves(make_service,
     assert handle.wait(10)
 
 
+@pytest.mark.parametrize("blocking", [False, True])
+def test_a_task_idle_for_says_how_long_it_stays_parked_unless_woken(make_service, blocking):
+    """`idle_for` replaces the service's back-off for the task (shared or on its own thread): it is
+    called again once that passes or when woken, not after `idle_backoff`; None keeps the back-off."""
+    clock = FakeClock()
+    svc = make_service(core_workers=1, max_workers=1, overrun_threshold=5.0, idle_backoff=0.01, clock=clock)
+    task = Idle()
+    task.blocking = blocking
+    waits: list[float | None] = [30.0]
+    task.idle_for = lambda: waits[0]
+    handle = svc.submit(task)
+    wait_until(lambda: task.calls == 1)
+    if blocking:
+        time.sleep(0.3)  # a dedicated thread waits in real time: 30 of its back-offs
+    else:
+        clock.advance(1.0)  # a hundred back-offs on the service's clock
+        assert svc.submit(Steps(50)).wait(10)  # the shared worker cycles meanwhile
+    assert task.calls == 1 and not handle.done()
+    waits[0] = None  # from the next call on, the service's back-off again
+    handle.wake()
+    wait_until(lambda: task.calls == 2)
+    if not blocking:
+        clock.advance(0.02)
+    wait_until(lambda: task.calls >= 3)
+    task.ready.set()
+    if not blocking:
+        clock.advance(0.02)
+    assert handle.wait(10)
+
+
 def test_a_woken_task_runs_before_tasks_already_queued(make_service):
     """wake() puts a parked task at the head of the queue, ahead of tasks queued before it."""
     svc = make_service(core_workers=1, max_workers=1, overrun_threshold=5.0)

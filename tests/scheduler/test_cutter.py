@@ -7,7 +7,13 @@ from __future__ import annotations
 from setl.config import BatchSettings
 from setl.model import Batch, Position, Transaction
 from setl.runtime import Progress
-from setl.scheduler.cutter import BEHIND_RECHECK, BEHIND_WAIT_SECONDS, IDLE_ACK_SECONDS, BatchCutter
+from setl.scheduler.cutter import (
+    BEHIND_RECHECK,
+    BEHIND_WAIT_SECONDS,
+    IDLE_ACK_SECONDS,
+    NOTIFIED_IDLE,
+    BatchCutter,
+)
 from setl.testing.harness import ScriptedSource, insert
 
 
@@ -213,3 +219,30 @@ def test_a_batch_of_position_marks_is_not_held_by_a_source_behind():
     clock.now += IDLE_ACK_SECONDS
     batch = cut(cutter)
     assert isinstance(batch, Batch) and len(batch) == 0
+
+
+def test_a_source_that_announces_rows_lets_select_wait_until_its_batch_falls_due():
+    """`idle_for` after an empty read: None (the service's back-off) for a source that does not
+    announce new rows or when Select's polls block; for one that does (`Select.notifies`),
+    `NOTIFIED_IDLE` with no change in the batch, and the time left to the batch's deadline once it
+    holds changes (never past it, never below 0)."""
+    source, cutter, clock = rig(1, max_wait_ms=100)
+    first = cut(cutter)
+    assert isinstance(first, Batch)
+    cutter.handed_on(first)
+    assert cut(cutter) is Progress.NO_PROGRESS
+    assert cutter.idle_for() is None  # a scripted source does not announce
+    source.notifies = lambda: True  # type: ignore[method-assign]
+    assert cutter.idle_for() == NOTIFIED_IDLE  # nothing taken: no deadline
+    source.append([insert("t", {"id": 10})])
+    assert cut(cutter) is Progress.PROGRESS
+    assert cut(cutter) is Progress.NO_PROGRESS
+    assert abs(cutter.idle_for() - 0.1) < 1e-9  # due in max_wait_ms
+    clock.now += 0.07
+    assert abs(cutter.idle_for() - 0.03) < 1e-9
+    clock.now += 0.5
+    assert cutter.idle_for() == 0.0
+    cutter.blocking = True  # polls wait in the source: nothing to add
+    assert cutter.idle_for() is None
+    cutter.blocking = False
+    assert isinstance(cut(cutter), Batch)

@@ -389,6 +389,137 @@ def test_the_pump_hands_on_ready_transactions_in_one_step_with_the_same_items_as
     assert single_steps == {"a": 3, "c": 2, "all": 8, "none": 0}
 
 
+def test_the_pump_passes_over_a_bulk_once_per_pipeline_with_the_same_marks_and_resume_points(mariadb_source):
+    """A pipeline passes over the transactions after the last one it cut once per bulk (the last
+    whole one's end, then the end of a split transaction's pieces after it), not once per
+    transaction: each takes the same items and marks, in the same order, and stands at the same
+    position afterwards, as when the same transactions come one at a time, pieces and a pipeline
+    resuming inside a split transaction included."""
+    import attrs
+
+    from setl.testing.harness import insert
+
+    log = "mysql-bin.000001"
+
+    def tx(n: int, *tables: str) -> Transaction:
+        return Transaction(tuple(insert(t, {"id": n}) for t in tables), Position(log, 100 * n + 99), True, 10)
+
+    def pieces(n: int, *parts: tuple[str, ...], last: bool = True) -> list[Transaction]:
+        """A transaction at offset 100 * n split into `parts` (tables, one row each): each change at its
+        ordinal, each piece ending at its last one's; the last piece whole (unless `last` is False)."""
+        out, row = [], 0
+        for k, part in enumerate(parts):
+            changes = []
+            for table in part:
+                row += 1
+                changes.append(attrs.evolve(insert(table, {"id": 1000 * n + row}), position=Position(log, 100 * n,
+                                                                                                   row=row)))
+            whole = last and k == len(parts) - 1
+            out.append(Transaction(tuple(changes), Position(log, 100 * n + 99) if whole else Position(log, 100 * n,
+                                                                                                   row=row),
+                                   whole, 10))
+        return out
+
+    txs = [tx(1, "a"), *pieces(2, ("a", "b"), ("b",), ("b", "c")), tx(3, "c"), tx(4, "b"), tx(5, "a"),
+           *pieces(6, ("b",), ("c",), last=False)]
+    start = Position(log, 4)
+    keeps = {"a": lambda s, t: t == "a", "b": lambda s, t: t == "b", "c": lambda s, t: t == "c", "all": None,
+             "none": lambda s, t: False}
+
+    def run(bulks: list[list[Transaction]]) -> dict[str, tuple[list[tuple[tuple[Any, ...], Position]], Position]]:
+        reader = shared_binlog.SharedReader("k", make_source(mariadb_source), start)
+        subs = {name: shared_binlog._Subscription(name, start, 1000, keep) for name, keep in keeps.items()}
+        subs["a inside"] = shared_binlog._Subscription("a inside", Position(log, 200, row=1), 1000, keeps["a"])
+        subs["b inside"] = shared_binlog._Subscription("b inside", Position(log, 200, row=2), 1000, keeps["b"])
+        for bulk in bulks:
+            reader._hand_on(bulk, tuple(subs.values()))
+        taken = {}
+        for name, sub in subs.items():
+            items = taken[name] = []
+            while (item := sub.take(0.0)) is not None:
+                assert isinstance(item, Transaction)
+                items.append((tuple((c.table, c.after["id"]) for c in item.changes), item.end))
+        return {name: (taken[name], sub.after) for name, sub in subs.items()}
+
+    for cut_at in range(1, len(txs)):  # two bulks, split everywhere, against one by one
+        assert run([txs[:cut_at], txs[cut_at:]]) == run([[t] for t in txs]), cut_at
+    bulk = run([txs])
+    assert bulk == run([[t] for t in txs])
+    assert bulk["none"] == ([((), Position(log, 599))], Position(log, 600, row=2))
+    # c: a split transaction's last piece, a whole one, and a piece of the split transaction at the end
+    assert bulk["c"] == ([((("c", 2005),), Position(log, 299)), ((("c", 3),), Position(log, 399)),
+                          ((("c", 6002),), Position(log, 600, row=2))], Position(log, 600, row=2))
+    # resuming after the first row of the split transaction (its "a" row, handed on before): nothing of
+    # it, its next row
+    assert bulk["a inside"] == ([((("a", 5),), Position(log, 599))], Position(log, 600, row=2))
+    # resuming after its second row: the rest of it, from the piece holding the third row on
+    assert bulk["b inside"] == ([((("b", 2003),), Position(log, 200, row=3)),
+                                 ((("b", 2004),), Position(log, 299)), ((("b", 4),), Position(log, 499)),
+                                 ((("b", 6001),), Position(log, 600, row=1))], Position(log, 600, row=2))
+
+
+def test_the_pump_wakes_a_pipeline_when_its_empty_queue_gets_rows_not_per_transaction(mariadb_source):
+    """A subscription calls its `ready` (its Select's wake) when rows are queued after its last `take`
+    found nothing (or before any), on a drop or a failure; not again while what was queued is not
+    taken, not while its Select still takes (its last `take` returned something, so it asks again
+    before it waits), and never for position marks (the Select polls for those at `NOTIFIED_IDLE`)."""
+    from setl.testing.harness import insert
+
+    def tx(n: int, *tables: str) -> Transaction:
+        return Transaction(tuple(insert(t, {"id": n}) for t in tables), Position("mysql-bin.000001", 100 * n), True, 10)
+
+    start = Position("mysql-bin.000001", 4)
+    reader = shared_binlog.SharedReader("k", make_source(mariadb_source), start)
+    woken = {"a": 0, "none": 0}
+    subs = {name: shared_binlog._Subscription(name, start, 1000, keep, ready=lambda name=name: woken.__setitem__(
+        name, woken[name] + 1)) for name, keep in (("a", lambda s, t: t == "a"), ("none", lambda s, t: False))}
+    reader._hand_on([tx(1, "a"), tx(2, "b")], tuple(subs.values()))
+    assert woken == {"a": 1, "none": 0}
+    reader._hand_on([tx(3, "a")], tuple(subs.values()))  # "a" has not taken yet: woken already
+    reader._hand_on([tx(4, "b")], tuple(subs.values()))
+    assert woken == {"a": 1, "none": 0}
+    while subs["a"].take(0.0) is not None:
+        pass
+    assert subs["none"].take(0.0) == Transaction((), tx(4).end, True, 0)  # its mark, polled
+    reader._hand_on([tx(5, "a", "b")], tuple(subs.values()))
+    assert woken == {"a": 2, "none": 0}
+    assert subs["a"].take(0.0) is not None  # it took the last one, and has not found the queue empty yet
+    reader._hand_on([tx(6, "a")], tuple(subs.values()))
+    assert woken == {"a": 2, "none": 0}
+    assert [tx.end for tx in iter(lambda: subs["a"].take(0.0), None)] == [tx(6).end]
+    reader._hand_on([tx(7, "a")], tuple(subs.values()))
+    assert woken == {"a": 3, "none": 0}
+    subs["none"].fail(SourceError("gone"))
+    subs["a"].drop()
+    assert woken == {"a": 4, "none": 1}
+
+
+def test_a_pipeline_joined_to_the_stream_is_woken_by_its_rows(mariadb_source, source_db, subscribers):
+    """`listen`: while joined, the shared stream calls the pipeline's wake when its table's rows are
+    queued for it (`notifies` is then true), and not for another table's; reading alone it does not
+    notify."""
+    setup_tables(mariadb_source, source_db, "a", "b")
+    start = head(mariadb_source)
+    src = subscribers(("a",))
+    woken: list[float] = []
+    src.listen(lambda: woken.append(time.monotonic()))
+    assert not src.notifies()
+    src.open(start)
+    assert src.shared and src.notifies()
+    reader = src._shared_reader
+    assert reader is not None
+    execute(mariadb_source, source_db, "INSERT INTO b VALUES (1, 'x')")
+    wait_until(lambda: reader.pumped >= head(mariadb_source), timeout=20, message="the stream past b's insert")
+    assert woken == []
+    execute(mariadb_source, source_db, "INSERT INTO a VALUES (1, 'x')")
+    end = head(mariadb_source)
+    wait_until(lambda: len(woken) == 1, timeout=20, message="the pipeline woken by a's row")
+    got = poll_until(src, end)
+    assert [(table, key) for table, _, key, _ in rows(got)] == [("a", 1)] and len(woken) == 1
+    src.close()
+    assert not src.notifies()
+
+
 def test_a_failure_right_after_ready_transactions_comes_after_them(mariadb_source):
     """A stream that fails while the pump gathers what is ready (one bulk) first hands on the
     transactions read before the failure, then the failure: nothing read before it is lost."""
