@@ -371,6 +371,10 @@ class _Receiver:
         handed: Position | None = self.start
         reconnects = 0
         decoder = Decoder()
+
+        def mark() -> None:
+            figures.late = time.time()
+
         try:
             while True:
                 message = _read(process.stdout)
@@ -380,14 +384,9 @@ class _Receiver:
                     _, frame, (heard, arrivals, child_reconnects, peak, passed, late) = message
                     txs = decoder.frame(frame)
                     if late is None:  # none read late (at the log's end)
-                        for tx in txs:
-                            handoff.put(tx, stop)
+                        handoff.put_all(txs, stop)
                     else:  # as the reader thread: `late` set, then the transaction read late handed on
-                        late_at = range(len(txs)) if late is True else frozenset(late)
-                        for i, tx in enumerate(txs):
-                            if i in late_at:
-                                figures.late = time.time()
-                            handoff.put(tx, stop)
+                        handoff.put_all(txs, stop, range(len(txs)) if late is True else frozenset(late), mark)
                     if txs:
                         handed = txs[-1].end
                     # after the transactions they follow: "heard" never runs ahead of what poll can take
