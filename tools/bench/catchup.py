@@ -277,6 +277,11 @@ class Scraper:
 READER_PROCESS: dict[str, list[tuple[float, float]]] = {}
 
 
+def _children_total() -> tuple[float, float]:
+    """(CPU seconds, peak RSS MiB) of the reader child and its spare, summed."""
+    return (sum(cpu for cpu, _ in LAST_GRANDCHILDREN.values()), sum(rss for _, rss in LAST_GRANDCHILDREN.values()))
+
+
 def catch_up(folder: Path, name: str, source, target, start, args: argparse.Namespace,
              http: bool, load_mode: str = "ordered", reader_process: bool = False) -> tuple[float, float]:
     """One `setl start --until-caught-up` of the backlog; (wall seconds, peak RSS MiB)."""
@@ -298,9 +303,11 @@ def catch_up(folder: Path, name: str, source, target, start, args: argparse.Name
         label = ("setl" if not args.profile else "setl (under py-spy)") + (", reader process" if reader_process else "")
         CPU.setdefault(label, []).append((LAST_CHILD_CPU[0], process_cpu(target.pid) - applied))
         if reader_process:
-            if len(LAST_GRANDCHILDREN) != 1:
-                raise SystemExit(f"expected one reader process, saw {sorted(LAST_GRANDCHILDREN)}")
-            READER_PROCESS.setdefault(label, []).append(next(iter(LAST_GRANDCHILDREN.values())))
+            # The active reader child and its spare started ahead (`Spare`, a rollback's next child):
+            # their CPU summed, their peak RSS summed (both are resident at once).
+            if not 1 <= len(LAST_GRANDCHILDREN) <= 2:
+                raise SystemExit(f"expected a reader process and its spare, saw {sorted(LAST_GRANDCHILDREN)}")
+            READER_PROCESS.setdefault(label, []).append(_children_total())
         return wall, rss
     with Scraper(f"http://127.0.0.1:{port}") as scraper:
         _, wall, rss, _ = run_child(argv)
@@ -719,8 +726,8 @@ def main(argv: list[str] | None = None) -> int:
                     label = "setl source only, reader process"
                     runs.setdefault(label, []).append((result["rows"] / wall, rss))
                     CPU.setdefault(label, []).append((LAST_CHILD_CPU[0], 0.0))
-                    if len(LAST_GRANDCHILDREN) == 1:
-                        READER_PROCESS.setdefault(label, []).append(next(iter(LAST_GRANDCHILDREN.values())))
+                    if 1 <= len(LAST_GRANDCHILDREN) <= 2:
+                        READER_PROCESS.setdefault(label, []).append(_children_total())
                 if args.compare_tree and cache:  # the same reader with the other checkout's code
                     result, wall, rss, _ = run_child([*me, "--child", "source", *span, "--server-id",
                                                       str(4400 + n), "--root", str(args.compare_tree)])
@@ -757,12 +764,15 @@ def main(argv: list[str] | None = None) -> int:
                     if not same:
                         raise SystemExit(f"the {key} replica differs from the source after its catch-up")
             if args.compare_tree:  # the same catch-up by another checkout's code (python -m imports from cwd)
-                conf = write_conf(Path(tmp) / f"old{n}", f"old{n}", source, target, start, max_wait_ms=args.max_wait_ms)
+                # with --reader-process, the old code's reader process too (old against new of that path)
+                conf = write_conf(Path(tmp) / f"old{n}", f"old{n}", source, target, start, max_wait_ms=args.max_wait_ms,
+                                  reader_process=args.reader_process)
                 applied = process_cpu(target.pid)
                 _, wall, rss, out = run_child([sys.executable, "-m", "setl.cli", "--conf", str(conf), "start",
                                                "--pipeline", f"old{n}", "--until-caught-up"], cwd=args.compare_tree)
-                runs.setdefault(f"the same, code of {args.compare_tree}", []).append((rows / wall, rss))
-                CPU.setdefault(f"setl at {args.compare_tree}", []).append(
+                old = ", reader process" if args.reader_process else ""
+                runs.setdefault(f"the same{old}, code of {args.compare_tree}", []).append((rows / wall, rss))
+                CPU.setdefault(f"setl{old} at {args.compare_tree}", []).append(
                     (LAST_CHILD_CPU[0], process_cpu(target.pid) - applied))
             if n == 0:
                 same = sysbench.checksums(sysbench.Conn.from_server(source), tables) == \
@@ -800,7 +810,7 @@ def main(argv: list[str] | None = None) -> int:
                 node = statistics.median(c for c, _ in CPU[label]) / rows * 1e6
                 child = statistics.median(c for c, _ in values) / rows * 1e6
                 print(f"{label}: CPU µs per row change: node process {node - child:.1f} (its reader process "
-                      f"counted out), reader process {child:.1f}; reader process peak RSS "
+                      f"counted out), reader process and its spare {child:.1f}; their peak RSS "
                       f"{statistics.median(m for _, m in values):.0f} MB")
         if args.http:
             off = [r for r, _ in runs["setl start --until-caught-up (MariaDB target)"]]
