@@ -11,7 +11,8 @@ talk over the child's stdin and stdout in frames (`_write`, `_read`) of pickled 
 
 * parent -> child: `Setup` once, then the answers to `selects` questions. The end of stdin (the
   parent closed it, or died) ends the child at once: no child outlives its parent.
-* child -> parent: `_ITEMS` (transactions as `frames.Encoder` encodes them, and the reader's figures),
+* child -> parent: `_ITEMS` (transactions as `frames.Encoder` encodes them, and the reader's figures
+  with the indices of the transactions its reader read late: `ReaderFigures.behind` in the parent),
   `_SELECTS` (a table-rule question: of `selects`, or of `reads` when its last field is
   true) and `_FAILURE` (the reader's end by an error, already one line).
 
