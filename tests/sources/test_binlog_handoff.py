@@ -52,6 +52,38 @@ def test_an_item_bigger_than_the_bound_enters_an_empty_queue():
     assert handoff.queued_with(0) == 7
 
 
+def test_put_all_queues_in_order_and_marks_each_late_one_before_it_is_queued():
+    """A frame put whole: in order, `mark` called (under the lock: it must not take it) just before each
+    item of `late` is queued."""
+    handoff, stop = Handoff(max_rows=100), threading.Event()
+    marked: list[int] = []
+    handoff.put_all([tx(2, 10), tx(2, 20), tx(0, 30), tx(1, 40)], stop, {1, 3},
+                    lambda: marked.append(len(handoff._items)))
+    assert marked == [1, 3] and handoff.queued_with(0) == 6
+    assert [handoff.take(None).end.offset for _ in range(4)] == [10, 20, 30, 40]  # type: ignore[union-attr]
+
+
+def test_put_all_waits_for_room_item_by_item_and_gives_up_when_stopped():
+    """Past the bound a frame waits item by item while what it queued is taken (a taker waiting for
+    an item is woken meanwhile), and gives up with Stopped once stop is set, the refused items not
+    counted."""
+    handoff, stop = Handoff(max_rows=4), threading.Event()
+    frame = [tx(2, 10), tx(2, 20), tx(2, 30), tx(1, 40)]
+    putter = threading.Thread(target=handoff.put_all, args=(frame, stop))
+    putter.start()
+    taken = [handoff.take(5.0) for _ in frame]  # each take frees room for the next item
+    putter.join(5.0)
+    assert not putter.is_alive()
+    assert [t.end.offset for t in taken] == [10, 20, 30, 40]  # type: ignore[union-attr]
+    assert handoff.queued_with(0) == 0
+    handoff.put_all([tx(3, 50)], stop)
+    stop.set()
+    with pytest.raises(Stopped):
+        handoff.put_all([tx(1, 60), tx(2, 70)], stop)
+    assert handoff.queued_with(0) == 4  # the first fit, the second was refused
+    assert [handoff.take(None).end.offset, handoff.take(None).end.offset] == [50, 60]  # type: ignore[union-attr]
+
+
 def test_figures_keep_the_peak_and_the_latest_hearing():
     """The figures keep the largest buffered count, count reconnects and keep the last heard position."""
     figures = ReaderFigures()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -142,6 +143,11 @@ def dropped(begin: Callable[[Spare], object]) -> int:
     return pid
 
 
+def new_threads(known: set[int | None], prefix: str) -> list[threading.Thread]:
+    """Live threads named with `prefix` and not among `known` (their idents)."""
+    return [t for t in threading.enumerate() if t.ident not in known and t.name.startswith(prefix)]
+
+
 def took_nothing(spare: Spare) -> None:
     assert spare.take() is None  # nothing waited: the open starts its own; the next one starts meanwhile
 
@@ -155,6 +161,31 @@ def test_a_collected_spare_ends_its_child():
         wait_until(lambda: pid not in reader_processes(), timeout=10,  # noqa: B023 - used at once
                    message=f"a collected spare's child ({begin.__name__}) still running")
     assert reader_processes() == before
+
+
+def test_a_collected_open_source_ends_its_reader_process(mariadb_source, source_db):
+    """A source dropped open, unclosed, with its reader process's receiver waiting for room in the hand-off
+    (more rows read than `max_rows_in_memory`, one polled): once collected, its reader process ends, its
+    receiving thread too, and its spare (`Spare`'s own finalizer)."""
+    before = reader_processes()
+    threads = {t.ident for t in threading.enumerate()}
+    mariadb_source.query(f"CREATE TABLE `{source_db}`.gc (id INT PRIMARY KEY)")
+    start = head(mariadb_source)
+    for i in range(1, 21):
+        mariadb_source.query(f"INSERT INTO `{source_db}`.gc VALUES ({i})")
+    held = [MysqlBinlogSource.from_config(mariadb_source.source_config(next_server_id(), "earliest"), pipeline="gc",
+                                          reader_process=True, max_rows_in_memory=2)]
+    held[0].open(start)
+    assert first_row(held[0]).after == {"id": 1}
+    pid = held[0]._reader.pid
+    wait_until(lambda: held[0]._spare.pid is not None, timeout=30, message="the next spare")
+    assert pid in reader_processes()
+    held.clear()  # its only reference: dropped open
+    gc.collect()
+    wait_until(lambda: reader_processes() == before, timeout=10,
+               message=lambda: f"reader processes of a collected source still running: {reader_processes() - before}")
+    wait_until(lambda: not new_threads(threads, "setl-gc-"),
+               timeout=10, message="the collected source's receiving thread still running")
 
 
 def test_a_rollback_passes_over_a_spare_killed_while_waiting(mariadb_source, source_db):

@@ -764,12 +764,15 @@ def main(argv: list[str] | None = None) -> int:
                     if not same:
                         raise SystemExit(f"the {key} replica differs from the source after its catch-up")
             if args.compare_tree:  # the same catch-up by another checkout's code (python -m imports from cwd)
-                conf = write_conf(Path(tmp) / f"old{n}", f"old{n}", source, target, start, max_wait_ms=args.max_wait_ms)
+                # with --reader-process, the old code's reader process too (old against new of that path)
+                conf = write_conf(Path(tmp) / f"old{n}", f"old{n}", source, target, start, max_wait_ms=args.max_wait_ms,
+                                  reader_process=args.reader_process)
                 applied = process_cpu(target.pid)
                 _, wall, rss, out = run_child([sys.executable, "-m", "setl.cli", "--conf", str(conf), "start",
                                                "--pipeline", f"old{n}", "--until-caught-up"], cwd=args.compare_tree)
-                runs.setdefault(f"the same, code of {args.compare_tree}", []).append((rows / wall, rss))
-                CPU.setdefault(f"setl at {args.compare_tree}", []).append(
+                old = ", reader process" if args.reader_process else ""
+                runs.setdefault(f"the same{old}, code of {args.compare_tree}", []).append((rows / wall, rss))
+                CPU.setdefault(f"setl{old} at {args.compare_tree}", []).append(
                     (LAST_CHILD_CPU[0], process_cpu(target.pid) - applied))
             if n == 0:
                 same = sysbench.checksums(sysbench.Conn.from_server(source), tables) == \

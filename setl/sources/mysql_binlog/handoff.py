@@ -9,8 +9,9 @@ driven without a server or a thread (tests/sources/test_binlog_handoff.py).
 from __future__ import annotations
 
 import collections
-import queue
 import threading
+import time
+from collections.abc import Callable, Container, Sequence
 
 import attrs
 
@@ -97,42 +98,75 @@ class ReaderFigures:
 
 
 class Handoff:
-    """The queue of one open between the reader thread (`put`) and `poll` (`take`), bounded by rows.
+    """The queue of one open between the reader (`put`, or `put_all` a frame of them) and `poll`
+    (`take`), bounded by rows.
 
     The reader runs ahead by up to `max_rows` rows (an item without rows counting as one); an item
     that would pass the bound waits until the queue is empty enough, so one bigger than the bound
-    waits for an empty queue. `put` gives up with `Stopped` once `stop` is set.
+    waits for an empty queue. `put` gives up with `Stopped` once `stop` is set. One lock guards the
+    items and their count (a deque, not a `queue.Queue` with a lock of its own besides).
     """
 
     def __init__(self, max_rows: int) -> None:
         self.max_rows = max_rows
-        self._queue: queue.Queue[Item] = queue.Queue()
-        self._room = threading.Condition(threading.Lock())  # the reader waits here for the queue to drain
+        self._items: collections.deque[Item] = collections.deque()
+        self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)  # the reader waits here for the queue to drain
+        self._ready = threading.Condition(self._lock)  # `take` waits here for an item
         self._queued = 0  # rows in the queue
 
     def put(self, item: Item, stop: threading.Event) -> None:
         """Queue `item` once there is room for it (blocks; raises `Stopped` when `stop` is set)."""
         rows = weight(item)
-        with self._room:
+        with self._lock:
             while self._queued and self._queued + rows > self.max_rows:
                 if stop.is_set():
                     raise Stopped()
                 self._room.wait(0.1)
             self._queued += rows
-        self._queue.put(item)
+            self._items.append(item)
+            self._ready.notify()
+
+    def put_all(self, items: Sequence[Item], stop: threading.Event, late: Container[int] = (),
+                mark: Callable[[], None] | None = None) -> None:
+        """Queue `items` in order as `put` would one by one, under one taking of the lock while each
+        finds room; `mark()` is called before queuing each item whose index is in `late` (the
+        reader process's receiver: `ReaderFigures.late` set, then the transaction read late handed on)."""
+        items_ = self._items
+        with self._lock:
+            for i, item in enumerate(items):
+                if mark is not None and i in late:
+                    mark()
+                rows = weight(item)
+                while self._queued and self._queued + rows > self.max_rows:
+                    if stop.is_set():
+                        self._ready.notify()
+                        raise Stopped()
+                    self._ready.notify()  # what is queued so far can be taken meanwhile
+                    self._room.wait(0.1)
+                self._queued += rows
+                items_.append(item)
+            self._ready.notify()
 
     def take(self, timeout: float | None) -> Item | None:
         """The next item, waiting at most `timeout` seconds (None: not at all); None when there is none."""
-        try:
-            item = self._queue.get_nowait() if timeout is None else self._queue.get(timeout=max(0.0, timeout))
-        except queue.Empty:
-            return None
-        with self._room:
+        with self._lock:
+            items = self._items
+            if not items:
+                if timeout is None:
+                    return None
+                deadline = time.monotonic() + timeout
+                while not items:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return None
+                    self._ready.wait(left)
+            item = items.popleft()
             self._queued -= weight(item)
             self._room.notify()
-        return item
+            return item
 
     def queued_with(self, held: int) -> int:
         """The rows queued, plus `held` (the rows the assembler holds)."""
-        with self._room:
+        with self._lock:
             return self._queued + held

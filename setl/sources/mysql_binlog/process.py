@@ -11,7 +11,8 @@ talk over the child's stdin and stdout in frames (`_write`, `_read`) of pickled 
 
 * parent -> child: `Setup` once, then the answers to `selects` questions. The end of stdin (the
   parent closed it, or died) ends the child at once: no child outlives its parent.
-* child -> parent: `_ITEMS` (transactions as `frames.Encoder` encodes them, and the reader's figures),
+* child -> parent: `_ITEMS` (transactions as `frames.Encoder` encodes them, and the reader's figures
+  with the indices of the transactions its reader read late: `ReaderFigures.behind` in the parent),
   `_SELECTS` (a table-rule question: of `selects`, or of `reads` when its last field is
   true) and `_FAILURE` (the reader's end by an error, already one line).
 
@@ -27,6 +28,7 @@ waits for no interpreter start.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import fcntl
 import logging
@@ -52,7 +54,7 @@ from setl.errors import SourceError
 from setl.model import Position, Transaction
 from setl.retry import Backoff
 from setl.sources.mysql_binlog.frames import Decoder, Encoder
-from setl.sources.mysql_binlog.handoff import Failure, Handoff, ReaderFigures, Stopped, weight
+from setl.sources.mysql_binlog.handoff import Failure, Handoff, Item, ReaderFigures, Stopped, weight
 from setl.sources.mysql_binlog.opening import Opening
 from setl.sources.mysql_binlog.reader import ReaderSettings, failure_error, start_reader
 from setl.sources.mysql_binlog.server import Selects, SourceServer
@@ -275,7 +277,9 @@ def _refill(owner: weakref.ref[Spare], generation: int) -> None:
 class ReaderProcess:
     """One open's reader process and the parent's thread that receives from it; `start` once,
     `stop` once (as `reader.BinlogReader`). What it receives goes to `handoff`, what the child's
-    reader did to `figures`; `selects` answers the child's table-rule questions."""
+    reader did to `figures`; `selects` answers the child's table-rule questions. An open one dropped
+    without `stop` (its source collected unclosed) ends its child when it is collected: the receiving
+    thread holds only its `_Receiver`, never it."""
 
     def __init__(self, server: ServerSpec, opening: Opening, settings: ReaderSettings, handoff: Handoff,
                  figures: ReaderFigures, selects: Selects, reads: Callable[[str, str], bool] | None = None) -> None:
@@ -289,6 +293,7 @@ class ReaderProcess:
         self.thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._answer = threading.Lock()  # stdin: the receiver's answers against stop's close
+        self._finalizer: weakref.finalize[Any, Any] | None = None  # ends the child (`stop`, or collected)
 
     @property
     def pid(self) -> int | None:
@@ -309,7 +314,11 @@ class ReaderProcess:
             self.process = spawn()
             assert self.process.stdin is not None
             _write(self.process.stdin, self.setup)
-        self.thread = threading.Thread(target=self._receive, name=f"setl-{self.pipeline or 'mysql'}-binlog-process",
+        self._finalizer = weakref.finalize(self, _end_reader, self.process, self._stop, self._answer, self.pipeline,
+                                           1.0)
+        receiver = _Receiver(self.process, self.setup.opening.position, self.handoff, self.figures, self.selects,
+                             self.reads, self._stop, self._answer, self.pipeline)
+        self.thread = threading.Thread(target=receiver.run, name=f"setl-{self.pipeline or 'mysql'}-binlog-process",
                                        daemon=True)
         self.thread.start()
         log.info("pipeline=%s binlog reader process started (pid %d)", self.pipeline, self.process.pid)
@@ -320,50 +329,79 @@ class ReaderProcess:
         process = self.process
         if process is None:
             return
-        with self._answer, contextlib.suppress(OSError):
-            assert process.stdin is not None
-            process.stdin.close()
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            log.warning("pipeline=%s binlog reader process %d did not exit within %.0fs; killed", self.pipeline,
-                        process.pid, timeout)
-            process.kill()
-            process.wait()
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        _end_reader(process, self._stop, self._answer, self.pipeline, timeout)
         if self.thread is not None:
             self.thread.join(timeout)
         if process.stdout is not None:
             process.stdout.close()
 
-    def _receive(self) -> None:
-        """The thread: the child's frames into the hand-off, until the child's end."""
+
+def _end_reader(process: subprocess.Popen[bytes], stop: threading.Event, answer: threading.Lock, pipeline: str,
+                timeout: float) -> None:
+    """End a reader process (`ReaderProcess.stop`, or its finalizer): the receiver told to stop, the
+    child's stdin closed (it exits at once), killed if it does not within `timeout`."""
+    stop.set()
+    with answer, contextlib.suppress(OSError):
+        assert process.stdin is not None
+        process.stdin.close()
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        log.warning("pipeline=%s binlog reader process %d did not exit within %.0fs; killed", pipeline,
+                    process.pid, timeout)
+        process.kill()
+        process.wait()
+
+
+class _Receiver:
+    """The parent's receiving thread of one reader process: the child's frames into the hand-off,
+    until the child's end. It holds what it needs, not its `ReaderProcess` (see there)."""
+
+    def __init__(self, process: subprocess.Popen[bytes], start: Position | None, handoff: Handoff,
+                 figures: ReaderFigures, selects: Selects, reads: Callable[[str, str], bool] | None,
+                 stop: threading.Event, answer: threading.Lock, pipeline: str) -> None:
+        self.process, self.start, self.handoff, self.figures = process, start, handoff, figures
+        self.selects, self.reads, self.stop, self.answer, self.pipeline = selects, reads, stop, answer, pipeline
+
+    def run(self) -> None:
         process = self.process
-        assert process is not None and process.stdout is not None
-        handed: Position | None = self.setup.opening.position
+        assert process.stdout is not None
+        handoff, figures, stop = self.handoff, self.figures, self.stop
+        handed: Position | None = self.start
         reconnects = 0
         decoder = Decoder()
+
+        def mark() -> None:
+            figures.late = time.time()
+
         try:
             while True:
                 message = _read(process.stdout)
                 if message is None:
                     break
                 if message[0] == _ITEMS:
-                    _, frame, (heard, arrivals, child_reconnects, peak, passed) = message
-                    for tx in decoder.frame(frame):
-                        self.handoff.put(tx, self._stop)
-                        handed = tx.end
+                    _, frame, (heard, arrivals, child_reconnects, peak, passed, late) = message
+                    txs = decoder.frame(frame)
+                    if late is None:  # none read late (at the log's end)
+                        handoff.put_all(txs, stop)
+                    else:  # as the reader thread: `late` set, then the transaction read late handed on
+                        handoff.put_all(txs, stop, range(len(txs)) if late is True else frozenset(late), mark)
+                    if txs:
+                        handed = txs[-1].end
                     # after the transactions they follow: "heard" never runs ahead of what poll can take
                     if heard is not None:
-                        self.figures.heard = heard
-                    self.figures.passing(passed)
-                    self.figures.arrivals.extend(arrivals)
-                    self.figures.reconnects += child_reconnects - reconnects
+                        figures.heard = heard
+                    figures.passing(passed)
+                    figures.arrivals.extend(arrivals)
+                    figures.reconnects += child_reconnects - reconnects
                     reconnects = child_reconnects
-                    self.figures.buffered(self.handoff.queued_with(peak))
+                    figures.buffered(handoff.queued_with(peak))
                 elif message[0] == _SELECTS:
                     rules = self.reads if message[3] else self.selects
                     answer = rules is None or bool(rules(message[1], message[2]))
-                    with self._answer, contextlib.suppress(OSError, ValueError):
+                    with self.answer, contextlib.suppress(OSError, ValueError):
                         assert process.stdin is not None
                         _write(process.stdin, answer)
                 else:  # _FAILURE: the reader's end, already one line
@@ -371,22 +409,22 @@ class ReaderProcess:
                     cls = getattr(errors, name, SourceError)
                     if not (isinstance(cls, type) and issubclass(cls, SourceError)):
                         cls = SourceError
-                    self.handoff.put(Failure(cls(text, **context), position), self._stop)
+                    handoff.put(Failure(cls(text, **context), position), stop)
                     return
-            if self._stop.is_set():
+            if stop.is_set():
                 return
             code = process.wait()
             cause = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
             error = SourceError(f"the binlog reader process (pid {process.pid}) {cause} after {handed or 'the start'}"
                                 "; the pipeline rolls back to its last ack and reads again from there",
                                 pipeline=self.pipeline or None, stage="select", position=handed)
-            self.handoff.put(Failure(error, handed), self._stop)
+            handoff.put(Failure(error, handed), stop)
         except Stopped:
             pass
         except BaseException as exc:  # noqa: BLE001 - every failure reaches poll(); none kills the thread silently
-            if not self._stop.is_set():
+            if not stop.is_set():
                 with contextlib.suppress(Stopped):
-                    self.handoff.put(Failure(exc, handed), self._stop)
+                    handoff.put(Failure(exc, handed), stop)
 
 
 # --- the child's side --------------------------------------------------------------------------
@@ -413,11 +451,55 @@ class _Questions:
             return self.known[key]
 
 
-def _figures(figures: ReaderFigures) -> tuple[Any, ...]:
+class _LateFigures(ReaderFigures):
+    """The child reader's figures: each time its reader read transactions late (`late` set, just
+    before it hands them on) is counted, so that `_LateHandoff` can tell which transaction followed."""
+
+    def __init__(self) -> None:
+        self.late_reads = 0  # times `late` was set (its first, by `ReaderFigures.__init__`, not counted)
+        super().__init__()
+        self.late_reads = 0
+
+    @property
+    def late(self) -> float:
+        return self._late
+
+    @late.setter
+    def late(self, now: float) -> None:
+        self._late = now
+        self.late_reads += 1
+
+
+class _LateHandoff(Handoff):
+    """The child's hand-off: notes, by its number in the order put, each item the reader put first
+    after reading late (`_LateFigures`), so that the parent hands it on as the reader thread does:
+    `late` set, then the transaction handed on (`ReaderFigures.behind`). The sender takes the items
+    in the same order and numbers them alike."""
+
+    def __init__(self, max_rows: int, figures: _LateFigures) -> None:
+        super().__init__(max_rows)
+        self.figures = figures
+        self.late: collections.deque[int] = collections.deque()  # numbers of the items put first after a late read
+        self._seen = 0  # figures.late_reads at the last put
+        self._puts = 0
+
+    def put(self, item: Item, stop: threading.Event) -> None:
+        reads = self.figures.late_reads
+        if reads != self._seen:
+            self._seen = reads
+            self.late.append(self._puts)  # before the item is queued: the sender finds it here when it takes it
+        self._puts += 1
+        super().put(item, stop)
+
+
+def _figures(figures: ReaderFigures, late: list[int] | None = None, items: int = 0) -> tuple[Any, ...]:
+    """The figures sent with a frame of `items` transactions; `late`: the indices in the frame of those
+    read late (sent as None: none, True: all)."""
     arrivals = []
     while figures.arrivals:
         arrivals.append(figures.arrivals.popleft())
-    return (figures.heard, arrivals, figures.reconnects, figures.peak_buffered_rows, figures.passed)
+    marks: bool | tuple[int, ...] | None = (None if not late else True if len(late) == items else tuple(late))
+    return (figures.heard, arrivals, figures.reconnects, figures.peak_buffered_rows, figures.passed, marks)
 
 
 def main() -> int:
@@ -448,8 +530,8 @@ def main() -> int:
     selects: Callable[[str, str], bool] | None = _Questions(out, write, answers, asking) if setup.selects else None
     reads: Callable[[str, str], bool] | None = (_Questions(out, write, answers, asking, reads=True) if setup.reads
                                                  else None)
-    handoff = Handoff(setup.settings.max_rows_in_memory)
-    figures = ReaderFigures()
+    figures = _LateFigures()
+    handoff = _LateHandoff(setup.settings.max_rows_in_memory, figures)
     try:
         server = setup.server.server()
         start_reader(server, setup.opening, attrs.evolve(setup.settings, plain_rows=True), handoff, figures,
@@ -462,6 +544,8 @@ def main() -> int:
         return 1
     encoder = Encoder()
     sent_passed = None
+    taken = 0  # items taken from `handoff`: numbered as `_LateHandoff.put` numbers them
+    late_puts = handoff.late
     while True:
         item = handoff.take(0.2)
         if item is None and figures.passed != sent_passed:  # read past echoes only: the figures alone
@@ -470,17 +554,22 @@ def main() -> int:
                 _write(out, (_ITEMS, encoder.frame([]), _figures(figures)))
             continue
         items: list[Transaction] = []
+        late: list[int] = []  # indices in `items` of those read late
         rows = 0
         gather_until = time.monotonic() + FRAME_WAIT  # a frame costs both sides; a few ms fill it
         while item is not None:
             if isinstance(item, Failure):
                 if items:
                     with write:
-                        _write(out, (_ITEMS, encoder.frame(items), _figures(figures)))
+                        _write(out, (_ITEMS, encoder.frame(items), _figures(figures, late, len(items))))
                 error = failure_error(item, server, setup.settings.pipeline)
                 with write:
                     _write(out, (_FAILURE, type(error).__name__, error.message, error.context, item.position))
                 return 0
+            if late_puts and late_puts[0] == taken:
+                late_puts.popleft()
+                late.append(len(items))
+            taken += 1
             items.append(item)
             rows += weight(item)
             item = None
@@ -489,5 +578,4 @@ def main() -> int:
                 if item is None and (left := gather_until - time.monotonic()) > 0:
                     item = handoff.take(left)
         with write:
-            _write(out, (_ITEMS, encoder.frame(items), _figures(figures)))
-
+            _write(out, (_ITEMS, encoder.frame(items), _figures(figures, late, len(items))))

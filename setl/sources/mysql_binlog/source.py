@@ -343,7 +343,8 @@ class MysqlBinlogSource(Select):
         return self.figures.passed
 
     def behind(self) -> bool:
-        """Whether the reader reads a backlog now (`ReaderFigures.behind`; a reader process does not tell)."""
+        """Whether the reader reads a backlog now (`ReaderFigures.behind`; a reader process's frames say
+        which transactions its reader read late, and its receiver hands them on as the thread does)."""
         return self.figures.behind(time.time())
 
     def identity(self) -> dict[str, Any]:
