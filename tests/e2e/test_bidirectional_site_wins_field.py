@@ -98,6 +98,9 @@ def race(channel: Channel, east: MariaDBServer, west: MariaDBServer) -> None:
     assert sorted(json.loads(k)[0] for (k,) in east.query(
         "SELECT row_key FROM setl.setl_conflicts WHERE table_name = %s", (f"{schema}.t",))) == raced, found
     assert all(d == "target_won" and lost == "west-race" and "raced" in r for d, r, lost in found), found
+    split = east.query("SELECT COUNT(*) FROM setl.setl_conflicts WHERE table_name = %s AND position LIKE %s",
+                       (f"{schema}.t", "%+%"))[0][0]
+    assert split > 0, split  # west's raced insert came in pieces (a batch position inside the transaction)
     assert [k for k, v, _ in rows(east, f"{schema}.t")] == after
     assert {v for _, v, _ in rows(east, f"{schema}.t")} == {"west-after"}
 
