@@ -842,8 +842,10 @@ class ConflictStep:
                 elif want is ABSENT:
                     # Nothing to delete: the target deleted it too. The later of the two deletes stays its
                     # tombstone (last writer wins); without timestamps, the source's: a write the source
-                    # makes after its delete is no conflict here, as on the source.
-                    if (grave is None or grave[0] == self.policy.site or policy.policy != LAST_WRITER_WINS
+                    # makes after its delete is no conflict here, as on the source. Site wins: the winner's own
+                    # tombstone stays (its deleted_gtid ranks the loser's inserts: "Settling it exactly").
+                    keep = policy.policy == SITE_WINS and grave and grave[0] == policy.site != self.policy.site
+                    if not keep and (grave is None or grave[0] == self.policy.site or policy.policy != LAST_WRITER_WINS
                             or _later(self.policy, grave[1])):
                         buried.append(key)
                     continue
