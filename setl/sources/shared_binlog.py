@@ -26,6 +26,8 @@ import attrs
 from setl.errors import SetlError, SourceError
 from setl.model import Position, RowChange, Transaction
 from setl.sources.mysql_binlog import MysqlBinlogSource
+from setl.sources.mysql_binlog.handoff import Failure, Handoff, Stopped
+from setl.sources.mysql_binlog.reader import failure_error
 
 log = logging.getLogger("setl.sources.shared")
 
@@ -51,6 +53,9 @@ MERGE_SHARE = 8
 #: `max_rows_in_memory / MERGE_SHARE` rows after the first): each pipeline gets its share of them
 #: in one queue step and one wake-up instead of one per transaction.
 PUMP_BULK = 64
+#: A shared stream's reader hands on its bulk itself once it is full (`PUMP_BULK`); a bulk the reader
+#: added nothing to for this long is handed on by the stream's own thread (`SharedReader._settle`).
+SETTLE_SECONDS = 0.001
 
 
 @attrs.frozen
@@ -302,6 +307,35 @@ class _Subscription:
             return self._rows
 
 
+class _HandOn(Handoff):
+    """The hand-off of one open of a shared stream (`_SharedStream`): `put`, on the reader's own
+    thread, hands each transaction straight on to the subscriptions (`SharedReader._put`) instead of
+    queuing it for a pump thread to take again. It queues nothing: back-pressure is the
+    subscriptions' buffers (`_hand_on` waits on a full one as the pump did)."""
+
+    def __init__(self, reader: SharedReader, max_rows: int) -> None:
+        super().__init__(max_rows)
+        self.reader = reader
+        self.dead = False  # a rewind replaced this open: what its reader still reads is dropped
+
+    def put(self, item: Transaction | Failure, stop: threading.Event) -> None:
+        self.reader._put(self, item, stop)
+
+
+class _SharedStream(MysqlBinlogSource):
+    """The shared stream's own `MysqlBinlogSource`: each open's reader thread hands on through a
+    `_HandOn` of its `SharedReader` (`owner`), so nobody polls it."""
+
+    owner: SharedReader | None = None
+    handon: _HandOn | None = None  # the open's
+
+    def _new_handoff(self) -> Handoff:
+        if self.owner is None:
+            return super()._new_handoff()
+        self.handon = _HandOn(self.owner, self.max_rows_in_memory)
+        return self.handon
+
+
 class SharedReader:
     """One binlog stream of a source shared by the subscriptions of a node's pipelines.
 
@@ -325,8 +359,19 @@ class SharedReader:
         self._stop = threading.Event()
         self.ended = False
         self.rewinds = 0
-        self._thread = threading.Thread(target=self._pump, name=f"setl-shared-binlog-{source.host}:{source.port}",
-                                        daemon=True)
+        #: a `_SharedStream` hands each transaction on on its reader's thread (`_put`); the thread
+        #: here only opens the stream and rewinds it. Any other source is polled by a pump thread.
+        self.direct = isinstance(source, _SharedStream)
+        if isinstance(source, _SharedStream):
+            source.owner = self
+        self._wake = threading.Event()  # a rewind asked for, or the stop
+        self._pending: list[Transaction] = []  # read by the reader thread, not handed on yet (`_put`)
+        self._pending_rows = 0
+        self._added = 0  # transactions the reader added to `_pending` so far (`_settle`)
+        self._most = max(1, source.max_rows_in_memory // MERGE_SHARE)  # the rows of a bulk (`PUMP_BULK`)
+        self._handing = threading.Lock()  # one `_flush` at a time: the reader's or the control thread's
+        self._thread = threading.Thread(target=self._control if self.direct else self._pump,
+                                        name=f"setl-shared-binlog-{source.host}:{source.port}", daemon=True)
 
     def start(self) -> None:
         """Start the pump: it opens the stream once the node's other pipelines of this source built
@@ -357,6 +402,8 @@ class SharedReader:
                 # maybe this one's, in what it read after `pumped`: it reads that again, knowing. (A
                 # stream that passed over nothing yet asks `selects`, which sees this one, first.)
                 self._rewind = self.pumped if self._rewind is None else min(self._rewind, self.pumped)
+            if self._rewind is not None:
+                self._wake.set()
             sub = _Subscription(pipeline, at, limit, keep, merge=max(1, limit // BUFFER_BATCHES // MERGE_SHARE),
                                 ready=ready)
             self._subs = (*self._subs, sub)
@@ -371,10 +418,115 @@ class SharedReader:
             return self.ended
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop the pump and close the stream."""
+        """Stop the pump (or the reader's hand-on) and close the stream."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout)
+
+    def _control(self) -> None:
+        """The thread of a `_SharedStream`: open it once the siblings did (`start`), rewind it whenever
+        a pipeline joins behind (`attach`), and hand on what its reader left pending (`_put`)."""
+        source = self.source
+        assert isinstance(source, _SharedStream)
+        try:
+            while not self._stop.is_set() and time.monotonic() < self.siblings_until():
+                time.sleep(0.02)
+            with self._lock:
+                self.opened = True
+                start = self.pumped
+            if not self._stop.is_set():
+                source.open(start)
+            while not self._stop.is_set() and not self.ended:
+                self._wake.wait(0.2)
+                self._wake.clear()
+                with self._lock:
+                    rewind, self._rewind = self._rewind, None
+                    if rewind is not None:
+                        self.pumped = min(self.pumped, rewind)
+                        self._pending = []  # read again from the rewind: nothing is lost by dropping them
+                        if source.handon is not None:
+                            source.handon.dead = True  # its reader hands on nothing more (`_put`)
+                if rewind is not None:
+                    self.rewinds += 1
+                    log.info("shared binlog reader of %s:%s rewinds to %s for a pipeline joining there",
+                             source.host, source.port, rewind)
+                    source.seek(rewind)  # stops that reader (joined) before the next one starts
+                else:
+                    self._settle()
+        except SetlError as exc:
+            self._end(exc)
+        except Exception as exc:  # every failure reaches each subscriber, none kills the thread silently
+            log.exception("shared binlog reader of %s:%s failed", source.host, source.port)
+            self._end(SourceError(f"the shared binlog reader of {source.host}:{source.port} failed after "
+                                  f"{self.pumped}: {type(exc).__name__}: {exc}", position=self.pumped))
+        finally:
+            source.close()
+
+    def _put(self, handon: _HandOn, item: Transaction | Failure, stop: threading.Event) -> None:
+        """What the reader thread of `handon`'s open read: a transaction joins the pending bulk, which
+        that thread hands on itself once it holds `PUMP_BULK` transactions (or `max_rows_in_memory /
+        MERGE_SHARE` rows); a smaller one the control thread hands on as soon as it wakes, so that
+        a bulk is what was read meanwhile, as the pump's was. A failure comes after the pending
+        bulk, to each subscription as its own (`_end`). While a rewind waits (or after it) that
+        open's reads are dropped: the next open reads them again. Raises `Stopped` to end the reader
+        thread once the stream stops or hands on nothing more."""
+        with self._lock:
+            if handon.dead or self._stop.is_set() or self.ended:
+                raise Stopped()
+            if self._rewind is not None:
+                return  # read again from the rewind (a failure too): nothing is lost by dropping it
+            if isinstance(item, Transaction):
+                pending = self._pending
+                pending.append(item)
+                self._added += 1
+                self._pending_rows += len(item.changes)
+                if len(pending) < PUMP_BULK and self._pending_rows < self._most:
+                    if len(pending) == 1:
+                        self._wake.set()
+                    return
+        try:
+            self._flush(stop)
+        except Stopped:
+            raise
+        except SetlError as exc:
+            self._end(exc)
+            raise Stopped() from exc
+        except Exception as exc:  # every failure reaches each subscriber, none kills the thread silently
+            log.exception("shared binlog reader of %s:%s failed", self.source.host, self.source.port)
+            self._end(SourceError(f"the shared binlog reader of {self.source.host}:{self.source.port} failed after "
+                                  f"{self.pumped}: {type(exc).__name__}: {exc}", position=self.pumped))
+            raise Stopped() from exc
+        if isinstance(item, Failure):
+            self._end(failure_error(item, self.source.server, self.source.pipeline))
+            raise Stopped()
+
+    def _settle(self) -> None:
+        """Hand on the pending bulk once the reader added nothing to it for `SETTLE_SECONDS` (it
+        waits for the server, or stands at the log's end): in a catch-up the reader fills and hands
+        on its bulks itself, and this thread only looks at the count now and then."""
+        seen = -1
+        while not self._stop.is_set():
+            with self._lock:
+                if not self._pending or self._rewind is not None:
+                    return
+                added = self._added
+            if added == seen:
+                self._flush(None)
+                return
+            seen = added
+            time.sleep(SETTLE_SECONDS)
+
+    def _flush(self, stop: threading.Event | None) -> None:
+        """Hand on the pending bulk (`_put`), one thread at a time, in binlog order."""
+        with self._handing:
+            with self._lock:
+                txs, self._pending, self._pending_rows = self._pending, [], 0
+                if not txs or self._rewind is not None:
+                    return
+                self.pumped = txs[-1].end
+                subs = self._subs
+            self._hand_on(txs, subs, stop)
 
     def _pump(self) -> None:
         try:
@@ -428,13 +580,15 @@ class SharedReader:
         finally:
             self.source.close()
 
-    def _hand_on(self, txs: list[Transaction], subs: tuple[_Subscription, ...]) -> None:
+    def _hand_on(self, txs: list[Transaction], subs: tuple[_Subscription, ...],
+                 stop: threading.Event | None = None) -> None:
         """Queue what of each of `txs` (in binlog order) each subscription reads: each one's share in
         one step. A full buffer makes the pump wait: the pipelines go at the pace of the slowest one
         still asking for rows (in a catch-up they share the CPU, and a second stream would only take
         more of it). A full one whose pipeline has not asked for rows for `HOLD_SECONDS` (paused,
         stuck on its target, retrying) while another waits with nothing queued (or for
-        `STUCK_SECONDS` in any case) is dropped and reads alone: it holds the others back no longer."""
+        `STUCK_SECONDS` in any case) is dropped and reads alone: it holds the others back no longer.
+        `stop`: the reader thread's, when it hands on (`_put`): set, the wait raises `Stopped`."""
         shares: dict[_Subscription, list[tuple[Transaction, bool]]] = {}
         marks: dict[_Subscription, Position | None] = {}  # a whole end passed over after its share
         last_cut: dict[_Subscription, int] = {}  # per pipeline, the last of `txs` it cut
@@ -492,6 +646,8 @@ class SharedReader:
             full = [sub for sub, weight in weights.items() if sub.full_for(weight)]
             if not full:
                 break
+            if stop is not None and stop.is_set():
+                raise Stopped()
             now = time.monotonic()
             stalled = [sub for sub in full if sub.stalled(now)]
             # Waiting on stalled pipelines past STUCK_SECONDS drops them even if nobody starves: what
@@ -645,7 +801,7 @@ class SharedBinlogSource(MysqlBinlogSource):
     def _make_shared(self, selects: Callable[[str, str], bool]) -> MysqlBinlogSource:
         kwargs = dict(self._kwargs, server_id=self.shared_server_id, pipeline="", selects=selects, reads=selects,
                       start="earliest")
-        return MysqlBinlogSource(**kwargs)
+        return _SharedStream(**kwargs)
 
     def _join(self, at: Position) -> bool:
         limit = BUFFER_BATCHES * self.max_rows_in_memory
