@@ -1,12 +1,14 @@
 """One binlog read per (node, source): the pipelines of a node that read the same MySQL or MariaDB
 server share one binlog stream, and each keeps its own position, acks and rollbacks.
 
-A `SharedReader` owns one `MysqlBinlogSource` and a pump thread that hands each transaction to
-every `_Subscription`, cut down to the rows of the tables its pipeline selects and to what lies
-after its own position. A pipeline's Select is a `SharedBinlogSource`: a `MysqlBinlogSource` that
-reads through a subscription when it can and with a stream of its own when it cannot (a start
-without a position, a start far behind the shared stream, a subscription dropped because its
-pipeline fell a whole buffer behind), and joins the shared stream again once close to it.
+A `SharedReader` owns one `MysqlBinlogSource` (a `_SharedStream`) whose reader thread hands each
+bulk of transactions to every `_Subscription` itself (`_HandOn`), cut down to the rows of the tables
+its pipeline selects and to what lies after its own position; the `SharedReader`'s own thread
+opens and rewinds the stream and hands on what the reader left pending. A pipeline's Select is a
+`SharedBinlogSource`: a `MysqlBinlogSource` that reads through a subscription when it can and
+with a stream of its own when it cannot (a start without a position, a start far behind the shared
+stream, a subscription dropped because its pipeline fell a whole buffer behind), and joins the
+shared stream again once close to it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Container, Hashable, Sequence
 from typing import Any
 
 import attrs
@@ -49,7 +51,7 @@ MERGE_EVERY = 1.0
 #: `take` hands a pipeline its queued whole transactions of rows as one, up to this share of its
 #: batch (`max_rows_in_memory`): one poll and one cut step for many small transactions.
 MERGE_SHARE = 8
-#: The pump hands on at most this many transactions the stream has ready at once (and at most
+#: The reader (or the pump) hands on at most this many transactions the stream has ready at once (and at most
 #: `max_rows_in_memory / MERGE_SHARE` rows after the first): each pipeline gets its share of them
 #: in one queue step and one wake-up instead of one per transaction.
 PUMP_BULK = 64
@@ -93,8 +95,10 @@ def _is_mark(item: object) -> bool:
 
 class _Subscription:
     """One pipeline's part of a shared stream: the transactions queued for it after `after`, at
-    most `limit` rows of them (a bigger transaction alone). The pump thread calls `cut`,
-    `pass_over`, `put`, `drop` and `fail`; the pipeline's Select thread calls `take`.
+    most `limit` rows of them (a bigger transaction alone). The thread handing on (the stream's
+    reader, or its own thread, one at a time: `SharedReader._flush`) calls `cut`, `pass_over`,
+    `put`, `drop` and `fail`; the pipeline's Select thread calls `take`. "Pump thread" below means
+    that thread.
 
     A transaction with nothing for it is not queued: `pass_over` only notes its end (`passed`),
     and `take` hands that on as one position mark once everything queued before it was taken."""
@@ -320,6 +324,15 @@ class _HandOn(Handoff):
 
     def put(self, item: Transaction | Failure, stop: threading.Event) -> None:
         self.reader._put(self, item, stop)
+
+    def put_all(self, items: Sequence[Transaction | Failure], stop: threading.Event, late: Container[int] = (),
+                mark: Callable[[], None] | None = None) -> None:
+        """`put` each of `items` in order (`mark()` first for an index in `late`): a reader that hands
+        on a frame of them at once."""
+        for i, item in enumerate(items):
+            if mark is not None and i in late:
+                mark()
+            self.reader._put(self, item, stop)
 
 
 class _SharedStream(MysqlBinlogSource):

@@ -665,3 +665,39 @@ def test_the_reader_thread_hands_on_a_backlog_in_bulks_and_no_thread_polls_the_s
     by_reader = [n for thread, n in bulks if thread.endswith("-binlog")]
     assert by_reader and max(n for _, n in bulks) > 1  # a bulk of several transactions queued at once
     assert sum(n for _, n in bulks) == 300 and len(bulks) < 300  # 150 rows a pipeline, fewer steps than rows
+
+
+def test_a_frame_handed_on_at_once_keeps_order_and_a_failure_comes_after_the_pending_bulk(mariadb_source):
+    """`_HandOn.put_all` (a reader handing on a frame) hands on as `put` one by one: the reader's
+    bulk waits until it is full or flushed, in binlog order, and a failure read after it reaches the
+    pipeline only after that bulk, as its own error; the hand-on then stops its reader."""
+    from setl.sources.mysql_binlog.handoff import Failure, Stopped
+    from setl.testing.harness import insert
+
+    def tx(n: int) -> Transaction:
+        return Transaction((insert("a", {"id": n}),), Position("mysql-bin.000001", 100 * n), True, 10)
+
+    start = Position("mysql-bin.000001", 4)
+    cfg = mariadb_source.source_config(next_server_id(), "latest")
+    source = shared_binlog._SharedStream(host=cfg.host, port=cfg.port, user=cfg.user, password=cfg.password,
+                                         server_id=cfg.server_id, pipeline="")
+    reader = shared_binlog.SharedReader("frame", source, start)
+    assert reader.direct and source.owner is reader
+    sub = reader.attach("p", start, 1000, None)
+    assert sub is not None
+    handon = shared_binlog._HandOn(reader, 1000)
+    stop = threading.Event()
+    marked: list[int] = []
+    handon.put_all([tx(1), tx(2), tx(3)], stop, late={1}, mark=lambda: marked.append(len(reader._pending)))
+    assert marked == [1] and sub.take(0.0) is None and reader.pumped == start  # pending: not handed on yet
+    with pytest.raises(Stopped):
+        handon.put_all([tx(4), Failure(SourceError("the server went away"), tx(4).end)], stop)
+    got = []
+    while True:
+        item = sub.take(0.0)
+        assert item is not None
+        if isinstance(item, shared_binlog._Failed):
+            break
+        got.append(item)
+    assert [c.after["id"] for t in got for c in t.changes] == [1, 2, 3, 4] and got[-1].end == tx(4).end
+    assert "went away" in str(item.error) and reader.ended and reader.pumped == tx(4).end
