@@ -1,12 +1,14 @@
 """One binlog read per (node, source): the pipelines of a node that read the same MySQL or MariaDB
 server share one binlog stream, and each keeps its own position, acks and rollbacks.
 
-A `SharedReader` owns one `MysqlBinlogSource` and a pump thread that hands each transaction to
-every `_Subscription`, cut down to the rows of the tables its pipeline selects and to what lies
-after its own position. A pipeline's Select is a `SharedBinlogSource`: a `MysqlBinlogSource` that
-reads through a subscription when it can and with a stream of its own when it cannot (a start
-without a position, a start far behind the shared stream, a subscription dropped because its
-pipeline fell a whole buffer behind), and joins the shared stream again once close to it.
+A `SharedReader` owns one `MysqlBinlogSource` (a `_SharedStream`) whose reader thread hands each
+bulk of transactions to every `_Subscription` itself (`_HandOn`), cut down to the rows of the tables
+its pipeline selects and to what lies after its own position; the `SharedReader`'s own thread
+opens and rewinds the stream and hands on what the reader left pending. A pipeline's Select is a
+`SharedBinlogSource`: a `MysqlBinlogSource` that reads through a subscription when it can and
+with a stream of its own when it cannot (a start without a position, a start far behind the shared
+stream, a subscription dropped because its pipeline fell a whole buffer behind), and joins the
+shared stream again once close to it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Container, Hashable, Sequence
 from typing import Any
 
 import attrs
@@ -26,6 +28,8 @@ import attrs
 from setl.errors import SetlError, SourceError
 from setl.model import Position, RowChange, Transaction
 from setl.sources.mysql_binlog import MysqlBinlogSource
+from setl.sources.mysql_binlog.handoff import Failure, Handoff, Stopped
+from setl.sources.mysql_binlog.reader import failure_error
 
 log = logging.getLogger("setl.sources.shared")
 
@@ -47,10 +51,13 @@ MERGE_EVERY = 1.0
 #: `take` hands a pipeline its queued whole transactions of rows as one, up to this share of its
 #: batch (`max_rows_in_memory`): one poll and one cut step for many small transactions.
 MERGE_SHARE = 8
-#: The pump hands on at most this many transactions the stream has ready at once (and at most
+#: The reader (or the pump) hands on at most this many transactions the stream has ready at once (and at most
 #: `max_rows_in_memory / MERGE_SHARE` rows after the first): each pipeline gets its share of them
 #: in one queue step and one wake-up instead of one per transaction.
 PUMP_BULK = 64
+#: A shared stream's reader hands on its bulk itself once it is full (`PUMP_BULK`); a bulk the reader
+#: added nothing to for this long is handed on by the stream's own thread (`SharedReader._settle`).
+SETTLE_SECONDS = 0.001
 
 
 @attrs.frozen
@@ -88,8 +95,10 @@ def _is_mark(item: object) -> bool:
 
 class _Subscription:
     """One pipeline's part of a shared stream: the transactions queued for it after `after`, at
-    most `limit` rows of them (a bigger transaction alone). The pump thread calls `cut`,
-    `pass_over`, `put`, `drop` and `fail`; the pipeline's Select thread calls `take`.
+    most `limit` rows of them (a bigger transaction alone). The thread handing on (the stream's
+    reader, or its own thread, one at a time: `SharedReader._flush`) calls `cut`, `pass_over`,
+    `put`, `drop` and `fail`; the pipeline's Select thread calls `take`. "Pump thread" below means
+    that thread.
 
     A transaction with nothing for it is not queued: `pass_over` only notes its end (`passed`),
     and `take` hands that on as one position mark once everything queued before it was taken."""
@@ -302,6 +311,44 @@ class _Subscription:
             return self._rows
 
 
+class _HandOn(Handoff):
+    """The hand-off of one open of a shared stream (`_SharedStream`): `put`, on the reader's own
+    thread, hands each transaction straight on to the subscriptions (`SharedReader._put`) instead of
+    queuing it for a pump thread to take again. It queues nothing: back-pressure is the
+    subscriptions' buffers (`_hand_on` waits on a full one as the pump did)."""
+
+    def __init__(self, reader: SharedReader, max_rows: int) -> None:
+        super().__init__(max_rows)
+        self.reader = reader
+        self.dead = False  # a rewind replaced this open: what its reader still reads is dropped
+
+    def put(self, item: Transaction | Failure, stop: threading.Event) -> None:
+        self.reader._put(self, item, stop)
+
+    def put_all(self, items: Sequence[Transaction | Failure], stop: threading.Event, late: Container[int] = (),
+                mark: Callable[[], None] | None = None) -> None:
+        """`put` each of `items` in order (`mark()` first for an index in `late`): a reader that hands
+        on a frame of them at once."""
+        for i, item in enumerate(items):
+            if mark is not None and i in late:
+                mark()
+            self.reader._put(self, item, stop)
+
+
+class _SharedStream(MysqlBinlogSource):
+    """The shared stream's own `MysqlBinlogSource`: each open's reader thread hands on through a
+    `_HandOn` of its `SharedReader` (`owner`), so nobody polls it."""
+
+    owner: SharedReader | None = None
+    handon: _HandOn | None = None  # the open's
+
+    def _new_handoff(self) -> Handoff:
+        if self.owner is None:
+            return super()._new_handoff()
+        self.handon = _HandOn(self.owner, self.max_rows_in_memory)
+        return self.handon
+
+
 class SharedReader:
     """One binlog stream of a source shared by the subscriptions of a node's pipelines.
 
@@ -325,8 +372,19 @@ class SharedReader:
         self._stop = threading.Event()
         self.ended = False
         self.rewinds = 0
-        self._thread = threading.Thread(target=self._pump, name=f"setl-shared-binlog-{source.host}:{source.port}",
-                                        daemon=True)
+        #: a `_SharedStream` hands each transaction on on its reader's thread (`_put`); the thread
+        #: here only opens the stream and rewinds it. Any other source is polled by a pump thread.
+        self.direct = isinstance(source, _SharedStream)
+        if isinstance(source, _SharedStream):
+            source.owner = self
+        self._wake = threading.Event()  # a rewind asked for, or the stop
+        self._pending: list[Transaction] = []  # read by the reader thread, not handed on yet (`_put`)
+        self._pending_rows = 0
+        self._added = 0  # transactions the reader added to `_pending` so far (`_settle`)
+        self._most = max(1, source.max_rows_in_memory // MERGE_SHARE)  # the rows of a bulk (`PUMP_BULK`)
+        self._handing = threading.Lock()  # one `_flush` at a time: the reader's or the control thread's
+        self._thread = threading.Thread(target=self._control if self.direct else self._pump,
+                                        name=f"setl-shared-binlog-{source.host}:{source.port}", daemon=True)
 
     def start(self) -> None:
         """Start the pump: it opens the stream once the node's other pipelines of this source built
@@ -357,6 +415,8 @@ class SharedReader:
                 # maybe this one's, in what it read after `pumped`: it reads that again, knowing. (A
                 # stream that passed over nothing yet asks `selects`, which sees this one, first.)
                 self._rewind = self.pumped if self._rewind is None else min(self._rewind, self.pumped)
+            if self._rewind is not None:
+                self._wake.set()
             sub = _Subscription(pipeline, at, limit, keep, merge=max(1, limit // BUFFER_BATCHES // MERGE_SHARE),
                                 ready=ready)
             self._subs = (*self._subs, sub)
@@ -371,10 +431,115 @@ class SharedReader:
             return self.ended
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop the pump and close the stream."""
+        """Stop the pump (or the reader's hand-on) and close the stream."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout)
+
+    def _control(self) -> None:
+        """The thread of a `_SharedStream`: open it once the siblings did (`start`), rewind it whenever
+        a pipeline joins behind (`attach`), and hand on what its reader left pending (`_put`)."""
+        source = self.source
+        assert isinstance(source, _SharedStream)
+        try:
+            while not self._stop.is_set() and time.monotonic() < self.siblings_until():
+                time.sleep(0.02)
+            with self._lock:
+                self.opened = True
+                start = self.pumped
+            if not self._stop.is_set():
+                source.open(start)
+            while not self._stop.is_set() and not self.ended:
+                self._wake.wait(0.2)
+                self._wake.clear()
+                with self._lock:
+                    rewind, self._rewind = self._rewind, None
+                    if rewind is not None:
+                        self.pumped = min(self.pumped, rewind)
+                        self._pending = []  # read again from the rewind: nothing is lost by dropping them
+                        if source.handon is not None:
+                            source.handon.dead = True  # its reader hands on nothing more (`_put`)
+                if rewind is not None:
+                    self.rewinds += 1
+                    log.info("shared binlog reader of %s:%s rewinds to %s for a pipeline joining there",
+                             source.host, source.port, rewind)
+                    source.seek(rewind)  # stops that reader (joined) before the next one starts
+                else:
+                    self._settle()
+        except SetlError as exc:
+            self._end(exc)
+        except Exception as exc:  # every failure reaches each subscriber, none kills the thread silently
+            log.exception("shared binlog reader of %s:%s failed", source.host, source.port)
+            self._end(SourceError(f"the shared binlog reader of {source.host}:{source.port} failed after "
+                                  f"{self.pumped}: {type(exc).__name__}: {exc}", position=self.pumped))
+        finally:
+            source.close()
+
+    def _put(self, handon: _HandOn, item: Transaction | Failure, stop: threading.Event) -> None:
+        """What the reader thread of `handon`'s open read: a transaction joins the pending bulk, which
+        that thread hands on itself once it holds `PUMP_BULK` transactions (or `max_rows_in_memory /
+        MERGE_SHARE` rows); a smaller one the control thread hands on as soon as it wakes, so that
+        a bulk is what was read meanwhile, as the pump's was. A failure comes after the pending
+        bulk, to each subscription as its own (`_end`). While a rewind waits (or after it) that
+        open's reads are dropped: the next open reads them again. Raises `Stopped` to end the reader
+        thread once the stream stops or hands on nothing more."""
+        with self._lock:
+            if handon.dead or self._stop.is_set() or self.ended:
+                raise Stopped()
+            if self._rewind is not None:
+                return  # read again from the rewind (a failure too): nothing is lost by dropping it
+            if isinstance(item, Transaction):
+                pending = self._pending
+                pending.append(item)
+                self._added += 1
+                self._pending_rows += len(item.changes)
+                if len(pending) < PUMP_BULK and self._pending_rows < self._most:
+                    if len(pending) == 1:
+                        self._wake.set()
+                    return
+        try:
+            self._flush(stop)
+        except Stopped:
+            raise
+        except SetlError as exc:
+            self._end(exc)
+            raise Stopped() from exc
+        except Exception as exc:  # every failure reaches each subscriber, none kills the thread silently
+            log.exception("shared binlog reader of %s:%s failed", self.source.host, self.source.port)
+            self._end(SourceError(f"the shared binlog reader of {self.source.host}:{self.source.port} failed after "
+                                  f"{self.pumped}: {type(exc).__name__}: {exc}", position=self.pumped))
+            raise Stopped() from exc
+        if isinstance(item, Failure):
+            self._end(failure_error(item, self.source.server, self.source.pipeline))
+            raise Stopped()
+
+    def _settle(self) -> None:
+        """Hand on the pending bulk once the reader added nothing to it for `SETTLE_SECONDS` (it
+        waits for the server, or stands at the log's end): in a catch-up the reader fills and hands
+        on its bulks itself, and this thread only looks at the count now and then."""
+        seen = -1
+        while not self._stop.is_set():
+            with self._lock:
+                if not self._pending or self._rewind is not None:
+                    return
+                added = self._added
+            if added == seen:
+                self._flush(None)
+                return
+            seen = added
+            time.sleep(SETTLE_SECONDS)
+
+    def _flush(self, stop: threading.Event | None) -> None:
+        """Hand on the pending bulk (`_put`), one thread at a time, in binlog order."""
+        with self._handing:
+            with self._lock:
+                txs, self._pending, self._pending_rows = self._pending, [], 0
+                if not txs or self._rewind is not None:
+                    return
+                self.pumped = txs[-1].end
+                subs = self._subs
+            self._hand_on(txs, subs, stop)
 
     def _pump(self) -> None:
         try:
@@ -428,13 +593,15 @@ class SharedReader:
         finally:
             self.source.close()
 
-    def _hand_on(self, txs: list[Transaction], subs: tuple[_Subscription, ...]) -> None:
+    def _hand_on(self, txs: list[Transaction], subs: tuple[_Subscription, ...],
+                 stop: threading.Event | None = None) -> None:
         """Queue what of each of `txs` (in binlog order) each subscription reads: each one's share in
         one step. A full buffer makes the pump wait: the pipelines go at the pace of the slowest one
         still asking for rows (in a catch-up they share the CPU, and a second stream would only take
         more of it). A full one whose pipeline has not asked for rows for `HOLD_SECONDS` (paused,
         stuck on its target, retrying) while another waits with nothing queued (or for
-        `STUCK_SECONDS` in any case) is dropped and reads alone: it holds the others back no longer."""
+        `STUCK_SECONDS` in any case) is dropped and reads alone: it holds the others back no longer.
+        `stop`: the reader thread's, when it hands on (`_put`): set, the wait raises `Stopped`."""
         shares: dict[_Subscription, list[tuple[Transaction, bool]]] = {}
         marks: dict[_Subscription, Position | None] = {}  # a whole end passed over after its share
         last_cut: dict[_Subscription, int] = {}  # per pipeline, the last of `txs` it cut
@@ -492,6 +659,8 @@ class SharedReader:
             full = [sub for sub, weight in weights.items() if sub.full_for(weight)]
             if not full:
                 break
+            if stop is not None and stop.is_set():
+                raise Stopped()
             now = time.monotonic()
             stalled = [sub for sub in full if sub.stalled(now)]
             # Waiting on stalled pipelines past STUCK_SECONDS drops them even if nobody starves: what
@@ -645,7 +814,7 @@ class SharedBinlogSource(MysqlBinlogSource):
     def _make_shared(self, selects: Callable[[str, str], bool]) -> MysqlBinlogSource:
         kwargs = dict(self._kwargs, server_id=self.shared_server_id, pipeline="", selects=selects, reads=selects,
                       start="earliest")
-        return MysqlBinlogSource(**kwargs)
+        return _SharedStream(**kwargs)
 
     def _join(self, at: Position) -> bool:
         limit = BUFFER_BATCHES * self.max_rows_in_memory

@@ -3,6 +3,7 @@ its own reader would, however it joins, falls behind, resumes or fails."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -631,3 +632,72 @@ def test_a_pipeline_on_the_shared_stream_is_behind_while_the_stream_reads_a_back
     wait_until(lambda: not src.behind(), timeout=LATE_FRESH + 1.0, interval=0.05, message="not behind")
     stream.source.figures.late = time.time()  # the stream reads late again: the pipeline says so, its own reader unused
     assert src.behind() and not src.figures.late
+
+
+def test_the_reader_thread_hands_on_a_backlog_in_bulks_and_no_thread_polls_the_stream(mariadb_source, source_db,
+                                                                                    subscribers, monkeypatch):
+    """The shared stream's reader hands each pipeline its share on its own thread, a full bulk at a
+    time (`PUMP_BULK`), and its stream's own thread only hands on the rest once the reader waits:
+    nobody polls the stream's hand-off. Each pipeline still gets exactly its own reader's rows."""
+    setup_tables(mariadb_source, source_db, "a", "b")
+    wait_until(lambda: dumps(mariadb_source) == 0, timeout=15, message="no other binlog reader")
+    start = head(mariadb_source)
+    execute(mariadb_source, source_db, *(f"INSERT INTO {t} VALUES ({i}, 'x')" for i in range(1, 151) for t in "ab"))
+    end = head(mariadb_source)
+    bulks: list[tuple[str, int]] = []  # (the thread that queued a share, its transactions)
+    put_all = shared_binlog._Subscription.put_all
+
+    def recorded(sub: Any, items: Any, passed: Any = None) -> None:
+        bulks.append((threading.current_thread().name, len(items)))
+        put_all(sub, items, passed)
+
+    monkeypatch.setattr(shared_binlog._Subscription, "put_all", recorded)
+    polled: list[float] = []
+    monkeypatch.setattr(shared_binlog._SharedStream, "poll", lambda self, timeout: polled.append(timeout))
+    subs = {name: subscribers((name,), pipeline=f"p_{name}") for name in "ab"}
+    for src in subs.values():
+        src.open(start)
+    got = {name: poll_until(src, end) for name, src in subs.items()}
+    for name, transactions in got.items():
+        assert rows(transactions) == [r for r in rows(alone(mariadb_source, start, end, (name,))) if r[0] == name]
+    reader = subs["a"]._shared_reader
+    assert reader is not None and reader.direct and not polled
+    by_reader = [n for thread, n in bulks if thread.endswith("-binlog")]
+    assert by_reader and max(n for _, n in bulks) > 1  # a bulk of several transactions queued at once
+    assert sum(n for _, n in bulks) == 300 and len(bulks) < 300  # 150 rows a pipeline, fewer steps than rows
+
+
+def test_a_frame_handed_on_at_once_keeps_order_and_a_failure_comes_after_the_pending_bulk(mariadb_source):
+    """`_HandOn.put_all` (a reader handing on a frame) hands on as `put` one by one: the reader's
+    bulk waits until it is full or flushed, in binlog order, and a failure read after it reaches the
+    pipeline only after that bulk, as its own error; the hand-on then stops its reader."""
+    from setl.sources.mysql_binlog.handoff import Failure, Stopped
+    from setl.testing.harness import insert
+
+    def tx(n: int) -> Transaction:
+        return Transaction((insert("a", {"id": n}),), Position("mysql-bin.000001", 100 * n), True, 10)
+
+    start = Position("mysql-bin.000001", 4)
+    cfg = mariadb_source.source_config(next_server_id(), "latest")
+    source = shared_binlog._SharedStream(host=cfg.host, port=cfg.port, user=cfg.user, password=cfg.password,
+                                         server_id=cfg.server_id, pipeline="")
+    reader = shared_binlog.SharedReader("frame", source, start)
+    assert reader.direct and source.owner is reader
+    sub = reader.attach("p", start, 1000, None)
+    assert sub is not None
+    handon = shared_binlog._HandOn(reader, 1000)
+    stop = threading.Event()
+    marked: list[int] = []
+    handon.put_all([tx(1), tx(2), tx(3)], stop, late={1}, mark=lambda: marked.append(len(reader._pending)))
+    assert marked == [1] and sub.take(0.0) is None and reader.pumped == start  # pending: not handed on yet
+    with pytest.raises(Stopped):
+        handon.put_all([tx(4), Failure(SourceError("the server went away"), tx(4).end)], stop)
+    got = []
+    while True:
+        item = sub.take(0.0)
+        assert item is not None
+        if isinstance(item, shared_binlog._Failed):
+            break
+        got.append(item)
+    assert [c.after["id"] for t in got for c in t.changes] == [1, 2, 3, 4] and got[-1].end == tx(4).end
+    assert "went away" in str(item.error) and reader.ended and reader.pumped == tx(4).end

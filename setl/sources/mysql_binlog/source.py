@@ -272,7 +272,7 @@ class MysqlBinlogSource(Select):
         self.detected_flavor, position, gtids = opening.flavor, opening.position, opening.gtids
         self._cursor = position
         self._mark = None
-        self._handoff = Handoff(self.max_rows_in_memory)
+        self._handoff = self._new_handoff()
         settings = ReaderSettings(self.server_id, self.pipeline, self.max_rows_in_memory, self.reconnect_timeout,
                                   self.table_map_cache, self.fast_decoder, self.sequences, self.ignore_server_ids,
                                   self.statement_markers, self.ignore_marks)
@@ -293,6 +293,10 @@ class MysqlBinlogSource(Select):
         log.info("pipeline=%s reading the %s binlog of %s:%s from %s (server_id %d)", self.pipeline,
                  self.detected_flavor, self.host, self.port, position or f"after GTID {gtid_start}",
                  self.server_id)
+
+    def _new_handoff(self) -> Handoff:
+        """The queue an open's reader hands on to (`shared_binlog` hands on through its own)."""
+        return Handoff(self.max_rows_in_memory)
 
     def poll(self, timeout: float) -> Transaction | None:
         """The next transaction; a position mark only when nothing else is ready (see the class)."""
