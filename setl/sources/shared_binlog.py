@@ -453,13 +453,21 @@ class SharedReader:
             while not self._stop.is_set() and not self.ended:
                 self._wake.wait(0.2)
                 self._wake.clear()
+                # A rewind waits for a hand-on under way to end (`_handing`), as the pump's did: that bulk
+                # is then every subscription's, and `pumped` its end. Stopping the reader in the middle
+                # of it (`seek`) would leave some subscriptions without it while the rewind, to `pumped`
+                # or to a joining pipeline's position inside the bulk, reads it for nobody again.
                 with self._lock:
-                    rewind, self._rewind = self._rewind, None
-                    if rewind is not None:
-                        self.pumped = min(self.pumped, rewind)
-                        self._pending = []  # read again from the rewind: nothing is lost by dropping them
-                        if source.handon is not None:
-                            source.handon.dead = True  # its reader hands on nothing more (`_put`)
+                    asked = self._rewind is not None
+                rewind = None
+                if asked:  # (one asked after this look is taken at the next turn: `attach` wakes this thread)
+                    with self._handing, self._lock:
+                        rewind, self._rewind = self._rewind, None
+                        if rewind is not None:
+                            self.pumped = min(self.pumped, rewind)
+                            self._pending = []  # read again from the rewind: nothing is lost by dropping them
+                            if source.handon is not None:
+                                source.handon.dead = True  # its reader hands on nothing more (`_put`)
                 if rewind is not None:
                     self.rewinds += 1
                     log.info("shared binlog reader of %s:%s rewinds to %s for a pipeline joining there",
