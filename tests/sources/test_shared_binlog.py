@@ -17,7 +17,7 @@ from setl.sources import shared_binlog
 from setl.sources.mysql_binlog.handoff import LATE_FRESH, LATE_SECONDS
 from setl.sources.shared_binlog import READERS, SharedBinlogSource
 from setl.testing.servers import wait_until
-from tests.sources.binlog import execute, head, make_source, next_server_id
+from tests.sources.binlog import bare, execute, head, make_source, next_server_id
 from tests.sources.test_ignore_marks import THEIRS, write_echoes
 
 pytestmark = pytest.mark.timeout(90)
@@ -701,3 +701,47 @@ def test_a_frame_handed_on_at_once_keeps_order_and_a_failure_comes_after_the_pen
         got.append(item)
     assert [c.after["id"] for t in got for c in t.changes] == [1, 2, 3, 4] and got[-1].end == tx(4).end
     assert "went away" in str(item.error) and reader.ended and reader.pumped == tx(4).end
+
+
+def test_a_pipeline_joining_inside_the_bulk_being_handed_on_leaves_the_others_no_gap(mariadb_source, source_db,
+                                                                                      subscribers, monkeypatch):
+    """A pipeline joins at a position inside the bulk that the reader's thread is handing on while that
+    hand-on waits for room in another pipeline's full buffer: the rewind waits for the hand-on to end,
+    so the other pipeline gets every row once, in order, and the joiner every row after its position.
+    (A rewind that stopped the reader in the middle of the bulk left the other a gap: the bulk's rows
+    before the joiner's position were read again for nobody.)"""
+    monkeypatch.setattr(shared_binlog, "HOLD_SECONDS", 60.0)  # the full pipeline is never dropped here
+    monkeypatch.setattr(shared_binlog, "STUCK_SECONDS", 60.0)
+    setup_tables(mariadb_source, source_db, "a")
+    start = head(mariadb_source)
+    slow = subscribers(None, pipeline="slow", max_rows_in_memory=80)  # bulks of up to 10 one-row transactions
+    slow.open(start)
+    ends: list[Position] = []
+    conn = mariadb_source.connect(database=source_db)
+    try:
+        with conn.cursor() as cur:
+            for i in range(1, 501):  # more than slow's buffer (4 x 80 rows) holds
+                cur.execute("INSERT INTO a VALUES (%s, 'x')", (i,))
+                cur.execute("SHOW MASTER STATUS")
+                log_name, offset = cur.fetchone()[:2]
+                ends.append(Position(log_name, int(offset)))
+    finally:
+        conn.close()
+    reader = slow._shared_reader
+    assert reader is not None
+
+    def handing_on_into_a_full_buffer() -> bool:
+        before = reader.pumped
+        time.sleep(0.3)
+        return reader._handing.locked() and reader.pumped == before and bare(before) in ends
+
+    wait_until(handing_on_into_a_full_buffer, timeout=20, interval=0, message="the reader waiting for room")
+    k = ends.index(bare(reader.pumped))  # the bulk being handed on ends after row k + 1
+    assert 1 <= k < len(ends) - 1
+    joiner = subscribers(None, pipeline="joiner", max_rows_in_memory=80)
+    joiner.open(ends[k - 1])  # after row k: inside that bulk
+    assert joiner.shared
+    time.sleep(0.5)  # the rewind is asked now, while the hand-on still waits
+    assert [c[2] for c in rows(poll_until(slow, ends[-1]))] == list(range(1, 501))
+    assert [c[2] for c in rows(poll_until(joiner, ends[-1]))] == list(range(k + 1, 501))
+    assert reader.rewinds == 1 and slow.drops == 0
