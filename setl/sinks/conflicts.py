@@ -822,14 +822,14 @@ class ConflictStep:
                       if absent and tombstones else {})
             arriving = [key for key in keys if desired[key] is ABSENT and key in deleted]
             if tombstones and arriving and policy.policy == SITE_WINS and policy.site == self.policy.site:
-                # The winner's deletes reach the losing site: where its binlog stands now, with every key
-                # locked, tells a user's insert that raced each delete from one made after (`arrived`)
+                # the winner's deletes reach the loser: its binlog's end, every key locked (`arrived`)
                 self.arrivals.record(cur, self.policy, batch, ident, pk, columns, arriving)
         kept: set[tuple[Any, ...]] = set(unchanged)
         conflicts: list[Conflict] = []
         buried: list[tuple[Any, ...]] = []  # deletes whose tombstone the loader writes
         inserts: list[tuple[tuple[Any, ...], Any, Any, str]] = []  # site wins: the loser's inserts over a tombstone
         beaten: list[tuple[Any, ...]] = []  # deletes that win over the target's own write of the key
+        made: dict[tuple[Any, ...], Any] = {}  # the keys the batch (re)creates, once asked (`_created_in`)
         for key in keys:
             first, want = firsts[key], desired[key]
             row, same_before, same_after, newer = found.get(key, (ABSENT, first is ABSENT, want is ABSENT, None))
@@ -855,13 +855,13 @@ class ConflictStep:
                     if policy.policy == LAST_WRITER_WINS:
                         _unranked(self.pipeline, self.policy, batch, name, key)
                     newer = None  # site wins needs no version; keep the target's row keeps its own
-                elif policy.policy == SITE_WINS and self.policy.site != policy.site and first is not ABSENT:
-                    # An update of the loser meeting the winner's tombstone raced that delete (a key written
-                    # after the delete arrived comes as an insert): the delete wins, as there (docs/conflicts.md)
+                elif (policy.policy == SITE_WINS and self.policy.site != policy.site and first is not ABSENT
+                      and not _created_in(made, batch, ident, pk, key)):
+                    # An update of the loser meeting the winner's tombstone raced that delete (a key deleted and
+                    # written again, in one batch too, is ranked as an insert): the delete wins, as there
                     newer, reason_tail = None, f" (tombstone of site {grave[0]}'s delete)"
                 elif policy.policy == SITE_WINS and self.policy.site != policy.site:
-                    # An insert of the loser meeting the winner's tombstone: ranked by when that delete
-                    # reached the loser's site, after the loop (`_ranked_inserts`)
+                    # an insert of the loser meeting the winner's tombstone: ranked after the loop (`Arrivals.rank`)
                     inserts.append((key, first, want, grave[0]))
                     continue
                 else:
@@ -1069,6 +1069,18 @@ def _changed_at(batch: Batch, ident: tuple[str, str], pk: Sequence[str]
         if new is not None and old != new:
             creations[new] = change.position
     return deletes, creations
+
+
+def _created_in(made: dict[tuple[Any, ...], Any], batch: Batch, ident: tuple[str, str], pk: Sequence[str],
+                key: tuple[Any, ...]) -> bool:
+    """Whether `batch` creates `key` of table `ident` (an insert, or an update moving a row to it): a
+    merged change from the row before the batch to one the batch wrote again after deleting it is no
+    update of the row the winner's delete met, but an insert made after that delete, to be ranked
+    (`Arrivals.rank`). `made` caches the batch's creations (`_changed_at`), worked out on first use."""
+    if () not in made:  # no key is (): the mark that `made` holds them
+        made[()] = None
+        made.update(_changed_at(batch, ident, pk)[1])
+    return key in made
 
 
 def _gtid_seqs(text: str | None) -> dict[int, int] | None:

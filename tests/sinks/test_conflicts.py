@@ -847,6 +847,40 @@ def test_site_wins_an_insert_made_after_the_winners_delete_arrived_ends_equal(si
     assert a.conflicts() == [] and b.conflicts() == []
 
 
+@pytest.mark.parametrize("history", ["written-again-after-the-delete-arrived", "written-again-racing-it"])
+def test_site_wins_a_losers_delete_and_insert_again_in_one_batch_is_ranked_as_the_insert(sites: tuple[Site, Site],
+                                                                                       history: str) -> None:
+    """Site wins (a): b deletes a key a wrote and writes it again, and both reach a in one batch, merged
+    into a change from a's old row to b's new one. On a it meets no row but a's own tombstone (a deleted
+    the key too): not an update of the row a's delete met, but an insert made after b's delete, ranked by
+    when a's delete reached b. Made after it arrived: applied on a, both sites keep b's row; made before:
+    it loses on a, and a's delete removes it on b. (Taken for an update, it lost on a in both histories,
+    and the sites differed: tests/e2e/test_bidirectional_site_wins_field.py's random writes found it.)"""
+    a, b = sites
+    for site in sites:
+        site.reset(WINS_A)
+    a.write(5, image(5, "orig", T0))
+    a.ship_to(b)
+    b.write(5, None)  # b's own delete: shipped later, with b's insert, in one batch
+    a.write(5, None)  # a's delete
+    if history.startswith("written-again-after"):
+        a.ship_to(b)  # reaches b, where it meets no row (recorded as arrived)
+        b.write(5, image(5, "b-again", T0 + datetime.timedelta(seconds=3)))
+    else:
+        b.write(5, image(5, "b-again", T0 + datetime.timedelta(seconds=3)))
+    b.write(5, image(5, "b-again-2", T0 + datetime.timedelta(seconds=4)))  # and updates it
+    b.ship_to(a)  # b's delete, insert and update: one batch
+    a.ship_to(b)  # a's delete, if it had not reached b yet
+    assert a.row(5) == b.row(5)
+    found = [(c["decision"], c["reason"]) for c in a.conflicts()]
+    if history.startswith("written-again-after"):
+        assert (a.row(5) or {}).get("v") == "b-again-2" and found == [], found
+    else:
+        assert a.row(5) is None and [d for d, _ in found] == ["target_won"], found
+        assert "before site a's latest delete" in found[0][1], found
+    assert not [r for _, r in found if r.startswith(conflicts_module.UNSETTLED)]
+
+
 @pytest.mark.parametrize("piece", [False, True])
 @pytest.mark.parametrize("order", ["insert-first", "delete-first"])
 def test_site_wins_an_insert_racing_the_winners_delete_loses_on_both_sides(sites: tuple[Site, Site], order: str,
