@@ -37,7 +37,6 @@ class DdlTaskSelect(SelectWrapper):
 
     forward_ready = True  # it hands on the inner's transactions (less the signal table), within the same poll
 
-
     def __init__(self, inner: Select, tasks: DdlTasks, signal_table: str, *, pipeline: str = "") -> None:
         schema, dot, table = signal_table.rpartition(".")
         if not dot or not schema or not table:
