@@ -365,8 +365,7 @@ class Tombstones:
         literal = cur.connection.escape
         for start in range(0, len(keys), CHUNK_KEYS):
             part = keys[start:start + CHUNK_KEYS]
-            keyed = " UNION ALL ".join(f"SELECT {n} AS n, {_key_md5(cur, name, pk, columns, key)} AS h"
-                                       for n, key in enumerate(part))
+            keyed = _keyed(cur, name, pk, columns, part)
             # A locking read, as the rows' (`_compare`): it sees the latest committed tombstone. A plain
             # read would see the transaction's snapshot, taken at its first plain read (another table's
             # lookup, earlier in the batch), before a user's delete that committed since, whose row
@@ -451,8 +450,7 @@ class Tombstones:
         found: dict[tuple[Any, ...], str | None] = {}
         for start in range(0, len(keys), CHUNK_KEYS):
             part = keys[start:start + CHUNK_KEYS]
-            keyed = " UNION ALL ".join(f"SELECT {n} AS n, {_key_md5(cur, name, pk, columns, key)} AS h"
-                                       for n, key in enumerate(part))
+            keyed = _keyed(cur, name, pk, columns, part)
             cur.execute(f"SELECT k.n, t.deleted_gtid FROM ({keyed}) k JOIN {self.table} t "
                         "ON t.key_md5 = CONVERT(k.h USING ascii) LOCK IN SHARE MODE")
             for n, gtid in cur.fetchall():
@@ -561,8 +559,7 @@ class Arrivals:
             found: dict[tuple[Any, ...], tuple[str | None, bool, Position]] = {}
             for start in range(0, len(keys), CHUNK_KEYS):
                 part = keys[start:start + CHUNK_KEYS]
-                keyed = " UNION ALL ".join(f"SELECT {n} AS n, {_key_md5(cur, named, pk, columns, key)} AS h"
-                                           for n, key in enumerate(part))
+                keyed = _keyed(cur, named, pk, columns, part)
                 cur.execute(f"SELECT k.n, r.origin_gtid, r.origin_piece, r.arrived_log, r.arrived_offset FROM "
                             f"({keyed}) k JOIN {graves.arrivals} r ON r.key_md5 = CONVERT(k.h USING ascii)")
                 for n, gtid, piece, log_name, offset in cur.fetchall():
@@ -1228,6 +1225,13 @@ def _key_json(cur: Any, pk: Sequence[str], columns: _Columns, key: Sequence[Any]
             literal = f"CAST({literal} AS {_sql_type(columns, column)})"
         parts.append(literal)
     return f"JSON_ARRAY({', '.join(parts)})"
+
+
+def _keyed(cur: Any, name: str, pk: Sequence[str], columns: _Columns, part: Sequence[tuple[Any, ...]]) -> str:
+    """A derived table of `part`'s keys as (n: the index in `part`, h: the key's `_key_md5`), to join
+    with a table of setl's keyed by `key_md5`."""
+    return " UNION ALL ".join(f"SELECT {n} AS n, {_key_md5(cur, name, pk, columns, key)} AS h"
+                              for n, key in enumerate(part))
 
 
 def _key_md5(cur: Any, name: str, pk: Sequence[str], columns: _Columns, key: Sequence[Any]) -> str:
