@@ -437,19 +437,24 @@ class SharedReader:
         if self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
+    def _open(self) -> None:
+        """On the stream's own thread: open the stream once the node's other pipelines of this source
+        were built (`siblings_until`), where the earliest of their subscriptions starts (`pumped`)."""
+        while not self._stop.is_set() and time.monotonic() < self.siblings_until():
+            time.sleep(0.02)
+        with self._lock:
+            self.opened = True
+            start = self.pumped
+        if not self._stop.is_set():
+            self.source.open(start)
+
     def _control(self) -> None:
         """The thread of a `_SharedStream`: open it once the siblings did (`start`), rewind it whenever
         a pipeline joins behind (`attach`), and hand on what its reader left pending (`_put`)."""
         source = self.source
         assert isinstance(source, _SharedStream)
         try:
-            while not self._stop.is_set() and time.monotonic() < self.siblings_until():
-                time.sleep(0.02)
-            with self._lock:
-                self.opened = True
-                start = self.pumped
-            if not self._stop.is_set():
-                source.open(start)
+            self._open()
             while not self._stop.is_set() and not self.ended:
                 self._wake.wait(0.2)
                 self._wake.clear()
@@ -551,13 +556,7 @@ class SharedReader:
 
     def _pump(self) -> None:
         try:
-            while not self._stop.is_set() and time.monotonic() < self.siblings_until():
-                time.sleep(0.02)
-            with self._lock:
-                self.opened = True
-                start = self.pumped
-            if not self._stop.is_set():
-                self.source.open(start)
+            self._open()
             while not self._stop.is_set():
                 with self._lock:
                     rewind, self._rewind = self._rewind, None
