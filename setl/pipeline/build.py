@@ -109,7 +109,8 @@ def build_stages(node: NodeSettings, config: PipelineConfig, meta: MetaStore | N
     base = Stages(
         select=with_snapshots(build_select(node, config, routing), pipeline=config.name, meta=snapshot_meta,
                               parallelism=config.pipeline.parallelism, spark=node.spark,
-                              copy_end=_takes_copy_end(node, config)),
+                              copy_end=_takes_copy_end(node, config),
+                              interleave="per_table" in (config.pipeline.load.mode, config.pipeline.load.chunks)),
         extract=TableExtract(pipeline=config.name, plan=routing),
         transform=build_transform(node, config, routing),
         load=build_load(node, config),

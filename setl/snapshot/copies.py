@@ -135,13 +135,17 @@ class CopyBook:
     generation is dropped when it comes back. The merge (`StreamMerge`) is the book's: its
     lookahead, frontier and reads are its own transitions."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, interleave: bool = False) -> None:
         self.lock = threading.Condition()
+        #: claims go round the copies, a chunk of each in turn (the target loads chunks of different
+        #: tables at once: ``load.mode``/``load.chunks: per_table``); otherwise the first copy's chunks first
+        self.interleave = interleave
         self.generation = 0
         self.copies: dict[TableName, Copy] = {}
         self.waiting: list[TableName] = []  # tables whose TRUNCATE is to be handed on
         self.keyless_open: set[TableName] = set()  # keyless copies whose binlog changes are dropped
         self._serials = itertools.count(1)
+        self._turn = 0  # with `interleave`: where the next claim starts looking
         self.abandoned: set[int] = set()  # serials of copies a DDL started again: their chunks are dropped
         #: tables whose copy is not done but which no longer exist, with the binlog head when found so:
         #: the DDL that removed them is still ahead in the stream (and may rename them)
@@ -248,8 +252,12 @@ class CopyBook:
         claims = sum(1 for c in self.copies.values() if c.phase is Phase.CLAIMING)
         if self.merge.pending + claims >= max_chunks:
             return None
-        for copy in self.copies.values():
+        copies = list(self.copies.values())
+        start = self._turn if self.interleave else 0
+        for n in range(len(copies)):
+            copy = copies[(start + n) % len(copies)]
             if copy.claim():
+                self._turn = start + n + 1
                 return copy
         return None
 

@@ -83,7 +83,7 @@ class SnapshotSelect(SelectWrapper):
                  where: str, start_mode: bool, selects: Callable[[str, str], bool] | None,
                  settings: SnapshotSettings, parallelism: int = 2, batch_rows: int = 10_000,
                  reporter: Callable[[list[TableProgress], bool], None] | None = None,
-                 spark_reads: Any = None, copy_end: bool = False) -> None:
+                 spark_reads: Any = None, copy_end: bool = False, interleave: bool = False) -> None:
         super().__init__(inner)
         self.pipeline = pipeline
         self._meta_factory = meta
@@ -99,7 +99,7 @@ class SnapshotSelect(SelectWrapper):
         self.spark_reads = spark_reads  # a setl.snapshot.spark_engine.SparkReads: chunks read as Spark tasks
         self.reader = ChunkReader(self._connection, pipeline)
         #: the copies' state, shared with the collaborators below under its one lock
-        self.book = CopyBook()
+        self.book = CopyBook(interleave=interleave)
         #: the reader threads, which copy they read next and their room (the copy scheduler)
         self.reads = CopyReads(self.book, reader=self.reader, connection=self._connection, inner=inner,
                                pipeline=pipeline, where=where, readers=self.readers, chunk_rows=self.chunk_rows,
@@ -275,12 +275,13 @@ def find_snapshot(select: Select) -> SnapshotSelect | None:
 
 
 def with_snapshots(select: Select, *, pipeline: str, meta: Callable[[], MetaStore], parallelism: int,
-                   spark: Any = None, copy_end: bool = False) -> Select:
+                   spark: Any = None, copy_end: bool = False, interleave: bool = False) -> Select:
     """`select` wrapped in a `SnapshotSelect` when its connector declares the snapshots capability
     (`setl.stages.snapshot.SnapshotCapable`: a source that can place a consistent snapshot in its
     log); any other source as it is. `spark` is the node's SparkConfig, for
     ``source.snapshot.engine: spark``; `copy_end`: hand on each copy's end marker (the target takes
-    it: `setl.stages.load.LoadCapabilities.copy_end`)."""
+    it: `setl.stages.load.LoadCapabilities.copy_end`); `interleave`: read the copies' chunks in
+    turn (`setl.snapshot.copies.CopyBook`), for a load that takes chunks of different tables at once."""
     if not select.capabilities.snapshots:
         return select
     access = cast(SnapshotCapable, select).snapshot_access()  # the registry checked it implements it
@@ -297,5 +298,5 @@ def with_snapshots(select: Select, *, pipeline: str, meta: Callable[[], MetaStor
     return SnapshotSelect(select, pipeline=pipeline, meta=meta, connect=access.connect, where=access.where,
                           start_mode=access.start_mode, selects=access.selects, settings=settings,
                           parallelism=parallelism, batch_rows=access.batch_rows, reporter=reporter,
-                          spark_reads=spark_reads, copy_end=copy_end)
+                          spark_reads=spark_reads, copy_end=copy_end, interleave=interleave)
 

@@ -160,6 +160,27 @@ def test_book_claims_within_its_room_counting_claims_in_progress(book: CopyBook)
     assert dict(book.queued) == {}
 
 
+def test_interleaving_book_claims_go_round_the_copies(book: CopyBook):
+    """With `interleave`, one reader claiming chunk after chunk takes them from each copy in turn,
+    not every chunk of the first table first: consecutive chunks are of different tables, so
+    `load.chunks: per_table` loads them on connections of their own at once. A copy with nothing to
+    claim is passed over. Without it, the first copy with a chunk to claim is taken."""
+    orders = TableName("shop", "orders")
+    book.interleave = True
+    copies = [book.new_copy(plan(name)) for name in (ITEMS, LOG, orders)]
+    for copy in copies:
+        book.open(copy)
+    taken = []
+    for upper in range(1, 7):
+        copy = book.claim(10)
+        assert copy is not None
+        taken.append(copy.plan.name)
+        copy.claimed(None if (copy is copies[1] and upper == 2) else (upper,))  # LOG's second chunk is its last
+    assert taken == [ITEMS, LOG, orders, ITEMS, orders, ITEMS]  # LOG passed over once read to its end
+    book.interleave = False
+    assert [book.claim(10) for _ in range(2)] == [copies[0], copies[2]]  # ITEMS is claiming: orders next
+
+
 def test_read_of_an_earlier_generation_is_dropped(book: CopyBook):
     """After `stop_reads`, a read registered before ends without placing its chunk, and a new one is refused."""
     copy = book.new_copy(plan())
