@@ -56,7 +56,9 @@ setup(
          Extension("setl.sinks.merge", ["setl/sinks/merge.py"]),
          Extension("setl.sinks.mysql_sql", ["setl/sinks/mysql_sql.py"]),
          # a chunk of snapshot rows as LOAD DATA input, text and integers in C (`setl.sinks.mysql_sql`)
-         Extension("setl.sinks._loaddata", ["setl/sinks/_loaddata.pyx"])],
+         Extension("setl.sinks._loaddata", ["setl/sinks/_loaddata.pyx"]),
+         # a batch's row images scanned in C: a type among their values, one column list (`setl.sinks.sql_rows`)
+         Extension("setl.sinks._images", ["setl/sinks/_images.pyx"])],
         # annotation_typing off: the .py modules' type hints stay hints (no runtime type checks)
         compiler_directives={"language_level": "3", "annotation_typing": False}, quiet=True),
     cmdclass={"build_ext": OptionalBuildExt},

@@ -1,8 +1,8 @@
 """Which of setl's modules run compiled: the built extension, or its source when asked or when stale.
 
 setup.py compiles some modules from their .py (`fast`, `assembler`, `frames`, `snapshot.rows`, `sinks.merge`,
-`sinks.mysql_sql`) and some from a .pyx only (`_rows`, `_reads`, `_rowparse`, `_loaddata`); Python imports a
-built extension before a .py of the same name. The finder installed here (by `setl/__init__.py`,
+`sinks.mysql_sql`) and some from a .pyx only (`_rows`, `_reads`, `_rowparse`, `_loaddata`, `_images`);
+Python imports a built extension before a .py of the same name. The finder installed here (by `setl/__init__.py`,
 before anything else of setl is imported) decides instead, for a setl module with both:
 
 * with ``SETL_PURE_PYTHON=1`` in the environment, the .py runs, and a .pyx-only module is "not

@@ -21,13 +21,13 @@ pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
 import json, logging, sys
-import setl.sinks.merge, setl.sinks.mysql_sql, setl.snapshot.rows, setl.reads
+import setl.sinks.merge, setl.sinks.mysql_sql, setl.sinks.sql_rows, setl.snapshot.rows, setl.reads
 from setl.sources.mysql_binlog import assembler, fast
 import setl.sinks.merge  # again: still one warning
 print(json.dumps({"merge": setl.sinks.merge.__file__, "mysql_sql": setl.sinks.mysql_sql.__file__,
                   "assembler": assembler.__file__, "fast": fast.__file__, "fast_available": fast.available(),
                   "reads": setl.reads.COMPILED, "rowparse": setl.snapshot.rows.COMPILED,
-                  "loaddata": setl.sinks.mysql_sql.COMPILED}))
+                  "loaddata": setl.sinks.mysql_sql.COMPILED, "images": setl.sinks.sql_rows.COMPILED}))
 """
 
 
@@ -47,7 +47,7 @@ def test_pure_python_runs_every_compiled_modules_source():
     for name in ("merge", "mysql_sql", "assembler", "fast"):
         assert found[name].endswith(".py"), found
     assert found["fast_available"] is False and found["reads"] is False and found["rowparse"] is False
-    assert found["loaddata"] is False
+    assert found["loaddata"] is False and found["images"] is False
     assert "older than its source" not in stderr
 
 
@@ -57,7 +57,7 @@ def test_without_the_switch_the_built_modules_run():
     for name in ("merge", "mysql_sql", "assembler", "fast"):
         assert found[name].endswith(".so"), found
     assert found["fast_available"] is True and found["reads"] is not False and found["rowparse"] is True
-    assert found["loaddata"] is True
+    assert found["loaddata"] is True and found["images"] is True
     assert "older than its source" not in stderr
 
 

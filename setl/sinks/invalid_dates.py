@@ -26,6 +26,7 @@ import attrs
 from setl.errors import RefusedLoadError
 from setl.model import Batch, InvalidDate, RowChange, partial_like
 from setl.sinks import rewrites
+from setl.sinks.sql_rows import holds_type
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +47,7 @@ class InvalidDatePolicy:
     def apply(self, batch: Batch) -> Batch:
         """`batch` with its invalid dates replaced by None (policy null), or the batch itself when
         it has none; raises `RefusedLoadError` for the first one under policy refuse."""
-        for change in batch.changes:  # the common case first: a batch without any, at C speed per image
-            if isinstance(change, RowChange) and (
-                    (change.before is not None and InvalidDate in map(type, change.before.values()))
-                    or (change.after is not None and InvalidDate in map(type, change.after.values()))):
-                break
-        else:
+        if not holds_type(batch, InvalidDate):  # the common case first: a batch without any
             return batch
         changes: list[Any] = []
         found: dict[str, int] = {}

@@ -22,7 +22,7 @@ from setl.sinks.merge import TableChanges
 from setl.sinks.postgresql_copy import copy_straight, unique_on_key
 from setl.sinks.postgresql_ddl import pg_name
 from setl.sinks.prepared import PreparedBatches
-from setl.sinks.sql_rows import chunks, group_by_columns, insert_runs, reads_only
+from setl.sinks.sql_rows import chunks, group_by_columns, holds_one_of, insert_runs, reads_only
 from setl.sinks.sql_segments import Segment
 
 MAX_PARAMS = 65535  # the protocol's limit on bind parameters per statement
@@ -287,7 +287,7 @@ class PostgresqlRows:
         # Gathered at C speed; most batches hold no value to_db changes (one scan of their types).
         rows: list[Sequence[Any]] = list(map(get, images)) if len(columns) > 1 else [(get(i),) for i in images]
         adapted = _ADAPTED
-        if adapted.isdisjoint(set(map(type, itertools.chain.from_iterable(rows)))):
+        if not holds_one_of(rows, adapted):
             return rows
         return [row if adapted.isdisjoint(map(type, row)) else [to_db(v) for v in row] for row in rows]
 
