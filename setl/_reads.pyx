@@ -1,17 +1,80 @@
 # cython: language_level=3
 """Compiled constructors of snapshot reads (`setl.reads`): each `RowChange`'s ten slots set in C,
-as attrs' generated ``__init__`` sets them one Python call at a time (about half the cost)."""
+as attrs' generated ``__init__`` sets them one Python call at a time (about half the cost).
 
-from cpython.object cimport PyObject_GenericSetAttr
+Where each of the ten fields is a plain object slot of `RowChange` (a ``member_descriptor`` of
+type ``T_OBJECT_EX``, checked once at import: `DIRECT`), a new change's slots are written at their
+offsets, as the descriptor's own ``__set__`` writes them, without looking the descriptor up per
+field; otherwise through ``PyObject_GenericSetAttr``, the descriptor's own path."""
+
+from cpython.object cimport PyObject, PyObject_GenericSetAttr
+from cpython.ref cimport Py_INCREF
+
+from types import MemberDescriptorType
 
 from setl.model import Op, RowChange
 
+
+cdef extern from "Python.h":
+    ctypedef struct PyMemberDef:
+        int type
+        Py_ssize_t offset
+    ctypedef struct PyMemberDescrObject:
+        PyMemberDef* d_member
+
 _new = object.__new__
+#: the fields, in the order `_read` takes them (`setl.reads.FIELDS`)
+_NAMES = ("op", "schema", "table", "primary_key", "before", "after", "position", "commit_time", "source", "sequence")
+cdef int _T_OBJECT_EX = 16  # structmember.h: an object slot; AttributeError while unset
+cdef Py_ssize_t _OFFSETS[10]
+cdef bint _DIRECT = False
+
+
+cdef bint _find_offsets():
+    """Each field's slot offset in `RowChange`; False when one is not a plain object slot."""
+    cdef PyMemberDescrObject* member
+    for i, name in enumerate(_NAMES):
+        found = None
+        for klass in RowChange.__mro__:
+            if name in klass.__dict__:
+                found = klass.__dict__[name]
+                break
+        if type(found) is not MemberDescriptorType:
+            return False
+        member = <PyMemberDescrObject*><PyObject*>found
+        if member.d_member == NULL or member.d_member.type != _T_OBJECT_EX or member.d_member.offset <= 0:
+            return False
+        _OFFSETS[i] = member.d_member.offset
+    return True
+
+
+_DIRECT = _find_offsets()
+#: whether `_read` writes slots at their offsets (see the module docstring)
+DIRECT = _DIRECT
+
+
+cdef inline void _put(object change, int field, object value):
+    """Store `value` in the unset slot `field` of the new `change` (the reference it takes)."""
+    cdef PyObject** slot = <PyObject**>((<char*><PyObject*>change) + _OFFSETS[field])
+    Py_INCREF(value)
+    slot[0] = <PyObject*>value
 
 
 cdef inline object _read(object cls, object read, object schema, object table, object key, object after,
                          object position, object commit_time, object source):
     cdef object change = _new(cls)
+    if _DIRECT and cls is RowChange:
+        _put(change, 0, read)
+        _put(change, 1, schema)
+        _put(change, 2, table)
+        _put(change, 3, key)
+        _put(change, 4, None)
+        _put(change, 5, after)
+        _put(change, 6, position)
+        _put(change, 7, commit_time)
+        _put(change, 8, source)
+        _put(change, 9, None)
+        return change
     PyObject_GenericSetAttr(change, "op", read)
     PyObject_GenericSetAttr(change, "schema", schema)
     PyObject_GenericSetAttr(change, "table", table)

@@ -19,6 +19,25 @@ def fields(change: RowChange) -> tuple[object, ...]:
 
 def test_the_compiled_constructors_are_built_and_used():
     assert reads.COMPILED
+    from setl import _reads
+    assert _reads.DIRECT  # every field a plain object slot: written at its offset
+
+
+def test_slots_written_in_c_hold_their_own_references():
+    """Each value a compiled read stores is referenced once more while the read lives, once less
+    after, and seen by the garbage collector: what the descriptor's own store does."""
+    import gc
+    import sys
+
+    image, where, source = {"id": 7}, Position("mysql-bin.000002", 4), TableName("s", "t")
+    counts = [sys.getrefcount(v) for v in (image, where, source)]
+    made = reads.mapped_reads("s", "t", ("id",), reads.new_reads("s", "t", ("id",), [image] * 500, where), source)
+    assert [sys.getrefcount(v) for v in (image, where, source)] == [c + 500 for c in counts]
+    assert all(image in gc.get_referents(c) and where in gc.get_referents(c) for c in made[:3])
+    assert made[0].before is None and made[0].sequence is None and made[0].source is source
+    del made
+    gc.collect()
+    assert [sys.getrefcount(v) for v in (image, where, source)] == counts
 
 
 @pytest.mark.parametrize("compiled", [True, False])
