@@ -124,10 +124,13 @@ class ProgressLedger:
         with self._lock:
             if not self._carriers:
                 return
-            for change in batch.changes:
-                for record in self._carriers.pop(id(change), ()):
-                    if record.carrier is change:
-                        record.batch = batch.id
+            # The carriers in `batch` (the ids of its changes gathered at C speed, not one lookup per
+            # change): a record holds its carrier and the batch its changes, so while both live an id
+            # common to them is one object.
+            ids = set(map(id, batch.changes))
+            for key in [key for key in self._carriers if key in ids]:
+                for record in self._carriers.pop(key):
+                    record.batch = batch.id
 
     def prepare(self, batch: Batch) -> Commit:
         """What the ack of `batch` (loaded, every earlier batch acked) commits: the records it and

@@ -669,7 +669,9 @@ def main(argv: list[str] | None = None) -> int:
     import sysbench
 
     from setl.testing.servers import MariaDBServer
+    from tools.bench.harness import byte_compile
 
+    byte_compile(ROOT, *([args.compare_tree] if args.compare_tree else []))
     with tempfile.TemporaryDirectory(prefix="setl-bench-") as tmp, \
             MariaDBServer(Path(tmp) / "source", server_id=1) as source, \
             MariaDBServer(Path(tmp) / "target", server_id=2) as target, contextlib.ExitStack() as stack:

@@ -84,7 +84,7 @@ sys.path.insert(0, str(ROOT))
 
 from setl.testing.servers import MariaDBServer, PostgresServer  # noqa: E402
 from tools import sysbench  # noqa: E402
-from tools.bench.harness import children_cpu, cores, cpu_seconds, following, on, settle  # noqa: E402
+from tools.bench.harness import byte_compile, children_cpu, cores, cpu_seconds, following, on, settle  # noqa: E402
 
 
 @attrs.frozen
@@ -370,6 +370,7 @@ def main() -> int:
     sizes = [int(n) for n in args.rss_sizes.split(",")] if args.rss_sizes else [args.table_size]
     args.table_size = sizes[0]
     rows = args.tables * args.table_size
+    byte_compile(ROOT, *([args.compare_tree] if args.compare_tree else []))
     with tempfile.TemporaryDirectory(prefix="setl-bench-snapshot-") as tmp, MariaDBServer() as source, \
             MariaDBServer() as target:
         work = Path(tmp)
