@@ -578,7 +578,8 @@ class Arrivals:
         self.arrived(cur, name, pk, columns, [(key, origins.get(key)) for key in keys], at)
 
     def rank(self, conn: Any, policy: ConflictPolicy, batch: Batch, ident: tuple[str, str], pk: Sequence[str],
-             columns: _Columns, inserts: Sequence[tuple[tuple[Any, ...], Any, Any, str]]) -> list[Conflict]:
+             columns: _Columns, inserts: Sequence[tuple[tuple[Any, ...], Any, Any, str]],
+             creations: _Creations | None = None) -> list[Conflict]:
         """On the winning site: the conflicts of the inserts (key, the source's state before, the insert,
         the tombstone's site) of the losing (source) site that meet the winner's tombstone. The source
         records where in its binlog the winner's latest delete of the key arrived (`arrived`); the insert
@@ -586,9 +587,10 @@ class Arrivals:
         loses here (`TARGET_WON`), else it is applied and is no conflict. No record of the delete this
         tombstone holds: it had not arrived when the insert was made, which lost likewise. A tombstone of
         an older setl, an insert without a GTID position, sets that cannot be compared or no record
-        table there: applied and recorded `UNSETTLED`, with the cause (docs/conflicts.md)."""
+        table there: applied and recorded `UNSETTLED`, with the cause (docs/conflicts.md). `creations`:
+        the keys the batch creates in the table, if the caller asked them already."""
         name = f"{ident[0]}.{ident[1]}"
-        made = _changed_at(batch, ident, pk)[1]
+        made = (creations if creations is not None else _Creations(batch, ident, pk)).positions()
         winner = inserts[0][3]
         here, there = policy.target_site or "target", policy.site
         with conn.cursor() as cur:
@@ -826,7 +828,7 @@ class ConflictStep:
         buried: list[tuple[Any, ...]] = []  # deletes whose tombstone the loader writes
         inserts: list[tuple[tuple[Any, ...], Any, Any, str]] = []  # site wins: the loser's inserts over a tombstone
         beaten: list[tuple[Any, ...]] = []  # deletes that win over the target's own write of the key
-        made: dict[tuple[Any, ...], Any] = {}  # the keys the batch (re)creates, once asked (`_created_in`)
+        made = _Creations(batch, ident, pk)  # the keys the batch (re)creates, worked out if asked
         for key in keys:
             first, want = firsts[key], desired[key]
             row, same_before, same_after, newer = found.get(key, (ABSENT, first is ABSENT, want is ABSENT, None))
@@ -853,7 +855,7 @@ class ConflictStep:
                         _unranked(self.pipeline, self.policy, batch, name, key)
                     newer = None  # site wins needs no version; keep the target's row keeps its own
                 elif (policy.policy == SITE_WINS and self.policy.site != policy.site and first is not ABSENT
-                      and not _created_in(made, batch, ident, pk, key)):
+                      and key not in made):
                     # An update of the loser meeting the winner's tombstone raced that delete (a key deleted and
                     # written again, in one batch too, is ranked as an insert): the delete wins, as there
                     newer, reason_tail = None, f" (tombstone of site {grave[0]}'s delete)"
@@ -879,7 +881,7 @@ class ConflictStep:
             conflicts.append(Conflict(self.pipeline, name, key, policy.policy, decision, reason + reason_tail,
                                       self.policy.site, self.policy.target_site, first, want, row, str(batch.end)))
         if inserts:
-            ranked = self.arrivals.rank(conn, self.policy, batch, ident, pk, columns, inserts)
+            ranked = self.arrivals.rank(conn, self.policy, batch, ident, pk, columns, inserts, made)
             conflicts.extend(ranked)
             kept.update(c.key for c in ranked if c.decision == TARGET_WON)
         if beaten:
@@ -1068,16 +1070,27 @@ def _changed_at(batch: Batch, ident: tuple[str, str], pk: Sequence[str]
     return deletes, creations
 
 
-def _created_in(made: dict[tuple[Any, ...], Any], batch: Batch, ident: tuple[str, str], pk: Sequence[str],
-                key: tuple[Any, ...]) -> bool:
-    """Whether `batch` creates `key` of table `ident` (an insert, or an update moving a row to it): a
-    merged change from the row before the batch to one the batch wrote again after deleting it is no
-    update of the row the winner's delete met, but an insert made after that delete, to be ranked
-    (`Arrivals.rank`). `made` caches the batch's creations (`_changed_at`), worked out on first use."""
-    if () not in made:  # no key is (): the mark that `made` holds them
-        made[()] = None
-        made.update(_changed_at(batch, ident, pk)[1])
-    return key in made
+class _Creations:
+    """The keys `batch` creates in table `ident` (an insert, or an update moving a row to the key),
+    each with the position of its last creation (`_changed_at`): worked out once, on first use,
+    for the batch's settling of the table and its ranking (`Arrivals.rank`) alike.
+
+    A merged change from the row before the batch to one the batch wrote again after deleting it
+    is no update of the row the winner's delete met, but an insert made after that delete, to be
+    ranked: ``key in creations`` tells which."""
+
+    def __init__(self, batch: Batch, ident: tuple[str, str], pk: Sequence[str]) -> None:
+        self._batch, self._ident, self._pk = batch, ident, pk
+        self._found: dict[tuple[Any, ...], Position | None] | None = None
+
+    def positions(self) -> dict[tuple[Any, ...], Position | None]:
+        """Each key the batch creates in the table, with the position of its last creation."""
+        if self._found is None:
+            self._found = _changed_at(self._batch, self._ident, self._pk)[1]
+        return self._found
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.positions()
 
 
 def _gtid_seqs(text: str | None) -> dict[int, int] | None:
