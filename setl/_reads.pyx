@@ -88,17 +88,40 @@ cdef inline object _read(object cls, object read, object schema, object table, o
     return change
 
 
-def new_reads(schema, table, key, rows, position):
+cdef inline PyObject* _get(object change, int field):
+    """The slot `field` of a `RowChange` (NULL while unset); borrowed."""
+    return (<PyObject**>((<char*><PyObject*>change) + _OFFSETS[field]))[0]
+
+
+cdef inline bint _same(PyObject* value, object wanted):
+    return value != NULL and (value == <PyObject*>wanted or <object>value == wanted)
+
+
+def new_reads(schema, table, key, rows, position, source=None):
     cdef list out = []
     cls, read = RowChange, Op.READ
     for after in rows:
-        out.append(_read(cls, read, schema, table, key, after, position, None, None))
+        out.append(_read(cls, read, schema, table, key, after, position, None, source))
     return out
 
 
 def mapped_reads(schema, table, key, reads, source):
+    """Each of `reads` as a read of `schema`.`table` (key `key`) from `source`: the read itself when
+    it is one already (made so by `new_reads`: a route that changes nothing), else a new one."""
     cdef list out = []
+    cdef PyObject* found
+    cdef object alike = None  # a source object found equal to `source`: the same again is equal too
     cls, read = RowChange, Op.READ
     for change in reads:
+        if _DIRECT and type(change) is RowChange:
+            found = _get(change, 8)
+            if (_get(change, 0) == <PyObject*>read and _get(change, 4) == <PyObject*>None
+                    and _get(change, 9) == <PyObject*>None and found != NULL and found != <PyObject*>None
+                    and _same(_get(change, 1), schema) and _same(_get(change, 2), table)
+                    and _same(_get(change, 3), key)
+                    and (found == <PyObject*>alike or found == <PyObject*>source or <object>found == source)):
+                alike = <object>found
+                out.append(change)
+                continue
         out.append(_read(cls, read, schema, table, key, change.after, change.position, change.commit_time, source))
     return out

@@ -29,9 +29,9 @@ def _plain_fields() -> bool:
 
 
 def _new_reads(schema: str, table: str, key: tuple[str, ...], rows: Iterable[Mapping[str, Any]],
-               position: Position | None) -> list[RowChange]:
+               position: Position | None, source: TableName | None = None) -> list[RowChange]:
     read = Op.READ
-    return [RowChange(read, schema, table, key, None, row, position) for row in rows]
+    return [RowChange(read, schema, table, key, None, row, position, None, source) for row in rows]
 
 
 def _mapped_reads(schema: str, table: str, key: tuple[str, ...], reads: Iterable[RowChange],
@@ -49,17 +49,20 @@ else:
 
 
 def new_reads(schema: str, table: str, key: tuple[str, ...], rows: Sequence[Mapping[str, Any]],
-              position: Position | None) -> list[RowChange]:
-    """A snapshot read of each row (its after-image), all at `position`, without commit time or source."""
+              position: Position | None, source: TableName | None = None) -> list[RowChange]:
+    """A snapshot read of each row (its after-image), all at `position`, without commit time; with
+    `source` (the table read, as Extract would route it) when given."""
     if COMPILED:
-        return _compiled.new_reads(schema, table, key, rows, position)
-    return _new_reads(schema, table, key, rows, position)
+        return _compiled.new_reads(schema, table, key, rows, position, source)
+    return _new_reads(schema, table, key, rows, position, source)
 
 
 def mapped_reads(schema: str, table: str, key: tuple[str, ...], reads: Sequence[RowChange],
                  source: TableName | None) -> list[RowChange]:
     """Each of `reads` as a read of `schema`.`table` (key `key`, from `source`), with its own
-    after-image, position and commit time."""
+    after-image, position and commit time. Compiled, a read that is one already (a snapshot read
+    made with its `source`, which a route that changes nothing hands on) is itself in the list:
+    equal either way, since `source` is not part of equality."""
     if COMPILED:
         return _compiled.mapped_reads(schema, table, key, reads, source)
     return _mapped_reads(schema, table, key, reads, source)

@@ -129,7 +129,8 @@ class MergeHandOff:
             return Transaction((), self.book.merge.frontier or chunk.position)  # a copy a DDL started again
         copy = self.book.copies.get(chunk.table)
         key = copy.plan.key if copy is not None else ()
-        changes = tuple(new_reads(chunk.table.schema, chunk.table.table, key, chunk.rows, chunk.position))
+        # made with their source table, so that a route that changes nothing hands them on as they are
+        changes = tuple(new_reads(chunk.table.schema, chunk.table.table, key, chunk.rows, chunk.position, chunk.table))
         if chunk.final and not key:
             self.book.keyless_read(chunk.table)
         self.ledger.remember(Record(chunk.table, "chunk", changes[-1] if changes else None, chunk=chunk))

@@ -68,3 +68,26 @@ def test_a_changed_row_change_falls_back_to_the_constructor(monkeypatch):
     """A field the compiled code does not know turns it off, rather than building half a change."""
     monkeypatch.setattr(reads, "FIELDS", (*reads.FIELDS, "extra"))
     assert not reads._plain_fields()
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_reads_made_with_their_source_pass_a_route_that_changes_nothing_as_they_are(monkeypatch, compiled):
+    """A snapshot read made with its source table (`new_reads(..., source)`) is already what a route
+    that keeps its schema, table and key makes of it: compiled, the same object comes back; any
+    difference (another table, key or source, a sequence's row) makes a new read. Equal either way."""
+    monkeypatch.setattr(reads, "COMPILED", compiled)
+    source = TableName("s", "t")
+    made = reads.new_reads("s", "t", ("id",), ROWS, AT, source)
+    assert all(c.source is source and c.commit_time is None for c in made)
+    same = reads.mapped_reads("s", "t", ("id",), made, TableName("s", "t"))  # an equal, other object
+    assert same == made and [fields(c) for c in same] == [fields(c) for c in made]
+    assert all(a is b for a, b in zip(same, made)) is compiled
+    sequence = attrs.evolve(made[0], sequence="CREATE SEQUENCE s.t")
+    other = TableName("s", "u")
+    for schema, table, key, to, given in (("s", "t2", ("id",), source, made), ("s2", "t", ("id",), source, made),
+                                          ("s", "t", ("c",), source, made), ("s", "t", ("id",), other, made),
+                                          ("s", "t", ("id",), source, [sequence])):
+        mapped = reads.mapped_reads(schema, table, key, given, to)
+        assert not any(a is b for a, b in zip(mapped, given))
+        assert [fields(c) for c in mapped] == [
+            (Op.READ, schema, table, key, None, c.after, c.position, c.commit_time, to, None) for c in given]
