@@ -1,6 +1,6 @@
 """Types of the compiled snapshot-read constructors (`_reads.pyx`, used through `setl.reads`)."""
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from setl.model import Position, RowChange, TableName
@@ -9,3 +9,4 @@ def new_reads(schema: str, table: str, key: tuple[str, ...], rows: Iterable[Mapp
               position: Position | None, source: TableName | None = None) -> list[RowChange]: ...
 def mapped_reads(schema: str, table: str, key: tuple[str, ...], reads: Iterable[RowChange],
                  source: TableName | None) -> list[RowChange]: ...
+def read_run_end(changes: Sequence[Any], start: int) -> int: ...

@@ -125,3 +125,25 @@ def mapped_reads(schema, table, key, reads, source):
                 continue
         out.append(_read(cls, read, schema, table, key, change.after, change.position, change.commit_time, source))
     return out
+
+
+def read_run_end(object changes, Py_ssize_t start):
+    """The index after the run of snapshot reads that begins at `changes[start]` (a `RowChange`
+    read) and goes on while each change is a `RowChange` read of the same schema, table and key."""
+    cdef Py_ssize_t end = start + 1, count = len(changes)
+    first = changes[start]
+    schema, table, key = first.schema, first.table, first.primary_key
+    read = Op.READ
+    while end < count:
+        change = changes[end]
+        if type(change) is not RowChange:
+            break
+        if _DIRECT:
+            if not (_get(change, 0) == <PyObject*>read and _same(_get(change, 1), schema)
+                    and _same(_get(change, 2), table) and _same(_get(change, 3), key)):
+                break
+        elif not (change.op is read and change.schema == schema and change.table == table
+                  and change.primary_key == key):
+            break
+        end += 1
+    return end

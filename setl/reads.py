@@ -66,3 +66,25 @@ def mapped_reads(schema: str, table: str, key: tuple[str, ...], reads: Sequence[
     if COMPILED:
         return _compiled.mapped_reads(schema, table, key, reads, source)
     return _mapped_reads(schema, table, key, reads, source)
+
+
+def _read_run_end(changes: Sequence[Any], start: int) -> int:
+    first = changes[start]
+    end, count, read = start + 1, len(changes), Op.READ
+    schema, table, key = first.schema, first.table, first.primary_key
+    while end < count:
+        following = changes[end]
+        if (type(following) is not RowChange or following.op is not read or following.table != table
+                or following.schema != schema or following.primary_key != key):
+            break
+        end += 1
+    return end
+
+
+def read_run_end(changes: Sequence[Any], start: int) -> int:
+    """The index after the run of snapshot reads that begins at `changes[start]` (a `RowChange`
+    read) and goes on while each change is a `RowChange` read of the same schema, table and key:
+    a chunk, which Extract routes once."""
+    if COMPILED:
+        return _compiled.read_run_end(changes, start)
+    return _read_run_end(changes, start)

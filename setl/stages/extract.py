@@ -23,7 +23,7 @@ from setl.model import (
     partial_image_refusal,
     partial_like,
 )
-from setl.reads import mapped_reads
+from setl.reads import mapped_reads, read_run_end
 from setl.routing import Route, RoutingPlan
 
 log = logging.getLogger(__name__)
@@ -92,15 +92,7 @@ class TableExtract(Extract):
             index += 1
             if type(change) is RowChange and change.op is Op.READ:
                 # A run of snapshot reads of one table (a chunk): routed once, mapped together.
-                end = index
-                schema, table, key = change.schema, change.table, change.primary_key
-                while end < count:
-                    following = changes[end]
-                    if (type(following) is not RowChange or following.op is not Op.READ
-                            or following.table != table or following.schema != schema
-                            or following.primary_key != key):
-                        break
-                    end += 1
+                end = read_run_end(changes, index - 1)
                 self._map_reads(batch, changes[index - 1:end], out)
                 index = end
                 continue

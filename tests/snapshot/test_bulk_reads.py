@@ -91,3 +91,23 @@ def test_reads_made_with_their_source_pass_a_route_that_changes_nothing_as_they_
         assert not any(a is b for a, b in zip(mapped, given))
         assert [fields(c) for c in mapped] == [
             (Op.READ, schema, table, key, None, c.after, c.position, c.commit_time, to, None) for c in given]
+
+
+def test_a_run_of_reads_ends_where_a_change_is_not_a_read_of_the_same_table_and_key():
+    """`read_run_end` (compiled and not) ends a chunk's run at the first change that is no read, or
+    a read of another schema, table or key; equal names and keys in other objects continue it."""
+    from setl.model import DdlChange
+
+    def read(schema: str = "s", table: str = "t", key: tuple[str, ...] = ("id",), op: Op = Op.READ) -> RowChange:
+        return RowChange(op, schema, table, key, None if op is not Op.DELETE else {"id": 1},
+                         None if op is Op.DELETE else {"id": 1}, AT)
+
+    same = read("".join(["s"]), "".join(["t"]), tuple(["id"]))  # equal, not identical
+    changes = (read(), read(), same, read(), read(table="u"), read(table="u"), read(key=("c",)),
+               read(schema="s2"), read(op=Op.INSERT), DdlChange("s", "t", "TRUNCATE TABLE t", AT), read())
+    expected = {0: 4, 1: 4, 3: 4, 4: 6, 6: 7, 7: 8, 10: 11}
+    for compiled in (True, False):
+        found = {start: (reads.read_run_end(changes, start) if compiled else reads._read_run_end(changes, start))
+                 for start in expected}
+        assert found == expected, compiled
+    assert reads.read_run_end(list(changes), 0) == 4  # any sequence
