@@ -264,26 +264,24 @@ def cmd_start(args: argparse.Namespace, conf: Path) -> int:
     tune_gc(settings.runtime)  # once everything is loaded and validated
 
     def on_signal(signum: int, frame: Any) -> None:
-        if node_stopping[0]:
-            log.warning("second %s: exiting now; unacked batches will be replayed", signal.Signals(signum).name)
-            os._exit(1)
-        node_stopping[0] = True
-        log.info("%s received: stopping gracefully within %.0fs (again to force)", signal.Signals(signum).name,
-                 grace)
-        node.stop()
-        # Whatever holds a thread (a server that stopped answering mid-statement), the process ends
-        # within its grace: what was not acked is replayed at the next start, as after a kill.
-        watchdog = threading.Timer(grace, _out_of_grace, args=(grace,))
-        watchdog.daemon = True
-        watchdog.name = "setl-stop-grace"
-        watchdog.start()
+        # The main thread runs this between two of its own bytecodes, maybe inside a `with lock:` of
+        # the node's that stopping takes too: a handler that took it would wait for itself forever
+        # (a node once hung so after SIGTERM, silent until killed). So it only hands the signal on,
+        # by a byte in a pipe (no lock), to `_SignalThread`, which stops the node or asks a reload.
+        if signum != signal.SIGHUP:
+            if node_stopping[0]:  # logging's locks are reentrant: this thread may log inside one
+                log.warning("second %s: exiting now; unacked batches will be replayed", signal.Signals(signum).name)
+                os._exit(1)
+            node_stopping[0] = True
+        os.write(signals.write_end, bytes([signum]))
 
     node_stopping = [False]
     grace = stop_grace(configs)
+    signals = _SignalThread(node, grace)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack on stderr
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, lambda signum, frame: node.request_reload())  # `setl reload`: new table rules
+    signal.signal(signal.SIGHUP, on_signal)  # `setl reload`: new table rules
     # Threads waiting on a server (loads, chunk reads, the binlog) get the GIL back within 0.5 ms
     # of their answer instead of up to 5 ms, so a target is not left idle while Python work runs.
     sys.setswitchinterval(0.0005)
@@ -322,6 +320,39 @@ def stop_grace(configs: list[Any]) -> float:
     pipelines (`pipeline.drain_timeout_ms`) and 30 s to close connections (the systemd unit
     gives 120 s, docs/deploy.md)."""
     return max((config.pipeline.drain_timeout_ms for config in configs), default=30_000) / 1000 + 30
+
+
+class _SignalThread:
+    """What `setl start` does on a signal, off the signal handler (which only writes the signal's
+    number to `write_end`): SIGHUP asks the node to reload its pipelines' files; SIGINT or SIGTERM
+    starts the grace watchdog (`_out_of_grace`), then stops the node gracefully. A daemon thread,
+    waiting on the pipe's read end for as long as the process runs."""
+
+    def __init__(self, node: Any, grace: float) -> None:
+        self.node, self.grace = node, grace
+        self.watchdog: threading.Timer | None = None  # once stopping: the grace watchdog
+        self._read_end, self.write_end = os.pipe()
+        thread = threading.Thread(target=self._run, name="setl-signals", daemon=True)
+        thread.start()
+
+    def _run(self) -> None:
+        while True:
+            received = os.read(self._read_end, 1)
+            if not received:
+                return
+            signum = signal.Signals(received[0])
+            if signum is signal.SIGHUP:
+                self.node.request_reload()
+                continue
+            log.info("%s received: stopping gracefully within %.0fs (again to force)", signum.name, self.grace)
+            # Whatever holds a thread (a server that stopped answering mid-statement), the process ends
+            # within its grace: what was not acked is replayed at the next start, as after a kill. Started
+            # before the stop, which may itself wait on such a thread.
+            self.watchdog = threading.Timer(self.grace, _out_of_grace, args=(self.grace,))
+            self.watchdog.daemon = True
+            self.watchdog.name = "setl-stop-grace"
+            self.watchdog.start()
+            self.node.stop()
 
 
 def _out_of_grace(grace: float) -> None:

@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -192,6 +193,36 @@ def test_sigterm_drains_in_flight_batches_and_exits_zero(tmp_path):
     assert proc.returncode == 0, stderr
     assert setup.acked().position == setup.target_position()
     assert json.loads(setup.run("status", "--json").stdout)[0]["status"] == "stopped"
+
+
+def test_a_signal_is_handled_off_the_main_thread_so_a_lock_held_there_cannot_hang_the_stop():
+    """A node once hung after SIGTERM, silent until killed: the handler runs on the main thread,
+    maybe inside a `with lock:` of the node's, and stopping took that lock too. Now the handler only
+    writes the signal to `_SignalThread`'s pipe: SIGHUP asks a reload, and SIGTERM starts the grace
+    watchdog and stops the node on that thread, which waits for the lock while the main thread
+    holds it instead of deadlocking."""
+    from setl.cli import _SignalThread
+
+    lock = threading.Lock()
+    stopped, reloaded = threading.Event(), threading.Event()
+
+    class Node:  # what the relay calls of a node
+        def stop(self) -> None:
+            with lock:
+                stopped.set()
+
+        def request_reload(self) -> None:
+            reloaded.set()
+
+    relay = _SignalThread(Node(), grace=600)
+    with lock:  # the main thread inside a lock that stopping takes
+        os.write(relay.write_end, bytes([signal.SIGHUP]))
+        assert reloaded.wait(5)
+        os.write(relay.write_end, bytes([signal.SIGTERM]))
+        assert not stopped.wait(0.3)
+    assert stopped.wait(5)
+    assert relay.watchdog is not None and relay.watchdog.is_alive()  # started before the stop
+    relay.watchdog.cancel()
 
 
 def test_operator_pause_stops_a_running_pipeline_and_resume_restarts_it(tmp_path):
