@@ -341,18 +341,24 @@ class _SignalThread:
             if not received:
                 return
             signum = signal.Signals(received[0])
-            if signum is signal.SIGHUP:
-                self.node.request_reload()
-                continue
-            log.info("%s received: stopping gracefully within %.0fs (again to force)", signum.name, self.grace)
-            # Whatever holds a thread (a server that stopped answering mid-statement), the process ends
-            # within its grace: what was not acked is replayed at the next start, as after a kill. Started
-            # before the stop, which may itself wait on such a thread.
-            self.watchdog = threading.Timer(self.grace, _out_of_grace, args=(self.grace,))
-            self.watchdog.daemon = True
-            self.watchdog.name = "setl-stop-grace"
-            self.watchdog.start()
-            self.node.stop()
+            try:
+                self._handle(signum)
+            except Exception:  # this thread must live on: the next signal needs it
+                log.exception("handling %s failed", signum.name)
+
+    def _handle(self, signum: signal.Signals) -> None:
+        if signum is signal.SIGHUP:
+            self.node.request_reload()
+            return
+        log.info("%s received: stopping gracefully within %.0fs (again to force)", signum.name, self.grace)
+        # Whatever holds a thread (a server that stopped answering mid-statement), the process ends
+        # within its grace: what was not acked is replayed at the next start, as after a kill. Started
+        # before the stop, which may itself wait on such a thread.
+        self.watchdog = threading.Timer(self.grace, _out_of_grace, args=(self.grace,))
+        self.watchdog.daemon = True
+        self.watchdog.name = "setl-stop-grace"
+        self.watchdog.start()
+        self.node.stop()
 
 
 def _out_of_grace(grace: float) -> None:

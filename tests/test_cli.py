@@ -207,16 +207,21 @@ def test_a_signal_is_handled_off_the_main_thread_so_a_lock_held_there_cannot_han
     stopped, reloaded = threading.Event(), threading.Event()
 
     class Node:  # what the relay calls of a node
+        asked = 0
+
         def stop(self) -> None:
             with lock:
                 stopped.set()
 
         def request_reload(self) -> None:
+            self.asked += 1
+            if self.asked == 1:
+                raise RuntimeError("a first reload that fails")  # the relay lives on
             reloaded.set()
 
     relay = _SignalThread(Node(), grace=600)
     with lock:  # the main thread inside a lock that stopping takes
-        os.write(relay.write_end, bytes([signal.SIGHUP]))
+        os.write(relay.write_end, bytes([signal.SIGHUP, signal.SIGHUP]))
         assert reloaded.wait(5)
         os.write(relay.write_end, bytes([signal.SIGTERM]))
         assert not stopped.wait(0.3)
